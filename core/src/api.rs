@@ -1,0 +1,264 @@
+//! Request and response bodies of the manager's HTTPS API under `/v1`, shared by the manager,
+//! the node agents and devctl so that all three agree on the wire format.
+//!
+//! User routes (TLS client certificate; identity = subject DN):
+//! - `GET    /v1/whoami`                       → [`WhoAmI`]
+//! - `POST   /v1/sessions`                     [`CreateSession`] → 201 [`SessionView`]
+//! - `GET    /v1/sessions[?all=true]`          → `Vec<SessionView>` (own; `all` for admins)
+//! - `GET    /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] with its transitions
+//! - `DELETE /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] (now ENDED)
+//! - `GET    /v1/nodes`                        → `Vec<NodeView>` with their GPUs
+//! - `PUT    /v1/gpus/{uuid}/mode` (admin)     [`SetGpuMode`] → [`GpuView`]
+//!
+//! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
+//! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]
+//! - `POST /v1/agent/sync`     [`NodeReport`]   → [`DesiredState`]
+//!
+//! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::{GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid};
+use crate::names::{Dn, NodeName, SessionId, SessionName, UserName};
+use crate::quantity::MemorySize;
+use crate::session::{SessionState, Transition};
+
+/// The error envelope of every non-2xx response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code: `bad_request`, `unauthenticated`, `forbidden`,
+    /// `not_found`, `conflict`, `unsatisfiable`, `internal`.
+    pub code: String,
+    /// One line for a person, naming the fix.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoAmI {
+    pub dn: Dn,
+    /// The login name inside dev containers.
+    pub user_name: UserName,
+    pub uid: u32,
+    pub admin: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateSession {
+    /// When absent the manager picks `dev`, `dev-2`, ... (the first free one).
+    pub name: Option<SessionName>,
+    #[serde(default)]
+    pub gpus: GpuRequest,
+    /// Docker image of the dev container; the site's default when absent.
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub id: SessionId,
+    pub name: SessionName,
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub state: SessionState,
+    /// Reason of the last transition.
+    pub reason: String,
+    pub request: GpuRequest,
+    pub image: String,
+    pub node: Option<NodeName>,
+    pub gpus: Vec<GpuId>,
+    /// The dev container's name on its node (`ongrid-<id>`).
+    pub container: String,
+    pub created_at: DateTime<Utc>,
+    /// 1-based position among all PENDING sessions of the site, when PENDING.
+    pub queue_position: Option<u32>,
+    pub transitions: Vec<Transition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: NodeName,
+    /// Whether the agent synced recently enough to be given work.
+    pub online: bool,
+    pub last_seen: DateTime<Utc>,
+    /// `nvidia-smi` or `simulated`.
+    pub gpu_backend: String,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub info: GpuInfo,
+    pub node: NodeName,
+    pub mode: GpuMode,
+    /// Sessions placed on this GPU now.
+    pub used: u32,
+    /// `mode.capacity() - used`, or 0 when the GPU is unhealthy or its node offline.
+    pub free: u32,
+    /// Names of the sessions on it that the caller may see.
+    pub sessions: Vec<SessionName>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetGpuMode {
+    pub mode: GpuMode,
+}
+
+/// Sent once when an agent starts (and again whenever its GPU inventory changes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterNode {
+    pub node: NodeName,
+    pub agent_version: String,
+    /// `nvidia-smi` or `simulated`.
+    pub gpu_backend: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// The agent's periodic heartbeat: what it sees right now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub node: NodeName,
+    /// Current GPU inventory and health.
+    pub gpus: Vec<GpuInfo>,
+    /// Every container on the node labelled as ongrid's, whatever its state.
+    pub containers: Vec<ObservedContainer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedContainer {
+    pub session_id: SessionId,
+    pub container_id: String,
+    pub state: ContainerState,
+    /// A problem the agent met converging this session (image missing, create failed, ...).
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ContainerState {
+    Created,
+    Running,
+    /// Stopped; `exit_code` and Docker's error text when it died by itself.
+    Exited {
+        exit_code: i64,
+        oom_killed: bool,
+        error: Option<String>,
+    },
+    /// The agent could not create it; `error` on the [`ObservedContainer`] says why.
+    Missing,
+}
+
+/// What the manager wants on one node. Agents converge to it: containers of sessions listed
+/// `Running` are created and started, those listed `Stopped` are stopped and kept, any other
+/// ongrid container on the node is removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    pub node: NodeName,
+    /// How often the agent should sync, in seconds.
+    pub sync_interval_secs: u64,
+    pub sessions: Vec<DesiredSession>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredSession {
+    pub session_id: SessionId,
+    pub name: SessionName,
+    pub owner: Dn,
+    pub user: ContainerUser,
+    pub image: String,
+    pub gpus: Vec<GpuId>,
+    pub run: RunState,
+    pub limits: ContainerLimits,
+    /// Extra labels the manager wants on the container (besides the agent's own).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Running,
+    Stopped,
+}
+
+/// The unprivileged user a dev container runs as; UID and GID are equal and stable per DN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerUser {
+    pub name: UserName,
+    pub uid: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerLimits {
+    /// CPU in thousandths of a core (`1500` = 1.5 cores; Docker `NanoCpus` = this × 10^6).
+    pub millicpus: u32,
+    pub memory: MemorySize,
+    pub pids: u32,
+}
+
+/// The GPU identifiers a container is given, as `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`
+/// take them: comma-separated UUIDs.
+pub fn visible_devices(gpus: &[GpuId]) -> String {
+    gpus.iter().map(GpuId::as_str).collect::<Vec<_>>().join(",")
+}
+
+/// Parent GPU UUIDs of a list of assigned devices (for a MIG device, not known here: skipped).
+pub fn whole_gpus(gpus: &[GpuId]) -> Vec<GpuUuid> {
+    gpus.iter()
+        .filter_map(|g| match g {
+            GpuId::Gpu(uuid) => Some(uuid.clone()),
+            GpuId::Mig(_) => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_body_shape() {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: "not_found".into(),
+                message: "no session train1".into(),
+            },
+        };
+        assert_eq!(
+            serde_json::to_string(&body).unwrap(),
+            r#"{"error":{"code":"not_found","message":"no session train1"}}"#
+        );
+    }
+
+    #[test]
+    fn container_state_shape() {
+        let s = ContainerState::Exited {
+            exit_code: 137,
+            oom_killed: true,
+            error: None,
+        };
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(
+            json,
+            r#"{"status":"exited","exit_code":137,"oom_killed":true,"error":null}"#
+        );
+        let back: ContainerState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn visible_devices_joins_uuids() {
+        let a = GpuId::parse("GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f").unwrap();
+        let b = GpuId::parse("MIG-c7384736-a75d-5afc-978f-d2f1294409fd").unwrap();
+        assert_eq!(
+            visible_devices(&[a, b]),
+            "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f,MIG-c7384736-a75d-5afc-978f-d2f1294409fd"
+        );
+    }
+}

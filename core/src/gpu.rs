@@ -1,0 +1,415 @@
+//! GPUs as ongrid sees them: identity (UUIDs, never ordinals), properties, the admin's sharing
+//! policy, and what a request requires.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::{ComputeCapability, MemorySize};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuIdError {
+    #[error("GPU UUID {0:?} must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")]
+    BadGpuUuid(String),
+    #[error("MIG UUID {0:?} must look like MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-GPU-<uuid>/<gi>/<ci>")]
+    BadMigUuid(String),
+}
+
+/// Hex digits and dashes, 32 hex digits in all, as NVIDIA prints UUIDs.
+fn is_uuid_body(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+        && s.bytes().filter(u8::is_ascii_hexdigit).count() == 32
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A physical GPU's UUID, `GPU-<uuid>`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct GpuUuid(String);
+
+impl GpuUuid {
+    pub fn parse(value: &str) -> Result<Self, GpuIdError> {
+        match value.strip_prefix("GPU-") {
+            Some(body) if is_uuid_body(body) => Ok(Self(value.to_owned())),
+            _ => Err(GpuIdError::BadGpuUuid(value.to_owned())),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A MIG device's UUID: `MIG-<uuid>` (driver R470 and later) or the legacy
+/// `MIG-GPU-<parent uuid>/<GPU instance>/<compute instance>` (R450/R460).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MigUuid(String);
+
+impl MigUuid {
+    pub fn parse(value: &str) -> Result<Self, GpuIdError> {
+        let bad = || GpuIdError::BadMigUuid(value.to_owned());
+        let body = value.strip_prefix("MIG-").ok_or_else(bad)?;
+        if let Some(legacy) = body.strip_prefix("GPU-") {
+            let mut parts = legacy.split('/');
+            let uuid = parts.next().ok_or_else(bad)?;
+            let gi = parts.next().ok_or_else(bad)?;
+            let ci = parts.next().ok_or_else(bad)?;
+            let numeric =
+                |s: &str| !s.is_empty() && s.len() <= 3 && s.bytes().all(|b| b.is_ascii_digit());
+            if parts.next().is_some() || !is_uuid_body(uuid) || !numeric(gi) || !numeric(ci) {
+                return Err(bad());
+            }
+            return Ok(Self(value.to_owned()));
+        }
+        if is_uuid_body(body) {
+            Ok(Self(value.to_owned()))
+        } else {
+            Err(bad())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+macro_rules! string_impls {
+    ($name:ident) => {
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl FromStr for $name {
+            type Err = GpuIdError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::parse(s)
+            }
+        }
+        impl TryFrom<String> for $name {
+            type Error = GpuIdError;
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                Self::parse(&value)
+            }
+        }
+        impl From<$name> for String {
+            fn from(value: $name) -> Self {
+                value.0
+            }
+        }
+    };
+}
+
+string_impls!(GpuUuid);
+string_impls!(MigUuid);
+
+/// What a session is given: a whole (or shared) GPU, or a MIG device. Serialised as the UUID
+/// string, which is also what `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` take.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum GpuId {
+    Gpu(GpuUuid),
+    Mig(MigUuid),
+}
+
+impl GpuId {
+    pub fn parse(value: &str) -> Result<Self, GpuIdError> {
+        if value.starts_with("MIG-") {
+            MigUuid::parse(value).map(Self::Mig)
+        } else {
+            GpuUuid::parse(value).map(Self::Gpu)
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Gpu(g) => g.as_str(),
+            Self::Mig(m) => m.as_str(),
+        }
+    }
+}
+
+impl FromStr for GpuId {
+    type Err = GpuIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+impl TryFrom<String> for GpuId {
+    type Error = GpuIdError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<GpuId> for String {
+    fn from(value: GpuId) -> Self {
+        value.as_str().to_owned()
+    }
+}
+
+impl fmt::Display for GpuId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<GpuUuid> for GpuId {
+    fn from(value: GpuUuid) -> Self {
+        Self::Gpu(value)
+    }
+}
+
+/// Health as the node's GPU backend last saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "status", content = "reason", rename_all = "snake_case")]
+pub enum GpuHealth {
+    Healthy,
+    /// The GPU cannot take work, for example it fell off the bus; the text says what was seen.
+    Failed(String),
+}
+
+impl GpuHealth {
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Self::Healthy)
+    }
+}
+
+/// One GPU of a node, as discovered by the node agent's `GpuBackend`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub uuid: GpuUuid,
+    /// The model as `nvidia-smi` names it, e.g. `NVIDIA A100-SXM4-40GB`.
+    pub model: String,
+    pub capability: ComputeCapability,
+    pub memory: MemorySize,
+    /// PCI bus id, e.g. `00000000:36:00.0`, when known.
+    pub pci_bus_id: Option<String>,
+    pub driver_version: Option<String>,
+    pub mig_enabled: bool,
+    pub health: GpuHealth,
+}
+
+/// How the admin lets sessions use a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum GpuMode {
+    /// One session at a time has the whole GPU.
+    Exclusive,
+    /// Up to `max_sessions` sessions share the GPU (time-slicing, no memory isolation).
+    Shared { max_sessions: u32 },
+}
+
+impl GpuMode {
+    /// How many sessions the GPU can hold at once.
+    pub fn capacity(self) -> u32 {
+        match self {
+            Self::Exclusive => 1,
+            Self::Shared { max_sessions } => max_sessions,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPU mode {0:?} must be \"exclusive\" or \"shared:N\" with N from 2 to 64")]
+pub struct GpuModeError(String);
+
+impl FromStr for GpuMode {
+    type Err = GpuModeError;
+    /// `exclusive` or `shared:N`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || GpuModeError(s.to_owned());
+        match s.trim() {
+            "exclusive" => Ok(Self::Exclusive),
+            other => {
+                let n = other.strip_prefix("shared:").ok_or_else(err)?;
+                let n: u32 = n.parse().map_err(|_| err())?;
+                if (2..=64).contains(&n) {
+                    Ok(Self::Shared { max_sessions: n })
+                } else {
+                    Err(err())
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for GpuMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exclusive => f.write_str("exclusive"),
+            Self::Shared { max_sessions } => write!(f, "shared:{max_sessions}"),
+        }
+    }
+}
+
+/// Which GPU modes a request accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharing {
+    /// Only a whole GPU (a GPU in `exclusive` mode).
+    #[default]
+    Exclusive,
+    /// Only a share of a GPU in `shared` mode.
+    Shared,
+    /// Either.
+    Any,
+}
+
+impl Sharing {
+    pub fn accepts(self, mode: GpuMode) -> bool {
+        matches!(
+            (self, mode),
+            (Self::Any, _)
+                | (Self::Exclusive, GpuMode::Exclusive)
+                | (Self::Shared, GpuMode::Shared { .. })
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("sharing {0:?} must be one of exclusive, shared, any")]
+pub struct SharingError(String);
+
+impl FromStr for Sharing {
+    type Err = SharingError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "exclusive" => Ok(Self::Exclusive),
+            "shared" => Ok(Self::Shared),
+            "any" => Ok(Self::Any),
+            other => Err(SharingError(other.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Sharing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+            Self::Any => "any",
+        })
+    }
+}
+
+/// What a session asks of the GPUs it gets. All GPUs of one session are on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuRequest {
+    /// How many GPUs, at least 1.
+    pub count: u32,
+    pub min_capability: Option<ComputeCapability>,
+    pub min_memory: Option<MemorySize>,
+    pub sharing: Sharing,
+}
+
+impl Default for GpuRequest {
+    fn default() -> Self {
+        Self {
+            count: 1,
+            min_capability: None,
+            min_memory: None,
+            sharing: Sharing::Exclusive,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuRequestError {
+    #[error("a session needs at least 1 GPU")]
+    ZeroGpus,
+    #[error("{0} GPUs is more than the limit of {max} per session", max = GpuRequest::MAX_COUNT)]
+    TooMany(u32),
+}
+
+impl GpuRequest {
+    pub const MAX_COUNT: u32 = 64;
+
+    pub fn validate(&self) -> Result<(), GpuRequestError> {
+        match self.count {
+            0 => Err(GpuRequestError::ZeroGpus),
+            n if n > Self::MAX_COUNT => Err(GpuRequestError::TooMany(n)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether one GPU with these properties meets the request's per-GPU requirements
+    /// (capability, memory, mode). Health and free capacity are the scheduler's business.
+    pub fn fits(&self, capability: ComputeCapability, memory: MemorySize, mode: GpuMode) -> bool {
+        self.min_capability.is_none_or(|min| capability >= min)
+            && self.min_memory.is_none_or(|min| memory >= min)
+            && self.sharing.accepts(mode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A100: &str = "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f";
+
+    #[test]
+    fn gpu_uuids() {
+        assert!(GpuUuid::parse(A100).is_ok());
+        assert!(GpuUuid::parse("GPU-xyz").is_err());
+        assert!(GpuUuid::parse("5c89852c-d268-c3f3-1b07-005d5ae1dc3f").is_err());
+        assert!(GpuUuid::parse("GPU-5c89852c").is_err());
+        assert!(GpuUuid::parse("0").is_err());
+    }
+
+    #[test]
+    fn mig_uuids() {
+        assert!(MigUuid::parse("MIG-c7384736-a75d-5afc-978f-d2f1294409fd").is_ok());
+        assert!(MigUuid::parse(&format!("MIG-{A100}/7/0")).is_ok());
+        assert!(MigUuid::parse(&format!("MIG-{A100}/7")).is_err());
+        assert!(MigUuid::parse(&format!("MIG-{A100}/7/0/1")).is_err());
+        assert!(MigUuid::parse("MIG-zz").is_err());
+        assert!(matches!(
+            GpuId::parse("MIG-c7384736-a75d-5afc-978f-d2f1294409fd"),
+            Ok(GpuId::Mig(_))
+        ));
+        assert!(matches!(GpuId::parse(A100), Ok(GpuId::Gpu(_))));
+        let json = serde_json::to_string(&GpuId::parse(A100).unwrap()).unwrap();
+        assert_eq!(json, format!("\"{A100}\""));
+    }
+
+    #[test]
+    fn modes_and_sharing() {
+        assert_eq!("exclusive".parse::<GpuMode>().unwrap(), GpuMode::Exclusive);
+        assert_eq!(
+            "shared:4".parse::<GpuMode>().unwrap(),
+            GpuMode::Shared { max_sessions: 4 }
+        );
+        assert!("shared:1".parse::<GpuMode>().is_err());
+        assert!("shared".parse::<GpuMode>().is_err());
+        assert!(Sharing::Exclusive.accepts(GpuMode::Exclusive));
+        assert!(!Sharing::Exclusive.accepts(GpuMode::Shared { max_sessions: 2 }));
+        assert!(Sharing::Shared.accepts(GpuMode::Shared { max_sessions: 2 }));
+        assert!(!Sharing::Shared.accepts(GpuMode::Exclusive));
+        assert!(Sharing::Any.accepts(GpuMode::Exclusive));
+    }
+
+    #[test]
+    fn request_fits() {
+        let req = GpuRequest {
+            count: 1,
+            min_capability: Some(ComputeCapability::new(8, 0)),
+            min_memory: Some(MemorySize::parse("40G").unwrap()),
+            sharing: Sharing::Exclusive,
+        };
+        let a100 = (ComputeCapability::new(8, 0), MemorySize::from_mib(40_960));
+        let t4 = (ComputeCapability::new(7, 5), MemorySize::from_mib(15_360));
+        assert!(req.fits(a100.0, a100.1, GpuMode::Exclusive));
+        assert!(!req.fits(t4.0, t4.1, GpuMode::Exclusive));
+        assert!(!req.fits(a100.0, a100.1, GpuMode::Shared { max_sessions: 2 }));
+        assert_eq!(
+            GpuRequest { count: 0, ..req }.validate(),
+            Err(GpuRequestError::ZeroGpus)
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! ongrid-core: the domain types and pure logic every other crate shares.
+//!
+//! Values are parsed at the edge into these types ([`SessionName::parse`], [`GpuUuid::parse`],
+//! [`HumanDuration::parse`], ...), so the rest of the code never handles raw strings. No I/O and
+//! no async runtime here.
+
+pub mod api;
+pub mod gpu;
+pub mod names;
+pub mod quantity;
+pub mod session;
+
+pub use gpu::{
+    GpuHealth, GpuId, GpuIdError, GpuInfo, GpuMode, GpuRequest, GpuUuid, MigUuid, Sharing,
+};
+pub use names::{Dn, NameError, NodeName, SessionId, SessionName, UserName};
+pub use quantity::{ComputeCapability, HumanDuration, MemorySize};
+pub use session::{InvalidTransition, Lifecycle, SessionState, Transition};
