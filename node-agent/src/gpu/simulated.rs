@@ -1,0 +1,416 @@
+//! The `simulated` GPU backend: GPUs described in a TOML file, for machines with no GPU, tests
+//! and the quickstart.
+//!
+//! ```toml
+//! [[gpu]]
+//! uuid = "GPU-11111111-2222-3333-4444-555555555501"
+//! model = "NVIDIA A100-SXM4-40GB"
+//! capability = "8.0"
+//! memory = "40960MiB"
+//! pci_bus_id = "00000000:07:00.0"   # optional
+//! failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
+//! utilization = 0                    # optional, percent
+//! ```
+//!
+//! The file is read again at every discovery, so an operator or a test injects faults by editing
+//! it: `failed = "..."` marks a GPU unhealthy, and deleting an entry makes the GPU vanish, which
+//! is reported as a failure (like a GPU falling off the bus) rather than silently. Simulated GPUs
+//! need no NVIDIA container runtime.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use futures::future::BoxFuture;
+use ongrid_core::{ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize};
+use serde::Deserialize;
+
+use super::{GpuBackend, GpuError, SeenGpus};
+
+/// Why the simulated GPU file could not be used. Entries are numbered from 1 in file order.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulatedError {
+    #[error("could not read the simulated GPU file {}: create it or fix `file` in the agent's [gpu] table", file.display())]
+    Read {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("simulated GPU file {} is malformed: it must hold [[gpu]] tables with uuid, model, capability and memory, and optionally pci_bus_id, failed and utilization", file.display())]
+    Syntax {
+        file: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("[[gpu]] entry #{number} in {}: {problem}", file.display())]
+    Entry {
+        file: PathBuf,
+        number: usize,
+        problem: String,
+    },
+    #[error("[[gpu]] entries #{first} and #{second} in {} have the same uuid {uuid}: give each GPU its own", file.display())]
+    DuplicateUuid {
+        file: PathBuf,
+        uuid: GpuUuid,
+        first: usize,
+        second: usize,
+    },
+}
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimulatedFile {
+    #[serde(default)]
+    gpu: Vec<Entry>,
+}
+
+/// One `[[gpu]]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    uuid: String,
+    model: String,
+    capability: String,
+    memory: String,
+    pci_bus_id: Option<String>,
+    failed: Option<String>,
+    utilization: Option<i64>,
+}
+
+/// One simulated GPU, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimulatedGpu {
+    pub info: GpuInfo,
+    /// Percent busy, when the entry says.
+    pub utilization: Option<u8>,
+}
+
+/// Parses and validates the contents of a simulated GPU file; `file` names it in errors.
+pub fn parse(text: &str, file: &Path) -> Result<Vec<SimulatedGpu>, SimulatedError> {
+    let contents: SimulatedFile =
+        toml::from_str(text).map_err(|source| SimulatedError::Syntax {
+            file: file.to_owned(),
+            source,
+        })?;
+    let mut numbers: HashMap<GpuUuid, usize> = HashMap::new();
+    let mut gpus = Vec::with_capacity(contents.gpu.len());
+    for (index, entry) in contents.gpu.into_iter().enumerate() {
+        let number = index + 1;
+        let gpu = validate(entry).map_err(|problem| SimulatedError::Entry {
+            file: file.to_owned(),
+            number,
+            problem,
+        })?;
+        if let Some(&first) = numbers.get(&gpu.info.uuid) {
+            return Err(SimulatedError::DuplicateUuid {
+                file: file.to_owned(),
+                uuid: gpu.info.uuid,
+                first,
+                second: number,
+            });
+        }
+        numbers.insert(gpu.info.uuid.clone(), number);
+        gpus.push(gpu);
+    }
+    Ok(gpus)
+}
+
+/// Reads and validates a simulated GPU file now, blocking: for start-up checks.
+pub fn load(file: &Path) -> Result<Vec<SimulatedGpu>, SimulatedError> {
+    let text = std::fs::read_to_string(file).map_err(|source| SimulatedError::Read {
+        file: file.to_owned(),
+        source,
+    })?;
+    parse(&text, file)
+}
+
+/// One entry as core types, or what is wrong with it.
+fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
+    let non_empty = |name: &str, value: Option<String>| match value {
+        Some(value) if value.trim().is_empty() => {
+            Err(format!("{name} must not be empty: leave it out instead"))
+        }
+        other => Ok(other.map(|value| value.trim().to_owned())),
+    };
+    let uuid = GpuUuid::parse(entry.uuid.trim()).map_err(|error| error.to_string())?;
+    let model = non_empty("model", Some(entry.model))?.unwrap_or_default();
+    let capability =
+        ComputeCapability::parse(&entry.capability).map_err(|error| error.to_string())?;
+    let memory = MemorySize::parse(&entry.memory).map_err(|error| error.to_string())?;
+    let pci_bus_id = non_empty("pci_bus_id", entry.pci_bus_id)?;
+    let health = match non_empty("failed", entry.failed)? {
+        Some(reason) => GpuHealth::Failed(reason),
+        None => GpuHealth::Healthy,
+    };
+    let utilization = entry
+        .utilization
+        .map(|percent| {
+            u8::try_from(percent)
+                .ok()
+                .filter(|&percent| percent <= 100)
+                .ok_or_else(|| format!("utilization {percent} must be a percentage from 0 to 100"))
+        })
+        .transpose()?;
+    Ok(SimulatedGpu {
+        info: GpuInfo {
+            uuid,
+            model,
+            capability,
+            memory,
+            pci_bus_id,
+            driver_version: None,
+            mig_enabled: false,
+            health,
+        },
+        utilization,
+    })
+}
+
+/// Discovers the GPUs listed in a TOML file, read again at every discovery.
+pub struct SimulatedBackend {
+    file: PathBuf,
+    seen: SeenGpus,
+    /// Utilisation by GPU as of the last successful discovery.
+    utilization: Mutex<BTreeMap<GpuUuid, u8>>,
+}
+
+impl SimulatedBackend {
+    pub fn new(file: PathBuf) -> Self {
+        Self {
+            file,
+            seen: SeenGpus::default(),
+            utilization: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The GPUs the file lists now, plus those it listed before, marked failed.
+    pub async fn discover_gpus(&self) -> Result<Vec<GpuInfo>, SimulatedError> {
+        let text = tokio::fs::read_to_string(&self.file)
+            .await
+            .map_err(|source| SimulatedError::Read {
+                file: self.file.clone(),
+                source,
+            })?;
+        let gpus = parse(&text, &self.file)?;
+        *self
+            .utilization
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = gpus
+            .iter()
+            .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.utilization?)))
+            .collect();
+        let present = gpus.into_iter().map(|gpu| gpu.info).collect();
+        let gone_reason = format!(
+            "not in the simulated GPU file {} any more: fallen off the bus (simulated)",
+            self.file.display()
+        );
+        Ok(self.seen.report(present, &gone_reason))
+    }
+
+    /// Percent busy by GPU, as the file said at the last successful discovery. GPUs whose
+    /// entry has no `utilization` are absent.
+    pub fn utilization(&self) -> BTreeMap<GpuUuid, u8> {
+        self.utilization
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl GpuBackend for SimulatedBackend {
+    fn kind(&self) -> &'static str {
+        "simulated"
+    }
+
+    fn needs_nvidia_runtime(&self) -> bool {
+        false
+    }
+
+    fn discover(&self) -> BoxFuture<'_, Result<Vec<GpuInfo>, GpuError>> {
+        Box::pin(async move { Ok(self.discover_gpus().await?) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A100: &str = "GPU-11111111-2222-3333-4444-555555555501";
+    const H100: &str = "GPU-11111111-2222-3333-4444-555555555502";
+
+    /// The example of the brief, verbatim.
+    const EXAMPLE: &str = r#"
+[[gpu]]
+uuid = "GPU-11111111-2222-3333-4444-555555555501"
+model = "NVIDIA A100-SXM4-40GB"
+capability = "8.0"
+memory = "40960MiB"
+pci_bus_id = "00000000:07:00.0"   # optional
+failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
+utilization = 0                    # optional, percent (for idle detection later)
+"#;
+
+    fn entry(uuid: &str, model: &str, extra: &str) -> String {
+        format!(
+            "[[gpu]]\nuuid = \"{uuid}\"\nmodel = \"{model}\"\ncapability = \"9.0\"\nmemory = \"81559MiB\"\n{extra}\n"
+        )
+    }
+
+    fn file() -> &'static Path {
+        Path::new("/etc/ongrid/simulated-gpus.toml")
+    }
+
+    #[test]
+    fn parses_the_documented_example() {
+        let gpus = parse(EXAMPLE, file()).unwrap();
+        assert_eq!(
+            gpus,
+            [SimulatedGpu {
+                info: GpuInfo {
+                    uuid: GpuUuid::parse(A100).unwrap(),
+                    model: "NVIDIA A100-SXM4-40GB".into(),
+                    capability: ComputeCapability::new(8, 0),
+                    memory: MemorySize::from_mib(40_960),
+                    pci_bus_id: Some("00000000:07:00.0".into()),
+                    driver_version: None,
+                    mig_enabled: false,
+                    health: GpuHealth::Failed("fell off the bus".into()),
+                },
+                utilization: Some(0),
+            }]
+        );
+    }
+
+    #[test]
+    fn optional_fields_and_empty_files() {
+        let gpus = parse(&entry(H100, "NVIDIA H100 80GB HBM3", ""), file()).unwrap();
+        assert_eq!(gpus[0].info.health, GpuHealth::Healthy);
+        assert_eq!(gpus[0].info.pci_bus_id, None);
+        assert_eq!(gpus[0].utilization, None);
+        assert_eq!(parse("", file()).unwrap(), []);
+        assert_eq!(parse("# no GPUs here\n", file()).unwrap(), []);
+    }
+
+    #[test]
+    fn bad_entries_are_named_by_file_and_number() {
+        let good = entry(A100, "NVIDIA A100-SXM4-40GB", "");
+        let cases = [
+            (entry("GPU-1", "X", ""), "GPU-xxxxxxxx"),
+            (entry(H100, "  ", ""), "model must not be empty"),
+            (
+                entry(H100, "X", "").replace("\"9.0\"", "\"nine\""),
+                "compute capability",
+            ),
+            (
+                entry(H100, "X", "").replace("81559MiB", "lots"),
+                "memory size",
+            ),
+            (
+                entry(H100, "X", "failed = \"\""),
+                "failed must not be empty",
+            ),
+            (entry(H100, "X", "pci_bus_id = \" \""), "pci_bus_id"),
+            (entry(H100, "X", "utilization = 101"), "from 0 to 100"),
+            (entry(H100, "X", "utilization = -1"), "from 0 to 100"),
+        ];
+        for (bad, expected) in cases {
+            let err = parse(&format!("{good}{bad}"), file()).unwrap_err();
+            assert!(
+                matches!(err, SimulatedError::Entry { number: 2, .. }),
+                "{bad}: {err:?}"
+            );
+            let message = err.to_string();
+            assert!(message.contains("entry #2"), "{message}");
+            assert!(message.contains("simulated-gpus.toml"), "{message}");
+            assert!(message.contains(expected), "{message}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_duplicates_are_refused() {
+        let typo = entry(A100, "X", "utilisation = 3");
+        let err = parse(&typo, file()).unwrap_err();
+        assert!(matches!(err, SimulatedError::Syntax { .. }), "{err:?}");
+        let SimulatedError::Syntax { source, .. } = &err else {
+            unreachable!()
+        };
+        assert!(source.to_string().contains("utilisation"), "{source}");
+
+        let err = parse("[gpus]\n", file()).unwrap_err();
+        assert!(matches!(err, SimulatedError::Syntax { .. }), "{err:?}");
+
+        let twice = format!("{}{}", entry(A100, "X", ""), entry(A100, "Y", ""));
+        let err = parse(&twice, file()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SimulatedError::DuplicateUuid {
+                    first: 1,
+                    second: 2,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn faults_are_injected_by_editing_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.toml");
+        let a100 = |extra: &str| entry(A100, "NVIDIA A100-SXM4-40GB", extra);
+        let h100 = entry(H100, "NVIDIA H100 80GB HBM3", "utilization = 87");
+        std::fs::write(&path, format!("{}{h100}", a100("utilization = 3"))).unwrap();
+        let backend = SimulatedBackend::new(path.clone());
+
+        let before = backend.discover_gpus().await.unwrap();
+        assert_eq!(before.len(), 2);
+        assert!(before.iter().all(|gpu| gpu.health.is_healthy()));
+        let a100_uuid = GpuUuid::parse(A100).unwrap();
+        let h100_uuid = GpuUuid::parse(H100).unwrap();
+        assert_eq!(
+            backend.utilization(),
+            BTreeMap::from([(a100_uuid.clone(), 3), (h100_uuid.clone(), 87)])
+        );
+
+        // The A100 reports a failure; the H100 disappears from the file.
+        std::fs::write(&path, a100("failed = \"Xid 79\"")).unwrap();
+        let after = backend.discover_gpus().await.unwrap();
+        assert_eq!(after.len(), 2);
+        assert_eq!(after[0].uuid, a100_uuid);
+        assert_eq!(after[0].health, GpuHealth::Failed("Xid 79".into()));
+        assert_eq!(after[1].uuid, h100_uuid);
+        assert_eq!(after[1].model, "NVIDIA H100 80GB HBM3");
+        let GpuHealth::Failed(reason) = &after[1].health else {
+            panic!("{:?}", after[1]);
+        };
+        assert!(reason.contains("fallen off the bus"), "{reason}");
+        assert!(reason.contains("gpus.toml"), "{reason}");
+        assert_eq!(backend.utilization(), BTreeMap::new());
+
+        // Both come back healthy.
+        std::fs::write(&path, format!("{}{h100}", a100(""))).unwrap();
+        let back = backend.discover_gpus().await.unwrap();
+        assert!(back.iter().all(|gpu| gpu.health.is_healthy()), "{back:?}");
+
+        // A broken file is an error, and the last good utilisation stays.
+        std::fs::write(&path, "[[gpu]]\nuuid = 1\n").unwrap();
+        let err = backend.discover().await.unwrap_err();
+        assert!(err.to_string().contains("gpus.toml"), "{err}");
+        assert_eq!(
+            backend.utilization(),
+            BTreeMap::from([(h100_uuid.clone(), 87)])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nowhere.toml");
+        let err = SimulatedBackend::new(path).discover().await.unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("nowhere.toml"), "{message}");
+        assert!(message.contains("create it"), "{message}");
+    }
+}

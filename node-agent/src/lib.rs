@@ -1,0 +1,290 @@
+//! ongrid-agent: the node agent, one per GPU node. It reports the node's GPUs and dev containers
+//! to the manager and converges the containers to the desired state the manager answers with.
+//!
+//! - [`config`]: the TOML file, validated into [`Config`].
+//! - [`gpu`]: GPU discovery behind `GpuBackend` (nvidia-smi, simulated).
+//! - [`runtime`]: dev containers behind `ContainerRuntime` (Docker; a fake for unit tests).
+//! - [`reconcile`]: desired vs observed, the operations, and the report of what is there.
+//! - [`manager_client`]: HTTPS to the manager (register, sync).
+//!
+//! [`run`] wires them together and runs the sync loop ([`Agent::run`]) until shutdown. Stopping
+//! the agent leaves every container as it is: they belong to sessions, and the next agent adopts
+//! them.
+
+pub mod config;
+pub mod gpu;
+pub mod manager_client;
+pub mod reconcile;
+pub mod runtime;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ongrid_core::api::{DesiredState, NodeReport, ObservedContainer, RegisterNode};
+use ongrid_core::{GpuInfo, NodeName};
+use reqwest::StatusCode;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+pub use config::Config;
+
+use crate::gpu::GpuBackend;
+use crate::manager_client::{ClientError, ManagerClient};
+use crate::reconcile::Reconciler;
+use crate::runtime::docker::DockerRuntime;
+use crate::runtime::{error_chain, ContainerRuntime, GpuAccess};
+
+/// Bounds of the sync interval the manager may ask for.
+const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Starts the agent described by `config` and runs it until `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let gpus = gpu::from_config(&config.gpu)
+        .context("setting up the GPU backend ([gpu] in the config)")?;
+    let runtime = DockerRuntime::connect(config.node_name.clone())
+        .await
+        .context("connecting to Docker")?;
+    let manager = ManagerClient::new(&config.manager_url, &config.ca_dir, config.token.clone())
+        .context("setting up the HTTPS client of the manager")?;
+    Agent {
+        node: config.node_name,
+        gpus,
+        runtime: Arc::new(runtime),
+        manager,
+    }
+    .run(shutdown)
+    .await
+}
+
+/// The agent's parts, built by [`run`] from the config (tests build them directly).
+pub struct Agent {
+    pub node: NodeName,
+    pub gpus: Arc<dyn GpuBackend>,
+    pub runtime: Arc<dyn ContainerRuntime>,
+    pub manager: ManagerClient,
+}
+
+/// What the sync loop remembers between syncs.
+struct LoopState {
+    /// The inventory the manager was last given by `register`; `None` before the first.
+    registered: Option<Vec<GpuInfo>>,
+    /// The last inventory discovery gave, reported while discovery fails.
+    last_gpus: Vec<GpuInfo>,
+    manager_outage: Outage,
+    docker_outage: Outage,
+    gpu_outage: Outage,
+    backoff: Backoff,
+}
+
+impl Agent {
+    /// The sync loop: every interval, discover GPUs, observe containers, report them to the
+    /// manager, and converge to the desired state it answers. When the manager or Docker cannot
+    /// be reached nothing is touched and the sync is retried with backoff.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let gpu_access = if self.gpus.needs_nvidia_runtime() {
+            GpuAccess::NvidiaDeviceRequest
+        } else {
+            GpuAccess::EnvironmentOnly
+        };
+        let mut reconciler = Reconciler::new(self.runtime.clone(), self.node.clone(), gpu_access);
+        let mut state = LoopState {
+            registered: None,
+            last_gpus: Vec::new(),
+            manager_outage: Outage::default(),
+            docker_outage: Outage::default(),
+            gpu_outage: Outage::default(),
+            backoff: Backoff::default(),
+        };
+        info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
+        while !shutdown.is_cancelled() {
+            let delay = self.sync_once(&mut reconciler, &mut state, &shutdown).await;
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+        info!(node = %self.node, "Agent stopped; dev containers are left as they are.");
+        Ok(())
+    }
+
+    /// One sync; returns how long to wait before the next.
+    async fn sync_once(
+        &self,
+        reconciler: &mut Reconciler,
+        state: &mut LoopState,
+        shutdown: &CancellationToken,
+    ) -> Duration {
+        let gpus = match self.gpus.discover().await {
+            Ok(gpus) => {
+                if state.gpu_outage.succeeded() > 0 {
+                    info!(node = %self.node, "GPU discovery works again.");
+                }
+                state.last_gpus = gpus.clone();
+                gpus
+            }
+            Err(e) => {
+                if state.gpu_outage.failed() {
+                    warn!(node = %self.node, error = %error_chain(&e),
+                          "GPU discovery failed; reporting the last inventory seen.");
+                }
+                state.last_gpus.clone()
+            }
+        };
+        let containers = match reconciler.observe().await {
+            Ok(containers) => {
+                if state.docker_outage.succeeded() > 0 {
+                    info!(node = %self.node, "Docker answers again.");
+                }
+                containers
+            }
+            Err(e) => {
+                if state.docker_outage.failed() {
+                    error!(node = %self.node, error = %error_chain(&e),
+                           "Cannot list containers; not syncing until Docker answers.");
+                }
+                return state.backoff.next_delay();
+            }
+        };
+
+        let exchange = self.exchange(state, gpus, containers);
+        let answer = tokio::select! {
+            answer = exchange => answer,
+            () = shutdown.cancelled() => return Duration::ZERO,
+        };
+        let desired = match answer {
+            Ok(desired) if desired.node == self.node => desired,
+            Ok(desired) => {
+                if state.manager_outage.failed() {
+                    error!(node = %self.node, answered_for = %desired.node,
+                           "The manager answered with another node's desired state; check node_name and the token.");
+                }
+                return state.backoff.next_delay();
+            }
+            Err(e) => {
+                if let ClientError::Refused { status, .. } = &e {
+                    if matches!(*status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) {
+                        // The manager may have forgotten the node: register again.
+                        state.registered = None;
+                    }
+                }
+                if state.manager_outage.failed() {
+                    warn!(node = %self.node, error = %error_chain(&e),
+                          "Cannot sync with the manager; containers are left as they are until it answers.");
+                }
+                return state.backoff.next_delay();
+            }
+        };
+        let failures = state.manager_outage.succeeded();
+        if failures > 0 {
+            info!(node = %self.node, failures, "Synced with the manager again.");
+        }
+        state.backoff.reset();
+
+        if let Err(e) = reconciler.converge(&desired.sessions).await {
+            if state.docker_outage.failed() {
+                error!(node = %self.node, error = %error_chain(&e),
+                       "Cannot list containers; nothing converged.");
+            }
+        }
+        Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
+    }
+
+    /// Registers when the inventory changed since the last registration, then syncs.
+    async fn exchange(
+        &self,
+        state: &mut LoopState,
+        gpus: Vec<GpuInfo>,
+        containers: Vec<ObservedContainer>,
+    ) -> Result<DesiredState, ClientError> {
+        if state.registered.as_ref() != Some(&gpus) {
+            let registration = RegisterNode {
+                node: self.node.clone(),
+                agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                gpu_backend: self.gpus.kind().to_owned(),
+                gpus: gpus.clone(),
+            };
+            self.manager.register(&registration).await?;
+            info!(node = %self.node, gpus = gpus.len(), "Registered with the manager.");
+            state.registered = Some(gpus.clone());
+        }
+        let report = NodeReport {
+            node: self.node.clone(),
+            gpus,
+            containers,
+        };
+        self.manager.sync(&report).await
+    }
+}
+
+/// Consecutive failures of one dependency, so that an outage is logged once, not every sync.
+#[derive(Debug, Default)]
+pub struct Outage {
+    failures: u32,
+}
+
+impl Outage {
+    /// Records a failure; `true` when it starts an outage (the one to log).
+    pub fn failed(&mut self) -> bool {
+        self.failures = self.failures.saturating_add(1);
+        self.failures == 1
+    }
+
+    /// Records a success; the number of failures of the outage it ends (0 when there was none).
+    pub fn succeeded(&mut self) -> u32 {
+        std::mem::take(&mut self.failures)
+    }
+}
+
+/// Delays between retries: 1 s, doubling up to 60 s, back to 1 s after a success.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    pub const FIRST: Duration = Duration::from_secs(1);
+    pub const MAX: Duration = Duration::from_secs(60);
+
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap_and_resets() {
+        let mut backoff = Backoff::default();
+        let delays: Vec<u64> = (0..8).map(|_| backoff.next_delay().as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
+        backoff.reset();
+        assert_eq!(backoff.next_delay(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_outage_is_reported_once() {
+        let mut outage = Outage::default();
+        assert_eq!(outage.succeeded(), 0);
+        assert!(outage.failed());
+        assert!(!outage.failed());
+        assert!(!outage.failed());
+        assert_eq!(outage.succeeded(), 3);
+        assert!(outage.failed(), "a new outage is reported again");
+    }
+}

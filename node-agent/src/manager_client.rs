@@ -1,0 +1,261 @@
+//! The agent's side of the manager's API (`core/src/api.rs`): `POST /v1/agent/register` once
+//! (and whenever the GPU inventory changes), then `POST /v1/agent/sync` every sync interval.
+//! HTTPS only, trusting exactly the CAs of `ca_dir` (no built-in roots), with the node's token
+//! as `Authorization: Bearer`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ongrid_core::api::{DesiredState, ErrorBody, NodeReport, RegisterNode};
+use reqwest::{Certificate, StatusCode, Url};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::config::Token;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why talking to the manager failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot read CA directory {dir}")]
+    CaDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read CA file {path}")]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("CA file {path} does not hold PEM certificates")]
+    BadCa {
+        path: PathBuf,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("CA directory {0} holds no certificate (*.0 or *.pem): put the CA that signed the manager's certificate there")]
+    NoCa(PathBuf),
+    #[error("manager_url {0} cannot be a base URL")]
+    BaseUrl(String),
+    #[error("building the HTTPS client")]
+    Build(#[source] reqwest::Error),
+    #[error("cannot reach the manager at {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("the manager answered {status} to {url}: {message}{hint}")]
+    Refused {
+        url: String,
+        status: StatusCode,
+        message: String,
+        /// What to do about it, when the status says.
+        hint: &'static str,
+    },
+    #[error("the manager's answer to {url} is not what this agent understands: are both the same version?")]
+    BadAnswer {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// An HTTPS client of one manager, for one node.
+#[derive(Debug, Clone)]
+pub struct ManagerClient {
+    http: reqwest::Client,
+    register_url: Url,
+    sync_url: Url,
+    token: Token,
+}
+
+impl ManagerClient {
+    /// A client of the manager at `manager_url` that trusts only the CAs in `ca_dir`.
+    pub fn new(manager_url: &Url, ca_dir: &Path, token: Token) -> Result<Self, ClientError> {
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .https_only(true)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("ongrid-agent/", env!("CARGO_PKG_VERSION")));
+        for certificate in load_ca_dir(ca_dir)? {
+            builder = builder.add_root_certificate(certificate);
+        }
+        let http = builder.build().map_err(ClientError::Build)?;
+        let mut base = manager_url.clone();
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let join = |path| {
+            base.join(path)
+                .map_err(|_| ClientError::BaseUrl(manager_url.to_string()))
+        };
+        Ok(Self {
+            http,
+            register_url: join("v1/agent/register")?,
+            sync_url: join("v1/agent/sync")?,
+            token,
+        })
+    }
+
+    pub async fn register(&self, body: &RegisterNode) -> Result<DesiredState, ClientError> {
+        self.post(&self.register_url, body).await
+    }
+
+    pub async fn sync(&self, body: &NodeReport) -> Result<DesiredState, ClientError> {
+        self.post(&self.sync_url, body).await
+    }
+
+    async fn post<T: Serialize, R: DeserializeOwned>(
+        &self,
+        url: &Url,
+        body: &T,
+    ) -> Result<R, ClientError> {
+        let response = self
+            .http
+            .post(url.clone())
+            .bearer_auth(self.token.expose())
+            .json(body)
+            .send()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                url: url.to_string(),
+                // The URL is in our message already.
+                source: source.without_url(),
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return response
+                .json()
+                .await
+                .map_err(|source| ClientError::BadAnswer {
+                    url: url.to_string(),
+                    source: source.without_url(),
+                });
+        }
+        let text = response.text().await.unwrap_or_default();
+        let message = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => format!("{}: {}", body.error.code, body.error.message),
+            Err(_) => text.chars().take(200).collect(),
+        };
+        let hint = match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                " (check that token_file holds this node's token from the manager's agent_tokens_file, under this node_name)"
+            }
+            _ => "",
+        };
+        Err(ClientError::Refused {
+            url: url.to_string(),
+            status,
+            message,
+            hint,
+        })
+    }
+}
+
+/// The certificates of every `*.0` and `*.pem` file in `dir` (IGTF layout: `<hash>.0`; other
+/// files such as CRLs `*.r0` and `*.signing_policy` are skipped).
+pub fn load_ca_dir(dir: &Path) -> Result<Vec<Certificate>, ClientError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ClientError::CaDir {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    let mut paths = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| ClientError::CaDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+        let path = entry.path();
+        let wanted = path
+            .extension()
+            .is_some_and(|ext| ext == "0" || ext == "pem");
+        if wanted && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut certificates = Vec::new();
+    for path in paths {
+        let pem = std::fs::read(&path).map_err(|source| ClientError::CaFile {
+            path: path.clone(),
+            source,
+        })?;
+        let bundle = Certificate::from_pem_bundle(&pem).map_err(|source| ClientError::BadCa {
+            path: path.clone(),
+            source,
+        })?;
+        certificates.extend(bundle);
+    }
+    if certificates.is_empty() {
+        return Err(ClientError::NoCa(dir.to_owned()));
+    }
+    Ok(certificates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca_pem() -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn ca_dir_loads_only_certificate_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("1a2b3c4d.0"), ca_pem()).unwrap();
+        std::fs::write(
+            dir.path().join("site.pem"),
+            format!("{}{}", ca_pem(), ca_pem()),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("1a2b3c4d.r0"), "not a certificate").unwrap();
+        std::fs::write(
+            dir.path().join("1a2b3c4d.signing_policy"),
+            "access_id_CA X509",
+        )
+        .unwrap();
+        assert_eq!(load_ca_dir(dir.path()).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn empty_or_missing_ca_dir_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("README"), "nothing here").unwrap();
+        let err = load_ca_dir(dir.path()).unwrap_err();
+        assert!(matches!(err, ClientError::NoCa(_)), "{err:?}");
+        assert!(err.to_string().contains(&dir.path().display().to_string()));
+
+        let err = load_ca_dir(&dir.path().join("absent")).unwrap_err();
+        assert!(matches!(err, ClientError::CaDir { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn urls_are_joined_under_the_base_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca_pem()).unwrap();
+        let token = Token::new("t");
+        let plain = Url::parse("https://manager.example.org:8443").unwrap();
+        let client = ManagerClient::new(&plain, dir.path(), token.clone()).unwrap();
+        assert_eq!(
+            client.sync_url.as_str(),
+            "https://manager.example.org:8443/v1/agent/sync"
+        );
+        let prefixed = Url::parse("https://example.org/ongrid").unwrap();
+        let client = ManagerClient::new(&prefixed, dir.path(), token).unwrap();
+        assert_eq!(
+            client.register_url.as_str(),
+            "https://example.org/ongrid/v1/agent/register"
+        );
+    }
+}

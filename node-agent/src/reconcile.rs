@@ -1,0 +1,701 @@
+//! Converging the node's dev containers to the manager's desired state, and reporting what is
+//! there.
+//!
+//! [`plan`] is the pure decision: from the desired sessions and the containers the runtime
+//! sees, the operations to run. [`Reconciler`] runs them one by one on a [`ContainerRuntime`]
+//! (a failure is logged and reported for its session, never fatal to the pass) and builds the
+//! [`ObservedContainer`] list of the next report. Being level-triggered, it needs no memory to be
+//! correct after a restart: containers found by label are adopted, never recreated. Its only
+//! memory is which sessions the manager asked to stop, so that their exited containers are
+//! started again on release instead of being reported as dead.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ongrid_core::api::{
+    ContainerLimits, ContainerState, DesiredSession, ObservedContainer, RunState,
+};
+use ongrid_core::{NodeName, SessionId};
+use tracing::{debug, info, warn};
+
+use crate::runtime::{
+    error_chain, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess, RuntimeError,
+};
+
+/// How long a dev container gets to stop before it is killed.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One step towards the desired state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operation {
+    /// Create the session's container and start it.
+    Create(Box<DesiredSession>),
+    /// Start the exited container of a session the manager had stopped and now wants running.
+    Start {
+        session_id: SessionId,
+        container_id: String,
+    },
+    /// Stop a running container, giving it [`STOP_TIMEOUT`].
+    Stop {
+        session_id: Option<SessionId>,
+        container_id: String,
+    },
+    /// Remove a container (its home volume stays).
+    Remove {
+        session_id: Option<SessionId>,
+        container_id: String,
+    },
+}
+
+/// The operations that bring `observed` to `desired`, stops and removals first (they free
+/// resources), then creations and starts.
+///
+/// - desired running, absent: create and start.
+/// - desired running, created but never started (the agent stopped half-way): remove, create.
+/// - desired running, exited: start it only if it is in `resumable` (the manager stopped it and
+///   now wants it back); otherwise it died by itself and is left as it is, to be reported.
+/// - desired stopped, running: stop.
+/// - not desired (or not a session's dev container at all): stop if running, then remove.
+pub fn plan(
+    desired: &[DesiredSession],
+    observed: &[ContainerStatus],
+    resumable: &HashSet<SessionId>,
+) -> Vec<Operation> {
+    let wanted: HashSet<SessionId> = desired.iter().map(|s| s.session_id).collect();
+    let mut by_session: HashMap<SessionId, &ContainerStatus> = HashMap::new();
+    let mut first = Vec::new();
+    let mut then = Vec::new();
+
+    for container in observed {
+        match container.dev_container_of() {
+            Some(id) if wanted.contains(&id) => {
+                by_session.insert(id, container);
+            }
+            session_id => {
+                if container.state == ContainerState::Running {
+                    first.push(Operation::Stop {
+                        session_id,
+                        container_id: container.id.clone(),
+                    });
+                }
+                first.push(Operation::Remove {
+                    session_id,
+                    container_id: container.id.clone(),
+                });
+            }
+        }
+    }
+
+    for session in desired {
+        let id = session.session_id;
+        let container = by_session.get(&id);
+        match (session.run, container.map(|c| &c.state)) {
+            (RunState::Running, None | Some(ContainerState::Missing)) => {
+                then.push(Operation::Create(Box::new(session.clone())));
+            }
+            (RunState::Running, Some(ContainerState::Created)) => {
+                if let Some(c) = container {
+                    first.push(Operation::Remove {
+                        session_id: Some(id),
+                        container_id: c.id.clone(),
+                    });
+                }
+                then.push(Operation::Create(Box::new(session.clone())));
+            }
+            (RunState::Running, Some(ContainerState::Exited { .. })) => {
+                if let (Some(c), true) = (container, resumable.contains(&id)) {
+                    then.push(Operation::Start {
+                        session_id: id,
+                        container_id: c.id.clone(),
+                    });
+                }
+            }
+            (RunState::Stopped, Some(ContainerState::Running)) => {
+                if let Some(c) = container {
+                    first.push(Operation::Stop {
+                        session_id: Some(id),
+                        container_id: c.id.clone(),
+                    });
+                }
+            }
+            (RunState::Running, Some(ContainerState::Running)) | (RunState::Stopped, _) => {}
+        }
+    }
+    first.extend(then);
+    first
+}
+
+/// Why a container that should run has stopped, in words for the session's owner.
+pub fn describe_exit(
+    exit_code: i64,
+    oom_killed: bool,
+    error: Option<&str>,
+    limits: &ContainerLimits,
+) -> String {
+    if oom_killed {
+        format!(
+            "the dev container was killed for using more than its memory limit of {} \
+             (exit code {exit_code}): start a session with more memory or use less",
+            limits.memory
+        )
+    } else if let Some(error) = error.filter(|e| !e.is_empty()) {
+        format!("the dev container failed: {error} (exit code {exit_code})")
+    } else if let Some(signal) = exit_code.checked_sub(128).filter(|n| (1..=64).contains(n)) {
+        format!(
+            "the dev container was killed by {} (exit code {exit_code}) without ongrid asking",
+            signal_name(signal)
+        )
+    } else {
+        format!("the dev container stopped by itself with exit code {exit_code}")
+    }
+}
+
+/// `SIGKILL` for 9, and so on for the signals that usually end a container; `signal N` else.
+fn signal_name(signal: i64) -> String {
+    let name = match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_owned()
+}
+
+/// Runs [`plan`]s on a runtime and reports what it sees. See the module documentation.
+pub struct Reconciler {
+    runtime: Arc<dyn ContainerRuntime>,
+    node: NodeName,
+    gpu_access: GpuAccess,
+    /// The desired sessions of the last pass.
+    desired: Vec<DesiredSession>,
+    /// Sessions the manager asked to stop: their exited containers may be started again.
+    resumable: HashSet<SessionId>,
+    /// Problems of the last pass, by session, reported with the next observation.
+    problems: HashMap<SessionId, String>,
+    /// Sessions whose container has been seen dead (logged once).
+    seen_dead: HashSet<SessionId>,
+}
+
+impl Reconciler {
+    pub fn new(runtime: Arc<dyn ContainerRuntime>, node: NodeName, gpu_access: GpuAccess) -> Self {
+        Self {
+            runtime,
+            node,
+            gpu_access,
+            desired: Vec::new(),
+            resumable: HashSet::new(),
+            problems: HashMap::new(),
+            seen_dead: HashSet::new(),
+        }
+    }
+
+    /// One pass: looks at the containers, plans, and runs every operation. Fails only when the
+    /// runtime cannot list the containers (then nothing is touched).
+    pub async fn converge(&mut self, desired: &[DesiredSession]) -> Result<(), RuntimeError> {
+        let observed = self.runtime.list().await?;
+        let wanted: HashSet<SessionId> = desired.iter().map(|s| s.session_id).collect();
+        self.resumable.retain(|id| wanted.contains(id));
+        self.resumable.extend(
+            desired
+                .iter()
+                .filter(|s| s.run == RunState::Stopped)
+                .map(|s| s.session_id),
+        );
+        self.desired = desired.to_vec();
+        let previous = std::mem::take(&mut self.problems);
+
+        for operation in plan(desired, &observed, &self.resumable) {
+            let session_id = match &operation {
+                Operation::Create(s) => Some(s.session_id),
+                Operation::Start { session_id, .. } => Some(*session_id),
+                Operation::Stop { session_id, .. } | Operation::Remove { session_id, .. } => {
+                    *session_id
+                }
+            };
+            if let Err(e) = self.execute(operation).await {
+                let problem = error_chain(&e);
+                let Some(id) = session_id else {
+                    warn!(error = %problem, "Could not clean up a stray ongrid container.");
+                    continue;
+                };
+                if previous.get(&id) == Some(&problem) {
+                    debug!(session = %id, error = %problem, "Operation failed again.");
+                } else {
+                    warn!(session = %id, error = %problem, "Operation on a dev container failed.");
+                }
+                self.problems.insert(id, problem);
+            }
+        }
+        Ok(())
+    }
+
+    async fn execute(&mut self, operation: Operation) -> Result<(), RuntimeError> {
+        match operation {
+            Operation::Create(session) => {
+                let spec = ContainerSpec::for_session(&self.node, &session, self.gpu_access);
+                let id = self.runtime.create(&spec).await?;
+                self.runtime.start(&id).await?;
+                info!(session = %session.session_id, name = %session.name, user = %session.user.name,
+                      container = %spec.name, "Dev container started.");
+            }
+            Operation::Start {
+                session_id,
+                container_id,
+            } => {
+                self.runtime.start(&container_id).await?;
+                self.resumable.remove(&session_id);
+                info!(session = %session_id, container = %container_id, "Dev container started again.");
+            }
+            Operation::Stop {
+                session_id,
+                container_id,
+            } => {
+                self.runtime.stop(&container_id, STOP_TIMEOUT).await?;
+                info!(session = ?session_id, container = %container_id, "Dev container stopped.");
+            }
+            Operation::Remove {
+                session_id,
+                container_id,
+            } => {
+                self.runtime.remove(&container_id).await?;
+                info!(session = ?session_id, container = %container_id, "Container removed.");
+            }
+        }
+        Ok(())
+    }
+
+    /// Every dev container of the node as the manager should see it, with the problems of the
+    /// last pass; a session that should run but has no container and a problem is `Missing`.
+    pub async fn observe(&mut self) -> Result<Vec<ObservedContainer>, RuntimeError> {
+        let observed = self.runtime.list().await?;
+        let mut report = Vec::new();
+        let mut dead = HashSet::new();
+        for container in &observed {
+            let Some(id) = container.dev_container_of() else {
+                continue;
+            };
+            let desired = self.desired.iter().find(|s| s.session_id == id);
+            let mut error = self.problems.get(&id).cloned();
+            if let (
+                ContainerState::Exited {
+                    exit_code,
+                    oom_killed,
+                    error: docker_error,
+                },
+                Some(session),
+            ) = (&container.state, desired)
+            {
+                if session.run == RunState::Running && !self.resumable.contains(&id) {
+                    let why = describe_exit(
+                        *exit_code,
+                        *oom_killed,
+                        docker_error.as_deref(),
+                        &session.limits,
+                    );
+                    if !self.seen_dead.contains(&id) {
+                        warn!(session = %id, container = %container.id, reason = %why,
+                              "Dev container stopped by itself; it is not restarted.");
+                    }
+                    dead.insert(id);
+                    error.get_or_insert(why);
+                }
+            }
+            report.push(ObservedContainer {
+                session_id: id,
+                container_id: container.id.clone(),
+                state: container.state.clone(),
+                error,
+            });
+        }
+        self.seen_dead = dead;
+        for session in &self.desired {
+            let id = session.session_id;
+            if session.run != RunState::Running || report.iter().any(|c| c.session_id == id) {
+                continue;
+            }
+            if let Some(problem) = self.problems.get(&id) {
+                report.push(ObservedContainer {
+                    session_id: id,
+                    container_id: String::new(),
+                    state: ContainerState::Missing,
+                    error: Some(problem.clone()),
+                });
+            }
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::fake::{desired_session, FakeRuntime};
+
+    const GPU: &str = "GPU-11111111-2222-3333-4444-555555555501";
+
+    fn status(session: &DesiredSession, id: &str, state: ContainerState) -> ContainerStatus {
+        ContainerStatus {
+            id: id.into(),
+            name: session.session_id.container_name(),
+            session_id: Some(session.session_id),
+            state,
+        }
+    }
+
+    fn exited(code: i64) -> ContainerState {
+        ContainerState::Exited {
+            exit_code: code,
+            oom_killed: false,
+            error: None,
+        }
+    }
+
+    fn stopped(mut session: DesiredSession) -> DesiredSession {
+        session.run = RunState::Stopped;
+        session
+    }
+
+    #[test]
+    fn plan_creates_what_is_missing_and_keeps_what_runs() {
+        let a = desired_session(&[GPU]);
+        let b = desired_session(&[]);
+        let observed = [status(&b, "cb", ContainerState::Running)];
+        let ops = plan(&[a.clone(), b], &observed, &HashSet::new());
+        assert_eq!(ops, vec![Operation::Create(Box::new(a))]);
+    }
+
+    #[test]
+    fn plan_never_restarts_a_container_that_died() {
+        let a = desired_session(&[GPU]);
+        let observed = [status(&a, "ca", exited(137))];
+        assert_eq!(plan(&[a], &observed, &HashSet::new()), vec![]);
+    }
+
+    #[test]
+    fn plan_starts_a_held_container_again_when_resumable() {
+        let a = desired_session(&[GPU]);
+        let observed = [status(&a, "ca", exited(143))];
+        let resumable = HashSet::from([a.session_id]);
+        assert_eq!(
+            plan(std::slice::from_ref(&a), &observed, &resumable),
+            vec![Operation::Start {
+                session_id: a.session_id,
+                container_id: "ca".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn plan_recreates_a_container_that_never_started() {
+        let a = desired_session(&[GPU]);
+        let observed = [status(&a, "ca", ContainerState::Created)];
+        assert_eq!(
+            plan(std::slice::from_ref(&a), &observed, &HashSet::new()),
+            vec![
+                Operation::Remove {
+                    session_id: Some(a.session_id),
+                    container_id: "ca".into()
+                },
+                Operation::Create(Box::new(a)),
+            ]
+        );
+    }
+
+    #[test]
+    fn plan_stops_what_should_be_stopped_and_keeps_it() {
+        let a = stopped(desired_session(&[GPU]));
+        let b = stopped(desired_session(&[]));
+        let c = stopped(desired_session(&[]));
+        let observed = [
+            status(&a, "ca", ContainerState::Running),
+            status(&b, "cb", exited(143)),
+        ];
+        assert_eq!(
+            plan(&[a.clone(), b, c], &observed, &HashSet::new()),
+            vec![Operation::Stop {
+                session_id: Some(a.session_id),
+                container_id: "ca".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn plan_removes_undesired_and_stray_containers_first() {
+        let gone = desired_session(&[]);
+        let kept = desired_session(&[GPU]);
+        let helper = ContainerStatus {
+            id: "helper".into(),
+            name: "ongrid-chown-1".into(),
+            session_id: None,
+            state: exited(0),
+        };
+        let impostor = ContainerStatus {
+            name: "not-the-right-name".into(),
+            ..status(&kept, "impostor", ContainerState::Running)
+        };
+        let observed = [
+            status(&gone, "cg", ContainerState::Running),
+            helper,
+            impostor,
+        ];
+        let ops = plan(std::slice::from_ref(&kept), &observed, &HashSet::new());
+        assert_eq!(
+            ops,
+            vec![
+                Operation::Stop {
+                    session_id: Some(gone.session_id),
+                    container_id: "cg".into()
+                },
+                Operation::Remove {
+                    session_id: Some(gone.session_id),
+                    container_id: "cg".into()
+                },
+                Operation::Remove {
+                    session_id: None,
+                    container_id: "helper".into()
+                },
+                // Labelled for `kept` but not its container: a stray, whose failures are
+                // not `kept`'s problems.
+                Operation::Stop {
+                    session_id: None,
+                    container_id: "impostor".into()
+                },
+                Operation::Remove {
+                    session_id: None,
+                    container_id: "impostor".into()
+                },
+                Operation::Create(Box::new(kept)),
+            ]
+        );
+    }
+
+    #[test]
+    fn exits_are_described_for_people() {
+        let limits = desired_session(&[]).limits;
+        assert_eq!(
+            describe_exit(137, true, None, &limits),
+            "the dev container was killed for using more than its memory limit of 2.0 GiB \
+             (exit code 137): start a session with more memory or use less"
+        );
+        assert_eq!(
+            describe_exit(127, false, Some("exec: \"sleep\": not found"), &limits),
+            "the dev container failed: exec: \"sleep\": not found (exit code 127)"
+        );
+        assert_eq!(
+            describe_exit(1, false, Some(""), &limits),
+            "the dev container stopped by itself with exit code 1"
+        );
+        assert_eq!(
+            describe_exit(137, false, None, &limits),
+            "the dev container was killed by SIGKILL (exit code 137) without ongrid asking"
+        );
+        assert_eq!(
+            describe_exit(162, false, None, &limits),
+            "the dev container was killed by signal 34 (exit code 162) without ongrid asking"
+        );
+        assert_eq!(
+            describe_exit(200, false, None, &limits),
+            "the dev container stopped by itself with exit code 200"
+        );
+    }
+
+    fn reconciler(runtime: &Arc<FakeRuntime>) -> Reconciler {
+        Reconciler::new(
+            runtime.clone(),
+            NodeName::parse("node1").unwrap(),
+            GpuAccess::EnvironmentOnly,
+        )
+    }
+
+    #[tokio::test]
+    async fn converge_creates_starts_and_reports_running() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+
+        let name = a.session_id.container_name();
+        assert_eq!(
+            runtime.take_calls(),
+            [format!("create {name}"), "start c1".into()]
+        );
+        let spec = runtime.spec_of("c1").unwrap();
+        assert_eq!(
+            spec,
+            ContainerSpec::for_session(&reconciler.node, &a, GpuAccess::EnvironmentOnly)
+        );
+        assert_eq!(
+            reconciler.observe().await.unwrap(),
+            vec![ObservedContainer {
+                session_id: a.session_id,
+                container_id: "c1".into(),
+                state: ContainerState::Running,
+                error: None,
+            }]
+        );
+
+        // Level-triggered: the same desired state again changes nothing.
+        reconciler.converge(&[a]).await.unwrap();
+        assert_eq!(runtime.take_calls(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_new_agent_adopts_running_containers() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let a = desired_session(&[GPU]);
+        let id = runtime.insert(
+            &a.session_id.container_name(),
+            Some(a.session_id),
+            ContainerState::Running,
+        );
+        let mut fresh = reconciler(&runtime);
+        fresh.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(runtime.take_calls(), Vec::<String>::new());
+        let report = fresh.observe().await.unwrap();
+        assert_eq!(report.len(), 1);
+        assert_eq!(
+            (report[0].container_id.as_str(), &report[0].state),
+            (id.as_str(), &ContainerState::Running)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dead_container_is_reported_with_why_and_not_restarted() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        runtime.die(a.session_id, 137, true);
+        runtime.take_calls();
+
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(
+            runtime.take_calls(),
+            Vec::<String>::new(),
+            "must not restart silently"
+        );
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(
+            report[0].state,
+            ContainerState::Exited {
+                exit_code: 137,
+                oom_killed: true,
+                error: None
+            }
+        );
+        let error = report[0].error.as_deref().unwrap();
+        assert!(error.contains("memory limit of 2.0 GiB"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn hold_then_release_stops_and_starts_the_same_container() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        runtime.take_calls();
+
+        reconciler.converge(&[stopped(a.clone())]).await.unwrap();
+        assert_eq!(runtime.take_calls(), ["stop c1"]);
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report[0].error, None, "a requested stop is no failure");
+
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(runtime.take_calls(), ["start c1"]);
+        assert_eq!(
+            reconciler.observe().await.unwrap()[0].state,
+            ContainerState::Running
+        );
+
+        // Having been started again, a later death is a death.
+        runtime.die(a.session_id, 1, false);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(runtime.take_calls(), Vec::<String>::new());
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(
+            report[0].error.as_deref(),
+            Some("the dev container stopped by itself with exit code 1")
+        );
+    }
+
+    #[tokio::test]
+    async fn undesired_containers_are_removed() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(&[a]).await.unwrap();
+        runtime.take_calls();
+        reconciler.converge(&[]).await.unwrap();
+        assert_eq!(runtime.take_calls(), ["stop c1", "remove c1"]);
+        assert!(runtime.containers().is_empty());
+        assert!(reconciler.observe().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_missing_image_is_reported_as_missing_with_the_fix() {
+        let runtime = Arc::new(FakeRuntime::new());
+        runtime.remove_image("ongrid/dev:latest");
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(
+            reconciler.observe().await.unwrap(),
+            vec![ObservedContainer {
+                session_id: a.session_id,
+                container_id: String::new(),
+                state: ContainerState::Missing,
+                error: Some(
+                    "image ongrid/dev:latest is not present on node node1: \
+                     build or load it there (images/dev/build.sh)"
+                        .into()
+                ),
+            }]
+        );
+    }
+
+    #[tokio::test]
+    async fn failures_are_per_operation_and_retried() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        let b = desired_session(&[]);
+        runtime.fail("start");
+        reconciler.converge(&[a.clone(), b.clone()]).await.unwrap();
+        // Both were attempted: one failure does not stop the pass.
+        assert_eq!(runtime.take_calls().len(), 4);
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report.len(), 2);
+        for observed in &report {
+            assert_eq!(observed.state, ContainerState::Created);
+            let error = observed.error.as_deref().unwrap();
+            assert!(error.contains("the fake was told to fail"), "{error}");
+        }
+
+        runtime.heal();
+        reconciler.converge(&[a.clone(), b]).await.unwrap();
+        let report = reconciler.observe().await.unwrap();
+        assert!(
+            report
+                .iter()
+                .all(|c| c.state == ContainerState::Running && c.error.is_none()),
+            "{report:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_touched_when_the_runtime_cannot_list() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        runtime.fail_list();
+        assert!(reconciler
+            .converge(&[desired_session(&[GPU])])
+            .await
+            .is_err());
+        assert!(reconciler.observe().await.is_err());
+        assert_eq!(runtime.take_calls(), Vec::<String>::new());
+    }
+}

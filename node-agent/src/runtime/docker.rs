@@ -1,0 +1,557 @@
+//! [`ContainerRuntime`] on the node's Docker daemon, through bollard. This is the only file of
+//! the project that imports bollard.
+//!
+//! A dev container is hardened the same way every time ([`create_body`]): it runs as the
+//! session's unprivileged user, with no capabilities, `no-new-privileges`, CPU, memory and pids
+//! limits, tini as PID 1, the user's home volume as its only mount (never the Docker socket),
+//! and no restart policy (the agent decides). Before its first start the user is written into
+//! its `/etc/passwd` and `/etc/group`, and a new home volume is given to the user by a
+//! short-lived helper container.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::models::{
+    ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, HostConfig, Mount, MountTypeEnum,
+    MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    InspectContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StartContainerOptionsBuilder, StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures::future::BoxFuture;
+use futures::TryStreamExt;
+use ongrid_core::api::ContainerState;
+use ongrid_core::{NodeName, SessionId};
+use tracing::{debug, info};
+
+use super::accounts::{self, EtcFile};
+use super::{
+    ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess, RuntimeError, LABEL_HELPER,
+    LABEL_MANAGED, LABEL_NODE, LABEL_SESSION,
+};
+
+/// How long the agent waits for a helper container to finish.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The node's Docker daemon, scoped to the containers of one node.
+#[derive(Debug, Clone)]
+pub struct DockerRuntime {
+    docker: Docker,
+    node: NodeName,
+}
+
+impl DockerRuntime {
+    /// Connects to the local daemon (`DOCKER_HOST`, else `/var/run/docker.sock`), agrees on an
+    /// API version it supports and checks that it answers.
+    pub async fn connect(node: NodeName) -> Result<Self, RuntimeError> {
+        let unreachable = |e: BollardError| RuntimeError::Unreachable(Box::new(e));
+        let docker = Docker::connect_with_local_defaults().map_err(unreachable)?;
+        let docker = docker.negotiate_version().await.map_err(unreachable)?;
+        docker.ping().await.map_err(unreachable)?;
+        Ok(Self { docker, node })
+    }
+
+    async fn list_statuses(&self) -> Result<Vec<ContainerStatus>, RuntimeError> {
+        let filters = HashMap::from([(
+            "label",
+            vec![
+                format!("{LABEL_MANAGED}=true"),
+                format!("{LABEL_NODE}={}", self.node),
+            ],
+        )]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(docker_error("listing ongrid containers".to_owned()))?;
+        let mut statuses = Vec::with_capacity(summaries.len());
+        for summary in summaries {
+            let Some(id) = summary.id else { continue };
+            // The list has the state but not the exit code, OOM flag and error: inspect.
+            let inspect = match self
+                .docker
+                .inspect_container(&id, Some(InspectContainerOptionsBuilder::new().build()))
+                .await
+            {
+                Ok(inspect) => inspect,
+                Err(e) if is_status(&e, 404) => continue, // removed meanwhile
+                Err(e) => return Err(docker_error(format!("inspecting container {id}"))(e)),
+            };
+            let name = inspect
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .trim_start_matches('/')
+                .to_owned();
+            let session_id = summary
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(LABEL_SESSION))
+                .and_then(|value| value.parse::<SessionId>().ok());
+            let state = inspect.state.unwrap_or_default();
+            let state = match state.status {
+                Some(ContainerStateStatusEnum::CREATED) => ContainerState::Created,
+                Some(
+                    ContainerStateStatusEnum::RUNNING
+                    | ContainerStateStatusEnum::PAUSED
+                    | ContainerStateStatusEnum::RESTARTING,
+                ) => ContainerState::Running,
+                other => ContainerState::Exited {
+                    exit_code: state.exit_code.unwrap_or(0),
+                    oom_killed: state.oom_killed.unwrap_or(false),
+                    error: state
+                        .error
+                        .filter(|e| !e.is_empty())
+                        .or_else(|| match other {
+                            Some(ContainerStateStatusEnum::DEAD) => {
+                                Some("Docker marked the container dead".to_owned())
+                            }
+                            Some(ContainerStateStatusEnum::REMOVING) => {
+                                Some("the container is being removed".to_owned())
+                            }
+                            _ => None,
+                        }),
+                },
+            };
+            statuses.push(ContainerStatus {
+                id,
+                name,
+                session_id,
+                state,
+            });
+        }
+        Ok(statuses)
+    }
+
+    async fn create_dev_container(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
+        match self.docker.inspect_image(&spec.image).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {
+                return Err(RuntimeError::ImageMissing {
+                    image: spec.image.clone(),
+                    node: self.node.clone(),
+                })
+            }
+            Err(e) => return Err(docker_error(format!("inspecting image {}", spec.image))(e)),
+        }
+        self.ensure_home_volume(spec).await?;
+
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&spec.name)
+            .build();
+        let created = self
+            .docker
+            .create_container(Some(options), create_body(spec))
+            .await
+            .map_err(docker_error(format!("creating container {}", spec.name)))?;
+        for warning in &created.warnings {
+            info!(container = %spec.name, %warning, "Docker warned while creating the container.");
+        }
+        if let Err(e) = self.install_user(&created.id, spec).await {
+            // A container without its user must not start; the next pass creates it again.
+            let _ = self.remove_container(&created.id).await;
+            return Err(e);
+        }
+        Ok(created.id)
+    }
+
+    /// Creates the home volume when absent, and then hands it to the user.
+    async fn ensure_home_volume(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        let volume = &spec.home_volume;
+        match self.docker.inspect_volume(volume).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(docker_error(format!("inspecting volume {volume}"))(e)),
+        }
+        let options = VolumeCreateOptions {
+            name: Some(volume.clone()),
+            labels: Some(spec.home_volume_labels().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(options)
+            .await
+            .map_err(docker_error(format!("creating volume {volume}")))?;
+        info!(%volume, user = %spec.user.name, "Created home volume.");
+        if let Err(e) = self.chown_home_volume(spec).await {
+            // It is new and empty: remove it, so the next attempt starts from scratch.
+            let _ = self
+                .docker
+                .remove_volume(
+                    volume,
+                    None::<bollard::query_parameters::RemoveVolumeOptions>,
+                )
+                .await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Runs `chown uid:uid /home/<login>` as root in a throwaway container of the same image,
+    /// with no network and only `CAP_CHOWN`.
+    async fn chown_home_volume(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        let name = format!("ongrid-chown-{}", uuid::Uuid::new_v4().simple());
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        let action = format!(
+            "giving volume {} to uid {}",
+            spec.home_volume, spec.user.uid
+        );
+        let id = self
+            .docker
+            .create_container(Some(options), chown_helper_body(spec, &self.node))
+            .await
+            .map_err(docker_error(action.clone()))?
+            .id;
+        let result = self.run_to_completion(&id, &action).await;
+        let _ = self.remove_container(&id).await;
+        result
+    }
+
+    async fn run_to_completion(&self, id: &str, action: &str) -> Result<(), RuntimeError> {
+        self.docker
+            .start_container(id, Some(StartContainerOptionsBuilder::new().build()))
+            .await
+            .map_err(docker_error(action.to_owned()))?;
+        let options = WaitContainerOptionsBuilder::new()
+            .condition("not-running")
+            .build();
+        let wait = self
+            .docker
+            .wait_container(id, Some(options))
+            .try_collect::<Vec<_>>();
+        match tokio::time::timeout(HELPER_TIMEOUT, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(BollardError::DockerContainerWaitError { error, code })) => {
+                Err(RuntimeError::Setup {
+                    action: action.to_owned(),
+                    problem: format!("the helper container exited with code {code} {error}")
+                        .trim_end()
+                        .to_owned(),
+                })
+            }
+            Ok(Err(e)) => Err(docker_error(action.to_owned())(e)),
+            Err(_) => Err(RuntimeError::Setup {
+                action: action.to_owned(),
+                problem: format!(
+                    "the helper container did not finish within {} s",
+                    HELPER_TIMEOUT.as_secs()
+                ),
+            }),
+        }
+    }
+
+    /// Writes the user and its group into the created container's `/etc/passwd` and
+    /// `/etc/group`, so the shell has a name, a home and a login shell.
+    async fn install_user(&self, id: &str, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        let mut passwd = self.download_etc_file(id, "passwd").await?;
+        let mut group = self.download_etc_file(id, "group").await?;
+        passwd.text = accounts::with_user_in_passwd(&passwd.text, &spec.user);
+        group.text = accounts::with_user_in_group(&group.text, &spec.user);
+        let action = format!("adding user {} to container {}", spec.user.name, spec.name);
+        let archive = accounts::tar_of(&[passwd, group]).map_err(|e| RuntimeError::Docker {
+            action: action.clone(),
+            source: Box::new(e),
+        })?;
+        let options = UploadToContainerOptionsBuilder::new().path("/etc").build();
+        self.docker
+            .upload_to_container(id, Some(options), bollard::body_full(archive.into()))
+            .await
+            .map_err(docker_error(action))
+    }
+
+    async fn download_etc_file(&self, id: &str, name: &str) -> Result<EtcFile, RuntimeError> {
+        let path = format!("/etc/{name}");
+        let action = format!("reading {path} of container {id}");
+        let options = DownloadFromContainerOptionsBuilder::new()
+            .path(&path)
+            .build();
+        let chunks: Vec<_> = self
+            .docker
+            .download_from_container(id, Some(options))
+            .try_collect()
+            .await
+            .map_err(docker_error(action.clone()))?;
+        let archive = chunks.concat();
+        let mut file =
+            accounts::file_from_tar(&archive, &path).map_err(|e| RuntimeError::Docker {
+                action,
+                source: Box::new(e),
+            })?;
+        file.name = name.to_owned();
+        Ok(file)
+    }
+
+    async fn start_container(&self, id: &str) -> Result<(), RuntimeError> {
+        self.docker
+            .start_container(id, Some(StartContainerOptionsBuilder::new().build()))
+            .await
+            .map_err(docker_error(format!("starting container {id}")))
+    }
+
+    async fn stop_container(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+        let seconds = i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX);
+        let options = StopContainerOptionsBuilder::new().t(seconds).build();
+        match self.docker.stop_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(docker_error(format!("stopping container {id}"))(e)),
+        }
+    }
+
+    async fn remove_container(&self, id: &str) -> Result<(), RuntimeError> {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(docker_error(format!("removing container {id}"))(e)),
+        }
+    }
+}
+
+impl ContainerRuntime for DockerRuntime {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
+        Box::pin(self.list_statuses())
+    }
+
+    fn create<'a>(
+        &'a self,
+        spec: &'a ContainerSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(self.create_dev_container(spec))
+    }
+
+    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.start_container(id))
+    }
+
+    fn stop<'a>(
+        &'a self,
+        id: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.stop_container(id, timeout))
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.remove_container(id))
+    }
+}
+
+/// Docker's create request for the dev container of `spec`.
+pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
+    let device_requests = match spec.gpu_access {
+        GpuAccess::EnvironmentOnly => None,
+        GpuAccess::NvidiaDeviceRequest => Some(vec![DeviceRequest {
+            driver: Some("nvidia".to_owned()),
+            device_ids: Some(spec.gpus.iter().map(|g| g.as_str().to_owned()).collect()),
+            capabilities: Some(vec![vec!["gpu".to_owned()]]),
+            ..Default::default()
+        }]),
+    };
+    let positive = |value: u64| i64::try_from(value).ok().filter(|v| *v > 0);
+    let memory = positive(spec.limits.memory.bytes());
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        hostname: Some(spec.hostname.clone()),
+        user: Some(format!("{uid}:{uid}", uid = spec.user.uid)),
+        working_dir: Some(spec.home_dir.clone()),
+        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        // `[""]` resets the image's entrypoint; the command alone keeps the container alive.
+        entrypoint: Some(vec![String::new()]),
+        cmd: Some(spec.command.clone()),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        host_config: Some(HostConfig {
+            mounts: Some(vec![home_mount(spec)]),
+            device_requests,
+            nano_cpus: positive(u64::from(spec.limits.millicpus) * 1_000_000),
+            memory,
+            // Equal to the memory limit: no swap beyond it.
+            memory_swap: memory,
+            pids_limit: positive(u64::from(spec.limits.pids)),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            privileged: Some(false),
+            init: Some(true),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The home volume at `/home/<login>`, without Docker's copy-up: the working directory Docker
+/// creates for the container would otherwise be copied into a new volume with root as owner.
+fn home_mount(spec: &ContainerSpec) -> Mount {
+    Mount {
+        typ: Some(MountTypeEnum::VOLUME),
+        source: Some(spec.home_volume.clone()),
+        target: Some(spec.home_dir.clone()),
+        read_only: Some(false),
+        volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The helper that gives a new home volume to the user: root, but only `CAP_CHOWN`, no network.
+fn chown_helper_body(spec: &ContainerSpec, node: &NodeName) -> ContainerCreateBody {
+    let owner = format!("{uid}:{uid}", uid = spec.user.uid);
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        user: Some("0:0".to_owned()),
+        entrypoint: Some(vec![String::new()]),
+        cmd: Some(vec!["chown".to_owned(), owner, spec.home_dir.clone()]),
+        labels: Some(HashMap::from([
+            (LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (LABEL_NODE.to_owned(), node.to_string()),
+            (LABEL_HELPER.to_owned(), "chown-home".to_owned()),
+        ])),
+        host_config: Some(HostConfig {
+            mounts: Some(vec![home_mount(spec)]),
+            network_mode: Some("none".to_owned()),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add: Some(vec!["CHOWN".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn is_status(error: &BollardError, status: u16) -> bool {
+    matches!(error, BollardError::DockerResponseServerError { status_code, .. } if *status_code == status)
+}
+
+fn docker_error(action: String) -> impl FnOnce(BollardError) -> RuntimeError {
+    move |e| {
+        debug!(%action, error = %e, "Docker call failed.");
+        RuntimeError::Docker {
+            action,
+            source: Box::new(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::fake::desired_session;
+
+    fn spec(access: GpuAccess) -> ContainerSpec {
+        let node = NodeName::parse("node1").unwrap();
+        let session = desired_session(&["GPU-11111111-2222-3333-4444-555555555501"]);
+        ContainerSpec::for_session(&node, &session, access)
+    }
+
+    #[test]
+    fn dev_container_is_hardened() {
+        let spec = spec(GpuAccess::EnvironmentOnly);
+        let body = create_body(&spec);
+        assert_eq!(body.user.as_deref(), Some("20001:20001"));
+        assert_eq!(body.hostname.as_deref(), Some("train1"));
+        assert_eq!(
+            body.cmd,
+            Some(vec!["sleep".to_owned(), "infinity".to_owned()])
+        );
+        let host = body.host_config.unwrap();
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(host.cap_add, None);
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_owned()])
+        );
+        assert_eq!(host.privileged, Some(false));
+        assert_eq!(host.init, Some(true));
+        assert_eq!(host.binds, None);
+        assert_eq!(host.nano_cpus, Some(1_500_000_000));
+        assert_eq!(host.memory, Some(2 << 30));
+        assert_eq!(host.pids_limit, Some(512));
+        assert_eq!(
+            host.restart_policy.and_then(|p| p.name),
+            Some(RestartPolicyNameEnum::NO)
+        );
+        let mounts = host.mounts.unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].source.as_deref(), Some("ongrid-home-alice-smith"));
+        assert_eq!(mounts[0].target.as_deref(), Some("/home/alice-smith"));
+        assert_eq!(mounts[0].typ, Some(MountTypeEnum::VOLUME));
+        let no_copy = mounts[0].volume_options.as_ref().and_then(|o| o.no_copy);
+        assert_eq!(
+            no_copy,
+            Some(true),
+            "copy-up would give the new home to root"
+        );
+        assert_eq!(host.device_requests, None);
+    }
+
+    #[test]
+    fn nvidia_device_request_only_for_real_gpus() {
+        let body = create_body(&spec(GpuAccess::NvidiaDeviceRequest));
+        let requests = body.host_config.unwrap().device_requests.unwrap();
+        assert_eq!(
+            requests,
+            vec![DeviceRequest {
+                driver: Some("nvidia".to_owned()),
+                device_ids: Some(vec!["GPU-11111111-2222-3333-4444-555555555501".to_owned()]),
+                capabilities: Some(vec![vec!["gpu".to_owned()]]),
+                ..Default::default()
+            }]
+        );
+    }
+
+    #[test]
+    fn zero_limits_are_left_unset() {
+        let mut spec = spec(GpuAccess::EnvironmentOnly);
+        spec.limits.millicpus = 0;
+        spec.limits.memory = ongrid_core::MemorySize(0);
+        spec.limits.pids = 0;
+        let host = create_body(&spec).host_config.unwrap();
+        assert_eq!(
+            (host.nano_cpus, host.memory, host.pids_limit),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn chown_helper_has_only_chown_and_no_network() {
+        let spec = spec(GpuAccess::NvidiaDeviceRequest);
+        let body = chown_helper_body(&spec, &NodeName::parse("node1").unwrap());
+        assert_eq!(
+            body.cmd,
+            Some(vec![
+                "chown".to_owned(),
+                "20001:20001".to_owned(),
+                "/home/alice-smith".to_owned()
+            ])
+        );
+        let labels = body.labels.unwrap();
+        assert!(labels.contains_key(LABEL_HELPER));
+        assert!(!labels.contains_key(LABEL_SESSION));
+        let host = body.host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.cap_add, Some(vec!["CHOWN".to_owned()]));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(host.device_requests, None);
+    }
+}

@@ -1,0 +1,258 @@
+//! An in-memory [`ContainerRuntime`] for unit tests of the reconciler: containers are records
+//! in a map, every call is logged, and tests can make a container die or an operation fail.
+//! The real runtime is tested against the real Docker daemon in `tests/agent/docker.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use ongrid_core::api::{ContainerLimits, ContainerState, ContainerUser, DesiredSession, RunState};
+use ongrid_core::{Dn, GpuId, MemorySize, NodeName, SessionId, SessionName, UserName};
+
+use super::{ContainerRuntime, ContainerSpec, ContainerStatus, RuntimeError};
+
+/// A session of the manager's desired state, as tests need one.
+pub fn desired_session(gpus: &[&str]) -> DesiredSession {
+    DesiredSession {
+        session_id: SessionId::new_random(),
+        name: SessionName::parse("train1").unwrap(),
+        owner: Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap(),
+        user: ContainerUser {
+            name: UserName::parse("alice-smith").unwrap(),
+            uid: 20001,
+        },
+        image: "ongrid/dev:latest".into(),
+        gpus: gpus.iter().map(|g| GpuId::parse(g).unwrap()).collect(),
+        run: RunState::Running,
+        limits: ContainerLimits {
+            millicpus: 1500,
+            memory: MemorySize::parse("2GiB").unwrap(),
+            pids: 512,
+        },
+        labels: BTreeMap::from([
+            ("site.project".to_owned(), "atlas".to_owned()),
+            (super::LABEL_USER.to_owned(), "mallory".to_owned()),
+        ]),
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u32,
+    containers: BTreeMap<String, ContainerStatus>,
+    specs: BTreeMap<String, ContainerSpec>,
+    images: BTreeSet<String>,
+    /// Operations (`create`, `start`, `stop`, `remove`) that fail from now on.
+    failing: BTreeSet<&'static str>,
+    list_fails: bool,
+    calls: Vec<String>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct FakeRuntime {
+    node: NodeName,
+    state: Mutex<State>,
+}
+
+impl FakeRuntime {
+    /// A runtime of node `node1` that has the image `ongrid/dev:latest`.
+    pub fn new() -> Self {
+        let runtime = Self {
+            node: NodeName::parse("node1").unwrap(),
+            state: Mutex::default(),
+        };
+        runtime.state().images.insert("ongrid/dev:latest".into());
+        runtime
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    /// Adds a container as if it had been there before (another agent run, a person).
+    pub fn insert(
+        &self,
+        name: &str,
+        session_id: Option<SessionId>,
+        state: ContainerState,
+    ) -> String {
+        let mut s = self.state();
+        s.next_id += 1;
+        let id = format!("c{}", s.next_id);
+        s.containers.insert(
+            id.clone(),
+            ContainerStatus {
+                id: id.clone(),
+                name: name.to_owned(),
+                session_id,
+                state,
+            },
+        );
+        id
+    }
+
+    /// Makes the session's container stop by itself.
+    pub fn die(&self, session_id: SessionId, exit_code: i64, oom_killed: bool) {
+        let mut s = self.state();
+        for c in s.containers.values_mut() {
+            if c.session_id == Some(session_id) {
+                c.state = ContainerState::Exited {
+                    exit_code,
+                    oom_killed,
+                    error: None,
+                };
+            }
+        }
+    }
+
+    pub fn remove_image(&self, image: &str) {
+        self.state().images.remove(image);
+    }
+
+    pub fn fail(&self, operation: &'static str) {
+        self.state().failing.insert(operation);
+    }
+
+    pub fn heal(&self) {
+        let mut s = self.state();
+        s.failing.clear();
+        s.list_fails = false;
+    }
+
+    pub fn fail_list(&self) {
+        self.state().list_fails = true;
+    }
+
+    /// The calls made so far, like `create ongrid-...`, `stop c1`; then forgets them.
+    pub fn take_calls(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().calls)
+    }
+
+    pub fn containers(&self) -> Vec<ContainerStatus> {
+        self.state().containers.values().cloned().collect()
+    }
+
+    pub fn spec_of(&self, id: &str) -> Option<ContainerSpec> {
+        self.state().specs.get(id).cloned()
+    }
+
+    fn check(
+        &self,
+        s: &mut State,
+        operation: &'static str,
+        target: &str,
+    ) -> Result<(), RuntimeError> {
+        s.calls.push(format!("{operation} {target}"));
+        if s.failing.contains(operation) {
+            return Err(RuntimeError::Setup {
+                action: format!("{operation} {target}"),
+                problem: "the fake was told to fail".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn set_state(
+        &self,
+        id: &str,
+        operation: &'static str,
+        state: ContainerState,
+    ) -> Result<(), RuntimeError> {
+        let mut s = self.state();
+        self.check(&mut s, operation, id)?;
+        if let Some(c) = s.containers.get_mut(id) {
+            c.state = state;
+        }
+        Ok(())
+    }
+}
+
+impl Default for FakeRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ContainerRuntime for FakeRuntime {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
+        let result = if self.state().list_fails {
+            Err(RuntimeError::Unreachable(
+                "the fake was told to fail".into(),
+            ))
+        } else {
+            Ok(self.containers())
+        };
+        Box::pin(async move { result })
+    }
+
+    fn create<'a>(
+        &'a self,
+        spec: &'a ContainerSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "create", &spec.name)?;
+            if !s.images.contains(&spec.image) {
+                return Err(RuntimeError::ImageMissing {
+                    image: spec.image.clone(),
+                    node: self.node.clone(),
+                });
+            }
+            if s.containers.values().any(|c| c.name == spec.name) {
+                return Err(RuntimeError::Setup {
+                    action: format!("creating container {}", spec.name),
+                    problem: "the name is in use".into(),
+                });
+            }
+            s.next_id += 1;
+            let id = format!("c{}", s.next_id);
+            s.containers.insert(
+                id.clone(),
+                ContainerStatus {
+                    id: id.clone(),
+                    name: spec.name.clone(),
+                    session_id: Some(spec.session_id),
+                    state: ContainerState::Created,
+                },
+            );
+            s.specs.insert(id.clone(), spec.clone());
+            Ok(id)
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let result = self.set_state(id, "start", ContainerState::Running);
+        Box::pin(async move { result })
+    }
+
+    fn stop<'a>(
+        &'a self,
+        id: &'a str,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let result = self.set_state(
+            id,
+            "stop",
+            ContainerState::Exited {
+                exit_code: 143,
+                oom_killed: false,
+                error: None,
+            },
+        );
+        Box::pin(async move { result })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "remove", id)?;
+            s.containers.remove(id);
+            s.specs.remove(id);
+            Ok(())
+        })();
+        Box::pin(async move { result })
+    }
+}

@@ -1,0 +1,297 @@
+//! Dev containers behind one trait, [`ContainerRuntime`]: Docker through bollard in
+//! [`docker`] (the only file of the project that imports bollard) and an in-memory fake for
+//! unit tests.
+//!
+//! What a dev container must be is decided here, independently of Docker: [`ContainerSpec`]
+//! turns a session of the manager's desired state into labels, environment, user, home volume,
+//! GPU access and limits. The runtime only carries the spec out.
+
+pub mod accounts;
+pub mod docker;
+#[cfg(test)]
+pub mod fake;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use ongrid_core::api::{
+    visible_devices, ContainerLimits, ContainerState, ContainerUser, DesiredSession,
+};
+use ongrid_core::{GpuId, NodeName, SessionId};
+
+/// `true` on every container and volume ongrid manages.
+pub const LABEL_MANAGED: &str = "ongrid.managed";
+/// The session's id.
+pub const LABEL_SESSION: &str = "ongrid.session";
+/// The session's name.
+pub const LABEL_SESSION_NAME: &str = "ongrid.session.name";
+/// The login name of the user inside the container.
+pub const LABEL_USER: &str = "ongrid.user";
+/// The owner's DN.
+pub const LABEL_OWNER: &str = "ongrid.owner";
+/// The node whose agent manages the container. Several agents may share one Docker daemon
+/// (the quickstart, the tests), so each one only sees and touches its own containers.
+pub const LABEL_NODE: &str = "ongrid.node";
+/// Set on the agent's short-lived helper containers (value: what it does); they have no session.
+pub const LABEL_HELPER: &str = "ongrid.helper";
+
+/// The only command a dev container runs: it keeps the container alive while users come and go
+/// through `docker exec`. The image's own CMD is not wanted.
+pub const KEEPALIVE_COMMAND: [&str; 2] = ["sleep", "infinity"];
+
+/// How a dev container reaches its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuAccess {
+    /// Only `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES` (simulated GPUs: no driver to ask).
+    EnvironmentOnly,
+    /// Also Docker's device request for the `nvidia` driver, with the assigned UUIDs.
+    NvidiaDeviceRequest,
+}
+
+/// Everything that defines one session's dev container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    pub session_id: SessionId,
+    /// `ongrid-<session id>`.
+    pub name: String,
+    pub image: String,
+    /// The session's name, so the shell prompt says where the user is.
+    pub hostname: String,
+    pub user: ContainerUser,
+    /// `/home/<login>`, where the home volume is mounted.
+    pub home_dir: String,
+    /// `ongrid-home-<login>`: persistent, shared by all of the user's sessions on the node.
+    pub home_volume: String,
+    pub labels: BTreeMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub gpus: Vec<GpuId>,
+    pub gpu_access: GpuAccess,
+    pub limits: ContainerLimits,
+    pub command: Vec<String>,
+}
+
+impl ContainerSpec {
+    /// The dev container of `session` on `node`.
+    pub fn for_session(node: &NodeName, session: &DesiredSession, gpu_access: GpuAccess) -> Self {
+        let login = session.user.name.as_str();
+        let home_dir = format!("/home/{login}");
+        // The manager's extra labels first, so they can never replace ongrid's own.
+        let mut labels = session.labels.clone();
+        labels.extend([
+            (LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (LABEL_SESSION.to_owned(), session.session_id.to_string()),
+            (LABEL_SESSION_NAME.to_owned(), session.name.to_string()),
+            (LABEL_USER.to_owned(), login.to_owned()),
+            (LABEL_OWNER.to_owned(), session.owner.to_string()),
+            (LABEL_NODE.to_owned(), node.to_string()),
+        ]);
+        let devices = visible_devices(&session.gpus);
+        let env = vec![
+            ("HOME".to_owned(), home_dir.clone()),
+            ("USER".to_owned(), login.to_owned()),
+            ("LOGNAME".to_owned(), login.to_owned()),
+            ("SHELL".to_owned(), "/bin/bash".to_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("CUDA_VISIBLE_DEVICES".to_owned(), devices.clone()),
+            ("NVIDIA_VISIBLE_DEVICES".to_owned(), devices),
+        ];
+        Self {
+            session_id: session.session_id,
+            name: session.session_id.container_name(),
+            image: session.image.clone(),
+            hostname: session.name.to_string(),
+            user: session.user.clone(),
+            home_volume: home_volume_name(&session.user),
+            home_dir,
+            labels,
+            env,
+            gpus: session.gpus.clone(),
+            gpu_access,
+            limits: session.limits,
+            command: KEEPALIVE_COMMAND.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    /// Labels of the home volume.
+    pub fn home_volume_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (LABEL_USER.to_owned(), self.user.name.to_string()),
+        ])
+    }
+}
+
+/// `ongrid-home-<login>`.
+pub fn home_volume_name(user: &ContainerUser) -> String {
+    format!("ongrid-home-{}", user.name)
+}
+
+/// One ongrid container of this node as the runtime sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerStatus {
+    pub id: String,
+    /// Without the leading `/` Docker puts there.
+    pub name: String,
+    /// From the `ongrid.session` label; `None` for helpers and anything unparsable.
+    pub session_id: Option<SessionId>,
+    /// Never [`ContainerState::Missing`]: the container exists.
+    pub state: ContainerState,
+}
+
+impl ContainerStatus {
+    /// The session this container is the dev container of: its label names a session and its
+    /// name is that session's container name. Anything else labelled ongrid is a stray.
+    pub fn dev_container_of(&self) -> Option<SessionId> {
+        self.session_id
+            .filter(|id| id.container_name() == self.name)
+    }
+}
+
+/// Why a runtime operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(
+        "image {image} is not present on node {node}: build or load it there (images/dev/build.sh)"
+    )]
+    ImageMissing { image: String, node: NodeName },
+    #[error("cannot reach the Docker daemon: is dockerd running, and may the agent's user use its socket?")]
+    Unreachable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("{action}")]
+    Docker {
+        /// What the agent was doing, e.g. `creating container ongrid-...`.
+        action: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{action}: {problem}")]
+    Setup {
+        action: String,
+        /// What was wrong, for a person.
+        problem: String,
+    },
+}
+
+/// The message of an error and all its causes, `a: b: c`, as reported to the manager.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The container engine of the node: creates, starts, stops, removes and lists dev containers.
+///
+/// Every method works on this node's containers only (label `ongrid.node`). Methods that act
+/// on a container take its id; acting on one that is already gone or already in the wanted
+/// state is not an error.
+pub trait ContainerRuntime: Send + Sync + 'static {
+    /// Every container of this node labelled `ongrid.managed=true`, whatever its state.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>>;
+
+    /// Creates (without starting) the container of `spec`, ready for its first start: the home
+    /// volume exists and is owned by the user, and the user exists inside. Returns its id.
+    /// [`RuntimeError::ImageMissing`] when the image is not on the node.
+    fn create<'a>(&'a self, spec: &'a ContainerSpec)
+        -> BoxFuture<'a, Result<String, RuntimeError>>;
+
+    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// Asks the container to stop, killing it after `timeout`.
+    fn stop<'a>(
+        &'a self,
+        id: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// Removes the container (killing it if it runs) and its anonymous volumes. Named volumes,
+    /// the home volume among them, are kept.
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::fake::desired_session;
+
+    #[test]
+    fn spec_carries_identity_labels_and_environment() {
+        let node = NodeName::parse("node1").unwrap();
+        let session = desired_session(&[
+            "GPU-11111111-2222-3333-4444-555555555501",
+            "MIG-c7384736-a75d-5afc-978f-d2f1294409fd",
+        ]);
+        let spec = ContainerSpec::for_session(&node, &session, GpuAccess::EnvironmentOnly);
+
+        assert_eq!(spec.name, session.session_id.container_name());
+        assert_eq!(spec.hostname, "train1");
+        assert_eq!(spec.home_dir, "/home/alice-smith");
+        assert_eq!(spec.home_volume, "ongrid-home-alice-smith");
+        assert_eq!(spec.command, ["sleep", "infinity"]);
+
+        let label = |k: &str| spec.labels.get(k).map(String::as_str);
+        assert_eq!(label(LABEL_MANAGED), Some("true"));
+        assert_eq!(
+            label(LABEL_SESSION),
+            Some(session.session_id.to_string().as_str())
+        );
+        assert_eq!(label(LABEL_SESSION_NAME), Some("train1"));
+        assert_eq!(
+            label(LABEL_OWNER),
+            Some("/DC=org/DC=example/CN=Alice Smith")
+        );
+        assert_eq!(label(LABEL_NODE), Some("node1"));
+        // The manager's extra labels are kept but cannot override ongrid's own.
+        assert_eq!(label("site.project"), Some("atlas"));
+        assert_eq!(label(LABEL_USER), Some("alice-smith"));
+
+        let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
+        let devices = "GPU-11111111-2222-3333-4444-555555555501,\
+                       MIG-c7384736-a75d-5afc-978f-d2f1294409fd";
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], devices);
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], devices);
+        assert_eq!(env["HOME"], "/home/alice-smith");
+        assert_eq!(env["USER"], "alice-smith");
+        assert_eq!(env["LOGNAME"], "alice-smith");
+        assert_eq!(env["SHELL"], "/bin/bash");
+        assert_eq!(env["LANG"], "C.UTF-8");
+
+        assert_eq!(
+            spec.home_volume_labels(),
+            BTreeMap::from([
+                (LABEL_MANAGED.to_owned(), "true".to_owned()),
+                (LABEL_USER.to_owned(), "alice-smith".to_owned()),
+            ])
+        );
+    }
+
+    #[test]
+    fn only_properly_named_containers_belong_to_a_session() {
+        let id = SessionId::new_random();
+        let status = |name: String, session_id| ContainerStatus {
+            id: "abc".into(),
+            name,
+            session_id,
+            state: ContainerState::Running,
+        };
+        assert_eq!(
+            status(id.container_name(), Some(id)).dev_container_of(),
+            Some(id)
+        );
+        assert_eq!(status("other".into(), Some(id)).dev_container_of(), None);
+        assert_eq!(status(id.container_name(), None).dev_container_of(), None);
+    }
+
+    #[test]
+    fn error_chain_joins_causes() {
+        let err = RuntimeError::Docker {
+            action: "starting container x".into(),
+            source: "no such device".into(),
+        };
+        assert_eq!(error_chain(&err), "starting container x: no such device");
+    }
+}

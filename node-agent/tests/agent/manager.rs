@@ -1,0 +1,420 @@
+//! The manager client and the whole agent against a fake manager: a small HTTPS server in the
+//! test (a throwaway CA from rcgen, rustls) that records every request and answers with the
+//! desired state the test sets. The agent side is real: TLS trust from `ca_dir`, the bearer
+//! token, the simulated GPU backend, Docker.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ongrid_agent::config::Token;
+use ongrid_agent::gpu::{self, GpuBackendConfig};
+use ongrid_agent::manager_client::{ClientError, ManagerClient};
+use ongrid_agent::Agent;
+use ongrid_core::api::{
+    ContainerState, DesiredSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
+};
+use ongrid_core::NodeName;
+use reqwest::Url;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio_rustls::rustls;
+use tokio_util::sync::CancellationToken;
+
+use crate::{docker, eventually, exists, inspect, TestNode};
+
+const TOKEN: &str = "node-token-0123456789";
+
+/// A CA written into a `ca_dir`, with its key to sign server certificates.
+struct TestCa {
+    dir: tempfile::TempDir,
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl TestCa {
+    fn new() -> Self {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "ongrid test CA");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("0a1b2c3d.0"), cert.pem()).expect("CA file");
+        Self { dir, cert, key }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    path: String,
+    authorization: Option<String>,
+    body: Value,
+}
+
+struct ManagerState {
+    requests: Vec<Request>,
+    desired: DesiredState,
+    /// When set, every request is answered with this status and body.
+    failure: Option<(u16, String)>,
+}
+
+struct FakeManager {
+    url: Url,
+    ca: TestCa,
+    state: Arc<Mutex<ManagerState>>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl FakeManager {
+    async fn start(node: &NodeName) -> Self {
+        let ca = TestCa::new();
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+        let cert = params
+            .signed_by(&key, &ca.cert, &ca.key)
+            .expect("server certificate");
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .expect("server TLS config");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url =
+            Url::parse(&format!("https://{}", listener.local_addr().expect("addr"))).expect("url");
+        let state = Arc::new(Mutex::new(ManagerState {
+            requests: Vec::new(),
+            desired: DesiredState {
+                node: node.clone(),
+                sync_interval_secs: 1,
+                sessions: Vec::new(),
+            },
+            failure: None,
+        }));
+        let server_state = state.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                let state = server_state.clone();
+                tokio::spawn(async move {
+                    // A client that rejects our certificate ends the handshake: nothing to do.
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        let _ = serve_one(tls, &state).await;
+                    }
+                });
+            }
+        });
+        Self {
+            url,
+            ca,
+            state,
+            _server: server,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, ManagerState> {
+        self.state.lock().expect("not poisoned")
+    }
+
+    fn client(&self) -> ManagerClient {
+        ManagerClient::new(&self.url, self.ca.dir.path(), Token::new(TOKEN)).expect("client")
+    }
+
+    fn set_sessions(&self, sessions: Vec<DesiredSession>) {
+        self.state().desired.sessions = sessions;
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.state().requests.clone()
+    }
+
+    /// The containers of the sync requests received after the first `skip` requests.
+    fn reports_after(&self, skip: usize) -> Vec<Vec<ObservedContainer>> {
+        self.requests()
+            .into_iter()
+            .skip(skip)
+            .filter(|r| r.path == "/v1/agent/sync")
+            .map(|r| {
+                serde_json::from_value::<NodeReport>(r.body)
+                    .expect("a NodeReport")
+                    .containers
+            })
+            .collect()
+    }
+}
+
+/// Reads one HTTP/1.1 request, records it, answers, closes.
+async fn serve_one<S>(stream: S, state: &Mutex<ManagerState>) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut reader = BufReader::new(stream);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line).await?;
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    let mut content_length = 0;
+    let mut authorization = None;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).await?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => content_length = value.trim().parse().unwrap_or(0),
+                "authorization" => authorization = Some(value.trim().to_owned()),
+                _ => {}
+            }
+        }
+    }
+    let mut body = vec![0; content_length];
+    reader.read_exact(&mut body).await?;
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (status, answer) = {
+        let mut state = state.lock().expect("not poisoned");
+        state.requests.push(Request {
+            path,
+            authorization,
+            body,
+        });
+        match &state.failure {
+            Some((status, body)) => (*status, body.clone()),
+            None => (
+                200,
+                serde_json::to_string(&state.desired).expect("serialisable"),
+            ),
+        }
+    };
+    let response = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+    let mut stream = reader.into_inner();
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+fn registration(node: &NodeName) -> RegisterNode {
+    RegisterNode {
+        node: node.clone(),
+        agent_version: "test".into(),
+        gpu_backend: "simulated".into(),
+        gpus: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn client_registers_and_syncs_with_its_token() {
+    let node = NodeName::parse("node-a").expect("name");
+    let manager = FakeManager::start(&node).await;
+    let client = manager.client();
+
+    let desired = client
+        .register(&registration(&node))
+        .await
+        .expect("registered");
+    assert_eq!(desired, manager.state().desired);
+    let report = NodeReport {
+        node: node.clone(),
+        gpus: Vec::new(),
+        containers: Vec::new(),
+    };
+    client.sync(&report).await.expect("synced");
+
+    let requests = manager.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].path, "/v1/agent/register");
+    assert_eq!(requests[1].path, "/v1/agent/sync");
+    for request in &requests {
+        assert_eq!(
+            request.authorization.as_deref(),
+            Some(format!("Bearer {TOKEN}").as_str())
+        );
+    }
+    assert_eq!(
+        requests[0].body,
+        serde_json::to_value(registration(&node)).expect("json")
+    );
+    assert_eq!(
+        requests[1].body,
+        serde_json::to_value(&report).expect("json")
+    );
+}
+
+#[tokio::test]
+async fn client_trusts_only_the_cas_of_its_ca_dir() {
+    let node = NodeName::parse("node-a").expect("name");
+    let manager = FakeManager::start(&node).await;
+    let stranger = TestCa::new();
+    let client =
+        ManagerClient::new(&manager.url, stranger.dir.path(), Token::new(TOKEN)).expect("client");
+    let err = client.register(&registration(&node)).await.unwrap_err();
+    assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+    assert!(
+        manager.requests().is_empty(),
+        "no request may reach an untrusted server"
+    );
+}
+
+#[tokio::test]
+async fn refusals_carry_the_managers_message_and_the_fix() {
+    let node = NodeName::parse("node-a").expect("name");
+    let manager = FakeManager::start(&node).await;
+    manager.state().failure = Some((
+        401,
+        r#"{"error":{"code":"unauthenticated","message":"unknown node token"}}"#.into(),
+    ));
+    let err = manager
+        .client()
+        .register(&registration(&node))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, ClientError::Refused { .. }), "{err:?}");
+    assert!(text.contains("401"), "{text}");
+    assert!(
+        text.contains("unauthenticated: unknown node token"),
+        "{text}"
+    );
+    assert!(text.contains("token_file"), "{text}");
+}
+
+/// The whole agent: registration, a session started and reported, a manager outage that leaves
+/// it alone, a restart that adopts it, its death reported, and its removal.
+#[tokio::test]
+async fn agent_converges_reports_and_survives_restarts_and_outages() {
+    let test_node = TestNode::new().await;
+    let node = test_node.node.clone();
+    let manager = FakeManager::start(&node).await;
+    let gpus_dir = tempfile::tempdir().expect("temp dir");
+    let gpus_file = gpus_dir.path().join("gpus.toml");
+    std::fs::write(
+        &gpus_file,
+        "[[gpu]]\nuuid = \"GPU-11111111-2222-3333-4444-555555555501\"\n\
+         model = \"NVIDIA A100-SXM4-40GB\"\ncapability = \"8.0\"\nmemory = \"40960MiB\"\n",
+    )
+    .expect("gpu file");
+    let start_agent = || {
+        let agent = Agent {
+            node: node.clone(),
+            gpus: gpu::from_config(&GpuBackendConfig::Simulated {
+                file: gpus_file.clone(),
+            })
+            .expect("simulated backend"),
+            runtime: test_node.runtime.clone(),
+            manager: manager.client(),
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(agent.run(shutdown.clone()));
+        (shutdown, task)
+    };
+    let limit = Duration::from_secs(60);
+
+    let (shutdown, task) = start_agent();
+    let registered = eventually(limit, "a registration", || {
+        manager
+            .requests()
+            .into_iter()
+            .find(|r| r.path == "/v1/agent/register")
+    })
+    .await;
+    let registered: RegisterNode = serde_json::from_value(registered.body).expect("RegisterNode");
+    assert_eq!(registered.node, node);
+    assert_eq!(registered.gpu_backend, "simulated");
+    assert_eq!(registered.gpus.len(), 1);
+
+    // A session appears in the desired state: the container is created and reported running.
+    let session = test_node.session();
+    let name = session.session_id.container_name();
+    manager.set_sessions(vec![session.clone()]);
+    let running = |skip: usize| {
+        manager
+            .reports_after(skip)
+            .into_iter()
+            .find_map(|containers| {
+                containers.into_iter().find(|c| {
+                    c.session_id == session.session_id && c.state == ContainerState::Running
+                })
+            })
+    };
+    let observed = eventually(limit, "the session reported running", || running(0)).await;
+    assert_eq!(observed.error, None);
+    assert_eq!(
+        inspect("container", &name)["Id"],
+        observed.container_id.as_str()
+    );
+    let started_at = inspect("container", &name)["State"]["StartedAt"].clone();
+
+    // The manager fails for a while: the agent retries and leaves the container alone.
+    let before = manager.requests().len();
+    manager.state().failure = Some((503, "overloaded".into()));
+    eventually(limit, "two failed syncs", || {
+        (manager.requests().len() >= before + 2).then_some(())
+    })
+    .await;
+    assert_eq!(inspect("container", &name)["State"]["Running"], true);
+    manager.state().failure = None;
+
+    // Stopping the agent leaves the container running; a new agent adopts it.
+    shutdown.cancel();
+    task.await
+        .expect("agent task")
+        .expect("agent stopped cleanly");
+    assert_eq!(inspect("container", &name)["State"]["Running"], true);
+    let (shutdown, task) = start_agent();
+    let skip = manager.requests().len();
+    let adopted = eventually(limit, "the adopted session reported", || running(skip)).await;
+    assert_eq!(adopted.container_id, observed.container_id);
+    assert_eq!(
+        inspect("container", &name)["State"]["StartedAt"],
+        started_at
+    );
+
+    // The container dies: reported with why, not restarted.
+    docker(&["kill", &name]);
+    let dead = eventually(limit, "the death reported", || {
+        manager.reports_after(0).into_iter().find_map(|containers| {
+            containers
+                .into_iter()
+                .find(|c| matches!(c.state, ContainerState::Exited { .. }))
+        })
+    })
+    .await;
+    assert_eq!(
+        dead.error.as_deref(),
+        Some("the dev container was killed by SIGKILL (exit code 137) without ongrid asking")
+    );
+    assert_eq!(inspect("container", &name)["State"]["Running"], false);
+
+    // The manager drops the session: the container is removed.
+    manager.set_sessions(Vec::new());
+    eventually(limit, "the container removed", || {
+        (!exists("container", &name)).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    task.await
+        .expect("agent task")
+        .expect("agent stopped cleanly");
+}
