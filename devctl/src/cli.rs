@@ -1,0 +1,418 @@
+//! devctl's command line, parsed by clap straight into ongrid-core's types (`SessionName`,
+//! `ComputeCapability`, `MemorySize`, `Sharing`, `GpuMode`, `GpuUuid`, `Dn`, `HumanDuration`),
+//! so bad input is refused with core's message, and exit code 2, before any request is made.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use ongrid_core::{
+    ComputeCapability, Dn, GpuMode, GpuRequest, GpuUuid, HumanDuration, MemorySize, SessionName,
+    Sharing,
+};
+
+use crate::config::Overrides;
+
+const AFTER_HELP: &str = "\
+Settings, strongest first: flags, then environment variables, then the config file
+~/.config/ongrid/devctl.toml (keys manager_url, cert, key, ca_dir), then the grid defaults.
+
+Environment:
+  ONGRID_MANAGER_URL    the manager, like https://manager.example.org:8443
+  ONGRID_DEVCTL_CONFIG  another config file
+  X509_USER_CERT        certificate (PEM), with X509_USER_KEY for its key
+  X509_USER_PROXY       grid proxy (certificate and key in one file);
+                        default /tmp/x509up_u<uid>, as voms-proxy-init writes it
+  X509_CERT_DIR         trusted CAs (<hash>.0 or *.pem files);
+                        default /etc/grid-security/certificates";
+
+/// devctl: develop on the grid's GPUs.
+///
+/// Ask the site's ongrid manager for an interactive development session on a GPU, see where it
+/// runs, and remove it when done. devctl authenticates with your grid certificate or proxy.
+#[derive(Debug, Parser)]
+#[command(name = "devctl", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Settings that override the environment and the config file.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Config file [default: ~/.config/ongrid/devctl.toml, or $ONGRID_DEVCTL_CONFIG]
+    #[arg(long, global = true, help_heading = "Settings", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The manager's URL [default: $ONGRID_MANAGER_URL, or manager_url in the config file]
+    #[arg(long, global = true, help_heading = "Settings", value_name = "URL")]
+    pub manager_url: Option<String>,
+    /// Certificate or proxy file (PEM) [default: $X509_USER_CERT, $X509_USER_PROXY, cert in the
+    /// config file, /tmp/x509up_u$UID]
+    #[arg(long, global = true, help_heading = "Settings", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// Private key of --cert, when it is not in the same file
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Settings",
+        value_name = "FILE",
+        requires = "cert"
+    )]
+    pub key: Option<PathBuf>,
+    /// Directory of trusted CA certificates [default: $X509_CERT_DIR, ca_dir in the config
+    /// file, /etc/grid-security/certificates]
+    #[arg(long, global = true, help_heading = "Settings", value_name = "DIR")]
+    pub ca_dir: Option<PathBuf>,
+}
+
+impl GlobalArgs {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            config: self.config.clone(),
+            manager_url: self.manager_url.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            ca_dir: self.ca_dir.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show who the manager takes you for: DN, login name, uid, admin
+    Whoami(JsonArgs),
+    /// Create, list, show and remove development sessions
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// List the site's nodes and GPUs: model, capability, memory, mode, use, health
+    Gpus(JsonArgs),
+    /// Site administration (admins only)
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct JsonArgs {
+    /// Print JSON instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Ask for a new session on GPUs that meet your requirements
+    ///
+    /// The session is queued (PENDING) until a matching GPU is free, then started. A request
+    /// that no GPU in the site could ever satisfy is refused, naming the requirement.
+    New(NewArgs),
+    /// List your sessions
+    #[command(alias = "list")]
+    Ls(LsArgs),
+    /// Show a session: state, node, GPUs, and every transition with its reason
+    Show(ShowArgs),
+    /// Remove a session: its container is stopped and removed, its GPUs freed
+    #[command(alias = "remove")]
+    Rm(RmArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct NewArgs {
+    /// Session name, also the SSH user name that reaches it: lower-case letters, digits and
+    /// '-' [default: dev, dev-2, ...]
+    #[arg(long)]
+    pub name: Option<SessionName>,
+    /// How many GPUs, all on one node
+    #[arg(long, default_value = "1", value_parser = parse_gpu_count)]
+    pub gpus: u32,
+    /// Lowest CUDA compute capability to accept, like 8.0
+    #[arg(long, value_name = "X.Y")]
+    pub min_capability: Option<ComputeCapability>,
+    /// Least memory per GPU, like 40G (10^9 bytes, as GPUs are sold) or 40GiB
+    #[arg(long, value_name = "SIZE")]
+    pub min_gpu_memory: Option<MemorySize>,
+    /// Whole GPUs only (exclusive), shares of shared GPUs only (shared), or either (any)
+    #[arg(long, default_value = "exclusive", value_name = "exclusive|shared|any")]
+    pub share: Sharing,
+    /// Docker image of the dev container [default: the site's]
+    #[arg(long, value_name = "IMAGE", value_parser = parse_image)]
+    pub image: Option<String>,
+    /// Wait until the session runs (WAITING for your connection), then print it
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, like 5m, 90s or "2 hours"
+    #[arg(long, default_value = "5m", requires = "wait", value_name = "DURATION")]
+    pub timeout: HumanDuration,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+impl NewArgs {
+    pub fn request(&self) -> GpuRequest {
+        GpuRequest {
+            count: self.gpus,
+            min_capability: self.min_capability,
+            min_memory: self.min_gpu_memory,
+            sharing: self.share,
+        }
+    }
+}
+
+/// A GPU count, checked by the same rule the manager applies.
+fn parse_gpu_count(value: &str) -> Result<u32, String> {
+    let count: u32 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("GPU count {value:?} must be a whole number like 1 or 2"))?;
+    let request = GpuRequest {
+        count,
+        ..GpuRequest::default()
+    };
+    request.validate().map_err(|err| err.to_string())?;
+    Ok(count)
+}
+
+fn parse_image(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() || value.contains(char::is_whitespace) {
+        return Err(format!(
+            "image {value:?} must be a Docker image reference like ongrid/dev:latest"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LsArgs {
+    /// Everybody's sessions (admins only)
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The session's name
+    pub name: SessionName,
+    /// Another user's session, by DN like "/DC=org/DC=example/CN=Alice Smith" (admins only)
+    #[arg(long, value_name = "DN")]
+    pub owner: Option<Dn>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RmArgs {
+    /// The session's name
+    pub name: SessionName,
+    /// Another user's session, by DN (admins only)
+    #[arg(long, value_name = "DN")]
+    pub owner: Option<Dn>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Manage GPUs
+    #[command(subcommand)]
+    Gpu(AdminGpuCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminGpuCommand {
+    /// Set how sessions may use a GPU: exclusive (one session) or shared:N (up to N)
+    Mode(GpuModeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GpuModeArgs {
+    /// The GPU's UUID, as devctl gpus --json shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    pub gpu: GpuUuid,
+    /// exclusive, or shared:N with N from 2 to 64
+    #[arg(value_name = "exclusive|shared:N")]
+    pub mode: GpuMode,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("devctl").chain(args.iter().copied()))
+    }
+
+    fn refused(args: &[&str]) -> String {
+        let err = parse(args).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
+        err.to_string()
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn session_new_parses_into_a_request() {
+        let cli = parse(&[
+            "session",
+            "new",
+            "--name",
+            "train1",
+            "--gpus",
+            "2",
+            "--min-capability",
+            "8.0",
+            "--min-gpu-memory",
+            "40G",
+            "--share",
+            "any",
+            "--image",
+            "ongrid/dev:latest",
+            "--wait",
+            "--timeout",
+            "10 minutes",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Session(SessionCommand::New(new)) = cli.command else {
+            panic!("not session new: {cli:?}");
+        };
+        assert_eq!(new.name.as_ref().unwrap().as_str(), "train1");
+        let request = new.request();
+        assert_eq!(request.count, 2);
+        assert_eq!(request.min_capability, Some(ComputeCapability::new(8, 0)));
+        assert_eq!(request.min_memory, Some(MemorySize(40_000_000_000)));
+        assert_eq!(request.sharing, Sharing::Any);
+        assert_eq!(new.image.as_deref(), Some("ongrid/dev:latest"));
+        assert!(new.wait);
+        assert_eq!(new.timeout, HumanDuration::from_secs(600));
+        assert!(new.output.json);
+    }
+
+    #[test]
+    fn session_new_defaults() {
+        let cli = parse(&["session", "new"]).unwrap();
+        let Command::Session(SessionCommand::New(new)) = cli.command else {
+            panic!("not session new");
+        };
+        assert_eq!(new.name, None);
+        assert_eq!(new.request(), GpuRequest::default());
+        assert!(!new.wait);
+        assert_eq!(new.timeout, HumanDuration::from_secs(300));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_core_message() {
+        let msg = refused(&["session", "new", "--name", "My Session"]);
+        assert!(
+            msg.contains(
+                "session name \"My Session\" may only contain lower-case letters, digits and '-'"
+            ),
+            "{msg}"
+        );
+        let msg = refused(&["session", "new", "--min-capability", "eight"]);
+        assert!(
+            msg.contains("compute capability \"eight\" must look like 8.0 (major.minor)"),
+            "{msg}"
+        );
+        let msg = refused(&["session", "new", "--min-gpu-memory", "40X"]);
+        assert!(
+            msg.contains("memory size \"40X\" has unknown unit \"X\""),
+            "{msg}"
+        );
+        let msg = refused(&["session", "new", "--gpus", "0"]);
+        assert!(msg.contains("a session needs at least 1 GPU"), "{msg}");
+        let msg = refused(&["session", "new", "--gpus", "65"]);
+        assert!(msg.contains("more than the limit of 64"), "{msg}");
+        let msg = refused(&["session", "new", "--share", "half"]);
+        assert!(
+            msg.contains("sharing \"half\" must be one of exclusive, shared, any"),
+            "{msg}"
+        );
+        let msg = refused(&["session", "new", "--wait", "--timeout", "soon"]);
+        assert!(msg.contains("duration \"soon\""), "{msg}");
+        let msg = refused(&["session", "show", "train1", "--owner", "CN=Alice"]);
+        assert!(msg.contains("must be in slash form"), "{msg}");
+        let msg = refused(&["session", "rm", "bad-"]);
+        assert!(
+            msg.contains("must start and end with a letter or digit"),
+            "{msg}"
+        );
+        let msg = refused(&["admin", "gpu", "mode", "0", "exclusive"]);
+        assert!(msg.contains("GPU UUID \"0\" must look like GPU-"), "{msg}");
+        let msg = refused(&[
+            "admin",
+            "gpu",
+            "mode",
+            "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f",
+            "shared:1",
+        ]);
+        assert!(msg.contains("N from 2 to 64"), "{msg}");
+    }
+
+    #[test]
+    fn timeout_needs_wait() {
+        let err = parse(&["session", "new", "--timeout", "5m"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument, "{err}");
+    }
+
+    #[test]
+    fn key_needs_cert() {
+        let err = parse(&["--key", "/k.pem", "gpus"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument, "{err}");
+        assert!(parse(&["gpus", "--cert", "/c.pem", "--key", "/k.pem"]).is_ok());
+    }
+
+    #[test]
+    fn global_flags_go_before_or_after_the_command() {
+        let cli = parse(&["--manager-url", "https://m", "session", "ls", "--all"]).unwrap();
+        assert_eq!(cli.global.manager_url.as_deref(), Some("https://m"));
+        let cli = parse(&["session", "ls", "--ca-dir", "/cas", "--json"]).unwrap();
+        assert_eq!(cli.global.ca_dir, Some(PathBuf::from("/cas")));
+        let Command::Session(SessionCommand::Ls(ls)) = cli.command else {
+            panic!("not session ls");
+        };
+        assert!(ls.output.json && !ls.all);
+    }
+
+    #[test]
+    fn show_rm_and_admin_parse() {
+        let cli = parse(&[
+            "session",
+            "show",
+            "train1",
+            "--owner",
+            "/DC=org/DC=example/CN=Alice Smith",
+        ])
+        .unwrap();
+        let Command::Session(SessionCommand::Show(show)) = cli.command else {
+            panic!("not session show");
+        };
+        assert_eq!(
+            show.owner.unwrap().as_str(),
+            "/DC=org/DC=example/CN=Alice Smith"
+        );
+        let cli = parse(&[
+            "admin",
+            "gpu",
+            "mode",
+            "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f",
+            "shared:4",
+        ])
+        .unwrap();
+        let Command::Admin(AdminCommand::Gpu(AdminGpuCommand::Mode(mode))) = cli.command else {
+            panic!("not admin gpu mode");
+        };
+        assert_eq!(mode.mode, GpuMode::Shared { max_sessions: 4 });
+        assert!(parse(&["session", "list"]).is_ok());
+        assert!(parse(&["session", "remove", "train1"]).is_ok());
+        assert!(parse(&["whoami", "--json"]).is_ok());
+    }
+}

@@ -1,0 +1,510 @@
+//! How devctl prints things for people: aligned tables, times in UTC
+//! (`2026-11-21 10:00:03Z`), memory as `40.0 GiB`. `--json` output is the API's own types,
+//! printed by `serde_json`, and does not pass through here.
+
+use std::fmt::{self, Write as _};
+
+use chrono::{DateTime, Utc};
+use ongrid_core::api::{GpuView, NodeView, SessionView, WhoAmI};
+use ongrid_core::{GpuHealth, GpuRequest, SessionState, Sharing};
+
+/// A table of left-aligned columns separated by two spaces. The last column is not padded, so
+/// lines carry no trailing blanks.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Self {
+        Self {
+            rows: vec![headers.iter().map(|h| (*h).to_owned()).collect()],
+        }
+    }
+
+    /// A table without a header line.
+    pub fn bare() -> Self {
+        Self::default()
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Renders each line prefixed by `indent`.
+    pub fn render(&self, indent: &str) -> String {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut widths = vec![0; columns];
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for row in &self.rows {
+            let mut line = indent.to_owned();
+            for (i, cell) in row.iter().enumerate() {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                line.push_str(cell);
+                if i + 1 < row.len() {
+                    let pad = widths[i] - cell.chars().count();
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.render(""))
+    }
+}
+
+/// A time as devctl prints it: UTC, to the second, `2026-11-21 10:00:03Z`.
+pub fn format_time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
+/// A GPU or MIG UUID shortened for tables: `GPU-5c89852c…`. `--json` has the full UUID.
+pub fn short_uuid(uuid: &str) -> String {
+    let (prefix, rest) = uuid.split_at(uuid.find('-').map_or(0, |i| i + 1));
+    if rest.chars().count() <= 9 {
+        return uuid.to_owned();
+    }
+    let head: String = rest.chars().take(8).collect();
+    format!("{prefix}{head}…")
+}
+
+/// A request in words: `2 GPUs, capability ≥ 8.0, memory ≥ 37.3 GiB, whole GPUs`.
+pub fn describe_request(request: &GpuRequest) -> String {
+    let mut out = match request.count {
+        1 => "1 GPU".to_owned(),
+        n => format!("{n} GPUs"),
+    };
+    if let Some(capability) = request.min_capability {
+        let _ = write!(out, ", capability ≥ {capability}");
+    }
+    if let Some(memory) = request.min_memory {
+        let _ = write!(out, ", memory ≥ {memory}");
+    }
+    out.push_str(match request.sharing {
+        Sharing::Exclusive => ", whole GPUs only",
+        Sharing::Shared => ", shared GPUs only",
+        Sharing::Any => ", whole or shared",
+    });
+    out
+}
+
+/// The state with its queue position when PENDING: `PENDING (#3 in queue)`.
+pub fn describe_state(session: &SessionView) -> String {
+    match (session.state, session.queue_position) {
+        (SessionState::Pending, Some(position)) => format!("PENDING (#{position} in queue)"),
+        (state, _) => state.to_string(),
+    }
+}
+
+/// What devctl says after creating a session that has to wait for a GPU.
+pub fn queue_notice(session: &SessionView) -> Option<String> {
+    if session.state != SessionState::Pending {
+        return None;
+    }
+    let position = session
+        .queue_position
+        .map(|p| format!("queued at position {p}"))
+        .unwrap_or_else(|| "queued".to_owned());
+    Some(format!(
+        "no GPU free now: {position}; it starts when a GPU frees (devctl session show {})",
+        session.name
+    ))
+}
+
+pub fn render_whoami(me: &WhoAmI) -> String {
+    let mut table = Table::bare();
+    table.row(vec!["dn:".into(), me.dn.to_string()]);
+    table.row(vec!["login:".into(), me.user_name.to_string()]);
+    table.row(vec!["uid:".into(), me.uid.to_string()]);
+    table.row(vec![
+        "admin:".into(),
+        if me.admin { "yes" } else { "no" }.into(),
+    ]);
+    table.to_string()
+}
+
+/// `devctl session show`: the session's fields, then its transitions.
+pub fn render_session(session: &SessionView) -> String {
+    let gpus = if session.gpus.is_empty() {
+        "-".to_owned()
+    } else {
+        session
+            .gpus
+            .iter()
+            .map(|g| g.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut fields = Table::bare();
+    let mut field = |name: &str, value: String| fields.row(vec![format!("{name}:"), value]);
+    field("name", session.name.to_string());
+    field(
+        "owner",
+        format!("{} ({})", session.owner, session.user_name),
+    );
+    field("state", describe_state(session));
+    field("reason", session.reason.clone());
+    field(
+        "node",
+        session
+            .node
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), ToString::to_string),
+    );
+    field("gpus", gpus);
+    field("request", describe_request(&session.request));
+    field("image", session.image.clone());
+    field("container", session.container.clone());
+    field("created", format_time(session.created_at));
+    field("id", session.id.to_string());
+
+    let mut transitions = Table::bare();
+    for t in &session.transitions {
+        transitions.row(vec![
+            format_time(t.at),
+            t.from.map(|s| s.to_string()).unwrap_or_default(),
+            format!("→ {}", t.to),
+            t.reason.clone(),
+        ]);
+    }
+    format!("{fields}transitions:\n{}", transitions.render("  "))
+}
+
+/// `devctl session ls`; with `all`, each session's owner too.
+pub fn render_sessions(sessions: &[SessionView], all: bool) -> String {
+    if sessions.is_empty() {
+        return "no sessions: start one with devctl session new\n".to_owned();
+    }
+    let mut headers = vec!["NAME", "STATE", "NODE", "GPUS", "CREATED"];
+    if all {
+        headers.push("OWNER");
+    }
+    headers.push("REASON");
+    let mut table = Table::new(&headers);
+    for s in sessions {
+        let mut row = vec![
+            s.name.to_string(),
+            describe_state(s),
+            s.node
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string),
+            s.request.count.to_string(),
+            format_time(s.created_at),
+        ];
+        if all {
+            row.push(s.owner.to_string());
+        }
+        row.push(s.reason.clone());
+        table.row(row);
+    }
+    table.to_string()
+}
+
+fn health(node: &NodeView, gpu: &GpuView) -> String {
+    match &gpu.info.health {
+        GpuHealth::Failed(reason) => format!("FAILED: {reason}"),
+        GpuHealth::Healthy if !node.online => {
+            format!("node offline since {}", format_time(node.last_seen))
+        }
+        GpuHealth::Healthy => "ok".to_owned(),
+    }
+}
+
+/// `devctl gpus`: one row per GPU, nodes in the manager's order; offline nodes are marked.
+pub fn render_gpus(nodes: &[NodeView]) -> String {
+    if nodes.is_empty() {
+        return "no nodes: no node agent has registered with the manager yet\n".to_owned();
+    }
+    let mut table = Table::new(&[
+        "NODE", "GPU", "MODEL", "CC", "MEMORY", "MODE", "USED/CAP", "FREE", "HEALTH", "SESSIONS",
+    ]);
+    for node in nodes {
+        let node_name = if node.online {
+            node.name.to_string()
+        } else {
+            format!("{} (offline)", node.name)
+        };
+        if node.gpus.is_empty() {
+            table.row(vec![node_name.clone(), "(no GPUs)".to_owned()]);
+        }
+        for gpu in &node.gpus {
+            let sessions = gpu
+                .sessions
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            table.row(vec![
+                node_name.clone(),
+                short_uuid(gpu.info.uuid.as_str()),
+                gpu.info.model.clone(),
+                gpu.info.capability.to_string(),
+                gpu.info.memory.to_string(),
+                gpu.mode.to_string(),
+                format!("{}/{}", gpu.used, gpu.mode.capacity()),
+                gpu.free.to_string(),
+                health(node, gpu),
+                if sessions.is_empty() {
+                    "-".to_owned()
+                } else {
+                    sessions
+                },
+            ]);
+        }
+    }
+    table.to_string()
+}
+
+/// `devctl admin gpu mode`: the GPU after the change.
+pub fn render_gpu_mode(gpu: &GpuView) -> String {
+    format!(
+        "GPU {} on {} is now {} ({} of {} in use)\n",
+        gpu.info.uuid,
+        gpu.node,
+        gpu.mode,
+        gpu.used,
+        gpu.mode.capacity()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ongrid_core::api::SessionView;
+    use ongrid_core::{
+        ComputeCapability, Dn, GpuId, GpuInfo, GpuMode, GpuUuid, MemorySize, NodeName, SessionId,
+        SessionName, Transition, UserName,
+    };
+
+    const UUID_A: &str = "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f";
+    const UUID_B: &str = "GPU-11111111-2222-3333-4444-555555555502";
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        // 2026-11-21 10:00:00Z
+        DateTime::from_timestamp(1_795_255_200 + secs, 0).unwrap()
+    }
+
+    fn session(name: &str, state: SessionState) -> SessionView {
+        SessionView {
+            id: SessionId("6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f".parse().unwrap()),
+            name: SessionName::parse(name).unwrap(),
+            owner: Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap(),
+            user_name: UserName::parse("alice-smith").unwrap(),
+            state,
+            reason: "placed on node1".into(),
+            request: GpuRequest {
+                count: 1,
+                min_capability: Some(ComputeCapability::new(8, 0)),
+                min_memory: Some(MemorySize::parse("40GiB").unwrap()),
+                sharing: Sharing::Exclusive,
+            },
+            image: "ongrid/dev:latest".into(),
+            node: Some(NodeName::parse("node1").unwrap()),
+            gpus: vec![GpuId::parse(UUID_A).unwrap()],
+            container: "ongrid-6f1c2d3e4a5b4c6d8e9f0a1b2c3d4e5f".into(),
+            created_at: at(3),
+            queue_position: None,
+            transitions: vec![
+                Transition {
+                    from: None,
+                    to: SessionState::Pending,
+                    at: at(3),
+                    reason: "created".into(),
+                },
+                Transition {
+                    from: Some(SessionState::Pending),
+                    to: SessionState::Starting,
+                    at: at(4),
+                    reason: "placed on node1".into(),
+                },
+            ],
+        }
+    }
+
+    fn gpu(uuid: &str, mode: GpuMode, used: u32, health: GpuHealth) -> GpuView {
+        GpuView {
+            info: GpuInfo {
+                uuid: GpuUuid::parse(uuid).unwrap(),
+                model: "NVIDIA A100-SXM4-40GB".into(),
+                capability: ComputeCapability::new(8, 0),
+                memory: MemorySize::from_mib(40_960),
+                pci_bus_id: None,
+                driver_version: None,
+                mig_enabled: false,
+                health,
+            },
+            node: NodeName::parse("node1").unwrap(),
+            mode,
+            used,
+            free: mode.capacity() - used,
+            sessions: (0..used)
+                .map(|i| SessionName::parse(&format!("s{i}")).unwrap())
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tables_align_columns_without_trailing_blanks() {
+        let mut t = Table::new(&["NAME", "STATE", "REASON"]);
+        t.row(vec!["train1".into(), "PENDING".into(), "created".into()]);
+        t.row(vec!["a".into(), "WAITING".into(), String::new()]);
+        assert_eq!(
+            t.to_string(),
+            "NAME    STATE    REASON\n\
+             train1  PENDING  created\n\
+             a       WAITING\n"
+        );
+    }
+
+    #[test]
+    fn times_are_utc_to_the_second() {
+        assert_eq!(format_time(at(3)), "2026-11-21 10:00:03Z");
+    }
+
+    #[test]
+    fn uuids_are_shortened_for_tables() {
+        assert_eq!(short_uuid(UUID_A), "GPU-5c89852c…");
+        assert_eq!(
+            short_uuid("MIG-c7384736-a75d-5afc-978f-d2f1294409fd"),
+            "MIG-c7384736…"
+        );
+        assert_eq!(short_uuid("GPU-1234"), "GPU-1234");
+    }
+
+    #[test]
+    fn session_show_lists_fields_and_transitions() {
+        let text = render_session(&session("train1", SessionState::Starting));
+        assert_eq!(
+            text,
+            "name:       train1
+owner:      /DC=org/DC=example/CN=Alice Smith (alice-smith)
+state:      STARTING
+reason:     placed on node1
+node:       node1
+gpus:       GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f
+request:    1 GPU, capability ≥ 8.0, memory ≥ 40.0 GiB, whole GPUs only
+image:      ongrid/dev:latest
+container:  ongrid-6f1c2d3e4a5b4c6d8e9f0a1b2c3d4e5f
+created:    2026-11-21 10:00:03Z
+id:         6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f
+transitions:
+  2026-11-21 10:00:03Z           → PENDING   created
+  2026-11-21 10:00:04Z  PENDING  → STARTING  placed on node1
+"
+        );
+    }
+
+    #[test]
+    fn pending_sessions_show_their_queue_position() {
+        let mut s = session("train2", SessionState::Pending);
+        s.queue_position = Some(3);
+        assert_eq!(describe_state(&s), "PENDING (#3 in queue)");
+        assert_eq!(
+            queue_notice(&s).unwrap(),
+            "no GPU free now: queued at position 3; it starts when a GPU frees (devctl session \
+             show train2)"
+        );
+        assert_eq!(queue_notice(&session("x", SessionState::Waiting)), None);
+    }
+
+    #[test]
+    fn session_list_has_owner_only_for_all() {
+        let sessions = [
+            session("train1", SessionState::Waiting),
+            session("dev", SessionState::Held),
+        ];
+        assert_eq!(
+            render_sessions(&sessions, false),
+            "NAME    STATE    NODE   GPUS  CREATED               REASON
+train1  WAITING  node1  1     2026-11-21 10:00:03Z  placed on node1
+dev     HELD     node1  1     2026-11-21 10:00:03Z  placed on node1
+"
+        );
+        let all = render_sessions(&sessions, true);
+        assert!(all.lines().next().unwrap().contains("  OWNER  "), "{all}");
+        assert!(all.contains("/DC=org/DC=example/CN=Alice Smith"), "{all}");
+        assert_eq!(
+            render_sessions(&[], false),
+            "no sessions: start one with devctl session new\n"
+        );
+    }
+
+    #[test]
+    fn gpu_table_marks_offline_nodes_and_failed_gpus() {
+        let offline_gpu = GpuView {
+            node: NodeName::parse("node2").unwrap(),
+            free: 0,
+            ..gpu(UUID_B, GpuMode::Exclusive, 0, GpuHealth::Healthy)
+        };
+        let nodes = [
+            NodeView {
+                name: NodeName::parse("node1").unwrap(),
+                online: true,
+                last_seen: at(0),
+                gpu_backend: "simulated".into(),
+                gpus: vec![
+                    gpu(UUID_A, GpuMode::Exclusive, 1, GpuHealth::Healthy),
+                    gpu(
+                        UUID_B,
+                        GpuMode::Shared { max_sessions: 4 },
+                        2,
+                        GpuHealth::Failed("fell off the bus".into()),
+                    ),
+                ],
+            },
+            NodeView {
+                name: NodeName::parse("node2").unwrap(),
+                online: false,
+                last_seen: at(60),
+                gpu_backend: "nvidia-smi".into(),
+                gpus: vec![offline_gpu],
+            },
+            NodeView {
+                name: NodeName::parse("node3").unwrap(),
+                online: true,
+                last_seen: at(60),
+                gpu_backend: "nvidia-smi".into(),
+                gpus: vec![],
+            },
+        ];
+        let expected = [
+            "NODE             GPU            MODEL                  CC   MEMORY    MODE       USED/CAP  FREE  HEALTH                                   SESSIONS",
+            "node1            GPU-5c89852c…  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  1/1       0     ok                                       s0",
+            "node1            GPU-11111111…  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  shared:4   2/4       2     FAILED: fell off the bus                 s0,s1",
+            "node2 (offline)  GPU-11111111…  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  0/1       0     node offline since 2026-11-21 10:01:00Z  -",
+            "node3            (no GPUs)",
+        ];
+        assert_eq!(render_gpus(&nodes), expected.join("\n") + "\n");
+        assert_eq!(
+            render_gpus(&[]),
+            "no nodes: no node agent has registered with the manager yet\n"
+        );
+    }
+
+    #[test]
+    fn whoami_is_a_short_list() {
+        let me = WhoAmI {
+            dn: Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap(),
+            user_name: UserName::parse("alice-smith").unwrap(),
+            uid: 20000,
+            admin: false,
+        };
+        assert_eq!(
+            render_whoami(&me),
+            "dn:     /DC=org/DC=example/CN=Alice Smith\nlogin:  alice-smith\nuid:    20000\nadmin:  no\n"
+        );
+    }
+}

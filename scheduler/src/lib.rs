@@ -1,0 +1,42 @@
+//! ongrid-scheduler: pure, deterministic placement of pending sessions onto GPU slots.
+//!
+//! The session manager calls [`plan`] at every scheduling tick with a snapshot of the whole site
+//! ([`SiteState`]) and applies the returned [`Action`]s; it calls [`check_satisfiable`] when a
+//! session is created, to refuse at once a request the site can never meet. No I/O, no clock:
+//! the same input always gives the same plan, whatever the order of the input's vectors.
+//!
+//! # Rules of a plan
+//!
+//! - **Where.** All GPUs of a session are distinct GPUs of one online node. Offline nodes and
+//!   unhealthy GPUs get nothing. A GPU in mode `m` with `used` sessions has
+//!   `m.capacity() - used` free places (none when an admin shrank the capacity below `used`);
+//!   an `exclusive` GPU holds one session, a `shared:N` GPU up to N. Every GPU given to a
+//!   session meets its request ([`ongrid_core::GpuRequest::fits`]: capability, memory, and the
+//!   modes its sharing accepts).
+//! - **Who first.** Pending sessions are served in `(queued_at, id)` order, each taking the best
+//!   place left. One that cannot be placed now does not block later ones (backfill), but since
+//!   capacity only shrinks during a plan, of two equal requests the earlier always wins.
+//! - **Which GPUs: least capable first**, keeping big GPUs for those who need them. GPUs are
+//!   ordered by class (compute capability, then memory, then mode: a share of a GPU before a
+//!   whole one, see `class.rs`), then node name, then UUID. A one-GPU session takes the least
+//!   GPU that fits. A session of N GPUs takes, on each node, that node's N least fitting free
+//!   GPUs, and goes to the node whose set is least: the sets' classes are compared from the
+//!   most capable down, then node names.
+//! - **Pack shared GPUs.** Among GPUs of the same class, the one with the fewest free places
+//!   comes first, so a shared GPU that already has sessions fills up before an empty one is
+//!   started. For a one-GPU session this applies across the site (before node names); for a
+//!   session of N GPUs, within the chosen node.
+//! - **Back where it was.** A session's `preferred_node` (e.g. the node it ran on before a hold)
+//!   wins whenever that node can take it at all; the GPUs on it are still chosen least first.
+
+mod class;
+mod index;
+mod plan;
+mod satisfiable;
+mod site;
+#[cfg(test)]
+mod testing;
+
+pub use plan::plan;
+pub use satisfiable::{check_satisfiable, Unsatisfiable};
+pub use site::{Action, GpuSlot, NodeState, PendingSession, SiteState};
