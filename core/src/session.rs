@@ -64,7 +64,7 @@ impl SessionState {
         self.holds_gpus()
     }
 
-    /// Whether the session's name is still taken (every state but ENDED).
+    /// Whether nothing can follow (ENDED); every other state keeps the session's name taken.
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Ended)
     }

@@ -1,0 +1,473 @@
+//! The manager's configuration: one TOML file, read once at start-up, validated into domain types.
+//!
+//! [`RawConfig`] mirrors the file (`deny_unknown_fields`, so a misspelt key is an error rather than
+//! a silently ignored line); [`Config::load`] applies the environment overrides
+//! (`ONGRID_MANAGER_LISTEN`, `ONGRID_MANAGER_DATABASE`) and validates every value, naming the key
+//! and the file when one is wrong. Files the config points to (certificates, the CA directory,
+//! the agent tokens) are read by the modules that use them, see [`crate::Manager::open`].
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ongrid_core::api::ContainerLimits;
+use ongrid_core::{Dn, HumanDuration, MemorySize};
+use serde::Deserialize;
+
+/// Environment variable overriding `listen`.
+pub const ENV_LISTEN: &str = "ONGRID_MANAGER_LISTEN";
+/// Environment variable overriding `database`.
+pub const ENV_DATABASE: &str = "ONGRID_MANAGER_DATABASE";
+
+/// Why the configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("config file {}: key `{key}`: {message}", path.display())]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+/// The file as written. Every key is listed in deploy/examples and in the brief.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: String,
+    pub database: PathBuf,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    pub ca_dir: PathBuf,
+    #[serde(default)]
+    pub admins: Vec<String>,
+    pub agent_tokens_file: PathBuf,
+    #[serde(default = "default_image")]
+    pub default_image: String,
+    #[serde(default = "default_first_uid")]
+    pub first_uid: u32,
+    #[serde(default = "default_node_timeout")]
+    pub node_timeout: String,
+    #[serde(default = "default_sync_interval")]
+    pub sync_interval: String,
+    #[serde(default = "default_schedule_interval")]
+    pub schedule_interval: String,
+    #[serde(default)]
+    pub session_limits: RawSessionLimits,
+}
+
+/// `[session_limits]`: what every dev container may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSessionLimits {
+    /// Cores as a string, may be fractional: `"1.5"`.
+    #[serde(default = "default_cpus")]
+    pub cpus: String,
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    #[serde(default = "default_pids")]
+    pub pids: u32,
+}
+
+impl Default for RawSessionLimits {
+    fn default() -> Self {
+        Self {
+            cpus: default_cpus(),
+            memory: default_memory(),
+            pids: default_pids(),
+        }
+    }
+}
+
+fn default_image() -> String {
+    "ongrid/dev:latest".to_owned()
+}
+fn default_first_uid() -> u32 {
+    20_000
+}
+fn default_node_timeout() -> String {
+    "30 seconds".to_owned()
+}
+fn default_sync_interval() -> String {
+    "5 seconds".to_owned()
+}
+fn default_schedule_interval() -> String {
+    "1 second".to_owned()
+}
+fn default_cpus() -> String {
+    "4".to_owned()
+}
+fn default_memory() -> String {
+    "16GiB".to_owned()
+}
+fn default_pids() -> u32 {
+    4096
+}
+
+/// The validated configuration, passed by value to [`crate::run`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (for messages).
+    pub path: PathBuf,
+    pub listen: SocketAddr,
+    pub database: PathBuf,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    pub ca_dir: PathBuf,
+    pub admins: BTreeSet<Dn>,
+    pub agent_tokens_file: PathBuf,
+    pub default_image: String,
+    pub first_uid: u32,
+    pub node_timeout: Duration,
+    pub sync_interval: Duration,
+    pub schedule_interval: Duration,
+    pub session_limits: ContainerLimits,
+}
+
+impl Config {
+    /// Reads, overrides from the process environment, and validates.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text, path, |name| std::env::var(name).ok())
+    }
+
+    /// Parses `text` (read from `path`), applies overrides found by `env`, and validates.
+    pub fn from_toml(
+        text: &str,
+        path: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        let mut listen_key = "listen".to_owned();
+        if let Some(listen) = env(ENV_LISTEN) {
+            raw.listen = listen;
+            listen_key = format!("listen (from {ENV_LISTEN})");
+        }
+        if let Some(database) = env(ENV_DATABASE) {
+            raw.database = PathBuf::from(database);
+        }
+        Validator { path }.validate(raw, &listen_key)
+    }
+}
+
+struct Validator<'a> {
+    path: &'a Path,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_owned(),
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
+        let duration = HumanDuration::parse(value)
+            .map_err(|e| self.invalid(key, e.to_string()))?
+            .as_duration();
+        if duration.is_zero() {
+            return Err(self.invalid(key, "must be longer than 0 seconds"));
+        }
+        Ok(duration)
+    }
+
+    fn non_empty_path(&self, key: &str, value: &Path) -> Result<(), ConfigError> {
+        if value.as_os_str().is_empty() {
+            return Err(self.invalid(key, "must name a file"));
+        }
+        Ok(())
+    }
+
+    fn validate(&self, raw: RawConfig, listen_key: &str) -> Result<Config, ConfigError> {
+        let listen: SocketAddr = raw.listen.parse().map_err(|_| {
+            self.invalid(
+                listen_key,
+                format!(
+                    "{:?} must be an address and port, like 127.0.0.1:8443 or [::]:8443",
+                    raw.listen
+                ),
+            )
+        })?;
+        for (key, path) in [
+            ("database", &raw.database),
+            ("tls_cert", &raw.tls_cert),
+            ("tls_key", &raw.tls_key),
+            ("ca_dir", &raw.ca_dir),
+            ("agent_tokens_file", &raw.agent_tokens_file),
+        ] {
+            self.non_empty_path(key, path)?;
+        }
+        let admins = raw
+            .admins
+            .iter()
+            .map(|dn| Dn::parse(dn).map_err(|e| self.invalid("admins", e.to_string())))
+            .collect::<Result<BTreeSet<_>, _>>()?;
+        let default_image = raw.default_image.trim().to_owned();
+        if let Err(message) = check_image(&default_image) {
+            return Err(self.invalid("default_image", message));
+        }
+        if raw.first_uid < 1000 {
+            return Err(self.invalid(
+                "first_uid",
+                format!(
+                    "{} is a system UID: use 1000 or more (20000 keeps clear of local users)",
+                    raw.first_uid
+                ),
+            ));
+        }
+        let node_timeout = self.duration("node_timeout", &raw.node_timeout)?;
+        let sync_interval = self.duration("sync_interval", &raw.sync_interval)?;
+        let schedule_interval = self.duration("schedule_interval", &raw.schedule_interval)?;
+        if node_timeout <= sync_interval {
+            return Err(self.invalid(
+                "node_timeout",
+                format!(
+                    "{} must be longer than sync_interval ({}), or every node looks offline between syncs",
+                    HumanDuration(node_timeout),
+                    HumanDuration(sync_interval)
+                ),
+            ));
+        }
+        let millicpus = parse_millicpus(&raw.session_limits.cpus)
+            .map_err(|message| self.invalid("session_limits.cpus", message))?;
+        let memory = MemorySize::parse(&raw.session_limits.memory)
+            .map_err(|e| self.invalid("session_limits.memory", e.to_string()))?;
+        if memory.bytes() < 64 << 20 {
+            return Err(self.invalid(
+                "session_limits.memory",
+                format!("{memory} is too little for a dev container: give at least 64MiB"),
+            ));
+        }
+        if raw.session_limits.pids < 16 {
+            return Err(self.invalid(
+                "session_limits.pids",
+                "must be at least 16, or a shell cannot start",
+            ));
+        }
+        Ok(Config {
+            path: self.path.to_owned(),
+            listen,
+            database: raw.database,
+            tls_cert: raw.tls_cert,
+            tls_key: raw.tls_key,
+            ca_dir: raw.ca_dir,
+            admins,
+            agent_tokens_file: raw.agent_tokens_file,
+            default_image,
+            first_uid: raw.first_uid,
+            node_timeout,
+            sync_interval,
+            schedule_interval,
+            session_limits: ContainerLimits {
+                millicpus,
+                memory,
+                pids: raw.session_limits.pids,
+            },
+        })
+    }
+}
+
+/// Checks a Docker image reference well enough to refuse obvious mistakes (spaces, control
+/// characters, empty); Docker itself judges the rest when the agent pulls or runs it.
+pub fn check_image(image: &str) -> Result<(), String> {
+    if image.is_empty() {
+        return Err("an image name must not be empty, e.g. ongrid/dev:latest".to_owned());
+    }
+    if image.len() > 255 {
+        return Err(format!(
+            "image name {image:?} is longer than 255 characters"
+        ));
+    }
+    if image
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c.is_ascii_uppercase())
+    {
+        return Err(format!(
+            "image name {image:?} may not contain spaces, control characters or upper-case letters"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a CPU count such as `"4"`, `"1.5"` or `"0.25"` into thousandths of a core.
+pub fn parse_millicpus(value: &str) -> Result<u32, String> {
+    let malformed = || {
+        format!("{value:?} must be a number of cores, like \"4\" or \"1.5\" (at most 3 decimals)")
+    };
+    let trimmed = value.trim();
+    let (whole, fraction) = trimmed.split_once('.').unwrap_or((trimmed, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 3 {
+        return Err(malformed());
+    }
+    if trimmed.ends_with('.') {
+        return Err(malformed());
+    }
+    let whole: u32 = whole.parse().map_err(|_| malformed())?;
+    let fraction: u32 = if fraction.is_empty() {
+        0
+    } else {
+        format!("{fraction:0<3}").parse().map_err(|_| malformed())?
+    };
+    let millicpus = whole
+        .checked_mul(1000)
+        .and_then(|m| m.checked_add(fraction))
+        .ok_or_else(|| format!("{value:?} is more cores than any machine has"))?;
+    if millicpus < 10 {
+        return Err(format!(
+            "{value:?} is too little CPU for a dev container: give at least 0.01"
+        ));
+    }
+    Ok(millicpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+listen = "127.0.0.1:8443"
+database = "/var/lib/ongrid/manager.db"
+tls_cert = "/etc/ongrid/manager.crt"
+tls_key = "/etc/ongrid/manager.key"
+ca_dir = "/etc/grid-security/certificates"
+admins = ["/DC=org/DC=example/CN=Site Admin"]
+agent_tokens_file = "/etc/ongrid/agent-tokens"
+default_image = "ongrid/dev:latest"
+first_uid = 20000
+node_timeout = "30 seconds"
+sync_interval = "5 seconds"
+schedule_interval = "1 second"
+[session_limits]
+cpus = "4"
+memory = "16GiB"
+pids = 4096
+"#;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, Path::new("/etc/ongrid/manager.toml"), no_env)
+    }
+
+    #[test]
+    fn the_documented_example_loads() {
+        let config = load(EXAMPLE).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(config.node_timeout, Duration::from_secs(30));
+        assert_eq!(config.schedule_interval, Duration::from_secs(1));
+        assert_eq!(config.session_limits.millicpus, 4000);
+        assert_eq!(config.session_limits.memory.bytes(), 16 << 30);
+        assert_eq!(config.session_limits.pids, 4096);
+        assert!(config
+            .admins
+            .contains(&Dn::parse("/DC=org/DC=example/CN=Site Admin").unwrap()));
+    }
+
+    #[test]
+    fn the_deployed_example_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/manager.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let config = Config::from_toml(&text, &path, no_env).unwrap();
+        assert_eq!(config.listen.port(), 8443);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = load(&format!("{EXAMPLE}\nlisten_port = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("manager.toml"), "{err}");
+        assert!(err.contains("listen_port"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_file() {
+        let bad = EXAMPLE.replace("\"30 seconds\"", "\"30 fortnights\"");
+        let err = load(&bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with("config file /etc/ongrid/manager.toml: key `node_timeout`:"),
+            "{err}"
+        );
+        let bad = EXAMPLE.replace("cpus = \"4\"", "cpus = \"four\"");
+        let err = load(&bad).unwrap_err().to_string();
+        assert!(err.contains("key `session_limits.cpus`"), "{err}");
+        let bad = EXAMPLE.replace("CN=Site Admin\"", "CN=Site Admin\", \"CN=Bob,O=x\"");
+        let err = load(&bad).unwrap_err().to_string();
+        assert!(err.contains("key `admins`"), "{err}");
+        let bad = EXAMPLE.replace("\"5 seconds\"", "\"1 minute\"");
+        let err = load(&bad).unwrap_err().to_string();
+        assert!(err.contains("key `node_timeout`"), "{err}");
+        let bad = EXAMPLE.replace("first_uid = 20000", "first_uid = 0");
+        assert!(load(&bad).unwrap_err().to_string().contains("first_uid"));
+    }
+
+    #[test]
+    fn environment_overrides() {
+        let env = |name: &str| match name {
+            ENV_LISTEN => Some("127.0.0.1:0".to_owned()),
+            ENV_DATABASE => Some("/tmp/x.db".to_owned()),
+            _ => None,
+        };
+        let config = Config::from_toml(EXAMPLE, Path::new("m.toml"), env).unwrap();
+        assert_eq!(config.listen.port(), 0);
+        assert_eq!(config.database, PathBuf::from("/tmp/x.db"));
+        let bad = |name: &str| (name == ENV_LISTEN).then(|| "localhost".to_owned());
+        let err = Config::from_toml(EXAMPLE, Path::new("m.toml"), bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(ENV_LISTEN), "{err}");
+    }
+
+    #[test]
+    fn defaults_fill_optional_keys() {
+        let minimal = r#"
+listen = "[::]:8443"
+database = "m.db"
+tls_cert = "c"
+tls_key = "k"
+ca_dir = "d"
+agent_tokens_file = "t"
+"#;
+        let config = load(minimal).unwrap();
+        assert_eq!(config.first_uid, 20_000);
+        assert_eq!(config.default_image, "ongrid/dev:latest");
+        assert!(config.admins.is_empty());
+        assert_eq!(config.sync_interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn millicpus() {
+        assert_eq!(parse_millicpus("4"), Ok(4000));
+        assert_eq!(parse_millicpus("1.5"), Ok(1500));
+        assert_eq!(parse_millicpus("0.25"), Ok(250));
+        assert_eq!(parse_millicpus(" 2.125 "), Ok(2125));
+        for bad in ["", "1.", ".5", "1.2345", "-1", "1,5", "four", "0", "0.001"] {
+            assert!(parse_millicpus(bad).is_err(), "{bad}");
+        }
+        assert!(parse_millicpus("99999999").is_err());
+    }
+}

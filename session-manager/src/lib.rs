@@ -1,0 +1,157 @@
+//! ongrid-manager: the control plane of an ongrid site.
+//!
+//! It serves the HTTPS API of `ongrid_core::api` to users (TLS client certificates) and node
+//! agents (bearer tokens), keeps everything in a [`store::Store`] (SQLite), and runs the
+//! scheduling loop that places PENDING sessions on GPUs with `ongrid_scheduler::plan`.
+//!
+//! Modules: [`config`] (the TOML file), [`tls`] (server TLS, client certificate → identity),
+//! [`server`] (the accept loop), [`auth`] (users and agent tokens), [`api`] (the routes),
+//! [`store`] (persistence), [`site`] (the site as the scheduler sees it), [`scheduler`] (the
+//! loop), [`clock`] (injected time).
+//!
+//! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
+//! (or [`run`], which does both).
+
+pub mod api;
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod scheduler;
+pub mod server;
+pub mod site;
+pub mod store;
+pub mod tls;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::Config;
+
+use crate::api::AppState;
+use crate::auth::AgentTokens;
+use crate::clock::{Clock, SystemClock};
+use crate::scheduler::Scheduler;
+use crate::server::Server;
+use crate::store::SqliteStore;
+use crate::tls::{CaDirAuthenticator, ClientAuthenticator};
+
+/// Everything the config points to, loaded and checked, without touching the database.
+/// `--check-config` stops here.
+pub struct Prepared {
+    pub config: Config,
+    pub tls: Arc<rustls::ServerConfig>,
+    pub authenticator: Arc<dyn ClientAuthenticator>,
+    pub tokens: AgentTokens,
+}
+
+/// Loads the TLS material, the CA directory and the agent tokens named by `config`.
+pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
+    let provider = tls::provider();
+    let authenticator: Arc<dyn ClientAuthenticator> =
+        Arc::new(CaDirAuthenticator::load(&config.ca_dir, provider.clone())?);
+    let tls = tls::server_config(
+        &config.tls_cert,
+        &config.tls_key,
+        authenticator.clone(),
+        provider,
+    )?;
+    let tokens = AgentTokens::load(&config.agent_tokens_file)?;
+    if tokens.is_empty() {
+        tracing::warn!(file = %config.agent_tokens_file.display(), "No agent tokens: no node can register.");
+    }
+    Ok(Prepared {
+        config,
+        tls: Arc::new(tls),
+        authenticator,
+        tokens,
+    })
+}
+
+/// A manager with its files loaded and its database open, ready to serve.
+pub struct Manager {
+    prepared: Prepared,
+    store: SqliteStore,
+    clock: Arc<dyn Clock>,
+}
+
+impl Manager {
+    /// Loads everything the config names and opens (and migrates) the database.
+    pub async fn open(config: Config) -> anyhow::Result<Self> {
+        let prepared = prepare(config)?;
+        let store = SqliteStore::open(&prepared.config.database)
+            .await
+            .with_context(|| {
+                format!(
+                    "opening database {} (key `database`)",
+                    prepared.config.database.display()
+                )
+            })?;
+        Ok(Self {
+            prepared,
+            store,
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    /// Serves the API on `listener` and runs the scheduler until `shutdown`, then waits for
+    /// every connection and task to finish and closes the database.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let Prepared {
+            config,
+            tls,
+            authenticator,
+            tokens,
+        } = self.prepared;
+        let store = Arc::new(self.store);
+        let wake = Arc::new(Notify::new());
+        let tracker = TaskTracker::new();
+
+        let scheduler = Scheduler::new(
+            store.clone(),
+            self.clock.clone(),
+            config.node_timeout,
+            wake.clone(),
+        );
+        tracker.spawn(scheduler.run(config.schedule_interval, shutdown.clone()));
+
+        let state = AppState {
+            store: store.clone(),
+            config: Arc::new(config),
+            tokens: Arc::new(tokens),
+            clock: self.clock,
+            wake,
+        };
+        let server = Server {
+            acceptor: TlsAcceptor::from(tls),
+            authenticator,
+            router: api::router(state),
+        };
+        let addr = listener.local_addr().ok();
+        tracing::info!(?addr, "Serving.");
+        server.serve(listener, tracker.clone(), shutdown).await;
+        tracker.close();
+        tracker.wait().await;
+        store.close().await;
+        tracing::info!("Stopped.");
+        Ok(())
+    }
+}
+
+/// Opens and serves: [`Manager::open`] then [`Manager::serve`].
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    Manager::open(config).await?.serve(listener, shutdown).await
+}

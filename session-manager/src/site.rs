@@ -1,0 +1,151 @@
+//! A snapshot of the site as the scheduler and the API see it: registered nodes with their GPUs,
+//! which of them are online, and which sessions hold which GPU.
+//!
+//! A node is online when its agent synced within `node_timeout`. A GPU's `used` count is the
+//! number of sessions in a GPU-holding state (STARTING, WAITING, CONNECTED, IDLE) assigned to it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use ongrid_core::{GpuId, GpuUuid, SessionState};
+use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, SiteState};
+
+use crate::store::{GpuRecord, NodeRecord, SessionFilter, SessionRecord, Store, StoreResult};
+
+/// The GPU-holding states, for queries.
+pub fn holding_states() -> Vec<SessionState> {
+    SessionState::ALL
+        .into_iter()
+        .filter(|s| s.holds_gpus())
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct SiteSnapshot {
+    pub now: DateTime<Utc>,
+    pub nodes: Vec<NodeRecord>,
+    /// Sessions holding GPUs now.
+    pub holding: Vec<SessionRecord>,
+    node_timeout: TimeDelta,
+    used: HashMap<GpuUuid, u32>,
+}
+
+impl SiteSnapshot {
+    pub async fn load(
+        store: &dyn Store,
+        now: DateTime<Utc>,
+        node_timeout: Duration,
+    ) -> StoreResult<Self> {
+        let nodes = store.nodes().await?;
+        let holding = store
+            .sessions(SessionFilter::States(holding_states()))
+            .await?;
+        Ok(Self::new(now, nodes, holding, node_timeout))
+    }
+
+    pub fn new(
+        now: DateTime<Utc>,
+        nodes: Vec<NodeRecord>,
+        holding: Vec<SessionRecord>,
+        node_timeout: Duration,
+    ) -> Self {
+        let mut used = HashMap::new();
+        for session in &holding {
+            for gpu in &session.gpus {
+                if let GpuId::Gpu(uuid) = gpu {
+                    *used.entry(uuid.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+        Self {
+            now,
+            nodes,
+            holding,
+            node_timeout: TimeDelta::from_std(node_timeout).unwrap_or(TimeDelta::MAX),
+            used,
+        }
+    }
+
+    pub fn is_online(&self, node: &NodeRecord) -> bool {
+        self.now.signed_duration_since(node.last_seen) <= self.node_timeout
+    }
+
+    /// How many sessions hold this GPU.
+    pub fn used(&self, uuid: &GpuUuid) -> u32 {
+        self.used.get(uuid).copied().unwrap_or(0)
+    }
+
+    /// Free places on the GPU: none when it is unhealthy or its node offline.
+    pub fn free(&self, node: &NodeRecord, gpu: &GpuRecord) -> u32 {
+        if !gpu.info.health.is_healthy() || !self.is_online(node) {
+            return 0;
+        }
+        gpu.mode
+            .capacity()
+            .saturating_sub(self.used(&gpu.info.uuid))
+    }
+
+    /// Sessions holding this GPU.
+    pub fn sessions_on<'a>(&'a self, uuid: &'a GpuUuid) -> impl Iterator<Item = &'a SessionRecord> {
+        self.holding.iter().filter(move |s| {
+            s.gpus
+                .iter()
+                .any(|g| matches!(g, GpuId::Gpu(u) if u == uuid))
+        })
+    }
+
+    /// The scheduler's view, with `pending` as the queue.
+    pub fn scheduler_state(&self, pending: Vec<PendingSession>) -> SiteState {
+        SiteState {
+            nodes: self
+                .nodes
+                .iter()
+                .map(|node| self.node_state(node, self.is_online(node)))
+                .collect(),
+            pending,
+        }
+    }
+
+    /// The view for "could this request ever run here": every registered node counts as online,
+    /// since one that is down right now may well come back.
+    pub fn satisfiability_state(&self) -> SiteState {
+        SiteState {
+            nodes: self
+                .nodes
+                .iter()
+                .map(|node| self.node_state(node, true))
+                .collect(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn node_state(&self, node: &NodeRecord, online: bool) -> NodeState {
+        NodeState {
+            name: node.name.clone(),
+            online,
+            gpus: node
+                .gpus
+                .iter()
+                .map(|gpu| GpuSlot {
+                    uuid: gpu.info.uuid.clone(),
+                    capability: gpu.info.capability,
+                    memory: gpu.info.memory,
+                    mode: gpu.mode,
+                    healthy: gpu.info.health.is_healthy(),
+                    used: self.used(&gpu.info.uuid),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A PENDING session as the scheduler takes it.
+pub fn pending_session(session: &SessionRecord) -> PendingSession {
+    PendingSession {
+        id: session.id,
+        request: session.request,
+        queued_at: session.queued_at,
+        preferred_node: session.preferred_node.clone(),
+    }
+}

@@ -1,0 +1,635 @@
+//! The SQLite [`Store`]: one file, WAL journal, foreign keys on, migrations from
+//! `session-manager/migrations/` applied when the file is opened.
+//!
+//! Every write runs in a `BEGIN IMMEDIATE` transaction, which takes SQLite's write lock up front:
+//! a read-then-write transaction can then never fail half-way on a lock upgrade, and concurrent
+//! writers simply wait (up to the busy timeout). Times are stored as fixed-width RFC 3339 text
+//! with nanoseconds so that they round-trip exactly and sort as text.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures::future::BoxFuture;
+use ongrid_core::{
+    Dn, GpuHealth, GpuInfo, GpuMode, GpuUuid, Lifecycle, NodeName, SessionId, SessionName,
+    SessionState, Transition, UserName,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{
+    Change, GpuRecord, NewSession, NodeRecord, NodeRegistration, Placement, SessionFilter,
+    SessionRecord, Store, StoreError, StoreResult, UserRecord,
+};
+
+/// How long a statement waits for another connection's write lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The embedded store. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, u.user_name, u.uid, s.state, s.reason, \
+     s.request, s.image, s.node, s.gpus, s.created_at, s.queued_at, s.preferred_node \
+     FROM sessions s JOIN users u ON u.dn = s.owner";
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file and brings its schema up to date.
+    pub async fn open(path: &Path) -> StoreResult<Self> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// Closes every connection (checkpointing the WAL). Called on shutdown.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn write(&self) -> StoreResult<Transaction<'static, Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn user_impl(&self, dn: &Dn, first_uid: u32) -> StoreResult<UserRecord> {
+        if let Some(user) = find_user(&self.pool, dn).await? {
+            return Ok(user);
+        }
+        let mut tx = self.write().await?;
+        // Another request may have created it between the read and the lock.
+        if let Some(user) = find_user(&mut *tx, dn).await? {
+            return Ok(user);
+        }
+        let base = UserName::derive_from_dn(dn);
+        let mut user_name = base.clone();
+        for n in 2u32.. {
+            let taken: Option<i64> = sqlx::query_scalar("SELECT 1 FROM users WHERE user_name = ?")
+                .bind(user_name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            if taken.is_none() {
+                break;
+            }
+            user_name = UserName::parse(&format!("{base}-{n}"))
+                .map_err(|e| StoreError::Corrupt(format!("cannot number user name: {e}")))?;
+        }
+        let max_uid: Option<i64> = sqlx::query_scalar("SELECT MAX(uid) FROM users")
+            .fetch_one(&mut *tx)
+            .await?;
+        let uid = match max_uid {
+            Some(max) => u32::try_from(max + 1)
+                .map_err(|_| StoreError::Corrupt(format!("UID {max} is out of range")))?
+                .max(first_uid),
+            None => first_uid,
+        };
+        sqlx::query("INSERT INTO users (dn, user_name, uid, created_at) VALUES (?, ?, ?, ?)")
+            .bind(dn.as_str())
+            .bind(user_name.as_str())
+            .bind(i64::from(uid))
+            .bind(timestamp(Utc::now()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(dn = %dn, user = %user_name, uid, "New user.");
+        Ok(UserRecord {
+            dn: dn.clone(),
+            user_name,
+            uid,
+        })
+    }
+
+    async fn create_session_impl(&self, new: NewSession) -> StoreResult<SessionRecord> {
+        let mut tx = self.write().await?;
+        let live: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, state FROM sessions WHERE owner = ? AND state <> 'ENDED'")
+                .bind(new.owner.as_str())
+                .fetch_all(&mut *tx)
+                .await?;
+        let name = match new.name {
+            Some(name) => {
+                if let Some((_, state)) = live.iter().find(|(n, _)| n == name.as_str()) {
+                    return Err(StoreError::NameTaken {
+                        name,
+                        state: parse(state, "session state")?,
+                    });
+                }
+                name
+            }
+            None => first_free_name(live.iter().map(|(n, _)| n.as_str()))?,
+        };
+        let lifecycle = Lifecycle::new(new.at, new.reason);
+        let first = lifecycle.last();
+        sqlx::query(
+            "INSERT INTO sessions (id, name, owner, request, image, state, reason, gpus, \
+             created_at, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, '[]', ?, ?)",
+        )
+        .bind(new.id.to_string())
+        .bind(name.as_str())
+        .bind(new.owner.as_str())
+        .bind(to_json(&new.request)?)
+        .bind(&new.image)
+        .bind(lifecycle.state().as_str())
+        .bind(&first.reason)
+        .bind(timestamp(new.at))
+        .bind(timestamp(new.at))
+        .execute(&mut *tx)
+        .await?;
+        insert_transition(&mut tx, new.id, 0, first).await?;
+        tx.commit().await?;
+        self.session_impl(new.id)
+            .await?
+            .ok_or(StoreError::NoSuchSession(new.id))
+    }
+
+    async fn session_impl(&self, id: SessionId) -> StoreResult<Option<SessionRecord>> {
+        let sql = format!("SELECT {SESSION_COLUMNS} WHERE s.id = ?");
+        let row = sqlx::query(&sql)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    async fn session_by_name_impl(
+        &self,
+        owner: &Dn,
+        name: &SessionName,
+    ) -> StoreResult<Option<SessionRecord>> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} WHERE s.owner = ? AND s.name = ? \
+             ORDER BY s.state = 'ENDED', s.created_at DESC LIMIT 1"
+        );
+        let row = sqlx::query(&sql)
+            .bind(owner.as_str())
+            .bind(name.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    async fn sessions_impl(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
+        let (condition, value) = match filter {
+            SessionFilter::Owner(owner) => ("s.owner = ?".to_owned(), Some(owner.to_string())),
+            SessionFilter::All => ("1".to_owned(), None),
+            SessionFilter::Node(node) => ("s.node = ?".to_owned(), Some(node.to_string())),
+            SessionFilter::States(states) => {
+                if states.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // The state names are our own constants, never user input.
+                let list: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
+                (format!("s.state IN ({})", list.join(", ")), None)
+            }
+        };
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} WHERE s.state <> 'ENDED' AND {condition} \
+             ORDER BY s.created_at, s.id"
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some(value) = value {
+            query = query.bind(value);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    async fn pending_order_impl(&self) -> StoreResult<Vec<SessionId>> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM sessions WHERE state = 'PENDING' ORDER BY queued_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter().map(|id| parse(id, "session id")).collect()
+    }
+
+    async fn transitions_impl(&self, id: SessionId) -> StoreResult<Vec<Transition>> {
+        let mut conn = self.pool.acquire().await?;
+        load_transitions(&mut conn, id).await
+    }
+
+    async fn transition_impl(&self, id: SessionId, change: Change) -> StoreResult<SessionRecord> {
+        let mut tx = self.write().await?;
+        let history = load_transitions(&mut tx, id).await?;
+        if history.is_empty() {
+            return Err(StoreError::NoSuchSession(id));
+        }
+        let mut lifecycle = Lifecycle::from_history(history)
+            .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))?;
+        let seq = lifecycle.history().len();
+        let transition = lifecycle.transition(change.to, change.at, change.reason)?;
+        insert_transition(&mut tx, id, seq, transition).await?;
+        let id_text = id.to_string();
+        match change.placement {
+            Placement::Keep => {
+                sqlx::query("UPDATE sessions SET state = ?, reason = ? WHERE id = ?")
+                    .bind(transition.to.as_str())
+                    .bind(&transition.reason)
+                    .bind(&id_text)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Placement::Place { node, gpus } => {
+                sqlx::query(
+                    "UPDATE sessions SET state = ?, reason = ?, node = ?, gpus = ? WHERE id = ?",
+                )
+                .bind(transition.to.as_str())
+                .bind(&transition.reason)
+                .bind(node.as_str())
+                .bind(to_json(&gpus)?)
+                .bind(&id_text)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Placement::Clear => {
+                sqlx::query(
+                    "UPDATE sessions SET state = ?, reason = ?, node = NULL, gpus = '[]' \
+                     WHERE id = ?",
+                )
+                .bind(transition.to.as_str())
+                .bind(&transition.reason)
+                .bind(&id_text)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        self.session_impl(id)
+            .await?
+            .ok_or(StoreError::NoSuchSession(id))
+    }
+
+    async fn register_node_impl(
+        &self,
+        node: NodeRegistration,
+        gpus: &[GpuInfo],
+        at: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut tx = self.write().await?;
+        sqlx::query(
+            "INSERT INTO nodes (name, gpu_backend, agent_version, registered_at, last_seen) \
+             VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (name) DO UPDATE SET gpu_backend = excluded.gpu_backend, \
+             agent_version = excluded.agent_version, last_seen = excluded.last_seen",
+        )
+        .bind(node.name.as_str())
+        .bind(&node.gpu_backend)
+        .bind(&node.agent_version)
+        .bind(timestamp(at))
+        .bind(timestamp(at))
+        .execute(&mut *tx)
+        .await?;
+        update_gpus(&mut tx, &node.name, gpus, at).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn record_sync_impl(
+        &self,
+        node: &NodeName,
+        gpus: &[GpuInfo],
+        at: DateTime<Utc>,
+    ) -> StoreResult<bool> {
+        let mut tx = self.write().await?;
+        let updated = sqlx::query("UPDATE nodes SET last_seen = ? WHERE name = ?")
+            .bind(timestamp(at))
+            .bind(node.as_str())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if updated == 0 {
+            return Ok(false);
+        }
+        update_gpus(&mut tx, node, gpus, at).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn nodes_impl(&self) -> StoreResult<Vec<NodeRecord>> {
+        let node_rows = sqlx::query(
+            "SELECT name, gpu_backend, agent_version, last_seen FROM nodes ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let gpu_rows = sqlx::query("SELECT node, info, mode FROM gpus")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut gpus = gpu_rows
+            .iter()
+            .map(gpu_from_row)
+            .collect::<StoreResult<Vec<_>>>()?;
+        gpus.sort_by(|a, b| {
+            (&a.node, &a.info.pci_bus_id, &a.info.uuid).cmp(&(
+                &b.node,
+                &b.info.pci_bus_id,
+                &b.info.uuid,
+            ))
+        });
+        let mut nodes = Vec::with_capacity(node_rows.len());
+        for row in &node_rows {
+            let name: NodeName = parse(&row.try_get::<String, _>("name")?, "node name")?;
+            nodes.push(NodeRecord {
+                gpus: gpus.iter().filter(|g| g.node == name).cloned().collect(),
+                name,
+                gpu_backend: row.try_get("gpu_backend")?,
+                agent_version: row.try_get("agent_version")?,
+                last_seen: parse_timestamp(&row.try_get::<String, _>("last_seen")?)?,
+            });
+        }
+        Ok(nodes)
+    }
+
+    async fn set_gpu_mode_impl(
+        &self,
+        uuid: &GpuUuid,
+        mode: GpuMode,
+    ) -> StoreResult<Option<GpuRecord>> {
+        let mut tx = self.write().await?;
+        let row = sqlx::query("UPDATE gpus SET mode = ? WHERE uuid = ? RETURNING node, info, mode")
+            .bind(mode.to_string())
+            .bind(uuid.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        row.as_ref().map(gpu_from_row).transpose()
+    }
+}
+
+impl Store for SqliteStore {
+    fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>> {
+        Box::pin(self.user_impl(dn, first_uid))
+    }
+
+    fn create_session(&self, new: NewSession) -> BoxFuture<'_, StoreResult<SessionRecord>> {
+        Box::pin(self.create_session_impl(new))
+    }
+
+    fn session(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Option<SessionRecord>>> {
+        Box::pin(self.session_impl(id))
+    }
+
+    fn session_by_name<'a>(
+        &'a self,
+        owner: &'a Dn,
+        name: &'a SessionName,
+    ) -> BoxFuture<'a, StoreResult<Option<SessionRecord>>> {
+        Box::pin(self.session_by_name_impl(owner, name))
+    }
+
+    fn sessions(&self, filter: SessionFilter) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>> {
+        Box::pin(self.sessions_impl(filter))
+    }
+
+    fn pending_order(&self) -> BoxFuture<'_, StoreResult<Vec<SessionId>>> {
+        Box::pin(self.pending_order_impl())
+    }
+
+    fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>> {
+        Box::pin(self.transitions_impl(id))
+    }
+
+    fn transition(
+        &self,
+        id: SessionId,
+        change: Change,
+    ) -> BoxFuture<'_, StoreResult<SessionRecord>> {
+        Box::pin(self.transition_impl(id, change))
+    }
+
+    fn register_node<'a>(
+        &'a self,
+        node: NodeRegistration,
+        gpus: &'a [GpuInfo],
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.register_node_impl(node, gpus, at))
+    }
+
+    fn record_sync<'a>(
+        &'a self,
+        node: &'a NodeName,
+        gpus: &'a [GpuInfo],
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.record_sync_impl(node, gpus, at))
+    }
+
+    fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
+        Box::pin(self.nodes_impl())
+    }
+
+    fn set_gpu_mode<'a>(
+        &'a self,
+        uuid: &'a GpuUuid,
+        mode: GpuMode,
+    ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>> {
+        Box::pin(self.set_gpu_mode_impl(uuid, mode))
+    }
+}
+
+/// `dev`, then `dev-2`, `dev-3`, ...: the first not among `taken`.
+fn first_free_name<'a>(taken: impl Iterator<Item = &'a str>) -> StoreResult<SessionName> {
+    let taken: BTreeSet<&str> = taken.collect();
+    let candidate = |n: usize| {
+        if n == 1 {
+            "dev".to_owned()
+        } else {
+            format!("dev-{n}")
+        }
+    };
+    let n = (1..=taken.len() + 1)
+        .find(|&n| !taken.contains(candidate(n).as_str()))
+        .unwrap_or(taken.len() + 1);
+    SessionName::parse(&candidate(n)).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+async fn find_user<'e, E>(executor: E, dn: &Dn) -> StoreResult<Option<UserRecord>>
+where
+    E: sqlx::Executor<'e, Database = Sqlite>,
+{
+    let row: Option<(String, i64)> =
+        sqlx::query_as("SELECT user_name, uid FROM users WHERE dn = ?")
+            .bind(dn.as_str())
+            .fetch_optional(executor)
+            .await?;
+    row.map(|(user_name, uid)| {
+        Ok(UserRecord {
+            dn: dn.clone(),
+            user_name: parse(&user_name, "user name")?,
+            uid: u32::try_from(uid)
+                .map_err(|_| StoreError::Corrupt(format!("UID {uid} is out of range")))?,
+        })
+    })
+    .transpose()
+}
+
+async fn load_transitions(
+    conn: &mut sqlx::SqliteConnection,
+    id: SessionId,
+) -> StoreResult<Vec<Transition>> {
+    let rows = sqlx::query(
+        "SELECT from_state, to_state, at, reason FROM session_transitions \
+         WHERE session_id = ? ORDER BY seq",
+    )
+    .bind(id.to_string())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let from: Option<String> = row.try_get("from_state")?;
+            Ok(Transition {
+                from: from.map(|f| parse(&f, "session state")).transpose()?,
+                to: parse(&row.try_get::<String, _>("to_state")?, "session state")?,
+                at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
+                reason: row.try_get("reason")?,
+            })
+        })
+        .collect()
+}
+
+async fn insert_transition(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: SessionId,
+    seq: usize,
+    transition: &Transition,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO session_transitions (session_id, seq, from_state, to_state, at, reason) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(id.to_string())
+    .bind(i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?)
+    .bind(transition.from.map(SessionState::as_str))
+    .bind(transition.to.as_str())
+    .bind(timestamp(transition.at))
+    .bind(&transition.reason)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Upserts the reported GPUs of `node` (keeping known GPUs' modes) and marks the node's GPUs
+/// that were not reported as failed.
+async fn update_gpus(
+    tx: &mut Transaction<'static, Sqlite>,
+    node: &NodeName,
+    gpus: &[GpuInfo],
+    at: DateTime<Utc>,
+) -> StoreResult<()> {
+    for gpu in gpus {
+        sqlx::query(
+            "INSERT INTO gpus (uuid, node, info, mode, updated_at) VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (uuid) DO UPDATE SET node = excluded.node, info = excluded.info, \
+             updated_at = excluded.updated_at",
+        )
+        .bind(gpu.uuid.as_str())
+        .bind(node.as_str())
+        .bind(to_json(gpu)?)
+        .bind(GpuMode::Exclusive.to_string())
+        .bind(timestamp(at))
+        .execute(&mut **tx)
+        .await?;
+    }
+    let reported: BTreeSet<&GpuUuid> = gpus.iter().map(|g| &g.uuid).collect();
+    let known = sqlx::query("SELECT node, info, mode FROM gpus WHERE node = ?")
+        .bind(node.as_str())
+        .fetch_all(&mut **tx)
+        .await?;
+    for row in &known {
+        let mut gpu = gpu_from_row(row)?;
+        if reported.contains(&gpu.info.uuid) || !gpu.info.health.is_healthy() {
+            continue;
+        }
+        gpu.info.health = GpuHealth::Failed(format!("no longer reported by node {node}'s agent"));
+        sqlx::query("UPDATE gpus SET info = ?, updated_at = ? WHERE uuid = ?")
+            .bind(to_json(&gpu.info)?)
+            .bind(timestamp(at))
+            .bind(gpu.info.uuid.as_str())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+fn session_from_row(row: &SqliteRow) -> StoreResult<SessionRecord> {
+    let text = |column: &str| row.try_get::<String, _>(column);
+    let optional = |column: &str| row.try_get::<Option<String>, _>(column);
+    Ok(SessionRecord {
+        id: parse(&text("id")?, "session id")?,
+        name: parse(&text("name")?, "session name")?,
+        owner: parse(&text("owner")?, "owner DN")?,
+        user_name: parse(&text("user_name")?, "user name")?,
+        uid: u32::try_from(row.try_get::<i64, _>("uid")?)
+            .map_err(|_| StoreError::Corrupt("UID out of range".to_owned()))?,
+        state: parse(&text("state")?, "session state")?,
+        reason: text("reason")?,
+        request: from_json(&text("request")?, "GPU request")?,
+        image: text("image")?,
+        node: optional("node")?
+            .map(|n| parse(&n, "node name"))
+            .transpose()?,
+        gpus: from_json(&text("gpus")?, "GPU list")?,
+        created_at: parse_timestamp(&text("created_at")?)?,
+        queued_at: parse_timestamp(&text("queued_at")?)?,
+        preferred_node: optional("preferred_node")?
+            .map(|n| parse(&n, "node name"))
+            .transpose()?,
+    })
+}
+
+fn gpu_from_row(row: &SqliteRow) -> StoreResult<GpuRecord> {
+    Ok(GpuRecord {
+        node: parse(&row.try_get::<String, _>("node")?, "node name")?,
+        info: from_json(&row.try_get::<String, _>("info")?, "GPU info")?,
+        mode: parse(&row.try_get::<String, _>("mode")?, "GPU mode")?,
+    })
+}
+
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Nanos, true)
+}
+
+fn parse_timestamp(text: &str) -> StoreResult<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| StoreError::Corrupt(format!("timestamp {text:?}: {e}")))
+}
+
+fn parse<T>(text: &str, what: &str) -> StoreResult<T>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    text.parse()
+        .map_err(|e| StoreError::Corrupt(format!("{what} {text:?}: {e}")))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> StoreResult<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("encoding JSON: {e}")))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what} {text:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests;
