@@ -146,7 +146,9 @@ pub fn observe(
     }
 }
 
-/// The node's desired state: its GPU-holding sessions running, its HELD sessions stopped.
+/// The node's desired state: its GPU-holding sessions running; its HELD and FAILED sessions
+/// stopped, so their containers (and whatever the user installed in them) are kept until the
+/// owner removes the session.
 async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState, ApiError> {
     let sessions = state
         .store
@@ -157,7 +159,7 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         .filter_map(|session| {
             let run = if session.state.wants_container_running() {
                 RunState::Running
-            } else if session.state == SessionState::Held {
+            } else if matches!(session.state, SessionState::Held | SessionState::Failed) {
                 RunState::Stopped
             } else {
                 return None;

@@ -1,0 +1,657 @@
+//! Harness for ongrid's end-to-end tests: a throwaway PKI, the real `ongrid-manager`,
+//! `ongrid-agent` and `devctl` binaries as child processes, and the real Docker daemon (through
+//! the `docker` CLI, so this crate never links a Docker client library).
+//!
+//! Every [`Site`] is isolated: its own temporary directory, database, node name and user names,
+//! so tests run in parallel against one Docker daemon. Dropping a site stops its processes and
+//! removes every container and home volume it created, also when the test failed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType,
+};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// The dev image every test container runs; built by `images/dev/build.sh`.
+pub const DEV_IMAGE: &str = "ongrid/dev:latest";
+
+/// The OID of domainComponent (DC), which rcgen has no short name for.
+const DOMAIN_COMPONENT: [u64; 7] = [0, 9, 2342, 19_200_300, 100, 1, 25];
+
+/// Directory holding the workspace's built binaries: the parent of this test executable's
+/// `deps/` directory, which is `target/<profile>/` for `cargo test`.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test executable");
+    let deps = exe.parent().expect("test executable has a directory");
+    deps.parent()
+        .expect("deps directory has a parent")
+        .to_path_buf()
+}
+
+/// The path of one of the workspace binaries, which must have been built.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first with `cargo build --workspace --bins` \
+         (./scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// Fails loudly when Docker or the dev image is missing: these tests never skip.
+pub fn require_docker() {
+    let out = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!(
+            "the end-to-end tests need a running Docker daemon: `docker version` failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => panic!("the end-to-end tests need the docker CLI and a running daemon: {e}"),
+    }
+    let image = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", DEV_IMAGE])
+        .output()
+        .expect("run docker image inspect");
+    assert!(
+        image.status.success(),
+        "the dev image {DEV_IMAGE} is missing: build it with images/dev/build.sh"
+    );
+}
+
+/// A short random lower-case suffix that keeps names of parallel tests apart.
+pub fn unique_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}
+
+/// A throwaway certificate authority laid out like /etc/grid-security/certificates.
+pub struct Pki {
+    pub ca_dir: PathBuf,
+    dir: PathBuf,
+    ca_cert: rcgen::Certificate,
+    ca_key: KeyPair,
+}
+
+/// A certificate and key on disk, with the DN the manager will see.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub dn: String,
+}
+
+/// `/DC=org/O=<org>/CN=<cn>`. (rcgen keeps one value per attribute type, so a DN with two DCs
+/// cannot be made with it.)
+fn grid_dn(org: &str, cn: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    let dc = rcgen::DnValue::Ia5String("org".try_into().expect("ascii"));
+    dn.push(DnType::CustomDnType(DOMAIN_COMPONENT.to_vec()), dc);
+    dn.push(DnType::OrganizationName, org);
+    dn.push(DnType::CommonName, cn);
+    dn
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> anyhow::Result<Self> {
+        let ca_dir = dir.join("certificates");
+        std::fs::create_dir_all(&ca_dir)?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = grid_dn("ongrid-test", "ongrid test CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(1));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_key = KeyPair::generate()?;
+        let ca_cert = params.self_signed(&ca_key)?;
+        // The IGTF layout names CA files by subject hash; the manager loads every `*.0`.
+        std::fs::write(ca_dir.join("ongridtest.0"), ca_cert.pem())?;
+        Ok(Self {
+            ca_dir,
+            dir: dir.to_path_buf(),
+            ca_cert,
+            ca_key,
+        })
+    }
+
+    fn issue(
+        &self,
+        file_stem: &str,
+        params: CertificateParams,
+    ) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key)?;
+        let cert_path = self.dir.join(format!("{file_stem}.crt"));
+        let key_path = self.dir.join(format!("{file_stem}.key"));
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        Ok((cert_path, key_path))
+    }
+
+    /// A user certificate for `/DC=org/O=ongrid-test/CN=<cn>`.
+    pub fn user(&self, cn: &str) -> anyhow::Result<Credentials> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = grid_dn("ongrid-test", cn);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let stem = format!("user-{}", cn.to_lowercase().replace(' ', "-"));
+        let (cert, key) = self.issue(&stem, params)?;
+        Ok(Credentials {
+            cert,
+            key,
+            dn: format!("/DC=org/O=ongrid-test/CN={cn}"),
+        })
+    }
+
+    /// The manager's server certificate, valid for 127.0.0.1 and localhost.
+    pub fn server(&self) -> anyhow::Result<Credentials> {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()])?;
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse()?));
+        params.distinguished_name = grid_dn("ongrid-test", "localhost");
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let (cert, key) = self.issue("manager", params)?;
+        Ok(Credentials {
+            cert,
+            key,
+            dn: "/DC=org/O=ongrid-test/CN=localhost".to_owned(),
+        })
+    }
+}
+
+/// A simulated GPU for the agent's `simulated` backend.
+#[derive(Debug, Clone)]
+pub struct SimGpu {
+    pub uuid: String,
+    pub model: &'static str,
+    pub capability: &'static str,
+    pub memory: &'static str,
+}
+
+impl SimGpu {
+    /// An A100 40GB whose UUID ends in `n`.
+    pub fn a100(n: u8) -> Self {
+        Self {
+            uuid: format!("GPU-a100a100-0000-4000-8000-0000000000{n:02x}"),
+            model: "NVIDIA A100-SXM4-40GB",
+            capability: "8.0",
+            memory: "40960MiB",
+        }
+    }
+
+    /// An H100 80GB whose UUID ends in `n`.
+    pub fn h100(n: u8) -> Self {
+        Self {
+            uuid: format!("GPU-b100b100-0000-4000-8000-0000000000{n:02x}"),
+            model: "NVIDIA H100 80GB HBM3",
+            capability: "9.0",
+            memory: "81559MiB",
+        }
+    }
+}
+
+/// A user of the site: credentials and a devctl config pointing at the manager.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub creds: Credentials,
+    pub devctl_config: PathBuf,
+}
+
+/// One isolated ongrid site: manager, one agent, users.
+pub struct Site {
+    pub dir: tempfile::TempDir,
+    pub pki: Pki,
+    pub node: String,
+    pub manager_addr: Option<String>,
+    pub admin: User,
+    manager: Option<Child>,
+    agent: Option<Child>,
+    suffix: String,
+    users: Vec<User>,
+}
+
+impl Site {
+    /// Starts a manager and an agent with the given simulated GPUs.
+    pub fn start(gpus: &[SimGpu]) -> Self {
+        require_docker();
+        let site = Self::prepare(gpus).expect("prepare the site's files");
+        let mut site = site;
+        site.start_manager();
+        site.start_agent();
+        site.wait_for_node();
+        site
+    }
+
+    fn prepare(gpus: &[SimGpu]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("ongrid-e2e-").tempdir()?;
+        let pki = Pki::new(dir.path())?;
+        let suffix = unique_suffix();
+        let node = format!("e2e-{suffix}");
+        let server = pki.server()?;
+        let admin_creds = pki.user(&format!("Site Admin {suffix}"))?;
+        let token = format!("token-{}", uuid::Uuid::new_v4().simple());
+        std::fs::write(dir.path().join("agent-tokens"), format!("{node} {token}\n"))?;
+        std::fs::write(dir.path().join("node-token"), format!("{token}\n"))?;
+
+        let mut sim = String::new();
+        for gpu in gpus {
+            sim.push_str(&format!(
+                "[[gpu]]\nuuid = \"{}\"\nmodel = \"{}\"\ncapability = \"{}\"\nmemory = \"{}\"\n\n",
+                gpu.uuid, gpu.model, gpu.capability, gpu.memory
+            ));
+        }
+        std::fs::write(dir.path().join("gpus.toml"), sim)?;
+
+        let manager_toml = format!(
+            r#"listen = "127.0.0.1:0"
+database = "{db}"
+tls_cert = "{cert}"
+tls_key = "{key}"
+ca_dir = "{ca}"
+admins = ["{admin}"]
+agent_tokens_file = "{tokens}"
+default_image = "{image}"
+first_uid = 20000
+node_timeout = "10 seconds"
+sync_interval = "1 second"
+schedule_interval = "1 second"
+
+[session_limits]
+cpus = "1.5"
+memory = "1GiB"
+pids = 512
+"#,
+            db = dir.path().join("manager.db").display(),
+            cert = server.cert.display(),
+            key = server.key.display(),
+            ca = pki.ca_dir.display(),
+            admin = admin_creds.dn,
+            tokens = dir.path().join("agent-tokens").display(),
+            image = DEV_IMAGE,
+        );
+        std::fs::write(dir.path().join("manager.toml"), manager_toml)?;
+
+        let admin = User {
+            devctl_config: dir.path().join("devctl-admin.toml"),
+            creds: admin_creds,
+        };
+        Ok(Self {
+            dir,
+            pki,
+            node,
+            manager_addr: None,
+            admin,
+            manager: None,
+            agent: None,
+            suffix,
+            users: Vec::new(),
+        })
+    }
+
+    fn write_devctl_config(&self, user: &User) {
+        let addr = self.manager_addr.as_deref().expect("manager started");
+        let toml = format!(
+            "manager_url = \"https://{addr}\"\ncert = \"{}\"\nkey = \"{}\"\nca_dir = \"{}\"\n",
+            user.creds.cert.display(),
+            user.creds.key.display(),
+            self.pki.ca_dir.display()
+        );
+        std::fs::write(&user.devctl_config, toml).expect("write devctl config");
+    }
+
+    /// A new user with a unique CN (so login names and home volumes never collide).
+    pub fn user(&mut self, first_name: &str) -> User {
+        let cn = format!("{first_name} {}", self.suffix);
+        let creds = self.pki.user(&cn).expect("issue user certificate");
+        let user = User {
+            devctl_config: self
+                .dir
+                .path()
+                .join(format!("devctl-{}.toml", first_name.to_lowercase())),
+            creds,
+        };
+        self.write_devctl_config(&user);
+        self.users.push(user.clone());
+        user
+    }
+
+    /// The login name the manager derives for a user made by [`Site::user`].
+    pub fn login_of(&self, first_name: &str) -> String {
+        format!("{}-{}", first_name.to_lowercase(), self.suffix)
+    }
+
+    /// Starts (or restarts) the manager on the same database; keeps its port after the first
+    /// start so devctl configs stay valid.
+    pub fn start_manager(&mut self) {
+        let config = self.dir.path().join("manager.toml");
+        if let Some(addr) = &self.manager_addr {
+            let text = std::fs::read_to_string(&config).expect("read manager config");
+            let text = text.replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""));
+            std::fs::write(&config, text).expect("write manager config");
+        }
+        let log = self.log_file("manager");
+        let mut child = Command::new(binary("ongrid-manager"))
+            .arg("--config")
+            .arg(&config)
+            .env("ONGRID_LOG", "info,ongrid_manager=debug")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn ongrid-manager");
+        let stdout = child.stdout.take().expect("manager stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the manager never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => panic!(
+                "the manager did not print its address within 30 s\n{}",
+                self.logs()
+            ),
+        };
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from the manager: {line:?}"))
+            .trim()
+            .to_owned();
+        self.manager = Some(child);
+        if self.manager_addr.is_none() {
+            self.manager_addr = Some(addr);
+            let admin = self.admin.clone();
+            self.write_devctl_config(&admin);
+        }
+    }
+
+    pub fn start_agent(&mut self) {
+        let addr = self.manager_addr.clone().expect("start the manager first");
+        let config = self.dir.path().join("agent.toml");
+        let toml = format!(
+            r#"node_name = "{node}"
+manager_url = "https://{addr}"
+ca_dir = "{ca}"
+token_file = "{token}"
+
+[gpu]
+backend = "simulated"
+file = "{gpus}"
+"#,
+            node = self.node,
+            ca = self.pki.ca_dir.display(),
+            token = self.dir.path().join("node-token").display(),
+            gpus = self.dir.path().join("gpus.toml").display(),
+        );
+        std::fs::write(&config, toml).expect("write agent config");
+        let child = Command::new(binary("ongrid-agent"))
+            .arg("--config")
+            .arg(&config)
+            .env("ONGRID_LOG", "info,ongrid_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(self.log_file("agent"))
+            .spawn()
+            .expect("spawn ongrid-agent");
+        self.agent = Some(child);
+    }
+
+    fn log_file(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{name}.log")))
+            .expect("open log file")
+    }
+
+    /// The tail of both logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for name in ["manager", "agent"] {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            out.push_str(&format!(
+                "--- last lines of the {name} log ---\n{}\n",
+                tail.join("\n")
+            ));
+        }
+        out
+    }
+
+    /// Stops the manager with SIGTERM and waits for it to exit.
+    pub fn stop_manager(&mut self) {
+        if let Some(child) = self.manager.take() {
+            terminate(child, "ongrid-manager");
+        }
+    }
+
+    pub fn stop_agent(&mut self) {
+        if let Some(child) = self.agent.take() {
+            terminate(child, "ongrid-agent");
+        }
+    }
+
+    fn wait_for_node(&self) {
+        let node = self.node.clone();
+        self.wait_until(
+            "the node to register its GPUs",
+            Duration::from_secs(30),
+            || {
+                let nodes: Value = self.devctl_json(&self.admin, &["gpus"]).ok()?;
+                nodes
+                    .as_array()?
+                    .iter()
+                    .any(|n| n["name"] == node.as_str() && n["online"] == true)
+                    .then_some(())
+            },
+        );
+    }
+
+    /// Runs devctl as `user`.
+    pub fn devctl(&self, user: &User, args: &[&str]) -> Output {
+        Command::new(binary("devctl"))
+            .args(args)
+            .env("ONGRID_DEVCTL_CONFIG", &user.devctl_config)
+            .env_remove("ONGRID_MANAGER_URL")
+            .env_remove("X509_USER_PROXY")
+            .env_remove("X509_USER_CERT")
+            .env_remove("X509_USER_KEY")
+            .env_remove("X509_CERT_DIR")
+            .output()
+            .expect("run devctl")
+    }
+
+    /// Runs devctl and requires success; returns stdout.
+    pub fn devctl_ok(&self, user: &User, args: &[&str]) -> String {
+        let out = self.devctl(user, args);
+        assert!(
+            out.status.success(),
+            "devctl {} failed ({}):\nstdout: {}\nstderr: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs devctl with `--json` appended and parses its output.
+    pub fn devctl_json<T: DeserializeOwned>(
+        &self,
+        user: &User,
+        args: &[&str],
+    ) -> anyhow::Result<T> {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let out = self.devctl(user, &args);
+        if !out.status.success() {
+            bail!(
+                "devctl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("parsing the JSON of devctl {}", args.join(" ")))
+    }
+
+    /// Polls `check` every 250 ms until it returns `Some`, or panics with the logs.
+    pub fn wait_until<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(value) = check() {
+                return value;
+            }
+            if start.elapsed() > timeout {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Waits until `user`'s session `name` is in `state`; returns its JSON view.
+    pub fn wait_for_state(&self, user: &User, name: &str, state: &str) -> Value {
+        self.wait_until(
+            &format!("session {name} to be {state}"),
+            Duration::from_secs(60),
+            || {
+                let view: Value = self.devctl_json(user, &["session", "show", name]).ok()?;
+                (view["state"] == state).then_some(view)
+            },
+        )
+    }
+}
+
+fn terminate(mut child: Child, name: &str) {
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{name} did not exit within 15 s of SIGTERM");
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for child in [self.agent.take(), self.manager.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        remove_docker_objects(&self.node, &self.suffix);
+    }
+}
+
+/// Removes the ongrid containers of `node` or of users whose login contains `suffix`, and the
+/// home volumes whose name contains `suffix`.
+fn remove_docker_objects(node: &str, suffix: &str) {
+    let rows = docker_lines(&[
+        "ps",
+        "-a",
+        "--filter",
+        "label=ongrid.managed=true",
+        "--format",
+        "{{.ID}} {{.Label \"ongrid.node\"}} {{.Label \"ongrid.user\"}}",
+    ]);
+    for row in rows {
+        let mut fields = row.split_whitespace();
+        let (Some(id), rest) = (fields.next(), fields.collect::<Vec<_>>()) else {
+            continue;
+        };
+        if rest.iter().any(|f| *f == node || f.contains(suffix)) {
+            let _ = Command::new("docker").args(["rm", "-f", id]).output();
+        }
+    }
+    let volumes = docker_lines(&[
+        "volume",
+        "ls",
+        "-q",
+        "--filter",
+        "label=ongrid.managed=true",
+    ]);
+    for volume in volumes.iter().filter(|v| v.contains(suffix)) {
+        let _ = Command::new("docker")
+            .args(["volume", "rm", "-f", volume])
+            .output();
+    }
+}
+
+/// Runs a docker CLI command and returns its non-empty stdout lines.
+pub fn docker_lines(args: &[&str]) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run docker");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `docker inspect` of one container, or `None` when it does not exist.
+pub fn inspect_container(name: &str) -> Option<Value> {
+    let out = Command::new("docker")
+        .args(["inspect", "--type", "container", name])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let mut list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+    list.pop()
+}
+
+/// Runs a command in a container as its configured user; returns (exit code, stdout).
+pub fn docker_exec(container: &str, command: &[&str]) -> (i32, String) {
+    let mut child = Command::new("docker")
+        .arg("exec")
+        .arg(container)
+        .args(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run docker exec");
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut stdout)
+        .expect("read stdout");
+    let status = child.wait().expect("wait for docker exec");
+    (status.code().unwrap_or(-1), stdout)
+}

@@ -1,0 +1,4 @@
+//! End-to-end tests: the real manager, agent and devctl binaries against the real Docker daemon.
+//! One test binary for the crate; each module is one area of behaviour.
+
+mod sessions;
