@@ -707,7 +707,8 @@ async fn placement_follows_free_gpus_and_agent_reports() {
     assert_eq!(running.state, SessionState::Waiting);
     assert_eq!(running.reason, "container running on node1");
 
-    // It dies of OOM: FAILED with what to do; the agent is told to remove it; Bob's is placed.
+    // It dies of OOM: FAILED with what to do; the agent is told to keep it stopped (the user's
+    // files stay until `devctl session rm`); Bob's is placed on the freed GPU.
     let oom = ContainerState::Exited {
         exit_code: 137,
         oom_killed: true,
@@ -717,7 +718,13 @@ async fn placement_follows_free_gpus_and_agent_reports() {
         .node1
         .sync("node1", gpus.clone(), vec![container(&first, oom, None)])
         .await;
-    assert!(desired.sessions.iter().all(|s| s.session_id != first.id));
+    let kept: Vec<_> = desired
+        .sessions
+        .iter()
+        .filter(|s| s.session_id == first.id)
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].run, RunState::Stopped);
     let failed = m.alice.show("first").await;
     assert_eq!(failed.state, SessionState::Failed);
     assert_eq!(
