@@ -116,13 +116,17 @@ impl Manager {
         let wake = Arc::new(Notify::new());
         let tracker = TaskTracker::new();
 
-        let scheduler = Scheduler::new(
+        let scheduler = Arc::new(Scheduler::new(
             store.clone(),
             self.clock.clone(),
             config.node_timeout,
             wake.clone(),
+        ));
+        tracker.spawn(
+            scheduler
+                .clone()
+                .run(config.schedule_interval, shutdown.clone()),
         );
-        tracker.spawn(scheduler.run(config.schedule_interval, shutdown.clone()));
 
         let state = AppState {
             store: store.clone(),
@@ -130,6 +134,7 @@ impl Manager {
             tokens: Arc::new(tokens),
             clock: self.clock,
             wake,
+            scheduler,
         };
         let server = Server {
             acceptor: TlsAcceptor::from(tls),

@@ -41,6 +41,8 @@ pub struct Scheduler {
     node_timeout: Duration,
     wake: Arc<Notify>,
     ticks: watch::Sender<u64>,
+    /// One tick at a time: two concurrent plans could both hand out the same free GPU.
+    tick_lock: tokio::sync::Mutex<()>,
 }
 
 impl Scheduler {
@@ -56,6 +58,7 @@ impl Scheduler {
             node_timeout,
             wake,
             ticks: watch::channel(0).0,
+            tick_lock: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -65,7 +68,7 @@ impl Scheduler {
     }
 
     /// Ticks every `interval` and whenever woken, until `shutdown`.
-    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
+    pub async fn run(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -91,8 +94,10 @@ impl Scheduler {
         }
     }
 
-    /// One round of scheduling at time `now`.
+    /// One round of scheduling at time `now`. Rounds never overlap: the loop and the API
+    /// (which schedules a new session at once) take turns.
     pub async fn tick(&self, now: DateTime<Utc>) -> StoreResult<TickReport> {
+        let _one_at_a_time = self.tick_lock.lock().await;
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         for node in site.nodes.iter().filter(|n| !site.is_online(n)) {
@@ -343,7 +348,8 @@ mod tests {
             store, scheduler, ..
         } = f;
         // An interval far longer than the test: only waking can make the second tick happen.
-        let task = tokio::spawn(scheduler.run(Duration::from_secs(3600), shutdown.clone()));
+        let task =
+            tokio::spawn(Arc::new(scheduler).run(Duration::from_secs(3600), shutdown.clone()));
         ticks.changed().await.unwrap(); // the interval's immediate first tick
         let owner = Dn::parse("/DC=org/CN=Alice").unwrap();
         let session = store

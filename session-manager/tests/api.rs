@@ -405,11 +405,12 @@ async fn sessions_are_private_and_admins_see_all() {
     let created = m.alice.create(Some("train1"), one_gpu()).await;
     assert_eq!(created.name.as_str(), "train1");
     assert_eq!(created.owner.as_str(), ALICE);
-    assert_eq!(created.state, SessionState::Pending);
-    assert_eq!(created.queue_position, Some(1));
+    // A GPU is free, so the session is placed before the answer is sent.
+    assert_eq!(created.state, SessionState::Starting);
+    assert_eq!(created.queue_position, None);
     assert_eq!(created.image, "ongrid/dev:latest");
     assert_eq!(created.container, created.id.container_name());
-    assert_eq!(created.transitions.len(), 1);
+    assert_eq!(created.transitions.len(), 2);
     assert_eq!(created.transitions[0].reason, "requested by alice-smith");
 
     // Default names, and a duplicate live name is a conflict that says what to do.

@@ -38,6 +38,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// Wakes the scheduling loop.
     pub wake: Arc<Notify>,
+    /// Runs a scheduling round in place, when an answer should reflect it.
+    pub scheduler: Arc<crate::scheduler::Scheduler>,
 }
 
 impl AppState {

@@ -70,12 +70,15 @@ pub async fn create_session(
         Err(other) => return Err(other.into()),
     };
     tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, "Session requested.");
-    // The answer shows the session as created; the scheduler is woken only then, so that the
-    // answer does not race with the placement.
+    // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
+    // waits in the queue (PENDING with its position). A failed round is retried by the loop.
+    if let Err(error) = state.scheduler.tick(state.clock.now()).await {
+        tracing::error!(%error, "Scheduling a new session failed; the loop retries.");
+    }
+    let session = state.store.session(session.id).await?.unwrap_or(session);
     let positions = state.queue_positions().await?;
     let transitions = state.store.transitions(session.id).await?;
     let position = positions.get(&session.id).copied();
-    state.wake.notify_one();
     Ok((
         StatusCode::CREATED,
         Json(session_view(session, position, transitions)),

@@ -1,0 +1,601 @@
+#!/usr/bin/env bash
+# ongrid on this one machine, in one command: builds the binaries and the dev image, makes a
+# throwaway CA with a manager, a user and an admin certificate, starts ongrid-manager and an
+# ongrid-agent with simulated GPUs, and starts a dev session `train1` on one of them.
+#
+# Usage: deploy/quickstart.sh [start|stop|status|clean]
+#   start    (default) set up what is missing and (re)start the manager and the agent
+#   stop     stop the manager and the agent (dev containers keep running)
+#   status   show whether they run, and the sessions
+#   clean    stop, remove .quickstart/ and the quickstart's ongrid containers and home volumes
+#
+# Everything lives in .quickstart/ at the repository root: pki/ (CA, keys, certificates),
+# certificates/ (the CA in IGTF layout), configs, the SQLite database, logs and pid files.
+# Re-running is safe: the CA and certificates are kept, the services are restarted.
+# Needs: cargo, openssl, a reachable Docker daemon; root the first time (the dev image build).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly REPO_ROOT
+readonly QS="$REPO_ROOT/.quickstart"
+readonly PKI="$QS/pki"
+readonly CA_DIR="$QS/certificates"
+readonly BIN_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"
+readonly DEVCTL_CONFIG="$QS/devctl.toml"
+readonly DEVCTL_ADMIN_CONFIG="$QS/devctl-admin.toml"
+
+readonly DN_BASE="/DC=org/DC=ongrid-quickstart"
+readonly CA_SUBJECT="$DN_BASE/CN=ongrid quickstart CA"
+readonly ADMIN_SUBJECT="$DN_BASE/CN=Site Admin"
+readonly FIRST_PORT=8443
+readonly LAST_PORT=8453
+readonly SESSION_NAME=train1
+readonly DEV_IMAGE=ongrid/dev:latest
+
+# How long to wait, in seconds.
+readonly MANAGER_START_TIMEOUT=60
+readonly NODE_ONLINE_TIMEOUT=60
+readonly STOP_TIMEOUT=15
+
+say() { printf '\n==> %s\n' "$*"; }
+info() { printf '    %s\n' "$*"; }
+die() {
+    printf '\nerror: %s\n' "$*" >&2
+    exit 1
+}
+
+usage() {
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+check_tools() {
+    local tool
+    for tool in cargo openssl docker; do
+        command -v "$tool" >/dev/null || die "$tool not found: the quickstart needs cargo, openssl and docker"
+    done
+    docker info >/dev/null 2>&1 ||
+        die "cannot reach the Docker daemon (docker info failed): start it (systemctl start docker), or run as a user in the docker group"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Values derived from this machine
+
+# The user certificate's common name: the login name, or "Quickstart User" when that is empty or
+# root (a login `root` inside dev containers would only confuse). Only characters that need no
+# escaping in an OpenSSL subject are kept.
+user_common_name() {
+    local name="${SUDO_USER:-${USER:-}}"
+    name="$(printf '%s' "$name" | tr -cd 'A-Za-z0-9 ._-')"
+    if [[ -z "$name" || "$name" == root ]]; then
+        name="Quickstart User"
+    fi
+    printf '%s\n' "$name"
+}
+
+# This machine's short host name as a node name: a lower-case DNS label.
+node_name() {
+    local name
+    name="$(cat /proc/sys/kernel/hostname)"
+    name="${name%%.*}"
+    name="$(printf '%s' "$name" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9-' '-' |
+        sed -e 's/--*/-/g' -e 's/^-//' -e 's/-$//')"
+    name="${name:0:63}"
+    name="${name%-}"
+    printf '%s\n' "${name:-node1}"
+}
+
+# A TOML basic string holding $1.
+toml_string() {
+    local value="$1"
+    value="${value//\\/\\\\}"
+    value="${value//\"/\\\"}"
+    printf '"%s"' "$value"
+}
+
+# Whether something accepts connections on 127.0.0.1:$1.
+port_in_use() {
+    timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+first_free_port() {
+    local port
+    for ((port = FIRST_PORT; port <= LAST_PORT; port++)); do
+        if ! port_in_use "$port"; then
+            printf '%s\n' "$port"
+            return 0
+        fi
+    done
+    die "ports $FIRST_PORT to $LAST_PORT on 127.0.0.1 are all in use: free one, or stop what listens there"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Build
+
+build_binaries() {
+    say "building ongrid-manager, ongrid-agent and devctl (cargo build --workspace --bins)"
+    (cd "$REPO_ROOT" && cargo build --workspace --bins) ||
+        die "cargo build failed (output above)"
+    local binary
+    for binary in ongrid-manager ongrid-agent devctl; do
+        [[ -x "$BIN_DIR/$binary" ]] || die "cargo built no $BIN_DIR/$binary"
+    done
+}
+
+build_dev_image() {
+    say "dev image $DEV_IMAGE (images/dev/build.sh)"
+    "$REPO_ROOT/images/dev/build.sh" ||
+        die "building the dev image failed (output above); the first build needs root: sudo $0"
+}
+
+# ---------------------------------------------------------------------------------------------
+# PKI: a throwaway CA and the certificates signed by it
+
+# Writes a PKCS#8 RSA private key, readable by its owner only.
+new_key() {
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$1" 2>/dev/null
+    chmod 600 "$1"
+}
+
+# Whether certificate $1 exists, was issued by the current CA and is valid for another day.
+certificate_usable() {
+    [[ -f "$1" ]] &&
+        openssl verify -CAfile "$PKI/ca.crt" "$1" >/dev/null 2>&1 &&
+        openssl x509 -in "$1" -noout -checkend 86400 >/dev/null
+}
+
+ensure_ca() {
+    if [[ -f "$PKI/ca.crt" && -f "$PKI/ca.key" ]] &&
+        openssl x509 -in "$PKI/ca.crt" -noout -checkend 86400 >/dev/null; then
+        info "CA: $CA_SUBJECT (kept)"
+    else
+        new_key "$PKI/ca.key"
+        cat >"$PKI/ca.cnf" <<'EOF'
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+EOF
+        openssl req -new -x509 -config "$PKI/ca.cnf" -extensions ca -key "$PKI/ca.key" \
+            -subj "$CA_SUBJECT" -days 3650 -sha256 -out "$PKI/ca.crt"
+        # Certificates of an earlier CA are no longer valid: issue them again.
+        rm -f "$PKI"/*.srl "$PKI/manager.crt" "$PKI/user.crt" "$PKI/admin.crt"
+        info "CA: $CA_SUBJECT (new)"
+    fi
+    # IGTF layout: the CA as <subject hash>.0, the only CA the quickstart trusts.
+    local hash
+    hash="$(openssl x509 -in "$PKI/ca.crt" -noout -subject_hash)"
+    rm -f "$CA_DIR"/*.0
+    cp "$PKI/ca.crt" "$CA_DIR/$hash.0"
+    info "trusted CA directory: $CA_DIR/$hash.0"
+}
+
+# Whether private key $1 belongs to certificate $2.
+key_matches() {
+    local key_public cert_public
+    key_public="$(openssl pkey -in "$1" -pubout 2>/dev/null)" || return 1
+    cert_public="$(openssl x509 -in "$2" -noout -pubkey 2>/dev/null)" || return 1
+    [[ "$key_public" == "$cert_public" ]]
+}
+
+# issue NAME SUBJECT EXTENSIONS: a key and a certificate signed by the CA, unless a usable one
+# with this subject exists.
+issue() {
+    local name="$1" subject="$2" extensions="$3"
+    local cert="$PKI/$name.crt" key="$PKI/$name.key"
+    if certificate_usable "$cert" && key_matches "$key" "$cert" &&
+        [[ "$(openssl x509 -in "$cert" -noout -subject -nameopt compat)" == "subject=$subject" ]]; then
+        info "$name: $subject (kept)"
+        return 0
+    fi
+    new_key "$key"
+    printf '%s\n' "$extensions" >"$PKI/$name.ext"
+    openssl req -new -config "$PKI/ca.cnf" -key "$key" -subj "$subject" -out "$PKI/$name.csr"
+    openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+        -CAserial "$PKI/ca.srl" -CAcreateserial -days 365 -sha256 \
+        -extfile "$PKI/$name.ext" -out "$cert" 2>/dev/null
+    rm -f "$PKI/$name.csr"
+    info "$name: $subject (new)"
+}
+
+ensure_pki() {
+    say "certificates in $PKI"
+    ensure_ca
+    issue manager "$DN_BASE/CN=localhost" "basicConstraints = critical, CA:FALSE
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost"
+    local client_extensions="basicConstraints = critical, CA:FALSE
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth"
+    issue user "$DN_BASE/CN=$(user_common_name)" "$client_extensions"
+    issue admin "$ADMIN_SUBJECT" "$client_extensions"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+ensure_node_token() {
+    if [[ ! -s "$QS/node-token" ]]; then
+        openssl rand -hex 32 >"$QS/node-token"
+        chmod 600 "$QS/node-token"
+    fi
+}
+
+write_configs() {
+    local port="$1" node="$2" url="https://127.0.0.1:$1"
+    say "configuration in $QS (manager on 127.0.0.1:$port, node $node)"
+    ensure_node_token
+    {
+        printf '# Written by deploy/quickstart.sh: the quickstart node and its token.\n'
+        printf '%s %s\n' "$node" "$(cat "$QS/node-token")"
+    } >"$QS/agent-tokens"
+    chmod 600 "$QS/agent-tokens"
+
+    if [[ ! -f "$QS/simulated-gpus.toml" ]]; then
+        cp "$REPO_ROOT/deploy/examples/simulated-gpus.toml" "$QS/simulated-gpus.toml"
+    fi
+
+    cat >"$QS/manager.toml" <<EOF
+# Written by deploy/quickstart.sh at every start; see deploy/examples/manager.toml.
+listen = $(toml_string "127.0.0.1:$port")
+database = $(toml_string "$QS/manager.db")
+tls_cert = $(toml_string "$PKI/manager.crt")
+tls_key = $(toml_string "$PKI/manager.key")
+ca_dir = $(toml_string "$CA_DIR")
+admins = [$(toml_string "$ADMIN_SUBJECT")]
+agent_tokens_file = $(toml_string "$QS/agent-tokens")
+default_image = $(toml_string "$DEV_IMAGE")
+first_uid = 20000
+node_timeout = "30 seconds"
+sync_interval = "2 seconds"
+schedule_interval = "1 second"
+
+[session_limits]
+cpus = "2"
+memory = "4GiB"
+pids = 4096
+EOF
+
+    cat >"$QS/agent.toml" <<EOF
+# Written by deploy/quickstart.sh at every start; see deploy/examples/agent.toml.
+node_name = $(toml_string "$node")
+manager_url = $(toml_string "$url")
+ca_dir = $(toml_string "$CA_DIR")
+token_file = $(toml_string "$QS/node-token")
+
+[gpu]
+backend = "simulated"
+# Edit this file to add, remove or fail GPUs: the agent re-reads it.
+file = $(toml_string "$QS/simulated-gpus.toml")
+EOF
+
+    write_devctl_config "$DEVCTL_CONFIG" "$url" user
+    write_devctl_config "$DEVCTL_ADMIN_CONFIG" "$url" admin
+}
+
+write_devctl_config() {
+    local file="$1" url="$2" identity="$3"
+    cat >"$file" <<EOF
+# Written by deploy/quickstart.sh: devctl as the quickstart's $identity.
+# Use it with: export ONGRID_DEVCTL_CONFIG=$file
+manager_url = $(toml_string "$url")
+cert = $(toml_string "$PKI/$identity.crt")
+key = $(toml_string "$PKI/$identity.key")
+ca_dir = $(toml_string "$CA_DIR")
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+# The pid in .quickstart/NAME.pid when that process runs and is the quickstart's ongrid-NAME.
+running_pid() {
+    local name="$1" pid
+    [[ -f "$QS/$name.pid" ]] || return 1
+    pid="$(cat "$QS/$name.pid")"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    # Guards against a reused pid: the process must be our binary.
+    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$BIN_DIR/ongrid-$name"* ]] || return 1
+    printf '%s\n' "$pid"
+}
+
+# Whether the process start_service started for NAME still runs. (Right after the start it may
+# not be ongrid-NAME yet but the shell about to exec it, so running_pid's check does not apply.)
+started_and_alive() {
+    kill -0 "$(cat "$QS/$1.pid")" 2>/dev/null
+}
+
+stop_service() {
+    local name="$1" pid waited=0
+    if ! pid="$(running_pid "$name")"; then
+        rm -f "$QS/$name.pid"
+        return 0
+    fi
+    info "stopping ongrid-$name (pid $pid)"
+    kill -TERM "$pid"
+    while kill -0 "$pid" 2>/dev/null; do
+        if ((waited >= STOP_TIMEOUT * 10)); then
+            info "ongrid-$name did not stop within ${STOP_TIMEOUT}s: killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    rm -f "$QS/$name.pid"
+}
+
+stop_services() {
+    # The agent first: a manager without agents is harmless, an agent without its manager retries.
+    stop_service agent
+    stop_service manager
+}
+
+# Fails with the last lines of .quickstart/NAME.log.
+fail_with_log() {
+    local name="$1" message="$2"
+    printf '\n--- last lines of %s ---\n' "$QS/$name.log" >&2
+    tail -n 25 "$QS/$name.log" >&2 || true
+    printf -- '---\n' >&2
+    die "$message (full log: $QS/$name.log)"
+}
+
+# start_service NAME: ongrid-NAME --config .quickstart/NAME.toml in the background, after
+# checking its config.
+start_service() {
+    local name="$1" binary="$BIN_DIR/ongrid-$1" config="$QS/$1.toml"
+    if [[ -f "$QS/$name.log" ]]; then
+        mv -f "$QS/$name.log" "$QS/$name.log.1"
+    fi
+    # Logs go to files: no colours.
+    NO_COLOR=1 "$binary" --config "$config" --check-config >"$QS/$name.log" 2>&1 ||
+        fail_with_log "$name" "ongrid-$name rejected its configuration $config"
+    NO_COLOR=1 ONGRID_LOG="${ONGRID_LOG:-info}" nohup "$binary" --config "$config" \
+        >>"$QS/$name.log" 2>&1 </dev/null &
+    printf '%s\n' "$!" >"$QS/$name.pid"
+    info "ongrid-$name started (pid $!, log $QS/$name.log)"
+}
+
+wait_for_manager() {
+    local deadline=$((SECONDS + MANAGER_START_TIMEOUT))
+    until grep -q '^listening on ' "$QS/manager.log" 2>/dev/null; do
+        started_and_alive manager ||
+            fail_with_log manager "ongrid-manager exited during start-up"
+        ((SECONDS < deadline)) ||
+            fail_with_log manager "ongrid-manager printed no 'listening on' line within ${MANAGER_START_TIMEOUT}s"
+        sleep 0.2
+    done
+    info "ongrid-manager: $(grep -m1 '^listening on ' "$QS/manager.log")"
+}
+
+# devctl's environment variables override its config file; the quickstart's devctl must use
+# the quickstart's manager, certificate and CA whatever this shell has set.
+readonly DEVCTL_ENV_OVERRIDES=(ONGRID_MANAGER_URL X509_USER_CERT X509_USER_KEY X509_USER_PROXY X509_CERT_DIR)
+
+devctl() {
+    local unset_args=() variable
+    for variable in "${DEVCTL_ENV_OVERRIDES[@]}"; do
+        unset_args+=(-u "$variable")
+    done
+    env "${unset_args[@]}" "$BIN_DIR/devctl" --config "$DEVCTL_CONFIG" "$@"
+}
+
+wait_for_node() {
+    local node="$1" deadline=$((SECONDS + NODE_ONLINE_TIMEOUT)) gpus=""
+    until [[ "$gpus" == *"\"$node\""* ]]; do
+        started_and_alive agent ||
+            fail_with_log agent "ongrid-agent exited during start-up"
+        ((SECONDS < deadline)) ||
+            fail_with_log agent "node $node did not show up in 'devctl gpus' within ${NODE_ONLINE_TIMEOUT}s"
+        sleep 0.5
+        gpus="$(devctl gpus --json 2>/dev/null)" || gpus=""
+    done
+    info "node $node is registered with its GPUs"
+}
+
+start_services() {
+    local port="$1" node="$2"
+    say "starting ongrid-manager and ongrid-agent"
+    start_service manager
+    wait_for_manager
+    start_service agent
+    wait_for_node "$node"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The demo session
+
+# Docker's name of the quickstart session's container, if it exists.
+session_container() {
+    docker ps -a --filter label=ongrid.managed=true \
+        --filter "label=ongrid.session.name=$SESSION_NAME" \
+        --format '{{.Names}}\t{{.Label "ongrid.owner"}}' |
+        awk -F '\t' -v base="$DN_BASE/" 'index($2, base) == 1 { print $1; exit }'
+}
+
+start_session() {
+    # A re-run finds the session of the previous run alive (listings leave out ended ones): the
+    # restarted agent has adopted its container, so it is kept.
+    if devctl session ls --json | grep -Eq "\"name\": *\"$SESSION_NAME\""; then
+        say "session $SESSION_NAME exists from an earlier run: keeping it"
+        return 0
+    fi
+    say "devctl session new --name $SESSION_NAME --gpus 1 --min-capability 8.0 --wait"
+    # devctl --wait gives up by itself (after 5 minutes) and says why.
+    devctl session new --name "$SESSION_NAME" --gpus 1 --min-capability 8.0 --wait ||
+        fail_with_log agent "devctl could not start session $SESSION_NAME (its error is above)"
+}
+
+# Remembers the login names the quickstart's sessions run as, so that `clean` can remove their
+# home volumes even after the containers are gone.
+remember_logins() {
+    local container="$1" login
+    login="$(docker inspect --format '{{index .Config.Labels "ongrid.user"}}' "$container")"
+    [[ -n "$login" ]] || return 0
+    mkdir -p "$QS"
+    touch "$QS/logins"
+    grep -qx -- "$login" "$QS/logins" || printf '%s\n' "$login" >>"$QS/logins"
+}
+
+show_state() {
+    say "devctl session ls"
+    devctl session ls
+    say "devctl gpus"
+    devctl gpus
+    say "docker ps --filter label=ongrid.managed=true"
+    docker ps --filter label=ongrid.managed=true
+}
+
+# SSH GATEWAY: the ssh command (`ssh train1@<gateway>`) is printed here once ongrid-gateway
+# exists; the quickstart will start it beside the manager and the agent. Until then it says so.
+print_ssh_access() {
+    info "(ssh access through the ongrid gateway: not available yet; use docker exec below)"
+}
+
+print_usage() {
+    local container="$1" user=""
+    [[ -n "$container" ]] && user="$(docker inspect --format '{{.Config.User}}' "$container")"
+    say "ongrid is running"
+    cat <<EOF
+    Use devctl as the quickstart user:
+      export ONGRID_DEVCTL_CONFIG=$DEVCTL_CONFIG
+      $BIN_DIR/devctl whoami
+      $BIN_DIR/devctl session ls
+      $BIN_DIR/devctl session new --name exp2 --gpus 1 --min-capability 9.0 --wait
+      $BIN_DIR/devctl session rm $SESSION_NAME
+    As the site admin: export ONGRID_DEVCTL_CONFIG=$DEVCTL_ADMIN_CONFIG
+EOF
+    local variable
+    for variable in "${DEVCTL_ENV_OVERRIDES[@]}"; do
+        if [[ -n "${!variable:-}" ]]; then
+            info "note: $variable is set in this shell and overrides devctl's config file: unset $variable"
+        fi
+    done
+    cat <<EOF
+
+    A shell in session $SESSION_NAME:
+EOF
+    print_ssh_access
+    if [[ -n "$container" && -n "$user" ]]; then
+        info "  docker exec -it -u ${user%%:*} $container bash"
+    elif [[ -n "$container" ]]; then
+        info "  docker exec -it $container bash"
+    else
+        info "  (no container for $SESSION_NAME yet: see devctl session ls)"
+    fi
+    cat <<EOF
+
+    Simulated GPUs: edit $QS/simulated-gpus.toml (e.g. failed = "fell off the bus").
+    Logs: $QS/manager.log, $QS/agent.log
+    Stop: deploy/quickstart.sh stop      Remove everything: deploy/quickstart.sh clean
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+cmd_start() {
+    check_tools
+    build_binaries
+    build_dev_image
+    umask 077
+    mkdir -p "$QS" "$PKI" "$CA_DIR"
+    ensure_pki
+
+    say "stopping a running quickstart, if any"
+    stop_services
+    local port node container
+    port="$(first_free_port)"
+    node="$(node_name)"
+    write_configs "$port" "$node"
+    start_services "$port" "$node"
+
+    start_session
+    container="$(session_container)"
+    [[ -n "$container" ]] && remember_logins "$container"
+    show_state
+    print_usage "$container"
+}
+
+cmd_stop() {
+    say "stopping the quickstart's ongrid-agent and ongrid-manager"
+    stop_services
+    info "stopped (dev containers keep running; deploy/quickstart.sh clean removes them)"
+}
+
+cmd_status() {
+    local name pid
+    for name in manager agent; do
+        if pid="$(running_pid "$name")"; then
+            info "ongrid-$name: running (pid $pid)"
+        else
+            info "ongrid-$name: not running"
+        fi
+    done
+    if running_pid manager >/dev/null && [[ -x "$BIN_DIR/devctl" ]]; then
+        show_state
+    fi
+}
+
+# The containers of sessions owned by a quickstart identity (other ongrid containers on this
+# machine, e.g. of tests or a real deployment, are left alone).
+quickstart_containers() {
+    docker ps -a --filter label=ongrid.managed=true \
+        --format '{{.Names}}\t{{.Label "ongrid.owner"}}' |
+        awk -F '\t' -v base="$DN_BASE/" 'index($2, base) == 1 { print $1 }'
+}
+
+cmd_clean() {
+    check_tools
+    cmd_stop
+    say "removing the quickstart's containers and home volumes"
+    local container login
+    for container in $(quickstart_containers); do
+        remember_logins "$container"
+        docker rm -f "$container" >/dev/null
+        info "removed container $container"
+    done
+    if [[ -f "$QS/logins" ]]; then
+        while read -r login; do
+            if docker volume inspect "ongrid-home-$login" >/dev/null 2>&1; then
+                docker volume rm "ongrid-home-$login" >/dev/null
+                info "removed volume ongrid-home-$login"
+            fi
+        done <"$QS/logins"
+    fi
+    rm -rf "$QS"
+    info "removed $QS"
+}
+
+main() {
+    cd "$REPO_ROOT"
+    case "${1:-start}" in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    clean) cmd_clean ;;
+    -h | --help | help) usage ;;
+    *)
+        usage >&2
+        printf '\nerror: unknown command %s\n' "'$1'" >&2
+        exit 2
+        ;;
+    esac
+}
+
+# Sourcing the script (for tests) defines the functions without running anything.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi
