@@ -148,15 +148,34 @@ impl MemorySize {
 }
 
 impl fmt::Display for MemorySize {
-    /// Prints in the largest binary unit that keeps one decimal, e.g. `40.0 GiB`, `79.6 GiB`.
+    /// Sizes that are whole MiB (what GPUs and `nvidia-smi` report) print in the largest binary
+    /// unit with one decimal (`40.0 GiB`, `79.6 GiB`); sizes that are whole decimal megabytes but
+    /// not whole MiB (what users write, `80G`) print in decimal units (`80 GB`, `1.5 GB`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [
+        const BINARY: [(&str, u64); 4] = [
             ("TiB", 1 << 40),
             ("GiB", 1 << 30),
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
         ];
-        for (name, size) in UNITS {
+        const DECIMAL: [(&str, u64); 3] = [
+            ("TB", 1_000_000_000_000),
+            ("GB", 1_000_000_000),
+            ("MB", 1_000_000),
+        ];
+        if self.0 % (1 << 20) != 0 && self.0 % 1_000_000 == 0 {
+            for (name, size) in DECIMAL {
+                if self.0 >= size {
+                    let tenths = self.0 * 10 / size;
+                    return if tenths % 10 == 0 {
+                        write!(f, "{} {name}", tenths / 10)
+                    } else {
+                        write!(f, "{}.{} {name}", tenths / 10, tenths % 10)
+                    };
+                }
+            }
+        }
+        for (name, size) in BINARY {
             if self.0 >= size {
                 return write!(f, "{:.1} {name}", self.0 as f64 / size as f64);
             }
@@ -362,6 +381,12 @@ mod tests {
             Err(MemorySizeError::TooLarge(_))
         ));
         assert_eq!(MemorySize::from_mib(40_960).to_string(), "40.0 GiB");
+        assert_eq!(MemorySize::from_mib(81_559).to_string(), "79.6 GiB");
+        assert_eq!(MemorySize::parse("80G").unwrap().to_string(), "80 GB");
+        assert_eq!(MemorySize::parse("1.5G").unwrap().to_string(), "1.5 GB");
+        assert_eq!(MemorySize::parse("40960M").unwrap().to_string(), "40.9 GB");
+        assert_eq!(MemorySize::parse("16GiB").unwrap().to_string(), "16.0 GiB");
+        assert_eq!(MemorySize(512).to_string(), "512 B");
     }
 
     #[test]

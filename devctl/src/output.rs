@@ -71,17 +71,7 @@ pub fn format_time(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%SZ").to_string()
 }
 
-/// A GPU or MIG UUID shortened for tables: `GPU-5c89852c…`. `--json` has the full UUID.
-pub fn short_uuid(uuid: &str) -> String {
-    let (prefix, rest) = uuid.split_at(uuid.find('-').map_or(0, |i| i + 1));
-    if rest.chars().count() <= 9 {
-        return uuid.to_owned();
-    }
-    let head: String = rest.chars().take(8).collect();
-    format!("{prefix}{head}…")
-}
-
-/// A request in words: `2 GPUs, capability ≥ 8.0, memory ≥ 37.3 GiB, whole GPUs`.
+/// A request in words: `2 GPUs, capability ≥ 8.0, memory ≥ 40 GB, whole GPUs`.
 pub fn describe_request(request: &GpuRequest) -> String {
     let mut out = match request.count {
         1 => "1 GPU".to_owned(),
@@ -249,7 +239,7 @@ pub fn render_gpus(nodes: &[NodeView]) -> String {
                 .join(",");
             table.row(vec![
                 node_name.clone(),
-                short_uuid(gpu.info.uuid.as_str()),
+                gpu.info.uuid.to_string(),
                 gpu.info.model.clone(),
                 gpu.info.capability.to_string(),
                 gpu.info.memory.to_string(),
@@ -375,16 +365,6 @@ mod tests {
     }
 
     #[test]
-    fn uuids_are_shortened_for_tables() {
-        assert_eq!(short_uuid(UUID_A), "GPU-5c89852c…");
-        assert_eq!(
-            short_uuid("MIG-c7384736-a75d-5afc-978f-d2f1294409fd"),
-            "MIG-c7384736…"
-        );
-        assert_eq!(short_uuid("GPU-1234"), "GPU-1234");
-    }
-
-    #[test]
     fn session_show_lists_fields_and_transitions() {
         let text = render_session(&session("train1", SessionState::Starting));
         assert_eq!(
@@ -481,10 +461,10 @@ dev     HELD     node1  1     2026-11-21 10:00:03Z  placed on node1
             },
         ];
         let expected = [
-            "NODE             GPU            MODEL                  CC   MEMORY    MODE       USED/CAP  FREE  HEALTH                                   SESSIONS",
-            "node1            GPU-5c89852c…  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  1/1       0     ok                                       s0",
-            "node1            GPU-11111111…  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  shared:4   2/4       2     FAILED: fell off the bus                 s0,s1",
-            "node2 (offline)  GPU-11111111…  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  0/1       0     node offline since 2026-11-21 10:01:00Z  -",
+            "NODE             GPU                                       MODEL                  CC   MEMORY    MODE       USED/CAP  FREE  HEALTH                                   SESSIONS",
+            "node1            GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  1/1       0     ok                                       s0",
+            "node1            GPU-11111111-2222-3333-4444-555555555502  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  shared:4   2/4       2     FAILED: fell off the bus                 s0,s1",
+            "node2 (offline)  GPU-11111111-2222-3333-4444-555555555502  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  0/1       0     node offline since 2026-11-21 10:01:00Z  -",
             "node3            (no GPUs)",
         ];
         assert_eq!(render_gpus(&nodes), expected.join("\n") + "\n");

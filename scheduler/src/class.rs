@@ -82,13 +82,13 @@ mod tests {
         assert_eq!(
             order,
             [
-                "7.5 74.5 GiB exclusive",
-                "8.0 37.3 GiB shared:4",
-                "8.0 37.3 GiB shared:2",
-                "8.0 37.3 GiB exclusive",
-                "8.0 74.5 GiB exclusive",
-                "9.0 74.5 GiB exclusive",
-                "10.0 14.9 GiB exclusive",
+                "7.5 80 GB exclusive",
+                "8.0 40 GB shared:4",
+                "8.0 40 GB shared:2",
+                "8.0 40 GB exclusive",
+                "8.0 80 GB exclusive",
+                "9.0 80 GB exclusive",
+                "10.0 16 GB exclusive",
             ]
         );
     }

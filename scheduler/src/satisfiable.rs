@@ -100,7 +100,7 @@ fn counts(slot: &GpuSlot) -> bool {
     slot.healthy && slot.mode.capacity() > 0
 }
 
-/// The per-GPU requirements in words: "compute capability 9.0 or more, 80.0 GiB of memory or
+/// The per-GPU requirements in words: "compute capability 9.0 or more, 80 GB of memory or
 /// more and shared mode".
 fn requirements(request: &GpuRequest) -> String {
     let mut parts = Vec::new();
@@ -194,7 +194,7 @@ mod tests {
     fn memory() {
         assert_eq!(
             message(request(1, None, Some("100GiB"), Any)),
-            "no GPU has 100.0 GiB of memory or more (the most is 74.5 GiB)"
+            "no GPU has 100.0 GiB of memory or more (the most is 80 GB)"
         );
     }
 
@@ -239,7 +239,7 @@ mod tests {
         );
         assert_eq!(
             message(request(1, Some("9.0"), Some("40G"), Shared)),
-            "no GPU has compute capability 9.0 or more, 37.3 GiB of memory or more and shared \
+            "no GPU has compute capability 9.0 or more, 40 GB of memory or more and shared \
              mode together (each is met by some GPU; relax one of them)"
         );
     }

@@ -3,12 +3,14 @@
 //!
 //! A node is online when its agent synced within `node_timeout`. A GPU's `used` count is the
 //! number of sessions in a GPU-holding state (STARTING, WAITING, CONNECTED, IDLE) assigned to it.
+//! A session that asked for a whole GPU fills it, whatever its mode: when an admin turns an
+//! occupied exclusive GPU into a shared one, nobody joins that session on it until it leaves.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use ongrid_core::{GpuId, GpuUuid, SessionState};
+use ongrid_core::{GpuId, GpuUuid, SessionState, Sharing};
 use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, SiteState};
 
 use crate::store::{GpuRecord, NodeRecord, SessionFilter, SessionRecord, Store, StoreResult};
@@ -29,6 +31,8 @@ pub struct SiteSnapshot {
     pub holding: Vec<SessionRecord>,
     node_timeout: TimeDelta,
     used: HashMap<GpuUuid, u32>,
+    /// GPUs held by a session that asked for a whole GPU.
+    whole: HashSet<GpuUuid>,
 }
 
 impl SiteSnapshot {
@@ -51,7 +55,14 @@ impl SiteSnapshot {
         node_timeout: Duration,
     ) -> Self {
         let mut used = HashMap::new();
+        let mut whole = HashSet::new();
         for session in &holding {
+            if session.request.sharing == Sharing::Exclusive {
+                whole.extend(session.gpus.iter().filter_map(|gpu| match gpu {
+                    GpuId::Gpu(uuid) => Some(uuid.clone()),
+                    GpuId::Mig(_) => None,
+                }));
+            }
             for gpu in &session.gpus {
                 if let GpuId::Gpu(uuid) = gpu {
                     *used.entry(uuid.clone()).or_insert(0) += 1;
@@ -64,6 +75,7 @@ impl SiteSnapshot {
             holding,
             node_timeout: TimeDelta::from_std(node_timeout).unwrap_or(TimeDelta::MAX),
             used,
+            whole,
         }
     }
 
@@ -76,14 +88,24 @@ impl SiteSnapshot {
         self.used.get(uuid).copied().unwrap_or(0)
     }
 
-    /// Free places on the GPU: none when it is unhealthy or its node offline.
+    /// Free places on the GPU: none when it is unhealthy, its node offline, or a session that
+    /// asked for a whole GPU holds it.
     pub fn free(&self, node: &NodeRecord, gpu: &GpuRecord) -> u32 {
         if !gpu.info.health.is_healthy() || !self.is_online(node) {
             return 0;
         }
-        gpu.mode
-            .capacity()
-            .saturating_sub(self.used(&gpu.info.uuid))
+        gpu.mode.capacity().saturating_sub(self.occupancy(gpu))
+    }
+
+    /// The `used` count the scheduler sees: a GPU held by a session that asked for a whole GPU
+    /// counts as full.
+    fn occupancy(&self, gpu: &GpuRecord) -> u32 {
+        let used = self.used(&gpu.info.uuid);
+        if self.whole.contains(&gpu.info.uuid) {
+            used.max(gpu.mode.capacity())
+        } else {
+            used
+        }
     }
 
     /// Sessions holding this GPU.
@@ -133,7 +155,7 @@ impl SiteSnapshot {
                     memory: gpu.info.memory,
                     mode: gpu.mode,
                     healthy: gpu.info.health.is_healthy(),
-                    used: self.used(&gpu.info.uuid),
+                    used: self.occupancy(gpu),
                 })
                 .collect(),
         }

@@ -1141,3 +1141,34 @@ fn urlencode(value: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn a_whole_gpu_is_never_shared_even_after_its_mode_changes() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let whole = m.alice.create(Some("whole"), one_gpu()).await;
+    assert_eq!(whole.state, SessionState::Starting);
+
+    // The admin turns the occupied GPU into a shared one.
+    let path = format!("/v1/gpus/{}/mode", a100(1).uuid);
+    let mode = SetGpuMode {
+        mode: GpuMode::Shared { max_sessions: 4 },
+    };
+    let view: GpuView = m.admin.ok(StatusCode::OK, m.admin.put(&path, &mode)).await;
+    assert_eq!(view.free, 0, "Alice asked for the whole GPU: it stays full");
+
+    // A session content with a share waits until Alice's leaves.
+    let share = GpuRequest {
+        sharing: Sharing::Shared,
+        ..one_gpu()
+    };
+    let shared = m.bob.create(Some("share"), share).await;
+    assert_eq!(shared.state, SessionState::Pending);
+    let _: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/sessions/whole"))
+        .await;
+    m.bob.wait_for("share", SessionState::Starting).await;
+    m.stop().await;
+}
