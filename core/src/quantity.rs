@@ -163,11 +163,11 @@ impl fmt::Display for MemorySize {
             ("GB", 1_000_000_000),
             ("MB", 1_000_000),
         ];
-        if self.0 % (1 << 20) != 0 && self.0 % 1_000_000 == 0 {
+        if !self.0.is_multiple_of(1 << 20) && self.0.is_multiple_of(1_000_000) {
             for (name, size) in DECIMAL {
                 if self.0 >= size {
                     let tenths = self.0 * 10 / size;
-                    return if tenths % 10 == 0 {
+                    return if tenths.is_multiple_of(10) {
                         write!(f, "{} {name}", tenths / 10)
                     } else {
                         write!(f, "{}.{} {name}", tenths / 10, tenths % 10)
