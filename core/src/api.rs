@@ -9,10 +9,27 @@
 //! - `DELETE /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] (now ENDED)
 //! - `GET    /v1/nodes`                        → `Vec<NodeView>` with their GPUs
 //! - `PUT    /v1/gpus/{uuid}/mode` (admin)     [`SetGpuMode`] → [`GpuView`]
+//! - `POST   /v1/keys`                         [`AddKey`] → 201 [`KeyView`] (200 when the key was
+//!   already the caller's: its expiry is renewed to the presented certificate's notAfter)
+//! - `GET    /v1/keys[?all=true]`              → `Vec<KeyView>` (own; `all` for admins)
+//! - `DELETE /v1/keys?fingerprint=SHA256:...`  → [`KeyView`] (own; admins any)
+//! - `GET    /v1/institutes` (admin)           → `Vec<Institute>`
+//! - `GET    /v1/institutes/{name}` (admin)    → [`Institute`]
+//! - `POST   /v1/institutes` (admin)           [`Institute`] → 201 [`Institute`] (409 if it exists)
+//! - `DELETE /v1/institutes/{name}` (admin)    → [`Institute`]
+//! - `GET    /v1/audit[?user=DN][&since=RFC3339]` (admin) → `Vec<AuditRecord>`, newest first
 //!
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]
 //! - `POST /v1/agent/sync`     [`NodeReport`]   → [`DesiredState`]
+//!
+//! Gateway routes (`Authorization: Bearer <gateway token>`):
+//! - `GET  /v1/gateway/allowlist`   → [`Allowlist`]
+//! - `POST /v1/gateway/authorize`   [`KeyCheck`] → [`KeyOwner`], or 401 whose message says why
+//!   (unknown key: `devctl key add`; expired: renew the proxy and `devctl key add` again)
+//! - `POST /v1/gateway/route`       [`RouteRequest`] → [`Route`], or 404/409 whose message says
+//!   what to do (no such session, several sessions, not running: its state and the fix)
+//! - `POST /v1/gateway/connections` [`ConnectionEvent`] → 204
 //!
 //! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
 
@@ -21,8 +38,12 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use std::net::IpAddr;
+
 use crate::gpu::{GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid};
 use crate::names::{Dn, NodeName, SessionId, SessionName, UserName};
+use crate::network::InstituteName;
+pub use crate::network::{Allowlist, Institute};
 use crate::quantity::MemorySize;
 use crate::session::{SessionState, Transition};
 
@@ -118,6 +139,9 @@ pub struct RegisterNode {
     /// `nvidia-smi` or `simulated`.
     pub gpu_backend: String,
     pub gpus: Vec<GpuInfo>,
+    /// Where the gateway reaches this agent's stream endpoint, e.g. `wss://node1.example.org:8444`.
+    #[serde(default)]
+    pub stream_url: Option<String>,
 }
 
 /// The agent's periodic heartbeat: what it sees right now.
@@ -200,6 +224,103 @@ pub struct ContainerLimits {
     pub millicpus: u32,
     pub memory: MemorySize,
     pub pids: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddKey {
+    /// One line in OpenSSH's format: `ssh-ed25519 AAAA... comment`.
+    pub public_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyView {
+    /// `SHA256:<base64>`, as `ssh-keygen -l` prints it.
+    pub fingerprint: String,
+    /// `ssh-ed25519`, `ecdsa-sha2-nistp256`, `ssh-rsa`, ...
+    pub algorithm: String,
+    pub comment: String,
+    pub owner: Dn,
+    pub added_at: DateTime<Utc>,
+    /// The notAfter of the certificate (or proxy) it was registered with; refused after it.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The gateway asks whom a public key belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCheck {
+    /// The key as the client offered it, in OpenSSH's one-line format.
+    pub public_key: String,
+    /// The client's address (normalised), for the log and the throttle.
+    pub source: IpAddr,
+    /// The SSH user name the client gave.
+    pub login: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyOwner {
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub fingerprint: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The gateway asks which session an SSH user name reaches for this owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteRequest {
+    pub owner: Dn,
+    /// The SSH user name: a session name, or anything when the owner has exactly one session.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    pub session_id: SessionId,
+    pub session_name: SessionName,
+    pub state: SessionState,
+    pub node: NodeName,
+    pub container: String,
+    /// The agent's stream endpoint base, e.g. `wss://node1.example.org:8444`.
+    pub agent_url: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionEventKind {
+    Open,
+    Close,
+}
+
+/// An SSH connection reaching a session opened or closed. `bytes_*` are totals so far
+/// (0 on open); `in` is from the client to the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionEvent {
+    pub connection_id: uuid::Uuid,
+    pub event: ConnectionEventKind,
+    pub at: DateTime<Utc>,
+    pub owner: Dn,
+    pub fingerprint: String,
+    pub source: IpAddr,
+    pub institute: InstituteName,
+    pub session_id: SessionId,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// One connection as the audit log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub connection_id: uuid::Uuid,
+    pub owner: Dn,
+    pub fingerprint: String,
+    pub source: IpAddr,
+    pub institute: InstituteName,
+    pub session_id: SessionId,
+    pub session_name: SessionName,
+    pub opened_at: DateTime<Utc>,
+    /// `None` while the connection is open.
+    pub closed_at: Option<DateTime<Utc>>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 /// The GPU identifiers a container is given, as `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`

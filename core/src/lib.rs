@@ -7,12 +7,15 @@
 pub mod api;
 pub mod gpu;
 pub mod names;
+pub mod network;
 pub mod quantity;
 pub mod session;
+pub mod stream;
 
 pub use gpu::{
     GpuHealth, GpuId, GpuIdError, GpuInfo, GpuMode, GpuRequest, GpuUuid, MigUuid, Sharing,
 };
 pub use names::{Dn, NameError, NodeName, SessionId, SessionName, UserName};
+pub use network::{normalize_ip, Allowlist, Cidr, Institute, InstituteName};
 pub use quantity::{ComputeCapability, HumanDuration, MemorySize};
 pub use session::{InvalidTransition, Lifecycle, SessionState, Transition};

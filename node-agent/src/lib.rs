@@ -204,6 +204,7 @@ impl Agent {
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 gpu_backend: self.gpus.kind().to_owned(),
                 gpus: gpus.clone(),
+                stream_url: None,
             };
             self.manager.register(&registration).await?;
             info!(node = %self.node, gpus = gpus.len(), "Registered with the manager.");

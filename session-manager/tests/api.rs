@@ -333,6 +333,7 @@ impl Api {
             agent_version: "test".to_owned(),
             gpu_backend: "simulated".to_owned(),
             gpus,
+            stream_url: None,
         };
         self.ok(StatusCode::OK, self.post("/v1/agent/register", &body))
             .await
@@ -809,6 +810,7 @@ async fn agents_speak_only_for_their_own_node() {
         agent_version: "test".to_owned(),
         gpu_backend: "simulated".to_owned(),
         gpus: vec![a100(1)],
+        stream_url: None,
     };
     let err = m
         .node1

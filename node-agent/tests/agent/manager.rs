@@ -221,6 +221,7 @@ fn registration(node: &NodeName) -> RegisterNode {
         agent_version: "test".into(),
         gpu_backend: "simulated".into(),
         gpus: Vec::new(),
+        stream_url: None,
     }
 }
 
