@@ -206,6 +206,9 @@ impl SimGpu {
 pub struct User {
     pub creds: Credentials,
     pub devctl_config: PathBuf,
+    /// An ed25519 SSH key pair made for this user (`<path>` and `<path>.pub`); not registered
+    /// until the test runs `devctl key add`.
+    pub ssh_key: PathBuf,
 }
 
 /// One isolated ongrid site: manager, one agent, users.
@@ -214,9 +217,12 @@ pub struct Site {
     pub pki: Pki,
     pub node: String,
     pub manager_addr: Option<String>,
+    /// The SSH gateway's address, once started.
+    pub gateway_addr: Option<String>,
     pub admin: User,
     manager: Option<Child>,
     agent: Option<Child>,
+    gateway: Option<Child>,
     suffix: String,
     users: Vec<User>,
 }
@@ -230,6 +236,7 @@ impl Site {
         site.start_manager();
         site.start_agent();
         site.wait_for_node();
+        site.start_gateway();
         site
     }
 
@@ -243,6 +250,11 @@ impl Site {
         let token = format!("token-{}", uuid::Uuid::new_v4().simple());
         std::fs::write(dir.path().join("agent-tokens"), format!("{node} {token}\n"))?;
         std::fs::write(dir.path().join("node-token"), format!("{token}\n"))?;
+        let gateway_token = format!("gateway-{}", uuid::Uuid::new_v4().simple());
+        std::fs::write(
+            dir.path().join("gateway-token"),
+            format!("{gateway_token}\n"),
+        )?;
 
         let mut sim = String::new();
         for gpu in gpus {
@@ -261,6 +273,7 @@ tls_key = "{key}"
 ca_dir = "{ca}"
 admins = ["{admin}"]
 agent_tokens_file = "{tokens}"
+gateway_token_file = "{gateway_token}"
 default_image = "{image}"
 first_uid = 20000
 node_timeout = "10 seconds"
@@ -278,6 +291,7 @@ pids = 512
             ca = pki.ca_dir.display(),
             admin = admin_creds.dn,
             tokens = dir.path().join("agent-tokens").display(),
+            gateway_token = dir.path().join("gateway-token").display(),
             image = DEV_IMAGE,
         );
         std::fs::write(dir.path().join("manager.toml"), manager_toml)?;
@@ -285,15 +299,18 @@ pids = 512
         let admin = User {
             devctl_config: dir.path().join("devctl-admin.toml"),
             creds: admin_creds,
+            ssh_key: ssh_keygen(&dir.path().join("ssh-admin"))?,
         };
         Ok(Self {
             dir,
             pki,
             node,
             manager_addr: None,
+            gateway_addr: None,
             admin,
             manager: None,
             agent: None,
+            gateway: None,
             suffix,
             users: Vec::new(),
         })
@@ -314,12 +331,11 @@ pids = 512
     pub fn user(&mut self, first_name: &str) -> User {
         let cn = format!("{first_name} {}", self.suffix);
         let creds = self.pki.user(&cn).expect("issue user certificate");
+        let stem = first_name.to_lowercase();
         let user = User {
-            devctl_config: self
-                .dir
-                .path()
-                .join(format!("devctl-{}.toml", first_name.to_lowercase())),
+            devctl_config: self.dir.path().join(format!("devctl-{stem}.toml")),
             creds,
+            ssh_key: ssh_keygen(&self.dir.path().join(format!("ssh-{stem}"))).expect("ssh-keygen"),
         };
         self.write_devctl_config(&user);
         self.users.push(user.clone());
@@ -340,37 +356,8 @@ pids = 512
             let text = text.replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""));
             std::fs::write(&config, text).expect("write manager config");
         }
-        let log = self.log_file("manager");
-        let mut child = Command::new(binary("ongrid-manager"))
-            .arg("--config")
-            .arg(&config)
-            .env("ONGRID_LOG", "info,ongrid_manager=debug")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn ongrid-manager");
-        let stdout = child.stdout.take().expect("manager stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            // Keep draining so the manager never blocks on a full pipe.
-            for _ in lines {}
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) => line,
-            Err(_) => panic!(
-                "the manager did not print its address within 30 s\n{}",
-                self.logs()
-            ),
-        };
-        let addr = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from the manager: {line:?}"))
-            .trim()
-            .to_owned();
+        let (child, addr) =
+            self.spawn_listening("ongrid-manager", &config, "info,ongrid_manager=debug");
         self.manager = Some(child);
         if self.manager_addr.is_none() {
             self.manager_addr = Some(addr);
@@ -391,11 +378,20 @@ token_file = "{token}"
 [gpu]
 backend = "simulated"
 file = "{gpus}"
+
+[streams]
+listen = "127.0.0.1:0"
+tls_cert = "{cert}"
+tls_key = "{key}"
+gateway_token_file = "{gateway_token}"
 "#,
             node = self.node,
             ca = self.pki.ca_dir.display(),
             token = self.dir.path().join("node-token").display(),
             gpus = self.dir.path().join("gpus.toml").display(),
+            cert = self.dir.path().join("manager.crt").display(),
+            key = self.dir.path().join("manager.key").display(),
+            gateway_token = self.dir.path().join("gateway-token").display(),
         );
         std::fs::write(&config, toml).expect("write agent config");
         let child = Command::new(binary("ongrid-agent"))
@@ -409,6 +405,160 @@ file = "{gpus}"
         self.agent = Some(child);
     }
 
+    /// Starts (or restarts, on the same port and host keys) the SSH gateway.
+    pub fn start_gateway(&mut self) {
+        let manager = self.manager_addr.clone().expect("start the manager first");
+        let listen = self
+            .gateway_addr
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1:0".to_owned());
+        let config = self.dir.path().join("gateway.toml");
+        let toml = format!(
+            r#"listen = "{listen}"
+host_key_dir = "{keys}"
+manager_url = "https://{manager}"
+ca_dir = "{ca}"
+token_file = "{token}"
+allowlist_refresh = "1 second"
+"#,
+            keys = self.dir.path().join("gateway-keys").display(),
+            ca = self.pki.ca_dir.display(),
+            token = self.dir.path().join("gateway-token").display(),
+        );
+        std::fs::write(&config, toml).expect("write gateway config");
+        let (child, addr) =
+            self.spawn_listening("ongrid-gateway", &config, "info,ongrid_gateway=debug");
+        self.gateway = Some(child);
+        self.gateway_addr = Some(addr);
+    }
+
+    pub fn stop_gateway(&mut self) {
+        if let Some(child) = self.gateway.take() {
+            terminate(child, "ongrid-gateway");
+        }
+    }
+
+    /// Spawns a binary that prints `listening on ADDR` first on stdout; returns it and ADDR.
+    fn spawn_listening(
+        &self,
+        binary_name: &str,
+        config: &Path,
+        log_filter: &str,
+    ) -> (Child, String) {
+        let log_name = binary_name.trim_start_matches("ongrid-");
+        let mut child = Command::new(binary(binary_name))
+            .arg("--config")
+            .arg(config)
+            .env("ONGRID_LOG", log_filter)
+            .stdout(Stdio::piped())
+            .stderr(self.log_file(log_name))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {binary_name}: {e}"));
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the child never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => panic!(
+                "{binary_name} did not print its address within 30 s\n{}",
+                self.logs()
+            ),
+        };
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from {binary_name}: {line:?}"))
+            .trim()
+            .to_owned();
+        (child, addr)
+    }
+
+    /// Allows 127.0.0.0/8 and ::1 as institute `local`.
+    pub fn allow_loopback(&self) {
+        self.devctl_ok(
+            &self.admin,
+            &[
+                "admin",
+                "institute",
+                "add",
+                "local",
+                "127.0.0.0/8",
+                "::1/128",
+            ],
+        );
+    }
+
+    /// Registers the user's SSH key.
+    pub fn add_key(&self, user: &User) {
+        let public = format!("{}.pub", user.ssh_key.display());
+        self.devctl_ok(user, &["key", "add", &public]);
+    }
+
+    /// An `ssh` command to the gateway as `user`, logging in as `target`.
+    pub fn ssh_command(&self, user: &User, target: &str) -> Command {
+        let mut cmd = Command::new("ssh");
+        cmd.args(self.ssh_options(user))
+            .arg(format!("{target}@127.0.0.1"));
+        cmd
+    }
+
+    /// The options that make OpenSSH use `user`'s key against this site's gateway, and nothing
+    /// of the machine's own configuration.
+    pub fn ssh_options(&self, user: &User) -> Vec<String> {
+        let addr = self.gateway_addr.as_deref().expect("gateway started");
+        let port = addr.rsplit(':').next().expect("port").to_owned();
+        [
+            "-F",
+            "/dev/null",
+            "-p",
+            &port,
+            "-i",
+            &user.ssh_key.display().to_string(),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=20",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    }
+
+    /// Runs `ssh target@gateway command` as `user`, with `stdin` as its input.
+    pub fn ssh(&self, user: &User, target: &str, command: &str, stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = self
+            .ssh_command(user, target)
+            .arg(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ssh");
+        let mut input = child.stdin.take().expect("ssh stdin");
+        let data = stdin.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(&data);
+        });
+        let out = child.wait_with_output().expect("wait for ssh");
+        let _ = writer.join();
+        out
+    }
+
     fn log_file(&self, name: &str) -> std::fs::File {
         std::fs::OpenOptions::new()
             .create(true)
@@ -420,7 +570,7 @@ file = "{gpus}"
     /// The tail of both logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for name in ["manager", "agent"] {
+        for name in ["manager", "agent", "gateway"] {
             let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
                 .unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -544,6 +694,22 @@ file = "{gpus}"
             },
         )
     }
+}
+
+/// Makes an ed25519 key pair without passphrase at `path` (and `path.pub`).
+pub fn ssh_keygen(path: &Path) -> anyhow::Result<PathBuf> {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "e2e", "-f"])
+        .arg(path)
+        .output()
+        .context("run ssh-keygen (install openssh-client)")?;
+    if !out.status.success() {
+        bail!(
+            "ssh-keygen failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(path.to_path_buf())
 }
 
 fn terminate(mut child: Child, name: &str) {

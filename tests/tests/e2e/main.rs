@@ -2,3 +2,4 @@
 //! One test binary for the crate; each module is one area of behaviour.
 
 mod sessions;
+mod ssh;
