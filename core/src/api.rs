@@ -17,7 +17,8 @@
 //! - `GET    /v1/institutes/{name}` (admin)    → [`Institute`]
 //! - `POST   /v1/institutes` (admin)           [`Institute`] → 201 [`Institute`] (409 if it exists)
 //! - `DELETE /v1/institutes/{name}` (admin)    → [`Institute`]
-//! - `GET    /v1/audit[?user=DN][&since=RFC3339]` (admin) → `Vec<AuditRecord>`, newest first
+//! - `GET    /v1/audit[?user=DN][&since=T]` (admin) → `Vec<AuditRecord>`, newest first; `T` is RFC 3339
+//!   or a duration ago such as `2 hours`
 //!
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]

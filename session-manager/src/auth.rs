@@ -1,8 +1,10 @@
-//! Who is calling: users by TLS client certificate, agents by per-node bearer token.
+//! Who is calling: users by TLS client certificate, agents by per-node bearer token, the SSH
+//! gateway by its own bearer token.
 //!
 //! The accept loop ([`crate::server`]) puts a [`Peer`] into every request's extensions; the
 //! extractors here turn it into a [`CurrentUser`] (user routes) or read the `Authorization`
-//! header into an [`AgentNode`] (agent routes), or refuse with 401.
+//! header into an [`AgentNode`] (agent routes) or a [`GatewayCaller`] (gateway routes), or
+//! refuse with 401. Tokens are kept as SHA-256 digests and compared in constant time.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -12,6 +14,7 @@ use std::path::{Path, PathBuf};
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use chrono::{DateTime, Utc};
 use ongrid_core::NodeName;
 use sha2::{Digest, Sha256};
 
@@ -33,6 +36,8 @@ pub struct CurrentUser {
     pub user: UserRecord,
     /// Listed in the config's `admins`.
     pub admin: bool,
+    /// Until when the credential presented on this connection is valid.
+    pub not_after: DateTime<Utc>,
 }
 
 impl FromRequestParts<AppState> for CurrentUser {
@@ -54,7 +59,11 @@ impl FromRequestParts<AppState> for CurrentUser {
             .user(&identity.dn, state.config.first_uid)
             .await?;
         let admin = state.config.admins.contains(&user.dn);
-        Ok(Self { user, admin })
+        Ok(Self {
+            user,
+            admin,
+            not_after: identity.not_after,
+        })
     }
 }
 
@@ -66,29 +75,141 @@ impl FromRequestParts<AppState> for AgentNode {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .ok_or_else(|| {
-                ApiError::unauthenticated(
-                    "agent routes need `Authorization: Bearer <node token>`: set the agent's \
-                     token_file",
-                )
-            })?
-            .to_str()
-            .unwrap_or_default();
-        let token = header
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .ok_or_else(|| {
-                ApiError::unauthenticated("the Authorization header must be `Bearer <node token>`")
-            })?;
+        let token = bearer(
+            parts,
+            "agent routes need `Authorization: Bearer <node token>`: set the agent's token_file",
+            "node token",
+        )?;
         let node = state.tokens.node_for(token).ok_or_else(|| {
             ApiError::unauthenticated(
                 "unknown node token: it must match a line of the manager's agent_tokens_file",
             )
         })?;
         Ok(Self(node.clone()))
+    }
+}
+
+/// The SSH gateway, authenticated by the token of the manager's `gateway_token_file`.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayCaller;
+
+impl FromRequestParts<AppState> for GatewayCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let expected = state.gateway_token.as_ref().ok_or_else(|| {
+            ApiError::unauthenticated(
+                "gateway routes are not enabled on this manager: set gateway_token_file in its \
+                 config to the gateway's token",
+            )
+        })?;
+        let token = bearer(
+            parts,
+            "gateway routes need `Authorization: Bearer <gateway token>`: set the gateway's \
+             token_file",
+            "gateway token",
+        )?;
+        if !expected.matches(token) {
+            return Err(ApiError::unauthenticated(
+                "wrong gateway token: it must equal the one in the manager's gateway_token_file",
+            ));
+        }
+        Ok(Self)
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`, or 401 with `missing` (no header) or a message
+/// naming `what` (another scheme).
+fn bearer<'a>(parts: &'a Parts, missing: &str, what: &str) -> Result<&'a str, ApiError> {
+    let header = parts
+        .headers
+        .get(AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthenticated(missing))?
+        .to_str()
+        .unwrap_or_default();
+    header
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .ok_or_else(|| {
+            ApiError::unauthenticated(format!(
+                "the Authorization header must be `Bearer <{what}>`"
+            ))
+        })
+}
+
+/// Why the gateway token file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayTokenError {
+    #[error("reading gateway_token_file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gateway_token_file {}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// The gateway's token, kept only as a SHA-256 digest; `Debug` never shows it.
+pub struct GatewayToken {
+    digest: [u8; 32],
+}
+
+impl fmt::Debug for GatewayToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GatewayToken(<secret>)")
+    }
+}
+
+impl GatewayToken {
+    /// Reads the file: one line, the token (surrounding blank space ignored).
+    pub fn load(path: &Path) -> Result<Self, GatewayTokenError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GatewayTokenError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| GatewayTokenError::Invalid {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Checks the file's text; the error says what is wrong with it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(
+                "is empty: put the gateway's token in it (`openssl rand -hex 32`)".to_owned(),
+            );
+        }
+        if token.contains(char::is_whitespace) {
+            return Err("must hold one token on one line, without spaces".to_owned());
+        }
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(format!(
+                "the token is shorter than {MIN_TOKEN_LEN} characters: make one with \
+                 `openssl rand -hex 32`"
+            ));
+        }
+        Ok(Self {
+            digest: digest(token),
+        })
+    }
+
+    /// Whether `token` is the gateway's (constant time).
+    pub fn matches(&self, token: &str) -> bool {
+        constant_time_eq(&digest(token), &self.digest)
+    }
+
+    /// The node whose agent token is the same as the gateway's, if any: each must have its own.
+    pub fn shared_with<'a>(&self, agents: &'a AgentTokens) -> Option<&'a NodeName> {
+        let mut found = None;
+        for (node, expected) in &agents.entries {
+            if constant_time_eq(&self.digest, expected) {
+                found = Some(node);
+            }
+        }
+        found
     }
 }
 
@@ -259,6 +380,41 @@ node1 0123456789abcdef0123456789abcdef
         assert_eq!(err(twice), (2, "node node1 is listed twice".to_owned()));
         let shared = "node1 0123456789abcdef0123\nnode2 0123456789abcdef0123\n";
         assert_eq!(err(shared).0, 2);
+    }
+
+    #[test]
+    fn the_gateway_token_is_one_line_and_secret() {
+        let token = GatewayToken::parse("  gw-0123456789abcdef0123\n").unwrap();
+        assert!(token.matches("gw-0123456789abcdef0123"));
+        assert!(!token.matches("gw-0123456789abcdef0124"));
+        assert!(!token.matches(""));
+        assert_eq!(format!("{token:?}"), "GatewayToken(<secret>)");
+        assert!(GatewayToken::parse("\n").unwrap_err().contains("empty"));
+        assert!(GatewayToken::parse("short")
+            .unwrap_err()
+            .contains("openssl rand"));
+        assert!(
+            GatewayToken::parse("0123456789abcdef0123\nsecond-line-0123456789")
+                .unwrap_err()
+                .contains("one line")
+        );
+        let agents = AgentTokens::parse(FILE).unwrap();
+        let shared = GatewayToken::parse("fedcba9876543210fedcba9876543210").unwrap();
+        assert_eq!(
+            shared.shared_with(&agents).map(NodeName::as_str),
+            Some("node2")
+        );
+        assert_eq!(token.shared_with(&agents), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway-token");
+        std::fs::write(&path, "x\n").unwrap();
+        let message = GatewayToken::load(&path).unwrap_err().to_string();
+        assert!(message.starts_with("gateway_token_file "), "{message}");
+        assert!(matches!(
+            GatewayToken::load(&dir.path().join("missing")),
+            Err(GatewayTokenError::Read { .. })
+        ));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct RawConfig {
     #[serde(default)]
     pub admins: Vec<String>,
     pub agent_tokens_file: PathBuf,
+    /// The gateway's bearer token for `/v1/gateway/*`, one line; those routes are off without it.
+    #[serde(default)]
+    pub gateway_token_file: Option<PathBuf>,
     #[serde(default = "default_image")]
     pub default_image: String,
     #[serde(default = "default_first_uid")]
@@ -129,6 +132,8 @@ pub struct Config {
     pub ca_dir: PathBuf,
     pub admins: BTreeSet<Dn>,
     pub agent_tokens_file: PathBuf,
+    /// `None`: no gateway may use the manager (`/v1/gateway/*` answer 401 saying so).
+    pub gateway_token_file: Option<PathBuf>,
     pub default_image: String,
     pub first_uid: u32,
     pub node_timeout: Duration,
@@ -218,6 +223,9 @@ impl Validator<'_> {
         ] {
             self.non_empty_path(key, path)?;
         }
+        if let Some(path) = &raw.gateway_token_file {
+            self.non_empty_path("gateway_token_file", path)?;
+        }
         let admins = raw
             .admins
             .iter()
@@ -274,6 +282,7 @@ impl Validator<'_> {
             ca_dir: raw.ca_dir,
             admins,
             agent_tokens_file: raw.agent_tokens_file,
+            gateway_token_file: raw.gateway_token_file,
             default_image,
             first_uid: raw.first_uid,
             node_timeout,
@@ -354,6 +363,7 @@ tls_key = "/etc/ongrid/manager.key"
 ca_dir = "/etc/grid-security/certificates"
 admins = ["/DC=org/DC=example/CN=Site Admin"]
 agent_tokens_file = "/etc/ongrid/agent-tokens"
+gateway_token_file = "/etc/ongrid/gateway-token"
 default_image = "ongrid/dev:latest"
 first_uid = 20000
 node_timeout = "30 seconds"
@@ -382,6 +392,10 @@ pids = 4096
         assert_eq!(config.session_limits.millicpus, 4000);
         assert_eq!(config.session_limits.memory.bytes(), 16 << 30);
         assert_eq!(config.session_limits.pids, 4096);
+        assert_eq!(
+            config.gateway_token_file,
+            Some(PathBuf::from("/etc/ongrid/gateway-token"))
+        );
         assert!(config
             .admins
             .contains(&Dn::parse("/DC=org/DC=example/CN=Site Admin").unwrap()));
@@ -457,6 +471,11 @@ agent_tokens_file = "t"
         assert_eq!(config.default_image, "ongrid/dev:latest");
         assert!(config.admins.is_empty());
         assert_eq!(config.sync_interval, Duration::from_secs(5));
+        assert_eq!(config.gateway_token_file, None);
+        let err = load(&format!("{minimal}gateway_token_file = \"\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `gateway_token_file`"), "{err}");
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! ongrid-manager: the control plane of an ongrid site.
 //!
-//! It serves the HTTPS API of `ongrid_core::api` to users (TLS client certificates) and node
-//! agents (bearer tokens), keeps everything in a [`store::Store`] (SQLite), and runs the
-//! scheduling loop that places PENDING sessions on GPUs with `ongrid_scheduler::plan`.
+//! It serves the HTTPS API of `ongrid_core::api` to users (TLS client certificates), node
+//! agents and the SSH gateway (bearer tokens), keeps everything in a [`store::Store`] (SQLite),
+//! and runs the scheduling loop that places PENDING sessions on GPUs with
+//! `ongrid_scheduler::plan`.
 //!
 //! Modules: [`config`] (the TOML file), [`tls`] (server TLS, client certificate → identity),
-//! [`server`] (the accept loop), [`auth`] (users and agent tokens), [`api`] (the routes),
-//! [`store`] (persistence), [`site`] (the site as the scheduler sees it), [`scheduler`] (the
-//! loop), [`clock`] (injected time).
+//! [`server`] (the accept loop), [`auth`] (users, agent and gateway tokens), [`api`] (the
+//! routes), [`keys`] (SSH public keys and their policy), [`store`] (persistence), [`site`] (the
+//! site as the scheduler sees it), [`scheduler`] (the loop), [`clock`] (injected time).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
 //! (or [`run`], which does both).
@@ -16,6 +17,7 @@ pub mod api;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod keys;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -34,7 +36,7 @@ use tokio_util::task::TaskTracker;
 pub use config::Config;
 
 use crate::api::AppState;
-use crate::auth::AgentTokens;
+use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::{Clock, SystemClock};
 use crate::scheduler::Scheduler;
 use crate::server::Server;
@@ -48,9 +50,12 @@ pub struct Prepared {
     pub tls: Arc<rustls::ServerConfig>,
     pub authenticator: Arc<dyn ClientAuthenticator>,
     pub tokens: AgentTokens,
+    /// `None` when `gateway_token_file` is not set.
+    pub gateway_token: Option<GatewayToken>,
 }
 
-/// Loads the TLS material, the CA directory and the agent tokens named by `config`.
+/// Loads the TLS material, the CA directory, the agent tokens and the gateway token named by
+/// `config`.
 pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
     let provider = tls::provider();
     let authenticator: Arc<dyn ClientAuthenticator> =
@@ -65,11 +70,29 @@ pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
     if tokens.is_empty() {
         tracing::warn!(file = %config.agent_tokens_file.display(), "No agent tokens: no node can register.");
     }
+    let gateway_token = match &config.gateway_token_file {
+        Some(path) => {
+            let token = GatewayToken::load(path)?;
+            if let Some(node) = token.shared_with(&tokens) {
+                anyhow::bail!(
+                    "gateway_token_file {} holds node {node}'s agent token: give the gateway a \
+                     token of its own (`openssl rand -hex 32`)",
+                    path.display()
+                );
+            }
+            Some(token)
+        }
+        None => {
+            tracing::info!("No gateway_token_file: SSH gateway routes are off.");
+            None
+        }
+    };
     Ok(Prepared {
         config,
         tls: Arc::new(tls),
         authenticator,
         tokens,
+        gateway_token,
     })
 }
 
@@ -99,6 +122,12 @@ impl Manager {
         })
     }
 
+    /// Uses `clock` instead of the system clock (tests set the time instead of waiting).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Serves the API on `listener` and runs the scheduler until `shutdown`, then waits for
     /// every connection and task to finish and closes the database.
     pub async fn serve(
@@ -111,6 +140,7 @@ impl Manager {
             tls,
             authenticator,
             tokens,
+            gateway_token,
         } = self.prepared;
         let store = Arc::new(self.store);
         let wake = Arc::new(Notify::new());
@@ -132,6 +162,7 @@ impl Manager {
             store: store.clone(),
             config: Arc::new(config),
             tokens: Arc::new(tokens),
+            gateway_token: gateway_token.map(Arc::new),
             clock: self.clock,
             wake,
             scheduler,

@@ -216,6 +216,7 @@ mod tests {
             name: NodeName::parse("node1").unwrap(),
             gpu_backend: "simulated".to_owned(),
             agent_version: "test".to_owned(),
+            stream_url: None,
         };
         store.register_node(registration, gpus, t0()).await.unwrap();
         let scheduler = Scheduler::new(

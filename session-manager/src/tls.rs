@@ -14,6 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use ongrid_core::Dn;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
@@ -32,6 +33,9 @@ use x509_parser::x509::X509Name;
 pub struct Identity {
     /// The subject DN of the end-entity certificate, in slash form.
     pub dn: Dn,
+    /// Until when the credential is valid: the end-entity certificate's notAfter (for a proxy
+    /// chain, the earliest notAfter of the chain). SSH keys registered with it expire then.
+    pub not_after: DateTime<Utc>,
 }
 
 /// Why a client certificate chain was not accepted.
@@ -41,7 +45,7 @@ pub enum AuthError {
     NoCertificate,
     #[error("client certificate refused: {0}")]
     Refused(#[source] rustls::Error),
-    #[error("client certificate subject cannot be read: {0}")]
+    #[error("client certificate subject or validity cannot be read: {0}")]
     BadSubject(String),
 }
 
@@ -203,8 +207,7 @@ impl ClientAuthenticator for CaDirAuthenticator {
         self.verifier
             .verify_client_cert(end_entity, intermediates, now)
             .map_err(AuthError::Refused)?;
-        let dn = subject_dn(end_entity).map_err(AuthError::BadSubject)?;
-        Ok(Identity { dn })
+        end_entity_identity(end_entity).map_err(AuthError::BadSubject)
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
@@ -341,6 +344,16 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
             path: path.to_owned(),
             what: "private key",
         })
+}
+
+/// The subject DN and notAfter of a DER certificate.
+pub fn end_entity_identity(cert: &CertificateDer<'_>) -> Result<Identity, String> {
+    let (_, parsed) = X509Certificate::from_der(cert.as_ref()).map_err(|e| e.to_string())?;
+    let dn = name_to_dn(parsed.subject())?;
+    let seconds = parsed.validity().not_after.timestamp();
+    let not_after = DateTime::from_timestamp(seconds, 0)
+        .ok_or_else(|| format!("the certificate's notAfter ({seconds} s) is out of range"))?;
+    Ok(Identity { dn, not_after })
 }
 
 /// The subject of a DER certificate as a slash-form DN, RDNs in the order they are encoded.
@@ -502,6 +515,23 @@ mod tests {
             auth.authenticate(&[], UnixTime::now()),
             Err(AuthError::NoCertificate)
         ));
+    }
+
+    #[test]
+    fn the_identity_expires_with_the_certificate() {
+        let ca = ca("Test CA");
+        let mut params = CertificateParams::default();
+        params.distinguished_name = grid_dn("Alice Smith");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_after = rcgen::date_time_ymd(2031, 5, 17);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
+        let dir = ca_dir(&[&ca]);
+        let auth = CaDirAuthenticator::load(dir.path(), provider()).unwrap();
+        let identity = auth
+            .authenticate(&[cert.der().clone()], UnixTime::now())
+            .unwrap();
+        assert_eq!(identity.not_after.to_rfc3339(), "2031-05-17T00:00:00+00:00");
     }
 
     #[test]

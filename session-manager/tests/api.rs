@@ -1,23 +1,29 @@
 //! The manager's API end to end over real TLS: `run` on 127.0.0.1:0 with a throwaway CA made by
 //! rcgen, a real SQLite file, and reqwest clients presenting client certificates (two users and
-//! an admin) or a node token (an agent).
+//! an admin) or a bearer token (agents, the SSH gateway).
 
 // Test helpers outside `#[test]` functions: a failed setup step should panic right there.
 #![allow(clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Datelike, TimeDelta, Utc};
+
 use ongrid_core::api::{
-    ContainerState, CreateSession, DesiredState, ErrorBody, GpuView, NodeReport, NodeView,
-    ObservedContainer, RegisterNode, RunState, SessionView, SetGpuMode, WhoAmI,
+    AddKey, Allowlist, AuditRecord, ConnectionEvent, ConnectionEventKind, ContainerState,
+    CreateSession, DesiredState, ErrorBody, GpuView, Institute, KeyCheck, KeyOwner, KeyView,
+    NodeReport, NodeView, ObservedContainer, RegisterNode, Route, RouteRequest, RunState,
+    SessionView, SetGpuMode, WhoAmI,
 };
 use ongrid_core::{
-    ComputeCapability, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, MemorySize,
-    NodeName, SessionName, SessionState, Sharing,
+    ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, InstituteName,
+    MemorySize, NodeName, SessionName, SessionState, Sharing,
 };
-use ongrid_manager::Config;
+use ongrid_manager::clock::{Clock, ManualClock};
+use ongrid_manager::{Config, Manager};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, SanType,
@@ -34,6 +40,7 @@ const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";
 const ALICE: &str = "/DC=org/O=Example/CN=Alice Smith";
 const BOB: &str = "/DC=org/O=Example/CN=Bob Jones";
 const ADMIN: &str = "/DC=org/O=Example/CN=Site Admin";
+const GATEWAY_TOKEN: &str = "gateway-00112233445566778899aabbccddeeff";
 
 struct Ca {
     cert: rcgen::Certificate,
@@ -51,9 +58,14 @@ impl Ca {
         Self { cert, key }
     }
 
-    /// A client certificate for a slash-form DN of (type, value) pairs: PEM cert + key.
-    fn client_pem(&self, parts: &[(DnType, &str)]) -> Vec<u8> {
+    /// A client certificate for a slash-form DN of (type, value) pairs, valid until midnight
+    /// UTC of `until` (rcgen's far future when `None`): PEM cert + key.
+    fn client_pem_until(&self, parts: &[(DnType, &str)], until: Option<DateTime<Utc>>) -> Vec<u8> {
         let mut params = CertificateParams::default();
+        if let Some(until) = until {
+            params.not_after =
+                rcgen::date_time_ymd(until.year(), until.month() as u8, until.day() as u8);
+        }
         params.distinguished_name = DistinguishedName::new();
         for (ty, value) in parts {
             params.distinguished_name.push(ty.clone(), *value);
@@ -70,11 +82,27 @@ fn dc() -> DnType {
 }
 
 fn user_pem(ca: &Ca, cn: &str) -> Vec<u8> {
-    ca.client_pem(&[
-        (dc(), "org"),
-        (DnType::OrganizationName, "Example"),
-        (DnType::CommonName, cn),
-    ])
+    user_pem_until(ca, cn, None)
+}
+
+fn user_pem_until(ca: &Ca, cn: &str, until: Option<DateTime<Utc>>) -> Vec<u8> {
+    ca.client_pem_until(
+        &[
+            (dc(), "org"),
+            (DnType::OrganizationName, "Example"),
+            (DnType::CommonName, cn),
+        ],
+        until,
+    )
+}
+
+/// Midnight UTC, three days from now: the notAfter of Alice's short-lived certificate.
+fn short_expiry() -> DateTime<Utc> {
+    (Utc::now() + TimeDelta::days(3))
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
 }
 
 /// A site on disk: CA directory, server certificate, tokens, config; and the clients.
@@ -86,6 +114,10 @@ struct Site {
     bob_pem: Vec<u8>,
     admin_pem: Vec<u8>,
     stranger_pem: Vec<u8>,
+    /// Alice again, with a certificate valid until `short_expiry`.
+    alice_short_pem: Vec<u8>,
+    /// Midnight UTC three days after the site was made.
+    short_expiry: DateTime<Utc>,
 }
 
 impl Site {
@@ -115,6 +147,11 @@ impl Site {
             format!("# test nodes\nnode1 {NODE1_TOKEN}\nnode2 {NODE2_TOKEN}\n"),
         )
         .unwrap();
+        std::fs::write(
+            dir.path().join("gateway-token"),
+            format!("{GATEWAY_TOKEN}\n"),
+        )
+        .unwrap();
 
         let config_path = dir.path().join("manager.toml");
         let text = format!(
@@ -126,6 +163,7 @@ tls_key = "{key}"
 ca_dir = "{ca_dir}"
 admins = ["{ADMIN}"]
 agent_tokens_file = "{tokens}"
+gateway_token_file = "{gateway_token}"
 node_timeout = "1 hour"
 sync_interval = "5 seconds"
 # Only wake-ups drive the scheduler here: deterministic, and proof that they work.
@@ -140,11 +178,13 @@ pids = 512
             key = path(&dir.path().join("manager.key")),
             ca_dir = path(&ca_dir),
             tokens = path(&dir.path().join("agent-tokens")),
+            gateway_token = path(&dir.path().join("gateway-token")),
         );
         std::fs::write(&config_path, &text).unwrap();
         let config = Config::from_toml(&text, &config_path, |_| None).unwrap();
 
         let stranger_ca = Ca::new("Unknown CA");
+        let short_expiry = short_expiry();
         Self {
             config,
             ca_pem: ca.cert.pem(),
@@ -152,6 +192,8 @@ pids = 512
             bob_pem: user_pem(&ca, "Bob Jones"),
             admin_pem: user_pem(&ca, "Site Admin"),
             stranger_pem: user_pem(&stranger_ca, "Alice Smith"),
+            alice_short_pem: user_pem_until(&ca, "Alice Smith", Some(short_expiry)),
+            short_expiry,
             dir,
         }
     }
@@ -177,17 +219,41 @@ pids = 512
             listener,
             shutdown.clone(),
         ));
+        self.running(addr, shutdown, task)
+    }
+
+    /// Starts a manager with `config` and, when given, a clock the test moves.
+    async fn start_with(&self, config: Config, clock: Option<Arc<ManualClock>>) -> Running {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let mut manager = Manager::open(config).await.unwrap();
+        if let Some(clock) = clock {
+            manager = manager.with_clock(clock);
+        }
+        let task = tokio::spawn(manager.serve(listener, shutdown.clone()));
+        self.running(addr, shutdown, task)
+    }
+
+    fn running(
+        &self,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+        task: JoinHandle<anyhow::Result<()>>,
+    ) -> Running {
         Running {
             addr,
             shutdown,
             task,
             alice: Api::new(self.client(Some(&self.alice_pem)), addr),
+            alice_short: Api::new(self.client(Some(&self.alice_short_pem)), addr),
             bob: Api::new(self.client(Some(&self.bob_pem)), addr),
             admin: Api::new(self.client(Some(&self.admin_pem)), addr),
             anonymous: Api::new(self.client(None), addr),
             stranger: Api::new(self.client(Some(&self.stranger_pem)), addr),
             node1: Api::new(self.client(None), addr).with_token(NODE1_TOKEN),
             node2: Api::new(self.client(None), addr).with_token(NODE2_TOKEN),
+            gateway: Api::new(self.client(None), addr).with_token(GATEWAY_TOKEN),
         }
     }
 }
@@ -201,12 +267,15 @@ struct Running {
     shutdown: CancellationToken,
     task: JoinHandle<anyhow::Result<()>>,
     alice: Api,
+    /// Alice with her certificate valid until `Site::short_expiry`.
+    alice_short: Api,
     bob: Api,
     admin: Api,
     anonymous: Api,
     stranger: Api,
     node1: Api,
     node2: Api,
+    gateway: Api,
 }
 
 impl Running {
@@ -328,12 +397,22 @@ impl Api {
     }
 
     async fn register(&self, node: &str, gpus: Vec<GpuInfo>) -> DesiredState {
+        self.register_streams(node, gpus, None).await
+    }
+
+    /// Registers with the agent's stream endpoint for the SSH gateway.
+    async fn register_streams(
+        &self,
+        node: &str,
+        gpus: Vec<GpuInfo>,
+        stream_url: Option<&str>,
+    ) -> DesiredState {
         let body = RegisterNode {
             node: NodeName::parse(node).unwrap(),
             agent_version: "test".to_owned(),
             gpu_backend: "simulated".to_owned(),
             gpus,
-            stream_url: None,
+            stream_url: stream_url.map(str::to_owned),
         };
         self.ok(StatusCode::OK, self.post("/v1/agent/register", &body))
             .await
@@ -1172,5 +1251,849 @@ async fn a_whole_gpu_is_never_shared_even_after_its_mode_changes() {
         .ok(StatusCode::OK, m.alice.delete("/v1/sessions/whole"))
         .await;
     m.bob.wait_for("share", SessionState::Starting).await;
+    m.stop().await;
+}
+
+// SSH keys, institutes, the gateway's routes and the audit log.
+
+// Made with ssh-keygen (OpenSSH 9.2); fingerprints as `ssh-keygen -l` printed them.
+const KEY_A: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIs0Rx6fnjvHHuZiVBU9tDldTJLHwhaBajt5VxhThYaf a@laptop";
+const KEY_A_FP: &str = "SHA256:FMdHV0bU+9XlaPjjJLAHWoiOLovS2CpdtRPnTxXxb9U";
+const KEY_B: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFnUoydclnTq3QyHiXlXitZnZ3Qj7/kkmT1u3EhQYco8 b@laptop";
+const KEY_B_FP: &str = "SHA256:oQz+mZPg4WXWwKKqJ3pdzDyGMWBXnavj1/EMe2Rp4Ic";
+const KEY_C: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFunBqqyyw/KZanROIaWaG1oFf0Yz93okgDEPgIjIMeu c@laptop";
+const KEY_C_FP: &str = "SHA256:HqNoeiTwLrbMSHMzPFaaXi6H+H46T3zdIU9/qzQPzhY";
+const KEY_ECDSA: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBE4D80FoKsrIcz9Z6BHzO7tC2vTLKUpjVybrQm9CheJBetZbULbvPzwFy10ziJ5cm67iHK/hoLv7VW5L/+CCyrM= p256@laptop";
+const KEY_ECDSA_FP: &str = "SHA256:ynvezT+yxjEoFlToVZ+Mk/HTrmRrTbvWFSfEdltJI5E";
+const KEY_RSA_1024: &str = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQCxVktU6sXh8jMLYoq/PFqgOWb2soMFSzr+BIFw5bFuKooBXCKuXBF7O+Mn3x/o2wVmKIwvkqzCNCmPxuvHwfj5gOdlKj+NNYzdDyPZuejmDlWJpf6IHneNQHJhdG1/opNJthvcqjJKcbeN3mb+Gm+3pH/Fg/iyqdD8v66EUc8JbQ== r1024@laptop";
+const KEY_DSA: &str = "ssh-dss AAAAB3NzaC1kc3MAAACBAPu15W+zZ6hRcJwkqCq4J7GTZgqIVcFlum70XhBR4DxDXmcTL9O+pH4wzMO+k2ckhheJXzuKGCceMcGtFIZgIG4ggmoagAuPR4gAR0yJGlJJjRbu2ZZvWHhIr2VBawiwtx9ewxkNxiFPtot5gL1QzXHhRZrzYFUpPPbqGQUREzXxAAAAFQCY7GG3Ltxwn50cLnxfqgwhXpWayQAAAIEAqA2gJ3/nndl1+gbnIhsuUflczm2cgxzL7gt3gg63nTnlOdbLmDe1ZwIhP9SAWzTmetG/59Vck38X2jZcp1SuAHj3FTD1Xlhm5WXDoElolV5Xr5z8ZId3uAOqtg46QrrSFjpkdeepJfYLTZTHBLkQxH88nwaWbHCUluv2gxNYSc0AAACAIKLdoPGU9D4GNYLW/XeMmkpHm1sCaT8E7gYB/CKajP7nxCNaK8rNnMNCHg868dt8opmzoPk4vq4mMzdXyKkqj0IVk3kosn3lAyXR5R0wKT0zOMRnPTWX6q+EIQHEo7G+ef0+3otKdh7cYck2s2K0TEqpLZDwzsGjOInAJ3yHqhA= d@laptop";
+const KEY_CERT: &str = "ssh-ed25519-cert-v01@openssh.com AAAAIHNzaC1lZDI1NTE5LWNlcnQtdjAxQG9wZW5zc2guY29tAAAAIKNLCR5H0dgwsWE+xhy4Dbqwe3r53H7lE25Oj0qduMj9AAAAIIs0Rx6fnjvHHuZiVBU9tDldTJLHwhaBajt5VxhThYafAAAAAAAAAAAAAAABAAAABHRlc3QAAAAJAAAABWFsaWNlAAAAAAAAAAD//////////wAAAAAAAACCAAAAFXBlcm1pdC1YMTEtZm9yd2FyZGluZwAAAAAAAAAXcGVybWl0LWFnZW50LWZvcndhcmRpbmcAAAAAAAAAFnBlcm1pdC1wb3J0LWZvcndhcmRpbmcAAAAAAAAACnBlcm1pdC1wdHkAAAAAAAAADnBlcm1pdC11c2VyLXJjAAAAAAAAAAAAAAAzAAAAC3NzaC1lZDI1NTE5AAAAICGWRcCmk+5eNzbpvYttr66MPmXNXj5G6XDRi4UcdtXEAAAAUwAAAAtzc2gtZWQyNTUxOQAAAED+sg1quRm4I+nsGCqJUqkIx/D1hHIZTd/Wl4jITdvKmaYO2N3YQd4h6i4RHvx2Y8bp0zmmEiLT2MHKQnginuoJ a@laptop";
+
+/// An Ed25519 public key line made of `n` (valid as far as parsing goes; nobody holds its
+/// private key).
+fn synthetic_key(n: u8) -> String {
+    use russh::keys::ssh_key::public::{Ed25519PublicKey, KeyData};
+    russh::keys::PublicKey::new(KeyData::Ed25519(Ed25519PublicKey([n; 32])), "synthetic")
+        .to_openssh()
+        .unwrap()
+}
+
+fn add_key(public_key: &str) -> AddKey {
+    AddKey {
+        public_key: public_key.to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn ssh_keys_are_bound_to_the_certificate_that_added_them() {
+    let site = Site::new();
+    let m = site.start().await;
+
+    // Alice's long-lived certificate: the key expires with it (rcgen's default notAfter).
+    let key: KeyView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/keys", &add_key(KEY_A)),
+        )
+        .await;
+    assert_eq!(key.fingerprint, KEY_A_FP);
+    assert_eq!(key.algorithm, "ssh-ed25519");
+    assert_eq!(key.comment, "a@laptop");
+    assert_eq!(key.owner.as_str(), ALICE);
+    assert_eq!(key.expires_at.to_rfc3339(), "4096-01-01T00:00:00+00:00");
+
+    // Adding it again with her short-lived certificate renews it to that certificate's end.
+    let renewed: KeyView = m
+        .alice_short
+        .ok(
+            StatusCode::OK,
+            m.alice_short.post("/v1/keys", &add_key(KEY_A)),
+        )
+        .await;
+    assert_eq!(renewed.expires_at, site.short_expiry);
+    assert_eq!(renewed.added_at, key.added_at);
+
+    // The same key for Bob is a conflict that says what to do.
+    let err = m
+        .bob
+        .fails(
+            StatusCode::CONFLICT,
+            m.bob.post("/v1/keys", &add_key(KEY_A)),
+        )
+        .await;
+    assert_eq!(
+        err.error.message,
+        format!(
+            "key {KEY_A_FP} is registered to another user: make a key of your own with \
+             `ssh-keygen -t ed25519` and add it"
+        )
+    );
+
+    // Keys that are refused, each with what to do.
+    let private = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU=\n-----END OPENSSH PRIVATE KEY-----\n";
+    for (text, expected) in [
+        (KEY_DSA, "DSA keys (ssh-dss) are too weak"),
+        (
+            KEY_RSA_1024,
+            "this RSA key has 1024 bits, fewer than the 2048 required",
+        ),
+        (
+            KEY_CERT,
+            "SSH certificates (ssh-ed25519-cert-v01@openssh.com) are not accepted",
+        ),
+        (
+            private,
+            "this is a private key, which must never leave your machine",
+        ),
+        ("ssh-ed25519 AAAA-not-base64", "not an OpenSSH public key"),
+        ("", "the public key is empty"),
+    ] {
+        let err = m
+            .alice
+            .fails(
+                StatusCode::BAD_REQUEST,
+                m.alice.post("/v1/keys", &add_key(text)),
+            )
+            .await;
+        assert_eq!(err.error.code, "bad_request");
+        assert!(
+            err.error.message.starts_with(expected),
+            "{}",
+            err.error.message
+        );
+    }
+
+    let ecdsa: KeyView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/keys", &add_key(KEY_ECDSA)),
+        )
+        .await;
+    assert_eq!(ecdsa.fingerprint, KEY_ECDSA_FP);
+    let bobs: KeyView = m
+        .bob
+        .ok(StatusCode::CREATED, m.bob.post("/v1/keys", &add_key(KEY_B)))
+        .await;
+    assert_eq!(bobs.fingerprint, KEY_B_FP);
+
+    // Listing: own keys; everyone's for admins only.
+    let fingerprints =
+        |keys: Vec<KeyView>| -> Vec<String> { keys.into_iter().map(|k| k.fingerprint).collect() };
+    let mine: Vec<KeyView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/keys")).await;
+    assert_eq!(fingerprints(mine), [KEY_A_FP, KEY_ECDSA_FP]);
+    let bobs: Vec<KeyView> = m.bob.ok(StatusCode::OK, m.bob.get("/v1/keys")).await;
+    assert_eq!(fingerprints(bobs), [KEY_B_FP]);
+    m.bob
+        .fails(StatusCode::FORBIDDEN, m.bob.get("/v1/keys?all=true"))
+        .await;
+    let all: Vec<KeyView> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/keys?all=true"))
+        .await;
+    assert_eq!(all.len(), 3);
+
+    // Removal: a user only their own (someone else's is "not found"); admins any.
+    let remove = |fingerprint: &str| format!("/v1/keys?fingerprint={}", urlencode(fingerprint));
+    let err = m
+        .bob
+        .fails(StatusCode::NOT_FOUND, m.bob.delete(&remove(KEY_A_FP)))
+        .await;
+    assert_eq!(
+        err.error.message,
+        format!("you have no key {KEY_A_FP}: list yours with `devctl key ls`")
+    );
+    let removed: KeyView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete(&remove(KEY_A_FP)))
+        .await;
+    assert_eq!(removed.fingerprint, KEY_A_FP);
+    m.alice
+        .fails(StatusCode::NOT_FOUND, m.alice.delete(&remove(KEY_A_FP)))
+        .await;
+    let by_admin: KeyView = m
+        .admin
+        .ok(StatusCode::OK, m.admin.delete(&remove(KEY_B_FP)))
+        .await;
+    assert_eq!(by_admin.owner.as_str(), BOB);
+    let err = m
+        .alice
+        .fails(StatusCode::BAD_REQUEST, m.alice.delete("/v1/keys"))
+        .await;
+    assert!(
+        err.error.message.contains("?fingerprint=SHA256:"),
+        "{}",
+        err.error.message
+    );
+    // Removed, Bob's key is free for Alice.
+    let _: KeyView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/keys", &add_key(KEY_B)),
+        )
+        .await;
+
+    // At most 32 keys each (she has 2).
+    for n in 0..30 {
+        let _: KeyView = m
+            .alice
+            .ok(
+                StatusCode::CREATED,
+                m.alice.post("/v1/keys", &add_key(&synthetic_key(n))),
+            )
+            .await;
+    }
+    let err = m
+        .alice
+        .fails(
+            StatusCode::CONFLICT,
+            m.alice.post("/v1/keys", &add_key(&synthetic_key(99))),
+        )
+        .await;
+    assert_eq!(
+        err.error.message,
+        "you already have 32 keys, the most allowed: remove one with `devctl key rm FINGERPRINT` \
+         (see `devctl key ls`)"
+    );
+    // Renewing one of them is still allowed.
+    let _: KeyView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post("/v1/keys", &add_key(&synthetic_key(7))),
+        )
+        .await;
+    m.anonymous
+        .fails(StatusCode::UNAUTHORIZED, m.anonymous.get("/v1/keys"))
+        .await;
+    m.stop().await;
+}
+
+fn institute(name: &str, cidrs: &[&str]) -> serde_json::Value {
+    serde_json::json!({"name": name, "cidrs": cidrs})
+}
+
+#[tokio::test]
+async fn admins_manage_institutes_and_the_gateway_sees_them() {
+    let site = Site::new();
+    let m = site.start().await;
+    let lab = institute("uni-lab", &["10.5.0.0/16", "2001:db8::/32", "10.5.0.0/16"]);
+
+    // Users may not.
+    for request in [
+        m.alice.get("/v1/institutes"),
+        m.alice.post("/v1/institutes", &lab),
+        m.alice.get("/v1/institutes/uni-lab"),
+        m.alice.delete("/v1/institutes/uni-lab"),
+        m.alice.get("/v1/audit"),
+    ] {
+        let err = m.alice.fails(StatusCode::FORBIDDEN, request).await;
+        assert!(
+            err.error.message.starts_with("only admins "),
+            "{}",
+            err.error.message
+        );
+    }
+
+    let added: Institute = m
+        .admin
+        .ok(StatusCode::CREATED, m.admin.post("/v1/institutes", &lab))
+        .await;
+    let networks: Vec<String> = added.cidrs.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        networks,
+        ["10.5.0.0/16", "2001:db8::/32"],
+        "each network once"
+    );
+    let err = m
+        .admin
+        .fails(StatusCode::CONFLICT, m.admin.post("/v1/institutes", &lab))
+        .await;
+    assert_eq!(
+        err.error.message,
+        "institute uni-lab already exists: to change its networks, remove it with \
+         `devctl admin institute rm uni-lab` and add it again"
+    );
+
+    // Validation.
+    let err = m
+        .admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin.post("/v1/institutes", &institute("cern.ch", &[])),
+        )
+        .await;
+    assert!(
+        err.error
+            .message
+            .starts_with("institute cern.ch needs at least one network"),
+        "{}",
+        err.error.message
+    );
+    let err = m
+        .admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin
+                .post("/v1/institutes", &institute("cern.ch", &["10.1.2.3/16"])),
+        )
+        .await;
+    assert!(
+        err.error.message.contains("10.1.0.0/16"),
+        "{}",
+        err.error.message
+    );
+    let err = m
+        .admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin
+                .post("/v1/institutes", &institute("CERN", &["192.0.2.0/24"])),
+        )
+        .await;
+    assert!(
+        err.error.message.contains("institute name"),
+        "{}",
+        err.error.message
+    );
+    let _: Institute = m
+        .admin
+        .ok(
+            StatusCode::CREATED,
+            m.admin
+                .post("/v1/institutes", &institute("cern.ch", &["192.0.2.0/24"])),
+        )
+        .await;
+
+    let listed: Vec<Institute> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/institutes"))
+        .await;
+    let names: Vec<&str> = listed.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["cern.ch", "uni-lab"]);
+    let shown: Institute = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/institutes/uni-lab"))
+        .await;
+    assert_eq!(shown, added);
+    let err = m
+        .admin
+        .fails(StatusCode::NOT_FOUND, m.admin.get("/v1/institutes/nowhere"))
+        .await;
+    assert_eq!(
+        err.error.message,
+        "no institute named nowhere: list them with `devctl admin institute ls`"
+    );
+    m.admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin.get("/v1/institutes/No%20Such"),
+        )
+        .await;
+
+    // The gateway's view changes as soon as the admin's does.
+    let allowlist: Allowlist = m
+        .gateway
+        .ok(StatusCode::OK, m.gateway.get("/v1/gateway/allowlist"))
+        .await;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert_eq!(
+        allowlist
+            .institute_of(ip("10.5.3.4"))
+            .map(InstituteName::as_str),
+        Some("uni-lab")
+    );
+    assert_eq!(
+        allowlist
+            .institute_of(ip("2001:db8::7"))
+            .map(InstituteName::as_str),
+        Some("uni-lab")
+    );
+    let removed: Institute = m
+        .admin
+        .ok(StatusCode::OK, m.admin.delete("/v1/institutes/uni-lab"))
+        .await;
+    assert_eq!(removed, added);
+    m.admin
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.admin.delete("/v1/institutes/uni-lab"),
+        )
+        .await;
+    let allowlist: Allowlist = m
+        .gateway
+        .ok(StatusCode::OK, m.gateway.get("/v1/gateway/allowlist"))
+        .await;
+    assert_eq!(allowlist.institute_of(ip("10.5.3.4")), None);
+    assert_eq!(allowlist.institutes.len(), 1);
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn gateway_routes_need_the_gateway_token() {
+    let site = Site::new();
+    let m = site.start().await;
+    let wrong = Api::new(site.client(None), m.addr).with_token("not-the-gateway-token-at-all");
+    for (caller, expected) in [
+        (
+            &m.anonymous,
+            "gateway routes need `Authorization: Bearer <gateway token>`",
+        ),
+        (
+            &m.alice,
+            "gateway routes need `Authorization: Bearer <gateway token>`",
+        ),
+        (&wrong, "wrong gateway token"),
+        (&m.node1, "wrong gateway token"),
+    ] {
+        let err = caller
+            .fails(
+                StatusCode::UNAUTHORIZED,
+                caller.get("/v1/gateway/allowlist"),
+            )
+            .await;
+        assert_eq!(err.error.code, "unauthenticated");
+        assert!(
+            err.error.message.starts_with(expected),
+            "{}",
+            err.error.message
+        );
+        let check = KeyCheck {
+            public_key: KEY_A.to_owned(),
+            source: ip_v4(192, 0, 2, 7),
+            login: "alice".to_owned(),
+        };
+        caller
+            .fails(
+                StatusCode::UNAUTHORIZED,
+                caller.post("/v1/gateway/authorize", &check),
+            )
+            .await;
+    }
+    // The gateway's token is not an agent's.
+    m.gateway
+        .fails(
+            StatusCode::UNAUTHORIZED,
+            m.gateway.post("/v1/agent/sync", &serde_json::json!({})),
+        )
+        .await;
+    m.stop().await;
+
+    // Without gateway_token_file the routes are off, and say so.
+    let mut config = site.config.clone();
+    config.gateway_token_file = None;
+    let m = site.start_with(config, None).await;
+    let err = m
+        .gateway
+        .fails(
+            StatusCode::UNAUTHORIZED,
+            m.gateway.get("/v1/gateway/allowlist"),
+        )
+        .await;
+    assert_eq!(
+        err.error.message,
+        "gateway routes are not enabled on this manager: set gateway_token_file in its config to \
+         the gateway's token"
+    );
+    m.stop().await;
+
+    // A gateway token that is also a node's token is refused at start-up.
+    std::fs::write(site.dir.path().join("gateway-token"), NODE2_TOKEN).unwrap();
+    let Err(err) = ongrid_manager::prepare(site.config.clone()) else {
+        panic!("a gateway token shared with node2 must be refused");
+    };
+    assert!(
+        err.to_string().contains("holds node node2's agent token"),
+        "{err}"
+    );
+}
+
+fn ip_v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+impl Api {
+    async fn route(&self, owner: &str, target: &str) -> (StatusCode, String) {
+        let request = RouteRequest {
+            owner: Dn::parse(owner).unwrap(),
+            target: target.to_owned(),
+        };
+        self.send(self.post("/v1/gateway/route", &request)).await
+    }
+
+    async fn routed(&self, owner: &str, target: &str) -> Route {
+        let (status, body) = self.route(owner, target).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The refusal's status and message.
+    async fn refused(&self, owner: &str, target: &str) -> (StatusCode, String) {
+        let (status, body) = self.route(owner, target).await;
+        assert!(!status.is_success(), "{body}");
+        let body: ErrorBody = serde_json::from_str(&body).unwrap();
+        (status, body.error.message)
+    }
+
+    async fn authorize(&self, public_key: &str) -> (StatusCode, String) {
+        let check = KeyCheck {
+            public_key: public_key.to_owned(),
+            source: ip_v4(192, 0, 2, 7),
+            login: "train1".to_owned(),
+        };
+        self.send(self.post("/v1/gateway/authorize", &check)).await
+    }
+
+    async fn connection(&self, event: &ConnectionEvent) {
+        let (status, body) = self.send(self.post("/v1/gateway/connections", event)).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    }
+}
+
+fn message(body: &str) -> String {
+    serde_json::from_str::<ErrorBody>(body)
+        .unwrap()
+        .error
+        .message
+}
+
+#[tokio::test]
+async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
+    let site = Site::new();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let m = site
+        .start_with(site.config.clone(), Some(clock.clone()))
+        .await;
+    let gw = &m.gateway;
+
+    // Keys: unknown, known (with the owner's login), and later expired.
+    let _: KeyView = m
+        .alice_short
+        .ok(
+            StatusCode::CREATED,
+            m.alice_short.post("/v1/keys", &add_key(KEY_A)),
+        )
+        .await;
+    let (status, body) = gw.authorize(KEY_C).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        message(&body),
+        format!("key {KEY_C_FP} is not registered: add it with `devctl key add`")
+    );
+    // The gateway passes the key as offered: without a comment.
+    let (status, body) = gw.authorize(KEY_A.trim_end_matches(" a@laptop")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let owner: KeyOwner = serde_json::from_str(&body).unwrap();
+    assert_eq!(owner.owner.as_str(), ALICE);
+    assert_eq!(owner.user_name.as_str(), "alice-smith");
+    assert_eq!(owner.fingerprint, KEY_A_FP);
+    assert_eq!(owner.expires_at, site.short_expiry);
+    let (status, _) = gw.authorize("not a key").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // No session yet.
+    assert_eq!(
+        gw.refused(ALICE, "alice-smith").await,
+        (
+            StatusCode::NOT_FOUND,
+            "you have no session: start one with `devctl session new`".to_owned()
+        )
+    );
+
+    // Agents must give a wss:// stream endpoint, if any.
+    let body = RegisterNode {
+        node: NodeName::parse("node1").unwrap(),
+        agent_version: "test".to_owned(),
+        gpu_backend: "simulated".to_owned(),
+        gpus: vec![a100(1)],
+        stream_url: Some("ws://node1.test:8444".to_owned()),
+    };
+    let err = m
+        .node1
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.node1.post("/v1/agent/register", &body),
+        )
+        .await;
+    assert!(
+        err.error.message.contains("must start with wss://"),
+        "{}",
+        err.error.message
+    );
+
+    // node1 has streams; node2 (registered later) has none.
+    m.node1
+        .register_streams("node1", vec![a100(1)], Some("wss://node1.test:8444"))
+        .await;
+    let train1 = m.alice.create(Some("train1"), one_gpu()).await;
+    assert_eq!(train1.state, SessionState::Starting);
+    assert_eq!(
+        gw.refused(ALICE, "train1").await,
+        (
+            StatusCode::CONFLICT,
+            "session train1 is starting: try again in a few seconds".to_owned()
+        )
+    );
+    m.node1
+        .sync(
+            "node1",
+            vec![a100(1)],
+            vec![container(&train1, ContainerState::Running, None)],
+        )
+        .await;
+    let route = gw.routed(ALICE, "train1").await;
+    assert_eq!(route.session_id, train1.id);
+    assert_eq!(route.session_name.as_str(), "train1");
+    assert_eq!(route.state, SessionState::Waiting);
+    assert_eq!(route.node.as_str(), "node1");
+    assert_eq!(route.container, train1.id.container_name());
+    assert_eq!(route.agent_url, "wss://node1.test:8444");
+    // Her only session: any name reaches it.
+    assert_eq!(gw.routed(ALICE, "alice-smith").await.session_id, train1.id);
+
+    // Bob never reaches Alice's session, whatever the name.
+    assert_eq!(
+        gw.refused(BOB, "train1").await.1,
+        "you have no session: start one with `devctl session new`"
+    );
+
+    // A second session waits for a GPU: names are needed now.
+    clock.advance(TimeDelta::seconds(1));
+    let exp2 = m.alice.create(Some("exp2"), one_gpu()).await;
+    assert_eq!(exp2.state, SessionState::Pending);
+    assert_eq!(
+        gw.refused(ALICE, "alice-smith").await,
+        (
+            StatusCode::NOT_FOUND,
+            "you have several sessions (train1 WAITING, exp2 PENDING): connect with \
+             ssh <name>@<this gateway>"
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        gw.refused(ALICE, "exp2").await,
+        (
+            StatusCode::CONFLICT,
+            "session exp2 is PENDING, number 1 in the queue: it starts when a GPU frees \
+             (devctl session show exp2)"
+                .to_owned()
+        )
+    );
+    assert_eq!(gw.routed(ALICE, "train1").await.session_id, train1.id);
+
+    // Placed on node2, whose agent has no [streams].
+    m.node2.register("node2", vec![a100(2)]).await;
+    let exp2 = m.alice.wait_for("exp2", SessionState::Starting).await;
+    m.node2
+        .sync(
+            "node2",
+            vec![a100(2)],
+            vec![container(&exp2, ContainerState::Running, None)],
+        )
+        .await;
+    let (status, text) = gw.refused(ALICE, "exp2").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(
+        text.starts_with(
+            "session exp2 runs on node node2, whose agent has no [streams] configured"
+        ),
+        "{text}"
+    );
+
+    // Its container dies: FAILED, with the reason and the fix.
+    let died = ContainerState::Exited {
+        exit_code: 1,
+        oom_killed: false,
+        error: Some("segfault".to_owned()),
+    };
+    m.node2
+        .sync("node2", vec![a100(2)], vec![container(&exp2, died, None)])
+        .await;
+    assert_eq!(
+        gw.refused(ALICE, "exp2").await,
+        (
+            StatusCode::CONFLICT,
+            "session exp2 FAILED (container exited with code 1: segfault): remove it with \
+             `devctl session rm exp2` and start a new one"
+                .to_owned()
+        )
+    );
+    // A FAILED session does not stand in the way of the live one.
+    assert_eq!(gw.routed(ALICE, "alice-smith").await.session_id, train1.id);
+
+    // Connections: WAITING → CONNECTED → (one of two closes) → IDLE → CONNECTED.
+    let event = |n: u128, kind: ConnectionEventKind, bytes: (u64, u64)| ConnectionEvent {
+        connection_id: uuid::Uuid::from_u128(n),
+        event: kind,
+        at: clock.now(),
+        owner: Dn::parse(ALICE).unwrap(),
+        fingerprint: KEY_A_FP.to_owned(),
+        source: "::ffff:192.0.2.7".parse().unwrap(),
+        institute: InstituteName::parse("uni-lab").unwrap(),
+        session_id: train1.id,
+        bytes_in: bytes.0,
+        bytes_out: bytes.1,
+    };
+    gw.connection(&event(1, ConnectionEventKind::Open, (0, 0)))
+        .await;
+    let shown = m.alice.show("train1").await;
+    assert_eq!(shown.state, SessionState::Connected);
+    assert_eq!(shown.reason, "SSH connection from 192.0.2.7 (uni-lab)");
+    clock.advance(TimeDelta::minutes(1));
+    gw.connection(&event(2, ConnectionEventKind::Open, (0, 0)))
+        .await;
+    clock.advance(TimeDelta::minutes(1));
+    gw.connection(&event(1, ConnectionEventKind::Close, (1200, 34_000)))
+        .await;
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Connected);
+    assert_eq!(
+        gw.routed(ALICE, "train1").await.state,
+        SessionState::Connected
+    );
+    clock.advance(TimeDelta::minutes(1));
+    gw.connection(&event(2, ConnectionEventKind::Close, (5, 6)))
+        .await;
+    let idle = m.alice.show("train1").await;
+    assert_eq!(idle.state, SessionState::Idle);
+    assert_eq!(idle.reason, "last SSH connection closed");
+    assert_eq!(gw.routed(ALICE, "train1").await.state, SessionState::Idle);
+    clock.advance(TimeDelta::minutes(1));
+    gw.connection(&event(3, ConnectionEventKind::Open, (0, 0)))
+        .await;
+    let again = m.alice.show("train1").await;
+    assert_eq!(again.state, SessionState::Connected);
+    let states: Vec<_> = again.transitions.iter().map(|t| t.to).collect();
+    assert_eq!(
+        states,
+        [
+            SessionState::Pending,
+            SessionState::Starting,
+            SessionState::Waiting,
+            SessionState::Connected,
+            SessionState::Idle,
+            SessionState::Connected
+        ]
+    );
+
+    // Events the gateway gets wrong.
+    let mut unknown = event(4, ConnectionEventKind::Open, (0, 0));
+    unknown.session_id = ongrid_core::SessionId::new_random();
+    let (status, _) = gw.send(gw.post("/v1/gateway/connections", &unknown)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let mut not_hers = event(4, ConnectionEventKind::Open, (0, 0));
+    not_hers.owner = Dn::parse(BOB).unwrap();
+    let (status, body) = gw.send(gw.post("/v1/gateway/connections", &not_hers)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // HELD (the hold policy comes later; the store puts it there here).
+    let store = ongrid_manager::store::SqliteStore::open(&site.config.database)
+        .await
+        .unwrap();
+    {
+        use ongrid_manager::store::{Change, Placement, Store};
+        store
+            .transition(
+                train1.id,
+                Change {
+                    to: SessionState::Held,
+                    at: clock.now(),
+                    reason: "idle for 20 minutes".to_owned(),
+                    placement: Placement::Keep,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    assert_eq!(
+        gw.refused(ALICE, "alice-smith").await,
+        (
+            StatusCode::CONFLICT,
+            "session train1 is HELD (idle for 20 minutes): run `devctl session release train1`"
+                .to_owned()
+        )
+    );
+    // Connection 3 closes while HELD: recorded, the state stays.
+    gw.connection(&event(3, ConnectionEventKind::Close, (9, 9)))
+        .await;
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Held);
+
+    // The audit log: newest first, by user, since a time or a duration ago.
+    let audit = |query: &str| m.admin.get(&format!("/v1/audit{query}"));
+    let log: Vec<AuditRecord> = m.admin.ok(StatusCode::OK, audit("")).await;
+    let ids: Vec<u128> = log.iter().map(|r| r.connection_id.as_u128()).collect();
+    assert_eq!(ids, [3, 2, 1]);
+    let first = &log[2];
+    assert_eq!(first.owner.as_str(), ALICE);
+    assert_eq!(first.fingerprint, KEY_A_FP);
+    assert_eq!(first.source, ip_v4(192, 0, 2, 7));
+    assert_eq!(first.institute.as_str(), "uni-lab");
+    assert_eq!(first.session_name.as_str(), "train1");
+    assert_eq!(
+        first.closed_at.unwrap() - first.opened_at,
+        TimeDelta::minutes(2)
+    );
+    assert_eq!((first.bytes_in, first.bytes_out), (1200, 34_000));
+    let alices: Vec<AuditRecord> = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            audit(&format!("?user={}", urlencode(ALICE))),
+        )
+        .await;
+    assert_eq!(alices.len(), 3);
+    let bobs: Vec<AuditRecord> = m
+        .admin
+        .ok(StatusCode::OK, audit(&format!("?user={}", urlencode(BOB))))
+        .await;
+    assert!(bobs.is_empty());
+    // Connection 1 closed 3 minutes ago (by the manager's clock), 2 and 3 later.
+    clock.advance(TimeDelta::minutes(1));
+    let recent: Vec<AuditRecord> = m
+        .admin
+        .ok(StatusCode::OK, audit("?since=150%20seconds"))
+        .await;
+    let ids: Vec<u128> = recent.iter().map(|r| r.connection_id.as_u128()).collect();
+    assert_eq!(ids, [3, 2]);
+    let since =
+        (clock.now() - TimeDelta::seconds(90)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let recent: Vec<AuditRecord> = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            audit(&format!("?since={}", urlencode(&since))),
+        )
+        .await;
+    assert_eq!(recent.len(), 1);
+    let err = m
+        .admin
+        .fails(StatusCode::BAD_REQUEST, audit("?since=yesterday"))
+        .await;
+    assert!(
+        err.error.message.contains("\"2 hours\""),
+        "{}",
+        err.error.message
+    );
+    m.admin
+        .fails(StatusCode::BAD_REQUEST, audit("?user=nobody"))
+        .await;
+
+    // Days later Alice's short certificate has expired, and so has her key.
+    clock.advance(TimeDelta::days(4));
+    let (status, body) = gw.authorize(KEY_A).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        message(&body),
+        format!(
+            "key {KEY_A_FP} expired at {} with the certificate it was registered with: renew \
+             your proxy (voms-proxy-init) and run `devctl key add` again",
+            site.short_expiry.format("%Y-%m-%d %H:%M:%S UTC")
+        )
+    );
     m.stop().await;
 }

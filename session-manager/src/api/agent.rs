@@ -27,16 +27,21 @@ pub async fn register(
 ) -> Result<Json<DesiredState>, ApiError> {
     check_node(&node, &body.node)?;
     check_gpus(&body.gpus)?;
+    let stream_url = body.stream_url.map(|url| url.trim().to_owned());
+    if let Some(url) = &stream_url {
+        check_stream_url(url).map_err(ApiError::bad_request)?;
+    }
     let registration = NodeRegistration {
         name: node.clone(),
         gpu_backend: body.gpu_backend,
         agent_version: body.agent_version,
+        stream_url: stream_url.clone(),
     };
     state
         .store
         .register_node(registration, &body.gpus, state.clock.now())
         .await?;
-    tracing::info!(%node, gpus = body.gpus.len(), "Node registered.");
+    tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
     state.wake.notify_one();
     desired_state(&state, &node).await.map(Json)
 }
@@ -101,6 +106,28 @@ fn check_gpus(gpus: &[GpuInfo]) -> Result<(), ApiError> {
                 gpu.uuid
             )));
         }
+    }
+    Ok(())
+}
+
+/// Checks the agent's stream endpoint well enough to refuse mistakes: the gateway dials it with
+/// TLS, so it must be `wss://host[:port][/path]`.
+pub fn check_stream_url(url: &str) -> Result<(), String> {
+    let Some(rest) = url.strip_prefix("wss://") else {
+        return Err(format!(
+            "stream_url {url:?} must start with wss:// (the gateway reaches agents over TLS): \
+             check [streams] url in the agent's config"
+        ));
+    };
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty()
+        || url.len() > 2048
+        || url.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "stream_url {url:?} is not a URL like wss://node1.example.org:8444: check [streams] \
+             url in the agent's config"
+        ));
     }
     Ok(())
 }
@@ -232,6 +259,18 @@ mod tests {
             oom_killed: oom,
             error: error.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn stream_urls_must_be_wss() {
+        assert!(check_stream_url("wss://node1.example.org:8444").is_ok());
+        assert!(check_stream_url("wss://127.0.0.1:40123").is_ok());
+        assert!(check_stream_url("wss://[::1]:8444/streams").is_ok());
+        let err = check_stream_url("ws://node1:8444").unwrap_err();
+        assert!(err.contains("wss://"), "{err}");
+        assert!(check_stream_url("wss://").is_err());
+        assert!(check_stream_url("wss:///path").is_err());
+        assert!(check_stream_url("wss://node 1:8444").is_err());
     }
 
     #[test]

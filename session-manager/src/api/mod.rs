@@ -1,14 +1,20 @@
 //! The HTTPS API under `/v1`, exactly as listed in `ongrid_core::api`'s documentation.
 //!
 //! - [`users`]: routes for people (TLS client certificate → [`crate::auth::CurrentUser`]).
+//! - [`keys`]: people's SSH public keys.
+//! - [`admin`]: the institutes allowlist and the audit log (admins only).
 //! - [`agent`]: routes for node agents (bearer token → [`crate::auth::AgentNode`]).
+//! - [`gateway`]: routes for the SSH gateway (bearer token → [`crate::auth::GatewayCaller`]).
 //! - [`error`]: the one [`ApiError`] and the extractors that never answer in plain text.
 //!
 //! Handlers hold no state of their own: everything is in the [`Store`]; the scheduler is woken
 //! through [`AppState::wake`] whenever something it cares about changed.
 
+pub mod admin;
 pub mod agent;
 pub mod error;
+pub mod gateway;
+pub mod keys;
 pub mod users;
 
 use std::collections::HashMap;
@@ -23,7 +29,7 @@ use tokio::sync::Notify;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
 
-use crate::auth::AgentTokens;
+use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::site::SiteSnapshot;
@@ -35,6 +41,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub config: Arc<Config>,
     pub tokens: Arc<AgentTokens>,
+    /// `None` when the config has no `gateway_token_file`: gateway routes answer 401.
+    pub gateway_token: Option<Arc<GatewayToken>>,
     pub clock: Arc<dyn Clock>,
     /// Wakes the scheduling loop.
     pub wake: Arc<Notify>,
@@ -74,8 +82,27 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/nodes", get(users::list_nodes))
         .route("/v1/gpus/{uuid}/mode", put(users::set_gpu_mode))
+        .route(
+            "/v1/keys",
+            get(keys::list_keys)
+                .post(keys::add_key)
+                .delete(keys::remove_key),
+        )
+        .route(
+            "/v1/institutes",
+            get(admin::list_institutes).post(admin::add_institute),
+        )
+        .route(
+            "/v1/institutes/{name}",
+            get(admin::show_institute).delete(admin::remove_institute),
+        )
+        .route("/v1/audit", get(admin::audit))
         .route("/v1/agent/register", post(agent::register))
         .route("/v1/agent/sync", post(agent::sync))
+        .route("/v1/gateway/allowlist", get(gateway::allowlist))
+        .route("/v1/gateway/authorize", post(gateway::authorize))
+        .route("/v1/gateway/route", post(gateway::route))
+        .route("/v1/gateway/connections", post(gateway::connection_event))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -1,5 +1,6 @@
 //! Persistence of everything the manager knows: users, sessions with their full transition
-//! history, nodes and GPUs.
+//! history, nodes and GPUs, users' SSH keys, the institutes allowlist and the audit log of SSH
+//! connections.
 //!
 //! The rest of the manager talks to the [`Store`] trait only; [`sqlite::SqliteStore`] is the
 //! embedded implementation (one file, WAL), and a PostgreSQL one can follow for multi-replica
@@ -8,14 +9,18 @@
 //! Session states change only through [`Store::transition`], which replays the stored history
 //! into an [`ongrid_core::Lifecycle`], applies the change and stores the new transition and state
 //! in one transaction: an invalid change is a typed error and the history is always complete.
+//! [`Store::record_connection`] is the one other way: it stores a gateway's connection event and
+//! the state change it causes in the same transaction, so that two connections opening and
+//! closing at once can never leave a session IDLE with a connection open.
 
 pub mod sqlite;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use ongrid_core::api::{AuditRecord, ConnectionEvent};
 use ongrid_core::{
-    Dn, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, InvalidTransition, NodeName, SessionId,
-    SessionName, SessionState, Transition, UserName,
+    Dn, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
+    NodeName, SessionId, SessionName, SessionState, Transition, UserName,
 };
 
 pub use sqlite::SqliteStore;
@@ -33,6 +38,14 @@ pub enum StoreError {
     InvalidTransition(#[from] InvalidTransition),
     #[error("no session with id {0}")]
     NoSuchSession(SessionId),
+    /// The SSH key is registered to another owner.
+    #[error("key {fingerprint} belongs to another user")]
+    KeyTaken { fingerprint: String },
+    /// The owner already has the most keys allowed.
+    #[error("the owner already has {max} keys")]
+    TooManyKeys { max: usize },
+    #[error("institute {0} already exists")]
+    InstituteExists(InstituteName),
     /// A stored value does not parse back: the database was edited by hand or is damaged.
     #[error("stored data is damaged: {0}")]
     Corrupt(String),
@@ -124,6 +137,8 @@ pub struct NodeRegistration {
     pub name: NodeName,
     pub gpu_backend: String,
     pub agent_version: String,
+    /// The agent's stream endpoint for the SSH gateway; `None` when it has none.
+    pub stream_url: Option<String>,
 }
 
 /// A registered node with its GPUs.
@@ -132,6 +147,8 @@ pub struct NodeRecord {
     pub name: NodeName,
     pub gpu_backend: String,
     pub agent_version: String,
+    /// The agent's stream endpoint for the SSH gateway (`wss://...`), as last registered.
+    pub stream_url: Option<String>,
     pub last_seen: DateTime<Utc>,
     /// Ordered by PCI bus id, then UUID.
     pub gpus: Vec<GpuRecord>,
@@ -143,6 +160,68 @@ pub struct GpuRecord {
     pub node: NodeName,
     pub info: GpuInfo,
     pub mode: GpuMode,
+}
+
+/// An SSH public key bound to a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    /// `SHA256:<base64>`; unique across the site.
+    pub fingerprint: String,
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub algorithm: String,
+    /// OpenSSH one-line format, without the comment.
+    pub public_key: String,
+    pub comment: String,
+    pub added_at: DateTime<Utc>,
+    /// Refused from then on: the notAfter of the certificate it was (last) registered with.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A key to bind to `owner`, registered at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewKey {
+    pub fingerprint: String,
+    pub owner: Dn,
+    pub algorithm: String,
+    pub public_key: String,
+    pub comment: String,
+    pub at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// What [`Store::add_key`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyAdded {
+    /// The key was new.
+    New(KeyRecord),
+    /// The owner had it already: its expiry (and comment) were renewed.
+    Renewed(KeyRecord),
+}
+
+/// Which connections the audit log returns, newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditFilter {
+    pub owner: Option<Dn>,
+    /// Connections open at any time since then: still open, or closed at or after it.
+    pub since: Option<DateTime<Utc>>,
+    pub limit: u32,
+}
+
+/// Decides the session's change, if any, after a connection event, from the session as it was
+/// before, the event, and how many of its connections are open after it.
+pub type ConnectionPolicy =
+    fn(&SessionRecord, &ConnectionEvent, u32) -> Option<(SessionState, String)>;
+
+/// What [`Store::record_connection`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionRecorded {
+    /// The session after the event.
+    pub session: SessionRecord,
+    /// Its connections still open.
+    pub open_connections: u32,
+    /// The change of state the event caused.
+    pub transition: Option<Transition>,
 }
 
 /// The manager's persistent state. Every method is one transaction.
@@ -207,4 +286,56 @@ pub trait Store: Send + Sync {
         uuid: &'a GpuUuid,
         mode: GpuMode,
     ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>>;
+
+    /// Binds a key to its owner, or renews it when the owner has it already (new expiry and
+    /// comment). [`StoreError::KeyTaken`] when another owner has it, [`StoreError::TooManyKeys`]
+    /// when a new key would give the owner more than `max_per_owner`.
+    fn add_key(&self, key: NewKey, max_per_owner: usize) -> BoxFuture<'_, StoreResult<KeyAdded>>;
+
+    fn key<'a>(&'a self, fingerprint: &'a str) -> BoxFuture<'a, StoreResult<Option<KeyRecord>>>;
+
+    /// The keys of `owner` (everyone's when `None`), ordered by owner then time added.
+    fn keys<'a>(&'a self, owner: Option<&'a Dn>) -> BoxFuture<'a, StoreResult<Vec<KeyRecord>>>;
+
+    /// Removes the key if it exists and, when `owner` is given, is theirs.
+    fn remove_key<'a>(
+        &'a self,
+        fingerprint: &'a str,
+        owner: Option<&'a Dn>,
+    ) -> BoxFuture<'a, StoreResult<Option<KeyRecord>>>;
+
+    /// Adds an institute; [`StoreError::InstituteExists`] if the name is taken.
+    fn add_institute<'a>(
+        &'a self,
+        institute: &'a Institute,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    fn institute<'a>(
+        &'a self,
+        name: &'a InstituteName,
+    ) -> BoxFuture<'a, StoreResult<Option<Institute>>>;
+
+    /// Every institute, ordered by name.
+    fn institutes(&self) -> BoxFuture<'_, StoreResult<Vec<Institute>>>;
+
+    fn remove_institute<'a>(
+        &'a self,
+        name: &'a InstituteName,
+    ) -> BoxFuture<'a, StoreResult<Option<Institute>>>;
+
+    /// Stores a connection event in the audit log (an open inserts the row, a close sets its
+    /// end and byte totals, a close never opened inserts the whole row; a repeated event changes
+    /// nothing more), counts the session's open connections, and applies the change `policy`
+    /// decides at `at` — all in one transaction. [`StoreError::NoSuchSession`] if the session
+    /// does not exist.
+    fn record_connection<'a>(
+        &'a self,
+        event: &'a ConnectionEvent,
+        at: DateTime<Utc>,
+        policy: ConnectionPolicy,
+    ) -> BoxFuture<'a, StoreResult<ConnectionRecorded>>;
+
+    /// The audit log, newest first (by the time connections opened), at most `filter.limit`.
+    fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>>;
 }

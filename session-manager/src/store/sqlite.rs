@@ -24,9 +24,13 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
+use ongrid_core::api::{AuditRecord, ConnectionEvent};
+use ongrid_core::{Institute, InstituteName};
+
 use super::{
-    Change, GpuRecord, NewSession, NodeRecord, NodeRegistration, Placement, SessionFilter,
-    SessionRecord, Store, StoreError, StoreResult, UserRecord,
+    AuditFilter, Change, ConnectionPolicy, ConnectionRecorded, GpuRecord, KeyAdded, KeyRecord,
+    NewKey, NewSession, NodeRecord, NodeRegistration, Placement, SessionFilter, SessionRecord,
+    Store, StoreError, StoreResult, UserRecord,
 };
 
 /// How long a statement waits for another connection's write lock before giving up.
@@ -162,12 +166,7 @@ impl SqliteStore {
     }
 
     async fn session_impl(&self, id: SessionId) -> StoreResult<Option<SessionRecord>> {
-        let sql = format!("SELECT {SESSION_COLUMNS} WHERE s.id = ?");
-        let row = sqlx::query(&sql)
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(session_from_row).transpose()
+        find_session(&self.pool, id).await
     }
 
     async fn session_by_name_impl(
@@ -229,49 +228,7 @@ impl SqliteStore {
 
     async fn transition_impl(&self, id: SessionId, change: Change) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
-        let history = load_transitions(&mut tx, id).await?;
-        if history.is_empty() {
-            return Err(StoreError::NoSuchSession(id));
-        }
-        let mut lifecycle = Lifecycle::from_history(history)
-            .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))?;
-        let seq = lifecycle.history().len();
-        let transition = lifecycle.transition(change.to, change.at, change.reason)?;
-        insert_transition(&mut tx, id, seq, transition).await?;
-        let id_text = id.to_string();
-        match change.placement {
-            Placement::Keep => {
-                sqlx::query("UPDATE sessions SET state = ?, reason = ? WHERE id = ?")
-                    .bind(transition.to.as_str())
-                    .bind(&transition.reason)
-                    .bind(&id_text)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Placement::Place { node, gpus } => {
-                sqlx::query(
-                    "UPDATE sessions SET state = ?, reason = ?, node = ?, gpus = ? WHERE id = ?",
-                )
-                .bind(transition.to.as_str())
-                .bind(&transition.reason)
-                .bind(node.as_str())
-                .bind(to_json(&gpus)?)
-                .bind(&id_text)
-                .execute(&mut *tx)
-                .await?;
-            }
-            Placement::Clear => {
-                sqlx::query(
-                    "UPDATE sessions SET state = ?, reason = ?, node = NULL, gpus = '[]' \
-                     WHERE id = ?",
-                )
-                .bind(transition.to.as_str())
-                .bind(&transition.reason)
-                .bind(&id_text)
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
+        apply_change(&mut tx, id, change).await?;
         tx.commit().await?;
         self.session_impl(id)
             .await?
@@ -286,14 +243,16 @@ impl SqliteStore {
     ) -> StoreResult<()> {
         let mut tx = self.write().await?;
         sqlx::query(
-            "INSERT INTO nodes (name, gpu_backend, agent_version, registered_at, last_seen) \
-             VALUES (?, ?, ?, ?, ?) \
+            "INSERT INTO nodes (name, gpu_backend, agent_version, stream_url, registered_at, \
+             last_seen) VALUES (?, ?, ?, ?, ?, ?) \
              ON CONFLICT (name) DO UPDATE SET gpu_backend = excluded.gpu_backend, \
-             agent_version = excluded.agent_version, last_seen = excluded.last_seen",
+             agent_version = excluded.agent_version, stream_url = excluded.stream_url, \
+             last_seen = excluded.last_seen",
         )
         .bind(node.name.as_str())
         .bind(&node.gpu_backend)
         .bind(&node.agent_version)
+        .bind(&node.stream_url)
         .bind(timestamp(at))
         .bind(timestamp(at))
         .execute(&mut *tx)
@@ -326,7 +285,8 @@ impl SqliteStore {
 
     async fn nodes_impl(&self) -> StoreResult<Vec<NodeRecord>> {
         let node_rows = sqlx::query(
-            "SELECT name, gpu_backend, agent_version, last_seen FROM nodes ORDER BY name",
+            "SELECT name, gpu_backend, agent_version, stream_url, last_seen FROM nodes \
+             ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -352,6 +312,7 @@ impl SqliteStore {
                 name,
                 gpu_backend: row.try_get("gpu_backend")?,
                 agent_version: row.try_get("agent_version")?,
+                stream_url: row.try_get("stream_url")?,
                 last_seen: parse_timestamp(&row.try_get::<String, _>("last_seen")?)?,
             });
         }
@@ -444,6 +405,65 @@ impl Store for SqliteStore {
     ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>> {
         Box::pin(self.set_gpu_mode_impl(uuid, mode))
     }
+
+    fn add_key(&self, key: NewKey, max_per_owner: usize) -> BoxFuture<'_, StoreResult<KeyAdded>> {
+        Box::pin(self.add_key_impl(key, max_per_owner))
+    }
+
+    fn key<'a>(&'a self, fingerprint: &'a str) -> BoxFuture<'a, StoreResult<Option<KeyRecord>>> {
+        Box::pin(self.key_impl(fingerprint))
+    }
+
+    fn keys<'a>(&'a self, owner: Option<&'a Dn>) -> BoxFuture<'a, StoreResult<Vec<KeyRecord>>> {
+        Box::pin(self.keys_impl(owner))
+    }
+
+    fn remove_key<'a>(
+        &'a self,
+        fingerprint: &'a str,
+        owner: Option<&'a Dn>,
+    ) -> BoxFuture<'a, StoreResult<Option<KeyRecord>>> {
+        Box::pin(self.remove_key_impl(fingerprint, owner))
+    }
+
+    fn add_institute<'a>(
+        &'a self,
+        institute: &'a Institute,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.add_institute_impl(institute, at))
+    }
+
+    fn institute<'a>(
+        &'a self,
+        name: &'a InstituteName,
+    ) -> BoxFuture<'a, StoreResult<Option<Institute>>> {
+        Box::pin(self.institute_impl(name))
+    }
+
+    fn institutes(&self) -> BoxFuture<'_, StoreResult<Vec<Institute>>> {
+        Box::pin(self.institutes_impl())
+    }
+
+    fn remove_institute<'a>(
+        &'a self,
+        name: &'a InstituteName,
+    ) -> BoxFuture<'a, StoreResult<Option<Institute>>> {
+        Box::pin(self.remove_institute_impl(name))
+    }
+
+    fn record_connection<'a>(
+        &'a self,
+        event: &'a ConnectionEvent,
+        at: DateTime<Utc>,
+        policy: ConnectionPolicy,
+    ) -> BoxFuture<'a, StoreResult<ConnectionRecorded>> {
+        Box::pin(self.record_connection_impl(event, at, policy))
+    }
+
+    fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>> {
+        Box::pin(self.audit_impl(filter))
+    }
 }
 
 /// `dev`, then `dev-2`, `dev-3`, ...: the first not among `taken`.
@@ -480,6 +500,71 @@ where
         })
     })
     .transpose()
+}
+
+async fn find_session<'e, E>(executor: E, id: SessionId) -> StoreResult<Option<SessionRecord>>
+where
+    E: sqlx::Executor<'e, Database = Sqlite>,
+{
+    let sql = format!("SELECT {SESSION_COLUMNS} WHERE s.id = ?");
+    let row = sqlx::query(&sql)
+        .bind(id.to_string())
+        .fetch_optional(executor)
+        .await?;
+    row.as_ref().map(session_from_row).transpose()
+}
+
+/// Applies `change` to the session through its replayed [`Lifecycle`] inside `tx`: the new
+/// transition, state, reason and placement. Returns the stored transition.
+async fn apply_change(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: SessionId,
+    change: Change,
+) -> StoreResult<Transition> {
+    let history = load_transitions(tx, id).await?;
+    if history.is_empty() {
+        return Err(StoreError::NoSuchSession(id));
+    }
+    let mut lifecycle = Lifecycle::from_history(history)
+        .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))?;
+    let seq = lifecycle.history().len();
+    let transition = lifecycle.transition(change.to, change.at, change.reason)?;
+    insert_transition(tx, id, seq, transition).await?;
+    let id_text = id.to_string();
+    match change.placement {
+        Placement::Keep => {
+            sqlx::query("UPDATE sessions SET state = ?, reason = ? WHERE id = ?")
+                .bind(transition.to.as_str())
+                .bind(&transition.reason)
+                .bind(&id_text)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Placement::Place { node, gpus } => {
+            sqlx::query(
+                "UPDATE sessions SET state = ?, reason = ?, node = ?, gpus = ? WHERE id = ?",
+            )
+            .bind(transition.to.as_str())
+            .bind(&transition.reason)
+            .bind(node.as_str())
+            .bind(to_json(&gpus)?)
+            .bind(&id_text)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Placement::Clear => {
+            sqlx::query(
+                "UPDATE sessions SET state = ?, reason = ?, node = NULL, gpus = '[]' \
+                 WHERE id = ?",
+            )
+            .bind(transition.to.as_str())
+            .bind(&transition.reason)
+            .bind(&id_text)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(transition.clone())
 }
 
 async fn load_transitions(
@@ -631,5 +716,6 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what} {text:?}: {e}")))
 }
 
+mod gateway;
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,8 @@
 use chrono::TimeZone;
 use ongrid_core::{ComputeCapability, GpuId, GpuRequest, MemorySize, Sharing};
 
+use crate::store::{AuditFilter, KeyAdded, KeyRecord, NewKey};
+
 use super::*;
 
 fn t(secs: i64) -> DateTime<Utc> {
@@ -33,6 +35,7 @@ fn node(name: &str) -> NodeRegistration {
         name: NodeName::parse(name).unwrap(),
         gpu_backend: "simulated".to_owned(),
         agent_version: "0.1.0".to_owned(),
+        stream_url: None,
     }
 }
 
@@ -449,4 +452,358 @@ async fn concurrent_writers_do_not_fail() {
         uids
     };
     assert_eq!(uids, (20_000..20_008).collect());
+}
+
+fn new_key(owner: &Dn, n: u8, at: DateTime<Utc>, expires_at: DateTime<Utc>) -> NewKey {
+    NewKey {
+        fingerprint: format!("SHA256:key{n}"),
+        owner: owner.clone(),
+        algorithm: "ssh-ed25519".to_owned(),
+        public_key: format!("ssh-ed25519 AAAA{n}"),
+        comment: format!("key {n}"),
+        at,
+        expires_at,
+    }
+}
+
+#[tokio::test]
+async fn keys_belong_to_one_owner_and_renew() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
+
+    let added = store
+        .add_key(new_key(&alice.dn, 1, t(0), t(100)), 2)
+        .await
+        .unwrap();
+    let KeyAdded::New(first) = added else {
+        panic!("a new key: {added:?}")
+    };
+    assert_eq!(first.user_name, alice.user_name);
+    assert_eq!((first.added_at, first.expires_at), (t(0), t(100)));
+
+    // The same key again from its owner: renewed, added_at kept, comment and expiry new.
+    let mut again = new_key(&alice.dn, 1, t(50), t(200));
+    again.comment = "renamed".to_owned();
+    let renewed = store.add_key(again, 2).await.unwrap();
+    let KeyAdded::Renewed(renewed) = renewed else {
+        panic!("a renewal: {renewed:?}")
+    };
+    assert_eq!(
+        (
+            renewed.added_at,
+            renewed.expires_at,
+            renewed.comment.as_str()
+        ),
+        (t(0), t(200), "renamed")
+    );
+
+    // Someone else's key is refused, whoever asks.
+    let err = store
+        .add_key(new_key(&bob.dn, 1, t(60), t(300)), 2)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::KeyTaken { fingerprint } if fingerprint == "SHA256:key1"),
+        "{err}"
+    );
+
+    // The limit counts the owner's keys; renewing at the limit still works.
+    store
+        .add_key(new_key(&alice.dn, 2, t(1), t(100)), 2)
+        .await
+        .unwrap();
+    let err = store
+        .add_key(new_key(&alice.dn, 3, t(2), t(100)), 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TooManyKeys { max: 2 }), "{err}");
+    assert!(matches!(
+        store
+            .add_key(new_key(&alice.dn, 2, t(3), t(400)), 2)
+            .await
+            .unwrap(),
+        KeyAdded::Renewed(_)
+    ));
+    store
+        .add_key(new_key(&bob.dn, 3, t(2), t(100)), 2)
+        .await
+        .unwrap();
+
+    let fingerprints =
+        |keys: Vec<KeyRecord>| -> Vec<String> { keys.into_iter().map(|k| k.fingerprint).collect() };
+    assert_eq!(
+        fingerprints(store.keys(Some(&alice.dn)).await.unwrap()),
+        ["SHA256:key1", "SHA256:key2"]
+    );
+    assert_eq!(store.keys(None).await.unwrap().len(), 3);
+    assert_eq!(
+        store.key("SHA256:key3").await.unwrap().unwrap().owner,
+        bob.dn
+    );
+    assert_eq!(store.key("SHA256:nope").await.unwrap(), None);
+
+    // Removal: only the owner's own, or any without an owner (admins).
+    assert_eq!(
+        store
+            .remove_key("SHA256:key3", Some(&alice.dn))
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(store.key("SHA256:key3").await.unwrap().is_some());
+    let removed = store
+        .remove_key("SHA256:key1", Some(&alice.dn))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(removed.expires_at, t(200));
+    assert!(store
+        .remove_key("SHA256:key3", None)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(store.remove_key("SHA256:key3", None).await.unwrap(), None);
+    let before = store.keys(None).await.unwrap();
+    store.close().await;
+    let store = open(&dir).await;
+    assert_eq!(store.keys(None).await.unwrap(), before);
+    assert_eq!(fingerprints(before), ["SHA256:key2"]);
+}
+
+#[tokio::test]
+async fn institutes_keep_their_networks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let institute = |name: &str, cidrs: &[&str]| Institute {
+        name: InstituteName::parse(name).unwrap(),
+        cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+    };
+    let lab = institute("uni-lab", &["10.5.0.0/16", "2001:db8::/32"]);
+    let cern = institute("cern.ch", &["192.0.2.0/24"]);
+    store.add_institute(&lab, t(0)).await.unwrap();
+    store.add_institute(&cern, t(1)).await.unwrap();
+    let err = store
+        .add_institute(&institute("uni-lab", &["10.9.0.0/16"]), t(2))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::InstituteExists(name) if name == &lab.name),
+        "{err}"
+    );
+    assert_eq!(
+        store.institutes().await.unwrap(),
+        vec![cern.clone(), lab.clone()]
+    );
+    assert_eq!(store.institute(&lab.name).await.unwrap(), Some(lab.clone()));
+    assert_eq!(
+        store.remove_institute(&cern.name).await.unwrap(),
+        Some(cern.clone())
+    );
+    assert_eq!(store.remove_institute(&cern.name).await.unwrap(), None);
+    assert_eq!(store.institute(&cern.name).await.unwrap(), None);
+    store.close().await;
+    let store = open(&dir).await;
+    assert_eq!(store.institutes().await.unwrap(), vec![lab]);
+}
+
+/// The policy of the API: open → CONNECTED from WAITING/IDLE; last close → IDLE.
+fn policy(
+    session: &SessionRecord,
+    event: &ConnectionEvent,
+    open: u32,
+) -> Option<(SessionState, String)> {
+    use ongrid_core::api::ConnectionEventKind::*;
+    match (event.event, session.state) {
+        (Open, SessionState::Waiting | SessionState::Idle) => {
+            Some((SessionState::Connected, "connected".to_owned()))
+        }
+        (Close, SessionState::Connected) if open == 0 => {
+            Some((SessionState::Idle, "last closed".to_owned()))
+        }
+        _ => None,
+    }
+}
+
+fn connection(
+    session: &SessionRecord,
+    n: u128,
+    kind: ongrid_core::api::ConnectionEventKind,
+    at: DateTime<Utc>,
+    bytes: (u64, u64),
+) -> ConnectionEvent {
+    ConnectionEvent {
+        connection_id: uuid::Uuid::from_u128(n),
+        event: kind,
+        at,
+        owner: session.owner.clone(),
+        fingerprint: "SHA256:key1".to_owned(),
+        source: "::ffff:192.0.2.7".parse().unwrap(),
+        institute: InstituteName::parse("uni-lab").unwrap(),
+        session_id: session.id,
+        bytes_in: bytes.0,
+        bytes_out: bytes.1,
+    }
+}
+
+/// A WAITING session of `owner` named `name` on node1.
+async fn running_session(store: &SqliteStore, owner: &Dn, name: &str) -> SessionRecord {
+    store
+        .register_node(node("node1"), &[gpu(1)], t(0))
+        .await
+        .unwrap();
+    let session = store
+        .create_session(new_session(owner, Some(name), t(0)))
+        .await
+        .unwrap();
+    let placement = Placement::Place {
+        node: NodeName::parse("node1").unwrap(),
+        gpus: vec![GpuId::Gpu(gpu(1).uuid)],
+    };
+    store
+        .transition(
+            session.id,
+            change(SessionState::Starting, t(1), "placed", placement),
+        )
+        .await
+        .unwrap();
+    store
+        .transition(
+            session.id,
+            change(SessionState::Waiting, t(2), "running", Placement::Keep),
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn connections_are_audited_and_move_their_session() {
+    use ongrid_core::api::ConnectionEventKind::{Close, Open};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
+    let session = running_session(&store, &alice.dn, "train1").await;
+
+    let record = |event: ConnectionEvent| {
+        let store = store.clone();
+        async move {
+            store
+                .record_connection(&event, t(99), policy)
+                .await
+                .unwrap()
+        }
+    };
+    let first = record(connection(&session, 1, Open, t(10), (0, 0))).await;
+    assert_eq!(first.open_connections, 1);
+    assert_eq!(first.session.state, SessionState::Connected);
+    let transition = first.transition.unwrap();
+    assert_eq!(
+        (transition.from, transition.at, transition.reason.as_str()),
+        (Some(SessionState::Waiting), t(99), "connected")
+    );
+    // A second connection, and a retried open, change nothing.
+    let second = record(connection(&session, 2, Open, t(11), (0, 0))).await;
+    assert_eq!((second.open_connections, second.transition), (2, None));
+    let retried = record(connection(&session, 2, Open, t(12), (0, 0))).await;
+    assert_eq!((retried.open_connections, retried.transition), (2, None));
+    // Closing one of two keeps it CONNECTED; closing the last makes it IDLE.
+    let closed = record(connection(&session, 1, Close, t(20), (100, 2000))).await;
+    assert_eq!(closed.open_connections, 1);
+    assert_eq!(closed.session.state, SessionState::Connected);
+    let last = record(connection(&session, 2, Close, t(21), (5, 6))).await;
+    assert_eq!(last.open_connections, 0);
+    assert_eq!(last.session.state, SessionState::Idle);
+    assert_eq!(last.session.reason, "last closed");
+    // A new connection makes it CONNECTED again; a close never opened is recorded whole.
+    let third = record(connection(&session, 3, Open, t(30), (0, 0))).await;
+    assert_eq!(third.session.state, SessionState::Connected);
+    let orphan = record(connection(&session, 4, Close, t(31), (7, 8))).await;
+    assert_eq!((orphan.open_connections, orphan.transition), (1, None));
+
+    let bobs = running_session(&store, &bob.dn, "bobs").await;
+    record(connection(&bobs, 5, Open, t(40), (0, 0))).await;
+
+    let all = |owner: Option<&Dn>, since: Option<DateTime<Utc>>, limit: u32| {
+        let store = store.clone();
+        let filter = AuditFilter {
+            owner: owner.cloned(),
+            since,
+            limit,
+        };
+        async move { store.audit(filter).await.unwrap() }
+    };
+    let log = all(None, None, 1000).await;
+    let ids: Vec<u128> = log.iter().map(|r| r.connection_id.as_u128()).collect();
+    assert_eq!(ids, [5, 4, 3, 2, 1], "newest first");
+    let first_row = &log[4];
+    assert_eq!(first_row.source.to_string(), "192.0.2.7", "normalised");
+    assert_eq!(first_row.session_name.as_str(), "train1");
+    assert_eq!(first_row.institute.as_str(), "uni-lab");
+    assert_eq!(
+        (first_row.opened_at, first_row.closed_at),
+        (t(10), Some(t(20)))
+    );
+    assert_eq!((first_row.bytes_in, first_row.bytes_out), (100, 2000));
+    let orphan_row = &log[1];
+    assert_eq!(
+        (orphan_row.opened_at, orphan_row.closed_at),
+        (t(31), Some(t(31)))
+    );
+    assert_eq!(log[2].closed_at, None);
+    assert_eq!(all(Some(&bob.dn), None, 1000).await.len(), 1);
+    // Since: still open, or closed at or after it.
+    let since: Vec<u128> = all(Some(&alice.dn), Some(t(21)), 1000)
+        .await
+        .iter()
+        .map(|r| r.connection_id.as_u128())
+        .collect();
+    assert_eq!(since, [4, 3, 2]);
+    assert_eq!(all(None, None, 2).await.len(), 2);
+
+    // After a restart the open connections are counted from the table.
+    store.close().await;
+    let store = open(&dir).await;
+    let after = store
+        .record_connection(
+            &connection(&session, 3, Close, t(50), (1, 1)),
+            t(99),
+            policy,
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.open_connections, 0);
+    assert_eq!(after.session.state, SessionState::Idle);
+
+    let missing = SessionId::new_random();
+    let mut event = connection(&session, 9, Open, t(60), (0, 0));
+    event.session_id = missing;
+    assert!(matches!(
+        store.record_connection(&event, t(99), policy).await,
+        Err(StoreError::NoSuchSession(id)) if id == missing
+    ));
+}
+
+#[tokio::test]
+async fn nodes_keep_their_stream_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let mut registration = node("node1");
+    registration.stream_url = Some("wss://node1.example.org:8444".to_owned());
+    store
+        .register_node(registration, &[gpu(1)], t(0))
+        .await
+        .unwrap();
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(
+        nodes[0].stream_url.as_deref(),
+        Some("wss://node1.example.org:8444")
+    );
+    // An agent whose [streams] was removed registers without one: cleared.
+    store
+        .register_node(node("node1"), &[gpu(1)], t(1))
+        .await
+        .unwrap();
+    assert_eq!(store.nodes().await.unwrap()[0].stream_url, None);
 }

@@ -1,0 +1,205 @@
+//! Admin routes of the SSH gateway: the institutes allowlist (`devctl admin institute add | rm |
+//! ls | show`) and the audit log of SSH connections (`devctl admin audit`).
+//!
+//! An institute is a name and at least one network; the gateway polls the list
+//! (`GET /v1/gateway/allowlist`), so a change applies within its refresh interval. To change an
+//! institute's networks, remove it and add it again.
+
+use std::collections::BTreeSet;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use ongrid_core::api::AuditRecord;
+use ongrid_core::{Dn, HumanDuration, Institute, InstituteName};
+use serde::Deserialize;
+
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::auth::CurrentUser;
+use crate::store::{AuditFilter, StoreError};
+
+/// The most audit records one answer carries.
+pub const AUDIT_LIMIT: u32 = 1000;
+
+fn require_admin(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
+    if caller.admin {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(format!(
+            "only admins {what}; admins are listed in the manager's config"
+        )))
+    }
+}
+
+fn institute_name(name: &str) -> Result<InstituteName, ApiError> {
+    InstituteName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+fn no_institute(name: &InstituteName) -> ApiError {
+    ApiError::not_found(format!(
+        "no institute named {name}: list them with `devctl admin institute ls`"
+    ))
+}
+
+pub async fn list_institutes(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+) -> Result<Json<Vec<Institute>>, ApiError> {
+    require_admin(&caller, "manage institutes")?;
+    Ok(Json(state.store.institutes().await?))
+}
+
+pub async fn show_institute(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Institute>, ApiError> {
+    require_admin(&caller, "manage institutes")?;
+    let name = institute_name(&name)?;
+    let institute = state
+        .store
+        .institute(&name)
+        .await?
+        .ok_or_else(|| no_institute(&name))?;
+    Ok(Json(institute))
+}
+
+pub async fn add_institute(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiJson(body): ApiJson<Institute>,
+) -> Result<(StatusCode, Json<Institute>), ApiError> {
+    require_admin(&caller, "manage institutes")?;
+    if body.cidrs.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "institute {} needs at least one network, like 192.0.2.0/24 or 2001:db8::/32",
+            body.name
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    let institute = Institute {
+        cidrs: body
+            .cidrs
+            .iter()
+            .copied()
+            .filter(|c| seen.insert(*c))
+            .collect(),
+        name: body.name,
+    };
+    match state
+        .store
+        .add_institute(&institute, state.clock.now())
+        .await
+    {
+        Ok(()) => {}
+        Err(StoreError::InstituteExists(name)) => {
+            return Err(ApiError::conflict(format!(
+                "institute {name} already exists: to change its networks, remove it with \
+                 `devctl admin institute rm {name}` and add it again"
+            )))
+        }
+        Err(other) => return Err(other.into()),
+    }
+    let networks: Vec<String> = institute.cidrs.iter().map(ToString::to_string).collect();
+    tracing::info!(institute = %institute.name, networks = %networks.join(" "), by = %caller.user.user_name, "Institute added.");
+    Ok((StatusCode::CREATED, Json(institute)))
+}
+
+pub async fn remove_institute(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Institute>, ApiError> {
+    require_admin(&caller, "manage institutes")?;
+    let name = institute_name(&name)?;
+    let removed = state
+        .store
+        .remove_institute(&name)
+        .await?
+        .ok_or_else(|| no_institute(&name))?;
+    tracing::info!(institute = %name, by = %caller.user.user_name, "Institute removed.");
+    Ok(Json(removed))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    user: Option<String>,
+    since: Option<String>,
+}
+
+pub async fn audit(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiQuery(query): ApiQuery<AuditQuery>,
+) -> Result<Json<Vec<AuditRecord>>, ApiError> {
+    require_admin(&caller, "read the audit log")?;
+    let owner = query
+        .user
+        .as_deref()
+        .map(|dn| Dn::parse(dn).map_err(|e| ApiError::bad_request(e.to_string())))
+        .transpose()?;
+    let since = query
+        .since
+        .as_deref()
+        .map(|since| parse_since(since, state.clock.now()).map_err(ApiError::bad_request))
+        .transpose()?;
+    let filter = AuditFilter {
+        owner,
+        since,
+        limit: AUDIT_LIMIT,
+    };
+    Ok(Json(state.store.audit(filter).await?))
+}
+
+/// `since` as a time (RFC 3339) or as a duration before `now` (`2 hours`, `3d`).
+pub fn parse_since(value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    let value = value.trim();
+    if let Ok(time) = DateTime::parse_from_rfc3339(value) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    let ago = HumanDuration::parse(value)
+        .map_err(|_| {
+            format!(
+                "since {value:?} must be a time like 2026-05-01T10:00:00Z or a duration ago \
+                 like \"2 hours\""
+            )
+        })?
+        .as_duration();
+    chrono::TimeDelta::from_std(ago)
+        .ok()
+        .and_then(|ago| now.checked_sub_signed(ago))
+        .ok_or_else(|| format!("since {value:?} reaches further back than any record"))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    #[test]
+    fn since_is_a_time_or_a_duration_ago() {
+        let now = Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap();
+        assert_eq!(
+            parse_since("2026-05-01T10:00:00Z", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(
+            parse_since("2026-05-01T12:00:00+02:00", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(
+            parse_since("2 hours", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(
+            parse_since("1d", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 4, 30, 12, 0, 0).unwrap()
+        );
+        let err = parse_since("yesterday", now).unwrap_err();
+        assert!(err.contains("2 hours"), "{err}");
+        assert!(parse_since("99999999999 weeks", now).is_err());
+    }
+}

@@ -1,0 +1,429 @@
+//! Routes for the SSH gateway (bearer token of `gateway_token_file`): the allowlist it polls,
+//! whose key a client offers, which session an SSH user name reaches, and the connection events
+//! that feed the audit log and move sessions between WAITING, CONNECTED and IDLE.
+//!
+//! The manager words every refusal here; the gateway shows the message to the SSH client as it
+//! is. Routing considers only the key owner's own sessions, so another user's session is never
+//! reachable, whatever the name.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use ongrid_core::api::{
+    Allowlist, ConnectionEvent, ConnectionEventKind, KeyCheck, KeyOwner, Route, RouteRequest,
+};
+use ongrid_core::{SessionName, SessionState};
+
+use super::{ApiError, ApiJson, AppState};
+use crate::auth::GatewayCaller;
+use crate::keys::fingerprint_of;
+use crate::store::{SessionFilter, SessionRecord, StoreError};
+
+pub async fn allowlist(
+    State(state): State<AppState>,
+    _gateway: GatewayCaller,
+) -> Result<Json<Allowlist>, ApiError> {
+    Ok(Json(Allowlist {
+        institutes: state.store.institutes().await?,
+    }))
+}
+
+pub async fn authorize(
+    State(state): State<AppState>,
+    _gateway: GatewayCaller,
+    ApiJson(check): ApiJson<KeyCheck>,
+) -> Result<Json<KeyOwner>, ApiError> {
+    let fingerprint = fingerprint_of(&check.public_key)
+        .map_err(|e| ApiError::bad_request(format!("the offered key cannot be read: {e}")))?;
+    let Some(key) = state.store.key(&fingerprint).await? else {
+        // Debug: a client with several keys in its agent offers them in turn.
+        tracing::debug!(source = %check.source, login = %check.login, %fingerprint, "SSH key refused: not registered.");
+        return Err(ApiError::unauthenticated(format!(
+            "key {fingerprint} is not registered: add it with `devctl key add`"
+        )));
+    };
+    if key.expires_at <= state.clock.now() {
+        tracing::info!(source = %check.source, login = %check.login, %fingerprint, user = %key.user_name, expired_at = %key.expires_at, "SSH key refused: expired.");
+        return Err(ApiError::unauthenticated(format!(
+            "key {fingerprint} expired at {} with the certificate it was registered with: \
+             renew your proxy (voms-proxy-init) and run `devctl key add` again",
+            utc(key.expires_at)
+        )));
+    }
+    tracing::debug!(source = %check.source, login = %check.login, %fingerprint, user = %key.user_name, "SSH key accepted.");
+    Ok(Json(KeyOwner {
+        owner: key.owner,
+        user_name: key.user_name,
+        fingerprint: key.fingerprint,
+        expires_at: key.expires_at,
+    }))
+}
+
+/// A time for people: `2026-11-21 10:00:00 UTC`.
+fn utc(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+pub async fn route(
+    State(state): State<AppState>,
+    _gateway: GatewayCaller,
+    ApiJson(request): ApiJson<RouteRequest>,
+) -> Result<Json<Route>, ApiError> {
+    let sessions = state
+        .store
+        .sessions(SessionFilter::Owner(request.owner.clone()))
+        .await?;
+    let session = choose(&sessions, &request.target)?;
+    let queue_position = if session.state == SessionState::Pending {
+        state.queue_positions().await?.get(&session.id).copied()
+    } else {
+        None
+    };
+    let agent_url = match &session.node {
+        Some(node) if session.state.holds_gpus() => state
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.name == *node)
+            .and_then(|n| n.stream_url),
+        _ => None,
+    };
+    let route = reachable(session, queue_position, agent_url)?;
+    tracing::debug!(owner = %request.owner, target = %request.target, session = %route.session_name, node = %route.node, "SSH route.");
+    Ok(Json(route))
+}
+
+/// The session an SSH user name reaches among the owner's sessions that have not ended: the one
+/// of that name; else the only one that is live or HELD; else, when the owner has exactly one
+/// session (FAILED), that one, so that its state is explained. Several or none: 404 saying what
+/// to do.
+pub fn choose<'a>(
+    sessions: &'a [SessionRecord],
+    target: &str,
+) -> Result<&'a SessionRecord, ApiError> {
+    if let Ok(name) = SessionName::parse(target) {
+        if let Some(session) = sessions.iter().find(|s| s.name == name) {
+            return Ok(session);
+        }
+    }
+    let candidates: Vec<&SessionRecord> = sessions
+        .iter()
+        .filter(|s| s.state.is_live() || s.state == SessionState::Held)
+        .collect();
+    match (candidates.as_slice(), sessions) {
+        ([only], _) => Ok(only),
+        ([], []) => Err(ApiError::not_found(
+            "you have no session: start one with `devctl session new`",
+        )),
+        ([], [only]) => Ok(only),
+        _ => {
+            let listed: Vec<String> = sessions
+                .iter()
+                .map(|s| format!("{} {}", s.name, s.state))
+                .collect();
+            Err(ApiError::not_found(format!(
+                "you have several sessions ({}): connect with ssh <name>@<this gateway>",
+                listed.join(", ")
+            )))
+        }
+    }
+}
+
+/// The route to `session` when it runs and its node's agent has a stream endpoint, else 409
+/// with its state and what to do.
+pub fn reachable(
+    session: &SessionRecord,
+    queue_position: Option<u32>,
+    agent_url: Option<String>,
+) -> Result<Route, ApiError> {
+    let name = &session.name;
+    match session.state {
+        SessionState::Waiting | SessionState::Connected | SessionState::Idle => {
+            let node = session.node.clone().ok_or_else(|| {
+                ApiError::internal(format!("running session {} has no node", session.id))
+            })?;
+            let agent_url = agent_url.ok_or_else(|| {
+                ApiError::conflict(format!(
+                    "session {name} runs on node {node}, whose agent has no [streams] \
+                     configured, so SSH cannot reach it: ask your site admin to enable streams \
+                     on {node}"
+                ))
+            })?;
+            Ok(Route {
+                session_id: session.id,
+                session_name: name.clone(),
+                state: session.state,
+                node,
+                container: session.id.container_name(),
+                agent_url,
+            })
+        }
+        SessionState::Pending => {
+            let position = queue_position
+                .map(|n| format!(", number {n} in the queue"))
+                .unwrap_or_default();
+            Err(ApiError::conflict(format!(
+                "session {name} is PENDING{position}: it starts when a GPU frees \
+                 (devctl session show {name})"
+            )))
+        }
+        SessionState::Starting => Err(ApiError::conflict(format!(
+            "session {name} is starting: try again in a few seconds"
+        ))),
+        SessionState::Held => Err(ApiError::conflict(format!(
+            "session {name} is HELD ({}): run `devctl session release {name}`",
+            session.reason
+        ))),
+        SessionState::Failed => Err(ApiError::conflict(format!(
+            "session {name} FAILED ({}): remove it with `devctl session rm {name}` and start a \
+             new one",
+            session.reason
+        ))),
+        SessionState::Ended => Err(ApiError::not_found(format!(
+            "session {name} has ended: start a new one with `devctl session new`"
+        ))),
+    }
+}
+
+pub async fn connection_event(
+    State(state): State<AppState>,
+    _gateway: GatewayCaller,
+    ApiJson(event): ApiJson<ConnectionEvent>,
+) -> Result<StatusCode, ApiError> {
+    let session = state
+        .store
+        .session(event.session_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no session with id {}", event.session_id)))?;
+    if session.owner != event.owner {
+        return Err(ApiError::bad_request(format!(
+            "session {} belongs to {}, not to {}",
+            event.session_id, session.owner, event.owner
+        )));
+    }
+    let recorded = match state
+        .store
+        .record_connection(&event, state.clock.now(), follow_connection)
+        .await
+    {
+        Ok(recorded) => recorded,
+        Err(StoreError::NoSuchSession(id)) => {
+            return Err(ApiError::not_found(format!("no session with id {id}")))
+        }
+        Err(other) => return Err(other.into()),
+    };
+    let kind = match event.event {
+        ConnectionEventKind::Open => "open",
+        ConnectionEventKind::Close => "close",
+    };
+    tracing::info!(
+        connection = %event.connection_id,
+        event = kind,
+        user = %recorded.session.user_name,
+        session = %recorded.session.name,
+        source = %event.source,
+        institute = %event.institute,
+        fingerprint = %event.fingerprint,
+        bytes_in = event.bytes_in,
+        bytes_out = event.bytes_out,
+        open = recorded.open_connections,
+        state = %recorded.session.state,
+        "SSH connection event."
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// How a connection event moves its session: an open makes a WAITING or IDLE session CONNECTED;
+/// the close of its last open connection makes a CONNECTED session IDLE. Anything else (a
+/// session held or removed meanwhile, a repeated event) changes nothing.
+pub fn follow_connection(
+    session: &SessionRecord,
+    event: &ConnectionEvent,
+    open_after: u32,
+) -> Option<(SessionState, String)> {
+    match (event.event, session.state) {
+        (ConnectionEventKind::Open, SessionState::Waiting | SessionState::Idle) => Some((
+            SessionState::Connected,
+            format!(
+                "SSH connection from {} ({})",
+                ongrid_core::normalize_ip(event.source),
+                event.institute
+            ),
+        )),
+        (ConnectionEventKind::Close, SessionState::Connected) if open_after == 0 => {
+            Some((SessionState::Idle, "last SSH connection closed".to_owned()))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::response::IntoResponse;
+    use ongrid_core::{Dn, GpuRequest, InstituteName, NodeName, SessionId, UserName};
+
+    use super::*;
+
+    fn session(name: &str, state: SessionState) -> SessionRecord {
+        SessionRecord {
+            id: SessionId::new_random(),
+            name: SessionName::parse(name).unwrap(),
+            owner: Dn::parse("/CN=Alice").unwrap(),
+            user_name: UserName::parse("alice").unwrap(),
+            uid: 20_000,
+            state,
+            reason: "because".to_owned(),
+            request: GpuRequest::default(),
+            image: "ongrid/dev:latest".to_owned(),
+            node: state
+                .holds_gpus()
+                .then(|| NodeName::parse("node1").unwrap()),
+            gpus: Vec::new(),
+            created_at: Utc::now(),
+            queued_at: Utc::now(),
+            preferred_node: None,
+        }
+    }
+
+    fn message(error: ApiError) -> (StatusCode, String) {
+        (error.status(), error.message().to_owned())
+    }
+
+    fn chosen(sessions: &[SessionRecord], target: &str) -> Result<String, (StatusCode, String)> {
+        choose(sessions, target)
+            .map(|s| s.name.to_string())
+            .map_err(message)
+    }
+
+    #[test]
+    fn the_user_name_chooses_the_session() {
+        use SessionState::*;
+        assert_eq!(
+            chosen(&[], "alice"),
+            Err((
+                StatusCode::NOT_FOUND,
+                "you have no session: start one with `devctl session new`".to_owned()
+            ))
+        );
+        let one = [session("train1", Waiting)];
+        assert_eq!(chosen(&one, "train1"), Ok("train1".to_owned()));
+        assert_eq!(chosen(&one, "alice"), Ok("train1".to_owned()));
+        assert_eq!(chosen(&one, "Not A Name!"), Ok("train1".to_owned()));
+        let two = [session("train1", Waiting), session("exp2", Pending)];
+        assert_eq!(chosen(&two, "exp2"), Ok("exp2".to_owned()));
+        assert_eq!(
+            chosen(&two, "alice"),
+            Err((
+                StatusCode::NOT_FOUND,
+                "you have several sessions (train1 WAITING, exp2 PENDING): connect with \
+                 ssh <name>@<this gateway>"
+                    .to_owned()
+            ))
+        );
+        // A FAILED session does not count when another is live or held...
+        let with_failed = [session("old", Failed), session("new", Held)];
+        assert_eq!(chosen(&with_failed, "alice"), Ok("new".to_owned()));
+        assert_eq!(chosen(&with_failed, "old"), Ok("old".to_owned()));
+        // ...but a lone one is chosen, so that the answer says it failed.
+        assert_eq!(chosen(&[session("old", Failed)], "x"), Ok("old".to_owned()));
+        let failed = [session("a", Failed), session("b", Failed)];
+        assert!(chosen(&failed, "x")
+            .unwrap_err()
+            .1
+            .contains("a FAILED, b FAILED"));
+    }
+
+    #[test]
+    fn a_session_that_does_not_run_says_why_and_what_to_do() {
+        use SessionState::*;
+        let outcome = |state: SessionState, position: Option<u32>, url: Option<&str>| {
+            reachable(&session("train1", state), position, url.map(str::to_owned))
+                .map(|route| route.agent_url)
+                .map_err(message)
+        };
+        let url = Some("wss://node1:8444");
+        for state in [Waiting, Connected, Idle] {
+            assert_eq!(outcome(state, None, url), Ok("wss://node1:8444".to_owned()));
+        }
+        let conflict = |text: &str| Err((StatusCode::CONFLICT, text.to_owned()));
+        assert_eq!(
+            outcome(Pending, Some(3), None),
+            conflict(
+                "session train1 is PENDING, number 3 in the queue: it starts when a GPU frees \
+                 (devctl session show train1)"
+            )
+        );
+        assert_eq!(
+            outcome(Starting, None, None),
+            conflict("session train1 is starting: try again in a few seconds")
+        );
+        assert_eq!(
+            outcome(Held, None, None),
+            conflict("session train1 is HELD (because): run `devctl session release train1`")
+        );
+        assert_eq!(
+            outcome(Failed, None, None),
+            conflict(
+                "session train1 FAILED (because): remove it with `devctl session rm train1` and \
+                 start a new one"
+            )
+        );
+        let (status, text) = outcome(Waiting, None, None).unwrap_err();
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(
+            text.contains("node node1, whose agent has no [streams]"),
+            "{text}"
+        );
+        let route = reachable(&session("train1", Idle), None, url.map(str::to_owned)).unwrap();
+        assert_eq!(route.container, route.session_id.container_name());
+        assert_eq!(route.node.as_str(), "node1");
+        assert_eq!(
+            outcome(Ended, None, None).unwrap_err().0,
+            StatusCode::NOT_FOUND
+        );
+        // An ApiError still renders as an error body.
+        let response = ApiError::conflict("x").into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+    }
+
+    #[test]
+    fn connections_move_sessions_between_waiting_connected_and_idle() {
+        use SessionState::*;
+        let event = |kind: ConnectionEventKind| ConnectionEvent {
+            connection_id: uuid::Uuid::new_v4(),
+            event: kind,
+            at: Utc::now(),
+            owner: Dn::parse("/CN=Alice").unwrap(),
+            fingerprint: "SHA256:x".to_owned(),
+            source: "::ffff:192.0.2.7".parse().unwrap(),
+            institute: InstituteName::parse("uni-x").unwrap(),
+            session_id: SessionId::new_random(),
+            bytes_in: 0,
+            bytes_out: 0,
+        };
+        let open = event(ConnectionEventKind::Open);
+        let close = event(ConnectionEventKind::Close);
+        let follow = |state, event: &ConnectionEvent, open| {
+            follow_connection(&session("s", state), event, open)
+        };
+        assert_eq!(
+            follow(Waiting, &open, 1),
+            Some((
+                Connected,
+                "SSH connection from 192.0.2.7 (uni-x)".to_owned()
+            ))
+        );
+        assert_eq!(follow(Idle, &open, 1).map(|c| c.0), Some(Connected));
+        assert_eq!(follow(Connected, &open, 2), None);
+        assert_eq!(follow(Held, &open, 1), None);
+        assert_eq!(follow(Connected, &close, 1), None, "another is still open");
+        assert_eq!(
+            follow(Connected, &close, 0),
+            Some((Idle, "last SSH connection closed".to_owned()))
+        );
+        assert_eq!(follow(Idle, &close, 0), None);
+        assert_eq!(follow(Ended, &close, 0), None);
+    }
+}
