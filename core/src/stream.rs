@@ -7,7 +7,9 @@
 //! [`Frame::Error`] and a close. After that both sides send binary messages, each one [`Frame`]:
 //! a tag byte and a payload. Gateway → agent: `Data` (stdin / bytes to the TCP peer), `Eof`,
 //! `Resize`, `Signal`. Agent → gateway: `Data` (stdout / bytes from the TCP peer), `Stderr`,
-//! `Eof` (stdout ended), then `Exit` once, then the agent closes the WebSocket.
+//! `Eof` (stdout ended), then `Exit` once, then the agent closes the WebSocket. A
+//! `DirectTcpip` stream has no `Exit`: it ends when both sides have sent `Eof`. The gateway keeps
+//! SSH's order — data, exit-status, EOF, close — by holding the agent's `Eof` until `Exit`.
 
 use serde::{Deserialize, Serialize};
 

@@ -9,16 +9,25 @@
 //! [gpu]
 //! backend = "simulated"                           # or "nvidia-smi" (optional `path`)
 //! file = "/etc/ongrid/simulated-gpus.toml"
+//! [streams]                                       # optional: the SSH gateway's stream endpoint
+//! listen = "0.0.0.0:8444"
+//! url = "wss://node1.example.org:8444"            # optional; default wss://<bound address>
+//! tls_cert = "/etc/ongrid/agent.crt"              # PEM chain of the agent's server certificate
+//! tls_key = "/etc/ongrid/agent.key"               # PEM private key
+//! gateway_token_file = "/etc/ongrid/gateway-token" # the gateway's bearer token, one line
 //! ```
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ongrid_core::NodeName;
 use reqwest::Url;
 use serde::Deserialize;
 
 use crate::gpu::GpuBackendConfig;
+use crate::streams::tls::{self, TlsError};
 
 /// Why the configuration was refused. Each message names the file or key to fix.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +70,20 @@ pub enum ConfigError {
     GpuFile(PathBuf),
     #[error("gpu path {0} does not exist: install nvidia-smi or fix [gpu] path")]
     NvidiaSmiPath(PathBuf),
+    #[error("[streams] listen {0:?} is not an address and port, like 0.0.0.0:8444")]
+    StreamsListen(String),
+    #[error("[streams] url {0:?} is not a wss:// URL, like wss://node1.example.org:8444")]
+    StreamsUrl(String),
+    #[error("cannot read [streams] gateway_token_file {path}")]
+    GatewayTokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("[streams] gateway_token_file {0} is empty: put the gateway's token in it (the same as the gateway's token_file)")]
+    EmptyGatewayToken(PathBuf),
+    #[error("[streams] TLS identity")]
+    StreamsTls(#[source] TlsError),
 }
 
 /// `url`'s error type, reached through reqwest's re-export of [`Url`].
@@ -77,6 +100,18 @@ struct ConfigFile {
     ca_dir: PathBuf,
     token_file: PathBuf,
     gpu: GpuBackendConfig,
+    streams: Option<StreamsFile>,
+}
+
+/// The `[streams]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamsFile {
+    listen: String,
+    url: Option<String>,
+    tls_cert: PathBuf,
+    tls_key: PathBuf,
+    gateway_token_file: PathBuf,
 }
 
 /// The validated configuration of one agent.
@@ -90,6 +125,67 @@ pub struct Config {
     /// The node's bearer token, read from `token_file`.
     pub token: Token,
     pub gpu: GpuBackendConfig,
+    /// The SSH gateway's stream endpoint; `None` when the table is absent (no SSH to this node).
+    pub streams: Option<StreamsConfig>,
+}
+
+/// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
+/// (already loaded, so a bad certificate fails at start-up) and the gateway's token.
+#[derive(Clone)]
+pub struct StreamsConfig {
+    pub listen: SocketAddr,
+    /// What the manager hands to the gateway; `None`: `wss://<bound address>`.
+    pub url: Option<Url>,
+    pub tls_cert: PathBuf,
+    pub tls: Arc<rustls::ServerConfig>,
+    /// The bearer token the gateway presents.
+    pub gateway_token: Token,
+}
+
+impl fmt::Debug for StreamsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamsConfig")
+            .field("listen", &self.listen)
+            .field("url", &self.url)
+            .field("tls_cert", &self.tls_cert)
+            .field("gateway_token", &self.gateway_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamsFile {
+    fn validate(self) -> Result<StreamsConfig, ConfigError> {
+        let listen = self
+            .listen
+            .parse()
+            .map_err(|_| ConfigError::StreamsListen(self.listen.clone()))?;
+        let url = match self.url {
+            None => None,
+            Some(text) => match Url::parse(&text) {
+                Ok(url) if url.scheme() == "wss" && url.host().is_some() => Some(url),
+                _ => return Err(ConfigError::StreamsUrl(text)),
+            },
+        };
+        let text = std::fs::read_to_string(&self.gateway_token_file).map_err(|source| {
+            ConfigError::GatewayTokenFile {
+                path: self.gateway_token_file.clone(),
+                source,
+            }
+        })?;
+        let gateway_token = Token::new(text.lines().next().unwrap_or(""));
+        if gateway_token.expose().is_empty() {
+            return Err(ConfigError::EmptyGatewayToken(self.gateway_token_file));
+        }
+        let tls =
+            tls::server_config(&self.tls_cert, &self.tls_key).map_err(ConfigError::StreamsTls)?;
+        Ok(StreamsConfig {
+            listen,
+            url,
+            tls_cert: self.tls_cert,
+            tls: Arc::new(tls),
+            gateway_token,
+        })
+    }
 }
 
 impl Config {
@@ -130,12 +226,14 @@ impl Config {
             }
             _ => {}
         }
+        let streams = file.streams.map(StreamsFile::validate).transpose()?;
         Ok(Self {
             node_name,
             manager_url,
             ca_dir: file.ca_dir,
             token,
             gpu: file.gpu,
+            streams,
         })
     }
 }
@@ -297,6 +395,75 @@ mod tests {
         let err = files.parse(&files.config("")).unwrap_err();
         assert!(matches!(err, ConfigError::EmptyToken(_)), "{err:?}");
         assert!(err.to_string().contains("agent_tokens_file"), "{err}");
+    }
+
+    impl Files {
+        /// Writes a TLS identity and a gateway token; the `[streams]` table using them.
+        fn streams(&self, listen: &str, url: Option<&str>) -> String {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::new(vec!["node1.example.org".to_owned()])
+                .unwrap()
+                .self_signed(&key)
+                .unwrap();
+            std::fs::write(self.dir.path().join("agent.crt"), cert.pem()).unwrap();
+            std::fs::write(self.dir.path().join("agent.key"), key.serialize_pem()).unwrap();
+            std::fs::write(self.dir.path().join("gateway-token"), "gw-secret\n").unwrap();
+            let url = url.map(|u| format!("url = \"{u}\"\n")).unwrap_or_default();
+            format!(
+                "[streams]\nlisten = \"{listen}\"\n{url}tls_cert = \"{}\"\n\
+                 tls_key = \"{}\"\ngateway_token_file = \"{}\"\n",
+                self.path("agent.crt"),
+                self.path("agent.key"),
+                self.path("gateway-token"),
+            )
+        }
+    }
+
+    #[test]
+    fn streams_are_off_without_the_table_and_validated_with_it() {
+        let files = Files::new();
+        assert!(files.parse(&files.config("")).unwrap().streams.is_none());
+
+        let text = files.config("") + &files.streams("127.0.0.1:0", None);
+        let streams = files.parse(&text).unwrap().streams.unwrap();
+        assert_eq!(streams.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(streams.url, None);
+        assert_eq!(streams.gateway_token.expose(), "gw-secret");
+        assert!(!format!("{streams:?}").contains("gw-secret"));
+
+        let text =
+            files.config("") + &files.streams("0.0.0.0:8444", Some("wss://node1.example.org:8444"));
+        let streams = files.parse(&text).unwrap().streams.unwrap();
+        assert_eq!(
+            streams.url.map(|u| u.to_string()),
+            Some("wss://node1.example.org:8444/".to_owned())
+        );
+    }
+
+    #[test]
+    fn bad_streams_tables_name_the_fix() {
+        let files = Files::new();
+        let text = files.config("") + &files.streams("node1:8444", None);
+        let err = files.parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::StreamsListen(_)), "{err:?}");
+
+        let text = files.config("") + &files.streams("0.0.0.0:8444", Some("https://node1:8444"));
+        let err = files.parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::StreamsUrl(_)), "{err:?}");
+
+        let text = files.config("") + &files.streams("0.0.0.0:8444", None) + "port = 1\n";
+        let err = files.parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+
+        let text = files.config("") + &files.streams("0.0.0.0:8444", None);
+        std::fs::write(files.dir.path().join("gateway-token"), "\n").unwrap();
+        let err = files.parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::EmptyGatewayToken(_)), "{err:?}");
+
+        let text = files.config("") + &files.streams("0.0.0.0:8444", None);
+        std::fs::write(files.dir.path().join("agent.key"), "not a key").unwrap();
+        let chain = format!("{:#}", anyhow::Error::from(files.parse(&text).unwrap_err()));
+        assert!(chain.contains("tls_key"), "{chain}");
     }
 
     #[test]

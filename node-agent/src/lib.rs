@@ -6,16 +6,18 @@
 //! - [`runtime`]: dev containers behind `ContainerRuntime` (Docker; a fake for unit tests).
 //! - [`reconcile`]: desired vs observed, the operations, and the report of what is there.
 //! - [`manager_client`]: HTTPS to the manager (register, sync).
+//! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
 //!
-//! [`run`] wires them together and runs the sync loop ([`Agent::run`]) until shutdown. Stopping
-//! the agent leaves every container as it is: they belong to sessions, and the next agent adopts
-//! them.
+//! [`run`] wires them together, starts the stream endpoint when `[streams]` is configured, and
+//! runs the sync loop ([`Agent::run`]) until shutdown. Stopping the agent leaves every container
+//! as it is: they belong to sessions, and the next agent adopts them. Open streams end.
 
 pub mod config;
 pub mod gpu;
 pub mod manager_client;
 pub mod reconcile;
 pub mod runtime;
+pub mod streams;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +26,9 @@ use anyhow::Context;
 use ongrid_core::api::{DesiredState, NodeReport, ObservedContainer, RegisterNode};
 use ongrid_core::{GpuInfo, NodeName};
 use reqwest::StatusCode;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 pub use config::Config;
@@ -34,6 +38,10 @@ use crate::manager_client::{ClientError, ManagerClient};
 use crate::reconcile::Reconciler;
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::{error_chain, ContainerRuntime, GpuAccess};
+use crate::streams::StreamServer;
+
+/// How long open streams may take to end once the agent stops.
+const STREAMS_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Bounds of the sync interval the manager may ask for.
 const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(1);
@@ -46,16 +54,51 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let runtime = DockerRuntime::connect(config.node_name.clone())
         .await
         .context("connecting to Docker")?;
+    let runtime: Arc<dyn ContainerRuntime> = Arc::new(runtime);
     let manager = ManagerClient::new(&config.manager_url, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
-    Agent {
+    let streams = TaskTracker::new();
+    let mut stream_url = None;
+    if let Some(settings) = &config.streams {
+        let listener = TcpListener::bind(settings.listen).await.with_context(|| {
+            format!(
+                "binding the stream endpoint to {} ([streams] listen)",
+                settings.listen
+            )
+        })?;
+        let bound = listener
+            .local_addr()
+            .context("reading the stream endpoint's address")?;
+        if settings.url.is_none() && bound.ip().is_unspecified() {
+            warn!(%bound, "The stream endpoint listens on all addresses; set [streams] url so the gateway gets an address it can reach.");
+        }
+        stream_url = Some(StreamServer::url(settings, bound));
+        let server = Arc::new(StreamServer::new(
+            config.node_name.clone(),
+            runtime.clone(),
+            settings,
+        ));
+        streams.spawn(server.serve(listener, streams.clone(), shutdown.clone()));
+    }
+    let result = Agent {
         node: config.node_name,
         gpus,
-        runtime: Arc::new(runtime),
+        runtime,
         manager,
+        stream_url,
     }
-    .run(shutdown)
-    .await
+    .run(shutdown.clone())
+    .await;
+    // The sync loop returns on shutdown; streams end with it (an error frame each).
+    shutdown.cancel();
+    streams.close();
+    if tokio::time::timeout(STREAMS_SHUTDOWN_GRACE, streams.wait())
+        .await
+        .is_err()
+    {
+        warn!("Some streams did not end within 5 s of stopping; dropping them.");
+    }
+    result
 }
 
 /// The agent's parts, built by [`run`] from the config (tests build them directly).
@@ -64,6 +107,8 @@ pub struct Agent {
     pub gpus: Arc<dyn GpuBackend>,
     pub runtime: Arc<dyn ContainerRuntime>,
     pub manager: ManagerClient,
+    /// Sent to the manager in the registration: where the gateway reaches the stream endpoint.
+    pub stream_url: Option<String>,
 }
 
 /// What the sync loop remembers between syncs.
@@ -204,7 +249,7 @@ impl Agent {
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 gpu_backend: self.gpus.kind().to_owned(),
                 gpus: gpus.clone(),
-                stream_url: None,
+                stream_url: self.stream_url.clone(),
             };
             self.manager.register(&registration).await?;
             info!(node = %self.node, gpus = gpus.len(), "Registered with the manager.");

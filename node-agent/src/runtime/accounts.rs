@@ -21,6 +21,10 @@ pub enum AccountsError {
     NotText(String),
 }
 
+/// The login shell every user gets; the stream endpoint starts it (or `/bin/sh` when an image
+/// lacks it).
+pub const LOGIN_SHELL: &str = "/bin/bash";
+
 /// A file of the container's `/etc` as the archive API gave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcFile {
@@ -35,7 +39,7 @@ pub struct EtcFile {
 pub fn with_user_in_passwd(passwd: &str, user: &ContainerUser) -> String {
     let login = user.name.as_str();
     let line = format!(
-        "{login}:x:{uid}:{uid}::/home/{login}:/bin/bash",
+        "{login}:x:{uid}:{uid}::/home/{login}:{LOGIN_SHELL}",
         uid = user.uid
     );
     with_line(passwd, login, &line)

@@ -7,14 +7,18 @@
 //! and no restart policy (the agent decides). Before its first start the user is written into
 //! its `/etc/passwd` and `/etc/group`, and a new home volume is given to the user by a
 //! short-lived helper container.
+//!
+//! Processes for the SSH gateway's streams run with `docker exec` ([`DockerRuntime::exec_in`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
+use bollard::exec::{ResizeExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, HostConfig, Mount, MountTypeEnum,
-    MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
+    ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, ExecConfig, HostConfig, Mount,
+    MountTypeEnum, MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -24,15 +28,16 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use futures::future::BoxFuture;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ongrid_core::api::ContainerState;
 use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, info};
 
 use super::accounts::{self, EtcFile};
 use super::{
-    ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess, RuntimeError, LABEL_HELPER,
-    LABEL_MANAGED, LABEL_NODE, LABEL_SESSION,
+    ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
+    ExecStatus, GpuAccess, RuntimeError, SessionContainer, TtySize, LABEL_HELPER, LABEL_MANAGED,
+    LABEL_NODE, LABEL_OWNER, LABEL_SESSION, LABEL_SESSION_NAME, LABEL_USER,
 };
 
 /// How long the agent waits for a helper container to finish.
@@ -320,6 +325,187 @@ impl DockerRuntime {
     }
 }
 
+impl DockerRuntime {
+    async fn find_session_container(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Option<SessionContainer>, RuntimeError> {
+        let name = session_id.container_name();
+        let inspect = match self
+            .docker
+            .inspect_container(&name, Some(InspectContainerOptionsBuilder::new().build()))
+            .await
+        {
+            Ok(inspect) => inspect,
+            Err(e) if is_status(&e, 404) => return Ok(None),
+            Err(e) => return Err(docker_error(format!("inspecting container {name}"))(e)),
+        };
+        let config = inspect.config.unwrap_or_default();
+        let labels = config.labels.unwrap_or_default();
+        let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+        let ours = label(LABEL_MANAGED) == "true"
+            && label(LABEL_NODE) == self.node.as_str()
+            && label(LABEL_SESSION) == session_id.to_string();
+        let Some(id) = inspect.id.filter(|_| ours) else {
+            return Ok(None);
+        };
+        let state = inspect.state.unwrap_or_default();
+        let running = state.status == Some(ContainerStateStatusEnum::RUNNING);
+        Ok(Some(SessionContainer {
+            id,
+            session_id,
+            session_name: label(LABEL_SESSION_NAME),
+            owner: label(LABEL_OWNER),
+            login: label(LABEL_USER),
+            user: config.user.unwrap_or_default(),
+            running,
+            pid: state
+                .pid
+                .filter(|_| running)
+                .and_then(|pid| u32::try_from(pid).ok())
+                .filter(|pid| *pid > 0),
+        }))
+    }
+
+    /// `docker exec`: creates the process and attaches to it.
+    ///
+    /// The attach stream is always multiplexed (`Tty: false` when starting, whatever the
+    /// process has): Docker then frames a terminal's output like any other, whereas raw
+    /// terminal output beginning with a byte 0–2 would be mistaken for a frame header by
+    /// bollard's decoder and stall the stream.
+    pub async fn exec_in(
+        &self,
+        container_id: &str,
+        spec: &ExecSpec,
+    ) -> Result<ExecProcess, RuntimeError> {
+        let action = format!(
+            "starting {} in container {container_id}",
+            spec.command
+                .first()
+                .map(String::as_str)
+                .unwrap_or("a process")
+        );
+        let mut command = spec.command.clone();
+        let mut console_size = None;
+        if let Some(size) = spec.tty {
+            if self.sets_console_size() {
+                console_size = Some(vec![usize::from(size.rows), usize::from(size.cols)]);
+            } else {
+                command = with_initial_size(size, command);
+            }
+        }
+        let config = ExecConfig {
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(spec.tty.is_some()),
+            console_size,
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            cmd: Some(command),
+            user: Some(spec.user.clone()),
+            working_dir: Some(spec.working_dir.clone()),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_exec(container_id, config)
+            .await
+            .map_err(docker_error(action.clone()))?;
+        let options = StartExecOptions {
+            detach: false,
+            tty: false,
+            output_capacity: Some(64 * 1024),
+        };
+        let started = self
+            .docker
+            .start_exec(&created.id, Some(options))
+            .await
+            .map_err(docker_error(action.clone()))?;
+        let StartExecResults::Attached { output, input } = started else {
+            return Err(RuntimeError::Setup {
+                action,
+                problem: "Docker started the process detached".to_owned(),
+            });
+        };
+        let exec_id = created.id.clone();
+        let output = output
+            .filter_map(move |item| {
+                let item = match item {
+                    Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                        Some(Ok(ExecOutput::Stdout(message.to_vec())))
+                    }
+                    Ok(LogOutput::StdErr { message }) => {
+                        Some(Ok(ExecOutput::Stderr(message.to_vec())))
+                    }
+                    Ok(LogOutput::StdIn { .. }) => None,
+                    Err(e) => Some(Err(docker_error(format!(
+                        "reading the output of exec {exec_id}"
+                    ))(e))),
+                };
+                std::future::ready(item)
+            })
+            .boxed();
+        Ok(ExecProcess {
+            id: created.id,
+            output,
+            input,
+        })
+    }
+
+    /// Whether the daemon takes an exec's initial terminal size (`ConsoleSize`, API 1.42).
+    fn sets_console_size(&self) -> bool {
+        let version = self.docker.client_version();
+        (version.major_version, version.minor_version) >= (1, 42)
+    }
+
+    async fn resize(&self, exec_id: &str, size: TtySize) -> Result<(), RuntimeError> {
+        let options = ResizeExecOptions {
+            height: size.rows,
+            width: size.cols,
+        };
+        self.docker
+            .resize_exec(exec_id, options)
+            .await
+            .map_err(docker_error(format!(
+                "resizing the terminal of exec {exec_id}"
+            )))
+    }
+
+    async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, RuntimeError> {
+        let inspect = self
+            .docker
+            .inspect_exec(exec_id)
+            .await
+            .map_err(docker_error(format!("inspecting exec {exec_id}")))?;
+        let running = inspect.running.unwrap_or(false);
+        Ok(ExecStatus {
+            running,
+            exit_code: inspect.exit_code.filter(|_| !running),
+            pid: inspect
+                .pid
+                .filter(|_| running)
+                .and_then(|pid| u32::try_from(pid).ok())
+                .filter(|pid| *pid > 0),
+        })
+    }
+}
+
+/// `command` behind a shell that first sets the terminal's size. Before API 1.42 Docker starts
+/// an exec's terminal at 0×0 and can resize it only once the process runs, so a quick command
+/// (`stty size`, `tput cols`) would see no size. `exec` keeps the process's PID.
+fn with_initial_size(size: TtySize, command: Vec<String>) -> Vec<String> {
+    let mut wrapped = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        r#"stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@""#.to_owned(),
+        "sh".to_owned(),
+        size.rows.to_string(),
+        size.cols.to_string(),
+    ];
+    wrapped.extend(command);
+    wrapped
+}
+
 impl ContainerRuntime for DockerRuntime {
     fn list(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
         Box::pin(self.list_statuses())
@@ -346,6 +532,36 @@ impl ContainerRuntime for DockerRuntime {
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(self.remove_container(id))
+    }
+
+    fn session_container(
+        &self,
+        session_id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<SessionContainer>, RuntimeError>> {
+        Box::pin(self.find_session_container(session_id))
+    }
+
+    fn start_exec<'a>(
+        &'a self,
+        container_id: &'a str,
+        spec: &'a ExecSpec,
+    ) -> BoxFuture<'a, Result<ExecProcess, RuntimeError>> {
+        Box::pin(self.exec_in(container_id, spec))
+    }
+
+    fn resize_exec<'a>(
+        &'a self,
+        exec_id: &'a str,
+        size: TtySize,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.resize(exec_id, size))
+    }
+
+    fn inspect_exec<'a>(
+        &'a self,
+        exec_id: &'a str,
+    ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>> {
+        Box::pin(self.exec_status(exec_id))
     }
 }
 
@@ -530,6 +746,27 @@ mod tests {
         assert_eq!(
             (host.nano_cpus, host.memory, host.pids_limit),
             (None, None, None)
+        );
+    }
+
+    #[test]
+    fn initial_size_wrapper_keeps_the_command_whole() {
+        let command = vec![
+            "/bin/bash".to_owned(),
+            "-c".to_owned(),
+            "echo 'a b'".to_owned(),
+        ];
+        let wrapped = with_initial_size(
+            TtySize {
+                cols: 120,
+                rows: 40,
+            },
+            command,
+        );
+        assert_eq!(wrapped[..2], ["/bin/sh", "-c"]);
+        assert_eq!(
+            wrapped[3..],
+            ["sh", "40", "120", "/bin/bash", "-c", "echo 'a b'"]
         );
     }
 

@@ -1,16 +1,24 @@
 //! An in-memory [`ContainerRuntime`] for unit tests of the reconciler: containers are records
 //! in a map, every call is logged, and tests can make a container die or an operation fail.
+//! A process started in it behaves like `cat` (see [`FakeRuntime::start_exec`]), enough to test
+//! the stream endpoint's pumping.
 //! The real runtime is tested against the real Docker daemon in `tests/agent/docker.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use ongrid_core::api::{ContainerLimits, ContainerState, ContainerUser, DesiredSession, RunState};
 use ongrid_core::{Dn, GpuId, MemorySize, NodeName, SessionId, SessionName, UserName};
+use tokio::io::AsyncReadExt;
 
-use super::{ContainerRuntime, ContainerSpec, ContainerStatus, RuntimeError};
+use super::{
+    ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
+    ExecStatus, RuntimeError, SessionContainer, TtySize,
+};
 
 /// A session of the manager's desired state, as tests need one.
 pub fn desired_session(gpus: &[&str]) -> DesiredSession {
@@ -47,6 +55,21 @@ struct State {
     failing: BTreeSet<&'static str>,
     list_fails: bool,
     calls: Vec<String>,
+    session_containers: BTreeMap<SessionId, SessionContainer>,
+    execs: BTreeMap<String, FakeExec>,
+    /// How the next processes end: exit code and what they write to stderr first.
+    exec_exit_code: i64,
+    exec_stderr: Vec<u8>,
+}
+
+/// A process started in the fake.
+#[derive(Debug, Clone)]
+pub struct FakeExec {
+    pub container_id: String,
+    pub spec: ExecSpec,
+    pub resizes: Vec<TtySize>,
+    exit_code: i64,
+    finished: Arc<AtomicBool>,
 }
 
 /// See the module documentation.
@@ -136,6 +159,25 @@ impl FakeRuntime {
 
     pub fn spec_of(&self, id: &str) -> Option<ContainerSpec> {
         self.state().specs.get(id).cloned()
+    }
+
+    /// Makes `container` the dev container of its session, as `session_container` answers.
+    pub fn insert_session_container(&self, container: SessionContainer) {
+        self.state()
+            .session_containers
+            .insert(container.session_id, container);
+    }
+
+    /// The processes started from now on write `stderr` first and exit with `exit_code`.
+    pub fn set_exec_result(&self, exit_code: i64, stderr: &[u8]) {
+        let mut s = self.state();
+        s.exec_exit_code = exit_code;
+        s.exec_stderr = stderr.to_vec();
+    }
+
+    /// The processes started so far, by exec id.
+    pub fn execs(&self) -> BTreeMap<String, FakeExec> {
+        self.state().execs.clone()
     }
 
     fn check(
@@ -253,6 +295,99 @@ impl ContainerRuntime for FakeRuntime {
             s.specs.remove(id);
             Ok(())
         })();
+        Box::pin(async move { result })
+    }
+
+    fn session_container(
+        &self,
+        session_id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<SessionContainer>, RuntimeError>> {
+        let found = self.state().session_containers.get(&session_id).cloned();
+        Box::pin(async move { Ok(found) })
+    }
+
+    /// A process like `cat`: it writes the configured stderr, then echoes its stdin to stdout
+    /// in chunks of at most 1 KiB, and ends when its stdin is closed.
+    fn start_exec<'a>(
+        &'a self,
+        container_id: &'a str,
+        spec: &'a ExecSpec,
+    ) -> BoxFuture<'a, Result<ExecProcess, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "exec", container_id)?;
+            s.next_id += 1;
+            let id = format!("e{}", s.next_id);
+            let finished = Arc::new(AtomicBool::new(false));
+            let exit_code = s.exec_exit_code;
+            s.execs.insert(
+                id.clone(),
+                FakeExec {
+                    container_id: container_id.to_owned(),
+                    spec: spec.clone(),
+                    resizes: Vec::new(),
+                    exit_code,
+                    finished: finished.clone(),
+                },
+            );
+            let (input, echo) = tokio::io::duplex(1024);
+            let stderr = futures::stream::iter(
+                Some(Ok(ExecOutput::Stderr(s.exec_stderr.clone())))
+                    .filter(|_| !s.exec_stderr.is_empty()),
+            );
+            let stdout = futures::stream::unfold((echo, finished), |(mut echo, finished)| async {
+                let mut buffer = vec![0; 1024];
+                match echo.read(&mut buffer).await {
+                    Ok(n) if n > 0 => {
+                        buffer.truncate(n);
+                        Some((Ok(ExecOutput::Stdout(buffer)), (echo, finished)))
+                    }
+                    _ => {
+                        finished.store(true, Ordering::SeqCst);
+                        None
+                    }
+                }
+            });
+            Ok(ExecProcess {
+                id,
+                output: stderr.chain(stdout).boxed(),
+                input: Box::pin(input),
+            })
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn resize_exec<'a>(
+        &'a self,
+        exec_id: &'a str,
+        size: TtySize,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        if let Some(exec) = self.state().execs.get_mut(exec_id) {
+            exec.resizes.push(size);
+        }
+        Box::pin(async move { Ok(()) })
+    }
+
+    fn inspect_exec<'a>(
+        &'a self,
+        exec_id: &'a str,
+    ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>> {
+        let result = match self.state().execs.get(exec_id) {
+            Some(exec) => {
+                let finished = exec.finished.load(Ordering::SeqCst);
+                Ok(ExecStatus {
+                    running: !finished,
+                    exit_code: Some(exec.exit_code).filter(|_| finished),
+                    // A PID no process has; the fake's containers have none, so nothing is
+                    // ever signalled.
+                    pid: (!finished).then_some(4_000_000),
+                })
+            }
+            None => Err(RuntimeError::Setup {
+                action: format!("inspecting exec {exec_id}"),
+                problem: "no such exec".into(),
+            }),
+        };
         Box::pin(async move { result })
     }
 }

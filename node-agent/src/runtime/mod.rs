@@ -5,6 +5,10 @@
 //! What a dev container must be is decided here, independently of Docker: [`ContainerSpec`]
 //! turns a session of the manager's desired state into labels, environment, user, home volume,
 //! GPU access and limits. The runtime only carries the spec out.
+//!
+//! The SSH gateway's streams ([`crate::streams`]) use the same trait to find a session's
+//! container ([`SessionContainer`]) and to run processes in it (`docker exec`: [`ExecSpec`],
+//! [`ExecProcess`]).
 
 pub mod accounts;
 pub mod docker;
@@ -12,9 +16,11 @@ pub mod docker;
 pub mod fake;
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use ongrid_core::api::{
     visible_devices, ContainerLimits, ContainerState, ContainerUser, DesiredSession,
 };
@@ -148,6 +154,80 @@ impl ContainerStatus {
     }
 }
 
+/// A session's dev container as the stream endpoint sees it: enough to check that a stream may
+/// go there and to run processes as its user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionContainer {
+    pub id: String,
+    pub session_id: SessionId,
+    /// From the `ongrid.session.name` label.
+    pub session_name: String,
+    /// From the `ongrid.owner` label: the owner's DN as written.
+    pub owner: String,
+    /// From the `ongrid.user` label: the user's login inside.
+    pub login: String,
+    /// The container's user (`Config.User`), `uid:gid`: every process runs as it.
+    pub user: String,
+    pub running: bool,
+    /// The host PID of the container's first process while it runs (for its namespaces).
+    pub pid: Option<u32>,
+}
+
+/// A process to start in a container (`docker exec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecSpec {
+    pub command: Vec<String>,
+    /// `uid:gid` or a name known inside the container.
+    pub user: String,
+    pub working_dir: String,
+    /// Added to (and overriding) the container's own environment.
+    pub env: Vec<(String, String)>,
+    /// A pseudo-terminal of this size (stderr then goes to it too), or `None` for pipes with
+    /// stdout and stderr kept apart.
+    pub tty: Option<TtySize>,
+}
+
+/// A terminal size in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtySize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// A chunk of a process's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecOutput {
+    /// Standard output, or everything when the process has a terminal.
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+}
+
+/// A started process: its output until it closes it, and its standard input (shutting the
+/// writer down closes the process's stdin).
+pub struct ExecProcess {
+    pub id: String,
+    pub output: BoxStream<'static, Result<ExecOutput, RuntimeError>>,
+    pub input: Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+}
+
+impl std::fmt::Debug for ExecProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecProcess")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the runtime knows about a started process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecStatus {
+    pub running: bool,
+    /// Once it has ended. A process killed by signal N reports 128 + N, like a shell.
+    pub exit_code: Option<i64>,
+    /// Its host PID while it runs.
+    pub pid: Option<u32>,
+}
+
 /// Why a runtime operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -211,6 +291,32 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Removes the container (killing it if it runs) and its anonymous volumes. Named volumes,
     /// the home volume among them, are kept.
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// The dev container of `session_id` when this node has it (named after the session,
+    /// labelled with it and with this node); `None` otherwise.
+    fn session_container(
+        &self,
+        session_id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<SessionContainer>, RuntimeError>>;
+
+    /// Starts a process in a running container, attached to its stdin, stdout and stderr.
+    fn start_exec<'a>(
+        &'a self,
+        container_id: &'a str,
+        spec: &'a ExecSpec,
+    ) -> BoxFuture<'a, Result<ExecProcess, RuntimeError>>;
+
+    /// Resizes the terminal of a process started with one.
+    fn resize_exec<'a>(
+        &'a self,
+        exec_id: &'a str,
+        size: TtySize,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    fn inspect_exec<'a>(
+        &'a self,
+        exec_id: &'a str,
+    ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>>;
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The agent's integration tests, one binary: the Docker runtime and the reconciler against the
 //! real Docker daemon (`docker`), and the manager client and the whole sync loop against a fake
-//! manager served over TLS in the test (`manager`).
+//! manager served over TLS in the test (`manager`), and the SSH gateway's stream endpoint with a
+//! real WebSocket client over TLS (`streams`).
 //!
 //! They need Docker and the image `ongrid/dev:latest` (built by `images/dev/build.sh`), and fail
 //! loudly without them. Each test uses its own node name (the agent only sees containers labelled
@@ -10,6 +11,7 @@
 
 mod docker;
 mod manager;
+mod streams;
 
 use std::collections::BTreeMap;
 use std::process::Command;

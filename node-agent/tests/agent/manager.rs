@@ -325,6 +325,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
             .expect("simulated backend"),
             runtime: test_node.runtime.clone(),
             manager: manager.client(),
+            stream_url: Some("wss://node1.example.org:8444".to_owned()),
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent.run(shutdown.clone()));
@@ -344,6 +345,10 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     assert_eq!(registered.node, node);
     assert_eq!(registered.gpu_backend, "simulated");
     assert_eq!(registered.gpus.len(), 1);
+    assert_eq!(
+        registered.stream_url.as_deref(),
+        Some("wss://node1.example.org:8444")
+    );
 
     // A session appears in the desired state: the container is created and reported running.
     let session = test_node.session();
@@ -418,4 +423,122 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     task.await
         .expect("agent task")
         .expect("agent stopped cleanly");
+}
+
+/// `ongrid_agent::run` from a config file with `[streams]`: the endpoint is bound, its URL goes
+/// to the manager in the registration, it answers there, and it stops with the agent.
+#[tokio::test]
+async fn run_serves_streams_and_registers_their_url() {
+    use futures::{SinkExt, StreamExt};
+    use ongrid_core::stream::{Frame, StreamKind, StreamOpen};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let test_node = TestNode::new().await;
+    let manager = FakeManager::start(&test_node.node).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(path("node-token"), format!("{TOKEN}\n")).expect("token");
+    std::fs::write(path("gateway-token"), "gw-token-42\n").expect("gateway token");
+    std::fs::write(path("gpus.toml"), "").expect("gpu file");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .expect("params")
+        .signed_by(&key, &manager.ca.cert, &manager.ca.key)
+        .expect("agent certificate");
+    std::fs::write(path("agent.crt"), cert.pem()).expect("cert");
+    std::fs::write(path("agent.key"), key.serialize_pem()).expect("key");
+    let text = format!(
+        "node_name = \"{node}\"\nmanager_url = \"{url}\"\nca_dir = \"{ca}\"\n\
+         token_file = \"{token}\"\n[gpu]\nbackend = \"simulated\"\nfile = \"{gpus}\"\n\
+         [streams]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"{cert}\"\ntls_key = \"{key}\"\n\
+         gateway_token_file = \"{gateway}\"\n",
+        node = test_node.node,
+        url = manager.url,
+        ca = manager.ca.dir.path().display(),
+        token = path("node-token"),
+        gpus = path("gpus.toml"),
+        cert = path("agent.crt"),
+        key = path("agent.key"),
+        gateway = path("gateway-token"),
+    );
+    let config = ongrid_agent::Config::parse(&text, std::path::Path::new("agent.toml"))
+        .expect("valid config");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(ongrid_agent::run(config, shutdown.clone()));
+
+    let registered = eventually(Duration::from_secs(30), "a registration", || {
+        manager
+            .requests()
+            .into_iter()
+            .find(|r| r.path == "/v1/agent/register")
+    })
+    .await;
+    let registered: RegisterNode = serde_json::from_value(registered.body).expect("RegisterNode");
+    let url = registered.stream_url.expect("a stream URL");
+    let address = url
+        .strip_prefix("wss://127.0.0.1:")
+        .unwrap_or_else(|| panic!("{url} is the bound address"));
+    assert_ne!(address, "0", "{url} has the bound port");
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(manager.ca.cert.der().clone()).expect("CA");
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("wss://"))
+        .await
+        .expect("TCP connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(
+            rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+            tcp,
+        )
+        .await
+        .expect("TLS");
+    let mut request = format!("{url}/v1/streams")
+        .into_client_request()
+        .expect("request");
+    request.headers_mut().insert(
+        "Authorization",
+        "Bearer gw-token-42".parse().expect("header"),
+    );
+    let (mut ws, _) = tokio_tungstenite::client_async(request, tls)
+        .await
+        .expect("WebSocket");
+    let session_id = ongrid_core::SessionId::new_random();
+    let open = StreamOpen {
+        session_id,
+        owner: ongrid_core::Dn::parse("/DC=org/CN=Someone").expect("DN"),
+        kind: StreamKind::Shell { pty: None },
+        env: vec![],
+    };
+    let json = serde_json::to_string(&open).expect("JSON");
+    ws.send(Message::Text(json.into())).await.expect("send");
+    let answer = match ws.next().await {
+        Some(Ok(Message::Binary(bytes))) => Frame::decode(&bytes).expect("frame"),
+        other => panic!("expected a frame, got {other:?}"),
+    };
+    assert_eq!(
+        answer,
+        Frame::Error(format!(
+            "session {session_id} is not on this node (it may have ended or moved): connect again"
+        ))
+    );
+
+    shutdown.cancel();
+    task.await
+        .expect("agent task")
+        .expect("agent stopped cleanly");
+    let port: u16 = address.parse().expect("port");
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err(),
+        "the endpoint stopped listening"
+    );
 }

@@ -1,0 +1,145 @@
+//! The stream endpoint's TLS identity: the agent's certificate chain and key from `[streams]`,
+//! TLS 1.2 and 1.3 with ring. The gateway proves itself with its bearer token, not with a
+//! certificate, so no client certificate is asked for.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+
+/// Why the TLS identity could not be loaded; each message names the key to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {key} {}", path.display())]
+    Read {
+        key: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{key} {} holds no {what}: it must be PEM", path.display())]
+    Empty {
+        key: &'static str,
+        path: PathBuf,
+        what: &'static str,
+    },
+    #[error("tls_cert and tls_key do not make a usable server identity")]
+    Identity(#[source] rustls::Error),
+}
+
+/// The server configuration of the stream endpoint.
+pub fn server_config(tls_cert: &Path, tls_key: &Path) -> Result<ServerConfig, TlsError> {
+    let chain = load_certs(tls_cert)?;
+    let key = load_key(tls_key)?;
+    ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(TlsError::Identity)?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(TlsError::Identity)
+}
+
+fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        key,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read("tls_cert", path)?;
+    let certs = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TlsError::Read {
+            key: "tls_cert",
+            path: path.to_owned(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            key: "tls_cert",
+            path: path.to_owned(),
+            what: "certificate",
+        });
+    }
+    Ok(certs)
+}
+
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read("tls_key", path)?;
+    rustls_pemfile::private_key(&mut pem.as_slice())
+        .map_err(|source| TlsError::Read {
+            key: "tls_key",
+            path: path.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| TlsError::Empty {
+            key: "tls_key",
+            path: path.to_owned(),
+            what: "private key",
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_identity(dir: &Path) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["node1.example.org".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (cert_path, key_path) = (dir.join("agent.crt"), dir.join("agent.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    #[test]
+    fn a_pem_certificate_and_key_make_a_server_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = write_identity(dir.path());
+        let config = server_config(&cert, &key).unwrap();
+        assert!(config.alpn_protocols.is_empty());
+    }
+
+    #[test]
+    fn bad_files_name_the_key_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = write_identity(dir.path());
+        let missing = dir.path().join("missing.crt");
+        let err = server_config(&missing, &key).unwrap_err();
+        assert!(err.to_string().starts_with("reading tls_cert "), "{err}");
+
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let err = server_config(&cert, &empty).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "tls_key {} holds no private key: it must be PEM",
+                empty.display()
+            )
+        );
+        let err = server_config(&empty, &key).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TlsError::Empty {
+                    key: "tls_cert",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+
+        // A key that is not the certificate's.
+        let other_dir = tempfile::tempdir().unwrap();
+        let (_, other_key) = write_identity(other_dir.path());
+        let err = server_config(&cert, &other_key).unwrap_err();
+        assert!(matches!(err, TlsError::Identity(_)), "{err:?}");
+    }
+}
