@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # ongrid on this one machine, in one command: builds the binaries and the dev image, makes a
-# throwaway CA with a manager, a user and an admin certificate, starts ongrid-manager and an
-# ongrid-agent with simulated GPUs, and starts a dev session `train1` on one of them.
+# throwaway CA with manager, agent, user and admin certificates, starts ongrid-manager, an
+# ongrid-agent with simulated GPUs and the SSH gateway ongrid-gateway, allows 127.0.0.0/8 as
+# institute `local`, registers an SSH key, starts a dev session `train1` and logs into it by ssh.
 #
 # Usage: deploy/quickstart.sh [start|stop|status|clean]
-#   start    (default) set up what is missing and (re)start the manager and the agent
-#   stop     stop the manager and the agent (dev containers keep running)
+#   start    (default) set up what is missing and (re)start the manager, agent and gateway
+#   stop     stop the gateway, the agent and the manager (dev containers keep running)
 #   status   show whether they run, and the sessions
 #   clean    stop, remove .quickstart/ and the quickstart's ongrid containers and home volumes
 #
 # Everything lives in .quickstart/ at the repository root: pki/ (CA, keys, certificates),
-# certificates/ (the CA in IGTF layout), configs, the SQLite database, logs and pid files.
-# Re-running is safe: the CA and certificates are kept, the services are restarted.
-# Needs: cargo, openssl, a reachable Docker daemon; root the first time (the dev image build).
+# certificates/ (the CA in IGTF layout), ssh/ (the user's SSH key, known_hosts), gateway/ (the
+# gateway's host keys), configs, tokens, the SQLite database, logs and pid files.
+# Re-running is safe: keys and certificates are kept, the services are restarted.
+# Needs: cargo, openssl, ssh and ssh-keygen, a reachable Docker daemon; root the first time (the
+# dev image build).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,19 +26,35 @@ readonly CA_DIR="$QS/certificates"
 readonly BIN_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"
 readonly DEVCTL_CONFIG="$QS/devctl.toml"
 readonly DEVCTL_ADMIN_CONFIG="$QS/devctl-admin.toml"
+readonly GATEWAY_TOKEN="$QS/gateway-token"
+readonly HOST_KEY_DIR="$QS/gateway"
+# The user's SSH key and known_hosts, relative to the repository root (the script runs there),
+# as the printed ssh command names them.
+readonly SSH_KEY=.quickstart/ssh/id_ed25519
+readonly KNOWN_HOSTS=.quickstart/ssh/known_hosts
+# Where the person who ran the script is, to print paths that work from there.
+readonly CALLER_PWD="$PWD"
 
 readonly DN_BASE="/DC=org/DC=ongrid-quickstart"
 readonly CA_SUBJECT="$DN_BASE/CN=ongrid quickstart CA"
 readonly ADMIN_SUBJECT="$DN_BASE/CN=Site Admin"
-readonly FIRST_PORT=8443
-readonly LAST_PORT=8453
+# Each service takes the first free port of its range on 127.0.0.1.
+readonly MANAGER_PORTS=(8443 8453)
+readonly STREAM_PORTS=(8444 8454)
+readonly SSH_PORTS=(2222 2232)
 readonly SESSION_NAME=train1
+# The institute whose networks may reach the gateway: this machine's loopback.
+readonly INSTITUTE=local
+readonly INSTITUTE_NETWORKS=(127.0.0.0/8 ::1/128)
 readonly DEV_IMAGE=ongrid/dev:latest
 
 # How long to wait, in seconds.
-readonly MANAGER_START_TIMEOUT=60
+readonly START_TIMEOUT=60
 readonly NODE_ONLINE_TIMEOUT=60
 readonly STOP_TIMEOUT=15
+readonly SSH_TIMEOUT=60
+# How many times the first ssh is tried while the gateway waits for its allowlist (1 s apart).
+readonly SSH_ATTEMPTS=10
 
 say() { printf '\n==> %s\n' "$*"; }
 info() { printf '    %s\n' "$*"; }
@@ -45,7 +64,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -53,8 +72,9 @@ usage() {
 
 check_tools() {
     local tool
-    for tool in cargo openssl docker; do
-        command -v "$tool" >/dev/null || die "$tool not found: the quickstart needs cargo, openssl and docker"
+    for tool in cargo openssl docker ssh ssh-keygen; do
+        command -v "$tool" >/dev/null ||
+            die "$tool not found: the quickstart needs cargo, openssl, docker, ssh and ssh-keygen (apt-get install openssh-client)"
     done
     docker info >/dev/null 2>&1 ||
         die "cannot reach the Docker daemon (docker info failed): start it (systemctl start docker), or run as a user in the docker group"
@@ -100,26 +120,39 @@ port_in_use() {
     timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
 }
 
+# first_free_port FIRST LAST [TAKEN...]: the first port of FIRST..LAST that nothing listens on
+# and that is not one of TAKEN (ports chosen for services not started yet).
 first_free_port() {
-    local port
-    for ((port = FIRST_PORT; port <= LAST_PORT; port++)); do
-        if ! port_in_use "$port"; then
+    local first="$1" last="$2" port
+    shift 2
+    for ((port = first; port <= last; port++)); do
+        if [[ " $* " != *" $port "* ]] && ! port_in_use "$port"; then
             printf '%s\n' "$port"
             return 0
         fi
     done
-    die "ports $FIRST_PORT to $LAST_PORT on 127.0.0.1 are all in use: free one, or stop what listens there"
+    die "ports $first to $last on 127.0.0.1 are all in use: free one, or stop what listens there"
+}
+
+# A path relative to the repository root as the caller can use it: unchanged when they are at the
+# root, else absolute.
+caller_path() {
+    if [[ "$CALLER_PWD" == "$REPO_ROOT" ]]; then
+        printf '%s\n' "$1"
+    else
+        printf '%s\n' "$REPO_ROOT/$1"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------
 # Build
 
 build_binaries() {
-    say "building ongrid-manager, ongrid-agent and devctl (cargo build --workspace --bins)"
+    say "building ongrid-manager, ongrid-agent, ongrid-gateway and devctl (cargo build --workspace --bins)"
     (cd "$REPO_ROOT" && cargo build --workspace --bins) ||
         die "cargo build failed (output above)"
     local binary
-    for binary in ongrid-manager ongrid-agent devctl; do
+    for binary in ongrid-manager ongrid-agent ongrid-gateway devctl; do
         [[ -x "$BIN_DIR/$binary" ]] || die "cargo built no $BIN_DIR/$binary"
     done
 }
@@ -165,7 +198,7 @@ EOF
         openssl req -new -x509 -config "$PKI/ca.cnf" -extensions ca -key "$PKI/ca.key" \
             -subj "$CA_SUBJECT" -days 3650 -sha256 -out "$PKI/ca.crt"
         # Certificates of an earlier CA are no longer valid: issue them again.
-        rm -f "$PKI"/*.srl "$PKI/manager.crt" "$PKI/user.crt" "$PKI/admin.crt"
+        rm -f "$PKI"/*.srl "$PKI/manager.crt" "$PKI/agent.crt" "$PKI/user.crt" "$PKI/admin.crt"
         info "CA: $CA_SUBJECT (new)"
     fi
     # IGTF layout: the CA as <subject hash>.0, the only CA the quickstart trusts.
@@ -207,12 +240,15 @@ issue() {
 ensure_pki() {
     say "certificates in $PKI"
     ensure_ca
-    issue manager "$DN_BASE/CN=localhost" "basicConstraints = critical, CA:FALSE
+    local server_extensions="basicConstraints = critical, CA:FALSE
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 keyUsage = critical, digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth
 subjectAltName = IP:127.0.0.1, DNS:localhost"
+    issue manager "$DN_BASE/CN=localhost" "$server_extensions"
+    # The agent's stream endpoint (wss://127.0.0.1:PORT), which the gateway connects to.
+    issue agent "$DN_BASE/CN=127.0.0.1" "$server_extensions"
     local client_extensions="basicConstraints = critical, CA:FALSE
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
@@ -225,17 +261,21 @@ extendedKeyUsage = clientAuth"
 # ---------------------------------------------------------------------------------------------
 # Configuration
 
-ensure_node_token() {
-    if [[ ! -s "$QS/node-token" ]]; then
-        openssl rand -hex 32 >"$QS/node-token"
-        chmod 600 "$QS/node-token"
+# A random bearer token in file $1, made once.
+ensure_token() {
+    if [[ ! -s "$1" ]]; then
+        openssl rand -hex 32 >"$1"
+        chmod 600 "$1"
     fi
 }
 
+# write_configs MANAGER_PORT NODE STREAM_PORT SSH_PORT
 write_configs() {
-    local port="$1" node="$2" url="https://127.0.0.1:$1"
-    say "configuration in $QS (manager on 127.0.0.1:$port, node $node)"
-    ensure_node_token
+    local port="$1" node="$2" stream_port="$3" ssh_port="$4" url="https://127.0.0.1:$1"
+    say "configuration in $QS (manager on 127.0.0.1:$port, node $node, agent streams on 127.0.0.1:$stream_port, SSH gateway on 127.0.0.1:$ssh_port)"
+    ensure_token "$QS/node-token"
+    # One token for the gateway: it presents it to the manager and to the agent.
+    ensure_token "$GATEWAY_TOKEN"
     {
         printf '# Written by deploy/quickstart.sh: the quickstart node and its token.\n'
         printf '%s %s\n' "$node" "$(cat "$QS/node-token")"
@@ -255,6 +295,7 @@ tls_key = $(toml_string "$PKI/manager.key")
 ca_dir = $(toml_string "$CA_DIR")
 admins = [$(toml_string "$ADMIN_SUBJECT")]
 agent_tokens_file = $(toml_string "$QS/agent-tokens")
+gateway_token_file = $(toml_string "$GATEWAY_TOKEN")
 default_image = $(toml_string "$DEV_IMAGE")
 first_uid = 20000
 node_timeout = "30 seconds"
@@ -278,6 +319,25 @@ token_file = $(toml_string "$QS/node-token")
 backend = "simulated"
 # Edit this file to add, remove or fail GPUs: the agent re-reads it.
 file = $(toml_string "$QS/simulated-gpus.toml")
+
+# The endpoint the SSH gateway opens streams to (shells, commands, sftp in the containers).
+[streams]
+listen = $(toml_string "127.0.0.1:$stream_port")
+url = $(toml_string "wss://127.0.0.1:$stream_port")
+tls_cert = $(toml_string "$PKI/agent.crt")
+tls_key = $(toml_string "$PKI/agent.key")
+gateway_token_file = $(toml_string "$GATEWAY_TOKEN")
+EOF
+
+    cat >"$QS/gateway.toml" <<EOF
+# Written by deploy/quickstart.sh at every start; see deploy/examples/gateway.toml.
+listen = $(toml_string "127.0.0.1:$ssh_port")
+# Host keys, made by the gateway at its first start.
+host_key_dir = $(toml_string "$HOST_KEY_DIR")
+manager_url = $(toml_string "$url")
+ca_dir = $(toml_string "$CA_DIR")
+token_file = $(toml_string "$GATEWAY_TOKEN")
+allowlist_refresh = "2 seconds"
 EOF
 
     write_devctl_config "$DEVCTL_CONFIG" "$url" user
@@ -338,7 +398,9 @@ stop_service() {
 }
 
 stop_services() {
-    # The agent first: a manager without agents is harmless, an agent without its manager retries.
+    # Clients of the manager first: a manager without agents and gateway is harmless, an agent or
+    # gateway without its manager retries.
+    stop_service gateway
     stop_service agent
     stop_service manager
 }
@@ -368,29 +430,38 @@ start_service() {
     info "ongrid-$name started (pid $!, log $QS/$name.log)"
 }
 
-wait_for_manager() {
-    local deadline=$((SECONDS + MANAGER_START_TIMEOUT))
-    until grep -q '^listening on ' "$QS/manager.log" 2>/dev/null; do
-        started_and_alive manager ||
-            fail_with_log manager "ongrid-manager exited during start-up"
+# Waits until ongrid-NAME prints its "listening on ADDR" line (manager and gateway do).
+wait_for_listening() {
+    local name="$1" deadline=$((SECONDS + START_TIMEOUT)) status=0
+    until grep -q '^listening on ' "$QS/$name.log" 2>/dev/null; do
+        if ! started_and_alive "$name"; then
+            wait "$(cat "$QS/$name.pid")" 2>/dev/null || status=$?
+            fail_with_log "$name" "ongrid-$name exited during start-up (exit code $status)"
+        fi
         ((SECONDS < deadline)) ||
-            fail_with_log manager "ongrid-manager printed no 'listening on' line within ${MANAGER_START_TIMEOUT}s"
+            fail_with_log "$name" "ongrid-$name printed no 'listening on' line within ${START_TIMEOUT}s"
         sleep 0.2
     done
-    info "ongrid-manager: $(grep -m1 '^listening on ' "$QS/manager.log")"
+    info "ongrid-$name: $(grep -m1 '^listening on ' "$QS/$name.log")"
 }
 
 # devctl's environment variables override its config file; the quickstart's devctl must use
 # the quickstart's manager, certificate and CA whatever this shell has set.
 readonly DEVCTL_ENV_OVERRIDES=(ONGRID_MANAGER_URL X509_USER_CERT X509_USER_KEY X509_USER_PROXY X509_CERT_DIR)
 
-devctl() {
-    local unset_args=() variable
+# devctl_with CONFIG ARGS...: devctl with the quickstart's config file CONFIG.
+devctl_with() {
+    local config="$1" unset_args=() variable
+    shift
     for variable in "${DEVCTL_ENV_OVERRIDES[@]}"; do
         unset_args+=(-u "$variable")
     done
-    env "${unset_args[@]}" "$BIN_DIR/devctl" --config "$DEVCTL_CONFIG" "$@"
+    env "${unset_args[@]}" "$BIN_DIR/devctl" --config "$config" "$@"
 }
+
+# devctl as the quickstart user, and as the site admin.
+devctl() { devctl_with "$DEVCTL_CONFIG" "$@"; }
+devctl_admin() { devctl_with "$DEVCTL_ADMIN_CONFIG" "$@"; }
 
 wait_for_node() {
     local node="$1" deadline=$((SECONDS + NODE_ONLINE_TIMEOUT)) gpus=""
@@ -405,13 +476,58 @@ wait_for_node() {
     info "node $node is registered with its GPUs"
 }
 
+# The institute `local` (this machine's loopback networks), added once by the site admin.
+ensure_institute() {
+    if devctl_admin admin institute show "$INSTITUTE" >/dev/null 2>&1; then
+        say "institute $INSTITUTE exists: keeping it"
+        devctl_admin admin institute show "$INSTITUTE" | sed 's/^/    /'
+        return 0
+    fi
+    say "devctl admin institute add $INSTITUTE ${INSTITUTE_NETWORKS[*]} (as the site admin)"
+    devctl_admin admin institute add "$INSTITUTE" "${INSTITUTE_NETWORKS[@]}" ||
+        fail_with_log manager "devctl could not add institute $INSTITUTE (its error is above)"
+}
+
+# The quickstart user's SSH key pair, without a passphrase, made once.
+ensure_ssh_key() {
+    mkdir -p "$(dirname "$SSH_KEY")"
+    if [[ -f "$SSH_KEY" && -f "$SSH_KEY.pub" ]]; then
+        info "SSH key $SSH_KEY (kept)"
+        return 0
+    fi
+    rm -f "$SSH_KEY" "$SSH_KEY.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "ongrid-quickstart" -f "$SSH_KEY" ||
+        die "ssh-keygen could not make $SSH_KEY (its error is above)"
+    info "SSH key $SSH_KEY (new)"
+}
+
+# Registers the key for the quickstart user (again at every start: that renews its expiry).
+register_ssh_key() {
+    say "devctl key add $SSH_KEY.pub"
+    devctl key add "$SSH_KEY.pub" ||
+        fail_with_log manager "devctl could not register $SSH_KEY.pub (its error is above)"
+}
+
+# The gateway makes its host keys at its first start; a known_hosts from earlier keys would
+# make ssh refuse the new ones.
+prepare_host_keys() {
+    mkdir -p "$HOST_KEY_DIR"
+    if [[ ! -f "$HOST_KEY_DIR/ssh_host_ed25519_key" ]]; then
+        rm -f "$KNOWN_HOSTS"
+    fi
+}
+
 start_services() {
-    local port="$1" node="$2"
-    say "starting ongrid-manager and ongrid-agent"
+    local node="$1"
+    say "starting ongrid-manager, ongrid-agent and ongrid-gateway"
     start_service manager
-    wait_for_manager
+    wait_for_listening manager
+    ensure_institute
     start_service agent
     wait_for_node "$node"
+    prepare_host_keys
+    start_service gateway
+    wait_for_listening gateway
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -458,14 +574,68 @@ show_state() {
     docker ps --filter label=ongrid.managed=true
 }
 
-# SSH GATEWAY: the ssh command (`ssh train1@<gateway>`) is printed here once ongrid-gateway
-# exists; the quickstart will start it beside the manager and the agent. Until then it says so.
+# ssh_options SSH_PORT: the options of the ssh command that reaches the session, one a line.
+ssh_options() {
+    printf '%s\n' -i "$(caller_path "$SSH_KEY")" -p "$1" \
+        -o "UserKnownHostsFile=$(caller_path "$KNOWN_HOSTS")" -o StrictHostKeyChecking=accept-new
+}
+
+# Logs into the session once through the gateway, without a terminal, and shows what ran there.
+check_ssh() {
+    local ssh_port="$1" options output status=0
+    mapfile -t options < <(ssh_options "$ssh_port")
+    # For the container's shell: $CUDA_VISIBLE_DEVICES expands there, not here.
+    # shellcheck disable=SC2016
+    local remote='id -un; echo $CUDA_VISIBLE_DEVICES'
+    say "ssh ${options[*]} $SESSION_NAME@127.0.0.1 '$remote'"
+    local attempt
+    for ((attempt = 1; ; attempt++)); do
+        status=0
+        # Besides the printed options: no ~/.ssh/config, no other keys from an agent (each costs
+        # an authentication attempt), and no prompt.
+        output="$(timeout "$SSH_TIMEOUT" ssh -F /dev/null -o IdentitiesOnly=yes -o BatchMode=yes \
+            -o ConnectTimeout=15 "${options[@]}" "$SESSION_NAME@127.0.0.1" "$remote" 2>&1)" ||
+            status=$?
+        # The gateway closes connections before the SSH banner until it has fetched the
+        # institute allowlist from the manager, which it does right after it starts listening.
+        if ((status == 0 || attempt >= SSH_ATTEMPTS)) || [[ "$output" != *kex_exchange_identification* ]]; then
+            break
+        fi
+        info "(the gateway has no allowlist yet: trying again in a second)"
+        sleep 1
+    done
+    printf '%s\n' "$output" | sed 's/^/    /'
+    if ((status != 0)); then
+        printf '\n--- last lines of %s ---\n' "$QS/agent.log" >&2
+        tail -n 10 "$QS/agent.log" >&2 || true
+        fail_with_log gateway "ssh through ongrid-gateway to session $SESSION_NAME failed (exit code $status, its output is above)"
+    fi
+}
+
+# How to reach the session by ssh: the command, and a ~/.ssh/config entry.
 print_ssh_access() {
-    info "(ssh access through the ongrid gateway: not available yet; use docker exec below)"
+    local ssh_port="$1" options
+    mapfile -t options < <(ssh_options "$ssh_port")
+    info "  ssh ${options[*]} $SESSION_NAME@127.0.0.1"
+    cat <<EOF
+
+    Or put this in ~/.ssh/config and run ssh ongrid-$SESSION_NAME (scp, sftp, rsync and
+    VS Code Remote-SSH use it too):
+      Host ongrid-$SESSION_NAME
+          HostName 127.0.0.1
+          Port $ssh_port
+          User $SESSION_NAME
+          IdentityFile $REPO_ROOT/$SSH_KEY
+          IdentitiesOnly yes
+          UserKnownHostsFile $REPO_ROOT/$KNOWN_HOSTS
+          StrictHostKeyChecking accept-new
+
+    Or with docker:
+EOF
 }
 
 print_usage() {
-    local container="$1" user=""
+    local container="$1" ssh_port="$2" user=""
     [[ -n "$container" ]] && user="$(docker inspect --format '{{.Config.User}}' "$container")"
     say "ongrid is running"
     cat <<EOF
@@ -475,7 +645,10 @@ print_usage() {
       $BIN_DIR/devctl session ls
       $BIN_DIR/devctl session new --name exp2 --gpus 1 --min-capability 9.0 --wait
       $BIN_DIR/devctl session rm $SESSION_NAME
+      $BIN_DIR/devctl key ls
     As the site admin: export ONGRID_DEVCTL_CONFIG=$DEVCTL_ADMIN_CONFIG
+      $BIN_DIR/devctl admin institute ls
+      $BIN_DIR/devctl admin audit --since 1h
 EOF
     local variable
     for variable in "${DEVCTL_ENV_OVERRIDES[@]}"; do
@@ -487,7 +660,7 @@ EOF
 
     A shell in session $SESSION_NAME:
 EOF
-    print_ssh_access
+    print_ssh_access "$ssh_port"
     if [[ -n "$container" && -n "$user" ]]; then
         info "  docker exec -it -u ${user%%:*} $container bash"
     elif [[ -n "$container" ]]; then
@@ -498,7 +671,7 @@ EOF
     cat <<EOF
 
     Simulated GPUs: edit $QS/simulated-gpus.toml (e.g. failed = "fell off the bus").
-    Logs: $QS/manager.log, $QS/agent.log
+    Logs: $QS/manager.log, $QS/agent.log, $QS/gateway.log
     Stop: deploy/quickstart.sh stop      Remove everything: deploy/quickstart.sh clean
 EOF
 }
@@ -514,30 +687,37 @@ cmd_start() {
     mkdir -p "$QS" "$PKI" "$CA_DIR"
     ensure_pki
 
+    say "SSH key of the quickstart user"
+    ensure_ssh_key
+
     say "stopping a running quickstart, if any"
     stop_services
-    local port node container
-    port="$(first_free_port)"
+    local port stream_port ssh_port node container
+    port="$(first_free_port "${MANAGER_PORTS[@]}")"
+    stream_port="$(first_free_port "${STREAM_PORTS[@]}" "$port")"
+    ssh_port="$(first_free_port "${SSH_PORTS[@]}")"
     node="$(node_name)"
-    write_configs "$port" "$node"
-    start_services "$port" "$node"
+    write_configs "$port" "$node" "$stream_port" "$ssh_port"
+    start_services "$node"
+    register_ssh_key
 
     start_session
     container="$(session_container)"
     [[ -n "$container" ]] && remember_logins "$container"
     show_state
-    print_usage "$container"
+    check_ssh "$ssh_port"
+    print_usage "$container" "$ssh_port"
 }
 
 cmd_stop() {
-    say "stopping the quickstart's ongrid-agent and ongrid-manager"
+    say "stopping the quickstart's ongrid-gateway, ongrid-agent and ongrid-manager"
     stop_services
     info "stopped (dev containers keep running; deploy/quickstart.sh clean removes them)"
 }
 
 cmd_status() {
     local name pid
-    for name in manager agent; do
+    for name in manager agent gateway; do
         if pid="$(running_pid "$name")"; then
             info "ongrid-$name: running (pid $pid)"
         else

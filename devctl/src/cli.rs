@@ -1,13 +1,17 @@
 //! devctl's command line, parsed by clap straight into ongrid-core's types (`SessionName`,
-//! `ComputeCapability`, `MemorySize`, `Sharing`, `GpuMode`, `GpuUuid`, `Dn`, `HumanDuration`),
-//! so bad input is refused with core's message, and exit code 2, before any request is made.
+//! `ComputeCapability`, `MemorySize`, `Sharing`, `GpuMode`, `GpuUuid`, `Dn`, `HumanDuration`,
+//! `Cidr`, `InstituteName`), so bad input is refused with core's message, and exit code 2,
+//! before any request is made.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 
+use chrono::{DateTime, NaiveDate, Utc};
 use clap::{Args, Parser, Subcommand};
 use ongrid_core::{
-    ComputeCapability, Dn, GpuMode, GpuRequest, GpuUuid, HumanDuration, MemorySize, SessionName,
-    Sharing,
+    Cidr, ComputeCapability, Dn, GpuMode, GpuRequest, GpuUuid, HumanDuration, InstituteName,
+    MemorySize, SessionName, Sharing,
 };
 
 use crate::config::Overrides;
@@ -87,6 +91,12 @@ pub enum Command {
     Session(SessionCommand),
     /// List the site's nodes and GPUs: model, capability, memory, mode, use, health
     Gpus(JsonArgs),
+    /// Register, list and remove the SSH public keys that reach your sessions
+    ///
+    /// A key is bound to the identity of your certificate or proxy and expires with it: after a
+    /// new proxy, run devctl key add again.
+    #[command(subcommand)]
+    Key(KeyCommand),
     /// Site administration (admins only)
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -214,10 +224,181 @@ pub struct RmArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Register an SSH public key for your identity, until your certificate expires
+    ///
+    /// Adding a key that is already yours renews its expiry to your current certificate's.
+    Add(KeyAddArgs),
+    /// List your SSH keys with their fingerprints and expiry
+    #[command(alias = "list")]
+    Ls(KeyLsArgs),
+    /// Remove an SSH key by its fingerprint, as devctl key ls shows it
+    #[command(alias = "remove")]
+    Rm(KeyRmArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeyAddArgs {
+    /// The public key file [default: ~/.ssh/id_ed25519.pub, else ~/.ssh/id_ecdsa.pub, else
+    /// ~/.ssh/id_rsa.pub]
+    #[arg(value_name = "PUBKEY_FILE")]
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeyLsArgs {
+    /// Everybody's keys (admins only)
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeyRmArgs {
+    /// The key's fingerprint, like SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI
+    pub fingerprint: Fingerprint,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+/// An SSH key fingerprint as `ssh-keygen -l` prints it: `SHA256:` and 43 base64 characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Fingerprint {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let problem = || {
+            format!(
+                "fingerprint {value:?} must look like SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI, \
+                 as devctl key ls shows it"
+            )
+        };
+        let hash = value
+            .trim()
+            .strip_prefix("SHA256:")
+            .ok_or_else(problem)?
+            // ssh-keygen leaves out base64's padding; accept a pasted one.
+            .trim_end_matches('=');
+        let base64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
+        if hash.len() != 43 || !hash.bytes().all(base64) {
+            return Err(problem());
+        }
+        Ok(Self(format!("SHA256:{hash}")))
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Subcommand)]
 pub enum AdminCommand {
     /// Manage GPUs
     #[command(subcommand)]
     Gpu(AdminGpuCommand),
+    /// Manage the institutes whose networks may reach the SSH gateway
+    #[command(subcommand)]
+    Institute(InstituteCommand),
+    /// List SSH connections to sessions: who, from where, with which key, how much
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InstituteCommand {
+    /// Allow an institute's networks: the gateway accepts connections from them
+    Add(InstituteAddArgs),
+    /// Remove an institute: its networks are no longer allowed
+    #[command(alias = "remove")]
+    Rm(InstituteNameArgs),
+    /// List the allowed institutes and their networks
+    #[command(alias = "list")]
+    Ls(JsonArgs),
+    /// Show one institute's networks
+    Show(InstituteNameArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InstituteAddArgs {
+    /// The institute's name: lower-case letters, digits, '-', '_' and '.', like uni-glasgow
+    pub name: InstituteName,
+    /// Its networks, like 192.0.2.0/24 or 2001:db8::/32 (a bare address is one host)
+    #[arg(required = true, value_name = "CIDR")]
+    pub cidrs: Vec<Cidr>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InstituteNameArgs {
+    /// The institute's name
+    pub name: InstituteName,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// Only this user's connections, by DN like "/DC=org/DC=example/CN=Alice Smith"
+    #[arg(long, value_name = "DN")]
+    pub user: Option<Dn>,
+    /// Only connections opened since a time (2026-11-21T10:00:00Z, 2026-11-21) or for a
+    /// duration until now (2h, "3 days")
+    #[arg(long, value_name = "TIME|DURATION")]
+    pub since: Option<Since>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+/// `--since`: a moment, or how long ago.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Since {
+    At(DateTime<Utc>),
+    Ago(HumanDuration),
+}
+
+impl Since {
+    /// The moment meant, with `now` for a duration.
+    pub fn resolve(self, now: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            Self::At(at) => at,
+            Self::Ago(ago) => chrono::Duration::from_std(ago.as_duration())
+                .ok()
+                .and_then(|ago| now.checked_sub_signed(ago))
+                .unwrap_or(DateTime::<Utc>::MIN_UTC),
+        }
+    }
+}
+
+impl FromStr for Since {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let trimmed = value.trim();
+        // RFC 3339, or the way devctl prints times (`2026-11-21 10:00:03Z`).
+        if let Ok(at) = DateTime::parse_from_rfc3339(&trimmed.replacen(' ', "T", 1)) {
+            return Ok(Self::At(at.with_timezone(&Utc)));
+        }
+        if let Ok(day) = NaiveDate::parse_from_str(trimmed, "%Y-%m-%d") {
+            return Ok(Self::At(day.and_time(chrono::NaiveTime::MIN).and_utc()));
+        }
+        HumanDuration::parse(trimmed).map(Self::Ago).map_err(|_| {
+            format!(
+                "{value:?} must be a time like 2026-11-21T10:00:00Z or 2026-11-21 (UTC), or a \
+                 duration like 2h or \"3 days\" (that long ago)"
+            )
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -414,5 +595,160 @@ mod tests {
         assert!(parse(&["session", "list"]).is_ok());
         assert!(parse(&["session", "remove", "train1"]).is_ok());
         assert!(parse(&["whoami", "--json"]).is_ok());
+    }
+
+    #[test]
+    fn key_commands_parse() {
+        let cli = parse(&["key", "add"]).unwrap();
+        let Command::Key(KeyCommand::Add(add)) = cli.command else {
+            panic!("not key add");
+        };
+        assert_eq!(add.file, None);
+        let cli = parse(&["key", "add", "/tmp/k.pub", "--json"]).unwrap();
+        let Command::Key(KeyCommand::Add(add)) = cli.command else {
+            panic!("not key add");
+        };
+        assert_eq!(add.file, Some(PathBuf::from("/tmp/k.pub")));
+        assert!(add.output.json);
+        let cli = parse(&["key", "ls", "--all", "--json"]).unwrap();
+        let Command::Key(KeyCommand::Ls(ls)) = cli.command else {
+            panic!("not key ls");
+        };
+        assert!(ls.all && ls.output.json);
+        let cli = parse(&[
+            "key",
+            "rm",
+            "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI=",
+        ])
+        .unwrap();
+        let Command::Key(KeyCommand::Rm(rm)) = cli.command else {
+            panic!("not key rm");
+        };
+        assert_eq!(
+            rm.fingerprint.as_str(),
+            "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI",
+            "padding is dropped"
+        );
+    }
+
+    #[test]
+    fn bad_fingerprints_are_refused() {
+        for bad in [
+            "JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI",
+            "MD5:16:27:ac:a5:76:28:2d:36:63:1b:56:4d:eb:df:a6:48",
+            "SHA256:short",
+            "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hF!I",
+        ] {
+            let msg = refused(&["key", "rm", bad]);
+            assert!(
+                msg.contains("must look like SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI, as devctl key ls shows it"),
+                "{bad}: {msg}"
+            );
+        }
+        let err = parse(&["key", "rm"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument, "{err}");
+    }
+
+    #[test]
+    fn institute_commands_parse_into_core_types() {
+        let cli = parse(&[
+            "admin",
+            "institute",
+            "add",
+            "uni-glasgow",
+            "130.209.0.0/16",
+            "2001:630:40::/48",
+            "192.0.2.7",
+        ])
+        .unwrap();
+        let Command::Admin(AdminCommand::Institute(InstituteCommand::Add(add))) = cli.command
+        else {
+            panic!("not admin institute add");
+        };
+        assert_eq!(add.name.as_str(), "uni-glasgow");
+        let cidrs: Vec<String> = add.cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            cidrs,
+            ["130.209.0.0/16", "2001:630:40::/48", "192.0.2.7/32"]
+        );
+        for args in [
+            &["admin", "institute", "rm", "local"][..],
+            &["admin", "institute", "remove", "local"],
+            &["admin", "institute", "ls", "--json"],
+            &["admin", "institute", "list"],
+            &["admin", "institute", "show", "local", "--json"],
+        ] {
+            assert!(parse(args).is_ok(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn bad_institutes_are_refused_with_the_core_message() {
+        let msg = refused(&["admin", "institute", "add", "local", "10.1.2.3/16"]);
+        assert!(
+            msg.contains("\"10.1.2.3/16\" has host bits set: the network is 10.1.0.0/16"),
+            "{msg}"
+        );
+        let msg = refused(&["admin", "institute", "add", "local", "10.0.0.0/33"]);
+        assert!(msg.contains("prefix length 33, more than 32"), "{msg}");
+        let msg = refused(&["admin", "institute", "add", "Uni Glasgow", "10.0.0.0/8"]);
+        assert!(
+            msg.contains("institute name \"Uni Glasgow\" must be 1 to 64 lower-case letters"),
+            "{msg}"
+        );
+        let err = parse(&["admin", "institute", "add", "local"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument, "{err}");
+        let msg = refused(&["admin", "institute", "show", "Local"]);
+        assert!(msg.contains("institute name \"Local\" must be"), "{msg}");
+    }
+
+    #[test]
+    fn audit_since_takes_a_time_or_a_duration() {
+        let cli = parse(&[
+            "admin",
+            "audit",
+            "--user",
+            "/DC=org/DC=example/CN=Alice Smith",
+            "--since",
+            "2h",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Admin(AdminCommand::Audit(audit)) = cli.command else {
+            panic!("not admin audit");
+        };
+        assert_eq!(
+            audit.user.unwrap().as_str(),
+            "/DC=org/DC=example/CN=Alice Smith"
+        );
+        assert_eq!(
+            audit.since,
+            Some(Since::Ago(HumanDuration::from_secs(7200)))
+        );
+        let now = DateTime::from_timestamp(1_795_255_200, 0).unwrap();
+        assert_eq!(
+            audit.since.unwrap().resolve(now),
+            DateTime::from_timestamp(1_795_255_200 - 7200, 0).unwrap()
+        );
+        let at = |s: &str| s.parse::<Since>().unwrap().resolve(now);
+        assert_eq!(at("2026-11-21T10:00:00Z"), now);
+        assert_eq!(at("2026-11-21T11:00:00+01:00"), now);
+        assert_eq!(at("2026-11-21 10:00:00Z"), now, "devctl's own format");
+        assert_eq!(
+            at("2026-11-21"),
+            DateTime::from_timestamp(1_795_255_200 - 36_000, 0).unwrap()
+        );
+        assert_eq!(at("3 days"), now - chrono::Duration::days(3));
+        assert_eq!(
+            Since::Ago(HumanDuration::from_secs(u64::MAX)).resolve(now),
+            DateTime::<Utc>::MIN_UTC
+        );
+        let msg = refused(&["admin", "audit", "--since", "yesterday"]);
+        assert!(
+            msg.contains("\"yesterday\" must be a time like 2026-11-21T10:00:00Z or 2026-11-21"),
+            "{msg}"
+        );
+        let msg = refused(&["admin", "audit", "--user", "Alice"]);
+        assert!(msg.contains("must be in slash form"), "{msg}");
     }
 }

@@ -7,11 +7,12 @@ use std::error::Error as StdError;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use ongrid_core::api::{
-    CreateSession, ErrorBody, GpuView, NodeView, SessionView, SetGpuMode, WhoAmI,
+    AddKey, AuditRecord, CreateSession, ErrorBody, GpuView, Institute, KeyView, NodeView,
+    SessionView, SetGpuMode, WhoAmI,
 };
-use ongrid_core::{Dn, GpuMode, GpuUuid, SessionName};
+use ongrid_core::{Dn, GpuMode, GpuUuid, InstituteName, SessionName};
 use reqwest::RequestBuilder;
 use rustls::{AlertDescription, CertificateError};
 use serde::de::DeserializeOwned;
@@ -281,6 +282,14 @@ impl Client {
     }
 
     async fn send<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, ClientError> {
+        self.send_with_status(request).await.map(|(_, body)| body)
+    }
+
+    /// Like `send`, with the HTTP status of a successful answer.
+    async fn send_with_status<T: DeserializeOwned>(
+        &self,
+        request: RequestBuilder,
+    ) -> Result<(u16, T), ClientError> {
         let response = request
             .send()
             .await
@@ -293,9 +302,10 @@ impl Client {
         if !status.is_success() {
             return Err(api_error(status.as_u16(), &body, &self.context.manager_url));
         }
-        serde_json::from_slice(&body).map_err(|err| ClientError::BadBody {
+        let body = serde_json::from_slice(&body).map_err(|err| ClientError::BadBody {
             cause: err.to_string(),
-        })
+        })?;
+        Ok((status.as_u16(), body))
     }
 
     /// `GET /v1/whoami`
@@ -351,6 +361,97 @@ impl Client {
             .json(&SetGpuMode { mode });
         self.send(request).await
     }
+
+    /// `POST /v1/keys`
+    pub async fn add_key(&self, body: &AddKey) -> Result<(KeyAdded, KeyView), ClientError> {
+        let (status, key) = self
+            .send_with_status(self.http.post(self.url("v1/keys")).json(body))
+            .await?;
+        let added = if status == 201 {
+            KeyAdded::New
+        } else {
+            KeyAdded::Renewed
+        };
+        Ok((added, key))
+    }
+
+    /// `GET /v1/keys[?all=true]`
+    pub async fn keys(&self, all: bool) -> Result<Vec<KeyView>, ClientError> {
+        let mut request = self.http.get(self.url("v1/keys"));
+        if all {
+            request = request.query(&[("all", "true")]);
+        }
+        self.send(request).await
+    }
+
+    /// `DELETE /v1/keys?fingerprint=SHA256:...` (the fingerprint URL-encoded: its base64 holds
+    /// `+` and `/`)
+    pub async fn remove_key(&self, fingerprint: &str) -> Result<KeyView, ClientError> {
+        self.send(remove_key_request(&self.http, &self.base, fingerprint))
+            .await
+    }
+
+    /// `GET /v1/institutes`
+    pub async fn institutes(&self) -> Result<Vec<Institute>, ClientError> {
+        self.send(self.http.get(self.url("v1/institutes"))).await
+    }
+
+    /// `GET /v1/institutes/{name}`
+    pub async fn institute(&self, name: &InstituteName) -> Result<Institute, ClientError> {
+        self.send(self.http.get(self.url(&format!("v1/institutes/{name}"))))
+            .await
+    }
+
+    /// `POST /v1/institutes`
+    pub async fn add_institute(&self, body: &Institute) -> Result<Institute, ClientError> {
+        self.send(self.http.post(self.url("v1/institutes")).json(body))
+            .await
+    }
+
+    /// `DELETE /v1/institutes/{name}`
+    pub async fn remove_institute(&self, name: &InstituteName) -> Result<Institute, ClientError> {
+        self.send(self.http.delete(self.url(&format!("v1/institutes/{name}"))))
+            .await
+    }
+
+    /// `GET /v1/audit[?user=DN][&since=RFC3339]`
+    pub async fn audit(
+        &self,
+        user: Option<&Dn>,
+        since: Option<DateTime<Utc>>,
+    ) -> Result<Vec<AuditRecord>, ClientError> {
+        let request = self
+            .http
+            .get(self.url("v1/audit"))
+            .query(&audit_query(user, since));
+        self.send(request).await
+    }
+}
+
+fn remove_key_request(http: &reqwest::Client, base: &str, fingerprint: &str) -> RequestBuilder {
+    http.delete(format!("{base}v1/keys"))
+        .query(&[("fingerprint", fingerprint)])
+}
+
+/// What `POST /v1/keys` did with the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyAdded {
+    /// 201: the key is new.
+    New,
+    /// 200: the key was already the caller's; its expiry now follows the presented certificate.
+    Renewed,
+}
+
+/// The query of `GET /v1/audit`: `user=DN`, `since=RFC 3339` (to the second, `Z`).
+pub fn audit_query(user: Option<&Dn>, since: Option<DateTime<Utc>>) -> Vec<(&'static str, String)> {
+    let mut query = Vec::new();
+    if let Some(user) = user {
+        query.push(("user", user.as_str().to_owned()));
+    }
+    if let Some(since) = since {
+        query.push(("since", since.to_rfc3339_opts(SecondsFormat::Secs, true)));
+    }
+    query
 }
 
 fn with_owner(request: RequestBuilder, owner: Option<&Dn>) -> RequestBuilder {
@@ -489,6 +590,34 @@ mod tests {
             err.to_string(),
             "the manager at https://manager.example.org:8443 did not answer within 30 s: try \
              again, or ask the site admins to check it"
+        );
+    }
+
+    #[test]
+    fn fingerprints_are_url_encoded() {
+        let http = reqwest::Client::builder().build().unwrap();
+        let request =
+            remove_key_request(&http, "https://manager.example.org:8443/", "SHA256:ab+c/d=")
+                .build()
+                .unwrap();
+        assert_eq!(request.method(), reqwest::Method::DELETE);
+        assert_eq!(
+            request.url().as_str(),
+            "https://manager.example.org:8443/v1/keys?fingerprint=SHA256%3Aab%2Bc%2Fd%3D"
+        );
+    }
+
+    #[test]
+    fn audit_filters_become_the_query() {
+        assert!(audit_query(None, None).is_empty());
+        let user = Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap();
+        let since = DateTime::from_timestamp(1_795_255_200, 0);
+        assert_eq!(
+            audit_query(Some(&user), since),
+            vec![
+                ("user", "/DC=org/DC=example/CN=Alice Smith".to_owned()),
+                ("since", "2026-11-21T10:00:00Z".to_owned()),
+            ]
         );
     }
 }

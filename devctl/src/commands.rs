@@ -4,19 +4,22 @@
 
 use std::future::Future;
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ongrid_core::api::{CreateSession, SessionView};
+use chrono::Utc;
+use ongrid_core::api::{AddKey, CreateSession, Institute, SessionView};
 use ongrid_core::{HumanDuration, SessionName, SessionState};
 use serde::Serialize;
 
 use crate::cli::{
-    AdminCommand, AdminGpuCommand, Command, GpuModeArgs, LsArgs, NewArgs, RmArgs, SessionCommand,
-    ShowArgs,
+    AdminCommand, AdminGpuCommand, AuditArgs, Command, GpuModeArgs, InstituteAddArgs,
+    InstituteCommand, InstituteNameArgs, KeyAddArgs, KeyCommand, KeyLsArgs, KeyRmArgs, LsArgs,
+    NewArgs, RmArgs, SessionCommand, ShowArgs,
 };
-use crate::client::{Client, ClientError};
-use crate::output;
+use crate::client::{Client, ClientError, KeyAdded};
+use crate::{output, pubkey};
 
 /// How often `session new --wait` asks the manager about the session.
 pub const WAIT_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -47,9 +50,10 @@ impl Terminal<'_> {
     }
 }
 
-/// Runs one command against the manager.
+/// Runs one command against the manager. `home` is where `key add` looks for `~/.ssh`.
 pub async fn execute(
     command: Command,
+    home: Option<&Path>,
     client: &Client,
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
@@ -116,6 +120,106 @@ pub async fn execute(
                 term.json(&view)
             } else {
                 term.print(&output::render_gpu_mode(&view))
+            }
+        }
+        Command::Key(KeyCommand::Add(args)) => add_key(args, home, client, term).await,
+        Command::Key(KeyCommand::Ls(KeyLsArgs { all, output })) => {
+            let keys = client.keys(all).await?;
+            if output.json {
+                term.json(&keys)
+            } else {
+                term.print(&output::render_keys(&keys, all, Utc::now()))
+            }
+        }
+        Command::Key(KeyCommand::Rm(KeyRmArgs {
+            fingerprint,
+            output,
+        })) => {
+            let key = client.remove_key(fingerprint.as_str()).await?;
+            if output.json {
+                term.json(&key)
+            } else {
+                term.print(&output::render_key_removed(&key))
+            }
+        }
+        Command::Admin(AdminCommand::Institute(command)) => institute(command, client, term).await,
+        Command::Admin(AdminCommand::Audit(AuditArgs {
+            user,
+            since,
+            output,
+        })) => {
+            let since = since.map(|since| since.resolve(Utc::now()));
+            let records = client.audit(user.as_ref(), since).await?;
+            if output.json {
+                term.json(&records)
+            } else {
+                let filtered = user.is_some() || since.is_some();
+                term.print(&output::render_audit(&records, filtered))
+            }
+        }
+    }
+}
+
+async fn add_key(
+    args: KeyAddArgs,
+    home: Option<&Path>,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    let key = pubkey::load(args.file.as_deref(), home)?;
+    term.note(&format!("public key file: {}", key.path.display()));
+    let (added, view) = client
+        .add_key(&AddKey {
+            public_key: key.line,
+        })
+        .await?;
+    if args.output.json {
+        term.json(&view)
+    } else {
+        term.print(&output::render_key_added(&view, added == KeyAdded::Renewed))
+    }
+}
+
+async fn institute(
+    command: InstituteCommand,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    match command {
+        InstituteCommand::Add(InstituteAddArgs {
+            name,
+            cidrs,
+            output,
+        }) => {
+            let institute = client.add_institute(&Institute { name, cidrs }).await?;
+            if output.json {
+                term.json(&institute)
+            } else {
+                term.print(&output::render_institute_added(&institute))
+            }
+        }
+        InstituteCommand::Rm(InstituteNameArgs { name, output }) => {
+            let institute = client.remove_institute(&name).await?;
+            if output.json {
+                term.json(&institute)
+            } else {
+                term.print(&output::render_institute_removed(&institute))
+            }
+        }
+        InstituteCommand::Ls(output) => {
+            let institutes = client.institutes().await?;
+            if output.json {
+                term.json(&institutes)
+            } else {
+                term.print(&output::render_institutes(&institutes))
+            }
+        }
+        InstituteCommand::Show(InstituteNameArgs { name, output }) => {
+            let institute = client.institute(&name).await?;
+            if output.json {
+                term.json(&institute)
+            } else {
+                term.print(&output::render_institute(&institute))
             }
         }
     }

@@ -9,6 +9,7 @@
 //! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
 //! - [`client`]: the API calls, and every failure mapped to one line that names the fix.
 //! - [`commands`]: what each command does, including `session new --wait`.
+//! - [`pubkey`]: the SSH public key file `key add` registers, checked before it is sent.
 //! - [`output`]: tables and formats for people.
 //!
 //! `main.rs` parses the arguments and calls [`run`]; an error is printed as one line,
@@ -19,6 +20,7 @@ pub mod client;
 pub mod commands;
 pub mod config;
 pub mod output;
+pub mod pubkey;
 pub mod tls;
 
 use cli::Cli;
@@ -35,5 +37,6 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let settings = config::resolve(&cli.global.overrides(), env, defaults)?;
     let client = Client::new(&settings)?;
-    commands::execute(cli.command, &client, term).await
+    let home = env.get("HOME").map(std::path::Path::new);
+    commands::execute(cli.command, home, &client, term).await
 }

@@ -1,11 +1,11 @@
 //! How devctl prints things for people: aligned tables, times in UTC
-//! (`2026-11-21 10:00:03Z`), memory as `40.0 GiB`. `--json` output is the API's own types,
-//! printed by `serde_json`, and does not pass through here.
+//! (`2026-11-21 10:00:03Z`), memory as `40.0 GiB`, traffic as `1.5 MiB`. `--json` output is
+//! the API's own types, printed by `serde_json`, and does not pass through here.
 
 use std::fmt::{self, Write as _};
 
 use chrono::{DateTime, Utc};
-use ongrid_core::api::{GpuView, NodeView, SessionView, WhoAmI};
+use ongrid_core::api::{AuditRecord, GpuView, Institute, KeyView, NodeView, SessionView, WhoAmI};
 use ongrid_core::{GpuHealth, GpuRequest, SessionState, Sharing};
 
 /// A table of left-aligned columns separated by two spaces. The last column is not padded, so
@@ -270,13 +270,186 @@ pub fn render_gpu_mode(gpu: &GpuView) -> String {
     )
 }
 
+/// A byte count for people: `512 B`, `1.5 KiB`, `12.0 MiB`, `3.2 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 5] = [
+        ("PiB", 1 << 50),
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, size) in UNITS {
+        if bytes >= size {
+            return format!("{:.1} {name}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// `ssh-ed25519, alice@laptop`, or the algorithm alone when the key has no comment.
+fn key_kind(key: &KeyView) -> String {
+    if key.comment.is_empty() {
+        key.algorithm.clone()
+    } else {
+        format!("{}, {}", key.algorithm, key.comment)
+    }
+}
+
+/// `devctl key add`: what was registered, and until when.
+pub fn render_key_added(key: &KeyView, renewed: bool) -> String {
+    let done = if renewed {
+        "was already yours: renewed"
+    } else {
+        "added"
+    };
+    format!(
+        "key {} ({}) {done}\nexpires {} (with your certificate)\n",
+        key.fingerprint,
+        key_kind(key),
+        format_time(key.expires_at)
+    )
+}
+
+pub fn render_key_removed(key: &KeyView) -> String {
+    format!("key {} ({}) removed\n", key.fingerprint, key_kind(key))
+}
+
+/// `devctl key ls`; with `all`, each key's owner too. Keys expired at `now` are marked.
+pub fn render_keys(keys: &[KeyView], all: bool, now: DateTime<Utc>) -> String {
+    if keys.is_empty() {
+        return if all {
+            "no SSH keys registered\n".to_owned()
+        } else {
+            "no SSH keys: register yours with devctl key add\n".to_owned()
+        };
+    }
+    let mut headers = vec!["FINGERPRINT", "TYPE", "COMMENT"];
+    if all {
+        headers.push("OWNER");
+    }
+    headers.extend(["ADDED", "EXPIRES"]);
+    let mut table = Table::new(&headers);
+    for key in keys {
+        let mut row = vec![
+            key.fingerprint.clone(),
+            key.algorithm.clone(),
+            if key.comment.is_empty() {
+                "-".to_owned()
+            } else {
+                key.comment.clone()
+            },
+        ];
+        if all {
+            row.push(key.owner.to_string());
+        }
+        let mut expires = format_time(key.expires_at);
+        if key.expires_at <= now {
+            expires.push_str(" (expired: devctl key add renews it)");
+        }
+        row.extend([format_time(key.added_at), expires]);
+        table.row(row);
+    }
+    table.to_string()
+}
+
+fn networks(institute: &Institute) -> String {
+    institute
+        .cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn render_institute_added(institute: &Institute) -> String {
+    format!(
+        "institute {} added: {}\n",
+        institute.name,
+        networks(institute)
+    )
+}
+
+pub fn render_institute_removed(institute: &Institute) -> String {
+    format!(
+        "institute {} removed: {} no longer allowed\n",
+        institute.name,
+        networks(institute)
+    )
+}
+
+/// `devctl admin institute show`: the name, then one network per line.
+pub fn render_institute(institute: &Institute) -> String {
+    let mut table = Table::bare();
+    table.row(vec!["name:".into(), institute.name.to_string()]);
+    if institute.cidrs.is_empty() {
+        table.row(vec!["networks:".into(), "-".into()]);
+    }
+    for (i, cidr) in institute.cidrs.iter().enumerate() {
+        let label = if i == 0 { "networks:" } else { "" };
+        table.row(vec![label.into(), cidr.to_string()]);
+    }
+    table.to_string()
+}
+
+/// `devctl admin institute ls`.
+pub fn render_institutes(institutes: &[Institute]) -> String {
+    if institutes.is_empty() {
+        return "no institutes: the SSH gateway accepts no connection until one is added with \
+                devctl admin institute add NAME CIDR...\n"
+            .to_owned();
+    }
+    let mut table = Table::new(&["NAME", "NETWORKS"]);
+    for institute in institutes {
+        table.row(vec![institute.name.to_string(), networks(institute)]);
+    }
+    table.to_string()
+}
+
+/// `devctl admin audit`: one row per connection, in the manager's order (newest first).
+/// `filtered` says whether `--user` or `--since` narrowed the list.
+pub fn render_audit(records: &[AuditRecord], filtered: bool) -> String {
+    if records.is_empty() {
+        return if filtered {
+            "no SSH connections match --user/--since\n".to_owned()
+        } else {
+            "no SSH connections recorded\n".to_owned()
+        };
+    }
+    let mut table = Table::new(&[
+        "OPENED",
+        "CLOSED",
+        "USER",
+        "KEY",
+        "SOURCE",
+        "INSTITUTE",
+        "SESSION",
+        "IN",
+        "OUT",
+    ]);
+    for r in records {
+        table.row(vec![
+            format_time(r.opened_at),
+            r.closed_at.map_or_else(|| "open".to_owned(), format_time),
+            r.owner.to_string(),
+            r.fingerprint.clone(),
+            r.source.to_string(),
+            r.institute.to_string(),
+            r.session_name.to_string(),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
+        ]);
+    }
+    table.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use ongrid_core::api::SessionView;
     use ongrid_core::{
-        ComputeCapability, Dn, GpuId, GpuInfo, GpuMode, GpuUuid, MemorySize, NodeName, SessionId,
-        SessionName, Transition, UserName,
+        Cidr, ComputeCapability, Dn, GpuId, GpuInfo, GpuMode, GpuUuid, InstituteName, MemorySize,
+        NodeName, SessionId, SessionName, Transition, UserName,
     };
 
     const UUID_A: &str = "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f";
@@ -485,6 +658,124 @@ dev     HELD     node1  1     2026-11-21 10:00:03Z  placed on node1
         assert_eq!(
             render_whoami(&me),
             "dn:     /DC=org/DC=example/CN=Alice Smith\nlogin:  alice-smith\nuid:    20000\nadmin:  no\n"
+        );
+    }
+
+    fn key(comment: &str, expires: i64) -> KeyView {
+        KeyView {
+            fingerprint: "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI".into(),
+            algorithm: "ssh-ed25519".into(),
+            comment: comment.into(),
+            owner: Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap(),
+            added_at: at(0),
+            expires_at: at(expires),
+        }
+    }
+
+    #[test]
+    fn bytes_are_human_readable() {
+        assert_eq!(format_bytes(0), "0 B");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(1536), "1.5 KiB");
+        assert_eq!(format_bytes(12 << 20), "12.0 MiB");
+        assert_eq!(format_bytes(3_435_973_837), "3.2 GiB");
+    }
+
+    #[test]
+    fn key_add_says_what_and_until_when() {
+        assert_eq!(
+            render_key_added(&key("alice@laptop", 86_400), false),
+            "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
+             added\nexpires 2026-11-22 10:00:00Z (with your certificate)\n"
+        );
+        assert_eq!(
+            render_key_added(&key("", 60), true),
+            "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519) was already \
+             yours: renewed\nexpires 2026-11-21 10:01:00Z (with your certificate)\n"
+        );
+        assert_eq!(
+            render_key_removed(&key("alice@laptop", 60)),
+            "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
+             removed\n"
+        );
+    }
+
+    #[test]
+    fn key_list_marks_expired_keys_and_owners_for_all() {
+        let keys = [key("alice@laptop", 86_400), key("", 60)];
+        assert_eq!(
+            render_keys(&keys, false, at(120)),
+            "FINGERPRINT                                         TYPE         COMMENT       ADDED                 EXPIRES
+SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  ssh-ed25519  alice@laptop  2026-11-21 10:00:00Z  2026-11-22 10:00:00Z
+SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  ssh-ed25519  -             2026-11-21 10:00:00Z  2026-11-21 10:01:00Z (expired: devctl key add renews it)
+"
+        );
+        let all = render_keys(&keys, true, at(0));
+        assert!(all.lines().next().unwrap().contains("  OWNER  "), "{all}");
+        assert!(all.contains("/DC=org/DC=example/CN=Alice Smith"), "{all}");
+        assert!(!all.contains("expired"), "{all}");
+        assert_eq!(
+            render_keys(&[], false, at(0)),
+            "no SSH keys: register yours with devctl key add\n"
+        );
+    }
+
+    fn institute(name: &str, cidrs: &[&str]) -> Institute {
+        Institute {
+            name: InstituteName::parse(name).unwrap(),
+            cidrs: cidrs.iter().map(|c| Cidr::parse(c).unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn institutes_list_their_networks() {
+        let local = institute("local", &["127.0.0.0/8", "::1/128"]);
+        assert_eq!(
+            render_institute(&local),
+            "name:      local\nnetworks:  127.0.0.0/8\n           ::1/128\n"
+        );
+        assert_eq!(
+            render_institutes(&[local.clone(), institute("cern.ch", &["192.0.2.0/24"])]),
+            "NAME     NETWORKS\nlocal    127.0.0.0/8, ::1/128\ncern.ch  192.0.2.0/24\n"
+        );
+        assert_eq!(
+            render_institute_added(&local),
+            "institute local added: 127.0.0.0/8, ::1/128\n"
+        );
+        assert_eq!(
+            render_institute_removed(&local),
+            "institute local removed: 127.0.0.0/8, ::1/128 no longer allowed\n"
+        );
+        assert!(render_institutes(&[]).starts_with("no institutes: "));
+    }
+
+    #[test]
+    fn audit_rows_show_open_connections_and_traffic() {
+        let record = |closed: Option<i64>, bytes_in: u64, bytes_out: u64| AuditRecord {
+            connection_id: "9b2e8a4c-1d3f-4e5a-8b7c-6d5e4f3a2b1c".parse().unwrap(),
+            owner: Dn::parse("/DC=org/CN=Alice").unwrap(),
+            fingerprint: "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI".into(),
+            source: "192.0.2.7".parse().unwrap(),
+            institute: InstituteName::parse("uni-glasgow").unwrap(),
+            session_id: SessionId("6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f".parse().unwrap()),
+            session_name: SessionName::parse("train1").unwrap(),
+            opened_at: at(60),
+            closed_at: closed.map(at),
+            bytes_in,
+            bytes_out,
+        };
+        let records = [record(None, 0, 0), record(Some(90), 1536, 12 << 20)];
+        assert_eq!(
+            render_audit(&records, false),
+            "OPENED                CLOSED                USER              KEY                                                 SOURCE     INSTITUTE    SESSION  IN       OUT
+2026-11-21 10:01:00Z  open                  /DC=org/CN=Alice  SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  192.0.2.7  uni-glasgow  train1   0 B      0 B
+2026-11-21 10:01:00Z  2026-11-21 10:01:30Z  /DC=org/CN=Alice  SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  192.0.2.7  uni-glasgow  train1   1.5 KiB  12.0 MiB
+"
+        );
+        assert_eq!(render_audit(&[], false), "no SSH connections recorded\n");
+        assert_eq!(
+            render_audit(&[], true),
+            "no SSH connections match --user/--since\n"
         );
     }
 }

@@ -256,7 +256,29 @@ async fn every_command_has_help() {
         ),
         (&["session", "rm", "--help"], &["<NAME>", "--owner"]),
         (&["gpus", "--help"], &["Usage: devctl gpus", "--json"]),
-        (&["admin", "--help"], &["gpu"]),
+        (
+            &["key", "--help"],
+            &["Usage: devctl key", "add", "ls", "rm"],
+        ),
+        (
+            &["key", "add", "--help"],
+            &["[PUBKEY_FILE]", "~/.ssh/id_ed25519.pub", "--json"],
+        ),
+        (&["key", "ls", "--help"], &["--all", "--json"]),
+        (&["key", "rm", "--help"], &["<FINGERPRINT>"]),
+        (&["admin", "--help"], &["gpu", "institute", "audit"]),
+        (
+            &["admin", "institute", "--help"],
+            &["add", "rm", "ls", "show"],
+        ),
+        (
+            &["admin", "institute", "add", "--help"],
+            &["<NAME>", "<CIDR>..."],
+        ),
+        (
+            &["admin", "audit", "--help"],
+            &["--user", "--since", "TIME|DURATION", "--json"],
+        ),
         (&["admin", "gpu", "--help"], &["mode"]),
         (
             &["admin", "gpu", "mode", "--help"],
@@ -302,6 +324,42 @@ async fn bad_arguments_exit_2_with_the_core_message() {
             &["session", "show", "Bad"],
             "session name \"Bad\" may only contain",
         ),
+        (
+            &["admin", "institute", "add", "local", "10.1.2.3/16"],
+            "\"10.1.2.3/16\" has host bits set: the network is 10.1.0.0/16",
+        ),
+        (
+            &[
+                "admin",
+                "institute",
+                "add",
+                "local",
+                "127.0.0.0/8",
+                "localhost",
+            ],
+            "\"localhost\" is not an IP network: write it like 192.0.2.0/24 or 2001:db8::/32",
+        ),
+        (
+            &["admin", "institute", "add", "Uni_Glasgow", "130.209.0.0/16"],
+            "institute name \"Uni_Glasgow\" must be 1 to 64 lower-case letters, digits, '-', \
+             '_' or '.', starting with a letter or digit",
+        ),
+        (
+            &["admin", "institute", "rm", ".hidden"],
+            "institute name \".hidden\" must be",
+        ),
+        (
+            &[
+                "key",
+                "rm",
+                "MD5:16:27:ac:a5:76:28:2d:36:63:1b:56:4d:eb:df:a6:48",
+            ],
+            "must look like SHA256:",
+        ),
+        (
+            &["admin", "audit", "--since", "last tuesday"],
+            "must be a time like 2026-11-21T10:00:00Z or 2026-11-21 (UTC), or a duration",
+        ),
     ];
     for (args, message) in cases {
         // A manager URL is set so that only the arguments can be at fault.
@@ -311,6 +369,90 @@ async fn bad_arguments_exit_2_with_the_core_message() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(message), "{args:?}: {err}");
     }
+}
+
+#[tokio::test]
+async fn key_add_refuses_missing_and_private_key_files() {
+    let ca = Ca::new("Site CA");
+    let files = UserFiles::new(&ca, &ca);
+    // The manager is unreachable: each refusal must come before any request.
+    let env = files.env("https://127.0.0.1:1");
+    let home = files.home.path();
+
+    let output = devctl(home, &env, &["key", "add"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!(
+            "error: no SSH public key found (tried {h}/.ssh/id_ed25519.pub, {h}/.ssh/id_ecdsa.pub, \
+             {h}/.ssh/id_rsa.pub): create a key pair with ssh-keygen -t ed25519, or name the \
+             file: devctl key add FILE",
+            h = home.display()
+        )
+    );
+
+    let missing = home.join("nope.pub");
+    let output = devctl(home, &env, &["key", "add", missing.to_str().unwrap()]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!(
+            "error: public key file {} does not exist: create a key pair with ssh-keygen -t \
+             ed25519, or name another file",
+            missing.display()
+        )
+    );
+
+    let ssh = home.join(".ssh");
+    std::fs::create_dir(&ssh).unwrap();
+    let private = ssh.join("id_ed25519");
+    std::fs::write(
+        &private,
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    std::fs::write(ssh.join("id_ed25519.pub"), format!("{ED25519_KEY}\n")).unwrap();
+    let output = devctl(home, &env, &["key", "add", private.to_str().unwrap()]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!(
+            "error: {p} is a private key, which must never leave your machine: give its public \
+             key, devctl key add {p}.pub",
+            p = private.display()
+        )
+    );
+}
+
+const ED25519_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
+
+#[tokio::test]
+async fn key_add_sends_the_default_key_and_prints_its_expiry() {
+    let ca = Ca::new("Site CA");
+    let key_view = r#"{"fingerprint":"SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI","algorithm":"ssh-ed25519","comment":"alice@laptop","owner":"/DC=org/O=Example/CN=Alice Smith","added_at":"2026-11-21T10:00:00Z","expires_at":"2026-11-22T10:00:00Z"}"#;
+    let url = tls_server(&ca, &ca, http_response("201 Created", key_view)).await;
+    let files = UserFiles::new(&ca, &ca);
+    let ssh = files.home.path().join(".ssh");
+    std::fs::create_dir(&ssh).unwrap();
+    // id_ed25519.pub is preferred over id_rsa.pub.
+    std::fs::write(ssh.join("id_ed25519.pub"), format!("{ED25519_KEY}\n")).unwrap();
+    std::fs::write(
+        ssh.join("id_rsa.pub"),
+        "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 x\n",
+    )
+    .unwrap();
+    let output = devctl(files.home.path(), &files.env(&url), &["key", "add"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "public key file: {}\n",
+            ssh.join("id_ed25519.pub").display()
+        )
+    );
+    assert_eq!(
+        stdout(&output),
+        "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
+         added\nexpires 2026-11-22 10:00:00Z (with your certificate)\n"
+    );
 }
 
 #[tokio::test]
