@@ -1,0 +1,702 @@
+//! One task per SSH channel, each with its own WebSocket stream to the node agent running the
+//! session (`agent.rs`), so a slow or stalled channel never holds up another's output.
+//!
+//! A channel's task takes what the client sends on it from its [`ChannelInput`] queue, which
+//! the russh handler fills from its callbacks (`input.rs` explains the bounds): requests
+//! (`pty-req`, `env`, `shell`, `exec`, `subsystem`, `window-change`, `signal`), data, EOF and
+//! close, in the order the client sent them. Every request that may want a reply gets exactly
+//! one, through the connection's `Handle`; `shell`, `exec` and `subsystem` are answered only
+//! once the agent said `Ready`. When the agent cannot start them the answer is still success,
+//! then the reason on stderr and exit status 1, as from a login shell that fails: after a
+//! `failure` reply OpenSSH discards the channel's stderr and prints only "exec request failed".
+//!
+//! Output goes to the client through the channel's `ChannelWriteHalf`, which waits for this
+//! channel's SSH window before queueing each packet: a client that stops reading one channel
+//! stalls only that channel's task (and, through the WebSocket, the process), never another
+//! channel's output. Ordering at the end is data, then `exit-status` (or `exit-signal`), then
+//! EOF, then close, all queued by this one task in that order.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use ongrid_core::api::Route;
+use ongrid_core::stream::{
+    env_allowed, ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD,
+};
+use ongrid_core::Dn;
+use russh::server::{ChannelOpenHandle, Handle, Msg};
+use russh::{ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::agent::{frame_name, AgentConnector, AgentError, AgentStream};
+use crate::input::{ChannelInput, Input, Request, HARD_LIMIT, STALL_AFTER};
+
+/// At most this many `env` requests are honoured per channel.
+const MAX_ENV: usize = 64;
+const MAX_ENV_NAME: usize = 256;
+const MAX_ENV_VALUE: usize = 4096;
+/// How long closing the agent's WebSocket may take once the channel is done.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bytes carried by one connection, over all its channels.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    /// From the client to the container (`bytes_in`).
+    pub to_container: AtomicU64,
+    /// From the container to the client, stdout and stderr (`bytes_out`).
+    pub to_client: AtomicU64,
+}
+
+impl Traffic {
+    fn count_in(&self, bytes: usize) {
+        self.to_container.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn count_out(&self, bytes: usize) {
+        self.to_client.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// What a channel's task needs to know about its connection.
+#[derive(Clone)]
+pub struct ChannelContext {
+    pub connection_id: uuid::Uuid,
+    pub route: Arc<Route>,
+    pub owner: Dn,
+    pub agents: AgentConnector,
+    pub traffic: Arc<Traffic>,
+    pub handle: Handle,
+}
+
+/// One channel's two ends inside the gateway: what the client sends, and the way back.
+pub struct ChannelEnds {
+    pub input: Arc<ChannelInput>,
+    pub writer: ChannelWriteHalf<Msg>,
+}
+
+impl ChannelEnds {
+    fn id(&self) -> ChannelId {
+        self.writer.id()
+    }
+
+    /// Runs `send` (anything queued towards the client); once it has waited [`STALL_AFTER`],
+    /// this channel's output counts as stalled until it completes (see `input.rs`).
+    async fn paced<F: Future>(&self, send: F) -> F::Output {
+        tokio::pin!(send);
+        match tokio::time::timeout(STALL_AFTER, &mut send).await {
+            Ok(output) => output,
+            Err(_) => {
+                let _stalled = self.input.stalled();
+                send.await
+            }
+        }
+    }
+
+    /// Answers the last channel request that wants a reply (russh ignores it when none does).
+    async fn reply(&self, handle: &Handle, ok: bool) {
+        let id = self.id();
+        let _ = if ok {
+            self.paced(handle.channel_success(id)).await
+        } else {
+            self.paced(handle.channel_failure(id)).await
+        };
+    }
+
+    /// Writes stdout (`ext` `None`) or stderr (`Some(1)`), waiting for this channel's window.
+    async fn write(&self, ext: Option<u32>, data: Vec<u8>) -> Result<(), ()> {
+        let result = match ext {
+            None => self.paced(self.writer.data_bytes(data)).await,
+            Some(ext) => self.paced(self.writer.extended_data_bytes(ext, data)).await,
+        };
+        result.map_err(drop)
+    }
+
+    /// A line on the client's stderr; with a PTY the terminal is raw, so it ends in CR LF.
+    async fn say(&self, text: &str, with_pty: bool) {
+        let _ = self.write(Some(1), line(text, with_pty)).await;
+    }
+
+    async fn eof(&self) -> Result<(), ()> {
+        self.paced(self.writer.eof()).await.map_err(drop)
+    }
+
+    async fn close(&self) {
+        let _ = self.paced(self.writer.close()).await;
+    }
+
+    /// Ends a session channel: the exit status (or signal), then EOF, then close.
+    async fn exit(&self, handle: &Handle, exit: Option<ExitStatus>) {
+        match exit {
+            Some(ExitStatus::Code { code }) => {
+                let _ = self.paced(self.writer.exit_status(code)).await;
+            }
+            Some(ExitStatus::Signal {
+                signal,
+                core_dumped,
+            }) => {
+                let _ = self
+                    .paced(handle.exit_signal_request(
+                        self.id(),
+                        sig_from_name(&signal),
+                        core_dumped,
+                        String::new(),
+                        String::new(),
+                    ))
+                    .await;
+            }
+            None => {}
+        }
+        let _ = self.eof().await;
+        self.close().await;
+    }
+}
+
+/// A `session` channel: waits for `shell`, `exec` or `subsystem sftp` (taking `pty-req` and
+/// allowed `env` before it), starts it on the agent, then relays until it ends.
+pub async fn session(ends: ChannelEnds, context: ChannelContext) {
+    run_session(&ends, &context).await;
+    ends.input.close();
+}
+
+async fn run_session(ends: &ChannelEnds, context: &ChannelContext) {
+    let id = ends.id();
+    let mut pty: Option<Pty> = None;
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut eof_before_start = false;
+    let kind = loop {
+        let Some(input) = ends.input.recv().await else {
+            return;
+        };
+        let request = match input {
+            Input::Request(request) => request,
+            Input::Eof => {
+                eof_before_start = true;
+                continue;
+            }
+            Input::Close => return,
+            Input::Overflowed => {
+                overflowed(ends, context, pty.is_some()).await;
+                return;
+            }
+            // Data before a process exists has nowhere to go.
+            Input::Data(_) => continue,
+        };
+        match request {
+            Request::Pty { term, cols, rows } => {
+                let ok = pty.is_none();
+                if ok {
+                    pty = Some(Pty { term, cols, rows });
+                }
+                ends.reply(&context.handle, ok).await;
+            }
+            Request::Env { name, value } => {
+                let ok = env_allowed(&name)
+                    && env.len() < MAX_ENV
+                    && name.len() <= MAX_ENV_NAME
+                    && value.len() <= MAX_ENV_VALUE;
+                if ok {
+                    env.push((name, value));
+                } else {
+                    tracing::debug!(connection = %context.connection_id, channel = id.number(), variable = %name, "env request refused.");
+                }
+                ends.reply(&context.handle, ok).await;
+            }
+            Request::Shell => break StreamKind::Shell { pty: pty.clone() },
+            Request::Exec(command) => match String::from_utf8(command) {
+                Ok(command) => {
+                    break StreamKind::Exec {
+                        command,
+                        pty: pty.clone(),
+                    }
+                }
+                Err(_) => {
+                    ends.reply(&context.handle, true).await;
+                    ends.say("ongrid: the command is not valid UTF-8", pty.is_some())
+                        .await;
+                    ends.exit(&context.handle, Some(ExitStatus::Code { code: 1 }))
+                        .await;
+                    return;
+                }
+            },
+            Request::Subsystem(name) if name == "sftp" => break StreamKind::Subsystem { name },
+            Request::Subsystem(name) => {
+                tracing::info!(connection = %context.connection_id, channel = id.number(), subsystem = %name, "Unknown subsystem refused.");
+                ends.reply(&context.handle, false).await;
+            }
+            Request::WindowChange { cols, rows } => {
+                if let Some(pty) = &mut pty {
+                    pty.cols = cols;
+                    pty.rows = rows;
+                }
+            }
+            Request::X11 => {
+                tracing::info!(connection = %context.connection_id, channel = id.number(), "X11 forwarding refused.");
+                ends.reply(&context.handle, false).await;
+            }
+            Request::Signal(_) => {}
+        }
+    };
+    let with_pty = match &kind {
+        StreamKind::Shell { pty } | StreamKind::Exec { pty, .. } => pty.is_some(),
+        _ => false,
+    };
+    let description = describe(&kind);
+    if let StreamKind::Exec { command, .. } = &kind {
+        tracing::debug!(connection = %context.connection_id, channel = id.number(), %command, "exec requested.");
+    }
+    let open = StreamOpen {
+        session_id: context.route.session_id,
+        owner: context.owner.clone(),
+        kind,
+        env,
+    };
+    let stream = match context.agents.open(&context.route.agent_url, &open).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            let message = user_message(&error, &context.route);
+            tracing::warn!(connection = %context.connection_id, channel = id.number(), what = %description, node = %context.route.node, error = format!("{:#}", anyhow::Error::from(error)), "Starting a process on the agent failed.");
+            // Not a `failure` reply: OpenSSH would drop the stderr below (see the module doc).
+            ends.reply(&context.handle, true).await;
+            ends.say(&message, with_pty).await;
+            ends.exit(&context.handle, Some(ExitStatus::Code { code: 1 }))
+                .await;
+            return;
+        }
+    };
+    ends.reply(&context.handle, true).await;
+    tracing::info!(connection = %context.connection_id, channel = id.number(), what = %description, "Channel started.");
+    let (end, agent) = relay(
+        Relay {
+            ends,
+            stream,
+            context,
+            session: true,
+            with_pty,
+        },
+        eof_before_start,
+    )
+    .await;
+    match end {
+        RelayEnd::ClientClosed => {
+            tracing::info!(connection = %context.connection_id, channel = id.number(), "Channel closed by the client.");
+        }
+        RelayEnd::Overflowed => overflowed(ends, context, with_pty).await,
+        RelayEnd::Finished { exit, error } => {
+            if let Some(text) = &error {
+                ends.say(&format!("ongrid: {text}"), with_pty).await;
+            }
+            tracing::info!(connection = %context.connection_id, channel = id.number(), exit = ?exit, error = ?error, "Channel ended.");
+            ends.exit(&context.handle, exit).await;
+        }
+    }
+    agent.close().await;
+}
+
+/// The client sent far more than the process took while not reading the output: say so and
+/// close the channel rather than buffer without bound.
+async fn overflowed(ends: &ChannelEnds, context: &ChannelContext, with_pty: bool) {
+    tracing::warn!(connection = %context.connection_id, channel = ends.id().number(), limit = HARD_LIMIT, "Channel closed: the client kept sending without reading the output.");
+    let message = format!(
+        "ongrid: closing this channel: more than {} MiB of input arrived ahead of the process while its output was not being read",
+        HARD_LIMIT / (1024 * 1024)
+    );
+    ends.say(&message, with_pty).await;
+    let _ = ends.eof().await;
+    ends.close().await;
+}
+
+/// A `direct-tcpip` channel (`ssh -L`, `-D`, `-W`, VS Code's forwarded ports): the agent
+/// connects inside the container; the channel is confirmed once it did, refused with its
+/// message otherwise.
+pub async fn direct_tcpip(
+    ends: ChannelEnds,
+    open_reply: ChannelOpenHandle,
+    host: String,
+    port: u16,
+    context: ChannelContext,
+) {
+    run_direct_tcpip(&ends, open_reply, host, port, &context).await;
+    ends.input.close();
+}
+
+async fn run_direct_tcpip(
+    ends: &ChannelEnds,
+    open_reply: ChannelOpenHandle,
+    host: String,
+    port: u16,
+    context: &ChannelContext,
+) {
+    let id = ends.id();
+    let open = StreamOpen {
+        session_id: context.route.session_id,
+        owner: context.owner.clone(),
+        kind: StreamKind::DirectTcpip {
+            host: host.clone(),
+            port,
+        },
+        env: Vec::new(),
+    };
+    let stream = match context.agents.open(&context.route.agent_url, &open).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            let message = user_message(&error, &context.route);
+            tracing::info!(connection = %context.connection_id, %host, port, error = format!("{:#}", anyhow::Error::from(error)), "Forwarding refused.");
+            open_reply
+                .reject(ChannelOpenFailure::Other {
+                    code: ChannelOpenFailure::ConnectFailed.code(),
+                    reason: message,
+                })
+                .await;
+            return;
+        }
+    };
+    open_reply.accept().await;
+    tracing::info!(connection = %context.connection_id, channel = id.number(), %host, port, "Forwarding started.");
+    let (end, agent) = relay(
+        Relay {
+            ends,
+            stream,
+            context,
+            session: false,
+            with_pty: false,
+        },
+        false,
+    )
+    .await;
+    match end {
+        RelayEnd::ClientClosed => {}
+        RelayEnd::Overflowed => overflowed(ends, context, false).await,
+        RelayEnd::Finished { error, .. } => {
+            if let Some(error) = error {
+                tracing::info!(connection = %context.connection_id, channel = id.number(), %error, "Forwarding ended by the agent.");
+            }
+            let _ = ends.eof().await;
+            ends.close().await;
+        }
+    }
+    agent.close().await;
+    tracing::debug!(connection = %context.connection_id, channel = id.number(), %host, port, "Forwarding ended.");
+}
+
+/// A `session` channel of a connection whose routing the manager refused: like a login shell
+/// of `nologin`, it takes the requests, then prints the manager's message on stderr and exits 1.
+pub async fn refused_session(ends: ChannelEnds, handle: Handle, message: String) {
+    let mut with_pty = false;
+    while let Some(input) = ends.input.recv().await {
+        match input {
+            Input::Request(Request::Pty { .. }) => {
+                with_pty = true;
+                ends.reply(&handle, true).await;
+            }
+            Input::Request(Request::Env { .. }) => ends.reply(&handle, true).await,
+            Input::Request(Request::Shell | Request::Exec(_) | Request::Subsystem(_)) => {
+                ends.reply(&handle, true).await;
+                ends.say(&message, with_pty).await;
+                ends.exit(&handle, Some(ExitStatus::Code { code: 1 })).await;
+                break;
+            }
+            Input::Request(Request::X11) => ends.reply(&handle, false).await,
+            Input::Close | Input::Overflowed => break,
+            _ => {}
+        }
+    }
+    ends.input.close();
+}
+
+/// How a relay ended.
+enum RelayEnd {
+    /// The client closed the channel (or the connection went away): nothing more to send.
+    ClientClosed,
+    /// The client sent too much ahead of the process (see `input.rs`).
+    Overflowed,
+    /// The agent's side ended: with the process's exit, and/or an error for the user.
+    Finished {
+        exit: Option<ExitStatus>,
+        error: Option<String>,
+    },
+}
+
+struct Relay<'a> {
+    ends: &'a ChannelEnds,
+    stream: AgentStream,
+    context: &'a ChannelContext,
+    /// A session channel (stderr, exit status, signals) rather than a TCP forward.
+    session: bool,
+    with_pty: bool,
+}
+
+type AgentSink = SplitSink<AgentStream, Message>;
+type AgentSource = SplitStream<AgentStream>;
+
+/// Both halves of an agent stream, for a proper WebSocket close once the channel is done.
+struct AgentHalves {
+    sink: AgentSink,
+    source: AgentSource,
+}
+
+impl AgentHalves {
+    /// Sends a close and reads what the agent still sends until it closes too (bounded), so
+    /// neither side resets the connection under data in flight.
+    async fn close(mut self) {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            let _ = self.sink.close().await;
+            while let Some(Ok(_)) = self.source.next().await {}
+        })
+        .await;
+    }
+}
+
+/// Relays both ways at once until one side ends: client → agent (`upstream`) and agent →
+/// client (`downstream`), each waiting only on its own peer.
+async fn relay(relay: Relay<'_>, eof_before_start: bool) -> (RelayEnd, AgentHalves) {
+    let Relay {
+        ends,
+        stream,
+        context,
+        session,
+        with_pty,
+    } = relay;
+    let (mut sink, mut source) = stream.split();
+    if eof_before_start && send_frame(&mut sink, &Frame::Eof).await.is_err() {
+        let end = RelayEnd::Finished {
+            exit: None,
+            error: Some("the node agent closed the stream".to_owned()),
+        };
+        return (end, AgentHalves { sink, source });
+    }
+    let end = {
+        let upstream = upstream(ends, &mut sink, context, session, with_pty);
+        let downstream = downstream(ends, &mut source, context, session);
+        tokio::pin!(upstream);
+        tokio::pin!(downstream);
+        tokio::select! {
+            up = &mut upstream => match up {
+                Upstream::ClientClosed => RelayEnd::ClientClosed,
+                Upstream::Overflowed => RelayEnd::Overflowed,
+                // The agent stopped taking input: its side decides how this ends.
+                Upstream::AgentGone => downstream.await,
+            },
+            down = &mut downstream => down,
+        }
+    };
+    (end, AgentHalves { sink, source })
+}
+
+enum Upstream {
+    ClientClosed,
+    Overflowed,
+    AgentGone,
+}
+
+async fn upstream(
+    ends: &ChannelEnds,
+    sink: &mut AgentSink,
+    context: &ChannelContext,
+    session: bool,
+    with_pty: bool,
+) -> Upstream {
+    let mut eof_sent = false;
+    loop {
+        let frame = match ends.input.recv().await {
+            None | Some(Input::Close) => return Upstream::ClientClosed,
+            Some(Input::Overflowed) => return Upstream::Overflowed,
+            Some(Input::Data(data)) => {
+                context.traffic.count_in(data.len());
+                for chunk in data.chunks(MAX_FRAME_PAYLOAD) {
+                    if send_frame(sink, &Frame::Data(chunk.to_vec()))
+                        .await
+                        .is_err()
+                    {
+                        return Upstream::AgentGone;
+                    }
+                }
+                continue;
+            }
+            Some(Input::Eof) if !eof_sent => {
+                eof_sent = true;
+                Frame::Eof
+            }
+            Some(Input::Eof) => continue,
+            Some(Input::Request(Request::WindowChange { cols, rows })) if with_pty => {
+                Frame::Resize { cols, rows }
+            }
+            Some(Input::Request(Request::Signal(name))) if session => Frame::Signal(name),
+            Some(Input::Request(Request::WindowChange { .. } | Request::Signal(_))) => continue,
+            Some(Input::Request(_)) => {
+                // Once started, a channel takes no new program, terminal or environment.
+                ends.reply(&context.handle, false).await;
+                continue;
+            }
+        };
+        if send_frame(sink, &frame).await.is_err() {
+            return Upstream::AgentGone;
+        }
+    }
+}
+
+async fn downstream(
+    ends: &ChannelEnds,
+    source: &mut AgentSource,
+    context: &ChannelContext,
+    session: bool,
+) -> RelayEnd {
+    let mut eof_sent = false;
+    loop {
+        let message = match source.next().await {
+            None | Some(Ok(Message::Close(_))) => {
+                let error = session.then(|| {
+                    "the process's stream ended without an exit status (the node agent may have restarted)"
+                        .to_owned()
+                });
+                return RelayEnd::Finished { exit: None, error };
+            }
+            Some(Err(error)) => {
+                return RelayEnd::Finished {
+                    exit: None,
+                    error: Some(format!("lost the connection to the node agent: {error}")),
+                }
+            }
+            Some(Ok(message)) => message,
+        };
+        let bytes = match message {
+            Message::Binary(bytes) => bytes,
+            Message::Text(_) => {
+                tracing::warn!(connection = %context.connection_id, node = %context.route.node, "The agent sent a text message on a stream; ignored.");
+                continue;
+            }
+            _ => continue,
+        };
+        let frame = match Frame::decode(&bytes) {
+            Ok(frame) => frame,
+            Err(error) => {
+                tracing::warn!(connection = %context.connection_id, node = %context.route.node, %error, "The agent broke the stream protocol.");
+                return RelayEnd::Finished {
+                    exit: None,
+                    error: Some(format!("the node agent broke the stream protocol: {error}")),
+                };
+            }
+        };
+        match frame {
+            Frame::Data(data) => {
+                context.traffic.count_out(data.len());
+                if ends.write(None, data).await.is_err() {
+                    return RelayEnd::ClientClosed;
+                }
+            }
+            Frame::Stderr(data) if session => {
+                context.traffic.count_out(data.len());
+                if ends.write(Some(1), data).await.is_err() {
+                    return RelayEnd::ClientClosed;
+                }
+            }
+            // A forward's peer stopped sending: half-close towards the client at once. A
+            // process's stdout ending waits for its exit status (data, exit, EOF, close).
+            Frame::Eof if !session && !eof_sent => {
+                eof_sent = true;
+                if ends.eof().await.is_err() {
+                    return RelayEnd::ClientClosed;
+                }
+            }
+            Frame::Eof => {}
+            Frame::Exit(status) => {
+                return RelayEnd::Finished {
+                    exit: session.then_some(status),
+                    error: None,
+                }
+            }
+            Frame::Error(text) => {
+                return RelayEnd::Finished {
+                    exit: None,
+                    error: Some(text),
+                }
+            }
+            other => {
+                tracing::warn!(connection = %context.connection_id, node = %context.route.node, frame = frame_name(&other), "Unexpected frame from the agent; ignored.");
+            }
+        }
+    }
+}
+
+async fn send_frame(sink: &mut AgentSink, frame: &Frame) -> Result<(), ()> {
+    sink.send(Message::binary(frame.encode()))
+        .await
+        .map_err(drop)
+}
+
+/// A line for the client's stderr; with a PTY the terminal is raw, so it needs a carriage return.
+fn line(text: &str, with_pty: bool) -> Vec<u8> {
+    let end = if with_pty { "\r\n" } else { "\n" };
+    format!("{text}{end}").into_bytes()
+}
+
+/// What to tell the user when a stream could not be started.
+fn user_message(error: &AgentError, route: &Route) -> String {
+    match error {
+        AgentError::Refused(text) => text.clone(),
+        AgentError::Timeout { .. } => format!(
+            "node {} did not start your process in session {} in time: try again, and tell your site's admins if it keeps happening",
+            route.node, route.session_name
+        ),
+        _ => format!(
+            "the gateway cannot reach node {} of session {}: try again in a minute, and tell your site's admins if it keeps happening",
+            route.node, route.session_name
+        ),
+    }
+}
+
+fn describe(kind: &StreamKind) -> String {
+    match kind {
+        StreamKind::Shell { pty: Some(_) } => "shell with a terminal".to_owned(),
+        StreamKind::Shell { pty: None } => "shell".to_owned(),
+        StreamKind::Exec { pty: Some(_), .. } => "exec with a terminal".to_owned(),
+        StreamKind::Exec { pty: None, .. } => "exec".to_owned(),
+        StreamKind::Subsystem { name } => format!("subsystem {name}"),
+        StreamKind::DirectTcpip { host, port } => format!("direct-tcpip {host}:{port}"),
+    }
+}
+
+/// The russh signal for a name from the stream protocol (`TERM`, `KILL`, `USR2`, ...).
+pub fn sig_from_name(name: &str) -> Sig {
+    match name.strip_prefix("SIG").unwrap_or(name) {
+        "ABRT" => Sig::ABRT,
+        "ALRM" => Sig::ALRM,
+        "FPE" => Sig::FPE,
+        "HUP" => Sig::HUP,
+        "ILL" => Sig::ILL,
+        "INT" => Sig::INT,
+        "KILL" => Sig::KILL,
+        "PIPE" => Sig::PIPE,
+        "QUIT" => Sig::QUIT,
+        "SEGV" => Sig::SEGV,
+        "TERM" => Sig::TERM,
+        "USR1" => Sig::USR1,
+        other => Sig::Custom(other.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::signal_name;
+
+    #[test]
+    fn signal_names_roundtrip() {
+        for name in [
+            "ABRT", "ALRM", "FPE", "HUP", "ILL", "INT", "KILL", "PIPE", "QUIT", "SEGV", "TERM",
+            "USR1", "USR2", "WINCH",
+        ] {
+            assert_eq!(signal_name(&sig_from_name(name)), name);
+        }
+        assert_eq!(signal_name(&sig_from_name("SIGTERM")), "TERM");
+    }
+
+    #[test]
+    fn stderr_lines_suit_the_terminal() {
+        assert_eq!(line("no", false), b"no\n");
+        assert_eq!(line("no", true), b"no\r\n");
+    }
+}

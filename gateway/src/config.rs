@@ -1,0 +1,336 @@
+//! The gateway's configuration: one TOML file, read once at start-up and validated into domain
+//! types ([`Config`]), so the rest of the gateway never sees a raw string or a missing file.
+//!
+//! ```toml
+//! listen = "0.0.0.0:2222"                    # tests use "127.0.0.1:0"
+//! host_key_dir = "/var/lib/ongrid/gateway"    # ssh_host_ed25519_key, ssh_host_rsa_key (created)
+//! manager_url = "https://ongrid.example.org:8443"
+//! ca_dir = "/etc/grid-security/certificates"  # trusted for the manager's and agents' certificates
+//! token_file = "/etc/ongrid/gateway-token"    # Bearer token towards the manager and the agents
+//! allowlist_refresh = "5 seconds"
+//! [proxy_protocol]                            # optional; off when absent
+//! trusted = ["192.0.2.10/32"]                 # load balancers allowed to send PROXY v2 headers
+//! ```
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ongrid_core::{Cidr, HumanDuration};
+use reqwest::Url;
+use serde::Deserialize;
+
+/// The refresh interval when `allowlist_refresh` is not given.
+pub const DEFAULT_ALLOWLIST_REFRESH: Duration = Duration::from_secs(5);
+const MIN_ALLOWLIST_REFRESH: Duration = Duration::from_secs(1);
+const MAX_ALLOWLIST_REFRESH: Duration = Duration::from_secs(3600);
+
+/// Why the configuration was refused. Each message names the file or key to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("listen {0:?} is not an address and port, like \"0.0.0.0:2222\"")]
+    Listen(String),
+    #[error("host_key_dir {0} exists but is not a directory")]
+    HostKeyDir(PathBuf),
+    #[error("manager_url {0:?} is not a URL, like https://ongrid.example.org:8443")]
+    ManagerUrl(String),
+    #[error("manager_url {0:?} must use https: the gateway only talks to a manager it can verify")]
+    ManagerUrlNotHttps(String),
+    #[error("ca_dir {0} is not a directory: point it at the CAs that signed the manager's and the agents' certificates")]
+    CaDir(PathBuf),
+    #[error("cannot read token_file {path}")]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "token_file {0} is empty: put the gateway's token (the manager's gateway_token_file) in it"
+    )]
+    EmptyToken(PathBuf),
+    #[error("allowlist_refresh is not a duration")]
+    AllowlistRefresh(#[source] ongrid_core::quantity::DurationError),
+    #[error("allowlist_refresh {0} is out of range: use between 1 second and 1 hour")]
+    AllowlistRefreshRange(HumanDuration),
+    #[error("[proxy_protocol] trusted has no entry: list the load balancers' addresses, or remove the table to turn PROXY protocol off")]
+    NoTrustedProxies,
+    #[error("[proxy_protocol] trusted entry is not a network")]
+    TrustedProxy(#[source] ongrid_core::network::CidrError),
+}
+
+/// The file as written; [`Config::parse`] validates it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    listen: String,
+    host_key_dir: PathBuf,
+    manager_url: String,
+    ca_dir: PathBuf,
+    token_file: PathBuf,
+    allowlist_refresh: Option<String>,
+    proxy_protocol: Option<ProxyProtocolFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProxyProtocolFile {
+    trusted: Vec<String>,
+}
+
+/// The validated configuration of the gateway.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Where the host keys live; created (0700) with the keys on first start.
+    pub host_key_dir: PathBuf,
+    /// The manager's base URL (https); API paths are joined to it.
+    pub manager_url: Url,
+    /// CAs trusted for the manager's and the agents' server certificates (`*.0`, `*.pem`).
+    pub ca_dir: PathBuf,
+    /// The gateway's bearer token, read from `token_file`.
+    pub token: Token,
+    /// How often the institutes' allowlist is fetched from the manager.
+    pub allowlist_refresh: Duration,
+    /// PROXY protocol v2 from trusted load balancers; `None` means off.
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+/// Which peers may (and then must) send a PROXY protocol v2 header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyProtocol {
+    pub trusted: Vec<Cidr>,
+}
+
+impl ProxyProtocol {
+    /// Whether `peer` (normalised) is one of the trusted load balancers.
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.trusted.iter().any(|cidr| cidr.contains(peer))
+    }
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validates the TOML text of a config file; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let file: ConfigFile = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        let listen = file
+            .listen
+            .parse()
+            .map_err(|_| ConfigError::Listen(file.listen.clone()))?;
+        if file.host_key_dir.exists() && !file.host_key_dir.is_dir() {
+            return Err(ConfigError::HostKeyDir(file.host_key_dir));
+        }
+        let manager_url = Url::parse(&file.manager_url)
+            .map_err(|_| ConfigError::ManagerUrl(file.manager_url.clone()))?;
+        if manager_url.scheme() != "https" {
+            return Err(ConfigError::ManagerUrlNotHttps(file.manager_url));
+        }
+        if !file.ca_dir.is_dir() {
+            return Err(ConfigError::CaDir(file.ca_dir));
+        }
+        let token = Token::read(&file.token_file)?;
+        let allowlist_refresh = match &file.allowlist_refresh {
+            None => DEFAULT_ALLOWLIST_REFRESH,
+            Some(text) => {
+                let refresh = HumanDuration::parse(text).map_err(ConfigError::AllowlistRefresh)?;
+                let duration = refresh.as_duration();
+                if !(MIN_ALLOWLIST_REFRESH..=MAX_ALLOWLIST_REFRESH).contains(&duration) {
+                    return Err(ConfigError::AllowlistRefreshRange(refresh));
+                }
+                duration
+            }
+        };
+        let proxy_protocol = match file.proxy_protocol {
+            None => None,
+            Some(table) => {
+                if table.trusted.is_empty() {
+                    return Err(ConfigError::NoTrustedProxies);
+                }
+                let trusted = table
+                    .trusted
+                    .iter()
+                    .map(|entry| Cidr::parse(entry))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(ConfigError::TrustedProxy)?;
+                Some(ProxyProtocol { trusted })
+            }
+        };
+        Ok(Self {
+            listen,
+            host_key_dir: file.host_key_dir,
+            manager_url,
+            ca_dir: file.ca_dir,
+            token,
+            allowlist_refresh,
+            proxy_protocol,
+        })
+    }
+}
+
+/// The gateway's bearer token. `Debug` and `Display` print `<secret>` so it never reaches a log.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a token; surrounding whitespace is dropped.
+    pub fn new(value: &str) -> Self {
+        Self(value.trim().to_owned())
+    }
+
+    /// Reads the first line of `path`.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        let token = Self::new(text.lines().next().unwrap_or(""));
+        if token.0.is_empty() {
+            return Err(ConfigError::EmptyToken(path.to_owned()));
+        }
+        Ok(token)
+    }
+
+    /// The token itself, for `Authorization` headers only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Files {
+        dir: tempfile::TempDir,
+    }
+
+    impl Files {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir(dir.path().join("certs")).unwrap();
+            std::fs::write(dir.path().join("token"), "gw-s3cret\n# comment\n").unwrap();
+            Self { dir }
+        }
+
+        fn toml(&self, extra: &str) -> String {
+            format!(
+                r#"listen = "127.0.0.1:0"
+host_key_dir = "{dir}/keys"
+manager_url = "https://127.0.0.1:8443"
+ca_dir = "{dir}/certs"
+token_file = "{dir}/token"
+{extra}"#,
+                dir = self.dir.path().display()
+            )
+        }
+
+        fn parse(&self, extra: &str) -> Result<Config, ConfigError> {
+            Config::parse(&self.toml(extra), Path::new("gateway.toml"))
+        }
+    }
+
+    #[test]
+    fn a_minimal_file_gets_the_defaults() {
+        let files = Files::new();
+        let config = files.parse("").unwrap();
+        assert_eq!(config.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(config.token.expose(), "gw-s3cret");
+        assert_eq!(config.allowlist_refresh, DEFAULT_ALLOWLIST_REFRESH);
+        assert!(config.proxy_protocol.is_none());
+        assert_eq!(format!("{:?}", config.token), "<secret>");
+        assert!(!format!("{config:?}").contains("gw-s3cret"));
+    }
+
+    #[test]
+    fn refresh_and_proxy_protocol() {
+        let files = Files::new();
+        let config = files
+            .parse(
+                "allowlist_refresh = \"2 seconds\"\n[proxy_protocol]\ntrusted = [\"192.0.2.10/32\", \"2001:db8::/64\"]\n",
+            )
+            .unwrap();
+        assert_eq!(config.allowlist_refresh, Duration::from_secs(2));
+        let proxy = config.proxy_protocol.unwrap();
+        assert!(proxy.trusts("192.0.2.10".parse().unwrap()));
+        assert!(proxy.trusts("::ffff:192.0.2.10".parse().unwrap()));
+        assert!(proxy.trusts("2001:db8::7".parse().unwrap()));
+        assert!(!proxy.trusts("192.0.2.11".parse().unwrap()));
+    }
+
+    #[test]
+    fn refusals_name_the_key_to_fix() {
+        let files = Files::new();
+        let message = |extra: &str| {
+            let error = files.parse(extra).unwrap_err();
+            format!("{:#}", anyhow::Error::from(error))
+        };
+        assert!(message("allowlist_refresh = \"soon\"").contains("allowlist_refresh"));
+        assert!(message("allowlist_refresh = \"0 seconds\"").contains("out of range"));
+        assert!(message("allowlist_refresh = \"2 days\"").contains("out of range"));
+        assert!(message("[proxy_protocol]\ntrusted = []").contains("trusted has no entry"));
+        assert!(message("[proxy_protocol]\ntrusted = [\"10.0.0.1/8\"]").contains("host bits"));
+        assert!(message("colour = \"blue\"").contains("not valid"));
+
+        let dir = files.dir.path().display().to_string();
+        let http = files
+            .toml("")
+            .replace("https://127.0.0.1:8443", "http://127.0.0.1:8443");
+        let error = Config::parse(&http, Path::new("g.toml")).unwrap_err();
+        assert!(matches!(error, ConfigError::ManagerUrlNotHttps(_)));
+        let no_ca = files
+            .toml("")
+            .replace(&format!("{dir}/certs"), &format!("{dir}/missing"));
+        let error = Config::parse(&no_ca, Path::new("g.toml")).unwrap_err();
+        assert!(matches!(error, ConfigError::CaDir(_)));
+        let bad_listen = files.toml("").replace("127.0.0.1:0", "localhost");
+        let error = Config::parse(&bad_listen, Path::new("g.toml")).unwrap_err();
+        assert!(matches!(error, ConfigError::Listen(_)));
+        std::fs::write(files.dir.path().join("token"), "\n").unwrap();
+        assert!(matches!(
+            files.parse("").unwrap_err(),
+            ConfigError::EmptyToken(_)
+        ));
+        std::fs::write(files.dir.path().join("keys"), "a file").unwrap();
+        std::fs::write(files.dir.path().join("token"), "t\n").unwrap();
+        assert!(matches!(
+            files.parse("").unwrap_err(),
+            ConfigError::HostKeyDir(_)
+        ));
+    }
+}
