@@ -158,7 +158,12 @@ impl StreamServer {
                 tokio::time::sleep(CLOSE_GRACE).await;
             } => debug!(%peer, "Dropped a stream that did not close in time."),
         }
-        reader.abort();
+        // Our close is sent: wait (briefly) for the gateway's, reading what it still sends.
+        let reader_abort = reader.abort_handle();
+        if tokio::time::timeout(CLOSE_GRACE, reader).await.is_err() {
+            reader_abort.abort();
+            debug!(%peer, "The gateway did not close the stream in time.");
+        }
     }
 
     /// TLS, the authenticated upgrade, and the first message: the stream connection and the
@@ -261,8 +266,8 @@ pub async fn send_chunked(
     Ok(())
 }
 
-/// Decodes the gateway's binary messages into `incoming` until it closes; a malformed frame
-/// ends the stream as if the gateway had gone.
+/// Decodes the gateway's binary messages into `incoming` until the gateway closes; a malformed
+/// frame ends the stream as if the gateway had gone.
 async fn read_frames<S>(mut source: S, incoming: mpsc::Sender<Frame>)
 where
     S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
@@ -271,8 +276,11 @@ where
         match message {
             Ok(Message::Binary(bytes)) => match Frame::decode(&bytes) {
                 Ok(frame) => {
-                    if incoming.send(frame).await.is_err() {
-                        return;
+                    // Once the stream has ended nobody takes frames any more; keep reading
+                    // (and dropping) them until the gateway's close, so the connection ends
+                    // with a clean close instead of a reset that could lose our last frames.
+                    if !incoming.is_closed() {
+                        let _ = incoming.send(frame).await;
                     }
                 }
                 Err(e) => {
