@@ -45,6 +45,8 @@ pub use config::Config;
 pub const SERVER_ID: &str = concat!("SSH-2.0-ongrid_gateway_", env!("CARGO_PKG_VERSION"));
 /// How long queued audit events may take to reach the manager at shutdown.
 const AUDIT_DRAIN: Duration = Duration::from_secs(10);
+/// How long start-up waits for the first allowlist before serving anyway.
+const FIRST_ALLOWLIST: Duration = Duration::from_secs(10);
 
 /// Runs the gateway on `listener` until `shutdown`: loads (or creates) the host keys, starts
 /// the allowlist refresher and the audit reporter, and serves connections. On shutdown every
@@ -63,6 +65,19 @@ pub async fn run(
         .context("the host key task failed")??;
 
     let allowlist = Arc::new(allowlist::SharedAllowlist::new());
+    // Load the allowlist before accepting anyone, so the first connections after a start are
+    // not refused for want of it: meanwhile they wait in the listen backlog. If the manager does
+    // not answer in time, the refresher keeps trying and everyone is refused until it does.
+    match tokio::time::timeout(FIRST_ALLOWLIST, manager.allowlist()).await {
+        Ok(Ok(list)) => {
+            allowlist.replace(list);
+        }
+        Ok(Err(error)) => {
+            let error = anyhow::Error::from(error);
+            tracing::warn!(error = format!("{error:#}"), "Cannot load the allowlist yet: refusing every connection until the manager answers.");
+        }
+        Err(_) => tracing::warn!("The manager did not send the allowlist within 10 s: refusing every connection until it does."),
+    }
     let tracker = TaskTracker::new();
     tracker.spawn(allowlist::refresh(
         manager.clone(),
