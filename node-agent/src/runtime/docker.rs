@@ -8,7 +8,8 @@
 //! its `/etc/passwd` and `/etc/group`, and a new home volume is given to the user by a
 //! short-lived helper container.
 //!
-//! Processes for the SSH gateway's streams run with `docker exec` ([`DockerRuntime::exec_in`]).
+//! Processes for the SSH gateway's streams run with `docker exec` ([`DockerRuntime::exec_in`]);
+//! files go into and out of running containers through Docker's archive API.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -490,6 +491,51 @@ impl DockerRuntime {
     }
 }
 
+impl DockerRuntime {
+    /// `PUT /containers/{id}/archive`: extracts `archive` at `dir`.
+    async fn upload(
+        &self,
+        container_id: &str,
+        dir: &str,
+        archive: Vec<u8>,
+    ) -> Result<(), RuntimeError> {
+        let options = UploadToContainerOptionsBuilder::new().path(dir).build();
+        self.docker
+            .upload_to_container(
+                container_id,
+                Some(options),
+                bollard::body_full(archive.into()),
+            )
+            .await
+            .map_err(docker_error(format!(
+                "copying files into {dir} of container {container_id}"
+            )))
+    }
+
+    /// `GET /containers/{id}/archive`: `path` as a tar archive, `None` on 404.
+    async fn download(
+        &self,
+        container_id: &str,
+        path: &str,
+    ) -> Result<Option<Vec<u8>>, RuntimeError> {
+        let options = DownloadFromContainerOptionsBuilder::new()
+            .path(path)
+            .build();
+        let chunks: Result<Vec<_>, _> = self
+            .docker
+            .download_from_container(container_id, Some(options))
+            .try_collect()
+            .await;
+        match chunks {
+            Ok(chunks) => Ok(Some(chunks.concat())),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(docker_error(format!(
+                "reading {path} of container {container_id}"
+            ))(e)),
+        }
+    }
+}
+
 /// `command` behind a shell that first sets the terminal's size. Before API 1.42 Docker starts
 /// an exec's terminal at 0×0 and can resize it only once the process runs, so a quick command
 /// (`stty size`, `tput cols`) would see no size. `exec` keeps the process's PID.
@@ -562,6 +608,23 @@ impl ContainerRuntime for DockerRuntime {
         exec_id: &'a str,
     ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>> {
         Box::pin(self.exec_status(exec_id))
+    }
+
+    fn upload_archive<'a>(
+        &'a self,
+        container_id: &'a str,
+        dir: &'a str,
+        archive: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.upload(container_id, dir, archive))
+    }
+
+    fn download_archive<'a>(
+        &'a self,
+        container_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>, RuntimeError>> {
+        Box::pin(self.download(container_id, path))
     }
 }
 

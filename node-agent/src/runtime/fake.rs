@@ -60,6 +60,18 @@ struct State {
     /// How the next processes end: exit code and what they write to stderr first.
     exec_exit_code: i64,
     exec_stderr: Vec<u8>,
+    /// What archive uploads put into containers, by container id and absolute path.
+    files: BTreeMap<(String, String), FakeFile>,
+}
+
+/// A file or directory an archive upload put into a container of the fake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeFile {
+    pub directory: bool,
+    pub mode: u32,
+    pub uid: u64,
+    pub gid: u64,
+    pub bytes: Vec<u8>,
 }
 
 /// A process started in the fake.
@@ -178,6 +190,16 @@ impl FakeRuntime {
     /// The processes started so far, by exec id.
     pub fn execs(&self) -> BTreeMap<String, FakeExec> {
         self.state().execs.clone()
+    }
+
+    /// What archive uploads put into `container_id`, by absolute path.
+    pub fn files(&self, container_id: &str) -> BTreeMap<String, FakeFile> {
+        self.state()
+            .files
+            .iter()
+            .filter(|((container, _), _)| container == container_id)
+            .map(|((_, path), file)| (path.clone(), file.clone()))
+            .collect()
     }
 
     fn check(
@@ -388,6 +410,72 @@ impl ContainerRuntime for FakeRuntime {
                 problem: "no such exec".into(),
             }),
         };
+        Box::pin(async move { result })
+    }
+
+    /// Records every entry of the archive under `dir`; a container that was never inserted
+    /// is fine (the fake does not check).
+    fn upload_archive<'a>(
+        &'a self,
+        container_id: &'a str,
+        dir: &'a str,
+        archive: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "upload", &format!("{container_id} {dir}"))?;
+            let broken = |e: std::io::Error| RuntimeError::Setup {
+                action: format!("copying files into {dir} of container {container_id}"),
+                problem: format!("not a tar archive: {e}"),
+            };
+            let mut archive = tar::Archive::new(archive.as_slice());
+            for entry in archive.entries().map_err(broken)? {
+                let mut entry = entry.map_err(broken)?;
+                let name = entry.path().map_err(broken)?.display().to_string();
+                let path = format!(
+                    "{}/{}",
+                    dir.trim_end_matches('/'),
+                    name.trim_end_matches('/')
+                );
+                let header = entry.header();
+                let mut file = FakeFile {
+                    directory: header.entry_type() == tar::EntryType::Directory,
+                    mode: header.mode().map_err(broken)?,
+                    uid: header.uid().map_err(broken)?,
+                    gid: header.gid().map_err(broken)?,
+                    bytes: Vec::new(),
+                };
+                std::io::Read::read_to_end(&mut entry, &mut file.bytes).map_err(broken)?;
+                s.files.insert((container_id.to_owned(), path), file);
+            }
+            Ok(())
+        })();
+        Box::pin(async move { result })
+    }
+
+    /// A file an upload put there, alone in a tar archive as Docker answers.
+    fn download_archive<'a>(
+        &'a self,
+        container_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "download", &format!("{container_id} {path}"))?;
+            let Some(file) = s.files.get(&(container_id.to_owned(), path.to_owned())) else {
+                return Ok(None);
+            };
+            let mut header = tar::Header::new_gnu();
+            header.set_size(file.bytes.len() as u64);
+            header.set_mode(file.mode);
+            header.set_entry_type(tar::EntryType::Regular);
+            let name = path.rsplit('/').next().unwrap_or(path);
+            let mut builder = tar::Builder::new(Vec::new());
+            builder
+                .append_data(&mut header, name, file.bytes.as_slice())
+                .unwrap();
+            Ok(Some(builder.into_inner().unwrap()))
+        })();
         Box::pin(async move { result })
     }
 }

@@ -8,12 +8,14 @@
 //!
 //! The SSH gateway's streams ([`crate::streams`]) use the same trait to find a session's
 //! container ([`SessionContainer`]) and to run processes in it (`docker exec`: [`ExecSpec`],
-//! [`ExecProcess`]).
+//! [`ExecProcess`]). [`inject`] puts ongrid's own tools into containers (under `/run/ongrid`)
+//! with the archive methods: the node's sftp-server for images without one.
 
 pub mod accounts;
 pub mod docker;
 #[cfg(test)]
 pub mod fake;
+pub mod inject;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -317,6 +319,22 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         &'a self,
         exec_id: &'a str,
     ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>>;
+
+    /// Extracts the tar `archive` into the directory `dir` of a container, with the owners and
+    /// modes the archive gives; missing parent directories are created (root, 0755).
+    fn upload_archive<'a>(
+        &'a self,
+        container_id: &'a str,
+        dir: &'a str,
+        archive: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// A file or directory of a container as a tar archive; `None` when it does not exist.
+    fn download_archive<'a>(
+        &'a self,
+        container_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>, RuntimeError>>;
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! - Commands. `Shell` is the login shell ([`LOGIN_SHELL`] `-l`, `/bin/sh -l` when the image
 //!   lacks it). `Exec` runs the command with that shell's `-c`, as sshd does (never split into
 //!   words). `sftp` runs the image's own `sftp-server`, found by a short probe; an image without
-//!   one gets an error naming the package to install.
+//!   one gets the node's, copied into the container once with its loader and libraries
+//!   ([`SftpInjector`]), and when the node has none either, an error naming the package.
 //! - Environment: HOME, USER, LOGNAME, SHELL, the client's allowed variables (LANG, LC_*, TERM),
 //!   and TERM from the pseudo-terminal. PATH is the container's own (the image's), so CUDA images
 //!   keep their paths.
@@ -36,21 +37,19 @@ use tracing::{debug, info, warn};
 use super::host::{self, signal_by_ssh_name};
 use super::{send_chunked, FrameChannel, QUEUE_FRAMES};
 use crate::runtime::accounts::LOGIN_SHELL;
+use crate::runtime::inject::{InjectError, SftpInjector};
 use crate::runtime::{
     error_chain, ContainerRuntime, ExecOutput, ExecSpec, ExecStatus, RuntimeError,
     SessionContainer, TtySize,
 };
 
-/// Where images put `sftp-server`, in the order they are tried.
-pub const SFTP_SERVER_PATHS: [&str; 4] = [
-    "/usr/lib/openssh/sftp-server",
-    "/usr/lib/sftp-server",
-    "/usr/libexec/openssh/sftp-server",
-    "/usr/libexec/sftp-server",
-];
+pub use crate::runtime::inject::SFTP_SERVER_PATHS;
 
 /// How long the probe for `sftp-server` may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long copying the node's `sftp-server` into a container may take (a few MiB through
+/// Docker's archive API; other streams of the container wait meanwhile).
+const INJECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest wait between two questions to Docker whether a process has ended.
 const MAX_EXIT_POLL: Duration = Duration::from_secs(1);
 /// How long Docker may report a process as neither running nor ended (starting, or its end not
@@ -62,8 +61,8 @@ const UNSETTLED_LIMIT: Duration = Duration::from_secs(10);
 pub enum Program {
     LoginShell,
     Command(String),
-    /// An executable run directly, without a shell (the sftp server).
-    Binary(String),
+    /// An executable and its arguments, run directly without a shell (the sftp server).
+    Direct(Vec<String>),
 }
 
 /// The `docker exec` of `program` for `container`: its user, home, environment and terminal.
@@ -86,7 +85,7 @@ pub fn exec_spec(
             "sh".to_owned(),
             command.clone(),
         ],
-        Program::Binary(path) => vec![path.clone()],
+        Program::Direct(command) => command.clone(),
     };
     let mut env = Vec::new();
     let mut set = |name: &str, value: &str| {
@@ -127,6 +126,7 @@ fn tty_size(pty: &Pty) -> TtySize {
 /// Serves a `Shell`, `Exec` or `Subsystem` stream to its end.
 pub async fn serve(
     runtime: Arc<dyn ContainerRuntime>,
+    injector: &SftpInjector,
     container: SessionContainer,
     open: StreamOpen,
     channel: FrameChannel,
@@ -136,18 +136,33 @@ pub async fn serve(
         StreamKind::Shell { pty } => (Program::LoginShell, pty, false),
         StreamKind::Exec { command, pty } => (Program::Command(command), pty, false),
         StreamKind::Subsystem { name } if name == "sftp" => {
-            match find_sftp_server(runtime.as_ref(), &container).await {
-                Ok(Some(path)) => (Program::Binary(path), None, true),
-                Ok(None) => {
+            match sftp_server(runtime.as_ref(), injector, &container).await {
+                Ok(command) => (Program::Direct(command), None, true),
+                Err(SftpError::Lend(InjectError::NoHostServer { searched })) => {
+                    info!(session = %container.session_id, %searched,
+                          "No sftp-server in the image nor on the node.");
                     let message = format!(
-                        "the image of session {} has no sftp-server: install openssh-sftp-server \
-                         in it (scp -O and rsync work without it)",
+                        "the image of session {} has no sftp-server, and this node has none to \
+                         lend it: install openssh-sftp-server in the image or on the node (scp -O \
+                         and rsync work without it)",
                         container.session_name
                     );
                     let _ = channel.outgoing.send(Frame::Error(message)).await;
                     return;
                 }
-                Err(e) => {
+                Err(SftpError::Lend(e)) => {
+                    warn!(session = %container.session_id, error = %error_chain(&e),
+                          "Cannot lend the node's sftp server to a container.");
+                    let message = format!(
+                        "cannot start sftp in session {}: its image has no sftp-server and the \
+                         node agent could not copy the node's into it: {}",
+                        container.session_name,
+                        error_chain(&e)
+                    );
+                    let _ = channel.outgoing.send(Frame::Error(message)).await;
+                    return;
+                }
+                Err(SftpError::Probe(e)) => {
                     warn!(session = %container.session_id, error = %error_chain(&e),
                           "Cannot look for the sftp server.");
                     let message = format!(
@@ -449,8 +464,42 @@ async fn wait_until_started(
     }
 }
 
+/// Why the sftp server cannot be started.
+enum SftpError {
+    /// Looking for the image's own failed.
+    Probe(RuntimeError),
+    /// The image has none, and lending the node's failed.
+    Lend(InjectError),
+}
+
+/// The command that runs an sftp server in the container: the image's own, else the node's,
+/// injected.
+async fn sftp_server(
+    runtime: &dyn ContainerRuntime,
+    injector: &SftpInjector,
+    container: &SessionContainer,
+) -> Result<Vec<String>, SftpError> {
+    match find_sftp_server(runtime, container).await {
+        Ok(Some(path)) => Ok(vec![path]),
+        Ok(None) => {
+            let inject = injector.command(runtime, &container.id);
+            match tokio::time::timeout(INJECT_TIMEOUT, inject).await {
+                Ok(command) => command.map_err(SftpError::Lend),
+                Err(_) => Err(SftpError::Lend(InjectError::Runtime(RuntimeError::Setup {
+                    action: format!("copying sftp-server into container {}", container.id),
+                    problem: format!(
+                        "Docker did not finish within {} s",
+                        INJECT_TIMEOUT.as_secs()
+                    ),
+                }))),
+            }
+        }
+        Err(e) => Err(SftpError::Probe(e)),
+    }
+}
+
 /// The first of [`SFTP_SERVER_PATHS`] that is executable in the container, asked with a short
-/// shell run as the user.
+/// shell run as the user. An image without `/bin/sh` has none, as far as the agent can tell.
 async fn find_sftp_server(
     runtime: &dyn ContainerRuntime,
     container: &SessionContainer,
@@ -618,7 +667,7 @@ mod tests {
 
     #[test]
     fn the_sftp_server_runs_directly_without_a_terminal() {
-        let program = Program::Binary(SFTP_SERVER_PATHS[0].to_owned());
+        let program = Program::Direct(vec![SFTP_SERVER_PATHS[0].to_owned()]);
         let spec = exec_spec(&container(), &program, None, &[]);
         assert_eq!(spec.command, ["/usr/lib/openssh/sftp-server"]);
         assert_eq!(spec.tty, None);

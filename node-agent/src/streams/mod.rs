@@ -40,6 +40,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::config::{StreamsConfig, Token};
+use crate::runtime::inject::SftpInjector;
 use crate::runtime::{error_chain, ContainerRuntime};
 
 /// Frames queued per direction and stream.
@@ -63,6 +64,8 @@ pub struct FrameChannel {
 pub struct StreamServer {
     node: NodeName,
     runtime: Arc<dyn ContainerRuntime>,
+    /// Lends the node's sftp-server to images without one, once per container.
+    sftp: Arc<SftpInjector>,
     acceptor: TlsAcceptor,
     gateway_token: Token,
 }
@@ -72,6 +75,7 @@ impl StreamServer {
         Self {
             node,
             runtime,
+            sftp: Arc::new(SftpInjector::default()),
             acceptor: TlsAcceptor::from(config.tls.clone()),
             gateway_token: config.gateway_token.clone(),
         }
@@ -142,7 +146,10 @@ impl StreamServer {
         let stopping = shutdown.clone();
         let stream = async move {
             match open {
-                Ok(open) => serve_stream(self.runtime.clone(), open, channel, shutdown).await,
+                Ok(open) => {
+                    let runtime = self.runtime.clone();
+                    serve_stream(runtime, self.sftp.clone(), open, channel, shutdown).await;
+                }
                 Err(message) => {
                     let _ = channel.outgoing.send(Frame::Error(message)).await;
                 }
@@ -214,6 +221,7 @@ impl StreamServer {
 /// Checks a stream's `StreamOpen` against the container and serves it to its end.
 pub async fn serve_stream(
     runtime: Arc<dyn ContainerRuntime>,
+    sftp: Arc<SftpInjector>,
     open: StreamOpen,
     channel: FrameChannel,
     shutdown: CancellationToken,
@@ -249,7 +257,7 @@ pub async fn serve_stream(
             tcp::serve(container, host, port, channel, shutdown).await;
         }
         StreamKind::Shell { .. } | StreamKind::Exec { .. } | StreamKind::Subsystem { .. } => {
-            exec::serve(runtime, container, open, channel, shutdown).await;
+            exec::serve(runtime, &sftp, container, open, channel, shutdown).await;
         }
     }
 }
@@ -386,9 +394,26 @@ mod tests {
         task: tokio::task::JoinHandle<()>,
     }
 
+    /// An injector that finds no sftp-server on the node.
+    fn nothing_to_lend() -> Arc<SftpInjector> {
+        Arc::new(SftpInjector::new(
+            vec!["/nonexistent/sftp-server".into()],
+            1 << 20,
+        ))
+    }
+
     impl Gateway {
         fn open(
             runtime: &Arc<FakeRuntime>,
+            open: StreamOpen,
+            shutdown: &CancellationToken,
+        ) -> Self {
+            Self::open_lending(runtime, &nothing_to_lend(), open, shutdown)
+        }
+
+        fn open_lending(
+            runtime: &Arc<FakeRuntime>,
+            sftp: &Arc<SftpInjector>,
             open: StreamOpen,
             shutdown: &CancellationToken,
         ) -> Self {
@@ -397,6 +422,7 @@ mod tests {
             let channel = FrameChannel { incoming, outgoing };
             let task = tokio::spawn(serve_stream(
                 runtime.clone(),
+                sftp.clone(),
                 open,
                 channel,
                 shutdown.clone(),
@@ -617,16 +643,111 @@ mod tests {
         };
         let mut gateway = Gateway::open(&runtime, open(session_id, kind), &shutdown);
         let frames = gateway.rest().await;
-        assert!(
-            matches!(frames.as_slice(), [Frame::Error(m)] if m.contains("install openssh-sftp-server")),
-            "{frames:?}"
+        assert_eq!(
+            frames,
+            [Frame::Error(
+                "the image of session train1 has no sftp-server, and this node has none to lend \
+                 it: install openssh-sftp-server in the image or on the node (scp -O and rsync \
+                 work without it)"
+                    .to_owned()
+            )]
         );
-        let probe = runtime.execs().into_values().next().unwrap().spec;
+        let execs = runtime.execs();
+        assert_eq!(execs.len(), 1, "only the probe ran: {execs:?}");
+        let probe = execs.into_values().next().unwrap().spec;
         assert_eq!(probe.tty, None);
         assert_eq!(probe.user, "20001:20001");
         assert!(probe
             .command
             .contains(&"/usr/lib/openssh/sftp-server".to_owned()));
+        assert!(runtime.files("c1").is_empty(), "nothing was copied");
+    }
+
+    /// The node's server (here any dynamically linked program of the node) is copied once,
+    /// read-only and root's, however many streams ask for it at the same time.
+    #[tokio::test]
+    async fn an_image_without_sftp_server_gets_the_nodes_once() {
+        use crate::runtime::inject::{SFTP_COMMAND_FILE, SFTP_LIB_DIR, SFTP_SERVER};
+        let (runtime, session_id) = fake_with_session();
+        let sftp = Arc::new(SftpInjector::new(
+            vec!["/nonexistent/sftp-server".into(), "/bin/true".into()],
+            32 << 20,
+        ));
+        let shutdown = CancellationToken::new();
+        let kind = || StreamKind::Subsystem {
+            name: "sftp".into(),
+        };
+        let mut gateways: Vec<Gateway> = (0..3)
+            .map(|_| Gateway::open_lending(&runtime, &sftp, open(session_id, kind()), &shutdown))
+            .collect();
+        for gateway in &mut gateways {
+            assert_eq!(gateway.next().await, Some(Frame::Ready));
+            gateway.send(Frame::Data(b"init".to_vec())).await;
+            assert_eq!(gateway.next().await, Some(Frame::Data(b"init".to_vec())));
+        }
+        let uploads = |calls: &[String]| calls.iter().filter(|c| c.starts_with("upload")).count();
+        assert_eq!(
+            uploads(&runtime.take_calls()),
+            1,
+            "one upload for three streams"
+        );
+
+        let files = runtime.files("c1");
+        assert!(
+            files.values().all(|f| (f.uid, f.gid) == (0, 0)),
+            "{files:?}"
+        );
+        assert!(files["/run/ongrid/sftp/lib"].directory);
+        assert_eq!(files["/run/ongrid/sftp/lib"].mode, 0o755);
+        assert_eq!(files[SFTP_SERVER].mode, 0o555);
+        assert_eq!(
+            files[SFTP_SERVER].bytes,
+            std::fs::read("/bin/true").unwrap()
+        );
+        let command = String::from_utf8(files[SFTP_COMMAND_FILE].bytes.clone()).unwrap();
+        let command: Vec<&str> = command.lines().collect();
+        assert_eq!(command[1..], ["--library-path", SFTP_LIB_DIR, SFTP_SERVER]);
+        assert_eq!(files[command[0]].mode, 0o555, "the loader is in the bundle");
+        let servers: Vec<Vec<String>> = runtime
+            .execs()
+            .into_values()
+            .map(|exec| exec.spec.command)
+            .filter(|c| c.first().map(String::as_str) == Some(command[0]))
+            .collect();
+        assert_eq!(servers.len(), 3, "each stream runs the injected server");
+        assert!(servers.iter().all(|c| *c == command), "{servers:?}");
+
+        // Later streams find it in the container and copy nothing.
+        let mut later = Gateway::open_lending(&runtime, &sftp, open(session_id, kind()), &shutdown);
+        assert_eq!(later.next().await, Some(Frame::Ready));
+        assert_eq!(uploads(&runtime.take_calls()), 0);
+        for mut gateway in gateways.into_iter().chain([later]) {
+            gateway.send(Frame::Eof).await;
+            assert_eq!(
+                gateway.rest().await,
+                [Frame::Eof, Frame::Exit(ExitStatus::Code { code: 0 })]
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_copy_is_reported_with_its_cause() {
+        let (runtime, session_id) = fake_with_session();
+        runtime.fail("upload");
+        let sftp = Arc::new(SftpInjector::new(vec!["/bin/true".into()], 32 << 20));
+        let shutdown = CancellationToken::new();
+        let kind = StreamKind::Subsystem {
+            name: "sftp".into(),
+        };
+        let mut gateway = Gateway::open_lending(&runtime, &sftp, open(session_id, kind), &shutdown);
+        let frames = gateway.rest().await;
+        assert!(
+            matches!(frames.as_slice(), [Frame::Error(m)]
+                if m.starts_with("cannot start sftp in session train1: its image has no \
+                                  sftp-server and the node agent could not copy the node's \
+                                  into it: upload c1 /: the fake was told to fail")),
+            "{frames:?}"
+        );
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::{SinkExt, StreamExt};
 use ongrid_agent::config::{StreamsConfig, Token};
 use ongrid_agent::reconcile::Reconciler;
+use ongrid_agent::runtime::inject::SFTP_SERVER_PATHS;
 use ongrid_agent::runtime::{ContainerRuntime, GpuAccess};
 use ongrid_agent::streams::{tls, StreamServer};
 use ongrid_core::api::{ContainerState, DesiredSession};
@@ -23,7 +24,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::{docker, eventually, TestNode};
+use crate::{docker, eventually, unique, TestNode, IMAGE};
 
 const GATEWAY_TOKEN: &str = "gateway-token-abcdef0123";
 /// How long a test waits for any one frame before failing.
@@ -42,8 +43,16 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
+        Self::start_on(IMAGE).await
+    }
+
+    /// A fixture whose session runs `image`.
+    async fn start_on(image: &str) -> Self {
         let node = TestNode::new().await;
-        let session = node.session();
+        let session = DesiredSession {
+            image: image.to_owned(),
+            ..node.session()
+        };
         let mut reconciler = Reconciler::new(
             node.runtime.clone(),
             node.node.clone(),
@@ -223,6 +232,41 @@ impl Client {
         finished
     }
 
+    /// Sends one SFTP packet (a length, its type, the rest).
+    async fn send_sftp(&mut self, kind: u8, body: &[u8]) {
+        let length = u32::try_from(body.len() + 1).expect("small packet");
+        let mut packet = length.to_be_bytes().to_vec();
+        packet.push(kind);
+        packet.extend(body);
+        self.send(Frame::Data(packet)).await;
+    }
+
+    /// The next SFTP packet from the server: its type and the rest.
+    async fn sftp_reply(&mut self) -> (u8, Vec<u8>) {
+        let mut packet = Vec::new();
+        loop {
+            if packet.len() >= 5 {
+                let length = u32::from_be_bytes(packet[..4].try_into().expect("4 bytes"));
+                if packet.len() >= 4 + length as usize {
+                    assert_eq!(packet.len(), 4 + length as usize, "one packet at a time");
+                    return (packet[4], packet[5..].to_vec());
+                }
+            }
+            match self.next().await {
+                Some(Frame::Data(bytes)) => packet.extend(bytes),
+                other => panic!("expected an SFTP packet, got {other:?} after {packet:?}"),
+            }
+        }
+    }
+
+    /// `SSH_FXP_INIT` version 3, answered by `SSH_FXP_VERSION` 3.
+    async fn sftp_init(&mut self) {
+        self.send_sftp(1, &3u32.to_be_bytes()).await;
+        let (kind, body) = self.sftp_reply().await;
+        assert_eq!(kind, 2, "SSH_FXP_VERSION");
+        assert_eq!(body[..4], [0, 0, 0, 3], "version 3");
+    }
+
     /// Reads output until it contains `wanted`; the output so far.
     async fn read_until(&mut self, wanted: &str) -> String {
         let mut output = Vec::new();
@@ -253,6 +297,10 @@ struct Finished {
 impl Finished {
     fn stdout(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
     }
 
     fn exited_with(&self, code: u32) -> bool {
@@ -476,6 +524,159 @@ async fn sftp_and_legacy_scp_work() {
         .await;
     client.expect_ready().await;
     assert_eq!(client.finish().await.stdout(), "640\nhello\n");
+
+    // The image's own server was used: nothing was copied in.
+    let mut client = fixture.exec("test -e /run/ongrid").await;
+    client.expect_ready().await;
+    assert!(client.finish().await.exited_with(1));
+}
+
+/// The dev image without any sftp-server and without `/run`, built for one test (no registry:
+/// the base is local) and removed after it.
+struct ImageWithoutSftp {
+    tag: String,
+}
+
+impl ImageWithoutSftp {
+    fn build() -> Self {
+        let context = tempfile::tempdir().expect("temp dir");
+        let dockerfile = format!(
+            "FROM {IMAGE}\nRUN rm -f {} && rm -rf /run\n",
+            SFTP_SERVER_PATHS.join(" ")
+        );
+        std::fs::write(context.path().join("Dockerfile"), dockerfile).expect("Dockerfile");
+        let tag = format!("ongrid-test/no-sftp:{}", unique());
+        let context_path = context.path().to_str().expect("UTF-8 path");
+        docker(&["build", "-q", "-t", &tag, context_path]);
+        Self { tag }
+    }
+}
+
+impl Drop for ImageWithoutSftp {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", "-f", &self.tag])
+            .output();
+    }
+}
+
+#[tokio::test]
+async fn an_image_without_sftp_server_gets_the_nodes_read_only() {
+    assert!(
+        SFTP_SERVER_PATHS
+            .iter()
+            .any(|p| std::path::Path::new(p).exists()),
+        "this test needs an sftp-server on the machine: apt-get install openssh-sftp-server"
+    );
+    // Dropped in reverse order: the containers go before their image.
+    let image = ImageWithoutSftp::build();
+    let fixture = Fixture::start_on(&image.tag).await;
+    let login = fixture.session.user.name.as_str().to_owned();
+    let run = |script: &str| {
+        let fixture = &fixture;
+        let script = script.to_owned();
+        async move {
+            let mut client = fixture.exec(&script).await;
+            client.expect_ready().await;
+            client.finish().await
+        }
+    };
+    let missing = run(&format!(
+        "for p in {} /run; do test -e $p && echo $p; done; true",
+        SFTP_SERVER_PATHS.join(" ")
+    ))
+    .await;
+    assert_eq!(
+        missing.stdout(),
+        "",
+        "the image has no sftp-server and no /run"
+    );
+
+    // Three streams at once are the container's first sftp: one copy serves them all.
+    let sftp = || {
+        fixture.stream(fixture.open(StreamKind::Subsystem {
+            name: "sftp".to_owned(),
+        }))
+    };
+    let mut clients = futures::future::join_all((0..3).map(|_| async {
+        let mut client = sftp().await;
+        client.expect_ready().await;
+        client.sftp_init().await;
+        client
+    }))
+    .await;
+    // SSH_FXP_REALPATH "." (id 7): the server runs in the user's home, and knows the user.
+    let mut body = 7u32.to_be_bytes().to_vec();
+    body.extend(1u32.to_be_bytes());
+    body.push(b'.');
+    clients[0].send_sftp(16, &body).await;
+    let (kind, reply) = clients[0].sftp_reply().await;
+    assert_eq!(kind, 104, "SSH_FXP_NAME: {reply:?}");
+    assert_eq!(reply[..8], [0, 0, 0, 7, 0, 0, 0, 1], "id 7, one name");
+    let home = format!("/home/{login}");
+    assert_eq!(reply[8..12], (home.len() as u32).to_be_bytes());
+    assert_eq!(reply[12..12 + home.len()], *home.as_bytes());
+    for client in &mut clients {
+        client.send(Frame::Eof).await;
+        let finished = client.finish().await;
+        assert!(finished.exited_with(0), "{:?}", finished.after);
+    }
+
+    // Root's and read-only, under /run/ongrid only.
+    let listing = run("cd /run/ongrid && find . | sort | xargs stat -c '%u:%g %a %n'").await;
+    let lines: Vec<&str> = listing
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| std::str::from_utf8(l).expect("UTF-8"))
+        .collect();
+    assert!(lines.len() >= 7, "{lines:?}");
+    for line in &lines {
+        let (owner_mode, path) = line.rsplit_once(' ').expect("stat line");
+        let expected = match path {
+            "." | "./sftp" | "./sftp/lib" => "0:0 755",
+            "./sftp/command" => "0:0 444",
+            _ => "0:0 555",
+        };
+        assert_eq!(owner_mode, expected, "{line}");
+    }
+    assert!(
+        lines.iter().any(|l| l.ends_with("./sftp/sftp-server")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("./sftp/lib/ld-")),
+        "the loader: {lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("./sftp/lib/libc.")),
+        "the C library: {lines:?}"
+    );
+    let changes = run("echo x > /run/ongrid/sftp/sftp-server; echo $?; \
+         rm -f /run/ongrid/sftp/sftp-server; echo $?; \
+         touch /run/ongrid/sftp/lib/extra; echo $?; \
+         mv /run/ongrid /tmp/ongrid; echo $?")
+    .await;
+    assert!(
+        changes.stdout().lines().all(|code| code != "0") && changes.stdout().lines().count() == 4,
+        "the user changed the injected files: {}",
+        changes.stdout()
+    );
+    assert!(
+        changes.stderr().contains("Permission denied"),
+        "{}",
+        changes.stderr()
+    );
+
+    // A later stream finds the copy and does not make another (the same file, not replaced).
+    let inode = || run("stat -c %i /run/ongrid/sftp/sftp-server /run/ongrid/sftp/command");
+    let before = inode().await.stdout();
+    let mut client = sftp().await;
+    client.expect_ready().await;
+    client.sftp_init().await;
+    client.send(Frame::Eof).await;
+    assert!(client.finish().await.exited_with(0));
+    assert_eq!(inode().await.stdout(), before);
 }
 
 #[tokio::test]
