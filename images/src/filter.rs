@@ -1,0 +1,508 @@
+//! The tar filter between `docker export` and `tar2sqfs`: reads the export entry by entry,
+//! drops what the strip list names, re-emits everything else unchanged (path bytes, type,
+//! mode including setuid/setgid/sticky, uid/gid, mtime, data, symlink targets, hard links,
+//! device numbers, extended attributes), then appends Apptainer's metadata.
+//!
+//! **Whiteouts.** `docker export` of a container is the merged view of its layers, so it never
+//! contains overlay whiteouts. The filter still handles them should a layered stream come in:
+//! a marker `.wh.<name>` is never written and drops `<dir>/<name>` (and what lies under it) from
+//! the rest of the stream; an opaque-directory marker `.wh..wh..opq` is never written and, as
+//! within one layer, hides nothing that follows it. A stream cannot take back what it already
+//! wrote, so a whiteout for a path that was already written, or an opaque marker for a
+//! directory whose contents were already written (the layout of several layers concatenated),
+//! is refused as not a merged export.
+//!
+//! **Hard links** whose target was dropped (stripped or whited out) are dropped too and listed
+//! in the provenance (`dropped_hard_links`): the target's data was never kept, and none of the
+//! strip list's locations is hard-linked from outside in a normal image.
+//!
+//! **Extended attributes** pass through in the `user.`, `trusted.` and `security.` namespaces,
+//! the ones squashfs stores; others (such as POSIX ACLs in `system.`) are dropped and counted.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
+use std::io::{self, BufReader, Read, Write};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tar::EntryType;
+
+use crate::apptainer::{Generated, STANDARD_DIRS};
+use crate::strip::{components, StripMatcher};
+use crate::tarout::{AppendError, EntryMeta, TarWriter};
+
+/// How often progress is reported (bytes of input between calls).
+const PROGRESS_STEP: u64 = 4 * 1024 * 1024;
+/// How many dropped hard links the provenance lists by name.
+const MAX_LISTED: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FilterError {
+    #[error("cancelled")]
+    Cancelled,
+    #[error("{0}")]
+    BadTar(String),
+    #[error("reading the export: {0}")]
+    Read(io::Error),
+    #[error("writing to tar2sqfs: {0}")]
+    Write(io::Error),
+}
+
+/// What the filter did, for the provenance record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct FilterStats {
+    pub entries_read: u64,
+    pub entries_written: u64,
+    pub bytes_read: u64,
+    pub stripped_entries: u64,
+    pub stripped_bytes: u64,
+    /// Strip-list patterns that matched something.
+    pub stripped_by: Vec<String>,
+    pub whiteouts: u64,
+    pub dropped_hard_links: Vec<String>,
+    pub dropped_hard_links_total: u64,
+    pub dropped_xattrs: u64,
+    pub added_dirs: Vec<String>,
+}
+
+pub(crate) struct FilterInput<'a> {
+    pub export: &'a mut dyn Read,
+    pub generated: &'a [Generated],
+    /// mtime of everything the filter adds.
+    pub mtime: u64,
+    pub cancel: &'a AtomicBool,
+    pub progress: &'a mut dyn FnMut(u64),
+}
+
+/// Counts bytes the tar parser consumes and remembers whether the source itself failed (so a
+/// broken export is told apart from a malformed tar).
+struct Counting<R> {
+    inner: R,
+    count: Rc<Cell<u64>>,
+    failure: Rc<RefCell<Option<io::Error>>>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.count.set(self.count.get() + n as u64);
+                Ok(n)
+            }
+            Err(e) => {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    *self.failure.borrow_mut() = Some(io::Error::new(e.kind(), e.to_string()));
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Filters `input.export` into `out` and finishes the archive.
+pub(crate) fn filter_export<W: Write>(
+    input: FilterInput<'_>,
+    mut out: TarWriter<W>,
+) -> Result<FilterStats, FilterError> {
+    let FilterInput {
+        export,
+        generated,
+        mtime,
+        cancel,
+        progress,
+    } = input;
+    let count = Rc::new(Cell::new(0u64));
+    let failure = Rc::new(RefCell::new(None));
+    let source = Counting {
+        inner: BufReader::with_capacity(1024 * 1024, export),
+        count: count.clone(),
+        failure: failure.clone(),
+    };
+    let classify = |e: io::Error| match failure.borrow_mut().take() {
+        Some(read_error) => FilterError::Read(read_error),
+        None => FilterError::BadTar(e.to_string()),
+    };
+    let check_cancel = || {
+        if cancel.load(Ordering::Relaxed) {
+            Err(FilterError::Cancelled)
+        } else {
+            Ok(())
+        }
+    };
+
+    let mut state = State::default();
+    let mut stats = FilterStats::default();
+    let mut reported = 0u64;
+    let mut end_of_last_entry = 0u64;
+    let mut archive = tar::Archive::new(source);
+    for entry in archive.entries().map_err(classify)? {
+        check_cancel()?;
+        let mut entry = entry.map_err(classify)?;
+        stats.entries_read += 1;
+        end_of_last_entry = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
+        let kind = entry.header().entry_type();
+        match kind {
+            EntryType::Regular
+            | EntryType::Continuous
+            | EntryType::Link
+            | EntryType::Symlink
+            | EntryType::Char
+            | EntryType::Block
+            | EntryType::Directory
+            | EntryType::Fifo => {}
+            EntryType::XGlobalHeader => continue,
+            other => {
+                return Err(FilterError::BadTar(format!(
+                    "entry {} has type {other:?}, which a container export never contains",
+                    String::from_utf8_lossy(&entry.path_bytes())
+                )))
+            }
+        }
+        let path = normalize(&entry.path_bytes())?;
+        let parts: Vec<&[u8]> = components(&path).collect();
+
+        if let Some(name) = parts.last().and_then(|n| n.strip_prefix(b".wh.")) {
+            let dir = &parts[..parts.len() - 1];
+            state.whiteout(dir, name)?;
+            stats.whiteouts += 1;
+            continue;
+        }
+        if state.whited_out(&path) {
+            state.drop_path(&path);
+            continue;
+        }
+        if let Some(rule) = StripMatcher::global().rule_for(&parts) {
+            stats.stripped_entries += 1;
+            stats.stripped_bytes += entry.size();
+            if !stats.stripped_by.iter().any(|p| p == rule.pattern) {
+                stats.stripped_by.push(rule.pattern.to_string());
+            }
+            state.drop_path(&path);
+            continue;
+        }
+
+        let header = entry.header();
+        let link = match kind {
+            EntryType::Link => {
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| bad_entry(&path, "hard link without a target"))?;
+                let target = normalize(&target)?;
+                if state.was_dropped(&target) {
+                    stats.dropped_hard_links_total += 1;
+                    if stats.dropped_hard_links.len() < MAX_LISTED {
+                        stats.dropped_hard_links.push(format!(
+                            "/{} -> /{}",
+                            String::from_utf8_lossy(&path),
+                            String::from_utf8_lossy(&target)
+                        ));
+                    }
+                    state.drop_path(&path);
+                    continue;
+                }
+                Some(target)
+            }
+            // Symlink targets are kept byte for byte (relative or absolute, dangling or not).
+            EntryType::Symlink => Some(
+                entry
+                    .link_name_bytes()
+                    .ok_or_else(|| bad_entry(&path, "symlink without a target"))?
+                    .into_owned(),
+            ),
+            _ => None,
+        };
+        let device = match kind {
+            EntryType::Char | EntryType::Block => Some((
+                header
+                    .device_major()
+                    .map_err(|e| bad_entry(&path, &e.to_string()))?
+                    .unwrap_or(0),
+                header
+                    .device_minor()
+                    .map_err(|e| bad_entry(&path, &e.to_string()))?
+                    .unwrap_or(0),
+            )),
+            _ => None,
+        };
+        let number = |value: io::Result<u64>, what: &str| {
+            value.map_err(|e| bad_entry(&path, &format!("bad {what}: {e}")))
+        };
+        let mut meta = EntryMeta {
+            path: if path.is_empty() {
+                b"./".to_vec()
+            } else {
+                path.clone()
+            },
+            kind: if kind == EntryType::Continuous {
+                EntryType::Regular
+            } else {
+                kind
+            },
+            mode: number(header.mode().map(u64::from), "mode")? as u32,
+            uid: number(header.uid(), "uid")?,
+            gid: number(header.gid(), "gid")?,
+            mtime: number(header.mtime(), "mtime")?,
+            size: if matches!(kind, EntryType::Regular | EntryType::Continuous) {
+                entry.size()
+            } else {
+                0
+            },
+            link,
+            device,
+            xattrs: Vec::new(),
+        };
+        if let Some(extensions) = entry.pax_extensions().map_err(classify)? {
+            for extension in extensions {
+                let extension = extension.map_err(classify)?;
+                let Ok(key) = extension.key() else { continue };
+                if key == "mtime" {
+                    // PAX mtime may have a fraction; squashfs keeps whole seconds.
+                    let text = String::from_utf8_lossy(extension.value_bytes()).into_owned();
+                    if let Some(secs) = text.split('.').next().and_then(|s| s.parse().ok()) {
+                        meta.mtime = secs;
+                    }
+                    continue;
+                }
+                let attribute = key
+                    .strip_prefix("SCHILY.xattr.")
+                    .or_else(|| key.strip_prefix("LIBARCHIVE.xattr."));
+                if let Some(attribute) = attribute {
+                    if ["user.", "trusted.", "security."]
+                        .iter()
+                        .any(|ns| attribute.starts_with(ns))
+                    {
+                        meta.xattrs.push((
+                            format!("SCHILY.xattr.{attribute}"),
+                            extension.value_bytes().to_vec(),
+                        ));
+                    } else {
+                        stats.dropped_xattrs += 1;
+                    }
+                }
+            }
+        }
+
+        let mut stop = || check_cancel();
+        out.append(&meta, &mut entry, &mut stop)
+            .map_err(|e| match e {
+                AppendError::Write(e) => FilterError::Write(e),
+                AppendError::Read(e) => classify(e),
+                AppendError::ShortData { missing } => FilterError::BadTar(format!(
+                    "the data of /{} ends {missing} bytes early",
+                    String::from_utf8_lossy(&path)
+                )),
+                AppendError::Stopped(e) => e,
+            })?;
+        stats.entries_written += 1;
+        state.wrote(&parts);
+
+        if count.get() >= reported + PROGRESS_STEP {
+            reported = count.get();
+            progress(reported);
+        }
+    }
+    // The tar parser stops at EOF as quietly as at the end-of-archive marker; a stream cut
+    // short between two entries must not become a silently incomplete image.
+    if count.get() < end_of_last_entry + 512 {
+        if let Some(read_error) = failure.borrow_mut().take() {
+            return Err(FilterError::Read(read_error));
+        }
+        return Err(FilterError::BadTar(
+            "the stream ended without tar's end-of-archive marker: the export was cut short"
+                .to_string(),
+        ));
+    }
+    check_cancel()?;
+
+    let mut none = || Ok::<(), FilterError>(());
+    let mut append_generated = |out: &mut TarWriter<W>, meta: EntryMeta, data: &[u8]| {
+        out.append(&meta, &mut &data[..], &mut none)
+            .map_err(|e| match e {
+                AppendError::Write(e) => FilterError::Write(e),
+                AppendError::Stopped(e) => e,
+                AppendError::Read(e) => FilterError::Write(e),
+                AppendError::ShortData { .. } => {
+                    FilterError::Write(io::Error::other("generated entry shorter than its size"))
+                }
+            })
+    };
+    let root_meta = |path: &str, kind: EntryType, mode: u32| EntryMeta {
+        path: path.as_bytes().to_vec(),
+        kind,
+        mode,
+        uid: 0,
+        gid: 0,
+        mtime,
+        size: 0,
+        link: None,
+        device: None,
+        xattrs: Vec::new(),
+    };
+    for (dir, mode) in STANDARD_DIRS {
+        let parts: Vec<&[u8]> = components(dir.as_bytes()).collect();
+        if !state.exists(&parts) {
+            append_generated(&mut out, root_meta(dir, EntryType::Directory, *mode), &[])?;
+            stats.added_dirs.push(format!("/{dir}"));
+        }
+    }
+    for object in generated {
+        let (meta, data): (EntryMeta, &[u8]) = match object {
+            Generated::Dir { path, mode } => (root_meta(path, EntryType::Directory, *mode), &[]),
+            Generated::File { path, mode, data } => {
+                let mut meta = root_meta(path, EntryType::Regular, *mode);
+                meta.size = data.len() as u64;
+                (meta, data)
+            }
+            Generated::Symlink { path, target } => {
+                let mut meta = root_meta(path, EntryType::Symlink, 0o777);
+                meta.link = Some(target.as_bytes().to_vec());
+                (meta, &[])
+            }
+        };
+        append_generated(&mut out, meta, data)?;
+    }
+    out.finish().map_err(FilterError::Write)?;
+
+    // Read whatever follows the end marker so the producer (Docker) finishes cleanly.
+    let mut rest = archive.into_inner();
+    let mut sink = [0u8; 64 * 1024];
+    loop {
+        match rest.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FilterError::Read(e)),
+        }
+    }
+    stats.bytes_read = count.get();
+    progress(stats.bytes_read);
+    Ok(stats)
+}
+
+fn bad_entry(path: &[u8], what: &str) -> FilterError {
+    FilterError::BadTar(format!("/{}: {what}", String::from_utf8_lossy(path)))
+}
+
+/// The entry's path relative to the root: no leading `/` or `./`, no trailing `/`, no empty or
+/// `.` components; `..` is refused. The root itself is the empty path.
+pub(crate) fn normalize(path: &[u8]) -> Result<Vec<u8>, FilterError> {
+    let mut out = Vec::with_capacity(path.len());
+    for component in components(path) {
+        match component {
+            b"." => continue,
+            b".." => {
+                return Err(FilterError::BadTar(format!(
+                    "entry path {} contains '..'",
+                    String::from_utf8_lossy(path)
+                )))
+            }
+            _ => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(component);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Paths seen so far, as 64-bit hashes (a few MB even for a million entries).
+#[derive(Default)]
+struct State {
+    hasher: RandomState,
+    /// Paths written.
+    written: HashSet<u64>,
+    /// Directories something was written under.
+    non_empty: HashSet<u64>,
+    /// Paths dropped (stripped, whited out): hard links to them are dropped too.
+    dropped: HashSet<u64>,
+    /// Whited-out paths still hiding what comes later.
+    whiteouts: Vec<Vec<u8>>,
+}
+
+impl State {
+    fn hash(&self, path: &[u8]) -> u64 {
+        self.hasher.hash_one(path)
+    }
+
+    fn wrote(&mut self, parts: &[&[u8]]) {
+        let path = parts.join(&b'/');
+        self.written.insert(self.hash(&path));
+        let mut ancestor = Vec::with_capacity(path.len());
+        for part in parts.iter().take(parts.len().saturating_sub(1)) {
+            if !ancestor.is_empty() {
+                ancestor.push(b'/');
+            }
+            ancestor.extend_from_slice(part);
+            self.non_empty.insert(self.hash(&ancestor));
+        }
+    }
+
+    /// Whether the path was written, or something under it.
+    fn exists(&self, parts: &[&[u8]]) -> bool {
+        let path = parts.join(&b'/');
+        let hash = self.hash(&path);
+        self.written.contains(&hash) || self.non_empty.contains(&hash)
+    }
+
+    fn drop_path(&mut self, path: &[u8]) {
+        self.dropped.insert(self.hash(path));
+    }
+
+    fn was_dropped(&self, path: &[u8]) -> bool {
+        self.dropped.contains(&self.hash(path))
+    }
+
+    fn whited_out(&self, path: &[u8]) -> bool {
+        self.whiteouts
+            .iter()
+            .any(|w| path.starts_with(w) && (path.len() == w.len() || path[w.len()] == b'/'))
+    }
+
+    fn whiteout(&mut self, dir: &[&[u8]], name: &[u8]) -> Result<(), FilterError> {
+        let dir_path = dir.join(&b'/');
+        if name == b".wh..opq" {
+            // Opaque: hides the lower layers' contents of `dir`, which a merged stream has none
+            // of. Contents already written means layers were concatenated.
+            if self.non_empty.contains(&self.hash(&dir_path)) {
+                return Err(FilterError::BadTar(format!(
+                    "opaque-directory marker for /{} after its contents: a layered stream, \
+                     not a merged docker export",
+                    String::from_utf8_lossy(&dir_path)
+                )));
+            }
+            return Ok(());
+        }
+        let mut target = dir_path;
+        if !target.is_empty() {
+            target.push(b'/');
+        }
+        target.extend_from_slice(name);
+        let parts: Vec<&[u8]> = components(&target).collect();
+        if self.exists(&parts) {
+            return Err(FilterError::BadTar(format!(
+                "whiteout for /{} after it was written: a layered stream, not a merged docker \
+                 export",
+                String::from_utf8_lossy(&target)
+            )));
+        }
+        self.drop_path(&target);
+        self.whiteouts.push(target);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_strips_prefixes_and_refuses_parent_dirs() {
+        assert_eq!(normalize(b"./etc/passwd").expect("ok"), b"etc/passwd");
+        assert_eq!(normalize(b"/etc//ssh/").expect("ok"), b"etc/ssh");
+        assert_eq!(normalize(b"./").expect("ok"), b"");
+        assert!(normalize(b"a/../b").is_err());
+    }
+}

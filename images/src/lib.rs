@@ -1,0 +1,463 @@
+//! Freezing: turns the tar stream of `docker export` (a session container's filesystem) into an
+//! immutable, content-addressed Apptainer SIF image in the image store.
+//!
+//! The pipeline streams and never unpacks the filesystem to disk:
+//!
+//! ```text
+//! export tar ──▶ filter (this thread)             ──pipe──▶ tar2sqfs -j <cpus> ──▶ .partial/<id>.sqfs
+//!                 drops STRIP_LIST, applies whiteouts,                                   │
+//!                 appends /.singularity.d                                                ▼
+//!        <store>/sha256/<hex>.sif (0444) ◀── rename ◀── .partial/<id>.sif: header, descriptors,
+//!                                                        deffile, provenance JSON, squashfs
+//! ```
+//!
+//! [`freeze`] is blocking; the agent runs it in `spawn_blocking`. Nothing here does network
+//! I/O. [`sif`] also reads images back (tests, `devctl image show`).
+
+mod apptainer;
+mod filter;
+pub mod sif;
+mod squashfs;
+mod store;
+mod strip;
+mod tarout;
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+
+pub use ongrid_core::image::Compression;
+pub use store::{sif_path, IMAGES_DIR, PARTIAL_DIR};
+pub use strip::{pattern_matches, strip_rule_for, StripRule, STRIP_LIST};
+
+use filter::{FilterError, FilterInput, FilterStats};
+use squashfs::{PackError, Packer};
+use store::{is_full, PartialFiles};
+use tarout::TarWriter;
+
+/// Name of the JSON metadata object in the SIF.
+pub const PROVENANCE_OBJECT: &str = "ongrid-provenance.json";
+
+/// The parts of the session image's configuration that shape how the frozen image runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageConfig {
+    /// `KEY=value` as in Docker's `Config.Env`.
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    /// Docker's `Config.User`; recorded only (Apptainer runs as the calling user).
+    pub user: Option<String>,
+}
+
+/// Where the frozen image came from; recorded in the SIF's definition file, JSON metadata and
+/// labels.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Provenance {
+    /// The owner's DN.
+    pub owner: String,
+    /// The session's name.
+    pub session: String,
+    pub base_image: String,
+    /// `name:version`.
+    pub reference: String,
+    pub created_at: DateTime<Utc>,
+}
+
+pub struct FreezeRequest<'a> {
+    /// The tar stream of `docker export`.
+    pub export: &'a mut dyn Read,
+    pub config: ImageConfig,
+    pub provenance: Provenance,
+    pub compression: Compression,
+    /// The image store directory.
+    pub store: &'a Path,
+    /// Expected bytes of tar (the container's filesystem size), 0 when unknown. Informational:
+    /// it is logged and is what callers show as the progress total.
+    pub estimated_size: u64,
+    /// Called with the bytes of tar read so far, every few MiB and at the end.
+    pub progress: &'a mut dyn FnMut(u64),
+    /// Set to stop; checked between entries and between chunks of large files.
+    pub cancel: &'a AtomicBool,
+}
+
+/// A finished image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frozen {
+    /// `<store>/sha256/<hex>.sif`.
+    pub sif_path: PathBuf,
+    /// `sha256:<hex>` of the SIF file.
+    pub digest: String,
+    /// Bytes of the SIF file.
+    pub size: u64,
+    /// `sha256:<hex>` of the squashfs partition (also in the definition file and metadata).
+    pub squashfs_digest: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FreezeError {
+    #[error("image store {} is full: free space or ask the admin", store.display())]
+    StoreFull { store: PathBuf },
+    #[error("the container's filesystem export is not a usable tar stream: {reason}")]
+    BadTar { reason: String },
+    #[error("reading the container's filesystem export failed: {source}: check the Docker daemon and retry")]
+    Export {
+        #[source]
+        source: io::Error,
+    },
+    #[error("{tool} failed: {message}")]
+    Tool { tool: &'static str, message: String },
+    #[error("freeze cancelled")]
+    Cancelled,
+    #[error("image store {}: {source}: check that the directory exists and is writable", path.display())]
+    Store {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The JSON metadata object (`ongrid-provenance.json`) of every frozen image.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProvenanceRecord {
+    pub format: String,
+    #[serde(flatten)]
+    pub provenance: Provenance,
+    /// `sha256:<hex>` of the squashfs partition.
+    pub squashfs_digest: String,
+    pub compression: Compression,
+    pub config: ImageConfig,
+    pub freeze: serde_json::Value,
+    pub tool: String,
+}
+
+/// Freezes the export stream into the image store. See the crate docs for the pipeline. On any
+/// error or cancel, everything it wrote under `<store>/.partial` is removed.
+pub fn freeze(req: FreezeRequest<'_>) -> Result<Frozen, FreezeError> {
+    let FreezeRequest {
+        export,
+        config,
+        provenance,
+        compression,
+        store,
+        estimated_size,
+        progress,
+        cancel,
+    } = req;
+    let store_error = |path: &Path, source: io::Error| {
+        if is_full(&source) {
+            FreezeError::StoreFull {
+                store: store.to_path_buf(),
+            }
+        } else {
+            FreezeError::Store {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    };
+    let partial_dir = store.join(PARTIAL_DIR);
+    let images_dir = store.join(IMAGES_DIR);
+    for dir in [&partial_dir, &images_dir] {
+        fs::create_dir_all(dir).map_err(|e| store_error(dir, e))?;
+    }
+    let work_id = uuid::Uuid::new_v4();
+    let squashfs_path = partial_dir.join(format!("{work_id}.sqfs"));
+    let partial_sif = partial_dir.join(format!("{work_id}.sif"));
+    let partial = PartialFiles::new(vec![squashfs_path.clone(), partial_sif.clone()]);
+    tracing::info!(
+        reference = %provenance.reference, session = %provenance.session, estimated_size,
+        work = %work_id, "Freeze started."
+    );
+
+    // 1. export tar → filter → tar2sqfs → squashfs.
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mtime = u64::try_from(provenance.created_at.timestamp()).unwrap_or(0);
+    let (packer, pipe) = Packer::spawn(&squashfs_path, compression, jobs, mtime)
+        .map_err(|e| pack_error(e, store, &partial_dir))?;
+    let generated = apptainer::singularity_tree(&config, &provenance);
+    let filtered = filter::filter_export(
+        FilterInput {
+            export,
+            generated: &generated,
+            mtime,
+            cancel,
+            progress,
+        },
+        TarWriter::new(io::BufWriter::with_capacity(1024 * 1024, pipe)),
+    );
+    let stats = match filtered {
+        Ok(stats) => {
+            packer
+                .wait()
+                .map_err(|e| pack_error(e, store, &partial_dir))?;
+            stats
+        }
+        // The pipe broke: tar2sqfs stopped, and its message says why.
+        Err(FilterError::Write(write_error)) => {
+            return Err(match packer.wait() {
+                Err(e) => pack_error(e, store, &partial_dir),
+                Ok(()) => FreezeError::Tool {
+                    tool: squashfs::TOOL,
+                    message: format!("it stopped reading its input: {write_error}"),
+                },
+            });
+        }
+        Err(other) => {
+            drop(packer); // kills tar2sqfs before its output is removed
+            return Err(match other {
+                FilterError::Cancelled => FreezeError::Cancelled,
+                FilterError::BadTar(reason) => FreezeError::BadTar { reason },
+                FilterError::Read(source) => FreezeError::Export { source },
+                // Handled above; kept for exhaustiveness.
+                FilterError::Write(source) => FreezeError::Tool {
+                    tool: squashfs::TOOL,
+                    message: format!("it stopped reading its input: {source}"),
+                },
+            });
+        }
+    };
+    check_cancel(cancel)?;
+
+    // 2. digest of the squashfs, then the SIF around it.
+    let squashfs_len = fs::metadata(&squashfs_path)
+        .map_err(|e| store_error(&squashfs_path, e))?
+        .len();
+    let squashfs_hex = sha256_file(&squashfs_path, cancel).map_err(|e| match e {
+        CopyError::Cancelled => FreezeError::Cancelled,
+        CopyError::Io(e) => store_error(&squashfs_path, e),
+    })?;
+    let record = ProvenanceRecord {
+        format: "ongrid-provenance/1".to_string(),
+        provenance: provenance.clone(),
+        squashfs_digest: format!("sha256:{squashfs_hex}"),
+        compression,
+        config: config.clone(),
+        freeze: freeze_summary(&stats),
+        tool: format!("ongrid-images {}", env!("CARGO_PKG_VERSION")),
+    };
+    let mut json = serde_json::to_vec_pretty(&record).map_err(|e| FreezeError::Tool {
+        tool: "ongrid-images",
+        message: format!("provenance record: {e}"),
+    })?;
+    json.push(b'\n');
+    let layout = sif::Layout::new(
+        &[
+            sif::InlineObject {
+                data_type: sif::DataType::Deffile,
+                name: String::new(),
+                data: definition_file(&provenance, &config, &squashfs_hex).into_bytes(),
+            },
+            sif::InlineObject {
+                data_type: sif::DataType::GenericJson,
+                name: PROVENANCE_OBJECT.to_string(),
+                data: json,
+            },
+        ],
+        sif::PartitionInfo {
+            fs_type: sif::FsType::Squashfs,
+            part_type: sif::PartType::PrimarySystem,
+            arch: sif::ARCH_AMD64,
+        },
+        squashfs_len,
+        uuid::Uuid::new_v4(),
+        provenance.created_at.timestamp(),
+    )
+    .map_err(|e| FreezeError::Tool {
+        tool: "ongrid-images",
+        message: e.to_string(),
+    })?;
+    let sif_hex =
+        write_sif(&partial_sif, &layout, &squashfs_path, cancel).map_err(|e| match e {
+            CopyError::Cancelled => FreezeError::Cancelled,
+            CopyError::Io(e) => store_error(&partial_sif, e),
+        })?;
+    // The squashfs is inside the SIF now; free its space before publishing.
+    fs::remove_file(&squashfs_path).map_err(|e| store_error(&squashfs_path, e))?;
+    check_cancel(cancel)?;
+
+    // 3. publish under the content address.
+    let target = store::sif_path(store, &sif_hex);
+    let created = store::publish(&partial_sif, &target).map_err(|e| store_error(&target, e))?;
+    partial.commit();
+    tracing::info!(
+        reference = %provenance.reference, digest = %sif_hex, size = layout.total_len, created,
+        stripped = stats.stripped_entries, "Freeze done."
+    );
+    Ok(Frozen {
+        sif_path: target,
+        digest: format!("sha256:{sif_hex}"),
+        size: layout.total_len,
+        squashfs_digest: format!("sha256:{squashfs_hex}"),
+    })
+}
+
+fn check_cancel(cancel: &AtomicBool) -> Result<(), FreezeError> {
+    if cancel.load(Ordering::Relaxed) {
+        Err(FreezeError::Cancelled)
+    } else {
+        Ok(())
+    }
+}
+
+/// tar2sqfs reports a failed write as "I/O error" without the cause, so a failure while the
+/// store's filesystem has (next to) no space left is taken as the store being full.
+fn pack_error(error: PackError, store: &Path, partial_dir: &Path) -> FreezeError {
+    const NEARLY_FULL: u64 = 4 * 1024 * 1024;
+    let store_full = || {
+        nix::sys::statvfs::statvfs(partial_dir)
+            .is_ok_and(|fs| fs.blocks_available().saturating_mul(fs.fragment_size()) < NEARLY_FULL)
+    };
+    match error {
+        PackError::Missing => FreezeError::Tool {
+            tool: squashfs::TOOL,
+            message: "not found: install squashfs-tools-ng (apt-get install squashfs-tools-ng)"
+                .to_string(),
+        },
+        PackError::Io(e) => FreezeError::Tool {
+            tool: squashfs::TOOL,
+            message: e.to_string(),
+        },
+        PackError::Failed { stderr, .. }
+            if stderr.contains("No space left on device") || store_full() =>
+        {
+            FreezeError::StoreFull {
+                store: store.to_path_buf(),
+            }
+        }
+        PackError::Failed { status, stderr } => FreezeError::Tool {
+            tool: squashfs::TOOL,
+            message: format!("{status}: {stderr}"),
+        },
+    }
+}
+
+/// The definition-file object: how the image was made, for `apptainer inspect --deffile`.
+fn definition_file(provenance: &Provenance, config: &ImageConfig, squashfs_hex: &str) -> String {
+    let one_line = |s: &str| s.replace(['\n', '\r'], " ");
+    let mut text = format!(
+        "# Frozen by ongrid from an interactive session: the image holds the session's files,\n\
+         # it cannot be rebuilt from this file alone.\n\
+         # owner: {owner}\n\
+         # session: {session}\n\
+         # reference: {reference}\n\
+         # base image: {base}\n\
+         # created: {created}\n\
+         # squashfs sha256: {squashfs_hex}\n\
+         bootstrap: docker-daemon\n\
+         from: {base}\n\n\
+         %labels\n    \
+         org.ongrid.owner {owner}\n    \
+         org.ongrid.session {session}\n    \
+         org.ongrid.reference {reference}\n    \
+         org.ongrid.base-image {base}\n    \
+         org.ongrid.created {created}\n    \
+         org.ongrid.squashfs-sha256 {squashfs_hex}\n",
+        owner = one_line(&provenance.owner),
+        session = one_line(&provenance.session),
+        reference = one_line(&provenance.reference),
+        base = one_line(&provenance.base_image),
+        created = provenance.created_at.to_rfc3339(),
+    );
+    if !config.env.is_empty() {
+        text.push_str("\n%environment\n");
+        for entry in &config.env {
+            text.push_str(&format!("    # {}\n", one_line(entry)));
+        }
+    }
+    text
+}
+
+fn freeze_summary(stats: &FilterStats) -> serde_json::Value {
+    serde_json::json!({
+        "entries_read": stats.entries_read,
+        "entries_written": stats.entries_written,
+        "tar_bytes_read": stats.bytes_read,
+        "stripped_entries": stats.stripped_entries,
+        "stripped_bytes": stats.stripped_bytes,
+        "stripped_by": stats.stripped_by,
+        "whiteouts": stats.whiteouts,
+        "dropped_hard_links": stats.dropped_hard_links,
+        "dropped_hard_links_total": stats.dropped_hard_links_total,
+        "dropped_xattrs": stats.dropped_xattrs,
+        "added_dirs": stats.added_dirs,
+    })
+}
+
+enum CopyError {
+    Cancelled,
+    Io(io::Error),
+}
+
+impl From<io::Error> for CopyError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+const CHUNK: usize = 1024 * 1024;
+
+fn sha256_file(path: &Path, cancel: &AtomicBool) -> Result<String, CopyError> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(CopyError::Cancelled);
+        }
+        let n = read_some(&mut file, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Writes the SIF (`layout.prefix`, then the squashfs), fsyncs it and returns its sha256.
+fn write_sif(
+    path: &Path,
+    layout: &sif::Layout,
+    squashfs: &Path,
+    cancel: &AtomicBool,
+) -> Result<String, CopyError> {
+    let mut out = File::create_new(path)?;
+    let mut hasher = Sha256::new();
+    out.write_all(&layout.prefix)?;
+    hasher.update(&layout.prefix);
+    let mut input = File::open(squashfs)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut copied = 0u64;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(CopyError::Cancelled);
+        }
+        let n = read_some(&mut input, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        hasher.update(&buf[..n]);
+        copied += n as u64;
+    }
+    if layout.partition_offset + copied != layout.total_len {
+        return Err(CopyError::Io(io::Error::other(format!(
+            "squashfs changed size while it was copied ({copied} bytes)"
+        ))));
+    }
+    out.sync_all()?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn read_some(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match file.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
