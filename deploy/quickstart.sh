@@ -198,15 +198,35 @@ EOF
         openssl req -new -x509 -config "$PKI/ca.cnf" -extensions ca -key "$PKI/ca.key" \
             -subj "$CA_SUBJECT" -days 3650 -sha256 -out "$PKI/ca.crt"
         # Certificates of an earlier CA are no longer valid: issue them again.
-        rm -f "$PKI"/*.srl "$PKI/manager.crt" "$PKI/agent.crt" "$PKI/user.crt" "$PKI/admin.crt"
+        rm -f "$PKI"/*.srl "$PKI/manager.crt" "$PKI/agent.crt" "$PKI/user.crt" "$PKI/admin.crt" \
+            "$PKI/index.txt" "$PKI/crlnumber"
         info "CA: $CA_SUBJECT (new)"
     fi
     # IGTF layout: the CA as <subject hash>.0, the only CA the quickstart trusts.
     local hash
     hash="$(openssl x509 -in "$PKI/ca.crt" -noout -subject_hash)"
-    rm -f "$CA_DIR"/*.0
+    rm -f "$CA_DIR"/*.0 "$CA_DIR"/*.r0
     cp "$PKI/ca.crt" "$CA_DIR/$hash.0"
-    info "trusted CA directory: $CA_DIR/$hash.0"
+    write_crl "$CA_DIR/$hash.r0"
+    info "trusted CA directory: $CA_DIR/$hash.0 and its CRL $hash.r0"
+}
+
+# write_crl FILE: the CA's (empty) CRL, valid for 30 days, renewed at every start as fetch-crl
+# does on a real site: the manager refuses the users of a CA whose CRL is out of date.
+write_crl() {
+    cat >"$PKI/crl.cnf" <<EOF
+[ca]
+default_ca = quickstart
+[quickstart]
+database = $PKI/index.txt
+crlnumber = $PKI/crlnumber
+default_md = sha256
+default_crl_days = 30
+EOF
+    [[ -f "$PKI/index.txt" ]] || : >"$PKI/index.txt"
+    [[ -f "$PKI/crlnumber" ]] || echo 1000 >"$PKI/crlnumber"
+    openssl ca -gencrl -config "$PKI/crl.cnf" -keyfile "$PKI/ca.key" -cert "$PKI/ca.crt" \
+        -out "$1" 2>/dev/null
 }
 
 # Whether private key $1 belongs to certificate $2.
@@ -301,11 +321,19 @@ first_uid = 20000
 node_timeout = "30 seconds"
 sync_interval = "2 seconds"
 schedule_interval = "1 second"
+# Frozen images (devctl freeze): the same directory as the agent's [images] store.
+image_store = $(toml_string "$QS/images")
 
 [session_limits]
 cpus = "2"
 memory = "4GiB"
 pids = 4096
+
+# The site's defaults (deploy/examples/manager.toml explains each key).
+[lifecycle]
+connect_deadline = "20 minutes"
+idle_timeout = "2 hours"
+max_duration = "7 days"
 EOF
 
     cat >"$QS/agent.toml" <<EOF
@@ -319,6 +347,10 @@ token_file = $(toml_string "$QS/node-token")
 backend = "simulated"
 # Edit this file to add, remove or fail GPUs: the agent re-reads it.
 file = $(toml_string "$QS/simulated-gpus.toml")
+
+# Where devctl freeze writes SIF images (the manager's image_store).
+[images]
+store = $(toml_string "$QS/images")
 
 # The endpoint the SSH gateway opens streams to (shells, commands, sftp in the containers).
 [streams]
@@ -753,6 +785,10 @@ cmd_clean() {
                 docker volume rm "ongrid-home-$login" >/dev/null
                 info "removed volume ongrid-home-$login"
             fi
+            local image
+            for image in $(docker image ls --format '{{.Repository}}:{{.Tag}}' "ongrid/$login/*"); do
+                docker image rm -f "$image" >/dev/null && info "removed frozen image $image"
+            done
         done <"$QS/logins"
     fi
     rm -rf "$QS"

@@ -7,6 +7,10 @@
 //! - `GET    /v1/sessions[?all=true]`          → `Vec<SessionView>` (own; `all` for admins)
 //! - `GET    /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] with its transitions
 //! - `DELETE /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] (now ENDED)
+//! - `POST   /v1/sessions/{name}/hold[?owner=DN]`    [`crate::lifecycle::HoldRequest`] →
+//!   [`SessionView`] (HELD; a reason only for admins holding others' sessions)
+//! - `POST   /v1/sessions/{name}/release[?owner=DN]` → [`SessionView`] (PENDING, pinned to its node)
+//! - `POST   /v1/sessions/{name}/keep[?owner=DN]`    [`crate::lifecycle::KeepRequest`] → [`SessionView`]
 //! - `GET    /v1/nodes`                        → `Vec<NodeView>` with their GPUs
 //! - `PUT    /v1/gpus/{uuid}/mode` (admin)     [`SetGpuMode`] → [`GpuView`]
 //! - `POST   /v1/keys`                         [`AddKey`] → 201 [`KeyView`] (200 when the key was
@@ -30,7 +34,8 @@
 //!   (unknown key: `devctl key add`; expired: renew the proxy and `devctl key add` again)
 //! - `POST /v1/gateway/route`       [`RouteRequest`] → [`Route`], or 404/409 whose message says
 //!   what to do (no such session, several sessions, not running: its state and the fix)
-//! - `POST /v1/gateway/connections` [`ConnectionEvent`] → 204
+//! - `POST /v1/gateway/connections` [`ConnectionEvent`] → 200 [`crate::lifecycle::SessionDeadlines`]
+//!   of the session (the gateway uses it for the login banner and the ten-minute warning)
 //!
 //! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
 
@@ -70,6 +75,44 @@ pub struct WhoAmI {
     pub user_name: UserName,
     pub uid: u32,
     pub admin: bool,
+    /// What kind of credential this connection presented (absent from older managers).
+    #[serde(default)]
+    pub credential: Option<CredentialKind>,
+    /// The VOs of the credential's verified VOMS attributes, in the order presented.
+    #[serde(default)]
+    pub vos: Vec<String>,
+    /// The verified FQANs, primary first: `/myvo/Role=NULL/Capability=NULL`, ...
+    #[serde(default)]
+    pub fqans: Vec<String>,
+    /// When the presented credential expires: the earliest notAfter of its chain. SSH keys added
+    /// with it expire then too.
+    #[serde(default)]
+    pub not_after: Option<DateTime<Utc>>,
+}
+
+/// The kind of X.509 credential a user presented: a plain certificate or an RFC 3820 proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialKind {
+    /// A certificate issued by a CA (no proxy).
+    EndEntity,
+    /// A normal (impersonation) proxy: `grid-proxy-init`, `voms-proxy-init`.
+    Impersonation,
+    /// A limited proxy (`-limited`): may read, may not register SSH keys unless the site allows.
+    Limited,
+    /// An independent proxy: its own identity, the proxy's subject.
+    Independent,
+}
+
+impl std::fmt::Display for CredentialKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::EndEntity => "end-entity certificate",
+            Self::Impersonation => "impersonation proxy",
+            Self::Limited => "limited proxy",
+            Self::Independent => "independent proxy",
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,9 +123,17 @@ pub struct CreateSession {
     pub gpus: GpuRequest,
     /// Docker image of the dev container; the site's default when absent.
     pub image: Option<String>,
+    /// Idle timeout of this session in seconds, within the site's maximum; the site's default
+    /// when absent.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Maximum lifetime of this session in seconds, within the site's maximum; the site's
+    /// default when absent.
+    #[serde(default)]
+    pub max_duration_secs: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionView {
     pub id: SessionId,
     pub name: SessionName,
@@ -101,6 +152,9 @@ pub struct SessionView {
     /// 1-based position among all PENDING sessions of the site, when PENDING.
     pub queue_position: Option<u32>,
     pub transitions: Vec<Transition>,
+    /// Deadlines and activity signals; present for live and HELD sessions.
+    #[serde(default)]
+    pub lifecycle: Option<crate::lifecycle::LifecycleView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,13 +200,19 @@ pub struct RegisterNode {
 }
 
 /// The agent's periodic heartbeat: what it sees right now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeReport {
     pub node: NodeName,
     /// Current GPU inventory and health.
     pub gpus: Vec<GpuInfo>,
     /// Every container on the node labelled as ongrid's, whatever its state.
     pub containers: Vec<ObservedContainer>,
+    /// Activity of the running session containers over the last sampling interval.
+    #[serde(default)]
+    pub activity: Vec<crate::lifecycle::ContainerActivity>,
+    /// Progress of the freezes ordered in [`DesiredState::freezes`].
+    #[serde(default)]
+    pub freezes: Vec<crate::image::FreezeProgress>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,6 +248,9 @@ pub struct DesiredState {
     /// How often the agent should sync, in seconds.
     pub sync_interval_secs: u64,
     pub sessions: Vec<DesiredSession>,
+    /// Freezes to run (or keep running) on this node.
+    #[serde(default)]
+    pub freezes: Vec<crate::image::FreezeOrder>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,6 +351,8 @@ pub struct Route {
 #[serde(rename_all = "snake_case")]
 pub enum ConnectionEventKind {
     Open,
+    /// Periodic report of an open connection's byte totals (SSH traffic as activity).
+    Activity,
     Close,
 }
 

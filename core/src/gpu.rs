@@ -193,6 +193,10 @@ pub struct GpuInfo {
     pub driver_version: Option<String>,
     pub mig_enabled: bool,
     pub health: GpuHealth,
+    /// Utilisation in percent when last discovered (`nvidia-smi` `utilization.gpu`); `None`
+    /// when unknown, as for a GPU in MIG mode. Not part of the inventory: it changes every sync.
+    #[serde(default)]
+    pub utilization_percent: Option<u32>,
 }
 
 /// How the admin lets sessions use a GPU.

@@ -6,6 +6,8 @@
 
 pub mod api;
 pub mod gpu;
+pub mod image;
+pub mod lifecycle;
 pub mod names;
 pub mod network;
 pub mod quantity;

@@ -84,7 +84,8 @@ impl GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Show who the manager takes you for: DN, login name, uid, admin
+    /// Show who the manager takes you for: DN, login name, uid, admin, and your credential:
+    /// certificate or proxy (impersonation, limited, independent), VO and FQANs, time left
     Whoami(JsonArgs),
     /// Create, list, show and remove development sessions
     #[command(subcommand)]
@@ -97,6 +98,16 @@ pub enum Command {
     /// new proxy, run devctl key add again.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Freeze a session into an immutable Apptainer SIF image and a matching Docker image
+    ///
+    /// The session keeps running (Docker pauses it briefly to take a snapshot). What only
+    /// interactive use needs (host keys, shell history, caches, ongrid's tools) is left out.
+    /// Files in your home directory (a volume) are not part of the image: copy what the image
+    /// needs elsewhere, e.g. under /opt, before freezing.
+    Freeze(crate::images::FreezeArgs),
+    /// List, show and remove your frozen images
+    #[command(subcommand)]
+    Image(crate::images::ImageCommand),
     /// Site administration (admins only)
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -124,6 +135,54 @@ pub enum SessionCommand {
     /// Remove a session: its container is stopped and removed, its GPUs freed
     #[command(alias = "remove")]
     Rm(RmArgs),
+    /// Put a session on hold: its container stops, its GPUs are freed for others, its files
+    /// (the container's and your home directory) are kept until `devctl session release`
+    Hold(HoldArgs),
+    /// Bring a HELD session back: it restarts in the same container on the same node as soon as
+    /// a fitting GPU is free there, and waits PENDING (with its queue position) until then
+    Release(ReleaseArgs),
+    /// Keep a session from being held as idle (or for want of a connection) for a while, e.g.
+    /// while a job runs with its output going nowhere; the site caps how long
+    Keep(KeepArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HoldArgs {
+    /// The session's name
+    pub name: SessionName,
+    /// Another user's session, by DN (admins only; give a --reason)
+    #[arg(long, value_name = "DN")]
+    pub owner: Option<Dn>,
+    /// Why, shown to the session's owner (admins holding someone else's session)
+    #[arg(long, requires = "owner")]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReleaseArgs {
+    /// The session's name
+    pub name: SessionName,
+    /// Another user's session, by DN (admins only)
+    #[arg(long, value_name = "DN")]
+    pub owner: Option<Dn>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeepArgs {
+    /// The session's name
+    pub name: SessionName,
+    /// How long from now, like 4h, 90m or "2 hours"
+    #[arg(long = "for", value_name = "DURATION")]
+    pub duration: HumanDuration,
+    /// Another user's session, by DN (admins only)
+    #[arg(long, value_name = "DN")]
+    pub owner: Option<Dn>,
+    #[command(flatten)]
+    pub output: JsonArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -153,6 +212,14 @@ pub struct NewArgs {
     /// How long --wait waits, like 5m, 90s or "2 hours"
     #[arg(long, default_value = "5m", requires = "wait", value_name = "DURATION")]
     pub timeout: HumanDuration,
+    /// Hold the session after this long without a connection or activity, like 2h
+    /// [default: the site's; at most the site's maximum]
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<HumanDuration>,
+    /// Hold the session this long after it first started, whatever happens, like 3d
+    /// [default: the site's; at most the site's maximum]
+    #[arg(long, value_name = "DURATION")]
+    pub max_duration: Option<HumanDuration>,
     #[command(flatten)]
     pub output: JsonArgs,
 }

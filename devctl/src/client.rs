@@ -37,6 +37,10 @@ pub enum ClientError {
     Build(String),
     #[error("cannot reach the manager at {url} ({cause}): is it running? ({CONFIG_HINT})")]
     Unreachable { url: String, cause: String },
+    #[error("the manager does not trust the CA of your certificate {identity} (issuer {issuer}): the manager reads its CAs from its ca_dir (IGTF layout, usually /etc/grid-security/certificates); use a certificate from a CA the site trusts, or ask the site admins to install yours")]
+    UnknownCa { identity: String, issuer: String },
+    #[error("the manager refused your certificate {identity}: its CA has revoked it: ask your CA for a new certificate")]
+    Revoked { identity: String },
     #[error("the manager refused your certificate {identity}: {}", refusal_hint(*expired_at))]
     CertificateRefused {
         identity: String,
@@ -94,6 +98,8 @@ pub struct ErrorContext {
     pub ca_dir: PathBuf,
     /// The DN of the user's certificate, or its path when it cannot be parsed.
     pub identity: String,
+    /// The issuer of the end-entity certificate (the user's CA), when it can be read.
+    pub issuer: Option<String>,
     pub not_after: Option<DateTime<Utc>>,
     pub request_timeout: Duration,
 }
@@ -149,10 +155,18 @@ impl ErrorContext {
     fn classify_tls(&self, err: &rustls::Error, now: DateTime<Utc>) -> ClientError {
         use AlertDescription as A;
         match err {
+            rustls::Error::AlertReceived(A::UnknownCA) if self.issuer.is_some() => {
+                ClientError::UnknownCa {
+                    identity: self.identity.clone(),
+                    issuer: self.issuer.clone().unwrap_or_default(),
+                }
+            }
+            rustls::Error::AlertReceived(A::CertificateRevoked) => ClientError::Revoked {
+                identity: self.identity.clone(),
+            },
             rustls::Error::AlertReceived(
                 A::BadCertificate
                 | A::UnsupportedCertificate
-                | A::CertificateRevoked
                 | A::CertificateExpired
                 | A::CertificateUnknown
                 | A::UnknownCA
@@ -244,7 +258,11 @@ pub struct Client {
 impl Client {
     /// Reads the user's certificate and the CA directory and builds the HTTPS client.
     pub fn new(settings: &Settings) -> Result<Self, ClientError> {
-        let user = UserCertificate::load(&settings.credentials)?;
+        let cas = tls::load_grid_cas(&settings.ca_dir);
+        let user = UserCertificate::load(&settings.credentials, cas.as_ref(), Utc::now())?;
+        // Expired, legacy and other unusable credentials are refused here, in one line, rather
+        // than by a TLS alert from the manager.
+        user.check(&settings.credentials)?;
         let roots = tls::load_ca_dir(&settings.ca_dir)?;
         let tls = tls::client_config(roots, &user, &settings.credentials)?;
         let http = reqwest::Client::builder()
@@ -263,6 +281,7 @@ impl Client {
                 .identity
                 .clone()
                 .unwrap_or_else(|| settings.credentials.cert.display().to_string()),
+            issuer: user.issuer.clone(),
             not_after: user.not_after,
             request_timeout: REQUEST_TIMEOUT,
         };
@@ -348,6 +367,44 @@ impl Client {
         self.send(with_owner(request, owner)).await
     }
 
+    /// `POST /v1/sessions/{name}/hold[?owner=DN]`
+    pub async fn hold_session(
+        &self,
+        name: &SessionName,
+        owner: Option<&Dn>,
+        body: &ongrid_core::lifecycle::HoldRequest,
+    ) -> Result<SessionView, ClientError> {
+        let request = self
+            .http
+            .post(self.url(&format!("v1/sessions/{name}/hold")));
+        self.send(with_owner(request, owner).json(body)).await
+    }
+
+    /// `POST /v1/sessions/{name}/release[?owner=DN]`
+    pub async fn release_session(
+        &self,
+        name: &SessionName,
+        owner: Option<&Dn>,
+    ) -> Result<SessionView, ClientError> {
+        let request = self
+            .http
+            .post(self.url(&format!("v1/sessions/{name}/release")));
+        self.send(with_owner(request, owner)).await
+    }
+
+    /// `POST /v1/sessions/{name}/keep[?owner=DN]`
+    pub async fn keep_session(
+        &self,
+        name: &SessionName,
+        owner: Option<&Dn>,
+        body: &ongrid_core::lifecycle::KeepRequest,
+    ) -> Result<SessionView, ClientError> {
+        let request = self
+            .http
+            .post(self.url(&format!("v1/sessions/{name}/keep")));
+        self.send(with_owner(request, owner).json(body)).await
+    }
+
     /// `GET /v1/nodes`
     pub async fn nodes(&self) -> Result<Vec<NodeView>, ClientError> {
         self.send(self.http.get(self.url("v1/nodes"))).await
@@ -428,6 +485,52 @@ impl Client {
     }
 }
 
+/// Frozen images (`devctl freeze`, `devctl image ...`).
+impl Client {
+    /// `POST /v1/images`
+    pub async fn create_image(
+        &self,
+        body: &ongrid_core::image::CreateImage,
+    ) -> Result<ongrid_core::image::ImageView, ClientError> {
+        self.send(self.http.post(self.url("v1/images")).json(body))
+            .await
+    }
+
+    /// `GET /v1/images[?all=true]`
+    pub async fn images(
+        &self,
+        all: bool,
+    ) -> Result<Vec<ongrid_core::image::ImageView>, ClientError> {
+        let mut request = self.http.get(self.url("v1/images"));
+        if all {
+            request = request.query(&[("all", "true")]);
+        }
+        self.send(request).await
+    }
+
+    /// `GET /v1/images/{name:version | sha256:hex}[?owner=DN]`
+    pub async fn image(
+        &self,
+        reference: &str,
+        owner: Option<&Dn>,
+    ) -> Result<ongrid_core::image::ImageView, ClientError> {
+        let request = self.http.get(self.url(&format!("v1/images/{reference}")));
+        self.send(with_owner(request, owner)).await
+    }
+
+    /// `DELETE /v1/images/{name:version | sha256:hex}[?owner=DN]`
+    pub async fn remove_image(
+        &self,
+        reference: &str,
+        owner: Option<&Dn>,
+    ) -> Result<ongrid_core::image::ImageView, ClientError> {
+        let request = self
+            .http
+            .delete(self.url(&format!("v1/images/{reference}")));
+        self.send(with_owner(request, owner)).await
+    }
+}
+
 fn remove_key_request(http: &reqwest::Client, base: &str, fingerprint: &str) -> RequestBuilder {
     http.delete(format!("{base}v1/keys"))
         .query(&[("fingerprint", fingerprint)])
@@ -470,6 +573,7 @@ mod tests {
             manager_url: "https://manager.example.org:8443".to_owned(),
             ca_dir: PathBuf::from("/etc/grid-security/certificates"),
             identity: "/DC=org/DC=example/CN=Alice Smith".to_owned(),
+            issuer: None,
             not_after: DateTime::from_timestamp(1_800_000_000, 0),
             request_timeout: REQUEST_TIMEOUT,
         }
@@ -548,6 +652,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn an_unknown_ca_names_the_issuer_and_a_revocation_says_so() {
+        let io = wrapped(rustls::Error::AlertReceived(AlertDescription::UnknownCA));
+        let context = ErrorContext {
+            issuer: Some("/DC=org/DC=example/CN=Example CA".to_owned()),
+            ..context()
+        };
+        assert_eq!(
+            context
+                .classify(&io, true, false, before_expiry())
+                .to_string(),
+            "the manager does not trust the CA of your certificate \
+             /DC=org/DC=example/CN=Alice Smith (issuer /DC=org/DC=example/CN=Example CA): the \
+             manager reads its CAs from its ca_dir (IGTF layout, usually \
+             /etc/grid-security/certificates); use a certificate from a CA the site trusts, or \
+             ask the site admins to install yours"
+        );
+        let io = wrapped(rustls::Error::AlertReceived(
+            AlertDescription::CertificateRevoked,
+        ));
+        assert_eq!(
+            context
+                .classify(&io, false, false, before_expiry())
+                .to_string(),
+            "the manager refused your certificate /DC=org/DC=example/CN=Alice Smith: its CA has \
+             revoked it: ask your CA for a new certificate"
+        );
     }
 
     #[test]

@@ -10,13 +10,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use chrono::Utc;
 use ongrid_core::api::{AddKey, CreateSession, Institute, SessionView};
+use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
 use ongrid_core::{HumanDuration, SessionName, SessionState};
 use serde::Serialize;
 
 use crate::cli::{
-    AdminCommand, AdminGpuCommand, AuditArgs, Command, GpuModeArgs, InstituteAddArgs,
-    InstituteCommand, InstituteNameArgs, KeyAddArgs, KeyCommand, KeyLsArgs, KeyRmArgs, LsArgs,
-    NewArgs, RmArgs, SessionCommand, ShowArgs,
+    AdminCommand, AdminGpuCommand, AuditArgs, Command, GpuModeArgs, HoldArgs, InstituteAddArgs,
+    InstituteCommand, InstituteNameArgs, KeepArgs, KeyAddArgs, KeyCommand, KeyLsArgs, KeyRmArgs,
+    LsArgs, NewArgs, ReleaseArgs, RmArgs, SessionCommand, ShowArgs,
 };
 use crate::client::{Client, ClientError, KeyAdded};
 use crate::{output, pubkey};
@@ -63,7 +64,7 @@ pub async fn execute(
             if args.json {
                 term.json(&me)
             } else {
-                term.print(&output::render_whoami(&me))
+                term.print(&output::render_whoami(&me, Utc::now()))
             }
         }
         Command::Gpus(args) => {
@@ -95,6 +96,52 @@ pub async fn execute(
                 term.print(&output::render_session(&session))
             }
         }
+        Command::Session(SessionCommand::Hold(HoldArgs {
+            name,
+            owner,
+            reason,
+            output,
+        })) => {
+            let body = HoldRequest { reason };
+            let session = client.hold_session(&name, owner.as_ref(), &body).await?;
+            if output.json {
+                term.json(&session)
+            } else {
+                term.print(&format!(
+                    "session {} is HELD: its GPUs are free for others, its files are kept; \
+                     bring it back with `devctl session release {}`\n",
+                    session.name, session.name
+                ))
+            }
+        }
+        Command::Session(SessionCommand::Release(ReleaseArgs {
+            name,
+            owner,
+            output,
+        })) => {
+            let session = client.release_session(&name, owner.as_ref()).await?;
+            if output.json {
+                term.json(&session)
+            } else {
+                term.print(&output::render_released(&session))
+            }
+        }
+        Command::Session(SessionCommand::Keep(KeepArgs {
+            name,
+            duration,
+            owner,
+            output,
+        })) => {
+            let body = KeepRequest {
+                duration_secs: duration.as_duration().as_secs(),
+            };
+            let session = client.keep_session(&name, owner.as_ref(), &body).await?;
+            if output.json {
+                term.json(&session)
+            } else {
+                term.print(&output::render_kept(&session, duration, Utc::now()))
+            }
+        }
         Command::Session(SessionCommand::Rm(RmArgs {
             name,
             owner,
@@ -123,6 +170,8 @@ pub async fn execute(
             }
         }
         Command::Key(KeyCommand::Add(args)) => add_key(args, home, client, term).await,
+        Command::Freeze(args) => crate::images::freeze(args, client, term).await,
+        Command::Image(command) => crate::images::image(command, client, term).await,
         Command::Key(KeyCommand::Ls(KeyLsArgs { all, output })) => {
             let keys = client.keys(all).await?;
             if output.json {
@@ -234,6 +283,8 @@ async fn new_session(
         name: args.name.clone(),
         gpus: args.request(),
         image: args.image.clone(),
+        idle_timeout_secs: args.idle_timeout.map(|d| d.as_duration().as_secs()),
+        max_duration_secs: args.max_duration.map(|d| d.as_duration().as_secs()),
     };
     let mut session = client.create_session(&body).await?;
     if let Some(notice) = output::queue_notice(&session) {
@@ -336,6 +387,7 @@ mod tests {
             container: "ongrid-x".into(),
             created_at: DateTime::from_timestamp(1_795_255_200, 0).unwrap(),
             queue_position: position,
+            lifecycle: None,
             transitions: vec![],
         }
     }

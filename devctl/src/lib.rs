@@ -9,6 +9,7 @@
 //! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
 //! - [`client`]: the API calls, and every failure mapped to one line that names the fix.
 //! - [`commands`]: what each command does, including `session new --wait`.
+//! - [`images`]: `freeze` with its progress bar, and `image ls|show|rm`.
 //! - [`pubkey`]: the SSH public key file `key add` registers, checked before it is sent.
 //! - [`output`]: tables and formats for people.
 //!
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod config;
+pub mod images;
 pub mod output;
 pub mod pubkey;
 pub mod tls;

@@ -6,7 +6,8 @@ use std::fmt::{self, Write as _};
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{AuditRecord, GpuView, Institute, KeyView, NodeView, SessionView, WhoAmI};
-use ongrid_core::{GpuHealth, GpuRequest, SessionState, Sharing};
+use ongrid_core::lifecycle::{LifecycleView, SignalKind};
+use ongrid_core::{GpuHealth, GpuRequest, HumanDuration, SessionState, Sharing};
 
 /// A table of left-aligned columns separated by two spaces. The last column is not padded, so
 /// lines carry no trailing blanks.
@@ -114,7 +115,9 @@ pub fn queue_notice(session: &SessionView) -> Option<String> {
     ))
 }
 
-pub fn render_whoami(me: &WhoAmI) -> String {
+/// `devctl whoami`: who the manager sees, and (from managers that say) the credential: its
+/// kind, VOs and FQANs, and how long it has left.
+pub fn render_whoami(me: &WhoAmI, now: DateTime<Utc>) -> String {
     let mut table = Table::bare();
     table.row(vec!["dn:".into(), me.dn.to_string()]);
     table.row(vec!["login:".into(), me.user_name.to_string()]);
@@ -123,11 +126,62 @@ pub fn render_whoami(me: &WhoAmI) -> String {
         "admin:".into(),
         if me.admin { "yes" } else { "no" }.into(),
     ]);
+    if let Some(kind) = me.credential {
+        let none = || "-".to_owned();
+        let list = |items: &[String]| {
+            if items.is_empty() {
+                none()
+            } else {
+                items.join(", ")
+            }
+        };
+        table.row(vec!["credential:".into(), kind.to_string()]);
+        table.row(vec!["vo:".into(), list(&me.vos)]);
+        table.row(vec!["fqans:".into(), list(&me.fqans)]);
+        if let Some(not_after) = me.not_after {
+            table.row(vec![
+                "time left:".into(),
+                format!(
+                    "{} (until {})",
+                    time_left(not_after, now),
+                    format_time(not_after)
+                ),
+            ]);
+        }
+    }
     table.to_string()
 }
 
-/// `devctl session show`: the session's fields, then its transitions.
+/// How long until `at`, for people: `11h 59m`, `2d 3h`, `45m 10s`, or `expired`.
+pub fn time_left(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let seconds = (at - now).num_seconds();
+    if seconds <= 0 {
+        return "expired".to_owned();
+    }
+    let (days, hours, minutes, secs) = (
+        seconds / 86_400,
+        seconds % 86_400 / 3600,
+        seconds % 3600 / 60,
+        seconds % 60,
+    );
+    if days > 0 {
+        format!("{days}d {hours}h")
+    } else if hours > 0 {
+        format!("{hours}h {minutes}m")
+    } else if minutes > 0 {
+        format!("{minutes}m {secs}s")
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// `devctl session show`: the session's fields, its lifecycle, then its transitions.
 pub fn render_session(session: &SessionView) -> String {
+    render_session_at(session, Utc::now())
+}
+
+/// [`render_session`] as of `now` (time left until the deadlines).
+pub fn render_session_at(session: &SessionView, now: DateTime<Utc>) -> String {
     let gpus = if session.gpus.is_empty() {
         "-".to_owned()
     } else {
@@ -170,7 +224,126 @@ pub fn render_session(session: &SessionView) -> String {
             t.reason.clone(),
         ]);
     }
-    format!("{fields}transitions:\n{}", transitions.render("  "))
+    let lifecycle = session
+        .lifecycle
+        .as_ref()
+        .map(|view| render_lifecycle(view, now))
+        .unwrap_or_default();
+    format!(
+        "{fields}{lifecycle}transitions:\n{}",
+        transitions.render("  ")
+    )
+}
+
+fn signal_name(kind: SignalKind) -> &'static str {
+    match kind {
+        SignalKind::Connection => "ssh connection",
+        SignalKind::SshTraffic => "ssh traffic",
+        SignalKind::Cpu => "cpu",
+        SignalKind::Gpu => "gpu",
+        SignalKind::Keep => "keep-alive",
+    }
+}
+
+/// A deadline for people: `2026-11-21 12:00:00Z (1h 59m left)`.
+fn deadline(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if at <= now {
+        format!("{} (due now)", format_time(at))
+    } else {
+        format!("{} ({} left)", format_time(at), time_left(at, now))
+    }
+}
+
+/// The lifecycle part of `devctl session show`: the deadlines, what keeps the session alive,
+/// and when each activity signal was last seen.
+pub fn render_lifecycle(view: &LifecycleView, now: DateTime<Utc>) -> String {
+    let d = &view.deadlines;
+    let mut fields = Table::bare();
+    let mut field = |name: &str, value: String| fields.row(vec![format!("{name}:"), value]);
+    field(
+        "idle timeout",
+        HumanDuration(std::time::Duration::from_secs(d.idle_timeout_secs)).to_string(),
+    );
+    if let Some(end) = d.max_end_at {
+        field("ends at", deadline(end, now));
+    }
+    if let Some(keep) = d.keep_until {
+        field("kept until", deadline(keep, now));
+    }
+    field(
+        "next hold",
+        match &d.next_hold {
+            Some(hold) => format!("{} at {}", hold.reason, deadline(hold.at, now)),
+            None => "-".to_owned(),
+        },
+    );
+    field(
+        "alive because",
+        view.kept_alive_by
+            .map_or_else(|| "-".to_owned(), |k| signal_name(k).to_owned()),
+    );
+    let mut signals = Table::bare();
+    for signal in &view.signals {
+        signals.row(vec![
+            signal_name(signal.kind).to_owned(),
+            signal.last_seen.map_or_else(|| "-".to_owned(), format_time),
+            signal.detail.clone().unwrap_or_default(),
+        ]);
+    }
+    format!(
+        "lifecycle:\n{}  last activity:\n{}",
+        fields.render("  "),
+        signals.render("    ")
+    )
+}
+
+/// `devctl session release`: where the session is now.
+pub fn render_released(session: &SessionView) -> String {
+    match session.state {
+        SessionState::Pending => {
+            let position = session
+                .queue_position
+                .map(|p| format!(" at position {p} in the queue"))
+                .unwrap_or_default();
+            let node = session
+                .node
+                .as_ref()
+                .map(|n| format!(" on {n}"))
+                .unwrap_or_default();
+            format!(
+                "session {} released: PENDING{position}; it restarts in its container{node} when \
+                 a GPU frees there (devctl session show {})\n",
+                session.name, session.name
+            )
+        }
+        state => format!(
+            "session {} released: {state} ({})\n",
+            session.name, session.reason
+        ),
+    }
+}
+
+/// `devctl session keep`: until when, and whether the site capped it.
+pub fn render_kept(session: &SessionView, asked: HumanDuration, now: DateTime<Utc>) -> String {
+    let Some(until) = session
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.deadlines.keep_until)
+    else {
+        return format!("session {} kept alive\n", session.name);
+    };
+    // A minute of slack for the time between the request and now.
+    let slack = std::time::Duration::from_secs(60);
+    let capped = if until < now + asked.as_duration().saturating_sub(slack) {
+        " (the most this site allows)"
+    } else {
+        ""
+    };
+    format!(
+        "session {} kept alive until {}{capped}\n",
+        session.name,
+        deadline(until, now)
+    )
 }
 
 /// `devctl session ls`; with `all`, each session's owner too.
@@ -304,7 +477,7 @@ pub fn render_key_added(key: &KeyView, renewed: bool) -> String {
         "added"
     };
     format!(
-        "key {} ({}) {done}\nexpires {} (with your certificate)\n",
+        "key {} ({}) {done}\nexpires {} (with the certificate or proxy used)\n",
         key.fingerprint,
         key_kind(key),
         format_time(key.expires_at)
@@ -446,7 +619,7 @@ pub fn render_audit(records: &[AuditRecord], filtered: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ongrid_core::api::SessionView;
+    use ongrid_core::api::{CredentialKind, SessionView};
     use ongrid_core::{
         Cidr, ComputeCapability, Dn, GpuId, GpuInfo, GpuMode, GpuUuid, InstituteName, MemorySize,
         NodeName, SessionId, SessionName, Transition, UserName,
@@ -480,6 +653,7 @@ mod tests {
             container: "ongrid-6f1c2d3e4a5b4c6d8e9f0a1b2c3d4e5f".into(),
             created_at: at(3),
             queue_position: None,
+            lifecycle: None,
             transitions: vec![
                 Transition {
                     from: None,
@@ -508,6 +682,7 @@ mod tests {
                 driver_version: None,
                 mig_enabled: false,
                 health,
+                utilization_percent: None,
             },
             node: NodeName::parse("node1").unwrap(),
             mode,
@@ -535,6 +710,43 @@ mod tests {
     #[test]
     fn times_are_utc_to_the_second() {
         assert_eq!(format_time(at(3)), "2026-11-21 10:00:03Z");
+    }
+
+    #[test]
+    fn session_show_says_why_a_session_is_alive() {
+        use ongrid_core::lifecycle::{
+            ActivitySignal, HoldReason, LifecycleView, PlannedHold, SessionDeadlines, SignalKind,
+        };
+        let mut s = session("train1", SessionState::Idle);
+        s.lifecycle = Some(LifecycleView {
+            deadlines: SessionDeadlines {
+                session_id: s.id,
+                state: SessionState::Idle,
+                idle_timeout_secs: 7200,
+                max_end_at: Some(at(7 * 86_400)),
+                keep_until: None,
+                next_hold: Some(PlannedHold {
+                    at: at(3600 + 7200),
+                    reason: HoldReason::Idle,
+                }),
+            },
+            signals: vec![
+                ActivitySignal {
+                    kind: SignalKind::Connection,
+                    last_seen: Some(at(600)),
+                    detail: Some("none open".into()),
+                },
+                ActivitySignal {
+                    kind: SignalKind::Cpu,
+                    last_seen: Some(at(3600)),
+                    detail: Some("last sample 97% CPU".into()),
+                },
+            ],
+            kept_alive_by: Some(SignalKind::Cpu),
+        });
+        let text = render_session_at(&s, at(3600));
+        let expected = "lifecycle:\n  idle timeout:   2 hours\n  ends at:        2026-11-28 10:00:00Z (6d 23h left)\n  next hold:      idle at 2026-11-21 13:00:00Z (2h 0m left)\n  alive because:  cpu\n  last activity:\n    ssh connection  2026-11-21 10:10:00Z  none open\n    cpu             2026-11-21 11:00:00Z  last sample 97% CPU\ntransitions:\n";
+        assert!(text.contains(expected), "{text}");
     }
 
     #[test]
@@ -654,11 +866,59 @@ dev     HELD     node1  1     2026-11-21 10:00:03Z  placed on node1
             user_name: UserName::parse("alice-smith").unwrap(),
             uid: 20000,
             admin: false,
+            credential: None,
+            vos: Vec::new(),
+            fqans: Vec::new(),
+            not_after: None,
         };
         assert_eq!(
-            render_whoami(&me),
+            render_whoami(&me, at(0)),
             "dn:     /DC=org/DC=example/CN=Alice Smith\nlogin:  alice-smith\nuid:    20000\nadmin:  no\n"
         );
+        let proxy = WhoAmI {
+            credential: Some(CredentialKind::Impersonation),
+            vos: vec!["myvo".into()],
+            fqans: vec![
+                "/myvo/Role=NULL/Capability=NULL".into(),
+                "/myvo/prod/Role=production/Capability=NULL".into(),
+            ],
+            not_after: Some(at(12 * 3600 - 61)),
+            ..me.clone()
+        };
+        assert_eq!(
+            render_whoami(&proxy, at(0)),
+            "dn:          /DC=org/DC=example/CN=Alice Smith\n\
+             login:       alice-smith\n\
+             uid:         20000\n\
+             admin:       no\n\
+             credential:  impersonation proxy\n\
+             vo:          myvo\n\
+             fqans:       /myvo/Role=NULL/Capability=NULL, /myvo/prod/Role=production/Capability=NULL\n\
+             time left:   11h 58m (until 2026-11-21 21:58:59Z)\n"
+        );
+        let plain = WhoAmI {
+            credential: Some(CredentialKind::EndEntity),
+            not_after: Some(at(-1)),
+            ..me
+        };
+        let text = render_whoami(&plain, at(0));
+        assert!(
+            text.contains("credential:  end-entity certificate\nvo:          -\nfqans:       -\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("time left:   expired (until 2026-11-21 09:59:59Z)\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn time_left_is_short() {
+        assert_eq!(time_left(at(3 * 86_400 + 7200 + 5), at(0)), "3d 2h");
+        assert_eq!(time_left(at(3600), at(0)), "1h 0m");
+        assert_eq!(time_left(at(59 * 60 + 1), at(0)), "59m 1s");
+        assert_eq!(time_left(at(5), at(0)), "5s");
+        assert_eq!(time_left(at(0), at(0)), "expired");
     }
 
     fn key(comment: &str, expires: i64) -> KeyView {
@@ -686,12 +946,12 @@ dev     HELD     node1  1     2026-11-21 10:00:03Z  placed on node1
         assert_eq!(
             render_key_added(&key("alice@laptop", 86_400), false),
             "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
-             added\nexpires 2026-11-22 10:00:00Z (with your certificate)\n"
+             added\nexpires 2026-11-22 10:00:00Z (with the certificate or proxy used)\n"
         );
         assert_eq!(
             render_key_added(&key("", 60), true),
             "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519) was already \
-             yours: renewed\nexpires 2026-11-21 10:01:00Z (with your certificate)\n"
+             yours: renewed\nexpires 2026-11-21 10:01:00Z (with the certificate or proxy used)\n"
         );
         assert_eq!(
             render_key_removed(&key("alice@laptop", 60)),

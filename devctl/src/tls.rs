@@ -1,16 +1,27 @@
-//! The TLS side of talking to the manager: the user's certificate (a grid proxy, or a certificate
+//! The TLS side of talking to the manager: the user's credential (a grid proxy, or a certificate
 //! and key) presented as the client certificate, and the CA directory (`<hash>.0` or `*.pem` PEM
 //! files, the IGTF layout) that the manager's server certificate must chain to.
 //!
+//! A proxy file holds the proxy, its key and the rest of the chain (the user certificate, and
+//! the proxies between): all of it is presented, as grid tools do. Before connecting, the chain
+//! is checked here with `ongrid_x509::verify_chain` against devctl's CA directory (on a grid UI
+//! the IGTF bundle, which holds the user's CA too): expired, legacy or draft proxies and the like
+//! are refused with one line naming the fix, instead of a TLS alert from the manager. Verdicts
+//! about the CA itself (unknown here, revoked, stale CRL) are left to the manager, whose CA
+//! directory is the one that counts.
+//!
 //! devctl builds the `rustls` client configuration itself (ring provider, TLS 1.2 and 1.3) and
 //! hands it to reqwest, so that every problem with the files gets its own message, and so that
-//! the subject DN and expiry of the certificate are known when the manager refuses it.
+//! the subject DN, issuer and expiry of the credential are known when the manager refuses it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use ongrid_x509::{CaDir, ChainError, ProxyKind, VerifiedChain, VerifyOptions};
+use rustls::client::ResolvesClientCert;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 use rustls_pemfile::Item;
 
 use crate::config::{Credentials, Origin, Setting};
@@ -39,6 +50,13 @@ pub enum TlsSetupError {
     },
     #[error("the certificate from {origin} cannot be used ({cause}): a grid certificate or proxy is an X.509 v3 certificate in PEM")]
     BadIdentity { origin: Origin, cause: String },
+    /// The local check of the chain failed; `message` is `ongrid_x509`'s, which names the fix.
+    #[error("cannot use {} (from {origin}): {message}", path.display())]
+    Refused {
+        path: PathBuf,
+        origin: Origin,
+        message: String,
+    },
     #[error("cannot read the CA directory {} (from {origin}): {cause}: set X509_CERT_DIR to the directory of the site's CA certificates", dir.display())]
     CaDirUnreadable {
         dir: PathBuf,
@@ -61,16 +79,26 @@ fn fix_for(origin: &Origin) -> String {
 pub struct UserCertificate {
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    /// What the local check found: who, issued by which CA, until when; or why it failed.
+    /// `Ok(None)`: only the manager can tell (the CA is not in devctl's CA directory, ...).
+    inspected: Result<Option<VerifiedChain>, ChainError>,
     /// The identity the manager will see: the subject DN of the end-entity certificate (the
-    /// issuer of a proxy), in slash form. `None` when the certificate cannot be parsed.
+    /// issuer of a proxy), in slash form. `None` when the chain cannot be read.
     pub identity: Option<String>,
+    /// The DN of the CA that issued the end-entity certificate.
+    pub issuer: Option<String>,
     /// The earliest expiry in the chain (a proxy expires before its end-entity certificate).
     pub not_after: Option<DateTime<Utc>>,
 }
 
 impl UserCertificate {
-    /// Reads the certificate (and key, if it is another file) named by `credentials`.
-    pub fn load(credentials: &Credentials) -> Result<Self, TlsSetupError> {
+    /// Reads the certificate (and key, if it is another file) named by `credentials`, and
+    /// verifies the chain as it is at `now` against `cas` (when devctl's CA directory loads).
+    pub fn load(
+        credentials: &Credentials,
+        cas: Option<&CaDir>,
+        now: DateTime<Utc>,
+    ) -> Result<Self, TlsSetupError> {
         let cert_text = read(&credentials.cert, "certificate", &credentials.origin)?;
         let key_text = if credentials.key == credentials.cert {
             None
@@ -113,15 +141,84 @@ impl UserCertificate {
             path: credentials.key.clone(),
             origin: credentials.origin.clone(),
         })?;
-        let identity = identity_dn(&chain);
-        let not_after = chain.iter().filter_map(|c| not_after(c)).min();
+        let der: Vec<Vec<u8>> = chain.iter().map(|c| c.as_ref().to_vec()).collect();
+        let inspected = match cas {
+            Some(cas) => match ongrid_x509::verify_chain(&der, cas, &VerifyOptions::at(now)) {
+                Ok(verified) => Ok(Some(verified)),
+                Err(error) if is_about_the_ca(&error) => Ok(None),
+                Err(error) => Err(error),
+            },
+            None => Ok(None),
+        };
+        let (identity, issuer, not_after) = match &inspected {
+            Ok(Some(verified)) => (
+                Some(verified.identity.to_string()),
+                Some(verified.end_entity_issuer.to_string()),
+                Some(verified.not_after),
+            ),
+            // A proxy file ends with the user certificate: it names the holder and the CA.
+            _ => {
+                let last = der.last().map(Vec::as_slice).unwrap_or_default();
+                (
+                    ongrid_x509::dn_of(last).ok().map(|dn| dn.to_string()),
+                    ongrid_x509::issuer_dn_of(last)
+                        .ok()
+                        .map(|dn| dn.to_string()),
+                    None,
+                )
+            }
+        };
         Ok(Self {
             chain,
             key,
+            inspected,
             identity,
+            issuer,
             not_after,
         })
     }
+
+    /// The local verdict on the chain: every proxy rule and validity period, but not the CA
+    /// (the manager checks that). Refusals name the fix: `voms-proxy-init`, `-rfc`, ...
+    pub fn check(&self, credentials: &Credentials) -> Result<(), TlsSetupError> {
+        match &self.inspected {
+            Ok(_) => Ok(()),
+            Err(error) => Err(TlsSetupError::Refused {
+                path: credentials.cert.clone(),
+                origin: credentials.origin.clone(),
+                message: error.to_string(),
+            }),
+        }
+    }
+
+    /// The kind of credential (certificate or which proxy), when the local check could tell.
+    pub fn kind(&self) -> Option<ProxyKind> {
+        match &self.inspected {
+            Ok(Some(verified)) => Some(verified.kind),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a refusal is about the CA rather than the user's own chain: devctl's CA directory may
+/// lack the CA or hold an older CRL, and the manager's verdict is the one that counts.
+fn is_about_the_ca(error: &ChainError) -> bool {
+    matches!(
+        error,
+        ChainError::UnknownCa { .. }
+            | ChainError::NotACa { .. }
+            | ChainError::CaPathLen { .. }
+            | ChainError::CaExpired { .. }
+            | ChainError::Revoked { .. }
+            | ChainError::CrlExpired { .. }
+            | ChainError::CrlBadSignature { .. }
+    )
+}
+
+/// The CA directory as `ongrid_x509` reads it, for the local check; `None` when it holds no
+/// CA it can read (the rustls side reports the directory's problems).
+pub fn load_grid_cas(dir: &Setting<PathBuf>) -> Option<CaDir> {
+    CaDir::load(&dir.value).ok()
 }
 
 fn read(path: &Path, what: &'static str, origin: &Origin) -> Result<String, TlsSetupError> {
@@ -193,98 +290,63 @@ fn is_ca_file(path: &Path) -> bool {
 }
 
 /// The rustls client configuration: trust `roots`, present `user` (read from `credentials`).
+///
+/// rustls's `with_client_auth_cert` parses the leaf with webpki, which refuses proxies (their
+/// critical ProxyCertInfo), so the chain and key are handed over as a [`CertifiedKey`] through a
+/// resolver, and whether the key belongs to the leaf is checked here by comparing public keys.
 pub fn client_config(
     roots: rustls::RootCertStore,
     user: &UserCertificate,
     credentials: &Credentials,
 ) -> Result<rustls::ClientConfig, TlsSetupError> {
-    let bad = |err: rustls::Error| match err {
-        rustls::Error::InconsistentKeys(_) => TlsSetupError::KeyMismatch {
-            cert: credentials.cert.clone(),
-            key: credentials.key.clone(),
-            origin: credentials.origin.clone(),
-        },
-        other => TlsSetupError::BadIdentity {
-            origin: credentials.origin.clone(),
-            cause: other.to_string(),
-        },
+    let bad = |err: rustls::Error| TlsSetupError::BadIdentity {
+        origin: credentials.origin.clone(),
+        cause: err.to_string(),
     };
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let signing_key = provider
+        .key_provider
+        .load_private_key(user.key.clone_key())
+        .map_err(bad)?;
+    let leaf_key = user.chain.first().and_then(|leaf| {
+        x509_parser::parse_x509_certificate(leaf.as_ref())
+            .ok()
+            .map(|(_, cert)| cert.public_key().raw.to_vec())
+    });
+    if let (Some(key), Some(leaf)) = (signing_key.public_key(), leaf_key) {
+        if key.as_ref() != leaf.as_slice() {
+            return Err(TlsSetupError::KeyMismatch {
+                cert: credentials.cert.clone(),
+                key: credentials.key.clone(),
+                origin: credentials.origin.clone(),
+            });
+        }
+    }
+    let certified = Arc::new(CertifiedKey::new(user.chain.clone(), signing_key));
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(bad)?
         .with_root_certificates(roots)
-        .with_client_auth_cert(user.chain.clone(), user.key.clone_key())
-        .map_err(bad)
+        .with_client_cert_resolver(Arc::new(Presented(certified))))
 }
 
-/// The identity in a chain: the subject of the first certificate, or, while that certificate is
-/// a proxy (its subject is its issuer's plus one `CN=` component, as for RFC 3820 and legacy
-/// proxies), the subject of its issuer.
-pub fn identity_dn(chain: &[CertificateDer<'_>]) -> Option<String> {
-    let names: Vec<(String, String)> = chain
-        .iter()
-        .filter_map(|der| {
-            let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-            Some((slash_dn(cert.subject()), slash_dn(cert.issuer())))
-        })
-        .collect();
-    let (mut subject, mut issuer) = names.first()?.clone();
-    loop {
-        let is_proxy = subject
-            .strip_prefix(issuer.as_str())
-            .and_then(|rest| rest.strip_prefix("/CN="))
-            .is_some_and(|cn| !cn.contains('/'));
-        if !is_proxy {
-            return Some(subject);
-        }
-        subject = issuer;
-        // Each step shortens `subject`, so this ends.
-        match names.iter().find(|(s, _)| *s == subject) {
-            Some((_, next_issuer)) => issuer = next_issuer.clone(),
-            None => return Some(subject),
-        }
+/// Always presents the user's chain, whatever CAs the manager hints at (grid clients do the
+/// same: the manager's CA directory decides).
+#[derive(Debug)]
+struct Presented(Arc<CertifiedKey>);
+
+impl ResolvesClientCert for Presented {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
     }
-}
 
-fn not_after(der: &CertificateDer<'_>) -> Option<DateTime<Utc>> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    DateTime::from_timestamp(cert.validity().not_after.timestamp(), 0)
-}
-
-/// A name in the grid's slash form, RDNs in certificate order: `/DC=org/DC=example/CN=Alice`.
-pub fn slash_dn(name: &x509_parser::x509::X509Name<'_>) -> String {
-    let mut out = String::new();
-    for rdn in name.iter_rdn() {
-        out.push('/');
-        let parts: Vec<String> = rdn
-            .iter()
-            .map(|attr| {
-                let oid = attr.attr_type().to_id_string();
-                let key = attribute_name(&oid).unwrap_or(&oid).to_owned();
-                let value = attr.as_str().unwrap_or("?");
-                format!("{key}={value}")
-            })
-            .collect();
-        out.push_str(&parts.join("+"));
+    fn has_certs(&self) -> bool {
+        true
     }
-    out
-}
-
-/// Short names as `openssl x509 -subject -nameopt compat` prints them.
-fn attribute_name(oid: &str) -> Option<&'static str> {
-    Some(match oid {
-        "2.5.4.3" => "CN",
-        "2.5.4.5" => "serialNumber",
-        "2.5.4.6" => "C",
-        "2.5.4.7" => "L",
-        "2.5.4.8" => "ST",
-        "2.5.4.10" => "O",
-        "2.5.4.11" => "OU",
-        "0.9.2342.19200300.100.1.25" => "DC",
-        "0.9.2342.19200300.100.1.1" => "UID",
-        "1.2.840.113549.1.9.1" => "emailAddress",
-        _ => return None,
-    })
 }
 
 #[cfg(test)]
@@ -340,58 +402,100 @@ mod tests {
         (ca, user, proxy_key, proxy)
     }
 
-    #[test]
-    fn slash_form_keeps_rdn_order() {
-        let (ca, user, _, proxy) = proxy_chain();
-        assert_eq!(
-            identity_dn(&[ca.der().clone()]).unwrap(),
-            "/DC=org/CN=Test CA"
-        );
-        assert_eq!(
-            identity_dn(&[user.der().clone()]).unwrap(),
-            "/DC=org/O=Example/CN=Alice Smith"
-        );
-        let (_, parsed) = x509_parser::parse_x509_certificate(proxy.der()).unwrap();
-        assert_eq!(
-            slash_dn(parsed.subject()),
-            "/DC=org/O=Example/CN=Alice Smith/CN=1234567"
-        );
+    impl UserCertificate {
+        fn load_now(credentials: &Credentials) -> Result<Self, TlsSetupError> {
+            Self::load(credentials, None, Utc::now())
+        }
     }
 
-    #[test]
-    fn a_proxy_is_known_by_its_owner() {
-        let (_, user, _, proxy) = proxy_chain();
-        let chain = [proxy.der().clone(), user.der().clone()];
-        assert_eq!(
-            identity_dn(&chain).unwrap(),
-            "/DC=org/O=Example/CN=Alice Smith"
-        );
-        // Without the user certificate in the file, the proxy's issuer still names the owner.
-        assert_eq!(
-            identity_dn(&chain[..1]).unwrap(),
-            "/DC=org/O=Example/CN=Alice Smith"
-        );
+    /// Runs x509/scripts/gridca.sh (openssl, grid-proxy-init).
+    fn gridca(args: &[&str]) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../x509/scripts/gridca.sh");
+        let out = std::process::Command::new(script)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "gridca.sh {args:?}: {out:?}");
     }
 
-    #[test]
-    fn a_proxy_file_loads_with_its_key() {
-        let (_, user, proxy_key, proxy) = proxy_chain();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x509up_u1000");
-        let text = format!("{}{}{}", proxy.pem(), proxy_key.serialize_pem(), user.pem());
-        std::fs::write(&path, text).unwrap();
-        let creds = Credentials {
-            cert: path.clone(),
-            key: path,
+    fn grid_cas(dir: &Path) -> CaDir {
+        CaDir::load(&dir.join("grid/certificates")).unwrap()
+    }
+
+    /// A grid CA with user `alice` in `dir`, and a proxy of hers made with `flags`.
+    fn grid_proxy(dir: &Path, flags: &[&str]) -> Credentials {
+        let grid = dir.join("grid");
+        let grid_text = grid.to_str().unwrap();
+        if !grid.exists() {
+            gridca(&["ca", grid_text]);
+            gridca(&["user", grid_text, "alice"]);
+        }
+        let proxy = dir.join(format!("proxy{}", flags.join("")));
+        let mut args = vec!["proxy", grid_text, "alice", proxy.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        gridca(&args);
+        Credentials {
+            cert: proxy.clone(),
+            key: proxy,
             origin: Origin::Env("X509_USER_PROXY"),
-        };
-        let loaded = UserCertificate::load(&creds).unwrap();
-        assert_eq!(loaded.chain.len(), 2);
+        }
+    }
+
+    #[test]
+    fn a_proxy_file_is_presented_whole_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = grid_proxy(dir.path(), &["-valid", "0:1"]);
+        let cas = grid_cas(dir.path());
+        let loaded = UserCertificate::load(&creds, Some(&cas), Utc::now()).unwrap();
+        assert_eq!(loaded.chain.len(), 2, "the proxy and the user certificate");
         assert_eq!(
             loaded.identity.as_deref(),
-            Some("/DC=org/O=Example/CN=Alice Smith")
+            Some("/DC=org/DC=ongrid-test/OU=People/CN=alice")
         );
-        assert!(loaded.not_after.is_some());
+        assert_eq!(
+            loaded.issuer.as_deref(),
+            Some("/DC=org/DC=ongrid-test/CN=ongrid test CA")
+        );
+        let not_after = loaded.not_after.unwrap();
+        assert!(not_after <= Utc::now() + chrono::TimeDelta::seconds(61));
+        assert!(loaded.check(&creds).is_ok());
+        assert_eq!(loaded.kind(), Some(ProxyKind::Impersonation));
+        // Without the CA, the manager decides; the holder and CA are still named.
+        let unknown = UserCertificate::load(&creds, None, Utc::now()).unwrap();
+        assert!(unknown.check(&creds).is_ok());
+        assert_eq!(unknown.kind(), None);
+        assert_eq!(unknown.identity, loaded.identity);
+        assert_eq!(unknown.issuer, loaded.issuer);
+
+        // An hour later (past the five minutes of tolerated skew) it is expired: one line that
+        // names the file, where it came from, and voms-proxy-init.
+        let later =
+            UserCertificate::load(&creds, Some(&cas), not_after + chrono::TimeDelta::hours(1))
+                .unwrap();
+        let message = later.check(&creds).unwrap_err().to_string();
+        assert!(
+            message.starts_with(&format!(
+                "cannot use {} (from X509_USER_PROXY): proxy expired at ",
+                creds.cert.display()
+            )),
+            "{message}"
+        );
+        assert!(message.contains("voms-proxy-init"), "{message}");
+        assert_eq!(later.identity, loaded.identity, "still named in messages");
+    }
+
+    #[test]
+    fn legacy_proxies_are_refused_naming_rfc() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = grid_proxy(dir.path(), &["-old"]);
+        let cas = grid_cas(dir.path());
+        let loaded = UserCertificate::load(&creds, Some(&cas), Utc::now()).unwrap();
+        let message = loaded.check(&creds).unwrap_err().to_string();
+        assert!(message.contains("-rfc"), "{message}");
+        let limited = grid_proxy(dir.path(), &["-limited"]);
+        let loaded = UserCertificate::load(&limited, Some(&cas), Utc::now()).unwrap();
+        assert!(loaded.check(&limited).is_ok());
+        assert_eq!(loaded.kind(), Some(ProxyKind::Limited));
     }
 
     #[test]
@@ -406,7 +510,7 @@ mod tests {
             key: key.clone(),
             origin: Origin::Env("X509_USER_CERT"),
         };
-        let loaded = UserCertificate::load(&creds).unwrap();
+        let loaded = UserCertificate::load_now(&creds).unwrap();
         assert_eq!(loaded.chain.len(), 1);
         let mut roots = rustls::RootCertStore::empty();
         roots.add(proxy.der().clone()).unwrap();
@@ -418,7 +522,7 @@ mod tests {
             key: cert,
             origin: Origin::Env("X509_USER_CERT"),
         };
-        let err = UserCertificate::load(&swapped).unwrap_err();
+        let err = UserCertificate::load_now(&swapped).unwrap_err();
         assert!(matches!(err, TlsSetupError::NoCertificate { .. }), "{err}");
     }
 
@@ -434,7 +538,7 @@ mod tests {
                 origin: Origin::Env("X509_USER_PROXY"),
             }
         };
-        let err = UserCertificate::load(&creds("missing")).unwrap_err();
+        let err = UserCertificate::load_now(&creds("missing")).unwrap_err();
         assert!(
             err.to_string().starts_with(&format!(
                 "cannot read certificate {} (from X509_USER_PROXY): ",
@@ -444,11 +548,11 @@ mod tests {
         );
 
         std::fs::write(dir.path().join("certonly"), user.pem()).unwrap();
-        let err = UserCertificate::load(&creds("certonly")).unwrap_err();
+        let err = UserCertificate::load_now(&creds("certonly")).unwrap_err();
         assert!(matches!(err, TlsSetupError::NoKey { .. }), "{err}");
 
         std::fs::write(dir.path().join("empty"), "not pem\n").unwrap();
-        let err = UserCertificate::load(&creds("empty")).unwrap_err();
+        let err = UserCertificate::load_now(&creds("empty")).unwrap_err();
         assert!(matches!(err, TlsSetupError::NoCertificate { .. }), "{err}");
 
         let encrypted = format!(
@@ -456,7 +560,7 @@ mod tests {
             user.pem()
         );
         std::fs::write(dir.path().join("enc"), encrypted).unwrap();
-        let err = UserCertificate::load(&creds("enc")).unwrap_err();
+        let err = UserCertificate::load_now(&creds("enc")).unwrap_err();
         assert!(matches!(err, TlsSetupError::EncryptedKey { .. }), "{err}");
     }
 
@@ -475,7 +579,7 @@ mod tests {
             key: path,
             origin: Origin::Flag("cert"),
         };
-        let loaded = UserCertificate::load(&creds).unwrap();
+        let loaded = UserCertificate::load_now(&creds).unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.der().clone()).unwrap();
         let err = client_config(roots, &loaded, &creds).unwrap_err();

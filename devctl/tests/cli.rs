@@ -451,7 +451,7 @@ async fn key_add_sends_the_default_key_and_prints_its_expiry() {
     assert_eq!(
         stdout(&output),
         "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
-         added\nexpires 2026-11-22 10:00:00Z (with your certificate)\n"
+         added\nexpires 2026-11-22 10:00:00Z (with the certificate or proxy used)\n"
     );
 }
 
@@ -535,10 +535,13 @@ async fn a_refused_certificate_is_named_by_its_dn() {
     let url = tls_server(&site_ca, &site_ca, whoami()).await;
     let files = UserFiles::new(&site_ca, &stranger_ca);
     let output = devctl(files.home.path(), &files.env(&url), &["whoami"]).await;
+    // The manager's unknown_ca alert: the issuer, and where the manager looks CAs up.
     assert_eq!(
         one_line_error(&output),
-        "error: the manager refused your certificate /DC=org/O=Example/CN=Alice Smith: is it \
-         issued by a CA the site trusts, and still valid?"
+        "error: the manager does not trust the CA of your certificate \
+         /DC=org/O=Example/CN=Alice Smith (issuer /DC=org/CN=Stranger CA): the manager reads its \
+         CAs from its ca_dir (IGTF layout, usually /etc/grid-security/certificates); use a \
+         certificate from a CA the site trusts, or ask the site admins to install yours"
     );
 }
 
@@ -552,10 +555,15 @@ async fn an_expired_certificate_is_called_expired() {
     });
     let files = UserFiles::with_cert(&ca, expired);
     let output = devctl(files.home.path(), &files.env(&url), &["whoami"]).await;
+    // Caught by devctl's own check of the chain, before any connection.
     assert_eq!(
         one_line_error(&output),
-        "error: the manager refused your certificate /DC=org/O=Example/CN=Alice Smith: it expired \
-         at 2024-01-02 00:00:00Z: run voms-proxy-init (or grid-proxy-init) for a new proxy"
+        format!(
+            "error: cannot use {} (from X509_USER_PROXY): user certificate \
+             /DC=org/O=Example/CN=Alice Smith expired at 2024-01-02 00:00 UTC: renew it with your \
+             CA, then make a new proxy",
+            files.proxy.display()
+        )
     );
 }
 

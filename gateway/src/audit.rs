@@ -1,14 +1,21 @@
 //! Connection events for the manager's audit log (`POST /v1/gateway/connections`): `open` once a
-//! connection is routed to a session, `close` with the bytes each way when it ends. Events go
-//! through a bounded queue to one reporter task, so the SSH path never waits for the manager and
-//! a connection's `open` always reaches the manager before its `close`. Each event is tried a
-//! few times, then logged and dropped.
+//! connection is routed to a session, `activity` with the bytes each way so far every
+//! `activity_report` while it is open (SSH traffic keeps a session from being idle), `close`
+//! with the totals when it ends. Events go through a bounded queue to one reporter task, so the
+//! SSH path never waits for the manager and a connection's events reach the manager in order.
+//! `open` and `close` are tried a few times, then logged and dropped; an `activity` event once
+//! (the next one carries the same totals and more).
+//!
+//! The manager answers with the session's deadlines; the reporter hands them to the connection
+//! (a [`DeadlinesSender`]) for the banner and the hold warning (`deadlines.rs`). An answer
+//! without them (an older manager's 204, a session that is gone) is not an error.
 
 use std::time::Duration;
 
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use tokio::sync::mpsc;
 
+use crate::deadlines::{DeadlinesSender, DeadlinesState};
 use crate::manager::ManagerClient;
 
 /// Events waiting for the reporter; beyond this they are dropped (and logged).
@@ -20,52 +27,110 @@ const RETRY_DELAYS: [Duration; 3] = [
     Duration::from_secs(4),
 ];
 
+/// An event waiting for the reporter, and where the manager's answer goes.
+#[derive(Debug)]
+pub struct Queued {
+    event: ConnectionEvent,
+    deadlines: Option<DeadlinesSender>,
+}
+
 /// Where connections put their events.
 #[derive(Debug, Clone)]
 pub struct AuditSender {
-    queue: mpsc::Sender<ConnectionEvent>,
+    queue: mpsc::Sender<Queued>,
 }
 
 impl AuditSender {
     /// Queues `event` without waiting; a full queue drops it with an error in the log.
     pub fn send(&self, event: ConnectionEvent) {
-        if let Err(error) = self.queue.try_send(event) {
-            let event = match &error {
-                mpsc::error::TrySendError::Full(event)
-                | mpsc::error::TrySendError::Closed(event) => event,
+        self.queue_event(Queued {
+            event,
+            deadlines: None,
+        });
+    }
+
+    /// Like [`AuditSender::send`]; the deadlines the manager answers go to `deadlines`.
+    pub fn send_for_deadlines(&self, event: ConnectionEvent, deadlines: DeadlinesSender) {
+        self.queue_event(Queued {
+            event,
+            deadlines: Some(deadlines),
+        });
+    }
+
+    fn queue_event(&self, queued: Queued) {
+        if let Err(error) = self.queue.try_send(queued) {
+            let queued = match error {
+                mpsc::error::TrySendError::Full(queued)
+                | mpsc::error::TrySendError::Closed(queued) => queued,
             };
-            tracing::error!(
-                connection = %event.connection_id,
-                event = kind(event.event),
-                "Audit queue full or closed: connection event not reported to the manager."
-            );
+            let event = &queued.event;
+            if event.event == ConnectionEventKind::Activity {
+                tracing::warn!(connection = %event.connection_id, "Audit queue full: an activity report was dropped.");
+            } else {
+                tracing::error!(
+                    connection = %event.connection_id,
+                    event = kind(event.event),
+                    "Audit queue full or closed: connection event not reported to the manager."
+                );
+            }
+            unanswered(queued.deadlines.as_ref());
         }
     }
 }
 
 /// A queue of `capacity` events: the sender side and the receiver for [`report`].
-pub fn queue(capacity: usize) -> (AuditSender, mpsc::Receiver<ConnectionEvent>) {
+pub fn queue(capacity: usize) -> (AuditSender, mpsc::Receiver<Queued>) {
     let (queue, receiver) = mpsc::channel(capacity);
     (AuditSender { queue }, receiver)
 }
 
 /// Delivers queued events in order until every sender is gone.
-pub async fn report(manager: ManagerClient, mut events: mpsc::Receiver<ConnectionEvent>) {
-    while let Some(event) = events.recv().await {
-        deliver(&manager, &event).await;
+pub async fn report(manager: ManagerClient, mut events: mpsc::Receiver<Queued>) {
+    while let Some(queued) = events.recv().await {
+        deliver(&manager, &queued.event, queued.deadlines.as_ref()).await;
     }
 }
 
-async fn deliver(manager: &ManagerClient, event: &ConnectionEvent) {
+/// Nothing will come for a connection still waiting for its first deadlines: say so, so its
+/// shells start without a banner instead of waiting.
+fn unanswered(deadlines: Option<&DeadlinesSender>) {
+    if let Some(deadlines) = deadlines {
+        deadlines.send_if_modified(|state| {
+            let pending = *state == DeadlinesState::Pending;
+            if pending {
+                *state = DeadlinesState::Unavailable;
+            }
+            pending
+        });
+    }
+}
+
+async fn deliver(
+    manager: &ManagerClient,
+    event: &ConnectionEvent,
+    deadlines: Option<&DeadlinesSender>,
+) {
     let mut attempt = 0;
     loop {
         match manager.connection_event(event).await {
-            Ok(()) => {
-                tracing::debug!(connection = %event.connection_id, event = kind(event.event), "Connection event reported.");
+            Ok(answer) => {
+                tracing::debug!(connection = %event.connection_id, event = kind(event.event), deadlines = answer.is_some(), "Connection event reported.");
+                match (answer, deadlines) {
+                    (Some(answer), Some(deadlines)) => {
+                        deadlines.send_replace(DeadlinesState::Known(answer));
+                    }
+                    (None, deadlines) => unanswered(deadlines),
+                    (Some(_), None) => {}
+                }
                 return;
             }
             Err(error) => {
                 let error = anyhow::Error::from(error);
+                if event.event == ConnectionEventKind::Activity {
+                    tracing::warn!(connection = %event.connection_id, error = format!("{error:#}"), "Reporting a connection's activity failed; the next report carries it.");
+                    unanswered(deadlines);
+                    return;
+                }
                 match RETRY_DELAYS.get(attempt) {
                     Some(delay) => {
                         tracing::warn!(connection = %event.connection_id, event = kind(event.event), error = format!("{error:#}"), "Reporting a connection event failed; retrying.");
@@ -84,6 +149,7 @@ async fn deliver(manager: &ManagerClient, event: &ConnectionEvent) {
                             error = format!("{error:#}"),
                             "Connection event not reported to the manager; it is missing from the audit log."
                         );
+                        unanswered(deadlines);
                         return;
                     }
                 }
@@ -95,6 +161,7 @@ async fn deliver(manager: &ManagerClient, event: &ConnectionEvent) {
 fn kind(kind: ConnectionEventKind) -> &'static str {
     match kind {
         ConnectionEventKind::Open => "open",
+        ConnectionEventKind::Activity => "activity",
         ConnectionEventKind::Close => "close",
     }
 }

@@ -15,7 +15,12 @@
 //! stalls only that channel's task (and, through the WebSocket, the process), never another
 //! channel's output. Ordering at the end is data, then `exit-status` (or `exit-signal`), then
 //! EOF, then close, all queued by this one task in that order.
+//!
+//! An interactive shell (`shell` with a PTY) gets, on stderr, a banner with the session's
+//! deadlines before its first output, and a warning once a planned hold comes within
+//! `warn_before` (`deadlines.rs`). Nothing is ever added to an exec or subsystem channel.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +38,9 @@ use russh::{ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::agent::{frame_name, AgentConnector, AgentError, AgentStream};
+use crate::deadlines::{
+    banner, warning, warning_text, DeadlinesReceiver, DeadlinesState, WarnOnce, Warning,
+};
 use crate::input::{ChannelInput, Input, Request, HARD_LIMIT, STALL_AFTER};
 
 /// At most this many `env` requests are honoured per channel.
@@ -41,6 +49,9 @@ const MAX_ENV_NAME: usize = 256;
 const MAX_ENV_VALUE: usize = 4096;
 /// How long closing the agent's WebSocket may take once the channel is done.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an interactive shell waits for the manager's first answer to show its banner; the
+/// answer to the connection's `open` usually came while the shell was being started.
+const BANNER_WAIT: Duration = Duration::from_secs(2);
 
 /// Bytes carried by one connection, over all its channels.
 #[derive(Debug, Default)]
@@ -70,6 +81,10 @@ pub struct ChannelContext {
     pub agents: AgentConnector,
     pub traffic: Arc<Traffic>,
     pub handle: Handle,
+    /// The session's deadlines as the manager last answered (banner, hold warning).
+    pub deadlines: DeadlinesReceiver,
+    /// How long before a planned hold interactive shells are warned.
+    pub warn_before: Duration,
 }
 
 /// One channel's two ends inside the gateway: what the client sends, and the way back.
@@ -244,6 +259,7 @@ async fn run_session(ends: &ChannelEnds, context: &ChannelContext) {
         StreamKind::Shell { pty } | StreamKind::Exec { pty, .. } => pty.is_some(),
         _ => false,
     };
+    let interactive = matches!(&kind, StreamKind::Shell { pty: Some(_) });
     let description = describe(&kind);
     if let StreamKind::Exec { command, .. } = &kind {
         tracing::debug!(connection = %context.connection_id, channel = id.number(), %command, "exec requested.");
@@ -269,6 +285,9 @@ async fn run_session(ends: &ChannelEnds, context: &ChannelContext) {
     };
     ends.reply(&context.handle, true).await;
     tracing::info!(connection = %context.connection_id, channel = id.number(), what = %description, "Channel started.");
+    if interactive {
+        show_banner(ends, context).await;
+    }
     let (end, agent) = relay(
         Relay {
             ends,
@@ -276,6 +295,7 @@ async fn run_session(ends: &ChannelEnds, context: &ChannelContext) {
             context,
             session: true,
             with_pty,
+            interactive,
         },
         eof_before_start,
     )
@@ -363,6 +383,7 @@ async fn run_direct_tcpip(
             context,
             session: false,
             with_pty: false,
+            interactive: false,
         },
         false,
     )
@@ -427,6 +448,8 @@ struct Relay<'a> {
     /// A session channel (stderr, exit status, signals) rather than a TCP forward.
     session: bool,
     with_pty: bool,
+    /// An interactive shell: it gets the hold warning.
+    interactive: bool,
 }
 
 type AgentSink = SplitSink<AgentStream, Message>;
@@ -459,6 +482,7 @@ async fn relay(relay: Relay<'_>, eof_before_start: bool) -> (RelayEnd, AgentHalv
         context,
         session,
         with_pty,
+        interactive,
     } = relay;
     let (mut sink, mut source) = stream.split();
     if eof_before_start && send_frame(&mut sink, &Frame::Eof).await.is_err() {
@@ -471,6 +495,7 @@ async fn relay(relay: Relay<'_>, eof_before_start: bool) -> (RelayEnd, AgentHalv
     let end = {
         let upstream = upstream(ends, &mut sink, context, session, with_pty);
         let downstream = downstream(ends, &mut source, context, session);
+        let warnings = warn_before_holds(ends, context, interactive);
         tokio::pin!(upstream);
         tokio::pin!(downstream);
         tokio::select! {
@@ -481,6 +506,7 @@ async fn relay(relay: Relay<'_>, eof_before_start: bool) -> (RelayEnd, AgentHalv
                 Upstream::AgentGone => downstream.await,
             },
             down = &mut downstream => down,
+            never = warnings => match never {},
         }
     };
     (end, AgentHalves { sink, source })
@@ -618,6 +644,83 @@ async fn downstream(
                 tracing::warn!(connection = %context.connection_id, node = %context.route.node, frame = frame_name(&other), "Unexpected frame from the agent; ignored.");
             }
         }
+    }
+}
+
+/// Writes the banner of an interactive shell once the manager answered the connection's `open`
+/// (waiting at most [`BANNER_WAIT`]); nothing when it gave no deadlines.
+async fn show_banner(ends: &ChannelEnds, context: &ChannelContext) {
+    let mut deadlines = context.deadlines.clone();
+    let known = tokio::time::timeout(
+        BANNER_WAIT,
+        deadlines.wait_for(|state| *state != DeadlinesState::Pending),
+    )
+    .await
+    // Cloned out: the watch must not stay locked while the client's window is awaited.
+    .map(|state| state.map(|state| state.clone()));
+    let state = match known {
+        Ok(Ok(state)) => state,
+        _ => {
+            tracing::debug!(connection = %context.connection_id, "No deadlines from the manager in time; shell started without the banner.");
+            return;
+        }
+    };
+    if let DeadlinesState::Known(deadlines) = state {
+        let text = banner(
+            &context.route.session_name,
+            &context.route.node,
+            &deadlines,
+            chrono::Utc::now(),
+        );
+        ends.say(&text, true).await;
+    }
+}
+
+/// For an interactive shell: writes the warning of each planned hold once, when it comes within
+/// `warn_before` (whether by a new answer of the manager or by the time passing). Never ends;
+/// for other channels it does nothing.
+async fn warn_before_holds(
+    ends: &ChannelEnds,
+    context: &ChannelContext,
+    interactive: bool,
+) -> Infallible {
+    if !interactive {
+        return std::future::pending().await;
+    }
+    let mut deadlines = context.deadlines.clone();
+    let mut once = WarnOnce::default();
+    loop {
+        let state = deadlines.borrow_and_update().clone();
+        let mut wake = None;
+        if let DeadlinesState::Known(deadlines) = &state {
+            let now = chrono::Utc::now();
+            let due = warning(deadlines, now, context.warn_before);
+            if let Some(hold) = once.check(&due) {
+                tracing::info!(connection = %context.connection_id, channel = ends.id().number(), reason = %hold.reason, at = %hold.at, "Warned of a planned hold.");
+                let text = warning_text(&context.route.session_name, &hold, now);
+                ends.say(&text, true).await;
+            }
+            if let Warning::At(start) = due {
+                let after = (start - now).to_std().unwrap_or_default();
+                wake = Some(tokio::time::Instant::now() + after);
+            }
+        }
+        tokio::select! {
+            changed = deadlines.changed() => {
+                if changed.is_err() {
+                    // The connection is ending: nothing more will come.
+                    return std::future::pending().await;
+                }
+            }
+            () = sleep_until(wake) => {}
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

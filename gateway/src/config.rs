@@ -8,6 +8,8 @@
 //! ca_dir = "/etc/grid-security/certificates"  # trusted for the manager's and agents' certificates
 //! token_file = "/etc/ongrid/gateway-token"    # Bearer token towards the manager and the agents
 //! allowlist_refresh = "5 seconds"
+//! activity_report = "60 seconds"              # byte totals of open connections to the manager
+//! warn_before = "10 minutes"                  # warn interactive shells this long before a hold
 //! [proxy_protocol]                            # optional; off when absent
 //! trusted = ["192.0.2.10/32"]                 # load balancers allowed to send PROXY v2 headers
 //! ```
@@ -25,6 +27,14 @@ use serde::Deserialize;
 pub const DEFAULT_ALLOWLIST_REFRESH: Duration = Duration::from_secs(5);
 const MIN_ALLOWLIST_REFRESH: Duration = Duration::from_secs(1);
 const MAX_ALLOWLIST_REFRESH: Duration = Duration::from_secs(3600);
+/// How often open connections report their traffic when `activity_report` is not given. The
+/// manager counts a connection as live for a few minutes after its last report.
+pub const DEFAULT_ACTIVITY_REPORT: Duration = Duration::from_secs(60);
+const MIN_ACTIVITY_REPORT: Duration = Duration::from_secs(1);
+const MAX_ACTIVITY_REPORT: Duration = Duration::from_secs(3600);
+/// How long before a planned hold interactive shells are warned, when `warn_before` is not given.
+pub const DEFAULT_WARN_BEFORE: Duration = Duration::from_secs(600);
+const MAX_WARN_BEFORE: Duration = Duration::from_secs(86_400);
 
 /// Why the configuration was refused. Each message names the file or key to fix.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +75,16 @@ pub enum ConfigError {
     AllowlistRefresh(#[source] ongrid_core::quantity::DurationError),
     #[error("allowlist_refresh {0} is out of range: use between 1 second and 1 hour")]
     AllowlistRefreshRange(HumanDuration),
+    #[error("{key} is not a duration like \"60 seconds\"")]
+    Duration {
+        key: &'static str,
+        #[source]
+        source: ongrid_core::quantity::DurationError,
+    },
+    #[error("activity_report {0} is out of range: use between 1 second and 1 hour (the manager counts a connection as gone a few minutes after its last report)")]
+    ActivityReportRange(HumanDuration),
+    #[error("warn_before {0} is out of range: use at most 1 day")]
+    WarnBeforeRange(HumanDuration),
     #[error("[proxy_protocol] trusted has no entry: list the load balancers' addresses, or remove the table to turn PROXY protocol off")]
     NoTrustedProxies,
     #[error("[proxy_protocol] trusted entry is not a network")]
@@ -81,6 +101,8 @@ struct ConfigFile {
     ca_dir: PathBuf,
     token_file: PathBuf,
     allowlist_refresh: Option<String>,
+    activity_report: Option<String>,
+    warn_before: Option<String>,
     proxy_protocol: Option<ProxyProtocolFile>,
 }
 
@@ -104,6 +126,10 @@ pub struct Config {
     pub token: Token,
     /// How often the institutes' allowlist is fetched from the manager.
     pub allowlist_refresh: Duration,
+    /// How often each open connection reports its byte totals to the manager.
+    pub activity_report: Duration,
+    /// How long before a planned hold interactive shells are warned.
+    pub warn_before: Duration,
     /// PROXY protocol v2 from trusted load balancers; `None` means off.
     pub proxy_protocol: Option<ProxyProtocol>,
 }
@@ -164,6 +190,28 @@ impl Config {
                 duration
             }
         };
+        let duration = |key: &'static str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| {
+                    HumanDuration::parse(text)
+                        .map_err(|source| ConfigError::Duration { key, source })
+                })
+                .transpose()
+        };
+        let activity_report = match duration("activity_report", &file.activity_report)? {
+            None => DEFAULT_ACTIVITY_REPORT,
+            Some(every)
+                if (MIN_ACTIVITY_REPORT..=MAX_ACTIVITY_REPORT).contains(&every.as_duration()) =>
+            {
+                every.as_duration()
+            }
+            Some(every) => return Err(ConfigError::ActivityReportRange(every)),
+        };
+        let warn_before = match duration("warn_before", &file.warn_before)? {
+            None => DEFAULT_WARN_BEFORE,
+            Some(before) if before.as_duration() <= MAX_WARN_BEFORE => before.as_duration(),
+            Some(before) => return Err(ConfigError::WarnBeforeRange(before)),
+        };
         let proxy_protocol = match file.proxy_protocol {
             None => None,
             Some(table) => {
@@ -186,6 +234,8 @@ impl Config {
             ca_dir: file.ca_dir,
             token,
             allowlist_refresh,
+            activity_report,
+            warn_before,
             proxy_protocol,
         })
     }
@@ -272,6 +322,8 @@ token_file = "{dir}/token"
         assert_eq!(config.listen, "127.0.0.1:0".parse().unwrap());
         assert_eq!(config.token.expose(), "gw-s3cret");
         assert_eq!(config.allowlist_refresh, DEFAULT_ALLOWLIST_REFRESH);
+        assert_eq!(config.activity_report, Duration::from_secs(60));
+        assert_eq!(config.warn_before, Duration::from_secs(600));
         assert!(config.proxy_protocol.is_none());
         assert_eq!(format!("{:?}", config.token), "<secret>");
         assert!(!format!("{config:?}").contains("gw-s3cret"));
@@ -291,6 +343,24 @@ token_file = "{dir}/token"
         assert!(proxy.trusts("::ffff:192.0.2.10".parse().unwrap()));
         assert!(proxy.trusts("2001:db8::7".parse().unwrap()));
         assert!(!proxy.trusts("192.0.2.11".parse().unwrap()));
+    }
+
+    #[test]
+    fn lifecycle_settings() {
+        let files = Files::new();
+        let config = files
+            .parse("activity_report = \"1 second\"\nwarn_before = \"5 minutes\"\n")
+            .unwrap();
+        assert_eq!(config.activity_report, Duration::from_secs(1));
+        assert_eq!(config.warn_before, Duration::from_secs(300));
+        let message = |extra: &str| {
+            let error = files.parse(extra).unwrap_err();
+            format!("{:#}", anyhow::Error::from(error))
+        };
+        assert!(message("activity_report = \"often\"").contains("activity_report"));
+        assert!(message("activity_report = \"0 seconds\"").contains("out of range"));
+        assert!(message("activity_report = \"2 hours\"").contains("out of range"));
+        assert!(message("warn_before = \"2 days\"").contains("warn_before"));
     }
 
     #[test]

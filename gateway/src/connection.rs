@@ -18,6 +18,11 @@
 //! `Permission denied`. An authentication banner cannot carry the reason: russh asks for it
 //! once, before the user name and key are known. Every refusal is also logged with the address. A routing refusal (no such session, HELD, PENDING, ...) is written
 //! on the session channel's stderr, followed by exit status 1.
+//!
+//! Once routed, the connection task reports the connection to the manager (`open`, then
+//! `activity` every `activity_report`, then `close`: `audit.rs`) and keeps the session's
+//! deadlines the manager answers in a watch channel that its interactive shells read for their
+//! banner and hold warning (`deadlines.rs`).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -36,12 +41,13 @@ use russh::{
     Pty, Sig,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Identity, Refusal, RefusalKind};
 use crate::channel::{self, ChannelContext, ChannelEnds, Traffic};
+use crate::deadlines::{DeadlinesReceiver, DeadlinesSender, DeadlinesState};
 use crate::input::{signal_name, ChannelInput, ChannelTable, Input, PushError, Request};
 use crate::server::Gateway;
 
@@ -123,6 +129,7 @@ pub async fn serve<S>(
             return;
         }
     };
+    let (deadlines, deadlines_seen) = watch::channel(DeadlinesState::Pending);
     let connection = Connection {
         id: connection_id,
         peer,
@@ -135,6 +142,9 @@ pub async fn serve<S>(
         channels: JoinSet::new(),
         traffic: Arc::new(Traffic::default()),
         opened: None,
+        deadlines,
+        deadlines_seen,
+        next_activity: None,
     };
     connection.run(session, events_rx, kill, shutdown).await;
 }
@@ -655,6 +665,11 @@ struct Connection {
     channels: JoinSet<(ChannelId, Arc<ChannelInput>)>,
     traffic: Arc<Traffic>,
     opened: Option<Opened>,
+    /// The session's deadlines, as the manager answered the last `open` or `activity` event.
+    deadlines: DeadlinesSender,
+    deadlines_seen: DeadlinesReceiver,
+    /// When the next `activity` event is due (once routed).
+    next_activity: Option<tokio::time::Instant>,
 }
 
 impl Connection {
@@ -691,6 +706,9 @@ impl Connection {
                     if let Ok((channel, input)) = done {
                         self.table.remove(channel, &input);
                     }
+                }
+                () = sleep_until_some(self.next_activity), if self.next_activity.is_some() => {
+                    self.report_activity();
                 }
                 () = tokio::time::sleep_until(login_deadline), if self.identity.is_none() && cut_at.is_none() => {
                     tracing::info!(connection = %self.id, source = %self.peer.source, "Not authenticated within the login grace time; closed.");
@@ -828,8 +846,12 @@ impl Connection {
                     bytes_in: 0,
                     bytes_out: 0,
                 };
-                self.gateway.audit.send(event.clone());
+                self.gateway
+                    .audit
+                    .send_for_deadlines(event.clone(), self.deadlines.clone());
                 self.opened = Some(Opened { event });
+                self.next_activity =
+                    Some(tokio::time::Instant::now() + self.gateway.activity_report);
                 let route = Arc::new(route);
                 self.route = RouteState::Ready(route.clone());
                 for open in std::mem::take(&mut self.pending) {
@@ -857,6 +879,8 @@ impl Connection {
             agents: self.gateway.agents.clone(),
             traffic: self.traffic.clone(),
             handle: self.handle.clone(),
+            deadlines: self.deadlines_seen.clone(),
+            warn_before: self.gateway.warn_before,
         };
         let id = open.writer.id();
         let input = self.table.register(id);
@@ -908,15 +932,39 @@ impl Connection {
         }
     }
 
+    /// The byte totals so far: (to the container, to the client).
+    fn bytes(&self) -> (u64, u64) {
+        let read = |counter: &std::sync::atomic::AtomicU64| {
+            counter.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        (
+            read(&self.traffic.to_container),
+            read(&self.traffic.to_client),
+        )
+    }
+
+    /// Tells the manager the connection is still open, with its byte totals; its answer
+    /// refreshes the deadlines. Due again one `activity_report` later.
+    fn report_activity(&mut self) {
+        self.next_activity = Some(tokio::time::Instant::now() + self.gateway.activity_report);
+        let Some(opened) = &self.opened else {
+            return;
+        };
+        let (bytes_in, bytes_out) = self.bytes();
+        let event = ConnectionEvent {
+            event: ConnectionEventKind::Activity,
+            at: chrono::Utc::now(),
+            bytes_in,
+            bytes_out,
+            ..opened.event.clone()
+        };
+        self.gateway
+            .audit
+            .send_for_deadlines(event, self.deadlines.clone());
+    }
+
     fn report_close(&self) {
-        let bytes_in = self
-            .traffic
-            .to_container
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let bytes_out = self
-            .traffic
-            .to_client
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let (bytes_in, bytes_out) = self.bytes();
         let Some(opened) = &self.opened else {
             tracing::debug!(connection = %self.id, source = %self.peer.source, "Connection closed before it was routed.");
             return;

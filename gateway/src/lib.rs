@@ -6,7 +6,8 @@
 //! with the manager ([`auth`], [`throttle`]), asks the manager which session the user name
 //! reaches, and runs each SSH channel as its own stream to the node agent of that session
 //! ([`channel`], [`agent`]). The manager is told of every connection for its audit log
-//! ([`audit`]).
+//! ([`audit`]), and of its traffic while it is open; its answers (the session's deadlines) become
+//! the banner and the hold warning of interactive shells ([`deadlines`]).
 //!
 //! Map: [`config`] (TOML), [`hostkeys`] (created on first start), [`server`] (accept loop),
 //! [`connection`] (the russh handler and the per-connection task), [`input`] (each channel's
@@ -20,6 +21,7 @@ pub mod auth;
 pub mod channel;
 pub mod config;
 pub mod connection;
+pub mod deadlines;
 pub mod hostkeys;
 pub mod input;
 pub mod manager;
@@ -100,6 +102,8 @@ pub async fn run(
         agents: agent::AgentConnector::new(tls_config, config.token.clone()),
         audit,
         proxy_protocol: config.proxy_protocol.clone(),
+        activity_report: config.activity_report,
+        warn_before: config.warn_before,
     });
     if let Ok(address) = listener.local_addr() {
         tracing::info!(%address, proxy_protocol = config.proxy_protocol.is_some(), "Gateway serving SSH.");

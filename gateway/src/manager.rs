@@ -1,6 +1,6 @@
 //! The gateway's side of the manager's API (`core/src/api.rs`, gateway routes): the allowlist,
 //! whose key a public key is, which session an SSH user name reaches, and connection events for
-//! the audit log. HTTPS only, trusting exactly the CAs of `ca_dir`, with the gateway's token as
+//! the audit log (answered with the session's deadlines). HTTPS only, trusting exactly the CAs of `ca_dir`, with the gateway's token as
 //! `Authorization: Bearer`. A refusal carries the manager's message, which is written for the
 //! user and shown to them as it is.
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 use ongrid_core::api::{
     Allowlist, ConnectionEvent, ErrorBody, KeyCheck, KeyOwner, Route, RouteRequest,
 };
+use ongrid_core::lifecycle::SessionDeadlines;
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -136,10 +137,32 @@ impl ManagerClient {
         self.post(&self.route_url, request).await
     }
 
-    pub async fn connection_event(&self, event: &ConnectionEvent) -> Result<(), ManagerError> {
+    /// Reports a connection event; the answer is the session's deadlines, or `None` when the
+    /// manager gives none: an older manager (204), a session that is gone (404), or an answer
+    /// this gateway cannot read (logged).
+    pub async fn connection_event(
+        &self,
+        event: &ConnectionEvent,
+    ) -> Result<Option<SessionDeadlines>, ManagerError> {
         let request = self.http.post(self.connections_url.clone()).json(event);
-        self.send(&self.connections_url, request).await?;
-        Ok(())
+        let response = match self.send(&self.connections_url, request).await {
+            Ok(response) => response,
+            Err(ManagerError::Refused { status, .. }) if status == StatusCode::NOT_FOUND => {
+                tracing::debug!(connection = %event.connection_id, session = %event.session_id, "The manager knows the session no more; no deadlines.");
+                return Ok(None);
+            }
+            Err(error) => return Err(error),
+        };
+        if response.status() != StatusCode::OK {
+            return Ok(None);
+        }
+        match decode::<SessionDeadlines>(&self.connections_url, response).await {
+            Ok(deadlines) => Ok(Some(deadlines)),
+            Err(error) => {
+                tracing::warn!(error = format!("{:#}", anyhow::Error::from(error)), "The manager's answer to a connection event has no deadlines this gateway understands; no banner or warning.");
+                Ok(None)
+            }
+        }
     }
 
     async fn post<T: Serialize, R: DeserializeOwned>(

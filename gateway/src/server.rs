@@ -39,6 +39,10 @@ pub struct Gateway {
     pub agents: AgentConnector,
     pub audit: AuditSender,
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// How often open connections report their traffic to the manager.
+    pub activity_report: Duration,
+    /// How long before a planned hold interactive shells are warned.
+    pub warn_before: Duration,
 }
 
 /// Accepts connections until `shutdown`; each one runs in a task of `tracker`.

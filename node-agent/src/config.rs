@@ -15,6 +15,9 @@
 //! tls_cert = "/etc/ongrid/agent.crt"              # PEM chain of the agent's server certificate
 //! tls_key = "/etc/ongrid/agent.key"               # PEM private key
 //! gateway_token_file = "/etc/ongrid/gateway-token" # the gateway's bearer token, one line
+//! [images]                                        # optional: where freezes write SIF images
+//! store = "/var/lib/ongrid/images"                # the manager's image_store (shared)
+//! max_concurrent = 2                              # freezes at once on this node
 //! ```
 
 use std::fmt;
@@ -82,6 +85,12 @@ pub enum ConfigError {
     },
     #[error("[streams] gateway_token_file {0} is empty: put the gateway's token in it (the same as the gateway's token_file)")]
     EmptyGatewayToken(PathBuf),
+    #[error(
+        "[images] store {0:?} must be an absolute directory path, like /var/lib/ongrid/images"
+    )]
+    ImageStore(PathBuf),
+    #[error("[images] max_concurrent must be at least 1")]
+    MaxConcurrentFreezes,
     #[error("[streams] TLS identity")]
     StreamsTls(#[source] TlsError),
 }
@@ -101,6 +110,20 @@ struct ConfigFile {
     token_file: PathBuf,
     gpu: GpuBackendConfig,
     streams: Option<StreamsFile>,
+    images: Option<ImagesFile>,
+}
+
+/// The `[images]` table as written: the image store freezes write to.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImagesFile {
+    store: PathBuf,
+    #[serde(default = "default_max_concurrent_freezes")]
+    max_concurrent: usize,
+}
+
+fn default_max_concurrent_freezes() -> usize {
+    2
 }
 
 /// The `[streams]` table as written.
@@ -127,6 +150,8 @@ pub struct Config {
     pub gpu: GpuBackendConfig,
     /// The SSH gateway's stream endpoint; `None` when the table is absent (no SSH to this node).
     pub streams: Option<StreamsConfig>,
+    /// The image store for freezes; `None` when `[images]` is absent (freezes are refused).
+    pub images: Option<crate::freeze::ImagesConfig>,
 }
 
 /// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
@@ -227,6 +252,21 @@ impl Config {
             _ => {}
         }
         let streams = file.streams.map(StreamsFile::validate).transpose()?;
+        let images = match file.images {
+            None => None,
+            Some(images) => {
+                if images.store.as_os_str().is_empty() || !images.store.is_absolute() {
+                    return Err(ConfigError::ImageStore(images.store));
+                }
+                if images.max_concurrent == 0 {
+                    return Err(ConfigError::MaxConcurrentFreezes);
+                }
+                Some(crate::freeze::ImagesConfig {
+                    store: images.store,
+                    max_concurrent: images.max_concurrent,
+                })
+            }
+        };
         Ok(Self {
             node_name,
             manager_url,
@@ -234,6 +274,7 @@ impl Config {
             token,
             gpu: file.gpu,
             streams,
+            images,
         })
     }
 }
@@ -314,6 +355,26 @@ mod tests {
         fn parse(&self, text: &str) -> Result<Config, ConfigError> {
             Config::parse(text, Path::new("agent.toml"))
         }
+    }
+
+    #[test]
+    fn images_store_is_optional_and_checked() {
+        let files = Files::new();
+        assert_eq!(files.parse(&files.config("")).unwrap().images, None);
+        let config = files
+            .parse(&files.config("[images]\nstore = \"/var/lib/ongrid/images\"\n"))
+            .unwrap();
+        let images = config.images.unwrap();
+        assert_eq!(images.store, PathBuf::from("/var/lib/ongrid/images"));
+        assert_eq!(images.max_concurrent, 2);
+        let relative = files
+            .parse(&files.config("[images]\nstore = \"images\"\n"))
+            .unwrap_err();
+        assert!(relative.to_string().contains("absolute"), "{relative}");
+        let zero = files
+            .parse(&files.config("[images]\nstore = \"/x\"\nmax_concurrent = 0\n"))
+            .unwrap_err();
+        assert!(zero.to_string().contains("at least 1"), "{zero}");
     }
 
     #[test]

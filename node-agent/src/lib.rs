@@ -5,6 +5,8 @@
 //! - [`gpu`]: GPU discovery behind `GpuBackend` (nvidia-smi, simulated).
 //! - [`runtime`]: dev containers behind `ContainerRuntime` (Docker; a fake for unit tests).
 //! - [`reconcile`]: desired vs observed, the operations, and the report of what is there.
+//! - [`activity`]: CPU and GPU use of the running dev containers, for idle detection.
+//! - [`freeze`]: the freeze worker (session → SIF image and Docker image).
 //! - [`manager_client`]: HTTPS to the manager (register, sync).
 //! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
 //!
@@ -12,7 +14,9 @@
 //! runs the sync loop ([`Agent::run`]) until shutdown. Stopping the agent leaves every container
 //! as it is: they belong to sessions, and the next agent adopts them. Open streams end.
 
+pub mod activity;
 pub mod config;
+pub mod freeze;
 pub mod gpu;
 pub mod manager_client;
 pub mod reconcile;
@@ -42,6 +46,9 @@ use crate::streams::StreamServer;
 
 /// How long open streams may take to end once the agent stops.
 const STREAMS_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long running freezes may take to stop once the agent stops.
+const FREEZE_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Bounds of the sync interval the manager may ask for.
 const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(1);
@@ -86,6 +93,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         runtime,
         manager,
         stream_url,
+        images: config.images,
     }
     .run(shutdown.clone())
     .await;
@@ -109,6 +117,8 @@ pub struct Agent {
     pub manager: ManagerClient,
     /// Sent to the manager in the registration: where the gateway reaches the stream endpoint.
     pub stream_url: Option<String>,
+    /// The image store for freezes (`[images]`); `None`: freeze orders fail, saying so.
+    pub images: Option<freeze::ImagesConfig>,
 }
 
 /// What the sync loop remembers between syncs.
@@ -121,6 +131,10 @@ struct LoopState {
     docker_outage: Outage,
     gpu_outage: Outage,
     backoff: Backoff,
+    /// CPU samples of the running dev containers between syncs.
+    activity: activity::ActivitySampler,
+    /// Runs the manager's freeze orders.
+    freezer: Arc<freeze::Freezer>,
 }
 
 impl Agent {
@@ -141,6 +155,12 @@ impl Agent {
             docker_outage: Outage::default(),
             gpu_outage: Outage::default(),
             backoff: Backoff::default(),
+            activity: activity::ActivitySampler::new(),
+            freezer: Arc::new(freeze::Freezer::new(
+                self.runtime.clone(),
+                self.node.clone(),
+                self.images.clone(),
+            )),
         };
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
         while !shutdown.is_cancelled() {
@@ -149,6 +169,14 @@ impl Agent {
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(delay) => {}
             }
+        }
+        // Running freezes are failed and cleaned up; the next agent reports them failed.
+        state.freezer.cancel_all(freeze::AGENT_RESTARTED);
+        if tokio::time::timeout(FREEZE_SHUTDOWN_GRACE, state.freezer.close())
+            .await
+            .is_err()
+        {
+            warn!("Some freezes did not stop within 30 s of stopping.");
         }
         info!(node = %self.node, "Agent stopped; dev containers are left as they are.");
         Ok(())
@@ -174,7 +202,8 @@ impl Agent {
                     warn!(node = %self.node, error = %error_chain(&e),
                           "GPU discovery failed; reporting the last inventory seen.");
                 }
-                state.last_gpus.clone()
+                // Its utilisation is stale: unknown rather than kept.
+                inventory(&state.last_gpus)
             }
         };
         let containers = match reconciler.observe().await {
@@ -193,7 +222,16 @@ impl Agent {
             }
         };
 
-        let exchange = self.exchange(state, gpus, containers);
+        let activity = state
+            .activity
+            .sample(
+                &*self.runtime,
+                reconciler.last_observed(),
+                &gpus,
+                chrono::Utc::now(),
+            )
+            .await;
+        let exchange = self.exchange(state, gpus, containers, activity);
         let answer = tokio::select! {
             answer = exchange => answer,
             () = shutdown.cancelled() => return Duration::ZERO,
@@ -233,6 +271,7 @@ impl Agent {
                        "Cannot list containers; nothing converged.");
             }
         }
+        state.freezer.apply(&desired.freezes, &desired.sessions);
         Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
     }
 
@@ -242,8 +281,10 @@ impl Agent {
         state: &mut LoopState,
         gpus: Vec<GpuInfo>,
         containers: Vec<ObservedContainer>,
+        activity: Vec<ongrid_core::lifecycle::ContainerActivity>,
     ) -> Result<DesiredState, ClientError> {
-        if state.registered.as_ref() != Some(&gpus) {
+        // Utilisation changes every sync; only the inventory itself calls for a registration.
+        if state.registered.as_ref() != Some(&inventory(&gpus)) {
             let registration = RegisterNode {
                 node: self.node.clone(),
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -253,15 +294,27 @@ impl Agent {
             };
             self.manager.register(&registration).await?;
             info!(node = %self.node, gpus = gpus.len(), "Registered with the manager.");
-            state.registered = Some(gpus.clone());
+            state.registered = Some(inventory(&gpus));
         }
         let report = NodeReport {
             node: self.node.clone(),
             gpus,
             containers,
+            activity,
+            freezes: state.freezer.report(),
         };
         self.manager.sync(&report).await
     }
+}
+
+/// The GPUs without their utilisation: what registration is about.
+fn inventory(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
+    gpus.iter()
+        .map(|gpu| GpuInfo {
+            utilization_percent: None,
+            ..gpu.clone()
+        })
+        .collect()
 }
 
 /// Consecutive failures of one dependency, so that an outage is logged once, not every sync.

@@ -8,6 +8,14 @@
 //! correct after a restart: containers found by label are adopted, never recreated. Its only
 //! memory is which sessions the manager asked to stop, so that their exited containers are
 //! started again on release instead of being reported as dead.
+//!
+//! Release onto other GPUs: a held container knows the GPUs it was created with (label
+//! `ongrid.gpus`). When its session comes back on the same GPUs it is simply started again
+//! (processes restart; files and installed packages stay). On other GPUs it is committed to
+//! the node-local image [`held_image`], removed, and created again from that image under the
+//! same name, with the same labels and home volume and the new GPUs. A creation always starts
+//! from the session's held image when one exists, so a failure half-way loses nothing: the next
+//! pass creates the container from it. The held image is removed with the container.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,7 +28,8 @@ use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, info, warn};
 
 use crate::runtime::{
-    error_chain, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess, RuntimeError,
+    error_chain, held_image, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess,
+    RuntimeError,
 };
 
 /// How long a dev container gets to stop before it is killed.
@@ -36,15 +45,23 @@ pub enum Operation {
         session_id: SessionId,
         container_id: String,
     },
+    /// Like `Start`, but the session now has other GPUs: commit the container to its held
+    /// image, remove it, and create and start it again from that image.
+    Recreate {
+        session: Box<DesiredSession>,
+        container_id: String,
+    },
     /// Stop a running container, giving it [`STOP_TIMEOUT`].
     Stop {
         session_id: Option<SessionId>,
         container_id: String,
     },
-    /// Remove a container (its home volume stays).
+    /// Remove a container (its home volume stays), then the session's held image when the
+    /// container was made from it (`held_image`).
     Remove {
         session_id: Option<SessionId>,
         container_id: String,
+        held_image: Option<String>,
     },
 }
 
@@ -54,7 +71,8 @@ pub enum Operation {
 /// - desired running, absent: create and start.
 /// - desired running, created but never started (the agent stopped half-way): remove, create.
 /// - desired running, exited: start it only if it is in `resumable` (the manager stopped it and
-///   now wants it back); otherwise it died by itself and is left as it is, to be reported.
+///   now wants it back) — or recreate it when its GPUs differ from the desired ones; otherwise
+///   it died by itself and is left as it is, to be reported.
 /// - desired stopped, running: stop.
 /// - not desired (or not a session's dev container at all): stop if running, then remove.
 pub fn plan(
@@ -79,9 +97,13 @@ pub fn plan(
                         container_id: container.id.clone(),
                     });
                 }
+                let held_image = session_id
+                    .map(held_image)
+                    .filter(|held| *held == container.image);
                 first.push(Operation::Remove {
                     session_id,
                     container_id: container.id.clone(),
+                    held_image,
                 });
             }
         }
@@ -96,19 +118,28 @@ pub fn plan(
             }
             (RunState::Running, Some(ContainerState::Created)) => {
                 if let Some(c) = container {
+                    // Its held image, if any, stays: the new container is made from it.
                     first.push(Operation::Remove {
                         session_id: Some(id),
                         container_id: c.id.clone(),
+                        held_image: None,
                     });
                 }
                 then.push(Operation::Create(Box::new(session.clone())));
             }
             (RunState::Running, Some(ContainerState::Exited { .. })) => {
                 if let (Some(c), true) = (container, resumable.contains(&id)) {
-                    then.push(Operation::Start {
-                        session_id: id,
-                        container_id: c.id.clone(),
-                    });
+                    if c.gpus.as_ref() == Some(&session.gpus) {
+                        then.push(Operation::Start {
+                            session_id: id,
+                            container_id: c.id.clone(),
+                        });
+                    } else {
+                        then.push(Operation::Recreate {
+                            session: Box::new(session.clone()),
+                            container_id: c.id.clone(),
+                        });
+                    }
                 }
             }
             (RunState::Stopped, Some(ContainerState::Running)) => {
@@ -178,6 +209,8 @@ pub struct Reconciler {
     problems: HashMap<SessionId, String>,
     /// Sessions whose container has been seen dead (logged once).
     seen_dead: HashSet<SessionId>,
+    /// The containers as the last [`Reconciler::observe`] saw them.
+    observed: Vec<ContainerStatus>,
 }
 
 impl Reconciler {
@@ -190,7 +223,13 @@ impl Reconciler {
             resumable: HashSet::new(),
             problems: HashMap::new(),
             seen_dead: HashSet::new(),
+            observed: Vec::new(),
         }
+    }
+
+    /// The containers as the last [`Reconciler::observe`] saw them (for activity sampling).
+    pub fn last_observed(&self) -> &[ContainerStatus] {
+        &self.observed
     }
 
     /// One pass: looks at the containers, plans, and runs every operation. Fails only when the
@@ -210,7 +249,7 @@ impl Reconciler {
 
         for operation in plan(desired, &observed, &self.resumable) {
             let session_id = match &operation {
-                Operation::Create(s) => Some(s.session_id),
+                Operation::Create(s) | Operation::Recreate { session: s, .. } => Some(s.session_id),
                 Operation::Start { session_id, .. } => Some(*session_id),
                 Operation::Stop { session_id, .. } | Operation::Remove { session_id, .. } => {
                     *session_id
@@ -236,11 +275,24 @@ impl Reconciler {
     async fn execute(&mut self, operation: Operation) -> Result<(), RuntimeError> {
         match operation {
             Operation::Create(session) => {
-                let spec = ContainerSpec::for_session(&self.node, &session, self.gpu_access);
-                let id = self.runtime.create(&spec).await?;
-                self.runtime.start(&id).await?;
+                let spec = self.create_and_start(&session).await?;
                 info!(session = %session.session_id, name = %session.name, user = %session.user.name,
-                      container = %spec.name, "Dev container started.");
+                      container = %spec.name, image = %spec.image, "Dev container started.");
+            }
+            Operation::Recreate {
+                session,
+                container_id,
+            } => {
+                let id = session.session_id;
+                let held = held_image(id);
+                // Until the commit succeeded the old container is the only copy: keep it.
+                self.runtime.commit_to_image(&container_id, &held).await?;
+                self.runtime.remove(&container_id).await?;
+                let spec = self.create_and_start(&session).await?;
+                self.resumable.remove(&id);
+                info!(session = %id, name = %session.name, container = %spec.name,
+                      gpus = %ongrid_core::api::visible_devices(&session.gpus), image = %held,
+                      "Dev container created again on other GPUs, with its files.");
             }
             Operation::Start {
                 session_id,
@@ -260,12 +312,33 @@ impl Reconciler {
             Operation::Remove {
                 session_id,
                 container_id,
+                held_image,
             } => {
                 self.runtime.remove(&container_id).await?;
                 info!(session = ?session_id, container = %container_id, "Container removed.");
+                if let Some(held) = held_image {
+                    self.runtime.untag_image(&held).await?;
+                    info!(session = ?session_id, image = %held, "Held image removed.");
+                }
             }
         }
         Ok(())
+    }
+
+    /// Creates the session's container — from its held image when there is one (a release onto
+    /// other GPUs that failed half-way), else from the session's image — and starts it.
+    async fn create_and_start(
+        &self,
+        session: &DesiredSession,
+    ) -> Result<ContainerSpec, RuntimeError> {
+        let mut spec = ContainerSpec::for_session(&self.node, session, self.gpu_access);
+        let held = held_image(session.session_id);
+        if self.runtime.image_exists(&held).await? {
+            spec.image = held;
+        }
+        let id = self.runtime.create(&spec).await?;
+        self.runtime.start(&id).await?;
+        Ok(spec)
     }
 
     /// Every dev container of the node as the manager should see it, with the problems of the
@@ -274,6 +347,7 @@ impl Reconciler {
         let observed = self.runtime.list().await?;
         let mut report = Vec::new();
         let mut dead = HashSet::new();
+        self.observed = observed.clone();
         for container in &observed {
             let Some(id) = container.dev_container_of() else {
                 continue;
@@ -334,8 +408,10 @@ impl Reconciler {
 mod tests {
     use super::*;
     use crate::runtime::fake::{desired_session, FakeRuntime};
+    use ongrid_core::GpuId;
 
     const GPU: &str = "GPU-11111111-2222-3333-4444-555555555501";
+    const OTHER_GPU: &str = "GPU-11111111-2222-3333-4444-555555555502";
 
     fn status(session: &DesiredSession, id: &str, state: ContainerState) -> ContainerStatus {
         ContainerStatus {
@@ -343,6 +419,8 @@ mod tests {
             name: session.session_id.container_name(),
             session_id: Some(session.session_id),
             state,
+            image: session.image.clone(),
+            gpus: Some(session.gpus.clone()),
         }
     }
 
@@ -390,6 +468,56 @@ mod tests {
     }
 
     #[test]
+    fn plan_recreates_a_held_container_whose_gpus_changed() {
+        let before = desired_session(&[GPU]);
+        let after = DesiredSession {
+            gpus: vec![GpuId::parse(OTHER_GPU).unwrap()],
+            ..before.clone()
+        };
+        let resumable = HashSet::from([before.session_id]);
+        let observed = [status(&before, "ca", exited(143))];
+        assert_eq!(
+            plan(std::slice::from_ref(&after), &observed, &resumable),
+            vec![Operation::Recreate {
+                session: Box::new(after.clone()),
+                container_id: "ca".into()
+            }]
+        );
+        // A container from before the `ongrid.gpus` label: its GPUs are unknown, so it is
+        // recreated too (its files are kept either way).
+        let unlabelled = ContainerStatus {
+            gpus: None,
+            ..status(&before, "ca", exited(143))
+        };
+        assert_eq!(
+            plan(std::slice::from_ref(&before), &[unlabelled], &resumable),
+            vec![Operation::Recreate {
+                session: Box::new(before.clone()),
+                container_id: "ca".into()
+            }]
+        );
+        // A death is still a death, whatever the GPUs.
+        assert_eq!(plan(&[after], &observed, &HashSet::new()), vec![]);
+    }
+
+    #[test]
+    fn plan_removes_the_held_image_with_its_container() {
+        let gone = desired_session(&[GPU]);
+        let observed = [ContainerStatus {
+            image: held_image(gone.session_id),
+            ..status(&gone, "cg", exited(143))
+        }];
+        assert_eq!(
+            plan(&[], &observed, &HashSet::new()),
+            vec![Operation::Remove {
+                session_id: Some(gone.session_id),
+                container_id: "cg".into(),
+                held_image: Some(held_image(gone.session_id)),
+            }]
+        );
+    }
+
+    #[test]
     fn plan_recreates_a_container_that_never_started() {
         let a = desired_session(&[GPU]);
         let observed = [status(&a, "ca", ContainerState::Created)];
@@ -398,7 +526,8 @@ mod tests {
             vec![
                 Operation::Remove {
                     session_id: Some(a.session_id),
-                    container_id: "ca".into()
+                    container_id: "ca".into(),
+                    held_image: None,
                 },
                 Operation::Create(Box::new(a)),
             ]
@@ -432,6 +561,8 @@ mod tests {
             name: "ongrid-chown-1".into(),
             session_id: None,
             state: exited(0),
+            image: "ongrid/dev:latest".into(),
+            gpus: None,
         };
         let impostor = ContainerStatus {
             name: "not-the-right-name".into(),
@@ -452,11 +583,13 @@ mod tests {
                 },
                 Operation::Remove {
                     session_id: Some(gone.session_id),
-                    container_id: "cg".into()
+                    container_id: "cg".into(),
+                    held_image: None,
                 },
                 Operation::Remove {
                     session_id: None,
-                    container_id: "helper".into()
+                    container_id: "helper".into(),
+                    held_image: None,
                 },
                 // Labelled for `kept` but not its container: a stray, whose failures are
                 // not `kept`'s problems.
@@ -466,7 +599,8 @@ mod tests {
                 },
                 Operation::Remove {
                     session_id: None,
-                    container_id: "impostor".into()
+                    container_id: "impostor".into(),
+                    held_image: None,
                 },
                 Operation::Create(Box::new(kept)),
             ]
@@ -620,6 +754,123 @@ mod tests {
             report[0].error.as_deref(),
             Some("the dev container stopped by itself with exit code 1")
         );
+    }
+
+    #[tokio::test]
+    async fn release_onto_other_gpus_recreates_the_container_from_its_held_image() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        reconciler.converge(&[stopped(a.clone())]).await.unwrap();
+        runtime.take_calls();
+
+        let moved = DesiredSession {
+            gpus: vec![GpuId::parse(OTHER_GPU).unwrap()],
+            ..a.clone()
+        };
+        reconciler
+            .converge(std::slice::from_ref(&moved))
+            .await
+            .unwrap();
+        let held = held_image(a.session_id);
+        let name = a.session_id.container_name();
+        assert_eq!(
+            runtime.take_calls(),
+            [
+                format!("commit c1 {held}"),
+                "remove c1".into(),
+                format!("create {name}"),
+                "start c2".into(),
+            ]
+        );
+        let spec = runtime.spec_of("c2").unwrap();
+        assert_eq!(spec.name, name);
+        assert_eq!(spec.image, held);
+        assert_eq!(spec.gpus, moved.gpus);
+        assert_eq!(
+            spec.labels
+                .get(crate::runtime::LABEL_GPUS)
+                .map(String::as_str),
+            Some(OTHER_GPU)
+        );
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(
+            (report[0].state.clone(), report[0].error.clone()),
+            (ContainerState::Running, None)
+        );
+
+        // Level-triggered: nothing more to do; and a later death is a death.
+        reconciler
+            .converge(std::slice::from_ref(&moved))
+            .await
+            .unwrap();
+        assert_eq!(runtime.take_calls(), Vec::<String>::new());
+
+        // The session ends: the container goes, and its held image with it.
+        reconciler.converge(&[]).await.unwrap();
+        assert_eq!(
+            runtime.take_calls(),
+            [
+                "stop c2".to_owned(),
+                "remove c2".into(),
+                format!("untag {held}")
+            ]
+        );
+        assert!(!runtime.images().contains(&held));
+    }
+
+    #[tokio::test]
+    async fn a_recreate_that_fails_half_way_keeps_the_files_for_the_next_pass() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        reconciler.converge(&[stopped(a.clone())]).await.unwrap();
+        let moved = DesiredSession {
+            gpus: vec![GpuId::parse(OTHER_GPU).unwrap()],
+            ..a.clone()
+        };
+
+        // The commit fails: the old container stays, untouched.
+        runtime.fail("commit");
+        runtime.take_calls();
+        reconciler
+            .converge(std::slice::from_ref(&moved))
+            .await
+            .unwrap();
+        let held = held_image(a.session_id);
+        assert_eq!(runtime.take_calls(), [format!("commit c1 {held}")]);
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report[0].container_id, "c1");
+        let error = report[0].error.as_deref().unwrap();
+        assert!(error.contains("the fake was told to fail"), "{error}");
+
+        // The creation fails after the old container is gone: the held image has the files.
+        runtime.heal();
+        runtime.fail("create");
+        reconciler
+            .converge(std::slice::from_ref(&moved))
+            .await
+            .unwrap();
+        assert!(runtime.containers().is_empty());
+        assert!(runtime.images().contains(&held));
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report[0].state, ContainerState::Missing);
+
+        // The next pass creates it from the held image.
+        runtime.heal();
+        runtime.take_calls();
+        reconciler
+            .converge(std::slice::from_ref(&moved))
+            .await
+            .unwrap();
+        let name = a.session_id.container_name();
+        assert_eq!(
+            runtime.take_calls(),
+            [format!("create {name}"), "start c2".into()]
+        );
+        assert_eq!(runtime.spec_of("c2").unwrap().image, held);
     }
 
     #[tokio::test]

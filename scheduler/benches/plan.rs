@@ -182,6 +182,10 @@ fn site(scenario: &Scenario) -> SiteState {
             let preferred_node = random
                 .chance(5)
                 .then(|| node_name(random.below(scenario.nodes as u64) as usize));
+            // Released sessions go back to their node.
+            let pinned_node = random
+                .chance(2)
+                .then(|| node_name(random.below(scenario.nodes as u64) as usize));
             PendingSession {
                 id: format!("{:016x}{n:016x}", random.next())
                     .parse::<SessionId>()
@@ -189,6 +193,7 @@ fn site(scenario: &Scenario) -> SiteState {
                 request,
                 queued_at: at(random.below(86_400) as i64),
                 preferred_node,
+                pinned_node,
             }
         })
         .collect();

@@ -56,6 +56,8 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
                     gpus: gpus.iter().map(|&gpu| index.uuid(gpu).clone()).collect(),
                 });
             }
+            // A pinned session found no room on one node only: others may still have some.
+            None if session.pinned_node.is_some() => {}
             None => {
                 let fewest = no_room.entry(shape).or_insert(request.count);
                 *fewest = (*fewest).min(request.count);
@@ -69,6 +71,11 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
 fn choose(index: &Index<'_>, session: &PendingSession) -> Option<(usize, Vec<usize>)> {
     let request = &session.request;
     let fits = index.fitting_classes(request);
+    if let Some(pinned) = &session.pinned_node {
+        let node = index.node_named(pinned)?;
+        let gpus = index.least_free_gpus_on(node, &fits, request.count)?;
+        return Some((node, gpus));
+    }
     if let Some(preferred) = session
         .preferred_node
         .as_ref()
@@ -347,6 +354,50 @@ mod tests {
                 place(4, "n1", &[5]),
             ]
         );
+    }
+
+    #[test]
+    fn a_pinned_session_goes_only_to_its_node_and_waits_for_it() {
+        let nodes = vec![
+            node("n1", vec![t4(1), a100(2)]),
+            node("n2", vec![t4(3), t4(4)]),
+        ];
+        let pin = |n, name: &str| PendingSession {
+            pinned_node: Some(node_name(name)),
+            // A pin wins over a preference.
+            preferred_node: Some(node_name("n1")),
+            ..session(n, one())
+        };
+        let pending = vec![
+            pin(1, "n2"),
+            pin(2, "n2"),
+            // n2 is full now: it waits, though n1 has room...
+            pin(3, "n2"),
+            // ...and that does not stop an equal unpinned request from taking n1's room.
+            session(4, one()),
+            // An unknown node takes nothing.
+            pin(5, "n9"),
+        ];
+        assert_eq!(
+            plan(&site(nodes, pending), at(100)),
+            [
+                place(1, "n2", &[3]),
+                place(2, "n2", &[4]),
+                place(4, "n1", &[1]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pinned_session_waits_while_its_node_is_offline() {
+        let mut offline = node("n1", vec![t4(1)]);
+        offline.online = false;
+        let nodes = vec![offline, node("n2", vec![t4(2)])];
+        let pinned = PendingSession {
+            pinned_node: Some(node_name("n1")),
+            ..session(1, one())
+        };
+        assert_eq!(plan(&site(nodes, vec![pinned]), at(100)), []);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct PendingSession {
     pub queued_at: DateTime<Utc>,
     /// e.g. the node it ran on before a hold; preferred when it fits
     pub preferred_node: Option<NodeName>,
+    /// The only node it may go to (a released session goes back to its stopped container);
+    /// it waits while that node has no room. Wins over `preferred_node`.
+    #[serde(default)]
+    pub pinned_node: Option<NodeName>,
 }
 
 /// What the session manager should do.

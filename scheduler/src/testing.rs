@@ -80,6 +80,7 @@ pub fn session(n: u32, request: GpuRequest) -> PendingSession {
         request,
         queued_at: at(i64::from(n)),
         preferred_node: None,
+        pinned_node: None,
     }
 }
 

@@ -81,33 +81,42 @@ fn reference_plan(site: &SiteState) -> Vec<Action> {
         if request.validate().is_err() {
             continue;
         }
+        let pinned = session
+            .pinned_node
+            .as_ref()
+            .map(|name| site.nodes.iter().find(|node| &node.name == name));
         let preferred = session
             .preferred_node
             .as_ref()
             .and_then(|name| site.nodes.iter().find(|node| &node.name == name))
             .and_then(|node| Some((node, least_on_node(node, request, &free)?)));
-        let chosen = preferred.or_else(|| {
-            let options = site
-                .nodes
-                .iter()
-                .filter_map(|node| Some((node, least_on_node(node, request, &free)?)));
-            if request.count == 1 {
-                options.min_by_key(|(node, gpus)| {
-                    let gpu = gpus[0];
-                    (
-                        class_key(gpu),
-                        free[&gpu.uuid],
-                        node.name.clone(),
-                        gpu.uuid.clone(),
-                    )
-                })
-            } else {
-                options.min_by_key(|(node, gpus)| {
-                    let top_down: Vec<_> = gpus.iter().rev().map(|gpu| class_key(gpu)).collect();
-                    (top_down, node.name.clone())
-                })
-            }
-        });
+        let chosen = if let Some(pinned) = pinned {
+            pinned.and_then(|node| Some((node, least_on_node(node, request, &free)?)))
+        } else {
+            preferred.or_else(|| {
+                let options = site
+                    .nodes
+                    .iter()
+                    .filter_map(|node| Some((node, least_on_node(node, request, &free)?)));
+                if request.count == 1 {
+                    options.min_by_key(|(node, gpus)| {
+                        let gpu = gpus[0];
+                        (
+                            class_key(gpu),
+                            free[&gpu.uuid],
+                            node.name.clone(),
+                            gpu.uuid.clone(),
+                        )
+                    })
+                } else {
+                    options.min_by_key(|(node, gpus)| {
+                        let top_down: Vec<_> =
+                            gpus.iter().rev().map(|gpu| class_key(gpu)).collect();
+                        (top_down, node.name.clone())
+                    })
+                }
+            })
+        };
         if let Some((node, gpus)) = chosen {
             for gpu in &gpus {
                 *free.get_mut(&gpu.uuid).expect("a chosen GPU is free") -= 1;
@@ -168,6 +177,9 @@ fn check_invariants(site: &SiteState, actions: &[Action]) -> Result<(), TestCase
                 .get(uuid)
                 .ok_or_else(|| TestCaseError::fail("placed on an unknown GPU"))?;
             prop_assert_eq!(&node.name, *node_name, "GPU of another node");
+            if let Some(pinned) = &pending.pinned_node {
+                prop_assert_eq!(pinned, *node_name, "a pinned session placed elsewhere");
+            }
             prop_assert!(node.online, "placed on an offline node");
             prop_assert!(slot.healthy, "placed on an unhealthy GPU");
             prop_assert!(fits(request, slot), "requirement violated");
@@ -195,6 +207,12 @@ fn check_invariants(site: &SiteState, actions: &[Action]) -> Result<(), TestCase
         let room = site
             .nodes
             .iter()
+            .filter(|node| {
+                session
+                    .pinned_node
+                    .as_ref()
+                    .is_none_or(|pinned| &node.name == pinned)
+            })
             .find(|node| least_on_node(node, &session.request, &free_at_end).is_some());
         prop_assert!(
             room.is_none(),
@@ -208,7 +226,10 @@ fn check_invariants(site: &SiteState, actions: &[Action]) -> Result<(), TestCase
     // capable fitting GPU free.
     for (session, (_, gpus)) in &placed {
         let pending = sessions[session];
-        if pending.request.count != 1 || pending.preferred_node.is_some() {
+        if pending.request.count != 1
+            || pending.preferred_node.is_some()
+            || pending.pinned_node.is_some()
+        {
             continue;
         }
         let given = class_key(slots[&gpus[0]].1);
@@ -231,7 +252,10 @@ fn check_invariants(site: &SiteState, actions: &[Action]) -> Result<(), TestCase
     let queue = queue_order(site);
     for (i, earlier) in queue.iter().enumerate() {
         for later in &queue[i + 1..] {
-            if earlier.request == later.request && placed.contains_key(&later.id) {
+            if earlier.request == later.request
+                && earlier.pinned_node == later.pinned_node
+                && placed.contains_key(&later.id)
+            {
                 prop_assert!(
                     placed.contains_key(&earlier.id),
                     "session {} placed before the earlier equal {}",
@@ -277,6 +301,7 @@ struct SessionSpec {
     sharing: Sharing,
     queued: i64,
     preferred: Option<usize>,
+    pinned: Option<usize>,
 }
 
 fn gpu_spec() -> impl Strategy<Value = GpuSpec> {
@@ -306,15 +331,17 @@ fn session_spec(nodes: usize) -> impl Strategy<Value = SessionSpec> {
         prop::sample::select(vec![Sharing::Exclusive, Sharing::Shared, Sharing::Any]),
         0i64..6,
         prop::option::weighted(0.2, 0..nodes + 1),
+        prop::option::weighted(0.15, 0..nodes + 1),
     )
         .prop_map(
-            |(count, min_capability, min_memory, sharing, queued, preferred)| SessionSpec {
+            |(count, min_capability, min_memory, sharing, queued, preferred, pinned)| SessionSpec {
                 count,
                 min_capability,
                 min_memory,
                 sharing,
                 queued,
                 preferred,
+                pinned,
             },
         )
 }
@@ -381,6 +408,7 @@ fn build_site(nodes: Vec<(bool, Vec<GpuSpec>)>, sessions: Vec<SessionSpec>) -> S
             queued_at: at(spec.queued),
             // One past the last node is a node the site does not know.
             preferred_node: spec.preferred.map(|n| node_name(n.min(node_count))),
+            pinned_node: spec.pinned.map(|n| node_name(n.min(node_count))),
         })
         .collect();
     SiteState { nodes, pending }
@@ -476,6 +504,7 @@ proptest! {
             }
         }
         idle.pending[0].preferred_node = None;
+        idle.pending[0].pinned_node = None;
         let placed = !plan(&idle, at(100)).is_empty();
         match check_satisfiable(&site, &idle.pending[0].request) {
             Ok(()) => prop_assert!(placed, "satisfiable but not placed on the idle site"),
@@ -506,6 +535,7 @@ fn the_invariant_checker_catches_broken_plans() {
         request,
         queued_at: at(i64::from(n)),
         preferred_node: None,
+        pinned_node: None,
     };
     let site_with = |pending: Vec<PendingSession>| SiteState {
         nodes: vec![NodeState {

@@ -5,6 +5,9 @@
 //! extractors here turn it into a [`CurrentUser`] (user routes) or read the `Authorization`
 //! header into an [`AgentNode`] (agent routes) or a [`GatewayCaller`] (gateway routes), or
 //! refuse with 401. Tokens are kept as SHA-256 digests and compared in constant time.
+//!
+//! Admins are named in the config by DN or by VOMS FQAN ([`Admins`]); a user is an admin when
+//! their DN is listed or one of the verified FQANs of the credential they presented is.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -15,7 +18,9 @@ use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use chrono::{DateTime, Utc};
-use ongrid_core::NodeName;
+use ongrid_core::api::CredentialKind;
+use ongrid_core::{Dn, NodeName};
+use ongrid_x509::voms::Fqan;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, AppState};
@@ -34,10 +39,12 @@ pub struct Peer {
 #[derive(Debug, Clone)]
 pub struct CurrentUser {
     pub user: UserRecord,
-    /// Listed in the config's `admins`.
+    /// Listed in the config's `admins`, by DN or by one of the credential's FQANs.
     pub admin: bool,
     /// Until when the credential presented on this connection is valid.
     pub not_after: DateTime<Utc>,
+    /// The credential presented on this connection: its kind, VOs and FQANs.
+    pub identity: Identity,
 }
 
 impl FromRequestParts<AppState> for CurrentUser {
@@ -58,12 +65,77 @@ impl FromRequestParts<AppState> for CurrentUser {
             .store
             .user(&identity.dn, state.config.first_uid)
             .await?;
-        let admin = state.config.admins.contains(&user.dn);
+        let admin = state.config.admins.admits(&user.dn, &identity.fqans);
         Ok(Self {
             user,
             admin,
             not_after: identity.not_after,
+            identity: identity.clone(),
         })
+    }
+}
+
+impl CurrentUser {
+    /// Whether the credential is a limited proxy.
+    pub fn is_limited(&self) -> bool {
+        self.identity.kind == CredentialKind::Limited
+    }
+}
+
+/// The admins of the config's `admins`: DNs, and VOMS FQAN patterns whose holders are admins.
+///
+/// An FQAN pattern is `/<vo>[/<group>...][/Role=<role>]`, matched as VOMS policies are
+/// ([`Fqan::matches`]): `/myvo/Role=admin` matches the verified FQAN
+/// `/myvo/Role=admin/Capability=NULL`; `/myvo` any role in the group `/myvo` (not its subgroups).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Admins {
+    dns: BTreeSet<Dn>,
+    fqans: Vec<Fqan>,
+}
+
+impl Admins {
+    /// Each entry is a slash-form DN (its first component has `=`) or an FQAN (it has none).
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let mut admins = Self::default();
+        for entry in entries {
+            let entry = entry.trim();
+            let first = entry
+                .strip_prefix('/')
+                .and_then(|rest| rest.split('/').next())
+                .unwrap_or_default();
+            if !first.is_empty() && !first.contains('=') {
+                let fqan = Fqan::parse(entry).map_err(|e| e.to_string())?;
+                if !admins.fqans.contains(&fqan) {
+                    admins.fqans.push(fqan);
+                }
+            } else {
+                let dn = Dn::parse(entry).map_err(|e| {
+                    format!(
+                        "{e}: list DNs like /DC=org/DC=example/CN=Site Admin or FQANs like \
+                         /myvo/Role=admin"
+                    )
+                })?;
+                admins.dns.insert(dn);
+            }
+        }
+        Ok(admins)
+    }
+
+    /// Whether `dn` is listed by DN.
+    pub fn contains(&self, dn: &Dn) -> bool {
+        self.dns.contains(dn)
+    }
+
+    /// Whether the holder of `dn` with the verified `fqans` is an admin.
+    pub fn admits(&self, dn: &Dn, fqans: &[Fqan]) -> bool {
+        self.contains(dn)
+            || fqans
+                .iter()
+                .any(|fqan| self.fqans.iter().any(|pattern| fqan.matches(pattern)))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dns.is_empty() && self.fqans.is_empty()
     }
 }
 
@@ -415,6 +487,46 @@ node1 0123456789abcdef0123456789abcdef
             GatewayToken::load(&dir.path().join("missing")),
             Err(GatewayTokenError::Read { .. })
         ));
+    }
+
+    #[test]
+    fn admins_by_dn_or_fqan() {
+        let admins = Admins::parse(&[
+            "/DC=org/DC=example/CN=Site Admin".to_owned(),
+            "/myvo/Role=admin".to_owned(),
+            "/othervo/ops".to_owned(),
+        ])
+        .unwrap();
+        let dn = |s: &str| Dn::parse(s).unwrap();
+        let alice = dn("/DC=org/DC=example/CN=Alice");
+        assert!(admins.contains(&dn("/DC=org/DC=example/CN=Site Admin")));
+        assert!(admins.admits(&dn("/DC=org/DC=example/CN=Site Admin"), &[]));
+        assert!(!admins.admits(&alice, &[]));
+        let fqans = |list: &[&str]| {
+            list.iter()
+                .map(|s| Fqan::parse(s).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert!(admins.admits(
+            &alice,
+            &fqans(&[
+                "/myvo/Role=NULL/Capability=NULL",
+                "/myvo/Role=admin/Capability=NULL"
+            ])
+        ));
+        assert!(admins.admits(&alice, &fqans(&["/othervo/ops/Role=production"])));
+        assert!(!admins.admits(&alice, &fqans(&["/myvo/Role=NULL/Capability=NULL"])));
+        assert!(!admins.admits(&alice, &fqans(&["/othervo/Role=NULL"])));
+        assert!(!admins.admits(&alice, &fqans(&["/myvo/sub/Role=admin"])));
+        assert!(Admins::parse(&[]).unwrap().is_empty());
+        for bad in [
+            "CN=Bob,O=x",
+            "/myvo//Role=admin",
+            "/myvo/Role=admin/extra",
+            "/",
+        ] {
+            assert!(Admins::parse(&[bad.to_owned()]).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //! and the file when one is wrong. Files the config points to (certificates, the CA directory,
 //! the agent tokens) are read by the modules that use them, see [`crate::Manager::open`].
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ongrid_core::api::ContainerLimits;
-use ongrid_core::{Dn, HumanDuration, MemorySize};
+use ongrid_core::{HumanDuration, MemorySize};
+use ongrid_x509::CrlPolicy;
 use serde::Deserialize;
+
+use crate::auth::Admins;
 
 /// Environment variable overriding `listen`.
 pub const ENV_LISTEN: &str = "ONGRID_MANAGER_LISTEN";
@@ -52,6 +54,16 @@ pub struct RawConfig {
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
     pub ca_dir: PathBuf,
+    /// VOMS trust (`<vo>/<host>.lsc` files); without it VOMS attributes are ignored.
+    #[serde(default)]
+    pub vomsdir: Option<PathBuf>,
+    /// What to do when a CA's CRL is past its nextUpdate: `refuse` (default) or `warn`.
+    #[serde(default = "default_crl_policy")]
+    pub crl_policy: String,
+    /// Whether a limited proxy may `POST /v1/keys` (default: no, it may only read).
+    #[serde(default)]
+    pub limited_proxies_may_register_keys: bool,
+    /// DNs (`/DC=org/CN=Site Admin`) or VOMS FQANs (`/myvo/Role=admin`) of the admins.
     #[serde(default)]
     pub admins: Vec<String>,
     pub agent_tokens_file: PathBuf,
@@ -70,6 +82,16 @@ pub struct RawConfig {
     pub schedule_interval: String,
     #[serde(default)]
     pub session_limits: RawSessionLimits,
+    /// `[lifecycle]`: when sessions are held (see `crate::lifecycle`).
+    #[serde(default)]
+    pub lifecycle: crate::lifecycle::RawLifecycle,
+    /// The image store the agents freeze into (the same directory, shared on real sites);
+    /// `image rm` deletes SIF files there. Optional: without it files are never deleted.
+    #[serde(default)]
+    pub image_store: Option<PathBuf>,
+    /// A freeze whose progress has not moved for this long is failed (see `crate::freezes`).
+    #[serde(default = "default_freeze_stall_timeout")]
+    pub freeze_stall_timeout: String,
 }
 
 /// `[session_limits]`: what every dev container may use.
@@ -95,11 +117,17 @@ impl Default for RawSessionLimits {
     }
 }
 
+fn default_crl_policy() -> String {
+    "refuse".to_owned()
+}
 fn default_image() -> String {
     "ongrid/dev:latest".to_owned()
 }
 fn default_first_uid() -> u32 {
     20_000
+}
+fn default_freeze_stall_timeout() -> String {
+    "1 hour".to_owned()
 }
 fn default_node_timeout() -> String {
     "30 seconds".to_owned()
@@ -130,7 +158,10 @@ pub struct Config {
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
     pub ca_dir: PathBuf,
-    pub admins: BTreeSet<Dn>,
+    pub vomsdir: Option<PathBuf>,
+    pub crl_policy: CrlPolicy,
+    pub limited_proxies_may_register_keys: bool,
+    pub admins: Admins,
     pub agent_tokens_file: PathBuf,
     /// `None`: no gateway may use the manager (`/v1/gateway/*` answer 401 saying so).
     pub gateway_token_file: Option<PathBuf>,
@@ -140,6 +171,12 @@ pub struct Config {
     pub sync_interval: Duration,
     pub schedule_interval: Duration,
     pub session_limits: ContainerLimits,
+    /// Connect deadline, idle timeout, maximum lifetime, keep-alive and activity thresholds.
+    pub lifecycle: crate::lifecycle::LifecycleConfig,
+    /// Where frozen images' SIF files are (`<dir>/sha256/<hex>.sif`); `None`: never deleted.
+    pub image_store: Option<PathBuf>,
+    /// A BUILDING image whose progress has not moved for this long is failed.
+    pub freeze_stall_timeout: Duration,
 }
 
 impl Config {
@@ -226,11 +263,23 @@ impl Validator<'_> {
         if let Some(path) = &raw.gateway_token_file {
             self.non_empty_path("gateway_token_file", path)?;
         }
-        let admins = raw
-            .admins
-            .iter()
-            .map(|dn| Dn::parse(dn).map_err(|e| self.invalid("admins", e.to_string())))
-            .collect::<Result<BTreeSet<_>, _>>()?;
+        if let Some(path) = &raw.image_store {
+            self.non_empty_path("image_store", path)?;
+        }
+        let admins = Admins::parse(&raw.admins).map_err(|e| self.invalid("admins", e))?;
+        if let Some(path) = &raw.vomsdir {
+            self.non_empty_path("vomsdir", path)?;
+        }
+        let crl_policy = match raw.crl_policy.trim() {
+            "refuse" => CrlPolicy::Refuse,
+            "warn" => CrlPolicy::Warn,
+            other => {
+                return Err(self.invalid(
+                    "crl_policy",
+                    format!("{other:?} must be \"refuse\" (default) or \"warn\""),
+                ))
+            }
+        };
         let default_image = raw.default_image.trim().to_owned();
         if let Err(message) = check_image(&default_image) {
             return Err(self.invalid("default_image", message));
@@ -247,6 +296,8 @@ impl Validator<'_> {
         let node_timeout = self.duration("node_timeout", &raw.node_timeout)?;
         let sync_interval = self.duration("sync_interval", &raw.sync_interval)?;
         let schedule_interval = self.duration("schedule_interval", &raw.schedule_interval)?;
+        let freeze_stall_timeout =
+            self.duration("freeze_stall_timeout", &raw.freeze_stall_timeout)?;
         if node_timeout <= sync_interval {
             return Err(self.invalid(
                 "node_timeout",
@@ -267,6 +318,19 @@ impl Validator<'_> {
                 format!("{memory} is too little for a dev container: give at least 64MiB"),
             ));
         }
+        let lifecycle = raw
+            .lifecycle
+            .validate(|key, value| {
+                self.duration(&format!("lifecycle.{key}"), value)
+                    .map_err(|e| crate::lifecycle::LifecycleConfigError {
+                        key,
+                        message: match e {
+                            ConfigError::Invalid { message, .. } => message,
+                            other => other.to_string(),
+                        },
+                    })
+            })
+            .map_err(|e| self.invalid(&format!("lifecycle.{}", e.key), e.message))?;
         if raw.session_limits.pids < 16 {
             return Err(self.invalid(
                 "session_limits.pids",
@@ -280,6 +344,9 @@ impl Validator<'_> {
             tls_cert: raw.tls_cert,
             tls_key: raw.tls_key,
             ca_dir: raw.ca_dir,
+            vomsdir: raw.vomsdir,
+            crl_policy,
+            limited_proxies_may_register_keys: raw.limited_proxies_may_register_keys,
             admins,
             agent_tokens_file: raw.agent_tokens_file,
             gateway_token_file: raw.gateway_token_file,
@@ -293,6 +360,9 @@ impl Validator<'_> {
                 memory,
                 pids: raw.session_limits.pids,
             },
+            lifecycle,
+            image_store: raw.image_store,
+            freeze_stall_timeout,
         })
     }
 }
@@ -354,6 +424,7 @@ pub fn parse_millicpus(value: &str) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ongrid_core::Dn;
 
     const EXAMPLE: &str = r#"
 listen = "127.0.0.1:8443"
@@ -407,6 +478,35 @@ pids = 4096
         let text = std::fs::read_to_string(&path).unwrap();
         let config = Config::from_toml(&text, &path, no_env).unwrap();
         assert_eq!(config.listen.port(), 8443);
+    }
+
+    #[test]
+    fn the_lifecycle_section_is_validated_naming_its_keys() {
+        let config = load(EXAMPLE).unwrap();
+        assert_eq!(
+            config.lifecycle,
+            crate::lifecycle::LifecycleConfig::default()
+        );
+        let text = format!(
+            "{EXAMPLE}[lifecycle]\nconnect_deadline = \"30s\"\nidle_timeout = \"1 minute\"\n"
+        );
+        let config = load(&text).unwrap();
+        assert_eq!(config.lifecycle.connect_deadline, Duration::from_secs(30));
+        assert_eq!(config.lifecycle.idle_timeout, Duration::from_secs(60));
+        let err = load(&format!("{EXAMPLE}[lifecycle]\nidle_timeout = \"soon\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `lifecycle.idle_timeout`"), "{err}");
+        let err = load(&format!(
+            "{EXAMPLE}[lifecycle]\nidle_timeout = \"9 hours\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("longer than max_idle_timeout"), "{err}");
+        let err = load(&format!("{EXAMPLE}[lifecycle]\nidle = \"1h\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("idle"), "{err}");
     }
 
     #[test]
@@ -476,6 +576,36 @@ agent_tokens_file = "t"
             .unwrap_err()
             .to_string();
         assert!(err.contains("key `gateway_token_file`"), "{err}");
+    }
+
+    #[test]
+    fn identity_keys() {
+        let config = load(EXAMPLE).unwrap();
+        assert_eq!(config.vomsdir, None);
+        assert_eq!(config.crl_policy, CrlPolicy::Refuse);
+        assert!(!config.limited_proxies_may_register_keys);
+        let text = EXAMPLE.replace(
+            "admins = [\"/DC=org/DC=example/CN=Site Admin\"]",
+            "admins = [\"/DC=org/DC=example/CN=Site Admin\", \"/myvo/Role=admin\"]\n\
+             vomsdir = \"/etc/grid-security/vomsdir\"\ncrl_policy = \"warn\"\n\
+             limited_proxies_may_register_keys = true",
+        );
+        let config = load(&text).unwrap();
+        assert_eq!(
+            config.vomsdir,
+            Some(PathBuf::from("/etc/grid-security/vomsdir"))
+        );
+        assert_eq!(config.crl_policy, CrlPolicy::Warn);
+        assert!(config.limited_proxies_may_register_keys);
+        assert!(config.admins.admits(
+            &Dn::parse("/DC=org/CN=Someone").unwrap(),
+            &[ongrid_x509::voms::Fqan::parse("/myvo/Role=admin/Capability=NULL").unwrap()]
+        ));
+        let err = load(&text.replace("\"warn\"", "\"ignore\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `crl_policy`"), "{err}");
+        assert!(err.contains("\"refuse\""), "{err}");
     }
 
     #[test]

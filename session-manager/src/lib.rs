@@ -8,7 +8,9 @@
 //! Modules: [`config`] (the TOML file), [`tls`] (server TLS, client certificate → identity),
 //! [`server`] (the accept loop), [`auth`] (users, agent and gateway tokens), [`api`] (the
 //! routes), [`keys`] (SSH public keys and their policy), [`store`] (persistence), [`site`] (the
-//! site as the scheduler sees it), [`scheduler`] (the loop), [`clock`] (injected time).
+//! site as the scheduler sees it), [`scheduler`] (the loop), [`lifecycle`] (when sessions are
+//! held, and the timer that holds them), [`freezes`] (fails freezes that cannot finish),
+//! [`clock`] (injected time).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
 //! (or [`run`], which does both).
@@ -17,7 +19,9 @@ pub mod api;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod freezes;
 pub mod keys;
+pub mod lifecycle;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -41,7 +45,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::scheduler::Scheduler;
 use crate::server::Server;
 use crate::store::SqliteStore;
-use crate::tls::{CaDirAuthenticator, ClientAuthenticator};
+use crate::tls::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 
 /// Everything the config points to, loaded and checked, without touching the database.
 /// `--check-config` stops here.
@@ -59,7 +63,11 @@ pub struct Prepared {
 pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
     let provider = tls::provider();
     let authenticator: Arc<dyn ClientAuthenticator> =
-        Arc::new(CaDirAuthenticator::load(&config.ca_dir, provider.clone())?);
+        Arc::new(GridAuthenticator::load(TrustConfig {
+            ca_dir: config.ca_dir.clone(),
+            vomsdir: config.vomsdir.clone(),
+            crl_policy: config.crl_policy,
+        })?);
     let tls = tls::server_config(
         &config.tls_cert,
         &config.tls_key,
@@ -157,6 +165,22 @@ impl Manager {
                 .clone()
                 .run(config.schedule_interval, shutdown.clone()),
         );
+        let holds = Arc::new(lifecycle::Timer::new(
+            store.clone(),
+            self.clock.clone(),
+            config.lifecycle,
+            wake.clone(),
+        ));
+        tracker.spawn(holds.run(shutdown.clone()));
+        let freezes = Arc::new(freezes::FreezeWatch::new(
+            store.clone(),
+            self.clock.clone(),
+            freezes::FreezeLimits {
+                node_timeout: config.node_timeout,
+                stall_timeout: config.freeze_stall_timeout,
+            },
+        ));
+        tracker.spawn(freezes.run(shutdown.clone()));
 
         let state = AppState {
             store: store.clone(),

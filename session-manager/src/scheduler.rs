@@ -11,13 +11,19 @@
 //! 3. applies each `Place` action as PENDING → STARTING ("placed on N (GPU-...)") in its own
 //!    transaction, which re-checks the state: a session removed meanwhile is skipped.
 //!
+//! A PENDING session that still has a node is a released one whose stopped container is there:
+//! it is pinned to that node while the node is registered and online. When the node is offline
+//! or gone the pin is dropped, the session starts anywhere in a new container, and the reason of
+//! its placement says so.
+//!
 //! The time comes from the injected [`Clock`], so tests move time instead of sleeping.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::{GpuId, SessionState};
+use ongrid_core::{GpuId, NodeName, SessionId, SessionState};
 use ongrid_scheduler::Action;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -126,7 +132,26 @@ impl Scheduler {
             return Ok(report);
         }
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
-        let state = site.scheduler_state(pending.iter().map(pending_session).collect());
+        let mut unpinned: HashMap<SessionId, NodeName> = HashMap::new();
+        let queue = pending
+            .iter()
+            .map(|session| {
+                let mut queued = pending_session(session);
+                if let Some(node) = &session.node {
+                    let online = site
+                        .nodes
+                        .iter()
+                        .any(|n| n.name == *node && site.is_online(n));
+                    if online {
+                        queued.pinned_node = Some(node.clone());
+                    } else {
+                        unpinned.insert(session.id, node.clone());
+                    }
+                }
+                queued
+            })
+            .collect();
+        let state = site.scheduler_state(queue);
         for action in ongrid_scheduler::plan(&state, now) {
             match action {
                 Action::Place {
@@ -135,10 +160,18 @@ impl Scheduler {
                     gpus,
                 } => {
                     let names: Vec<&str> = gpus.iter().map(|g| g.as_str()).collect();
+                    let mut reason = format!("placed on {node} ({})", names.join(", "));
+                    if let Some(old) = unpinned.get(&session) {
+                        reason.push_str(&format!(
+                            "; {old}, where its held container is, is offline, so it starts in \
+                             a new container: the old one is removed when {old} is back (the \
+                             home volume there is kept)"
+                        ));
+                    }
                     let change = Change {
                         to: SessionState::Starting,
                         at: now,
-                        reason: format!("placed on {node} ({})", names.join(", ")),
+                        reason,
                         placement: Placement::Place {
                             node: node.clone(),
                             gpus: gpus.into_iter().map(GpuId::Gpu).collect(),
@@ -197,6 +230,7 @@ mod tests {
             driver_version: None,
             mig_enabled: false,
             health: GpuHealth::Healthy,
+            utilization_percent: None,
         }
     }
 
@@ -337,6 +371,48 @@ mod tests {
             .unwrap());
         assert_eq!(f.scheduler.tick(gone).await.unwrap().placed, 1);
         assert_eq!(state(&f, &starting).await.state, SessionState::Starting);
+    }
+
+    #[tokio::test]
+    async fn a_released_session_whose_node_is_offline_starts_elsewhere_and_says_so() {
+        let f = fixture(&[gpu(1)]).await;
+        let session = create(&f, t0()).await;
+        assert_eq!(f.scheduler.tick(t0()).await.unwrap().placed, 1);
+        for (to, reason) in [
+            (SessionState::Waiting, "container running on node1"),
+            (SessionState::Held, "owner: held by alice"),
+            (SessionState::Pending, "released by alice"),
+        ] {
+            let change = Change {
+                to,
+                at: t0(),
+                reason: reason.to_owned(),
+                placement: Placement::Keep,
+            };
+            f.store.transition(session.id, change).await.unwrap();
+        }
+        // node1 stops responding; node2 has a free GPU.
+        let gone = t0() + TimeDelta::seconds(31);
+        let registration = NodeRegistration {
+            name: NodeName::parse("node2").unwrap(),
+            gpu_backend: "simulated".to_owned(),
+            agent_version: "test".to_owned(),
+            stream_url: None,
+        };
+        f.store
+            .register_node(registration, &[gpu(2)], gone)
+            .await
+            .unwrap();
+        assert_eq!(f.scheduler.tick(gone).await.unwrap().placed, 1);
+        let placed = state(&f, &session).await;
+        assert_eq!(placed.state, SessionState::Starting);
+        assert_eq!(placed.node.as_ref().map(|n| n.as_str()), Some("node2"));
+        assert_eq!(
+            placed.reason,
+            "placed on node2 (GPU-11111111-2222-3333-4444-555555555502); node1, where its held \
+             container is, is offline, so it starts in a new container: the old one is removed \
+             when node1 is back (the home volume there is kept)"
+        );
     }
 
     #[tokio::test]

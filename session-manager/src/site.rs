@@ -169,5 +169,6 @@ pub fn pending_session(session: &SessionRecord) -> PendingSession {
         request: session.request,
         queued_at: session.queued_at,
         preferred_node: session.preferred_node.clone(),
+        pinned_node: None,
     }
 }

@@ -1,40 +1,57 @@
-//! TLS for the API: the server certificate, and client certificates turned into an [`Identity`].
+//! TLS for the API: the server certificate, and client certificates — plain grid certificates
+//! and RFC 3820 proxies, with their VOMS attributes — turned into an [`Identity`].
 //!
 //! Client authentication sits behind one trait, [`ClientAuthenticator`]: it checks a presented
-//! chain and names the subject. [`CaDirAuthenticator`] is today's implementation (plain X.509
-//! certificates from the CAs in `ca_dir`, checked by webpki); grid proxy certificates (RFC 3820)
-//! will come as another implementation of the same trait, and nothing else changes.
+//! chain and says whose it is. [`GridAuthenticator`] is the implementation: `ongrid_x509` checks
+//! the chain against the IGTF-style `ca_dir` (CAs, CRLs; every proxy rule of RFC 3820) and reads
+//! the VOMS attributes trusted by `vomsdir`. It notices when fetch-crl or a package update
+//! changes either directory and reloads them.
 //!
-//! [`AuthenticatorVerifier`] plugs an authenticator into rustls. A client certificate is optional
-//! (agents authenticate with bearer tokens instead), but one that is presented must verify: if not,
-//! the handshake fails with a TLS alert, which devctl reports as "certificate refused".
+//! [`AuthenticatorVerifier`] plugs an authenticator into rustls. webpki refuses proxies (their
+//! critical ProxyCertInfo extension), so the handshake signatures are checked here with the
+//! leaf's public key directly. A client certificate is optional (agents authenticate with bearer
+//! tokens instead), but one that is presented must verify: if not, the handshake fails with a TLS
+//! alert (`unknown_ca`, `certificate_expired`, `certificate_revoked`, ...), which devctl turns
+//! into one line naming the fix.
 
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use ongrid_core::api::CredentialKind;
 use ongrid_core::Dn;
+use ongrid_x509::voms::{Fqan, VomsDir};
+use ongrid_x509::{CaDir, ChainError, CrlPolicy, ProxyKind, VerifiedChain, VerifyOptions};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, SubjectPublicKeyInfoDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::WebPkiClientVerifier;
 use rustls::{
-    CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
-    SignatureScheme,
+    CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, PeerMisbehaved,
+    ServerConfig, SignatureScheme,
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
-use x509_parser::x509::X509Name;
 
 /// Who is on the other end of a connection that presented a valid client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// The subject DN of the end-entity certificate, in slash form.
+    /// The subject DN of the end-entity certificate (of an independent proxy: the proxy's own),
+    /// in slash form.
     pub dn: Dn,
-    /// Until when the credential is valid: the end-entity certificate's notAfter (for a proxy
-    /// chain, the earliest notAfter of the chain). SSH keys registered with it expire then.
+    /// A plain certificate, or which kind of proxy.
+    pub kind: CredentialKind,
+    /// The VOs of the verified VOMS attribute certificates, in the order presented.
+    pub vos: Vec<String>,
+    /// The verified FQANs, primary first.
+    pub fqans: Vec<Fqan>,
+    /// Until when the credential is valid: the earliest notAfter of the chain. SSH keys
+    /// registered with it expire then.
     pub not_after: DateTime<Utc>,
 }
 
@@ -44,20 +61,27 @@ pub enum AuthError {
     #[error("no client certificate was presented")]
     NoCertificate,
     #[error("client certificate refused: {0}")]
-    Refused(#[source] rustls::Error),
-    #[error("client certificate subject or validity cannot be read: {0}")]
-    BadSubject(String),
+    Refused(#[from] ChainError),
 }
 
 impl AuthError {
-    /// The rustls error that makes the handshake fail with the matching alert.
+    /// The rustls error that makes the handshake fail with the matching alert, which is all the
+    /// client learns: `unknown_ca`, `certificate_expired`, `certificate_revoked`, or
+    /// `certificate_unknown` for everything else.
     fn into_rustls(self) -> rustls::Error {
-        match self {
-            Self::Refused(error) => error,
-            Self::NoCertificate | Self::BadSubject(_) => {
-                rustls::Error::InvalidCertificate(CertificateError::BadEncoding)
+        let Self::Refused(error) = self else {
+            return rustls::Error::InvalidCertificate(CertificateError::BadEncoding);
+        };
+        let certificate_error = match &error {
+            ChainError::UnknownCa { .. } => CertificateError::UnknownIssuer,
+            ChainError::ProxyExpired { .. } | ChainError::CertificateExpired { .. } => {
+                CertificateError::Expired
             }
-        }
+            ChainError::NotYetValid { .. } => CertificateError::NotValidYet,
+            ChainError::Revoked { .. } => CertificateError::Revoked,
+            _ => CertificateError::Other(OtherError(Arc::new(error))),
+        };
+        rustls::Error::InvalidCertificate(certificate_error)
     }
 }
 
@@ -70,6 +94,12 @@ pub trait ClientAuthenticator: Send + Sync + fmt::Debug {
         chain: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<Identity, AuthError>;
+
+    /// Only whether the chain is acceptable, as the handshake needs it; the default does the
+    /// whole [`Self::authenticate`].
+    fn verify(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> Result<(), AuthError> {
+        self.authenticate(chain, now).map(|_| ())
+    }
 
     /// Subjects of the trusted CAs, sent to clients as a hint of which certificate to present.
     fn root_hint_subjects(&self) -> &[DistinguishedName];
@@ -91,10 +121,14 @@ pub enum TlsError {
         path: PathBuf,
         what: &'static str,
     },
-    #[error("ca_dir {} holds no CA certificate (IGTF layout: <hash>.0 PEM files)", path.display())]
-    NoCas { path: PathBuf },
-    #[error("building the client certificate verifier for ca_dir {}: {message}", path.display())]
-    Verifier { path: PathBuf, message: String },
+    #[error("ca_dir {}: {source}", path.display())]
+    CaDir {
+        path: PathBuf,
+        #[source]
+        source: ongrid_x509::CaDirError,
+    },
+    #[error("vomsdir {}: {message}", path.display())]
+    VomsDir { path: PathBuf, message: String },
     #[error("tls_cert and tls_key do not make a usable server identity: {0}")]
     ServerIdentity(#[source] rustls::Error),
 }
@@ -105,118 +139,293 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Accepts client certificates issued (directly or through intermediates the client sends) by a
-/// CA found in an IGTF-style directory (`<subject-hash>.0` ... `.9` PEM files).
-///
-/// CRLs (`<hash>.r0`) are not read yet: revocation comes with the proxy-aware authenticator.
-pub struct CaDirAuthenticator {
-    dir: PathBuf,
-    ca_count: usize,
-    verifier: Arc<dyn ClientCertVerifier>,
+/// What [`GridAuthenticator`] trusts and how strictly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustConfig {
+    /// IGTF layout: `<hash>.0` CA certificates, `<hash>.r0` CRLs.
+    pub ca_dir: PathBuf,
+    /// `<vo>/<host>.lsc` files; `None`: VOMS attributes are not read.
+    pub vomsdir: Option<PathBuf>,
+    /// What a CRL past its nextUpdate does.
+    pub crl_policy: CrlPolicy,
 }
 
-impl fmt::Debug for CaDirAuthenticator {
+/// How long the trust directories are believed unchanged before they are looked at again.
+pub const RELOAD_CHECK: Duration = Duration::from_secs(60);
+/// How long an identical warning is kept quiet after it was logged.
+const WARNING_QUIET: Duration = Duration::from_secs(3600);
+/// Tolerated difference between the client's and the manager's clock (as Globus and canl do).
+pub const CLOCK_SKEW: Duration = Duration::from_secs(300);
+/// The smallest RSA key accepted anywhere in a chain.
+pub const MIN_RSA_BITS: u32 = 2048;
+
+/// Accepts grid certificates and RFC 3820 proxies whose chain ends at a CA of `ca_dir`.
+pub struct GridAuthenticator {
+    config: TrustConfig,
+    hints: Vec<DistinguishedName>,
+    trust: RwLock<Trust>,
+    reload_check: Duration,
+    warned: Mutex<HashMap<String, Instant>>,
+}
+
+/// The loaded directories and what they looked like when loaded.
+struct Trust {
+    cas: Arc<CaDir>,
+    vomsdir: Option<Arc<VomsDir>>,
+    stamp: u64,
+    checked: Instant,
+}
+
+impl fmt::Debug for GridAuthenticator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CaDirAuthenticator")
-            .field("dir", &self.dir)
-            .field("ca_count", &self.ca_count)
+        f.debug_struct("GridAuthenticator")
+            .field("config", &self.config)
+            .field("ca_count", &self.hints.len())
             .finish_non_exhaustive()
     }
 }
 
-impl CaDirAuthenticator {
-    /// Loads every `*.0`..`*.9` PEM file of `dir`. A file that does not parse is skipped with a
-    /// warning (one bad CA file must not lock every user out); a directory with no CA at all is
-    /// an error.
-    pub fn load(dir: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
-        let entries = fs::read_dir(dir).map_err(|source| TlsError::Read {
-            key: "ca_dir",
-            path: dir.to_owned(),
-            source,
-        })?;
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|entry| entry.path())
-            .filter(|path| is_ca_file_name(path))
+impl GridAuthenticator {
+    /// Loads the CA directory (and vomsdir). A directory without any CA is an error; single bad
+    /// files are skipped with a warning by `ongrid_x509`.
+    pub fn load(config: TrustConfig) -> Result<Self, TlsError> {
+        let (cas, vomsdir) = load_trust(&config)?;
+        let hints: Vec<DistinguishedName> = cas
+            .subjects()
+            .into_iter()
+            .map(DistinguishedName::from)
             .collect();
-        paths.sort();
-        let mut roots = RootCertStore::empty();
-        for path in &paths {
-            let pem = match fs::read(path) {
-                Ok(pem) => pem,
-                Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "Skipping unreadable CA file.");
-                    continue;
-                }
-            };
-            let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
-                .filter_map(Result::ok)
-                .collect();
-            if certs.is_empty() {
-                tracing::warn!(path = %path.display(), "Skipping CA file without a PEM certificate.");
-                continue;
-            }
-            let (added, ignored) = roots.add_parsable_certificates(certs);
-            if ignored > 0 {
-                tracing::warn!(path = %path.display(), added, ignored, "Skipping unparsable CA certificates.");
-            }
-        }
-        if roots.is_empty() {
-            return Err(TlsError::NoCas {
-                path: dir.to_owned(),
-            });
-        }
-        let ca_count = roots.len();
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| TlsError::Verifier {
-                path: dir.to_owned(),
-                message: e.to_string(),
-            })?;
-        tracing::info!(dir = %dir.display(), ca_count, "Loaded client CAs.");
+        tracing::info!(
+            ca_dir = %config.ca_dir.display(),
+            ca_count = hints.len(),
+            vomsdir = ?config.vomsdir,
+            crl_policy = ?config.crl_policy,
+            "Loaded client CAs."
+        );
+        let trust = Trust {
+            cas,
+            vomsdir,
+            stamp: stamp(&config),
+            checked: Instant::now(),
+        };
         Ok(Self {
-            dir: dir.to_owned(),
-            ca_count,
-            verifier,
+            config,
+            hints,
+            trust: RwLock::new(trust),
+            reload_check: RELOAD_CHECK,
+            warned: Mutex::new(HashMap::new()),
         })
     }
 
-    /// How many CA certificates were loaded.
+    /// Looks at the directories for changes this often instead of [`RELOAD_CHECK`] (tests).
+    pub fn with_reload_check(mut self, every: Duration) -> Self {
+        self.reload_check = every;
+        self
+    }
+
+    /// How many CA certificates were loaded at start.
     pub fn ca_count(&self) -> usize {
-        self.ca_count
+        self.hints.len()
+    }
+
+    /// The current CAs and VOMS trust, reloaded first when the directories changed since the
+    /// last look (at most every `reload_check`). A reload that fails keeps the old trust.
+    fn current(&self) -> (Arc<CaDir>, Option<Arc<VomsDir>>) {
+        {
+            let trust = self.trust.read().unwrap_or_else(|e| e.into_inner());
+            if trust.checked.elapsed() < self.reload_check {
+                return (trust.cas.clone(), trust.vomsdir.clone());
+            }
+        }
+        let mut trust = self.trust.write().unwrap_or_else(|e| e.into_inner());
+        if trust.checked.elapsed() >= self.reload_check {
+            trust.checked = Instant::now();
+            let now = stamp(&self.config);
+            if now != trust.stamp {
+                match load_trust(&self.config) {
+                    Ok((cas, vomsdir)) => {
+                        tracing::info!(ca_dir = %self.config.ca_dir.display(), "Reloaded client CAs and CRLs: the directory changed.");
+                        trust.cas = cas;
+                        trust.vomsdir = vomsdir;
+                        trust.stamp = now;
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "Reloading the client CAs failed; keeping the ones loaded before.");
+                    }
+                }
+            }
+        }
+        (trust.cas.clone(), trust.vomsdir.clone())
+    }
+
+    fn options(&self, now: UnixTime) -> VerifyOptions {
+        let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+        let now = DateTime::from_timestamp(seconds, 0).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        VerifyOptions {
+            clock_skew: CLOCK_SKEW,
+            crl_policy: self.config.crl_policy,
+            min_rsa_bits: MIN_RSA_BITS,
+            allow_independent: true,
+            ..VerifyOptions::at(now)
+        }
+    }
+
+    fn verify_chain(
+        &self,
+        chain: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<Checked, AuthError> {
+        if chain.is_empty() {
+            return Err(AuthError::NoCertificate);
+        }
+        let der: Vec<Vec<u8>> = chain.iter().map(|c| c.as_ref().to_vec()).collect();
+        let (cas, vomsdir) = self.current();
+        let options = self.options(now);
+        let verified = ongrid_x509::verify_chain(&der, &cas, &options)?;
+        Ok(Checked {
+            verified,
+            cas,
+            vomsdir,
+            now: options.now,
+        })
+    }
+
+    /// Logs `warning` about `dn` unless the same one was logged within the last hour.
+    fn warn_once(&self, dn: &Dn, warning: &str) {
+        let key = format!("{dn}\n{warning}");
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if warned
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < WARNING_QUIET)
+        {
+            return;
+        }
+        if warned.len() > 10_000 {
+            warned.retain(|_, at| now.duration_since(*at) < WARNING_QUIET);
+        }
+        warned.insert(key, now);
+        tracing::warn!(%dn, warning, "Client credential accepted with a warning.");
     }
 }
 
-/// `<anything>.0` to `<anything>.9`: the IGTF names of CA certificates (CRLs are `.r0`).
-fn is_ca_file_name(path: &Path) -> bool {
-    path.is_file()
-        && path
-            .extension()
-            .and_then(|ext| ext.to_str())
-            .is_some_and(|ext| ext.len() == 1 && ext.as_bytes()[0].is_ascii_digit())
+/// A verified chain and the trust it was verified with (VOMS attributes are checked with it).
+struct Checked {
+    verified: VerifiedChain,
+    cas: Arc<CaDir>,
+    vomsdir: Option<Arc<VomsDir>>,
+    now: DateTime<Utc>,
 }
 
-impl ClientAuthenticator for CaDirAuthenticator {
+fn load_trust(config: &TrustConfig) -> Result<(Arc<CaDir>, Option<Arc<VomsDir>>), TlsError> {
+    let cas = CaDir::load(&config.ca_dir).map_err(|source| TlsError::CaDir {
+        path: config.ca_dir.clone(),
+        source,
+    })?;
+    let vomsdir = match &config.vomsdir {
+        Some(path) => Some(Arc::new(VomsDir::load(path).map_err(|e| {
+            TlsError::VomsDir {
+                path: path.clone(),
+                message: e.to_string(),
+            }
+        })?)),
+        None => None,
+    };
+    Ok((Arc::new(cas), vomsdir))
+}
+
+/// A digest of the names, sizes and modification times of the files in the trust
+/// directories (and one level below, for vomsdir's `<vo>/` directories).
+fn stamp(config: &TrustConfig) -> u64 {
+    fn walk(dir: &Path, depth: u8, hasher: &mut DefaultHasher) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            entry.file_name().hash(hasher);
+            if let Ok(meta) = entry.metadata() {
+                meta.len().hash(hasher);
+                meta.modified().ok().hash(hasher);
+                if meta.is_dir() && depth > 0 {
+                    walk(&entry.path(), depth - 1, hasher);
+                }
+            }
+        }
+    }
+    let mut hasher = DefaultHasher::new();
+    walk(&config.ca_dir, 0, &mut hasher);
+    if let Some(vomsdir) = &config.vomsdir {
+        walk(vomsdir, 1, &mut hasher);
+    }
+    hasher.finish()
+}
+
+fn credential_kind(kind: ProxyKind) -> CredentialKind {
+    match kind {
+        ProxyKind::EndEntity => CredentialKind::EndEntity,
+        ProxyKind::Impersonation => CredentialKind::Impersonation,
+        ProxyKind::Limited => CredentialKind::Limited,
+        ProxyKind::Independent => CredentialKind::Independent,
+    }
+}
+
+impl ClientAuthenticator for GridAuthenticator {
     fn authenticate(
         &self,
         chain: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<Identity, AuthError> {
-        let (end_entity, intermediates) = chain.split_first().ok_or(AuthError::NoCertificate)?;
-        self.verifier
-            .verify_client_cert(end_entity, intermediates, now)
-            .map_err(AuthError::Refused)?;
-        end_entity_identity(end_entity).map_err(AuthError::BadSubject)
+        let Checked {
+            verified,
+            cas,
+            vomsdir,
+            now,
+        } = self.verify_chain(chain, now)?;
+        let dn = verified.identity.clone();
+        for warning in &verified.warnings {
+            self.warn_once(&dn, warning);
+        }
+        let mut vos = Vec::new();
+        let mut fqans = Vec::new();
+        if let Some(vomsdir) = &vomsdir {
+            let (attributes, warnings) =
+                ongrid_x509::voms::attributes(&verified, &cas, vomsdir, now);
+            for warning in &warnings {
+                self.warn_once(&dn, warning);
+            }
+            for attribute in attributes {
+                vos.push(attribute.vo.clone());
+                fqans.extend(attribute.fqans.iter().cloned());
+            }
+        } else if !verified.voms_der.is_empty() {
+            self.warn_once(
+                &dn,
+                "the proxy carries VOMS attributes, but they are ignored: no vomsdir is configured",
+            );
+        }
+        Ok(Identity {
+            dn,
+            kind: credential_kind(verified.kind),
+            vos,
+            fqans,
+            not_after: verified.not_after,
+        })
+    }
+
+    fn verify(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> Result<(), AuthError> {
+        self.verify_chain(chain, now).map(|_| ())
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.verifier.root_hint_subjects()
+        &self.hints
     }
 }
 
 /// The rustls side of a [`ClientAuthenticator`]: offers client authentication, does not require
-/// it, and refuses the handshake when a presented chain does not authenticate.
+/// it, refuses the handshake when a presented chain does not verify, and checks the client's
+/// handshake signature with the public key of the chain's first certificate.
 #[derive(Debug)]
 pub struct AuthenticatorVerifier {
     authenticator: Arc<dyn ClientAuthenticator>,
@@ -230,6 +439,13 @@ impl AuthenticatorVerifier {
             algorithms: provider.signature_verification_algorithms,
         }
     }
+}
+
+/// The SubjectPublicKeyInfo (DER) of a certificate.
+fn spki_of(cert: &CertificateDer<'_>) -> Result<Vec<u8>, rustls::Error> {
+    let (_, parsed) = X509Certificate::from_der(cert.as_ref())
+        .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+    Ok(parsed.public_key().raw.to_vec())
 }
 
 impl ClientCertVerifier for AuthenticatorVerifier {
@@ -254,19 +470,51 @@ impl ClientCertVerifier for AuthenticatorVerifier {
         let mut chain = Vec::with_capacity(intermediates.len() + 1);
         chain.push(end_entity.clone());
         chain.extend(intermediates.iter().cloned());
-        self.authenticator
-            .authenticate(&chain, now)
-            .map(|_| ClientCertVerified::assertion())
-            .map_err(AuthError::into_rustls)
+        match self.authenticator.verify(&chain, now) {
+            Ok(()) => Ok(ClientCertVerified::assertion()),
+            Err(error) => {
+                tracing::info!(%error, "Client certificate refused in the TLS handshake.");
+                Err(error.into_rustls())
+            }
+        }
     }
 
+    /// TLS 1.2 names a scheme that may map to several algorithms: each is tried with the leaf's
+    /// key, as rustls does for certificates webpki can parse.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+        let unadvertised = || {
+            rustls::Error::PeerMisbehaved(PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme)
+        };
+        let algorithms = self
+            .algorithms
+            .mapping
+            .iter()
+            .find(|(scheme, _)| *scheme == dss.scheme)
+            .map(|(_, algorithms)| *algorithms)
+            .ok_or_else(unadvertised)?;
+        let spki = spki_of(cert)?;
+        let spki = SubjectPublicKeyInfoDer::from(spki.as_slice());
+        let key = webpki::RawPublicKeyEntity::try_from(&spki)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        for algorithm in algorithms {
+            match key.verify_signature(*algorithm, message, dss.signature()) {
+                Ok(()) => return Ok(HandshakeSignatureValid::assertion()),
+                Err(webpki::Error::UnsupportedSignatureAlgorithmForPublicKeyContext(_)) => {}
+                Err(_) => {
+                    return Err(rustls::Error::InvalidCertificate(
+                        CertificateError::BadSignature,
+                    ))
+                }
+            }
+        }
+        Err(rustls::Error::InvalidCertificate(
+            CertificateError::BadSignature,
+        ))
     }
 
     fn verify_tls13_signature(
@@ -275,7 +523,13 @@ impl ClientCertVerifier for AuthenticatorVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+        let spki = spki_of(cert)?;
+        rustls::crypto::verify_tls13_signature_with_raw_key(
+            message,
+            &SubjectPublicKeyInfoDer::from(spki.as_slice()),
+            dss,
+            &self.algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -346,65 +600,6 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         })
 }
 
-/// The subject DN and notAfter of a DER certificate.
-pub fn end_entity_identity(cert: &CertificateDer<'_>) -> Result<Identity, String> {
-    let (_, parsed) = X509Certificate::from_der(cert.as_ref()).map_err(|e| e.to_string())?;
-    let dn = name_to_dn(parsed.subject())?;
-    let seconds = parsed.validity().not_after.timestamp();
-    let not_after = DateTime::from_timestamp(seconds, 0)
-        .ok_or_else(|| format!("the certificate's notAfter ({seconds} s) is out of range"))?;
-    Ok(Identity { dn, not_after })
-}
-
-/// The subject of a DER certificate as a slash-form DN, RDNs in the order they are encoded.
-pub fn subject_dn(cert: &CertificateDer<'_>) -> Result<Dn, String> {
-    let (_, parsed) = X509Certificate::from_der(cert.as_ref()).map_err(|e| e.to_string())?;
-    name_to_dn(parsed.subject())
-}
-
-/// `X509Name` → `/KEY=value/...` with OpenSSL's short names; a multi-valued RDN is joined with
-/// `+`; an attribute without a known short name is written as its dotted OID.
-pub fn name_to_dn(name: &X509Name<'_>) -> Result<Dn, String> {
-    let mut out = String::new();
-    for rdn in name.iter_rdn() {
-        out.push('/');
-        for (i, attribute) in rdn.iter().enumerate() {
-            if i > 0 {
-                out.push('+');
-            }
-            let oid = attribute.attr_type().to_id_string();
-            out.push_str(short_name(&oid).unwrap_or(&oid));
-            out.push('=');
-            let value = match attribute.as_str() {
-                Ok(text) => text.to_owned(),
-                // BMPString and other encodings x509-parser does not turn into &str.
-                Err(_) => String::from_utf8_lossy(attribute.attr_value().data).into_owned(),
-            };
-            out.push_str(&value);
-        }
-    }
-    if out.is_empty() {
-        return Err("the certificate has an empty subject".to_owned());
-    }
-    Dn::parse(&out).map_err(|e| e.to_string())
-}
-
-fn short_name(oid: &str) -> Option<&'static str> {
-    Some(match oid {
-        "2.5.4.6" => "C",
-        "2.5.4.8" => "ST",
-        "2.5.4.7" => "L",
-        "2.5.4.10" => "O",
-        "2.5.4.11" => "OU",
-        "2.5.4.3" => "CN",
-        "2.5.4.5" => "serialNumber",
-        "0.9.2342.19200300.100.1.25" => "DC",
-        "0.9.2342.19200300.100.1.1" => "UID",
-        "1.2.840.113549.1.9.1" => "emailAddress",
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,34 +649,23 @@ mod tests {
     fn ca_dir(cas: &[&Ca]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         for (i, ca) in cas.iter().enumerate() {
-            fs::write(dir.path().join(format!("ca{i}.0")), ca.cert.pem()).unwrap();
+            fs::write(dir.path().join(format!("0000000{i}.0")), ca.cert.pem()).unwrap();
         }
         // Files a real /etc/grid-security/certificates holds besides CAs are ignored.
-        fs::write(dir.path().join("ca0.r0"), "not a CRL parser yet").unwrap();
-        fs::write(dir.path().join("ca0.signing_policy"), "access_id_CA X509").unwrap();
+        fs::write(
+            dir.path().join("00000000.signing_policy"),
+            "access_id_CA X509",
+        )
+        .unwrap();
         dir
     }
 
-    #[test]
-    fn dn_keeps_rdn_order_and_short_names() {
-        let ca = ca("Test CA");
-        let cert = user_cert(&ca, grid_dn("Alice Smith"));
-        let dn = subject_dn(&cert).unwrap();
-        assert_eq!(dn.as_str(), "/DC=org/O=Example/OU=People/CN=Alice Smith");
-    }
-
-    #[test]
-    fn unknown_attributes_are_dotted_oids() {
-        let ca = ca("Test CA");
-        let mut dn = RcDn::new();
-        dn.push(DnType::CountryName, "UK");
-        dn.push(DnType::CustomDnType(vec![1, 2, 3, 4]), "x");
-        dn.push(DnType::CommonName, "Bob");
-        let cert = user_cert(&ca, dn);
-        assert_eq!(
-            subject_dn(&cert).unwrap().as_str(),
-            "/C=UK/1.2.3.4=x/CN=Bob"
-        );
+    fn trust(dir: &Path) -> TrustConfig {
+        TrustConfig {
+            ca_dir: dir.to_owned(),
+            vomsdir: None,
+            crl_policy: CrlPolicy::Refuse,
+        }
     }
 
     #[test]
@@ -489,9 +673,11 @@ mod tests {
         let trusted = ca("Trusted CA");
         let stranger = ca("Unknown CA");
         let dir = ca_dir(&[&trusted]);
-        let auth = CaDirAuthenticator::load(dir.path(), provider()).unwrap();
+        let auth = GridAuthenticator::load(trust(dir.path())).unwrap();
         assert_eq!(auth.ca_count(), 1);
-        assert_eq!(auth.root_hint_subjects().len(), 1);
+        let hint = auth.root_hint_subjects()[0].as_ref().to_vec();
+        let (_, name) = x509_parser::x509::X509Name::from_der(&hint).unwrap();
+        assert_eq!(name.to_string(), "CN=Trusted CA");
 
         let good = user_cert(&trusted, grid_dn("Alice Smith"));
         let identity = auth.authenticate(&[good], UnixTime::now()).unwrap();
@@ -499,18 +685,19 @@ mod tests {
             identity.dn.as_str(),
             "/DC=org/O=Example/OU=People/CN=Alice Smith"
         );
+        assert_eq!(identity.kind, CredentialKind::EndEntity);
+        assert!(identity.fqans.is_empty());
 
         let bad = user_cert(&stranger, grid_dn("Mallory"));
         let err = auth.authenticate(&[bad], UnixTime::now()).unwrap_err();
         assert!(
-            matches!(
-                err,
-                AuthError::Refused(rustls::Error::InvalidCertificate(
-                    CertificateError::UnknownIssuer
-                ))
-            ),
+            matches!(err, AuthError::Refused(ChainError::UnknownCa { .. })),
             "{err}"
         );
+        assert!(matches!(
+            err.into_rustls(),
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)
+        ));
         assert!(matches!(
             auth.authenticate(&[], UnixTime::now()),
             Err(AuthError::NoCertificate)
@@ -527,21 +714,53 @@ mod tests {
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
         let dir = ca_dir(&[&ca]);
-        let auth = CaDirAuthenticator::load(dir.path(), provider()).unwrap();
+        let auth = GridAuthenticator::load(trust(dir.path())).unwrap();
         let identity = auth
             .authenticate(&[cert.der().clone()], UnixTime::now())
             .unwrap();
         assert_eq!(identity.not_after.to_rfc3339(), "2031-05-17T00:00:00+00:00");
+        // After that (and the five minutes of tolerated skew) it is refused as expired.
+        let later = UnixTime::since_unix_epoch(Duration::from_secs(
+            identity.not_after.timestamp() as u64 + 301,
+        ));
+        let err = auth.authenticate(&[cert.der().clone()], later).unwrap_err();
+        assert!(matches!(
+            err.into_rustls(),
+            rustls::Error::InvalidCertificate(CertificateError::Expired)
+        ));
+    }
+
+    #[test]
+    fn a_changed_ca_dir_is_reloaded() {
+        let first = ca("First CA");
+        let second = ca("Second CA");
+        let dir = ca_dir(&[&first]);
+        let auth = GridAuthenticator::load(trust(dir.path()))
+            .unwrap()
+            .with_reload_check(Duration::ZERO);
+        let cert = user_cert(&second, grid_dn("Bob"));
+        assert!(auth
+            .authenticate(std::slice::from_ref(&cert), UnixTime::now())
+            .is_err());
+        fs::write(dir.path().join("00000001.0"), second.cert.pem()).unwrap();
+        let identity = auth
+            .authenticate(std::slice::from_ref(&cert), UnixTime::now())
+            .unwrap();
+        assert_eq!(identity.dn.as_str(), "/DC=org/O=Example/OU=People/CN=Bob");
+        // A directory emptied by mistake keeps the CAs loaded before.
+        fs::remove_file(dir.path().join("00000000.0")).unwrap();
+        fs::remove_file(dir.path().join("00000001.0")).unwrap();
+        assert!(auth.authenticate(&[cert], UnixTime::now()).is_ok());
     }
 
     #[test]
     fn a_ca_dir_without_cas_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("junk.0"), "no PEM here").unwrap();
-        let err = CaDirAuthenticator::load(dir.path(), provider()).unwrap_err();
-        assert!(matches!(err, TlsError::NoCas { .. }), "{err}");
-        let err = CaDirAuthenticator::load(&dir.path().join("missing"), provider()).unwrap_err();
-        assert!(err.to_string().starts_with("reading ca_dir"), "{err}");
+        fs::write(dir.path().join("0badf00d.0"), "no PEM here").unwrap();
+        let err = GridAuthenticator::load(trust(dir.path())).unwrap_err();
+        assert!(matches!(err, TlsError::CaDir { .. }), "{err}");
+        let err = GridAuthenticator::load(trust(&dir.path().join("missing"))).unwrap_err();
+        assert!(err.to_string().starts_with("ca_dir "), "{err}");
     }
 
     #[test]
@@ -557,7 +776,7 @@ mod tests {
         let key_path = dir.path().join("server.key");
         fs::write(&cert_path, cert.pem()).unwrap();
         fs::write(&key_path, key.serialize_pem()).unwrap();
-        let auth = Arc::new(CaDirAuthenticator::load(dir.path(), provider()).unwrap());
+        let auth = Arc::new(GridAuthenticator::load(trust(dir.path())).unwrap());
         let config = server_config(&cert_path, &key_path, auth.clone(), provider()).unwrap();
         assert_eq!(config.alpn_protocols[0], b"h2");
         let err = server_config(&cert_path, &cert_path, auth, provider()).unwrap_err();

@@ -35,6 +35,12 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+// Frozen images (devctl freeze, devctl image).
+#[path = "api/images.rs"]
+mod images;
+#[path = "api/lifecycle.rs"]
+mod lifecycle;
+
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";
 const ALICE: &str = "/DC=org/O=Example/CN=Alice Smith";
@@ -126,7 +132,7 @@ impl Site {
         let ca = Ca::new("ongrid Test CA");
         let ca_dir = dir.path().join("certificates");
         std::fs::create_dir(&ca_dir).unwrap();
-        std::fs::write(ca_dir.join("ca.0"), ca.cert.pem()).unwrap();
+        std::fs::write(ca_dir.join("0ca0ca00.0"), ca.cert.pem()).unwrap();
 
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -363,6 +369,8 @@ impl Api {
             name: name.map(|n| SessionName::parse(n).unwrap()),
             gpus,
             image: None,
+            idle_timeout_secs: None,
+            max_duration_secs: None,
         };
         self.ok(StatusCode::CREATED, self.post("/v1/sessions", &body))
             .await
@@ -428,6 +436,8 @@ impl Api {
             node: NodeName::parse(node).unwrap(),
             gpus,
             containers,
+            activity: Vec::new(),
+            freezes: Vec::new(),
         };
         self.ok(StatusCode::OK, self.post("/v1/agent/sync", &body))
             .await
@@ -444,6 +454,7 @@ fn gpu(n: u8, capability: (u16, u16), mib: u64) -> GpuInfo {
         driver_version: Some("550.54.15".to_owned()),
         mig_enabled: false,
         health: GpuHealth::Healthy,
+        utilization_percent: None,
     }
 }
 
@@ -502,6 +513,8 @@ async fn sessions_are_private_and_admins_see_all() {
         name: Some(SessionName::parse("train1").unwrap()),
         gpus: one_gpu(),
         image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
     };
     let err = m
         .alice
@@ -669,6 +682,8 @@ async fn bad_requests_are_error_bodies() {
         name: None,
         gpus: zero,
         image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
     };
     let err = m
         .alice
@@ -685,6 +700,8 @@ async fn bad_requests_are_error_bodies() {
         name: None,
         gpus: too_new,
         image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
     };
     let err = m
         .alice
@@ -853,6 +870,8 @@ async fn placement_follows_free_gpus_and_agent_reports() {
                     name: Some(SessionName::parse("second").unwrap()),
                     gpus: one_gpu(),
                     image: None,
+                    idle_timeout_secs: None,
+                    max_duration_secs: None,
                 },
             ),
         )
@@ -929,6 +948,8 @@ async fn agents_speak_only_for_their_own_node() {
         node: NodeName::parse("node2").unwrap(),
         gpus: vec![],
         containers: vec![],
+        activity: Vec::new(),
+        freezes: Vec::new(),
     };
     let err = m
         .node2
@@ -1751,7 +1772,10 @@ impl Api {
 
     async fn connection(&self, event: &ConnectionEvent) {
         let (status, body) = self.send(self.post("/v1/gateway/connections", event)).await;
-        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let deadlines: ongrid_core::lifecycle::SessionDeadlines =
+            serde_json::from_str(&body).unwrap();
+        assert_eq!(deadlines.session_id, event.session_id);
     }
 }
 

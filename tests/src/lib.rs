@@ -113,8 +113,8 @@ impl Pki {
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_key = KeyPair::generate()?;
         let ca_cert = params.self_signed(&ca_key)?;
-        // The IGTF layout names CA files by subject hash; the manager loads every `*.0`.
-        std::fs::write(ca_dir.join("ongridtest.0"), ca_cert.pem())?;
+        // The IGTF layout names CA files `<8-hex subject hash>.0`; the manager loads only such names.
+        std::fs::write(ca_dir.join("0e2e0e2e.0"), ca_cert.pem())?;
         Ok(Self {
             ca_dir,
             dir: dir.to_path_buf(),
@@ -167,6 +167,85 @@ impl Pki {
             key,
             dn: "/DC=org/O=ongrid-test/CN=localhost".to_owned(),
         })
+    }
+}
+
+/// A grid CA made by `x509/scripts/gridca.sh`: real grid user certificates (openssl) and RFC 3820
+/// proxies made by `grid-proxy-init`, as users have them, for the identity tests.
+#[derive(Debug, Clone)]
+pub struct GridCa {
+    /// gridca.sh's OUTDIR: `certificates/`, `users/NAME/`, ...
+    pub dir: PathBuf,
+}
+
+impl GridCa {
+    /// The script, in the x509 crate.
+    pub fn script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../x509/scripts/gridca.sh")
+    }
+
+    /// Runs `gridca.sh ARGS` (the OUTDIR is given by the caller).
+    pub fn run(env: &[(&str, &str)], args: &[&str]) -> anyhow::Result<()> {
+        let out = Command::new(Self::script())
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .context("run x509/scripts/gridca.sh (needs openssl and globus-proxy-utils)")?;
+        if !out.status.success() {
+            bail!(
+                "gridca.sh {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// A new CA in `dir`, `/DC=org/DC=ongrid-test/CN=<cn>` (default `ongrid test CA`; two CAs
+    /// need two names).
+    pub fn create(dir: &Path, cn: Option<&str>) -> anyhow::Result<Self> {
+        let dir_text = dir.display().to_string();
+        let mut args = vec!["ca", dir_text.as_str()];
+        args.extend(cn);
+        Self::run(&[], &args)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The CA's IGTF directory (`<hash>.0`, `<hash>.r0`).
+    pub fn certificates(&self) -> PathBuf {
+        self.dir.join("certificates")
+    }
+
+    /// A user certificate `/DC=org/DC=ongrid-test/OU=People/CN=<name>`; returns its directory
+    /// (`usercert.pem`, `userkey.pem`).
+    pub fn user(&self, name: &str) -> anyhow::Result<PathBuf> {
+        Self::run(&[], &["user", &self.dir.display().to_string(), name])?;
+        Ok(self.dir.join("users").join(name))
+    }
+
+    /// `grid-proxy-init -rfc` for user `name` (or a proxy of the proxy file `name`) into `out`,
+    /// with more grid-proxy-init flags such as `-valid 0:1`, `-limited`, `-old`.
+    pub fn proxy(&self, name: &str, out: &Path, flags: &[&str]) -> anyhow::Result<PathBuf> {
+        let dir = self.dir.display().to_string();
+        let out_text = out.display().to_string();
+        let mut args = vec!["proxy", dir.as_str(), name, out_text.as_str()];
+        args.extend_from_slice(flags);
+        Self::run(&[], &args)?;
+        Ok(out.to_path_buf())
+    }
+
+    /// Installs this CA (certificate and CRL) into another CA directory.
+    pub fn install_into(&self, ca_dir: &Path) -> anyhow::Result<()> {
+        for entry in std::fs::read_dir(self.certificates())? {
+            let path = entry?.path();
+            if let Some(name) = path.file_name() {
+                std::fs::copy(&path, ca_dir.join(name))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -240,6 +319,92 @@ impl Site {
         site
     }
 
+    /// Like [`Site::start`], with the manager's `[lifecycle]` section set to `lifecycle` (TOML
+    /// lines such as `connect_deadline = "6s"`), so that holds happen within seconds.
+    pub fn start_with_lifecycle(gpus: &[SimGpu], lifecycle: &str) -> Self {
+        require_docker();
+        let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        let path = site.dir.path().join("manager.toml");
+        let mut text = std::fs::read_to_string(&path).expect("read manager config");
+        text.push_str("\n[lifecycle]\n");
+        text.push_str(lifecycle);
+        text.push('\n');
+        std::fs::write(&path, text).expect("write manager config");
+        site.start_manager();
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
+    /// Like [`Site::start`], with a grid CA ([`Site::grid`]) that the manager trusts next to the
+    /// harness's own, for users with real grid certificates and proxies ([`Site::grid_user`]).
+    pub fn start_grid(gpus: &[SimGpu]) -> Self {
+        require_docker();
+        let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        let grid = GridCa::create(&site.dir.path().join("grid"), None).expect("make the grid CA");
+        grid.install_into(&site.pki.ca_dir)
+            .expect("install the grid CA");
+        site.start_manager();
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
+    /// The grid CA of a site started with [`Site::start_grid`].
+    pub fn grid(&self) -> GridCa {
+        GridCa {
+            dir: self.dir.path().join("grid"),
+        }
+    }
+
+    /// A user of the grid CA, `CN=<first_name lower-case>-<suffix>` (login [`Site::login_of`]).
+    /// `creds` are the user certificate and key; the devctl config names the manager and the CA
+    /// directory but no certificate, so devctl finds a proxy as grid tools do
+    /// (`X509_USER_PROXY`, `/tmp/x509up_u<uid>`): run it with [`Site::devctl_env`].
+    pub fn grid_user(&mut self, first_name: &str) -> User {
+        let name = self.login_of(first_name);
+        let dir = self
+            .grid()
+            .user(&name)
+            .expect("make a grid user certificate");
+        let stem = first_name.to_lowercase();
+        let user = User {
+            devctl_config: self.dir.path().join(format!("devctl-{stem}.toml")),
+            creds: Credentials {
+                cert: dir.join("usercert.pem"),
+                key: dir.join("userkey.pem"),
+                dn: format!("/DC=org/DC=ongrid-test/OU=People/CN={name}"),
+            },
+            ssh_key: ssh_keygen(&self.dir.path().join(format!("ssh-{stem}"))).expect("ssh-keygen"),
+        };
+        let addr = self.manager_addr.as_deref().expect("manager started");
+        let toml = format!(
+            "manager_url = \"https://{addr}\"\nca_dir = \"{}\"\n",
+            self.pki.ca_dir.display()
+        );
+        std::fs::write(&user.devctl_config, toml).expect("write devctl config");
+        self.users.push(user.clone());
+        user
+    }
+
+    /// Runs devctl as `user` with extra environment variables (such as `X509_USER_PROXY`) on
+    /// top of what [`Site::devctl`] sets.
+    pub fn devctl_env(&self, user: &User, env: &[(&str, &Path)], args: &[&str]) -> Output {
+        Command::new(binary("devctl"))
+            .args(args)
+            .env("ONGRID_DEVCTL_CONFIG", &user.devctl_config)
+            .env_remove("ONGRID_MANAGER_URL")
+            .env_remove("X509_USER_PROXY")
+            .env_remove("X509_USER_CERT")
+            .env_remove("X509_USER_KEY")
+            .env_remove("X509_CERT_DIR")
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
+            .output()
+            .expect("run devctl")
+    }
+
     fn prepare(gpus: &[SimGpu]) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("ongrid-e2e-").tempdir()?;
         let pki = Pki::new(dir.path())?;
@@ -279,6 +444,7 @@ first_uid = 20000
 node_timeout = "10 seconds"
 sync_interval = "1 second"
 schedule_interval = "1 second"
+image_store = "{images}"
 
 [session_limits]
 cpus = "1.5"
@@ -293,6 +459,7 @@ pids = 512
             tokens = dir.path().join("agent-tokens").display(),
             gateway_token = dir.path().join("gateway-token").display(),
             image = DEV_IMAGE,
+            images = dir.path().join("images").display(),
         );
         std::fs::write(dir.path().join("manager.toml"), manager_toml)?;
 
@@ -379,6 +546,9 @@ token_file = "{token}"
 backend = "simulated"
 file = "{gpus}"
 
+[images]
+store = "{images}"
+
 [streams]
 listen = "127.0.0.1:0"
 tls_cert = "{cert}"
@@ -392,6 +562,7 @@ gateway_token_file = "{gateway_token}"
             cert = self.dir.path().join("manager.crt").display(),
             key = self.dir.path().join("manager.key").display(),
             gateway_token = self.dir.path().join("gateway-token").display(),
+            images = self.dir.path().join("images").display(),
         );
         std::fs::write(&config, toml).expect("write agent config");
         let child = Command::new(binary("ongrid-agent"))

@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use ongrid_core::api::{
     Allowlist, ConnectionEvent, ErrorBody, ErrorDetail, KeyCheck, KeyOwner, Route, RouteRequest,
 };
+use ongrid_core::lifecycle::{PlannedHold, SessionDeadlines};
 use ongrid_core::stream::{ExitStatus, Frame, StreamKind, StreamOpen};
 use ongrid_core::{
     Cidr, Dn, Institute, InstituteName, NodeName, SessionId, SessionName, SessionState, UserName,
@@ -98,6 +99,8 @@ pub struct ManagerState {
     /// SSH user name → the route, or the refusal (status, message).
     pub routes: Mutex<HashMap<String, RouteAnswer>>,
     pub events: Mutex<Vec<ConnectionEvent>>,
+    /// The answer to connection events: these deadlines (200), or 204 like an older manager.
+    pub deadlines: Mutex<Option<SessionDeadlines>>,
     pub authorize_calls: Mutex<Vec<KeyCheck>>,
     pub allowlist_fetches: std::sync::atomic::AtomicUsize,
 }
@@ -117,6 +120,13 @@ impl ManagerState {
 
     pub fn events(&self) -> Vec<ConnectionEvent> {
         self.events.lock().unwrap().clone()
+    }
+
+    /// Plans a hold (or none) in the deadlines answered from now on.
+    pub fn plan_hold(&self, hold: Option<PlannedHold>) {
+        if let Some(deadlines) = self.deadlines.lock().unwrap().as_mut() {
+            deadlines.next_hold = hold;
+        }
     }
 }
 
@@ -226,7 +236,10 @@ async fn connections(
         );
     }
     state.events.lock().unwrap().push(event);
-    StatusCode::NO_CONTENT.into_response()
+    match state.deadlines.lock().unwrap().clone() {
+        Some(deadlines) => Json(deadlines).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
 }
 
 /// Serves the fake manager's gateway routes over TLS; returns its address.
@@ -523,6 +536,8 @@ impl SshKey {
 pub struct Options {
     pub allowlist: Vec<(&'static str, Vec<&'static str>)>,
     pub proxy_trusted: Option<Vec<&'static str>>,
+    /// `activity_report` of the gateway's config; its default (60 s) when `None`.
+    pub activity_report: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -530,6 +545,7 @@ impl Default for Options {
         Self {
             allowlist: vec![("local", vec!["127.0.0.0/8"])],
             proxy_trusted: None,
+            activity_report: None,
         }
     }
 }
@@ -584,6 +600,14 @@ impl Env {
             .lock()
             .unwrap()
             .insert("train1".to_owned(), Ok(train1.clone()));
+        *manager.deadlines.lock().unwrap() = Some(SessionDeadlines {
+            session_id: train1.session_id,
+            state: SessionState::Connected,
+            idle_timeout_secs: 2 * 3600,
+            max_end_at: Some(chrono::Utc::now() + chrono::Duration::days(7)),
+            keep_until: None,
+            next_hold: None,
+        });
 
         std::fs::write(dir.path().join("token"), format!("{GATEWAY_TOKEN}\n")).unwrap();
         let mut toml = format!(
@@ -597,6 +621,9 @@ allowlist_refresh = "1 second"
             dir = dir.path().display(),
             ca = pki.ca_dir.display(),
         );
+        if let Some(every) = options.activity_report {
+            toml.push_str(&format!("activity_report = \"{every}\"\n"));
+        }
         if let Some(trusted) = &options.proxy_trusted {
             toml.push_str(&format!(
                 "[proxy_protocol]\ntrusted = [{}]\n",

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod harness;
+mod lifecycle;
 
 use std::time::Duration;
 
@@ -155,6 +156,7 @@ async fn refused_source_is_closed_before_the_banner_then_allowed_without_restart
     let env = Env::start(Options {
         allowlist: vec![("elsewhere", vec!["192.0.2.0/24"])],
         proxy_trusted: None,
+        ..Options::default()
     })
     .await;
     // Once the first allowlist arrived, the refusal is about the address.
@@ -410,6 +412,7 @@ async fn proxy_protocol_from_a_trusted_balancer() {
     let env = Env::start(Options {
         allowlist: vec![("campus", vec!["10.9.8.0/24"])],
         proxy_trusted: Some(vec!["127.0.0.1/32"]),
+        ..Options::default()
     })
     .await;
     let balancer = proxy_balancer(env.gateway, "10.9.8.7:40000".parse().unwrap()).await;
@@ -455,6 +458,7 @@ async fn a_proxy_header_from_an_untrusted_peer_is_refused() {
     let env = Env::start(Options {
         allowlist: vec![("local", vec!["127.0.0.0/8"])],
         proxy_trusted: Some(vec!["192.0.2.10/32"]),
+        ..Options::default()
     })
     .await;
     // Loopback is no balancer here: plain SSH works...

@@ -127,6 +127,7 @@ impl SeenGpus {
             .filter(|entry| !entry.present)
             .map(|entry| GpuInfo {
                 health: GpuHealth::Failed(gone_reason.to_owned()),
+                utilization_percent: None,
                 ..entry.info.clone()
             })
             .collect();
@@ -155,6 +156,7 @@ mod tests {
             driver_version: None,
             mig_enabled: false,
             health,
+            utilization_percent: Some(50),
         }
     }
 
@@ -171,6 +173,7 @@ mod tests {
 
         let gone = |info: &GpuInfo| GpuInfo {
             health: GpuHealth::Failed("gone".into()),
+            utilization_percent: None,
             ..info.clone()
         };
         assert_eq!(

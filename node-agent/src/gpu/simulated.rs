@@ -9,17 +9,17 @@
 //! memory = "40960MiB"
 //! pci_bus_id = "00000000:07:00.0"   # optional
 //! failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
-//! utilization = 0                    # optional, percent
+//! utilization = 0                    # optional: percent busy, what nvidia-smi's utilization.gpu says
 //! ```
 //!
 //! The file is read again at every discovery, so an operator or a test injects faults by editing
 //! it: `failed = "..."` marks a GPU unhealthy, and deleting an entry makes the GPU vanish, which
 //! is reported as a failure (like a GPU falling off the bus) rather than silently. Simulated GPUs
-//! need no NVIDIA container runtime.
+//! need no NVIDIA container runtime. Editing `utilization` makes the sessions on a GPU busy or idle
+//! for the manager's idle detection (the agent reports it with each session's activity).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use ongrid_core::{ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize};
@@ -78,12 +78,10 @@ struct Entry {
     utilization: Option<i64>,
 }
 
-/// One simulated GPU, validated.
+/// One simulated GPU, validated; `utilization` is in `info.utilization_percent`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimulatedGpu {
     pub info: GpuInfo,
-    /// Percent busy, when the entry says.
-    pub utilization: Option<u8>,
 }
 
 /// Parses and validates the contents of a simulated GPU file; `file` names it in errors.
@@ -146,7 +144,7 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
     let utilization = entry
         .utilization
         .map(|percent| {
-            u8::try_from(percent)
+            u32::try_from(percent)
                 .ok()
                 .filter(|&percent| percent <= 100)
                 .ok_or_else(|| format!("utilization {percent} must be a percentage from 0 to 100"))
@@ -162,8 +160,8 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
             driver_version: None,
             mig_enabled: false,
             health,
+            utilization_percent: utilization,
         },
-        utilization,
     })
 }
 
@@ -171,8 +169,6 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
 pub struct SimulatedBackend {
     file: PathBuf,
     seen: SeenGpus,
-    /// Utilisation by GPU as of the last successful discovery.
-    utilization: Mutex<BTreeMap<GpuUuid, u8>>,
 }
 
 impl SimulatedBackend {
@@ -180,7 +176,6 @@ impl SimulatedBackend {
         Self {
             file,
             seen: SeenGpus::default(),
-            utilization: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -193,28 +188,12 @@ impl SimulatedBackend {
                 source,
             })?;
         let gpus = parse(&text, &self.file)?;
-        *self
-            .utilization
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = gpus
-            .iter()
-            .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.utilization?)))
-            .collect();
         let present = gpus.into_iter().map(|gpu| gpu.info).collect();
         let gone_reason = format!(
             "not in the simulated GPU file {} any more: fallen off the bus (simulated)",
             self.file.display()
         );
         Ok(self.seen.report(present, &gone_reason))
-    }
-
-    /// Percent busy by GPU, as the file said at the last successful discovery. GPUs whose
-    /// entry has no `utilization` are absent.
-    pub fn utilization(&self) -> BTreeMap<GpuUuid, u8> {
-        self.utilization
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -248,7 +227,7 @@ capability = "8.0"
 memory = "40960MiB"
 pci_bus_id = "00000000:07:00.0"   # optional
 failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
-utilization = 0                    # optional, percent (for idle detection later)
+utilization = 0                    # optional, percent
 "#;
 
     fn entry(uuid: &str, model: &str, extra: &str) -> String {
@@ -276,8 +255,8 @@ utilization = 0                    # optional, percent (for idle detection later
                     driver_version: None,
                     mig_enabled: false,
                     health: GpuHealth::Failed("fell off the bus".into()),
+                    utilization_percent: Some(0),
                 },
-                utilization: Some(0),
             }]
         );
     }
@@ -287,7 +266,7 @@ utilization = 0                    # optional, percent (for idle detection later
         let gpus = parse(&entry(H100, "NVIDIA H100 80GB HBM3", ""), file()).unwrap();
         assert_eq!(gpus[0].info.health, GpuHealth::Healthy);
         assert_eq!(gpus[0].info.pci_bus_id, None);
-        assert_eq!(gpus[0].utilization, None);
+        assert_eq!(gpus[0].info.utilization_percent, None);
         assert_eq!(parse("", file()).unwrap(), []);
         assert_eq!(parse("# no GPUs here\n", file()).unwrap(), []);
     }
@@ -369,10 +348,10 @@ utilization = 0                    # optional, percent (for idle detection later
         assert!(before.iter().all(|gpu| gpu.health.is_healthy()));
         let a100_uuid = GpuUuid::parse(A100).unwrap();
         let h100_uuid = GpuUuid::parse(H100).unwrap();
-        assert_eq!(
-            backend.utilization(),
-            BTreeMap::from([(a100_uuid.clone(), 3), (h100_uuid.clone(), 87)])
-        );
+        let utilization = |gpus: &[GpuInfo]| -> Vec<Option<u32>> {
+            gpus.iter().map(|gpu| gpu.utilization_percent).collect()
+        };
+        assert_eq!(utilization(&before), [Some(3), Some(87)]);
 
         // The A100 reports a failure; the H100 disappears from the file.
         std::fs::write(&path, a100("failed = \"Xid 79\"")).unwrap();
@@ -387,21 +366,25 @@ utilization = 0                    # optional, percent (for idle detection later
         };
         assert!(reason.contains("fallen off the bus"), "{reason}");
         assert!(reason.contains("gpus.toml"), "{reason}");
-        assert_eq!(backend.utilization(), BTreeMap::new());
+        // Nothing is known of a vanished GPU's utilisation.
+        assert_eq!(utilization(&after), [None, None]);
 
         // Both come back healthy.
         std::fs::write(&path, format!("{}{h100}", a100(""))).unwrap();
         let back = backend.discover_gpus().await.unwrap();
         assert!(back.iter().all(|gpu| gpu.health.is_healthy()), "{back:?}");
 
-        // A broken file is an error, and the last good utilisation stays.
+        assert_eq!(utilization(&back), [None, Some(87)]);
+
+        // Utilisation is read again at every discovery, like the rest.
+        std::fs::write(&path, format!("{}{h100}", a100("utilization = 99"))).unwrap();
+        let busy = backend.discover_gpus().await.unwrap();
+        assert_eq!(utilization(&busy), [Some(99), Some(87)]);
+
+        // A broken file is an error.
         std::fs::write(&path, "[[gpu]]\nuuid = 1\n").unwrap();
         let err = backend.discover().await.unwrap_err();
         assert!(err.to_string().contains("gpus.toml"), "{err}");
-        assert_eq!(
-            backend.utilization(),
-            BTreeMap::from([(h100_uuid.clone(), 87)])
-        );
     }
 
     #[tokio::test]

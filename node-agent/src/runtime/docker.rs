@@ -21,6 +21,7 @@ use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, ExecConfig, HostConfig, Mount,
     MountTypeEnum, MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
 };
+use bollard::query_parameters::{CommitContainerOptionsBuilder, StatsOptionsBuilder};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
     InspectContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -35,6 +36,7 @@ use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, info};
 
 use super::accounts::{self, EtcFile};
+use super::LABEL_GPUS;
 use super::{
     ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
     ExecStatus, GpuAccess, RuntimeError, SessionContainer, TtySize, LABEL_HELPER, LABEL_MANAGED,
@@ -128,11 +130,19 @@ impl DockerRuntime {
                         }),
                 },
             };
+            let config = inspect.config.unwrap_or_default();
+            let gpus = summary
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(LABEL_GPUS))
+                .and_then(|value| parse_gpu_label(value));
             statuses.push(ContainerStatus {
                 id,
                 name,
                 session_id,
                 state,
+                image: config.image.unwrap_or_default(),
+                gpus,
             });
         }
         Ok(statuses)
@@ -626,6 +636,278 @@ impl ContainerRuntime for DockerRuntime {
     ) -> BoxFuture<'a, Result<Option<Vec<u8>>, RuntimeError>> {
         Box::pin(self.download(container_id, path))
     }
+
+    fn cpu_time<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>> {
+        Box::pin(self.container_cpu_time(id))
+    }
+
+    fn commit_to_image<'a>(
+        &'a self,
+        id: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(self.commit_container(id, reference))
+    }
+
+    fn image_exists<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        Box::pin(self.has_image(reference))
+    }
+
+    fn untag_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.remove_image_reference(reference))
+    }
+
+    fn freeze_commit<'a>(
+        &'a self,
+        container_id: &'a str,
+        spec: &'a super::CommitSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(self.commit_for_freeze(container_id, spec))
+    }
+
+    fn image_details<'a>(
+        &'a self,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::ImageDetails>, RuntimeError>> {
+        Box::pin(self.inspect_image_details(reference))
+    }
+
+    fn create_export_container<'a>(
+        &'a self,
+        image: &'a str,
+        name: &'a str,
+        labels: &'a std::collections::BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(self.create_export(image, name, labels))
+    }
+
+    fn export_container(
+        &self,
+        container_id: &str,
+    ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
+        let action = format!("exporting the filesystem of container {container_id}");
+        self.docker
+            .export_container(container_id)
+            .map(move |chunk| {
+                chunk
+                    .map(|bytes| bytes.to_vec())
+                    .map_err(|e| docker_error(action.clone())(e))
+            })
+            .boxed()
+    }
+
+    fn tag_image<'a>(
+        &'a self,
+        image: &'a str,
+        repository: &'a str,
+        tag: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.tag(image, repository, tag))
+    }
+
+    fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.remove_image_by_id(image_id))
+    }
+}
+
+/// Session lifecycle: CPU time for activity sampling, and the held image of a release onto
+/// other GPUs.
+impl DockerRuntime {
+    /// The container's cumulative CPU time from one `stats` sample (`stream=false`,
+    /// `one-shot=true`: no second sample for a delta, which the caller computes between syncs).
+    async fn container_cpu_time(&self, id: &str) -> Result<Option<Duration>, RuntimeError> {
+        let options = StatsOptionsBuilder::new()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stats = self.docker.stats(id, Some(options));
+        let sample = match stats.next().await {
+            None => return Ok(None),
+            Some(Ok(sample)) => sample,
+            Some(Err(e)) if is_status(&e, 404) => return Ok(None),
+            Some(Err(e)) => {
+                return Err(docker_error(format!(
+                    "reading the CPU use of container {id}"
+                ))(e))
+            }
+        };
+        // A container that does not run answers with zeroes; one that runs has used some CPU
+        // (its init at least).
+        let nanoseconds = sample
+            .cpu_stats
+            .and_then(|cpu| cpu.cpu_usage)
+            .and_then(|usage| usage.total_usage)
+            .filter(|used| *used > 0);
+        Ok(nanoseconds.map(Duration::from_nanos))
+    }
+
+    async fn commit_container(&self, id: &str, reference: &str) -> Result<String, RuntimeError> {
+        let (repo, tag) = reference.rsplit_once(':').unwrap_or((reference, "latest"));
+        let options = CommitContainerOptionsBuilder::new()
+            .container(id)
+            .repo(repo)
+            .tag(tag)
+            .comment("ongrid: a held dev container, kept while it moves to other GPUs")
+            .pause(true)
+            .build();
+        let committed = self
+            .docker
+            .commit_container(options, bollard::models::ContainerConfig::default())
+            .await
+            .map_err(docker_error(format!(
+                "committing container {id} to image {reference}"
+            )))?;
+        Ok(committed.id)
+    }
+
+    async fn has_image(&self, reference: &str) -> Result<bool, RuntimeError> {
+        match self.docker.inspect_image(reference).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(docker_error(format!("inspecting image {reference}"))(e)),
+        }
+    }
+
+    async fn remove_image_reference(&self, reference: &str) -> Result<(), RuntimeError> {
+        match self
+            .docker
+            .remove_image(
+                reference,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(docker_error(format!("removing image {reference}"))(e)),
+        }
+    }
+}
+
+/// The GPUs of an `ongrid.gpus` label: comma-separated UUIDs (none for an empty label).
+fn parse_gpu_label(value: &str) -> Option<Vec<ongrid_core::GpuId>> {
+    value
+        .split(',')
+        .filter(|part| !part.is_empty())
+        .map(|part| ongrid_core::GpuId::parse(part.trim()).ok())
+        .collect()
+}
+
+/// Freeze: the commit with the image configuration the frozen image should have, the export
+/// container, tags.
+impl DockerRuntime {
+    async fn commit_for_freeze(
+        &self,
+        container_id: &str,
+        spec: &super::CommitSpec,
+    ) -> Result<String, RuntimeError> {
+        let options = bollard::query_parameters::CommitContainerOptionsBuilder::new()
+            .container(container_id)
+            .comment(&spec.comment)
+            .author("ongrid freeze")
+            .pause(true)
+            .build();
+        let non_empty = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        let config = bollard::models::ContainerConfig {
+            entrypoint: non_empty(&spec.entrypoint),
+            cmd: non_empty(&spec.cmd),
+            working_dir: (!spec.working_dir.is_empty()).then(|| spec.working_dir.clone()),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let committed = self
+            .docker
+            .commit_container(options, config)
+            .await
+            .map_err(docker_error(format!("committing container {container_id}")))?;
+        Ok(committed.id)
+    }
+
+    async fn inspect_image_details(
+        &self,
+        reference: &str,
+    ) -> Result<Option<super::ImageDetails>, RuntimeError> {
+        let inspect = match self.docker.inspect_image(reference).await {
+            Ok(inspect) => inspect,
+            Err(e) if is_status(&e, 404) => return Ok(None),
+            Err(e) => return Err(docker_error(format!("inspecting image {reference}"))(e)),
+        };
+        let config = inspect.config.unwrap_or_default();
+        Ok(Some(super::ImageDetails {
+            id: inspect.id.unwrap_or_default(),
+            size: inspect
+                .size
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(0),
+            env: config.env.unwrap_or_default(),
+            working_dir: config.working_dir.filter(|w| !w.is_empty()),
+            entrypoint: config.entrypoint.unwrap_or_default(),
+            cmd: config.cmd.unwrap_or_default(),
+            user: config.user.filter(|u| !u.is_empty()),
+            labels: config.labels.unwrap_or_default().into_iter().collect(),
+        }))
+    }
+
+    async fn create_export(
+        &self,
+        image: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<String, RuntimeError> {
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
+        let body = ContainerCreateBody {
+            image: Some(image.to_owned()),
+            entrypoint: Some(vec![String::new()]),
+            cmd: Some(vec!["true".to_owned()]),
+            labels: Some(labels.clone().into_iter().collect()),
+            network_disabled: Some(true),
+            host_config: Some(HostConfig {
+                network_mode: Some("none".to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(docker_error(format!(
+                "creating container {name} to export image {image}"
+            )))?;
+        Ok(created.id)
+    }
+
+    async fn tag(&self, image: &str, repository: &str, tag: &str) -> Result<(), RuntimeError> {
+        let options = bollard::query_parameters::TagImageOptionsBuilder::new()
+            .repo(repository)
+            .tag(tag)
+            .build();
+        self.docker
+            .tag_image(image, Some(options))
+            .await
+            .map_err(docker_error(format!(
+                "tagging image {image} as {repository}:{tag}"
+            )))
+    }
+
+    async fn remove_image_by_id(&self, image_id: &str) -> Result<(), RuntimeError> {
+        let options = bollard::query_parameters::RemoveImageOptionsBuilder::new()
+            .force(true)
+            .build();
+        match self
+            .docker
+            .remove_image(image_id, Some(options), None)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(docker_error(format!("removing image {image_id}"))(e)),
+        }
+    }
 }
 
 /// Docker's create request for the dev container of `spec`.
@@ -831,6 +1113,15 @@ mod tests {
             wrapped[3..],
             ["sh", "40", "120", "/bin/bash", "-c", "echo 'a b'"]
         );
+    }
+
+    #[test]
+    fn gpu_labels_parse_back() {
+        let spec = spec(GpuAccess::EnvironmentOnly);
+        let label = &create_body(&spec).labels.unwrap()[LABEL_GPUS];
+        assert_eq!(parse_gpu_label(label), Some(spec.gpus.clone()));
+        assert_eq!(parse_gpu_label(""), Some(Vec::new()));
+        assert_eq!(parse_gpu_label("GPU-1,junk"), None);
     }
 
     #[test]

@@ -62,6 +62,8 @@ struct State {
     exec_stderr: Vec<u8>,
     /// What archive uploads put into containers, by container id and absolute path.
     files: BTreeMap<(String, String), FakeFile>,
+    /// CPU time used by running containers, by id, as tests set it.
+    cpu_times: BTreeMap<String, Duration>,
 }
 
 /// A file or directory an archive upload put into a container of the fake.
@@ -123,9 +125,21 @@ impl FakeRuntime {
                 name: name.to_owned(),
                 session_id,
                 state,
+                image: "ongrid/dev:latest".to_owned(),
+                gpus: None,
             },
         );
         id
+    }
+
+    /// Sets the CPU time the container `id` has used so far, as `cpu_time` answers while it runs.
+    pub fn set_cpu_time(&self, id: &str, used: Duration) {
+        self.state().cpu_times.insert(id.to_owned(), used);
+    }
+
+    /// The images the node has.
+    pub fn images(&self) -> BTreeSet<String> {
+        self.state().images.clone()
     }
 
     /// Makes the session's container stop by itself.
@@ -279,6 +293,8 @@ impl ContainerRuntime for FakeRuntime {
                     name: spec.name.clone(),
                     session_id: Some(spec.session_id),
                     state: ContainerState::Created,
+                    image: spec.image.clone(),
+                    gpus: Some(spec.gpus.clone()),
                 },
             );
             s.specs.insert(id.clone(), spec.clone());
@@ -477,5 +493,110 @@ impl ContainerRuntime for FakeRuntime {
             Ok(Some(builder.into_inner().unwrap()))
         })();
         Box::pin(async move { result })
+    }
+
+    /// What `set_cpu_time` said (zero when it said nothing), while the container runs.
+    fn cpu_time<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>> {
+        let s = self.state();
+        let running = s
+            .containers
+            .get(id)
+            .is_some_and(|c| c.state == ContainerState::Running);
+        let result = Ok(running.then(|| s.cpu_times.get(id).copied().unwrap_or_default()));
+        Box::pin(async move { result })
+    }
+
+    /// Records the image; the fake has no filesystems, so the image is just a name.
+    fn commit_to_image<'a>(
+        &'a self,
+        id: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "commit", &format!("{id} {reference}"))?;
+            s.images.insert(reference.to_owned());
+            Ok(format!("sha256:{reference}"))
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn image_exists<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        let result = Ok(self.state().images.contains(reference));
+        Box::pin(async move { result })
+    }
+
+    /// Refuses, like Docker, while a container was created from the image.
+    fn untag_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "untag", reference)?;
+            if s.containers.values().any(|c| c.image == reference) {
+                return Err(RuntimeError::Setup {
+                    action: format!("removing image {reference}"),
+                    problem: "a container uses it".into(),
+                });
+            }
+            s.images.remove(reference);
+            Ok(())
+        })();
+        Box::pin(async move { result })
+    }
+
+    // Freezing is tested against the real Docker daemon (tests/agent/freeze.rs); the fake
+    // refuses it, so a unit test that reaches it fails with a clear message.
+    fn freeze_commit<'a>(
+        &'a self,
+        container_id: &'a str,
+        _spec: &'a super::CommitSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move { Err(no_freeze(format!("committing {container_id}"))) })
+    }
+
+    fn image_details<'a>(
+        &'a self,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::ImageDetails>, RuntimeError>> {
+        Box::pin(async move { Err(no_freeze(format!("inspecting image {reference}"))) })
+    }
+
+    fn create_export_container<'a>(
+        &'a self,
+        image: &'a str,
+        _name: &'a str,
+        _labels: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move { Err(no_freeze(format!("exporting image {image}"))) })
+    }
+
+    fn export_container(
+        &self,
+        container_id: &str,
+    ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
+        let error = no_freeze(format!("exporting {container_id}"));
+        futures::stream::once(async move { Err(error) }).boxed()
+    }
+
+    fn tag_image<'a>(
+        &'a self,
+        image: &'a str,
+        _repository: &'a str,
+        _tag: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { Err(no_freeze(format!("tagging image {image}"))) })
+    }
+
+    fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { Err(no_freeze(format!("removing image {image_id}"))) })
+    }
+}
+
+fn no_freeze(action: String) -> RuntimeError {
+    RuntimeError::Setup {
+        action,
+        problem: "the fake runtime does not freeze".into(),
     }
 }

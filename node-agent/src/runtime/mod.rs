@@ -43,6 +43,16 @@ pub const LABEL_OWNER: &str = "ongrid.owner";
 pub const LABEL_NODE: &str = "ongrid.node";
 /// Set on the agent's short-lived helper containers (value: what it does); they have no session.
 pub const LABEL_HELPER: &str = "ongrid.helper";
+/// The GPUs the dev container was created with, as `CUDA_VISIBLE_DEVICES` lists them. A held
+/// container released onto other GPUs is recreated (see `reconcile.rs`).
+pub const LABEL_GPUS: &str = "ongrid.gpus";
+
+/// The node-local image a held dev container is committed to when its session comes back on
+/// other GPUs: the new container is created from it, so the user's files survive. It is
+/// removed with the container.
+pub fn held_image(session_id: SessionId) -> String {
+    format!("ongrid-held/{session_id}:latest")
+}
 
 /// The only command a dev container runs: it keeps the container alive while users come and go
 /// through `docker exec`. The image's own CMD is not wanted.
@@ -93,6 +103,7 @@ impl ContainerSpec {
             (LABEL_USER.to_owned(), login.to_owned()),
             (LABEL_OWNER.to_owned(), session.owner.to_string()),
             (LABEL_NODE.to_owned(), node.to_string()),
+            (LABEL_GPUS.to_owned(), visible_devices(&session.gpus)),
         ]);
         let devices = visible_devices(&session.gpus);
         let env = vec![
@@ -145,6 +156,10 @@ pub struct ContainerStatus {
     pub session_id: Option<SessionId>,
     /// Never [`ContainerState::Missing`]: the container exists.
     pub state: ContainerState,
+    /// The image it was created from, as named then (`Config.Image`).
+    pub image: String,
+    /// From the `ongrid.gpus` label; `None` when absent or unparsable.
+    pub gpus: Option<Vec<GpuId>>,
 }
 
 impl ContainerStatus {
@@ -228,6 +243,31 @@ pub struct ExecStatus {
     pub exit_code: Option<i64>,
     /// Its host PID while it runs.
     pub pid: Option<u32>,
+}
+
+/// How [`ContainerRuntime::freeze_commit`] sets the configuration of the committed image
+/// (Docker keeps the container's own for whatever is left empty, and merges labels).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommitSpec {
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub working_dir: String,
+    pub labels: BTreeMap<String, String>,
+    pub comment: String,
+}
+
+/// An image as freezing needs it: its configuration and size.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageDetails {
+    pub id: String,
+    /// Bytes of all its layers.
+    pub size: u64,
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub user: Option<String>,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Why a runtime operation failed.
@@ -335,6 +375,71 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         container_id: &'a str,
         path: &'a str,
     ) -> BoxFuture<'a, Result<Option<Vec<u8>>, RuntimeError>>;
+
+    // ---- Session lifecycle: activity sampling, and release onto other GPUs ----
+
+    /// CPU time used so far by all processes of a running container (its cgroup's counter,
+    /// which restarts with the container); `None` when it does not run.
+    fn cpu_time<'a>(&'a self, id: &'a str)
+        -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>>;
+
+    /// Commits the container's filesystem (not its volumes) to the image `reference`, moving
+    /// the tag if it exists. Returns the image id.
+    fn commit_to_image<'a>(
+        &'a self,
+        id: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
+
+    /// Whether the image `reference` is on the node.
+    fn image_exists<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>>;
+
+    /// Removes the image `reference` once no container uses it (Docker refuses before: an
+    /// error); a missing image is not an error.
+    fn untag_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    // ---- Freeze: commit a session, export the snapshot, tag the matching Docker image ----
+
+    /// Commits the container into a new untagged image (Docker pauses it for the commit) whose
+    /// configuration `spec` adjusts. Returns the image id.
+    fn freeze_commit<'a>(
+        &'a self,
+        container_id: &'a str,
+        spec: &'a CommitSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
+
+    /// An image's configuration and size; `None` when the image is not on the node.
+    fn image_details<'a>(
+        &'a self,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ImageDetails>, RuntimeError>>;
+
+    /// Creates, never starts, a container of `image` named `name` with `labels` and no network,
+    /// only to export its filesystem. It is not labelled `ongrid.managed`, so the reconciler
+    /// leaves it alone; the caller removes it (with [`ContainerRuntime::remove`]).
+    fn create_export_container<'a>(
+        &'a self,
+        image: &'a str,
+        name: &'a str,
+        labels: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
+
+    /// The container's whole filesystem as a tar stream (`docker export`).
+    fn export_container(
+        &self,
+        container_id: &str,
+    ) -> BoxStream<'static, Result<Vec<u8>, RuntimeError>>;
+
+    /// Tags `image` as `repository:tag`, moving the tag when it exists.
+    fn tag_image<'a>(
+        &'a self,
+        image: &'a str,
+        repository: &'a str,
+        tag: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// Removes an image by id with every tag on it; a missing image is not an error.
+    fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
 }
 
 #[cfg(test)]
@@ -372,6 +477,13 @@ mod tests {
         // The manager's extra labels are kept but cannot override ongrid's own.
         assert_eq!(label("site.project"), Some("atlas"));
         assert_eq!(label(LABEL_USER), Some("alice-smith"));
+        assert_eq!(
+            label(LABEL_GPUS),
+            Some(
+                "GPU-11111111-2222-3333-4444-555555555501,\
+                 MIG-c7384736-a75d-5afc-978f-d2f1294409fd"
+            )
+        );
 
         let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
         let devices = "GPU-11111111-2222-3333-4444-555555555501,\
@@ -401,6 +513,8 @@ mod tests {
             name,
             session_id,
             state: ContainerState::Running,
+            image: "ongrid/dev:latest".into(),
+            gpus: None,
         };
         assert_eq!(
             status(id.container_name(), Some(id)).dev_container_of(),

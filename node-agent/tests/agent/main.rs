@@ -10,6 +10,8 @@
 //! under test.
 
 mod docker;
+mod freeze;
+mod lifecycle;
 mod manager;
 mod streams;
 

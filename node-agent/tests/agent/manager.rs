@@ -48,10 +48,10 @@ impl TestCa {
 }
 
 #[derive(Debug, Clone)]
-struct Request {
-    path: String,
+pub(crate) struct Request {
+    pub(crate) path: String,
     authorization: Option<String>,
-    body: Value,
+    pub(crate) body: Value,
 }
 
 struct ManagerState {
@@ -61,7 +61,7 @@ struct ManagerState {
     failure: Option<(u16, String)>,
 }
 
-struct FakeManager {
+pub(crate) struct FakeManager {
     url: Url,
     ca: TestCa,
     state: Arc<Mutex<ManagerState>>,
@@ -69,7 +69,7 @@ struct FakeManager {
 }
 
 impl FakeManager {
-    async fn start(node: &NodeName) -> Self {
+    pub(crate) async fn start(node: &NodeName) -> Self {
         let ca = TestCa::new();
         let key = rcgen::KeyPair::generate().expect("key");
         let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
@@ -99,6 +99,7 @@ impl FakeManager {
                 node: node.clone(),
                 sync_interval_secs: 1,
                 sessions: Vec::new(),
+                freezes: Vec::new(),
             },
             failure: None,
         }));
@@ -130,15 +131,15 @@ impl FakeManager {
         self.state.lock().expect("not poisoned")
     }
 
-    fn client(&self) -> ManagerClient {
+    pub(crate) fn client(&self) -> ManagerClient {
         ManagerClient::new(&self.url, self.ca.dir.path(), Token::new(TOKEN)).expect("client")
     }
 
-    fn set_sessions(&self, sessions: Vec<DesiredSession>) {
+    pub(crate) fn set_sessions(&self, sessions: Vec<DesiredSession>) {
         self.state().desired.sessions = sessions;
     }
 
-    fn requests(&self) -> Vec<Request> {
+    pub(crate) fn requests(&self) -> Vec<Request> {
         self.state().requests.clone()
     }
 
@@ -240,6 +241,8 @@ async fn client_registers_and_syncs_with_its_token() {
         node: node.clone(),
         gpus: Vec::new(),
         containers: Vec::new(),
+        activity: Vec::new(),
+        freezes: Vec::new(),
     };
     client.sync(&report).await.expect("synced");
 
@@ -326,6 +329,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
             runtime: test_node.runtime.clone(),
             manager: manager.client(),
             stream_url: Some("wss://node1.example.org:8444".to_owned()),
+            images: None,
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent.run(shutdown.clone()));

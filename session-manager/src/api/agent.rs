@@ -66,6 +66,9 @@ pub async fn sync(
         if session.node.as_ref() != Some(&node) {
             continue;
         }
+        if super::lifecycle::held_container_not_started_yet(&state, &session, container).await? {
+            continue;
+        }
         let Some((to, reason)) = observe(&session, container, &node) else {
             continue;
         };
@@ -84,6 +87,16 @@ pub async fn sync(
             Err(other) => return Err(other.into()),
         }
     }
+    super::images::record_freezes(&state, &node, &report).await?;
+    state
+        .store
+        .record_activity(
+            &node,
+            &report.activity,
+            now,
+            state.config.lifecycle.thresholds,
+        )
+        .await?;
     state.wake.notify_one();
     desired_state(&state, &node).await.map(Json)
 }
@@ -186,7 +199,10 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         .filter_map(|session| {
             let run = if session.state.wants_container_running() {
                 RunState::Running
-            } else if matches!(session.state, SessionState::Held | SessionState::Failed) {
+            } else if matches!(session.state, SessionState::Held | SessionState::Failed)
+                || (session.state == SessionState::Pending && session.node.is_some())
+            {
+                // A released session waiting for a GPU on its node keeps its container too.
                 RunState::Stopped
             } else {
                 return None;
@@ -211,6 +227,7 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         node: node.clone(),
         sync_interval_secs: state.config.sync_interval.as_secs().max(1),
         sessions,
+        freezes: super::images::freeze_orders(state, node).await?,
     })
 }
 

@@ -7,7 +7,6 @@
 //! reachable, whatever the name.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{
@@ -191,7 +190,7 @@ pub async fn connection_event(
     State(state): State<AppState>,
     _gateway: GatewayCaller,
     ApiJson(event): ApiJson<ConnectionEvent>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Json<ongrid_core::lifecycle::SessionDeadlines>, ApiError> {
     let session = state
         .store
         .session(event.session_id)
@@ -217,6 +216,11 @@ pub async fn connection_event(
     let kind = match event.event {
         ConnectionEventKind::Open => "open",
         ConnectionEventKind::Close => "close",
+        ConnectionEventKind::Activity => {
+            tracing::debug!(connection = %event.connection_id, session = %recorded.session.name,
+                bytes_in = event.bytes_in, bytes_out = event.bytes_out, "SSH connection activity.");
+            return super::lifecycle::deadlines_of(&state, &recorded.session).await;
+        }
     };
     tracing::info!(
         connection = %event.connection_id,
@@ -232,12 +236,13 @@ pub async fn connection_event(
         state = %recorded.session.state,
         "SSH connection event."
     );
-    Ok(StatusCode::NO_CONTENT)
+    super::lifecycle::deadlines_of(&state, &recorded.session).await
 }
 
-/// How a connection event moves its session: an open makes a WAITING or IDLE session CONNECTED;
-/// the close of its last open connection makes a CONNECTED session IDLE. Anything else (a
-/// session held or removed meanwhile, a repeated event) changes nothing.
+/// How a connection event moves its session: an open (or the activity report of a connection
+/// whose open was lost) makes a WAITING or IDLE session CONNECTED; the close of its last open
+/// connection makes a CONNECTED session IDLE. Anything else (a session held or removed
+/// meanwhile, a repeated event) changes nothing.
 pub fn follow_connection(
     session: &SessionRecord,
     event: &ConnectionEvent,
@@ -252,6 +257,18 @@ pub fn follow_connection(
                 event.institute
             ),
         )),
+        (ConnectionEventKind::Activity, SessionState::Waiting | SessionState::Idle)
+            if open_after > 0 =>
+        {
+            Some((
+                SessionState::Connected,
+                format!(
+                    "SSH connection from {} ({}) reported open",
+                    ongrid_core::normalize_ip(event.source),
+                    event.institute
+                ),
+            ))
+        }
         (ConnectionEventKind::Close, SessionState::Connected) if open_after == 0 => {
             Some((SessionState::Idle, "last SSH connection closed".to_owned()))
         }
@@ -261,6 +278,7 @@ pub fn follow_connection(
 
 #[cfg(test)]
 mod tests {
+    use axum::http::StatusCode;
     use axum::response::IntoResponse;
     use ongrid_core::{Dn, GpuRequest, InstituteName, NodeName, SessionId, UserName};
 

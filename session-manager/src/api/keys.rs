@@ -1,7 +1,10 @@
 //! Routes for users' SSH public keys: `devctl key add | ls | rm`.
 //!
-//! A key is bound to the DN of the certificate the caller presented and expires with it (its
-//! notAfter), so a grid proxy's lifetime bounds SSH access too. Adding a key the caller already
+//! A key is bound to the DN of the certificate the caller presented and expires with it (the
+//! earliest notAfter of its chain), so a grid proxy's lifetime bounds SSH access too. A limited
+//! proxy may list and remove keys but not add one, unless the config's
+//! `limited_proxies_may_register_keys` allows it: SSH access is a way to start processes, which
+//! a limited proxy is meant not to grant. Adding a key the caller already
 //! has renews it (200); a key registered by someone else is a 409, as is a 33rd key. Users see
 //! and remove only their own keys; admins list everyone's with `?all=true` and remove any.
 
@@ -24,6 +27,12 @@ pub async fn add_key(
     caller: CurrentUser,
     ApiJson(body): ApiJson<AddKey>,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
+    if caller.is_limited() && !state.config.limited_proxies_may_register_keys {
+        return Err(ApiError::forbidden(
+            "a limited proxy cannot register SSH keys: make a full proxy (voms-proxy-init or \
+             grid-proxy-init without -limited) and run `devctl key add` again",
+        ));
+    }
     let key = SshPublicKey::parse_for_registration(&body.public_key)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let new = NewKey {

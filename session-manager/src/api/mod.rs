@@ -2,8 +2,10 @@
 //!
 //! - [`users`]: routes for people (TLS client certificate → [`crate::auth::CurrentUser`]).
 //! - [`keys`]: people's SSH public keys.
+//! - [`lifecycle`]: holding, releasing and keeping sessions alive.
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
 //! - [`agent`]: routes for node agents (bearer token → [`crate::auth::AgentNode`]).
+//! - [`images`]: frozen images (freeze orders to agents, their reports).
 //! - [`gateway`]: routes for the SSH gateway (bearer token → [`crate::auth::GatewayCaller`]).
 //! - [`error`]: the one [`ApiError`] and the extractors that never answer in plain text.
 //!
@@ -14,7 +16,9 @@ pub mod admin;
 pub mod agent;
 pub mod error;
 pub mod gateway;
+pub mod images;
 pub mod keys;
+pub mod lifecycle;
 pub mod users;
 
 use std::collections::HashMap;
@@ -80,6 +84,9 @@ pub fn router(state: AppState) -> Router {
             "/v1/sessions/{name}",
             get(users::show_session).delete(users::delete_session),
         )
+        .route("/v1/sessions/{name}/hold", post(lifecycle::hold))
+        .route("/v1/sessions/{name}/release", post(lifecycle::release))
+        .route("/v1/sessions/{name}/keep", post(lifecycle::keep))
         .route("/v1/nodes", get(users::list_nodes))
         .route("/v1/gpus/{uuid}/mode", put(users::set_gpu_mode))
         .route(
@@ -97,6 +104,14 @@ pub fn router(state: AppState) -> Router {
             get(admin::show_institute).delete(admin::remove_institute),
         )
         .route("/v1/audit", get(admin::audit))
+        .route(
+            "/v1/images",
+            get(images::list_images).post(images::create_image),
+        )
+        .route(
+            "/v1/images/{reference}",
+            get(images::show_image).delete(images::delete_image),
+        )
         .route("/v1/agent/register", post(agent::register))
         .route("/v1/agent/sync", post(agent::sync))
         .route("/v1/gateway/allowlist", get(gateway::allowlist))
@@ -140,5 +155,6 @@ pub fn session_view(
         created_at: session.created_at,
         queue_position,
         transitions,
+        lifecycle: None,
     }
 }

@@ -27,6 +27,15 @@ pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
         user_name: caller.user.user_name,
         uid: caller.user.uid,
         admin: caller.admin,
+        credential: Some(caller.identity.kind),
+        vos: caller.identity.vos,
+        fqans: caller
+            .identity
+            .fqans
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        not_after: Some(caller.not_after),
     })
 }
 
@@ -46,6 +55,11 @@ pub async fn create_session(
         }
         None => state.config.default_image.clone(),
     };
+    let (idle_timeout_secs, max_duration_secs) = state
+        .config
+        .lifecycle
+        .limits_for(body.idle_timeout_secs, body.max_duration_secs)
+        .map_err(ApiError::bad_request)?;
     let site = state.site().await?;
     ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus).map_err(
         |unsatisfiable| ApiError::unsatisfiable(format!("{unsatisfiable}; see `devctl gpus`")),
@@ -70,6 +84,10 @@ pub async fn create_session(
         Err(other) => return Err(other.into()),
     };
     tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, "Session requested.");
+    state
+        .store
+        .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
+        .await?;
     // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
     // waits in the queue (PENDING with its position). A failed round is retried by the loop.
     if let Err(error) = state.scheduler.tick(state.clock.now()).await {
@@ -123,7 +141,7 @@ pub async fn list_sessions(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OwnerQuery {
-    owner: Option<Dn>,
+    pub(super) owner: Option<Dn>,
 }
 
 pub async fn show_session(
@@ -136,7 +154,10 @@ pub async fn show_session(
     let positions = state.queue_positions().await?;
     let transitions = state.store.transitions(session.id).await?;
     let position = positions.get(&session.id).copied();
-    Ok(Json(session_view(session, position, transitions)))
+    let lifecycle = super::lifecycle::view_of(&state, &session).await?;
+    let mut view = session_view(session, position, transitions);
+    view.lifecycle = lifecycle;
+    Ok(Json(view))
 }
 
 /// Ends the session (state ENDED, GPUs free); its agent removes the container on its next sync.
@@ -161,7 +182,7 @@ pub async fn delete_session(
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lookup {
+pub(super) enum Lookup {
     /// The live one, else the last ended one (to show what happened).
     Any,
     /// Only one that has not ended (to remove it).
@@ -170,7 +191,7 @@ enum Lookup {
 
 /// Resolves `{name}[?owner=DN]` for the caller, with the same 404 whether the session does not
 /// exist or belongs to someone the caller may not see.
-async fn find_session(
+pub(super) async fn find_session(
     state: &AppState,
     caller: &CurrentUser,
     name: &str,

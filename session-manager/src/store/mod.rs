@@ -25,6 +25,8 @@ use ongrid_core::{
 
 pub use sqlite::SqliteStore;
 
+use ongrid_core::image::{Compression, FreezeProgress, ImageReference, ImageState};
+
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -46,6 +48,18 @@ pub enum StoreError {
     TooManyKeys { max: usize },
     #[error("institute {0} already exists")]
     InstituteExists(InstituteName),
+    /// The owner has a current image of that tag (BUILDING, or READY when not forced).
+    #[error("image {reference} already exists ({state})")]
+    ImageTagTaken {
+        reference: ImageReference,
+        state: ImageState,
+    },
+    /// A freeze of the session is running.
+    #[error("session {session} is being frozen to {reference}")]
+    FreezeRunning {
+        session: SessionName,
+        reference: ImageReference,
+    },
     /// A stored value does not parse back: the database was edited by hand or is damaged.
     #[error("stored data is damaged: {0}")]
     Corrupt(String),
@@ -338,4 +352,152 @@ pub trait Store: Send + Sync {
 
     /// The audit log, newest first (by the time connections opened), at most `filter.limit`.
     fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>>;
+
+    /// Records a freeze to start: a BUILDING image. When the owner has a current image of
+    /// the tag: a FAILED one is superseded; a READY one is superseded when `new.force`, else
+    /// [`StoreError::ImageTagTaken`]; a BUILDING one is always `ImageTagTaken`.
+    /// [`StoreError::FreezeRunning`] when the session is being frozen already.
+    fn create_image(&self, new: NewImage) -> BoxFuture<'_, StoreResult<ImageRecord>>;
+
+    fn image(&self, id: uuid::Uuid) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>>;
+
+    /// Images that are not DELETED, oldest first.
+    fn images(&self, filter: ImageFilter) -> BoxFuture<'_, StoreResult<Vec<ImageRecord>>>;
+
+    /// Stores an agent's report on a BUILDING image of `node`: progress, or READY with the
+    /// artifact, or FAILED with the reason. `None` when no such image is BUILDING on that node
+    /// (already recorded, deleted meanwhile, or not that node's).
+    fn record_freeze<'a>(
+        &'a self,
+        node: &'a NodeName,
+        progress: &'a FreezeProgress,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<ImageRecord>>>;
+
+    /// Marks the image DELETED (a BUILDING one is given up: its agent cancels the freeze).
+    /// `None` when it does not exist or is DELETED already.
+    fn delete_image(
+        &self,
+        id: uuid::Uuid,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>>;
+
+    /// The lifecycle facts (see `crate::lifecycle`) of the sessions in `scope`, with the last
+    /// report time of each of their open connections.
+    fn lifecycle_facts(
+        &self,
+        scope: FactsScope,
+    ) -> BoxFuture<'_, StoreResult<Vec<crate::lifecycle::LifecycleFacts>>>;
+
+    /// Stores the session's own idle timeout and maximum lifetime (`None`: the site's default).
+    fn set_lifecycle_limits(
+        &self,
+        id: SessionId,
+        idle_timeout_secs: Option<u64>,
+        max_duration_secs: Option<u64>,
+    ) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// Sets the end of the session's explicit keep-alive.
+    fn set_keep_until(&self, id: SessionId, until: DateTime<Utc>)
+        -> BoxFuture<'_, StoreResult<()>>;
+
+    /// Stores an agent's activity samples of sessions placed on `node` (others are ignored), as
+    /// seen at `at`; returns how many were recorded.
+    fn record_activity<'a>(
+        &'a self,
+        node: &'a NodeName,
+        samples: &'a [ongrid_core::lifecycle::ContainerActivity],
+        at: DateTime<Utc>,
+        thresholds: crate::lifecycle::ActivityThresholds,
+    ) -> BoxFuture<'a, StoreResult<usize>>;
+
+    /// Applies the change `decide` returns for the session's lifecycle facts as they are inside
+    /// the write transaction, so that nothing (a connection, a keep-alive, activity) can slip in
+    /// between the decision and the change. `None` when it decides nothing or the session is
+    /// gone.
+    fn transition_if<'a>(
+        &'a self,
+        id: SessionId,
+        decide: &'a (dyn Fn(&crate::lifecycle::LifecycleFacts) -> Option<Change> + Send + Sync),
+    ) -> BoxFuture<'a, StoreResult<Option<SessionRecord>>>;
+}
+
+/// Whose lifecycle facts [`Store::lifecycle_facts`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FactsScope {
+    Session(SessionId),
+    /// Every session in one of these states.
+    States(Vec<SessionState>),
+}
+
+/// A frozen image as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRecord {
+    pub id: uuid::Uuid,
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub reference: ImageReference,
+    pub state: ImageState,
+    pub reason: String,
+    pub session_id: SessionId,
+    pub session_name: SessionName,
+    /// Where the session ran, so where the freeze runs and the Docker image lives.
+    pub node: NodeName,
+    pub base_image: String,
+    pub compression: Compression,
+    pub digest: Option<String>,
+    pub size: Option<u64>,
+    pub sif_path: Option<String>,
+    pub docker_image: Option<String>,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// When `bytes_done`/`bytes_total` last changed (at first: when the freeze was requested).
+    pub progress_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub superseded_at: Option<DateTime<Utc>>,
+}
+
+/// A freeze to record, BUILDING from `at`.
+#[derive(Debug, Clone)]
+pub struct NewImage {
+    pub id: uuid::Uuid,
+    pub owner: Dn,
+    pub reference: ImageReference,
+    pub session_id: SessionId,
+    pub session_name: SessionName,
+    pub node: NodeName,
+    pub base_image: String,
+    pub compression: Compression,
+    /// Move the tag from a READY image of the owner.
+    pub force: bool,
+    pub at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// Which images [`Store::images`] returns (never DELETED ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageFilter {
+    Owner(Dn),
+    All,
+    /// The owner's current image of a tag (at most one).
+    Tag {
+        owner: Dn,
+        reference: ImageReference,
+    },
+    /// Images with this digest, the owner's or everyone's; superseded ones included.
+    Digest {
+        owner: Option<Dn>,
+        digest: String,
+    },
+    /// BUILDING on this node: its agent's freeze orders.
+    Building(NodeName),
+}
+
+/// What [`Store::delete_image`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageDeleted {
+    pub image: ImageRecord,
+    /// No image that is not DELETED has the digest any more: its SIF file may go.
+    pub digest_unreferenced: bool,
 }

@@ -464,6 +464,80 @@ impl Store for SqliteStore {
     fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>> {
         Box::pin(self.audit_impl(filter))
     }
+
+    fn create_image(&self, new: super::NewImage) -> BoxFuture<'_, StoreResult<super::ImageRecord>> {
+        Box::pin(self.create_image_impl(new))
+    }
+
+    fn image(&self, id: uuid::Uuid) -> BoxFuture<'_, StoreResult<Option<super::ImageRecord>>> {
+        Box::pin(self.image_impl(id))
+    }
+
+    fn images(
+        &self,
+        filter: super::ImageFilter,
+    ) -> BoxFuture<'_, StoreResult<Vec<super::ImageRecord>>> {
+        Box::pin(self.images_impl(filter))
+    }
+
+    fn record_freeze<'a>(
+        &'a self,
+        node: &'a NodeName,
+        progress: &'a ongrid_core::image::FreezeProgress,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<super::ImageRecord>>> {
+        Box::pin(self.record_freeze_impl(node, progress, at))
+    }
+
+    fn delete_image(
+        &self,
+        id: uuid::Uuid,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'_, StoreResult<Option<super::ImageDeleted>>> {
+        Box::pin(self.delete_image_impl(id, at))
+    }
+
+    fn lifecycle_facts(
+        &self,
+        scope: super::FactsScope,
+    ) -> BoxFuture<'_, StoreResult<Vec<crate::lifecycle::LifecycleFacts>>> {
+        Box::pin(self.lifecycle_facts_impl(scope))
+    }
+
+    fn set_lifecycle_limits(
+        &self,
+        id: SessionId,
+        idle_timeout_secs: Option<u64>,
+        max_duration_secs: Option<u64>,
+    ) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(self.set_lifecycle_limits_impl(id, idle_timeout_secs, max_duration_secs))
+    }
+
+    fn set_keep_until(
+        &self,
+        id: SessionId,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(self.set_keep_until_impl(id, until))
+    }
+
+    fn record_activity<'a>(
+        &'a self,
+        node: &'a NodeName,
+        samples: &'a [ongrid_core::lifecycle::ContainerActivity],
+        at: DateTime<Utc>,
+        thresholds: crate::lifecycle::ActivityThresholds,
+    ) -> BoxFuture<'a, StoreResult<usize>> {
+        Box::pin(self.record_activity_impl(node, samples, at, thresholds))
+    }
+
+    fn transition_if<'a>(
+        &'a self,
+        id: SessionId,
+        decide: &'a (dyn Fn(&crate::lifecycle::LifecycleFacts) -> Option<Change> + Send + Sync),
+    ) -> BoxFuture<'a, StoreResult<Option<SessionRecord>>> {
+        Box::pin(self.transition_if_impl(id, decide))
+    }
 }
 
 /// `dev`, then `dev-2`, `dev-3`, ...: the first not among `taken`.
@@ -530,6 +604,7 @@ async fn apply_change(
     let seq = lifecycle.history().len();
     let transition = lifecycle.transition(change.to, change.at, change.reason)?;
     insert_transition(tx, id, seq, transition).await?;
+    lifecycle::after_transition(tx, id, transition).await?;
     let id_text = id.to_string();
     match change.placement {
         Placement::Keep => {
@@ -717,5 +792,7 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 }
 
 mod gateway;
+mod images;
+mod lifecycle;
 #[cfg(test)]
 mod tests;

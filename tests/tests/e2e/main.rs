@@ -1,5 +1,8 @@
 //! End-to-end tests: the real manager, agent and devctl binaries against the real Docker daemon.
 //! One test binary for the crate; each module is one area of behaviour.
 
+mod freeze;
+mod identity;
+mod lifecycle;
 mod sessions;
 mod ssh;

@@ -300,8 +300,8 @@ mod tests {
         };
     }
 
-    const FULL_QUERY: &str = "--query-gpu=uuid,name,memory.total,compute_cap,driver_version,mig.mode.current,pci.bus_id --format=csv,noheader,nounits";
-    const QUERY_WITHOUT_CAP: &str = "--query-gpu=uuid,name,memory.total,driver_version,mig.mode.current,pci.bus_id --format=csv,noheader,nounits";
+    const FULL_QUERY: &str = "--query-gpu=uuid,name,memory.total,compute_cap,driver_version,mig.mode.current,pci.bus_id,utilization.gpu --format=csv,noheader,nounits";
+    const QUERY_WITHOUT_CAP: &str = "--query-gpu=uuid,name,memory.total,driver_version,mig.mode.current,pci.bus_id,utilization.gpu --format=csv,noheader,nounits";
 
     fn ok(stdout: &str) -> SmiOutput {
         SmiOutput {
@@ -383,6 +383,7 @@ mod tests {
             after[1],
             GpuInfo {
                 health: GpuHealth::Failed(GONE_REASON.to_owned()),
+                utilization_percent: None,
                 ..before[1].clone()
             }
         );
@@ -420,6 +421,29 @@ mod tests {
             recorded.calls()[3..],
             [QUERY_WITHOUT_CAP, "-L"],
             "the rejected field is remembered"
+        );
+    }
+
+    #[tokio::test]
+    async fn utilisation_is_read_at_every_discovery() {
+        let recorded = Recorded::host(fixture!("a100x2.query.csv"), fixture!("a100x2.list.txt"));
+        let backend = NvidiaSmiBackend::new(recorded.clone());
+        let utilisation = |gpus: &[GpuInfo]| -> Vec<Option<u32>> {
+            gpus.iter().map(|gpu| gpu.utilization_percent).collect()
+        };
+        assert_eq!(
+            utilisation(&backend.discover_gpus().await.unwrap()),
+            [Some(37), Some(0)]
+        );
+        recorded.set_host(
+            &fixture!("a100x2.query.csv")
+                .replace(", 37", ", 100")
+                .replace(", 0\n", ", [N/A]\n"),
+            fixture!("a100x2.list.txt"),
+        );
+        assert_eq!(
+            utilisation(&backend.discover_gpus().await.unwrap()),
+            [Some(100), None]
         );
     }
 

@@ -75,11 +75,13 @@ pub enum Field {
     DriverVersion,
     MigModeCurrent,
     PciBusId,
+    /// `utilization.gpu`: percent of the last sample period a kernel ran. `[N/A]` in MIG mode.
+    UtilizationGpu,
 }
 
 impl Field {
     /// Every field, in the order the backend asks for them.
-    pub const ALL: [Field; 7] = [
+    pub const ALL: [Field; 8] = [
         Field::Uuid,
         Field::Name,
         Field::MemoryTotal,
@@ -87,6 +89,7 @@ impl Field {
         Field::DriverVersion,
         Field::MigModeCurrent,
         Field::PciBusId,
+        Field::UtilizationGpu,
     ];
 
     /// The name nvidia-smi knows the field by.
@@ -99,6 +102,7 @@ impl Field {
             Field::DriverVersion => "driver_version",
             Field::MigModeCurrent => "mig.mode.current",
             Field::PciBusId => "pci.bus_id",
+            Field::UtilizationGpu => "utilization.gpu",
         }
     }
 
@@ -144,6 +148,8 @@ pub struct QueryRow {
     pub driver_version: Option<String>,
     pub mig_enabled: Option<bool>,
     pub pci_bus_id: Option<String>,
+    /// Percent, 0–100.
+    pub utilization: Option<u32>,
 }
 
 /// A cell's value, or `None` for a placeholder: any `[...]` (`[N/A]`, `[Not Supported]`,
@@ -230,6 +236,18 @@ fn parse_query_row(line: usize, text: &str, fields: &[Field]) -> Result<QueryRow
             other => Err(bad(Field::MigModeCurrent, other, "Enabled or Disabled")),
         })
         .transpose()?;
+    let utilization = value_of(Field::UtilizationGpu)
+        .map(|value| {
+            value
+                .strip_suffix('%')
+                .unwrap_or(value)
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|percent| *percent <= 100)
+                .ok_or_else(|| bad(Field::UtilizationGpu, value, "a percentage from 0 to 100"))
+        })
+        .transpose()?;
     Ok(QueryRow {
         line,
         uuid,
@@ -239,6 +257,7 @@ fn parse_query_row(line: usize, text: &str, fields: &[Field]) -> Result<QueryRow
         driver_version: value_of(Field::DriverVersion).map(str::to_owned),
         mig_enabled,
         pci_bus_id: value_of(Field::PciBusId).map(str::to_owned),
+        utilization,
     })
 }
 
@@ -414,6 +433,8 @@ pub fn join(rows: Vec<QueryRow>, listed: &[ListedGpu]) -> Result<Vec<GpuInfo>, P
             driver_version: row.driver_version,
             mig_enabled,
             health: GpuHealth::Healthy,
+            // In MIG mode the GPU's own figure says nothing about its MIG devices.
+            utilization_percent: row.utilization.filter(|_| !mig_enabled),
         });
     }
     Ok(gpus)
@@ -461,8 +482,10 @@ mod tests {
                 driver_version: Some("535.129.03".into()),
                 mig_enabled: false,
                 health: GpuHealth::Healthy,
+                utilization_percent: Some(37),
             }
         );
+        assert_eq!(gpus[1].utilization_percent, Some(0));
         assert_eq!(
             gpus[1].uuid,
             gpu_uuid("GPU-eb3d02e1-a97d-8670-9761-924f871f590f")
@@ -515,6 +538,9 @@ mod tests {
         assert!(gpus[0].mig_enabled);
         assert!(!gpus[1].mig_enabled);
         assert_eq!(gpus[0].memory, MemorySize::from_mib(81_559));
+        // nvidia-smi has no utilisation for a GPU in MIG mode, nor for its MIG devices.
+        assert_eq!(gpus[0].utilization_percent, None);
+        assert_eq!(gpus[1].utilization_percent, Some(82));
     }
 
     #[test]
@@ -578,8 +604,10 @@ mod tests {
     fn placeholders_are_no_value() {
         let rows = parse_query_gpu(fixture!("special-cells.query.csv"), &Field::ALL).unwrap();
         assert_eq!(rows[0].mig_enabled, None);
+        assert_eq!(rows[0].utilization, None, "[N/A]");
         assert_eq!(rows[1].compute_cap, None);
         assert_eq!(rows[1].pci_bus_id, None);
+        assert_eq!(rows[1].utilization, None, "[Not Supported]");
         let gpus = joined(
             fixture!("special-cells.query.csv"),
             fixture!("special-cells.list.txt"),
@@ -629,13 +657,13 @@ mod tests {
     #[test]
     fn malformed_rows() {
         let row =
-            "GPU-08148167-439d-189d-b2e3-62da23b5f7b1, X, 40960, 8.0, 535.1, Disabled, 0:0:0.0";
+            "GPU-08148167-439d-189d-b2e3-62da23b5f7b1, X, 40960, 8.0, 535.1, Disabled, 0:0:0.0, 12";
         let err = parse_query_gpu(row, &Field::ALL[..6]).unwrap_err();
         assert!(matches!(
             err,
             ParseError::WrongCellCount {
                 expected: 6,
-                found: 7,
+                found: 8,
                 ..
             }
         ));
@@ -645,6 +673,8 @@ mod tests {
             (row.replace("Disabled", "Pending"), "mig.mode.current"),
             (row.replace("GPU-08148167", "GPU-0814"), "uuid"),
             (row.replace("40960", "99999999999999999999"), "memory.total"),
+            (row.replace(", 12", ", 101"), "utilization.gpu"),
+            (row.replace(", 12", ", busy"), "utilization.gpu"),
         ] {
             let err = parse_query_gpu(&bad, &Field::ALL).unwrap_err();
             assert!(
@@ -656,6 +686,9 @@ mod tests {
         let with_units = row.replace("40960", "40960 MiB");
         let rows = parse_query_gpu(&with_units, &Field::ALL).unwrap();
         assert_eq!(rows[0].memory, MemorySize::from_mib(40_960));
+        // ... and for utilisation.
+        let rows = parse_query_gpu(&row.replace(", 12", ", 12 %"), &Field::ALL).unwrap();
+        assert_eq!(rows[0].utilization, Some(12));
     }
 
     #[test]
@@ -753,7 +786,7 @@ mod tests {
     fn query_arguments() {
         assert_eq!(
             query_argument(&Field::ALL),
-            "--query-gpu=uuid,name,memory.total,compute_cap,driver_version,mig.mode.current,pci.bus_id"
+            "--query-gpu=uuid,name,memory.total,compute_cap,driver_version,mig.mode.current,pci.bus_id,utilization.gpu"
         );
         for field in Field::ALL {
             assert_eq!(Field::from_name(field.as_str()), Some(field));
@@ -796,19 +829,21 @@ mod tests {
             proptest::option::of("[0-9]{3}\\.[0-9]{2,3}(\\.[0-9]{2})?"),
             proptest::option::of(any::<bool>()),
             proptest::option::of("[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\\.[0-7]"),
+            proptest::option::of(0u32..=100),
             proptest::sample::subsequence(
                 vec![
                     Field::ComputeCap,
                     Field::DriverVersion,
                     Field::MigModeCurrent,
                     Field::PciBusId,
+                    Field::UtilizationGpu,
                 ],
-                0..=4,
+                0..=5,
             ),
-            proptest::collection::vec(0..PLACEHOLDERS.len(), 7),
+            proptest::collection::vec(0..PLACEHOLDERS.len(), 8),
         )
             .prop_map(
-                |(uuid, name, mib, cap, driver, mig, pci, optional, placeholders)| {
+                |(uuid, name, mib, cap, driver, mig, pci, utilization, optional, placeholders)| {
                     let mut fields = vec![Field::Uuid, Field::Name, Field::MemoryTotal];
                     fields.extend(optional);
                     let asked = |field: Field| fields.contains(&field);
@@ -823,6 +858,7 @@ mod tests {
                         driver_version: driver.filter(|_| asked(Field::DriverVersion)),
                         mig_enabled: mig.filter(|_| asked(Field::MigModeCurrent)),
                         pci_bus_id: pci.filter(|_| asked(Field::PciBusId)),
+                        utilization: utilization.filter(|_| asked(Field::UtilizationGpu)),
                     };
                     (fields, row, placeholders)
                 },
@@ -845,6 +881,7 @@ mod tests {
                         .mig_enabled
                         .map(|on| if on { "Enabled" } else { "Disabled" }.to_owned()),
                     Field::PciBusId => row.pci_bus_id.clone(),
+                    Field::UtilizationGpu => row.utilization.map(|u| u.to_string()),
                 };
                 value.unwrap_or_else(|| PLACEHOLDERS[placeholder].to_owned())
             })
@@ -918,7 +955,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn query_parser_never_panics(output in "\\PC*(\n\\PC*){0,3}", n in 0usize..=7) {
+        fn query_parser_never_panics(output in "\\PC*(\n\\PC*){0,3}", n in 0usize..=8) {
             let _ = parse_query_gpu(&output, &Field::ALL[..n]);
         }
 
@@ -954,6 +991,7 @@ mod tests {
                     driver_version: row.driver_version.filter(|_| fields.contains(&Field::DriverVersion)),
                     mig_enabled: row.mig_enabled.filter(|_| fields.contains(&Field::MigModeCurrent)),
                     pci_bus_id: row.pci_bus_id.filter(|_| fields.contains(&Field::PciBusId)),
+                    utilization: row.utilization.filter(|_| fields.contains(&Field::UtilizationGpu)),
                     ..row
                 };
                 output.push_str(&print_row(&fields, &row, &placeholders));

@@ -203,12 +203,16 @@ impl SqliteStore {
              session_id, opened_at, closed_at, bytes_in, bytes_out) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING";
         let closed_at = match event.event {
-            ConnectionEventKind::Open => None,
+            ConnectionEventKind::Open | ConnectionEventKind::Activity => None,
             ConnectionEventKind::Close => Some(timestamp(event.at)),
         };
+        super::lifecycle::note_traffic(&mut tx, event, at).await?;
         let updated = match event.event {
             // A repeated open (a retry) finds the row and changes nothing.
             ConnectionEventKind::Open => 0,
+            ConnectionEventKind::Activity => {
+                super::lifecycle::record_activity_report(&mut tx, event, at).await?
+            }
             ConnectionEventKind::Close => sqlx::query(
                 "UPDATE connections SET closed_at = ?, bytes_in = ?, bytes_out = ? WHERE id = ?",
             )
@@ -237,6 +241,7 @@ impl SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
+        super::lifecycle::after_connection_event(&mut tx, event, at).await?;
         let open = count_open(&mut tx, id).await?;
         let transition = match policy(&before, event, open) {
             Some((to, reason)) => {

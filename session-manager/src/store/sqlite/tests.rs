@@ -27,6 +27,7 @@ fn gpu(n: u8) -> GpuInfo {
         driver_version: Some("550.54.15".to_owned()),
         mig_enabled: false,
         health: GpuHealth::Healthy,
+        utilization_percent: None,
     }
 }
 

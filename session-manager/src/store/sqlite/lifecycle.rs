@@ -1,0 +1,386 @@
+//! The SQLite side of the session lifecycle: the facts the hold policy is computed from
+//! (`session_lifecycle`, one row per session, created on first need) and the last report time of
+//! each open SSH connection (`connections.last_report_at`).
+//!
+//! Facts are written in the same transaction as what causes them: [`after_transition`] runs
+//! inside every state change (a start sets `ready_at`, a release re-queues), the connection hooks
+//! inside [`super::SqliteStore::record_connection`]. Every time is the manager's clock.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
+use ongrid_core::lifecycle::ContainerActivity;
+use ongrid_core::{NodeName, SessionId, SessionState, Transition};
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{parse, parse_timestamp, timestamp, SqliteStore};
+use crate::lifecycle::{ActivityThresholds, LifecycleFacts, Sampled};
+use crate::store::{Change, FactsScope, SessionRecord, StoreError, StoreResult};
+
+const FACT_COLUMNS: &str = "s.id, s.state, \
+     (SELECT t.at FROM session_transitions t WHERE t.session_id = s.id \
+      ORDER BY t.seq DESC LIMIT 1) AS state_since, \
+     l.idle_timeout_secs, l.max_duration_secs, l.first_started_at, l.ready_at, l.last_close_at, \
+     l.last_traffic_at, l.cpu_active_at, l.cpu_sampled_at, l.cpu_percent, l.gpu_active_at, \
+     l.gpu_sampled_at, l.gpu_percent, l.keep_until \
+     FROM sessions s LEFT JOIN session_lifecycle l ON l.session_id = s.id";
+
+impl SqliteStore {
+    pub(super) async fn lifecycle_facts_impl(
+        &self,
+        scope: FactsScope,
+    ) -> StoreResult<Vec<LifecycleFacts>> {
+        let mut conn = self.pool.acquire().await?;
+        facts_in(&mut conn, scope).await
+    }
+
+    pub(super) async fn transition_if_impl(
+        &self,
+        id: SessionId,
+        decide: &(dyn Fn(&LifecycleFacts) -> Option<Change> + Send + Sync),
+    ) -> StoreResult<Option<SessionRecord>> {
+        let mut tx = self.write().await?;
+        let facts = facts_in(&mut tx, FactsScope::Session(id)).await?;
+        let Some(change) = facts.first().and_then(decide) else {
+            return Ok(None);
+        };
+        super::apply_change(&mut tx, id, change).await?;
+        let session = super::find_session(&mut *tx, id)
+            .await?
+            .ok_or(StoreError::NoSuchSession(id))?;
+        tx.commit().await?;
+        Ok(Some(session))
+    }
+
+    pub(super) async fn set_lifecycle_limits_impl(
+        &self,
+        id: SessionId,
+        idle_timeout_secs: Option<u64>,
+        max_duration_secs: Option<u64>,
+    ) -> StoreResult<()> {
+        let mut tx = self.write().await?;
+        ensure_row(&mut tx, id).await?;
+        sqlx::query(
+            "UPDATE session_lifecycle SET idle_timeout_secs = ?, max_duration_secs = ? \
+             WHERE session_id = ?",
+        )
+        .bind(idle_timeout_secs.map(seconds))
+        .bind(max_duration_secs.map(seconds))
+        .bind(id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn set_keep_until_impl(
+        &self,
+        id: SessionId,
+        until: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut tx = self.write().await?;
+        ensure_row(&mut tx, id).await?;
+        sqlx::query("UPDATE session_lifecycle SET keep_until = ? WHERE session_id = ?")
+            .bind(timestamp(until))
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn record_activity_impl(
+        &self,
+        node: &NodeName,
+        samples: &[ContainerActivity],
+        at: DateTime<Utc>,
+        thresholds: ActivityThresholds,
+    ) -> StoreResult<usize> {
+        if samples.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.write().await?;
+        let mut recorded = 0;
+        for sample in samples {
+            let on_node: Option<i64> =
+                sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ? AND node = ?")
+                    .bind(sample.session_id.to_string())
+                    .bind(node.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if on_node.is_none() || !sample.cpu_percent.is_finite() {
+                continue;
+            }
+            ensure_row(&mut tx, sample.session_id).await?;
+            let cpu_active = sample.cpu_percent >= thresholds.cpu_percent;
+            sqlx::query(
+                "UPDATE session_lifecycle SET cpu_sampled_at = ?1, cpu_percent = ?2, \
+                 cpu_active_at = CASE WHEN ?3 THEN ?1 ELSE cpu_active_at END \
+                 WHERE session_id = ?4",
+            )
+            .bind(timestamp(at))
+            .bind(sample.cpu_percent)
+            .bind(cpu_active)
+            .bind(sample.session_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            if let Some(gpu) = sample.gpu_percent.filter(|p| p.is_finite()) {
+                sqlx::query(
+                    "UPDATE session_lifecycle SET gpu_sampled_at = ?1, gpu_percent = ?2, \
+                     gpu_active_at = CASE WHEN ?3 THEN ?1 ELSE gpu_active_at END \
+                     WHERE session_id = ?4",
+                )
+                .bind(timestamp(at))
+                .bind(gpu)
+                .bind(gpu >= thresholds.gpu_percent)
+                .bind(sample.session_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            }
+            recorded += 1;
+        }
+        tx.commit().await?;
+        Ok(recorded)
+    }
+}
+
+/// Keeps the lifecycle facts in step with a state change, inside its transaction: a session
+/// whose container runs (STARTING → WAITING) is ready from `at`, and first started then if it
+/// never was; a released one (HELD → PENDING) joins the end of the queue without GPUs, its
+/// previous readiness and keep-alive forgotten.
+pub(super) async fn after_transition(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: SessionId,
+    transition: &Transition,
+) -> StoreResult<()> {
+    let at = timestamp(transition.at);
+    match (transition.from, transition.to) {
+        (Some(SessionState::Starting), SessionState::Waiting) => {
+            ensure_row(tx, id).await?;
+            sqlx::query(
+                "UPDATE session_lifecycle SET ready_at = ?1, \
+                 first_started_at = COALESCE(first_started_at, ?1) WHERE session_id = ?2",
+            )
+            .bind(&at)
+            .bind(id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        (Some(SessionState::Held), SessionState::Pending) => {
+            sqlx::query("UPDATE sessions SET queued_at = ?, gpus = '[]' WHERE id = ?")
+                .bind(&at)
+                .bind(id.to_string())
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "UPDATE session_lifecycle SET ready_at = NULL, keep_until = NULL \
+                 WHERE session_id = ?",
+            )
+            .bind(id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Before a connection event changes the connection's row: bytes that grew since the last
+/// report are SSH traffic, seen at `at`.
+pub(super) async fn note_traffic(
+    tx: &mut Transaction<'static, Sqlite>,
+    event: &ConnectionEvent,
+    at: DateTime<Utc>,
+) -> StoreResult<()> {
+    if event.event == ConnectionEventKind::Open {
+        return Ok(());
+    }
+    let before: Option<(i64, i64)> =
+        sqlx::query_as("SELECT bytes_in, bytes_out FROM connections WHERE id = ?")
+            .bind(event.connection_id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+    let (old_in, old_out) = before.unwrap_or((0, 0));
+    let grew = clamp(event.bytes_in) > old_in || clamp(event.bytes_out) > old_out;
+    if grew {
+        ensure_row(tx, event.session_id).await?;
+        sqlx::query("UPDATE session_lifecycle SET last_traffic_at = ? WHERE session_id = ?")
+            .bind(timestamp(at))
+            .bind(event.session_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A periodic report of an open connection: its byte totals and that it is still there.
+/// Returns the rows changed (0 when the connection is unknown or closed).
+pub(super) async fn record_activity_report(
+    tx: &mut Transaction<'static, Sqlite>,
+    event: &ConnectionEvent,
+    at: DateTime<Utc>,
+) -> StoreResult<u64> {
+    Ok(sqlx::query(
+        "UPDATE connections SET bytes_in = MAX(bytes_in, ?), bytes_out = MAX(bytes_out, ?), \
+         last_report_at = ? WHERE id = ? AND closed_at IS NULL",
+    )
+    .bind(clamp(event.bytes_in))
+    .bind(clamp(event.bytes_out))
+    .bind(timestamp(at))
+    .bind(event.connection_id.to_string())
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
+}
+
+/// After a connection event is stored: an open (or a report) says the connection is there now;
+/// a close is when the session was last used over SSH.
+pub(super) async fn after_connection_event(
+    tx: &mut Transaction<'static, Sqlite>,
+    event: &ConnectionEvent,
+    at: DateTime<Utc>,
+) -> StoreResult<()> {
+    match event.event {
+        ConnectionEventKind::Open | ConnectionEventKind::Activity => {
+            sqlx::query(
+                "UPDATE connections SET last_report_at = ? WHERE id = ? AND closed_at IS NULL",
+            )
+            .bind(timestamp(at))
+            .bind(event.connection_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        ConnectionEventKind::Close => {
+            ensure_row(tx, event.session_id).await?;
+            sqlx::query("UPDATE session_lifecycle SET last_close_at = ? WHERE session_id = ?")
+                .bind(timestamp(at))
+                .bind(event.session_id.to_string())
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The lifecycle facts of the sessions in `scope`, read on `conn` (a pool connection, or a write
+/// transaction that acts on them).
+async fn facts_in(
+    conn: &mut SqliteConnection,
+    scope: FactsScope,
+) -> StoreResult<Vec<LifecycleFacts>> {
+    let rows = match &scope {
+        FactsScope::Session(id) => {
+            sqlx::query(&format!("SELECT {FACT_COLUMNS} WHERE s.id = ?"))
+                .bind(id.to_string())
+                .fetch_all(&mut *conn)
+                .await?
+        }
+        FactsScope::States(states) => {
+            if states.is_empty() {
+                return Ok(Vec::new());
+            }
+            // The state names are our own constants, never user input.
+            let list: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
+            sqlx::query(&format!(
+                "SELECT {FACT_COLUMNS} WHERE s.state IN ({}) ORDER BY s.created_at, s.id",
+                list.join(", ")
+            ))
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
+    let open: Vec<(String, String)> = match &scope {
+        FactsScope::Session(id) => {
+            sqlx::query_as(
+                "SELECT session_id, COALESCE(last_report_at, opened_at) FROM connections \
+                     WHERE session_id = ? AND closed_at IS NULL",
+            )
+            .bind(id.to_string())
+            .fetch_all(&mut *conn)
+            .await?
+        }
+        FactsScope::States(_) => {
+            sqlx::query_as(
+                "SELECT session_id, COALESCE(last_report_at, opened_at) FROM connections \
+                     WHERE closed_at IS NULL",
+            )
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
+    let mut reports: HashMap<SessionId, Vec<DateTime<Utc>>> = HashMap::new();
+    for (session, at) in &open {
+        reports
+            .entry(parse(session, "session id")?)
+            .or_default()
+            .push(parse_timestamp(at)?);
+    }
+    rows.iter()
+        .map(|row| {
+            let mut facts = facts_from_row(row)?;
+            let mut open = reports.remove(&facts.session_id).unwrap_or_default();
+            open.sort();
+            facts.open_connections = open;
+            Ok(facts)
+        })
+        .collect()
+}
+
+async fn ensure_row(tx: &mut Transaction<'static, Sqlite>, id: SessionId) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO session_lifecycle (session_id) SELECT id FROM sessions WHERE id = ? \
+         ON CONFLICT (session_id) DO NOTHING",
+    )
+    .bind(id.to_string())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+fn seconds(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn clamp(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+fn facts_from_row(row: &SqliteRow) -> StoreResult<LifecycleFacts> {
+    let time = |column: &str| -> StoreResult<Option<DateTime<Utc>>> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|t| parse_timestamp(&t))
+            .transpose()
+    };
+    let secs = |column: &str| -> StoreResult<Option<u64>> {
+        row.try_get::<Option<i64>, _>(column)?
+            .map(|v| u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} {v}"))))
+            .transpose()
+    };
+    let id: SessionId = parse(&row.try_get::<String, _>("id")?, "session id")?;
+    Ok(LifecycleFacts {
+        session_id: id,
+        state: parse(&row.try_get::<String, _>("state")?, "session state")?,
+        state_since: time("state_since")?
+            .ok_or_else(|| StoreError::Corrupt(format!("session {id} has no history")))?,
+        idle_timeout_secs: secs("idle_timeout_secs")?,
+        max_duration_secs: secs("max_duration_secs")?,
+        first_started_at: time("first_started_at")?,
+        ready_at: time("ready_at")?,
+        last_close_at: time("last_close_at")?,
+        last_traffic_at: time("last_traffic_at")?,
+        cpu: Sampled {
+            active_at: time("cpu_active_at")?,
+            sampled_at: time("cpu_sampled_at")?,
+            percent: row.try_get("cpu_percent")?,
+        },
+        gpu: Sampled {
+            active_at: time("gpu_active_at")?,
+            sampled_at: time("gpu_sampled_at")?,
+            percent: row.try_get("gpu_percent")?,
+        },
+        keep_until: time("keep_until")?,
+        open_connections: Vec::new(),
+    })
+}

@@ -1,0 +1,491 @@
+//! Frozen images through the API: freeze requests and what is refused, the freeze orders in
+//! the node's desired state, the agent's progress, done and failed reports, tags moved with
+//! `force` (the old image reachable by digest), privacy, and removal with the SIF file.
+
+use ongrid_core::image::{CreateImage, FreezeProgress, ImageReference, ImageState, ImageView};
+
+use super::*;
+
+fn freeze(session: &str, reference: &str, force: bool) -> CreateImage {
+    CreateImage {
+        session: SessionName::parse(session).unwrap(),
+        reference: ImageReference::parse(reference).unwrap(),
+        force,
+        compression: Default::default(),
+    }
+}
+
+async fn report(
+    m: &Running,
+    gpus: &[GpuInfo],
+    containers: Vec<ObservedContainer>,
+    freezes: Vec<FreezeProgress>,
+) -> DesiredState {
+    let body = NodeReport {
+        node: NodeName::parse("node1").unwrap(),
+        gpus: gpus.to_vec(),
+        containers,
+        activity: Vec::new(),
+        freezes,
+    };
+    m.node1
+        .ok(StatusCode::OK, m.node1.post("/v1/agent/sync", &body))
+        .await
+}
+
+#[tokio::test]
+async fn freezes_are_ordered_reported_and_removed() {
+    let site = Site::new();
+    let store = site.dir.path().join("images");
+    std::fs::create_dir_all(store.join("sha256")).unwrap();
+    let mut config = site.config.clone();
+    config.image_store = Some(store.clone());
+    let m = site.start_with(config, None).await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    // Not running yet: nothing to commit.
+    let refused = m
+        .alice
+        .fails(
+            StatusCode::CONFLICT,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    assert!(refused.error.message.contains("STARTING"), "{refused:?}");
+    let running = vec![container(&session, ContainerState::Running, None)];
+    report(&m, &gpus, running.clone(), vec![]).await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+
+    // Bad input and other people's sessions.
+    let (status, body) = m
+        .alice
+        .send(m.alice.post(
+            "/v1/images",
+            &serde_json::json!({"session": "train1", "reference": "MyModel"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("NAME:VERSION"), "{body}");
+    let missing = m
+        .bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    assert!(missing.error.message.contains("devctl session ls"));
+    // Bob's session is queued behind Alice's on the only GPU: never started.
+    m.bob.create(Some("queued"), one_gpu()).await;
+    let pending = m
+        .bob
+        .fails(
+            StatusCode::CONFLICT,
+            m.bob.post("/v1/images", &freeze("queued", "x:1", false)),
+        )
+        .await;
+    assert!(pending.error.message.contains("PENDING"), "{pending:?}");
+
+    // The freeze: BUILDING, and an order for node1.
+    let image: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    assert_eq!(image.state, ImageState::Building);
+    assert_eq!(image.reference, "mymodel:v1");
+    assert_eq!(image.node.as_str(), "node1");
+    assert_eq!(image.session.as_str(), "train1");
+    assert_eq!(image.owner.as_str(), ALICE);
+    let again = m
+        .alice
+        .fails(
+            StatusCode::CONFLICT,
+            m.alice
+                .post("/v1/images", &freeze("train1", "other:v1", false)),
+        )
+        .await;
+    assert!(again.error.message.contains("being frozen"), "{again:?}");
+    let desired = report(&m, &gpus, running.clone(), vec![]).await;
+    assert_eq!(desired.freezes.len(), 1);
+    let order = &desired.freezes[0];
+    assert_eq!(order.image_id, image.id);
+    assert_eq!(order.session_id, session.id);
+    assert_eq!(order.reference, "mymodel:v1");
+    assert_eq!(order.base_image, session.image);
+
+    // Progress, then done.
+    report(
+        &m,
+        &gpus,
+        running.clone(),
+        vec![FreezeProgress::Running {
+            image_id: image.id,
+            bytes_done: 40,
+            bytes_total: 100,
+        }],
+    )
+    .await;
+    let shown: ImageView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get("/v1/images/mymodel:v1"))
+        .await;
+    let progress = shown.progress.unwrap();
+    assert_eq!((progress.bytes_done, progress.bytes_total), (40, 100));
+    let hex = "ab".repeat(32);
+    let digest = format!("sha256:{hex}");
+    let sif = store.join("sha256").join(format!("{hex}.sif"));
+    std::fs::write(&sif, "SIF").unwrap();
+    let desired = report(
+        &m,
+        &gpus,
+        running.clone(),
+        vec![FreezeProgress::Done {
+            image_id: image.id,
+            digest: digest.clone(),
+            size: 3,
+            sif_path: sif.display().to_string(),
+            docker_image: "ongrid/alice-smith/mymodel:v1".to_owned(),
+        }],
+    )
+    .await;
+    assert!(desired.freezes.is_empty(), "{:?}", desired.freezes);
+    let ready: ImageView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get("/v1/images/mymodel:v1"))
+        .await;
+    assert_eq!(ready.state, ImageState::Ready);
+    assert_eq!(ready.digest.as_deref(), Some(digest.as_str()));
+    assert_eq!(ready.size, Some(3));
+    assert_eq!(
+        ready.docker_image.as_deref(),
+        Some("ongrid/alice-smith/mymodel:v1")
+    );
+    assert_eq!(ready.progress, None);
+    // A late report changes nothing.
+    report(
+        &m,
+        &gpus,
+        running.clone(),
+        vec![FreezeProgress::Failed {
+            image_id: image.id,
+            reason: "late".to_owned(),
+        }],
+    )
+    .await;
+    let still: ImageView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get("/v1/images/mymodel:v1"))
+        .await;
+    assert_eq!(still.state, ImageState::Ready);
+
+    // The tag is taken unless forced; forced, the old image stays reachable by digest.
+    let taken = m
+        .alice
+        .fails(
+            StatusCode::CONFLICT,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    assert!(taken.error.message.contains("--force"), "{taken:?}");
+    let second: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", true)),
+        )
+        .await;
+    assert_ne!(second.id, image.id);
+    let by_digest: ImageView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get(&format!("/v1/images/{digest}")))
+        .await;
+    assert_eq!(by_digest.id, image.id);
+    assert!(by_digest.superseded_at.is_some());
+    report(
+        &m,
+        &gpus,
+        running.clone(),
+        vec![FreezeProgress::Failed {
+            image_id: second.id,
+            reason: "image store /x is full: free space or ask the admin".to_owned(),
+        }],
+    )
+    .await;
+    let failed: ImageView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get("/v1/images/mymodel:v1"))
+        .await;
+    assert_eq!(failed.id, second.id);
+    assert_eq!(failed.state, ImageState::Failed);
+    assert!(failed.reason.contains("is full"));
+
+    // Privacy: users see their own, admins all.
+    let mine: Vec<ImageView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/images")).await;
+    assert_eq!(mine.len(), 2);
+    let bobs: Vec<ImageView> = m.bob.ok(StatusCode::OK, m.bob.get("/v1/images")).await;
+    assert!(bobs.is_empty());
+    m.bob
+        .fails(StatusCode::NOT_FOUND, m.bob.get("/v1/images/mymodel:v1"))
+        .await;
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.get(&format!("/v1/images/{digest}")),
+        )
+        .await;
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob
+                .get(&format!("/v1/images/mymodel:v1?owner={}", urlencode(ALICE))),
+        )
+        .await;
+    m.bob
+        .fails(StatusCode::FORBIDDEN, m.bob.get("/v1/images?all=true"))
+        .await;
+    let all: Vec<ImageView> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/images?all=true"))
+        .await;
+    assert_eq!(all.len(), 2);
+    let admin_view: ImageView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin
+                .get(&format!("/v1/images/mymodel:v1?owner={}", urlencode(ALICE))),
+        )
+        .await;
+    assert_eq!(admin_view.id, second.id);
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.delete(&format!("/v1/images/{digest}")),
+        )
+        .await;
+    m.alice
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.alice.get("/v1/images/sha256:abc"),
+        )
+        .await;
+
+    // Removal: the failed current tag, then the old image by digest with its SIF file.
+    let removed: ImageView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/images/mymodel:v1"))
+        .await;
+    assert_eq!(removed.state, ImageState::Deleted);
+    m.alice
+        .fails(StatusCode::NOT_FOUND, m.alice.get("/v1/images/mymodel:v1"))
+        .await;
+    assert!(sif.exists(), "the READY image still uses it");
+    let removed: ImageView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.delete(&format!("/v1/images/{digest}")),
+        )
+        .await;
+    assert_eq!((removed.id, removed.state), (image.id, ImageState::Deleted));
+    assert!(!sif.exists(), "no image references the digest any more");
+    let mine: Vec<ImageView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/images")).await;
+    assert!(mine.is_empty());
+    // The tag is free again.
+    m.alice
+        .ok::<ImageView>(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn removing_a_building_image_withdraws_its_order() {
+    let site = Site::new();
+    let m = site.start().await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    report(
+        &m,
+        &gpus,
+        vec![container(&session, ContainerState::Running, None)],
+        vec![],
+    )
+    .await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+
+    let image: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/images", &freeze("train1", "m:1", false)),
+        )
+        .await;
+    let desired = report(&m, &gpus, vec![], vec![]).await;
+    assert_eq!(desired.freezes.len(), 1);
+    // Removing a BUILDING image withdraws the order (the agent cancels it).
+    m.alice
+        .ok::<ImageView>(StatusCode::OK, m.alice.delete("/v1/images/m:1"))
+        .await;
+    let desired = report(&m, &gpus, vec![], vec![]).await;
+    assert!(desired.freezes.is_empty());
+    // A report on it is ignored.
+    report(
+        &m,
+        &gpus,
+        vec![],
+        vec![FreezeProgress::Failed {
+            image_id: image.id,
+            reason: "cancelled".to_owned(),
+        }],
+    )
+    .await;
+    let all: Vec<ImageView> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/images?all=true"))
+        .await;
+    assert!(all.is_empty());
+    m.stop().await;
+}
+
+/// Polls until the image is no longer BUILDING (the freeze watch runs every 2 s of real time).
+async fn ended(m: &Running, reference: &str) -> ImageView {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let image: ImageView = m
+            .alice
+            .ok(
+                StatusCode::OK,
+                m.alice.get(&format!("/v1/images/{reference}")),
+            )
+            .await;
+        if image.state != ImageState::Building {
+            return image;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "image {reference} still BUILDING after 30 s: {image:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_freeze_that_cannot_finish_is_failed_not_left_building() {
+    let site = Site::new();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let mut config = site.config.clone();
+    config.freeze_stall_timeout = Duration::from_secs(600);
+    let m = site.start_with(config, Some(clock.clone())).await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    let running = vec![container(&session, ContainerState::Running, None)];
+    report(&m, &gpus, running.clone(), vec![]).await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+
+    // Stalled: the node syncs, but the freeze's progress stops moving.
+    let stalled: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/images", &freeze("train1", "m:1", false)),
+        )
+        .await;
+    let at = |bytes_done| FreezeProgress::Running {
+        image_id: stalled.id,
+        bytes_done,
+        bytes_total: 100,
+    };
+    report(&m, &gpus, running.clone(), vec![at(10)]).await;
+    clock.advance(TimeDelta::minutes(6));
+    report(&m, &gpus, running.clone(), vec![at(20)]).await;
+    clock.advance(TimeDelta::minutes(6));
+    // 12 minutes since the freeze started, 6 since it moved; then 11 without a move.
+    report(&m, &gpus, running.clone(), vec![at(20)]).await;
+    clock.advance(TimeDelta::minutes(5));
+    report(&m, &gpus, running.clone(), vec![at(20)]).await;
+    let failed = ended(&m, "m:1").await;
+    assert_eq!(failed.state, ImageState::Failed);
+    assert!(
+        failed
+            .reason
+            .starts_with("the freeze made no progress on node node1 for 10 minutes"),
+        "{}",
+        failed.reason
+    );
+    let desired = report(&m, &gpus, running.clone(), vec![]).await;
+    assert!(desired.freezes.is_empty(), "the order is withdrawn");
+
+    // The node stops syncing during a freeze of the HELD session.
+    let held: SessionView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice
+                .post("/v1/sessions/train1/hold", &serde_json::json!({})),
+        )
+        .await;
+    assert_eq!(held.state, SessionState::Held);
+    let stopped = vec![container(
+        &session,
+        ContainerState::Exited {
+            exit_code: 0,
+            oom_killed: false,
+            error: None,
+        },
+        None,
+    )];
+    report(&m, &gpus, stopped.clone(), vec![]).await;
+    m.alice
+        .ok::<ImageView>(
+            StatusCode::CREATED,
+            m.alice.post("/v1/images", &freeze("train1", "m:2", false)),
+        )
+        .await;
+    clock.advance(TimeDelta::minutes(61));
+    let failed = ended(&m, "m:2").await;
+    assert_eq!(failed.state, ImageState::Failed);
+    assert!(
+        failed
+            .reason
+            .starts_with("node node1 stopped responding during the freeze"),
+        "{}",
+        failed.reason
+    );
+
+    // The session is removed while its node says nothing about the freeze.
+    report(&m, &gpus, stopped.clone(), vec![]).await;
+    m.alice
+        .ok::<ImageView>(
+            StatusCode::CREATED,
+            m.alice.post("/v1/images", &freeze("train1", "m:3", false)),
+        )
+        .await;
+    m.alice
+        .ok::<SessionView>(StatusCode::OK, m.alice.delete("/v1/sessions/train1"))
+        .await;
+    let failed = ended(&m, "m:3").await;
+    assert_eq!(failed.state, ImageState::Failed);
+    assert_eq!(
+        failed.reason,
+        "session train1 was removed during the freeze"
+    );
+    m.stop().await;
+}
