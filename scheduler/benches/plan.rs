@@ -194,6 +194,7 @@ fn site(scenario: &Scenario) -> SiteState {
                 queued_at: at(random.below(86_400) as i64),
                 preferred_node,
                 pinned_node,
+                previous_gpus: Vec::new(),
             }
         })
         .collect();

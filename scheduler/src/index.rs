@@ -191,6 +191,31 @@ impl<'a> Index<'a> {
         Some(candidates[..count].iter().map(|&(_, _, gpu)| gpu).collect())
     }
 
+    /// Exactly the GPUs `wanted` of the node, when there are `count` of them and each is there,
+    /// fits and has a free place; `None` otherwise.
+    pub fn these_free_gpus_on(
+        &self,
+        node: usize,
+        fits: &[bool],
+        wanted: &[GpuUuid],
+        count: u32,
+    ) -> Option<Vec<usize>> {
+        if wanted.is_empty() || usize::try_from(count).ok()? != wanted.len() {
+            return None;
+        }
+        let chosen: Vec<usize> = wanted
+            .iter()
+            .map(|uuid| {
+                self.nodes[node].gpus.clone().find(|&gpu| {
+                    let slot = &self.gpus[gpu];
+                    slot.uuid == uuid && slot.free > 0 && fits[slot.class]
+                })
+            })
+            .collect::<Option<_>>()?;
+        let distinct: BTreeSet<usize> = chosen.iter().copied().collect();
+        (distinct.len() == chosen.len()).then_some(chosen)
+    }
+
     /// The node whose `count` least capable fitting free GPUs are least capable as a set:
     /// the sets' classes are compared from the most capable down, then node names.
     pub fn best_node(&self, fits: &[bool], count: u32) -> Option<usize> {

@@ -29,8 +29,10 @@
 //! - **Back where it was.** A session's `preferred_node` (e.g. the node it ran on before a hold)
 //!   wins whenever that node can take it at all; the GPUs on it are still chosen least first.
 //! - **Pinned.** A session with a `pinned_node` (a released session whose stopped container is
-//!   there) goes only to that node, its GPUs chosen least first, and waits while that node has
-//!   no room (or is offline, or unknown). Dropping a pin is the session manager's decision.
+//!   there) goes only to that node and waits while that node has no room (or is offline, or
+//!   unknown). It gets its `previous_gpus` back when they are all free and fit (so its container
+//!   restarts as it is), else the node's GPUs least first. Dropping a pin is the session
+//!   manager's decision.
 
 mod class;
 mod index;

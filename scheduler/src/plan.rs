@@ -73,6 +73,11 @@ fn choose(index: &Index<'_>, session: &PendingSession) -> Option<(usize, Vec<usi
     let fits = index.fitting_classes(request);
     if let Some(pinned) = &session.pinned_node {
         let node = index.node_named(pinned)?;
+        if let Some(gpus) =
+            index.these_free_gpus_on(node, &fits, &session.previous_gpus, request.count)
+        {
+            return Some((node, gpus));
+        }
         let gpus = index.least_free_gpus_on(node, &fits, request.count)?;
         return Some((node, gpus));
     }
@@ -385,6 +390,54 @@ mod tests {
                 place(2, "n2", &[4]),
                 place(4, "n1", &[1]),
             ]
+        );
+    }
+
+    #[test]
+    fn a_pinned_session_gets_its_previous_gpus_back_when_they_are_free() {
+        let nodes = vec![node("n1", vec![t4(1), t4(2), a100(3), a100(4)])];
+        let back = |n, count, previous: &[u32]| PendingSession {
+            pinned_node: Some(node_name("n1")),
+            previous_gpus: previous.iter().map(|&g| uuid(g)).collect(),
+            ..session(n, request(count, None, None, Exclusive))
+        };
+        let pending = vec![
+            // Its old A100 rather than the least capable free GPU.
+            back(1, 1, &[4]),
+            // Both old GPUs, in their old order.
+            back(2, 2, &[3, 1]),
+            // GPU 4 is taken now: the least capable free GPU instead.
+            back(3, 1, &[4]),
+        ];
+        assert_eq!(
+            plan(&site(nodes, pending), at(100)),
+            [
+                place(1, "n1", &[4]),
+                place(2, "n1", &[3, 1]),
+                place(3, "n1", &[2]),
+            ]
+        );
+        // A previous GPU that no longer fits the request, or a count that differs, is no claim.
+        let nodes = vec![node("n1", vec![t4(1), a100(3)])];
+        let pending = vec![PendingSession {
+            previous_gpus: vec![uuid(1)],
+            ..back(1, 1, &[])
+        }];
+        let needs_ampere = PendingSession {
+            request: request(1, Some("8.0"), None, Exclusive),
+            ..pending[0].clone()
+        };
+        assert_eq!(
+            plan(&site(nodes.clone(), vec![needs_ampere]), at(100)),
+            [place(1, "n1", &[3])]
+        );
+        let two = PendingSession {
+            request: request(2, None, None, Exclusive),
+            ..pending[0].clone()
+        };
+        assert_eq!(
+            plan(&site(nodes, vec![two]), at(100)),
+            [place(1, "n1", &[1, 3])]
         );
     }
 

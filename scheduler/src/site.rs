@@ -64,6 +64,11 @@ pub struct PendingSession {
     /// it waits while that node has no room. Wins over `preferred_node`.
     #[serde(default)]
     pub pinned_node: Option<NodeName>,
+    /// The GPUs a pinned session's stopped container was made with. When all of them are free
+    /// and fit, the session gets exactly these back, so its container restarts as it is
+    /// instead of being recreated for other GPUs.
+    #[serde(default)]
+    pub previous_gpus: Vec<GpuUuid>,
 }
 
 /// What the session manager should do.

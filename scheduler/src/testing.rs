@@ -81,6 +81,7 @@ pub fn session(n: u32, request: GpuRequest) -> PendingSession {
         queued_at: at(i64::from(n)),
         preferred_node: None,
         pinned_node: None,
+        previous_gpus: Vec::new(),
     }
 }
 

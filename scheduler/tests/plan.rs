@@ -409,6 +409,7 @@ fn build_site(nodes: Vec<(bool, Vec<GpuSpec>)>, sessions: Vec<SessionSpec>) -> S
             // One past the last node is a node the site does not know.
             preferred_node: spec.preferred.map(|n| node_name(n.min(node_count))),
             pinned_node: spec.pinned.map(|n| node_name(n.min(node_count))),
+            previous_gpus: Vec::new(),
         })
         .collect();
     SiteState { nodes, pending }
@@ -536,6 +537,7 @@ fn the_invariant_checker_catches_broken_plans() {
         queued_at: at(i64::from(n)),
         preferred_node: None,
         pinned_node: None,
+        previous_gpus: Vec::new(),
     };
     let site_with = |pending: Vec<PendingSession>| SiteState {
         nodes: vec![NodeState {

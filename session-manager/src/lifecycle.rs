@@ -1576,6 +1576,10 @@ mod tests {
                 Some("node1"),
                 "pinned"
             );
+            assert_eq!(
+                released.gpus, session.gpus,
+                "the held container's GPUs are kept so the scheduler can give them back"
+            );
             assert_eq!(released.queued_at, at(2000), "the end of the queue");
             let facts = store
                 .lifecycle_facts(FactsScope::Session(session.id))

@@ -144,6 +144,7 @@ impl Scheduler {
                         .any(|n| n.name == *node && site.is_online(n));
                     if online {
                         queued.pinned_node = Some(node.clone());
+                        queued.previous_gpus = ongrid_core::api::whole_gpus(&session.gpus);
                     } else {
                         unpinned.insert(session.id, node.clone());
                     }
@@ -413,6 +414,43 @@ mod tests {
              container is, is offline, so it starts in a new container: the old one is removed \
              when node1 is back (the home volume there is kept)"
         );
+    }
+
+    #[tokio::test]
+    async fn a_released_session_gets_its_old_gpu_back_when_it_is_free() {
+        let f = fixture(&[gpu(1), gpu(2)]).await;
+        let first = create(&f, t0()).await;
+        let second = create(&f, t0()).await;
+        assert_eq!(f.scheduler.tick(t0()).await.unwrap().placed, 2);
+        let old_gpus = state(&f, &second).await.gpus;
+        let first_gpus = state(&f, &first).await.gpus;
+        assert_ne!(old_gpus, first_gpus);
+        let step = |to, reason: &str| Change {
+            to,
+            at: t0(),
+            reason: reason.to_owned(),
+            placement: Placement::Keep,
+        };
+        for (to, reason) in [
+            (SessionState::Waiting, "container running on node1"),
+            (SessionState::Held, "owner: held by alice"),
+            (SessionState::Pending, "released by alice"),
+        ] {
+            f.store
+                .transition(second.id, step(to, reason))
+                .await
+                .unwrap();
+        }
+        // The first session ends: both GPUs are free, and the first one would be chosen for a
+        // new session; the released one gets its own back, so its container restarts as it is.
+        f.store
+            .transition(first.id, step(SessionState::Ended, "removed by alice"))
+            .await
+            .unwrap();
+        assert_eq!(f.scheduler.tick(t0()).await.unwrap().placed, 1);
+        let placed = state(&f, &second).await;
+        assert_eq!(placed.state, SessionState::Starting);
+        assert_eq!(placed.gpus, old_gpus);
     }
 
     #[tokio::test]

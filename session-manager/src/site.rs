@@ -170,5 +170,6 @@ pub fn pending_session(session: &SessionRecord) -> PendingSession {
         queued_at: session.queued_at,
         preferred_node: session.preferred_node.clone(),
         pinned_node: None,
+        previous_gpus: Vec::new(),
     }
 }

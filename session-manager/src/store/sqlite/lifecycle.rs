@@ -169,7 +169,9 @@ pub(super) async fn after_transition(
             .await?;
         }
         (Some(SessionState::Held), SessionState::Pending) => {
-            sqlx::query("UPDATE sessions SET queued_at = ?, gpus = '[]' WHERE id = ?")
+            // `gpus` keeps the GPUs the held container was made with: the scheduler gives them
+            // back when they are free (PENDING sessions hold no GPUs, whatever this column says).
+            sqlx::query("UPDATE sessions SET queued_at = ? WHERE id = ?")
                 .bind(&at)
                 .bind(id.to_string())
                 .execute(&mut **tx)
