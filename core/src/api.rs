@@ -266,6 +266,11 @@ pub struct DesiredSession {
     /// Extra labels the manager wants on the container (besides the agent's own).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The session is starting again after a hold: a stopped container of it is to be started
+    /// (or recreated for other GPUs), not taken for one that died by itself. The manager says
+    /// so because an agent that restarted during a release no longer knows it stopped it.
+    #[serde(default)]
+    pub resume: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -71,8 +71,9 @@ pub enum Operation {
 /// - desired running, absent: create and start.
 /// - desired running, created but never started (the agent stopped half-way): remove, create.
 /// - desired running, exited: start it only if it is in `resumable` (the manager stopped it and
-///   now wants it back) — or recreate it when its GPUs differ from the desired ones; otherwise
-///   it died by itself and is left as it is, to be reported.
+///   now wants it back) or the manager says the session resumes after a hold — or recreate it
+///   when its GPUs differ from the desired ones; otherwise it died by itself and is left as it
+///   is, to be reported.
 /// - desired stopped, running: stop.
 /// - not desired (or not a session's dev container at all): stop if running, then remove.
 pub fn plan(
@@ -128,7 +129,7 @@ pub fn plan(
                 then.push(Operation::Create(Box::new(session.clone())));
             }
             (RunState::Running, Some(ContainerState::Exited { .. })) => {
-                if let (Some(c), true) = (container, resumable.contains(&id)) {
+                if let (Some(c), true) = (container, session.resume || resumable.contains(&id)) {
                     if c.gpus.as_ref() == Some(&session.gpus) {
                         then.push(Operation::Start {
                             session_id: id,
@@ -363,7 +364,10 @@ impl Reconciler {
                 Some(session),
             ) = (&container.state, desired)
             {
-                if session.run == RunState::Running && !self.resumable.contains(&id) {
+                if session.run == RunState::Running
+                    && !session.resume
+                    && !self.resumable.contains(&id)
+                {
                     let why = describe_exit(
                         *exit_code,
                         *oom_killed,
@@ -465,6 +469,29 @@ mod tests {
                 container_id: "ca".into()
             }]
         );
+    }
+
+    #[test]
+    fn plan_starts_a_resuming_session_the_agent_did_not_stop_itself() {
+        // The agent restarted while the session was held, so `resumable` is empty; the manager
+        // says the session resumes.
+        let a = DesiredSession {
+            resume: true,
+            ..desired_session(&[GPU])
+        };
+        let observed = [status(&a, "ca", exited(143))];
+        assert_eq!(
+            plan(std::slice::from_ref(&a), &observed, &HashSet::new()),
+            vec![Operation::Start {
+                session_id: a.session_id,
+                container_id: "ca".into()
+            }]
+        );
+        let dead = DesiredSession {
+            resume: false,
+            ..a.clone()
+        };
+        assert_eq!(plan(&[dead], &observed, &HashSet::new()), vec![]);
     }
 
     #[test]

@@ -419,13 +419,10 @@ mod tests {
         );
         // A previous GPU that no longer fits the request, or a count that differs, is no claim.
         let nodes = vec![node("n1", vec![t4(1), a100(3)])];
-        let pending = vec![PendingSession {
-            previous_gpus: vec![uuid(1)],
-            ..back(1, 1, &[])
-        }];
+        let old_t4 = back(1, 1, &[1]);
         let needs_ampere = PendingSession {
             request: request(1, Some("8.0"), None, Exclusive),
-            ..pending[0].clone()
+            ..old_t4.clone()
         };
         assert_eq!(
             plan(&site(nodes.clone(), vec![needs_ampere]), at(100)),
@@ -433,7 +430,7 @@ mod tests {
         );
         let two = PendingSession {
             request: request(2, None, None, Exclusive),
-            ..pending[0].clone()
+            ..old_t4
         };
         assert_eq!(
             plan(&site(nodes, vec![two]), at(100)),

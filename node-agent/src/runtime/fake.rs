@@ -42,6 +42,7 @@ pub fn desired_session(gpus: &[&str]) -> DesiredSession {
             ("site.project".to_owned(), "atlas".to_owned()),
             (super::LABEL_USER.to_owned(), "mallory".to_owned()),
         ]),
+        resume: false,
     }
 }
 

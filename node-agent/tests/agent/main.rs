@@ -126,6 +126,7 @@ impl TestNode {
                 pids: 256,
             },
             labels: BTreeMap::new(),
+            resume: false,
         }
     }
 }

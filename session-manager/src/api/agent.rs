@@ -6,7 +6,7 @@
 //! The answer is the node's [`DesiredState`]: sessions holding GPUs there run, HELD ones are
 //! stopped, anything else (ENDED, FAILED, unknown) is absent, so the agent removes it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use axum::extract::State;
 use axum::Json;
@@ -18,7 +18,9 @@ use ongrid_core::{GpuInfo, NodeName, SessionState};
 
 use super::{ApiError, ApiJson, AppState};
 use crate::auth::AgentNode;
-use crate::store::{Change, NodeRegistration, Placement, SessionFilter, SessionRecord, StoreError};
+use crate::store::{
+    Change, FactsScope, NodeRegistration, Placement, SessionFilter, SessionRecord, StoreError,
+};
 
 pub async fn register(
     State(state): State<AppState>,
@@ -194,6 +196,21 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         .store
         .sessions(SessionFilter::Node(node.clone()))
         .await?;
+    // A STARTING session that has run before was released from a hold: its container exists,
+    // stopped, and is to be started again.
+    let mut resuming = HashSet::new();
+    for session in sessions
+        .iter()
+        .filter(|s| s.state == SessionState::Starting)
+    {
+        let facts = state
+            .store
+            .lifecycle_facts(FactsScope::Session(session.id))
+            .await?;
+        if facts.iter().any(|f| f.first_started_at.is_some()) {
+            resuming.insert(session.id);
+        }
+    }
     let sessions = sessions
         .into_iter()
         .filter_map(|session| {
@@ -220,6 +237,7 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
                 run,
                 limits: state.config.session_limits,
                 labels: Default::default(),
+                resume: resuming.contains(&session.id),
             })
         })
         .collect();

@@ -176,14 +176,22 @@ async fn sessions_are_held_kept_and_released_by_hand_and_by_the_timer() {
         .find(|s| s.session_id == created.id)
         .expect("a pinned session's container is kept");
     assert_eq!(alices.run, RunState::Stopped);
+    assert!(!alices.resume);
 
     // Bob leaves: Alice's session is placed on node1 again. The agent's report of the stopped
-    // container before it starts it again is not a death.
+    // container before it starts it again is not a death, and the agent is told to start it
+    // again even if it no longer remembers stopping it.
     m.bob
         .ok::<SessionView>(StatusCode::OK, m.bob.delete("/v1/sessions/other"))
         .await;
     m.alice.wait_for("train1", SessionState::Starting).await;
-    m.node1.sync("node1", vec![a100(1)], vec![stopped]).await;
+    let desired = m.node1.sync("node1", vec![a100(1)], vec![stopped]).await;
+    let alices = desired
+        .sessions
+        .iter()
+        .find(|s| s.session_id == created.id)
+        .expect("the released session is on node1");
+    assert_eq!((alices.run, alices.resume), (RunState::Running, true));
     assert_eq!(m.alice.show("train1").await.state, SessionState::Starting);
     m.node1.sync("node1", vec![a100(1)], vec![running]).await;
     let back = m.alice.wait_for("train1", SessionState::Waiting).await;
