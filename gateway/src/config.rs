@@ -14,14 +14,18 @@
 //! trusted = ["192.0.2.10/32"]                 # load balancers allowed to send PROXY v2 headers
 //! ```
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ongrid_core::{Cidr, HumanDuration};
+use ongrid_service::config_file::{self, FileError};
+use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
+
+/// The gateway's bearer token. `Debug` and `Display` print `<secret>` so it never reaches a log.
+pub use ongrid_service::Token;
 
 /// The refresh interval when `allowlist_refresh` is not given.
 pub const DEFAULT_ALLOWLIST_REFRESH: Duration = Duration::from_secs(5);
@@ -91,6 +95,24 @@ pub enum ConfigError {
     TrustedProxy(#[source] ongrid_core::network::CidrError),
 }
 
+impl From<FileError> for ConfigError {
+    fn from(error: FileError) -> Self {
+        match error {
+            FileError::Read { path, source } => Self::Read { path, source },
+            FileError::Parse { path, source } => Self::Parse { path, source },
+        }
+    }
+}
+
+impl From<TokenError> for ConfigError {
+    fn from(error: TokenError) -> Self {
+        match error {
+            TokenError::Read { path, source } => Self::TokenFile { path, source },
+            TokenError::Empty(path) => Self::EmptyToken(path),
+        }
+    }
+}
+
 /// The file as written; [`Config::parse`] validates it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -150,19 +172,12 @@ impl ProxyProtocol {
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&config_file::read(path)?, path)
     }
 
     /// Validates the TOML text of a config file; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let file: ConfigFile = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
+        let file: ConfigFile = config_file::parse(text, path)?;
         let listen = file
             .listen
             .parse()
@@ -178,7 +193,7 @@ impl Config {
         if !file.ca_dir.is_dir() {
             return Err(ConfigError::CaDir(file.ca_dir));
         }
-        let token = Token::read(&file.token_file)?;
+        let token = Token::read_first_line(&file.token_file)?;
         let allowlist_refresh = match &file.allowlist_refresh {
             None => DEFAULT_ALLOWLIST_REFRESH,
             Some(text) => {
@@ -238,47 +253,6 @@ impl Config {
             warn_before,
             proxy_protocol,
         })
-    }
-}
-
-/// The gateway's bearer token. `Debug` and `Display` print `<secret>` so it never reaches a log.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    /// Wraps a token; surrounding whitespace is dropped.
-    pub fn new(value: &str) -> Self {
-        Self(value.trim().to_owned())
-    }
-
-    /// Reads the first line of `path`.
-    pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
-            path: path.to_owned(),
-            source,
-        })?;
-        let token = Self::new(text.lines().next().unwrap_or(""));
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken(path.to_owned()));
-        }
-        Ok(token)
-    }
-
-    /// The token itself, for `Authorization` headers only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<secret>")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<secret>")
     }
 }
 

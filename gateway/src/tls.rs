@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::CertificateDer;
+use ongrid_service::pem::{self, CaDirError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -32,56 +32,22 @@ pub enum TlsError {
     Config(#[source] rustls::Error),
 }
 
-/// A CA certificate and the file it came from.
-#[derive(Debug, Clone)]
-pub struct CaCertificate {
-    pub path: PathBuf,
-    pub der: CertificateDer<'static>,
+pub use ongrid_service::pem::CaCertificate;
+
+impl From<CaDirError> for TlsError {
+    fn from(error: CaDirError) -> Self {
+        match error {
+            CaDirError::Dir { dir, source } => Self::CaDir { dir, source },
+            CaDirError::File { path, source } => Self::CaFile { path, source },
+            CaDirError::NoCertificate(dir) => Self::NoCa(dir),
+        }
+    }
 }
 
 /// The certificates of every `*.0` and `*.pem` file in `dir` (CRLs `*.r0`, signing policies and
 /// other files are skipped).
 pub fn load_ca_dir(dir: &Path) -> Result<Vec<CaCertificate>, TlsError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| TlsError::CaDir {
-        dir: dir.to_owned(),
-        source,
-    })?;
-    let mut paths = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| TlsError::CaDir {
-            dir: dir.to_owned(),
-            source,
-        })?;
-        let path = entry.path();
-        let wanted = path
-            .extension()
-            .is_some_and(|ext| ext == "0" || ext == "pem");
-        if wanted && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    let mut certificates = Vec::new();
-    for path in paths {
-        let pem = std::fs::read(&path).map_err(|source| TlsError::CaFile {
-            path: path.clone(),
-            source,
-        })?;
-        for der in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let der = der.map_err(|source| TlsError::CaFile {
-                path: path.clone(),
-                source,
-            })?;
-            certificates.push(CaCertificate {
-                path: path.clone(),
-                der,
-            });
-        }
-    }
-    if certificates.is_empty() {
-        return Err(TlsError::NoCa(dir.to_owned()));
-    }
-    Ok(certificates)
+    Ok(pem::load_ca_dir(dir)?)
 }
 
 /// A rustls client configuration (ring provider) trusting exactly `roots`.

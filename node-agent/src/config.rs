@@ -26,8 +26,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ongrid_core::NodeName;
+use ongrid_service::config_file::{self, FileError};
+use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
+
+/// A bearer token (the node's, the gateway's). `Debug` and `Display` print `<secret>` so it
+/// never reaches a log.
+pub use ongrid_service::Token;
 
 use crate::gpu::GpuBackendConfig;
 use crate::streams::tls::{self, TlsError};
@@ -93,6 +99,15 @@ pub enum ConfigError {
     MaxConcurrentFreezes,
     #[error("[streams] TLS identity")]
     StreamsTls(#[source] TlsError),
+}
+
+impl From<FileError> for ConfigError {
+    fn from(error: FileError) -> Self {
+        match error {
+            FileError::Read { path, source } => Self::Read { path, source },
+            FileError::Parse { path, source } => Self::Parse { path, source },
+        }
+    }
 }
 
 /// `url`'s error type, reached through reqwest's re-export of [`Url`].
@@ -191,16 +206,11 @@ impl StreamsFile {
                 _ => return Err(ConfigError::StreamsUrl(text)),
             },
         };
-        let text = std::fs::read_to_string(&self.gateway_token_file).map_err(|source| {
-            ConfigError::GatewayTokenFile {
-                path: self.gateway_token_file.clone(),
-                source,
-            }
-        })?;
-        let gateway_token = Token::new(text.lines().next().unwrap_or(""));
-        if gateway_token.expose().is_empty() {
-            return Err(ConfigError::EmptyGatewayToken(self.gateway_token_file));
-        }
+        let gateway_token =
+            Token::read_first_line(&self.gateway_token_file).map_err(|error| match error {
+                TokenError::Read { path, source } => ConfigError::GatewayTokenFile { path, source },
+                TokenError::Empty(path) => ConfigError::EmptyGatewayToken(path),
+            })?;
         let tls =
             tls::server_config(&self.tls_cert, &self.tls_key).map_err(ConfigError::StreamsTls)?;
         Ok(StreamsConfig {
@@ -216,19 +226,12 @@ impl StreamsFile {
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&config_file::read(path)?, path)
     }
 
     /// Validates the TOML text of a config file; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let file: ConfigFile = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
+        let file: ConfigFile = config_file::parse(text, path)?;
         let node_name = NodeName::parse(&file.node_name).map_err(ConfigError::NodeName)?;
         let manager_url =
             Url::parse(&file.manager_url).map_err(|source| ConfigError::ManagerUrl {
@@ -241,7 +244,10 @@ impl Config {
         if !file.ca_dir.is_dir() {
             return Err(ConfigError::CaDir(file.ca_dir));
         }
-        let token = Token::read(&file.token_file)?;
+        let token = Token::read_first_line(&file.token_file).map_err(|error| match error {
+            TokenError::Read { path, source } => ConfigError::TokenFile { path, source },
+            TokenError::Empty(path) => ConfigError::EmptyToken(path),
+        })?;
         match &file.gpu {
             GpuBackendConfig::Simulated { file } if !file.exists() => {
                 return Err(ConfigError::GpuFile(file.clone()));
@@ -276,47 +282,6 @@ impl Config {
             streams,
             images,
         })
-    }
-}
-
-/// The node's bearer token. `Debug` and `Display` print `<secret>` so it never reaches a log.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    /// Wraps a token; surrounding whitespace is dropped.
-    pub fn new(value: &str) -> Self {
-        Self(value.trim().to_owned())
-    }
-
-    /// Reads the first line of `path`.
-    pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
-            path: path.to_owned(),
-            source,
-        })?;
-        let token = Self::new(text.lines().next().unwrap_or(""));
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken(path.to_owned()));
-        }
-        Ok(token)
-    }
-
-    /// The token itself, for the `Authorization` header only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<secret>")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<secret>")
     }
 }
 

@@ -1,16 +1,13 @@
 //! `ongrid-agent --config FILE [--check-config]`: loads the config, sets up logging to stderr
 //! (filter from `ONGRID_LOG`, default `info`), and runs [`ongrid_agent::run`] until SIGINT or
-//! SIGTERM. Dev containers keep running when the agent stops.
+//! SIGTERM. Dev containers keep running when the agent stops. The start-up and shutdown
+//! plumbing is [`ongrid_service::Binary`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use ongrid_agent::Config;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::info;
-use tracing_subscriber::EnvFilter;
 
 /// The ongrid node agent: reports this node's GPUs and dev containers to the manager and runs
 /// the dev containers the manager wants here.
@@ -27,76 +24,11 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let config = match Config::load(&args.config) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("ongrid-agent: {:#}", anyhow::Error::from(e));
-            return ExitCode::from(2);
-        }
-    };
-    if args.check_config {
+    ongrid_service::Binary::new("ongrid-agent", &args.config, args.check_config)
         // The GPU backend checks what it can without discovering: the file, the binary.
-        if let Err(e) = ongrid_agent::gpu::from_config(&config.gpu) {
-            eprintln!("ongrid-agent: {:#}", anyhow::Error::from(e));
-            return ExitCode::from(2);
-        }
-        println!("{}: valid", args.config.display());
-        return ExitCode::SUCCESS;
-    }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            EnvFilter::try_from_env("ONGRID_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("ongrid-agent: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(serve(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("ongrid-agent: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    tracker.spawn(cancel_on_signal(shutdown.clone()));
-    let result = ongrid_agent::run(config, shutdown.clone()).await;
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
-    result
-}
-
-/// Cancels `shutdown` on SIGINT or SIGTERM, or returns when it is cancelled otherwise.
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    let mut terminate = match tokio::signal::unix::signal(
-        tokio::signal::unix::SignalKind::terminate(),
-    ) {
-        Ok(signal) => signal,
-        Err(e) => {
-            tracing::error!(error = %e, "Cannot listen for SIGTERM; stop the agent with SIGINT.");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => info!("SIGINT received, stopping."),
-                () = shutdown.cancelled() => return,
-            }
-            shutdown.cancel();
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("SIGINT received, stopping."),
-        _ = terminate.recv() => info!("SIGTERM received, stopping."),
-        () = shutdown.cancelled() => return,
-    }
-    shutdown.cancel();
+        .check(|config: &Config| {
+            ongrid_agent::gpu::from_config(&config.gpu)?;
+            Ok(())
+        })
+        .run(Config::load(&args.config), ongrid_agent::run)
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ongrid_core::api::{DesiredState, ErrorBody, NodeReport, RegisterNode};
+use ongrid_service::pem;
 use reqwest::{Certificate, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -163,25 +164,10 @@ impl ManagerClient {
 /// The certificates of every `*.0` and `*.pem` file in `dir` (IGTF layout: `<hash>.0`; other
 /// files such as CRLs `*.r0` and `*.signing_policy` are skipped).
 pub fn load_ca_dir(dir: &Path) -> Result<Vec<Certificate>, ClientError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ClientError::CaDir {
+    let paths = pem::ca_dir_files(dir).map_err(|source| ClientError::CaDir {
         dir: dir.to_owned(),
         source,
     })?;
-    let mut paths = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| ClientError::CaDir {
-            dir: dir.to_owned(),
-            source,
-        })?;
-        let path = entry.path();
-        let wanted = path
-            .extension()
-            .is_some_and(|ext| ext == "0" || ext == "pem");
-        if wanted && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
     let mut certificates = Vec::new();
     for path in paths {
         let pem = std::fs::read(&path).map_err(|source| ClientError::CaFile {

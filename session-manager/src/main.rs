@@ -1,7 +1,9 @@
 //! `ongrid-manager --config FILE [--check-config]`: loads the config, binds, prints
 //! `listening on ADDR`, and serves until SIGINT or SIGTERM. Everything else is in the library.
+//! Unlike the gateway and the agent it does not use [`ongrid_service::Binary`]: its messages
+//! differ (`error: ...`, `<file>: configuration is valid`, `Shutting down.`) and it logs before
+//! the config is loaded; folding it in would change them.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,13 +28,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ONGRID_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    ongrid_service::init_tracing();
     let config = match Config::load(&args.config) {
         Ok(config) => config,
         Err(error) => {
@@ -74,12 +70,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen} (key `listen`)"))?;
-    let addr = listener.local_addr().context("reading the bound address")?;
-    {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on {addr}").context("writing to stdout")?;
-        stdout.flush().context("writing to stdout")?;
-    }
+    ongrid_service::announce(&listener)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     manager.serve(listener, shutdown).await

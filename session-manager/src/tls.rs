@@ -26,11 +26,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use ongrid_core::api::CredentialKind;
 use ongrid_core::Dn;
+use ongrid_service::pem::{self, PemError};
 use ongrid_x509::voms::{Fqan, VomsDir};
 use ongrid_x509::{CaDir, ChainError, CrlPolicy, ProxyKind, VerifiedChain, VerifyOptions};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, SubjectPublicKeyInfoDer, UnixTime};
+use rustls::pki_types::{CertificateDer, SubjectPublicKeyInfoDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{
     CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, PeerMisbehaved,
@@ -545,8 +546,8 @@ pub fn server_config(
     authenticator: Arc<dyn ClientAuthenticator>,
     provider: Arc<CryptoProvider>,
 ) -> Result<ServerConfig, TlsError> {
-    let chain = load_certs("tls_cert", tls_cert)?;
-    let key = load_key(tls_key)?;
+    let chain = pem::read_certificates("tls_cert", tls_cert)?;
+    let key = pem::read_private_key("tls_key", tls_key)?;
     let verifier = Arc::new(AuthenticatorVerifier::new(authenticator, &provider));
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -558,46 +559,13 @@ pub fn server_config(
     Ok(config)
 }
 
-fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    fs::read(path).map_err(|source| TlsError::Read {
-        key,
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn load_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(key, path)?;
-    let certs = rustls_pemfile::certs(&mut pem.as_slice())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Read {
-            key,
-            path: path.to_owned(),
-            source,
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Empty {
-            key,
-            path: path.to_owned(),
-            what: "certificate",
-        });
+impl From<PemError> for TlsError {
+    fn from(error: PemError) -> Self {
+        match error {
+            PemError::Read { key, path, source } => Self::Read { key, path, source },
+            PemError::Empty { key, path, what } => Self::Empty { key, path, what },
+        }
     }
-    Ok(certs)
-}
-
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read("tls_key", path)?;
-    rustls_pemfile::private_key(&mut pem.as_slice())
-        .map_err(|source| TlsError::Read {
-            key: "tls_key",
-            path: path.to_owned(),
-            source,
-        })?
-        .ok_or_else(|| TlsError::Empty {
-            key: "tls_key",
-            path: path.to_owned(),
-            what: "private key",
-        })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use ongrid_service::pem::{self, PemError};
 use rustls::ServerConfig;
 
 /// Why the TLS identity could not be loaded; each message names the key to fix.
@@ -30,8 +30,8 @@ pub enum TlsError {
 
 /// The server configuration of the stream endpoint.
 pub fn server_config(tls_cert: &Path, tls_key: &Path) -> Result<ServerConfig, TlsError> {
-    let chain = load_certs(tls_cert)?;
-    let key = load_key(tls_key)?;
+    let chain = pem::read_certificates("tls_cert", tls_cert)?;
+    let key = pem::read_private_key("tls_key", tls_key)?;
     ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(TlsError::Identity)?
@@ -40,46 +40,13 @@ pub fn server_config(tls_cert: &Path, tls_key: &Path) -> Result<ServerConfig, Tl
         .map_err(TlsError::Identity)
 }
 
-fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        key,
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read("tls_cert", path)?;
-    let certs = rustls_pemfile::certs(&mut pem.as_slice())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Read {
-            key: "tls_cert",
-            path: path.to_owned(),
-            source,
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Empty {
-            key: "tls_cert",
-            path: path.to_owned(),
-            what: "certificate",
-        });
+impl From<PemError> for TlsError {
+    fn from(error: PemError) -> Self {
+        match error {
+            PemError::Read { key, path, source } => Self::Read { key, path, source },
+            PemError::Empty { key, path, what } => Self::Empty { key, path, what },
+        }
     }
-    Ok(certs)
-}
-
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read("tls_key", path)?;
-    rustls_pemfile::private_key(&mut pem.as_slice())
-        .map_err(|source| TlsError::Read {
-            key: "tls_key",
-            path: path.to_owned(),
-            source,
-        })?
-        .ok_or_else(|| TlsError::Empty {
-            key: "tls_key",
-            path: path.to_owned(),
-            what: "private key",
-        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,13 @@
+//! The plumbing the ongrid binaries share, so each `main.rs` is a few lines and each config
+//! module holds only its own keys: start-up and shutdown ([`process`]), secrets read from files
+//! ([`Token`]), TOML config files ([`config_file`]) and PEM files ([`pem`]).
+//!
+//! No business logic lives here: nothing in this crate knows about sessions, nodes or SSH.
+
+pub mod config_file;
+pub mod pem;
+pub mod process;
+mod secret;
+
+pub use process::{announce, bind_and_announce, init_tracing, Binary};
+pub use secret::{Token, TokenError};
