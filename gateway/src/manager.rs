@@ -6,13 +6,10 @@
 
 use std::time::Duration;
 
-use ongrid_core::api::{
-    Allowlist, ConnectionEvent, ErrorBody, KeyCheck, KeyOwner, Route, RouteRequest,
-};
+use ongrid_core::api::{Allowlist, ConnectionEvent, KeyCheck, KeyOwner, Route, RouteRequest};
 use ongrid_core::lifecycle::SessionDeadlines;
+use ongrid_service::manager_http::{self, ClientSettings, HttpError, ManagerHttp};
 use reqwest::{StatusCode, Url};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use crate::config::Token;
 use crate::tls::CaCertificate;
@@ -72,12 +69,11 @@ impl ManagerError {
 /// An HTTPS client of the manager's gateway routes.
 #[derive(Debug, Clone)]
 pub struct ManagerClient {
-    http: reqwest::Client,
+    http: ManagerHttp,
     allowlist_url: Url,
     authorize_url: Url,
     route_url: Url,
     connections_url: Url,
-    token: Token,
 }
 
 impl ManagerClient {
@@ -87,54 +83,54 @@ impl ManagerClient {
         roots: &[CaCertificate],
         token: Token,
     ) -> Result<Self, ManagerError> {
-        let mut builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .https_only(true)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .user_agent(concat!("ongrid-gateway/", env!("CARGO_PKG_VERSION")));
-        for root in roots {
-            let certificate = reqwest::Certificate::from_der(&root.der).map_err(|source| {
-                ManagerError::BadCa {
+        let roots = roots
+            .iter()
+            .map(|root| {
+                reqwest::Certificate::from_der(&root.der).map_err(|source| ManagerError::BadCa {
                     path: root.path.clone(),
                     source,
-                }
-            })?;
-            builder = builder.add_root_certificate(certificate);
-        }
-        let http = builder.build().map_err(ManagerError::Build)?;
-        let mut base = manager_url.clone();
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
-        let join = |path| {
-            base.join(path)
-                .map_err(|_| ManagerError::BaseUrl(manager_url.to_string()))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let settings = ClientSettings {
+            user_agent: concat!("ongrid-gateway/", env!("CARGO_PKG_VERSION")),
+            connect_timeout: CONNECT_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
+        };
+        let http = ManagerHttp::new(manager_url, roots, token, settings)
+            .map_err(|e| ManagerError::from_http(e, false))?;
+        let url = |route| {
+            http.url(route)
+                .map_err(|e| ManagerError::from_http(e, false))
         };
         Ok(Self {
+            allowlist_url: url("v1/gateway/allowlist")?,
+            authorize_url: url("v1/gateway/authorize")?,
+            route_url: url("v1/gateway/route")?,
+            connections_url: url("v1/gateway/connections")?,
             http,
-            allowlist_url: join("v1/gateway/allowlist")?,
-            authorize_url: join("v1/gateway/authorize")?,
-            route_url: join("v1/gateway/route")?,
-            connections_url: join("v1/gateway/connections")?,
-            token,
         })
     }
 
     pub async fn allowlist(&self) -> Result<Allowlist, ManagerError> {
-        let request = self.http.get(self.allowlist_url.clone());
-        let response = self.send(&self.allowlist_url, request).await?;
-        decode(&self.allowlist_url, response).await
+        self.http
+            .get(&self.allowlist_url)
+            .await
+            .map_err(|e| self.error(e, &self.allowlist_url))
     }
 
     pub async fn authorize(&self, check: &KeyCheck) -> Result<KeyOwner, ManagerError> {
-        self.post(&self.authorize_url, check).await
+        self.http
+            .post(&self.authorize_url, check)
+            .await
+            .map_err(|e| self.error(e, &self.authorize_url))
     }
 
     pub async fn route(&self, request: &RouteRequest) -> Result<Route, ManagerError> {
-        self.post(&self.route_url, request).await
+        self.http
+            .post(&self.route_url, request)
+            .await
+            .map_err(|e| self.error(e, &self.route_url))
     }
 
     /// Reports a connection event; the answer is the session's deadlines, or `None` when the
@@ -144,86 +140,62 @@ impl ManagerClient {
         &self,
         event: &ConnectionEvent,
     ) -> Result<Option<SessionDeadlines>, ManagerError> {
-        let request = self.http.post(self.connections_url.clone()).json(event);
-        let response = match self.send(&self.connections_url, request).await {
+        let url = &self.connections_url;
+        let response = match self.http.post_for_response(url, event).await {
             Ok(response) => response,
-            Err(ManagerError::Refused { status, .. }) if status == StatusCode::NOT_FOUND => {
+            Err(HttpError::Refused { status, .. }) if status == StatusCode::NOT_FOUND => {
                 tracing::debug!(connection = %event.connection_id, session = %event.session_id, "The manager knows the session no more; no deadlines.");
                 return Ok(None);
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err(self.error(error, url)),
         };
         if response.status() != StatusCode::OK {
             return Ok(None);
         }
-        match decode::<SessionDeadlines>(&self.connections_url, response).await {
+        match manager_http::decode::<SessionDeadlines>(url, response).await {
             Ok(deadlines) => Ok(Some(deadlines)),
             Err(error) => {
+                let error = self.error(error, url);
                 tracing::warn!(error = format!("{:#}", anyhow::Error::from(error)), "The manager's answer to a connection event has no deadlines this gateway understands; no banner or warning.");
                 Ok(None)
             }
         }
     }
 
-    async fn post<T: Serialize, R: DeserializeOwned>(
-        &self,
-        url: &Url,
-        body: &T,
-    ) -> Result<R, ManagerError> {
-        let request = self.http.post(url.clone()).json(body);
-        let response = self.send(url, request).await?;
-        decode(url, response).await
-    }
-
-    /// Sends with the token; a non-2xx answer becomes [`ManagerError::Refused`].
-    async fn send(
-        &self,
-        url: &Url,
-        request: reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, ManagerError> {
-        let response = request
-            .bearer_auth(self.token.expose())
-            .send()
-            .await
-            .map_err(|source| ManagerError::Unreachable {
-                url: url.to_string(),
-                // The URL is in our message already.
-                source: source.without_url(),
-            })?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        let text = response.text().await.unwrap_or_default();
-        let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => (body.error.code, body.error.message),
-            Err(_) => (status.as_str().to_owned(), text.chars().take(200).collect()),
-        };
-        let hint = match status {
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN if url != &self.authorize_url => {
-                " (check that token_file holds the token of the manager's gateway_token_file)"
-            }
-            _ => "",
-        };
-        Err(ManagerError::Refused {
-            url: url.to_string(),
-            status,
-            code,
-            message,
-            hint,
-        })
+    /// A failed call to `url` as this gateway reports it. A refused authorization is the
+    /// user's business; any other 401/403 means the gateway's own token is wrong.
+    fn error(&self, error: HttpError, url: &Url) -> ManagerError {
+        ManagerError::from_http(error, url != &self.authorize_url)
     }
 }
 
-async fn decode<R: DeserializeOwned>(
-    url: &Url,
-    response: reqwest::Response,
-) -> Result<R, ManagerError> {
-    response
-        .json()
-        .await
-        .map_err(|source| ManagerError::BadAnswer {
-            url: url.to_string(),
-            source: source.without_url(),
-        })
+impl ManagerError {
+    fn from_http(error: HttpError, token_hint: bool) -> Self {
+        match error {
+            HttpError::BaseUrl(url) => Self::BaseUrl(url),
+            HttpError::Build(source) => Self::Build(source),
+            HttpError::Unreachable { url, source } => Self::Unreachable { url, source },
+            HttpError::Refused {
+                url,
+                status,
+                code,
+                message,
+            } => {
+                let hint = match status {
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN if token_hint => {
+                        " (check that token_file holds the token of the manager's gateway_token_file)"
+                    }
+                    _ => "",
+                };
+                Self::Refused {
+                    url,
+                    code: code.unwrap_or_else(|| status.as_str().to_owned()),
+                    status,
+                    message,
+                    hint,
+                }
+            }
+            HttpError::BadAnswer { url, source } => Self::BadAnswer { url, source },
+        }
+    }
 }

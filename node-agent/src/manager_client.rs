@@ -6,11 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ongrid_core::api::{DesiredState, ErrorBody, NodeReport, RegisterNode};
+use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
+use ongrid_service::manager_http::{ClientSettings, HttpError, ManagerHttp};
 use ongrid_service::pem;
 use reqwest::{Certificate, StatusCode, Url};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use crate::config::Token;
 
@@ -69,95 +68,66 @@ pub enum ClientError {
 /// An HTTPS client of one manager, for one node.
 #[derive(Debug, Clone)]
 pub struct ManagerClient {
-    http: reqwest::Client,
+    http: ManagerHttp,
     register_url: Url,
     sync_url: Url,
-    token: Token,
 }
 
 impl ManagerClient {
     /// A client of the manager at `manager_url` that trusts only the CAs in `ca_dir`.
     pub fn new(manager_url: &Url, ca_dir: &Path, token: Token) -> Result<Self, ClientError> {
-        let mut builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .https_only(true)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .user_agent(concat!("ongrid-agent/", env!("CARGO_PKG_VERSION")));
-        for certificate in load_ca_dir(ca_dir)? {
-            builder = builder.add_root_certificate(certificate);
-        }
-        let http = builder.build().map_err(ClientError::Build)?;
-        let mut base = manager_url.clone();
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
-        let join = |path| {
-            base.join(path)
-                .map_err(|_| ClientError::BaseUrl(manager_url.to_string()))
+        let settings = ClientSettings {
+            user_agent: concat!("ongrid-agent/", env!("CARGO_PKG_VERSION")),
+            connect_timeout: CONNECT_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
         };
+        let http = ManagerHttp::new(manager_url, load_ca_dir(ca_dir)?, token, settings)?;
         Ok(Self {
+            register_url: http.url("v1/agent/register")?,
+            sync_url: http.url("v1/agent/sync")?,
             http,
-            register_url: join("v1/agent/register")?,
-            sync_url: join("v1/agent/sync")?,
-            token,
         })
     }
 
     pub async fn register(&self, body: &RegisterNode) -> Result<DesiredState, ClientError> {
-        self.post(&self.register_url, body).await
+        Ok(self.http.post(&self.register_url, body).await?)
     }
 
     pub async fn sync(&self, body: &NodeReport) -> Result<DesiredState, ClientError> {
-        self.post(&self.sync_url, body).await
+        Ok(self.http.post(&self.sync_url, body).await?)
     }
+}
 
-    async fn post<T: Serialize, R: DeserializeOwned>(
-        &self,
-        url: &Url,
-        body: &T,
-    ) -> Result<R, ClientError> {
-        let response = self
-            .http
-            .post(url.clone())
-            .bearer_auth(self.token.expose())
-            .json(body)
-            .send()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                url: url.to_string(),
-                // The URL is in our message already.
-                source: source.without_url(),
-            })?;
-        let status = response.status();
-        if status.is_success() {
-            return response
-                .json()
-                .await
-                .map_err(|source| ClientError::BadAnswer {
-                    url: url.to_string(),
-                    source: source.without_url(),
-                });
-        }
-        let text = response.text().await.unwrap_or_default();
-        let message = match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => format!("{}: {}", body.error.code, body.error.message),
-            Err(_) => text.chars().take(200).collect(),
-        };
-        let hint = match status {
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                " (check that token_file holds this node's token from the manager's agent_tokens_file, under this node_name)"
+impl From<HttpError> for ClientError {
+    fn from(error: HttpError) -> Self {
+        match error {
+            HttpError::BaseUrl(url) => Self::BaseUrl(url),
+            HttpError::Build(source) => Self::Build(source),
+            HttpError::Unreachable { url, source } => Self::Unreachable { url, source },
+            HttpError::Refused {
+                url,
+                status,
+                code,
+                message,
+            } => {
+                let hint = match status {
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                        " (check that token_file holds this node's token from the manager's agent_tokens_file, under this node_name)"
+                    }
+                    _ => "",
+                };
+                Self::Refused {
+                    url,
+                    status,
+                    message: match code {
+                        Some(code) => format!("{code}: {message}"),
+                        None => message,
+                    },
+                    hint,
+                }
             }
-            _ => "",
-        };
-        Err(ClientError::Refused {
-            url: url.to_string(),
-            status,
-            message,
-            hint,
-        })
+            HttpError::BadAnswer { url, source } => Self::BadAnswer { url, source },
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! The plumbing the ongrid binaries share, so each `main.rs` is a few lines and each config
 //! module holds only its own keys: start-up and shutdown ([`process`]), secrets read from files
-//! ([`Token`]), TOML config files ([`config_file`]) and PEM files ([`pem`]).
+//! ([`Token`]), TOML config files ([`config_file`]), PEM files ([`pem`]) and the HTTPS client of
+//! the manager's bearer-token routes ([`manager_http`]).
 //!
 //! No business logic lives here: nothing in this crate knows about sessions, nodes or SSH.
 
 pub mod config_file;
+pub mod manager_http;
 pub mod pem;
 pub mod process;
 mod secret;
