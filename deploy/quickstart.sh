@@ -14,8 +14,8 @@
 # certificates/ (the CA in IGTF layout), ssh/ (the user's SSH key, known_hosts), gateway/ (the
 # gateway's host keys), configs, tokens, the SQLite database, logs and pid files.
 # Re-running is safe: keys and certificates are kept, the services are restarted.
-# Needs: cargo, openssl, ssh and ssh-keygen, a reachable Docker daemon; root the first time (the
-# dev image build).
+# Needs: cargo and a reachable Docker daemon; the Debian packages of deploy/debian-packages.txt
+# (installed by the script when run as root) and root the first time (the dev image build).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,12 +70,26 @@ usage() {
 # ---------------------------------------------------------------------------------------------
 # Checks
 
+# Every prerequisite, checked (and the Debian packages installed when run as root) before the
+# long build, so a missing one stops the quickstart at once with the command that fixes it.
+check_prerequisites() {
+    "$REPO_ROOT/deploy/install-packages.sh" quickstart
+    command -v cargo >/dev/null ||
+        die "cargo not found: install a stable Rust toolchain (1.85 or newer) with rustup, then run $0 again"
+    command -v docker >/dev/null ||
+        die "docker not found: install Docker Engine (Debian: apt-get install docker.io) and start it (systemctl start docker)"
+    check_docker_daemon
+    "$REPO_ROOT/images/dev/build.sh" --check ||
+        die "the dev image $DEV_IMAGE cannot be built here (cause above)"
+}
+
+# What `stop`, `status` and `clean` need: no build, no package installation.
 check_tools() {
-    local tool
-    for tool in cargo openssl docker ssh ssh-keygen; do
-        command -v "$tool" >/dev/null ||
-            die "$tool not found: the quickstart needs cargo, openssl, docker, ssh and ssh-keygen (apt-get install openssh-client)"
-    done
+    command -v docker >/dev/null || die "docker not found: the quickstart's containers are Docker containers"
+    check_docker_daemon
+}
+
+check_docker_daemon() {
     docker info >/dev/null 2>&1 ||
         die "cannot reach the Docker daemon (docker info failed): start it (systemctl start docker), or run as a user in the docker group"
 }
@@ -160,7 +174,7 @@ build_binaries() {
 build_dev_image() {
     say "dev image $DEV_IMAGE (images/dev/build.sh)"
     "$REPO_ROOT/images/dev/build.sh" ||
-        die "building the dev image failed (output above); the first build needs root: sudo $0"
+        die "building the dev image failed (output above)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -712,7 +726,8 @@ EOF
 # Commands
 
 cmd_start() {
-    check_tools
+    say "checking prerequisites"
+    check_prerequisites
     build_binaries
     build_dev_image
     umask 077

@@ -6,8 +6,10 @@
 # The image is cached by tag: the recipe hash (sha256 of this script and packages.txt) names it
 # `ongrid/dev:<hash12>`; when that tag exists nothing is rebuilt.
 #
-# Usage: images/dev/build.sh [--force]
+# Usage: images/dev/build.sh [--force|--check]
 #   --force   rebuild even when the image of this recipe exists
+#   --check   only check, quickly, that the image exists or can be built here (exit 1 with the
+#             cause otherwise); deploy/quickstart.sh runs it before its long cargo build
 # Environment:
 #   ONGRID_DEBIAN_MIRROR   Debian mirror to debootstrap from (default: the machine's apt mirror,
 #                          else http://deb.debian.org/debian)
@@ -103,7 +105,8 @@ check_docker() {
 check_can_build() {
     [[ "$(id -u)" -eq 0 ]] ||
         die "building the dev image needs root (debootstrap creates device nodes and chroots): run sudo $0"
-    command -v debootstrap >/dev/null || die "debootstrap not found: apt-get install debootstrap"
+    command -v debootstrap >/dev/null ||
+        die "debootstrap not found: install it with deploy/install-packages.sh quickstart (or apt-get install debootstrap)"
     [[ -r "$PACKAGE_FILE" ]] || die "package list $PACKAGE_FILE not found"
 }
 
@@ -192,11 +195,18 @@ main() {
     case "${1:-}" in
     "") ;;
     --force) force=true ;;
-    -h | --help)
-        sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    --check)
+        check_docker
+        [[ -r "$PACKAGE_FILE" ]] || die "package list $PACKAGE_FILE not found"
+        up_to_date "$(recipe_hash)" >/dev/null && return 0
+        check_can_build
         return 0
         ;;
-    *) die "unknown argument '$1' (usage: $0 [--force])" ;;
+    -h | --help)
+        sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        return 0
+        ;;
+    *) die "unknown argument '$1' (usage: $0 [--force|--check])" ;;
     esac
 
     check_docker
