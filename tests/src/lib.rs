@@ -299,9 +299,9 @@ pub struct Site {
     /// The SSH gateway's address, once started.
     pub gateway_addr: Option<String>,
     pub admin: User,
-    manager: Option<Child>,
-    agent: Option<Child>,
-    gateway: Option<Child>,
+    manager: Option<Process>,
+    agent: Option<Process>,
+    gateway: Option<Process>,
     suffix: String,
     users: Vec<User>,
 }
@@ -573,7 +573,7 @@ gateway_token_file = "{gateway_token}"
             .stderr(self.log_file("agent"))
             .spawn()
             .expect("spawn ongrid-agent");
-        self.agent = Some(child);
+        self.agent = Some(Process::new(child, "ongrid-agent"));
     }
 
     /// Starts (or restarts, on the same port and host keys) the SSH gateway.
@@ -605,7 +605,7 @@ allowlist_refresh = "1 second"
 
     pub fn stop_gateway(&mut self) {
         if let Some(child) = self.gateway.take() {
-            terminate(child, "ongrid-gateway");
+            terminate(child);
         }
     }
 
@@ -615,7 +615,7 @@ allowlist_refresh = "1 second"
         binary_name: &str,
         config: &Path,
         log_filter: &str,
-    ) -> (Child, String) {
+    ) -> (Process, String) {
         let log_name = binary_name.trim_start_matches("ongrid-");
         let mut child = Command::new(binary(binary_name))
             .arg("--config")
@@ -626,6 +626,7 @@ allowlist_refresh = "1 second"
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {binary_name}: {e}"));
         let stdout = child.stdout.take().expect("stdout");
+        let child = Process::new(child, binary_name);
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
@@ -757,13 +758,13 @@ allowlist_refresh = "1 second"
     /// Stops the manager with SIGTERM and waits for it to exit.
     pub fn stop_manager(&mut self) {
         if let Some(child) = self.manager.take() {
-            terminate(child, "ongrid-manager");
+            terminate(child);
         }
     }
 
     pub fn stop_agent(&mut self) {
         if let Some(child) = self.agent.take() {
-            terminate(child, "ongrid-agent");
+            terminate(child);
         }
     }
 
@@ -883,7 +884,37 @@ pub fn ssh_keygen(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
-fn terminate(mut child: Child, name: &str) {
+/// A child process of the harness that is killed (SIGKILL) and reaped when dropped, so a
+/// failing test never leaves a binary running; [`terminate`] stops it gracefully instead.
+pub struct Process {
+    child: Option<Child>,
+    name: String,
+}
+
+impl Process {
+    fn new(child: Child, name: &str) -> Self {
+        Self {
+            child: Some(child),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Stops a process with SIGTERM and waits up to 15 s for it to exit; panics (after killing it)
+/// if it does not, since a daemon that ignores SIGTERM is a bug.
+fn terminate(mut process: Process) {
+    let Some(mut child) = process.child.take() else {
+        return;
+    };
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let start = Instant::now();
@@ -895,19 +926,15 @@ fn terminate(mut child: Child, name: &str) {
     }
     let _ = child.kill();
     let _ = child.wait();
-    panic!("{name} did not exit within 15 s of SIGTERM");
+    panic!("{} did not exit within 15 s of SIGTERM", process.name);
 }
 
 impl Drop for Site {
     fn drop(&mut self) {
-        for child in [self.agent.take(), self.manager.take()]
-            .into_iter()
-            .flatten()
-        {
-            let mut child = child;
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // Every process first (Process kills on drop), then the containers they made.
+        drop(self.gateway.take());
+        drop(self.agent.take());
+        drop(self.manager.take());
         remove_docker_objects(&self.node, &self.suffix);
     }
 }
