@@ -7,6 +7,7 @@
 pub mod api;
 pub mod gpu;
 pub mod image;
+pub mod job;
 pub mod lifecycle;
 pub mod names;
 pub mod network;
@@ -17,6 +18,7 @@ pub mod stream;
 pub use gpu::{
     GpuHealth, GpuId, GpuIdError, GpuInfo, GpuMode, GpuRequest, GpuUuid, MigUuid, Sharing,
 };
+pub use job::{JobId, JobReason, JobSpec, JobSpecFile, JobState};
 pub use names::{Dn, NameError, NodeName, SessionId, SessionName, UserName};
 pub use network::{normalize_ip, Allowlist, Cidr, Institute, InstituteName};
 pub use quantity::{ComputeCapability, HumanDuration, MemorySize};
