@@ -1,20 +1,23 @@
-//! devctl's command line, parsed by clap straight into ongrid-core's types (`SessionName`,
-//! `ComputeCapability`, `MemorySize`, `Sharing`, `GpuMode`, `GpuUuid`, `Dn`, `HumanDuration`,
-//! `Cidr`, `InstituteName`), so bad input is refused with core's message, and exit code 2,
-//! before any request is made.
+//! devctl's command line: the global settings flags and the commands, each of whose arguments
+//! are defined by its feature module (`session`, `key`, `image`, `admin`, ...). clap parses
+//! them straight into ongrid-core's types (`SessionName`, `ComputeCapability`, `MemorySize`,
+//! `Sharing`, `GpuMode`, `GpuUuid`, `Dn`, `HumanDuration`, `Cidr`, `InstituteName`), so bad
+//! input is refused with core's message, and exit code 2, before any request is made.
+//! [`Command::run`] hands each command to its module.
 
-use std::fmt;
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::path::{Path, PathBuf};
 
-use chrono::{DateTime, NaiveDate, Utc};
 use clap::{Args, Parser, Subcommand};
-use ongrid_core::{
-    Cidr, ComputeCapability, Dn, GpuMode, GpuRequest, GpuUuid, HumanDuration, InstituteName,
-    MemorySize, SessionName, Sharing,
-};
 
+use crate::admin::{self, AdminCommand};
+use crate::client::Client;
 use crate::config::Overrides;
+use crate::image::freeze::FreezeArgs;
+use crate::image::{self, ImageCommand};
+use crate::key::{self, KeyCommand};
+use crate::session::{self, SessionCommand};
+use crate::terminal::{JsonArgs, Terminal};
+use crate::{gpu, whoami};
 
 const AFTER_HELP: &str = "\
 Settings, strongest first: flags, then environment variables, then the config file
@@ -104,392 +107,45 @@ pub enum Command {
     /// interactive use needs (host keys, shell history, caches, ongrid's tools) is left out.
     /// Files in your home directory (a volume) are not part of the image: copy what the image
     /// needs elsewhere, e.g. under /opt, before freezing.
-    Freeze(crate::images::FreezeArgs),
+    Freeze(FreezeArgs),
     /// List, show and remove your frozen images
     #[command(subcommand)]
-    Image(crate::images::ImageCommand),
+    Image(ImageCommand),
     /// Site administration (admins only)
     #[command(subcommand)]
     Admin(AdminCommand),
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct JsonArgs {
-    /// Print JSON instead of text
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum SessionCommand {
-    /// Ask for a new session on GPUs that meet your requirements
-    ///
-    /// The session is queued (PENDING) until a matching GPU is free, then started. A request
-    /// that no GPU in the site could ever satisfy is refused, naming the requirement.
-    New(NewArgs),
-    /// List your sessions
-    #[command(alias = "list")]
-    Ls(LsArgs),
-    /// Show a session: state, node, GPUs, and every transition with its reason
-    Show(ShowArgs),
-    /// Remove a session: its container is stopped and removed, its GPUs freed
-    #[command(alias = "remove")]
-    Rm(RmArgs),
-    /// Put a session on hold: its container stops, its GPUs are freed for others, its files
-    /// (the container's and your home directory) are kept until `devctl session release`
-    Hold(HoldArgs),
-    /// Bring a HELD session back: it restarts in the same container on the same node as soon as
-    /// a fitting GPU is free there, and waits PENDING (with its queue position) until then
-    Release(ReleaseArgs),
-    /// Keep a session from being held as idle (or for want of a connection) for a while, e.g.
-    /// while a job runs with its output going nowhere; the site caps how long
-    Keep(KeepArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct HoldArgs {
-    /// The session's name
-    pub name: SessionName,
-    /// Another user's session, by DN (admins only; give a --reason)
-    #[arg(long, value_name = "DN")]
-    pub owner: Option<Dn>,
-    /// Why, shown to the session's owner (admins holding someone else's session)
-    #[arg(long, requires = "owner")]
-    pub reason: Option<String>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ReleaseArgs {
-    /// The session's name
-    pub name: SessionName,
-    /// Another user's session, by DN (admins only)
-    #[arg(long, value_name = "DN")]
-    pub owner: Option<Dn>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct KeepArgs {
-    /// The session's name
-    pub name: SessionName,
-    /// How long from now, like 4h, 90m or "2 hours"
-    #[arg(long = "for", value_name = "DURATION")]
-    pub duration: HumanDuration,
-    /// Another user's session, by DN (admins only)
-    #[arg(long, value_name = "DN")]
-    pub owner: Option<Dn>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct NewArgs {
-    /// Session name, also the SSH user name that reaches it: lower-case letters, digits and
-    /// '-' [default: dev, dev-2, ...]
-    #[arg(long)]
-    pub name: Option<SessionName>,
-    /// How many GPUs, all on one node
-    #[arg(long, default_value = "1", value_parser = parse_gpu_count)]
-    pub gpus: u32,
-    /// Lowest CUDA compute capability to accept, like 8.0
-    #[arg(long, value_name = "X.Y")]
-    pub min_capability: Option<ComputeCapability>,
-    /// Least memory per GPU, like 40G (10^9 bytes, as GPUs are sold) or 40GiB
-    #[arg(long, value_name = "SIZE")]
-    pub min_gpu_memory: Option<MemorySize>,
-    /// Whole GPUs only (exclusive), shares of shared GPUs only (shared), or either (any)
-    #[arg(long, default_value = "exclusive", value_name = "exclusive|shared|any")]
-    pub share: Sharing,
-    /// Docker image of the dev container [default: the site's]
-    #[arg(long, value_name = "IMAGE", value_parser = parse_image)]
-    pub image: Option<String>,
-    /// Wait until the session runs (WAITING for your connection), then print it
-    #[arg(long)]
-    pub wait: bool,
-    /// How long --wait waits, like 5m, 90s or "2 hours"
-    #[arg(long, default_value = "5m", requires = "wait", value_name = "DURATION")]
-    pub timeout: HumanDuration,
-    /// Hold the session after this long without a connection or activity, like 2h
-    /// [default: the site's; at most the site's maximum]
-    #[arg(long, value_name = "DURATION")]
-    pub idle_timeout: Option<HumanDuration>,
-    /// Hold the session this long after it first started, whatever happens, like 3d
-    /// [default: the site's; at most the site's maximum]
-    #[arg(long, value_name = "DURATION")]
-    pub max_duration: Option<HumanDuration>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-impl NewArgs {
-    pub fn request(&self) -> GpuRequest {
-        GpuRequest {
-            count: self.gpus,
-            min_capability: self.min_capability,
-            min_memory: self.min_gpu_memory,
-            sharing: self.share,
-        }
-    }
-}
-
-/// A GPU count, checked by the same rule the manager applies.
-fn parse_gpu_count(value: &str) -> Result<u32, String> {
-    let count: u32 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("GPU count {value:?} must be a whole number like 1 or 2"))?;
-    let request = GpuRequest {
-        count,
-        ..GpuRequest::default()
-    };
-    request.validate().map_err(|err| err.to_string())?;
-    Ok(count)
-}
-
-fn parse_image(value: &str) -> Result<String, String> {
-    let value = value.trim();
-    if value.is_empty() || value.contains(char::is_whitespace) {
-        return Err(format!(
-            "image {value:?} must be a Docker image reference like ongrid/dev:latest"
-        ));
-    }
-    Ok(value.to_owned())
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct LsArgs {
-    /// Everybody's sessions (admins only)
-    #[arg(long)]
-    pub all: bool,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ShowArgs {
-    /// The session's name
-    pub name: SessionName,
-    /// Another user's session, by DN like "/DC=org/DC=example/CN=Alice Smith" (admins only)
-    #[arg(long, value_name = "DN")]
-    pub owner: Option<Dn>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct RmArgs {
-    /// The session's name
-    pub name: SessionName,
-    /// Another user's session, by DN (admins only)
-    #[arg(long, value_name = "DN")]
-    pub owner: Option<Dn>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum KeyCommand {
-    /// Register an SSH public key for your identity, until your certificate expires
-    ///
-    /// Adding a key that is already yours renews its expiry to your current certificate's.
-    Add(KeyAddArgs),
-    /// List your SSH keys with their fingerprints and expiry
-    #[command(alias = "list")]
-    Ls(KeyLsArgs),
-    /// Remove an SSH key by its fingerprint, as devctl key ls shows it
-    #[command(alias = "remove")]
-    Rm(KeyRmArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct KeyAddArgs {
-    /// The public key file [default: ~/.ssh/id_ed25519.pub, else ~/.ssh/id_ecdsa.pub, else
-    /// ~/.ssh/id_rsa.pub]
-    #[arg(value_name = "PUBKEY_FILE")]
-    pub file: Option<PathBuf>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct KeyLsArgs {
-    /// Everybody's keys (admins only)
-    #[arg(long)]
-    pub all: bool,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct KeyRmArgs {
-    /// The key's fingerprint, like SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI
-    pub fingerprint: Fingerprint,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-/// An SSH key fingerprint as `ssh-keygen -l` prints it: `SHA256:` and 43 base64 characters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fingerprint(String);
-
-impl Fingerprint {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for Fingerprint {
-    type Err = String;
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let problem = || {
-            format!(
-                "fingerprint {value:?} must look like SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI, \
-                 as devctl key ls shows it"
-            )
-        };
-        let hash = value
-            .trim()
-            .strip_prefix("SHA256:")
-            .ok_or_else(problem)?
-            // ssh-keygen leaves out base64's padding; accept a pasted one.
-            .trim_end_matches('=');
-        let base64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
-        if hash.len() != 43 || !hash.bytes().all(base64) {
-            return Err(problem());
-        }
-        Ok(Self(format!("SHA256:{hash}")))
-    }
-}
-
-impl fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-#[derive(Debug, Subcommand)]
-pub enum AdminCommand {
-    /// Manage GPUs
-    #[command(subcommand)]
-    Gpu(AdminGpuCommand),
-    /// Manage the institutes whose networks may reach the SSH gateway
-    #[command(subcommand)]
-    Institute(InstituteCommand),
-    /// List SSH connections to sessions: who, from where, with which key, how much
-    Audit(AuditArgs),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum InstituteCommand {
-    /// Allow an institute's networks: the gateway accepts connections from them
-    Add(InstituteAddArgs),
-    /// Remove an institute: its networks are no longer allowed
-    #[command(alias = "remove")]
-    Rm(InstituteNameArgs),
-    /// List the allowed institutes and their networks
-    #[command(alias = "list")]
-    Ls(JsonArgs),
-    /// Show one institute's networks
-    Show(InstituteNameArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct InstituteAddArgs {
-    /// The institute's name: lower-case letters, digits, '-', '_' and '.', like uni-glasgow
-    pub name: InstituteName,
-    /// Its networks, like 192.0.2.0/24 or 2001:db8::/32 (a bare address is one host)
-    #[arg(required = true, value_name = "CIDR")]
-    pub cidrs: Vec<Cidr>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct InstituteNameArgs {
-    /// The institute's name
-    pub name: InstituteName,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct AuditArgs {
-    /// Only this user's connections, by DN like "/DC=org/DC=example/CN=Alice Smith"
-    #[arg(long, value_name = "DN")]
-    pub user: Option<Dn>,
-    /// Only connections opened since a time (2026-11-21T10:00:00Z, 2026-11-21) or for a
-    /// duration until now (2h, "3 days")
-    #[arg(long, value_name = "TIME|DURATION")]
-    pub since: Option<Since>,
-    #[command(flatten)]
-    pub output: JsonArgs,
-}
-
-/// `--since`: a moment, or how long ago.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Since {
-    At(DateTime<Utc>),
-    Ago(HumanDuration),
-}
-
-impl Since {
-    /// The moment meant, with `now` for a duration.
-    pub fn resolve(self, now: DateTime<Utc>) -> DateTime<Utc> {
+impl Command {
+    /// Runs the command against the manager; `home` is where `key add` looks for `~/.ssh`.
+    pub async fn run(
+        self,
+        client: &Client,
+        home: Option<&Path>,
+        term: &mut Terminal<'_>,
+    ) -> anyhow::Result<()> {
         match self {
-            Self::At(at) => at,
-            Self::Ago(ago) => chrono::Duration::from_std(ago.as_duration())
-                .ok()
-                .and_then(|ago| now.checked_sub_signed(ago))
-                .unwrap_or(DateTime::<Utc>::MIN_UTC),
+            Self::Whoami(args) => whoami::run(args, client, term).await,
+            Self::Session(command) => session::run(command, client, term).await,
+            Self::Gpus(args) => gpu::run(args, client, term).await,
+            Self::Key(command) => key::run(command, client, home, term).await,
+            Self::Freeze(args) => image::freeze::run(args, client, term).await,
+            Self::Image(command) => image::run(command, client, term).await,
+            Self::Admin(command) => admin::run(command, client, term).await,
         }
     }
-}
-
-impl FromStr for Since {
-    type Err = String;
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let trimmed = value.trim();
-        // RFC 3339, or the way devctl prints times (`2026-11-21 10:00:03Z`).
-        if let Ok(at) = DateTime::parse_from_rfc3339(&trimmed.replacen(' ', "T", 1)) {
-            return Ok(Self::At(at.with_timezone(&Utc)));
-        }
-        if let Ok(day) = NaiveDate::parse_from_str(trimmed, "%Y-%m-%d") {
-            return Ok(Self::At(day.and_time(chrono::NaiveTime::MIN).and_utc()));
-        }
-        HumanDuration::parse(trimmed).map(Self::Ago).map_err(|_| {
-            format!(
-                "{value:?} must be a time like 2026-11-21T10:00:00Z or 2026-11-21 (UTC), or a \
-                 duration like 2h or \"3 days\" (that long ago)"
-            )
-        })
-    }
-}
-
-#[derive(Debug, Subcommand)]
-pub enum AdminGpuCommand {
-    /// Set how sessions may use a GPU: exclusive (one session) or shared:N (up to N)
-    Mode(GpuModeArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct GpuModeArgs {
-    /// The GPU's UUID, as devctl gpus --json shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
-    pub gpu: GpuUuid,
-    /// exclusive, or shared:N with N from 2 to 64
-    #[arg(value_name = "exclusive|shared:N")]
-    pub mode: GpuMode,
-    #[command(flatten)]
-    pub output: JsonArgs,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::audit::Since;
+    use crate::admin::gpu::AdminGpuCommand;
+    use crate::admin::institute::InstituteCommand;
+    use chrono::{DateTime, Utc};
     use clap::error::ErrorKind;
     use clap::CommandFactory;
+    use ongrid_core::{ComputeCapability, GpuMode, GpuRequest, HumanDuration, MemorySize, Sharing};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("devctl").chain(args.iter().copied()))

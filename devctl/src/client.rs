@@ -1,24 +1,25 @@
-//! The manager's HTTPS API as devctl calls it (routes and bodies are those of
-//! `ongrid_core::api`), and the mapping of every failure to one line that says what to do:
-//! manager unreachable, certificate refused, manager's certificate not trusted, or the API's own
-//! error message.
+//! The HTTPS client of the manager's API, presenting the user's certificate or proxy, and the
+//! mapping of every failure to one line that says what to do: manager unreachable, certificate
+//! refused, manager's certificate not trusted, or the API's own error message.
+//!
+//! The routes themselves are called by the command that uses them (`session`, `key`, ...), as
+//! `client.get("v1/sessions").all(all).send().await`; routes and bodies are those listed in
+//! `ongrid_core::api`.
 
 use std::error::Error as StdError;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use ongrid_core::api::{
-    AddKey, AuditRecord, CreateSession, ErrorBody, GpuView, Institute, KeyView, NodeView,
-    SessionView, SetGpuMode, WhoAmI,
-};
-use ongrid_core::{Dn, GpuMode, GpuUuid, InstituteName, SessionName};
-use reqwest::RequestBuilder;
+use chrono::{DateTime, Utc};
+use ongrid_core::api::ErrorBody;
+use ongrid_core::Dn;
+use reqwest::{Method, RequestBuilder};
 use rustls::{AlertDescription, CertificateError};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::config::Settings;
-use crate::output::format_time;
+use crate::format::format_time;
 use crate::tls::{self, TlsSetupError, UserCertificate};
 
 /// How long to wait for the TCP connection and TLS handshake.
@@ -296,30 +297,113 @@ impl Client {
         &self.context
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+    /// `GET {base}{path}`; `path` is relative to the manager's URL, like `v1/sessions`.
+    pub fn get(&self, path: &str) -> Request<'_> {
+        self.request(Method::GET, path)
     }
 
-    async fn send<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, ClientError> {
-        self.send_with_status(request).await.map(|(_, body)| body)
+    /// `POST {base}{path}`
+    pub fn post(&self, path: &str) -> Request<'_> {
+        self.request(Method::POST, path)
     }
 
-    /// Like `send`, with the HTTP status of a successful answer.
-    async fn send_with_status<T: DeserializeOwned>(
-        &self,
-        request: RequestBuilder,
-    ) -> Result<(u16, T), ClientError> {
-        let response = request
+    /// `PUT {base}{path}`
+    pub fn put(&self, path: &str) -> Request<'_> {
+        self.request(Method::PUT, path)
+    }
+
+    /// `DELETE {base}{path}`
+    pub fn delete(&self, path: &str) -> Request<'_> {
+        self.request(Method::DELETE, path)
+    }
+
+    fn request(&self, method: Method, path: &str) -> Request<'_> {
+        Request {
+            client: self,
+            builder: self.http.request(method, format!("{}{path}", self.base)),
+        }
+    }
+
+    /// A client without TLS, for unit tests that only build requests.
+    #[cfg(test)]
+    pub(crate) fn for_building_requests(base: &str) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: base.to_owned(),
+            context: ErrorContext {
+                manager_url: base.trim_end_matches('/').to_owned(),
+                ca_dir: PathBuf::new(),
+                identity: String::new(),
+                issuer: None,
+                not_after: None,
+                request_timeout: REQUEST_TIMEOUT,
+            },
+        }
+    }
+}
+
+/// One call of the API: built with [`Client::get`] and friends, then [`Request::send`].
+#[must_use = "a request does nothing until it is sent"]
+pub struct Request<'a> {
+    client: &'a Client,
+    builder: RequestBuilder,
+}
+
+impl Request<'_> {
+    /// Adds query parameters, URL-encoded (a fingerprint's base64 holds `+` and `/`, a DN
+    /// spaces).
+    pub fn query<T: Serialize + ?Sized>(self, query: &T) -> Self {
+        Self {
+            builder: self.builder.query(query),
+            ..self
+        }
+    }
+
+    /// `?all=true` when `all`: everybody's, not only the caller's (admins only).
+    pub fn all(self, all: bool) -> Self {
+        if all {
+            self.query(&[("all", "true")])
+        } else {
+            self
+        }
+    }
+
+    /// `?owner=DN` when given: another user's session or image (admins only).
+    pub fn owner(self, owner: Option<&Dn>) -> Self {
+        match owner {
+            Some(owner) => self.query(&[("owner", owner.as_str())]),
+            None => self,
+        }
+    }
+
+    /// A JSON body.
+    pub fn json<T: Serialize + ?Sized>(self, body: &T) -> Self {
+        Self {
+            builder: self.builder.json(body),
+            ..self
+        }
+    }
+
+    /// Sends the request and decodes a 2xx answer; anything else becomes a [`ClientError`].
+    pub async fn send<T: DeserializeOwned>(self) -> Result<T, ClientError> {
+        self.send_with_status().await.map(|(_, body)| body)
+    }
+
+    /// Like [`Request::send`], with the HTTP status of the successful answer.
+    pub async fn send_with_status<T: DeserializeOwned>(self) -> Result<(u16, T), ClientError> {
+        let context = &self.client.context;
+        let response = self
+            .builder
             .send()
             .await
-            .map_err(|e| self.context.classify_reqwest(&e))?;
+            .map_err(|e| context.classify_reqwest(&e))?;
         let status = response.status();
         let body = response
             .bytes()
             .await
-            .map_err(|e| self.context.classify_reqwest(&e))?;
+            .map_err(|e| context.classify_reqwest(&e))?;
         if !status.is_success() {
-            return Err(api_error(status.as_u16(), &body, &self.context.manager_url));
+            return Err(api_error(status.as_u16(), &body, &context.manager_url));
         }
         let body = serde_json::from_slice(&body).map_err(|err| ClientError::BadBody {
             cause: err.to_string(),
@@ -327,240 +411,10 @@ impl Client {
         Ok((status.as_u16(), body))
     }
 
-    /// `GET /v1/whoami`
-    pub async fn whoami(&self) -> Result<WhoAmI, ClientError> {
-        self.send(self.http.get(self.url("v1/whoami"))).await
-    }
-
-    /// `POST /v1/sessions`
-    pub async fn create_session(&self, body: &CreateSession) -> Result<SessionView, ClientError> {
-        self.send(self.http.post(self.url("v1/sessions")).json(body))
-            .await
-    }
-
-    /// `GET /v1/sessions[?all=true]`
-    pub async fn sessions(&self, all: bool) -> Result<Vec<SessionView>, ClientError> {
-        let mut request = self.http.get(self.url("v1/sessions"));
-        if all {
-            request = request.query(&[("all", "true")]);
-        }
-        self.send(request).await
-    }
-
-    /// `GET /v1/sessions/{name}[?owner=DN]`
-    pub async fn session(
-        &self,
-        name: &SessionName,
-        owner: Option<&Dn>,
-    ) -> Result<SessionView, ClientError> {
-        let request = self.http.get(self.url(&format!("v1/sessions/{name}")));
-        self.send(with_owner(request, owner)).await
-    }
-
-    /// `DELETE /v1/sessions/{name}[?owner=DN]`
-    pub async fn remove_session(
-        &self,
-        name: &SessionName,
-        owner: Option<&Dn>,
-    ) -> Result<SessionView, ClientError> {
-        let request = self.http.delete(self.url(&format!("v1/sessions/{name}")));
-        self.send(with_owner(request, owner)).await
-    }
-
-    /// `POST /v1/sessions/{name}/hold[?owner=DN]`
-    pub async fn hold_session(
-        &self,
-        name: &SessionName,
-        owner: Option<&Dn>,
-        body: &ongrid_core::lifecycle::HoldRequest,
-    ) -> Result<SessionView, ClientError> {
-        let request = self
-            .http
-            .post(self.url(&format!("v1/sessions/{name}/hold")));
-        self.send(with_owner(request, owner).json(body)).await
-    }
-
-    /// `POST /v1/sessions/{name}/release[?owner=DN]`
-    pub async fn release_session(
-        &self,
-        name: &SessionName,
-        owner: Option<&Dn>,
-    ) -> Result<SessionView, ClientError> {
-        let request = self
-            .http
-            .post(self.url(&format!("v1/sessions/{name}/release")));
-        self.send(with_owner(request, owner)).await
-    }
-
-    /// `POST /v1/sessions/{name}/keep[?owner=DN]`
-    pub async fn keep_session(
-        &self,
-        name: &SessionName,
-        owner: Option<&Dn>,
-        body: &ongrid_core::lifecycle::KeepRequest,
-    ) -> Result<SessionView, ClientError> {
-        let request = self
-            .http
-            .post(self.url(&format!("v1/sessions/{name}/keep")));
-        self.send(with_owner(request, owner).json(body)).await
-    }
-
-    /// `GET /v1/nodes`
-    pub async fn nodes(&self) -> Result<Vec<NodeView>, ClientError> {
-        self.send(self.http.get(self.url("v1/nodes"))).await
-    }
-
-    /// `PUT /v1/gpus/{uuid}/mode`
-    pub async fn set_gpu_mode(&self, gpu: &GpuUuid, mode: GpuMode) -> Result<GpuView, ClientError> {
-        let request = self
-            .http
-            .put(self.url(&format!("v1/gpus/{gpu}/mode")))
-            .json(&SetGpuMode { mode });
-        self.send(request).await
-    }
-
-    /// `POST /v1/keys`
-    pub async fn add_key(&self, body: &AddKey) -> Result<(KeyAdded, KeyView), ClientError> {
-        let (status, key) = self
-            .send_with_status(self.http.post(self.url("v1/keys")).json(body))
-            .await?;
-        let added = if status == 201 {
-            KeyAdded::New
-        } else {
-            KeyAdded::Renewed
-        };
-        Ok((added, key))
-    }
-
-    /// `GET /v1/keys[?all=true]`
-    pub async fn keys(&self, all: bool) -> Result<Vec<KeyView>, ClientError> {
-        let mut request = self.http.get(self.url("v1/keys"));
-        if all {
-            request = request.query(&[("all", "true")]);
-        }
-        self.send(request).await
-    }
-
-    /// `DELETE /v1/keys?fingerprint=SHA256:...` (the fingerprint URL-encoded: its base64 holds
-    /// `+` and `/`)
-    pub async fn remove_key(&self, fingerprint: &str) -> Result<KeyView, ClientError> {
-        self.send(remove_key_request(&self.http, &self.base, fingerprint))
-            .await
-    }
-
-    /// `GET /v1/institutes`
-    pub async fn institutes(&self) -> Result<Vec<Institute>, ClientError> {
-        self.send(self.http.get(self.url("v1/institutes"))).await
-    }
-
-    /// `GET /v1/institutes/{name}`
-    pub async fn institute(&self, name: &InstituteName) -> Result<Institute, ClientError> {
-        self.send(self.http.get(self.url(&format!("v1/institutes/{name}"))))
-            .await
-    }
-
-    /// `POST /v1/institutes`
-    pub async fn add_institute(&self, body: &Institute) -> Result<Institute, ClientError> {
-        self.send(self.http.post(self.url("v1/institutes")).json(body))
-            .await
-    }
-
-    /// `DELETE /v1/institutes/{name}`
-    pub async fn remove_institute(&self, name: &InstituteName) -> Result<Institute, ClientError> {
-        self.send(self.http.delete(self.url(&format!("v1/institutes/{name}"))))
-            .await
-    }
-
-    /// `GET /v1/audit[?user=DN][&since=RFC3339]`
-    pub async fn audit(
-        &self,
-        user: Option<&Dn>,
-        since: Option<DateTime<Utc>>,
-    ) -> Result<Vec<AuditRecord>, ClientError> {
-        let request = self
-            .http
-            .get(self.url("v1/audit"))
-            .query(&audit_query(user, since));
-        self.send(request).await
-    }
-}
-
-/// Frozen images (`devctl freeze`, `devctl image ...`).
-impl Client {
-    /// `POST /v1/images`
-    pub async fn create_image(
-        &self,
-        body: &ongrid_core::image::CreateImage,
-    ) -> Result<ongrid_core::image::ImageView, ClientError> {
-        self.send(self.http.post(self.url("v1/images")).json(body))
-            .await
-    }
-
-    /// `GET /v1/images[?all=true]`
-    pub async fn images(
-        &self,
-        all: bool,
-    ) -> Result<Vec<ongrid_core::image::ImageView>, ClientError> {
-        let mut request = self.http.get(self.url("v1/images"));
-        if all {
-            request = request.query(&[("all", "true")]);
-        }
-        self.send(request).await
-    }
-
-    /// `GET /v1/images/{name:version | sha256:hex}[?owner=DN]`
-    pub async fn image(
-        &self,
-        reference: &str,
-        owner: Option<&Dn>,
-    ) -> Result<ongrid_core::image::ImageView, ClientError> {
-        let request = self.http.get(self.url(&format!("v1/images/{reference}")));
-        self.send(with_owner(request, owner)).await
-    }
-
-    /// `DELETE /v1/images/{name:version | sha256:hex}[?owner=DN]`
-    pub async fn remove_image(
-        &self,
-        reference: &str,
-        owner: Option<&Dn>,
-    ) -> Result<ongrid_core::image::ImageView, ClientError> {
-        let request = self
-            .http
-            .delete(self.url(&format!("v1/images/{reference}")));
-        self.send(with_owner(request, owner)).await
-    }
-}
-
-fn remove_key_request(http: &reqwest::Client, base: &str, fingerprint: &str) -> RequestBuilder {
-    http.delete(format!("{base}v1/keys"))
-        .query(&[("fingerprint", fingerprint)])
-}
-
-/// What `POST /v1/keys` did with the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyAdded {
-    /// 201: the key is new.
-    New,
-    /// 200: the key was already the caller's; its expiry now follows the presented certificate.
-    Renewed,
-}
-
-/// The query of `GET /v1/audit`: `user=DN`, `since=RFC 3339` (to the second, `Z`).
-pub fn audit_query(user: Option<&Dn>, since: Option<DateTime<Utc>>) -> Vec<(&'static str, String)> {
-    let mut query = Vec::new();
-    if let Some(user) = user {
-        query.push(("user", user.as_str().to_owned()));
-    }
-    if let Some(since) = since {
-        query.push(("since", since.to_rfc3339_opts(SecondsFormat::Secs, true)));
-    }
-    query
-}
-
-fn with_owner(request: RequestBuilder, owner: Option<&Dn>) -> RequestBuilder {
-    match owner {
-        Some(owner) => request.query(&[("owner", owner.as_str())]),
-        None => request,
+    /// The request as it would be sent, for unit tests of routes and queries.
+    #[cfg(test)]
+    pub(crate) fn build(self) -> reqwest::Request {
+        self.builder.build().unwrap()
     }
 }
 
@@ -723,34 +577,6 @@ mod tests {
             err.to_string(),
             "the manager at https://manager.example.org:8443 did not answer within 30 s: try \
              again, or ask the site admins to check it"
-        );
-    }
-
-    #[test]
-    fn fingerprints_are_url_encoded() {
-        let http = reqwest::Client::builder().build().unwrap();
-        let request =
-            remove_key_request(&http, "https://manager.example.org:8443/", "SHA256:ab+c/d=")
-                .build()
-                .unwrap();
-        assert_eq!(request.method(), reqwest::Method::DELETE);
-        assert_eq!(
-            request.url().as_str(),
-            "https://manager.example.org:8443/v1/keys?fingerprint=SHA256%3Aab%2Bc%2Fd%3D"
-        );
-    }
-
-    #[test]
-    fn audit_filters_become_the_query() {
-        assert!(audit_query(None, None).is_empty());
-        let user = Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap();
-        let since = DateTime::from_timestamp(1_795_255_200, 0);
-        assert_eq!(
-            audit_query(Some(&user), since),
-            vec![
-                ("user", "/DC=org/DC=example/CN=Alice Smith".to_owned()),
-                ("since", "2026-11-21T10:00:00Z".to_owned()),
-            ]
         );
     }
 }

@@ -1,34 +1,41 @@
 //! devctl, the command line of ongrid for users and admins.
 //!
 //! It talks to the manager's HTTPS API (`ongrid_core::api`), presenting the user's grid
-//! certificate or proxy as the TLS client certificate. The pieces:
+//! certificate or proxy as the TLS client certificate. The code is laid out by feature: each
+//! command family's arguments, API calls and text output live together.
 //!
-//! - [`cli`]: the arguments, parsed by clap into ongrid-core's types.
+//! - [`cli`]: the global flags and the [`cli::Command`]s, each handed to its module.
+//! - [`whoami`], [`session`], [`gpu`], [`key`], [`image`], [`admin`]: the commands.
 //! - [`config`]: flags, environment and `~/.config/ongrid/devctl.toml` resolved into
 //!   [`config::Settings`].
 //! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
-//! - [`client`]: the API calls, and every failure mapped to one line that names the fix.
-//! - [`commands`]: what each command does, including `session new --wait`.
-//! - [`images`]: `freeze` with its progress bar, and `image ls|show|rm`.
+//! - [`client`]: the HTTPS client, and every failure mapped to one line that names the fix.
 //! - [`pubkey`]: the SSH public key file `key add` registers, checked before it is sent.
-//! - [`output`]: tables and formats for people.
+//! - [`terminal`]: where results (stdout) and notes (stderr) go, text or `--json`.
+//! - [`table`] and [`format`]: tables fitted to the terminal, times and sizes for people.
 //!
 //! `main.rs` parses the arguments and calls [`run`]; an error is printed as one line,
 //! `error: ...`, with exit code 1 (clap's usage errors exit with 2).
 
+pub mod admin;
 pub mod cli;
 pub mod client;
-pub mod commands;
 pub mod config;
-pub mod images;
-pub mod output;
+pub mod format;
+pub mod gpu;
+pub mod image;
+pub mod key;
 pub mod pubkey;
+pub mod session;
+pub mod table;
+pub mod terminal;
 pub mod tls;
+pub mod whoami;
 
 use cli::Cli;
 use client::Client;
-use commands::Terminal;
 use config::{Defaults, Env};
+use terminal::Terminal;
 
 /// Resolves the settings, connects, and runs the command.
 pub async fn run(
@@ -40,5 +47,5 @@ pub async fn run(
     let settings = config::resolve(&cli.global.overrides(), env, defaults)?;
     let client = Client::new(&settings)?;
     let home = env.get("HOME").map(std::path::Path::new);
-    commands::execute(cli.command, home, &client, term).await
+    cli.command.run(&client, home, term).await
 }

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use devctl::cli::Cli;
-use devctl::commands::Terminal;
 use devctl::config::{Defaults, Env};
+use devctl::terminal::Terminal;
 
 fn main() -> ExitCode {
     // Usage errors exit here with code 2, `--help` and `--version` with 0.
@@ -22,10 +22,7 @@ fn main() -> ExitCode {
     };
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
-    let mut term = Terminal {
-        out: &mut stdout,
-        note: &mut stderr,
-    };
+    let mut term = Terminal::process(&mut stdout, &mut stderr);
     let result = runtime.block_on(devctl::run(
         cli,
         &Env::from_process(),

@@ -1,0 +1,87 @@
+//! `devctl admin gpu mode GPU exclusive|shared:N` (`PUT /v1/gpus/{uuid}/mode`): how many
+//! sessions may share a GPU.
+
+use clap::{Args, Subcommand};
+use ongrid_core::api::{GpuView, SetGpuMode};
+use ongrid_core::{GpuMode, GpuUuid};
+
+use crate::client::Client;
+use crate::terminal::{JsonArgs, Terminal};
+
+#[derive(Debug, Subcommand)]
+pub enum AdminGpuCommand {
+    /// Set how sessions may use a GPU: exclusive (one session) or shared:N (up to N)
+    Mode(GpuModeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GpuModeArgs {
+    /// The GPU's UUID, as devctl gpus --json shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    pub gpu: GpuUuid,
+    /// exclusive, or shared:N with N from 2 to 64
+    #[arg(value_name = "exclusive|shared:N")]
+    pub mode: GpuMode,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+pub async fn run(
+    command: AdminGpuCommand,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    match command {
+        AdminGpuCommand::Mode(GpuModeArgs { gpu, mode, output }) => {
+            let view: GpuView = client
+                .put(&format!("v1/gpus/{gpu}/mode"))
+                .json(&SetGpuMode { mode })
+                .send()
+                .await?;
+            term.show(output.json, &view, render_mode)
+        }
+    }
+}
+
+/// `devctl admin gpu mode`: the GPU after the change.
+pub fn render_mode(gpu: &GpuView) -> String {
+    format!(
+        "GPU {} on {} is now {} ({} of {} in use)\n",
+        gpu.info.uuid,
+        gpu.node,
+        gpu.mode,
+        gpu.used,
+        gpu.mode.capacity()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ongrid_core::{ComputeCapability, GpuHealth, GpuInfo, MemorySize, NodeName};
+
+    #[test]
+    fn a_mode_change_says_the_new_use() {
+        let view = GpuView {
+            info: GpuInfo {
+                uuid: GpuUuid::parse("GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f").unwrap(),
+                model: "NVIDIA A100-SXM4-40GB".into(),
+                capability: ComputeCapability::new(8, 0),
+                memory: MemorySize::from_mib(40_960),
+                pci_bus_id: None,
+                driver_version: None,
+                mig_enabled: false,
+                health: GpuHealth::Healthy,
+                utilization_percent: None,
+            },
+            node: NodeName::parse("node1").unwrap(),
+            mode: GpuMode::Shared { max_sessions: 4 },
+            used: 1,
+            free: 3,
+            sessions: vec![],
+        };
+        assert_eq!(
+            render_mode(&view),
+            "GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f on node1 is now shared:4 (1 of 4 in use)\n"
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! `devctl admin ...`: site administration, for the admins named in the manager's config.
+//!
+//! - [`gpu`]: `admin gpu mode`, how sessions may share a GPU.
+//! - [`institute`]: `admin institute add|rm|ls|show`, the networks the SSH gateway accepts.
+//! - [`audit`]: `admin audit`, the log of SSH connections.
+
+pub mod audit;
+pub mod gpu;
+pub mod institute;
+
+use clap::Subcommand;
+
+use crate::client::Client;
+use crate::terminal::Terminal;
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Manage GPUs
+    #[command(subcommand)]
+    Gpu(gpu::AdminGpuCommand),
+    /// Manage the institutes whose networks may reach the SSH gateway
+    #[command(subcommand)]
+    Institute(institute::InstituteCommand),
+    /// List SSH connections to sessions: who, from where, with which key, how much
+    Audit(audit::AuditArgs),
+}
+
+pub async fn run(
+    command: AdminCommand,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    match command {
+        AdminCommand::Gpu(command) => gpu::run(command, client, term).await,
+        AdminCommand::Institute(command) => institute::run(command, client, term).await,
+        AdminCommand::Audit(args) => audit::run(args, client, term).await,
+    }
+}

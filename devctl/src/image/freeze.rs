@@ -1,0 +1,133 @@
+//! `devctl freeze SESSION --tag NAME:VERSION`: asks the manager for an image
+//! (`POST /v1/images`), then polls it (`GET /v1/images/{name:version}`) once a second until it
+//! is READY or FAILED, showing the progress on stderr. The result (SIF path, digest, size,
+//! Docker image) goes to stdout, or the image as JSON with `--json`.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use indicatif::ProgressDrawTarget;
+use ongrid_core::image::{
+    Compression, CreateImage, ImageProgress, ImageReference, ImageState, ImageView,
+};
+use ongrid_core::SessionName;
+
+use super::catalog::fetch;
+use super::progress::Progress;
+use crate::client::Client;
+use crate::format::{format_bytes, or_dash};
+use crate::terminal::Terminal;
+
+/// How often `freeze` asks the manager about the image.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often `freeze` prints a progress line when stderr is not a terminal.
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Args)]
+pub struct FreezeArgs {
+    /// The session to freeze (it keeps running; HELD sessions can be frozen too)
+    pub session: SessionName,
+    /// Name and version of the image, like mymodel:v1
+    #[arg(long, value_name = "NAME:VERSION")]
+    pub tag: ImageReference,
+    /// Move the tag if you already have an image of it (the old one stays reachable by its
+    /// digest)
+    #[arg(long)]
+    pub force: bool,
+    /// Compression of the squashfs inside the SIF: gzip mounts everywhere, zstd is smaller
+    /// and faster (Apptainer ≥ 1.1)
+    #[arg(long, default_value = "gzip", value_parser = parse_compression)]
+    pub compression: Compression,
+    /// Return at once, with the image BUILDING; follow it with devctl image show
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the image as JSON instead of text (no progress bar)
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_compression(value: &str) -> Result<Compression, String> {
+    match value {
+        "gzip" => Ok(Compression::Gzip),
+        "zstd" => Ok(Compression::Zstd),
+        other => Err(format!("compression {other:?} must be gzip or zstd")),
+    }
+}
+
+/// `devctl freeze SESSION --tag NAME:VERSION`.
+pub async fn run(args: FreezeArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
+    let body = CreateImage {
+        session: args.session.clone(),
+        reference: args.tag.clone(),
+        force: args.force,
+        compression: args.compression,
+    };
+    let image: ImageView = client.post("v1/images").json(&body).send().await?;
+    if args.no_wait {
+        return term.show(args.json, &image, |image| {
+            format!(
+                "freezing session {} to {} on {} (BUILDING): follow it with `devctl image show \
+                 {}`\n",
+                image.session, image.reference, image.node, image.reference
+            )
+        });
+    }
+    term.note(&format!(
+        "freezing session {} to {} on {} (interrupting devctl does not stop the freeze)",
+        image.session, image.reference, image.node
+    ));
+    let mut progress = if args.json {
+        Progress::silent()
+    } else if term.note_is_terminal {
+        Progress::bar(ProgressDrawTarget::stderr())
+    } else {
+        Progress::lines(PLAIN_PROGRESS_EVERY)
+    };
+    let image = wait_until_built(image, client, &mut progress, term).await;
+    progress.finish();
+    let image = image?;
+    match image.state {
+        ImageState::Ready => term.show(args.json, &image, render_frozen),
+        _ => anyhow::bail!(
+            "freezing session {} to {} failed ({}): {}",
+            image.session,
+            image.reference,
+            image.state,
+            image.reason
+        ),
+    }
+}
+
+/// Polls the image every [`POLL_INTERVAL`] while it is BUILDING, showing its progress.
+async fn wait_until_built(
+    mut image: ImageView,
+    client: &Client,
+    progress: &mut Progress,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<ImageView> {
+    let reference = image.reference.to_string();
+    while image.state == ImageState::Building {
+        tokio::time::sleep(POLL_INTERVAL).await;
+        image = fetch(client, &reference, None).await?;
+        let reported = image.progress.unwrap_or(ImageProgress {
+            bytes_done: 0,
+            bytes_total: 0,
+        });
+        progress.update(reported, Instant::now(), &mut *term.note);
+    }
+    Ok(image)
+}
+
+/// What `freeze` prints when the image is READY.
+pub fn render_frozen(image: &ImageView) -> String {
+    format!(
+        "image {} is READY\n  SIF:          {}\n  digest:       {}\n  size:         {}\n  \
+         Docker image: {} (on node {})\n",
+        image.reference,
+        or_dash(image.sif_path.clone()),
+        or_dash(image.digest.clone()),
+        or_dash(image.size.map(format_bytes)),
+        or_dash(image.docker_image.clone()),
+        image.node,
+    )
+}

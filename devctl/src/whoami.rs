@@ -1,0 +1,112 @@
+//! `devctl whoami`: who the manager takes the caller for (`GET /v1/whoami`): DN, login, uid,
+//! admin, and (from managers that say) the credential: its kind, VOs and FQANs, time left.
+
+use chrono::{DateTime, Utc};
+use ongrid_core::api::WhoAmI;
+
+use crate::client::Client;
+use crate::format::{format_time, time_left};
+use crate::table::Table;
+use crate::terminal::{JsonArgs, Terminal};
+
+pub async fn run(args: JsonArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
+    let me: WhoAmI = client.get("v1/whoami").send().await?;
+    term.show(args.json, &me, |me| render(me, Utc::now()))
+}
+
+/// The text of `devctl whoami` as of `now`.
+pub fn render(me: &WhoAmI, now: DateTime<Utc>) -> String {
+    let mut table = Table::bare();
+    table.field("dn", me.dn.to_string());
+    table.field("login", me.user_name.to_string());
+    table.field("uid", me.uid.to_string());
+    table.field("admin", if me.admin { "yes" } else { "no" });
+    if let Some(kind) = me.credential {
+        let list = |items: &[String]| {
+            if items.is_empty() {
+                "-".to_owned()
+            } else {
+                items.join(", ")
+            }
+        };
+        table.field("credential", kind.to_string());
+        table.field("vo", list(&me.vos));
+        table.field("fqans", list(&me.fqans));
+        if let Some(not_after) = me.not_after {
+            table.field(
+                "time left",
+                format!(
+                    "{} (until {})",
+                    time_left(not_after, now),
+                    format_time(not_after)
+                ),
+            );
+        }
+    }
+    table.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ongrid_core::api::CredentialKind;
+    use ongrid_core::{Dn, UserName};
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        // 2026-11-21 10:00:00Z
+        DateTime::from_timestamp(1_795_255_200 + secs, 0).unwrap()
+    }
+
+    #[test]
+    fn whoami_is_a_short_list() {
+        let me = WhoAmI {
+            dn: Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap(),
+            user_name: UserName::parse("alice-smith").unwrap(),
+            uid: 20000,
+            admin: false,
+            credential: None,
+            vos: Vec::new(),
+            fqans: Vec::new(),
+            not_after: None,
+        };
+        assert_eq!(
+            render(&me, at(0)),
+            "dn:     /DC=org/DC=example/CN=Alice Smith\nlogin:  alice-smith\nuid:    20000\nadmin:  no\n"
+        );
+        let proxy = WhoAmI {
+            credential: Some(CredentialKind::Impersonation),
+            vos: vec!["myvo".into()],
+            fqans: vec![
+                "/myvo/Role=NULL/Capability=NULL".into(),
+                "/myvo/prod/Role=production/Capability=NULL".into(),
+            ],
+            not_after: Some(at(12 * 3600 - 61)),
+            ..me.clone()
+        };
+        assert_eq!(
+            render(&proxy, at(0)),
+            "dn:          /DC=org/DC=example/CN=Alice Smith\n\
+             login:       alice-smith\n\
+             uid:         20000\n\
+             admin:       no\n\
+             credential:  impersonation proxy\n\
+             vo:          myvo\n\
+             fqans:       /myvo/Role=NULL/Capability=NULL, /myvo/prod/Role=production/Capability=NULL\n\
+             time left:   11h 58m (until 2026-11-21 21:58:59Z)\n"
+        );
+        let plain = WhoAmI {
+            credential: Some(CredentialKind::EndEntity),
+            not_after: Some(at(-1)),
+            ..me
+        };
+        let text = render(&plain, at(0));
+        assert!(
+            text.contains("credential:  end-entity certificate\nvo:          -\nfqans:       -\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("time left:   expired (until 2026-11-21 09:59:59Z)\n"),
+            "{text}"
+        );
+    }
+}
