@@ -1,10 +1,8 @@
-//! Who is calling: users by TLS client certificate, agents by per-node bearer token, the SSH
-//! gateway by its own bearer token.
-//!
-//! The accept loop ([`crate::server`]) puts a [`Peer`] into every request's extensions; the
-//! extractors here turn it into a [`CurrentUser`] (user routes) or read the `Authorization`
-//! header into an [`AgentNode`] (agent routes) or a [`GatewayCaller`] (gateway routes), or
-//! refuse with 401. Tokens are kept as SHA-256 digests and compared in constant time.
+//! The credentials callers are checked against: the [`Peer`] of a connection (its TLS client
+//! identity), the config's [`Admins`], the agents' per-node tokens ([`AgentTokens`]) and the SSH
+//! gateway's token ([`GatewayToken`]). The API's extractors (`crate::api::callers`) use these to
+//! name the caller of each request. Tokens are kept as SHA-256 digests and compared in constant
+//! time.
 //!
 //! Admins are named in the config by DN or by VOMS FQAN ([`Admins`]); a user is an admin when
 //! their DN is listed or one of the verified FQANs of the credential they presented is.
@@ -14,17 +12,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use axum::extract::FromRequestParts;
-use axum::http::header::AUTHORIZATION;
-use axum::http::request::Parts;
-use chrono::{DateTime, Utc};
-use ongrid_core::api::CredentialKind;
 use ongrid_core::{Dn, NodeName};
 use ongrid_x509::voms::Fqan;
 use sha2::{Digest, Sha256};
 
-use crate::api::{ApiError, AppState};
-use crate::store::UserRecord;
 use crate::tls::Identity;
 
 /// The other end of the connection a request came on.
@@ -33,53 +24,6 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// Present when the client authenticated with a certificate.
     pub identity: Option<Identity>,
-}
-
-/// A user authenticated by certificate, with their stored login and UID.
-#[derive(Debug, Clone)]
-pub struct CurrentUser {
-    pub user: UserRecord,
-    /// Listed in the config's `admins`, by DN or by one of the credential's FQANs.
-    pub admin: bool,
-    /// Until when the credential presented on this connection is valid.
-    pub not_after: DateTime<Utc>,
-    /// The credential presented on this connection: its kind, VOs and FQANs.
-    pub identity: Identity,
-}
-
-impl FromRequestParts<AppState> for CurrentUser {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let identity = parts
-            .extensions
-            .get::<Peer>()
-            .and_then(|peer| peer.identity.as_ref())
-            .ok_or_else(|| {
-                ApiError::unauthenticated(
-                    "this route needs your grid certificate: connect with a TLS client \
-                     certificate (or proxy) issued by a CA the site trusts",
-                )
-            })?;
-        let user = state
-            .store
-            .user(&identity.dn, state.config.first_uid)
-            .await?;
-        let admin = state.config.admins.admits(&user.dn, &identity.fqans);
-        Ok(Self {
-            user,
-            admin,
-            not_after: identity.not_after,
-            identity: identity.clone(),
-        })
-    }
-}
-
-impl CurrentUser {
-    /// Whether the credential is a limited proxy.
-    pub fn is_limited(&self) -> bool {
-        self.identity.kind == CredentialKind::Limited
-    }
 }
 
 /// The admins of the config's `admins`: DNs, and VOMS FQAN patterns whose holders are admins.
@@ -137,76 +81,6 @@ impl Admins {
     pub fn is_empty(&self) -> bool {
         self.dns.is_empty() && self.fqans.is_empty()
     }
-}
-
-/// The node whose agent is calling, named by its bearer token.
-#[derive(Debug, Clone)]
-pub struct AgentNode(pub NodeName);
-
-impl FromRequestParts<AppState> for AgentNode {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let token = bearer(
-            parts,
-            "agent routes need `Authorization: Bearer <node token>`: set the agent's token_file",
-            "node token",
-        )?;
-        let node = state.tokens.node_for(token).ok_or_else(|| {
-            ApiError::unauthenticated(
-                "unknown node token: it must match a line of the manager's agent_tokens_file",
-            )
-        })?;
-        Ok(Self(node.clone()))
-    }
-}
-
-/// The SSH gateway, authenticated by the token of the manager's `gateway_token_file`.
-#[derive(Debug, Clone, Copy)]
-pub struct GatewayCaller;
-
-impl FromRequestParts<AppState> for GatewayCaller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let expected = state.gateway_token.as_ref().ok_or_else(|| {
-            ApiError::unauthenticated(
-                "gateway routes are not enabled on this manager: set gateway_token_file in its \
-                 config to the gateway's token",
-            )
-        })?;
-        let token = bearer(
-            parts,
-            "gateway routes need `Authorization: Bearer <gateway token>`: set the gateway's \
-             token_file",
-            "gateway token",
-        )?;
-        if !expected.matches(token) {
-            return Err(ApiError::unauthenticated(
-                "wrong gateway token: it must equal the one in the manager's gateway_token_file",
-            ));
-        }
-        Ok(Self)
-    }
-}
-
-/// The token of `Authorization: Bearer <token>`, or 401 with `missing` (no header) or a message
-/// naming `what` (another scheme).
-fn bearer<'a>(parts: &'a Parts, missing: &str, what: &str) -> Result<&'a str, ApiError> {
-    let header = parts
-        .headers
-        .get(AUTHORIZATION)
-        .ok_or_else(|| ApiError::unauthenticated(missing))?
-        .to_str()
-        .unwrap_or_default();
-    header
-        .strip_prefix("Bearer ")
-        .map(str::trim)
-        .ok_or_else(|| {
-            ApiError::unauthenticated(format!(
-                "the Authorization header must be `Bearer <{what}>`"
-            ))
-        })
 }
 
 /// Why the gateway token file was refused.

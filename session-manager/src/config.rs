@@ -16,6 +16,7 @@ use ongrid_x509::CrlPolicy;
 use serde::Deserialize;
 
 use crate::auth::Admins;
+use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LONGEST};
 
 /// Environment variable overriding `listen`.
 pub const ENV_LISTEN: &str = "ONGRID_MANAGER_LISTEN";
@@ -84,7 +85,7 @@ pub struct RawConfig {
     pub session_limits: RawSessionLimits,
     /// `[lifecycle]`: when sessions are held (see `crate::lifecycle`).
     #[serde(default)]
-    pub lifecycle: crate::lifecycle::RawLifecycle,
+    pub lifecycle: RawLifecycle,
     /// The image store the agents freeze into (the same directory, shared on real sites);
     /// `image rm` deletes SIF files there. Optional: without it files are never deleted.
     #[serde(default)]
@@ -172,7 +173,7 @@ pub struct Config {
     pub schedule_interval: Duration,
     pub session_limits: ContainerLimits,
     /// Connect deadline, idle timeout, maximum lifetime, keep-alive and activity thresholds.
-    pub lifecycle: crate::lifecycle::LifecycleConfig,
+    pub lifecycle: LifecycleConfig,
     /// Where frozen images' SIF files are (`<dir>/sha256/<hex>.sif`); `None`: never deleted.
     pub image_store: Option<PathBuf>,
     /// A BUILDING image whose progress has not moved for this long is failed.
@@ -322,7 +323,7 @@ impl Validator<'_> {
             .lifecycle
             .validate(|key, value| {
                 self.duration(&format!("lifecycle.{key}"), value)
-                    .map_err(|e| crate::lifecycle::LifecycleConfigError {
+                    .map_err(|e| LifecycleConfigError {
                         key,
                         message: match e {
                             ConfigError::Invalid { message, .. } => message,
@@ -421,6 +422,166 @@ pub fn parse_millicpus(value: &str) -> Result<u32, String> {
     Ok(millicpus)
 }
 
+// The `[lifecycle]` section.
+
+/// `[lifecycle]` as written in the manager's config file; durations like "20 minutes" or "30s".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLifecycle {
+    #[serde(default = "default_connect_deadline")]
+    pub connect_deadline: String,
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: String,
+    #[serde(default = "default_max_idle_timeout")]
+    pub max_idle_timeout: String,
+    #[serde(default = "default_max_duration")]
+    pub max_duration: String,
+    #[serde(default = "default_max_max_duration")]
+    pub max_max_duration: String,
+    #[serde(default = "default_startup_grace")]
+    pub startup_grace: String,
+    #[serde(default = "default_keep_max")]
+    pub keep_max: String,
+    #[serde(default = "default_warn_before")]
+    pub warn_before: String,
+    #[serde(default = "default_threshold")]
+    pub cpu_threshold_percent: f64,
+    #[serde(default = "default_threshold")]
+    pub gpu_threshold_percent: f64,
+    #[serde(default = "default_connection_stale_after")]
+    pub connection_stale_after: String,
+}
+
+impl Default for RawLifecycle {
+    fn default() -> Self {
+        Self {
+            connect_deadline: default_connect_deadline(),
+            idle_timeout: default_idle_timeout(),
+            max_idle_timeout: default_max_idle_timeout(),
+            max_duration: default_max_duration(),
+            max_max_duration: default_max_max_duration(),
+            startup_grace: default_startup_grace(),
+            keep_max: default_keep_max(),
+            warn_before: default_warn_before(),
+            cpu_threshold_percent: default_threshold(),
+            gpu_threshold_percent: default_threshold(),
+            connection_stale_after: default_connection_stale_after(),
+        }
+    }
+}
+
+fn default_connect_deadline() -> String {
+    "20 minutes".to_owned()
+}
+fn default_idle_timeout() -> String {
+    "2 hours".to_owned()
+}
+fn default_max_idle_timeout() -> String {
+    "8 hours".to_owned()
+}
+fn default_max_duration() -> String {
+    "7 days".to_owned()
+}
+fn default_max_max_duration() -> String {
+    "14 days".to_owned()
+}
+fn default_startup_grace() -> String {
+    "5 minutes".to_owned()
+}
+fn default_keep_max() -> String {
+    "12 hours".to_owned()
+}
+fn default_warn_before() -> String {
+    "10 minutes".to_owned()
+}
+fn default_threshold() -> f64 {
+    5.0
+}
+fn default_connection_stale_after() -> String {
+    "3 minutes".to_owned()
+}
+
+/// A refused `[lifecycle]` value: the key (without `lifecycle.`) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleConfigError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl RawLifecycle {
+    /// Validates every value; `duration` parses one (non-zero) duration for a key.
+    pub fn validate(
+        &self,
+        duration: impl Fn(&'static str, &str) -> Result<Duration, LifecycleConfigError>,
+    ) -> Result<LifecycleConfig, LifecycleConfigError> {
+        let error = |key: &'static str, message: String| LifecycleConfigError { key, message };
+        // Deadlines are instants: a duration past any calendar would overflow them.
+        let duration = |key: &'static str, value: &str| {
+            let parsed = duration(key, value)?;
+            if parsed > LONGEST {
+                return Err(error(
+                    key,
+                    format!(
+                        "{value} is longer than this allows ({}): write a shorter duration",
+                        HumanDuration(LONGEST)
+                    ),
+                ));
+            }
+            Ok(parsed)
+        };
+        let config = LifecycleConfig {
+            connect_deadline: duration("connect_deadline", &self.connect_deadline)?,
+            idle_timeout: duration("idle_timeout", &self.idle_timeout)?,
+            max_idle_timeout: duration("max_idle_timeout", &self.max_idle_timeout)?,
+            max_duration: duration("max_duration", &self.max_duration)?,
+            max_max_duration: duration("max_max_duration", &self.max_max_duration)?,
+            startup_grace: duration("startup_grace", &self.startup_grace)?,
+            keep_max: duration("keep_max", &self.keep_max)?,
+            warn_before: duration("warn_before", &self.warn_before)?,
+            thresholds: ActivityThresholds {
+                cpu_percent: self.cpu_threshold_percent,
+                gpu_percent: self.gpu_threshold_percent,
+            },
+            connection_stale_after: duration(
+                "connection_stale_after",
+                &self.connection_stale_after,
+            )?,
+        };
+        if config.idle_timeout > config.max_idle_timeout {
+            return Err(error(
+                "idle_timeout",
+                format!(
+                    "the default {} is longer than max_idle_timeout ({})",
+                    HumanDuration(config.idle_timeout),
+                    HumanDuration(config.max_idle_timeout)
+                ),
+            ));
+        }
+        if config.max_duration > config.max_max_duration {
+            return Err(error(
+                "max_duration",
+                format!(
+                    "the default {} is longer than max_max_duration ({})",
+                    HumanDuration(config.max_duration),
+                    HumanDuration(config.max_max_duration)
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("cpu_threshold_percent", self.cpu_threshold_percent),
+            ("gpu_threshold_percent", self.gpu_threshold_percent),
+        ] {
+            if !value.is_finite() || value <= 0.0 {
+                return Err(error(
+                    key,
+                    format!("{value} must be a percentage above 0, like 5.0"),
+                ));
+            }
+        }
+        Ok(config)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,10 +644,7 @@ pids = 4096
     #[test]
     fn the_lifecycle_section_is_validated_naming_its_keys() {
         let config = load(EXAMPLE).unwrap();
-        assert_eq!(
-            config.lifecycle,
-            crate::lifecycle::LifecycleConfig::default()
-        );
+        assert_eq!(config.lifecycle, LifecycleConfig::default());
         let text = format!(
             "{EXAMPLE}[lifecycle]\nconnect_deadline = \"30s\"\nidle_timeout = \"1 minute\"\n"
         );
@@ -618,5 +776,42 @@ agent_tokens_file = "t"
             assert!(parse_millicpus(bad).is_err(), "{bad}");
         }
         assert!(parse_millicpus("99999999").is_err());
+    }
+
+    #[test]
+    fn lifecycle_defaults_agree_and_limits_are_checked() {
+        let parse = |_: &'static str, v: &str| Ok(HumanDuration::parse(v).unwrap().as_duration());
+        assert_eq!(
+            RawLifecycle::default().validate(parse),
+            Ok(LifecycleConfig::default())
+        );
+        let raw = RawLifecycle {
+            idle_timeout: "9 hours".to_owned(),
+            ..RawLifecycle::default()
+        };
+        assert_eq!(raw.validate(parse).unwrap_err().key, "idle_timeout");
+        // Far beyond any calendar: refused, rather than overflowing the deadlines later.
+        let raw = RawLifecycle {
+            max_idle_timeout: "100000000000 weeks".to_owned(),
+            ..RawLifecycle::default()
+        };
+        let err = raw.validate(parse).unwrap_err();
+        assert_eq!(err.key, "max_idle_timeout");
+        assert!(err.message.contains("write a shorter duration"), "{err:?}");
+        let raw = RawLifecycle {
+            max_idle_timeout: "5200 weeks".to_owned(),
+            keep_max: "5200 weeks".to_owned(),
+            ..RawLifecycle::default()
+        };
+        let longest = raw.validate(parse).unwrap();
+        assert_eq!(longest.max_idle_timeout, LONGEST);
+        let raw = RawLifecycle {
+            cpu_threshold_percent: -1.0,
+            ..RawLifecycle::default()
+        };
+        assert_eq!(
+            raw.validate(parse).unwrap_err().key,
+            "cpu_threshold_percent"
+        );
     }
 }

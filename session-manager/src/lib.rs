@@ -5,12 +5,12 @@
 //! and runs the scheduling loop that places PENDING sessions on GPUs with
 //! `ongrid_scheduler::plan`.
 //!
-//! Modules: [`config`] (the TOML file), [`tls`] (server TLS, client certificate → identity),
-//! [`server`] (the accept loop), [`auth`] (users, agent and gateway tokens), [`api`] (the
-//! routes), [`keys`] (SSH public keys and their policy), [`store`] (persistence), [`site`] (the
-//! site as the scheduler sees it), [`scheduler`] (the loop), [`lifecycle`] (when sessions are
-//! held, and the timer that holds them), [`freezes`] (fails freezes that cannot finish),
-//! [`clock`] (injected time).
+//! Modules, from the bottom up: [`domain`] (every rule that moves a session or an image between
+//! states, pure), [`store`] (persistence), [`clock`] (injected time), [`site`] (the site as the
+//! scheduler sees it), [`keys`] (SSH public keys and their policy), [`tls`] (server TLS, client
+//! certificate → identity), [`auth`] (admins, agent and gateway tokens), [`config`] (the TOML
+//! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds) and [`freeze_watch`]
+//! (freezes that cannot finish); [`api`] (the routes) and [`server`] (the accept loop).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
 //! (or [`run`], which does both).
@@ -19,9 +19,10 @@ pub mod api;
 pub mod auth;
 pub mod clock;
 pub mod config;
-pub mod freezes;
+pub mod domain;
+pub mod freeze_watch;
+pub mod hold_timer;
 pub mod keys;
-pub mod lifecycle;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -42,6 +43,9 @@ pub use config::Config;
 use crate::api::AppState;
 use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::{Clock, SystemClock};
+use crate::domain::images::FreezeLimits;
+use crate::freeze_watch::FreezeWatch;
+use crate::hold_timer::HoldTimer;
 use crate::scheduler::Scheduler;
 use crate::server::Server;
 use crate::store::SqliteStore;
@@ -165,17 +169,17 @@ impl Manager {
                 .clone()
                 .run(config.schedule_interval, shutdown.clone()),
         );
-        let holds = Arc::new(lifecycle::Timer::new(
+        let holds = Arc::new(HoldTimer::new(
             store.clone(),
             self.clock.clone(),
             config.lifecycle,
             wake.clone(),
         ));
         tracker.spawn(holds.run(shutdown.clone()));
-        let freezes = Arc::new(freezes::FreezeWatch::new(
+        let freezes = Arc::new(FreezeWatch::new(
             store.clone(),
             self.clock.clone(),
-            freezes::FreezeLimits {
+            FreezeLimits {
                 node_timeout: config.node_timeout,
                 stall_timeout: config.freeze_stall_timeout,
             },

@@ -23,14 +23,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::{GpuId, NodeName, SessionId, SessionState};
+use ongrid_core::{NodeName, SessionId, SessionState};
 use ongrid_scheduler::Action;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::domain::sessions::{queue, Change};
 use crate::site::{pending_session, SiteSnapshot};
-use crate::store::{Change, Placement, SessionFilter, Store, StoreError, StoreResult};
+use crate::store::{SessionFilter, Store, StoreError, StoreResult};
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -111,12 +112,7 @@ impl Scheduler {
                 s.state == SessionState::Starting && s.node.as_ref() == Some(&node.name)
             });
             for session in stranded {
-                let change = Change {
-                    to: SessionState::Pending,
-                    at: now,
-                    reason: format!("node {} stopped responding", node.name),
-                    placement: Placement::Clear,
-                };
+                let change = queue::requeue_stranded(&node.name, now);
                 if self.apply(session.id, change).await? {
                     tracing::info!(session_id = %session.id, node = %node.name, "Session re-queued: its node stopped responding.");
                     report.requeued += 1;
@@ -160,24 +156,7 @@ impl Scheduler {
                     node,
                     gpus,
                 } => {
-                    let names: Vec<&str> = gpus.iter().map(|g| g.as_str()).collect();
-                    let mut reason = format!("placed on {node} ({})", names.join(", "));
-                    if let Some(old) = unpinned.get(&session) {
-                        reason.push_str(&format!(
-                            "; {old}, where its held container is, is offline, so it starts in \
-                             a new container: the old one is removed when {old} is back (the \
-                             home volume there is kept)"
-                        ));
-                    }
-                    let change = Change {
-                        to: SessionState::Starting,
-                        at: now,
-                        reason,
-                        placement: Placement::Place {
-                            node: node.clone(),
-                            gpus: gpus.into_iter().map(GpuId::Gpu).collect(),
-                        },
-                    };
+                    let change = queue::place(&node, gpus, unpinned.get(&session), now);
                     if self.apply(session, change).await? {
                         tracing::info!(session_id = %session, %node, "Session placed.");
                         report.placed += 1;
@@ -207,13 +186,14 @@ impl Scheduler {
 mod tests {
     use chrono::{TimeDelta, TimeZone};
     use ongrid_core::{
-        ComputeCapability, Dn, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName,
-        SessionId,
+        ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuRequest, GpuUuid, MemorySize,
+        NodeName, SessionId,
     };
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::{NewSession, NodeRegistration, SessionRecord, SqliteStore};
+    use crate::domain::sessions::{Placement, SessionRecord};
+    use crate::store::{NewSession, NodeRegistration, SqliteStore};
 
     const TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -13,7 +13,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use ongrid_core::{GpuId, GpuUuid, SessionState, Sharing};
 use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, SiteState};
 
-use crate::store::{GpuRecord, NodeRecord, SessionFilter, SessionRecord, Store, StoreResult};
+use crate::domain::sessions::SessionRecord;
+use crate::store::{GpuRecord, NodeRecord, SessionFilter, Store, StoreResult};
 
 /// The GPU-holding states, for queries.
 pub fn holding_states() -> Vec<SessionState> {

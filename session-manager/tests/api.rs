@@ -2019,7 +2019,8 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
         .await
         .unwrap();
     {
-        use ongrid_manager::store::{Change, Placement, Store};
+        use ongrid_manager::domain::sessions::{Change, Placement};
+        use ongrid_manager::store::Store;
         store
             .transition(
                 train1.id,

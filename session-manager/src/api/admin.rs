@@ -15,8 +15,8 @@ use ongrid_core::api::AuditRecord;
 use ongrid_core::{Dn, HumanDuration, Institute, InstituteName};
 use serde::Deserialize;
 
+use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
-use crate::auth::CurrentUser;
 use crate::store::{AuditFilter, StoreError};
 
 /// The most audit records one answer carries.

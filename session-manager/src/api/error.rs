@@ -14,6 +14,7 @@ use axum::Json;
 use ongrid_core::api::{ErrorBody, ErrorDetail};
 use serde::de::DeserializeOwned;
 
+use crate::domain::Refusal;
 use crate::store::StoreError;
 
 #[derive(Debug)]
@@ -72,6 +73,15 @@ impl ApiError {
 
     pub fn message(&self) -> &str {
         &self.message
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Invalid(message) => Self::bad_request(message),
+            Refusal::Conflict(message) => Self::conflict(message),
+        }
     }
 }
 

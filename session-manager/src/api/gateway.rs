@@ -1,6 +1,7 @@
 //! Routes for the SSH gateway (bearer token of `gateway_token_file`): the allowlist it polls,
 //! whose key a client offers, which session an SSH user name reaches, and the connection events
-//! that feed the audit log and move sessions between WAITING, CONNECTED and IDLE.
+//! that feed the audit log and move sessions between WAITING, CONNECTED and IDLE (as
+//! [`crate::domain::sessions::connections`] decides, inside the store's transaction).
 //!
 //! The manager words every refusal here; the gateway shows the message to the SSH client as it
 //! is. Routing considers only the key owner's own sessions, so another user's session is never
@@ -8,16 +9,19 @@
 
 use axum::extract::State;
 use axum::Json;
-use chrono::{DateTime, Utc};
 use ongrid_core::api::{
     Allowlist, ConnectionEvent, ConnectionEventKind, KeyCheck, KeyOwner, Route, RouteRequest,
 };
+use ongrid_core::lifecycle::SessionDeadlines;
 use ongrid_core::{SessionName, SessionState};
 
+use super::callers::GatewayCaller;
+use super::views::deadlines_view;
 use super::{ApiError, ApiJson, AppState};
-use crate::auth::GatewayCaller;
+use crate::domain::sessions::SessionRecord;
+use crate::domain::utc;
 use crate::keys::fingerprint_of;
-use crate::store::{SessionFilter, SessionRecord, StoreError};
+use crate::store::{SessionFilter, StoreError};
 
 pub async fn allowlist(
     State(state): State<AppState>,
@@ -57,11 +61,6 @@ pub async fn authorize(
         fingerprint: key.fingerprint,
         expires_at: key.expires_at,
     }))
-}
-
-/// A time for people: `2026-11-21 10:00:00 UTC`.
-fn utc(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
 pub async fn route(
@@ -190,7 +189,7 @@ pub async fn connection_event(
     State(state): State<AppState>,
     _gateway: GatewayCaller,
     ApiJson(event): ApiJson<ConnectionEvent>,
-) -> Result<Json<ongrid_core::lifecycle::SessionDeadlines>, ApiError> {
+) -> Result<Json<SessionDeadlines>, ApiError> {
     let session = state
         .store
         .session(event.session_id)
@@ -204,7 +203,7 @@ pub async fn connection_event(
     }
     let recorded = match state
         .store
-        .record_connection(&event, state.clock.now(), follow_connection)
+        .record_connection(&event, state.clock.now())
         .await
     {
         Ok(recorded) => recorded,
@@ -219,7 +218,7 @@ pub async fn connection_event(
         ConnectionEventKind::Activity => {
             tracing::debug!(connection = %event.connection_id, session = %recorded.session.name,
                 bytes_in = event.bytes_in, bytes_out = event.bytes_out, "SSH connection activity.");
-            return super::lifecycle::deadlines_of(&state, &recorded.session).await;
+            return Ok(Json(deadlines_view(&state, &recorded.session).await?));
         }
     };
     tracing::info!(
@@ -236,51 +235,15 @@ pub async fn connection_event(
         state = %recorded.session.state,
         "SSH connection event."
     );
-    super::lifecycle::deadlines_of(&state, &recorded.session).await
-}
-
-/// How a connection event moves its session: an open (or the activity report of a connection
-/// whose open was lost) makes a WAITING or IDLE session CONNECTED; the close of its last open
-/// connection makes a CONNECTED session IDLE. Anything else (a session held or removed
-/// meanwhile, a repeated event) changes nothing.
-pub fn follow_connection(
-    session: &SessionRecord,
-    event: &ConnectionEvent,
-    open_after: u32,
-) -> Option<(SessionState, String)> {
-    match (event.event, session.state) {
-        (ConnectionEventKind::Open, SessionState::Waiting | SessionState::Idle) => Some((
-            SessionState::Connected,
-            format!(
-                "SSH connection from {} ({})",
-                ongrid_core::normalize_ip(event.source),
-                event.institute
-            ),
-        )),
-        (ConnectionEventKind::Activity, SessionState::Waiting | SessionState::Idle)
-            if open_after > 0 =>
-        {
-            Some((
-                SessionState::Connected,
-                format!(
-                    "SSH connection from {} ({}) reported open",
-                    ongrid_core::normalize_ip(event.source),
-                    event.institute
-                ),
-            ))
-        }
-        (ConnectionEventKind::Close, SessionState::Connected) if open_after == 0 => {
-            Some((SessionState::Idle, "last SSH connection closed".to_owned()))
-        }
-        _ => None,
-    }
+    Ok(Json(deadlines_view(&state, &recorded.session).await?))
 }
 
 #[cfg(test)]
 mod tests {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    use ongrid_core::{Dn, GpuRequest, InstituteName, NodeName, SessionId, UserName};
+    use chrono::Utc;
+    use ongrid_core::{Dn, GpuRequest, NodeName, SessionId, UserName};
 
     use super::*;
 
@@ -404,44 +367,5 @@ mod tests {
         // An ApiError still renders as an error body.
         let response = ApiError::conflict("x").into_response();
         assert_eq!(response.status(), StatusCode::CONFLICT);
-    }
-
-    #[test]
-    fn connections_move_sessions_between_waiting_connected_and_idle() {
-        use SessionState::*;
-        let event = |kind: ConnectionEventKind| ConnectionEvent {
-            connection_id: uuid::Uuid::new_v4(),
-            event: kind,
-            at: Utc::now(),
-            owner: Dn::parse("/CN=Alice").unwrap(),
-            fingerprint: "SHA256:x".to_owned(),
-            source: "::ffff:192.0.2.7".parse().unwrap(),
-            institute: InstituteName::parse("uni-x").unwrap(),
-            session_id: SessionId::new_random(),
-            bytes_in: 0,
-            bytes_out: 0,
-        };
-        let open = event(ConnectionEventKind::Open);
-        let close = event(ConnectionEventKind::Close);
-        let follow = |state, event: &ConnectionEvent, open| {
-            follow_connection(&session("s", state), event, open)
-        };
-        assert_eq!(
-            follow(Waiting, &open, 1),
-            Some((
-                Connected,
-                "SSH connection from 192.0.2.7 (uni-x)".to_owned()
-            ))
-        );
-        assert_eq!(follow(Idle, &open, 1).map(|c| c.0), Some(Connected));
-        assert_eq!(follow(Connected, &open, 2), None);
-        assert_eq!(follow(Held, &open, 1), None);
-        assert_eq!(follow(Connected, &close, 1), None, "another is still open");
-        assert_eq!(
-            follow(Connected, &close, 0),
-            Some((Idle, "last SSH connection closed".to_owned()))
-        );
-        assert_eq!(follow(Idle, &close, 0), None);
-        assert_eq!(follow(Ended, &close, 0), None);
     }
 }

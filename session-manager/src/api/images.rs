@@ -3,9 +3,9 @@
 //! `name:version` (the owner's current image of that tag) or `sha256:<hex>` (any of the owner's
 //! images with that digest, also one whose tag `--force` moved on).
 //!
-//! The manager only records the freeze (BUILDING) and lists it as an order in the desired state
-//! of the session's node (see [`freeze_orders`]); the agent there does the work and reports
-//! progress, then READY or FAILED, in its syncs ([`record_freezes`]). Like sessions, a user
+//! The manager only records the freeze (BUILDING); the agent of the session's node gets it as an
+//! order in its desired state, does the work and reports progress, then READY or FAILED, in its
+//! syncs (see [`super::agent`] and [`crate::domain::images`]). Like sessions, a user
 //! sees and removes only their own images (others' answer the same 404 as missing ones);
 //! admins see all (`?all=true`) and address anyone's with `?owner=DN`.
 //!
@@ -18,24 +18,15 @@ use std::path::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ongrid_core::api::NodeReport;
-use ongrid_core::image::{
-    parse_digest, CreateImage, FreezeOrder, ImageLookup, ImageProgress, ImageState, ImageView,
-};
-use ongrid_core::{Dn, NodeName, SessionState};
+use ongrid_core::image::{parse_digest, CreateImage, ImageLookup, ImageState, ImageView};
+use ongrid_core::{Dn, SessionState};
 use serde::Deserialize;
 
+use super::callers::CurrentUser;
+use super::views::image_view;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
-use crate::auth::CurrentUser;
-use crate::store::{ImageFilter, ImageRecord, NewImage, StoreError};
-
-/// Session states whose container exists and can be committed.
-const FREEZABLE: [SessionState; 4] = [
-    SessionState::Waiting,
-    SessionState::Connected,
-    SessionState::Idle,
-    SessionState::Held,
-];
+use crate::domain::images::{freezing_node, ImageRecord};
+use crate::store::{ImageFilter, NewImage, StoreError};
 
 pub async fn create_image(
     State(state): State<AppState>,
@@ -53,16 +44,7 @@ pub async fn create_image(
                 body.session
             ))
         })?;
-    let node = match (&session.node, FREEZABLE.contains(&session.state)) {
-        (Some(node), true) => node.clone(),
-        _ => {
-            return Err(ApiError::conflict(format!(
-                "session {} is {} and has no container to freeze: freeze a session that has \
-                 started (WAITING, CONNECTED, IDLE or HELD); see `devctl session show {}`",
-                session.name, session.state, session.name
-            )))
-        }
-    };
+    let node = freezing_node(&session)?;
     let new = NewImage {
         id: uuid::Uuid::new_v4(),
         owner: caller.user.dn.clone(),
@@ -238,85 +220,4 @@ async fn find_images(
         return Err(not_found());
     }
     Ok(images)
-}
-
-/// A stored image as the API shows it.
-pub fn image_view(image: ImageRecord) -> ImageView {
-    let progress = (image.state == ImageState::Building).then_some(ImageProgress {
-        bytes_done: image.bytes_done,
-        bytes_total: image.bytes_total,
-    });
-    ImageView {
-        id: image.id,
-        name: image.reference.name().to_owned(),
-        version: image.reference.version().to_owned(),
-        reference: image.reference.to_string(),
-        owner: image.owner,
-        user_name: image.user_name,
-        state: image.state,
-        reason: image.reason,
-        digest: image.digest,
-        size: image.size,
-        sif_path: image.sif_path,
-        docker_image: image.docker_image,
-        node: image.node,
-        session: image.session_name,
-        session_id: image.session_id,
-        base_image: image.base_image,
-        compression: image.compression,
-        created_at: image.created_at,
-        finished_at: image.finished_at,
-        superseded_at: image.superseded_at,
-        progress,
-    }
-}
-
-/// The freeze orders of `node`: its BUILDING images, until the agent reports them done or
-/// failed.
-pub async fn freeze_orders(
-    state: &AppState,
-    node: &NodeName,
-) -> Result<Vec<FreezeOrder>, ApiError> {
-    let images = state
-        .store
-        .images(ImageFilter::Building(node.clone()))
-        .await?;
-    Ok(images
-        .into_iter()
-        .map(|image| FreezeOrder {
-            image_id: image.id,
-            session_id: image.session_id,
-            session_name: image.session_name,
-            owner: image.owner,
-            reference: image.reference.to_string(),
-            base_image: image.base_image,
-            compression: image.compression,
-            requested_at: image.created_at,
-        })
-        .collect())
-}
-
-/// Stores what an agent reports about its freezes. Reports on images that are not BUILDING on
-/// that node any more (recorded already, or deleted) are ignored.
-pub async fn record_freezes(
-    state: &AppState,
-    node: &NodeName,
-    report: &NodeReport,
-) -> Result<(), ApiError> {
-    let now = state.clock.now();
-    for progress in &report.freezes {
-        let Some(image) = state.store.record_freeze(node, progress, now).await? else {
-            continue;
-        };
-        match image.state {
-            ImageState::Ready => {
-                tracing::info!(image_id = %image.id, reference = %image.reference, digest = image.digest.as_deref().unwrap_or(""), size = image.size.unwrap_or(0), %node, "Image frozen.");
-            }
-            ImageState::Failed => {
-                tracing::info!(image_id = %image.id, reference = %image.reference, reason = %image.reason, %node, "Freeze failed.");
-            }
-            ImageState::Building | ImageState::Deleted => {}
-        }
-    }
-    Ok(())
 }

@@ -14,8 +14,8 @@ use axum::Json;
 use ongrid_core::api::{AddKey, KeyView};
 use serde::Deserialize;
 
+use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiQuery, AppState};
-use crate::auth::CurrentUser;
 use crate::keys::SshPublicKey;
 use crate::store::{KeyAdded, KeyRecord, NewKey, StoreError};
 

@@ -1,25 +1,32 @@
 //! The HTTPS API under `/v1`, exactly as listed in `ongrid_core::api`'s documentation.
 //!
-//! - [`users`]: routes for people (TLS client certificate → [`crate::auth::CurrentUser`]).
-//! - [`keys`]: people's SSH public keys.
-//! - [`lifecycle`]: holding, releasing and keeping sessions alive.
+//! A handler authenticates (an extractor of [`callers`]), parses, asks [`crate::domain`] for the
+//! decision, stores it and renders the answer; it decides no transition itself. Handler modules,
+//! one per family of routes, never call each other; what they share is in [`callers`],
+//! [`lookup`], [`views`] and [`error`].
+//!
+//! - [`whoami`], [`sessions`] (create, list, show, remove, hold, release, keep), [`nodes`]
+//!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images): people, by
+//!   TLS client certificate.
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
-//! - [`agent`]: routes for node agents (bearer token → [`crate::auth::AgentNode`]).
-//! - [`images`]: frozen images (freeze orders to agents, their reports).
-//! - [`gateway`]: routes for the SSH gateway (bearer token → [`crate::auth::GatewayCaller`]).
-//! - [`error`]: the one [`ApiError`] and the extractors that never answer in plain text.
+//! - [`agent`]: node agents (bearer token): registration, sync and the desired state.
+//! - [`gateway`]: the SSH gateway (bearer token): allowlist, keys, routes, connection events.
 //!
 //! Handlers hold no state of their own: everything is in the [`Store`]; the scheduler is woken
 //! through [`AppState::wake`] whenever something it cares about changed.
 
 pub mod admin;
 pub mod agent;
+pub mod callers;
 pub mod error;
 pub mod gateway;
 pub mod images;
 pub mod keys;
-pub mod lifecycle;
-pub mod users;
+pub mod lookup;
+pub mod nodes;
+pub mod sessions;
+pub mod views;
+pub mod whoami;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,8 +34,7 @@ use std::sync::Arc;
 use axum::http::{Method, Uri};
 use axum::routing::{get, post, put};
 use axum::Router;
-use ongrid_core::api::SessionView;
-use ongrid_core::{SessionId, Transition};
+use ongrid_core::SessionId;
 use tokio::sync::Notify;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
@@ -37,7 +43,7 @@ use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::site::SiteSnapshot;
-use crate::store::{SessionRecord, Store};
+use crate::store::Store;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -75,20 +81,20 @@ impl AppState {
 /// The `/v1` router.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/whoami", get(users::whoami))
+        .route("/v1/whoami", get(whoami::whoami))
         .route(
             "/v1/sessions",
-            get(users::list_sessions).post(users::create_session),
+            get(sessions::list_sessions).post(sessions::create_session),
         )
         .route(
             "/v1/sessions/{name}",
-            get(users::show_session).delete(users::delete_session),
+            get(sessions::show_session).delete(sessions::delete_session),
         )
-        .route("/v1/sessions/{name}/hold", post(lifecycle::hold))
-        .route("/v1/sessions/{name}/release", post(lifecycle::release))
-        .route("/v1/sessions/{name}/keep", post(lifecycle::keep))
-        .route("/v1/nodes", get(users::list_nodes))
-        .route("/v1/gpus/{uuid}/mode", put(users::set_gpu_mode))
+        .route("/v1/sessions/{name}/hold", post(sessions::hold))
+        .route("/v1/sessions/{name}/release", post(sessions::release))
+        .route("/v1/sessions/{name}/keep", post(sessions::keep))
+        .route("/v1/nodes", get(nodes::list_nodes))
+        .route("/v1/gpus/{uuid}/mode", put(nodes::set_gpu_mode))
         .route(
             "/v1/keys",
             get(keys::list_keys)
@@ -132,29 +138,4 @@ async fn no_route(uri: Uri) -> ApiError {
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::bad_request(format!("{} does not take {method}", uri.path()))
-}
-
-/// A stored session as the API shows it.
-pub fn session_view(
-    session: SessionRecord,
-    queue_position: Option<u32>,
-    transitions: Vec<Transition>,
-) -> SessionView {
-    SessionView {
-        container: session.id.container_name(),
-        id: session.id,
-        name: session.name,
-        owner: session.owner,
-        user_name: session.user_name,
-        state: session.state,
-        reason: session.reason,
-        request: session.request,
-        image: session.image,
-        node: session.node,
-        gpus: session.gpus,
-        created_at: session.created_at,
-        queue_position,
-        transitions,
-        lifecycle: None,
-    }
 }

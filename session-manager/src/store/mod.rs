@@ -6,12 +6,16 @@
 //! embedded implementation (one file, WAL), and a PostgreSQL one can follow for multi-replica
 //! sites. SQL lives under this module and nowhere else.
 //!
-//! Session states change only through [`Store::transition`], which replays the stored history
-//! into an [`ongrid_core::Lifecycle`], applies the change and stores the new transition and state
-//! in one transaction: an invalid change is a typed error and the history is always complete.
-//! [`Store::record_connection`] is the one other way: it stores a gateway's connection event and
-//! the state change it causes in the same transaction, so that two connections opening and
-//! closing at once can never leave a session IDLE with a connection open.
+//! The store decides nothing: the rules are in [`crate::domain`], and this module depends on it
+//! only for the records it stores and the decisions it applies. Session states change only
+//! through [`Store::transition`], which replays the stored history into an
+//! [`ongrid_core::Lifecycle`], applies the [`Change`] and stores the new transition and state in
+//! one transaction: an invalid change is a typed error and the history is always complete. Where
+//! a decision must see exactly what it is written over, the store calls the domain's rule inside
+//! that transaction: [`Store::record_connection`] (so that two connections opening and closing at
+//! once can never leave a session IDLE with a connection open), [`Store::hold_if_due`] (so that
+//! a connection or a keep-alive that came in after the timer looked cancels the hold) and
+//! [`Store::create_image`] (one current image per tag).
 
 pub mod sqlite;
 
@@ -19,13 +23,18 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use ongrid_core::api::{AuditRecord, ConnectionEvent};
 use ongrid_core::{
-    Dn, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
+    Dn, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
     NodeName, SessionId, SessionName, SessionState, Transition, UserName,
 };
 
 pub use sqlite::SqliteStore;
 
-use ongrid_core::image::{Compression, FreezeProgress, ImageReference, ImageState};
+use ongrid_core::image::{Compression, ImageReference, ImageState};
+use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
+
+use crate::domain::images::{ImageChange, ImageRecord};
+use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
+use crate::domain::sessions::{Change, SessionRecord};
 
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -79,28 +88,6 @@ pub struct UserRecord {
     pub uid: u32,
 }
 
-/// A session as stored, with its owner's login and UID (for containers and views).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionRecord {
-    pub id: SessionId,
-    pub name: SessionName,
-    pub owner: Dn,
-    pub user_name: UserName,
-    pub uid: u32,
-    pub state: SessionState,
-    /// Reason of the last transition.
-    pub reason: String,
-    pub request: GpuRequest,
-    pub image: String,
-    /// Where it is placed; kept after it ends, to show where it ran.
-    pub node: Option<NodeName>,
-    pub gpus: Vec<GpuId>,
-    pub created_at: DateTime<Utc>,
-    /// When it (last) joined the queue; the queue is ordered by `(queued_at, id)`.
-    pub queued_at: DateTime<Utc>,
-    pub preferred_node: Option<NodeName>,
-}
-
 /// A session to create, PENDING from `at`.
 #[derive(Debug, Clone)]
 pub struct NewSession {
@@ -112,26 +99,6 @@ pub struct NewSession {
     pub image: String,
     pub at: DateTime<Utc>,
     pub reason: String,
-}
-
-/// How a transition changes the session's placement.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    /// Node and GPUs stay as they are.
-    Keep,
-    /// Placed on `node`, given `gpus`.
-    Place { node: NodeName, gpus: Vec<GpuId> },
-    /// Back in the queue: no node, no GPUs.
-    Clear,
-}
-
-/// One change of a session's state.
-#[derive(Debug, Clone)]
-pub struct Change {
-    pub to: SessionState,
-    pub at: DateTime<Utc>,
-    pub reason: String,
-    pub placement: Placement,
 }
 
 /// Which sessions a listing returns. ENDED sessions are never listed.
@@ -221,11 +188,6 @@ pub struct AuditFilter {
     pub since: Option<DateTime<Utc>>,
     pub limit: u32,
 }
-
-/// Decides the session's change, if any, after a connection event, from the session as it was
-/// before, the event, and how many of its connections are open after it.
-pub type ConnectionPolicy =
-    fn(&SessionRecord, &ConnectionEvent, u32) -> Option<(SessionState, String)>;
 
 /// What [`Store::record_connection`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -340,22 +302,21 @@ pub trait Store: Send + Sync {
 
     /// Stores a connection event in the audit log (an open inserts the row, a close sets its
     /// end and byte totals, a close never opened inserts the whole row; a repeated event changes
-    /// nothing more), counts the session's open connections, and applies the change `policy`
-    /// decides at `at` — all in one transaction. [`StoreError::NoSuchSession`] if the session
-    /// does not exist.
+    /// nothing more), counts the session's open connections, and applies the change
+    /// [`crate::domain::sessions::connections::follow_connection`] decides at `at` — all in one
+    /// transaction. [`StoreError::NoSuchSession`] if the session does not exist.
     fn record_connection<'a>(
         &'a self,
         event: &'a ConnectionEvent,
         at: DateTime<Utc>,
-        policy: ConnectionPolicy,
     ) -> BoxFuture<'a, StoreResult<ConnectionRecorded>>;
 
     /// The audit log, newest first (by the time connections opened), at most `filter.limit`.
     fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>>;
 
     /// Records a freeze to start: a BUILDING image. When the owner has a current image of
-    /// the tag: a FAILED one is superseded; a READY one is superseded when `new.force`, else
-    /// [`StoreError::ImageTagTaken`]; a BUILDING one is always `ImageTagTaken`.
+    /// the tag, it is superseded when [`crate::domain::images::supersedes`] says so, else
+    /// [`StoreError::ImageTagTaken`].
     /// [`StoreError::FreezeRunning`] when the session is being frozen already.
     fn create_image(&self, new: NewImage) -> BoxFuture<'_, StoreResult<ImageRecord>>;
 
@@ -364,13 +325,14 @@ pub trait Store: Send + Sync {
     /// Images that are not DELETED, oldest first.
     fn images(&self, filter: ImageFilter) -> BoxFuture<'_, StoreResult<Vec<ImageRecord>>>;
 
-    /// Stores an agent's report on a BUILDING image of `node`: progress, or READY with the
-    /// artifact, or FAILED with the reason. `None` when no such image is BUILDING on that node
-    /// (already recorded, deleted meanwhile, or not that node's).
+    /// Applies `change` at `at` to image `id` if it is BUILDING on `node`: progress, or READY
+    /// with the artifact, or FAILED with the reason. `None` when no such image is BUILDING on
+    /// that node (already finished, deleted meanwhile, or not that node's).
     fn record_freeze<'a>(
         &'a self,
         node: &'a NodeName,
-        progress: &'a FreezeProgress,
+        id: uuid::Uuid,
+        change: &'a ImageChange,
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<Option<ImageRecord>>>;
 
@@ -382,12 +344,10 @@ pub trait Store: Send + Sync {
         at: DateTime<Utc>,
     ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>>;
 
-    /// The lifecycle facts (see `crate::lifecycle`) of the sessions in `scope`, with the last
-    /// report time of each of their open connections.
-    fn lifecycle_facts(
-        &self,
-        scope: FactsScope,
-    ) -> BoxFuture<'_, StoreResult<Vec<crate::lifecycle::LifecycleFacts>>>;
+    /// The lifecycle facts (see [`crate::domain::sessions::holds`]) of the sessions in `scope`,
+    /// with the last report time of each of their open connections.
+    fn lifecycle_facts(&self, scope: FactsScope)
+        -> BoxFuture<'_, StoreResult<Vec<LifecycleFacts>>>;
 
     /// Stores the session's own idle timeout and maximum lifetime (`None`: the site's default).
     fn set_lifecycle_limits(
@@ -406,20 +366,21 @@ pub trait Store: Send + Sync {
     fn record_activity<'a>(
         &'a self,
         node: &'a NodeName,
-        samples: &'a [ongrid_core::lifecycle::ContainerActivity],
+        samples: &'a [ContainerActivity],
         at: DateTime<Utc>,
-        thresholds: crate::lifecycle::ActivityThresholds,
+        thresholds: ActivityThresholds,
     ) -> BoxFuture<'a, StoreResult<usize>>;
 
-    /// Applies the change `decide` returns for the session's lifecycle facts as they are inside
-    /// the write transaction, so that nothing (a connection, a keep-alive, activity) can slip in
-    /// between the decision and the change. `None` when it decides nothing or the session is
-    /// gone.
-    fn transition_if<'a>(
+    /// Holds the session if [`crate::domain::sessions::holds::due_hold`] says a hold is due at
+    /// `now` on its lifecycle facts as they are inside the write transaction, so that nothing
+    /// (a connection, a keep-alive, activity) can slip in between the decision and the change.
+    /// The held session and why; `None` when no hold is due or the session is gone.
+    fn hold_if_due<'a>(
         &'a self,
         id: SessionId,
-        decide: &'a (dyn Fn(&crate::lifecycle::LifecycleFacts) -> Option<Change> + Send + Sync),
-    ) -> BoxFuture<'a, StoreResult<Option<SessionRecord>>>;
+        config: &'a LifecycleConfig,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<(SessionRecord, HoldReason)>>>;
 }
 
 /// Whose lifecycle facts [`Store::lifecycle_facts`] returns.
@@ -428,34 +389,6 @@ pub enum FactsScope {
     Session(SessionId),
     /// Every session in one of these states.
     States(Vec<SessionState>),
-}
-
-/// A frozen image as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageRecord {
-    pub id: uuid::Uuid,
-    pub owner: Dn,
-    pub user_name: UserName,
-    pub reference: ImageReference,
-    pub state: ImageState,
-    pub reason: String,
-    pub session_id: SessionId,
-    pub session_name: SessionName,
-    /// Where the session ran, so where the freeze runs and the Docker image lives.
-    pub node: NodeName,
-    pub base_image: String,
-    pub compression: Compression,
-    pub digest: Option<String>,
-    pub size: Option<u64>,
-    pub sif_path: Option<String>,
-    pub docker_image: Option<String>,
-    pub bytes_done: u64,
-    pub bytes_total: u64,
-    /// When `bytes_done`/`bytes_total` last changed (at first: when the freeze was requested).
-    pub progress_at: DateTime<Utc>,
-    pub created_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub superseded_at: Option<DateTime<Utc>>,
 }
 
 /// A freeze to record, BUILDING from `at`.

@@ -28,10 +28,14 @@ use ongrid_core::api::{AuditRecord, ConnectionEvent};
 use ongrid_core::{Institute, InstituteName};
 
 use super::{
-    AuditFilter, Change, ConnectionPolicy, ConnectionRecorded, GpuRecord, KeyAdded, KeyRecord,
-    NewKey, NewSession, NodeRecord, NodeRegistration, Placement, SessionFilter, SessionRecord,
-    Store, StoreError, StoreResult, UserRecord,
+    AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, ImageDeleted, ImageFilter, KeyAdded,
+    KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration, SessionFilter, Store,
+    StoreError, StoreResult, UserRecord,
 };
+use crate::domain::images::{ImageChange, ImageRecord};
+use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
+use crate::domain::sessions::{Change, Placement, SessionRecord};
+use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
 /// How long a statement waits for another connection's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -456,51 +460,48 @@ impl Store for SqliteStore {
         &'a self,
         event: &'a ConnectionEvent,
         at: DateTime<Utc>,
-        policy: ConnectionPolicy,
     ) -> BoxFuture<'a, StoreResult<ConnectionRecorded>> {
-        Box::pin(self.record_connection_impl(event, at, policy))
+        Box::pin(self.record_connection_impl(event, at))
     }
 
     fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>> {
         Box::pin(self.audit_impl(filter))
     }
 
-    fn create_image(&self, new: super::NewImage) -> BoxFuture<'_, StoreResult<super::ImageRecord>> {
+    fn create_image(&self, new: NewImage) -> BoxFuture<'_, StoreResult<ImageRecord>> {
         Box::pin(self.create_image_impl(new))
     }
 
-    fn image(&self, id: uuid::Uuid) -> BoxFuture<'_, StoreResult<Option<super::ImageRecord>>> {
+    fn image(&self, id: uuid::Uuid) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>> {
         Box::pin(self.image_impl(id))
     }
 
-    fn images(
-        &self,
-        filter: super::ImageFilter,
-    ) -> BoxFuture<'_, StoreResult<Vec<super::ImageRecord>>> {
+    fn images(&self, filter: ImageFilter) -> BoxFuture<'_, StoreResult<Vec<ImageRecord>>> {
         Box::pin(self.images_impl(filter))
     }
 
     fn record_freeze<'a>(
         &'a self,
         node: &'a NodeName,
-        progress: &'a ongrid_core::image::FreezeProgress,
+        id: uuid::Uuid,
+        change: &'a ImageChange,
         at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<super::ImageRecord>>> {
-        Box::pin(self.record_freeze_impl(node, progress, at))
+    ) -> BoxFuture<'a, StoreResult<Option<ImageRecord>>> {
+        Box::pin(self.record_freeze_impl(node, id, change, at))
     }
 
     fn delete_image(
         &self,
         id: uuid::Uuid,
         at: DateTime<Utc>,
-    ) -> BoxFuture<'_, StoreResult<Option<super::ImageDeleted>>> {
+    ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>> {
         Box::pin(self.delete_image_impl(id, at))
     }
 
     fn lifecycle_facts(
         &self,
-        scope: super::FactsScope,
-    ) -> BoxFuture<'_, StoreResult<Vec<crate::lifecycle::LifecycleFacts>>> {
+        scope: FactsScope,
+    ) -> BoxFuture<'_, StoreResult<Vec<LifecycleFacts>>> {
         Box::pin(self.lifecycle_facts_impl(scope))
     }
 
@@ -524,19 +525,20 @@ impl Store for SqliteStore {
     fn record_activity<'a>(
         &'a self,
         node: &'a NodeName,
-        samples: &'a [ongrid_core::lifecycle::ContainerActivity],
+        samples: &'a [ContainerActivity],
         at: DateTime<Utc>,
-        thresholds: crate::lifecycle::ActivityThresholds,
+        thresholds: ActivityThresholds,
     ) -> BoxFuture<'a, StoreResult<usize>> {
         Box::pin(self.record_activity_impl(node, samples, at, thresholds))
     }
 
-    fn transition_if<'a>(
+    fn hold_if_due<'a>(
         &'a self,
         id: SessionId,
-        decide: &'a (dyn Fn(&crate::lifecycle::LifecycleFacts) -> Option<Change> + Send + Sync),
-    ) -> BoxFuture<'a, StoreResult<Option<SessionRecord>>> {
-        Box::pin(self.transition_if_impl(id, decide))
+        config: &'a LifecycleConfig,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<(SessionRecord, HoldReason)>>> {
+        Box::pin(self.hold_if_due_impl(id, config, now))
     }
 }
 

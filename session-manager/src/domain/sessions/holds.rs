@@ -1,5 +1,5 @@
-//! The session lifecycle policy: when a running session is put on HOLD (its container stopped,
-//! its GPUs freed, its files kept), and the timer that does it.
+//! The hold policy: when a running session is put on HOLD (its container stopped, its GPUs
+//! freed, its files kept), its deadlines, and what keeps it alive.
 //!
 //! The policy is a pure function of a session's stored [`LifecycleFacts`] (absolute times, see
 //! `migrations/0004_lifecycle.sql`), the site's [`LifecycleConfig`] and `now`:
@@ -15,12 +15,10 @@
 //! - **max-duration**: a session is held `max_duration` of wall time after it first started,
 //!   HELD time included.
 //!
-//! Only running sessions (WAITING, CONNECTED, IDLE) are held by the policy. The [`Timer`] wakes
-//! at the earliest planned hold (and at least every [`MAX_SLEEP`]), recomputes everything from
-//! the store and applies the holds that are due, each once: after a manager restart an overdue
-//! hold is applied at once, at the current time, its reason saying when it was due.
+//! Only running sessions (WAITING, CONNECTED, IDLE) are held by the policy. [`due_hold`] is the
+//! decision the hold timer (`crate::hold_timer`) stores; an overdue hold (after a manager
+//! restart) is applied at the current time, its reason saying when it was due.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -28,98 +26,16 @@ use ongrid_core::lifecycle::{
     ActivitySignal, HoldReason, LifecycleView, PlannedHold, SessionDeadlines, SignalKind,
 };
 use ongrid_core::{HumanDuration, SessionId, SessionState};
-use serde::Deserialize;
-use tokio::sync::{watch, Notify};
-use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
-use crate::store::{Change, FactsScope, Placement, Store, StoreError, StoreResult};
+use super::Change;
+use crate::domain::utc;
 
-/// The timer looks at the sessions at least this often, whatever the deadlines.
-pub const MAX_SLEEP: Duration = Duration::from_secs(2);
-
-/// The longest duration `[lifecycle]` accepts (about 100 years).
-const LONGEST: Duration = Duration::from_secs(5200 * 604_800);
+/// The longest duration the policy computes with (about 100 years): `[lifecycle]` refuses longer
+/// ones, which would overflow the deadlines.
+pub const LONGEST: Duration = Duration::from_secs(5200 * 604_800);
 
 /// A hold applied later than this after it was due says so in its reason.
 const LATE: TimeDelta = TimeDelta::seconds(5);
-
-/// `[lifecycle]` as written in the manager's config file; durations like "20 minutes" or "30s".
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLifecycle {
-    #[serde(default = "default_connect_deadline")]
-    pub connect_deadline: String,
-    #[serde(default = "default_idle_timeout")]
-    pub idle_timeout: String,
-    #[serde(default = "default_max_idle_timeout")]
-    pub max_idle_timeout: String,
-    #[serde(default = "default_max_duration")]
-    pub max_duration: String,
-    #[serde(default = "default_max_max_duration")]
-    pub max_max_duration: String,
-    #[serde(default = "default_startup_grace")]
-    pub startup_grace: String,
-    #[serde(default = "default_keep_max")]
-    pub keep_max: String,
-    #[serde(default = "default_warn_before")]
-    pub warn_before: String,
-    #[serde(default = "default_threshold")]
-    pub cpu_threshold_percent: f64,
-    #[serde(default = "default_threshold")]
-    pub gpu_threshold_percent: f64,
-    #[serde(default = "default_connection_stale_after")]
-    pub connection_stale_after: String,
-}
-
-impl Default for RawLifecycle {
-    fn default() -> Self {
-        Self {
-            connect_deadline: default_connect_deadline(),
-            idle_timeout: default_idle_timeout(),
-            max_idle_timeout: default_max_idle_timeout(),
-            max_duration: default_max_duration(),
-            max_max_duration: default_max_max_duration(),
-            startup_grace: default_startup_grace(),
-            keep_max: default_keep_max(),
-            warn_before: default_warn_before(),
-            cpu_threshold_percent: default_threshold(),
-            gpu_threshold_percent: default_threshold(),
-            connection_stale_after: default_connection_stale_after(),
-        }
-    }
-}
-
-fn default_connect_deadline() -> String {
-    "20 minutes".to_owned()
-}
-fn default_idle_timeout() -> String {
-    "2 hours".to_owned()
-}
-fn default_max_idle_timeout() -> String {
-    "8 hours".to_owned()
-}
-fn default_max_duration() -> String {
-    "7 days".to_owned()
-}
-fn default_max_max_duration() -> String {
-    "14 days".to_owned()
-}
-fn default_startup_grace() -> String {
-    "5 minutes".to_owned()
-}
-fn default_keep_max() -> String {
-    "12 hours".to_owned()
-}
-fn default_warn_before() -> String {
-    "10 minutes".to_owned()
-}
-fn default_threshold() -> f64 {
-    5.0
-}
-fn default_connection_stale_after() -> String {
-    "3 minutes".to_owned()
-}
 
 /// The validated `[lifecycle]` section.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -169,87 +85,6 @@ pub struct ActivityThresholds {
     /// Percent of one core (200 = two busy cores).
     pub cpu_percent: f64,
     pub gpu_percent: f64,
-}
-
-/// A refused `[lifecycle]` value: the key (without `lifecycle.`) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LifecycleConfigError {
-    pub key: &'static str,
-    pub message: String,
-}
-
-impl RawLifecycle {
-    /// Validates every value; `duration` parses one (non-zero) duration for a key.
-    pub fn validate(
-        &self,
-        duration: impl Fn(&'static str, &str) -> Result<Duration, LifecycleConfigError>,
-    ) -> Result<LifecycleConfig, LifecycleConfigError> {
-        let error = |key: &'static str, message: String| LifecycleConfigError { key, message };
-        // Deadlines are instants: a duration past any calendar would overflow them.
-        let duration = |key: &'static str, value: &str| {
-            let parsed = duration(key, value)?;
-            if parsed > LONGEST {
-                return Err(error(
-                    key,
-                    format!(
-                        "{value} is longer than this allows ({}): write a shorter duration",
-                        HumanDuration(LONGEST)
-                    ),
-                ));
-            }
-            Ok(parsed)
-        };
-        let config = LifecycleConfig {
-            connect_deadline: duration("connect_deadline", &self.connect_deadline)?,
-            idle_timeout: duration("idle_timeout", &self.idle_timeout)?,
-            max_idle_timeout: duration("max_idle_timeout", &self.max_idle_timeout)?,
-            max_duration: duration("max_duration", &self.max_duration)?,
-            max_max_duration: duration("max_max_duration", &self.max_max_duration)?,
-            startup_grace: duration("startup_grace", &self.startup_grace)?,
-            keep_max: duration("keep_max", &self.keep_max)?,
-            warn_before: duration("warn_before", &self.warn_before)?,
-            thresholds: ActivityThresholds {
-                cpu_percent: self.cpu_threshold_percent,
-                gpu_percent: self.gpu_threshold_percent,
-            },
-            connection_stale_after: duration(
-                "connection_stale_after",
-                &self.connection_stale_after,
-            )?,
-        };
-        if config.idle_timeout > config.max_idle_timeout {
-            return Err(error(
-                "idle_timeout",
-                format!(
-                    "the default {} is longer than max_idle_timeout ({})",
-                    HumanDuration(config.idle_timeout),
-                    HumanDuration(config.max_idle_timeout)
-                ),
-            ));
-        }
-        if config.max_duration > config.max_max_duration {
-            return Err(error(
-                "max_duration",
-                format!(
-                    "the default {} is longer than max_max_duration ({})",
-                    HumanDuration(config.max_duration),
-                    HumanDuration(config.max_max_duration)
-                ),
-            ));
-        }
-        for (key, value) in [
-            ("cpu_threshold_percent", self.cpu_threshold_percent),
-            ("gpu_threshold_percent", self.gpu_threshold_percent),
-        ] {
-            if !value.is_finite() || value <= 0.0 {
-                return Err(error(
-                    key,
-                    format!("{value} must be a percentage above 0, like 5.0"),
-                ));
-            }
-        }
-        Ok(config)
-    }
 }
 
 impl LifecycleConfig {
@@ -351,11 +186,6 @@ fn delta(duration: Duration) -> TimeDelta {
 
 fn secs(value: u64) -> TimeDelta {
     TimeDelta::try_seconds(i64::try_from(value).unwrap_or(i64::MAX)).unwrap_or(TimeDelta::MAX)
-}
-
-/// `2026-11-21 10:00:00 UTC`.
-pub fn utc(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
 fn human(d: TimeDelta) -> HumanDuration {
@@ -519,6 +349,19 @@ pub fn evaluate(
     }
 }
 
+/// The hold due at `now`, if any: the change that holds the session, and why.
+pub fn due_hold(
+    facts: &LifecycleFacts,
+    config: &LifecycleConfig,
+    now: DateTime<Utc>,
+) -> Option<(Change, HoldReason)> {
+    let planned = evaluate(facts, config, now)
+        .next
+        .filter(|planned| planned.hold.at <= now)?;
+    let change = Change::keep_placement(SessionState::Held, now, hold_reason(&planned, now));
+    Some((change, planned.hold.reason))
+}
+
 /// The reason a due hold is stored with: the policy's words, and when it was due if that was
 /// a while ago (for example while the manager was not running).
 pub fn hold_reason(planned: &Planned, now: DateTime<Utc>) -> String {
@@ -618,140 +461,6 @@ pub fn view(facts: &LifecycleFacts, config: &LifecycleConfig, now: DateTime<Utc>
 /// The new end of a keep-alive asked for `asked` at `now`: at most `keep_max` from now.
 pub fn keep_until(config: &LifecycleConfig, asked: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
     now + delta(asked.min(config.keep_max))
-}
-
-/// What one [`Timer::tick`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TickReport {
-    /// Sessions held, with the reason stored.
-    pub held: Vec<(SessionId, HoldReason)>,
-    /// The earliest hold still planned.
-    pub next: Option<DateTime<Utc>>,
-}
-
-/// Applies the policy's holds. One per manager, run by [`Timer::run`].
-pub struct Timer {
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
-    config: LifecycleConfig,
-    /// Woken when a hold frees GPUs, so the scheduler places waiting sessions at once.
-    scheduler_wake: Arc<Notify>,
-    ticks: watch::Sender<u64>,
-}
-
-impl Timer {
-    pub fn new(
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-        config: LifecycleConfig,
-        scheduler_wake: Arc<Notify>,
-    ) -> Self {
-        Self {
-            store,
-            clock,
-            config,
-            scheduler_wake,
-            ticks: watch::channel(0).0,
-        }
-    }
-
-    /// Counts completed ticks; lets a caller wait for the timer to have run.
-    pub fn ticks(&self) -> watch::Receiver<u64> {
-        self.ticks.subscribe()
-    }
-
-    /// Ticks until `shutdown`: at once (applying holds that fell due while the manager was not
-    /// running), then at the earliest planned hold, and at least every [`MAX_SLEEP`].
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            let now = self.clock.now();
-            let sleep = match self.tick(now).await {
-                Ok(report) => {
-                    let until_next = report
-                        .next
-                        .and_then(|next| (next - now).to_std().ok())
-                        .unwrap_or(MAX_SLEEP);
-                    until_next.clamp(Duration::from_millis(50), MAX_SLEEP)
-                }
-                Err(error) => {
-                    tracing::error!(%error, "Applying session holds failed; retrying.");
-                    MAX_SLEEP
-                }
-            };
-            self.ticks.send_modify(|n| *n += 1);
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(sleep) => {}
-            }
-        }
-    }
-
-    /// Looks at every running session at `now` and holds those whose hold is due.
-    pub async fn tick(&self, now: DateTime<Utc>) -> StoreResult<TickReport> {
-        let running = vec![
-            SessionState::Waiting,
-            SessionState::Connected,
-            SessionState::Idle,
-        ];
-        let snapshot = self
-            .store
-            .lifecycle_facts(FactsScope::States(running))
-            .await?;
-        self.apply(snapshot, now).await
-    }
-
-    /// Holds the sessions of `snapshot` whose hold is due at `now`. Each is decided again on
-    /// its facts as they are when the hold is written: a connection opened, a keep-alive or
-    /// activity recorded since the snapshot was read cancels it.
-    async fn apply(
-        &self,
-        snapshot: Vec<LifecycleFacts>,
-        now: DateTime<Utc>,
-    ) -> StoreResult<TickReport> {
-        let mut report = TickReport::default();
-        let config = self.config;
-        let due = move |facts: &LifecycleFacts| {
-            let planned = evaluate(facts, &config, now)
-                .next
-                .filter(|planned| planned.hold.at <= now)?;
-            Some(Change {
-                to: SessionState::Held,
-                at: now,
-                reason: hold_reason(&planned, now),
-                placement: Placement::Keep,
-            })
-        };
-        for facts in snapshot {
-            let Some(planned) = evaluate(&facts, &self.config, now).next else {
-                continue;
-            };
-            if planned.hold.at > now {
-                report.next = Some(match report.next {
-                    Some(next) => next.min(planned.hold.at),
-                    None => planned.hold.at,
-                });
-                continue;
-            }
-            match self.store.transition_if(facts.session_id, &due).await {
-                Ok(Some(session)) => {
-                    tracing::info!(session_id = %session.id, session = %session.name,
-                        user = %session.user_name, reason = %session.reason, "Session held.");
-                    let reason = HoldReason::of_transition_reason(&session.reason)
-                        .unwrap_or(planned.hold.reason);
-                    report.held.push((facts.session_id, reason));
-                }
-                // Changed meanwhile (a connection, a keep-alive; removed, held by hand): the
-                // next tick plans again from what is stored.
-                Ok(None) => {}
-                Err(StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)) => {}
-                Err(other) => return Err(other),
-            }
-        }
-        if !report.held.is_empty() {
-            self.scheduler_wake.notify_one();
-        }
-        Ok(report)
-    }
 }
 
 #[cfg(test)]
@@ -1116,10 +825,8 @@ mod tests {
 
     #[test]
     fn config_defaults_and_limits() {
-        let parse = |_: &'static str, v: &str| Ok(HumanDuration::parse(v).unwrap().as_duration());
         let config = LifecycleConfig::default();
         assert_eq!(config, self::config());
-        assert_eq!(RawLifecycle::default().validate(parse), Ok(config));
         assert_eq!(config.limits_for(None, None), Ok((7200, 7 * 86_400)));
         assert_eq!(config.limits_for(Some(60), Some(3600)), Ok((60, 3600)));
         let err = config.limits_for(Some(9 * 3600), None).unwrap_err();
@@ -1130,485 +837,40 @@ mod tests {
         );
         assert!(config.limits_for(None, Some(15 * 86_400)).is_err());
         assert!(config.limits_for(Some(0), None).is_err());
-        let raw = RawLifecycle {
-            idle_timeout: "9 hours".to_owned(),
-            ..RawLifecycle::default()
+        // The longest durations the config accepts do not overflow the deadlines.
+        let longest = LifecycleConfig {
+            max_idle_timeout: LONGEST,
+            keep_max: LONGEST,
+            ..config
         };
-        assert_eq!(raw.validate(parse).unwrap_err().key, "idle_timeout");
-        // Far beyond any calendar: refused, rather than overflowing the deadlines later.
-        let raw = RawLifecycle {
-            max_idle_timeout: "100000000000 weeks".to_owned(),
-            ..RawLifecycle::default()
-        };
-        let err = raw.validate(parse).unwrap_err();
-        assert_eq!(err.key, "max_idle_timeout");
-        assert!(err.message.contains("write a shorter duration"), "{err:?}");
-        let raw = RawLifecycle {
-            max_idle_timeout: "5200 weeks".to_owned(),
-            keep_max: "5200 weeks".to_owned(),
-            ..RawLifecycle::default()
-        };
-        let longest = raw.validate(parse).unwrap();
         let facts = LifecycleFacts {
-            idle_timeout_secs: Some(longest.max_idle_timeout.as_secs()),
+            idle_timeout_secs: Some(LONGEST.as_secs()),
+            keep_until: Some(keep_until(&longest, LONGEST, at(100))),
             ..idle_since(100)
         };
         assert!(evaluate(&facts, &longest, at(100)).next.is_some());
-        let raw = RawLifecycle {
-            cpu_threshold_percent: -1.0,
-            ..RawLifecycle::default()
-        };
-        assert_eq!(
-            raw.validate(parse).unwrap_err().key,
-            "cpu_threshold_percent"
-        );
     }
 
-    mod timer {
-        use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-        use ongrid_core::lifecycle::ContainerActivity;
-        use ongrid_core::{Dn, GpuRequest, InstituteName, NodeName};
-
-        use super::*;
-        use crate::clock::ManualClock;
-        use crate::store::{NewSession, NodeRegistration, SessionRecord, SqliteStore};
-
-        async fn open(dir: &tempfile::TempDir) -> Arc<SqliteStore> {
-            Arc::new(SqliteStore::open(&dir.path().join("m.db")).await.unwrap())
-        }
-
-        fn timer(store: &Arc<SqliteStore>) -> Timer {
-            Timer::new(
-                store.clone(),
-                Arc::new(ManualClock::new(t0())),
-                config(),
-                Arc::new(Notify::new()),
-            )
-        }
-
-        /// A session on node1 that became ready (WAITING) at t0.
-        async fn running(store: &SqliteStore) -> SessionRecord {
-            let owner = Dn::parse("/DC=org/CN=Alice").unwrap();
-            store.user(&owner, 20_000).await.unwrap();
-            let node = NodeName::parse("node1").unwrap();
-            let registration = NodeRegistration {
-                name: node.clone(),
-                gpu_backend: "simulated".to_owned(),
-                agent_version: "test".to_owned(),
-                stream_url: None,
-            };
-            store
-                .register_node(registration, &[], at(-10))
-                .await
-                .unwrap();
-            let session = store
-                .create_session(NewSession {
-                    id: SessionId::new_random(),
-                    name: None,
-                    owner,
-                    request: GpuRequest::default(),
-                    image: "ongrid/dev:latest".to_owned(),
-                    at: at(-10),
-                    reason: "created".to_owned(),
-                })
-                .await
-                .unwrap();
-            let step = |to, at, placement| Change {
-                to,
-                at,
-                reason: "test".to_owned(),
-                placement,
-            };
-            let place = Placement::Place {
-                node,
-                gpus: Vec::new(),
-            };
-            store
-                .transition(session.id, step(SessionState::Starting, at(-5), place))
-                .await
-                .unwrap();
-            store
-                .transition(
-                    session.id,
-                    step(SessionState::Waiting, t0(), Placement::Keep),
-                )
-                .await
-                .unwrap()
-        }
-
-        fn event(
-            session: &SessionRecord,
-            kind: ConnectionEventKind,
-            id: uuid::Uuid,
-            bytes: u64,
-        ) -> ConnectionEvent {
-            ConnectionEvent {
-                connection_id: id,
-                event: kind,
-                at: t0(),
-                owner: session.owner.clone(),
-                fingerprint: "SHA256:x".to_owned(),
-                source: "192.0.2.7".parse().unwrap(),
-                institute: InstituteName::parse("uni-x").unwrap(),
-                session_id: session.id,
-                bytes_in: bytes,
-                bytes_out: 0,
-            }
-        }
-
-        #[tokio::test]
-        async fn a_due_hold_is_applied_once_and_frees_the_session() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = open(&dir).await;
-            let session = running(&store).await;
-            let timer = timer(&store);
-            let report = timer.tick(at(1199)).await.unwrap();
-            assert_eq!(report.held, []);
-            assert_eq!(report.next, Some(at(1200)));
-            let report = timer.tick(at(1200)).await.unwrap();
-            assert_eq!(report.held, [(session.id, HoldReason::NoConnection)]);
-            let held = store.session(session.id).await.unwrap().unwrap();
-            assert_eq!(held.state, SessionState::Held);
-            assert!(
-                held.reason
-                    .starts_with("no-connection: nobody connected within 20 minutes"),
-                "{}",
-                held.reason
-            );
-            assert_eq!(timer.tick(at(1300)).await.unwrap(), TickReport::default());
-        }
-
-        #[tokio::test]
-        async fn a_connection_or_keep_between_the_look_and_the_hold_cancels_it() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = open(&dir).await;
-            let timer = timer(&store);
-            let running_states = || {
-                FactsScope::States(vec![
-                    SessionState::Waiting,
-                    SessionState::Connected,
-                    SessionState::Idle,
-                ])
-            };
-            // The timer has read the facts (the hold is due) when the user connects.
-            let connected = running(&store).await;
-            let snapshot = store.lifecycle_facts(running_states()).await.unwrap();
-            let open = event(
-                &connected,
-                ConnectionEventKind::Open,
-                uuid::Uuid::new_v4(),
-                0,
-            );
-            store
-                .record_connection(&open, at(1200), crate::api::gateway::follow_connection)
-                .await
-                .unwrap();
-            let report = timer.apply(snapshot, at(1200)).await.unwrap();
-            assert_eq!(report.held, []);
-            let session = store.session(connected.id).await.unwrap().unwrap();
-            assert_eq!(session.state, SessionState::Connected);
-
-            // ... or keeps it alive with `devctl session keep`.
-            let kept = running(&store).await;
-            let snapshot = store
-                .lifecycle_facts(FactsScope::Session(kept.id))
-                .await
-                .unwrap();
-            store.set_keep_until(kept.id, at(3600)).await.unwrap();
-            let report = timer.apply(snapshot, at(1200)).await.unwrap();
-            assert_eq!(report.held, []);
-            let session = store.session(kept.id).await.unwrap().unwrap();
-            assert_eq!(session.state, SessionState::Waiting);
-            // Nothing changed: held.
-            let snapshot = store
-                .lifecycle_facts(FactsScope::Session(kept.id))
-                .await
-                .unwrap();
-            let report = timer.apply(snapshot, at(3600)).await.unwrap();
-            assert_eq!(report.held, [(kept.id, HoldReason::NoConnection)]);
-        }
-
-        /// A database of the release before the lifecycle (migrations 0001-0003) with a session
-        /// someone has been connected to for years: the upgrade does not hold it.
-        #[tokio::test]
-        async fn an_upgrade_keeps_sessions_with_open_connections() {
-            let dir = tempfile::tempdir().unwrap();
-            let old = dir.path().join("migrations");
-            std::fs::create_dir(&old).unwrap();
-            let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-            for entry in std::fs::read_dir(&all).unwrap() {
-                let path = entry.unwrap().path();
-                let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-                if name.as_str() < "0004" {
-                    std::fs::copy(&path, old.join(&name)).unwrap();
-                }
-            }
-            let file = dir.path().join("m.db");
-            let options = sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(&file)
-                .create_if_missing(true);
-            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-            sqlx::migrate::Migrator::new(old.as_path())
-                .await
-                .unwrap()
-                .run(&pool)
-                .await
-                .unwrap();
-            let ts = |secs: i64| at(secs).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
-            let id = SessionId::new_random();
-            let request = serde_json::to_string(&GpuRequest::default()).unwrap();
-            let statements = [
-                format!(
-                    "INSERT INTO users VALUES ('/DC=org/CN=Alice', 'alice', 20000, '{}')",
-                    ts(0)
-                ),
-                format!(
-                    "INSERT INTO nodes (name, gpu_backend, agent_version, registered_at, \
-                     last_seen) VALUES ('node1', 'simulated', 'old', '{0}', '{0}')",
-                    ts(0)
-                ),
-                format!(
-                    "INSERT INTO sessions VALUES ('{id}', 'dev', '/DC=org/CN=Alice', \
-                     '{request}', 'ongrid/dev:latest', 'CONNECTED', 'SSH connection', 'node1', \
-                     '[]', '{0}', '{0}', NULL)",
-                    ts(0)
-                ),
-                format!(
-                    "INSERT INTO session_transitions VALUES ('{id}', 0, NULL, 'PENDING', '{}', \
-                     'created'), ('{id}', 1, 'PENDING', 'STARTING', '{}', 'placed'), \
-                     ('{id}', 2, 'STARTING', 'WAITING', '{}', 'running'), \
-                     ('{id}', 3, 'WAITING', 'CONNECTED', '{}', 'SSH connection')",
-                    ts(0),
-                    ts(1),
-                    ts(10),
-                    ts(60)
-                ),
-                format!(
-                    "INSERT INTO connections (id, owner, fingerprint, source, institute, \
-                     session_id, opened_at) VALUES ('{}', '/DC=org/CN=Alice', 'SHA256:x', \
-                     '192.0.2.7', 'uni-x', '{id}', '{}')",
-                    uuid::Uuid::new_v4(),
-                    ts(60)
-                ),
-            ];
-            for statement in statements {
-                sqlx::query(&statement).execute(&pool).await.unwrap();
-            }
-            pool.close().await;
-
-            let store = open(&dir).await;
-            let now = Utc::now();
-            let facts = store
-                .lifecycle_facts(FactsScope::Session(id))
-                .await
-                .unwrap();
-            assert_eq!(facts[0].live_connections(&config(), now), 1);
-            let report = timer(&store).tick(now).await.unwrap();
-            assert_eq!(report.held, []);
-            let session = store.session(id).await.unwrap().unwrap();
-            assert_eq!(session.state, SessionState::Connected);
-        }
-
-        #[tokio::test]
-        async fn an_overdue_hold_is_applied_once_after_a_restart() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = open(&dir).await;
-            let session = running(&store).await;
-            assert_eq!(
-                timer(&store).tick(at(600)).await.unwrap().next,
-                Some(at(1200))
-            );
-            // The manager stops mid-countdown and comes back long after the deadline.
-            store.close().await;
-            drop(store);
-            let store = open(&dir).await;
-            let timer = timer(&store);
-            let report = timer.tick(at(5000)).await.unwrap();
-            assert_eq!(report.held, [(session.id, HoldReason::NoConnection)]);
-            let transitions = store.transitions(session.id).await.unwrap();
-            let hold = transitions.last().unwrap();
-            assert_eq!(hold.at, at(5000), "applied at the time it is applied");
-            assert!(
-                hold.reason.ends_with("(due at 2023-11-14 22:33:20 UTC)"),
-                "{}",
-                hold.reason
-            );
-            assert_eq!(timer.tick(at(5001)).await.unwrap(), TickReport::default());
-            let holds = store
-                .transitions(session.id)
-                .await
-                .unwrap()
-                .iter()
-                .filter(|t| t.to == SessionState::Held)
-                .count();
-            assert_eq!(holds, 1);
-        }
-
-        #[tokio::test]
-        async fn stored_signals_drive_the_idle_hold() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = open(&dir).await;
-            let session = running(&store).await;
-            let timer = timer(&store);
-            let policy = crate::api::gateway::follow_connection;
-            let connection = uuid::Uuid::new_v4();
-            let open = event(&session, ConnectionEventKind::Open, connection, 0);
-            store
-                .record_connection(&open, at(100), policy)
-                .await
-                .unwrap();
-            // Connected: only the maximum lifetime is planned.
-            let report = timer.tick(at(200)).await.unwrap();
-            assert_eq!(report.next, Some(at(7 * 86_400)));
-            // Bytes moved: traffic at 400.
-            let activity = event(&session, ConnectionEventKind::Activity, connection, 10);
-            store
-                .record_connection(&activity, at(400), policy)
-                .await
-                .unwrap();
-            let close = event(&session, ConnectionEventKind::Close, connection, 10);
-            let closed = store
-                .record_connection(&close, at(500), policy)
-                .await
-                .unwrap();
-            assert_eq!(closed.session.state, SessionState::Idle);
-            assert_eq!(
-                timer.tick(at(600)).await.unwrap().next,
-                Some(at(500 + 7200))
-            );
-            // A busy process after the disconnect keeps it; an idle one does not.
-            let node = NodeName::parse("node1").unwrap();
-            let sample = |cpu: f64| ContainerActivity {
-                session_id: session.id,
-                sampled_at: t0(),
-                cpu_percent: cpu,
-                gpu_percent: Some(0.0),
-            };
-            let thresholds = config().thresholds;
-            assert_eq!(
-                store
-                    .record_activity(&node, &[sample(97.0)], at(3000), thresholds)
-                    .await
-                    .unwrap(),
-                1
-            );
-            assert_eq!(
-                store
-                    .record_activity(&node, &[sample(0.5)], at(3100), thresholds)
-                    .await
-                    .unwrap(),
-                1
-            );
-            let other = NodeName::parse("node2").unwrap();
-            assert_eq!(
-                store
-                    .record_activity(&other, &[sample(99.0)], at(3200), thresholds)
-                    .await
-                    .unwrap(),
-                0,
-                "not its node"
-            );
-            assert_eq!(
-                timer.tick(at(3100)).await.unwrap().next,
-                Some(at(3000 + 7200))
-            );
-            let facts = store
-                .lifecycle_facts(FactsScope::Session(session.id))
-                .await
-                .unwrap();
-            let view = view(&facts[0], &config(), at(3100));
-            assert_eq!(view.kept_alive_by, Some(SignalKind::Cpu));
-            assert_eq!(view.signals[1].last_seen, Some(at(400)), "SSH traffic");
-            assert_eq!(
-                view.signals[3].detail.as_deref(),
-                Some("last sample 0% GPU at 2023-11-14 23:05:00 UTC (threshold 5%)")
-            );
-            let report = timer.tick(at(10_200)).await.unwrap();
-            assert_eq!(report.held, [(session.id, HoldReason::Idle)]);
-        }
-
-        #[tokio::test]
-        async fn a_gateway_that_vanished_does_not_keep_a_session() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = open(&dir).await;
-            let session = running(&store).await;
-            let timer = timer(&store);
-            let open = event(&session, ConnectionEventKind::Open, uuid::Uuid::new_v4(), 0);
-            let policy = crate::api::gateway::follow_connection;
-            store
-                .record_connection(&open, at(100), policy)
-                .await
-                .unwrap();
-            // No close, no reports: stale after 3 minutes, idle 2 hours after its last report.
-            assert_eq!(
-                timer.tick(at(280)).await.unwrap().next,
-                Some(at(7 * 86_400))
-            );
-            assert_eq!(
-                timer.tick(at(281)).await.unwrap().next,
-                Some(at(100 + 7200))
-            );
-            let report = timer.tick(at(100 + 7200)).await.unwrap();
-            assert_eq!(report.held, [(session.id, HoldReason::Idle)]);
-        }
-
-        #[tokio::test]
-        async fn a_release_requeues_pinned_and_restarts_the_countdown() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = open(&dir).await;
-            let session = running(&store).await;
-            store.set_keep_until(session.id, at(50)).await.unwrap();
-            timer(&store).tick(at(1200)).await.unwrap();
-            let released = store
-                .transition(
-                    session.id,
-                    Change {
-                        to: SessionState::Pending,
-                        at: at(2000),
-                        reason: "released".to_owned(),
-                        placement: Placement::Keep,
-                    },
-                )
-                .await
-                .unwrap();
-            assert_eq!(
-                released.node.as_ref().map(|n| n.as_str()),
-                Some("node1"),
-                "pinned"
-            );
-            assert_eq!(
-                released.gpus, session.gpus,
-                "the held container's GPUs are kept so the scheduler can give them back"
-            );
-            assert_eq!(released.queued_at, at(2000), "the end of the queue");
-            let facts = store
-                .lifecycle_facts(FactsScope::Session(session.id))
-                .await
-                .unwrap();
-            assert_eq!(facts[0].keep_until, None);
-            assert_eq!(facts[0].ready_at, None);
-            assert_eq!(facts[0].first_started_at, Some(t0()));
-            for (to, t) in [
-                (SessionState::Starting, 2001),
-                (SessionState::Waiting, 2010),
-            ] {
-                store
-                    .transition(
-                        session.id,
-                        Change {
-                            to,
-                            at: at(t),
-                            reason: "test".to_owned(),
-                            placement: Placement::Keep,
-                        },
-                    )
-                    .await
-                    .unwrap();
-            }
-            assert_eq!(
-                timer(&store).tick(at(2010)).await.unwrap().next,
-                Some(at(2010 + 1200))
-            );
-        }
+    #[test]
+    fn a_due_hold_is_a_change_to_held_with_its_reason() {
+        let facts = waiting();
+        assert_eq!(due_hold(&facts, &config(), at(1199)), None);
+        let (change, reason) = due_hold(&facts, &config(), at(1200)).unwrap();
+        assert_eq!(reason, HoldReason::NoConnection);
+        assert_eq!(change.to, SessionState::Held);
+        assert_eq!(change.at, at(1200));
+        assert_eq!(change.placement, super::super::Placement::Keep);
+        assert!(
+            change.reason.starts_with("no-connection: "),
+            "{}",
+            change.reason
+        );
+        let (late, _) = due_hold(&facts, &config(), at(5000)).unwrap();
+        assert_eq!(late.at, at(5000), "applied when it is applied");
+        assert!(
+            late.reason.ends_with("(due at 2023-11-14 22:33:20 UTC)"),
+            "{}",
+            late.reason
+        );
     }
 }

@@ -11,9 +11,9 @@ use sqlx::{Row, Sqlite};
 use super::{
     apply_change, find_session, from_json, parse, parse_timestamp, timestamp, to_json, SqliteStore,
 };
+use crate::domain::sessions::connections::follow_connection;
 use crate::store::{
-    AuditFilter, Change, ConnectionPolicy, ConnectionRecorded, KeyAdded, KeyRecord, NewKey,
-    Placement, StoreError, StoreResult,
+    AuditFilter, ConnectionRecorded, KeyAdded, KeyRecord, NewKey, StoreError, StoreResult,
 };
 
 const KEY_COLUMNS: &str = "k.fingerprint, k.owner, u.user_name, k.algorithm, k.public_key, \
@@ -189,7 +189,6 @@ impl SqliteStore {
         &self,
         event: &ConnectionEvent,
         at: DateTime<Utc>,
-        policy: ConnectionPolicy,
     ) -> StoreResult<ConnectionRecorded> {
         let id = event.session_id;
         let mut tx = self.write().await?;
@@ -243,16 +242,8 @@ impl SqliteStore {
         }
         super::lifecycle::after_connection_event(&mut tx, event, at).await?;
         let open = count_open(&mut tx, id).await?;
-        let transition = match policy(&before, event, open) {
-            Some((to, reason)) => {
-                let change = Change {
-                    to,
-                    at,
-                    reason,
-                    placement: Placement::Keep,
-                };
-                Some(apply_change(&mut tx, id, change).await?)
-            }
+        let transition = match follow_connection(before.state, event, open, at) {
+            Some(change) => Some(apply_change(&mut tx, id, change).await?),
             None => None,
         };
         let session = find_session(&mut *tx, id)

@@ -3,13 +3,14 @@
 //! (a partial unique index); `freeze --force` supersedes the old one, which keeps its digest.
 
 use chrono::{DateTime, Utc};
-use ongrid_core::image::{FreezeProgress, ImageState};
+use ongrid_core::image::ImageState;
 use ongrid_core::NodeName;
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{parse, parse_timestamp, timestamp, SqliteStore};
-use crate::store::{ImageDeleted, ImageFilter, ImageRecord, NewImage, StoreError, StoreResult};
+use crate::domain::images::{supersedes, ImageChange, ImageRecord};
+use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult};
 
 const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.state, i.reason, \
      i.session_id, i.session_name, i.node, i.base_image, i.compression, i.digest, i.size, \
@@ -42,12 +43,7 @@ impl SqliteStore {
         .await?;
         if let Some((id, state)) = current {
             let state: ImageState = parse(&state, "image state")?;
-            let supersede = match state {
-                ImageState::Failed => true,
-                ImageState::Ready => new.force,
-                ImageState::Building | ImageState::Deleted => false,
-            };
-            if !supersede {
+            if !supersedes(state, new.force) {
                 return Err(StoreError::ImageTagTaken {
                     reference: new.reference,
                     state,
@@ -139,10 +135,10 @@ impl SqliteStore {
     pub(super) async fn record_freeze_impl(
         &self,
         node: &NodeName,
-        progress: &FreezeProgress,
+        id: uuid::Uuid,
+        change: &ImageChange,
         at: DateTime<Utc>,
     ) -> StoreResult<Option<ImageRecord>> {
-        let id = progress.image_id();
         let mut tx = self.write().await?;
         let building: Option<i64> = sqlx::query_scalar(
             "SELECT 1 FROM images WHERE id = ? AND node = ? AND state = 'BUILDING'",
@@ -155,11 +151,10 @@ impl SqliteStore {
             return Ok(None);
         }
         let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        match progress {
-            FreezeProgress::Running {
+        match change {
+            ImageChange::Progress {
                 bytes_done,
                 bytes_total,
-                ..
             } => {
                 // The right-hand sides see the row as it was: progress_at moves only when the
                 // numbers do.
@@ -176,19 +171,20 @@ impl SqliteStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            FreezeProgress::Done {
+            ImageChange::Ready {
+                reason,
                 digest,
                 size,
                 sif_path,
                 docker_image,
-                ..
             } => {
                 sqlx::query(
-                    "UPDATE images SET state = 'READY', reason = ?, digest = ?, size = ?, \
+                    "UPDATE images SET state = ?, reason = ?, digest = ?, size = ?, \
                      sif_path = ?, docker_image = ?, bytes_done = bytes_total, finished_at = ? \
                      WHERE id = ?",
                 )
-                .bind(format!("frozen on {node}"))
+                .bind(change.state().as_str())
+                .bind(reason)
                 .bind(digest)
                 .bind(as_i64(*size))
                 .bind(sif_path)
@@ -198,10 +194,11 @@ impl SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             }
-            FreezeProgress::Failed { reason, .. } => {
+            ImageChange::Failed { reason } => {
                 sqlx::query(
-                    "UPDATE images SET state = 'FAILED', reason = ?, finished_at = ? WHERE id = ?",
+                    "UPDATE images SET state = ?, reason = ?, finished_at = ? WHERE id = ?",
                 )
+                .bind(change.state().as_str())
                 .bind(reason)
                 .bind(timestamp(at))
                 .bind(id.to_string())

@@ -10,14 +10,17 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-use ongrid_core::lifecycle::ContainerActivity;
+use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 use ongrid_core::{NodeName, SessionId, SessionState, Transition};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{parse, parse_timestamp, timestamp, SqliteStore};
-use crate::lifecycle::{ActivityThresholds, LifecycleFacts, Sampled};
-use crate::store::{Change, FactsScope, SessionRecord, StoreError, StoreResult};
+use crate::domain::sessions::holds::{
+    due_hold, ActivityThresholds, LifecycleConfig, LifecycleFacts, Sampled,
+};
+use crate::domain::sessions::SessionRecord;
+use crate::store::{FactsScope, StoreError, StoreResult};
 
 const FACT_COLUMNS: &str = "s.id, s.state, \
      (SELECT t.at FROM session_transitions t WHERE t.session_id = s.id \
@@ -36,14 +39,15 @@ impl SqliteStore {
         facts_in(&mut conn, scope).await
     }
 
-    pub(super) async fn transition_if_impl(
+    pub(super) async fn hold_if_due_impl(
         &self,
         id: SessionId,
-        decide: &(dyn Fn(&LifecycleFacts) -> Option<Change> + Send + Sync),
-    ) -> StoreResult<Option<SessionRecord>> {
+        config: &LifecycleConfig,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<(SessionRecord, HoldReason)>> {
         let mut tx = self.write().await?;
         let facts = facts_in(&mut tx, FactsScope::Session(id)).await?;
-        let Some(change) = facts.first().and_then(decide) else {
+        let Some((change, reason)) = facts.first().and_then(|f| due_hold(f, config, now)) else {
             return Ok(None);
         };
         super::apply_change(&mut tx, id, change).await?;
@@ -51,7 +55,7 @@ impl SqliteStore {
             .await?
             .ok_or(StoreError::NoSuchSession(id))?;
         tx.commit().await?;
-        Ok(Some(session))
+        Ok(Some((session, reason)))
     }
 
     pub(super) async fn set_lifecycle_limits_impl(

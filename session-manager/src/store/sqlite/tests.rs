@@ -609,24 +609,6 @@ async fn institutes_keep_their_networks() {
     assert_eq!(store.institutes().await.unwrap(), vec![lab]);
 }
 
-/// The policy of the API: open → CONNECTED from WAITING/IDLE; last close → IDLE.
-fn policy(
-    session: &SessionRecord,
-    event: &ConnectionEvent,
-    open: u32,
-) -> Option<(SessionState, String)> {
-    use ongrid_core::api::ConnectionEventKind::*;
-    match (event.event, session.state) {
-        (Open, SessionState::Waiting | SessionState::Idle) => {
-            Some((SessionState::Connected, "connected".to_owned()))
-        }
-        (Close, SessionState::Connected) if open == 0 => {
-            Some((SessionState::Idle, "last closed".to_owned()))
-        }
-        _ => None,
-    }
-}
-
 fn connection(
     session: &SessionRecord,
     n: u128,
@@ -689,12 +671,7 @@ async fn connections_are_audited_and_move_their_session() {
 
     let record = |event: ConnectionEvent| {
         let store = store.clone();
-        async move {
-            store
-                .record_connection(&event, t(99), policy)
-                .await
-                .unwrap()
-        }
+        async move { store.record_connection(&event, t(99)).await.unwrap() }
     };
     let first = record(connection(&session, 1, Open, t(10), (0, 0))).await;
     assert_eq!(first.open_connections, 1);
@@ -702,7 +679,11 @@ async fn connections_are_audited_and_move_their_session() {
     let transition = first.transition.unwrap();
     assert_eq!(
         (transition.from, transition.at, transition.reason.as_str()),
-        (Some(SessionState::Waiting), t(99), "connected")
+        (
+            Some(SessionState::Waiting),
+            t(99),
+            "SSH connection from 192.0.2.7 (uni-lab)"
+        )
     );
     // A second connection, and a retried open, change nothing.
     let second = record(connection(&session, 2, Open, t(11), (0, 0))).await;
@@ -716,7 +697,7 @@ async fn connections_are_audited_and_move_their_session() {
     let last = record(connection(&session, 2, Close, t(21), (5, 6))).await;
     assert_eq!(last.open_connections, 0);
     assert_eq!(last.session.state, SessionState::Idle);
-    assert_eq!(last.session.reason, "last closed");
+    assert_eq!(last.session.reason, "last SSH connection closed");
     // A new connection makes it CONNECTED again; a close never opened is recorded whole.
     let third = record(connection(&session, 3, Open, t(30), (0, 0))).await;
     assert_eq!(third.session.state, SessionState::Connected);
@@ -767,11 +748,7 @@ async fn connections_are_audited_and_move_their_session() {
     store.close().await;
     let store = open(&dir).await;
     let after = store
-        .record_connection(
-            &connection(&session, 3, Close, t(50), (1, 1)),
-            t(99),
-            policy,
-        )
+        .record_connection(&connection(&session, 3, Close, t(50), (1, 1)), t(99))
         .await
         .unwrap();
     assert_eq!(after.open_connections, 0);
@@ -781,7 +758,7 @@ async fn connections_are_audited_and_move_their_session() {
     let mut event = connection(&session, 9, Open, t(60), (0, 0));
     event.session_id = missing;
     assert!(matches!(
-        store.record_connection(&event, t(99), policy).await,
+        store.record_connection(&event, t(99)).await,
         Err(StoreError::NoSuchSession(id)) if id == missing
     ));
 }

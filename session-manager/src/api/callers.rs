@@ -1,0 +1,135 @@
+//! Who is calling, as axum extractors: a user by TLS client certificate ([`CurrentUser`]), an
+//! agent by its node's bearer token ([`AgentNode`]), the SSH gateway by its own bearer token
+//! ([`GatewayCaller`]); anything else is refused with 401 saying what to set.
+//!
+//! The accept loop ([`crate::server`]) puts a [`Peer`] into every request's extensions; the
+//! credentials are checked with [`crate::auth`].
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use chrono::{DateTime, Utc};
+use ongrid_core::api::CredentialKind;
+use ongrid_core::NodeName;
+
+use super::{ApiError, AppState};
+use crate::auth::Peer;
+use crate::store::UserRecord;
+use crate::tls::Identity;
+
+/// A user authenticated by certificate, with their stored login and UID.
+#[derive(Debug, Clone)]
+pub struct CurrentUser {
+    pub user: UserRecord,
+    /// Listed in the config's `admins`, by DN or by one of the credential's FQANs.
+    pub admin: bool,
+    /// Until when the credential presented on this connection is valid.
+    pub not_after: DateTime<Utc>,
+    /// The credential presented on this connection: its kind, VOs and FQANs.
+    pub identity: Identity,
+}
+
+impl FromRequestParts<AppState> for CurrentUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let identity = parts
+            .extensions
+            .get::<Peer>()
+            .and_then(|peer| peer.identity.as_ref())
+            .ok_or_else(|| {
+                ApiError::unauthenticated(
+                    "this route needs your grid certificate: connect with a TLS client \
+                     certificate (or proxy) issued by a CA the site trusts",
+                )
+            })?;
+        let user = state
+            .store
+            .user(&identity.dn, state.config.first_uid)
+            .await?;
+        let admin = state.config.admins.admits(&user.dn, &identity.fqans);
+        Ok(Self {
+            user,
+            admin,
+            not_after: identity.not_after,
+            identity: identity.clone(),
+        })
+    }
+}
+
+impl CurrentUser {
+    /// Whether the credential is a limited proxy.
+    pub fn is_limited(&self) -> bool {
+        self.identity.kind == CredentialKind::Limited
+    }
+}
+
+/// The node whose agent is calling, named by its bearer token.
+#[derive(Debug, Clone)]
+pub struct AgentNode(pub NodeName);
+
+impl FromRequestParts<AppState> for AgentNode {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let token = bearer(
+            parts,
+            "agent routes need `Authorization: Bearer <node token>`: set the agent's token_file",
+            "node token",
+        )?;
+        let node = state.tokens.node_for(token).ok_or_else(|| {
+            ApiError::unauthenticated(
+                "unknown node token: it must match a line of the manager's agent_tokens_file",
+            )
+        })?;
+        Ok(Self(node.clone()))
+    }
+}
+
+/// The SSH gateway, authenticated by the token of the manager's `gateway_token_file`.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayCaller;
+
+impl FromRequestParts<AppState> for GatewayCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let expected = state.gateway_token.as_ref().ok_or_else(|| {
+            ApiError::unauthenticated(
+                "gateway routes are not enabled on this manager: set gateway_token_file in its \
+                 config to the gateway's token",
+            )
+        })?;
+        let token = bearer(
+            parts,
+            "gateway routes need `Authorization: Bearer <gateway token>`: set the gateway's \
+             token_file",
+            "gateway token",
+        )?;
+        if !expected.matches(token) {
+            return Err(ApiError::unauthenticated(
+                "wrong gateway token: it must equal the one in the manager's gateway_token_file",
+            ));
+        }
+        Ok(Self)
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`, or 401 with `missing` (no header) or a message
+/// naming `what` (another scheme).
+fn bearer<'a>(parts: &'a Parts, missing: &str, what: &str) -> Result<&'a str, ApiError> {
+    let header = parts
+        .headers
+        .get(AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthenticated(missing))?
+        .to_str()
+        .unwrap_or_default();
+    header
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .ok_or_else(|| {
+            ApiError::unauthenticated(format!(
+                "the Authorization header must be `Bearer <{what}>`"
+            ))
+        })
+}

@@ -1,0 +1,115 @@
+//! Stored records as the API shows them: sessions (with their queue position, history and
+//! lifecycle), images, deadlines. Shared by the handler modules, which never call each other.
+
+use ongrid_core::api::SessionView;
+use ongrid_core::image::{ImageProgress, ImageState, ImageView};
+use ongrid_core::lifecycle::{LifecycleView, SessionDeadlines};
+use ongrid_core::{SessionState, Transition};
+
+use super::{ApiError, AppState};
+use crate::domain::images::ImageRecord;
+use crate::domain::sessions::holds::{deadlines, view};
+use crate::domain::sessions::SessionRecord;
+use crate::store::FactsScope;
+
+/// A stored session as the API shows it, without its lifecycle.
+pub fn session_view(
+    session: SessionRecord,
+    queue_position: Option<u32>,
+    transitions: Vec<Transition>,
+) -> SessionView {
+    SessionView {
+        container: session.id.container_name(),
+        id: session.id,
+        name: session.name,
+        owner: session.owner,
+        user_name: session.user_name,
+        state: session.state,
+        reason: session.reason,
+        request: session.request,
+        image: session.image,
+        node: session.node,
+        gpus: session.gpus,
+        created_at: session.created_at,
+        queue_position,
+        transitions,
+        lifecycle: None,
+    }
+}
+
+/// The full view of a session as it is now: queue position, history and lifecycle.
+pub async fn full_session_view(
+    state: &AppState,
+    session: SessionRecord,
+) -> Result<SessionView, ApiError> {
+    let session = state.store.session(session.id).await?.unwrap_or(session);
+    let position = state.queue_positions().await?.get(&session.id).copied();
+    let transitions = state.store.transitions(session.id).await?;
+    let lifecycle = lifecycle_view(state, &session).await?;
+    let mut view = session_view(session, position, transitions);
+    view.lifecycle = lifecycle;
+    Ok(view)
+}
+
+/// The lifecycle part of a session's view: for live and HELD sessions.
+async fn lifecycle_view(
+    state: &AppState,
+    session: &SessionRecord,
+) -> Result<Option<LifecycleView>, ApiError> {
+    if !(session.state.is_live() || session.state == SessionState::Held) {
+        return Ok(None);
+    }
+    let facts = state
+        .store
+        .lifecycle_facts(FactsScope::Session(session.id))
+        .await?;
+    Ok(facts
+        .first()
+        .map(|facts| view(facts, &state.config.lifecycle, state.clock.now())))
+}
+
+/// The session's deadlines now, for the gateway's banner and warnings.
+pub async fn deadlines_view(
+    state: &AppState,
+    session: &SessionRecord,
+) -> Result<SessionDeadlines, ApiError> {
+    let facts = state
+        .store
+        .lifecycle_facts(FactsScope::Session(session.id))
+        .await?;
+    let facts = facts
+        .first()
+        .ok_or_else(|| ApiError::not_found(format!("no session with id {}", session.id)))?;
+    Ok(deadlines(facts, &state.config.lifecycle, state.clock.now()))
+}
+
+/// A stored image as the API shows it.
+pub fn image_view(image: ImageRecord) -> ImageView {
+    let progress = (image.state == ImageState::Building).then_some(ImageProgress {
+        bytes_done: image.bytes_done,
+        bytes_total: image.bytes_total,
+    });
+    ImageView {
+        id: image.id,
+        name: image.reference.name().to_owned(),
+        version: image.reference.version().to_owned(),
+        reference: image.reference.to_string(),
+        owner: image.owner,
+        user_name: image.user_name,
+        state: image.state,
+        reason: image.reason,
+        digest: image.digest,
+        size: image.size,
+        sif_path: image.sif_path,
+        docker_image: image.docker_image,
+        node: image.node,
+        session: image.session_name,
+        session_id: image.session_id,
+        base_image: image.base_image,
+        compression: image.compression,
+        created_at: image.created_at,
+        finished_at: image.finished_at,
+        superseded_at: image.superseded_at,
+        progress,
+    }
+}

@@ -1,0 +1,24 @@
+//! `GET /v1/whoami`: the caller as the manager sees them (DN, login, UID, admin, credential).
+
+use axum::Json;
+use ongrid_core::api::WhoAmI;
+
+use super::callers::CurrentUser;
+
+pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
+    Json(WhoAmI {
+        dn: caller.user.dn,
+        user_name: caller.user.user_name,
+        uid: caller.user.uid,
+        admin: caller.admin,
+        credential: Some(caller.identity.kind),
+        vos: caller.identity.vos,
+        fqans: caller
+            .identity
+            .fqans
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        not_after: Some(caller.not_after),
+    })
+}

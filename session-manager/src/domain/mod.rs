@@ -1,0 +1,32 @@
+//! Where transitions are decided: every rule that moves a session or an image from one state to
+//! another, as functions of what is known (records, reports, facts) and `now` that return a
+//! decision. No I/O, no clock, no store: the API handlers, the loops (`scheduler`,
+//! `hold_timer`, `freeze_watch`) and the store (inside a transaction, where a decision must see
+//! what it is written over) call these and store what they return.
+//!
+//! - [`sessions`]: requests, placements, agent reports, the desired state of nodes, connection
+//!   events, the hold policy.
+//! - [`images`]: freezes, freeze orders, agents' progress, giving up.
+//!
+//! Batch jobs get a module of their own beside these two.
+
+pub mod images;
+pub mod sessions;
+
+use chrono::{DateTime, Utc};
+
+/// Why a rule refuses what someone asked, in words that say what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The request itself is wrong, whatever the state (HTTP 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// The request does not fit the current state (HTTP 409).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// A time for people: `2026-11-21 10:00:00 UTC`.
+pub fn utc(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
