@@ -18,14 +18,27 @@
 //! [images]                                        # optional: where freezes write SIF images
 //! store = "/var/lib/ongrid/images"                # the manager's image_store (shared)
 //! max_concurrent = 2                              # freezes at once on this node
+//! [network]                                       # optional; the defaults:
+//! subnet_pool = "10.213.0.0/16"                   # each session's network takes a /29 of it
+//! allow = ["0.0.0.0/0"]                           # where dev containers may connect to ...
+//! deny = ["10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/3"]
+//! [reserved]                                      # optional: kept for the node itself
+//! cpus = "0.5"
+//! memory = "1GiB"
 //! ```
+//!
+//! `[network]`: the most specific `allow` or `deny` entry containing a destination decides, a
+//! destination in none is refused; link-local addresses (169.254.0.0/16) and the node's own
+//! addresses are always refused (see [`crate::network`]). `[reserved]`: a session's CPU and
+//! memory limits are lowered to what the node has minus this, never below half the node
+//! ([`crate::runtime::LimitCeiling`]).
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ongrid_core::NodeName;
+use ongrid_core::{MemorySize, NodeName};
 use ongrid_service::config_file::{self, FileError};
 use ongrid_service::TokenError;
 use reqwest::Url;
@@ -36,6 +49,8 @@ use serde::Deserialize;
 pub use ongrid_service::Token;
 
 use crate::gpu::GpuBackendConfig;
+use crate::network::NetworkPolicy;
+use crate::runtime::Reserved;
 use crate::streams::tls::{self, TlsError};
 
 /// Why the configuration was refused. Each message names the file or key to fix.
@@ -97,6 +112,12 @@ pub enum ConfigError {
     ImageStore(PathBuf),
     #[error("[images] max_concurrent must be at least 1")]
     MaxConcurrentFreezes,
+    #[error(transparent)]
+    Network(#[from] crate::network::PolicyError),
+    #[error("[reserved] cpus {0:?} is not a number of CPUs like 0.5 or 2")]
+    ReservedCpus(String),
+    #[error("[reserved] memory")]
+    ReservedMemory(#[source] ongrid_core::quantity::MemorySizeError),
     #[error("[streams] TLS identity")]
     StreamsTls(#[source] TlsError),
 }
@@ -126,6 +147,90 @@ struct ConfigFile {
     gpu: GpuBackendConfig,
     streams: Option<StreamsFile>,
     images: Option<ImagesFile>,
+    #[serde(default)]
+    network: NetworkFile,
+    #[serde(default)]
+    reserved: ReservedFile,
+}
+
+/// The `[network]` table as written; absent keys take the defaults of [`NetworkPolicy`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkFile {
+    #[serde(default = "default_subnet_pool")]
+    subnet_pool: String,
+    #[serde(default = "default_allow")]
+    allow: Vec<String>,
+    #[serde(default = "default_deny")]
+    deny: Vec<String>,
+}
+
+impl Default for NetworkFile {
+    fn default() -> Self {
+        Self {
+            subnet_pool: default_subnet_pool(),
+            allow: default_allow(),
+            deny: default_deny(),
+        }
+    }
+}
+
+fn default_subnet_pool() -> String {
+    NetworkPolicy::DEFAULT_SUBNET_POOL.to_owned()
+}
+
+fn default_allow() -> Vec<String> {
+    NetworkPolicy::DEFAULT_ALLOW.map(str::to_owned).to_vec()
+}
+
+fn default_deny() -> Vec<String> {
+    NetworkPolicy::DEFAULT_DENY.map(str::to_owned).to_vec()
+}
+
+/// The `[reserved]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReservedFile {
+    #[serde(default = "default_reserved_cpus")]
+    cpus: String,
+    #[serde(default = "default_reserved_memory")]
+    memory: String,
+}
+
+impl Default for ReservedFile {
+    fn default() -> Self {
+        Self {
+            cpus: default_reserved_cpus(),
+            memory: default_reserved_memory(),
+        }
+    }
+}
+
+fn default_reserved_cpus() -> String {
+    "0.5".to_owned()
+}
+
+fn default_reserved_memory() -> String {
+    "1GiB".to_owned()
+}
+
+impl ReservedFile {
+    fn validate(self) -> Result<Reserved, ConfigError> {
+        let cpus: f64 = self
+            .cpus
+            .trim()
+            .parse()
+            .ok()
+            .filter(|c: &f64| c.is_finite() && *c >= 0.0 && *c <= 100_000.0)
+            .ok_or_else(|| ConfigError::ReservedCpus(self.cpus.clone()))?;
+        let memory = MemorySize::parse(&self.memory).map_err(ConfigError::ReservedMemory)?;
+        Ok(Reserved {
+            // Bounded above, so the conversion is exact enough and cannot overflow.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            millicpus: (cpus * 1000.0).round() as u64,
+            memory_bytes: memory.bytes(),
+        })
+    }
 }
 
 /// The `[images]` table as written: the image store freezes write to.
@@ -167,6 +272,10 @@ pub struct Config {
     pub streams: Option<StreamsConfig>,
     /// The image store for freezes; `None` when `[images]` is absent (freezes are refused).
     pub images: Option<crate::freeze::ImagesConfig>,
+    /// Where dev containers may connect to, and their networks' address pool.
+    pub network: NetworkPolicy,
+    /// CPU and memory kept for the node itself.
+    pub reserved: Reserved,
 }
 
 /// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
@@ -273,6 +382,12 @@ impl Config {
                 })
             }
         };
+        let network = NetworkPolicy::parse(
+            &file.network.subnet_pool,
+            &file.network.allow,
+            &file.network.deny,
+        )?;
+        let reserved = file.reserved.validate()?;
         Ok(Self {
             node_name,
             manager_url,
@@ -281,6 +396,8 @@ impl Config {
             gpu: file.gpu,
             streams,
             images,
+            network,
+            reserved,
         })
     }
 }
@@ -340,6 +457,38 @@ mod tests {
             .parse(&files.config("[images]\nstore = \"/x\"\nmax_concurrent = 0\n"))
             .unwrap_err();
         assert!(zero.to_string().contains("at least 1"), "{zero}");
+    }
+
+    #[test]
+    fn network_and_reserve_have_defaults_and_are_checked() {
+        let files = Files::new();
+        let config = files.parse(&files.config("")).unwrap();
+        assert_eq!(config.network, NetworkPolicy::default_policy());
+        assert_eq!(config.reserved, Reserved::DEFAULT);
+
+        let text = files.config(
+            "[network]\nallow = [\"10.1.2.0/24\"]\ndeny = []\n\
+             [reserved]\ncpus = \"2\"\nmemory = \"4GiB\"\n",
+        );
+        let config = files.parse(&text).unwrap();
+        assert!(config.network.allows("10.1.2.3".parse().unwrap()));
+        assert!(!config.network.allows("1.1.1.1".parse().unwrap()));
+        assert_eq!(config.network.subnet_pool.to_string(), "10.213.0.0/16");
+        assert_eq!(config.reserved.millicpus, 2000);
+        assert_eq!(config.reserved.memory_bytes, 4 << 30);
+
+        let bad = files
+            .parse(&files.config("[network]\ndeny = [\"10.0.0.1/8\"]\n"))
+            .unwrap_err();
+        assert!(bad.to_string().contains("10.0.0.0/8"), "{bad}");
+        let bad = files
+            .parse(&files.config("[reserved]\ncpus = \"lots\"\n"))
+            .unwrap_err();
+        assert!(matches!(bad, ConfigError::ReservedCpus(_)), "{bad:?}");
+        let bad = files
+            .parse(&files.config("[network]\nports = []\n"))
+            .unwrap_err();
+        assert!(matches!(bad, ConfigError::Parse { .. }), "{bad:?}");
     }
 
     #[test]

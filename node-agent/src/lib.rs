@@ -4,6 +4,7 @@
 //! - [`config`]: the TOML file, validated into [`Config`].
 //! - [`gpu`]: GPU discovery behind `GpuBackend` (nvidia-smi, simulated).
 //! - [`runtime`]: dev containers behind `ContainerRuntime` (Docker; a fake for unit tests).
+//! - [`network`]: each session's own Docker network and the host firewall rules isolating it.
 //! - [`reconcile`]: desired vs observed, the operations, and the report of what is there.
 //! - [`activity`]: CPU and GPU use of the running dev containers, for idle detection.
 //! - [`freeze`]: the freeze worker (session → SIF image and Docker image).
@@ -19,6 +20,7 @@ pub mod config;
 pub mod freeze;
 pub mod gpu;
 pub mod manager_client;
+pub mod network;
 pub mod reconcile;
 pub mod runtime;
 pub mod streams;
@@ -39,6 +41,7 @@ pub use config::Config;
 
 use crate::gpu::GpuBackend;
 use crate::manager_client::{ClientError, ManagerClient};
+use crate::network::HostFirewall;
 use crate::reconcile::Reconciler;
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::{error_chain, ContainerRuntime, GpuAccess};
@@ -62,6 +65,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .context("connecting to Docker")?;
     let runtime: Arc<dyn ContainerRuntime> = Arc::new(runtime);
+    let guard = node_guard(&config, &*runtime).await?;
     let manager = ManagerClient::new(&config.manager_url, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
     let streams = TaskTracker::new();
@@ -94,6 +98,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         manager,
         stream_url,
         images: config.images,
+        guard,
     }
     .run(shutdown.clone())
     .await;
@@ -109,6 +114,36 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     result
 }
 
+/// The firewall rules, address pool and limit ceiling of the node's dev containers. The rules
+/// are checked (and installed) now, so a node that cannot isolate its containers says so at
+/// once; the agent still starts (it reports, and serves the containers that run), but starts no
+/// container until the rules are in place (checked again every sync).
+async fn node_guard(
+    config: &Config,
+    runtime: &dyn ContainerRuntime,
+) -> anyhow::Result<reconcile::NodeGuard> {
+    let firewall = network::iptables::Iptables::new(&config.node_name, &config.network);
+    match firewall.ensure().await {
+        Ok(_) => info!(node = %config.node_name, interfaces = %firewall.rules().interfaces,
+                       "Firewall rules of session networks in place."),
+        Err(e) => error!(node = %config.node_name, error = %error_chain(&e),
+                         "Cannot apply the firewall rules of session networks; no dev container will start until they are."),
+    }
+    let resources = runtime
+        .node_resources()
+        .await
+        .context("reading the node's CPUs and memory from Docker")?;
+    let ceiling = runtime::LimitCeiling::for_node(resources, config.reserved);
+    info!(node = %config.node_name, max_millicpus = ceiling.millicpus,
+          max_memory = %ongrid_core::MemorySize(ceiling.memory_bytes),
+          "Session limits leave room for the node ([reserved]).");
+    Ok(reconcile::NodeGuard {
+        firewall: Arc::new(firewall),
+        subnet_pool: config.network.subnet_pool,
+        ceiling,
+    })
+}
+
 /// The agent's parts, built by [`run`] from the config (tests build them directly).
 pub struct Agent {
     pub node: NodeName,
@@ -119,6 +154,8 @@ pub struct Agent {
     pub stream_url: Option<String>,
     /// The image store for freezes (`[images]`); `None`: freeze orders fail, saying so.
     pub images: Option<freeze::ImagesConfig>,
+    /// Network isolation and limits of the dev containers.
+    pub guard: reconcile::NodeGuard,
 }
 
 /// What the sync loop remembers between syncs.
@@ -147,7 +184,12 @@ impl Agent {
         } else {
             GpuAccess::EnvironmentOnly
         };
-        let mut reconciler = Reconciler::new(self.runtime.clone(), self.node.clone(), gpu_access);
+        let mut reconciler = Reconciler::new(
+            self.runtime.clone(),
+            self.node.clone(),
+            gpu_access,
+            self.guard.clone(),
+        );
         let mut state = LoopState {
             registered: None,
             last_gpus: Vec::new(),

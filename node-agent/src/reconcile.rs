@@ -25,11 +25,12 @@ use ongrid_core::api::{
     ContainerLimits, ContainerState, DesiredSession, ObservedContainer, RunState,
 };
 use ongrid_core::{NodeName, SessionId};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
+use crate::network::{FirewallState, HostFirewall, Ipv4Net, NetworkSpec};
 use crate::runtime::{
     error_chain, held_image, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess,
-    RuntimeError,
+    LimitCeiling, NetworkStatus, RuntimeError,
 };
 
 /// How long a dev container gets to stop before it is killed.
@@ -63,6 +64,36 @@ pub enum Operation {
         container_id: String,
         held_image: Option<String>,
     },
+    /// Remove the network of a session that is no longer desired (after its container).
+    RemoveNetwork {
+        session_id: Option<SessionId>,
+        network_id: String,
+    },
+}
+
+/// The networks to remove: those of sessions no longer desired, and any without a session.
+/// A desired session keeps its network while its container is stopped. Run after [`plan`]'s
+/// operations, which remove the containers using them.
+pub fn stale_networks(desired: &[DesiredSession], networks: &[NetworkStatus]) -> Vec<Operation> {
+    let wanted: HashSet<SessionId> = desired.iter().map(|s| s.session_id).collect();
+    networks
+        .iter()
+        .filter(|network| !network.session_id.is_some_and(|id| wanted.contains(&id)))
+        .map(|network| Operation::RemoveNetwork {
+            session_id: network.session_id,
+            network_id: network.id.clone(),
+        })
+        .collect()
+}
+
+/// What keeps dev containers from hurting the node and each other: the firewall rules their
+/// networks need (`crate::network`), where the networks' addresses come from, and the ceiling
+/// of their CPU and memory limits.
+#[derive(Clone)]
+pub struct NodeGuard {
+    pub firewall: Arc<dyn HostFirewall>,
+    pub subnet_pool: Ipv4Net,
+    pub ceiling: LimitCeiling,
 }
 
 /// The operations that bring `observed` to `desired`, stops and removals first (they free
@@ -202,6 +233,12 @@ pub struct Reconciler {
     runtime: Arc<dyn ContainerRuntime>,
     node: NodeName,
     gpu_access: GpuAccess,
+    guard: NodeGuard,
+    /// Why the firewall rules are not in place, as of this pass's check; containers are not
+    /// started while it is `Some`.
+    firewall_problem: Option<String>,
+    /// Whether the rules have been seen in place once (later reinstalls are warned about).
+    firewall_checked: bool,
     /// The desired sessions of the last pass.
     desired: Vec<DesiredSession>,
     /// Sessions the manager asked to stop: their exited containers may be started again.
@@ -215,11 +252,19 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn new(runtime: Arc<dyn ContainerRuntime>, node: NodeName, gpu_access: GpuAccess) -> Self {
+    pub fn new(
+        runtime: Arc<dyn ContainerRuntime>,
+        node: NodeName,
+        gpu_access: GpuAccess,
+        guard: NodeGuard,
+    ) -> Self {
         Self {
             runtime,
             node,
             gpu_access,
+            guard,
+            firewall_problem: Some("the firewall rules have not been checked yet".to_owned()),
+            firewall_checked: false,
             desired: Vec::new(),
             resumable: HashSet::new(),
             problems: HashMap::new(),
@@ -247,19 +292,24 @@ impl Reconciler {
         );
         self.desired = desired.to_vec();
         let previous = std::mem::take(&mut self.problems);
+        self.check_firewall().await;
+        let networks = self.runtime.list_networks().await?;
 
-        for operation in plan(desired, &observed, &self.resumable) {
+        let operations = plan(desired, &observed, &self.resumable)
+            .into_iter()
+            .chain(stale_networks(desired, &networks));
+        for operation in operations {
             let session_id = match &operation {
                 Operation::Create(s) | Operation::Recreate { session: s, .. } => Some(s.session_id),
                 Operation::Start { session_id, .. } => Some(*session_id),
-                Operation::Stop { session_id, .. } | Operation::Remove { session_id, .. } => {
-                    *session_id
-                }
+                Operation::Stop { session_id, .. }
+                | Operation::Remove { session_id, .. }
+                | Operation::RemoveNetwork { session_id, .. } => *session_id,
             };
             if let Err(e) = self.execute(operation).await {
                 let problem = error_chain(&e);
                 let Some(id) = session_id else {
-                    warn!(error = %problem, "Could not clean up a stray ongrid container.");
+                    warn!(error = %problem, "Could not clean up a stray ongrid container or network.");
                     continue;
                 };
                 if previous.get(&id) == Some(&problem) {
@@ -271,6 +321,41 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+
+    /// Checks the firewall rules (reinstalling what is missing) and remembers the outcome.
+    async fn check_firewall(&mut self) {
+        match self.guard.firewall.ensure().await {
+            Ok(state) => {
+                if self.firewall_checked && state == FirewallState::Installed {
+                    warn!(node = %self.node, "The firewall rules of session networks were missing or changed; installed them again.");
+                } else if self.firewall_problem.is_some() {
+                    info!(node = %self.node, "Firewall rules of session networks in place.");
+                }
+                self.firewall_problem = None;
+                self.firewall_checked = true;
+            }
+            Err(e) => {
+                let problem = error_chain(&e);
+                if self.firewall_problem.as_deref() != Some(problem.as_str()) {
+                    error!(node = %self.node, error = %problem,
+                           "Cannot apply the firewall rules of session networks; no dev container is started until they are.");
+                }
+                self.firewall_problem = Some(problem);
+            }
+        }
+    }
+
+    /// Before a container starts: the firewall rules are in place and its network exists.
+    async fn isolate(&self, session_id: SessionId) -> Result<(), RuntimeError> {
+        if let Some(problem) = &self.firewall_problem {
+            return Err(RuntimeError::Setup {
+                action: "isolating the session's network".to_owned(),
+                problem: problem.clone(),
+            });
+        }
+        let network = NetworkSpec::for_session(&self.node, session_id, self.guard.subnet_pool);
+        self.runtime.ensure_network(&network).await
     }
 
     async fn execute(&mut self, operation: Operation) -> Result<(), RuntimeError> {
@@ -286,6 +371,7 @@ impl Reconciler {
             } => {
                 let id = session.session_id;
                 let held = held_image(id);
+                self.isolate(id).await?;
                 // Until the commit succeeded the old container is the only copy: keep it.
                 self.runtime.commit_to_image(&container_id, &held).await?;
                 self.runtime.remove(&container_id).await?;
@@ -299,6 +385,7 @@ impl Reconciler {
                 session_id,
                 container_id,
             } => {
+                self.isolate(session_id).await?;
                 self.runtime.start(&container_id).await?;
                 self.resumable.remove(&session_id);
                 info!(session = %session_id, container = %container_id, "Dev container started again.");
@@ -322,6 +409,13 @@ impl Reconciler {
                     info!(session = ?session_id, image = %held, "Held image removed.");
                 }
             }
+            Operation::RemoveNetwork {
+                session_id,
+                network_id,
+            } => {
+                self.runtime.remove_network(&network_id).await?;
+                info!(session = ?session_id, network = %network_id, "Session network removed.");
+            }
         }
         Ok(())
     }
@@ -332,7 +426,9 @@ impl Reconciler {
         &self,
         session: &DesiredSession,
     ) -> Result<ContainerSpec, RuntimeError> {
+        self.isolate(session.session_id).await?;
         let mut spec = ContainerSpec::for_session(&self.node, session, self.gpu_access);
+        spec.limits = self.guard.ceiling.cap(spec.limits);
         let held = held_image(session.session_id);
         if self.runtime.image_exists(&held).await? {
             spec.image = held;
@@ -411,8 +507,10 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::network::fake::FakeFirewall;
     use crate::runtime::fake::{desired_session, FakeRuntime};
     use ongrid_core::GpuId;
+    use std::sync::atomic::Ordering;
 
     const GPU: &str = "GPU-11111111-2222-3333-4444-555555555501";
     const OTHER_GPU: &str = "GPU-11111111-2222-3333-4444-555555555502";
@@ -665,11 +763,111 @@ mod tests {
     }
 
     fn reconciler(runtime: &Arc<FakeRuntime>) -> Reconciler {
+        reconciler_with(runtime, Arc::new(FakeFirewall::default()))
+    }
+
+    fn reconciler_with(runtime: &Arc<FakeRuntime>, firewall: Arc<FakeFirewall>) -> Reconciler {
         Reconciler::new(
             runtime.clone(),
             NodeName::parse("node1").unwrap(),
             GpuAccess::EnvironmentOnly,
+            NodeGuard {
+                firewall,
+                subnet_pool: "10.213.0.0/16".parse().unwrap(),
+                ceiling: LimitCeiling::NONE,
+            },
         )
+    }
+
+    #[tokio::test]
+    async fn each_session_gets_its_network_before_its_container_and_loses_it_after() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        let network = crate::network::network_name(a.session_id);
+        assert_eq!(
+            runtime.take_network_calls(),
+            [format!("ensure_network {network}")]
+        );
+        assert_eq!(runtime.spec_of("c1").unwrap().network, network);
+        let networks = runtime.networks();
+        assert_eq!(networks.len(), 1);
+        assert_eq!(networks[0].session_id, Some(a.session_id));
+
+        // Held: the container and its network stay.
+        reconciler.converge(&[stopped(a.clone())]).await.unwrap();
+        assert_eq!(runtime.networks().len(), 1);
+        runtime.take_network_calls();
+
+        // Ended: the container goes, then its network; a network left by an earlier agent
+        // run for a session that is gone is removed too.
+        let stray = runtime.insert_network("ongrid-net-old", Some(SessionId::new_random()));
+        reconciler.converge(&[]).await.unwrap();
+        assert!(runtime.containers().is_empty());
+        assert!(runtime.networks().is_empty(), "{:?}", runtime.networks());
+        let calls = runtime.take_network_calls();
+        assert!(
+            calls.contains(&format!("remove_network {stray}")),
+            "{calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_container_starts_while_the_firewall_rules_cannot_be_applied() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let firewall = Arc::new(FakeFirewall::default());
+        firewall.broken.store(true, Ordering::SeqCst);
+        let mut reconciler = reconciler_with(&runtime, firewall.clone());
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(
+            runtime.take_calls(),
+            Vec::<String>::new(),
+            "nothing created"
+        );
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report.len(), 1, "{report:?}");
+        assert_eq!(report[0].state, ContainerState::Missing);
+        let error = report[0].error.clone().unwrap();
+        assert!(error.contains("isolating the session's network"), "{error}");
+        assert!(error.contains("DOCKER-USER"), "{error}");
+
+        // Checked again every pass: once the rules apply, the container starts.
+        firewall.broken.store(false, Ordering::SeqCst);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(
+            runtime.take_calls(),
+            [
+                format!("create {}", a.session_id.container_name()),
+                "start c1".into()
+            ]
+        );
+        assert_eq!(firewall.checks.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn limits_are_lowered_to_the_ceiling() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = Reconciler::new(
+            runtime.clone(),
+            NodeName::parse("node1").unwrap(),
+            GpuAccess::EnvironmentOnly,
+            NodeGuard {
+                firewall: Arc::new(FakeFirewall::default()),
+                subnet_pool: "10.213.0.0/16".parse().unwrap(),
+                ceiling: LimitCeiling {
+                    millicpus: 1000,
+                    memory_bytes: 1 << 30,
+                },
+            },
+        );
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        let limits = runtime.spec_of("c1").unwrap().limits;
+        assert_eq!(limits.millicpus, 1000);
+        assert_eq!(limits.memory.bytes(), 1 << 30);
+        assert_eq!(limits.pids, a.limits.pids);
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, ExecConfig, HostConfig, Mount,
     MountTypeEnum, MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
 };
+use bollard::models::{Ipam, IpamConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CommitContainerOptionsBuilder, StatsOptionsBuilder};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -28,6 +29,7 @@ use bollard::query_parameters::{
     StartContainerOptionsBuilder, StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
     WaitContainerOptionsBuilder,
 };
+use bollard::query_parameters::{InspectNetworkOptions, ListNetworksOptionsBuilder};
 use bollard::Docker;
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
@@ -42,6 +44,8 @@ use super::{
     ExecStatus, GpuAccess, RuntimeError, SessionContainer, TtySize, LABEL_HELPER, LABEL_MANAGED,
     LABEL_NODE, LABEL_OWNER, LABEL_SESSION, LABEL_SESSION_NAME, LABEL_USER,
 };
+use super::{NetworkStatus, NodeResources};
+use crate::network::{Ipv4Net, NetworkSpec};
 
 /// How long the agent waits for a helper container to finish.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -711,6 +715,134 @@ impl ContainerRuntime for DockerRuntime {
     fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(self.remove_image_by_id(image_id))
     }
+
+    fn list_networks(&self) -> BoxFuture<'_, Result<Vec<NetworkStatus>, RuntimeError>> {
+        Box::pin(self.list_session_networks())
+    }
+
+    fn ensure_network<'a>(
+        &'a self,
+        spec: &'a NetworkSpec,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.ensure_session_network(spec))
+    }
+
+    fn remove_network<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.remove_session_network(id))
+    }
+
+    fn node_resources(&self) -> BoxFuture<'_, Result<NodeResources, RuntimeError>> {
+        Box::pin(async move {
+            let info = self.docker.info().await.map_err(docker_error(
+                "reading the node's CPUs and memory".to_owned(),
+            ))?;
+            let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
+            Ok(NodeResources {
+                millicpus: positive(info.ncpu).saturating_mul(1000),
+                memory_bytes: positive(info.mem_total),
+            })
+        })
+    }
+}
+
+/// Session networks: one bridge per session, see `crate::network`.
+impl DockerRuntime {
+    async fn list_session_networks(&self) -> Result<Vec<NetworkStatus>, RuntimeError> {
+        let filters = HashMap::from([(
+            "label",
+            vec![
+                format!("{LABEL_MANAGED}=true"),
+                format!("{LABEL_NODE}={}", self.node),
+            ],
+        )]);
+        let options = ListNetworksOptionsBuilder::new().filters(&filters).build();
+        let networks = self
+            .docker
+            .list_networks(Some(options))
+            .await
+            .map_err(docker_error("listing ongrid networks".to_owned()))?;
+        Ok(networks
+            .into_iter()
+            .filter_map(|network| {
+                let session_id = network
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(LABEL_SESSION))
+                    .and_then(|value| value.parse::<SessionId>().ok());
+                Some(NetworkStatus {
+                    id: network.id?,
+                    name: network.name.unwrap_or_default(),
+                    session_id,
+                })
+            })
+            .collect())
+    }
+
+    async fn ensure_session_network(&self, spec: &NetworkSpec) -> Result<(), RuntimeError> {
+        match self
+            .docker
+            .inspect_network(&spec.name, None::<InspectNetworkOptions>)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(docker_error(format!("inspecting network {}", spec.name))(e)),
+        }
+        let action = format!("creating network {}", spec.name);
+        let all = self
+            .docker
+            .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
+            .await
+            .map_err(docker_error(action.clone()))?;
+        let used: Vec<Ipv4Net> = all
+            .iter()
+            .filter_map(|network| network.ipam.as_ref()?.config.as_ref())
+            .flatten()
+            .filter_map(|config| config.subnet.as_deref()?.parse().ok())
+            .collect();
+        let subnet = crate::network::pick_subnet(spec.subnet_pool, spec.session_id, &used)
+            .ok_or_else(|| RuntimeError::Setup {
+                action: action.clone(),
+                problem: format!(
+                    "no free /{} left in subnet_pool {}: give [network] subnet_pool a larger range",
+                    crate::network::SESSION_SUBNET_PREFIX,
+                    spec.subnet_pool
+                ),
+            })?;
+        let request = NetworkCreateRequest {
+            name: spec.name.clone(),
+            driver: Some("bridge".to_owned()),
+            internal: Some(false),
+            attachable: Some(false),
+            enable_ipv6: Some(false),
+            ipam: Some(Ipam {
+                driver: Some("default".to_owned()),
+                config: Some(vec![IpamConfig {
+                    subnet: Some(subnet.to_string()),
+                    gateway: Some(subnet.host(1).to_string()),
+                    ..Default::default()
+                }]),
+                options: None,
+            }),
+            options: Some(spec.driver_options().into_iter().collect()),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_network(request)
+            .await
+            .map_err(docker_error(action))?;
+        info!(network = %spec.name, bridge = %spec.bridge, %subnet, "Created session network.");
+        Ok(())
+    }
+
+    async fn remove_session_network(&self, id: &str) -> Result<(), RuntimeError> {
+        match self.docker.remove_network(id).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(docker_error(format!("removing network {id}"))(e)),
+        }
+    }
 }
 
 /// Session lifecycle: CPU time for activity sampling, and the held image of a release onto
@@ -935,6 +1067,13 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         labels: Some(spec.labels.clone().into_iter().collect()),
         host_config: Some(HostConfig {
             mounts: Some(vec![home_mount(spec)]),
+            // The session's own network, and no IPv6 in it: the node's firewall rules for
+            // session networks are IPv4 (see `crate::network`).
+            network_mode: Some(spec.network.clone()),
+            sysctls: Some(HashMap::from([(
+                "net.ipv6.conf.all.disable_ipv6".to_owned(),
+                "1".to_owned(),
+            )])),
             device_requests,
             nano_cpus: positive(u64::from(spec.limits.millicpus) * 1_000_000),
             memory,

@@ -17,7 +17,7 @@ use tokio::io::AsyncReadExt;
 
 use super::{
     ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
-    ExecStatus, RuntimeError, SessionContainer, TtySize,
+    ExecStatus, NetworkStatus, NodeResources, RuntimeError, SessionContainer, TtySize,
 };
 
 /// A session of the manager's desired state, as tests need one.
@@ -65,6 +65,12 @@ struct State {
     files: BTreeMap<(String, String), FakeFile>,
     /// CPU time used by running containers, by id, as tests set it.
     cpu_times: BTreeMap<String, Duration>,
+    /// Session networks by id (`n1`, `n2`, ...: a counter of their own, so container ids do
+    /// not depend on them).
+    networks: BTreeMap<String, NetworkStatus>,
+    next_network_id: u32,
+    /// Network calls (`ensure_network <name>`, `remove_network <id>`), apart from `calls`.
+    network_calls: Vec<String>,
 }
 
 /// A file or directory an archive upload put into a container of the fake.
@@ -178,6 +184,29 @@ impl FakeRuntime {
     /// The calls made so far, like `create ongrid-...`, `stop c1`; then forgets them.
     pub fn take_calls(&self) -> Vec<String> {
         std::mem::take(&mut self.state().calls)
+    }
+
+    /// The network calls made so far; then forgets them.
+    pub fn take_network_calls(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().network_calls)
+    }
+
+    pub fn networks(&self) -> Vec<NetworkStatus> {
+        self.state().networks.values().cloned().collect()
+    }
+
+    /// Adds a network as if an earlier agent had made it.
+    pub fn insert_network(&self, name: &str, session_id: Option<SessionId>) -> String {
+        let mut s = self.state();
+        s.next_network_id += 1;
+        let id = format!("n{}", s.next_network_id);
+        let network = NetworkStatus {
+            id: id.clone(),
+            name: name.to_owned(),
+            session_id,
+        };
+        s.networks.insert(id.clone(), network);
+        id
     }
 
     pub fn containers(&self) -> Vec<ContainerStatus> {
@@ -592,6 +621,67 @@ impl ContainerRuntime for FakeRuntime {
 
     fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move { Err(no_freeze(format!("removing image {image_id}"))) })
+    }
+
+    fn list_networks(&self) -> BoxFuture<'_, Result<Vec<NetworkStatus>, RuntimeError>> {
+        let networks = self.networks();
+        Box::pin(async move { Ok(networks) })
+    }
+
+    fn ensure_network<'a>(
+        &'a self,
+        spec: &'a crate::network::NetworkSpec,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.state();
+            s.network_calls
+                .push(format!("ensure_network {}", spec.name));
+            if s.failing.contains("ensure_network") {
+                return Err(RuntimeError::Setup {
+                    action: format!("creating network {}", spec.name),
+                    problem: "the fake was told to fail".into(),
+                });
+            }
+            if !s.networks.values().any(|n| n.name == spec.name) {
+                s.next_network_id += 1;
+                let id = format!("n{}", s.next_network_id);
+                let network = NetworkStatus {
+                    id: id.clone(),
+                    name: spec.name.clone(),
+                    session_id: Some(spec.session_id),
+                };
+                s.networks.insert(id, network);
+            }
+            Ok(())
+        })
+    }
+
+    fn remove_network<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.state();
+            s.network_calls.push(format!("remove_network {id}"));
+            let name = s.networks.get(id).map(|n| n.name.clone());
+            let in_use = s.specs.iter().any(|(cid, spec)| {
+                Some(&spec.network) == name.as_ref() && s.containers.contains_key(cid)
+            });
+            if in_use {
+                return Err(RuntimeError::Setup {
+                    action: format!("removing network {id}"),
+                    problem: "a container still uses it".into(),
+                });
+            }
+            s.networks.remove(id);
+            Ok(())
+        })
+    }
+
+    fn node_resources(&self) -> BoxFuture<'_, Result<NodeResources, RuntimeError>> {
+        Box::pin(async move {
+            Ok(NodeResources {
+                millicpus: 8000,
+                memory_bytes: 32 << 30,
+            })
+        })
     }
 }
 

@@ -87,6 +87,8 @@ pub struct ContainerSpec {
     pub gpu_access: GpuAccess,
     pub limits: ContainerLimits,
     pub command: Vec<String>,
+    /// The session's own Docker network (`crate::network::NetworkSpec`), its only network.
+    pub network: String,
 }
 
 impl ContainerSpec {
@@ -129,6 +131,7 @@ impl ContainerSpec {
             gpu_access,
             limits: session.limits,
             command: KEEPALIVE_COMMAND.iter().map(|s| (*s).to_owned()).collect(),
+            network: crate::network::network_name(session.session_id),
         }
     }
 
@@ -268,6 +271,81 @@ pub struct ImageDetails {
     pub cmd: Vec<String>,
     pub user: Option<String>,
     pub labels: BTreeMap<String, String>,
+}
+
+/// One of this node's session networks as the runtime sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkStatus {
+    pub id: String,
+    pub name: String,
+    /// From the `ongrid.session` label; `None` when absent or unparsable.
+    pub session_id: Option<SessionId>,
+}
+
+/// What the node has in total, as the container engine sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeResources {
+    /// Thousandths of a CPU.
+    pub millicpus: u64,
+    pub memory_bytes: u64,
+}
+
+/// What the node keeps for itself: the agent, Docker, sshd and the kernel need CPU and memory
+/// even when dev containers are busy (`[reserved]` of the agent's config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    pub millicpus: u64,
+    pub memory_bytes: u64,
+}
+
+impl Reserved {
+    /// Half a CPU and 1 GiB.
+    pub const DEFAULT: Self = Self {
+        millicpus: 500,
+        memory_bytes: 1 << 30,
+    };
+}
+
+/// The most CPU and memory one dev container may be given on this node.
+///
+/// The rule: a session's limit is the manager's `session_limits`, lowered to what the node has
+/// minus `[reserved]`, but never below half of the node (a node smaller than its reserve still
+/// runs sessions). On a 2-CPU node with the default reserve a session gets at most 1.5 CPUs; on
+/// a 64-CPU node, 63.5.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitCeiling {
+    pub millicpus: u64,
+    pub memory_bytes: u64,
+}
+
+impl LimitCeiling {
+    pub fn for_node(node: NodeResources, reserved: Reserved) -> Self {
+        let ceiling = |total: u64, reserve: u64| total.saturating_sub(reserve).max(total / 2);
+        Self {
+            millicpus: ceiling(node.millicpus, reserved.millicpus),
+            memory_bytes: ceiling(node.memory_bytes, reserved.memory_bytes),
+        }
+    }
+
+    /// No ceiling (tests that do not care).
+    pub const NONE: Self = Self {
+        millicpus: u64::MAX,
+        memory_bytes: u64::MAX,
+    };
+
+    /// `limits` lowered to the ceiling; `0` (no limit) becomes the ceiling too.
+    pub fn cap(&self, limits: ContainerLimits) -> ContainerLimits {
+        let lower = |value: u64, ceiling: u64| match value {
+            0 => ceiling,
+            v => v.min(ceiling),
+        };
+        ContainerLimits {
+            millicpus: u32::try_from(lower(u64::from(limits.millicpus), self.millicpus))
+                .unwrap_or(u32::MAX),
+            memory: ongrid_core::MemorySize(lower(limits.memory.bytes(), self.memory_bytes)),
+            pids: limits.pids,
+        }
+    }
 }
 
 /// Why a runtime operation failed.
@@ -440,12 +518,79 @@ pub trait ContainerRuntime: Send + Sync + 'static {
 
     /// Removes an image by id with every tag on it; a missing image is not an error.
     fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    // ---- Session networks (see `crate::network`) ----
+
+    /// Every network of this node labelled `ongrid.managed=true`.
+    fn list_networks(&self) -> BoxFuture<'_, Result<Vec<NetworkStatus>, RuntimeError>>;
+
+    /// Creates the network of `spec` unless one of that name exists, with a /29 of its pool
+    /// that no network of the daemon overlaps.
+    fn ensure_network<'a>(
+        &'a self,
+        spec: &'a crate::network::NetworkSpec,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// Removes a network; a missing one is not an error, one still in use is.
+    fn remove_network<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// The node's CPUs and memory.
+    fn node_resources(&self) -> BoxFuture<'_, Result<NodeResources, RuntimeError>>;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::runtime::fake::desired_session;
+
+    #[test]
+    fn limits_leave_room_for_the_node() {
+        let gib = 1u64 << 30;
+        let small = LimitCeiling::for_node(
+            NodeResources {
+                millicpus: 2000,
+                memory_bytes: 8 * gib,
+            },
+            Reserved::DEFAULT,
+        );
+        assert_eq!((small.millicpus, small.memory_bytes), (1500, 7 * gib));
+        let asked = ContainerLimits {
+            millicpus: 2000,
+            memory: ongrid_core::MemorySize(16 * gib),
+            pids: 512,
+        };
+        let capped = small.cap(asked);
+        assert_eq!(
+            capped.millicpus, 1500,
+            "2 CPUs on a 2-CPU node is the whole node"
+        );
+        assert_eq!(capped.memory.bytes(), 7 * gib);
+        assert_eq!(capped.pids, 512);
+        let modest = ContainerLimits {
+            millicpus: 500,
+            memory: ongrid_core::MemorySize(gib),
+            pids: 64,
+        };
+        assert_eq!(small.cap(modest), modest, "limits below the ceiling stay");
+        let unlimited = ContainerLimits {
+            millicpus: 0,
+            memory: ongrid_core::MemorySize(0),
+            pids: 64,
+        };
+        assert_eq!(
+            small.cap(unlimited).millicpus,
+            1500,
+            "no limit is not the whole node"
+        );
+        let tiny = LimitCeiling::for_node(
+            NodeResources {
+                millicpus: 500,
+                memory_bytes: gib / 2,
+            },
+            Reserved::DEFAULT,
+        );
+        assert_eq!((tiny.millicpus, tiny.memory_bytes), (250, gib / 4));
+    }
 
     #[test]
     fn spec_carries_identity_labels_and_environment() {

@@ -16,6 +16,7 @@ fn reconciler(node: &TestNode) -> Reconciler {
         node.runtime.clone(),
         node.node.clone(),
         GpuAccess::EnvironmentOnly,
+        node.guard(),
     )
 }
 

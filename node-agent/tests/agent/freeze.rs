@@ -28,6 +28,7 @@ async fn running_session(node: &TestNode) -> DesiredSession {
         node.runtime.clone(),
         node.node.clone(),
         GpuAccess::EnvironmentOnly,
+        node.guard(),
     );
     reconciler
         .converge(std::slice::from_ref(&session))
@@ -723,6 +724,7 @@ async fn a_held_session_freezes_from_its_stopped_container_and_stays_stopped() {
         node.runtime.clone(),
         node.node.clone(),
         GpuAccess::EnvironmentOnly,
+        node.guard(),
     );
     reconciler
         .converge(std::slice::from_ref(&session))

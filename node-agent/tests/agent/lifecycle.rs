@@ -26,6 +26,7 @@ fn reconciler(node: &TestNode) -> Reconciler {
         node.runtime.clone(),
         node.node.clone(),
         GpuAccess::EnvironmentOnly,
+        node.guard(),
     )
 }
 
@@ -168,6 +169,7 @@ async fn the_agent_reports_cpu_and_gpu_activity_without_registering_again() {
         })
         .expect("simulated backend"),
         runtime: test_node.runtime.clone(),
+        guard: test_node.guard(),
         manager: manager.client(),
         stream_url: None,
         images: None,

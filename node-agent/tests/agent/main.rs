@@ -11,6 +11,7 @@
 
 mod docker;
 mod freeze;
+mod isolation;
 mod lifecycle;
 mod manager;
 mod streams;
@@ -20,7 +21,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ongrid_agent::network::iptables::Iptables;
+use ongrid_agent::network::NetworkPolicy;
+use ongrid_agent::reconcile::NodeGuard;
 use ongrid_agent::runtime::docker::DockerRuntime;
+use ongrid_agent::runtime::LimitCeiling;
 use ongrid_core::api::{ContainerLimits, ContainerUser, DesiredSession, RunState};
 use ongrid_core::{Dn, GpuId, MemorySize, NodeName, SessionId, SessionName, UserName};
 
@@ -63,20 +68,30 @@ pub fn exists(kind: &str, name: &str) -> bool {
         .success()
 }
 
-/// One test's node on the shared Docker daemon; removes what it made when dropped.
+/// One test's node on the shared Docker daemon; removes what it made when dropped: its
+/// containers, networks, firewall rules and the home volumes of its users.
 pub struct TestNode {
     pub node: NodeName,
     pub runtime: Arc<DockerRuntime>,
+    /// The node's firewall rules, as the agent installs them (tests run as root).
+    pub firewall: Arc<Iptables>,
     cleanup: Cleanup,
 }
 
 impl TestNode {
     /// Connects to Docker (panicking with the fix when it or the image is missing).
     pub async fn new() -> Self {
+        Self::with_policy(NetworkPolicy::default_policy()).await
+    }
+
+    /// A node whose dev containers may connect where `policy` says.
+    pub async fn with_policy(policy: NetworkPolicy) -> Self {
         let node = NodeName::parse(&format!("test-{}", unique())).expect("valid node name");
+        let firewall = Arc::new(Iptables::new(&node, &policy));
         let cleanup = Cleanup {
             node: node.to_string(),
             volumes: Mutex::default(),
+            firewall: firewall.clone(),
         };
         let runtime = DockerRuntime::connect(node.clone())
             .await
@@ -93,7 +108,18 @@ impl TestNode {
         Self {
             node,
             runtime: Arc::new(runtime),
+            firewall,
             cleanup,
+        }
+    }
+
+    /// What the reconciler needs to isolate this node's containers: the real firewall rules,
+    /// the default address pool, and no limit ceiling (tests choose their limits).
+    pub fn guard(&self) -> NodeGuard {
+        NodeGuard {
+            firewall: self.firewall.clone(),
+            subnet_pool: NetworkPolicy::default_policy().subnet_pool,
+            ceiling: LimitCeiling::NONE,
         }
     }
 
@@ -136,10 +162,12 @@ fn rand_u16() -> u16 {
     u16::from_le_bytes([bytes[0], bytes[1]]) % 40000
 }
 
-/// Removes, on drop, every container labelled with the node and the home volumes of its users.
+/// Removes, on drop, every container and network labelled with the node, its firewall rules,
+/// and the home volumes of its users.
 struct Cleanup {
     node: String,
     volumes: Mutex<Vec<String>>,
+    firewall: Arc<Iptables>,
 }
 
 impl Drop for Cleanup {
@@ -155,6 +183,13 @@ impl Drop for Cleanup {
         let containers = run(&["ps", "-aq", "--filter", &label]);
         for id in containers.split_whitespace() {
             run(&["rm", "-f", "-v", id]);
+        }
+        let networks = run(&["network", "ls", "-q", "--filter", &label]);
+        for id in networks.split_whitespace() {
+            run(&["network", "rm", id]);
+        }
+        if let Err(e) = self.firewall.remove() {
+            eprintln!("could not remove the firewall rules of {}: {e}", self.node);
         }
         let volumes = std::mem::take(self.volumes.get_mut().unwrap_or_else(|e| e.into_inner()));
         for volume in volumes {

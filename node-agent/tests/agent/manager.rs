@@ -327,6 +327,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
             })
             .expect("simulated backend"),
             runtime: test_node.runtime.clone(),
+            guard: test_node.guard(),
             manager: manager.client(),
             stream_url: Some("wss://node1.example.org:8444".to_owned()),
             images: None,

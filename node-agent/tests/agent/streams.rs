@@ -57,6 +57,7 @@ impl Fixture {
             node.runtime.clone(),
             node.node.clone(),
             GpuAccess::EnvironmentOnly,
+            node.guard(),
         );
         reconciler
             .converge(std::slice::from_ref(&session))
@@ -804,6 +805,7 @@ async fn wrong_tokens_and_other_owners_are_refused() {
         other.runtime.clone(),
         other.node.clone(),
         GpuAccess::EnvironmentOnly,
+        other.guard(),
     );
     reconciler
         .converge(std::slice::from_ref(&foreign))

@@ -1,0 +1,223 @@
+//! [`HostFirewall`] with the node's iptables (`/usr/sbin/iptables`, whichever backend the
+//! node's Docker uses; Debian's default is nf_tables).
+//!
+//! [`Iptables::ensure`] compares the chains (`iptables -S <chain>`) and the two jumps
+//! (`iptables -C`) with the [`Ruleset`]; when anything differs it replaces both chains in one
+//! `iptables-restore --noflush` transaction (never an empty, open moment) and inserts a missing
+//! jump first in its chain. [`Iptables::remove`] takes everything out again (tests; an operator
+//! retiring a node).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use futures::future::BoxFuture;
+use ongrid_core::NodeName;
+
+use super::{
+    FirewallError, FirewallState, HostFirewall, NetworkPolicy, Ruleset, DOCKER_USER, INPUT,
+};
+
+/// Where Debian puts iptables.
+pub const IPTABLES: &str = "/usr/sbin/iptables";
+
+/// The rules of one node on this host's iptables.
+#[derive(Debug, Clone)]
+pub struct Iptables {
+    rules: Ruleset,
+    iptables: PathBuf,
+    restore: PathBuf,
+}
+
+impl Iptables {
+    pub fn new(node: &NodeName, policy: &NetworkPolicy) -> Self {
+        Self {
+            rules: Ruleset::new(node, policy),
+            iptables: PathBuf::from(IPTABLES),
+            restore: PathBuf::from(format!("{IPTABLES}-restore")),
+        }
+    }
+
+    pub fn rules(&self) -> &Ruleset {
+        &self.rules
+    }
+
+    /// Checks the rules and installs what is missing or different (blocking: a few short
+    /// iptables runs).
+    pub fn ensure_blocking(&self) -> Result<FirewallState, FirewallError> {
+        if !self.chain_exists(DOCKER_USER)? {
+            return Err(FirewallError::NoDockerUser);
+        }
+        let chains_ok = self.chain_is(&self.rules.input_chain, &self.rules.input_rules)?
+            && self.chain_is(&self.rules.forward_chain, &self.rules.forward_rules)?;
+        if !chains_ok {
+            // The jumps can only be checked once their targets exist.
+            self.restore(&self.rules.restore_script())?;
+        }
+        let input_jump = self.has_rule(INPUT, &self.rules.input_jump())?;
+        if !input_jump {
+            self.insert_first(INPUT, &self.rules.input_jump())?;
+        }
+        let forward_jump = self.has_rule(DOCKER_USER, &self.rules.forward_jump())?;
+        if !forward_jump {
+            self.insert_first(DOCKER_USER, &self.rules.forward_jump())?;
+        }
+        if chains_ok && input_jump && forward_jump {
+            return Ok(FirewallState::InPlace);
+        }
+        let read_back = self.chain_is(&self.rules.input_chain, &self.rules.input_rules)?
+            && self.chain_is(&self.rules.forward_chain, &self.rules.forward_rules)?;
+        if !read_back {
+            return Err(FirewallError::Mismatch(format!(
+                "{} or {}",
+                self.rules.input_chain, self.rules.forward_chain
+            )));
+        }
+        Ok(FirewallState::Installed)
+    }
+
+    /// Removes the jumps and the chains (whatever is there; missing parts are not an error).
+    pub fn remove(&self) -> Result<(), FirewallError> {
+        // A jump can only exist while its target chain does.
+        if self.chain_exists(&self.rules.input_chain)? {
+            while self.has_rule(INPUT, &self.rules.input_jump())? {
+                self.run(&["-D", INPUT], &self.rules.input_jump())?;
+            }
+        }
+        if self.chain_exists(&self.rules.forward_chain)? && self.chain_exists(DOCKER_USER)? {
+            while self.has_rule(DOCKER_USER, &self.rules.forward_jump())? {
+                self.run(&["-D", DOCKER_USER], &self.rules.forward_jump())?;
+            }
+        }
+        for chain in [&self.rules.input_chain, &self.rules.forward_chain] {
+            if self.chain_exists(chain)? {
+                self.run(&["-F", chain], "")?;
+                self.run(&["-X", chain], "")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn chain_exists(&self, chain: &str) -> Result<bool, FirewallError> {
+        Ok(self.output(&["-S", chain])?.is_some())
+    }
+
+    /// Whether `chain` holds exactly `rules`, in order.
+    fn chain_is(&self, chain: &str, rules: &[String]) -> Result<bool, FirewallError> {
+        let Some(listing) = self.output(&["-S", chain])? else {
+            return Ok(false);
+        };
+        let prefix = format!("-A {chain} ");
+        let present: Vec<&str> = listing
+            .lines()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .collect();
+        Ok(present == rules.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    fn has_rule(&self, chain: &str, rule: &str) -> Result<bool, FirewallError> {
+        let mut args = vec!["-C", chain];
+        args.extend(rule.split_whitespace());
+        Ok(self.output(&args)?.is_some())
+    }
+
+    fn insert_first(&self, chain: &str, rule: &str) -> Result<(), FirewallError> {
+        self.run(&["-I", chain, "1"], rule)
+    }
+
+    /// Runs iptables with `args` and then the words of `rule`; fails with its stderr.
+    fn run(&self, args: &[&str], rule: &str) -> Result<(), FirewallError> {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(rule.split_whitespace());
+        let output = self.command(&all)?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(self.failed(&all, &output.stderr))
+        }
+    }
+
+    /// iptables' stdout when it succeeds, `None` when it exits with 1 (no such chain or rule);
+    /// anything else (no permission, no binary) is an error.
+    fn output(&self, args: &[&str]) -> Result<Option<String>, FirewallError> {
+        let output = self.command(args)?;
+        match output.status.code() {
+            Some(0) => Ok(Some(String::from_utf8_lossy(&output.stdout).into_owned())),
+            Some(1) => Ok(None),
+            _ => Err(self.failed(args, &output.stderr)),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Result<std::process::Output, FirewallError> {
+        Command::new(&self.iptables)
+            // Waits for the xtables lock instead of failing when Docker holds it.
+            .arg("-w")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| FirewallError::Spawn {
+                program: self.iptables.display().to_string(),
+                source,
+            })
+    }
+
+    fn restore(&self, script: &str) -> Result<(), FirewallError> {
+        let program = self.restore.display().to_string();
+        let spawn = |source| FirewallError::Spawn {
+            program: program.clone(),
+            source,
+        };
+        let mut child = Command::new(&self.restore)
+            .args(["-w", "--noflush"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(script.as_bytes()).map_err(spawn)?;
+        }
+        let output = child.wait_with_output().map_err(spawn)?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(FirewallError::Failed {
+                program,
+                args: "-w --noflush".to_owned(),
+                stderr: stderr_text(&output.stderr),
+            })
+        }
+    }
+
+    fn failed(&self, args: &[&str], stderr: &[u8]) -> FirewallError {
+        FirewallError::Failed {
+            program: self.iptables.display().to_string(),
+            args: args.join(" "),
+            stderr: stderr_text(stderr),
+        }
+    }
+}
+
+/// iptables' complaint without the nf_tables backend's warning about legacy tables.
+fn stderr_text(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter(|line| !line.starts_with("# Warning:"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl HostFirewall for Iptables {
+    fn ensure(&self) -> BoxFuture<'_, Result<FirewallState, FirewallError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || this.ensure_blocking())
+                .await
+                .unwrap_or_else(|e| {
+                    Err(FirewallError::Mismatch(format!(
+                        "the check did not finish: {e}"
+                    )))
+                })
+        })
+    }
+}
