@@ -4,9 +4,13 @@
 //! authenticates) and again after russh verified the signature; only the latter, followed by
 //! [`Authenticator::institute_of`], lets a connection in.
 //!
-//! Answers are cached per key: an accepted key for [`ACCEPTED_TTL`] (never past its expiry), a
-//! refused one for [`REFUSED_TTL`] only, so a key that was just added works within seconds and
-//! a removed or expired one stops working within half a minute.
+//! Answers are cached per key for [`CACHE_TTL`] (an accepted key never past its expiry), so a
+//! key that was just added, removed or that expired counts for new connections within a
+//! second. The manager is still asked at most once a second per key however many connections
+//! use it: concurrent lookups of one key share one call ([`KeyCache::get_or_fetch`]), and a
+//! connection's key offer and its signed login are answered by one lookup. Connections already
+//! open when a key is removed run on: closing them needs the manager to tell the gateway
+//! (there is no such push yet).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,10 +26,9 @@ use crate::allowlist::{SharedAllowlist, Verdict};
 use crate::manager::ManagerClient;
 use crate::throttle::{Throttle, ThrottledBy};
 
-/// How long an accepted key is believed without asking the manager again.
-pub const ACCEPTED_TTL: Duration = Duration::from_secs(30);
-/// How long a refusal is remembered (short: a user who just ran `devctl key add` retries).
-pub const REFUSED_TTL: Duration = Duration::from_secs(3);
+/// How long the manager's answer about a key (accepted or refused) is believed without asking
+/// again: the longest a removed key keeps opening connections.
+pub const CACHE_TTL: Duration = Duration::from_secs(1);
 /// The longest a login waits for the manager's answer.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 const CACHE_LIMIT: usize = 10_000;
@@ -99,7 +102,7 @@ impl Authenticator {
         if let Err(throttled) = self.throttle.check(source, login) {
             let by = match throttled.by {
                 ThrottledBy::Address => format!("from {source}"),
-                ThrottledBy::User => format!("for user {login:?}"),
+                ThrottledBy::UserAtAddress => format!("for user {login:?} from {source}"),
             };
             tracing::warn!(%source, login, %fingerprint, retry_after_secs = throttled.retry_after.as_secs(), "Login refused: too many failed logins {by}.");
             return Err(Refusal {
@@ -117,20 +120,15 @@ impl Authenticator {
                 });
             }
         };
-        let now = Instant::now();
-        let verdict = match self.cache.get(&public_key, now) {
-            Some(verdict) => verdict,
-            None => {
-                let check = KeyCheck {
-                    public_key: public_key.clone(),
-                    source,
-                    login: login.to_owned(),
-                };
-                let verdict = self.ask_manager(check).await;
-                self.cache.insert(public_key, &verdict, Instant::now());
-                verdict
-            }
+        let check = KeyCheck {
+            public_key: public_key.clone(),
+            source,
+            login: login.to_owned(),
         };
+        let verdict = self
+            .cache
+            .get_or_fetch(public_key, self.ask_manager(check))
+            .await;
         match verdict {
             KeyVerdict::Known(owner) => Ok(owner),
             KeyVerdict::Refused(message) => {
@@ -214,49 +212,80 @@ enum KeyVerdict {
     Unavailable(String),
 }
 
-/// Answers per public key (OpenSSH one-line text), with their expiry.
+/// One key's answer: being fetched (the cell is empty), or fetched at `until`'s time minus
+/// [`CACHE_TTL`].
+type Slot = Arc<tokio::sync::OnceCell<(KeyVerdict, Instant)>>;
+
+/// Answers per public key (OpenSSH one-line text) with their expiry, and the lookups in flight.
 #[derive(Debug, Default)]
 struct KeyCache {
-    entries: Mutex<HashMap<String, (KeyVerdict, Instant)>>,
+    entries: Mutex<HashMap<String, Slot>>,
 }
 
 impl KeyCache {
-    fn get(&self, key: &str, now: Instant) -> Option<KeyVerdict> {
-        let entries = self.lock();
-        let (verdict, until) = entries.get(key)?;
-        if *until <= now {
-            return None;
+    /// The answer about `key`: the cached one while fresh, else the one `fetch` gives, shared
+    /// with every caller asking about `key` meanwhile. `Unavailable` is never remembered.
+    async fn get_or_fetch<F>(&self, key: String, fetch: F) -> KeyVerdict
+    where
+        F: std::future::Future<Output = KeyVerdict>,
+    {
+        let slot = self.slot(&key, Instant::now());
+        let (verdict, _) = slot
+            .get_or_init(|| async {
+                let verdict = fetch.await;
+                (verdict, Instant::now() + CACHE_TTL)
+            })
+            .await
+            .clone();
+        if matches!(verdict, KeyVerdict::Unavailable(_)) {
+            self.forget(&key, &slot);
         }
-        if let KeyVerdict::Known(owner) = verdict {
-            if owner.expires_at <= chrono::Utc::now() {
-                return None;
-            }
-        }
-        Some(verdict.clone())
+        verdict
     }
 
-    /// Remembers `verdict` for its time to live; `Unavailable` is never remembered.
-    fn insert(&self, key: String, verdict: &KeyVerdict, now: Instant) {
-        let ttl = match verdict {
-            KeyVerdict::Known(_) => ACCEPTED_TTL,
-            KeyVerdict::Refused(_) => REFUSED_TTL,
-            KeyVerdict::Unavailable(_) => return,
-        };
+    /// The slot to read or fill for `key`: the current one while it is in flight or fresh, a
+    /// new empty one otherwise.
+    fn slot(&self, key: &str, now: Instant) -> Slot {
         let mut entries = self.lock();
+        if let Some(slot) = entries.get(key) {
+            match slot.get() {
+                None => return slot.clone(),
+                Some((verdict, until)) if *until > now && !expired(verdict) => return slot.clone(),
+                Some(_) => {}
+            }
+        }
         if entries.len() >= CACHE_LIMIT {
-            entries.retain(|_, (_, until)| *until > now);
+            entries.retain(|_, slot| slot.get().is_none_or(|(_, until)| *until > now));
             if entries.len() >= CACHE_LIMIT {
                 entries.clear();
             }
         }
-        entries.insert(key, (verdict.clone(), now + ttl));
+        let slot = Slot::default();
+        entries.insert(key.to_owned(), slot.clone());
+        slot
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (KeyVerdict, Instant)>> {
+    /// Drops `key`'s entry if it is still `slot`.
+    fn forget(&self, key: &str, slot: &Slot) {
+        let mut entries = self.lock();
+        if entries
+            .get(key)
+            .is_some_and(|current| Arc::ptr_eq(current, slot))
+        {
+            entries.remove(key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// Whether an accepted key's own expiry has passed (it is then asked about again).
+fn expired(verdict: &KeyVerdict) -> bool {
+    matches!(verdict, KeyVerdict::Known(owner) if owner.expires_at <= chrono::Utc::now())
 }
 
 #[cfg(test)]
@@ -272,40 +301,122 @@ mod tests {
         }
     }
 
+    fn calls(counter: &std::sync::atomic::AtomicUsize) -> usize {
+        counter.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn accepted_keys_are_cached_longer_than_refusals() {
+    async fn answers_are_believed_for_one_second_only() {
         let cache = KeyCache::default();
         let known = KeyVerdict::Known(owner(chrono::Duration::hours(1)));
-        cache.insert("ssh-ed25519 AAAA1".into(), &known, Instant::now());
-        cache.insert(
-            "ssh-ed25519 AAAA2".into(),
-            &KeyVerdict::Refused("unknown key: run devctl key add".into()),
-            Instant::now(),
-        );
-        cache.insert(
-            "ssh-ed25519 AAAA3".into(),
-            &KeyVerdict::Unavailable("down".into()),
-            Instant::now(),
-        );
+        let refused = KeyVerdict::Refused("unknown key: run devctl key add".into());
+        let ran = std::sync::atomic::AtomicUsize::new(0);
+        let fetch = |verdict: KeyVerdict| {
+            let ran = &ran;
+            async move {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                verdict
+            }
+        };
+        for _ in 0..3 {
+            assert_eq!(
+                cache.get_or_fetch("k1".into(), fetch(known.clone())).await,
+                known
+            );
+        }
+        assert_eq!(calls(&ran), 1);
+        tokio::time::advance(CACHE_TTL - Duration::from_millis(1)).await;
         assert_eq!(
-            cache.get("ssh-ed25519 AAAA1", Instant::now()),
-            Some(known.clone())
+            cache
+                .get_or_fetch("k1".into(), fetch(refused.clone()))
+                .await,
+            known,
+            "fresh: served from the cache"
         );
-        assert!(cache.get("ssh-ed25519 AAAA2", Instant::now()).is_some());
-        assert_eq!(cache.get("ssh-ed25519 AAAA3", Instant::now()), None);
+        assert_eq!(calls(&ran), 1);
+        // The key is removed at the manager: within a second the refusal is what counts.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            cache
+                .get_or_fetch("k1".into(), fetch(refused.clone()))
+                .await,
+            refused
+        );
+        assert_eq!(calls(&ran), 2);
+        // And a refusal is not remembered longer either (the key was added again).
+        tokio::time::advance(CACHE_TTL).await;
+        assert_eq!(
+            cache.get_or_fetch("k1".into(), fetch(known.clone())).await,
+            known
+        );
+        assert_eq!(calls(&ran), 3);
+    }
 
-        tokio::time::advance(REFUSED_TTL).await;
-        assert_eq!(cache.get("ssh-ed25519 AAAA2", Instant::now()), None);
-        assert!(cache.get("ssh-ed25519 AAAA1", Instant::now()).is_some());
-        tokio::time::advance(ACCEPTED_TTL - REFUSED_TTL).await;
-        assert_eq!(cache.get("ssh-ed25519 AAAA1", Instant::now()), None);
+    #[tokio::test(start_paused = true)]
+    async fn failures_to_ask_are_never_remembered() {
+        let cache = KeyCache::default();
+        let down = KeyVerdict::Unavailable("down".into());
+        assert_eq!(
+            cache.get_or_fetch("k".into(), async { down.clone() }).await,
+            down
+        );
+        let known = KeyVerdict::Known(owner(chrono::Duration::hours(1)));
+        assert_eq!(
+            cache
+                .get_or_fetch("k".into(), async { known.clone() })
+                .await,
+            known
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_lookups_of_one_key_share_one_call() {
+        let cache = Arc::new(KeyCache::default());
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let answer = Arc::new(tokio::sync::Semaphore::new(0));
+        let known = KeyVerdict::Known(owner(chrono::Duration::hours(1)));
+        let lookups: Vec<_> = (0..20)
+            .map(|_| {
+                let (cache, asked, answer, known) =
+                    (cache.clone(), asked.clone(), answer.clone(), known.clone());
+                tokio::spawn(async move {
+                    cache
+                        .get_or_fetch("k".into(), async move {
+                            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let _permit = answer.acquire().await;
+                            known
+                        })
+                        .await
+                })
+            })
+            .collect();
+        // Every lookup waits on the one call in flight until the manager answers.
+        while calls(&asked) == 0 {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        answer.add_permits(1);
+        for lookup in lookups {
+            assert_eq!(lookup.await.unwrap(), known);
+        }
+        assert_eq!(calls(&asked), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_expired_key_is_never_served_from_the_cache() {
         let cache = KeyCache::default();
         let expired = KeyVerdict::Known(owner(chrono::Duration::seconds(-1)));
-        cache.insert("k".into(), &expired, Instant::now());
-        assert_eq!(cache.get("k", Instant::now()), None);
+        cache
+            .get_or_fetch("k".into(), async { expired.clone() })
+            .await;
+        let refused = KeyVerdict::Refused("expired".into());
+        assert_eq!(
+            cache
+                .get_or_fetch("k".into(), async { refused.clone() })
+                .await,
+            refused
+        );
     }
 }

@@ -4,11 +4,9 @@
 //! A channel's task takes what the client sends on it from its [`ChannelInput`] queue, which
 //! the russh handler fills from its callbacks (`input.rs` explains the bounds): requests
 //! (`pty-req`, `env`, `shell`, `exec`, `subsystem`, `window-change`, `signal`), data, EOF and
-//! close, in the order the client sent them. Every request that may want a reply gets exactly
-//! one, through the connection's `Handle`; `shell`, `exec` and `subsystem` are answered only
-//! once the agent said `Ready`. When the agent cannot start them the answer is still success,
-//! then the reason on stderr and exit status 1, as from a login shell that fails: after a
-//! `failure` reply OpenSSH discards the channel's stderr and prints only "exec request failed".
+//! close, in the order the client sent them. The handler has already answered every request
+//! (`requests.rs`) and queued only those it granted. When the agent cannot start the program,
+//! the reason goes on stderr with exit status 1, as from a login shell that fails.
 //!
 //! Output goes to the client through the channel's `ChannelWriteHalf`, which waits for this
 //! channel's SSH window before queueing each packet: a client that stops reading one channel
@@ -29,9 +27,7 @@ use std::time::Duration;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use ongrid_core::api::Route;
-use ongrid_core::stream::{
-    env_allowed, ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD,
-};
+use ongrid_core::stream::{ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
 use ongrid_core::Dn;
 use russh::server::{ChannelOpenHandle, Handle, Msg};
 use russh::{ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
@@ -43,10 +39,6 @@ use crate::deadlines::{
 };
 use crate::input::{ChannelInput, Input, Request, HARD_LIMIT, STALL_AFTER};
 
-/// At most this many `env` requests are honoured per channel.
-const MAX_ENV: usize = 64;
-const MAX_ENV_NAME: usize = 256;
-const MAX_ENV_VALUE: usize = 4096;
 /// How long closing the agent's WebSocket may take once the channel is done.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an interactive shell waits for the manager's first answer to show its banner; the
@@ -111,16 +103,6 @@ impl ChannelEnds {
         }
     }
 
-    /// Answers the last channel request that wants a reply (russh ignores it when none does).
-    async fn reply(&self, handle: &Handle, ok: bool) {
-        let id = self.id();
-        let _ = if ok {
-            self.paced(handle.channel_success(id)).await
-        } else {
-            self.paced(handle.channel_failure(id)).await
-        };
-    }
-
     /// Writes stdout (`ext` `None`) or stderr (`Some(1)`), waiting for this channel's window.
     async fn write(&self, ext: Option<u32>, data: Vec<u8>) -> Result<(), ()> {
         let result = match ext {
@@ -178,128 +160,152 @@ pub async fn session(ends: ChannelEnds, context: ChannelContext) {
 }
 
 async fn run_session(ends: &ChannelEnds, context: &ChannelContext) {
-    let id = ends.id();
+    let Some(start) = wait_for_start(ends, context).await else {
+        return;
+    };
+    let Some(stream) = start_on_agent(ends, context, &start).await else {
+        return;
+    };
+    run_started(ends, context, &start, stream).await;
+}
+
+/// What a session channel's client asked for before its program started.
+struct Start {
+    kind: StreamKind,
+    env: Vec<(String, String)>,
+    /// The client sent EOF before the program existed: passed on once it does.
+    eof_before_start: bool,
+}
+
+impl Start {
+    fn with_pty(&self) -> bool {
+        match &self.kind {
+            StreamKind::Shell { pty } | StreamKind::Exec { pty, .. } => pty.is_some(),
+            _ => false,
+        }
+    }
+
+    /// A shell with a terminal: it gets the banner and the hold warning.
+    fn interactive(&self) -> bool {
+        matches!(&self.kind, StreamKind::Shell { pty: Some(_) })
+    }
+}
+
+/// Takes the granted `pty-req` and `env` requests until `shell`, `exec` or `subsystem`; `None`
+/// when the channel ends first (or the command cannot be run, which the client is told).
+async fn wait_for_start(ends: &ChannelEnds, context: &ChannelContext) -> Option<Start> {
     let mut pty: Option<Pty> = None;
     let mut env: Vec<(String, String)> = Vec::new();
     let mut eof_before_start = false;
-    let kind = loop {
-        let Some(input) = ends.input.recv().await else {
-            return;
-        };
-        let request = match input {
+    loop {
+        let request = match ends.input.recv().await? {
             Input::Request(request) => request,
             Input::Eof => {
                 eof_before_start = true;
                 continue;
             }
-            Input::Close => return,
+            Input::Close => return None,
             Input::Overflowed => {
                 overflowed(ends, context, pty.is_some()).await;
-                return;
+                return None;
             }
             // Data before a process exists has nowhere to go.
             Input::Data(_) => continue,
         };
-        match request {
+        let kind = match request {
             Request::Pty { term, cols, rows } => {
-                let ok = pty.is_none();
-                if ok {
-                    pty = Some(Pty { term, cols, rows });
-                }
-                ends.reply(&context.handle, ok).await;
+                pty = Some(Pty { term, cols, rows });
+                continue;
             }
             Request::Env { name, value } => {
-                let ok = env_allowed(&name)
-                    && env.len() < MAX_ENV
-                    && name.len() <= MAX_ENV_NAME
-                    && value.len() <= MAX_ENV_VALUE;
-                if ok {
-                    env.push((name, value));
-                } else {
-                    tracing::debug!(connection = %context.connection_id, channel = id.number(), variable = %name, "env request refused.");
-                }
-                ends.reply(&context.handle, ok).await;
-            }
-            Request::Shell => break StreamKind::Shell { pty: pty.clone() },
-            Request::Exec(command) => match String::from_utf8(command) {
-                Ok(command) => {
-                    break StreamKind::Exec {
-                        command,
-                        pty: pty.clone(),
-                    }
-                }
-                Err(_) => {
-                    ends.reply(&context.handle, true).await;
-                    ends.say("ongrid: the command is not valid UTF-8", pty.is_some())
-                        .await;
-                    ends.exit(&context.handle, Some(ExitStatus::Code { code: 1 }))
-                        .await;
-                    return;
-                }
-            },
-            Request::Subsystem(name) if name == "sftp" => break StreamKind::Subsystem { name },
-            Request::Subsystem(name) => {
-                tracing::info!(connection = %context.connection_id, channel = id.number(), subsystem = %name, "Unknown subsystem refused.");
-                ends.reply(&context.handle, false).await;
+                env.push((name, value));
+                continue;
             }
             Request::WindowChange { cols, rows } => {
                 if let Some(pty) = &mut pty {
                     pty.cols = cols;
                     pty.rows = rows;
                 }
+                continue;
             }
-            Request::X11 => {
-                tracing::info!(connection = %context.connection_id, channel = id.number(), "X11 forwarding refused.");
-                ends.reply(&context.handle, false).await;
-            }
-            Request::Signal(_) => {}
-        }
-    };
-    let with_pty = match &kind {
-        StreamKind::Shell { pty } | StreamKind::Exec { pty, .. } => pty.is_some(),
-        _ => false,
-    };
-    let interactive = matches!(&kind, StreamKind::Shell { pty: Some(_) });
-    let description = describe(&kind);
-    if let StreamKind::Exec { command, .. } = &kind {
+            Request::Signal(_) | Request::X11 => continue,
+            Request::Shell => StreamKind::Shell { pty },
+            Request::Subsystem(name) => StreamKind::Subsystem { name },
+            Request::Exec(command) => match String::from_utf8(command) {
+                Ok(command) => StreamKind::Exec { command, pty },
+                Err(_) => {
+                    let with_pty = pty.is_some();
+                    ends.say("ongrid: the command is not valid UTF-8", with_pty)
+                        .await;
+                    ends.exit(&context.handle, Some(ExitStatus::Code { code: 1 }))
+                        .await;
+                    return None;
+                }
+            },
+        };
+        return Some(Start {
+            kind,
+            env,
+            eof_before_start,
+        });
+    }
+}
+
+/// Opens the agent stream that runs `start`'s program; `None` when the agent cannot, after
+/// telling the client why (stderr, exit status 1).
+async fn start_on_agent(
+    ends: &ChannelEnds,
+    context: &ChannelContext,
+    start: &Start,
+) -> Option<AgentStream> {
+    let id = ends.id();
+    let description = describe(&start.kind);
+    if let StreamKind::Exec { command, .. } = &start.kind {
         tracing::debug!(connection = %context.connection_id, channel = id.number(), %command, "exec requested.");
     }
     let open = StreamOpen {
         session_id: context.route.session_id,
         owner: context.owner.clone(),
-        kind,
-        env,
+        kind: start.kind.clone(),
+        env: start.env.clone(),
     };
-    let stream = match context.agents.open(&context.route.agent_url, &open).await {
-        Ok(stream) => stream,
+    match context.agents.open(&context.route.agent_url, &open).await {
+        Ok(stream) => {
+            tracing::info!(connection = %context.connection_id, channel = id.number(), what = %description, "Channel started.");
+            Some(stream)
+        }
         Err(error) => {
             let message = user_message(&error, &context.route);
             tracing::warn!(connection = %context.connection_id, channel = id.number(), what = %description, node = %context.route.node, error = format!("{:#}", anyhow::Error::from(error)), "Starting a process on the agent failed.");
-            // Not a `failure` reply: OpenSSH would drop the stderr below (see the module doc).
-            ends.reply(&context.handle, true).await;
-            ends.say(&message, with_pty).await;
+            ends.say(&message, start.with_pty()).await;
             ends.exit(&context.handle, Some(ExitStatus::Code { code: 1 }))
                 .await;
-            return;
+            None
         }
-    };
-    ends.reply(&context.handle, true).await;
-    tracing::info!(connection = %context.connection_id, channel = id.number(), what = %description, "Channel started.");
+    }
+}
+
+/// Relays a started program until it ends, then ends the channel accordingly.
+async fn run_started(
+    ends: &ChannelEnds,
+    context: &ChannelContext,
+    start: &Start,
+    stream: AgentStream,
+) {
+    let id = ends.id();
+    let (with_pty, interactive) = (start.with_pty(), start.interactive());
     if interactive {
         show_banner(ends, context).await;
     }
-    let (end, agent) = relay(
-        Relay {
-            ends,
-            stream,
-            context,
-            session: true,
-            with_pty,
-            interactive,
-        },
-        eof_before_start,
-    )
-    .await;
+    let relay_of = Relay {
+        ends,
+        stream,
+        context,
+        session: true,
+        with_pty,
+        interactive,
+    };
+    let (end, agent) = relay(relay_of, start.eof_before_start).await;
     match end {
         RelayEnd::ClientClosed => {
             tracing::info!(connection = %context.connection_id, channel = id.number(), "Channel closed by the client.");
@@ -409,18 +415,12 @@ pub async fn refused_session(ends: ChannelEnds, handle: Handle, message: String)
     let mut with_pty = false;
     while let Some(input) = ends.input.recv().await {
         match input {
-            Input::Request(Request::Pty { .. }) => {
-                with_pty = true;
-                ends.reply(&handle, true).await;
-            }
-            Input::Request(Request::Env { .. }) => ends.reply(&handle, true).await,
+            Input::Request(Request::Pty { .. }) => with_pty = true,
             Input::Request(Request::Shell | Request::Exec(_) | Request::Subsystem(_)) => {
-                ends.reply(&handle, true).await;
                 ends.say(&message, with_pty).await;
                 ends.exit(&handle, Some(ExitStatus::Code { code: 1 })).await;
                 break;
             }
-            Input::Request(Request::X11) => ends.reply(&handle, false).await,
             Input::Close | Input::Overflowed => break,
             _ => {}
         }
@@ -551,12 +551,8 @@ async fn upstream(
                 Frame::Resize { cols, rows }
             }
             Some(Input::Request(Request::Signal(name))) if session => Frame::Signal(name),
-            Some(Input::Request(Request::WindowChange { .. } | Request::Signal(_))) => continue,
-            Some(Input::Request(_)) => {
-                // Once started, a channel takes no new program, terminal or environment.
-                ends.reply(&context.handle, false).await;
-                continue;
-            }
+            // Nothing else is granted once started (`requests.rs`).
+            Some(Input::Request(_)) => continue,
         };
         if send_frame(sink, &frame).await.is_err() {
             return Upstream::AgentGone;

@@ -10,6 +10,8 @@
 //! allowlist_refresh = "5 seconds"
 //! activity_report = "60 seconds"              # byte totals of open connections to the manager
 //! warn_before = "10 minutes"                  # warn interactive shells this long before a hold
+//! max_startups = "100:30:1000"                # connections not logged in yet, in total: start:rate:full
+//! per_source_max_startups = 50                # connections not logged in yet, from one address
 //! [proxy_protocol]                            # optional; off when absent
 //! trusted = ["192.0.2.10/32"]                 # load balancers allowed to send PROXY v2 headers
 //! ```
@@ -23,6 +25,8 @@ use ongrid_service::config_file::{self, FileError};
 use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
+
+use crate::startups::StartupLimits;
 
 /// The gateway's bearer token. `Debug` and `Display` print `<secret>` so it never reaches a log.
 pub use ongrid_service::Token;
@@ -89,6 +93,10 @@ pub enum ConfigError {
     ActivityReportRange(HumanDuration),
     #[error("warn_before {0} is out of range: use at most 1 day")]
     WarnBeforeRange(HumanDuration),
+    #[error("max_startups {0}")]
+    MaxStartups(String),
+    #[error("per_source_max_startups must be at least 1")]
+    PerSourceMaxStartups,
     #[error("[proxy_protocol] trusted has no entry: list the load balancers' addresses, or remove the table to turn PROXY protocol off")]
     NoTrustedProxies,
     #[error("[proxy_protocol] trusted entry is not a network")]
@@ -125,6 +133,8 @@ struct ConfigFile {
     allowlist_refresh: Option<String>,
     activity_report: Option<String>,
     warn_before: Option<String>,
+    max_startups: Option<String>,
+    per_source_max_startups: Option<u32>,
     proxy_protocol: Option<ProxyProtocolFile>,
 }
 
@@ -152,6 +162,9 @@ pub struct Config {
     pub activity_report: Duration,
     /// How long before a planned hold interactive shells are warned.
     pub warn_before: Duration,
+    /// The cap on connections that have not authenticated yet (`max_startups`,
+    /// `per_source_max_startups`).
+    pub startups: StartupLimits,
     /// PROXY protocol v2 from trusted load balancers; `None` means off.
     pub proxy_protocol: Option<ProxyProtocol>,
 }
@@ -227,6 +240,23 @@ impl Config {
             Some(before) if before.as_duration() <= MAX_WARN_BEFORE => before.as_duration(),
             Some(before) => return Err(ConfigError::WarnBeforeRange(before)),
         };
+        let defaults = StartupLimits::default();
+        let (start, rate, full) = match &file.max_startups {
+            None => (defaults.start, defaults.rate, defaults.full),
+            Some(text) => {
+                StartupLimits::parse_max_startups(text).map_err(ConfigError::MaxStartups)?
+            }
+        };
+        let per_source = file.per_source_max_startups.unwrap_or(defaults.per_source);
+        if per_source == 0 {
+            return Err(ConfigError::PerSourceMaxStartups);
+        }
+        let startups = StartupLimits {
+            start,
+            rate,
+            full,
+            per_source,
+        };
         let proxy_protocol = match file.proxy_protocol {
             None => None,
             Some(table) => {
@@ -251,6 +281,7 @@ impl Config {
             allowlist_refresh,
             activity_report,
             warn_before,
+            startups,
             proxy_protocol,
         })
     }
@@ -299,6 +330,7 @@ token_file = "{dir}/token"
         assert_eq!(config.activity_report, Duration::from_secs(60));
         assert_eq!(config.warn_before, Duration::from_secs(600));
         assert!(config.proxy_protocol.is_none());
+        assert_eq!(config.startups, StartupLimits::default());
         assert_eq!(format!("{:?}", config.token), "<secret>");
         assert!(!format!("{config:?}").contains("gw-s3cret"));
     }
@@ -335,6 +367,34 @@ token_file = "{dir}/token"
         assert!(message("activity_report = \"0 seconds\"").contains("out of range"));
         assert!(message("activity_report = \"2 hours\"").contains("out of range"));
         assert!(message("warn_before = \"2 days\"").contains("warn_before"));
+    }
+
+    #[test]
+    fn startup_limits() {
+        let files = Files::new();
+        let config = files
+            .parse("max_startups = \"10:30:100\"\nper_source_max_startups = 3\n")
+            .unwrap();
+        assert_eq!(
+            config.startups,
+            StartupLimits {
+                start: 10,
+                rate: 30,
+                full: 100,
+                per_source: 3
+            }
+        );
+        let config = files.parse("max_startups = \"20\"\n").unwrap();
+        assert_eq!((config.startups.start, config.startups.full), (20, 20));
+        assert_eq!(config.startups.rate, 100);
+        let message = |extra: &str| {
+            let error = files.parse(extra).unwrap_err();
+            format!("{:#}", anyhow::Error::from(error))
+        };
+        assert!(message("max_startups = \"10:30\"").contains("max_startups"));
+        assert!(message("max_startups = \"100:30:10\"").contains("full must be at least start"));
+        assert!(message("per_source_max_startups = 0").contains("per_source_max_startups"));
+        assert!(message("per_source_max_startups = -1").contains("not valid"));
     }
 
     #[test]

@@ -49,7 +49,9 @@ use crate::auth::{Identity, Refusal, RefusalKind};
 use crate::channel::{self, ChannelContext, ChannelEnds, Traffic};
 use crate::deadlines::{DeadlinesReceiver, DeadlinesSender, DeadlinesState};
 use crate::input::{signal_name, ChannelInput, ChannelTable, Input, PushError, Request};
-use crate::server::Gateway;
+use crate::requests::{Answer, ChannelKind};
+use crate::services::Services;
+use crate::startups::StartupPermit;
 
 /// An unauthenticated connection is closed after this long (like sshd's `LoginGraceTime`).
 pub const LOGIN_GRACE: Duration = Duration::from_secs(120);
@@ -94,8 +96,9 @@ pub enum OpenKind {
 pub async fn serve<S>(
     stream: S,
     peer: Peer,
+    startup: StartupPermit,
     kill: CancellationToken,
-    gateway: Arc<Gateway>,
+    services: Arc<Services>,
     shutdown: CancellationToken,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -106,16 +109,17 @@ pub async fn serve<S>(
     let handler = GatewayHandler {
         connection_id,
         source: peer.source.ip(),
-        gateway: gateway.clone(),
+        services: services.clone(),
         events: events_tx,
         progress: AuthProgress::default(),
         channels: table.clone(),
+        startup: Some(startup),
     };
     tracing::debug!(connection = %connection_id, source = %peer.source, "Connection accepted.");
     // run_stream sends our version and reads the client's before returning.
     let session = match tokio::time::timeout(
         LOGIN_GRACE,
-        russh::server::run_stream(gateway.ssh_config.clone(), stream, handler),
+        russh::server::run_stream(services.ssh_config.clone(), stream, handler),
     )
     .await
     {
@@ -134,7 +138,7 @@ pub async fn serve<S>(
         id: connection_id,
         peer,
         handle: session.handle(),
-        gateway,
+        services,
         identity: None,
         route: RouteState::Unknown,
         pending: Vec::new(),
@@ -166,10 +170,12 @@ struct AuthProgress {
 pub struct GatewayHandler {
     connection_id: uuid::Uuid,
     source: IpAddr,
-    gateway: Arc<Gateway>,
+    services: Arc<Services>,
     events: mpsc::Sender<Event>,
     progress: AuthProgress,
     channels: Arc<ChannelTable>,
+    /// This connection's slot among those not logged in yet; freed at authentication.
+    startup: Option<StartupPermit>,
 }
 
 /// Which phase of public-key authentication a key is checked in.
@@ -211,26 +217,27 @@ impl GatewayHandler {
                 Phase::Offer => !std::mem::replace(&mut self.progress.offer_failure_counted, true),
             };
             if count {
-                self.gateway.auth.failure(self.source, login);
+                self.services.auth.failure(self.source, login);
             }
         }
         self.reject()
     }
 
     async fn check(&mut self, login: &str, key: &russh::keys::PublicKey, phase: Phase) -> Auth {
-        match self.gateway.auth.key_owner(self.source, login, key).await {
+        match self.services.auth.key_owner(self.source, login, key).await {
             Ok(owner) if phase == Phase::Offer => {
                 tracing::debug!(connection = %self.connection_id, owner = %owner.owner, "Key offer accepted; waiting for the signature.");
                 Auth::Accept
             }
             Ok(owner) => {
-                let institute = match self.gateway.auth.institute_of(self.source, login) {
+                let institute = match self.services.auth.institute_of(self.source, login) {
                     Ok(institute) => institute,
                     Err(refusal) => return self.refused(login, &refusal, phase),
                 };
                 if self.progress.offer_failure_counted {
-                    self.gateway.auth.refund(self.source, login);
+                    self.services.auth.refund(self.source, login);
                 }
+                self.startup = None;
                 tracing::info!(
                     connection = %self.connection_id,
                     source = %self.source,
@@ -273,31 +280,44 @@ impl GatewayHandler {
             .await;
     }
 
-    /// Queues what the client sent on `channel` for the channel's task. A request that may want
-    /// a reply and cannot be queued is answered with a failure here, so it still gets one.
-    async fn forward_input(
+    /// Queues data, EOF or close the client sent on `channel` for the channel's task.
+    async fn forward_input(&mut self, channel: ChannelId, input: Input) {
+        let Some(queue) = self.channels.get(channel) else {
+            return;
+        };
+        if queue.push(input).await.is_err() {
+            self.channels.remove(channel, &queue);
+        }
+    }
+
+    /// Answers `request` now (see `requests.rs` for why now) and queues it for the channel's
+    /// task when granted. russh sends the reply only if this request wanted one.
+    async fn forward_request(
         &mut self,
         channel: ChannelId,
-        input: Input,
+        request: Request,
         session: &mut Session,
     ) -> Result<(), russh::Error> {
-        let may_want_reply = matches!(&input, Input::Request(request) if request.may_want_reply());
         let Some(queue) = self.channels.get(channel) else {
-            if may_want_reply {
-                session.channel_failure(channel)?;
-            }
-            return Ok(());
+            return session.channel_failure(channel);
         };
-        match queue.push(input).await {
-            Ok(()) => {}
+        let answer = queue.answer(&request);
+        if let Answer::Refuse(why) = answer {
+            tracing::debug!(connection = %self.connection_id, channel = channel.number(), request = request.name(), ?why, "Channel request refused.");
+            return session.channel_failure(channel);
+        }
+        let queued = match queue.push(Input::Request(request)).await {
+            Ok(()) => true,
             Err(PushError::Gone) | Err(PushError::Overflow) => {
                 self.channels.remove(channel, &queue);
-                if may_want_reply {
-                    session.channel_failure(channel)?;
-                }
+                false
             }
+        };
+        match (answer, queued) {
+            (Answer::NoReply, _) => Ok(()),
+            (_, true) => session.channel_success(channel),
+            (_, false) => session.channel_failure(channel),
         }
-        Ok(())
     }
 
     async fn refuse_open(&self, reply: ChannelOpenHandle, what: &str) {
@@ -450,10 +470,11 @@ impl Handler for GatewayHandler {
         &mut self,
         channel: ChannelId,
         data: &[u8],
-        session: &mut Session,
+        _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.forward_input(channel, Input::Data(data.to_vec()), session)
-            .await
+        self.forward_input(channel, Input::Data(data.to_vec()))
+            .await;
+        Ok(())
     }
 
     async fn extended_data(
@@ -470,17 +491,18 @@ impl Handler for GatewayHandler {
     async fn channel_eof(
         &mut self,
         channel: ChannelId,
-        session: &mut Session,
+        _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.forward_input(channel, Input::Eof, session).await
+        self.forward_input(channel, Input::Eof).await;
+        Ok(())
     }
 
     async fn channel_close(
         &mut self,
         channel: ChannelId,
-        session: &mut Session,
+        _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.forward_input(channel, Input::Close, session).await?;
+        self.forward_input(channel, Input::Close).await;
         if let Some(queue) = self.channels.get(channel) {
             self.channels.remove(channel, &queue);
         }
@@ -504,8 +526,7 @@ impl Handler for GatewayHandler {
             cols: col_width,
             rows: row_height,
         };
-        self.forward_input(channel, Input::Request(request), session)
-            .await
+        self.forward_request(channel, request, session).await
     }
 
     async fn env_request(
@@ -519,8 +540,7 @@ impl Handler for GatewayHandler {
             name: variable_name.to_owned(),
             value: variable_value.to_owned(),
         };
-        self.forward_input(channel, Input::Request(request), session)
-            .await
+        self.forward_request(channel, request, session).await
     }
 
     async fn shell_request(
@@ -528,8 +548,7 @@ impl Handler for GatewayHandler {
         channel: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.forward_input(channel, Input::Request(Request::Shell), session)
-            .await
+        self.forward_request(channel, Request::Shell, session).await
     }
 
     async fn exec_request(
@@ -539,8 +558,7 @@ impl Handler for GatewayHandler {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let request = Request::Exec(data.to_vec());
-        self.forward_input(channel, Input::Request(request), session)
-            .await
+        self.forward_request(channel, request, session).await
     }
 
     async fn subsystem_request(
@@ -550,8 +568,7 @@ impl Handler for GatewayHandler {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let request = Request::Subsystem(name.to_owned());
-        self.forward_input(channel, Input::Request(request), session)
-            .await
+        self.forward_request(channel, request, session).await
     }
 
     async fn x11_request(
@@ -563,8 +580,7 @@ impl Handler for GatewayHandler {
         _x11_screen_number: u32,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.forward_input(channel, Input::Request(Request::X11), session)
-            .await
+        self.forward_request(channel, Request::X11, session).await
     }
 
     async fn window_change_request(
@@ -580,8 +596,7 @@ impl Handler for GatewayHandler {
             cols: col_width,
             rows: row_height,
         };
-        self.forward_input(channel, Input::Request(request), session)
-            .await
+        self.forward_request(channel, request, session).await
     }
 
     async fn signal(
@@ -591,8 +606,7 @@ impl Handler for GatewayHandler {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let request = Request::Signal(signal_name(&signal));
-        self.forward_input(channel, Input::Request(request), session)
-            .await
+        self.forward_request(channel, request, session).await
     }
 
     async fn agent_request(
@@ -656,7 +670,7 @@ struct Connection {
     id: uuid::Uuid,
     peer: Peer,
     handle: Handle,
-    gateway: Arc<Gateway>,
+    services: Arc<Services>,
     identity: Option<Identity>,
     route: RouteState,
     pending: Vec<PendingOpen>,
@@ -754,7 +768,7 @@ impl Connection {
                 };
                 self.identity = Some(identity);
                 self.route = RouteState::Looking;
-                let manager = self.gateway.manager.clone();
+                let manager = self.services.manager.clone();
                 let id = self.id;
                 Some(Box::pin(async move {
                     match tokio::time::timeout(ROUTE_TIMEOUT, manager.route(&request)).await {
@@ -846,12 +860,12 @@ impl Connection {
                     bytes_in: 0,
                     bytes_out: 0,
                 };
-                self.gateway
+                self.services
                     .audit
                     .send_for_deadlines(event.clone(), self.deadlines.clone());
                 self.opened = Some(Opened { event });
                 self.next_activity =
-                    Some(tokio::time::Instant::now() + self.gateway.activity_report);
+                    Some(tokio::time::Instant::now() + self.services.activity_report);
                 let route = Arc::new(route);
                 self.route = RouteState::Ready(route.clone());
                 for open in std::mem::take(&mut self.pending) {
@@ -876,14 +890,18 @@ impl Connection {
             connection_id: self.id,
             route,
             owner: identity.owner.clone(),
-            agents: self.gateway.agents.clone(),
+            agents: self.services.agents.clone(),
             traffic: self.traffic.clone(),
             handle: self.handle.clone(),
             deadlines: self.deadlines_seen.clone(),
-            warn_before: self.gateway.warn_before,
+            warn_before: self.services.warn_before,
         };
         let id = open.writer.id();
-        let input = self.table.register(id);
+        let kind = match open.kind {
+            OpenKind::Session => ChannelKind::Session,
+            OpenKind::DirectTcpip { .. } => ChannelKind::DirectTcpip,
+        };
+        let input = self.table.register(id, kind);
         let ends = ChannelEnds {
             input: input.clone(),
             writer: open.writer,
@@ -909,7 +927,7 @@ impl Connection {
         match open.kind {
             OpenKind::Session => {
                 let id = open.writer.id();
-                let input = self.table.register(id);
+                let input = self.table.register(id, ChannelKind::Session);
                 let ends = ChannelEnds {
                     input: input.clone(),
                     writer: open.writer,
@@ -946,7 +964,7 @@ impl Connection {
     /// Tells the manager the connection is still open, with its byte totals; its answer
     /// refreshes the deadlines. Due again one `activity_report` later.
     fn report_activity(&mut self) {
-        self.next_activity = Some(tokio::time::Instant::now() + self.gateway.activity_report);
+        self.next_activity = Some(tokio::time::Instant::now() + self.services.activity_report);
         let Some(opened) = &self.opened else {
             return;
         };
@@ -958,7 +976,7 @@ impl Connection {
             bytes_out,
             ..opened.event.clone()
         };
-        self.gateway
+        self.services
             .audit
             .send_for_deadlines(event, self.deadlines.clone());
     }
@@ -978,7 +996,7 @@ impl Connection {
             bytes_out,
             "Connection closed."
         );
-        self.gateway.audit.send(ConnectionEvent {
+        self.services.audit.send(ConnectionEvent {
             event: ConnectionEventKind::Close,
             at: chrono::Utc::now(),
             bytes_in,

@@ -30,6 +30,8 @@ use std::time::Duration;
 use russh::{ChannelId, Sig};
 use tokio::sync::Notify;
 
+use crate::requests::{Answer, ChannelKind, RequestGate};
+
 /// Bytes queued on one channel before the handler waits, while no output is stalled.
 pub const SOFT_LIMIT: usize = 2 * 1024 * 1024;
 /// Bytes queued on all channels of a connection before the handler waits, while no output is
@@ -58,7 +60,8 @@ pub enum Input {
     Overflowed,
 }
 
-/// A channel request. Those that may want a reply get exactly one from the channel's task.
+/// A channel request. Those that may want a reply are answered by the handler as they arrive
+/// (`requests.rs`); only granted ones are queued.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Pty {
@@ -84,6 +87,20 @@ pub enum Request {
 }
 
 impl Request {
+    /// The request's name in SSH.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Pty { .. } => "pty-req",
+            Request::Env { .. } => "env",
+            Request::Shell => "shell",
+            Request::Exec(_) => "exec",
+            Request::Subsystem(_) => "subsystem",
+            Request::X11 => "x11-req",
+            Request::WindowChange { .. } => "window-change",
+            Request::Signal(_) => "signal",
+        }
+    }
+
     /// Whether the client may be waiting for a success or failure.
     pub fn may_want_reply(&self) -> bool {
         !matches!(self, Request::WindowChange { .. } | Request::Signal(_))
@@ -136,15 +153,26 @@ pub struct ChannelInput {
     /// Wakes the consumer.
     item: Notify,
     connection: Arc<ConnectionInput>,
+    /// The requests granted so far (only the handler uses it).
+    requests: Mutex<RequestGate>,
 }
 
 impl ChannelInput {
-    pub fn new(connection: Arc<ConnectionInput>) -> Self {
+    pub fn new(connection: Arc<ConnectionInput>, kind: ChannelKind) -> Self {
         Self {
             state: Mutex::new(State::default()),
             item: Notify::new(),
             connection,
+            requests: Mutex::new(RequestGate::new(kind)),
         }
+    }
+
+    /// The gateway's answer to `request` on this channel (see `requests.rs`).
+    pub fn answer(&self, request: &Request) -> Answer {
+        self.requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .answer(request)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -287,9 +315,9 @@ impl ChannelTable {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A new queue for `channel`; register it before accepting the channel.
-    pub fn register(&self, channel: ChannelId) -> Arc<ChannelInput> {
-        let input = Arc::new(ChannelInput::new(self.connection.clone()));
+    /// A new queue for `channel` of `kind`; register it before accepting the channel.
+    pub fn register(&self, channel: ChannelId, kind: ChannelKind) -> Arc<ChannelInput> {
+        let input = Arc::new(ChannelInput::new(self.connection.clone(), kind));
         if self.finished.load(Ordering::SeqCst) {
             input.finish();
         } else {
@@ -349,7 +377,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn order_is_kept_and_the_producer_waits_beyond_the_soft_limit() {
-        let input = Arc::new(ChannelInput::new(Arc::default()));
+        let input = Arc::new(ChannelInput::new(Arc::default(), ChannelKind::Session));
         input.push(Input::Request(Request::Shell)).await.unwrap();
         input.push(data(SOFT_LIMIT - 200)).await.unwrap();
         input.push(data(50)).await.unwrap();
@@ -381,8 +409,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_output_lets_input_through_up_to_the_hard_limit() {
         let connection = Arc::new(ConnectionInput::default());
-        let input = Arc::new(ChannelInput::new(connection.clone()));
-        let other = ChannelInput::new(connection);
+        let input = Arc::new(ChannelInput::new(connection.clone(), ChannelKind::Session));
+        let other = ChannelInput::new(connection, ChannelKind::Session);
         input.push(data(SOFT_LIMIT)).await.unwrap();
         let pushing = tokio::spawn({
             let input = input.clone();
@@ -408,7 +436,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_closed_consumer_releases_a_waiting_producer() {
-        let input = Arc::new(ChannelInput::new(Arc::default()));
+        let input = Arc::new(ChannelInput::new(Arc::default(), ChannelKind::Session));
         input.push(data(SOFT_LIMIT)).await.unwrap();
         let pushing = tokio::spawn({
             let input = input.clone();
@@ -423,7 +451,7 @@ mod tests {
     async fn the_connection_as_a_whole_is_bounded_too() {
         let connection = Arc::new(ConnectionInput::default());
         let channels: Vec<Arc<ChannelInput>> = (0..6)
-            .map(|_| Arc::new(ChannelInput::new(connection.clone())))
+            .map(|_| Arc::new(ChannelInput::new(connection.clone(), ChannelKind::Session)))
             .collect();
         for channel in &channels[..4] {
             channel.push(data(SOFT_LIMIT)).await.unwrap();

@@ -9,9 +9,11 @@
 //! ([`audit`]), and of its traffic while it is open; its answers (the session's deadlines) become
 //! the banner and the hold warning of interactive shells ([`deadlines`]).
 //!
-//! Map: [`config`] (TOML), [`hostkeys`] (created on first start), [`server`] (accept loop),
-//! [`connection`] (the russh handler and the per-connection task), [`input`] (each channel's
-//! bounded input queue and why it cannot deadlock), [`manager`] (HTTPS client),
+//! Map: [`config`] (TOML), [`hostkeys`] (created on first start), [`services`] (what all
+//! connections share), [`server`] (accept loop; [`startups`] caps connections not logged in yet),
+//! [`connection`] (the russh handler and the per-connection task), [`requests`] (which channel
+//! requests are granted, answered as they arrive), [`input`] (each channel's bounded input
+//! queue and why it cannot deadlock), [`manager`] (HTTPS client),
 //! [`tls`] (roots from `ca_dir`).
 
 pub mod agent;
@@ -26,7 +28,10 @@ pub mod hostkeys;
 pub mod input;
 pub mod manager;
 pub mod proxy_protocol;
+pub mod requests;
 pub mod server;
+pub mod services;
+pub mod startups;
 pub mod throttle;
 pub mod tls;
 
@@ -90,11 +95,11 @@ pub async fn run(
     let (audit, audit_events) = audit::queue(audit::QUEUE);
     let reporter = tokio::spawn(audit::report(manager.clone(), audit_events));
 
-    let gateway = Arc::new(server::Gateway {
+    let services = Arc::new(services::Services {
         ssh_config: Arc::new(ssh_config(keys)),
         auth: auth::Authenticator::new(
             manager.clone(),
-            throttle::Throttle::new(throttle::Policy::default()),
+            throttle::Throttle::new(throttle::Policies::default()),
             allowlist.clone(),
         ),
         allowlist,
@@ -102,13 +107,14 @@ pub async fn run(
         agents: agent::AgentConnector::new(tls_config, config.token.clone()),
         audit,
         proxy_protocol: config.proxy_protocol.clone(),
+        startups: startups::Startups::new(config.startups),
         activity_report: config.activity_report,
         warn_before: config.warn_before,
     });
     if let Ok(address) = listener.local_addr() {
         tracing::info!(%address, proxy_protocol = config.proxy_protocol.is_some(), "Gateway serving SSH.");
     }
-    server::serve(listener, gateway, tracker.clone(), shutdown.clone()).await;
+    server::serve(listener, services, tracker.clone(), shutdown.clone()).await;
 
     tracker.close();
     tracker.wait().await;

@@ -1,7 +1,8 @@
 //! The accept loop: for every TCP connection, the PROXY protocol header when the peer is a
-//! trusted load balancer, then the allowlist check on the client's address (a refused
-//! connection is closed before the gateway sends a single SSH byte, and logged with the
-//! address), then the SSH connection (`connection.rs`) in its own tracked task.
+//! trusted load balancer, then the allowlist check on the client's address, then the cap on
+//! connections not logged in yet (`startups.rs`; a refused connection is closed before the
+//! gateway sends a single SSH byte, and logged with the address), then the SSH connection
+//! (`connection.rs`) in its own tracked task.
 
 use std::future::Future;
 use std::io;
@@ -18,37 +19,18 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
-use crate::agent::AgentConnector;
-use crate::allowlist::{SharedAllowlist, Verdict};
-use crate::audit::AuditSender;
-use crate::auth::Authenticator;
-use crate::config::ProxyProtocol;
+use crate::allowlist::Verdict;
 use crate::connection::{self, Peer};
-use crate::manager::ManagerClient;
 use crate::proxy_protocol::{self, Header, SignatureGuard};
+use crate::services::Services;
 
 /// How long a trusted load balancer has to send its PROXY header.
 pub const PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Everything connections share.
-pub struct Gateway {
-    pub ssh_config: Arc<russh::server::Config>,
-    pub auth: Authenticator,
-    pub allowlist: Arc<SharedAllowlist>,
-    pub manager: ManagerClient,
-    pub agents: AgentConnector,
-    pub audit: AuditSender,
-    pub proxy_protocol: Option<ProxyProtocol>,
-    /// How often open connections report their traffic to the manager.
-    pub activity_report: Duration,
-    /// How long before a planned hold interactive shells are warned.
-    pub warn_before: Duration,
-}
-
 /// Accepts connections until `shutdown`; each one runs in a task of `tracker`.
 pub async fn serve(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
+    services: Arc<Services>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 ) {
@@ -59,7 +41,7 @@ pub async fn serve(
         };
         match accepted {
             Ok((tcp, peer)) => {
-                tracker.spawn(accept(tcp, peer, gateway.clone(), shutdown.clone()));
+                tracker.spawn(accept(tcp, peer, services.clone(), shutdown.clone()));
             }
             Err(error) => {
                 // Out of file descriptors and the like: pause instead of spinning.
@@ -73,12 +55,12 @@ pub async fn serve(
 async fn accept(
     mut tcp: TcpStream,
     peer: SocketAddr,
-    gateway: Arc<Gateway>,
+    services: Arc<Services>,
     shutdown: CancellationToken,
 ) {
     let _ = tcp.set_nodelay(true);
     let peer = SocketAddr::new(normalize_ip(peer.ip()), peer.port());
-    let balancer = gateway
+    let balancer = services
         .proxy_protocol
         .as_ref()
         .is_some_and(|proxy| proxy.trusts(peer.ip()));
@@ -105,7 +87,7 @@ async fn accept(
         (peer, true)
     };
     if check_now {
-        match gateway.allowlist.check(source.ip()) {
+        match services.allowlist.check(source.ip()) {
             Verdict::Allowed(_) => {}
             Verdict::Refused => {
                 tracing::warn!(source = %source.ip(), port = source.port(), via = ?balancer.then_some(peer), "Connection refused: the address is in no institute's allowlist.");
@@ -117,6 +99,13 @@ async fn accept(
             }
         }
     }
+    let startup = match services.startups.admit(source.ip()) {
+        Ok(permit) => permit,
+        Err(refusal) => {
+            tracing::warn!(source = %source.ip(), port = source.port(), %refusal, "Connection refused: too many connections not logged in yet.");
+            return;
+        }
+    };
     let kill = CancellationToken::new();
     let proxy_header_seen = Arc::new(AtomicBool::new(false));
     let stream = ClientStream::new(
@@ -125,7 +114,7 @@ async fn accept(
         proxy_header_seen.clone(),
         kill.clone(),
     );
-    connection::serve(stream, Peer { source }, kill, gateway, shutdown).await;
+    connection::serve(stream, Peer { source }, startup, kill, services, shutdown).await;
     if proxy_header_seen.load(Ordering::Relaxed) {
         tracing::warn!(source = %source.ip(), "Connection refused: it sent a PROXY protocol header but is not a trusted load balancer.");
     }

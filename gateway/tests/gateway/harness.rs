@@ -538,6 +538,8 @@ pub struct Options {
     pub proxy_trusted: Option<Vec<&'static str>>,
     /// `activity_report` of the gateway's config; its default (60 s) when `None`.
     pub activity_report: Option<&'static str>,
+    /// More top-level lines for the gateway's config.
+    pub extra_config: &'static str,
 }
 
 impl Default for Options {
@@ -546,6 +548,7 @@ impl Default for Options {
             allowlist: vec![("local", vec!["127.0.0.0/8"])],
             proxy_trusted: None,
             activity_report: None,
+            extra_config: "",
         }
     }
 }
@@ -624,6 +627,7 @@ allowlist_refresh = "1 second"
         if let Some(every) = options.activity_report {
             toml.push_str(&format!("activity_report = \"{every}\"\n"));
         }
+        toml.push_str(options.extra_config);
         if let Some(trusted) = &options.proxy_trusted {
             toml.push_str(&format!(
                 "[proxy_protocol]\ntrusted = [{}]\n",

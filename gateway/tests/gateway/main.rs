@@ -230,11 +230,17 @@ async fn unknown_and_refused_keys_are_refused_and_failures_throttled() {
     .await;
     assert_eq!(out.status.code(), Some(255));
 
-    // Ten failures a minute from one address: then even a good key is refused at once.
+    // Twenty failures a minute from one address, whatever the user names: then even a good key
+    // is refused at once.
     let mut throttled = None;
-    for _ in 0..12 {
-        let out = env.run_ssh(&carol, "anything", "exit 0", b"").await;
+    for n in 0..40 {
+        let out = env
+            .run_ssh(&carol, &format!("anything{n}"), "exit 0", b"")
+            .await;
         assert_eq!(out.status.code(), Some(255));
+        if n % 4 != 3 {
+            continue;
+        }
         let out = env.run_ssh(&env.alice, "train1", "exit 0", b"").await;
         if !out.status.success() {
             throttled = Some(out);
@@ -598,4 +604,219 @@ async fn a_stalled_forward_does_not_hold_up_the_other_channels() {
         assert_eq!(text(&answer), line.to_uppercase());
     }
     forward.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_requests_that_want_no_reply_get_none() {
+    let env = Env::start(Options::default()).await;
+    // OpenSSH sends `env` with want-reply false. A variable the gateway refuses (BASH_ENV is
+    // never passed on) must not send a failure that OpenSSH takes for the answer to the exec
+    // request after it ("exec request failed"). Several rounds: the wrong pairing was a race.
+    for with_pty in [false, true, false, true, false, true] {
+        let mut ssh = env.ssh(&env.alice, "train1", env.gateway.port());
+        if with_pty {
+            ssh.arg("-tt");
+        }
+        ssh.args(["-o", "SendEnv=BASH_ENV LANG LC_ALL", "env"])
+            .env("BASH_ENV", "/tmp/evil.sh")
+            .env("LANG", "C.UTF-8")
+            .env("LC_ALL", "C.UTF-8");
+        let out = run(ssh, b"").await;
+        assert!(out.status.success(), "{}", explain(&out));
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains("LANG=C.UTF-8"), "{}", explain(&out));
+        assert!(stdout.contains("LC_ALL=C.UTF-8"), "{}", explain(&out));
+        assert!(!stdout.contains("BASH_ENV"), "{}", explain(&out));
+        assert_eq!(stdout.contains("pty=none"), !with_pty, "{}", explain(&out));
+    }
+
+    // The same for a connection whose routing is refused: the manager's message, exit 1.
+    let message = "session held1 is HELD (its GPU was reclaimed): run devctl session release held1";
+    env.manager.routes.lock().unwrap().insert(
+        "held1".to_owned(),
+        Err((StatusCode::CONFLICT, message.to_owned())),
+    );
+    let mut ssh = env.ssh(&env.alice, "held1", env.gateway.port());
+    ssh.args(["-o", "SendEnv=BASH_ENV", "env"])
+        .env("BASH_ENV", "/tmp/evil.sh");
+    let out = run(ssh, b"").await;
+    assert_eq!(out.status.code(), Some(1), "{}", explain(&out));
+    assert_eq!(
+        text(&out.stderr),
+        format!("{message}\n"),
+        "{}",
+        explain(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_from_other_addresses_never_lock_a_user_out() {
+    let env = Env::start(Options {
+        allowlist: vec![("campus", vec!["10.9.8.0/24"])],
+        proxy_trusted: Some(vec!["127.0.0.1/32"]),
+        ..Options::default()
+    })
+    .await;
+    let carol = SshKey::generate(env.dir.path(), "carol");
+    let via = |source: &'static str| proxy_balancer(env.gateway, source.parse().unwrap());
+    let owner = via("10.9.8.100:40000").await;
+    eventually("the first allowlist", || async {
+        let mut ssh = env.ssh(&env.alice, "train1", owner.port());
+        ssh.arg("exit 0");
+        run(ssh, b"").await.status.success().then_some(())
+    })
+    .await;
+
+    // Failed logins under train1's name from three other addresses, more than any one user
+    // name's allowance at one address.
+    let attackers = [
+        via("10.9.8.1:1000").await,
+        via("10.9.8.2:1000").await,
+        via("10.9.8.3:1000").await,
+    ];
+    let attempts = attackers.iter().map(|balancer| {
+        let (carol, env) = (&carol, &env);
+        async move {
+            for _ in 0..6 {
+                let mut ssh = env.ssh(carol, "train1", balancer.port());
+                ssh.arg("exit 0");
+                let out = run(ssh, b"").await;
+                assert_eq!(out.status.code(), Some(255), "{}", explain(&out));
+            }
+        }
+    });
+    futures::future::join_all(attempts).await;
+
+    // The owner, from their own address, logs in at once.
+    let mut ssh = env.ssh(&env.alice, "train1", owner.port());
+    ssh.arg("exit 0");
+    let out = run(ssh, b"").await;
+    assert!(out.status.success(), "{}", explain(&out));
+
+    // From one address, a user name that keeps failing is refused there, while other names
+    // from that address still get through to the manager.
+    let noisy = via("10.9.8.4:1000").await;
+    let mut refused = None;
+    for _ in 0..15 {
+        let mut ssh = env.ssh(&carol, "train1", noisy.port());
+        ssh.arg("exit 0");
+        run(ssh, b"").await;
+        let mut ssh = env.ssh_with(
+            &env.alice,
+            "train1",
+            noisy.port(),
+            &["BatchMode=no", "LogLevel=INFO"],
+        );
+        ssh.arg("exit 0");
+        let out = run(ssh, b"").await;
+        if !out.status.success() {
+            refused = Some(out);
+            break;
+        }
+    }
+    let out = refused.expect("a user name failing at one address is throttled there");
+    assert!(
+        text(&out.stderr).contains("too many failed logins for user \"train1\" from 10.9.8.4"),
+        "{}",
+        explain(&out)
+    );
+    // Another name from the same address: authenticated, then told there is no such session.
+    let mut ssh = env.ssh(&env.alice, "nosuch", noisy.port());
+    ssh.arg("exit 0");
+    let out = run(ssh, b"").await;
+    assert_eq!(out.status.code(), Some(1), "{}", explain(&out));
+    assert!(
+        text(&out.stderr).contains("no session named nosuch"),
+        "{}",
+        explain(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_key_is_refused_within_a_second() {
+    let env = Env::start(Options::default()).await;
+    let calls = || env.manager.authorize_calls.lock().unwrap().len();
+    let before = calls();
+    let out = env.run_ssh(&env.alice, "train1", "exit 0", b"").await;
+    assert!(out.status.success(), "{}", explain(&out));
+    assert_eq!(
+        calls() - before,
+        1,
+        "the key offer and the signed login share one question to the manager"
+    );
+
+    env.manager
+        .keys
+        .lock()
+        .unwrap()
+        .remove(&harness::key_id(&env.alice.public));
+    let removed = tokio::time::Instant::now();
+    // Log in again and again until refused: no attempt that starts a second or more after the
+    // removal may succeed, and the refusal comes within a few.
+    loop {
+        let started = tokio::time::Instant::now();
+        let out = env.run_ssh(&env.alice, "train1", "exit 0", b"").await;
+        if !out.status.success() {
+            assert_eq!(out.status.code(), Some(255), "{}", explain(&out));
+            break;
+        }
+        assert!(
+            started - removed < Duration::from_secs(1),
+            "a login {:?} after the key's removal succeeded",
+            started - removed
+        );
+        assert!(removed.elapsed() < Duration::from_secs(5));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_not_logged_in_are_capped_per_source() {
+    let env = Env::start(Options {
+        extra_config: "per_source_max_startups = 2\n",
+        ..Options::default()
+    })
+    .await;
+    // A logged-in connection does not count.
+    let mut shell = env.ssh(&env.alice, "train1", env.gateway.port());
+    shell
+        .arg("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut shell = shell.spawn().unwrap();
+    eventually("the shell's connection", || async {
+        (!env.manager.events().is_empty()).then_some(())
+    })
+    .await;
+
+    // Two connections that never log in take this address's share...
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut tcp = tokio::net::TcpStream::connect(env.gateway).await.unwrap();
+        let mut buffer = vec![0u8; 8];
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut buffer))
+            .await
+            .expect("the banner in time")
+            .unwrap();
+        assert_eq!(&buffer, b"SSH-2.0-");
+        idle.push(tcp);
+    }
+    // ...so the next one is closed before the banner, even a user's.
+    assert_eq!(banner(env.gateway).await, None);
+    let out = env.run_ssh(&env.alice, "train1", "exit 0", b"").await;
+    assert_eq!(out.status.code(), Some(255), "{}", explain(&out));
+
+    // One of them goes away: its slot is free again.
+    drop(idle.pop());
+    eventually("a free slot", || async {
+        let out = env.run_ssh(&env.alice, "train1", "exit 0", b"").await;
+        out.status.success().then_some(())
+    })
+    .await;
+    drop(shell.stdin.take());
+    let status = tokio::time::timeout(Duration::from_secs(10), shell.wait())
+        .await
+        .expect("the shell ends")
+        .unwrap();
+    assert!(status.success());
 }
