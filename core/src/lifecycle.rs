@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::names::SessionId;
 use crate::session::SessionState;
 
-/// Why a session was (or will be) held. Stored as the transition reason's first word.
+/// Why a session was (or will be) held. The manager stores it in a column of its own beside the
+/// hold's details; the reason people read is rendered from both by [`HoldReason::sentence`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldReason {
@@ -49,13 +50,14 @@ impl HoldReason {
         Self::Admin,
     ];
 
-    /// The reason a hold transition was stored with: its first word, up to a colon or a space.
-    pub fn of_transition_reason(reason: &str) -> Option<Self> {
-        let word = reason
-            .split(|c: char| c == ':' || c.is_whitespace())
-            .next()
-            .unwrap_or_default();
-        Self::ALL.into_iter().find(|r| r.as_str() == word)
+    /// The hold reason named `text` (as [`HoldReason::as_str`] writes it).
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+
+    /// The reason of a hold as people read it: `idle: no SSH connection and no activity ...`.
+    pub fn sentence(self, details: &str) -> String {
+        format!("{self}: {details}")
     }
 }
 
@@ -153,20 +155,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hold_reasons_are_read_back_from_transition_reasons() {
+    fn hold_reasons_are_named_and_rendered_into_sentences() {
         for reason in HoldReason::ALL {
-            let text = format!("{reason}: because");
-            assert_eq!(HoldReason::of_transition_reason(&text), Some(reason));
+            assert_eq!(HoldReason::parse(reason.as_str()), Some(reason));
             assert_eq!(
                 serde_json::to_string(&reason).unwrap(),
                 format!("\"{reason}\"")
             );
+            assert_eq!(
+                reason.sentence("because"),
+                format!("{}: because", reason.as_str())
+            );
         }
         assert_eq!(
-            HoldReason::of_transition_reason("idle for 2 hours"),
-            Some(HoldReason::Idle)
+            HoldReason::Idle.sentence("no activity for 2 hours"),
+            "idle: no activity for 2 hours"
         );
-        assert_eq!(HoldReason::of_transition_reason("placed on node1"), None);
-        assert_eq!(HoldReason::of_transition_reason(""), None);
+        assert_eq!(HoldReason::parse("Idle"), None);
+        assert_eq!(HoldReason::parse("idle: x"), None);
+        assert_eq!(HoldReason::parse(""), None);
     }
 }

@@ -213,6 +213,7 @@ mod tests {
             to,
             at,
             reason: "test".to_owned(),
+            hold: None,
             placement,
         };
         let place = Placement::Place {
@@ -545,6 +546,7 @@ mod tests {
                     to: SessionState::Pending,
                     at: at(2000),
                     reason: "released".to_owned(),
+                    hold: None,
                     placement: Placement::Keep,
                 },
             )
@@ -578,6 +580,7 @@ mod tests {
                         to,
                         at: at(t),
                         reason: "test".to_owned(),
+                        hold: None,
                         placement: Placement::Keep,
                     },
                 )

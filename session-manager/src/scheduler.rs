@@ -293,6 +293,7 @@ mod tests {
                     to: SessionState::Ended,
                     at: t0(),
                     reason: "removed".to_owned(),
+                    hold: None,
                     placement: Placement::Keep,
                 },
             )
@@ -315,6 +316,7 @@ mod tests {
                     to: SessionState::Waiting,
                     at: t0(),
                     reason: "container running on node1".to_owned(),
+                    hold: None,
                     placement: Placement::Keep,
                 },
             )
@@ -368,6 +370,7 @@ mod tests {
                 to,
                 at: t0(),
                 reason: reason.to_owned(),
+                hold: None,
                 placement: Placement::Keep,
             };
             f.store.transition(session.id, change).await.unwrap();
@@ -409,6 +412,7 @@ mod tests {
             to,
             at: t0(),
             reason: reason.to_owned(),
+            hold: None,
             placement: Placement::Keep,
         };
         for (to, reason) in [

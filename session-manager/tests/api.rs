@@ -2028,6 +2028,7 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
                     to: SessionState::Held,
                     at: clock.now(),
                     reason: "idle for 20 minutes".to_owned(),
+                    hold: None,
                     placement: Placement::Keep,
                 },
             )

@@ -34,7 +34,7 @@ use super::{
 };
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
-use crate::domain::sessions::{Change, Placement, SessionRecord};
+use crate::domain::sessions::{rendered_reason, Change, Placement, SessionRecord};
 use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
 /// How long a statement waits for another connection's write lock before giving up.
@@ -49,6 +49,7 @@ pub struct SqliteStore {
 }
 
 const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, u.user_name, u.uid, s.state, s.reason, \
+     s.hold_reason, \
      s.request, s.image, s.node, s.gpus, s.created_at, s.queued_at, s.preferred_node \
      FROM sessions s JOIN users u ON u.dn = s.owner";
 
@@ -162,7 +163,7 @@ impl SqliteStore {
         .bind(timestamp(new.at))
         .execute(&mut *tx)
         .await?;
-        insert_transition(&mut tx, new.id, 0, first).await?;
+        insert_transition(&mut tx, new.id, 0, first, (&first.reason, None)).await?;
         tx.commit().await?;
         self.session_impl(new.id)
             .await?
@@ -604,25 +605,30 @@ async fn apply_change(
     let mut lifecycle = Lifecycle::from_history(history)
         .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))?;
     let seq = lifecycle.history().len();
-    let transition = lifecycle.transition(change.to, change.at, change.reason)?;
-    insert_transition(tx, id, seq, transition).await?;
-    lifecycle::after_transition(tx, id, transition).await?;
+    let sentence = change.sentence();
+    let transition = lifecycle.transition(change.to, change.at, sentence)?;
+    insert_transition(tx, id, seq, transition, (&change.reason, change.hold)).await?;
+    activity::after_transition(tx, id, transition).await?;
     let id_text = id.to_string();
+    let hold = change.hold.map(HoldReason::as_str);
     match change.placement {
         Placement::Keep => {
-            sqlx::query("UPDATE sessions SET state = ?, reason = ? WHERE id = ?")
+            sqlx::query("UPDATE sessions SET state = ?, reason = ?, hold_reason = ? WHERE id = ?")
                 .bind(transition.to.as_str())
-                .bind(&transition.reason)
+                .bind(&change.reason)
+                .bind(hold)
                 .bind(&id_text)
                 .execute(&mut **tx)
                 .await?;
         }
         Placement::Place { node, gpus } => {
             sqlx::query(
-                "UPDATE sessions SET state = ?, reason = ?, node = ?, gpus = ? WHERE id = ?",
+                "UPDATE sessions SET state = ?, reason = ?, hold_reason = ?, node = ?, gpus = ? \
+                 WHERE id = ?",
             )
             .bind(transition.to.as_str())
-            .bind(&transition.reason)
+            .bind(&change.reason)
+            .bind(hold)
             .bind(node.as_str())
             .bind(to_json(&gpus)?)
             .bind(&id_text)
@@ -631,11 +637,12 @@ async fn apply_change(
         }
         Placement::Clear => {
             sqlx::query(
-                "UPDATE sessions SET state = ?, reason = ?, node = NULL, gpus = '[]' \
-                 WHERE id = ?",
+                "UPDATE sessions SET state = ?, reason = ?, hold_reason = ?, node = NULL, \
+                 gpus = '[]' WHERE id = ?",
             )
             .bind(transition.to.as_str())
-            .bind(&transition.reason)
+            .bind(&change.reason)
+            .bind(hold)
             .bind(&id_text)
             .execute(&mut **tx)
             .await?;
@@ -649,7 +656,7 @@ async fn load_transitions(
     id: SessionId,
 ) -> StoreResult<Vec<Transition>> {
     let rows = sqlx::query(
-        "SELECT from_state, to_state, at, reason FROM session_transitions \
+        "SELECT from_state, to_state, at, reason, hold_reason FROM session_transitions \
          WHERE session_id = ? ORDER BY seq",
     )
     .bind(id.to_string())
@@ -662,28 +669,32 @@ async fn load_transitions(
                 from: from.map(|f| parse(&f, "session state")).transpose()?,
                 to: parse(&row.try_get::<String, _>("to_state")?, "session state")?,
                 at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
-                reason: row.try_get("reason")?,
+                reason: reason_from_row(row)?,
             })
         })
         .collect()
 }
 
+/// Stores `transition` as number `seq` of the session's history, with its reason as stored:
+/// the words and, for a hold, its typed reason (the transition's reason is rendered from both).
 async fn insert_transition(
     tx: &mut Transaction<'static, Sqlite>,
     id: SessionId,
     seq: usize,
     transition: &Transition,
+    (reason, hold): (&str, Option<HoldReason>),
 ) -> StoreResult<()> {
     sqlx::query(
-        "INSERT INTO session_transitions (session_id, seq, from_state, to_state, at, reason) \
-         VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO session_transitions (session_id, seq, from_state, to_state, at, reason, \
+         hold_reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(id.to_string())
     .bind(i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?)
     .bind(transition.from.map(SessionState::as_str))
     .bind(transition.to.as_str())
     .bind(timestamp(transition.at))
-    .bind(&transition.reason)
+    .bind(reason)
+    .bind(hold.map(HoldReason::as_str))
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -743,7 +754,7 @@ fn session_from_row(row: &SqliteRow) -> StoreResult<SessionRecord> {
         uid: u32::try_from(row.try_get::<i64, _>("uid")?)
             .map_err(|_| StoreError::Corrupt("UID out of range".to_owned()))?,
         state: parse(&text("state")?, "session state")?,
-        reason: text("reason")?,
+        reason: reason_from_row(row)?,
         request: from_json(&text("request")?, "GPU request")?,
         image: text("image")?,
         node: optional("node")?
@@ -764,6 +775,20 @@ fn gpu_from_row(row: &SqliteRow) -> StoreResult<GpuRecord> {
         info: from_json(&row.try_get::<String, _>("info")?, "GPU info")?,
         mode: parse(&row.try_get::<String, _>("mode")?, "GPU mode")?,
     })
+}
+
+/// The reason of a stored session or transition as people read it: `reason`, with the typed
+/// `hold_reason` of a hold rendered in front of it.
+fn reason_from_row(row: &SqliteRow) -> StoreResult<String> {
+    let reason: String = row.try_get("reason")?;
+    let hold = row
+        .try_get::<Option<String>, _>("hold_reason")?
+        .map(|text| {
+            HoldReason::parse(&text)
+                .ok_or_else(|| StoreError::Corrupt(format!("hold reason {text:?}")))
+        })
+        .transpose()?;
+    Ok(rendered_reason(&reason, hold))
 }
 
 fn timestamp(at: DateTime<Utc>) -> String {
@@ -793,8 +818,8 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what} {text:?}: {e}")))
 }
 
+mod activity;
 mod gateway;
 mod images;
-mod lifecycle;
 #[cfg(test)]
 mod tests;

@@ -165,8 +165,8 @@ pub struct LifecycleFacts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
     pub hold: PlannedHold,
-    /// The transition reason, starting with the [`HoldReason`]'s name.
-    pub reason: String,
+    /// What the reason of the hold (`hold.reason`) is based on, in words for people.
+    pub details: String,
     /// The signal that set this deadline, when it is activity that keeps the session alive.
     pub kept_alive_by: Option<SignalKind>,
 }
@@ -262,8 +262,8 @@ pub fn evaluate(
                 at: end,
                 reason: HoldReason::MaxDuration,
             },
-            reason: format!(
-                "max-duration: the session reached its maximum lifetime of {} (first started \
+            details: format!(
+                "the session reached its maximum lifetime of {} (first started \
                  at {})",
                 human(facts.max_duration(config)),
                 utc(first)
@@ -289,8 +289,8 @@ pub fn evaluate(
                 at,
                 reason: HoldReason::NoConnection,
             },
-            reason: format!(
-                "no-connection: nobody connected within {} of the session becoming ready at {}",
+            details: format!(
+                "nobody connected within {} of the session becoming ready at {}",
                 HumanDuration(config.connect_deadline),
                 utc(ready)
             ),
@@ -331,8 +331,8 @@ pub fn evaluate(
                 at,
                 reason: HoldReason::Idle,
             },
-            reason: format!(
-                "idle: no SSH connection and no activity (SSH traffic, CPU at or above {}%, GPU \
+            details: format!(
+                "no SSH connection and no activity (SSH traffic, CPU at or above {}%, GPU \
                  at or above {}%) for {}; {since}",
                 config.thresholds.cpu_percent,
                 config.thresholds.gpu_percent,
@@ -358,17 +358,24 @@ pub fn due_hold(
     let planned = evaluate(facts, config, now)
         .next
         .filter(|planned| planned.hold.at <= now)?;
-    let change = Change::keep_placement(SessionState::Held, now, hold_reason(&planned, now));
+    let change = Change::hold(planned.hold.reason, now, hold_details(&planned, now));
     Some((change, planned.hold.reason))
 }
 
-/// The reason a due hold is stored with: the policy's words, and when it was due if that was
+impl Planned {
+    /// The reason of the hold as people read it: `idle: no SSH connection ...`.
+    pub fn sentence(&self) -> String {
+        self.hold.reason.sentence(&self.details)
+    }
+}
+
+/// The details a due hold is stored with: the policy's words, and when it was due if that was
 /// a while ago (for example while the manager was not running).
-pub fn hold_reason(planned: &Planned, now: DateTime<Utc>) -> String {
+pub fn hold_details(planned: &Planned, now: DateTime<Utc>) -> String {
     if now - planned.hold.at > LATE {
-        format!("{} (due at {})", planned.reason, utc(planned.hold.at))
+        format!("{} (due at {})", planned.details, utc(planned.hold.at))
     } else {
-        planned.reason.clone()
+        planned.details.clone()
     }
 }
 
@@ -539,7 +546,7 @@ mod tests {
         );
         let planned = evaluate(&facts, &config(), at(1200)).next.unwrap();
         assert_eq!(
-            planned.reason,
+            planned.sentence(),
             "no-connection: nobody connected within 20 minutes of the session becoming ready \
              at 2023-11-14 22:13:20 UTC"
         );
@@ -657,7 +664,13 @@ mod tests {
             assert_eq!(planned.hold.at, at(8200), "{kind:?}");
             assert_eq!(planned.hold.reason, HoldReason::Idle);
             assert_eq!(evaluation.kept_alive_by, Some(kind));
-            assert!(planned.reason.starts_with("idle: "), "{}", planned.reason);
+            assert!(
+                planned
+                    .details
+                    .starts_with("no SSH connection and no activity"),
+                "{}",
+                planned.details
+            );
             // Once the timeout has run out, nothing keeps it.
             assert_eq!(evaluate(&facts, &config(), at(8200)).kept_alive_by, None);
         }
@@ -716,7 +729,7 @@ mod tests {
         assert!(evaluation
             .next
             .unwrap()
-            .reason
+            .details
             .contains("the keep-alive ended at"));
 
         let waiting = LifecycleFacts {
@@ -759,7 +772,7 @@ mod tests {
             }
         );
         assert_eq!(
-            planned.reason,
+            planned.sentence(),
             "max-duration: the session reached its maximum lifetime of 1 week (first started \
              at 2023-11-14 22:13:20 UTC)"
         );
@@ -782,9 +795,12 @@ mod tests {
     #[test]
     fn an_overdue_hold_says_when_it_was_due() {
         let planned = evaluate(&waiting(), &config(), at(1200)).next.unwrap();
-        assert_eq!(hold_reason(&planned, at(1205)), planned.reason);
-        let late = hold_reason(&planned, at(5000));
-        assert!(late.starts_with("no-connection: "), "{late}");
+        assert_eq!(hold_details(&planned, at(1205)), planned.details);
+        let late = hold_details(&planned, at(5000));
+        assert!(
+            late.starts_with("nobody connected within 20 minutes"),
+            "{late}"
+        );
         assert!(late.ends_with("(due at 2023-11-14 22:33:20 UTC)"), "{late}");
     }
 
@@ -860,10 +876,18 @@ mod tests {
         assert_eq!(change.to, SessionState::Held);
         assert_eq!(change.at, at(1200));
         assert_eq!(change.placement, super::super::Placement::Keep);
+        assert_eq!(change.hold, Some(HoldReason::NoConnection));
         assert!(
-            change.reason.starts_with("no-connection: "),
+            change.reason.starts_with("nobody connected within"),
             "{}",
             change.reason
+        );
+        assert!(
+            change
+                .sentence()
+                .starts_with("no-connection: nobody connected within"),
+            "{}",
+            change.sentence()
         );
         let (late, _) = due_hold(&facts, &config(), at(5000)).unwrap();
         assert_eq!(late.at, at(5000), "applied when it is applied");

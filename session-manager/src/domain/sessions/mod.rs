@@ -22,6 +22,7 @@ pub mod reports;
 pub mod requests;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::lifecycle::HoldReason;
 use ongrid_core::{
     Dn, GpuId, GpuRequest, NodeName, SessionId, SessionName, SessionState, UserName,
 };
@@ -64,7 +65,10 @@ pub enum Placement {
 pub struct Change {
     pub to: SessionState,
     pub at: DateTime<Utc>,
+    /// Why, in words for people; for a hold, its details (see [`Change::sentence`]).
     pub reason: String,
+    /// Why a hold, when `to` is HELD by a rule that says why: stored in a column of its own.
+    pub hold: Option<HoldReason>,
     pub placement: Placement,
 }
 
@@ -75,8 +79,32 @@ impl Change {
             to,
             at,
             reason: reason.into(),
+            hold: None,
             placement: Placement::Keep,
         }
+    }
+
+    /// A hold for `reason`, with its `details`: HELD, the placement kept (the container stays
+    /// on its node).
+    pub fn hold(reason: HoldReason, at: DateTime<Utc>, details: impl Into<String>) -> Self {
+        Self {
+            hold: Some(reason),
+            ..Self::keep_placement(SessionState::Held, at, details)
+        }
+    }
+
+    /// The reason as people read it: for a hold `<hold reason>: <details>`, else `reason`.
+    pub fn sentence(&self) -> String {
+        rendered_reason(&self.reason, self.hold)
+    }
+}
+
+/// The reason of a transition as people read it, from what is stored: the words, and the typed
+/// reason of a hold, rendered in front of them.
+pub fn rendered_reason(reason: &str, hold: Option<HoldReason>) -> String {
+    match hold {
+        Some(hold) => hold.sentence(reason),
+        None => reason.to_owned(),
     }
 }
 

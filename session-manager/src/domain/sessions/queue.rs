@@ -14,6 +14,7 @@ pub fn requeue_stranded(node: &NodeName, now: DateTime<Utc>) -> Change {
         to: SessionState::Pending,
         at: now,
         reason: format!("node {node} stopped responding"),
+        hold: None,
         placement: Placement::Clear,
     }
 }
@@ -38,6 +39,7 @@ pub fn place(
         to: SessionState::Starting,
         at: now,
         reason,
+        hold: None,
         placement: Placement::Place {
             node: node.clone(),
             gpus: gpus.into_iter().map(GpuId::Gpu).collect(),

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::lifecycle::HoldReason;
 use ongrid_core::{SessionState, UserName};
 
 use super::holds::{keep_until, LifecycleConfig, LifecycleFacts};
@@ -24,8 +25,8 @@ pub fn hold(
     now: DateTime<Utc>,
 ) -> Result<Change, Refusal> {
     let reason = reason.map(str::trim).filter(|r| !r.is_empty());
-    let text = match (someone_elses, reason) {
-        (false, None) => format!("owner: held by {by}"),
+    let (why, details) = match (someone_elses, reason) {
+        (false, None) => (HoldReason::Owner, format!("held by {by}")),
         (false, Some(_)) => {
             return Err(Refusal::Invalid(
                 "a reason is for admins holding someone else's session: leave out --reason"
@@ -44,7 +45,7 @@ pub fn hold(
                     "the reason must be one line of at most {MAX_REASON} characters"
                 )));
             }
-            format!("admin: {reason} (held by {by})")
+            (HoldReason::Admin, format!("{reason} (held by {by})"))
         }
     };
     match session.state {
@@ -56,7 +57,7 @@ pub fn hold(
             "session {} is {state}: only a live session can be held",
             session.name
         ))),
-        _ => Ok(Change::keep_placement(SessionState::Held, now, text)),
+        _ => Ok(Change::hold(why, now, details)),
     }
 }
 
@@ -152,11 +153,13 @@ mod tests {
         let running = session("train1", SessionState::Idle);
         let change = hold(&running, &user("alice"), false, None, now).unwrap();
         assert_eq!(
-            (change.to, change.reason.as_str()),
-            (SessionState::Held, "owner: held by alice")
+            (change.to, change.hold, change.reason.as_str()),
+            (SessionState::Held, Some(HoldReason::Owner), "held by alice")
         );
+        assert_eq!(change.sentence(), "owner: held by alice");
         let change = hold(&running, &user("root"), true, Some(" maintenance "), now).unwrap();
-        assert_eq!(change.reason, "admin: maintenance (held by root)");
+        assert_eq!(change.hold, Some(HoldReason::Admin));
+        assert_eq!(change.sentence(), "admin: maintenance (held by root)");
         let refused = |r| match r {
             Err(Refusal::Invalid(text)) => text,
             other => panic!("{other:?}"),

@@ -205,12 +205,12 @@ impl SqliteStore {
             ConnectionEventKind::Open | ConnectionEventKind::Activity => None,
             ConnectionEventKind::Close => Some(timestamp(event.at)),
         };
-        super::lifecycle::note_traffic(&mut tx, event, at).await?;
+        super::activity::note_traffic(&mut tx, event, at).await?;
         let updated = match event.event {
             // A repeated open (a retry) finds the row and changes nothing.
             ConnectionEventKind::Open => 0,
             ConnectionEventKind::Activity => {
-                super::lifecycle::record_activity_report(&mut tx, event, at).await?
+                super::activity::record_activity_report(&mut tx, event, at).await?
             }
             ConnectionEventKind::Close => sqlx::query(
                 "UPDATE connections SET closed_at = ?, bytes_in = ?, bytes_out = ? WHERE id = ?",
@@ -240,7 +240,7 @@ impl SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        super::lifecycle::after_connection_event(&mut tx, event, at).await?;
+        super::activity::after_connection_event(&mut tx, event, at).await?;
         let open = count_open(&mut tx, id).await?;
         let transition = match follow_connection(before.state, event, open, at) {
             Some(change) => Some(apply_change(&mut tx, id, change).await?),

@@ -62,6 +62,7 @@ fn change(to: SessionState, at: DateTime<Utc>, reason: &str, placement: Placemen
         to,
         at,
         reason: reason.to_owned(),
+        hold: None,
         placement,
     }
 }
@@ -784,4 +785,158 @@ async fn nodes_keep_their_stream_url() {
         .await
         .unwrap();
     assert_eq!(store.nodes().await.unwrap()[0].stream_url, None);
+}
+
+/// A database of the release before typed hold reasons (migrations up to 0005) with held
+/// sessions: the upgrade moves each hold's reason into its column and shows the same sentence.
+#[tokio::test]
+async fn an_upgrade_types_the_hold_reasons_already_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for entry in std::fs::read_dir(&all).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.as_str() < "0006" {
+            std::fs::copy(&path, old.join(&name)).unwrap();
+        }
+    }
+    let file = dir.path().join("manager.db");
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&file)
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::migrate::Migrator::new(old.as_path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    let idle = SessionId::new_random();
+    let by_hand = SessionId::new_random();
+    let request = serde_json::to_string(&GpuRequest::default()).unwrap();
+    let idle_reason = "idle: no SSH connection and no activity for 2 hours";
+    let statements = [
+        format!(
+            "INSERT INTO users VALUES ('/DC=org/CN=Alice', 'alice', 20000, '{}')",
+            timestamp(t(0))
+        ),
+        format!(
+            "INSERT INTO sessions VALUES ('{idle}', 'dev', '/DC=org/CN=Alice', '{request}', \
+             'ongrid/dev:latest', 'HELD', '{idle_reason}', NULL, '[]', '{0}', '{0}', NULL), \
+             ('{by_hand}', 'dev-2', '/DC=org/CN=Alice', '{request}', 'ongrid/dev:latest', \
+             'HELD', 'idle for 20 minutes', NULL, '[]', '{0}', '{0}', NULL)",
+            timestamp(t(0))
+        ),
+        format!(
+            "INSERT INTO session_transitions VALUES \
+             ('{idle}', 0, NULL, 'PENDING', '{0}', 'created'), \
+             ('{idle}', 1, 'PENDING', 'STARTING', '{0}', 'placed'), \
+             ('{idle}', 2, 'STARTING', 'WAITING', '{0}', 'running'), \
+             ('{idle}', 3, 'WAITING', 'HELD', '{1}', 'owner: held by alice'), \
+             ('{idle}', 4, 'HELD', 'PENDING', '{1}', 'released by alice'), \
+             ('{idle}', 5, 'PENDING', 'STARTING', '{1}', 'placed'), \
+             ('{idle}', 6, 'STARTING', 'WAITING', '{1}', 'running'), \
+             ('{idle}', 7, 'WAITING', 'HELD', '{1}', '{idle_reason}'), \
+             ('{by_hand}', 0, NULL, 'PENDING', '{0}', 'created'), \
+             ('{by_hand}', 1, 'PENDING', 'STARTING', '{0}', 'placed'), \
+             ('{by_hand}', 2, 'STARTING', 'WAITING', '{0}', 'running'), \
+             ('{by_hand}', 3, 'WAITING', 'HELD', '{1}', 'idle for 20 minutes')",
+            timestamp(t(0)),
+            timestamp(t(5))
+        ),
+    ];
+    for statement in statements {
+        sqlx::query(&statement).execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+
+    let store = open(&dir).await;
+    let session = store.session(idle).await.unwrap().unwrap();
+    assert_eq!(session.reason, idle_reason, "the same sentence");
+    let reasons: Vec<String> = store
+        .transitions(idle)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.reason)
+        .collect();
+    assert_eq!(reasons[3], "owner: held by alice");
+    assert_eq!(reasons[7], idle_reason);
+    let untyped = store.session(by_hand).await.unwrap().unwrap();
+    assert_eq!(untyped.reason, "idle for 20 minutes");
+    // The columns hold the typed reason and the details apart.
+    let stored: Vec<(String, Option<String>, String)> = sqlx::query_as(
+        "SELECT session_id, hold_reason, reason FROM session_transitions \
+         WHERE to_state = 'HELD' ORDER BY session_id, seq",
+    )
+    .fetch_all(&store.pool)
+    .await
+    .unwrap();
+    let idle_rows: Vec<(Option<&str>, &str)> = stored
+        .iter()
+        .filter(|(id, _, _)| *id == idle.to_string())
+        .map(|(_, hold, reason)| (hold.as_deref(), reason.as_str()))
+        .collect();
+    assert_eq!(
+        idle_rows,
+        [
+            (Some("owner"), "held by alice"),
+            (
+                Some("idle"),
+                "no SSH connection and no activity for 2 hours"
+            )
+        ]
+    );
+    let (hold, reason): (Option<String>, String) =
+        sqlx::query_as("SELECT hold_reason, reason FROM sessions WHERE id = ?")
+            .bind(by_hand.to_string())
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (hold.as_deref(), reason.as_str()),
+        (None, "idle for 20 minutes")
+    );
+}
+
+#[tokio::test]
+async fn a_hold_is_stored_typed_and_read_as_its_sentence() {
+    use ongrid_core::lifecycle::HoldReason;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let session = running_session(&store, &alice.dn, "train1").await;
+    let hold = Change::hold(HoldReason::Admin, t(5), "maintenance (held by root)");
+    let held = store.transition(session.id, hold).await.unwrap();
+    assert_eq!(held.reason, "admin: maintenance (held by root)");
+    let last = store.transitions(session.id).await.unwrap().pop().unwrap();
+    assert_eq!(last.reason, "admin: maintenance (held by root)");
+    let (column, reason): (Option<String>, String) =
+        sqlx::query_as("SELECT hold_reason, reason FROM sessions WHERE id = ?")
+            .bind(session.id.to_string())
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (column.as_deref(), reason.as_str()),
+        (Some("admin"), "maintenance (held by root)")
+    );
+    // Released: the typed reason goes with the hold.
+    let released = store
+        .transition(
+            session.id,
+            Change::keep_placement(SessionState::Pending, t(6), "released by alice"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(released.reason, "released by alice");
+    let column: Option<String> =
+        sqlx::query_scalar("SELECT hold_reason FROM sessions WHERE id = ?")
+            .bind(session.id.to_string())
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+    assert_eq!(column, None);
 }

@@ -1,4 +1,4 @@
-//! The SQLite side of the session lifecycle: the facts the hold policy is computed from
+//! The SQLite side of session activity: the facts the hold policy is computed from
 //! (`session_lifecycle`, one row per session, created on first need) and the last report time of
 //! each open SSH connection (`connections.last_report_at`).
 //!
