@@ -56,8 +56,21 @@ impl Table {
     pub fn render(&self, width: Option<u16>, indent: &str) -> String {
         let mut table = self.table.clone();
         let columns = table.column_count();
+        // comfy-table draws an empty column one blank wide: its gap is one blank shorter, so
+        // the columns around it stay `GAP` + `GAP` apart, as with a zero-width column.
+        let empty: Vec<bool> = (0..columns)
+            .map(|i| {
+                table
+                    .column_cells_with_header_iter(i)
+                    .all(|cell| cell.is_none_or(|cell| cell.content().is_empty()))
+            })
+            .collect();
         for (i, column) in table.column_iter_mut().enumerate() {
-            let right = if i + 1 < columns { GAP } else { 0 };
+            let right = match (i + 1 < columns, empty[i]) {
+                (false, _) => 0,
+                (true, false) => GAP,
+                (true, true) => GAP - 1,
+            };
             column.set_padding((0, right));
             if self.whole.contains(&i) {
                 column.set_constraint(ColumnConstraint::ContentWidth);
@@ -108,6 +121,16 @@ mod tests {
             "NAME    STATE    REASON\n\
              train1  PENDING  placed on node1 (GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f)\n\
              a       WAITING\n"
+        );
+    }
+
+    #[test]
+    fn an_empty_column_keeps_its_gaps() {
+        let mut t = Table::bare();
+        t.row(["2026-11-21 10:00:03Z", "", "→ PENDING", "created"]);
+        assert_eq!(
+            t.to_string(),
+            "2026-11-21 10:00:03Z    → PENDING  created\n"
         );
     }
 

@@ -1,19 +1,38 @@
 //! Runs the built `devctl` binary: help texts, refusal of bad arguments (exit 2, core's
-//! message), and the one-line errors for missing credentials, an unreachable manager, a refused
-//! client certificate and an untrusted server certificate. The TLS cases talk to a real rustls
-//! server configured as the manager's is (client certificates required, verified against a CA
-//! directory); the full API against the real manager is covered by the end-to-end suite.
+//! message), the one-line errors for missing credentials, an unreachable manager, a refused
+//! client certificate and an untrusted server certificate, and every command against a fake
+//! manager. The fake is a real rustls server configured as the manager's is (client
+//! certificates required, verified against a CA directory); it records the method, target and
+//! JSON body of each request, which the tests compare with what the API expects, and answers
+//! with `ongrid_core::api` values. The full API against the real manager is covered by the
+//! end-to-end suite.
 
 // This file is all test code (`unwrap_used` is denied outside tests): a failed unwrap is a
 // failed test.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use ongrid_core::api::{
+    AddKey, AuditRecord, CreateSession, ErrorBody, ErrorDetail, GpuView, Institute, KeyView,
+    NodeView, SessionView, SetGpuMode, WhoAmI,
+};
+use ongrid_core::image::{
+    Compression, CreateImage, ImageProgress, ImageReference, ImageState, ImageView,
+};
+use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
+use ongrid_core::{
+    Cidr, ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid,
+    InstituteName, MemorySize, NodeName, SessionId, SessionName, SessionState, Sharing, Transition,
+    UserName,
+};
 use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde::Serialize;
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -139,79 +158,213 @@ impl UserFiles {
     }
 }
 
+/// What devctl sent the fake manager: the method, the request target (path and query as sent,
+/// URL-encoded), and the JSON body, if any.
+#[derive(Debug, Clone, PartialEq)]
+struct Sent {
+    method: &'static str,
+    target: String,
+    body: Option<Value>,
+}
+
+impl Sent {
+    fn new(method: &'static str, target: &str) -> Self {
+        Self {
+            method,
+            target: target.to_owned(),
+            body: None,
+        }
+    }
+
+    /// With the JSON of one of `ongrid_core::api`'s request types as the body.
+    fn json(self, body: &impl Serialize) -> Self {
+        Self {
+            body: Some(serde_json::to_value(body).unwrap()),
+            ..self
+        }
+    }
+}
+
+/// One scripted answer of the fake manager: a status and the JSON of an `ongrid_core::api`
+/// type.
+#[derive(Debug, Clone)]
+struct Answer {
+    status: &'static str,
+    body: Value,
+}
+
+impl Answer {
+    fn ok(body: &impl Serialize) -> Self {
+        Self::with_status("200 OK", body)
+    }
+
+    fn with_status(status: &'static str, body: &impl Serialize) -> Self {
+        Self {
+            status,
+            body: serde_json::to_value(body).unwrap(),
+        }
+    }
+
+    /// The API's error body.
+    fn error(status: &'static str, code: &str, message: &str) -> Self {
+        Self::with_status(
+            status,
+            &ErrorBody {
+                error: ErrorDetail {
+                    code: code.to_owned(),
+                    message: message.to_owned(),
+                },
+            },
+        )
+    }
+
+    fn to_http(&self) -> String {
+        let body = self.body.to_string();
+        format!(
+            "HTTP/1.1 {}\r\ncontent-type: application/json\r\nconnection: close\r\n\
+             content-length: {}\r\n\r\n{body}",
+            self.status,
+            body.len()
+        )
+    }
+}
+
 /// A TLS server as the manager runs it: its certificate from `server_ca`, client certificates
-/// required and verified against `client_ca`. It answers each connection whose handshake
-/// succeeds with `response`. Returns the URL.
-async fn tls_server(server_ca: &Ca, client_ca: &Ca, response: String) -> String {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(client_ca.cert.der().clone()).unwrap();
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()
-    .unwrap();
-    let (cert, key) = server_ca.issue("Example", "manager", &["127.0.0.1"]);
-    let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
+/// required and verified against `client_ca`. It records every request whose handshake
+/// succeeds and answers them with `answers`, in order; a request past the script gets a 500
+/// whose message says so, which devctl prints.
+struct FakeManager {
+    url: String,
+    sent: Arc<Mutex<Vec<Sent>>>,
+}
+
+impl FakeManager {
+    async fn start(server_ca: &Ca, client_ca: &Ca, answers: Vec<Answer>) -> Self {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(client_ca.cert.der().clone()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
         .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let acceptor = acceptor.clone();
-            let response = response.clone();
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
+        let (cert, key) = server_ca.issue("Example", "manager", &["127.0.0.1"]);
+        let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let recorded = sent.clone();
+        let answers = Arc::new(Mutex::new(VecDeque::from(answers)));
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
-                let mut request = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let _ = tls.write_all(response.as_bytes()).await;
+                let Ok(mut tls) = acceptor.clone().accept(tcp).await else {
+                    continue;
+                };
+                // One request per connection (answers say `connection: close`), in the order
+                // devctl sends them.
+                let Some(request) = read_request(&mut tls).await else {
+                    continue;
+                };
+                recorded.lock().unwrap().push(request);
+                let answer = answers.lock().unwrap().pop_front().unwrap_or_else(|| {
+                    Answer::error(
+                        "500 Internal Server Error",
+                        "internal",
+                        "the fake manager has no answer scripted for this request",
+                    )
+                });
+                let _ = tls.write_all(answer.to_http().as_bytes()).await;
                 let _ = tls.shutdown().await;
-            });
+            }
+        });
+        Self { url, sent }
+    }
+
+    /// The requests received so far.
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+/// Reads one HTTP/1.1 request: request line, headers, and a `content-length` body.
+async fn read_request(
+    tls: &mut tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+) -> Option<Sent> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
         }
-    });
-    url
+        match tls.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8(data[..head_end].to_vec()).unwrap();
+    let mut lines = head.split("\r\n");
+    let mut request_line = lines.next().unwrap().split(' ');
+    let method = match request_line.next().unwrap() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        other => panic!("unexpected method {other}"),
+    };
+    let target = request_line.next().unwrap().to_owned();
+    let length: usize = lines
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .map_or(0, |(_, value)| value.trim().parse().unwrap());
+    while data.len() < head_end + length {
+        match tls.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+    let body = &data[head_end..head_end + length];
+    let body = (!body.is_empty()).then(|| serde_json::from_slice(body).unwrap());
+    Some(Sent {
+        method,
+        target,
+        body,
+    })
 }
 
-/// An HTTP/1.1 answer with a JSON body.
-fn http_response(status: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
+fn key_view() -> KeyView {
+    KeyView {
+        fingerprint: "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI".into(),
+        algorithm: "ssh-ed25519".into(),
+        comment: "alice@laptop".into(),
+        owner: Dn::parse("/DC=org/O=Example/CN=Alice Smith").unwrap(),
+        added_at: "2026-11-21T10:00:00Z".parse().unwrap(),
+        expires_at: "2026-11-22T10:00:00Z".parse().unwrap(),
+    }
 }
 
-fn not_found() -> String {
-    http_response(
-        "404 Not Found",
-        r#"{"error":{"code":"not_found","message":"no session train1: list yours with devctl session ls"}}"#,
-    )
-}
-
-fn whoami() -> String {
-    http_response(
-        "200 OK",
-        r#"{"dn":"/DC=org/O=Example/CN=Alice Smith","user_name":"alice-smith","uid":20000,"admin":true}"#,
-    )
+fn whoami_view() -> WhoAmI {
+    WhoAmI {
+        dn: Dn::parse("/DC=org/O=Example/CN=Alice Smith").unwrap(),
+        user_name: UserName::parse("alice-smith").unwrap(),
+        uid: 20000,
+        admin: true,
+        credential: None,
+        vos: Vec::new(),
+        fqans: Vec::new(),
+        not_after: None,
+    }
 }
 
 #[tokio::test]
@@ -427,8 +580,13 @@ const ED25519_KEY: &str =
 #[tokio::test]
 async fn key_add_sends_the_default_key_and_prints_its_expiry() {
     let ca = Ca::new("Site CA");
-    let key_view = r#"{"fingerprint":"SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI","algorithm":"ssh-ed25519","comment":"alice@laptop","owner":"/DC=org/O=Example/CN=Alice Smith","added_at":"2026-11-21T10:00:00Z","expires_at":"2026-11-22T10:00:00Z"}"#;
-    let url = tls_server(&ca, &ca, http_response("201 Created", key_view)).await;
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![Answer::with_status("201 Created", &key_view())],
+    )
+    .await;
+    let url = manager.url.clone();
     let files = UserFiles::new(&ca, &ca);
     let ssh = files.home.path().join(".ssh");
     std::fs::create_dir(&ssh).unwrap();
@@ -452,6 +610,12 @@ async fn key_add_sends_the_default_key_and_prints_its_expiry() {
         stdout(&output),
         "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
          added\nexpires 2026-11-22 10:00:00Z (with the certificate or proxy used)\n"
+    );
+    assert_eq!(
+        manager.sent(),
+        [Sent::new("POST", "/v1/keys").json(&AddKey {
+            public_key: ED25519_KEY.to_owned()
+        })]
     );
 }
 
@@ -532,7 +696,9 @@ async fn a_refused_certificate_is_named_by_its_dn() {
     let site_ca = Ca::new("Site CA");
     let stranger_ca = Ca::new("Stranger CA");
     // The manager trusts only the site CA for clients; Alice's certificate is from another.
-    let url = tls_server(&site_ca, &site_ca, whoami()).await;
+    let url = FakeManager::start(&site_ca, &site_ca, vec![Answer::ok(&whoami_view())])
+        .await
+        .url;
     let files = UserFiles::new(&site_ca, &stranger_ca);
     let output = devctl(files.home.path(), &files.env(&url), &["whoami"]).await;
     // The manager's unknown_ca alert: the issuer, and where the manager looks CAs up.
@@ -548,7 +714,9 @@ async fn a_refused_certificate_is_named_by_its_dn() {
 #[tokio::test]
 async fn an_expired_certificate_is_called_expired() {
     let ca = Ca::new("Site CA");
-    let url = tls_server(&ca, &ca, whoami()).await;
+    let url = FakeManager::start(&ca, &ca, vec![Answer::ok(&whoami_view())])
+        .await
+        .url;
     let expired = ca.issue_with("Example", "Alice Smith", &[], |params| {
         params.not_before = rcgen::date_time_ymd(2024, 1, 1);
         params.not_after = rcgen::date_time_ymd(2024, 1, 2);
@@ -572,7 +740,9 @@ async fn an_untrusted_manager_certificate_names_the_ca_dir() {
     let site_ca = Ca::new("Site CA");
     let other_ca = Ca::new("Other CA");
     // The manager's certificate is from a CA that the user's CA directory does not hold.
-    let url = tls_server(&other_ca, &site_ca, whoami()).await;
+    let url = FakeManager::start(&other_ca, &site_ca, vec![Answer::ok(&whoami_view())])
+        .await
+        .url;
     let files = UserFiles::new(&site_ca, &site_ca);
     let output = devctl(files.home.path(), &files.env(&url), &["whoami"]).await;
     assert_eq!(
@@ -588,11 +758,20 @@ async fn an_untrusted_manager_certificate_names_the_ca_dir() {
 #[tokio::test]
 async fn an_api_error_prints_its_message() {
     let ca = Ca::new("Site CA");
-    let url = tls_server(&ca, &ca, not_found()).await;
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![Answer::error(
+            "404 Not Found",
+            "not_found",
+            "no session train1: list yours with devctl session ls",
+        )],
+    )
+    .await;
     let files = UserFiles::new(&ca, &ca);
     let output = devctl(
         files.home.path(),
-        &files.env(&url),
+        &files.env(&manager.url),
         &["session", "show", "train1"],
     )
     .await;
@@ -600,20 +779,577 @@ async fn an_api_error_prints_its_message() {
         one_line_error(&output),
         "error: no session train1: list yours with devctl session ls"
     );
+    assert_eq!(manager.sent(), [Sent::new("GET", "/v1/sessions/train1")]);
 }
 
 #[tokio::test]
 async fn an_accepted_certificate_gets_an_answer() {
     let ca = Ca::new("Site CA");
-    let url = tls_server(&ca, &ca, whoami()).await;
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![Answer::ok(&whoami_view()), Answer::ok(&whoami_view())],
+    )
+    .await;
     let files = UserFiles::new(&ca, &ca);
-    let output = devctl(files.home.path(), &files.env(&url), &["whoami"]).await;
+    let env = files.env(&manager.url);
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stdout(&output),
         "dn:     /DC=org/O=Example/CN=Alice Smith\nlogin:  alice-smith\nuid:    20000\nadmin:  yes\n"
     );
-    let output = devctl(files.home.path(), &files.env(&url), &["whoami", "--json"]).await;
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(json["uid"], 20000);
+    let output = devctl(files.home.path(), &env, &["whoami", "--json"]).await;
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json, serde_json::to_value(whoami_view()).unwrap());
+    assert_eq!(
+        manager.sent(),
+        [
+            Sent::new("GET", "/v1/whoami"),
+            Sent::new("GET", "/v1/whoami")
+        ]
+    );
+}
+
+// Every command against the fake manager: what devctl sends, and what it prints.
+
+const ALICE: &str = "/DC=org/O=Example/CN=Alice Smith";
+/// `?owner=` + ALICE, form-encoded as reqwest sends it.
+const OWNER_QUERY: &str = "owner=%2FDC%3Dorg%2FO%3DExample%2FCN%3DAlice+Smith";
+const FINGERPRINT: &str = "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI";
+const UUID_A: &str = "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f";
+const SESSION_ID: &str = "6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f";
+const DIGEST: &str = "sha256:98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229";
+
+fn time(text: &str) -> chrono::DateTime<chrono::Utc> {
+    text.parse().unwrap()
+}
+
+fn session_view(state: SessionState) -> SessionView {
+    SessionView {
+        id: SessionId(SESSION_ID.parse().unwrap()),
+        name: SessionName::parse("train1").unwrap(),
+        owner: Dn::parse(ALICE).unwrap(),
+        user_name: UserName::parse("alice-smith").unwrap(),
+        state,
+        reason: "placed on node1".into(),
+        request: GpuRequest::default(),
+        image: "ongrid/dev:latest".into(),
+        node: Some(NodeName::parse("node1").unwrap()),
+        gpus: vec![GpuId::parse(UUID_A).unwrap()],
+        container: "ongrid-6f1c2d3e4a5b4c6d8e9f0a1b2c3d4e5f".into(),
+        created_at: time("2026-11-21T10:00:03Z"),
+        queue_position: None,
+        transitions: vec![Transition {
+            from: None,
+            to: SessionState::Pending,
+            at: time("2026-11-21T10:00:03Z"),
+            reason: "created".into(),
+        }],
+        lifecycle: None,
+    }
+}
+
+fn pending_view(position: u32) -> SessionView {
+    SessionView {
+        node: None,
+        gpus: vec![],
+        queue_position: Some(position),
+        reason: "created".into(),
+        ..session_view(SessionState::Pending)
+    }
+}
+
+fn gpu_view(mode: GpuMode) -> GpuView {
+    GpuView {
+        info: GpuInfo {
+            uuid: GpuUuid::parse(UUID_A).unwrap(),
+            model: "NVIDIA A100-SXM4-40GB".into(),
+            capability: ComputeCapability::new(8, 0),
+            memory: MemorySize::from_mib(40_960),
+            pci_bus_id: None,
+            driver_version: None,
+            mig_enabled: false,
+            health: GpuHealth::Healthy,
+            utilization_percent: None,
+        },
+        node: NodeName::parse("node1").unwrap(),
+        mode,
+        used: 1,
+        free: mode.capacity() - 1,
+        sessions: vec![SessionName::parse("train1").unwrap()],
+    }
+}
+
+fn institute_view() -> Institute {
+    Institute {
+        name: InstituteName::parse("local").unwrap(),
+        cidrs: vec![
+            Cidr::parse("127.0.0.0/8").unwrap(),
+            Cidr::parse("::1/128").unwrap(),
+        ],
+    }
+}
+
+fn audit_record() -> AuditRecord {
+    AuditRecord {
+        connection_id: "9b2e8a4c-1d3f-4e5a-8b7c-6d5e4f3a2b1c".parse().unwrap(),
+        owner: Dn::parse(ALICE).unwrap(),
+        fingerprint: key_view().fingerprint,
+        source: "192.0.2.7".parse().unwrap(),
+        institute: InstituteName::parse("local").unwrap(),
+        session_id: SessionId(SESSION_ID.parse().unwrap()),
+        session_name: SessionName::parse("train1").unwrap(),
+        opened_at: time("2026-11-21T10:01:00Z"),
+        closed_at: None,
+        bytes_in: 1536,
+        bytes_out: 0,
+    }
+}
+
+fn image_view(state: ImageState) -> ImageView {
+    let ready = state == ImageState::Ready;
+    ImageView {
+        id: "1059acb6-44be-478d-a0f7-02810ec78a7d".parse().unwrap(),
+        name: "mymodel".into(),
+        version: "v1".into(),
+        reference: "mymodel:v1".into(),
+        owner: Dn::parse(ALICE).unwrap(),
+        user_name: UserName::parse("alice-smith").unwrap(),
+        state,
+        reason: "frozen on node1".into(),
+        digest: ready.then(|| DIGEST.to_owned()),
+        size: ready.then_some(83_058_688),
+        sif_path: ready.then(|| format!("/images/sha256/{}.sif", &DIGEST[7..])),
+        docker_image: ready.then(|| "ongrid/alice-smith/mymodel:v1".to_owned()),
+        node: NodeName::parse("node1").unwrap(),
+        session: SessionName::parse("train1").unwrap(),
+        session_id: SessionId(SESSION_ID.parse().unwrap()),
+        base_image: "ongrid/dev:latest".into(),
+        compression: Compression::Gzip,
+        created_at: time("2026-11-22T00:33:56Z"),
+        finished_at: ready.then(|| time("2026-11-22T00:35:04Z")),
+        superseded_at: None,
+        progress: (!ready).then_some(ImageProgress {
+            bytes_done: 0,
+            bytes_total: 0,
+        }),
+    }
+}
+
+/// One devctl invocation against a fresh fake manager.
+struct Case {
+    args: &'static [&'static str],
+    answers: Vec<Answer>,
+    /// What devctl must send, in order.
+    sent: Vec<Sent>,
+    /// What stdout must contain; with `--json` in `args`, stdout must be the last answer's
+    /// JSON instead.
+    stdout: &'static str,
+}
+
+async fn check(case: Case) {
+    let ca = Ca::new("Site CA");
+    let last_answer = case.answers.last().map(|a| a.body.clone());
+    let manager = FakeManager::start(&ca, &ca, case.answers).await;
+    let files = UserFiles::new(&ca, &ca);
+    let output = devctl(files.home.path(), &files.env(&manager.url), case.args).await;
+    let args = case.args.join(" ");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "devctl {args}: {}",
+        stderr(&output)
+    );
+    assert_eq!(manager.sent(), case.sent, "devctl {args}");
+    let text = stdout(&output);
+    if case.args.contains(&"--json") {
+        let json: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(Some(json), last_answer, "devctl {args}");
+    } else {
+        assert!(
+            text.contains(case.stdout),
+            "devctl {args} prints {:?}:\n{text}",
+            case.stdout
+        );
+    }
+}
+
+#[tokio::test]
+async fn session_commands_send_their_routes_and_bodies() {
+    let cases = vec![
+        Case {
+            args: &[
+                "session",
+                "new",
+                "--name",
+                "train1",
+                "--gpus",
+                "2",
+                "--min-capability",
+                "8.0",
+                "--min-gpu-memory",
+                "40G",
+                "--share",
+                "any",
+                "--image",
+                "ongrid/dev:latest",
+                "--idle-timeout",
+                "2h",
+                "--max-duration",
+                "3d",
+            ],
+            answers: vec![Answer::with_status(
+                "201 Created",
+                &session_view(SessionState::Starting),
+            )],
+            sent: vec![Sent::new("POST", "/v1/sessions").json(&CreateSession {
+                name: Some(SessionName::parse("train1").unwrap()),
+                gpus: GpuRequest {
+                    count: 2,
+                    min_capability: Some(ComputeCapability::new(8, 0)),
+                    min_memory: Some(MemorySize(40_000_000_000)),
+                    sharing: Sharing::Any,
+                },
+                image: Some("ongrid/dev:latest".into()),
+                idle_timeout_secs: Some(7200),
+                max_duration_secs: Some(3 * 86_400),
+            })],
+            stdout: "name:       train1\nowner:      /DC=org/O=Example/CN=Alice Smith (alice-smith)\nstate:      STARTING\n",
+        },
+        Case {
+            args: &["session", "new", "--wait", "--json"],
+            answers: vec![
+                Answer::with_status("201 Created", &pending_view(1)),
+                Answer::ok(&session_view(SessionState::Waiting)),
+            ],
+            sent: vec![
+                Sent::new("POST", "/v1/sessions").json(&CreateSession {
+                    name: None,
+                    gpus: GpuRequest::default(),
+                    image: None,
+                    idle_timeout_secs: None,
+                    max_duration_secs: None,
+                }),
+                Sent::new("GET", "/v1/sessions/train1"),
+            ],
+            stdout: "",
+        },
+        Case {
+            args: &["session", "ls", "--all"],
+            answers: vec![Answer::ok(&[session_view(SessionState::Waiting), pending_view(2)])],
+            sent: vec![Sent::new("GET", "/v1/sessions?all=true")],
+            stdout: "NAME    STATE                  NODE   GPUS  CREATED               OWNER                             REASON\n\
+                     train1  WAITING                node1  1     2026-11-21 10:00:03Z  /DC=org/O=Example/CN=Alice Smith  placed on node1\n\
+                     train1  PENDING (#2 in queue)  -      1     2026-11-21 10:00:03Z  /DC=org/O=Example/CN=Alice Smith  created\n",
+        },
+        Case {
+            args: &["session", "ls", "--json"],
+            answers: vec![Answer::ok(&[session_view(SessionState::Waiting)])],
+            sent: vec![Sent::new("GET", "/v1/sessions")],
+            stdout: "",
+        },
+        Case {
+            args: &["session", "show", "train1", "--owner", ALICE],
+            answers: vec![Answer::ok(&session_view(SessionState::Idle))],
+            sent: vec![Sent::new("GET", &format!("/v1/sessions/train1?{OWNER_QUERY}"))],
+            stdout: "transitions:\n  2026-11-21 10:00:03Z    → PENDING  created\n",
+        },
+        Case {
+            args: &["session", "rm", "train1"],
+            answers: vec![Answer::ok(&session_view(SessionState::Ended))],
+            sent: vec![Sent::new("DELETE", "/v1/sessions/train1")],
+            stdout: "session train1 removed (ENDED)\n",
+        },
+        Case {
+            args: &["session", "hold", "train1", "--owner", ALICE, "--reason", "GPU maintenance"],
+            answers: vec![Answer::ok(&session_view(SessionState::Held))],
+            sent: vec![
+                Sent::new("POST", &format!("/v1/sessions/train1/hold?{OWNER_QUERY}")).json(
+                    &HoldRequest {
+                        reason: Some("GPU maintenance".into()),
+                    },
+                ),
+            ],
+            stdout: "session train1 is HELD: its GPUs are free for others, its files are kept; \
+                     bring it back with `devctl session release train1`\n",
+        },
+        Case {
+            args: &["session", "hold", "train1"],
+            answers: vec![Answer::ok(&session_view(SessionState::Held))],
+            sent: vec![Sent::new("POST", "/v1/sessions/train1/hold")
+                .json(&HoldRequest { reason: None })],
+            stdout: "session train1 is HELD",
+        },
+        Case {
+            args: &["session", "release", "train1"],
+            answers: vec![Answer::ok(&SessionView {
+                node: Some(NodeName::parse("node1").unwrap()),
+                ..pending_view(1)
+            })],
+            sent: vec![Sent::new("POST", "/v1/sessions/train1/release")],
+            stdout: "session train1 released: PENDING at position 1 in the queue; it restarts in \
+                     its container on node1 when a GPU frees there (devctl session show train1)\n",
+        },
+        Case {
+            args: &["session", "keep", "train1", "--for", "4h", "--json"],
+            answers: vec![Answer::ok(&session_view(SessionState::Idle))],
+            sent: vec![Sent::new("POST", "/v1/sessions/train1/keep").json(&KeepRequest {
+                duration_secs: 4 * 3600,
+            })],
+            stdout: "",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn a_queued_session_is_noted_on_stderr() {
+    let ca = Ca::new("Site CA");
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![Answer::with_status("201 Created", &pending_view(3))],
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let output = devctl(
+        files.home.path(),
+        &files.env(&manager.url),
+        &["session", "new", "--json"],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        "no GPU free now: queued at position 3; it starts when a GPU frees (devctl session show \
+         train1)\n"
+    );
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["queue_position"], 3);
+}
+
+#[tokio::test]
+async fn gpu_key_and_admin_commands_send_their_routes_and_bodies() {
+    let cases = vec![
+        Case {
+            args: &["gpus"],
+            answers: vec![Answer::ok(&[NodeView {
+                name: NodeName::parse("node1").unwrap(),
+                online: true,
+                last_seen: time("2026-11-21T10:00:00Z"),
+                gpu_backend: "simulated".into(),
+                gpus: vec![gpu_view(GpuMode::Exclusive)],
+            }])],
+            sent: vec![Sent::new("GET", "/v1/nodes")],
+            stdout: "NODE   GPU                                       MODEL                  CC   MEMORY    MODE       USED/CAP  FREE  HEALTH  SESSIONS\n\
+                     node1  GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  1/1       0     ok      train1\n",
+        },
+        Case {
+            args: &["admin", "gpu", "mode", UUID_A, "shared:4"],
+            answers: vec![Answer::ok(&gpu_view(GpuMode::Shared { max_sessions: 4 }))],
+            sent: vec![Sent::new("PUT", &format!("/v1/gpus/{UUID_A}/mode")).json(&SetGpuMode {
+                mode: GpuMode::Shared { max_sessions: 4 },
+            })],
+            stdout: "GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f on node1 is now shared:4 (1 of 4 in use)\n",
+        },
+        Case {
+            args: &["key", "ls", "--all"],
+            answers: vec![Answer::ok(&[key_view()])],
+            sent: vec![Sent::new("GET", "/v1/keys?all=true")],
+            stdout: "SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  ssh-ed25519  alice@laptop  /DC=org/O=Example/CN=Alice Smith  2026-11-21 10:00:00Z  2026-11-22 10:00:00Z",
+        },
+        Case {
+            args: &["key", "rm", FINGERPRINT],
+            answers: vec![Answer::ok(&key_view())],
+            sent: vec![Sent::new(
+                "DELETE",
+                "/v1/keys?fingerprint=SHA256%3AJHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI",
+            )],
+            stdout: "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) removed\n",
+        },
+        Case {
+            args: &["admin", "institute", "add", "local", "127.0.0.0/8", "::1/128"],
+            answers: vec![Answer::with_status("201 Created", &institute_view())],
+            sent: vec![Sent::new("POST", "/v1/institutes").json(&institute_view())],
+            stdout: "institute local added: 127.0.0.0/8, ::1/128\n",
+        },
+        Case {
+            args: &["admin", "institute", "ls"],
+            answers: vec![Answer::ok(&[institute_view()])],
+            sent: vec![Sent::new("GET", "/v1/institutes")],
+            stdout: "NAME   NETWORKS\nlocal  127.0.0.0/8, ::1/128\n",
+        },
+        Case {
+            args: &["admin", "institute", "show", "local", "--json"],
+            answers: vec![Answer::ok(&institute_view())],
+            sent: vec![Sent::new("GET", "/v1/institutes/local")],
+            stdout: "",
+        },
+        Case {
+            args: &["admin", "institute", "rm", "local"],
+            answers: vec![Answer::ok(&institute_view())],
+            sent: vec![Sent::new("DELETE", "/v1/institutes/local")],
+            stdout: "institute local removed: 127.0.0.0/8, ::1/128 no longer allowed\n",
+        },
+        Case {
+            args: &["admin", "audit", "--user", ALICE, "--since", "2026-11-21T10:00:00Z"],
+            answers: vec![Answer::ok(&[audit_record()])],
+            sent: vec![Sent::new(
+                "GET",
+                "/v1/audit?user=%2FDC%3Dorg%2FO%3DExample%2FCN%3DAlice+Smith&since=2026-11-21T10%3A00%3A00Z",
+            )],
+            stdout: "2026-11-21 10:01:00Z  open    /DC=org/O=Example/CN=Alice Smith  SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  192.0.2.7  local      train1   1.5 KiB  0 B\n",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn key_add_of_a_known_key_says_it_was_renewed() {
+    let ca = Ca::new("Site CA");
+    let manager = FakeManager::start(&ca, &ca, vec![Answer::ok(&key_view())]).await;
+    let files = UserFiles::new(&ca, &ca);
+    let file = files.home.path().join("laptop.pub");
+    std::fs::write(&file, format!("  {ED25519_KEY}  \n")).unwrap();
+    let output = devctl(
+        files.home.path(),
+        &files.env(&manager.url),
+        &["key", "add", file.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("(ssh-ed25519, alice@laptop) was already yours: renewed\n"),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(
+        manager.sent(),
+        [Sent::new("POST", "/v1/keys").json(&AddKey {
+            public_key: ED25519_KEY.to_owned()
+        })]
+    );
+}
+
+#[tokio::test]
+async fn image_commands_send_their_routes_and_bodies() {
+    let create = |force: bool, compression: Compression| CreateImage {
+        session: SessionName::parse("train1").unwrap(),
+        reference: ImageReference::parse("mymodel:v1").unwrap(),
+        force,
+        compression,
+    };
+    let cases = vec![
+        Case {
+            args: &["freeze", "train1", "--tag", "mymodel:v1", "--no-wait"],
+            answers: vec![Answer::with_status(
+                "201 Created",
+                &image_view(ImageState::Building),
+            )],
+            sent: vec![Sent::new("POST", "/v1/images").json(&create(false, Compression::Gzip))],
+            stdout: "freezing session train1 to mymodel:v1 on node1 (BUILDING): follow it with \
+                     `devctl image show mymodel:v1`\n",
+        },
+        Case {
+            args: &[
+                "freeze",
+                "train1",
+                "--tag",
+                "mymodel:v1",
+                "--force",
+                "--compression",
+                "zstd",
+            ],
+            answers: vec![
+                Answer::with_status("201 Created", &image_view(ImageState::Building)),
+                Answer::ok(&image_view(ImageState::Ready)),
+            ],
+            sent: vec![
+                Sent::new("POST", "/v1/images").json(&create(true, Compression::Zstd)),
+                Sent::new("GET", "/v1/images/mymodel:v1"),
+            ],
+            stdout: "image mymodel:v1 is READY\n  SIF:          /images/sha256/98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229.sif\n  digest:       sha256:98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229\n  size:         79.2 MiB\n  Docker image: ongrid/alice-smith/mymodel:v1 (on node node1)\n",
+        },
+        Case {
+            args: &["image", "ls", "--all"],
+            answers: vec![Answer::ok(&[image_view(ImageState::Ready)])],
+            sent: vec![Sent::new("GET", "/v1/images?all=true")],
+            stdout: "IMAGE       STATE  SIZE      DIGEST               SESSION  CREATED               OWNER\n\
+                     mymodel:v1  READY  79.2 MiB  sha256:98fbda8214f8  train1   2026-11-22 00:33:56Z  /DC=org/O=Example/CN=Alice Smith\n",
+        },
+        Case {
+            args: &["image", "show", DIGEST, "--owner", ALICE],
+            answers: vec![Answer::ok(&image_view(ImageState::Ready))],
+            sent: vec![Sent::new("GET", &format!("/v1/images/{DIGEST}?{OWNER_QUERY}"))],
+            stdout: "image:         mymodel:v1\nstate:         READY\n",
+        },
+        Case {
+            args: &["image", "rm", "mymodel:v1", "--json"],
+            answers: vec![Answer::ok(&image_view(ImageState::Deleted))],
+            sent: vec![Sent::new("DELETE", "/v1/images/mymodel:v1")],
+            stdout: "",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn a_failed_freeze_says_why_and_shows_its_progress_on_stderr() {
+    let ca = Ca::new("Site CA");
+    let failed = ImageView {
+        reason: "image store /images is full: free space or ask the admin".into(),
+        progress: None,
+        ..image_view(ImageState::Failed)
+    };
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![
+            Answer::with_status("201 Created", &image_view(ImageState::Building)),
+            Answer::ok(&ImageView {
+                progress: Some(ImageProgress {
+                    bytes_done: 50 << 20,
+                    bytes_total: 100 << 20,
+                }),
+                ..image_view(ImageState::Building)
+            }),
+            Answer::ok(&failed),
+        ],
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let output = devctl(
+        files.home.path(),
+        &files.env(&manager.url),
+        &["freeze", "train1", "--tag", "mymodel:v1"],
+    )
+    .await;
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines[0],
+        "freezing session train1 to mymodel:v1 on node1 (interrupting devctl does not stop the \
+         freeze)"
+    );
+    // Not a terminal: a plain line (the second poll comes within 5 s, so only one).
+    assert!(
+        lines[1].starts_with("[###############---------------]  50%  50.0 MiB / 100.0 MiB"),
+        "{err}"
+    );
+    assert_eq!(
+        lines[2..],
+        [
+            "error: freezing session train1 to mymodel:v1 failed (FAILED): image store /images is \
+          full: free space or ask the admin"
+        ]
+    );
+    assert_eq!(manager.sent().len(), 3);
 }
