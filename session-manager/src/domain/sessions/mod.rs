@@ -10,7 +10,7 @@
 //! - [`holds`]: the hold policy (no-connection, idle, max-duration), deadlines and the
 //!   "why is it still alive?" view.
 //!
-//! [`Change`] is the one shape of a decision; [`crate::store::Store::transition`] stores it
+//! [`Change`] is the one shape of a decision; the store's `Store::transition` stores it
 //! through the session's [`ongrid_core::Lifecycle`], which refuses a change the state machine
 //! does not allow.
 
