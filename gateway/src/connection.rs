@@ -4,9 +4,10 @@
 //! ask the [`Authenticator`] (a cached manager lookup with a short timeout, in its own task);
 //! that only ever holds up this not-yet-authenticated connection. Channel opens become
 //! [`Event`]s for the connection task, which decides and spawns one task per channel
-//! (`channel.rs`). Channel requests, data, EOF and close go straight to the channel's own input
-//! queue (`input.rs`, where the handler waits when a channel is too far behind, and why that
-//! wait never deadlocks). The connection task never waits on the SSH session, so it can always
+//! (`channel.rs`). Channel requests are answered by the handler as they arrive (`requests.rs`:
+//! the only moment russh knows whether the client wants a reply), and the granted ones, data,
+//! EOF and close go straight to the channel's own input queue (`input.rs`, where the handler
+//! waits when a channel is too far behind, and why that wait never deadlocks). The connection task never waits on the SSH session, so it can always
 //! take the handler's next event.
 //!
 //! How refusals reach the user: SSH has no text on an authentication failure. When the manager
@@ -53,7 +54,8 @@ use crate::requests::{Answer, ChannelKind};
 use crate::services::Services;
 use crate::startups::StartupPermit;
 
-/// An unauthenticated connection is closed after this long (like sshd's `LoginGraceTime`).
+/// An unauthenticated connection is closed after this long (like sshd's `LoginGraceTime`); until
+/// then it holds one of the slots of `startups.rs`.
 pub const LOGIN_GRACE: Duration = Duration::from_secs(120);
 /// The longest the manager may take to route a connection.
 pub const ROUTE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,14 +1,15 @@
 //! PROXY protocol version 2 (the binary header HAProxy and cloud L4 load balancers send before
 //! the client's bytes), so the gateway sees the client's address when it sits behind a
-//! balancer. A small pure parser ([`parse`]) plus [`read_header`], which reads exactly the
-//! header off a stream and nothing of the SSH bytes after it, and [`SignatureGuard`], which
-//! spots a header sent by a peer that is not trusted to send one.
-//!
-//! Only TCP over IPv4 or IPv6 is accepted for `PROXY`; `LOCAL` (the balancer's own health
-//! checks) carries no client address. TLVs after the addresses are skipped.
+//! balancer. The header itself is parsed and built by the `ppp` crate; this module adds the
+//! gateway's policy ([`parse`]: only TCP over IPv4 or IPv6 for `PROXY`, `LOCAL` for the
+//! balancer's own health checks, at most [`MAX_BODY_LEN`] bytes after the fixed part, TLVs
+//! skipped), [`read_header`], which reads exactly the header off a stream and nothing of the
+//! SSH bytes after it, and [`SignatureGuard`], which spots a header sent by a peer that is not
+//! trusted to send one. Addresses are returned as sent; the caller normalises IPv4-mapped ones.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
+use ppp::v2::{self as ppp2, Addresses, Command, Protocol};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The 12 bytes every v2 header starts with.
@@ -20,8 +21,6 @@ pub const MAX_BODY_LEN: usize = 2048;
 
 const FAMILY_TCP4: u8 = 0x11;
 const FAMILY_TCP6: u8 = 0x21;
-const TCP4_LEN: usize = 12;
-const TCP6_LEN: usize = 36;
 
 /// What a header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,124 +59,100 @@ pub enum ProxyError {
     TooLong(usize),
     #[error("PROXY protocol address block of {len} bytes is too short for family {family:#04x}")]
     Truncated { family: u8, len: usize },
+    #[error("PROXY protocol header is malformed: {0}")]
+    Malformed(String),
 }
 
 /// Parses a v2 header at the start of `bytes`.
 pub fn parse(bytes: &[u8]) -> Result<Parsed, ProxyError> {
-    let signature_seen = bytes.len().min(SIGNATURE.len());
-    if bytes[..signature_seen] != SIGNATURE[..signature_seen] {
-        return Err(ProxyError::NoSignature);
-    }
-    let Some(fixed) = bytes.get(..FIXED_LEN) else {
-        return Ok(Parsed::Incomplete { needed: FIXED_LEN });
+    // The family/transport byte, for messages (present whenever ppp gets that far).
+    let family = bytes.get(13).copied().unwrap_or_default();
+    let header = match ppp2::Header::try_from(bytes) {
+        Ok(header) => header,
+        Err(ppp2::ParseError::Incomplete(_)) => {
+            return Ok(Parsed::Incomplete { needed: FIXED_LEN })
+        }
+        Err(ppp2::ParseError::Partial(_, body_len)) => {
+            if body_len > MAX_BODY_LEN {
+                return Err(ProxyError::TooLong(body_len));
+            }
+            return Ok(Parsed::Incomplete {
+                needed: FIXED_LEN + body_len,
+            });
+        }
+        Err(ppp2::ParseError::Prefix) => return Err(ProxyError::NoSignature),
+        Err(ppp2::ParseError::Version(version)) => return Err(ProxyError::Version(version >> 4)),
+        Err(ppp2::ParseError::Command(command)) => return Err(ProxyError::Command(command)),
+        Err(ppp2::ParseError::AddressFamily(_) | ppp2::ParseError::Protocol(_)) => {
+            return Err(ProxyError::Family(family))
+        }
+        Err(ppp2::ParseError::InvalidAddresses(len, _))
+            if family == FAMILY_TCP4 || family == FAMILY_TCP6 =>
+        {
+            return Err(ProxyError::Truncated { family, len })
+        }
+        Err(ppp2::ParseError::InvalidAddresses(..)) => return Err(ProxyError::Family(family)),
+        Err(other) => return Err(ProxyError::Malformed(other.to_string())),
     };
-    let version_command = fixed[12];
-    let family = fixed[13];
-    let body_len = usize::from(u16::from_be_bytes([fixed[14], fixed[15]]));
-    if version_command >> 4 != 2 {
-        return Err(ProxyError::Version(version_command >> 4));
+    let length = header.len();
+    if length - FIXED_LEN > MAX_BODY_LEN {
+        return Err(ProxyError::TooLong(length - FIXED_LEN));
     }
-    let command = version_command & 0x0f;
-    if command > 1 {
-        return Err(ProxyError::Command(command));
-    }
-    if body_len > MAX_BODY_LEN {
-        return Err(ProxyError::TooLong(body_len));
-    }
-    let length = FIXED_LEN + body_len;
-    let Some(body) = bytes.get(FIXED_LEN..length) else {
-        return Ok(Parsed::Incomplete { needed: length });
-    };
-    let header = if command == 0 {
-        Header::Local
-    } else {
-        parse_addresses(family, body)?
+    let header = match (header.command, header.protocol, header.addresses) {
+        (Command::Local, _, _) => Header::Local,
+        (Command::Proxy, Protocol::Stream, Addresses::IPv4(ip)) => Header::Proxy {
+            source: SocketAddr::new(IpAddr::V4(ip.source_address), ip.source_port),
+            destination: SocketAddr::new(IpAddr::V4(ip.destination_address), ip.destination_port),
+        },
+        (Command::Proxy, Protocol::Stream, Addresses::IPv6(ip)) => Header::Proxy {
+            source: SocketAddr::new(IpAddr::V6(ip.source_address), ip.source_port),
+            destination: SocketAddr::new(IpAddr::V6(ip.destination_address), ip.destination_port),
+        },
+        (Command::Proxy, _, _) => return Err(ProxyError::Family(family)),
     };
     Ok(Parsed::Complete { header, length })
 }
 
-fn parse_addresses(family: u8, body: &[u8]) -> Result<Header, ProxyError> {
-    let truncated = || ProxyError::Truncated {
-        family,
-        len: body.len(),
-    };
-    let port = |at: usize| u16::from_be_bytes([body[at], body[at + 1]]);
-    match family {
-        FAMILY_TCP4 => {
-            if body.len() < TCP4_LEN {
-                return Err(truncated());
-            }
-            let ip = |at: usize| {
-                IpAddr::V4(Ipv4Addr::new(
-                    body[at],
-                    body[at + 1],
-                    body[at + 2],
-                    body[at + 3],
-                ))
-            };
-            Ok(Header::Proxy {
-                source: SocketAddr::new(ip(0), port(8)),
-                destination: SocketAddr::new(ip(4), port(10)),
-            })
-        }
-        FAMILY_TCP6 => {
-            if body.len() < TCP6_LEN {
-                return Err(truncated());
-            }
-            let ip = |at: usize| {
-                let mut octets = [0u8; 16];
-                octets.copy_from_slice(&body[at..at + 16]);
-                IpAddr::V6(Ipv6Addr::from(octets))
-            };
-            Ok(Header::Proxy {
-                source: SocketAddr::new(ip(0), port(32)),
-                destination: SocketAddr::new(ip(16), port(34)),
-            })
-        }
-        other => Err(ProxyError::Family(other)),
-    }
-}
-
-/// The v2 header for `header` (no TLVs); what a load balancer sends.
+/// The v2 header for `header` (no TLVs); what a load balancer sends. Mixed families travel as
+/// IPv6, the IPv4 address as an IPv4-mapped one.
 pub fn encode(header: &Header) -> Vec<u8> {
-    let mut out = SIGNATURE.to_vec();
-    match header {
-        Header::Local => {
-            out.extend_from_slice(&[0x20, 0x00, 0, 0]);
-        }
+    let builder = match header {
+        Header::Local => ppp2::Builder::with_addresses(
+            ppp2::Version::Two | Command::Local,
+            Protocol::Unspecified,
+            Addresses::Unspecified,
+        ),
         Header::Proxy {
             source,
             destination,
         } => {
-            let (family, body) = match (source.ip(), destination.ip()) {
-                (IpAddr::V4(s), IpAddr::V4(d)) => {
-                    let mut body = Vec::with_capacity(TCP4_LEN);
-                    body.extend_from_slice(&s.octets());
-                    body.extend_from_slice(&d.octets());
-                    (FAMILY_TCP4, body)
+            let addresses = match (source, destination) {
+                (SocketAddr::V4(_), SocketAddr::V4(_)) | (SocketAddr::V6(_), SocketAddr::V6(_)) => {
+                    Addresses::from((*source, *destination))
                 }
-                (s, d) => {
-                    let v6 = |ip: IpAddr| match ip {
+                _ => {
+                    let v6 = |address: &SocketAddr| match address.ip() {
                         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
                         IpAddr::V6(v6) => v6,
                     };
-                    let mut body = Vec::with_capacity(TCP6_LEN);
-                    body.extend_from_slice(&v6(s).octets());
-                    body.extend_from_slice(&v6(d).octets());
-                    (FAMILY_TCP6, body)
+                    Addresses::IPv6(ppp2::IPv6::new(
+                        v6(source),
+                        v6(destination),
+                        source.port(),
+                        destination.port(),
+                    ))
                 }
             };
-            let mut body = body;
-            body.extend_from_slice(&source.port().to_be_bytes());
-            body.extend_from_slice(&destination.port().to_be_bytes());
-            out.push(0x21);
-            out.push(family);
-            // At most 36 bytes: always fits.
-            out.extend_from_slice(&(body.len() as u16).to_be_bytes());
-            out.extend_from_slice(&body);
+            ppp2::Builder::with_addresses(
+                ppp2::Version::Two | Command::Proxy,
+                Protocol::Stream,
+                addresses,
+            )
         }
-    }
-    out
+    };
+    builder
+        .build()
+        .expect("a header without TLVs always fits in a Vec")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -239,6 +214,7 @@ impl SignatureGuard {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
@@ -272,6 +248,13 @@ mod tests {
             Ok(Parsed::Complete {
                 header: Header::Local,
                 length: 28
+            })
+        );
+        assert_eq!(
+            parse(&encode(&Header::Local)),
+            Ok(Parsed::Complete {
+                header: Header::Local,
+                length: FIXED_LEN
             })
         );
         // TLVs after the addresses are skipped (AWS NLB style).

@@ -670,8 +670,16 @@ allowlist_refresh = "1 second"
             .institute_of("127.0.0.1".parse().unwrap())
             .is_some();
         if !loopback_allowed {
-            // Give the first fetch a moment; tests of refusals poll on their own.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Nothing to connect to yet; the gateway has started once it asked for the list.
+            eventually("the gateway's first allowlist fetch", || async {
+                (self
+                    .manager
+                    .allowlist_fetches
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    > 0)
+                .then_some(())
+            })
+            .await;
             return;
         }
         eventually("the gateway's SSH banner", || async {

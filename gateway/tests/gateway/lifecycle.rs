@@ -9,6 +9,7 @@ use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use ongrid_core::lifecycle::{HoldReason, PlannedHold};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin};
+use tokio::task::JoinHandle;
 
 use crate::harness::{eventually, explain, run, text, Env, Options};
 
@@ -22,6 +23,8 @@ struct Shell {
     stdin: Option<ChildStdin>,
     stdout: Arc<Mutex<Vec<u8>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// The tasks copying stdout and stderr; they end at the end of the pipes.
+    collectors: Vec<JoinHandle<()>>,
 }
 
 impl Shell {
@@ -35,7 +38,7 @@ impl Shell {
         let collect = |mut from: Box<dyn tokio::io::AsyncRead + Send + Unpin>| {
             let into = Arc::new(Mutex::new(Vec::new()));
             let sink = into.clone();
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let mut buffer = vec![0u8; 4096];
                 while let Ok(n) = from.read(&mut buffer).await {
                     if n == 0 {
@@ -44,15 +47,16 @@ impl Shell {
                     sink.lock().unwrap().extend_from_slice(&buffer[..n]);
                 }
             });
-            into
+            (into, task)
         };
-        let stdout = collect(Box::new(child.stdout.take().expect("stdout")));
-        let stderr = collect(Box::new(child.stderr.take().expect("stderr")));
+        let (stdout, out_task) = collect(Box::new(child.stdout.take().expect("stdout")));
+        let (stderr, err_task) = collect(Box::new(child.stderr.take().expect("stderr")));
         Self {
             stdin: child.stdin.take(),
             child,
             stdout,
             stderr,
+            collectors: vec![out_task, err_task],
         }
     }
 
@@ -77,8 +81,13 @@ impl Shell {
             .await
             .expect("ssh ends within 30 s")
             .unwrap();
-        // The collectors read to the end of the pipes.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // ssh is gone: the collectors reach the end of its pipes.
+        for collector in std::mem::take(&mut self.collectors) {
+            tokio::time::timeout(std::time::Duration::from_secs(10), collector)
+                .await
+                .expect("ssh's pipes end with it")
+                .unwrap();
+        }
         assert!(
             status.success(),
             "{status}: {} / {}",

@@ -820,3 +820,40 @@ async fn connections_not_logged_in_are_capped_per_source() {
         .unwrap();
     assert!(status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssh_the_test_drops_is_killed() {
+    // Every ssh of these tests is spawned through `Env::ssh`, which kills it when dropped, so
+    // a failing test leaves no client behind.
+    let env = Env::start(Options::default()).await;
+    let mut ssh = env.ssh(&env.alice, "train1", env.gateway.port());
+    ssh.arg("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let child = ssh.spawn().unwrap();
+    let pid = child.id().expect("running");
+    eventually("the connection's open", || async {
+        (env.manager.events().len() == 1).then_some(())
+    })
+    .await;
+    drop(child);
+    // Gone (or a zombie waiting for tokio to reap it), and its connection closed.
+    eventually("ssh to be killed", || async {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next();
+        matches!(state, None | Some("Z")).then_some(())
+    })
+    .await;
+    let events = eventually("the close", || async {
+        let events = env.manager.events();
+        (events.len() == 2).then_some(events)
+    })
+    .await;
+    assert_eq!(events[1].event, ConnectionEventKind::Close);
+}
