@@ -1,8 +1,9 @@
 //! The planner's working copy of the site: free capacity, indexed so that one placement costs
 //! about the number of GPU classes rather than the number of GPUs.
 //!
-//! Built once per plan from the [`SiteState`], then only ever shrinks as sessions are placed.
-//! Only online nodes and healthy GPUs with a free place are in it. Three views are kept in step:
+//! Built once per plan from the [`SiteState`], then only ever shrinks as sessions and jobs are
+//! placed. Only online nodes and their healthy GPUs are in it (full GPUs too, since halting a
+//! job may free them). Three views are kept in step:
 //!
 //! - every GPU with its class and free places, numbered in (node name, GPU UUID) order, and every
 //!   node with the range of its GPUs, numbered in node-name order, so that comparing numbers
@@ -14,7 +15,7 @@
 //!   few signatures (nodes come in a handful of builds), so a multi-GPU request looks at each
 //!   signature once instead of at every node.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 
 use ongrid_core::{GpuRequest, GpuUuid, NodeName};
@@ -51,6 +52,7 @@ pub(crate) struct Index<'a> {
     free_by_class: Vec<BTreeSet<(u32, usize)>>,
     /// Nodes with at least one free GPU, grouped by signature, in name order.
     nodes_by_signature: BTreeMap<Signature, BTreeSet<usize>>,
+    by_uuid: HashMap<&'a GpuUuid, usize>,
 }
 
 impl<'a> Index<'a> {
@@ -58,11 +60,7 @@ impl<'a> Index<'a> {
         let mut online: Vec<_> = site.nodes.iter().filter(|node| node.online).collect();
         online.sort_by(|a, b| a.name.cmp(&b.name));
 
-        let usable = |node: &'a NodeState| {
-            node.gpus
-                .iter()
-                .filter(|slot| slot.healthy && slot.free_places() > 0)
-        };
+        let usable = |node: &'a NodeState| node.gpus.iter().filter(|slot| slot.healthy);
         let class_of = |slot: &GpuSlot| GpuClass {
             capability: slot.capability,
             memory: slot.memory,
@@ -81,6 +79,7 @@ impl<'a> Index<'a> {
             gpus: Vec::new(),
             nodes: Vec::with_capacity(online.len()),
             nodes_by_signature: BTreeMap::new(),
+            by_uuid: HashMap::new(),
         };
         for (node_number, node) in online.into_iter().enumerate() {
             let mut slots: Vec<_> = usable(node).collect();
@@ -90,7 +89,10 @@ impl<'a> Index<'a> {
                 let class = index.class_number(&class_of(slot));
                 let number = index.gpus.len();
                 let free = slot.free_places();
-                index.free_by_class[class].insert((free, number));
+                if free > 0 {
+                    index.free_by_class[class].insert((free, number));
+                }
+                index.by_uuid.insert(&slot.uuid, number);
                 index.gpus.push(Gpu {
                     uuid: &slot.uuid,
                     node: node_number,
@@ -162,6 +164,28 @@ impl<'a> Index<'a> {
 
     pub fn uuid(&self, gpu: usize) -> &'a GpuUuid {
         self.gpus[gpu].uuid
+    }
+
+    /// The number of a healthy GPU of an online node.
+    pub fn gpu_numbered(&self, uuid: &GpuUuid) -> Option<usize> {
+        self.by_uuid.get(uuid).copied()
+    }
+
+    /// The node's GPUs, by number (in UUID order).
+    pub fn gpus_of(&self, node: usize) -> Range<usize> {
+        self.nodes[node].gpus.clone()
+    }
+
+    pub fn class_count(&self) -> usize {
+        self.classes.len()
+    }
+
+    pub fn free(&self, gpu: usize) -> u32 {
+        self.gpus[gpu].free
+    }
+
+    pub fn class_of(&self, gpu: usize) -> usize {
+        self.gpus[gpu].class
     }
 
     /// The site's least capable fitting GPU with a free place; among equals the fullest (pack

@@ -34,6 +34,7 @@
 //!   restarts as it is), else the node's GPUs least first. Dropping a pin is the session
 //!   manager's decision.
 
+mod batch;
 mod class;
 mod index;
 mod plan;
@@ -44,4 +45,6 @@ mod testing;
 
 pub use plan::plan;
 pub use satisfiable::{check_satisfiable, Unsatisfiable};
-pub use site::{Action, GpuSlot, NodeState, PendingSession, SiteState};
+pub use site::{
+    Action, GpuSlot, HaltWait, NodeState, PendingSession, QueuedJob, RunningJob, SiteState,
+};

@@ -1,91 +1,288 @@
-//! [`plan`]: which pending sessions start where, now.
+//! [`plan`]: which pending sessions start where, which queued jobs start, which running jobs
+//! halt, now.
 //!
-//! Sessions are served first come, first served, one at a time, each taking the best fitting
-//! place left (see the crate documentation for the rules). A session that does not fit is
-//! skipped and the next one tried (backfill). Free capacity only shrinks while planning, so a
-//! request shape that once found no room never will again in the same plan: later sessions of
-//! that shape are skipped without a search, which keeps a long queue on a full site cheap.
+//! In this order: running jobs past their max duration are halted; sessions are served first
+//! come, first served, one at a time, each taking the best fitting place left (see the crate
+//! documentation for the rules), or, when none is left, halting the fewest batch jobs that
+//! frees one (`batch.rs`); then queued jobs, first come, first served, in the place left. A
+//! request that does not fit is skipped and the next one tried (backfill). Free capacity only
+//! shrinks while planning, so a request shape that once found no room never will again in the
+//! same plan: later requests of that shape are skipped without a search, which keeps a long
+//! queue on a full site cheap. The same holds for what halting jobs could free.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use ongrid_core::{ComputeCapability, MemorySize, Sharing};
+use ongrid_core::job::{BucketName, JobReason};
+use ongrid_core::{
+    ComputeCapability, GpuRequest, GpuUuid, MemorySize, NodeName, Sharing, UserName,
+};
 
+use crate::batch::{reached, Batch};
 use crate::index::Index;
-use crate::site::{Action, PendingSession, SiteState};
+use crate::site::{Action, PendingSession, QueuedJob, SiteState};
 
 /// A request without its count: what each of its GPUs must be.
 type Shape = (Option<ComputeCapability>, Option<MemorySize>, Sharing);
 
-/// Places pending sessions onto free GPU slots of online nodes.
+/// Per shape, the fewest GPUs that found nothing.
+#[derive(Default)]
+struct NoRoom(HashMap<Shape, u32>);
+
+impl NoRoom {
+    fn shape(request: &GpuRequest) -> Shape {
+        (request.min_capability, request.min_memory, request.sharing)
+    }
+
+    fn known(&self, request: &GpuRequest) -> bool {
+        self.0
+            .get(&Self::shape(request))
+            .is_some_and(|&fewest| fewest <= request.count)
+    }
+
+    fn record(&mut self, request: &GpuRequest) {
+        let fewest = self.0.entry(Self::shape(request)).or_insert(request.count);
+        *fewest = (*fewest).min(request.count);
+    }
+}
+
+/// What a placement looks at, for sessions and jobs alike.
+struct Want<'a> {
+    request: &'a GpuRequest,
+    preferred_node: Option<&'a NodeName>,
+    pinned_node: Option<&'a NodeName>,
+    /// GPUs to take exactly, on their node, when they are all free and fit: a pinned session's
+    /// previous GPUs, or the placement a session waited for.
+    exactly: Option<(&'a NodeName, &'a [GpuUuid])>,
+}
+
+impl<'a> Want<'a> {
+    fn session(session: &'a PendingSession) -> Self {
+        let exactly = match (&session.pinned_node, &session.awaiting_halt) {
+            (_, Some(wait)) => Some((&wait.node, wait.gpus.as_slice())),
+            (Some(pinned), None) => Some((pinned, session.previous_gpus.as_slice())),
+            (None, None) => None,
+        };
+        Self {
+            request: &session.request,
+            preferred_node: session.preferred_node.as_ref(),
+            pinned_node: session.pinned_node.as_ref(),
+            exactly,
+        }
+    }
+
+    fn job(job: &'a QueuedJob) -> Self {
+        Self {
+            request: &job.request,
+            preferred_node: None,
+            pinned_node: job.pinned_node.as_ref(),
+            exactly: None,
+        }
+    }
+}
+
+/// Plans the whole site: halts, session placements and job starts.
 ///
-/// Returns one [`Action::Place`] per session that can start now, in the order the sessions were
-/// served, `(queued_at, id)`. The result depends only on the contents of `site`, not on the order
-/// of its vectors. A session with an invalid request (0 GPUs, or more than
-/// [`ongrid_core::GpuRequest::MAX_COUNT`]) is never placed.
-///
-/// `now` is the time of the plan. No rule looks at it yet; it is part of the signature so that
-/// time-based rules (reservations, aging) can come without changing callers.
+/// Returns, in this order: an [`Action::HaltJob`] per running job past its max duration (by
+/// job id); per session that can start now, in `(queued_at, id)` order, an [`Action::Place`],
+/// or the [`Action::HaltJob`]s and the [`Action::PlaceAfterHalt`] of a session that preempts
+/// batch work; per queued job in `(queued_at, id)` order, an [`Action::CancelJob`] when its
+/// notAfter has come or an [`Action::StartJob`] when it can start. The result depends only on
+/// the contents of `site` and on `now`, not on the order of its vectors. A request that is
+/// invalid (0 GPUs, or more than [`ongrid_core::GpuRequest::MAX_COUNT`]) is never placed.
 pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
-    let _ = now;
     let mut index = Index::new(site);
+    let mut batch = Batch::new(site, &index, now);
+    let mut actions = Vec::new();
+
+    let mut running: Vec<_> = site.running_jobs.iter().collect();
+    running.sort_by_key(|job| job.id);
+    for job in running {
+        if let Some(max) = job.max_duration {
+            if !job.halting && reached(job.started_at, Some(max), now) {
+                batch.halting(job.id);
+                actions.push(Action::HaltJob {
+                    job: job.id,
+                    reason: JobReason::MaxDurationReached { max },
+                });
+            }
+        }
+    }
+
     let mut queue: Vec<&PendingSession> = site.pending.iter().collect();
     queue.sort_by_key(|session| (session.queued_at, session.id));
+    let still_running: HashSet<_> = site.running_jobs.iter().map(|job| job.id).collect();
+    // Sessions waiting for jobs to halt keep the free GPUs of their placement.
+    let mut waiting = HashSet::new();
+    for session in &queue {
+        let Some(wait) = &session.awaiting_halt else {
+            continue;
+        };
+        let Some(node) = index.node_named(&wait.node) else {
+            continue;
+        };
+        if wait.jobs.iter().any(|job| still_running.contains(job)) {
+            batch.claim(wait);
+            for uuid in &wait.gpus {
+                if let Some(gpu) = index.gpu_numbered(uuid) {
+                    if index.node_of(gpu) == node && index.free(gpu) > 0 {
+                        index.take(node, &[gpu]);
+                    }
+                }
+            }
+            waiting.insert(session.id);
+        }
+    }
 
-    // Per shape, the fewest GPUs that found no room.
-    let mut no_room: HashMap<Shape, u32> = HashMap::new();
-    let mut actions = Vec::new();
+    batch.build_options(&index);
+    let mut no_room = NoRoom::default();
+    let mut no_preemption = NoRoom::default();
     for session in queue {
         let request = &session.request;
-        if request.validate().is_err() {
+        if request.validate().is_err() || waiting.contains(&session.id) {
             continue;
         }
-        let shape = (request.min_capability, request.min_memory, request.sharing);
-        if no_room
-            .get(&shape)
-            .is_some_and(|&fewest| fewest <= request.count)
+        let want = Want::session(session);
+        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
+            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
+            batch.refresh(&index, &numbers);
+            actions.push(Action::Place {
+                session: session.id,
+                node,
+                gpus,
+            });
+            continue;
+        }
+        let pinned = match &session.pinned_node {
+            Some(name) => match index.node_named(name) {
+                Some(node) => Some(node),
+                None => continue,
+            },
+            None if no_preemption.known(request) => continue,
+            None => None,
+        };
+        let fits = index.fitting_classes(request);
+        match batch.preempt(&index, &fits, request.count, pinned) {
+            Some(preemption) => {
+                batch.commit(&preemption);
+                let free: Vec<usize> = preemption
+                    .gpus
+                    .iter()
+                    .copied()
+                    .filter(|&gpu| index.free(gpu) > 0)
+                    .collect();
+                index.take(preemption.node, &free);
+                let touched = batch.touched(&preemption);
+                batch.refresh(&index, &touched);
+                for &job in &preemption.halt {
+                    actions.push(Action::HaltJob {
+                        job,
+                        reason: JobReason::ForInteractiveSession { need: *request },
+                    });
+                }
+                actions.push(Action::PlaceAfterHalt {
+                    session: session.id,
+                    node: index.node_name(preemption.node).clone(),
+                    gpus: preemption
+                        .gpus
+                        .iter()
+                        .map(|&gpu| index.uuid(gpu).clone())
+                        .collect(),
+                    jobs: preemption.wait_for,
+                });
+            }
+            None if pinned.is_none() => no_preemption.record(request),
+            None => {}
+        }
+    }
+
+    let mut in_bucket: HashMap<(&UserName, &BucketName), u32> = HashMap::new();
+    for job in &site.running_jobs {
+        if let Some(bucket) = &job.bucket {
+            *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
+        }
+    }
+    let mut jobs: Vec<&QueuedJob> = site.queued_jobs.iter().collect();
+    jobs.sort_by_key(|job| (job.queued_at, job.id));
+    for job in jobs {
+        if let Some(not_after) = job.not_after {
+            if not_after <= now {
+                actions.push(Action::CancelJob {
+                    job: job.id,
+                    reason: JobReason::NotStartedByNotAfter { not_after },
+                });
+                continue;
+            }
+        }
+        if job.not_before.is_some_and(|not_before| not_before > now)
+            || job.request.validate().is_err()
         {
             continue;
         }
-        match choose(&index, session) {
-            Some((node, gpus)) => {
-                index.take(node, &gpus);
-                actions.push(Action::Place {
-                    session: session.id,
-                    node: index.node_name(node).clone(),
-                    gpus: gpus.iter().map(|&gpu| index.uuid(gpu).clone()).collect(),
-                });
+        let bucket = job.bucket.as_ref().map(|b| ((&job.owner, &b.name), b.max));
+        if let Some((key, max)) = bucket {
+            if in_bucket.get(&key).copied().unwrap_or(0) >= max {
+                continue;
             }
-            // A pinned session found no room on one node only: others may still have some.
-            None if session.pinned_node.is_some() => {}
-            None => {
-                let fewest = no_room.entry(shape).or_insert(request.count);
-                *fewest = (*fewest).min(request.count);
+        }
+        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &Want::job(job)) {
+            if let Some((key, _)) = bucket {
+                *in_bucket.entry(key).or_default() += 1;
             }
+            actions.push(Action::StartJob {
+                job: job.id,
+                node,
+                gpus,
+            });
         }
     }
     actions
 }
 
-/// The node and GPUs for one session, or `None` when nothing fits now.
-fn choose(index: &Index<'_>, session: &PendingSession) -> Option<(usize, Vec<usize>)> {
-    let request = &session.request;
-    let fits = index.fitting_classes(request);
-    if let Some(pinned) = &session.pinned_node {
-        let node = index.node_named(pinned)?;
-        if let Some(gpus) =
-            index.these_free_gpus_on(node, &fits, &session.previous_gpus, request.count)
-        {
-            return Some((node, gpus));
+/// Places one request in the free capacity, or records that its shape found no room.
+fn place_one(
+    index: &mut Index<'_>,
+    no_room: &mut NoRoom,
+    want: &Want<'_>,
+) -> Option<(NodeName, Vec<GpuUuid>)> {
+    if no_room.known(want.request) && want.pinned_node.is_none() {
+        return None;
+    }
+    match choose(index, want) {
+        Some((node, gpus)) => {
+            index.take(node, &gpus);
+            Some((
+                index.node_name(node).clone(),
+                gpus.iter().map(|&gpu| index.uuid(gpu).clone()).collect(),
+            ))
         }
+        // A pinned request found no room on one node only: others may still have some.
+        None if want.pinned_node.is_some() => None,
+        None => {
+            no_room.record(want.request);
+            None
+        }
+    }
+}
+
+/// The node and GPUs for one request, or `None` when nothing fits now.
+fn choose(index: &Index<'_>, want: &Want<'_>) -> Option<(usize, Vec<usize>)> {
+    let request = want.request;
+    let fits = index.fitting_classes(request);
+    if let Some((name, gpus)) = want.exactly {
+        let allowed = want.pinned_node.is_none_or(|pinned| pinned == name);
+        if let Some(node) = index.node_named(name).filter(|_| allowed) {
+            if let Some(gpus) = index.these_free_gpus_on(node, &fits, gpus, request.count) {
+                return Some((node, gpus));
+            }
+        }
+    }
+    if let Some(pinned) = want.pinned_node {
+        let node = index.node_named(pinned)?;
         let gpus = index.least_free_gpus_on(node, &fits, request.count)?;
         return Some((node, gpus));
     }
-    if let Some(preferred) = session
-        .preferred_node
-        .as_ref()
-        .and_then(|name| index.node_named(name))
-    {
+    if let Some(preferred) = want.preferred_node.and_then(|name| index.node_named(name)) {
         if let Some(gpus) = index.least_free_gpus_on(preferred, &fits, request.count) {
             return Some((preferred, gpus));
         }
@@ -107,7 +304,11 @@ mod tests {
     use crate::testing::*;
 
     fn site(nodes: Vec<crate::NodeState>, pending: Vec<PendingSession>) -> SiteState {
-        SiteState { nodes, pending }
+        SiteState {
+            nodes,
+            pending,
+            ..SiteState::default()
+        }
     }
 
     fn one() -> ongrid_core::GpuRequest {
@@ -489,5 +690,269 @@ mod tests {
                 place(3, "n1", &[2, 3]),
             ]
         );
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Jobs.
+
+    fn jobs_site(
+        nodes: Vec<crate::NodeState>,
+        pending: Vec<PendingSession>,
+        queued_jobs: Vec<crate::QueuedJob>,
+        running_jobs: Vec<crate::RunningJob>,
+    ) -> SiteState {
+        SiteState {
+            nodes,
+            pending,
+            queued_jobs,
+            running_jobs,
+        }
+    }
+
+    #[test]
+    fn sessions_are_served_before_jobs_and_neither_overallocates() {
+        let nodes = vec![node("n1", vec![t4(1), a100(2)])];
+        let jobs = vec![queued_job(1, one()), queued_job(2, one())];
+        // The job was queued first, the session still wins the least GPU.
+        let pending = vec![session(5, one())];
+        assert_eq!(
+            plan(&jobs_site(nodes, pending, jobs, vec![]), at(100)),
+            [place(5, "n1", &[1]), start(1, "n1", &[2])]
+        );
+    }
+
+    #[test]
+    fn not_before_waits_and_not_after_cancels() {
+        let nodes = vec![node("n1", vec![t4(1), t4(2)])];
+        let mut early = queued_job(1, one());
+        early.not_before = Some(at(200));
+        let mut late = queued_job(2, one());
+        late.not_after = Some(at(100));
+        let mut fine = queued_job(3, one());
+        fine.not_after = Some(at(101));
+        let site = jobs_site(nodes, vec![], vec![early, late, fine], vec![]);
+        assert_eq!(
+            plan(&site, at(100)),
+            [
+                Action::CancelJob {
+                    job: job_id(2),
+                    reason: JobReason::NotStartedByNotAfter { not_after: at(100) },
+                },
+                start(3, "n1", &[1]),
+            ]
+        );
+        assert_eq!(plan(&site, at(200))[0], start(1, "n1", &[1]));
+    }
+
+    #[test]
+    fn buckets_cap_running_jobs_per_owner_and_name() {
+        let nodes = vec![node("n1", vec![t4(1), t4(2), t4(3), hold(t4(4))])];
+        let mut running = running_job(9, "n1", &[4], 0, 0);
+        running.bucket = Some(BucketName::parse("sweep").unwrap());
+        let in_sweep = |n| crate::QueuedJob {
+            bucket: bucket("sweep:2"),
+            ..queued_job(n, one())
+        };
+        let bob = crate::QueuedJob {
+            owner: user("bob"),
+            ..in_sweep(3)
+        };
+        let other = crate::QueuedJob {
+            bucket: bucket("eval:1"),
+            ..queued_job(4, one())
+        };
+        let site = jobs_site(
+            nodes,
+            vec![],
+            vec![in_sweep(1), in_sweep(2), bob, other],
+            vec![running],
+        );
+        assert_eq!(
+            plan(&site, at(100)),
+            [
+                start(1, "n1", &[1]),
+                start(3, "n1", &[2]),
+                start(4, "n1", &[3])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_job_past_its_max_duration_is_halted_once() {
+        let nodes = vec![node("n1", vec![hold(t4(1)), hold(t4(2))])];
+        let mut due = running_job(1, "n1", &[1], 0, 0);
+        due.max_duration = Some(ongrid_core::HumanDuration::from_secs(100));
+        let mut halting = due.clone();
+        halting.id = job_id(2);
+        halting.gpus = vec![uuid(2)];
+        halting.halting = true;
+        let mut young = due.clone();
+        young.id = job_id(3);
+        young.started_at = at(1);
+        let site = jobs_site(nodes, vec![], vec![], vec![due, halting, young]);
+        assert_eq!(
+            plan(&site, at(100)),
+            [Action::HaltJob {
+                job: job_id(1),
+                reason: JobReason::MaxDurationReached {
+                    max: ongrid_core::HumanDuration::from_secs(100)
+                },
+            }]
+        );
+    }
+
+    #[test]
+    fn a_session_halts_the_fewest_jobs_past_their_min_duration() {
+        // n1: two one-GPU jobs; n2: one two-GPU job. A two-GPU session halts the one job.
+        let nodes = vec![
+            node("n1", vec![hold(a100(1)), hold(a100(2))]),
+            node("n2", vec![hold(a100(3)), hold(a100(4))]),
+        ];
+        let running = vec![
+            running_job(1, "n1", &[1], 0, 60),
+            running_job(2, "n1", &[2], 0, 60),
+            running_job(3, "n2", &[3, 4], 0, 60),
+        ];
+        let two = request(2, None, None, Exclusive);
+        let site = jobs_site(nodes, vec![session(1, two)], vec![], running);
+        assert_eq!(
+            plan(&site, at(100)),
+            [halt_for(3, two), place_after(1, "n2", &[3, 4], &[3])]
+        );
+        let Action::HaltJob { reason, .. } = halt_for(3, two) else {
+            unreachable!()
+        };
+        assert_eq!(
+            reason.to_string(),
+            "halted for an interactive session needing 2 GPUs"
+        );
+    }
+
+    #[test]
+    fn a_job_within_its_min_duration_is_never_halted() {
+        let nodes = vec![node("n1", vec![hold(a100(1)), hold(a100(2))])];
+        let running = vec![
+            running_job(1, "n1", &[1], 0, 3600),
+            running_job(2, "n1", &[2], 0, 60),
+        ];
+        let two = request(2, None, None, Exclusive);
+        // Halting job 2 alone would not let the session start: nothing is halted.
+        let site = jobs_site(
+            nodes.clone(),
+            vec![session(1, two)],
+            vec![],
+            running.clone(),
+        );
+        assert_eq!(plan(&site, at(100)), []);
+        // One GPU: job 2 (past its minimum) goes, job 1 stays.
+        let site = jobs_site(nodes, vec![session(1, one())], vec![], running);
+        assert_eq!(
+            plan(&site, at(100)),
+            [halt_for(2, one()), place_after(1, "n1", &[2], &[2])]
+        );
+    }
+
+    #[test]
+    fn a_session_takes_free_gpus_and_halts_only_what_is_missing() {
+        let nodes = vec![node("n1", vec![a100(1), hold(a100(2)), hold(h100(3))])];
+        let running = vec![
+            running_job(1, "n1", &[2], 0, 0),
+            running_job(2, "n1", &[3], 0, 0),
+        ];
+        let two = request(2, None, None, Exclusive);
+        // A queued job gets nothing: the free GPU is kept for the session.
+        let site = jobs_site(
+            nodes,
+            vec![session(1, two)],
+            vec![queued_job(1, one())],
+            running,
+        );
+        assert_eq!(
+            plan(&site, at(100)),
+            [halt_for(1, two), place_after(1, "n1", &[1, 2], &[1])]
+        );
+    }
+
+    #[test]
+    fn a_session_waits_for_a_job_halting_already_instead_of_halting_another() {
+        let nodes = vec![node("n1", vec![hold(a100(1)), hold(a100(2))])];
+        let mut halting = running_job(1, "n1", &[1], 0, 0);
+        halting.halting = true;
+        let running = vec![halting, running_job(2, "n1", &[2], 0, 0)];
+        let site = jobs_site(
+            nodes,
+            vec![session(1, one()), session(2, one()), session(3, one())],
+            vec![],
+            running,
+        );
+        assert_eq!(
+            plan(&site, at(100)),
+            [
+                place_after(1, "n1", &[1], &[1]),
+                halt_for(2, one()),
+                place_after(2, "n1", &[2], &[2]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_waiting_session_keeps_its_gpus_and_starts_there_once_the_jobs_are_gone() {
+        let wait = crate::HaltWait {
+            node: node_name("n1"),
+            gpus: vec![uuid(1), uuid(2)],
+            jobs: vec![job_id(1)],
+        };
+        let waiting = PendingSession {
+            awaiting_halt: Some(wait),
+            ..session(1, request(2, None, None, Exclusive))
+        };
+        let mut halting = running_job(1, "n1", &[2], 0, 0);
+        halting.halting = true;
+        // Still halting: nothing for the session, and GPU 1 is not given to anyone else.
+        let site = jobs_site(
+            vec![node("n1", vec![t4(1), hold(a100(2)), h100(3)])],
+            vec![waiting.clone(), session(2, one())],
+            vec![queued_job(1, one())],
+            vec![halting],
+        );
+        assert_eq!(plan(&site, at(100)), [place(2, "n1", &[3])]);
+        // HALTED: it takes exactly the GPUs it waited for, before the earlier free GPU 3.
+        let site = jobs_site(
+            vec![node("n1", vec![t4(1), a100(2), t4(3)])],
+            vec![waiting],
+            vec![],
+            vec![],
+        );
+        assert_eq!(plan(&site, at(100)), [place(1, "n1", &[1, 2])]);
+    }
+
+    #[test]
+    fn a_pinned_session_preempts_only_on_its_node() {
+        let nodes = vec![node("n1", vec![hold(t4(1))]), node("n2", vec![hold(t4(2))])];
+        let running = vec![
+            running_job(1, "n1", &[1], 0, 0),
+            running_job(2, "n2", &[2], 0, 0),
+        ];
+        let pinned = PendingSession {
+            pinned_node: Some(node_name("n2")),
+            ..session(1, one())
+        };
+        let site = jobs_site(nodes, vec![pinned], vec![], running);
+        assert_eq!(
+            plan(&site, at(100)),
+            [halt_for(2, one()), place_after(1, "n2", &[2], &[2])]
+        );
+    }
+
+    #[test]
+    fn jobs_never_preempt() {
+        let nodes = vec![node("n1", vec![hold(t4(1))])];
+        let site = jobs_site(
+            nodes,
+            vec![],
+            vec![queued_job(2, one())],
+            vec![running_job(1, "n1", &[1], 0, 0)],
+        );
+        assert_eq!(plan(&site, at(100)), []);
     }
 }

@@ -142,7 +142,7 @@ mod tests {
                 node("n2", vec![busy, a100(4)]),
                 offline,
             ],
-            pending: Vec::new(),
+            ..SiteState::default()
         }
     }
 
@@ -174,7 +174,7 @@ mod tests {
         broken.healthy = false;
         let site = SiteState {
             nodes: vec![node("n1", vec![broken])],
-            pending: Vec::new(),
+            ..SiteState::default()
         };
         assert_eq!(
             check_satisfiable(&site, &request(1, None, None, Any)),
@@ -202,7 +202,7 @@ mod tests {
     fn sharing() {
         let exclusive_only = SiteState {
             nodes: vec![node("n1", vec![a100(1)])],
-            pending: Vec::new(),
+            ..SiteState::default()
         };
         assert_eq!(
             check_satisfiable(&exclusive_only, &request(1, None, None, Shared))
@@ -212,7 +212,7 @@ mod tests {
         );
         let shared_only = SiteState {
             nodes: vec![node("n1", vec![gpu(1, "8.0", "40G", "shared:2")])],
-            pending: Vec::new(),
+            ..SiteState::default()
         };
         assert_eq!(
             check_satisfiable(&shared_only, &request(1, None, None, Exclusive))

@@ -1,24 +1,36 @@
 //! The scheduler's input and output: a snapshot of the site ([`SiteState`]: nodes, their GPU
-//! slots and what is queued) and the [`Action`]s a plan asks the session manager to carry out.
+//! slots, the queued sessions and jobs, the running jobs) and the [`Action`]s a plan asks the
+//! session manager to carry out.
 //!
 //! These are plain data. The session manager builds a `SiteState` from its store at every
-//! scheduling tick and applies the returned actions (PENDING → STARTING).
+//! scheduling tick and applies the returned actions (sessions PENDING → STARTING, jobs
+//! QUEUED → RUNNING or CANCELLED, RUNNING → MUSTHALT).
 
 use chrono::{DateTime, Utc};
+use ongrid_core::job::{Bucket, BucketName, JobId, JobReason};
 use ongrid_core::{
-    ComputeCapability, GpuMode, GpuRequest, GpuUuid, MemorySize, NodeName, SessionId,
+    ComputeCapability, GpuMode, GpuRequest, GpuUuid, HumanDuration, MemorySize, NodeName,
+    SessionId, UserName,
 };
 use serde::{Deserialize, Serialize};
 
 /// Everything a plan looks at.
 ///
-/// Node names, GPU UUIDs and session ids are unique within one `SiteState` (they are keys in the
-/// manager's store). The order of `nodes`, of each node's `gpus` and of `pending` does not matter:
-/// the plan is the same for any order.
+/// Node names, GPU UUIDs, session ids and job ids are unique within one `SiteState` (they are
+/// keys in the manager's store). The order of the vectors does not matter: the plan is the same
+/// for any order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SiteState {
     pub nodes: Vec<NodeState>,
+    /// Sessions waiting for GPUs (PENDING).
     pub pending: Vec<PendingSession>,
+    /// Local-target jobs waiting for GPUs (QUEUED).
+    #[serde(default)]
+    pub queued_jobs: Vec<QueuedJob>,
+    /// Local-target jobs holding GPUs (RUNNING, MUSTHALT, HALTING). Their places are counted
+    /// in their GPUs' [`GpuSlot::used`] too.
+    #[serde(default)]
+    pub running_jobs: Vec<RunningJob>,
 }
 
 /// One registered GPU node.
@@ -39,7 +51,8 @@ pub struct GpuSlot {
     pub mode: GpuMode,
     /// An unhealthy GPU (for example one that fell off the bus) gets nothing.
     pub healthy: bool,
-    /// sessions placed on it now
+    /// Places in use now: sessions placed on it and jobs holding it (RUNNING, MUSTHALT,
+    /// HALTING), one each. A GPU being halted stays used until its job is HALTED.
     pub used: u32,
 }
 
@@ -69,8 +82,61 @@ pub struct PendingSession {
     /// instead of being recreated for other GPUs.
     #[serde(default)]
     pub previous_gpus: Vec<GpuUuid>,
+    /// Set when an earlier plan halted batch jobs for this session ([`Action::PlaceAfterHalt`]):
+    /// while any of those jobs still runs, the session waits and the free GPUs of that
+    /// placement are kept for it; once all are gone, it takes that placement's GPUs when they
+    /// are all free.
+    #[serde(default)]
+    pub awaiting_halt: Option<HaltWait>,
 }
 
+/// A placement waiting for batch jobs to halt, as [`Action::PlaceAfterHalt`] gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaltWait {
+    pub node: NodeName,
+    pub gpus: Vec<GpuUuid>,
+    /// The jobs whose GPUs the session waits for.
+    pub jobs: Vec<JobId>,
+}
+
+/// A job waiting for GPUs (QUEUED, local target).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedJob {
+    pub id: JobId,
+    /// Whose job it is: buckets count per owner.
+    pub owner: UserName,
+    pub request: GpuRequest,
+    /// When it entered the queue; earlier is served first (after every session).
+    pub queued_at: DateTime<Utc>,
+    /// Never started before this.
+    pub not_before: Option<DateTime<Utc>>,
+    /// Cancelled when not started by this.
+    pub not_after: Option<DateTime<Utc>>,
+    /// Started only while fewer than `max` of the owner's jobs of this bucket hold GPUs.
+    pub bucket: Option<Bucket>,
+    /// The only node it may go to (for example where its checkpoint directory is).
+    #[serde(default)]
+    pub pinned_node: Option<NodeName>,
+}
+
+/// A job holding GPUs (RUNNING, MUSTHALT or HALTING, local target).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub owner: UserName,
+    pub node: NodeName,
+    pub gpus: Vec<GpuUuid>,
+    pub started_at: DateTime<Utc>,
+    /// Halted when still running this long after `started_at` (for a re-queued job, what its
+    /// chain has left). `None`: no limit.
+    pub max_duration: Option<HumanDuration>,
+    /// Never halted for a session within this long after `started_at`. `None`: at once.
+    pub min_duration: Option<HumanDuration>,
+    /// Its bucket's name; it counts against the bucket's limit while it holds GPUs.
+    pub bucket: Option<BucketName>,
+    /// MUSTHALT or HALTING: asked to halt already. Its GPUs stay used until it is HALTED.
+    pub halting: bool,
+}
 /// What the session manager should do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -82,6 +148,27 @@ pub enum Action {
         node: NodeName,
         gpus: Vec<GpuUuid>,
     },
+    /// `session` preempted batch work: it starts on `node` with `gpus` once `jobs` are HALTED
+    /// (the [`Action::HaltJob`]s just before this action, and jobs already halting that it now
+    /// waits for). Until then it stays PENDING with this as its [`HaltWait`]; the free ones of
+    /// `gpus` are kept for it. No session or job gets a GPU that is being halted.
+    PlaceAfterHalt {
+        session: SessionId,
+        node: NodeName,
+        gpus: Vec<GpuUuid>,
+        jobs: Vec<JobId>,
+    },
+    /// Halt a running job (RUNNING → MUSTHALT): it reached its max duration, or an interactive
+    /// session needs its GPUs.
+    HaltJob { job: JobId, reason: JobReason },
+    /// Start a queued job on `node` with these GPUs (QUEUED → RUNNING).
+    StartJob {
+        job: JobId,
+        node: NodeName,
+        gpus: Vec<GpuUuid>,
+    },
+    /// Cancel a queued job (QUEUED → CANCELLED), e.g. not started by its notAfter.
+    CancelJob { job: JobId, reason: JobReason },
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
 //! Builders for the unit tests: short ways to write sites, GPUs and sessions.
 
 use chrono::{DateTime, TimeZone, Utc};
-use ongrid_core::{GpuRequest, GpuUuid, NodeName, SessionId, Sharing};
+use ongrid_core::job::{Bucket, JobReason};
+use ongrid_core::{
+    GpuRequest, GpuUuid, HumanDuration, JobId, NodeName, SessionId, Sharing, UserName,
+};
 
-use crate::site::{Action, GpuSlot, NodeState, PendingSession};
+use crate::site::{Action, GpuSlot, NodeState, PendingSession, QueuedJob, RunningJob};
 
 /// `GPU-0000000n-0000-0000-0000-000000000000`.
 pub fn uuid(n: u32) -> GpuUuid {
@@ -82,6 +85,7 @@ pub fn session(n: u32, request: GpuRequest) -> PendingSession {
         preferred_node: None,
         pinned_node: None,
         previous_gpus: Vec::new(),
+        awaiting_halt: None,
     }
 }
 
@@ -90,5 +94,79 @@ pub fn place(session: u32, node: &str, gpus: &[u32]) -> Action {
         session: session_id(session),
         node: node_name(node),
         gpus: gpus.iter().map(|&n| uuid(n)).collect(),
+    }
+}
+
+pub fn job_id(n: u32) -> JobId {
+    format!("{:032x}", 0xb000_0000_u64 + u64::from(n))
+        .parse()
+        .unwrap()
+}
+
+pub fn user(name: &str) -> UserName {
+    UserName::parse(name).unwrap()
+}
+
+/// Job `n` of alice, queued at second `n`, no options.
+pub fn queued_job(n: u32, request: GpuRequest) -> QueuedJob {
+    QueuedJob {
+        id: job_id(n),
+        owner: user("alice"),
+        request,
+        queued_at: at(i64::from(n)),
+        not_before: None,
+        not_after: None,
+        bucket: None,
+        pinned_node: None,
+    }
+}
+
+pub fn bucket(text: &str) -> Option<Bucket> {
+    Some(Bucket::parse(text).unwrap())
+}
+
+/// Job `n` of alice on `node` holding `gpus` since second `started`, with a min duration of
+/// `min` seconds and no max duration. The GPUs' `used` must count it (see [`hold`]).
+pub fn running_job(n: u32, node: &str, gpus: &[u32], started: i64, min: u64) -> RunningJob {
+    RunningJob {
+        id: job_id(n),
+        owner: user("alice"),
+        node: node_name(node),
+        gpus: gpus.iter().map(|&g| uuid(g)).collect(),
+        started_at: at(started),
+        max_duration: None,
+        min_duration: Some(HumanDuration::from_secs(min)),
+        bucket: None,
+        halting: false,
+    }
+}
+
+/// The GPU with one place in use.
+pub fn hold(mut slot: GpuSlot) -> GpuSlot {
+    slot.used += 1;
+    slot
+}
+
+pub fn start(job: u32, node: &str, gpus: &[u32]) -> Action {
+    Action::StartJob {
+        job: job_id(job),
+        node: node_name(node),
+        gpus: gpus.iter().map(|&n| uuid(n)).collect(),
+    }
+}
+
+pub fn halt_for(job: u32, need: GpuRequest) -> Action {
+    Action::HaltJob {
+        job: job_id(job),
+        reason: JobReason::ForInteractiveSession { need },
+    }
+}
+
+pub fn place_after(session: u32, node: &str, gpus: &[u32], jobs: &[u32]) -> Action {
+    Action::PlaceAfterHalt {
+        session: session_id(session),
+        node: node_name(node),
+        gpus: gpus.iter().map(|&n| uuid(n)).collect(),
+        jobs: jobs.iter().map(|&n| job_id(n)).collect(),
     }
 }

@@ -162,6 +162,11 @@ impl Scheduler {
                         report.placed += 1;
                     }
                 }
+                // The manager passes the plan no batch jobs yet, so it asks for no job action.
+                Action::PlaceAfterHalt { .. }
+                | Action::HaltJob { .. }
+                | Action::StartJob { .. }
+                | Action::CancelJob { .. } => {}
             }
         }
         Ok(report)

@@ -127,6 +127,8 @@ impl SiteSnapshot {
                 .map(|node| self.node_state(node, self.is_online(node)))
                 .collect(),
             pending,
+            queued_jobs: Vec::new(),
+            running_jobs: Vec::new(),
         }
     }
 
@@ -140,6 +142,8 @@ impl SiteSnapshot {
                 .map(|node| self.node_state(node, true))
                 .collect(),
             pending: Vec::new(),
+            queued_jobs: Vec::new(),
+            running_jobs: Vec::new(),
         }
     }
 
@@ -172,5 +176,6 @@ pub fn pending_session(session: &SessionRecord) -> PendingSession {
         preferred_node: session.preferred_node.clone(),
         pinned_node: None,
         previous_gpus: Vec::new(),
+        awaiting_halt: None,
     }
 }
