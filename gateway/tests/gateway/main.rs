@@ -215,7 +215,7 @@ async fn unknown_and_refused_keys_are_refused_and_failures_throttled() {
         explain(&out)
     );
 
-    // An expired key: the manager's message says why (refusals are cached 3 s at most).
+    // An expired key: the manager's message says why (answers are cached 1 s at most).
     env.manager.refused_keys.lock().unwrap().insert(
         harness::key_id(&carol.public),
         "key SHA256:x expired at 2026-01-01T00:00Z: renew your proxy and run devctl key add again"
