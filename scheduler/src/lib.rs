@@ -1,7 +1,9 @@
-//! ongrid-scheduler: pure, deterministic placement of pending sessions onto GPU slots.
+//! ongrid-scheduler: pure, deterministic placement of pending sessions and batch jobs onto GPU
+//! slots, and the halting of jobs (max duration, interactive priority).
 //!
 //! The session manager calls [`plan`] at every scheduling tick with a snapshot of the whole site
-//! ([`SiteState`]) and applies the returned [`Action`]s; it calls [`check_satisfiable`] when a
+//! ([`SiteState`]: nodes, pending sessions, queued and running jobs) and applies the returned
+//! [`Action`]s; it calls [`check_satisfiable`] when a
 //! session is created, to refuse at once a request the site can never meet. No I/O, no clock:
 //! the same input always gives the same plan, whatever the order of the input's vectors.
 //!
@@ -33,6 +35,25 @@
 //!   unknown). It gets its `previous_gpus` back when they are all free and fit (so its container
 //!   restarts as it is), else the node's GPUs least first. Dropping a pin is the session
 //!   manager's decision.
+//!
+//! # Batch jobs
+//!
+//! - **One plan, one capacity.** A GPU's `used` counts sessions and jobs alike; queued jobs
+//!   are placed by the same rules as sessions (least capable first, packing, pins), after every
+//!   session, so neither ever over-allocates a GPU. Jobs never halt anything.
+//! - **Time.** A running job at or past `started_at + max_duration` gets an
+//!   [`Action::HaltJob`] (once: not while it is halting). A queued job is not started before its
+//!   `not_before` and gets an [`Action::CancelJob`] once `now` reaches its `not_after`.
+//! - **Buckets.** A job with bucket `NAME:MAX` starts only while fewer than `MAX` of its owner's
+//!   jobs of bucket `NAME` hold GPUs (running or halting, and those started by this plan).
+//! - **Interactive priority.** A session that finds no free place halts the fewest jobs that
+//!   are past their min duration on one node such that it can start there at once when they
+//!   are HALTED, preferring to wait for jobs that are halting already ([`Action::PlaceAfterHalt`]
+//!   after the [`Action::HaltJob`]s, whose reason names the session's need, not its user; the
+//!   rules and their ties are in `batch.rs`). A job within its min duration is never halted for
+//!   a session. A GPU being halted is not free: the session stays PENDING with the placement as
+//!   its [`HaltWait`], later plans keep that placement's free GPUs for it while its jobs run and
+//!   give it exactly that placement once they are gone and the GPUs free.
 
 mod batch;
 mod class;
