@@ -1092,15 +1092,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
-
-    #[test]
-    fn larger_sites(site in site_strategy(40, 8, 300), seed in any::<u64>()) {
-        let actions = plan(&site, at(100));
-        check_invariants(&site, &actions)?;
-        prop_assert_eq!(&actions, &reference_plan(&site, at(100)));
-        prop_assert_eq!(&actions, &plan(&shuffled(&site, seed), at(100)));
-    }
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Sessions and jobs in one plan: the reference agrees, the invariants hold, the order of
     /// the input does not matter.
@@ -1109,6 +1101,18 @@ proptest! {
         let site = with_jobs(site, jobs);
         let actions = plan(&site, at(100));
         check_job_invariants(&site, &actions, at(100))?;
+        prop_assert_eq!(&actions, &reference_plan(&site, at(100)));
+        prop_assert_eq!(&actions, &plan(&shuffled(&site, seed), at(100)));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn larger_sites(site in site_strategy(40, 8, 300), seed in any::<u64>()) {
+        let actions = plan(&site, at(100));
+        check_invariants(&site, &actions)?;
         prop_assert_eq!(&actions, &reference_plan(&site, at(100)));
         prop_assert_eq!(&actions, &plan(&shuffled(&site, seed), at(100)));
     }
