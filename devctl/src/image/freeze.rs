@@ -109,11 +109,14 @@ async fn wait_until_built(
     while image.state == ImageState::Building {
         tokio::time::sleep(POLL_INTERVAL).await;
         image = fetch(client, &reference, None).await?;
-        let reported = image.progress.unwrap_or(ImageProgress {
-            bytes_done: 0,
-            bytes_total: 0,
-        });
-        progress.update(reported, Instant::now(), &mut *term.note);
+        // A finished image carries no progress: the display keeps the last one reported.
+        if image.state == ImageState::Building {
+            let reported = image.progress.unwrap_or(ImageProgress {
+                bytes_done: 0,
+                bytes_total: 0,
+            });
+            progress.update(reported, Instant::now(), &mut *term.note);
+        }
     }
     Ok(image)
 }

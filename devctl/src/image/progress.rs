@@ -26,7 +26,8 @@ pub struct Progress {
     lines: Option<Lines>,
     /// Whether the bar currently has a total (the style follows).
     has_total: Option<bool>,
-    first_update: Option<Instant>,
+    /// When the wait began: plain lines give a rate once a second of it has passed.
+    started: Instant,
 }
 
 struct Lines {
@@ -58,7 +59,7 @@ impl Progress {
             bar: ProgressBar::with_draw_target(None, target),
             lines,
             has_total: None,
-            first_update: None,
+            started: Instant::now(),
         }
     }
 
@@ -75,7 +76,6 @@ impl Progress {
             self.bar.unset_length();
         }
         self.bar.set_position(progress.bytes_done);
-        let first = *self.first_update.get_or_insert(now);
         let Some(lines) = &mut self.lines else {
             return;
         };
@@ -86,9 +86,9 @@ impl Progress {
             return;
         }
         lines.last = Some(now);
-        // A rate from less than a second of samples says nothing.
-        let rate =
-            (now.duration_since(first) >= Duration::from_secs(1)).then(|| self.bar.per_sec());
+        // A rate over less than a second says nothing.
+        let rate = (now.saturating_duration_since(self.started) >= Duration::from_secs(1))
+            .then(|| self.bar.per_sec());
         let line = progress_line(progress.bytes_done, progress.bytes_total, rate);
         let _ = writeln!(note, "{line}");
     }
