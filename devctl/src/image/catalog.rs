@@ -193,3 +193,99 @@ pub fn render_image(image: &ImageView) -> String {
     }
     table.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{DateTime, Utc};
+    use ongrid_core::image::{Compression, ImageProgress, ImageState};
+    use ongrid_core::{NodeName, SessionId, SessionName, UserName};
+
+    const DIGEST: &str = "sha256:98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229";
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        // 2026-11-21 10:00:00Z
+        DateTime::from_timestamp(1_795_255_200 + secs, 0).unwrap()
+    }
+
+    fn image(state: ImageState) -> ImageView {
+        let ready = state == ImageState::Ready;
+        ImageView {
+            id: "1059acb6-44be-478d-a0f7-02810ec78a7d".parse().unwrap(),
+            name: "mymodel".into(),
+            version: "v1".into(),
+            reference: "mymodel:v1".into(),
+            owner: Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap(),
+            user_name: UserName::parse("alice-smith").unwrap(),
+            state,
+            reason: "frozen on node1".into(),
+            digest: ready.then(|| DIGEST.to_owned()),
+            size: ready.then_some(83_058_688),
+            sif_path: ready.then(|| "/images/sha256/98fb.sif".to_owned()),
+            docker_image: ready.then(|| "ongrid/alice-smith/mymodel:v1".to_owned()),
+            node: NodeName::parse("node1").unwrap(),
+            session: SessionName::parse("train1").unwrap(),
+            session_id: SessionId("6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f".parse().unwrap()),
+            base_image: "ongrid/dev:latest".into(),
+            compression: Compression::Zstd,
+            created_at: at(0),
+            finished_at: ready.then(|| at(68)),
+            superseded_at: None,
+            progress: None,
+        }
+    }
+
+    #[test]
+    fn the_list_shows_progress_moved_tags_and_owners_for_all() {
+        let building = ImageView {
+            progress: Some(ImageProgress {
+                bytes_done: 45,
+                bytes_total: 100,
+            }),
+            ..image(ImageState::Building)
+        };
+        let moved = ImageView {
+            superseded_at: Some(at(100)),
+            ..image(ImageState::Ready)
+        };
+        assert_eq!(
+            render_images(&[building, moved], false, None),
+            "IMAGE       STATE              SIZE      DIGEST               SESSION  CREATED\n\
+             mymodel:v1  BUILDING 45%       -         -                    train1   2026-11-21 10:00:00Z\n\
+             mymodel:v1  READY (tag moved)  79.2 MiB  sha256:98fbda8214f8  train1   2026-11-21 10:00:00Z\n"
+        );
+        let all = render_images(&[image(ImageState::Ready)], true, None);
+        assert!(all.lines().next().unwrap().ends_with("  OWNER"), "{all}");
+        assert!(render_images(&[], false, None).starts_with("no images: freeze a session with"));
+    }
+
+    #[test]
+    fn show_lists_every_field() {
+        assert_eq!(
+            render_image(&image(ImageState::Ready)),
+            "image:         mymodel:v1\n\
+             state:         READY\n\
+             reason:        frozen on node1\n\
+             owner:         /DC=org/DC=example/CN=Alice Smith (alice-smith)\n\
+             digest:        sha256:98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229\n\
+             size:          79.2 MiB\n\
+             SIF:           /images/sha256/98fb.sif\n\
+             Docker image:  ongrid/alice-smith/mymodel:v1 (on node node1)\n\
+             session:       train1 (6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f)\n\
+             base image:    ongrid/dev:latest\n\
+             compression:   zstd\n\
+             created:       2026-11-21 10:00:00Z\n\
+             finished:      2026-11-21 10:01:08Z\n"
+        );
+        let building = ImageView {
+            progress: Some(ImageProgress {
+                bytes_done: 1 << 20,
+                bytes_total: 0,
+            }),
+            ..image(ImageState::Building)
+        };
+        let text = render_image(&building);
+        assert!(text.contains("\nprogress:      1.0 MiB read\n"), "{text}");
+        assert!(text.contains("\nDocker image:  -\n"), "{text}");
+    }
+}
