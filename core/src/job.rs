@@ -853,6 +853,15 @@ impl JobSpecFile {
                 .unwrap_or_default(),
         };
         spec.check()?;
+        if let Some(not_after) = spec.not_after.filter(|&t| t <= now) {
+            return Err(JobSpecError::new(
+                "not-after",
+                format!(
+                    "{} has passed: the job would be cancelled at once; give a later time",
+                    not_after.to_rfc3339()
+                ),
+            ));
+        }
         Ok(spec)
     }
 }
@@ -1289,6 +1298,45 @@ pub fn continues_chain(state: JobState, reason: &JobReason, restartable: bool) -
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Wire types of the user API.
+
+/// `POST /v1/jobs`: submit a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitJob {
+    pub spec: JobSpec,
+}
+
+/// A job as users see it (`devctl job show`, `job ls`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: JobId,
+    pub owner: crate::names::Dn,
+    pub user_name: crate::names::UserName,
+    pub state: JobState,
+    /// The last transition's reason, as a sentence.
+    pub reason: String,
+    pub spec: JobSpec,
+    /// The max duration it runs under: the spec's, else the site's default, capped by the
+    /// site's maximum; for a re-queued job, what its chain has left.
+    pub max_duration: Option<HumanDuration>,
+    /// `sha256:<hex>` of the image it runs, once resolved.
+    pub image_digest: Option<String>,
+    pub node: Option<NodeName>,
+    pub gpus: Vec<GpuId>,
+    pub chain: RestartChain,
+    /// The job this one re-queues, and the job that re-queued this one.
+    pub previous_job: Option<JobId>,
+    pub next_job: Option<JobId>,
+    pub exit_code: Option<i32>,
+    pub queued_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// 1-based position among the site's QUEUED jobs, when QUEUED.
+    pub queue_position: Option<u32>,
+    pub transitions: Vec<JobTransition>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1507,6 +1555,18 @@ mod tests {
                 "{message}\n  wanted {expected}"
             );
         }
+    }
+
+    #[test]
+    fn a_not_after_in_the_past_is_refused() {
+        let err = error(JobSpecFile {
+            not_after: Some("2020-01-01T00:00:00Z".into()),
+            ..minimal()
+        });
+        assert!(
+            err.starts_with("not-after: 2020-01-01T00:00:00+00:00 has passed"),
+            "{err}"
+        );
     }
 
     #[test]
