@@ -213,6 +213,10 @@ pub struct NodeReport {
     /// Progress of the freezes ordered in [`DesiredState::freezes`].
     #[serde(default)]
     pub freezes: Vec<crate::image::FreezeProgress>,
+    /// Every job of [`DesiredState::jobs`] the agent knows, and jobs it still has a container
+    /// of that the manager no longer lists.
+    #[serde(default)]
+    pub jobs: Vec<crate::job::ObservedJob>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,6 +255,14 @@ pub struct DesiredState {
     /// Freezes to run (or keep running) on this node.
     #[serde(default)]
     pub freezes: Vec<crate::image::FreezeOrder>,
+    /// Docker images of frozen images removed with `devctl image rm` (recently: the list is
+    /// bounded by a retention window), which must not exist on the node: the agent untags each
+    /// it has, so a removed image cannot start sessions any more.
+    #[serde(default)]
+    pub removed_images: Vec<String>,
+    /// Batch jobs to run, halt or kill on this node.
+    #[serde(default)]
+    pub jobs: Vec<crate::job::DesiredJob>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

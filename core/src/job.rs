@@ -1337,6 +1337,131 @@ pub struct JobView {
     pub transitions: Vec<JobTransition>,
 }
 
+// ---------------------------------------------------------------------------------------------
+// Wire types between the manager and the agents (the local target).
+
+/// Where a job's working directory is mounted inside its container. The directory is the same
+/// for every job of a restart chain (it is named after the chain's initial job), so a job finds
+/// there the checkpoints an earlier job of its chain wrote.
+pub const WORK_DIR_IN_CONTAINER: &str = "/ongrid/work";
+
+/// How many bytes of a job's output (stdout and stderr together, in the order they came) are
+/// kept; output past this is dropped and one line saying so is kept instead.
+pub const JOB_LOG_CAP: u64 = 16 * 1024 * 1024;
+
+/// At most this many bytes of one job's output travel in one agent report.
+pub const JOB_LOG_CHUNK_MAX: usize = 256 * 1024;
+
+/// A job the manager wants on a node (`DesiredState::jobs`). The agent converges to it like to
+/// a session: it prepares the image, creates and starts the container once, halts or kills it
+/// when `run` says so, and reports what happened in `NodeReport::jobs` until the manager stops
+/// listing the job (then the agent removes the container; the working directory of the chain
+/// stays until the chain has ended).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredJob {
+    pub job_id: JobId,
+    /// The chain's initial job: names the working directory on the node.
+    pub chain_id: JobId,
+    pub owner: crate::names::Dn,
+    pub user: crate::api::ContainerUser,
+    pub image: JobImage,
+    pub command: Command,
+    /// The complete environment of the job: the spec's variables, `ONGRID_JOB_ID` and the
+    /// restart chain's variables. The agent adds only the GPU variables.
+    pub env: BTreeMap<String, String>,
+    pub gpus: Vec<GpuId>,
+    pub limits: crate::api::ContainerLimits,
+    /// Mount the owner's home volume read-write.
+    pub mount_home: bool,
+    pub run: JobRun,
+    /// How many bytes of the job's output the manager already has: the agent sends what
+    /// follows (at most [`JOB_LOG_CHUNK_MAX`] per report).
+    pub log_offset: u64,
+}
+
+/// The frozen image a job runs. The SIF in the image store is the source of truth: an agent
+/// whose Docker has no `docker_image` builds it from the SIF (once per digest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobImage {
+    /// `sha256:<hex>` of the SIF file (`<image store>/sha256/<hex>.sif`).
+    pub digest: String,
+    /// The Docker image name the agent runs (and builds from the SIF when missing).
+    pub docker_image: String,
+}
+
+/// What the manager wants of a job's container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum JobRun {
+    /// Start it (once: a job that exited is never started again) and let it run.
+    Run,
+    /// Send [`HALT_SIGNAL`] to its main process once; if it is still running
+    /// [`HALT_GRACE`] after `since`, kill it.
+    Halt { since: DateTime<Utc> },
+    /// Kill it now (cancelled by its owner, or past its not-after time before it started).
+    Kill,
+}
+
+/// Where one job stands on its node, as the agent reports it (`NodeReport::jobs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedJob {
+    pub job_id: JobId,
+    pub status: ObservedJobStatus,
+    /// Output that follows the manager's `log_offset`, when there is any.
+    #[serde(default)]
+    pub log: Option<LogChunk>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ObservedJobStatus {
+    /// Building the Docker image from the SIF, or creating the container.
+    Preparing { detail: String },
+    Running { started_at: DateTime<Utc> },
+    /// [`HALT_SIGNAL`] was sent at `signalled_at`; the job has not exited yet.
+    Halting {
+        started_at: DateTime<Utc>,
+        signalled_at: DateTime<Utc>,
+    },
+    /// The main process ended. `killed` says the agent killed it (a halt that outlived
+    /// [`HALT_GRACE`], or a kill the manager asked for).
+    Exited {
+        started_at: DateTime<Utc>,
+        finished_at: DateTime<Utc>,
+        exit_code: i32,
+        oom_killed: bool,
+        killed: bool,
+    },
+    /// It could not be started; `error` says why and what to do (broken SIF, ...).
+    Failed { error: String },
+}
+
+/// A piece of a job's output: the bytes from `offset` on. `complete` is true when the job has
+/// ended and nothing follows these bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub offset: u64,
+    #[serde(with = "base64_bytes")]
+    pub data: Vec<u8>,
+    pub complete: bool,
+}
+
+mod base64_bytes {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(data: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(data))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1361,6 +1486,33 @@ mod tests {
 
     fn error(file: JobSpecFile) -> String {
         file.validate(t0()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn observed_jobs_survive_json_with_their_output() {
+        let observed = ObservedJob {
+            job_id: job(7),
+            status: ObservedJobStatus::Exited {
+                started_at: t0(),
+                finished_at: t0() + chrono::Duration::seconds(90),
+                exit_code: HALT_EXIT_CODE,
+                oom_killed: false,
+                killed: false,
+            },
+            log: Some(LogChunk {
+                offset: 10,
+                data: b"epoch 3\n\xff\x00".to_vec(),
+                complete: true,
+            }),
+        };
+        let json = serde_json::to_value(&observed).unwrap();
+        assert_eq!(json["status"]["status"], "exited");
+        assert_eq!(json["log"]["data"], "ZXBvY2ggMwr/AA==");
+        assert_eq!(serde_json::from_value::<ObservedJob>(json).unwrap(), observed);
+        let halt = JobRun::Halt { since: t0() };
+        let json = serde_json::to_value(halt).unwrap();
+        assert_eq!(json["action"], "halt");
+        assert_eq!(serde_json::from_value::<JobRun>(json).unwrap(), halt);
     }
 
     #[test]

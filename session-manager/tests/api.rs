@@ -438,6 +438,7 @@ impl Api {
             containers,
             activity: Vec::new(),
             freezes: Vec::new(),
+            jobs: Vec::new(),
         };
         self.ok(StatusCode::OK, self.post("/v1/agent/sync", &body))
             .await
@@ -950,6 +951,7 @@ async fn agents_speak_only_for_their_own_node() {
         containers: vec![],
         activity: Vec::new(),
         freezes: Vec::new(),
+        jobs: Vec::new(),
     };
     let err = m
         .node2

@@ -69,6 +69,8 @@ pub fn desired_state(
         sync_interval_secs: settings.sync_interval.as_secs().max(1),
         sessions,
         freezes,
+        removed_images: Vec::new(),
+        jobs: Vec::new(),
     }
 }
 
