@@ -1,6 +1,8 @@
 //! The TLS side of talking to the manager: the user's credential (a grid proxy, or a certificate
-//! and key) presented as the client certificate, and the CA directory (`<hash>.0` or `*.pem` PEM
-//! files, the IGTF layout) that the manager's server certificate must chain to.
+//! and key) presented as the client certificate, and the CA directory (IGTF layout: `<hash>.0`
+//! or `*.pem` PEM files) that the manager's server certificate must chain to. The directory is
+//! read with `ongrid_x509::read_ca_dir`, leniently as grid clients read it: a broken file among
+//! many CAs is left out rather than failing every command.
 //!
 //! A proxy file holds the proxy, its key and the rest of the chain (the user certificate, and
 //! the proxies between): all of it is presented, as grid tools do. Before connecting, the chain
@@ -18,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use ongrid_x509::{CaDir, ChainError, ProxyKind, VerifiedChain, VerifyOptions};
+use ongrid_x509::{
+    CaDir, CaDirError, CaDirMode, ChainError, ProxyKind, VerifiedChain, VerifyOptions,
+};
 use rustls::client::ResolvesClientCert;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
@@ -63,7 +67,7 @@ pub enum TlsSetupError {
         origin: Origin,
         cause: String,
     },
-    #[error("no usable CA certificate (*.0 or *.pem) in {} (from {origin}): set X509_CERT_DIR to the directory of the site's CA certificates", dir.display())]
+    #[error("no usable CA certificate (<hash>.0 or *.pem) in {} (from {origin}): set X509_CERT_DIR to the directory of the site's CA certificates", dir.display())]
     NoCas { dir: PathBuf, origin: Origin },
 }
 
@@ -215,8 +219,8 @@ fn is_about_the_ca(error: &ChainError) -> bool {
     )
 }
 
-/// The CA directory as `ongrid_x509` reads it, for the local check; `None` when it holds no
-/// CA it can read (the rustls side reports the directory's problems).
+/// The CA directory with its CRLs as `ongrid_x509` reads it, for the local check; `None` when it
+/// holds no CA it can read ([`load_ca_dir`] reports the directory's problems).
 pub fn load_grid_cas(dir: &Setting<PathBuf>) -> Option<CaDir> {
     CaDir::load(&dir.value).ok()
 }
@@ -241,52 +245,34 @@ fn pem_items(text: &str, path: &Path, origin: &Origin) -> Result<Vec<Item>, TlsS
         })
 }
 
-/// Reads every CA certificate of an IGTF-style directory: files named `<hash>.<digit(s)>` or
-/// `*.pem`. CRLs (`.r0`), signing policies and other files are skipped, and so are certificates
-/// rustls cannot use as trust anchors.
+/// The CA certificates of the CA directory as rustls roots, read leniently
+/// ([`CaDirMode::Lenient`]): files that cannot be read or are not PEM certificates are left out,
+/// as grid clients do, and so are certificates rustls cannot use as trust anchors; if none is
+/// left, [`TlsSetupError::NoCas`] says so.
 pub fn load_ca_dir(dir: &Setting<PathBuf>) -> Result<rustls::RootCertStore, TlsSetupError> {
-    let unreadable = |cause: String| TlsSetupError::CaDirUnreadable {
+    let no_cas = || TlsSetupError::NoCas {
         dir: dir.value.clone(),
         origin: dir.origin.clone(),
-        cause,
     };
-    let entries = std::fs::read_dir(&dir.value).map_err(|e| unreadable(e.to_string()))?;
-    let mut paths = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(|e| unreadable(e.to_string()))?.path();
-        if is_ca_file(&path) {
-            paths.push(path);
-        }
-    }
-    paths.sort();
+    let read =
+        ongrid_x509::read_ca_dir(&dir.value, CaDirMode::Lenient).map_err(|error| match error {
+            CaDirError::Read { source, .. } => TlsSetupError::CaDirUnreadable {
+                dir: dir.value.clone(),
+                origin: dir.origin.clone(),
+                cause: source.to_string(),
+            },
+            _ => no_cas(),
+        })?;
     let mut roots = rustls::RootCertStore::empty();
-    for path in paths {
-        // A broken or unreadable file among many CAs is left out rather than failing
-        // everything, as grid clients do; if none is left, `NoCas` says so.
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let mut reader = bytes.as_slice();
-        let certs: Vec<_> = rustls_pemfile::certs(&mut reader)
-            .filter_map(Result::ok)
-            .collect();
-        roots.add_parsable_certificates(certs);
-    }
+    roots.add_parsable_certificates(
+        read.certificates
+            .into_iter()
+            .map(|ca| CertificateDer::from(ca.der)),
+    );
     if roots.is_empty() {
-        return Err(TlsSetupError::NoCas {
-            dir: dir.value.clone(),
-            origin: dir.origin.clone(),
-        });
+        return Err(no_cas());
     }
     Ok(roots)
-}
-
-fn is_ca_file(path: &Path) -> bool {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("pem") => true,
-        Some(ext) => !ext.is_empty() && ext.bytes().all(|b| b.is_ascii_digit()),
-        None => false,
-    }
 }
 
 /// The rustls client configuration: trust `roots`, present `user` (read from `credentials`).

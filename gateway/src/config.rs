@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use ongrid_core::{Cidr, HumanDuration};
 use ongrid_service::config_file::{self, FileError};
+use ongrid_service::manager_http::{parse_manager_url, ManagerUrlError};
 use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
@@ -63,10 +64,8 @@ pub enum ConfigError {
     Listen(String),
     #[error("host_key_dir {0} exists but is not a directory")]
     HostKeyDir(PathBuf),
-    #[error("manager_url {0:?} is not a URL, like https://ongrid.example.org:8443")]
-    ManagerUrl(String),
-    #[error("manager_url {0:?} must use https: the gateway only talks to a manager it can verify")]
-    ManagerUrlNotHttps(String),
+    #[error(transparent)]
+    ManagerUrl(#[from] ManagerUrlError),
     #[error("ca_dir {0} is not a directory: point it at the CAs that signed the manager's and the agents' certificates")]
     CaDir(PathBuf),
     #[error("cannot read token_file {path}")]
@@ -198,11 +197,7 @@ impl Config {
         if file.host_key_dir.exists() && !file.host_key_dir.is_dir() {
             return Err(ConfigError::HostKeyDir(file.host_key_dir));
         }
-        let manager_url = Url::parse(&file.manager_url)
-            .map_err(|_| ConfigError::ManagerUrl(file.manager_url.clone()))?;
-        if manager_url.scheme() != "https" {
-            return Err(ConfigError::ManagerUrlNotHttps(file.manager_url));
-        }
+        let manager_url = parse_manager_url(&file.manager_url)?;
         if !file.ca_dir.is_dir() {
             return Err(ConfigError::CaDir(file.ca_dir));
         }
@@ -416,7 +411,10 @@ token_file = "{dir}/token"
             .toml("")
             .replace("https://127.0.0.1:8443", "http://127.0.0.1:8443");
         let error = Config::parse(&http, Path::new("g.toml")).unwrap_err();
-        assert!(matches!(error, ConfigError::ManagerUrlNotHttps(_)));
+        assert!(matches!(
+            error,
+            ConfigError::ManagerUrl(ManagerUrlError::NotHttps(_))
+        ));
         let no_ca = files
             .toml("")
             .replace(&format!("{dir}/certs"), &format!("{dir}/missing"));

@@ -1,6 +1,7 @@
 //! The gateway's side of the manager's API (`core/src/api.rs`, gateway routes): the allowlist,
 //! whose key a public key is, which session an SSH user name reaches, and connection events for
-//! the audit log (answered with the session's deadlines). HTTPS only, trusting exactly the CAs of `ca_dir`, with the gateway's token as
+//! the audit log (answered with the session's deadlines). HTTPS only, trusting exactly the CAs
+//! of `ca_dir`, with the gateway's token as
 //! `Authorization: Bearer`. A refusal carries the manager's message, which is written for the
 //! user and shown to them as it is.
 
@@ -20,45 +21,19 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why a call to the manager failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
-    #[error("CA certificate from {path} is not usable by the HTTPS client")]
-    BadCa {
-        path: std::path::PathBuf,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("manager_url {0} cannot be a base URL")]
-    BaseUrl(String),
-    #[error("building the HTTPS client")]
-    Build(#[source] reqwest::Error),
-    #[error("cannot reach the manager at {url}")]
-    Unreachable {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("the manager answered {status} to {url}: {code}: {message}{hint}")]
-    Refused {
-        url: String,
-        status: StatusCode,
-        code: String,
-        /// The manager's words, for the user.
-        message: String,
-        /// What the operator should do, when the status says.
-        hint: &'static str,
-    },
-    #[error("the manager's answer to {url} is not what this gateway understands: are both the same version?")]
-    BadAnswer {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// A 401 or 403 on a route that only the gateway's token opens.
+    #[error("the manager refused the gateway's token: check that token_file holds the token of the manager's gateway_token_file")]
+    TokenRefused(#[source] HttpError),
 }
 
 impl ManagerError {
     /// The manager's own message when it refused the request (4xx): meant for the user.
     pub fn refusal(&self) -> Option<&str> {
-        match self {
-            ManagerError::Refused {
+        let (Self::Http(error) | Self::TokenRefused(error)) = self;
+        match error {
+            HttpError::Refused {
                 status, message, ..
             } if status.is_client_error() => Some(message),
             _ => None,
@@ -83,26 +58,13 @@ impl ManagerClient {
         roots: &[CaCertificate],
         token: Token,
     ) -> Result<Self, ManagerError> {
-        let roots = roots
-            .iter()
-            .map(|root| {
-                reqwest::Certificate::from_der(&root.der).map_err(|source| ManagerError::BadCa {
-                    path: root.path.clone(),
-                    source,
-                })
-            })
-            .collect::<Result<_, _>>()?;
         let settings = ClientSettings {
             user_agent: concat!("ongrid-gateway/", env!("CARGO_PKG_VERSION")),
             connect_timeout: CONNECT_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
         };
-        let http = ManagerHttp::new(manager_url, roots, token, settings)
-            .map_err(|e| ManagerError::from_http(e, false))?;
-        let url = |route| {
-            http.url(route)
-                .map_err(|e| ManagerError::from_http(e, false))
-        };
+        let http = ManagerHttp::new(manager_url, roots, token, settings)?;
+        let url = |route| http.url(route);
         Ok(Self {
             allowlist_url: url("v1/gateway/allowlist")?,
             authorize_url: url("v1/gateway/authorize")?,
@@ -165,37 +127,57 @@ impl ManagerClient {
     /// A failed call to `url` as this gateway reports it. A refused authorization is the
     /// user's business; any other 401/403 means the gateway's own token is wrong.
     fn error(&self, error: HttpError, url: &Url) -> ManagerError {
-        ManagerError::from_http(error, url != &self.authorize_url)
+        if url != &self.authorize_url && error.is_token_refused() {
+            ManagerError::TokenRefused(error)
+        } else {
+            ManagerError::Http(error)
+        }
     }
 }
 
-impl ManagerError {
-    fn from_http(error: HttpError, token_hint: bool) -> Self {
-        match error {
-            HttpError::BaseUrl(url) => Self::BaseUrl(url),
-            HttpError::Build(source) => Self::Build(source),
-            HttpError::Unreachable { url, source } => Self::Unreachable { url, source },
-            HttpError::Refused {
-                url,
-                status,
-                code,
-                message,
-            } => {
-                let hint = match status {
-                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN if token_hint => {
-                        " (check that token_file holds the token of the manager's gateway_token_file)"
-                    }
-                    _ => "",
-                };
-                Self::Refused {
-                    url,
-                    code: code.unwrap_or_else(|| status.as_str().to_owned()),
-                    status,
-                    message,
-                    hint,
-                }
-            }
-            HttpError::BadAnswer { url, source } => Self::BadAnswer { url, source },
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(status: StatusCode) -> HttpError {
+        HttpError::Refused {
+            url: "https://m/v1/gateway/x".to_owned(),
+            status,
+            code: Some("unauthenticated".to_owned()),
+            message: "key SHA256:x is not registered: add it with `devctl key add`".to_owned(),
         }
+    }
+
+    fn client() -> ManagerClient {
+        let url = Url::parse("https://m.example.org:8443").unwrap();
+        ManagerClient::new(&url, &[], Token::new("t")).unwrap()
+    }
+
+    #[test]
+    fn a_refused_token_names_token_file_except_on_authorize() {
+        let client = client();
+        let error = client.error(refused(StatusCode::UNAUTHORIZED), &client.allowlist_url);
+        assert!(matches!(error, ManagerError::TokenRefused(_)), "{error:?}");
+        let text = format!("{:#}", anyhow::Error::from(error));
+        assert!(text.contains("token_file"), "{text}");
+        assert!(text.contains("401 Unauthorized"), "{text}");
+
+        let error = client.error(refused(StatusCode::UNAUTHORIZED), &client.authorize_url);
+        assert!(matches!(error, ManagerError::Http(_)), "{error:?}");
+        assert!(!error.to_string().contains("token_file"), "{error}");
+    }
+
+    #[test]
+    fn only_a_4xx_is_a_refusal_for_the_user() {
+        let client = client();
+        let error = client.error(refused(StatusCode::UNAUTHORIZED), &client.authorize_url);
+        assert_eq!(
+            error.refusal(),
+            Some("key SHA256:x is not registered: add it with `devctl key add`")
+        );
+        let error = client.error(refused(StatusCode::FORBIDDEN), &client.route_url);
+        assert!(error.refusal().is_some());
+        let error = client.error(refused(StatusCode::BAD_GATEWAY), &client.route_url);
+        assert_eq!(error.refusal(), None);
     }
 }

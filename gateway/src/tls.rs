@@ -1,30 +1,22 @@
 //! TLS towards the manager and the node agents: the roots are exactly the CA certificates of
-//! `ca_dir` (every `*.0` and `*.pem` file, IGTF layout), never the system's.
+//! `ca_dir` (IGTF layout, read strictly by `ongrid_service::pem::load_ca_dir`), never the
+//! system's.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use ongrid_service::pem::{self, CaDirError};
 
+pub use ongrid_service::pem::CaCertificate;
+
+/// Why `ca_dir` cannot give the gateway its TLS roots.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("cannot read CA directory {dir}")]
-    CaDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read CA file {path}")]
-    CaFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("CA directory {0} holds no certificate (*.0 or *.pem): put the CA that signed the manager's and the agents' certificates there")]
-    NoCa(PathBuf),
-    #[error("CA certificate from {path} is not usable")]
+pub enum CaRootsError {
+    #[error("ca_dir must hold the CAs that signed the manager's and the agents' certificates")]
+    CaDir(#[from] CaDirError),
+    #[error("CA certificate from {} is not usable as a TLS root", path.display())]
     BadCa {
-        path: PathBuf,
+        path: std::path::PathBuf,
         #[source]
         source: rustls::Error,
     },
@@ -32,31 +24,18 @@ pub enum TlsError {
     Config(#[source] rustls::Error),
 }
 
-pub use ongrid_service::pem::CaCertificate;
-
-impl From<CaDirError> for TlsError {
-    fn from(error: CaDirError) -> Self {
-        match error {
-            CaDirError::Dir { dir, source } => Self::CaDir { dir, source },
-            CaDirError::File { path, source } => Self::CaFile { path, source },
-            CaDirError::NoCertificate(dir) => Self::NoCa(dir),
-        }
-    }
-}
-
-/// The certificates of every `*.0` and `*.pem` file in `dir` (CRLs `*.r0`, signing policies and
-/// other files are skipped).
-pub fn load_ca_dir(dir: &Path) -> Result<Vec<CaCertificate>, TlsError> {
+/// The CA certificates of `ca_dir`, at least one; a file that cannot be used is an error.
+pub fn load_ca_dir(dir: &Path) -> Result<Vec<CaCertificate>, CaRootsError> {
     Ok(pem::load_ca_dir(dir)?)
 }
 
 /// A rustls client configuration (ring provider) trusting exactly `roots`.
-pub fn client_config(roots: &[CaCertificate]) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+pub fn client_config(roots: &[CaCertificate]) -> Result<Arc<rustls::ClientConfig>, CaRootsError> {
     let mut store = rustls::RootCertStore::empty();
     for root in roots {
         store
-            .add(root.der.clone())
-            .map_err(|source| TlsError::BadCa {
+            .add(root.der.clone().into())
+            .map_err(|source| CaRootsError::BadCa {
                 path: root.path.clone(),
                 source,
             })?;
@@ -65,7 +44,7 @@ pub fn client_config(roots: &[CaCertificate]) -> Result<Arc<rustls::ClientConfig
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(TlsError::Config)?
+    .map_err(CaRootsError::Config)?
     .with_root_certificates(store)
     .with_no_client_auth();
     Ok(Arc::new(config))

@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use ongrid_core::{MemorySize, NodeName};
 use ongrid_service::config_file::{self, FileError};
+use ongrid_service::manager_http::{parse_manager_url, ManagerUrlError};
 use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
@@ -51,7 +52,7 @@ pub use ongrid_service::Token;
 use crate::gpu::GpuBackendConfig;
 use crate::network::NetworkPolicy;
 use crate::runtime::Reserved;
-use crate::streams::tls::{self, TlsError};
+use crate::streams::tls::{self, StreamsIdentityError};
 
 /// Why the configuration was refused. Each message names the file or key to fix.
 #[derive(Debug, thiserror::Error)]
@@ -70,14 +71,8 @@ pub enum ConfigError {
     },
     #[error("node_name is not valid")]
     NodeName(#[source] ongrid_core::NameError),
-    #[error("manager_url {url:?} is not a URL, like https://manager.example.org:8443")]
-    ManagerUrl {
-        url: String,
-        #[source]
-        source: url_error::ParseError,
-    },
-    #[error("manager_url {0:?} must use https: the agent only talks to a manager it can verify")]
-    ManagerUrlNotHttps(String),
+    #[error(transparent)]
+    ManagerUrl(#[from] ManagerUrlError),
     #[error(
         "ca_dir {0} is not a directory: point it at the CAs that signed the manager's certificate"
     )]
@@ -119,7 +114,7 @@ pub enum ConfigError {
     #[error("[reserved] memory")]
     ReservedMemory(#[source] ongrid_core::quantity::MemorySizeError),
     #[error("[streams] TLS identity")]
-    StreamsTls(#[source] TlsError),
+    StreamsTls(#[source] StreamsIdentityError),
 }
 
 impl From<FileError> for ConfigError {
@@ -129,11 +124,6 @@ impl From<FileError> for ConfigError {
             FileError::Parse { path, source } => Self::Parse { path, source },
         }
     }
-}
-
-/// `url`'s error type, reached through reqwest's re-export of [`Url`].
-mod url_error {
-    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
 /// The file as written; [`Config::load`] validates it.
@@ -342,14 +332,7 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let file: ConfigFile = config_file::parse(text, path)?;
         let node_name = NodeName::parse(&file.node_name).map_err(ConfigError::NodeName)?;
-        let manager_url =
-            Url::parse(&file.manager_url).map_err(|source| ConfigError::ManagerUrl {
-                url: file.manager_url.clone(),
-                source,
-            })?;
-        if manager_url.scheme() != "https" {
-            return Err(ConfigError::ManagerUrlNotHttps(file.manager_url));
-        }
+        let manager_url = parse_manager_url(&file.manager_url)?;
         if !file.ca_dir.is_dir() {
             return Err(ConfigError::CaDir(file.ca_dir));
         }
@@ -536,13 +519,22 @@ mod tests {
 
         let text = files.config("").replace("https://", "http://");
         let err = files.parse(&text).unwrap_err();
-        assert!(matches!(err, ConfigError::ManagerUrlNotHttps(_)), "{err:?}");
+        assert!(
+            matches!(err, ConfigError::ManagerUrl(ManagerUrlError::NotHttps(_))),
+            "{err:?}"
+        );
 
         let text = files
             .config("")
             .replace("https://127.0.0.1:8443", "not a url");
         let err = files.parse(&text).unwrap_err();
-        assert!(matches!(err, ConfigError::ManagerUrl { .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                ConfigError::ManagerUrl(ManagerUrlError::NotAUrl { .. })
+            ),
+            "{err:?}"
+        );
 
         let text = files
             .config("")

@@ -288,8 +288,8 @@ impl Agent {
                 return state.backoff.next_delay();
             }
             Err(e) => {
-                if let ClientError::Refused { status, .. } = &e {
-                    if matches!(*status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) {
+                if let Some(status) = e.status() {
+                    if matches!(status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) {
                         // The manager may have forgotten the node: register again.
                         state.registered = None;
                     }

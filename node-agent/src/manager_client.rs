@@ -3,13 +3,15 @@
 //! HTTPS only, trusting exactly the CAs of `ca_dir` (no built-in roots), with the node's token
 //! as `Authorization: Bearer`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
-use ongrid_service::manager_http::{ClientSettings, HttpError, ManagerHttp};
-use ongrid_service::pem;
-use reqwest::{Certificate, StatusCode, Url};
+use ongrid_service::manager_http::{ClientSettings, ManagerHttp};
+use ongrid_service::pem::{self, CaDirError};
+use reqwest::{StatusCode, Url};
+
+pub use ongrid_service::manager_http::HttpError;
 
 use crate::config::Token;
 
@@ -19,50 +21,33 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why talking to the manager failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot read CA directory {dir}")]
-    CaDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read CA file {path}")]
-    CaFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("CA file {path} does not hold PEM certificates")]
-    BadCa {
-        path: PathBuf,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("CA directory {0} holds no certificate (*.0 or *.pem): put the CA that signed the manager's certificate there")]
-    NoCa(PathBuf),
-    #[error("manager_url {0} cannot be a base URL")]
-    BaseUrl(String),
-    #[error("building the HTTPS client")]
-    Build(#[source] reqwest::Error),
-    #[error("cannot reach the manager at {url}")]
-    Unreachable {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("the manager answered {status} to {url}: {message}{hint}")]
-    Refused {
-        url: String,
-        status: StatusCode,
-        message: String,
-        /// What to do about it, when the status says.
-        hint: &'static str,
-    },
-    #[error("the manager's answer to {url} is not what this agent understands: are both the same version?")]
-    BadAnswer {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
+    #[error("ca_dir must hold the CA that signed the manager's certificate")]
+    CaDir(#[from] CaDirError),
+    #[error(transparent)]
+    Http(HttpError),
+    /// A 401 or 403: the manager does not take this node's token.
+    #[error("the manager refused this node's token: check that token_file holds this node's token from the manager's agent_tokens_file, under this node_name")]
+    TokenRefused(#[source] HttpError),
+}
+
+impl From<HttpError> for ClientError {
+    fn from(error: HttpError) -> Self {
+        if error.is_token_refused() {
+            Self::TokenRefused(error)
+        } else {
+            Self::Http(error)
+        }
+    }
+}
+
+impl ClientError {
+    /// The status of the manager's non-2xx answer.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Http(error) | Self::TokenRefused(error) => error.status(),
+            Self::CaDir(_) => None,
+        }
+    }
 }
 
 /// An HTTPS client of one manager, for one node.
@@ -74,14 +59,16 @@ pub struct ManagerClient {
 }
 
 impl ManagerClient {
-    /// A client of the manager at `manager_url` that trusts only the CAs in `ca_dir`.
+    /// A client of the manager at `manager_url` that trusts only the CAs in `ca_dir` (read
+    /// strictly: a CA file that cannot be used is an error).
     pub fn new(manager_url: &Url, ca_dir: &Path, token: Token) -> Result<Self, ClientError> {
         let settings = ClientSettings {
             user_agent: concat!("ongrid-agent/", env!("CARGO_PKG_VERSION")),
             connect_timeout: CONNECT_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
         };
-        let http = ManagerHttp::new(manager_url, load_ca_dir(ca_dir)?, token, settings)?;
+        let roots = pem::load_ca_dir(ca_dir)?;
+        let http = ManagerHttp::new(manager_url, &roots, token, settings)?;
         Ok(Self {
             register_url: http.url("v1/agent/register")?,
             sync_url: http.url("v1/agent/sync")?,
@@ -98,64 +85,6 @@ impl ManagerClient {
     }
 }
 
-impl From<HttpError> for ClientError {
-    fn from(error: HttpError) -> Self {
-        match error {
-            HttpError::BaseUrl(url) => Self::BaseUrl(url),
-            HttpError::Build(source) => Self::Build(source),
-            HttpError::Unreachable { url, source } => Self::Unreachable { url, source },
-            HttpError::Refused {
-                url,
-                status,
-                code,
-                message,
-            } => {
-                let hint = match status {
-                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                        " (check that token_file holds this node's token from the manager's agent_tokens_file, under this node_name)"
-                    }
-                    _ => "",
-                };
-                Self::Refused {
-                    url,
-                    status,
-                    message: match code {
-                        Some(code) => format!("{code}: {message}"),
-                        None => message,
-                    },
-                    hint,
-                }
-            }
-            HttpError::BadAnswer { url, source } => Self::BadAnswer { url, source },
-        }
-    }
-}
-
-/// The certificates of every `*.0` and `*.pem` file in `dir` (IGTF layout: `<hash>.0`; other
-/// files such as CRLs `*.r0` and `*.signing_policy` are skipped).
-pub fn load_ca_dir(dir: &Path) -> Result<Vec<Certificate>, ClientError> {
-    let paths = pem::ca_dir_files(dir).map_err(|source| ClientError::CaDir {
-        dir: dir.to_owned(),
-        source,
-    })?;
-    let mut certificates = Vec::new();
-    for path in paths {
-        let pem = std::fs::read(&path).map_err(|source| ClientError::CaFile {
-            path: path.clone(),
-            source,
-        })?;
-        let bundle = Certificate::from_pem_bundle(&pem).map_err(|source| ClientError::BadCa {
-            path: path.clone(),
-            source,
-        })?;
-        certificates.extend(bundle);
-    }
-    if certificates.is_empty() {
-        return Err(ClientError::NoCa(dir.to_owned()));
-    }
-    Ok(certificates)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,33 +96,37 @@ mod tests {
     }
 
     #[test]
-    fn ca_dir_loads_only_certificate_files() {
+    fn a_ca_dir_without_a_ca_names_what_belongs_there() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("1a2b3c4d.0"), ca_pem()).unwrap();
-        std::fs::write(
-            dir.path().join("site.pem"),
-            format!("{}{}", ca_pem(), ca_pem()),
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("1a2b3c4d.r0"), "not a certificate").unwrap();
-        std::fs::write(
-            dir.path().join("1a2b3c4d.signing_policy"),
-            "access_id_CA X509",
-        )
-        .unwrap();
-        assert_eq!(load_ca_dir(dir.path()).unwrap().len(), 3);
+        std::fs::write(dir.path().join("README"), "nothing here").unwrap();
+        let url = Url::parse("https://manager.example.org:8443").unwrap();
+        let err = ManagerClient::new(&url, dir.path(), Token::new("t")).unwrap_err();
+        assert!(matches!(err, ClientError::CaDir(_)), "{err:?}");
+        let text = format!("{:#}", anyhow::Error::from(err));
+        assert!(text.contains("signed the manager's certificate"), "{text}");
+        assert!(text.contains(&dir.path().display().to_string()), "{text}");
     }
 
     #[test]
-    fn empty_or_missing_ca_dir_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("README"), "nothing here").unwrap();
-        let err = load_ca_dir(dir.path()).unwrap_err();
-        assert!(matches!(err, ClientError::NoCa(_)), "{err:?}");
-        assert!(err.to_string().contains(&dir.path().display().to_string()));
-
-        let err = load_ca_dir(&dir.path().join("absent")).unwrap_err();
-        assert!(matches!(err, ClientError::CaDir { .. }), "{err:?}");
+    fn a_refused_token_names_token_file() {
+        let refused = |status| HttpError::Refused {
+            url: "https://m/v1/agent/sync".to_owned(),
+            status,
+            code: Some("unauthenticated".to_owned()),
+            message: "unknown node token".to_owned(),
+        };
+        let err = ClientError::from(refused(StatusCode::UNAUTHORIZED));
+        assert!(matches!(err, ClientError::TokenRefused(_)), "{err:?}");
+        assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
+        let text = format!("{:#}", anyhow::Error::from(err));
+        assert!(text.contains("token_file"), "{text}");
+        assert!(
+            text.contains("unauthenticated: unknown node token"),
+            "{text}"
+        );
+        let err = ClientError::from(refused(StatusCode::NOT_FOUND));
+        assert!(matches!(err, ClientError::Http(_)), "{err:?}");
+        assert_eq!(err.status(), Some(StatusCode::NOT_FOUND));
     }
 
     #[test]

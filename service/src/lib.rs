@@ -1,7 +1,8 @@
 //! The plumbing the ongrid binaries share, so each `main.rs` is a few lines and each config
 //! module holds only its own keys: start-up and shutdown ([`process`]), secrets read from files
-//! ([`Token`]), TOML config files ([`config_file`]), PEM files ([`pem`]) and the HTTPS client of
-//! the manager's bearer-token routes ([`manager_http`]).
+//! ([`Token`]), TOML config files ([`config_file`]), PEM files and CA directories ([`pem`], the
+//! latter read with `ongrid_x509`'s one reader) and the HTTPS client of the manager's
+//! bearer-token routes ([`manager_http`], with the one check that `manager_url` is https).
 //!
 //! No business logic lives here: nothing in this crate knows about sessions, nodes or SSH.
 

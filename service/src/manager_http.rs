@@ -1,8 +1,9 @@
 //! The HTTPS client side of the manager's bearer-token routes, shared by the gateway and the
-//! node agents: a `reqwest` client that trusts exactly the given CAs (no built-in roots, HTTPS
-//! only), route URLs joined under the manager's base path, and answers sorted into
-//! [`HttpError`]. Each binary turns an [`HttpError`] into its own error, adding what its
-//! operator should do.
+//! node agents: the one check that `manager_url` is https ([`parse_manager_url`]), a `reqwest`
+//! client that trusts exactly the given CAs (no built-in roots, and HTTPS only, so the token is
+//! never sent in clear text), route URLs joined under the manager's base path, and answers
+//! sorted into [`HttpError`]. Each binary wraps an [`HttpError`] in its own error where it has
+//! something to add for its operator (a 401 means its token is wrong).
 
 use std::time::Duration;
 
@@ -11,14 +12,49 @@ use reqwest::{Certificate, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::pem::CaCertificate;
 use crate::Token;
 
 /// How much of a body that is not an ongrid error is kept for the message.
 const MAX_FOREIGN_BODY: usize = 200;
 
+/// `url`'s error type, reached through reqwest's re-export of [`Url`].
+pub type UrlParseError = <Url as std::str::FromStr>::Err;
+
+/// Why `manager_url` in a config file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerUrlError {
+    #[error("manager_url {url:?} is not a URL, like https://ongrid.example.org:8443")]
+    NotAUrl {
+        url: String,
+        #[source]
+        source: UrlParseError,
+    },
+    #[error("manager_url {0:?} must use https: the token is only sent to a manager whose certificate is verified")]
+    NotHttps(String),
+}
+
+/// `manager_url` from a config file: a URL, and https.
+pub fn parse_manager_url(text: &str) -> Result<Url, ManagerUrlError> {
+    let url = Url::parse(text).map_err(|source| ManagerUrlError::NotAUrl {
+        url: text.to_owned(),
+        source,
+    })?;
+    if url.scheme() != "https" {
+        return Err(ManagerUrlError::NotHttps(text.to_owned()));
+    }
+    Ok(url)
+}
+
 /// Why a call to the manager failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
+    #[error("CA certificate from {} is not usable by the HTTPS client", path.display())]
+    BadCa {
+        path: std::path::PathBuf,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("manager_url {0} cannot be a base URL")]
     BaseUrl(String),
     #[error("building the HTTPS client")]
@@ -32,19 +68,44 @@ pub enum HttpError {
     /// A non-2xx answer. `code` and `message` are the manager's [`ErrorBody`]; when the body is
     /// not one (a proxy in between, another service), `code` is `None` and `message` the start
     /// of the body.
-    #[error("the manager answered {status} to {url}")]
+    #[error("the manager answered {status} to {url}: {}", refusal(code.as_deref(), message))]
     Refused {
         url: String,
         status: StatusCode,
         code: Option<String>,
         message: String,
     },
-    #[error("the manager's answer to {url} cannot be read")]
+    #[error("the manager's answer to {url} cannot be read: are this program and the manager of the same version?")]
     BadAnswer {
         url: String,
         #[source]
         source: reqwest::Error,
     },
+}
+
+fn refusal(code: Option<&str>, message: &str) -> String {
+    match code {
+        Some(code) => format!("{code}: {message}"),
+        None => message.to_owned(),
+    }
+}
+
+impl HttpError {
+    /// The status of a non-2xx answer.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Whether the manager refused the bearer token (401 or 403).
+    pub fn is_token_refused(&self) -> bool {
+        matches!(
+            self.status(),
+            Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+        )
+    }
 }
 
 /// The client's identity and patience.
@@ -66,10 +127,11 @@ pub struct ManagerHttp {
 }
 
 impl ManagerHttp {
-    /// A client of the manager at `manager_url` that trusts only `roots`.
+    /// A client of the manager at `manager_url` that trusts only `roots` (from
+    /// [`crate::pem::load_ca_dir`]).
     pub fn new(
         manager_url: &Url,
-        roots: Vec<Certificate>,
+        roots: &[CaCertificate],
         token: Token,
         settings: ClientSettings,
     ) -> Result<Self, HttpError> {
@@ -81,7 +143,12 @@ impl ManagerHttp {
             .timeout(settings.request_timeout)
             .user_agent(settings.user_agent);
         for root in roots {
-            builder = builder.add_root_certificate(root);
+            let certificate =
+                Certificate::from_der(&root.der).map_err(|source| HttpError::BadCa {
+                    path: root.path.clone(),
+                    source,
+                })?;
+            builder = builder.add_root_certificate(certificate);
         }
         let http = builder.build().map_err(HttpError::Build)?;
         let mut base = manager_url.clone();
@@ -179,6 +246,8 @@ pub async fn decode<R: DeserializeOwned>(
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     fn client(url: &str) -> ManagerHttp {
@@ -187,13 +256,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(1),
         };
-        ManagerHttp::new(
-            &Url::parse(url).unwrap(),
-            Vec::new(),
-            Token::new("t"),
-            settings,
-        )
-        .unwrap()
+        ManagerHttp::new(&Url::parse(url).unwrap(), &[], Token::new("t"), settings).unwrap()
     }
 
     #[test]
@@ -214,11 +277,62 @@ mod tests {
         );
     }
 
+    #[test]
+    fn manager_url_must_be_an_https_url() {
+        let url = parse_manager_url("https://m.example.org:8443/ongrid").unwrap();
+        assert_eq!(url.as_str(), "https://m.example.org:8443/ongrid");
+        let err = parse_manager_url("http://m.example.org:8443").unwrap_err();
+        assert!(matches!(err, ManagerUrlError::NotHttps(_)), "{err:?}");
+        assert!(err.to_string().contains("must use https"), "{err}");
+        let err = parse_manager_url("//m.example.org:8443").unwrap_err();
+        assert!(matches!(err, ManagerUrlError::NotAUrl { .. }), "{err:?}");
+    }
+
+    /// A client handed an http URL anyway (config checks it, this is the second guard) does not
+    /// even connect: a plain-HTTP listener sees nothing, so the token never travels in clear.
     #[tokio::test]
     async fn plain_http_is_never_sent() {
-        let http = client("http://127.0.0.1:1");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let http = client(&format!("http://{}", listener.local_addr().unwrap()));
         let url = http.url("v1/x").unwrap();
         let err = http.get::<serde_json::Value>(&url).await.unwrap_err();
         assert!(matches!(err, HttpError::Unreachable { .. }), "{err:?}");
+        // A connection the client made is queued by the kernel before the call returns.
+        match listener.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("checking the listener: {e}"),
+            Ok((mut stream, _)) => {
+                stream.set_nonblocking(true).unwrap();
+                let mut sent = [0; 1024];
+                let n = stream.read(&mut sent).unwrap_or(0);
+                panic!(
+                    "the client connected over plain HTTP and sent {:?}",
+                    String::from_utf8_lossy(&sent[..n])
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_refusal_carries_the_managers_code_and_message() {
+        let refused = |status, code: Option<&str>| HttpError::Refused {
+            url: "https://m/v1/x".to_owned(),
+            status,
+            code: code.map(str::to_owned),
+            message: "unknown token".to_owned(),
+        };
+        let err = refused(StatusCode::UNAUTHORIZED, Some("unauthenticated"));
+        assert_eq!(
+            err.to_string(),
+            "the manager answered 401 Unauthorized to https://m/v1/x: unauthenticated: unknown token"
+        );
+        assert!(err.is_token_refused());
+        let err = refused(StatusCode::BAD_GATEWAY, None);
+        assert!(err
+            .to_string()
+            .ends_with("to https://m/v1/x: unknown token"));
+        assert!(!err.is_token_refused());
+        assert_eq!(err.status(), Some(StatusCode::BAD_GATEWAY));
     }
 }

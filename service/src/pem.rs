@@ -1,7 +1,7 @@
 //! PEM files named in config: a certificate chain, a private key, and a CA directory in IGTF
-//! layout (every `*.0` and `*.pem` file; CRLs `*.r0`, signing policies and other files are
-//! skipped). Each error names the config key or directory, so the binaries can keep their own
-//! messages by converting [`PemError`] and [`CaDirError`] into their error types.
+//! layout, read strictly with `ongrid_x509`'s reader ([`load_ca_dir`]). Each error names the
+//! config key, the file or the directory; the binaries wrap [`PemError`] and [`CaDirError`] in
+//! their own errors with what their operator should do.
 
 use std::path::{Path, PathBuf};
 
@@ -25,31 +25,7 @@ pub enum PemError {
     },
 }
 
-/// Why a CA directory could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum CaDirError {
-    #[error("cannot read CA directory {dir}")]
-    Dir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read CA file {path}")]
-    File {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("CA directory {0} holds no certificate (*.0 or *.pem)")]
-    NoCertificate(PathBuf),
-}
-
-/// A CA certificate and the file it came from.
-#[derive(Debug, Clone)]
-pub struct CaCertificate {
-    pub path: PathBuf,
-    pub der: CertificateDer<'static>,
-}
+pub use ongrid_x509::{CaCertificate, CaDirError};
 
 /// The certificates of the PEM file `path`, named in config by `key`; at least one.
 pub fn read_certificates(
@@ -101,49 +77,11 @@ fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, PemError> {
     })
 }
 
-/// The `*.0` and `*.pem` files of `dir` that are files, sorted; the error is listing `dir`.
-pub fn ca_dir_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        let wanted = path
-            .extension()
-            .is_some_and(|ext| ext == "0" || ext == "pem");
-        if wanted && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    Ok(paths)
-}
-
-/// The certificates of every `*.0` and `*.pem` file in `dir`; at least one.
+/// The CA certificates of `dir` (IGTF layout: `<hash>.0`, `*.pem`; CRLs and other files are not
+/// read), at least one. Read strictly: a CA file that cannot be used is an error naming it, so
+/// a daemon finds out at start-up, not at its first TLS handshake (see `ongrid_x509::CaDirMode`).
 pub fn load_ca_dir(dir: &Path) -> Result<Vec<CaCertificate>, CaDirError> {
-    let mut certificates = Vec::new();
-    let paths = ca_dir_files(dir).map_err(|source| CaDirError::Dir {
-        dir: dir.to_owned(),
-        source,
-    })?;
-    for path in paths {
-        let pem = std::fs::read(&path).map_err(|source| CaDirError::File {
-            path: path.clone(),
-            source,
-        })?;
-        for der in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let der = der.map_err(|source| CaDirError::File {
-                path: path.clone(),
-                source,
-            })?;
-            certificates.push(CaCertificate {
-                path: path.clone(),
-                der,
-            });
-        }
-    }
-    if certificates.is_empty() {
-        return Err(CaDirError::NoCertificate(dir.to_owned()));
-    }
-    Ok(certificates)
+    Ok(ongrid_x509::read_ca_dir(dir, ongrid_x509::CaDirMode::Strict)?.certificates)
 }
 
 #[cfg(test)]
@@ -220,32 +158,47 @@ mod tests {
         let (a, _) = self_signed();
         let (b, _) = self_signed();
         std::fs::write(dir.path().join("1a2b3c4d.0"), &a).unwrap();
+        std::fs::write(dir.path().join("1a2b3c4d.1"), &b).unwrap();
         std::fs::write(dir.path().join("site.pem"), format!("{a}{b}")).unwrap();
         std::fs::write(dir.path().join("1a2b3c4d.r0"), "not a certificate").unwrap();
         std::fs::write(dir.path().join("1a2b3c4d.signing_policy"), "x").unwrap();
         std::fs::create_dir(dir.path().join("sub.pem")).unwrap();
-        let files = ca_dir_files(dir.path()).unwrap();
-        assert_eq!(
-            files,
-            vec![dir.path().join("1a2b3c4d.0"), dir.path().join("site.pem")]
-        );
         let certificates = load_ca_dir(dir.path()).unwrap();
-        assert_eq!(certificates.len(), 3);
-        assert_eq!(certificates[0].path, dir.path().join("1a2b3c4d.0"));
+        let paths: Vec<_> = certificates.iter().map(|c| c.path.clone()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                dir.path().join("1a2b3c4d.0"),
+                dir.path().join("1a2b3c4d.1"),
+                dir.path().join("site.pem"),
+                dir.path().join("site.pem"),
+            ]
+        );
     }
 
     #[test]
-    fn a_ca_dir_without_certificates_is_an_error_naming_it() {
+    fn a_bad_ca_file_or_an_empty_ca_dir_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("README"), "nothing here").unwrap();
+        let err = load_ca_dir(dir.path()).unwrap_err();
+        assert!(matches!(err, CaDirError::NoCas { .. }), "{err:?}");
+        assert!(err.to_string().contains(&dir.path().display().to_string()));
+
+        // Strict: one broken file among good ones stops the daemon, naming the file.
+        let (a, _) = self_signed();
+        std::fs::write(dir.path().join("1a2b3c4d.0"), &a).unwrap();
         std::fs::write(dir.path().join("empty.0"), "").unwrap();
         let err = load_ca_dir(dir.path()).unwrap_err();
-        assert!(matches!(err, CaDirError::NoCertificate(_)), "{err:?}");
-        assert!(err.to_string().contains(&dir.path().display().to_string()));
+        assert!(matches!(err, CaDirError::BadFile { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains(&dir.path().join("empty.0").display().to_string()),
+            "{err}"
+        );
 
         let absent = dir.path().join("absent");
         let err = load_ca_dir(&absent).unwrap_err();
-        assert!(matches!(err, CaDirError::Dir { .. }), "{err:?}");
+        assert!(matches!(err, CaDirError::Read { .. }), "{err:?}");
         assert!(err.to_string().contains(&absent.display().to_string()));
     }
 }

@@ -1,7 +1,8 @@
-//! Start-up and shutdown of a long-running ongrid binary. [`Binary::run`] does what every
-//! `main.rs` did: refuse a bad config (exit 2 with `<binary>: <error>`), answer
-//! `--check-config` (`<file>: valid`), log to stderr with the `ONGRID_LOG` filter (default
-//! `info`), start the tokio runtime, and run the binary's `serve` with a [`CancellationToken`]
+//! Start-up and shutdown of a long-running ongrid binary (the manager, the gateway, the agent).
+//! [`Binary::run`] does what every `main.rs` did: refuse a bad config (exit 2 with
+//! `<binary>: <error>`, the causes chained with `: `), log to stderr with the `ONGRID_LOG`
+//! filter (default `info`), answer `--check-config` (`<file>: valid` on stdout, or exit 2 with
+//! the check's error), start the tokio runtime, and run the binary's `serve` with a [`CancellationToken`]
 //! cancelled on SIGINT or SIGTERM; an error from `serve` is logged, printed and exits 1.
 
 use std::future::Future;
@@ -68,6 +69,8 @@ impl<'a, C> Binary<'a, C> {
                 return ExitCode::from(2);
             }
         };
+        // Before the check, so what it warns about (a CA directory with no CRL, ...) is seen.
+        init_tracing();
         if self.check_only {
             if let Some(check) = self.check {
                 if let Err(e) = check(&config) {
@@ -78,7 +81,6 @@ impl<'a, C> Binary<'a, C> {
             println!("{}: valid", self.config_path.display());
             return ExitCode::SUCCESS;
         }
-        init_tracing();
         let runtime = match tokio::runtime::Runtime::new() {
             Ok(runtime) => runtime,
             Err(e) => {
@@ -98,32 +100,44 @@ impl<'a, C> Binary<'a, C> {
     }
 }
 
-/// Logs to stderr, filtered by `ONGRID_LOG` (default `info`).
+/// Logs to stderr, filtered by `ONGRID_LOG` (default `info`); a no-op when the process has set
+/// up logging already.
 pub fn init_tracing() {
-    tracing_subscriber::fmt()
+    // An error only says that a subscriber is set already.
+    let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("info")),
         )
-        .init();
+        .try_init();
 }
 
 /// Binds `address` and [`announce`]s it.
 pub async fn bind_and_announce(address: SocketAddr) -> anyhow::Result<TcpListener> {
-    let listener = TcpListener::bind(address)
-        .await
-        .with_context(|| format!("binding {address}"))?;
-    announce(&listener)?;
-    Ok(listener)
+    bind_and_announce_to(address, &mut std::io::stdout().lock()).await
 }
 
 /// Prints `listening on ADDR` (the bound address, so port 0 shows the real port) on stdout,
 /// which tests and scripts read.
 pub fn announce(listener: &TcpListener) -> anyhow::Result<SocketAddr> {
+    announce_to(listener, &mut std::io::stdout().lock())
+}
+
+async fn bind_and_announce_to(
+    address: SocketAddr,
+    out: &mut impl Write,
+) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding {address}"))?;
+    announce_to(&listener, out)?;
+    Ok(listener)
+}
+
+fn announce_to(listener: &TcpListener, out: &mut impl Write) -> anyhow::Result<SocketAddr> {
     let address = listener.local_addr().context("reading the bound address")?;
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "listening on {address}").context("writing to stdout")?;
-    stdout.flush().context("writing to stdout")?;
+    writeln!(out, "listening on {address}").context("writing to stdout")?;
+    out.flush().context("writing to stdout")?;
     Ok(address)
 }
 
@@ -212,9 +226,15 @@ mod tests {
 
     #[tokio::test]
     async fn announce_prints_the_bound_port() {
-        let listener = bind_and_announce("127.0.0.1:0".parse().unwrap())
+        let mut out = Vec::new();
+        let listener = bind_and_announce_to("127.0.0.1:0".parse().unwrap(), &mut out)
             .await
             .unwrap();
-        assert_ne!(listener.local_addr().unwrap().port(), 0);
+        let port = listener.local_addr().unwrap().port();
+        assert_ne!(port, 0);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("listening on 127.0.0.1:{port}\n")
+        );
     }
 }

@@ -4,6 +4,8 @@
 //!
 //! Pure: no network, no clock (the time is in [`VerifyOptions`]), and the only files read are the
 //! CA directory and the vomsdir named by the caller ([`CaDir::load`], [`voms::VomsDir::load`]).
+//! [`read_ca_dir`] is the one reader of CA directories in ongrid: the gateway and the agents
+//! (through `ongrid-service`) and devctl use it too, strictly or leniently ([`CaDirMode`]).
 //! The rules and their sources are in `../shared/research/x509_proxies.md` (A.1.2); each rule
 //! has its own [`ChainError`] variant. The manager's TLS client verifier and devctl use this
 //! crate; `scripts/gridca.sh` makes throwaway credentials for tests.
@@ -16,7 +18,7 @@ mod pem;
 mod sig;
 pub mod voms;
 
-pub use cadir::{CaDir, CaDirError};
+pub use cadir::{read_ca_dir, CaCertificate, CaCertificates, CaDir, CaDirError, CaDirMode};
 pub use chain::{verify_chain, ChainError, CrlPolicy, ProxyKind, VerifiedChain, VerifyOptions};
 pub use der::DerError;
 pub use dn::DnError;

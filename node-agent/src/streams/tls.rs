@@ -2,55 +2,41 @@
 //! TLS 1.2 and 1.3 with ring. The gateway proves itself with its bearer token, not with a
 //! certificate, so no client certificate is asked for.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use ongrid_service::pem::{self, PemError};
 use rustls::ServerConfig;
 
-/// Why the TLS identity could not be loaded; each message names the key to fix.
+/// Why the stream endpoint's TLS identity could not be loaded; each message names the key to
+/// fix.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("reading {key} {}", path.display())]
-    Read {
-        key: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{key} {} holds no {what}: it must be PEM", path.display())]
-    Empty {
-        key: &'static str,
-        path: PathBuf,
-        what: &'static str,
-    },
+pub enum StreamsIdentityError {
+    #[error(transparent)]
+    File(#[from] PemError),
     #[error("tls_cert and tls_key do not make a usable server identity")]
     Identity(#[source] rustls::Error),
 }
 
 /// The server configuration of the stream endpoint.
-pub fn server_config(tls_cert: &Path, tls_key: &Path) -> Result<ServerConfig, TlsError> {
+pub fn server_config(
+    tls_cert: &Path,
+    tls_key: &Path,
+) -> Result<ServerConfig, StreamsIdentityError> {
     let chain = pem::read_certificates("tls_cert", tls_cert)?;
     let key = pem::read_private_key("tls_key", tls_key)?;
     ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(TlsError::Identity)?
+        .map_err(StreamsIdentityError::Identity)?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(TlsError::Identity)
-}
-
-impl From<PemError> for TlsError {
-    fn from(error: PemError) -> Self {
-        match error {
-            PemError::Read { key, path, source } => Self::Read { key, path, source },
-            PemError::Empty { key, path, what } => Self::Empty { key, path, what },
-        }
-    }
+        .map_err(StreamsIdentityError::Identity)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn write_identity(dir: &Path) -> (PathBuf, PathBuf) {
@@ -95,10 +81,10 @@ mod tests {
         assert!(
             matches!(
                 err,
-                TlsError::Empty {
+                StreamsIdentityError::File(PemError::Empty {
                     key: "tls_cert",
                     ..
-                }
+                })
             ),
             "{err:?}"
         );
@@ -107,6 +93,6 @@ mod tests {
         let other_dir = tempfile::tempdir().unwrap();
         let (_, other_key) = write_identity(other_dir.path());
         let err = server_config(&cert, &other_key).unwrap_err();
-        assert!(matches!(err, TlsError::Identity(_)), "{err:?}");
+        assert!(matches!(err, StreamsIdentityError::Identity(_)), "{err:?}");
     }
 }

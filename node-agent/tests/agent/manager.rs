@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ongrid_agent::config::Token;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
-use ongrid_agent::manager_client::{ClientError, ManagerClient};
+use ongrid_agent::manager_client::{ClientError, HttpError, ManagerClient};
 use ongrid_agent::Agent;
 use ongrid_core::api::{
     ContainerState, DesiredSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
@@ -274,7 +274,10 @@ async fn client_trusts_only_the_cas_of_its_ca_dir() {
     let client =
         ManagerClient::new(&manager.url, stranger.dir.path(), Token::new(TOKEN)).expect("client");
     let err = client.register(&registration(&node)).await.unwrap_err();
-    assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+    assert!(
+        matches!(err, ClientError::Http(HttpError::Unreachable { .. })),
+        "{err:?}"
+    );
     assert!(
         manager.requests().is_empty(),
         "no request may reach an untrusted server"
@@ -294,8 +297,9 @@ async fn refusals_carry_the_managers_message_and_the_fix() {
         .register(&registration(&node))
         .await
         .unwrap_err();
-    let text = err.to_string();
-    assert!(matches!(err, ClientError::Refused { .. }), "{err:?}");
+    assert!(matches!(err, ClientError::TokenRefused(_)), "{err:?}");
+    // The whole chain, as the agent logs it.
+    let text = format!("{:#}", anyhow::Error::from(err));
     assert!(text.contains("401"), "{text}");
     assert!(
         text.contains("unauthenticated: unknown node token"),
