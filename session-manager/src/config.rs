@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ongrid_core::api::ContainerLimits;
 use ongrid_core::{HumanDuration, MemorySize};
+use ongrid_service::config_file::{self, FileError};
 use ongrid_x509::CrlPolicy;
 use serde::Deserialize;
 
@@ -26,18 +27,10 @@ pub const ENV_DATABASE: &str = "ONGRID_MANAGER_DATABASE";
 /// Why the configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading config file {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {}: {source}", path.display())]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: Box<toml::de::Error>,
-    },
+    /// The file cannot be read or is not TOML of the manager's keys; the same messages as the
+    /// other binaries'.
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("config file {}: key `{key}`: {message}", path.display())]
     Invalid {
         path: PathBuf,
@@ -183,10 +176,7 @@ pub struct Config {
 impl Config {
     /// Reads, overrides from the process environment, and validates.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = config_file::read(path)?;
         Self::from_toml(&text, path, |name| std::env::var(name).ok())
     }
 
@@ -196,10 +186,7 @@ impl Config {
         path: &Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut raw: RawConfig = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })?;
+        let mut raw: RawConfig = config_file::parse(text, path)?;
         let mut listen_key = "listen".to_owned();
         if let Some(listen) = env(ENV_LISTEN) {
             raw.listen = listen;
@@ -661,17 +648,16 @@ pids = 4096
         .unwrap_err()
         .to_string();
         assert!(err.contains("longer than max_idle_timeout"), "{err}");
-        let err = load(&format!("{EXAMPLE}[lifecycle]\nidle = \"1h\"\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("idle"), "{err}");
+        let err = load(&format!("{EXAMPLE}[lifecycle]\nidle = \"1h\"\n")).unwrap_err();
+        let err = format!("{:#}", anyhow::Error::from(err));
+        assert!(err.contains("unknown field `idle`"), "{err}");
     }
 
     #[test]
     fn unknown_keys_are_refused() {
-        let err = load(&format!("{EXAMPLE}\nlisten_port = 1\n"))
-            .unwrap_err()
-            .to_string();
+        let err = load(&format!("{EXAMPLE}\nlisten_port = 1\n")).unwrap_err();
+        // The whole chain, as the binary prints it.
+        let err = format!("{:#}", anyhow::Error::from(err));
         assert!(err.contains("manager.toml"), "{err}");
         assert!(err.contains("listen_port"), "{err}");
     }

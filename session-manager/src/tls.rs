@@ -106,31 +106,16 @@ pub trait ClientAuthenticator: Send + Sync + fmt::Debug {
     fn root_hint_subjects(&self) -> &[DistinguishedName];
 }
 
-/// Why the TLS material could not be loaded.
+/// Why the TLS material (server identity, CA directory, vomsdir) could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("reading {key} {}: {source}", path.display())]
-    Read {
-        key: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{key} {} holds no {what}: it must be PEM", path.display())]
-    Empty {
-        key: &'static str,
-        path: PathBuf,
-        what: &'static str,
-    },
-    #[error("ca_dir {}: {source}", path.display())]
-    CaDir {
-        path: PathBuf,
-        #[source]
-        source: ongrid_x509::CaDirError,
-    },
+pub enum TlsMaterialError {
+    #[error(transparent)]
+    File(#[from] PemError),
+    #[error("ca_dir must hold the CAs of the users' certificates")]
+    CaDir(#[source] ongrid_x509::CaDirError),
     #[error("vomsdir {}: {message}", path.display())]
     VomsDir { path: PathBuf, message: String },
-    #[error("tls_cert and tls_key do not make a usable server identity: {0}")]
+    #[error("tls_cert and tls_key do not make a usable server identity")]
     ServerIdentity(#[source] rustls::Error),
 }
 
@@ -189,7 +174,7 @@ impl fmt::Debug for GridAuthenticator {
 impl GridAuthenticator {
     /// Loads the CA directory (and vomsdir). A directory without any CA is an error; single bad
     /// files are skipped with a warning by `ongrid_x509`.
-    pub fn load(config: TrustConfig) -> Result<Self, TlsError> {
+    pub fn load(config: TrustConfig) -> Result<Self, TlsMaterialError> {
         let (cas, vomsdir) = load_trust(&config)?;
         let hints: Vec<DistinguishedName> = cas
             .subjects()
@@ -318,14 +303,13 @@ struct Checked {
     now: DateTime<Utc>,
 }
 
-fn load_trust(config: &TrustConfig) -> Result<(Arc<CaDir>, Option<Arc<VomsDir>>), TlsError> {
-    let cas = CaDir::load(&config.ca_dir).map_err(|source| TlsError::CaDir {
-        path: config.ca_dir.clone(),
-        source,
-    })?;
+fn load_trust(
+    config: &TrustConfig,
+) -> Result<(Arc<CaDir>, Option<Arc<VomsDir>>), TlsMaterialError> {
+    let cas = CaDir::load(&config.ca_dir).map_err(TlsMaterialError::CaDir)?;
     let vomsdir = match &config.vomsdir {
         Some(path) => Some(Arc::new(VomsDir::load(path).map_err(|e| {
-            TlsError::VomsDir {
+            TlsMaterialError::VomsDir {
                 path: path.clone(),
                 message: e.to_string(),
             }
@@ -545,27 +529,18 @@ pub fn server_config(
     tls_key: &Path,
     authenticator: Arc<dyn ClientAuthenticator>,
     provider: Arc<CryptoProvider>,
-) -> Result<ServerConfig, TlsError> {
+) -> Result<ServerConfig, TlsMaterialError> {
     let chain = pem::read_certificates("tls_cert", tls_cert)?;
     let key = pem::read_private_key("tls_key", tls_key)?;
     let verifier = Arc::new(AuthenticatorVerifier::new(authenticator, &provider));
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(TlsError::ServerIdentity)?
+        .map_err(TlsMaterialError::ServerIdentity)?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
-        .map_err(TlsError::ServerIdentity)?;
+        .map_err(TlsMaterialError::ServerIdentity)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
-}
-
-impl From<PemError> for TlsError {
-    fn from(error: PemError) -> Self {
-        match error {
-            PemError::Read { key, path, source } => Self::Read { key, path, source },
-            PemError::Empty { key, path, what } => Self::Empty { key, path, what },
-        }
-    }
 }
 
 #[cfg(test)]
@@ -726,7 +701,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("0badf00d.0"), "no PEM here").unwrap();
         let err = GridAuthenticator::load(trust(dir.path())).unwrap_err();
-        assert!(matches!(err, TlsError::CaDir { .. }), "{err}");
+        assert!(matches!(err, TlsMaterialError::CaDir(_)), "{err}");
         let err = GridAuthenticator::load(trust(&dir.path().join("missing"))).unwrap_err();
         assert!(err.to_string().starts_with("ca_dir "), "{err}");
     }
