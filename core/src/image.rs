@@ -184,6 +184,26 @@ impl ImageReference {
         })
     }
 
+    /// [`Self::parse`] for a new tag (`POST /v1/images`): also refuses tags that look like a
+    /// content digest (`sha256:<hex>`, any `shaNNN` name), which `image show`, `image rm` and
+    /// `--image` would take for a digest, so the image could never be found by its tag.
+    pub fn parse_new(text: &str) -> Result<Self, ImageRefError> {
+        let reference = Self::parse(text)?;
+        let digest_like_name = reference
+            .name
+            .strip_prefix("sha")
+            .is_some_and(|bits| !bits.is_empty() && bits.chars().all(|c| c.is_ascii_digit()));
+        if digest_like_name {
+            return Err(ImageRefError(format!(
+                "image reference {text:?} looks like a content digest ({}:<hex>), and digests \
+                 address images by content, so this tag could never be found: pick another \
+                 name, like mymodel:v1",
+                reference.name
+            )));
+        }
+        Ok(reference)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -273,9 +293,11 @@ impl fmt::Display for ImageLookup {
 
 /// `POST /v1/images`: freeze one of the caller's sessions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateImage {
     pub session: SessionName,
-    /// `name:version`.
+    /// `name:version`; never digest-like ([`ImageReference::parse_new`]).
+    #[serde(deserialize_with = "new_reference")]
     pub reference: ImageReference,
     /// Move the tag when the caller already has an image of it (the old one stays reachable
     /// by its digest).
@@ -283,6 +305,13 @@ pub struct CreateImage {
     pub force: bool,
     #[serde(default)]
     pub compression: Compression,
+}
+
+fn new_reference<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<ImageReference, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    ImageReference::parse_new(&text).map_err(serde::de::Error::custom)
 }
 
 /// Bytes of the container's filesystem read so far, of the estimated total (0: unknown).
@@ -388,6 +417,30 @@ mod tests {
         assert!(
             serde_json::from_str::<CreateImage>(r#"{"session":"t","reference":"M:1"}"#).is_err()
         );
+    }
+
+    #[test]
+    fn new_tags_that_look_like_digests_are_refused() {
+        let digest_tag = format!("sha256:{}", "ab".repeat(32));
+        // Stored ones still read back (a tag made before the rule must stay listable).
+        ImageReference::parse(&digest_tag).unwrap();
+        for bad in [digest_tag.as_str(), "sha256:v1", "sha512:1", "sha1:x"] {
+            let err = ImageReference::parse_new(bad).unwrap_err().to_string();
+            assert!(err.contains("looks like a content digest"), "{bad}: {err}");
+            let body = format!(r#"{{"session":"t","reference":"{bad}"}}"#);
+            let err = serde_json::from_str::<CreateImage>(&body)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("looks like a content digest"), "{bad}: {err}");
+        }
+        for good in ["sha:1", "shab:1", "mysha256:v1", "m:sha256"] {
+            ImageReference::parse_new(good).unwrap();
+        }
+        let unknown = r#"{"session":"t","reference":"m:1","evil":true}"#;
+        let err = serde_json::from_str::<CreateImage>(unknown)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `evil`"), "{err}");
     }
 
     #[test]

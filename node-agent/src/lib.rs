@@ -22,6 +22,7 @@ pub mod gpu;
 pub mod manager_client;
 pub mod network;
 pub mod reconcile;
+pub mod removed_images;
 pub mod runtime;
 pub mod streams;
 
@@ -313,6 +314,7 @@ impl Agent {
                        "Cannot list containers; nothing converged.");
             }
         }
+        reconciler.remove_images(&desired.removed_images).await;
         state.freezer.apply(&desired.freezes, &desired.sessions);
         Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
     }

@@ -28,6 +28,7 @@ use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, error, info, warn};
 
 use crate::network::{FirewallState, HostFirewall, Ipv4Net, NetworkSpec};
+use crate::removed_images::RemovedImages;
 use crate::runtime::{
     error_chain, held_image, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess,
     LimitCeiling, NetworkStatus, RuntimeError,
@@ -249,6 +250,8 @@ pub struct Reconciler {
     seen_dead: HashSet<SessionId>,
     /// The containers as the last [`Reconciler::observe`] saw them.
     observed: Vec<ContainerStatus>,
+    /// Untags the Docker images of frozen images the manager says were removed.
+    removed_images: RemovedImages,
 }
 
 impl Reconciler {
@@ -259,7 +262,6 @@ impl Reconciler {
         guard: NodeGuard,
     ) -> Self {
         Self {
-            runtime,
             node,
             gpu_access,
             guard,
@@ -270,7 +272,15 @@ impl Reconciler {
             problems: HashMap::new(),
             seen_dead: HashSet::new(),
             observed: Vec::new(),
+            removed_images: RemovedImages::new(runtime.clone()),
+            runtime,
         }
+    }
+
+    /// Removes from the node the Docker images of the frozen images in `removed`
+    /// (`DesiredState::removed_images`); failures are logged and retried on the next call.
+    pub async fn remove_images(&mut self, removed: &[String]) {
+        self.removed_images.remove(removed).await;
     }
 
     /// The containers as the last [`Reconciler::observe`] saw them (for activity sampling).

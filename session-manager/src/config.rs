@@ -66,6 +66,10 @@ pub struct RawConfig {
     pub gateway_token_file: Option<PathBuf>,
     #[serde(default = "default_image")]
     pub default_image: String,
+    /// Docker images sessions may use besides `default_image` (exact names, as Docker names
+    /// them). Anything else is refused unless it names the caller's own frozen image.
+    #[serde(default)]
+    pub allowed_images: Vec<String>,
     #[serde(default = "default_first_uid")]
     pub first_uid: u32,
     #[serde(default = "default_node_timeout")]
@@ -160,6 +164,8 @@ pub struct Config {
     /// `None`: no gateway may use the manager (`/v1/gateway/*` answer 401 saying so).
     pub gateway_token_file: Option<PathBuf>,
     pub default_image: String,
+    /// The site's other images (see [`Config::site_images`]).
+    pub allowed_images: Vec<String>,
     pub first_uid: u32,
     pub node_timeout: Duration,
     pub sync_interval: Duration,
@@ -174,6 +180,14 @@ pub struct Config {
 }
 
 impl Config {
+    /// The Docker images any session may run: `default_image` and `allowed_images`.
+    pub fn site_images(&self) -> crate::domain::image_access::SiteImages<'_> {
+        crate::domain::image_access::SiteImages {
+            default: &self.default_image,
+            allowed: &self.allowed_images,
+        }
+    }
+
     /// Reads, overrides from the process environment, and validates.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = config_file::read(path)?;
@@ -272,6 +286,23 @@ impl Validator<'_> {
         if let Err(message) = check_image(&default_image) {
             return Err(self.invalid("default_image", message));
         }
+        let mut allowed_images = Vec::with_capacity(raw.allowed_images.len());
+        for image in &raw.allowed_images {
+            let image = image.trim().to_owned();
+            check_image(&image).map_err(|message| self.invalid("allowed_images", message))?;
+            if ongrid_core::image::ImageLookup::parse(&image)
+                .is_ok_and(|lookup| matches!(lookup, ongrid_core::image::ImageLookup::Digest(_)))
+            {
+                return Err(self.invalid(
+                    "allowed_images",
+                    format!(
+                        "{image:?} is a frozen image's digest: sessions name frozen images \
+                         themselves; list Docker image names here, like python:3.12"
+                    ),
+                ));
+            }
+            allowed_images.push(image);
+        }
         if raw.first_uid < 1000 {
             return Err(self.invalid(
                 "first_uid",
@@ -339,6 +370,7 @@ impl Validator<'_> {
             agent_tokens_file: raw.agent_tokens_file,
             gateway_token_file: raw.gateway_token_file,
             default_image,
+            allowed_images,
             first_uid: raw.first_uid,
             node_timeout,
             sync_interval,

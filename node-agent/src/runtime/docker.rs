@@ -670,6 +670,10 @@ impl ContainerRuntime for DockerRuntime {
         spec: &'a super::CommitSpec,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(self.commit_for_freeze(container_id, spec))
+    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        Box::pin(self.force_remove_tag(reference))
+    }
+
     }
 
     fn image_details<'a>(
@@ -1146,6 +1150,23 @@ fn is_status(error: &BollardError, status: u16) -> bool {
 fn docker_error(action: String) -> impl FnOnce(BollardError) -> RuntimeError {
     move |e| {
         debug!(%action, error = %e, "Docker call failed.");
+    /// `docker rmi --force <reference>`: with a container using the image, Docker only
+    /// removes the tag.
+    async fn force_remove_tag(&self, reference: &str) -> Result<bool, RuntimeError> {
+        let options = bollard::query_parameters::RemoveImageOptionsBuilder::new()
+            .force(true)
+            .build();
+        match self
+            .docker
+            .remove_image(reference, Some(options), None)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(docker_error(format!("removing image tag {reference}"))(e)),
+        }
+    }
+
         RuntimeError::Docker {
             action,
             source: Box::new(e),

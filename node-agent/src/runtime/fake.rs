@@ -176,6 +176,11 @@ impl FakeRuntime {
         s.failing.clear();
         s.list_fails = false;
     }
+    /// Puts an image on the node.
+    pub fn add_image(&self, image: &str) {
+        self.state().images.insert(image.to_owned());
+    }
+
 
     pub fn fail_list(&self) {
         self.state().list_fails = true;
@@ -608,6 +613,16 @@ impl ContainerRuntime for FakeRuntime {
     ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
         let error = no_freeze(format!("exporting {container_id}"));
         futures::stream::once(async move { Err(error) }).boxed()
+    }
+
+    /// Like Docker's forced removal of a tag: containers of the image keep running.
+    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "remove_tag", reference)?;
+            Ok(s.images.remove(reference))
+        })();
+        Box::pin(async move { result })
     }
 
     fn tag_image<'a>(

@@ -476,6 +476,11 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// error); a missing image is not an error.
     fn untag_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
 
+    /// Removes the tag `reference` even while containers use its image (Docker then keeps the
+    /// image, untagged, until they are gone; nothing can start from the tag any more). Returns
+    /// whether the tag was there.
+    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>>;
+
     // ---- Freeze: commit a session, export the snapshot, tag the matching Docker image ----
 
     /// Commits the container into a new untagged image (Docker pauses it for the commit) whose

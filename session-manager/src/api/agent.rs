@@ -15,9 +15,9 @@ use ongrid_core::{GpuInfo, NodeName, SessionId, SessionState};
 
 use super::callers::AgentNode;
 use super::{ApiError, ApiJson, AppState};
-use crate::domain::images;
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
+use crate::domain::{image_access, images};
 use crate::store::{FactsScope, ImageFilter, NodeRegistration, SessionFilter, StoreError};
 
 pub async fn register(
@@ -193,13 +193,27 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         sync_interval: state.config.sync_interval,
         limits: state.config.session_limits,
     };
-    Ok(desired::desired_state(
+    let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
+        .unwrap_or(chrono::TimeDelta::MAX);
+    let removed = state
+        .store
+        .images(ImageFilter::RemovedSince(state.clock.now() - retention))
+        .await?;
+    let removed_images = if removed.is_empty() {
+        Vec::new()
+    } else {
+        let current = state.store.images(ImageFilter::All).await?;
+        image_access::removed_docker_images(&removed, &current)
+    };
+    let mut desired = desired::desired_state(
         node,
         sessions,
         &resuming,
         images::freeze_orders(building),
         settings,
-    ))
+    );
+    desired.removed_images = removed_images;
+    Ok(desired)
 }
 
 #[cfg(test)]

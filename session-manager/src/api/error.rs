@@ -81,6 +81,7 @@ impl From<Refusal> for ApiError {
         match refusal {
             Refusal::Invalid(message) => Self::bad_request(message),
             Refusal::Conflict(message) => Self::conflict(message),
+            Refusal::Forbidden(message) => Self::forbidden(message),
         }
     }
 }

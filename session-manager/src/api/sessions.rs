@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ongrid_core::api::{CreateSession, SessionView};
+use ongrid_core::image::ImageLookup;
 use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
 use ongrid_core::{HumanDuration, SessionId};
 use serde::Deserialize;
@@ -20,9 +21,9 @@ use super::callers::CurrentUser;
 use super::lookup::{find_session, Lookup, OwnerQuery};
 use super::views::{full_session_view, session_view};
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
-use crate::config::check_image;
+use crate::domain::image_access::{self, ImageChoice};
 use crate::domain::sessions::requests;
-use crate::store::{FactsScope, NewSession, SessionFilter, StoreError};
+use crate::store::{FactsScope, ImageFilter, NewSession, SessionFilter, StoreError};
 
 pub async fn create_session(
     State(state): State<AppState>,
@@ -32,14 +33,7 @@ pub async fn create_session(
     body.gpus
         .validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let image = match body.image {
-        Some(image) => {
-            let image = image.trim().to_owned();
-            check_image(&image).map_err(ApiError::bad_request)?;
-            image
-        }
-        None => state.config.default_image.clone(),
-    };
+    let image = session_image(&state, &caller, body.image.as_deref()).await?;
     let (idle_timeout_secs, max_duration_secs) = state
         .config
         .lifecycle
@@ -86,6 +80,39 @@ pub async fn create_session(
         StatusCode::CREATED,
         Json(session_view(session, position, transitions)),
     ))
+}
+
+/// The Docker image the new session runs: a site image, or the caller's own frozen image
+/// looked up by its tag or digest ([`image_access`] decides; refusals are logged).
+async fn session_image(
+    state: &AppState,
+    caller: &CurrentUser,
+    requested: Option<&str>,
+) -> Result<String, ApiError> {
+    let site = state.config.site_images();
+    let dn = &caller.user.dn;
+    let resolved = match image_access::choose_image(requested, &site) {
+        Ok(ImageChoice::Site(image)) => Ok(image),
+        Ok(ImageChoice::Frozen(lookup)) => {
+            let filter = match &lookup {
+                ImageLookup::Reference(reference) => ImageFilter::Tag {
+                    owner: dn.clone(),
+                    reference: reference.clone(),
+                },
+                ImageLookup::Digest(digest) => ImageFilter::Digest {
+                    owner: Some(dn.clone()),
+                    digest: digest.clone(),
+                },
+            };
+            let candidates = state.store.images(filter).await?;
+            image_access::resolve_frozen(&lookup, &candidates, dn, &site)
+        }
+        Err(refusal) => Err(refusal),
+    };
+    resolved.map_err(|refusal| {
+        tracing::warn!(caller = %dn, requested = ?requested, reason = %refusal, "Session image refused.");
+        ApiError::from(refusal)
+    })
 }
 
 #[derive(Debug, Deserialize)]

@@ -7,10 +7,14 @@
 //! - [`sessions`]: requests, placements, agent reports, the desired state of nodes, connection
 //!   events, the hold policy.
 //! - [`images`]: freezes, freeze orders, agents' progress, giving up.
+//! - [`image_access`]: which Docker image a session may run (the site's, or the caller's own
+//!   frozen images by tag or digest) and which removed frozen images must leave the nodes.
 //!
 //! Batch jobs get a module of their own beside these two.
 
+pub mod image_access;
 pub mod images;
+pub mod jobs;
 pub mod sessions;
 
 use chrono::{DateTime, Utc};
@@ -24,6 +28,9 @@ pub enum Refusal {
     /// The request does not fit the current state (HTTP 409).
     #[error("{0}")]
     Conflict(String),
+    /// The caller may not use what they named, whatever the state (HTTP 403).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// A time for people: `2026-11-21 10:00:00 UTC`.

@@ -408,7 +408,7 @@ pub struct NewImage {
     pub reason: String,
 }
 
-/// Which images [`Store::images`] returns (never DELETED ones).
+/// Which images [`Store::images`] returns (never DELETED ones, but for `RemovedSince`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageFilter {
     Owner(Dn),
@@ -425,6 +425,8 @@ pub enum ImageFilter {
     },
     /// BUILDING on this node: its agent's freeze orders.
     Building(NodeName),
+    /// DELETED at or after this time (whose Docker images must leave the nodes).
+    RemovedSince(DateTime<Utc>),
 }
 
 /// What [`Store::delete_image`] did.

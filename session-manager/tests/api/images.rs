@@ -27,6 +27,7 @@ async fn report(
         containers,
         activity: Vec::new(),
         freezes,
+        jobs: Vec::new(),
     };
     m.node1
         .ok(StatusCode::OK, m.node1.post("/v1/agent/sync", &body))
@@ -487,5 +488,122 @@ async fn a_freeze_that_cannot_finish_is_failed_not_left_building() {
         failed.reason,
         "session train1 was removed during the freeze"
     );
+    m.stop().await;
+}
+
+/// `POST /v1/sessions` with `image`, as devctl sends `--image`.
+async fn new_session_with(api: &Api, name: &str, image: &str) -> (StatusCode, String) {
+    let body = CreateSession {
+        name: Some(SessionName::parse(name).unwrap()),
+        gpus: one_gpu(),
+        image: Some(image.to_owned()),
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+    };
+    api.send(api.post("/v1/sessions", &body)).await
+}
+
+#[tokio::test]
+async fn sessions_run_only_site_images_and_the_callers_own_frozen_images() {
+    let site = Site::new();
+    let mut config = site.config.clone();
+    config.allowed_images = vec!["python:3.12".to_owned()];
+    let m = site.start_with(config, None).await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    let running = vec![container(&session, ContainerState::Running, None)];
+    report(&m, &gpus, running.clone(), vec![]).await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+
+    // A tag that looks like a digest is refused at freeze time.
+    let (status, body) = m
+        .alice
+        .send(m.alice.post(
+            "/v1/images",
+            &serde_json::json!({"session": "train1", "reference": format!("sha256:{}", "ab".repeat(32))}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("looks like a content digest"), "{body}");
+
+    let image: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    let digest = format!("sha256:{}", "cd".repeat(32));
+    let docker_image = "ongrid/alice-smith/mymodel:v1";
+    let done = FreezeProgress::Done {
+        image_id: image.id,
+        digest: digest.clone(),
+        size: 3,
+        sif_path: "/images/sha256/cd.sif".to_owned(),
+        docker_image: docker_image.to_owned(),
+    };
+    let desired = report(&m, &gpus, running.clone(), vec![done]).await;
+    assert!(desired.removed_images.is_empty(), "{desired:?}");
+
+    // Bob may use neither Alice's frozen image (by her tag, her digest or its Docker name) nor
+    // a Docker image the site does not list; the refusal says what he may use.
+    for (name, requested) in [
+        ("a", "mymodel:v1"),
+        ("b", digest.as_str()),
+        ("c", docker_image),
+        ("d", "ubuntu:22.04"),
+        ("e", "alpine"),
+    ] {
+        let (status, body) = new_session_with(&m.bob, name, requested).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{requested}: {body}");
+        assert!(
+            body.contains("ongrid/dev:latest, python:3.12") && body.contains("devctl image ls"),
+            "{requested}: {body}"
+        );
+    }
+    assert!(m.bob.list("").await.is_empty(), "nothing was created");
+    // The site's images are his to use.
+    let (status, body) = new_session_with(&m.bob, "py", "python:3.12").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(m.bob.show("py").await.image, "python:3.12");
+
+    // Alice uses her own by tag or digest, never by its raw Docker name; the desired state
+    // carries the Docker image.
+    let (status, body) = new_session_with(&m.alice, "bytag", "mymodel:v1").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(m.alice.show("bytag").await.image, docker_image);
+    let (status, body) = new_session_with(&m.alice, "bydigest", &digest).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(m.alice.show("bydigest").await.image, docker_image);
+    let (status, body) = new_session_with(&m.alice, "raw", docker_image).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    // Removed, the image starts nothing and every node is told to untag it, until the tag is
+    // frozen again.
+    m.alice
+        .ok::<ImageView>(StatusCode::OK, m.alice.delete("/v1/images/mymodel:v1"))
+        .await;
+    let (status, body) = new_session_with(&m.alice, "gone", "mymodel:v1").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body.contains("you have no frozen image mymodel:v1"),
+        "{body}"
+    );
+    let desired = report(&m, &gpus, running.clone(), vec![]).await;
+    assert_eq!(desired.removed_images, [docker_image]);
+    let other_node = m.node2.register("node2", vec![a100(2)]).await;
+    assert_eq!(other_node.removed_images, [docker_image]);
+    m.alice
+        .ok::<ImageView>(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    let desired = report(&m, &gpus, running, vec![]).await;
+    assert!(desired.removed_images.is_empty(), "{desired:?}");
     m.stop().await;
 }

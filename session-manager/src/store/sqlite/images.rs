@@ -122,6 +122,10 @@ impl SqliteStore {
                 "i.state = 'BUILDING' AND i.node = ?".to_owned(),
                 vec![node.to_string()],
             ),
+            ImageFilter::RemovedSince(since) => (
+                "i.state = 'DELETED' AND i.finished_at >= ?".to_owned(),
+                vec![timestamp(since)],
+            ),
         };
         let sql = format!("SELECT {IMAGE_COLUMNS} WHERE {condition} ORDER BY i.created_at, i.id");
         let mut query = sqlx::query(&sql);

@@ -1,0 +1,286 @@
+//! Which Docker image a session may run, and which Docker images must leave the nodes.
+//!
+//! A session runs one of the site's images (the manager's `default_image` and
+//! `allowed_images`, named as Docker names them) or one of its owner's own READY frozen images,
+//! named as `devctl image` names them: `name:version` or `sha256:<hex>`. A raw Docker name is
+//! never taken for a frozen image: `ongrid/<someone>/<name>:<version>` is refused like any name
+//! outside the site's list, so nobody starts a session from someone else's frozen image.
+//! (Images are not shared between users yet; when they are, [`resolve_frozen`] is where a
+//! shared image is let in.)
+//!
+//! When a frozen image is removed, its Docker image must go from the nodes too:
+//! [`removed_docker_images`] lists those removed within [`REMOVED_IMAGE_RETENTION`] that no
+//! current image has taken over, for every node's desired state.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ongrid_core::image::{ImageLookup, ImageState};
+
+use super::images::ImageRecord;
+use super::Refusal;
+
+/// How long a removed frozen image's Docker name stays in the nodes' desired state: an agent
+/// that syncs within this time untags it.
+pub const REMOVED_IMAGE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The Docker images of the site any session may run: the default first, then the admin's list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteImages<'a> {
+    pub default: &'a str,
+    pub allowed: &'a [String],
+}
+
+impl SiteImages<'_> {
+    fn contains(&self, image: &str) -> bool {
+        image == self.default || self.allowed.iter().any(|a| a == image)
+    }
+
+    fn listed(&self) -> String {
+        std::iter::once(self.default)
+            .chain(
+                self.allowed
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|a| *a != self.default),
+            )
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The end of every refusal: what may be used instead.
+    fn what_may_be_used(&self) -> String {
+        format!(
+            "a session may use the site's images ({}) or one of your READY frozen images by \
+             NAME:VERSION or sha256 digest, as `devctl image ls` lists them",
+            self.listed()
+        )
+    }
+}
+
+/// What a `CreateSession.image` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageChoice {
+    /// One of the site's Docker images.
+    Site(String),
+    /// One of the caller's frozen images, still to be looked up.
+    Frozen(ImageLookup),
+}
+
+/// Reads the requested image: absent → the site's default; a site image (exactly as the site
+/// lists it) → itself; else a frozen image's tag or digest; anything else is refused.
+pub fn choose_image(
+    requested: Option<&str>,
+    site: &SiteImages<'_>,
+) -> Result<ImageChoice, Refusal> {
+    let Some(requested) = requested.map(str::trim) else {
+        return Ok(ImageChoice::Site(site.default.to_owned()));
+    };
+    if site.contains(requested) {
+        return Ok(ImageChoice::Site(requested.to_owned()));
+    }
+    ImageLookup::parse(requested)
+        .map(ImageChoice::Frozen)
+        .map_err(|_| {
+            Refusal::Forbidden(format!(
+                "image {requested:?} is not allowed: {}",
+                site.what_may_be_used()
+            ))
+        })
+}
+
+/// The Docker image of the caller's frozen image `lookup`, from `candidates`: the caller's
+/// images of that tag or digest (the store's answer; anyone else's are ignored here too). Only a
+/// READY image whose tag is still its own (not superseded by `freeze --force`, which moved the
+/// Docker tag to the newer image) can start a session.
+pub fn resolve_frozen(
+    lookup: &ImageLookup,
+    candidates: &[ImageRecord],
+    caller: &ongrid_core::Dn,
+    site: &SiteImages<'_>,
+) -> Result<String, Refusal> {
+    let own: Vec<&ImageRecord> = candidates.iter().filter(|i| &i.owner == caller).collect();
+    let usable = own.iter().find(|i| {
+        i.state == ImageState::Ready && i.superseded_at.is_none() && i.docker_image.is_some()
+    });
+    if let Some(docker_image) = usable.and_then(|i| i.docker_image.clone()) {
+        return Ok(docker_image);
+    }
+    let why = match own.first() {
+        None => format!("you have no frozen image {lookup}"),
+        Some(image) if image.state != ImageState::Ready => format!(
+            "your image {lookup} is {}, not READY (see `devctl image show {lookup}`)",
+            image.state
+        ),
+        Some(image) if image.superseded_at.is_some() => format!(
+            "your image {lookup} was superseded by a newer freeze of {} and its Docker image \
+             now holds the newer one",
+            image.reference
+        ),
+        Some(_) => format!("your image {lookup} has no Docker image"),
+    };
+    Err(Refusal::Forbidden(format!(
+        "{why}: {}",
+        site.what_may_be_used()
+    )))
+}
+
+/// The Docker names of the frozen images `removed` (DELETED within the retention window) that
+/// no image of `current` (every image not DELETED, superseded ones included) has taken over: a
+/// tag removed and then frozen again must stay.
+pub fn removed_docker_images(removed: &[ImageRecord], current: &[ImageRecord]) -> Vec<String> {
+    let taken: BTreeSet<String> = current
+        .iter()
+        .filter(|i| i.state != ImageState::Deleted)
+        .map(|i| i.reference.docker_image(&i.user_name))
+        .collect();
+    let gone: BTreeSet<String> = removed
+        .iter()
+        .filter(|i| i.state == ImageState::Deleted)
+        .map(|i| i.reference.docker_image(&i.user_name))
+        .filter(|name| !taken.contains(name))
+        .collect();
+    gone.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+    use ongrid_core::image::{Compression, ImageReference};
+    use ongrid_core::{Dn, NodeName, SessionId, SessionName, UserName};
+
+    use super::*;
+
+    fn t(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    fn alice() -> Dn {
+        Dn::parse("/CN=Alice").unwrap()
+    }
+
+    fn image(owner: &str, login: &str, reference: &str, state: ImageState) -> ImageRecord {
+        let reference = ImageReference::parse(reference).unwrap();
+        let user_name = UserName::parse(login).unwrap();
+        ImageRecord {
+            id: uuid::Uuid::new_v4(),
+            owner: Dn::parse(owner).unwrap(),
+            docker_image: (state == ImageState::Ready).then(|| reference.docker_image(&user_name)),
+            user_name,
+            reference,
+            state,
+            reason: String::new(),
+            session_id: SessionId::new_random(),
+            session_name: SessionName::parse("train1").unwrap(),
+            node: NodeName::parse("node1").unwrap(),
+            base_image: "ongrid/dev:latest".to_owned(),
+            compression: Compression::Gzip,
+            digest: Some(format!("sha256:{}", "ab".repeat(32))),
+            size: Some(1),
+            sif_path: None,
+            bytes_done: 0,
+            bytes_total: 0,
+            progress_at: t(0),
+            created_at: t(0),
+            finished_at: None,
+            superseded_at: None,
+        }
+    }
+
+    const ALLOWED: [String; 0] = [];
+
+    fn site(allowed: &[String]) -> SiteImages<'_> {
+        SiteImages {
+            default: "ongrid/dev:latest",
+            allowed,
+        }
+    }
+
+    #[test]
+    fn site_images_are_taken_as_docker_names_and_the_rest_as_frozen_images() {
+        let allowed = ["python:3.12".to_owned()];
+        let site = site(&allowed);
+        assert_eq!(
+            choose_image(None, &site).unwrap(),
+            ImageChoice::Site("ongrid/dev:latest".to_owned())
+        );
+        assert_eq!(
+            choose_image(Some(" python:3.12 "), &site).unwrap(),
+            ImageChoice::Site("python:3.12".to_owned())
+        );
+        assert!(matches!(
+            choose_image(Some("mymodel:v1"), &site).unwrap(),
+            ImageChoice::Frozen(ImageLookup::Reference(_))
+        ));
+        let digest = format!("sha256:{}", "cd".repeat(32));
+        assert!(matches!(
+            choose_image(Some(&digest), &site).unwrap(),
+            ImageChoice::Frozen(ImageLookup::Digest(_))
+        ));
+        for raw in [
+            "ongrid/bob/secret:v1",
+            "ubuntu",
+            "docker.io/library/python:3.12",
+            "sha256:abc",
+        ] {
+            let Err(Refusal::Forbidden(message)) = choose_image(Some(raw), &site) else {
+                panic!("{raw} was not refused");
+            };
+            assert!(
+                message.contains("ongrid/dev:latest, python:3.12")
+                    && message.contains("devctl image ls"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_callers_own_current_ready_images_resolve() {
+        let lookup = ImageLookup::parse("mymodel:v1").unwrap();
+        let site = site(&ALLOWED);
+        let own = image("/CN=Alice", "alice", "mymodel:v1", ImageState::Ready);
+        assert_eq!(
+            resolve_frozen(&lookup, std::slice::from_ref(&own), &alice(), &site).unwrap(),
+            "ongrid/alice/mymodel:v1"
+        );
+        let refused =
+            |candidates: &[ImageRecord]| match resolve_frozen(&lookup, candidates, &alice(), &site)
+            {
+                Err(Refusal::Forbidden(message)) => message,
+                other => panic!("{other:?}"),
+            };
+        let bobs = image("/CN=Bob", "bob", "mymodel:v1", ImageState::Ready);
+        assert!(refused(&[bobs]).contains("you have no frozen image mymodel:v1"));
+        assert!(refused(&[]).contains("ongrid/dev:latest"));
+        let building = image("/CN=Alice", "alice", "mymodel:v1", ImageState::Building);
+        assert!(refused(&[building]).contains("BUILDING, not READY"));
+        let mut superseded = own.clone();
+        superseded.superseded_at = Some(t(5));
+        assert!(refused(&[superseded.clone()]).contains("superseded"));
+        // By digest, the current one of several wins.
+        assert_eq!(
+            resolve_frozen(&lookup, &[superseded, own], &alice(), &site).unwrap(),
+            "ongrid/alice/mymodel:v1"
+        );
+    }
+
+    #[test]
+    fn removed_images_leave_the_nodes_unless_their_tag_was_frozen_again() {
+        let removed = [
+            image("/CN=Alice", "alice", "old:v1", ImageState::Deleted),
+            image("/CN=Alice", "alice", "again:v1", ImageState::Deleted),
+            image("/CN=Bob", "bob", "old:v1", ImageState::Deleted),
+        ];
+        let current = [image(
+            "/CN=Alice",
+            "alice",
+            "again:v1",
+            ImageState::Building,
+        )];
+        assert_eq!(
+            removed_docker_images(&removed, &current),
+            ["ongrid/alice/old:v1", "ongrid/bob/old:v1"]
+        );
+        assert!(removed_docker_images(&[], &current).is_empty());
+    }
+}
