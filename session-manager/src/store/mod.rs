@@ -33,8 +33,10 @@ use ongrid_core::image::{Compression, ImageReference, ImageState};
 use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
 use crate::domain::images::{ImageChange, ImageRecord};
+use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{Change, SessionRecord};
+use ongrid_core::job::JobId;
 
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +51,10 @@ pub enum StoreError {
     InvalidTransition(#[from] InvalidTransition),
     #[error("no session with id {0}")]
     NoSuchSession(SessionId),
+    #[error("no job with id {0}")]
+    NoSuchJob(ongrid_core::job::JobId),
+    #[error(transparent)]
+    InvalidJobTransition(#[from] ongrid_core::job::InvalidJobTransition),
     /// The SSH key is registered to another owner.
     #[error("key {fingerprint} belongs to another user")]
     KeyTaken { fingerprint: String },
@@ -381,6 +387,45 @@ pub trait Store: Send + Sync {
         config: &'a LifecycleConfig,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<Option<(SessionRecord, HoldReason)>>>;
+
+    /// Creates a QUEUED job with its first transition.
+    fn create_job(&self, new: NewJob) -> BoxFuture<'_, StoreResult<JobRecord>>;
+
+    fn job(&self, id: JobId) -> BoxFuture<'_, StoreResult<Option<JobRecord>>>;
+
+    /// Jobs in queue order, `(queued_at, id)`.
+    fn jobs(&self, filter: JobFilter) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>>;
+
+    /// Applies `change` through the job's [`ongrid_core::job::JobLifecycle`] and stores it, with
+    /// `next` (the next job of its restart chain, see
+    /// [`crate::domain::jobs::next_in_chain`]) created and linked in the same transaction.
+    fn job_transition(
+        &self,
+        id: JobId,
+        change: JobChange,
+        next: Option<NewJob>,
+    ) -> BoxFuture<'_, StoreResult<JobRecord>>;
+
+    /// Records how much of the job's output the manager has (the agent's next offset) and
+    /// whether it is all in.
+    fn record_job_log(
+        &self,
+        id: JobId,
+        size: u64,
+        complete: bool,
+    ) -> BoxFuture<'_, StoreResult<()>>;
+}
+
+/// Which jobs [`Store::jobs`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobFilter {
+    Owner(Dn),
+    All,
+    /// QUEUED, RUNNING, MUSTHALT or HALTING: what the scheduler plans.
+    Active,
+    /// Placed on this node and holding GPUs, or ended there with output not all in: what its
+    /// agent is told about.
+    Node(NodeName),
 }
 
 /// Whose lifecycle facts [`Store::lifecycle_facts`] returns.

@@ -28,13 +28,15 @@ use ongrid_core::api::{AuditRecord, ConnectionEvent};
 use ongrid_core::{Institute, InstituteName};
 
 use super::{
-    AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, ImageDeleted, ImageFilter, KeyAdded,
-    KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration, SessionFilter, Store,
-    StoreError, StoreResult, UserRecord,
+    AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, ImageDeleted, ImageFilter, JobFilter,
+    KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration, SessionFilter,
+    Store, StoreError, StoreResult, UserRecord,
 };
 use crate::domain::images::{ImageChange, ImageRecord};
+use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{rendered_reason, Change, Placement, SessionRecord};
+use ongrid_core::job::JobId;
 use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
 /// How long a statement waits for another connection's write lock before giving up.
@@ -469,6 +471,36 @@ impl Store for SqliteStore {
         Box::pin(self.audit_impl(filter))
     }
 
+    fn create_job(&self, new: NewJob) -> BoxFuture<'_, StoreResult<JobRecord>> {
+        Box::pin(self.create_job_impl(new))
+    }
+
+    fn job(&self, id: JobId) -> BoxFuture<'_, StoreResult<Option<JobRecord>>> {
+        Box::pin(self.job_impl(id))
+    }
+
+    fn jobs(&self, filter: JobFilter) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>> {
+        Box::pin(self.jobs_impl(filter))
+    }
+
+    fn job_transition(
+        &self,
+        id: JobId,
+        change: JobChange,
+        next: Option<NewJob>,
+    ) -> BoxFuture<'_, StoreResult<JobRecord>> {
+        Box::pin(self.job_transition_impl(id, change, next))
+    }
+
+    fn record_job_log(
+        &self,
+        id: JobId,
+        size: u64,
+        complete: bool,
+    ) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(self.record_job_log_impl(id, size, complete))
+    }
+
     fn create_image(&self, new: NewImage) -> BoxFuture<'_, StoreResult<ImageRecord>> {
         Box::pin(self.create_image_impl(new))
     }
@@ -821,5 +853,6 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 mod activity;
 mod gateway;
 mod images;
+mod jobs;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,890 @@
+//! The rules that move a batch job between GPULab's states, as pure functions of what is known
+//! (the job as stored, a scheduler action, an agent's report, an owner's request) and `now`.
+//!
+//! - [`submit`]: a new QUEUED job with its effective max duration ([`effective_max_duration`]).
+//! - The scheduler's actions: [`start`] (QUEUED → RUNNING), [`must_halt`] (→ MUSTHALT),
+//!   [`cancel_queued`] (QUEUED → CANCELLED, e.g. past notAfter).
+//! - An agent's report: [`follow_report`] (→ HALTING, HALTED, FINISHED, FAILED through
+//!   [`JobState::after_exit`]; a killed halt is HALTED, having ignored SIGUSR1).
+//! - The owner: [`cancel_by_owner`], [`halt_by_owner`].
+//! - A node that stopped syncing: [`node_lost`].
+//! - A job that ends HALTED and continues its chain (restartable, or exit 85) is followed by a
+//!   new QUEUED job of the same [`RestartChain`]: [`next_in_chain`].
+//! - What a node runs, halts or kills: [`desired_jobs`].
+//!
+//! A decision is a [`JobChange`] (and, for a chain that goes on, a [`NewJob`]); the store applies
+//! it through the job's [`JobLifecycle`], which refuses a move the state machine does not allow.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::api::{ContainerLimits, ContainerUser};
+use ongrid_core::job::{
+    continues_chain, remaining_max_duration, DesiredJob, JobId, JobImage, JobLifecycle, JobReason,
+    JobRun, JobSpec, JobState, JobTarget, ObservedJobStatus, RestartChain,
+};
+use ongrid_core::{Dn, GpuId, GpuRequest, HumanDuration, NodeName, UserName};
+
+use super::Refusal;
+
+/// How long the desired state keeps listing a job that ended while its output is not all in:
+/// an agent that syncs within this time sends the rest (and is told to kill what is left).
+pub const LOG_DRAIN_WINDOW: Duration = Duration::from_secs(10 * 60);
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub uid: u32,
+    pub spec: JobSpec,
+    /// Its state and every transition.
+    pub lifecycle: JobLifecycle,
+    /// The max duration it runs under (see [`effective_max_duration`]; for a re-queued job, what
+    /// its chain has left). `None`: no limit.
+    pub max_duration: Option<HumanDuration>,
+    pub image: JobImage,
+    /// Where it runs or ran; kept after it ends.
+    pub node: Option<NodeName>,
+    pub gpus: Vec<GpuId>,
+    pub chain: RestartChain,
+    pub previous_job: Option<JobId>,
+    pub next_job: Option<JobId>,
+    pub exit_code: Option<i32>,
+    /// How many bytes of its output the manager has.
+    pub log_size: u64,
+    /// The agent said nothing follows those bytes.
+    pub log_complete: bool,
+}
+
+impl JobRecord {
+    pub fn state(&self) -> JobState {
+        self.lifecycle.state()
+    }
+
+    /// When it entered the queue: its first transition.
+    pub fn queued_at(&self) -> DateTime<Utc> {
+        self.lifecycle.history()[0].at
+    }
+
+    /// When it reached a final state, if it did.
+    pub fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.state().is_final().then(|| self.lifecycle.last().at)
+    }
+
+    /// When it was asked to halt (its MUSTHALT), if it was.
+    pub fn halt_requested_at(&self) -> Option<DateTime<Utc>> {
+        self.lifecycle
+            .history()
+            .iter()
+            .rev()
+            .find(|t| t.to == JobState::MustHalt)
+            .map(|t| t.at)
+    }
+}
+
+/// The site's limits on jobs' durations (`[jobs]` in the manager's config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobLimits {
+    /// For a job that names no max duration.
+    pub default_max_duration: Option<HumanDuration>,
+    /// No job runs longer than this.
+    pub max_duration: Option<HumanDuration>,
+}
+
+/// The max duration a submitted job runs under: the spec's, else the site's default, capped by
+/// the site's maximum.
+pub fn effective_max_duration(spec: &JobSpec, limits: &JobLimits) -> Option<HumanDuration> {
+    let asked = spec.max_duration.or(limits.default_max_duration);
+    match (asked, limits.max_duration) {
+        (Some(asked), Some(cap)) => Some(asked.min(cap)),
+        (None, cap) => cap,
+        (asked, None) => asked,
+    }
+}
+
+/// A job to create, QUEUED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    pub id: JobId,
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub uid: u32,
+    pub spec: JobSpec,
+    pub max_duration: Option<HumanDuration>,
+    pub image: JobImage,
+    pub chain: RestartChain,
+    pub previous_job: Option<JobId>,
+    /// Its creation: `Submitted`, or `Requeued`.
+    pub at: DateTime<Utc>,
+    pub reason: JobReason,
+}
+
+/// Who submits, and the image their spec resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitter {
+    pub owner: Dn,
+    pub user_name: UserName,
+    pub uid: u32,
+}
+
+/// A newly submitted job: QUEUED, `Submitted`, first of its chain. Only the local target runs
+/// here; grid targets come with their own issue.
+pub fn submit(
+    id: JobId,
+    who: Submitter,
+    spec: JobSpec,
+    image: JobImage,
+    limits: &JobLimits,
+    now: DateTime<Utc>,
+) -> Result<NewJob, Refusal> {
+    if spec.target != JobTarget::Local {
+        return Err(Refusal::Invalid(format!(
+            "target {} is not available on this site yet: submit with target local",
+            spec.target
+        )));
+    }
+    if let Some(not_after) = spec.not_after.filter(|&t| t <= now) {
+        return Err(Refusal::Invalid(format!(
+            "not-after {} has passed: the job would be cancelled at once; give a later time",
+            not_after.to_rfc3339()
+        )));
+    }
+    Ok(NewJob {
+        id,
+        owner: who.owner,
+        user_name: who.user_name,
+        uid: who.uid,
+        max_duration: effective_max_duration(&spec, limits),
+        spec,
+        image,
+        chain: RestartChain::first(id),
+        previous_job: None,
+        at: now,
+        reason: JobReason::Submitted,
+    })
+}
+
+/// One change of a job's state: what a rule decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobChange {
+    pub to: JobState,
+    pub at: DateTime<Utc>,
+    pub reason: JobReason,
+    /// Placed on this node with these GPUs (only when it starts).
+    pub place: Option<(NodeName, Vec<GpuId>)>,
+    /// The main process's exit code, when it exited.
+    pub exit_code: Option<i32>,
+}
+
+impl JobChange {
+    fn new(to: JobState, at: DateTime<Utc>, reason: JobReason) -> Self {
+        Self {
+            to,
+            at,
+            reason,
+            place: None,
+            exit_code: None,
+        }
+    }
+}
+
+/// Checks that `job` may move to `to` now, as the state machine says.
+fn allowed(job: &JobRecord, to: JobState) -> Result<(), Refusal> {
+    if job.state().can_become(to) {
+        Ok(())
+    } else {
+        Err(Refusal::Conflict(format!(
+            "job {} is {} and cannot become {to}",
+            job.id,
+            job.state()
+        )))
+    }
+}
+
+/// The scheduler's `StartJob`: QUEUED → RUNNING on `node` with `gpus`.
+pub fn start(
+    job: &JobRecord,
+    node: NodeName,
+    gpus: Vec<GpuId>,
+    now: DateTime<Utc>,
+) -> Result<JobChange, Refusal> {
+    allowed(job, JobState::Running)?;
+    if job.state() != JobState::Queued {
+        return Err(Refusal::Conflict(format!(
+            "job {} is {}, not QUEUED",
+            job.id,
+            job.state()
+        )));
+    }
+    let reason = JobReason::Started {
+        node: node.clone(),
+        gpus: gpus.clone(),
+    };
+    Ok(JobChange {
+        place: Some((node, gpus)),
+        ..JobChange::new(JobState::Running, now, reason)
+    })
+}
+
+/// The scheduler's `HaltJob` (max duration, an interactive session): RUNNING → MUSTHALT. A job
+/// asked to halt already is left as it is.
+pub fn must_halt(
+    job: &JobRecord,
+    reason: JobReason,
+    now: DateTime<Utc>,
+) -> Result<Option<JobChange>, Refusal> {
+    match job.state() {
+        JobState::MustHalt | JobState::Halting => Ok(None),
+        JobState::Running => Ok(Some(JobChange::new(JobState::MustHalt, now, reason))),
+        other => Err(Refusal::Conflict(format!(
+            "job {} is {other} and cannot be halted",
+            job.id
+        ))),
+    }
+}
+
+/// The scheduler's `CancelJob` (not started by its notAfter): QUEUED → CANCELLED.
+pub fn cancel_queued(
+    job: &JobRecord,
+    reason: JobReason,
+    now: DateTime<Utc>,
+) -> Result<JobChange, Refusal> {
+    if job.state() != JobState::Queued {
+        return Err(Refusal::Conflict(format!(
+            "job {} is {}, not QUEUED",
+            job.id,
+            job.state()
+        )));
+    }
+    Ok(JobChange::new(JobState::Cancelled, now, reason))
+}
+
+/// The owner cancels: a job not halting yet is CANCELLED (a running one is killed).
+pub fn cancel_by_owner(job: &JobRecord, now: DateTime<Utc>) -> Result<JobChange, Refusal> {
+    match job.state() {
+        JobState::Queued | JobState::Running | JobState::MustHalt => Ok(JobChange::new(
+            JobState::Cancelled,
+            now,
+            JobReason::CancelledByUser,
+        )),
+        JobState::Halting => Err(Refusal::Conflict(format!(
+            "job {} is HALTING: it will be HALTED within {} seconds",
+            job.id,
+            ongrid_core::job::HALT_GRACE.as_secs()
+        ))),
+        done => Err(Refusal::Conflict(format!(
+            "job {} is {done} already: nothing to cancel",
+            job.id
+        ))),
+    }
+}
+
+/// The owner halts a running job: RUNNING → MUSTHALT (SIGUSR1, then 15 s to exit 123).
+pub fn halt_by_owner(job: &JobRecord, now: DateTime<Utc>) -> Result<JobChange, Refusal> {
+    match job.state() {
+        JobState::Running => Ok(JobChange::new(
+            JobState::MustHalt,
+            now,
+            JobReason::HaltedByUser,
+        )),
+        JobState::Queued => Err(Refusal::Conflict(format!(
+            "job {} is QUEUED and has nothing to halt: cancel it with `devctl job cancel {}`",
+            job.id, job.id
+        ))),
+        JobState::MustHalt | JobState::Halting => Err(Refusal::Conflict(format!(
+            "job {} is {} already",
+            job.id,
+            job.state()
+        ))),
+        done => Err(Refusal::Conflict(format!(
+            "job {} is {done}: it no longer runs",
+            job.id
+        ))),
+    }
+}
+
+/// What an agent's report of a job means for it, if anything. Reports of a job that no longer
+/// holds GPUs (cancelled meanwhile, ...) change nothing.
+pub fn follow_report(
+    job: &JobRecord,
+    status: &ObservedJobStatus,
+    now: DateTime<Utc>,
+) -> Option<JobChange> {
+    let state = job.state();
+    if !state.holds_gpus() {
+        return None;
+    }
+    match status {
+        ObservedJobStatus::Preparing { .. } | ObservedJobStatus::Running { .. } => None,
+        ObservedJobStatus::Halting { signalled_at, .. } => (state == JobState::MustHalt)
+            .then(|| JobChange::new(JobState::Halting, *signalled_at, JobReason::HaltSignalSent)),
+        ObservedJobStatus::Exited {
+            finished_at,
+            exit_code,
+            killed,
+            ..
+        } => {
+            let halting = matches!(state, JobState::MustHalt | JobState::Halting);
+            let (to, reason) = if *killed && halting && *exit_code != 0 {
+                (JobState::Halted, JobReason::IgnoredHaltSignal)
+            } else {
+                state.after_exit(*exit_code)?
+            };
+            Some(JobChange {
+                exit_code: Some(*exit_code),
+                ..JobChange::new(to, *finished_at, reason)
+            })
+        }
+        ObservedJobStatus::Failed { error } => Some(JobChange::new(
+            JobState::Failed,
+            now,
+            JobReason::CouldNotRun {
+                message: error.lines().next().unwrap_or_default().to_owned(),
+            },
+        )),
+    }
+}
+
+/// The node of a job holding GPUs stopped syncing: a restartable job is HALTED (and its chain
+/// goes on, see [`next_in_chain`]), any other FAILED.
+pub fn node_lost(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
+    if !job.state().holds_gpus() {
+        return None;
+    }
+    let node = job.node.clone()?;
+    let requeued = job.spec.restartable;
+    let to = if requeued {
+        JobState::Halted
+    } else {
+        JobState::Failed
+    };
+    Some(JobChange::new(
+        to,
+        now,
+        JobReason::NodeLost { node, requeued },
+    ))
+}
+
+/// The job that continues `job`'s chain after `change`, if the chain goes on: a restartable job
+/// that was HALTED, or a checkpoint exit (85), while the chain has max duration left. It is a
+/// new QUEUED job with the same spec, the next restart count and the max duration left.
+pub fn next_in_chain(job: &JobRecord, change: &JobChange, new_id: JobId) -> Option<NewJob> {
+    if !continues_chain(change.to, &change.reason, job.spec.restartable) {
+        return None;
+    }
+    let max_duration = match job.max_duration {
+        None => None,
+        Some(max) => {
+            let ran = job
+                .lifecycle
+                .started_at()
+                .map(|started| (change.at - started).to_std().unwrap_or_default())
+                .unwrap_or_default();
+            Some(remaining_max_duration(max, ran)?)
+        }
+    };
+    let chain = job.chain.next();
+    Some(NewJob {
+        id: new_id,
+        owner: job.owner.clone(),
+        user_name: job.user_name.clone(),
+        uid: job.uid,
+        spec: job.spec.clone(),
+        max_duration,
+        image: job.image.clone(),
+        chain,
+        previous_job: Some(job.id),
+        at: change.at,
+        reason: JobReason::Requeued {
+            previous: job.id,
+            restart_count: chain.restart_count,
+        },
+    })
+}
+
+/// What `node`'s agent is told about jobs: run the RUNNING ones, halt the MUSTHALT and HALTING
+/// ones (since their MUSTHALT), and kill those that ended on it within [`LOG_DRAIN_WINDOW`]
+/// whose output is not all in (a cancelled job's container is killed; an exited one sends the
+/// rest of its output). `limits` are the site's, for what a spec leaves out.
+pub fn desired_jobs(
+    node: &NodeName,
+    jobs: &[JobRecord],
+    limits: ContainerLimits,
+    now: DateTime<Utc>,
+) -> Vec<DesiredJob> {
+    let drain = chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap_or(chrono::TimeDelta::MAX);
+    jobs.iter()
+        .filter(|job| job.node.as_ref() == Some(node))
+        .filter_map(|job| {
+            let run = match job.state() {
+                JobState::Running => JobRun::Run,
+                JobState::MustHalt | JobState::Halting => JobRun::Halt {
+                    since: job.halt_requested_at().unwrap_or(now),
+                },
+                JobState::Queued => return None,
+                _ => {
+                    let recent = job.finished_at().is_some_and(|at| now - at < drain);
+                    if job.log_complete || !recent {
+                        return None;
+                    }
+                    JobRun::Kill
+                }
+            };
+            Some(desired_job(job, run, limits))
+        })
+        .collect()
+}
+
+fn desired_job(job: &JobRecord, run: JobRun, site: ContainerLimits) -> DesiredJob {
+    let mut env: BTreeMap<String, String> = job
+        .spec
+        .env
+        .iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    for (name, value) in job.chain.env(job.id) {
+        env.insert(name.to_owned(), value);
+    }
+    DesiredJob {
+        job_id: job.id,
+        chain_id: job.chain.initial_job,
+        owner: job.owner.clone(),
+        user: ContainerUser {
+            name: job.user_name.clone(),
+            uid: job.uid,
+        },
+        image: job.image.clone(),
+        command: job.spec.command.clone(),
+        env,
+        gpus: job.gpus.clone(),
+        limits: ContainerLimits {
+            millicpus: job.spec.cpus.map_or(site.millicpus, |c| c.millis()),
+            memory: job.spec.memory.unwrap_or(site.memory),
+            pids: site.pids,
+        },
+        mount_home: job.spec.home,
+        run,
+        log_offset: job.log_size,
+    }
+}
+
+/// The reason of a halt for an interactive session needing `need` (its need, never its user).
+pub fn halt_for_session(need: &GpuRequest) -> JobReason {
+    JobReason::ForInteractiveSession { need: *need }
+}
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::job::{JobSpecFile, CHECKPOINT_EXIT_CODE, HALT_EXIT_CODE};
+    use ongrid_core::MemorySize;
+
+    use super::*;
+
+    fn t(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    fn node() -> NodeName {
+        NodeName::parse("node1").unwrap()
+    }
+
+    fn gpu() -> GpuId {
+        GpuId::parse("GPU-00000000-0000-0000-0000-000000000001").unwrap()
+    }
+
+    fn spec(file: JobSpecFile) -> JobSpec {
+        JobSpecFile {
+            image: Some("model:v1".into()),
+            command: vec!["python".into(), "train.py".into()],
+            ..file
+        }
+        .validate(t(0))
+        .unwrap()
+    }
+
+    fn hours(h: u64) -> HumanDuration {
+        HumanDuration::from_secs(h * 3600)
+    }
+
+    fn image() -> JobImage {
+        JobImage {
+            digest: format!("sha256:{}", "a".repeat(64)),
+            docker_image: "ongrid/alice/model:v1".into(),
+        }
+    }
+
+    fn submitted(file: JobSpecFile, limits: &JobLimits) -> JobRecord {
+        let id = JobId(uuid::Uuid::from_u128(1));
+        let new = submit(
+            id,
+            Submitter {
+                owner: Dn::parse("/CN=Alice").unwrap(),
+                user_name: UserName::parse("alice").unwrap(),
+                uid: 2000,
+            },
+            spec(file),
+            image(),
+            limits,
+            t(0),
+        )
+        .unwrap();
+        record(new)
+    }
+
+    fn record(new: NewJob) -> JobRecord {
+        JobRecord {
+            id: new.id,
+            owner: new.owner,
+            user_name: new.user_name,
+            uid: new.uid,
+            spec: new.spec,
+            lifecycle: JobLifecycle::new(new.at, new.reason),
+            max_duration: new.max_duration,
+            image: new.image,
+            node: None,
+            gpus: vec![],
+            chain: new.chain,
+            previous_job: new.previous_job,
+            next_job: None,
+            exit_code: None,
+            log_size: 0,
+            log_complete: false,
+        }
+    }
+
+    impl JobRecord {
+        /// Applies a change as the store does.
+        fn apply(&mut self, change: &JobChange) {
+            let job = self;
+            job.lifecycle
+                .transition(change.to, change.at, change.reason.clone())
+                .unwrap();
+            if let Some((node, gpus)) = &change.place {
+                job.node = Some(node.clone());
+                job.gpus = gpus.clone();
+            }
+            if change.exit_code.is_some() {
+                job.exit_code = change.exit_code;
+            }
+        }
+    }
+
+    fn running(file: JobSpecFile) -> JobRecord {
+        let mut job = submitted(file, &JobLimits::default());
+        let change = start(&job, node(), vec![gpu()], t(10)).unwrap();
+        job.apply(&change);
+        job
+    }
+
+    fn exited(code: i32, killed: bool, at: i64) -> ObservedJobStatus {
+        ObservedJobStatus::Exited {
+            started_at: t(10),
+            finished_at: t(at),
+            exit_code: code,
+            oom_killed: false,
+            killed,
+        }
+    }
+
+    #[test]
+    fn max_duration_is_the_specs_else_the_default_capped_by_the_maximum() {
+        let limits = JobLimits {
+            default_max_duration: Some(hours(8)),
+            max_duration: Some(hours(24)),
+        };
+        let own = |h: Option<&str>| JobSpecFile {
+            max_duration: h.map(str::to_owned),
+            ..JobSpecFile::default()
+        };
+        assert_eq!(submitted(own(None), &limits).max_duration, Some(hours(8)));
+        assert_eq!(
+            submitted(own(Some("2h")), &limits).max_duration,
+            Some(hours(2))
+        );
+        assert_eq!(
+            submitted(own(Some("3 days")), &limits).max_duration,
+            Some(hours(24))
+        );
+        let uncapped = JobLimits::default();
+        assert_eq!(submitted(own(None), &uncapped).max_duration, None);
+        let only_cap = JobLimits {
+            default_max_duration: None,
+            max_duration: Some(hours(4)),
+        };
+        assert_eq!(submitted(own(None), &only_cap).max_duration, Some(hours(4)));
+    }
+
+    #[test]
+    fn a_submitted_job_is_queued_and_first_of_its_chain() {
+        let job = submitted(JobSpecFile::default(), &JobLimits::default());
+        assert_eq!(job.state(), JobState::Queued);
+        assert_eq!(job.chain.initial_job, job.id);
+        assert_eq!(job.chain.restart_count, 0);
+        assert_eq!(job.lifecycle.last().reason, JobReason::Submitted);
+        let mut grid = spec(JobSpecFile::default());
+        grid.target = JobTarget::Slurm;
+        let who = Submitter {
+            owner: job.owner.clone(),
+            user_name: job.user_name.clone(),
+            uid: 2000,
+        };
+        let refused = submit(job.id, who, grid, image(), &JobLimits::default(), t(0));
+        assert!(matches!(refused, Err(Refusal::Invalid(m)) if m.contains("target slurm")));
+    }
+
+    #[test]
+    fn scheduler_actions_move_the_job() {
+        let mut job = running(JobSpecFile::default());
+        assert_eq!(job.state(), JobState::Running);
+        assert_eq!(job.node, Some(node()));
+        assert!(start(&job, node(), vec![gpu()], t(11)).is_err());
+        let need = GpuRequest::default();
+        let change = must_halt(&job, halt_for_session(&need), t(20))
+            .unwrap()
+            .unwrap();
+        job.apply(&change);
+        assert_eq!(job.state(), JobState::MustHalt);
+        assert_eq!(job.halt_requested_at(), Some(t(20)));
+        // Asked twice: nothing more.
+        assert_eq!(
+            must_halt(&job, halt_for_session(&need), t(21)).unwrap(),
+            None
+        );
+
+        let queued = submitted(JobSpecFile::default(), &JobLimits::default());
+        let reason = JobReason::NotStartedByNotAfter { not_after: t(5) };
+        let change = cancel_queued(&queued, reason.clone(), t(5)).unwrap();
+        assert_eq!((change.to, change.reason), (JobState::Cancelled, reason));
+        assert!(cancel_queued(&job, JobReason::CancelledByUser, t(5)).is_err());
+    }
+
+    #[test]
+    fn reports_drive_a_clean_halt() {
+        let mut job = running(JobSpecFile::default());
+        assert_eq!(
+            follow_report(
+                &job,
+                &ObservedJobStatus::Running { started_at: t(10) },
+                t(200)
+            ),
+            None
+        );
+        job.apply(&halt_by_owner(&job, t(100)).unwrap());
+        let signalled = ObservedJobStatus::Halting {
+            started_at: t(10),
+            signalled_at: t(101),
+        };
+        let change = follow_report(&job, &signalled, t(200)).unwrap();
+        assert_eq!((change.to, change.at), (JobState::Halting, t(101)));
+        job.apply(&change);
+        assert_eq!(follow_report(&job, &signalled, t(200)), None);
+        let change = follow_report(&job, &exited(HALT_EXIT_CODE, false, 105), t(200)).unwrap();
+        assert_eq!(change.to, JobState::Halted);
+        assert_eq!(change.reason, JobReason::HaltedCleanly);
+        assert_eq!(change.exit_code, Some(HALT_EXIT_CODE));
+        job.apply(&change);
+        // The container's report after the end changes nothing.
+        assert_eq!(
+            follow_report(&job, &exited(HALT_EXIT_CODE, false, 106), t(200)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_killed_halt_ignored_the_signal_and_other_exits_finish_or_fail() {
+        let mut job = running(JobSpecFile::default());
+        job.apply(&halt_by_owner(&job, t(100)).unwrap());
+        let change = follow_report(&job, &exited(137, true, 116), t(200)).unwrap();
+        assert_eq!(
+            (change.to, change.reason),
+            (JobState::Halted, JobReason::IgnoredHaltSignal)
+        );
+
+        let job = running(JobSpecFile::default());
+        let change = follow_report(&job, &exited(0, false, 50), t(200)).unwrap();
+        assert_eq!((change.to, change.exit_code), (JobState::Finished, Some(0)));
+        let change = follow_report(&job, &exited(2, false, 50), t(200)).unwrap();
+        assert_eq!(
+            (change.to, change.reason),
+            (JobState::Failed, JobReason::Exited { code: 2 })
+        );
+        let failed = ObservedJobStatus::Failed {
+            error: "the SIF of sha256:aa is missing\nmore".into(),
+        };
+        let change = follow_report(&job, &failed, t(200)).unwrap();
+        assert_eq!(change.to, JobState::Failed);
+        assert_eq!(
+            change.reason.to_string(),
+            "could not run: the SIF of sha256:aa is missing"
+        );
+    }
+
+    #[test]
+    fn restartable_halts_and_checkpoints_continue_the_chain_with_the_time_left() {
+        let restartable = JobSpecFile {
+            restartable: true,
+            max_duration: Some("8h".into()),
+            env: [("EPOCHS".to_owned(), "10".to_owned())].into(),
+            ..JobSpecFile::default()
+        };
+        let mut job = running(restartable);
+        assert_eq!(job.max_duration, Some(hours(8)));
+        job.apply(
+            &must_halt(&job, halt_for_session(&GpuRequest::default()), t(3600))
+                .unwrap()
+                .unwrap(),
+        );
+        let change = follow_report(&job, &exited(HALT_EXIT_CODE, false, 3610), t(200)).unwrap();
+        let new_id = JobId(uuid::Uuid::from_u128(2));
+        let next = next_in_chain(&job, &change, new_id).unwrap();
+        assert_eq!(next.chain.initial_job, job.id);
+        assert_eq!(next.chain.restart_count, 1);
+        assert_eq!(next.previous_job, Some(job.id));
+        // Started at 10, ended at 3610: one hour used.
+        assert_eq!(next.max_duration, Some(hours(7)));
+        assert_eq!(
+            next.reason,
+            JobReason::Requeued {
+                previous: job.id,
+                restart_count: 1
+            }
+        );
+        let mut next = record(next);
+        next.node = Some(node());
+        next.lifecycle
+            .transition(JobState::Running, t(4000), JobReason::Submitted)
+            .unwrap();
+        let desired = desired_jobs(&node(), &[next], limits(), t(4001));
+        let env = &desired[0].env;
+        assert_eq!(env["ONGRID_RESTART_COUNT"], "1");
+        assert_eq!(env["ONGRID_JOB_ID"], new_id.to_string());
+        assert_eq!(env["ONGRID_RESTART_INITIAL_JOB_ID"], job.id.to_string());
+        assert_eq!(env["EPOCHS"], "10");
+        assert_eq!(desired[0].chain_id, job.id);
+
+        // Not restartable: a halt ends the chain, a checkpoint exit does not.
+        let plain = running(JobSpecFile::default());
+        let halted = JobChange::new(JobState::Halted, t(50), JobReason::HaltedCleanly);
+        assert_eq!(next_in_chain(&plain, &halted, new_id), None);
+        let checkpoint =
+            follow_report(&plain, &exited(CHECKPOINT_EXIT_CODE, false, 50), t(200)).unwrap();
+        assert_eq!(checkpoint.reason, JobReason::CheckpointExit);
+        assert!(next_in_chain(&plain, &checkpoint, new_id).is_some());
+        // Max duration used up: the chain ends.
+        let mut short = running(JobSpecFile {
+            restartable: true,
+            max_duration: Some("1h".into()),
+            ..JobSpecFile::default()
+        });
+        let reason = JobReason::MaxDurationReached { max: hours(1) };
+        short.apply(&must_halt(&short, reason, t(3610)).unwrap().unwrap());
+        let end = follow_report(&short, &exited(HALT_EXIT_CODE, false, 3615), t(200)).unwrap();
+        assert_eq!(next_in_chain(&short, &end, new_id), None);
+    }
+
+    #[test]
+    fn owners_cancel_and_halt() {
+        let queued = submitted(JobSpecFile::default(), &JobLimits::default());
+        assert_eq!(
+            cancel_by_owner(&queued, t(1)).unwrap().to,
+            JobState::Cancelled
+        );
+        assert!(
+            matches!(halt_by_owner(&queued, t(1)), Err(Refusal::Conflict(m)) if m.contains("devctl job cancel"))
+        );
+        let mut job = running(JobSpecFile::default());
+        assert_eq!(
+            cancel_by_owner(&job, t(20)).unwrap().reason,
+            JobReason::CancelledByUser
+        );
+        job.apply(&halt_by_owner(&job, t(20)).unwrap());
+        assert!(halt_by_owner(&job, t(21)).is_err());
+        job.apply(&JobChange::new(
+            JobState::Halting,
+            t(21),
+            JobReason::HaltSignalSent,
+        ));
+        assert!(
+            matches!(cancel_by_owner(&job, t(22)), Err(Refusal::Conflict(m)) if m.contains("HALTING"))
+        );
+        let mut done = running(JobSpecFile::default());
+        done.apply(&follow_report(&done, &exited(0, false, 30), t(200)).unwrap());
+        assert!(
+            matches!(cancel_by_owner(&done, t(40)), Err(Refusal::Conflict(m)) if m.contains("FINISHED already"))
+        );
+    }
+
+    #[test]
+    fn a_lost_node_requeues_restartable_jobs_and_fails_others() {
+        let job = running(JobSpecFile::default());
+        let change = node_lost(&job, t(100)).unwrap();
+        assert_eq!(change.to, JobState::Failed);
+        assert_eq!(
+            change.reason,
+            JobReason::NodeLost {
+                node: node(),
+                requeued: false
+            }
+        );
+        assert_eq!(next_in_chain(&job, &change, JobId::new_random()), None);
+        let job = running(JobSpecFile {
+            restartable: true,
+            ..JobSpecFile::default()
+        });
+        let change = node_lost(&job, t(100)).unwrap();
+        assert_eq!(change.to, JobState::Halted);
+        let next = next_in_chain(&job, &change, JobId::new_random()).unwrap();
+        assert_eq!(next.max_duration, None);
+        let queued = submitted(JobSpecFile::default(), &JobLimits::default());
+        assert_eq!(node_lost(&queued, t(100)), None);
+    }
+
+    fn limits() -> ContainerLimits {
+        ContainerLimits {
+            millicpus: 4000,
+            memory: MemorySize::parse("16G").unwrap(),
+            pids: 4096,
+        }
+    }
+
+    #[test]
+    fn desired_jobs_run_halt_and_kill() {
+        let run = running(JobSpecFile {
+            cpus: Some(ongrid_core::job::CpuNumber::Fraction(1.5)),
+            home: true,
+            ..JobSpecFile::default()
+        });
+        let mut halt = running(JobSpecFile::default());
+        halt.id = JobId(uuid::Uuid::from_u128(7));
+        halt.apply(&halt_by_owner(&halt, t(30)).unwrap());
+        let mut cancelled = running(JobSpecFile::default());
+        cancelled.id = JobId(uuid::Uuid::from_u128(8));
+        cancelled.log_size = 42;
+        cancelled.apply(&cancel_by_owner(&cancelled, t(40)).unwrap());
+        let mut drained = cancelled.clone();
+        drained.log_complete = true;
+        let queued = submitted(JobSpecFile::default(), &JobLimits::default());
+        let mut elsewhere = run.clone();
+        elsewhere.node = Some(NodeName::parse("node2").unwrap());
+
+        let jobs = [run, halt, cancelled.clone(), drained, queued, elsewhere];
+        let desired = desired_jobs(&node(), &jobs, limits(), t(50));
+        let runs: Vec<JobRun> = desired.iter().map(|d| d.run).collect();
+        assert_eq!(
+            runs,
+            [JobRun::Run, JobRun::Halt { since: t(30) }, JobRun::Kill]
+        );
+        assert_eq!(desired[0].limits.millicpus, 1500);
+        assert_eq!(desired[0].limits.memory, limits().memory);
+        assert!(desired[0].mount_home);
+        assert_eq!(desired[0].gpus, [gpu()]);
+        assert_eq!(desired[0].user.uid, 2000);
+        assert_eq!(desired[2].log_offset, 42);
+        // A while after it ended, a job whose output never came is no longer listed.
+        let late = t(40) + chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap();
+        assert!(desired_jobs(&node(), &[cancelled], limits(), late).is_empty());
+    }
+}

@@ -1,0 +1,387 @@
+//! The SQLite side of batch jobs (`jobs`, `job_transitions`, migration 0007): a row per job
+//! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
+//! state changes only through [`SqliteStore::job_transition_impl`], which replays the history
+//! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
+//! the same transaction.
+
+use ongrid_core::job::{
+    JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
+};
+use ongrid_core::{HumanDuration, NodeName};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{from_json, parse, parse_timestamp, timestamp, to_json, SqliteStore};
+use crate::domain::jobs::{JobChange, JobRecord, NewJob};
+use crate::store::{JobFilter, StoreError, StoreResult};
+
+const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_duration_secs, \
+     j.image_digest, j.docker_image, j.node, j.gpus, j.chain_initial, j.restart_count, \
+     j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete \
+     FROM jobs j JOIN users u ON u.dn = j.owner";
+
+/// The states in which a job holds GPUs or waits for them.
+const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
+
+impl SqliteStore {
+    pub(super) async fn create_job_impl(&self, new: NewJob) -> StoreResult<JobRecord> {
+        let mut tx = self.write().await?;
+        insert_job(&mut tx, &new).await?;
+        tx.commit().await?;
+        self.job_impl(new.id)
+            .await?
+            .ok_or(StoreError::NoSuchJob(new.id))
+    }
+
+    pub(super) async fn job_impl(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = ?");
+        let row = sqlx::query(&sql)
+            .bind(id.to_string())
+            .fetch_optional(&mut *conn)
+            .await?;
+        match row {
+            Some(row) => Ok(Some(job_from_row(&mut conn, &row).await?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) async fn jobs_impl(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
+        let (condition, value): (String, Option<String>) = match filter {
+            JobFilter::Owner(owner) => ("j.owner = ?".to_owned(), Some(owner.to_string())),
+            JobFilter::All => ("1 = 1".to_owned(), None),
+            JobFilter::Active => (format!("j.state IN {ACTIVE}"), None),
+            JobFilter::Node(node) => (
+                format!("j.node = ? AND (j.state IN {ACTIVE} OR j.log_complete = 0)"),
+                Some(node.to_string()),
+            ),
+        };
+        let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
+        let mut conn = self.pool.acquire().await?;
+        let mut query = sqlx::query(&sql);
+        if let Some(value) = value {
+            query = query.bind(value);
+        }
+        let rows = query.fetch_all(&mut *conn).await?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            jobs.push(job_from_row(&mut conn, row).await?);
+        }
+        Ok(jobs)
+    }
+
+    pub(super) async fn job_transition_impl(
+        &self,
+        id: JobId,
+        change: JobChange,
+        next: Option<NewJob>,
+    ) -> StoreResult<JobRecord> {
+        let mut tx = self.write().await?;
+        let history = load_history(&mut tx, id).await?;
+        if history.is_empty() {
+            return Err(StoreError::NoSuchJob(id));
+        }
+        let mut lifecycle = JobLifecycle::from_history(history)
+            .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
+        let seq = lifecycle.history().len();
+        let transition = lifecycle
+            .transition(change.to, change.at, change.reason.clone())?
+            .clone();
+        insert_transition(&mut tx, id, seq, &transition).await?;
+        let id_text = id.to_string();
+        sqlx::query("UPDATE jobs SET state = ?, exit_code = COALESCE(?, exit_code) WHERE id = ?")
+            .bind(change.to.as_str())
+            .bind(change.exit_code)
+            .bind(&id_text)
+            .execute(&mut *tx)
+            .await?;
+        if let Some((node, gpus)) = &change.place {
+            sqlx::query("UPDATE jobs SET node = ?, gpus = ? WHERE id = ?")
+                .bind(node.as_str())
+                .bind(to_json(gpus)?)
+                .bind(&id_text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(next) = &next {
+            insert_job(&mut tx, next).await?;
+            sqlx::query("UPDATE jobs SET next_job = ? WHERE id = ?")
+                .bind(next.id.to_string())
+                .bind(&id_text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        self.job_impl(id).await?.ok_or(StoreError::NoSuchJob(id))
+    }
+
+    pub(super) async fn record_job_log_impl(
+        &self,
+        id: JobId,
+        size: u64,
+        complete: bool,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE jobs SET log_size = ?, log_complete = ? WHERE id = ?")
+            .bind(i64::try_from(size).unwrap_or(i64::MAX))
+            .bind(complete)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn insert_job(tx: &mut Transaction<'static, Sqlite>, new: &NewJob) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO jobs (id, owner, state, spec, max_duration_secs, image_digest, docker_image, \
+         chain_initial, restart_count, previous_job, queued_at) \
+         VALUES (?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(new.id.to_string())
+    .bind(new.owner.as_str())
+    .bind(to_json(&new.spec)?)
+    .bind(
+        new.max_duration
+            .map(|d| i64::try_from(d.as_duration().as_secs()).unwrap_or(i64::MAX)),
+    )
+    .bind(&new.image.digest)
+    .bind(&new.image.docker_image)
+    .bind(new.chain.initial_job.to_string())
+    .bind(i64::from(new.chain.restart_count))
+    .bind(new.previous_job.map(|j| j.to_string()))
+    .bind(timestamp(new.at))
+    .execute(&mut **tx)
+    .await?;
+    let created = JobLifecycle::new(new.at, new.reason.clone());
+    insert_transition(tx, new.id, 0, created.last()).await
+}
+
+async fn insert_transition(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: JobId,
+    seq: usize,
+    transition: &JobTransition,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO job_transitions (job_id, seq, from_state, to_state, at, reason) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(id.to_string())
+    .bind(i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?)
+    .bind(transition.from.map(JobState::as_str))
+    .bind(transition.to.as_str())
+    .bind(timestamp(transition.at))
+    .bind(to_json(&transition.reason)?)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn load_history(
+    conn: &mut sqlx::SqliteConnection,
+    id: JobId,
+) -> StoreResult<Vec<JobTransition>> {
+    let rows = sqlx::query(
+        "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? \
+         ORDER BY seq",
+    )
+    .bind(id.to_string())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let from: Option<String> = row.try_get("from_state")?;
+            Ok(JobTransition {
+                from: from.map(|f| parse(&f, "job state")).transpose()?,
+                to: parse(&row.try_get::<String, _>("to_state")?, "job state")?,
+                at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
+                reason: from_json::<JobReason>(&row.try_get::<String, _>("reason")?, "job reason")?,
+            })
+        })
+        .collect()
+}
+
+async fn job_from_row(
+    conn: &mut sqlx::SqliteConnection,
+    row: &SqliteRow,
+) -> StoreResult<JobRecord> {
+    let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
+    let history = load_history(conn, id).await?;
+    let lifecycle = JobLifecycle::from_history(history)
+        .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
+    let optional_job = |column: &str| -> StoreResult<Option<JobId>> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|text| parse(&text, "job id"))
+            .transpose()
+    };
+    let node: Option<String> = row.try_get("node")?;
+    let max_duration: Option<i64> = row.try_get("max_duration_secs")?;
+    let restart_count: i64 = row.try_get("restart_count")?;
+    let log_size: i64 = row.try_get("log_size")?;
+    let uid: i64 = row.try_get("uid")?;
+    Ok(JobRecord {
+        id,
+        owner: parse(&row.try_get::<String, _>("owner")?, "owner")?,
+        user_name: parse(&row.try_get::<String, _>("user_name")?, "user name")?,
+        uid: u32::try_from(uid).map_err(|_| StoreError::Corrupt(format!("uid {uid}")))?,
+        spec: from_json(&row.try_get::<String, _>("spec")?, "job spec")?,
+        lifecycle,
+        max_duration: max_duration
+            .map(|s| HumanDuration::from_secs(u64::try_from(s).unwrap_or_default())),
+        image: JobImage {
+            digest: row.try_get("image_digest")?,
+            docker_image: row.try_get("docker_image")?,
+        },
+        node: node.map(|n| parse::<NodeName>(&n, "node")).transpose()?,
+        gpus: from_json(&row.try_get::<String, _>("gpus")?, "gpus")?,
+        chain: RestartChain {
+            initial_job: parse(&row.try_get::<String, _>("chain_initial")?, "job id")?,
+            restart_count: u32::try_from(restart_count).unwrap_or(u32::MAX),
+        },
+        previous_job: optional_job("previous_job")?,
+        next_job: optional_job("next_job")?,
+        exit_code: row.try_get("exit_code")?,
+        log_size: u64::try_from(log_size).unwrap_or_default(),
+        log_complete: row.try_get("log_complete")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+    use ongrid_core::job::{JobSpecFile, ObservedJobStatus, HALT_EXIT_CODE};
+    use ongrid_core::{Dn, GpuHealth, GpuId, GpuInfo, GpuUuid, MemorySize};
+
+    use super::*;
+    use crate::domain::jobs::{self, JobLimits, Submitter};
+    use crate::store::{NodeRegistration, Store};
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 123_456_789).unwrap()
+    }
+
+    fn gpu() -> GpuInfo {
+        GpuInfo {
+            uuid: GpuUuid::parse("GPU-11111111-2222-3333-4444-555555555501").unwrap(),
+            model: "A100".to_owned(),
+            capability: ongrid_core::ComputeCapability::new(8, 0),
+            memory: MemorySize::from_mib(40_960),
+            pci_bus_id: None,
+            driver_version: None,
+            mig_enabled: false,
+            health: GpuHealth::Healthy,
+            utilization_percent: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restart_chain_is_stored_with_its_history_and_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("manager.db"))
+            .await
+            .unwrap();
+        let dn = Dn::parse("/CN=Alice").unwrap();
+        let user = store.user(&dn, 20_000).await.unwrap();
+        let node = NodeName::parse("node1").unwrap();
+        let registration = NodeRegistration {
+            name: node.clone(),
+            gpu_backend: "simulated".to_owned(),
+            agent_version: "0".to_owned(),
+            stream_url: None,
+        };
+        store
+            .register_node(registration, &[gpu()], t(0))
+            .await
+            .unwrap();
+        let spec = JobSpecFile {
+            image: Some("model:v1".into()),
+            command: vec!["train".into()],
+            restartable: true,
+            max_duration: Some("2h".into()),
+            ..JobSpecFile::default()
+        }
+        .validate(t(0))
+        .unwrap();
+        let image = JobImage {
+            digest: format!("sha256:{}", "b".repeat(64)),
+            docker_image: "ongrid/alice/model:v1".into(),
+        };
+        let who = Submitter {
+            owner: dn.clone(),
+            user_name: user.user_name.clone(),
+            uid: user.uid,
+        };
+        let new = jobs::submit(
+            JobId::new_random(),
+            who,
+            spec,
+            image,
+            &JobLimits::default(),
+            t(1),
+        )
+        .unwrap();
+        let job = store.create_job(new.clone()).await.unwrap();
+        assert_eq!(job.state(), JobState::Queued);
+        assert_eq!(job.queued_at(), t(1));
+        assert_eq!(store.jobs(JobFilter::Active).await.unwrap(), std::slice::from_ref(&job));
+
+        let gpus = vec![GpuId::from(gpu().uuid)];
+        let started = jobs::start(&job, node.clone(), gpus.clone(), t(2)).unwrap();
+        let job = store.job_transition(job.id, started, None).await.unwrap();
+        assert_eq!(
+            (job.state(), &job.node, &job.gpus),
+            (JobState::Running, &Some(node.clone()), &gpus)
+        );
+        assert_eq!(
+            store
+                .jobs(JobFilter::Node(node.clone()))
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        // A stale decision is refused by the state machine.
+        let again = jobs::start(
+            &store.job(job.id).await.unwrap().unwrap(),
+            node.clone(),
+            gpus,
+            t(3),
+        );
+        assert!(again.is_err());
+
+        let halt = jobs::halt_by_owner(&job, t(600)).unwrap();
+        let job = store.job_transition(job.id, halt, None).await.unwrap();
+        let exited = ObservedJobStatus::Exited {
+            started_at: t(2),
+            finished_at: t(602),
+            exit_code: HALT_EXIT_CODE,
+            oom_killed: false,
+            killed: false,
+        };
+        let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
+        let next = jobs::next_in_chain(&job, &change, JobId::new_random()).unwrap();
+        let halted = store
+            .job_transition(job.id, change, Some(next.clone()))
+            .await
+            .unwrap();
+        assert_eq!(halted.state(), JobState::Halted);
+        assert_eq!(halted.exit_code, Some(HALT_EXIT_CODE));
+        assert_eq!(halted.next_job, Some(next.id));
+        assert_eq!(halted.lifecycle.history().len(), 4);
+        assert_eq!(halted.lifecycle.last().reason, JobReason::HaltedCleanly);
+        let requeued = store.job(next.id).await.unwrap().unwrap();
+        assert_eq!(requeued.previous_job, Some(job.id));
+        assert_eq!(requeued.chain.restart_count, 1);
+        assert_eq!(requeued.chain.initial_job, job.id);
+        assert_eq!(
+            requeued.max_duration,
+            Some(HumanDuration::from_secs(7200 - 600))
+        );
+        assert_eq!(store.jobs(JobFilter::Owner(dn)).await.unwrap().len(), 2);
+
+        store.record_job_log(job.id, 42, true).await.unwrap();
+        let logged = store.job(job.id).await.unwrap().unwrap();
+        assert_eq!((logged.log_size, logged.log_complete), (42, true));
+        assert!(store.jobs(JobFilter::Node(node)).await.unwrap().is_empty());
+    }
+}
