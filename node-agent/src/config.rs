@@ -18,6 +18,7 @@
 //! [images]                                        # optional: where freezes write SIF images
 //! store = "/var/lib/ongrid/images"                # the manager's image_store (shared)
 //! max_concurrent = 2                              # freezes at once on this node
+//! jobs_dir = "/var/lib/ongrid/jobs"               # optional; default: beside store
 //! [network]                                       # optional; the defaults:
 //! subnet_pool = "10.213.0.0/16"                   # each session's network takes a /29 of it
 //! allow = ["0.0.0.0/0"]                           # where dev containers may connect to ...
@@ -107,6 +108,10 @@ pub enum ConfigError {
     ImageStore(PathBuf),
     #[error("[images] max_concurrent must be at least 1")]
     MaxConcurrentFreezes,
+    #[error(
+        "[images] jobs_dir {0:?} must be an absolute directory path, like /var/lib/ongrid/jobs"
+    )]
+    JobsDir(PathBuf),
     #[error(transparent)]
     Network(#[from] crate::network::PolicyError),
     #[error("[reserved] cpus {0:?} is not a number of CPUs like 0.5 or 2")]
@@ -230,6 +235,9 @@ struct ImagesFile {
     store: PathBuf,
     #[serde(default = "default_max_concurrent_freezes")]
     max_concurrent: usize,
+    /// Batch jobs' working directories (and this node's job logs under `.agent/<node>`);
+    /// default: `jobs` beside `store`.
+    jobs_dir: Option<PathBuf>,
 }
 
 fn default_max_concurrent_freezes() -> usize {
@@ -262,6 +270,9 @@ pub struct Config {
     pub streams: Option<StreamsConfig>,
     /// The image store for freezes; `None` when `[images]` is absent (freezes are refused).
     pub images: Option<crate::freeze::ImagesConfig>,
+    /// Where batch jobs find their SIF images and keep their files; `None` when `[images]`
+    /// is absent (jobs fail, saying so).
+    pub jobs: Option<crate::jobs::JobsConfig>,
     /// Where dev containers may connect to, and their networks' address pool.
     pub network: NetworkPolicy,
     /// CPU and memory kept for the node itself.
@@ -350,6 +361,7 @@ impl Config {
             _ => {}
         }
         let streams = file.streams.map(StreamsFile::validate).transpose()?;
+        let mut jobs = None;
         let images = match file.images {
             None => None,
             Some(images) => {
@@ -359,6 +371,15 @@ impl Config {
                 if images.max_concurrent == 0 {
                     return Err(ConfigError::MaxConcurrentFreezes);
                 }
+                let dir = match images.jobs_dir {
+                    Some(dir) if dir.is_absolute() => dir,
+                    Some(dir) => return Err(ConfigError::JobsDir(dir)),
+                    None => images.store.parent().unwrap_or(&images.store).join("jobs"),
+                };
+                jobs = Some(crate::jobs::JobsConfig {
+                    image_store: images.store.clone(),
+                    dir,
+                });
                 Some(crate::freeze::ImagesConfig {
                     store: images.store,
                     max_concurrent: images.max_concurrent,
@@ -379,6 +400,7 @@ impl Config {
             gpu: file.gpu,
             streams,
             images,
+            jobs,
             network,
             reserved,
         })
@@ -432,6 +454,21 @@ mod tests {
         let images = config.images.unwrap();
         assert_eq!(images.store, PathBuf::from("/var/lib/ongrid/images"));
         assert_eq!(images.max_concurrent, 2);
+        assert_eq!(
+            config.jobs.unwrap().dir,
+            PathBuf::from("/var/lib/ongrid/jobs"),
+            "jobs_dir defaults to beside the store"
+        );
+        let config = files
+            .parse(&files.config(
+                "[images]\nstore = \"/var/lib/ongrid/images\"\njobs_dir = \"/scratch/jobs\"\n",
+            ))
+            .unwrap();
+        assert_eq!(config.jobs.unwrap().dir, PathBuf::from("/scratch/jobs"));
+        assert!(matches!(
+            files.parse(&files.config("[images]\nstore = \"/x\"\njobs_dir = \"jobs\"\n")),
+            Err(ConfigError::JobsDir(_))
+        ));
         let relative = files
             .parse(&files.config("[images]\nstore = \"images\"\n"))
             .unwrap_err();

@@ -8,6 +8,7 @@
 //! - [`reconcile`]: desired vs observed, the operations, and the report of what is there.
 //! - [`activity`]: CPU and GPU use of the running dev containers, for idle detection.
 //! - [`freeze`]: the freeze worker (session → SIF image and Docker image).
+//! - [`jobs`]: batch jobs (image from the SIF, one container per job, halt, output).
 //! - [`manager_client`]: HTTPS to the manager (register, sync).
 //! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
 //!
@@ -19,6 +20,7 @@ pub mod activity;
 pub mod config;
 pub mod freeze;
 pub mod gpu;
+pub mod jobs;
 pub mod manager_client;
 pub mod network;
 pub mod reconcile;
@@ -99,6 +101,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         manager,
         stream_url,
         images: config.images,
+        jobs: config.jobs,
         guard,
     }
     .run(shutdown.clone())
@@ -155,6 +158,8 @@ pub struct Agent {
     pub stream_url: Option<String>,
     /// The image store for freezes (`[images]`); `None`: freeze orders fail, saying so.
     pub images: Option<freeze::ImagesConfig>,
+    /// Where batch jobs find their images and keep their files; `None`: jobs fail, saying so.
+    pub jobs: Option<jobs::JobsConfig>,
     /// Network isolation and limits of the dev containers.
     pub guard: reconcile::NodeGuard,
 }
@@ -173,6 +178,8 @@ struct LoopState {
     activity: activity::ActivitySampler,
     /// Runs the manager's freeze orders.
     freezer: Arc<freeze::Freezer>,
+    /// Runs the manager's batch jobs.
+    jobs: jobs::Jobs,
 }
 
 impl Agent {
@@ -204,6 +211,13 @@ impl Agent {
                 self.node.clone(),
                 self.images.clone(),
             )),
+            jobs: jobs::Jobs::new(
+                self.runtime.clone(),
+                self.node.clone(),
+                gpu_access,
+                self.guard.clone(),
+                self.jobs.clone(),
+            ),
         };
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
         while !shutdown.is_cancelled() {
@@ -316,6 +330,7 @@ impl Agent {
         }
         reconciler.remove_images(&desired.removed_images).await;
         state.freezer.apply(&desired.freezes, &desired.sessions);
+        state.jobs.apply(&desired.jobs).await;
         Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
     }
 
@@ -346,6 +361,7 @@ impl Agent {
             containers,
             activity,
             freezes: state.freezer.report(),
+            jobs: state.jobs.report().await,
         };
         self.manager.sync(&report).await
     }

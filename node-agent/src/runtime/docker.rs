@@ -32,8 +32,10 @@ use bollard::query_parameters::{
 use bollard::query_parameters::{InspectNetworkOptions, ListNetworksOptionsBuilder};
 use bollard::Docker;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use ongrid_core::api::ContainerState;
+use ongrid_core::job::JobId;
 use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, info};
 
@@ -44,6 +46,7 @@ use super::{
     ExecStatus, GpuAccess, RuntimeError, SessionContainer, TtySize, LABEL_HELPER, LABEL_MANAGED,
     LABEL_NODE, LABEL_OWNER, LABEL_SESSION, LABEL_SESSION_NAME, LABEL_USER,
 };
+use super::{ImportConfig, JobContainerSpec, JobContainerState, JobContainerStatus, LABEL_JOB};
 use super::{NetworkStatus, NodeResources};
 use crate::network::{Ipv4Net, NetworkSpec};
 
@@ -88,6 +91,9 @@ impl DockerRuntime {
         let mut statuses = Vec::with_capacity(summaries.len());
         for summary in summaries {
             let Some(id) = summary.id else { continue };
+            if is_job(summary.labels.as_ref()) {
+                continue; // `list_jobs`
+            }
             // The list has the state but not the exit code, OOM flag and error: inspect.
             let inspect = match self
                 .docker
@@ -664,16 +670,16 @@ impl ContainerRuntime for DockerRuntime {
         Box::pin(self.remove_image_reference(reference))
     }
 
+    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        Box::pin(self.force_remove_tag(reference))
+    }
+
     fn freeze_commit<'a>(
         &'a self,
         container_id: &'a str,
         spec: &'a super::CommitSpec,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(self.commit_for_freeze(container_id, spec))
-    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
-        Box::pin(self.force_remove_tag(reference))
-    }
-
     }
 
     fn image_details<'a>(
@@ -747,6 +753,244 @@ impl ContainerRuntime for DockerRuntime {
             })
         })
     }
+
+    fn list_jobs(&self) -> BoxFuture<'_, Result<Vec<JobContainerStatus>, RuntimeError>> {
+        Box::pin(self.list_job_containers())
+    }
+
+    fn create_job<'a>(
+        &'a self,
+        spec: &'a JobContainerSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(self.create_job_container(spec))
+    }
+
+    fn signal<'a>(
+        &'a self,
+        id: &'a str,
+        signal: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.kill_with(id, signal))
+    }
+
+    fn follow_logs(&self, id: &str) -> BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
+        let options = bollard::query_parameters::LogsOptionsBuilder::new()
+            .follow(true)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let action = format!("reading the output of container {id}");
+        self.docker
+            .logs(id, Some(options))
+            .map(move |item| match item {
+                Ok(output) => Ok(output.into_bytes().to_vec()),
+                Err(e) => Err(docker_error(action.clone())(e)),
+            })
+            .boxed()
+    }
+
+    fn import_image<'a>(
+        &'a self,
+        reference: &'a str,
+        config: &'a ImportConfig,
+        tar: BoxStream<'static, Result<Vec<u8>, std::io::Error>>,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.import(reference, config, tar))
+    }
+}
+
+/// Batch jobs: their containers, signals, output, and images imported from SIF files.
+impl DockerRuntime {
+    async fn list_job_containers(&self) -> Result<Vec<JobContainerStatus>, RuntimeError> {
+        let filters = HashMap::from([(
+            "label",
+            vec![
+                format!("{LABEL_MANAGED}=true"),
+                format!("{LABEL_NODE}={}", self.node),
+                LABEL_JOB.to_owned(),
+            ],
+        )]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(docker_error("listing job containers".to_owned()))?;
+        let mut statuses = Vec::with_capacity(summaries.len());
+        for summary in summaries {
+            let Some(id) = summary.id else { continue };
+            let Some(job_id) = summary
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(LABEL_JOB))
+                .and_then(|value| value.parse::<uuid::Uuid>().ok())
+                .map(JobId)
+            else {
+                continue;
+            };
+            let inspect = match self
+                .docker
+                .inspect_container(&id, Some(InspectContainerOptionsBuilder::new().build()))
+                .await
+            {
+                Ok(inspect) => inspect,
+                Err(e) if is_status(&e, 404) => continue,
+                Err(e) => return Err(docker_error(format!("inspecting container {id}"))(e)),
+            };
+            let name = inspect
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .trim_start_matches('/')
+                .to_owned();
+            let state = inspect.state.unwrap_or_default();
+            let time = |value: Option<&String>| {
+                value
+                    .and_then(|v| chrono::DateTime::parse_from_rfc3339(v).ok())
+                    .map(|t| t.with_timezone(&chrono::Utc))
+                    .filter(|t| t.timestamp() > 0)
+            };
+            let started_at = time(state.started_at.as_ref());
+            let state = match (state.status, started_at) {
+                (Some(ContainerStateStatusEnum::CREATED), _) | (_, None) => {
+                    JobContainerState::Created
+                }
+                (
+                    Some(
+                        ContainerStateStatusEnum::RUNNING
+                        | ContainerStateStatusEnum::PAUSED
+                        | ContainerStateStatusEnum::RESTARTING,
+                    ),
+                    Some(started_at),
+                ) => JobContainerState::Running { started_at },
+                (_, Some(started_at)) => JobContainerState::Exited {
+                    started_at,
+                    finished_at: time(state.finished_at.as_ref()).unwrap_or(started_at),
+                    exit_code: state.exit_code.unwrap_or(0),
+                    oom_killed: state.oom_killed.unwrap_or(false),
+                },
+            };
+            statuses.push(JobContainerStatus {
+                id,
+                name,
+                job_id,
+                state,
+            });
+        }
+        Ok(statuses)
+    }
+
+    async fn create_job_container(&self, job: &JobContainerSpec) -> Result<String, RuntimeError> {
+        let spec = job.as_container_spec();
+        match self.docker.inspect_image(&spec.image).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {
+                return Err(RuntimeError::ImageMissing {
+                    image: spec.image.clone(),
+                    node: self.node.clone(),
+                })
+            }
+            Err(e) => return Err(docker_error(format!("inspecting image {}", spec.image))(e)),
+        }
+        if job.mount_home {
+            self.ensure_home_volume(&spec).await?;
+        }
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&spec.name)
+            .build();
+        let created = self
+            .docker
+            .create_container(Some(options), job_create_body(job))
+            .await
+            .map_err(docker_error(format!("creating container {}", spec.name)))?;
+        for warning in &created.warnings {
+            info!(container = %spec.name, %warning, "Docker warned while creating the container.");
+        }
+        if let Err(e) = self.install_user(&created.id, &spec).await {
+            // Never started, so removing it cannot lose a run: the next pass creates it again.
+            let _ = self.remove_container(&created.id).await;
+            return Err(e);
+        }
+        Ok(created.id)
+    }
+
+    async fn kill_with(&self, id: &str, signal: &str) -> Result<(), RuntimeError> {
+        let options = bollard::query_parameters::KillContainerOptionsBuilder::new()
+            .signal(signal)
+            .build();
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            // Gone, or not running (any more).
+            Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+            Err(e) => Err(docker_error(format!("sending {signal} to container {id}"))(
+                e,
+            )),
+        }
+    }
+
+    async fn import(
+        &self,
+        reference: &str,
+        config: &ImportConfig,
+        tar: BoxStream<'static, Result<Vec<u8>, std::io::Error>>,
+    ) -> Result<(), RuntimeError> {
+        let (repository, tag) = split_reference(reference);
+        let options = bollard::query_parameters::CreateImageOptionsBuilder::new()
+            .from_src("-")
+            .repo(repository)
+            .tag(tag)
+            .changes(config.changes())
+            .build();
+        let body = bollard::body_try_stream(tar.map_ok(Into::into));
+        let action = format!("importing image {reference}");
+        let mut progress = self.docker.create_image(Some(options), Some(body), None);
+        while let Some(item) = progress.next().await {
+            item.map_err(docker_error(action.clone()))?;
+        }
+        info!(image = %reference, "Imported image.");
+        Ok(())
+    }
+}
+
+/// Whether Docker labels mark a batch job's container or network.
+fn is_job(labels: Option<&HashMap<String, String>>) -> bool {
+    labels.is_some_and(|labels| labels.contains_key(LABEL_JOB))
+}
+
+/// `repository` and `tag` of `repository[:tag]` (`latest` when there is none).
+fn split_reference(reference: &str) -> (&str, &str) {
+    match reference.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => (repository, tag),
+        _ => (reference, "latest"),
+    }
+}
+
+/// Docker's create request for a batch job's container: the dev container's hardening
+/// ([`create_body`]: user, no capabilities, no-new-privileges, limits, its own network, no
+/// restart policy, tini as PID 1 so signals reach the job), with the job's command under the
+/// image's entrypoint, the chain's working directory, and the home volume only when asked.
+pub fn job_create_body(job: &JobContainerSpec) -> ContainerCreateBody {
+    let spec = job.as_container_spec();
+    let mut body = create_body(&spec);
+    body.entrypoint = None;
+    body.working_dir = Some(ongrid_core::job::WORK_DIR_IN_CONTAINER.to_owned());
+    let mut mounts = vec![Mount {
+        typ: Some(MountTypeEnum::BIND),
+        source: Some(job.work_dir.display().to_string()),
+        target: Some(ongrid_core::job::WORK_DIR_IN_CONTAINER.to_owned()),
+        read_only: Some(false),
+        ..Default::default()
+    }];
+    if job.mount_home {
+        mounts.push(home_mount(&spec));
+    }
+    if let Some(host) = body.host_config.as_mut() {
+        host.mounts = Some(mounts);
+    }
+    body
 }
 
 /// Session networks: one bridge per session, see `crate::network`.
@@ -767,6 +1011,7 @@ impl DockerRuntime {
             .map_err(docker_error("listing ongrid networks".to_owned()))?;
         Ok(networks
             .into_iter()
+            .filter(|network| !is_job(network.labels.as_ref()))
             .filter_map(|network| {
                 let session_id = network
                     .labels
@@ -904,6 +1149,23 @@ impl DockerRuntime {
             Ok(_) => Ok(true),
             Err(e) if is_status(&e, 404) => Ok(false),
             Err(e) => Err(docker_error(format!("inspecting image {reference}"))(e)),
+        }
+    }
+
+    /// `docker rmi --force <reference>`: with a container using the image, Docker only
+    /// removes the tag.
+    async fn force_remove_tag(&self, reference: &str) -> Result<bool, RuntimeError> {
+        let options = bollard::query_parameters::RemoveImageOptionsBuilder::new()
+            .force(true)
+            .build();
+        match self
+            .docker
+            .remove_image(reference, Some(options), None)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(docker_error(format!("removing image tag {reference}"))(e)),
         }
     }
 
@@ -1150,23 +1412,6 @@ fn is_status(error: &BollardError, status: u16) -> bool {
 fn docker_error(action: String) -> impl FnOnce(BollardError) -> RuntimeError {
     move |e| {
         debug!(%action, error = %e, "Docker call failed.");
-    /// `docker rmi --force <reference>`: with a container using the image, Docker only
-    /// removes the tag.
-    async fn force_remove_tag(&self, reference: &str) -> Result<bool, RuntimeError> {
-        let options = bollard::query_parameters::RemoveImageOptionsBuilder::new()
-            .force(true)
-            .build();
-        match self
-            .docker
-            .remove_image(reference, Some(options), None)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_status(&e, 404) => Ok(false),
-            Err(e) => Err(docker_error(format!("removing image tag {reference}"))(e)),
-        }
-    }
-
         RuntimeError::Docker {
             action,
             source: Box::new(e),

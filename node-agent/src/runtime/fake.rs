@@ -71,6 +71,19 @@ struct State {
     next_network_id: u32,
     /// Network calls (`ensure_network <name>`, `remove_network <id>`), apart from `calls`.
     network_calls: Vec<String>,
+    /// Batch job containers by id (`j1`, `j2`, ...).
+    jobs: BTreeMap<String, FakeJob>,
+    /// The images `import_image` made: reference, configuration and the tar's bytes.
+    imports: Vec<(String, super::ImportConfig, Vec<u8>)>,
+}
+
+/// A batch job's container in the fake.
+#[derive(Debug, Clone)]
+pub struct FakeJob {
+    pub status: super::JobContainerStatus,
+    pub spec: super::JobContainerSpec,
+    /// What `follow_logs` answers.
+    pub output: Vec<u8>,
 }
 
 /// A file or directory an archive upload put into a container of the fake.
@@ -163,6 +176,11 @@ impl FakeRuntime {
         }
     }
 
+    /// Puts an image on the node.
+    pub fn add_image(&self, image: &str) {
+        self.state().images.insert(image.to_owned());
+    }
+
     pub fn remove_image(&self, image: &str) {
         self.state().images.remove(image);
     }
@@ -176,11 +194,6 @@ impl FakeRuntime {
         s.failing.clear();
         s.list_fails = false;
     }
-    /// Puts an image on the node.
-    pub fn add_image(&self, image: &str) {
-        self.state().images.insert(image.to_owned());
-    }
-
 
     pub fn fail_list(&self) {
         self.state().list_fails = true;
@@ -282,6 +295,34 @@ impl FakeRuntime {
     }
 }
 
+/// Batch jobs.
+impl FakeRuntime {
+    pub fn jobs(&self) -> BTreeMap<String, FakeJob> {
+        self.state().jobs.clone()
+    }
+
+    /// Makes the job's container exit by itself with `exit_code` (after writing `output`).
+    pub fn exit_job(&self, id: &str, exit_code: i64, output: &[u8]) {
+        let mut s = self.state();
+        if let Some(job) = s.jobs.get_mut(id) {
+            job.output.extend_from_slice(output);
+            if let super::JobContainerState::Running { started_at } = job.status.state {
+                job.status.state = super::JobContainerState::Exited {
+                    started_at,
+                    finished_at: chrono::Utc::now(),
+                    exit_code,
+                    oom_killed: false,
+                };
+            }
+        }
+    }
+
+    /// The images `import_image` made, with their configuration and tar bytes.
+    pub fn imports(&self) -> Vec<(String, super::ImportConfig, Vec<u8>)> {
+        self.state().imports.clone()
+    }
+}
+
 impl Default for FakeRuntime {
     fn default() -> Self {
         Self::new()
@@ -340,6 +381,15 @@ impl ContainerRuntime for FakeRuntime {
 
     fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         let result = self.set_state(id, "start", ContainerState::Running);
+        if result.is_ok() {
+            if let Some(job) = self.state().jobs.get_mut(id) {
+                if job.status.state == super::JobContainerState::Created {
+                    job.status.state = super::JobContainerState::Running {
+                        started_at: chrono::Utc::now(),
+                    };
+                }
+            }
+        }
         Box::pin(async move { result })
     }
 
@@ -366,6 +416,7 @@ impl ContainerRuntime for FakeRuntime {
             self.check(&mut s, "remove", id)?;
             s.containers.remove(id);
             s.specs.remove(id);
+            s.jobs.remove(id);
             Ok(())
         })();
         Box::pin(async move { result })
@@ -564,6 +615,16 @@ impl ContainerRuntime for FakeRuntime {
         Box::pin(async move { result })
     }
 
+    /// Like Docker's forced removal of a tag: containers of the image keep running.
+    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "remove_tag", reference)?;
+            Ok(s.images.remove(reference))
+        })();
+        Box::pin(async move { result })
+    }
+
     /// Refuses, like Docker, while a container was created from the image.
     fn untag_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         let result = (|| {
@@ -613,16 +674,6 @@ impl ContainerRuntime for FakeRuntime {
     ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
         let error = no_freeze(format!("exporting {container_id}"));
         futures::stream::once(async move { Err(error) }).boxed()
-    }
-
-    /// Like Docker's forced removal of a tag: containers of the image keep running.
-    fn remove_tag<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<bool, RuntimeError>> {
-        let result = (|| {
-            let mut s = self.state();
-            self.check(&mut s, "remove_tag", reference)?;
-            Ok(s.images.remove(reference))
-        })();
-        Box::pin(async move { result })
     }
 
     fn tag_image<'a>(
@@ -696,6 +747,122 @@ impl ContainerRuntime for FakeRuntime {
                 millicpus: 8000,
                 memory_bytes: 32 << 30,
             })
+        })
+    }
+
+    fn list_jobs(&self) -> BoxFuture<'_, Result<Vec<super::JobContainerStatus>, RuntimeError>> {
+        let result = if self.state().list_fails {
+            Err(RuntimeError::Unreachable(
+                "the fake was told to fail".into(),
+            ))
+        } else {
+            Ok(self
+                .state()
+                .jobs
+                .values()
+                .map(|job| job.status.clone())
+                .collect())
+        };
+        Box::pin(async move { result })
+    }
+
+    fn create_job<'a>(
+        &'a self,
+        spec: &'a super::JobContainerSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "create_job", &spec.name)?;
+            if !s.images.contains(&spec.image) {
+                return Err(RuntimeError::ImageMissing {
+                    image: spec.image.clone(),
+                    node: self.node.clone(),
+                });
+            }
+            if s.jobs.values().any(|j| j.status.name == spec.name) {
+                return Err(RuntimeError::Setup {
+                    action: format!("creating container {}", spec.name),
+                    problem: "the name is in use".into(),
+                });
+            }
+            s.next_id += 1;
+            let id = format!("j{}", s.next_id);
+            let status = super::JobContainerStatus {
+                id: id.clone(),
+                name: spec.name.clone(),
+                job_id: spec.job_id,
+                state: super::JobContainerState::Created,
+            };
+            s.jobs.insert(
+                id.clone(),
+                FakeJob {
+                    status,
+                    spec: spec.clone(),
+                    output: Vec::new(),
+                },
+            );
+            Ok(id)
+        })();
+        Box::pin(async move { result })
+    }
+
+    /// `SIGKILL` ends a running job with 137; other signals are only recorded (`signal <id>
+    /// <signal>`): tests end the job with [`FakeRuntime::exit_job`].
+    fn signal<'a>(
+        &'a self,
+        id: &'a str,
+        signal: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let result = (|| {
+            let mut s = self.state();
+            self.check(&mut s, "signal", &format!("{id} {signal}"))?;
+            drop(s);
+            if signal == "SIGKILL" {
+                self.exit_job(id, 137, b"");
+            }
+            Ok(())
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn follow_logs(
+        &self,
+        id: &str,
+    ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
+        // Docker's stream ends only once the container stopped; the fake cannot wait, so it
+        // answers an error while the job runs (the follower tries again later).
+        let output = match self.state().jobs.get(id) {
+            Some(job) if matches!(job.status.state, super::JobContainerState::Exited { .. }) => {
+                Ok(job.output.clone())
+            }
+            _ => Err(RuntimeError::Setup {
+                action: format!("following the output of {id}"),
+                problem: "the fake follows only exited jobs".into(),
+            }),
+        };
+        futures::stream::iter([output]).boxed()
+    }
+
+    fn import_image<'a>(
+        &'a self,
+        reference: &'a str,
+        config: &'a super::ImportConfig,
+        tar: futures::stream::BoxStream<'static, Result<Vec<u8>, std::io::Error>>,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            self.check(&mut self.state(), "import_image", reference)?;
+            let chunks: Vec<Vec<u8>> =
+                futures::TryStreamExt::try_collect(tar).await.map_err(|e| {
+                    RuntimeError::Docker {
+                        action: format!("importing image {reference}"),
+                        source: Box::new(e),
+                    }
+                })?;
+            let mut s = self.state();
+            s.imports
+                .push((reference.to_owned(), config.clone(), chunks.concat()));
+            s.images.insert(reference.to_owned());
+            Ok(())
         })
     }
 }

@@ -541,6 +541,157 @@ pub trait ContainerRuntime: Send + Sync + 'static {
 
     /// The node's CPUs and memory.
     fn node_resources(&self) -> BoxFuture<'_, Result<NodeResources, RuntimeError>>;
+
+    // ---- Batch jobs (see `crate::jobs`) ----
+
+    /// Every batch job container of this node (labelled `ongrid.job`), whatever its state.
+    /// [`ContainerRuntime::list`] and [`ContainerRuntime::list_networks`] leave job containers
+    /// and job networks out, so the reconciler of sessions never touches them.
+    fn list_jobs(&self) -> BoxFuture<'_, Result<Vec<JobContainerStatus>, RuntimeError>>;
+
+    /// Creates (without starting) the container of a batch job: the image must be on the node
+    /// ([`RuntimeError::ImageMissing`] otherwise), the home volume exists when it is mounted,
+    /// and the user exists inside. Returns its id.
+    fn create_job<'a>(
+        &'a self,
+        spec: &'a JobContainerSpec,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
+
+    /// Sends `signal` (`SIGUSR1`, `SIGKILL`, ...) to the main process of a running container;
+    /// a container that does not run (any more) is not an error.
+    fn signal<'a>(
+        &'a self,
+        id: &'a str,
+        signal: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+
+    /// The container's stdout and stderr from its start, in the order they came, following
+    /// the output until the container stops (then the stream ends).
+    fn follow_logs(&self, id: &str) -> BoxStream<'static, Result<Vec<u8>, RuntimeError>>;
+
+    /// Makes the image `reference` from the filesystem in the tar stream `tar`, with the
+    /// configuration `config` (`docker import --change ...`).
+    fn import_image<'a>(
+        &'a self,
+        reference: &'a str,
+        config: &'a ImportConfig,
+        tar: BoxStream<'static, Result<Vec<u8>, std::io::Error>>,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+}
+
+/// The batch job's id, on its container and its network.
+pub const LABEL_JOB: &str = "ongrid.job";
+
+/// Everything that defines one batch job's container (`crate::jobs`). It is hardened like a
+/// dev container (the docker runtime builds both from the same request), but runs the job's
+/// command under the image's entrypoint, works in the chain's working directory, and mounts
+/// the home volume only when asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobContainerSpec {
+    pub job_id: ongrid_core::job::JobId,
+    /// `ongrid-job-<job id>`.
+    pub name: String,
+    pub image: String,
+    pub user: ContainerUser,
+    pub labels: BTreeMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub gpus: Vec<GpuId>,
+    pub gpu_access: GpuAccess,
+    pub limits: ContainerLimits,
+    /// The job's command (it replaces the image's CMD; the image's entrypoint stays).
+    pub command: Vec<String>,
+    /// The job's own Docker network (`crate::network::NetworkSpec`), its only network.
+    pub network: String,
+    /// The chain's working directory on the node, mounted at
+    /// [`ongrid_core::job::WORK_DIR_IN_CONTAINER`].
+    pub work_dir: std::path::PathBuf,
+    /// Mount the user's home volume at `/home/<login>`, read-write.
+    pub mount_home: bool,
+}
+
+impl JobContainerSpec {
+    /// The same container as a dev container's spec, for the parts both share (user, home
+    /// volume, GPUs, limits, network). Its `session_id` is the job's id: it names nothing.
+    pub fn as_container_spec(&self) -> ContainerSpec {
+        let login = self.user.name.as_str();
+        ContainerSpec {
+            session_id: SessionId(self.job_id.0),
+            name: self.name.clone(),
+            image: self.image.clone(),
+            hostname: format!("job-{}", &self.job_id.0.simple().to_string()[..8]),
+            user: self.user.clone(),
+            home_dir: format!("/home/{login}"),
+            home_volume: home_volume_name(&self.user),
+            labels: self.labels.clone(),
+            env: self.env.clone(),
+            gpus: self.gpus.clone(),
+            gpu_access: self.gpu_access,
+            limits: self.limits,
+            command: self.command.clone(),
+            network: self.network.clone(),
+        }
+    }
+}
+
+/// A batch job's container as the runtime sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobContainerStatus {
+    pub id: String,
+    pub name: String,
+    /// From the `ongrid.job` label.
+    pub job_id: ongrid_core::job::JobId,
+    pub state: JobContainerState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobContainerState {
+    /// Created, never started.
+    Created,
+    Running {
+        started_at: chrono::DateTime<chrono::Utc>,
+    },
+    Exited {
+        started_at: chrono::DateTime<chrono::Utc>,
+        finished_at: chrono::DateTime<chrono::Utc>,
+        exit_code: i64,
+        oom_killed: bool,
+    },
+}
+
+/// The configuration an imported image gets (`docker import --change`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImportConfig {
+    /// `KEY=value`.
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+}
+
+impl ImportConfig {
+    /// The Dockerfile instructions of `docker import --change` that set this configuration.
+    pub fn changes(&self) -> Vec<String> {
+        let json = |list: &[String]| serde_json::to_string(list).unwrap_or_else(|_| "[]".into());
+        let mut changes = Vec::new();
+        for pair in &self.env {
+            if let Some((key, value)) = pair.split_once('=') {
+                if !key.is_empty() {
+                    let value = value.replace('\\', "\\\\").replace('"', "\\\"");
+                    changes.push(format!("ENV {key}=\"{value}\""));
+                }
+            }
+        }
+        if let Some(dir) = self.working_dir.as_deref().filter(|d| !d.is_empty()) {
+            changes.push(format!("WORKDIR {dir}"));
+        }
+        if !self.entrypoint.is_empty() {
+            changes.push(format!("ENTRYPOINT {}", json(&self.entrypoint)));
+        }
+        if !self.cmd.is_empty() {
+            changes.push(format!("CMD {}", json(&self.cmd)));
+        }
+        changes
+    }
 }
 
 #[cfg(test)]

@@ -173,6 +173,7 @@ async fn the_agent_reports_cpu_and_gpu_activity_without_registering_again() {
         manager: manager.client(),
         stream_url: None,
         images: None,
+        jobs: None,
     };
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent.run(shutdown.clone()));

@@ -100,6 +100,8 @@ impl FakeManager {
                 sync_interval_secs: 1,
                 sessions: Vec::new(),
                 freezes: Vec::new(),
+                removed_images: Vec::new(),
+                jobs: Vec::new(),
             },
             failure: None,
         }));
@@ -243,6 +245,7 @@ async fn client_registers_and_syncs_with_its_token() {
         containers: Vec::new(),
         activity: Vec::new(),
         freezes: Vec::new(),
+        jobs: Vec::new(),
     };
     client.sync(&report).await.expect("synced");
 
@@ -335,6 +338,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
             manager: manager.client(),
             stream_url: Some("wss://node1.example.org:8444".to_owned()),
             images: None,
+            jobs: None,
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent.run(shutdown.clone()));
