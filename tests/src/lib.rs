@@ -768,6 +768,28 @@ allowlist_refresh = "1 second"
         }
     }
 
+    /// Kills the manager with SIGKILL (no graceful shutdown: a crash) and reaps it; panics if it
+    /// had already exited. [`Site::start_manager`] starts it again on the same port and database.
+    pub fn kill_manager(&mut self) {
+        self.manager.take().expect("the manager runs").kill_hard();
+    }
+
+    /// Kills the agent with SIGKILL and reaps it; [`Site::start_agent`] starts it again.
+    pub fn kill_agent(&mut self) {
+        self.agent.take().expect("the agent runs").kill_hard();
+    }
+
+    /// Kills the gateway with SIGKILL and reaps it; [`Site::start_gateway`] starts it again on
+    /// the same address and host keys.
+    pub fn kill_gateway(&mut self) {
+        self.gateway.take().expect("the gateway runs").kill_hard();
+    }
+
+    /// The image store the manager and the agent share: `<store>/sha256/`, `<store>/.partial/`.
+    pub fn images_dir(&self) -> PathBuf {
+        self.dir.path().join("images")
+    }
+
     fn wait_for_node(&self) {
         let node = self.node.clone();
         self.wait_until(
@@ -897,6 +919,33 @@ impl Process {
             child: Some(child),
             name: name.to_owned(),
         }
+    }
+}
+
+impl Process {
+    /// Kills the process with SIGKILL, as a crash or the OOM killer would, and reaps it.
+    /// Panics if it had exited before (a test that means to kill a running process must not pass
+    /// when it was already gone).
+    pub fn kill_hard(mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{} had already exited ({status})", self.name);
+        }
+        child
+            .kill()
+            .unwrap_or_else(|e| panic!("kill {}: {e}", self.name));
+        let status = child
+            .wait()
+            .unwrap_or_else(|e| panic!("wait for {}: {e}", self.name));
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{} was to be killed by SIGKILL: {status}",
+            self.name
+        );
     }
 }
 
