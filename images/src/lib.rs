@@ -178,7 +178,7 @@ pub fn freeze(req: FreezeRequest<'_>) -> Result<Frozen, FreezeError> {
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mtime = u64::try_from(provenance.created_at.timestamp()).unwrap_or(0);
     let (packer, pipe) = Packer::spawn(&squashfs_path, compression, jobs, mtime)
-        .map_err(|e| pack_error(e, store, &partial_dir))?;
+        .map_err(|e| pack_error(e, store, &partial_dir, estimated_size))?;
     let generated = apptainer::singularity_tree(&config, &provenance);
     let filtered = filter::filter_export(
         FilterInput {
@@ -194,13 +194,13 @@ pub fn freeze(req: FreezeRequest<'_>) -> Result<Frozen, FreezeError> {
         Ok(stats) => {
             packer
                 .wait()
-                .map_err(|e| pack_error(e, store, &partial_dir))?;
+                .map_err(|e| pack_error(e, store, &partial_dir, estimated_size))?;
             stats
         }
         // The pipe broke: tar2sqfs stopped, and its message says why.
         Err(FilterError::Write(write_error)) => {
             return Err(match packer.wait() {
-                Err(e) => pack_error(e, store, &partial_dir),
+                Err(e) => pack_error(e, store, &partial_dir, estimated_size),
                 Ok(()) => FreezeError::Tool {
                     tool: squashfs::TOOL,
                     message: format!("it stopped reading its input: {write_error}"),
@@ -304,13 +304,20 @@ fn check_cancel(cancel: &AtomicBool) -> Result<(), FreezeError> {
     }
 }
 
-/// tar2sqfs reports a failed write as "I/O error" without the cause, so a failure while the
-/// store's filesystem has (next to) no space left is taken as the store being full.
-fn pack_error(error: PackError, store: &Path, partial_dir: &Path) -> FreezeError {
+/// tar2sqfs reports a failed write as "I/O error" without the cause, and removes its output
+/// before it exits, so the space it filled is free again when this looks. A failure while the
+/// store's filesystem has (next to) no space left, or an I/O error while it has less free space
+/// than the image's estimated (uncompressed) size, is taken as the store being full.
+fn pack_error(
+    error: PackError,
+    store: &Path,
+    partial_dir: &Path,
+    estimated_size: u64,
+) -> FreezeError {
     const NEARLY_FULL: u64 = 4 * 1024 * 1024;
-    let store_full = || {
+    let short_of = |needed: u64| {
         nix::sys::statvfs::statvfs(partial_dir)
-            .is_ok_and(|fs| fs.blocks_available().saturating_mul(fs.fragment_size()) < NEARLY_FULL)
+            .is_ok_and(|fs| fs.blocks_available().saturating_mul(fs.fragment_size()) < needed)
     };
     match error {
         PackError::Missing => FreezeError::Tool {
@@ -323,7 +330,9 @@ fn pack_error(error: PackError, store: &Path, partial_dir: &Path) -> FreezeError
             message: e.to_string(),
         },
         PackError::Failed { stderr, .. }
-            if stderr.contains("No space left on device") || store_full() =>
+            if stderr.contains("No space left on device")
+                || short_of(NEARLY_FULL)
+                || (stderr.contains("I/O error") && short_of(estimated_size)) =>
         {
             FreezeError::StoreFull {
                 store: store.to_path_buf(),
