@@ -38,6 +38,12 @@
 //!   of the session (the gateway uses it for the login banner and the ten-minute warning)
 //!
 //! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
+//!
+//! Bodies people send (sessions, keys, GPU modes, holds, keeps, freezes, institutes) refuse
+//! unknown fields: a misspelt or invented field is a 400 naming it, never stored or ignored.
+//! The components' bodies (agent registration and reports, gateway requests) and every answer
+//! stay lenient, so a manager and its agents and gateway of adjacent versions understand each
+//! other during a rolling upgrade.
 
 use std::collections::BTreeMap;
 
@@ -116,6 +122,7 @@ impl std::fmt::Display for CredentialKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSession {
     /// When absent the manager picks `dev`, `dev-2`, ... (the first free one).
     pub name: Option<SessionName>,
@@ -182,6 +189,7 @@ pub struct GpuView {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SetGpuMode {
     pub mode: GpuMode,
 }
@@ -308,6 +316,7 @@ pub struct ContainerLimits {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AddKey {
     /// One line in OpenSSH's format: `ssh-ed25519 AAAA... comment`.
     pub public_key: String,

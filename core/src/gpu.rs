@@ -304,6 +304,7 @@ impl fmt::Display for Sharing {
 
 /// What a session asks of the GPUs it gets. All GPUs of one session are on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GpuRequest {
     /// How many GPUs, at least 1.
     pub count: u32,

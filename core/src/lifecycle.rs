@@ -137,6 +137,7 @@ pub struct ContainerActivity {
 
 /// Body of `POST /v1/sessions/{name}/hold`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HoldRequest {
     /// Why; only admins holding someone else's session give one (it is shown to the owner).
     #[serde(default)]
@@ -146,6 +147,7 @@ pub struct HoldRequest {
 /// Body of `POST /v1/sessions/{name}/keep`: keep the session from being held as idle (or for
 /// want of a connection) for this long from now, capped by the site's `keep_max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KeepRequest {
     pub duration_secs: u64,
 }

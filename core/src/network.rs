@@ -36,6 +36,11 @@ pub enum CidrError {
     PrefixTooLong { value: String, prefix: u8, max: u8 },
     #[error("{value:?} has host bits set: the network is {network}")]
     HostBitsSet { value: String, network: String },
+    #[error(
+        "{value} can never match: IPv4-mapped IPv6 peers are matched as their IPv4 address; \
+         write {fix}"
+    )]
+    NeverMatches { value: String, fix: String },
 }
 
 impl Cidr {
@@ -79,6 +84,23 @@ impl Cidr {
 
     pub fn prefix(&self) -> u8 {
         self.prefix
+    }
+
+    /// Refuses a network no peer can ever be in: one inside `::ffff:0:0/96`, the IPv4-mapped
+    /// addresses, which [`normalize_ip`] turns into IPv4 before matching. The error names the
+    /// IPv4 network to write instead. (Not part of [`Cidr::parse`], so networks stored before
+    /// this rule still load; the admin API checks new ones.)
+    pub fn check_matchable(&self) -> Result<(), CidrError> {
+        let IpAddr::V6(v6) = self.network else {
+            return Ok(());
+        };
+        match v6.to_ipv4_mapped() {
+            Some(v4) if self.prefix >= 96 => Err(CidrError::NeverMatches {
+                value: self.to_string(),
+                fix: format!("{v4}/{}", self.prefix - 96),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `ip` (normalised first) lies in this network.
@@ -328,6 +350,20 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn mapped_networks_never_match_and_their_fix_does(a: u32, prefix in 96u8..=128) {
+            let v4 = Ipv4Addr::from(a);
+            let v4_prefix = prefix - 96;
+            let network = mask(IpAddr::V6(v4.to_ipv6_mapped()), prefix);
+            let cidr = Cidr::parse(&format!("{network}/{prefix}")).unwrap();
+            prop_assert!(!cidr.contains(IpAddr::V6(v4.to_ipv6_mapped())));
+            let err = cidr.check_matchable().unwrap_err().to_string();
+            let fixed = mask(IpAddr::V4(v4), v4_prefix);
+            prop_assert!(err.contains(&format!("write {fixed}/{v4_prefix}")), "{}", err);
+            let fix = Cidr::parse(&format!("{fixed}/{v4_prefix}")).unwrap();
+            prop_assert!(fix.contains(IpAddr::V6(v4.to_ipv6_mapped())));
+        }
+
         #[test]
         fn parse_never_panics(s in "\\PC{0,50}") {
             let _ = Cidr::parse(&s);

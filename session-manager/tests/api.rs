@@ -690,7 +690,10 @@ async fn bad_requests_are_error_bodies() {
         .alice
         .fails(StatusCode::BAD_REQUEST, m.alice.post("/v1/sessions", &body))
         .await;
-    assert_eq!(err.error.message, "a session needs at least 1 GPU");
+    assert_eq!(
+        err.error.message,
+        "gpus.count: a session needs at least 1 GPU"
+    );
 
     // Unsatisfiable: the scheduler's message plus where to look.
     let too_new = GpuRequest {
@@ -2124,4 +2127,174 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
         )
     );
     m.stop().await;
+}
+
+/// Every request body people send refuses unknown fields and out-of-range values with a 400
+/// that names the field; admins cannot add a network that can never match.
+#[tokio::test]
+async fn request_bodies_refuse_unknown_fields_and_out_of_range_values() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let refused = |body: serde_json::Value, path: &'static str| {
+        let api = if path.starts_with("/v1/institutes") || path.starts_with("/v1/gpus") {
+            &m.admin
+        } else {
+            &m.alice
+        };
+        let request = if path.starts_with("/v1/gpus") {
+            api.put(path, &body)
+        } else {
+            api.post(path, &body)
+        };
+        async move {
+            let (status, text) = api.send(request).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {body}: {text}");
+            message(&text)
+        }
+    };
+    let cases: [(serde_json::Value, &str, &str); 9] = [
+        (
+            serde_json::json!({"name": "x", "evil": true}),
+            "/v1/sessions",
+            "evil",
+        ),
+        (
+            serde_json::json!({"gpus": {"count": 1, "evil": 1}}),
+            "/v1/sessions",
+            "gpus",
+        ),
+        (serde_json::json!({"gpus": -1}), "/v1/sessions", "gpus"),
+        (
+            serde_json::json!({"gpus": {"count": -1, "sharing": "exclusive"}}),
+            "/v1/sessions",
+            "gpus.count",
+        ),
+        (
+            serde_json::json!({"public_key": KEY_A, "admin": true}),
+            "/v1/keys",
+            "admin",
+        ),
+        (
+            serde_json::json!({"session": "t", "reference": "m:1", "x": 1}),
+            "/v1/images",
+            "x",
+        ),
+        (
+            serde_json::json!({"duration_secs": 60, "x": 1}),
+            "/v1/sessions/dev/keep",
+            "x",
+        ),
+        (
+            serde_json::json!({"name": "lab", "cidrs": ["10.0.0.0/8"], "x": 1}),
+            "/v1/institutes",
+            "x",
+        ),
+        (
+            serde_json::json!({"mode": "exclusive", "x": 1}),
+            "/v1/gpus/GPU-00000000-0000-0000-0000-000000000001/mode",
+            "x",
+        ),
+    ];
+    for (body, path, field) in cases {
+        let text = refused(body.clone(), path).await;
+        assert!(text.contains(field), "{path} {body}: {text}");
+    }
+    let text = refused(
+        serde_json::json!({"gpus": {"count": 0, "min_capability": null, "min_memory": null, "sharing": "exclusive"}}),
+        "/v1/sessions",
+    )
+    .await;
+    assert!(text.starts_with("gpus.count: "), "{text}");
+    let text = refused(
+        serde_json::json!({"name": "lab", "cidrs": ["::ffff:127.0.0.2/128"]}),
+        "/v1/institutes",
+    )
+    .await;
+    assert!(text.contains("write 127.0.0.2/32"), "{text}");
+    assert!(m.alice.list("").await.is_empty(), "nothing was stored");
+    m.stop().await;
+}
+
+/// The log lines of a test, written by everything that runs on its thread (a current-thread
+/// runtime: the manager's tasks too).
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn refusals_are_logged_once_and_user_strings_cannot_forge_lines() {
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let site = Site::new();
+    let m = site.start().await;
+
+    // A login name that tries to end the line and start a forged one, with terminal escapes.
+    let forged = "x\n2026-11-23T00:00:00Z  INFO ongrid: admin logged in\u{1b}[2K";
+    let check = KeyCheck {
+        public_key: KEY_C.to_owned(),
+        source: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        login: forged.to_owned(),
+    };
+    let (status, _) = m
+        .gateway
+        .send(m.gateway.post("/v1/gateway/authorize", &check))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A 403 for a user, and a 401 without a certificate.
+    m.bob
+        .fails(StatusCode::FORBIDDEN, m.bob.get("/v1/sessions?all=true"))
+        .await;
+    m.anonymous
+        .fails(StatusCode::UNAUTHORIZED, m.anonymous.get("/v1/sessions"))
+        .await;
+    m.stop().await;
+
+    let text = log.text();
+    assert!(text.contains("SSH key refused: not registered."), "{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|line| line.starts_with("2026-11-23T00:00:00Z")),
+        "a forged line: {text}"
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "a raw escape reached the log: {text}"
+    );
+    let refusals: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("Request refused."))
+        .collect();
+    assert_eq!(refusals.len(), 2, "{text}");
+    assert!(
+        refusals[0].contains("status=403") && refusals[0].contains(BOB),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals[1].contains("status=401") && refusals[1].contains("127.0.0.1"),
+        "{refusals:?}"
+    );
+    assert!(!text.contains("Bearer"), "{text}");
 }

@@ -65,12 +65,25 @@ pub async fn show_institute(
     Ok(Json(institute))
 }
 
+/// The body of `POST /v1/institutes`: an [`Institute`], strictly. (`Institute` itself stays
+/// lenient: the gateway reads it in the allowlist, across versions.)
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewInstitute {
+    name: InstituteName,
+    cidrs: Vec<ongrid_core::network::Cidr>,
+}
+
 pub async fn add_institute(
     State(state): State<AppState>,
     caller: CurrentUser,
-    ApiJson(body): ApiJson<Institute>,
+    ApiJson(body): ApiJson<NewInstitute>,
 ) -> Result<(StatusCode, Json<Institute>), ApiError> {
     require_admin(&caller, "manage institutes")?;
+    for cidr in &body.cidrs {
+        cidr.check_matchable()
+            .map_err(|e| ApiError::bad_request(format!("cidrs: {e}")))?;
+    }
     if body.cidrs.is_empty() {
         return Err(ApiError::bad_request(format!(
             "institute {} needs at least one network, like 192.0.2.0/24 or 2001:db8::/32",

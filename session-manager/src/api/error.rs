@@ -1,7 +1,9 @@
 //! The API's one error type and the extractors that turn rejections into it.
 //!
 //! Every non-2xx response is an [`ongrid_core::api::ErrorBody`]. A 5xx says only
-//! "internal error"; its cause is logged once, where the [`ApiError`] is made.
+//! "internal error"; its cause is logged once, where the [`ApiError`] is made. A 401 or 403 is
+//! logged once by [`log_refusals`] with the caller and the reason, unless its handler logged
+//! it already ([`ApiError::already_logged`]).
 
 use std::fmt;
 
@@ -22,7 +24,13 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// The handler logged this refusal itself, at the level it deserves.
+    logged: bool,
 }
+
+/// A 401 or 403 answer's message, handed from [`ApiError`]'s response to [`log_refusals`].
+#[derive(Debug, Clone)]
+struct Refused(String);
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -30,7 +38,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            logged: false,
         }
+    }
+
+    /// Marks a refusal its handler has logged, so [`log_refusals`] does not log it again.
+    pub fn already_logged(mut self) -> Self {
+        self.logged = true;
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -97,14 +112,47 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let refused = (matches!(
+            self.status,
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) && !self.logged)
+            .then(|| Refused(self.message.clone()));
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_owned(),
                 message: self.message,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(refused) = refused {
+            response.extensions_mut().insert(refused);
+        }
+        response
     }
+}
+
+/// Middleware: logs every 401 and 403 once, with the reason and who asked (the peer's address
+/// and, with a certificate, its DN; a token is never logged). The reason and the path are
+/// logged with `Debug` formatting, so a caller's strings in them cannot forge log lines.
+pub async fn log_refusals(request: Request, next: axum::middleware::Next) -> Response {
+    let peer = request.extensions().get::<crate::auth::Peer>().map(|peer| {
+        (
+            peer.addr,
+            peer.identity.as_ref().map(|identity| identity.dn.clone()),
+        )
+    });
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    if let Some(Refused(reason)) = response.extensions().get::<Refused>() {
+        let status = response.status().as_u16();
+        let (address, dn) = match &peer {
+            Some((address, dn)) => (Some(*address), dn.as_ref()),
+            None => (None, None),
+        };
+        tracing::warn!(status, %method, ?path, peer = ?address, caller = ?dn.map(ToString::to_string), ?reason, "Request refused.");
+    }
+    response
 }
 
 /// `Json<T>` whose rejections (bad JSON, a value a newtype refuses) are `bad_request` bodies

@@ -41,20 +41,23 @@ pub async fn authorize(
         .map_err(|e| ApiError::bad_request(format!("the offered key cannot be read: {e}")))?;
     let Some(key) = state.store.key(&fingerprint).await? else {
         // Debug: a client with several keys in its agent offers them in turn.
-        tracing::debug!(source = %check.source, login = %check.login, %fingerprint, "SSH key refused: not registered.");
+        tracing::debug!(source = %check.source, login = ?check.login, %fingerprint, "SSH key refused: not registered.");
         return Err(ApiError::unauthenticated(format!(
             "key {fingerprint} is not registered: add it with `devctl key add`"
-        )));
+        ))
+        .already_logged());
     };
     if key.expires_at <= state.clock.now() {
-        tracing::info!(source = %check.source, login = %check.login, %fingerprint, user = %key.user_name, expired_at = %key.expires_at, "SSH key refused: expired.");
+        // The login name is the client's, unchecked: `?` escapes it, so it cannot forge a line.
+        tracing::info!(source = %check.source, login = ?check.login, %fingerprint, user = %key.user_name, expired_at = %key.expires_at, "SSH key refused: expired.");
         return Err(ApiError::unauthenticated(format!(
             "key {fingerprint} expired at {} with the certificate it was registered with: \
              renew your proxy (voms-proxy-init) and run `devctl key add` again",
             utc(key.expires_at)
-        )));
+        ))
+        .already_logged());
     }
-    tracing::debug!(source = %check.source, login = %check.login, %fingerprint, user = %key.user_name, "SSH key accepted.");
+    tracing::debug!(source = %check.source, login = ?check.login, %fingerprint, user = %key.user_name, "SSH key accepted.");
     Ok(Json(KeyOwner {
         owner: key.owner,
         user_name: key.user_name,
@@ -89,7 +92,7 @@ pub async fn route(
         _ => None,
     };
     let route = reachable(session, queue_position, agent_url)?;
-    tracing::debug!(owner = %request.owner, target = %request.target, session = %route.session_name, node = %route.node, "SSH route.");
+    tracing::debug!(owner = %request.owner, target = ?request.target, session = %route.session_name, node = %route.node, "SSH route.");
     Ok(Json(route))
 }
 

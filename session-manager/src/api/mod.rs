@@ -126,6 +126,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/gateway/connections", post(gateway::connection_event))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(error::log_refusals))
         .with_state(state)
 }
 

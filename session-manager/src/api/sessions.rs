@@ -32,7 +32,7 @@ pub async fn create_session(
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
     body.gpus
         .validate()
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(|e| ApiError::bad_request(format!("gpus.count: {e}")))?;
     let image = session_image(&state, &caller, body.image.as_deref()).await?;
     let (idle_timeout_secs, max_duration_secs) = state
         .config
@@ -83,7 +83,7 @@ pub async fn create_session(
 }
 
 /// The Docker image the new session runs: a site image, or the caller's own frozen image
-/// looked up by its tag or digest ([`image_access`] decides; refusals are logged).
+/// looked up by its tag or digest ([`image_access`] decides).
 async fn session_image(
     state: &AppState,
     caller: &CurrentUser,
@@ -109,10 +109,8 @@ async fn session_image(
         }
         Err(refusal) => Err(refusal),
     };
-    resolved.map_err(|refusal| {
-        tracing::warn!(caller = %dn, requested = ?requested, reason = %refusal, "Session image refused.");
-        ApiError::from(refusal)
-    })
+    // Logged, with the caller, as every 403 is (`error::log_refusals`).
+    resolved.map_err(ApiError::from)
 }
 
 #[derive(Debug, Deserialize)]
