@@ -12,6 +12,7 @@
 mod docker;
 mod freeze;
 mod isolation;
+mod jobs;
 mod lifecycle;
 mod manager;
 mod streams;
