@@ -743,6 +743,32 @@ ca_dir = "d"
 agent_tokens_file = "t"
 "#;
         let config = load(minimal).unwrap();
+    #[test]
+    fn allowed_images_are_docker_names_never_digests() {
+        let config = load(&format!(
+            "allowed_images = [\" python:3.12 \", \"ghcr.io/site/cuda:12\"]\n{EXAMPLE}"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.allowed_images,
+            ["python:3.12", "ghcr.io/site/cuda:12"]
+        );
+        let site = config.site_images();
+        assert_eq!((site.default, site.allowed.len()), ("ongrid/dev:latest", 2));
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let err = load(&format!("allowed_images = [\"{digest}\"]\n{EXAMPLE}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key `allowed_images`") && err.contains("digest"),
+            "{err}"
+        );
+        let err = load(&format!("allowed_images = [\"Bad Name\"]\n{EXAMPLE}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `allowed_images`"), "{err}");
+    }
+
         assert_eq!(config.first_uid, 20_000);
         assert_eq!(config.default_image, "ongrid/dev:latest");
         assert!(config.admins.is_empty());
