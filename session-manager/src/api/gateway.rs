@@ -231,7 +231,7 @@ pub async fn connection_event(
         session = %recorded.session.name,
         source = %event.source,
         institute = %event.institute,
-        fingerprint = %event.fingerprint,
+        fingerprint = ?event.fingerprint,
         bytes_in = event.bytes_in,
         bytes_out = event.bytes_out,
         open = recorded.open_connections,
