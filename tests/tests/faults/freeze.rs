@@ -117,31 +117,66 @@ fn sif_files(store: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// Agent killed while the image is BUILDING: the restarted agent finds the work directory of an
-/// order it does not know and fails the image within 30 s, saying to freeze again; nothing is
-/// left in `.partial/` nor as an export container; the session runs on; a second freeze of the
-/// same tag is READY and the tag has one READY record.
+/// Agent killed while the image is BUILDING, twice: as soon as the freeze's work directory exists
+/// (the commit), and once the committed image exists and the export runs. Each time the
+/// restarted agent finds the work directory of an order it does not know and fails the image
+/// within 30 s, saying to freeze again; nothing is left in `.partial/`, no export container, no
+/// committed image; the session runs on. A new freeze of the same tag is READY, and the tag has
+/// one READY record and one SIF.
 #[test]
 fn agent_killed_during_freeze_the_image_fails_within_30s_and_nothing_is_left() {
     let _docker = docker_stays_up();
     let (mut site, alice, before) = site_with_session();
     let login = site.login_of("Alice");
-    let _tags = FrozenTags(vec![format!("ongrid/{login}/faulty:v1")]);
+    let _tags = FrozenTags(vec![
+        format!("ongrid/{login}/faulty:v1"),
+        format!("ongrid/{login}/faulty:v2"),
+    ]);
 
-    let id = freeze_started(&site, &alice, "faulty:v1");
-    site.kill_agent();
-    site.start_agent();
+    for (tag, during_export) in [("faulty:v1", false), ("faulty:v2", true)] {
+        let id = freeze_started(&site, &alice, tag);
+        let work = site
+            .images_dir()
+            .join(".partial")
+            .join(format!("{}-{id}", site.node));
+        let export = format!("ongrid-freeze-{}", id.replace('-', ""));
+        let committed = during_export.then(|| {
+            crate::catch(&site, "the export of the committed image", FREEZE, || {
+                let image = std::fs::read_to_string(work.join("image-id")).ok()?;
+                let exporting =
+                    !docker_lines(&["ps", "-aq", "--filter", &format!("name={export}")]).is_empty();
+                exporting.then(|| image.trim().to_owned())
+            })
+        });
+        site.kill_agent();
+        site.start_agent();
 
-    let failed = finished(&site, &alice, "faulty:v1", CONVERGE);
-    assert_eq!(failed["state"], "FAILED", "{failed:#}");
-    assert_eq!(
-        failed["reason"], "the node agent restarted during the freeze: run devctl freeze again",
-        "{failed:#}"
-    );
-    no_partial_work(&site, CONVERGE);
-    no_export_container(&site, &id);
-    assert!(sif_files(&site.images_dir()).is_empty());
-    session_unaffected(&site, &alice, &before);
+        let failed = finished(&site, &alice, tag, CONVERGE);
+        assert_eq!(failed["state"], "FAILED", "{failed:#}");
+        assert_eq!(
+            failed["reason"], "the node agent restarted during the freeze: run devctl freeze again",
+            "{failed:#}"
+        );
+        no_partial_work(&site, CONVERGE);
+        no_export_container(&site, &id);
+        // No image of this freeze is left: the committed one is labelled with the image id.
+        let label = format!("label=ongrid.frozen.image={id}");
+        site.wait_until("the committed image to be removed", CONVERGE, || {
+            docker_lines(&["images", "-aq", "--filter", &label])
+                .is_empty()
+                .then_some(())
+        });
+        if let Some(image) = committed {
+            let inspect = Command::new("docker")
+                .args(["image", "inspect", "--format", "{{.Id}}", &image])
+                .output()
+                .expect("docker image inspect");
+            assert!(!inspect.status.success(), "{image} is left");
+        }
+        assert!(sif_files(&site.images_dir()).is_empty());
+        assert_eq!(records_of(&site, &alice, tag).len(), 1);
+        session_unaffected(&site, &alice, &before);
+    }
 
     // Freezing again works, and the tag has exactly one READY image.
     site.devctl_ok(

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use ongrid_e2e::{docker_exec, docker_lines, SimGpu, Site};
+use ongrid_e2e::{docker_exec, docker_lines, inspect_container, SimGpu, Site};
 use serde_json::Value;
 
 use crate::{
@@ -38,69 +38,78 @@ fn manager_killed_right_after_session_new_the_session_is_waiting_within_30s() {
     assert_eq!(listed.len(), 1, "one session, not two: {listed:?}");
 }
 
-/// Start interrupted in the agent: killed as soon as the session's container or network
-/// appears in Docker (while the container is being created and started). Back, the agent
-/// adopts or recreates it: WAITING within 30 s, one container, one network.
+/// Start interrupted in the agent, twice: killed as soon as the session's network appears in
+/// Docker (before the container), and as soon as its container appears (created, being set up
+/// and started). Back, the agent adopts or recreates it: WAITING within 30 s, one container, one
+/// network, each state entered once.
 #[test]
 fn agent_killed_while_the_container_is_created_the_session_is_waiting_within_30s() {
     let _docker = docker_stays_up();
-    let mut site = Site::start(&[SimGpu::a100(1)]);
+    let mut site = Site::start(&[SimGpu::a100(1), SimGpu::a100(2)]);
     let alice = site.user("Alice");
-    site.devctl_ok(&alice, &["session", "new", "--name", "train1"]);
-    let id = show(&site, &alice, "train1")["id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
-    let network = format!("ongrid-net-{}", id.replace('-', ""));
-    catch(
-        &site,
-        "Docker to have the session's network or container",
-        CONVERGE,
-        || {
-            let networks = docker_lines(&[
+    for (name, at_container) in [("train1", false), ("train2", true)] {
+        site.devctl_ok(&alice, &["session", "new", "--name", name]);
+        let id = show(&site, &alice, name)["id"]
+            .as_str()
+            .expect("session id")
+            .to_owned();
+        let network = format!("ongrid-net-{}", id.replace('-', ""));
+        let networks = || {
+            docker_lines(&[
                 "network",
                 "ls",
                 "-q",
                 "--filter",
                 &format!("name={network}"),
-            ]);
-            (!networks.is_empty() || !containers_of(&id).is_empty()).then_some(())
-        },
-    );
-    site.kill_agent();
-    let seen_at_kill = containers_of(&id);
-    site.start_agent();
+            ])
+        };
+        let what = if at_container { "container" } else { "network" };
+        catch(
+            &site,
+            &format!("Docker to have the session's {what}"),
+            CONVERGE,
+            || {
+                let seen = if at_container {
+                    !containers_of(&id).is_empty()
+                } else {
+                    !networks().is_empty()
+                };
+                seen.then_some(())
+            },
+        );
+        site.kill_agent();
+        let seen_at_kill = containers_of(&id);
+        let state_at_kill = seen_at_kill
+            .first()
+            .and_then(|c| inspect_container(c))
+            .map(|c| c["State"]["Status"].as_str().unwrap_or("").to_owned());
+        site.start_agent();
 
-    let view = converges_to(&site, &alice, "train1", "WAITING", CONVERGE);
-    assert!(running(&view), "{view:#}");
-    // A container that was already running is adopted; one created but never started is
-    // removed and created again (it has nothing of the user's yet). Either way one is left.
-    let container = one_container(&site, &view);
-    assert!(
-        seen_at_kill.len() <= 1,
-        "never two containers, even half-way: {seen_at_kill:?}"
-    );
-    eprintln!(
-        "agent killed with containers {seen_at_kill:?}; converged to {container} ({})",
-        if seen_at_kill.contains(&container) {
-            "adopted"
-        } else {
-            "created after the kill"
-        }
-    );
-    let networks = docker_lines(&[
-        "network",
-        "ls",
-        "-q",
-        "--filter",
-        &format!("name={network}"),
-    ]);
-    assert_eq!(networks.len(), 1, "one network: {networks:?}");
-    assert_eq!(
-        states(&view),
-        ["PENDING", "STARTING", "WAITING"],
-        "{view:#}"
-    );
+        let view = converges_to(&site, &alice, name, "WAITING", CONVERGE);
+        assert!(running(&view), "{view:#}");
+        // A container that was already running is adopted; one created but never started is
+        // removed and created again (it has nothing of the user's yet). Either way one is left.
+        let container = one_container(&site, &view);
+        assert!(
+            seen_at_kill.len() <= 1,
+            "never two containers, even half-way: {seen_at_kill:?}"
+        );
+        eprintln!(
+            "{name}: agent killed once the {what} existed (container {seen_at_kill:?}, \
+             {state_at_kill:?}); converged to {container} ({})",
+            if seen_at_kill.contains(&container) {
+                "adopted"
+            } else {
+                "created after the kill"
+            }
+        );
+        assert_eq!(networks().len(), 1, "one network");
+        assert_eq!(
+            states(&view),
+            ["PENDING", "STARTING", "WAITING"],
+            "{view:#}"
+        );
+    }
 }
 
 /// A running session with an SSH connection open; the gateway, the agent and the manager are
