@@ -1,9 +1,9 @@
 //! One restart of the Docker daemon under a running session.
 //!
 //! The daemon of the test machine is `dockerd` started by its init (no systemd): the test reads
-//! its command line and environment from `/proc`, stops it with SIGTERM, waits until it is gone,
-//! and starts it again with the same command line, detached (`setsid`, output to
-//! `/var/log/ongrid-faults-dockerd.log`). [`DaemonRestart`]'s `Drop` starts it again whenever
+//! its command line, environment and log file from `/proc`, stops it with SIGTERM, waits until it
+//! is gone, and starts it again with the same command line, detached (`setsid --fork`, output
+//! appended to the log file it had, else to `/var/log/ongrid-faults-dockerd.log`). [`DaemonRestart`]'s `Drop` starts it again whenever
 //! `docker info` fails, so a failing test never leaves the machine without Docker. It takes
 //! [`crate::DOCKER`] for writing, so no other test of this binary runs meanwhile; the Docker
 //! tests of other binaries and people must not run at the same time either (their containers
@@ -26,6 +26,7 @@ use crate::{converges_to, one_container, running, show, DOCKER};
 /// How long the daemon may take to stop or to answer again.
 const DAEMON: Duration = Duration::from_secs(90);
 
+/// Where dockerd's output goes when it had no log file of its own.
 const LOG: &str = "/var/log/ongrid-faults-dockerd.log";
 
 fn docker_answers() -> bool {
@@ -60,6 +61,8 @@ struct Dockerd {
     pid: u32,
     argv: Vec<String>,
     env: Vec<(String, String)>,
+    /// The regular file its stdout went to (its init's log), if any.
+    log: PathBuf,
 }
 
 impl Dockerd {
@@ -105,7 +108,16 @@ impl Dockerd {
                     .map(|(k, v)| (k.to_owned(), v.to_owned()))
             })
             .collect();
-        Self { pid, argv, env }
+        let log = std::fs::read_link(format!("/proc/{pid}/fd/1"))
+            .ok()
+            .filter(|path| path.is_file())
+            .unwrap_or_else(|| PathBuf::from(LOG));
+        Self {
+            pid,
+            argv,
+            env,
+            log,
+        }
     }
 
     /// Starts dockerd detached with the recorded command line and environment; whether setsid
@@ -114,7 +126,7 @@ impl Dockerd {
         let Ok(log) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(LOG)
+            .open(&self.log)
         else {
             return false;
         };
@@ -164,7 +176,8 @@ impl DaemonRestart {
         assert!(daemon.spawn(), "setsid --fork {:?} failed", daemon.argv);
         assert!(
             within(DAEMON, docker_answers),
-            "dockerd did not answer within {DAEMON:?} of its start; see {LOG}"
+            "dockerd did not answer within {DAEMON:?} of its start; see {}",
+            daemon.log.display()
         );
         guard
     }
@@ -178,9 +191,15 @@ impl Drop for DaemonRestart {
         // The old daemon may still be stopping; a second one must not start beside it.
         within(DAEMON, || !alive(self.daemon.pid));
         if !within(Duration::from_secs(5), docker_answers) {
-            eprintln!("Docker does not answer: starting dockerd again ({LOG}).");
+            eprintln!(
+                "Docker does not answer: starting dockerd again ({}).",
+                self.daemon.log.display()
+            );
             if !self.daemon.spawn() || !within(DAEMON, docker_answers) {
-                eprintln!("dockerd still does not answer: see {LOG}");
+                eprintln!(
+                    "dockerd still does not answer: see {}",
+                    self.daemon.log.display()
+                );
             }
         }
     }
