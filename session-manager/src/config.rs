@@ -90,6 +90,22 @@ pub struct RawConfig {
     /// A freeze whose progress has not moved for this long is failed (see `crate::freezes`).
     #[serde(default = "default_freeze_stall_timeout")]
     pub freeze_stall_timeout: String,
+    /// `[jobs]`: batch jobs' durations and where their output is kept.
+    #[serde(default)]
+    pub jobs: RawJobs,
+}
+
+/// `[jobs]` as written in the manager's config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobs {
+    /// For a job that names no max duration, like `"8 hours"`. Absent: no default.
+    pub default_max_duration: Option<String>,
+    /// No job runs longer than this, like `"7 days"`. Absent: no cap.
+    pub max_duration: Option<String>,
+    /// Where each job's output is kept (`<dir>/<job id>.log`, at most 16 MiB each). Absent:
+    /// `jobs/` beside the database.
+    pub log_dir: Option<PathBuf>,
 }
 
 /// `[session_limits]`: what every dev container may use.
@@ -177,6 +193,10 @@ pub struct Config {
     pub image_store: Option<PathBuf>,
     /// A BUILDING image whose progress has not moved for this long is failed.
     pub freeze_stall_timeout: Duration,
+    /// The site's limits on batch jobs' max durations.
+    pub job_limits: crate::domain::jobs::JobLimits,
+    /// Where jobs' output files are.
+    pub job_log_dir: PathBuf,
 }
 
 impl Config {
@@ -350,6 +370,42 @@ impl Validator<'_> {
                     })
             })
             .map_err(|e| self.invalid(&format!("lifecycle.{}", e.key), e.message))?;
+        let job_duration = |key: &str, value: &Option<String>| {
+            value
+                .as_deref()
+                .map(|v| {
+                    self.duration(&format!("jobs.{key}"), v)
+                        .map(|d| HumanDuration::from_secs(d.as_secs().max(1)))
+                })
+                .transpose()
+        };
+        let job_limits = crate::domain::jobs::JobLimits {
+            default_max_duration: job_duration(
+                "default_max_duration",
+                &raw.jobs.default_max_duration,
+            )?,
+            max_duration: job_duration("max_duration", &raw.jobs.max_duration)?,
+        };
+        if let (Some(default), Some(max)) =
+            (job_limits.default_max_duration, job_limits.max_duration)
+        {
+            if default > max {
+                return Err(self.invalid(
+                    "jobs.default_max_duration",
+                    format!("{default} is longer than jobs.max_duration {max}"),
+                ));
+            }
+        }
+        let job_log_dir = match &raw.jobs.log_dir {
+            Some(dir) => {
+                self.non_empty_path("jobs.log_dir", dir)?;
+                dir.clone()
+            }
+            None => raw
+                .database
+                .parent()
+                .map_or_else(|| PathBuf::from("jobs"), |dir| dir.join("jobs")),
+        };
         if raw.session_limits.pids < 16 {
             return Err(self.invalid(
                 "session_limits.pids",
@@ -383,6 +439,8 @@ impl Validator<'_> {
             lifecycle,
             image_store: raw.image_store,
             freeze_stall_timeout,
+            job_limits,
+            job_log_dir,
         })
     }
 }
@@ -686,6 +744,32 @@ pids = 4096
     }
 
     #[test]
+    fn allowed_images_are_docker_names_never_digests() {
+        let config = load(&format!(
+            "allowed_images = [\" python:3.12 \", \"ghcr.io/site/cuda:12\"]\n{EXAMPLE}"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.allowed_images,
+            ["python:3.12", "ghcr.io/site/cuda:12"]
+        );
+        let site = config.site_images();
+        assert_eq!((site.default, site.allowed.len()), ("ongrid/dev:latest", 2));
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let err = load(&format!("allowed_images = [\"{digest}\"]\n{EXAMPLE}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key `allowed_images`") && err.contains("digest"),
+            "{err}"
+        );
+        let err = load(&format!("allowed_images = [\"Bad Name\"]\n{EXAMPLE}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `allowed_images`"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let err = load(&format!("{EXAMPLE}\nlisten_port = 1\n")).unwrap_err();
         // The whole chain, as the binary prints it.
@@ -743,32 +827,6 @@ ca_dir = "d"
 agent_tokens_file = "t"
 "#;
         let config = load(minimal).unwrap();
-    #[test]
-    fn allowed_images_are_docker_names_never_digests() {
-        let config = load(&format!(
-            "allowed_images = [\" python:3.12 \", \"ghcr.io/site/cuda:12\"]\n{EXAMPLE}"
-        ))
-        .unwrap();
-        assert_eq!(
-            config.allowed_images,
-            ["python:3.12", "ghcr.io/site/cuda:12"]
-        );
-        let site = config.site_images();
-        assert_eq!((site.default, site.allowed.len()), ("ongrid/dev:latest", 2));
-        let digest = format!("sha256:{}", "ab".repeat(32));
-        let err = load(&format!("allowed_images = [\"{digest}\"]\n{EXAMPLE}"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("key `allowed_images`") && err.contains("digest"),
-            "{err}"
-        );
-        let err = load(&format!("allowed_images = [\"Bad Name\"]\n{EXAMPLE}"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("key `allowed_images`"), "{err}");
-    }
-
         assert_eq!(config.first_uid, 20_000);
         assert_eq!(config.default_image, "ongrid/dev:latest");
         assert!(config.admins.is_empty());

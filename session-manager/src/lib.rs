@@ -22,6 +22,7 @@ pub mod config;
 pub mod domain;
 pub mod freeze_watch;
 pub mod hold_timer;
+pub mod job_logs;
 pub mod keys;
 pub mod scheduler;
 pub mod server;

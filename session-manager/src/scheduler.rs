@@ -11,6 +11,15 @@
 //! 3. applies each `Place` action as PENDING → STARTING ("placed on N (GPU-...)") in its own
 //!    transaction, which re-checks the state: a session removed meanwhile is skipped.
 //!
+//! Batch jobs go through the same plan ([`crate::site::SiteSnapshot`] gives it the QUEUED jobs
+//! and those holding GPUs). `StartJob`, `HaltJob` and `CancelJob` are applied through
+//! [`crate::domain::jobs`]. A `PlaceAfterHalt` is remembered in memory as the session's
+//! [`HaltWait`] (the session stays PENDING) and given back to later plans, which place it on
+//! those GPUs once the jobs are HALTED; its placement reason then says it preempted batch work.
+//! After a manager restart the wait is gone and the next plan decides again (jobs already
+//! halting are preferred, so nothing more is halted). Jobs holding GPUs on a node that stopped
+//! responding are HALTED and re-queued when restartable, else FAILED ("node lost").
+//!
 //! A PENDING session that still has a node is a released one whose stopped container is there:
 //! it is pinned to that node while the node is registered and online. When the node is offline
 //! or gone the pin is dropped, the session starts anywhere in a new container, and the reason of
@@ -23,12 +32,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::job::JobId;
+use ongrid_core::GpuId;
 use ongrid_core::{NodeName, SessionId, SessionState};
-use ongrid_scheduler::Action;
+use ongrid_scheduler::{Action, HaltWait};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::domain::jobs::{self, JobChange};
 use crate::domain::sessions::{queue, Change};
 use crate::site::{pending_session, SiteSnapshot};
 use crate::store::{SessionFilter, Store, StoreError, StoreResult};
@@ -40,6 +52,8 @@ pub struct TickReport {
     pub placed: usize,
     /// Sessions sent back to the queue because their node stopped responding.
     pub requeued: usize,
+    /// Job transitions applied (started, asked to halt, cancelled, lost with their node).
+    pub jobs: usize,
 }
 
 pub struct Scheduler {
@@ -48,8 +62,9 @@ pub struct Scheduler {
     node_timeout: Duration,
     wake: Arc<Notify>,
     ticks: watch::Sender<u64>,
-    /// One tick at a time: two concurrent plans could both hand out the same free GPU.
-    tick_lock: tokio::sync::Mutex<()>,
+    /// One tick at a time: two concurrent plans could both hand out the same free GPU. Holds
+    /// the PENDING sessions waiting for jobs to halt.
+    tick_lock: tokio::sync::Mutex<HashMap<SessionId, HaltWait>>,
 }
 
 impl Scheduler {
@@ -65,7 +80,7 @@ impl Scheduler {
             node_timeout,
             wake,
             ticks: watch::channel(0).0,
-            tick_lock: tokio::sync::Mutex::new(()),
+            tick_lock: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -89,6 +104,7 @@ impl Scheduler {
                     tracing::debug!(
                         placed = report.placed,
                         requeued = report.requeued,
+                        jobs = report.jobs,
                         "Scheduled."
                     );
                 }
@@ -104,10 +120,23 @@ impl Scheduler {
     /// One round of scheduling at time `now`. Rounds never overlap: the loop and the API
     /// (which schedules a new session at once) take turns.
     pub async fn tick(&self, now: DateTime<Utc>) -> StoreResult<TickReport> {
-        let _one_at_a_time = self.tick_lock.lock().await;
+        let mut halt_waits = self.tick_lock.lock().await;
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         for node in site.nodes.iter().filter(|n| !site.is_online(n)) {
+            let lost = site
+                .jobs
+                .iter()
+                .filter(|j| j.state().holds_gpus() && j.node.as_ref() == Some(&node.name));
+            for job in lost {
+                if let Some(change) = jobs::node_lost(job, now) {
+                    let next = jobs::next_in_chain(job, &change, JobId::new_random());
+                    if self.apply_job(job.id, change, next).await? {
+                        tracing::info!(job_id = %job.id, node = %node.name, "Job lost with its node.");
+                        report.jobs += 1;
+                    }
+                }
+            }
             let stranded = site.holding.iter().filter(|s| {
                 s.state == SessionState::Starting && s.node.as_ref() == Some(&node.name)
             });
@@ -124,15 +153,17 @@ impl Scheduler {
             .store
             .sessions(SessionFilter::States(vec![SessionState::Pending]))
             .await?;
-        if pending.is_empty() {
+        let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
+        halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
+        if pending.is_empty() && site.jobs.is_empty() {
             return Ok(report);
         }
-        let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         let mut unpinned: HashMap<SessionId, NodeName> = HashMap::new();
         let queue = pending
             .iter()
             .map(|session| {
                 let mut queued = pending_session(session);
+                queued.awaiting_halt = halt_waits.get(&session.id).cloned();
                 if let Some(node) = &session.node {
                     let online = site
                         .nodes
@@ -156,20 +187,80 @@ impl Scheduler {
                     node,
                     gpus,
                 } => {
-                    let change = queue::place(&node, gpus, unpinned.get(&session), now);
+                    let mut change = queue::place(&node, gpus, unpinned.get(&session), now);
+                    if halt_waits.remove(&session).is_some() {
+                        change.reason = format!("{}; it preempted batch work", change.reason);
+                    }
                     if self.apply(session, change).await? {
                         tracing::info!(session_id = %session, %node, "Session placed.");
                         report.placed += 1;
                     }
                 }
-                // The manager passes the plan no batch jobs yet, so it asks for no job action.
-                Action::PlaceAfterHalt { .. }
-                | Action::HaltJob { .. }
-                | Action::StartJob { .. }
-                | Action::CancelJob { .. } => {}
+                Action::PlaceAfterHalt {
+                    session,
+                    node,
+                    gpus,
+                    jobs,
+                } => {
+                    tracing::info!(session_id = %session, %node, jobs = jobs.len(), "Session waits for batch jobs to halt.");
+                    halt_waits.insert(session, HaltWait { node, gpus, jobs });
+                }
+                Action::HaltJob { job, reason } => {
+                    let Some(record) = site.jobs.iter().find(|j| j.id == job) else {
+                        continue;
+                    };
+                    if let Ok(Some(change)) = jobs::must_halt(record, reason, now) {
+                        if self.apply_job(job, change, None).await? {
+                            tracing::info!(job_id = %job, "Job asked to halt.");
+                            report.jobs += 1;
+                        }
+                    }
+                }
+                Action::StartJob { job, node, gpus } => {
+                    let Some(record) = site.jobs.iter().find(|j| j.id == job) else {
+                        continue;
+                    };
+                    let gpus = gpus.into_iter().map(GpuId::from).collect();
+                    if let Ok(change) = jobs::start(record, node.clone(), gpus, now) {
+                        if self.apply_job(job, change, None).await? {
+                            tracing::info!(job_id = %job, %node, "Job started.");
+                            report.jobs += 1;
+                        }
+                    }
+                }
+                Action::CancelJob { job, reason } => {
+                    let Some(record) = site.jobs.iter().find(|j| j.id == job) else {
+                        continue;
+                    };
+                    if let Ok(change) = jobs::cancel_queued(record, reason, now) {
+                        if self.apply_job(job, change, None).await? {
+                            tracing::info!(job_id = %job, "Job cancelled: not started by its notAfter.");
+                            report.jobs += 1;
+                        }
+                    }
+                }
             }
         }
         Ok(report)
+    }
+
+    /// Stores a job's change (and the next job of its chain); `false` when the job changed
+    /// meanwhile.
+    async fn apply_job(
+        &self,
+        id: JobId,
+        change: JobChange,
+        next: Option<jobs::NewJob>,
+    ) -> StoreResult<bool> {
+        match self.store.job_transition(id, change, next).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::InvalidJobTransition(e)) => {
+                tracing::debug!(job_id = %id, error = %e, "Skipping a job that changed meanwhile.");
+                Ok(false)
+            }
+            Err(StoreError::NoSuchJob(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Stores a change; `false` when the session's state no longer allows it (it was removed
@@ -341,7 +432,8 @@ mod tests {
             report,
             TickReport {
                 placed: 0,
-                requeued: 1
+                requeued: 1,
+                jobs: 0
             }
         );
         let starting = state(&f, &starting).await;
@@ -477,5 +569,122 @@ mod tests {
         assert_eq!(placed.state, SessionState::Starting);
         shutdown.cancel();
         task.await.unwrap();
+    }
+
+    async fn alive(f: &Fixture, at: DateTime<Utc>) {
+        let node = NodeName::parse("node1").unwrap();
+        assert!(f.store.record_sync(&node, &[gpu(1)], at).await.unwrap());
+    }
+
+    async fn submit_job(f: &Fixture, min_duration: Option<&str>, at: DateTime<Utc>) -> JobId {
+        let user = f.store.user(&f.owner, 20_000).await.unwrap();
+        let spec = ongrid_core::job::JobSpecFile {
+            image: Some("model:v1".into()),
+            command: vec!["train".into()],
+            restartable: true,
+            min_duration: min_duration.map(str::to_owned),
+            ..Default::default()
+        }
+        .validate(at)
+        .unwrap();
+        let image = ongrid_core::job::JobImage {
+            digest: format!("sha256:{}", "c".repeat(64)),
+            docker_image: "ongrid/alice/model:v1".into(),
+        };
+        let who = jobs::Submitter {
+            owner: f.owner.clone(),
+            user_name: user.user_name,
+            uid: user.uid,
+        };
+        let new = jobs::submit(
+            JobId::new_random(),
+            who,
+            spec,
+            image,
+            &Default::default(),
+            at,
+        )
+        .unwrap();
+        f.store.create_job(new).await.unwrap().id
+    }
+
+    #[tokio::test]
+    async fn jobs_share_the_gpus_and_a_session_halts_one_past_its_min_duration() {
+        use ongrid_core::job::{JobReason, JobState};
+        let f = fixture(&[gpu(1)]).await;
+        let job = submit_job(&f, Some("10 minutes"), t0()).await;
+        assert_eq!(f.scheduler.tick(t0()).await.unwrap().jobs, 1);
+        let running = f.store.job(job).await.unwrap().unwrap();
+        assert_eq!(running.state(), JobState::Running);
+        assert_eq!(running.gpus, vec![GpuId::Gpu(gpu(1).uuid)]);
+
+        // Within its min duration the job keeps the GPU; the session waits.
+        let session = create(&f, t0()).await;
+        let early = t0() + TimeDelta::minutes(5);
+        alive(&f, early).await;
+        assert_eq!(
+            f.scheduler.tick(early).await.unwrap(),
+            TickReport::default()
+        );
+        assert_eq!(state(&f, &session).await.state, SessionState::Pending);
+
+        // Past it, the session halts the job and waits for it to be HALTED.
+        let later = t0() + TimeDelta::minutes(11);
+        alive(&f, later).await;
+        f.scheduler.tick(later).await.unwrap();
+        let halting = f.store.job(job).await.unwrap().unwrap();
+        assert_eq!(halting.state(), JobState::MustHalt);
+        assert_eq!(
+            halting.lifecycle.last().reason,
+            JobReason::ForInteractiveSession {
+                need: GpuRequest::default()
+            }
+        );
+        assert_eq!(state(&f, &session).await.state, SessionState::Pending);
+        assert_eq!(f.scheduler.tick(later).await.unwrap().placed, 0);
+
+        let halted = jobs::JobChange {
+            to: JobState::Halted,
+            at: later,
+            reason: JobReason::HaltedCleanly,
+            place: None,
+            exit_code: Some(123),
+        };
+        let next = jobs::next_in_chain(&halting, &halted, JobId::new_random()).unwrap();
+        f.store
+            .job_transition(job, halted, Some(next.clone()))
+            .await
+            .unwrap();
+        let report = f.scheduler.tick(later).await.unwrap();
+        assert_eq!(report.placed, 1);
+        let placed = state(&f, &session).await;
+        assert_eq!(placed.state, SessionState::Starting);
+        assert!(
+            placed.reason.ends_with("it preempted batch work"),
+            "{}",
+            placed.reason
+        );
+        // The re-queued job waits: the GPU is the session's now.
+        let requeued = f.store.job(next.id).await.unwrap().unwrap();
+        assert_eq!(requeued.state(), JobState::Queued);
+        assert_eq!(requeued.chain.restart_count, 1);
+    }
+
+    #[tokio::test]
+    async fn a_job_on_a_node_that_stopped_responding_is_requeued_when_restartable() {
+        use ongrid_core::job::JobState;
+        let f = fixture(&[gpu(1)]).await;
+        let job = submit_job(&f, None, t0()).await;
+        f.scheduler.tick(t0()).await.unwrap();
+        let gone = t0() + TimeDelta::seconds(31);
+        assert_eq!(f.scheduler.tick(gone).await.unwrap().jobs, 1);
+        let lost = f.store.job(job).await.unwrap().unwrap();
+        assert_eq!(lost.state(), JobState::Halted);
+        assert_eq!(
+            lost.lifecycle.last().reason.to_string(),
+            "node node1 was lost: re-queued (restartable)"
+        );
+        let next = f.store.job(lost.next_job.unwrap()).await.unwrap().unwrap();
+        assert_eq!(next.state(), JobState::Queued);
     }
 }

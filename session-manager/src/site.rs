@@ -1,8 +1,9 @@
 //! A snapshot of the site as the scheduler and the API see it: registered nodes with their GPUs,
-//! which of them are online, and which sessions hold which GPU.
+//! which of them are online, and which sessions and batch jobs hold which GPU.
 //!
 //! A node is online when its agent synced within `node_timeout`. A GPU's `used` count is the
-//! number of sessions in a GPU-holding state (STARTING, WAITING, CONNECTED, IDLE) assigned to it.
+//! number of sessions in a GPU-holding state (STARTING, WAITING, CONNECTED, IDLE) and of jobs
+//! holding GPUs (RUNNING, MUSTHALT, HALTING) assigned to it.
 //! A session that asked for a whole GPU fills it, whatever its mode: when an admin turns an
 //! occupied exclusive GPU into a shared one, nobody joins that session on it until it leaves.
 
@@ -10,11 +11,13 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use ongrid_core::job::JobState;
 use ongrid_core::{GpuId, GpuUuid, SessionState, Sharing};
-use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, SiteState};
+use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, QueuedJob, RunningJob, SiteState};
 
+use crate::domain::jobs::JobRecord;
 use crate::domain::sessions::SessionRecord;
-use crate::store::{GpuRecord, NodeRecord, SessionFilter, Store, StoreResult};
+use crate::store::{GpuRecord, JobFilter, NodeRecord, SessionFilter, Store, StoreResult};
 
 /// The GPU-holding states, for queries.
 pub fn holding_states() -> Vec<SessionState> {
@@ -30,6 +33,8 @@ pub struct SiteSnapshot {
     pub nodes: Vec<NodeRecord>,
     /// Sessions holding GPUs now.
     pub holding: Vec<SessionRecord>,
+    /// Jobs QUEUED or holding GPUs now (see [`SiteSnapshot::with_jobs`]).
+    pub jobs: Vec<JobRecord>,
     node_timeout: TimeDelta,
     used: HashMap<GpuUuid, u32>,
     /// GPUs held by a session that asked for a whole GPU.
@@ -46,7 +51,8 @@ impl SiteSnapshot {
         let holding = store
             .sessions(SessionFilter::States(holding_states()))
             .await?;
-        Ok(Self::new(now, nodes, holding, node_timeout))
+        let jobs = store.jobs(JobFilter::Active).await?;
+        Ok(Self::new(now, nodes, holding, node_timeout).with_jobs(jobs))
     }
 
     pub fn new(
@@ -77,14 +83,31 @@ impl SiteSnapshot {
             node_timeout: TimeDelta::from_std(node_timeout).unwrap_or(TimeDelta::MAX),
             used,
             whole,
+            jobs: Vec::new(),
         }
+    }
+
+    /// Adds the active jobs: those holding GPUs count in their GPUs' `used` like sessions.
+    pub fn with_jobs(mut self, jobs: Vec<JobRecord>) -> Self {
+        for job in jobs.iter().filter(|j| j.state().holds_gpus()) {
+            for gpu in &job.gpus {
+                if let GpuId::Gpu(uuid) = gpu {
+                    *self.used.entry(uuid.clone()).or_insert(0) += 1;
+                    if job.spec.gpus.sharing == Sharing::Exclusive {
+                        self.whole.insert(uuid.clone());
+                    }
+                }
+            }
+        }
+        self.jobs = jobs;
+        self
     }
 
     pub fn is_online(&self, node: &NodeRecord) -> bool {
         self.now.signed_duration_since(node.last_seen) <= self.node_timeout
     }
 
-    /// How many sessions hold this GPU.
+    /// How many sessions and jobs hold this GPU.
     pub fn used(&self, uuid: &GpuUuid) -> u32 {
         self.used.get(uuid).copied().unwrap_or(0)
     }
@@ -118,7 +141,7 @@ impl SiteSnapshot {
         })
     }
 
-    /// The scheduler's view, with `pending` as the queue.
+    /// The scheduler's view, with `pending` as the sessions' queue and the snapshot's jobs.
     pub fn scheduler_state(&self, pending: Vec<PendingSession>) -> SiteState {
         SiteState {
             nodes: self
@@ -127,8 +150,13 @@ impl SiteSnapshot {
                 .map(|node| self.node_state(node, self.is_online(node)))
                 .collect(),
             pending,
-            queued_jobs: Vec::new(),
-            running_jobs: Vec::new(),
+            queued_jobs: self
+                .jobs
+                .iter()
+                .filter(|j| j.state() == JobState::Queued)
+                .map(queued_job)
+                .collect(),
+            running_jobs: self.jobs.iter().filter_map(running_job).collect(),
         }
     }
 
@@ -178,4 +206,36 @@ pub fn pending_session(session: &SessionRecord) -> PendingSession {
         previous_gpus: Vec::new(),
         awaiting_halt: None,
     }
+}
+
+/// A QUEUED job as the scheduler takes it.
+pub fn queued_job(job: &JobRecord) -> QueuedJob {
+    QueuedJob {
+        id: job.id,
+        owner: job.user_name.clone(),
+        request: job.spec.gpus,
+        queued_at: job.queued_at(),
+        not_before: job.spec.not_before,
+        not_after: job.spec.not_after,
+        bucket: job.spec.bucket.clone(),
+        pinned_node: None,
+    }
+}
+
+/// A job holding GPUs as the scheduler takes it; `None` for other states.
+pub fn running_job(job: &JobRecord) -> Option<RunningJob> {
+    if !job.state().holds_gpus() {
+        return None;
+    }
+    Some(RunningJob {
+        id: job.id,
+        owner: job.user_name.clone(),
+        node: job.node.clone()?,
+        gpus: ongrid_core::api::whole_gpus(&job.gpus),
+        started_at: job.lifecycle.started_at()?,
+        max_duration: job.max_duration,
+        min_duration: job.spec.min_duration,
+        bucket: job.spec.bucket.as_ref().map(|b| b.name.clone()),
+        halting: job.state() != JobState::Running,
+    })
 }

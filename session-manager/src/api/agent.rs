@@ -2,8 +2,9 @@
 //!
 //! A sync records that the node is alive and its GPUs' health, then stores what the agent saw:
 //! its containers ([`reports::observe`] decides what each means for its session), its freezes'
-//! progress ([`images::follow_report`]) and the activity of its sessions. The answer is the
-//! node's [`DesiredState`] ([`desired::desired_state`]).
+//! progress ([`images::follow_report`]), its jobs (`super::jobs::follow_reports`: output and
+//! state) and the activity of its sessions. The answer is the node's [`DesiredState`]
+//! ([`desired::desired_state`], with its jobs from `super::jobs::node_jobs`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -99,6 +100,7 @@ pub async fn sync(
             ImageState::Building | ImageState::Deleted => {}
         }
     }
+    super::jobs::follow_reports(&state, &node, &report.jobs).await?;
     state
         .store
         .record_activity(
@@ -213,6 +215,7 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         settings,
     );
     desired.removed_images = removed_images;
+    super::jobs::node_jobs(state, node, &mut desired).await?;
     Ok(desired)
 }
 

@@ -6,8 +6,8 @@
 //! [`lookup`], [`views`] and [`error`].
 //!
 //! - [`whoami`], [`sessions`] (create, list, show, remove, hold, release, keep), [`nodes`]
-//!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images): people, by
-//!   TLS client certificate.
+//!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images), [`jobs`]
+//!   (batch jobs: submit, list, show, cancel, halt, output): people, by TLS client certificate.
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
 //! - [`agent`]: node agents (bearer token): registration, sync and the desired state.
 //! - [`gateway`]: the SSH gateway (bearer token): allowlist, keys, routes, connection events.
@@ -21,6 +21,7 @@ pub mod callers;
 pub mod error;
 pub mod gateway;
 pub mod images;
+pub mod jobs;
 pub mod keys;
 pub mod lookup;
 pub mod nodes;
@@ -114,6 +115,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/images",
             get(images::list_images).post(images::create_image),
         )
+        .route("/v1/jobs", get(jobs::list_jobs).post(jobs::submit_job))
+        .route("/v1/jobs/{id}", get(jobs::show_job))
+        .route("/v1/jobs/{id}/cancel", post(jobs::cancel_job))
+        .route("/v1/jobs/{id}/halt", post(jobs::halt_job))
+        .route("/v1/jobs/{id}/logs", get(jobs::job_logs))
         .route(
             "/v1/images/{reference}",
             get(images::show_image).delete(images::delete_image),

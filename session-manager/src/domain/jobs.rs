@@ -26,6 +26,9 @@ use ongrid_core::job::{
 };
 use ongrid_core::{Dn, GpuId, GpuRequest, HumanDuration, NodeName, UserName};
 
+use ongrid_core::image::{ImageLookup, ImageState};
+
+use super::images::ImageRecord;
 use super::Refusal;
 
 /// How long the desired state keeps listing a job that ended while its output is not all in:
@@ -165,6 +168,53 @@ pub fn submit(
         at: now,
         reason: JobReason::Submitted,
     })
+}
+
+/// The frozen image a job of `caller` runs, from the images the lookup found (the caller's
+/// by tag; anyone's by digest): a READY image of the caller's whose tag is its own (a tag
+/// `--force` moved on is found by digest). `Ok(None)` when nothing matches at all (404); an
+/// image of someone else's is refused (403: images are private to their owner).
+pub fn resolve_image(
+    lookup: &ImageLookup,
+    candidates: &[ImageRecord],
+    caller: &Dn,
+) -> Result<Option<JobImage>, Refusal> {
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let own: Vec<&ImageRecord> = candidates.iter().filter(|i| &i.owner == caller).collect();
+    if own.is_empty() {
+        return Err(Refusal::Forbidden(format!(
+            "image {lookup} is another user's private image: run one of yours (`devctl image ls`)"
+        )));
+    }
+    let ready = own
+        .iter()
+        .rev()
+        .find_map(|i| match (&i.state, &i.digest, &i.docker_image) {
+            (ImageState::Ready, Some(digest), Some(docker_image)) => Some(JobImage {
+                digest: digest.clone(),
+                docker_image: docker_image.clone(),
+            }),
+            _ => None,
+        });
+    match ready {
+        Some(image) => Ok(Some(image)),
+        None => Err(Refusal::Conflict(format!(
+            "your image {lookup} is {}, not READY: see `devctl image show {lookup}`",
+            own[own.len() - 1].state
+        ))),
+    }
+}
+
+/// Whether a job's output is all in: the agent said so, or the job ended longer than
+/// [`LOG_DRAIN_WINDOW`] ago (what did not come by then never will).
+pub fn output_complete(job: &JobRecord, now: DateTime<Utc>) -> bool {
+    let drain = chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap_or(chrono::TimeDelta::MAX);
+    match job.finished_at() {
+        Some(at) => job.log_complete || now - at >= drain,
+        None => false,
+    }
 }
 
 /// One change of a job's state: what a rule decided.

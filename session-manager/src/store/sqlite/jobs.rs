@@ -323,7 +323,10 @@ mod tests {
         let job = store.create_job(new.clone()).await.unwrap();
         assert_eq!(job.state(), JobState::Queued);
         assert_eq!(job.queued_at(), t(1));
-        assert_eq!(store.jobs(JobFilter::Active).await.unwrap(), std::slice::from_ref(&job));
+        assert_eq!(
+            store.jobs(JobFilter::Active).await.unwrap(),
+            std::slice::from_ref(&job)
+        );
 
         let gpus = vec![GpuId::from(gpu().uuid)];
         let started = jobs::start(&job, node.clone(), gpus.clone(), t(2)).unwrap();

@@ -1,0 +1,314 @@
+//! Routes for batch jobs: `POST /v1/jobs` (submit), `GET /v1/jobs[?all=true]`,
+//! `GET /v1/jobs/{id}`, `POST /v1/jobs/{id}/cancel`, `POST /v1/jobs/{id}/halt` and
+//! `GET /v1/jobs/{id}/logs?offset=N`; and [`follow_reports`] and [`node_jobs`], the jobs' part of
+//! an agent's sync.
+//!
+//! A job runs one of its owner's READY frozen images, named as `devctl image` names them (tag or
+//! `sha256:` digest), resolved at submit into the digest and Docker image the agents run; an
+//! unknown image is 404, someone else's 403. Like sessions, a user sees and changes only their
+//! own jobs (others' answer the same 404 as missing ones); admins see all. Every transition is
+//! decided by [`crate::domain::jobs`]; the scheduling loop starts, halts and cancels jobs.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use ongrid_core::api::DesiredState;
+use ongrid_core::image::ImageLookup;
+use ongrid_core::job::{JobId, JobState, JobView, LogChunk, ObservedJob, SubmitJob};
+use ongrid_core::NodeName;
+use serde::Deserialize;
+
+use super::callers::CurrentUser;
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::domain::jobs::{self, JobRecord, Submitter};
+use crate::job_logs::JobLogs;
+use crate::store::{ImageFilter, JobFilter, StoreError};
+
+/// At most this many bytes of output in one answer of the logs route.
+pub const LOG_READ_MAX: usize = 1024 * 1024;
+
+pub async fn submit_job(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiJson(body): ApiJson<SubmitJob>,
+) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    let lookup = body.spec.image.clone();
+    let filter = match &lookup {
+        ImageLookup::Reference(reference) => ImageFilter::Tag {
+            owner: caller.user.dn.clone(),
+            reference: reference.clone(),
+        },
+        ImageLookup::Digest(digest) => ImageFilter::Digest {
+            owner: None,
+            digest: digest.clone(),
+        },
+    };
+    let candidates = state.store.images(filter).await?;
+    let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?.ok_or_else(|| {
+        ApiError::not_found(format!(
+            "you have no image {lookup}: freeze a session with `devctl freeze`, list yours with \
+             `devctl image ls`"
+        ))
+    })?;
+    let who = Submitter {
+        owner: caller.user.dn.clone(),
+        user_name: caller.user.user_name.clone(),
+        uid: caller.user.uid,
+    };
+    let now = state.clock.now();
+    let new = jobs::submit(
+        JobId::new_random(),
+        who,
+        body.spec,
+        image,
+        &state.config.job_limits,
+        now,
+    )?;
+    let job = state.store.create_job(new).await?;
+    tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, "Job submitted.");
+    state.wake.notify_one();
+    let view = view(&state, job).await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    all: bool,
+}
+
+pub async fn list_jobs(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<JobView>>, ApiError> {
+    let filter = if query.all {
+        if !caller.admin {
+            return Err(ApiError::forbidden(
+                "only admins can list everyone's jobs (?all=true); leave it out to list yours",
+            ));
+        }
+        JobFilter::All
+    } else {
+        JobFilter::Owner(caller.user.dn.clone())
+    };
+    let records = state.store.jobs(filter).await?;
+    let positions = queue_positions(&state).await?;
+    let views = records
+        .into_iter()
+        .map(|job| {
+            let position = positions.iter().position(|id| *id == job.id);
+            job_view(job, position)
+        })
+        .collect();
+    Ok(Json(views))
+}
+
+pub async fn show_job(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let job = find_job(&state, &caller, &id).await?;
+    Ok(Json(view(&state, job).await?))
+}
+
+pub async fn cancel_job(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let job = find_job(&state, &caller, &id).await?;
+    let change = jobs::cancel_by_owner(&job, state.clock.now())?;
+    let job = state
+        .store
+        .job_transition(job.id, change, None)
+        .await
+        .map_err(changed_meanwhile)?;
+    tracing::info!(job_id = %job.id, "Job cancelled by its owner.");
+    state.wake.notify_one();
+    Ok(Json(view(&state, job).await?))
+}
+
+pub async fn halt_job(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let job = find_job(&state, &caller, &id).await?;
+    let change = jobs::halt_by_owner(&job, state.clock.now())?;
+    let job = state
+        .store
+        .job_transition(job.id, change, None)
+        .await
+        .map_err(changed_meanwhile)?;
+    tracing::info!(job_id = %job.id, "Job halted by its owner.");
+    Ok(Json(view(&state, job).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    #[serde(default)]
+    offset: u64,
+}
+
+/// The job's kept output from `offset` (at most [`LOG_READ_MAX`] bytes); `complete` when the
+/// job has ended, its output is all in and these bytes reach its end.
+pub async fn job_logs(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<LogQuery>,
+) -> Result<Json<LogChunk>, ApiError> {
+    let job = find_job(&state, &caller, &id).await?;
+    let logs = JobLogs::new(state.config.job_log_dir.clone());
+    let (data, size) = logs
+        .read(job.id, query.offset, LOG_READ_MAX)
+        .await
+        .map_err(|e| ApiError::internal(format!("reading the output of job {}: {e}", job.id)))?;
+    let end = query.offset.saturating_add(data.len() as u64) >= size;
+    let complete = end && jobs::output_complete(&job, state.clock.now());
+    Ok(Json(LogChunk {
+        offset: query.offset,
+        data,
+        complete,
+    }))
+}
+
+/// Applies an agent's reports of its jobs: output appended to the jobs' files, then the change
+/// [`jobs::follow_report`] decides, with the next job of the chain when it goes on. Reports of
+/// jobs that are not placed on `node` are ignored.
+pub async fn follow_reports(
+    state: &AppState,
+    node: &NodeName,
+    reports: &[ObservedJob],
+) -> Result<(), ApiError> {
+    let logs = JobLogs::new(state.config.job_log_dir.clone());
+    let now = state.clock.now();
+    for report in reports {
+        let Some(job) = state.store.job(report.job_id).await? else {
+            continue;
+        };
+        if job.node.as_ref() != Some(node) {
+            continue;
+        }
+        if let Some(chunk) = &report.log {
+            let appended = logs
+                .append(job.id, job.log_size, chunk)
+                .await
+                .map_err(|e| {
+                    ApiError::internal(format!("keeping the output of job {}: {e}", job.id))
+                })?;
+            if let Some(size) = appended {
+                state
+                    .store
+                    .record_job_log(job.id, size, chunk.complete)
+                    .await?;
+            }
+        }
+        let Some(change) = jobs::follow_report(&job, &report.status, now) else {
+            continue;
+        };
+        let next = jobs::next_in_chain(&job, &change, JobId::new_random());
+        let (to, reason) = (change.to, change.reason.clone());
+        match state.store.job_transition(job.id, change, next).await {
+            Ok(job) => {
+                tracing::info!(job_id = %job.id, %node, state = %to, %reason, next_job = ?job.next_job, "Job changed on its node's report.");
+                state.wake.notify_one();
+            }
+            // Changed meanwhile (cancelled by its owner): the next sync sees it.
+            Err(StoreError::InvalidJobTransition(_)) => {}
+            Err(other) => return Err(other.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Adds the node's jobs to its desired state.
+pub async fn node_jobs(
+    state: &AppState,
+    node: &NodeName,
+    desired: &mut DesiredState,
+) -> Result<(), ApiError> {
+    let records = state.store.jobs(JobFilter::Node(node.clone())).await?;
+    desired.jobs = jobs::desired_jobs(
+        node,
+        &records,
+        state.config.session_limits,
+        state.clock.now(),
+    );
+    Ok(())
+}
+
+/// The caller's job `id` (an admin: anyone's); the same 404 for a missing job and someone
+/// else's.
+async fn find_job(state: &AppState, caller: &CurrentUser, id: &str) -> Result<JobRecord, ApiError> {
+    let not_found = || {
+        ApiError::not_found(format!(
+            "you have no job {id}: list yours with `devctl job ls`"
+        ))
+    };
+    let id: JobId = id.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "{id:?} is not a job id: `devctl job ls` lists them"
+        ))
+    })?;
+    let job = state.store.job(id).await?.ok_or_else(not_found)?;
+    if job.owner != caller.user.dn && !caller.admin {
+        return Err(not_found());
+    }
+    Ok(job)
+}
+
+/// A job that changed between the decision and the write: 409 with the state machine's words.
+fn changed_meanwhile(error: StoreError) -> ApiError {
+    match error {
+        StoreError::InvalidJobTransition(e) => {
+            ApiError::conflict(format!("{e}: it changed meanwhile, see `devctl job show`"))
+        }
+        other => other.into(),
+    }
+}
+
+/// The QUEUED jobs in queue order.
+async fn queue_positions(state: &AppState) -> Result<Vec<JobId>, ApiError> {
+    let active = state.store.jobs(JobFilter::Active).await?;
+    Ok(active
+        .into_iter()
+        .filter(|j| j.state() == JobState::Queued)
+        .map(|j| j.id)
+        .collect())
+}
+
+async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
+    let positions = queue_positions(state).await?;
+    let position = positions.iter().position(|id| *id == job.id);
+    Ok(job_view(job, position))
+}
+
+/// A job as the API shows it; `position` is its 0-based place among QUEUED jobs.
+fn job_view(job: JobRecord, position: Option<usize>) -> JobView {
+    JobView {
+        id: job.id,
+        owner: job.owner.clone(),
+        user_name: job.user_name.clone(),
+        state: job.state(),
+        reason: job.lifecycle.last().reason.to_string(),
+        max_duration: job.max_duration,
+        image_digest: Some(job.image.digest.clone()),
+        node: job.node.clone(),
+        gpus: job.gpus.clone(),
+        chain: job.chain,
+        previous_job: job.previous_job,
+        next_job: job.next_job,
+        exit_code: job.exit_code,
+        queued_at: job.queued_at(),
+        started_at: job.lifecycle.started_at(),
+        finished_at: job.finished_at(),
+        queue_position: position.map(|p| u32::try_from(p + 1).unwrap_or(u32::MAX)),
+        transitions: job.lifecycle.history().to_vec(),
+        spec: job.spec,
+    }
+}

@@ -1,0 +1,148 @@
+//! Jobs' output, kept by the manager after the containers are gone: one file per job,
+//! `<job_log_dir>/<job id>.log`, stdout and stderr in the order the agent sent them, at most
+//! [`JOB_LOG_CAP`] bytes. Past the cap, one line says the rest was dropped.
+//!
+//! The store keeps how many bytes of the job's output stream the manager has consumed (the
+//! offset the agent continues from); this file keeps the bytes. A chunk that does not start at
+//! that offset (a report repeated after a restart) is ignored: the agent sends it again from the
+//! offset in its next desired state.
+
+use std::io;
+use std::path::PathBuf;
+
+use ongrid_core::job::{JobId, LogChunk, JOB_LOG_CAP};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+/// The line that ends a log whose output went past the cap.
+pub const TRUNCATED: &str = "\n[ongrid: output past the 16 MiB cap was dropped]\n";
+
+/// The directory of jobs' output files.
+#[derive(Debug, Clone)]
+pub struct JobLogs {
+    dir: PathBuf,
+}
+
+impl JobLogs {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    fn path(&self, id: JobId) -> PathBuf {
+        self.dir.join(format!("{id}.log"))
+    }
+
+    /// Appends `chunk` to the job's file when it starts at `consumed` (what the manager has of
+    /// the stream); returns the new stream offset, or `None` when the chunk was ignored.
+    pub async fn append(
+        &self,
+        id: JobId,
+        consumed: u64,
+        chunk: &LogChunk,
+    ) -> io::Result<Option<u64>> {
+        if chunk.offset != consumed {
+            return Ok(None);
+        }
+        tokio::fs::create_dir_all(&self.dir).await?;
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(id))
+            .await?;
+        let kept = file.metadata().await?.len();
+        let room = JOB_LOG_CAP.saturating_sub(TRUNCATED.len() as u64);
+        let data = &chunk.data;
+        if kept + data.len() as u64 <= room {
+            file.write_all(data).await?;
+        } else if kept <= room {
+            let fits = usize::try_from(room - kept)
+                .unwrap_or(usize::MAX)
+                .min(data.len());
+            file.write_all(&data[..fits]).await?;
+            file.write_all(TRUNCATED.as_bytes()).await?;
+        }
+        file.flush().await?;
+        Ok(Some(consumed + data.len() as u64))
+    }
+
+    /// At most `max` bytes of the job's kept output from `offset`, and the kept size.
+    pub async fn read(&self, id: JobId, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
+        let mut file = match tokio::fs::File::open(self.path(id)).await {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+            Err(e) => return Err(e),
+        };
+        let size = file.metadata().await?.len();
+        if offset >= size {
+            return Ok((Vec::new(), size));
+        }
+        file.seek(io::SeekFrom::Start(offset)).await?;
+        let want = usize::try_from(size - offset)
+            .unwrap_or(usize::MAX)
+            .min(max);
+        let mut data = vec![0; want];
+        file.read_exact(&mut data).await?;
+        Ok((data, size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(offset: u64, data: &[u8]) -> LogChunk {
+        LogChunk {
+            offset,
+            data: data.to_vec(),
+            complete: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn chunks_append_in_order_and_repeats_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::new(dir.path().join("jobs"));
+        let id = JobId::new_random();
+        assert_eq!(logs.read(id, 0, 100).await.unwrap(), (vec![], 0));
+        assert_eq!(
+            logs.append(id, 0, &chunk(0, b"hello ")).await.unwrap(),
+            Some(6)
+        );
+        assert_eq!(
+            logs.append(id, 6, &chunk(0, b"hello ")).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            logs.append(id, 6, &chunk(6, b"world\n")).await.unwrap(),
+            Some(12)
+        );
+        assert_eq!(
+            logs.read(id, 0, 100).await.unwrap(),
+            (b"hello world\n".to_vec(), 12)
+        );
+        assert_eq!(logs.read(id, 6, 3).await.unwrap(), (b"wor".to_vec(), 12));
+        assert_eq!(logs.read(id, 12, 3).await.unwrap(), (vec![], 12));
+    }
+
+    #[tokio::test]
+    async fn output_past_the_cap_is_dropped_with_one_line_saying_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::new(dir.path().to_owned());
+        let id = JobId::new_random();
+        let big = vec![b'x'; 1024 * 1024];
+        let mut consumed = 0;
+        for _ in 0..17 {
+            consumed = logs
+                .append(id, consumed, &chunk(consumed, &big))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(consumed, 17 * 1024 * 1024);
+        let (tail, size) = logs
+            .read(id, JOB_LOG_CAP - TRUNCATED.len() as u64 - 1, 1000)
+            .await
+            .unwrap();
+        assert_eq!(size, JOB_LOG_CAP);
+        assert_eq!(&tail[1..], TRUNCATED.as_bytes());
+    }
+}
