@@ -38,6 +38,9 @@ use tokio_util::sync::CancellationToken;
 // Frozen images (devctl freeze, devctl image).
 #[path = "api/images.rs"]
 mod images;
+// Batch jobs (devctl job).
+#[path = "api/jobs.rs"]
+mod jobs;
 #[path = "api/lifecycle.rs"]
 mod lifecycle;
 

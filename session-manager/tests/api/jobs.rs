@@ -1,0 +1,366 @@
+//! Batch jobs through the API: submit (image resolution, refusals), privacy between users, the
+//! scheduler starting a job, agents' reports driving its states and output, a halt that
+//! re-queues a restartable job as the next of its chain, and cancel.
+
+use ongrid_core::image::{CreateImage, FreezeProgress, ImageReference};
+use ongrid_core::job::{
+    JobRun, JobSpecFile, JobState, JobView, LogChunk, ObservedJob, ObservedJobStatus, SubmitJob,
+};
+
+use super::*;
+
+fn submit(image: &str, restartable: bool) -> SubmitJob {
+    let spec = JobSpecFile {
+        image: Some(image.to_owned()),
+        command: vec!["python".into(), "train.py".into()],
+        restartable,
+        max_duration: Some("2h".into()),
+        ..JobSpecFile::default()
+    }
+    .validate(Utc::now())
+    .unwrap();
+    SubmitJob { spec }
+}
+
+async fn report(
+    m: &Running,
+    gpus: &[GpuInfo],
+    freezes: Vec<FreezeProgress>,
+    jobs: Vec<ObservedJob>,
+) -> DesiredState {
+    let body = NodeReport {
+        node: NodeName::parse("node1").unwrap(),
+        gpus: gpus.to_vec(),
+        containers: Vec::new(),
+        activity: Vec::new(),
+        freezes,
+        jobs,
+    };
+    m.node1
+        .ok(StatusCode::OK, m.node1.post("/v1/agent/sync", &body))
+        .await
+}
+
+impl Api {
+    async fn job(&self, id: &str) -> JobView {
+        self.ok(StatusCode::OK, self.get(&format!("/v1/jobs/{id}")))
+            .await
+    }
+
+    /// Waits until the job reaches `state` (the scheduler runs in its own task).
+    async fn wait_for_job(&self, id: &str, state: JobState) -> JobView {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let view = self.job(id).await;
+            if view.state == state {
+                return view;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "job {id} is still {} ({}), not {state}",
+                view.state,
+                view.reason
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Alice's READY image `mymodel:v1`, frozen from a session that is then removed. Its digest.
+async fn frozen_image(m: &Running, gpus: &[GpuInfo]) -> String {
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    let running = vec![container(&session, ContainerState::Running, None)];
+    m.node1.sync("node1", gpus.to_vec(), running).await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+    let freeze = CreateImage {
+        session: SessionName::parse("train1").unwrap(),
+        reference: ImageReference::parse("mymodel:v1").unwrap(),
+        force: false,
+        compression: Default::default(),
+    };
+    let image: ongrid_core::image::ImageView = m
+        .alice
+        .ok(StatusCode::CREATED, m.alice.post("/v1/images", &freeze))
+        .await;
+    let digest = format!("sha256:{}", "cd".repeat(32));
+    let done = FreezeProgress::Done {
+        image_id: image.id,
+        digest: digest.clone(),
+        size: 3,
+        sif_path: "/store/sha256/cd.sif".to_owned(),
+        docker_image: "ongrid/alice-smith/mymodel:v1".to_owned(),
+    };
+    report(m, gpus, vec![done], vec![]).await;
+    let _: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/sessions/train1"))
+        .await;
+    digest
+}
+
+fn exited(code: i32, killed: bool) -> ObservedJobStatus {
+    ObservedJobStatus::Exited {
+        started_at: Utc::now(),
+        finished_at: Utc::now(),
+        exit_code: code,
+        oom_killed: false,
+        killed,
+    }
+}
+
+#[tokio::test]
+async fn jobs_run_report_halt_restart_and_stay_private() {
+    let site = Site::new();
+    let m = site.start().await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    let digest = frozen_image(&m, &gpus).await;
+
+    // Unknown and others' images are refused.
+    let unknown = m
+        .alice
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.alice.post("/v1/jobs", &submit("nothing:v1", false)),
+        )
+        .await;
+    assert!(
+        unknown.error.message.contains("devctl image ls"),
+        "{unknown:?}"
+    );
+    let by_tag = m
+        .bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.post("/v1/jobs", &submit("mymodel:v1", false)),
+        )
+        .await;
+    assert!(
+        by_tag.error.message.contains("no image mymodel:v1"),
+        "{by_tag:?}"
+    );
+    let by_digest = m
+        .bob
+        .fails(
+            StatusCode::FORBIDDEN,
+            m.bob.post("/v1/jobs", &submit(&digest, false)),
+        )
+        .await;
+    assert!(
+        by_digest
+            .error
+            .message
+            .contains("another user's private image"),
+        "{by_digest:?}"
+    );
+
+    // Submitted, then started by the scheduler on the free GPU.
+    let job: JobView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/jobs", &submit("mymodel:v1", true)),
+        )
+        .await;
+    assert_eq!(job.image_digest.as_deref(), Some(digest.as_str()));
+    assert_eq!(job.chain.restart_count, 0);
+    let id = job.id.to_string();
+    let running = m.alice.wait_for_job(&id, JobState::Running).await;
+    assert_eq!(running.node.as_ref().map(|n| n.as_str()), Some("node1"));
+    assert_eq!(running.gpus, vec![GpuId::Gpu(a100(1).uuid)]);
+
+    // Bob sees nothing of it and can change nothing.
+    let listed: Vec<JobView> = m.bob.ok(StatusCode::OK, m.bob.get("/v1/jobs")).await;
+    assert!(listed.is_empty());
+    m.bob
+        .fails(StatusCode::NOT_FOUND, m.bob.get(&format!("/v1/jobs/{id}")))
+        .await;
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.post(&format!("/v1/jobs/{id}/cancel"), &()),
+        )
+        .await;
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.get(&format!("/v1/jobs/{id}/logs")),
+        )
+        .await;
+    m.bob
+        .fails(StatusCode::FORBIDDEN, m.bob.get("/v1/jobs?all=true"))
+        .await;
+    let all: Vec<JobView> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/jobs?all=true"))
+        .await;
+    assert_eq!(all.len(), 1);
+
+    // The node is told to run it, with the chain's variables.
+    let desired = report(&m, &gpus, vec![], vec![]).await;
+    assert_eq!(desired.jobs.len(), 1);
+    let wanted = &desired.jobs[0];
+    assert_eq!(wanted.run, JobRun::Run);
+    assert_eq!(wanted.image.docker_image, "ongrid/alice-smith/mymodel:v1");
+    assert_eq!(wanted.env["ONGRID_JOB_ID"], id);
+    assert_eq!(wanted.env["ONGRID_RESTART_COUNT"], "0");
+    assert_eq!(wanted.log_offset, 0);
+
+    // Output comes in order; a repeated chunk is ignored.
+    let output = |offset: u64, data: &[u8], complete: bool| LogChunk {
+        offset,
+        data: data.to_vec(),
+        complete,
+    };
+    let running_status = ObservedJobStatus::Running {
+        started_at: Utc::now(),
+    };
+    let chunks = [
+        (output(0, b"epoch 1\n", false), 8),
+        (output(0, b"epoch 1\n", false), 8),
+        (output(8, b"epoch 2\n", false), 16),
+    ];
+    for (chunk, offset) in chunks {
+        let desired = report(
+            &m,
+            &gpus,
+            vec![],
+            vec![ObservedJob {
+                job_id: job.id,
+                status: running_status.clone(),
+                log: Some(chunk),
+            }],
+        )
+        .await;
+        assert_eq!(desired.jobs[0].log_offset, offset);
+    }
+    let logs: LogChunk = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get(&format!("/v1/jobs/{id}/logs")))
+        .await;
+    assert_eq!(
+        (logs.data.as_slice(), logs.complete),
+        (&b"epoch 1\nepoch 2\n"[..], false)
+    );
+    let tail: LogChunk = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.get(&format!("/v1/jobs/{id}/logs?offset=8")),
+        )
+        .await;
+    assert_eq!(tail.data, b"epoch 2\n");
+
+    // The owner halts it: MUSTHALT, the agent signals (HALTING) and it exits 123: HALTED, and
+    // the restartable chain goes on as a new QUEUED job.
+    let halted: JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{id}/halt"), &()),
+        )
+        .await;
+    assert_eq!(halted.state, JobState::MustHalt);
+    let desired = report(&m, &gpus, vec![], vec![]).await;
+    assert!(
+        matches!(desired.jobs[0].run, JobRun::Halt { .. }),
+        "{:?}",
+        desired.jobs[0].run
+    );
+    let signalled = ObservedJobStatus::Halting {
+        started_at: Utc::now(),
+        signalled_at: Utc::now(),
+    };
+    report(
+        &m,
+        &gpus,
+        vec![],
+        vec![ObservedJob {
+            job_id: job.id,
+            status: signalled,
+            log: None,
+        }],
+    )
+    .await;
+    assert_eq!(m.alice.job(&id).await.state, JobState::Halting);
+    let last = output(16, b"checkpoint written\n", true);
+    report(
+        &m,
+        &gpus,
+        vec![],
+        vec![ObservedJob {
+            job_id: job.id,
+            status: exited(123, false),
+            log: Some(last),
+        }],
+    )
+    .await;
+    let done = m.alice.job(&id).await;
+    assert_eq!(done.state, JobState::Halted);
+    assert_eq!(done.exit_code, Some(123));
+    assert_eq!(done.reason, "exited with code 123 after SIGUSR1");
+    let next_id = done
+        .next_job
+        .expect("a restartable job is re-queued")
+        .to_string();
+    let logs: LogChunk = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get(&format!("/v1/jobs/{id}/logs")))
+        .await;
+    assert!(logs.complete);
+    assert!(logs.data.ends_with(b"checkpoint written\n"));
+
+    // The next job of the chain runs on the GPU the first one left.
+    let next = m.alice.wait_for_job(&next_id, JobState::Running).await;
+    assert_eq!(next.previous_job, Some(job.id));
+    assert_eq!(next.chain.initial_job, job.id);
+    assert_eq!(next.chain.restart_count, 1);
+    let desired = report(&m, &gpus, vec![], vec![]).await;
+    let wanted = desired
+        .jobs
+        .iter()
+        .find(|j| j.job_id.to_string() == next_id)
+        .unwrap();
+    assert_eq!(wanted.env["ONGRID_RESTART_COUNT"], "1");
+    assert_eq!(wanted.env["ONGRID_RESTART_INITIAL_JOB_ID"], id);
+    assert_eq!(wanted.chain_id, job.id);
+
+    // Cancelled by its owner: the node is told to kill it; a second cancel is refused.
+    let cancelled: JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{next_id}/cancel"), &()),
+        )
+        .await;
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    let desired = report(&m, &gpus, vec![], vec![]).await;
+    let wanted = desired
+        .jobs
+        .iter()
+        .find(|j| j.job_id.to_string() == next_id)
+        .unwrap();
+    assert_eq!(wanted.run, JobRun::Kill);
+    let again = m
+        .alice
+        .fails(
+            StatusCode::CONFLICT,
+            m.alice.post(&format!("/v1/jobs/{next_id}/cancel"), &()),
+        )
+        .await;
+    assert!(
+        again.error.message.contains("CANCELLED already"),
+        "{again:?}"
+    );
+    // The killed container's last report ends its output; the job is no longer listed.
+    let killed = ObservedJob {
+        job_id: cancelled.id,
+        status: exited(137, true),
+        log: Some(output(0, b"", true)),
+    };
+    let desired = report(&m, &gpus, vec![], vec![killed]).await;
+    assert!(desired.jobs.is_empty(), "{:?}", desired.jobs);
+    assert_eq!(m.alice.job(&next_id).await.state, JobState::Cancelled);
+    m.stop().await;
+}
