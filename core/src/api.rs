@@ -23,6 +23,15 @@
 //! - `DELETE /v1/institutes/{name}` (admin)    → [`Institute`]
 //! - `GET    /v1/audit[?user=DN][&since=T]` (admin) → `Vec<AuditRecord>`, newest first; `T` is RFC 3339
 //!   or a duration ago such as `2 hours`
+//! - `POST   /v1/jobs`                         [`crate::job::SubmitJob`] → 201 [`crate::job::JobView`]
+//!   (QUEUED; 404 for an image the caller does not have, 403 for someone else's)
+//! - `GET    /v1/jobs[?all=true]`              → `Vec<JobView>` in queue order (own; `all` for admins)
+//! - `GET    /v1/jobs/{id}`                    → [`crate::job::JobView`] with its transitions and chain
+//! - `POST   /v1/jobs/{id}/cancel`             → [`crate::job::JobView`] (CANCELLED)
+//! - `POST   /v1/jobs/{id}/halt`               → [`crate::job::JobView`] (MUSTHALT)
+//! - `GET    /v1/jobs/{id}/logs[?offset=N]`    → [`crate::job::LogChunk`]: the kept output from byte
+//!   `N` (at most 1 MiB; [`crate::job::JOB_LOG_CAP`] per job), `complete` once the job has ended
+//!   and nothing follows
 //!
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]
