@@ -14,6 +14,7 @@ use crate::client::Client;
 use crate::config::Overrides;
 use crate::image::freeze::FreezeArgs;
 use crate::image::{self, ImageCommand};
+use crate::job::{self, JobCommand};
 use crate::key::{self, KeyCommand};
 use crate::session::{self, SessionCommand};
 use crate::terminal::{JsonArgs, Terminal};
@@ -111,6 +112,9 @@ pub enum Command {
     /// List, show and remove your frozen images
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Run frozen images as batch jobs on the site's GPUs: submit, ls, show, logs, cancel, halt
+    #[command(subcommand)]
+    Job(JobCommand),
     /// Site administration (admins only)
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -131,6 +135,7 @@ impl Command {
             Self::Key(command) => key::run(command, client, home, term).await,
             Self::Freeze(args) => image::freeze::run(args, client, term).await,
             Self::Image(command) => image::run(command, client, term).await,
+            Self::Job(command) => job::run(command, client, term).await,
             Self::Admin(command) => admin::run(command, client, term).await,
         }
     }

@@ -24,6 +24,7 @@ pub mod config;
 pub mod format;
 pub mod gpu;
 pub mod image;
+pub mod job;
 pub mod key;
 pub mod pubkey;
 pub mod session;

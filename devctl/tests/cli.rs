@@ -434,6 +434,28 @@ async fn every_command_has_help() {
         ),
         (&["admin", "gpu", "--help"], &["mode"]),
         (
+            &["job", "--help"],
+            &["submit", "ls", "show", "logs", "cancel", "halt"],
+        ),
+        (
+            &["job", "submit", "--help"],
+            &[
+                "[JOB_FILE]",
+                "--image",
+                "--gpus",
+                "--max-duration",
+                "--min-duration",
+                "--restartable",
+                "--not-before",
+                "--not-after",
+                "--bucket",
+                "--env",
+                "--home",
+                "[COMMAND]...",
+            ],
+        ),
+        (&["job", "logs", "--help"], &["<ID>", "--follow", "16 MiB"]),
+        (
             &["admin", "gpu", "mode", "--help"],
             &["<GPU>", "exclusive|shared:N"],
         ),
@@ -1352,4 +1374,156 @@ async fn a_failed_freeze_says_why_and_shows_its_progress_on_stderr() {
         ]
     );
     assert_eq!(manager.sent().len(), 3);
+}
+
+const JOB_ID: &str = "5d2c1f3e-8a4b-4c6d-9e0f-1a2b3c4d5e6f";
+
+fn job_spec() -> ongrid_core::job::JobSpec {
+    ongrid_core::job::JobSpecFile {
+        image: Some("mymodel:v1".into()),
+        command: vec![
+            "python".into(),
+            "train.py".into(),
+            "--epochs".into(),
+            "3".into(),
+        ],
+        gpus: Some(2),
+        min_capability: Some("8.0".into()),
+        share: Some("any".into()),
+        cpus: Some(ongrid_core::job::CpuNumber::Fraction(1.5)),
+        memory: Some("16G".into()),
+        max_duration: Some("8h".into()),
+        min_duration: Some("1h".into()),
+        restartable: true,
+        bucket: Some("sweep:2".into()),
+        env: [("EPOCHS".to_owned(), "3".to_owned())].into(),
+        home: true,
+        ..Default::default()
+    }
+    .validate(time("2026-11-22T00:00:00Z"))
+    .unwrap()
+}
+
+fn job_view(state: ongrid_core::job::JobState) -> ongrid_core::job::JobView {
+    use ongrid_core::job::{JobId, JobLifecycle, JobReason, RestartChain};
+    let id: JobId = JOB_ID.parse().unwrap();
+    let lifecycle = JobLifecycle::new(time("2026-11-22T00:40:00Z"), JobReason::Submitted);
+    ongrid_core::job::JobView {
+        id,
+        owner: Dn::parse(ALICE).unwrap(),
+        user_name: UserName::parse("alice-smith").unwrap(),
+        state,
+        reason: "submitted".into(),
+        spec: job_spec(),
+        max_duration: Some("8h".parse().unwrap()),
+        image_digest: Some(DIGEST.to_owned()),
+        node: None,
+        gpus: vec![],
+        chain: RestartChain::first(id),
+        previous_job: None,
+        next_job: None,
+        exit_code: None,
+        queued_at: time("2026-11-22T00:40:00Z"),
+        started_at: None,
+        finished_at: None,
+        queue_position: Some(1),
+        transitions: lifecycle.history().to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn job_commands_send_their_routes_and_bodies() {
+    use ongrid_core::job::{JobState, LogChunk, SubmitJob};
+    let queued = job_view(JobState::Queued);
+    let cases = vec![
+        Case {
+            args: &[
+                "job",
+                "submit",
+                "--image",
+                "mymodel:v1",
+                "--gpus",
+                "2",
+                "--min-capability",
+                "8.0",
+                "--share",
+                "any",
+                "--cpus",
+                "1.5",
+                "--memory",
+                "16G",
+                "--max-duration",
+                "8h",
+                "--min-duration",
+                "1h",
+                "--restartable",
+                "--bucket",
+                "sweep:2",
+                "--env",
+                "EPOCHS=3",
+                "--home",
+                "--",
+                "python",
+                "train.py",
+                "--epochs",
+                "3",
+            ],
+            answers: vec![Answer::with_status("201 Created", &queued)],
+            sent: vec![Sent::new("POST", "/v1/jobs").json(&SubmitJob { spec: job_spec() })],
+            stdout: "job 5d2c1f3e-8a4b-4c6d-9e0f-1a2b3c4d5e6f submitted (QUEUED)",
+        },
+        Case {
+            args: &["job", "ls"],
+            answers: vec![Answer::ok(&vec![queued.clone()])],
+            sent: vec![Sent::new("GET", "/v1/jobs")],
+            stdout: "QUEUED #1",
+        },
+        Case {
+            args: &["job", "ls", "--all", "--json"],
+            answers: vec![Answer::ok(&vec![queued.clone()])],
+            sent: vec![Sent::new("GET", "/v1/jobs?all=true")],
+            stdout: "",
+        },
+        Case {
+            args: &["job", "show", JOB_ID],
+            answers: vec![Answer::ok(&queued)],
+            sent: vec![Sent::new("GET", &format!("/v1/jobs/{JOB_ID}"))],
+            stdout: "command:       python train.py --epochs 3\n",
+        },
+        Case {
+            args: &["job", "cancel", JOB_ID],
+            answers: vec![Answer::ok(&job_view(JobState::Cancelled))],
+            sent: vec![Sent::new("POST", &format!("/v1/jobs/{JOB_ID}/cancel"))],
+            stdout: "is CANCELLED",
+        },
+        Case {
+            args: &["job", "halt", JOB_ID, "--json"],
+            answers: vec![Answer::ok(&job_view(JobState::MustHalt))],
+            sent: vec![Sent::new("POST", &format!("/v1/jobs/{JOB_ID}/halt"))],
+            stdout: "",
+        },
+        Case {
+            args: &["job", "logs", "-f", JOB_ID],
+            answers: vec![
+                Answer::ok(&LogChunk {
+                    offset: 0,
+                    data: b"epoch 1\n".to_vec(),
+                    complete: false,
+                }),
+                Answer::ok(&LogChunk {
+                    offset: 8,
+                    data: b"epoch 2\n".to_vec(),
+                    complete: true,
+                }),
+            ],
+            sent: vec![
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=0")),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=8")),
+            ],
+            stdout: "epoch 1\nepoch 2\n",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
 }

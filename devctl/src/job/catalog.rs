@@ -1,0 +1,163 @@
+//! `devctl job ls|show|cancel|halt` (`GET /v1/jobs[?all=true]`, `GET /v1/jobs/{id}`,
+//! `POST /v1/jobs/{id}/cancel|halt`), and how a job is described.
+
+use clap::Args;
+use ongrid_core::job::{JobId, JobView};
+
+use crate::client::Client;
+use crate::format::format_time;
+use crate::table::Table;
+use crate::terminal::Terminal;
+
+#[derive(Debug, Clone, Args)]
+pub struct JobLsArgs {
+    /// Everybody's jobs (admins only)
+    #[arg(long)]
+    pub all: bool,
+    /// Print JSON instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct JobIdArgs {
+    /// The job's id, as devctl job ls shows it
+    #[arg(value_name = "ID")]
+    pub id: JobId,
+    /// Print JSON instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `devctl job ls`
+pub async fn list(args: JobLsArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
+    let jobs: Vec<JobView> = client.get("v1/jobs").all(args.all).send().await?;
+    let width = term.width;
+    term.show(args.json, &jobs, |jobs| render_jobs(jobs, args.all, width))
+}
+
+/// `devctl job show`
+pub async fn show(args: JobIdArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
+    let job: JobView = client.get(&format!("v1/jobs/{}", args.id)).send().await?;
+    term.show(args.json, &job, render_job)
+}
+
+/// `devctl job cancel` and `devctl job halt` (`verb` is the route's last segment).
+pub async fn change(
+    args: JobIdArgs,
+    verb: &str,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    let job: JobView = client
+        .post(&format!("v1/jobs/{}/{verb}", args.id))
+        .send()
+        .await?;
+    term.show(args.json, &job, |job| {
+        format!("job {} is {}: {}\n", job.id, job.state, job.reason)
+    })
+}
+
+/// The table of `devctl job ls`; with `all`, each job's owner too.
+pub fn render_jobs(jobs: &[JobView], all: bool, width: Option<u16>) -> String {
+    if jobs.is_empty() {
+        return "no jobs: submit one with devctl job submit --image NAME:VERSION -- COMMAND\n"
+            .to_owned();
+    }
+    let mut headers = vec!["ID", "STATE", "IMAGE", "NODE", "QUEUED", "REASON"];
+    if all {
+        headers.push("OWNER");
+    }
+    let mut table = Table::new(&headers);
+    table.keep_whole(&[0, 1, 4]);
+    for job in jobs {
+        let mut state = job.state.to_string();
+        if let Some(position) = job.queue_position {
+            state.push_str(&format!(" #{position}"));
+        }
+        let mut row = vec![
+            job.id.to_string(),
+            state,
+            job.spec.image.to_string(),
+            job.node
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string),
+            format_time(job.queued_at),
+            job.reason.clone(),
+        ];
+        if all {
+            row.push(job.owner.to_string());
+        }
+        table.row(row);
+    }
+    table.render(width, "")
+}
+
+/// The text of `devctl job show`.
+pub fn render_job(job: &JobView) -> String {
+    let mut table = Table::bare();
+    let mut field = |name: &str, value: String| table.field(name, value);
+    field("job", job.id.to_string());
+    field("state", job.state.to_string());
+    field("reason", job.reason.clone());
+    field("owner", format!("{} ({})", job.owner, job.user_name));
+    field(
+        "image",
+        match &job.image_digest {
+            Some(digest) => format!("{} ({digest})", job.spec.image),
+            None => job.spec.image.to_string(),
+        },
+    );
+    field("command", job.spec.command.argv().join(" "));
+    if let Some(position) = job.queue_position {
+        field("queue", format!("#{position}"));
+    }
+    if let Some(node) = &job.node {
+        let gpus: Vec<&str> = job.gpus.iter().map(|g| g.as_str()).collect();
+        field("node", format!("{node} ({})", gpus.join(", ")));
+    }
+    field(
+        "max duration",
+        job.max_duration
+            .map_or_else(|| "none".to_owned(), |d| d.to_string()),
+    );
+    if let Some(min) = job.spec.min_duration {
+        field("min duration", min.to_string());
+    }
+    field(
+        "restartable",
+        if job.spec.restartable { "yes" } else { "no" }.to_owned(),
+    );
+    let mut chain = format!(
+        "restart {} of {}",
+        job.chain.restart_count, job.chain.initial_job
+    );
+    if let Some(previous) = job.previous_job {
+        chain.push_str(&format!("; previous {previous}"));
+    }
+    if let Some(next) = job.next_job {
+        chain.push_str(&format!("; next {next}"));
+    }
+    field("chain", chain);
+    if let Some(code) = job.exit_code {
+        field("exit code", code.to_string());
+    }
+    field("queued", format_time(job.queued_at));
+    if let Some(at) = job.started_at {
+        field("started", format_time(at));
+    }
+    if let Some(at) = job.finished_at {
+        field("finished", format_time(at));
+    }
+    let mut text = table.to_string();
+    text.push_str("transitions:\n");
+    for t in &job.transitions {
+        text.push_str(&format!(
+            "  {}  {}  {}\n",
+            format_time(t.at),
+            t.to,
+            t.reason
+        ));
+    }
+    text
+}
