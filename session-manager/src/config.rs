@@ -693,6 +693,35 @@ pids = 4096
     }
 
     #[test]
+    fn jobs_limits_and_log_dir() {
+        let config = load(EXAMPLE).unwrap();
+        assert_eq!(config.job_limits, crate::domain::jobs::JobLimits::default());
+        assert_eq!(config.job_log_dir, Path::new("/var/lib/ongrid/jobs"));
+        let text = format!(
+            "{EXAMPLE}[jobs]\ndefault_max_duration = \"8h\"\nmax_duration = \"7 days\"\n\
+             log_dir = \"/srv/job-logs\"\n"
+        );
+        let config = load(&text).unwrap();
+        assert_eq!(
+            config.job_limits.default_max_duration,
+            Some(HumanDuration::from_secs(8 * 3600))
+        );
+        assert_eq!(
+            config.job_limits.max_duration,
+            Some(HumanDuration::from_secs(7 * 86_400))
+        );
+        assert_eq!(config.job_log_dir, Path::new("/srv/job-logs"));
+        let text = format!(
+            "{EXAMPLE}[jobs]\ndefault_max_duration = \"2 days\"\nmax_duration = \"1 day\"\n"
+        );
+        let err = load(&text).unwrap_err().to_string();
+        assert!(err.contains("jobs.default_max_duration"), "{err}");
+        let err = load(&format!("{EXAMPLE}[jobs]\nmax = \"1 day\"\n")).unwrap_err();
+        let err = format!("{:#}", anyhow::Error::from(err));
+        assert!(err.contains("unknown field `max`"), "{err}");
+    }
+
+    #[test]
     fn the_documented_example_loads() {
         let config = load(EXAMPLE).unwrap();
         assert_eq!(config.listen, "127.0.0.1:8443".parse().unwrap());
