@@ -900,6 +900,74 @@ mod tests {
         }
     }
 
+    fn image_record(owner: &str, state: ImageState) -> ImageRecord {
+        let ready = state == ImageState::Ready;
+        ImageRecord {
+            id: uuid::Uuid::new_v4(),
+            owner: Dn::parse(owner).unwrap(),
+            user_name: UserName::parse("alice").unwrap(),
+            reference: ongrid_core::image::ImageReference::parse("model:v1").unwrap(),
+            state,
+            reason: String::new(),
+            session_id: ongrid_core::SessionId::new_random(),
+            session_name: ongrid_core::SessionName::parse("train1").unwrap(),
+            node: node(),
+            base_image: "ongrid/dev:latest".into(),
+            compression: Default::default(),
+            digest: ready.then(|| image().digest),
+            size: None,
+            sif_path: None,
+            docker_image: ready.then(|| image().docker_image),
+            bytes_done: 0,
+            bytes_total: 0,
+            progress_at: t(0),
+            created_at: t(0),
+            finished_at: None,
+            superseded_at: None,
+        }
+    }
+
+    #[test]
+    fn a_job_runs_only_its_owners_ready_image() {
+        let alice = Dn::parse("/CN=Alice").unwrap();
+        let lookup = ImageLookup::parse("model:v1").unwrap();
+        assert_eq!(resolve_image(&lookup, &[], &alice), Ok(None));
+        let ready = image_record("/CN=Alice", ImageState::Ready);
+        assert_eq!(
+            resolve_image(&lookup, &[ready.clone()], &alice),
+            Ok(Some(image()))
+        );
+        let building = image_record("/CN=Alice", ImageState::Building);
+        assert!(matches!(
+            resolve_image(&lookup, &[building], &alice),
+            Err(Refusal::Conflict(m)) if m.contains("BUILDING, not READY")
+        ));
+        let bobs = image_record("/CN=Bob", ImageState::Ready);
+        assert!(matches!(
+            resolve_image(&lookup, &[bobs.clone()], &alice),
+            Err(Refusal::Forbidden(m)) if m.contains("another user's private image")
+        ));
+        // Someone else sharing the digest does not hide the caller's own.
+        assert_eq!(
+            resolve_image(&lookup, &[bobs, ready], &alice),
+            Ok(Some(image()))
+        );
+    }
+
+    #[test]
+    fn output_is_complete_when_the_agent_says_so_or_long_after_the_end() {
+        let mut job = running(JobSpecFile::default());
+        job.log_complete = true;
+        assert!(!output_complete(&job, t(100)), "still running");
+        let end = follow_report(&job, &exited(0, false, 100), t(100)).unwrap();
+        job.apply(&end);
+        assert!(output_complete(&job, t(100)));
+        job.log_complete = false;
+        assert!(!output_complete(&job, t(101)));
+        let late = t(100) + chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap();
+        assert!(output_complete(&job, late));
+    }
+
     #[test]
     fn desired_jobs_run_halt_and_kill() {
         let run = running(JobSpecFile {

@@ -1,5 +1,5 @@
-//! Where transitions are decided: every rule that moves a session or an image from one state to
-//! another, as functions of what is known (records, reports, facts) and `now` that return a
+//! Where transitions are decided: every rule that moves a session, an image or a batch job from
+//! one state to another, as functions of what is known (records, reports, facts) and `now` that return a
 //! decision. No I/O, no clock, no store: the API handlers, the loops (`scheduler`,
 //! `hold_timer`, `freeze_watch`) and the store (inside a transaction, where a decision must see
 //! what it is written over) call these and store what they return.
@@ -9,8 +9,8 @@
 //! - [`images`]: freezes, freeze orders, agents' progress, giving up.
 //! - [`image_access`]: which Docker image a session may run (the site's, or the caller's own
 //!   frozen images by tag or digest) and which removed frozen images must leave the nodes.
-//!
-//! Batch jobs get a module of their own beside these two.
+//! - [`jobs`]: batch jobs: submit, the scheduler's actions, agents' reports, the owner's cancel
+//!   and halt, a lost node, restart chains, a node's desired jobs.
 
 pub mod image_access;
 pub mod images;
