@@ -934,7 +934,7 @@ mod tests {
         assert_eq!(resolve_image(&lookup, &[], &alice), Ok(None));
         let ready = image_record("/CN=Alice", ImageState::Ready);
         assert_eq!(
-            resolve_image(&lookup, &[ready.clone()], &alice),
+            resolve_image(&lookup, std::slice::from_ref(&ready), &alice),
             Ok(Some(image()))
         );
         let building = image_record("/CN=Alice", ImageState::Building);
@@ -944,7 +944,7 @@ mod tests {
         ));
         let bobs = image_record("/CN=Bob", ImageState::Ready);
         assert!(matches!(
-            resolve_image(&lookup, &[bobs.clone()], &alice),
+            resolve_image(&lookup, std::slice::from_ref(&bobs), &alice),
             Err(Refusal::Forbidden(m)) if m.contains("another user's private image")
         ));
         // Someone else sharing the digest does not hide the caller's own.
