@@ -1416,8 +1416,12 @@ pub struct ObservedJob {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ObservedJobStatus {
     /// Building the Docker image from the SIF, or creating the container.
-    Preparing { detail: String },
-    Running { started_at: DateTime<Utc> },
+    Preparing {
+        detail: String,
+    },
+    Running {
+        started_at: DateTime<Utc>,
+    },
     /// [`HALT_SIGNAL`] was sent at `signalled_at`; the job has not exited yet.
     Halting {
         started_at: DateTime<Utc>,
@@ -1433,7 +1437,9 @@ pub enum ObservedJobStatus {
         killed: bool,
     },
     /// It could not be started; `error` says why and what to do (broken SIF, ...).
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
 }
 
 /// A piece of a job's output: the bytes from `offset` on. `complete` is true when the job has
@@ -1508,7 +1514,10 @@ mod tests {
         let json = serde_json::to_value(&observed).unwrap();
         assert_eq!(json["status"]["status"], "exited");
         assert_eq!(json["log"]["data"], "ZXBvY2ggMwr/AA==");
-        assert_eq!(serde_json::from_value::<ObservedJob>(json).unwrap(), observed);
+        assert_eq!(
+            serde_json::from_value::<ObservedJob>(json).unwrap(),
+            observed
+        );
         let halt = JobRun::Halt { since: t0() };
         let json = serde_json::to_value(halt).unwrap();
         assert_eq!(json["action"], "halt");
