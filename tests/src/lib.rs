@@ -113,7 +113,7 @@ impl Pki {
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_key = KeyPair::generate()?;
         let ca_cert = params.self_signed(&ca_key)?;
-        // The IGTF layout names CA files `<8-hex subject hash>.0`; the manager loads only such names.
+        // The IGTF layout names CA files `<8-hex subject hash>.0`, as real CA directories do.
         std::fs::write(ca_dir.join("0e2e0e2e.0"), ca_cert.pem())?;
         Ok(Self {
             ca_dir,
