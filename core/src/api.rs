@@ -45,6 +45,9 @@
 //!   what to do (no such session, several sessions, not running: its state and the fix)
 //! - `POST /v1/gateway/connections` [`ConnectionEvent`] → 200 [`crate::lifecycle::SessionDeadlines`]
 //!   of the session (the gateway uses it for the login banner and the ten-minute warning)
+//! - `POST /v1/gateway/keys/check`  [`HeldKeys`] → [`RevokedKeys`]: which keys of the gateway's
+//!   open connections were removed or expired since (asked every second; those connections
+//!   are then closed with the message)
 //!
 //! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
 //!
@@ -405,6 +408,10 @@ pub struct ConnectionEvent {
     pub session_id: SessionId,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// On a close the gateway made itself (the key was removed or expired): why, as the user
+    /// was told. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_reason: Option<String>,
 }
 
 /// One connection as the audit log keeps it.
@@ -422,6 +429,47 @@ pub struct AuditRecord {
     pub closed_at: Option<DateTime<Utc>>,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Why the gateway closed it, when it did (a removed or expired key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_reason: Option<String>,
+}
+
+/// The keys of the gateway's open connections, each with the owner it authenticated as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldKeys {
+    pub keys: Vec<HeldKey>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HeldKey {
+    /// `SHA256:...`
+    pub fingerprint: String,
+    pub owner: Dn,
+}
+
+/// Those of [`HeldKeys`] that no longer let anyone in; the others are left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokedKeys {
+    pub revoked: Vec<RevokedKey>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokedKey {
+    pub key: HeldKey,
+    pub why: Revocation,
+    /// When: the expiry, or when the manager found the key gone.
+    pub at: DateTime<Utc>,
+    /// One line for the user, naming the fix.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Revocation {
+    /// No longer registered (or registered to someone else now).
+    Removed,
+    /// Past the expiry of the certificate or proxy it was registered with.
+    Expired,
 }
 
 /// The GPU identifiers a container is given, as `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`

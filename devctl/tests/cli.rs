@@ -926,6 +926,7 @@ fn audit_record() -> AuditRecord {
         closed_at: None,
         bytes_in: 1536,
         bytes_out: 0,
+        close_reason: None,
     }
 }
 

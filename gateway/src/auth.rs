@@ -9,8 +9,8 @@
 //! second. The manager is still asked at most once a second per key however many connections
 //! use it: concurrent lookups of one key share one call ([`KeyCache::get_or_fetch`]), and a
 //! connection's key offer and its signed login are answered by one lookup. Connections already
-//! open when a key is removed run on: closing them needs the manager to tell the gateway
-//! (there is no such push yet).
+//! open when a key is removed or expires are closed by `revocations.rs`, which asks the manager
+//! about their keys every second.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

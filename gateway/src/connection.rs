@@ -24,6 +24,11 @@
 //! `activity` every `activity_report`, then `close`: `audit.rs`) and keeps the session's
 //! deadlines the manager answers in a watch channel that its interactive shells read for their
 //! banner and hold warning (`deadlines.rs`).
+//!
+//! A logged-in connection's key is watched (`revocations.rs`): when the manager says it was
+//! removed or expired, the connection task writes the manager's message on the stderr of each
+//! of its session channels, disconnects with the same message, and reports the close with it
+//! as the reason (the audit log keeps it).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -32,7 +37,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ongrid_core::api::{ConnectionEvent, ConnectionEventKind, Route, RouteRequest};
+use ongrid_core::api::{
+    ConnectionEvent, ConnectionEventKind, HeldKey, RevokedKey, Route, RouteRequest,
+};
 use ongrid_core::normalize_ip;
 use russh::server::{
     Auth, ChannelOpenHandle, Handle, Handler, Msg, PublicKeyOffer, Session, VerifiedPublicKey,
@@ -42,7 +49,7 @@ use russh::{
     Pty, Sig,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -51,6 +58,7 @@ use crate::channel::{self, ChannelContext, ChannelEnds, Traffic};
 use crate::deadlines::{DeadlinesReceiver, DeadlinesSender, DeadlinesState};
 use crate::input::{signal_name, ChannelInput, ChannelTable, Input, PushError, Request};
 use crate::requests::{Answer, ChannelKind};
+use crate::revocations::Registration;
 use crate::services::Services;
 use crate::startups::StartupPermit;
 
@@ -151,6 +159,10 @@ pub async fn serve<S>(
         deadlines,
         deadlines_seen,
         next_activity: None,
+        key_watch: None,
+        revoked: None,
+        session_channels: std::collections::HashSet::new(),
+        close_reason: None,
     };
     connection.run(session, events_rx, kill, shutdown).await;
 }
@@ -686,6 +698,14 @@ struct Connection {
     deadlines_seen: DeadlinesReceiver,
     /// When the next `activity` event is due (once routed).
     next_activity: Option<tokio::time::Instant>,
+    /// This connection's key among those checked again every second (once authenticated).
+    key_watch: Option<Registration>,
+    /// Where the revocation of the key comes, if it does.
+    revoked: Option<oneshot::Receiver<RevokedKey>>,
+    /// Session channels open, which a revocation's message is written to.
+    session_channels: std::collections::HashSet<ChannelId>,
+    /// Why the gateway closed the connection itself, for the close event.
+    close_reason: Option<String>,
 }
 
 impl Connection {
@@ -721,6 +741,16 @@ impl Connection {
                 Some(done) = self.channels.join_next(), if !self.channels.is_empty() => {
                     if let Ok((channel, input)) = done {
                         self.table.remove(channel, &input);
+                        self.session_channels.remove(&channel);
+                    }
+                }
+                revoked = poll_revoked(&mut self.revoked), if self.revoked.is_some() => {
+                    self.revoked = None;
+                    if let Ok(revoked) = revoked {
+                        if cut_at.is_none() {
+                            self.close_revoked(revoked).await;
+                            cut_at = Some(tokio::time::Instant::now() + DISCONNECT_GRACE);
+                        }
                     }
                 }
                 () = sleep_until_some(self.next_activity), if self.next_activity.is_some() => {
@@ -768,6 +798,15 @@ impl Connection {
                     owner: identity.owner.clone(),
                     target: identity.login.clone(),
                 };
+                let (registration, revoked) = self.services.open_keys.register(
+                    self.id,
+                    HeldKey {
+                        fingerprint: identity.fingerprint.clone(),
+                        owner: identity.owner.clone(),
+                    },
+                );
+                self.key_watch = Some(registration);
+                self.revoked = Some(revoked);
                 self.identity = Some(identity);
                 self.route = RouteState::Looking;
                 let manager = self.services.manager.clone();
@@ -861,6 +900,7 @@ impl Connection {
                     session_id: route.session_id,
                     bytes_in: 0,
                     bytes_out: 0,
+                    close_reason: None,
                 };
                 self.services
                     .audit
@@ -911,6 +951,7 @@ impl Connection {
         match open.kind {
             OpenKind::Session => {
                 open.reply.accept().await;
+                self.session_channels.insert(id);
                 self.channels.spawn(async move {
                     channel::session(ends, context).await;
                     (id, input)
@@ -950,6 +991,40 @@ impl Connection {
                     .await;
             }
         }
+    }
+
+    /// The connection's key was removed or expired: the manager's message on every session
+    /// channel's stderr, then a disconnect with it (the caller cuts the socket if the client
+    /// does not go).
+    async fn close_revoked(&mut self, revoked: RevokedKey) {
+        self.key_watch = None;
+        tracing::info!(
+            connection = %self.id,
+            source = %self.peer.source,
+            owner = %revoked.key.owner,
+            fingerprint = ?revoked.key.fingerprint,
+            why = ?revoked.why,
+            at = %revoked.at,
+            channels = self.session_channels.len(),
+            "Closing a connection: its key is no longer valid."
+        );
+        let line = format!("\r\nongrid: {}\r\n", revoked.message);
+        for channel in &self.session_channels {
+            let write = self
+                .handle
+                .extended_data(*channel, 1, line.clone().into_bytes());
+            let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+        }
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.handle.disconnect(
+                Disconnect::ByApplication,
+                revoked.message.clone(),
+                String::new(),
+            ),
+        )
+        .await;
+        self.close_reason = Some(revoked.message);
     }
 
     /// The byte totals so far: (to the container, to the client).
@@ -996,6 +1071,7 @@ impl Connection {
             session_id = %opened.event.session_id,
             bytes_in,
             bytes_out,
+            close_reason = self.close_reason.as_deref(),
             "Connection closed."
         );
         self.services.audit.send(ConnectionEvent {
@@ -1003,6 +1079,7 @@ impl Connection {
             at: chrono::Utc::now(),
             bytes_in,
             bytes_out,
+            close_reason: self.close_reason.clone(),
             ..opened.event.clone()
         });
     }
@@ -1011,6 +1088,15 @@ impl Connection {
 async fn poll_lookup(lookup: &mut Option<RouteLookup>) -> Result<Route, String> {
     match lookup.as_mut() {
         Some(lookup) => lookup.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn poll_revoked(
+    revoked: &mut Option<oneshot::Receiver<RevokedKey>>,
+) -> Result<RevokedKey, oneshot::error::RecvError> {
+    match revoked.as_mut() {
+        Some(receiver) => receiver.await,
         None => std::future::pending().await,
     }
 }

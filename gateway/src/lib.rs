@@ -7,7 +7,8 @@
 //! reaches, and runs each SSH channel as its own stream to the node agent of that session
 //! ([`channel`], [`agent`]). The manager is told of every connection for its audit log
 //! ([`audit`]), and of its traffic while it is open; its answers (the session's deadlines) become
-//! the banner and the hold warning of interactive shells ([`deadlines`]).
+//! the banner and the hold warning of interactive shells ([`deadlines`]). Open connections whose
+//! key was removed or expired are closed with a message ([`revocations`]).
 //!
 //! Map: [`config`] (TOML), [`hostkeys`] (created on first start), [`services`] (what all
 //! connections share), [`server`] (accept loop; [`startups`] caps connections not logged in yet),
@@ -29,6 +30,7 @@ pub mod input;
 pub mod manager;
 pub mod proxy_protocol;
 pub mod requests;
+pub mod revocations;
 pub mod server;
 pub mod services;
 pub mod startups;
@@ -94,6 +96,13 @@ pub async fn run(
     ));
     let (audit, audit_events) = audit::queue(audit::QUEUE);
     let reporter = tokio::spawn(audit::report(manager.clone(), audit_events));
+    let open_keys = Arc::new(revocations::OpenKeys::default());
+    tracker.spawn(revocations::watch(
+        manager.clone(),
+        open_keys.clone(),
+        revocations::RECHECK,
+        shutdown.clone(),
+    ));
 
     let services = Arc::new(services::Services {
         ssh_config: Arc::new(ssh_config(keys)),
@@ -106,6 +115,7 @@ pub async fn run(
         manager,
         agents: agent::AgentConnector::new(tls_config, config.token.clone()),
         audit,
+        open_keys,
         proxy_protocol: config.proxy_protocol.clone(),
         startups: startups::Startups::new(config.startups),
         activity_report: config.activity_report,

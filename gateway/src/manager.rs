@@ -1,13 +1,16 @@
 //! The gateway's side of the manager's API (`core/src/api.rs`, gateway routes): the allowlist,
-//! whose key a public key is, which session an SSH user name reaches, and connection events for
-//! the audit log (answered with the session's deadlines). HTTPS only, trusting exactly the CAs
+//! whose key a public key is, which session an SSH user name reaches, connection events for
+//! the audit log (answered with the session's deadlines), and which keys of open connections
+//! were revoked. HTTPS only, trusting exactly the CAs
 //! of `ca_dir`, with the gateway's token as
 //! `Authorization: Bearer`. A refusal carries the manager's message, which is written for the
 //! user and shown to them as it is.
 
 use std::time::Duration;
 
-use ongrid_core::api::{Allowlist, ConnectionEvent, KeyCheck, KeyOwner, Route, RouteRequest};
+use ongrid_core::api::{
+    Allowlist, ConnectionEvent, HeldKeys, KeyCheck, KeyOwner, RevokedKeys, Route, RouteRequest,
+};
 use ongrid_core::lifecycle::SessionDeadlines;
 use ongrid_service::manager_http::{self, ClientSettings, HttpError, ManagerHttp};
 use reqwest::{StatusCode, Url};
@@ -49,6 +52,7 @@ pub struct ManagerClient {
     authorize_url: Url,
     route_url: Url,
     connections_url: Url,
+    keys_check_url: Url,
 }
 
 impl ManagerClient {
@@ -70,6 +74,7 @@ impl ManagerClient {
             authorize_url: url("v1/gateway/authorize")?,
             route_url: url("v1/gateway/route")?,
             connections_url: url("v1/gateway/connections")?,
+            keys_check_url: url("v1/gateway/keys/check")?,
             http,
         })
     }
@@ -93,6 +98,14 @@ impl ManagerClient {
             .post(&self.route_url, request)
             .await
             .map_err(|e| self.error(e, &self.route_url))
+    }
+
+    /// Which of `held` (the keys of open connections) were removed or expired since.
+    pub async fn check_keys(&self, held: &HeldKeys) -> Result<RevokedKeys, ManagerError> {
+        self.http
+            .post(&self.keys_check_url, held)
+            .await
+            .map_err(|e| self.error(e, &self.keys_check_url))
     }
 
     /// Reports a connection event; the answer is the session's deadlines, or `None` when the

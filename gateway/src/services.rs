@@ -13,6 +13,7 @@ use crate::audit::AuditSender;
 use crate::auth::Authenticator;
 use crate::config::ProxyProtocol;
 use crate::manager::ManagerClient;
+use crate::revocations::OpenKeys;
 use crate::startups::Startups;
 
 /// Everything connections share.
@@ -23,6 +24,8 @@ pub struct Services {
     pub manager: ManagerClient,
     pub agents: AgentConnector,
     pub audit: AuditSender,
+    /// The keys of logged-in connections, checked again every second (`revocations.rs`).
+    pub open_keys: Arc<OpenKeys>,
     pub proxy_protocol: Option<ProxyProtocol>,
     /// Unauthenticated connections in progress, per source and in total.
     pub startups: Startups,

@@ -250,6 +250,7 @@ mod tests {
             session_id: session.id,
             bytes_in: bytes,
             bytes_out: 0,
+            close_reason: None,
         }
     }
 

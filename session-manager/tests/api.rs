@@ -43,6 +43,9 @@ mod images;
 mod jobs;
 #[path = "api/lifecycle.rs"]
 mod lifecycle;
+// The gateway's re-check of open connections' keys.
+#[path = "api/gateway_keys.rs"]
+mod gateway_keys;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";
@@ -1970,6 +1973,7 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
         session_id: train1.id,
         bytes_in: bytes.0,
         bytes_out: bytes.1,
+        close_reason: None,
     };
     gw.connection(&event(1, ConnectionEventKind::Open, (0, 0)))
         .await;

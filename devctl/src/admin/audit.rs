@@ -170,6 +170,7 @@ mod tests {
             closed_at: closed.map(at),
             bytes_in,
             bytes_out,
+            close_reason: None,
         };
         let records = [record(None, 0, 0), record(Some(90), 1536, 12 << 20)];
         assert_eq!(

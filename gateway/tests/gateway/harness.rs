@@ -19,7 +19,8 @@ use futures::{SinkExt, StreamExt};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use ongrid_core::api::{
-    Allowlist, ConnectionEvent, ErrorBody, ErrorDetail, KeyCheck, KeyOwner, Route, RouteRequest,
+    Allowlist, ConnectionEvent, ErrorBody, ErrorDetail, HeldKeys, KeyCheck, KeyOwner, Revocation,
+    RevokedKey, RevokedKeys, Route, RouteRequest,
 };
 use ongrid_core::lifecycle::{PlannedHold, SessionDeadlines};
 use ongrid_core::stream::{ExitStatus, Frame, StreamKind, StreamOpen};
@@ -242,6 +243,45 @@ async fn connections(
     }
 }
 
+/// Like the manager: a held key is revoked unless a registered key has its fingerprint and
+/// owner (then it is "removed"; expiry is the manager's business, tested there).
+async fn check_keys(
+    State(state): State<Arc<ManagerState>>,
+    headers: HeaderMap,
+    Json(held): Json<HeldKeys>,
+) -> Response {
+    if !authorized(&headers) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "wrong gateway token",
+        );
+    }
+    let keys = state.keys.lock().unwrap();
+    let revoked = held
+        .keys
+        .into_iter()
+        .filter(|key| {
+            !keys
+                .values()
+                .any(|k| k.fingerprint == key.fingerprint && k.owner == key.owner)
+        })
+        .map(|key| {
+            let message = format!(
+                "your SSH key {} was removed: run `devctl key add` to register a key again",
+                key.fingerprint
+            );
+            RevokedKey {
+                key,
+                why: Revocation::Removed,
+                at: chrono::Utc::now(),
+                message,
+            }
+        })
+        .collect();
+    Json(RevokedKeys { revoked }).into_response()
+}
+
 /// Serves the fake manager's gateway routes over TLS; returns its address.
 pub async fn start_manager(acceptor: TlsAcceptor, state: Arc<ManagerState>) -> SocketAddr {
     let router = Router::new()
@@ -249,6 +289,7 @@ pub async fn start_manager(acceptor: TlsAcceptor, state: Arc<ManagerState>) -> S
         .route("/v1/gateway/authorize", post(authorize))
         .route("/v1/gateway/route", post(route))
         .route("/v1/gateway/connections", post(connections))
+        .route("/v1/gateway/keys/check", post(check_keys))
         .with_state(state);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();

@@ -6,6 +6,7 @@
 
 mod harness;
 mod lifecycle;
+mod revocations;
 
 use std::time::Duration;
 

@@ -1,7 +1,9 @@
 //! Routes for the SSH gateway (bearer token of `gateway_token_file`): the allowlist it polls,
-//! whose key a client offers, which session an SSH user name reaches, and the connection events
+//! whose key a client offers, which session an SSH user name reaches, the connection events
 //! that feed the audit log and move sessions between WAITING, CONNECTED and IDLE (as
-//! [`crate::domain::sessions::connections`] decides, inside the store's transaction).
+//! [`crate::domain::sessions::connections`] decides, inside the store's transaction), and which
+//! keys of its open connections were removed or expired since (the gateway asks every second
+//! and closes those connections with the message).
 //!
 //! The manager words every refusal here; the gateway shows the message to the SSH client as it
 //! is. Routing considers only the key owner's own sessions, so another user's session is never
@@ -9,8 +11,10 @@
 
 use axum::extract::State;
 use axum::Json;
+use chrono::{DateTime, Utc};
 use ongrid_core::api::{
-    Allowlist, ConnectionEvent, ConnectionEventKind, KeyCheck, KeyOwner, Route, RouteRequest,
+    Allowlist, ConnectionEvent, ConnectionEventKind, HeldKey, HeldKeys, KeyCheck, KeyOwner,
+    Revocation, RevokedKey, RevokedKeys, Route, RouteRequest,
 };
 use ongrid_core::lifecycle::SessionDeadlines;
 use ongrid_core::{SessionName, SessionState};
@@ -21,7 +25,10 @@ use super::{ApiError, ApiJson, AppState};
 use crate::domain::sessions::SessionRecord;
 use crate::domain::utc;
 use crate::keys::fingerprint_of;
-use crate::store::{SessionFilter, StoreError};
+use crate::store::{KeyRecord, SessionFilter, StoreError};
+
+/// The most keys one check may ask about (a gateway's distinct keys of open connections).
+pub const MAX_HELD_KEYS: usize = 10_000;
 
 pub async fn allowlist(
     State(state): State<AppState>,
@@ -64,6 +71,76 @@ pub async fn authorize(
         fingerprint: key.fingerprint,
         expires_at: key.expires_at,
     }))
+}
+
+/// Which of the keys of the gateway's open connections no longer let their owner in: removed
+/// (or registered to someone else now), or expired. The others are left out of the answer.
+pub async fn check_keys(
+    State(state): State<AppState>,
+    _gateway: GatewayCaller,
+    ApiJson(held): ApiJson<HeldKeys>,
+) -> Result<Json<RevokedKeys>, ApiError> {
+    if held.keys.len() > MAX_HELD_KEYS {
+        return Err(ApiError::bad_request(format!(
+            "keys: at most {MAX_HELD_KEYS} keys per check, not {}",
+            held.keys.len()
+        )));
+    }
+    let now = state.clock.now();
+    let mut revoked = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for key in held.keys {
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        let record = state.store.key(&key.fingerprint).await?;
+        if let Some(revocation) = revocation(key, record.as_ref(), now) {
+            tracing::info!(fingerprint = ?revocation.key.fingerprint, owner = %revocation.key.owner,
+                why = ?revocation.why, "SSH key of open connections no longer valid: the gateway closes them.");
+            revoked.push(revocation);
+        }
+    }
+    Ok(Json(RevokedKeys { revoked }))
+}
+
+/// Whether `key`, held by an open connection, still lets its owner in, as `record` (the key's
+/// registration now, if any) says at `now`; the revocation with the user's message if not.
+pub fn revocation(
+    key: HeldKey,
+    record: Option<&KeyRecord>,
+    now: DateTime<Utc>,
+) -> Option<RevokedKey> {
+    match record {
+        Some(record) if record.owner == key.owner && record.expires_at > now => None,
+        Some(record) if record.owner == key.owner => {
+            let at = record.expires_at;
+            let message = format!(
+                "your SSH key {} expired at {} with the proxy or certificate it was registered \
+                 with: run voms-proxy-init and `devctl key add` again",
+                key.fingerprint,
+                utc(at)
+            );
+            Some(RevokedKey {
+                key,
+                why: Revocation::Expired,
+                at,
+                message,
+            })
+        }
+        _ => {
+            let message = format!(
+                "your SSH key {} was removed at {}: run `devctl key add` to register a key again",
+                key.fingerprint,
+                utc(now)
+            );
+            Some(RevokedKey {
+                key,
+                why: Revocation::Removed,
+                at: now,
+                message,
+            })
+        }
+    }
 }
 
 pub async fn route(

@@ -130,6 +130,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/gateway/authorize", post(gateway::authorize))
         .route("/v1/gateway/route", post(gateway::route))
         .route("/v1/gateway/connections", post(gateway::connection_event))
+        .route("/v1/gateway/keys/check", post(gateway::check_keys))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(error::log_refusals))

@@ -65,6 +65,7 @@ mod tests {
             session_id: SessionId::new_random(),
             bytes_in: 0,
             bytes_out: 0,
+            close_reason: None,
         };
         let open = event(ConnectionEventKind::Open);
         let close = event(ConnectionEventKind::Close);

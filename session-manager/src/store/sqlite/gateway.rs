@@ -20,7 +20,7 @@ const KEY_COLUMNS: &str = "k.fingerprint, k.owner, u.user_name, k.algorithm, k.p
      k.comment, k.added_at, k.expires_at FROM ssh_keys k JOIN users u ON u.dn = k.owner";
 
 const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute, c.session_id, \
-     s.name AS session_name, c.opened_at, c.closed_at, c.bytes_in, c.bytes_out \
+     s.name AS session_name, c.opened_at, c.closed_at, c.bytes_in, c.bytes_out, c.close_reason \
      FROM connections c JOIN sessions s ON s.id = c.session_id";
 
 impl SqliteStore {
@@ -199,8 +199,8 @@ impl SqliteStore {
         let bytes_in = clamp(event.bytes_in);
         let bytes_out = clamp(event.bytes_out);
         let insert = "INSERT INTO connections (id, owner, fingerprint, source, institute, \
-             session_id, opened_at, closed_at, bytes_in, bytes_out) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING";
+             session_id, opened_at, closed_at, bytes_in, bytes_out, close_reason) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING";
         let closed_at = match event.event {
             ConnectionEventKind::Open | ConnectionEventKind::Activity => None,
             ConnectionEventKind::Close => Some(timestamp(event.at)),
@@ -213,11 +213,13 @@ impl SqliteStore {
                 super::activity::record_activity_report(&mut tx, event, at).await?
             }
             ConnectionEventKind::Close => sqlx::query(
-                "UPDATE connections SET closed_at = ?, bytes_in = ?, bytes_out = ? WHERE id = ?",
+                "UPDATE connections SET closed_at = ?, bytes_in = ?, bytes_out = ?, \
+                 close_reason = ? WHERE id = ?",
             )
             .bind(&closed_at)
             .bind(bytes_in)
             .bind(bytes_out)
+            .bind(&event.close_reason)
             .bind(&connection_id)
             .execute(&mut *tx)
             .await?
@@ -237,6 +239,7 @@ impl SqliteStore {
                 .bind(&closed_at)
                 .bind(bytes_in)
                 .bind(bytes_out)
+                .bind(&event.close_reason)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -364,5 +367,6 @@ fn audit_from_row(row: &SqliteRow) -> StoreResult<AuditRecord> {
             .transpose()?,
         bytes_in: count("bytes_in")?,
         bytes_out: count("bytes_out")?,
+        close_reason: row.try_get("close_reason")?,
     })
 }

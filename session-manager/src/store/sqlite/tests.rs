@@ -628,6 +628,7 @@ fn connection(
         session_id: session.id,
         bytes_in: bytes.0,
         bytes_out: bytes.1,
+        close_reason: None,
     }
 }
 
@@ -695,7 +696,13 @@ async fn connections_are_audited_and_move_their_session() {
     let closed = record(connection(&session, 1, Close, t(20), (100, 2000))).await;
     assert_eq!(closed.open_connections, 1);
     assert_eq!(closed.session.state, SessionState::Connected);
-    let last = record(connection(&session, 2, Close, t(21), (5, 6))).await;
+    // The gateway closed this one itself: the reason stays in the audit log.
+    let revoked = "your SSH key SHA256:key1 was removed at 2026-11-21 10:00:00 UTC: run `devctl key add` to register a key again";
+    let last = record(ConnectionEvent {
+        close_reason: Some(revoked.to_owned()),
+        ..connection(&session, 2, Close, t(21), (5, 6))
+    })
+    .await;
     assert_eq!(last.open_connections, 0);
     assert_eq!(last.session.state, SessionState::Idle);
     assert_eq!(last.session.reason, "last SSH connection closed");
@@ -729,6 +736,8 @@ async fn connections_are_audited_and_move_their_session() {
         (t(10), Some(t(20)))
     );
     assert_eq!((first_row.bytes_in, first_row.bytes_out), (100, 2000));
+    assert_eq!(first_row.close_reason, None);
+    assert_eq!(log[3].close_reason.as_deref(), Some(revoked));
     let orphan_row = &log[1];
     assert_eq!(
         (orphan_row.opened_at, orphan_row.closed_at),
