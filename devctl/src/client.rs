@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::format::format_time;
-use crate::tls::{self, TlsSetupError, UserCertificate};
+use crate::credentials::{self, TlsSetupError, UserCertificate};
 
 /// How long to wait for the TCP connection and TLS handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -259,13 +259,13 @@ pub struct Client {
 impl Client {
     /// Reads the user's certificate and the CA directory and builds the HTTPS client.
     pub fn new(settings: &Settings) -> Result<Self, ClientError> {
-        let cas = tls::load_grid_cas(&settings.ca_dir);
+        let cas = credentials::load_grid_cas(&settings.ca_dir);
         let user = UserCertificate::load(&settings.credentials, cas.as_ref(), Utc::now())?;
         // Expired, legacy and other unusable credentials are refused here, in one line, rather
         // than by a TLS alert from the manager.
         user.check(&settings.credentials)?;
-        let roots = tls::load_ca_dir(&settings.ca_dir)?;
-        let tls = tls::client_config(roots, &user, &settings.credentials)?;
+        let roots = credentials::load_ca_dir(&settings.ca_dir)?;
+        let tls = credentials::client_config(roots, &user, &settings.credentials)?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .https_only(true)

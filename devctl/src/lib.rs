@@ -30,7 +30,7 @@ pub mod pubkey;
 pub mod session;
 pub mod table;
 pub mod terminal;
-pub mod tls;
+pub mod credentials;
 pub mod whoami;
 
 use cli::Cli;

@@ -53,7 +53,7 @@ pub use ongrid_service::Token;
 use crate::gpu::GpuBackendConfig;
 use crate::network::NetworkPolicy;
 use crate::runtime::Reserved;
-use crate::streams::tls::{self, StreamsIdentityError};
+use crate::streams::server_identity::{self, StreamsIdentityError};
 
 /// Why the configuration was refused. Each message names the file or key to fix.
 #[derive(Debug, thiserror::Error)]
@@ -322,7 +322,7 @@ impl StreamsFile {
                 TokenError::Empty(path) => ConfigError::EmptyGatewayToken(path),
             })?;
         let tls =
-            tls::server_config(&self.tls_cert, &self.tls_key).map_err(ConfigError::StreamsTls)?;
+            server_identity::server_config(&self.tls_cert, &self.tls_key).map_err(ConfigError::StreamsTls)?;
         Ok(StreamsConfig {
             listen,
             url,

@@ -16,7 +16,7 @@ use ongrid_core::{Dn, NodeName};
 use ongrid_x509::voms::Fqan;
 use sha2::{Digest, Sha256};
 
-use crate::tls::Identity;
+use crate::grid_identity::Identity;
 
 /// The other end of the connection a request came on.
 #[derive(Debug, Clone)]

@@ -28,7 +28,7 @@ pub mod scheduler;
 pub mod server;
 pub mod site;
 pub mod store;
-pub mod tls;
+pub mod grid_identity;
 
 use std::sync::Arc;
 
@@ -50,7 +50,7 @@ use crate::hold_timer::HoldTimer;
 use crate::scheduler::Scheduler;
 use crate::server::Server;
 use crate::store::SqliteStore;
-use crate::tls::{ClientAuthenticator, GridAuthenticator, TrustConfig};
+use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 
 /// Everything the config points to, loaded and checked, without touching the database.
 /// `--check-config` stops here.
@@ -66,14 +66,14 @@ pub struct Prepared {
 /// Loads the TLS material, the CA directory, the agent tokens and the gateway token named by
 /// `config`.
 pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
-    let provider = tls::provider();
+    let provider = grid_identity::provider();
     let authenticator: Arc<dyn ClientAuthenticator> =
         Arc::new(GridAuthenticator::load(TrustConfig {
             ca_dir: config.ca_dir.clone(),
             vomsdir: config.vomsdir.clone(),
             crl_policy: config.crl_policy,
         })?);
-    let tls = tls::server_config(
+    let tls = grid_identity::server_config(
         &config.tls_cert,
         &config.tls_key,
         authenticator.clone(),

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::auth::Peer;
-use crate::tls::ClientAuthenticator;
+use crate::grid_identity::ClientAuthenticator;
 
 /// A client that has not finished the TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);

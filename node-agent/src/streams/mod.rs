@@ -18,7 +18,7 @@ pub mod auth;
 pub mod exec;
 pub mod host;
 pub mod tcp;
-pub mod tls;
+pub mod server_identity;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use ongrid_agent::config::{StreamsConfig, Token};
 use ongrid_agent::reconcile::Reconciler;
 use ongrid_agent::runtime::inject::SFTP_SERVER_PATHS;
 use ongrid_agent::runtime::{ContainerRuntime, GpuAccess};
-use ongrid_agent::streams::{tls, StreamServer};
+use ongrid_agent::streams::{server_identity, StreamServer};
 use ongrid_core::api::{ContainerState, DesiredSession};
 use ongrid_core::stream::{ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
 use ongrid_core::Dn;
@@ -88,7 +88,7 @@ impl Fixture {
             listen: address,
             url: None,
             tls_cert: cert_path.clone(),
-            tls: Arc::new(tls::server_config(&cert_path, &key_path).expect("TLS identity")),
+            tls: Arc::new(server_identity::server_config(&cert_path, &key_path).expect("TLS identity")),
             gateway_token: Token::new(GATEWAY_TOKEN),
         };
         assert_eq!(

@@ -15,7 +15,7 @@ use ongrid_core::NodeName;
 use super::{ApiError, AppState};
 use crate::auth::Peer;
 use crate::store::UserRecord;
-use crate::tls::Identity;
+use crate::grid_identity::Identity;
 
 /// A user authenticated by certificate, with their stored login and UID.
 #[derive(Debug, Clone)]

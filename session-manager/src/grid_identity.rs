@@ -158,7 +158,7 @@ pub struct GridAuthenticator {
 struct Trust {
     cas: Arc<CaDir>,
     vomsdir: Option<Arc<VomsDir>>,
-    stamp: u64,
+    listing_digest: u64,
     checked: Instant,
 }
 
@@ -191,7 +191,7 @@ impl GridAuthenticator {
         let trust = Trust {
             cas,
             vomsdir,
-            stamp: stamp(&config),
+            listing_digest: trust_dirs_listing_digest(&config),
             checked: Instant::now(),
         };
         Ok(Self {
@@ -226,14 +226,14 @@ impl GridAuthenticator {
         let mut trust = self.trust.write().unwrap_or_else(|e| e.into_inner());
         if trust.checked.elapsed() >= self.reload_check {
             trust.checked = Instant::now();
-            let now = stamp(&self.config);
-            if now != trust.stamp {
+            let now = trust_dirs_listing_digest(&self.config);
+            if now != trust.listing_digest {
                 match load_trust(&self.config) {
                     Ok((cas, vomsdir)) => {
                         tracing::info!(ca_dir = %self.config.ca_dir.display(), "Reloaded client CAs and CRLs: the directory changed.");
                         trust.cas = cas;
                         trust.vomsdir = vomsdir;
-                        trust.stamp = now;
+                        trust.listing_digest = now;
                     }
                     Err(error) => {
                         tracing::error!(%error, "Reloading the client CAs failed; keeping the ones loaded before.");
@@ -321,7 +321,7 @@ fn load_trust(
 
 /// A digest of the names, sizes and modification times of the files in the trust
 /// directories (and one level below, for vomsdir's `<vo>/` directories).
-fn stamp(config: &TrustConfig) -> u64 {
+fn trust_dirs_listing_digest(config: &TrustConfig) -> u64 {
     fn walk(dir: &Path, depth: u8, hasher: &mut DefaultHasher) {
         let Ok(entries) = fs::read_dir(dir) else {
             return;
