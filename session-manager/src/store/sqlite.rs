@@ -35,7 +35,7 @@ use super::{
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
-use crate::domain::sessions::{rendered_reason, Change, Placement, SessionRecord};
+use crate::domain::sessions::{connections, rendered_reason, Change, Placement, SessionRecord};
 use ongrid_core::job::JobId;
 use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
@@ -637,9 +637,14 @@ async fn apply_change(
     let mut lifecycle = Lifecycle::from_history(history)
         .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))?;
     let seq = lifecycle.history().len();
+    let folded = connections::folds(lifecycle.history(), change.to);
     let sentence = change.sentence();
     let transition = lifecycle.transition(change.to, change.at, sentence)?;
-    insert_transition(tx, id, seq, transition, (&change.reason, change.hold)).await?;
+    if folded {
+        fold_transition(tx, id, seq, transition, &change.reason).await?;
+    } else {
+        insert_transition(tx, id, seq, transition, (&change.reason, change.hold)).await?;
+    }
     activity::after_transition(tx, id, transition).await?;
     let id_text = id.to_string();
     let hold = change.hold.map(HoldReason::as_str);
@@ -688,7 +693,7 @@ async fn load_transitions(
     id: SessionId,
 ) -> StoreResult<Vec<Transition>> {
     let rows = sqlx::query(
-        "SELECT from_state, to_state, at, reason, hold_reason FROM session_transitions \
+        "SELECT from_state, to_state, at, reason, hold_reason, repeats FROM session_transitions \
          WHERE session_id = ? ORDER BY seq",
     )
     .bind(id.to_string())
@@ -701,7 +706,14 @@ async fn load_transitions(
                 from: from.map(|f| parse(&f, "session state")).transpose()?,
                 to: parse(&row.try_get::<String, _>("to_state")?, "session state")?,
                 at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
-                reason: reason_from_row(row)?,
+                reason: match row.try_get::<i64, _>("repeats")? {
+                    0 => reason_from_row(row)?,
+                    repeats => format!(
+                        "{} ({} times, the latest shown)",
+                        reason_from_row(row)?,
+                        repeats.saturating_add(1)
+                    ),
+                },
             })
         })
         .collect()
@@ -727,6 +739,36 @@ async fn insert_transition(
     .bind(timestamp(transition.at))
     .bind(reason)
     .bind(hold.map(HoldReason::as_str))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Folds `transition` (a CONNECTED ⇄ IDLE flip, see [`connections::folds`]) into the history
+/// whose rows are numbered below `seq`: the last row (its reverse) goes, and the row before it
+/// (the same flip) takes the new time and reason and counts one more repeat.
+async fn fold_transition(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: SessionId,
+    seq: usize,
+    transition: &Transition,
+    reason: &str,
+) -> StoreResult<()> {
+    let seq = i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?;
+    let id_text = id.to_string();
+    sqlx::query("DELETE FROM session_transitions WHERE session_id = ? AND seq = ?")
+        .bind(&id_text)
+        .bind(seq - 1)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query(
+        "UPDATE session_transitions SET at = ?, reason = ?, repeats = repeats + 1 \
+         WHERE session_id = ? AND seq = ?",
+    )
+    .bind(timestamp(transition.at))
+    .bind(reason)
+    .bind(&id_text)
+    .bind(seq - 2)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -3,10 +3,14 @@
 //! The store calls [`follow_connection`] inside the transaction that records the event, so that
 //! two connections opening and closing at once can never leave a session IDLE with a connection
 //! open.
+//!
+//! Connections coming and going would add two transitions each to the session's history; they
+//! fold instead ([`folds`]): the history keeps the first CONNECTED (from WAITING) and the latest
+//! CONNECTED ⇄ IDLE pair, each with how many times it happened.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-use ongrid_core::{normalize_ip, SessionState};
+use ongrid_core::{normalize_ip, SessionState, Transition};
 
 use super::Change;
 
@@ -42,6 +46,31 @@ pub fn follow_connection(
         _ => return None,
     };
     Some(Change::keep_placement(to, now, reason))
+}
+
+/// Whether a move of a session with `history` to `to` folds into its history instead of adding
+/// a row: it is a CONNECTED ⇄ IDLE flip, and the history ends with the same flip followed by
+/// its reverse. The store then drops the reverse (the last row) and gives the same flip (now
+/// the last) the new time and reason, counting one more repeat: the replayed history stays a
+/// valid sequence and ends in the same state, and no row but the last is ever removed.
+pub fn folds(history: &[Transition], to: SessionState) -> bool {
+    let flip = |from: Option<SessionState>, to: SessionState| {
+        matches!(
+            (from, to),
+            (Some(SessionState::Connected), SessionState::Idle)
+                | (Some(SessionState::Idle), SessionState::Connected)
+        )
+    };
+    match history {
+        [.., before, last] => {
+            flip(Some(last.to), to)
+                && flip(before.from, before.to)
+                && flip(last.from, last.to)
+                && before.from == Some(last.to)
+                && before.to == to
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -102,5 +131,46 @@ mod tests {
             ))
         );
         assert_eq!(follow(Waiting, &activity, 0), None, "closed meanwhile");
+    }
+
+    #[test]
+    fn only_repeated_connection_flips_fold() {
+        use SessionState::*;
+        let history = |states: &[SessionState]| -> Vec<Transition> {
+            let mut from = None;
+            states
+                .iter()
+                .map(|&to| {
+                    let t = Transition {
+                        from,
+                        to,
+                        at: Utc::now(),
+                        reason: String::new(),
+                    };
+                    from = Some(to);
+                    t
+                })
+                .collect()
+        };
+        let waited = [Pending, Starting, Waiting];
+        // The first connection, its close and the next open are kept as rows...
+        assert!(!folds(&history(&waited), Connected));
+        assert!(!folds(
+            &history(&[&waited[..], &[Connected]].concat()),
+            Idle
+        ));
+        assert!(!folds(
+            &history(&[&waited[..], &[Connected, Idle]].concat()),
+            Connected
+        ));
+        // ...from then on each flip folds into the pair before it.
+        let pair = [&waited[..], &[Connected, Idle, Connected]].concat();
+        assert!(folds(&history(&pair), Idle));
+        let pair = [&waited[..], &[Connected, Idle, Connected, Idle]].concat();
+        assert!(folds(&history(&pair), Connected));
+        // Anything else is a row of its own.
+        assert!(!folds(&history(&pair), Held));
+        let released = [&waited[..], &[Connected, Held, Pending, Starting, Waiting]].concat();
+        assert!(!folds(&history(&released), Connected));
     }
 }

@@ -663,6 +663,94 @@ async fn running_session(store: &SqliteStore, owner: &Dn, name: &str) -> Session
 }
 
 #[tokio::test]
+async fn connections_coming_and_going_leave_a_bounded_history() {
+    use ongrid_core::api::ConnectionEventKind::{Close, Open};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let session = running_session(&store, &alice.dn, "train1").await;
+    let at = |n: u32| t(10 + i64::from(n));
+    for n in 0..500u32 {
+        let id = u128::from(n);
+        let opened = store
+            .record_connection(
+                &connection(&session, id, Open, at(2 * n), (0, 0)),
+                at(2 * n),
+            )
+            .await
+            .unwrap();
+        assert_eq!(opened.session.state, SessionState::Connected);
+        let closed = store
+            .record_connection(
+                &connection(&session, id, Close, at(2 * n + 1), (1, 1)),
+                at(2 * n + 1),
+            )
+            .await
+            .unwrap();
+        assert_eq!(closed.session.state, SessionState::Idle);
+        assert!(
+            closed.transition.is_some(),
+            "each close still moves the session"
+        );
+    }
+    let history = store.transitions(session.id).await.unwrap();
+    let moves: Vec<_> = history.iter().map(|t| (t.from, t.to)).collect();
+    use SessionState::*;
+    assert_eq!(
+        moves,
+        [
+            (None, Pending),
+            (Some(Pending), Starting),
+            (Some(Starting), Waiting),
+            (Some(Waiting), Connected),
+            (Some(Connected), Idle),
+        ]
+    );
+    // The first connection as it was; the closes counted, the latest shown.
+    assert_eq!(history[3].at, at(0));
+    assert_eq!(history[3].reason, "SSH connection from 192.0.2.7 (uni-lab)");
+    assert_eq!(history[4].at, at(999));
+    assert_eq!(
+        history[4].reason,
+        "last SSH connection closed (500 times, the latest shown)"
+    );
+    // The session shows it too: IDLE since the latest close.
+    let facts = store
+        .lifecycle_facts(crate::store::FactsScope::Session(session.id))
+        .await
+        .unwrap();
+    assert_eq!(facts[0].state_since, at(999));
+
+    // Connected again: the latest open is a row of its own, and the history still replays
+    // into a valid sequence that later moves (a hold) extend; the numbering has no gap.
+    store
+        .record_connection(
+            &connection(&session, 1000, Open, at(1000), (0, 0)),
+            at(1000),
+        )
+        .await
+        .unwrap();
+    let history = store.transitions(session.id).await.unwrap();
+    assert_eq!(history.len(), 6);
+    assert_eq!(
+        (history[5].from, history[5].to, history[5].at),
+        (Some(Idle), Connected, at(1000))
+    );
+    store
+        .transition(session.id, change(Held, at(1001), "owner", Placement::Keep))
+        .await
+        .unwrap();
+    assert_eq!(store.transitions(session.id).await.unwrap().len(), 7);
+    let seqs: Vec<i64> =
+        sqlx::query_scalar("SELECT seq FROM session_transitions WHERE session_id = ? ORDER BY seq")
+            .bind(session.id.to_string())
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+    assert_eq!(seqs, (0..7).collect::<Vec<i64>>());
+}
+
+#[tokio::test]
 async fn connections_are_audited_and_move_their_session() {
     use ongrid_core::api::ConnectionEventKind::{Close, Open};
     let dir = tempfile::tempdir().unwrap();
