@@ -27,8 +27,9 @@
 //!
 //! A logged-in connection's key is watched (`revocations.rs`): when the manager says it was
 //! removed or expired, the connection task writes the manager's message on the stderr of each
-//! of its session channels, disconnects with the same message, and reports the close with it
-//! as the reason (the audit log keeps it).
+//! of its session channels and closes them (exit status 255), disconnects with the same message
+//! once they are closed (OpenSSH drops output it has not written yet when the connection goes
+//! first), and reports the close with it as the reason (the audit log keeps it).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -71,6 +72,10 @@ pub const ROUTE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CHANNELS: usize = 128;
 /// How long a connection being closed by the gateway has to go before its socket is cut.
 const DISCONNECT_GRACE: Duration = Duration::from_secs(5);
+/// How long the session channels of a connection whose key was revoked have to close (so the
+/// client shows their last stderr: OpenSSH drops what it has not written yet when the connection
+/// is cut) before the connection is disconnected.
+const REVOKED_GRACE: Duration = Duration::from_secs(1);
 /// How long channel tasks have to finish once their connection ended.
 const CHANNEL_GRACE: Duration = Duration::from_secs(5);
 /// Messages from the handler to the connection task waiting at most.
@@ -163,6 +168,7 @@ pub async fn serve<S>(
         revoked: None,
         session_channels: std::collections::HashSet::new(),
         close_reason: None,
+        disconnect_at: None,
     };
     connection.run(session, events_rx, kill, shutdown).await;
 }
@@ -704,8 +710,11 @@ struct Connection {
     revoked: Option<oneshot::Receiver<RevokedKey>>,
     /// Session channels open, which a revocation's message is written to.
     session_channels: std::collections::HashSet<ChannelId>,
-    /// Why the gateway closed the connection itself, for the close event.
+    /// Why the gateway closed the connection itself, for the close event and the disconnect.
     close_reason: Option<String>,
+    /// When the gateway disconnects a connection whose key was revoked (sooner once its
+    /// session channels are closed).
+    disconnect_at: Option<tokio::time::Instant>,
 }
 
 impl Connection {
@@ -742,6 +751,9 @@ impl Connection {
                     if let Ok((channel, input)) = done {
                         self.table.remove(channel, &input);
                         self.session_channels.remove(&channel);
+                        if self.session_channels.is_empty() && self.disconnect_at.is_some() {
+                            self.disconnect_at = Some(tokio::time::Instant::now());
+                        }
                     }
                 }
                 revoked = poll_revoked(&mut self.revoked), if self.revoked.is_some() => {
@@ -749,9 +761,18 @@ impl Connection {
                     if let Ok(revoked) = revoked {
                         if cut_at.is_none() {
                             self.close_revoked(revoked).await;
-                            cut_at = Some(tokio::time::Instant::now() + DISCONNECT_GRACE);
                         }
                     }
+                }
+                () = sleep_until_some(self.disconnect_at), if self.disconnect_at.is_some() && cut_at.is_none() => {
+                    self.disconnect_at = None;
+                    let message = self.close_reason.clone().unwrap_or_default();
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        self.handle.disconnect(Disconnect::ByApplication, message, String::new()),
+                    )
+                    .await;
+                    cut_at = Some(tokio::time::Instant::now() + DISCONNECT_GRACE);
                 }
                 () = sleep_until_some(self.next_activity), if self.next_activity.is_some() => {
                     self.report_activity();
@@ -994,8 +1015,9 @@ impl Connection {
     }
 
     /// The connection's key was removed or expired: the manager's message on every session
-    /// channel's stderr, then a disconnect with it (the caller cuts the socket if the client
-    /// does not go).
+    /// channel's stderr, then exit status 255, EOF and close on it; the disconnect (with the
+    /// message too) follows once those channels are closed or [`REVOKED_GRACE`] passed, and the
+    /// socket is cut if the client does not go.
     async fn close_revoked(&mut self, revoked: RevokedKey) {
         self.key_watch = None;
         tracing::info!(
@@ -1009,21 +1031,24 @@ impl Connection {
             "Closing a connection: its key is no longer valid."
         );
         let line = format!("\r\nongrid: {}\r\n", revoked.message);
-        for channel in &self.session_channels {
-            let write = self
-                .handle
-                .extended_data(*channel, 1, line.clone().into_bytes());
-            let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+        let handle = &self.handle;
+        for &channel in &self.session_channels {
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                let _ = handle
+                    .extended_data(channel, 1, line.clone().into_bytes())
+                    .await;
+                let _ = handle.exit_status_request(channel, 255).await;
+                let _ = handle.eof(channel).await;
+                let _ = handle.close(channel).await;
+            })
+            .await;
         }
-        let _ = tokio::time::timeout(
-            Duration::from_secs(1),
-            self.handle.disconnect(
-                Disconnect::ByApplication,
-                revoked.message.clone(),
-                String::new(),
-            ),
-        )
-        .await;
+        let now = tokio::time::Instant::now();
+        self.disconnect_at = Some(if self.session_channels.is_empty() {
+            now
+        } else {
+            now + REVOKED_GRACE
+        });
         self.close_reason = Some(revoked.message);
     }
 
