@@ -988,8 +988,9 @@ impl Drop for Site {
     }
 }
 
-/// Removes the ongrid containers of `node` or of users whose login contains `suffix`, and the
-/// home volumes whose name contains `suffix`.
+/// Removes the ongrid containers of `node` or of users whose login contains `suffix` (sessions'
+/// and batch jobs' `ongrid-job-*`), the networks the agent of `node` made, and the home volumes
+/// whose name contains `suffix`.
 fn remove_docker_objects(node: &str, suffix: &str) {
     let rows = docker_lines(&[
         "ps",
@@ -1007,6 +1008,12 @@ fn remove_docker_objects(node: &str, suffix: &str) {
         if rest.iter().any(|f| *f == node || f.contains(suffix)) {
             let _ = Command::new("docker").args(["rm", "-f", id]).output();
         }
+    }
+    let node_label = format!("label=ongrid.node={node}");
+    for network in docker_lines(&["network", "ls", "-q", "--filter", &node_label]) {
+        let _ = Command::new("docker")
+            .args(["network", "rm", &network])
+            .output();
     }
     let volumes = docker_lines(&[
         "volume",

@@ -3,6 +3,7 @@
 
 mod freeze;
 mod identity;
+mod jobs;
 mod lifecycle;
 mod sessions;
 mod ssh;
