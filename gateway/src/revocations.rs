@@ -23,6 +23,8 @@ use crate::manager::ManagerClient;
 pub const RECHECK: Duration = Duration::from_secs(1);
 /// The longest one check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Keys asked about in one request at most (the manager takes up to 10,000).
+const CHECK_BATCH: usize = 1000;
 
 /// The key of every logged-in connection, and where to tell it that the key was revoked.
 #[derive(Debug, Default)]
@@ -112,39 +114,36 @@ pub async fn watch(
             _ = ticks.tick() => {}
             () = shutdown.cancelled() => return,
         }
-        let held = keys.held();
-        if held.is_empty() {
-            continue;
-        }
-        let asked = held.len();
-        let answer =
-            tokio::time::timeout(CHECK_TIMEOUT, manager.check_keys(&HeldKeys { keys: held })).await;
-        match answer {
-            Ok(Ok(answer)) => {
-                if failing {
-                    tracing::info!("The manager checks open connections' keys again.");
-                    failing = false;
+        for batch in keys.held().chunks(CHECK_BATCH) {
+            let request = HeldKeys {
+                keys: batch.to_vec(),
+            };
+            let answer = tokio::time::timeout(CHECK_TIMEOUT, manager.check_keys(&request)).await;
+            let error = match answer {
+                Ok(Ok(answer)) => {
+                    if failing {
+                        tracing::info!("The manager checks open connections' keys again.");
+                        failing = false;
+                    }
+                    if !answer.revoked.is_empty() {
+                        let closed = keys.revoke(&answer.revoked);
+                        tracing::info!(
+                            keys = answer.revoked.len(),
+                            connections = closed,
+                            "Keys of open connections were removed or expired: closing those connections."
+                        );
+                    }
+                    continue;
                 }
-                if !answer.revoked.is_empty() {
-                    let closed = keys.revoke(&answer.revoked);
-                    tracing::info!(
-                        keys = answer.revoked.len(),
-                        connections = closed,
-                        "Keys of open connections were removed or expired: closing those connections."
-                    );
-                }
-            }
-            Ok(Err(error)) => {
-                if !failing {
-                    tracing::warn!(keys = asked, error = format!("{:#}", anyhow::Error::from(error)), "Cannot check open connections' keys with the manager; they stay open meanwhile.");
-                    failing = true;
-                }
-            }
-            Err(_) => {
-                if !failing {
-                    tracing::warn!(keys = asked, "The manager did not answer a check of open connections' keys in time; they stay open meanwhile.");
-                    failing = true;
-                }
+                Ok(Err(error)) => format!("{:#}", anyhow::Error::from(error)),
+                Err(_) => format!(
+                    "the manager did not answer within {} s",
+                    CHECK_TIMEOUT.as_secs()
+                ),
+            };
+            if !failing {
+                tracing::warn!(keys = batch.len(), %error, "Cannot check open connections' keys with the manager; they stay open meanwhile.");
+                failing = true;
             }
         }
     }
