@@ -355,7 +355,39 @@ fn allowlist_and_keys_gate_every_connection_and_audit_records_them() {
         .to_owned();
     let out = site.ssh(&alice, "train1", "head -c 1000 /dev/zero", b"");
     assert_eq!(out.stdout.len(), 1000, "{}", explain(&out));
+    // A connection open with it is closed with the reason (within a second or two).
+    let audited = || -> Vec<Value> {
+        site.devctl_json(&site.admin, &["admin", "audit", "--user", &alice.creds.dn])
+            .expect("audit")
+    };
+    let before = audited().len();
+    let open = site
+        .ssh_command(&alice, "train1")
+        .arg("sleep 600")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ssh");
+    site.wait_until("the open connection", Duration::from_secs(20), || {
+        (audited().len() > before).then_some(())
+    });
     site.devctl_ok(&alice, &["key", "rm", &fingerprint]);
+    let removed = std::time::Instant::now();
+    let closed = open.wait_with_output().expect("wait for ssh");
+    assert!(
+        removed.elapsed() < Duration::from_secs(5),
+        "closed {:?} after the removal",
+        removed.elapsed()
+    );
+    assert_eq!(closed.status.code(), Some(255), "{}", explain(&closed));
+    let message = format!("your SSH key {fingerprint} was removed at ");
+    assert!(
+        text(&closed.stderr).contains(&message)
+            && text(&closed.stderr).contains("run `devctl key add` to register a key again"),
+        "{}",
+        explain(&closed)
+    );
     let out = site.wait_until(
         "the removed key to be refused",
         Duration::from_secs(40),
@@ -387,5 +419,15 @@ fn allowlist_and_keys_gate_every_connection_and_audit_records_them() {
     assert_eq!(big["institute"], "local");
     assert_eq!(big["session_name"], "train1");
     assert!(big["closed_at"].is_string(), "{big}");
+    let revoked = records
+        .iter()
+        .find(|r| r["close_reason"].is_string())
+        .expect("the connection closed for the removed key");
+    assert!(
+        revoked["close_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains(&message)),
+        "{revoked}"
+    );
     site.stop_gateway();
 }
