@@ -1428,13 +1428,17 @@ pub enum ObservedJobStatus {
         signalled_at: DateTime<Utc>,
     },
     /// The main process ended. `killed` says the agent killed it (a halt that outlived
-    /// [`HALT_GRACE`], or a kill the manager asked for).
+    /// [`HALT_GRACE`], or a kill the manager asked for); `signalled_at` when [`HALT_SIGNAL`] was
+    /// sent before it ended (a job that exits within one sync of the signal is never reported
+    /// `Halting`, so its exit report carries the time).
     Exited {
         started_at: DateTime<Utc>,
         finished_at: DateTime<Utc>,
         exit_code: i32,
         oom_killed: bool,
         killed: bool,
+        #[serde(default)]
+        signalled_at: Option<DateTime<Utc>>,
     },
     /// It could not be started; `error` says why and what to do (broken SIF, ...).
     Failed {
@@ -1504,6 +1508,7 @@ mod tests {
                 exit_code: HALT_EXIT_CODE,
                 oom_killed: false,
                 killed: false,
+                signalled_at: Some(t0() + chrono::Duration::seconds(88)),
             },
             log: Some(LogChunk {
                 offset: 10,

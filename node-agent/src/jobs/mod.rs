@@ -542,6 +542,7 @@ impl Jobs {
                 exit_code: i32::try_from(exit_code).unwrap_or(i32::MAX),
                 oom_killed,
                 killed: record.killed,
+                signalled_at: record.signalled_at,
             },
         }
     }

@@ -272,12 +272,17 @@ async fn a_job_that_halts_in_time_exits_with_its_own_code() {
         "an exited job is not killed"
     );
     let ObservedJobStatus::Exited {
-        exit_code, killed, ..
+        exit_code,
+        killed,
+        signalled_at,
+        ..
     } = status(&mut jobs, &job).await.status
     else {
         panic!("the job exited");
     };
     assert_eq!((exit_code, killed), (123, false));
+    // The exit report says when the signal went out, so the manager stores HALTING too.
+    assert_eq!(signalled_at, Some(t0()));
 }
 
 #[tokio::test]

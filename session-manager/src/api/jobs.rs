@@ -208,6 +208,15 @@ pub async fn follow_reports(
                     .await?;
             }
         }
+        let job = match jobs::halting_before_exit(&job, &report.status) {
+            Some(halting) => match state.store.job_transition(job.id, halting, None).await {
+                Ok(job) => job,
+                // Changed meanwhile (cancelled by its owner): the next sync sees it.
+                Err(StoreError::InvalidJobTransition(_)) => continue,
+                Err(other) => return Err(other.into()),
+            },
+            None => job,
+        };
         let Some(change) = jobs::follow_report(&job, &report.status, now) else {
             continue;
         };

@@ -356,6 +356,23 @@ pub fn halt_by_owner(job: &JobRecord, now: DateTime<Utc>) -> Result<JobChange, R
     }
 }
 
+/// The HALTING step a report skipped: a MUSTHALT job that exited within one sync of its halt
+/// signal is reported `Exited` with the signal's time, never `Halting`. Every transition is
+/// stored, so the job passes through HALTING at that time before [`follow_report`] ends it.
+pub fn halting_before_exit(job: &JobRecord, status: &ObservedJobStatus) -> Option<JobChange> {
+    match status {
+        ObservedJobStatus::Exited {
+            signalled_at: Some(signalled_at),
+            ..
+        } if job.state() == JobState::MustHalt => Some(JobChange::new(
+            JobState::Halting,
+            *signalled_at,
+            JobReason::HaltSignalSent,
+        )),
+        _ => None,
+    }
+}
+
 /// What an agent's report of a job means for it, if anything. Reports of a job that no longer
 /// holds GPUs (cancelled meanwhile, ...) change nothing.
 pub fn follow_report(
@@ -636,6 +653,7 @@ mod tests {
             exit_code: code,
             oom_killed: false,
             killed,
+            signalled_at: None,
         }
     }
 
@@ -739,6 +757,36 @@ mod tests {
         // The container's report after the end changes nothing.
         assert_eq!(
             follow_report(&job, &exited(HALT_EXIT_CODE, false, 106), t(200)),
+            None
+        );
+    }
+
+    #[test]
+    fn an_exit_within_one_sync_of_the_signal_still_passes_through_halting() {
+        let mut job = running(JobSpecFile::default());
+        job.apply(&halt_by_owner(&job, t(100)).unwrap());
+        let quick = ObservedJobStatus::Exited {
+            started_at: t(10),
+            finished_at: t(102),
+            exit_code: HALT_EXIT_CODE,
+            oom_killed: false,
+            killed: false,
+            signalled_at: Some(t(101)),
+        };
+        let halting = halting_before_exit(&job, &quick).unwrap();
+        assert_eq!(
+            (halting.to, halting.at, halting.reason.clone()),
+            (JobState::Halting, t(101), JobReason::HaltSignalSent)
+        );
+        job.apply(&halting);
+        // Once HALTING (or without a signal time) there is no step to add.
+        assert_eq!(halting_before_exit(&job, &quick), None);
+        let change = follow_report(&job, &quick, t(200)).unwrap();
+        assert_eq!((change.to, change.at), (JobState::Halted, t(102)));
+        let mut plain = running(JobSpecFile::default());
+        plain.apply(&halt_by_owner(&plain, t(100)).unwrap());
+        assert_eq!(
+            halting_before_exit(&plain, &exited(HALT_EXIT_CODE, false, 102)),
             None
         );
     }

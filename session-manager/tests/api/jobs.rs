@@ -106,6 +106,7 @@ fn exited(code: i32, killed: bool) -> ObservedJobStatus {
         exit_code: code,
         oom_killed: false,
         killed,
+        signalled_at: None,
     }
 }
 

@@ -189,7 +189,16 @@ fn a_restartable_job_halts_for_a_session_and_resumes_from_its_checkpoint() {
         ran_for >= chrono::Duration::seconds(MIN_DURATION_SECS),
         "halted after {ran_for} only: {halted}"
     );
-    // (HALTING may be skipped: the agent can report the exit in the same sync as the signal.)
+    // Every step is stored, HALTING too (also when the exit came within one sync of the signal).
+    let states: Vec<&str> = transitions
+        .iter()
+        .filter_map(|t| t["to"].as_str())
+        .collect();
+    assert_eq!(
+        states,
+        ["QUEUED", "RUNNING", "MUSTHALT", "HALTING", "HALTED"],
+        "{halted}"
+    );
     let last = transitions.last().expect("a transition");
     assert_eq!(last["reason"]["reason"], "halted_cleanly", "{halted}");
     assert_eq!(halted["exit_code"], 123, "{halted}");

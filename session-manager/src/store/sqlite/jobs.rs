@@ -360,6 +360,7 @@ mod tests {
             exit_code: HALT_EXIT_CODE,
             oom_killed: false,
             killed: false,
+            signalled_at: None,
         };
         let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
         let next = jobs::next_in_chain(&job, &change, JobId::new_random()).unwrap();
