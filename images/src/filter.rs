@@ -47,6 +47,70 @@ pub(crate) enum FilterError {
     Read(io::Error),
     #[error("writing to tar2sqfs: {0}")]
     Write(io::Error),
+    #[error("writing the copy of the filtered tar: {0}")]
+    Copy(io::Error),
+}
+
+/// The filter's output: the tar for `tar2sqfs`, and optionally a copy of the same entries
+/// without the generated `/.singularity.d` tree (the frozen Docker image's filesystem).
+pub(crate) struct Tee<'c, W> {
+    pub main: W,
+    pub copy: Option<&'c mut dyn Write>,
+}
+
+/// Marks a failed write to the copy, so it is told apart from a broken `tar2sqfs` pipe.
+#[derive(Debug)]
+struct CopyFailed(io::Error);
+
+impl std::fmt::Display for CopyFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for CopyFailed {}
+
+impl<W: Write> Tee<'_, W> {
+    /// Ends the copy with tar's end-of-archive marker; later entries go to `main` only.
+    fn finish_copy(&mut self) -> Result<(), FilterError> {
+        if let Some(copy) = self.copy.take() {
+            copy.write_all(&[0; 1024])
+                .and_then(|()| copy.flush())
+                .map_err(FilterError::Copy)?;
+        }
+        Ok(())
+    }
+}
+
+impl<W: Write> Write for Tee<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.main.write(buf)?;
+        if let Some(copy) = self.copy.as_mut() {
+            copy.write_all(&buf[..n])
+                .map_err(|e| io::Error::other(CopyFailed(e)))?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.main.flush()?;
+        if let Some(copy) = self.copy.as_mut() {
+            copy.flush().map_err(|e| io::Error::other(CopyFailed(e)))?;
+        }
+        Ok(())
+    }
+}
+
+/// A write error of the [`Tee`]: the copy's, or the pipe's.
+fn write_error(e: io::Error) -> FilterError {
+    if e.get_ref().is_some_and(|inner| inner.is::<CopyFailed>()) {
+        match e.into_inner().map(|inner| inner.downcast::<CopyFailed>()) {
+            Some(Ok(copy)) => return FilterError::Copy(copy.0),
+            Some(Err(other)) => return FilterError::Write(io::Error::other(other)),
+            None => unreachable!("checked above"),
+        }
+    }
+    FilterError::Write(e)
 }
 
 /// What the filter did, for the provenance record.
@@ -103,7 +167,7 @@ impl<R: Read> Read for Counting<R> {
 /// Filters `input.export` into `out` and finishes the archive.
 pub(crate) fn filter_export<W: Write>(
     input: FilterInput<'_>,
-    mut out: TarWriter<W>,
+    mut out: TarWriter<Tee<'_, W>>,
 ) -> Result<FilterStats, FilterError> {
     let FilterInput {
         export,
@@ -286,7 +350,7 @@ pub(crate) fn filter_export<W: Write>(
         let mut stop = || check_cancel();
         out.append(&meta, &mut entry, &mut stop)
             .map_err(|e| match e {
-                AppendError::Write(e) => FilterError::Write(e),
+                AppendError::Write(e) => write_error(e),
                 AppendError::Read(e) => classify(e),
                 AppendError::ShortData { missing } => FilterError::BadTar(format!(
                     "the data of /{} ends {missing} bytes early",
@@ -316,10 +380,10 @@ pub(crate) fn filter_export<W: Write>(
     check_cancel()?;
 
     let mut none = || Ok::<(), FilterError>(());
-    let mut append_generated = |out: &mut TarWriter<W>, meta: EntryMeta, data: &[u8]| {
+    let mut append_generated = |out: &mut TarWriter<Tee<'_, W>>, meta: EntryMeta, data: &[u8]| {
         out.append(&meta, &mut &data[..], &mut none)
             .map_err(|e| match e {
-                AppendError::Write(e) => FilterError::Write(e),
+                AppendError::Write(e) => write_error(e),
                 AppendError::Stopped(e) => e,
                 AppendError::Read(e) => FilterError::Write(e),
                 AppendError::ShortData { .. } => {
@@ -346,6 +410,7 @@ pub(crate) fn filter_export<W: Write>(
             stats.added_dirs.push(format!("/{dir}"));
         }
     }
+    out.get_mut().finish_copy()?;
     for object in generated {
         let (meta, data): (EntryMeta, &[u8]) = match object {
             Generated::Dir { path, mode } => (root_meta(path, EntryType::Directory, *mode), &[]),
@@ -362,7 +427,7 @@ pub(crate) fn filter_export<W: Write>(
         };
         append_generated(&mut out, meta, data)?;
     }
-    out.finish().map_err(FilterError::Write)?;
+    out.finish().map_err(write_error)?;
 
     // Read whatever follows the end marker so the producer (Docker) finishes cleanly.
     let mut rest = archive.into_inner();
@@ -504,5 +569,78 @@ mod tests {
         assert_eq!(normalize(b"/etc//ssh/").expect("ok"), b"etc/ssh");
         assert_eq!(normalize(b"./").expect("ok"), b"");
         assert!(normalize(b"a/../b").is_err());
+    }
+
+    fn paths(tar: &[u8]) -> Vec<String> {
+        let mut archive = tar::Archive::new(tar);
+        archive
+            .entries()
+            .expect("a tar")
+            .map(|e| String::from_utf8_lossy(&e.expect("an entry").path_bytes()).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_copy_gets_the_same_entries_without_the_generated_tree() {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, data) in [
+            ("opt/data/hello.txt", &b"hello"[..]),
+            ("tmp/x509up_u1000", b"proxy"),
+            ("var/tmp/scratch", b"scratch"),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            header.set_cksum();
+            builder
+                .append_data(&mut header, path, data)
+                .expect("append");
+        }
+        let export = builder.into_inner().expect("tar");
+        let generated = [
+            Generated::Dir {
+                path: ".singularity.d".into(),
+                mode: 0o755,
+            },
+            Generated::File {
+                path: ".singularity.d/runscript".into(),
+                mode: 0o755,
+                data: b"#!/bin/sh\n".to_vec(),
+            },
+        ];
+        let (mut main, mut copy) = (Vec::new(), Vec::new());
+        let cancel = AtomicBool::new(false);
+        filter_export(
+            FilterInput {
+                export: &mut &export[..],
+                generated: &generated,
+                mtime: 0,
+                cancel: &cancel,
+                progress: &mut |_| {},
+            },
+            TarWriter::new(Tee {
+                main: &mut main,
+                copy: Some(&mut copy),
+            }),
+        )
+        .expect("filtered");
+        let (main, copy) = (paths(&main), paths(&copy));
+        assert!(main.contains(&"opt/data/hello.txt".to_owned()), "{main:?}");
+        assert!(!main
+            .iter()
+            .any(|p| p.contains("x509up") || p.contains("scratch")));
+        let without_generated: Vec<String> = main
+            .iter()
+            .filter(|p| !p.starts_with(".singularity.d"))
+            .cloned()
+            .collect();
+        assert_ne!(
+            without_generated, main,
+            "the SIF's stream has the generated tree"
+        );
+        assert_eq!(copy, without_generated);
     }
 }

@@ -111,6 +111,11 @@ pub enum FreezeError {
     },
     #[error("{tool} failed: {message}")]
     Tool { tool: &'static str, message: String },
+    #[error("writing the copy of the filtered filesystem failed: {source}")]
+    Copy {
+        #[source]
+        source: io::Error,
+    },
     #[error("freeze cancelled")]
     Cancelled,
     #[error("image store {}: {source}: check that the directory exists and is writable", path.display())]
@@ -138,6 +143,18 @@ pub struct ProvenanceRecord {
 /// Freezes the export stream into the image store. See the crate docs for the pipeline. On any
 /// error or cancel, everything it wrote under `<store>/.partial` is removed.
 pub fn freeze(req: FreezeRequest<'_>) -> Result<Frozen, FreezeError> {
+    freeze_with_copy(req, None)
+}
+
+/// [`freeze`], also writing to `copy` the same filtered tar stream that goes into the squashfs
+/// (what the strip list and whiteouts leave), without the generated `/.singularity.d` tree:
+/// the filesystem of the matching Docker image. `copy` gets tar's end-of-archive marker only
+/// when the whole export went through; a failure to write it fails the freeze
+/// ([`FreezeError::Copy`]).
+pub fn freeze_with_copy(
+    req: FreezeRequest<'_>,
+    copy: Option<&mut dyn Write>,
+) -> Result<Frozen, FreezeError> {
     let FreezeRequest {
         export,
         config,
@@ -188,7 +205,10 @@ pub fn freeze(req: FreezeRequest<'_>) -> Result<Frozen, FreezeError> {
             cancel,
             progress,
         },
-        TarWriter::new(io::BufWriter::with_capacity(1024 * 1024, pipe)),
+        TarWriter::new(filter::Tee {
+            main: io::BufWriter::with_capacity(1024 * 1024, pipe),
+            copy,
+        }),
     );
     let stats = match filtered {
         Ok(stats) => {
@@ -213,6 +233,7 @@ pub fn freeze(req: FreezeRequest<'_>) -> Result<Frozen, FreezeError> {
                 FilterError::Cancelled => FreezeError::Cancelled,
                 FilterError::BadTar(reason) => FreezeError::BadTar { reason },
                 FilterError::Read(source) => FreezeError::Export { source },
+                FilterError::Copy(source) => FreezeError::Copy { source },
                 // Handled above; kept for exhaustiveness.
                 FilterError::Write(source) => FreezeError::Tool {
                     tool: squashfs::TOOL,

@@ -69,6 +69,11 @@ impl<W: Write> TarWriter<W> {
         self.pad(meta.size).map_err(AppendError::Write)
     }
 
+    /// The inner writer.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     /// Writes the end-of-archive marker, flushes and returns the inner writer.
     pub fn finish(mut self) -> io::Result<W> {
         self.out.write_all(&[0; 2 * BLOCK])?;
