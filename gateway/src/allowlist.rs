@@ -11,7 +11,7 @@ use ongrid_core::api::Allowlist;
 use ongrid_core::{normalize_ip, InstituteName};
 use tokio_util::sync::CancellationToken;
 
-use crate::manager::ManagerClient;
+use crate::manager::GatewayRoutes;
 
 /// What the allowlist says about one address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl SharedAllowlist {
 /// Fetches the allowlist now and then every `every` until `shutdown`, keeping the last good
 /// one when a fetch fails. Failures are logged when they start and when they end.
 pub async fn refresh(
-    manager: ManagerClient,
+    manager: GatewayRoutes,
     shared: Arc<SharedAllowlist>,
     every: Duration,
     shutdown: CancellationToken,

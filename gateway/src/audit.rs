@@ -16,7 +16,7 @@ use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use tokio::sync::mpsc;
 
 use crate::deadlines::{DeadlinesSender, DeadlinesState};
-use crate::manager::ManagerClient;
+use crate::manager::GatewayRoutes;
 
 /// Events waiting for the reporter; beyond this they are dropped (and logged).
 pub const QUEUE: usize = 1024;
@@ -85,7 +85,7 @@ pub fn queue(capacity: usize) -> (AuditSender, mpsc::Receiver<Queued>) {
 }
 
 /// Delivers queued events in order until every sender is gone.
-pub async fn report(manager: ManagerClient, mut events: mpsc::Receiver<Queued>) {
+pub async fn report(manager: GatewayRoutes, mut events: mpsc::Receiver<Queued>) {
     while let Some(queued) = events.recv().await {
         deliver(&manager, &queued.event, queued.deadlines.as_ref()).await;
     }
@@ -106,7 +106,7 @@ fn unanswered(deadlines: Option<&DeadlinesSender>) {
 }
 
 async fn deliver(
-    manager: &ManagerClient,
+    manager: &GatewayRoutes,
     event: &ConnectionEvent,
     deadlines: Option<&DeadlinesSender>,
 ) {

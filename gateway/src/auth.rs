@@ -23,7 +23,7 @@ use russh::keys::{HashAlg, PublicKey};
 use tokio::time::Instant;
 
 use crate::allowlist::{SharedAllowlist, Verdict};
-use crate::manager::ManagerClient;
+use crate::manager::GatewayRoutes;
 use crate::throttle::{Throttle, ThrottledBy};
 
 /// How long the manager's answer about a key (accepted or refused) is believed without asking
@@ -69,7 +69,7 @@ pub enum RefusalKind {
 /// The authentication policy shared by all connections.
 #[derive(Debug)]
 pub struct Authenticator {
-    manager: ManagerClient,
+    manager: GatewayRoutes,
     cache: KeyCache,
     throttle: Throttle,
     allowlist: Arc<SharedAllowlist>,
@@ -77,7 +77,7 @@ pub struct Authenticator {
 
 impl Authenticator {
     pub fn new(
-        manager: ManagerClient,
+        manager: GatewayRoutes,
         throttle: Throttle,
         allowlist: Arc<SharedAllowlist>,
     ) -> Self {

@@ -35,7 +35,7 @@ pub mod server;
 pub mod services;
 pub mod startups;
 pub mod throttle;
-pub mod tls;
+pub mod ca_roots;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -65,9 +65,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let roots = tls::load_ca_dir(&config.ca_dir)?;
-    let tls_config = tls::client_config(&roots)?;
-    let manager = manager::ManagerClient::new(&config.manager_url, &roots, config.token.clone())?;
+    let roots = ca_roots::load_ca_dir(&config.ca_dir)?;
+    let tls_config = ca_roots::client_config(&roots)?;
+    let manager = manager::GatewayRoutes::new(&config.manager_url, &roots, config.token.clone())?;
     let host_key_dir = config.host_key_dir.clone();
     let keys = tokio::task::spawn_blocking(move || hostkeys::load_or_create(&host_key_dir))
         .await

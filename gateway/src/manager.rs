@@ -16,7 +16,7 @@ use ongrid_service::manager_http::{self, ClientSettings, HttpError, ManagerHttp}
 use reqwest::{StatusCode, Url};
 
 use crate::config::Token;
-use crate::tls::CaCertificate;
+use crate::ca_roots::CaCertificate;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -46,7 +46,7 @@ impl ManagerError {
 
 /// An HTTPS client of the manager's gateway routes.
 #[derive(Debug, Clone)]
-pub struct ManagerClient {
+pub struct GatewayRoutes {
     http: ManagerHttp,
     allowlist_url: Url,
     authorize_url: Url,
@@ -55,7 +55,7 @@ pub struct ManagerClient {
     keys_check_url: Url,
 }
 
-impl ManagerClient {
+impl GatewayRoutes {
     /// A client of the manager at `manager_url` that trusts only `roots`.
     pub fn new(
         manager_url: &Url,
@@ -161,9 +161,9 @@ mod tests {
         }
     }
 
-    fn client() -> ManagerClient {
+    fn client() -> GatewayRoutes {
         let url = Url::parse("https://m.example.org:8443").unwrap();
-        ManagerClient::new(&url, &[], Token::new("t")).unwrap()
+        GatewayRoutes::new(&url, &[], Token::new("t")).unwrap()
     }
 
     #[test]

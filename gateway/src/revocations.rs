@@ -16,7 +16,7 @@ use ongrid_core::api::{HeldKey, HeldKeys, RevokedKey};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::manager::ManagerClient;
+use crate::manager::GatewayRoutes;
 
 /// How often the keys of open connections are checked again: a removed key's connections are
 /// closed within about this long.
@@ -101,7 +101,7 @@ impl OpenKeys {
 
 /// Checks the open connections' keys every `every` until `shutdown`.
 pub async fn watch(
-    manager: ManagerClient,
+    manager: GatewayRoutes,
     keys: Arc<OpenKeys>,
     every: Duration,
     shutdown: CancellationToken,

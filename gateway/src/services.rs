@@ -12,7 +12,7 @@ use crate::allowlist::SharedAllowlist;
 use crate::audit::AuditSender;
 use crate::auth::Authenticator;
 use crate::config::ProxyProtocol;
-use crate::manager::ManagerClient;
+use crate::manager::GatewayRoutes;
 use crate::revocations::OpenKeys;
 use crate::startups::Startups;
 
@@ -21,7 +21,7 @@ pub struct Services {
     pub ssh_config: Arc<russh::server::Config>,
     pub auth: Authenticator,
     pub allowlist: Arc<SharedAllowlist>,
-    pub manager: ManagerClient,
+    pub manager: GatewayRoutes,
     pub agents: AgentConnector,
     pub audit: AuditSender,
     /// The keys of logged-in connections, checked again every second (`revocations.rs`).

@@ -43,7 +43,7 @@ use tracing::{error, info, warn};
 pub use config::Config;
 
 use crate::gpu::GpuBackend;
-use crate::manager_client::{ClientError, ManagerClient};
+use crate::manager_client::{ClientError, AgentRoutes};
 use crate::network::HostFirewall;
 use crate::reconcile::Reconciler;
 use crate::runtime::docker::DockerRuntime;
@@ -69,7 +69,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .context("connecting to Docker")?;
     let runtime: Arc<dyn ContainerRuntime> = Arc::new(runtime);
     let guard = node_guard(&config, &*runtime).await?;
-    let manager = ManagerClient::new(&config.manager_url, &config.ca_dir, config.token.clone())
+    let manager = AgentRoutes::new(&config.manager_url, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
     let streams = TaskTracker::new();
     let mut stream_url = None;
@@ -153,7 +153,7 @@ pub struct Agent {
     pub node: NodeName,
     pub gpus: Arc<dyn GpuBackend>,
     pub runtime: Arc<dyn ContainerRuntime>,
-    pub manager: ManagerClient,
+    pub manager: AgentRoutes,
     /// Sent to the manager in the registration: where the gateway reaches the stream endpoint.
     pub stream_url: Option<String>,
     /// The image store for freezes (`[images]`); `None`: freeze orders fail, saying so.

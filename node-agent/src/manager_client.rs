@@ -52,13 +52,13 @@ impl ClientError {
 
 /// An HTTPS client of one manager, for one node.
 #[derive(Debug, Clone)]
-pub struct ManagerClient {
+pub struct AgentRoutes {
     http: ManagerHttp,
     register_url: Url,
     sync_url: Url,
 }
 
-impl ManagerClient {
+impl AgentRoutes {
     /// A client of the manager at `manager_url` that trusts only the CAs in `ca_dir` (read
     /// strictly: a CA file that cannot be used is an error).
     pub fn new(manager_url: &Url, ca_dir: &Path, token: Token) -> Result<Self, ClientError> {
@@ -100,7 +100,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("README"), "nothing here").unwrap();
         let url = Url::parse("https://manager.example.org:8443").unwrap();
-        let err = ManagerClient::new(&url, dir.path(), Token::new("t")).unwrap_err();
+        let err = AgentRoutes::new(&url, dir.path(), Token::new("t")).unwrap_err();
         assert!(matches!(err, ClientError::CaDir(_)), "{err:?}");
         let text = format!("{:#}", anyhow::Error::from(err));
         assert!(text.contains("signed the manager's certificate"), "{text}");
@@ -135,13 +135,13 @@ mod tests {
         std::fs::write(dir.path().join("ca.pem"), ca_pem()).unwrap();
         let token = Token::new("t");
         let plain = Url::parse("https://manager.example.org:8443").unwrap();
-        let client = ManagerClient::new(&plain, dir.path(), token.clone()).unwrap();
+        let client = AgentRoutes::new(&plain, dir.path(), token.clone()).unwrap();
         assert_eq!(
             client.sync_url.as_str(),
             "https://manager.example.org:8443/v1/agent/sync"
         );
         let prefixed = Url::parse("https://example.org/ongrid").unwrap();
-        let client = ManagerClient::new(&prefixed, dir.path(), token).unwrap();
+        let client = AgentRoutes::new(&prefixed, dir.path(), token).unwrap();
         assert_eq!(
             client.register_url.as_str(),
             "https://example.org/ongrid/v1/agent/register"

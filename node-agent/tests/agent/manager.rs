@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ongrid_agent::config::Token;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
-use ongrid_agent::manager_client::{ClientError, HttpError, ManagerClient};
+use ongrid_agent::manager_client::{ClientError, HttpError, AgentRoutes};
 use ongrid_agent::Agent;
 use ongrid_core::api::{
     ContainerState, DesiredSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
@@ -133,8 +133,8 @@ impl FakeManager {
         self.state.lock().expect("not poisoned")
     }
 
-    pub(crate) fn client(&self) -> ManagerClient {
-        ManagerClient::new(&self.url, self.ca.dir.path(), Token::new(TOKEN)).expect("client")
+    pub(crate) fn client(&self) -> AgentRoutes {
+        AgentRoutes::new(&self.url, self.ca.dir.path(), Token::new(TOKEN)).expect("client")
     }
 
     pub(crate) fn set_sessions(&self, sessions: Vec<DesiredSession>) {
@@ -275,7 +275,7 @@ async fn client_trusts_only_the_cas_of_its_ca_dir() {
     let manager = FakeManager::start(&node).await;
     let stranger = TestCa::new();
     let client =
-        ManagerClient::new(&manager.url, stranger.dir.path(), Token::new(TOKEN)).expect("client");
+        AgentRoutes::new(&manager.url, stranger.dir.path(), Token::new(TOKEN)).expect("client");
     let err = client.register(&registration(&node)).await.unwrap_err();
     assert!(
         matches!(err, ClientError::Http(HttpError::Unreachable { .. })),
