@@ -19,8 +19,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::format::format_time;
 use crate::credentials::{self, TlsSetupError, UserCertificate};
+use crate::format::format_time;
 
 /// How long to wait for the TCP connection and TLS handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

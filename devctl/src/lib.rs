@@ -21,6 +21,7 @@ pub mod admin;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod credentials;
 pub mod format;
 pub mod gpu;
 pub mod image;
@@ -30,7 +31,6 @@ pub mod pubkey;
 pub mod session;
 pub mod table;
 pub mod terminal;
-pub mod credentials;
 pub mod whoami;
 
 use cli::Cli;

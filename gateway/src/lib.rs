@@ -21,6 +21,7 @@ pub mod agent;
 pub mod allowlist;
 pub mod audit;
 pub mod auth;
+pub mod ca_roots;
 pub mod channel;
 pub mod config;
 pub mod connection;
@@ -35,7 +36,6 @@ pub mod server;
 pub mod services;
 pub mod startups;
 pub mod throttle;
-pub mod ca_roots;
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -15,8 +15,8 @@ use ongrid_core::lifecycle::SessionDeadlines;
 use ongrid_service::manager_http::{self, ClientSettings, HttpError, ManagerHttp};
 use reqwest::{StatusCode, Url};
 
-use crate::config::Token;
 use crate::ca_roots::CaCertificate;
+use crate::config::Token;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

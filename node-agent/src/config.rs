@@ -321,8 +321,8 @@ impl StreamsFile {
                 TokenError::Read { path, source } => ConfigError::GatewayTokenFile { path, source },
                 TokenError::Empty(path) => ConfigError::EmptyGatewayToken(path),
             })?;
-        let tls =
-            server_identity::server_config(&self.tls_cert, &self.tls_key).map_err(ConfigError::StreamsTls)?;
+        let tls = server_identity::server_config(&self.tls_cert, &self.tls_key)
+            .map_err(ConfigError::StreamsTls)?;
         Ok(StreamsConfig {
             listen,
             url,

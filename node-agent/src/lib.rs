@@ -43,7 +43,7 @@ use tracing::{error, info, warn};
 pub use config::Config;
 
 use crate::gpu::GpuBackend;
-use crate::manager_client::{ClientError, AgentRoutes};
+use crate::manager_client::{AgentRoutes, ClientError};
 use crate::network::HostFirewall;
 use crate::reconcile::Reconciler;
 use crate::runtime::docker::DockerRuntime;

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod freeze_watch;
+pub mod grid_identity;
 pub mod hold_timer;
 pub mod job_logs;
 pub mod keys;
@@ -28,7 +29,6 @@ pub mod scheduler;
 pub mod server;
 pub mod site;
 pub mod store;
-pub mod grid_identity;
 
 use std::sync::Arc;
 
@@ -46,11 +46,11 @@ use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::{Clock, SystemClock};
 use crate::domain::images::FreezeLimits;
 use crate::freeze_watch::FreezeWatch;
+use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 use crate::hold_timer::HoldTimer;
 use crate::scheduler::Scheduler;
 use crate::server::Server;
 use crate::store::SqliteStore;
-use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 
 /// Everything the config points to, loaded and checked, without touching the database.
 /// `--check-config` stops here.

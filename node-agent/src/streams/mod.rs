@@ -17,8 +17,8 @@
 pub mod auth;
 pub mod exec;
 pub mod host;
-pub mod tcp;
 pub mod server_identity;
+pub mod tcp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -236,7 +236,10 @@ async fn a_job_runs_from_its_sif_when_docker_lacks_the_image() {
         unreachable!()
     };
     assert_eq!((exit_code, oom_killed, killed), (7, false, false));
-    assert_eq!(signalled_at, None, "a job that was never halted was never signalled");
+    assert_eq!(
+        signalled_at, None,
+        "a job that was never halted was never signalled"
+    );
     assert!(started_at <= finished_at);
     let text = String::from_utf8_lossy(&output);
     assert!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ongrid_agent::config::Token;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
-use ongrid_agent::manager_client::{ClientError, HttpError, AgentRoutes};
+use ongrid_agent::manager_client::{AgentRoutes, ClientError, HttpError};
 use ongrid_agent::Agent;
 use ongrid_core::api::{
     ContainerState, DesiredSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,

@@ -88,7 +88,9 @@ impl Fixture {
             listen: address,
             url: None,
             tls_cert: cert_path.clone(),
-            tls: Arc::new(server_identity::server_config(&cert_path, &key_path).expect("TLS identity")),
+            tls: Arc::new(
+                server_identity::server_config(&cert_path, &key_path).expect("TLS identity"),
+            ),
             gateway_token: Token::new(GATEWAY_TOKEN),
         };
         assert_eq!(

@@ -14,8 +14,8 @@ use ongrid_core::NodeName;
 
 use super::{ApiError, AppState};
 use crate::auth::Peer;
-use crate::store::UserRecord;
 use crate::grid_identity::Identity;
+use crate::store::UserRecord;
 
 /// A user authenticated by certificate, with their stored login and UID.
 #[derive(Debug, Clone)]
