@@ -247,9 +247,19 @@ impl Freezer {
             let image_id = read_image_id(&dir);
             let export_name = export_container_name(order.image_id);
             remove_dir(&dir);
+            let frozen_image = order.image_id.to_string();
             self.tasks.spawn(async move {
                 let _ = runtime.remove(&export_name).await;
-                if let Some(image_id) = image_id {
+                // The commit may have finished after the restart's cause but before its id was
+                // written down: its label finds it all the same.
+                let labelled = runtime
+                    .images_labelled(LABEL_FROZEN_IMAGE, &frozen_image)
+                    .await
+                    .unwrap_or_else(|e| {
+                        warn!(error = %error_chain(&e), "Could not list the images of an interrupted freeze.");
+                        Vec::new()
+                    });
+                for image_id in image_id.into_iter().chain(labelled) {
                     if let Err(e) = runtime.remove_image_id(&image_id).await {
                         warn!(error = %error_chain(&e), "Could not remove the image of an interrupted freeze.");
                     }

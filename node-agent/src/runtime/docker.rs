@@ -726,6 +726,29 @@ impl ContainerRuntime for DockerRuntime {
         Box::pin(self.remove_image_by_id(image_id))
     }
 
+    fn images_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            let filter = format!("{label}={value}");
+            let filters = HashMap::from([("label", vec![filter.as_str()])]);
+            let options = bollard::query_parameters::ListImagesOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build();
+            let images = self
+                .docker
+                .list_images(Some(options))
+                .await
+                .map_err(docker_error(format!(
+                    "listing the images labelled {filter}"
+                )))?;
+            Ok(images.into_iter().map(|image| image.id).collect())
+        })
+    }
+
     fn list_networks(&self) -> BoxFuture<'_, Result<Vec<NetworkStatus>, RuntimeError>> {
         Box::pin(self.list_session_networks())
     }

@@ -689,6 +689,18 @@ impl ContainerRuntime for FakeRuntime {
         Box::pin(async move { Err(no_freeze(format!("removing image {image_id}"))) })
     }
 
+    fn images_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            Err(no_freeze(format!(
+                "listing images labelled {label}={value}"
+            )))
+        })
+    }
+
     fn list_networks(&self) -> BoxFuture<'_, Result<Vec<NetworkStatus>, RuntimeError>> {
         let networks = self.networks();
         Box::pin(async move { Ok(networks) })

@@ -524,6 +524,14 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Removes an image by id with every tag on it; a missing image is not an error.
     fn remove_image_id<'a>(&'a self, image_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
 
+    /// The ids of the images labelled `label=value` (the commits of one freeze, found again
+    /// after an agent restart that came before the freeze wrote their id down).
+    fn images_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, RuntimeError>>;
+
     // ---- Session networks (see `crate::network`) ----
 
     /// Every network of this node labelled `ongrid.managed=true`.
