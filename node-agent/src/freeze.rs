@@ -51,6 +51,14 @@ pub const LABEL_FREEZE_EXPORT: &str = "ongrid.freeze.export";
 /// Label of a frozen Docker image: the id of the image record (`ImageView::id`).
 pub const LABEL_FROZEN_IMAGE: &str = "ongrid.frozen.image";
 
+/// When an interrupted freeze's labelled commit is looked for after an agent restart: at once,
+/// then after 2 s and 5 s more, for a commit Docker was still finishing.
+const INTERRUPTED_COMMIT_CHECKS: [std::time::Duration; 3] = [
+    std::time::Duration::ZERO,
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(5),
+];
+
 /// Variables of the dev container that belong to the session, not to the image: the GPUs it was
 /// given and its user. Batch runners set their own.
 pub const SESSION_ENV: [&str; 5] = [
@@ -250,18 +258,31 @@ impl Freezer {
             let frozen_image = order.image_id.to_string();
             self.tasks.spawn(async move {
                 let _ = runtime.remove(&export_name).await;
-                // The commit may have finished after the restart's cause but before its id was
-                // written down: its label finds it all the same.
-                let labelled = runtime
-                    .images_labelled(LABEL_FROZEN_IMAGE, &frozen_image)
-                    .await
-                    .unwrap_or_else(|e| {
-                        warn!(error = %error_chain(&e), "Could not list the images of an interrupted freeze.");
-                        Vec::new()
-                    });
-                for image_id in image_id.into_iter().chain(labelled) {
+                if let Some(image_id) = image_id {
                     if let Err(e) = runtime.remove_image_id(&image_id).await {
                         warn!(error = %error_chain(&e), "Could not remove the image of an interrupted freeze.");
+                    }
+                }
+                // Docker finishes a commit that was under way when the agent died, maybe only
+                // after this restart: the commit's label finds it whether or not its id was
+                // written down. Looked for now and twice more (bounded, so shutdown never waits
+                // long).
+                for wait in INTERRUPTED_COMMIT_CHECKS {
+                    tokio::time::sleep(wait).await;
+                    let labelled = match runtime
+                        .images_labelled(LABEL_FROZEN_IMAGE, &frozen_image)
+                        .await
+                    {
+                        Ok(labelled) => labelled,
+                        Err(e) => {
+                            warn!(error = %error_chain(&e), "Could not list the images of an interrupted freeze.");
+                            continue;
+                        }
+                    };
+                    for image_id in labelled {
+                        if let Err(e) = runtime.remove_image_id(&image_id).await {
+                            warn!(error = %error_chain(&e), "Could not remove the image of an interrupted freeze.");
+                        }
                     }
                 }
             });
