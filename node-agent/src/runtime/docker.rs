@@ -21,7 +21,7 @@ use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, ExecConfig, HostConfig, Mount,
     MountTypeEnum, MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
 };
-use bollard::models::{Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::models::{ContainerSummary, Ipam, IpamConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CommitContainerOptionsBuilder, StatsOptionsBuilder};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -71,23 +71,30 @@ impl DockerRuntime {
         Ok(Self { docker, node })
     }
 
-    async fn list_statuses(&self) -> Result<Vec<ContainerStatus>, RuntimeError> {
-        let filters = HashMap::from([(
-            "label",
-            vec![
-                format!("{LABEL_MANAGED}=true"),
-                format!("{LABEL_NODE}={}", self.node),
-            ],
-        )]);
+    /// Every container of this node's (any state) that also carries `extra_labels`.
+    async fn list_node_containers(
+        &self,
+        extra_labels: &[&str],
+        what: &str,
+    ) -> Result<Vec<ContainerSummary>, RuntimeError> {
+        let mut labels = vec![
+            format!("{LABEL_MANAGED}=true"),
+            format!("{LABEL_NODE}={}", self.node),
+        ];
+        labels.extend(extra_labels.iter().map(|label| (*label).to_owned()));
+        let filters = HashMap::from([("label", labels)]);
         let options = ListContainersOptionsBuilder::new()
             .all(true)
             .filters(&filters)
             .build();
-        let summaries = self
-            .docker
+        self.docker
             .list_containers(Some(options))
             .await
-            .map_err(docker_error("listing ongrid containers".to_owned()))?;
+            .map_err(docker_error(format!("listing {what}")))
+    }
+
+    async fn list_statuses(&self) -> Result<Vec<ContainerStatus>, RuntimeError> {
+        let summaries = self.list_node_containers(&[], "ongrid containers").await?;
         let mut statuses = Vec::with_capacity(summaries.len());
         for summary in summaries {
             let Some(id) = summary.id else { continue };
@@ -825,23 +832,9 @@ impl ContainerRuntime for DockerRuntime {
 /// Batch jobs: their containers, signals, output, and images imported from SIF files.
 impl DockerRuntime {
     async fn list_job_containers(&self) -> Result<Vec<JobContainerStatus>, RuntimeError> {
-        let filters = HashMap::from([(
-            "label",
-            vec![
-                format!("{LABEL_MANAGED}=true"),
-                format!("{LABEL_NODE}={}", self.node),
-                LABEL_JOB.to_owned(),
-            ],
-        )]);
-        let options = ListContainersOptionsBuilder::new()
-            .all(true)
-            .filters(&filters)
-            .build();
         let summaries = self
-            .docker
-            .list_containers(Some(options))
-            .await
-            .map_err(docker_error("listing job containers".to_owned()))?;
+            .list_node_containers(&[LABEL_JOB], "job containers")
+            .await?;
         let mut statuses = Vec::with_capacity(summaries.len());
         for summary in summaries {
             let Some(id) = summary.id else { continue };

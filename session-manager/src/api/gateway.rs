@@ -320,33 +320,10 @@ pub async fn connection_event(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::domain::sessions::fixtures::session;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    use chrono::Utc;
-    use ongrid_core::{Dn, GpuRequest, NodeName, SessionId, UserName};
-
-    use super::*;
-
-    fn session(name: &str, state: SessionState) -> SessionRecord {
-        SessionRecord {
-            id: SessionId::new_random(),
-            name: SessionName::parse(name).unwrap(),
-            owner: Dn::parse("/CN=Alice").unwrap(),
-            user_name: UserName::parse("alice").unwrap(),
-            uid: 20_000,
-            state,
-            reason: "because".to_owned(),
-            request: GpuRequest::default(),
-            image: "ongrid/dev:latest".to_owned(),
-            node: state
-                .holds_gpus()
-                .then(|| NodeName::parse("node1").unwrap()),
-            gpus: Vec::new(),
-            created_at: Utc::now(),
-            queued_at: Utc::now(),
-            preferred_node: None,
-        }
-    }
 
     fn message(error: ApiError) -> (StatusCode, String) {
         (error.status(), error.message().to_owned())
