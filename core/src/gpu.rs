@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::quantity::{ComputeCapability, MemorySize};
@@ -249,6 +250,30 @@ impl fmt::Display for GpuMode {
             Self::Exclusive => f.write_str("exclusive"),
             Self::Shared { max_sessions } => write!(f, "shared:{max_sessions}"),
         }
+    }
+}
+
+/// Why a node or a GPU is out of service: nothing new is placed on it, and what runs there
+/// keeps running. Set by an admin (`devctl admin node drain`, `devctl admin gpu drain`) and
+/// lifted only by an admin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    /// What the admin gave, or what was seen.
+    pub reason: String,
+    pub since: DateTime<Utc>,
+    /// The admin's login name.
+    pub by: String,
+}
+
+impl Drain {
+    /// `drained 2026-11-25 10:00 UTC by alice: <reason>`, for messages.
+    pub fn sentence(&self) -> String {
+        format!(
+            "drained {} by {}: {}",
+            self.since.format("%Y-%m-%d %H:%M UTC"),
+            self.by,
+            self.reason
+        )
     }
 }
 

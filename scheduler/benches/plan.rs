@@ -215,6 +215,7 @@ fn site(scenario: &Scenario) -> SiteState {
                         memory: MemorySize::from_mib(model.memory_mib),
                         mode,
                         healthy: !random.chance(1),
+                        drained: false,
                         used,
                     }
                 })
@@ -222,6 +223,7 @@ fn site(scenario: &Scenario) -> SiteState {
             NodeState {
                 name: node_name(n),
                 online: !random.chance(2),
+                drained: false,
                 gpus,
             }
         })

@@ -2,7 +2,7 @@
 //! about the number of GPU classes rather than the number of GPUs.
 //!
 //! Built once per plan from the [`SiteState`], then only ever shrinks as sessions and jobs are
-//! placed. Only online nodes and their healthy GPUs are in it (full GPUs too, since halting a
+//! placed. Only online, undrained nodes and their healthy, undrained GPUs are in it (full GPUs too, since halting a
 //! job may free them). Three views are kept in step:
 //!
 //! - every GPU with its class and free places, numbered in (node name, GPU UUID) order, and every
@@ -57,10 +57,18 @@ pub(crate) struct Index<'a> {
 
 impl<'a> Index<'a> {
     pub fn new(site: &'a SiteState) -> Self {
-        let mut online: Vec<_> = site.nodes.iter().filter(|node| node.online).collect();
+        let mut online: Vec<_> = site
+            .nodes
+            .iter()
+            .filter(|node| node.online && !node.drained)
+            .collect();
         online.sort_by(|a, b| a.name.cmp(&b.name));
 
-        let usable = |node: &'a NodeState| node.gpus.iter().filter(|slot| slot.healthy);
+        let usable = |node: &'a NodeState| {
+            node.gpus
+                .iter()
+                .filter(|slot| slot.healthy && !slot.drained)
+        };
         let class_of = |slot: &GpuSlot| GpuClass {
             capability: slot.capability,
             memory: slot.memory,

@@ -9,8 +9,8 @@
 //!
 //! # Rules of a plan
 //!
-//! - **Where.** All GPUs of a session are distinct GPUs of one online node. Offline nodes and
-//!   unhealthy GPUs get nothing. A GPU in mode `m` with `used` sessions has
+//! - **Where.** All GPUs of a session are distinct GPUs of one online node. Offline or drained nodes
+//!   and unhealthy or drained GPUs get nothing new (what runs there keeps running). A GPU in mode `m` with `used` sessions has
 //!   `m.capacity() - used` free places (none when an admin shrank the capacity below `used`);
 //!   an `exclusive` GPU holds one session, a `shared:N` GPU up to N. Every GPU given to a
 //!   session meets its request ([`ongrid_core::GpuRequest::fits`]: capability, memory, and the

@@ -440,6 +440,25 @@ mod tests {
     }
 
     #[test]
+    fn drained_nodes_and_gpus_get_nothing_until_undrained() {
+        let mut drained_node = node("n1", vec![t4(1)]);
+        drained_node.drained = true;
+        let mut drained_gpu = t4(2);
+        drained_gpu.drained = true;
+        let nodes = vec![drained_node, node("n2", vec![drained_gpu, h100(3)])];
+        let pending = vec![session(1, one()), session(2, one())];
+        let state = site(nodes, pending);
+        assert_eq!(plan(&state, at(100)), [place(1, "n2", &[3])]);
+        let mut undrained = state.clone();
+        undrained.nodes[0].drained = false;
+        undrained.nodes[1].gpus[0].drained = false;
+        assert_eq!(
+            plan(&undrained, at(100)),
+            [place(1, "n1", &[1]), place(2, "n2", &[2])]
+        );
+    }
+
+    #[test]
     fn sharing_decides_which_modes_a_request_accepts() {
         let shared = gpu(1, "8.0", "40G", "shared:2");
         let whole = a100(2);

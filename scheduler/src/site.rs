@@ -39,6 +39,10 @@ pub struct NodeState {
     pub name: NodeName,
     /// Whether the node's agent synced recently. An offline node gets nothing.
     pub online: bool,
+    /// Drained by an admin: nothing new is placed on it; what runs there keeps running (and
+    /// is still halted at its max duration).
+    #[serde(default)]
+    pub drained: bool,
     pub gpus: Vec<GpuSlot>,
 }
 
@@ -51,6 +55,9 @@ pub struct GpuSlot {
     pub mode: GpuMode,
     /// An unhealthy GPU (for example one that fell off the bus) gets nothing.
     pub healthy: bool,
+    /// Drained by an admin: gets nothing new, like an unhealthy GPU.
+    #[serde(default)]
+    pub drained: bool,
     /// Places in use now: sessions placed on it and jobs holding it (RUNNING, MUSTHALT,
     /// HALTING), one each. A GPU being halted stays used until its job is HALTED.
     pub used: u32,

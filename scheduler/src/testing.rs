@@ -29,6 +29,7 @@ pub fn gpu(n: u32, capability: &str, memory: &str, mode: &str) -> GpuSlot {
         memory: memory.parse().unwrap(),
         mode: mode.parse().unwrap(),
         healthy: true,
+        drained: false,
         used: 0,
     }
 }
@@ -53,6 +54,7 @@ pub fn node(name: &str, gpus: Vec<GpuSlot>) -> NodeState {
     NodeState {
         name: node_name(name),
         online: true,
+        drained: false,
         gpus,
     }
 }

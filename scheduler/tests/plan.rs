@@ -728,6 +728,7 @@ fn build_site(nodes: Vec<(bool, Vec<GpuSpec>)>, sessions: Vec<SessionSpec>) -> S
             // Names sort differently from the generated order ("node10" < "node9").
             name: node_name(n),
             online,
+            drained: false,
             gpus: gpus
                 .into_iter()
                 .map(|spec| {
@@ -740,6 +741,7 @@ fn build_site(nodes: Vec<(bool, Vec<GpuSpec>)>, sessions: Vec<SessionSpec>) -> S
                         memory: memory.parse().expect("valid memory"),
                         mode: MODES[spec.mode],
                         healthy: spec.healthy,
+                        drained: false,
                         used: spec.used,
                     }
                 })
@@ -1142,6 +1144,84 @@ proptest! {
     }
 }
 
+/// The site as the plan must see it when drained nodes were offline and drained GPUs unhealthy.
+fn drains_as_outages(site: &SiteState) -> SiteState {
+    let mut out = site.clone();
+    for node in &mut out.nodes {
+        node.online &= !node.drained;
+        node.drained = false;
+        for slot in &mut node.gpus {
+            slot.healthy &= !slot.drained;
+            slot.drained = false;
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Drained nodes and GPUs get nothing new (no session placed or waiting for halts there,
+    /// no job started there), while work running there is still halted at its max duration:
+    /// the plan is exactly the one for the same site with drained nodes offline and drained
+    /// GPUs unhealthy.
+    #[test]
+    fn drained_nodes_and_gpus_get_nothing(
+        site in site_strategy(5, 6, 20),
+        jobs in any::<u64>(),
+        drains in any::<u64>(),
+    ) {
+        let mut site = with_jobs(site, jobs);
+        let mut random = Random(drains);
+        for node in &mut site.nodes {
+            node.drained = random.chance(25);
+            for slot in &mut node.gpus {
+                slot.drained = random.chance(25);
+            }
+        }
+        let drained_nodes: BTreeSet<NodeName> = site
+            .nodes
+            .iter()
+            .filter(|n| n.drained)
+            .map(|n| n.name.clone())
+            .collect();
+        let drained_gpus: BTreeSet<GpuUuid> = site
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .filter(|g| g.drained)
+            .map(|g| g.uuid.clone())
+            .collect();
+        let actions = plan(&site, at(100));
+        for action in &actions {
+            let (node, gpus) = match action {
+                Action::Place { node, gpus, .. }
+                | Action::PlaceAfterHalt { node, gpus, .. }
+                | Action::StartJob { node, gpus, .. } => (node, gpus),
+                Action::HaltJob { .. } | Action::CancelJob { .. } => continue,
+            };
+            prop_assert!(!drained_nodes.contains(node), "work placed on drained node {}", node);
+            for gpu in gpus {
+                prop_assert!(!drained_gpus.contains(gpu), "work placed on drained GPU {}", gpu);
+            }
+        }
+        for job in &site.running_jobs {
+            let past_max = job
+                .max_duration
+                .is_some_and(|max| !job.halting && reached(job.started_at, max, at(100)));
+            if past_max {
+                prop_assert!(
+                    actions.iter().any(|a| matches!(a, Action::HaltJob { job: id, .. } if *id == job.id)),
+                    "job {} past its max duration not halted", job.id
+                );
+            }
+        }
+        let outages = drains_as_outages(&site);
+        prop_assert_eq!(&actions, &plan(&outages, at(100)));
+        check_job_invariants(&outages, &actions, at(100))?;
+    }
+}
+
 /// The invariant checker must catch a broken plan, or the properties above prove nothing.
 #[test]
 fn the_invariant_checker_catches_broken_plans() {
@@ -1151,6 +1231,7 @@ fn the_invariant_checker_catches_broken_plans() {
         memory: "40G".parse().expect("valid"),
         mode,
         healthy: true,
+        drained: false,
         used: 0,
     };
     let request = GpuRequest {
@@ -1172,6 +1253,7 @@ fn the_invariant_checker_catches_broken_plans() {
         nodes: vec![NodeState {
             name: node_name(1),
             online: true,
+            drained: false,
             gpus: vec![
                 gpu(1, "7.5", GpuMode::Exclusive),
                 gpu(2, "9.0", GpuMode::Exclusive),

@@ -91,6 +91,7 @@ fn a_day_of_sessions_and_jobs() {
         .map(|(n, &(capability, memory, mode))| NodeState {
             name: NodeName::parse(&format!("node{n}")).expect("valid"),
             online: true,
+            drained: false,
             gpus: (0..4)
                 .map(|g| GpuSlot {
                     uuid: GpuUuid::parse(&format!("GPU-{n:08x}-{g:04x}-0000-0000-000000000000"))
@@ -99,6 +100,7 @@ fn a_day_of_sessions_and_jobs() {
                     memory: memory.parse().expect("valid"),
                     mode,
                     healthy: true,
+                    drained: false,
                     used: 0,
                 })
                 .collect(),
