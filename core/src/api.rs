@@ -7,10 +7,10 @@
 //! - `GET    /v1/sessions[?all=true]`          → `Vec<SessionView>` (own; `all` for admins)
 //! - `GET    /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] with its transitions
 //! - `DELETE /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] (now ENDED)
-//! - `POST   /v1/sessions/{name}/hold[?owner=DN]`    [`crate::lifecycle::HoldRequest`] →
+//! - `POST   /v1/sessions/{name}/hold[?owner=DN]`    [`crate::holds::HoldRequest`] →
 //!   [`SessionView`] (HELD; a reason only for admins holding others' sessions)
 //! - `POST   /v1/sessions/{name}/release[?owner=DN]` → [`SessionView`] (PENDING, pinned to its node)
-//! - `POST   /v1/sessions/{name}/keep[?owner=DN]`    [`crate::lifecycle::KeepRequest`] → [`SessionView`]
+//! - `POST   /v1/sessions/{name}/keep[?owner=DN]`    [`crate::holds::KeepRequest`] → [`SessionView`]
 //! - `GET    /v1/nodes`                        → `Vec<NodeView>` with their GPUs
 //! - `PUT    /v1/gpus/{uuid}/mode` (admin)     [`SetGpuMode`] → [`GpuView`]
 //! - `POST   /v1/keys`                         [`AddKey`] → 201 [`KeyView`] (200 when the key was
@@ -43,7 +43,7 @@
 //!   (unknown key: `devctl key add`; expired: renew the proxy and `devctl key add` again)
 //! - `POST /v1/gateway/route`       [`RouteRequest`] → [`Route`], or 404/409 whose message says
 //!   what to do (no such session, several sessions, not running: its state and the fix)
-//! - `POST /v1/gateway/connections` [`ConnectionEvent`] → 200 [`crate::lifecycle::SessionDeadlines`]
+//! - `POST /v1/gateway/connections` [`ConnectionEvent`] → 200 [`crate::holds::SessionDeadlines`]
 //!   of the session (the gateway uses it for the login banner and the ten-minute warning)
 //! - `POST /v1/gateway/keys/check`  [`HeldKeys`] → [`RevokedKeys`]: which keys of the gateway's
 //!   open connections were removed or expired since (asked every second; those connections
@@ -173,7 +173,7 @@ pub struct SessionView {
     pub transitions: Vec<Transition>,
     /// Deadlines and activity signals; present for live and HELD sessions.
     #[serde(default)]
-    pub lifecycle: Option<crate::lifecycle::LifecycleView>,
+    pub lifecycle: Option<crate::holds::LifecycleView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,7 +229,7 @@ pub struct NodeReport {
     pub containers: Vec<ObservedContainer>,
     /// Activity of the running session containers over the last sampling interval.
     #[serde(default)]
-    pub activity: Vec<crate::lifecycle::ContainerActivity>,
+    pub activity: Vec<crate::holds::ContainerActivity>,
     /// Progress of the freezes ordered in [`DesiredState::freezes`].
     #[serde(default)]
     pub freezes: Vec<crate::image::FreezeProgress>,

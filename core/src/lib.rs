@@ -6,9 +6,9 @@
 
 pub mod api;
 pub mod gpu;
+pub mod holds;
 pub mod image;
 pub mod job;
-pub mod lifecycle;
 pub mod names;
 pub mod network;
 pub mod quantity;

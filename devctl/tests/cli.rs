@@ -20,10 +20,10 @@ use ongrid_core::api::{
     AddKey, AuditRecord, CreateSession, ErrorBody, ErrorDetail, GpuView, Institute, KeyView,
     NodeView, SessionView, SetGpuMode, WhoAmI,
 };
+use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::image::{
     Compression, CreateImage, ImageProgress, ImageReference, ImageState, ImageView,
 };
-use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
 use ongrid_core::{
     Cidr, ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid,
     InstituteName, MemorySize, NodeName, SessionId, SessionName, SessionState, Sharing, Transition,

@@ -17,9 +17,9 @@ use ongrid_core::api::{
     AddKey, ConnectionEvent, CreateSession, Institute, KeyCheck, NodeReport, RegisterNode,
     RouteRequest, SetGpuMode,
 };
+use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::image::CreateImage;
 use ongrid_core::job::JobSpec;
-use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
 use ongrid_manager::api::agent::check_stream_url;
 use ongrid_manager::config::check_image;
 use ongrid_manager::domain::sessions::holds::LifecycleConfig;

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::lifecycle::{HoldReason, PlannedHold, SessionDeadlines};
+use ongrid_core::holds::{HoldReason, PlannedHold, SessionDeadlines};
 use ongrid_core::{NodeName, SessionName};
 use tokio::sync::watch;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ongrid_core::api::{
     Allowlist, ConnectionEvent, HeldKeys, KeyCheck, KeyOwner, RevokedKeys, Route, RouteRequest,
 };
-use ongrid_core::lifecycle::SessionDeadlines;
+use ongrid_core::holds::SessionDeadlines;
 use ongrid_service::manager_http::{self, ClientSettings, HttpError, ManagerHttp};
 use reqwest::{StatusCode, Url};
 

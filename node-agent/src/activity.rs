@@ -21,7 +21,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use ongrid_core::api::ContainerState;
-use ongrid_core::lifecycle::ContainerActivity;
+use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{GpuId, GpuInfo, GpuUuid};
 use tokio::time::Instant;
 use tracing::debug;

@@ -340,7 +340,7 @@ impl Agent {
         state: &mut LoopState,
         gpus: Vec<GpuInfo>,
         containers: Vec<ObservedContainer>,
-        activity: Vec<ongrid_core::lifecycle::ContainerActivity>,
+        activity: Vec<ongrid_core::holds::ContainerActivity>,
     ) -> Result<DesiredState, ClientError> {
         // Utilisation changes every sync; only the inventory itself calls for a registration.
         if state.registered.as_ref() != Some(&inventory(&gpus)) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::lifecycle::HoldReason;
+use ongrid_core::holds::HoldReason;
 use ongrid_core::{SessionId, SessionState};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -148,7 +148,7 @@ impl HoldTimer {
 mod tests {
     use chrono::{TimeDelta, TimeZone};
     use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-    use ongrid_core::lifecycle::{ContainerActivity, SignalKind};
+    use ongrid_core::holds::{ContainerActivity, SignalKind};
     use ongrid_core::{Dn, GpuRequest, InstituteName, NodeName};
 
     use super::*;

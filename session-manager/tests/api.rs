@@ -39,10 +39,10 @@ use tokio_util::sync::CancellationToken;
 #[path = "api/images.rs"]
 mod images;
 // Batch jobs (devctl job).
+#[path = "api/holds.rs"]
+mod holds;
 #[path = "api/jobs.rs"]
 mod jobs;
-#[path = "api/lifecycle.rs"]
-mod lifecycle;
 // The gateway's re-check of open connections' keys.
 #[path = "api/gateway_keys.rs"]
 mod gateway_keys;
@@ -1784,8 +1784,7 @@ impl Api {
     async fn connection(&self, event: &ConnectionEvent) {
         let (status, body) = self.send(self.post("/v1/gateway/connections", event)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        let deadlines: ongrid_core::lifecycle::SessionDeadlines =
-            serde_json::from_str(&body).unwrap();
+        let deadlines: ongrid_core::holds::SessionDeadlines = serde_json::from_str(&body).unwrap();
         assert_eq!(deadlines.session_id, event.session_id);
     }
 }

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use clap::Args;
 use ongrid_core::api::SessionView;
-use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
+use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::{Dn, HumanDuration, SessionName, SessionState};
 
 use crate::client::Client;
@@ -177,7 +177,7 @@ pub fn render_kept(session: &SessionView, asked: HumanDuration, now: DateTime<Ut
 mod tests {
     use super::*;
     use crate::session::fixtures::{at, session};
-    use ongrid_core::lifecycle::{LifecycleView, SessionDeadlines};
+    use ongrid_core::holds::{LifecycleView, SessionDeadlines};
 
     #[test]
     fn a_release_says_where_the_session_waits() {

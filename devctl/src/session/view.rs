@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use ongrid_core::api::SessionView;
-use ongrid_core::lifecycle::{LifecycleView, SignalKind};
+use ongrid_core::holds::{LifecycleView, SignalKind};
 use ongrid_core::{Dn, GpuRequest, HumanDuration, SessionName, SessionState, Sharing};
 
 use crate::client::{Client, ClientError};
@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn session_show_says_why_a_session_is_alive() {
-        use ongrid_core::lifecycle::{
+        use ongrid_core::holds::{
             ActivitySignal, HoldReason, LifecycleView, PlannedHold, SessionDeadlines, SignalKind,
         };
         let mut s = session("train1", SessionState::Idle);

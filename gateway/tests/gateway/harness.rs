@@ -22,7 +22,7 @@ use ongrid_core::api::{
     Allowlist, ConnectionEvent, ErrorBody, ErrorDetail, HeldKeys, KeyCheck, KeyOwner, Revocation,
     RevokedKey, RevokedKeys, Route, RouteRequest,
 };
-use ongrid_core::lifecycle::{PlannedHold, SessionDeadlines};
+use ongrid_core::holds::{PlannedHold, SessionDeadlines};
 use ongrid_core::stream::{ExitStatus, Frame, StreamKind, StreamOpen};
 use ongrid_core::{
     Cidr, Dn, Institute, InstituteName, NodeName, SessionId, SessionName, SessionState, UserName,

@@ -4,8 +4,8 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod deadlines;
 mod harness;
-mod lifecycle;
 mod revocations;
 
 use std::time::Duration;

@@ -11,7 +11,7 @@ use ongrid_agent::reconcile::Reconciler;
 use ongrid_agent::runtime::{held_image, ContainerRuntime, GpuAccess};
 use ongrid_agent::Agent;
 use ongrid_core::api::{ContainerState, DesiredSession, NodeReport, ObservedContainer, RunState};
-use ongrid_core::lifecycle::ContainerActivity;
+use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{GpuId, NodeName};
 use tokio_util::sync::CancellationToken;
 

@@ -16,7 +16,7 @@ use ongrid_core::api::{
     Allowlist, ConnectionEvent, ConnectionEventKind, HeldKey, HeldKeys, KeyCheck, KeyOwner,
     Revocation, RevokedKey, RevokedKeys, Route, RouteRequest,
 };
-use ongrid_core::lifecycle::SessionDeadlines;
+use ongrid_core::holds::SessionDeadlines;
 use ongrid_core::{SessionName, SessionState};
 
 use super::callers::GatewayCaller;

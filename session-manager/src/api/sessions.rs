@@ -12,8 +12,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ongrid_core::api::{CreateSession, SessionView};
+use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::image::ImageLookup;
-use ongrid_core::lifecycle::{HoldRequest, KeepRequest};
 use ongrid_core::{HumanDuration, SessionId};
 use serde::Deserialize;
 

@@ -2,8 +2,8 @@
 //! lifecycle), images, deadlines. Shared by the handler modules, which never call each other.
 
 use ongrid_core::api::SessionView;
+use ongrid_core::holds::{LifecycleView, SessionDeadlines};
 use ongrid_core::image::{ImageProgress, ImageState, ImageView};
-use ongrid_core::lifecycle::{LifecycleView, SessionDeadlines};
 use ongrid_core::{SessionState, Transition};
 
 use super::{ApiError, AppState};

@@ -29,8 +29,8 @@ use ongrid_core::{
 
 pub use sqlite::SqliteStore;
 
+use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::image::{Compression, ImageReference, ImageState};
-use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};

@@ -36,8 +36,8 @@ use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{connections, rendered_reason, Change, Placement, SessionRecord};
+use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::job::JobId;
-use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
 
 /// How long a statement waits for another connection's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use ongrid_core::lifecycle::{
+use ongrid_core::holds::{
     ActivitySignal, HoldReason, LifecycleView, PlannedHold, SessionDeadlines, SignalKind,
 };
 use ongrid_core::{HumanDuration, SessionId, SessionState};

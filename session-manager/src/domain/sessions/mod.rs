@@ -22,7 +22,7 @@ pub mod reports;
 pub mod requests;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::lifecycle::HoldReason;
+use ongrid_core::holds::HoldReason;
 use ongrid_core::{
     Dn, GpuId, GpuRequest, NodeName, SessionId, SessionName, SessionState, UserName,
 };

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::lifecycle::HoldReason;
+use ongrid_core::holds::HoldReason;
 use ongrid_core::{SessionState, UserName};
 
 use super::holds::{keep_until, LifecycleConfig, LifecycleFacts};

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-use ongrid_core::lifecycle::{ContainerActivity, HoldReason};
+use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::{NodeName, SessionId, SessionState, Transition};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};

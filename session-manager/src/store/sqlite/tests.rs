@@ -1000,7 +1000,7 @@ async fn an_upgrade_types_the_hold_reasons_already_stored() {
 
 #[tokio::test]
 async fn a_hold_is_stored_typed_and_read_as_its_sentence() {
-    use ongrid_core::lifecycle::HoldReason;
+    use ongrid_core::holds::HoldReason;
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();

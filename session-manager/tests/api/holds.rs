@@ -2,7 +2,7 @@
 //! view, keep-alive caps, hold by the owner and by an admin with a reason, release pinned to the
 //! node with the same container, and the timer's no-connection hold.
 
-use ongrid_core::lifecycle::{HoldReason, HoldRequest, KeepRequest, SignalKind};
+use ongrid_core::holds::{HoldReason, HoldRequest, KeepRequest, SignalKind};
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! Wire types of the session lifecycle policy: why a session is held, the deadlines a session
+//! Wire types of the session hold policy: why a session is held, the deadlines a session
 //! lives under, and the activity signals that keep it alive.
 //!
 //! The policy itself (when to hold) is computed by the manager from these values and an

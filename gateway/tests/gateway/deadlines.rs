@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-use ongrid_core::lifecycle::{HoldReason, PlannedHold};
+use ongrid_core::holds::{HoldReason, PlannedHold};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
