@@ -164,7 +164,8 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
-/// Filters `input.export` into `out` and finishes the archive.
+/// Filters `input.export` into `out` and finishes the archive: the export's entries, checked to
+/// be complete, then the standard directories and the generated tree, then the end marker.
 pub(crate) fn filter_export<W: Write>(
     input: FilterInput<'_>,
     mut out: TarWriter<Tee<'_, W>>,
@@ -176,222 +177,371 @@ pub(crate) fn filter_export<W: Write>(
         cancel,
         progress,
     } = input;
-    let count = Rc::new(Cell::new(0u64));
-    let failure = Rc::new(RefCell::new(None));
-    let source = Counting {
-        inner: BufReader::with_capacity(1024 * 1024, export),
-        count: count.clone(),
-        failure: failure.clone(),
-    };
-    let classify = |e: io::Error| match failure.borrow_mut().take() {
-        Some(read_error) => FilterError::Read(read_error),
-        None => FilterError::BadTar(e.to_string()),
-    };
-    let check_cancel = || {
-        if cancel.load(Ordering::Relaxed) {
-            Err(FilterError::Cancelled)
-        } else {
-            Ok(())
-        }
-    };
+    let mut filter = Filter::new(cancel, progress);
+    let mut archive = tar::Archive::new(filter.source(export));
+    filter.copy_entries(&mut archive, &mut out)?;
+    filter.check_complete()?;
+    check_cancel(cancel)?;
+    filter.append_generated(&mut out, generated, mtime)?;
+    out.finish().map_err(write_error)?;
+    drain(archive.into_inner())?;
+    Ok(filter.finish())
+}
 
-    let mut state = State::default();
-    let mut stats = FilterStats::default();
-    let mut reported = 0u64;
-    let mut end_of_last_entry = 0u64;
-    let mut archive = tar::Archive::new(source);
-    for entry in archive.entries().map_err(classify)? {
-        check_cancel()?;
-        let mut entry = entry.map_err(classify)?;
-        stats.entries_read += 1;
-        end_of_last_entry = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
-        let kind = entry.header().entry_type();
-        match kind {
-            EntryType::Regular
-            | EntryType::Continuous
-            | EntryType::Link
-            | EntryType::Symlink
-            | EntryType::Char
-            | EntryType::Block
-            | EntryType::Directory
-            | EntryType::Fifo => {}
-            EntryType::XGlobalHeader => continue,
-            other => {
-                return Err(FilterError::BadTar(format!(
-                    "entry {} has type {other:?}, which a container export never contains",
-                    String::from_utf8_lossy(&entry.path_bytes())
-                )))
+/// The extended-attribute namespaces squashfs stores; others are dropped and counted.
+const KEPT_XATTR_NAMESPACES: [&str; 3] = ["user.", "trusted.", "security."];
+
+/// One run of the filter: what it has seen, dropped and counted so far.
+struct Filter<'a> {
+    cancel: &'a AtomicBool,
+    progress: &'a mut dyn FnMut(u64),
+    /// Bytes of the export the tar parser consumed.
+    count: Rc<Cell<u64>>,
+    /// The export's own read error, if it failed.
+    failure: Rc<RefCell<Option<io::Error>>>,
+    state: State,
+    stats: FilterStats,
+    reported: u64,
+    end_of_last_entry: u64,
+}
+
+impl<'a> Filter<'a> {
+    fn new(cancel: &'a AtomicBool, progress: &'a mut dyn FnMut(u64)) -> Self {
+        Self {
+            cancel,
+            progress,
+            count: Rc::new(Cell::new(0)),
+            failure: Rc::new(RefCell::new(None)),
+            state: State::default(),
+            stats: FilterStats::default(),
+            reported: 0,
+            end_of_last_entry: 0,
+        }
+    }
+
+    /// The export, buffered and counted.
+    fn source<R: Read>(&self, export: R) -> Counting<BufReader<R>> {
+        Counting {
+            inner: BufReader::with_capacity(1024 * 1024, export),
+            count: self.count.clone(),
+            failure: self.failure.clone(),
+        }
+    }
+
+    /// A parse error: the export's own read error if it failed, else a malformed tar.
+    fn classify(&self, e: io::Error) -> FilterError {
+        match self.failure.borrow_mut().take() {
+            Some(read_error) => FilterError::Read(read_error),
+            None => FilterError::BadTar(e.to_string()),
+        }
+    }
+
+    fn copy_entries<R: Read, W: Write>(
+        &mut self,
+        archive: &mut tar::Archive<R>,
+        out: &mut TarWriter<Tee<'_, W>>,
+    ) -> Result<(), FilterError> {
+        for entry in archive.entries().map_err(|e| self.classify(e))? {
+            check_cancel(self.cancel)?;
+            let mut entry = entry.map_err(|e| self.classify(e))?;
+            if self.copy_entry(&mut entry, out)? {
+                self.report_progress();
             }
+        }
+        Ok(())
+    }
+
+    /// Writes one entry of the export to `out` unless it is dropped; returns whether it was
+    /// written.
+    fn copy_entry<R: Read, W: Write>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        out: &mut TarWriter<Tee<'_, W>>,
+    ) -> Result<bool, FilterError> {
+        self.stats.entries_read += 1;
+        self.end_of_last_entry = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
+        let kind = entry.header().entry_type();
+        if !is_kept_kind(kind, entry)? {
+            return Ok(false);
         }
         let path = normalize(&entry.path_bytes())?;
         let parts: Vec<&[u8]> = components(&path).collect();
+        if self.drops(entry, &path, &parts)? {
+            return Ok(false);
+        }
+        let link = link_target(kind, entry, &path)?;
+        if let (EntryType::Link, Some(target)) = (kind, &link) {
+            if self.state.was_dropped(target) {
+                self.drop_hard_link(&path, target);
+                return Ok(false);
+            }
+        }
+        let mut meta = entry_meta(entry, kind, &path, link)?;
+        self.apply_pax(entry, &mut meta)?;
+        let cancel = self.cancel;
+        out.append(&meta, entry, &mut || check_cancel(cancel))
+            .map_err(|e| self.append_error(e, &path))?;
+        self.stats.entries_written += 1;
+        self.state.wrote(&parts);
+        Ok(true)
+    }
 
+    /// Whether the entry is dropped: a whiteout marker, whited out, or on the strip list.
+    fn drops<R: Read>(
+        &mut self,
+        entry: &tar::Entry<'_, R>,
+        path: &[u8],
+        parts: &[&[u8]],
+    ) -> Result<bool, FilterError> {
         if let Some(name) = parts.last().and_then(|n| n.strip_prefix(b".wh.")) {
-            let dir = &parts[..parts.len() - 1];
-            state.whiteout(dir, name)?;
-            stats.whiteouts += 1;
-            continue;
+            self.state.whiteout(&parts[..parts.len() - 1], name)?;
+            self.stats.whiteouts += 1;
+            return Ok(true);
         }
-        if state.whited_out(&path) {
-            state.drop_path(&path);
-            continue;
+        if self.state.whited_out(path) {
+            self.state.drop_path(path);
+            return Ok(true);
         }
-        if let Some(rule) = StripMatcher::global().rule_for(&parts) {
-            stats.stripped_entries += 1;
-            stats.stripped_bytes += entry.size();
-            if !stats.stripped_by.iter().any(|p| p == rule.pattern) {
-                stats.stripped_by.push(rule.pattern.to_string());
-            }
-            state.drop_path(&path);
-            continue;
-        }
-
-        let header = entry.header();
-        let link = match kind {
-            EntryType::Link => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| bad_entry(&path, "hard link without a target"))?;
-                let target = normalize(&target)?;
-                if state.was_dropped(&target) {
-                    stats.dropped_hard_links_total += 1;
-                    if stats.dropped_hard_links.len() < MAX_LISTED {
-                        stats.dropped_hard_links.push(format!(
-                            "/{} -> /{}",
-                            String::from_utf8_lossy(&path),
-                            String::from_utf8_lossy(&target)
-                        ));
-                    }
-                    state.drop_path(&path);
-                    continue;
-                }
-                Some(target)
-            }
-            // Symlink targets are kept byte for byte (relative or absolute, dangling or not).
-            EntryType::Symlink => Some(
-                entry
-                    .link_name_bytes()
-                    .ok_or_else(|| bad_entry(&path, "symlink without a target"))?
-                    .into_owned(),
-            ),
-            _ => None,
+        let Some(rule) = StripMatcher::global().rule_for(parts) else {
+            return Ok(false);
         };
-        let device = match kind {
-            EntryType::Char | EntryType::Block => Some((
-                header
-                    .device_major()
-                    .map_err(|e| bad_entry(&path, &e.to_string()))?
-                    .unwrap_or(0),
-                header
-                    .device_minor()
-                    .map_err(|e| bad_entry(&path, &e.to_string()))?
-                    .unwrap_or(0),
+        self.stats.stripped_entries += 1;
+        self.stats.stripped_bytes += entry.size();
+        if !self.stats.stripped_by.iter().any(|p| p == rule.pattern) {
+            self.stats.stripped_by.push(rule.pattern.to_string());
+        }
+        self.state.drop_path(path);
+        Ok(true)
+    }
+
+    /// Drops a hard link whose target was dropped, listing it in the provenance.
+    fn drop_hard_link(&mut self, path: &[u8], target: &[u8]) {
+        self.stats.dropped_hard_links_total += 1;
+        if self.stats.dropped_hard_links.len() < MAX_LISTED {
+            self.stats.dropped_hard_links.push(format!(
+                "/{} -> /{}",
+                String::from_utf8_lossy(path),
+                String::from_utf8_lossy(target)
+            ));
+        }
+        self.state.drop_path(path);
+    }
+
+    /// Takes the entry's PAX records: a whole-second mtime, and the extended attributes of the
+    /// namespaces squashfs keeps.
+    fn apply_pax<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        meta: &mut EntryMeta,
+    ) -> Result<(), FilterError> {
+        let Some(extensions) = entry.pax_extensions().map_err(|e| self.classify(e))? else {
+            return Ok(());
+        };
+        for extension in extensions {
+            let extension = extension.map_err(|e| self.classify(e))?;
+            let Ok(key) = extension.key() else { continue };
+            if key == "mtime" {
+                if let Some(secs) = whole_seconds(extension.value_bytes()) {
+                    meta.mtime = secs;
+                }
+                continue;
+            }
+            let Some(attribute) = key
+                .strip_prefix("SCHILY.xattr.")
+                .or_else(|| key.strip_prefix("LIBARCHIVE.xattr."))
+            else {
+                continue;
+            };
+            if KEPT_XATTR_NAMESPACES
+                .iter()
+                .any(|ns| attribute.starts_with(ns))
+            {
+                meta.xattrs.push((
+                    format!("SCHILY.xattr.{attribute}"),
+                    extension.value_bytes().to_vec(),
+                ));
+            } else {
+                self.stats.dropped_xattrs += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn append_error(&self, error: AppendError<FilterError>, path: &[u8]) -> FilterError {
+        match error {
+            AppendError::Write(e) => write_error(e),
+            AppendError::Read(e) => self.classify(e),
+            AppendError::ShortData { missing } => FilterError::BadTar(format!(
+                "the data of /{} ends {missing} bytes early",
+                String::from_utf8_lossy(path)
             )),
-            _ => None,
-        };
-        let number = |value: io::Result<u64>, what: &str| {
-            value.map_err(|e| bad_entry(&path, &format!("bad {what}: {e}")))
-        };
-        let mut meta = EntryMeta {
-            path: if path.is_empty() {
-                b"./".to_vec()
-            } else {
-                path.clone()
-            },
-            kind: if kind == EntryType::Continuous {
-                EntryType::Regular
-            } else {
-                kind
-            },
-            mode: number(header.mode().map(u64::from), "mode")? as u32,
-            uid: number(header.uid(), "uid")?,
-            gid: number(header.gid(), "gid")?,
-            mtime: number(header.mtime(), "mtime")?,
-            size: if matches!(kind, EntryType::Regular | EntryType::Continuous) {
-                entry.size()
-            } else {
-                0
-            },
-            link,
-            device,
-            xattrs: Vec::new(),
-        };
-        if let Some(extensions) = entry.pax_extensions().map_err(classify)? {
-            for extension in extensions {
-                let extension = extension.map_err(classify)?;
-                let Ok(key) = extension.key() else { continue };
-                if key == "mtime" {
-                    // PAX mtime may have a fraction; squashfs keeps whole seconds.
-                    let text = String::from_utf8_lossy(extension.value_bytes()).into_owned();
-                    if let Some(secs) = text.split('.').next().and_then(|s| s.parse().ok()) {
-                        meta.mtime = secs;
-                    }
-                    continue;
-                }
-                let attribute = key
-                    .strip_prefix("SCHILY.xattr.")
-                    .or_else(|| key.strip_prefix("LIBARCHIVE.xattr."));
-                if let Some(attribute) = attribute {
-                    if ["user.", "trusted.", "security."]
-                        .iter()
-                        .any(|ns| attribute.starts_with(ns))
-                    {
-                        meta.xattrs.push((
-                            format!("SCHILY.xattr.{attribute}"),
-                            extension.value_bytes().to_vec(),
-                        ));
-                    } else {
-                        stats.dropped_xattrs += 1;
-                    }
-                }
-            }
-        }
-
-        let mut stop = || check_cancel();
-        out.append(&meta, &mut entry, &mut stop)
-            .map_err(|e| match e {
-                AppendError::Write(e) => write_error(e),
-                AppendError::Read(e) => classify(e),
-                AppendError::ShortData { missing } => FilterError::BadTar(format!(
-                    "the data of /{} ends {missing} bytes early",
-                    String::from_utf8_lossy(&path)
-                )),
-                AppendError::Stopped(e) => e,
-            })?;
-        stats.entries_written += 1;
-        state.wrote(&parts);
-
-        if count.get() >= reported + PROGRESS_STEP {
-            reported = count.get();
-            progress(reported);
+            AppendError::Stopped(e) => e,
         }
     }
-    // The tar parser stops at EOF as quietly as at the end-of-archive marker; a stream cut
-    // short between two entries must not become a silently incomplete image.
-    if count.get() < end_of_last_entry + 512 {
-        if let Some(read_error) = failure.borrow_mut().take() {
+
+    fn report_progress(&mut self) {
+        if self.count.get() >= self.reported + PROGRESS_STEP {
+            self.reported = self.count.get();
+            (self.progress)(self.reported);
+        }
+    }
+
+    /// The tar parser stops at EOF as quietly as at the end-of-archive marker; a stream cut
+    /// short between two entries must not become a silently incomplete image.
+    fn check_complete(&self) -> Result<(), FilterError> {
+        if self.count.get() >= self.end_of_last_entry + 512 {
+            return Ok(());
+        }
+        if let Some(read_error) = self.failure.borrow_mut().take() {
             return Err(FilterError::Read(read_error));
         }
-        return Err(FilterError::BadTar(
+        Err(FilterError::BadTar(
             "the stream ended without tar's end-of-archive marker: the export was cut short"
                 .to_string(),
-        ));
+        ))
     }
-    check_cancel()?;
 
-    let mut none = || Ok::<(), FilterError>(());
-    let mut append_generated = |out: &mut TarWriter<Tee<'_, W>>, meta: EntryMeta, data: &[u8]| {
-        out.append(&meta, &mut &data[..], &mut none)
-            .map_err(|e| match e {
-                AppendError::Write(e) => write_error(e),
-                AppendError::Stopped(e) => e,
-                AppendError::Read(e) => FilterError::Write(e),
-                AppendError::ShortData { .. } => {
-                    FilterError::Write(io::Error::other("generated entry shorter than its size"))
-                }
-            })
+    /// After the export's entries: the standard directories it lacks (also in the copy), the
+    /// end of the copy, then the generated tree (in the main output only).
+    fn append_generated<W: Write>(
+        &mut self,
+        out: &mut TarWriter<Tee<'_, W>>,
+        generated: &[Generated],
+        mtime: u64,
+    ) -> Result<(), FilterError> {
+        for (dir, mode) in STANDARD_DIRS {
+            let parts: Vec<&[u8]> = components(dir.as_bytes()).collect();
+            if !self.state.exists(&parts) {
+                append_own(
+                    out,
+                    &root_meta(dir, EntryType::Directory, *mode, mtime),
+                    &[],
+                )?;
+                self.stats.added_dirs.push(format!("/{dir}"));
+            }
+        }
+        out.get_mut().finish_copy()?;
+        for object in generated {
+            let (meta, data) = generated_entry(object, mtime);
+            append_own(out, &meta, data)?;
+        }
+        Ok(())
+    }
+
+    /// The stats, with the bytes read in all; reported as the last progress.
+    fn finish(mut self) -> FilterStats {
+        self.stats.bytes_read = self.count.get();
+        (self.progress)(self.stats.bytes_read);
+        self.stats
+    }
+}
+
+fn check_cancel(cancel: &AtomicBool) -> Result<(), FilterError> {
+    if cancel.load(Ordering::Relaxed) {
+        Err(FilterError::Cancelled)
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether an entry of this type is written; [`EntryType::XGlobalHeader`] is skipped, and
+/// types a container export never contains are refused.
+fn is_kept_kind<R: Read>(kind: EntryType, entry: &tar::Entry<'_, R>) -> Result<bool, FilterError> {
+    match kind {
+        EntryType::Regular
+        | EntryType::Continuous
+        | EntryType::Link
+        | EntryType::Symlink
+        | EntryType::Char
+        | EntryType::Block
+        | EntryType::Directory
+        | EntryType::Fifo => Ok(true),
+        EntryType::XGlobalHeader => Ok(false),
+        other => Err(FilterError::BadTar(format!(
+            "entry {} has type {other:?}, which a container export never contains",
+            String::from_utf8_lossy(&entry.path_bytes())
+        ))),
+    }
+}
+
+/// A hard link's target (normalized, as the paths it refers to) or a symlink's (byte for byte:
+/// relative or absolute, dangling or not); `None` for other entries.
+fn link_target<R: Read>(
+    kind: EntryType,
+    entry: &tar::Entry<'_, R>,
+    path: &[u8],
+) -> Result<Option<Vec<u8>>, FilterError> {
+    match kind {
+        EntryType::Link => {
+            let target = entry
+                .link_name_bytes()
+                .ok_or_else(|| bad_entry(path, "hard link without a target"))?;
+            Ok(Some(normalize(&target)?))
+        }
+        EntryType::Symlink => Ok(Some(
+            entry
+                .link_name_bytes()
+                .ok_or_else(|| bad_entry(path, "symlink without a target"))?
+                .into_owned(),
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// The entry as it is written: its header's fields, under the normalized `path`.
+fn entry_meta<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    kind: EntryType,
+    path: &[u8],
+    link: Option<Vec<u8>>,
+) -> Result<EntryMeta, FilterError> {
+    let header = entry.header();
+    let number = |value: io::Result<u64>, what: &str| {
+        value.map_err(|e| bad_entry(path, &format!("bad {what}: {e}")))
     };
-    let root_meta = |path: &str, kind: EntryType, mode: u32| EntryMeta {
+    let regular = matches!(kind, EntryType::Regular | EntryType::Continuous);
+    Ok(EntryMeta {
+        path: if path.is_empty() {
+            b"./".to_vec()
+        } else {
+            path.to_vec()
+        },
+        kind: if regular { EntryType::Regular } else { kind },
+        mode: number(header.mode().map(u64::from), "mode")? as u32,
+        uid: number(header.uid(), "uid")?,
+        gid: number(header.gid(), "gid")?,
+        mtime: number(header.mtime(), "mtime")?,
+        size: if regular { entry.size() } else { 0 },
+        link,
+        device: device_numbers(header, kind, path)?,
+        xattrs: Vec::new(),
+    })
+}
+
+/// The major and minor numbers of a character or block device; `None` for other entries.
+fn device_numbers(
+    header: &tar::Header,
+    kind: EntryType,
+    path: &[u8],
+) -> Result<Option<(u32, u32)>, FilterError> {
+    if !matches!(kind, EntryType::Char | EntryType::Block) {
+        return Ok(None);
+    }
+    let bad = |e: io::Error| bad_entry(path, &e.to_string());
+    let major = header.device_major().map_err(bad)?.unwrap_or(0);
+    let minor = header.device_minor().map_err(bad)?.unwrap_or(0);
+    Ok(Some((major, minor)))
+}
+
+/// PAX mtime may have a fraction; squashfs keeps whole seconds.
+fn whole_seconds(value: &[u8]) -> Option<u64> {
+    let text = String::from_utf8_lossy(value);
+    text.split('.').next().and_then(|s| s.parse().ok())
+}
+
+/// An entry the filter adds, owned by root.
+fn root_meta(path: &str, kind: EntryType, mode: u32, mtime: u64) -> EntryMeta {
+    EntryMeta {
         path: path.as_bytes().to_vec(),
         kind,
         mode,
@@ -402,47 +552,55 @@ pub(crate) fn filter_export<W: Write>(
         link: None,
         device: None,
         xattrs: Vec::new(),
-    };
-    for (dir, mode) in STANDARD_DIRS {
-        let parts: Vec<&[u8]> = components(dir.as_bytes()).collect();
-        if !state.exists(&parts) {
-            append_generated(&mut out, root_meta(dir, EntryType::Directory, *mode), &[])?;
-            stats.added_dirs.push(format!("/{dir}"));
+    }
+}
+
+/// One object of the generated `/.singularity.d` tree as an entry and its data.
+fn generated_entry(object: &Generated, mtime: u64) -> (EntryMeta, &[u8]) {
+    match object {
+        Generated::Dir { path, mode } => (root_meta(path, EntryType::Directory, *mode, mtime), &[]),
+        Generated::File { path, mode, data } => {
+            let mut meta = root_meta(path, EntryType::Regular, *mode, mtime);
+            meta.size = data.len() as u64;
+            (meta, data)
+        }
+        Generated::Symlink { path, target } => {
+            let mut meta = root_meta(path, EntryType::Symlink, 0o777, mtime);
+            meta.link = Some(target.as_bytes().to_vec());
+            (meta, &[])
         }
     }
-    out.get_mut().finish_copy()?;
-    for object in generated {
-        let (meta, data): (EntryMeta, &[u8]) = match object {
-            Generated::Dir { path, mode } => (root_meta(path, EntryType::Directory, *mode), &[]),
-            Generated::File { path, mode, data } => {
-                let mut meta = root_meta(path, EntryType::Regular, *mode);
-                meta.size = data.len() as u64;
-                (meta, data)
-            }
-            Generated::Symlink { path, target } => {
-                let mut meta = root_meta(path, EntryType::Symlink, 0o777);
-                meta.link = Some(target.as_bytes().to_vec());
-                (meta, &[])
-            }
-        };
-        append_generated(&mut out, meta, data)?;
-    }
-    out.finish().map_err(write_error)?;
+}
 
-    // Read whatever follows the end marker so the producer (Docker) finishes cleanly.
-    let mut rest = archive.into_inner();
+/// Appends an entry the filter made itself (its data cannot fail to read).
+fn append_own<W: Write>(
+    out: &mut TarWriter<Tee<'_, W>>,
+    meta: &EntryMeta,
+    data: &[u8],
+) -> Result<(), FilterError> {
+    let mut never_stop = || Ok::<(), FilterError>(());
+    out.append(meta, &mut &data[..], &mut never_stop)
+        .map_err(|e| match e {
+            AppendError::Write(e) => write_error(e),
+            AppendError::Stopped(e) => e,
+            AppendError::Read(e) => FilterError::Write(e),
+            AppendError::ShortData { .. } => {
+                FilterError::Write(io::Error::other("generated entry shorter than its size"))
+            }
+        })
+}
+
+/// Reads whatever follows the end marker so the producer (Docker) finishes cleanly.
+fn drain(mut rest: impl Read) -> Result<(), FilterError> {
     let mut sink = [0u8; 64 * 1024];
     loop {
         match rest.read(&mut sink) {
-            Ok(0) => break,
+            Ok(0) => return Ok(()),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(FilterError::Read(e)),
         }
     }
-    stats.bytes_read = count.get();
-    progress(stats.bytes_read);
-    Ok(stats)
 }
 
 fn bad_entry(path: &[u8], what: &str) -> FilterError {

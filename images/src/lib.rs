@@ -165,93 +165,25 @@ pub fn freeze_with_copy(
         progress,
         cancel,
     } = req;
-    let store_error = |path: &Path, source: io::Error| {
-        if is_full(&source) {
-            FreezeError::StoreFull {
-                store: store.to_path_buf(),
-            }
-        } else {
-            FreezeError::Store {
-                path: path.to_path_buf(),
-                source,
-            }
-        }
-    };
-    let partial_dir = store.join(PARTIAL_DIR);
-    let images_dir = store.join(IMAGES_DIR);
-    for dir in [&partial_dir, &images_dir] {
-        fs::create_dir_all(dir).map_err(|e| store_error(dir, e))?;
-    }
-    let work_id = uuid::Uuid::new_v4();
-    let squashfs_path = partial_dir.join(format!("{work_id}.sqfs"));
-    let partial_sif = partial_dir.join(format!("{work_id}.sif"));
-    let partial = PartialFiles::new(vec![squashfs_path.clone(), partial_sif.clone()]);
+    let work = Work::create(store)?;
     tracing::info!(
         reference = %provenance.reference, session = %provenance.session, estimated_size,
-        work = %work_id, "Freeze started."
+        work = %work.id, "Freeze started."
     );
-
     // 1. export tar → filter → tar2sqfs → squashfs.
-    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mtime = u64::try_from(provenance.created_at.timestamp()).unwrap_or(0);
-    let (packer, pipe) = Packer::spawn(&squashfs_path, compression, jobs, mtime)
-        .map_err(|e| pack_error(e, store, &partial_dir, estimated_size))?;
     let generated = apptainer::singularity_tree(&config, &provenance);
-    let filtered = filter::filter_export(
-        FilterInput {
-            export,
-            generated: &generated,
-            mtime,
-            cancel,
-            progress,
-        },
-        TarWriter::new(filter::Tee {
-            main: io::BufWriter::with_capacity(1024 * 1024, pipe),
-            copy,
-        }),
-    );
-    let stats = match filtered {
-        Ok(stats) => {
-            packer
-                .wait()
-                .map_err(|e| pack_error(e, store, &partial_dir, estimated_size))?;
-            stats
-        }
-        // The pipe broke: tar2sqfs stopped, and its message says why.
-        Err(FilterError::Write(write_error)) => {
-            return Err(match packer.wait() {
-                Err(e) => pack_error(e, store, &partial_dir, estimated_size),
-                Ok(()) => FreezeError::Tool {
-                    tool: squashfs::TOOL,
-                    message: format!("it stopped reading its input: {write_error}"),
-                },
-            });
-        }
-        Err(other) => {
-            drop(packer); // kills tar2sqfs before its output is removed
-            return Err(match other {
-                FilterError::Cancelled => FreezeError::Cancelled,
-                FilterError::BadTar(reason) => FreezeError::BadTar { reason },
-                FilterError::Read(source) => FreezeError::Export { source },
-                FilterError::Copy(source) => FreezeError::Copy { source },
-                // Handled above; kept for exhaustiveness.
-                FilterError::Write(source) => FreezeError::Tool {
-                    tool: squashfs::TOOL,
-                    message: format!("it stopped reading its input: {source}"),
-                },
-            });
-        }
+    let filter = FilterInput {
+        export,
+        generated: &generated,
+        mtime,
+        cancel,
+        progress,
     };
+    let stats = pack(&work, filter, compression, copy, estimated_size)?;
     check_cancel(cancel)?;
-
     // 2. digest of the squashfs, then the SIF around it.
-    let squashfs_len = fs::metadata(&squashfs_path)
-        .map_err(|e| store_error(&squashfs_path, e))?
-        .len();
-    let squashfs_hex = sha256_file(&squashfs_path, cancel).map_err(|e| match e {
-        CopyError::Cancelled => FreezeError::Cancelled,
-        CopyError::Io(e) => store_error(&squashfs_path, e),
-    })?;
+    let (squashfs_len, squashfs_hex) = squashfs_digest(&work, cancel)?;
     let record = ProvenanceRecord {
         format: "ongrid-provenance/1".to_string(),
         provenance: provenance.clone(),
@@ -261,17 +193,166 @@ pub fn freeze_with_copy(
         freeze: freeze_summary(&stats),
         tool: format!("ongrid-images {}", env!("CARGO_PKG_VERSION")),
     };
-    let mut json = serde_json::to_vec_pretty(&record).map_err(|e| FreezeError::Tool {
-        tool: "ongrid-images",
-        message: format!("provenance record: {e}"),
+    let layout = sif_layout(&record, squashfs_len)?;
+    let sif_hex = wrap_in_sif(&work, &layout, cancel)?;
+    check_cancel(cancel)?;
+    // 3. publish under the content address.
+    let (target, created) = work.publish(&sif_hex)?;
+    tracing::info!(
+        reference = %provenance.reference, digest = %sif_hex, size = layout.total_len, created,
+        stripped = stats.stripped_entries, "Freeze done."
+    );
+    Ok(Frozen {
+        sif_path: target,
+        digest: format!("sha256:{sif_hex}"),
+        size: layout.total_len,
+        squashfs_digest: format!("sha256:{squashfs_hex}"),
+    })
+}
+
+/// One freeze's files in `<store>/.partial`, removed unless the image is published.
+struct Work<'a> {
+    store: &'a Path,
+    id: uuid::Uuid,
+    partial_dir: PathBuf,
+    squashfs: PathBuf,
+    sif: PathBuf,
+    cleanup: PartialFiles,
+}
+
+impl<'a> Work<'a> {
+    /// Makes the store's directories and names this freeze's partial files.
+    fn create(store: &'a Path) -> Result<Self, FreezeError> {
+        let partial_dir = store.join(PARTIAL_DIR);
+        let images_dir = store.join(IMAGES_DIR);
+        for dir in [&partial_dir, &images_dir] {
+            fs::create_dir_all(dir).map_err(|e| store_error(store, dir, e))?;
+        }
+        let id = uuid::Uuid::new_v4();
+        let squashfs = partial_dir.join(format!("{id}.sqfs"));
+        let sif = partial_dir.join(format!("{id}.sif"));
+        Ok(Self {
+            store,
+            id,
+            cleanup: PartialFiles::new(vec![squashfs.clone(), sif.clone()]),
+            partial_dir,
+            squashfs,
+            sif,
+        })
+    }
+
+    fn error(&self, path: &Path, source: io::Error) -> FreezeError {
+        store_error(self.store, path, source)
+    }
+
+    /// Moves the finished SIF to `<store>/sha256/<hex>.sif`; returns that path, and whether
+    /// the file is new (an image of the same digest is kept as it is).
+    fn publish(self, sif_hex: &str) -> Result<(PathBuf, bool), FreezeError> {
+        let target = store::sif_path(self.store, sif_hex);
+        let created = store::publish(&self.sif, &target).map_err(|e| self.error(&target, e))?;
+        self.cleanup.commit();
+        Ok((target, created))
+    }
+}
+
+/// A failed write to the store: full, or another problem with `path`.
+fn store_error(store: &Path, path: &Path, source: io::Error) -> FreezeError {
+    if is_full(&source) {
+        FreezeError::StoreFull {
+            store: store.to_path_buf(),
+        }
+    } else {
+        FreezeError::Store {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Filters the export into `tar2sqfs` (and `copy`) and waits for the squashfs.
+fn pack(
+    work: &Work<'_>,
+    filter: FilterInput<'_>,
+    compression: Compression,
+    copy: Option<&mut dyn Write>,
+    estimated_size: u64,
+) -> Result<FilterStats, FreezeError> {
+    let packing_error = |e| pack_error(e, work.store, &work.partial_dir, estimated_size);
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (packer, pipe) =
+        Packer::spawn(&work.squashfs, compression, jobs, filter.mtime).map_err(packing_error)?;
+    let filtered = filter::filter_export(
+        filter,
+        TarWriter::new(filter::Tee {
+            main: io::BufWriter::with_capacity(1024 * 1024, pipe),
+            copy,
+        }),
+    );
+    match filtered {
+        Ok(stats) => {
+            packer.wait().map_err(packing_error)?;
+            Ok(stats)
+        }
+        // The pipe broke: tar2sqfs stopped, and its message says why.
+        Err(FilterError::Write(write_error)) => Err(match packer.wait() {
+            Err(e) => packing_error(e),
+            Ok(()) => stopped_reading(&write_error),
+        }),
+        Err(other) => {
+            drop(packer); // kills tar2sqfs before its output is removed
+            Err(filter_failure(other))
+        }
+    }
+}
+
+/// What a failure of the filter itself (not of `tar2sqfs`) means for the freeze.
+fn filter_failure(error: FilterError) -> FreezeError {
+    match error {
+        FilterError::Cancelled => FreezeError::Cancelled,
+        FilterError::BadTar(reason) => FreezeError::BadTar { reason },
+        FilterError::Read(source) => FreezeError::Export { source },
+        FilterError::Copy(source) => FreezeError::Copy { source },
+        FilterError::Write(source) => stopped_reading(&source),
+    }
+}
+
+fn stopped_reading(write_error: &io::Error) -> FreezeError {
+    FreezeError::Tool {
+        tool: squashfs::TOOL,
+        message: format!("it stopped reading its input: {write_error}"),
+    }
+}
+
+/// The squashfs's length and sha256 (hex).
+fn squashfs_digest(work: &Work<'_>, cancel: &AtomicBool) -> Result<(u64, String), FreezeError> {
+    let len = fs::metadata(&work.squashfs)
+        .map_err(|e| work.error(&work.squashfs, e))?
+        .len();
+    let hex = sha256_file(&work.squashfs, cancel).map_err(|e| match e {
+        CopyError::Cancelled => FreezeError::Cancelled,
+        CopyError::Io(e) => work.error(&work.squashfs, e),
     })?;
+    Ok((len, hex))
+}
+
+/// The SIF's layout: the definition file and the provenance record inline, then the squashfs
+/// of `squashfs_len` bytes as the primary partition.
+fn sif_layout(record: &ProvenanceRecord, squashfs_len: u64) -> Result<sif::Layout, FreezeError> {
+    let own_error = |message: String| FreezeError::Tool {
+        tool: "ongrid-images",
+        message,
+    };
+    let mut json = serde_json::to_vec_pretty(record)
+        .map_err(|e| own_error(format!("provenance record: {e}")))?;
     json.push(b'\n');
-    let layout = sif::Layout::new(
+    let squashfs_hex = record.squashfs_digest.trim_start_matches("sha256:");
+    let deffile = definition_file(&record.provenance, &record.config, squashfs_hex);
+    sif::Layout::new(
         &[
             sif::InlineObject {
                 data_type: sif::DataType::Deffile,
                 name: String::new(),
-                data: definition_file(&provenance, &config, &squashfs_hex).into_bytes(),
+                data: deffile.into_bytes(),
             },
             sif::InlineObject {
                 data_type: sif::DataType::GenericJson,
@@ -286,35 +367,24 @@ pub fn freeze_with_copy(
         },
         squashfs_len,
         uuid::Uuid::new_v4(),
-        provenance.created_at.timestamp(),
+        record.provenance.created_at.timestamp(),
     )
-    .map_err(|e| FreezeError::Tool {
-        tool: "ongrid-images",
-        message: e.to_string(),
-    })?;
-    let sif_hex =
-        write_sif(&partial_sif, &layout, &squashfs_path, cancel).map_err(|e| match e {
-            CopyError::Cancelled => FreezeError::Cancelled,
-            CopyError::Io(e) => store_error(&partial_sif, e),
-        })?;
-    // The squashfs is inside the SIF now; free its space before publishing.
-    fs::remove_file(&squashfs_path).map_err(|e| store_error(&squashfs_path, e))?;
-    check_cancel(cancel)?;
+    .map_err(|e| own_error(e.to_string()))
+}
 
-    // 3. publish under the content address.
-    let target = store::sif_path(store, &sif_hex);
-    let created = store::publish(&partial_sif, &target).map_err(|e| store_error(&target, e))?;
-    partial.commit();
-    tracing::info!(
-        reference = %provenance.reference, digest = %sif_hex, size = layout.total_len, created,
-        stripped = stats.stripped_entries, "Freeze done."
-    );
-    Ok(Frozen {
-        sif_path: target,
-        digest: format!("sha256:{sif_hex}"),
-        size: layout.total_len,
-        squashfs_digest: format!("sha256:{squashfs_hex}"),
-    })
+/// Writes the partial SIF around the squashfs, then removes the squashfs (it is inside the SIF
+/// now: its space is freed before publishing). Returns the SIF's sha256 (hex).
+fn wrap_in_sif(
+    work: &Work<'_>,
+    layout: &sif::Layout,
+    cancel: &AtomicBool,
+) -> Result<String, FreezeError> {
+    let sif_hex = write_sif(&work.sif, layout, &work.squashfs, cancel).map_err(|e| match e {
+        CopyError::Cancelled => FreezeError::Cancelled,
+        CopyError::Io(e) => work.error(&work.sif, e),
+    })?;
+    fs::remove_file(&work.squashfs).map_err(|e| work.error(&work.squashfs, e))?;
+    Ok(sif_hex)
 }
 
 fn check_cancel(cancel: &AtomicBool) -> Result<(), FreezeError> {
