@@ -10,7 +10,8 @@
 //! scheduler sees it), [`keys`] (SSH public keys and their policy), [`tls`] (server TLS, client
 //! certificate → identity), [`auth`] (admins, agent and gateway tokens), [`config`] (the TOML
 //! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds) and [`freeze_watch`]
-//! (freezes that cannot finish); [`api`] (the routes) and [`server`] (the accept loop).
+//! (freezes that cannot finish); [`notify`] (commits wake the long-polls of agents and people);
+//! [`api`] (the routes) and [`server`] (the accept loop).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
 //! (or [`run`], which does both).
@@ -25,6 +26,7 @@ pub mod grid_identity;
 pub mod hold_timer;
 pub mod job_logs;
 pub mod keys;
+pub mod notify;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -159,12 +161,16 @@ impl Manager {
         let wake = Arc::new(Notify::new());
         let tracker = TaskTracker::new();
 
-        let scheduler = Arc::new(Scheduler::new(
-            store.clone(),
-            self.clock.clone(),
-            config.node_timeout,
-            wake.clone(),
-        ));
+        let changes = notify::Changes::new(shutdown.clone());
+        let scheduler = Arc::new(
+            Scheduler::new(
+                store.clone(),
+                self.clock.clone(),
+                config.node_timeout,
+                wake.clone(),
+            )
+            .with_changes(changes.clone()),
+        );
         tracker.spawn(
             scheduler
                 .clone()
@@ -195,6 +201,7 @@ impl Manager {
             clock: self.clock,
             wake,
             scheduler,
+            changes,
         };
         let server = Server {
             acceptor: TlsAcceptor::from(tls),

@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::domain::jobs::{self, JobChange};
 use crate::domain::sessions::{queue, Change};
+use crate::notify::Changes;
 use crate::site::{pending_session, SiteSnapshot};
 use crate::store::{SessionFilter, Store, StoreError, StoreResult};
 
@@ -62,6 +63,8 @@ pub struct Scheduler {
     node_timeout: Duration,
     wake: Arc<Notify>,
     ticks: watch::Sender<u64>,
+    /// Told of every placement and job change, so agents hear of them at once.
+    changes: Option<Changes>,
     /// One tick at a time: two concurrent plans could both hand out the same free GPU. Holds
     /// the PENDING sessions waiting for jobs to halt.
     tick_lock: tokio::sync::Mutex<HashMap<SessionId, HaltWait>>,
@@ -80,8 +83,15 @@ impl Scheduler {
             node_timeout,
             wake,
             ticks: watch::channel(0).0,
+            changes: None,
             tick_lock: tokio::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Notifies `changes` of every session or job change it stores.
+    pub fn with_changes(mut self, changes: Changes) -> Self {
+        self.changes = Some(changes);
+        self
     }
 
     /// Counts completed ticks; lets a caller wait for the loop to have run.
@@ -253,7 +263,12 @@ impl Scheduler {
         next: Option<jobs::NewJob>,
     ) -> StoreResult<bool> {
         match self.store.job_transition(id, change, next).await {
-            Ok(_) => Ok(true),
+            Ok(job) => {
+                if let Some(changes) = &self.changes {
+                    changes.node_or_site(job.node.as_ref());
+                }
+                Ok(true)
+            }
             Err(StoreError::InvalidJobTransition(e)) => {
                 tracing::debug!(job_id = %id, error = %e, "Skipping a job that changed meanwhile.");
                 Ok(false)
@@ -267,7 +282,12 @@ impl Scheduler {
     /// or changed meanwhile), which is not an error for the scheduler.
     async fn apply(&self, id: ongrid_core::SessionId, change: Change) -> StoreResult<bool> {
         match self.store.transition(id, change).await {
-            Ok(_) => Ok(true),
+            Ok(session) => {
+                if let Some(changes) = &self.changes {
+                    changes.node_or_site(session.node.as_ref());
+                }
+                Ok(true)
+            }
             Err(StoreError::InvalidTransition(e)) => {
                 tracing::debug!(session_id = %id, error = %e, "Skipping a session that changed meanwhile.");
                 Ok(false)

@@ -46,6 +46,9 @@ mod jobs;
 // The gateway's re-check of open connections' keys.
 #[path = "api/gateway_keys.rs"]
 mod gateway_keys;
+// The long-polls of agents (desired state) and people (a session's state).
+#[path = "api/watch.rs"]
+mod watch;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";

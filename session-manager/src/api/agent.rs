@@ -5,17 +5,30 @@
 //! progress ([`images::follow_report`]), its jobs (`super::jobs::follow_reports`: output and
 //! state) and the activity of its sessions. The answer is the node's [`DesiredState`]
 //! ([`desired::desired_state`], with its jobs from `super::jobs::node_jobs`).
+//!
+//! Between syncs the agent keeps `GET /v1/agent/desired?after=<version>` open: a long-poll that
+//! answers as soon as the node's desired state differs from the version the agent has (woken by
+//! [`crate::notify::Changes`]), or with 204 after `timeout` seconds (25 by default). Every
+//! answer carrying a desired state names its version in `ETag` (a digest of the state itself, so
+//! equal states have equal versions across restarts of the manager and nothing is counted in
+//! memory); the periodic sync stays the safety net when a notification is lost.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::header::ETAG;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
 use ongrid_core::image::ImageState;
 use ongrid_core::{GpuInfo, NodeName, SessionId, SessionState};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use super::callers::AgentNode;
-use super::{ApiError, ApiJson, AppState};
+use super::{ApiError, ApiJson, ApiQuery, AppState};
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
@@ -25,7 +38,7 @@ pub async fn register(
     State(state): State<AppState>,
     AgentNode(node): AgentNode,
     ApiJson(body): ApiJson<RegisterNode>,
-) -> Result<Json<DesiredState>, ApiError> {
+) -> Result<Response, ApiError> {
     check_node(&node, &body.node)?;
     check_gpus(&body.gpus)?;
     let stream_url = body.stream_url.map(|url| url.trim().to_owned());
@@ -44,14 +57,14 @@ pub async fn register(
         .await?;
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
     state.wake.notify_one();
-    desired_state(&state, &node).await.map(Json)
+    desired_state(&state, &node).await.map(versioned)
 }
 
 pub async fn sync(
     State(state): State<AppState>,
     AgentNode(node): AgentNode,
     ApiJson(report): ApiJson<NodeReport>,
-) -> Result<Json<DesiredState>, ApiError> {
+) -> Result<Response, ApiError> {
     check_node(&node, &report.node)?;
     check_gpus(&report.gpus)?;
     let now = state.clock.now();
@@ -111,7 +124,78 @@ pub async fn sync(
         )
         .await?;
     state.wake.notify_one();
-    desired_state(&state, &node).await.map(Json)
+    // People waiting on this node's sessions look again; so does the node's own long-poll,
+    // which answers only if its desired state changed.
+    state.changes.node(&node);
+    desired_state(&state, &node).await.map(versioned)
+}
+
+/// How long `GET /v1/agent/desired` waits for a change when the agent does not say.
+pub const DESIRED_WAIT: Duration = Duration::from_secs(25);
+
+/// The longest wait an agent may ask for.
+pub const MAX_DESIRED_WAIT: Duration = Duration::from_secs(300);
+
+/// `GET /v1/agent/desired?after=<version>&timeout=<seconds>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredQuery {
+    /// The version (`ETag`) of the desired state the agent has; none: answer at once.
+    after: Option<String>,
+    /// How long to wait for a change, in seconds.
+    timeout: Option<u64>,
+}
+
+/// The long-poll: the node's desired state once it differs from `after`, else 204 with the
+/// same version when `timeout` passes (or the manager shuts down).
+pub async fn desired(
+    State(state): State<AppState>,
+    AgentNode(node): AgentNode,
+    ApiQuery(query): ApiQuery<DesiredQuery>,
+) -> Result<Response, ApiError> {
+    let wait = query
+        .timeout
+        .map_or(DESIRED_WAIT, Duration::from_secs)
+        .min(MAX_DESIRED_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    // Subscribed before the first read, so a commit between the read and the wait wakes it.
+    let mut changes = state.changes.subscribe();
+    if !state.store.nodes().await?.iter().any(|n| n.name == node) {
+        return Err(ApiError::not_found(format!(
+            "node {node} is not registered: the agent must POST /v1/agent/register first"
+        )));
+    }
+    loop {
+        let desired = desired_state(&state, &node).await?;
+        let current = version(&desired);
+        if query.after.as_deref() != Some(current.as_str()) {
+            return Ok(versioned(desired));
+        }
+        match tokio::time::timeout_at(deadline, changes.changed(Some(&node))).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => {
+                return Ok((StatusCode::NO_CONTENT, [(ETAG, etag(&current))]).into_response())
+            }
+        }
+    }
+}
+
+/// The version of a desired state: a digest of its JSON (whose fields and lists are in a fixed
+/// order), so it changes exactly when the state does.
+pub fn version(desired: &DesiredState) -> String {
+    let json = serde_json::to_vec(desired).unwrap_or_default();
+    hex::encode(&Sha256::digest(&json)[..16])
+}
+
+fn etag(version: &str) -> HeaderValue {
+    // Hex digits only: always a valid header value.
+    HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or(HeaderValue::from_static("\"\""))
+}
+
+/// The desired state as JSON with its version in `ETag`.
+fn versioned(desired: DesiredState) -> Response {
+    let tag = etag(&version(&desired));
+    ([(ETAG, tag)], Json(desired)).into_response()
 }
 
 fn check_node(token_node: &NodeName, body_node: &NodeName) -> Result<(), ApiError> {

@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use axum::http::{Method, Uri};
 use axum::routing::{get, post, put};
+use axum::extract::State;
 use axum::Router;
 use ongrid_core::SessionId;
 use tokio::sync::Notify;
@@ -61,6 +62,8 @@ pub struct AppState {
     pub scheduler: Arc<crate::scheduler::Scheduler>,
 }
 
+    /// Wakes the long-polls of agents and people when a commit changed what they wait on.
+    pub changes: crate::notify::Changes,
 impl AppState {
     /// The site as of now.
     pub async fn site(&self) -> Result<SiteSnapshot, ApiError> {
@@ -147,3 +150,28 @@ async fn no_route(uri: Uri) -> ApiError {
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::bad_request(format!("{} does not take {method}", uri.path()))
 }
+        .route("/v1/agent/desired", get(agent::desired))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            notify_writes,
+        ))
+/// After every successful change a person makes (a session created, removed, held or released,
+/// a freeze or an image removed, a job cancelled or halted, a GPU's mode, ...), wakes the
+/// long-polls: which nodes such a change concerns is the handler's business, and waiters only
+/// answer when what they watch really changed, so one notification for all of them keeps every
+/// handler free of it. Agents' and the gateway's routes notify where they change something.
+async fn notify_writes(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let write = !matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let path = request.uri().path();
+    let by_person = !path.starts_with("/v1/agent/") && !path.starts_with("/v1/gateway/");
+    let response = next.run(request).await;
+    if write && by_person && response.status().is_success() {
+        state.changes.site();
+    }
+    response
+}
+

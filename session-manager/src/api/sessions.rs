@@ -14,8 +14,9 @@ use axum::Json;
 use ongrid_core::api::{CreateSession, SessionView};
 use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::image::ImageLookup;
-use ongrid_core::{HumanDuration, SessionId};
+use ongrid_core::{Dn, HumanDuration, SessionId, SessionState};
 use serde::Deserialize;
+use std::time::Duration;
 
 use super::callers::CurrentUser;
 use super::lookup::{find_session, Lookup, OwnerQuery};
@@ -148,14 +149,68 @@ pub async fn list_sessions(
     ))
 }
 
+/// `GET /v1/sessions/{name}[?owner=DN][&wait_for=STATE,...[&timeout=SECONDS]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowQuery {
+    owner: Option<Dn>,
+    /// Answer once the session is in one of these states (comma-separated, like
+    /// `waiting,connected,idle,failed`), or when `timeout` passes, whichever comes first.
+    wait_for: Option<String>,
+    /// How long `wait_for` waits, in seconds (default and maximum: [`MAX_SESSION_WAIT`]).
+    timeout: Option<u64>,
+}
+
+/// The longest a session long-poll waits.
+pub const MAX_SESSION_WAIT: Duration = Duration::from_secs(60);
+
 pub async fn show_session(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
-    ApiQuery(query): ApiQuery<OwnerQuery>,
+    ApiQuery(query): ApiQuery<ShowQuery>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = find_session(&state, &caller, &name, query.owner, Lookup::Any).await?;
+    let wait_for = match &query.wait_for {
+        Some(list) => Some(parse_states(list)?),
+        None => None,
+    };
+    // Subscribed before the first read, so no change between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
+    let mut session = find_session(&state, &caller, &name, query.owner, Lookup::Any).await?;
+    if let Some(states) = wait_for {
+        let wait = query
+            .timeout
+            .map_or(MAX_SESSION_WAIT, Duration::from_secs)
+            .min(MAX_SESSION_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        // Any change may be this session's (it may move to another node): look again each time.
+        while !states.contains(&session.state)
+            && matches!(
+                tokio::time::timeout_at(deadline, changes.changed(None)).await,
+                Ok(true)
+            )
+        {
+            match state.store.session(session.id).await? {
+                Some(now) => session = now,
+                None => break,
+            }
+        }
+    }
     Ok(Json(full_session_view(&state, session).await?))
+}
+
+/// `waiting,connected,idle` → the states.
+fn parse_states(list: &str) -> Result<Vec<SessionState>, ApiError> {
+    list.split(',')
+        .map(|name| {
+            name.trim().parse::<SessionState>().map_err(|e| {
+                ApiError::bad_request(format!(
+                    "wait_for: {e}; give session states separated by commas, like \
+                     waiting,connected,idle,failed"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Ends the session (state ENDED, GPUs free); its agent removes the container on its next sync.
