@@ -12,7 +12,14 @@
 //! - `POST   /v1/sessions/{name}/release[?owner=DN]` → [`SessionView`] (PENDING, pinned to its node)
 //! - `POST   /v1/sessions/{name}/keep[?owner=DN]`    [`crate::holds::KeepRequest`] → [`SessionView`]
 //! - `GET    /v1/nodes`                        → `Vec<NodeView>` with their GPUs
+//! - `GET    /v1/nodes/{name}[?wait_empty=true[&timeout=S]]` → [`NodeView`]; with `wait_empty`,
+//!   once no session or job holds its GPUs, or after `S` seconds (at most 60)
 //! - `PUT    /v1/gpus/{uuid}/mode` (admin)     [`SetGpuMode`] → [`GpuView`]
+//! - `POST   /v1/nodes/{name}/drain` (admin)   [`DrainRequest`] → [`NodeView`] (nothing new placed
+//!   there; what runs keeps running); `DELETE` the same path → [`NodeView`] (undrained)
+//! - `DELETE /v1/nodes/{name}` (admin)         → [`NodeView`] (forgotten; 409 unless it is offline
+//!   and nothing of it is left: no session but ENDED ones, no job holding GPUs)
+//! - `POST   /v1/gpus/{uuid}/drain` (admin)    [`DrainRequest`] → [`GpuView`]; `DELETE` → undrained
 //! - `POST   /v1/keys`                         [`AddKey`] → 201 [`KeyView`] (200 when the key was
 //!   already the caller's: its expiry is renewed to the presented certificate's notAfter)
 //! - `GET    /v1/keys[?all=true]`              → `Vec<KeyView>` (own; `all` for admins)
@@ -64,7 +71,7 @@ use serde::{Deserialize, Serialize};
 
 use std::net::IpAddr;
 
-use crate::gpu::{GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid};
+use crate::gpu::{Drain, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid};
 use crate::names::{Dn, NodeName, SessionId, SessionName, UserName};
 use crate::network::InstituteName;
 pub use crate::network::{Allowlist, Institute};
@@ -185,6 +192,27 @@ pub struct NodeView {
     /// `nvidia-smi` or `simulated`.
     pub gpu_backend: String,
     pub gpus: Vec<GpuView>,
+    /// The version the agent registered with.
+    #[serde(default)]
+    pub agent_version: String,
+    /// Set while an admin has the node drained.
+    #[serde(default)]
+    pub drain: Option<Drain>,
+    /// Sessions holding its GPUs (STARTING, WAITING, CONNECTED, IDLE), of every owner.
+    #[serde(default)]
+    pub sessions: u32,
+    /// Jobs holding GPUs there (RUNNING, MUSTHALT, HALTING).
+    #[serde(default)]
+    pub jobs: u32,
+}
+
+/// What `devctl admin node drain` and `devctl admin gpu drain` send.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// Why, for the people whose work is there; "maintenance" when not given.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,10 +222,14 @@ pub struct GpuView {
     pub mode: GpuMode,
     /// Sessions placed on this GPU now.
     pub used: u32,
-    /// `mode.capacity() - used`, or 0 when the GPU is unhealthy or its node offline.
+    /// `mode.capacity() - used`, or 0 when the GPU is unhealthy or drained, or its node offline
+    /// or drained.
     pub free: u32,
     /// Names of the sessions on it that the caller may see.
     pub sessions: Vec<SessionName>,
+    /// Set while an admin has the GPU drained.
+    #[serde(default)]
+    pub drain: Option<Drain>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! `devctl gpus`: the site's nodes and GPUs (`GET /v1/nodes`), one row per GPU: model,
-//! capability, memory, mode, use, health, sessions.
+//! capability, memory, mode, use, health (and drains), sessions.
 
 use ongrid_core::api::{GpuView, NodeView};
 use ongrid_core::GpuHealth;
@@ -16,16 +16,20 @@ pub async fn run(args: JsonArgs, client: &Client, term: &mut Terminal<'_>) -> an
 }
 
 fn health(node: &NodeView, gpu: &GpuView) -> String {
-    match &gpu.info.health {
-        GpuHealth::Failed(reason) => format!("FAILED: {reason}"),
-        GpuHealth::Healthy if !node.online => {
+    match (&gpu.info.health, &gpu.drain, &node.drain) {
+        (GpuHealth::Failed(reason), _, _) => format!("FAILED: {reason}"),
+        (GpuHealth::Healthy, _, _) if !node.online => {
             format!("node offline since {}", format_time(node.last_seen))
         }
-        GpuHealth::Healthy => "ok".to_owned(),
+        (GpuHealth::Healthy, Some(drain), _) => format!("ok, DRAINED: {}", drain.reason),
+        (GpuHealth::Healthy, None, Some(drain)) => {
+            format!("ok, node DRAINED: {}", drain.reason)
+        }
+        (GpuHealth::Healthy, None, None) => "ok".to_owned(),
     }
 }
 
-/// One row per GPU, nodes in the manager's order; offline nodes are marked. Wrapped to `width`
+/// One row per GPU, nodes in the manager's order; offline and drained nodes are marked. Wrapped to `width`
 /// (the terminal's) when given, GPU UUIDs kept whole.
 pub fn render(nodes: &[NodeView], width: Option<u16>) -> String {
     if nodes.is_empty() {
@@ -36,10 +40,11 @@ pub fn render(nodes: &[NodeView], width: Option<u16>) -> String {
     ]);
     table.keep_whole(&[1, 3, 4, 5, 6, 7]);
     for node in nodes {
-        let node_name = if node.online {
-            node.name.to_string()
-        } else {
-            format!("{} (offline)", node.name)
+        let node_name = match (node.online, node.drain.is_some()) {
+            (true, false) => node.name.to_string(),
+            (false, false) => format!("{} (offline)", node.name),
+            (true, true) => format!("{} (drained)", node.name),
+            (false, true) => format!("{} (offline, drained)", node.name),
         };
         if node.gpus.is_empty() {
             table.row([node_name.clone(), "(no GPUs)".to_owned()]);
@@ -76,6 +81,7 @@ pub fn render(nodes: &[NodeView], width: Option<u16>) -> String {
 mod tests {
     use super::*;
     use chrono::{DateTime, Utc};
+    use ongrid_core::gpu::Drain;
     use ongrid_core::{
         ComputeCapability, GpuInfo, GpuMode, GpuUuid, MemorySize, NodeName, SessionName,
     };
@@ -108,7 +114,16 @@ mod tests {
             sessions: (0..used)
                 .map(|i| SessionName::parse(&format!("s{i}")).unwrap())
                 .collect(),
+            drain: None,
         }
+    }
+
+    fn drain(reason: &str) -> Option<Drain> {
+        Some(Drain {
+            reason: reason.into(),
+            since: at(0),
+            by: "alice".into(),
+        })
     }
 
     #[test]
@@ -133,6 +148,10 @@ mod tests {
                         GpuHealth::Failed("fell off the bus".into()),
                     ),
                 ],
+                agent_version: "0.1.0".into(),
+                drain: None,
+                sessions: 0,
+                jobs: 0,
             },
             NodeView {
                 name: NodeName::parse("node2").unwrap(),
@@ -140,6 +159,10 @@ mod tests {
                 last_seen: at(60),
                 gpu_backend: "nvidia-smi".into(),
                 gpus: vec![offline_gpu],
+                agent_version: "0.1.0".into(),
+                drain: None,
+                sessions: 0,
+                jobs: 0,
             },
             NodeView {
                 name: NodeName::parse("node3").unwrap(),
@@ -147,6 +170,33 @@ mod tests {
                 last_seen: at(60),
                 gpu_backend: "nvidia-smi".into(),
                 gpus: vec![],
+                agent_version: "0.1.0".into(),
+                drain: None,
+                sessions: 0,
+                jobs: 0,
+            },
+            NodeView {
+                name: NodeName::parse("node4").unwrap(),
+                online: true,
+                last_seen: at(60),
+                gpu_backend: "nvidia-smi".into(),
+                gpus: vec![
+                    GpuView {
+                        node: NodeName::parse("node4").unwrap(),
+                        drain: drain("new fan"),
+                        free: 0,
+                        ..gpu(UUID_A, GpuMode::Exclusive, 0, GpuHealth::Healthy)
+                    },
+                    GpuView {
+                        node: NodeName::parse("node4").unwrap(),
+                        free: 0,
+                        ..gpu(UUID_B, GpuMode::Exclusive, 1, GpuHealth::Healthy)
+                    },
+                ],
+                agent_version: "0.1.0".into(),
+                drain: drain("rack move"),
+                sessions: 1,
+                jobs: 0,
             },
         ];
         let expected = [
@@ -155,6 +205,8 @@ mod tests {
             "node1            GPU-11111111-2222-3333-4444-555555555502  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  shared:4   2/4       2     FAILED: fell off the bus                 s0,s1",
             "node2 (offline)  GPU-11111111-2222-3333-4444-555555555502  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  0/1       0     node offline since 2026-11-21 10:01:00Z  -",
             "node3            (no GPUs)",
+            "node4 (drained)  GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  0/1       0     ok, DRAINED: new fan                     -",
+            "node4 (drained)  GPU-11111111-2222-3333-4444-555555555502  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  1/1       0     ok, node DRAINED: rack move              s0",
         ];
         assert_eq!(render(&nodes, None), expected.join("\n") + "\n");
         assert_eq!(
@@ -176,6 +228,10 @@ mod tests {
                 1,
                 GpuHealth::Failed("fell off the bus after an Xid 79 error".into()),
             )],
+            agent_version: "0.1.0".into(),
+            drain: None,
+            sessions: 0,
+            jobs: 0,
         };
         let text = render(std::slice::from_ref(&node), Some(100));
         assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Mutex};
 
+use ongrid_core::api::DrainRequest;
 use ongrid_core::api::{
     AddKey, AuditRecord, CreateSession, ErrorBody, ErrorDetail, GpuView, Institute, KeyView,
     NodeView, SessionView, SetGpuMode, WhoAmI,
@@ -900,7 +901,30 @@ fn gpu_view(mode: GpuMode) -> GpuView {
         used: 1,
         free: mode.capacity() - 1,
         sessions: vec![SessionName::parse("train1").unwrap()],
+        drain: None,
     }
+}
+
+fn node_view(sessions: u32, jobs: u32, drain: Option<ongrid_core::gpu::Drain>) -> NodeView {
+    NodeView {
+        name: NodeName::parse("node1").unwrap(),
+        online: true,
+        last_seen: time("2026-11-21T10:00:00Z"),
+        gpu_backend: "simulated".into(),
+        gpus: vec![gpu_view(GpuMode::Exclusive)],
+        agent_version: "0.1.0".into(),
+        drain,
+        sessions,
+        jobs,
+    }
+}
+
+fn drain(reason: &str) -> Option<ongrid_core::gpu::Drain> {
+    Some(ongrid_core::gpu::Drain {
+        reason: reason.into(),
+        since: time("2026-11-21T10:00:00Z"),
+        by: "alice".into(),
+    })
 }
 
 fn institute_view() -> Institute {
@@ -1159,13 +1183,7 @@ async fn gpu_key_and_admin_commands_send_their_routes_and_bodies() {
     let cases = vec![
         Case {
             args: &["gpus"],
-            answers: vec![Answer::ok(&[NodeView {
-                name: NodeName::parse("node1").unwrap(),
-                online: true,
-                last_seen: time("2026-11-21T10:00:00Z"),
-                gpu_backend: "simulated".into(),
-                gpus: vec![gpu_view(GpuMode::Exclusive)],
-            }])],
+            answers: vec![Answer::ok(&[node_view(1, 0, None)])],
             sent: vec![Sent::new("GET", "/v1/nodes")],
             stdout: "NODE   GPU                                       MODEL                  CC   MEMORY    MODE       USED/CAP  FREE  HEALTH  SESSIONS\n\
                      node1  GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f  NVIDIA A100-SXM4-40GB  8.0  40.0 GiB  exclusive  1/1       0     ok      train1\n",
@@ -1225,6 +1243,81 @@ async fn gpu_key_and_admin_commands_send_their_routes_and_bodies() {
                 "/v1/audit?user=%2FDC%3Dorg%2FO%3DExample%2FCN%3DAlice+Smith&since=2026-11-21T10%3A00%3A00Z",
             )],
             stdout: "2026-11-21 10:01:00Z  open    /DC=org/O=Example/CN=Alice Smith  SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI  192.0.2.7  local      train1   1.5 KiB  0 B\n",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn node_and_gpu_operations_send_their_routes_and_bodies() {
+    let cases = vec![
+        Case {
+            args: &["admin", "node", "ls"],
+            answers: vec![Answer::ok(&[node_view(1, 2, drain("new PSU"))])],
+            sent: vec![Sent::new("GET", "/v1/nodes")],
+            stdout: "NODE   STATE            GPUS  SESSIONS  JOBS  BACKEND    AGENT  LAST SEEN\n\
+                     node1  online, drained  1     1         2     simulated  0.1.0  2026-11-21 10:00:00Z\n\
+                     node1: drained 2026-11-21 10:00 UTC by alice: new PSU\n",
+        },
+        Case {
+            args: &["admin", "node", "drain", "node1", "--reason", "new PSU"],
+            answers: vec![Answer::ok(&node_view(1, 0, drain("new PSU")))],
+            sent: vec![
+                Sent::new("POST", "/v1/nodes/node1/drain").json(&DrainRequest {
+                    reason: Some("new PSU".into()),
+                }),
+            ],
+            stdout: "node node1 drained 2026-11-21 10:00 UTC by alice: new PSU; 1 session keeps \
+                     running there\n",
+        },
+        Case {
+            args: &["admin", "node", "drain", "node1", "--wait", "--timeout", "10m"],
+            answers: vec![
+                Answer::ok(&node_view(2, 1, drain("maintenance"))),
+                Answer::ok(&node_view(1, 0, drain("maintenance"))),
+                Answer::ok(&node_view(0, 0, drain("maintenance"))),
+            ],
+            sent: vec![
+                Sent::new("POST", "/v1/nodes/node1/drain").json(&DrainRequest { reason: None }),
+                Sent::new("GET", "/v1/nodes/node1?wait_empty=true&timeout=60"),
+                Sent::new("GET", "/v1/nodes/node1?wait_empty=true&timeout=60"),
+            ],
+            stdout: "node node1 drained 2026-11-21 10:00 UTC by alice: maintenance; nothing runs \
+                     there\n",
+        },
+        Case {
+            args: &["admin", "node", "undrain", "node1"],
+            answers: vec![Answer::ok(&node_view(1, 0, None))],
+            sent: vec![Sent::new("DELETE", "/v1/nodes/node1/drain")],
+            stdout: "node node1 is back in service\n",
+        },
+        Case {
+            args: &["admin", "node", "rm", "node1", "--json"],
+            answers: vec![Answer::ok(&node_view(0, 0, None))],
+            sent: vec![Sent::new("DELETE", "/v1/nodes/node1")],
+            stdout: "",
+        },
+        Case {
+            args: &["admin", "gpu", "drain", UUID_A, "--reason", "fan noise"],
+            answers: vec![Answer::ok(&GpuView {
+                drain: drain("fan noise"),
+                ..gpu_view(GpuMode::Exclusive)
+            })],
+            sent: vec![
+                Sent::new("POST", &format!("/v1/gpus/{UUID_A}/drain")).json(&DrainRequest {
+                    reason: Some("fan noise".into()),
+                }),
+            ],
+            stdout: "GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f on node1 drained 2026-11-21 \
+                     10:00 UTC by alice: fan noise; 1 session or job keeps running on it\n",
+        },
+        Case {
+            args: &["admin", "gpu", "undrain", UUID_A],
+            answers: vec![Answer::ok(&gpu_view(GpuMode::Exclusive))],
+            sent: vec![Sent::new("DELETE", &format!("/v1/gpus/{UUID_A}/drain"))],
+            stdout: "GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f on node1 is back in service\n",
         },
     ];
     for case in cases {

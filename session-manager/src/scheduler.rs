@@ -5,8 +5,9 @@
 //!
 //! 1. sends STARTING sessions whose node went offline back to PENDING ("node N stopped
 //!    responding"), keeping their place in the queue. Sessions already running on such a node
-//!    are left as they are: the agent's containers keep running without the manager, and the
-//!    agent converges again when it is back;
+//!    are lost with it: FAILED with [`nodes::lost_with_node`]'s reason, so their GPUs no
+//!    longer count as used; when the agent is back it stops their containers (never starts
+//!    them twice);
 //! 2. builds the [`ongrid_scheduler::SiteState`] from the store and calls `plan`;
 //! 3. applies each `Place` action as PENDING → STARTING ("placed on N (GPU-...)") in its own
 //!    transaction, which re-checks the state: a session removed meanwhile is skipped.
@@ -41,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::domain::jobs::{self, JobChange};
+use crate::domain::nodes;
 use crate::domain::sessions::{queue, Change};
 use crate::notify::Changes;
 use crate::site::{pending_session, SiteSnapshot};
@@ -53,6 +55,8 @@ pub struct TickReport {
     pub placed: usize,
     /// Sessions sent back to the queue because their node stopped responding.
     pub requeued: usize,
+    /// Running sessions FAILED because their node stopped responding.
+    pub lost: usize,
     /// Job transitions applied (started, asked to halt, cancelled, lost with their node).
     pub jobs: usize,
 }
@@ -155,6 +159,25 @@ impl Scheduler {
                 if self.apply(session.id, change).await? {
                     tracing::info!(session_id = %session.id, node = %node.name, "Session re-queued: its node stopped responding.");
                     report.requeued += 1;
+                }
+            }
+            let on_node = site
+                .holding
+                .iter()
+                .filter(|s| s.node.as_ref() == Some(&node.name));
+            for session in on_node {
+                let change = nodes::lost_with_node(
+                    session,
+                    &node.name,
+                    node.last_seen,
+                    self.node_timeout,
+                    now,
+                );
+                if let Some(change) = change {
+                    if self.apply(session.id, change).await? {
+                        tracing::warn!(session_id = %session.id, node = %node.name, "Session lost with its node.");
+                        report.lost += 1;
+                    }
                 }
             }
         }
@@ -453,6 +476,7 @@ mod tests {
             TickReport {
                 placed: 0,
                 requeued: 1,
+                lost: 1,
                 jobs: 0
             }
         );
@@ -460,7 +484,25 @@ mod tests {
         assert_eq!(starting.state, SessionState::Pending);
         assert_eq!(starting.reason, "node node1 stopped responding");
         assert_eq!(starting.node, None);
-        assert_eq!(state(&f, &running).await.state, SessionState::Waiting);
+        let lost = state(&f, &running).await;
+        assert_eq!(lost.state, SessionState::Failed);
+        assert!(
+            lost.reason.starts_with(
+                "node lost: the agent of node1 has not synced since 2023-11-14 22:13:20 UTC \
+                 (node_timeout 30 seconds)"
+            ),
+            "{}",
+            lost.reason
+        );
+        // It keeps its node, so the agent stops its container there when it is back.
+        assert_eq!(lost.node.as_ref().map(|n| n.as_str()), Some("node1"));
+        // Its GPU no longer counts as used.
+        let site = SiteSnapshot::load(f.store.as_ref(), gone, TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!(site.holding.len(), 0);
+        // A second tick changes nothing more.
+        assert_eq!(f.scheduler.tick(gone).await.unwrap(), TickReport::default());
 
         // When the node is back, the session is placed again.
         let node1 = NodeName::parse("node1").unwrap();

@@ -1,7 +1,9 @@
 //! A snapshot of the site as the scheduler and the API see it: registered nodes with their GPUs,
 //! which of them are online, and which sessions and batch jobs hold which GPU.
 //!
-//! A node is online when its agent synced within `node_timeout`. A GPU's `used` count is the
+//! A node is online when its agent synced within `node_timeout`. Drained nodes and GPUs
+//! (`devctl admin node drain`, `devctl admin gpu drain`) are marked so for the scheduler, which
+//! places nothing new on them. A GPU's `used` count is the
 //! number of sessions in a GPU-holding state (STARTING, WAITING, CONNECTED, IDLE) and of jobs
 //! holding GPUs (RUNNING, MUSTHALT, HALTING) assigned to it.
 //! A session that asked for a whole GPU fills it, whatever its mode: when an admin turns an
@@ -112,10 +114,14 @@ impl SiteSnapshot {
         self.used.get(uuid).copied().unwrap_or(0)
     }
 
-    /// Free places on the GPU: none when it is unhealthy, its node offline, or a session that
-    /// asked for a whole GPU holds it.
+    /// Free places on the GPU: none when it is unhealthy or drained, its node offline or
+    /// drained, or a session that asked for a whole GPU holds it.
     pub fn free(&self, node: &NodeRecord, gpu: &GpuRecord) -> u32 {
-        if !gpu.info.health.is_healthy() || !self.is_online(node) {
+        if !gpu.info.health.is_healthy()
+            || !self.is_online(node)
+            || gpu.drain.is_some()
+            || node.drain.is_some()
+        {
             return 0;
         }
         gpu.mode.capacity().saturating_sub(self.occupancy(gpu))
@@ -179,6 +185,7 @@ impl SiteSnapshot {
         NodeState {
             name: node.name.clone(),
             online,
+            drained: node.drain.is_some(),
             gpus: node
                 .gpus
                 .iter()
@@ -188,6 +195,7 @@ impl SiteSnapshot {
                     memory: gpu.info.memory,
                     mode: gpu.mode,
                     healthy: gpu.info.health.is_healthy(),
+                    drained: gpu.drain.is_some(),
                     used: self.occupancy(gpu),
                 })
                 .collect(),
@@ -218,7 +226,7 @@ pub fn queued_job(job: &JobRecord) -> QueuedJob {
         not_before: job.spec.not_before,
         not_after: job.spec.not_after,
         bucket: job.spec.bucket.clone(),
-        pinned_node: None,
+        pinned_node: job.pinned_node.clone(),
     }
 }
 

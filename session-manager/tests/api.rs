@@ -49,6 +49,9 @@ mod gateway_keys;
 // The long-polls of agents (desired state) and people (a session's state).
 #[path = "api/watch.rs"]
 mod watch;
+// Node and GPU operations: drains, lost nodes, removal.
+#[path = "api/nodes.rs"]
+mod nodes;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";

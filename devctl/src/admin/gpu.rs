@@ -1,8 +1,10 @@
 //! `devctl admin gpu mode GPU exclusive|shared:N` (`PUT /v1/gpus/{uuid}/mode`): how many
-//! sessions may share a GPU.
+//! sessions may share a GPU. `devctl admin gpu drain GPU [--reason TEXT]`
+//! (`POST /v1/gpus/{uuid}/drain`): nothing new is placed on it, what runs there keeps running;
+//! `devctl admin gpu undrain GPU` (`DELETE /v1/gpus/{uuid}/drain`): back in service.
 
 use clap::{Args, Subcommand};
-use ongrid_core::api::{GpuView, SetGpuMode};
+use ongrid_core::api::{DrainRequest, GpuView, SetGpuMode};
 use ongrid_core::{GpuMode, GpuUuid};
 
 use crate::client::Client;
@@ -12,6 +14,29 @@ use crate::terminal::{JsonArgs, Terminal};
 pub enum AdminGpuCommand {
     /// Set how sessions may use a GPU: exclusive (one session) or shared:N (up to N)
     Mode(GpuModeArgs),
+    /// Place nothing new on a GPU; sessions and jobs on it keep running
+    Drain(GpuDrainArgs),
+    /// Put a drained GPU back in service
+    Undrain(GpuArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GpuDrainArgs {
+    /// The GPU's UUID, as devctl gpus shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    pub gpu: GpuUuid,
+    /// Why, for the people whose work is there (default: maintenance)
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GpuArgs {
+    /// The GPU's UUID, as devctl gpus shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    pub gpu: GpuUuid,
+    #[command(flatten)]
+    pub output: JsonArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -39,6 +64,43 @@ pub async fn run(
                 .await?;
             term.show(output.json, &view, render_mode)
         }
+        AdminGpuCommand::Drain(GpuDrainArgs {
+            gpu,
+            reason,
+            output,
+        }) => {
+            let view: GpuView = client
+                .post(&format!("v1/gpus/{gpu}/drain"))
+                .json(&DrainRequest { reason })
+                .send()
+                .await?;
+            term.show(output.json, &view, render_drain)
+        }
+        AdminGpuCommand::Undrain(GpuArgs { gpu, output }) => {
+            let view: GpuView = client
+                .delete(&format!("v1/gpus/{gpu}/drain"))
+                .send()
+                .await?;
+            term.show(output.json, &view, render_drain)
+        }
+    }
+}
+
+/// `devctl admin gpu drain|undrain`: the GPU after the change.
+pub fn render_drain(gpu: &GpuView) -> String {
+    let running = match gpu.used {
+        0 => "nothing runs on it".to_owned(),
+        1 => "1 session or job keeps running on it".to_owned(),
+        n => format!("{n} sessions or jobs keep running on it"),
+    };
+    match &gpu.drain {
+        Some(drain) => format!(
+            "GPU {} on {} {}; {running}\n",
+            gpu.info.uuid,
+            gpu.node,
+            drain.sentence()
+        ),
+        None => format!("GPU {} on {} is back in service\n", gpu.info.uuid, gpu.node),
     }
 }
 
@@ -78,6 +140,7 @@ mod tests {
             used: 1,
             free: 3,
             sessions: vec![],
+            drain: None,
         };
         assert_eq!(
             render_mode(&view),

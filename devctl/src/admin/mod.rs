@@ -1,12 +1,14 @@
 //! `devctl admin ...`: site administration, for the admins named in the manager's config.
 //!
-//! - [`gpu`]: `admin gpu mode`, how sessions may share a GPU.
+//! - [`gpu`]: `admin gpu mode`, how sessions may share a GPU; `admin gpu drain|undrain`.
+//! - [`node`]: `admin node ls|drain|undrain|rm`, nodes in and out of service.
 //! - [`institute`]: `admin institute add|rm|ls|show`, the networks the SSH gateway accepts.
 //! - [`audit`]: `admin audit`, the log of SSH connections.
 
 pub mod audit;
 pub mod gpu;
 pub mod institute;
+pub mod node;
 
 use clap::Subcommand;
 
@@ -18,6 +20,9 @@ pub enum AdminCommand {
     /// Manage GPUs
     #[command(subcommand)]
     Gpu(gpu::AdminGpuCommand),
+    /// Manage nodes: list, drain, undrain, remove
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// Manage the institutes whose networks may reach the SSH gateway
     #[command(subcommand)]
     Institute(institute::InstituteCommand),
@@ -32,6 +37,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match command {
         AdminCommand::Gpu(command) => gpu::run(command, client, term).await,
+        AdminCommand::Node(command) => node::run(command, client, term).await,
         AdminCommand::Institute(command) => institute::run(command, client, term).await,
         AdminCommand::Audit(args) => audit::run(args, client, term).await,
     }

@@ -98,7 +98,19 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{name}/release", post(sessions::release))
         .route("/v1/sessions/{name}/keep", post(sessions::keep))
         .route("/v1/nodes", get(nodes::list_nodes))
+        .route(
+            "/v1/nodes/{name}",
+            get(nodes::show_node).delete(nodes::remove_node),
+        )
+        .route(
+            "/v1/nodes/{name}/drain",
+            post(nodes::drain_node).delete(nodes::undrain_node),
+        )
         .route("/v1/gpus/{uuid}/mode", put(nodes::set_gpu_mode))
+        .route(
+            "/v1/gpus/{uuid}/drain",
+            post(nodes::drain_gpu).delete(nodes::undrain_gpu),
+        )
         .route(
             "/v1/keys",
             get(keys::list_keys)

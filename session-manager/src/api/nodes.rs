@@ -1,15 +1,28 @@
-//! Routes for the site's nodes and GPUs: `GET /v1/nodes` (every user; others' sessions are
-//! counted but not named) and `PUT /v1/gpus/{uuid}/mode` (admins).
+//! Routes for the site's nodes and GPUs: `GET /v1/nodes` and `GET /v1/nodes/{name}` (every
+//! user; others' sessions are counted but not named), and the admins' operations: GPU modes,
+//! draining and undraining nodes and GPUs, forgetting a node.
+//!
+//! A drain only stops new placements (the scheduler leaves drained nodes and GPUs out); what
+//! runs there keeps running. `GET /v1/nodes/{name}?wait_empty=true` answers once nothing holds
+//! the node's GPUs any more (no running session, no job holding GPUs) or after `timeout`
+//! seconds: `devctl admin node drain --wait` asks it again until the node is empty.
+
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
-use ongrid_core::api::{GpuView, NodeView, SetGpuMode};
-use ongrid_core::{GpuMode, GpuUuid};
+use ongrid_core::api::{DrainRequest, GpuView, NodeView, SetGpuMode};
+use ongrid_core::{GpuMode, GpuUuid, NodeName};
+use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, AppState};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::domain::nodes;
 use crate::site::SiteSnapshot;
-use crate::store::{GpuRecord, NodeRecord};
+use crate::store::{GpuRecord, NodeRecord, NodeRemoval};
+
+/// The longest `wait_empty` waits in one request.
+pub const MAX_NODE_WAIT: Duration = Duration::from_secs(60);
 
 pub async fn list_nodes(
     State(state): State<AppState>,
@@ -19,19 +32,254 @@ pub async fn list_nodes(
     let views = site
         .nodes
         .iter()
-        .map(|node| NodeView {
-            name: node.name.clone(),
-            online: site.is_online(node),
-            last_seen: node.last_seen,
-            gpu_backend: node.gpu_backend.clone(),
-            gpus: node
-                .gpus
-                .iter()
-                .map(|gpu| gpu_view(&site, &caller, node, gpu))
-                .collect(),
-        })
+        .map(|node| node_view(&site, &caller, node))
         .collect();
     Ok(Json(views))
+}
+
+/// `GET /v1/nodes/{name}[?wait_empty=true[&timeout=SECONDS]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowNodeQuery {
+    #[serde(default)]
+    wait_empty: bool,
+    /// How long `wait_empty` waits, in seconds (default and maximum: [`MAX_NODE_WAIT`]).
+    timeout: Option<u64>,
+}
+
+pub async fn show_node(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ShowNodeQuery>,
+) -> Result<Json<NodeView>, ApiError> {
+    let name = parse_node(&name)?;
+    let wait = query
+        .timeout
+        .map_or(MAX_NODE_WAIT, Duration::from_secs)
+        .min(MAX_NODE_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Subscribed before the read, so no change between the read and the wait is missed.
+        let mut changes = state.changes.subscribe();
+        let view = find_node(&state, &caller, &name).await?;
+        let empty = view.sessions == 0 && view.jobs == 0;
+        if !query.wait_empty || empty {
+            return Ok(Json(view));
+        }
+        match tokio::time::timeout_at(deadline, changes.changed(Some(&name))).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return Ok(Json(view)),
+        }
+    }
+}
+
+pub async fn drain_node(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<DrainRequest>,
+) -> Result<Json<NodeView>, ApiError> {
+    admins_only(&caller, "drain a node")?;
+    let name = parse_node(&name)?;
+    let drain = nodes::drain(
+        body.reason.as_deref(),
+        &caller.user.user_name,
+        state.clock.now(),
+    )?;
+    if !state
+        .store
+        .set_node_drain(&name, Some(drain.clone()))
+        .await?
+    {
+        return Err(no_such_node(&name));
+    }
+    tracing::info!(node = %name, reason = %drain.reason, by = %caller.user.user_name, "Node drained.");
+    Ok(Json(find_node(&state, &caller, &name).await?))
+}
+
+pub async fn undrain_node(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<NodeView>, ApiError> {
+    admins_only(&caller, "undrain a node")?;
+    let name = parse_node(&name)?;
+    if !state.store.set_node_drain(&name, None).await? {
+        return Err(no_such_node(&name));
+    }
+    tracing::info!(node = %name, by = %caller.user.user_name, "Node back in service.");
+    // Queued sessions and jobs may fit there now.
+    state.wake.notify_one();
+    Ok(Json(find_node(&state, &caller, &name).await?))
+}
+
+pub async fn remove_node(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<NodeView>, ApiError> {
+    admins_only(&caller, "remove a node")?;
+    let name = parse_node(&name)?;
+    let view = find_node(&state, &caller, &name).await?;
+    match state
+        .store
+        .remove_node(&name, state.clock.now(), state.config.node_timeout)
+        .await?
+    {
+        NodeRemoval::Removed => {
+            tracing::info!(node = %name, by = %caller.user.user_name, "Node removed.");
+            Ok(Json(view))
+        }
+        NodeRemoval::NoSuchNode => Err(no_such_node(&name)),
+        NodeRemoval::Refused(refusal) => Err(refusal.into()),
+    }
+}
+
+pub async fn set_gpu_mode(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(uuid): ApiPath<String>,
+    ApiJson(body): ApiJson<SetGpuMode>,
+) -> Result<Json<GpuView>, ApiError> {
+    admins_only(&caller, "change a GPU's mode")?;
+    let uuid = parse_gpu(&uuid)?;
+    // The core's parser holds the rules (shared:N with N from 2 to 64).
+    let mode: GpuMode = body
+        .mode
+        .to_string()
+        .parse()
+        .map_err(|e: ongrid_core::gpu::GpuModeError| ApiError::bad_request(e.to_string()))?;
+    state
+        .store
+        .set_gpu_mode(&uuid, mode)
+        .await?
+        .ok_or_else(|| no_such_gpu(&uuid))?;
+    tracing::info!(gpu = %uuid, %mode, by = %caller.user.user_name, "GPU mode changed.");
+    state.wake.notify_one();
+    find_gpu(&state, &caller, &uuid).await
+}
+
+pub async fn drain_gpu(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(uuid): ApiPath<String>,
+    ApiJson(body): ApiJson<DrainRequest>,
+) -> Result<Json<GpuView>, ApiError> {
+    admins_only(&caller, "drain a GPU")?;
+    let uuid = parse_gpu(&uuid)?;
+    let drain = nodes::drain(
+        body.reason.as_deref(),
+        &caller.user.user_name,
+        state.clock.now(),
+    )?;
+    state
+        .store
+        .set_gpu_drain(&uuid, Some(drain.clone()))
+        .await?
+        .ok_or_else(|| no_such_gpu(&uuid))?;
+    tracing::info!(gpu = %uuid, reason = %drain.reason, by = %caller.user.user_name, "GPU drained.");
+    find_gpu(&state, &caller, &uuid).await
+}
+
+pub async fn undrain_gpu(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(uuid): ApiPath<String>,
+) -> Result<Json<GpuView>, ApiError> {
+    admins_only(&caller, "undrain a GPU")?;
+    let uuid = parse_gpu(&uuid)?;
+    state
+        .store
+        .set_gpu_drain(&uuid, None)
+        .await?
+        .ok_or_else(|| no_such_gpu(&uuid))?;
+    tracing::info!(gpu = %uuid, by = %caller.user.user_name, "GPU back in service.");
+    state.wake.notify_one();
+    find_gpu(&state, &caller, &uuid).await
+}
+
+fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
+    if caller.admin {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(format!(
+            "only admins can {what}; admins are listed in the manager's config"
+        )))
+    }
+}
+
+fn parse_node(name: &str) -> Result<NodeName, ApiError> {
+    NodeName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+fn parse_gpu(uuid: &str) -> Result<GpuUuid, ApiError> {
+    GpuUuid::parse(uuid).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+fn no_such_node(name: &NodeName) -> ApiError {
+    ApiError::not_found(format!(
+        "no node {name} is registered: see `devctl admin node ls`"
+    ))
+}
+
+fn no_such_gpu(uuid: &GpuUuid) -> ApiError {
+    ApiError::not_found(format!("no GPU {uuid} is registered: see `devctl gpus`"))
+}
+
+async fn find_node(
+    state: &AppState,
+    caller: &CurrentUser,
+    name: &NodeName,
+) -> Result<NodeView, ApiError> {
+    let site = state.site().await?;
+    site.nodes
+        .iter()
+        .find(|node| node.name == *name)
+        .map(|node| node_view(&site, caller, node))
+        .ok_or_else(|| no_such_node(name))
+}
+
+async fn find_gpu(
+    state: &AppState,
+    caller: &CurrentUser,
+    uuid: &GpuUuid,
+) -> Result<Json<GpuView>, ApiError> {
+    let site = state.site().await?;
+    site.nodes
+        .iter()
+        .find_map(|node| {
+            let gpu = node.gpus.iter().find(|g| g.info.uuid == *uuid)?;
+            Some(Json(gpu_view(&site, caller, node, gpu)))
+        })
+        .ok_or_else(|| no_such_gpu(uuid))
+}
+
+fn node_view(site: &SiteSnapshot, caller: &CurrentUser, node: &NodeRecord) -> NodeView {
+    let on_node = |n: &Option<NodeName>| n.as_ref() == Some(&node.name);
+    NodeView {
+        name: node.name.clone(),
+        online: site.is_online(node),
+        last_seen: node.last_seen,
+        gpu_backend: node.gpu_backend.clone(),
+        gpus: node
+            .gpus
+            .iter()
+            .map(|gpu| gpu_view(site, caller, node, gpu))
+            .collect(),
+        agent_version: node.agent_version.clone(),
+        drain: node.drain.clone(),
+        sessions: count(site.holding.iter().filter(|s| on_node(&s.node))),
+        jobs: count(
+            site.jobs
+                .iter()
+                .filter(|j| j.state().holds_gpus() && on_node(&j.node)),
+        ),
+    }
+}
+
+fn count<T>(items: impl Iterator<Item = T>) -> u32 {
+    u32::try_from(items.count()).unwrap_or(u32::MAX)
 }
 
 /// A GPU as `caller` may see it: sessions of others are counted but not named (admins see all).
@@ -52,42 +300,6 @@ fn gpu_view(
             .filter(|s| caller.admin || s.owner == caller.user.dn)
             .map(|s| s.name.clone())
             .collect(),
+        drain: gpu.drain.clone(),
     }
-}
-
-pub async fn set_gpu_mode(
-    State(state): State<AppState>,
-    caller: CurrentUser,
-    ApiPath(uuid): ApiPath<String>,
-    ApiJson(body): ApiJson<SetGpuMode>,
-) -> Result<Json<GpuView>, ApiError> {
-    if !caller.admin {
-        return Err(ApiError::forbidden(
-            "only admins can change a GPU's mode; admins are listed in the manager's config",
-        ));
-    }
-    let uuid = GpuUuid::parse(&uuid).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    // The core's parser holds the rules (shared:N with N from 2 to 64).
-    let mode: GpuMode = body
-        .mode
-        .to_string()
-        .parse()
-        .map_err(|e: ongrid_core::gpu::GpuModeError| ApiError::bad_request(e.to_string()))?;
-    state
-        .store
-        .set_gpu_mode(&uuid, mode)
-        .await?
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no GPU {uuid} is registered: see `devctl gpus`"))
-        })?;
-    tracing::info!(gpu = %uuid, %mode, by = %caller.user.user_name, "GPU mode changed.");
-    state.wake.notify_one();
-    let site = state.site().await?;
-    site.nodes
-        .iter()
-        .find_map(|node| {
-            let gpu = node.gpus.iter().find(|g| g.info.uuid == uuid)?;
-            Some(Json(gpu_view(&site, &caller, node, gpu)))
-        })
-        .ok_or_else(|| ApiError::internal(format!("GPU {uuid} vanished after its mode was set")))
 }

@@ -11,10 +11,12 @@
 //!   frozen images by tag or digest) and which removed frozen images must leave the nodes.
 //! - [`jobs`]: batch jobs: submit, the scheduler's actions, agents' reports, the owner's cancel
 //!   and halt, a lost node, restart chains, a node's desired jobs.
+//! - [`nodes`]: drains of nodes and GPUs, sessions lost with their node, removing a node.
 
 pub mod image_access;
 pub mod images;
 pub mod jobs;
+pub mod nodes;
 pub mod sessions;
 
 use chrono::{DateTime, Utc};

@@ -22,6 +22,7 @@ pub mod sqlite;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use ongrid_core::api::{AuditRecord, ConnectionEvent};
+use ongrid_core::gpu::Drain;
 use ongrid_core::{
     Dn, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
     NodeName, SessionId, SessionName, SessionState, Transition, UserName,
@@ -139,6 +140,28 @@ pub struct NodeRecord {
     pub last_seen: DateTime<Utc>,
     /// Ordered by PCI bus id, then UUID.
     pub gpus: Vec<GpuRecord>,
+    /// Set while an admin has the node drained (migration 0013).
+    pub drain: Option<Drain>,
+}
+
+/// What is left of a node's work: its sessions that have not ended and its jobs holding GPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeContents {
+    /// Names and states of the sessions placed there, ENDED ones left out.
+    pub sessions: Vec<(SessionName, SessionState)>,
+    /// Jobs holding GPUs there.
+    pub jobs: Vec<JobId>,
+    /// When its agent last synced.
+    pub last_seen: DateTime<Utc>,
+}
+
+/// What [`Store::remove_node`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeRemoval {
+    Removed,
+    NoSuchNode,
+    /// Refused: it says why and what to do.
+    Refused(crate::domain::Refusal),
 }
 
 /// A GPU with the admin's policy for it.
@@ -147,6 +170,8 @@ pub struct GpuRecord {
     pub node: NodeName,
     pub info: GpuInfo,
     pub mode: GpuMode,
+    /// Set while an admin has the GPU drained (migration 0013).
+    pub drain: Option<Drain>,
 }
 
 /// An SSH public key bound to a user.
@@ -268,6 +293,33 @@ pub trait Store: Send + Sync {
         uuid: &'a GpuUuid,
         mode: GpuMode,
     ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>>;
+
+    /// Drains a node (`Some`) or puts it back in service (`None`); a drain already in place is
+    /// kept as it is (its reason and time). `false` when no such node is registered.
+    fn set_node_drain<'a>(
+        &'a self,
+        node: &'a NodeName,
+        drain: Option<Drain>,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Drains a GPU (`Some`) or puts it back in service (`None`), like [`Store::set_node_drain`].
+    /// `None` when no such GPU is registered.
+    fn set_gpu_drain<'a>(
+        &'a self,
+        uuid: &'a GpuUuid,
+        drain: Option<Drain>,
+    ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>>;
+
+    /// Forgets a node at `at` when [`crate::domain::nodes::removal`] allows it (offline for
+    /// longer than `node_timeout`, nothing left on it), decided on what the same transaction
+    /// reads, so nothing is placed there meanwhile. Its rows stay, unlisted, for the history;
+    /// its agent registering again brings it back.
+    fn remove_node<'a>(
+        &'a self,
+        node: &'a NodeName,
+        at: DateTime<Utc>,
+        node_timeout: std::time::Duration,
+    ) -> BoxFuture<'a, StoreResult<NodeRemoval>>;
 
     /// Binds a key to its owner, or renews it when the owner has it already (new expiry and
     /// comment). [`StoreError::KeyTaken`] when another owner has it, [`StoreError::TooManyKeys`]

@@ -36,8 +36,11 @@ use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{connections, rendered_reason, Change, Placement, SessionRecord};
+use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::job::JobId;
+
+use super::NodeRemoval;
 
 /// How long a statement waits for another connection's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -254,7 +257,8 @@ impl SqliteStore {
              last_seen) VALUES (?, ?, ?, ?, ?, ?) \
              ON CONFLICT (name) DO UPDATE SET gpu_backend = excluded.gpu_backend, \
              agent_version = excluded.agent_version, stream_url = excluded.stream_url, \
-             last_seen = excluded.last_seen",
+             last_seen = excluded.last_seen, \
+             drain = CASE WHEN removed_at IS NULL THEN drain END, removed_at = NULL",
         )
         .bind(node.name.as_str())
         .bind(&node.gpu_backend)
@@ -276,12 +280,13 @@ impl SqliteStore {
         at: DateTime<Utc>,
     ) -> StoreResult<bool> {
         let mut tx = self.write().await?;
-        let updated = sqlx::query("UPDATE nodes SET last_seen = ? WHERE name = ?")
-            .bind(timestamp(at))
-            .bind(node.as_str())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        let updated =
+            sqlx::query("UPDATE nodes SET last_seen = ? WHERE name = ? AND removed_at IS NULL")
+                .bind(timestamp(at))
+                .bind(node.as_str())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         if updated == 0 {
             return Ok(false);
         }
@@ -292,12 +297,12 @@ impl SqliteStore {
 
     async fn nodes_impl(&self) -> StoreResult<Vec<NodeRecord>> {
         let node_rows = sqlx::query(
-            "SELECT name, gpu_backend, agent_version, stream_url, last_seen FROM nodes \
-             ORDER BY name",
+            "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain FROM nodes \
+             WHERE removed_at IS NULL ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await?;
-        let gpu_rows = sqlx::query("SELECT node, info, mode FROM gpus")
+        let gpu_rows = sqlx::query("SELECT node, info, mode, drain FROM gpus")
             .fetch_all(&self.pool)
             .await?;
         let mut gpus = gpu_rows
@@ -321,6 +326,7 @@ impl SqliteStore {
                 agent_version: row.try_get("agent_version")?,
                 stream_url: row.try_get("stream_url")?,
                 last_seen: parse_timestamp(&row.try_get::<String, _>("last_seen")?)?,
+                drain: nodes::drain_from_row(row)?,
             });
         }
         Ok(nodes)
@@ -332,11 +338,13 @@ impl SqliteStore {
         mode: GpuMode,
     ) -> StoreResult<Option<GpuRecord>> {
         let mut tx = self.write().await?;
-        let row = sqlx::query("UPDATE gpus SET mode = ? WHERE uuid = ? RETURNING node, info, mode")
-            .bind(mode.to_string())
-            .bind(uuid.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let row = sqlx::query(
+            "UPDATE gpus SET mode = ? WHERE uuid = ? RETURNING node, info, mode, drain",
+        )
+        .bind(mode.to_string())
+        .bind(uuid.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
         tx.commit().await?;
         row.as_ref().map(gpu_from_row).transpose()
     }
@@ -411,6 +419,31 @@ impl Store for SqliteStore {
         mode: GpuMode,
     ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>> {
         Box::pin(self.set_gpu_mode_impl(uuid, mode))
+    }
+
+    fn set_node_drain<'a>(
+        &'a self,
+        node: &'a NodeName,
+        drain: Option<Drain>,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.set_node_drain_impl(node, drain))
+    }
+
+    fn set_gpu_drain<'a>(
+        &'a self,
+        uuid: &'a GpuUuid,
+        drain: Option<Drain>,
+    ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>> {
+        Box::pin(self.set_gpu_drain_impl(uuid, drain))
+    }
+
+    fn remove_node<'a>(
+        &'a self,
+        node: &'a NodeName,
+        at: DateTime<Utc>,
+        node_timeout: Duration,
+    ) -> BoxFuture<'a, StoreResult<NodeRemoval>> {
+        Box::pin(self.remove_node_impl(node, at, node_timeout))
     }
 
     fn add_key(&self, key: NewKey, max_per_owner: usize) -> BoxFuture<'_, StoreResult<KeyAdded>> {
@@ -797,7 +830,7 @@ async fn update_gpus(
         .await?;
     }
     let reported: BTreeSet<&GpuUuid> = gpus.iter().map(|g| &g.uuid).collect();
-    let known = sqlx::query("SELECT node, info, mode FROM gpus WHERE node = ?")
+    let known = sqlx::query("SELECT node, info, mode, drain FROM gpus WHERE node = ?")
         .bind(node.as_str())
         .fetch_all(&mut **tx)
         .await?;
@@ -848,6 +881,7 @@ fn gpu_from_row(row: &SqliteRow) -> StoreResult<GpuRecord> {
         node: parse(&row.try_get::<String, _>("node")?, "node name")?,
         info: from_json(&row.try_get::<String, _>("info")?, "GPU info")?,
         mode: parse(&row.try_get::<String, _>("mode")?, "GPU mode")?,
+        drain: nodes::drain_from_row(row)?,
     })
 }
 
@@ -896,5 +930,6 @@ mod activity;
 mod gateway;
 mod images;
 mod jobs;
+mod nodes;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,243 @@
+//! Node and GPU operations: what an admin's drain records, when a node may be forgotten, and
+//! what becomes of the sessions on a node whose agent stopped syncing.
+//!
+//! A drain takes a node or a GPU out of service for new work only: the scheduler places nothing
+//! new there (`ongrid_scheduler` leaves drained nodes and GPUs out of its index), while what runs
+//! there keeps running. A node that has not synced for `node_timeout` is *lost*: its running
+//! sessions become FAILED with [`lost_with_node`]'s reason (their GPUs are no longer counted as
+//! used), its jobs go through [`super::jobs::node_lost`]. When the agent comes back it converges
+//! to the stored state: a FAILED session's container is stopped, never started a second time.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::gpu::Drain;
+use ongrid_core::{HumanDuration, NodeName, SessionState, UserName};
+
+use super::sessions::{Change, SessionRecord};
+use super::{utc, Refusal};
+use crate::store::NodeContents;
+
+/// The reason a drain gets when the admin gives none.
+pub const DEFAULT_DRAIN_REASON: &str = "maintenance";
+
+/// The longest drain reason kept, in characters.
+pub const MAX_DRAIN_REASON: usize = 300;
+
+/// The drain an admin asks for: the reason trimmed, [`DEFAULT_DRAIN_REASON`] when empty.
+pub fn drain(reason: Option<&str>, by: &UserName, now: DateTime<Utc>) -> Result<Drain, Refusal> {
+    let reason = reason.map(str::trim).unwrap_or_default();
+    if reason.chars().count() > MAX_DRAIN_REASON {
+        return Err(Refusal::Invalid(format!(
+            "the drain reason is {} characters long; give at most {MAX_DRAIN_REASON}",
+            reason.chars().count()
+        )));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(Refusal::Invalid(
+            "the drain reason must be one line of text without control characters".to_owned(),
+        ));
+    }
+    Ok(Drain {
+        reason: if reason.is_empty() {
+            DEFAULT_DRAIN_REASON.to_owned()
+        } else {
+            reason.to_owned()
+        },
+        since: now,
+        by: by.to_string(),
+    })
+}
+
+/// Whether a node has been silent for longer than `node_timeout` at `now`.
+pub fn is_lost(last_seen: DateTime<Utc>, node_timeout: Duration, now: DateTime<Utc>) -> bool {
+    now.signed_duration_since(last_seen)
+        .to_std()
+        .is_ok_and(|silent| silent > node_timeout)
+}
+
+/// A running session (WAITING, CONNECTED or IDLE) on `node`, lost with it: FAILED, keeping
+/// where it was so that the container there is stopped (never started again) when the node
+/// comes back. `None` for sessions in other states (STARTING ones go back to the queue).
+pub fn lost_with_node(
+    session: &SessionRecord,
+    node: &NodeName,
+    last_seen: DateTime<Utc>,
+    node_timeout: Duration,
+    now: DateTime<Utc>,
+) -> Option<Change> {
+    if !matches!(
+        session.state,
+        SessionState::Waiting | SessionState::Connected | SessionState::Idle
+    ) {
+        return None;
+    }
+    Some(Change::keep_placement(
+        SessionState::Failed,
+        now,
+        format!(
+            "node lost: the agent of {node} has not synced since {} (node_timeout {}); its \
+             container is stopped if {node} comes back, and your home volume is kept: \
+             `devctl session rm {name}` and start a new session",
+            utc(last_seen),
+            HumanDuration(node_timeout),
+            name = session.name,
+        ),
+    ))
+}
+
+/// Whether an admin may forget a node: offline for longer than `node_timeout` and nothing of
+/// it left (no session but ENDED ones, no job holding GPUs). The error says what to do first.
+pub fn removal(
+    node: &NodeName,
+    contents: &NodeContents,
+    node_timeout: Duration,
+    now: DateTime<Utc>,
+) -> Result<(), Refusal> {
+    if !is_lost(contents.last_seen, node_timeout, now) {
+        return Err(Refusal::Conflict(format!(
+            "node {node} is online (last sync {}): stop its agent first; \
+             `devctl admin node drain {node} --wait` empties it",
+            utc(contents.last_seen)
+        )));
+    }
+    if !contents.sessions.is_empty() || !contents.jobs.is_empty() {
+        let sessions: Vec<String> = contents
+            .sessions
+            .iter()
+            .map(|(name, state)| format!("{name} ({state})"))
+            .collect();
+        let mut left = Vec::new();
+        if !sessions.is_empty() {
+            left.push(format!("sessions {}", sessions.join(", ")));
+        }
+        if !contents.jobs.is_empty() {
+            let jobs: Vec<String> = contents.jobs.iter().map(ToString::to_string).collect();
+            left.push(format!("jobs {}", jobs.join(", ")));
+        }
+        return Err(Refusal::Conflict(format!(
+            "node {node} still has {}: they must end first (`devctl session rm NAME --owner DN`, \
+             `devctl job cancel ID`)",
+            left.join(" and ")
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+    use ongrid_core::{Dn, GpuRequest, SessionId, SessionName};
+
+    use super::*;
+
+    fn t(seconds: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_700_000_000 + seconds, 0).unwrap()
+    }
+
+    fn node() -> NodeName {
+        NodeName::parse("node1").unwrap()
+    }
+
+    fn session(state: SessionState) -> SessionRecord {
+        SessionRecord {
+            id: SessionId::new_random(),
+            name: SessionName::parse("train1").unwrap(),
+            owner: Dn::parse("/DC=org/CN=Alice").unwrap(),
+            user_name: UserName::parse("alice").unwrap(),
+            uid: 20_000,
+            state,
+            reason: String::new(),
+            request: GpuRequest::default(),
+            image: "ongrid/dev".to_owned(),
+            node: Some(node()),
+            gpus: Vec::new(),
+            created_at: t(0),
+            queued_at: t(0),
+            preferred_node: None,
+        }
+    }
+
+    #[test]
+    fn a_drain_has_a_reason_a_time_and_an_admin() {
+        let alice = UserName::parse("alice").unwrap();
+        let drain = drain(Some("  new PSU  "), &alice, t(5)).unwrap();
+        assert_eq!(drain.reason, "new PSU");
+        assert_eq!(drain.since, t(5));
+        assert_eq!(drain.by, "alice");
+        assert_eq!(
+            super::drain(None, &alice, t(5)).unwrap().reason,
+            DEFAULT_DRAIN_REASON
+        );
+        assert_eq!(
+            super::drain(Some(" "), &alice, t(5)).unwrap().reason,
+            DEFAULT_DRAIN_REASON
+        );
+        assert!(matches!(
+            super::drain(Some("a\nb"), &alice, t(5)),
+            Err(Refusal::Invalid(_))
+        ));
+        let long = "x".repeat(MAX_DRAIN_REASON + 1);
+        assert!(matches!(
+            super::drain(Some(&long), &alice, t(5)),
+            Err(Refusal::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn running_sessions_fail_with_their_node_and_say_what_to_do() {
+        let timeout = Duration::from_secs(30);
+        for state in [
+            SessionState::Waiting,
+            SessionState::Connected,
+            SessionState::Idle,
+        ] {
+            let change = lost_with_node(&session(state), &node(), t(0), timeout, t(31)).unwrap();
+            assert_eq!(change.to, SessionState::Failed);
+            assert_eq!(change.at, t(31));
+            assert!(
+                change.reason.starts_with(
+                    "node lost: the agent of node1 has not synced since 2023-11-14 22:13:20 UTC"
+                ),
+                "{}",
+                change.reason
+            );
+            assert!(change.reason.contains("devctl session rm train1"));
+            assert_eq!(change.placement, crate::domain::sessions::Placement::Keep);
+        }
+        for state in [
+            SessionState::Pending,
+            SessionState::Starting,
+            SessionState::Held,
+            SessionState::Failed,
+            SessionState::Ended,
+        ] {
+            assert_eq!(
+                lost_with_node(&session(state), &node(), t(0), timeout, t(31)),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn only_an_empty_offline_node_is_removed() {
+        let timeout = Duration::from_secs(30);
+        let empty = NodeContents {
+            last_seen: t(0),
+            ..NodeContents::default()
+        };
+        assert!(matches!(
+            removal(&node(), &empty, timeout, t(30)),
+            Err(Refusal::Conflict(m)) if m.starts_with("node node1 is online")
+        ));
+        assert_eq!(removal(&node(), &empty, timeout, t(31)), Ok(()));
+        let busy = NodeContents {
+            sessions: vec![(SessionName::parse("train1").unwrap(), SessionState::Held)],
+            ..empty
+        };
+        assert!(matches!(
+            removal(&node(), &busy, timeout, t(31)),
+            Err(Refusal::Conflict(m)) if m.contains("sessions train1 (HELD)")
+        ));
+    }
+}

@@ -1,0 +1,331 @@
+//! Node and GPU operations over the real API: drains (admins only; nothing new placed, what
+//! runs keeps running; undrain places the queue), the wait for a drained node to empty, a node
+//! that stops syncing (its running sessions FAILED with the reason, their containers stopped
+//! when it is back), and removing a node (only offline and empty; its agent brings it back).
+
+use ongrid_core::api::{DrainRequest, RunState};
+
+use super::*;
+
+fn drain(reason: Option<&str>) -> DrainRequest {
+    DrainRequest {
+        reason: reason.map(str::to_owned),
+    }
+}
+
+async fn nodes(api: &Api) -> Vec<NodeView> {
+    api.ok(StatusCode::OK, api.get("/v1/nodes")).await
+}
+
+#[tokio::test]
+async fn drained_nodes_and_gpus_get_nothing_new_until_undrained() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1), a100(2)]).await;
+    m.node2.register("node2", vec![a100(3)]).await;
+    let first = m.alice.create(Some("first"), one_gpu()).await;
+    assert_eq!(first.state, SessionState::Starting);
+    assert_eq!(first.node.as_ref().map(|n| n.as_str()), Some("node1"));
+
+    // Only admins drain, and the reason is one line.
+    let refused = m
+        .alice
+        .fails(
+            StatusCode::FORBIDDEN,
+            m.alice.post("/v1/nodes/node1/drain", &drain(None)),
+        )
+        .await;
+    assert_eq!(
+        refused.error.message,
+        "only admins can drain a node; admins are listed in the manager's config"
+    );
+    m.admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin.post("/v1/nodes/node1/drain", &drain(Some("a\nb"))),
+        )
+        .await;
+    let missing = m
+        .admin
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.admin.post("/v1/nodes/node9/drain", &drain(None)),
+        )
+        .await;
+    assert_eq!(
+        missing.error.message,
+        "no node node9 is registered: see `devctl admin node ls`"
+    );
+
+    let drained: NodeView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin
+                .post("/v1/nodes/node1/drain", &drain(Some("new PSU"))),
+        )
+        .await;
+    let node_drain = drained.drain.clone().unwrap();
+    assert_eq!(node_drain.reason, "new PSU");
+    assert_eq!(node_drain.by, "site-admin");
+    assert_eq!(drained.sessions, 1, "the running session is counted");
+    assert_eq!(drained.agent_version, "test");
+    assert!(drained.gpus.iter().all(|g| g.free == 0));
+    // Draining again keeps the first drain's reason and time.
+    let again: NodeView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.post("/v1/nodes/node1/drain", &drain(Some("other"))),
+        )
+        .await;
+    assert_eq!(again.drain, Some(node_drain));
+
+    // The running session keeps running; a new one goes to node2.
+    let desired = m.node1.sync("node1", vec![a100(1), a100(2)], vec![]).await;
+    assert_eq!(desired.sessions.len(), 1);
+    assert_eq!(desired.sessions[0].run, RunState::Running);
+    let second = m.bob.create(Some("second"), one_gpu()).await;
+    assert_eq!(second.state, SessionState::Starting);
+    assert_eq!(second.node.as_ref().map(|n| n.as_str()), Some("node2"));
+
+    // A drained GPU gets nothing either: the next session waits.
+    let gpu3 = a100(3).uuid;
+    let bob_refused = m
+        .bob
+        .fails(
+            StatusCode::FORBIDDEN,
+            m.bob.post(&format!("/v1/gpus/{gpu3}/drain"), &drain(None)),
+        )
+        .await;
+    assert!(bob_refused
+        .error
+        .message
+        .starts_with("only admins can drain a GPU"));
+    let gpu_view: GpuView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin
+                .post(&format!("/v1/gpus/{gpu3}/drain"), &drain(None)),
+        )
+        .await;
+    assert_eq!(gpu_view.drain.as_ref().unwrap().reason, "maintenance");
+    assert_eq!(gpu_view.used, 1);
+    assert_eq!(gpu_view.free, 0);
+    m.admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin.post("/v1/gpus/GPU-1/drain", &drain(None)),
+        )
+        .await;
+    let third = m.bob.create(Some("third"), one_gpu()).await;
+    assert_eq!(third.state, SessionState::Pending);
+
+    // Everyone sees the drains.
+    let listed = nodes(&m.alice).await;
+    assert_eq!(listed[0].drain.as_ref().unwrap().reason, "new PSU");
+    assert_eq!(
+        listed[1].gpus[0].drain.as_ref().unwrap().reason,
+        "maintenance"
+    );
+    assert_eq!(listed[1].sessions, 1);
+
+    // Undrain: the queued session is placed on node1's free GPU.
+    let back: NodeView = m
+        .admin
+        .ok(StatusCode::OK, m.admin.delete("/v1/nodes/node1/drain"))
+        .await;
+    assert_eq!(back.drain, None);
+    let placed = m.bob.wait_for("third", SessionState::Starting).await;
+    assert_eq!(placed.node.as_ref().map(|n| n.as_str()), Some("node1"));
+    let gpu_back: GpuView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.delete(&format!("/v1/gpus/{gpu3}/drain")),
+        )
+        .await;
+    assert_eq!(gpu_back.drain, None);
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_wait_answers_when_the_node_empties() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    m.alice.create(Some("train1"), one_gpu()).await;
+    let _: NodeView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.post("/v1/nodes/node1/drain", &drain(None)),
+        )
+        .await;
+
+    // Not empty: the answer comes after the timeout, still with the session.
+    let started = tokio::time::Instant::now();
+    let busy: NodeView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.get("/v1/nodes/node1?wait_empty=true&timeout=1"),
+        )
+        .await;
+    assert_eq!(busy.sessions, 1);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+
+    // Waiting, then the session ends: the answer comes at once.
+    let admin = m.admin.get("/v1/nodes/node1?wait_empty=true&timeout=30");
+    let waiter = tokio::spawn(async move { admin.send().await.unwrap() });
+    let _: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/sessions/train1"))
+        .await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the wait answers once the node is empty")
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let empty: NodeView = answer.json().await.unwrap();
+    assert_eq!((empty.sessions, empty.jobs), (0, 0));
+    m.admin
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.admin.get("/v1/nodes/node1?wait=true"),
+        )
+        .await;
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_node_loses_its_sessions_and_is_removed_only_when_empty() {
+    let site = Site::new();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let m = site
+        .start_with(site.config.clone(), Some(clock.clone()))
+        .await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let train1 = m.alice.create(Some("train1"), one_gpu()).await;
+    let running = container(&train1, ContainerState::Running, None);
+    m.node1
+        .sync("node1", vec![a100(1)], vec![running.clone()])
+        .await;
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Waiting);
+
+    // An online node is not removed.
+    let online = m
+        .admin
+        .fails(StatusCode::CONFLICT, m.admin.delete("/v1/nodes/node1"))
+        .await;
+    assert!(
+        online.error.message.starts_with("node node1 is online"),
+        "{}",
+        online.error.message
+    );
+
+    // The node stops syncing for longer than node_timeout (1 hour): the next scheduling round
+    // (here the one a new session runs) fails its running session with the reason.
+    clock.advance(TimeDelta::seconds(3601));
+    let waiting = m.bob.create(Some("other"), one_gpu()).await;
+    assert_eq!(waiting.state, SessionState::Pending);
+    let lost = m.alice.show("train1").await;
+    assert_eq!(lost.state, SessionState::Failed);
+    assert!(
+        lost.reason
+            .starts_with("node lost: the agent of node1 has not synced since "),
+        "{}",
+        lost.reason
+    );
+    assert!(
+        lost.reason.contains("`devctl session rm train1`"),
+        "{}",
+        lost.reason
+    );
+    let listed = nodes(&m.admin).await;
+    assert!(!listed[0].online);
+    assert_eq!(listed[0].sessions, 0);
+    assert_eq!(
+        listed[0].gpus[0].used, 0,
+        "the lost session's GPU is no longer used"
+    );
+
+    // Not empty: the FAILED session's container is still there.
+    let busy = m
+        .admin
+        .fails(StatusCode::CONFLICT, m.admin.delete("/v1/nodes/node1"))
+        .await;
+    assert!(
+        busy.error
+            .message
+            .contains("still has sessions train1 (FAILED)"),
+        "{}",
+        busy.error.message
+    );
+
+    // The node comes back: the lost session's container is stopped, never started again;
+    // the waiting session is placed there.
+    let desired = m
+        .node1
+        .sync("node1", vec![a100(1)], vec![running.clone()])
+        .await;
+    let stopped = desired
+        .sessions
+        .iter()
+        .find(|s| s.session_id == train1.id)
+        .unwrap();
+    assert_eq!(stopped.run, RunState::Stopped);
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Failed);
+    m.bob.wait_for("other", SessionState::Starting).await;
+
+    // Emptied and silent again: removed, and gone from the listing.
+    for (api, name) in [(&m.alice, "train1"), (&m.bob, "other")] {
+        let _: SessionView = api
+            .ok(StatusCode::OK, api.delete(&format!("/v1/sessions/{name}")))
+            .await;
+    }
+    let _: NodeView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.post("/v1/nodes/node1/drain", &drain(None)),
+        )
+        .await;
+    clock.advance(TimeDelta::seconds(3601));
+    m.alice
+        .fails(StatusCode::FORBIDDEN, m.alice.delete("/v1/nodes/node1"))
+        .await;
+    let removed: NodeView = m
+        .admin
+        .ok(StatusCode::OK, m.admin.delete("/v1/nodes/node1"))
+        .await;
+    assert_eq!(removed.name.as_str(), "node1");
+    assert!(nodes(&m.admin).await.is_empty());
+    m.admin
+        .fails(StatusCode::NOT_FOUND, m.admin.delete("/v1/nodes/node1"))
+        .await;
+    // A removed node's sync is refused until its agent registers again, which brings it back
+    // as new (undrained).
+    m.node1
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.node1.post(
+                "/v1/agent/sync",
+                &NodeReport {
+                    node: NodeName::parse("node1").unwrap(),
+                    gpus: vec![a100(1)],
+                    containers: Vec::new(),
+                    activity: Vec::new(),
+                    freezes: Vec::new(),
+                    jobs: Vec::new(),
+                },
+            ),
+        )
+        .await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let listed = nodes(&m.admin).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].drain, None);
+    m.stop().await;
+}
