@@ -1,9 +1,11 @@
 //! The rules of frozen images: which sessions can be frozen, what a node's agent is told to
 //! freeze, what an agent's report does to an image (BUILDING → READY or FAILED), which image
-//! a new freeze supersedes, and when a freeze that cannot finish is given up.
+//! a new freeze supersedes, what removing one does, and when a freeze that cannot finish is
+//! given up.
 //!
 //! The store calls [`supersedes`] inside the transaction that records a new freeze, so that two
-//! freezes of one tag can never both be current.
+//! freezes of one tag can never both be current, and [`delete`] inside the one that removes an
+//! image, so that it sees the state it writes over.
 
 use std::time::Duration;
 
@@ -147,6 +149,27 @@ pub fn follow_report(progress: &FreezeProgress, node: &NodeName) -> ImageChange 
             reason: reason.clone(),
         },
     }
+}
+
+/// An image's removal (`devctl image rm`), as a rule decided it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageDeletion {
+    /// DELETED from then on.
+    pub at: DateTime<Utc>,
+    /// The reason it keeps: its own, or for a BUILDING one that its freeze was given up (its
+    /// agent cancels the freeze when the image leaves its freeze orders).
+    pub reason: String,
+}
+
+/// What removing `image` at `at` does to it: DELETED, a BUILDING one with the reason that it
+/// was deleted while building; `None` when it is DELETED already.
+pub fn delete(image: &ImageRecord, at: DateTime<Utc>) -> Option<ImageDeletion> {
+    let reason = match image.state {
+        ImageState::Deleted => return None,
+        ImageState::Building => "deleted while building".to_owned(),
+        ImageState::Ready | ImageState::Failed => image.reason.clone(),
+    };
+    Some(ImageDeletion { at, reason })
 }
 
 /// When a freeze is given up.
@@ -421,6 +444,34 @@ mod tests {
         assert_eq!(orders[0].image_id, image.id);
         assert_eq!(orders[0].reference, "mymodel:v1");
         assert_eq!(orders[0].requested_at, image.created_at);
+    }
+
+    #[test]
+    fn deleting_gives_up_a_freeze_keeps_a_finished_reason_and_happens_once() {
+        let mut image = image();
+        image.state = ImageState::Building;
+        image.reason = "requested by alice".to_owned();
+        assert_eq!(
+            delete(&image, t(5)),
+            Some(ImageDeletion {
+                at: t(5),
+                reason: "deleted while building".to_owned()
+            })
+        );
+        for state in [ImageState::Ready, ImageState::Failed] {
+            image.state = state;
+            image.reason = format!("{state} on node1");
+            assert_eq!(
+                delete(&image, t(6)),
+                Some(ImageDeletion {
+                    at: t(6),
+                    reason: format!("{state} on node1")
+                }),
+                "{state}"
+            );
+        }
+        image.state = ImageState::Deleted;
+        assert_eq!(delete(&image, t(7)), None);
     }
 
     #[test]

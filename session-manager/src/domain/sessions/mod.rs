@@ -7,6 +7,8 @@
 //! - [`reports`]: what an agent's report of a container means for its session.
 //! - [`desired`]: what a node's agent is told to run, stop or remove.
 //! - [`connections`]: how the gateway's connection events move WAITING, CONNECTED and IDLE.
+//! - [`facts`]: what a change of state and an agent's activity sample do to the lifecycle
+//!   facts the hold policy reads.
 //! - [`holds`]: the hold policy (no-connection, idle, max-duration), deadlines and the
 //!   "why is it still alive?" view.
 //!
@@ -16,6 +18,7 @@
 
 pub mod connections;
 pub mod desired;
+pub mod facts;
 pub mod holds;
 pub mod queue;
 pub mod reports;

@@ -3,19 +3,22 @@
 //! each open SSH connection (`connections.last_report_at`).
 //!
 //! Facts are written in the same transaction as what causes them: [`after_transition`] runs
-//! inside every state change (a start sets `ready_at`, a release re-queues), the connection hooks
-//! inside [`super::SqliteStore::record_connection`]. Every time is the manager's clock.
+//! inside every state change, the connection hooks inside
+//! [`super::SqliteStore::record_connection`]. What a state change or an activity sample does to
+//! the facts is decided by [`crate::domain::sessions::facts`]; this module stores it. Every time
+//! is the manager's clock.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use ongrid_core::holds::{ContainerActivity, HoldReason};
-use ongrid_core::{NodeName, SessionId, SessionState, Transition};
+use ongrid_core::{NodeName, SessionId, Transition};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{parse, parse_timestamp, timestamp, SqliteStore};
+use crate::domain::sessions::facts::{self, FactsChange};
 use crate::domain::sessions::holds::{
     due_hold, ActivityThresholds, LifecycleConfig, LifecycleFacts, Sampled,
 };
@@ -114,31 +117,33 @@ impl SqliteStore {
                     .bind(node.as_str())
                     .fetch_optional(&mut *tx)
                     .await?;
-            if on_node.is_none() || !sample.cpu_percent.is_finite() {
+            if on_node.is_none() {
                 continue;
             }
+            let Some(facts) = facts::activity_sample(sample, thresholds, at) else {
+                continue;
+            };
             ensure_row(&mut tx, sample.session_id).await?;
-            let cpu_active = sample.cpu_percent >= thresholds.cpu_percent;
             sqlx::query(
                 "UPDATE session_lifecycle SET cpu_sampled_at = ?1, cpu_percent = ?2, \
                  cpu_active_at = CASE WHEN ?3 THEN ?1 ELSE cpu_active_at END \
                  WHERE session_id = ?4",
             )
-            .bind(timestamp(at))
-            .bind(sample.cpu_percent)
-            .bind(cpu_active)
+            .bind(timestamp(facts.cpu.sampled_at))
+            .bind(facts.cpu.percent)
+            .bind(facts.cpu.active)
             .bind(sample.session_id.to_string())
             .execute(&mut *tx)
             .await?;
-            if let Some(gpu) = sample.gpu_percent.filter(|p| p.is_finite()) {
+            if let Some(gpu) = facts.gpu {
                 sqlx::query(
                     "UPDATE session_lifecycle SET gpu_sampled_at = ?1, gpu_percent = ?2, \
                      gpu_active_at = CASE WHEN ?3 THEN ?1 ELSE gpu_active_at END \
                      WHERE session_id = ?4",
                 )
-                .bind(timestamp(at))
-                .bind(gpu)
-                .bind(gpu >= thresholds.gpu_percent)
+                .bind(timestamp(gpu.sampled_at))
+                .bind(gpu.percent)
+                .bind(gpu.active)
                 .bind(sample.session_id.to_string())
                 .execute(&mut *tx)
                 .await?;
@@ -150,33 +155,42 @@ impl SqliteStore {
     }
 }
 
-/// Keeps the lifecycle facts in step with a state change, inside its transaction: a session
-/// whose container runs (STARTING → WAITING) is ready from `at`, and first started then if it
-/// never was; a released one (HELD → PENDING) joins the end of the queue without GPUs, its
-/// previous readiness and keep-alive forgotten.
+/// Keeps the lifecycle facts in step with a state change, inside its transaction: stores what
+/// [`facts::after_transition`] decides (a start makes the session ready, a release re-queues it).
 pub(super) async fn after_transition(
     tx: &mut Transaction<'static, Sqlite>,
     id: SessionId,
     transition: &Transition,
 ) -> StoreResult<()> {
-    let at = timestamp(transition.at);
-    match (transition.from, transition.to) {
-        (Some(SessionState::Starting), SessionState::Waiting) => {
+    let first_started_at: Option<Option<String>> =
+        sqlx::query_scalar("SELECT first_started_at FROM session_lifecycle WHERE session_id = ?")
+            .bind(id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+    let first_started_at = first_started_at
+        .flatten()
+        .as_deref()
+        .map(parse_timestamp)
+        .transpose()?;
+    match facts::after_transition(transition, first_started_at) {
+        Some(FactsChange::Ready {
+            ready_at,
+            first_started_at,
+        }) => {
             ensure_row(tx, id).await?;
             sqlx::query(
-                "UPDATE session_lifecycle SET ready_at = ?1, \
-                 first_started_at = COALESCE(first_started_at, ?1) WHERE session_id = ?2",
+                "UPDATE session_lifecycle SET ready_at = ?, first_started_at = ? \
+                 WHERE session_id = ?",
             )
-            .bind(&at)
+            .bind(timestamp(ready_at))
+            .bind(timestamp(first_started_at))
             .bind(id.to_string())
             .execute(&mut **tx)
             .await?;
         }
-        (Some(SessionState::Held), SessionState::Pending) => {
-            // `gpus` keeps the GPUs the held container was made with: the scheduler gives them
-            // back when they are free (PENDING sessions hold no GPUs, whatever this column says).
+        Some(FactsChange::Requeued { queued_at }) => {
             sqlx::query("UPDATE sessions SET queued_at = ? WHERE id = ?")
-                .bind(&at)
+                .bind(timestamp(queued_at))
                 .bind(id.to_string())
                 .execute(&mut **tx)
                 .await?;
@@ -188,7 +202,7 @@ pub(super) async fn after_transition(
             .execute(&mut **tx)
             .await?;
         }
-        _ => {}
+        None => {}
     }
     Ok(())
 }

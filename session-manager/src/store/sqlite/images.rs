@@ -9,7 +9,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{parse, parse_timestamp, timestamp, SqliteStore};
-use crate::domain::images::{supersedes, ImageChange, ImageRecord};
+use crate::domain::images::{self, supersedes, ImageChange, ImageRecord};
 use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult};
 
 const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.state, i.reason, \
@@ -220,25 +220,27 @@ impl SqliteStore {
         at: DateTime<Utc>,
     ) -> StoreResult<Option<ImageDeleted>> {
         let mut tx = self.write().await?;
-        let updated = sqlx::query(
-            "UPDATE images SET state = 'DELETED', finished_at = ?, \
-             reason = CASE WHEN state = 'BUILDING' THEN 'deleted while building' ELSE reason END \
-             WHERE id = ? AND state <> 'DELETED'",
-        )
-        .bind(timestamp(at))
-        .bind(id.to_string())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if updated == 0 {
-            return Ok(None);
-        }
         let sql = format!("SELECT {IMAGE_COLUMNS} WHERE i.id = ?");
         let row = sqlx::query(&sql)
             .bind(id.to_string())
-            .fetch_one(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-        let image = image_from_row(&row)?;
+        let Some(mut image) = row.as_ref().map(image_from_row).transpose()? else {
+            return Ok(None);
+        };
+        let Some(deletion) = images::delete(&image, at) else {
+            return Ok(None);
+        };
+        sqlx::query("UPDATE images SET state = ?, finished_at = ?, reason = ? WHERE id = ?")
+            .bind(ImageState::Deleted.as_str())
+            .bind(timestamp(deletion.at))
+            .bind(&deletion.reason)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        image.state = ImageState::Deleted;
+        image.finished_at = Some(deletion.at);
+        image.reason = deletion.reason;
         let digest_unreferenced = match &image.digest {
             Some(digest) => {
                 let others: i64 = sqlx::query_scalar(

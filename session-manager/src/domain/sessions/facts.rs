@@ -1,0 +1,213 @@
+//! What events do to a session's lifecycle facts, the input of the hold policy ([`super::holds`]):
+//! a change of state ([`after_transition`]: ready, re-queued) and an agent's activity sample
+//! ([`activity_sample`]: whether it counts as activity). The store writes what these return in
+//! the same transaction as the event itself.
+
+use chrono::{DateTime, Utc};
+use ongrid_core::holds::ContainerActivity;
+use ongrid_core::{SessionState, Transition};
+
+use super::holds::ActivityThresholds;
+
+/// What a change of state does to the session's lifecycle facts and its place in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FactsChange {
+    /// Its container runs: ready from `ready_at`, first started at `first_started_at` (this
+    /// start, unless it started before: max-duration counts from the first start).
+    Ready {
+        ready_at: DateTime<Utc>,
+        first_started_at: DateTime<Utc>,
+    },
+    /// Released: at the end of the queue from `queued_at`, its readiness and keep-alive
+    /// forgotten. The GPUs its held container was made with stay recorded: the scheduler gives
+    /// them back when they are free (a PENDING session holds no GPUs, whatever they say).
+    Requeued { queued_at: DateTime<Utc> },
+}
+
+/// What `transition` changes in the facts, given when the session first started
+/// (`first_started_at`, `None`: never); `None` when nothing.
+///
+/// STARTING → WAITING is a start; HELD → PENDING is a release.
+pub fn after_transition(
+    transition: &Transition,
+    first_started_at: Option<DateTime<Utc>>,
+) -> Option<FactsChange> {
+    match (transition.from, transition.to) {
+        (Some(SessionState::Starting), SessionState::Waiting) => Some(FactsChange::Ready {
+            ready_at: transition.at,
+            first_started_at: first_started_at.unwrap_or(transition.at),
+        }),
+        (Some(SessionState::Held), SessionState::Pending) => Some(FactsChange::Requeued {
+            queued_at: transition.at,
+        }),
+        _ => None,
+    }
+}
+
+/// One measure of an activity sample, as it is stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub percent: f64,
+    pub sampled_at: DateTime<Utc>,
+    /// At or above the site's threshold: the session was in use at `sampled_at`.
+    pub active: bool,
+}
+
+/// An activity sample as it is stored: CPU always, GPU when the agent knew it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleFacts {
+    pub cpu: Reading,
+    pub gpu: Option<Reading>,
+}
+
+/// What an agent's sample, received at `at` (the manager's clock), records: each measure, and
+/// whether it counts as activity (at or above its threshold). `None` when the CPU percentage is
+/// not a number (the sample is ignored); a GPU percentage that is not one is left out.
+pub fn activity_sample(
+    sample: &ContainerActivity,
+    thresholds: ActivityThresholds,
+    at: DateTime<Utc>,
+) -> Option<SampleFacts> {
+    let reading = |percent: f64, threshold: f64| Reading {
+        percent,
+        sampled_at: at,
+        active: percent >= threshold,
+    };
+    if !sample.cpu_percent.is_finite() {
+        return None;
+    }
+    Some(SampleFacts {
+        cpu: reading(sample.cpu_percent, thresholds.cpu_percent),
+        gpu: sample
+            .gpu_percent
+            .filter(|p| p.is_finite())
+            .map(|p| reading(p, thresholds.gpu_percent)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::SessionId;
+
+    use super::*;
+
+    fn t(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    fn transition(from: SessionState, to: SessionState, at: DateTime<Utc>) -> Transition {
+        Transition {
+            from: Some(from),
+            to,
+            at,
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_start_makes_the_session_ready_and_keeps_its_first_start() {
+        let start = transition(SessionState::Starting, SessionState::Waiting, t(100));
+        assert_eq!(
+            after_transition(&start, None),
+            Some(FactsChange::Ready {
+                ready_at: t(100),
+                first_started_at: t(100)
+            })
+        );
+        // A restart after a release: ready again, but max-duration still counts from the first.
+        assert_eq!(
+            after_transition(&start, Some(t(10))),
+            Some(FactsChange::Ready {
+                ready_at: t(100),
+                first_started_at: t(10)
+            })
+        );
+    }
+
+    #[test]
+    fn a_release_requeues_and_other_changes_leave_the_facts() {
+        let release = transition(SessionState::Held, SessionState::Pending, t(200));
+        assert_eq!(
+            after_transition(&release, Some(t(10))),
+            Some(FactsChange::Requeued { queued_at: t(200) })
+        );
+        for (from, to) in [
+            (SessionState::Pending, SessionState::Starting),
+            (SessionState::Waiting, SessionState::Connected),
+            (SessionState::Idle, SessionState::Held),
+            (SessionState::Starting, SessionState::Pending),
+            (SessionState::Held, SessionState::Ended),
+        ] {
+            assert_eq!(
+                after_transition(&transition(from, to, t(300)), Some(t(10))),
+                None,
+                "{from} -> {to}"
+            );
+        }
+        let created = Transition {
+            from: None,
+            to: SessionState::Pending,
+            at: t(0),
+            reason: String::new(),
+        };
+        assert_eq!(after_transition(&created, None), None);
+    }
+
+    fn sample(cpu: f64, gpu: Option<f64>) -> ContainerActivity {
+        ContainerActivity {
+            session_id: SessionId::new_random(),
+            sampled_at: t(-30),
+            cpu_percent: cpu,
+            gpu_percent: gpu,
+        }
+    }
+
+    const THRESHOLDS: ActivityThresholds = ActivityThresholds {
+        cpu_percent: 5.0,
+        gpu_percent: 10.0,
+    };
+
+    #[test]
+    fn a_sample_counts_as_activity_at_or_above_its_threshold() {
+        let facts = activity_sample(&sample(5.0, Some(9.9)), THRESHOLDS, t(50)).unwrap();
+        assert_eq!(
+            facts.cpu,
+            Reading {
+                percent: 5.0,
+                sampled_at: t(50),
+                active: true
+            }
+        );
+        assert_eq!(
+            facts.gpu,
+            Some(Reading {
+                percent: 9.9,
+                sampled_at: t(50),
+                active: false
+            })
+        );
+        let facts = activity_sample(&sample(4.99, Some(10.0)), THRESHOLDS, t(50)).unwrap();
+        assert!(!facts.cpu.active);
+        assert!(facts.gpu.unwrap().active);
+        // Each measure has its own threshold.
+        let facts = activity_sample(&sample(7.0, Some(7.0)), THRESHOLDS, t(50)).unwrap();
+        assert!(facts.cpu.active);
+        assert!(!facts.gpu.unwrap().active);
+    }
+
+    #[test]
+    fn samples_that_are_not_numbers_are_left_out() {
+        assert_eq!(
+            activity_sample(&sample(f64::NAN, Some(50.0)), THRESHOLDS, t(1)),
+            None
+        );
+        assert_eq!(
+            activity_sample(&sample(f64::INFINITY, None), THRESHOLDS, t(1)),
+            None
+        );
+        let facts = activity_sample(&sample(1.0, Some(f64::NAN)), THRESHOLDS, t(1)).unwrap();
+        assert_eq!(facts.gpu, None);
+        let facts = activity_sample(&sample(1.0, None), THRESHOLDS, t(1)).unwrap();
+        assert_eq!(facts.gpu, None);
+    }
+}
