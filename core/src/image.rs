@@ -263,12 +263,20 @@ pub fn parse_digest(text: &str) -> Result<&str, ImageRefError> {
     }
 }
 
-/// How a frozen image is addressed in `GET/DELETE /v1/images/{reference}`: by `name:version`
-/// (the owner's current image of that tag) or by digest (every image of that content, also one
-/// whose tag was moved by `--force`).
+/// How a frozen image is addressed in `GET/DELETE /v1/images/{reference}` and by sessions and
+/// jobs: by `name:version` (the caller's own current image of that tag), by
+/// `login/name:version` (the current image of that tag of the user with that login: one's own,
+/// or one its owner shared), or by digest (every image of that content, also one whose tag was
+/// moved by `--force`). The three cannot be mistaken for each other: a name never holds `/`, a
+/// login never holds `/` or `:`, and tags that look like digests are refused
+/// ([`ImageReference::parse_new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageLookup {
     Reference(ImageReference),
+    Owned {
+        owner: UserName,
+        reference: ImageReference,
+    },
     Digest(String),
 }
 
@@ -276,6 +284,15 @@ impl ImageLookup {
     pub fn parse(text: &str) -> Result<Self, ImageRefError> {
         if text.starts_with("sha256:") {
             parse_digest(text).map(|_| Self::Digest(text.to_owned()))
+        } else if let Some((login, rest)) = text.split_once('/') {
+            let owner = UserName::parse(login).map_err(|e| {
+                ImageRefError(format!(
+                    "image {text:?} names an owner {login:?} that is not a login ({e}): write \
+                     LOGIN/NAME:VERSION as `devctl image ls --shared` lists it"
+                ))
+            })?;
+            let reference = ImageReference::parse(rest)?;
+            Ok(Self::Owned { owner, reference })
         } else {
             ImageReference::parse(text).map(Self::Reference)
         }
@@ -286,6 +303,7 @@ impl fmt::Display for ImageLookup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Reference(reference) => reference.fmt(f),
+            Self::Owned { owner, reference } => write!(f, "{owner}/{reference}"),
             Self::Digest(digest) => f.write_str(digest),
         }
     }
@@ -356,6 +374,10 @@ pub struct ImageView {
     pub superseded_at: Option<DateTime<Utc>>,
     /// While BUILDING.
     pub progress: Option<ImageProgress>,
+    /// Shared by its owner (`devctl image share`): any user may run it, as
+    /// `<user_name>/<reference>` or by digest.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 #[cfg(test)]
@@ -456,6 +478,18 @@ mod tests {
             ImageLookup::parse("m:v1").unwrap(),
             ImageLookup::Reference(_)
         ));
+        let owned = ImageLookup::parse("alice-smith/m:v1").unwrap();
+        assert_eq!(
+            owned,
+            ImageLookup::Owned {
+                owner: UserName::parse("alice-smith").unwrap(),
+                reference: ImageReference::parse("m:v1").unwrap(),
+            }
+        );
+        assert_eq!(owned.to_string(), "alice-smith/m:v1");
+        for bad in ["/m:v1", "Alice/m:v1", "alice/m", "alice/b/m:v1", "a:b/m:v1"] {
+            assert!(ImageLookup::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

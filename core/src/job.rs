@@ -568,8 +568,8 @@ pub fn parse_time(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "UncheckedJobSpec")]
 pub struct JobSpec {
-    /// A frozen image as `devctl image` names it: `name:version` (the caller's own, or a shared
-    /// one) or `sha256:<hex>`.
+    /// A frozen image as `devctl image` names it: `name:version` (the caller's own),
+    /// `login/name:version` (its owner's, shared) or `sha256:<hex>`.
     #[serde(with = "image_lookup")]
     pub image: ImageLookup,
     pub command: Command,
@@ -750,7 +750,7 @@ impl From<&str> for TimeText {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpecFile {
-    /// `mymodel:v1` or `sha256:<hex>`.
+    /// `mymodel:v1`, `alice/mymodel:v1` (shared) or `sha256:<hex>`.
     pub image: Option<String>,
     /// The program and its arguments.
     #[serde(default)]
@@ -1071,6 +1071,11 @@ pub enum JobReason {
     CouldNotRun {
         message: String,
     },
+    /// A re-queued job pinned to the node that holds its chain's working directory (and so its
+    /// checkpoint), and that node is gone or offline.
+    CheckpointNodeLost {
+        node: NodeName,
+    },
 }
 
 impl fmt::Display for JobReason {
@@ -1127,6 +1132,11 @@ impl fmt::Display for JobReason {
                 "exited with code {CHECKPOINT_EXIT_CODE} (checkpoint): re-queued, keeping its working directory"
             ),
             Self::CouldNotRun { message } => write!(f, "could not run: {message}"),
+            Self::CheckpointNodeLost { node } => write!(
+                f,
+                "its checkpoint (the chain's working directory) is on node {node}, which is gone \
+                 or offline: submit the job again to start over"
+            ),
         }
     }
 }

@@ -981,6 +981,7 @@ fn image_view(state: ImageState) -> ImageView {
             bytes_done: 0,
             bytes_total: 0,
         }),
+        shared: false,
     }
 }
 
@@ -1409,6 +1410,45 @@ async fn image_commands_send_their_routes_and_bodies() {
             answers: vec![Answer::ok(&image_view(ImageState::Deleted))],
             sent: vec![Sent::new("DELETE", "/v1/images/mymodel:v1")],
             stdout: "",
+        },
+        Case {
+            args: &["image", "share", "mymodel:v1"],
+            answers: vec![Answer::ok(&ImageView {
+                shared: true,
+                ..image_view(ImageState::Ready)
+            })],
+            sent: vec![Sent::new("POST", "/v1/images/mymodel:v1/share")],
+            stdout: "image mymodel:v1 is shared: anyone may run it as alice-smith/mymodel:v1 or \
+                     sha256:98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229\n",
+        },
+        Case {
+            args: &["image", "unshare", "alice-smith/mymodel:v1"],
+            answers: vec![Answer::ok(&image_view(ImageState::Ready))],
+            sent: vec![Sent::new(
+                "POST",
+                "/v1/images/alice-smith%2Fmymodel:v1/unshare",
+            )],
+            stdout: "image mymodel:v1 is private: only you may run it\n",
+        },
+        Case {
+            args: &["image", "ls", "--shared"],
+            answers: vec![Answer::ok(&[ImageView {
+                shared: true,
+                ..image_view(ImageState::Ready)
+            }])],
+            sent: vec![Sent::new("GET", "/v1/images?shared=true")],
+            stdout: "IMAGE                   STATE  SIZE      DIGEST               SESSION  CREATED\n\
+                     alice-smith/mymodel:v1  READY  79.2 MiB  sha256:98fbda8214f8  train1   2026-11-22 00:33:56Z\n",
+        },
+        Case {
+            args: &["image", "show", "alice-smith/mymodel:v1"],
+            answers: vec![Answer::ok(&ImageView {
+                shared: true,
+                ..image_view(ImageState::Ready)
+            })],
+            sent: vec![Sent::new("GET", "/v1/images/alice-smith%2Fmymodel:v1")],
+            stdout: "image:         mymodel:v1\nstate:         READY\nshared:        anyone may run \
+                     it as alice-smith/mymodel:v1\n",
         },
     ];
     for case in cases {

@@ -964,6 +964,44 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_job_starts_only_on_its_node_and_waits_for_it() {
+        let nodes = vec![
+            node("n1", vec![hold(t4(1))]),
+            node("n2", vec![t4(2), t4(3)]),
+        ];
+        let pinned = crate::QueuedJob {
+            pinned_node: Some(node_name("n1")),
+            ..queued_job(1, one())
+        };
+        // n1 is full: the pinned job waits, though n2 has room; a later job takes n2.
+        let site = jobs_site(
+            nodes,
+            vec![],
+            vec![pinned.clone(), queued_job(2, one())],
+            vec![],
+        );
+        assert_eq!(plan(&site, at(100)), [start(2, "n2", &[2])]);
+        // Pinned to n2, it goes there.
+        let to_n2 = crate::QueuedJob {
+            pinned_node: Some(node_name("n2")),
+            ..pinned.clone()
+        };
+        let nodes = vec![node("n1", vec![t4(1)]), node("n2", vec![t4(2)])];
+        let site = jobs_site(nodes, vec![], vec![to_n2], vec![]);
+        assert_eq!(plan(&site, at(100)), [start(1, "n2", &[2])]);
+        // Its node offline: it waits.
+        let mut offline = node("n1", vec![t4(1)]);
+        offline.online = false;
+        let site = jobs_site(
+            vec![offline, node("n2", vec![t4(2)])],
+            vec![],
+            vec![pinned],
+            vec![],
+        );
+        assert_eq!(plan(&site, at(100)), []);
+    }
+
+    #[test]
     fn jobs_never_preempt() {
         let nodes = vec![node("n1", vec![hold(t4(1))])];
         let site = jobs_site(

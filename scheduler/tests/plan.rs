@@ -957,10 +957,14 @@ fn check_job_invariants(
                     *given.entry(gpu).or_default() += 1;
                 }
             }
-            Action::StartJob { job, gpus, .. } => {
+            Action::StartJob { job, gpus, node } => {
                 let job = queued
                     .get(job)
                     .ok_or_else(|| TestCaseError::fail("started a job that is not queued"))?;
+                prop_assert!(
+                    job.pinned_node.as_ref().is_none_or(|pinned| pinned == node),
+                    "a pinned job started on another node"
+                );
                 prop_assert!(
                     job.not_before.is_none_or(|t| t <= now),
                     "started before notBefore"

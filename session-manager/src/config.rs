@@ -106,6 +106,14 @@ pub struct RawJobs {
     /// Where each job's output is kept (`<dir>/<job id>.log`, at most 16 MiB each). Absent:
     /// `jobs/` beside the database.
     pub log_dir: Option<PathBuf>,
+    /// How long a job that ended stays listed to its node while its output is not all in,
+    /// like `"10 minutes"` (the default). Output that comes later is lost.
+    pub output_grace: Option<String>,
+    /// The agents' jobs directory is the same shared storage on every node: a re-queued job
+    /// may then start on any node. Default false: it is pinned to the node that holds its
+    /// chain's working directory.
+    #[serde(default)]
+    pub shared_work_dir: bool,
 }
 
 /// `[session_limits]`: what every dev container may use.
@@ -385,6 +393,11 @@ impl Validator<'_> {
                 &raw.jobs.default_max_duration,
             )?,
             max_duration: job_duration("max_duration", &raw.jobs.max_duration)?,
+            output_grace: match &raw.jobs.output_grace {
+                Some(text) => self.duration("jobs.output_grace", text)?,
+                None => crate::domain::jobs::DEFAULT_OUTPUT_GRACE,
+            },
+            shared_work_dir: raw.jobs.shared_work_dir,
         };
         if let (Some(default), Some(max)) =
             (job_limits.default_max_duration, job_limits.max_duration)
@@ -711,6 +724,16 @@ pids = 4096
             Some(HumanDuration::from_secs(7 * 86_400))
         );
         assert_eq!(config.job_log_dir, Path::new("/srv/job-logs"));
+        assert_eq!(config.job_limits.output_grace, Duration::from_secs(600));
+        assert!(!config.job_limits.shared_work_dir);
+        let text = format!("{EXAMPLE}[jobs]\noutput_grace = \"90s\"\nshared_work_dir = true\n");
+        let config = load(&text).unwrap();
+        assert_eq!(config.job_limits.output_grace, Duration::from_secs(90));
+        assert!(config.job_limits.shared_work_dir);
+        let err = load(&format!("{EXAMPLE}[jobs]\noutput_grace = \"soon\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("jobs.output_grace"), "{err}");
         let text = format!(
             "{EXAMPLE}[jobs]\ndefault_max_duration = \"2 days\"\nmax_duration = \"1 day\"\n"
         );

@@ -169,7 +169,8 @@ impl Manager {
                 config.node_timeout,
                 wake.clone(),
             )
-            .with_changes(changes.clone()),
+            .with_changes(changes.clone())
+            .with_job_limits(config.job_limits),
         );
         tracker.spawn(
             scheduler

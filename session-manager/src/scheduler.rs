@@ -72,6 +72,8 @@ pub struct Scheduler {
     /// One tick at a time: two concurrent plans could both hand out the same free GPU. Holds
     /// the PENDING sessions waiting for jobs to halt.
     tick_lock: tokio::sync::Mutex<HashMap<SessionId, HaltWait>>,
+    /// The site's `[jobs]` settings: whether a re-queued job is pinned to its checkpoint's node.
+    job_limits: jobs::JobLimits,
 }
 
 impl Scheduler {
@@ -89,7 +91,14 @@ impl Scheduler {
             ticks: watch::channel(0).0,
             changes: None,
             tick_lock: tokio::sync::Mutex::new(HashMap::new()),
+            job_limits: jobs::JobLimits::default(),
         }
+    }
+
+    /// The site's `[jobs]` settings (default: jobs directories local to each node).
+    pub fn with_job_limits(mut self, job_limits: jobs::JobLimits) -> Self {
+        self.job_limits = job_limits;
+        self
     }
 
     /// Notifies `changes` of every session or job change it stores.
@@ -144,7 +153,8 @@ impl Scheduler {
                 .filter(|j| j.state().holds_gpus() && j.node.as_ref() == Some(&node.name));
             for job in lost {
                 if let Some(change) = jobs::node_lost(job, now) {
-                    let next = jobs::next_in_chain(job, &change, JobId::new_random());
+                    let next =
+                        jobs::next_in_chain(job, &change, JobId::new_random(), &self.job_limits);
                     if self.apply_job(job.id, change, next).await? {
                         tracing::info!(job_id = %job.id, node = %node.name, "Job lost with its node.");
                         report.jobs += 1;
@@ -178,6 +188,20 @@ impl Scheduler {
                         tracing::warn!(session_id = %session.id, node = %node.name, "Session lost with its node.");
                         report.lost += 1;
                     }
+                }
+            }
+        }
+        // Re-queued jobs whose checkpoint is on a node that is gone or offline.
+        for job in &site.jobs {
+            let online = job.pinned_node.as_ref().is_some_and(|pinned| {
+                site.nodes
+                    .iter()
+                    .any(|n| n.name == *pinned && site.is_online(n))
+            });
+            if let Some(change) = jobs::checkpoint_node_lost(job, online, now) {
+                if self.apply_job(job.id, change, None).await? {
+                    tracing::info!(job_id = %job.id, node = ?job.pinned_node, "Job failed: its checkpoint's node is gone.");
+                    report.jobs += 1;
                 }
             }
         }
@@ -712,7 +736,13 @@ mod tests {
             place: None,
             exit_code: Some(123),
         };
-        let next = jobs::next_in_chain(&halting, &halted, JobId::new_random()).unwrap();
+        let next = jobs::next_in_chain(
+            &halting,
+            &halted,
+            JobId::new_random(),
+            &jobs::JobLimits::default(),
+        )
+        .unwrap();
         f.store
             .job_transition(job, halted, Some(next.clone()))
             .await
@@ -748,5 +778,43 @@ mod tests {
         );
         let next = f.store.job(lost.next_job.unwrap()).await.unwrap().unwrap();
         assert_eq!(next.state(), JobState::Queued);
+        // Its checkpoint is on node1, which is gone: the next round fails it, saying so.
+        assert_eq!(
+            next.pinned_node.as_ref().map(NodeName::as_str),
+            Some("node1")
+        );
+        assert_eq!(f.scheduler.tick(gone).await.unwrap().jobs, 1);
+        let failed = f.store.job(next.id).await.unwrap().unwrap();
+        assert_eq!(failed.state(), JobState::Failed);
+        assert!(
+            failed
+                .lifecycle
+                .last()
+                .reason
+                .to_string()
+                .starts_with("its checkpoint (the chain's working directory) is on node node1"),
+            "{}",
+            failed.lifecycle.last().reason
+        );
+    }
+
+    #[tokio::test]
+    async fn with_a_shared_work_dir_a_requeued_job_may_start_anywhere() {
+        use ongrid_core::job::JobState;
+        let mut f = fixture(&[gpu(1)]).await;
+        f.scheduler = f.scheduler.with_job_limits(jobs::JobLimits {
+            shared_work_dir: true,
+            ..jobs::JobLimits::default()
+        });
+        let job = submit_job(&f, None, t0()).await;
+        f.scheduler.tick(t0()).await.unwrap();
+        let gone = t0() + TimeDelta::seconds(31);
+        f.scheduler.tick(gone).await.unwrap();
+        let lost = f.store.job(job).await.unwrap().unwrap();
+        let next = f.store.job(lost.next_job.unwrap()).await.unwrap().unwrap();
+        assert_eq!(next.pinned_node, None);
+        f.scheduler.tick(gone).await.unwrap();
+        let waiting = f.store.job(next.id).await.unwrap().unwrap();
+        assert_eq!(waiting.state(), JobState::Queued);
     }
 }

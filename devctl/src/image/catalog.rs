@@ -1,6 +1,9 @@
-//! `devctl image ls|show|rm` (`GET /v1/images[?all=true]`,
-//! `GET|DELETE /v1/images/{name:version | sha256:hex}[?owner=DN]`), and how an image is
-//! described.
+//! `devctl image ls|show|rm|share|unshare` (`GET /v1/images[?all=true|?shared=true]`,
+//! `GET|DELETE /v1/images/{name:version | login/name:version | sha256:hex}[?owner=DN]`,
+//! `POST /v1/images/{...}/share|unshare`), and how an image is described.
+//!
+//! A shared image is named `login/name:version` (its owner's login, then its tag) or by its
+//! digest: `name:version` alone always means one's own image.
 
 use clap::Args;
 use ongrid_core::image::{ImageLookup, ImageView};
@@ -15,8 +18,11 @@ use crate::terminal::Terminal;
 #[derive(Debug, Clone, Args)]
 pub struct ImageLsArgs {
     /// Everybody's images (admins only)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shared")]
     pub all: bool,
+    /// The images their owners shared, which anyone may run as LOGIN/NAME:VERSION
+    #[arg(long)]
+    pub shared: bool,
     /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
@@ -24,7 +30,8 @@ pub struct ImageLsArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ImageRefArgs {
-    /// NAME:VERSION, or sha256:DIGEST (also reaches an image whose tag --force moved on)
+    /// NAME:VERSION, LOGIN/NAME:VERSION (a shared image), or sha256:DIGEST (also reaches an
+    /// image whose tag --force moved on)
     #[arg(value_parser = parse_lookup, value_name = "IMAGE")]
     pub image: String,
     /// Another user's image (admins only)
@@ -41,11 +48,55 @@ pub async fn list(
     client: &Client,
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
-    let images: Vec<ImageView> = client.get("v1/images").all(args.all).send().await?;
+    let mut request = client.get("v1/images").all(args.all);
+    if args.shared {
+        request = request.query(&[("shared", "true")]);
+    }
+    let images: Vec<ImageView> = request.send().await?;
     let width = term.width;
+    let listing = match (args.all, args.shared) {
+        (_, true) => Listing::Shared,
+        (true, false) => Listing::All,
+        (false, false) => Listing::Own,
+    };
     term.show(args.json, &images, |images| {
-        render_images(images, args.all, width)
+        render_images(images, listing, width)
     })
+}
+
+/// `devctl image share` / `devctl image unshare`
+pub async fn set_shared(
+    args: ImageRefArgs,
+    share: bool,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    let action = if share { "share" } else { "unshare" };
+    let image: ImageView = client
+        .post(&format!("v1/images/{}/{action}", path_segment(&args.image)))
+        .owner(args.owner.as_ref())
+        .send()
+        .await?;
+    term.show(args.json, &image, |image| {
+        let qualified = format!("{}/{}", image.user_name, image.reference);
+        if image.shared {
+            format!(
+                "image {} is shared: anyone may run it as {qualified} or {}\n",
+                image.reference,
+                image.digest.as_deref().unwrap_or("its digest")
+            )
+        } else {
+            format!(
+                "image {} is private: only you may run it\n",
+                image.reference
+            )
+        }
+    })
+}
+
+/// An image name as one path segment: the `/` of `login/name:version` is sent as `%2F`.
+pub fn path_segment(image: &str) -> String {
+    image.replace('/', "%2F")
 }
 
 /// `devctl image show`
@@ -65,7 +116,7 @@ pub async fn remove(
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
     let image: ImageView = client
-        .delete(&format!("v1/images/{}", args.image))
+        .delete(&format!("v1/images/{}", path_segment(&args.image)))
         .owner(args.owner.as_ref())
         .send()
         .await?;
@@ -81,7 +132,7 @@ pub async fn fetch(
     owner: Option<&Dn>,
 ) -> Result<ImageView, ClientError> {
     client
-        .get(&format!("v1/images/{reference}"))
+        .get(&format!("v1/images/{}", path_segment(reference)))
         .owner(owner)
         .send()
         .await
@@ -100,13 +151,29 @@ fn short_digest(digest: Option<&str>) -> String {
     )
 }
 
-/// The table of `devctl image ls`; with `all`, each image's owner too. Wrapped to `width` (the
-/// terminal's) when given.
-pub fn render_images(images: &[ImageView], all: bool, width: Option<u16>) -> String {
+/// Which images `devctl image ls` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// The caller's own.
+    Own,
+    /// Everybody's (admins), with each image's owner.
+    All,
+    /// The shared ones, named as others run them (`login/name:version`).
+    Shared,
+}
+
+/// The table of `devctl image ls`. Wrapped to `width` (the terminal's) when given.
+pub fn render_images(images: &[ImageView], listing: Listing, width: Option<u16>) -> String {
     if images.is_empty() {
-        return "no images: freeze a session with devctl freeze NAME --tag IMAGE:VERSION\n"
-            .to_owned();
+        return match listing {
+            Listing::Shared => "no shared images: an owner shares one with devctl image share \
+                                NAME:VERSION\n"
+                .to_owned(),
+            _ => "no images: freeze a session with devctl freeze NAME --tag IMAGE:VERSION\n"
+                .to_owned(),
+        };
     }
+    let all = listing == Listing::All;
     let mut headers = vec!["IMAGE", "STATE", "SIZE", "DIGEST", "SESSION", "CREATED"];
     if all {
         headers.push("OWNER");
@@ -118,13 +185,20 @@ pub fn render_images(images: &[ImageView], all: bool, width: Option<u16>) -> Str
         if image.superseded_at.is_some() {
             state.push_str(" (tag moved)");
         }
+        if image.shared && listing != Listing::Shared {
+            state.push_str(" (shared)");
+        }
         if let Some(progress) = image.progress.filter(|p| p.bytes_total > 0) {
             let percent =
                 progress.bytes_done.min(progress.bytes_total) * 100 / progress.bytes_total;
             state.push_str(&format!(" {percent}%"));
         }
+        let name = match listing {
+            Listing::Shared => format!("{}/{}", image.user_name, image.reference),
+            _ => image.reference.clone(),
+        };
         let mut row = vec![
-            image.reference.clone(),
+            name,
             state,
             image.size.map_or_else(|| "-".to_owned(), format_bytes),
             short_digest(image.digest.as_deref()),
@@ -145,6 +219,15 @@ pub fn render_image(image: &ImageView) -> String {
     let mut field = |name: &str, value: String| table.field(name, value);
     field("image", image.reference.clone());
     field("state", image.state.to_string());
+    if image.shared {
+        field(
+            "shared",
+            format!(
+                "anyone may run it as {}/{}",
+                image.user_name, image.reference
+            ),
+        );
+    }
     field("reason", image.reason.clone());
     if let Some(progress) = image.progress {
         field(
@@ -232,6 +315,7 @@ mod tests {
             finished_at: ready.then(|| at(68)),
             superseded_at: None,
             progress: None,
+            shared: false,
         }
     }
 
@@ -249,14 +333,39 @@ mod tests {
             ..image(ImageState::Ready)
         };
         assert_eq!(
-            render_images(&[building, moved], false, None),
+            render_images(&[building, moved], Listing::Own, None),
             "IMAGE       STATE              SIZE      DIGEST               SESSION  CREATED\n\
              mymodel:v1  BUILDING 45%       -         -                    train1   2026-11-21 10:00:00Z\n\
              mymodel:v1  READY (tag moved)  79.2 MiB  sha256:98fbda8214f8  train1   2026-11-21 10:00:00Z\n"
         );
-        let all = render_images(&[image(ImageState::Ready)], true, None);
+        let all = render_images(&[image(ImageState::Ready)], Listing::All, None);
         assert!(all.lines().next().unwrap().ends_with("  OWNER"), "{all}");
-        assert!(render_images(&[], false, None).starts_with("no images: freeze a session with"));
+        assert!(
+            render_images(&[], Listing::Own, None).starts_with("no images: freeze a session with")
+        );
+    }
+
+    #[test]
+    fn shared_images_are_listed_by_login_and_marked_in_ones_own_list() {
+        let shared = ImageView {
+            shared: true,
+            ..image(ImageState::Ready)
+        };
+        assert_eq!(
+            render_images(std::slice::from_ref(&shared), Listing::Shared, None),
+            "IMAGE                   STATE  SIZE      DIGEST               SESSION  CREATED\n\
+             alice-smith/mymodel:v1  READY  79.2 MiB  sha256:98fbda8214f8  train1   2026-11-21 10:00:00Z\n"
+        );
+        let own = render_images(std::slice::from_ref(&shared), Listing::Own, None);
+        assert!(own.contains("\nmymodel:v1  READY (shared)  "), "{own}");
+        assert!(render_image(&shared)
+            .contains("\nshared:        anyone may run it as alice-smith/mymodel:v1\n"));
+        assert!(render_images(&[], Listing::Shared, None).starts_with("no shared images"));
+        assert_eq!(
+            path_segment("alice-smith/mymodel:v1"),
+            "alice-smith%2Fmymodel:v1"
+        );
+        assert_eq!(path_segment("mymodel:v1"), "mymodel:v1");
     }
 
     #[test]

@@ -17,7 +17,8 @@ pub struct JobSubmitArgs {
     /// A job file (TOML, the same fields as the flags); no other flag but --json then
     #[arg(value_name = "JOB_FILE", conflicts_with_all = ["image", "command"])]
     pub file: Option<PathBuf>,
-    /// The frozen image: NAME:VERSION or sha256:DIGEST (devctl image ls)
+    /// The frozen image: NAME:VERSION (yours), LOGIN/NAME:VERSION (shared by its owner) or
+    /// sha256:DIGEST (devctl image ls [--shared])
     #[arg(long)]
     pub image: Option<String>,
     /// How many GPUs [default: 1]

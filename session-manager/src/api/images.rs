@@ -9,6 +9,12 @@
 //! sees and removes only their own images (others' answer the same 404 as missing ones);
 //! admins see all (`?all=true`) and address anyone's with `?owner=DN`.
 //!
+//! `POST /v1/images/{reference}/share` and `/unshare`: the owner makes an image runnable by every
+//! user, or private again ([`crate::domain::image_access::share`]). `GET /v1/images?shared=true`
+//! lists every shared image; anyone may show one by `login/name:version` (the `/` sent as `%2F`)
+//! or by digest. Unsharing stops new sessions and jobs; those already started or queued keep
+//! the image they were given.
+//!
 //! Removing an image marks it DELETED; its SIF file is deleted from `image_store` when no other
 //! image has the same digest. The Docker image on the node is left alone (a node's Docker
 //! images are the admin's to prune).
@@ -25,6 +31,7 @@ use serde::Deserialize;
 use super::callers::CurrentUser;
 use super::views::image_view;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::domain::image_access;
 use crate::domain::images::{freezing_node, ImageRecord};
 use crate::store::{ImageFilter, NewImage, StoreError};
 
@@ -92,6 +99,9 @@ pub async fn create_image(
 pub struct ListQuery {
     #[serde(default)]
     all: bool,
+    /// Every user's shared images.
+    #[serde(default)]
+    shared: bool,
 }
 
 pub async fn list_images(
@@ -99,7 +109,9 @@ pub async fn list_images(
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Vec<ImageView>>, ApiError> {
-    let filter = if query.all {
+    let filter = if query.shared {
+        ImageFilter::Shared
+    } else if query.all {
         if !caller.admin {
             return Err(ApiError::forbidden(
                 "only admins can list everyone's images (?all=true); leave it out to list yours",
@@ -125,7 +137,7 @@ pub async fn show_image(
     ApiPath(reference): ApiPath<String>,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<ImageView>, ApiError> {
-    let images = find_images(&state, &caller, &reference, query.owner).await?;
+    let images = find_images(&state, &caller, &reference, query.owner, Purpose::Read).await?;
     // By digest, several images may share the content: the newest is shown.
     let image = images
         .into_iter()
@@ -142,7 +154,7 @@ pub async fn delete_image(
     ApiPath(reference): ApiPath<String>,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<ImageView>, ApiError> {
-    let images = find_images(&state, &caller, &reference, query.owner).await?;
+    let images = find_images(&state, &caller, &reference, query.owner, Purpose::Change).await?;
     let now = state.clock.now();
     let mut last = None;
     for image in images {
@@ -163,6 +175,57 @@ pub async fn delete_image(
     Ok(Json(image_view(image)))
 }
 
+pub async fn share_image(
+    state: State<AppState>,
+    caller: CurrentUser,
+    reference: ApiPath<String>,
+    query: ApiQuery<OwnerQuery>,
+) -> Result<Json<ImageView>, ApiError> {
+    set_shared(state, caller, reference, query, true).await
+}
+
+pub async fn unshare_image(
+    state: State<AppState>,
+    caller: CurrentUser,
+    reference: ApiPath<String>,
+    query: ApiQuery<OwnerQuery>,
+) -> Result<Json<ImageView>, ApiError> {
+    set_shared(state, caller, reference, query, false).await
+}
+
+/// Shares or unshares the image (by digest: each of the owner's images with that content that
+/// the rule lets change); refused as a whole when none may.
+async fn set_shared(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(reference): ApiPath<String>,
+    ApiQuery(query): ApiQuery<OwnerQuery>,
+    share: bool,
+) -> Result<Json<ImageView>, ApiError> {
+    let images = find_images(&state, &caller, &reference, query.owner, Purpose::Change).await?;
+    let now = state.clock.now();
+    let mut changed = None;
+    let mut refusal = None;
+    for image in images {
+        match image_access::share(&image, &caller.user.dn, share, now) {
+            Ok(shared_at) => {
+                if let Some(image) = state.store.set_image_shared(image.id, shared_at).await? {
+                    tracing::info!(image_id = %image.id, reference = %image.reference, shared = share, by = %caller.user.user_name, "Image sharing changed.");
+                    changed = Some(image);
+                }
+            }
+            Err(refused) => refusal = Some(refused),
+        }
+    }
+    match (changed, refusal) {
+        (Some(image), _) => Ok(Json(image_view(image))),
+        (None, Some(refused)) => Err(refused.into()),
+        (None, None) => Err(ApiError::not_found(format!(
+            "image {reference} was removed meanwhile"
+        ))),
+    }
+}
+
 /// Deletes `<store>/sha256/<hex>.sif`; a file already gone is fine, any other failure is logged
 /// for the admin (the image is DELETED either way).
 fn remove_sif(store: &Path, digest: &str) {
@@ -180,22 +243,40 @@ fn remove_sif(store: &Path, digest: &str) {
     }
 }
 
-/// Resolves `{reference}[?owner=DN]` for the caller: one image by tag, or all the owner's (an
-/// admin without `owner`: everyone's) by digest. The same 404 whether nothing matches or the
-/// images belong to someone the caller may not see.
+/// What the caller wants with the images [`find_images`] finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// Show: another user's shared image may be seen too.
+    Read,
+    /// Remove, share or unshare: only one's own (an admin: anyone's).
+    Change,
+}
+
+/// Resolves `{reference}[?owner=DN]` for the caller: one image by tag (`name:version` of the
+/// owner, or `login/name:version`), or all the owner's (an admin without `owner`: everyone's)
+/// by digest; to read, also other users' shared images. The same 404 whether nothing matches
+/// or the images belong to someone the caller may not see.
 async fn find_images(
     state: &AppState,
     caller: &CurrentUser,
     reference: &str,
     owner: Option<Dn>,
+    purpose: Purpose,
 ) -> Result<Vec<ImageRecord>, ApiError> {
     let lookup = ImageLookup::parse(reference).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let explicit_owner = owner.is_some();
     let owner = owner.unwrap_or_else(|| caller.user.dn.clone());
     let not_found = || {
         if owner == caller.user.dn {
+            let yours = match &lookup {
+                ImageLookup::Owned { owner, .. } if *owner != caller.user.user_name => {
+                    "there is no image"
+                }
+                _ => "you have no image",
+            };
             ApiError::not_found(format!(
-                "you have no image {lookup}: list yours with `devctl image ls`"
+                "{yours} {lookup} you may see: list yours with `devctl image ls` and the shared \
+                 ones with `devctl image ls --shared`"
             ))
         } else {
             ApiError::not_found(format!("{owner} has no image {lookup}"))
@@ -209,13 +290,33 @@ async fn find_images(
             owner: owner.clone(),
             reference: reference.clone(),
         },
+        ImageLookup::Owned {
+            owner: user_name,
+            reference,
+        } => ImageFilter::LoginTag {
+            user_name: user_name.clone(),
+            reference: reference.clone(),
+        },
         ImageLookup::Digest(digest) => ImageFilter::Digest {
-            // An admin looks a digest up site-wide unless an owner is named.
-            owner: (!caller.admin || explicit_owner).then(|| owner.clone()),
+            // An admin looks a digest up site-wide unless an owner is named; anyone reading
+            // looks among everyone's (and sees only the shared ones of others).
+            owner: (!(caller.admin || purpose == Purpose::Read) || explicit_owner)
+                .then(|| owner.clone()),
             digest: digest.clone(),
         },
     };
-    let images = state.store.images(filter).await?;
+    let visible = |image: &ImageRecord| {
+        image.owner == owner
+            || (caller.admin && !explicit_owner)
+            || (purpose == Purpose::Read && image.shared_at.is_some())
+    };
+    let images: Vec<ImageRecord> = state
+        .store
+        .images(filter)
+        .await?
+        .into_iter()
+        .filter(visible)
+        .collect();
     if images.is_empty() {
         return Err(not_found());
     }

@@ -3,9 +3,10 @@
 //! `GET /v1/jobs/{id}/logs?offset=N`; and [`follow_reports`] and [`node_jobs`], the jobs' part of
 //! an agent's sync.
 //!
-//! A job runs one of its owner's READY frozen images, named as `devctl image` names them (tag or
-//! `sha256:` digest), resolved at submit into the digest and Docker image the agents run; an
-//! unknown image is 404, someone else's 403. Like sessions, a user sees and changes only their
+//! A job runs a READY frozen image its owner may run (their own, or one shared by its owner),
+//! named as `devctl image` names them (`name:version`, `login/name:version` or `sha256:`
+//! digest), resolved at submit into the digest and Docker image the agents run; an unknown
+//! image is 404, someone else's private one 403. Like sessions, a user sees and changes only their
 //! own jobs (others' answer the same 404 as missing ones); admins see all. Every transition is
 //! decided by [`crate::domain::jobs`]; the scheduling loop starts, halts and cancels jobs.
 
@@ -19,10 +20,11 @@ use ongrid_core::NodeName;
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
+use super::lookup::frozen_image_candidates;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::domain::jobs::{self, JobRecord, Submitter};
 use crate::job_logs::JobLogs;
-use crate::store::{ImageFilter, JobFilter, StoreError};
+use crate::store::{JobFilter, StoreError};
 
 /// At most this many bytes of output in one answer of the logs route.
 pub const LOG_READ_MAX: usize = 1024 * 1024;
@@ -33,21 +35,15 @@ pub async fn submit_job(
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     let lookup = body.spec.image.clone();
-    let filter = match &lookup {
-        ImageLookup::Reference(reference) => ImageFilter::Tag {
-            owner: caller.user.dn.clone(),
-            reference: reference.clone(),
-        },
-        ImageLookup::Digest(digest) => ImageFilter::Digest {
-            owner: None,
-            digest: digest.clone(),
-        },
-    };
-    let candidates = state.store.images(filter).await?;
+    let candidates = frozen_image_candidates(&state, &caller.user.dn, &lookup).await?;
     let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?.ok_or_else(|| {
+        let whose = match &lookup {
+            ImageLookup::Owned { .. } => "there is no image",
+            _ => "you have no image",
+        };
         ApiError::not_found(format!(
-            "you have no image {lookup}: freeze a session with `devctl freeze`, list yours with \
-             `devctl image ls`"
+            "{whose} {lookup}: freeze a session with `devctl freeze`, list yours with \
+             `devctl image ls` and the shared ones with `devctl image ls --shared`"
         ))
     })?;
     let who = Submitter {
@@ -169,7 +165,12 @@ pub async fn job_logs(
         .await
         .map_err(|e| ApiError::internal(format!("reading the output of job {}: {e}", job.id)))?;
     let end = query.offset.saturating_add(data.len() as u64) >= size;
-    let complete = end && jobs::output_complete(&job, state.clock.now());
+    let complete = end
+        && jobs::output_complete(
+            &job,
+            state.config.job_limits.output_grace,
+            state.clock.now(),
+        );
     Ok(Json(LogChunk {
         offset: query.offset,
         data,
@@ -220,7 +221,8 @@ pub async fn follow_reports(
         let Some(change) = jobs::follow_report(&job, &report.status, now) else {
             continue;
         };
-        let next = jobs::next_in_chain(&job, &change, JobId::new_random());
+        let next =
+            jobs::next_in_chain(&job, &change, JobId::new_random(), &state.config.job_limits);
         let (to, reason) = (change.to, change.reason.clone());
         match state.store.job_transition(job.id, change, next).await {
             Ok(job) => {
@@ -246,6 +248,7 @@ pub async fn node_jobs(
         node,
         &records,
         state.config.session_limits,
+        state.config.job_limits.output_grace,
         state.clock.now(),
     );
     Ok(())

@@ -144,6 +144,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/gateway/allowlist", get(gateway::allowlist))
         .route("/v1/gateway/authorize", post(gateway::authorize))
         .route("/v1/gateway/route", post(gateway::route))
+        .route("/v1/images/{reference}/share", post(images::share_image))
+        .route(
+            "/v1/images/{reference}/unshare",
+            post(images::unshare_image),
+        )
         .route("/v1/gateway/connections", post(gateway::connection_event))
         .route("/v1/gateway/keys/check", post(gateway::check_keys))
         .fallback(no_route)

@@ -13,18 +13,17 @@ use axum::http::StatusCode;
 use axum::Json;
 use ongrid_core::api::{CreateSession, SessionView};
 use ongrid_core::holds::{HoldRequest, KeepRequest};
-use ongrid_core::image::ImageLookup;
 use ongrid_core::{Dn, HumanDuration, SessionId, SessionState};
 use serde::Deserialize;
 use std::time::Duration;
 
 use super::callers::CurrentUser;
-use super::lookup::{find_session, Lookup, OwnerQuery};
+use super::lookup::{find_session, frozen_image_candidates, Lookup, OwnerQuery};
 use super::views::{full_session_view, session_view};
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::domain::image_access::{self, ImageChoice};
 use crate::domain::sessions::requests;
-use crate::store::{FactsScope, ImageFilter, NewSession, SessionFilter, StoreError};
+use crate::store::{FactsScope, NewSession, SessionFilter, StoreError};
 
 pub async fn create_session(
     State(state): State<AppState>,
@@ -83,8 +82,8 @@ pub async fn create_session(
     ))
 }
 
-/// The Docker image the new session runs: a site image, or the caller's own frozen image
-/// looked up by its tag or digest ([`image_access`] decides).
+/// The Docker image the new session runs: a site image, or a frozen image the caller may run
+/// (their own, or a shared one), looked up by its tag or digest ([`image_access`] decides).
 async fn session_image(
     state: &AppState,
     caller: &CurrentUser,
@@ -95,17 +94,7 @@ async fn session_image(
     let resolved = match image_access::choose_image(requested, &site) {
         Ok(ImageChoice::Site(image)) => Ok(image),
         Ok(ImageChoice::Frozen(lookup)) => {
-            let filter = match &lookup {
-                ImageLookup::Reference(reference) => ImageFilter::Tag {
-                    owner: dn.clone(),
-                    reference: reference.clone(),
-                },
-                ImageLookup::Digest(digest) => ImageFilter::Digest {
-                    owner: Some(dn.clone()),
-                    digest: digest.clone(),
-                },
-            };
-            let candidates = state.store.images(filter).await?;
+            let candidates = frozen_image_candidates(state, dn, &lookup).await?;
             image_access::resolve_frozen(&lookup, &candidates, dn, &site)
         }
         Err(refusal) => Err(refusal),

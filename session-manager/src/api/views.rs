@@ -111,5 +111,6 @@ pub fn image_view(image: ImageRecord) -> ImageView {
         finished_at: image.finished_at,
         superseded_at: image.superseded_at,
         progress,
+        shared: image.shared_at.is_some(),
     }
 }

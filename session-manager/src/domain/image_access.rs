@@ -5,8 +5,12 @@
 //! named as `devctl image` names them: `name:version` or `sha256:<hex>`. A raw Docker name is
 //! never taken for a frozen image: `ongrid/<someone>/<name>:<version>` is refused like any name
 //! outside the site's list, so nobody starts a session from someone else's frozen image.
-//! (Images are not shared between users yet; when they are, [`resolve_frozen`] is where a
-//! shared image is let in.)
+//!
+//! An owner may share a READY image ([`share`]): then any user may run it ([`may_run`]), named
+//! `login/name:version` (the owner's login, as `devctl image ls --shared` lists it) or by its
+//! digest. `name:version` alone always means the caller's own image, so another user's sharing
+//! never changes what a caller's own tag runs. Sessions ([`resolve_frozen`]) and jobs
+//! ([`super::jobs::resolve_image`]) apply the same rule.
 //!
 //! When a frozen image is removed, its Docker image must go from the nodes too:
 //! [`removed_docker_images`] lists those removed within [`REMOVED_IMAGE_RETENTION`] that no
@@ -15,7 +19,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use ongrid_core::image::{ImageLookup, ImageState};
+use ongrid_core::Dn;
 
 use super::images::ImageRecord;
 use super::Refusal;
@@ -51,8 +57,9 @@ impl SiteImages<'_> {
     /// The end of every refusal: what may be used instead.
     fn what_may_be_used(&self) -> String {
         format!(
-            "a session may use the site's images ({}) or one of your READY frozen images by \
-             NAME:VERSION or sha256 digest, as `devctl image ls` lists them",
+            "a session may use the site's images ({}), one of your READY frozen images by \
+             NAME:VERSION or sha256 digest, as `devctl image ls` lists them, or an image shared \
+             by its owner, as LOGIN/NAME:VERSION from `devctl image ls --shared`",
             self.listed()
         )
     }
@@ -89,40 +96,112 @@ pub fn choose_image(
         })
 }
 
-/// The Docker image of the caller's frozen image `lookup`, from `candidates`: the caller's
-/// images of that tag or digest (the store's answer; anyone else's are ignored here too). Only a
-/// READY image whose tag is still its own (not superseded by `freeze --force`, which moved the
-/// Docker tag to the newer image) can start a session.
+/// Whether `caller` may run `image`: it is theirs, or its owner shares it.
+pub fn may_run(image: &ImageRecord, caller: &Dn) -> bool {
+    &image.owner == caller || image.shared_at.is_some()
+}
+
+/// Why the images a lookup found cannot be run by the caller, when none can: the start of a
+/// refusal, or `None` when nothing was found at all.
+pub fn not_runnable(
+    lookup: &ImageLookup,
+    candidates: &[ImageRecord],
+    caller: &Dn,
+) -> Option<String> {
+    let runnable: Vec<&ImageRecord> = candidates.iter().filter(|i| may_run(i, caller)).collect();
+    let Some(image) = runnable.last() else {
+        return (!candidates.is_empty()).then(|| match lookup {
+            ImageLookup::Owned { owner, .. } => format!(
+                "image {lookup} is private to {owner}: it can be run once {owner} shares it \
+                 (`devctl image share`)"
+            ),
+            _ => format!("image {lookup} is another user's private image"),
+        });
+    };
+    let whose = if &image.owner == caller {
+        "your image"
+    } else {
+        "image"
+    };
+    Some(if image.state != ImageState::Ready {
+        format!(
+            "{whose} {lookup} is {}, not READY (see `devctl image show {lookup}`)",
+            image.state
+        )
+    } else if image.superseded_at.is_some() {
+        format!(
+            "{whose} {lookup} was superseded by a newer freeze of {} and its Docker image now \
+             holds the newer one",
+            image.reference
+        )
+    } else {
+        format!("{whose} {lookup} has no Docker image")
+    })
+}
+
+/// The Docker image of the frozen image `lookup` for a session of `caller`, from `candidates`
+/// (the store's answer for the lookup: the caller's own tag, a login's tag, or anyone's images
+/// of a digest). Only an image the caller may run ([`may_run`]) that is READY and whose tag is
+/// still its own (not superseded by `freeze --force`, which moved the Docker tag to the newer
+/// image) can start a session.
 pub fn resolve_frozen(
     lookup: &ImageLookup,
     candidates: &[ImageRecord],
-    caller: &ongrid_core::Dn,
+    caller: &Dn,
     site: &SiteImages<'_>,
 ) -> Result<String, Refusal> {
-    let own: Vec<&ImageRecord> = candidates.iter().filter(|i| &i.owner == caller).collect();
-    let usable = own.iter().find(|i| {
-        i.state == ImageState::Ready && i.superseded_at.is_none() && i.docker_image.is_some()
+    let usable = candidates.iter().find(|i| {
+        may_run(i, caller)
+            && i.state == ImageState::Ready
+            && i.superseded_at.is_none()
+            && i.docker_image.is_some()
     });
     if let Some(docker_image) = usable.and_then(|i| i.docker_image.clone()) {
         return Ok(docker_image);
     }
-    let why = match own.first() {
-        None => format!("you have no frozen image {lookup}"),
-        Some(image) if image.state != ImageState::Ready => format!(
-            "your image {lookup} is {}, not READY (see `devctl image show {lookup}`)",
-            image.state
-        ),
-        Some(image) if image.superseded_at.is_some() => format!(
-            "your image {lookup} was superseded by a newer freeze of {} and its Docker image \
-             now holds the newer one",
-            image.reference
-        ),
-        Some(_) => format!("your image {lookup} has no Docker image"),
-    };
+    let why = not_runnable(lookup, candidates, caller).unwrap_or_else(|| match lookup {
+        ImageLookup::Owned { .. } => format!("there is no frozen image {lookup}"),
+        _ => format!("you have no frozen image {lookup}"),
+    });
     Err(Refusal::Forbidden(format!(
         "{why}: {}",
         site.what_may_be_used()
     )))
+}
+
+/// The new `shared_at` of `image` when `caller` asks to share it (`share`) or to make it
+/// private again. Only the owner decides, an admin included; only a READY image whose tag is
+/// still its own can be shared. Sharing again keeps the first time.
+pub fn share(
+    image: &ImageRecord,
+    caller: &Dn,
+    share: bool,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, Refusal> {
+    let reference = &image.reference;
+    if &image.owner != caller {
+        return Err(Refusal::Forbidden(format!(
+            "only {} (its owner) can share or unshare image {reference}",
+            image.user_name
+        )));
+    }
+    if !share {
+        return Ok(None);
+    }
+    if image.state != ImageState::Ready {
+        return Err(Refusal::Conflict(format!(
+            "image {reference} is {}: only a READY image can be shared (see `devctl image show \
+             {reference}`)",
+            image.state
+        )));
+    }
+    if image.superseded_at.is_some() {
+        return Err(Refusal::Conflict(format!(
+            "this image was superseded by a newer freeze of {reference}: share the current one \
+             (`devctl image share {reference}`)"
+        )));
+    }
+    Ok(Some(image.shared_at.unwrap_or(now)))
 }
 
 /// The Docker names of the frozen images `removed` (DELETED within the retention window) that
@@ -184,6 +263,7 @@ mod tests {
             created_at: t(0),
             finished_at: None,
             superseded_at: None,
+            shared_at: None,
         }
     }
 
@@ -250,7 +330,8 @@ mod tests {
                 other => panic!("{other:?}"),
             };
         let bobs = image("/CN=Bob", "bob", "mymodel:v1", ImageState::Ready);
-        assert!(refused(&[bobs]).contains("you have no frozen image mymodel:v1"));
+        assert!(refused(&[bobs]).contains("image mymodel:v1 is another user's private image"));
+        assert!(refused(&[]).contains("you have no frozen image mymodel:v1"));
         assert!(refused(&[]).contains("ongrid/dev:latest"));
         let building = image("/CN=Alice", "alice", "mymodel:v1", ImageState::Building);
         assert!(refused(&[building]).contains("BUILDING, not READY"));
@@ -262,6 +343,72 @@ mod tests {
             resolve_frozen(&lookup, &[superseded, own], &alice(), &site).unwrap(),
             "ongrid/alice/mymodel:v1"
         );
+    }
+
+    #[test]
+    fn another_users_image_runs_only_while_its_owner_shares_it() {
+        let site = site(&ALLOWED);
+        let bob = Dn::parse("/CN=Bob").unwrap();
+        let lookup = ImageLookup::parse("alice/mymodel:v1").unwrap();
+        let mut alices = image("/CN=Alice", "alice", "mymodel:v1", ImageState::Ready);
+        let refused =
+            |candidates: &[ImageRecord]| match resolve_frozen(&lookup, candidates, &bob, &site) {
+                Err(Refusal::Forbidden(message)) => message,
+                other => panic!("{other:?}"),
+            };
+        assert!(!may_run(&alices, &bob));
+        assert!(may_run(&alices, &alice()));
+        assert!(refused(std::slice::from_ref(&alices))
+            .contains("image alice/mymodel:v1 is private to alice"));
+        assert!(refused(&[]).contains("there is no frozen image alice/mymodel:v1"));
+
+        alices.shared_at = Some(share(&alices, &alice(), true, t(10)).unwrap().unwrap());
+        assert!(may_run(&alices, &bob));
+        assert_eq!(
+            resolve_frozen(&lookup, std::slice::from_ref(&alices), &bob, &site).unwrap(),
+            "ongrid/alice/mymodel:v1"
+        );
+        // By digest too, and a shared image that is not READY says so.
+        let digest = ImageLookup::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap();
+        resolve_frozen(&digest, std::slice::from_ref(&alices), &bob, &site).unwrap();
+        let mut failed = alices.clone();
+        failed.state = ImageState::Failed;
+        assert!(refused(&[failed]).contains("image alice/mymodel:v1 is FAILED, not READY"));
+
+        alices.shared_at = share(&alices, &alice(), false, t(20)).unwrap();
+        assert!(!may_run(&alices, &bob));
+        assert!(refused(&[alices]).contains("private to alice"));
+    }
+
+    #[test]
+    fn only_the_owner_shares_and_only_a_current_ready_image() {
+        let bob = Dn::parse("/CN=Bob").unwrap();
+        let mut ready = image("/CN=Alice", "alice", "mymodel:v1", ImageState::Ready);
+        assert_eq!(share(&ready, &alice(), true, t(10)), Ok(Some(t(10))));
+        ready.shared_at = Some(t(10));
+        // Sharing again keeps the first time; unsharing clears it.
+        assert_eq!(share(&ready, &alice(), true, t(20)), Ok(Some(t(10))));
+        assert_eq!(share(&ready, &alice(), false, t(20)), Ok(None));
+        for wish in [true, false] {
+            assert!(matches!(
+                share(&ready, &bob, wish, t(20)),
+                Err(Refusal::Forbidden(m)) if m.contains("only alice (its owner)")
+            ));
+        }
+        for state in [ImageState::Building, ImageState::Failed] {
+            let not_ready = image("/CN=Alice", "alice", "mymodel:v1", state);
+            assert!(matches!(
+                share(&not_ready, &alice(), true, t(20)),
+                Err(Refusal::Conflict(m)) if m.contains("only a READY image can be shared")
+            ));
+            assert_eq!(share(&not_ready, &alice(), false, t(20)), Ok(None));
+        }
+        let mut superseded = ready.clone();
+        superseded.superseded_at = Some(t(15));
+        assert!(matches!(
+            share(&superseded, &alice(), true, t(20)),
+            Err(Refusal::Conflict(m)) if m.contains("share the current one")
+        ));
     }
 
     #[test]

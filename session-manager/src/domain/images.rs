@@ -42,6 +42,8 @@ pub struct ImageRecord {
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
     pub superseded_at: Option<DateTime<Utc>>,
+    /// Since when its owner shares it (`devctl image share`); `None` while private.
+    pub shared_at: Option<DateTime<Utc>>,
 }
 
 /// Session states whose container exists and can be committed.
@@ -286,6 +288,7 @@ mod tests {
             created_at: t(0),
             finished_at: None,
             superseded_at: None,
+            shared_at: None,
         }
     }
 

@@ -9,7 +9,10 @@
 //! - The owner: [`cancel_by_owner`], [`halt_by_owner`].
 //! - A node that stopped syncing: [`node_lost`].
 //! - A job that ends HALTED and continues its chain (restartable, or exit 85) is followed by a
-//!   new QUEUED job of the same [`RestartChain`]: [`next_in_chain`].
+//!   new QUEUED job of the same [`RestartChain`]: [`next_in_chain`]. Unless the site's jobs
+//!   directory is shared storage (`[jobs] shared_work_dir`), that job is pinned to the node that
+//!   holds the chain's working directory, and FAILED when that node is gone or offline
+//!   ([`checkpoint_node_lost`]).
 //! - What a node runs, halts or kills: [`desired_jobs`].
 //!
 //! A decision is a [`JobChange`] (and, for a chain that goes on, a [`NewJob`]); the store applies
@@ -28,12 +31,14 @@ use ongrid_core::{Dn, GpuId, GpuRequest, HumanDuration, NodeName, UserName};
 
 use ongrid_core::image::{ImageLookup, ImageState};
 
+use super::image_access;
 use super::images::ImageRecord;
 use super::Refusal;
 
-/// How long the desired state keeps listing a job that ended while its output is not all in:
-/// an agent that syncs within this time sends the rest (and is told to kill what is left).
-pub const LOG_DRAIN_WINDOW: Duration = Duration::from_secs(10 * 60);
+/// How long, by default (`[jobs] output_grace`), the desired state keeps listing a job that
+/// ended while its output is not all in: an agent that syncs within this time sends the rest
+/// (and is told to kill what is left). Output that comes later is lost.
+pub const DEFAULT_OUTPUT_GRACE: Duration = Duration::from_secs(10 * 60);
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +65,8 @@ pub struct JobRecord {
     pub log_size: u64,
     /// The agent said nothing follows those bytes.
     pub log_complete: bool,
+    /// The only node it may start on: where its chain's working directory (its checkpoint) is.
+    pub pinned_node: Option<NodeName>,
 }
 
 impl JobRecord {
@@ -88,13 +95,29 @@ impl JobRecord {
     }
 }
 
-/// The site's limits on jobs' durations (`[jobs]` in the manager's config).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The site's settings for jobs (`[jobs]` in the manager's config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobLimits {
     /// For a job that names no max duration.
     pub default_max_duration: Option<HumanDuration>,
     /// No job runs longer than this.
     pub max_duration: Option<HumanDuration>,
+    /// How long a job that ended stays listed to its node while its output is not all in.
+    pub output_grace: Duration,
+    /// The agents' jobs directory is the same shared storage on every node, so a re-queued job
+    /// may run anywhere; otherwise it is pinned to the node that holds its chain's directory.
+    pub shared_work_dir: bool,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        Self {
+            default_max_duration: None,
+            max_duration: None,
+            output_grace: DEFAULT_OUTPUT_GRACE,
+            shared_work_dir: false,
+        }
+    }
 }
 
 /// The max duration a submitted job runs under: the spec's, else the site's default, capped by
@@ -123,6 +146,8 @@ pub struct NewJob {
     /// Its creation: `Submitted`, or `Requeued`.
     pub at: DateTime<Utc>,
     pub reason: JobReason,
+    /// See [`JobRecord::pinned_node`].
+    pub pinned_node: Option<NodeName>,
 }
 
 /// Who submits, and the image their spec resolved to.
@@ -167,13 +192,16 @@ pub fn submit(
         previous_job: None,
         at: now,
         reason: JobReason::Submitted,
+        pinned_node: None,
     })
 }
 
 /// The frozen image a job of `caller` runs, from the images the lookup found (the caller's
-/// by tag; anyone's by digest): a READY image of the caller's whose tag is its own (a tag
-/// `--force` moved on is found by digest). `Ok(None)` when nothing matches at all (404); an
-/// image of someone else's is refused (403: images are private to their owner).
+/// by tag, a login's by `login/name:version`, anyone's by digest): a READY image the caller
+/// may run ([`super::image_access::may_run`]: their own, or one its owner shares). A tag
+/// `--force` moved on is found by digest. `Ok(None)` when nothing matches at all (404); only
+/// someone else's private images found is refused (403); a runnable image that is not READY is
+/// a conflict (409).
 pub fn resolve_image(
     lookup: &ImageLookup,
     candidates: &[ImageRecord],
@@ -182,15 +210,16 @@ pub fn resolve_image(
     if candidates.is_empty() {
         return Ok(None);
     }
-    let own: Vec<&ImageRecord> = candidates.iter().filter(|i| &i.owner == caller).collect();
-    if own.is_empty() {
-        return Err(Refusal::Forbidden(format!(
-            "image {lookup} is another user's private image: run one of yours (`devctl image ls`)"
-        )));
-    }
-    let ready = own
+    let runnable: Vec<&ImageRecord> = candidates
+        .iter()
+        .filter(|i| image_access::may_run(i, caller))
+        .collect();
+    // The caller's own first, then the newest.
+    let ready = runnable
         .iter()
         .rev()
+        .filter(|i| &i.owner == caller)
+        .chain(runnable.iter().rev().filter(|i| &i.owner != caller))
         .find_map(|i| match (&i.state, &i.digest, &i.docker_image) {
             (ImageState::Ready, Some(digest), Some(docker_image)) => Some(JobImage {
                 digest: digest.clone(),
@@ -198,19 +227,25 @@ pub fn resolve_image(
             }),
             _ => None,
         });
-    match ready {
-        Some(image) => Ok(Some(image)),
-        None => Err(Refusal::Conflict(format!(
-            "your image {lookup} is {}, not READY: see `devctl image show {lookup}`",
-            own[own.len() - 1].state
-        ))),
+    if let Some(image) = ready {
+        return Ok(Some(image));
+    }
+    let why = image_access::not_runnable(lookup, candidates, caller)
+        .unwrap_or_else(|| format!("image {lookup} cannot be run"));
+    if runnable.is_empty() {
+        Err(Refusal::Forbidden(format!(
+            "{why}: run one of yours (`devctl image ls`) or a shared one (`devctl image ls \
+             --shared`)"
+        )))
+    } else {
+        Err(Refusal::Conflict(why))
     }
 }
 
 /// Whether a job's output is all in: the agent said so, or the job ended longer than
-/// [`LOG_DRAIN_WINDOW`] ago (what did not come by then never will).
-pub fn output_complete(job: &JobRecord, now: DateTime<Utc>) -> bool {
-    let drain = chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap_or(chrono::TimeDelta::MAX);
+/// `output_grace` ago (what did not come by then never will).
+pub fn output_complete(job: &JobRecord, output_grace: Duration, now: DateTime<Utc>) -> bool {
+    let drain = chrono::TimeDelta::from_std(output_grace).unwrap_or(chrono::TimeDelta::MAX);
     match job.finished_at() {
         Some(at) => job.log_complete || now - at >= drain,
         None => false,
@@ -435,10 +470,35 @@ pub fn node_lost(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
     ))
 }
 
+/// A QUEUED job pinned to a node that is gone or offline (`pinned_node_online` is false) can
+/// never start where its checkpoint is: FAILED, with that reason.
+pub fn checkpoint_node_lost(
+    job: &JobRecord,
+    pinned_node_online: bool,
+    now: DateTime<Utc>,
+) -> Option<JobChange> {
+    let node = job.pinned_node.clone()?;
+    if job.state() != JobState::Queued || pinned_node_online {
+        return None;
+    }
+    Some(JobChange::new(
+        JobState::Failed,
+        now,
+        JobReason::CheckpointNodeLost { node },
+    ))
+}
+
 /// The job that continues `job`'s chain after `change`, if the chain goes on: a restartable job
 /// that was HALTED, or a checkpoint exit (85), while the chain has max duration left. It is a
-/// new QUEUED job with the same spec, the next restart count and the max duration left.
-pub fn next_in_chain(job: &JobRecord, change: &JobChange, new_id: JobId) -> Option<NewJob> {
+/// new QUEUED job with the same spec, the next restart count and the max duration left, pinned
+/// to the node `job` ran on (where the chain's working directory is) unless `site` says that
+/// directory is shared storage.
+pub fn next_in_chain(
+    job: &JobRecord,
+    change: &JobChange,
+    new_id: JobId,
+    site: &JobLimits,
+) -> Option<NewJob> {
     if !continues_chain(change.to, &change.reason, job.spec.restartable) {
         return None;
     }
@@ -469,20 +529,26 @@ pub fn next_in_chain(job: &JobRecord, change: &JobChange, new_id: JobId) -> Opti
             previous: job.id,
             restart_count: chain.restart_count,
         },
+        pinned_node: if site.shared_work_dir {
+            None
+        } else {
+            job.node.clone().or_else(|| job.pinned_node.clone())
+        },
     })
 }
 
 /// What `node`'s agent is told about jobs: run the RUNNING ones, halt the MUSTHALT and HALTING
-/// ones (since their MUSTHALT), and kill those that ended on it within [`LOG_DRAIN_WINDOW`]
-/// whose output is not all in (a cancelled job's container is killed; an exited one sends the
-/// rest of its output). `limits` are the site's, for what a spec leaves out.
+/// ones (since their MUSTHALT), and kill those that ended on it within `output_grace` whose
+/// output is not all in (a cancelled job's container is killed; an exited one sends the rest of
+/// its output). `limits` are the site's, for what a spec leaves out.
 pub fn desired_jobs(
     node: &NodeName,
     jobs: &[JobRecord],
     limits: ContainerLimits,
+    output_grace: Duration,
     now: DateTime<Utc>,
 ) -> Vec<DesiredJob> {
-    let drain = chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap_or(chrono::TimeDelta::MAX);
+    let drain = chrono::TimeDelta::from_std(output_grace).unwrap_or(chrono::TimeDelta::MAX);
     jobs.iter()
         .filter(|job| job.node.as_ref() == Some(node))
         .filter_map(|job| {
@@ -619,6 +685,7 @@ mod tests {
             exit_code: None,
             log_size: 0,
             log_complete: false,
+            pinned_node: new.pinned_node,
         }
     }
 
@@ -662,6 +729,7 @@ mod tests {
         let limits = JobLimits {
             default_max_duration: Some(hours(8)),
             max_duration: Some(hours(24)),
+            ..JobLimits::default()
         };
         let own = |h: Option<&str>| JobSpecFile {
             max_duration: h.map(str::to_owned),
@@ -681,6 +749,7 @@ mod tests {
         let only_cap = JobLimits {
             default_max_duration: None,
             max_duration: Some(hours(4)),
+            ..JobLimits::default()
         };
         assert_eq!(submitted(own(None), &only_cap).max_duration, Some(hours(4)));
     }
@@ -837,8 +906,10 @@ mod tests {
         );
         let change = follow_report(&job, &exited(HALT_EXIT_CODE, false, 3610), t(200)).unwrap();
         let new_id = JobId(uuid::Uuid::from_u128(2));
-        let next = next_in_chain(&job, &change, new_id).unwrap();
+        let next = next_in_chain(&job, &change, new_id, &JobLimits::default()).unwrap();
         assert_eq!(next.chain.initial_job, job.id);
+        // Its checkpoint is on the node the job ran on.
+        assert_eq!(next.pinned_node, Some(node()));
         assert_eq!(next.chain.restart_count, 1);
         assert_eq!(next.previous_job, Some(job.id));
         // Started at 10, ended at 3610: one hour used.
@@ -855,7 +926,7 @@ mod tests {
         next.lifecycle
             .transition(JobState::Running, t(4000), JobReason::Submitted)
             .unwrap();
-        let desired = desired_jobs(&node(), &[next], limits(), t(4001));
+        let desired = desired_jobs(&node(), &[next], limits(), DEFAULT_OUTPUT_GRACE, t(4001));
         let env = &desired[0].env;
         assert_eq!(env["ONGRID_RESTART_COUNT"], "1");
         assert_eq!(env["ONGRID_JOB_ID"], new_id.to_string());
@@ -866,11 +937,14 @@ mod tests {
         // Not restartable: a halt ends the chain, a checkpoint exit does not.
         let plain = running(JobSpecFile::default());
         let halted = JobChange::new(JobState::Halted, t(50), JobReason::HaltedCleanly);
-        assert_eq!(next_in_chain(&plain, &halted, new_id), None);
+        assert_eq!(
+            next_in_chain(&plain, &halted, new_id, &JobLimits::default()),
+            None
+        );
         let checkpoint =
             follow_report(&plain, &exited(CHECKPOINT_EXIT_CODE, false, 50), t(200)).unwrap();
         assert_eq!(checkpoint.reason, JobReason::CheckpointExit);
-        assert!(next_in_chain(&plain, &checkpoint, new_id).is_some());
+        assert!(next_in_chain(&plain, &checkpoint, new_id, &JobLimits::default()).is_some());
         // Max duration used up: the chain ends.
         let mut short = running(JobSpecFile {
             restartable: true,
@@ -880,7 +954,48 @@ mod tests {
         let reason = JobReason::MaxDurationReached { max: hours(1) };
         short.apply(&must_halt(&short, reason, t(3610)).unwrap().unwrap());
         let end = follow_report(&short, &exited(HALT_EXIT_CODE, false, 3615), t(200)).unwrap();
-        assert_eq!(next_in_chain(&short, &end, new_id), None);
+        assert_eq!(
+            next_in_chain(&short, &end, new_id, &JobLimits::default()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_requeued_job_is_pinned_to_its_checkpoint_unless_the_work_dir_is_shared() {
+        let job = running(JobSpecFile {
+            restartable: true,
+            ..JobSpecFile::default()
+        });
+        let halted = JobChange::new(JobState::Halted, t(50), JobReason::HaltedCleanly);
+        let local = JobLimits::default();
+        let next = record(next_in_chain(&job, &halted, JobId::new_random(), &local).unwrap());
+        assert_eq!(next.pinned_node, Some(node()));
+        // While its node is online it waits for it; once the node is gone, it FAILs saying
+        // where its checkpoint is.
+        assert_eq!(checkpoint_node_lost(&next, true, t(60)), None);
+        let lost = checkpoint_node_lost(&next, false, t(60)).unwrap();
+        assert_eq!(lost.to, JobState::Failed);
+        assert_eq!(lost.reason, JobReason::CheckpointNodeLost { node: node() });
+        assert!(
+            lost.reason
+                .to_string()
+                .starts_with("its checkpoint (the chain's working directory) is on node node1"),
+            "{}",
+            lost.reason
+        );
+        // A job that was never pinned, or is no longer QUEUED, is left alone.
+        let fresh = submitted(JobSpecFile::default(), &local);
+        assert_eq!(checkpoint_node_lost(&fresh, false, t(60)), None);
+        let mut started = next.clone();
+        started.apply(&start(&next, node(), vec![gpu()], t(61)).unwrap());
+        assert_eq!(checkpoint_node_lost(&started, false, t(62)), None);
+
+        let shared = JobLimits {
+            shared_work_dir: true,
+            ..JobLimits::default()
+        };
+        let anywhere = next_in_chain(&job, &halted, JobId::new_random(), &shared).unwrap();
+        assert_eq!(anywhere.pinned_node, None);
     }
 
     #[test]
@@ -927,14 +1042,18 @@ mod tests {
                 requeued: false
             }
         );
-        assert_eq!(next_in_chain(&job, &change, JobId::new_random()), None);
+        assert_eq!(
+            next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()),
+            None
+        );
         let job = running(JobSpecFile {
             restartable: true,
             ..JobSpecFile::default()
         });
         let change = node_lost(&job, t(100)).unwrap();
         assert_eq!(change.to, JobState::Halted);
-        let next = next_in_chain(&job, &change, JobId::new_random()).unwrap();
+        let next =
+            next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()).unwrap();
         assert_eq!(next.max_duration, None);
         let queued = submitted(JobSpecFile::default(), &JobLimits::default());
         assert_eq!(node_lost(&queued, t(100)), None);
@@ -972,6 +1091,7 @@ mod tests {
             created_at: t(0),
             finished_at: None,
             superseded_at: None,
+            shared_at: None,
         }
     }
 
@@ -997,23 +1117,40 @@ mod tests {
         ));
         // Someone else sharing the digest does not hide the caller's own.
         assert_eq!(
-            resolve_image(&lookup, &[bobs, ready], &alice),
+            resolve_image(&lookup, &[bobs.clone(), ready], &alice),
             Ok(Some(image()))
         );
+        // Bob's image runs once Bob shares it, and not while it is not READY.
+        let mut shared = bobs;
+        shared.shared_at = Some(t(1));
+        assert_eq!(
+            resolve_image(&lookup, std::slice::from_ref(&shared), &alice),
+            Ok(Some(image()))
+        );
+        shared.state = ImageState::Failed;
+        assert!(matches!(
+            resolve_image(&lookup, &[shared], &alice),
+            Err(Refusal::Conflict(m)) if m.contains("image model:v1 is FAILED, not READY")
+        ));
     }
 
     #[test]
     fn output_is_complete_when_the_agent_says_so_or_long_after_the_end() {
         let mut job = running(JobSpecFile::default());
         job.log_complete = true;
-        assert!(!output_complete(&job, t(100)), "still running");
+        let grace = DEFAULT_OUTPUT_GRACE;
+        assert!(!output_complete(&job, grace, t(100)), "still running");
         let end = follow_report(&job, &exited(0, false, 100), t(100)).unwrap();
         job.apply(&end);
-        assert!(output_complete(&job, t(100)));
+        assert!(output_complete(&job, grace, t(100)));
         job.log_complete = false;
-        assert!(!output_complete(&job, t(101)));
-        let late = t(100) + chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap();
-        assert!(output_complete(&job, late));
+        assert!(!output_complete(&job, grace, t(101)));
+        let late = t(100) + chrono::TimeDelta::from_std(grace).unwrap();
+        assert!(output_complete(&job, grace, late));
+        // A site's shorter grace ends the wait sooner.
+        let short = Duration::from_secs(30);
+        assert!(!output_complete(&job, short, t(129)));
+        assert!(output_complete(&job, short, t(130)));
     }
 
     #[test]
@@ -1037,7 +1174,7 @@ mod tests {
         elsewhere.node = Some(NodeName::parse("node2").unwrap());
 
         let jobs = [run, halt, cancelled.clone(), drained, queued, elsewhere];
-        let desired = desired_jobs(&node(), &jobs, limits(), t(50));
+        let desired = desired_jobs(&node(), &jobs, limits(), DEFAULT_OUTPUT_GRACE, t(50));
         let runs: Vec<JobRun> = desired.iter().map(|d| d.run).collect();
         assert_eq!(
             runs,
@@ -1050,7 +1187,21 @@ mod tests {
         assert_eq!(desired[0].user.uid, 2000);
         assert_eq!(desired[2].log_offset, 42);
         // A while after it ended, a job whose output never came is no longer listed.
-        let late = t(40) + chrono::TimeDelta::from_std(LOG_DRAIN_WINDOW).unwrap();
-        assert!(desired_jobs(&node(), &[cancelled], limits(), late).is_empty());
+        let late = t(40) + chrono::TimeDelta::from_std(DEFAULT_OUTPUT_GRACE).unwrap();
+        assert!(desired_jobs(
+            &node(),
+            &[cancelled.clone()],
+            limits(),
+            DEFAULT_OUTPUT_GRACE,
+            late
+        )
+        .is_empty());
+        // With a grace of a minute, listed for a minute only.
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            desired_jobs(&node(), &[cancelled.clone()], limits(), minute, t(99)).len(),
+            1
+        );
+        assert!(desired_jobs(&node(), &[cancelled], limits(), minute, t(100)).is_empty());
     }
 }

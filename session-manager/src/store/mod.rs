@@ -400,6 +400,14 @@ pub trait Store: Send + Sync {
         &self,
         id: uuid::Uuid,
         at: DateTime<Utc>,
+    /// Shares image `id` since `shared_at`, or makes it private again (`None`). `None` when it
+    /// does not exist or is DELETED.
+    fn set_image_shared(
+        &self,
+        id: uuid::Uuid,
+        shared_at: Option<DateTime<Utc>>,
+    ) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>>;
+
     ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>>;
 
     /// The lifecycle facts (see [`crate::domain::sessions::holds`]) of the sessions in `scope`,
@@ -533,3 +541,10 @@ pub struct ImageDeleted {
     /// No image that is not DELETED has the digest any more: its SIF file may go.
     pub digest_unreferenced: bool,
 }
+    /// The current image of a tag of the user with this login (at most one).
+    LoginTag {
+        user_name: UserName,
+        reference: ImageReference,
+    },
+    /// Every shared image, superseded ones included.
+    Shared,

@@ -559,6 +559,14 @@ impl Store for SqliteStore {
     fn delete_image(
         &self,
         id: uuid::Uuid,
+    fn set_image_shared(
+        &self,
+        id: uuid::Uuid,
+        shared_at: Option<DateTime<Utc>>,
+    ) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>> {
+        Box::pin(self.set_image_shared_impl(id, shared_at))
+    }
+
         at: DateTime<Utc>,
     ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>> {
         Box::pin(self.delete_image_impl(id, at))

@@ -607,3 +607,156 @@ async fn sessions_run_only_site_images_and_the_callers_own_frozen_images() {
     assert!(desired.removed_images.is_empty(), "{desired:?}");
     m.stop().await;
 }
+
+/// Bob may neither start a session nor submit a job with any of `images`; each refusal
+/// holds `expected`.
+async fn bob_is_refused(bob: &Api, images: &[&str], expected: &str) {
+    for requested in images {
+        let (status, body) = new_session_with(bob, "s", requested).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{requested}: {body}");
+        assert!(body.contains(expected), "{requested}: {body}");
+        let (status, body) = submit_job_with(bob, requested).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{requested}: {body}");
+        assert!(body.contains(expected), "{requested}: {body}");
+    }
+}
+
+/// `POST /v1/jobs` of `image`, as `devctl job submit --image` sends it.
+async fn submit_job_with(api: &Api, image: &str) -> (StatusCode, String) {
+    let spec = ongrid_core::job::JobSpecFile {
+        image: Some(image.to_owned()),
+        command: vec!["true".into()],
+        ..ongrid_core::job::JobSpecFile::default()
+    }
+    .validate(Utc::now())
+    .unwrap();
+    api.send(api.post("/v1/jobs", &ongrid_core::job::SubmitJob { spec }))
+        .await
+}
+
+#[tokio::test]
+async fn another_users_image_runs_only_while_its_owner_shares_it() {
+    let site = Site::new();
+    let m = site.start().await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    let running = vec![container(&session, ContainerState::Running, None)];
+    report(&m, &gpus, running.clone(), vec![]).await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+    let image: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    // Sharing waits for READY.
+    let early = m
+        .alice
+        .fails(
+            StatusCode::CONFLICT,
+            m.alice.post("/v1/images/mymodel:v1/share", &()),
+        )
+        .await;
+    assert!(
+        early
+            .error
+            .message
+            .contains("only a READY image can be shared"),
+        "{early:?}"
+    );
+    let digest = format!("sha256:{}", "cd".repeat(32));
+    let docker_image = "ongrid/alice-smith/mymodel:v1";
+    let done = FreezeProgress::Done {
+        image_id: image.id,
+        digest: digest.clone(),
+        size: 3,
+        sif_path: "/images/sha256/cd.sif".to_owned(),
+        docker_image: docker_image.to_owned(),
+    };
+    report(&m, &gpus, running, vec![done]).await;
+    let shared_name = "alice-smith/mymodel:v1";
+    let shared_path = "/v1/images/alice-smith%2Fmymodel:v1";
+
+    // Private: Bob can neither run it (by login and tag, or by digest), see it, nor share it.
+    bob_is_refused(&m.bob, &[shared_name, &digest], "private").await;
+    m.bob
+        .fails(StatusCode::NOT_FOUND, m.bob.get(shared_path))
+        .await;
+    for action in ["share", "unshare"] {
+        m.bob
+            .fails(
+                StatusCode::NOT_FOUND,
+                m.bob.post(&format!("{shared_path}/{action}"), &()),
+            )
+            .await;
+    }
+    let listed: Vec<ImageView> = m
+        .bob
+        .ok(StatusCode::OK, m.bob.get("/v1/images?shared=true"))
+        .await;
+    assert!(listed.is_empty(), "{listed:?}");
+
+    // Shared (by its owner's login name too): Bob lists, shows and runs it.
+    let shared: ImageView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("{shared_path}/share"), &()),
+        )
+        .await;
+    assert!(shared.shared);
+    let listed: Vec<ImageView> = m
+        .bob
+        .ok(StatusCode::OK, m.bob.get("/v1/images?shared=true"))
+        .await;
+    assert_eq!(
+        listed.iter().map(|i| i.id).collect::<Vec<_>>(),
+        [image.id],
+        "{listed:?}"
+    );
+    let seen: ImageView = m.bob.ok(StatusCode::OK, m.bob.get(shared_path)).await;
+    assert!(seen.shared);
+    // Seeing is not owning: Bob still cannot unshare or remove it.
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.post(&format!("{shared_path}/unshare"), &()),
+        )
+        .await;
+    m.bob
+        .fails(StatusCode::NOT_FOUND, m.bob.delete(shared_path))
+        .await;
+    let (status, body) = new_session_with(&m.bob, "shared", shared_name).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(m.bob.show("shared").await.image, docker_image);
+    for requested in [shared_name, digest.as_str()] {
+        let (status, body) = submit_job_with(&m.bob, requested).await;
+        assert_eq!(status, StatusCode::CREATED, "{requested}: {body}");
+        let job: ongrid_core::job::JobView = serde_json::from_str(&body).unwrap();
+        assert_eq!(job.image_digest.as_deref(), Some(digest.as_str()), "{body}");
+    }
+    // NAME:VERSION alone is always one's own: Bob has no mymodel:v1.
+    let (status, body) = new_session_with(&m.bob, "own", "mymodel:v1").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body.contains("you have no frozen image mymodel:v1"),
+        "{body}"
+    );
+
+    // Private again: new sessions and jobs are refused; what started keeps its image.
+    let private: ImageView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post("/v1/images/mymodel:v1/unshare", &()),
+        )
+        .await;
+    assert!(!private.shared);
+    bob_is_refused(&m.bob, &[shared_name, &digest], "private").await;
+    assert_eq!(m.bob.show("shared").await.image, docker_image);
+    m.stop().await;
+}

@@ -1,6 +1,7 @@
 //! The SQLite side of frozen images (`images`, migration 0005): a row per freeze, from BUILDING
 //! to READY or FAILED and then DELETED. A tag (owner, name, version) has at most one current row
 //! (a partial unique index); `freeze --force` supersedes the old one, which keeps its digest.
+//! `shared_at` (migration 0011) is set while the owner shares the image.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::image::ImageState;
@@ -15,7 +16,7 @@ use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult}
 const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.state, i.reason, \
      i.session_id, i.session_name, i.node, i.base_image, i.compression, i.digest, i.size, \
      i.sif_path, i.docker_image, i.bytes_done, i.bytes_total, i.progress_at, i.created_at, \
-     i.finished_at, i.superseded_at FROM images i JOIN users u ON u.dn = i.owner";
+     i.finished_at, i.superseded_at, i.shared_at FROM images i JOIN users u ON u.dn = i.owner";
 
 impl SqliteStore {
     pub(super) async fn create_image_impl(&self, new: NewImage) -> StoreResult<ImageRecord> {
@@ -108,6 +109,21 @@ impl SqliteStore {
                 ],
             ),
             ImageFilter::Digest {
+            ImageFilter::LoginTag {
+                user_name,
+                reference,
+            } => (
+                format!(
+                    "{live} AND i.superseded_at IS NULL AND u.user_name = ? AND i.name = ? \
+                     AND i.version = ?"
+                ),
+                vec![
+                    user_name.to_string(),
+                    reference.name().to_owned(),
+                    reference.version().to_owned(),
+                ],
+            ),
+            ImageFilter::Shared => (format!("{live} AND i.shared_at IS NOT NULL"), Vec::new()),
                 owner: Some(owner),
                 digest,
             } => (
@@ -137,6 +153,23 @@ impl SqliteStore {
     }
 
     pub(super) async fn record_freeze_impl(
+    pub(super) async fn set_image_shared_impl(
+        &self,
+        id: uuid::Uuid,
+        shared_at: Option<DateTime<Utc>>,
+    ) -> StoreResult<Option<ImageRecord>> {
+        let done =
+            sqlx::query("UPDATE images SET shared_at = ? WHERE id = ? AND state <> 'DELETED'")
+                .bind(shared_at.map(timestamp))
+                .bind(id.to_string())
+                .execute(&self.pool)
+                .await?;
+        if done.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.image_impl(id).await
+    }
+
         &self,
         node: &NodeName,
         id: uuid::Uuid,
@@ -312,4 +345,5 @@ fn image_from_row(row: &SqliteRow) -> StoreResult<ImageRecord> {
         finished_at: optional_time("finished_at")?,
         superseded_at: optional_time("superseded_at")?,
     })
+        shared_at: optional_time("shared_at")?,
 }

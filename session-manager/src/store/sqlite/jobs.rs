@@ -2,7 +2,7 @@
 //! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
 //! state changes only through [`SqliteStore::job_transition_impl`], which replays the history
 //! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
-//! the same transaction.
+//! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start.
 
 use ongrid_core::job::{
     JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
@@ -17,7 +17,7 @@ use crate::store::{JobFilter, StoreError, StoreResult};
 
 const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_duration_secs, \
      j.image_digest, j.docker_image, j.node, j.gpus, j.chain_initial, j.restart_count, \
-     j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete \
+     j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete, j.pinned_node \
      FROM jobs j JOIN users u ON u.dn = j.owner";
 
 /// The states in which a job holds GPUs or waits for them.
@@ -134,8 +134,8 @@ impl SqliteStore {
 async fn insert_job(tx: &mut Transaction<'static, Sqlite>, new: &NewJob) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO jobs (id, owner, state, spec, max_duration_secs, image_digest, docker_image, \
-         chain_initial, restart_count, previous_job, queued_at) \
-         VALUES (?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?)",
+         chain_initial, restart_count, previous_job, queued_at, pinned_node) \
+         VALUES (?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(new.id.to_string())
     .bind(new.owner.as_str())
@@ -150,6 +150,7 @@ async fn insert_job(tx: &mut Transaction<'static, Sqlite>, new: &NewJob) -> Stor
     .bind(i64::from(new.chain.restart_count))
     .bind(new.previous_job.map(|j| j.to_string()))
     .bind(timestamp(new.at))
+    .bind(new.pinned_node.as_ref().map(NodeName::as_str))
     .execute(&mut **tx)
     .await?;
     let created = JobLifecycle::new(new.at, new.reason.clone());
@@ -215,6 +216,7 @@ async fn job_from_row(
             .transpose()
     };
     let node: Option<String> = row.try_get("node")?;
+    let pinned_node: Option<String> = row.try_get("pinned_node")?;
     let max_duration: Option<i64> = row.try_get("max_duration_secs")?;
     let restart_count: i64 = row.try_get("restart_count")?;
     let log_size: i64 = row.try_get("log_size")?;
@@ -243,6 +245,9 @@ async fn job_from_row(
         exit_code: row.try_get("exit_code")?,
         log_size: u64::try_from(log_size).unwrap_or_default(),
         log_complete: row.try_get("log_complete")?,
+        pinned_node: pinned_node
+            .map(|n| parse::<NodeName>(&n, "node"))
+            .transpose()?,
     })
 }
 
@@ -363,7 +368,8 @@ mod tests {
             signalled_at: None,
         };
         let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
-        let next = jobs::next_in_chain(&job, &change, JobId::new_random()).unwrap();
+        let next =
+            jobs::next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()).unwrap();
         let halted = store
             .job_transition(job.id, change, Some(next.clone()))
             .await
@@ -377,6 +383,7 @@ mod tests {
         assert_eq!(requeued.previous_job, Some(job.id));
         assert_eq!(requeued.chain.restart_count, 1);
         assert_eq!(requeued.chain.initial_job, job.id);
+        assert_eq!(requeued.pinned_node, Some(node.clone()));
         assert_eq!(
             requeued.max_duration,
             Some(HumanDuration::from_secs(7200 - 600))
