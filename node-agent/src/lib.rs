@@ -13,7 +13,11 @@
 //! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
 //!
 //! [`run`] wires them together, starts the stream endpoint when `[streams]` is configured, and
-//! runs the sync loop ([`Agent::run`]) until shutdown. Stopping the agent leaves every container
+//! runs the sync loop ([`Agent::run`]) until shutdown. Between syncs the agent keeps a long-poll
+//! open on the manager (`watch_desired`), so a change of its desired state is applied at once;
+//! after applying a changed desired state it syncs again at once, so the manager hears of the
+//! containers it started or stopped without waiting for the interval. The periodic sync stays:
+//! it is level-triggered, so nothing is lost when the long-poll breaks. Stopping the agent leaves every container
 //! as it is: they belong to sessions, and the next agent adopts them. Open streams end.
 
 pub mod activity;
@@ -36,6 +40,7 @@ use ongrid_core::api::{DesiredState, NodeReport, ObservedContainer, RegisterNode
 use ongrid_core::{GpuInfo, NodeName};
 use reqwest::StatusCode;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
@@ -43,7 +48,7 @@ use tracing::{error, info, warn};
 pub use config::Config;
 
 use crate::gpu::GpuBackend;
-use crate::manager_client::{AgentRoutes, ClientError};
+use crate::manager_client::{AgentRoutes, ClientError, Versioned};
 use crate::network::HostFirewall;
 use crate::reconcile::Reconciler;
 use crate::runtime::docker::DockerRuntime;
@@ -59,6 +64,9 @@ const FREEZE_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Bounds of the sync interval the manager may ask for.
 const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(300);
+
+/// How long each long-poll asks the manager to wait for a change of the desired state.
+const DESIRED_WAIT: Duration = Duration::from_secs(25);
 
 /// Starts the agent described by `config` and runs it until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -180,6 +188,10 @@ struct LoopState {
     freezer: Arc<freeze::Freezer>,
     /// Runs the manager's batch jobs.
     jobs: jobs::Jobs,
+    /// The version of the desired state last converged to (`None`: not known).
+    applied: Option<String>,
+    /// The last sync converged to a desired state of another version than the one before.
+    changed: bool,
 }
 
 impl Agent {
@@ -218,14 +230,54 @@ impl Agent {
                 self.guard.clone(),
                 self.jobs.clone(),
             ),
+            applied: None,
+            changed: false,
         };
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
-        while !shutdown.is_cancelled() {
+        let (pushed_sender, mut pushed) = watch::channel(None);
+        let mut watcher = None;
+        // This sync follows a change at once; the next one waits for the interval again, so a
+        // desired state that changes with every report cannot keep the agent syncing.
+        let mut follow_up = false;
+        'syncs: while !shutdown.is_cancelled() {
             let delay = self.sync_once(&mut reconciler, &mut state, &shutdown).await;
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(delay) => {}
+            if watcher.is_none() && state.registered.is_some() {
+                watcher = Some(tokio::spawn(watch_desired(
+                    self.manager.clone(),
+                    self.node.clone(),
+                    pushed_sender.clone(),
+                    shutdown.clone(),
+                )));
             }
+            let delay = if std::mem::take(&mut state.changed) && !follow_up {
+                follow_up = true;
+                Duration::ZERO
+            } else {
+                follow_up = false;
+                delay
+            };
+            let next_sync = tokio::time::Instant::now() + delay;
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break 'syncs,
+                    () = tokio::time::sleep_until(next_sync) => break,
+                    // The sender lives as long as this loop: `changed` cannot fail.
+                    Ok(()) = pushed.changed() => {
+                        let Some(versioned) = pushed.borrow_and_update().clone() else {
+                            continue;
+                        };
+                        if self.apply_pushed(&mut reconciler, &mut state, versioned).await {
+                            // Report what it started or stopped at once.
+                            follow_up = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(watcher) = watcher {
+            // It ends with `shutdown`.
+            let _ = watcher.await;
         }
         // Running freezes are failed and cleaned up; the next agent reports them failed.
         state.freezer.cancel_all(freeze::AGENT_RESTARTED);
@@ -293,9 +345,9 @@ impl Agent {
             answer = exchange => answer,
             () = shutdown.cancelled() => return Duration::ZERO,
         };
-        let desired = match answer {
-            Ok(desired) if desired.node == self.node => desired,
-            Ok(desired) => {
+        let Versioned { desired, version } = match answer {
+            Ok(answer) if answer.desired.node == self.node => answer,
+            Ok(Versioned { desired, .. }) => {
                 if state.manager_outage.failed() {
                     error!(node = %self.node, answered_for = %desired.node,
                            "The manager answered with another node's desired state; check node_name and the token.");
@@ -322,6 +374,38 @@ impl Agent {
         }
         state.backoff.reset();
 
+        state.changed = version != state.applied;
+        self.converge(reconciler, state, &desired).await;
+        state.applied = version;
+        Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
+    }
+
+    /// Converges to a desired state the long-poll brought, unless it is the one converged to
+    /// already; `true` when it converged.
+    async fn apply_pushed(
+        &self,
+        reconciler: &mut Reconciler,
+        state: &mut LoopState,
+        pushed: Versioned,
+    ) -> bool {
+        if pushed.desired.node != self.node
+            || pushed.version.is_none()
+            || pushed.version == state.applied
+        {
+            return false;
+        }
+        self.converge(reconciler, state, &pushed.desired).await;
+        state.applied = pushed.version;
+        true
+    }
+
+    /// Converges containers, images, freezes and jobs to `desired`.
+    async fn converge(
+        &self,
+        reconciler: &mut Reconciler,
+        state: &mut LoopState,
+        desired: &DesiredState,
+    ) {
         if let Err(e) = reconciler.converge(&desired.sessions).await {
             if state.docker_outage.failed() {
                 error!(node = %self.node, error = %error_chain(&e),
@@ -331,7 +415,6 @@ impl Agent {
         reconciler.remove_images(&desired.removed_images).await;
         state.freezer.apply(&desired.freezes, &desired.sessions);
         state.jobs.apply(&desired.jobs).await;
-        Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
     }
 
     /// Registers when the inventory changed since the last registration, then syncs.
@@ -341,7 +424,7 @@ impl Agent {
         gpus: Vec<GpuInfo>,
         containers: Vec<ObservedContainer>,
         activity: Vec<ongrid_core::holds::ContainerActivity>,
-    ) -> Result<DesiredState, ClientError> {
+    ) -> Result<Versioned, ClientError> {
         // Utilisation changes every sync; only the inventory itself calls for a registration.
         if state.registered.as_ref() != Some(&inventory(&gpus)) {
             let registration = RegisterNode {
@@ -364,6 +447,59 @@ impl Agent {
             jobs: state.jobs.report().await,
         };
         self.manager.sync(&report).await
+    }
+}
+
+/// Keeps a long-poll open on the manager's `GET /v1/agent/desired` and hands every new version
+/// of the node's desired state to the sync loop, until `shutdown`. Failures are retried with
+/// backoff (logged once per outage); meanwhile the periodic sync converges as before.
+async fn watch_desired(
+    manager: AgentRoutes,
+    node: NodeName,
+    pushed: watch::Sender<Option<Versioned>>,
+    shutdown: CancellationToken,
+) {
+    let mut after: Option<String> = None;
+    let mut outage = Outage::default();
+    let mut backoff = Backoff::default();
+    loop {
+        let answer = tokio::select! {
+            () = shutdown.cancelled() => return,
+            answer = manager.desired(after.as_deref(), DESIRED_WAIT) => answer,
+        };
+        match answer {
+            Ok(answer) => {
+                if outage.succeeded() > 0 {
+                    info!(%node, "Watching the manager for changes again.");
+                }
+                match answer {
+                    // Nothing changed while it waited.
+                    None => {
+                        backoff.reset();
+                        continue;
+                    }
+                    Some(answer) if answer.version.is_some() && answer.version != after => {
+                        backoff.reset();
+                        after.clone_from(&answer.version);
+                        pushed.send_replace(Some(answer));
+                        continue;
+                    }
+                    // The same version, or none: asking again at once would only spin.
+                    Some(_) => {}
+                }
+            }
+            Err(e) => {
+                if outage.failed() {
+                    warn!(%node, error = %error_chain(&e),
+                          "Cannot watch the manager for changes; relying on the periodic sync until it answers.");
+                }
+            }
+        }
+        let delay = backoff.next_delay();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
     }
 }
 

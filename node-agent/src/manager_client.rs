@@ -1,13 +1,14 @@
 //! The agent's side of the manager's API (`core/src/api.rs`): `POST /v1/agent/register` once
-//! (and whenever the GPU inventory changes), then `POST /v1/agent/sync` every sync interval.
-//! HTTPS only, trusting exactly the CAs of `ca_dir` (no built-in roots), with the node's token
-//! as `Authorization: Bearer`.
+//! (and whenever the GPU inventory changes), then `POST /v1/agent/sync` every sync interval,
+//! and between syncs the long-poll `GET /v1/agent/desired?after=<version>` that answers when the
+//! node's desired state changes. HTTPS only, trusting exactly the CAs of `ca_dir` (no built-in
+//! roots), with the node's token as `Authorization: Bearer`.
 
 use std::path::Path;
 use std::time::Duration;
 
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
-use ongrid_service::manager_http::{ClientSettings, ManagerHttp};
+use ongrid_service::manager_http::{decode, ClientSettings, ManagerHttp};
 use ongrid_service::pem::{self, CaDirError};
 use reqwest::{StatusCode, Url};
 
@@ -50,12 +51,24 @@ impl ClientError {
     }
 }
 
+/// How much longer than the wait it asked for the agent gives a long-poll to answer.
+const LONG_POLL_GRACE: Duration = Duration::from_secs(10);
+
+/// A desired state with its version (the manager's `ETag`), which the long-poll compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    pub desired: DesiredState,
+    /// `None` from a manager that does not send one.
+    pub version: Option<String>,
+}
+
 /// An HTTPS client of one manager, for one node.
 #[derive(Debug, Clone)]
 pub struct AgentRoutes {
     http: ManagerHttp,
     register_url: Url,
     sync_url: Url,
+    desired_url: Url,
 }
 
 impl AgentRoutes {
@@ -72,6 +85,7 @@ impl AgentRoutes {
         Ok(Self {
             register_url: http.url("v1/agent/register")?,
             sync_url: http.url("v1/agent/sync")?,
+            desired_url: http.url("v1/agent/desired")?,
             http,
         })
     }
@@ -80,9 +94,50 @@ impl AgentRoutes {
         Ok(self.http.post(&self.register_url, body).await?)
     }
 
-    pub async fn sync(&self, body: &NodeReport) -> Result<DesiredState, ClientError> {
-        Ok(self.http.post(&self.sync_url, body).await?)
+    pub async fn sync(&self, body: &NodeReport) -> Result<Versioned, ClientError> {
+        let response = self.http.post_for_response(&self.sync_url, body).await?;
+        let version = version(&response);
+        let desired = decode(&self.sync_url, response).await?;
+        Ok(Versioned { desired, version })
     }
+
+    /// The long-poll: the node's desired state as soon as its version differs from `after`
+    /// (at once when `after` is `None`), or `None` when it did not change within `wait`.
+    pub async fn desired(
+        &self,
+        after: Option<&str>,
+        wait: Duration,
+    ) -> Result<Option<Versioned>, ClientError> {
+        let mut url = self.desired_url.clone();
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(after) = after {
+                query.append_pair("after", after);
+            }
+            query.append_pair("timeout", &wait.as_secs().to_string());
+        }
+        let response = self
+            .http
+            .get_for_response(&url, wait + LONG_POLL_GRACE)
+            .await?;
+        if response.status() == StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        let version = version(&response);
+        let desired = decode(&self.desired_url, response).await?;
+        Ok(Some(Versioned { desired, version }))
+    }
+}
+
+/// The version in an answer's `ETag` (`"abc"` or `W/"abc"` → `abc`).
+fn version(response: &reqwest::Response) -> Option<String> {
+    let tag = response
+        .headers()
+        .get(reqwest::header::ETAG)?
+        .to_str()
+        .ok()?;
+    let tag = tag.trim().trim_start_matches("W/").trim_matches('"');
+    (!tag.is_empty()).then(|| tag.to_owned())
 }
 
 #[cfg(test)]

@@ -177,6 +177,18 @@ impl ManagerHttp {
         decode(url, response).await
     }
 
+    /// `GET url` allowed to take `timeout` instead of the client's request timeout (a
+    /// long-poll); a 2xx answer is returned as it is, for callers that read its status and
+    /// headers.
+    pub async fn get_for_response(
+        &self,
+        url: &Url,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, HttpError> {
+        self.send(url, self.http.get(url.clone()).timeout(timeout))
+            .await
+    }
+
     /// `POST url` with `body` as JSON, the answer decoded.
     pub async fn post<T: Serialize, R: DeserializeOwned>(
         &self,

@@ -1,7 +1,8 @@
 //! The manager client and the whole agent against a fake manager: a small HTTPS server in the
 //! test (a throwaway CA from rcgen, rustls) that records every request and answers with the
-//! desired state the test sets. The agent side is real: TLS trust from `ca_dir`, the bearer
-//! token, the simulated GPU backend, Docker.
+//! desired state the test sets, versioned like the manager's (`ETag`; the long-poll
+//! `GET /v1/agent/desired?after=` waits until the test changes it). The agent side is real: TLS
+//! trust from `ca_dir`, the bearer token, the simulated GPU backend, Docker.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use reqwest::Url;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 
@@ -57,6 +59,8 @@ pub(crate) struct Request {
 struct ManagerState {
     requests: Vec<Request>,
     desired: DesiredState,
+    /// The desired state's version: how many times the test changed it.
+    version: u64,
     /// When set, every request is answered with this status and body.
     failure: Option<(u16, String)>,
 }
@@ -65,6 +69,8 @@ pub(crate) struct FakeManager {
     url: Url,
     ca: TestCa,
     state: Arc<Mutex<ManagerState>>,
+    /// The version, for long-polls to wait on.
+    versions: Arc<watch::Sender<u64>>,
     _server: tokio::task::JoinHandle<()>,
 }
 
@@ -103,8 +109,11 @@ impl FakeManager {
                 removed_images: Vec::new(),
                 jobs: Vec::new(),
             },
+            version: 0,
             failure: None,
         }));
+        let versions = Arc::new(watch::channel(0).0);
+        let server_versions = versions.clone();
         let server_state = state.clone();
         let server = tokio::spawn(async move {
             loop {
@@ -113,10 +122,11 @@ impl FakeManager {
                 };
                 let acceptor = acceptor.clone();
                 let state = server_state.clone();
+                let versions = server_versions.subscribe();
                 tokio::spawn(async move {
                     // A client that rejects our certificate ends the handshake: nothing to do.
                     if let Ok(tls) = acceptor.accept(tcp).await {
-                        let _ = serve_one(tls, &state).await;
+                        let _ = serve_one(tls, &state, versions).await;
                     }
                 });
             }
@@ -125,6 +135,7 @@ impl FakeManager {
             url,
             ca,
             state,
+            versions,
             _server: server,
         }
     }
@@ -138,7 +149,26 @@ impl FakeManager {
     }
 
     pub(crate) fn set_sessions(&self, sessions: Vec<DesiredSession>) {
-        self.state().desired.sessions = sessions;
+        self.change(|desired| desired.sessions = sessions);
+    }
+
+    /// Changes the desired state: a new version, and open long-polls answer.
+    pub(crate) fn change(&self, change: impl FnOnce(&mut DesiredState)) {
+        let version = {
+            let mut state = self.state();
+            change(&mut state.desired);
+            state.version += 1;
+            state.version
+        };
+        self.versions.send_replace(version);
+    }
+
+    /// The sync requests received so far.
+    fn syncs(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path == "/v1/agent/sync")
+            .count()
     }
 
     pub(crate) fn requests(&self) -> Vec<Request> {
@@ -160,19 +190,29 @@ impl FakeManager {
     }
 }
 
-/// Reads one HTTP/1.1 request, records it, answers, closes.
-async fn serve_one<S>(stream: S, state: &Mutex<ManagerState>) -> std::io::Result<()>
+/// How long the fake's long-poll waits at most, whatever the agent asks.
+const LONG_POLL_WAIT: Duration = Duration::from_secs(25);
+
+/// Reads one HTTP/1.1 request, records it (its path without the query), answers, closes. A
+/// long-poll after the current version waits for the next one first.
+async fn serve_one<S>(
+    stream: S,
+    state: &Mutex<ManagerState>,
+    mut versions: watch::Receiver<u64>,
+) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut reader = BufReader::new(stream);
     let mut request_line = String::new();
     reader.read_line(&mut request_line).await?;
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
+    let target = request_line.split_whitespace().nth(1).unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let path = path.to_owned();
+    let after: Option<u64> = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("after="))
+        .and_then(|v| v.parse().ok());
     let mut content_length = 0;
     let mut authorization = None;
     loop {
@@ -193,24 +233,38 @@ where
     let mut body = vec![0; content_length];
     reader.read_exact(&mut body).await?;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (status, answer) = {
+    let long_poll = path == "/v1/agent/desired";
+    let failing = {
         let mut state = state.lock().expect("not poisoned");
         state.requests.push(Request {
             path,
             authorization,
             body,
         });
+        state.failure.is_some()
+    };
+    if long_poll && !failing && after.is_some() {
+        let changed = versions.wait_for(|version| Some(*version) != after);
+        // Nothing new within the wait: the answer below is a 204.
+        let _ = tokio::time::timeout(LONG_POLL_WAIT, changed).await;
+    }
+    let (status, answer, version) = {
+        let state = state.lock().expect("not poisoned");
         match &state.failure {
-            Some((status, body)) => (*status, body.clone()),
+            Some((status, body)) => (*status, body.clone(), state.version),
+            None if long_poll && after == Some(state.version) => {
+                (204, String::new(), state.version)
+            }
             None => (
                 200,
                 serde_json::to_string(&state.desired).expect("serialisable"),
+                state.version,
             ),
         }
     };
     let response = format!(
         "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{answer}",
+         ETag: \"{version}\"\r\nConnection: close\r\n\r\n{answer}",
         answer.len()
     );
     let mut stream = reader.into_inner();
@@ -247,7 +301,9 @@ async fn client_registers_and_syncs_with_its_token() {
         freezes: Vec::new(),
         jobs: Vec::new(),
     };
-    client.sync(&report).await.expect("synced");
+    let synced = client.sync(&report).await.expect("synced");
+    assert_eq!(synced.desired, manager.state().desired);
+    assert_eq!(synced.version.as_deref(), Some("0"));
 
     let requests = manager.requests();
     assert_eq!(requests.len(), 2);
@@ -386,10 +442,10 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     let started_at = inspect("container", &name)["State"]["StartedAt"].clone();
 
     // The manager fails for a while: the agent retries and leaves the container alone.
-    let before = manager.requests().len();
+    let before = manager.syncs();
     manager.state().failure = Some((503, "overloaded".into()));
     eventually(limit, "two failed syncs", || {
-        (manager.requests().len() >= before + 2).then_some(())
+        (manager.syncs() >= before + 2).then_some(())
     })
     .await;
     assert_eq!(inspect("container", &name)["State"]["Running"], true);
@@ -554,4 +610,108 @@ async fn run_serves_streams_and_registers_their_url() {
             .is_err(),
         "the endpoint stopped listening"
     );
+}
+
+/// The long-poll: answered at once for a version the agent does not have, else when the desired
+/// state changes, and with nothing when it does not change in time.
+#[tokio::test]
+async fn client_long_polls_the_desired_state() {
+    let node = NodeName::parse("node-a").expect("name");
+    let manager = FakeManager::start(&node).await;
+    let client = manager.client();
+    let first = client
+        .desired(None, Duration::from_secs(25))
+        .await
+        .expect("answered")
+        .expect("a desired state at once");
+    assert_eq!(first.version.as_deref(), Some("0"));
+    let poll = tokio::spawn({
+        let client = client.clone();
+        async move { client.desired(Some("0"), Duration::from_secs(25)).await }
+    });
+    eventually(Duration::from_secs(10), "the long-poll open", || {
+        (manager.requests().len() == 2).then_some(())
+    })
+    .await;
+    manager.set_sessions(Vec::new());
+    let changed = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .expect("answered when the state changed")
+        .expect("task")
+        .expect("answered")
+        .expect("the new state");
+    assert_eq!(changed.version.as_deref(), Some("1"));
+    assert_eq!(manager.requests()[1].path, "/v1/agent/desired");
+}
+
+/// With a sync interval of five minutes, a session that appears in the desired state is started
+/// and reported running within seconds: the long-poll brings it, and the agent reports at once.
+#[tokio::test]
+async fn a_desired_change_starts_a_container_without_waiting_for_the_sync() {
+    let test_node = TestNode::new().await;
+    let node = test_node.node.clone();
+    let manager = FakeManager::start(&node).await;
+    manager.change(|desired| desired.sync_interval_secs = 300);
+    let gpus_dir = tempfile::tempdir().expect("temp dir");
+    let gpus_file = gpus_dir.path().join("gpus.toml");
+    std::fs::write(&gpus_file, "").expect("gpu file");
+    let agent = Agent {
+        node: node.clone(),
+        gpus: gpu::from_config(&GpuBackendConfig::Simulated { file: gpus_file })
+            .expect("simulated backend"),
+        runtime: test_node.runtime.clone(),
+        guard: test_node.guard(),
+        manager: manager.client(),
+        stream_url: None,
+        images: None,
+        jobs: None,
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(agent.run(shutdown.clone()));
+    // The first sync, then the long-poll waiting after its version.
+    eventually(
+        Duration::from_secs(30),
+        "the first sync and a long-poll",
+        || {
+            let requests = manager.requests();
+            let synced = requests.iter().any(|r| r.path == "/v1/agent/sync");
+            let polling = requests.iter().any(|r| r.path == "/v1/agent/desired");
+            (synced && polling).then_some(())
+        },
+    )
+    .await;
+    let syncs = manager.syncs();
+
+    let session = test_node.session();
+    let started = tokio::time::Instant::now();
+    manager.set_sessions(vec![session.clone()]);
+    let observed = eventually(
+        Duration::from_secs(30),
+        "the session reported running",
+        || {
+            manager.reports_after(0).into_iter().find_map(|containers| {
+                containers.into_iter().find(|c| {
+                    c.session_id == session.session_id && c.state == ContainerState::Running
+                })
+            })
+        },
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "reported well before the 300 s sync interval"
+    );
+    assert_eq!(
+        inspect("container", &session.session_id.container_name())["Id"],
+        observed.container_id.as_str()
+    );
+    assert_eq!(
+        manager.syncs(),
+        syncs + 1,
+        "one sync reported the started container, right after it started"
+    );
+    shutdown.cancel();
+    task.await
+        .expect("agent task")
+        .expect("agent stopped cleanly");
 }
