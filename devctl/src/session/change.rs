@@ -1,6 +1,7 @@
 //! The commands that change a session: `rm` (`DELETE /v1/sessions/{name}`), `hold`,
 //! `release` and `keep` (`POST /v1/sessions/{name}/hold|release|keep`), each with
-//! `[?owner=DN]` for admins.
+//! `[?owner=DN]` for admins. `release --wait` waits like `session new --wait`, on the manager's
+//! side.
 
 use chrono::{DateTime, Utc};
 use clap::Args;
@@ -8,6 +9,8 @@ use ongrid_core::api::SessionView;
 use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::{Dn, HumanDuration, SessionName, SessionState};
 
+use super::new::{wait_until_running, WAIT_FOR};
+use super::view;
 use crate::client::Client;
 use crate::format::deadline;
 use crate::terminal::{JsonArgs, Terminal};
@@ -44,6 +47,12 @@ pub struct ReleaseArgs {
     /// Another user's session, by DN (admins only)
     #[arg(long, value_name = "DN")]
     pub owner: Option<Dn>,
+    /// Wait until the session runs again (WAITING for your connection), then print it
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, like 5m, 90s or "2 hours"
+    #[arg(long, default_value = "5m", requires = "wait", value_name = "DURATION")]
+    pub timeout: HumanDuration,
     #[command(flatten)]
     pub output: JsonArgs,
 }
@@ -100,12 +109,23 @@ pub async fn release(
     client: &Client,
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
-    let session: SessionView = client
+    let mut session: SessionView = client
         .post(&format!("v1/sessions/{}/release", args.name))
         .owner(args.owner.as_ref())
         .send()
         .await?;
-    term.show(args.output.json, &session, render_released)
+    if !args.wait {
+        return term.show(args.output.json, &session, render_released);
+    }
+    if session.state == SessionState::Pending {
+        term.note(render_released(&session).trim_end());
+    }
+    let owner = args.owner.as_ref();
+    session = wait_until_running(session, args.timeout, |wait| {
+        view::wait_for(client, &args.name, owner, &WAIT_FOR, wait)
+    })
+    .await?;
+    term.show(args.output.json, &session, view::render)
 }
 
 /// `devctl session keep`

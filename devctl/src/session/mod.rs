@@ -1,6 +1,6 @@
 //! `devctl session ...`: ask for a development session, follow it, change it, remove it.
 //!
-//! - [`new`]: `session new`, with `--wait` polling until the session runs.
+//! - [`new`]: `session new`, with `--wait` waiting (on the manager's side) until the session runs.
 //! - [`list`]: `session ls`.
 //! - [`view`]: `session show`, and how a session is described everywhere (state, request).
 //! - [`change`]: `session rm|hold|release|keep`.

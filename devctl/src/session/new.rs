@@ -1,5 +1,7 @@
-//! `devctl session new` (`POST /v1/sessions`): ask for a session; with `--wait`, poll it
-//! (`GET /v1/sessions/{name}`) once a second until it runs, fails, or the timeout passes.
+//! `devctl session new` (`POST /v1/sessions`): ask for a session; with `--wait`, wait until it
+//! runs, fails, or the timeout passes. The manager does the waiting: `GET
+//! /v1/sessions/{name}?wait_for=...&timeout=...` answers as soon as the session reaches one of
+//! the states, so devctl sees the change at once and never polls.
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,8 +16,18 @@ use super::view::{self, describe_state};
 use crate::client::{Client, ClientError};
 use crate::terminal::{JsonArgs, Terminal};
 
-/// How often `session new --wait` asks the manager about the session.
-pub const WAIT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The states `--wait` stops at: running, or one the session does not leave without a person.
+pub const WAIT_FOR: [SessionState; 6] = [
+    SessionState::Waiting,
+    SessionState::Connected,
+    SessionState::Idle,
+    SessionState::Failed,
+    SessionState::Held,
+    SessionState::Ended,
+];
+
+/// The longest one wait asks the manager for: well within devctl's request timeout.
+pub const WAIT_STEP: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Clone, Args)]
 pub struct NewArgs {
@@ -111,8 +123,8 @@ pub async fn run(args: NewArgs, client: &Client, term: &mut Terminal<'_>) -> any
     }
     if args.wait {
         let name = session.name.clone();
-        session = wait_until_running(session, args.timeout, WAIT_POLL_INTERVAL, || {
-            view::fetch(client, &name, None)
+        session = wait_until_running(session, args.timeout, |wait| {
+            view::wait_for(client, &name, None, &WAIT_FOR, wait)
         })
         .await?;
     }
@@ -154,16 +166,17 @@ pub enum WaitError {
     Client(#[from] ClientError),
 }
 
-/// Polls the session every `poll` until it runs (WAITING, CONNECTED or IDLE), fails, or
-/// `timeout` passes. Uses tokio's clock, so tests run it with paused time.
+/// Waits until the session runs (WAITING, CONNECTED or IDLE), fails, or `timeout` passes.
+/// `wait(d)` asks the manager for the session once it reaches one of [`WAIT_FOR`], or after `d`
+/// (at most [`WAIT_STEP`]); it is asked again until the deadline. Uses tokio's clock, so tests
+/// run it with paused time.
 pub async fn wait_until_running<F, Fut>(
     first: SessionView,
     timeout: HumanDuration,
-    poll: Duration,
-    mut fetch: F,
+    mut wait: F,
 ) -> Result<SessionView, WaitError>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(Duration) -> Fut,
     Fut: Future<Output = Result<SessionView, ClientError>>,
 {
     let deadline = tokio::time::Instant::now() + timeout.as_duration();
@@ -188,8 +201,7 @@ where
                 waited: timeout,
             });
         }
-        tokio::time::sleep(poll.min(deadline - now)).await;
-        session = fetch().await?;
+        session = wait(WAIT_STEP.min(deadline - now)).await?;
     }
 }
 
@@ -223,20 +235,31 @@ mod tests {
     }
 
     type Left = Arc<Mutex<VecDeque<SessionView>>>;
-    type Answer = std::future::Ready<Result<SessionView, ClientError>>;
+    type Asked = Arc<Mutex<Vec<Duration>>>;
+    type Answer = std::pin::Pin<Box<dyn Future<Output = Result<SessionView, ClientError>>>>;
 
-    /// Answers polls from a script; `Left` holds the answers not asked for yet.
-    fn script(answers: Vec<SessionView>) -> (Left, impl FnMut() -> Answer) {
+    /// A manager answering waits from a script: an answer in one of [`WAIT_FOR`] comes at once,
+    /// any other after the wait asked for, as the manager's long-poll does. `Left` holds the
+    /// answers not asked for yet, `Asked` the waits asked for.
+    fn script(answers: Vec<SessionView>) -> (Left, Asked, impl FnMut(Duration) -> Answer) {
         let queue = Arc::new(Mutex::new(VecDeque::from(answers)));
-        let shared = queue.clone();
-        let fetch = move || {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let (shared, asks) = (queue.clone(), asked.clone());
+        let wait = move |wait: Duration| -> Answer {
+            asks.lock().unwrap().push(wait);
             let next = shared.lock().unwrap().pop_front();
-            std::future::ready(next.ok_or_else(|| ClientError::Other {
-                url: "test".into(),
-                cause: "asked more often than scripted".into(),
-            }))
+            Box::pin(async move {
+                let next = next.ok_or_else(|| ClientError::Other {
+                    url: "test".into(),
+                    cause: "asked more often than scripted".into(),
+                })?;
+                if !WAIT_FOR.contains(&next.state) {
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(next)
+            })
         };
-        (queue, fetch)
+        (queue, asked, wait)
     }
 
     #[test]
@@ -260,41 +283,36 @@ mod tests {
     const FIVE_MINUTES: HumanDuration = HumanDuration::from_secs(300);
 
     #[tokio::test(start_paused = true)]
-    async fn returns_once_the_session_runs() {
-        let (left, fetch) = script(vec![
-            view(SessionState::Pending, "created", Some(1)),
-            view(SessionState::Starting, "placed on node1", None),
-            view(SessionState::Waiting, "container running", None),
-        ]);
+    async fn returns_as_soon_as_the_manager_says_the_session_runs() {
+        let (left, asked, wait) =
+            script(vec![view(SessionState::Waiting, "container running", None)]);
         let start = tokio::time::Instant::now();
-        let first = view(SessionState::Pending, "created", Some(2));
-        let done = wait_until_running(first, FIVE_MINUTES, WAIT_POLL_INTERVAL, fetch)
-            .await
-            .unwrap();
+        let first = view(SessionState::Starting, "placed on node1", None);
+        let done = wait_until_running(first, FIVE_MINUTES, wait).await.unwrap();
         assert_eq!(done.state, SessionState::Waiting);
         assert!(left.lock().unwrap().is_empty());
-        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        assert_eq!(start.elapsed(), Duration::ZERO, "no time spent polling");
+        assert_eq!(*asked.lock().unwrap(), [WAIT_STEP]);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_running_session_needs_no_poll() {
-        let (_, fetch) = script(vec![]);
+    async fn a_running_session_needs_no_wait() {
+        let (_, asked, wait) = script(vec![]);
         let first = view(SessionState::Connected, "ssh", None);
-        let done = wait_until_running(first, FIVE_MINUTES, WAIT_POLL_INTERVAL, fetch)
-            .await
-            .unwrap();
+        let done = wait_until_running(first, FIVE_MINUTES, wait).await.unwrap();
         assert_eq!(done.state, SessionState::Connected);
+        assert!(asked.lock().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failure_reports_the_state_reason() {
-        let (_, fetch) = script(vec![view(
+        let (_, _, wait) = script(vec![view(
             SessionState::Failed,
             "image foo:1 not found on node1: push it or pick another --image",
             None,
         )]);
         let first = view(SessionState::Starting, "placed on node1", None);
-        let err = wait_until_running(first, FIVE_MINUTES, WAIT_POLL_INTERVAL, fetch)
+        let err = wait_until_running(first, FIVE_MINUTES, wait)
             .await
             .unwrap_err();
         assert_eq!(
@@ -305,17 +323,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn gives_up_at_the_timeout_with_the_queue_position() {
-        let answers = (0..400)
+        let answers = (0..20)
             .map(|_| view(SessionState::Pending, "created", Some(2)))
             .collect();
-        let (left, fetch) = script(answers);
+        let (left, asked, wait) = script(answers);
         let start = tokio::time::Instant::now();
         let first = view(SessionState::Pending, "created", Some(3));
-        let err = wait_until_running(first, FIVE_MINUTES, WAIT_POLL_INTERVAL, fetch)
+        let err = wait_until_running(first, FIVE_MINUTES, wait)
             .await
             .unwrap_err();
         assert_eq!(start.elapsed(), Duration::from_secs(300));
-        assert_eq!(left.lock().unwrap().len(), 100, "one poll per second");
+        assert_eq!(left.lock().unwrap().len(), 5, "one wait per 20 s");
+        assert!(asked.lock().unwrap().iter().all(|d| *d == WAIT_STEP));
         assert_eq!(
             err.to_string(),
             "session train1 is still PENDING (#2 in queue) after 5 minutes: it stays queued and \
@@ -325,10 +344,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn errors_while_polling_are_passed_on() {
-        let (_, fetch) = script(vec![]);
+    async fn the_last_wait_ends_at_the_deadline() {
+        let answers = (0..2)
+            .map(|_| view(SessionState::Starting, "placed on node1", None))
+            .collect();
+        let (_, asked, wait) = script(answers);
         let first = view(SessionState::Pending, "created", Some(1));
-        let err = wait_until_running(first, FIVE_MINUTES, WAIT_POLL_INTERVAL, fetch)
+        let err = wait_until_running(first, HumanDuration::from_secs(30), wait)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, WaitError::TimedOut { .. }), "{err}");
+        assert_eq!(*asked.lock().unwrap(), [WAIT_STEP, Duration::from_secs(10)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_while_waiting_are_passed_on() {
+        let (_, _, wait) = script(vec![]);
+        let first = view(SessionState::Pending, "created", Some(1));
+        let err = wait_until_running(first, FIVE_MINUTES, wait)
             .await
             .unwrap_err();
         assert!(matches!(err, WaitError::Client(_)), "{err}");

@@ -44,6 +44,28 @@ pub async fn fetch(
         .await
 }
 
+/// `GET /v1/sessions/{name}?wait_for=STATES&timeout=SECONDS[&owner=DN]`: the session once it
+/// is in one of `states`, or as it is after `wait` (rounded up to a whole second).
+pub async fn wait_for(
+    client: &Client,
+    name: &SessionName,
+    owner: Option<&Dn>,
+    states: &[SessionState],
+    wait: std::time::Duration,
+) -> Result<SessionView, ClientError> {
+    let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    client
+        .get(&format!("v1/sessions/{name}"))
+        .owner(owner)
+        .query(&[
+            ("wait_for", states.join(",")),
+            ("timeout", seconds.max(1).to_string()),
+        ])
+        .send()
+        .await
+}
+
 /// A request in words: `2 GPUs, capability ≥ 8.0, memory ≥ 40 GB, whole GPUs only`.
 pub fn describe_request(request: &GpuRequest) -> String {
     let mut out = match request.count {
