@@ -8,18 +8,27 @@
 //!    untagged image whose entrypoint, command and working directory are the base image's (the
 //!    dev container's keep-alive command and home directory are not wanted) and whose inherited
 //!    `ongrid.*` labels are blanked, so that containers of the image are never mistaken for
-//!    ongrid's own. Its id is written to the work directory.
+//!    ongrid's own. Its id is written to the work directory. The commit is the consistent
+//!    snapshot the export reads (exporting the running session would read files while they
+//!    change); it is not the frozen image.
 //! 3. A container of that image is created (never started, not labelled `ongrid.managed`), its
-//!    `docker export` stream is bridged with `SyncIoBridge` into [`ongrid_images::freeze`] in a
-//!    blocking task, and the container is removed whatever happened.
+//!    `docker export` stream is bridged with `SyncIoBridge` into
+//!    [`ongrid_images::freeze_with_copy`] in a blocking task, and the container is removed
+//!    whatever happened. The filtered copy (what the SIF holds, minus `/.singularity.d`) goes
+//!    through a bounded channel into `docker import` at the same time, as
+//!    [`import_reference`], with the commit's configuration and labels and the SIF's environment.
+//!    So the Docker image holds what the SIF holds: nothing of the strip list (`/tmp`, `/var/tmp`
+//!    and the grid proxies there, host keys, histories).
 //! 4. The SIF is moved from the work directory to `<store>/sha256/<hex>.sif` (an existing file of
-//!    the same digest is kept: same content), the image is tagged
-//!    `ongrid/<login>/<name>:<version>` (the matching Docker image; `--force` moves the tag, the
-//!    old image keeps its id), and the result is written to `result.json` in the work directory,
-//!    which is removed once the manager has recorded it (the order is gone).
+//!    the same digest is kept: same content), the imported image is tagged
+//!    `ongrid/<login>/<name>:<version>` (`--force` moves the tag, the old image keeps its id) and
+//!    loses its working name, the commit is removed, and the result is written to `result.json`
+//!    in the work directory, which is removed once the manager has recorded it (the order is
+//!    gone).
 //!
-//! Failure removes the committed image and the work directory and reports one line a user can
-//! act on. The session's container is only ever read: the commit is the one call that touches it.
+//! Failure removes the images of the freeze (the commit and the import both carry
+//! [`LABEL_FROZEN_IMAGE`]) and the work directory, and reports one line a user can act on. The
+//! session's container is only ever read: the commit is the one call that touches it.
 //!
 //! The worker is level-triggered like the reconciler: [`Freezer::apply`] takes the whole list of
 //! orders each sync. An order it does not know whose work directory exists was started by an
@@ -34,7 +43,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::Utc;
-use futures::TryStreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use ongrid_core::api::DesiredSession;
 use ongrid_core::image::{FreezeOrder, FreezeProgress, ImageReference};
 use ongrid_core::{NodeName, SessionId};
@@ -44,16 +54,18 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::runtime::{error_chain, CommitSpec, ContainerRuntime, RuntimeError, LABEL_NODE};
+use crate::runtime::{
+    error_chain, CommitSpec, ContainerRuntime, ImageDetails, ImportConfig, RuntimeError, LABEL_NODE,
+};
 
 /// Label of the throwaway container a freeze exports from: the image id it freezes.
 pub const LABEL_FREEZE_EXPORT: &str = "ongrid.freeze.export";
 /// Label of a frozen Docker image: the id of the image record (`ImageView::id`).
 pub const LABEL_FROZEN_IMAGE: &str = "ongrid.frozen.image";
 
-/// When an interrupted freeze's labelled commit is looked for after an agent restart: at once,
-/// then after 2 s and 5 s more, for a commit Docker was still finishing.
-const INTERRUPTED_COMMIT_CHECKS: [std::time::Duration; 3] = [
+/// When an interrupted freeze's labelled images (commit, import) are looked for after an agent
+/// restart: at once, then after 2 s and 5 s more, for one Docker was still finishing.
+const INTERRUPTED_IMAGE_CHECKS: [std::time::Duration; 3] = [
     std::time::Duration::ZERO,
     std::time::Duration::from_secs(2),
     std::time::Duration::from_secs(5),
@@ -255,7 +267,7 @@ impl Freezer {
             let image_id = read_image_id(&dir);
             let export_name = export_container_name(order.image_id);
             remove_dir(&dir);
-            let frozen_image = order.image_id.to_string();
+            let frozen_image = order.image_id;
             self.tasks.spawn(async move {
                 let _ = runtime.remove(&export_name).await;
                 if let Some(image_id) = image_id {
@@ -263,27 +275,13 @@ impl Freezer {
                         warn!(error = %error_chain(&e), "Could not remove the image of an interrupted freeze.");
                     }
                 }
-                // Docker finishes a commit that was under way when the agent died, maybe only
-                // after this restart: the commit's label finds it whether or not its id was
-                // written down. Looked for now and twice more (bounded, so shutdown never waits
+                // Docker finishes a commit (or an import) that was under way when the agent
+                // died, maybe only after this restart: the freeze's label finds it whether or
+                // not its id was written down. Looked for now and twice more (bounded, so shutdown never waits
                 // long).
-                for wait in INTERRUPTED_COMMIT_CHECKS {
+                for wait in INTERRUPTED_IMAGE_CHECKS {
                     tokio::time::sleep(wait).await;
-                    let labelled = match runtime
-                        .images_labelled(LABEL_FROZEN_IMAGE, &frozen_image)
-                        .await
-                    {
-                        Ok(labelled) => labelled,
-                        Err(e) => {
-                            warn!(error = %error_chain(&e), "Could not list the images of an interrupted freeze.");
-                            continue;
-                        }
-                    };
-                    for image_id in labelled {
-                        if let Err(e) = runtime.remove_image_id(&image_id).await {
-                            warn!(error = %error_chain(&e), "Could not remove the image of an interrupted freeze.");
-                        }
-                    }
+                    remove_images_of(runtime.as_ref(), frozen_image).await;
                 }
             });
             return failed(AGENT_RESTARTED);
@@ -498,11 +496,14 @@ impl FreezeRun {
         let mut committed = None;
         let result = self.freeze(&store, &dir, &mut committed).await;
         if result.is_err() {
+            let runtime = self.freezer.runtime.as_ref();
             if let Some(image) = &committed {
-                if let Err(e) = self.freezer.runtime.remove_image_id(image).await {
+                if let Err(e) = runtime.remove_image_id(image).await {
                     warn!(%image_id, error = %error_chain(&e), "Could not remove the image of a failed freeze.");
                 }
             }
+            // The import (and the commit, had its id not been kept) carry the freeze's label.
+            remove_images_of(runtime, image_id).await;
             remove_dir(&dir);
             // Stopped with the agent: an empty work directory tells the next agent to report
             // the freeze failed rather than start it again.
@@ -561,7 +562,6 @@ impl FreezeRun {
         let reference = ImageReference::parse(&order.reference)
             .map_err(|_| FreezeFailure::BadReference(order.reference.clone()))?;
         std::fs::create_dir_all(dir).map_err(|e| store_failure(store, dir, e))?;
-        let docker = |step: &'static str| move |source| FreezeFailure::Docker { step, source };
 
         let container = runtime
             .session_container(order.session_id)
@@ -571,30 +571,8 @@ impl FreezeRun {
                 node: self.freezer.node.clone(),
             })?;
         self.check_cancel()?;
-        let base = runtime
-            .image_details(&order.base_image)
-            .await
-            .map_err(docker("reading the base image"))?;
-        let inherited = base.as_ref().map(|b| b.labels.clone()).unwrap_or_default();
-        let mut spec = commit_spec(
-            base.as_ref(),
-            &managed_labels(&inherited),
-            format!(
-                "ongrid freeze of session {} as {}",
-                order.session_name, order.reference
-            ),
-        );
-        spec.labels
-            .insert(LABEL_FROZEN_IMAGE.to_owned(), order.image_id.to_string());
-        let image_id = runtime
-            .freeze_commit(&container.id, &spec)
-            .await
-            .map_err(docker("committing the session's container"))?;
-        *committed = Some(image_id.clone());
-        std::fs::write(dir.join("image-id"), &image_id)
-            .map_err(|e| store_failure(store, dir, e))?;
+        let image_id = self.commit(&container.id, store, dir, committed).await?;
         self.check_cancel()?;
-
         let details = runtime
             .image_details(&image_id)
             .await
@@ -611,20 +589,6 @@ impl FreezeRun {
             bytes_done: 0,
             bytes_total: details.size,
         };
-        let config = ImageConfig {
-            env: image_env(&details.env),
-            working_dir: details.working_dir.clone(),
-            entrypoint: details.entrypoint.clone(),
-            cmd: details.cmd.clone(),
-            user: details.user.clone(),
-        };
-        let provenance = Provenance {
-            owner: order.owner.to_string(),
-            session: order.session_name.to_string(),
-            base_image: order.base_image.clone(),
-            reference: order.reference.clone(),
-            created_at: Utc::now(),
-        };
 
         let export_name = export_container_name(order.image_id);
         let labels = BTreeMap::from([
@@ -636,7 +600,7 @@ impl FreezeRun {
             .await
             .map_err(docker("creating the container to export"))?;
         let frozen = self
-            .export_and_freeze(&export_id, dir, config, provenance, details.size, store)
+            .export_freeze_and_import(&export_id, &details, dir, store)
             .await;
         if let Err(e) = runtime.remove(&export_id).await {
             warn!(container = %export_name, error = %error_chain(&e), "Could not remove the export container.");
@@ -649,10 +613,12 @@ impl FreezeRun {
         let target = ongrid_images::sif_path(store, &hex);
         publish(&frozen.sif_path, &target).map_err(|e| store_failure(store, &target, e))?;
         let repository = format!("ongrid/{}/{}", container.login, reference.name());
-        runtime
-            .tag_image(&image_id, &repository, reference.version())
-            .await
-            .map_err(docker("tagging the Docker image"))?;
+        self.publish_docker_image(&repository, reference.version())
+            .await?;
+        // The commit was only the snapshot to export from.
+        if let Err(e) = runtime.remove_image_id(&image_id).await {
+            warn!(image_id = %order.image_id, error = %error_chain(&e), "Could not remove the commit of a freeze.");
+        }
         let outcome = Outcome {
             digest: frozen.digest,
             size: frozen.size,
@@ -664,29 +630,129 @@ impl FreezeRun {
         Ok(outcome)
     }
 
-    async fn export_and_freeze(
+    /// Commits the session's container (Docker pauses it for the commit only) into an untagged
+    /// image labelled with this freeze, and writes its id to the work directory. The commit is
+    /// the snapshot the export reads: exporting the session's own container would read files
+    /// while they change, and pausing the session for a whole export could take minutes.
+    async fn commit(
+        &self,
+        container_id: &str,
+        store: &Path,
+        dir: &Path,
+        committed: &mut Option<String>,
+    ) -> Result<String, FreezeFailure> {
+        let runtime = &self.freezer.runtime;
+        let order = &self.order;
+        let base = runtime
+            .image_details(&order.base_image)
+            .await
+            .map_err(docker("reading the base image"))?;
+        let inherited = base.as_ref().map(|b| b.labels.clone()).unwrap_or_default();
+        let mut spec = commit_spec(
+            base.as_ref(),
+            &managed_labels(&inherited),
+            format!(
+                "ongrid freeze of session {} as {}",
+                order.session_name, order.reference
+            ),
+        );
+        spec.labels
+            .insert(LABEL_FROZEN_IMAGE.to_owned(), order.image_id.to_string());
+        let image_id = runtime
+            .freeze_commit(container_id, &spec)
+            .await
+            .map_err(docker("committing the session's container"))?;
+        *committed = Some(image_id.clone());
+        std::fs::write(dir.join("image-id"), &image_id)
+            .map_err(|e| store_failure(store, dir, e))?;
+        Ok(image_id)
+    }
+
+    /// Streams the export container's filesystem through [`ongrid_images::freeze_with_copy`]
+    /// (in a blocking task) into the SIF, and its filtered copy into `docker import` as
+    /// [`import_reference`], both at once. The copy goes through a bounded channel, so the
+    /// freeze waits while Docker is behind and never holds more than a few MiB of it.
+    async fn export_freeze_and_import(
         &self,
         export_id: &str,
+        committed: &ImageDetails,
         dir: &Path,
+        store: &Path,
+    ) -> Result<ongrid_images::Frozen, FreezeFailure> {
+        let order = &self.order;
+        let config = ImageConfig {
+            env: image_env(&committed.env),
+            working_dir: committed.working_dir.clone(),
+            entrypoint: committed.entrypoint.clone(),
+            cmd: committed.cmd.clone(),
+            user: committed.user.clone(),
+        };
+        // The commit's configuration and labels (the base image's, ongrid's blanked, this
+        // freeze's), with the environment the SIF records.
+        let import = ImportConfig {
+            labels: committed.labels.clone(),
+            ..ImportConfig::from(config.clone())
+        };
+        let provenance = Provenance {
+            owner: order.owner.to_string(),
+            session: order.session_name.to_string(),
+            base_image: order.base_image.clone(),
+            reference: order.reference.clone(),
+            created_at: Utc::now(),
+        };
+        let (copy, tar) = copy_channel();
+        let import_reference = import_reference(order.image_id);
+        let imported = self
+            .freezer
+            .runtime
+            .import_image(&import_reference, &import, tar);
+        let frozen = self.freeze_blocking(export_id, copy, config, provenance, committed.size, dir);
+        let (frozen, imported) = tokio::join!(frozen, imported);
+        let frozen = frozen.map_err(|e| {
+            FreezeFailure::Image(format!(
+                "the freeze task failed: {e}: report this to the admin"
+            ))
+        })?;
+        match (frozen, imported) {
+            (Ok(frozen), Ok(())) => Ok(frozen),
+            // The import stopped first: its error says why the copy could not be written.
+            (Ok(_) | Err(FreezeError::Copy { .. }), Err(source)) => Err(FreezeFailure::Docker {
+                step: "importing the frozen filesystem as a Docker image",
+                source,
+            }),
+            (Err(FreezeError::StoreFull { .. }), _) => Err(FreezeFailure::StoreFull {
+                store: store.to_owned(),
+            }),
+            (Err(FreezeError::Cancelled), _) => Err(FreezeFailure::Cancelled),
+            (Err(e), _) => Err(FreezeFailure::Image(error_chain(&e))),
+        }
+    }
+
+    /// Runs [`ongrid_images::freeze_with_copy`] on the export of `export_id` in a blocking task,
+    /// reporting progress; on failure the copy ends with an error, so that Docker never takes a
+    /// cut-short stream for a whole filesystem.
+    fn freeze_blocking(
+        &self,
+        export_id: &str,
+        copy: CopySender,
         config: ImageConfig,
         provenance: Provenance,
         estimated_size: u64,
-        store: &Path,
-    ) -> Result<ongrid_images::Frozen, FreezeFailure> {
+        dir: &Path,
+    ) -> tokio::task::JoinHandle<Result<ongrid_images::Frozen, FreezeError>> {
         let stream = self
             .freezer
             .runtime
             .export_container(export_id)
             .map_ok(io::Cursor::new)
             .map_err(|e| io::Error::other(error_chain(&e)));
-        let reader = SyncIoBridge::new(StreamReader::new(stream));
+        let mut reader = SyncIoBridge::new(StreamReader::new(stream));
         let dir = dir.to_owned();
         let progress = self.progress.clone();
         let cancel = self.cancel.clone();
         let compression = self.order.compression;
         let image_id = self.order.image_id;
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut reader = reader;
+        tokio::task::spawn_blocking(move || {
             let mut report = |bytes_done: u64| {
                 let mut progress = lock(&progress);
                 if let FreezeProgress::Running {
@@ -702,28 +768,115 @@ impl FreezeRun {
                     };
                 }
             };
-            ongrid_images::freeze(FreezeRequest {
-                export: &mut reader,
-                config,
-                provenance,
-                compression,
-                store: &dir,
-                estimated_size,
-                progress: &mut report,
-                cancel: &cancel,
-            })
+            let mut copy = io::BufWriter::with_capacity(COPY_CHUNK, copy);
+            let frozen = ongrid_images::freeze_with_copy(
+                FreezeRequest {
+                    export: &mut reader,
+                    config,
+                    provenance,
+                    compression,
+                    store: &dir,
+                    estimated_size,
+                    progress: &mut report,
+                    cancel: &cancel,
+                },
+                Some(&mut copy),
+            );
+            if let (Err(e), Ok(copy)) = (&frozen, copy.into_inner()) {
+                copy.abort(&error_chain(e));
+            }
+            frozen
         })
-        .await;
-        match joined {
-            Ok(Ok(frozen)) => Ok(frozen),
-            Ok(Err(FreezeError::StoreFull { .. })) => Err(FreezeFailure::StoreFull {
-                store: store.to_owned(),
-            }),
-            Ok(Err(FreezeError::Cancelled)) => Err(FreezeFailure::Cancelled),
-            Ok(Err(e)) => Err(FreezeFailure::Image(error_chain(&e))),
-            Err(e) => Err(FreezeFailure::Image(format!(
-                "the freeze task failed: {e}: report this to the admin"
-            ))),
+    }
+
+    /// Tags the imported image as `repository:tag` (moving the tag from an older image) and
+    /// drops its working name.
+    async fn publish_docker_image(&self, repository: &str, tag: &str) -> Result<(), FreezeFailure> {
+        let runtime = &self.freezer.runtime;
+        let imported = import_reference(self.order.image_id);
+        runtime
+            .tag_image(&imported, repository, tag)
+            .await
+            .map_err(docker("tagging the Docker image"))?;
+        runtime
+            .untag_image(&imported)
+            .await
+            .map_err(docker("removing the import's working name"))
+    }
+}
+
+/// How a Docker error of one freeze step reads.
+fn docker(step: &'static str) -> impl Fn(RuntimeError) -> FreezeFailure {
+    move |source| FreezeFailure::Docker { step, source }
+}
+
+/// Bytes of one chunk of the filtered copy on its way to `docker import`.
+const COPY_CHUNK: usize = 1024 * 1024;
+/// Chunks of the copy waiting for Docker at most: with [`COPY_CHUNK`], a few MiB whatever the
+/// image's size.
+const COPY_CHUNKS_IN_FLIGHT: usize = 4;
+
+/// `ongrid-freeze/<image id>:import`: the working name of a freeze's imported Docker image,
+/// until it gets its real tag.
+pub fn import_reference(image_id: uuid::Uuid) -> String {
+    format!("ongrid-freeze/{}:import", image_id.simple())
+}
+
+/// A bounded pipe from the blocking freeze to the async `docker import`: the writing end, which
+/// blocks while [`COPY_CHUNKS_IN_FLIGHT`] chunks wait, and the stream Docker reads.
+fn copy_channel() -> (CopySender, BoxStream<'static, io::Result<Vec<u8>>>) {
+    let (sender, receiver) = tokio::sync::mpsc::channel(COPY_CHUNKS_IN_FLIGHT);
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|chunk| (chunk, receiver))
+    });
+    (CopySender(sender), stream.boxed())
+}
+
+/// The writing end of [`copy_channel`]; used from a blocking task only.
+struct CopySender(tokio::sync::mpsc::Sender<io::Result<Vec<u8>>>);
+
+impl CopySender {
+    /// Ends the stream with an error instead of its end.
+    fn abort(self, why: &str) {
+        let _ = self.0.blocking_send(Err(io::Error::other(why.to_owned())));
+    }
+}
+
+impl io::Write for CopySender {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.0.blocking_send(Ok(buf.to_vec())).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the Docker image import stopped reading",
+            )
+        })?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Removes every image labelled with the freeze `image_id` (its commit and its import), with
+/// their tags; failures are logged.
+async fn remove_images_of(runtime: &dyn ContainerRuntime, image_id: uuid::Uuid) {
+    let labelled = match runtime
+        .images_labelled(LABEL_FROZEN_IMAGE, &image_id.to_string())
+        .await
+    {
+        Ok(labelled) => labelled,
+        Err(e) => {
+            warn!(%image_id, error = %error_chain(&e), "Could not list the images of a freeze.");
+            return;
+        }
+    };
+    for docker_image in labelled {
+        if let Err(e) = runtime.remove_image_id(&docker_image).await {
+            warn!(%image_id, error = %error_chain(&e), "Could not remove an image of a freeze.");
         }
     }
 }

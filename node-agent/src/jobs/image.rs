@@ -180,12 +180,7 @@ fn extract(sif: &Path, squashfs: &Path) -> Result<(ImportConfig, u64), String> {
                 .map_err(|e| broken(error_chain(&e)))?;
             let record: ProvenanceRecord = serde_json::from_slice(&json)
                 .map_err(|e| broken(format!("{PROVENANCE_OBJECT}: {e}")))?;
-            ImportConfig {
-                env: record.config.env,
-                working_dir: record.config.working_dir,
-                entrypoint: record.config.entrypoint,
-                cmd: record.config.cmd,
-            }
+            ImportConfig::from(record.config)
         }
         None => {
             warn!(sif = %sif.display(), "The SIF has no ongrid provenance; its image gets Docker's defaults.");

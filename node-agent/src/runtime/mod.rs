@@ -674,20 +674,45 @@ pub struct ImportConfig {
     pub working_dir: Option<String>,
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
+    /// Docker's `Config.User` (`name`, `uid` or `uid:gid`).
+    pub user: Option<String>,
+    /// `Config.Labels` (a frozen image carries [`crate::freeze::LABEL_FROZEN_IMAGE`]).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl From<ongrid_images::ImageConfig> for ImportConfig {
+    /// The configuration recorded in a frozen image's provenance, without labels.
+    fn from(config: ongrid_images::ImageConfig) -> Self {
+        Self {
+            env: config.env,
+            working_dir: config.working_dir,
+            entrypoint: config.entrypoint,
+            cmd: config.cmd,
+            user: config.user,
+            labels: BTreeMap::new(),
+        }
+    }
 }
 
 impl ImportConfig {
     /// The Dockerfile instructions of `docker import --change` that set this configuration.
     pub fn changes(&self) -> Vec<String> {
         let json = |list: &[String]| serde_json::to_string(list).unwrap_or_else(|_| "[]".into());
+        let quoted =
+            |text: &str| format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""));
         let mut changes = Vec::new();
         for pair in &self.env {
             if let Some((key, value)) = pair.split_once('=') {
                 if !key.is_empty() {
-                    let value = value.replace('\\', "\\\\").replace('"', "\\\"");
-                    changes.push(format!("ENV {key}=\"{value}\""));
+                    changes.push(format!("ENV {key}={}", quoted(value)));
                 }
             }
+        }
+        for (key, value) in &self.labels {
+            changes.push(format!("LABEL {}={}", quoted(key), quoted(value)));
+        }
+        if let Some(user) = self.user.as_deref().filter(|u| !u.is_empty()) {
+            changes.push(format!("USER {user}"));
         }
         if let Some(dir) = self.working_dir.as_deref().filter(|d| !d.is_empty()) {
             changes.push(format!("WORKDIR {dir}"));
@@ -706,6 +731,37 @@ impl ImportConfig {
 mod tests {
     use super::*;
     use crate::runtime::fake::desired_session;
+
+    #[test]
+    fn import_changes_quote_env_and_labels_and_set_the_user() {
+        let config = ImportConfig {
+            env: vec![
+                "PATH=/usr/bin".into(),
+                "Q=say \"hi\" \\o/".into(),
+                "=x".into(),
+            ],
+            working_dir: Some("/work".into()),
+            entrypoint: Vec::new(),
+            cmd: vec!["/bin/bash".into()],
+            user: Some("1000:1000".into()),
+            labels: BTreeMap::from([
+                ("ongrid.frozen.image".to_owned(), "42".to_owned()),
+                ("ongrid.managed".to_owned(), String::new()),
+            ]),
+        };
+        assert_eq!(
+            config.changes(),
+            [
+                r#"ENV PATH="/usr/bin""#,
+                r#"ENV Q="say \"hi\" \\o/""#,
+                r#"LABEL "ongrid.frozen.image"="42""#,
+                r#"LABEL "ongrid.managed"="""#,
+                "USER 1000:1000",
+                "WORKDIR /work",
+                r#"CMD ["/bin/bash"]"#,
+            ]
+        );
+    }
 
     #[test]
     fn limits_leave_room_for_the_node() {

@@ -519,6 +519,93 @@ async fn a_session_freezes_into_a_sif_and_a_docker_image_equal_to_its_filesystem
     docker(&["image", "rm", "-f", &docker_image]);
 }
 
+/// Grid proxies (`x509up_u<uid>`) and other scratch files in `/tmp` and `/var/tmp` are in
+/// neither the SIF nor the matching Docker image: both are built from the same filtered stream.
+/// A file elsewhere is in both. (The home directory is a volume: in neither, see the README.)
+/// The Docker image keeps the committed configuration (user, command, labels) and is the only
+/// image left labelled with the freeze: the commit it was exported from is gone.
+#[tokio::test]
+async fn grid_proxies_in_tmp_are_in_neither_the_sif_nor_the_docker_image() {
+    let node = TestNode::new().await;
+    let session = running_session(&node).await;
+    let uid = session.user.uid.to_string();
+    exec_as(
+        &session,
+        &uid,
+        &format!(
+            "set -e; umask 077; printf 'proxy\\n' > /tmp/x509up_u{uid}; \
+             printf 'proxy\\n' > /var/tmp/x509up_u{uid}; mkdir -p /tmp/krb5; \
+             printf 'ticket\\n' > /tmp/krb5/cc"
+        ),
+    );
+    exec_as(
+        &session,
+        "0",
+        "set -e; mkdir -p /opt/kept; printf 'kept\\n' > /opt/kept/file; \
+         printf 'root scratch\\n' > /var/tmp/root-scratch",
+    );
+    let store = tempfile::tempdir().expect("temp dir");
+    let freezer = freezer(&node, store.path());
+    let order = order(&session, "proxies:v1");
+    freezer.apply(std::slice::from_ref(&order), std::slice::from_ref(&session));
+    let (result, _, _) = finished(&freezer, order.image_id).await;
+    let FreezeProgress::Done {
+        sif_path,
+        docker_image,
+        ..
+    } = result
+    else {
+        panic!("the freeze failed: {result:?}");
+    };
+
+    let in_image = |args: &[&str]| {
+        let mut all = vec!["run", "--rm", docker_image.as_str()];
+        all.extend_from_slice(args);
+        docker(&all)
+    };
+    assert_eq!(
+        in_image(&["find", "/tmp", "/var/tmp", "-mindepth", "1"]),
+        "",
+        "/tmp and /var/tmp of the Docker image must be empty"
+    );
+    assert_eq!(in_image(&["cat", "/opt/kept/file"]), "kept");
+
+    let frozen = squashfs_listing(&sif_path, partition_offset(&sif_path));
+    let scratch: Vec<&String> = frozen
+        .keys()
+        .filter(|path| path.starts_with("tmp/") || path.starts_with("var/tmp/"))
+        .collect();
+    assert!(scratch.is_empty(), "in the SIF: {scratch:?}");
+    for kept in ["tmp", "var/tmp", "opt/kept/file"] {
+        assert!(frozen.contains_key(kept), "{kept} must be in the SIF");
+    }
+
+    let image = crate::inspect("image", &docker_image);
+    let session_config = crate::inspect("container", &container(&session));
+    assert_eq!(image["Config"]["User"], session_config["Config"]["User"]);
+    assert_eq!(image["Config"]["Cmd"], serde_json::json!(["/bin/bash"]));
+    assert_eq!(image["Config"]["Labels"]["ongrid.managed"], "");
+    let labelled = docker(&[
+        "image",
+        "ls",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label={LABEL_FROZEN_IMAGE}={}", order.image_id),
+    ]);
+    assert_eq!(labelled, image["Id"].as_str().expect("an image id"));
+    assert!(
+        !crate::exists(
+            "image",
+            &ongrid_agent::freeze::import_reference(order.image_id)
+        ),
+        "the import's working name is removed"
+    );
+
+    freezer.apply(&[], std::slice::from_ref(&session));
+    docker(&["image", "rm", "-f", &docker_image]);
+}
+
 /// A tmpfs of `size` mounted on a new temporary directory, unmounted on drop.
 struct SmallFs {
     dir: tempfile::TempDir,
