@@ -5,5 +5,6 @@ mod freeze;
 mod identity;
 mod jobs;
 mod lifecycle;
+mod nodes;
 mod sessions;
 mod ssh;

@@ -1,0 +1,141 @@
+//! Node and GPU operations end to end: drains with running work left alone, a node whose agent
+//! stops syncing (its session FAILED with the reason; its container stopped, never doubled, when
+//! the agent is back), and `devctl admin node ls` as an admin sees it.
+
+use std::time::Duration;
+
+use ongrid_e2e::{inspect_container, SimGpu, Site};
+use serde_json::Value;
+
+fn running(container: &str) -> bool {
+    inspect_container(container).is_some_and(|c| c["State"]["Running"] == true)
+}
+
+#[test]
+fn drained_gpus_and_nodes_get_nothing_new_and_running_sessions_keep_running() {
+    let mut site = Site::start(&[SimGpu::a100(1), SimGpu::a100(2)]);
+    let alice = site.user("Alice");
+    let admin = site.admin.clone();
+    let node = site.node.clone();
+    let gpu1 = SimGpu::a100(1).uuid;
+    let gpu2 = SimGpu::a100(2).uuid;
+
+    site.devctl_ok(&alice, &["session", "new", "--name", "first", "--wait"]);
+    let first = site.wait_for_state(&alice, "first", "WAITING");
+    assert_eq!(first["gpus"][0], gpu1.as_str());
+    let first_container = first["container"].as_str().expect("container").to_owned();
+
+    // Drain the GPU in use: the session on it keeps running; the next one gets the other GPU.
+    let out = site.devctl_ok(
+        &admin,
+        &["admin", "gpu", "drain", &gpu1, "--reason", "fan noise"],
+    );
+    assert!(
+        out.contains(&format!("GPU {gpu1} on {node} drained ")) && out.contains("fan noise"),
+        "{out}"
+    );
+    site.devctl_ok(&alice, &["session", "new", "--name", "second", "--wait"]);
+    let second = site.wait_for_state(&alice, "second", "WAITING");
+    assert_eq!(second["gpus"][0], gpu2.as_str());
+    assert!(
+        running(&first_container),
+        "the drained GPU's session keeps running"
+    );
+
+    // Drain the node: a third session waits in the queue; the two keep running.
+    let out = site.devctl_ok(
+        &admin,
+        &["admin", "node", "drain", &node, "--reason", "kernel update"],
+    );
+    assert!(
+        out.contains("kernel update; 2 sessions keep running there"),
+        "{out}"
+    );
+    let out = site.devctl(&alice, &["session", "new", "--name", "third"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let third: Value = site
+        .devctl_json(&alice, &["session", "show", "third"])
+        .expect("show third");
+    assert_eq!(third["state"], "PENDING");
+    let gpus = site.devctl_ok(&alice, &["gpus"]);
+    assert!(
+        gpus.contains("(drained)") && gpus.contains("DRAINED: fan noise"),
+        "{gpus}"
+    );
+    let ls = site.devctl_ok(&admin, &["admin", "node", "ls"]);
+    println!("$ devctl admin node ls\n{ls}");
+    assert!(ls.contains("online, drained"), "{ls}");
+    assert!(ls.contains(&format!("{node}: drained ")), "{ls}");
+
+    // Undrained, the node and the GPU take the third session once the first one's GPU frees.
+    let out = site.devctl_ok(&admin, &["admin", "node", "undrain", &node]);
+    assert!(out.contains("is back in service"), "{out}");
+    let out = site.devctl_ok(&admin, &["admin", "gpu", "undrain", &gpu1]);
+    assert!(out.contains("is back in service"), "{out}");
+    site.devctl_ok(&alice, &["session", "rm", "first"]);
+    let third = site.wait_for_state(&alice, "third", "WAITING");
+    assert_eq!(third["gpus"][0], gpu1.as_str());
+    assert!(running(third["container"].as_str().expect("container")));
+    assert!(running(second["container"].as_str().expect("container")));
+}
+
+#[test]
+fn a_node_that_stops_syncing_loses_its_sessions_and_never_doubles_them() {
+    let mut site = Site::start(&[SimGpu::a100(1)]);
+    let alice = site.user("Alice");
+    site.devctl_ok(&alice, &["session", "new", "--name", "train1", "--wait"]);
+    let view = site.wait_for_state(&alice, "train1", "WAITING");
+    let container = view["container"].as_str().expect("container").to_owned();
+
+    // The agent dies; its container keeps running without it. After node_timeout (10 s) the
+    // session is FAILED with a reason that says what to do.
+    site.kill_agent();
+    let failed = site.wait_for_state(&alice, "train1", "FAILED");
+    let reason = failed["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.starts_with("node lost: the agent of "), "{reason}");
+    assert!(reason.contains("devctl session rm train1"), "{reason}");
+    let out = site.devctl_ok(&alice, &["session", "show", "train1"]);
+    println!("$ devctl session show train1\n{out}");
+    let gpus: Value = site.devctl_json(&alice, &["gpus"]).expect("gpus");
+    assert_eq!(gpus[0]["online"], false);
+    assert_eq!(
+        gpus[0]["gpus"][0]["used"], 0,
+        "the lost session's GPU is free"
+    );
+
+    // The agent comes back: the lost session's container is stopped, not started again, and
+    // no second container appears for it.
+    site.start_agent();
+    site.wait_until(
+        "the lost session's container to be stopped",
+        Duration::from_secs(30),
+        || (!running(&container)).then_some(()),
+    );
+    let same: Vec<String> = ongrid_e2e::docker_lines(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!(
+            "label=ongrid.session={}",
+            view["id"].as_str().unwrap_or_default()
+        ),
+        "--format",
+        "{{.Names}}",
+    ]);
+    assert_eq!(same, vec![container.clone()]);
+    assert_eq!(
+        site.devctl_json::<Value>(&alice, &["session", "show", "train1"])
+            .expect("show")["state"],
+        "FAILED"
+    );
+    site.devctl_ok(&alice, &["session", "rm", "train1"]);
+    site.wait_until(
+        "the lost session's container to be removed",
+        Duration::from_secs(30),
+        || inspect_container(&container).is_none().then_some(()),
+    );
+}
