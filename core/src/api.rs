@@ -30,6 +30,11 @@
 //! - `DELETE /v1/institutes/{name}` (admin)    → [`Institute`]
 //! - `GET    /v1/audit[?user=DN][&since=T]` (admin) → `Vec<AuditRecord>`, newest first; `T` is RFC 3339
 //!   or a duration ago such as `2 hours`
+//! - `GET    /v1/users` (admin)                → `Vec<UserView>`, removed ones included
+//! - `DELETE /v1/users/{dn}[?force=true]` (admin) → [`UserRemoved`]: keys deleted, queued jobs
+//!   cancelled, images removed; 409 while a session has not ended or a job runs, unless `force`
+//!   (which ends and cancels them); the DN percent-encoded as one path segment
+//! - `POST   /v1/users/{dn}/restore` (admin)   → [`UserView`]: a removed user may come back
 //! - `POST   /v1/jobs`                         [`crate::job::SubmitJob`] → 201 [`crate::job::JobView`]
 //!   (QUEUED; 404 for an image the caller does not have, 403 for someone else's)
 //! - `GET    /v1/jobs[?all=true]`              → `Vec<JobView>` in queue order (own; `all` for admins)
@@ -502,6 +507,53 @@ pub enum Revocation {
     Removed,
     /// Past the expiry of the certificate or proxy it was registered with.
     Expired,
+}
+
+/// A user as admins see them (`GET /v1/users`): the login name and UID the manager gave their
+/// DN, whether an admin removed them, and what admins did to them, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserView {
+    pub dn: Dn,
+    pub user_name: UserName,
+    pub uid: u32,
+    /// Set while they are removed (`devctl admin user rm`).
+    pub removed_at: Option<DateTime<Utc>>,
+    /// The admin who removed them.
+    pub removed_by: Option<Dn>,
+    #[serde(default)]
+    pub events: Vec<UserEvent>,
+}
+
+/// One admin action on a user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserEvent {
+    pub at: DateTime<Utc>,
+    pub action: UserAction,
+    /// The admin's DN.
+    pub by: Dn,
+    /// What went with it, in words.
+    pub details: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UserAction {
+    Removed,
+    Restored,
+}
+
+/// The answer of `DELETE /v1/users/{dn}`: the user, now removed, and what went with them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRemoved {
+    pub user: UserView,
+    /// Fingerprints of the keys deleted.
+    pub keys: Vec<String>,
+    /// Sessions ended.
+    pub sessions: Vec<SessionName>,
+    /// Jobs cancelled.
+    pub jobs: Vec<crate::job::JobId>,
+    /// Images removed, as `name:version`.
+    pub images: Vec<String>,
 }
 
 /// The GPU identifiers a container is given, as `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`

@@ -231,6 +231,19 @@ fn causes<'a>(err: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError + 'sta
     out
 }
 
+/// Everything but the unreserved characters of RFC 3986 (letters, digits, `-`, `.`, `_`, `~`).
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `text` as one segment of a route's path, percent-encoded: a DN like
+/// `/DC=org/CN=Alice Smith` becomes `%2FDC%3Dorg%2FCN%3DAlice%20Smith`.
+pub fn path_segment(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, PATH_SEGMENT).to_string()
+}
+
 /// The body of a non-2xx answer as an error: the API's message, or a note that the answer is
 /// not from an ongrid manager.
 pub fn api_error(status: u16, body: &[u8], manager_url: &str) -> ClientError {

@@ -1661,3 +1661,103 @@ async fn job_commands_send_their_routes_and_bodies() {
         check(case).await;
     }
 }
+
+fn user_view(removed: bool) -> ongrid_core::api::UserView {
+    use ongrid_core::api::{UserAction, UserEvent, UserView};
+    let at = chrono::DateTime::parse_from_rfc3339("2026-11-21T10:00:00Z")
+        .unwrap()
+        .into();
+    let admin = Dn::parse("/DC=org/O=Example/CN=Site Admin").unwrap();
+    UserView {
+        dn: Dn::parse(ALICE).unwrap(),
+        user_name: UserName::parse("alice-smith").unwrap(),
+        uid: 20_000,
+        removed_at: removed.then_some(at),
+        removed_by: removed.then(|| admin.clone()),
+        events: vec![UserEvent {
+            at,
+            action: UserAction::Removed,
+            by: admin,
+            details: "1 key(s) deleted, 1 session(s) ended, 0 job(s) cancelled, 1 image(s) \
+                      removed"
+                .to_owned(),
+        }],
+    }
+}
+
+#[tokio::test]
+async fn user_commands_send_their_routes_and_bodies() {
+    use ongrid_core::api::UserRemoved;
+    const ALICE_SEGMENT: &str = "%2FDC%3Dorg%2FO%3DExample%2FCN%3DAlice%20Smith";
+    let removed = UserRemoved {
+        user: user_view(true),
+        keys: vec!["SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI".to_owned()],
+        sessions: vec![SessionName::parse("train1").unwrap()],
+        jobs: Vec::new(),
+        images: vec!["mymodel:v1".to_owned()],
+    };
+    let cases = vec![
+        Case {
+            args: &["admin", "user", "ls"],
+            answers: vec![Answer::ok(&[user_view(true)])],
+            sent: vec![Sent::new("GET", "/v1/users")],
+            stdout: "alice-smith  20000  removed 2026-11-21 10:00:00Z by /DC=org/O=Example/CN=Site Admin",
+        },
+        Case {
+            args: &["admin", "user", "rm", ALICE],
+            answers: vec![Answer::ok(&removed)],
+            sent: vec![Sent::new("DELETE", &format!("/v1/users/{ALICE_SEGMENT}"))],
+            stdout: "user alice-smith removed (/DC=org/O=Example/CN=Alice Smith); the audit log \
+                     keeps their name\n\
+                     keys deleted:    SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI\n\
+                     sessions ended:  train1\n\
+                     jobs cancelled:  -\n\
+                     images removed:  mymodel:v1\n",
+        },
+        Case {
+            args: &["admin", "user", "rm", ALICE, "--force", "--json"],
+            answers: vec![Answer::ok(&removed)],
+            sent: vec![Sent::new(
+                "DELETE",
+                &format!("/v1/users/{ALICE_SEGMENT}?force=true"),
+            )],
+            stdout: "",
+        },
+        Case {
+            args: &["admin", "user", "restore", ALICE],
+            answers: vec![Answer::ok(&user_view(false))],
+            sent: vec![Sent::new(
+                "POST",
+                &format!("/v1/users/{ALICE_SEGMENT}/restore"),
+            )],
+            stdout: "user alice-smith restored (/DC=org/O=Example/CN=Alice Smith): they may use \
+                     ongrid again",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn a_refused_user_removal_is_one_line_with_the_managers_words() {
+    let ca = Ca::new("Site CA");
+    let message = "/DC=org/O=Example/CN=Alice Smith still has session train1 (WAITING): end \
+                   them first, or remove the user with --force, which ends their sessions and \
+                   cancels their jobs";
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![Answer::error("409 Conflict", "conflict", message)],
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let output = devctl(
+        files.home.path(),
+        &files.env(&manager.url),
+        &["admin", "user", "rm", ALICE],
+    )
+    .await;
+    let line = one_line_error(&output);
+    assert!(line.contains(message), "{line}");
+}

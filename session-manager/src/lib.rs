@@ -24,6 +24,7 @@ pub mod domain;
 pub mod freeze_watch;
 pub mod grid_identity;
 pub mod hold_timer;
+pub mod image_files;
 pub mod job_logs;
 pub mod keys;
 pub mod notify;

@@ -52,6 +52,9 @@ mod watch;
 // Node and GPU operations: drains, lost nodes, removal.
 #[path = "api/nodes.rs"]
 mod nodes;
+// Removing users and restoring them.
+#[path = "api/users.rs"]
+mod users;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";

@@ -4,11 +4,13 @@
 //! - [`node`]: `admin node ls|drain|undrain|rm`, nodes in and out of service.
 //! - [`institute`]: `admin institute add|rm|ls|show`, the networks the SSH gateway accepts.
 //! - [`audit`]: `admin audit`, the log of SSH connections.
+//! - [`user`]: `admin user ls|rm|restore`, removing users and re-admitting them.
 
 pub mod audit;
 pub mod gpu;
 pub mod institute;
 pub mod node;
+pub mod user;
 
 use clap::Subcommand;
 
@@ -28,6 +30,9 @@ pub enum AdminCommand {
     Institute(institute::InstituteCommand),
     /// List SSH connections to sessions: who, from where, with which key, how much
     Audit(audit::AuditArgs),
+    /// Manage users: list, remove, restore
+    #[command(subcommand)]
+    User(user::UserCommand),
 }
 
 pub async fn run(
@@ -40,5 +45,6 @@ pub async fn run(
         AdminCommand::Node(command) => node::run(command, client, term).await,
         AdminCommand::Institute(command) => institute::run(command, client, term).await,
         AdminCommand::Audit(args) => audit::run(args, client, term).await,
+        AdminCommand::User(command) => user::run(command, client, term).await,
     }
 }

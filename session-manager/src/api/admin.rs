@@ -22,16 +22,6 @@ use crate::store::{AuditFilter, StoreError};
 /// The most audit records one answer carries.
 pub const AUDIT_LIMIT: u32 = 1000;
 
-fn require_admin(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
-    if caller.admin {
-        Ok(())
-    } else {
-        Err(ApiError::forbidden(format!(
-            "only admins {what}; admins are listed in the manager's config"
-        )))
-    }
-}
-
 fn institute_name(name: &str) -> Result<InstituteName, ApiError> {
     InstituteName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
 }
@@ -46,7 +36,7 @@ pub async fn list_institutes(
     State(state): State<AppState>,
     caller: CurrentUser,
 ) -> Result<Json<Vec<Institute>>, ApiError> {
-    require_admin(&caller, "manage institutes")?;
+    caller.require_admin("manage institutes")?;
     Ok(Json(state.store.institutes().await?))
 }
 
@@ -55,7 +45,7 @@ pub async fn show_institute(
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Institute>, ApiError> {
-    require_admin(&caller, "manage institutes")?;
+    caller.require_admin("manage institutes")?;
     let name = institute_name(&name)?;
     let institute = state
         .store
@@ -79,7 +69,7 @@ pub async fn add_institute(
     caller: CurrentUser,
     ApiJson(body): ApiJson<NewInstitute>,
 ) -> Result<(StatusCode, Json<Institute>), ApiError> {
-    require_admin(&caller, "manage institutes")?;
+    caller.require_admin("manage institutes")?;
     for cidr in &body.cidrs {
         cidr.check_matchable()
             .map_err(|e| ApiError::bad_request(format!("cidrs: {e}")))?;
@@ -124,7 +114,7 @@ pub async fn remove_institute(
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Institute>, ApiError> {
-    require_admin(&caller, "manage institutes")?;
+    caller.require_admin("manage institutes")?;
     let name = institute_name(&name)?;
     let removed = state
         .store
@@ -147,7 +137,7 @@ pub async fn audit(
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Json<Vec<AuditRecord>>, ApiError> {
-    require_admin(&caller, "read the audit log")?;
+    caller.require_admin("read the audit log")?;
     let owner = query
         .user
         .as_deref()

@@ -1,6 +1,7 @@
 //! Who is calling, as axum extractors: a user by TLS client certificate ([`CurrentUser`]), an
 //! agent by its node's bearer token ([`AgentNode`]), the SSH gateway by its own bearer token
-//! ([`GatewayCaller`]); anything else is refused with 401 saying what to set.
+//! ([`GatewayCaller`]); anything else is refused with 401 saying what to set. A user an admin
+//! removed is refused with 403 saying how to be re-admitted.
 //!
 //! The accept loop ([`crate::server`]) puts a [`Peer`] into every request's extensions; the
 //! credentials are checked with [`crate::auth`].
@@ -14,6 +15,7 @@ use ongrid_core::NodeName;
 
 use super::{ApiError, AppState};
 use crate::auth::Peer;
+use crate::domain::users;
 use crate::grid_identity::Identity;
 use crate::store::UserRecord;
 
@@ -47,6 +49,8 @@ impl FromRequestParts<AppState> for CurrentUser {
             .store
             .user(&identity.dn, state.config.first_uid)
             .await?;
+        // Logged with the caller, as every 403 is (`error::log_refusals`).
+        users::admission(&user.dn, user.removed.as_ref())?;
         let admin = state.config.admins.admits(&user.dn, &identity.fqans);
         Ok(Self {
             user,
@@ -58,6 +62,17 @@ impl FromRequestParts<AppState> for CurrentUser {
 }
 
 impl CurrentUser {
+    /// Only admins may do `what` (like "remove users"): 403 for the others.
+    pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "only admins {what}; admins are listed in the manager's config"
+            )))
+        }
+    }
+
     /// Whether the credential is a limited proxy.
     pub fn is_limited(&self) -> bool {
         self.identity.kind == CredentialKind::Limited

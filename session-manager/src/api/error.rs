@@ -105,6 +105,10 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::InvalidTransition(e) => Self::conflict(e.to_string()),
+            StoreError::UserRemoved(dn) => Self::forbidden(format!(
+                "an admin removed {dn} while this request ran: ask a site admin to run \
+                 `devctl admin user restore '{dn}'`"
+            )),
             other => Self::internal(other),
         }
     }

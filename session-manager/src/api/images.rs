@@ -16,15 +16,13 @@
 //! the image they were given.
 //!
 //! Removing an image marks it DELETED; its SIF file is deleted from `image_store` when no other
-//! image has the same digest. The Docker image on the node is left alone (a node's Docker
-//! images are the admin's to prune).
-
-use std::path::Path;
+//! image has the same digest (`crate::image_files`); its Docker image's name goes to every node's
+//! `DesiredState.removed_images`, which the agents untag.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ongrid_core::image::{parse_digest, CreateImage, ImageLookup, ImageState, ImageView};
+use ongrid_core::image::{CreateImage, ImageLookup, ImageState, ImageView};
 use ongrid_core::{Dn, SessionState};
 use serde::Deserialize;
 
@@ -33,6 +31,7 @@ use super::views::image_view;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::domain::image_access;
 use crate::domain::images::{freezing_node, ImageRecord};
+use crate::image_files::remove_sif;
 use crate::store::{ImageFilter, NewImage, StoreError};
 
 pub async fn create_image(
@@ -223,23 +222,6 @@ async fn set_shared(
         (None, None) => Err(ApiError::not_found(format!(
             "image {reference} was removed meanwhile"
         ))),
-    }
-}
-
-/// Deletes `<store>/sha256/<hex>.sif`; a file already gone is fine, any other failure is logged
-/// for the admin (the image is DELETED either way).
-fn remove_sif(store: &Path, digest: &str) {
-    let Ok(hex) = parse_digest(digest) else {
-        tracing::error!(%digest, "A stored image digest is malformed; its SIF file is left.");
-        return;
-    };
-    let path = store.join("sha256").join(format!("{hex}.sif"));
-    match std::fs::remove_file(&path) {
-        Ok(()) => tracing::info!(path = %path.display(), "SIF file deleted."),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            tracing::error!(path = %path.display(), error = %e, "Cannot delete a SIF file of a removed image; delete it by hand.")
-        }
     }
 }
 

@@ -9,6 +9,7 @@
 //!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images), [`jobs`]
 //!   (batch jobs: submit, list, show, cancel, halt, output): people, by TLS client certificate.
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
+//! - [`users`]: removing users and restoring them, the list of users (admins only).
 //! - [`agent`]: node agents (bearer token): registration, sync and the desired state.
 //! - [`gateway`]: the SSH gateway (bearer token): allowlist, keys, routes, connection events.
 //!
@@ -26,15 +27,16 @@ pub mod keys;
 pub mod lookup;
 pub mod nodes;
 pub mod sessions;
+pub mod users;
 pub mod views;
 pub mod whoami;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::http::{Method, Uri};
-use axum::routing::{get, post, put};
 use axum::extract::State;
+use axum::http::{Method, Uri};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use ongrid_core::SessionId;
 use tokio::sync::Notify;
@@ -60,10 +62,10 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     /// Runs a scheduling round in place, when an answer should reflect it.
     pub scheduler: Arc<crate::scheduler::Scheduler>,
-}
-
     /// Wakes the long-polls of agents and people when a commit changed what they wait on.
     pub changes: crate::notify::Changes,
+}
+
 impl AppState {
     /// The site as of now.
     pub async fn site(&self) -> Result<SiteSnapshot, ApiError> {
@@ -126,6 +128,9 @@ pub fn router(state: AppState) -> Router {
             get(admin::show_institute).delete(admin::remove_institute),
         )
         .route("/v1/audit", get(admin::audit))
+        .route("/v1/users", get(users::list_users))
+        .route("/v1/users/{dn}", delete(users::remove_user))
+        .route("/v1/users/{dn}/restore", post(users::restore_user))
         .route(
             "/v1/images",
             get(images::list_images).post(images::create_image),
@@ -139,39 +144,29 @@ pub fn router(state: AppState) -> Router {
             "/v1/images/{reference}",
             get(images::show_image).delete(images::delete_image),
         )
-        .route("/v1/agent/register", post(agent::register))
-        .route("/v1/agent/sync", post(agent::sync))
-        .route("/v1/gateway/allowlist", get(gateway::allowlist))
-        .route("/v1/gateway/authorize", post(gateway::authorize))
-        .route("/v1/gateway/route", post(gateway::route))
         .route("/v1/images/{reference}/share", post(images::share_image))
         .route(
             "/v1/images/{reference}/unshare",
             post(images::unshare_image),
         )
+        .route("/v1/agent/register", post(agent::register))
+        .route("/v1/agent/sync", post(agent::sync))
+        .route("/v1/agent/desired", get(agent::desired))
+        .route("/v1/gateway/allowlist", get(gateway::allowlist))
+        .route("/v1/gateway/authorize", post(gateway::authorize))
+        .route("/v1/gateway/route", post(gateway::route))
         .route("/v1/gateway/connections", post(gateway::connection_event))
         .route("/v1/gateway/keys/check", post(gateway::check_keys))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(error::log_refusals))
-        .with_state(state)
-}
-
-async fn no_route(uri: Uri) -> ApiError {
-    ApiError::not_found(format!(
-        "no route {}: the API's routes are listed in ongrid_core::api",
-        uri.path()
-    ))
-}
-
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::bad_request(format!("{} does not take {method}", uri.path()))
-}
-        .route("/v1/agent/desired", get(agent::desired))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             notify_writes,
         ))
+        .with_state(state)
+}
+
 /// After every successful change a person makes (a session created, removed, held or released,
 /// a freeze or an image removed, a job cancelled or halted, a GPU's mode, ...), wakes the
 /// long-polls: which nodes such a change concerns is the handler's business, and waiters only
@@ -192,3 +187,13 @@ async fn notify_writes(
     response
 }
 
+async fn no_route(uri: Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "no route {}: the API's routes are listed in ongrid_core::api",
+        uri.path()
+    ))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::bad_request(format!("{} does not take {method}", uri.path()))
+}

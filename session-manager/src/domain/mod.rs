@@ -11,6 +11,7 @@
 //!   frozen images by tag or digest) and which removed frozen images must leave the nodes.
 //! - [`jobs`]: batch jobs: submit, the scheduler's actions, agents' reports, the owner's cancel
 //!   and halt, a lost node, restart chains, a node's desired jobs.
+//! - [`users`]: removing a user (what goes, what refuses it) and re-admitting them.
 //! - [`nodes`]: drains of nodes and GPUs, sessions lost with their node, removing a node.
 
 pub mod image_access;
@@ -18,6 +19,7 @@ pub mod images;
 pub mod jobs;
 pub mod nodes;
 pub mod sessions;
+pub mod users;
 
 use chrono::{DateTime, Utc};
 

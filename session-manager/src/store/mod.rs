@@ -21,7 +21,7 @@ pub mod sqlite;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use ongrid_core::api::{AuditRecord, ConnectionEvent};
+use ongrid_core::api::{AuditRecord, ConnectionEvent, UserEvent};
 use ongrid_core::gpu::Drain;
 use ongrid_core::{
     Dn, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
@@ -37,6 +37,7 @@ use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{Change, SessionRecord};
+use crate::domain::users::{Removal, Removed};
 use ongrid_core::job::JobId;
 
 /// What went wrong in the store.
@@ -76,6 +77,9 @@ pub enum StoreError {
         session: SessionName,
         reference: ImageReference,
     },
+    /// The owner was removed by an admin: nothing new is stored for them.
+    #[error("user {0} was removed by an admin")]
+    UserRemoved(Dn),
     /// A stored value does not parse back: the database was edited by hand or is damaged.
     #[error("stored data is damaged: {0}")]
     Corrupt(String),
@@ -93,6 +97,8 @@ pub struct UserRecord {
     pub dn: Dn,
     pub user_name: UserName,
     pub uid: u32,
+    /// Set while an admin has removed them ([`crate::domain::users`]).
+    pub removed: Option<Removed>,
 }
 
 /// A session to create, PENDING from `at`.
@@ -394,12 +400,6 @@ pub trait Store: Send + Sync {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<Option<ImageRecord>>>;
 
-    /// Marks the image DELETED (a BUILDING one is given up: its agent cancels the freeze).
-    /// `None` when it does not exist or is DELETED already.
-    fn delete_image(
-        &self,
-        id: uuid::Uuid,
-        at: DateTime<Utc>,
     /// Shares image `id` since `shared_at`, or makes it private again (`None`). `None` when it
     /// does not exist or is DELETED.
     fn set_image_shared(
@@ -408,6 +408,12 @@ pub trait Store: Send + Sync {
         shared_at: Option<DateTime<Utc>>,
     ) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>>;
 
+    /// Marks the image DELETED (a BUILDING one is given up: its agent cancels the freeze).
+    /// `None` when it does not exist or is DELETED already.
+    fn delete_image(
+        &self,
+        id: uuid::Uuid,
+        at: DateTime<Utc>,
     ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>>;
 
     /// The lifecycle facts (see [`crate::domain::sessions::holds`]) of the sessions in `scope`,
@@ -474,6 +480,38 @@ pub trait Store: Send + Sync {
         size: u64,
         complete: bool,
     ) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// The user record of `dn`, if the manager has seen them (never created here).
+    fn existing_user<'a>(&'a self, dn: &'a Dn) -> BoxFuture<'a, StoreResult<Option<UserRecord>>>;
+
+    /// Every user, removed ones included, ordered by login name.
+    fn users(&self) -> BoxFuture<'_, StoreResult<Vec<UserRecord>>>;
+
+    /// What admins did to `dn` (everyone when `None`), oldest first per user.
+    fn user_events<'a>(
+        &'a self,
+        dn: Option<&'a Dn>,
+    ) -> BoxFuture<'a, StoreResult<Vec<(Dn, UserEvent)>>>;
+
+    /// Marks `dn` removed by `by` at `at`, deletes their SSH keys and writes the event (with
+    /// `removal`'s summary), in one transaction; from then on nothing new is stored for them
+    /// ([`StoreError::UserRemoved`]). The keys deleted; `None` when no such user is there to
+    /// remove (unknown, or removed already).
+    fn remove_user<'a>(
+        &'a self,
+        dn: &'a Dn,
+        by: &'a Dn,
+        at: DateTime<Utc>,
+        removal: &'a Removal,
+    ) -> BoxFuture<'a, StoreResult<Option<Vec<KeyRecord>>>>;
+
+    /// Clears the removal of `dn` and writes the event; `None` when they are not removed.
+    fn restore_user<'a>(
+        &'a self,
+        dn: &'a Dn,
+        by: &'a Dn,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<UserRecord>>>;
 }
 
 /// Which jobs [`Store::jobs`] returns.
@@ -528,6 +566,13 @@ pub enum ImageFilter {
         owner: Option<Dn>,
         digest: String,
     },
+    /// The current image of a tag of the user with this login (at most one).
+    LoginTag {
+        user_name: UserName,
+        reference: ImageReference,
+    },
+    /// Every shared image, superseded ones included.
+    Shared,
     /// BUILDING on this node: its agent's freeze orders.
     Building(NodeName),
     /// DELETED at or after this time (whose Docker images must leave the nodes).
@@ -541,10 +586,3 @@ pub struct ImageDeleted {
     /// No image that is not DELETED has the digest any more: its SIF file may go.
     pub digest_unreferenced: bool,
 }
-    /// The current image of a tag of the user with this login (at most one).
-    LoginTag {
-        user_name: UserName,
-        reference: ImageReference,
-    },
-    /// Every shared image, superseded ones included.
-    Shared,

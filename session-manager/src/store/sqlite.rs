@@ -24,7 +24,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
-use ongrid_core::api::{AuditRecord, ConnectionEvent};
+use ongrid_core::api::{AuditRecord, ConnectionEvent, UserEvent};
 use ongrid_core::{Institute, InstituteName};
 
 use super::{
@@ -36,6 +36,7 @@ use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{connections, rendered_reason, Change, Placement, SessionRecord};
+use crate::domain::users::{Removal, Removed};
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::job::JobId;
@@ -129,11 +130,13 @@ impl SqliteStore {
             dn: dn.clone(),
             user_name,
             uid,
+            removed: None,
         })
     }
 
     async fn create_session_impl(&self, new: NewSession) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
+        users::refuse_removed(&mut tx, &new.owner).await?;
         let live: Vec<(String, String)> =
             sqlx::query_as("SELECT name, state FROM sessions WHERE owner = ? AND state <> 'ENDED'")
                 .bind(new.owner.as_str())
@@ -556,9 +559,6 @@ impl Store for SqliteStore {
         Box::pin(self.record_freeze_impl(node, id, change, at))
     }
 
-    fn delete_image(
-        &self,
-        id: uuid::Uuid,
     fn set_image_shared(
         &self,
         id: uuid::Uuid,
@@ -567,6 +567,9 @@ impl Store for SqliteStore {
         Box::pin(self.set_image_shared_impl(id, shared_at))
     }
 
+    fn delete_image(
+        &self,
+        id: uuid::Uuid,
         at: DateTime<Utc>,
     ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>> {
         Box::pin(self.delete_image_impl(id, at))
@@ -614,6 +617,40 @@ impl Store for SqliteStore {
     ) -> BoxFuture<'a, StoreResult<Option<(SessionRecord, HoldReason)>>> {
         Box::pin(self.hold_if_due_impl(id, config, now))
     }
+
+    fn existing_user<'a>(&'a self, dn: &'a Dn) -> BoxFuture<'a, StoreResult<Option<UserRecord>>> {
+        Box::pin(self.existing_user_impl(dn))
+    }
+
+    fn users(&self) -> BoxFuture<'_, StoreResult<Vec<UserRecord>>> {
+        Box::pin(self.users_impl())
+    }
+
+    fn user_events<'a>(
+        &'a self,
+        dn: Option<&'a Dn>,
+    ) -> BoxFuture<'a, StoreResult<Vec<(Dn, UserEvent)>>> {
+        Box::pin(self.user_events_impl(dn))
+    }
+
+    fn remove_user<'a>(
+        &'a self,
+        dn: &'a Dn,
+        by: &'a Dn,
+        at: DateTime<Utc>,
+        removal: &'a Removal,
+    ) -> BoxFuture<'a, StoreResult<Option<Vec<KeyRecord>>>> {
+        Box::pin(self.remove_user_impl(dn, by, at, removal))
+    }
+
+    fn restore_user<'a>(
+        &'a self,
+        dn: &'a Dn,
+        by: &'a Dn,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<UserRecord>>> {
+        Box::pin(self.restore_user_impl(dn, by, at))
+    }
 }
 
 /// `dev`, then `dev-2`, `dev-3`, ...: the first not among `taken`.
@@ -636,20 +673,34 @@ async fn find_user<'e, E>(executor: E, dn: &Dn) -> StoreResult<Option<UserRecord
 where
     E: sqlx::Executor<'e, Database = Sqlite>,
 {
-    let row: Option<(String, i64)> =
-        sqlx::query_as("SELECT user_name, uid FROM users WHERE dn = ?")
+    let row =
+        sqlx::query("SELECT dn, user_name, uid, removed_at, removed_by FROM users WHERE dn = ?")
             .bind(dn.as_str())
             .fetch_optional(executor)
             .await?;
-    row.map(|(user_name, uid)| {
-        Ok(UserRecord {
-            dn: dn.clone(),
-            user_name: parse(&user_name, "user name")?,
-            uid: u32::try_from(uid)
-                .map_err(|_| StoreError::Corrupt(format!("UID {uid} is out of range")))?,
-        })
+    row.as_ref().map(user_from_row).transpose()
+}
+
+/// A user from `dn, user_name, uid, removed_at, removed_by`.
+fn user_from_row(row: &SqliteRow) -> StoreResult<UserRecord> {
+    let uid: i64 = row.try_get("uid")?;
+    let removed_at: Option<String> = row.try_get("removed_at")?;
+    let removed_by: Option<String> = row.try_get("removed_by")?;
+    let removed = match (removed_at, removed_by) {
+        (Some(at), Some(by)) => Some(Removed {
+            at: parse_timestamp(&at)?,
+            by: parse(&by, "admin DN")?,
+        }),
+        (None, None) => None,
+        _ => return Err(StoreError::Corrupt("half a user removal".to_owned())),
+    };
+    Ok(UserRecord {
+        dn: parse(&row.try_get::<String, _>("dn")?, "user DN")?,
+        user_name: parse(&row.try_get::<String, _>("user_name")?, "user name")?,
+        uid: u32::try_from(uid)
+            .map_err(|_| StoreError::Corrupt(format!("UID {uid} is out of range")))?,
+        removed,
     })
-    .transpose()
 }
 
 async fn find_session<'e, E>(executor: E, id: SessionId) -> StoreResult<Option<SessionRecord>>
@@ -941,3 +992,4 @@ mod jobs;
 mod nodes;
 #[cfg(test)]
 mod tests;
+mod users;

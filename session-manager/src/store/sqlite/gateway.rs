@@ -16,7 +16,8 @@ use crate::store::{
     AuditFilter, ConnectionRecorded, KeyAdded, KeyRecord, NewKey, StoreError, StoreResult,
 };
 
-const KEY_COLUMNS: &str = "k.fingerprint, k.owner, u.user_name, k.algorithm, k.public_key, \
+pub(super) const KEY_COLUMNS: &str =
+    "k.fingerprint, k.owner, u.user_name, k.algorithm, k.public_key, \
      k.comment, k.added_at, k.expires_at FROM ssh_keys k JOIN users u ON u.dn = k.owner";
 
 const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute, c.session_id, \
@@ -30,6 +31,7 @@ impl SqliteStore {
         max_per_owner: usize,
     ) -> StoreResult<KeyAdded> {
         let mut tx = self.write().await?;
+        super::users::refuse_removed(&mut tx, &key.owner).await?;
         let existing: Option<String> =
             sqlx::query_scalar("SELECT owner FROM ssh_keys WHERE fingerprint = ?")
                 .bind(&key.fingerprint)
@@ -320,7 +322,7 @@ fn clamp(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
-fn key_from_row(row: &SqliteRow) -> StoreResult<KeyRecord> {
+pub(super) fn key_from_row(row: &SqliteRow) -> StoreResult<KeyRecord> {
     let text = |column: &str| row.try_get::<String, _>(column);
     Ok(KeyRecord {
         fingerprint: text("fingerprint")?,

@@ -21,6 +21,7 @@ const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.st
 impl SqliteStore {
     pub(super) async fn create_image_impl(&self, new: NewImage) -> StoreResult<ImageRecord> {
         let mut tx = self.write().await?;
+        super::users::refuse_removed(&mut tx, &new.owner).await?;
         let running: Option<(String, String)> = sqlx::query_as(
             "SELECT name, version FROM images WHERE session_id = ? AND state = 'BUILDING'",
         )
@@ -108,7 +109,6 @@ impl SqliteStore {
                     reference.version().to_owned(),
                 ],
             ),
-            ImageFilter::Digest {
             ImageFilter::LoginTag {
                 user_name,
                 reference,
@@ -124,6 +124,7 @@ impl SqliteStore {
                 ],
             ),
             ImageFilter::Shared => (format!("{live} AND i.shared_at IS NOT NULL"), Vec::new()),
+            ImageFilter::Digest {
                 owner: Some(owner),
                 digest,
             } => (
@@ -152,7 +153,6 @@ impl SqliteStore {
         rows.iter().map(image_from_row).collect()
     }
 
-    pub(super) async fn record_freeze_impl(
     pub(super) async fn set_image_shared_impl(
         &self,
         id: uuid::Uuid,
@@ -170,6 +170,7 @@ impl SqliteStore {
         self.image_impl(id).await
     }
 
+    pub(super) async fn record_freeze_impl(
         &self,
         node: &NodeName,
         id: uuid::Uuid,
@@ -344,6 +345,6 @@ fn image_from_row(row: &SqliteRow) -> StoreResult<ImageRecord> {
         created_at: parse_timestamp(&text("created_at")?)?,
         finished_at: optional_time("finished_at")?,
         superseded_at: optional_time("superseded_at")?,
-    })
         shared_at: optional_time("shared_at")?,
+    })
 }
