@@ -12,6 +12,7 @@
 //! files go into and out of running containers through Docker's archive API.
 
 use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
@@ -58,7 +59,14 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct DockerRuntime {
     docker: Docker,
     node: NodeName,
+    /// `/etc/passwd` and `/etc/group` of each image seen, by image ID (content-addressed, so
+    /// never stale): a new container's are its image's, and reading them out of a container
+    /// costs two archive requests on the way to a shell.
+    etc_files: Arc<std::sync::Mutex<HashMap<String, (EtcFile, EtcFile)>>>,
 }
+
+/// How many images' `/etc/passwd` and `/etc/group` the runtime keeps.
+const ETC_FILES_CACHED: usize = 32;
 
 impl DockerRuntime {
     /// Connects to the local daemon (`DOCKER_HOST`, else `/var/run/docker.sock`), agrees on an
@@ -68,7 +76,11 @@ impl DockerRuntime {
         let docker = Docker::connect_with_local_defaults().map_err(unreachable)?;
         let docker = docker.negotiate_version().await.map_err(unreachable)?;
         docker.ping().await.map_err(unreachable)?;
-        Ok(Self { docker, node })
+        Ok(Self {
+            docker,
+            node,
+            etc_files: Arc::default(),
+        })
     }
 
     /// Every container of this node's (any state) that also carries `extra_labels`.
@@ -166,8 +178,8 @@ impl DockerRuntime {
     }
 
     async fn create_dev_container(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
-        match self.docker.inspect_image(&spec.image).await {
-            Ok(_) => {}
+        let image_id = match self.docker.inspect_image(&spec.image).await {
+            Ok(image) => image.id,
             Err(e) if is_status(&e, 404) => {
                 return Err(RuntimeError::ImageMissing {
                     image: spec.image.clone(),
@@ -175,7 +187,7 @@ impl DockerRuntime {
                 })
             }
             Err(e) => return Err(docker_error(format!("inspecting image {}", spec.image))(e)),
-        }
+        };
         self.ensure_home_volume(spec).await?;
 
         let options = CreateContainerOptionsBuilder::new()
@@ -189,7 +201,10 @@ impl DockerRuntime {
         for warning in &created.warnings {
             info!(container = %spec.name, %warning, "Docker warned while creating the container.");
         }
-        if let Err(e) = self.install_user(&created.id, spec).await {
+        if let Err(e) = self
+            .install_user(&created.id, image_id.as_deref(), spec)
+            .await
+        {
             // A container without its user must not start; the next pass creates it again.
             let _ = self.remove_container(&created.id).await;
             return Err(e);
@@ -283,10 +298,39 @@ impl DockerRuntime {
     }
 
     /// Writes the user and its group into the created container's `/etc/passwd` and
-    /// `/etc/group`, so the shell has a name, a home and a login shell.
-    async fn install_user(&self, id: &str, spec: &ContainerSpec) -> Result<(), RuntimeError> {
-        let mut passwd = self.download_etc_file(id, "passwd").await?;
-        let mut group = self.download_etc_file(id, "group").await?;
+    /// `/etc/group`, so the shell has a name, a home and a login shell. The files come from
+    /// the cache of its image (`image_id`) when they were read before.
+    async fn install_user(
+        &self,
+        id: &str,
+        image_id: Option<&str>,
+        spec: &ContainerSpec,
+    ) -> Result<(), RuntimeError> {
+        let cached = image_id.and_then(|image| {
+            let cache = self
+                .etc_files
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            cache.get(image).cloned()
+        });
+        let (mut passwd, mut group) = match cached {
+            Some(files) => files,
+            None => {
+                let passwd = self.download_etc_file(id, "passwd").await?;
+                let group = self.download_etc_file(id, "group").await?;
+                if let Some(image) = image_id {
+                    let mut cache = self
+                        .etc_files
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if cache.len() >= ETC_FILES_CACHED {
+                        cache.clear();
+                    }
+                    cache.insert(image.to_owned(), (passwd.clone(), group.clone()));
+                }
+                (passwd, group)
+            }
+        };
         passwd.text = accounts::with_user_in_passwd(&passwd.text, &spec.user);
         group.text = accounts::with_user_in_group(&group.text, &spec.user);
         let action = format!("adding user {} to container {}", spec.user.name, spec.name);
@@ -901,8 +945,8 @@ impl DockerRuntime {
 
     async fn create_job_container(&self, job: &JobContainerSpec) -> Result<String, RuntimeError> {
         let spec = job.as_container_spec();
-        match self.docker.inspect_image(&spec.image).await {
-            Ok(_) => {}
+        let image_id = match self.docker.inspect_image(&spec.image).await {
+            Ok(image) => image.id,
             Err(e) if is_status(&e, 404) => {
                 return Err(RuntimeError::ImageMissing {
                     image: spec.image.clone(),
@@ -910,7 +954,7 @@ impl DockerRuntime {
                 })
             }
             Err(e) => return Err(docker_error(format!("inspecting image {}", spec.image))(e)),
-        }
+        };
         if job.mount_home {
             self.ensure_home_volume(&spec).await?;
         }
@@ -925,7 +969,10 @@ impl DockerRuntime {
         for warning in &created.warnings {
             info!(container = %spec.name, %warning, "Docker warned while creating the container.");
         }
-        if let Err(e) = self.install_user(&created.id, &spec).await {
+        if let Err(e) = self
+            .install_user(&created.id, image_id.as_deref(), &spec)
+            .await
+        {
             // Never started, so removing it cannot lose a run: the next pass creates it again.
             let _ = self.remove_container(&created.id).await;
             return Err(e);
