@@ -38,7 +38,8 @@ pub const HALT_EXIT_CODE: i32 = 123;
 /// The exit code of a job that wrote a checkpoint and asks to be re-queued (HTCondor's
 /// `checkpoint_exit_code` convention).
 pub const CHECKPOINT_EXIT_CODE: i32 = 85;
-/// How long a job has between SIGUSR1 and SIGKILL.
+/// How long a job has between SIGUSR1 and SIGKILL, unless the node's agent is configured
+/// otherwise (`[images] job_halt_grace` in its config).
 pub const HALT_GRACE: Duration = Duration::from_secs(15);
 /// The signal that asks a job to halt.
 pub const HALT_SIGNAL: &str = "SIGUSR1";
@@ -1102,7 +1103,8 @@ impl fmt::Display for JobReason {
             Self::HaltedByUser => f.write_str("halted by its owner"),
             Self::HaltSignalSent => write!(
                 f,
-                "sent {HALT_SIGNAL}: waiting up to {} seconds for exit code {HALT_EXIT_CODE}",
+                "sent {HALT_SIGNAL}: waiting for exit code {HALT_EXIT_CODE} until the node's halt \
+                 grace ends ({} seconds unless the site set another)",
                 HALT_GRACE.as_secs()
             ),
             Self::HaltedCleanly => {
@@ -1110,7 +1112,8 @@ impl fmt::Display for JobReason {
             }
             Self::IgnoredHaltSignal => write!(
                 f,
-                "ignored {HALT_SIGNAL}: killed after {} seconds",
+                "ignored {HALT_SIGNAL}: killed when the node's halt grace ended ({} seconds unless \
+                 the site set another)",
                 HALT_GRACE.as_secs()
             ),
             Self::NotStartedByNotAfter { not_after } => write!(
@@ -1363,6 +1366,10 @@ pub const JOB_LOG_CAP: u64 = 16 * 1024 * 1024;
 pub const JOB_LOG_CHUNK_MAX: usize = 256 * 1024;
 
 /// A job the manager wants on a node (`DesiredState::jobs`). The agent converges to it like to
+    /// Why a QUEUED job has not started: its notBefore, its bucket being full, the node that
+    /// holds its checkpoint, or no fitting GPUs free.
+    #[serde(default)]
+    pub waiting: Option<String>,
 /// a session: it prepares the image, creates and starts the container once, halts or kills it
 /// when `run` says so, and reports what happened in `NodeReport::jobs` until the manager stops
 /// listing the job (then the agent removes the container; the working directory of the chain
@@ -1869,7 +1876,8 @@ mod tests {
         );
         assert_eq!(
             l.last().reason.to_string(),
-            "ignored SIGUSR1: killed after 15 seconds"
+            "ignored SIGUSR1: killed when the node's halt grace ended (15 seconds unless the site \
+             set another)"
         );
         assert_eq!(JobLifecycle::from_history(l.history().to_vec()).unwrap(), l);
         let err = l

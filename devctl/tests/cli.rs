@@ -1561,6 +1561,7 @@ fn job_view(state: ongrid_core::job::JobState) -> ongrid_core::job::JobView {
         started_at: None,
         finished_at: None,
         queue_position: Some(1),
+        waiting: None,
         transitions: lifecycle.history().to_vec(),
     }
 }

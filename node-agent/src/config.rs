@@ -112,6 +112,8 @@ pub enum ConfigError {
         "[images] jobs_dir {0:?} must be an absolute directory path, like /var/lib/ongrid/jobs"
     )]
     JobsDir(PathBuf),
+    #[error("[images] job_halt_grace {0:?} is not a duration of at least 1 second, like \"15s\"")]
+    JobHaltGrace(String),
     #[error(transparent)]
     Network(#[from] crate::network::PolicyError),
     #[error("[reserved] cpus {0:?} is not a number of CPUs like 0.5 or 2")]
@@ -238,6 +240,8 @@ struct ImagesFile {
     /// Batch jobs' working directories (and this node's job logs under `.agent/<node>`);
     /// default: `jobs` beside `store`.
     jobs_dir: Option<PathBuf>,
+    /// How long a halted job has between SIGUSR1 and SIGKILL, like `"15s"` (the default).
+    job_halt_grace: Option<String>,
 }
 
 fn default_max_concurrent_freezes() -> usize {
@@ -355,7 +359,9 @@ impl Config {
             GpuBackendConfig::Simulated { file } if !file.exists() => {
                 return Err(ConfigError::GpuFile(file.clone()));
             }
-            GpuBackendConfig::NvidiaSmi { path: Some(path) } if !path.exists() => {
+            GpuBackendConfig::NvidiaSmi {
+                path: Some(path), ..
+            } if !path.exists() => {
                 return Err(ConfigError::NvidiaSmiPath(path.clone()));
             }
             _ => {}
@@ -376,9 +382,18 @@ impl Config {
                     Some(dir) => return Err(ConfigError::JobsDir(dir)),
                     None => images.store.parent().unwrap_or(&images.store).join("jobs"),
                 };
+                let halt_grace = match images.job_halt_grace {
+                    None => ongrid_core::job::HALT_GRACE,
+                    Some(text) => ongrid_core::HumanDuration::parse(&text)
+                        .ok()
+                        .map(|d| d.as_duration())
+                        .filter(|d| d.as_secs() >= 1)
+                        .ok_or(ConfigError::JobHaltGrace(text))?,
+                };
                 jobs = Some(crate::jobs::JobsConfig {
                     image_store: images.store.clone(),
                     dir,
+                    halt_grace,
                 });
                 Some(crate::freeze::ImagesConfig {
                     store: images.store,
@@ -465,6 +480,26 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(config.jobs.unwrap().dir, PathBuf::from("/scratch/jobs"));
+        let grace =
+            |text: &str| files.parse(&files.config(&format!("[images]\nstore = \"/x\"\n{text}")));
+        assert_eq!(
+            grace("").unwrap().jobs.unwrap().halt_grace,
+            ongrid_core::job::HALT_GRACE
+        );
+        assert_eq!(
+            grace("job_halt_grace = \"3s\"\n")
+                .unwrap()
+                .jobs
+                .unwrap()
+                .halt_grace,
+            std::time::Duration::from_secs(3)
+        );
+        for bad in ["\"soon\"", "\"0s\""] {
+            assert!(matches!(
+                grace(&format!("job_halt_grace = {bad}\n")),
+                Err(ConfigError::JobHaltGrace(_))
+            ));
+        }
         assert!(matches!(
             files.parse(&files.config("[images]\nstore = \"/x\"\njobs_dir = \"jobs\"\n")),
             Err(ConfigError::JobsDir(_))
@@ -681,6 +716,13 @@ mod tests {
             "backend = \"nvidia-smi\"",
         );
         let config = files.parse(&text).unwrap();
-        assert_eq!(config.gpu, GpuBackendConfig::NvidiaSmi { path: None });
+        assert_eq!(
+            config.gpu,
+            GpuBackendConfig::NvidiaSmi {
+                path: None,
+                timeout: None,
+                kernel_log: None,
+            }
+        );
     }
 }

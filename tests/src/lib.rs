@@ -304,6 +304,8 @@ pub struct Site {
     gateway: Option<Process>,
     suffix: String,
     users: Vec<User>,
+    /// Lines added to the agent's `[images]` table (see [`Site::start_configured`]).
+    agent_images: String,
 }
 
 impl Site {
@@ -330,6 +332,26 @@ impl Site {
         text.push_str(lifecycle);
         text.push('\n');
         std::fs::write(&path, text).expect("write manager config");
+        site.start_manager();
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
+    /// Like [`Site::start`], with `manager` appended to the manager's config (whole tables, like
+    /// `[jobs]\nmax_duration = "6s"`) and `agent_images` lines added to the agent's `[images]`
+    /// table (like `job_halt_grace = "2s"`), so that time-based rules act within seconds.
+    pub fn start_configured(gpus: &[SimGpu], manager: &str, agent_images: &str) -> Self {
+        require_docker();
+        let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        let path = site.dir.path().join("manager.toml");
+        let mut text = std::fs::read_to_string(&path).expect("read manager config");
+        text.push('\n');
+        text.push_str(manager);
+        text.push('\n');
+        std::fs::write(&path, text).expect("write manager config");
+        site.agent_images = agent_images.to_owned();
         site.start_manager();
         site.start_agent();
         site.wait_for_node();
@@ -480,6 +502,7 @@ pids = 512
             gateway: None,
             suffix,
             users: Vec::new(),
+            agent_images: String::new(),
         })
     }
 
@@ -548,6 +571,7 @@ file = "{gpus}"
 
 [images]
 store = "{images}"
+{images_extra}
 
 [streams]
 listen = "127.0.0.1:0"
@@ -563,6 +587,7 @@ gateway_token_file = "{gateway_token}"
             key = self.dir.path().join("manager.key").display(),
             gateway_token = self.dir.path().join("gateway-token").display(),
             images = self.dir.path().join("images").display(),
+            images_extra = self.agent_images,
         );
         std::fs::write(&config, toml).expect("write agent config");
         let child = Command::new(binary("ongrid-agent"))

@@ -112,6 +112,9 @@ pub fn render_job(job: &JobView) -> String {
     if let Some(position) = job.queue_position {
         field("queue", format!("#{position}"));
     }
+    if let Some(waiting) = &job.waiting {
+        field("waiting", waiting.clone());
+    }
     if let Some(node) = &job.node {
         let gpus: Vec<&str> = job.gpus.iter().map(|g| g.as_str()).collect();
         field("node", format!("{node} ({})", gpus.join(", ")));

@@ -12,8 +12,8 @@
 //!   `<jobs dir>/<chain id>` (owned by the user) at `WORK_DIR_IN_CONTAINER`, the home volume
 //!   only when asked. Created and started once: a job container that exists, in any state, is
 //!   never created again, and one that ran is never started again.
-//! - Halt: `HALT_SIGNAL` once, then `SIGKILL` when the job still runs `HALT_GRACE` after the
-//!   manager's `since`. Kill: `SIGKILL` at once.
+//! - Halt: `HALT_SIGNAL` once, then `SIGKILL` when the job still runs [`JobsConfig::halt_grace`]
+//!   (`HALT_GRACE` unless configured) after the manager's `since`. Kill: `SIGKILL` at once.
 //! - Output: [`logs`] copies it into `<job id>.log`, capped, so it outlives the container.
 //! - When the manager stops listing a job, its container and network are removed, and its log
 //!   and record files too (the manager stops listing a job once it has its complete output).
@@ -33,9 +33,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::visible_devices;
-use ongrid_core::job::{
-    DesiredJob, JobId, JobRun, ObservedJob, ObservedJobStatus, HALT_GRACE, HALT_SIGNAL,
-};
+use ongrid_core::job::{DesiredJob, JobId, JobRun, ObservedJob, ObservedJobStatus, HALT_SIGNAL};
 use ongrid_core::{NodeName, SessionId};
 use serde::{Deserialize, Serialize};
 use tokio_util::task::TaskTracker;
@@ -58,6 +56,9 @@ pub struct JobsConfig {
     /// `<dir>/<chain id>`: the chains' working directories; `<dir>/.agent/<node>/`: this
     /// node's logs and records.
     pub dir: PathBuf,
+    /// How long a job has between `HALT_SIGNAL` and `SIGKILL` (`[images] job_halt_grace`;
+    /// default `HALT_GRACE`).
+    pub halt_grace: std::time::Duration,
 }
 
 /// The time now; tests inject their own.
@@ -243,10 +244,14 @@ impl Jobs {
                         self.signal(id, &container.id, HALT_SIGNAL).await;
                     }
                 }
-                let grace = chrono::Duration::from_std(HALT_GRACE).unwrap_or_default();
+                let halt_grace = self
+                    .config
+                    .as_ref()
+                    .map_or(ongrid_core::job::HALT_GRACE, |c| c.halt_grace);
+                let grace = chrono::Duration::from_std(halt_grace).unwrap_or_default();
                 if now >= since + grace {
                     if !record.killed {
-                        info!(job = %id, "The job still runs {} s after it was asked to halt: killing it.", HALT_GRACE.as_secs());
+                        info!(job = %id, "The job still runs {} s after it was asked to halt: killing it.", halt_grace.as_secs_f64());
                     }
                     self.kill(id, &container.id, record).await;
                 }

@@ -99,6 +99,7 @@ impl Fixture {
             Some(JobsConfig {
                 image_store: self.dir.path().join("images"),
                 dir: self.dir.path().join("jobs"),
+                halt_grace: ongrid_core::job::HALT_GRACE,
             }),
         )
         .with_clock(self.clock.clock())

@@ -54,6 +54,7 @@ impl JobNode {
             Some(JobsConfig {
                 image_store: self.store(),
                 dir: self.jobs_dir(),
+                halt_grace: HALT_GRACE,
             }),
         )
     }

@@ -13,6 +13,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use chrono::{DateTime, Utc};
 use ongrid_core::api::DesiredState;
 use ongrid_core::image::ImageLookup;
 use ongrid_core::job::{JobId, JobState, JobView, LogChunk, ObservedJob, SubmitJob};
@@ -90,13 +91,11 @@ pub async fn list_jobs(
         JobFilter::Owner(caller.user.dn.clone())
     };
     let records = state.store.jobs(filter).await?;
-    let positions = queue_positions(&state).await?;
+    let active = state.store.jobs(JobFilter::Active).await?;
+    let now = state.clock.now();
     let views = records
         .into_iter()
-        .map(|job| {
-            let position = positions.iter().position(|id| *id == job.id);
-            job_view(job, position)
-        })
+        .map(|job| job_view(job, &active, now))
         .collect();
     Ok(Json(views))
 }
@@ -285,23 +284,19 @@ fn changed_meanwhile(error: StoreError) -> ApiError {
 }
 
 /// The QUEUED jobs in queue order.
-async fn queue_positions(state: &AppState) -> Result<Vec<JobId>, ApiError> {
-    let active = state.store.jobs(JobFilter::Active).await?;
-    Ok(active
-        .into_iter()
-        .filter(|j| j.state() == JobState::Queued)
-        .map(|j| j.id)
-        .collect())
-}
-
 async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
-    let positions = queue_positions(state).await?;
-    let position = positions.iter().position(|id| *id == job.id);
-    Ok(job_view(job, position))
+    let active = state.store.jobs(JobFilter::Active).await?;
+    Ok(job_view(job, &active, state.clock.now()))
 }
 
-/// A job as the API shows it; `position` is its 0-based place among QUEUED jobs.
-fn job_view(job: JobRecord, position: Option<usize>) -> JobView {
+/// A job as the API shows it, with its place among the site's QUEUED jobs and why it waits
+/// (from `active`: the site's jobs QUEUED or holding GPUs).
+fn job_view(job: JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> JobView {
+    let position = active
+        .iter()
+        .filter(|j| j.state() == JobState::Queued)
+        .position(|j| j.id == job.id);
+    let waiting = jobs::waiting_reason(&job, active, now);
     JobView {
         id: job.id,
         owner: job.owner.clone(),
@@ -320,6 +315,7 @@ fn job_view(job: JobRecord, position: Option<usize>) -> JobView {
         started_at: job.lifecycle.started_at(),
         finished_at: job.finished_at(),
         queue_position: position.map(|p| u32::try_from(p + 1).unwrap_or(u32::MAX)),
+        waiting,
         transitions: job.lifecycle.history().to_vec(),
         spec: job.spec,
     }

@@ -604,6 +604,52 @@ fn desired_job(job: &JobRecord, run: JobRun, site: ContainerLimits) -> DesiredJo
     }
 }
 
+/// Why the QUEUED `job` has not started, for people (`job show`), given the site's `active` jobs
+/// (QUEUED or holding GPUs) at `now`: the first of its notBefore, its bucket being full, the
+/// node that holds its checkpoint, or else no fitting GPUs being free. `None` unless QUEUED.
+pub fn waiting_reason(job: &JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> Option<String> {
+    if job.state() != JobState::Queued {
+        return None;
+    }
+    if let Some(not_before) = job.spec.not_before.filter(|&t| t > now) {
+        return Some(format!("not before {}", super::utc(not_before)));
+    }
+    if let Some(bucket) = &job.spec.bucket {
+        let running = active
+            .iter()
+            .filter(|other| {
+                other.state().holds_gpus()
+                    && other.owner == job.owner
+                    && other
+                        .spec
+                        .bucket
+                        .as_ref()
+                        .is_some_and(|b| b.name == bucket.name)
+            })
+            .count();
+        if running >= bucket.max as usize {
+            return Some(format!(
+                "bucket {} is full: {running} of your jobs in it hold GPUs, at most {} may",
+                bucket.name, bucket.max
+            ));
+        }
+    }
+    if let Some(node) = &job.pinned_node {
+        return Some(format!(
+            "for node {node}, which holds its checkpoint, to have {} free",
+            describe_gpus(&job.spec.gpus)
+        ));
+    }
+    Some(format!("for {} free", describe_gpus(&job.spec.gpus)))
+}
+
+fn describe_gpus(request: &GpuRequest) -> String {
+    match request.count {
+        1 => "a fitting GPU".to_owned(),
+        n => format!("{n} fitting GPUs"),
+    }
+}
+
 /// The reason of a halt for an interactive session needing `need` (its need, never its user).
 pub fn halt_for_session(need: &GpuRequest) -> JobReason {
     JobReason::ForInteractiveSession { need: *need }
@@ -957,6 +1003,43 @@ mod tests {
         assert_eq!(
             next_in_chain(&short, &end, new_id, &JobLimits::default()),
             None
+        );
+    }
+
+    #[test]
+    fn a_queued_job_says_why_it_waits() {
+        let in_bucket = JobSpecFile {
+            bucket: Some("sweep:1".into()),
+            ..JobSpecFile::default()
+        };
+        let mut running = running(in_bucket.clone());
+        let queued = submitted(in_bucket, &JobLimits::default());
+        assert_eq!(
+            waiting_reason(&queued, &[running.clone(), queued.clone()], t(20)).as_deref(),
+            Some("bucket sweep is full: 1 of your jobs in it hold GPUs, at most 1 may")
+        );
+        assert_eq!(waiting_reason(&running, &[], t(20)), None);
+        running.owner = Dn::parse("/CN=Someone Else").unwrap();
+        assert_eq!(
+            waiting_reason(&queued, &[running, queued.clone()], t(20)).as_deref(),
+            Some("for a fitting GPU free")
+        );
+        let mut later = submitted(
+            JobSpecFile {
+                not_before: Some(ongrid_core::job::TimeText::Text(t(3600).to_rfc3339())),
+                ..JobSpecFile::default()
+            },
+            &JobLimits::default(),
+        );
+        assert_eq!(
+            waiting_reason(&later, &[], t(20)),
+            Some(format!("not before {}", super::super::utc(t(3600))))
+        );
+        later.spec.not_before = None;
+        later.pinned_node = Some(node());
+        assert_eq!(
+            waiting_reason(&later, &[], t(20)).as_deref(),
+            Some("for node node1, which holds its checkpoint, to have a fitting GPU free")
         );
     }
 

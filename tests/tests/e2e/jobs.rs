@@ -2,6 +2,12 @@
 //! checkpoints on SIGUSR1, submitted as a restartable job on the site's only GPU, halted for an
 //! interactive session once past its min duration, re-queued with `ONGRID_RESTART_COUNT=1`,
 //! finding its checkpoint; logs kept after the container is gone; other users locked out.
+//!
+//! Then the scheduling rules with short times in the site's config: exit 85 re-queues the
+//! next job of the chain, which finds its checkpoint; max duration halts; a job that ignores
+//! SIGUSR1 is killed after the agent's halt grace; a bucket of 1 runs one job at a time (the
+//! other says why it waits); notAfter cancels a job still queued; a shared image runs for
+//! another user only while shared.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -69,17 +75,20 @@ fn container_env(name: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_restartable_job_halts_for_a_session_and_resumes_from_its_checkpoint() {
-    let mut site = Site::start(&[SimGpu::a100(1)]);
-    let alice = site.user("Alice");
-    let bob = site.user("Bob");
-    let login = site.login_of("Alice");
-    let _image = DockerImage(format!("ongrid/{login}/job:v1"));
-
-    // Alice's session gets the script, as root, and is frozen into job:v1.
-    site.devctl_ok(&alice, &["session", "new", "--name", "dev", "--wait"]);
-    let view = site.wait_for_state(&alice, "dev", "WAITING");
+/// Freezes a session of `user` holding `script` at [`JOB_PATH`] into the image `tag`, and
+/// removes the session (its GPU is free again). The frozen Docker image (removed on drop) and
+/// the image's digest.
+fn frozen_job_image(
+    site: &Site,
+    user: &User,
+    first_name: &str,
+    tag: &str,
+    script: &str,
+) -> (DockerImage, String) {
+    let login = site.login_of(first_name);
+    let image = DockerImage(format!("ongrid/{login}/{tag}"));
+    site.devctl_ok(user, &["session", "new", "--name", "dev", "--wait"]);
+    let view = site.wait_for_state(user, "dev", "WAITING");
     let container = view["container"].as_str().expect("container").to_owned();
     let mut child = Command::new("docker")
         .args(["exec", "-i", "-u", "0", &container, "sh", "-c"])
@@ -91,19 +100,68 @@ fn a_restartable_job_halts_for_a_session_and_resumes_from_its_checkpoint() {
         .stdin
         .take()
         .expect("stdin")
-        .write_all(JOB_SCRIPT.as_bytes())
+        .write_all(script.as_bytes())
         .expect("write the script");
     assert!(child.wait().expect("docker exec").success());
-    let frozen = site.devctl_ok(&alice, &["freeze", "dev", "--tag", "job:v1"]);
-    assert!(frozen.starts_with("image job:v1 is READY"), "{frozen}");
+    let frozen = site.devctl_ok(user, &["freeze", "dev", "--tag", tag]);
+    assert!(
+        frozen.starts_with(&format!("image {tag} is READY")),
+        "{frozen}"
+    );
     let digest = site
-        .devctl_json::<Value>(&alice, &["image", "show", "job:v1"])
+        .devctl_json::<Value>(user, &["image", "show", tag])
         .expect("image show")["digest"]
         .as_str()
         .expect("digest")
         .to_owned();
-    // The session goes, so the GPU is free for the job.
-    site.devctl_ok(&alice, &["session", "rm", "dev"]);
+    site.devctl_ok(user, &["session", "rm", "dev"]);
+    (image, digest)
+}
+
+/// `devctl job submit --image <image> <args> --json -- <command>`; the new job's id.
+fn submit(site: &Site, user: &User, image: &str, args: &[&str], command: &[&str]) -> String {
+    let mut all = vec!["job", "submit", "--image", image];
+    all.extend_from_slice(args);
+    // `--json` goes before `--` (devctl_json would append it to the job's command).
+    all.push("--json");
+    all.push("--");
+    all.extend_from_slice(command);
+    let out = site.devctl_ok(user, &all);
+    let view: Value = serde_json::from_str(&out).expect("the JSON of job submit");
+    view["id"].as_str().expect("job id").to_owned()
+}
+
+/// The reasons (their `reason` tags) of the job's transitions into `state`.
+fn reasons_into(view: &Value, state: &str) -> Vec<String> {
+    view["transitions"]
+        .as_array()
+        .expect("transitions")
+        .iter()
+        .filter(|t| t["to"] == state)
+        .filter_map(|t| t["reason"]["reason"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// When the job entered `state` (its last transition into it).
+fn entered(view: &Value, state: &str) -> DateTime<Utc> {
+    let transition = view["transitions"]
+        .as_array()
+        .expect("transitions")
+        .iter()
+        .rev()
+        .find(|t| t["to"] == state)
+        .unwrap_or_else(|| panic!("never {state}: {view}"));
+    time(&transition["at"])
+}
+
+#[test]
+fn a_restartable_job_halts_for_a_session_and_resumes_from_its_checkpoint() {
+    let mut site = Site::start(&[SimGpu::a100(1)]);
+    let alice = site.user("Alice");
+    let bob = site.user("Bob");
+
+    // Alice's session gets the script, as root, and is frozen into job:v1.
+    let (_image, digest) = frozen_job_image(&site, &alice, "Alice", "job:v1", JOB_SCRIPT);
 
     // Bob can run neither the tag (he has none) nor the digest of Alice's private image.
     for image in ["job:v1", digest.as_str()] {
@@ -286,4 +344,210 @@ fn a_restartable_job_halts_for_a_session_and_resumes_from_its_checkpoint() {
                 .then_some(())
         },
     );
+}
+
+/// The rules' program: `checkpoint` exits 85 after writing a checkpoint, and 0 when it finds
+/// one; `ignore` ignores SIGUSR1; anything else exits 123 on SIGUSR1.
+const RULES_SCRIPT: &str = r#"#!/bin/bash
+case "$1" in
+checkpoint)
+    if [ -f /ongrid/work/step ]; then
+        echo "resumed from step $(cat /ongrid/work/step) restart=$ONGRID_RESTART_COUNT"
+        exit 0
+    fi
+    echo 1 > /ongrid/work/step
+    echo "wrote step 1, exiting 85"
+    exit 85
+    ;;
+ignore)
+    trap '' USR1
+    echo "ignoring SIGUSR1"
+    while true; do sleep 1; done
+    ;;
+*)
+    trap 'echo "halted"; exit 123' USR1
+    echo "running"
+    while true; do sleep 1; done
+    ;;
+esac
+"#;
+
+/// The tag of the image of [`job_rules_act_with_the_sites_short_times`].
+const RULES: &str = "rules:v1";
+
+/// The agent's halt grace in [`job_rules_act_with_the_sites_short_times`].
+const SHORT_HALT_GRACE_SECS: i64 = 2;
+
+#[test]
+fn job_rules_act_with_the_sites_short_times() {
+    let mut site = Site::start_configured(
+        &[SimGpu::a100(1), SimGpu::a100(2)],
+        "[jobs]\noutput_grace = \"1 minute\"\n",
+        &format!("job_halt_grace = \"{SHORT_HALT_GRACE_SECS}s\""),
+    );
+    let alice = site.user("Alice");
+    let bob = site.user("Bob");
+    let (_image, digest) = frozen_job_image(&site, &alice, "Alice", "rules:v1", RULES_SCRIPT);
+    let long = Duration::from_secs(120);
+
+    // Exit 85: HALTED with the checkpoint kept, and the next job of the chain finds it.
+    let first = submit(&site, &alice, RULES, &[], &[JOB_PATH, "checkpoint"]);
+    let halted = wait_for_job(&site, &alice, &first, "HALTED", long);
+    assert_eq!(
+        reasons_into(&halted, "HALTED"),
+        ["checkpoint_exit"],
+        "{halted}"
+    );
+    assert_eq!(halted["exit_code"], 85, "{halted}");
+    let next = halted["next_job"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no next job: {halted}"))
+        .to_owned();
+    let finished = wait_for_job(&site, &alice, &next, "FINISHED", long);
+    assert_eq!(finished["chain"]["restart_count"], 1, "{finished}");
+    assert_eq!(
+        finished["node"], halted["node"],
+        "pinned to its checkpoint's node"
+    );
+    site.wait_until("the resumed job's output", Duration::from_secs(30), || {
+        logs(&site, &alice, &next)
+            .contains("resumed from step 1 restart=1\n")
+            .then_some(())
+    });
+    assert!(logs(&site, &alice, &first).contains("wrote step 1, exiting 85"));
+
+    // Max duration: halted when it is reached, saying so. Meanwhile a job that ignores
+    // SIGUSR1 is halted by its owner and killed once the agent's short grace is over.
+    let bounded = submit(&site, &alice, RULES, &["--max-duration", "4s"], &[JOB_PATH]);
+    let stubborn = submit(&site, &alice, RULES, &[], &[JOB_PATH, "ignore"]);
+    wait_for_job(&site, &alice, &stubborn, "RUNNING", long);
+    site.wait_until(
+        "the stubborn job's first line",
+        Duration::from_secs(30),
+        || {
+            logs(&site, &alice, &stubborn)
+                .contains("ignoring SIGUSR1")
+                .then_some(())
+        },
+    );
+    site.devctl_ok(&alice, &["job", "halt", &stubborn]);
+    let killed = wait_for_job(&site, &alice, &stubborn, "HALTED", Duration::from_secs(60));
+    assert_eq!(
+        reasons_into(&killed, "HALTED"),
+        ["ignored_halt_signal"],
+        "{killed}"
+    );
+    let waited = entered(&killed, "HALTED") - entered(&killed, "MUSTHALT");
+    assert!(
+        waited >= chrono::Duration::seconds(SHORT_HALT_GRACE_SECS)
+            && waited < chrono::Duration::seconds(15),
+        "killed {waited} after the halt, with a grace of {SHORT_HALT_GRACE_SECS} s: {killed}"
+    );
+    let stopped = wait_for_job(&site, &alice, &bounded, "HALTED", Duration::from_secs(60));
+    assert_eq!(
+        reasons_into(&stopped, "MUSTHALT"),
+        ["max_duration_reached"],
+        "{stopped}"
+    );
+    assert_eq!(
+        reasons_into(&stopped, "HALTED"),
+        ["halted_cleanly"],
+        "{stopped}"
+    );
+    let ran = entered(&stopped, "MUSTHALT") - time(&stopped["started_at"]);
+    assert!(
+        ran >= chrono::Duration::seconds(4),
+        "halted after {ran}: {stopped}"
+    );
+    assert_eq!(
+        stopped["next_job"],
+        Value::Null,
+        "not restartable: {stopped}"
+    );
+    let shown = site.devctl_ok(&alice, &["job", "show", &bounded]);
+    assert!(
+        shown.contains("halted: reached its max duration of 4 seconds"),
+        "{shown}"
+    );
+
+    // A bucket of 1: the second job waits, saying why, though a GPU is free.
+    let bucketed = |site: &Site| submit(site, &alice, RULES, &["--bucket", "sweep:1"], &[JOB_PATH]);
+    let one = bucketed(&site);
+    wait_for_job(&site, &alice, &one, "RUNNING", long);
+    let two = bucketed(&site);
+    // Two scheduling rounds (1 s apart) leave it queued.
+    let since = Utc::now();
+    let waiting = site.wait_until(
+        "two rounds with the bucket full",
+        Duration::from_secs(10),
+        || {
+            let view = job_show(&site, &alice, &two);
+            (Utc::now() - since >= chrono::Duration::seconds(3)).then_some(view)
+        },
+    );
+    assert_eq!(waiting["state"], "QUEUED", "{waiting}");
+    assert_eq!(
+        waiting["waiting"], "bucket sweep is full: 1 of your jobs in it hold GPUs, at most 1 may",
+        "{waiting}"
+    );
+
+    // notAfter: a job that cannot start (two GPUs, one held) is cancelled once it passes.
+    let not_after = (Utc::now() + chrono::Duration::seconds(4))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let late = submit(
+        &site,
+        &alice,
+        RULES,
+        &["--gpus", "2", "--not-after", &not_after],
+        &[JOB_PATH],
+    );
+    let cancelled = wait_for_job(&site, &alice, &late, "CANCELLED", Duration::from_secs(30));
+    assert_eq!(
+        reasons_into(&cancelled, "CANCELLED"),
+        ["not_started_by_not_after"],
+        "{cancelled}"
+    );
+    assert_eq!(cancelled["started_at"], Value::Null, "{cancelled}");
+
+    // The first of the bucket ends: the second starts.
+    site.devctl_ok(&alice, &["job", "cancel", &one]);
+    wait_for_job(&site, &alice, &two, "RUNNING", long);
+    site.devctl_ok(&alice, &["job", "cancel", &two]);
+
+    // A shared image: Bob runs it by Alice's login and tag only while it is shared.
+    let shared_name = format!("{}/rules:v1", site.login_of("Alice"));
+    for image in [shared_name.as_str(), digest.as_str()] {
+        let out = site.devctl(&bob, &["job", "submit", "--image", image, "--", JOB_PATH]);
+        assert!(
+            !out.status.success(),
+            "bob ran alice's private image {image}"
+        );
+    }
+    site.devctl_ok(&alice, &["image", "share", "rules:v1"]);
+    let listed = site.devctl_ok(&bob, &["image", "ls", "--shared"]);
+    assert!(listed.contains(&shared_name), "{listed}");
+    let bobs = submit(&site, &bob, &shared_name, &[], &[JOB_PATH, "checkpoint"]);
+    let bobs_halted = wait_for_job(&site, &bob, &bobs, "HALTED", long);
+    assert_eq!(
+        bobs_halted["user_name"],
+        site.login_of("Bob").as_str(),
+        "{bobs_halted}"
+    );
+    site.devctl_ok(&alice, &["image", "unshare", "rules:v1"]);
+    let out = site.devctl(
+        &bob,
+        &["job", "submit", "--image", &shared_name, "--", JOB_PATH],
+    );
+    assert!(!out.status.success(), "bob ran an image no longer shared");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("private"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Some(next) = bobs_halted["next_job"].as_str() {
+        // Already queued or running: unsharing does not take it away.
+        let view = job_show(&site, &bob, next);
+        assert_ne!(view["state"], "FAILED", "{view}");
+        let _ = site.devctl(&bob, &["job", "cancel", next]);
+    }
 }
