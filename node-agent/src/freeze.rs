@@ -589,23 +589,7 @@ impl FreezeRun {
             bytes_done: 0,
             bytes_total: details.size,
         };
-
-        let export_name = export_container_name(order.image_id);
-        let labels = BTreeMap::from([
-            (LABEL_NODE.to_owned(), self.freezer.node.to_string()),
-            (LABEL_FREEZE_EXPORT.to_owned(), image_id.clone()),
-        ]);
-        let export_id = runtime
-            .create_export_container(&image_id, &export_name, &labels)
-            .await
-            .map_err(docker("creating the container to export"))?;
-        let frozen = self
-            .export_freeze_and_import(&export_id, &details, dir, store)
-            .await;
-        if let Err(e) = runtime.remove(&export_id).await {
-            warn!(container = %export_name, error = %error_chain(&e), "Could not remove the export container.");
-        }
-        let frozen = frozen?;
+        let frozen = self.export(&image_id, &details, dir, store).await?;
         self.check_cancel()?;
 
         // Publish: <dir>/sha256/<hex>.sif → <store>/sha256/<hex>.sif.
@@ -666,6 +650,34 @@ impl FreezeRun {
         std::fs::write(dir.join("image-id"), &image_id)
             .map_err(|e| store_failure(store, dir, e))?;
         Ok(image_id)
+    }
+
+    /// Exports the commit `image_id` from a throwaway container of it, removed whatever
+    /// happened: [`FreezeRun::export_freeze_and_import`].
+    async fn export(
+        &self,
+        image_id: &str,
+        committed: &ImageDetails,
+        dir: &Path,
+        store: &Path,
+    ) -> Result<ongrid_images::Frozen, FreezeFailure> {
+        let runtime = &self.freezer.runtime;
+        let export_name = export_container_name(self.order.image_id);
+        let labels = BTreeMap::from([
+            (LABEL_NODE.to_owned(), self.freezer.node.to_string()),
+            (LABEL_FREEZE_EXPORT.to_owned(), image_id.to_owned()),
+        ]);
+        let export_id = runtime
+            .create_export_container(image_id, &export_name, &labels)
+            .await
+            .map_err(docker("creating the container to export"))?;
+        let frozen = self
+            .export_freeze_and_import(&export_id, committed, dir, store)
+            .await;
+        if let Err(e) = runtime.remove(&export_id).await {
+            warn!(container = %export_name, error = %error_chain(&e), "Could not remove the export container.");
+        }
+        frozen
     }
 
     /// Streams the export container's filesystem through [`ongrid_images::freeze_with_copy`]
