@@ -2,7 +2,7 @@
 //! `siftool` for the SIF, `unsquashfs -o OFFSET -lln` and extraction for its filesystem,
 //! `docker export` for what the container holds, `docker run` for the matching Docker image.
 //! And each failure (store full, Docker error, session removed, agent restarted) leaves no
-//! partial file, no committed image, and the session's container running.
+//! partial file, no image of the freeze (commit or import), and the session's container running.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -149,7 +149,7 @@ fn assert_clean(store: &Path, order: &FreezeOrder) {
         "--filter",
         &format!("label={LABEL_FROZEN_IMAGE}={}", order.image_id),
     ]);
-    assert_eq!(images, "", "the committed image must be removed");
+    assert_eq!(images, "", "the commit and the import must be removed");
     let exports = docker(&[
         "ps",
         "-aq",

@@ -159,7 +159,7 @@ fn agent_killed_during_freeze_the_image_fails_within_30s_and_nothing_is_left() {
         );
         no_partial_work(&site, CONVERGE);
         no_export_container(&site, &id);
-        // No image of this freeze is left: the committed one is labelled with the image id.
+        // No image of this freeze is left: the commit and the import carry the image id.
         let label = format!("label=ongrid.frozen.image={id}");
         site.wait_until("the committed image to be removed", CONVERGE, || {
             docker_lines(&["images", "-aq", "--filter", &label])
