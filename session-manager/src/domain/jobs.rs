@@ -636,17 +636,17 @@ pub fn waiting_reason(job: &JobRecord, active: &[JobRecord], now: DateTime<Utc>)
     }
     if let Some(node) = &job.pinned_node {
         return Some(format!(
-            "for node {node}, which holds its checkpoint, to have {} free",
+            "for {} on node {node}, which holds its checkpoint",
             describe_gpus(&job.spec.gpus)
         ));
     }
-    Some(format!("for {} free", describe_gpus(&job.spec.gpus)))
+    Some(format!("for {}", describe_gpus(&job.spec.gpus)))
 }
 
 fn describe_gpus(request: &GpuRequest) -> String {
     match request.count {
-        1 => "a fitting GPU".to_owned(),
-        n => format!("{n} fitting GPUs"),
+        1 => "a fitting GPU to be free".to_owned(),
+        n => format!("{n} fitting GPUs to be free"),
     }
 }
 
@@ -1022,7 +1022,7 @@ mod tests {
         running.owner = Dn::parse("/CN=Someone Else").unwrap();
         assert_eq!(
             waiting_reason(&queued, &[running, queued.clone()], t(20)).as_deref(),
-            Some("for a fitting GPU free")
+            Some("for a fitting GPU to be free")
         );
         let mut later = submitted(
             JobSpecFile {
@@ -1039,7 +1039,7 @@ mod tests {
         later.pinned_node = Some(node());
         assert_eq!(
             waiting_reason(&later, &[], t(20)).as_deref(),
-            Some("for node node1, which holds its checkpoint, to have a fitting GPU free")
+            Some("for a fitting GPU to be free on node node1, which holds its checkpoint")
         );
     }
 
