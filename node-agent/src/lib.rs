@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::StreamExt;
 use ongrid_core::api::{DesiredState, NodeReport, ObservedContainer, RegisterNode};
 use ongrid_core::{GpuInfo, NodeName};
 use reqwest::StatusCode;
@@ -43,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use config::Config;
 
@@ -236,6 +237,13 @@ impl Agent {
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
         let (pushed_sender, mut pushed) = watch::channel(None);
         let mut watcher = None;
+        let (exit_sender, mut exits) = watch::channel(0u64);
+        let exit_watcher = tokio::spawn(watch_exits(
+            self.runtime.clone(),
+            self.node.clone(),
+            exit_sender,
+            shutdown.clone(),
+        ));
         // This sync follows a change at once; the next one waits for the interval again, so a
         // desired state that changes with every report cannot keep the agent syncing.
         let mut follow_up = false;
@@ -261,6 +269,12 @@ impl Agent {
                 tokio::select! {
                     () = shutdown.cancelled() => break 'syncs,
                     () = tokio::time::sleep_until(next_sync) => break,
+                    // A container stopped: report it now. The watcher ends only with
+                    // `shutdown`, so `changed` cannot fail before.
+                    Ok(()) = exits.changed() => {
+                        follow_up = false;
+                        break;
+                    }
                     // The sender lives as long as this loop: `changed` cannot fail.
                     Ok(()) = pushed.changed() => {
                         let Some(versioned) = pushed.borrow_and_update().clone() else {
@@ -279,6 +293,7 @@ impl Agent {
             // It ends with `shutdown`.
             let _ = watcher.await;
         }
+        let _ = exit_watcher.await;
         // Running freezes are failed and cleaned up; the next agent reports them failed.
         state.freezer.cancel_all(freeze::AGENT_RESTARTED);
         if tokio::time::timeout(FREEZE_SHUTDOWN_GRACE, state.freezer.close())
@@ -496,6 +511,41 @@ async fn watch_desired(
             }
         }
         let delay = backoff.next_delay();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Counts the exits of the node's containers the runtime reports, until `shutdown`; the sync
+/// loop syncs at each. A broken event stream is opened again with backoff.
+async fn watch_exits(
+    runtime: Arc<dyn ContainerRuntime>,
+    node: NodeName,
+    exits: watch::Sender<u64>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let mut events = runtime.exits();
+        let opened = tokio::time::Instant::now();
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return,
+                event = events.next() => event,
+            };
+            if event.is_none() {
+                break;
+            }
+            exits.send_modify(|count| *count = count.wrapping_add(1));
+        }
+        // A stream that lasted a while broke by itself (a Docker restart): open it again soon.
+        if opened.elapsed() > Backoff::MAX {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay();
+        debug!(%node, ?delay, "Docker's event stream ended; opening it again.");
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}

@@ -698,6 +698,29 @@ impl ContainerRuntime for DockerRuntime {
         Box::pin(self.download(container_id, path))
     }
 
+    fn exits(&self) -> BoxStream<'_, ()> {
+        let filters = HashMap::from([
+            ("type".to_owned(), vec!["container".to_owned()]),
+            ("event".to_owned(), vec!["die".to_owned()]),
+            (
+                "label".to_owned(),
+                vec![
+                    format!("{LABEL_MANAGED}=true"),
+                    format!("{LABEL_NODE}={}", self.node),
+                ],
+            ),
+        ]);
+        let options = bollard::query_parameters::EventsOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
+        self.docker
+            .events(Some(options))
+            .take_while(|event| std::future::ready(event.is_ok()))
+            .map(|_| ())
+            .boxed()
+    }
+
     fn cpu_time<'a>(
         &'a self,
         id: &'a str,

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use futures::StreamExt;
 use ongrid_core::api::{
     visible_devices, ContainerLimits, ContainerState, ContainerUser, DesiredSession,
 };
@@ -392,6 +393,13 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 pub trait ContainerRuntime: Send + Sync + 'static {
     /// Every container of this node labelled `ongrid.managed=true`, whatever its state.
     fn list(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>>;
+
+    /// Yields each time one of this node's ongrid containers stops (Docker's `die`), so the
+    /// agent reports it at once; ends when the runtime's event stream breaks. The default never
+    /// yields: without events the periodic sync still sees every exit.
+    fn exits(&self) -> BoxStream<'_, ()> {
+        futures::stream::pending().boxed()
+    }
 
     /// Creates (without starting) the container of `spec`, ready for its first start: the home
     /// volume exists and is owned by the user, and the user exists inside. Returns its id.

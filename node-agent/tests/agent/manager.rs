@@ -645,7 +645,8 @@ async fn client_long_polls_the_desired_state() {
 }
 
 /// With a sync interval of five minutes, a session that appears in the desired state is started
-/// and reported running within seconds: the long-poll brings it, and the agent reports at once.
+/// and reported running within seconds: the long-poll brings it, and the agent reports at once;
+/// so is its container's death (Docker's event).
 #[tokio::test]
 async fn a_desired_change_starts_a_container_without_waiting_for_the_sync() {
     let test_node = TestNode::new().await;
@@ -710,6 +711,20 @@ async fn a_desired_change_starts_a_container_without_waiting_for_the_sync() {
         syncs + 1,
         "one sync reported the started container, right after it started"
     );
+
+    // The container dies: reported at once, not at the next sync.
+    let started = tokio::time::Instant::now();
+    docker(&["kill", &session.session_id.container_name()]);
+    let dead = eventually(Duration::from_secs(30), "the death reported", || {
+        manager.reports_after(0).into_iter().find_map(|containers| {
+            containers
+                .into_iter()
+                .find(|c| matches!(c.state, ContainerState::Exited { .. }))
+        })
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(dead.session_id, session.session_id);
     shutdown.cancel();
     task.await
         .expect("agent task")
