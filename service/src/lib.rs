@@ -1,6 +1,6 @@
 //! The plumbing the ongrid binaries share, so each `main.rs` is a few lines and each config
 //! module holds only its own keys: start-up and shutdown ([`process`]), secrets read from files
-//! ([`Token`]), TOML config files ([`config_file`]), PEM files and CA directories ([`pem`], the
+//! ([`Token`]), TOML config files ([`config_file`]), the metrics and health listener ([`metrics`]), PEM files and CA directories ([`pem`], the
 //! latter read with `ongrid_x509`'s one reader) and the HTTPS client of the manager's
 //! bearer-token routes ([`manager_http`], with the one check that `manager_url` is https).
 //!
@@ -8,6 +8,7 @@
 
 pub mod config_file;
 pub mod manager_http;
+pub mod metrics;
 pub mod pem;
 pub mod process;
 mod secret;
