@@ -784,6 +784,12 @@ quickstart_containers() {
         awk -F '\t' -v base="$DN_BASE/" 'index($2, base) == 1 { print $1 }'
 }
 
+# The session and job networks the quickstart's agent made (labelled with its node name).
+quickstart_networks() {
+    docker network ls --filter label=ongrid.managed=true --filter "label=ongrid.node=$(node_name)" \
+        --format '{{.Name}}'
+}
+
 cmd_clean() {
     check_tools
     cmd_stop
@@ -793,6 +799,11 @@ cmd_clean() {
         remember_logins "$container"
         docker rm -f "$container" >/dev/null
         info "removed container $container"
+    done
+    # Each session and job had its own network; the stopped agent can no longer remove them.
+    local network
+    for network in $(quickstart_networks); do
+        docker network rm "$network" >/dev/null && info "removed network $network"
     done
     if [[ -f "$QS/logins" ]]; then
         while read -r login; do
