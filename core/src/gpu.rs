@@ -173,11 +173,23 @@ pub enum GpuHealth {
     Healthy,
     /// The GPU cannot take work, for example it fell off the bus; the text says what was seen.
     Failed(String),
+    /// Nobody can tell: the node's `nvidia-smi` hangs or fails without naming a GPU, so none of
+    /// its GPUs is taken for healthy. The text says what was seen.
+    Unknown(String),
 }
 
 impl GpuHealth {
     pub fn is_healthy(&self) -> bool {
         matches!(self, Self::Healthy)
+    }
+
+    /// What was seen, for an unhealthy GPU: `failed: <reason>` or `unknown: <reason>`.
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            Self::Healthy => None,
+            Self::Failed(reason) => Some(format!("failed: {reason}")),
+            Self::Unknown(reason) => Some(format!("unknown: {reason}")),
+        }
     }
 }
 

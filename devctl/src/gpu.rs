@@ -18,6 +18,7 @@ pub async fn run(args: JsonArgs, client: &Client, term: &mut Terminal<'_>) -> an
 fn health(node: &NodeView, gpu: &GpuView) -> String {
     match (&gpu.info.health, &gpu.drain, &node.drain) {
         (GpuHealth::Failed(reason), _, _) => format!("FAILED: {reason}"),
+        (GpuHealth::Unknown(reason), _, _) => format!("UNKNOWN: {reason}"),
         (GpuHealth::Healthy, _, _) if !node.online => {
             format!("node offline since {}", format_time(node.last_seen))
         }

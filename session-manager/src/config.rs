@@ -13,6 +13,7 @@ use std::time::Duration;
 use ongrid_core::api::ContainerLimits;
 use ongrid_core::{HumanDuration, MemorySize};
 use ongrid_service::config_file::{self, FileError};
+use ongrid_service::metrics::MetricsConfig;
 use ongrid_x509::CrlPolicy;
 use serde::Deserialize;
 
@@ -74,6 +75,10 @@ pub struct RawConfig {
     pub first_uid: u32,
     #[serde(default = "default_node_timeout")]
     pub node_timeout: String,
+    /// Put a GPU the health check drained back in service once its node reports it healthy
+    /// again. Off by default: an admin undrains it (`devctl admin gpu undrain`).
+    #[serde(default)]
+    pub auto_undrain: bool,
     #[serde(default = "default_sync_interval")]
     pub sync_interval: String,
     #[serde(default = "default_schedule_interval")]
@@ -93,6 +98,9 @@ pub struct RawConfig {
     /// `[jobs]`: batch jobs' durations and where their output is kept.
     #[serde(default)]
     pub jobs: RawJobs,
+    /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// `[jobs]` as written in the manager's config file.
@@ -192,6 +200,8 @@ pub struct Config {
     pub allowed_images: Vec<String>,
     pub first_uid: u32,
     pub node_timeout: Duration,
+    /// See the file's `auto_undrain`.
+    pub auto_undrain: bool,
     pub sync_interval: Duration,
     pub schedule_interval: Duration,
     pub session_limits: ContainerLimits,
@@ -205,6 +215,8 @@ pub struct Config {
     pub job_limits: crate::domain::jobs::JobLimits,
     /// Where jobs' output files are.
     pub job_log_dir: PathBuf,
+    /// The metrics and health listener; `None`: none.
+    pub metrics: Option<MetricsConfig>,
 }
 
 impl Config {
@@ -442,6 +454,8 @@ impl Validator<'_> {
             allowed_images,
             first_uid: raw.first_uid,
             node_timeout,
+            auto_undrain: raw.auto_undrain,
+            metrics: raw.metrics,
             sync_interval,
             schedule_interval,
             session_limits: ContainerLimits {

@@ -57,6 +57,8 @@ pub struct TickReport {
     pub requeued: usize,
     /// Running sessions FAILED because their node stopped responding.
     pub lost: usize,
+    /// GPUs drained or undrained by the health check, and sessions and jobs failed with them.
+    pub health: usize,
     /// Job transitions applied (started, asked to halt, cancelled, lost with their node).
     pub jobs: usize,
 }
@@ -74,6 +76,8 @@ pub struct Scheduler {
     tick_lock: tokio::sync::Mutex<HashMap<SessionId, HaltWait>>,
     /// The site's `[jobs]` settings: whether a re-queued job is pinned to its checkpoint's node.
     job_limits: jobs::JobLimits,
+    /// The manager's `auto_undrain`: lift the health check's drain of a GPU healthy again.
+    auto_undrain: bool,
 }
 
 impl Scheduler {
@@ -92,7 +96,15 @@ impl Scheduler {
             changes: None,
             tick_lock: tokio::sync::Mutex::new(HashMap::new()),
             job_limits: jobs::JobLimits::default(),
+            auto_undrain: false,
         }
+    }
+
+    /// Lifts the health check's drain of a GPU once its node reports it healthy again (the
+    /// manager's `auto_undrain`; default: it stays drained until an admin undrains it).
+    pub fn with_auto_undrain(mut self, auto_undrain: bool) -> Self {
+        self.auto_undrain = auto_undrain;
+        self
     }
 
     /// The site's `[jobs]` settings (default: jobs directories local to each node).
@@ -146,6 +158,7 @@ impl Scheduler {
         let mut halt_waits = self.tick_lock.lock().await;
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
+        report.health += self.check_health(&site, now).await?;
         for node in site.nodes.iter().filter(|n| !site.is_online(n)) {
             let lost = site
                 .jobs
@@ -213,6 +226,7 @@ impl Scheduler {
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
         if pending.is_empty() && site.jobs.is_empty() {
+            crate::metrics::events().queued(&Default::default());
             return Ok(report);
         }
         let mut unpinned: HashMap<SessionId, NodeName> = HashMap::new();
@@ -237,7 +251,11 @@ impl Scheduler {
             })
             .collect();
         let state = site.scheduler_state(queue);
-        for action in ongrid_scheduler::plan(&state, now) {
+        let planning = std::time::Instant::now();
+        let actions = ongrid_scheduler::plan(&state, now);
+        crate::metrics::events().plan_took(planning.elapsed());
+        let placed = crate::metrics::placed_sessions(&actions);
+        for action in actions {
             match action {
                 Action::Place {
                     session,
@@ -298,7 +316,69 @@ impl Scheduler {
                 }
             }
         }
+        crate::metrics::events().queued(&crate::metrics::queue_reasons(
+            &pending,
+            &placed,
+            &halt_waits,
+            &unpinned,
+        ));
         Ok(report)
+    }
+
+    /// GPUs that online nodes report unhealthy (failed, or unknown): drained at once, their
+    /// sessions FAILED and their jobs HALTED (restartable ones, re-queued) or FAILED. With
+    /// `auto_undrain`, the health check's drain of a GPU healthy again is lifted. Returns how
+    /// many changes it stored.
+    async fn check_health(&self, site: &SiteSnapshot, now: DateTime<Utc>) -> StoreResult<usize> {
+        let mut changed = 0;
+        for node in site.nodes.iter().filter(|n| site.is_online(n)) {
+            for gpu in &node.gpus {
+                let uuid = &gpu.info.uuid;
+                let health = &gpu.info.health;
+                if nodes::lift_health_drain(health, gpu.drain.as_ref(), self.auto_undrain) {
+                    self.store.set_gpu_drain(uuid, None).await?;
+                    tracing::info!(gpu = %uuid, node = %node.name, "GPU healthy again: back in service (auto_undrain).");
+                    changed += 1;
+                    continue;
+                }
+                let Some(problem) = health.problem() else {
+                    continue;
+                };
+                if let Some(drain) = nodes::health_drain(health, gpu.drain.as_ref(), now) {
+                    self.store.set_gpu_drain(uuid, Some(drain)).await?;
+                    tracing::warn!(gpu = %uuid, node = %node.name, %problem, "GPU drained: its node reports it unhealthy.");
+                    changed += 1;
+                }
+                for session in site.sessions_on(uuid) {
+                    if let Some(change) = nodes::session_on_bad_gpu(session, uuid, &problem, now) {
+                        if self.apply(session.id, change).await? {
+                            tracing::warn!(session_id = %session.id, gpu = %uuid, "Session failed with its GPU.");
+                            changed += 1;
+                        }
+                    }
+                }
+                let on_gpu = site.jobs.iter().filter(|j| {
+                    j.gpus
+                        .iter()
+                        .any(|g| matches!(g, GpuId::Gpu(u) if u == uuid))
+                });
+                for job in on_gpu {
+                    if let Some(change) = nodes::job_on_bad_gpu(job, uuid, &problem, now) {
+                        let next = jobs::next_in_chain(
+                            job,
+                            &change,
+                            JobId::new_random(),
+                            &self.job_limits,
+                        );
+                        if self.apply_job(job.id, change, next).await? {
+                            tracing::warn!(job_id = %job.id, gpu = %uuid, "Job stopped with its GPU.");
+                            changed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(changed)
     }
 
     /// Stores a job's change (and the next job of its chain); `false` when the job changed
@@ -501,6 +581,7 @@ mod tests {
                 placed: 0,
                 requeued: 1,
                 lost: 1,
+                health: 0,
                 jobs: 0
             }
         );
@@ -660,6 +741,96 @@ mod tests {
     async fn alive(f: &Fixture, at: DateTime<Utc>) {
         let node = NodeName::parse("node1").unwrap();
         assert!(f.store.record_sync(&node, &[gpu(1)], at).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn unhealthy_gpus_are_drained_and_their_work_stops_until_an_admin_undrains() {
+        use ongrid_core::job::JobState;
+        let mut f = fixture(&[gpu(1), gpu(2)]).await;
+        let session = create(&f, t0()).await;
+        let job = submit_job(&f, None, t0()).await;
+        f.scheduler.tick(t0()).await.unwrap();
+        assert_eq!(state(&f, &session).await.gpus, [GpuId::Gpu(gpu(1).uuid)]);
+        assert_eq!(
+            f.store.job(job).await.unwrap().unwrap().state(),
+            JobState::Running
+        );
+
+        // The node reports GPU 1 failed and GPU 2 unknown (nvidia-smi hangs).
+        let node1 = NodeName::parse("node1").unwrap();
+        let failed = GpuInfo {
+            health: GpuHealth::Failed("Xid 79: GPU has fallen off the bus".into()),
+            ..gpu(1)
+        };
+        let unknown = GpuInfo {
+            health: GpuHealth::Unknown("nvidia-smi did not answer".into()),
+            ..gpu(2)
+        };
+        let at = t0() + TimeDelta::seconds(5);
+        f.store
+            .record_sync(&node1, &[failed, unknown], at)
+            .await
+            .unwrap();
+        let report = f.scheduler.tick(at).await.unwrap();
+        // Two drains, the session and the job.
+        assert_eq!(report.health, 4);
+        let session = state(&f, &session).await;
+        assert_eq!(session.state, SessionState::Failed);
+        assert!(
+            session.reason.starts_with(
+                "GPU GPU-11111111-2222-3333-4444-555555555501 is out of service (failed: Xid 79"
+            ),
+            "{}",
+            session.reason
+        );
+        let halted = f.store.job(job).await.unwrap().unwrap();
+        assert_eq!(halted.state(), JobState::Halted, "restartable: re-queued");
+        assert!(halted.next_job.is_some());
+        let nodes = f.store.nodes().await.unwrap();
+        let drains: Vec<_> = nodes[0]
+            .gpus
+            .iter()
+            .map(|g| g.drain.clone().unwrap())
+            .collect();
+        assert_eq!(drains[0].by, nodes::HEALTH_CHECK);
+        assert_eq!(
+            drains[0].reason,
+            "failed: Xid 79: GPU has fallen off the bus"
+        );
+        assert_eq!(drains[1].reason, "unknown: nvidia-smi did not answer");
+        assert_eq!(f.scheduler.tick(at).await.unwrap().health, 0, "done once");
+
+        // Healthy again: they stay drained, and the re-queued job waits...
+        f.store
+            .record_sync(&node1, &[gpu(1), gpu(2)], at)
+            .await
+            .unwrap();
+        assert_eq!(f.scheduler.tick(at).await.unwrap(), TickReport::default());
+        assert!(f.store.nodes().await.unwrap()[0]
+            .gpus
+            .iter()
+            .all(|g| g.drain.is_some()));
+        // ...unless the site lifts the health check's drains itself.
+        f.scheduler = Scheduler::new(
+            f.store.clone(),
+            Arc::new(ManualClock::new(at)),
+            TIMEOUT,
+            Arc::new(Notify::new()),
+        )
+        .with_auto_undrain(true);
+        let report = f.scheduler.tick(at).await.unwrap();
+        assert_eq!(report.health, 2);
+        assert!(f.store.nodes().await.unwrap()[0]
+            .gpus
+            .iter()
+            .all(|g| g.drain.is_none()));
+        let next = f
+            .store
+            .job(halted.next_job.unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.state(), JobState::Running);
     }
 
     async fn submit_job(f: &Fixture, min_duration: Option<&str>, at: DateTime<Utc>) -> JobId {

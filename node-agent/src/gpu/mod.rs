@@ -6,6 +6,7 @@
 //! off the bus, removed from the simulated file) is reported `Failed` rather than dropped, so the
 //! manager drains it instead of forgetting it. That memory lasts as long as the agent process.
 
+pub mod health;
 pub mod nvidia_smi;
 pub mod simulated;
 
@@ -48,8 +49,16 @@ pub trait GpuBackend: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "backend", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum GpuBackendConfig {
-    /// Runs `nvidia-smi` (found on PATH unless `path` is given).
-    NvidiaSmi { path: Option<PathBuf> },
+    /// Runs `nvidia-smi` (found on PATH unless `path` is given), killed after `timeout`
+    /// (default 10 seconds), and watches `kernel_log` (default `/dev/kmsg`, read where
+    /// permitted; `""` turns it off) for fatal Xid errors.
+    NvidiaSmi {
+        path: Option<PathBuf>,
+        #[serde(default)]
+        timeout: Option<String>,
+        #[serde(default)]
+        kernel_log: Option<PathBuf>,
+    },
     /// Reads GPUs from a TOML file, re-read at every discovery so faults can be injected.
     Simulated { file: PathBuf },
 }
@@ -59,7 +68,11 @@ pub enum GpuBackendConfig {
 /// or that the simulated GPU file reads and validates.
 pub fn from_config(config: &GpuBackendConfig) -> Result<Arc<dyn GpuBackend>, GpuError> {
     match config {
-        GpuBackendConfig::NvidiaSmi { path } => {
+        GpuBackendConfig::NvidiaSmi {
+            path,
+            timeout,
+            kernel_log,
+        } => {
             let path = match path {
                 Some(path) if path.is_file() => path.clone(),
                 Some(path) => {
@@ -71,7 +84,23 @@ pub fn from_config(config: &GpuBackendConfig) -> Result<Arc<dyn GpuBackend>, Gpu
                     }
                 })?,
             };
-            Ok(Arc::new(NvidiaSmiBackend::new(RealNvidiaSmi::new(path))))
+            let timeout = match timeout {
+                None => nvidia_smi::DEFAULT_TIMEOUT,
+                Some(text) => ongrid_core::HumanDuration::parse(text)
+                    .map_err(|error| NvidiaSmiError::BadTimeout {
+                        value: text.clone(),
+                        problem: error.to_string(),
+                    })?
+                    .as_duration(),
+            };
+            let kernel_log = kernel_log
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_KERNEL_LOG));
+            let mut backend = NvidiaSmiBackend::new(RealNvidiaSmi::new(path).with_timeout(timeout));
+            if !kernel_log.as_os_str().is_empty() {
+                backend = backend.with_kernel_log(health::KernelLog::new(kernel_log));
+            }
+            Ok(Arc::new(backend))
         }
         GpuBackendConfig::Simulated { file } => {
             simulated::load(file)?;
@@ -79,6 +108,9 @@ pub fn from_config(config: &GpuBackendConfig) -> Result<Arc<dyn GpuBackend>, Gpu
         }
     }
 }
+
+/// Where the NVIDIA driver's Xid errors are read from unless the config says otherwise.
+pub const DEFAULT_KERNEL_LOG: &str = "/dev/kmsg";
 
 /// The first file called `name` in the directories of `PATH`.
 fn find_on_path(name: &Path) -> Option<PathBuf> {
@@ -106,12 +138,22 @@ impl SeenGpus {
     /// `present`, in its order, followed by every GPU reported before that is not in `present`,
     /// with its last known properties and `GpuHealth::Failed(gone_reason)`, in UUID order.
     pub(crate) fn report(&self, present: Vec<GpuInfo>, gone_reason: &str) -> Vec<GpuInfo> {
+        self.report_with(present, |_| gone_reason.to_owned())
+    }
+
+    /// Like [`SeenGpus::report`], with the reason of each vanished GPU from `gone_reason`.
+    pub(crate) fn report_with(
+        &self,
+        present: Vec<GpuInfo>,
+        gone_reason: impl Fn(&GpuInfo) -> String,
+    ) -> Vec<GpuInfo> {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         let here: HashSet<&GpuUuid> = present.iter().map(|gpu| &gpu.uuid).collect();
         for (uuid, entry) in seen.iter_mut() {
             let is_here = here.contains(uuid);
             if entry.present && !is_here {
-                warn!(gpu = %uuid, reason = gone_reason, "GPU disappeared; reporting it failed.");
+                let reason = gone_reason(&entry.info);
+                warn!(gpu = %uuid, %reason, "GPU disappeared; reporting it failed.");
             }
             entry.present = is_here;
         }
@@ -126,7 +168,7 @@ impl SeenGpus {
             .values()
             .filter(|entry| !entry.present)
             .map(|entry| GpuInfo {
-                health: GpuHealth::Failed(gone_reason.to_owned()),
+                health: GpuHealth::Failed(gone_reason(&entry.info)),
                 utilization_percent: None,
                 ..entry.info.clone()
             })
@@ -134,6 +176,20 @@ impl SeenGpus {
         let mut report = present;
         report.extend(gone);
         report
+    }
+
+    /// Every GPU reported before, with its last known properties and `GpuHealth::Unknown`:
+    /// what to report when the GPUs cannot be asked (nvidia-smi hangs or fails without naming
+    /// a GPU), so that none is taken for healthy. In UUID order; empty before any discovery.
+    pub(crate) fn all_unknown(&self, reason: &str) -> Vec<GpuInfo> {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.values()
+            .map(|entry| GpuInfo {
+                health: GpuHealth::Unknown(reason.to_owned()),
+                utilization_percent: None,
+                ..entry.info.clone()
+            })
+            .collect()
     }
 }
 
@@ -198,11 +254,22 @@ mod tests {
         assert_eq!(
             config,
             GpuBackendConfig::NvidiaSmi {
-                path: Some("/usr/bin/nvidia-smi".into())
+                path: Some("/usr/bin/nvidia-smi".into()),
+                timeout: None,
+                kernel_log: None,
             }
         );
-        let config: GpuBackendConfig = toml::from_str("backend = \"nvidia-smi\"").unwrap();
-        assert_eq!(config, GpuBackendConfig::NvidiaSmi { path: None });
+        let config: GpuBackendConfig =
+            toml::from_str("backend = \"nvidia-smi\"\ntimeout = \"5 seconds\"\nkernel_log = \"\"")
+                .unwrap();
+        assert_eq!(
+            config,
+            GpuBackendConfig::NvidiaSmi {
+                path: None,
+                timeout: Some("5 seconds".into()),
+                kernel_log: Some("".into()),
+            }
+        );
         let config: GpuBackendConfig =
             toml::from_str("backend = \"simulated\"\nfile = \"/etc/gpus.toml\"").unwrap();
         assert_eq!(
@@ -243,13 +310,26 @@ mod tests {
         // Any existing file will do as nvidia-smi at start-up; it is run at discovery.
         let backend = from_config(&GpuBackendConfig::NvidiaSmi {
             path: Some(file.clone()),
+            timeout: None,
+            kernel_log: None,
         })
         .unwrap();
         assert_eq!(backend.kind(), "nvidia-smi");
         assert!(backend.needs_nvidia_runtime());
 
         let err = from_config(&GpuBackendConfig::NvidiaSmi {
+            path: Some(file.clone()),
+            timeout: Some("soon".into()),
+            kernel_log: None,
+        })
+        .err()
+        .unwrap();
+        assert!(err.to_string().starts_with("timeout \"soon\""), "{err}");
+
+        let err = from_config(&GpuBackendConfig::NvidiaSmi {
             path: Some(dir.path().join("nvidia-smi")),
+            timeout: None,
+            kernel_log: None,
         })
         .err()
         .unwrap();

@@ -9,12 +9,18 @@
 //! memory = "40960MiB"
 //! pci_bus_id = "00000000:07:00.0"   # optional
 //! failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
+//! xid = 79                           # optional: a fatal Xid in the kernel log for this GPU
 //! utilization = 0                    # optional: percent busy, what nvidia-smi's utilization.gpu says
 //! ```
 //!
+//! A top-level `hang = true` (before the first `[[gpu]]`) stands for an nvidia-smi that does
+//! not answer: every GPU is reported unknown.
+//!
 //! The file is read again at every discovery, so an operator or a test injects faults by editing
-//! it: `failed = "..."` marks a GPU unhealthy, and deleting an entry makes the GPU vanish, which
-//! is reported as a failure (like a GPU falling off the bus) rather than silently. Simulated GPUs
+//! it: `failed = "..."` marks a GPU unhealthy, `xid = 79` fails it as a fatal Xid in the kernel
+//! log would, `hang = true` makes every GPU's health unknown, and deleting an entry makes the
+//! GPU vanish, which is reported as a failure (like a GPU falling off the bus) rather than
+//! silently. Simulated GPUs
 //! need no NVIDIA container runtime. Editing `utilization` makes the sessions on a GPU busy or idle
 //! for the manager's idle detection (the agent reports it with each session's activity).
 
@@ -61,6 +67,9 @@ pub enum SimulatedError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SimulatedFile {
+    /// nvidia-smi hangs: every GPU's health is unknown.
+    #[serde(default)]
+    hang: bool,
     #[serde(default)]
     gpu: Vec<Entry>,
 }
@@ -75,6 +84,7 @@ struct Entry {
     memory: String,
     pci_bus_id: Option<String>,
     failed: Option<String>,
+    xid: Option<u32>,
     utilization: Option<i64>,
 }
 
@@ -86,6 +96,11 @@ pub struct SimulatedGpu {
 
 /// Parses and validates the contents of a simulated GPU file; `file` names it in errors.
 pub fn parse(text: &str, file: &Path) -> Result<Vec<SimulatedGpu>, SimulatedError> {
+    parse_file(text, file).map(|(gpus, _hang)| gpus)
+}
+
+/// The GPUs of a simulated GPU file, and whether it says nvidia-smi hangs.
+fn parse_file(text: &str, file: &Path) -> Result<(Vec<SimulatedGpu>, bool), SimulatedError> {
     let contents: SimulatedFile =
         toml::from_str(text).map_err(|source| SimulatedError::Syntax {
             file: file.to_owned(),
@@ -111,7 +126,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<SimulatedGpu>, SimulatedErro
         numbers.insert(gpu.info.uuid.clone(), number);
         gpus.push(gpu);
     }
-    Ok(gpus)
+    Ok((gpus, contents.hang))
 }
 
 /// Reads and validates a simulated GPU file now, blocking: for start-up checks.
@@ -137,9 +152,28 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
         ComputeCapability::parse(&entry.capability).map_err(|error| error.to_string())?;
     let memory = MemorySize::parse(&entry.memory).map_err(|error| error.to_string())?;
     let pci_bus_id = non_empty("pci_bus_id", entry.pci_bus_id)?;
-    let health = match non_empty("failed", entry.failed)? {
-        Some(reason) => GpuHealth::Failed(reason),
-        None => GpuHealth::Healthy,
+    let xid = entry
+        .xid
+        .map(|code| {
+            super::health::FATAL_XIDS
+                .iter()
+                .find(|(fatal, _)| *fatal == code)
+                .map(|(_, meaning)| format!("Xid {code} (simulated): {meaning}"))
+                .ok_or_else(|| {
+                    let fatal: Vec<String> = super::health::FATAL_XIDS
+                        .iter()
+                        .map(|(code, _)| code.to_string())
+                        .collect();
+                    format!(
+                        "xid {code} does not fail a GPU; use one of {}",
+                        fatal.join(", ")
+                    )
+                })
+        })
+        .transpose()?;
+    let health = match (non_empty("failed", entry.failed)?, xid) {
+        (Some(reason), _) | (None, Some(reason)) => GpuHealth::Failed(reason),
+        (None, None) => GpuHealth::Healthy,
     };
     let utilization = entry
         .utilization
@@ -187,13 +221,24 @@ impl SimulatedBackend {
                 file: self.file.clone(),
                 source,
             })?;
-        let gpus = parse(&text, &self.file)?;
+        let (gpus, hang) = parse_file(&text, &self.file)?;
         let present = gpus.into_iter().map(|gpu| gpu.info).collect();
         let gone_reason = format!(
             "not in the simulated GPU file {} any more: fallen off the bus (simulated)",
             self.file.display()
         );
-        Ok(self.seen.report(present, &gone_reason))
+        let mut report = self.seen.report(present, &gone_reason);
+        if hang {
+            let reason = format!(
+                "nvidia-smi does not answer (simulated: hang = true in {})",
+                self.file.display()
+            );
+            for gpu in &mut report {
+                gpu.health = GpuHealth::Unknown(reason.clone());
+                gpu.utilization_percent = None;
+            }
+        }
+        Ok(report)
     }
 }
 
@@ -380,6 +425,34 @@ utilization = 0                    # optional, percent
         std::fs::write(&path, format!("{}{h100}", a100("utilization = 99"))).unwrap();
         let busy = backend.discover_gpus().await.unwrap();
         assert_eq!(utilization(&busy), [Some(99), Some(87)]);
+
+        // A fatal Xid fails the GPU; one that does not fail a GPU is refused.
+        std::fs::write(&path, format!("{}{h100}", a100("xid = 79"))).unwrap();
+        let xid = backend.discover_gpus().await.unwrap();
+        assert_eq!(
+            xid[0].health,
+            GpuHealth::Failed("Xid 79 (simulated): GPU has fallen off the bus".into())
+        );
+        std::fs::write(&path, a100("xid = 13")).unwrap();
+        let err = backend.discover_gpus().await.unwrap_err();
+        assert!(
+            err.to_string().contains("xid 13 does not fail a GPU"),
+            "{err}"
+        );
+
+        // nvidia-smi hangs: every GPU is unknown, never healthy.
+        std::fs::write(&path, format!("hang = true\n{}{h100}", a100(""))).unwrap();
+        let hung = backend.discover_gpus().await.unwrap();
+        assert_eq!(hung.len(), 2);
+        for gpu in &hung {
+            let GpuHealth::Unknown(reason) = &gpu.health else {
+                panic!("{gpu:?}");
+            };
+            assert!(
+                reason.starts_with("nvidia-smi does not answer (simulated"),
+                "{reason}"
+            );
+        }
 
         // A broken file is an error.
         std::fs::write(&path, "[[gpu]]\nuuid = 1\n").unwrap();

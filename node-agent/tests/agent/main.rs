@@ -15,6 +15,7 @@ mod isolation;
 mod jobs;
 mod lifecycle;
 mod manager;
+mod nvidia_smi;
 mod streams;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,12 @@
 //! Node and GPU operations: what an admin's drain records, when a node may be forgotten, and
 //! what becomes of the sessions on a node whose agent stopped syncing.
 //!
+//! A GPU its node reports unhealthy (failed, or unknown because nvidia-smi hangs) is drained at
+//! once by the health check ([`health_drain`], `by` = [`HEALTH_CHECK`]); the sessions and jobs
+//! on it fail with a reason saying so ([`session_on_bad_gpu`], [`job_on_bad_gpu`]; restartable
+//! jobs are re-queued). It stays drained when it comes back until an admin undrains it, unless
+//! the manager's `auto_undrain` says otherwise ([`lift_health_drain`]).
+//!
 //! A drain takes a node or a GPU out of service for new work only: the scheduler places nothing
 //! new there (`ongrid_scheduler` leaves drained nodes and GPUs out of its index), while what runs
 //! there keeps running. A node that has not synced for `node_timeout` is *lost*: its running
@@ -12,8 +18,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::gpu::Drain;
-use ongrid_core::{HumanDuration, NodeName, SessionState, UserName};
+use ongrid_core::job::{JobReason, JobState};
+use ongrid_core::{GpuHealth, GpuUuid, HumanDuration, NodeName, SessionState, UserName};
 
+use super::jobs::{JobChange, JobRecord};
 use super::sessions::{Change, SessionRecord};
 use super::{utc, Refusal};
 use crate::store::NodeContents;
@@ -46,6 +54,82 @@ pub fn drain(reason: Option<&str>, by: &UserName, now: DateTime<Utc>) -> Result<
         },
         since: now,
         by: by.to_string(),
+    })
+}
+
+/// Who drains a GPU its node reports unhealthy.
+pub const HEALTH_CHECK: &str = "health check";
+
+/// The drain of a GPU reported unhealthy, unless it is drained already; `None` for a healthy one.
+pub fn health_drain(
+    health: &GpuHealth,
+    drained: Option<&Drain>,
+    now: DateTime<Utc>,
+) -> Option<Drain> {
+    let problem = health.problem()?;
+    drained.is_none().then(|| Drain {
+        reason: problem,
+        since: now,
+        by: HEALTH_CHECK.to_owned(),
+    })
+}
+
+/// Whether the health check's drain of a GPU that is healthy again is lifted: only with the
+/// manager's `auto_undrain`, and never an admin's drain.
+pub fn lift_health_drain(health: &GpuHealth, drained: Option<&Drain>, auto_undrain: bool) -> bool {
+    auto_undrain && health.is_healthy() && drained.is_some_and(|d| d.by == HEALTH_CHECK)
+}
+
+/// A session holding `gpu`, which its node reports unhealthy (`problem`, as
+/// [`GpuHealth::problem`] says it): FAILED, keeping its placement, so the agent stops its
+/// container. `None` when it holds no GPU.
+pub fn session_on_bad_gpu(
+    session: &SessionRecord,
+    gpu: &GpuUuid,
+    problem: &str,
+    now: DateTime<Utc>,
+) -> Option<Change> {
+    if !session.state.holds_gpus() {
+        return None;
+    }
+    Some(Change::keep_placement(
+        SessionState::Failed,
+        now,
+        format!(
+            "GPU {gpu} is out of service ({problem}): your files in the home volume are kept; \
+             `devctl session rm {name}` and start a new session, which gets another GPU",
+            name = session.name,
+        ),
+    ))
+}
+
+/// A job holding `gpu`, which its node reports unhealthy: a restartable job is HALTED (its
+/// chain goes on, on another GPU), any other FAILED. `None` when it holds no GPU.
+pub fn job_on_bad_gpu(
+    job: &JobRecord,
+    gpu: &GpuUuid,
+    problem: &str,
+    now: DateTime<Utc>,
+) -> Option<JobChange> {
+    if !job.state().holds_gpus() {
+        return None;
+    }
+    let requeued = job.spec.restartable;
+    let to = if requeued {
+        JobState::Halted
+    } else {
+        JobState::Failed
+    };
+    Some(JobChange {
+        to,
+        at: now,
+        reason: JobReason::GpuFailed {
+            gpu: gpu.clone(),
+            problem: problem.to_owned(),
+            requeued,
+        },
+        place: None,
+        exit_code: None,
     })
 }
 
@@ -217,6 +301,54 @@ mod tests {
                 None
             );
         }
+    }
+
+    #[test]
+    fn an_unhealthy_gpu_is_drained_once_and_its_sessions_fail() {
+        let failed = GpuHealth::Failed("Xid 79: GPU has fallen off the bus".to_owned());
+        let drain = health_drain(&failed, None, t(7)).unwrap();
+        assert_eq!(drain.reason, "failed: Xid 79: GPU has fallen off the bus");
+        assert_eq!((drain.since, drain.by.as_str()), (t(7), HEALTH_CHECK));
+        // Drained already (by an admin or an earlier check): kept as it is.
+        assert_eq!(health_drain(&failed, Some(&drain), t(9)), None);
+        assert_eq!(health_drain(&GpuHealth::Healthy, None, t(9)), None);
+        let unknown = GpuHealth::Unknown("nvidia-smi hangs".to_owned());
+        assert_eq!(
+            health_drain(&unknown, None, t(9)).unwrap().reason,
+            "unknown: nvidia-smi hangs"
+        );
+
+        let gpu = GpuUuid::parse("GPU-11111111-2222-3333-4444-555555555501").unwrap();
+        let change =
+            session_on_bad_gpu(&session(SessionState::Connected), &gpu, &drain.reason, t(8))
+                .unwrap();
+        assert_eq!(change.to, SessionState::Failed);
+        assert_eq!(
+            change.reason,
+            "GPU GPU-11111111-2222-3333-4444-555555555501 is out of service (failed: Xid 79: GPU \
+             has fallen off the bus): your files in the home volume are kept; `devctl session rm \
+             train1` and start a new session, which gets another GPU"
+        );
+        assert_eq!(
+            session_on_bad_gpu(&session(SessionState::Held), &gpu, "x", t(8)),
+            None
+        );
+    }
+
+    #[test]
+    fn only_the_health_checks_drain_is_lifted_and_only_when_asked() {
+        let alice = UserName::parse("alice").unwrap();
+        let admin = drain(None, &alice, t(0)).unwrap();
+        let check = health_drain(&GpuHealth::Failed("gone".into()), None, t(0)).unwrap();
+        let healthy = GpuHealth::Healthy;
+        assert!(lift_health_drain(&healthy, Some(&check), true));
+        assert!(!lift_health_drain(&healthy, Some(&check), false));
+        assert!(!lift_health_drain(&healthy, Some(&admin), true));
+        assert!(!lift_health_drain(
+            &GpuHealth::Unknown("hang".into()),
+            Some(&check),
+            true
+        ));
     }
 
     #[test]

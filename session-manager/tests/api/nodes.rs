@@ -329,3 +329,74 @@ async fn a_silent_node_loses_its_sessions_and_is_removed_only_when_empty() {
     assert_eq!(listed[0].drain, None);
     m.stop().await;
 }
+
+#[tokio::test]
+async fn a_gpu_its_node_reports_failed_is_drained_and_its_session_fails() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1), a100(2)]).await;
+    let train1 = m.alice.create(Some("train1"), one_gpu()).await;
+    assert_eq!(train1.gpus, [GpuId::Gpu(a100(1).uuid)]);
+    let running = container(&train1, ContainerState::Running, None);
+    m.node1
+        .sync("node1", vec![a100(1), a100(2)], vec![running.clone()])
+        .await;
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Waiting);
+
+    // The agent's health check sees an Xid 79 on GPU 1: the sync wakes the scheduler, which
+    // drains the GPU and fails the session on it with a reason that says what to do.
+    let fell_off = GpuInfo {
+        health: GpuHealth::Failed(
+            "Xid 79 at 2026-11-25 10:00:00 UTC: GPU has fallen off the bus".into(),
+        ),
+        ..a100(1)
+    };
+    m.node1
+        .sync("node1", vec![fell_off, a100(2)], vec![running.clone()])
+        .await;
+    let failed = m.alice.wait_for("train1", SessionState::Failed).await;
+    assert!(
+        failed.reason.starts_with(&format!(
+            "GPU {} is out of service (failed: Xid 79 at 2026-11-25 10:00:00 UTC: GPU has \
+             fallen off the bus): your files in the home volume are kept; `devctl session rm \
+             train1`",
+            a100(1).uuid
+        )),
+        "{}",
+        failed.reason
+    );
+    let desired = m
+        .node1
+        .sync("node1", vec![a100(1), a100(2)], vec![running])
+        .await;
+    assert_eq!(
+        desired.sessions[0].run,
+        RunState::Stopped,
+        "its container is stopped"
+    );
+
+    // Healthy again, the GPU stays drained (CHTC's practice): a new session gets GPU 2.
+    let listed = nodes(&m.admin).await;
+    let drain = listed[0].gpus[0]
+        .drain
+        .clone()
+        .expect("drained by the health check");
+    assert_eq!(drain.by, "health check");
+    assert!(
+        drain.reason.starts_with("failed: Xid 79"),
+        "{}",
+        drain.reason
+    );
+    let second = m.alice.create(Some("second"), one_gpu()).await;
+    assert_eq!(second.gpus, [GpuId::Gpu(a100(2).uuid)]);
+    let third = m.alice.create(Some("third"), one_gpu()).await;
+    assert_eq!(third.state, SessionState::Pending);
+
+    // An admin puts it back in service: the queued session gets it.
+    let path = format!("/v1/gpus/{}/drain", a100(1).uuid);
+    let undrained: GpuView = m.admin.ok(StatusCode::OK, m.admin.delete(&path)).await;
+    assert_eq!(undrained.drain, None);
+    let placed = m.alice.wait_for("third", SessionState::Starting).await;
+    assert_eq!(placed.gpus, [GpuId::Gpu(a100(1).uuid)]);
+    m.stop().await;
+}

@@ -10,6 +10,13 @@
 //! backend drops that optional field for good, asks again, and derives the capability from the
 //! model name ([`parse::capability_from_model`]). A GPU seen before that nvidia-smi no longer
 //! lists is reported failed, so the manager drains it.
+//!
+//! Health: lines in which nvidia-smi says it cannot reach a GPU ("Unable to determine the device
+//! handle for GPU 0000:3B:00.0", "GPU is lost") are taken out of its answers, and the GPU they
+//! name (or, when they name none, every GPU missing from the answer) is reported failed with
+//! that line. When nvidia-smi hangs (killed at the timeout) or fails otherwise, every GPU seen
+//! before is reported `Unknown`, never healthy. A GPU with a fatal Xid in the kernel log
+//! ([`super::health::KernelLog`], read where permitted) is reported failed.
 
 pub mod parse;
 
@@ -19,10 +26,11 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use ongrid_core::GpuInfo;
+use ongrid_core::{GpuHealth, GpuInfo};
 use tracing::warn;
 
 use self::parse::{parse_list, parse_query_gpu, query_argument, rejected_field, Field, ParseError};
+use super::health::{take_problems, KernelLog, PciAddress, Problem};
 use super::{GpuBackend, GpuError, SeenGpus};
 
 /// How long one run of nvidia-smi may take. A hung nvidia-smi is a known failure mode (a stuck
@@ -37,6 +45,8 @@ pub const GONE_REASON: &str = "not listed by nvidia-smi any more: fallen off the
 pub enum NvidiaSmiError {
     #[error("nvidia-smi not found at {}: install the NVIDIA driver, set `path` in the agent's [gpu] table, or use backend = \"simulated\" on a machine without GPUs", path.display())]
     NotFound { path: PathBuf },
+    #[error("timeout {value:?} in the agent's [gpu] table: {problem}; give a duration like \"10 seconds\"")]
+    BadTimeout { value: String, problem: String },
     #[error("could not run {}: check that the agent's user may execute it", path.display())]
     Spawn {
         path: PathBuf,
@@ -182,6 +192,52 @@ fn expect_success(command: &str, output: SmiOutput) -> Result<String, NvidiaSmiE
     })
 }
 
+/// Takes nvidia-smi's problem lines out of what it printed. When they were all that went wrong
+/// (nothing else on stderr) and it still answered about other GPUs, the run counts as a
+/// success for those; when they were all it printed, it stays a failure.
+fn take_output_problems(output: &mut SmiOutput) -> Vec<Problem> {
+    let (stdout, stderr) = (output.stdout.clone(), output.stderr.clone());
+    let mut problems = take_problems(&mut output.stdout);
+    problems.extend(take_problems(&mut output.stderr));
+    if problems.is_empty() || output.exit_code == Some(0) {
+        return problems;
+    }
+    if output.stderr.trim().is_empty() && !output.stdout.trim().is_empty() {
+        output.exit_code = Some(0);
+    } else {
+        // The failure's message keeps nvidia-smi's own words.
+        output.stdout = stdout;
+        output.stderr = stderr;
+    }
+    problems
+}
+
+/// Why a GPU nvidia-smi no longer lists is failed: the problem line naming it, else one naming
+/// no GPU, else [`GONE_REASON`].
+fn gone_reason(gpu: &GpuInfo, problems: &[Problem]) -> String {
+    let address = gpu.pci_bus_id.as_deref().and_then(PciAddress::parse);
+    problems
+        .iter()
+        .find(|p| p.gpu.is_some() && p.gpu == address)
+        .or_else(|| problems.iter().find(|p| p.gpu.is_none()))
+        .map_or_else(
+            || GONE_REASON.to_owned(),
+            |p| format!("nvidia-smi: {}", p.line),
+        )
+}
+
+/// Why every GPU is unknown when nvidia-smi cannot answer.
+fn unknown_reason(error: &NvidiaSmiError) -> String {
+    match error {
+        NvidiaSmiError::TimedOut { timeout, .. } => format!(
+            "nvidia-smi did not answer within {} s and was killed: the driver may be stuck or a \
+             GPU fell off the bus; check the kernel log for Xid errors",
+            timeout.as_secs_f64()
+        ),
+        other => format!("nvidia-smi failed: {other}"),
+    }
+}
+
 /// Discovers GPUs with nvidia-smi, through `S`.
 pub struct NvidiaSmiBackend<S> {
     source: S,
@@ -189,6 +245,8 @@ pub struct NvidiaSmiBackend<S> {
     /// the first time and never asked for again.
     fields: Mutex<Vec<Field>>,
     seen: SeenGpus,
+    /// Where fatal Xids are looked for; `None`: not watched.
+    kernel_log: Option<KernelLog>,
 }
 
 impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
@@ -197,15 +255,56 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
             source,
             fields: Mutex::new(Field::ALL.to_vec()),
             seen: SeenGpus::default(),
+            kernel_log: None,
         }
     }
 
-    /// The GPUs nvidia-smi lists now, plus the ones it listed before, marked failed.
+    /// Also looks for fatal Xid errors in this kernel log (`/dev/kmsg` on a real node).
+    pub fn with_kernel_log(mut self, kernel_log: KernelLog) -> Self {
+        self.kernel_log = Some(kernel_log);
+        self
+    }
+
+    /// The GPUs nvidia-smi lists now, plus the ones it listed before, marked failed; every GPU
+    /// seen before marked unknown when nvidia-smi cannot answer; GPUs with a fatal Xid marked
+    /// failed. An error only when nvidia-smi never answered.
     pub async fn discover_gpus(&self) -> Result<Vec<GpuInfo>, NvidiaSmiError> {
-        let (query_command, rows) = self.query().await?;
+        let xids = self
+            .kernel_log
+            .as_ref()
+            .map(KernelLog::failed_gpus)
+            .unwrap_or_default();
+        let mut report = match self.ask().await {
+            Ok((present, problems)) => self
+                .seen
+                .report_with(present, |gpu| gone_reason(gpu, &problems)),
+            Err(error) => {
+                let report = self.seen.all_unknown(&unknown_reason(&error));
+                if report.is_empty() {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "nvidia-smi cannot tell; every GPU reported unknown.");
+                report
+            }
+        };
+        for gpu in &mut report {
+            let address = gpu.pci_bus_id.as_deref().and_then(PciAddress::parse);
+            if let Some(reason) = address.and_then(|a| xids.get(&a)) {
+                gpu.health = GpuHealth::Failed(reason.clone());
+            }
+        }
+        Ok(report)
+    }
+
+    /// Asks nvidia-smi for the GPUs: those it lists, and the lines in which it says it cannot
+    /// reach one.
+    async fn ask(&self) -> Result<(Vec<GpuInfo>, Vec<Problem>), NvidiaSmiError> {
+        let (query_command, rows, mut problems) = self.query().await?;
         let list_args = ["-L".to_owned()];
         let list_command = command_line(&list_args);
-        let list_output = expect_success(&list_command, self.source.run(&list_args).await?)?;
+        let mut list = self.source.run(&list_args).await?;
+        problems.extend(take_output_problems(&mut list));
+        let list_output = expect_success(&list_command, list)?;
         let listed = parse_list(&list_output).map_err(|source| NvidiaSmiError::Output {
             command: list_command,
             source,
@@ -214,12 +313,13 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
             command: query_command,
             source,
         })?;
-        Ok(self.seen.report(present, GONE_REASON))
+        problems.dedup();
+        Ok((present, problems))
     }
 
     /// Runs the GPU query, dropping optional fields the driver does not know. Returns the
-    /// command that answered, for messages, and its rows.
-    async fn query(&self) -> Result<(String, Vec<parse::QueryRow>), NvidiaSmiError> {
+    /// command that answered, for messages, its rows and its problem lines.
+    async fn query(&self) -> Result<(String, Vec<parse::QueryRow>, Vec<Problem>), NvidiaSmiError> {
         loop {
             let fields = self
                 .fields
@@ -231,7 +331,8 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
                 "--format=csv,noheader,nounits".to_owned(),
             ];
             let command = command_line(&args);
-            let output = self.source.run(&args).await?;
+            let mut output = self.source.run(&args).await?;
+            let problems = take_output_problems(&mut output);
             let rejected = rejected_field(&output.stdout)
                 .or_else(|| rejected_field(&output.stderr))
                 .map(|name| (name.to_owned(), Field::from_name(name)));
@@ -262,7 +363,7 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
                     command: command.clone(),
                     source,
                 })?;
-            return Ok((command, rows));
+            return Ok((command, rows, problems));
         }
     }
 }
