@@ -15,8 +15,8 @@
 //! [`run`] wires them together, starts the stream endpoint when `[streams]` is configured, and
 //! runs the sync loop ([`Agent::run`]) until shutdown. Between syncs the agent keeps a long-poll
 //! open on the manager (`watch_desired`), so a change of its desired state is applied at once;
-//! after applying a changed desired state it syncs again at once, so the manager hears of the
-//! containers it started or stopped without waiting for the interval. The periodic sync stays:
+//! after starting, stopping or removing containers, and when one stops by itself, it syncs again
+//! at once, so the manager hears of it without waiting for the interval. The periodic sync stays:
 //! it is level-triggered, so nothing is lost when the long-poll breaks. Stopping the agent leaves every container
 //! as it is: they belong to sessions, and the next agent adopts them. Open streams end.
 
@@ -68,6 +68,10 @@ const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(300);
 
 /// How long each long-poll asks the manager to wait for a change of the desired state.
 const DESIRED_WAIT: Duration = Duration::from_secs(25);
+
+/// How many syncs in a row may follow the previous one at once (each because it changed
+/// containers), so a change that repeats itself cannot keep the agent syncing.
+const MAX_FOLLOW_UPS: u32 = 3;
 
 /// Starts the agent described by `config` and runs it until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -191,8 +195,6 @@ struct LoopState {
     jobs: jobs::Jobs,
     /// The version of the desired state last converged to (`None`: not known).
     applied: Option<String>,
-    /// The last sync converged to a desired state of another version than the one before.
-    changed: bool,
 }
 
 impl Agent {
@@ -232,7 +234,6 @@ impl Agent {
                 self.jobs.clone(),
             ),
             applied: None,
-            changed: false,
         };
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
         let (pushed_sender, mut pushed) = watch::channel(None);
@@ -244,9 +245,8 @@ impl Agent {
             exit_sender,
             shutdown.clone(),
         ));
-        // This sync follows a change at once; the next one waits for the interval again, so a
-        // desired state that changes with every report cannot keep the agent syncing.
-        let mut follow_up = false;
+        // Syncs in a row that followed the one before at once.
+        let mut follow_ups = 0;
         'syncs: while !shutdown.is_cancelled() {
             let delay = self.sync_once(&mut reconciler, &mut state, &shutdown).await;
             if watcher.is_none() && state.registered.is_some() {
@@ -257,11 +257,12 @@ impl Agent {
                     shutdown.clone(),
                 )));
             }
-            let delay = if std::mem::take(&mut state.changed) && !follow_up {
-                follow_up = true;
+            // It changed containers: report them at once.
+            let delay = if reconciler.acted() > 0 && follow_ups < MAX_FOLLOW_UPS {
+                follow_ups += 1;
                 Duration::ZERO
             } else {
-                follow_up = false;
+                follow_ups = 0;
                 delay
             };
             let next_sync = tokio::time::Instant::now() + delay;
@@ -271,18 +272,15 @@ impl Agent {
                     () = tokio::time::sleep_until(next_sync) => break,
                     // A container stopped: report it now. The watcher ends only with
                     // `shutdown`, so `changed` cannot fail before.
-                    Ok(()) = exits.changed() => {
-                        follow_up = false;
-                        break;
-                    }
+                    Ok(()) = exits.changed() => break,
                     // The sender lives as long as this loop: `changed` cannot fail.
                     Ok(()) = pushed.changed() => {
                         let Some(versioned) = pushed.borrow_and_update().clone() else {
                             continue;
                         };
                         if self.apply_pushed(&mut reconciler, &mut state, versioned).await {
-                            // Report what it started or stopped at once.
-                            follow_up = true;
+                            // Report what it started or stopped (or its jobs and freezes) at
+                            // once; new versions come only from changes in the manager.
                             break;
                         }
                     }
@@ -389,7 +387,6 @@ impl Agent {
         }
         state.backoff.reset();
 
-        state.changed = version != state.applied;
         self.converge(reconciler, state, &desired).await;
         state.applied = version;
         Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)

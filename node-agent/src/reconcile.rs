@@ -250,6 +250,8 @@ pub struct Reconciler {
     seen_dead: HashSet<SessionId>,
     /// The containers as the last [`Reconciler::observe`] saw them.
     observed: Vec<ContainerStatus>,
+    /// How many operations the last [`Reconciler::converge`] carried out.
+    acted: usize,
     /// Untags the Docker images of frozen images the manager says were removed.
     removed_images: RemovedImages,
 }
@@ -272,6 +274,7 @@ impl Reconciler {
             problems: HashMap::new(),
             seen_dead: HashSet::new(),
             observed: Vec::new(),
+            acted: 0,
             removed_images: RemovedImages::new(runtime.clone()),
             runtime,
         }
@@ -283,6 +286,12 @@ impl Reconciler {
         self.removed_images.remove(removed).await;
     }
 
+    /// How many operations (creations, starts, stops, removals) the last
+    /// [`Reconciler::converge`] carried out; failed ones do not count.
+    pub fn acted(&self) -> usize {
+        self.acted
+    }
+
     /// The containers as the last [`Reconciler::observe`] saw them (for activity sampling).
     pub fn last_observed(&self) -> &[ContainerStatus] {
         &self.observed
@@ -291,6 +300,7 @@ impl Reconciler {
     /// One pass: looks at the containers, plans, and runs every operation. Fails only when the
     /// runtime cannot list the containers (then nothing is touched).
     pub async fn converge(&mut self, desired: &[DesiredSession]) -> Result<(), RuntimeError> {
+        self.acted = 0;
         let observed = self.runtime.list().await?;
         let wanted: HashSet<SessionId> = desired.iter().map(|s| s.session_id).collect();
         self.resumable.retain(|id| wanted.contains(id));
@@ -316,7 +326,11 @@ impl Reconciler {
                 | Operation::Remove { session_id, .. }
                 | Operation::RemoveNetwork { session_id, .. } => *session_id,
             };
-            if let Err(e) = self.execute(operation).await {
+            let result = self.execute(operation).await;
+            if result.is_ok() {
+                self.acted += 1;
+            }
+            if let Err(e) = result {
                 let problem = error_chain(&e);
                 let Some(id) = session_id else {
                     warn!(error = %problem, "Could not clean up a stray ongrid container or network.");
