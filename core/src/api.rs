@@ -5,7 +5,9 @@
 //! - `GET    /v1/whoami`                       → [`WhoAmI`]
 //! - `POST   /v1/sessions`                     [`CreateSession`] → 201 [`SessionView`]
 //! - `GET    /v1/sessions[?all=true]`          → `Vec<SessionView>` (own; `all` for admins)
-//! - `GET    /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] with its transitions
+//! - `GET    /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] with its transitions; with
+//!   `&wait_for=STATE,...[&timeout=SECONDS]` a long-poll: answered once the session is in one of
+//!   the states (like `waiting,connected,idle,failed`), or as it is after the timeout (≤ 60 s)
 //! - `DELETE /v1/sessions/{name}[?owner=DN]`   → [`SessionView`] (now ENDED)
 //! - `POST   /v1/sessions/{name}/hold[?owner=DN]`    [`crate::holds::HoldRequest`] →
 //!   [`SessionView`] (HELD; a reason only for admins holding others' sessions)
@@ -48,6 +50,10 @@
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]
 //! - `POST /v1/agent/sync`     [`NodeReport`]   → [`DesiredState`]
+//! - `GET  /v1/agent/desired?after=<version>[&timeout=SECONDS]` → [`DesiredState`] as soon as it
+//!   differs from that version, else 204 after the timeout (25 s by default, ≤ 300 s): the
+//!   long-poll agents keep open between syncs. Every answer with a desired state carries its
+//!   version in `ETag`.
 //!
 //! Gateway routes (`Authorization: Bearer <gateway token>`):
 //! - `GET  /v1/gateway/allowlist`   → [`Allowlist`]
