@@ -1366,6 +1366,10 @@ pub struct JobView {
     pub finished_at: Option<DateTime<Utc>>,
     /// 1-based position among the site's QUEUED jobs, when QUEUED.
     pub queue_position: Option<u32>,
+    /// Why a QUEUED job has not started: its notBefore, its bucket being full, the node that
+    /// holds its checkpoint, or no fitting GPUs free.
+    #[serde(default)]
+    pub waiting: Option<String>,
     pub transitions: Vec<JobTransition>,
 }
 
@@ -1385,10 +1389,6 @@ pub const JOB_LOG_CAP: u64 = 16 * 1024 * 1024;
 pub const JOB_LOG_CHUNK_MAX: usize = 256 * 1024;
 
 /// A job the manager wants on a node (`DesiredState::jobs`). The agent converges to it like to
-    /// Why a QUEUED job has not started: its notBefore, its bucket being full, the node that
-    /// holds its checkpoint, or no fitting GPUs free.
-    #[serde(default)]
-    pub waiting: Option<String>,
 /// a session: it prepares the image, creates and starts the container once, halts or kills it
 /// when `run` says so, and reports what happened in `NodeReport::jobs` until the manager stops
 /// listing the job (then the agent removes the container; the working directory of the chain
