@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::domain::images::{give_up, FreezeLimits, ImageRecord};
+use crate::notify::Changes;
 use crate::store::{ImageFilter, Store, StoreResult};
 
 /// How often the watch looks at the BUILDING images.
@@ -29,6 +30,8 @@ pub struct FreezeWatch {
     clock: Arc<dyn Clock>,
     limits: FreezeLimits,
     started: DateTime<Utc>,
+    /// Told of every freeze given up, so its agent stops it at once.
+    changes: Option<Changes>,
 }
 
 impl FreezeWatch {
@@ -39,7 +42,14 @@ impl FreezeWatch {
             clock,
             limits,
             started,
+            changes: None,
         }
+    }
+
+    /// Notifies `changes` of every freeze it gives up.
+    pub fn with_changes(mut self, changes: Changes) -> Self {
+        self.changes = Some(changes);
+        self
     }
 
     /// Checks every [`WATCH_INTERVAL`] until `shutdown`.
@@ -88,6 +98,9 @@ impl FreezeWatch {
                     .await?
                 {
                     tracing::info!(image_id = %image.id, reference = %image.reference, %node, reason = %image.reason, "Freeze given up.");
+                    if let Some(changes) = &self.changes {
+                        changes.node(node);
+                    }
                     failed.push(image);
                 }
             }

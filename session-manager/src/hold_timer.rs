@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::domain::sessions::holds::{evaluate, LifecycleConfig, LifecycleFacts};
+use crate::notify::Changes;
 use crate::store::{FactsScope, Store, StoreError, StoreResult};
 
 /// The timer looks at the sessions at least this often, whatever the deadlines.
@@ -37,6 +38,8 @@ pub struct HoldTimer {
     /// Woken when a hold frees GPUs, so the scheduler places waiting sessions at once.
     scheduler_wake: Arc<Notify>,
     ticks: watch::Sender<u64>,
+    /// Told of every hold, so the session's agent stops its container at once.
+    changes: Option<Changes>,
 }
 
 impl HoldTimer {
@@ -52,7 +55,14 @@ impl HoldTimer {
             config,
             scheduler_wake,
             ticks: watch::channel(0).0,
+            changes: None,
         }
+    }
+
+    /// Notifies `changes` of every hold it applies.
+    pub fn with_changes(mut self, changes: Changes) -> Self {
+        self.changes = Some(changes);
+        self
     }
 
     /// Counts completed ticks; lets a caller wait for the timer to have run.
@@ -128,6 +138,9 @@ impl HoldTimer {
                 Ok(Some((session, reason))) => {
                     tracing::info!(session_id = %session.id, session = %session.name,
                         user = %session.user_name, reason = %session.reason, "Session held.");
+                    if let Some(changes) = &self.changes {
+                        changes.node_or_site(session.node.as_ref());
+                    }
                     report.held.push((facts.session_id, reason));
                 }
                 // Changed meanwhile (a connection, a keep-alive; removed, held by hand): the

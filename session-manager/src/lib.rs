@@ -179,21 +179,27 @@ impl Manager {
                 .clone()
                 .run(config.schedule_interval, shutdown.clone()),
         );
-        let holds = Arc::new(HoldTimer::new(
-            store.clone(),
-            self.clock.clone(),
-            config.lifecycle,
-            wake.clone(),
-        ));
+        let holds = Arc::new(
+            HoldTimer::new(
+                store.clone(),
+                self.clock.clone(),
+                config.lifecycle,
+                wake.clone(),
+            )
+            .with_changes(changes.clone()),
+        );
         tracker.spawn(holds.run(shutdown.clone()));
-        let freezes = Arc::new(FreezeWatch::new(
-            store.clone(),
-            self.clock.clone(),
-            FreezeLimits {
-                node_timeout: config.node_timeout,
-                stall_timeout: config.freeze_stall_timeout,
-            },
-        ));
+        let freezes = Arc::new(
+            FreezeWatch::new(
+                store.clone(),
+                self.clock.clone(),
+                FreezeLimits {
+                    node_timeout: config.node_timeout,
+                    stall_timeout: config.freeze_stall_timeout,
+                },
+            )
+            .with_changes(changes.clone()),
+        );
         tracker.spawn(freezes.run(shutdown.clone()));
 
         let state = AppState {
