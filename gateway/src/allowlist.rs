@@ -46,6 +46,11 @@ impl SharedAllowlist {
         }
     }
 
+    /// Whether a list was fetched from the manager (until then every connection is refused).
+    pub fn is_loaded(&self) -> bool {
+        self.snapshot().is_some()
+    }
+
     /// Installs a new list; returns whether it differs from the previous one.
     pub fn replace(&self, list: Allowlist) -> bool {
         let mut current = self

@@ -57,10 +57,12 @@ pub struct Traffic {
 impl Traffic {
     fn count_in(&self, bytes: usize) {
         self.to_container.fetch_add(bytes as u64, Ordering::Relaxed);
+        crate::metrics::events().to_container(bytes);
     }
 
     fn count_out(&self, bytes: usize) {
         self.to_client.fetch_add(bytes as u64, Ordering::Relaxed);
+        crate::metrics::events().to_client(bytes);
     }
 }
 
@@ -272,6 +274,7 @@ async fn start_on_agent(
     match context.agents.open(&context.route.agent_url, &open).await {
         Ok(stream) => {
             tracing::info!(connection = %context.connection_id, channel = id.number(), what = %description, "Channel started.");
+            crate::metrics::events().channel(&start.kind);
             Some(stream)
         }
         Err(error) => {
@@ -382,6 +385,7 @@ async fn run_direct_tcpip(
     };
     open_reply.accept().await;
     tracing::info!(connection = %context.connection_id, channel = id.number(), %host, port, "Forwarding started.");
+    crate::metrics::events().channel(&open.kind);
     let (end, agent) = relay(
         Relay {
             ends,

@@ -14,6 +14,8 @@
 //! per_source_max_startups = 50                # connections not logged in yet, from one address
 //! [proxy_protocol]                            # optional; off when absent
 //! trusted = ["192.0.2.10/32"]                 # load balancers allowed to send PROXY v2 headers
+//! [metrics]                                   # optional; off when absent
+//! listen = "127.0.0.1:9471"                    # /metrics, /healthz, /readyz over plain HTTP
 //! ```
 
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +25,7 @@ use std::time::Duration;
 use ongrid_core::{Cidr, HumanDuration};
 use ongrid_service::config_file::{self, FileError};
 use ongrid_service::manager_http::{parse_manager_url, ManagerUrlError};
+use ongrid_service::metrics::MetricsConfig;
 use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
@@ -135,6 +138,7 @@ struct ConfigFile {
     max_startups: Option<String>,
     per_source_max_startups: Option<u32>,
     proxy_protocol: Option<ProxyProtocolFile>,
+    metrics: Option<MetricsConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,6 +170,8 @@ pub struct Config {
     pub startups: StartupLimits,
     /// PROXY protocol v2 from trusted load balancers; `None` means off.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// The metrics and health listener; `None` means none.
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// Which peers may (and then must) send a PROXY protocol v2 header.
@@ -278,6 +284,7 @@ impl Config {
             warn_before,
             startups,
             proxy_protocol,
+            metrics: file.metrics,
         })
     }
 }

@@ -229,6 +229,7 @@ impl GatewayHandler {
 
     /// Handles a refusal in `phase`: remembered for the user, counted when it is the key's fault.
     fn refused(&mut self, login: &str, refusal: &Refusal, phase: Phase) -> Auth {
+        crate::metrics::events().refused(crate::metrics::Refused::Auth(refusal.kind));
         self.remember(refusal);
         if refusal.kind == RefusalKind::Key {
             let count = match phase {
@@ -244,7 +245,10 @@ impl GatewayHandler {
     }
 
     async fn check(&mut self, login: &str, key: &russh::keys::PublicKey, phase: Phase) -> Auth {
-        match self.services.auth.key_owner(self.source, login, key).await {
+        let asked = std::time::Instant::now();
+        let owner = self.services.auth.key_owner(self.source, login, key).await;
+        crate::metrics::events().authenticated_in(asked.elapsed());
+        match owner {
             Ok(owner) if phase == Phase::Offer => {
                 tracing::debug!(connection = %self.connection_id, owner = %owner.owner, "Key offer accepted; waiting for the signature.");
                 Auth::Accept

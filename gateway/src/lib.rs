@@ -14,7 +14,7 @@
 //! connections share), [`server`] (accept loop; [`startups`] caps connections not logged in yet),
 //! [`connection`] (the russh handler and the per-connection task), [`requests`] (which channel
 //! requests are granted, answered as they arrive), [`input`] (each channel's bounded input
-//! queue and why it cannot deadlock), [`manager`] (HTTPS client),
+//! queue and why it cannot deadlock), [`manager`] (HTTPS client), [`metrics`] (`/metrics`),
 //! [`tls`] (roots from `ca_dir`).
 
 pub mod agent;
@@ -29,6 +29,7 @@ pub mod deadlines;
 pub mod hostkeys;
 pub mod input;
 pub mod manager;
+pub mod metrics;
 pub mod proxy_protocol;
 pub mod requests;
 pub mod revocations;
@@ -65,6 +66,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
     let roots = ca_roots::load_ca_dir(&config.ca_dir)?;
     let tls_config = ca_roots::client_config(&roots)?;
     let manager = manager::GatewayRoutes::new(&config.manager_url, &roots, config.token.clone())?;
@@ -88,6 +90,11 @@ pub async fn run(
         Err(_) => tracing::warn!("The manager did not send the allowlist within 10 s: refusing every connection until it does."),
     }
     let tracker = TaskTracker::new();
+    tracker.spawn(ongrid_service::metrics::serve_if_bound(
+        metrics_listener,
+        Arc::new(metrics::GatewayExporter::new(allowlist.clone())),
+        shutdown.clone(),
+    ));
     tracker.spawn(allowlist::refresh(
         manager.clone(),
         allowlist.clone(),

@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::allowlist::Verdict;
 use crate::connection::{self, Peer};
+use crate::metrics::{self, Refused};
 use crate::proxy_protocol::{self, Header, SignatureGuard};
 use crate::services::Services;
 
@@ -76,10 +77,12 @@ async fn accept(
             Ok(Ok(Header::Local)) => (peer, false),
             Ok(Err(error)) => {
                 tracing::warn!(balancer = %peer, error = format!("{:#}", anyhow::Error::from(error)), "Connection refused: a trusted load balancer must send a PROXY protocol v2 header.");
+                metrics::events().refused(Refused::ProxyProtocol);
                 return;
             }
             Err(_) => {
                 tracing::warn!(balancer = %peer, "Connection refused: the load balancer sent no PROXY protocol header in time.");
+                metrics::events().refused(Refused::ProxyProtocol);
                 return;
             }
         }
@@ -91,10 +94,12 @@ async fn accept(
             Verdict::Allowed(_) => {}
             Verdict::Refused => {
                 tracing::warn!(source = %source.ip(), port = source.port(), via = ?balancer.then_some(peer), "Connection refused: the address is in no institute's allowlist.");
+                metrics::events().refused(Refused::Allowlist);
                 return;
             }
             Verdict::NotLoaded => {
                 tracing::warn!(source = %source.ip(), port = source.port(), "Connection refused: no allowlist fetched from the manager yet.");
+                metrics::events().refused(Refused::Allowlist);
                 return;
             }
         }
@@ -103,6 +108,7 @@ async fn accept(
         Ok(permit) => permit,
         Err(refusal) => {
             tracing::warn!(source = %source.ip(), port = source.port(), %refusal, "Connection refused: too many connections not logged in yet.");
+            metrics::events().refused(Refused::Startups);
             return;
         }
     };
@@ -114,9 +120,12 @@ async fn accept(
         proxy_header_seen.clone(),
         kill.clone(),
     );
+    let open = metrics::events().connection();
     connection::serve(stream, Peer { source }, startup, kill, services, shutdown).await;
+    drop(open);
     if proxy_header_seen.load(Ordering::Relaxed) {
         tracing::warn!(source = %source.ip(), "Connection refused: it sent a PROXY protocol header but is not a trusted load balancer.");
+        metrics::events().refused(Refused::ProxyProtocol);
     }
 }
 

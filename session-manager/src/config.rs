@@ -13,6 +13,7 @@ use std::time::Duration;
 use ongrid_core::api::ContainerLimits;
 use ongrid_core::{HumanDuration, MemorySize};
 use ongrid_service::config_file::{self, FileError};
+use ongrid_service::metrics::MetricsConfig;
 use ongrid_x509::CrlPolicy;
 use serde::Deserialize;
 
@@ -97,6 +98,9 @@ pub struct RawConfig {
     /// `[jobs]`: batch jobs' durations and where their output is kept.
     #[serde(default)]
     pub jobs: RawJobs,
+    /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// `[jobs]` as written in the manager's config file.
@@ -211,6 +215,8 @@ pub struct Config {
     pub job_limits: crate::domain::jobs::JobLimits,
     /// Where jobs' output files are.
     pub job_log_dir: PathBuf,
+    /// The metrics and health listener; `None`: none.
+    pub metrics: Option<MetricsConfig>,
 }
 
 impl Config {
@@ -449,6 +455,7 @@ impl Validator<'_> {
             first_uid: raw.first_uid,
             node_timeout,
             auto_undrain: raw.auto_undrain,
+            metrics: raw.metrics,
             sync_interval,
             schedule_interval,
             session_limits: ContainerLimits {

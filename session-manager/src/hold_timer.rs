@@ -141,6 +141,7 @@ impl HoldTimer {
                     if let Some(changes) = &self.changes {
                         changes.node_or_site(session.node.as_ref());
                     }
+                    crate::metrics::events().held(reason);
                     report.held.push((facts.session_id, reason));
                 }
                 // Changed meanwhile (a connection, a keep-alive; removed, held by hand): the

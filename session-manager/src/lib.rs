@@ -10,7 +10,8 @@
 //! scheduler sees it), [`keys`] (SSH public keys and their policy), [`tls`] (server TLS, client
 //! certificate → identity), [`auth`] (admins, agent and gateway tokens), [`config`] (the TOML
 //! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds) and [`freeze_watch`]
-//! (freezes that cannot finish); [`notify`] (commits wake the long-polls of agents and people);
+//! (freezes that cannot finish); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
+//! the long-polls of agents and people);
 //! [`api`] (the routes) and [`server`] (the accept loop).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
@@ -27,6 +28,7 @@ pub mod hold_timer;
 pub mod image_files;
 pub mod job_logs;
 pub mod keys;
+pub mod metrics;
 pub mod notify;
 pub mod scheduler;
 pub mod server;
@@ -159,6 +161,7 @@ impl Manager {
             gateway_token,
         } = self.prepared;
         let store = Arc::new(self.store);
+        let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
         let wake = Arc::new(Notify::new());
         let tracker = TaskTracker::new();
 
@@ -201,6 +204,12 @@ impl Manager {
             .with_changes(changes.clone()),
         );
         tracker.spawn(freezes.run(shutdown.clone()));
+        let exporter = metrics::ManagerExporter::new(store.clone());
+        tracker.spawn(ongrid_service::metrics::serve_if_bound(
+            metrics_listener,
+            Arc::new(exporter),
+            shutdown.clone(),
+        ));
 
         let state = AppState {
             store: store.clone(),

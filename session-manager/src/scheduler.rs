@@ -226,6 +226,7 @@ impl Scheduler {
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
         if pending.is_empty() && site.jobs.is_empty() {
+            crate::metrics::events().queued(&Default::default());
             return Ok(report);
         }
         let mut unpinned: HashMap<SessionId, NodeName> = HashMap::new();
@@ -250,7 +251,11 @@ impl Scheduler {
             })
             .collect();
         let state = site.scheduler_state(queue);
-        for action in ongrid_scheduler::plan(&state, now) {
+        let planning = std::time::Instant::now();
+        let actions = ongrid_scheduler::plan(&state, now);
+        crate::metrics::events().plan_took(planning.elapsed());
+        let placed = crate::metrics::placed_sessions(&actions);
+        for action in actions {
             match action {
                 Action::Place {
                     session,
@@ -311,6 +316,12 @@ impl Scheduler {
                 }
             }
         }
+        crate::metrics::events().queued(&crate::metrics::queue_reasons(
+            &pending,
+            &placed,
+            &halt_waits,
+            &unpinned,
+        ));
         Ok(report)
     }
 

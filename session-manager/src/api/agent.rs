@@ -89,7 +89,11 @@ pub async fn sync(
         };
         let (to, reason) = (change.to, change.reason.clone());
         match state.store.transition(session.id, change).await {
-            Ok(_) => {
+            Ok(changed) => {
+                if session.state == SessionState::Starting && changed.state == SessionState::Waiting
+                {
+                    crate::metrics::events().started(session.queued_at, now);
+                }
                 tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
             }
             // Changed meanwhile (for example removed by its owner): the next sync sees it.

@@ -160,6 +160,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(error::log_refusals))
+        .layer(axum::middleware::from_fn(crate::metrics::count_requests))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             notify_writes,

@@ -245,11 +245,15 @@ pub async fn hold(
         body.reason.as_deref(),
         state.clock.now(),
     )?;
+    let reason = change.hold;
     let held = state
         .store
         .transition(session.id, change)
         .await
         .map_err(|e| changed_meanwhile(e, &name))?;
+    if let Some(reason) = reason {
+        crate::metrics::events().held(reason);
+    }
     tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = %held.reason, "Session held by hand.");
     state.wake.notify_one();
     Ok(Json(full_session_view(&state, held).await?))

@@ -1,0 +1,442 @@
+//! The manager's metrics, served by `ongrid_service::metrics` on `[metrics] listen`.
+//!
+//! Two kinds: counts read from the store at each scrape ([`ManagerExporter::refresh`]: sessions
+//! and jobs by state, GPUs by model, mode, health and use, nodes) and events counted where they
+//! happen ([`events`]: HTTP requests by route template and status, holds by reason, time from a
+//! request to a running container, the scheduler's plan duration and queue). Event handles are
+//! process-wide, like a logger, because the places that count them (routes, loops) are spread
+//! over modules that share no handle; managers started in one test process share them.
+//! `/readyz` says whether the store answers.
+//!
+//! Labels are bounded: states, reasons and routes are closed sets, GPU models and modes are the
+//! site's few; no DN, user, session or node name is ever a label.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use ongrid_core::holds::HoldReason;
+use ongrid_core::{GpuHealth, GpuId, JobState, NodeName, SessionId, SessionState};
+use ongrid_scheduler::Action;
+use ongrid_service::metrics::{latency_buckets, wait_buckets, Exporter, ExporterFuture};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::domain::sessions::SessionRecord;
+use crate::store::{JobFilter, SessionFilter, Store};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The matched route template (`/v1/sessions/{name}`), `unmatched` for none.
+    pub route: String,
+    pub method: String,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+    pub method: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub model: String,
+    /// `exclusive` or `shared`.
+    pub mode: String,
+    /// `healthy`, `failed` or `unknown`.
+    pub health: String,
+    /// `used` (a session or job holds it) or `free`.
+    pub r#use: String,
+}
+
+/// The events the manager counts where they happen.
+pub struct Events {
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_request_duration: Family<RouteLabels, Histogram>,
+    pub holds: Family<ReasonLabels, Counter>,
+    pub session_start: Histogram,
+    pub plan_duration: Histogram,
+    pub queued_sessions: Family<ReasonLabels, Gauge>,
+}
+
+static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
+    http_requests: Family::default(),
+    http_request_duration: Family::new_with_constructor(|| Histogram::new(latency_buckets())),
+    holds: Family::default(),
+    session_start: Histogram::new(wait_buckets()),
+    plan_duration: Histogram::new(latency_buckets()),
+    queued_sessions: Family::default(),
+});
+
+/// The process-wide event handles.
+pub fn events() -> &'static Events {
+    &EVENTS
+}
+
+impl Events {
+    /// A session was held (by a rule, its owner or an admin).
+    pub fn held(&self, reason: HoldReason) {
+        self.holds
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// A session's container runs: `queued_at` is when it was requested (created, or released).
+    pub fn started(&self, queued_at: DateTime<Utc>, now: DateTime<Utc>) {
+        let seconds = (now - queued_at).num_milliseconds().max(0) as f64 / 1000.0;
+        self.session_start.observe(seconds);
+    }
+
+    /// How long one scheduling plan took.
+    pub fn plan_took(&self, elapsed: std::time::Duration) {
+        self.plan_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// What stays queued after a scheduling round, by why (see [`queue_reasons`]).
+    pub fn queued(&self, queued: &BTreeMap<&'static str, i64>) {
+        for reason in QUEUE_REASONS {
+            self.queued_sessions
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_owned(),
+                })
+                .set(queued.get(reason).copied().unwrap_or(0));
+        }
+    }
+}
+
+/// The sessions a plan places.
+pub fn placed_sessions(actions: &[Action]) -> HashSet<SessionId> {
+    actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Place { session, .. } => Some(*session),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The PENDING sessions a round leaves queued, by why: waiting for jobs to halt, pinned to the
+/// node of their held container (`unpinned`: those whose node is offline, so not pinned), or
+/// waiting for capacity.
+pub fn queue_reasons<T>(
+    pending: &[SessionRecord],
+    placed: &HashSet<SessionId>,
+    halt_waits: &HashMap<SessionId, T>,
+    unpinned: &HashMap<SessionId, NodeName>,
+) -> BTreeMap<&'static str, i64> {
+    let mut queued = BTreeMap::new();
+    for session in pending.iter().filter(|s| !placed.contains(&s.id)) {
+        let reason = if halt_waits.contains_key(&session.id) {
+            "awaiting_halt"
+        } else if session.node.is_some() && !unpinned.contains_key(&session.id) {
+            "pinned_node"
+        } else {
+            "no_capacity"
+        };
+        *queued.entry(reason).or_default() += 1;
+    }
+    queued
+}
+
+/// Why a PENDING session is still queued after a plan: released onto its node's GPUs
+/// (`pinned_node`), waiting for batch jobs to halt (`awaiting_halt`), or no GPU fits
+/// (`no_capacity`).
+pub const QUEUE_REASONS: [&str; 3] = ["pinned_node", "awaiting_halt", "no_capacity"];
+
+/// Axum middleware counting every request by its route template, method and status.
+pub async fn count_requests(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let start = Instant::now();
+    let response = next.run(request).await;
+    let events = events();
+    events
+        .http_request_duration
+        .get_or_create(&RouteLabels {
+            route: route.clone(),
+            method: method.clone(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    events
+        .http_requests
+        .get_or_create(&HttpLabels {
+            route,
+            method,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// The manager's `/metrics`: its store's counts and the process-wide [`events`].
+pub struct ManagerExporter {
+    registry: Registry,
+    store: Arc<dyn Store>,
+    sessions: Family<StateLabels, Gauge>,
+    jobs: Family<StateLabels, Gauge>,
+    gpus: Family<GpuLabels, Gauge>,
+    nodes: Gauge,
+}
+
+impl ManagerExporter {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        let mut registry = Registry::with_prefix("ongrid");
+        let sessions = Family::<StateLabels, Gauge>::default();
+        let jobs = Family::<StateLabels, Gauge>::default();
+        let gpus = Family::<GpuLabels, Gauge>::default();
+        let nodes = Gauge::default();
+        registry.register("sessions", "Sessions by state", sessions.clone());
+        registry.register("jobs", "Batch jobs by state", jobs.clone());
+        registry.register(
+            "gpus",
+            "Whole GPUs by model, mode, health and use (used: a session or job holds it)",
+            gpus.clone(),
+        );
+        registry.register("nodes", "Registered nodes", nodes.clone());
+        let events = events();
+        registry.register(
+            "http_requests",
+            "API requests by route template, method and status",
+            events.http_requests.clone(),
+        );
+        registry.register_with_unit(
+            "http_request_duration",
+            "API request handling time by route template and method",
+            Unit::Seconds,
+            events.http_request_duration.clone(),
+        );
+        registry.register(
+            "session_holds",
+            "Sessions held, by reason (no-connection, idle, max-duration, owner, admin)",
+            events.holds.clone(),
+        );
+        registry.register_with_unit(
+            "session_start_duration",
+            "Time from a session's request (creation or release) to its running container",
+            Unit::Seconds,
+            events.session_start.clone(),
+        );
+        registry.register_with_unit(
+            "scheduler_plan_duration",
+            "Time of one scheduling plan over the whole site",
+            Unit::Seconds,
+            events.plan_duration.clone(),
+        );
+        registry.register(
+            "scheduler_queued_sessions",
+            "PENDING sessions left queued by the last plan, by why",
+            events.queued_sessions.clone(),
+        );
+        Self {
+            registry,
+            store,
+            sessions,
+            jobs,
+            gpus,
+            nodes,
+        }
+    }
+
+    async fn read_store(&self) -> Result<(), crate::store::StoreError> {
+        let sessions = self.store.sessions(SessionFilter::All).await?;
+        let jobs = self.store.jobs(JobFilter::All).await?;
+        let nodes = self.store.nodes().await?;
+
+        let mut by_state: BTreeMap<&'static str, i64> = SessionState::ALL
+            .iter()
+            .map(|state| (state.as_str(), 0))
+            .collect();
+        let mut used: HashSet<&str> = HashSet::new();
+        for session in &sessions {
+            *by_state.entry(session.state.as_str()).or_default() += 1;
+            if session.state.holds_gpus() {
+                used.extend(session.gpus.iter().filter_map(whole_gpu));
+            }
+        }
+        set_states(&self.sessions, &by_state);
+
+        let mut by_state: BTreeMap<&'static str, i64> = JobState::ALL
+            .iter()
+            .map(|state| (state.as_str(), 0))
+            .collect();
+        for job in &jobs {
+            let state = job.state();
+            *by_state.entry(state.as_str()).or_default() += 1;
+            if state.holds_gpus() {
+                used.extend(job.gpus.iter().filter_map(whole_gpu));
+            }
+        }
+        set_states(&self.jobs, &by_state);
+
+        let mut gpus: BTreeMap<(String, String, &'static str, &'static str), i64> = BTreeMap::new();
+        for gpu in nodes.iter().flat_map(|node| &node.gpus) {
+            let mode = match gpu.mode {
+                ongrid_core::GpuMode::Exclusive => "exclusive",
+                ongrid_core::GpuMode::Shared { .. } => "shared",
+            };
+            let health = match gpu.info.health {
+                GpuHealth::Healthy => "healthy",
+                GpuHealth::Failed(_) => "failed",
+                GpuHealth::Unknown(_) => "unknown",
+            };
+            let in_use = if used.contains(gpu.info.uuid.as_str()) {
+                "used"
+            } else {
+                "free"
+            };
+            let key = (gpu.info.model.clone(), mode.to_owned(), health, in_use);
+            *gpus.entry(key).or_default() += 1;
+        }
+        // Models and modes change: start over, so a series that no longer applies is gone.
+        self.gpus.clear();
+        for ((model, mode, health, in_use), count) in gpus {
+            self.gpus
+                .get_or_create(&GpuLabels {
+                    model,
+                    mode,
+                    health: health.to_owned(),
+                    r#use: in_use.to_owned(),
+                })
+                .set(count);
+        }
+        self.nodes.set(nodes.len() as i64);
+        Ok(())
+    }
+}
+
+fn whole_gpu(id: &GpuId) -> Option<&str> {
+    match id {
+        GpuId::Gpu(uuid) => Some(uuid.as_str()),
+        GpuId::Mig(_) => None,
+    }
+}
+
+fn set_states(family: &Family<StateLabels, Gauge>, counts: &BTreeMap<&'static str, i64>) {
+    for (state, count) in counts {
+        family
+            .get_or_create(&StateLabels {
+                state: state.to_lowercase(),
+            })
+            .set(*count);
+    }
+}
+
+impl Exporter for ManagerExporter {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn refresh(&self) -> ExporterFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.read_store().await {
+                tracing::warn!(error = %e, "Cannot read the store for /metrics; its counts are stale.");
+            }
+        })
+    }
+
+    fn ready(&self) -> ExporterFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.store
+                .nodes()
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("the store does not answer: {e}"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_metrics_are_named_by_convention_and_read_from_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            crate::store::SqliteStore::open(&dir.path().join("m.db"))
+                .await
+                .unwrap(),
+        );
+        let exporter = ManagerExporter::new(store);
+        events().held(HoldReason::Owner);
+        events().queued(&queue_reasons::<()>(
+            &[],
+            &HashSet::new(),
+            &HashMap::new(),
+            &HashMap::new(),
+        ));
+        let router = axum::Router::new()
+            .route("/v1/sessions/{name}", axum::routing::get(|| async { "" }))
+            .layer(axum::middleware::from_fn(count_requests));
+        let request = axum::http::Request::get("/v1/sessions/train-7f3a")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        tower::ServiceExt::oneshot(router, request).await.unwrap();
+        exporter.refresh().await;
+        assert_eq!(exporter.ready().await, Ok(()));
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
+            .unwrap();
+        for name in [
+            "# TYPE ongrid_sessions gauge",
+            "# TYPE ongrid_jobs gauge",
+            "# TYPE ongrid_nodes gauge",
+            "# TYPE ongrid_http_requests_total counter",
+            "# TYPE ongrid_http_request_duration_seconds histogram",
+            "# TYPE ongrid_session_holds_total counter",
+            "# TYPE ongrid_session_start_duration_seconds histogram",
+            "# TYPE ongrid_scheduler_plan_duration_seconds histogram",
+            "# TYPE ongrid_scheduler_queued_sessions gauge",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+        assert!(
+            text.contains("ongrid_session_holds_total{reason=\"owner\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nongrid_sessions{state=\"pending\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nongrid_jobs{state=\"queued\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nongrid_nodes 0\n"), "{text}");
+        assert!(
+            text.contains(
+                "ongrid_http_requests_total{route=\"/v1/sessions/{name}\",method=\"GET\",status=\"200\"}"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("train-7f3a"), "{text}");
+        assert!(
+            text.contains("ongrid_scheduler_queued_sessions{reason=\"no_capacity\"}"),
+            "{text}"
+        );
+    }
+}
