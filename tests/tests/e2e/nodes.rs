@@ -139,3 +139,89 @@ fn a_node_that_stops_syncing_loses_its_sessions_and_never_doubles_them() {
         || inspect_container(&container).is_none().then_some(()),
     );
 }
+
+/// Writes the simulated GPU file of `site` with `extra` lines added to the GPU `uuid`'s entry
+/// (the agent reads it again at every sync: a fault injected by hand).
+fn write_gpus(site: &Site, gpus: &[SimGpu], faulty: &str, extra: &str) {
+    let mut text = String::new();
+    for gpu in gpus {
+        text.push_str(&format!(
+            "[[gpu]]\nuuid = \"{}\"\nmodel = \"{}\"\ncapability = \"{}\"\nmemory = \"{}\"\n",
+            gpu.uuid, gpu.model, gpu.capability, gpu.memory
+        ));
+        if gpu.uuid == faulty {
+            text.push_str(extra);
+            text.push('\n');
+        }
+        text.push('\n');
+    }
+    std::fs::write(site.dir.path().join("gpus.toml"), text).expect("write the simulated GPUs");
+}
+
+#[test]
+fn a_gpu_that_falls_off_the_bus_fails_its_session_and_stays_drained_until_an_admin_undrains_it() {
+    let gpus = [SimGpu::a100(1), SimGpu::a100(2)];
+    let mut site = Site::start(&gpus);
+    let alice = site.user("Alice");
+    let admin = site.admin.clone();
+    let gpu1 = SimGpu::a100(1).uuid;
+    site.devctl_ok(&alice, &["session", "new", "--name", "train1", "--wait"]);
+    let view = site.wait_for_state(&alice, "train1", "WAITING");
+    assert_eq!(view["gpus"][0], gpu1.as_str());
+    let container = view["container"].as_str().expect("container").to_owned();
+
+    // GPU 1 falls off the bus (a fatal Xid, injected into the simulated backend).
+    write_gpus(&site, &gpus, &gpu1, "xid = 79");
+    let failed = site.wait_for_state(&alice, "train1", "FAILED");
+    let reason = failed["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        reason.starts_with(&format!(
+            "GPU {gpu1} is out of service (failed: Xid 79 (simulated): GPU has fallen off the bus)"
+        )),
+        "{reason}"
+    );
+    site.wait_until(
+        "the failed session's container to be stopped",
+        Duration::from_secs(30),
+        || (!running(&container)).then_some(()),
+    );
+    let out = site.devctl_ok(&alice, &["gpus"]);
+    println!("$ devctl gpus\n{out}");
+    assert!(
+        out.contains("FAILED: Xid 79 (simulated): GPU has fallen off the bus"),
+        "{out}"
+    );
+
+    // It comes back: still drained, so the next session gets GPU 2 and the one after waits.
+    write_gpus(&site, &gpus, &gpu1, "");
+    site.wait_until(
+        "GPU 1 to be reported healthy",
+        Duration::from_secs(30),
+        || {
+            let nodes: Value = site.devctl_json(&admin, &["gpus"]).ok()?;
+            let gpu = nodes[0]["gpus"]
+                .as_array()?
+                .iter()
+                .find(|g| g["info"]["uuid"] == gpu1.as_str())?
+                .clone();
+            (gpu["info"]["health"]["status"] == "healthy").then_some(())
+        },
+    );
+    let out = site.devctl_ok(&alice, &["gpus"]);
+    println!("$ devctl gpus\n{out}");
+    assert!(out.contains("ok, DRAINED: failed: Xid 79"), "{out}");
+    site.devctl_ok(&alice, &["session", "new", "--name", "second", "--wait"]);
+    let second = site.wait_for_state(&alice, "second", "WAITING");
+    assert_eq!(second["gpus"][0], SimGpu::a100(2).uuid.as_str());
+    site.devctl_ok(&alice, &["session", "new", "--name", "third"]);
+    let third: Value = site
+        .devctl_json(&alice, &["session", "show", "third"])
+        .expect("show third");
+    assert_eq!(third["state"], "PENDING");
+
+    // An admin puts it back in service: the waiting session gets it.
+    let out = site.devctl_ok(&admin, &["admin", "gpu", "undrain", &gpu1]);
+    println!("$ devctl admin gpu undrain {gpu1}\n{out}");
+    let third = site.wait_for_state(&alice, "third", "WAITING");
+    assert_eq!(third["gpus"][0], gpu1.as_str());
+}
