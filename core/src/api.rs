@@ -124,6 +124,13 @@ pub struct WhoAmI {
     /// with it expire then too.
     #[serde(default)]
     pub not_after: Option<DateTime<Utc>>,
+    /// The accounting group the site's policy puts the caller in (absent from older managers).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// The policy rule that admits the caller: `VO atlas`, `DN /DC=...`, `admin`, `any user of
+    /// the site's CAs`.
+    #[serde(default)]
+    pub admitted_by: Option<String>,
 }
 
 /// The kind of X.509 credential a user presented: a plain certificate or an RFC 3820 proxy.

@@ -1,5 +1,7 @@
 //! `devctl whoami`: who the manager takes the caller for (`GET /v1/whoami`): DN, login, uid,
-//! admin, and (from managers that say) the credential: its kind, VOs and FQANs, time left.
+//! admin, and (from managers that say) whether the site admits them and in which accounting group,
+//! and the credential: its kind, VOs and FQANs, time left. A caller the site does not admit gets
+//! the manager's 403, which says what is needed.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::WhoAmI;
@@ -21,6 +23,14 @@ pub fn render(me: &WhoAmI, now: DateTime<Utc>) -> String {
     table.field("login", me.user_name.to_string());
     table.field("uid", me.uid.to_string());
     table.field("admin", if me.admin { "yes" } else { "no" });
+    if let Some(group) = &me.group {
+        let site = match &me.admitted_by {
+            Some(rule) => format!("admitted ({rule})"),
+            None => "admitted".to_owned(),
+        };
+        table.field("site", site);
+        table.field("group", group.clone());
+    }
     if let Some(kind) = me.credential {
         let list = |items: &[String]| {
             if items.is_empty() {
@@ -68,6 +78,8 @@ mod tests {
             vos: Vec::new(),
             fqans: Vec::new(),
             not_after: None,
+            group: None,
+            admitted_by: None,
         };
         assert_eq!(
             render(&me, at(0)),
@@ -93,6 +105,17 @@ mod tests {
              vo:          myvo\n\
              fqans:       /myvo/Role=NULL/Capability=NULL, /myvo/prod/Role=production/Capability=NULL\n\
              time left:   11h 58m (until 2026-11-21 21:58:59Z)\n"
+        );
+        let admitted = WhoAmI {
+            group: Some("atlas".into()),
+            admitted_by: Some("VO atlas".into()),
+            ..me.clone()
+        };
+        assert!(
+            render(&admitted, at(0))
+                .ends_with("admin:  no\nsite:   admitted (VO atlas)\ngroup:  atlas\n"),
+            "{}",
+            render(&admitted, at(0))
         );
         let plain = WhoAmI {
             credential: Some(CredentialKind::EndEntity),

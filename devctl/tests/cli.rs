@@ -365,6 +365,8 @@ fn whoami_view() -> WhoAmI {
         vos: Vec::new(),
         fqans: Vec::new(),
         not_after: None,
+        group: None,
+        admitted_by: None,
     }
 }
 

@@ -18,6 +18,9 @@ use ongrid_x509::CrlPolicy;
 use serde::Deserialize;
 
 use crate::auth::Admins;
+use crate::domain::policy::Admission;
+
+pub mod policy;
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LONGEST};
 
 /// Environment variable overriding `listen`.
@@ -98,6 +101,10 @@ pub struct RawConfig {
     /// `[jobs]`: batch jobs' durations and where their output is kept.
     #[serde(default)]
     pub jobs: RawJobs,
+    /// `[policy]`: who may use the site, in which accounting group. Absent: every user of the
+    /// CAs in `ca_dir`, in group `default`.
+    #[serde(default)]
+    pub policy: Option<policy::RawPolicy>,
     /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
@@ -215,6 +222,8 @@ pub struct Config {
     pub job_limits: crate::domain::jobs::JobLimits,
     /// Where jobs' output files are.
     pub job_log_dir: PathBuf,
+    /// `[policy]`: who may use the site, and their accounting groups.
+    pub admission: Admission,
     /// The metrics and health listener; `None`: none.
     pub metrics: Option<MetricsConfig>,
 }
@@ -309,6 +318,8 @@ impl Validator<'_> {
             self.non_empty_path("image_store", path)?;
         }
         let admins = Admins::parse(&raw.admins).map_err(|e| self.invalid("admins", e))?;
+        let admission = policy::admission(raw.policy.as_ref())
+            .map_err(|(key, message)| self.invalid(&key, message))?;
         if let Some(path) = &raw.vomsdir {
             self.non_empty_path("vomsdir", path)?;
         }
@@ -468,6 +479,7 @@ impl Validator<'_> {
             freeze_stall_timeout,
             job_limits,
             job_log_dir,
+            admission,
         })
     }
 }

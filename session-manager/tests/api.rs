@@ -55,6 +55,9 @@ mod nodes;
 // Removing users and restoring them.
 #[path = "api/users.rs"]
 mod users;
+// Site policy: who may use the site, accounting groups.
+#[path = "api/policy.rs"]
+mod policy;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";

@@ -1,7 +1,8 @@
 //! Who is calling, as axum extractors: a user by TLS client certificate ([`CurrentUser`]), an
 //! agent by its node's bearer token ([`AgentNode`]), the SSH gateway by its own bearer token
 //! ([`GatewayCaller`]); anything else is refused with 401 saying what to set. A user an admin
-//! removed is refused with 403 saying how to be re-admitted.
+//! removed is refused with 403 saying how to be re-admitted; so is a certificate the site's
+//! `[policy]` does not admit, before any user record is made for it.
 //!
 //! The accept loop ([`crate::server`]) puts a [`Peer`] into every request's extensions; the
 //! credentials are checked with [`crate::auth`].
@@ -15,6 +16,7 @@ use ongrid_core::NodeName;
 
 use super::{ApiError, AppState};
 use crate::auth::Peer;
+use crate::domain::policy::Admitted;
 use crate::domain::users;
 use crate::grid_identity::Identity;
 use crate::store::UserRecord;
@@ -29,6 +31,8 @@ pub struct CurrentUser {
     pub not_after: DateTime<Utc>,
     /// The credential presented on this connection: its kind, VOs and FQANs.
     pub identity: Identity,
+    /// The site's `[policy]` admits them: their accounting group and the rule that said so.
+    pub admitted: Admitted,
 }
 
 impl FromRequestParts<AppState> for CurrentUser {
@@ -45,18 +49,24 @@ impl FromRequestParts<AppState> for CurrentUser {
                      certificate (or proxy) issued by a CA the site trusts",
                 )
             })?;
+        let admin = state.config.admins.admits(&identity.dn, &identity.fqans);
+        // Before the user record is made: a certificate the site does not admit leaves none.
+        // Logged with the caller, as every 403 is (`error::log_refusals`).
+        let admitted = state
+            .config
+            .admission
+            .admit(&identity.dn, &identity.fqans, admin)?;
         let user = state
             .store
             .user(&identity.dn, state.config.first_uid)
             .await?;
-        // Logged with the caller, as every 403 is (`error::log_refusals`).
         users::admission(&user.dn, user.removed.as_ref())?;
-        let admin = state.config.admins.admits(&user.dn, &identity.fqans);
         Ok(Self {
             user,
             admin,
             not_after: identity.not_after,
             identity: identity.clone(),
+            admitted,
         })
     }
 }

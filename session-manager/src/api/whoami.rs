@@ -1,4 +1,5 @@
-//! `GET /v1/whoami`: the caller as the manager sees them (DN, login, UID, admin, credential).
+//! `GET /v1/whoami`: the caller as the manager sees them (DN, login, UID, admin, credential,
+//! accounting group). A caller the site does not admit gets the 403 that says what is needed.
 
 use axum::Json;
 use ongrid_core::api::WhoAmI;
@@ -20,5 +21,7 @@ pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
             .map(ToString::to_string)
             .collect(),
         not_after: Some(caller.not_after),
+        group: Some(caller.admitted.group.to_string()),
+        admitted_by: Some(caller.admitted.rule),
     })
 }

@@ -13,11 +13,13 @@
 //!   and halt, a lost node, restart chains, a node's desired jobs.
 //! - [`users`]: removing a user (what goes, what refuses it) and re-admitting them.
 //! - [`nodes`]: drains of nodes and GPUs, sessions lost with their node, removing a node.
+//! - [`policy`]: site policy: who may use the site, under which accounting group.
 
 pub mod image_access;
 pub mod images;
 pub mod jobs;
 pub mod nodes;
+pub mod policy;
 pub mod sessions;
 pub mod users;
 

@@ -1,0 +1,8 @@
+//! Site policy: who may use the site and under which accounting group ([`admission`]). Pure
+//! functions over the validated `[policy]` config and what the caller's credential shows; the
+//! API's caller extractor asks before a user record is made, so a certificate the site does
+//! not admit leaves nothing behind.
+
+pub mod admission;
+
+pub use admission::{Admission, AdmitRule, Admitted, GroupName, Principal};

@@ -1,0 +1,79 @@
+//! Site policy over the API: a site whose `[policy]` admits only some people refuses everyone
+//! else with a 403 that names what is needed and whom to ask, makes no user record for them,
+//! and tells the admitted their accounting group.
+
+use ongrid_core::api::UserView;
+
+use super::*;
+
+/// The test site with `[policy]` admitting Alice by DN (group `staff`) and members of VO atlas.
+fn restricted(site: &Site) -> Config {
+    let text = format!(
+        "{}\n[policy]\ncontact = \"gpu-support@example.org\"\nadmit = [\n\
+         {{ dn = \"{ALICE}\", group = \"staff\" }},\n{{ vo = \"atlas\" }},\n]\n",
+        std::fs::read_to_string(&site.config.path).unwrap()
+    );
+    Config::from_toml(&text, &site.config.path, |_| None).unwrap()
+}
+
+#[tokio::test]
+async fn a_certificate_the_policy_does_not_admit_gets_403_with_the_fix_and_leaves_no_user() {
+    let site = Site::new();
+    let m = site.start_with(restricted(&site), None).await;
+
+    let refused = m
+        .bob
+        .fails(StatusCode::FORBIDDEN, m.bob.get("/v1/whoami"))
+        .await;
+    assert_eq!(refused.error.code, "forbidden");
+    assert_eq!(
+        refused.error.message,
+        format!(
+            "this site does not admit {BOB} (your credential shows no VOMS attributes): it needs \
+             membership of VO atlas; if you are a member, make a proxy with voms-proxy-init \
+             --voms atlas; to be admitted, ask gpu-support@example.org"
+        )
+    );
+    let body = CreateSession {
+        name: None,
+        gpus: one_gpu(),
+        image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+    };
+    let refused = m
+        .bob
+        .fails(StatusCode::FORBIDDEN, m.bob.post("/v1/sessions", &body))
+        .await;
+    assert!(
+        refused.error.message.contains("does not admit"),
+        "{refused:?}"
+    );
+
+    let alice: WhoAmI = m.alice.ok(StatusCode::OK, m.alice.get("/v1/whoami")).await;
+    assert_eq!(alice.group.as_deref(), Some("staff"));
+    assert_eq!(alice.admitted_by, Some(format!("DN {ALICE}")));
+    // The admin matches no rule but is always admitted, in group `admins`.
+    let admin: WhoAmI = m.admin.ok(StatusCode::OK, m.admin.get("/v1/whoami")).await;
+    assert_eq!(admin.group.as_deref(), Some("admins"));
+
+    // Bob was refused before any record was made for him.
+    let users: Vec<UserView> = m.admin.ok(StatusCode::OK, m.admin.get("/v1/users")).await;
+    let dns: Vec<&str> = users.iter().map(|u| u.dn.as_str()).collect();
+    assert!(dns.contains(&ALICE), "{dns:?}");
+    assert!(!dns.contains(&BOB), "{dns:?}");
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_policy_every_user_of_the_cas_is_admitted_in_group_default() {
+    let site = Site::new();
+    let m = site.start().await;
+    let bob: WhoAmI = m.bob.ok(StatusCode::OK, m.bob.get("/v1/whoami")).await;
+    assert_eq!(bob.group.as_deref(), Some("default"));
+    assert_eq!(
+        bob.admitted_by.as_deref(),
+        Some("any user of the site's CAs")
+    );
+    m.stop().await;
+}
