@@ -26,6 +26,8 @@
 //! [reserved]                                      # optional: kept for the node itself
 //! cpus = "0.5"
 //! memory = "1GiB"
+//! [metrics]                                       # optional; off when absent
+//! listen = "127.0.0.1:9472"                        # /metrics, /healthz, /readyz (plain HTTP)
 //! ```
 //!
 //! `[network]`: the most specific `allow` or `deny` entry containing a destination decides, a
@@ -42,6 +44,7 @@ use std::sync::Arc;
 use ongrid_core::{MemorySize, NodeName};
 use ongrid_service::config_file::{self, FileError};
 use ongrid_service::manager_http::{parse_manager_url, ManagerUrlError};
+use ongrid_service::metrics::MetricsConfig;
 use ongrid_service::TokenError;
 use reqwest::Url;
 use serde::Deserialize;
@@ -148,6 +151,7 @@ struct ConfigFile {
     network: NetworkFile,
     #[serde(default)]
     reserved: ReservedFile,
+    metrics: Option<MetricsConfig>,
 }
 
 /// The `[network]` table as written; absent keys take the defaults of [`NetworkPolicy`].
@@ -281,6 +285,8 @@ pub struct Config {
     pub network: NetworkPolicy,
     /// CPU and memory kept for the node itself.
     pub reserved: Reserved,
+    /// The metrics and health listener; `None` when `[metrics]` is absent.
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
@@ -418,6 +424,7 @@ impl Config {
             jobs,
             network,
             reserved,
+            metrics: file.metrics,
         })
     }
 }

@@ -494,7 +494,10 @@ impl FreezeRun {
         };
         info!(%image_id, session = %self.order.session_name, reference = %self.order.reference, "Freeze started.");
         let mut committed = None;
+        let started = std::time::Instant::now();
         let result = self.freeze(&store, &dir, &mut committed).await;
+        let size = result.as_ref().ok().map(|outcome| outcome.size);
+        crate::metrics::events().freeze_ended(started.elapsed(), size);
         if result.is_err() {
             let runtime = self.freezer.runtime.as_ref();
             if let Some(image) = &committed {

@@ -10,6 +10,7 @@
 //! - [`freeze`]: the freeze worker (session → SIF image and Docker image).
 //! - [`jobs`]: batch jobs (image from the SIF, one container per job, halt, output).
 //! - [`manager_client`]: HTTPS to the manager (register, sync).
+//! - [`metrics`]: `/metrics` (container operations, freezes, GPU discoveries) and `/healthz`.
 //! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
 //!
 //! [`run`] wires them together, starts the stream endpoint when `[streams]` is configured, and
@@ -26,6 +27,7 @@ pub mod freeze;
 pub mod gpu;
 pub mod jobs;
 pub mod manager_client;
+pub mod metrics;
 pub mod network;
 pub mod reconcile;
 pub mod removed_images;
@@ -75,8 +77,10 @@ const MAX_FOLLOW_UPS: u32 = 3;
 
 /// Starts the agent described by `config` and runs it until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
     let gpus = gpu::from_config(&config.gpu)
         .context("setting up the GPU backend ([gpu] in the config)")?;
+    let gpus = metrics::MeteredGpus::wrap(gpus);
     let runtime = DockerRuntime::connect(config.node_name.clone())
         .await
         .context("connecting to Docker")?;
@@ -85,6 +89,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let manager = AgentRoutes::new(&config.manager_url, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
     let streams = TaskTracker::new();
+    streams.spawn(ongrid_service::metrics::serve_if_bound(
+        metrics_listener,
+        Arc::new(metrics::AgentExporter::new()),
+        shutdown.clone(),
+    ));
     let mut stream_url = None;
     if let Some(settings) = &config.streams {
         let listener = TcpListener::bind(settings.listen).await.with_context(|| {

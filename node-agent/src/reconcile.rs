@@ -72,6 +72,20 @@ pub enum Operation {
     },
 }
 
+impl Operation {
+    /// The operation's name in metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Create(_) => "create",
+            Self::Start { .. } => "start",
+            Self::Recreate { .. } => "recreate",
+            Self::Stop { .. } => "stop",
+            Self::Remove { .. } => "remove",
+            Self::RemoveNetwork { .. } => "remove_network",
+        }
+    }
+}
+
 /// The networks to remove: those of sessions no longer desired, and any without a session.
 /// A desired session keeps its network while its container is stopped. Run after [`plan`]'s
 /// operations, which remove the containers using them.
@@ -383,6 +397,14 @@ impl Reconciler {
     }
 
     async fn execute(&mut self, operation: Operation) -> Result<(), RuntimeError> {
+        let name = operation.name();
+        let started = std::time::Instant::now();
+        let result = self.execute_untimed(operation).await;
+        crate::metrics::events().container_operation(name, started.elapsed(), result.is_ok());
+        result
+    }
+
+    async fn execute_untimed(&mut self, operation: Operation) -> Result<(), RuntimeError> {
         match operation {
             Operation::Create(session) => {
                 let spec = self.create_and_start(&session).await?;
