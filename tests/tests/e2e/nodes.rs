@@ -47,11 +47,17 @@ fn drained_gpus_and_nodes_get_nothing_new_and_running_sessions_keep_running() {
         &admin,
         &["admin", "node", "drain", &node, "--reason", "kernel update"],
     );
+    println!("$ devctl admin node drain {node} --reason \"kernel update\"\n{out}");
     assert!(
         out.contains("kernel update; 2 sessions keep running there"),
         "{out}"
     );
     let out = site.devctl(&alice, &["session", "new", "--name", "third"]);
+    println!(
+        "$ devctl session new --name third\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -62,6 +68,7 @@ fn drained_gpus_and_nodes_get_nothing_new_and_running_sessions_keep_running() {
         .expect("show third");
     assert_eq!(third["state"], "PENDING");
     let gpus = site.devctl_ok(&alice, &["gpus"]);
+    println!("$ devctl gpus\n{gpus}");
     assert!(
         gpus.contains("(drained)") && gpus.contains("DRAINED: fan noise"),
         "{gpus}"
