@@ -26,6 +26,8 @@ pub enum Changed {
     Node(NodeName),
     /// Possibly anything: several nodes, or which node is not known where the commit happens.
     Site,
+    /// A session's state, but no node's desired state (a connection opened or closed).
+    Sessions,
 }
 
 /// The manager's change notifications; cheap to clone.
@@ -56,6 +58,11 @@ impl Changes {
         let _ = self.events.send(Changed::Site);
     }
 
+    /// A commit changed the state of sessions without changing what any node runs.
+    pub fn sessions(&self) {
+        let _ = self.events.send(Changed::Sessions);
+    }
+
     /// A commit changed something of `node`'s, or of the site when there is no node (a
     /// session that just left its node, for example).
     pub fn node_or_site(&self, node: Option<&NodeName>) {
@@ -82,8 +89,8 @@ pub struct Waiter {
 }
 
 impl Waiter {
-    /// Waits for a notification that may concern `node` (any notification when `None`).
-    /// `false` when the manager is shutting down.
+    /// Waits for a notification that may concern `node`'s desired state (any notification when
+    /// `None`). `false` when the manager is shutting down.
     pub async fn changed(&mut self, node: Option<&NodeName>) -> bool {
         loop {
             let event = tokio::select! {
@@ -92,6 +99,7 @@ impl Waiter {
             };
             match event {
                 Ok(Changed::Node(changed)) if node.is_some_and(|n| *n != changed) => {}
+                Ok(Changed::Sessions) if node.is_some() => {}
                 Ok(_) => return true,
                 // Fell behind: something may have changed; look again.
                 Err(broadcast::error::RecvError::Lagged(_)) => return true,
@@ -123,8 +131,13 @@ mod tests {
         assert!(waiter.changed(Some(&node("mine"))).await);
         changes.site();
         assert!(waiter.changed(Some(&node("mine"))).await);
+        changes.sessions();
+        let woke = waiter.changed(Some(&node("mine"))).now_or_never();
+        assert_eq!(woke, None, "a session's connection does not change a node");
         changes.node(&node("other"));
         assert!(waiter.changed(None).await, "no node: every change wakes it");
+        changes.sessions();
+        assert!(waiter.changed(None).await);
     }
 
     #[tokio::test]

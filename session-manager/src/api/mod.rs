@@ -172,18 +172,27 @@ pub fn router(state: AppState) -> Router {
 /// a freeze or an image removed, a job cancelled or halted, a GPU's mode, ...), wakes the
 /// long-polls: which nodes such a change concerns is the handler's business, and waiters only
 /// answer when what they watch really changed, so one notification for all of them keeps every
-/// handler free of it. Agents' and the gateway's routes notify where they change something.
+/// handler free of it. The agent routes notify where they change something; the gateway's
+/// connection events change sessions' states (CONNECTED, IDLE) but no node's desired state.
 async fn notify_writes(
     State(state): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let write = !matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let write = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
     let path = request.uri().path();
     let by_person = !path.starts_with("/v1/agent/") && !path.starts_with("/v1/gateway/");
+    let connection = path == "/v1/gateway/connections";
     let response = next.run(request).await;
-    if write && by_person && response.status().is_success() {
-        state.changes.site();
+    if write && response.status().is_success() {
+        if by_person {
+            state.changes.site();
+        } else if connection {
+            state.changes.sessions();
+        }
     }
     response
 }

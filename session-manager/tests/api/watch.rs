@@ -141,6 +141,36 @@ async fn a_change_of_desired_state_answers_the_nodes_long_poll_at_once() {
         .unwrap();
     assert_eq!(view.state, SessionState::Waiting);
 
+    // A wait for a connection is answered by the gateway's event (no node's desired state
+    // changes: node1's long-poll keeps waiting).
+    let connected = {
+        let request = m
+            .alice
+            .get("/v1/sessions/train1?wait_for=connected&timeout=60");
+        tokio::spawn(async move { request.send().await.unwrap().json::<SessionView>().await })
+    };
+    m.gateway
+        .connection(&ConnectionEvent {
+            connection_id: uuid::Uuid::from_u128(1),
+            event: ConnectionEventKind::Open,
+            at: Utc::now(),
+            owner: Dn::parse(ALICE).unwrap(),
+            fingerprint: "SHA256:FMdHV0bU+9XlaPjjJLAHWoiOLovS2CpdtRPnTxXxb9U".to_owned(),
+            source: "::ffff:192.0.2.7".parse().unwrap(),
+            institute: InstituteName::parse("uni-lab").unwrap(),
+            session_id: created.id,
+            bytes_in: 0,
+            bytes_out: 0,
+            close_reason: None,
+        })
+        .await;
+    let view = tokio::time::timeout(PUSHED_WITHIN, connected)
+        .await
+        .expect("the wait answered when the gateway reported the connection")
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.state, SessionState::Connected);
+
     // A hold stops the container: the node's long-poll answers with it stopped.
     let held: SessionView = m
         .alice
