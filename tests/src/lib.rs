@@ -6,6 +6,7 @@
 //! so tests run in parallel against one Docker daemon. Dropping a site stops its processes and
 //! removes every container and home volume it created, also when the test failed.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -22,6 +23,9 @@ use serde_json::Value;
 
 /// The dev image every test container runs; built by `images/dev/build.sh`.
 pub const DEV_IMAGE: &str = "ongrid/dev:latest";
+
+/// The `[metrics]` table of every component of a [`Site::start_with_metrics`] site.
+const METRICS_SECTION: &str = "\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
 
 /// The OID of domainComponent (DC), which rcgen has no short name for.
 const DOMAIN_COMPONENT: [u64; 7] = [0, 9, 2342, 19_200_300, 100, 1, 25];
@@ -306,9 +310,31 @@ pub struct Site {
     users: Vec<User>,
     /// Lines added to the agent's `[images]` table (see [`Site::start_configured`]).
     agent_images: String,
+    /// Whether the manager, the agent and the gateway serve `[metrics]` (see
+    /// [`Site::start_with_metrics`]).
+    metrics: bool,
+    /// The `metrics on ADDR` of each component (`manager`, `agent`, `gateway`), once started.
+    pub metrics_addrs: BTreeMap<String, String>,
 }
 
 impl Site {
+    /// Like [`Site::start`], with `[metrics] listen = "127.0.0.1:0"` on the manager, the agent
+    /// and the gateway; their addresses are in [`Site::metrics_addrs`].
+    pub fn start_with_metrics(gpus: &[SimGpu]) -> Self {
+        require_docker();
+        let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        site.metrics = true;
+        let path = site.dir.path().join("manager.toml");
+        let mut text = std::fs::read_to_string(&path).expect("read manager config");
+        text.push_str(METRICS_SECTION);
+        std::fs::write(&path, text).expect("write manager config");
+        site.start_manager();
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
     /// Starts a manager and an agent with the given simulated GPUs.
     pub fn start(gpus: &[SimGpu]) -> Self {
         require_docker();
@@ -503,6 +529,8 @@ pids = 512
             suffix,
             users: Vec::new(),
             agent_images: String::new(),
+            metrics: false,
+            metrics_addrs: BTreeMap::new(),
         })
     }
 
@@ -589,15 +617,29 @@ gateway_token_file = "{gateway_token}"
             images = self.dir.path().join("images").display(),
             images_extra = self.agent_images,
         );
+        let toml = if self.metrics {
+            toml + METRICS_SECTION
+        } else {
+            toml
+        };
         std::fs::write(&config, toml).expect("write agent config");
-        let child = Command::new(binary("ongrid-agent"))
+        let mut child = Command::new(binary("ongrid-agent"))
             .arg("--config")
             .arg(&config)
             .env("ONGRID_LOG", "info,ongrid_agent=debug")
-            .stdout(Stdio::null())
+            .stdout(if self.metrics {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(self.log_file("agent"))
             .spawn()
             .expect("spawn ongrid-agent");
+        if self.metrics {
+            let stdout = child.stdout.take().expect("stdout");
+            let lines = self.announced_lines(stdout);
+            self.read_metrics_addr("agent", &lines);
+        }
         self.agent = Some(Process::new(child, "ongrid-agent"));
     }
 
@@ -621,6 +663,11 @@ allowlist_refresh = "1 second"
             ca = self.pki.ca_dir.display(),
             token = self.dir.path().join("gateway-token").display(),
         );
+        let toml = if self.metrics {
+            toml + METRICS_SECTION
+        } else {
+            toml
+        };
         std::fs::write(&config, toml).expect("write gateway config");
         let (child, addr) =
             self.spawn_listening("ongrid-gateway", &config, "info,ongrid_gateway=debug");
@@ -636,7 +683,7 @@ allowlist_refresh = "1 second"
 
     /// Spawns a binary that prints `listening on ADDR` first on stdout; returns it and ADDR.
     fn spawn_listening(
-        &self,
+        &mut self,
         binary_name: &str,
         config: &Path,
         log_filter: &str,
@@ -652,15 +699,7 @@ allowlist_refresh = "1 second"
             .unwrap_or_else(|e| panic!("spawn {binary_name}: {e}"));
         let stdout = child.stdout.take().expect("stdout");
         let child = Process::new(child, binary_name);
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            // Keep draining so the child never blocks on a full pipe.
-            for _ in lines {}
-        });
+        let rx = self.announced_lines(stdout);
         let line = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(line) => line,
             Err(_) => panic!(
@@ -673,7 +712,41 @@ allowlist_refresh = "1 second"
             .unwrap_or_else(|| panic!("unexpected first line from {binary_name}: {line:?}"))
             .trim()
             .to_owned();
+        if self.metrics {
+            self.read_metrics_addr(log_name, &rx);
+        }
         (child, addr)
+    }
+
+    /// The lines a child prints on stdout, read by a thread that drains the pipe to its end (so
+    /// the child never blocks on a full pipe).
+    fn announced_lines(&self, stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // Nobody listens any more once the addresses are read.
+                let _ = tx.send(line);
+            }
+        });
+        rx
+    }
+
+    /// Reads the next line of `lines`, `metrics on ADDR`, into `metrics_addrs[component]`.
+    fn read_metrics_addr(&mut self, component: &str, lines: &mpsc::Receiver<String>) {
+        let line = match lines.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => panic!(
+                "ongrid-{component} did not print its metrics address within 30 s\n{}",
+                self.logs()
+            ),
+        };
+        let addr = line
+            .strip_prefix("metrics on ")
+            .unwrap_or_else(|| panic!("ongrid-{component} printed {line:?}, not `metrics on ADDR`"))
+            .trim()
+            .to_owned();
+        self.metrics_addrs.insert(component.to_owned(), addr);
     }
 
     /// Allows 127.0.0.0/8 and ::1 as institute `local`.
@@ -939,7 +1012,8 @@ pub struct Process {
 }
 
 impl Process {
-    fn new(child: Child, name: &str) -> Self {
+    /// Takes charge of `child` (`name` for messages): killed and reaped when dropped.
+    pub fn new(child: Child, name: &str) -> Self {
         Self {
             child: Some(child),
             name: name.to_owned(),

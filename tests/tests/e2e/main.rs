@@ -5,6 +5,7 @@ mod freeze;
 mod identity;
 mod jobs;
 mod lifecycle;
+mod metrics;
 mod nodes;
 mod sessions;
 mod ssh;
