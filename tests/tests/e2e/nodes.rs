@@ -187,6 +187,8 @@ fn a_gpu_that_falls_off_the_bus_fails_its_session_and_stays_drained_until_an_adm
         )),
         "{reason}"
     );
+    let out = site.devctl_ok(&alice, &["session", "show", "train1"]);
+    println!("$ devctl session show train1\n{out}");
     site.wait_until(
         "the failed session's container to be stopped",
         Duration::from_secs(30),
