@@ -96,7 +96,7 @@ pub struct SessionDeadlines {
 pub enum SignalKind {
     /// An SSH connection is open.
     Connection,
-    /// SSH bytes moved (from the gateway's reports).
+    /// SSH data the client sent (from the gateway's reports; keep-alives are not data).
     SshTraffic,
     /// CPU use of the container's processes above the site threshold.
     Cpu,
@@ -122,6 +122,10 @@ pub struct LifecycleView {
     pub signals: Vec<ActivitySignal>,
     /// The signal that currently keeps the session alive, if any.
     pub kept_alive_by: Option<SignalKind>,
+    /// A session with an open connection but no activity for a while: its last activity
+    /// (`session show`: "connected but idle since ..."). Absent from older managers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected_idle_since: Option<DateTime<Utc>>,
 }
 
 /// What the agent measured for one session's container over its last sampling interval.

@@ -566,6 +566,9 @@ pub struct RawLifecycle {
     pub gpu_threshold_percent: f64,
     #[serde(default = "default_connection_stale_after")]
     pub connection_stale_after: String,
+    /// An open SSH connection alone keeps a session alive (default false: only activity does).
+    #[serde(default)]
+    pub open_connection_keeps_alive: bool,
 }
 
 impl Default for RawLifecycle {
@@ -582,6 +585,7 @@ impl Default for RawLifecycle {
             cpu_threshold_percent: default_threshold(),
             gpu_threshold_percent: default_threshold(),
             connection_stale_after: default_connection_stale_after(),
+            open_connection_keeps_alive: false,
         }
     }
 }
@@ -662,6 +666,7 @@ impl RawLifecycle {
                 "connection_stale_after",
                 &self.connection_stale_after,
             )?,
+            open_connection_keeps_alive: self.open_connection_keeps_alive,
         };
         if config.idle_timeout > config.max_idle_timeout {
             return Err(error(

@@ -188,12 +188,24 @@ mod tests {
     }
 
     fn timer(store: &Arc<SqliteStore>) -> HoldTimer {
+        timer_with(store, config())
+    }
+
+    fn timer_with(store: &Arc<SqliteStore>, config: LifecycleConfig) -> HoldTimer {
         HoldTimer::new(
             store.clone(),
             Arc::new(ManualClock::new(t0())),
-            config(),
+            config,
             Arc::new(Notify::new()),
         )
+    }
+
+    /// A site that set `open_connection_keeps_alive`.
+    fn connections_keep_alive() -> LifecycleConfig {
+        LifecycleConfig {
+            open_connection_keeps_alive: true,
+            ..config()
+        }
     }
 
     /// A session on node1 that became ready (WAITING) at t0.
@@ -412,7 +424,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(facts[0].live_connections(&config(), now), 1);
-        let report = timer(&store).tick(now).await.unwrap();
+        let report = timer_with(&store, connections_keep_alive())
+            .tick(now)
+            .await
+            .unwrap();
         assert_eq!(report.held, []);
         let session = store.session(id).await.unwrap().unwrap();
         assert_eq!(session.state, SessionState::Connected);
@@ -462,10 +477,17 @@ mod tests {
         let connection = uuid::Uuid::new_v4();
         let open = event(&session, ConnectionEventKind::Open, connection, 0);
         store.record_connection(&open, at(100)).await.unwrap();
-        // Connected: only the maximum lifetime is planned.
+        // Connected, but an open connection is no activity: idle 2 hours after it became ready.
         let report = timer.tick(at(200)).await.unwrap();
-        assert_eq!(report.next, Some(at(7 * 86_400)));
-        // Bytes moved: traffic at 400.
+        assert_eq!(report.next, Some(at(7200)));
+        // Output alone is not activity.
+        let output = ConnectionEvent {
+            bytes_out: 4096,
+            ..event(&session, ConnectionEventKind::Activity, connection, 0)
+        };
+        store.record_connection(&output, at(300)).await.unwrap();
+        assert_eq!(timer.tick(at(300)).await.unwrap().next, Some(at(7200)));
+        // The client sent bytes: traffic at 400.
         let activity = event(&session, ConnectionEventKind::Activity, connection, 10);
         store.record_connection(&activity, at(400)).await.unwrap();
         let close = event(&session, ConnectionEventKind::Close, connection, 10);
@@ -531,7 +553,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&dir).await;
         let session = running(&store).await;
-        let timer = timer(&store);
+        let timer = timer_with(&store, connections_keep_alive());
         let open = event(&session, ConnectionEventKind::Open, uuid::Uuid::new_v4(), 0);
         store.record_connection(&open, at(100)).await.unwrap();
         // No close, no reports: stale after 3 minutes, idle 2 hours after its last report.

@@ -232,6 +232,7 @@ mod tests {
             },
             signals: vec![],
             kept_alive_by: None,
+            connected_idle_since: None,
         });
         assert_eq!(
             render_kept(&s, HumanDuration::from_secs(3600), at(0)),

@@ -187,6 +187,12 @@ pub fn render_lifecycle(view: &LifecycleView, now: DateTime<Utc>) -> String {
         "alive because",
         or_dash(view.kept_alive_by.map(|k| signal_name(k).to_owned())),
     );
+    if let Some(since) = view.connected_idle_since {
+        fields.field(
+            "activity",
+            format!("connected but idle since {}", format_time(since)),
+        );
+    }
     let mut signals = Table::bare();
     for signal in &view.signals {
         signals.row([
@@ -238,10 +244,37 @@ mod tests {
                 },
             ],
             kept_alive_by: Some(SignalKind::Cpu),
+            connected_idle_since: None,
         });
         let text = render_at(&s, at(3600));
         let expected = "lifecycle:\n  idle timeout:   2 hours\n  ends at:        2026-11-28 10:00:00Z (6d 23h left)\n  next hold:      idle at 2026-11-21 13:00:00Z (2h 0m left)\n  alive because:  cpu\n  last activity:\n    ssh connection  2026-11-21 10:10:00Z  none open\n    cpu             2026-11-21 11:00:00Z  last sample 97% CPU\ntransitions:\n";
         assert!(text.contains(expected), "{text}");
+    }
+
+    #[test]
+    fn session_show_says_when_a_connected_session_is_idle() {
+        use ongrid_core::holds::{LifecycleView, SessionDeadlines};
+        let mut s = session("train1", SessionState::Connected);
+        s.lifecycle = Some(LifecycleView {
+            deadlines: SessionDeadlines {
+                session_id: s.id,
+                state: SessionState::Connected,
+                idle_timeout_secs: 7200,
+                max_end_at: None,
+                keep_until: None,
+                next_hold: None,
+            },
+            signals: Vec::new(),
+            kept_alive_by: None,
+            connected_idle_since: Some(at(600)),
+        });
+        let text = render_at(&s, at(3600));
+        assert!(
+            text.contains(
+                "  alive because:  -\n  activity:       connected but idle since 2026-11-21 10:10:00Z\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

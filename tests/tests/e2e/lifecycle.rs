@@ -1,8 +1,9 @@
 //! The session lifecycle with the real binaries, Docker and OpenSSH, timeouts in seconds:
 //! a session nobody connects to is HELD (container stopped, GPU freed for a waiting session),
 //! release brings back the same container with its files, an idle session is held while one
-//! running a busy process in tmux is not (and the tmux session is there on reconnect), and a
-//! hold that fell due while the manager was down is applied once when it is back.
+//! running a busy process in tmux is not (and the tmux session is there on reconnect), an open
+//! connection that sends nothing does not keep a session while one running a busy command does,
+//! and a hold that fell due while the manager was down is applied once when it is back.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -203,4 +204,82 @@ fn a_hold_due_while_the_manager_was_down_is_applied_once_when_it_is_back() {
     assert!(reason.contains("(due at "), "says it was late: {reason}");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(holds(&show(&site, &alice, "train1")), 1, "applied once");
+}
+
+/// Waits for `child` to end within a minute, killing it if it does not.
+fn end(mut child: std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn an_open_connection_that_sends_nothing_is_held_and_one_running_a_busy_command_is_not() {
+    use std::process::Stdio;
+    let idle_timeout = Duration::from_secs(8);
+    let mut site = Site::start_with_lifecycle(
+        &[SimGpu::a100(1), SimGpu::a100(2)],
+        "connect_deadline = \"1 hour\"\nstartup_grace = \"1s\"\nidle_timeout = \"8s\"\n\
+         max_idle_timeout = \"1 hour\"",
+    );
+    site.allow_loopback();
+    let alice = site.user("Alice");
+    site.add_key(&alice);
+    site.devctl_ok(&alice, &["session", "new", "--name", "quiet", "--wait"]);
+    site.devctl_ok(&alice, &["session", "new", "--name", "busy", "--wait"]);
+    ssh_eventually(&site, &alice, "quiet", "true");
+
+    // Two connections stay open: one whose command sleeps (the client sends nothing, as a
+    // forgotten terminal), one running a CPU-busy loop for a minute.
+    let spawn = |target: &str, command: &str| {
+        site.ssh_command(&alice, target)
+            .arg(command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ssh")
+    };
+    let quiet = spawn("quiet", "sleep 300");
+    let busy = spawn("busy", "timeout 60 sh -c 'while :; do :; done'");
+    site.wait_for_state(&alice, "quiet", "CONNECTED");
+    site.wait_for_state(&alice, "busy", "CONNECTED");
+    let busy_connected = Instant::now();
+
+    // The open connection does not keep `quiet`: `session show` calls it idle, then it is held.
+    let shown = site.wait_until(
+        "session show to say the connected session is idle",
+        Duration::from_secs(30),
+        || {
+            let out = site.devctl(&alice, &["session", "show", "quiet"]);
+            let shown = text(&out.stdout);
+            shown.contains("connected but idle since").then_some(shown)
+        },
+    );
+    assert!(shown.contains("state:      CONNECTED"), "{shown}");
+    let held = site.wait_for_state(&alice, "quiet", "HELD");
+    let reason = held["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("idle: connected but no activity (SSH input, CPU"),
+        "{reason}"
+    );
+
+    // `busy` is still there well past its idle timeout, kept alive by its CPU use.
+    while busy_connected.elapsed() < idle_timeout * 2 {
+        let view = show(&site, &alice, "busy");
+        assert_eq!(view["state"], "CONNECTED", "{view:#}\n{}", site.logs());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let view = show(&site, &alice, "busy");
+    assert_eq!(view["state"], "CONNECTED", "{view:#}\n{}", site.logs());
+    assert_eq!(view["lifecycle"]["kept_alive_by"], "cpu", "{view:#}");
+    end(quiet);
+    site.devctl_ok(&alice, &["session", "rm", "busy"]);
+    end(busy);
 }

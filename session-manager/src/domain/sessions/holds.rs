@@ -7,11 +7,16 @@
 //! - **no-connection**: a WAITING session (nobody connected since it became ready, after its
 //!   start or its release) is held `connect_deadline` after it became ready — never before the
 //!   start-up grace ends, nor before an explicit keep-alive ends.
-//! - **idle**: a session with no live SSH connection is held `idle_timeout` after its last
-//!   activity: the close of its last connection, SSH traffic, a CPU or GPU sample at or above the
-//!   site's threshold, or becoming ready. Never before the start-up grace (`startup_grace` after
-//!   becoming ready) or a keep-alive (`devctl session keep`) ends. A connection is live while the
-//!   gateway reported it within `connection_stale_after`; a live connection keeps the session.
+//! - **idle**: a session is held `idle_timeout` after its last activity, connections open or
+//!   not: the close of a connection, SSH data the client sent (keystrokes, uploads, forwarded
+//!   ports' data; SSH keep-alives are not channel data and never count), a CPU or GPU sample at
+//!   or above the site's threshold, or becoming ready. Never before the start-up grace
+//!   (`startup_grace` after becoming ready) or a keep-alive (`devctl session keep`) ends. A
+//!   forgotten terminal or editor window therefore no longer holds GPUs until the maximum
+//!   lifetime. A site that wants an open connection to keep its session alive sets
+//!   `[lifecycle] open_connection_keeps_alive = true`: then a live connection (reported by the
+//!   gateway within `connection_stale_after`) keeps the session, and the idle countdown starts
+//!   when the last one closes or goes stale.
 //! - **max-duration**: a session is held `max_duration` of wall time after it first started,
 //!   HELD time included.
 //!
@@ -56,6 +61,8 @@ pub struct LifecycleConfig {
     pub warn_before: Duration,
     pub thresholds: ActivityThresholds,
     pub connection_stale_after: Duration,
+    /// An open connection alone keeps a session alive (the behaviour before honest idleness).
+    pub open_connection_keeps_alive: bool,
 }
 
 impl Default for LifecycleConfig {
@@ -75,6 +82,7 @@ impl Default for LifecycleConfig {
                 gpu_percent: 5.0,
             },
             connection_stale_after: Duration::from_secs(3 * 60),
+            open_connection_keeps_alive: false,
         }
     }
 }
@@ -178,6 +186,8 @@ pub struct Evaluation {
     pub next: Option<Planned>,
     /// What keeps it alive now, if anything.
     pub kept_alive_by: Option<SignalKind>,
+    /// For a session the idle rule applies to: its last activity (or when it became ready).
+    pub last_activity: Option<DateTime<Utc>>,
 }
 
 fn delta(duration: Duration) -> TimeDelta {
@@ -249,6 +259,7 @@ pub fn evaluate(
         return Evaluation {
             next: None,
             kept_alive_by: None,
+            last_activity: None,
         };
     }
     let ready = facts.ready();
@@ -274,9 +285,10 @@ pub fn evaluate(
 
     let live = facts.live_connections(config, now);
     let kept_alive_by;
-    if live > 0 {
+    let mut last_activity = None;
+    if live > 0 && config.open_connection_keeps_alive {
         kept_alive_by = Some(SignalKind::Connection);
-    } else if facts.state == SessionState::Waiting {
+    } else if facts.state == SessionState::Waiting && live == 0 {
         let deadline = ready + delta(config.connect_deadline);
         let mut at = deadline.max(grace_end);
         let mut by = None;
@@ -299,8 +311,15 @@ pub fn evaluate(
         kept_alive_by = by.filter(|_| at > now);
     } else {
         let idle = facts.idle_timeout(config);
+        // An open connection is no activity of its own (unless the site says so): only its
+        // close, and what the client sends, count.
+        let connection = if config.open_connection_keeps_alive {
+            facts.last_connection()
+        } else {
+            facts.last_close_at
+        };
         let signals = [
-            (SignalKind::Connection, facts.last_connection()),
+            (SignalKind::Connection, connection),
             (SignalKind::SshTraffic, facts.last_traffic_at),
             (SignalKind::Cpu, facts.cpu.active_at),
             (SignalKind::Gpu, facts.gpu.active_at),
@@ -313,6 +332,7 @@ pub fn evaluate(
                 by = Some(kind);
             }
         }
+        last_activity = Some(last);
         let mut at = last + idle;
         if grace_end > at {
             at = grace_end;
@@ -331,13 +351,23 @@ pub fn evaluate(
                 at,
                 reason: HoldReason::Idle,
             },
-            details: format!(
-                "no SSH connection and no activity (SSH traffic, CPU at or above {}%, GPU \
-                 at or above {}%) for {}; {since}",
-                config.thresholds.cpu_percent,
-                config.thresholds.gpu_percent,
-                human(idle)
-            ),
+            details: if live > 0 {
+                format!(
+                    "connected but no activity (SSH input, CPU at or above {}%, GPU at or \
+                     above {}%) for {}; {since}",
+                    config.thresholds.cpu_percent,
+                    config.thresholds.gpu_percent,
+                    human(idle)
+                )
+            } else {
+                format!(
+                    "no SSH connection and no activity (SSH traffic, CPU at or above {}%, GPU \
+                     at or above {}%) for {}; {since}",
+                    config.thresholds.cpu_percent,
+                    config.thresholds.gpu_percent,
+                    human(idle)
+                )
+            },
             kept_alive_by: by,
         });
         kept_alive_by = by.filter(|_| at > now);
@@ -346,6 +376,7 @@ pub fn evaluate(
     Evaluation {
         next,
         kept_alive_by,
+        last_activity,
     }
 }
 
@@ -462,7 +493,30 @@ pub fn view(facts: &LifecycleFacts, config: &LifecycleConfig, now: DateTime<Utc>
         deadlines: deadlines(facts, config, now),
         signals,
         kept_alive_by: evaluation.kept_alive_by,
+        connected_idle_since: connected_idle_since(facts, config, &evaluation, now),
     }
+}
+
+/// Longest quiet spell before `session show` calls a connected session idle (shorter when the
+/// idle timeout is short: a quarter of it).
+const IDLE_NOTICE: TimeDelta = TimeDelta::minutes(5);
+
+/// When a connected session's last activity was, if nothing was seen for a while (a quarter of
+/// its idle timeout, at most [`IDLE_NOTICE`]): `session show` says "connected but idle since".
+fn connected_idle_since(
+    facts: &LifecycleFacts,
+    config: &LifecycleConfig,
+    evaluation: &Evaluation,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    if facts.live_connections(config, now) == 0
+        || evaluation.kept_alive_by == Some(SignalKind::Keep)
+    {
+        return None;
+    }
+    let last = evaluation.last_activity?;
+    let notice = (facts.idle_timeout(config) / 4).min(IDLE_NOTICE);
+    (now - last >= notice).then_some(last)
 }
 
 /// The new end of a keep-alive asked for `asked` at `now`: at most `keep_max` from now.
@@ -499,6 +553,7 @@ mod tests {
                 gpu_percent: 5.0,
             },
             connection_stale_after: Duration::from_secs(180),
+            open_connection_keeps_alive: false,
         }
     }
 
@@ -602,7 +657,84 @@ mod tests {
     }
 
     #[test]
-    fn a_live_connection_keeps_a_session_until_it_goes_stale() {
+    fn an_open_connection_alone_does_not_keep_a_session_alive() {
+        // Connected, and nothing since it became ready at 0: the gateway reports the connection
+        // every minute, but only activity counts. Held as idle 2 hours after it became ready.
+        let connected = LifecycleFacts {
+            state: SessionState::Connected,
+            open_connections: vec![at(7100)],
+            ..waiting()
+        };
+        let evaluation = evaluate(&connected, &config(), at(7100));
+        assert_eq!(evaluation.kept_alive_by, None);
+        let planned = evaluation.next.unwrap();
+        assert_eq!(
+            (planned.hold.at, planned.hold.reason),
+            (at(7200), HoldReason::Idle)
+        );
+        assert!(
+            planned
+                .details
+                .starts_with("connected but no activity (SSH input, CPU at or above 5%"),
+            "{}",
+            planned.details
+        );
+        let shown = view(&connected, &config(), at(7100));
+        assert_eq!(shown.connected_idle_since, Some(at(0)));
+        // Typing at 6000 defers it, and the session is not called idle 60 s later.
+        let typing = LifecycleFacts {
+            last_traffic_at: Some(at(6000)),
+            ..connected.clone()
+        };
+        assert_eq!(
+            next(&typing, at(6060)),
+            Some((at(13_200), HoldReason::Idle))
+        );
+        assert_eq!(
+            evaluate(&typing, &config(), at(6060)).kept_alive_by,
+            Some(SignalKind::SshTraffic)
+        );
+        assert_eq!(
+            view(&typing, &config(), at(6060)).connected_idle_since,
+            None
+        );
+        // So does a busy CPU.
+        let busy = LifecycleFacts {
+            cpu: Sampled {
+                active_at: Some(at(7000)),
+                sampled_at: Some(at(7000)),
+                percent: Some(99.0),
+            },
+            ..connected.clone()
+        };
+        assert_eq!(next(&busy, at(7100)), Some((at(14_200), HoldReason::Idle)));
+        // Without a connection, the no-connection wording stays.
+        let gone = LifecycleFacts {
+            state: SessionState::Idle,
+            open_connections: Vec::new(),
+            last_close_at: Some(at(100)),
+            ..waiting()
+        };
+        let planned = evaluate(&gone, &config(), at(200)).next.unwrap();
+        assert!(
+            planned.details.starts_with("no SSH connection"),
+            "{}",
+            planned.details
+        );
+        assert_eq!(view(&gone, &config(), at(7000)).connected_idle_since, None);
+    }
+
+    #[test]
+    fn with_open_connection_keeps_alive_a_live_connection_keeps_a_session_until_it_goes_stale() {
+        let config = || LifecycleConfig {
+            open_connection_keeps_alive: true,
+            ..super::tests::config()
+        };
+        let next = |facts: &LifecycleFacts, now| {
+            evaluate(facts, &config(), now)
+                .next
+                .map(|p| (p.hold.at, p.hold.reason))
+        };
         let connected = LifecycleFacts {
             state: SessionState::Connected,
             open_connections: vec![at(5000)],
@@ -757,6 +889,8 @@ mod tests {
         let mut facts = LifecycleFacts {
             state: SessionState::Connected,
             open_connections: vec![at(7 * 86_400)],
+            // Typing right now: only the maximum lifetime can hold it.
+            last_traffic_at: Some(at(7 * 86_400)),
             max_duration_secs: Some(7 * 86_400),
             ..waiting()
         };

@@ -207,8 +207,10 @@ pub(super) async fn after_transition(
     Ok(())
 }
 
-/// Before a connection event changes the connection's row: bytes that grew since the last
-/// report are SSH traffic, seen at `at`.
+/// Before a connection event changes the connection's row: bytes the client sent since the
+/// last report are SSH traffic, seen at `at`. Output alone is not (a busy process shows as CPU;
+/// a terminal printing a clock should not keep a session), nor are keep-alives, which the
+/// gateway never counts as channel data.
 pub(super) async fn note_traffic(
     tx: &mut Transaction<'static, Sqlite>,
     event: &ConnectionEvent,
@@ -222,8 +224,8 @@ pub(super) async fn note_traffic(
             .bind(event.connection_id.to_string())
             .fetch_optional(&mut **tx)
             .await?;
-    let (old_in, old_out) = before.unwrap_or((0, 0));
-    let grew = clamp(event.bytes_in) > old_in || clamp(event.bytes_out) > old_out;
+    let (old_in, _) = before.unwrap_or((0, 0));
+    let grew = clamp(event.bytes_in) > old_in;
     if grew {
         ensure_row(tx, event.session_id).await?;
         sqlx::query("UPDATE session_lifecycle SET last_traffic_at = ? WHERE session_id = ?")
