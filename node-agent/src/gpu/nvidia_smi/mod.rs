@@ -22,6 +22,7 @@ pub mod parse;
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -247,6 +248,8 @@ pub struct NvidiaSmiBackend<S> {
     seen: SeenGpus,
     /// Where fatal Xids are looked for; `None`: not watched.
     kernel_log: Option<KernelLog>,
+    /// nvidia-smi could not answer at the last discovery: said once, at WARN, until it answers.
+    unanswered: AtomicBool,
 }
 
 impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
@@ -256,6 +259,7 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
             fields: Mutex::new(Field::ALL.to_vec()),
             seen: SeenGpus::default(),
             kernel_log: None,
+            unanswered: AtomicBool::new(false),
         }
     }
 
@@ -275,15 +279,21 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
             .map(KernelLog::failed_gpus)
             .unwrap_or_default();
         let mut report = match self.ask().await {
-            Ok((present, problems)) => self
-                .seen
-                .report_with(present, |gpu| gone_reason(gpu, &problems)),
+            Ok((present, problems)) => {
+                if self.unanswered.swap(false, Ordering::Relaxed) {
+                    tracing::info!("nvidia-smi answers again.");
+                }
+                self.seen
+                    .report_with(present, |gpu| gone_reason(gpu, &problems))
+            }
             Err(error) => {
                 let report = self.seen.all_unknown(&unknown_reason(&error));
                 if report.is_empty() {
                     return Err(error);
                 }
-                tracing::debug!(%error, "nvidia-smi cannot tell; every GPU reported unknown.");
+                if !self.unanswered.swap(true, Ordering::Relaxed) {
+                    warn!(%error, "nvidia-smi cannot tell; every GPU is reported unknown until it answers.");
+                }
                 report
             }
         };
