@@ -248,6 +248,7 @@ fn site(scenario: &Scenario) -> SiteState {
                     max: 1 + random.below(8) as u32,
                 }),
                 pinned_node: None,
+                priority: Default::default(),
             }
         })
         .collect();
@@ -271,6 +272,7 @@ fn site(scenario: &Scenario) -> SiteState {
                 pinned_node,
                 previous_gpus: Vec::new(),
                 awaiting_halt: None,
+                priority: Default::default(),
             }
         })
         .collect();

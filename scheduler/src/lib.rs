@@ -15,9 +15,13 @@
 //!   an `exclusive` GPU holds one session, a `shared:N` GPU up to N. Every GPU given to a
 //!   session meets its request ([`ongrid_core::GpuRequest::fits`]: capability, memory, and the
 //!   modes its sharing accepts).
-//! - **Who first.** Pending sessions are served in `(queued_at, id)` order, each taking the best
-//!   place left. One that cannot be placed now does not block later ones (backfill), but since
-//!   capacity only shrinks during a plan, of two equal requests the earlier always wins.
+//! - **Who first.** Pending sessions are served in `(priority, queued_at, id)` order, each
+//!   taking the best place left: [`Priority`] is the owner's fair-share standing (their group's
+//!   usage against its share, then their own usage; lower first), computed by the session
+//!   manager; equal priorities (all zero on a site without fair share) are first come, first
+//!   served. One that cannot be placed now does not block later ones (backfill), but since
+//!   capacity only shrinks during a plan, of two equal requests the one first in that order
+//!   always wins. Queued jobs are ordered the same way among themselves.
 //! - **Which GPUs: least capable first**, keeping big GPUs for those who need them. GPUs are
 //!   ordered by class (compute capability, then memory, then mode: a share of a GPU before a
 //!   whole one, see `class.rs`), then node name, then UUID. A one-GPU session takes the least
@@ -67,5 +71,6 @@ mod testing;
 pub use plan::plan;
 pub use satisfiable::{check_satisfiable, Unsatisfiable};
 pub use site::{
-    Action, GpuSlot, HaltWait, NodeState, PendingSession, QueuedJob, RunningJob, SiteState,
+    Action, GpuSlot, HaltWait, NodeState, PendingSession, Priority, QueuedJob, RunningJob,
+    SiteState,
 };

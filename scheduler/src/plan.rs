@@ -84,9 +84,10 @@ impl<'a> Want<'a> {
 /// Plans the whole site: halts, session placements and job starts.
 ///
 /// Returns, in this order: an [`Action::HaltJob`] per running job past its max duration (by
-/// job id); per session that can start now, in `(queued_at, id)` order, an [`Action::Place`],
-/// or the [`Action::HaltJob`]s and the [`Action::PlaceAfterHalt`] of a session that preempts
-/// batch work; per queued job in `(queued_at, id)` order, an [`Action::CancelJob`] when its
+/// job id); per session that can start now, in `(priority, queued_at, id)` order, an
+/// [`Action::Place`], or the [`Action::HaltJob`]s and the [`Action::PlaceAfterHalt`] of a session
+/// that preempts batch work; per queued job in `(priority, queued_at, id)` order, an
+/// [`Action::CancelJob`] when its
 /// notAfter has come or an [`Action::StartJob`] when it can start. The result depends only on
 /// the contents of `site` and on `now`, not on the order of its vectors. A request that is
 /// invalid (0 GPUs, or more than [`ongrid_core::GpuRequest::MAX_COUNT`]) is never placed.
@@ -110,7 +111,7 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
     }
 
     let mut queue: Vec<&PendingSession> = site.pending.iter().collect();
-    queue.sort_by_key(|session| (session.queued_at, session.id));
+    queue.sort_by_key(|session| (session.priority, session.queued_at, session.id));
     let still_running: HashSet<_> = site.running_jobs.iter().map(|job| job.id).collect();
     // Sessions waiting for jobs to halt keep the free GPUs of their placement.
     let mut waiting = HashSet::new();
@@ -203,7 +204,7 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
         }
     }
     let mut jobs: Vec<&QueuedJob> = site.queued_jobs.iter().collect();
-    jobs.sort_by_key(|job| (job.queued_at, job.id));
+    jobs.sort_by_key(|job| (job.priority, job.queued_at, job.id));
     for job in jobs {
         if let Some(not_after) = job.not_after {
             if not_after <= now {

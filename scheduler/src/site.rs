@@ -95,6 +95,21 @@ pub struct PendingSession {
     /// are all free.
     #[serde(default)]
     pub awaiting_halt: Option<HaltWait>,
+    /// Its owner's fair-share standing: lower is served first.
+    #[serde(default)]
+    pub priority: Priority,
+}
+
+/// A request's place among those of its class (sessions, or jobs) by its owner's fair share:
+/// lower goes first, then earlier `queued_at`. The session manager computes it from decayed,
+/// cost-weighted GPU usage (`group`: the owner's accounting group's usage against its share;
+/// `user`: the owner's own usage within the group); all zero when the site has no fair share.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Priority {
+    pub group: u64,
+    pub user: u64,
 }
 
 /// A placement waiting for batch jobs to halt, as [`Action::PlaceAfterHalt`] gave it.
@@ -124,6 +139,9 @@ pub struct QueuedJob {
     /// The only node it may go to (for example where its checkpoint directory is).
     #[serde(default)]
     pub pinned_node: Option<NodeName>,
+    /// Its owner's fair-share standing: lower is served first among queued jobs.
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 /// A job holding GPUs (RUNNING, MUSTHALT or HALTING, local target).

@@ -88,6 +88,7 @@ pub fn session(n: u32, request: GpuRequest) -> PendingSession {
         pinned_node: None,
         previous_gpus: Vec::new(),
         awaiting_halt: None,
+        priority: Default::default(),
     }
 }
 
@@ -120,6 +121,7 @@ pub fn queued_job(n: u32, request: GpuRequest) -> QueuedJob {
         not_after: None,
         bucket: None,
         pinned_node: None,
+        priority: Default::default(),
     }
 }
 

@@ -12,7 +12,7 @@
 //! no job starts before its notBefore or past its bucket's limit, and the reference planner
 //! (which implements the halting rules of `batch.rs` naively, node by node, GPU by GPU) agrees.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, TimeZone, Utc};
 use ongrid_core::job::{Bucket, BucketName, JobReason};
@@ -21,8 +21,8 @@ use ongrid_core::{
     SessionId, Sharing, UserName,
 };
 use ongrid_scheduler::{
-    check_satisfiable, plan, Action, GpuSlot, HaltWait, NodeState, PendingSession, QueuedJob,
-    RunningJob, SiteState,
+    check_satisfiable, plan, Action, GpuSlot, HaltWait, NodeState, PendingSession, Priority,
+    QueuedJob, RunningJob, SiteState,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -47,7 +47,7 @@ fn fits(request: &GpuRequest, slot: &GpuSlot) -> bool {
 
 fn queue_order(site: &SiteState) -> Vec<&PendingSession> {
     let mut queue: Vec<_> = site.pending.iter().collect();
-    queue.sort_by_key(|session| (session.queued_at, session.id));
+    queue.sort_by_key(|session| (session.priority, session.queued_at, session.id));
     queue
 }
 
@@ -442,7 +442,7 @@ fn reference_plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
         }
     }
     let mut jobs: Vec<&QueuedJob> = site.queued_jobs.iter().collect();
-    jobs.sort_by_key(|job| (job.queued_at, job.id));
+    jobs.sort_by_key(|job| (job.priority, job.queued_at, job.id));
     for job in jobs {
         if let Some(not_after) = job.not_after.filter(|&t| t <= now) {
             actions.push(Action::CancelJob {
@@ -771,6 +771,7 @@ fn build_site(nodes: Vec<(bool, Vec<GpuSpec>)>, sessions: Vec<SessionSpec>) -> S
             pinned_node: spec.pinned.map(|n| node_name(n.min(node_count))),
             previous_gpus: Vec::new(),
             awaiting_halt: None,
+            priority: Default::default(),
         })
         .collect();
     SiteState {
@@ -907,6 +908,7 @@ fn with_jobs(mut site: SiteState, seed: u64) -> SiteState {
             pinned_node: random
                 .chance(10)
                 .then(|| node_name(random.below(node_count as u64 + 1) as usize)),
+            priority: Default::default(),
         });
     }
     let running: Vec<(NodeName, Vec<GpuUuid>, JobId)> = site
@@ -1082,6 +1084,28 @@ fn shuffled(site: &SiteState, seed: u64) -> SiteState {
     site
 }
 
+/// The site with fair-share priorities drawn from `seed`: few distinct values, so ties (decided
+/// by `queued_at`) are common too.
+fn with_priorities(mut site: SiteState, seed: u64) -> SiteState {
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        Priority {
+            group: state % 3,
+            user: (state >> 8) % 3,
+        }
+    };
+    for session in &mut site.pending {
+        session.priority = next();
+    }
+    for job in &mut site.queued_jobs {
+        job.priority = next();
+    }
+    site
+}
+
 // ---------------------------------------------------------------------------------------------
 // The properties.
 
@@ -1109,6 +1133,86 @@ proptest! {
         check_job_invariants(&site, &actions, at(100))?;
         prop_assert_eq!(&actions, &reference_plan(&site, at(100)));
         prop_assert_eq!(&actions, &plan(&shuffled(&site, seed), at(100)));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Fair share: with priorities, the plan still agrees with the reference (which serves
+    /// `(priority, queued_at, id)` in order), keeps every invariant, and ignores input order.
+    #[test]
+    fn sites_with_fair_share_priorities(
+        site in site_strategy(6, 6, 20),
+        jobs in any::<u64>(),
+        priorities in any::<u64>(),
+        seed in any::<u64>(),
+    ) {
+        let site = with_priorities(with_jobs(site, jobs), priorities);
+        let actions = plan(&site, at(100));
+        check_job_invariants(&site, &actions, at(100))?;
+        prop_assert_eq!(&actions, &reference_plan(&site, at(100)));
+        prop_assert_eq!(&actions, &plan(&shuffled(&site, seed), at(100)));
+    }
+
+    /// Fair share decides who gets scarce GPUs: of equal one-GPU requests, more than there are
+    /// free GPUs, exactly those lowest in `(priority, queued_at)` order are placed, whatever
+    /// order they arrived in.
+    #[test]
+    fn scarce_gpus_go_to_the_lowest_usage_first(
+        free in 1usize..5,
+        waiting in proptest::collection::vec((0u64..4, 0u64..4, 0i64..50), 1..12),
+    ) {
+        let gpu = |n: usize| GpuSlot {
+            uuid: format!("GPU-{n:08x}-0000-0000-0000-000000000000").parse().expect("valid"),
+            capability: "8.0".parse().expect("valid"),
+            memory: "40G".parse().expect("valid"),
+            mode: GpuMode::Exclusive,
+            healthy: true,
+            drained: false,
+            used: 0,
+        };
+        let request = GpuRequest {
+            count: 1,
+            min_capability: None,
+            min_memory: None,
+            sharing: Sharing::Exclusive,
+        };
+        let pending: Vec<PendingSession> = waiting
+            .iter()
+            .enumerate()
+            .map(|(n, &(group, user, queued))| PendingSession {
+                id: format!("{:032x}", n + 1).parse().expect("valid"),
+                request,
+                queued_at: at(queued),
+                preferred_node: None,
+                pinned_node: None,
+                previous_gpus: Vec::new(),
+                awaiting_halt: None,
+                priority: Priority { group, user },
+            })
+            .collect();
+        let site = SiteState {
+            nodes: vec![NodeState {
+                name: node_name(1),
+                online: true,
+                drained: false,
+                gpus: (0..free).map(gpu).collect(),
+            }],
+            pending: pending.clone(),
+            ..SiteState::default()
+        };
+        let placed: HashSet<SessionId> = plan(&site, at(100))
+            .iter()
+            .filter_map(|action| match action {
+                Action::Place { session, .. } => Some(*session),
+                _ => None,
+            })
+            .collect();
+        let mut order = pending;
+        order.sort_by_key(|s| (s.priority, s.queued_at, s.id));
+        let expected: HashSet<SessionId> = order.iter().take(free).map(|s| s.id).collect();
+        prop_assert_eq!(placed, expected);
     }
 }
 
@@ -1252,6 +1356,7 @@ fn the_invariant_checker_catches_broken_plans() {
         pinned_node: None,
         previous_gpus: Vec::new(),
         awaiting_halt: None,
+        priority: Default::default(),
     };
     let site_with = |pending: Vec<PendingSession>| SiteState {
         nodes: vec![NodeState {

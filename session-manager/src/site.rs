@@ -213,6 +213,8 @@ pub fn pending_session(session: &SessionRecord) -> PendingSession {
         pinned_node: None,
         previous_gpus: Vec::new(),
         awaiting_halt: None,
+        // Set by the scheduling loop from the owners' fair share.
+        priority: Default::default(),
     }
 }
 
@@ -227,6 +229,8 @@ pub fn queued_job(job: &JobRecord) -> QueuedJob {
         not_after: job.spec.not_after,
         bucket: job.spec.bucket.clone(),
         pinned_node: job.pinned_node.clone(),
+        // Set by the scheduling loop from the owners' fair share.
+        priority: Default::default(),
     }
 }
 
