@@ -297,6 +297,7 @@ impl ManagerExporter {
             let mode = match gpu.mode {
                 ongrid_core::GpuMode::Exclusive => "exclusive",
                 ongrid_core::GpuMode::Shared { .. } => "shared",
+                ongrid_core::GpuMode::Mig { .. } => "mig",
             };
             let health = match gpu.info.health {
                 GpuHealth::Healthy => "healthy",
@@ -376,12 +377,12 @@ mod tests {
     #[tokio::test]
     async fn the_metrics_are_named_by_convention_and_read_from_the_store() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(
+        let store = Arc::new(
             crate::store::SqliteStore::open(&dir.path().join("m.db"))
                 .await
                 .unwrap(),
         );
-        let exporter = ManagerExporter::new(store);
+        let exporter = ManagerExporter::new(store.clone());
         events().held(HoldReason::Owner);
         events().queued(&queue_reasons::<()>(
             &[],
@@ -434,6 +435,14 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("train-7f3a"), "{text}");
+
+        // A closed database is not ready, and says so.
+        store.close().await;
+        let not_ready = exporter.ready().await.unwrap_err();
+        assert!(
+            not_ready.starts_with("the store does not answer"),
+            "{not_ready}"
+        );
         assert!(
             text.contains("ongrid_scheduler_queued_sessions{reason=\"no_capacity\"}"),
             "{text}"
