@@ -7,6 +7,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::mig::{MigDevice, MigError, MigLayout, MigProfile};
 use crate::quantity::{ComputeCapability, MemorySize};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -210,6 +211,9 @@ pub struct GpuInfo {
     /// when unknown, as for a GPU in MIG mode. Not part of the inventory: it changes every sync.
     #[serde(default)]
     pub utilization_percent: Option<u32>,
+    /// The GPU's MIG devices, when MIG mode is on and instances exist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
 }
 
 /// How the admin lets sessions use a GPU.
@@ -220,29 +224,48 @@ pub enum GpuMode {
     Exclusive,
     /// Up to `max_sessions` sessions share the GPU (time-slicing, no memory isolation).
     Shared { max_sessions: u32 },
+    /// Partitioned into MIG devices by this layout; each device holds one session or job, and
+    /// the GPU itself is never given out whole.
+    Mig { layout: MigLayout },
 }
 
 impl GpuMode {
-    /// How many sessions the GPU can hold at once.
+    /// How many sessions the GPU can hold at once, as a whole or shared GPU: 0 in MIG mode
+    /// (its places are its MIG devices).
     pub fn capacity(self) -> u32 {
         match self {
             Self::Exclusive => 1,
             Self::Shared { max_sessions } => max_sessions,
+            Self::Mig { .. } => 0,
+        }
+    }
+
+    pub fn mig_layout(self) -> Option<MigLayout> {
+        match self {
+            Self::Mig { layout } => Some(layout),
+            _ => None,
         }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("GPU mode {0:?} must be \"exclusive\" or \"shared:N\" with N from 2 to 64")]
-pub struct GpuModeError(String);
+pub enum GpuModeError {
+    #[error("GPU mode {0:?} must be \"exclusive\", \"shared:N\" with N from 2 to 64, or \"mig:LAYOUT\" (e.g. mig:1g.10gb*7)")]
+    Bad(String),
+    #[error(transparent)]
+    Layout(#[from] MigError),
+}
 
 impl FromStr for GpuMode {
     type Err = GpuModeError;
     /// `exclusive` or `shared:N`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || GpuModeError(s.to_owned());
+        let err = || GpuModeError::Bad(s.to_owned());
         match s.trim() {
             "exclusive" => Ok(Self::Exclusive),
+            other if other.starts_with("mig:") => Ok(Self::Mig {
+                layout: MigLayout::parse(&other["mig:".len()..])?,
+            }),
             other => {
                 let n = other.strip_prefix("shared:").ok_or_else(err)?;
                 let n: u32 = n.parse().map_err(|_| err())?;
@@ -261,6 +284,7 @@ impl fmt::Display for GpuMode {
         match self {
             Self::Exclusive => f.write_str("exclusive"),
             Self::Shared { max_sessions } => write!(f, "shared:{max_sessions}"),
+            Self::Mig { layout } => write!(f, "mig:{layout}"),
         }
     }
 }
@@ -300,21 +324,32 @@ pub enum Sharing {
     Shared,
     /// Either.
     Any,
+    /// One MIG device of at least this profile (more compute slices or memory will do).
+    Mig(MigProfile),
 }
 
 impl Sharing {
+    /// Whether a whole or shared GPU in `mode` may be given: never a GPU in MIG mode, and
+    /// never to a MIG request (those get MIG devices).
     pub fn accepts(self, mode: GpuMode) -> bool {
         matches!(
             (self, mode),
-            (Self::Any, _)
+            (Self::Any, GpuMode::Exclusive | GpuMode::Shared { .. })
                 | (Self::Exclusive, GpuMode::Exclusive)
                 | (Self::Shared, GpuMode::Shared { .. })
         )
     }
+
+    pub fn mig(self) -> Option<MigProfile> {
+        match self {
+            Self::Mig(profile) => Some(profile),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("sharing {0:?} must be one of exclusive, shared, any")]
+#[error("sharing {0:?} must be one of exclusive, shared, any, mig:PROFILE (e.g. mig:1g.10gb)")]
 pub struct SharingError(String);
 
 impl FromStr for Sharing {
@@ -324,18 +359,22 @@ impl FromStr for Sharing {
             "exclusive" => Ok(Self::Exclusive),
             "shared" => Ok(Self::Shared),
             "any" => Ok(Self::Any),
-            other => Err(SharingError(other.to_owned())),
+            other => match other.strip_prefix("mig:").map(MigProfile::parse) {
+                Some(Ok(profile)) => Ok(Self::Mig(profile)),
+                _ => Err(SharingError(other.to_owned())),
+            },
         }
     }
 }
 
 impl fmt::Display for Sharing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Exclusive => "exclusive",
-            Self::Shared => "shared",
-            Self::Any => "any",
-        })
+        match self {
+            Self::Exclusive => f.write_str("exclusive"),
+            Self::Shared => f.write_str("shared"),
+            Self::Any => f.write_str("any"),
+            Self::Mig(profile) => write!(f, "mig:{profile}"),
+        }
     }
 }
 
@@ -367,6 +406,8 @@ pub enum GpuRequestError {
     ZeroGpus,
     #[error("{0} GPUs is more than the limit of {max} per session", max = GpuRequest::MAX_COUNT)]
     TooMany(u32),
+    #[error("a MIG request gets exactly 1 MIG device (a CUDA process uses one), not {0}")]
+    MigCount(u32),
 }
 
 impl GpuRequest {
@@ -376,6 +417,7 @@ impl GpuRequest {
         match self.count {
             0 => Err(GpuRequestError::ZeroGpus),
             n if n > Self::MAX_COUNT => Err(GpuRequestError::TooMany(n)),
+            n if n != 1 && self.sharing.mig().is_some() => Err(GpuRequestError::MigCount(n)),
             _ => Ok(()),
         }
     }
@@ -434,6 +476,23 @@ mod tests {
         assert!(Sharing::Shared.accepts(GpuMode::Shared { max_sessions: 2 }));
         assert!(!Sharing::Shared.accepts(GpuMode::Exclusive));
         assert!(Sharing::Any.accepts(GpuMode::Exclusive));
+        let mig: GpuMode = "mig:3g.40gb*1+2g.20gb*2".parse().unwrap();
+        assert_eq!(mig.to_string(), "mig:3g.40gb*1+2g.20gb*2");
+        assert_eq!(mig.capacity(), 0);
+        for sharing in [Sharing::Any, Sharing::Exclusive, Sharing::Shared] {
+            assert!(!sharing.accepts(mig), "{sharing} on a MIG GPU");
+        }
+        let slice: Sharing = "mig:1g.10gb".parse().unwrap();
+        assert_eq!(slice.to_string(), "mig:1g.10gb");
+        assert!(!slice.accepts(GpuMode::Exclusive));
+        assert!(matches!(
+            "mig:1g.10gb".parse::<GpuMode>(),
+            Err(GpuModeError::Layout(_))
+        ));
+        assert_eq!(
+            serde_json::to_string(&mig).unwrap(),
+            r#"{"mode":"mig","layout":"3g.40gb*1+2g.20gb*2"}"#
+        );
     }
 
     #[test]

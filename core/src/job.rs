@@ -894,6 +894,7 @@ pub fn describe_need(request: &GpuRequest) -> String {
         Sharing::Exclusive => {}
         Sharing::Shared => text.push_str(", shared"),
         Sharing::Any => text.push_str(", whole or shared"),
+        Sharing::Mig(profile) => text.push_str(&format!(", a MIG {profile} device or larger")),
     }
     text
 }

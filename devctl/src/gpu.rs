@@ -107,6 +107,7 @@ mod tests {
                 mig_enabled: false,
                 health,
                 utilization_percent: None,
+                mig_devices: Vec::new(),
             },
             node: NodeName::parse("node1").unwrap(),
             mode,

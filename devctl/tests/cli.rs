@@ -897,6 +897,7 @@ fn gpu_view(mode: GpuMode) -> GpuView {
             mig_enabled: false,
             health: GpuHealth::Healthy,
             utilization_percent: None,
+            mig_devices: Vec::new(),
         },
         node: NodeName::parse("node1").unwrap(),
         mode,

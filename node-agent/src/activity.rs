@@ -153,6 +153,7 @@ mod tests {
             mig_enabled: false,
             health: GpuHealth::Healthy,
             utilization_percent: utilization,
+            mig_devices: Vec::new(),
         }
     }
 

@@ -564,6 +564,7 @@ fn inventory(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
     gpus.iter()
         .map(|gpu| GpuInfo {
             utilization_percent: None,
+            mig_devices: Vec::new(),
             ..gpu.clone()
         })
         .collect()

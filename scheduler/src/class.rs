@@ -29,11 +29,13 @@ impl GpuClass {
 /// leaves whole GPUs to those who asked for exclusive ones.
 impl Ord for GpuClass {
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.capability, self.memory, mode_rank(self.mode)).cmp(&(
-            other.capability,
-            other.memory,
-            mode_rank(other.mode),
-        ))
+        (self.capability, self.memory, mode_rank(self.mode))
+            .cmp(&(other.capability, other.memory, mode_rank(other.mode)))
+            // MIG layouts rank alike; their text keeps the order total.
+            .then_with(|| {
+                let layout = |mode: GpuMode| mode.mig_layout().map(|l| l.to_string());
+                layout(self.mode).cmp(&layout(other.mode))
+            })
     }
 }
 
@@ -48,6 +50,8 @@ fn mode_rank(mode: GpuMode) -> (u8, u32) {
     match mode {
         GpuMode::Shared { max_sessions } => (0, u32::MAX - max_sessions),
         GpuMode::Exclusive => (1, 0),
+        // Never fits a request (capacity 0); ranked last for a total order.
+        GpuMode::Mig { .. } => (2, 0),
     }
 }
 

@@ -62,12 +62,14 @@
 mod batch;
 mod class;
 mod index;
+mod mig;
 mod plan;
 mod satisfiable;
 mod site;
 #[cfg(test)]
 mod testing;
 
+pub use mig::{check_mig_satisfiable, plan_mig, MigPlacement, MigSlot, NoMigDevice};
 pub use plan::plan;
 pub use satisfiable::{check_satisfiable, Unsatisfiable};
 pub use site::{

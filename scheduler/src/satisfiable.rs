@@ -71,6 +71,8 @@ pub fn check_satisfiable(site: &SiteState, request: &GpuRequest) -> Result<(), U
             Sharing::Shared => Unsatisfiable::NoSharedGpu,
             // `any` accepts every mode, so only `exclusive` can get here.
             Sharing::Exclusive | Sharing::Any => Unsatisfiable::NoExclusiveGpu,
+            // MIG requests are checked by `check_mig_satisfiable`; none fits a whole GPU.
+            Sharing::Mig(_) => Unsatisfiable::NoGpuMeetsAll { request: *request },
         });
     }
     let fits = |slot: &GpuSlot| request.fits(slot.capability, slot.memory, slot.mode);
@@ -114,6 +116,7 @@ fn requirements(request: &GpuRequest) -> String {
         Sharing::Exclusive => parts.push("exclusive mode".to_owned()),
         Sharing::Shared => parts.push("shared mode".to_owned()),
         Sharing::Any => {}
+        Sharing::Mig(profile) => parts.push(format!("a MIG {profile} device")),
     }
     match parts.split_last() {
         Some((last, [])) => last.clone(),

@@ -38,6 +38,7 @@ fn class_key(slot: &GpuSlot) -> (ComputeCapability, MemorySize, u8, u32) {
             (slot.capability, slot.memory, 0, u32::MAX - max_sessions)
         }
         GpuMode::Exclusive => (slot.capability, slot.memory, 1, 0),
+        GpuMode::Mig { .. } => (slot.capability, slot.memory, 2, 0),
     }
 }
 

@@ -455,6 +455,7 @@ mod tests {
             mig_enabled: false,
             health: GpuHealth::Healthy,
             utilization_percent: None,
+            mig_devices: Vec::new(),
         }
     }
 

@@ -474,6 +474,7 @@ fn gpu(n: u8, capability: (u16, u16), mib: u64) -> GpuInfo {
         mig_enabled: false,
         health: GpuHealth::Healthy,
         utilization_percent: None,
+        mig_devices: Vec::new(),
     }
 }
 

@@ -134,6 +134,7 @@ mod tests {
                 mig_enabled: false,
                 health: GpuHealth::Healthy,
                 utilization_percent: None,
+                mig_devices: Vec::new(),
             },
             node: NodeName::parse("node1").unwrap(),
             mode: GpuMode::Shared { max_sessions: 4 },

@@ -170,6 +170,7 @@ impl SeenGpus {
             .map(|entry| GpuInfo {
                 health: GpuHealth::Failed(gone_reason(&entry.info)),
                 utilization_percent: None,
+                mig_devices: Vec::new(),
                 ..entry.info.clone()
             })
             .collect();
@@ -187,6 +188,7 @@ impl SeenGpus {
             .map(|entry| GpuInfo {
                 health: GpuHealth::Unknown(reason.to_owned()),
                 utilization_percent: None,
+                mig_devices: Vec::new(),
                 ..entry.info.clone()
             })
             .collect()
@@ -213,6 +215,7 @@ mod tests {
             mig_enabled: false,
             health,
             utilization_percent: Some(50),
+            mig_devices: Vec::new(),
         }
     }
 
@@ -230,6 +233,7 @@ mod tests {
         let gone = |info: &GpuInfo| GpuInfo {
             health: GpuHealth::Failed("gone".into()),
             utilization_percent: None,
+            mig_devices: Vec::new(),
             ..info.clone()
         };
         assert_eq!(

@@ -195,6 +195,7 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
             mig_enabled: false,
             health,
             utilization_percent: utilization,
+            mig_devices: Vec::new(),
         },
     })
 }
@@ -301,6 +302,7 @@ utilization = 0                    # optional, percent
                     mig_enabled: false,
                     health: GpuHealth::Failed("fell off the bus".into()),
                     utilization_percent: Some(0),
+                    mig_devices: Vec::new(),
                 },
             }]
         );

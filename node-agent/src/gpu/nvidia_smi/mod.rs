@@ -495,6 +495,7 @@ mod tests {
             GpuInfo {
                 health: GpuHealth::Failed(GONE_REASON.to_owned()),
                 utilization_percent: None,
+                mig_devices: Vec::new(),
                 ..before[1].clone()
             }
         );

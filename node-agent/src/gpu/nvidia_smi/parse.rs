@@ -435,6 +435,7 @@ pub fn join(rows: Vec<QueryRow>, listed: &[ListedGpu]) -> Result<Vec<GpuInfo>, P
             health: GpuHealth::Healthy,
             // In MIG mode the GPU's own figure says nothing about its MIG devices.
             utilization_percent: row.utilization.filter(|_| !mig_enabled),
+            mig_devices: Vec::new(),
         });
     }
     Ok(gpus)
@@ -483,6 +484,7 @@ mod tests {
                 mig_enabled: false,
                 health: GpuHealth::Healthy,
                 utilization_percent: Some(37),
+                mig_devices: Vec::new(),
             }
         );
         assert_eq!(gpus[1].utilization_percent, Some(0));

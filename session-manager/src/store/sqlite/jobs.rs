@@ -277,6 +277,7 @@ mod tests {
             mig_enabled: false,
             health: GpuHealth::Healthy,
             utilization_percent: None,
+            mig_devices: Vec::new(),
         }
     }
 

@@ -28,6 +28,7 @@ fn gpu(n: u8) -> GpuInfo {
         mig_enabled: false,
         health: GpuHealth::Healthy,
         utilization_percent: None,
+        mig_devices: Vec::new(),
     }
 }
 

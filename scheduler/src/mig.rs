@@ -1,0 +1,183 @@
+//! MIG devices as places: [`plan_mig`] puts sessions that ask for a MIG device
+//! ([`ongrid_core::Sharing::Mig`]) on free MIG devices, and [`check_mig_satisfiable`] says
+//! whether the site has any device that could ever meet such a request.
+//!
+//! MIG devices are apart from whole GPUs: a GPU in MIG mode has no whole-GPU place
+//! ([`ongrid_core::GpuMode::capacity`] is 0 and no [`ongrid_core::Sharing`] but `Mig` accepts it),
+//! and a MIG request fits no whole GPU, so [`crate::plan`] never gives one to the other. The
+//! session manager calls `plan_mig` after `plan`, with the same [`SiteState`].
+//!
+//! # Rules
+//!
+//! - **Where.** A device of an online, undrained node whose parent GPU is healthy, undrained and
+//!   in MIG mode, that nobody uses, whose profile covers the request's (as many compute slices
+//!   and as much memory or more, media extensions when asked) and that meets its capability and
+//!   memory minimums. One session per device.
+//! - **Who first.** `(priority, queued_at, id)`, as for whole GPUs.
+//! - **Which device: least sufficient first** (fewest compute slices, then least memory, then
+//!   without media extensions), so a 1g request never takes a 3g device while a 1g one is free;
+//!   then the session's preferred node, then node name and UUID. A pinned session goes only to
+//!   its node.
+
+use std::collections::HashSet;
+
+use ongrid_core::{
+    ComputeCapability, GpuMode, GpuRequest, GpuUuid, MemorySize, MigProfile, MigUuid, NodeName,
+    SessionId,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::site::{NodeState, PendingSession, SiteState};
+
+/// One MIG device as the node's agent reported it, and whether a session holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigSlot {
+    pub node: NodeName,
+    pub uuid: MigUuid,
+    pub parent: GpuUuid,
+    pub profile: MigProfile,
+    /// The parent GPU's compute capability.
+    pub capability: ComputeCapability,
+    pub memory: MemorySize,
+    /// A session (or job) holds it.
+    pub used: bool,
+}
+
+/// Start `session` on `node` with the MIG device `device`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigPlacement {
+    pub session: SessionId,
+    pub node: NodeName,
+    pub device: MigUuid,
+    pub parent: GpuUuid,
+}
+
+fn usable(site: &SiteState, slot: &MigSlot) -> bool {
+    let Some(node) = site.nodes.iter().find(|n| n.name == slot.node) else {
+        return false;
+    };
+    node.online && !node.drained && parent_in_mig_mode(node, &slot.parent, true)
+}
+
+fn parent_in_mig_mode(node: &NodeState, parent: &GpuUuid, undrained: bool) -> bool {
+    node.gpus.iter().any(|gpu| {
+        &gpu.uuid == parent
+            && gpu.healthy
+            && (!undrained || !gpu.drained)
+            && matches!(gpu.mode, GpuMode::Mig { .. })
+    })
+}
+
+fn meets(slot: &MigSlot, request: &GpuRequest, wanted: MigProfile) -> bool {
+    slot.profile.covers(wanted)
+        && request
+            .min_capability
+            .is_none_or(|min| slot.capability >= min)
+        && request.min_memory.is_none_or(|min| slot.memory >= min)
+}
+
+/// Places the pending sessions that ask for a MIG device on free devices (see the module's
+/// rules). `slots` are all MIG devices of the site. Deterministic: the result does not depend
+/// on the order of `site`'s or `slots`' vectors.
+pub fn plan_mig(site: &SiteState, slots: &[MigSlot]) -> Vec<MigPlacement> {
+    let mut queue: Vec<&PendingSession> = site
+        .pending
+        .iter()
+        .filter(|s| s.request.sharing.mig().is_some() && s.request.validate().is_ok())
+        .collect();
+    queue.sort_by_key(|s| (s.priority, s.queued_at, s.id));
+    let mut taken: HashSet<&MigUuid> = HashSet::new();
+    let mut placements = Vec::new();
+    for session in queue {
+        let wanted = session.request.sharing.mig().expect("filtered above");
+        let best = slots
+            .iter()
+            .filter(|slot| !slot.used && !taken.contains(&slot.uuid))
+            .filter(|slot| {
+                session
+                    .pinned_node
+                    .as_ref()
+                    .is_none_or(|pin| pin == &slot.node)
+            })
+            .filter(|slot| meets(slot, &session.request, wanted) && usable(site, slot))
+            .min_by_key(|slot| {
+                (
+                    slot.profile.slices,
+                    slot.profile.memory_gb,
+                    slot.profile.media,
+                    session.preferred_node.as_ref() != Some(&slot.node),
+                    &slot.node,
+                    &slot.uuid,
+                )
+            });
+        if let Some(slot) = best {
+            taken.insert(&slot.uuid);
+            placements.push(MigPlacement {
+                session: session.id,
+                node: slot.node.clone(),
+                device: slot.uuid.clone(),
+                parent: slot.parent.clone(),
+            });
+        }
+    }
+    placements
+}
+
+/// Why no MIG device of the site could ever meet a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no MIG device on the site is {wanted} or larger{extra} (the site has: {have}); ask for a smaller profile, or an admin partitions a GPU with devctl admin gpu mode GPU mig:LAYOUT")]
+pub struct NoMigDevice {
+    pub wanted: MigProfile,
+    /// The requirements beyond the profile, in words (`, with compute capability 9.0 or more`).
+    pub extra: String,
+    /// The profiles the site's usable devices have, or `none`.
+    pub have: String,
+}
+
+/// Whether some MIG device of the site (of a healthy GPU in MIG mode, on any node, used or not)
+/// could ever meet a MIG request. `Ok` for requests that do not ask for MIG.
+pub fn check_mig_satisfiable(
+    site: &SiteState,
+    slots: &[MigSlot],
+    request: &GpuRequest,
+) -> Result<(), NoMigDevice> {
+    let Some(wanted) = request.sharing.mig() else {
+        return Ok(());
+    };
+    let counted: Vec<&MigSlot> = slots
+        .iter()
+        .filter(|slot| {
+            site.nodes
+                .iter()
+                .any(|n| n.name == slot.node && parent_in_mig_mode(n, &slot.parent, false))
+        })
+        .collect();
+    if counted.iter().any(|slot| meets(slot, request, wanted)) {
+        return Ok(());
+    }
+    let mut have: Vec<MigProfile> = counted.iter().map(|s| s.profile).collect();
+    have.sort();
+    have.dedup();
+    let mut extra = String::new();
+    if let Some(c) = request.min_capability {
+        extra.push_str(&format!(" with compute capability {c} or more"));
+    }
+    if let Some(m) = request.min_memory {
+        extra.push_str(&format!(
+            "{} {m} of memory or more",
+            if extra.is_empty() { " with" } else { " and" }
+        ));
+    }
+    Err(NoMigDevice {
+        wanted,
+        extra,
+        have: if have.is_empty() {
+            "none".to_owned()
+        } else {
+            have.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    })
+}

@@ -1,0 +1,332 @@
+//! Property tests of MIG placement on random sites: `plan_mig` never gives one MIG device to two
+//! sessions, never a used device or one of an unusable GPU or node, always one that meets the
+//! request, the least sufficient one first, and leaves a session waiting only when no free
+//! device meets it; `plan` never gives a GPU in MIG mode to a whole-GPU request.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, TimeZone, Utc};
+use ongrid_core::{
+    ComputeCapability, GpuMode, GpuRequest, GpuUuid, MemorySize, MigLayout, MigProfile, MigUuid,
+    NodeName, SessionId, Sharing,
+};
+use ongrid_scheduler::{
+    check_mig_satisfiable, plan, plan_mig, Action, GpuSlot, MigSlot, NodeState, PendingSession,
+    SiteState,
+};
+use proptest::prelude::*;
+
+const PROFILES: [&str; 5] = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb"];
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 25, 12, 0, 0).unwrap()
+}
+
+fn gpu_uuid(n: usize) -> GpuUuid {
+    GpuUuid::parse(&format!("GPU-00000000-0000-0000-0000-{n:012}")).unwrap()
+}
+
+fn mig_uuid(n: usize) -> MigUuid {
+    MigUuid::parse(&format!("MIG-00000000-0000-0000-0000-{n:012}")).unwrap()
+}
+
+/// A pending session through its JSON form, so fields this test does not care about keep
+/// their defaults.
+fn pending(n: usize, request: GpuRequest, pinned: Option<&str>) -> PendingSession {
+    serde_json::from_value(serde_json::json!({
+        "id": format!("00000000-0000-4000-8000-{n:012}"),
+        "request": request,
+        "queued_at": t0() + chrono::Duration::seconds(n as i64),
+        "preferred_node": null,
+        "pinned_node": pinned,
+    }))
+    .unwrap()
+}
+
+#[derive(Debug, Clone)]
+struct Gpu {
+    mig: bool,
+    healthy: bool,
+    drained: bool,
+    /// (profile index, used) per device
+    devices: Vec<(usize, bool)>,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    online: bool,
+    drained: bool,
+    gpus: Vec<Gpu>,
+}
+
+fn gpu_strategy() -> impl Strategy<Value = Gpu> {
+    (
+        prop::bool::weighted(0.7),
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.1),
+        prop::collection::vec((0..PROFILES.len(), prop::bool::weighted(0.3)), 0..5),
+    )
+        .prop_map(|(mig, healthy, drained, devices)| Gpu {
+            mig,
+            healthy,
+            drained,
+            devices,
+        })
+}
+
+/// (GPU count, sharing, pinned node) per session.
+type Sessions = Vec<(usize, Sharing, Option<usize>)>;
+
+fn site_strategy() -> impl Strategy<Value = (Vec<Node>, Sessions)> {
+    let node = (
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.1),
+        prop::collection::vec(gpu_strategy(), 1..4),
+    )
+        .prop_map(|(online, drained, gpus)| Node {
+            online,
+            drained,
+            gpus,
+        });
+    let sharing = prop_oneof![
+        (0..PROFILES.len()).prop_map(|p| Sharing::Mig(PROFILES[p].parse().unwrap())),
+        Just(Sharing::Exclusive),
+        Just(Sharing::Shared),
+        Just(Sharing::Any),
+    ];
+    (
+        prop::collection::vec(node, 1..4),
+        prop::collection::vec((0..3usize, sharing, prop::option::of(0..3usize)), 0..12),
+    )
+}
+
+fn build(
+    nodes: &[Node],
+    sessions: &[(usize, Sharing, Option<usize>)],
+) -> (SiteState, Vec<MigSlot>) {
+    let mut slots = Vec::new();
+    let mut n_gpu = 0;
+    let mut n_dev = 0;
+    let node_states = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let name = NodeName::parse(&format!("node{i}")).unwrap();
+            let gpus = node
+                .gpus
+                .iter()
+                .map(|gpu| {
+                    n_gpu += 1;
+                    let uuid = gpu_uuid(n_gpu);
+                    let mode = if gpu.mig {
+                        GpuMode::Mig {
+                            layout: MigLayout::parse("1g.10gb*7").unwrap(),
+                        }
+                    } else {
+                        GpuMode::Exclusive
+                    };
+                    for &(profile, used) in &gpu.devices {
+                        n_dev += 1;
+                        let profile: MigProfile = PROFILES[profile].parse().unwrap();
+                        slots.push(MigSlot {
+                            node: name.clone(),
+                            uuid: mig_uuid(n_dev),
+                            parent: uuid.clone(),
+                            profile,
+                            capability: ComputeCapability::new(8, 0),
+                            memory: profile.nominal_memory(),
+                            used,
+                        });
+                    }
+                    GpuSlot {
+                        uuid,
+                        capability: ComputeCapability::new(8, 0),
+                        memory: MemorySize::from_mib(81_920),
+                        mode,
+                        healthy: gpu.healthy,
+                        drained: gpu.drained,
+                        used: 0,
+                    }
+                })
+                .collect();
+            NodeState {
+                name,
+                online: node.online,
+                drained: node.drained,
+                gpus,
+            }
+        })
+        .collect();
+    let pending = sessions
+        .iter()
+        .enumerate()
+        .map(|(n, &(count, sharing, pin))| {
+            let request = GpuRequest {
+                count: if sharing.mig().is_some() {
+                    1
+                } else {
+                    count as u32 + 1
+                },
+                min_capability: None,
+                min_memory: None,
+                sharing,
+            };
+            let pin = pin.filter(|&p| p < nodes.len()).map(|p| format!("node{p}"));
+            pending(n, request, pin.as_deref())
+        })
+        .collect();
+    let site = SiteState {
+        nodes: node_states,
+        pending,
+        ..SiteState::default()
+    };
+    (site, slots)
+}
+
+fn usable(site: &SiteState, slot: &MigSlot) -> bool {
+    site.nodes.iter().any(|n| {
+        n.name == slot.node
+            && n.online
+            && !n.drained
+            && n.gpus.iter().any(|g| {
+                g.uuid == slot.parent
+                    && g.healthy
+                    && !g.drained
+                    && matches!(g.mode, GpuMode::Mig { .. })
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn mig_devices_are_never_shared_and_always_fit((nodes, sessions) in site_strategy()) {
+        let (site, slots) = build(&nodes, &sessions);
+        let placements = plan_mig(&site, &slots);
+        let mut seen = HashSet::new();
+        let mut placed = HashSet::new();
+        for p in &placements {
+            prop_assert!(seen.insert(p.device.clone()), "device {} given twice", p.device);
+            prop_assert!(placed.insert(p.session), "session placed twice");
+            let slot = slots.iter().find(|s| s.uuid == p.device).unwrap();
+            prop_assert!(!slot.used, "a used device was given");
+            prop_assert!(usable(&site, slot), "an unusable device was given");
+            prop_assert_eq!(&slot.node, &p.node);
+            prop_assert_eq!(&slot.parent, &p.parent);
+            let session = site.pending.iter().find(|s| s.id == p.session).unwrap();
+            let wanted = session.request.sharing.mig().expect("only MIG requests are placed");
+            prop_assert!(slot.profile.covers(wanted));
+            if let Some(pin) = &session.pinned_node {
+                prop_assert_eq!(pin, &slot.node);
+            }
+        }
+        // Least sufficient first, and nobody waits while a device for them is left free.
+        let free_after: Vec<&MigSlot> = slots
+            .iter()
+            .filter(|s| !s.used && !seen.contains(&s.uuid) && usable(&site, s))
+            .collect();
+        for session in &site.pending {
+            let Some(wanted) = session.request.sharing.mig() else { continue };
+            let fits = |s: &&&MigSlot| {
+                s.profile.covers(wanted)
+                    && session.pinned_node.as_ref().is_none_or(|pin| pin == &s.node)
+            };
+            match placements.iter().find(|p| p.session == session.id) {
+                None => prop_assert!(
+                    !free_after.iter().any(|s| fits(&s)),
+                    "a session waits while a device that fits is free"
+                ),
+                Some(p) => {
+                    let got = slots.iter().find(|s| s.uuid == p.device).unwrap().profile;
+                    for s in free_after.iter().filter(|s| fits(s)) {
+                        prop_assert!(
+                            (got.slices, got.memory_gb) <= (s.profile.slices, s.profile.memory_gb),
+                            "took {} while {} was free", got, s.profile
+                        );
+                    }
+                }
+            }
+        }
+        // The same plan for any input order.
+        let mut reversed = site.clone();
+        reversed.pending.reverse();
+        reversed.nodes.reverse();
+        let mut rev_slots = slots.clone();
+        rev_slots.reverse();
+        prop_assert_eq!(plan_mig(&reversed, &rev_slots), placements);
+    }
+
+    #[test]
+    fn whole_gpu_requests_never_land_on_a_mig_gpu((nodes, sessions) in site_strategy()) {
+        let (site, _) = build(&nodes, &sessions);
+        let mig_gpus: HashSet<&GpuUuid> = site
+            .nodes
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .filter(|g| matches!(g.mode, GpuMode::Mig { .. }))
+            .map(|g| &g.uuid)
+            .collect();
+        for action in plan(&site, t0()) {
+            if let Action::Place { session, gpus, .. } = &action {
+                let request = site.pending.iter().find(|s| s.id == *session).unwrap().request;
+                prop_assert!(request.sharing.mig().is_none(), "a MIG request got whole GPUs");
+                for gpu in gpus {
+                    prop_assert!(!mig_gpus.contains(gpu), "{} is in MIG mode", gpu);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_request_no_device_can_meet_is_refused_naming_what_the_site_has() {
+    let nodes = vec![Node {
+        online: true,
+        drained: false,
+        gpus: vec![Gpu {
+            mig: true,
+            healthy: true,
+            drained: false,
+            devices: vec![(0, false), (2, true)],
+        }],
+    }];
+    let (site, slots) = build(&nodes, &[]);
+    let ask = |profile: &str| GpuRequest {
+        count: 1,
+        min_capability: None,
+        min_memory: None,
+        sharing: Sharing::Mig(profile.parse().unwrap()),
+    };
+    assert_eq!(
+        check_mig_satisfiable(&site, &slots, &ask("2g.20gb")),
+        Ok(())
+    );
+    let err = check_mig_satisfiable(&site, &slots, &ask("3g.40gb")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no MIG device on the site is 3g.40gb or larger (the site has: 1g.10gb, 2g.20gb); ask for \
+         a smaller profile, or an admin partitions a GPU with devctl admin gpu mode GPU mig:LAYOUT"
+    );
+    // The used 2g device is the only one that fits: the session waits for it.
+    let site = SiteState {
+        pending: vec![pending(1, ask("2g.20gb"), None)],
+        ..site
+    };
+    assert!(plan_mig(&site, &slots).is_empty());
+    let one_g = SiteState {
+        pending: vec![pending(2, ask("1g.10gb"), None)],
+        ..site
+    };
+    let placed = plan_mig(&one_g, &slots);
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].device, mig_uuid(1));
+    assert_eq!(
+        placed[0].session,
+        "00000000-0000-4000-8000-000000000002"
+            .parse::<SessionId>()
+            .unwrap()
+    );
+}
