@@ -240,4 +240,14 @@ mod tests {
         }
         drop(open);
     }
+
+    #[tokio::test]
+    async fn ready_once_the_allowlist_is_loaded() {
+        let allowlist = Arc::new(SharedAllowlist::new());
+        let exporter = GatewayExporter::new(allowlist.clone());
+        let not_ready = exporter.ready().await.unwrap_err();
+        assert!(not_ready.starts_with("no allowlist fetched"), "{not_ready}");
+        allowlist.replace(ongrid_core::network::Allowlist::default());
+        assert_eq!(exporter.ready().await, Ok(()));
+    }
 }
