@@ -348,6 +348,12 @@ pids = 4096
 connect_deadline = "20 minutes"
 idle_timeout = "2 hours"
 max_duration = "7 days"
+
+# No [policy]: every user of the quickstart's own CA (the only one in ca_dir) is admitted, in
+# accounting group "default". Fair share by GPU cost (devctl share), usage halving every day.
+[fairshare]
+half_life = "1 day"
+cost = { A100 = 1.0, H100 = 2.0 }
 EOF
 
     cat >"$QS/agent.toml" <<EOF

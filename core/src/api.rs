@@ -133,6 +133,42 @@ pub struct WhoAmI {
     pub admitted_by: Option<String>,
 }
 
+/// `GET /v1/share` (`devctl share`): the site's fair share, groups most favoured first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FairShareView {
+    /// Whether the site orders waiting requests by fair share (`[fairshare]`); if not, first
+    /// come, first served, and the rest is empty.
+    pub enabled: bool,
+    /// Usage counts half after this long.
+    pub half_life_secs: u64,
+    pub groups: Vec<GroupShareView>,
+}
+
+/// One accounting group's share, usage and priority.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupShareView {
+    pub group: String,
+    /// Relative share from the config.
+    pub share: u32,
+    /// Its part of all groups' shares, 0 to 1.
+    pub share_fraction: f64,
+    /// Cost-weighted GPU-hours, decayed.
+    pub usage: f64,
+    /// Its part of all usage, 0 to 1.
+    pub usage_fraction: f64,
+    /// `2^(-usage_fraction / share_fraction)`: 1 unused, 0.5 at its share; higher goes first.
+    pub factor: f64,
+    /// Its users' usage, most first: every user for admins, the caller alone for others.
+    pub users: Vec<UserShareView>,
+}
+
+/// One user's decayed cost-weighted GPU-hours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserShareView {
+    pub dn: Dn,
+    pub usage: f64,
+}
+
 /// The kind of X.509 credential a user presented: a plain certificate or an RFC 3820 proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

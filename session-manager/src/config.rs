@@ -105,6 +105,9 @@ pub struct RawConfig {
     /// CAs in `ca_dir`, in group `default`.
     #[serde(default)]
     pub policy: Option<policy::RawPolicy>,
+    /// `[fairshare]`: who goes first among waiting requests. Absent: first come, first served.
+    #[serde(default)]
+    pub fairshare: Option<policy::RawFairShare>,
     /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
@@ -224,6 +227,8 @@ pub struct Config {
     pub job_log_dir: PathBuf,
     /// `[policy]`: who may use the site, and their accounting groups.
     pub admission: Admission,
+    /// `[fairshare]`; `None`: first come, first served.
+    pub fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
     /// The metrics and health listener; `None`: none.
     pub metrics: Option<MetricsConfig>,
 }
@@ -319,6 +324,12 @@ impl Validator<'_> {
         }
         let admins = Admins::parse(&raw.admins).map_err(|e| self.invalid("admins", e))?;
         let admission = policy::admission(raw.policy.as_ref())
+            .map_err(|(key, message)| self.invalid(&key, message))?;
+        let fair_share = raw
+            .fairshare
+            .as_ref()
+            .map(policy::fair_share)
+            .transpose()
             .map_err(|(key, message)| self.invalid(&key, message))?;
         if let Some(path) = &raw.vomsdir {
             self.non_empty_path("vomsdir", path)?;
@@ -480,6 +491,7 @@ impl Validator<'_> {
             job_limits,
             job_log_dir,
             admission,
+            fair_share,
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod domain;
+pub mod fair_share;
 pub mod freeze_watch;
 pub mod grid_identity;
 pub mod hold_timer;
@@ -175,7 +176,8 @@ impl Manager {
             )
             .with_changes(changes.clone())
             .with_job_limits(config.job_limits)
-            .with_auto_undrain(config.auto_undrain),
+            .with_auto_undrain(config.auto_undrain)
+            .with_fair_share(config.fair_share.clone()),
         );
         tracker.spawn(
             scheduler

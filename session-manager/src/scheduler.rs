@@ -78,6 +78,8 @@ pub struct Scheduler {
     job_limits: jobs::JobLimits,
     /// The manager's `auto_undrain`: lift the health check's drain of a GPU healthy again.
     auto_undrain: bool,
+    /// `[fairshare]`: charge usage every round and order each class of requests by it.
+    fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
 }
 
 impl Scheduler {
@@ -97,7 +99,17 @@ impl Scheduler {
             tick_lock: tokio::sync::Mutex::new(HashMap::new()),
             job_limits: jobs::JobLimits::default(),
             auto_undrain: false,
+            fair_share: None,
         }
+    }
+
+    /// Orders waiting requests by fair share (`[fairshare]`); `None`: first come, first served.
+    pub fn with_fair_share(
+        mut self,
+        fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
+    ) -> Self {
+        self.fair_share = fair_share;
+        self
     }
 
     /// Lifts the health check's drain of a GPU once its node reports it healthy again (the
@@ -224,6 +236,12 @@ impl Scheduler {
             .sessions(SessionFilter::States(vec![SessionState::Pending]))
             .await?;
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
+        let accounts = match &self.fair_share {
+            Some(config) => {
+                Some(crate::fair_share::meter(self.store.as_ref(), config, &site, now).await?)
+            }
+            None => None,
+        };
         halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
         if pending.is_empty() && site.jobs.is_empty() {
             crate::metrics::events().queued(&Default::default());
@@ -250,7 +268,11 @@ impl Scheduler {
                 queued
             })
             .collect();
-        let state = site.scheduler_state(queue);
+        let mut state = site.scheduler_state(queue);
+        if let (Some(config), Some(accounts)) = (&self.fair_share, &accounts) {
+            let standings = crate::domain::policy::fairshare::standings(accounts, config);
+            crate::fair_share::prioritise(&mut state, accounts, &standings, &pending, &site.jobs);
+        }
         let planning = std::time::Instant::now();
         let actions = ongrid_scheduler::plan(&state, now);
         crate::metrics::events().plan_took(planning.elapsed());

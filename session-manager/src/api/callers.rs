@@ -61,6 +61,10 @@ impl FromRequestParts<AppState> for CurrentUser {
             .user(&identity.dn, state.config.first_uid)
             .await?;
         users::admission(&user.dn, user.removed.as_ref())?;
+        state
+            .store
+            .set_accounting_group(&user.dn, &admitted.group, state.clock.now())
+            .await?;
         Ok(Self {
             user,
             admin,

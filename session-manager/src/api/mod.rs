@@ -10,6 +10,7 @@
 //!   (batch jobs: submit, list, show, cancel, halt, output): people, by TLS client certificate.
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
 //! - [`users`]: removing users and restoring them, the list of users (admins only).
+//! - [`share`]: the site's fair share (`devctl share`).
 //! - [`agent`]: node agents (bearer token): registration, sync and the desired state.
 //! - [`gateway`]: the SSH gateway (bearer token): allowlist, keys, routes, connection events.
 //!
@@ -27,6 +28,7 @@ pub mod keys;
 pub mod lookup;
 pub mod nodes;
 pub mod sessions;
+pub mod share;
 pub mod users;
 pub mod views;
 pub mod whoami;
@@ -88,6 +90,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/whoami", get(whoami::whoami))
+        .route("/v1/share", get(share::share))
         .route(
             "/v1/sessions",
             get(sessions::list_sessions).post(sessions::create_session),

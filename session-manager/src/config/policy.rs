@@ -10,11 +10,88 @@
 //! ]
 //! ```
 
-use ongrid_core::Dn;
+use std::collections::BTreeMap;
+
+use ongrid_core::{Dn, HumanDuration};
 use ongrid_x509::voms::Fqan;
 use serde::Deserialize;
 
+use crate::domain::policy::fairshare::{FairShareConfig, DEFAULT_HALF_LIFE};
 use crate::domain::policy::{Admission, AdmitRule, GroupName, Principal};
+
+/// `[fairshare]` as written: without it requests are served first come, first served.
+///
+/// ```toml
+/// [fairshare]
+/// half_life = "1 day"
+/// shares = { atlas = 3, cms = 1 }
+/// cost = { A100 = 1.0, H100 = 2.0, T4 = 0.25 }
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFairShare {
+    /// Usage counts half after this long (default "1 day").
+    #[serde(default)]
+    pub half_life: Option<String>,
+    /// Relative shares per accounting group; groups not listed have 1.
+    #[serde(default)]
+    pub shares: BTreeMap<String, u32>,
+    /// Cost weight of one GPU-hour per name found in the GPU model (`nvidia-smi` names it, like
+    /// `NVIDIA H100 80GB HBM3`); the longest name found wins, no match weighs 1.0.
+    #[serde(default)]
+    pub cost: BTreeMap<String, f64>,
+}
+
+/// Validates `[fairshare]`: `Err((key, message))`.
+pub fn fair_share(raw: &RawFairShare) -> Result<FairShareConfig, (String, String)> {
+    let half_life = match &raw.half_life {
+        None => DEFAULT_HALF_LIFE,
+        Some(text) => {
+            let duration = HumanDuration::parse(text)
+                .map_err(|e| ("fairshare.half_life".to_owned(), e.to_string()))?
+                .as_duration();
+            if duration.as_secs() < 60 {
+                return Err((
+                    "fairshare.half_life".to_owned(),
+                    format!("{text} is too short: give at least a minute, like \"1 day\""),
+                ));
+            }
+            duration
+        }
+    };
+    let mut shares = BTreeMap::new();
+    for (group, share) in &raw.shares {
+        let key = format!("fairshare.shares.{group}");
+        let name = GroupName::parse(group).map_err(|e| (key.clone(), e))?;
+        if *share == 0 {
+            return Err((
+                key,
+                "must be at least 1: leave the group out of [policy] admit to keep it off the \
+                 site"
+                    .to_owned(),
+            ));
+        }
+        shares.insert(name, *share);
+    }
+    let mut cost = Vec::new();
+    for (model, weight) in &raw.cost {
+        if model.trim().is_empty() || !weight.is_finite() || *weight < 0.0 {
+            return Err((
+                format!("fairshare.cost.{model}"),
+                format!(
+                    "{weight} must be a weight of 0 or more for a name in the GPU model, like \
+                     H100 = 2.0"
+                ),
+            ));
+        }
+        cost.push((model.trim().to_owned(), *weight));
+    }
+    Ok(FairShareConfig {
+        half_life,
+        shares,
+        cost,
+    })
+}
 
 /// `[policy]` as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -147,6 +224,44 @@ mod tests {
         assert_eq!(admitted.group.as_str(), "atlas");
         assert!(!admitted_site.is_open());
         assert!(admission(None).unwrap().is_open());
+    }
+
+    #[test]
+    fn fair_share_reads_half_life_shares_and_costs() {
+        #[derive(Deserialize)]
+        struct File {
+            fairshare: RawFairShare,
+        }
+        let parse = |text: &str| {
+            let file: File = toml::from_str(text).unwrap();
+            fair_share(&file.fairshare)
+        };
+        let config = parse(
+            "[fairshare]\nhalf_life = \"2 days\"\nshares = { atlas = 3, cms = 1 }\n\
+             cost = { H100 = 2.0, T4 = 0.25 }\n",
+        )
+        .unwrap();
+        assert_eq!(config.half_life.as_secs(), 2 * 86_400);
+        assert_eq!(config.share(&GroupName::parse("atlas").unwrap()), 3);
+        assert_eq!(config.share(&GroupName::parse("lhcb").unwrap()), 1);
+        assert_eq!(config.weight("NVIDIA H100 80GB HBM3"), 2.0);
+        assert_eq!(parse("[fairshare]\n").unwrap().half_life, DEFAULT_HALF_LIFE);
+        assert_eq!(
+            parse("[fairshare]\nshares = { atlas = 0 }\n")
+                .unwrap_err()
+                .0,
+            "fairshare.shares.atlas"
+        );
+        assert_eq!(
+            parse("[fairshare]\ncost = { H100 = -1.0 }\n")
+                .unwrap_err()
+                .0,
+            "fairshare.cost.H100"
+        );
+        assert_eq!(
+            parse("[fairshare]\nhalf_life = \"10s\"\n").unwrap_err().0,
+            "fairshare.half_life"
+        );
     }
 
     #[test]

@@ -487,6 +487,26 @@ pub trait Store: Send + Sync {
     /// Every user, removed ones included, ordered by login name.
     fn users(&self) -> BoxFuture<'_, StoreResult<Vec<UserRecord>>>;
 
+    /// Records `group` as `dn`'s accounting group (fair share), with no usage when new; writes
+    /// nothing when it is already so.
+    fn set_accounting_group<'a>(
+        &'a self,
+        dn: &'a Dn,
+        group: &'a crate::domain::policy::GroupName,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// Every user's fair-share account, by DN.
+    fn usage_accounts(
+        &self,
+    ) -> BoxFuture<'_, StoreResult<Vec<crate::domain::policy::fairshare::Account>>>;
+
+    /// Stores the accounts' usage and time (creating those not yet stored).
+    fn save_usage<'a>(
+        &'a self,
+        accounts: &'a [crate::domain::policy::fairshare::Account],
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
     /// What admins did to `dn` (everyone when `None`), oldest first per user.
     fn user_events<'a>(
         &'a self,

@@ -626,6 +626,28 @@ impl Store for SqliteStore {
         Box::pin(self.users_impl())
     }
 
+    fn set_accounting_group<'a>(
+        &'a self,
+        dn: &'a Dn,
+        group: &'a crate::domain::policy::GroupName,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.set_accounting_group_impl(dn, group, now))
+    }
+
+    fn usage_accounts(
+        &self,
+    ) -> BoxFuture<'_, StoreResult<Vec<crate::domain::policy::fairshare::Account>>> {
+        Box::pin(self.usage_accounts_impl())
+    }
+
+    fn save_usage<'a>(
+        &'a self,
+        accounts: &'a [crate::domain::policy::fairshare::Account],
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.save_usage_impl(accounts))
+    }
+
     fn user_events<'a>(
         &'a self,
         dn: Option<&'a Dn>,
@@ -992,4 +1014,5 @@ mod jobs;
 mod nodes;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod users;

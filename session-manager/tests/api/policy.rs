@@ -77,3 +77,68 @@ async fn without_a_policy_every_user_of_the_cas_is_admitted_in_group_default() {
     );
     m.stop().await;
 }
+
+#[tokio::test]
+async fn with_fair_share_the_user_who_used_less_goes_first_and_share_shows_usage() {
+    use ongrid_core::api::FairShareView;
+    let site = Site::new();
+    let text = format!(
+        "{}\n[fairshare]\nhalf_life = \"1 day\"\ncost = {{ A100 = 2.0 }}\n",
+        std::fs::read_to_string(&site.config.path).unwrap()
+    );
+    let config = Config::from_toml(&text, &site.config.path, |_| None).unwrap();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let m = site.start_with(config, Some(clock.clone())).await;
+    m.node1.register("node1", vec![a100(1)]).await;
+
+    // Alice holds the only GPU (an A100, weight 2) for an hour.
+    m.alice.create(Some("first"), one_gpu()).await;
+    m.alice.wait_for("first", SessionState::Starting).await;
+    clock.advance(TimeDelta::hours(1));
+    // Then Alice queues a second session before Bob queues his: first come, first served would
+    // give the GPU to Alice again.
+    let again = m.alice.create(Some("again"), one_gpu()).await;
+    assert_eq!(again.state, SessionState::Pending);
+    let bobs = m.bob.create(Some("bobs"), one_gpu()).await;
+    assert_eq!(bobs.state, SessionState::Pending);
+    let _: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/sessions/first"))
+        .await;
+    m.bob.wait_for("bobs", SessionState::Starting).await;
+    assert_eq!(m.alice.show("again").await.state, SessionState::Pending);
+
+    // `devctl share`: group default holds Alice's 2 cost-weighted GPU-hours, barely decayed.
+    let share: FairShareView = m.alice.ok(StatusCode::OK, m.alice.get("/v1/share")).await;
+    assert!(share.enabled);
+    assert_eq!(share.half_life_secs, 86_400);
+    let default = share
+        .groups
+        .iter()
+        .find(|g| g.group == "default")
+        .expect("group default");
+    assert!((default.usage - 2.0).abs() < 0.1, "{share:?}");
+    assert!((default.usage_fraction - 1.0).abs() < 1e-9, "{share:?}");
+    // Alice sees her own line only.
+    assert_eq!(default.users.len(), 1, "{share:?}");
+    assert_eq!(default.users[0].dn.as_str(), ALICE);
+    // An admin sees everyone's.
+    let all: FairShareView = m.admin.ok(StatusCode::OK, m.admin.get("/v1/share")).await;
+    let default = all.groups.iter().find(|g| g.group == "default").unwrap();
+    assert!(
+        default.users.iter().any(|u| u.dn.as_str() == BOB),
+        "{all:?}"
+    );
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn without_fair_share_the_share_route_says_so() {
+    use ongrid_core::api::FairShareView;
+    let site = Site::new();
+    let m = site.start().await;
+    let share: FairShareView = m.alice.ok(StatusCode::OK, m.alice.get("/v1/share")).await;
+    assert!(!share.enabled);
+    assert!(share.groups.is_empty());
+    m.stop().await;
+}

@@ -1,8 +1,10 @@
-//! Site policy: who may use the site and under which accounting group ([`admission`]). Pure
+//! Site policy: who may use the site and under which accounting group ([`admission`]), and who
+//! goes first among waiting requests by fair share weighted by GPU cost ([`fairshare`]). Pure
 //! functions over the validated `[policy]` config and what the caller's credential shows; the
 //! API's caller extractor asks before a user record is made, so a certificate the site does
 //! not admit leaves nothing behind.
 
 pub mod admission;
+pub mod fairshare;
 
 pub use admission::{Admission, AdmitRule, Admitted, GroupName, Principal};

@@ -1,0 +1,129 @@
+//! Fair share in the scheduling loop: every round charges each user's account for the GPUs
+//! they hold (sessions and jobs, cost-weighted, see [`crate::domain::policy::fairshare`]),
+//! stores it, and gives the scheduler each waiting request's [`Priority`] from its owner's
+//! standing. Only with a `[fairshare]` section; without one the queue is first come, first
+//! served.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::{Dn, GpuId, GpuRequest, Sharing};
+use ongrid_scheduler::{Priority, SiteState};
+
+use crate::domain::jobs::JobRecord;
+use crate::domain::policy::fairshare::{
+    advance, priority, standings, Account, FairShareConfig, GroupStanding, MIG_FRACTION,
+};
+use crate::domain::policy::GroupName;
+use crate::domain::sessions::SessionRecord;
+use crate::site::SiteSnapshot;
+use crate::store::{Store, StoreResult};
+
+/// The cost-weighted GPUs `gpus` (asked for with `request`) stand for on this site.
+fn weighted(
+    site: &SiteSnapshot,
+    config: &FairShareConfig,
+    request: &GpuRequest,
+    gpus: &[GpuId],
+) -> f64 {
+    gpus.iter()
+        .map(|gpu| match gpu {
+            GpuId::Gpu(uuid) => site
+                .nodes
+                .iter()
+                .flat_map(|node| &node.gpus)
+                .find(|record| &record.info.uuid == uuid)
+                .map_or(1.0, |record| {
+                    let places = if request.sharing == Sharing::Exclusive {
+                        1
+                    } else {
+                        record.mode.capacity().max(1)
+                    };
+                    config.weight(&record.info.model) / f64::from(places)
+                }),
+            GpuId::Mig(_) => MIG_FRACTION,
+        })
+        .sum()
+}
+
+/// Charges every account to `now` for what its user holds in `site`, stores the accounts and
+/// returns them.
+pub async fn meter(
+    store: &dyn Store,
+    config: &FairShareConfig,
+    site: &SiteSnapshot,
+    now: DateTime<Utc>,
+) -> StoreResult<Vec<Account>> {
+    let mut holding: HashMap<&Dn, f64> = HashMap::new();
+    for session in &site.holding {
+        *holding.entry(&session.owner).or_default() +=
+            weighted(site, config, &session.request, &session.gpus);
+    }
+    for job in site.jobs.iter().filter(|j| j.state().holds_gpus()) {
+        *holding.entry(&job.owner).or_default() +=
+            weighted(site, config, &job.spec.gpus, &job.gpus);
+    }
+    let mut accounts = store.usage_accounts().await?;
+    for user in holding.keys() {
+        if !accounts.iter().any(|a| &a.user == *user) {
+            // Admitted before accounting groups were recorded: counted in `default`.
+            accounts.push(Account {
+                user: (*user).clone(),
+                group: GroupName::default_group(),
+                usage: 0.0,
+                updated_at: now,
+            });
+        }
+    }
+    for account in &mut accounts {
+        let held = holding.get(&account.user).copied().unwrap_or(0.0);
+        account.usage = advance(account, held, now, config.half_life);
+        account.updated_at = now.max(account.updated_at);
+    }
+    store.save_usage(&accounts).await?;
+    Ok(accounts)
+}
+
+/// Sets each pending session's and queued job's priority in `state` from its owner's standing.
+pub fn prioritise(
+    state: &mut SiteState,
+    accounts: &[Account],
+    standings: &[GroupStanding],
+    pending: &[SessionRecord],
+    jobs: &[JobRecord],
+) {
+    let group_of = |dn: &Dn| {
+        accounts
+            .iter()
+            .find(|a| &a.user == dn)
+            .map_or_else(GroupName::default_group, |a| a.group.clone())
+    };
+    let of = |dn: &Dn| -> Priority { priority(standings, &group_of(dn), dn) };
+    for queued in &mut state.pending {
+        if let Some(session) = pending.iter().find(|s| s.id == queued.id) {
+            queued.priority = of(&session.owner);
+        }
+    }
+    for queued in &mut state.queued_jobs {
+        if let Some(job) = jobs.iter().find(|j| j.id == queued.id) {
+            queued.priority = of(&job.owner);
+        }
+    }
+}
+
+/// The standings as of the stored accounts, decayed to `now` (for `devctl share`).
+pub fn current(
+    accounts: &[Account],
+    config: &FairShareConfig,
+    now: DateTime<Utc>,
+) -> Vec<GroupStanding> {
+    let decayed: Vec<Account> = accounts
+        .iter()
+        .map(|a| Account {
+            usage: advance(a, 0.0, now, config.half_life),
+            updated_at: now,
+            ..a.clone()
+        })
+        .collect();
+    standings(&decayed, config)
+}
