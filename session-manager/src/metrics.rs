@@ -31,7 +31,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::domain::sessions::SessionRecord;
-use crate::store::{JobFilter, SessionFilter, Store};
+use crate::store::{JobFilter, NodeRecord, SessionFilter, Store};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct HttpLabels {
@@ -60,10 +60,20 @@ pub struct StateLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct GpuLabels {
     pub model: String,
-    /// `exclusive` or `shared`.
+    /// `exclusive`, `shared` or `mig`.
     pub mode: String,
     /// `healthy`, `failed` or `unknown`.
     pub health: String,
+    /// `used` (a session or job holds it) or `free`.
+    pub r#use: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct MigLabels {
+    /// The parent GPU's model.
+    pub model: String,
+    /// The MIG profile, such as `1g.10gb`.
+    pub profile: String,
     /// `used` (a session or job holds it) or `free`.
     pub r#use: String,
 }
@@ -199,6 +209,7 @@ pub struct ManagerExporter {
     sessions: Family<StateLabels, Gauge>,
     jobs: Family<StateLabels, Gauge>,
     gpus: Family<GpuLabels, Gauge>,
+    mig_devices: Family<MigLabels, Gauge>,
     nodes: Gauge,
 }
 
@@ -208,13 +219,20 @@ impl ManagerExporter {
         let sessions = Family::<StateLabels, Gauge>::default();
         let jobs = Family::<StateLabels, Gauge>::default();
         let gpus = Family::<GpuLabels, Gauge>::default();
+        let mig_devices = Family::<MigLabels, Gauge>::default();
         let nodes = Gauge::default();
         registry.register("sessions", "Sessions by state", sessions.clone());
         registry.register("jobs", "Batch jobs by state", jobs.clone());
         registry.register(
             "gpus",
-            "Whole GPUs by model, mode, health and use (used: a session or job holds it)",
+            "GPUs by model, mode, health and use (used: a session or job holds it, or one of its \
+             MIG devices)",
             gpus.clone(),
+        );
+        registry.register(
+            "mig_devices",
+            "MIG devices of GPUs in MIG mode, by the GPU's model, profile and use",
+            mig_devices.clone(),
         );
         registry.register("nodes", "Registered nodes", nodes.clone());
         let events = events();
@@ -257,6 +275,7 @@ impl ManagerExporter {
             sessions,
             jobs,
             gpus,
+            mig_devices,
             nodes,
         }
     }
@@ -274,7 +293,7 @@ impl ManagerExporter {
         for session in &sessions {
             *by_state.entry(session.state.as_str()).or_default() += 1;
             if session.state.holds_gpus() {
-                used.extend(session.gpus.iter().filter_map(whole_gpu));
+                used.extend(session.gpus.iter().map(GpuId::as_str));
             }
         }
         set_states(&self.sessions, &by_state);
@@ -287,31 +306,12 @@ impl ManagerExporter {
             let state = job.state();
             *by_state.entry(state.as_str()).or_default() += 1;
             if state.holds_gpus() {
-                used.extend(job.gpus.iter().filter_map(whole_gpu));
+                used.extend(job.gpus.iter().map(GpuId::as_str));
             }
         }
         set_states(&self.jobs, &by_state);
 
-        let mut gpus: BTreeMap<(String, String, &'static str, &'static str), i64> = BTreeMap::new();
-        for gpu in nodes.iter().flat_map(|node| &node.gpus) {
-            let mode = match gpu.mode {
-                ongrid_core::GpuMode::Exclusive => "exclusive",
-                ongrid_core::GpuMode::Shared { .. } => "shared",
-                ongrid_core::GpuMode::Mig { .. } => "mig",
-            };
-            let health = match gpu.info.health {
-                GpuHealth::Healthy => "healthy",
-                GpuHealth::Failed(_) => "failed",
-                GpuHealth::Unknown(_) => "unknown",
-            };
-            let in_use = if used.contains(gpu.info.uuid.as_str()) {
-                "used"
-            } else {
-                "free"
-            };
-            let key = (gpu.info.model.clone(), mode.to_owned(), health, in_use);
-            *gpus.entry(key).or_default() += 1;
-        }
+        let (gpus, slices) = count_gpus(&nodes, &used);
         // Models and modes change: start over, so a series that no longer applies is gone.
         self.gpus.clear();
         for ((model, mode, health, in_use), count) in gpus {
@@ -324,16 +324,73 @@ impl ManagerExporter {
                 })
                 .set(count);
         }
+        // Layouts change: start over, so a series that no longer applies is gone.
+        self.mig_devices.clear();
+        for ((model, profile, in_use), count) in slices {
+            self.mig_devices
+                .get_or_create(&MigLabels {
+                    model,
+                    profile,
+                    r#use: in_use.to_owned(),
+                })
+                .set(count);
+        }
         self.nodes.set(nodes.len() as i64);
         Ok(())
     }
 }
 
-fn whole_gpu(id: &GpuId) -> Option<&str> {
-    match id {
-        GpuId::Gpu(uuid) => Some(uuid.as_str()),
-        GpuId::Mig(_) => None,
+/// (model, mode, health, use) of a GPU.
+type GpuKey = (String, String, &'static str, &'static str);
+
+/// (the GPU's model, profile, use) of a MIG device.
+type MigKey = (String, String, &'static str);
+
+/// Whole GPUs by (model, mode, health, use) and MIG devices of GPUs in MIG mode by (model,
+/// profile, use); `used` holds the GPU and MIG device UUIDs sessions and jobs hold.
+fn count_gpus(
+    nodes: &[NodeRecord],
+    used: &HashSet<&str>,
+) -> (BTreeMap<GpuKey, i64>, BTreeMap<MigKey, i64>) {
+    let mut gpus: BTreeMap<GpuKey, i64> = BTreeMap::new();
+    for gpu in nodes.iter().flat_map(|node| &node.gpus) {
+        let mode = match gpu.mode {
+            ongrid_core::GpuMode::Exclusive => "exclusive",
+            ongrid_core::GpuMode::Shared { .. } => "shared",
+            ongrid_core::GpuMode::Mig { .. } => "mig",
+        };
+        let health = match gpu.info.health {
+            GpuHealth::Healthy => "healthy",
+            GpuHealth::Failed(_) => "failed",
+            GpuHealth::Unknown(_) => "unknown",
+        };
+        // A GPU in MIG mode is used while any of its MIG devices is.
+        let held = used.contains(gpu.info.uuid.as_str())
+            || gpu
+                .info
+                .mig_devices
+                .iter()
+                .any(|device| used.contains(device.uuid.as_str()));
+        let in_use = if held { "used" } else { "free" };
+        let key = (gpu.info.model.clone(), mode.to_owned(), health, in_use);
+        *gpus.entry(key).or_default() += 1;
     }
+    let mut slices: BTreeMap<MigKey, i64> = BTreeMap::new();
+    for gpu in nodes.iter().flat_map(|node| &node.gpus) {
+        if !matches!(gpu.mode, ongrid_core::GpuMode::Mig { .. }) {
+            continue;
+        }
+        for device in &gpu.info.mig_devices {
+            let in_use = if used.contains(device.uuid.as_str()) {
+                "used"
+            } else {
+                "free"
+            };
+            let key = (gpu.info.model.clone(), device.profile.to_string(), in_use);
+            *slices.entry(key).or_default() += 1;
+        }
+    }
+    (gpus, slices)
 }
 
 fn set_states(family: &Family<StateLabels, Gauge>, counts: &BTreeMap<&'static str, i64>) {
@@ -373,6 +430,93 @@ impl Exporter for ManagerExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ongrid_core::{
+        ComputeCapability, GpuInfo, GpuMode, GpuUuid, MemorySize, MigDevice, MigLayout, MigProfile,
+        MigUuid,
+    };
+
+    use crate::store::GpuRecord;
+
+    fn gpu(n: u8, mode: GpuMode, mig_devices: Vec<MigDevice>) -> GpuRecord {
+        GpuRecord {
+            node: NodeName::parse("node1").unwrap(),
+            info: GpuInfo {
+                uuid: GpuUuid::parse(&format!("GPU-11111111-2222-3333-4444-5555555555{n:02}"))
+                    .unwrap(),
+                model: "NVIDIA A100-SXM4-40GB".to_owned(),
+                capability: ComputeCapability::new(8, 0),
+                memory: MemorySize::from_mib(40_960),
+                pci_bus_id: None,
+                driver_version: None,
+                mig_enabled: !mig_devices.is_empty(),
+                health: GpuHealth::Healthy,
+                utilization_percent: None,
+                mig_devices,
+            },
+            mode,
+            drain: None,
+        }
+    }
+
+    fn slice(parent: u8, gi: u8) -> MigDevice {
+        let parent = GpuUuid::parse(&format!(
+            "GPU-11111111-2222-3333-4444-5555555555{parent:02}"
+        ))
+        .unwrap();
+        MigDevice {
+            uuid: MigUuid::parse(&format!("MIG-{parent}/{gi}/0")).unwrap(),
+            profile: MigProfile {
+                slices: 1,
+                memory_gb: 10,
+                media: false,
+            },
+            memory: MemorySize::from_mib(9_728),
+            parent,
+        }
+    }
+
+    #[test]
+    fn gpus_and_mig_devices_are_counted_by_use() {
+        let mig = GpuMode::Mig {
+            layout: MigLayout::parse("1g.10gb*7").unwrap(),
+        };
+        let nodes = [NodeRecord {
+            name: NodeName::parse("node1").unwrap(),
+            gpu_backend: "simulated".to_owned(),
+            agent_version: "0.1.0".to_owned(),
+            stream_url: None,
+            last_seen: chrono::DateTime::UNIX_EPOCH,
+            gpus: vec![
+                gpu(1, GpuMode::Exclusive, Vec::new()),
+                gpu(2, GpuMode::Exclusive, Vec::new()),
+                gpu(3, mig, vec![slice(3, 1), slice(3, 2), slice(3, 3)]),
+            ],
+            drain: None,
+        }];
+        let held_slice = slice(3, 2).uuid;
+        let used: HashSet<&str> = [
+            "GPU-11111111-2222-3333-4444-555555555501",
+            held_slice.as_str(),
+        ]
+        .into_iter()
+        .collect();
+        let (gpus, slices) = count_gpus(&nodes, &used);
+        let model = "NVIDIA A100-SXM4-40GB".to_owned();
+        let whole = |mode: &str, in_use| (model.clone(), mode.to_owned(), "healthy", in_use);
+        assert_eq!(
+            gpus,
+            BTreeMap::from([
+                (whole("exclusive", "free"), 1),
+                (whole("exclusive", "used"), 1),
+                (whole("mig", "used"), 1),
+            ])
+        );
+        let device = |in_use| (model.clone(), "1g.10gb".to_owned(), in_use);
+        assert_eq!(
+            slices,
+            BTreeMap::from([(device("free"), 2), (device("used"), 1)])
+        );
+    }
 
     #[tokio::test]
     async fn the_metrics_are_named_by_convention_and_read_from_the_store() {
