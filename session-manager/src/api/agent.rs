@@ -164,7 +164,7 @@ pub async fn desired(
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before the first read, so a commit between the read and the wait wakes it.
     let mut changes = state.changes.subscribe();
-    if !state.store.nodes().await?.iter().any(|n| n.name == node) {
+    if !state.store.node_registered(&node).await? {
         return Err(ApiError::not_found(format!(
             "node {node} is not registered: the agent must POST /v1/agent/register first"
         )));

@@ -290,6 +290,10 @@ pub trait Store: Send + Sync {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<bool>>;
 
+    /// Whether `node` is registered (and not removed); one cheap lookup, for the agents'
+    /// long-poll.
+    fn node_registered<'a>(&'a self, node: &'a NodeName) -> BoxFuture<'a, StoreResult<bool>>;
+
     /// Every registered node with its GPUs, ordered by name.
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 

@@ -412,6 +412,16 @@ impl Store for SqliteStore {
         Box::pin(self.record_sync_impl(node, gpus, at))
     }
 
+    fn node_registered<'a>(&'a self, node: &'a NodeName) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let found = sqlx::query("SELECT 1 FROM nodes WHERE name = ? AND removed_at IS NULL")
+                .bind(node.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(found.is_some())
+        })
+    }
+
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
         Box::pin(self.nodes_impl())
     }
