@@ -284,6 +284,10 @@ pub struct GpuView {
     /// Set while an admin has the GPU drained.
     #[serde(default)]
     pub drain: Option<Drain>,
+    /// In `mig` mode: the session on each of its MIG devices (`info.mig_devices`) that has
+    /// one, among those the caller may see.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig_sessions: BTreeMap<crate::gpu::MigUuid, SessionName>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -369,6 +373,10 @@ pub struct DesiredState {
     /// Batch jobs to run, halt or kill on this node.
     #[serde(default)]
     pub jobs: Vec<crate::job::DesiredJob>,
+    /// The MIG layout of each of the node's GPUs in `mig` mode: the agent makes it once nothing
+    /// uses the GPU.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig_layouts: BTreeMap<GpuUuid, crate::mig::MigLayout>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

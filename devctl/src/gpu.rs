@@ -73,6 +73,35 @@ pub fn render(nodes: &[NodeView], width: Option<u16>) -> String {
                     sessions
                 },
             ]);
+            // A GPU in MIG mode: its devices under it, one row each.
+            if gpu.mode.mig_layout().is_some() {
+                for device in &gpu.info.mig_devices {
+                    let session = gpu.mig_sessions.get(&device.uuid);
+                    table.row([
+                        String::new(),
+                        format!("└ {}", device.uuid),
+                        format!("MIG {}", device.profile),
+                        gpu.info.capability.to_string(),
+                        device.memory.to_string(),
+                        "mig device".to_owned(),
+                        format!("{}/1", u8::from(session.is_some())),
+                        {
+                            let in_service = node.online
+                                && node.drain.is_none()
+                                && gpu.drain.is_none()
+                                && gpu.info.health.is_healthy();
+                            if session.is_some() || !in_service {
+                                "0"
+                            } else {
+                                "1"
+                            }
+                            .to_owned()
+                        },
+                        health(node, gpu),
+                        session.map_or("-".to_owned(), |s| s.to_string()),
+                    ]);
+                }
+            }
         }
     }
     table.render(width, "")
@@ -117,6 +146,7 @@ mod tests {
                 .map(|i| SessionName::parse(&format!("s{i}")).unwrap())
                 .collect(),
             drain: None,
+            mig_sessions: Default::default(),
         }
     }
 

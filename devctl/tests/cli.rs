@@ -906,6 +906,7 @@ fn gpu_view(mode: GpuMode) -> GpuView {
         sessions: vec![SessionName::parse("train1").unwrap()],
         drain: None,
     }
+        mig_sessions: Default::default(),
 }
 
 fn node_view(sessions: u32, jobs: u32, drain: Option<ongrid_core::gpu::Drain>) -> NodeView {

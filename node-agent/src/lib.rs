@@ -40,7 +40,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use ongrid_core::api::{DesiredState, NodeReport, ObservedContainer, RegisterNode};
-use ongrid_core::{GpuInfo, NodeName};
+use ongrid_core::{GpuId, GpuInfo, NodeName};
 use reqwest::StatusCode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -204,6 +204,10 @@ struct LoopState {
     jobs: jobs::Jobs,
     /// The version of the desired state last converged to (`None`: not known).
     applied: Option<String>,
+    /// The MIG layouts made or failed, and the GPUs waiting to drain for one.
+    mig: gpu::mig::MigLayouts,
+    /// A MIG layout was made (or failed) in the last convergence: report it at once.
+    mig_changed: bool,
 }
 
 impl Agent {
@@ -243,6 +247,8 @@ impl Agent {
                 self.jobs.clone(),
             ),
             applied: None,
+            mig: gpu::mig::MigLayouts::default(),
+            mig_changed: false,
         };
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
         let (pushed_sender, mut pushed) = watch::channel(None);
@@ -267,7 +273,8 @@ impl Agent {
                 )));
             }
             // It changed containers: report them at once.
-            let delay = if reconciler.acted() > 0 && follow_ups < MAX_FOLLOW_UPS {
+            let acted = reconciler.acted() > 0 || std::mem::take(&mut state.mig_changed);
+            let delay = if acted && follow_ups < MAX_FOLLOW_UPS {
                 follow_ups += 1;
                 Duration::ZERO
             } else {
@@ -325,6 +332,8 @@ impl Agent {
                 if state.gpu_outage.succeeded() > 0 {
                     info!(node = %self.node, "GPU discovery works again.");
                 }
+                let mut gpus = gpus;
+                state.mig.mark_failures(&mut gpus);
                 state.last_gpus = gpus.clone();
                 gpus
             }
@@ -436,6 +445,29 @@ impl Agent {
         reconciler.remove_images(&desired.removed_images).await;
         state.freezer.apply(&desired.freezes, &desired.sessions);
         state.jobs.apply(&desired.jobs).await;
+        if !desired.mig_layouts.is_empty() {
+            // Held: by a session or job the manager placed, or by a container on the node.
+            let mut in_use: Vec<GpuId> = desired
+                .sessions
+                .iter()
+                .flat_map(|s| s.gpus.iter().cloned())
+                .chain(desired.jobs.iter().flat_map(|j| j.gpus.iter().cloned()))
+                .collect();
+            in_use.extend(
+                reconciler
+                    .last_observed()
+                    .iter()
+                    .filter_map(|c| c.gpus.clone())
+                    .flatten(),
+            );
+            if state
+                .mig
+                .apply(&*self.gpus, &desired.mig_layouts, &state.last_gpus, &in_use)
+                .await
+            {
+                state.mig_changed = true;
+            }
+        }
     }
 
     /// Registers when the inventory changed since the last registration, then syncs.

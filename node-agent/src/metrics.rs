@@ -126,6 +126,14 @@ impl GpuBackend for MeteredGpus {
             result
         })
     }
+
+    fn apply_mig<'a>(
+        &'a self,
+        gpu: &'a GpuInfo,
+        layout: ongrid_core::MigLayout,
+    ) -> BoxFuture<'a, Result<(), GpuError>> {
+        self.0.apply_mig(gpu, layout)
+    }
 }
 
 /// The agent's `/metrics`.

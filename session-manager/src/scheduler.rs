@@ -276,7 +276,7 @@ impl Scheduler {
         let planning = std::time::Instant::now();
         let actions = ongrid_scheduler::plan(&state, now);
         crate::metrics::events().plan_took(planning.elapsed());
-        let placed = crate::metrics::placed_sessions(&actions);
+        let mut placed = crate::metrics::placed_sessions(&actions);
         for action in actions {
             match action {
                 Action::Place {
@@ -336,6 +336,16 @@ impl Scheduler {
                         }
                     }
                 }
+            }
+        }
+        // Sessions asking for a MIG device: on free devices of GPUs in `mig` mode.
+        for placement in ongrid_scheduler::plan_mig(&state, &site.mig_slots()) {
+            let change =
+                queue::place_mig(&placement.node, placement.device, &placement.parent, now);
+            if self.apply(placement.session, change).await? {
+                tracing::info!(session_id = %placement.session, node = %placement.node, "Session placed on a MIG device.");
+                report.placed += 1;
+                placed.insert(placement.session);
             }
         }
         crate::metrics::events().queued(&crate::metrics::queue_reasons(

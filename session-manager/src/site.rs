@@ -138,6 +138,11 @@ impl SiteSnapshot {
         }
     }
 
+    /// The sessions holding GPUs or MIG devices.
+    pub fn holding_sessions(&self) -> impl Iterator<Item = &SessionRecord> {
+        self.holding.iter()
+    }
+
     /// Sessions holding this GPU.
     pub fn sessions_on<'a>(&'a self, uuid: &'a GpuUuid) -> impl Iterator<Item = &'a SessionRecord> {
         self.holding.iter().filter(move |s| {
@@ -145,6 +150,45 @@ impl SiteSnapshot {
                 .iter()
                 .any(|g| matches!(g, GpuId::Gpu(u) if u == uuid))
         })
+    }
+
+    /// The MIG devices agents reported for GPUs in `mig` mode, each used when a session or a
+    /// job holding GPUs has it.
+    pub fn mig_slots(&self) -> Vec<ongrid_scheduler::MigSlot> {
+        let held: HashSet<&ongrid_core::MigUuid> = self
+            .holding
+            .iter()
+            .flat_map(|s| &s.gpus)
+            .chain(
+                self.jobs
+                    .iter()
+                    .filter(|j| j.state().holds_gpus())
+                    .flat_map(|j| &j.gpus),
+            )
+            .filter_map(|gpu| match gpu {
+                GpuId::Mig(mig) => Some(mig),
+                GpuId::Gpu(_) => None,
+            })
+            .collect();
+        self.nodes
+            .iter()
+            .flat_map(|node| node.gpus.iter().map(move |gpu| (node, gpu)))
+            .filter(|(_, gpu)| gpu.mode.mig_layout().is_some())
+            .flat_map(|(node, gpu)| {
+                gpu.info
+                    .mig_devices
+                    .iter()
+                    .map(|device| ongrid_scheduler::MigSlot {
+                        node: node.name.clone(),
+                        uuid: device.uuid.clone(),
+                        parent: gpu.info.uuid.clone(),
+                        profile: device.profile,
+                        capability: gpu.info.capability,
+                        memory: device.memory,
+                        used: held.contains(&device.uuid),
+                    })
+            })
+            .collect()
     }
 
     /// The scheduler's view, with `pending` as the sessions' queue and the snapshot's jobs.

@@ -52,6 +52,9 @@ mod watch;
 // Node and GPU operations: drains, lost nodes, removal.
 #[path = "api/nodes.rs"]
 mod nodes;
+
+#[path = "api/mig.rs"]
+mod mig;
 // Removing users and restoring them.
 #[path = "api/users.rs"]
 mod users;

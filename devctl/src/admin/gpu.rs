@@ -43,8 +43,9 @@ pub struct GpuArgs {
 pub struct GpuModeArgs {
     /// The GPU's UUID, as devctl gpus --json shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
     pub gpu: GpuUuid,
-    /// exclusive, or shared:N with N from 2 to 64
-    #[arg(value_name = "exclusive|shared:N")]
+    /// exclusive, shared:N with N from 2 to 64, or mig:LAYOUT (MIG devices, e.g. mig:1g.10gb*7
+    /// or mig:3g.40gb*1+2g.20gb*2, checked against the GPU model's profiles)
+    #[arg(value_name = "exclusive|shared:N|mig:LAYOUT")]
     pub mode: GpuMode,
     #[command(flatten)]
     pub output: JsonArgs,
@@ -106,6 +107,16 @@ pub fn render_drain(gpu: &GpuView) -> String {
 
 /// `devctl admin gpu mode`: the GPU after the change.
 pub fn render_mode(gpu: &GpuView) -> String {
+    if let Some(layout) = gpu.mode.mig_layout() {
+        return format!(
+            "GPU {} on {} is now {}: {} MIG devices, made by its node's agent once no session \
+             uses the GPU (devctl gpus shows them)\n",
+            gpu.info.uuid,
+            gpu.node,
+            gpu.mode,
+            layout.instances().len()
+        );
+    }
     format!(
         "GPU {} on {} is now {} ({} of {} in use)\n",
         gpu.info.uuid,
@@ -142,6 +153,7 @@ mod tests {
             free: 3,
             sessions: vec![],
             drain: None,
+            mig_sessions: Default::default(),
         };
         assert_eq!(
             render_mode(&view),

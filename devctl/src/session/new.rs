@@ -47,6 +47,10 @@ pub struct NewArgs {
     /// Whole GPUs only (exclusive), shares of shared GPUs only (shared), or either (any)
     #[arg(long, default_value = "exclusive", value_name = "exclusive|shared|any")]
     pub share: Sharing,
+    /// One MIG device of this profile or larger instead of GPUs, like 1g.10gb (devctl gpus
+    /// lists the site's devices)
+    #[arg(long, value_name = "PROFILE", conflicts_with_all = ["share", "gpus"])]
+    pub mig: Option<ongrid_core::MigProfile>,
     /// Docker image of the dev container [default: the site's]
     #[arg(long, value_name = "IMAGE", value_parser = parse_image)]
     pub image: Option<String>,
@@ -74,7 +78,7 @@ impl NewArgs {
             count: self.gpus,
             min_capability: self.min_capability,
             min_memory: self.min_gpu_memory,
-            sharing: self.share,
+            sharing: self.mig.map_or(self.share, Sharing::Mig),
         }
     }
 }

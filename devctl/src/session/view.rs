@@ -78,11 +78,14 @@ pub fn describe_request(request: &GpuRequest) -> String {
     if let Some(memory) = request.min_memory {
         let _ = write!(out, ", memory ≥ {memory}");
     }
-    out.push_str(match request.sharing {
-        Sharing::Exclusive => ", whole GPUs only",
-        Sharing::Shared => ", shared GPUs only",
-        Sharing::Any => ", whole or shared",
-    });
+    match request.sharing {
+        Sharing::Exclusive => out.push_str(", whole GPUs only"),
+        Sharing::Shared => out.push_str(", shared GPUs only"),
+        Sharing::Any => out.push_str(", whole or shared"),
+        Sharing::Mig(profile) => {
+            let _ = write!(out, ", a MIG {profile} device or larger");
+        }
+    }
     out
 }
 

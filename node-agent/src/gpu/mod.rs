@@ -7,6 +7,7 @@
 //! manager drains it instead of forgetting it. That memory lasts as long as the agent process.
 
 pub mod health;
+pub mod mig;
 pub mod nvidia_smi;
 pub mod simulated;
 
@@ -30,6 +31,13 @@ pub enum GpuError {
     NvidiaSmi(#[from] NvidiaSmiError),
     #[error(transparent)]
     Simulated(#[from] SimulatedError),
+    /// A MIG layout could not be made; the text is the backend's (nvidia-smi's) own.
+    #[error("MIG layout {layout} on {gpu}: {problem}")]
+    Mig {
+        gpu: GpuUuid,
+        layout: ongrid_core::MigLayout,
+        problem: String,
+    },
 }
 
 /// A source of the node's GPU inventory and health.
@@ -43,6 +51,23 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// The GPUs present now, with their health. A GPU seen by an earlier discovery that has
     /// disappeared is still listed, with its last known properties and `GpuHealth::Failed`.
     fn discover(&self) -> BoxFuture<'_, Result<Vec<GpuInfo>, GpuError>>;
+
+    /// Partitions `gpu` into the MIG devices of `layout`: MIG mode on, the GPU's current
+    /// compute and GPU instances destroyed, the layout's instances created in its order. Called
+    /// only when no container uses the GPU. The next discovery reports the new devices.
+    fn apply_mig<'a>(
+        &'a self,
+        gpu: &'a GpuInfo,
+        layout: ongrid_core::MigLayout,
+    ) -> BoxFuture<'a, Result<(), GpuError>> {
+        Box::pin(async move {
+            Err(GpuError::Mig {
+                gpu: gpu.uuid.clone(),
+                layout,
+                problem: format!("the {} GPU backend cannot partition GPUs", self.kind()),
+            })
+        })
+    }
 }
 
 /// The `[gpu]` table of the agent's config.

@@ -11,7 +11,14 @@
 //! failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
 //! xid = 79                           # optional: a fatal Xid in the kernel log for this GPU
 //! utilization = 0                    # optional: percent busy, what nvidia-smi's utilization.gpu says
+//! mig_fail = "In use by another client"  # optional: making a MIG layout on it fails so
 //! ```
+//!
+//! MIG: the backend keeps each GPU's MIG devices in memory, as the driver does until a reboot.
+//! [`GpuBackend::apply_mig`] checks the layout against the model's profiles (as `nvidia-smi`
+//! would refuse a profile the GPU lacks), gives every device a new `MIG-<uuid>`, and discovery
+//! reports them under their GPU with MIG mode on. A restarted agent starts with no MIG devices,
+//! as a rebooted node does.
 //!
 //! A top-level `hang = true` (before the first `[[gpu]]`) stands for an nvidia-smi that does
 //! not answer: every GPU is reported unknown.
@@ -26,9 +33,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use futures::future::BoxFuture;
-use ongrid_core::{ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize};
+use ongrid_core::{
+    ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize, MigDevice, MigLayout, MigUuid,
+};
 use serde::Deserialize;
 
 use super::{GpuBackend, GpuError, SeenGpus};
@@ -86,12 +96,15 @@ struct Entry {
     failed: Option<String>,
     xid: Option<u32>,
     utilization: Option<i64>,
+    mig_fail: Option<String>,
 }
 
 /// One simulated GPU, validated; `utilization` is in `info.utilization_percent`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimulatedGpu {
     pub info: GpuInfo,
+    /// Making a MIG layout fails with this message.
+    pub mig_fail: Option<String>,
 }
 
 /// Parses and validates the contents of a simulated GPU file; `file` names it in errors.
@@ -152,6 +165,7 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
         ComputeCapability::parse(&entry.capability).map_err(|error| error.to_string())?;
     let memory = MemorySize::parse(&entry.memory).map_err(|error| error.to_string())?;
     let pci_bus_id = non_empty("pci_bus_id", entry.pci_bus_id)?;
+    let mig_fail = non_empty("mig_fail", entry.mig_fail)?;
     let xid = entry
         .xid
         .map(|code| {
@@ -197,6 +211,7 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
             utilization_percent: utilization,
             mig_devices: Vec::new(),
         },
+        mig_fail,
     })
 }
 
@@ -204,6 +219,8 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
 pub struct SimulatedBackend {
     file: PathBuf,
     seen: SeenGpus,
+    /// The MIG devices made so far, per GPU.
+    mig: Mutex<HashMap<GpuUuid, Vec<MigDevice>>>,
 }
 
 impl SimulatedBackend {
@@ -211,7 +228,59 @@ impl SimulatedBackend {
         Self {
             file,
             seen: SeenGpus::default(),
+            mig: Mutex::default(),
         }
+    }
+
+    async fn read(&self) -> Result<(Vec<SimulatedGpu>, bool), SimulatedError> {
+        let text = tokio::fs::read_to_string(&self.file)
+            .await
+            .map_err(|source| SimulatedError::Read {
+                file: self.file.clone(),
+                source,
+            })?;
+        parse_file(&text, &self.file)
+    }
+
+    /// Makes `layout` on `gpu`, as `nvidia-smi mig -dci; -dgi; -cgi ... -C` would.
+    pub async fn apply_layout(&self, gpu: &GpuUuid, layout: MigLayout) -> Result<(), GpuError> {
+        let fail = |problem: String| GpuError::Mig {
+            gpu: gpu.clone(),
+            layout,
+            problem,
+        };
+        let (gpus, _) = self.read().await?;
+        let entry = gpus
+            .iter()
+            .find(|g| &g.info.uuid == gpu)
+            .ok_or_else(|| fail("no such GPU in the simulated GPU file".to_owned()))?;
+        if let Some(problem) = &entry.mig_fail {
+            // Half made: the old devices are gone, the new ones never came.
+            self.mig
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(gpu.clone(), Vec::new());
+            return Err(fail(format!("{problem} (simulated: mig_fail)")));
+        }
+        layout
+            .validate_for(&entry.info.model)
+            .map_err(|e| fail(e.to_string()))?;
+        let devices = layout
+            .instances()
+            .into_iter()
+            .map(|profile| MigDevice {
+                uuid: MigUuid::parse(&format!("MIG-{}", uuid::Uuid::new_v4()))
+                    .expect("a v4 UUID is a MIG UUID body"),
+                profile,
+                memory: profile.nominal_memory(),
+                parent: gpu.clone(),
+            })
+            .collect();
+        self.mig
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(gpu.clone(), devices);
+        Ok(())
     }
 
     /// The GPUs the file lists now, plus those it listed before, marked failed.
@@ -223,7 +292,23 @@ impl SimulatedBackend {
                 source,
             })?;
         let (gpus, hang) = parse_file(&text, &self.file)?;
-        let present = gpus.into_iter().map(|gpu| gpu.info).collect();
+        let mig = self
+            .mig
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let present = gpus
+            .into_iter()
+            .map(|gpu| {
+                let mut info = gpu.info;
+                if let Some(devices) = mig.get(&info.uuid) {
+                    info.mig_enabled = true;
+                    info.utilization_percent = None;
+                    info.mig_devices = devices.clone();
+                }
+                info
+            })
+            .collect();
         let gone_reason = format!(
             "not in the simulated GPU file {} any more: fallen off the bus (simulated)",
             self.file.display()
@@ -254,6 +339,14 @@ impl GpuBackend for SimulatedBackend {
 
     fn discover(&self) -> BoxFuture<'_, Result<Vec<GpuInfo>, GpuError>> {
         Box::pin(async move { Ok(self.discover_gpus().await?) })
+    }
+
+    fn apply_mig<'a>(
+        &'a self,
+        gpu: &'a GpuInfo,
+        layout: MigLayout,
+    ) -> BoxFuture<'a, Result<(), GpuError>> {
+        Box::pin(self.apply_layout(&gpu.uuid, layout))
     }
 }
 
@@ -304,6 +397,7 @@ utilization = 0                    # optional, percent
                     utilization_percent: Some(0),
                     mig_devices: Vec::new(),
                 },
+                mig_fail: None,
             }]
         );
     }

@@ -108,6 +108,7 @@ impl FakeManager {
                 freezes: Vec::new(),
                 removed_images: Vec::new(),
                 jobs: Vec::new(),
+                mig_layouts: Default::default(),
             },
             version: 0,
             failure: None,

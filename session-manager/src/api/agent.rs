@@ -303,6 +303,15 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         settings,
     );
     desired.removed_images = removed_images;
+    desired.mig_layouts = state
+        .store
+        .nodes()
+        .await?
+        .into_iter()
+        .filter(|n| n.name == *node)
+        .flat_map(|n| n.gpus)
+        .filter_map(|gpu| Some((gpu.info.uuid, gpu.mode.mig_layout()?)))
+        .collect();
     super::jobs::node_jobs(state, node, &mut desired).await?;
     Ok(desired)
 }

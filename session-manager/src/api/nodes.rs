@@ -150,6 +150,21 @@ pub async fn set_gpu_mode(
         .to_string()
         .parse()
         .map_err(|e: ongrid_core::gpu::GpuModeError| ApiError::bad_request(e.to_string()))?;
+    if let Some(layout) = mode.mig_layout() {
+        // Checked against the GPU's model before it is stored, so the agent never gets a
+        // layout its GPU cannot have.
+        let site = state.site().await?;
+        let model = site
+            .nodes
+            .iter()
+            .flat_map(|node| &node.gpus)
+            .find(|g| g.info.uuid == uuid)
+            .map(|g| g.info.model.clone())
+            .ok_or_else(|| no_such_gpu(&uuid))?;
+        layout
+            .validate_for(&model)
+            .map_err(|e| ApiError::bad_request(format!("mig:{layout} on {uuid}: {e}")))?;
+    }
     state
         .store
         .set_gpu_mode(&uuid, mode)
@@ -289,7 +304,7 @@ fn gpu_view(
     node: &NodeRecord,
     gpu: &GpuRecord,
 ) -> GpuView {
-    GpuView {
+    let mut view = GpuView {
         info: gpu.info.clone(),
         node: node.name.clone(),
         mode: gpu.mode,
@@ -301,5 +316,39 @@ fn gpu_view(
             .map(|s| s.name.clone())
             .collect(),
         drain: gpu.drain.clone(),
+        mig_sessions: Default::default(),
+    };
+    if gpu.mode.mig_layout().is_some() {
+        // A GPU in MIG mode: its places are its devices.
+        let slots: Vec<_> = site
+            .mig_slots()
+            .into_iter()
+            .filter(|slot| slot.parent == gpu.info.uuid)
+            .collect();
+        let held = slots.iter().filter(|slot| slot.used).count();
+        view.used = u32::try_from(held).unwrap_or(u32::MAX);
+        let out_of_service = !gpu.info.health.is_healthy()
+            || !site.is_online(node)
+            || gpu.drain.is_some()
+            || node.drain.is_some();
+        view.free = if out_of_service {
+            0
+        } else {
+            u32::try_from(slots.len() - held).unwrap_or(u32::MAX)
+        };
+        for session in site
+            .holding_sessions()
+            .filter(|s| caller.admin || s.owner == caller.user.dn)
+        {
+            for id in &session.gpus {
+                if let ongrid_core::GpuId::Mig(mig) = id {
+                    if slots.iter().any(|slot| &slot.uuid == mig) {
+                        view.mig_sessions.insert(mig.clone(), session.name.clone());
+                        view.sessions.push(session.name.clone());
+                    }
+                }
+            }
+        }
     }
+    view
 }

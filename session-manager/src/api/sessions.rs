@@ -40,9 +40,18 @@ pub async fn create_session(
         .limits_for(body.idle_timeout_secs, body.max_duration_secs)
         .map_err(ApiError::bad_request)?;
     let site = state.site().await?;
-    ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus).map_err(
-        |unsatisfiable| ApiError::unsatisfiable(format!("{unsatisfiable}; see `devctl gpus`")),
-    )?;
+    if body.gpus.sharing.mig().is_some() {
+        ongrid_scheduler::check_mig_satisfiable(
+            &site.satisfiability_state(),
+            &site.mig_slots(),
+            &body.gpus,
+        )
+        .map_err(|no| ApiError::unsatisfiable(format!("{no}; see `devctl gpus`")))?;
+    } else {
+        ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus).map_err(
+            |unsatisfiable| ApiError::unsatisfiable(format!("{unsatisfiable}; see `devctl gpus`")),
+        )?;
+    }
     let new = NewSession {
         id: SessionId::new_random(),
         name: body.name,

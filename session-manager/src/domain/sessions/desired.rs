@@ -71,6 +71,7 @@ pub fn desired_state(
         freezes,
         removed_images: Vec::new(),
         jobs: Vec::new(),
+        mig_layouts: Default::default(),
     }
 }
 

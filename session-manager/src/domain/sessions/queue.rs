@@ -47,6 +47,25 @@ pub fn place(
     }
 }
 
+/// `node`'s MIG device `device` (of GPU `parent`) for a session that asked for a MIG device.
+pub fn place_mig(
+    node: &NodeName,
+    device: ongrid_core::MigUuid,
+    parent: &GpuUuid,
+    now: DateTime<Utc>,
+) -> Change {
+    Change {
+        to: SessionState::Starting,
+        at: now,
+        reason: format!("placed on {node} (MIG device {device} of {parent})"),
+        hold: None,
+        placement: Placement::Place {
+            node: node.clone(),
+            gpus: vec![GpuId::Mig(device)],
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
