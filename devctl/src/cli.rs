@@ -18,7 +18,7 @@ use crate::job::{self, JobCommand};
 use crate::key::{self, KeyCommand};
 use crate::session::{self, SessionCommand};
 use crate::terminal::{JsonArgs, Terminal};
-use crate::{gpu, whoami};
+use crate::{gpu, share, whoami};
 
 const AFTER_HELP: &str = "\
 Settings, strongest first: flags, then environment variables, then the config file
@@ -115,6 +115,9 @@ pub enum Command {
     /// Run frozen images as batch jobs on the site's GPUs: submit, ls, show, logs, cancel, halt
     #[command(subcommand)]
     Job(JobCommand),
+    /// Show the site's fair share: each accounting group's share, cost-weighted GPU-hours
+    /// (decayed) and priority factor, with your own usage (everyone's for admins)
+    Share(JsonArgs),
     /// Site administration (admins only)
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -136,6 +139,7 @@ impl Command {
             Self::Freeze(args) => image::freeze::run(args, client, term).await,
             Self::Image(command) => image::run(command, client, term).await,
             Self::Job(command) => job::run(command, client, term).await,
+            Self::Share(args) => share::run(args, client, term).await,
             Self::Admin(command) => admin::run(command, client, term).await,
         }
     }

@@ -5,7 +5,7 @@
 //! command family's arguments, API calls and text output live together.
 //!
 //! - [`cli`]: the global flags and the [`cli::Command`]s, each handed to its module.
-//! - [`whoami`], [`session`], [`gpu`], [`key`], [`image`], [`admin`]: the commands.
+//! - [`whoami`], [`session`], [`gpu`], [`key`], [`image`], [`share`], [`admin`]: the commands.
 //! - [`config`]: flags, environment and `~/.config/ongrid/devctl.toml` resolved into
 //!   [`config::Settings`].
 //! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
@@ -29,6 +29,7 @@ pub mod job;
 pub mod key;
 pub mod pubkey;
 pub mod session;
+pub mod share;
 pub mod table;
 pub mod terminal;
 pub mod whoami;

@@ -387,6 +387,7 @@ async fn every_command_has_help() {
             ],
         ),
         (&["whoami", "--help"], &["Usage: devctl whoami", "--json"]),
+        (&["share", "--help"], &["Usage: devctl share", "--json"]),
         (
             &["session", "--help"],
             &["Usage: devctl session", "new", "ls", "show", "rm"],

@@ -8,4 +8,5 @@ mod lifecycle;
 mod metrics;
 mod nodes;
 mod sessions;
+mod policy;
 mod ssh;

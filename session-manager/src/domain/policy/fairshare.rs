@@ -130,7 +130,8 @@ pub fn standings(accounts: &[Account], config: &FairShareConfig) -> Vec<GroupSta
             .push((account.user.clone(), account.usage.max(0.0)));
     }
     let total_share: f64 = groups.keys().map(|g| f64::from(config.share(g))).sum();
-    let total_usage: f64 = groups.values().flatten().map(|(_, u)| u).sum();
+    // Folded from +0.0: an empty `sum` of floats is -0.0, shown as "-0.00".
+    let total_usage = groups.values().flatten().fold(0.0, |sum, (_, u)| sum + u);
     let mut standings: Vec<GroupStanding> = groups
         .into_iter()
         .map(|(group, mut users)| {
@@ -140,7 +141,7 @@ pub fn standings(accounts: &[Account], config: &FairShareConfig) -> Vec<GroupSta
             } else {
                 0.0
             };
-            let usage: f64 = users.iter().map(|(_, u)| u).sum();
+            let usage = users.iter().fold(0.0, |sum, (_, u)| sum + u);
             let usage_fraction = if total_usage > 0.0 {
                 usage / total_usage
             } else {
@@ -294,9 +295,10 @@ mod tests {
             priority(&standings, &group("atlas"), &dn(1))
                 < priority(&standings, &group("cms"), &dn(2))
         );
-        // Nobody used anything: every factor is 1 and every priority 0.
+        // Nobody used anything: every factor is 1, and no usage is negative zero.
         let idle = standings_of_nothing(&config);
         assert!(idle.iter().all(|s| s.factor == 1.0));
+        assert!(idle.iter().all(|s| s.usage.is_sign_positive()));
     }
 
     fn standings_of_nothing(config: &FairShareConfig) -> Vec<GroupStanding> {
