@@ -45,7 +45,12 @@
 //! - `POST   /v1/jobs/{id}/halt`               → [`crate::job::JobView`] (MUSTHALT)
 //! - `GET    /v1/jobs/{id}/logs[?offset=N]`    → [`crate::job::LogChunk`]: the kept output from byte
 //!   `N` (at most 1 MiB; [`crate::job::JOB_LOG_CAP`] per job), `complete` once the job has ended
-//!   and nothing follows
+//!   and nothing follows; with `&wait=true[&timeout=SECONDS]` a long-poll: answered once there
+//!   is output from `N` or it is complete, else empty and not complete after the timeout (≤ 60 s)
+//! - `GET    /v1/images/{reference}[?owner=DN]` → [`crate::image::ImageView`]; with
+//!   `&after=DONE/TOTAL[&timeout=SECONDS]` a long-poll: answered once the image is no longer
+//!   BUILDING or its progress is not `DONE/TOTAL` bytes (`0/0` before any), or as it is after the
+//!   timeout (≤ 60 s)
 //!
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]

@@ -3,12 +3,16 @@
 //! it wake at once instead of at the next periodic sync or poll.
 //!
 //! Two kinds of waiters use it: an agent's `GET /v1/agent/desired` (its node's desired state)
-//! and a person's `GET /v1/sessions/{name}?wait_for=...` (one session's state). A waiter
-//! subscribes *before* it reads the store, then waits for a [`Changed`] that may concern it and
-//! reads again; a notification is only a hint to look again, never the data itself, so an extra
-//! one costs one read and a missing one is caught by the agents' periodic, level-triggered sync.
-//! Waiters compare what they read with what their caller has (the desired state's version, the
-//! session's state), so they answer only on a real difference.
+//! and a person's long-polls: `GET /v1/sessions/{name}?wait_for=...` (one session's state),
+//! `GET /v1/images/{reference}?after=...` (a freeze's state and progress) and
+//! `GET /v1/jobs/{id}/logs?wait=true` (a job's output and its end). An agent's sync notifies
+//! after it stored everything the agent reported (containers, freeze progress, job output and
+//! states), so each report reaches these waiters at once. A waiter subscribes *before* it reads
+//! the store, then waits for a [`Changed`] that may concern it and reads again; a notification
+//! is only a hint to look again, never the data itself, so an extra one costs one read and a
+//! missing one is caught by the agents' periodic, level-triggered sync. Waiters compare what
+//! they read with what their caller has (the desired state's version, the session's state, the
+//! freeze's progress, the bytes of output), so they answer only on a real difference.
 //!
 //! One manager process serves the site, so an in-process broadcast is enough.
 

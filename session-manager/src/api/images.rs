@@ -2,6 +2,8 @@
 //! `GET /v1/images/{reference}` and `DELETE /v1/images/{reference}`, where `{reference}` is
 //! `name:version` (the owner's current image of that tag) or `sha256:<hex>` (any of the owner's
 //! images with that digest, also one whose tag `--force` moved on).
+//! `GET /v1/images/{reference}?after=DONE/TOTAL` is the long-poll `devctl freeze` follows a
+//! freeze with: answered as soon as the image's state or progress differs from what it has.
 //!
 //! The manager only records the freeze (BUILDING); the agent of the session's node gets it as an
 //! order in its desired state, does the work and reports progress, then READY or FAILED, in its
@@ -19,10 +21,12 @@
 //! image has the same digest (`crate::image_files`); its Docker image's name goes to every node's
 //! `DesiredState.removed_images`, which the agents untag.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ongrid_core::image::{CreateImage, ImageLookup, ImageState, ImageView};
+use ongrid_core::image::{CreateImage, ImageLookup, ImageProgress, ImageState, ImageView};
 use ongrid_core::{Dn, SessionState};
 use serde::Deserialize;
 
@@ -130,19 +134,84 @@ pub struct OwnerQuery {
     owner: Option<Dn>,
 }
 
+/// `GET /v1/images/{reference}[?owner=DN][&after=DONE/TOTAL[&timeout=SECONDS]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowQuery {
+    owner: Option<Dn>,
+    /// The progress the caller has shown of a BUILDING image, `bytes_done/bytes_total` (`0/0`
+    /// before any): answer once the image is no longer BUILDING or its progress differs, or
+    /// when `timeout` passes, whichever comes first.
+    after: Option<String>,
+    /// How long `after` waits, in seconds (default and maximum: [`MAX_IMAGE_WAIT`]).
+    timeout: Option<u64>,
+}
+
+/// The longest an image long-poll waits.
+pub const MAX_IMAGE_WAIT: Duration = Duration::from_secs(60);
+
+/// Shows the image; with `after`, a long-poll on its freeze: the agents' syncs store the
+/// progress they report and then notify ([`crate::notify::Changes`]), so the answer follows
+/// each report at once. An unchanged image is answered as it is when the timeout passes.
 pub async fn show_image(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(reference): ApiPath<String>,
-    ApiQuery(query): ApiQuery<OwnerQuery>,
+    ApiQuery(query): ApiQuery<ShowQuery>,
 ) -> Result<Json<ImageView>, ApiError> {
+    let seen = query.after.as_deref().map(parse_progress).transpose()?;
+    // Subscribed before the first read, so no report between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
     let images = find_images(&state, &caller, &reference, query.owner, Purpose::Read).await?;
     // By digest, several images may share the content: the newest is shown.
-    let image = images
+    let mut image = images
         .into_iter()
         .last()
         .ok_or_else(|| ApiError::internal("find_images returned nothing"))?;
+    if let Some(seen) = seen {
+        let wait = query
+            .timeout
+            .map_or(MAX_IMAGE_WAIT, Duration::from_secs)
+            .min(MAX_IMAGE_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        // Any change may be this image's (the node's sync, a removal, the freeze watch): look
+        // again each time, and answer only on a difference.
+        while unchanged(&image, seen)
+            && matches!(
+                tokio::time::timeout_at(deadline, changes.changed(None)).await,
+                Ok(true)
+            )
+        {
+            match state.store.image(image.id).await? {
+                Some(now) => image = now,
+                None => break,
+            }
+        }
+    }
     Ok(Json(image_view(image)))
+}
+
+/// `1048576/4194304` → the progress a caller has seen.
+fn parse_progress(text: &str) -> Result<ImageProgress, ApiError> {
+    let parsed = text.split_once('/').and_then(|(done, total)| {
+        Some(ImageProgress {
+            bytes_done: done.trim().parse().ok()?,
+            bytes_total: total.trim().parse().ok()?,
+        })
+    });
+    parsed.ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "after={text:?}: give the progress you have as BYTES_DONE/BYTES_TOTAL, like \
+             1048576/4194304 (0/0 before any)"
+        ))
+    })
+}
+
+/// Whether `image` is still BUILDING with the progress the caller has.
+fn unchanged(image: &ImageRecord, seen: ImageProgress) -> bool {
+    image.state == ImageState::Building
+        && image.bytes_done == seen.bytes_done
+        && image.bytes_total == seen.bytes_total
 }
 
 /// Marks the image DELETED (by digest: every one of the owner's images with that content) and

@@ -1,7 +1,8 @@
 //! Routes for batch jobs: `POST /v1/jobs` (submit), `GET /v1/jobs[?all=true]`,
 //! `GET /v1/jobs/{id}`, `POST /v1/jobs/{id}/cancel`, `POST /v1/jobs/{id}/halt` and
-//! `GET /v1/jobs/{id}/logs?offset=N`; and [`follow_reports`] and [`node_jobs`], the jobs' part of
-//! an agent's sync.
+//! `GET /v1/jobs/{id}/logs?offset=N[&wait=true]` (with `wait`, a long-poll answered once there
+//! is output from `N` or the output is complete); and [`follow_reports`] and [`node_jobs`], the
+//! jobs' part of an agent's sync.
 //!
 //! A job runs a READY frozen image its owner may run (their own, or one shared by its owner),
 //! named as `devctl image` names them (`name:version`, `login/name:version` or `sha256:`
@@ -9,6 +10,8 @@
 //! image is 404, someone else's private one 403. Like sessions, a user sees and changes only their
 //! own jobs (others' answer the same 404 as missing ones); admins see all. Every transition is
 //! decided by [`crate::domain::jobs`]; the scheduling loop starts, halts and cancels jobs.
+
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -35,6 +38,19 @@ pub async fn submit_job(
     caller: CurrentUser,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    if let Some(limits) = &state.config.limits {
+        if let Some(hit) = crate::domain::policy::limits::never_fits(
+            crate::domain::policy::limits::Kind::Job,
+            body.spec.gpus.count,
+            &caller.admitted.group,
+            limits,
+        ) {
+            return Err(ApiError::forbidden(format!(
+                "a job of {} GPUs can never run here: {hit}; ask for fewer",
+                body.spec.gpus.count
+            )));
+        }
+    }
     let lookup = body.spec.image.clone();
     let candidates = frozen_image_candidates(&state, &caller.user.dn, &lookup).await?;
     let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?.ok_or_else(|| {
@@ -147,35 +163,94 @@ pub async fn halt_job(
 pub struct LogQuery {
     #[serde(default)]
     offset: u64,
+    /// A long-poll: answer once output from `offset` exists or the output is complete, or when
+    /// `timeout` passes, whichever comes first.
+    #[serde(default)]
+    wait: bool,
+    /// How long `wait` waits, in seconds (default and maximum: [`MAX_LOG_WAIT`]).
+    timeout: Option<u64>,
 }
 
+/// The longest a logs long-poll waits.
+pub const MAX_LOG_WAIT: Duration = Duration::from_secs(60);
+
 /// The job's kept output from `offset` (at most [`LOG_READ_MAX`] bytes); `complete` when the
-/// job has ended, its output is all in and these bytes reach its end.
+/// job has ended, its output is all in and these bytes reach its end. With `wait`, a long-poll
+/// that `devctl job logs -f` follows: the agents' syncs append output and change jobs, then
+/// notify ([`crate::notify::Changes`]), and so do the scheduler and the owner's cancel and
+/// halt; an answer without new bytes that is not complete means the timeout passed.
 pub async fn job_logs(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<LogQuery>,
 ) -> Result<Json<LogChunk>, ApiError> {
-    let job = find_job(&state, &caller, &id).await?;
+    // Subscribed before the first read, so no report between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
+    let mut job = find_job(&state, &caller, &id).await?;
+    let wait = query
+        .timeout
+        .map_or(MAX_LOG_WAIT, Duration::from_secs)
+        .min(MAX_LOG_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let chunk = read_logs(&state, &job, query.offset).await?;
+        if !query.wait || !chunk.data.is_empty() || chunk.complete {
+            return Ok(Json(chunk));
+        }
+        // An ended job's output is complete when the agent says so or when `output_grace`
+        // passes, which nothing notifies: wake then too.
+        let until = match grace_left(&state, &job) {
+            Some(left) => deadline.min(tokio::time::Instant::now() + left),
+            None => deadline,
+        };
+        match tokio::time::timeout_at(until, changes.changed(None)).await {
+            Ok(true) => {}
+            // Shutting down: answer what there is.
+            Ok(false) => return Ok(Json(chunk)),
+            Err(_) if until >= deadline => {
+                return Ok(Json(read_logs(&state, &job, query.offset).await?))
+            }
+            Err(_) => {}
+        }
+        match state.store.job(job.id).await? {
+            Some(now) => job = now,
+            None => return Ok(Json(chunk)),
+        }
+    }
+}
+
+/// The output of `job` from `offset` as stored now.
+async fn read_logs(state: &AppState, job: &JobRecord, offset: u64) -> Result<LogChunk, ApiError> {
     let logs = JobLogs::new(state.config.job_log_dir.clone());
     let (data, size) = logs
-        .read(job.id, query.offset, LOG_READ_MAX)
+        .read(job.id, offset, LOG_READ_MAX)
         .await
         .map_err(|e| ApiError::internal(format!("reading the output of job {}: {e}", job.id)))?;
-    let end = query.offset.saturating_add(data.len() as u64) >= size;
-    let complete = end
-        && jobs::output_complete(
-            &job,
-            state.config.job_limits.output_grace,
-            state.clock.now(),
-        );
-    Ok(Json(LogChunk {
-        offset: query.offset,
+    let end = offset.saturating_add(data.len() as u64) >= size;
+    let complete =
+        end && jobs::output_complete(job, state.config.job_limits.output_grace, state.clock.now());
+    Ok(LogChunk {
+        offset,
         data,
         complete,
-    }))
+    })
 }
+
+/// How long until an ended job's output counts as complete without the agent saying so; `None`
+/// while it runs or once the agent said so.
+fn grace_left(state: &AppState, job: &JobRecord) -> Option<Duration> {
+    if job.log_complete {
+        return None;
+    }
+    let grace = chrono::TimeDelta::from_std(state.config.job_limits.output_grace).ok()?;
+    let left = job.finished_at()? + grace - state.clock.now();
+    // At least a little, so a clock a test holds still cannot make it spin.
+    Some(left.to_std().unwrap_or_default().max(GRACE_RECHECK))
+}
+
+/// The shortest wait for an output grace to end.
+const GRACE_RECHECK: Duration = Duration::from_millis(100);
 
 /// Applies an agent's reports of its jobs: output appended to the jobs' files, then the change
 /// [`jobs::follow_report`] decides, with the next job of the chain when it goes on. Reports of

@@ -760,3 +760,149 @@ async fn another_users_image_runs_only_while_its_owner_shares_it() {
     assert_eq!(m.bob.show("shared").await.image, docker_image);
     m.stop().await;
 }
+
+/// Far shorter than the image long-poll's timeout (60 s) and any periodic interval here (an
+/// hour between syncs; no agent runs): only the manager's push answers within it.
+const PUSHED_WITHIN: Duration = Duration::from_secs(5);
+
+/// `GET /v1/images/{reference}?after=DONE/TOTAL&timeout=S`, in its own task.
+fn image_wait(api: &Api, reference: &str, after: &str, timeout: u64) -> JoinHandle<ImageView> {
+    let request = api
+        .get(&format!(
+            "/v1/images/{reference}?after={after}&timeout={timeout}"
+        ))
+        .timeout(Duration::from_secs(timeout + 30));
+    tokio::spawn(async move {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.unwrap()
+    })
+}
+
+fn progress(image: &ImageView) -> (u64, u64) {
+    let p = image.progress.expect("a BUILDING image has progress");
+    (p.bytes_done, p.bytes_total)
+}
+
+#[tokio::test]
+async fn a_freeze_wait_is_answered_by_the_agents_report_and_only_by_a_change() {
+    let site = Site::new();
+    let mut config = site.config.clone();
+    config.sync_interval = Duration::from_secs(3600);
+    let m = site.start_with(config, None).await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    let session = m.alice.create(Some("train1"), one_gpu()).await;
+    m.alice.wait_for("train1", SessionState::Starting).await;
+    let running = vec![container(&session, ContainerState::Running, None)];
+    report(&m, &gpus, running.clone(), vec![]).await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+    let image: ImageView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/images", &freeze("train1", "mymodel:v1", false)),
+        )
+        .await;
+    assert_eq!(progress(&image), (0, 0));
+    let at = |done: u64, total: u64| FreezeProgress::Running {
+        image_id: image.id,
+        bytes_done: done,
+        bytes_total: total,
+    };
+
+    // Nothing changes: the wait takes its whole timeout and answers the image as it is.
+    let started = tokio::time::Instant::now();
+    let same = image_wait(&m.alice, "mymodel:v1", "0/0", 1).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1), "it waited");
+    assert_eq!(
+        (same.state, progress(&same)),
+        (ImageState::Building, (0, 0))
+    );
+    // Progress the caller does not have is answered at once.
+    let at_once = tokio::time::timeout(
+        PUSHED_WITHIN,
+        image_wait(&m.alice, "mymodel:v1", "5/10", 60),
+    )
+    .await
+    .expect("a different progress is answered at once")
+    .unwrap();
+    assert_eq!(progress(&at_once), (0, 0));
+
+    // The agent's report of the estimated total answers the wait.
+    let waiting = image_wait(&m.alice, "mymodel:v1", "0/0", 60);
+    report(&m, &gpus, running.clone(), vec![at(0, 4096)]).await;
+    let view = tokio::time::timeout(PUSHED_WITHIN, waiting)
+        .await
+        .expect("the agent's progress report answered the wait")
+        .unwrap();
+    assert_eq!(progress(&view), (0, 4096));
+
+    // A sync that reports the same progress (it notifies) does not answer it: the waiter looks
+    // again and keeps waiting until its timeout.
+    let started = tokio::time::Instant::now();
+    let waiting = image_wait(&m.alice, "mymodel:v1", "0/4096", 2);
+    report(&m, &gpus, running.clone(), vec![at(0, 4096)]).await;
+    let view = waiting.await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "answered without a change after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(progress(&view), (0, 4096));
+
+    // Bytes read answer it; so does the end of the freeze.
+    let waiting = image_wait(&m.alice, "mymodel:v1", "0/4096", 60);
+    report(&m, &gpus, running.clone(), vec![at(1024, 4096)]).await;
+    let view = tokio::time::timeout(PUSHED_WITHIN, waiting)
+        .await
+        .expect("the agent's progress report answered the wait")
+        .unwrap();
+    assert_eq!(progress(&view), (1024, 4096));
+    let waiting = image_wait(&m.alice, "mymodel:v1", "1024/4096", 60);
+    let done = FreezeProgress::Done {
+        image_id: image.id,
+        digest: format!("sha256:{}", "ab".repeat(32)),
+        size: 4000,
+        sif_path: "/store/sha256/ab.sif".to_owned(),
+        docker_image: "ongrid/alice-smith/mymodel:v1".to_owned(),
+    };
+    report(&m, &gpus, running.clone(), vec![done]).await;
+    let view = tokio::time::timeout(PUSHED_WITHIN, waiting)
+        .await
+        .expect("the agent's report of the finished freeze answered the wait")
+        .unwrap();
+    assert_eq!(view.state, ImageState::Ready);
+    assert_eq!(view.size, Some(4000));
+    // A finished image is answered at once, whatever the caller has.
+    let ready = tokio::time::timeout(
+        PUSHED_WITHIN,
+        image_wait(&m.alice, "mymodel:v1", "1024/4096", 60),
+    )
+    .await
+    .expect("a READY image is answered at once")
+    .unwrap();
+    assert_eq!(ready.state, ImageState::Ready);
+
+    let refused = m
+        .alice
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.alice.get("/v1/images/mymodel:v1?after=half"),
+        )
+        .await;
+    assert!(
+        refused.error.message.contains("BYTES_DONE/BYTES_TOTAL"),
+        "{}",
+        refused.error.message
+    );
+    // Bob waits on nothing of Alice's.
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.get("/v1/images/mymodel:v1?after=0/0&timeout=60"),
+        )
+        .await;
+    m.stop().await;
+}

@@ -365,3 +365,153 @@ async fn jobs_run_report_halt_restart_and_stay_private() {
     assert_eq!(m.alice.job(&next_id).await.state, JobState::Cancelled);
     m.stop().await;
 }
+
+/// Far shorter than the logs long-poll's timeout (60 s) and any periodic interval here (an hour
+/// between syncs and scheduling rounds; no agent runs): only the manager's push answers within it.
+const PUSHED_WITHIN: Duration = Duration::from_secs(5);
+
+/// `GET /v1/jobs/{id}/logs?offset=N&wait=true&timeout=S`, in its own task.
+fn logs_wait(api: &Api, id: &str, offset: u64, timeout: u64) -> JoinHandle<LogChunk> {
+    let request = api
+        .get(&format!(
+            "/v1/jobs/{id}/logs?offset={offset}&wait=true&timeout={timeout}"
+        ))
+        .timeout(Duration::from_secs(timeout + 30));
+    tokio::spawn(async move {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.unwrap()
+    })
+}
+
+#[tokio::test]
+async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
+    let site = Site::new();
+    let mut config = site.config.clone();
+    config.sync_interval = Duration::from_secs(3600);
+    config.job_limits.output_grace = Duration::from_secs(2);
+    let m = site.start_with(config, None).await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    frozen_image(&m, &gpus).await;
+    let job: JobView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/jobs", &submit("mymodel:v1", false)),
+        )
+        .await;
+    let id = job.id.to_string();
+    m.alice.wait_for_job(&id, JobState::Running).await;
+    let running = |log: Option<LogChunk>| ObservedJob {
+        job_id: job.id,
+        status: ObservedJobStatus::Running {
+            started_at: Utc::now(),
+        },
+        log,
+    };
+    let output = |offset: u64, data: &[u8], complete: bool| LogChunk {
+        offset,
+        data: data.to_vec(),
+        complete,
+    };
+
+    // No output: the wait takes its whole timeout and answers nothing, not complete.
+    let started = tokio::time::Instant::now();
+    let empty = logs_wait(&m.alice, &id, 0, 1).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1), "it waited");
+    assert_eq!((empty.data.len(), empty.complete), (0, false));
+
+    // The agent's report of output answers it.
+    let waiting = logs_wait(&m.alice, &id, 0, 60);
+    report(
+        &m,
+        &gpus,
+        vec![],
+        vec![running(Some(output(0, b"epoch 1\n", false)))],
+    )
+    .await;
+    let chunk = tokio::time::timeout(PUSHED_WITHIN, waiting)
+        .await
+        .expect("the agent's output answered the wait")
+        .unwrap();
+    assert_eq!(
+        (chunk.offset, chunk.data.as_slice()),
+        (0, &b"epoch 1\n"[..])
+    );
+    assert!(!chunk.complete);
+
+    // A sync without new output (it notifies) does not answer a wait past the end.
+    let started = tokio::time::Instant::now();
+    let waiting = logs_wait(&m.alice, &id, 8, 2);
+    report(&m, &gpus, vec![], vec![running(None)]).await;
+    let chunk = waiting.await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "answered without output after {:?}",
+        started.elapsed()
+    );
+    assert_eq!((chunk.data.len(), chunk.complete), (0, false));
+
+    // The job's end with its last output answers it, complete.
+    let waiting = logs_wait(&m.alice, &id, 8, 60);
+    let last = ObservedJob {
+        job_id: job.id,
+        status: exited(0, false),
+        log: Some(output(8, b"done\n", true)),
+    };
+    report(&m, &gpus, vec![], vec![last]).await;
+    let chunk = tokio::time::timeout(PUSHED_WITHIN, waiting)
+        .await
+        .expect("the agent's report of the end answered the wait")
+        .unwrap();
+    assert_eq!(chunk.data, b"done\n");
+    assert!(chunk.complete);
+    let end = tokio::time::timeout(PUSHED_WITHIN, logs_wait(&m.alice, &id, 13, 60))
+        .await
+        .expect("complete output is answered at once")
+        .unwrap();
+    assert_eq!((end.data.len(), end.complete), (0, true));
+
+    // A job its owner cancels ends with no word from the agent: its output counts as complete
+    // when the output grace (2 s here) has passed, and the wait answers then, not before.
+    let second: JobView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/jobs", &submit("mymodel:v1", false)),
+        )
+        .await;
+    let second_id = second.id.to_string();
+    m.alice.wait_for_job(&second_id, JobState::Running).await;
+    let waiting = logs_wait(&m.alice, &second_id, 0, 60);
+    let cancelled_at = tokio::time::Instant::now();
+    let cancelled: JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{second_id}/cancel"), &()),
+        )
+        .await;
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    let chunk = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the end of the output grace answered the wait")
+        .unwrap();
+    assert!(
+        cancelled_at.elapsed() >= Duration::from_millis(1500),
+        "answered before the output grace passed: {:?}",
+        cancelled_at.elapsed()
+    );
+    assert_eq!((chunk.data.len(), chunk.complete), (0, true));
+
+    // Bob waits on nothing of Alice's.
+    m.bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob
+                .get(&format!("/v1/jobs/{id}/logs?wait=true&timeout=60")),
+        )
+        .await;
+    m.stop().await;
+}
