@@ -64,7 +64,16 @@ pub fn render(nodes: &[NodeView], width: Option<u16>) -> String {
                 gpu.info.capability.to_string(),
                 gpu.info.memory.to_string(),
                 gpu.mode.to_string(),
-                format!("{}/{}", gpu.used, gpu.mode.capacity()),
+                // In MIG mode its places are its devices.
+                format!(
+                    "{}/{}",
+                    gpu.used,
+                    if gpu.mode.mig_layout().is_some() {
+                        u32::try_from(gpu.info.mig_devices.len()).unwrap_or(u32::MAX)
+                    } else {
+                        gpu.mode.capacity()
+                    }
+                ),
                 gpu.free.to_string(),
                 health(node, gpu),
                 if sessions.is_empty() {

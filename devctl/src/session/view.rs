@@ -69,6 +69,7 @@ pub async fn wait_for(
 /// A request in words: `2 GPUs, capability ≥ 8.0, memory ≥ 40 GB, whole GPUs only`.
 pub fn describe_request(request: &GpuRequest) -> String {
     let mut out = match request.count {
+        1 if request.sharing.mig().is_some() => "1 MIG device".to_owned(),
         1 => "1 GPU".to_owned(),
         n => format!("{n} GPUs"),
     };
@@ -83,7 +84,7 @@ pub fn describe_request(request: &GpuRequest) -> String {
         Sharing::Shared => out.push_str(", shared GPUs only"),
         Sharing::Any => out.push_str(", whole or shared"),
         Sharing::Mig(profile) => {
-            let _ = write!(out, ", a MIG {profile} device or larger");
+            let _ = write!(out, ", {profile} or larger");
         }
     }
     out

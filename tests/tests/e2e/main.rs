@@ -6,6 +6,7 @@ mod identity;
 mod jobs;
 mod lifecycle;
 mod metrics;
+mod mig;
 mod nodes;
 mod sessions;
 mod policy;
