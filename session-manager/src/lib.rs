@@ -206,7 +206,8 @@ impl Manager {
             .with_changes(changes.clone()),
         );
         tracker.spawn(freezes.run(shutdown.clone()));
-        let exporter = metrics::ManagerExporter::new(store.clone());
+        let exporter = metrics::ManagerExporter::new(store.clone())
+            .with_fair_share(config.fair_share.clone(), self.clock.clone());
         tracker.spawn(ongrid_service::metrics::serve_if_bound(
             metrics_listener,
             Arc::new(exporter),

@@ -12,6 +12,7 @@
 //! site's few; no DN, user, session or node name is ever a label.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
@@ -30,6 +31,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::clock::Clock;
+use crate::domain::policy::fairshare::FairShareConfig;
 use crate::domain::sessions::SessionRecord;
 use crate::store::{JobFilter, NodeRecord, SessionFilter, Store};
 
@@ -76,6 +79,12 @@ pub struct MigLabels {
     pub profile: String,
     /// `used` (a session or job holds it) or `free`.
     pub r#use: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct GroupLabels {
+    /// An accounting group of the site's `[policy]` and `[fairshare]`.
+    pub group: String,
 }
 
 /// The events the manager counts where they happen.
@@ -211,6 +220,10 @@ pub struct ManagerExporter {
     gpus: Family<GpuLabels, Gauge>,
     mig_devices: Family<MigLabels, Gauge>,
     nodes: Gauge,
+    /// `[fairshare]` and the clock its decay is computed with; `None`: off.
+    fair_share: Option<(FairShareConfig, Arc<dyn Clock>)>,
+    fair_share_usage: Family<GroupLabels, Gauge<f64, AtomicU64>>,
+    fair_share_factor: Family<GroupLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl ManagerExporter {
@@ -220,6 +233,8 @@ impl ManagerExporter {
         let jobs = Family::<StateLabels, Gauge>::default();
         let gpus = Family::<GpuLabels, Gauge>::default();
         let mig_devices = Family::<MigLabels, Gauge>::default();
+        let fair_share_usage = Family::<GroupLabels, Gauge<f64, AtomicU64>>::default();
+        let fair_share_factor = Family::<GroupLabels, Gauge<f64, AtomicU64>>::default();
         let nodes = Gauge::default();
         registry.register("sessions", "Sessions by state", sessions.clone());
         registry.register("jobs", "Batch jobs by state", jobs.clone());
@@ -235,6 +250,16 @@ impl ManagerExporter {
             mig_devices.clone(),
         );
         registry.register("nodes", "Registered nodes", nodes.clone());
+        registry.register(
+            "fair_share_usage",
+            "Decayed cost-weighted GPU-hours of each accounting group's users (as devctl share)",
+            fair_share_usage.clone(),
+        );
+        registry.register(
+            "fair_share_factor",
+            "Each accounting group's fair-share factor: 1 unused, 0.5 at its share, less above",
+            fair_share_factor.clone(),
+        );
         let events = events();
         registry.register(
             "http_requests",
@@ -277,7 +302,20 @@ impl ManagerExporter {
             gpus,
             mig_devices,
             nodes,
+            fair_share: None,
+            fair_share_usage,
+            fair_share_factor,
         }
+    }
+
+    /// Exports each accounting group's fair-share usage and factor when `config` is set.
+    pub fn with_fair_share(
+        mut self,
+        config: Option<FairShareConfig>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        self.fair_share = config.map(|config| (config, clock));
+        self
     }
 
     async fn read_store(&self) -> Result<(), crate::store::StoreError> {
@@ -336,6 +374,24 @@ impl ManagerExporter {
                 .set(count);
         }
         self.nodes.set(nodes.len() as i64);
+
+        if let Some((config, clock)) = &self.fair_share {
+            let accounts = self.store.usage_accounts().await?;
+            let standings = crate::fair_share::current(&accounts, config, clock.now());
+            self.fair_share_usage.clear();
+            self.fair_share_factor.clear();
+            for standing in standings {
+                let labels = GroupLabels {
+                    group: standing.group.to_string(),
+                };
+                self.fair_share_usage
+                    .get_or_create(&labels)
+                    .set(standing.usage);
+                self.fair_share_factor
+                    .get_or_create(&labels)
+                    .set(standing.factor);
+            }
+        }
         Ok(())
     }
 }
@@ -473,6 +529,45 @@ mod tests {
             memory: MemorySize::from_mib(9_728),
             parent,
         }
+    }
+
+    #[tokio::test]
+    async fn fair_share_usage_and_factor_per_group() {
+        use crate::domain::policy::fairshare::Account;
+        use crate::domain::policy::GroupName;
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            crate::store::SqliteStore::open(&dir.path().join("m.db"))
+                .await
+                .unwrap(),
+        );
+        let now = chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(20_000);
+        let dn = ongrid_core::Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap();
+        store.user(&dn, 20_000).await.unwrap();
+        let account = Account {
+            user: dn,
+            group: GroupName::parse("cms").unwrap(),
+            usage: 2.0,
+            updated_at: now,
+        };
+        store.save_usage(&[account]).await.unwrap();
+        let exporter = ManagerExporter::new(store).with_fair_share(
+            Some(FairShareConfig::default()),
+            Arc::new(crate::clock::ManualClock::new(now)),
+        );
+        exporter.refresh().await;
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
+            .unwrap();
+        assert!(
+            text.contains("\nongrid_fair_share_usage{group=\"cms\"} 2.0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nongrid_fair_share_factor{group=\"cms\"} 0.5\n"),
+            "{text}"
+        );
     }
 
     #[test]
