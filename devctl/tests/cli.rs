@@ -1391,9 +1391,10 @@ async fn image_commands_send_their_routes_and_bodies() {
                 Answer::with_status("201 Created", &image_view(ImageState::Building)),
                 Answer::ok(&image_view(ImageState::Ready)),
             ],
+            // The manager waits: the request names the progress devctl has (none yet).
             sent: vec![
                 Sent::new("POST", "/v1/images").json(&create(true, Compression::Zstd)),
-                Sent::new("GET", "/v1/images/mymodel:v1"),
+                Sent::new("GET", "/v1/images/mymodel:v1?after=0%2F0&timeout=20"),
             ],
             stdout: "image mymodel:v1 is READY\n  SIF:          /images/sha256/98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229.sif\n  digest:       sha256:98fbda8214f8eb5cf69a46a4e0318c561d172754e49e6d6e3ac8d585285e0229\n  size:         79.2 MiB\n  Docker image: ongrid/alice-smith/mymodel:v1 (on node node1)\n",
         },
@@ -1512,7 +1513,26 @@ async fn a_failed_freeze_says_why_and_shows_its_progress_on_stderr() {
           full: free space or ask the admin"
         ]
     );
-    assert_eq!(manager.sent().len(), 3);
+    // Each wait names the progress shown so far; no request is repeated unchanged.
+    let targets: Vec<(&str, String)> = manager
+        .sent()
+        .into_iter()
+        .map(|sent| (sent.method, sent.target))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            ("POST", "/v1/images".to_owned()),
+            (
+                "GET",
+                "/v1/images/mymodel:v1?after=0%2F0&timeout=20".to_owned()
+            ),
+            (
+                "GET",
+                "/v1/images/mymodel:v1?after=52428800%2F104857600&timeout=20".to_owned()
+            ),
+        ]
+    );
 }
 
 const JOB_ID: &str = "5d2c1f3e-8a4b-4c6d-9e0f-1a2b3c4d5e6f";
@@ -1644,10 +1664,17 @@ async fn job_commands_send_their_routes_and_bodies() {
         },
         Case {
             args: &["job", "logs", "-f", JOB_ID],
+            // The first request answers at once; then the manager waits for more, and a wait
+            // that ends without output (its timeout) is asked again from the same offset.
             answers: vec![
                 Answer::ok(&LogChunk {
                     offset: 0,
                     data: b"epoch 1\n".to_vec(),
+                    complete: false,
+                }),
+                Answer::ok(&LogChunk {
+                    offset: 8,
+                    data: Vec::new(),
                     complete: false,
                 }),
                 Answer::ok(&LogChunk {
@@ -1658,9 +1685,29 @@ async fn job_commands_send_their_routes_and_bodies() {
             ],
             sent: vec![
                 Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=0")),
-                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=8")),
+                Sent::new(
+                    "GET",
+                    &format!("/v1/jobs/{JOB_ID}/logs?offset=8&wait=true&timeout=20"),
+                ),
+                Sent::new(
+                    "GET",
+                    &format!("/v1/jobs/{JOB_ID}/logs?offset=8&wait=true&timeout=20"),
+                ),
             ],
             stdout: "epoch 1\nepoch 2\n",
+        },
+        Case {
+            args: &["job", "logs", JOB_ID],
+            answers: vec![Answer::ok(&LogChunk {
+                offset: 0,
+                data: b"epoch 1\n".to_vec(),
+                complete: false,
+            })],
+            sent: vec![Sent::new(
+                "GET",
+                &format!("/v1/jobs/{JOB_ID}/logs?offset=0"),
+            )],
+            stdout: "epoch 1\n",
         },
     ];
     for case in cases {
