@@ -1,7 +1,9 @@
 //! `devctl freeze SESSION --tag NAME:VERSION`: asks the manager for an image
-//! (`POST /v1/images`), then polls it (`GET /v1/images/{name:version}`) once a second until it
-//! is READY or FAILED, showing the progress on stderr. The result (SIF path, digest, size,
-//! Docker image) goes to stdout, or the image as JSON with `--json`.
+//! (`POST /v1/images`), then follows it until it is READY or FAILED, showing the progress on
+//! stderr. The manager does the waiting: `GET /v1/images/{name:version}?after=DONE/TOTAL&timeout=`
+//! answers as soon as the agent's report changes the image's state or progress, so devctl never
+//! sleeps between requests. The result (SIF path, digest, size, Docker image) goes to stdout,
+//! or the image as JSON with `--json`.
 
 use std::time::{Duration, Instant};
 
@@ -12,14 +14,14 @@ use ongrid_core::image::{
 };
 use ongrid_core::SessionName;
 
-use super::catalog::fetch;
+use super::catalog::path_segment;
 use super::progress::Progress;
-use crate::client::Client;
+use crate::client::{Client, ClientError};
 use crate::format::{format_bytes, or_dash};
 use crate::terminal::Terminal;
 
-/// How often `freeze` asks the manager about the image.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest one wait asks the manager for: well within devctl's request timeout.
+pub const WAIT_STEP: Duration = Duration::from_secs(20);
 /// How often `freeze` prints a progress line when stderr is not a terminal.
 const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -98,7 +100,8 @@ pub async fn run(args: FreezeArgs, client: &Client, term: &mut Terminal<'_>) -> 
     }
 }
 
-/// Polls the image every [`POLL_INTERVAL`] while it is BUILDING, showing its progress.
+/// Follows the image while it is BUILDING, showing its progress: each request names the
+/// progress shown so far and the manager answers when it changed (or after [`WAIT_STEP`]).
 async fn wait_until_built(
     mut image: ImageView,
     client: &Client,
@@ -107,18 +110,40 @@ async fn wait_until_built(
 ) -> anyhow::Result<ImageView> {
     let reference = image.reference.to_string();
     while image.state == ImageState::Building {
-        tokio::time::sleep(POLL_INTERVAL).await;
-        image = fetch(client, &reference, None).await?;
+        let seen = building_progress(&image);
+        image = wait_for_change(client, &reference, seen, WAIT_STEP).await?;
         // A finished image carries no progress: the display keeps the last one reported.
         if image.state == ImageState::Building {
-            let reported = image.progress.unwrap_or(ImageProgress {
-                bytes_done: 0,
-                bytes_total: 0,
-            });
-            progress.update(reported, Instant::now(), &mut *term.note);
+            progress.update(building_progress(&image), Instant::now(), &mut *term.note);
         }
     }
     Ok(image)
+}
+
+/// A BUILDING image's progress; none reported yet is 0 of an unknown total.
+fn building_progress(image: &ImageView) -> ImageProgress {
+    image.progress.unwrap_or(ImageProgress {
+        bytes_done: 0,
+        bytes_total: 0,
+    })
+}
+
+/// `GET /v1/images/{reference}?after=DONE/TOTAL&timeout=SECONDS`: the image once it is no
+/// longer BUILDING or its progress is not `seen`, or as it is after `wait` (whole seconds).
+pub async fn wait_for_change(
+    client: &Client,
+    reference: &str,
+    seen: ImageProgress,
+    wait: Duration,
+) -> Result<ImageView, ClientError> {
+    client
+        .get(&format!("v1/images/{}", path_segment(reference)))
+        .query(&[
+            ("after", format!("{}/{}", seen.bytes_done, seen.bytes_total)),
+            ("timeout", wait.as_secs().max(1).to_string()),
+        ])
+        .send()
+        .await
 }
 
 /// What `freeze` prints when the image is READY.

@@ -1,7 +1,9 @@
 //! `devctl job logs ID [-f]` (`GET /v1/jobs/{id}/logs?offset=N`): the job's kept output, stdout
 //! and stderr in the order they came, at most 16 MiB per job (the manager drops the rest and
-//! says so in one line). `-f` polls the route from the last offset until the output is
-//! complete (the job has ended and everything is in).
+//! says so in one line). `-f` follows the output until it is complete (the job has ended and
+//! everything is in) with the manager doing the waiting: `?offset=N&wait=true&timeout=` answers
+//! as soon as the agent's report brings output past `N` or the output is complete, so devctl
+//! never sleeps between requests.
 
 use std::time::Duration;
 
@@ -11,8 +13,8 @@ use ongrid_core::job::{JobId, LogChunk, JOB_LOG_CAP};
 use crate::client::Client;
 use crate::terminal::Terminal;
 
-/// How often `-f` asks for more.
-const POLL: Duration = Duration::from_secs(1);
+/// The longest one wait of `-f` asks the manager for: well within devctl's request timeout.
+pub const WAIT_STEP: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Clone, Args)]
 pub struct JobLogsArgs {
@@ -34,15 +36,27 @@ pub async fn run(
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
     let mut offset = 0u64;
+    // The first request answers at once, also without `-f`.
+    let mut wait = false;
     loop {
-        let chunk: LogChunk = client
-            .get(&format!("v1/jobs/{}/logs", args.id))
-            .query(&[("offset", offset)])
-            .send()
-            .await?;
+        let route = format!("v1/jobs/{}/logs", args.id);
+        let request = client.get(&route).query(&[("offset", offset)]);
+        let request = if wait {
+            request.query(&[
+                ("wait", "true".to_owned()),
+                ("timeout", WAIT_STEP.as_secs().to_string()),
+            ])
+        } else {
+            request
+        };
+        let chunk: LogChunk = request.send().await?;
         offset += chunk.data.len() as u64;
+        // An answer without output that is not complete: the wait's timeout passed.
+        let nothing = chunk.data.is_empty() && !chunk.complete;
         if args.json {
-            term.json(&chunk)?;
+            if !(wait && nothing) {
+                term.json(&chunk)?;
+            }
         } else {
             term.out.write_all(&chunk.data)?;
             term.out.flush()?;
@@ -56,8 +70,7 @@ pub async fn run(
         if chunk.complete || !args.follow {
             return Ok(());
         }
-        if chunk.data.is_empty() {
-            tokio::time::sleep(POLL).await;
-        }
+        // From now on the manager answers when there is more (at once when there is already).
+        wait = true;
     }
 }

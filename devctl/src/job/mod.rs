@@ -3,7 +3,8 @@
 //!
 //! - [`submit`]: `job submit`, from flags or a job file; both are core's `JobSpecFile`.
 //! - [`catalog`]: `job ls|show|cancel|halt`, and how a job is described.
-//! - [`logs`]: `job logs [-f]`, the job's kept output, followed by polling until complete.
+//! - [`logs`]: `job logs [-f]`, the job's kept output, followed on the manager's long-poll until
+//!   complete.
 
 pub mod catalog;
 pub mod logs;
