@@ -85,10 +85,13 @@ pub async fn create_session(
     let positions = state.queue_positions().await?;
     let transitions = state.store.transitions(session.id).await?;
     let position = positions.get(&session.id).copied();
-    Ok((
-        StatusCode::CREATED,
-        Json(session_view(session, position, transitions)),
-    ))
+    let mut view = session_view(session, position, transitions);
+    if view.state == SessionState::Pending {
+        if let Some(why) = super::views::out_of_service(&site, &view.request) {
+            view.reason = format!("{}; {why}", view.reason);
+        }
+    }
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 /// The Docker image the new session runs: a site image, or a frozen image the caller may run

@@ -48,7 +48,62 @@ pub async fn full_session_view(
     let lifecycle = lifecycle_view(state, &session).await?;
     let mut view = session_view(session, position, transitions);
     view.lifecycle = lifecycle;
+    if view.state == SessionState::Pending {
+        if let Some(why) = out_of_service(&state.site().await?, &view.request) {
+            view.reason = format!("{}; {why}", view.reason);
+        }
+    }
     Ok(view)
+}
+
+/// For a PENDING session: the GPUs that would fit `request` but are out of service (drained,
+/// unhealthy, or on a drained or offline node), in words, when there are any: `waits: GPUs that
+/// fit it are out of service (2 fit in all): GPU-... on node1 drained ... by alice: fan noise`.
+pub fn out_of_service(
+    site: &crate::site::SiteSnapshot,
+    request: &ongrid_core::GpuRequest,
+) -> Option<String> {
+    let fits = |gpu: &crate::store::GpuRecord| match request.sharing.mig() {
+        Some(wanted) => {
+            gpu.mode.mig_layout().is_some()
+                && gpu.info.mig_devices.iter().any(|d| d.profile.covers(wanted))
+        }
+        None => request.fits(gpu.info.capability, gpu.info.memory, gpu.mode),
+    };
+    let mut fitting = 0;
+    let mut out = Vec::new();
+    for node in &site.nodes {
+        for gpu in node.gpus.iter().filter(|g| fits(g)) {
+            fitting += 1;
+            let why = if let Some(drain) = &node.drain {
+                format!("node {} {}", node.name, drain.sentence())
+            } else if !site.is_online(node) {
+                format!("node {} is offline", node.name)
+            } else if let Some(drain) = &gpu.drain {
+                format!("{} on {} {}", gpu.info.uuid, node.name, drain.sentence())
+            } else if let Some(problem) = gpu.info.health.problem() {
+                format!("{} on {} is {problem}", gpu.info.uuid, node.name)
+            } else {
+                continue;
+            };
+            if !out.contains(&why) {
+                out.push(why);
+            }
+        }
+    }
+    if out.is_empty() {
+        return None;
+    }
+    let shown = out.len().min(3);
+    let more = if out.len() > shown {
+        format!(" (and {} more)", out.len() - shown)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "waits: GPUs that fit it are out of service ({fitting} fit in all): {}{more}",
+        out[..shown].join("; ")
+    ))
 }
 
 /// The lifecycle part of a session's view: for live and HELD sessions.

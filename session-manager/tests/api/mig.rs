@@ -192,3 +192,31 @@ async fn sessions_get_mig_devices_of_the_admins_layout() {
         Some("big")
     );
 }
+
+#[tokio::test]
+async fn a_queued_session_says_when_drained_gpus_are_why_it_waits() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let drain = ongrid_core::api::DrainRequest {
+        reason: Some("fan noise".to_owned()),
+    };
+    let _: GpuView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin
+                .post(&format!("/v1/gpus/{}/drain", a100(1).uuid), &drain),
+        )
+        .await;
+    let queued = m.alice.create(Some("queued"), one_gpu()).await;
+    assert_eq!(queued.state, SessionState::Pending);
+    let expected = format!(
+        "waits: GPUs that fit it are out of service (1 fit in all): {} on node1 drained ",
+        a100(1).uuid
+    );
+    assert!(queued.reason.contains(&expected), "{}", queued.reason);
+    assert!(queued.reason.ends_with(": fan noise"), "{}", queued.reason);
+    let shown = m.alice.show("queued").await;
+    assert!(shown.reason.contains(&expected), "{}", shown.reason);
+}
