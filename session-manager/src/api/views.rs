@@ -66,7 +66,11 @@ pub fn out_of_service(
     let fits = |gpu: &crate::store::GpuRecord| match request.sharing.mig() {
         Some(wanted) => {
             gpu.mode.mig_layout().is_some()
-                && gpu.info.mig_devices.iter().any(|d| d.profile.covers(wanted))
+                && gpu
+                    .info
+                    .mig_devices
+                    .iter()
+                    .any(|d| d.profile.covers(wanted))
         }
         None => request.fits(gpu.info.capability, gpu.info.memory, gpu.mode),
     };
