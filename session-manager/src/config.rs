@@ -108,6 +108,9 @@ pub struct RawConfig {
     /// `[fairshare]`: who goes first among waiting requests. Absent: first come, first served.
     #[serde(default)]
     pub fairshare: Option<policy::RawFairShare>,
+    /// `[limits]`: the most GPUs and sessions each user and group may hold at once.
+    #[serde(default)]
+    pub limits: Option<policy::RawLimits>,
     /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
@@ -229,6 +232,8 @@ pub struct Config {
     pub admission: Admission,
     /// `[fairshare]`; `None`: first come, first served.
     pub fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
+    /// `[limits]`; `None`: none.
+    pub limits: Option<crate::domain::policy::limits::LimitsConfig>,
     /// The metrics and health listener; `None`: none.
     pub metrics: Option<MetricsConfig>,
 }
@@ -329,6 +334,12 @@ impl Validator<'_> {
             .fairshare
             .as_ref()
             .map(policy::fair_share)
+            .transpose()
+            .map_err(|(key, message)| self.invalid(&key, message))?;
+        let limits = raw
+            .limits
+            .as_ref()
+            .map(policy::limits)
             .transpose()
             .map_err(|(key, message)| self.invalid(&key, message))?;
         if let Some(path) = &raw.vomsdir {
@@ -492,6 +503,7 @@ impl Validator<'_> {
             job_log_dir,
             admission,
             fair_share,
+            limits,
         })
     }
 }

@@ -29,6 +29,7 @@ pub mod hold_timer;
 pub mod image_files;
 pub mod job_logs;
 pub mod keys;
+pub mod limit_check;
 pub mod metrics;
 pub mod notify;
 pub mod scheduler;
@@ -177,7 +178,8 @@ impl Manager {
             .with_changes(changes.clone())
             .with_job_limits(config.job_limits)
             .with_auto_undrain(config.auto_undrain)
-            .with_fair_share(config.fair_share.clone()),
+            .with_fair_share(config.fair_share.clone())
+            .with_limits(config.limits.clone()),
         );
         tracker.spawn(
             scheduler

@@ -80,6 +80,10 @@ pub struct Scheduler {
     auto_undrain: bool,
     /// `[fairshare]`: charge usage every round and order each class of requests by it.
     fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
+    /// `[limits]`: requests over a user's or group's maximum wait.
+    limits: Option<crate::domain::policy::limits::LimitsConfig>,
+    /// What each request held back by a limit was last told (logged when it changes).
+    limit_waits: std::sync::Mutex<HashMap<crate::limit_check::Waiting, String>>,
 }
 
 impl Scheduler {
@@ -100,7 +104,26 @@ impl Scheduler {
             job_limits: jobs::JobLimits::default(),
             auto_undrain: false,
             fair_share: None,
+            limits: None,
+            limit_waits: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Holds back requests over `[limits]`; `None`: no limits.
+    pub fn with_limits(
+        mut self,
+        limits: Option<crate::domain::policy::limits::LimitsConfig>,
+    ) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Why a waiting session or job is held back by a limit, if it is.
+    pub fn limit_wait(&self, waiting: crate::limit_check::Waiting) -> Option<String> {
+        self.limit_waits
+            .lock()
+            .ok()
+            .and_then(|waits| waits.get(&waiting).cloned())
     }
 
     /// Orders waiting requests by fair share (`[fairshare]`); `None`: first come, first served.
@@ -272,6 +295,25 @@ impl Scheduler {
         if let (Some(config), Some(accounts)) = (&self.fair_share, &accounts) {
             let standings = crate::domain::policy::fairshare::standings(accounts, config);
             crate::fair_share::prioritise(&mut state, accounts, &standings, &pending, &site.jobs);
+        }
+        if let Some(limits) = &self.limits {
+            let accounts = match accounts {
+                Some(accounts) => accounts,
+                None => self.store.usage_accounts().await?,
+            };
+            let held_back =
+                crate::limit_check::hold_back(&mut state, limits, &accounts, &site, &pending);
+            if let Ok(mut waits) = self.limit_waits.lock() {
+                let mut now_waiting = HashMap::new();
+                for (waiting, hit) in held_back {
+                    let reason = hit.to_string();
+                    if waits.get(&waiting) != Some(&reason) {
+                        tracing::info!(?waiting, %reason, "Request waits for a limit.");
+                    }
+                    now_waiting.insert(waiting, reason);
+                }
+                *waits = now_waiting;
+            }
         }
         let planning = std::time::Instant::now();
         let actions = ongrid_scheduler::plan(&state, now);

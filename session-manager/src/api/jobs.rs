@@ -46,8 +46,10 @@ pub async fn submit_job(
             limits,
         ) {
             return Err(ApiError::forbidden(format!(
-                "a job of {} GPUs can never run here: {hit}; ask for fewer",
-                body.spec.gpus.count
+                "a job of {} GPUs can never run here: {}; ask for at most {}",
+                body.spec.gpus.count,
+                hit.rule(),
+                hit.max
             )));
         }
     }

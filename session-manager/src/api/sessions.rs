@@ -33,6 +33,21 @@ pub async fn create_session(
     body.gpus
         .validate()
         .map_err(|e| ApiError::bad_request(format!("gpus.count: {e}")))?;
+    if let Some(limits) = &state.config.limits {
+        if let Some(hit) = crate::domain::policy::limits::never_fits(
+            crate::domain::policy::limits::Kind::Session,
+            body.gpus.count,
+            &caller.admitted.group,
+            limits,
+        ) {
+            return Err(ApiError::forbidden(format!(
+                "a session of {} GPUs can never run here: {}; ask for at most {}",
+                body.gpus.count,
+                hit.rule(),
+                hit.max
+            )));
+        }
+    }
     let image = session_image(&state, &caller, body.image.as_deref()).await?;
     let (idle_timeout_secs, max_duration_secs) = state
         .config

@@ -46,9 +46,19 @@ pub async fn full_session_view(
     let position = state.queue_positions().await?.get(&session.id).copied();
     let transitions = state.store.transitions(session.id).await?;
     let lifecycle = lifecycle_view(state, &session).await?;
+    let held_back = (session.state == SessionState::Pending)
+        .then(|| {
+            state
+                .scheduler
+                .limit_wait(crate::limit_check::Waiting::Session(session.id))
+        })
+        .flatten();
     let mut view = session_view(session, position, transitions);
     view.lifecycle = lifecycle;
-    if view.state == SessionState::Pending {
+    if let Some(limit) = held_back {
+        // A PENDING session over a `[limits]` maximum says which one holds it.
+        view.reason = format!("waits for a limit: {limit}");
+    } else if view.state == SessionState::Pending {
         if let Some(why) = out_of_service(&state.site().await?, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
         }

@@ -17,6 +17,7 @@ use ongrid_x509::voms::Fqan;
 use serde::Deserialize;
 
 use crate::domain::policy::fairshare::{FairShareConfig, DEFAULT_HALF_LIFE};
+use crate::domain::policy::limits::{Limit, LimitsConfig};
 use crate::domain::policy::{Admission, AdmitRule, GroupName, Principal};
 
 /// `[fairshare]` as written: without it requests are served first come, first served.
@@ -40,6 +41,60 @@ pub struct RawFairShare {
     /// `NVIDIA H100 80GB HBM3`); the longest name found wins, no match weighs 1.0.
     #[serde(default)]
     pub cost: BTreeMap<String, f64>,
+}
+
+/// `[limits]` as written: the maxima of every user, of every group, and of named groups.
+///
+/// ```toml
+/// [limits]
+/// user = { max_gpus = 4, max_sessions = 2 }
+/// group = { max_gpus = 16 }
+/// groups = { atlas = { max_gpus = 32, max_job_gpus = 24 } }
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    #[serde(default)]
+    pub user: RawLimit,
+    #[serde(default)]
+    pub group: RawLimit,
+    #[serde(default)]
+    pub groups: BTreeMap<String, RawLimit>,
+}
+
+/// One set of maxima; a key left out is no limit.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub max_gpus: Option<u32>,
+    pub max_session_gpus: Option<u32>,
+    pub max_job_gpus: Option<u32>,
+    pub max_sessions: Option<u32>,
+}
+
+impl From<RawLimit> for Limit {
+    fn from(raw: RawLimit) -> Self {
+        Self {
+            max_gpus: raw.max_gpus,
+            max_session_gpus: raw.max_session_gpus,
+            max_job_gpus: raw.max_job_gpus,
+            max_sessions: raw.max_sessions,
+        }
+    }
+}
+
+/// Validates `[limits]`: `Err((key, message))`.
+pub fn limits(raw: &RawLimits) -> Result<LimitsConfig, (String, String)> {
+    let mut groups = BTreeMap::new();
+    for (group, limit) in &raw.groups {
+        let name = GroupName::parse(group).map_err(|e| (format!("limits.groups.{group}"), e))?;
+        groups.insert(name, Limit::from(*limit));
+    }
+    Ok(LimitsConfig {
+        user: raw.user.into(),
+        group: raw.group.into(),
+        groups,
+    })
 }
 
 /// Validates `[fairshare]`: `Err((key, message))`.
@@ -261,6 +316,34 @@ mod tests {
         assert_eq!(
             parse("[fairshare]\nhalf_life = \"10s\"\n").unwrap_err().0,
             "fairshare.half_life"
+        );
+    }
+
+    #[test]
+    fn limits_read_user_group_and_named_groups() {
+        #[derive(Deserialize)]
+        struct File {
+            limits: RawLimits,
+        }
+        let parse = |text: &str| {
+            let file: File = toml::from_str(text).unwrap();
+            limits(&file.limits)
+        };
+        let config = parse(
+            "[limits]\nuser = { max_gpus = 4, max_sessions = 2 }\ngroup = { max_gpus = 16 }\n\
+             groups = { atlas = { max_job_gpus = 24 } }\n",
+        )
+        .unwrap();
+        assert_eq!(config.user.max_gpus, Some(4));
+        assert_eq!(config.user.max_sessions, Some(2));
+        assert_eq!(config.group.max_gpus, Some(16));
+        let atlas = config.groups[&GroupName::parse("atlas").unwrap()];
+        assert_eq!((atlas.max_job_gpus, atlas.max_gpus), (Some(24), None));
+        assert_eq!(
+            parse("[limits]\ngroups = { Atlas = { max_gpus = 1 } }\n")
+                .unwrap_err()
+                .0,
+            "limits.groups.Atlas"
         );
     }
 

@@ -142,3 +142,56 @@ async fn without_fair_share_the_share_route_says_so() {
     assert!(share.groups.is_empty());
     m.stop().await;
 }
+
+#[tokio::test]
+async fn a_user_at_their_gpu_cap_waits_with_the_limit_named_and_a_request_beyond_it_is_refused() {
+    let site = Site::new();
+    let text = format!(
+        "{}\n[limits]\nuser = {{ max_session_gpus = 1 }}\n",
+        std::fs::read_to_string(&site.config.path).unwrap()
+    );
+    let config = Config::from_toml(&text, &site.config.path, |_| None).unwrap();
+    let m = site.start_with(config, None).await;
+    m.node1.register("node1", vec![a100(1), a100(2)]).await;
+
+    m.alice.create(Some("first"), one_gpu()).await;
+    m.alice.wait_for("first", SessionState::Starting).await;
+    // A GPU is free, but Alice holds her one: her second session waits, saying why.
+    m.alice.create(Some("second"), one_gpu()).await;
+    let second = m.alice.show("second").await;
+    assert_eq!(second.state, SessionState::Pending);
+    assert_eq!(
+        second.reason,
+        "waits for a limit: you hold 1 of at most 1 GPUs in sessions (limits.user \
+         max_session_gpus)"
+    );
+    // Bob is not held by Alice's limit.
+    m.bob.create(Some("bobs"), one_gpu()).await;
+    m.bob.wait_for("bobs", SessionState::Starting).await;
+    // A request no limit lets run is refused, naming it.
+    let mut two = one_gpu();
+    two.count = 2;
+    let body = CreateSession {
+        name: None,
+        gpus: two,
+        image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+    };
+    let refused = m
+        .alice
+        .fails(StatusCode::FORBIDDEN, m.alice.post("/v1/sessions", &body))
+        .await;
+    assert_eq!(
+        refused.error.message,
+        "a session of 2 GPUs can never run here: limits.user max_session_gpus = 1; ask for at \
+         most 1"
+    );
+    // When the first ends, the second starts.
+    let _: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/sessions/first"))
+        .await;
+    m.alice.wait_for("second", SessionState::Starting).await;
+    m.stop().await;
+}
