@@ -660,6 +660,15 @@ impl JobSpec {
         self.gpus
             .validate()
             .map_err(|e| JobSpecError::new("gpus", e.to_string().replace("session", "job")))?;
+        if let Some(profile) = self.gpus.sharing.mig() {
+            return Err(JobSpecError::new(
+                "share",
+                format!(
+                    "mig:{profile}: batch jobs run on whole or shared GPUs; MIG devices are for \
+                     sessions (devctl session new --mig {profile})"
+                ),
+            ));
+        }
         if self.memory.is_some_and(|m| m.bytes() < 4 * 1024 * 1024) {
             return Err(JobSpecError::new(
                 "memory",
@@ -1663,6 +1672,14 @@ mod tests {
                     ..minimal()
                 },
                 "share: sharing \"some\" must be one of exclusive, shared, any",
+            ),
+            (
+                JobSpecFile {
+                    share: Some("mig:1g.10gb".into()),
+                    ..minimal()
+                },
+                "share: mig:1g.10gb: batch jobs run on whole or shared GPUs; MIG devices are for \
+                 sessions (devctl session new --mig 1g.10gb)",
             ),
             (
                 JobSpecFile {
