@@ -101,23 +101,17 @@ pub fn may_run(image: &ImageRecord, caller: &Dn) -> bool {
     &image.owner == caller || image.shared_at.is_some()
 }
 
-/// Why the images a lookup found cannot be run by the caller, when none can: the start of a
-/// refusal, or `None` when nothing was found at all.
+/// Why the images a lookup found cannot be run by the caller: the start of a refusal, or
+/// `None` when the caller may run none of them. Then the refusal is [`no_image_you_may_run`],
+/// the same whether another user's private image exists under that name or nothing does, so a
+/// refusal never tells that someone else's private image exists.
 pub fn not_runnable(
     lookup: &ImageLookup,
     candidates: &[ImageRecord],
     caller: &Dn,
 ) -> Option<String> {
     let runnable: Vec<&ImageRecord> = candidates.iter().filter(|i| may_run(i, caller)).collect();
-    let Some(image) = runnable.last() else {
-        return (!candidates.is_empty()).then(|| match lookup {
-            ImageLookup::Owned { owner, .. } => format!(
-                "image {lookup} is private to {owner}: it can be run once {owner} shares it \
-                 (`devctl image share`)"
-            ),
-            _ => format!("image {lookup} is another user's private image"),
-        });
-    };
+    let image = runnable.last()?;
     let whose = if &image.owner == caller {
         "your image"
     } else {
@@ -137,6 +131,16 @@ pub fn not_runnable(
     } else {
         format!("{whose} {lookup} has no Docker image")
     })
+}
+
+/// The refusal for a lookup that finds no image the caller may run: none exists, or only
+/// another user's private one (which it must not tell apart).
+pub fn no_image_you_may_run(lookup: &ImageLookup) -> String {
+    format!(
+        "there is no frozen image {lookup} that you may run (yours are listed by `devctl image \
+         ls`, shared ones by `devctl image ls --shared`; another user's image runs only once \
+         they share it)"
+    )
 }
 
 /// The Docker image of the frozen image `lookup` for a session of `caller`, from `candidates`
@@ -159,10 +163,8 @@ pub fn resolve_frozen(
     if let Some(docker_image) = usable.and_then(|i| i.docker_image.clone()) {
         return Ok(docker_image);
     }
-    let why = not_runnable(lookup, candidates, caller).unwrap_or_else(|| match lookup {
-        ImageLookup::Owned { .. } => format!("there is no frozen image {lookup}"),
-        _ => format!("you have no frozen image {lookup}"),
-    });
+    let why =
+        not_runnable(lookup, candidates, caller).unwrap_or_else(|| no_image_you_may_run(lookup));
     Err(Refusal::Forbidden(format!(
         "{why}: {}",
         site.what_may_be_used()
@@ -330,8 +332,10 @@ mod tests {
                 other => panic!("{other:?}"),
             };
         let bobs = image("/CN=Bob", "bob", "mymodel:v1", ImageState::Ready);
-        assert!(refused(&[bobs]).contains("image mymodel:v1 is another user's private image"));
-        assert!(refused(&[]).contains("you have no frozen image mymodel:v1"));
+        // Bob's private image and no image at all are refused alike: nothing tells Alice that
+        // Bob has one.
+        assert_eq!(refused(&[bobs]), refused(&[]));
+        assert!(refused(&[]).contains("there is no frozen image mymodel:v1 that you may run"));
         assert!(refused(&[]).contains("ongrid/dev:latest"));
         let building = image("/CN=Alice", "alice", "mymodel:v1", ImageState::Building);
         assert!(refused(&[building]).contains("BUILDING, not READY"));
@@ -358,9 +362,8 @@ mod tests {
             };
         assert!(!may_run(&alices, &bob));
         assert!(may_run(&alices, &alice()));
-        assert!(refused(std::slice::from_ref(&alices))
-            .contains("image alice/mymodel:v1 is private to alice"));
-        assert!(refused(&[]).contains("there is no frozen image alice/mymodel:v1"));
+        assert_eq!(refused(std::slice::from_ref(&alices)), refused(&[]));
+        assert!(refused(&[]).contains("there is no frozen image alice/mymodel:v1 that you may run"));
 
         alices.shared_at = Some(share(&alices, &alice(), true, t(10)).unwrap().unwrap());
         assert!(may_run(&alices, &bob));
@@ -377,7 +380,7 @@ mod tests {
 
         alices.shared_at = share(&alices, &alice(), false, t(20)).unwrap();
         assert!(!may_run(&alices, &bob));
-        assert!(refused(&[alices]).contains("private to alice"));
+        assert_eq!(refused(&[alices]), refused(&[]));
     }
 
     #[test]

@@ -230,15 +230,11 @@ pub fn resolve_image(
     if let Some(image) = ready {
         return Ok(Some(image));
     }
-    let why = image_access::not_runnable(lookup, candidates, caller)
-        .unwrap_or_else(|| format!("image {lookup} cannot be run"));
-    if runnable.is_empty() {
-        Err(Refusal::Forbidden(format!(
-            "{why}: run one of yours (`devctl image ls`) or a shared one (`devctl image ls \
-             --shared`)"
-        )))
-    } else {
-        Err(Refusal::Conflict(why))
+    match image_access::not_runnable(lookup, candidates, caller) {
+        Some(why) if !runnable.is_empty() => Err(Refusal::Conflict(why)),
+        _ => Err(Refusal::Forbidden(image_access::no_image_you_may_run(
+            lookup,
+        ))),
     }
 }
 
@@ -1196,7 +1192,7 @@ mod tests {
         let bobs = image_record("/CN=Bob", ImageState::Ready);
         assert!(matches!(
             resolve_image(&lookup, std::slice::from_ref(&bobs), &alice),
-            Err(Refusal::Forbidden(m)) if m.contains("another user's private image")
+            Err(Refusal::Forbidden(m)) if m == image_access::no_image_you_may_run(&lookup)
         ));
         // Someone else sharing the digest does not hide the caller's own.
         assert_eq!(

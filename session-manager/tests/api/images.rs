@@ -589,7 +589,7 @@ async fn sessions_run_only_site_images_and_the_callers_own_frozen_images() {
     let (status, body) = new_session_with(&m.alice, "gone", "mymodel:v1").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(
-        body.contains("you have no frozen image mymodel:v1"),
+        body.contains("there is no frozen image mymodel:v1 that you may run"),
         "{body}"
     );
     let desired = report(&m, &gpus, running.clone(), vec![]).await;
@@ -682,7 +682,7 @@ async fn another_users_image_runs_only_while_its_owner_shares_it() {
     let shared_path = "/v1/images/alice-smith%2Fmymodel:v1";
 
     // Private: Bob can neither run it (by login and tag, or by digest), see it, nor share it.
-    bob_is_refused(&m.bob, &[shared_name, &digest], "private").await;
+    bob_is_refused(&m.bob, &[shared_name, &digest], "that you may run").await;
     m.bob
         .fails(StatusCode::NOT_FOUND, m.bob.get(shared_path))
         .await;
@@ -743,7 +743,7 @@ async fn another_users_image_runs_only_while_its_owner_shares_it() {
     let (status, body) = new_session_with(&m.bob, "own", "mymodel:v1").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(
-        body.contains("you have no frozen image mymodel:v1"),
+        body.contains("there is no frozen image mymodel:v1 that you may run"),
         "{body}"
     );
 
@@ -756,7 +756,7 @@ async fn another_users_image_runs_only_while_its_owner_shares_it() {
         )
         .await;
     assert!(!private.shared);
-    bob_is_refused(&m.bob, &[shared_name, &digest], "private").await;
+    bob_is_refused(&m.bob, &[shared_name, &digest], "that you may run").await;
     assert_eq!(m.bob.show("shared").await.image, docker_image);
     m.stop().await;
 }

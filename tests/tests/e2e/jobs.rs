@@ -540,7 +540,7 @@ fn job_rules_act_with_the_sites_short_times() {
     );
     assert!(!out.status.success(), "bob ran an image no longer shared");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("private"),
+        String::from_utf8_lossy(&out.stderr).contains("that you may run"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
