@@ -27,7 +27,12 @@ const LOST_LINE: &str =
 
 /// A stand-in nvidia-smi whose answers are files in its directory: `<state>.query` and
 /// `<state>.list` (with `<state>.query.status`, `<state>.list.status` for exit statuses), the
-/// state named in `state`; the state `hang` never answers.
+/// state named in `state`; the state `hang` never answers. MIG as the driver keeps it:
+/// `-i GPU -mig 1` turns MIG mode on (file `migmode.GPU`: the query then says `Enabled`),
+/// `mig -i GPU -cgi P1,P2 -C` appends one device per profile to `mig.GPU` (listed under its
+/// GPU by `-L`), `-dci` fails with "No compute instances found" when there are none, `-dgi`
+/// removes them; a file `mig-fail` makes `-cgi` fail with its text. Every call is appended to
+/// `calls`.
 struct FakeNvidiaSmi {
     dir: tempfile::TempDir,
     script: PathBuf,
@@ -42,13 +47,43 @@ impl FakeNvidiaSmi {
 dir='{}'
 state=$(cat "$dir/state")
 if [ "$state" = hang ]; then exec sleep 600; fi
+echo "$*" >> "$dir/calls"
+status() {{ cat "$dir/$state.$1.status" 2>/dev/null || echo 0; }}
 case "$1" in
-  -L) name=list ;;
-  --query-gpu=*) name=query ;;
+  -L)
+    while IFS= read -r line; do
+      echo "$line"
+      u=$(echo "$line" | sed -n 's/^GPU [0-9]*: .* (UUID: \(GPU-[^)]*\))$/\1/p')
+      if [ -n "$u" ] && [ -f "$dir/mig.$u" ]; then cat "$dir/mig.$u"; fi
+    done < "$dir/$state.list"
+    exit "$(status list)" ;;
+  --query-gpu=*)
+    while IFS= read -r line; do
+      u=${{line%%,*}}
+      if [ -f "$dir/migmode.$u" ]; then echo "$line" | sed 's/, Disabled,/, Enabled,/'; else echo "$line"; fi
+    done < "$dir/$state.query"
+    exit "$(status query)" ;;
+  -i)
+    [ "$3" = -mig ] || {{ echo "unexpected arguments: $*" >&2; exit 99; }}
+    touch "$dir/migmode.$2"; echo "Enabled MIG Mode for GPU $2"; echo "All done." ;;
+  mig)
+    u=$3
+    case "$4" in
+      -dci) [ -s "$dir/mig.$u" ] || {{ echo "No compute instances found: Not Found"; exit 6; }} ;;
+      -dgi) [ -s "$dir/mig.$u" ] || {{ echo "No GPU instances found: Not Found"; exit 6; }}; rm -f "$dir/mig.$u" ;;
+      -cgi)
+        if [ -f "$dir/mig-fail" ]; then cat "$dir/mig-fail" >&2; exit 2; fi
+        i=$(cat "$dir/mig.$u" 2>/dev/null | wc -l)
+        for p in $(echo "$5" | tr , ' '); do
+          echo "  MIG $p     Device  $i: (UUID: MIG-0000000$i-0000-4000-8000-${{u##*-}})" >> "$dir/mig.$u"
+          echo "Successfully created GPU instance ID $i on GPU 0 using profile MIG $p (ID 9)"
+          i=$((i+1))
+        done ;;
+      *) echo "unexpected arguments: $*" >&2; exit 99 ;;
+    esac ;;
   *) echo "unexpected arguments: $*" >&2; exit 99 ;;
 esac
-cat "$dir/$state.$name"
-exit "$(cat "$dir/$state.$name.status" 2>/dev/null || echo 0)"
+exit 0
 "#,
             dir.path().display()
         );
@@ -80,6 +115,16 @@ exit "$(cat "$dir/$state.$name.status" 2>/dev/null || echo 0)"
         .unwrap();
         std::fs::write(dir.join(format!("{state}.list")), list.0).unwrap();
         std::fs::write(dir.join(format!("{state}.list.status")), list.1.to_string()).unwrap();
+    }
+
+    /// The nvidia-smi calls made so far that changed MIG state, one per line.
+    fn mig_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("mig ") || l.contains(" -mig "))
+            .map(str::to_owned)
+            .collect()
     }
 
     fn set(&self, state: &str) {
@@ -216,5 +261,84 @@ async fn a_first_discovery_that_fails_is_an_error_saying_what_to_do() {
             .to_string()
             .contains("did not finish within 1 s and was killed"),
         "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_mig_layout_is_made_with_nvidia_smi_only_once_nothing_uses_the_gpu() {
+    use std::collections::BTreeMap;
+
+    use ongrid_agent::gpu::mig::MigLayouts;
+    use ongrid_core::{GpuId, MigLayout};
+
+    let smi = FakeNvidiaSmi::new();
+    let backend = smi.backend("5 seconds");
+    let gpus = backend.discover().await.unwrap();
+    let gpu = gpus[0].clone();
+    assert!(!gpu.mig_enabled && gpu.mig_devices.is_empty());
+    let layout: MigLayout = "3g.20gb*1+2g.10gb*2".parse().unwrap();
+    let layouts = BTreeMap::from([(gpu.uuid.clone(), layout)]);
+    let mut mig = MigLayouts::default();
+
+    // A session holds the GPU: nothing is run.
+    let held = [GpuId::Gpu(gpu.uuid.clone())];
+    assert!(!mig.apply(&*backend, &layouts, &gpus, &held).await);
+    assert!(smi.mig_calls().is_empty(), "{:?}", smi.mig_calls());
+
+    // Empty: MIG mode on, old instances destroyed (none), the layout created in its order.
+    assert!(mig.apply(&*backend, &layouts, &gpus, &[]).await);
+    let id = gpu.uuid.to_string();
+    assert_eq!(
+        smi.mig_calls(),
+        [
+            format!("-i {id} -mig 1"),
+            format!("mig -i {id} -dci"),
+            format!("mig -i {id} -dgi"),
+            format!("mig -i {id} -cgi 3g.20gb,2g.10gb,2g.10gb -C"),
+        ]
+    );
+    let mut gpus = backend.discover().await.unwrap();
+    mig.mark_failures(&mut gpus);
+    assert!(gpus[0].mig_enabled);
+    assert_eq!(gpus[0].health, GpuHealth::Healthy);
+    let devices: Vec<(String, String)> = gpus[0]
+        .mig_devices
+        .iter()
+        .map(|d| (d.profile.to_string(), d.parent.to_string()))
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            ("3g.20gb".to_owned(), id.clone()),
+            ("2g.10gb".to_owned(), id.clone()),
+            ("2g.10gb".to_owned(), id.clone()),
+        ]
+    );
+    assert!(!gpus[1].mig_enabled, "the other GPU is left alone");
+
+    // A new layout the driver refuses: the GPU is reported failed with nvidia-smi's words.
+    std::fs::write(
+        smi.dir.path().join("mig-fail"),
+        "Unable to create a GPU instance on GPU 0 using profile 9: Insufficient Resources",
+    )
+    .unwrap();
+    let seven = BTreeMap::from([(gpu.uuid.clone(), "1g.5gb*7".parse().unwrap())]);
+    assert!(mig.apply(&*backend, &seven, &gpus, &[]).await);
+    let mut gpus = backend.discover().await.unwrap();
+    mig.mark_failures(&mut gpus);
+    let GpuHealth::Failed(reason) = &gpus[0].health else {
+        panic!("{:?}", gpus[0].health);
+    };
+    assert!(
+        reason.starts_with(&format!(
+            "MIG layout 1g.5gb*7 could not be made: nvidia-smi mig -i {id} -cgi \
+             1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb -C: Unable to create a GPU \
+             instance on GPU 0 using profile 9: Insufficient Resources"
+        )),
+        "{reason}"
+    );
+    assert!(
+        gpus[0].mig_devices.is_empty(),
+        "half made: the old devices are gone"
     );
 }

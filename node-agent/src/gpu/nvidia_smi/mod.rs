@@ -390,6 +390,71 @@ impl<S: NvidiaSmiSource> GpuBackend for NvidiaSmiBackend<S> {
     fn discover(&self) -> BoxFuture<'_, Result<Vec<GpuInfo>, GpuError>> {
         Box::pin(async move { Ok(self.discover_gpus().await?) })
     }
+
+    fn apply_mig<'a>(
+        &'a self,
+        gpu: &'a GpuInfo,
+        layout: ongrid_core::MigLayout,
+    ) -> BoxFuture<'a, Result<(), GpuError>> {
+        Box::pin(async move {
+            self.make_layout(gpu, layout)
+                .await
+                .map_err(|problem| GpuError::Mig {
+                    gpu: gpu.uuid.clone(),
+                    layout,
+                    problem,
+                })
+        })
+    }
+}
+
+impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
+    /// Runs one nvidia-smi command of a MIG change; `Err` with the command and what it printed
+    /// when it fails, unless `tolerated` says the failure means "nothing to do".
+    async fn mig_step(&self, args: &[String], tolerated: fn(&str) -> bool) -> Result<(), String> {
+        let command = command_line(args);
+        let output = self.source.run(args).await.map_err(|e| e.to_string())?;
+        let printed = format!("{} {}", output.stderr.trim(), output.stdout.trim());
+        if output.exit_code == Some(0) && !printed.to_ascii_lowercase().contains("pending") {
+            return Ok(());
+        }
+        if output.exit_code != Some(0) && tolerated(&printed) {
+            return Ok(());
+        }
+        Err(format!("{command}: {}", printed.trim()))
+    }
+
+    /// MIG mode on (`-mig 1`; "pending" means a reset or reboot is needed: an error), the
+    /// GPU's compute and GPU instances destroyed (`mig -dci`, `mig -dgi`; none is fine), then
+    /// the layout's GPU instances created with their default compute instances
+    /// (`mig -cgi P1,P2,... -C`), in the layout's order.
+    async fn make_layout(
+        &self,
+        gpu: &GpuInfo,
+        layout: ongrid_core::MigLayout,
+    ) -> Result<(), String> {
+        let id = gpu.uuid.to_string();
+        let args =
+            |rest: &[&str]| -> Vec<String> { rest.iter().map(|s| (*s).to_owned()).collect() };
+        let none_found = |printed: &str| {
+            printed.to_ascii_lowercase().contains("no ")
+                && printed.to_ascii_lowercase().contains("found")
+        };
+        if !gpu.mig_enabled {
+            self.mig_step(&args(&["-i", &id, "-mig", "1"]), |_| false)
+                .await?;
+        }
+        self.mig_step(&args(&["mig", "-i", &id, "-dci"]), none_found)
+            .await?;
+        self.mig_step(&args(&["mig", "-i", &id, "-dgi"]), none_found)
+            .await?;
+        let profiles: Vec<String> = layout.instances().iter().map(ToString::to_string).collect();
+        self.mig_step(
+            &args(&["mig", "-i", &id, "-cgi", &profiles.join(","), "-C"]),
+            |_| false,
+        )
+        .await
+    }
 }
 
 #[cfg(test)]

@@ -424,6 +424,9 @@ pub fn join(rows: Vec<QueryRow>, listed: &[ListedGpu]) -> Result<Vec<GpuInfo>, P
         let mig_enabled = row
             .mig_enabled
             .unwrap_or_else(|| listed_gpu.is_some_and(|gpu| !gpu.mig_devices.is_empty()));
+        let mig_devices = listed_gpu
+            .map(|gpu| mig_devices(&row.uuid, &gpu.mig_devices))
+            .unwrap_or_default();
         gpus.push(GpuInfo {
             uuid: row.uuid,
             model,
@@ -435,10 +438,39 @@ pub fn join(rows: Vec<QueryRow>, listed: &[ListedGpu]) -> Result<Vec<GpuInfo>, P
             health: GpuHealth::Healthy,
             // In MIG mode the GPU's own figure says nothing about its MIG devices.
             utilization_percent: row.utilization.filter(|_| !mig_enabled),
-            mig_devices: Vec::new(),
+            mig_devices,
         });
     }
     Ok(gpus)
+}
+
+/// The listed MIG devices of GPU `parent` as the manager sees them: profile (of the GPU
+/// instance, so `1c.3g.71gb` counts as `3g.71gb`) and the memory its name promises. A device
+/// whose profile ongrid cannot read is left out (it is never offered), with a warning.
+fn mig_devices(parent: &GpuUuid, listed: &[ListedMigDevice]) -> Vec<ongrid_core::MigDevice> {
+    listed
+        .iter()
+        .filter_map(|device| {
+            let name = device
+                .profile
+                .split_once("c.")
+                .filter(|(ci, _)| ci.bytes().all(|b| b.is_ascii_digit()))
+                .map_or(device.profile.as_str(), |(_, gi)| gi);
+            match ongrid_core::MigProfile::parse(name) {
+                Ok(profile) => Some(ongrid_core::MigDevice {
+                    uuid: device.uuid.clone(),
+                    profile,
+                    memory: profile.nominal_memory(),
+                    parent: parent.clone(),
+                }),
+                Err(error) => {
+                    tracing::warn!(gpu = %parent, device = %device.uuid, %error,
+                                   "MIG device with a profile ongrid cannot read; not offered.");
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
