@@ -419,3 +419,40 @@ async fn bad_proxies_fail_the_handshake() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
     m.stop().await;
 }
+
+/// A refusal made before the handler reads the body (no certificate: 401) reaches an HTTP/2
+/// client whole, also while the client is still sending a large body: the manager reads the
+/// body to its end first, instead of resetting the stream, which curl reports as a framing
+/// error. A body over the API's limit is refused with a 413 that also arrives whole.
+#[tokio::test]
+async fn early_answers_reach_http2_clients_whole() {
+    let site = Site::new();
+    let m = site.start().await;
+    let body_file = site.dir.path().join("body.json");
+    for (size, expected) in [(64 * 1024, "401"), (3 * 1024 * 1024, "413")] {
+        let padding = "x".repeat(size);
+        std::fs::write(&body_file, format!("{{\"name\":\"{padding}\"}}")).unwrap();
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", "--http2", "--max-time", "20", "-w", "\n%{http_code}"])
+            .arg("--capath")
+            .arg(&m.ca_dir)
+            .args(["-X", "POST", "-H", "content-type: application/json"])
+            .arg("--data-binary")
+            .arg(format!("@{}", body_file.display()))
+            .arg(format!("https://127.0.0.1:{}/v1/sessions", m.addr.port()))
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{size} bytes: curl failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (answer, status) = stdout.rsplit_once('\n').unwrap();
+        assert_eq!(status, expected, "{size} bytes: {answer}");
+        let error: ongrid_core::api::ErrorBody = serde_json::from_str(answer).unwrap();
+        assert!(!error.error.message.is_empty(), "{answer}");
+    }
+    m.stop().await;
+}

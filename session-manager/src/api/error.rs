@@ -56,6 +56,10 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
     }
 
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message)
     }

@@ -19,6 +19,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod body;
 pub mod callers;
 pub mod error;
 pub mod gateway;
@@ -162,6 +163,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/gateway/keys/check", post(gateway::check_keys))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(body::read_whole_body))
         .layer(axum::middleware::from_fn(error::log_refusals))
         .layer(axum::middleware::from_fn(crate::metrics::count_requests))
         .layer(axum::middleware::from_fn_with_state(
