@@ -41,6 +41,11 @@ pub enum CidrError {
          write {fix}"
     )]
     NeverMatches { value: String, fix: String },
+    #[error(
+        "{value} can never match: it is made of IPv4-compatible IPv6 addresses (::a.b.c.d, \
+         deprecated by RFC 4291), which no peer connects from; write {fix}"
+    )]
+    Ipv4Compatible { value: String, fix: String },
 }
 
 impl Cidr {
@@ -94,13 +99,27 @@ impl Cidr {
         let IpAddr::V6(v6) = self.network else {
             return Ok(());
         };
-        match v6.to_ipv4_mapped() {
-            Some(v4) if self.prefix >= 96 => Err(CidrError::NeverMatches {
-                value: self.to_string(),
-                fix: format!("{v4}/{}", self.prefix - 96),
-            }),
-            _ => Ok(()),
+        if self.prefix < 96 {
+            return Ok(());
         }
+        let fix = |v4: Ipv4Addr| format!("{v4}/{}", self.prefix - 96);
+        if let Some(v4) = v6.to_ipv4_mapped() {
+            return Err(CidrError::NeverMatches {
+                value: self.to_string(),
+                fix: fix(v4),
+            });
+        }
+        // Inside ::/96, only :: and the loopback ::1 are real IPv6 addresses.
+        let segments = v6.segments();
+        let loopback = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        if segments[..6].iter().all(|&s| s == 0) && !self.contains(loopback) {
+            let v4 = Ipv4Addr::from(u128::from(v6) as u32);
+            return Err(CidrError::Ipv4Compatible {
+                value: self.to_string(),
+                fix: fix(v4),
+            });
+        }
+        Ok(())
     }
 
     /// Whether `ip` (normalised first) lies in this network.
@@ -349,6 +368,18 @@ mod tests {
         assert_eq!(Allowlist::default().institute_of(ip("127.0.0.1")), None);
     }
 
+    #[test]
+    fn only_networks_a_peer_can_be_in_are_matchable() {
+        let check = |value: &str| Cidr::parse(value).unwrap().check_matchable();
+        for fine in ["::1/128", "::/0", "::/96", "2001:db8::/32", "127.0.0.2/32"] {
+            assert_eq!(check(fine), Ok(()), "{fine}");
+        }
+        let err = check("::127.0.0.2/128").unwrap_err().to_string();
+        assert!(err.contains("write 127.0.0.2/32"), "{err}");
+        let err = check("::ffff:127.0.0.2/128").unwrap_err().to_string();
+        assert!(err.contains("write 127.0.0.2/32"), "{err}");
+    }
+
     proptest! {
         #[test]
         fn mapped_networks_never_match_and_their_fix_does(a: u32, prefix in 96u8..=128) {
@@ -362,6 +393,23 @@ mod tests {
             prop_assert!(err.contains(&format!("write {fixed}/{v4_prefix}")), "{}", err);
             let fix = Cidr::parse(&format!("{fixed}/{v4_prefix}")).unwrap();
             prop_assert!(fix.contains(IpAddr::V6(v4.to_ipv6_mapped())));
+        }
+
+        #[test]
+        fn ipv4_compatible_networks_are_refused_with_their_ipv4_fix(a in 2u32.., prefix in 96u8..=128) {
+            let v4 = Ipv4Addr::from(a);
+            let network = mask(IpAddr::V6(v4.to_ipv6_compatible()), prefix);
+            let cidr = Cidr::parse(&format!("{network}/{prefix}")).unwrap();
+            let fixed = mask(IpAddr::V4(v4), prefix - 96);
+            match cidr.check_matchable() {
+                // A network this wide still holds the loopback ::1, which peers do use.
+                Ok(()) => prop_assert!(cidr.contains(IpAddr::V6(Ipv6Addr::LOCALHOST))),
+                Err(err) => {
+                    let err = err.to_string();
+                    prop_assert!(err.contains("IPv4-compatible"), "{}", err);
+                    prop_assert!(err.contains(&format!("write {fixed}/{}", prefix - 96)), "{}", err);
+                }
+            }
         }
 
         #[test]
