@@ -2,9 +2,10 @@
 //!
 //! A sync records that the node is alive and its GPUs' health, then stores what the agent saw:
 //! its containers ([`reports::observe`] decides what each means for its session), its freezes'
-//! progress ([`images::follow_report`]), its jobs (`super::jobs::follow_reports`: output and
-//! state) and the activity of its sessions. The answer is the node's [`DesiredState`]
-//! ([`desired::desired_state`], with its jobs from `super::jobs::node_jobs`).
+//! progress ([`images::follow_report`]), its jobs ([`super::job_reports::follow_reports`]:
+//! output and state) and the activity of its sessions. The answer is the node's
+//! [`DesiredState`] ([`desired::desired_state`], with its jobs from
+//! [`super::job_reports::node_jobs`]).
 //!
 //! Between syncs the agent keeps `GET /v1/agent/desired?after=<version>` open: a long-poll that
 //! answers as soon as the node's desired state differs from the version the agent has (woken by
@@ -117,7 +118,7 @@ pub async fn sync(
             ImageState::Building | ImageState::Deleted => {}
         }
     }
-    super::jobs::follow_reports(&state, &node, &report.jobs).await?;
+    super::job_reports::follow_reports(&state, &node, &report.jobs).await?;
     state
         .store
         .record_activity(
@@ -312,7 +313,7 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         .flat_map(|n| n.gpus)
         .filter_map(|gpu| Some((gpu.info.uuid, gpu.mode.mig_layout()?)))
         .collect();
-    super::jobs::node_jobs(state, node, &mut desired).await?;
+    super::job_reports::node_jobs(state, node, &mut desired).await?;
     Ok(desired)
 }
 

@@ -1,0 +1,88 @@
+//! The jobs' part of an agent's sync, called by [`super::agent`]: the node's reports of its
+//! jobs applied ([`follow_reports`]) and its jobs added to its desired state ([`node_jobs`]).
+//! Every change is decided by [`crate::domain::jobs`]; this module reads, writes and logs.
+
+use ongrid_core::api::DesiredState;
+use ongrid_core::job::{JobId, ObservedJob};
+use ongrid_core::NodeName;
+
+use super::{ApiError, AppState};
+use crate::domain::jobs;
+use crate::job_logs::JobLogs;
+use crate::store::{JobFilter, StoreError};
+
+/// Applies an agent's reports of its jobs: output appended to the jobs' files, then the change
+/// [`jobs::follow_report`] decides, with the next job of the chain when it goes on. Reports of
+/// jobs that are not placed on `node` are ignored.
+pub async fn follow_reports(
+    state: &AppState,
+    node: &NodeName,
+    reports: &[ObservedJob],
+) -> Result<(), ApiError> {
+    let logs = JobLogs::new(state.config.job_log_dir.clone());
+    let now = state.clock.now();
+    for report in reports {
+        let Some(job) = state.store.job(report.job_id).await? else {
+            continue;
+        };
+        if job.node.as_ref() != Some(node) {
+            continue;
+        }
+        if let Some(chunk) = &report.log {
+            let appended = logs
+                .append(job.id, job.log_size, chunk)
+                .await
+                .map_err(|e| {
+                    ApiError::internal(format!("keeping the output of job {}: {e}", job.id))
+                })?;
+            if let Some(size) = appended {
+                state
+                    .store
+                    .record_job_log(job.id, size, chunk.complete)
+                    .await?;
+            }
+        }
+        let job = match jobs::halting_before_exit(&job, &report.status) {
+            Some(halting) => match state.store.job_transition(job.id, halting, None).await {
+                Ok(job) => job,
+                // Changed meanwhile (cancelled by its owner): the next sync sees it.
+                Err(StoreError::InvalidJobTransition(_)) => continue,
+                Err(other) => return Err(other.into()),
+            },
+            None => job,
+        };
+        let Some(change) = jobs::follow_report(&job, &report.status, now) else {
+            continue;
+        };
+        let next =
+            jobs::next_in_chain(&job, &change, JobId::new_random(), &state.config.job_limits);
+        let (to, reason) = (change.to, change.reason.clone());
+        match state.store.job_transition(job.id, change, next).await {
+            Ok(job) => {
+                tracing::info!(job_id = %job.id, %node, state = %to, %reason, next_job = ?job.next_job, "Job changed on its node's report.");
+                state.wake.notify_one();
+            }
+            // Changed meanwhile (cancelled by its owner): the next sync sees it.
+            Err(StoreError::InvalidJobTransition(_)) => {}
+            Err(other) => return Err(other.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Adds the node's jobs to its desired state.
+pub async fn node_jobs(
+    state: &AppState,
+    node: &NodeName,
+    desired: &mut DesiredState,
+) -> Result<(), ApiError> {
+    let records = state.store.jobs(JobFilter::Node(node.clone())).await?;
+    desired.jobs = jobs::desired_jobs(
+        node,
+        &records,
+        state.config.session_limits,
+        state.config.job_limits.output_grace,
+        state.clock.now(),
+    );
+    Ok(())
+}
