@@ -906,8 +906,8 @@ fn gpu_view(mode: GpuMode) -> GpuView {
         free: mode.capacity() - 1,
         sessions: vec![SessionName::parse("train1").unwrap()],
         drain: None,
-    }
         mig_sessions: Default::default(),
+    }
 }
 
 fn node_view(sessions: u32, jobs: u32, drain: Option<ongrid_core::gpu::Drain>) -> NodeView {
