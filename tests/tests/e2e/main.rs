@@ -8,6 +8,6 @@ mod lifecycle;
 mod metrics;
 mod mig;
 mod nodes;
-mod sessions;
 mod policy;
+mod sessions;
 mod ssh;
