@@ -46,7 +46,7 @@ use crate::domain::nodes;
 use crate::domain::sessions::{queue, Change};
 use crate::notify::Changes;
 use crate::site::{pending_session, SiteSnapshot};
-use crate::store::{SessionFilter, Store, StoreError, StoreResult};
+use crate::store::{NodeRecord, SessionFilter, Store, StoreError, StoreResult};
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,6 +80,9 @@ pub struct Scheduler {
     auto_undrain: bool,
     /// `[fairshare]`: charge usage every round and order each class of requests by it.
     fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
+    /// When this manager started: a node's silence counts from then at the earliest
+    /// ([`nodes::work_given_up`]).
+    started: DateTime<Utc>,
     /// `[limits]`: requests over a user's or group's maximum wait.
     limits: Option<crate::domain::policy::limits::LimitsConfig>,
     /// What each request held back by a limit was last told (logged when it changes).
@@ -94,6 +97,7 @@ impl Scheduler {
         wake: Arc<Notify>,
     ) -> Self {
         Self {
+            started: clock.now(),
             store,
             clock,
             node_timeout,
@@ -194,7 +198,10 @@ impl Scheduler {
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         report.health += self.check_health(&site, now).await?;
-        for node in site.nodes.iter().filter(|n| !site.is_online(n)) {
+        let given_up = |node: &NodeRecord| {
+            nodes::work_given_up(node.last_seen, self.started, self.node_timeout, now)
+        };
+        for node in site.nodes.iter().filter(|n| given_up(n)) {
             let lost = site
                 .jobs
                 .iter()
@@ -241,11 +248,10 @@ impl Scheduler {
         }
         // Re-queued jobs whose checkpoint is on a node that is gone or offline.
         for job in &site.jobs {
-            let online = job.pinned_node.as_ref().is_some_and(|pinned| {
-                site.nodes
-                    .iter()
-                    .any(|n| n.name == *pinned && site.is_online(n))
-            });
+            let online = job
+                .pinned_node
+                .as_ref()
+                .is_some_and(|pinned| site.nodes.iter().any(|n| n.name == *pinned && !given_up(n)));
             if let Some(change) = jobs::checkpoint_node_lost(job, online, now) {
                 if self.apply_job(job.id, change, None).await? {
                     tracing::info!(job_id = %job.id, node = ?job.pinned_node, "Job failed: its checkpoint's node is gone.");

@@ -140,6 +140,20 @@ pub fn is_lost(last_seen: DateTime<Utc>, node_timeout: Duration, now: DateTime<U
         .is_ok_and(|silent| silent > node_timeout)
 }
 
+/// Whether the work on a node that stopped syncing is given up at `now`: it has been silent
+/// for longer than `node_timeout`, counted from the manager's start at the earliest. While the
+/// manager was down no agent could sync, so a manager back after longer than `node_timeout`
+/// first gives every node `node_timeout` to report again (nothing new is placed on a node
+/// meanwhile: placement asks [`is_lost`] of its last sync alone).
+pub fn work_given_up(
+    last_seen: DateTime<Utc>,
+    manager_started: DateTime<Utc>,
+    node_timeout: Duration,
+    now: DateTime<Utc>,
+) -> bool {
+    is_lost(last_seen.max(manager_started), node_timeout, now)
+}
+
 /// A running session (WAITING, CONNECTED or IDLE) on `node`, lost with it: FAILED, keeping
 /// where it was so that the container there is stopped (never started again) when the node
 /// comes back. `None` for sessions in other states (STARTING ones go back to the queue).
@@ -371,5 +385,19 @@ mod tests {
             removal(&node(), &busy, timeout, t(31)),
             Err(Refusal::Conflict(m)) if m.contains("sessions train1 (HELD)")
         ));
+    }
+
+    #[test]
+    fn work_is_given_up_only_after_node_timeout_of_the_managers_own_time() {
+        let timeout = Duration::from_secs(30);
+        let (start, seen) = (t(0), t(-600));
+        // The manager was down for ten minutes: nothing is lost at its start...
+        assert!(!work_given_up(seen, start, timeout, start));
+        assert!(!work_given_up(seen, start, timeout, t(30)));
+        // ...only once the node stays silent for node_timeout after it.
+        assert!(work_given_up(seen, start, timeout, t(31)));
+        // A node that synced after the start counts from its last sync.
+        assert!(!work_given_up(t(100), start, timeout, t(130)));
+        assert!(work_given_up(t(100), start, timeout, t(131)));
     }
 }
