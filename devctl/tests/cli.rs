@@ -1084,7 +1084,11 @@ async fn session_commands_send_their_routes_and_bodies() {
                     idle_timeout_secs: None,
                     max_duration_secs: None,
                 }),
-                Sent::new("GET", "/v1/sessions/train1"),
+                // The wait is the manager's: one long-poll for the states that end it.
+                Sent::new(
+                    "GET",
+                    "/v1/sessions/train1?wait_for=WAITING%2CCONNECTED%2CIDLE%2CFAILED%2CHELD%2CENDED&timeout=20",
+                ),
             ],
             stdout: "",
         },
