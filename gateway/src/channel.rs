@@ -16,7 +16,10 @@
 //!
 //! An interactive shell (`shell` with a PTY) gets, on stderr, a banner with the session's
 //! deadlines before its first output, and a warning once a planned hold comes within
-//! `warn_before` (`deadlines.rs`). Nothing is ever added to an exec or subsystem channel.
+//! `warn_before` (`deadlines.rs`). Nothing else is ever added to an exec or subsystem channel,
+//! except at its end: when a process did not exit cleanly, the manager is asked (route lookup,
+//! at most two seconds) whether its session stopped, and if so its message (FAILED or HELD with
+//! the reason, e.g. a GPU that fell off the bus) goes on stderr before the channel closes.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,7 +29,7 @@ use std::time::Duration;
 
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use ongrid_core::api::Route;
+use ongrid_core::api::{Route, RouteRequest};
 use ongrid_core::stream::{ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
 use ongrid_core::Dn;
 use russh::server::{ChannelOpenHandle, Handle, Msg};
@@ -38,12 +41,16 @@ use crate::deadlines::{
     banner, warning, warning_text, DeadlinesReceiver, DeadlinesState, WarnOnce, Warning,
 };
 use crate::input::{ChannelInput, Input, Request, HARD_LIMIT, STALL_AFTER};
+use crate::manager::GatewayRoutes;
 
 /// How long closing the agent's WebSocket may take once the channel is done.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an interactive shell waits for the manager's first answer to show its banner; the
 /// answer to the connection's `open` usually came while the shell was being started.
 const BANNER_WAIT: Duration = Duration::from_secs(2);
+/// How long a session channel whose process did not exit cleanly waits for the manager to say
+/// whether (and why) its session stopped, before closing.
+const SESSION_STATE_WAIT: Duration = Duration::from_secs(2);
 
 /// Bytes carried by one connection, over all its channels.
 #[derive(Debug, Default)]
@@ -73,6 +80,8 @@ pub struct ChannelContext {
     pub route: Arc<Route>,
     pub owner: Dn,
     pub agents: AgentConnector,
+    /// Asked why the session stopped when a channel's process ends without a clean exit.
+    pub manager: GatewayRoutes,
     pub traffic: Arc<Traffic>,
     pub handle: Handle,
     /// The session's deadlines as the manager last answered (banner, hold warning).
@@ -318,11 +327,53 @@ async fn run_started(
             if let Some(text) = &error {
                 ends.say(&format!("ongrid: {text}"), with_pty).await;
             }
+            if !clean_exit(exit.as_ref()) {
+                if let Some(text) = session_ended_why(context).await {
+                    ends.say(&format!("ongrid: {text}"), with_pty).await;
+                }
+            }
             tracing::info!(connection = %context.connection_id, channel = id.number(), exit = ?exit, error = ?error, "Channel ended.");
             ends.exit(&context.handle, exit).await;
         }
     }
     agent.close().await;
+}
+
+/// A process that exited with status 0: it ended on its own, so the session is not asked about.
+fn clean_exit(exit: Option<&ExitStatus>) -> bool {
+    matches!(exit, Some(ExitStatus::Code { code: 0 }))
+}
+
+/// Why the session stopped under a channel whose process did not exit cleanly: the manager's
+/// message when the session is no longer running (FAILED or HELD with the stored reason,
+/// ENDED), asked with the route lookup; `None` while it runs, or when the manager does not
+/// answer within [`SESSION_STATE_WAIT`] (the channel's close never waits longer).
+async fn session_ended_why(context: &ChannelContext) -> Option<String> {
+    let name = &context.route.session_name;
+    let request = RouteRequest {
+        owner: context.owner.clone(),
+        target: name.to_string(),
+    };
+    let answer = tokio::time::timeout(SESSION_STATE_WAIT, context.manager.route(&request)).await;
+    match answer {
+        Ok(Ok(_running)) => None,
+        // Only a message about this session: a refusal of another kind (say, it was removed
+        // meanwhile, so the owner has several sessions or none) says nothing about this end.
+        Ok(Err(error)) => match error.refusal() {
+            Some(message) if message.starts_with(&format!("session {name} ")) => {
+                Some(message.to_owned())
+            }
+            Some(_) => None,
+            None => {
+                tracing::warn!(connection = %context.connection_id, session = %name, %error, "Cannot ask the manager why a channel's process ended.");
+                None
+            }
+        },
+        Err(_) => {
+            tracing::warn!(connection = %context.connection_id, session = %name, "The manager did not say in time why a channel's process ended.");
+            None
+        }
+    }
 }
 
 /// The client sent far more than the process took while not reading the output: say so and

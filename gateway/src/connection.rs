@@ -958,6 +958,7 @@ impl Connection {
             route,
             owner: identity.owner.clone(),
             agents: self.services.agents.clone(),
+            manager: self.services.manager.clone(),
             traffic: self.traffic.clone(),
             handle: self.handle.clone(),
             deadlines: self.deadlines_seen.clone(),

@@ -2,6 +2,8 @@
 //! stops syncing (its session FAILED with the reason; its container stopped, never doubled, when
 //! the agent is back), and `devctl admin node ls` as an admin sees it.
 
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 use std::time::Duration;
 
 use ongrid_e2e::{inspect_container, SimGpu, Site};
@@ -177,6 +179,33 @@ fn a_gpu_that_falls_off_the_bus_fails_its_session_and_stays_drained_until_an_adm
     assert_eq!(view["gpus"][0], gpu1.as_str());
     let container = view["container"].as_str().expect("container").to_owned();
 
+    // Alice is connected: a command runs in the session over SSH when the GPU fails.
+    site.allow_loopback();
+    site.add_key(&alice);
+    let connected = site.wait_until(
+        "an ssh command to run in the session",
+        Duration::from_secs(30),
+        || {
+            let mut child = site
+                .ssh_command(&alice, "train1")
+                .arg("echo ready; exec sleep 600")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run ssh");
+            let mut first = String::new();
+            let stdout = child.stdout.take().expect("ssh stdout");
+            let _ = BufReader::new(stdout).read_line(&mut first);
+            if first.trim() == "ready" {
+                Some(child)
+            } else {
+                let _ = child.wait();
+                None
+            }
+        },
+    );
+
     // GPU 1 falls off the bus (a fatal Xid, injected into the simulated backend).
     write_gpus(&site, &gpus, &gpu1, "xid = 79");
     let failed = site.wait_for_state(&alice, "train1", "FAILED");
@@ -186,6 +215,15 @@ fn a_gpu_that_falls_off_the_bus_fails_its_session_and_stays_drained_until_an_adm
             "GPU {gpu1} is out of service (failed: Xid 79 (simulated): GPU has fallen off the bus)"
         )),
         "{reason}"
+    );
+    // The container is stopped under the connected user, who is told why.
+    let out = connected.wait_with_output().expect("wait for ssh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("$ ssh train1@gateway 'echo ready; exec sleep 600'  (stderr)\n{stderr}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("ongrid: session train1 FAILED ({reason})")),
+        "the connected user must be told why the session ended: {stderr}"
     );
     let out = site.devctl_ok(&alice, &["session", "show", "train1"]);
     println!("$ devctl session show train1\n{out}");
