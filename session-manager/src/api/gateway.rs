@@ -254,6 +254,10 @@ pub fn reachable(
             "session {name} is HELD ({}): run `devctl session release {name}`",
             session.reason
         ))),
+        // Reasons that say what to do already (a lost node, a failed GPU) are not told twice.
+        SessionState::Failed if session.reason.contains("devctl session rm") => Err(
+            ApiError::conflict(format!("session {name} FAILED: {}", session.reason)),
+        ),
         SessionState::Failed => Err(ApiError::conflict(format!(
             "session {name} FAILED ({}): remove it with `devctl session rm {name}` and start a \
              new one",
@@ -406,6 +410,15 @@ mod tests {
             conflict(
                 "session train1 FAILED (because): remove it with `devctl session rm train1` and \
                  start a new one"
+            )
+        );
+        let mut lost = session("train1", Failed);
+        lost.reason = "node lost: ...; `devctl session rm train1` and start a new session".into();
+        assert_eq!(
+            reachable(&lost, None, None).map(|r| r.agent_url).map_err(message),
+            conflict(
+                "session train1 FAILED: node lost: ...; `devctl session rm train1` and start a new \
+                 session"
             )
         );
         let (status, text) = outcome(Waiting, None, None).unwrap_err();

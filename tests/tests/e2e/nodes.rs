@@ -222,7 +222,7 @@ fn a_gpu_that_falls_off_the_bus_fails_its_session_and_stays_drained_until_an_adm
     println!("$ ssh train1@gateway 'echo ready; exec sleep 600'  (stderr)\n{stderr}");
     assert!(!out.status.success(), "{stderr}");
     assert!(
-        stderr.contains(&format!("ongrid: session train1 FAILED ({reason})")),
+        stderr.contains(&format!("ongrid: session train1 FAILED: {reason}")),
         "the connected user must be told why the session ended: {stderr}"
     );
     let out = site.devctl_ok(&alice, &["session", "show", "train1"]);
