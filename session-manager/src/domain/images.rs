@@ -251,21 +251,15 @@ pub fn give_up(
 }
 
 #[cfg(test)]
-mod tests {
-    use ongrid_core::GpuRequest;
+pub(crate) mod fixtures {
+    use ongrid_core::image::{Compression, ImageReference, ImageState};
+    use ongrid_core::{Dn, NodeName, SessionId, SessionName, UserName};
 
     use super::*;
 
-    const LIMITS: FreezeLimits = FreezeLimits {
-        node_timeout: Duration::from_secs(30),
-        stall_timeout: Duration::from_secs(3600),
-    };
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
-
-    fn image() -> ImageRecord {
+    /// Alice's BUILDING freeze of `mymodel:v1` from session `train1`, started at the tests' `t(0)`.
+    pub fn image() -> ImageRecord {
+        let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         ImageRecord {
             id: uuid::Uuid::new_v4(),
             owner: Dn::parse("/CN=Alice").unwrap(),
@@ -284,12 +278,29 @@ mod tests {
             docker_image: None,
             bytes_done: 0,
             bytes_total: 0,
-            progress_at: t(0),
-            created_at: t(0),
+            progress_at: t0,
+            created_at: t0,
             finished_at: None,
             superseded_at: None,
             shared_at: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::image;
+    use ongrid_core::GpuRequest;
+
+    use super::*;
+
+    const LIMITS: FreezeLimits = FreezeLimits {
+        node_timeout: Duration::from_secs(30),
+        stall_timeout: Duration::from_secs(3600),
+    };
+
+    fn t(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
     }
 
     fn session(state: SessionState) -> SessionRecord {

@@ -184,9 +184,9 @@ pub fn check_restore(target: &Dn, removed: Option<&Removed>) -> Result<(), Refus
 
 #[cfg(test)]
 mod tests {
-    use ongrid_core::image::{Compression, ImageReference, ImageState};
+    use ongrid_core::image::{ImageReference, ImageState};
     use ongrid_core::job::{JobImage, JobLifecycle, JobSpecFile, RestartChain};
-    use ongrid_core::{NodeName, SessionName};
+    use ongrid_core::SessionName;
 
     use super::super::sessions::fixtures::session;
     use super::*;
@@ -254,27 +254,10 @@ mod tests {
     fn image(n: u128, state: ImageState) -> ImageRecord {
         ImageRecord {
             id: uuid::Uuid::from_u128(n),
-            owner: alice(),
-            user_name: UserName::parse("alice").unwrap(),
             reference: ImageReference::parse("model:v1").unwrap(),
             state,
-            reason: String::new(),
-            session_id: SessionId::new_random(),
             session_name: SessionName::parse("dev").unwrap(),
-            node: NodeName::parse("node1").unwrap(),
-            base_image: "ongrid/dev:latest".to_owned(),
-            compression: Compression::Gzip,
-            digest: None,
-            size: None,
-            sif_path: None,
-            docker_image: None,
-            bytes_done: 0,
-            bytes_total: 0,
-            progress_at: t(0),
-            created_at: t(0),
-            finished_at: None,
-            superseded_at: None,
-            shared_at: None,
+            ..super::super::images::fixtures::image()
         }
     }
 
