@@ -700,18 +700,7 @@ allowlist_refresh = "1 second"
         let stdout = child.stdout.take().expect("stdout");
         let child = Process::new(child, binary_name);
         let rx = self.announced_lines(stdout);
-        let line = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) => line,
-            Err(_) => panic!(
-                "{binary_name} did not print its address within 30 s\n{}",
-                self.logs()
-            ),
-        };
-        let addr = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from {binary_name}: {line:?}"))
-            .trim()
-            .to_owned();
+        let addr = self.announced(binary_name, &rx, "listening on ");
         if self.metrics {
             self.read_metrics_addr(log_name, &rx);
         }
@@ -734,19 +723,22 @@ allowlist_refresh = "1 second"
 
     /// Reads the next line of `lines`, `metrics on ADDR`, into `metrics_addrs[component]`.
     fn read_metrics_addr(&mut self, component: &str, lines: &mpsc::Receiver<String>) {
-        let line = match lines.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) => line,
-            Err(_) => panic!(
-                "ongrid-{component} did not print its metrics address within 30 s\n{}",
-                self.logs()
-            ),
-        };
-        let addr = line
-            .strip_prefix("metrics on ")
-            .unwrap_or_else(|| panic!("ongrid-{component} printed {line:?}, not `metrics on ADDR`"))
-            .trim()
-            .to_owned();
+        let addr = self.announced(&format!("ongrid-{component}"), lines, "metrics on ");
         self.metrics_addrs.insert(component.to_owned(), addr);
+    }
+
+    /// The address in the next line `binary` prints, `PREFIX ADDR`, within 30 s.
+    fn announced(&self, binary: &str, lines: &mpsc::Receiver<String>, prefix: &str) -> String {
+        let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) else {
+            panic!(
+                "{binary} did not print `{prefix}ADDR` within 30 s\n{}",
+                self.logs()
+            );
+        };
+        line.strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("{binary} printed {line:?}, not `{prefix}ADDR`"))
+            .trim()
+            .to_owned()
     }
 
     /// Allows 127.0.0.0/8 and ::1 as institute `local`.
