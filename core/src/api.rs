@@ -51,6 +51,8 @@
 //!   `&after=DONE/TOTAL[&timeout=SECONDS]` a long-poll: answered once the image is no longer
 //!   BUILDING or its progress is not `DONE/TOTAL` bytes (`0/0` before any), or as it is after the
 //!   timeout (≤ 60 s)
+//! - `POST   /v1/dashboard/links`              → 201 [`DashboardLink`]: a single-use login link to
+//!   the web dashboard (`devctl dashboard`), valid for a few minutes (refused to limited proxies)
 //!
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]
@@ -107,6 +109,15 @@ pub struct ErrorDetail {
     pub code: String,
     /// One line for a person, naming the fix.
     pub message: String,
+}
+
+/// A login link to the manager's web dashboard (`POST /v1/dashboard/links`): open
+/// `<manager URL><path>` in a browser once, before `expires_at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DashboardLink {
+    /// The path with its one-time token, like `/dashboard/login?token=...`.
+    pub path: String,
+    pub expires_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

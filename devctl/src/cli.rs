@@ -18,7 +18,7 @@ use crate::job::{self, JobCommand};
 use crate::key::{self, KeyCommand};
 use crate::session::{self, SessionCommand};
 use crate::terminal::{JsonArgs, Terminal};
-use crate::{gpu, share, whoami};
+use crate::{dashboard, gpu, share, whoami};
 
 const AFTER_HELP: &str = "\
 Settings, strongest first: flags, then environment variables, then the config file
@@ -121,6 +121,12 @@ pub enum Command {
     /// Site administration (admins only)
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Print a login link to the manager's web dashboard (works once, for five minutes)
+    ///
+    /// Open it in your browser: it logs that browser in as you (your sessions, images and jobs;
+    /// everything for admins) until the end of the working day or your credential, whichever
+    /// is first.
+    Dashboard(JsonArgs),
 }
 
 impl Command {
@@ -141,6 +147,7 @@ impl Command {
             Self::Job(command) => job::run(command, client, term).await,
             Self::Share(args) => share::run(args, client, term).await,
             Self::Admin(command) => admin::run(command, client, term).await,
+            Self::Dashboard(args) => dashboard::run(args, client, term).await,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! command family's arguments, API calls and text output live together.
 //!
 //! - [`cli`]: the global flags and the [`cli::Command`]s, each handed to its module.
-//! - [`whoami`], [`session`], [`gpu`], [`key`], [`image`], [`share`], [`admin`]: the commands.
+//! - [`whoami`], [`session`], [`gpu`], [`key`], [`image`], [`share`], [`admin`], [`dashboard`]:
+//!   the commands.
 //! - [`config`]: flags, environment and `~/.config/ongrid/devctl.toml` resolved into
 //!   [`config::Settings`].
 //! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod credentials;
+pub mod dashboard;
 pub mod format;
 pub mod gpu;
 pub mod image;

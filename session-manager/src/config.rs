@@ -114,6 +114,10 @@ pub struct RawConfig {
     /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// `[dashboard]`: what the web dashboard shows that the manager cannot know (the gateway's
+    /// address for the `ssh` command). The dashboard is served without it.
+    #[serde(default)]
+    pub dashboard: crate::dashboard::DashboardConfig,
 }
 
 /// `[jobs]` as written in the manager's config file.
@@ -236,6 +240,8 @@ pub struct Config {
     pub limits: Option<crate::domain::policy::limits::LimitsConfig>,
     /// The metrics and health listener; `None`: none.
     pub metrics: Option<MetricsConfig>,
+    /// `[dashboard]`.
+    pub dashboard: crate::dashboard::DashboardConfig,
 }
 
 impl Config {
@@ -489,6 +495,7 @@ impl Validator<'_> {
             node_timeout,
             auto_undrain: raw.auto_undrain,
             metrics: raw.metrics,
+            dashboard: raw.dashboard,
             sync_interval,
             schedule_interval,
             session_limits: ContainerLimits {

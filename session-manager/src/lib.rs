@@ -12,7 +12,7 @@
 //! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds) and [`freeze_watch`]
 //! (freezes that cannot finish); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
 //! the long-polls of agents and people);
-//! [`api`] (the routes) and [`server`] (the accept loop).
+//! [`api`] (the routes), [`dashboard`] (the web pages) and [`server`] (the accept loop).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
 //! (or [`run`], which does both).
@@ -21,6 +21,7 @@ pub mod api;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod domain;
 pub mod fair_share;
 pub mod freeze_watch;
@@ -229,7 +230,7 @@ impl Manager {
         let server = Server {
             acceptor: TlsAcceptor::from(tls),
             authenticator,
-            router: api::router(state),
+            router: api::router(state.clone()).merge(dashboard::router(state)),
         };
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "Serving.");

@@ -61,6 +61,9 @@ mod users;
 // Site policy: who may use the site, accounting groups.
 #[path = "api/policy.rs"]
 mod policy;
+// The web dashboard: login links, cookies, CSRF, what each viewer sees, live updates.
+#[path = "api/dashboard.rs"]
+mod dashboard;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";

@@ -49,6 +49,15 @@ impl FromRequestParts<AppState> for CurrentUser {
                      certificate (or proxy) issued by a CA the site trusts",
                 )
             })?;
+        Self::for_identity(state, identity).await
+    }
+}
+
+impl CurrentUser {
+    /// The user of a verified `identity` (a certificate on this connection, or the one a web
+    /// dashboard login was made with): admin or not, admitted by the site's `[policy]` or
+    /// refused, not removed.
+    pub async fn for_identity(state: &AppState, identity: &Identity) -> Result<Self, ApiError> {
         let admin = state.config.admins.admits(&identity.dn, &identity.fqans);
         // Before the user record is made: a certificate the site does not admit leaves none.
         // Logged with the caller, as every 403 is (`error::log_refusals`).
@@ -73,9 +82,7 @@ impl FromRequestParts<AppState> for CurrentUser {
             admitted,
         })
     }
-}
 
-impl CurrentUser {
     /// Only admins may do `what` (like "remove users"): 403 for the others.
     pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
         if self.admin {

@@ -94,6 +94,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/whoami", get(whoami::whoami))
         .route("/v1/share", get(share::share))
         .route(
+            "/v1/dashboard/links",
+            post(crate::dashboard::auth::create_link),
+        )
+        .route(
             "/v1/sessions",
             get(sessions::list_sessions).post(sessions::create_session),
         )

@@ -17,6 +17,7 @@
 //! a connection or a keep-alive that came in after the timer looked cancels the hold) and
 //! [`Store::create_image`] (one current image per tag).
 
+pub mod dashboard;
 pub mod sqlite;
 
 use chrono::{DateTime, Utc};
@@ -28,6 +29,7 @@ use ongrid_core::{
     NodeName, SessionId, SessionName, SessionState, Transition, UserName,
 };
 
+pub use dashboard::{DashboardIdentity, DashboardLogin, DashboardStore};
 pub use sqlite::SqliteStore;
 
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -239,6 +241,12 @@ pub struct ConnectionRecorded {
 
 /// The manager's persistent state. Every method is one transaction.
 pub trait Store: Send + Sync {
+    /// The web dashboard's login links and browser logins (migration 0016); `None` for a store
+    /// without them yet, whose dashboard takes certificates only.
+    fn dashboard(&self) -> Option<&dyn DashboardStore> {
+        None
+    }
+
     /// The user record of `dn`, created on first sight with a login name derived from the DN
     /// (made unique with `-2`, `-3`, ...) and the next UID from `first_uid` upward.
     fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>>;

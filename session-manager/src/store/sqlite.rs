@@ -354,6 +354,10 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn dashboard(&self) -> Option<&dyn super::DashboardStore> {
+        Some(self)
+    }
+
     fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>> {
         Box::pin(self.user_impl(dn, first_uid))
     }
@@ -1018,6 +1022,7 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 }
 
 mod activity;
+mod dashboard;
 mod gateway;
 mod images;
 mod jobs;

@@ -1,0 +1,455 @@
+//! Who is looking at the dashboard, and the checks on what they send.
+//!
+//! Two ways in, both ending in the same [`CurrentUser`] the API uses, so a browser sees and
+//! changes exactly what devctl would:
+//! - a login link: `devctl dashboard` calls `POST /v1/dashboard/links` ([`create_link`]) with
+//!   the user's grid credential; the link's token is good once, for [`LINK_LIFETIME`]. Opening it
+//!   shows a button ([`login_page`]) whose POST ([`log_in`]) spends the token and sets the
+//!   browser's login cookie [`COOKIE]` (`HttpOnly; Secure; SameSite=Strict`), valid for
+//!   [`LOGIN_LIFETIME`] or until the credential expires, whichever is first. The button keeps
+//!   link previews and prefetches from spending the token.
+//! - the browser's own client certificate, verified in the TLS handshake exactly as devctl's.
+//!
+//! Only SHA-256 digests of tokens are stored. Every state-changing form carries the login's CSRF
+//! token ([`Viewer::check_csrf`]); with a certificate, the token is an HMAC-like digest of the
+//! DN under a per-process secret. POSTs from another origin are refused before that
+//! ([`same_origin`]).
+
+use std::sync::OnceLock;
+
+use axum::extract::{FromRequestParts, Query, State};
+use axum::http::header::{COOKIE as COOKIE_HEADER, HOST, LOCATION, ORIGIN, SET_COOKIE};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Form, Json};
+use chrono::{DateTime, TimeDelta, Utc};
+use ongrid_core::api::DashboardLink;
+use ongrid_x509::voms::Fqan;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::views;
+use crate::api::callers::CurrentUser;
+use crate::api::{ApiError, AppState};
+use crate::auth::Peer;
+use crate::grid_identity::Identity;
+use crate::store::{DashboardIdentity, DashboardLogin, DashboardStore};
+
+/// How long a login link printed by `devctl dashboard` may be used.
+pub const LINK_LIFETIME: TimeDelta = TimeDelta::minutes(5);
+/// How long a browser stays logged in (never past the credential's end).
+pub const LOGIN_LIFETIME: TimeDelta = TimeDelta::hours(12);
+/// The login cookie.
+pub const COOKIE: &str = "ongrid_dashboard";
+/// The one-shot notice cookie: what the last form did, shown once.
+pub const NOTICE_COOKIE: &str = "ongrid_notice";
+
+/// 32 bytes' worth of hex from the system's random source (two v4 UUIDs: 244 random bits).
+fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// What is stored for a token.
+pub fn digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Constant-time equality of two tokens.
+fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// The CSRF token of a browser that logs in with its certificate: a digest of its DN under a
+/// secret made at start-up (such forms stop working when the manager restarts; a reload fixes
+/// that).
+fn certificate_csrf(dn: &str) -> String {
+    static SECRET: OnceLock<String> = OnceLock::new();
+    let secret = SECRET.get_or_init(random_token);
+    hex::encode(Sha256::digest(format!("{secret}\n{dn}").as_bytes()))
+}
+
+/// The store's dashboard logins, or a refusal saying to use a certificate.
+fn logins(state: &AppState) -> Result<&dyn DashboardStore, ApiError> {
+    state.store.dashboard().ok_or_else(|| {
+        ApiError::conflict(
+            "this manager's database does not keep dashboard logins yet: open the dashboard in \
+             a browser that has your grid certificate",
+        )
+    })
+}
+
+/// `POST /v1/dashboard/links`: a single-use login link for the caller (`devctl dashboard`).
+pub async fn create_link(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+) -> Result<(StatusCode, Json<DashboardLink>), ApiError> {
+    if caller.is_limited() {
+        return Err(ApiError::forbidden(
+            "a limited proxy may only read, and the dashboard changes sessions: make a full \
+             proxy (grid-proxy-init or voms-proxy-init without -limited) and run devctl \
+             dashboard again",
+        ));
+    }
+    let token = random_token();
+    let now = state.clock.now();
+    let expires_at = (now + LINK_LIFETIME).min(caller.not_after);
+    let identity = DashboardIdentity {
+        dn: caller.user.dn.clone(),
+        fqans: caller
+            .identity
+            .fqans
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        kind: caller.identity.kind,
+        not_after: caller.not_after,
+    };
+    logins(&state)?
+        .create_dashboard_link(&digest(&token), &identity, now, expires_at)
+        .await?;
+    tracing::info!(user = %caller.user.user_name, %expires_at, "Dashboard login link made.");
+    Ok((
+        StatusCode::CREATED,
+        Json(DashboardLink {
+            path: format!("/dashboard/login?token={token}"),
+            expires_at,
+        }),
+    ))
+}
+
+/// An answer of the dashboard that is not the page asked for: an HTML page with the status and
+/// what to do. A 401 says how to log in.
+#[derive(Debug)]
+pub struct PageError(pub ApiError);
+
+impl From<ApiError> for PageError {
+    fn from(error: ApiError) -> Self {
+        Self(error)
+    }
+}
+
+impl From<crate::store::StoreError> for PageError {
+    fn from(error: crate::store::StoreError) -> Self {
+        Self(error.into())
+    }
+}
+
+impl From<crate::domain::Refusal> for PageError {
+    fn from(refusal: crate::domain::Refusal) -> Self {
+        Self(refusal.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let status = self.0.status();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            tracing::info!(%status, message = self.0.message(), "Dashboard request refused.");
+        }
+        let page = if status == StatusCode::UNAUTHORIZED {
+            views::logged_out(self.0.message())
+        } else {
+            views::error_page(status, self.0.message())
+        };
+        (status, page).into_response()
+    }
+}
+
+/// The person behind a dashboard request.
+#[derive(Debug, Clone)]
+pub struct Viewer {
+    /// Exactly what the API's extractor makes for a certificate: the same checks follow.
+    pub caller: CurrentUser,
+    /// The token this login's forms must carry.
+    pub csrf: String,
+    /// The digest of the login cookie; `None` when the browser presented a certificate.
+    pub login: Option<String>,
+    /// A notice left by the last form (shown once).
+    pub notice: Option<String>,
+}
+
+/// The value of cookie `name` in the request.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(COOKIE_HEADER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+impl FromRequestParts<AppState> for Viewer {
+    type Rejection = PageError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, PageError> {
+        let notice = cookie(&parts.headers, NOTICE_COOKIE)
+            .and_then(|hex_text| hex::decode(hex_text).ok())
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .filter(|text| !text.is_empty());
+        if let Some(token) = cookie(&parts.headers, COOKIE) {
+            let login_digest = digest(token);
+            let found = match state.store.dashboard() {
+                Some(logins) => {
+                    logins
+                        .dashboard_login(&login_digest, state.clock.now())
+                        .await?
+                }
+                None => None,
+            };
+            if let Some(login) = found {
+                let identity = Identity {
+                    dn: login.identity.dn.clone(),
+                    kind: login.identity.kind,
+                    vos: Vec::new(),
+                    fqans: login
+                        .identity
+                        .fqans
+                        .iter()
+                        .filter_map(|fqan| Fqan::parse(fqan).ok())
+                        .collect(),
+                    not_after: login.expires_at,
+                };
+                let caller = CurrentUser::for_identity(state, &identity).await?;
+                return Ok(Self {
+                    caller,
+                    csrf: login.csrf_token,
+                    login: Some(login_digest),
+                    notice,
+                });
+            }
+        }
+        let identity = parts
+            .extensions
+            .get::<Peer>()
+            .and_then(|peer| peer.identity.as_ref())
+            .ok_or_else(|| {
+                ApiError::unauthenticated(
+                    "you are not logged in (or your login expired): run `devctl dashboard` and \
+                     open the link it prints, or present your grid certificate to the browser",
+                )
+            })?;
+        let caller = CurrentUser::for_identity(state, identity).await?;
+        let csrf = certificate_csrf(caller.user.dn.as_str());
+        Ok(Self {
+            caller,
+            csrf,
+            login: None,
+            notice,
+        })
+    }
+}
+
+impl Viewer {
+    /// Refuses a form that does not carry this login's CSRF token.
+    pub fn check_csrf(&self, sent: &str) -> Result<(), PageError> {
+        if same_token(sent, &self.csrf) {
+            Ok(())
+        } else {
+            Err(PageError(ApiError::forbidden(
+                "this form is not from your current dashboard page (its CSRF token does not \
+                 match): reload the page and try again",
+            )))
+        }
+    }
+
+    /// Refuses a non-admin.
+    pub fn require_admin(&self) -> Result<(), PageError> {
+        self.caller
+            .require_admin("see the admin pages")
+            .map_err(PageError)
+    }
+}
+
+/// Refuses a POST whose `Origin` is not this manager (defence in depth beside the CSRF token
+/// and `SameSite=Strict`; browsers send `Origin` on every POST).
+pub async fn same_origin(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.method() == Method::POST {
+        let host = request
+            .headers()
+            .get(HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| request.uri().authority().map(|a| a.as_str()))
+            .unwrap_or_default()
+            .to_owned();
+        let origin = request.headers().get(ORIGIN).and_then(|v| v.to_str().ok());
+        if let Some(origin) = origin {
+            if origin != format!("https://{host}") {
+                return PageError(ApiError::forbidden(format!(
+                    "a form sent from {origin} may not change anything here: use the \
+                     dashboard's own pages"
+                )))
+                .into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenQuery {
+    #[serde(default)]
+    token: String,
+}
+
+fn spent_link() -> PageError {
+    PageError(ApiError::unauthenticated(
+        "this login link was used already or has expired (links last 5 minutes and work \
+         once): run `devctl dashboard` again",
+    ))
+}
+
+/// `GET /dashboard/login?token=...`: a button that logs in (the token is not spent yet).
+pub async fn login_page(
+    State(state): State<AppState>,
+    Query(query): Query<TokenQuery>,
+) -> Result<Response, PageError> {
+    let who = logins(&state)?
+        .dashboard_link(&digest(&query.token), state.clock.now())
+        .await?
+        .ok_or_else(spent_link)?;
+    Ok(views::login_page(&who.dn, &query.token).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    token: String,
+}
+
+/// `POST /dashboard/login`: spends the link's token and sets the login cookie.
+pub async fn log_in(
+    State(state): State<AppState>,
+    Form(form): Form<LoginForm>,
+) -> Result<Response, PageError> {
+    let now = state.clock.now();
+    let identity = logins(&state)?
+        .redeem_dashboard_link(&digest(&form.token), now)
+        .await?
+        .ok_or_else(spent_link)?;
+    let expires_at = (now + LOGIN_LIFETIME).min(identity.not_after);
+    let cookie_token = random_token();
+    let login = DashboardLogin {
+        identity,
+        csrf_token: random_token(),
+        expires_at,
+    };
+    logins(&state)?
+        .create_dashboard_login(&digest(&cookie_token), &login, now)
+        .await?;
+    tracing::info!(user = %login.identity.dn, %expires_at, "Dashboard login.");
+    Ok(redirect_with_cookie(
+        "/dashboard/",
+        &login_cookie(&cookie_token, expires_at, now),
+    ))
+}
+
+/// `Set-Cookie` for a login that lasts until `expires_at`.
+pub fn login_cookie(token: &str, expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let max_age = (expires_at - now).num_seconds().max(0);
+    format!(
+        "{COOKIE}={token}; Path=/dashboard; Max-Age={max_age}; HttpOnly; Secure; SameSite=Strict"
+    )
+}
+
+/// `Set-Cookie` for a notice shown once by the next page.
+pub fn notice_cookie(text: &str) -> String {
+    format!(
+        "{NOTICE_COOKIE}={}; Path=/dashboard; Max-Age=60; HttpOnly; Secure; SameSite=Strict",
+        hex::encode(text.as_bytes())
+    )
+}
+
+/// `Set-Cookie` that clears cookie `name`.
+pub fn clear_cookie(name: &str) -> String {
+    format!("{name}=; Path=/dashboard; Max-Age=0; HttpOnly; Secure; SameSite=Strict")
+}
+
+/// 303 to `location`, setting `cookie`.
+pub fn redirect_with_cookie(location: &str, cookie: &str) -> Response {
+    let mut response = StatusCode::SEE_OTHER.into_response();
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(location) {
+        headers.insert(LOCATION, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(cookie) {
+        headers.append(SET_COOKIE, value);
+    }
+    response
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CsrfForm {
+    csrf: String,
+}
+
+/// `POST /dashboard/logout`: ends the cookie's login.
+pub async fn log_out(
+    State(state): State<AppState>,
+    viewer: Viewer,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, PageError> {
+    viewer.check_csrf(&form.csrf)?;
+    if let Some(login) = &viewer.login {
+        logins(&state)?.end_dashboard_login(login).await?;
+    }
+    Ok(redirect_with_cookie("/dashboard/", &clear_cookie(COOKIE)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_long_random_and_compared_whole() {
+        let a = random_token();
+        let b = random_token();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert!(same_token(&a, &a.clone()));
+        assert!(!same_token(&a, &b));
+        assert!(!same_token(&a, &a[..63]));
+        assert!(!same_token("", &a));
+        assert_eq!(digest("x").len(), 64);
+        assert_ne!(digest(&a), a);
+    }
+
+    #[test]
+    fn the_login_cookie_is_http_only_secure_strict_and_expires() {
+        let now = Utc::now();
+        let cookie = login_cookie("abc", now + TimeDelta::hours(2), now);
+        assert_eq!(
+            cookie,
+            "ongrid_dashboard=abc; Path=/dashboard; Max-Age=7200; HttpOnly; Secure; SameSite=Strict"
+        );
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            COOKIE_HEADER,
+            HeaderValue::from_static("a=1; ongrid_dashboard=tok; b=2"),
+        );
+        assert_eq!(cookie(&headers, COOKIE), Some("tok"));
+        assert_eq!(cookie(&headers, "c"), None);
+    }
+
+    #[test]
+    fn certificate_csrf_tokens_differ_per_user() {
+        assert_eq!(certificate_csrf("/CN=a"), certificate_csrf("/CN=a"));
+        assert_ne!(certificate_csrf("/CN=a"), certificate_csrf("/CN=b"));
+    }
+}

@@ -1,0 +1,345 @@
+//! The web dashboard over real TLS, as a browser without a client certificate uses it: a login
+//! link from `POST /v1/dashboard/links` (what `devctl dashboard` prints), spent once for a
+//! cookie; pages that show only the viewer's own sessions; forms refused without the login's
+//! CSRF token or from another origin; admin pages refused to users; live updates pushed when a
+//! session changes.
+
+use ongrid_core::api::{ContainerState, DashboardLink, Institute};
+use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
+
+use super::*;
+
+/// A browser: no client certificate, no redirects followed, its cookie kept by hand.
+struct Browser {
+    client: reqwest::Client,
+    base: String,
+    cookie: Option<String>,
+}
+
+impl Browser {
+    fn new(site: &Site, addr: SocketAddr) -> Self {
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(site.ca_pem.as_bytes()).unwrap())
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        Self {
+            client,
+            base: format!("https://{addr}"),
+            cookie: None,
+        }
+    }
+
+    fn with_cookie(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.cookie {
+            Some(cookie) => request.header(COOKIE, cookie),
+            None => request,
+        }
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, String) {
+        let response = self
+            .with_cookie(self.client.get(format!("{}{path}", self.base)))
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.text().await.unwrap())
+    }
+
+    /// A form POST from the dashboard's own origin; the answer and its `Location`.
+    async fn post(
+        &self,
+        path: &str,
+        form: &[(&str, &str)],
+    ) -> (StatusCode, Option<String>, String) {
+        self.post_from(path, form, &self.base.clone()).await
+    }
+
+    async fn post_from(
+        &self,
+        path: &str,
+        form: &[(&str, &str)],
+        origin: &str,
+    ) -> (StatusCode, Option<String>, String) {
+        let response = self
+            .with_cookie(self.client.post(format!("{}{path}", self.base)))
+            .header(ORIGIN, origin)
+            .form(form)
+            .send()
+            .await
+            .unwrap();
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .map(|v| v.to_str().unwrap().to_owned());
+        (response.status(), location, response.text().await.unwrap())
+    }
+
+    /// Logs in with a link made by `api`'s caller; returns the `Set-Cookie` line.
+    async fn log_in(&mut self, api: &Api) -> String {
+        let link: DashboardLink = api
+            .ok(
+                StatusCode::CREATED,
+                api.request(reqwest::Method::POST, "/v1/dashboard/links"),
+            )
+            .await;
+        let token = link
+            .path
+            .strip_prefix("/dashboard/login?token=")
+            .unwrap_or_else(|| panic!("a login path: {}", link.path))
+            .to_owned();
+        let (status, page) = self.get(&link.path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(page.contains("action=\"/dashboard/login\""), "{page}");
+        let response = self
+            .client
+            .post(format!("{}/dashboard/login", self.base))
+            .header(ORIGIN, &self.base)
+            .form(&[("token", token.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SEE_OTHER);
+        assert_eq!(response.headers()[LOCATION], "/dashboard/");
+        let set_cookie = response.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+        let pair = set_cookie.split(';').next().unwrap().to_owned();
+        self.cookie = Some(pair);
+
+        // The token was spent: a second use is refused.
+        let (status, _, page) = self
+            .post("/dashboard/login", &[("token", token.as_str())])
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(page.contains("devctl dashboard"), "{page}");
+        set_cookie
+    }
+}
+
+/// The CSRF token of a dashboard page's forms.
+fn csrf(page: &str) -> String {
+    let marker = "name=\"csrf\" value=\"";
+    let start = page
+        .find(marker)
+        .unwrap_or_else(|| panic!("no CSRF field: {page}"))
+        + marker.len();
+    page[start..start + page[start..].find('"').unwrap()].to_owned()
+}
+
+#[tokio::test]
+async fn a_login_link_logs_a_browser_in_once_and_it_sees_and_changes_only_its_own() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1), a100(2)]).await;
+    let train = m.alice.create(Some("train1"), one_gpu()).await;
+    let bobs = m.bob.create(Some("bobs-secret"), one_gpu()).await;
+    m.node1
+        .sync(
+            "node1",
+            vec![a100(1), a100(2)],
+            vec![
+                container(&train, ContainerState::Running, None),
+                container(&bobs, ContainerState::Running, None),
+            ],
+        )
+        .await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+
+    // Without a login: a page that says how to get one.
+    let mut alice = Browser::new(&site, m.addr);
+    let (status, page) = alice.get("/dashboard/").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(page.contains("devctl dashboard"), "{page}");
+    let (status, _) = alice.get("/dashboard/login?token=0123").await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "an unknown token logs nobody in"
+    );
+
+    let set_cookie = alice.log_in(&m.alice).await;
+    for part in [
+        "HttpOnly",
+        "Secure",
+        "SameSite=Strict",
+        "Path=/dashboard",
+        "Max-Age=",
+    ] {
+        assert!(set_cookie.contains(part), "{part} missing: {set_cookie}");
+    }
+    let (status, page) = alice.get("/dashboard/").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("train1") && page.contains("WAITING"),
+        "{page}"
+    );
+    assert!(page.contains("node1"), "{page}");
+    assert!(
+        !page.contains("bobs-secret") && !page.contains("Bob Jones"),
+        "Alice sees nothing of Bob's: {page}"
+    );
+    let token = csrf(&page);
+
+    // Forms without the login's CSRF token, or from another origin, change nothing.
+    let (status, _, page) = alice
+        .post("/dashboard/sessions/train1/hold", &[("csrf", "forged")])
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    assert!(page.contains("CSRF"), "{page}");
+    let (status, _, _) = alice
+        .post_from(
+            "/dashboard/sessions/train1/hold",
+            &[("csrf", token.as_str())],
+            "https://evil.example",
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Waiting);
+
+    // Bob's session cannot be reached, even naming him as its owner: the same 404 as nothing.
+    let (status, _, _) = alice
+        .post(
+            "/dashboard/sessions/bobs-secret/hold",
+            &[
+                ("csrf", token.as_str()),
+                ("owner", BOB),
+                ("reason", "mine now"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(m.bob.show("bobs-secret").await.state, SessionState::Waiting);
+
+    // The page's own form holds it, as devctl session hold would, and says so once.
+    let (status, location, _) = alice
+        .post(
+            "/dashboard/sessions/train1/hold",
+            &[("csrf", token.as_str())],
+        )
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(location.as_deref(), Some("/dashboard/"));
+    let held = m.alice.show("train1").await;
+    assert_eq!(held.state, SessionState::Held);
+    assert_eq!(held.reason, "owner: held by alice-smith");
+
+    // Admin pages and their live view are refused to users.
+    let (status, page) = alice.get("/dashboard/admin").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    let (status, _) = alice.get("/dashboard/events?view=admin").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = alice
+        .post(
+            "/dashboard/admin/institutes",
+            &[
+                ("csrf", token.as_str()),
+                ("name", "sneaky"),
+                ("networks", "0.0.0.0/0"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // An admin sees every session and the nodes, and adds an institute.
+    let mut admin = Browser::new(&site, m.addr);
+    admin.log_in(&m.admin).await;
+    let (status, page) = admin.get("/dashboard/admin").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("train1") && page.contains("bobs-secret"),
+        "{page}"
+    );
+    assert!(
+        page.contains("node1") && page.contains("GPU-11111111"),
+        "{page}"
+    );
+    let admin_token = csrf(&page);
+    assert_ne!(admin_token, token, "each login has its own CSRF token");
+    let (status, location, page) = admin
+        .post(
+            "/dashboard/admin/institutes",
+            &[
+                ("csrf", admin_token.as_str()),
+                ("name", "physics"),
+                ("networks", "192.0.2.0/24, 2001:db8::/32"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{page}");
+    assert_eq!(location.as_deref(), Some("/dashboard/admin"));
+    let institutes: Vec<Institute> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/institutes"))
+        .await;
+    assert_eq!(institutes.len(), 1);
+    assert_eq!(institutes[0].name.to_string(), "physics");
+    assert_eq!(institutes[0].cidrs.len(), 2);
+
+    // Logging out ends the cookie's login.
+    let (status, _, _) = alice
+        .post("/dashboard/logout", &[("csrf", token.as_str())])
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (status, _) = alice.get("/dashboard/").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn the_live_view_is_pushed_when_a_session_changes() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let train = m.alice.create(Some("train1"), one_gpu()).await;
+    m.node1
+        .sync(
+            "node1",
+            vec![a100(1)],
+            vec![container(&train, ContainerState::Running, None)],
+        )
+        .await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+    let mut alice = Browser::new(&site, m.addr);
+    alice.log_in(&m.alice).await;
+    let response = alice
+        .with_cookie(
+            alice
+                .client
+                .get(format!("{}/dashboard/events?view=user", alice.base)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut response = response;
+
+    // A hold through the API (devctl) reaches the open page at once, not at its next refresh.
+    let started = tokio::time::Instant::now();
+    let _: SessionView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice
+                .post("/v1/sessions/train1/hold", &serde_json::json!({})),
+        )
+        .await;
+    let mut seen = String::new();
+    while !seen.contains("event: update") || !seen.contains(">HELD<") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+            .await
+            .expect("an update within 10 s")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        started.elapsed() < ongrid_manager::dashboard::LIVE_REFRESH,
+        "pushed by the change, not by the periodic refresh"
+    );
+    assert!(!seen.contains("bobs"), "{seen}");
+    drop(response);
+    m.stop().await;
+}
