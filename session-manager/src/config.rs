@@ -48,6 +48,7 @@ pub enum ConfigError {
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub listen: String,
+    /// A SQLite file (a path, or `sqlite:PATH`) or a PostgreSQL URL (`postgres://USER@HOST/DB`).
     pub database: PathBuf,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
@@ -202,6 +203,8 @@ pub struct Config {
     pub path: PathBuf,
     pub listen: SocketAddr,
     pub database: PathBuf,
+    /// What `database` names: a SQLite file or a PostgreSQL server.
+    pub store: crate::store::Database,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
     pub ca_dir: PathBuf,
@@ -460,15 +463,23 @@ impl Validator<'_> {
                 ));
             }
         }
-        let job_log_dir = match &raw.jobs.log_dir {
-            Some(dir) => {
+        let store = crate::store::Database::parse(&raw.database.to_string_lossy())
+            .map_err(|e| self.invalid("database", e))?;
+        let job_log_dir = match (&raw.jobs.log_dir, store.sqlite_file()) {
+            (Some(dir), _) => {
                 self.non_empty_path("jobs.log_dir", dir)?;
                 dir.clone()
             }
-            None => raw
-                .database
+            (None, Some(file)) => file
                 .parent()
                 .map_or_else(|| PathBuf::from("jobs"), |dir| dir.join("jobs")),
+            (None, None) => {
+                return Err(self.invalid(
+                    "jobs.log_dir",
+                    "must be set when `database` is a PostgreSQL server: there is no database \
+                     file to keep the jobs' output beside (e.g. log_dir = \"/var/lib/ongrid/jobs\")",
+                ))
+            }
         };
         if raw.session_limits.pids < 16 {
             return Err(self.invalid(
@@ -480,6 +491,7 @@ impl Validator<'_> {
             path: self.path.to_owned(),
             listen,
             database: raw.database,
+            store,
             tls_cert: raw.tls_cert,
             tls_key: raw.tls_key,
             ca_dir: raw.ca_dir,
@@ -950,6 +962,50 @@ agent_tokens_file = "t"
             .unwrap_err()
             .to_string();
         assert!(err.contains("key `gateway_token_file`"), "{err}");
+    }
+
+    #[test]
+    fn database_is_a_sqlite_file_or_a_postgres_url() {
+        use crate::store::Database;
+        let config = load(EXAMPLE).unwrap();
+        assert_eq!(
+            config.store,
+            Database::Sqlite(PathBuf::from("/var/lib/ongrid/manager.db"))
+        );
+        assert_eq!(config.job_log_dir, PathBuf::from("/var/lib/ongrid/jobs"));
+        let sqlite_url = EXAMPLE.replace(
+            "database = \"/var/lib/ongrid/manager.db\"",
+            "database = \"sqlite:/srv/m.db\"",
+        );
+        let config = load(&sqlite_url).unwrap();
+        assert_eq!(config.store, Database::Sqlite(PathBuf::from("/srv/m.db")));
+        assert_eq!(config.job_log_dir, PathBuf::from("/srv/jobs"));
+
+        let postgres = EXAMPLE.replace(
+            "database = \"/var/lib/ongrid/manager.db\"",
+            "database = \"postgres://ongrid@db.example.org/ongrid\"",
+        );
+        let err = load(&postgres).unwrap_err().to_string();
+        assert!(err.contains("key `jobs.log_dir`"), "{err}");
+        let with_logs = format!("{postgres}\n[jobs]\nlog_dir = \"/srv/jobs\"\n");
+        let loaded = load(&with_logs);
+        #[cfg(feature = "postgres")]
+        assert_eq!(
+            loaded.unwrap().store,
+            Database::Postgres("postgres://ongrid@db.example.org/ongrid".to_owned())
+        );
+        #[cfg(not(feature = "postgres"))]
+        assert!(loaded
+            .unwrap_err()
+            .to_string()
+            .contains("built without PostgreSQL"));
+        let err = load(&EXAMPLE.replace(
+            "database = \"/var/lib/ongrid/manager.db\"",
+            "database = \"mysql://db/ongrid\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("key `database`") && err.contains("postgres://"), "{err}");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! ongrid-manager: the control plane of an ongrid site.
 //!
 //! It serves the HTTPS API of `ongrid_core::api` to users (TLS client certificates), node
-//! agents and the SSH gateway (bearer tokens), keeps everything in a [`store::Store`] (SQLite),
-//! and runs the scheduling loop that places PENDING sessions on GPUs with
+//! agents and the SSH gateway (bearer tokens), keeps everything in a [`store::Store`] (SQLite or
+//! PostgreSQL), and runs the scheduling loop that places PENDING sessions on GPUs with
 //! `ongrid_scheduler::plan`.
 //!
 //! Modules, from the bottom up: [`domain`] (every rule that moves a session or an image between
@@ -58,7 +58,7 @@ use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 use crate::hold_timer::HoldTimer;
 use crate::scheduler::Scheduler;
 use crate::server::Server;
-use crate::store::SqliteStore;
+use crate::store::OpenedStore;
 
 /// Everything the config points to, loaded and checked, without touching the database.
 /// `--check-config` stops here.
@@ -120,7 +120,7 @@ pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
 /// A manager with its files loaded and its database open, ready to serve.
 pub struct Manager {
     prepared: Prepared,
-    store: SqliteStore,
+    store: OpenedStore,
     clock: Arc<dyn Clock>,
 }
 
@@ -128,14 +128,12 @@ impl Manager {
     /// Loads everything the config names and opens (and migrates) the database.
     pub async fn open(config: Config) -> anyhow::Result<Self> {
         let prepared = prepare(config)?;
-        let store = SqliteStore::open(&prepared.config.database)
+        let store = prepared
+            .config
+            .store
+            .open()
             .await
-            .with_context(|| {
-                format!(
-                    "opening database {} (key `database`)",
-                    prepared.config.database.display()
-                )
-            })?;
+            .with_context(|| format!("opening {} (key `database`)", prepared.config.store))?;
         Ok(Self {
             prepared,
             store,
@@ -163,7 +161,8 @@ impl Manager {
             tokens,
             gateway_token,
         } = self.prepared;
-        let store = Arc::new(self.store);
+        let opened = self.store;
+        let store = opened.shared();
         let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
         let wake = Arc::new(Notify::new());
         let tracker = TaskTracker::new();
@@ -237,7 +236,7 @@ impl Manager {
         server.serve(listener, tracker.clone(), shutdown).await;
         tracker.close();
         tracker.wait().await;
-        store.close().await;
+        opened.close().await;
         tracing::info!("Stopped.");
         Ok(())
     }

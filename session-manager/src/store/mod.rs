@@ -3,8 +3,9 @@
 //! connections.
 //!
 //! The rest of the manager talks to the [`Store`] trait only; [`sqlite::SqliteStore`] is the
-//! embedded implementation (one file, WAL), and a PostgreSQL one can follow for multi-replica
-//! sites. SQL lives under this module and nowhere else.
+//! embedded implementation (one file, WAL) and `postgres::PostgresStore` (feature `postgres`)
+//! the one for a database server, chosen by the config's `database` ([`Database`]). SQL lives
+//! under this module and nowhere else.
 //!
 //! The store decides nothing: the rules are in [`crate::domain`], and this module depends on it
 //! only for the records it stores and the decisions it applies. Session states change only
@@ -18,7 +19,14 @@
 //! [`Store::create_image`] (one current image per tag).
 
 pub mod dashboard;
+pub mod database;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod sqlite;
+#[cfg(all(test, feature = "postgres"))]
+mod test_server;
+#[cfg(test)]
+mod tests;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -30,6 +38,9 @@ use ongrid_core::{
 };
 
 pub use dashboard::{DashboardIdentity, DashboardLogin, DashboardStore};
+pub use database::{Database, OpenedStore};
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 use ongrid_core::holds::{ContainerActivity, HoldReason};

@@ -82,6 +82,12 @@ impl SqliteStore {
         self.pool.close().await;
     }
 
+    /// The pool, for the tests that look at rows directly.
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     async fn write(&self) -> StoreResult<Transaction<'static, Sqlite>> {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
@@ -1027,7 +1033,5 @@ mod gateway;
 mod images;
 mod jobs;
 mod nodes;
-#[cfg(test)]
-mod tests;
 mod usage;
 mod users;

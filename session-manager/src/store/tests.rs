@@ -1,16 +1,192 @@
-//! Tests of the SQLite store against a real database file in a temporary directory.
+//! The store's tests, each run against both backends: a SQLite file in a temporary directory
+//! and a fresh database on a real PostgreSQL server ([`super::test_server`]). Both must behave
+//! the same; a test listed in [`backend_tests!`] runs as `store::tests::sqlite::<name>` and
+//! `store::tests::postgres::<name>`.
 
-use chrono::TimeZone;
-use ongrid_core::{ComputeCapability, GpuId, GpuRequest, MemorySize, Sharing};
+use std::collections::BTreeSet;
+use std::ops::Deref;
 
-use crate::store::{AuditFilter, KeyAdded, KeyRecord, NewKey};
+use chrono::{DateTime, TimeZone, Utc};
+use ongrid_core::{
+    ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, MemorySize,
+    NodeName, SessionId, SessionName, SessionState, Sharing,
+};
 
 use super::*;
+use crate::domain::sessions::{Change, Placement, SessionRecord};
+
+/// Which store a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+/// Where a test's store lives, so that it can be opened again (a manager restart).
+pub(crate) struct Place {
+    /// The SQLite file's directory (also made for PostgreSQL, for files a test writes).
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) database: Database,
+}
+
+impl Place {
+    pub(crate) async fn new(backend: Backend) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let database = match backend {
+            Backend::Sqlite => Database::Sqlite(dir.path().join("manager.db")),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => Database::Postgres(super::test_server::fresh_database().await),
+        };
+        Self { dir, database }
+    }
+
+    pub(crate) async fn open(&self) -> TestStore {
+        TestStore(
+            self.database
+                .open()
+                .await
+                .unwrap_or_else(|e| panic!("opening {}: {e}", self.database)),
+        )
+    }
+}
+
+/// An open store of either backend, used as a `dyn Store`.
+#[derive(Clone)]
+pub(crate) struct TestStore(OpenedStore);
+
+impl Deref for TestStore {
+    type Target = dyn Store;
+
+    fn deref(&self) -> &Self::Target {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store,
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store,
+        }
+    }
+}
+
+impl TestStore {
+    pub(crate) async fn close(&self) {
+        self.0.close().await;
+    }
+
+    /// Runs `sql` (written with `?` for each argument in order) and returns every row's
+    /// columns as text, so that tests can look at what is stored: cast what is not text.
+    pub(crate) async fn rows(&self, sql: &str, args: &[&str]) -> Vec<Vec<Option<String>>> {
+        use sqlx::Row;
+        match &self.0 {
+            OpenedStore::Sqlite(store) => {
+                let mut query = sqlx::query(sql);
+                for arg in args {
+                    query = query.bind(*arg);
+                }
+                let rows = query.fetch_all(store.pool()).await.unwrap();
+                rows.iter()
+                    .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+                    .collect()
+            }
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => {
+                let mut numbered = String::new();
+                let mut n = 0;
+                for c in sql.chars() {
+                    if c == '?' {
+                        n += 1;
+                        numbered.push_str(&format!("${n}"));
+                    } else {
+                        numbered.push(c);
+                    }
+                }
+                let mut query = sqlx::query(&numbered);
+                for arg in args {
+                    query = query.bind(*arg);
+                }
+                let rows = query.fetch_all(store.pool()).await.unwrap();
+                rows.iter()
+                    .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Runs each listed `async fn name(backend: Backend)` once per backend.
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::Sqlite).await;
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+
+backend_tests!(
+    a_reopened_file_gives_everything_back,
+    transitions_go_through_the_lifecycle,
+    names_are_unique_per_owner_among_sessions_that_have_not_ended,
+    users_get_stable_unique_names_and_uids,
+    nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
+    the_queue_is_ordered_by_time_then_id,
+    concurrent_writers_do_not_fail,
+    concurrent_placements_of_one_session_store_one,
+    keys_belong_to_one_owner_and_renew,
+    institutes_keep_their_networks,
+    connections_coming_and_going_leave_a_bounded_history,
+    connections_are_audited_and_move_their_session,
+    nodes_keep_their_stream_url,
+    an_upgrade_types_the_hold_reasons_already_stored,
+    a_hold_is_stored_typed_and_read_as_its_sentence,
+);
+
+/// Whoever adds a SQLite migration ports it: `migrations-postgres/` holds a file of the same
+/// version and name for every file of `migrations/`, and nothing else.
+#[test]
+fn both_backends_have_the_same_migrations() {
+    let names = |dir: &str| -> BTreeSet<String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        std::fs::read_dir(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".sql"))
+            .collect()
+    };
+    let sqlite = names("migrations");
+    let postgres = names("migrations-postgres");
+    let unported: Vec<&String> = sqlite.difference(&postgres).collect();
+    let unknown: Vec<&String> = postgres.difference(&sqlite).collect();
+    assert!(
+        unported.is_empty() && unknown.is_empty(),
+        "session-manager/migrations-postgres/ must hold the PostgreSQL port of every file of \
+         session-manager/migrations/, under the same name: not ported {unported:?}; no SQLite \
+         original {unknown:?}"
+    );
+    assert!(sqlite.len() >= 13, "{sqlite:?}");
+}
 
 fn t(secs: i64) -> DateTime<Utc> {
     // Nanoseconds included, to prove timestamps round-trip exactly.
     Utc.timestamp_opt(1_700_000_000 + secs, 123_456_789)
         .unwrap()
+}
+
+/// A time as the stores keep it.
+fn stored_time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
 }
 
 fn dn(cn: &str) -> Dn {
@@ -68,16 +244,9 @@ fn change(to: SessionState, at: DateTime<Utc>, reason: &str, placement: Placemen
     }
 }
 
-async fn open(dir: &tempfile::TempDir) -> SqliteStore {
-    SqliteStore::open(&dir.path().join("manager.db"))
-        .await
-        .unwrap()
-}
-
-#[tokio::test]
-async fn a_reopened_file_gives_everything_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn a_reopened_file_gives_everything_back(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice Smith"), 20_000).await.unwrap();
     store
         .register_node(node("node1"), &[gpu(1), gpu(2)], t(0))
@@ -106,7 +275,7 @@ async fn a_reopened_file_gives_everything_back() {
     store.close().await;
     drop(store);
 
-    let store = open(&dir).await;
+    let store = place.open().await;
     assert_eq!(store.user(&alice.dn, 20_000).await.unwrap(), alice);
     assert_eq!(
         store.session(created.id).await.unwrap().unwrap(),
@@ -121,10 +290,9 @@ async fn a_reopened_file_gives_everything_back() {
     assert_eq!(before_nodes[0].gpus[1].mode, shared);
 }
 
-#[tokio::test]
-async fn transitions_go_through_the_lifecycle() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn transitions_go_through_the_lifecycle(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let session = store
         .create_session(new_session(&alice.dn, None, t(0)))
@@ -217,10 +385,9 @@ async fn transitions_go_through_the_lifecycle() {
     ));
 }
 
-#[tokio::test]
-async fn names_are_unique_per_owner_among_sessions_that_have_not_ended() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
     let first = store
@@ -309,10 +476,9 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended() {
     assert_eq!(store.sessions(SessionFilter::All).await.unwrap().len(), 4);
 }
 
-#[tokio::test]
-async fn users_get_stable_unique_names_and_uids() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn users_get_stable_unique_names_and_uids(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let a1 = store.user(&dn("Alice Smith"), 20_000).await.unwrap();
     let a2 = store
         .user(
@@ -337,10 +503,9 @@ async fn users_get_stable_unique_names_and_uids() {
     assert_eq!(carol.uid, 30_001);
 }
 
-#[tokio::test]
-async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let node1 = NodeName::parse("node1").unwrap();
     assert!(!store.record_sync(&node1, &[gpu(1)], t(0)).await.unwrap());
     store
@@ -387,10 +552,9 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed() {
     assert!(nodes[0].gpus[1].info.health.is_healthy());
 }
 
-#[tokio::test]
-async fn the_queue_is_ordered_by_time_then_id() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn the_queue_is_ordered_by_time_then_id(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let late = store
         .create_session(new_session(&alice.dn, Some("late"), t(10)))
@@ -422,10 +586,9 @@ async fn the_queue_is_ordered_by_time_then_id() {
         .is_empty());
 }
 
-#[tokio::test]
-async fn concurrent_writers_do_not_fail() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn concurrent_writers_do_not_fail(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let owners: Vec<Dn> = (0..8).map(|i| dn(&format!("User {i}"))).collect();
     let tasks: Vec<_> = owners
         .iter()
@@ -469,10 +632,9 @@ fn new_key(owner: &Dn, n: u8, at: DateTime<Utc>, expires_at: DateTime<Utc>) -> N
     }
 }
 
-#[tokio::test]
-async fn keys_belong_to_one_owner_and_renew() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
 
@@ -570,15 +732,14 @@ async fn keys_belong_to_one_owner_and_renew() {
     assert_eq!(store.remove_key("SHA256:key3", None).await.unwrap(), None);
     let before = store.keys(None).await.unwrap();
     store.close().await;
-    let store = open(&dir).await;
+    let store = place.open().await;
     assert_eq!(store.keys(None).await.unwrap(), before);
     assert_eq!(fingerprints(before), ["SHA256:key2"]);
 }
 
-#[tokio::test]
-async fn institutes_keep_their_networks() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn institutes_keep_their_networks(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let institute = |name: &str, cidrs: &[&str]| Institute {
         name: InstituteName::parse(name).unwrap(),
         cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
@@ -607,7 +768,7 @@ async fn institutes_keep_their_networks() {
     assert_eq!(store.remove_institute(&cern.name).await.unwrap(), None);
     assert_eq!(store.institute(&cern.name).await.unwrap(), None);
     store.close().await;
-    let store = open(&dir).await;
+    let store = place.open().await;
     assert_eq!(store.institutes().await.unwrap(), vec![lab]);
 }
 
@@ -634,7 +795,7 @@ fn connection(
 }
 
 /// A WAITING session of `owner` named `name` on node1.
-async fn running_session(store: &SqliteStore, owner: &Dn, name: &str) -> SessionRecord {
+async fn running_session(store: &TestStore, owner: &Dn, name: &str) -> SessionRecord {
     store
         .register_node(node("node1"), &[gpu(1)], t(0))
         .await
@@ -663,11 +824,10 @@ async fn running_session(store: &SqliteStore, owner: &Dn, name: &str) -> Session
         .unwrap()
 }
 
-#[tokio::test]
-async fn connections_coming_and_going_leave_a_bounded_history() {
+async fn connections_coming_and_going_leave_a_bounded_history(backend: Backend) {
     use ongrid_core::api::ConnectionEventKind::{Close, Open};
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let session = running_session(&store, &alice.dn, "train1").await;
     let at = |n: u32| t(10 + i64::from(n));
@@ -742,20 +902,22 @@ async fn connections_coming_and_going_leave_a_bounded_history() {
         .await
         .unwrap();
     assert_eq!(store.transitions(session.id).await.unwrap().len(), 7);
-    let seqs: Vec<i64> =
-        sqlx::query_scalar("SELECT seq FROM session_transitions WHERE session_id = ? ORDER BY seq")
-            .bind(session.id.to_string())
-            .fetch_all(&store.pool)
-            .await
-            .unwrap();
+    let seqs: Vec<i64> = store
+        .rows(
+            "SELECT CAST(seq AS TEXT) FROM session_transitions WHERE session_id = ? ORDER BY seq",
+            &[&session.id.to_string()],
+        )
+        .await
+        .iter()
+        .map(|row| row[0].as_deref().unwrap().parse().unwrap())
+        .collect();
     assert_eq!(seqs, (0..7).collect::<Vec<i64>>());
 }
 
-#[tokio::test]
-async fn connections_are_audited_and_move_their_session() {
+async fn connections_are_audited_and_move_their_session(backend: Backend) {
     use ongrid_core::api::ConnectionEventKind::{Close, Open};
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
     let session = running_session(&store, &alice.dn, "train1").await;
@@ -845,7 +1007,7 @@ async fn connections_are_audited_and_move_their_session() {
 
     // After a restart the open connections are counted from the table.
     store.close().await;
-    let store = open(&dir).await;
+    let store = place.open().await;
     let after = store
         .record_connection(&connection(&session, 3, Close, t(50), (1, 1)), t(99))
         .await
@@ -862,10 +1024,9 @@ async fn connections_are_audited_and_move_their_session() {
     ));
 }
 
-#[tokio::test]
-async fn nodes_keep_their_stream_url() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+async fn nodes_keep_their_stream_url(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let mut registration = node("node1");
     registration.stream_url = Some("wss://node1.example.org:8444".to_owned());
     store
@@ -887,12 +1048,15 @@ async fn nodes_keep_their_stream_url() {
 
 /// A database of the release before typed hold reasons (migrations up to 0005) with held
 /// sessions: the upgrade moves each hold's reason into its column and shows the same sentence.
-#[tokio::test]
-async fn an_upgrade_types_the_hold_reasons_already_stored() {
-    let dir = tempfile::tempdir().unwrap();
-    let old = dir.path().join("migrations");
+async fn an_upgrade_types_the_hold_reasons_already_stored(backend: Backend) {
+    let place = Place::new(backend).await;
+    let old = place.dir.path().join("migrations");
     std::fs::create_dir(&old).unwrap();
-    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(match backend {
+        Backend::Sqlite => "migrations",
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => "migrations-postgres",
+    });
     for entry in std::fs::read_dir(&all).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
@@ -900,17 +1064,7 @@ async fn an_upgrade_types_the_hold_reasons_already_stored() {
             std::fs::copy(&path, old.join(&name)).unwrap();
         }
     }
-    let file = dir.path().join("manager.db");
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&file)
-        .create_if_missing(true);
-    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-    sqlx::migrate::Migrator::new(old.as_path())
-        .await
-        .unwrap()
-        .run(&pool)
-        .await
-        .unwrap();
+    let migrator = sqlx::migrate::Migrator::new(old.as_path()).await.unwrap();
     let idle = SessionId::new_random();
     let by_hand = SessionId::new_random();
     let request = serde_json::to_string(&GpuRequest::default()).unwrap();
@@ -918,14 +1072,14 @@ async fn an_upgrade_types_the_hold_reasons_already_stored() {
     let statements = [
         format!(
             "INSERT INTO users VALUES ('/DC=org/CN=Alice', 'alice', 20000, '{}')",
-            timestamp(t(0))
+            stored_time(t(0))
         ),
         format!(
             "INSERT INTO sessions VALUES ('{idle}', 'dev', '/DC=org/CN=Alice', '{request}', \
              'ongrid/dev:latest', 'HELD', '{idle_reason}', NULL, '[]', '{0}', '{0}', NULL), \
              ('{by_hand}', 'dev-2', '/DC=org/CN=Alice', '{request}', 'ongrid/dev:latest', \
              'HELD', 'idle for 20 minutes', NULL, '[]', '{0}', '{0}', NULL)",
-            timestamp(t(0))
+            stored_time(t(0))
         ),
         format!(
             "INSERT INTO session_transitions VALUES \
@@ -941,16 +1095,34 @@ async fn an_upgrade_types_the_hold_reasons_already_stored() {
              ('{by_hand}', 1, 'PENDING', 'STARTING', '{0}', 'placed'), \
              ('{by_hand}', 2, 'STARTING', 'WAITING', '{0}', 'running'), \
              ('{by_hand}', 3, 'WAITING', 'HELD', '{1}', 'idle for 20 minutes')",
-            timestamp(t(0)),
-            timestamp(t(5))
+            stored_time(t(0)),
+            stored_time(t(5))
         ),
     ];
-    for statement in statements {
-        sqlx::query(&statement).execute(&pool).await.unwrap();
+    match &place.database {
+        Database::Sqlite(file) => {
+            let options = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(file)
+                .create_if_missing(true);
+            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+            migrator.run(&pool).await.unwrap();
+            for statement in statements {
+                sqlx::query(&statement).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }
+        #[cfg(feature = "postgres")]
+        Database::Postgres(url) => {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            migrator.run(&pool).await.unwrap();
+            for statement in statements {
+                sqlx::query(&statement).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }
     }
-    pool.close().await;
 
-    let store = open(&dir).await;
+    let store = place.open().await;
     let session = store.session(idle).await.unwrap().unwrap();
     assert_eq!(session.reason, idle_reason, "the same sentence");
     let reasons: Vec<String> = store
@@ -965,17 +1137,17 @@ async fn an_upgrade_types_the_hold_reasons_already_stored() {
     let untyped = store.session(by_hand).await.unwrap().unwrap();
     assert_eq!(untyped.reason, "idle for 20 minutes");
     // The columns hold the typed reason and the details apart.
-    let stored: Vec<(String, Option<String>, String)> = sqlx::query_as(
-        "SELECT session_id, hold_reason, reason FROM session_transitions \
-         WHERE to_state = 'HELD' ORDER BY session_id, seq",
-    )
-    .fetch_all(&store.pool)
-    .await
-    .unwrap();
+    let stored = store
+        .rows(
+            "SELECT session_id, hold_reason, reason FROM session_transitions \
+             WHERE to_state = 'HELD' ORDER BY session_id, seq",
+            &[],
+        )
+        .await;
     let idle_rows: Vec<(Option<&str>, &str)> = stored
         .iter()
-        .filter(|(id, _, _)| *id == idle.to_string())
-        .map(|(_, hold, reason)| (hold.as_deref(), reason.as_str()))
+        .filter(|row| row[0].as_deref() == Some(idle.to_string().as_str()))
+        .map(|row| (row[1].as_deref(), row[2].as_deref().unwrap()))
         .collect();
     assert_eq!(
         idle_rows,
@@ -987,23 +1159,22 @@ async fn an_upgrade_types_the_hold_reasons_already_stored() {
             )
         ]
     );
-    let (hold, reason): (Option<String>, String) =
-        sqlx::query_as("SELECT hold_reason, reason FROM sessions WHERE id = ?")
-            .bind(by_hand.to_string())
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+    let row = store
+        .rows(
+            "SELECT hold_reason, reason FROM sessions WHERE id = ?",
+            &[&by_hand.to_string()],
+        )
+        .await;
     assert_eq!(
-        (hold.as_deref(), reason.as_str()),
-        (None, "idle for 20 minutes")
+        (row[0][0].as_deref(), row[0][1].as_deref()),
+        (None, Some("idle for 20 minutes"))
     );
 }
 
-#[tokio::test]
-async fn a_hold_is_stored_typed_and_read_as_its_sentence() {
+async fn a_hold_is_stored_typed_and_read_as_its_sentence(backend: Backend) {
     use ongrid_core::holds::HoldReason;
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
+    let place = Place::new(backend).await;
+    let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let session = running_session(&store, &alice.dn, "train1").await;
     let hold = Change::hold(HoldReason::Admin, t(5), "maintenance (held by root)");
@@ -1011,15 +1182,15 @@ async fn a_hold_is_stored_typed_and_read_as_its_sentence() {
     assert_eq!(held.reason, "admin: maintenance (held by root)");
     let last = store.transitions(session.id).await.unwrap().pop().unwrap();
     assert_eq!(last.reason, "admin: maintenance (held by root)");
-    let (column, reason): (Option<String>, String) =
-        sqlx::query_as("SELECT hold_reason, reason FROM sessions WHERE id = ?")
-            .bind(session.id.to_string())
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+    let row = store
+        .rows(
+            "SELECT hold_reason, reason FROM sessions WHERE id = ?",
+            &[&session.id.to_string()],
+        )
+        .await;
     assert_eq!(
-        (column.as_deref(), reason.as_str()),
-        (Some("admin"), "maintenance (held by root)")
+        (row[0][0].as_deref(), row[0][1].as_deref()),
+        (Some("admin"), Some("maintenance (held by root)"))
     );
     // Released: the typed reason goes with the hold.
     let released = store
@@ -1030,11 +1201,59 @@ async fn a_hold_is_stored_typed_and_read_as_its_sentence() {
         .await
         .unwrap();
     assert_eq!(released.reason, "released by alice");
-    let column: Option<String> =
-        sqlx::query_scalar("SELECT hold_reason FROM sessions WHERE id = ?")
-            .bind(session.id.to_string())
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
-    assert_eq!(column, None);
+    let row = store
+        .rows(
+            "SELECT hold_reason FROM sessions WHERE id = ?",
+            &[&session.id.to_string()],
+        )
+        .await;
+    assert_eq!(row, [[None]]);
+}
+
+/// Two schedulers (two tasks here, two manager replicas on one PostgreSQL) placing the same
+/// PENDING session at once: the store replays its history inside the write, so exactly one
+/// placement is stored and every other one is refused as an invalid transition.
+async fn concurrent_placements_of_one_session_store_one(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let gpus: Vec<GpuInfo> = (1..=8).map(gpu).collect();
+    store
+        .register_node(node("node1"), &gpus, t(0))
+        .await
+        .unwrap();
+    let session = store
+        .create_session(new_session(&alice.dn, Some("train1"), t(0)))
+        .await
+        .unwrap();
+    let tasks: Vec<_> = gpus
+        .iter()
+        .map(|gpu| {
+            let store = store.clone();
+            let placement = Placement::Place {
+                node: NodeName::parse("node1").unwrap(),
+                gpus: vec![GpuId::Gpu(gpu.uuid.clone())],
+            };
+            tokio::spawn(async move {
+                store
+                    .transition(
+                        session.id,
+                        change(SessionState::Starting, t(1), "placed", placement),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut placed = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(record) => placed.push(record.gpus),
+            Err(StoreError::InvalidTransition(e)) => assert_eq!(e.from, SessionState::Starting),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(placed.len(), 1, "{placed:?}");
+    let stored = store.session(session.id).await.unwrap().unwrap();
+    assert_eq!(stored.gpus, placed[0]);
+    assert_eq!(store.transitions(session.id).await.unwrap().len(), 2);
 }

@@ -1,0 +1,405 @@
+//! The PostgreSQL side of session activity: the facts the hold policy is computed from
+//! (`session_lifecycle`, one row per session, created on first need) and the last report time of
+//! each open SSH connection (`connections.last_report_at`).
+//!
+//! Facts are written in the same transaction as what causes them: [`after_transition`] runs
+//! inside every state change, the connection hooks inside
+//! [`super::PostgresStore::record_connection`]. What a state change or an activity sample does to
+//! the facts is decided by [`crate::domain::sessions::facts`]; this module stores it. Every time
+//! is the manager's clock.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
+use ongrid_core::holds::{ContainerActivity, HoldReason};
+use ongrid_core::{NodeName, SessionId, Transition};
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{parse, parse_timestamp, timestamp, PostgresStore};
+use crate::domain::sessions::facts::{self, FactsChange};
+use crate::domain::sessions::holds::{
+    due_hold, ActivityThresholds, LifecycleConfig, LifecycleFacts, Sampled,
+};
+use crate::domain::sessions::SessionRecord;
+use crate::store::{FactsScope, StoreError, StoreResult};
+
+const FACT_COLUMNS: &str = "s.id, s.state, \
+     (SELECT t.at FROM session_transitions t WHERE t.session_id = s.id \
+      ORDER BY t.seq DESC LIMIT 1) AS state_since, \
+     l.idle_timeout_secs, l.max_duration_secs, l.first_started_at, l.ready_at, l.last_close_at, \
+     l.last_traffic_at, l.cpu_active_at, l.cpu_sampled_at, l.cpu_percent, l.gpu_active_at, \
+     l.gpu_sampled_at, l.gpu_percent, l.keep_until \
+     FROM sessions s LEFT JOIN session_lifecycle l ON l.session_id = s.id";
+
+impl PostgresStore {
+    pub(super) async fn lifecycle_facts_impl(
+        &self,
+        scope: FactsScope,
+    ) -> StoreResult<Vec<LifecycleFacts>> {
+        let mut conn = self.pool.acquire().await?;
+        facts_in(&mut conn, scope).await
+    }
+
+    pub(super) async fn hold_if_due_impl(
+        &self,
+        id: SessionId,
+        config: &LifecycleConfig,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<(SessionRecord, HoldReason)>> {
+        let mut tx = self.write().await?;
+        let facts = facts_in(&mut tx, FactsScope::Session(id)).await?;
+        let Some((change, reason)) = facts.first().and_then(|f| due_hold(f, config, now)) else {
+            return Ok(None);
+        };
+        super::apply_change(&mut tx, id, change).await?;
+        let session = super::find_session(&mut *tx, id)
+            .await?
+            .ok_or(StoreError::NoSuchSession(id))?;
+        tx.commit().await?;
+        Ok(Some((session, reason)))
+    }
+
+    pub(super) async fn set_lifecycle_limits_impl(
+        &self,
+        id: SessionId,
+        idle_timeout_secs: Option<u64>,
+        max_duration_secs: Option<u64>,
+    ) -> StoreResult<()> {
+        let mut tx = self.write().await?;
+        ensure_row(&mut tx, id).await?;
+        sqlx::query(
+            "UPDATE session_lifecycle SET idle_timeout_secs = $1, max_duration_secs = $2 \
+             WHERE session_id = $3",
+        )
+        .bind(idle_timeout_secs.map(seconds))
+        .bind(max_duration_secs.map(seconds))
+        .bind(id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn set_keep_until_impl(
+        &self,
+        id: SessionId,
+        until: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut tx = self.write().await?;
+        ensure_row(&mut tx, id).await?;
+        sqlx::query("UPDATE session_lifecycle SET keep_until = $1 WHERE session_id = $2")
+            .bind(timestamp(until))
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn record_activity_impl(
+        &self,
+        node: &NodeName,
+        samples: &[ContainerActivity],
+        at: DateTime<Utc>,
+        thresholds: ActivityThresholds,
+    ) -> StoreResult<usize> {
+        if samples.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.write().await?;
+        let mut recorded = 0;
+        for sample in samples {
+            let on_node: Option<i64> =
+                sqlx::query_scalar("SELECT 1::BIGINT FROM sessions WHERE id = $1 AND node = $2")
+                    .bind(sample.session_id.to_string())
+                    .bind(node.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if on_node.is_none() {
+                continue;
+            }
+            let Some(facts) = facts::activity_sample(sample, thresholds, at) else {
+                continue;
+            };
+            ensure_row(&mut tx, sample.session_id).await?;
+            sqlx::query(
+                "UPDATE session_lifecycle SET cpu_sampled_at = $1, cpu_percent = $2, \
+                 cpu_active_at = CASE WHEN $3 THEN $1 ELSE cpu_active_at END \
+                 WHERE session_id = $4",
+            )
+            .bind(timestamp(facts.cpu.sampled_at))
+            .bind(facts.cpu.percent)
+            .bind(facts.cpu.active)
+            .bind(sample.session_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            if let Some(gpu) = facts.gpu {
+                sqlx::query(
+                    "UPDATE session_lifecycle SET gpu_sampled_at = $1, gpu_percent = $2, \
+                     gpu_active_at = CASE WHEN $3 THEN $1 ELSE gpu_active_at END \
+                     WHERE session_id = $4",
+                )
+                .bind(timestamp(gpu.sampled_at))
+                .bind(gpu.percent)
+                .bind(gpu.active)
+                .bind(sample.session_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            }
+            recorded += 1;
+        }
+        tx.commit().await?;
+        Ok(recorded)
+    }
+}
+
+/// Keeps the lifecycle facts in step with a state change, inside its transaction: stores what
+/// [`facts::after_transition`] decides (a start makes the session ready, a release re-queues it).
+pub(super) async fn after_transition(
+    tx: &mut Transaction<'static, Postgres>,
+    id: SessionId,
+    transition: &Transition,
+) -> StoreResult<()> {
+    let first_started_at: Option<Option<String>> =
+        sqlx::query_scalar("SELECT first_started_at FROM session_lifecycle WHERE session_id = $1")
+            .bind(id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+    let first_started_at = first_started_at
+        .flatten()
+        .as_deref()
+        .map(parse_timestamp)
+        .transpose()?;
+    match facts::after_transition(transition, first_started_at) {
+        Some(FactsChange::Ready {
+            ready_at,
+            first_started_at,
+        }) => {
+            ensure_row(tx, id).await?;
+            sqlx::query(
+                "UPDATE session_lifecycle SET ready_at = $1, first_started_at = $2 \
+                 WHERE session_id = $3",
+            )
+            .bind(timestamp(ready_at))
+            .bind(timestamp(first_started_at))
+            .bind(id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        Some(FactsChange::Requeued { queued_at }) => {
+            sqlx::query("UPDATE sessions SET queued_at = $1 WHERE id = $2")
+                .bind(timestamp(queued_at))
+                .bind(id.to_string())
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "UPDATE session_lifecycle SET ready_at = NULL, keep_until = NULL \
+                 WHERE session_id = $1",
+            )
+            .bind(id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// Before a connection event changes the connection's row: bytes the client sent since the
+/// last report are SSH traffic, seen at `at`. Output alone is not (a busy process shows as CPU;
+/// a terminal printing a clock should not keep a session), nor are keep-alives, which the
+/// gateway never counts as channel data.
+pub(super) async fn note_traffic(
+    tx: &mut Transaction<'static, Postgres>,
+    event: &ConnectionEvent,
+    at: DateTime<Utc>,
+) -> StoreResult<()> {
+    if event.event == ConnectionEventKind::Open {
+        return Ok(());
+    }
+    let before: Option<(i64, i64)> =
+        sqlx::query_as("SELECT bytes_in, bytes_out FROM connections WHERE id = $1")
+            .bind(event.connection_id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+    let (old_in, _) = before.unwrap_or((0, 0));
+    let grew = clamp(event.bytes_in) > old_in;
+    if grew {
+        ensure_row(tx, event.session_id).await?;
+        sqlx::query("UPDATE session_lifecycle SET last_traffic_at = $1 WHERE session_id = $2")
+            .bind(timestamp(at))
+            .bind(event.session_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A periodic report of an open connection: its byte totals and that it is still there.
+/// Returns the rows changed (0 when the connection is unknown or closed).
+pub(super) async fn record_activity_report(
+    tx: &mut Transaction<'static, Postgres>,
+    event: &ConnectionEvent,
+    at: DateTime<Utc>,
+) -> StoreResult<u64> {
+    Ok(sqlx::query(
+        "UPDATE connections SET bytes_in = GREATEST(bytes_in, $1), bytes_out = GREATEST(bytes_out, $2), \
+         last_report_at = $3 WHERE id = $4 AND closed_at IS NULL",
+    )
+    .bind(clamp(event.bytes_in))
+    .bind(clamp(event.bytes_out))
+    .bind(timestamp(at))
+    .bind(event.connection_id.to_string())
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
+}
+
+/// After a connection event is stored: an open (or a report) says the connection is there now;
+/// a close is when the session was last used over SSH.
+pub(super) async fn after_connection_event(
+    tx: &mut Transaction<'static, Postgres>,
+    event: &ConnectionEvent,
+    at: DateTime<Utc>,
+) -> StoreResult<()> {
+    match event.event {
+        ConnectionEventKind::Open | ConnectionEventKind::Activity => {
+            sqlx::query(
+                "UPDATE connections SET last_report_at = $1 WHERE id = $2 AND closed_at IS NULL",
+            )
+            .bind(timestamp(at))
+            .bind(event.connection_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        ConnectionEventKind::Close => {
+            ensure_row(tx, event.session_id).await?;
+            sqlx::query("UPDATE session_lifecycle SET last_close_at = $1 WHERE session_id = $2")
+                .bind(timestamp(at))
+                .bind(event.session_id.to_string())
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The lifecycle facts of the sessions in `scope`, read on `conn` (a pool connection, or a write
+/// transaction that acts on them).
+async fn facts_in(conn: &mut PgConnection, scope: FactsScope) -> StoreResult<Vec<LifecycleFacts>> {
+    let rows = match &scope {
+        FactsScope::Session(id) => {
+            sqlx::query(&format!("SELECT {FACT_COLUMNS} WHERE s.id = $1"))
+                .bind(id.to_string())
+                .fetch_all(&mut *conn)
+                .await?
+        }
+        FactsScope::States(states) => {
+            if states.is_empty() {
+                return Ok(Vec::new());
+            }
+            // The state names are our own constants, never user input.
+            let list: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
+            sqlx::query(&format!(
+                "SELECT {FACT_COLUMNS} WHERE s.state IN ({}) ORDER BY s.created_at, s.id",
+                list.join(", ")
+            ))
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
+    let open: Vec<(String, String)> = match &scope {
+        FactsScope::Session(id) => {
+            sqlx::query_as(
+                "SELECT session_id, COALESCE(last_report_at, opened_at) FROM connections \
+                     WHERE session_id = $1 AND closed_at IS NULL",
+            )
+            .bind(id.to_string())
+            .fetch_all(&mut *conn)
+            .await?
+        }
+        FactsScope::States(_) => {
+            sqlx::query_as(
+                "SELECT session_id, COALESCE(last_report_at, opened_at) FROM connections \
+                     WHERE closed_at IS NULL",
+            )
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
+    let mut reports: HashMap<SessionId, Vec<DateTime<Utc>>> = HashMap::new();
+    for (session, at) in &open {
+        reports
+            .entry(parse(session, "session id")?)
+            .or_default()
+            .push(parse_timestamp(at)?);
+    }
+    rows.iter()
+        .map(|row| {
+            let mut facts = facts_from_row(row)?;
+            let mut open = reports.remove(&facts.session_id).unwrap_or_default();
+            open.sort();
+            facts.open_connections = open;
+            Ok(facts)
+        })
+        .collect()
+}
+
+async fn ensure_row(tx: &mut Transaction<'static, Postgres>, id: SessionId) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO session_lifecycle (session_id) SELECT id FROM sessions WHERE id = $1 \
+         ON CONFLICT (session_id) DO NOTHING",
+    )
+    .bind(id.to_string())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+fn seconds(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn clamp(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+fn facts_from_row(row: &PgRow) -> StoreResult<LifecycleFacts> {
+    let time = |column: &str| -> StoreResult<Option<DateTime<Utc>>> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|t| parse_timestamp(&t))
+            .transpose()
+    };
+    let secs = |column: &str| -> StoreResult<Option<u64>> {
+        row.try_get::<Option<i64>, _>(column)?
+            .map(|v| u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} {v}"))))
+            .transpose()
+    };
+    let id: SessionId = parse(&row.try_get::<String, _>("id")?, "session id")?;
+    Ok(LifecycleFacts {
+        session_id: id,
+        state: parse(&row.try_get::<String, _>("state")?, "session state")?,
+        state_since: time("state_since")?
+            .ok_or_else(|| StoreError::Corrupt(format!("session {id} has no history")))?,
+        idle_timeout_secs: secs("idle_timeout_secs")?,
+        max_duration_secs: secs("max_duration_secs")?,
+        first_started_at: time("first_started_at")?,
+        ready_at: time("ready_at")?,
+        last_close_at: time("last_close_at")?,
+        last_traffic_at: time("last_traffic_at")?,
+        cpu: Sampled {
+            active_at: time("cpu_active_at")?,
+            sampled_at: time("cpu_sampled_at")?,
+            percent: row.try_get("cpu_percent")?,
+        },
+        gpu: Sampled {
+            active_at: time("gpu_active_at")?,
+            sampled_at: time("gpu_sampled_at")?,
+            percent: row.try_get("gpu_percent")?,
+        },
+        keep_until: time("keep_until")?,
+        open_connections: Vec::new(),
+    })
+}

@@ -1,0 +1,249 @@
+//! The PostgreSQL side of batch jobs (`jobs`, `job_transitions`, migration 0007): a row per job
+//! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
+//! state changes only through [`PostgresStore::job_transition_impl`], which replays the history
+//! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
+//! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start.
+
+use ongrid_core::job::{
+    JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
+};
+use ongrid_core::{HumanDuration, NodeName};
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{from_json, parse, parse_timestamp, timestamp, to_json, PostgresStore};
+use crate::domain::jobs::{JobChange, JobRecord, NewJob};
+use crate::store::{JobFilter, StoreError, StoreResult};
+
+const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_duration_secs, \
+     j.image_digest, j.docker_image, j.node, j.gpus, j.chain_initial, j.restart_count, \
+     j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete, j.pinned_node \
+     FROM jobs j JOIN users u ON u.dn = j.owner";
+
+/// The states in which a job holds GPUs or waits for them.
+const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
+
+impl PostgresStore {
+    pub(super) async fn create_job_impl(&self, new: NewJob) -> StoreResult<JobRecord> {
+        let mut tx = self.write().await?;
+        super::users::refuse_removed(&mut tx, &new.owner).await?;
+        insert_job(&mut tx, &new).await?;
+        tx.commit().await?;
+        self.job_impl(new.id)
+            .await?
+            .ok_or(StoreError::NoSuchJob(new.id))
+    }
+
+    pub(super) async fn job_impl(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = $1");
+        let row = sqlx::query(&sql)
+            .bind(id.to_string())
+            .fetch_optional(&mut *conn)
+            .await?;
+        match row {
+            Some(row) => Ok(Some(job_from_row(&mut conn, &row).await?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) async fn jobs_impl(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
+        let (condition, value): (String, Option<String>) = match filter {
+            JobFilter::Owner(owner) => ("j.owner = $1".to_owned(), Some(owner.to_string())),
+            JobFilter::All => ("1 = 1".to_owned(), None),
+            JobFilter::Active => (format!("j.state IN {ACTIVE}"), None),
+            JobFilter::Node(node) => (
+                format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)"),
+                Some(node.to_string()),
+            ),
+        };
+        let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
+        let mut conn = self.pool.acquire().await?;
+        let mut query = sqlx::query(&sql);
+        if let Some(value) = value {
+            query = query.bind(value);
+        }
+        let rows = query.fetch_all(&mut *conn).await?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            jobs.push(job_from_row(&mut conn, row).await?);
+        }
+        Ok(jobs)
+    }
+
+    pub(super) async fn job_transition_impl(
+        &self,
+        id: JobId,
+        change: JobChange,
+        next: Option<NewJob>,
+    ) -> StoreResult<JobRecord> {
+        let mut tx = self.write().await?;
+        let history = load_history(&mut tx, id).await?;
+        if history.is_empty() {
+            return Err(StoreError::NoSuchJob(id));
+        }
+        let mut lifecycle = JobLifecycle::from_history(history)
+            .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
+        let seq = lifecycle.history().len();
+        let transition = lifecycle
+            .transition(change.to, change.at, change.reason.clone())?
+            .clone();
+        insert_transition(&mut tx, id, seq, &transition).await?;
+        let id_text = id.to_string();
+        sqlx::query(
+            "UPDATE jobs SET state = $1, exit_code = COALESCE($2, exit_code) WHERE id = $3",
+        )
+        .bind(change.to.as_str())
+        .bind(change.exit_code)
+        .bind(&id_text)
+        .execute(&mut *tx)
+        .await?;
+        if let Some((node, gpus)) = &change.place {
+            sqlx::query("UPDATE jobs SET node = $1, gpus = $2 WHERE id = $3")
+                .bind(node.as_str())
+                .bind(to_json(gpus)?)
+                .bind(&id_text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(next) = &next {
+            insert_job(&mut tx, next).await?;
+            sqlx::query("UPDATE jobs SET next_job = $1 WHERE id = $2")
+                .bind(next.id.to_string())
+                .bind(&id_text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        self.job_impl(id).await?.ok_or(StoreError::NoSuchJob(id))
+    }
+
+    pub(super) async fn record_job_log_impl(
+        &self,
+        id: JobId,
+        size: u64,
+        complete: bool,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE jobs SET log_size = $1, log_complete = $2 WHERE id = $3")
+            .bind(i64::try_from(size).unwrap_or(i64::MAX))
+            .bind(complete)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn insert_job(tx: &mut Transaction<'static, Postgres>, new: &NewJob) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO jobs (id, owner, state, spec, max_duration_secs, image_digest, docker_image, \
+         chain_initial, restart_count, previous_job, queued_at, pinned_node) \
+         VALUES ($1, $2, 'QUEUED', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(new.id.to_string())
+    .bind(new.owner.as_str())
+    .bind(to_json(&new.spec)?)
+    .bind(
+        new.max_duration
+            .map(|d| i64::try_from(d.as_duration().as_secs()).unwrap_or(i64::MAX)),
+    )
+    .bind(&new.image.digest)
+    .bind(&new.image.docker_image)
+    .bind(new.chain.initial_job.to_string())
+    .bind(i64::from(new.chain.restart_count))
+    .bind(new.previous_job.map(|j| j.to_string()))
+    .bind(timestamp(new.at))
+    .bind(new.pinned_node.as_ref().map(NodeName::as_str))
+    .execute(&mut **tx)
+    .await?;
+    let created = JobLifecycle::new(new.at, new.reason.clone());
+    insert_transition(tx, new.id, 0, created.last()).await
+}
+
+async fn insert_transition(
+    tx: &mut Transaction<'static, Postgres>,
+    id: JobId,
+    seq: usize,
+    transition: &JobTransition,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO job_transitions (job_id, seq, from_state, to_state, at, reason) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id.to_string())
+    .bind(i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?)
+    .bind(transition.from.map(JobState::as_str))
+    .bind(transition.to.as_str())
+    .bind(timestamp(transition.at))
+    .bind(to_json(&transition.reason)?)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn load_history(conn: &mut sqlx::PgConnection, id: JobId) -> StoreResult<Vec<JobTransition>> {
+    let rows = sqlx::query(
+        "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = $1 \
+         ORDER BY seq",
+    )
+    .bind(id.to_string())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let from: Option<String> = row.try_get("from_state")?;
+            Ok(JobTransition {
+                from: from.map(|f| parse(&f, "job state")).transpose()?,
+                to: parse(&row.try_get::<String, _>("to_state")?, "job state")?,
+                at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
+                reason: from_json::<JobReason>(&row.try_get::<String, _>("reason")?, "job reason")?,
+            })
+        })
+        .collect()
+}
+
+async fn job_from_row(conn: &mut sqlx::PgConnection, row: &PgRow) -> StoreResult<JobRecord> {
+    let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
+    let history = load_history(conn, id).await?;
+    let lifecycle = JobLifecycle::from_history(history)
+        .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
+    let optional_job = |column: &str| -> StoreResult<Option<JobId>> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|text| parse(&text, "job id"))
+            .transpose()
+    };
+    let node: Option<String> = row.try_get("node")?;
+    let pinned_node: Option<String> = row.try_get("pinned_node")?;
+    let max_duration: Option<i64> = row.try_get("max_duration_secs")?;
+    let restart_count: i64 = row.try_get("restart_count")?;
+    let log_size: i64 = row.try_get("log_size")?;
+    let uid: i64 = row.try_get("uid")?;
+    Ok(JobRecord {
+        id,
+        owner: parse(&row.try_get::<String, _>("owner")?, "owner")?,
+        user_name: parse(&row.try_get::<String, _>("user_name")?, "user name")?,
+        uid: u32::try_from(uid).map_err(|_| StoreError::Corrupt(format!("uid {uid}")))?,
+        spec: from_json(&row.try_get::<String, _>("spec")?, "job spec")?,
+        lifecycle,
+        max_duration: max_duration
+            .map(|s| HumanDuration::from_secs(u64::try_from(s).unwrap_or_default())),
+        image: JobImage {
+            digest: row.try_get("image_digest")?,
+            docker_image: row.try_get("docker_image")?,
+        },
+        node: node.map(|n| parse::<NodeName>(&n, "node")).transpose()?,
+        gpus: from_json(&row.try_get::<String, _>("gpus")?, "gpus")?,
+        chain: RestartChain {
+            initial_job: parse(&row.try_get::<String, _>("chain_initial")?, "job id")?,
+            restart_count: u32::try_from(restart_count).unwrap_or(u32::MAX),
+        },
+        previous_job: optional_job("previous_job")?,
+        next_job: optional_job("next_job")?,
+        exit_code: row.try_get("exit_code")?,
+        log_size: u64::try_from(log_size).unwrap_or_default(),
+        log_complete: row.try_get("log_complete")?,
+        pinned_node: pinned_node
+            .map(|n| parse::<NodeName>(&n, "node"))
+            .transpose()?,
+    })
+}

@@ -1,0 +1,80 @@
+//! The PostgreSQL side of fair share (migration 0015): `usage_accounts`, each user's accounting
+//! group and decayed cost-weighted GPU usage. How usage grows and decays is decided by
+//! [`crate::domain::policy::fairshare`]; this stores it.
+
+use chrono::{DateTime, Utc};
+use ongrid_core::Dn;
+
+use super::{parse, parse_timestamp, timestamp, PostgresStore};
+use crate::domain::policy::fairshare::Account;
+use crate::domain::policy::GroupName;
+use crate::store::{StoreError, StoreResult};
+
+impl PostgresStore {
+    pub(super) async fn set_accounting_group_impl(
+        &self,
+        dn: &Dn,
+        group: &GroupName,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        // Read first: nearly every request finds the group unchanged and writes nothing.
+        let current: Option<(String,)> =
+            sqlx::query_as("SELECT accounting_group FROM usage_accounts WHERE user_dn = $1")
+                .bind(dn.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        if current.is_some_and(|(g,)| g == group.as_str()) {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO usage_accounts (user_dn, accounting_group, usage, updated_at) \
+             VALUES ($1, $2, 0, $3) ON CONFLICT (user_dn) DO UPDATE SET \
+             accounting_group = excluded.accounting_group",
+        )
+        .bind(dn.as_str())
+        .bind(group.as_str())
+        .bind(timestamp(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn usage_accounts_impl(&self) -> StoreResult<Vec<Account>> {
+        let rows: Vec<(String, String, f64, String)> = sqlx::query_as(
+            "SELECT user_dn, accounting_group, usage, updated_at FROM usage_accounts \
+             ORDER BY user_dn",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(dn, group, usage, updated_at)| {
+                Ok(Account {
+                    user: parse(&dn, "user DN")?,
+                    group: GroupName::parse(&group)
+                        .map_err(|e| StoreError::Corrupt(format!("accounting group: {e}")))?,
+                    usage,
+                    updated_at: parse_timestamp(&updated_at)?,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn save_usage_impl(&self, accounts: &[Account]) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        for account in accounts {
+            sqlx::query(
+                "INSERT INTO usage_accounts (user_dn, accounting_group, usage, updated_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (user_dn) DO UPDATE SET \
+                 usage = excluded.usage, updated_at = excluded.updated_at",
+            )
+            .bind(account.user.as_str())
+            .bind(account.group.as_str())
+            .bind(account.usage)
+            .bind(timestamp(account.updated_at))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
