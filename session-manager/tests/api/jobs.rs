@@ -462,8 +462,9 @@ async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
         .await
         .expect("the agent's report of the end answered the wait")
         .unwrap();
+    // The output is kept before the job's end is: the answer may come between the two, and
+    // then says complete on the next wait.
     assert_eq!(chunk.data, b"done\n");
-    assert!(chunk.complete);
     let end = tokio::time::timeout(PUSHED_WITHIN, logs_wait(&m.alice, &id, 13, 60))
         .await
         .expect("complete output is answered at once")
