@@ -12,7 +12,7 @@ use ongrid_scheduler::{Priority, SiteState};
 
 use crate::domain::jobs::JobRecord;
 use crate::domain::policy::fairshare::{
-    advance, priority, standings, Account, FairShareConfig, GroupStanding, MIG_FRACTION,
+    advance, mig_fraction, priority, standings, Account, FairShareConfig, GroupStanding,
 };
 use crate::domain::policy::GroupName;
 use crate::domain::sessions::SessionRecord;
@@ -41,7 +41,17 @@ fn weighted(
                     };
                     config.weight(&record.info.model) / f64::from(places)
                 }),
-            GpuId::Mig(_) => MIG_FRACTION,
+            GpuId::Mig(mig) => site
+                .nodes
+                .iter()
+                .flat_map(|node| &node.gpus)
+                .find_map(|record| {
+                    let device = record.info.mig_devices.iter().find(|d| &d.uuid == mig)?;
+                    let model = &record.info.model;
+                    Some(config.weight(model) * mig_fraction(model, device.profile))
+                })
+                // A device no longer reported: the smallest slice of a GPU of weight 1.
+                .unwrap_or(1.0 / 7.0),
         })
         .sum()
 }

@@ -5,8 +5,7 @@
 //! half-life ago counts half). A GPU held for an hour charges the cost weight of its model (the
 //! longest `[fairshare] cost` name found in the model name, e.g. `A100 = 1.0`, `H100 = 2.0`;
 //! others 1.0), divided by its places when a session shares it (`shared:N`: 1/N each); a MIG
-//! instance charges 1/7 of the default weight (the smallest slice: its GPU and size are not
-//! known here).
+//! device charges its compute slices' fraction of its GPU's weight (`3g.40gb` of an A100: 3/7).
 //!
 //! A group's standing is its share of all usage against its share of the site
 //! (`[fairshare] shares`, groups not listed: 1): `usage_fraction / share_fraction`, lower first,
@@ -18,6 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::mig::{MigModel, MigProfile};
 use ongrid_core::Dn;
 use ongrid_scheduler::Priority;
 
@@ -26,8 +26,13 @@ use super::GroupName;
 /// The default half-life of usage: one day.
 pub const DEFAULT_HALF_LIFE: Duration = Duration::from_secs(86_400);
 
-/// What a MIG instance charges of its GPU's weight.
-pub const MIG_FRACTION: f64 = 1.0 / 7.0;
+/// What a MIG device of `profile` charges of the weight of its GPU, a `model`: its compute
+/// slices of the model's (`3g.40gb` of an A100: 3/7; `2g.12gb` of an A30: 2/4). A model whose
+/// geometry is not known here counts 7 slices, the most any GPU has.
+pub fn mig_fraction(model: &str, profile: MigProfile) -> f64 {
+    let slices = MigModel::of(model).map_or(7, |m| m.compute_slices);
+    f64::from(profile.slices.min(slices)) / f64::from(slices)
+}
 
 /// The validated `[fairshare]` section.
 #[derive(Debug, Clone, PartialEq)]
@@ -352,5 +357,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_mig_device_charges_its_slices_of_its_gpu() {
+        let profile = |text: &str| MigProfile::parse(text).unwrap();
+        let a100 = "NVIDIA A100-SXM4-40GB";
+        assert_eq!(mig_fraction(a100, profile("3g.20gb")), 3.0 / 7.0);
+        assert_eq!(mig_fraction(a100, profile("1g.5gb")), 1.0 / 7.0);
+        assert_eq!(mig_fraction(a100, profile("7g.40gb")), 1.0);
+        assert_eq!(mig_fraction("NVIDIA A30", profile("2g.12gb")), 0.5);
+        assert_eq!(mig_fraction("NVIDIA A30", profile("1g.6gb")), 0.25);
+        assert_eq!(
+            mig_fraction("Some Future GPU", profile("2g.20gb")),
+            2.0 / 7.0
+        );
     }
 }
