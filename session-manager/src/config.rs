@@ -1005,7 +1005,10 @@ agent_tokens_file = "t"
         ))
         .unwrap_err()
         .to_string();
-        assert!(err.contains("key `database`") && err.contains("postgres://"), "{err}");
+        assert!(
+            err.contains("key `database`") && err.contains("postgres://"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 use crate::hold_timer::HoldTimer;
 use crate::scheduler::Scheduler;
 use crate::server::Server;
-use crate::store::OpenedStore;
+use crate::store::{Active, OpenedStore};
 
 /// Everything the config points to, loaded and checked, without touching the database.
 /// `--check-config` stops here.
@@ -122,6 +122,8 @@ pub struct Manager {
     prepared: Prepared,
     store: OpenedStore,
     clock: Arc<dyn Clock>,
+    /// Set once no other manager is active on the database ([`Manager::wait_until_active`]).
+    active: Option<Active>,
 }
 
 impl Manager {
@@ -134,11 +136,37 @@ impl Manager {
             .open()
             .await
             .with_context(|| format!("opening {} (key `database`)", prepared.config.store))?;
+        tracing::info!(database = %prepared.config.store, "Database open, schema up to date.");
         Ok(Self {
             prepared,
             store,
             clock: Arc::new(SystemClock),
+            active: None,
         })
+    }
+
+    /// Waits until no other manager is active on the database (PostgreSQL: a second manager is
+    /// a standby until the active one stops or dies; SQLite: at once). [`Manager::serve`] does
+    /// it too; the binary calls it before binding, so a standby does not take connections.
+    pub async fn wait_until_active(&mut self) -> anyhow::Result<()> {
+        if self.active.is_some() {
+            return Ok(());
+        }
+        let database = &self.prepared.config.store;
+        let active = self
+            .store
+            .activate(|| {
+                tracing::warn!(
+                    %database,
+                    "Standby: another manager is active on this database; this one serves as \
+                     soon as it stops."
+                );
+            })
+            .await
+            .with_context(|| format!("waiting to be the active manager of {database}"))?;
+        tracing::info!(%database, "Active: no other manager serves this database.");
+        self.active = Some(active);
+        Ok(())
     }
 
     /// Uses `clock` instead of the system clock (tests set the time instead of waiting).
@@ -150,10 +178,15 @@ impl Manager {
     /// Serves the API on `listener` and runs the scheduler until `shutdown`, then waits for
     /// every connection and task to finish and closes the database.
     pub async fn serve(
-        self,
+        mut self,
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
+        tokio::select! {
+            active = self.wait_until_active() => active?,
+            () = shutdown.cancelled() => return Ok(()),
+        }
+        let mut active = self.active.take().context("not active")?;
         let Prepared {
             config,
             tls,
@@ -166,6 +199,22 @@ impl Manager {
         let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
         let wake = Arc::new(Notify::new());
         let tracker = TaskTracker::new();
+        // Another manager may take over once this one cannot show it still holds the lock:
+        // stop. The lock itself is released only after everything stopped.
+        let lost = {
+            let shutdown = shutdown.clone();
+            tracker.spawn(async move {
+                let lost = tokio::select! {
+                    why = active.lost() => Some(why),
+                    () = shutdown.cancelled() => None,
+                };
+                if let Some(why) = &lost {
+                    tracing::error!(%why, "Lost the database's manager lock: stopping.");
+                    shutdown.cancel();
+                }
+                (active, lost)
+            })
+        };
 
         let changes = notify::Changes::new(shutdown.clone());
         let scheduler = Arc::new(
@@ -236,9 +285,14 @@ impl Manager {
         server.serve(listener, tracker.clone(), shutdown).await;
         tracker.close();
         tracker.wait().await;
+        // Held until the end: the lock is released once everything stopped.
+        let (_active, lost) = lost.await.context("the manager lock's task")?;
         opened.close().await;
         tracing::info!("Stopped.");
-        Ok(())
+        match lost {
+            Some(why) => anyhow::bail!("lost the database's manager lock: {why}"),
+            None => Ok(()),
+        }
     }
 }
 

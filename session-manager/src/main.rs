@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use ongrid_manager::{Config, Manager};
 
-/// The ongrid control plane: HTTPS API, SQLite store and scheduler.
+/// The ongrid control plane: HTTPS API, store (SQLite or PostgreSQL) and scheduler.
 #[derive(Debug, Parser)]
 #[command(name = "ongrid-manager", version)]
 struct Args {
@@ -33,7 +33,12 @@ fn main() -> ExitCode {
         })
         .run(Config::load(&args.config), |config, shutdown| async move {
             let listen = config.listen;
-            let manager = Manager::open(config).await?;
+            let mut manager = Manager::open(config).await?;
+            // A standby (another manager is active on the PostgreSQL database) binds nothing.
+            tokio::select! {
+                active = manager.wait_until_active() => active?,
+                () = shutdown.cancelled() => return Ok(()),
+            }
             let listener = ongrid_service::bind_and_announce(listen).await?;
             manager.serve(listener, shutdown).await
         })

@@ -79,6 +79,27 @@ impl Database {
     }
 }
 
+/// What makes a manager the only active one on its database, held while it serves.
+#[derive(Debug)]
+pub enum Active {
+    /// A SQLite file has one manager, on its host.
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres(super::postgres::ActiveLock),
+}
+
+impl Active {
+    /// Returns, with why, when this manager must stop serving because another one may have
+    /// taken over; never for SQLite.
+    pub async fn lost(&mut self) -> String {
+        match self {
+            Self::Sqlite => std::future::pending().await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(lock) => lock.lost().await,
+        }
+    }
+}
+
 /// An open store, closed once on shutdown.
 #[derive(Debug, Clone)]
 pub enum OpenedStore {
@@ -94,6 +115,17 @@ impl OpenedStore {
             Self::Sqlite(store) => Arc::new(store.clone()),
             #[cfg(feature = "postgres")]
             Self::Postgres(store) => Arc::new(store.clone()),
+        }
+    }
+
+    /// Waits until this manager may serve: at once for SQLite; for PostgreSQL until no other
+    /// manager is active on the database (`on_wait` is called once if one is).
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    pub async fn activate(&self, on_wait: impl FnOnce()) -> StoreResult<Active> {
+        match self {
+            Self::Sqlite(_) => Ok(Active::Sqlite),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => Ok(Active::Postgres(store.activate(on_wait).await?)),
         }
     }
 

@@ -38,7 +38,7 @@ use ongrid_core::{
 };
 
 pub use dashboard::{DashboardIdentity, DashboardLogin, DashboardStore};
-pub use database::{Database, OpenedStore};
+pub use database::{Active, Database, OpenedStore};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;

@@ -57,12 +57,17 @@ pub const WRITE_LOCK: i64 = 0x6f6e_6772_6964_0001;
 /// Connections per manager: the API's reads run beside the one writer.
 const MAX_CONNECTIONS: u32 = 8;
 
+pub use active::ActiveLock;
+pub mod active;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres");
 
 /// The PostgreSQL store. Cheap to clone (the pool is shared).
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// For the connection that holds [`active::MANAGER_LOCK`].
+    options: std::sync::Arc<PgConnectOptions>,
 }
 
 const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, u.user_name, u.uid, s.state, s.reason, \
@@ -75,14 +80,20 @@ impl PostgresStore {
     /// variables and password file fill in what it leaves out) and brings its schema up to date.
     /// The database must exist; the user needs the right to create tables in it.
     pub async fn open(url: &str) -> StoreResult<Self> {
-        let options = PgConnectOptions::from_str(url)?
-            .options([("lock_timeout", format!("{}s", LOCK_TIMEOUT.as_secs()))]);
+        let options = PgConnectOptions::from_str(url)?.options([
+            ("lock_timeout", format!("{}s", LOCK_TIMEOUT.as_secs())),
+            // Not the server's notices ("relation ... already exists, skipping") in our log.
+            ("client_min_messages", "warning".to_owned()),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            options: options.into(),
+        })
     }
 
     /// Closes every connection. Called on shutdown.

@@ -1257,3 +1257,70 @@ async fn concurrent_placements_of_one_session_store_one(backend: Backend) {
     assert_eq!(stored.gpus, placed[0]);
     assert_eq!(store.transitions(session.id).await.unwrap().len(), 2);
 }
+
+/// Two managers on one PostgreSQL database: the second waits as a standby while the first is
+/// active, and becomes active as soon as the first one's lock connection ends (as when its
+/// process dies); the first one notices that it lost the lock.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_standby_manager_takes_over_as_soon_as_the_active_one_dies() {
+    use std::time::{Duration, Instant};
+
+    use crate::store::postgres::active::{PING_INTERVAL, PING_TIMEOUT};
+
+    let place = Place::new(Backend::Postgres).await;
+    let first = place.database.open().await.unwrap();
+    let second = place.database.open().await.unwrap();
+    let mut active = first
+        .activate(|| panic!("nobody else is active yet"))
+        .await
+        .unwrap();
+    let Active::Postgres(lock) = &mut active else {
+        panic!("{active:?}")
+    };
+    let pid = lock.backend_pid().await;
+
+    let (waiting, standing_by) = tokio::sync::oneshot::channel();
+    let mut standby = tokio::spawn(async move {
+        let active = second
+            .activate(move || waiting.send(()).unwrap())
+            .await
+            .unwrap();
+        (Instant::now(), active)
+    });
+    standing_by.await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut standby)
+            .await
+            .is_err(),
+        "two managers active at once"
+    );
+
+    let OpenedStore::Postgres(store) = &first else {
+        panic!("{first:?}")
+    };
+    let killed_at = Instant::now();
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(ended);
+    let (took_over_at, _active) = tokio::time::timeout(Duration::from_secs(5), standby)
+        .await
+        .expect("the standby did not take over within 5 s")
+        .unwrap();
+    let handover = took_over_at - killed_at;
+    assert!(
+        handover < Duration::from_secs(1),
+        "handover took {handover:?}"
+    );
+
+    let why = tokio::time::timeout(
+        PING_INTERVAL + PING_TIMEOUT + Duration::from_secs(1),
+        active.lost(),
+    )
+    .await
+    .expect("the first manager did not notice");
+    assert!(why.contains("failed"), "{why}");
+}
