@@ -151,6 +151,7 @@ backend_tests!(
     nodes_keep_their_stream_url,
     an_upgrade_types_the_hold_reasons_already_stored,
     a_hold_is_stored_typed_and_read_as_its_sentence,
+    a_dashboard_link_is_used_once_and_not_after_it_expired,
 );
 
 /// Whoever adds a SQLite migration ports it: `migrations-postgres/` holds a file of the same
@@ -1323,4 +1324,82 @@ async fn a_standby_manager_takes_over_as_soon_as_the_active_one_dies() {
     .await
     .expect("the first manager did not notice");
     assert!(why.contains("failed"), "{why}");
+}
+
+/// The dashboard's logins: a link is used once, and neither a link nor a login outlives its end.
+async fn a_dashboard_link_is_used_once_and_not_after_it_expired(backend: Backend) {
+    use chrono::TimeDelta;
+    use ongrid_core::api::CredentialKind;
+
+    let place = Place::new(backend).await;
+    let opened = place.open().await;
+    let store = opened
+        .dashboard()
+        .expect("both stores keep dashboard logins");
+    let now = Utc::now();
+    let who = DashboardIdentity {
+        dn: Dn::parse("/DC=org/CN=Alice").expect("dn"),
+        fqans: vec!["/vo/Role=admin/Capability=NULL".to_owned()],
+        kind: CredentialKind::Impersonation,
+        not_after: now + TimeDelta::hours(12),
+    };
+    let later = now + TimeDelta::minutes(5);
+    store
+        .create_dashboard_link("a", &who, now, later)
+        .await
+        .expect("link");
+    store
+        .create_dashboard_link("b", &who, now, later)
+        .await
+        .expect("link");
+    assert_eq!(
+        store.dashboard_link("a", now).await.expect("peek"),
+        Some(who.clone())
+    );
+    assert_eq!(
+        store.redeem_dashboard_link("a", now).await.expect("use"),
+        Some(who.clone())
+    );
+    assert_eq!(
+        store.redeem_dashboard_link("a", now).await.expect("again"),
+        None
+    );
+    assert_eq!(store.dashboard_link("a", now).await.expect("peek"), None);
+    let expired = later + TimeDelta::seconds(1);
+    assert_eq!(
+        store
+            .redeem_dashboard_link("b", expired)
+            .await
+            .expect("late"),
+        None
+    );
+
+    let login = DashboardLogin {
+        identity: DashboardIdentity {
+            not_after: now + TimeDelta::hours(1),
+            ..who
+        },
+        csrf_token: "csrf".to_owned(),
+        expires_at: now + TimeDelta::hours(1),
+    };
+    store
+        .create_dashboard_login("cookie", &login, now)
+        .await
+        .expect("login");
+    assert_eq!(
+        store.dashboard_login("cookie", now).await.expect("read"),
+        Some(login.clone())
+    );
+    assert_eq!(
+        store
+            .dashboard_login("cookie", now + TimeDelta::hours(2))
+            .await
+            .expect("read"),
+        None
+    );
+    store.end_dashboard_login("cookie").await.expect("end");
+    assert_eq!(
+        store.dashboard_login("cookie", now).await.expect("read"),
+        None
+    );
 }
