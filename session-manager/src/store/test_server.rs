@@ -1,6 +1,7 @@
 //! A real PostgreSQL server for the store tests: Debian's `postgresql` binaries
 //! (`/usr/lib/postgresql/*/bin`), a cluster made with `initdb` in a temporary directory, listening
-//! on a Unix socket in that directory only, run as the `postgres` user (PostgreSQL refuses root).
+//! on a Unix socket in that directory only, run as the `postgres` user when the tests run as
+//! root (PostgreSQL refuses root), else as the tests' user.
 //! One server per test binary, started by the first test that asks; every test gets a database
 //! of its own ([`fresh_database`]).
 //!
@@ -24,13 +25,18 @@ set -u
 bin=$1
 dir=$(mktemp -d /tmp/ongrid-pg.XXXXXX) || { echo "failed: mktemp"; exit 1; }
 cd "$dir"
-as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
+# PostgreSQL refuses to run as root: root runs it as the postgres user, anyone else as themselves.
+if [ "$(id -u)" = 0 ]; then
+    as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
+    chown postgres: "$dir" || { rm -rf "$dir"; echo "failed: chown postgres $dir"; exit 1; }
+else
+    as_postgres() { "$@"; }
+fi
 stop() {
     as_postgres "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1
     rm -rf "$dir"
 }
 trap stop EXIT
-chown postgres: "$dir" || { echo "failed: chown postgres $dir"; exit 1; }
 if ! as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres \
         --encoding=UTF8 >"$dir/initdb.log" 2>&1; then
     echo "failed: initdb: $(tail -n 5 "$dir/initdb.log" | tr '\n' ' ')"
