@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages of deploy/debian-packages.txt that are missing: the one install
-# step shared by deploy/quickstart.sh and .ci/run.
+# step shared by deploy/quickstart.sh and .ci/run. For `tests`, also the Python packages of
+# deploy/python-requirements.txt (with Debian's python3 and pip).
 #
 # Usage: deploy/install-packages.sh quickstart|tests
 #   quickstart   what deploy/quickstart.sh needs to bring ongrid up on this machine
@@ -14,6 +15,7 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
 readonly PACKAGE_LIST="$REPO_ROOT/deploy/debian-packages.txt"
+readonly PYTHON_REQUIREMENTS="$REPO_ROOT/deploy/python-requirements.txt"
 
 die() {
     printf '\nerror: %s\n' "$*" >&2
@@ -38,6 +40,30 @@ missing_packages() {
     done
 }
 
+# python_requirements_met: whether python3 already has everything deploy/python-requirements.txt
+# asks for (pip resolves it against what is installed only, downloading nothing).
+python_requirements_met() {
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --dry-run --quiet \
+        -r "$PYTHON_REQUIREMENTS" >/dev/null 2>&1
+}
+
+# install_python_requirements: the tests' Python packages, system-wide for python3. Debian marks
+# its Python as externally managed (PEP 668); these packages go to /usr/local, beside Debian's,
+# which is what PIP_BREAK_SYSTEM_PACKAGES allows on a test machine.
+install_python_requirements() {
+    [[ -r "$PYTHON_REQUIREMENTS" ]] || die "$PYTHON_REQUIREMENTS is missing: restore it from the repository"
+    if python_requirements_met; then
+        printf 'Python packages for tests: all installed\n'
+        return 0
+    fi
+    local command="PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -r $PYTHON_REQUIREMENTS"
+    [[ "$(id -u)" -eq 0 ]] || die "missing Python packages of $PYTHON_REQUIREMENTS. Install them as root: sudo sh -c '$command'"
+    printf '==> installing Python packages for tests: %s\n' "$PYTHON_REQUIREMENTS"
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet -r "$PYTHON_REQUIREMENTS" ||
+        die "pip install failed (output above); once the cause is fixed, run: $command"
+    python_requirements_met || die "still not installed after pip install: see $PYTHON_REQUIREMENTS"
+}
+
 main() {
     local role="${1:-}"
     case "$role" in
@@ -53,6 +79,7 @@ main() {
     mapfile -t missing < <(missing_packages "${wanted[@]}")
     if ((${#missing[@]} == 0)); then
         printf 'Debian packages for %s: all %d installed\n' "$role" "${#wanted[@]}"
+        [[ "$role" != tests ]] || install_python_requirements
         return 0
     fi
 
@@ -70,6 +97,7 @@ main() {
         die "apt-get install failed (output above); once the cause is fixed, run: $command"
     mapfile -t missing < <(missing_packages "${wanted[@]}")
     ((${#missing[@]} == 0)) || die "still not installed after apt-get install: ${missing[*]}"
+    [[ "$role" != tests ]] || install_python_requirements
 }
 
 main "$@"
