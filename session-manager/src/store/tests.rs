@@ -152,6 +152,7 @@ backend_tests!(
     an_upgrade_types_the_hold_reasons_already_stored,
     a_hold_is_stored_typed_and_read_as_its_sentence,
     a_dashboard_link_is_used_once_and_not_after_it_expired,
+    a_restart_chain_is_stored_with_its_history_and_links,
 );
 
 /// Whoever adds a SQLite migration ports it: `migrations-postgres/` holds a file of the same
@@ -1402,4 +1403,124 @@ async fn a_dashboard_link_is_used_once_and_not_after_it_expired(backend: Backend
         store.dashboard_login("cookie", now).await.expect("read"),
         None
     );
+}
+
+/// A job's restart chain: its history, its exit code, the next job linked and pinned.
+async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) {
+    use crate::domain::jobs::{self, JobLimits, Submitter};
+    use ongrid_core::job::{
+        JobImage, JobReason, JobSpecFile, JobState, ObservedJobStatus, HALT_EXIT_CODE,
+    };
+
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let dn = Dn::parse("/CN=Alice").unwrap();
+    let user = store.user(&dn, 20_000).await.unwrap();
+    let node = NodeName::parse("node1").unwrap();
+    let registration = NodeRegistration {
+        name: node.clone(),
+        gpu_backend: "simulated".to_owned(),
+        agent_version: "0".to_owned(),
+        stream_url: None,
+    };
+    store
+        .register_node(registration, &[gpu(1)], t(0))
+        .await
+        .unwrap();
+    let spec = JobSpecFile {
+        image: Some("model:v1".into()),
+        command: vec!["train".into()],
+        restartable: true,
+        max_duration: Some("2h".into()),
+        ..JobSpecFile::default()
+    }
+    .validate(t(0))
+    .unwrap();
+    let image = JobImage {
+        digest: format!("sha256:{}", "b".repeat(64)),
+        docker_image: "ongrid/alice/model:v1".into(),
+    };
+    let who = Submitter {
+        owner: dn.clone(),
+        user_name: user.user_name.clone(),
+        uid: user.uid,
+    };
+    let new = jobs::submit(
+        JobId::new_random(),
+        who,
+        spec,
+        image,
+        &JobLimits::default(),
+        t(1),
+    )
+    .unwrap();
+    let job = store.create_job(new.clone()).await.unwrap();
+    assert_eq!(job.state(), JobState::Queued);
+    assert_eq!(job.queued_at(), t(1));
+    assert_eq!(
+        store.jobs(JobFilter::Active).await.unwrap(),
+        std::slice::from_ref(&job)
+    );
+
+    let gpus = vec![GpuId::from(gpu(1).uuid)];
+    let started = jobs::start(&job, node.clone(), gpus.clone(), t(2)).unwrap();
+    let job = store.job_transition(job.id, started, None).await.unwrap();
+    assert_eq!(
+        (job.state(), &job.node, &job.gpus),
+        (JobState::Running, &Some(node.clone()), &gpus)
+    );
+    assert_eq!(
+        store
+            .jobs(JobFilter::Node(node.clone()))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    // A stale decision is refused by the state machine.
+    let again = jobs::start(
+        &store.job(job.id).await.unwrap().unwrap(),
+        node.clone(),
+        gpus,
+        t(3),
+    );
+    assert!(again.is_err());
+
+    let halt = jobs::halt_by_owner(&job, t(600)).unwrap();
+    let job = store.job_transition(job.id, halt, None).await.unwrap();
+    let exited = ObservedJobStatus::Exited {
+        started_at: t(2),
+        finished_at: t(602),
+        exit_code: HALT_EXIT_CODE,
+        oom_killed: false,
+        killed: false,
+        signalled_at: None,
+    };
+    let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
+    let next =
+        jobs::next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()).unwrap();
+    let halted = store
+        .job_transition(job.id, change, Some(next.clone()))
+        .await
+        .unwrap();
+    assert_eq!(halted.state(), JobState::Halted);
+    assert_eq!(halted.exit_code, Some(HALT_EXIT_CODE));
+    assert_eq!(halted.next_job, Some(next.id));
+    assert_eq!(halted.lifecycle.history().len(), 4);
+    assert_eq!(halted.lifecycle.last().reason, JobReason::HaltedCleanly);
+    let requeued = store.job(next.id).await.unwrap().unwrap();
+    assert_eq!(requeued.previous_job, Some(job.id));
+    assert_eq!(requeued.chain.restart_count, 1);
+    assert_eq!(requeued.chain.initial_job, job.id);
+    assert_eq!(requeued.pinned_node, Some(node.clone()));
+    assert_eq!(
+        requeued.max_duration,
+        Some(ongrid_core::HumanDuration::from_secs(7200 - 600))
+    );
+    assert_eq!(store.jobs(JobFilter::Owner(dn)).await.unwrap().len(), 2);
+
+    store.record_job_log(job.id, 42, true).await.unwrap();
+    let logged = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!((logged.log_size, logged.log_complete), (42, true));
+    assert!(store.jobs(JobFilter::Node(node)).await.unwrap().is_empty());
 }

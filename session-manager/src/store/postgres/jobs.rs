@@ -239,7 +239,12 @@ async fn job_from_row(conn: &mut sqlx::PgConnection, row: &PgRow) -> StoreResult
         },
         previous_job: optional_job("previous_job")?,
         next_job: optional_job("next_job")?,
-        exit_code: row.try_get("exit_code")?,
+        exit_code: row
+            .try_get::<Option<i64>, _>("exit_code")?
+            .map(|code| {
+                i32::try_from(code).map_err(|_| StoreError::Corrupt(format!("exit code {code}")))
+            })
+            .transpose()?,
         log_size: u64::try_from(log_size).unwrap_or_default(),
         log_complete: row.try_get("log_complete")?,
         pinned_node: pinned_node
