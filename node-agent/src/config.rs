@@ -28,6 +28,10 @@
 //! memory = "1GiB"
 //! [metrics]                                       # optional; off when absent
 //! listen = "127.0.0.1:9472"                        # /metrics, /healthz, /readyz (plain HTTP)
+//! [storage]                                       # optional: site storage, see crate::storage
+//! home = "/site/home/{login}"                     # default: the node-local volume ongrid-home-<login>
+//! [[storage.read_only]]
+//! source = "/cvmfs"
 //! ```
 //!
 //! `[network]`: the most specific `allow` or `deny` entry containing a destination decides, a
@@ -125,6 +129,8 @@ pub enum ConfigError {
     ReservedMemory(#[source] ongrid_core::quantity::MemorySizeError),
     #[error("[streams] TLS identity")]
     StreamsTls(#[source] StreamsIdentityError),
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
 }
 
 impl From<FileError> for ConfigError {
@@ -152,6 +158,8 @@ struct ConfigFile {
     #[serde(default)]
     reserved: ReservedFile,
     metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    storage: crate::storage::StorageFile,
 }
 
 /// The `[network]` table as written; absent keys take the defaults of [`NetworkPolicy`].
@@ -287,6 +295,8 @@ pub struct Config {
     pub reserved: Reserved,
     /// The metrics and health listener; `None` when `[metrics]` is absent.
     pub metrics: Option<MetricsConfig>,
+    /// Homes and site mounts of every container (`[storage]`).
+    pub storage: crate::storage::SiteStorage,
 }
 
 /// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
@@ -413,6 +423,7 @@ impl Config {
             &file.network.deny,
         )?;
         let reserved = file.reserved.validate()?;
+        let storage = file.storage.validate()?;
         Ok(Self {
             node_name,
             manager_url,
@@ -425,6 +436,7 @@ impl Config {
             network,
             reserved,
             metrics: file.metrics,
+            storage,
         })
     }
 }
@@ -710,6 +722,33 @@ mod tests {
         std::fs::write(files.dir.path().join("agent.key"), "not a key").unwrap();
         let chain = format!("{:#}", anyhow::Error::from(files.parse(&text).unwrap_err()));
         assert!(chain.contains("tls_key"), "{chain}");
+    }
+
+    #[test]
+    fn storage_is_off_without_the_table_and_checked_with_it() {
+        let files = Files::new();
+        let config = files.parse(&files.config("")).unwrap();
+        assert_eq!(config.storage, crate::storage::SiteStorage::default());
+        std::fs::create_dir(files.dir.path().join("homes")).unwrap();
+        let text = files.config("")
+            + &format!(
+                "[storage]\nhome = \"{}/{{login}}\"\n[[storage.read_only]]\nsource = \"{}\"\n",
+                files.path("homes"),
+                files.path("certs")
+            );
+        let config = files.parse(&text).unwrap();
+        assert!(matches!(
+            config.storage.home,
+            crate::storage::HomeStorage::Directory { .. }
+        ));
+        assert_eq!(config.storage.mounts.len(), 1);
+        let text = files.config("") + "[[storage.read_only]]\nsource = \"/nonexistent/cvmfs\"\n";
+        let err = files.parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::Storage(_)), "{err:?}");
+        assert!(
+            err.to_string().contains("[[storage.read_only]] source"),
+            "{err}"
+        );
     }
 
     #[test]

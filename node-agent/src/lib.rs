@@ -32,6 +32,7 @@ pub mod network;
 pub mod reconcile;
 pub mod removed_images;
 pub mod runtime;
+pub mod storage;
 pub mod streams;
 
 use std::sync::Arc;
@@ -167,6 +168,7 @@ async fn node_guard(
         firewall: Arc::new(firewall),
         subnet_pool: config.network.subnet_pool,
         ceiling,
+        storage: Arc::new(config.storage.clone()),
     })
 }
 

@@ -33,6 +33,7 @@ use crate::runtime::{
     error_chain, held_image, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess,
     LimitCeiling, NetworkStatus, RuntimeError,
 };
+use crate::storage::SiteStorage;
 
 /// How long a dev container gets to stop before it is killed.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,14 +102,16 @@ pub fn stale_networks(desired: &[DesiredSession], networks: &[NetworkStatus]) ->
         .collect()
 }
 
-/// What keeps dev containers from hurting the node and each other: the firewall rules their
-/// networks need (`crate::network`), where the networks' addresses come from, and the ceiling
-/// of their CPU and memory limits.
+/// What the node imposes on every container it runs (dev and batch job containers): the
+/// firewall rules their networks need (`crate::network`), where the networks' addresses come
+/// from, the ceiling of their CPU and memory limits, and the site storage they mount
+/// (`crate::storage`).
 #[derive(Clone)]
 pub struct NodeGuard {
     pub firewall: Arc<dyn HostFirewall>,
     pub subnet_pool: Ipv4Net,
     pub ceiling: LimitCeiling,
+    pub storage: Arc<SiteStorage>,
 }
 
 /// The operations that bring `observed` to `desired`, stops and removals first (they free
@@ -475,6 +478,7 @@ impl Reconciler {
         self.isolate(session.session_id).await?;
         let mut spec = ContainerSpec::for_session(&self.node, session, self.gpu_access);
         spec.limits = self.guard.ceiling.cap(spec.limits);
+        self.guard.storage.apply(&mut spec);
         let held = held_image(session.session_id);
         if self.runtime.image_exists(&held).await? {
             spec.image = held;
@@ -820,6 +824,7 @@ mod tests {
             NodeGuard {
                 firewall,
                 subnet_pool: "10.213.0.0/16".parse().unwrap(),
+                storage: Default::default(),
                 ceiling: LimitCeiling::NONE,
             },
         )
@@ -902,6 +907,7 @@ mod tests {
             NodeGuard {
                 firewall: Arc::new(FakeFirewall::default()),
                 subnet_pool: "10.213.0.0/16".parse().unwrap(),
+                storage: Default::default(),
                 ceiling: LimitCeiling {
                     millicpus: 1000,
                     memory_bytes: 1 << 30,

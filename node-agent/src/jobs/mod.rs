@@ -393,6 +393,7 @@ impl Jobs {
 
     /// The container of `job`.
     fn spec(&self, job: &DesiredJob, work_dir: PathBuf, network: String) -> JobContainerSpec {
+        let (home, binds) = self.guard.storage.for_user(&job.user);
         let devices = visible_devices(&job.gpus);
         let mut env: Vec<(String, String)> = job
             .env
@@ -431,6 +432,8 @@ impl Jobs {
             network,
             work_dir,
             mount_home: job.mount_home,
+            home,
+            binds,
         }
     }
 

@@ -94,6 +94,7 @@ impl Fixture {
             NodeGuard {
                 firewall: Arc::new(FakeFirewall::default()),
                 subnet_pool: "10.213.0.0/16".parse().unwrap(),
+                storage: Default::default(),
                 ceiling: LimitCeiling::NONE,
             },
             Some(JobsConfig {
@@ -432,6 +433,7 @@ async fn without_an_image_store_jobs_fail_saying_so() {
         NodeGuard {
             firewall: Arc::new(FakeFirewall::default()),
             subnet_pool: "10.213.0.0/16".parse().unwrap(),
+            storage: Default::default(),
             ceiling: LimitCeiling::NONE,
         },
         None,

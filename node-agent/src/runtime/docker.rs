@@ -3,10 +3,11 @@
 //!
 //! A dev container is hardened the same way every time ([`create_body`]): it runs as the
 //! session's unprivileged user, with no capabilities, `no-new-privileges`, CPU, memory and pids
-//! limits, tini as PID 1, the user's home volume as its only mount (never the Docker socket),
-//! and no restart policy (the agent decides). Before its first start the user is written into
-//! its `/etc/passwd` and `/etc/group`, and a new home volume is given to the user by a
-//! short-lived helper container.
+//! limits, tini as PID 1, the user's home and the site's storage (`[storage]`) as its only
+//! mounts (never the Docker socket), and no restart policy (the agent decides). Before its first
+//! start the user is written into its `/etc/passwd` and `/etc/group`, and a new home volume is
+//! given to the user by a short-lived helper container (a new home on site storage is made by
+//! the agent itself, `crate::storage::ensure_home_directory`).
 //!
 //! Processes for the SSH gateway's streams run with `docker exec` ([`DockerRuntime::exec_in`]);
 //! files go into and out of running containers through Docker's archive API.
@@ -20,7 +21,8 @@ use bollard::errors::Error as BollardError;
 use bollard::exec::{ResizeExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, ExecConfig, HostConfig, Mount,
-    MountTypeEnum, MountVolumeOptions, RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
+    MountBindOptions, MountBindOptionsPropagationEnum, MountTypeEnum, MountVolumeOptions,
+    RestartPolicy, RestartPolicyNameEnum, VolumeCreateOptions,
 };
 use bollard::models::{ContainerSummary, Ipam, IpamConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CommitContainerOptionsBuilder, StatsOptionsBuilder};
@@ -42,13 +44,13 @@ use tracing::{debug, info};
 
 use super::accounts::{self, EtcFile};
 use super::LABEL_GPUS;
+use super::{BindMount, Home, NetworkStatus, NodeResources, Propagation};
 use super::{
     ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
     ExecStatus, GpuAccess, RuntimeError, SessionContainer, TtySize, LABEL_HELPER, LABEL_MANAGED,
     LABEL_NODE, LABEL_OWNER, LABEL_SESSION, LABEL_SESSION_NAME, LABEL_USER,
 };
 use super::{ImportConfig, JobContainerSpec, JobContainerState, JobContainerStatus, LABEL_JOB};
-use super::{NetworkStatus, NodeResources};
 use crate::network::{Ipv4Net, NetworkSpec};
 
 /// How long the agent waits for a helper container to finish.
@@ -188,7 +190,7 @@ impl DockerRuntime {
             }
             Err(e) => return Err(docker_error(format!("inspecting image {}", spec.image))(e)),
         };
-        self.ensure_home_volume(spec).await?;
+        self.ensure_home(spec).await?;
 
         let options = CreateContainerOptionsBuilder::new()
             .name(&spec.name)
@@ -212,16 +214,53 @@ impl DockerRuntime {
         Ok(created.id)
     }
 
+    /// Makes the container's home when absent (a volume, or a directory on site storage) and
+    /// checks that the site storage it mounts is there.
+    async fn ensure_home(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        if let Some(problem) = crate::storage::missing_source(&spec.binds, &spec.user) {
+            return Err(RuntimeError::Setup {
+                action: format!("mounting site storage into container {}", spec.name),
+                problem,
+            });
+        }
+        match &spec.home {
+            Home::Volume(volume) => self.ensure_home_volume(spec, volume).await,
+            Home::Directory { path, root, mode } => {
+                let action = format!("making the home {} of {}", path.display(), spec.user.name);
+                let (home, root, mode, uid) = (path.clone(), root.clone(), *mode, spec.user.uid);
+                let made = tokio::task::spawn_blocking(move || {
+                    crate::storage::ensure_home_directory(&home, &root, uid, mode)
+                })
+                .await
+                .map_err(|e| RuntimeError::Setup {
+                    action: action.clone(),
+                    problem: e.to_string(),
+                })?
+                .map_err(|e| RuntimeError::Setup {
+                    action,
+                    problem: super::error_chain(&e),
+                })?;
+                if made {
+                    info!(user = %spec.user.name, uid = spec.user.uid, ?path, "Made the home on site storage.");
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Creates the home volume when absent, and then hands it to the user.
-    async fn ensure_home_volume(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
-        let volume = &spec.home_volume;
+    async fn ensure_home_volume(
+        &self,
+        spec: &ContainerSpec,
+        volume: &str,
+    ) -> Result<(), RuntimeError> {
         match self.docker.inspect_volume(volume).await {
             Ok(_) => return Ok(()),
             Err(e) if is_status(&e, 404) => {}
             Err(e) => return Err(docker_error(format!("inspecting volume {volume}"))(e)),
         }
         let options = VolumeCreateOptions {
-            name: Some(volume.clone()),
+            name: Some(volume.to_owned()),
             labels: Some(spec.home_volume_labels().into_iter().collect()),
             ..Default::default()
         };
@@ -230,7 +269,7 @@ impl DockerRuntime {
             .await
             .map_err(docker_error(format!("creating volume {volume}")))?;
         info!(%volume, user = %spec.user.name, "Created home volume.");
-        if let Err(e) = self.chown_home_volume(spec).await {
+        if let Err(e) = self.chown_home_volume(spec, volume).await {
             // It is new and empty: remove it, so the next attempt starts from scratch.
             let _ = self
                 .docker
@@ -246,13 +285,14 @@ impl DockerRuntime {
 
     /// Runs `chown uid:uid /home/<login>` as root in a throwaway container of the same image,
     /// with no network and only `CAP_CHOWN`.
-    async fn chown_home_volume(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+    async fn chown_home_volume(
+        &self,
+        spec: &ContainerSpec,
+        volume: &str,
+    ) -> Result<(), RuntimeError> {
         let name = format!("ongrid-chown-{}", uuid::Uuid::new_v4().simple());
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
-        let action = format!(
-            "giving volume {} to uid {}",
-            spec.home_volume, spec.user.uid
-        );
+        let action = format!("giving volume {volume} to uid {}", spec.user.uid);
         let id = self
             .docker
             .create_container(Some(options), chown_helper_body(spec, &self.node))
@@ -979,7 +1019,12 @@ impl DockerRuntime {
             Err(e) => return Err(docker_error(format!("inspecting image {}", spec.image))(e)),
         };
         if job.mount_home {
-            self.ensure_home_volume(&spec).await?;
+            self.ensure_home(&spec).await?;
+        } else if let Some(problem) = crate::storage::missing_source(&spec.binds, &spec.user) {
+            return Err(RuntimeError::Setup {
+                action: format!("mounting site storage into container {}", spec.name),
+                problem,
+            });
         }
         let options = CreateContainerOptionsBuilder::new()
             .name(&spec.name)
@@ -1073,6 +1118,7 @@ pub fn job_create_body(job: &JobContainerSpec) -> ContainerCreateBody {
     if job.mount_home {
         mounts.push(home_mount(&spec));
     }
+    mounts.extend(spec.binds.iter().map(bind_mount));
     if let Some(host) = body.host_config.as_mut() {
         host.mounts = Some(mounts);
     }
@@ -1418,7 +1464,11 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         cmd: Some(spec.command.clone()),
         labels: Some(spec.labels.clone().into_iter().collect()),
         host_config: Some(HostConfig {
-            mounts: Some(vec![home_mount(spec)]),
+            mounts: Some(
+                std::iter::once(home_mount(spec))
+                    .chain(spec.binds.iter().map(bind_mount))
+                    .collect(),
+            ),
             // The session's own network, and no IPv6 in it: the node's firewall rules for
             // session networks are IPv4 (see `crate::network`).
             network_mode: Some(spec.network.clone()),
@@ -1446,16 +1496,46 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     }
 }
 
-/// The home volume at `/home/<login>`, without Docker's copy-up: the working directory Docker
-/// creates for the container would otherwise be copied into a new volume with root as owner.
+/// The home at `/home/<login>`: a volume without Docker's copy-up (the working directory Docker
+/// creates for the container would otherwise be copied into a new volume with root as owner),
+/// or a directory of site storage.
 fn home_mount(spec: &ContainerSpec) -> Mount {
+    match &spec.home {
+        Home::Volume(volume) => Mount {
+            typ: Some(MountTypeEnum::VOLUME),
+            source: Some(volume.clone()),
+            target: Some(spec.home_dir.clone()),
+            read_only: Some(false),
+            volume_options: Some(MountVolumeOptions {
+                no_copy: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Home::Directory { path, .. } => bind_mount(&BindMount {
+            source: path.clone(),
+            target: spec.home_dir.clone(),
+            read_only: false,
+            propagation: Propagation::Private,
+        }),
+    }
+}
+
+/// A directory of the node in the container. Docker's `Mount` API refuses a source that does
+/// not exist (never making it as root, as `-v` would).
+fn bind_mount(bind: &BindMount) -> Mount {
+    let propagation = match bind.propagation {
+        Propagation::Private => None,
+        Propagation::Slave => Some(MountBindOptionsPropagationEnum::RSLAVE),
+        Propagation::Shared => Some(MountBindOptionsPropagationEnum::RSHARED),
+    };
     Mount {
-        typ: Some(MountTypeEnum::VOLUME),
-        source: Some(spec.home_volume.clone()),
-        target: Some(spec.home_dir.clone()),
-        read_only: Some(false),
-        volume_options: Some(MountVolumeOptions {
-            no_copy: Some(true),
+        typ: Some(MountTypeEnum::BIND),
+        source: Some(bind.source.display().to_string()),
+        target: Some(bind.target.clone()),
+        read_only: Some(bind.read_only),
+        bind_options: propagation.map(|propagation| MountBindOptions {
+            propagation: Some(propagation),
             ..Default::default()
         }),
         ..Default::default()
@@ -1555,6 +1635,101 @@ mod tests {
             "copy-up would give the new home to root"
         );
         assert_eq!(host.device_requests, None);
+    }
+
+    #[test]
+    fn site_storage_is_bind_mounted_and_the_home_too() {
+        let mut spec = spec(GpuAccess::EnvironmentOnly);
+        spec.home = Home::Directory {
+            path: "/site/home/alice-smith".into(),
+            root: "/site/home".into(),
+            mode: 0o700,
+        };
+        spec.binds = vec![
+            BindMount {
+                source: "/cvmfs".into(),
+                target: "/cvmfs".into(),
+                read_only: true,
+                propagation: Propagation::Slave,
+            },
+            BindMount {
+                source: "/site/scratch/alice-smith".into(),
+                target: "/scratch".into(),
+                read_only: false,
+                propagation: Propagation::Private,
+            },
+        ];
+        let bind =
+            |source: &str,
+             target: &str,
+             read_only: bool,
+             propagation: Option<MountBindOptionsPropagationEnum>| Mount {
+                typ: Some(MountTypeEnum::BIND),
+                source: Some(source.to_owned()),
+                target: Some(target.to_owned()),
+                read_only: Some(read_only),
+                bind_options: propagation.map(|propagation| MountBindOptions {
+                    propagation: Some(propagation),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+        let expected = [
+            bind("/site/home/alice-smith", "/home/alice-smith", false, None),
+            bind(
+                "/cvmfs",
+                "/cvmfs",
+                true,
+                Some(MountBindOptionsPropagationEnum::RSLAVE),
+            ),
+            bind("/site/scratch/alice-smith", "/scratch", false, None),
+        ];
+        let host = create_body(&spec).host_config.unwrap();
+        assert_eq!(host.mounts.unwrap(), expected);
+        assert_eq!(host.binds, None);
+
+        // A batch job: its working directory, the home only when asked, the site's mounts.
+        let job = JobContainerSpec {
+            job_id: JobId(uuid::Uuid::new_v4()),
+            name: "ongrid-job-x".into(),
+            image: spec.image.clone(),
+            user: spec.user.clone(),
+            labels: spec.labels.clone(),
+            env: Vec::new(),
+            gpus: spec.gpus.clone(),
+            gpu_access: GpuAccess::EnvironmentOnly,
+            limits: spec.limits,
+            command: vec!["true".into()],
+            network: spec.network.clone(),
+            work_dir: "/var/lib/ongrid/jobs/chain".into(),
+            mount_home: false,
+            home: spec.home.clone(),
+            binds: spec.binds.clone(),
+        };
+        let work = bind(
+            "/var/lib/ongrid/jobs/chain",
+            ongrid_core::job::WORK_DIR_IN_CONTAINER,
+            false,
+            None,
+        );
+        let mounts = |job: &JobContainerSpec| job_create_body(job).host_config.unwrap().mounts;
+        assert_eq!(
+            mounts(&job).unwrap(),
+            [work.clone(), expected[1].clone(), expected[2].clone()]
+        );
+        let with_home = JobContainerSpec {
+            mount_home: true,
+            ..job
+        };
+        assert_eq!(
+            mounts(&with_home).unwrap(),
+            [
+                work,
+                expected[0].clone(),
+                expected[1].clone(),
+                expected[2].clone()
+            ]
+        );
     }
 
     #[test]

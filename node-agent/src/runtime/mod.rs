@@ -78,10 +78,14 @@ pub struct ContainerSpec {
     /// The session's name, so the shell prompt says where the user is.
     pub hostname: String,
     pub user: ContainerUser,
-    /// `/home/<login>`, where the home volume is mounted.
+    /// `/home/<login>`, where the home is mounted.
     pub home_dir: String,
-    /// `ongrid-home-<login>`: persistent, shared by all of the user's sessions on the node.
-    pub home_volume: String,
+    /// What is mounted at `home_dir`: by default the volume `ongrid-home-<login>`, persistent
+    /// and shared by all of the user's sessions on the node; with `[storage] home`, a directory
+    /// on site storage (`crate::storage`).
+    pub home: Home,
+    /// The site's storage (`[storage]`), bind-mounted under `home`.
+    pub binds: Vec<BindMount>,
     pub labels: BTreeMap<String, String>,
     pub env: Vec<(String, String)>,
     pub gpus: Vec<GpuId>,
@@ -124,7 +128,8 @@ impl ContainerSpec {
             image: session.image.clone(),
             hostname: session.name.to_string(),
             user: session.user.clone(),
-            home_volume: home_volume_name(&session.user),
+            home: Home::Volume(home_volume_name(&session.user)),
+            binds: Vec::new(),
             home_dir,
             labels,
             env,
@@ -143,6 +148,42 @@ impl ContainerSpec {
             (LABEL_USER.to_owned(), self.user.name.to_string()),
         ])
     }
+}
+
+/// Where a container's home comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Home {
+    /// A node-local Docker volume of this name, made (and given to the user) when missing.
+    Volume(String),
+    /// A directory on the node (site storage), made when missing below `root`, which must
+    /// exist, owned by the user with `mode` (`crate::storage::ensure_home_directory`).
+    Directory {
+        path: std::path::PathBuf,
+        root: std::path::PathBuf,
+        mode: u32,
+    },
+}
+
+/// A directory of the node bind-mounted into a container (`[storage]` of the agent's config).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    /// It must exist on the node.
+    pub source: std::path::PathBuf,
+    pub target: String,
+    pub read_only: bool,
+    pub propagation: Propagation,
+}
+
+/// Whether mounts made on the node under a bind's source later show up in the container (an
+/// autofs-mounted `/cvmfs` needs `Slave`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    /// Docker's default, `rprivate`.
+    Private,
+    /// `rslave`: mounts of the node propagate into the container.
+    Slave,
+    /// `rshared`: and back.
+    Shared,
 }
 
 /// `ongrid-home-<login>`.
@@ -621,8 +662,12 @@ pub struct JobContainerSpec {
     /// The chain's working directory on the node, mounted at
     /// [`ongrid_core::job::WORK_DIR_IN_CONTAINER`].
     pub work_dir: std::path::PathBuf,
-    /// Mount the user's home volume at `/home/<login>`, read-write.
+    /// Mount the user's home at `/home/<login>`, read-write.
     pub mount_home: bool,
+    /// The user's home, as a dev container of the user would have it.
+    pub home: Home,
+    /// The site's storage (`[storage]`), mounted into every job.
+    pub binds: Vec<BindMount>,
 }
 
 impl JobContainerSpec {
@@ -637,7 +682,8 @@ impl JobContainerSpec {
             hostname: format!("job-{}", &self.job_id.0.simple().to_string()[..8]),
             user: self.user.clone(),
             home_dir: format!("/home/{login}"),
-            home_volume: home_volume_name(&self.user),
+            home: self.home.clone(),
+            binds: self.binds.clone(),
             labels: self.labels.clone(),
             env: self.env.clone(),
             gpus: self.gpus.clone(),
@@ -832,7 +878,8 @@ mod tests {
         assert_eq!(spec.name, session.session_id.container_name());
         assert_eq!(spec.hostname, "train1");
         assert_eq!(spec.home_dir, "/home/alice-smith");
-        assert_eq!(spec.home_volume, "ongrid-home-alice-smith");
+        assert_eq!(spec.home, Home::Volume("ongrid-home-alice-smith".into()));
+        assert_eq!(spec.binds, []);
         assert_eq!(spec.command, ["sleep", "infinity"]);
 
         let label = |k: &str| spec.labels.get(k).map(String::as_str);

@@ -64,7 +64,7 @@ fn exec_as(session: &DesiredSession, user: &str, script: &str) -> String {
     ])
 }
 
-fn order(session: &DesiredSession, reference: &str) -> FreezeOrder {
+pub(crate) fn order(session: &DesiredSession, reference: &str) -> FreezeOrder {
     FreezeOrder {
         image_id: uuid::Uuid::new_v4(),
         session_id: session.session_id,
@@ -77,7 +77,7 @@ fn order(session: &DesiredSession, reference: &str) -> FreezeOrder {
     }
 }
 
-fn freezer(node: &TestNode, store: &Path) -> Arc<Freezer> {
+pub(crate) fn freezer(node: &TestNode, store: &Path) -> Arc<Freezer> {
     Arc::new(Freezer::new(
         node.runtime.clone(),
         node.node.clone(),
@@ -89,7 +89,7 @@ fn freezer(node: &TestNode, store: &Path) -> Arc<Freezer> {
 }
 
 /// The freeze's report once it has ended; also the largest progress seen on the way.
-async fn finished(freezer: &Freezer, id: uuid::Uuid) -> (FreezeProgress, u64, u64) {
+pub(crate) async fn finished(freezer: &Freezer, id: uuid::Uuid) -> (FreezeProgress, u64, u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     let (mut done, mut total) = (0, 0);
     loop {
@@ -175,7 +175,7 @@ fn run(program: &str, args: &[&str]) -> String {
 
 /// One filesystem entry as `ls -l` shows it: type and mode, owner, and a symlink's target.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Meta {
+pub(crate) struct Meta {
     mode: String,
     owner: String,
     target: Option<String>,
@@ -284,7 +284,7 @@ fn exported(name: &str, dir: &Path) -> BTreeMap<String, Meta> {
 }
 
 /// `unsquashfs -o OFFSET -lln` of the SIF: path → metadata.
-fn squashfs_listing(sif: &str, offset: u64) -> BTreeMap<String, Meta> {
+pub(crate) fn squashfs_listing(sif: &str, offset: u64) -> BTreeMap<String, Meta> {
     let offset = offset.to_string();
     let listing = run("unsquashfs", &["-o", &offset, "-lln", sif]);
     let mut entries = BTreeMap::new();
@@ -323,7 +323,7 @@ fn squashfs_listing(sif: &str, offset: u64) -> BTreeMap<String, Meta> {
 }
 
 /// The start of the squashfs partition, from `siftool list`.
-fn partition_offset(sif: &str) -> u64 {
+pub(crate) fn partition_offset(sif: &str) -> u64 {
     let list = run("siftool", &["list", sif]);
     let line = list
         .lines()

@@ -16,6 +16,7 @@ mod jobs;
 mod lifecycle;
 mod manager;
 mod nvidia_smi;
+mod storage;
 mod streams;
 
 use std::collections::BTreeMap;
@@ -122,6 +123,7 @@ impl TestNode {
             firewall: self.firewall.clone(),
             subnet_pool: NetworkPolicy::default_policy().subnet_pool,
             ceiling: LimitCeiling::NONE,
+            storage: Default::default(),
         }
     }
 
