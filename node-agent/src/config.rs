@@ -23,6 +23,7 @@
 //! subnet_pool = "10.213.0.0/16"                   # each session's network takes a /29 of it
 //! allow = ["0.0.0.0/0"]                           # where dev containers may connect to ...
 //! deny = ["10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/3"]
+//! iptables = "/usr/sbin/iptables"                 # the program for the rules; <program>-restore beside it
 //! [reserved]                                      # optional: kept for the node itself
 //! cpus = "0.5"
 //! memory = "1GiB"
@@ -123,6 +124,10 @@ pub enum ConfigError {
     JobHaltGrace(String),
     #[error(transparent)]
     Network(#[from] crate::network::PolicyError),
+    #[error("[network] iptables {0:?} is not an absolute path, like /usr/sbin/iptables-legacy")]
+    IptablesPath(PathBuf),
+    #[error("[network] iptables: {0} does not exist: install iptables or point the key at the iptables Docker uses")]
+    IptablesMissing(PathBuf),
     #[error("[reserved] cpus {0:?} is not a number of CPUs like 0.5 or 2")]
     ReservedCpus(String),
     #[error("[reserved] memory")]
@@ -172,6 +177,9 @@ struct NetworkFile {
     allow: Vec<String>,
     #[serde(default = "default_deny")]
     deny: Vec<String>,
+    /// The iptables program of the rules (`iptables-restore` is `<program>-restore`); default
+    /// [`crate::network::iptables::IPTABLES`], whose absence the firewall check reports.
+    iptables: Option<PathBuf>,
 }
 
 impl Default for NetworkFile {
@@ -180,6 +188,7 @@ impl Default for NetworkFile {
             subnet_pool: default_subnet_pool(),
             allow: default_allow(),
             deny: default_deny(),
+            iptables: None,
         }
     }
 }
@@ -291,6 +300,9 @@ pub struct Config {
     pub jobs: Option<crate::jobs::JobsConfig>,
     /// Where dev containers may connect to, and their networks' address pool.
     pub network: NetworkPolicy,
+    /// The iptables program that installs the rules of the session networks (`[network]
+    /// iptables`), in the network namespace of the node's Docker; its `-restore` is beside it.
+    pub iptables: PathBuf,
     /// CPU and memory kept for the node itself.
     pub reserved: Reserved,
     /// The metrics and health listener; `None` when `[metrics]` is absent.
@@ -422,6 +434,19 @@ impl Config {
             &file.network.allow,
             &file.network.deny,
         )?;
+        let iptables = match file.network.iptables {
+            None => PathBuf::from(crate::network::iptables::IPTABLES),
+            Some(program) => {
+                if !program.is_absolute() {
+                    return Err(ConfigError::IptablesPath(program));
+                }
+                let restore = crate::network::iptables::restore_program(&program);
+                if let Some(missing) = [&program, &restore].into_iter().find(|p| !p.exists()) {
+                    return Err(ConfigError::IptablesMissing(missing.clone()));
+                }
+                program
+            }
+        };
         let reserved = file.reserved.validate()?;
         let storage = file.storage.validate()?;
         Ok(Self {
@@ -434,6 +459,7 @@ impl Config {
             images,
             jobs,
             network,
+            iptables,
             reserved,
             metrics: file.metrics,
             storage,
@@ -563,6 +589,41 @@ mod tests {
             .parse(&files.config("[network]\nports = []\n"))
             .unwrap_err();
         assert!(matches!(bad, ConfigError::Parse { .. }), "{bad:?}");
+    }
+
+    #[test]
+    fn the_iptables_program_defaults_to_debians_and_another_needs_its_restore_beside_it() {
+        let files = Files::new();
+        let config = files.parse(&files.config("")).unwrap();
+        assert_eq!(config.iptables, PathBuf::from("/usr/sbin/iptables"));
+
+        let program = files.dir.path().join("iptables-legacy");
+        std::fs::write(&program, "").unwrap();
+        let text = files.config(&format!(
+            "[network]\niptables = \"{}\"\n",
+            program.display()
+        ));
+        let missing = files.parse(&text).unwrap_err();
+        assert!(
+            matches!(&missing, ConfigError::IptablesMissing(p) if p.ends_with("iptables-legacy-restore")),
+            "{missing:?}"
+        );
+        assert!(
+            missing
+                .to_string()
+                .contains("iptables-legacy-restore does not exist"),
+            "{missing}"
+        );
+        std::fs::write(files.dir.path().join("iptables-legacy-restore"), "").unwrap();
+        assert_eq!(files.parse(&text).unwrap().iptables, program);
+
+        let relative = files
+            .parse(&files.config("[network]\niptables = \"iptables\"\n"))
+            .unwrap_err();
+        assert!(
+            matches!(relative, ConfigError::IptablesPath(_)),
+            "{relative:?}"
+        );
     }
 
     #[test]

@@ -149,7 +149,11 @@ async fn node_guard(
     config: &Config,
     runtime: &dyn ContainerRuntime,
 ) -> anyhow::Result<reconcile::NodeGuard> {
-    let firewall = network::iptables::Iptables::new(&config.node_name, &config.network);
+    let firewall = network::iptables::Iptables::with_program(
+        &config.node_name,
+        &config.network,
+        &config.iptables,
+    );
     match firewall.ensure().await {
         Ok(_) => info!(node = %config.node_name, interfaces = %firewall.rules().interfaces,
                        "Firewall rules of session networks in place."),

@@ -1,5 +1,7 @@
 //! [`HostFirewall`] with the node's iptables (`/usr/sbin/iptables`, whichever backend the
-//! node's Docker uses; Debian's default is nf_tables).
+//! node's Docker uses; Debian's default is nf_tables; `[network] iptables` names another
+//! program, such as `iptables-legacy`, or a wrapper that enters the network namespace of a
+//! Docker shared by several agents, as the multi-node end-to-end test does).
 //!
 //! [`Iptables::ensure`] compares the chains (`iptables -S <chain>`) and the two jumps
 //! (`iptables -C`) with the [`Ruleset`]; when anything differs it replaces both chains in one
@@ -8,7 +10,7 @@
 //! retiring a node).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use futures::future::BoxFuture;
@@ -21,6 +23,14 @@ use super::{
 /// Where Debian puts iptables.
 pub const IPTABLES: &str = "/usr/sbin/iptables";
 
+/// The `iptables-restore` that goes with the iptables program `iptables`: `<iptables>-restore`
+/// (`/usr/sbin/iptables-legacy` → `/usr/sbin/iptables-legacy-restore`).
+pub fn restore_program(iptables: &Path) -> PathBuf {
+    let mut name = iptables.as_os_str().to_owned();
+    name.push("-restore");
+    PathBuf::from(name)
+}
+
 /// The rules of one node on this host's iptables.
 #[derive(Debug, Clone)]
 pub struct Iptables {
@@ -30,11 +40,17 @@ pub struct Iptables {
 }
 
 impl Iptables {
+    /// The rules of `node` with the node's iptables at [`IPTABLES`].
     pub fn new(node: &NodeName, policy: &NetworkPolicy) -> Self {
+        Self::with_program(node, policy, Path::new(IPTABLES))
+    }
+
+    /// The rules of `node`, run with the iptables program `iptables` (`[network] iptables`).
+    pub fn with_program(node: &NodeName, policy: &NetworkPolicy, iptables: &Path) -> Self {
         Self {
             rules: Ruleset::new(node, policy),
-            iptables: PathBuf::from(IPTABLES),
-            restore: PathBuf::from(format!("{IPTABLES}-restore")),
+            iptables: iptables.to_path_buf(),
+            restore: restore_program(iptables),
         }
     }
 
