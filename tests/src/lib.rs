@@ -21,6 +21,8 @@ use rcgen::{
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+pub mod cluster;
+
 /// The dev image every test container runs; built by `images/dev/build.sh`.
 pub const DEV_IMAGE: &str = "ongrid/dev:latest";
 

@@ -10,4 +10,5 @@ mod mig;
 mod nodes;
 mod policy;
 mod sessions;
+mod several_nodes;
 mod ssh;
