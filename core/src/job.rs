@@ -1059,6 +1059,15 @@ pub enum JobReason {
     ForInteractiveSession {
         need: GpuRequest,
     },
+    /// Ran as backfill on GPUs an owner group owns, and that group's work needed them.
+    ForOwnerWork {
+        group: String,
+    },
+    /// Ran on GPUs of a reservation of another group, which started.
+    ReservationStarted {
+        reservation: String,
+        group: String,
+    },
     HaltedByUser,
     /// The agent sent SIGUSR1 (MUSTHALT → HALTING).
     HaltSignalSent,
@@ -1116,6 +1125,14 @@ impl fmt::Display for JobReason {
                 f,
                 "halted for an interactive session needing {}",
                 describe_need(need)
+            ),
+            Self::ForOwnerWork { group } => write!(
+                f,
+                "halted: it ran as backfill on GPUs owned by group {group}, whose work needed them"
+            ),
+            Self::ReservationStarted { reservation, group } => write!(
+                f,
+                "halted: reservation {reservation} of group {group} started on its GPUs"
             ),
             Self::HaltedByUser => f.write_str("halted by its owner"),
             Self::HaltSignalSent => write!(

@@ -13,6 +13,7 @@ pub mod mig;
 pub mod names;
 pub mod network;
 pub mod quantity;
+pub mod reservation;
 pub mod session;
 pub mod stream;
 

@@ -281,6 +281,7 @@ fn site(scenario: &Scenario) -> SiteState {
         pending,
         queued_jobs,
         running_jobs,
+        ..SiteState::default()
     }
 }
 

@@ -43,9 +43,20 @@ enum Status {
     Claimed,
 }
 
+/// Which running jobs a request may halt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Halting<'a> {
+    /// A session's: jobs past their min duration.
+    Interactive,
+    /// Owner work's, on its group's GPUs: any job of another group (backfill).
+    Backfill { group: &'a str },
+}
+
 #[derive(Debug)]
 struct Job {
     id: JobId,
+    /// Its owner's accounting group, from the site's policy.
+    group: Option<String>,
     /// Its GPUs that are in the index.
     gpus: Vec<usize>,
     /// All its GPUs.
@@ -57,6 +68,15 @@ struct Job {
 impl Job {
     fn eligible(&self) -> bool {
         self.status == Status::Running && self.past_min_duration
+    }
+
+    fn may_halt(&self, halting: Halting<'_>) -> bool {
+        match halting {
+            Halting::Interactive => self.eligible(),
+            Halting::Backfill { group } => {
+                self.status == Status::Running && self.group.as_deref() != Some(group)
+            }
+        }
     }
 }
 
@@ -136,6 +156,11 @@ impl Batch {
             batch.by_id.insert(job.id, number);
             batch.jobs.push(Job {
                 id: job.id,
+                group: site
+                    .policy
+                    .jobs
+                    .get(&job.id)
+                    .and_then(|access| access.group.clone()),
                 gpus,
                 total: job.gpus.len(),
                 past_min_duration: reached(job.started_at, job.min_duration, now),
@@ -286,14 +311,28 @@ impl Batch {
         }
     }
 
-    /// The best halting on the session's `pinned` node, or on any node, or `None`.
+    /// The best halting on the request's `pinned` node, or on any node, or `None`. A session
+    /// halts jobs past their min duration; owner work ([`Halting::Backfill`], with `fits` only
+    /// its group's GPUs) halts other groups' jobs there.
     pub fn preempt(
         &self,
         index: &Index<'_>,
         fits: &[bool],
         count: u32,
         pinned: Option<usize>,
+        halting: Halting<'_>,
     ) -> Option<Preemption> {
+        if halting != Halting::Interactive {
+            let count = usize::try_from(count).ok()?;
+            let nodes: Vec<usize> = match pinned {
+                Some(node) => vec![node],
+                None => self.on_node.keys().copied().collect(),
+            };
+            return nodes
+                .into_iter()
+                .filter_map(|node| self.on_node_(index, node, fits, count, halting))
+                .min_by(|a, b| a.key.cmp(&b.key));
+        }
         if count == 1 && pinned.is_none() {
             return self.preempt_one(fits);
         }
@@ -315,7 +354,7 @@ impl Batch {
             if (bound as usize) < count {
                 continue;
             }
-            let Some(candidate) = self.on_node_(index, node, fits, count) else {
+            let Some(candidate) = self.on_node_(index, node, fits, count, halting) else {
                 continue;
             };
             if best.as_ref().is_none_or(|best| candidate.key < best.key) {
@@ -331,11 +370,12 @@ impl Batch {
         node: usize,
         fits: &[bool],
         count: usize,
+        halting: Halting<'_>,
     ) -> Option<Preemption> {
         let jobs = self.on_node.get(&node)?;
         if !jobs
             .iter()
-            .any(|&j| self.jobs[j].eligible() || self.jobs[j].status == Status::Halting)
+            .any(|&j| self.jobs[j].may_halt(halting) || self.jobs[j].status == Status::Halting)
         {
             return None;
         }
@@ -356,7 +396,7 @@ impl Batch {
                 .find(|&&j| self.jobs[j].status == Status::Halting)
             {
                 waiting.push((gpu, job));
-            } else if holders.iter().any(|&j| self.jobs[j].eligible()) {
+            } else if holders.iter().any(|&j| self.jobs[j].may_halt(halting)) {
                 haltable.push(gpu);
             }
         }
@@ -397,7 +437,7 @@ impl Batch {
                 let options = jobs
                     .iter()
                     .copied()
-                    .filter(|&j| self.jobs[j].eligible() && !halt_numbers.contains(&j))
+                    .filter(|&j| self.jobs[j].may_halt(halting) && !halt_numbers.contains(&j))
                     .map(|j| (j, freeing(j)))
                     .filter(|&(_, frees)| frees > 0);
                 let sufficient = options

@@ -15,6 +15,9 @@ pub(crate) struct GpuClass {
     pub capability: ComputeCapability,
     pub memory: MemorySize,
     pub mode: GpuMode,
+    /// Its owner and reservations (site policy, `policy.rs`), numbered by the index; 0 is
+    /// neither. Ranked last, so that among equal GPUs a free one comes first.
+    pub tag: usize,
 }
 
 impl GpuClass {
@@ -26,7 +29,8 @@ impl GpuClass {
 /// Least capable first: by compute capability, then memory, then mode. Among equal capability
 /// and memory a share of a GPU counts as less than a whole GPU, and a share of a GPU split more
 /// ways as less than one split fewer ways, so a request that accepts `any` takes a share and
-/// leaves whole GPUs to those who asked for exclusive ones.
+/// leaves whole GPUs to those who asked for exclusive ones. Among equal GPUs, one bound by no
+/// owner or reservation comes first, keeping owned and reserved GPUs for their groups.
 impl Ord for GpuClass {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.capability, self.memory, mode_rank(self.mode))
@@ -36,6 +40,7 @@ impl Ord for GpuClass {
                 let layout = |mode: GpuMode| mode.mig_layout().map(|l| l.to_string());
                 layout(self.mode).cmp(&layout(other.mode))
             })
+            .then(self.tag.cmp(&other.tag))
     }
 }
 
@@ -64,6 +69,7 @@ mod tests {
             capability: capability.parse().unwrap(),
             memory: memory.parse().unwrap(),
             mode: mode.parse().unwrap(),
+            tag: 0,
         }
     }
 

@@ -18,9 +18,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 
+use chrono::{DateTime, Utc};
 use ongrid_core::{GpuRequest, GpuUuid, NodeName};
 
 use crate::class::GpuClass;
+use crate::policy::{Policy, Tag, Who};
 use crate::site::{GpuSlot, NodeState, SiteState};
 
 /// How many GPUs of each class have a free place on a node: `(class, GPUs)` in class order,
@@ -46,6 +48,11 @@ struct Node<'a> {
 pub(crate) struct Index<'a> {
     /// Least capable first; a class's number is its position here.
     classes: Vec<GpuClass>,
+    /// The owners and reservations GPUs are bound by; a class's `tag` is a position here, and
+    /// the first is the tag of a GPU bound by nothing.
+    tags: Vec<Tag>,
+    policy: &'a Policy,
+    now: DateTime<Utc>,
     gpus: Vec<Gpu<'a>>,
     nodes: Vec<Node<'a>>,
     /// Per class: `(free places, GPU)` of its GPUs that have a free place.
@@ -56,7 +63,7 @@ pub(crate) struct Index<'a> {
 }
 
 impl<'a> Index<'a> {
-    pub fn new(site: &'a SiteState) -> Self {
+    pub fn new(site: &'a SiteState, now: DateTime<Utc>) -> Self {
         let mut online: Vec<_> = site
             .nodes
             .iter()
@@ -69,10 +76,26 @@ impl<'a> Index<'a> {
                 .iter()
                 .filter(|slot| slot.healthy && !slot.drained)
         };
+        let mut tags: Vec<Tag> = online
+            .iter()
+            .flat_map(|node| usable(node))
+            .map(|slot| site.policy.tag(&slot.uuid, now))
+            .chain([Tag::default()])
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // The tag of a GPU bound by nothing sorts first.
+        debug_assert_eq!(tags.first(), Some(&Tag::default()));
+        tags.dedup();
+        let tag_of = |slot: &GpuSlot| {
+            let tag = site.policy.tag(&slot.uuid, now);
+            tags.binary_search(&tag).unwrap_or(0)
+        };
         let class_of = |slot: &GpuSlot| GpuClass {
             capability: slot.capability,
             memory: slot.memory,
             mode: slot.mode,
+            tag: tag_of(slot),
         };
         let classes: Vec<GpuClass> = online
             .iter()
@@ -84,6 +107,9 @@ impl<'a> Index<'a> {
         let mut index = Self {
             free_by_class: vec![BTreeSet::new(); classes.len()],
             classes,
+            tags: Vec::new(),
+            policy: &site.policy,
+            now,
             gpus: Vec::new(),
             nodes: Vec::with_capacity(online.len()),
             nodes_by_signature: BTreeMap::new(),
@@ -123,6 +149,7 @@ impl<'a> Index<'a> {
                 signature,
             });
         }
+        index.tags = std::mem::take(&mut tags);
         index
     }
 
@@ -150,12 +177,28 @@ impl<'a> Index<'a> {
         signature
     }
 
-    /// Which classes fit the request, by class number.
-    pub fn fitting_classes(&self, request: &GpuRequest) -> Vec<bool> {
+    /// Which classes fit the request, by class number, for `who` under the site's policy.
+    pub fn fitting_classes(&self, request: &GpuRequest, who: &Who<'_>) -> Vec<bool> {
         self.classes
             .iter()
-            .map(|class| class.fits(request))
+            .map(|class| {
+                class.fits(request) && self.policy.allows(&self.tags[class.tag], who, self.now)
+            })
             .collect()
+    }
+
+    /// Of `fits`, the classes of GPUs owned by `who`'s group.
+    pub fn owned_classes(&self, fits: &[bool], who: &Who<'_>) -> Vec<bool> {
+        self.classes
+            .iter()
+            .zip(fits)
+            .map(|(class, &fits)| fits && Policy::owned_by(&self.tags[class.tag], who))
+            .collect()
+    }
+
+    /// Whether some GPU in the index is owned by `who`'s group.
+    pub fn owns_some(&self, who: &Who<'_>) -> bool {
+        self.tags.iter().any(|tag| Policy::owned_by(tag, who))
     }
 
     pub fn node_named(&self, name: &NodeName) -> Option<usize> {

@@ -64,6 +64,7 @@ mod class;
 mod index;
 mod mig;
 mod plan;
+mod policy;
 mod satisfiable;
 mod site;
 #[cfg(test)]
@@ -71,6 +72,7 @@ mod testing;
 
 pub use mig::{check_mig_satisfiable, plan_mig, MigPlacement, MigSlot, NoMigDevice};
 pub use plan::plan;
+pub use policy::{Access, Policy, Reservation};
 pub use satisfiable::{check_satisfiable, Unsatisfiable};
 pub use site::{
     Action, GpuSlot, HaltWait, NodeState, PendingSession, Priority, QueuedJob, RunningJob,

@@ -1,54 +1,50 @@
 //! [`plan`]: which pending sessions start where, which queued jobs start, which running jobs
 //! halt, now.
 //!
-//! In this order: running jobs past their max duration are halted; sessions are served first
-//! come, first served, one at a time, each taking the best fitting place left (see the crate
-//! documentation for the rules), or, when none is left, halting the fewest batch jobs that
-//! frees one (`batch.rs`); then queued jobs, first come, first served, in the place left. A
-//! request that does not fit is skipped and the next one tried (backfill). Free capacity only
-//! shrinks while planning, so a request shape that once found no room never will again in the
-//! same plan: later requests of that shape are skipped without a search, which keeps a long
-//! queue on a full site cheap. The same holds for what halting jobs could free.
+//! In this order: running jobs past their max duration, or on GPUs whose reservation of another
+//! group has started, are halted; owner groups' sessions, then their jobs, take the free GPUs
+//! their group owns (`policy.rs`); sessions are served in order, one at a time, each taking the
+//! best fitting place left (see the crate documentation for the rules), or, when none is left,
+//! halting backfill on its group's GPUs or the fewest batch jobs that frees one (`batch.rs`);
+//! then queued jobs in order, in the place left (an owner group's job halting backfill on its
+//! GPUs when it finds none). A request that does not fit is skipped and the next one tried
+//! (backfill). Free capacity only shrinks while planning, so a request that once found no room
+//! among the GPUs it may use never will again in the same plan: later requests that may use the
+//! same GPUs, as many or more, are skipped without a search, which keeps a long queue on a full
+//! site cheap. The same holds for what halting jobs could free.
 
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use ongrid_core::job::{BucketName, JobReason};
-use ongrid_core::{
-    ComputeCapability, GpuRequest, GpuUuid, MemorySize, NodeName, Sharing, UserName,
-};
+use ongrid_core::{GpuUuid, NodeName, UserName};
 
-use crate::batch::{reached, Batch};
+use crate::batch::{reached, Batch, Halting};
 use crate::index::Index;
+use crate::policy::Who;
 use crate::site::{Action, PendingSession, QueuedJob, SiteState};
 
-/// A request without its count: what each of its GPUs must be.
-type Shape = (Option<ComputeCapability>, Option<MemorySize>, Sharing);
-
-/// Per shape, the fewest GPUs that found nothing.
+/// Per set of classes a request may take (its fitting classes), the fewest GPUs that found
+/// nothing.
 #[derive(Default)]
-struct NoRoom(HashMap<Shape, u32>);
+struct NoRoom(HashMap<Vec<bool>, u32>);
 
 impl NoRoom {
-    fn shape(request: &GpuRequest) -> Shape {
-        (request.min_capability, request.min_memory, request.sharing)
+    fn known(&self, fits: &[bool], count: u32) -> bool {
+        self.0.get(fits).is_some_and(|&fewest| fewest <= count)
     }
 
-    fn known(&self, request: &GpuRequest) -> bool {
-        self.0
-            .get(&Self::shape(request))
-            .is_some_and(|&fewest| fewest <= request.count)
-    }
-
-    fn record(&mut self, request: &GpuRequest) {
-        let fewest = self.0.entry(Self::shape(request)).or_insert(request.count);
-        *fewest = (*fewest).min(request.count);
+    fn record(&mut self, fits: &[bool], count: u32) {
+        let fewest = self.0.entry(fits.to_vec()).or_insert(count);
+        *fewest = (*fewest).min(count);
     }
 }
 
 /// What a placement looks at, for sessions and jobs alike.
 struct Want<'a> {
-    request: &'a GpuRequest,
+    count: u32,
+    /// The classes it may take, by class number.
+    fits: Vec<bool>,
     preferred_node: Option<&'a NodeName>,
     pinned_node: Option<&'a NodeName>,
     /// GPUs to take exactly, on their node, when they are all free and fit: a pinned session's
@@ -57,23 +53,25 @@ struct Want<'a> {
 }
 
 impl<'a> Want<'a> {
-    fn session(session: &'a PendingSession) -> Self {
+    fn session(session: &'a PendingSession, fits: Vec<bool>) -> Self {
         let exactly = match (&session.pinned_node, &session.awaiting_halt) {
             (_, Some(wait)) => Some((&wait.node, wait.gpus.as_slice())),
             (Some(pinned), None) => Some((pinned, session.previous_gpus.as_slice())),
             (None, None) => None,
         };
         Self {
-            request: &session.request,
+            count: session.request.count,
+            fits,
             preferred_node: session.preferred_node.as_ref(),
             pinned_node: session.pinned_node.as_ref(),
             exactly,
         }
     }
 
-    fn job(job: &'a QueuedJob) -> Self {
+    fn job(job: &'a QueuedJob, fits: Vec<bool>) -> Self {
         Self {
-            request: &job.request,
+            count: job.request.count,
+            fits,
             preferred_node: None,
             pinned_node: job.pinned_node.as_ref(),
             exactly: None,
@@ -83,31 +81,51 @@ impl<'a> Want<'a> {
 
 /// Plans the whole site: halts, session placements and job starts.
 ///
-/// Returns, in this order: an [`Action::HaltJob`] per running job past its max duration (by
-/// job id); per session that can start now, in `(priority, queued_at, id)` order, an
-/// [`Action::Place`], or the [`Action::HaltJob`]s and the [`Action::PlaceAfterHalt`] of a session
-/// that preempts batch work; per queued job in `(priority, queued_at, id)` order, an
-/// [`Action::CancelJob`] when its
-/// notAfter has come or an [`Action::StartJob`] when it can start. The result depends only on
-/// the contents of `site` and on `now`, not on the order of its vectors. A request that is
-/// invalid (0 GPUs, or more than [`ongrid_core::GpuRequest::MAX_COUNT`]) is never placed.
+/// Returns, in this order: an [`Action::HaltJob`] per running job past its max duration or on a
+/// GPU whose reservation of another group has started (by job id); an [`Action::Place`] per
+/// session of an owner group that takes a free GPU its group owns, then an
+/// [`Action::StartJob`] per such job; per other session that can start now, in
+/// `(priority, queued_at, id)` order, an [`Action::Place`], or the [`Action::HaltJob`]s and the
+/// [`Action::PlaceAfterHalt`] of a session that preempts batch work; per other queued job in
+/// `(priority, queued_at, id)` order, an [`Action::CancelJob`] when its notAfter has come, an
+/// [`Action::StartJob`] when it can start, or the [`Action::HaltJob`]s of the backfill an owner
+/// group's job halts (it stays queued and takes those GPUs once they are free). The result
+/// depends only on the contents of `site` and on `now`, not on the order of its vectors. A
+/// request that is invalid (0 GPUs, or more than [`ongrid_core::GpuRequest::MAX_COUNT`]) is
+/// never placed.
 pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
-    let mut index = Index::new(site);
+    let policy = &site.policy;
+    let mut index = Index::new(site, now);
     let mut batch = Batch::new(site, &index, now);
     let mut actions = Vec::new();
 
     let mut running: Vec<_> = site.running_jobs.iter().collect();
     running.sort_by_key(|job| job.id);
-    for job in running {
-        if let Some(max) = job.max_duration {
-            if !job.halting && reached(job.started_at, Some(max), now) {
-                batch.halting(job.id);
-                actions.push(Action::HaltJob {
-                    job: job.id,
-                    reason: JobReason::MaxDurationReached { max },
-                });
+    for job in running.into_iter().filter(|job| !job.halting) {
+        let reason = match job.max_duration {
+            Some(max) if reached(job.started_at, Some(max), now) => {
+                JobReason::MaxDurationReached { max }
             }
-        }
+            _ => {
+                let group = Who::job(policy, &job.id).group;
+                let Some(reservation) = job
+                    .gpus
+                    .iter()
+                    .find_map(|gpu| policy.started_against(gpu, group, now))
+                else {
+                    continue;
+                };
+                JobReason::ReservationStarted {
+                    reservation: reservation.name.clone(),
+                    group: reservation.group.clone(),
+                }
+            }
+        };
+        batch.halting(job.id);
+        actions.push(Action::HaltJob {
+            job: job.id,
+            reason,
+        });
     }
 
     let mut queue: Vec<&PendingSession> = site.pending.iter().collect();
@@ -138,12 +156,85 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
     batch.build_options(&index);
     let mut no_room = NoRoom::default();
     let mut no_preemption = NoRoom::default();
-    for session in queue {
-        let request = &session.request;
-        if request.validate().is_err() || waiting.contains(&session.id) {
+
+    // Owner groups first on the free GPUs they own: their sessions, then their jobs.
+    let mut placed = HashSet::new();
+    for session in &queue {
+        let who = Who::session(policy, &session.id);
+        if session.request.validate().is_err()
+            || waiting.contains(&session.id)
+            || session.awaiting_halt.is_some()
+            || !index.owns_some(&who)
+        {
             continue;
         }
-        let want = Want::session(session);
+        let fits = index.fitting_classes(&session.request, &who);
+        let owned = index.owned_classes(&fits, &who);
+        let want = Want::session(session, owned);
+        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
+            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
+            batch.refresh(&index, &numbers);
+            placed.insert(session.id);
+            actions.push(Action::Place {
+                session: session.id,
+                node,
+                gpus,
+            });
+        }
+    }
+    let mut in_bucket: HashMap<(&UserName, &BucketName), u32> = HashMap::new();
+    for job in &site.running_jobs {
+        if let Some(bucket) = &job.bucket {
+            *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
+        }
+    }
+    let mut jobs: Vec<&QueuedJob> = site.queued_jobs.iter().collect();
+    jobs.sort_by_key(|job| (job.priority, job.queued_at, job.id));
+    let may_start = |job: &QueuedJob, in_bucket: &HashMap<(&UserName, &BucketName), u32>| {
+        let bucket_full = job.bucket.as_ref().is_some_and(|b| {
+            in_bucket
+                .get(&(&job.owner, &b.name))
+                .is_some_and(|&n| n >= b.max)
+        });
+        job.not_after.is_none_or(|not_after| not_after > now)
+            && job.not_before.is_none_or(|not_before| not_before <= now)
+            && job.request.validate().is_ok()
+            && !bucket_full
+    };
+    let mut started = HashSet::new();
+    for &job in &jobs {
+        let who = Who::job(policy, &job.id);
+        if !index.owns_some(&who) || !may_start(job, &in_bucket) {
+            continue;
+        }
+        let fits = index.fitting_classes(&job.request, &who);
+        let owned = index.owned_classes(&fits, &who);
+        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &Want::job(job, owned)) {
+            if let Some(bucket) = &job.bucket {
+                *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
+            }
+            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
+            batch.refresh(&index, &numbers);
+            started.insert(job.id);
+            actions.push(Action::StartJob {
+                job: job.id,
+                node,
+                gpus,
+            });
+        }
+    }
+
+    for session in queue {
+        let request = &session.request;
+        if request.validate().is_err()
+            || waiting.contains(&session.id)
+            || placed.contains(&session.id)
+        {
+            continue;
+        }
+        let who = Who::session(policy, &session.id);
+        let fits = index.fitting_classes(request, &who);
+        let want = Want::session(session, fits);
         if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
             let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
             batch.refresh(&index, &numbers);
@@ -154,58 +245,79 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
             });
             continue;
         }
+        let fits = want.fits;
         let pinned = match &session.pinned_node {
             Some(name) => match index.node_named(name) {
                 Some(node) => Some(node),
                 None => continue,
             },
-            None if no_preemption.known(request) => continue,
             None => None,
         };
-        let fits = index.fitting_classes(request);
-        match batch.preempt(&index, &fits, request.count, pinned) {
-            Some(preemption) => {
-                batch.commit(&preemption);
-                let free: Vec<usize> = preemption
-                    .gpus
-                    .iter()
-                    .copied()
-                    .filter(|&gpu| index.free(gpu) > 0)
-                    .collect();
-                index.take(preemption.node, &free);
-                let touched = batch.touched(&preemption);
-                batch.refresh(&index, &touched);
-                for &job in &preemption.halt {
-                    actions.push(Action::HaltJob {
-                        job,
-                        reason: JobReason::ForInteractiveSession { need: *request },
-                    });
-                }
-                actions.push(Action::PlaceAfterHalt {
-                    session: session.id,
-                    node: index.node_name(preemption.node).clone(),
-                    gpus: preemption
-                        .gpus
-                        .iter()
-                        .map(|&gpu| index.uuid(gpu).clone())
-                        .collect(),
-                    jobs: preemption.wait_for,
+        // Owner work halts backfill on its group's GPUs before anything else.
+        let mut found = None;
+        if let (Some(group), true) = (who.group, index.owns_some(&who)) {
+            let owned = index.owned_classes(&fits, &who);
+            found = batch
+                .preempt(
+                    &index,
+                    &owned,
+                    request.count,
+                    pinned,
+                    Halting::Backfill { group },
+                )
+                .map(|p| {
+                    let reason = JobReason::ForOwnerWork {
+                        group: group.to_owned(),
+                    };
+                    (p, reason)
                 });
-            }
-            None if pinned.is_none() => no_preemption.record(request),
-            None => {}
         }
+        if found.is_none() {
+            if pinned.is_none() && no_preemption.known(&fits, request.count) {
+                continue;
+            }
+            found = batch
+                .preempt(&index, &fits, request.count, pinned, Halting::Interactive)
+                .map(|p| (p, JobReason::ForInteractiveSession { need: *request }));
+            if found.is_none() && pinned.is_none() {
+                no_preemption.record(&fits, request.count);
+            }
+        }
+        let Some((preemption, reason)) = found else {
+            continue;
+        };
+        batch.commit(&preemption);
+        let free: Vec<usize> = preemption
+            .gpus
+            .iter()
+            .copied()
+            .filter(|&gpu| index.free(gpu) > 0)
+            .collect();
+        index.take(preemption.node, &free);
+        let touched = batch.touched(&preemption);
+        batch.refresh(&index, &touched);
+        for &job in &preemption.halt {
+            actions.push(Action::HaltJob {
+                job,
+                reason: reason.clone(),
+            });
+        }
+        actions.push(Action::PlaceAfterHalt {
+            session: session.id,
+            node: index.node_name(preemption.node).clone(),
+            gpus: preemption
+                .gpus
+                .iter()
+                .map(|&gpu| index.uuid(gpu).clone())
+                .collect(),
+            jobs: preemption.wait_for,
+        });
     }
 
-    let mut in_bucket: HashMap<(&UserName, &BucketName), u32> = HashMap::new();
-    for job in &site.running_jobs {
-        if let Some(bucket) = &job.bucket {
-            *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
-        }
-    }
-    let mut jobs: Vec<&QueuedJob> = site.queued_jobs.iter().collect();
-    jobs.sort_by_key(|job| (job.priority, job.queued_at, job.id));
     for job in jobs {
+        if started.contains(&job.id) {
+            continue;
+        }
         if let Some(not_after) = job.not_after {
             if not_after <= now {
                 actions.push(Action::CancelJob {
@@ -215,38 +327,72 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
                 continue;
             }
         }
-        if job.not_before.is_some_and(|not_before| not_before > now)
-            || job.request.validate().is_err()
-        {
+        if !may_start(job, &in_bucket) {
             continue;
         }
-        let bucket = job.bucket.as_ref().map(|b| ((&job.owner, &b.name), b.max));
-        if let Some((key, max)) = bucket {
-            if in_bucket.get(&key).copied().unwrap_or(0) >= max {
-                continue;
+        let who = Who::job(policy, &job.id);
+        let fits = index.fitting_classes(&job.request, &who);
+        let want = Want::job(job, fits);
+        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
+            if let Some(bucket) = &job.bucket {
+                *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
             }
-        }
-        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &Want::job(job)) {
-            if let Some((key, _)) = bucket {
-                *in_bucket.entry(key).or_default() += 1;
-            }
+            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
+            batch.refresh(&index, &numbers);
             actions.push(Action::StartJob {
                 job: job.id,
                 node,
                 gpus,
+            });
+            continue;
+        }
+        // Jobs halt nothing, but owner work halts backfill on its group's GPUs; the job stays
+        // queued and the GPUs it waits for are kept from everyone else in this plan.
+        let Some(group) = who.group.filter(|_| index.owns_some(&who)) else {
+            continue;
+        };
+        let pinned = match &job.pinned_node {
+            Some(name) => match index.node_named(name) {
+                Some(node) => Some(node),
+                None => continue,
+            },
+            None => None,
+        };
+        let owned = index.owned_classes(&want.fits, &who);
+        let backfill = Halting::Backfill { group };
+        let Some(preemption) = batch.preempt(&index, &owned, job.request.count, pinned, backfill)
+        else {
+            continue;
+        };
+        batch.commit(&preemption);
+        let free: Vec<usize> = preemption
+            .gpus
+            .iter()
+            .copied()
+            .filter(|&gpu| index.free(gpu) > 0)
+            .collect();
+        index.take(preemption.node, &free);
+        let touched = batch.touched(&preemption);
+        batch.refresh(&index, &touched);
+        for &halted in &preemption.halt {
+            actions.push(Action::HaltJob {
+                job: halted,
+                reason: JobReason::ForOwnerWork {
+                    group: group.to_owned(),
+                },
             });
         }
     }
     actions
 }
 
-/// Places one request in the free capacity, or records that its shape found no room.
+/// Places one request in the free capacity, or records that its classes found no room.
 fn place_one(
     index: &mut Index<'_>,
     no_room: &mut NoRoom,
     want: &Want<'_>,
 ) -> Option<(NodeName, Vec<GpuUuid>)> {
-    if no_room.known(want.request) && want.pinned_node.is_none() {
+    if no_room.known(&want.fits, want.count) && want.pinned_node.is_none() {
         return None;
     }
     match choose(index, want) {
@@ -260,7 +406,7 @@ fn place_one(
         // A pinned request found no room on one node only: others may still have some.
         None if want.pinned_node.is_some() => None,
         None => {
-            no_room.record(want.request);
+            no_room.record(&want.fits, want.count);
             None
         }
     }
@@ -268,32 +414,32 @@ fn place_one(
 
 /// The node and GPUs for one request, or `None` when nothing fits now.
 fn choose(index: &Index<'_>, want: &Want<'_>) -> Option<(usize, Vec<usize>)> {
-    let request = want.request;
-    let fits = index.fitting_classes(request);
+    let fits = &want.fits;
+    let count = want.count;
     if let Some((name, gpus)) = want.exactly {
         let allowed = want.pinned_node.is_none_or(|pinned| pinned == name);
         if let Some(node) = index.node_named(name).filter(|_| allowed) {
-            if let Some(gpus) = index.these_free_gpus_on(node, &fits, gpus, request.count) {
+            if let Some(gpus) = index.these_free_gpus_on(node, fits, gpus, count) {
                 return Some((node, gpus));
             }
         }
     }
     if let Some(pinned) = want.pinned_node {
         let node = index.node_named(pinned)?;
-        let gpus = index.least_free_gpus_on(node, &fits, request.count)?;
+        let gpus = index.least_free_gpus_on(node, fits, count)?;
         return Some((node, gpus));
     }
     if let Some(preferred) = want.preferred_node.and_then(|name| index.node_named(name)) {
-        if let Some(gpus) = index.least_free_gpus_on(preferred, &fits, request.count) {
+        if let Some(gpus) = index.least_free_gpus_on(preferred, fits, count) {
             return Some((preferred, gpus));
         }
     }
-    if request.count == 1 {
-        let gpu = index.least_free_gpu(&fits)?;
+    if count == 1 {
+        let gpu = index.least_free_gpu(fits)?;
         return Some((index.node_of(gpu), vec![gpu]));
     }
-    let node = index.best_node(&fits, request.count)?;
-    let gpus = index.least_free_gpus_on(node, &fits, request.count)?;
+    let node = index.best_node(fits, count)?;
+    let gpus = index.least_free_gpus_on(node, fits, count)?;
     Some((node, gpus))
 }
 
@@ -726,6 +872,7 @@ mod tests {
             pending,
             queued_jobs,
             running_jobs,
+            ..SiteState::default()
         }
     }
 
@@ -1012,5 +1159,236 @@ mod tests {
             vec![running_job(1, "n1", &[1], 0, 0)],
         );
         assert_eq!(plan(&site, at(100)), []);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Owned GPUs and reservations.
+
+    use crate::policy::{Access, Policy, Reservation};
+
+    fn access(group: &str) -> Access {
+        Access {
+            group: Some(group.to_owned()),
+            ..Access::default()
+        }
+    }
+
+    /// GPU 1 owned by cms; sessions 1.. and jobs 1.. of the groups given.
+    fn owned_site(
+        nodes: Vec<crate::NodeState>,
+        sessions: &[(u32, &str)],
+        jobs: &[(u32, &str)],
+        running: Vec<crate::RunningJob>,
+    ) -> SiteState {
+        let mut policy = Policy {
+            owners: [(uuid(1), "cms".to_owned())].into(),
+            ..Policy::default()
+        };
+        for &(n, group) in sessions {
+            policy.sessions.insert(session_id(n), access(group));
+        }
+        for &(n, group) in jobs {
+            policy.jobs.insert(job_id(n), access(group));
+        }
+        let queued = jobs
+            .iter()
+            .filter(|(n, _)| !running.iter().any(|r| r.id == job_id(*n)))
+            .map(|&(n, _)| queued_job(n, one()))
+            .collect();
+        SiteState {
+            nodes,
+            pending: sessions.iter().map(|&(n, _)| session(n, one())).collect(),
+            queued_jobs: queued,
+            running_jobs: running,
+            policy,
+        }
+    }
+
+    #[test]
+    fn owners_go_first_on_their_gpus_and_others_sessions_stay_off_them() {
+        // GPU 1 (a T4, the least capable) is owned by cms. Atlas's session 1 came first but
+        // may not take it; cms's session 2 takes it before anyone else.
+        let nodes = vec![node("n1", vec![t4(1), a100(2)])];
+        let site = owned_site(nodes.clone(), &[(1, "atlas"), (2, "cms")], &[], vec![]);
+        assert_eq!(
+            plan(&site, at(100)),
+            [place(2, "n1", &[1]), place(1, "n1", &[2])]
+        );
+        // Without a free GPU of its own, atlas's session waits rather than take cms's GPU.
+        let site = owned_site(
+            vec![node("n1", vec![t4(1), hold(a100(2))])],
+            &[(1, "atlas")],
+            &[],
+            vec![],
+        );
+        assert_eq!(plan(&site, at(100)), []);
+        // Unless the site allows sessions on owned GPUs.
+        let mut allowed = site;
+        allowed.policy.sessions_on_owned_gpus = true;
+        assert_eq!(plan(&allowed, at(100)), [place(1, "n1", &[1])]);
+        // An owner's job also goes first there, before an earlier job of another group, which
+        // takes the unowned GPU.
+        let site = owned_site(nodes, &[], &[(1, "atlas"), (2, "cms")], vec![]);
+        assert_eq!(
+            plan(&site, at(100)),
+            [start(2, "n1", &[1]), start(1, "n1", &[2])]
+        );
+    }
+
+    #[test]
+    fn others_jobs_backfill_owned_gpus_and_are_halted_when_owner_work_arrives() {
+        // Atlas's job may run on cms's GPU as backfill.
+        let site = owned_site(vec![node("n1", vec![t4(1)])], &[], &[(1, "atlas")], vec![]);
+        assert_eq!(plan(&site, at(100)), [start(1, "n1", &[1])]);
+        // Then a cms session arrives: the backfill is halted at once, its min duration of an
+        // hour notwithstanding, and the session waits for exactly that GPU.
+        let backfill = running_job(1, "n1", &[1], 90, 3600);
+        let owner_wins = |reason_group: &str| Action::HaltJob {
+            job: job_id(1),
+            reason: JobReason::ForOwnerWork {
+                group: reason_group.to_owned(),
+            },
+        };
+        let site = owned_site(
+            vec![node("n1", vec![hold(t4(1))])],
+            &[(2, "cms")],
+            &[(1, "atlas")],
+            vec![backfill.clone()],
+        );
+        assert_eq!(
+            plan(&site, at(100)),
+            [owner_wins("cms"), place_after(2, "n1", &[1], &[1])]
+        );
+        // A cms job halts it too, and stays queued; the next plan, with the backfill still
+        // halting, halts nothing more and gives the GPU to nobody else.
+        let mut site = owned_site(
+            vec![node("n1", vec![hold(t4(1))])],
+            &[],
+            &[(1, "atlas"), (2, "cms")],
+            vec![backfill.clone()],
+        );
+        assert_eq!(plan(&site, at(100)), [owner_wins("cms")]);
+        site.running_jobs[0].halting = true;
+        site.queued_jobs.push(queued_job(4, one()));
+        site.policy.jobs.insert(job_id(4), access("atlas"));
+        assert_eq!(plan(&site, at(101)), []);
+        // Once HALTED, the GPU goes to the owner's job, not to the earlier job of atlas.
+        site.nodes[0].gpus[0].used = 0;
+        site.running_jobs.clear();
+        site.queued_jobs[1].queued_at = at(0);
+        assert_eq!(plan(&site, at(102)), [start(2, "n1", &[1])]);
+        // The owners' own jobs on their GPUs are never backfill.
+        let own = owned_site(
+            vec![node("n1", vec![hold(t4(1))])],
+            &[(2, "cms")],
+            &[(1, "cms")],
+            vec![running_job(1, "n1", &[1], 0, 3600)],
+        );
+        assert_eq!(plan(&own, at(100)), []);
+    }
+
+    fn reserved_site(jobs: Vec<(u32, Option<u64>)>, now_reserved: (i64, i64)) -> SiteState {
+        let mut policy = Policy {
+            reservations: vec![Reservation {
+                name: "school".to_owned(),
+                group: "cms".to_owned(),
+                gpus: vec![uuid(1)],
+                from: at(now_reserved.0),
+                to: at(now_reserved.1),
+            }],
+            ..Policy::default()
+        };
+        for &(n, max) in &jobs {
+            policy.jobs.insert(
+                job_id(n),
+                Access {
+                    max_duration: max.map(ongrid_core::HumanDuration::from_secs),
+                    ..access("atlas")
+                },
+            );
+        }
+        SiteState {
+            nodes: vec![node("n1", vec![t4(1)])],
+            queued_jobs: jobs.iter().map(|&(n, _)| queued_job(n, one())).collect(),
+            policy,
+            ..SiteState::default()
+        }
+    }
+
+    #[test]
+    fn a_job_starts_on_reserved_gpus_only_when_it_ends_before_the_window() {
+        // The window opens at 200. At 100, a job of 100 s ends in time; one of 101 s does not;
+        // one with no max duration never does.
+        for (max, starts) in [(Some(100), true), (Some(101), false), (None, false)] {
+            let site = reserved_site(vec![(1, max)], (200, 300));
+            let expected = if starts {
+                vec![start(1, "n1", &[1])]
+            } else {
+                vec![]
+            };
+            assert_eq!(plan(&site, at(100)), expected, "max duration {max:?}");
+        }
+        // Within the window nothing of others starts; at its end, it does.
+        let site = reserved_site(vec![(1, Some(1))], (200, 300));
+        assert_eq!(plan(&site, at(200)), []);
+        assert_eq!(plan(&site, at(299)), []);
+        assert_eq!(plan(&site, at(300)), [start(1, "n1", &[1])]);
+    }
+
+    #[test]
+    fn running_jobs_of_others_are_halted_when_a_reservation_starts() {
+        let mut site = reserved_site(vec![], (200, 300));
+        site.nodes[0].gpus[0].used = 1;
+        site.running_jobs = vec![running_job(1, "n1", &[1], 0, 3600)];
+        site.policy.jobs.insert(job_id(1), access("atlas"));
+        assert_eq!(plan(&site, at(199)), []);
+        let halted = Action::HaltJob {
+            job: job_id(1),
+            reason: JobReason::ReservationStarted {
+                reservation: "school".to_owned(),
+                group: "cms".to_owned(),
+            },
+        };
+        assert_eq!(plan(&site, at(200)), std::slice::from_ref(&halted));
+        assert_eq!(
+            halted_reason(&halted),
+            "halted: reservation school of group cms started on its GPUs"
+        );
+        // Once halting, it is not asked again; the group's own jobs are never halted for it.
+        site.running_jobs[0].halting = true;
+        assert_eq!(plan(&site, at(250)), []);
+        site.running_jobs[0].halting = false;
+        site.policy.jobs.insert(job_id(1), access("cms"));
+        assert_eq!(plan(&site, at(250)), []);
+    }
+
+    fn halted_reason(action: &Action) -> String {
+        match action {
+            Action::HaltJob { reason, .. } => reason.to_string(),
+            other => panic!("not a halt: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_naming_a_reservation_goes_only_to_its_gpus_in_its_window() {
+        let mut site = reserved_site(vec![], (200, 300));
+        site.nodes[0].gpus.push(t4(2));
+        site.pending = vec![session(1, one()), session(2, one())];
+        site.policy.sessions.insert(
+            session_id(1),
+            Access {
+                reservation: Some("school".to_owned()),
+                ..access("cms")
+            },
+        );
+        // Session 2 (no group's reservation) keeps off GPU 1 in the window and takes GPU 2;
+        // session 1 takes the reserved GPU 1 only.
+        site.policy.sessions.insert(session_id(2), access("atlas"));
+        assert_eq!(
+            plan(&site, at(200)),
+            [place(1, "n1", &[1]), place(2, "n1", &[2])]
+        );
+        // Before the window, session 1 waits; session 2 (no max lifetime) still keeps off GPU 1.
+        assert_eq!(plan(&site, at(199)), [place(2, "n1", &[2])]);
     }
 }

@@ -31,6 +31,9 @@ pub struct SiteState {
     /// in their GPUs' [`GpuSlot::used`] too.
     #[serde(default)]
     pub running_jobs: Vec<RunningJob>,
+    /// Owned GPUs, reservations, and each request's group and reservation.
+    #[serde(default)]
+    pub policy: crate::policy::Policy,
 }
 
 /// One registered GPU node.

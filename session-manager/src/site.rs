@@ -207,6 +207,8 @@ impl SiteSnapshot {
                 .map(queued_job)
                 .collect(),
             running_jobs: self.jobs.iter().filter_map(running_job).collect(),
+            // Owned GPUs and reservations: set by the scheduling loop (`gpu_policy.rs`).
+            policy: Default::default(),
         }
     }
 
@@ -222,6 +224,7 @@ impl SiteSnapshot {
             pending: Vec::new(),
             queued_jobs: Vec::new(),
             running_jobs: Vec::new(),
+            policy: Default::default(),
         }
     }
 
