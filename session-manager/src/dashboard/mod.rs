@@ -53,7 +53,9 @@ async fn js() -> Response {
 }
 
 /// Headers on every dashboard answer: nothing cached (pages show private data), no framing,
-/// scripts and styles from here only, and no `Referer` (a login link's token must not leak).
+/// scripts and styles from here only, and no `Referer` to other sites (a login link's token
+/// must not leak; `no-referrer` would make browsers send `Origin: null`, which
+/// [`auth::same_origin`] refuses).
 async fn headers(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
@@ -65,7 +67,7 @@ async fn headers(request: axum::extract::Request, next: axum::middleware::Next) 
         ),
         ("x-frame-options", "DENY"),
         ("x-content-type-options", "nosniff"),
-        ("referrer-policy", "no-referrer"),
+        ("referrer-policy", "same-origin"),
     ] {
         headers.insert(name, HeaderValue::from_static(value));
     }

@@ -100,6 +100,21 @@ fn state_class(state: SessionState) -> String {
     format!("state state-{}", state.to_string().to_lowercase())
 }
 
+/// What identifies a rendering of a live part: the event id of the live updates
+/// ([`super::live`]), so a page or a reconnecting browser is sent only what it does not have.
+pub fn digest(html: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(html.as_bytes())[..12])
+}
+
+/// The part of a page its live updates replace, marked with the digest of what it holds.
+fn live_region(live: Markup) -> Markup {
+    let html = live.into_string();
+    html! {
+        div id="live" aria-live="polite" data-have=(digest(&html)) { (maud::PreEscaped(html)) }
+    }
+}
+
 /// The hidden CSRF field of every state-changing form.
 fn csrf_field(csrf: &str) -> Markup {
     html! { input type="hidden" name="csrf" value=(csrf); }
@@ -464,7 +479,7 @@ pub fn user_page(header: &Header<'_>, live: Markup, session_names: &[String]) ->
         Some(header),
         Some("user"),
         html! {
-            div id="live" aria-live="polite" { (live) }
+            (live_region(live))
             section aria-labelledby="new-session" {
                 h2 id="new-session" { "Start a session" }
                 form method="post" action="/dashboard/sessions" class="grid" {
@@ -625,7 +640,7 @@ pub fn admin_page(
         Some(header),
         Some("admin"),
         html! {
-            div id="live" aria-live="polite" { (live) }
+            (live_region(live))
             section aria-labelledby="institutes" {
                 h2 id="institutes" { "Institutes (who may reach the SSH gateway)" }
                 div class="scroll" {
@@ -714,7 +729,7 @@ pub fn job_page(header: &Header<'_>, job: &JobRecord, live: Markup) -> Markup {
         Some(&format!("job/{id}")),
         html! {
             p { a href="/dashboard/" { "Back to your sessions" } }
-            div id="live" aria-live="polite" { (live) }
+            (live_region(live))
         },
     )
 }

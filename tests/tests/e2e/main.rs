@@ -1,6 +1,7 @@
 //! End-to-end tests: the real manager, agent and devctl binaries against the real Docker daemon.
 //! One test binary for the crate; each module is one area of behaviour.
 
+mod dashboard;
 mod freeze;
 mod identity;
 mod jobs;

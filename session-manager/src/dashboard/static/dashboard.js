@@ -33,7 +33,11 @@
       }
     }, 0);
   });
-  var source = new EventSource("/dashboard/events?view=" + encodeURIComponent(view));
+  // The server sends only what differs from what the page holds (its digest, "have").
+  var have = region.getAttribute("data-have") || "";
+  var source = new EventSource(
+    "/dashboard/events?view=" + encodeURIComponent(view) + "&have=" + encodeURIComponent(have)
+  );
   source.addEventListener("update", function (event) {
     apply(event.data);
   });
