@@ -594,7 +594,10 @@ pub struct JobSpec {
     pub env: JobEnv,
     /// Mount the owner's home volume read-write (it is not mounted otherwise).
     pub home: bool,
-    pub target: JobTarget,
+    /// Where it runs; `None`: the site's default (`[targets] default` in the manager's config),
+    /// which the manager writes into the spec it stores.
+    #[serde(default)]
+    pub target: Option<JobTarget>,
 }
 
 /// [`JobSpec`]'s fields before the checks that span several of them.
@@ -626,7 +629,7 @@ struct UncheckedJobSpec {
     #[serde(default)]
     home: bool,
     #[serde(default)]
-    target: JobTarget,
+    target: Option<JobTarget>,
 }
 
 impl TryFrom<UncheckedJobSpec> for JobSpec {
@@ -793,7 +796,7 @@ pub struct JobSpecFile {
     /// Mount the home volume read-write.
     #[serde(default)]
     pub home: bool,
-    /// `local` (default), `htcondor` or `slurm`.
+    /// `local`, `htcondor` or `slurm`; absent: the site's default.
     pub target: Option<String>,
 }
 
@@ -856,11 +859,7 @@ impl JobSpecFile {
             bucket: self.bucket.map(|t| Bucket::parse(&t)).transpose()?,
             env: JobEnv::new(self.env)?,
             home: self.home,
-            target: self
-                .target
-                .map(|t| t.parse())
-                .transpose()?
-                .unwrap_or_default(),
+            target: self.target.map(|t| t.parse()).transpose()?,
         };
         spec.check()?;
         if let Some(not_after) = spec.not_after.filter(|&t| t <= now) {
@@ -1096,6 +1095,30 @@ pub enum JobReason {
     CheckpointNodeLost {
         node: NodeName,
     },
+    /// A grid target (Slurm, HTCondor) started it: its engine's job id and where it runs.
+    TargetStarted {
+        target: JobTarget,
+        engine_id: String,
+        /// The engine's hosts, as it names them (`node[1-2]`, `slot1@gpu7`); empty if unknown.
+        hosts: String,
+    },
+    /// A grid target ended it without an exit code of its own (node failure, out of memory,
+    /// removed by an administrator, ...): the engine's reason in words a user understands.
+    TargetEnded {
+        target: JobTarget,
+        message: String,
+    },
+    /// A grid target refused the job at submission: its words.
+    TargetRefused {
+        target: JobTarget,
+        message: String,
+    },
+    /// A grid target no longer knows the job (purged from its queue and its records before the
+    /// manager saw it end).
+    TargetLost {
+        target: JobTarget,
+        engine_id: String,
+    },
     /// A GPU it ran on failed (or its health became unknown): the node's health check saw it.
     GpuFailed {
         gpu: crate::gpu::GpuUuid,
@@ -1173,6 +1196,26 @@ impl fmt::Display for JobReason {
                 f,
                 "its checkpoint (the chain's working directory) is on node {node}, which is gone \
                  or offline: submit the job again to start over"
+            ),
+            Self::TargetStarted {
+                target,
+                engine_id,
+                hosts,
+            } => {
+                write!(f, "started by {target} as its job {engine_id}")?;
+                if !hosts.is_empty() {
+                    write!(f, " on {hosts}")?;
+                }
+                Ok(())
+            }
+            Self::TargetEnded { target, message } => write!(f, "ended by {target}: {message}"),
+            Self::TargetRefused { target, message } => {
+                write!(f, "refused by {target}: {message}")
+            }
+            Self::TargetLost { target, engine_id } => write!(
+                f,
+                "{target} no longer knows its job {engine_id} (it ended without a record the \
+                 manager could read): see the site's {target} logs, or submit it again"
             ),
             Self::GpuFailed {
                 gpu,
@@ -1398,6 +1441,40 @@ pub struct JobView {
     #[serde(default)]
     pub waiting: Option<String>,
     pub transitions: Vec<JobTransition>,
+    /// Where a job of a grid target (Slurm, HTCondor) is in its engine; `None` for the local
+    /// target.
+    #[serde(default)]
+    pub grid: Option<GridJobView>,
+}
+
+/// A job handed to a grid target, as `devctl job show` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GridJobView {
+    pub target: JobTarget,
+    /// The local account it runs under (the site's mapping of the owner's DN or group).
+    pub account: String,
+    /// The engine's job id (`42` for Slurm, `17.0` for HTCondor); `None` until the engine
+    /// answered the submission.
+    pub engine_id: Option<String>,
+    /// What the engine said last, in its own words (`PENDING (Resources)`), and when.
+    pub engine_state: Option<String>,
+    pub polled_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /v1/targets`: one target the site offers (`devctl job targets`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub target: JobTarget,
+    /// Jobs that name no target go here.
+    pub default: bool,
+    /// One line about where it runs jobs (`the site's own GPUs`, `Slurm cluster via
+    /// /usr/bin/sbatch, partition gpu`).
+    pub description: String,
+    /// The local account the caller's jobs run under there; `None` for the local target, or
+    /// when the caller has no mapping (then `refusal` says why).
+    pub account: Option<String>,
+    /// Why the caller cannot submit there, if they cannot.
+    pub refusal: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1609,7 +1686,7 @@ mod tests {
         assert_eq!(spec.bucket.as_ref().unwrap().to_string(), "sweep:4");
         assert_eq!(spec.cpus.unwrap().to_string(), "4");
         assert!(spec.env.iter().any(|(k, v)| k == "EPOCHS" && v == "20"));
-        assert_eq!(spec.target, JobTarget::Local);
+        assert_eq!(spec.target, Some(JobTarget::Local));
         // The spec survives JSON, the way it travels to the manager.
         let json = serde_json::to_string(&spec).unwrap();
         assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), spec);

@@ -1592,6 +1592,7 @@ fn job_view(state: ongrid_core::job::JobState) -> ongrid_core::job::JobView {
         queue_position: Some(1),
         waiting: None,
         transitions: lifecycle.history().to_vec(),
+        grid: None,
     }
 }
 

@@ -21,6 +21,7 @@ use crate::auth::Admins;
 use crate::domain::policy::Admission;
 
 pub mod policy;
+pub mod targets;
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LONGEST};
 
 /// Environment variable overriding `listen`.
@@ -115,6 +116,9 @@ pub struct RawConfig {
     /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served; off without it.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// `[targets]`: grid batch engines (Slurm, HTCondor) jobs may go to; local only without it.
+    #[serde(default)]
+    pub targets: targets::RawTargets,
     /// `[dashboard]`: what the web dashboard shows that the manager cannot know (the gateway's
     /// address for the `ssh` command). The dashboard is served without it.
     #[serde(default)]
@@ -243,6 +247,8 @@ pub struct Config {
     pub limits: Option<crate::domain::policy::limits::LimitsConfig>,
     /// The metrics and health listener; `None`: none.
     pub metrics: Option<MetricsConfig>,
+    /// `[targets]`: where batch jobs may run.
+    pub targets: crate::targets::TargetsConfig,
     /// `[dashboard]`.
     pub dashboard: crate::dashboard::DashboardConfig,
 }
@@ -351,6 +357,11 @@ impl Validator<'_> {
             .map(policy::limits)
             .transpose()
             .map_err(|(key, message)| self.invalid(&key, message))?;
+        let targets = targets::targets(
+            &raw.targets,
+            raw.policy.as_ref().and_then(|p| p.contact.as_deref()),
+        )
+        .map_err(|(key, message)| self.invalid(&key, message))?;
         if let Some(path) = &raw.vomsdir {
             self.non_empty_path("vomsdir", path)?;
         }
@@ -523,6 +534,7 @@ impl Validator<'_> {
             admission,
             fair_share,
             limits,
+            targets,
         })
     }
 }

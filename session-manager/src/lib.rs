@@ -26,6 +26,7 @@ pub mod domain;
 pub mod fair_share;
 pub mod freeze_watch;
 pub mod grid_identity;
+pub mod grid_mirror;
 pub mod hold_timer;
 pub mod image_files;
 pub mod job_logs;
@@ -37,6 +38,7 @@ pub mod scheduler;
 pub mod server;
 pub mod site;
 pub mod store;
+pub mod targets;
 
 use std::sync::Arc;
 
@@ -257,6 +259,17 @@ impl Manager {
             .with_changes(changes.clone()),
         );
         tracker.spawn(freezes.run(shutdown.clone()));
+        let grid = Arc::new(
+            grid_mirror::GridMirror::new(
+                store.clone(),
+                self.clock.clone(),
+                Arc::new(targets::Targets::from_config(&config.targets)),
+                config.job_limits,
+                job_logs::JobLogs::new(config.job_log_dir.clone()),
+            )
+            .with_changes(changes.clone()),
+        );
+        tracker.spawn(grid.clone().run(shutdown.clone()));
         let exporter = metrics::ManagerExporter::new(store.clone())
             .with_fair_share(config.fair_share.clone(), self.clock.clone());
         tracker.spawn(ongrid_service::metrics::serve_if_bound(
@@ -274,6 +287,7 @@ impl Manager {
             wake,
             scheduler,
             changes,
+            grid,
         };
         let server = Server {
             acceptor: TlsAcceptor::from(tls),

@@ -940,6 +940,7 @@ mod tests {
             spec,
             image,
             &Default::default(),
+            None,
             at,
         )
         .unwrap();

@@ -53,7 +53,9 @@ impl SiteSnapshot {
         let holding = store
             .sessions(SessionFilter::States(holding_states()))
             .await?;
-        let jobs = store.jobs(JobFilter::Active).await?;
+        let mut jobs = store.jobs(JobFilter::Active).await?;
+        // Jobs of grid targets run elsewhere: their engines schedule them.
+        jobs.retain(|job| job.grid.is_none());
         Ok(Self::new(now, nodes, holding, node_timeout).with_jobs(jobs))
     }
 

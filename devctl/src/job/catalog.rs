@@ -79,9 +79,7 @@ pub fn render_jobs(jobs: &[JobView], all: bool, width: Option<u16>) -> String {
             job.id.to_string(),
             state,
             job.spec.image.to_string(),
-            job.node
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), ToString::to_string),
+            where_it_runs(job),
             format_time(job.queued_at),
             job.reason.clone(),
         ];
@@ -91,6 +89,19 @@ pub fn render_jobs(jobs: &[JobView], all: bool, width: Option<u16>) -> String {
         table.row(row);
     }
     table.render(width, "")
+}
+
+/// The NODE column: the node of a local job, `slurm:42` for a job of a grid target.
+fn where_it_runs(job: &JobView) -> String {
+    match (&job.grid, &job.node) {
+        (Some(grid), _) => format!(
+            "{}:{}",
+            grid.target,
+            grid.engine_id.as_deref().unwrap_or("-")
+        ),
+        (None, Some(node)) => node.to_string(),
+        (None, None) => "-".to_owned(),
+    }
 }
 
 /// The text of `devctl job show`.
@@ -118,6 +129,21 @@ pub fn render_job(job: &JobView) -> String {
     if let Some(node) = &job.node {
         let gpus: Vec<&str> = job.gpus.iter().map(|g| g.as_str()).collect();
         field("node", format!("{node} ({})", gpus.join(", ")));
+    }
+    if let Some(grid) = &job.grid {
+        field(
+            "target",
+            format!(
+                "{} job {} as {}",
+                grid.target,
+                grid.engine_id.as_deref().unwrap_or("(not yet known)"),
+                grid.account
+            ),
+        );
+        if let Some(state) = &grid.engine_state {
+            let at = grid.polled_at.map(format_time).unwrap_or_default();
+            field(&format!("{} says", grid.target), format!("{state} ({at})"));
+        }
     }
     field(
         "max duration",

@@ -1,5 +1,6 @@
-//! `devctl job submit|ls|show|logs|cancel|halt`: batch jobs that run frozen images on the
-//! site's GPUs beside interactive sessions.
+//! `devctl job submit|ls|show|logs|cancel|halt|targets`: batch jobs that run frozen images on
+//! the site's GPUs beside interactive sessions, or on the grid targets the site offers (Slurm,
+//! HTCondor: `job submit --to`, `job targets`).
 //!
 //! - [`submit`]: `job submit`, from flags or a job file; both are core's `JobSpecFile`.
 //! - [`catalog`]: `job ls|show|cancel|halt`, and how a job is described.
@@ -9,6 +10,7 @@
 pub mod catalog;
 pub mod logs;
 pub mod submit;
+pub mod targets;
 
 use clap::Subcommand;
 
@@ -34,6 +36,9 @@ pub enum JobCommand {
     /// Halt a running job: SIGUSR1, then 15 s to exit with code 123 (a restartable job is
     /// re-queued)
     Halt(catalog::JobIdArgs),
+    /// List where jobs may run (local, slurm, htcondor), the site's default, and the local
+    /// account your jobs run under there
+    Targets(targets::JobTargetsArgs),
 }
 
 pub async fn run(
@@ -48,5 +53,6 @@ pub async fn run(
         JobCommand::Logs(args) => logs::run(args, client, term).await,
         JobCommand::Cancel(args) => catalog::change(args, "cancel", client, term).await,
         JobCommand::Halt(args) => catalog::change(args, "halt", client, term).await,
+        JobCommand::Targets(args) => targets::run(args, client, term).await,
     }
 }

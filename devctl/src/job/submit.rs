@@ -63,6 +63,10 @@ pub struct JobSubmitArgs {
     /// Mount your home volume read-write
     #[arg(long)]
     pub home: bool,
+    /// Where it runs: local (this site's GPUs), slurm or htcondor [default: the site's, see
+    /// devctl job targets]; with a job file, overrides its target
+    #[arg(long = "to", value_name = "TARGET")]
+    pub to: Option<String>,
     /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
@@ -112,7 +116,7 @@ impl JobSubmitArgs {
             bucket: self.bucket,
             env,
             home: self.home,
-            target: None,
+            target: self.to,
         })
     }
 }
@@ -128,7 +132,12 @@ pub async fn run(
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading job file {}", path.display()))?;
-            JobSpecFile::from_toml(&text).with_context(|| format!("job file {}", path.display()))?
+            let mut file = JobSpecFile::from_toml(&text)
+                .with_context(|| format!("job file {}", path.display()))?;
+            if let Some(to) = args.to {
+                file.target = Some(to);
+            }
+            file
         }
         None => args.spec_file()?,
     };

@@ -76,6 +76,12 @@ impl ApiError {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unsatisfiable", message)
     }
 
+    /// A service the request needs (a grid target's engine) cannot be reached; `message` says
+    /// what to do and nothing of the cause, which the caller logged.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
     /// Logs `cause` (the only place it is logged) and answers "internal error".
     pub fn internal(cause: impl fmt::Display) -> Self {
         tracing::error!(error = %cause, "Request failed.");

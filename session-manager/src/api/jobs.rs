@@ -1,4 +1,6 @@
-//! Routes for batch jobs: `POST /v1/jobs` (submit), `GET /v1/jobs[?all=true]`,
+//! Routes for batch jobs: `POST /v1/jobs` (submit; a job of a grid target is handed to its
+//! engine, whose id is stored, before the answer), `GET /v1/targets` (where jobs may run),
+//! `GET /v1/jobs[?all=true]`,
 //! `GET /v1/jobs/{id}`, `POST /v1/jobs/{id}/cancel`, `POST /v1/jobs/{id}/halt` and
 //! `GET /v1/jobs/{id}/logs?offset=N[&wait=true]` (with `wait`, a long-poll answered once there
 //! is output from `N` or the output is complete). The jobs' part of an agent's sync is in
@@ -18,13 +20,15 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use ongrid_core::image::ImageLookup;
-use ongrid_core::job::{JobId, JobState, JobView, LogChunk, SubmitJob};
+use ongrid_core::job::{GridJobView, JobId, JobState, JobView, LogChunk, SubmitJob, TargetInfo};
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
 use super::lookup::frozen_image_candidates;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::domain::grid_jobs;
 use crate::domain::jobs::{self, JobRecord, Submitter};
+use crate::grid_mirror::HandOverError;
 use crate::job_logs::JobLogs;
 use crate::store::{JobFilter, StoreError};
 
@@ -69,19 +73,64 @@ pub async fn submit_job(
         uid: caller.user.uid,
     };
     let now = state.clock.now();
+    let targets = state.grid.targets();
+    let grid = grid_jobs::choose_target(
+        body.spec.target,
+        &targets.offered(),
+        targets.config().default,
+        &targets.config().accounts,
+        (&caller.user.dn, &caller.admitted.group),
+        now,
+    )?;
     let new = jobs::submit(
         JobId::new_random(),
         who,
         body.spec,
         image,
         &state.config.job_limits,
+        grid,
         now,
     )?;
     let job = state.store.create_job(new).await?;
-    tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, "Job submitted.");
-    state.wake.notify_one();
+    tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, "Job submitted.");
+    let job = if job.grid.is_some() {
+        // The engine's id is stored before this answer.
+        match state.grid.hand_over(job).await {
+            Ok(job) => job,
+            Err(HandOverError::Refused {
+                target,
+                message,
+                job,
+            }) => {
+                return Err(ApiError::unsatisfiable(format!(
+                    "{target} refused job {}: {message}",
+                    job.id
+                )))
+            }
+            Err(HandOverError::Unavailable(message, job)) => {
+                return Err(ApiError::unavailable(format!("job {}: {message}", job.id)))
+            }
+            Err(HandOverError::Store(e)) => return Err(e.into()),
+        }
+    } else {
+        state.wake.notify_one();
+        job
+    };
     let view = view(&state, job).await?;
     Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// `GET /v1/targets`: where the caller's jobs may run, and under which local account.
+pub async fn list_targets(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+) -> Json<Vec<TargetInfo>> {
+    Json(
+        state
+            .grid
+            .targets()
+            .describe_for(&caller.user.dn, &caller.admitted.group),
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -139,6 +188,9 @@ pub async fn cancel_job(
         .map_err(changed_meanwhile)?;
     tracing::info!(job_id = %job.id, "Job cancelled by its owner.");
     state.wake.notify_one();
+    if job.grid.is_some() {
+        state.grid.wake();
+    }
     Ok(Json(view(&state, job).await?))
 }
 
@@ -155,6 +207,9 @@ pub async fn halt_job(
         .await
         .map_err(changed_meanwhile)?;
     tracing::info!(job_id = %job.id, "Job halted by its owner.");
+    if job.grid.is_some() {
+        state.grid.wake();
+    }
     Ok(Json(view(&state, job).await?))
 }
 
@@ -316,6 +371,13 @@ fn job_view(job: JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> JobView
         queue_position: position.map(|p| u32::try_from(p + 1).unwrap_or(u32::MAX)),
         waiting,
         transitions: job.lifecycle.history().to_vec(),
+        grid: job.grid.as_ref().map(|g| GridJobView {
+            target: g.target,
+            account: g.account.to_string(),
+            engine_id: g.engine_id.as_ref().map(ToString::to_string),
+            engine_state: g.engine_state.clone(),
+            polled_at: g.polled_at,
+        }),
         spec: job.spec,
     }
 }

@@ -68,6 +68,8 @@ pub struct AppState {
     pub scheduler: Arc<crate::scheduler::Scheduler>,
     /// Wakes the long-polls of agents and people when a commit changed what they wait on.
     pub changes: crate::notify::Changes,
+    /// The grid targets (Slurm, HTCondor): hands jobs over, mirrors their states.
+    pub grid: Arc<crate::grid_mirror::GridMirror>,
 }
 
 impl AppState {
@@ -149,6 +151,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel_job))
         .route("/v1/jobs/{id}/halt", post(jobs::halt_job))
         .route("/v1/jobs/{id}/logs", get(jobs::job_logs))
+        .route("/v1/targets", get(jobs::list_targets))
         .route(
             "/v1/images/{reference}",
             get(images::show_image).delete(images::delete_image),

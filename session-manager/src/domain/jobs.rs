@@ -31,6 +31,7 @@ use ongrid_core::{Dn, GpuId, GpuRequest, HumanDuration, NodeName, UserName};
 
 use ongrid_core::image::{ImageLookup, ImageState};
 
+use super::grid_jobs::GridJob;
 use super::image_access;
 use super::images::ImageRecord;
 use super::Refusal;
@@ -67,6 +68,8 @@ pub struct JobRecord {
     pub log_complete: bool,
     /// The only node it may start on: where its chain's working directory (its checkpoint) is.
     pub pinned_node: Option<NodeName>,
+    /// Its life in a grid target's engine; `None` for the local target.
+    pub grid: Option<GridJob>,
 }
 
 impl JobRecord {
@@ -148,6 +151,8 @@ pub struct NewJob {
     pub reason: JobReason,
     /// See [`JobRecord::pinned_node`].
     pub pinned_node: Option<NodeName>,
+    /// See [`JobRecord::grid`].
+    pub grid: Option<GridJob>,
 }
 
 /// Who submits, and the image their spec resolved to.
@@ -158,22 +163,19 @@ pub struct Submitter {
     pub uid: u32,
 }
 
-/// A newly submitted job: QUEUED, `Submitted`, first of its chain. Only the local target runs
-/// here; grid targets come with their own issue.
+/// A newly submitted job: QUEUED, `Submitted`, first of its chain. `grid` is where a job of a
+/// grid target goes (from [`super::grid_jobs::choose_target`]); `None` runs it here. The spec
+/// stored names its target.
 pub fn submit(
     id: JobId,
     who: Submitter,
-    spec: JobSpec,
+    mut spec: JobSpec,
     image: JobImage,
     limits: &JobLimits,
+    grid: Option<GridJob>,
     now: DateTime<Utc>,
 ) -> Result<NewJob, Refusal> {
-    if spec.target != JobTarget::Local {
-        return Err(Refusal::Invalid(format!(
-            "target {} is not available on this site yet: submit with target local",
-            spec.target
-        )));
-    }
+    spec.target = Some(grid.as_ref().map_or(JobTarget::Local, |g| g.target));
     if let Some(not_after) = spec.not_after.filter(|&t| t <= now) {
         return Err(Refusal::Invalid(format!(
             "not-after {} has passed: the job would be cancelled at once; give a later time",
@@ -193,6 +195,7 @@ pub fn submit(
         at: now,
         reason: JobReason::Submitted,
         pinned_node: None,
+        grid,
     })
 }
 
@@ -525,11 +528,22 @@ pub fn next_in_chain(
             previous: job.id,
             restart_count: chain.restart_count,
         },
-        pinned_node: if site.shared_work_dir {
+        pinned_node: if site.shared_work_dir || job.grid.is_some() {
             None
         } else {
             job.node.clone().or_else(|| job.pinned_node.clone())
         },
+        // A grid job's chain goes on in the same engine: handed to it again by the mirroring
+        // loop (or, re-queued by the engine itself, under the same engine id, set by the caller).
+        grid: job.grid.as_ref().map(|g| GridJob {
+            engine_id: None,
+            submit_started_at: None,
+            engine_restarts: 0,
+            engine_state: None,
+            polled_at: None,
+            engine_final: false,
+            ..g.clone()
+        }),
     })
 }
 
@@ -703,6 +717,7 @@ mod tests {
             spec(file),
             image(),
             limits,
+            None,
             t(0),
         )
         .unwrap();
@@ -728,6 +743,7 @@ mod tests {
             log_size: 0,
             log_complete: false,
             pinned_node: new.pinned_node,
+            grid: new.grid,
         }
     }
 
@@ -803,15 +819,8 @@ mod tests {
         assert_eq!(job.chain.initial_job, job.id);
         assert_eq!(job.chain.restart_count, 0);
         assert_eq!(job.lifecycle.last().reason, JobReason::Submitted);
-        let mut grid = spec(JobSpecFile::default());
-        grid.target = JobTarget::Slurm;
-        let who = Submitter {
-            owner: job.owner.clone(),
-            user_name: job.user_name.clone(),
-            uid: 2000,
-        };
-        let refused = submit(job.id, who, grid, image(), &JobLimits::default(), t(0));
-        assert!(matches!(refused, Err(Refusal::Invalid(m)) if m.contains("target slurm")));
+        // The stored spec names where it runs, whatever the request said.
+        assert_eq!(job.spec.target, Some(JobTarget::Local));
     }
 
     #[test]

@@ -11,10 +11,13 @@
 //!   frozen images by tag or digest) and which removed frozen images must leave the nodes.
 //! - [`jobs`]: batch jobs: submit, the scheduler's actions, agents' reports, the owner's cancel
 //!   and halt, a lost node, restart chains, a node's desired jobs.
+//! - [`grid_jobs`]: jobs handed to grid targets (Slurm, HTCondor): the target and local account
+//!   of a submission, what to tell the engine, what the engine's state means for the job.
 //! - [`users`]: removing a user (what goes, what refuses it) and re-admitting them.
 //! - [`nodes`]: drains of nodes and GPUs, sessions lost with their node, removing a node.
 //! - [`policy`]: site policy: who may use the site, under which accounting group.
 
+pub mod grid_jobs;
 pub mod image_access;
 pub mod images;
 pub mod jobs;

@@ -248,6 +248,7 @@ mod tests {
             exit_code: None,
             log_size: 0,
             log_complete: false,
+            grid: None,
         }
     }
 

@@ -504,6 +504,36 @@ pub trait Store: Send + Sync {
         complete: bool,
     ) -> BoxFuture<'_, StoreResult<()>>;
 
+    /// Stores the engine's id of a job handed to a grid target (table `grid_jobs`), as soon as
+    /// the engine answered and before anyone is told the job was submitted.
+    fn set_engine_id<'a>(
+        &'a self,
+        id: JobId,
+        engine_id: &'a crate::domain::grid_jobs::EngineJobId,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// Records that the manager begins to hand a grid job to its engine (a re-queued job of a
+    /// chain, submitted by the mirroring loop); `None` forgets it (to be handed over again).
+    fn mark_submit_started(
+        &self,
+        id: JobId,
+        at: Option<DateTime<Utc>>,
+    ) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// Records what a grid job's engine said at a poll, and whether the engine is done with it
+    /// (once done, it stays done).
+    fn record_engine_poll<'a>(
+        &'a self,
+        id: JobId,
+        engine_state: &'a str,
+        engine_final: bool,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// The grid jobs the mirroring loop follows: those whose engine is not done with them, or
+    /// whose output is not all in, in queue order.
+    fn grid_jobs_to_mirror(&self) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>>;
+
     /// The user record of `dn`, if the manager has seen them (never created here).
     fn existing_user<'a>(&'a self, dn: &'a Dn) -> BoxFuture<'a, StoreResult<Option<UserRecord>>>;
 

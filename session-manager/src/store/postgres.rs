@@ -36,6 +36,7 @@ use super::{
     KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration, SessionFilter,
     Store, StoreError, StoreResult, UserRecord,
 };
+use crate::domain::grid_jobs::EngineJobId;
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
@@ -585,6 +586,36 @@ impl Store for PostgresStore {
         Box::pin(self.record_job_log_impl(id, size, complete))
     }
 
+    fn set_engine_id<'a>(
+        &'a self,
+        id: JobId,
+        engine_id: &'a EngineJobId,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.set_engine_id_impl(id, engine_id))
+    }
+
+    fn mark_submit_started(
+        &self,
+        id: JobId,
+        at: Option<DateTime<Utc>>,
+    ) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(self.mark_submit_started_impl(id, at))
+    }
+
+    fn record_engine_poll<'a>(
+        &'a self,
+        id: JobId,
+        engine_state: &'a str,
+        engine_final: bool,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.record_engine_poll_impl(id, engine_state, engine_final, at))
+    }
+
+    fn grid_jobs_to_mirror(&self) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>> {
+        Box::pin(self.grid_jobs_to_mirror_impl())
+    }
+
     fn create_image(&self, new: NewImage) -> BoxFuture<'_, StoreResult<ImageRecord>> {
         Box::pin(self.create_image_impl(new))
     }
@@ -1060,6 +1091,7 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 mod activity;
 mod dashboard;
 mod gateway;
+mod grid_jobs;
 mod images;
 mod jobs;
 mod nodes;

@@ -2,7 +2,8 @@
 //! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
 //! state changes only through [`PostgresStore::job_transition_impl`], which replays the history
 //! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
-//! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start.
+//! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start; a
+//! job of a grid target has its row in `grid_jobs` (migration 0017, [`super::grid_jobs`]).
 
 use ongrid_core::job::{
     JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
@@ -17,8 +18,12 @@ use crate::store::{JobFilter, StoreError, StoreResult};
 
 const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_duration_secs, \
      j.image_digest, j.docker_image, j.node, j.gpus, j.chain_initial, j.restart_count, \
-     j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete, j.pinned_node \
-     FROM jobs j JOIN users u ON u.dn = j.owner";
+     j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete, j.pinned_node, \
+     g.target AS g_target, g.account AS g_account, g.engine_id AS g_engine_id, \
+     g.submit_started_at AS g_submit_started_at, g.engine_restarts AS g_engine_restarts, \
+     g.engine_state AS g_engine_state, g.polled_at AS g_polled_at, \
+     g.engine_final AS g_engine_final \
+     FROM jobs j JOIN users u ON u.dn = j.owner LEFT JOIN grid_jobs g ON g.job_id = j.id";
 
 /// The states in which a job holds GPUs or waits for them.
 const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
@@ -156,6 +161,9 @@ async fn insert_job(tx: &mut Transaction<'static, Postgres>, new: &NewJob) -> St
     .bind(new.pinned_node.as_ref().map(NodeName::as_str))
     .execute(&mut **tx)
     .await?;
+    if let Some(grid) = &new.grid {
+        super::grid_jobs::insert_grid(tx, new.id, grid).await?;
+    }
     let created = JobLifecycle::new(new.at, new.reason.clone());
     insert_transition(tx, new.id, 0, created.last()).await
 }
@@ -250,5 +258,6 @@ async fn job_from_row(conn: &mut sqlx::PgConnection, row: &PgRow) -> StoreResult
         pinned_node: pinned_node
             .map(|n| parse::<NodeName>(&n, "node"))
             .transpose()?,
+        grid: super::grid_jobs::grid_from_row(row)?,
     })
 }

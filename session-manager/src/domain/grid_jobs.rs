@@ -1,0 +1,541 @@
+//! Jobs on grid targets (Slurm, HTCondor): the rules that decide what the manager does with a
+//! job it handed to a batch engine, as pure functions of the job as stored, what the engine
+//! said and `now`. The I/O (running `sbatch`, `squeue`, `condor_q`, ...) is in
+//! `crate::targets`; the loop that polls the engines is `crate::grid_mirror`.
+//!
+//! - Who the job runs as: [`AccountMap::account_for`] maps the owner's DN or accounting group to
+//!   a local account, as a CE maps grid users; no mapping is a 403 naming what to ask for.
+//! - What to tell the engine: [`order`] (submit a re-queued job of a chain, send the halt
+//!   signal, kill a job that ignored it, cancel a job cancelled here).
+//! - What the engine's answer means: [`mirror`] turns an [`Observation`] (the engine's state
+//!   already mapped to a [`Phase`] by the target) into the job's transitions, and the next job of
+//!   the chain when the engine re-queued it (checkpoint exit 85). [`lost`] decides about a job
+//!   the engine no longer knows.
+//!
+//! A job of a grid target goes through the same states as a local one (`QUEUED → RUNNING →
+//! FINISHED | FAILED | CANCELLED`, `RUNNING → MUSTHALT → HALTING → HALTED`), with the same
+//! typed reasons where they fit and `TargetStarted`/`TargetEnded`/`TargetRefused`/`TargetLost`
+//! where the engine has its own words.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::job::{JobId, JobReason, JobState, JobTarget, HALT_GRACE};
+use ongrid_core::Dn;
+use serde::{Deserialize, Serialize};
+
+use super::jobs::{next_in_chain, JobChange, JobLimits, JobRecord, NewJob};
+use super::policy::GroupName;
+use super::Refusal;
+
+/// How long a job may stay without an engine id after the manager began to hand it to its
+/// engine (a manager stopped half-way) before the engine is asked for it by name once more and,
+/// when it does not know it, the job is FAILED.
+pub const SUBMIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A local POSIX account on the engine's side: 1 to 32 of `a-z 0-9 _ -`, not starting with a
+/// digit or `-` (what `useradd` accepts by default).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct LocalAccount(String);
+
+impl LocalAccount {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let ok = !text.is_empty()
+            && text.len() <= 32
+            && text
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if ok {
+            Ok(Self(text.to_owned()))
+        } else {
+            Err(format!(
+                "{text:?} is not a local account name: 1 to 32 lower-case letters, digits, _ or -, \
+                 starting with a letter or _"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LocalAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for LocalAccount {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<LocalAccount> for String {
+    fn from(value: LocalAccount) -> Self {
+        value.0
+    }
+}
+
+/// An engine's job id: `42` (Slurm), `17.0` (HTCondor). Not empty, no white space.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct EngineJobId(String);
+
+impl EngineJobId {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() || text.len() > 128 || text.chars().any(char::is_whitespace) {
+            return Err(format!("{text:?} is not an engine job id"));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EngineJobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for EngineJobId {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<EngineJobId> for String {
+    fn from(value: EngineJobId) -> Self {
+        value.0
+    }
+}
+
+/// Who is mapped to a local account: a DN, or everyone of an accounting group (`[policy]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccountMatch {
+    Dn(Dn),
+    Group(GroupName),
+}
+
+/// `[[targets.accounts]]`: DN or group → local account. DN rules win over group rules, then
+/// the first rule written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccountMap {
+    pub rules: Vec<(AccountMatch, LocalAccount)>,
+    /// Who to ask for a mapping, in the refusal (`[policy] contact` when set).
+    pub contact: Option<String>,
+}
+
+impl AccountMap {
+    /// The local account `dn` (in accounting group `group`) runs under on `target`; a 403
+    /// saying what to ask for when there is none.
+    pub fn account_for(
+        &self,
+        target: JobTarget,
+        dn: &Dn,
+        group: &GroupName,
+    ) -> Result<LocalAccount, Refusal> {
+        let by_dn = self
+            .rules
+            .iter()
+            .find_map(|(matcher, account)| match matcher {
+                AccountMatch::Dn(d) if d == dn => Some(account),
+                _ => None,
+            });
+        let by_group = || {
+            self.rules
+                .iter()
+                .find_map(|(matcher, account)| match matcher {
+                    AccountMatch::Group(g) if g == group => Some(account),
+                    _ => None,
+                })
+        };
+        match by_dn.or_else(by_group) {
+            Some(account) => Ok(account.clone()),
+            None => Err(Refusal::Forbidden(format!(
+                "you have no local account on target {target}: jobs there run under an account \
+                 the site maps your DN ({dn}) or group ({group}) to; ask {} to add one \
+                 ([[targets.accounts]] in the manager's config), or submit with --to local",
+                self.contact.as_deref().unwrap_or("the site's admins")
+            ))),
+        }
+    }
+}
+
+/// A job's life in its engine, as stored beside the job (table `grid_jobs`, migration 0017).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GridJob {
+    pub target: JobTarget,
+    pub account: LocalAccount,
+    /// `None` until the engine answered the submission.
+    pub engine_id: Option<EngineJobId>,
+    /// When the manager began to hand it to the engine; `None`: not yet (a re-queued job of a
+    /// chain that the loop submits).
+    pub submit_started_at: Option<DateTime<Utc>>,
+    /// How many times the engine had re-queued its engine job when this ongrid job began (0
+    /// for a fresh submission; a re-queue by the engine continues the chain under the same
+    /// engine id with one more).
+    pub engine_restarts: u32,
+    /// What the engine said last, in its own words, and when.
+    pub engine_state: Option<String>,
+    pub polled_at: Option<DateTime<Utc>>,
+    /// The engine has ended its job (or forgotten it): nothing more to ask it, but its output.
+    pub engine_final: bool,
+}
+
+impl GridJob {
+    /// A job about to be handed to `target` now, under `account`.
+    pub fn submitting(target: JobTarget, account: LocalAccount, now: DateTime<Utc>) -> Self {
+        Self {
+            target,
+            account,
+            engine_id: None,
+            submit_started_at: Some(now),
+            engine_restarts: 0,
+            engine_state: None,
+            polled_at: None,
+            engine_final: false,
+        }
+    }
+}
+
+/// What an engine says of one of ongrid's jobs, mapped by its target into ongrid's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub engine_id: EngineJobId,
+    /// The ongrid job it was submitted for, when the engine tells (from the job's name).
+    pub job: Option<JobId>,
+    pub phase: Phase,
+    /// How many times the engine re-queued the job (Slurm's `restart_cnt`, HTCondor's
+    /// checkpoint exits).
+    pub restarts: u32,
+    /// Where it runs or ran, as the engine names it; empty if unknown.
+    pub hosts: String,
+    /// The engine's own words (`PENDING (Resources)`, `COMPLETED 0:0`), kept for `job show`.
+    pub raw: String,
+}
+
+/// An engine's state, in ongrid's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting in the engine's queue (also held, suspended or re-queued and waiting again);
+    /// `why` is the engine's reason in words a user understands.
+    Pending {
+        why: Option<String>,
+    },
+    Running,
+    /// Its main process exited with this code.
+    Exited {
+        code: i32,
+    },
+    /// The engine stopped it at its time limit (the job's max duration).
+    TimeLimit,
+    /// Cancelled on the engine's side (by `cancel`, or by an administrator): the engine's words.
+    Cancelled {
+        message: String,
+    },
+    /// Ended without an exit code of its own: node failure, out of memory, killed by a signal,
+    /// ... in words a user understands.
+    Failed {
+        message: String,
+    },
+}
+
+impl Phase {
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Self::Pending { .. } | Self::Running)
+    }
+}
+
+/// Where a submitted job goes: its spec's target, else the site's default; a grid target must
+/// be one the site offers, and the owner must have a local account there.
+pub fn choose_target(
+    asked: Option<JobTarget>,
+    offered: &[JobTarget],
+    default: JobTarget,
+    accounts: &AccountMap,
+    who: (&Dn, &GroupName),
+    now: DateTime<Utc>,
+) -> Result<Option<GridJob>, Refusal> {
+    let target = asked.unwrap_or(default);
+    if !offered.contains(&target) {
+        let names: Vec<String> = offered.iter().map(ToString::to_string).collect();
+        return Err(Refusal::Invalid(format!(
+            "target {target} is not offered by this site: use one of {} (`devctl job targets` \
+             lists them)",
+            names.join(", ")
+        )));
+    }
+    if target == JobTarget::Local {
+        return Ok(None);
+    }
+    let account = accounts.account_for(target, who.0, who.1)?;
+    Ok(Some(GridJob::submitting(target, account, now)))
+}
+
+/// What the loop asks the engine to do for a job, from [`order`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineOrder {
+    /// Hand it to the engine (a re-queued job of a chain, which no engine job carries on).
+    Submit,
+    /// Send the halt signal (MUSTHALT → HALTING once sent).
+    Halt,
+    /// Kill it: cancelled here, or HALTING past the halt grace.
+    Cancel,
+}
+
+/// What the engine must be told about `job` now, if anything.
+pub fn order(job: &JobRecord, now: DateTime<Utc>) -> Option<EngineOrder> {
+    let grid = job.grid.as_ref()?;
+    if grid.engine_final {
+        return None;
+    }
+    match (job.state(), &grid.engine_id) {
+        (JobState::Queued, None) if grid.submit_started_at.is_none() => Some(EngineOrder::Submit),
+        (_, None) => None,
+        (JobState::MustHalt, Some(_)) => Some(EngineOrder::Halt),
+        (JobState::Halting, Some(_)) => {
+            let since = job.lifecycle.last().at;
+            let grace = chrono::TimeDelta::from_std(HALT_GRACE).unwrap_or_default();
+            (now - since >= grace).then_some(EngineOrder::Cancel)
+        }
+        (
+            JobState::Cancelled | JobState::Failed | JobState::Halted | JobState::Finished,
+            Some(_),
+        ) => Some(EngineOrder::Cancel),
+        _ => None,
+    }
+}
+
+/// What an engine's observation does to a job: the transitions to store in order (the last
+/// one with `next`), and whether the engine is done with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    pub changes: Vec<JobChange>,
+    /// The next job of the chain, when the engine re-queued it (it runs under the same engine
+    /// id).
+    pub next: Option<NewJob>,
+    /// The engine has ended its job (or, re-queued, this job's run of it).
+    pub engine_final: bool,
+}
+
+/// What `observation` means for `job` (of a grid target). `next_id` names the next job of the
+/// chain if the engine re-queued it.
+pub fn mirror(
+    job: &JobRecord,
+    observation: &Observation,
+    limits: &JobLimits,
+    next_id: JobId,
+    now: DateTime<Utc>,
+) -> Mirror {
+    let Some(grid) = &job.grid else {
+        return Mirror {
+            changes: Vec::new(),
+            next: None,
+            engine_final: false,
+        };
+    };
+    let target = grid.target;
+    let state = job.state();
+    let mut changes = Vec::new();
+    let started = |changes: &mut Vec<JobChange>| {
+        changes.push(JobChange {
+            to: JobState::Running,
+            at: now,
+            reason: JobReason::TargetStarted {
+                target,
+                engine_id: observation.engine_id.to_string(),
+                hosts: observation.hosts.clone(),
+            },
+            place: None,
+            exit_code: None,
+        })
+    };
+    let ended = |to, reason, exit_code| JobChange {
+        to,
+        at: now,
+        reason,
+        place: None,
+        exit_code,
+    };
+    // The engine re-queued it (a checkpoint exit, 85): this job is HALTED and the chain goes on
+    // as a new job under the same engine id.
+    if observation.restarts > grid.engine_restarts && !state.is_final() {
+        if state == JobState::Queued {
+            started(&mut changes);
+        }
+        let change = ended(
+            JobState::Halted,
+            JobReason::CheckpointExit,
+            Some(ongrid_core::job::CHECKPOINT_EXIT_CODE),
+        );
+        let mut record = job.clone();
+        if record.lifecycle.started_at().is_none() {
+            // The chain's time used is counted from this start.
+            let _ = record
+                .lifecycle
+                .transition(JobState::Running, now, changes[0].reason.clone());
+        }
+        let next = next_in_chain(&record, &change, next_id, limits).map(|mut next| {
+            next.grid = Some(GridJob {
+                engine_id: Some(observation.engine_id.clone()),
+                submit_started_at: Some(now),
+                engine_restarts: grid.engine_restarts + 1,
+                engine_state: Some(observation.raw.clone()),
+                polled_at: Some(now),
+                engine_final: false,
+                ..grid.clone()
+            });
+            next
+        });
+        changes.push(change);
+        // The engine's job goes on, followed by the next job: this one's run is over.
+        return Mirror {
+            changes,
+            next,
+            engine_final: true,
+        };
+    }
+    match &observation.phase {
+        Phase::Pending { .. } => {}
+        Phase::Running => {
+            if state == JobState::Queued {
+                started(&mut changes);
+            }
+        }
+        phase => {
+            if state == JobState::Queued {
+                started(&mut changes);
+            }
+            let current = if state == JobState::Queued {
+                JobState::Running
+            } else {
+                state
+            };
+            let end = match phase {
+                Phase::Exited { code } => current
+                    .after_exit(*code)
+                    .map(|(to, reason)| ended(to, reason, Some(*code))),
+                Phase::TimeLimit if current.holds_gpus() => Some(match job.max_duration {
+                    Some(max) => ended(
+                        JobState::Halted,
+                        JobReason::MaxDurationReached { max },
+                        None,
+                    ),
+                    None => ended(
+                        JobState::Halted,
+                        JobReason::TargetEnded {
+                            target,
+                            message: "reached its time limit".to_owned(),
+                        },
+                        None,
+                    ),
+                }),
+                Phase::Cancelled { .. } if current == JobState::Halting => {
+                    Some(ended(JobState::Halted, JobReason::IgnoredHaltSignal, None))
+                }
+                Phase::Cancelled { message } if current.holds_gpus() => Some(ended(
+                    JobState::Cancelled,
+                    JobReason::TargetEnded {
+                        target,
+                        message: message.clone(),
+                    },
+                    None,
+                )),
+                Phase::Failed { message } if current.holds_gpus() => Some(ended(
+                    JobState::Failed,
+                    JobReason::TargetEnded {
+                        target,
+                        message: message.clone(),
+                    },
+                    None,
+                )),
+                _ => None,
+            };
+            if let Some(end) = end {
+                changes.push(end);
+            }
+        }
+    }
+    // A job that never ran here ends only through the states above; one that ended here
+    // (cancelled by its owner) just learns the engine is done.
+    Mirror {
+        changes,
+        next: None,
+        engine_final: observation.phase.is_final(),
+    }
+}
+
+/// A job whose engine no longer knows it (nor its id, for one being submitted when the manager
+/// stopped): the change, if it is time to give up on it.
+pub fn lost(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
+    let grid = job.grid.as_ref()?;
+    if grid.engine_final || job.state().is_final() {
+        return None;
+    }
+    let reason = match &grid.engine_id {
+        Some(id) => JobReason::TargetLost {
+            target: grid.target,
+            engine_id: id.to_string(),
+        },
+        None => {
+            let started = grid.submit_started_at?;
+            let timeout = chrono::TimeDelta::from_std(SUBMIT_TIMEOUT).unwrap_or_default();
+            if now - started < timeout {
+                return None;
+            }
+            JobReason::CouldNotRun {
+                message: format!(
+                    "the manager stopped while handing it to {}, which does not know it: submit \
+                     it again",
+                    grid.target
+                ),
+            }
+        }
+    };
+    Some(JobChange {
+        to: JobState::Failed,
+        at: now,
+        reason,
+        place: None,
+        exit_code: None,
+    })
+}
+
+/// The engine refused the submission: the job FAILED with its words.
+pub fn refused(target: JobTarget, message: &str, now: DateTime<Utc>) -> JobChange {
+    JobChange {
+        to: JobState::Failed,
+        at: now,
+        reason: JobReason::TargetRefused {
+            target,
+            message: message.to_owned(),
+        },
+        place: None,
+        exit_code: None,
+    }
+}
+
+/// The halt signal was delivered by the engine: MUSTHALT → HALTING.
+pub fn halt_sent(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
+    (job.state() == JobState::MustHalt).then(|| JobChange {
+        to: JobState::Halting,
+        at: now,
+        reason: JobReason::HaltSignalSent,
+        place: None,
+        exit_code: None,
+    })
+}

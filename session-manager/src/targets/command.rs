@@ -1,0 +1,119 @@
+//! Running an engine's command: an argv (never a shell), optional standard input, extra
+//! environment, a timeout, and the output captured. Shared by the targets.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+/// How long an engine's command may take before it is killed and the engine counts as
+/// unavailable.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A command to run.
+#[derive(Debug, Clone, Default)]
+pub struct Invocation {
+    pub argv: Vec<String>,
+    pub stdin: Option<Vec<u8>>,
+    pub env: Vec<(String, String)>,
+}
+
+/// What a finished command printed.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// `None` when killed by a signal.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// The last non-empty line of stderr (else stdout), for messages.
+    pub fn last_words(&self) -> String {
+        let pick = |text: &str| {
+            text.lines()
+                .rev()
+                .map(str::trim)
+                .find(|line| !line.is_empty())
+                .map(str::to_owned)
+        };
+        pick(&self.stderr)
+            .or_else(|| pick(&self.stdout))
+            .unwrap_or_else(|| format!("exit code {:?}, no output", self.code))
+    }
+}
+
+/// Runs `invocation`; an error only when it could not be started or timed out (a non-zero
+/// exit is a [`Finished`] for the caller to judge).
+pub async fn run(invocation: &Invocation) -> Result<Finished, String> {
+    let (program, args) = invocation
+        .argv
+        .split_first()
+        .ok_or_else(|| "empty command".to_owned())?;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .envs(invocation.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(if invocation.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if let (Some(input), Some(mut stdin)) = (&invocation.stdin, child.stdin.take()) {
+        stdin
+            .write_all(input)
+            .await
+            .map_err(|e| format!("writing to {program}: {e}"))?;
+        drop(stdin);
+    }
+    let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| {
+            format!(
+                "{program} did not finish within {} seconds",
+                COMMAND_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| format!("waiting for {program}: {e}"))?;
+    Ok(Finished {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+/// At most `max` bytes of the file at `path` from `offset`, and its size; a missing file is
+/// empty (the job has not written yet).
+pub async fn read_output(
+    path: &std::path::Path,
+    offset: u64,
+    max: usize,
+) -> std::io::Result<(Vec<u8>, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = match tokio::fs::File::open(path).await {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let size = file.metadata().await?.len();
+    if offset >= size {
+        return Ok((Vec::new(), size));
+    }
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    let want = usize::try_from(size - offset)
+        .unwrap_or(usize::MAX)
+        .min(max);
+    let mut data = vec![0; want];
+    file.read_exact(&mut data).await?;
+    Ok((data, size))
+}

@@ -1,0 +1,376 @@
+//! The sbatch script of a job: `#SBATCH` options from the spec, then a bash body that runs
+//! `apptainer exec --nv <sif> <command>` in the background, forwards SIGUSR1 to it (Slurm
+//! sends the halt signal to the batch shell only: `--signal=B:USR1@<lead>` and `scancel
+//! --batch --signal=USR1`), and exits with the command's exit code (so 85 is Slurm's
+//! `RequeueExit` and 123 a clean halt).
+//!
+//! Every value that reaches the shell is single-quoted; nothing of the spec is ever evaluated.
+
+use std::fmt::Write as _;
+
+use ongrid_core::job::{ENV_JOB_ID, ENV_RESTART_COUNT, ENV_RESTART_INITIAL_JOB_ID};
+use ongrid_core::{ComputeCapability, GpuRequest, MemorySize};
+
+use super::super::{engine_job_name, SlurmConfig, TargetJob};
+
+/// A GPU type of the cluster as its `gres.conf` names it (`Type=a100`), with what it offers, so
+/// a request's minimum capability and memory become a typed `--gres`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuType {
+    pub name: String,
+    pub capability: ComputeCapability,
+    pub memory: MemorySize,
+    /// The node feature of the nodes with this type (`Features=` in slurm.conf), for a
+    /// `--constraint` when several types fit; `None`: the type's name.
+    pub feature: Option<String>,
+}
+
+/// Why a job cannot become a script.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ScriptError(pub String);
+
+/// Quotes `text` for bash: `'...'` with `'` written `'\''`.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// `--gres` (and a `--constraint` when several typed GPUs fit) for `request`.
+fn gres(request: &GpuRequest, types: &[GpuType]) -> Result<Vec<String>, ScriptError> {
+    let n = request.count;
+    let pinned = request.min_capability.is_some() || request.min_memory.is_some();
+    if !pinned || types.is_empty() {
+        return Ok(vec![format!("--gres=gpu:{n}")]);
+    }
+    let fits: Vec<&GpuType> = types
+        .iter()
+        .filter(|t| {
+            request.min_capability.is_none_or(|c| t.capability >= c)
+                && request.min_memory.is_none_or(|m| t.memory >= m)
+        })
+        .collect();
+    match fits.as_slice() {
+        [] => {
+            let offered: Vec<String> = types
+                .iter()
+                .map(|t| format!("{} ({}, {})", t.name, t.capability, t.memory))
+                .collect();
+            Err(ScriptError(format!(
+                "no GPU of the Slurm cluster meets {}: it has {}",
+                ongrid_core::job::describe_need(request),
+                offered.join(", ")
+            )))
+        }
+        [only] => Ok(vec![format!("--gres=gpu:{}:{n}", only.name)]),
+        several if several.len() == types.len() => Ok(vec![format!("--gres=gpu:{n}")]),
+        several => {
+            let features: Vec<&str> = several
+                .iter()
+                .map(|t| t.feature.as_deref().unwrap_or(&t.name))
+                .collect();
+            Ok(vec![
+                format!("--gres=gpu:{n}"),
+                format!("--constraint={}", features.join("|")),
+            ])
+        }
+    }
+}
+
+/// Slurm's `D-HH:MM:SS`, rounded up to whole minutes (Slurm's time limits are minutes).
+pub fn slurm_time(seconds: u64) -> String {
+    let minutes = seconds.div_ceil(60).max(1);
+    let (days, rest) = (minutes / (24 * 60), minutes % (24 * 60));
+    format!("{days}-{:02}:{:02}:00", rest / 60, rest % 60)
+}
+
+/// The `#SBATCH` options of `job`, in order.
+pub fn options(job: &TargetJob, config: &SlurmConfig) -> Result<Vec<String>, ScriptError> {
+    let spec = &job.spec;
+    let name = engine_job_name(job.id);
+    let mut options = vec![
+        format!("--job-name={name}"),
+        // What Slurm itself writes (a failure before the script runs); the job's own output
+        // goes to a file per run, see `body`.
+        format!("--output={}/slurm-%j.log", config.output_dir.display()),
+        format!("--chdir={}", config.output_dir.display()),
+        "--export=NONE".to_owned(),
+    ];
+    options.extend(gres(&spec.gpus, &config.gpu_types)?);
+    if let Some(max) = job.max_duration {
+        options.push(format!(
+            "--time={}",
+            slurm_time(max.as_duration().as_secs())
+        ));
+    }
+    if let Some(min) = spec.min_duration {
+        options.push(format!(
+            "--time-min={}",
+            slurm_time(min.as_duration().as_secs())
+        ));
+    }
+    options.push(format!(
+        "--signal=B:USR1@{}",
+        config.halt_lead.as_secs().clamp(1, 65_535)
+    ));
+    // A checkpoint exit (85) is re-queued by Slurm's RequeueExit whatever the job says; a
+    // restartable job is also re-queued when its node fails or it is preempted.
+    options.push(if spec.restartable {
+        "--requeue".to_owned()
+    } else {
+        "--no-requeue".to_owned()
+    });
+    if let Some(cpus) = spec.cpus {
+        options.push(format!("--cpus-per-task={}", cpus.millis().div_ceil(1000)));
+    }
+    if let Some(memory) = spec.memory {
+        options.push(format!("--mem={}M", memory.bytes().div_ceil(1024 * 1024)));
+    }
+    if let Some(partition) = &config.partition {
+        options.push(format!("--partition={partition}"));
+    }
+    if let Some(not_before) = spec.not_before {
+        options.push(format!(
+            "--begin={}",
+            not_before.format("%Y-%m-%dT%H:%M:%S")
+        ));
+    }
+    if let Some(not_after) = spec.not_after {
+        options.push(format!(
+            "--deadline={}",
+            not_after.format("%Y-%m-%dT%H:%M:%S")
+        ));
+    }
+    options.extend(config.extra_options.iter().cloned());
+    Ok(options)
+}
+
+/// The whole script of `job`.
+pub fn script(job: &TargetJob, config: &SlurmConfig) -> Result<String, ScriptError> {
+    let mut text = String::from("#!/bin/bash\n");
+    let _ = writeln!(
+        text,
+        "# ongrid job {} ({} of its chain), written by ongrid-manager.",
+        job.id, job.chain.restart_count
+    );
+    for option in options(job, config)? {
+        if option.contains('\n') {
+            return Err(ScriptError(format!("option {option:?} spans lines")));
+        }
+        let _ = writeln!(text, "#SBATCH {option}");
+    }
+    text.push_str(&body(job, config));
+    Ok(text)
+}
+
+fn body(job: &TargetJob, config: &SlurmConfig) -> String {
+    let mut text = String::new();
+    let output = format!(
+        "{}/slurm-${{SLURM_JOB_ID}}-${{SLURM_RESTART_COUNT:-0}}.out",
+        config.output_dir.display()
+    );
+    // The job's output, a file per run (Slurm re-runs a re-queued job under the same id).
+    let _ = writeln!(text, "exec >>\"{output}\" 2>&1");
+    let _ = writeln!(text, "export PATH={}", quote(&config.job_path));
+    for (name, value) in job.spec.env.iter() {
+        let _ = writeln!(text, "export {name}={}", quote(value));
+    }
+    let _ = writeln!(text, "export {ENV_JOB_ID}={}", quote(&job.id.to_string()));
+    let _ = writeln!(
+        text,
+        "export {ENV_RESTART_COUNT}=$(( {} + ${{SLURM_RESTART_COUNT:-0}} ))",
+        job.chain.restart_count
+    );
+    let _ = writeln!(
+        text,
+        "export {ENV_RESTART_INITIAL_JOB_ID}={}",
+        quote(&job.chain.initial_job.to_string())
+    );
+    let mut command = vec![
+        quote(&config.apptainer),
+        "exec".to_owned(),
+        "--nv".to_owned(),
+        quote(&job.sif.display().to_string()),
+    ];
+    command.extend(job.spec.command.argv().iter().map(|arg| quote(arg)));
+    let _ = writeln!(text, "{} &", command.join(" "));
+    text.push_str(
+        "child=$!\n\
+         # The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its\n\
+         # owner) reaches this shell only: pass it on once.\n\
+         trap 'kill -USR1 \"$child\" 2>/dev/null' USR1\n\
+         while :; do\n\
+         \x20 wait \"$child\"\n\
+         \x20 code=$?\n\
+         \x20 kill -0 \"$child\" 2>/dev/null || break\n\
+         done\n\
+         exit \"$code\"\n",
+    );
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use ongrid_core::job::{JobId, JobSpecFile, RestartChain};
+    use ongrid_core::HumanDuration;
+
+    use super::*;
+    use crate::domain::grid_jobs::LocalAccount;
+    use crate::targets::RunAs;
+
+    fn config() -> SlurmConfig {
+        SlurmConfig {
+            sbatch: "sbatch".into(),
+            squeue: "squeue".into(),
+            sacct: "sacct".into(),
+            scancel: "scancel".into(),
+            slurm_conf: None,
+            image_dir: "/images".into(),
+            output_dir: "/scratch/ongrid".into(),
+            partition: Some("gpu".into()),
+            apptainer: "apptainer".into(),
+            job_path: "/usr/bin:/bin".into(),
+            halt_lead: Duration::from_secs(120),
+            completion_log: true,
+            run_as: RunAs::default(),
+            extra_options: vec!["--qos=grid".into()],
+            gpu_types: vec![
+                GpuType {
+                    name: "a100".into(),
+                    capability: ComputeCapability::new(8, 0),
+                    memory: MemorySize::parse("40G").unwrap(),
+                    feature: None,
+                },
+                GpuType {
+                    name: "h100".into(),
+                    capability: ComputeCapability::new(9, 0),
+                    memory: MemorySize::parse("80G").unwrap(),
+                    feature: Some("hopper".into()),
+                },
+            ],
+        }
+    }
+
+    fn job(file: JobSpecFile) -> TargetJob {
+        let id = JobId(uuid::Uuid::from_u128(7));
+        let spec = JobSpecFile {
+            image: Some("model:v1".into()),
+            command: vec!["python".into(), "train.py".into(), "it's".into()],
+            ..file
+        }
+        .validate(chrono::Utc::now())
+        .unwrap();
+        TargetJob {
+            id,
+            max_duration: spec.max_duration,
+            spec,
+            sif: PathBuf::from("/images/sha256/abc.sif"),
+            account: LocalAccount::parse("alice").unwrap(),
+            chain: RestartChain::first(id),
+        }
+    }
+
+    #[test]
+    fn options_carry_gpus_durations_halt_lead_and_restartability() {
+        let job = job(JobSpecFile {
+            gpus: Some(2),
+            min_capability: Some("9.0".into()),
+            max_duration: Some("8h".into()),
+            min_duration: Some("90 minutes".into()),
+            restartable: true,
+            cpus: Some(ongrid_core::job::CpuNumber::Fraction(1.5)),
+            memory: Some("16GiB".into()),
+            ..JobSpecFile::default()
+        });
+        let options = options(&job, &config()).unwrap();
+        for expected in [
+            "--job-name=ongrid-00000000-0000-0000-0000-000000000007",
+            "--gres=gpu:h100:2",
+            "--time=0-08:00:00",
+            "--time-min=0-01:30:00",
+            "--signal=B:USR1@120",
+            "--requeue",
+            "--cpus-per-task=2",
+            "--mem=16384M",
+            "--partition=gpu",
+            "--qos=grid",
+        ] {
+            assert!(
+                options.iter().any(|o| o == expected),
+                "{expected} in {options:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn gres_is_typed_only_when_the_request_pins_a_class() {
+        let types = config().gpu_types;
+        let request = |cap: Option<&str>, mem: Option<&str>| GpuRequest {
+            count: 1,
+            min_capability: cap.map(|c| ComputeCapability::parse(c).unwrap()),
+            min_memory: mem.map(|m| MemorySize::parse(m).unwrap()),
+            ..GpuRequest::default()
+        };
+        assert_eq!(
+            gres(&request(None, None), &types).unwrap(),
+            ["--gres=gpu:1"]
+        );
+        assert_eq!(
+            gres(&request(Some("8.0"), None), &types).unwrap(),
+            ["--gres=gpu:1"]
+        );
+        assert_eq!(
+            gres(&request(None, Some("80G")), &types).unwrap(),
+            ["--gres=gpu:h100:1"]
+        );
+        let three = vec![
+            types[0].clone(),
+            types[1].clone(),
+            GpuType {
+                name: "v100".into(),
+                capability: ComputeCapability::new(7, 0),
+                memory: MemorySize::parse("32G").unwrap(),
+                feature: None,
+            },
+        ];
+        assert_eq!(
+            gres(&request(Some("8.0"), None), &three).unwrap(),
+            ["--gres=gpu:1", "--constraint=a100|hopper"]
+        );
+        let refused = gres(&request(Some("10.0"), None), &types).unwrap_err();
+        assert!(refused.0.contains("a100 (8.0, 40 GiB)") || refused.0.contains("a100 (8.0"));
+        assert_eq!(
+            gres(&request(Some("7.0"), None), &[]).unwrap(),
+            ["--gres=gpu:1"]
+        );
+    }
+
+    #[test]
+    fn the_body_runs_the_sif_with_apptainer_and_quotes_everything() {
+        let mut job = job(JobSpecFile {
+            env: [("GREETING".to_owned(), "it's $HOME".to_owned())].into(),
+            ..JobSpecFile::default()
+        });
+        job.max_duration = Some(HumanDuration::from_secs(61));
+        let text = script(&job, &config()).unwrap();
+        assert!(text.starts_with("#!/bin/bash\n"));
+        assert!(text.contains("#SBATCH --time=0-00:02:00\n"), "{text}");
+        assert!(text.contains("#SBATCH --no-requeue\n"));
+        assert!(text.contains(
+            "'apptainer' exec --nv '/images/sha256/abc.sif' 'python' 'train.py' 'it'\\''s' &\n"
+        ));
+        assert!(text.contains("export GREETING='it'\\''s $HOME'\n"));
+        assert!(text.contains("export ONGRID_RESTART_COUNT=$(( 0 + ${SLURM_RESTART_COUNT:-0} ))"));
+        assert!(text.contains("trap 'kill -USR1 \"$child\" 2>/dev/null' USR1"));
+        assert!(text.ends_with("exit \"$code\"\n"));
+    }
+
+    #[test]
+    fn slurm_time_rounds_up_to_minutes() {
+        assert_eq!(slurm_time(1), "0-00:01:00");
+        assert_eq!(slurm_time(3600), "0-01:00:00");
+        assert_eq!(slurm_time(2 * 86_400 + 61), "2-00:02:00");
+    }
+}
