@@ -1451,6 +1451,7 @@ async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) 
         spec,
         image,
         &JobLimits::default(),
+        None,
         t(1),
     )
     .unwrap();
