@@ -137,32 +137,57 @@ fn dashboard_link(site: &Site, user: &User) -> String {
 }
 
 /// Waits until `css` matches an element (the page's live updates bring it).
-async fn wait_for(client: &Client, css: &str, within: Duration) -> fantoccini::elements::Element {
+async fn wait_for(client: &Client, css: &str, within: Duration) {
     wait_or(client, css, within, String::new).await
 }
 
 /// [`wait_for`], with `diagnose` saying what else to show when it does not come.
-async fn wait_or(
-    client: &Client,
-    css: &str,
-    within: Duration,
-    diagnose: impl FnOnce() -> String,
-) -> fantoccini::elements::Element {
-    match client
-        .wait()
-        .at_most(within)
-        .every(Duration::from_millis(100))
-        .for_element(Locator::Css(css))
-        .await
-    {
-        Ok(element) => element,
-        Err(e) => {
+///
+/// Chromium drops what it has in flight when the host's network changes, and Docker changes it
+/// whenever a dev container starts (a bridge, a veth): the page is then Chromium's own error
+/// page (ERR_NETWORK_CHANGED). The page is opened again then, as a person would reload it.
+async fn wait_or(client: &Client, css: &str, within: Duration, diagnose: impl FnOnce() -> String) {
+    let deadline = Instant::now() + within;
+    loop {
+        let found = client.find_all(Locator::Css(css)).await.unwrap_or_default();
+        if !found.is_empty() {
+            return;
+        }
+        reload_if_network_changed(client).await;
+        if Instant::now() > deadline {
             let page = client.source().await.unwrap_or_default();
             panic!(
-                "{css} did not appear within {within:?} ({e}); the page:\n{page}\n{}",
+                "{css} did not appear within {within:?}; the page:\n{page}\n{}",
                 diagnose()
             );
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Opens the page again when Chromium shows its own error page instead (see [`wait_or`]).
+async fn reload_if_network_changed(client: &Client) {
+    let error_page = client
+        .execute(
+            "return !!(document.body && document.body.classList.contains('neterror'));",
+            Vec::new(),
+        )
+        .await
+        .ok()
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    if error_page {
+        let url = client.current_url().await.expect("the page's URL");
+        let home = if url.path().starts_with("/dashboard/admin") {
+            "/dashboard/admin"
+        } else {
+            "/dashboard/"
+        };
+        let again = url.join(home).expect("a dashboard URL");
+        client
+            .goto(again.as_str())
+            .await
+            .expect("open the page again");
     }
 }
 
@@ -301,9 +326,27 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         assert_eq!(session_state(&site, &alice, "train1"), "WAITING");
 
         // Freeze it: the images table shows the freeze's progress, then the image.
-        fill(&browser, "#freeze-session", "train1").await;
-        fill(&browser, "#freeze-tag", "mymodel:v1").await;
-        click(&browser, "#freeze-session-button").await;
+        // A form sent while Chromium sees the network change (see `wait_or`) may never reach
+        // the manager: as a person would, send it again when no freeze was recorded.
+        for attempt in 1..=3 {
+            reload_if_network_changed(&browser).await;
+            wait_for(&browser, "#freeze-session-button", Duration::from_secs(10)).await;
+            fill(&browser, "#freeze-session", "train1").await;
+            fill(&browser, "#freeze-tag", "mymodel:v1").await;
+            click(&browser, "#freeze-session-button").await;
+            let recorded = Instant::now();
+            let mut images = Vec::new();
+            while images.is_empty() && recorded.elapsed() < Duration::from_secs(5) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                images = site
+                    .devctl_json::<Vec<Value>>(&alice, &["image", "ls"])
+                    .expect("image ls");
+            }
+            if !images.is_empty() {
+                break;
+            }
+            assert!(attempt < 3, "the freeze form never reached the manager");
+        }
         let started = Instant::now();
         let mut progress_seen = Vec::new();
         let mut shot_taken = false;
@@ -346,6 +389,7 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
                 "the freeze did not finish within 5 minutes\n{}",
                 site.logs()
             );
+            reload_if_network_changed(&browser).await;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(
