@@ -41,7 +41,7 @@ pub struct RawTargets {
     #[serde(default)]
     pub accounts: Vec<RawAccount>,
     pub slurm: Option<RawSlurm>,
-    /// Read by the HTCondor target (`htcondor.rs`); its keys are checked there.
+    /// Read by the HTCondor target (`targets/htcondor/config.rs`); its keys are checked there.
     pub htcondor: Option<toml::Table>,
 }
 
@@ -138,6 +138,11 @@ pub fn targets(raw: &RawTargets, contact: Option<&str>) -> Result<TargetsConfig,
         None => DEFAULT_POLL_INTERVAL,
     };
     let slurm = raw.slurm.as_ref().map(slurm).transpose()?;
+    let htcondor = raw
+        .htcondor
+        .as_ref()
+        .map(crate::targets::htcondor::config::validate)
+        .transpose()?;
     let config = TargetsConfig {
         default: match &raw.default {
             Some(text) => text
@@ -152,13 +157,12 @@ pub fn targets(raw: &RawTargets, contact: Option<&str>) -> Result<TargetsConfig,
             contact: contact.map(str::to_owned),
         },
         slurm,
-        htcondor: None,
+        htcondor,
     };
     let offered = match config.default {
         JobTarget::Local => config.local,
         JobTarget::Slurm => config.slurm.is_some(),
-        // The HTCondor target checks its own section.
-        JobTarget::Htcondor => raw.htcondor.is_some(),
+        JobTarget::Htcondor => config.htcondor.is_some(),
     };
     if !offered {
         return Err(invalid(
@@ -306,6 +310,21 @@ mod tests {
         assert!(slurm.completion_log);
         assert_eq!(slurm.run_as, RunAs(vec![]));
         assert_eq!(slurm.gpu_types[0].name, "a100");
+    }
+
+    #[test]
+    fn an_htcondor_section() {
+        let config = parse(
+            "default = \"htcondor\"\n[htcondor]\nimage_dir = \"/images\"\n\
+             output_dir = \"/srv/ongrid/htcondor\"\nrun_as = []",
+        )
+        .unwrap();
+        assert_eq!(config.default, JobTarget::Htcondor);
+        let htcondor = config.htcondor.unwrap();
+        assert_eq!(htcondor.condor_submit, PathBuf::from("condor_submit"));
+        assert_eq!(htcondor.run_as, RunAs(vec![]));
+        let (key, _) = parse("[htcondor]\nimage_dir = \"/i\"\noutput_dir = \"o\"").unwrap_err();
+        assert_eq!(key, "targets.htcondor.output_dir");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! parses what they print.
 
 pub mod command;
+pub mod htcondor;
 pub mod slurm;
 
 use std::path::{Path, PathBuf};
@@ -82,7 +83,7 @@ pub struct Output {
     pub size: u64,
 }
 
-/// One batch engine. Implementations (`slurm.rs`, `htcondor.rs`) must:
+/// One batch engine. Implementations (`slurm.rs`, `htcondor/`) must:
 ///
 /// - **submit**: turn the job into the engine's own description (an sbatch script, a submit
 ///   description) that runs `apptainer exec --nv <sif> <command>` under `job.account` with the
@@ -203,7 +204,7 @@ pub struct SlurmConfig {
     pub gpu_types: Vec<slurm::script::GpuType>,
 }
 
-/// `[targets.htcondor]`, validated. Read by `htcondor.rs`.
+/// `[targets.htcondor]`, validated by `htcondor/config.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HtcondorConfig {
     pub condor_submit: PathBuf,
@@ -215,6 +216,8 @@ pub struct HtcondorConfig {
     pub image_dir: PathBuf,
     /// Where job output and submit files go, seen by the manager (and the schedd).
     pub output_dir: PathBuf,
+    /// `request_disk` of every job: the scratch space it asks for.
+    pub request_disk: ongrid_core::MemorySize,
     pub run_as: RunAs,
     /// Extra submit-description lines the site wants (`+AccountingGroup = "grid"`, ...).
     pub extra_lines: Vec<String>,
@@ -271,6 +274,9 @@ impl Targets {
         let mut engines: Vec<Arc<dyn Target>> = Vec::new();
         if let Some(slurm) = &config.slurm {
             engines.push(Arc::new(slurm::Slurm::new(slurm.clone())));
+        }
+        if let Some(htcondor) = &config.htcondor {
+            engines.push(Arc::new(htcondor::Htcondor::new(htcondor.clone())));
         }
         Self {
             config: config.clone(),

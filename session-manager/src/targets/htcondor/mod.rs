@@ -1,6 +1,7 @@
 //! The HTCondor target: jobs handed to an HTCondor pool through its command-line tools, at the
 //! paths of `[targets.htcondor]`.
 //!
+//! - [`config`]: `[targets.htcondor]`, validated into [`HtcondorConfig`].
 //! - [`submit`]: the submit description of a job (container universe on the frozen image's
 //!   SIF, GPUs, checkpoint exit 85, halt signal, max duration), a pure function.
 //! - [`status`]: `condor_q -json` / `condor_history -json` output, parsed and mapped to
@@ -17,6 +18,7 @@
 //! lost (a manager stopped half-way) is found again; its output is `job.out` in its directory
 //! `<output_dir>/ongrid-<id>/`, written by HTCondor when the job ends.
 
+pub mod config;
 pub mod status;
 pub mod submit;
 

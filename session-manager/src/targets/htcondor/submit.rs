@@ -311,7 +311,7 @@ mod tests {
             .to_vec();
         assert_eq!(
             arguments(&args).unwrap(),
-            r#""plain 'two words' 'it''s' say ""hi"" '' 'tab	here'""#
+            r#""plain 'two words' 'it''s' 'say ""hi""' '' 'tab	here'""#
         );
     }
 
