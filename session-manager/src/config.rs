@@ -245,6 +245,8 @@ pub struct Config {
     pub fair_share: Option<crate::domain::policy::fairshare::FairShareConfig>,
     /// `[limits]`; `None`: none.
     pub limits: Option<crate::domain::policy::limits::LimitsConfig>,
+    /// `[policy] sessions_on_owned_gpus`: others' sessions may take owned GPUs.
+    pub sessions_on_owned_gpus: bool,
     /// The metrics and health listener; `None`: none.
     pub metrics: Option<MetricsConfig>,
     /// `[targets]`: where batch jobs may run.
@@ -535,6 +537,10 @@ impl Validator<'_> {
             fair_share,
             limits,
             targets,
+            sessions_on_owned_gpus: raw
+                .policy
+                .as_ref()
+                .is_some_and(|policy| policy.sessions_on_owned_gpus),
         })
     }
 }

@@ -25,6 +25,7 @@ pub mod dashboard;
 pub mod domain;
 pub mod fair_share;
 pub mod freeze_watch;
+pub mod gpu_policy;
 pub mod grid_identity;
 pub mod grid_mirror;
 pub mod hold_timer;
@@ -230,7 +231,11 @@ impl Manager {
             .with_job_limits(config.job_limits)
             .with_auto_undrain(config.auto_undrain)
             .with_fair_share(config.fair_share.clone())
-            .with_limits(config.limits.clone()),
+            .with_limits(config.limits.clone())
+            .with_gpu_policy(gpu_policy::PolicySettings {
+                sessions_on_owned_gpus: config.sessions_on_owned_gpus,
+                lifecycle: config.lifecycle,
+            }),
         );
         tracker.spawn(
             scheduler

@@ -87,6 +87,9 @@ pub struct Scheduler {
     limits: Option<crate::domain::policy::limits::LimitsConfig>,
     /// What each request held back by a limit was last told (logged when it changes).
     limit_waits: std::sync::Mutex<HashMap<crate::limit_check::Waiting, String>>,
+    /// Owned GPUs and reservations: the site's settings for them (`None`: sessions' lifetimes
+    /// unknown, planned as the default `[lifecycle]`'s).
+    gpu_policy: Option<crate::gpu_policy::PolicySettings>,
 }
 
 impl Scheduler {
@@ -110,7 +113,15 @@ impl Scheduler {
             fair_share: None,
             limits: None,
             limit_waits: std::sync::Mutex::new(HashMap::new()),
+            gpu_policy: None,
         }
+    }
+
+    /// The site's settings for owned GPUs and reservations (`[policy] sessions_on_owned_gpus`,
+    /// sessions' lifetimes).
+    pub fn with_gpu_policy(mut self, settings: crate::gpu_policy::PolicySettings) -> Self {
+        self.gpu_policy = Some(settings);
+        self
     }
 
     /// Holds back requests over `[limits]`; `None`: no limits.
@@ -320,6 +331,20 @@ impl Scheduler {
                 }
                 *waits = now_waiting;
             }
+        }
+        let gpu_policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
+        if !gpu_policy.is_idle(now) {
+            let settings = self.gpu_policy.unwrap_or(crate::gpu_policy::PolicySettings {
+                sessions_on_owned_gpus: false,
+                lifecycle: Default::default(),
+            });
+            let accounts = self.store.usage_accounts().await?;
+            let facts = self
+                .store
+                .lifecycle_facts(crate::store::FactsScope::States(vec![SessionState::Pending]))
+                .await?;
+            state.policy =
+                gpu_policy.scheduler_policy(&site, &accounts, &pending, &facts, &settings, now);
         }
         let planning = std::time::Instant::now();
         let actions = ongrid_scheduler::plan(&state, now);

@@ -61,6 +61,9 @@ mod users;
 // Site policy: who may use the site, accounting groups.
 #[path = "api/policy.rs"]
 mod policy;
+// Site policy: owned GPUs and reservations.
+#[path = "api/reservations.rs"]
+mod reservations;
 // The web dashboard: login links, cookies, CSRF, what each viewer sees, live updates.
 #[path = "api/dashboard.rs"]
 mod dashboard;

@@ -38,6 +38,7 @@ pub const LOG_READ_MAX: usize = 1024 * 1024;
 pub async fn submit_job(
     State(state): State<AppState>,
     caller: CurrentUser,
+    ApiQuery(query): ApiQuery<super::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     if let Some(limits) = &state.config.limits {
@@ -91,6 +92,21 @@ pub async fn submit_job(
         grid,
         now,
     )?;
+    let reservation = super::lookup::reservation_to_use(&state, &caller, query).await?;
+    if let Some(reservation) = &reservation {
+        if new.grid.is_some() {
+            return Err(ApiError::bad_request(format!(
+                "reservation {reservation} holds GPUs of this site: a job for a grid target \
+                 cannot use it; leave out --reservation or submit with --target local"
+            )));
+        }
+        if let Some(store) = state.store.gpu_policy() {
+            // Before the job exists, for its whole chain (restarts keep it).
+            store
+                .set_chain_reservation(new.chain.initial_job, reservation)
+                .await?;
+        }
+    }
     let job = state.store.create_job(new).await?;
     tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, "Job submitted.");
     let job = if job.grid.is_some() {
@@ -340,7 +356,24 @@ fn changed_meanwhile(error: StoreError) -> ApiError {
 /// The QUEUED jobs in queue order.
 async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
     let active = state.store.jobs(JobFilter::Active).await?;
-    Ok(job_view(job, &active, state.clock.now()))
+    let note = if job.state() == JobState::Queued && job.grid.is_none() {
+        let asker = super::views::PolicyAsker {
+            owner: &job.owner,
+            session: None,
+            job: Some(&job),
+            max_duration: job.max_duration.map(|d| d.as_duration()),
+        };
+        let site = state.site().await?;
+        super::views::gpu_policy_note(state, &site, &job.spec.gpus, &asker).await?
+    } else {
+        None
+    };
+    let mut view = job_view(job, &active, state.clock.now());
+    if let (Some(note), Some(waiting)) = (note, view.waiting.as_mut()) {
+        // Owned GPUs and reservations that keep it off GPUs that would fit it.
+        *waiting = format!("{waiting}; {note}");
+    }
+    Ok(view)
 }
 
 /// A job as the API shows it, with its place among the site's QUEUED jobs and why it waits

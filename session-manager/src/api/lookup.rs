@@ -1,6 +1,7 @@
 //! Finding the session a user route names: `{name}[?owner=DN]`, with the same 404 whether the
 //! session does not exist or belongs to someone the caller may not see, so names do not leak;
-//! and the frozen images a session's or job's image name may mean ([`frozen_image_candidates`]).
+//! and the frozen images a session's or job's image name may mean ([`frozen_image_candidates`]);
+//! and the reservation a new session or job names ([`reservation_to_use`]).
 
 use ongrid_core::{Dn, SessionName, SessionState};
 use serde::Deserialize;
@@ -85,4 +86,34 @@ pub async fn frozen_image_candidates(
         },
     };
     Ok(state.store.images(filter).await?)
+}
+
+/// `?reservation=NAME` on `POST /v1/sessions` and `POST /v1/jobs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationQuery {
+    pub reservation: Option<String>,
+}
+
+/// The reservation a new session or job names, once the caller may use it now
+/// ([`crate::domain::policy::reservations::may_use`]: their group's, in its window).
+pub async fn reservation_to_use(
+    state: &AppState,
+    caller: &CurrentUser,
+    query: ReservationQuery,
+) -> Result<Option<crate::domain::policy::reservations::ReservationName>, ApiError> {
+    use crate::domain::policy::reservations::{may_use, ReservationName};
+    let Some(name) = query.reservation else {
+        return Ok(None);
+    };
+    let name = ReservationName::parse(name.trim()).map_err(ApiError::bad_request)?;
+    let policy = crate::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    let found = policy.reservations.iter().find(|r| r.name == name);
+    let reservation = may_use(
+        found,
+        name.as_str(),
+        &caller.admitted.group,
+        state.clock.now(),
+    )?;
+    Ok(Some(reservation.name.clone()))
 }

@@ -11,6 +11,7 @@
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
 //! - [`users`]: removing users and restoring them, the list of users (admins only).
 //! - [`share`]: the site's fair share (`devctl share`).
+//! - [`reservations`]: owned GPUs and reservations (admins change them, everyone reads them).
 //! - [`agent`]: node agents (bearer token): registration, sync and the desired state.
 //! - [`gateway`]: the SSH gateway (bearer token): allowlist, keys, routes, connection events.
 //!
@@ -29,6 +30,7 @@ pub mod jobs;
 pub mod keys;
 pub mod lookup;
 pub mod nodes;
+pub mod reservations;
 pub mod sessions;
 pub mod share;
 pub mod users;
@@ -120,6 +122,23 @@ pub fn router(state: AppState) -> Router {
             post(nodes::drain_node).delete(nodes::undrain_node),
         )
         .route("/v1/gpus/{uuid}/mode", put(nodes::set_gpu_mode))
+        .route(
+            "/v1/gpus/{uuid}/owner",
+            put(reservations::set_gpu_owner).delete(reservations::clear_gpu_owner),
+        )
+        .route(
+            "/v1/nodes/{name}/owner",
+            put(reservations::set_node_owner).delete(reservations::clear_node_owner),
+        )
+        .route("/v1/owners", get(reservations::list_owners))
+        .route(
+            "/v1/reservations",
+            get(reservations::list_reservations).post(reservations::add_reservation),
+        )
+        .route(
+            "/v1/reservations/{name}",
+            get(reservations::show_reservation).delete(reservations::remove_reservation),
+        )
         .route(
             "/v1/gpus/{uuid}/drain",
             post(nodes::drain_gpu).delete(nodes::undrain_gpu),

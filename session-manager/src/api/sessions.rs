@@ -28,6 +28,7 @@ use crate::store::{FactsScope, NewSession, SessionFilter, StoreError};
 pub async fn create_session(
     State(state): State<AppState>,
     caller: CurrentUser,
+    ApiQuery(query): ApiQuery<super::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
     body.gpus
@@ -67,8 +68,14 @@ pub async fn create_session(
             |unsatisfiable| ApiError::unsatisfiable(format!("{unsatisfiable}; see `devctl gpus`")),
         )?;
     }
+    let reservation = super::lookup::reservation_to_use(&state, &caller, query).await?;
+    let id = SessionId::new_random();
+    if let (Some(reservation), Some(store)) = (&reservation, state.store.gpu_policy()) {
+        // Before the session exists, so no scheduling round sees it without its reservation.
+        store.set_session_reservation(id, reservation).await?;
+    }
     let new = NewSession {
-        id: SessionId::new_random(),
+        id,
         name: body.name,
         owner: caller.user.dn.clone(),
         request: body.gpus,

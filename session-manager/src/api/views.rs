@@ -53,17 +53,78 @@ pub async fn full_session_view(
                 .limit_wait(crate::limit_check::Waiting::Session(session.id))
         })
         .flatten();
+    let (id, owner) = (session.id, session.owner.clone());
     let mut view = session_view(session, position, transitions);
     view.lifecycle = lifecycle;
     if let Some(limit) = held_back {
         // A PENDING session over a `[limits]` maximum says which one holds it.
         view.reason = format!("waits for a limit: {limit}");
     } else if view.state == SessionState::Pending {
-        if let Some(why) = out_of_service(&state.site().await?, &view.request) {
+        let site = state.site().await?;
+        if let Some(why) = out_of_service(&site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
+        }
+        let max_duration = state
+            .store
+            .lifecycle_facts(FactsScope::Session(id))
+            .await?
+            .first()
+            .and_then(|f| f.max_duration(&state.config.lifecycle).to_std().ok())
+            .unwrap_or(state.config.lifecycle.max_duration);
+        let asker = PolicyAsker {
+            owner: &owner,
+            session: Some(id),
+            job: None,
+            max_duration: Some(max_duration),
+        };
+        if let Some(note) = gpu_policy_note(state, &site, &view.request, &asker).await? {
+            view.reason = format!("{}; {note}", view.reason);
         }
     }
     Ok(view)
+}
+
+/// Whose waiting request [`gpu_policy_note`] words.
+pub struct PolicyAsker<'a> {
+    pub owner: &'a ongrid_core::Dn,
+    pub session: Option<ongrid_core::SessionId>,
+    pub job: Option<&'a crate::domain::jobs::JobRecord>,
+    pub max_duration: Option<std::time::Duration>,
+}
+
+/// For a waiting session or job: why GPUs that would fit it are owned or reserved for others,
+/// or which reservation it waits for; `None` when nothing of that holds it.
+pub async fn gpu_policy_note(
+    state: &AppState,
+    site: &crate::site::SiteSnapshot,
+    request: &ongrid_core::GpuRequest,
+    asker: &PolicyAsker<'_>,
+) -> Result<Option<String>, ApiError> {
+    let now = state.clock.now();
+    let policy = crate::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    if policy.is_idle(now) {
+        return Ok(None);
+    }
+    let accounts = state.store.usage_accounts().await?;
+    let group = crate::gpu_policy::group_of(&accounts, asker.owner);
+    let reservation = match (asker.session, asker.job) {
+        (Some(id), _) => policy.session_reservation(id, now),
+        (None, Some(job)) => policy.job_reservation(job, now),
+        (None, None) => None,
+    };
+    let waiter = crate::domain::policy::reservations::Waiter {
+        group: &group,
+        session: asker.session.is_some(),
+        reservation,
+        max_duration: asker.max_duration,
+    };
+    Ok(policy.note(
+        site,
+        request,
+        &waiter,
+        state.config.sessions_on_owned_gpus,
+        now,
+    ))
 }
 
 /// For a PENDING session: the GPUs that would fit `request` but are out of service (drained,

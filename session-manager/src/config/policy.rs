@@ -3,6 +3,7 @@
 //! ```toml
 //! [policy]
 //! contact = "gpu-support@example.org"
+//! sessions_on_owned_gpus = false
 //! admit = [
 //!   { dn = "/DC=org/DC=example/CN=Carol Staff", group = "staff" },
 //!   { fqan = "/cms/Role=gpu", group = "cms-gpu" },
@@ -156,8 +157,13 @@ pub struct RawPolicy {
     #[serde(default)]
     pub contact: Option<String>,
     /// Who may create sessions and jobs; the first matching entry gives the accounting group.
+    /// Absent: every user of the site's CAs, in group `default`.
     #[serde(default)]
-    pub admit: Vec<RawAdmitRule>,
+    pub admit: Option<Vec<RawAdmitRule>>,
+    /// Whether other groups' sessions may be placed on GPUs an owner group owns (`devctl admin
+    /// gpu owner`); default false: only their batch jobs, as backfill halted for owner work.
+    #[serde(default)]
+    pub sessions_on_owned_gpus: bool,
 }
 
 /// One entry of `admit`: exactly one of `vo`, `fqan`, `dn`, and the group (default: the VO's
@@ -178,10 +184,10 @@ pub struct RawAdmitRule {
 /// Validates `[policy]`: `Err((key, message))`; `None` (no section) admits every user of the
 /// site's CAs.
 pub fn admission(raw: Option<&RawPolicy>) -> Result<Admission, (String, String)> {
-    let Some(raw) = raw else {
+    let Some((raw, admit)) = raw.and_then(|raw| Some((raw, raw.admit.as_ref()?))) else {
         return Ok(Admission::open());
     };
-    if raw.admit.is_empty() {
+    if admit.is_empty() {
         return Err((
             "policy.admit".to_owned(),
             "is empty, so nobody could use the site: list VOs, FQANs or DNs like \
@@ -198,8 +204,8 @@ pub fn admission(raw: Option<&RawPolicy>) -> Result<Admission, (String, String)>
         }
         other => other.map(str::to_owned),
     };
-    let mut rules = Vec::with_capacity(raw.admit.len());
-    for (index, entry) in raw.admit.iter().enumerate() {
+    let mut rules = Vec::with_capacity(admit.len());
+    for (index, entry) in admit.iter().enumerate() {
         let key = format!("policy.admit[{index}]");
         let invalid = |message: String| (key.clone(), message);
         let (principal, default_group) = match (&entry.vo, &entry.fqan, &entry.dn) {

@@ -20,6 +20,7 @@
 
 pub mod dashboard;
 pub mod database;
+pub mod gpu_policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sqlite;
@@ -255,6 +256,12 @@ pub trait Store: Send + Sync {
     /// The web dashboard's login links and browser logins (migration 0016); `None` for a store
     /// without them yet, whose dashboard takes certificates only.
     fn dashboard(&self) -> Option<&dyn DashboardStore> {
+        None
+    }
+
+    /// Owned GPUs and reservations (migration 0018); `None` for a store without them yet, where
+    /// nobody owns a GPU and nothing is reserved.
+    fn gpu_policy(&self) -> Option<&dyn gpu_policy::GpuPolicyStore> {
         None
     }
 

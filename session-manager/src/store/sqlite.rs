@@ -365,6 +365,10 @@ impl Store for SqliteStore {
         Some(self)
     }
 
+    fn gpu_policy(&self) -> Option<&dyn super::gpu_policy::GpuPolicyStore> {
+        Some(self)
+    }
+
     fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>> {
         Box::pin(self.user_impl(dn, first_uid))
     }
@@ -1061,6 +1065,7 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 mod activity;
 mod dashboard;
 mod gateway;
+mod gpu_policy;
 mod grid_jobs;
 mod images;
 mod jobs;

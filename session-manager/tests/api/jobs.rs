@@ -9,7 +9,7 @@ use ongrid_core::job::{
 
 use super::*;
 
-fn submit(image: &str, restartable: bool) -> SubmitJob {
+pub(super) fn submit(image: &str, restartable: bool) -> SubmitJob {
     let spec = JobSpecFile {
         image: Some(image.to_owned()),
         command: vec!["python".into(), "train.py".into()],
@@ -22,7 +22,7 @@ fn submit(image: &str, restartable: bool) -> SubmitJob {
     SubmitJob { spec }
 }
 
-async fn report(
+pub(super) async fn report(
     m: &Running,
     gpus: &[GpuInfo],
     freezes: Vec<FreezeProgress>,
@@ -42,13 +42,13 @@ async fn report(
 }
 
 impl Api {
-    async fn job(&self, id: &str) -> JobView {
+    pub(super) async fn job(&self, id: &str) -> JobView {
         self.ok(StatusCode::OK, self.get(&format!("/v1/jobs/{id}")))
             .await
     }
 
     /// Waits until the job reaches `state` (the scheduler runs in its own task).
-    async fn wait_for_job(&self, id: &str, state: JobState) -> JobView {
+    pub(super) async fn wait_for_job(&self, id: &str, state: JobState) -> JobView {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             let view = self.job(id).await;
@@ -67,7 +67,7 @@ impl Api {
 }
 
 /// Alice's READY image `mymodel:v1`, frozen from a session that is then removed. Its digest.
-async fn frozen_image(m: &Running, gpus: &[GpuInfo]) -> String {
+pub(super) async fn frozen_image(m: &Running, gpus: &[GpuInfo]) -> String {
     let session = m.alice.create(Some("train1"), one_gpu()).await;
     m.alice.wait_for("train1", SessionState::Starting).await;
     let running = vec![container(&session, ContainerState::Running, None)];
@@ -99,7 +99,7 @@ async fn frozen_image(m: &Running, gpus: &[GpuInfo]) -> String {
     digest
 }
 
-fn exited(code: i32, killed: bool) -> ObservedJobStatus {
+pub(super) fn exited(code: i32, killed: bool) -> ObservedJobStatus {
     ObservedJobStatus::Exited {
         started_at: Utc::now(),
         finished_at: Utc::now(),

@@ -1,0 +1,428 @@
+//! Owned GPUs and reservations (site policy): which reservations an admin may add, who may use
+//! one and when, and why a waiting request is kept off owned or reserved GPUs.
+//!
+//! An admin gives a GPU or a whole node an owner group (`devctl admin gpu owner`, `admin node
+//! owner`; a GPU's own owner wins over its node's), and reserves GPUs or a node for a group
+//! from one time to another (`devctl admin reservation add`). What the scheduler then does
+//! with them is `ongrid_scheduler`'s `policy.rs`: owners' work first on owned GPUs, others'
+//! jobs only as backfill halted for owner work, others' sessions not at all unless
+//! `[policy] sessions_on_owned_gpus`; reserved GPUs only for the group's work in the window,
+//! others' jobs halted when it opens and not started when their max duration would reach it.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::reservation::{ReservationStatus, ReservationView};
+use ongrid_core::{GpuUuid, NodeName, UserName};
+
+use super::GroupName;
+use crate::domain::{utc, Refusal};
+
+/// A reservation's name: lower-case letters, digits, `-`, `_` and `.`, 1 to 64 characters,
+/// starting with a letter or digit.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReservationName(String);
+
+impl ReservationName {
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let ok = !value.is_empty()
+            && value.len() <= 64
+            && value
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && value.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+            });
+        if ok {
+            Ok(Self(value.to_owned()))
+        } else {
+            Err(format!(
+                "reservation name {value:?} must be 1 to 64 lower-case letters, digits, '-', '_' \
+                 or '.', starting with a letter or digit, like cms-school"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ReservationName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stored reservation. `gpus` are the GPUs named at creation; a reservation of a whole node
+/// has `node` and no GPUs of its own (it holds whatever GPUs the node has).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationRecord {
+    pub name: ReservationName,
+    pub group: GroupName,
+    pub node: Option<NodeName>,
+    pub gpus: Vec<GpuUuid>,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub created_by: UserName,
+    pub created_at: DateTime<Utc>,
+}
+
+impl ReservationRecord {
+    pub fn status(&self, now: DateTime<Utc>) -> ReservationStatus {
+        if now < self.from {
+            ReservationStatus::Upcoming
+        } else if now < self.to {
+            ReservationStatus::Active
+        } else {
+            ReservationStatus::Ended
+        }
+    }
+
+    /// The API's view, with the GPUs it holds now (`gpus`: a node's GPUs as registered).
+    pub fn view(&self, gpus: Vec<GpuUuid>, now: DateTime<Utc>) -> ReservationView {
+        ReservationView {
+            name: self.name.to_string(),
+            group: self.group.to_string(),
+            node: self.node.clone(),
+            gpus,
+            from: self.from,
+            to: self.to,
+            status: self.status(now),
+            created_by: self.created_by.to_string(),
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// Whether an admin may add `new` (its GPUs as `new_gpus`) next to the `existing`
+/// reservations (each with the GPUs it holds now): a window that ends after it starts and has
+/// not ended, a free name, and no GPU reserved twice at the same time.
+pub fn check_new(
+    new: &ReservationRecord,
+    new_gpus: &[GpuUuid],
+    existing: &[(ReservationRecord, Vec<GpuUuid>)],
+    now: DateTime<Utc>,
+) -> Result<(), Refusal> {
+    if new.to <= new.from {
+        return Err(Refusal::Invalid(format!(
+            "--to {} must be after --from {}",
+            utc(new.to),
+            utc(new.from)
+        )));
+    }
+    if new.to <= now {
+        return Err(Refusal::Invalid(format!(
+            "the window ends at {}, which has passed: give a --to in the future",
+            utc(new.to)
+        )));
+    }
+    if new_gpus.is_empty() {
+        return Err(Refusal::Invalid(
+            "the reservation would hold no GPU: name GPUs with --gpus or a node that has GPUs \
+             with --node"
+                .to_owned(),
+        ));
+    }
+    for (other, gpus) in existing {
+        if other.name == new.name {
+            return Err(Refusal::Conflict(format!(
+                "reservation {} already exists (group {}, {} to {}): pick another name or \
+                 `devctl admin reservation rm {}` first",
+                other.name,
+                other.group,
+                utc(other.from),
+                utc(other.to),
+                other.name
+            )));
+        }
+        let overlaps = other.from < new.to && new.from < other.to;
+        if let Some(gpu) = new_gpus.iter().find(|g| gpus.contains(g)).filter(|_| overlaps) {
+            return Err(Refusal::Conflict(format!(
+                "{gpu} is already reserved by {} for group {} from {} to {}: choose other GPUs or \
+                 times, or remove that reservation first",
+                other.name,
+                other.group,
+                utc(other.from),
+                utc(other.to)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a user of `group` may use the reservation `name` (found as `reservation`) at
+/// `now`, for a session or job.
+pub fn may_use<'a>(
+    reservation: Option<&'a ReservationRecord>,
+    name: &str,
+    group: &GroupName,
+    now: DateTime<Utc>,
+) -> Result<&'a ReservationRecord, Refusal> {
+    let Some(reservation) = reservation else {
+        return Err(Refusal::Invalid(format!(
+            "there is no reservation {name}: `devctl admin reservation ls` lists them"
+        )));
+    };
+    if reservation.group != *group {
+        return Err(Refusal::Forbidden(format!(
+            "reservation {} is for group {}, and you use the site in group {group}: ask the \
+             site's admins to add you to {} or leave out --reservation",
+            reservation.name, reservation.group, reservation.group
+        )));
+    }
+    match reservation.status(now) {
+        ReservationStatus::Active => Ok(reservation),
+        ReservationStatus::Upcoming => Err(Refusal::Conflict(format!(
+            "reservation {} starts at {} (until {}): ask again then, or leave out --reservation",
+            reservation.name,
+            utc(reservation.from),
+            utc(reservation.to)
+        ))),
+        ReservationStatus::Ended => Err(Refusal::Conflict(format!(
+            "reservation {} ended at {}: leave out --reservation",
+            reservation.name,
+            utc(reservation.to)
+        ))),
+    }
+}
+
+/// A GPU that meets a waiting request's requirements, with what binds it.
+#[derive(Debug, Clone, Copy)]
+pub struct FittingGpu<'a> {
+    pub uuid: &'a GpuUuid,
+    pub owner: Option<&'a GroupName>,
+}
+
+/// Who waits, as the waiting note needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Waiter<'a> {
+    pub group: &'a GroupName,
+    pub session: bool,
+    pub reservation: Option<&'a ReservationRecord>,
+    /// How long its work may run once started (sessions: their maximum lifetime).
+    pub max_duration: Option<std::time::Duration>,
+}
+
+/// Why a waiting request is kept off some of the GPUs that would fit it, naming the owner
+/// group or the reservation; `None` when nothing binds them.
+pub fn waiting_note(
+    waiter: &Waiter<'_>,
+    fitting: &[FittingGpu<'_>],
+    reservations: &[(ReservationRecord, Vec<GpuUuid>)],
+    sessions_on_owned_gpus: bool,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    if let Some(reservation) = waiter.reservation {
+        return Some(format!(
+            "waits for a GPU of reservation {} (group {}, until {})",
+            reservation.name,
+            reservation.group,
+            utc(reservation.to)
+        ));
+    }
+    let mut notes = Vec::new();
+    let owned: Vec<&GroupName> = fitting
+        .iter()
+        .filter_map(|gpu| gpu.owner)
+        .filter(|owner| *owner != waiter.group)
+        .collect();
+    if waiter.session && !sessions_on_owned_gpus && !owned.is_empty() {
+        let mut groups: Vec<&str> = owned.iter().map(|g| g.as_str()).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        notes.push(format!(
+            "{} that fit are owned by group {}, whose work goes first there (other groups' \
+             sessions are not placed on them)",
+            gpus(owned.len()),
+            groups.join(", ")
+        ));
+    }
+    for (reservation, gpus_held) in reservations {
+        if reservation.group == *waiter.group || reservation.to <= now {
+            continue;
+        }
+        let held = fitting
+            .iter()
+            .filter(|gpu| gpus_held.contains(gpu.uuid))
+            .count();
+        if held == 0 {
+            continue;
+        }
+        let ends_in_time = waiter
+            .max_duration
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+            .and_then(|d| now.checked_add_signed(d))
+            .is_some_and(|end| end <= reservation.from);
+        if reservation.from <= now || !ends_in_time {
+            notes.push(format!(
+                "{} reserved for group {} by reservation {} from {} to {}",
+                gpus(held),
+                reservation.group,
+                reservation.name,
+                utc(reservation.from),
+                utc(reservation.to)
+            ));
+        }
+    }
+    (!notes.is_empty()).then(|| format!("waits: {}", notes.join("; ")))
+}
+
+fn gpus(n: usize) -> String {
+    if n == 1 {
+        "1 GPU".to_owned()
+    } else {
+        format!("{n} GPUs")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn t(hour: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 1, hour, 0, 0).unwrap()
+    }
+
+    fn gpu(n: u32) -> GpuUuid {
+        GpuUuid::parse(&format!("GPU-{n:08x}-0000-0000-0000-000000000000")).unwrap()
+    }
+
+    fn group(name: &str) -> GroupName {
+        GroupName::parse(name).unwrap()
+    }
+
+    fn reservation(name: &str, from: u32, to: u32) -> ReservationRecord {
+        ReservationRecord {
+            name: ReservationName::parse(name).unwrap(),
+            group: group("cms"),
+            node: None,
+            gpus: vec![gpu(1)],
+            from: t(from),
+            to: t(to),
+            created_by: UserName::parse("root").unwrap(),
+            created_at: t(0),
+        }
+    }
+
+    #[test]
+    fn a_new_reservation_needs_a_window_ahead_a_free_name_and_free_gpus() {
+        let existing = vec![(reservation("school", 10, 12), vec![gpu(1)])];
+        let ok = reservation("other", 12, 14);
+        assert_eq!(check_new(&ok, &[gpu(1)], &existing, t(1)), Ok(()));
+        let backwards = reservation("back", 14, 12);
+        assert!(matches!(
+            check_new(&backwards, &[gpu(2)], &existing, t(1)),
+            Err(Refusal::Invalid(m)) if m.contains("must be after")
+        ));
+        let past = reservation("past", 1, 2);
+        assert!(matches!(
+            check_new(&past, &[gpu(2)], &existing, t(3)),
+            Err(Refusal::Invalid(m)) if m.contains("has passed")
+        ));
+        let taken = reservation("school", 20, 21);
+        assert!(matches!(
+            check_new(&taken, &[gpu(2)], &existing, t(1)),
+            Err(Refusal::Conflict(m)) if m.contains("already exists")
+        ));
+        let overlapping = reservation("clash", 11, 13);
+        assert_eq!(
+            check_new(&overlapping, &[gpu(2), gpu(1)], &existing, t(1)),
+            Err(Refusal::Conflict(
+                "GPU-00000001-0000-0000-0000-000000000000 is already reserved by school for group \
+                 cms from 2026-12-01 10:00:00 UTC to 2026-12-01 12:00:00 UTC: choose other GPUs \
+                 or times, or remove that reservation first"
+                    .to_owned()
+            ))
+        );
+        assert!(check_new(&overlapping, &[], &existing, t(1)).is_err());
+    }
+
+    #[test]
+    fn only_the_group_uses_a_reservation_and_only_in_its_window() {
+        let r = reservation("school", 10, 12);
+        assert!(may_use(Some(&r), "school", &group("cms"), t(10)).is_ok());
+        assert_eq!(
+            may_use(Some(&r), "school", &group("atlas"), t(10)),
+            Err(Refusal::Forbidden(
+                "reservation school is for group cms, and you use the site in group atlas: ask \
+                 the site's admins to add you to cms or leave out --reservation"
+                    .to_owned()
+            ))
+        );
+        assert_eq!(
+            may_use(Some(&r), "school", &group("cms"), t(9)),
+            Err(Refusal::Conflict(
+                "reservation school starts at 2026-12-01 10:00:00 UTC (until 2026-12-01 12:00:00 \
+                 UTC): ask again then, or leave out --reservation"
+                    .to_owned()
+            ))
+        );
+        assert!(matches!(
+            may_use(Some(&r), "school", &group("cms"), t(12)),
+            Err(Refusal::Conflict(m)) if m.contains("ended at")
+        ));
+        assert!(matches!(
+            may_use(None, "nope", &group("cms"), t(10)),
+            Err(Refusal::Invalid(m)) if m.contains("no reservation nope")
+        ));
+    }
+
+    #[test]
+    fn a_waiting_note_names_the_owner_and_the_reservation() {
+        let cms = group("cms");
+        let atlas = group("atlas");
+        let fitting = [
+            FittingGpu {
+                uuid: &gpu(1),
+                owner: Some(&cms),
+            },
+            FittingGpu {
+                uuid: &gpu(2),
+                owner: None,
+            },
+        ];
+        let waiter = Waiter {
+            group: &atlas,
+            session: true,
+            reservation: None,
+            max_duration: Some(std::time::Duration::from_secs(3600)),
+        };
+        let reservations = vec![(reservation("school", 10, 12), vec![gpu(2)])];
+        assert_eq!(
+            waiting_note(&waiter, &fitting, &reservations, false, t(10)).as_deref(),
+            Some(
+                "waits: 1 GPU that fit are owned by group cms, whose work goes first there \
+                 (other groups' sessions are not placed on them); 1 GPU reserved for group cms \
+                 by reservation school from 2026-12-01 10:00:00 UTC to 2026-12-01 12:00:00 UTC"
+            )
+        );
+        // A job may backfill owned GPUs, and one hour ends before the window opens.
+        let job = Waiter {
+            session: false,
+            ..waiter
+        };
+        assert_eq!(waiting_note(&job, &fitting, &reservations, false, t(8)), None);
+        // The owners themselves are not told about their own GPUs.
+        let owner = Waiter {
+            group: &cms,
+            ..waiter
+        };
+        assert_eq!(
+            waiting_note(&owner, &fitting, &reservations, false, t(10)),
+            None
+        );
+        let r = reservation("school", 10, 12);
+        let named = Waiter {
+            reservation: Some(&r),
+            ..owner
+        };
+        assert_eq!(
+            waiting_note(&named, &fitting, &reservations, false, t(10)).as_deref(),
+            Some("waits for a GPU of reservation school (group cms, until 2026-12-01 12:00:00 UTC)")
+        );
+    }
+}

@@ -1,0 +1,82 @@
+//! The store's side of owned GPUs and reservations (migration 0018), a trait of its own so that
+//! a store without those tables yet still is a [`super::Store`]: [`super::Store::gpu_policy`]
+//! answers `None` there, and the manager then knows no owners and no reservations.
+//!
+//! The rules are in [`crate::domain::policy::reservations`]; this only keeps what an admin set
+//! and which reservation a session or a job chain uses. A request's reservation is written
+//! before the request itself, under the id the request will have (for a job, its chain's first
+//! job, so every restart keeps it), so no scheduling round can see the request without it.
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+use ongrid_core::{GpuUuid, JobId, NodeName, SessionId};
+
+use super::StoreResult;
+use crate::domain::policy::reservations::{ReservationName, ReservationRecord};
+use crate::domain::policy::GroupName;
+
+/// The owners an admin set: whole nodes, and single GPUs (which win over their node's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Owners {
+    pub nodes: BTreeMap<NodeName, GroupName>,
+    pub gpus: BTreeMap<GpuUuid, GroupName>,
+}
+
+/// Which reservation each session and each job chain (by its first job) uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestReservations {
+    pub sessions: BTreeMap<SessionId, ReservationName>,
+    pub chains: BTreeMap<JobId, ReservationName>,
+}
+
+pub trait GpuPolicyStore: Send + Sync {
+    /// Sets (`Some`) or clears (`None`) a registered GPU's owner; `false`: no such GPU.
+    fn set_gpu_owner<'a>(
+        &'a self,
+        gpu: &'a GpuUuid,
+        owner: Option<&'a GroupName>,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Sets or clears a registered node's owner; `false`: no such node.
+    fn set_node_owner<'a>(
+        &'a self,
+        node: &'a NodeName,
+        owner: Option<&'a GroupName>,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    fn owners(&self) -> BoxFuture<'_, StoreResult<Owners>>;
+
+    /// Every reservation, ended ones too, by start time.
+    fn reservations(&self) -> BoxFuture<'_, StoreResult<Vec<ReservationRecord>>>;
+
+    /// Stores a new reservation; `false` when its name is taken.
+    fn add_reservation<'a>(
+        &'a self,
+        reservation: &'a ReservationRecord,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Removes a reservation; the removed one, or `None` when there was none of that name.
+    /// Requests that named it wait like any other from then on.
+    fn remove_reservation<'a>(
+        &'a self,
+        name: &'a ReservationName,
+    ) -> BoxFuture<'a, StoreResult<Option<ReservationRecord>>>;
+
+    /// Records that the session `id` (not stored yet) uses `reservation`.
+    fn set_session_reservation<'a>(
+        &'a self,
+        id: SessionId,
+        reservation: &'a ReservationName,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// Records that the job chain whose first job is `initial` (not stored yet) uses
+    /// `reservation`.
+    fn set_chain_reservation<'a>(
+        &'a self,
+        initial: JobId,
+        reservation: &'a ReservationName,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    fn request_reservations(&self) -> BoxFuture<'_, StoreResult<RequestReservations>>;
+}
