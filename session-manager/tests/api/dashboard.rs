@@ -343,3 +343,56 @@ async fn the_live_view_is_pushed_when_a_session_changes() {
     drop(response);
     m.stop().await;
 }
+
+#[tokio::test]
+async fn a_browser_with_a_grid_certificate_needs_no_link_but_its_forms_need_the_token() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    m.alice.create(Some("train1"), one_gpu()).await;
+
+    // The certificate presented in the TLS handshake logs the browser in, as it does devctl.
+    let (status, page) = m.alice.send(m.alice.get("/dashboard/")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("train1"), "{page}");
+    assert!(!page.contains("Log out"), "nothing to log out of: {page}");
+    let token = csrf(&page);
+    let (status, page) = m.bob.send(m.bob.get("/dashboard/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !page.contains("train1"),
+        "Bob sees nothing of Alice's: {page}"
+    );
+    assert_ne!(csrf(&page), token, "each user has their own token");
+
+    // A cross-site form would carry the certificate too: without the token it changes nothing.
+    let hold = |csrf: &str| {
+        m.alice
+            .request(reqwest::Method::POST, "/dashboard/sessions/train1/hold")
+            .header(ORIGIN, &m.alice.base)
+            .form(&[("csrf", csrf.to_owned())])
+    };
+    let (status, page) = m.alice.send(hold("")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    let (status, page) = m
+        .bob
+        .send(
+            m.bob
+                .request(reqwest::Method::POST, "/dashboard/sessions/train1/hold")
+                .header(ORIGIN, &m.bob.base)
+                .form(&[("csrf", token.as_str())]),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "Alice's token is not Bob's: {page}"
+    );
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Starting);
+    // With it, the hold is done and the page (after the redirect) says so.
+    let (status, page) = m.alice.send(hold(&token)).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains(">HELD<"), "{page}");
+    assert_eq!(m.alice.show("train1").await.state, SessionState::Held);
+    m.stop().await;
+}

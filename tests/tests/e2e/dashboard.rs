@@ -124,6 +124,15 @@ impl Drop for Driver {
     }
 }
 
+/// A Docker image the test makes (the frozen image's), removed when dropped, pass or fail.
+struct RemoveImage(String);
+
+impl Drop for RemoveImage {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rmi", "-f", &self.0]).output();
+    }
+}
+
 /// The link `devctl dashboard` prints for `user`.
 fn dashboard_link(site: &Site, user: &User) -> String {
     let out = site.devctl_ok(user, &["dashboard"]);
@@ -267,6 +276,7 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
     let admin = site.admin.clone();
     let shots: PathBuf = std::env::var_os("ONGRID_DASHBOARD_SCREENSHOTS")
         .map_or_else(|| site.dir.path().join("screenshots"), PathBuf::from);
+    let _frozen = RemoveImage(format!("ongrid/{}/mymodel:v1", site.login_of("Alice")));
     let driver = Driver::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
