@@ -2,6 +2,8 @@
 //! sessions may share a GPU. `devctl admin gpu drain GPU [--reason TEXT]`
 //! (`POST /v1/gpus/{uuid}/drain`): nothing new is placed on it, what runs there keeps running;
 //! `devctl admin gpu undrain GPU` (`DELETE /v1/gpus/{uuid}/drain`): back in service.
+//! `devctl admin gpu owner GPU GROUP|--clear` (`PUT|DELETE /v1/gpus/{uuid}/owner`): the owner
+//! group whose work goes first on it.
 
 use clap::{Args, Subcommand};
 use ongrid_core::api::{DrainRequest, GpuView, SetGpuMode};
@@ -18,6 +20,23 @@ pub enum AdminGpuCommand {
     Drain(GpuDrainArgs),
     /// Put a drained GPU back in service
     Undrain(GpuArgs),
+    /// Give a GPU an owner group, whose work goes first there (others' jobs run there only as
+    /// backfill, others' sessions not at all unless the site allows it); --clear takes it away
+    Owner(GpuOwnerArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GpuOwnerArgs {
+    /// The GPU's UUID, as devctl gpus shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    pub gpu: GpuUuid,
+    /// The owner group (an accounting group, as devctl share lists them)
+    #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+    pub group: Option<String>,
+    /// Take the owner away (the GPU's node's owner, if any, applies again)
+    #[arg(long)]
+    pub clear: bool,
+    #[command(flatten)]
+    pub output: JsonArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -76,6 +95,22 @@ pub async fn run(
                 .send()
                 .await?;
             term.show(output.json, &view, render_drain)
+        }
+        AdminGpuCommand::Owner(GpuOwnerArgs {
+            gpu,
+            group,
+            clear: _,
+            output,
+        }) => {
+            let path = format!("v1/gpus/{gpu}/owner");
+            let view: ongrid_core::reservation::OwnerView = match group {
+                Some(group) => {
+                    let body = ongrid_core::reservation::SetOwner { group };
+                    client.put(&path).json(&body).send().await?
+                }
+                None => client.delete(&path).send().await?,
+            };
+            term.show(output.json, &view, super::reservation::render_owner)
         }
         AdminGpuCommand::Undrain(GpuArgs { gpu, output }) => {
             let view: GpuView = client

@@ -5,11 +5,14 @@
 //! - [`institute`]: `admin institute add|rm|ls|show`, the networks the SSH gateway accepts.
 //! - [`audit`]: `admin audit`, the log of SSH connections.
 //! - [`user`]: `admin user ls|rm|restore`, removing users and re-admitting them.
+//! - [`reservation`]: `admin reservation add|ls|rm`, GPUs kept for a group's work for a time;
+//!   `admin owners`, the GPUs and nodes owner groups own (`admin gpu owner`, `admin node owner`).
 
 pub mod audit;
 pub mod gpu;
 pub mod institute;
 pub mod node;
+pub mod reservation;
 pub mod user;
 
 use clap::Subcommand;
@@ -33,6 +36,11 @@ pub enum AdminCommand {
     /// Manage users: list, remove, restore
     #[command(subcommand)]
     User(user::UserCommand),
+    /// Reserve GPUs for a group's work from one time to another: add, list, remove
+    #[command(subcommand)]
+    Reservation(reservation::ReservationCommand),
+    /// List the GPUs and nodes owner groups own
+    Owners(crate::terminal::JsonArgs),
 }
 
 pub async fn run(
@@ -46,5 +54,14 @@ pub async fn run(
         AdminCommand::Institute(command) => institute::run(command, client, term).await,
         AdminCommand::Audit(args) => audit::run(args, client, term).await,
         AdminCommand::User(command) => user::run(command, client, term).await,
+        AdminCommand::Reservation(command) => reservation::run(command, client, term).await,
+        AdminCommand::Owners(output) => {
+            let owners: Vec<ongrid_core::reservation::OwnerView> =
+                client.get("v1/owners").send().await?;
+            let width = term.width;
+            term.show(output.json, &owners, |owners| {
+                reservation::render_owners(owners, width)
+            })
+        }
     }
 }

@@ -8,6 +8,8 @@
 //! - `undrain NODE` (`DELETE /v1/nodes/{name}/drain`): back in service.
 //! - `rm NODE` (`DELETE /v1/nodes/{name}`): forget a node whose agent is stopped and on which
 //!   nothing is left; its agent registering again brings it back.
+//! - `owner NODE GROUP|--clear` (`PUT|DELETE /v1/nodes/{name}/owner`): the owner group of all
+//!   the node's GPUs (a GPU's own owner wins).
 
 use std::future::Future;
 use std::time::Duration;
@@ -31,6 +33,23 @@ pub enum NodeCommand {
     Undrain(NodeArgs),
     /// Forget a node whose agent is stopped and that has no sessions or jobs left
     Rm(NodeArgs),
+    /// Give all of a node's GPUs an owner group (see devctl admin gpu owner); --clear takes it
+    /// away
+    Owner(NodeOwnerArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct NodeOwnerArgs {
+    /// The node's name, as `devctl admin node ls` shows it
+    pub node: NodeName,
+    /// The owner group (an accounting group, as devctl share lists them)
+    #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+    pub group: Option<String>,
+    /// Take the owner away
+    #[arg(long)]
+    pub clear: bool,
+    #[command(flatten)]
+    pub output: JsonArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -98,6 +117,22 @@ pub async fn run(
             term.show(output.json, &node, |node| {
                 format!("node {} is back in service\n", node.name)
             })
+        }
+        NodeCommand::Owner(NodeOwnerArgs {
+            node,
+            group,
+            clear: _,
+            output,
+        }) => {
+            let path = format!("v1/nodes/{node}/owner");
+            let view: ongrid_core::reservation::OwnerView = match group {
+                Some(group) => {
+                    let body = ongrid_core::reservation::SetOwner { group };
+                    client.put(&path).json(&body).send().await?
+                }
+                None => client.delete(&path).send().await?,
+            };
+            term.show(output.json, &view, super::reservation::render_owner)
         }
         NodeCommand::Rm(NodeArgs { node, output }) => {
             let node: NodeView = client.delete(&format!("v1/nodes/{node}")).send().await?;

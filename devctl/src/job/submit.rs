@@ -67,6 +67,10 @@ pub struct JobSubmitArgs {
     /// devctl job targets]; with a job file, overrides its target
     #[arg(long = "to", value_name = "TARGET")]
     pub to: Option<String>,
+    /// Run on the GPUs of this reservation of your group, within its window (devctl admin
+    /// reservation ls)
+    #[arg(long, value_name = "NAME")]
+    pub reservation: Option<String>,
     /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
@@ -128,6 +132,7 @@ pub async fn run(
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
     let json = args.json;
+    let reservation = args.reservation.clone();
     let file = match &args.file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -142,8 +147,11 @@ pub async fn run(
         None => args.spec_file()?,
     };
     let spec = file.validate(chrono::Utc::now())?;
-    let job: JobView = client
-        .post("v1/jobs")
+    let mut request = client.post("v1/jobs");
+    if let Some(reservation) = &reservation {
+        request = request.query(&[("reservation", reservation)]);
+    }
+    let job: JobView = request
         .json(&SubmitJob { spec })
         .send()
         .await?;

@@ -68,6 +68,10 @@ pub struct NewArgs {
     /// [default: the site's; at most the site's maximum]
     #[arg(long, value_name = "DURATION")]
     pub max_duration: Option<HumanDuration>,
+    /// Run on the GPUs of this reservation of your group, within its window (devctl admin
+    /// reservation ls)
+    #[arg(long, value_name = "NAME")]
+    pub reservation: Option<String>,
     #[command(flatten)]
     pub output: JsonArgs,
 }
@@ -121,7 +125,11 @@ impl NewArgs {
 }
 
 pub async fn run(args: NewArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
-    let mut session: SessionView = client.post("v1/sessions").json(&args.body()).send().await?;
+    let mut request = client.post("v1/sessions");
+    if let Some(reservation) = &args.reservation {
+        request = request.query(&[("reservation", reservation)]);
+    }
+    let mut session: SessionView = request.json(&args.body()).send().await?;
     if let Some(notice) = queue_notice(&session) {
         term.note(&notice);
     }
