@@ -7,6 +7,7 @@
 //! No business logic lives here: nothing in this crate knows about sessions, nodes or SSH.
 
 pub mod config_file;
+pub mod config_reference;
 pub mod manager_http;
 pub mod metrics;
 pub mod pem;

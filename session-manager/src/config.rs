@@ -765,6 +765,9 @@ impl RawLifecycle {
 }
 
 #[cfg(test)]
+mod reference;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use ongrid_core::Dn;

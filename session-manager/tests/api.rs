@@ -58,6 +58,9 @@ mod mig;
 // Removing users and restoring them.
 #[path = "api/users.rs"]
 mod users;
+// Operations: upgrading a previous release's database, backup and restore.
+#[path = "api/upgrade.rs"]
+mod upgrade;
 // Site policy: who may use the site, accounting groups.
 #[path = "api/policy.rs"]
 mod policy;
