@@ -40,6 +40,13 @@
 //!   restarts as it is), else the node's GPUs least first. Dropping a pin is the session
 //!   manager's decision.
 //!
+//! - **Owned GPUs and reservations** (`policy.rs`, [`Policy`] in [`SiteState::policy`]): an
+//!   owner group's sessions, then jobs, take its free GPUs before any other request; other
+//!   groups' jobs run there as backfill, halted for owner work; other groups' sessions stay off
+//!   unless [`Policy::sessions_on_owned_gpus`]. A reserved GPU takes only its group's work in the
+//!   window, other groups' jobs there are halted when it opens, and other groups' work starts
+//!   there before it only when its max duration ends by the start.
+//!
 //! # Batch jobs
 //!
 //! - **One plan, one capacity.** A GPU's `used` counts sessions and jobs alike; queued jobs
