@@ -540,6 +540,26 @@ ensure_institute() {
         fail_with_log manager "devctl could not add institute $INSTITUTE (its error is above)"
 }
 
+# The simulated A100 that the quickstart partitions into MIG devices (deploy/examples/
+# simulated-gpus.toml), and its layout: a session asks for one with --mig 1g.5gb.
+readonly MIG_GPU=GPU-0a100000-0000-4000-8000-000000000004
+readonly MIG_LAYOUT="mig:3g.20gb*1+2g.10gb*1+1g.5gb*2"
+
+# Puts the MIG GPU in MIG mode, once, as the site admin (a GPU no longer in the simulated file
+# is left alone). The agent makes the layout when nothing runs on the GPU.
+ensure_mig_gpu() {
+    local gpus
+    gpus="$(devctl_admin gpus --json 2>/dev/null)" || gpus=""
+    [[ "$gpus" == *"$MIG_GPU"* ]] || return 0
+    if devctl_admin gpus --json | grep -q "\"mode\": *\"$MIG_LAYOUT\""; then
+        say "GPU $MIG_GPU is in $MIG_LAYOUT: keeping it"
+        return 0
+    fi
+    say "devctl admin gpu mode $MIG_GPU $MIG_LAYOUT (as the site admin)"
+    devctl_admin admin gpu mode "$MIG_GPU" "$MIG_LAYOUT" ||
+        fail_with_log manager "devctl could not put GPU $MIG_GPU in MIG mode (its error is above)"
+}
+
 # The quickstart user's SSH key pair, without a passphrase, made once.
 ensure_ssh_key() {
     mkdir -p "$(dirname "$SSH_KEY")"
@@ -577,6 +597,7 @@ start_services() {
     ensure_institute
     start_service agent
     wait_for_node "$node"
+    ensure_mig_gpu
     prepare_host_keys
     start_service gateway
     wait_for_listening gateway
@@ -696,6 +717,9 @@ print_usage() {
       $BIN_DIR/devctl whoami
       $BIN_DIR/devctl session ls
       $BIN_DIR/devctl session new --name exp2 --gpus 1 --min-capability 9.0 --wait
+      $BIN_DIR/devctl session new --name slice1 --mig 1g.5gb --wait    (a MIG device)
+      $BIN_DIR/devctl dashboard    (a login link to the web dashboard: it works once; the
+        browser warns about the quickstart's own CA: $PKI/ca.crt)
       $BIN_DIR/devctl session rm $SESSION_NAME
       $BIN_DIR/devctl key ls
     As the site admin: export ONGRID_DEVCTL_CONFIG=$DEVCTL_ADMIN_CONFIG
