@@ -443,9 +443,13 @@ async fn run(argv: Vec<String>, stdin: Option<&[u8]>) -> Result<Ran, TargetError
         ))
     })?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input)
-            .await
-            .map_err(|e| TargetError::Unavailable(format!("writing to {first}: {e}")))?;
+        match pipe.write_all(input).await {
+            Ok(()) => {}
+            // It ended without reading all of it (e.g. `run_as` found no such program): its
+            // exit code and words say why.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(TargetError::Unavailable(format!("writing to {first}: {e}"))),
+        }
         drop(pipe);
     }
     let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
