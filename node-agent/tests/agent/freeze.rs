@@ -276,8 +276,12 @@ fn exported(name: &str, dir: &Path) -> BTreeMap<String, Meta> {
     }
     for (path, target) in links {
         let target = target.trim_start_matches("./").trim_start_matches('/');
-        if let Some(meta) = entries.get(target).cloned() {
-            entries.insert(path, meta);
+        match entries.get(target).cloned() {
+            Some(meta) => {
+                entries.insert(path, meta);
+            }
+            // Its target was stripped. Said, so that a SIF holding the link names why.
+            None => eprintln!("export: hard link {path} to {target}, which is left out"),
         }
     }
     entries
