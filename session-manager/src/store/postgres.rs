@@ -392,6 +392,10 @@ impl Store for PostgresStore {
         Some(self)
     }
 
+    fn gpu_policy(&self) -> Option<&dyn super::gpu_policy::GpuPolicyStore> {
+        Some(self)
+    }
+
     fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>> {
         Box::pin(self.user_impl(dn, first_uid))
     }
@@ -1091,6 +1095,7 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 mod activity;
 mod dashboard;
 mod gateway;
+mod gpu_policy;
 mod grid_jobs;
 mod images;
 mod jobs;

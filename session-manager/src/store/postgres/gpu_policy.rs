@@ -1,0 +1,253 @@
+//! The PostgreSQL side of owned GPUs and reservations (migration 0018): `nodes.owner`,
+//! `gpus.owner`, `reservations`, and the reservations sessions and job chains use
+//! (`session_reservations`, `job_chain_reservations`).
+
+use futures::future::BoxFuture;
+use ongrid_core::{GpuUuid, JobId, NodeName, SessionId};
+
+use super::{from_json, parse, parse_timestamp, timestamp, to_json, PostgresStore};
+use crate::domain::policy::reservations::{ReservationName, ReservationRecord};
+use crate::domain::policy::GroupName;
+use crate::store::gpu_policy::{GpuPolicyStore, Owners, RequestReservations};
+use crate::store::{StoreError, StoreResult};
+
+fn group(text: &str) -> StoreResult<GroupName> {
+    GroupName::parse(text).map_err(|e| StoreError::Corrupt(format!("owner group: {e}")))
+}
+
+fn reservation_name(text: &str) -> StoreResult<ReservationName> {
+    ReservationName::parse(text).map_err(|e| StoreError::Corrupt(format!("reservation: {e}")))
+}
+
+type ReservationRow = (
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+    String,
+    String,
+);
+
+impl PostgresStore {
+    async fn set_gpu_owner_impl(
+        &self,
+        gpu: &GpuUuid,
+        owner: Option<&GroupName>,
+    ) -> StoreResult<bool> {
+        let updated = sqlx::query(
+            "UPDATE gpus SET owner = $1 WHERE uuid = $2 \
+             AND node IN (SELECT name FROM nodes WHERE removed_at IS NULL)",
+        )
+        .bind(owner.map(GroupName::as_str))
+        .bind(gpu.as_str())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(updated == 1)
+    }
+
+    async fn set_node_owner_impl(
+        &self,
+        node: &NodeName,
+        owner: Option<&GroupName>,
+    ) -> StoreResult<bool> {
+        let updated =
+            sqlx::query("UPDATE nodes SET owner = $1 WHERE name = $2 AND removed_at IS NULL")
+                .bind(owner.map(GroupName::as_str))
+                .bind(node.as_str())
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        Ok(updated == 1)
+    }
+
+    async fn owners_impl(&self) -> StoreResult<Owners> {
+        let nodes: Vec<(String, String)> = sqlx::query_as(
+            "SELECT name, owner FROM nodes WHERE owner IS NOT NULL AND removed_at IS NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let gpus: Vec<(String, String)> = sqlx::query_as(
+            "SELECT uuid, owner FROM gpus WHERE owner IS NOT NULL \
+             AND node IN (SELECT name FROM nodes WHERE removed_at IS NULL)",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Owners {
+            nodes: nodes
+                .iter()
+                .map(|(node, owner)| Ok((parse(node, "node name")?, group(owner)?)))
+                .collect::<StoreResult<_>>()?,
+            gpus: gpus
+                .iter()
+                .map(|(uuid, owner)| Ok((parse(uuid, "GPU UUID")?, group(owner)?)))
+                .collect::<StoreResult<_>>()?,
+        })
+    }
+
+    async fn reservations_impl(&self) -> StoreResult<Vec<ReservationRecord>> {
+        let rows: Vec<ReservationRow> = sqlx::query_as(
+            "SELECT name, accounting_group, node, gpus, starts_at, ends_at, created_by, \
+             created_at FROM reservations ORDER BY starts_at, name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(reservation_from_row).collect()
+    }
+
+    async fn add_reservation_impl(&self, r: &ReservationRecord) -> StoreResult<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO reservations (name, accounting_group, node, gpus, starts_at, ends_at, \
+             created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(r.name.as_str())
+        .bind(r.group.as_str())
+        .bind(r.node.as_ref().map(NodeName::as_str))
+        .bind(to_json(&r.gpus)?)
+        .bind(timestamp(r.from))
+        .bind(timestamp(r.to))
+        .bind(r.created_by.as_str())
+        .bind(timestamp(r.created_at))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn remove_reservation_impl(
+        &self,
+        name: &ReservationName,
+    ) -> StoreResult<Option<ReservationRecord>> {
+        let row: Option<ReservationRow> = sqlx::query_as(
+            "DELETE FROM reservations WHERE name = $1 RETURNING name, accounting_group, node, \
+             gpus, starts_at, ends_at, created_by, created_at",
+        )
+        .bind(name.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(reservation_from_row).transpose()
+    }
+
+    async fn set_request_reservation(
+        &self,
+        sql: &str,
+        id: String,
+        reservation: &ReservationName,
+    ) -> StoreResult<()> {
+        sqlx::query(sql)
+            .bind(id)
+            .bind(reservation.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn request_reservations_impl(&self) -> StoreResult<RequestReservations> {
+        let sessions: Vec<(String, String)> =
+            sqlx::query_as("SELECT session_id, reservation FROM session_reservations")
+                .fetch_all(&self.pool)
+                .await?;
+        let chains: Vec<(String, String)> =
+            sqlx::query_as("SELECT chain_initial, reservation FROM job_chain_reservations")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(RequestReservations {
+            sessions: sessions
+                .iter()
+                .map(|(id, r)| Ok((parse(id, "session id")?, reservation_name(r)?)))
+                .collect::<StoreResult<_>>()?,
+            chains: chains
+                .iter()
+                .map(|(id, r)| Ok((parse(id, "job id")?, reservation_name(r)?)))
+                .collect::<StoreResult<_>>()?,
+        })
+    }
+}
+
+fn reservation_from_row(row: &ReservationRow) -> StoreResult<ReservationRecord> {
+    let (name, owner, node, gpus, from, to, by, at) = row;
+    Ok(ReservationRecord {
+        name: reservation_name(name)?,
+        group: group(owner)?,
+        node: node.as_deref().map(|n| parse(n, "node name")).transpose()?,
+        gpus: from_json(gpus, "reserved GPUs")?,
+        from: parse_timestamp(from)?,
+        to: parse_timestamp(to)?,
+        created_by: parse(by, "user name")?,
+        created_at: parse_timestamp(at)?,
+    })
+}
+
+impl GpuPolicyStore for PostgresStore {
+    fn set_gpu_owner<'a>(
+        &'a self,
+        gpu: &'a GpuUuid,
+        owner: Option<&'a GroupName>,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.set_gpu_owner_impl(gpu, owner))
+    }
+
+    fn set_node_owner<'a>(
+        &'a self,
+        node: &'a NodeName,
+        owner: Option<&'a GroupName>,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.set_node_owner_impl(node, owner))
+    }
+
+    fn owners(&self) -> BoxFuture<'_, StoreResult<Owners>> {
+        Box::pin(self.owners_impl())
+    }
+
+    fn reservations(&self) -> BoxFuture<'_, StoreResult<Vec<ReservationRecord>>> {
+        Box::pin(self.reservations_impl())
+    }
+
+    fn add_reservation<'a>(
+        &'a self,
+        reservation: &'a ReservationRecord,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.add_reservation_impl(reservation))
+    }
+
+    fn remove_reservation<'a>(
+        &'a self,
+        name: &'a ReservationName,
+    ) -> BoxFuture<'a, StoreResult<Option<ReservationRecord>>> {
+        Box::pin(self.remove_reservation_impl(name))
+    }
+
+    fn set_session_reservation<'a>(
+        &'a self,
+        id: SessionId,
+        reservation: &'a ReservationName,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.set_request_reservation(
+            "INSERT INTO session_reservations (session_id, reservation) VALUES ($1, $2) \
+             ON CONFLICT (session_id) DO UPDATE SET reservation = excluded.reservation",
+            id.to_string(),
+            reservation,
+        ))
+    }
+
+    fn set_chain_reservation<'a>(
+        &'a self,
+        initial: JobId,
+        reservation: &'a ReservationName,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.set_request_reservation(
+            "INSERT INTO job_chain_reservations (chain_initial, reservation) \
+             VALUES ($1, $2) \
+             ON CONFLICT (chain_initial) DO UPDATE SET reservation = excluded.reservation",
+            initial.to_string(),
+            reservation,
+        ))
+    }
+
+    fn request_reservations(&self) -> BoxFuture<'_, StoreResult<RequestReservations>> {
+        Box::pin(self.request_reservations_impl())
+    }
+}
