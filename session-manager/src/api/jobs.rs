@@ -56,6 +56,17 @@ pub async fn submit_job(
             )));
         }
     }
+    // Where it runs, and as whom, before which image: a refused target says so first.
+    let now = state.clock.now();
+    let targets = state.grid.targets();
+    let grid = grid_jobs::choose_target(
+        body.spec.target,
+        &targets.offered(),
+        targets.config().default,
+        &targets.config().accounts,
+        (&caller.user.dn, &caller.admitted.group),
+        now,
+    )?;
     let lookup = body.spec.image.clone();
     let candidates = frozen_image_candidates(&state, &caller.user.dn, &lookup).await?;
     let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?.ok_or_else(|| {
@@ -73,16 +84,6 @@ pub async fn submit_job(
         user_name: caller.user.user_name.clone(),
         uid: caller.user.uid,
     };
-    let now = state.clock.now();
-    let targets = state.grid.targets();
-    let grid = grid_jobs::choose_target(
-        body.spec.target,
-        &targets.offered(),
-        targets.config().default,
-        &targets.config().accounts,
-        (&caller.user.dn, &caller.admitted.group),
-        now,
-    )?;
     let new = jobs::submit(
         JobId::new_random(),
         who,

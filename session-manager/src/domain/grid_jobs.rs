@@ -531,7 +531,7 @@ pub fn refused(target: JobTarget, message: &str, now: DateTime<Utc>) -> JobChang
 
 /// The halt signal was delivered by the engine: MUSTHALT → HALTING.
 pub fn halt_sent(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
-    (job.state() == JobState::MustHalt).then(|| JobChange {
+    (job.state() == JobState::MustHalt).then_some(JobChange {
         to: JobState::Halting,
         at: now,
         reason: JobReason::HaltSignalSent,
