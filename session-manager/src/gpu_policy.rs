@@ -113,18 +113,30 @@ impl GpuPolicy {
     }
 
     /// The reservation a request named, while it exists and has not ended.
-    fn named(&self, name: Option<&ReservationName>, now: DateTime<Utc>) -> Option<&ReservationRecord> {
+    fn named(
+        &self,
+        name: Option<&ReservationName>,
+        now: DateTime<Utc>,
+    ) -> Option<&ReservationRecord> {
         let name = name?;
         self.reservations
             .iter()
             .find(|r| r.name == *name && now < r.to)
     }
 
-    pub fn session_reservation(&self, id: SessionId, now: DateTime<Utc>) -> Option<&ReservationRecord> {
+    pub fn session_reservation(
+        &self,
+        id: SessionId,
+        now: DateTime<Utc>,
+    ) -> Option<&ReservationRecord> {
         self.named(self.requests.sessions.get(&id), now)
     }
 
-    pub fn job_reservation(&self, job: &JobRecord, now: DateTime<Utc>) -> Option<&ReservationRecord> {
+    pub fn job_reservation(
+        &self,
+        job: &JobRecord,
+        now: DateTime<Utc>,
+    ) -> Option<&ReservationRecord> {
         self.named(self.requests.chains.get(&job.chain.initial_job), now)
     }
 

@@ -334,14 +334,18 @@ impl Scheduler {
         }
         let gpu_policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
         if !gpu_policy.is_idle(now) {
-            let settings = self.gpu_policy.unwrap_or(crate::gpu_policy::PolicySettings {
-                sessions_on_owned_gpus: false,
-                lifecycle: Default::default(),
-            });
+            let settings = self
+                .gpu_policy
+                .unwrap_or(crate::gpu_policy::PolicySettings {
+                    sessions_on_owned_gpus: false,
+                    lifecycle: Default::default(),
+                });
             let accounts = self.store.usage_accounts().await?;
             let facts = self
                 .store
-                .lifecycle_facts(crate::store::FactsScope::States(vec![SessionState::Pending]))
+                .lifecycle_facts(crate::store::FactsScope::States(vec![
+                    SessionState::Pending,
+                ]))
                 .await?;
             state.policy =
                 gpu_policy.scheduler_policy(&site, &accounts, &pending, &facts, &settings, now);

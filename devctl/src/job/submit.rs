@@ -151,10 +151,7 @@ pub async fn run(
     if let Some(reservation) = &reservation {
         request = request.query(&[("reservation", reservation)]);
     }
-    let job: JobView = request
-        .json(&SubmitJob { spec })
-        .send()
-        .await?;
+    let job: JobView = request.json(&SubmitJob { spec }).send().await?;
     term.show(json, &job, |job| {
         format!(
             "job {} submitted ({}); follow it with devctl job show {} and devctl job logs -f {}\n{}",

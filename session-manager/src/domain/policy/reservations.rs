@@ -138,7 +138,11 @@ pub fn check_new(
             )));
         }
         let overlaps = other.from < new.to && new.from < other.to;
-        if let Some(gpu) = new_gpus.iter().find(|g| gpus.contains(g)).filter(|_| overlaps) {
+        if let Some(gpu) = new_gpus
+            .iter()
+            .find(|g| gpus.contains(g))
+            .filter(|_| overlaps)
+        {
             return Err(Refusal::Conflict(format!(
                 "{gpu} is already reserved by {} for group {} from {} to {}: choose other GPUs or \
                  times, or remove that reservation first",
@@ -405,7 +409,10 @@ mod tests {
             session: false,
             ..waiter
         };
-        assert_eq!(waiting_note(&job, &fitting, &reservations, false, t(8)), None);
+        assert_eq!(
+            waiting_note(&job, &fitting, &reservations, false, t(8)),
+            None
+        );
         // The owners themselves are not told about their own GPUs.
         let owner = Waiter {
             group: &cms,
@@ -422,7 +429,9 @@ mod tests {
         };
         assert_eq!(
             waiting_note(&named, &fitting, &reservations, false, t(10)).as_deref(),
-            Some("waits for a GPU of reservation school (group cms, until 2026-12-01 12:00:00 UTC)")
+            Some(
+                "waits for a GPU of reservation school (group cms, until 2026-12-01 12:00:00 UTC)"
+            )
         );
     }
 }

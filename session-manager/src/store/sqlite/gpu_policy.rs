@@ -19,7 +19,16 @@ fn reservation_name(text: &str) -> StoreResult<ReservationName> {
     ReservationName::parse(text).map_err(|e| StoreError::Corrupt(format!("reservation: {e}")))
 }
 
-type ReservationRow = (String, String, Option<String>, String, String, String, String, String);
+type ReservationRow = (
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+    String,
+    String,
+);
 
 impl SqliteStore {
     async fn set_gpu_owner_impl(
