@@ -472,7 +472,9 @@ fn observations(file: &str) -> BTreeMap<String, (Phase, String, Option<JobId>, S
 fn why(phase: &Phase) -> &str {
     match phase {
         Phase::Pending { why } => why.as_deref().unwrap_or(""),
-        Phase::Cancelled { message } | Phase::Failed { message } => message,
+        Phase::Halted { message } | Phase::Cancelled { message } | Phase::Failed { message } => {
+            message
+        }
         other => panic!("no words in {other:?}"),
     }
 }
@@ -509,7 +511,7 @@ fn condor_q_states_and_reasons() {
     assert_eq!(hosts, "slot1_2@gpu-a100-01.example.org");
 
     let (phase, _, _, _) = &q["4714.0"];
-    assert!(matches!(phase, Phase::Cancelled { .. }), "{phase:?}");
+    assert!(matches!(phase, Phase::Halted { .. }), "{phase:?}");
     assert!(
         why(phase).starts_with("halted: HTCondor sent SIGUSR1"),
         "{phase:?}"

@@ -243,6 +243,11 @@ pub enum Phase {
     },
     /// The engine stopped it at its time limit (the job's max duration).
     TimeLimit,
+    /// Halted by the engine at ongrid's request (SIGUSR1, then stopped) without an exit code of
+    /// its own, as HTCondor's `condor_hold` does: the engine's words.
+    Halted {
+        message: String,
+    },
     /// Cancelled on the engine's side (by `cancel`, or by an administrator): the engine's words.
     Cancelled {
         message: String,
@@ -444,6 +449,14 @@ pub fn mirror(
                         None,
                     ),
                 }),
+                Phase::Halted { message } if current.holds_gpus() => Some(ended(
+                    JobState::Halted,
+                    JobReason::TargetEnded {
+                        target,
+                        message: message.clone(),
+                    },
+                    None,
+                )),
                 Phase::Cancelled { .. } if current == JobState::Halting => {
                     Some(ended(JobState::Halted, JobReason::IgnoredHaltSignal, None))
                 }
@@ -538,4 +551,185 @@ pub fn halt_sent(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
         place: None,
         exit_code: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::job::{JobImage, JobLifecycle, JobSpecFile, RestartChain};
+    use ongrid_core::{HumanDuration, UserName};
+
+    use super::*;
+
+    fn t(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    /// A job handed to HTCondor as `8.0`, RUNNING there since t(10) unless `state` is QUEUED,
+    /// HALTING after a halt sent at t(20).
+    fn job(state: JobState) -> JobRecord {
+        let spec = JobSpecFile {
+            image: Some("mymodel:v1".into()),
+            command: vec!["python".into(), "train.py".into()],
+            ..JobSpecFile::default()
+        }
+        .validate(t(0))
+        .unwrap();
+        let id = JobId(uuid::Uuid::from_u128(1));
+        let mut lifecycle = JobLifecycle::new(t(0), JobReason::Submitted);
+        let started = JobReason::TargetStarted {
+            target: JobTarget::Htcondor,
+            engine_id: "8.0".into(),
+            hosts: "slot1@gpu-01".into(),
+        };
+        let path: &[(JobState, JobReason)] = match state {
+            JobState::Queued => &[],
+            JobState::Running => &[(JobState::Running, started)],
+            JobState::Halting => &[
+                (JobState::Running, started),
+                (JobState::MustHalt, JobReason::HaltedByUser),
+                (JobState::Halting, JobReason::HaltSignalSent),
+            ],
+            other => panic!("no fixture for {other}"),
+        };
+        for (n, (to, reason)) in path.iter().enumerate() {
+            lifecycle
+                .transition(*to, t(10 * (n as i64 + 1)), reason.clone())
+                .unwrap();
+        }
+        JobRecord {
+            id,
+            owner: Dn::parse("/CN=Alice").unwrap(),
+            user_name: UserName::parse("alice").unwrap(),
+            uid: 2000,
+            spec,
+            lifecycle,
+            max_duration: Some(HumanDuration::from_secs(8 * 3600)),
+            image: JobImage {
+                digest: format!("sha256:{}", "a".repeat(64)),
+                docker_image: "ongrid/alice/mymodel:v1".into(),
+            },
+            node: None,
+            gpus: vec![],
+            chain: RestartChain {
+                initial_job: id,
+                restart_count: 0,
+            },
+            previous_job: None,
+            next_job: None,
+            exit_code: None,
+            log_size: 0,
+            log_complete: false,
+            pinned_node: None,
+            grid: Some(GridJob {
+                engine_id: Some(EngineJobId::parse("8.0").unwrap()),
+                submit_started_at: Some(t(0)),
+                ..GridJob::submitting(
+                    JobTarget::Htcondor,
+                    LocalAccount::parse("alice").unwrap(),
+                    t(0),
+                )
+            }),
+        }
+    }
+
+    fn seen(phase: Phase) -> Observation {
+        Observation {
+            engine_id: EngineJobId::parse("8.0").unwrap(),
+            job: Some(JobId(uuid::Uuid::from_u128(1))),
+            phase,
+            restarts: 0,
+            hosts: "slot1@gpu-01".into(),
+            raw: "engine words".into(),
+        }
+    }
+
+    fn mirrored(state: JobState, phase: Phase) -> Mirror {
+        mirror(
+            &job(state),
+            &seen(phase),
+            &JobLimits::default(),
+            JobId(uuid::Uuid::from_u128(2)),
+            t(100),
+        )
+    }
+
+    fn ends(mirror: &Mirror) -> Vec<(JobState, String)> {
+        mirror
+            .changes
+            .iter()
+            .map(|c| (c.to, c.reason.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_engines_halt_without_exit_code_is_halted_in_its_words() {
+        let halted = Phase::Halted {
+            message: "halted: HTCondor sent SIGUSR1 and stopped it".into(),
+        };
+        for state in [JobState::Running, JobState::Halting] {
+            let m = mirrored(state, halted.clone());
+            let (to, reason) = ends(&m).pop().expect("a change");
+            assert_eq!(to, JobState::Halted, "from {state}");
+            assert!(reason.contains("HTCondor sent SIGUSR1"), "{reason}");
+            assert!(m.engine_final);
+            assert_eq!(m.next, None);
+        }
+        // Not yet seen running: it starts, then is halted.
+        let m = mirrored(JobState::Queued, halted);
+        let states: Vec<JobState> = ends(&m).into_iter().map(|(to, _)| to).collect();
+        assert_eq!(states, [JobState::Running, JobState::Halted]);
+    }
+
+    #[test]
+    fn a_cancel_is_cancelled_unless_a_halt_was_under_way() {
+        let cancelled = || Phase::Cancelled {
+            message: "removed by an administrator".into(),
+        };
+        let (to, reason) = ends(&mirrored(JobState::Running, cancelled()))
+            .pop()
+            .unwrap();
+        assert_eq!(to, JobState::Cancelled);
+        assert!(reason.contains("removed by an administrator"), "{reason}");
+        let (to, reason) = ends(&mirrored(JobState::Halting, cancelled()))
+            .pop()
+            .unwrap();
+        assert_eq!(to, JobState::Halted);
+        assert_eq!(reason, JobReason::IgnoredHaltSignal.to_string());
+    }
+
+    #[test]
+    fn exits_time_limits_and_engine_requeues() {
+        let (to, _) = ends(&mirrored(JobState::Running, Phase::Exited { code: 0 }))
+            .pop()
+            .unwrap();
+        assert_eq!(to, JobState::Finished);
+        let (to, _) = ends(&mirrored(JobState::Running, Phase::Exited { code: 3 }))
+            .pop()
+            .unwrap();
+        assert_eq!(to, JobState::Failed);
+        let (to, reason) = ends(&mirrored(JobState::Running, Phase::TimeLimit))
+            .pop()
+            .unwrap();
+        assert_eq!(to, JobState::Halted);
+        assert!(reason.contains("max duration of 8 hours"), "{reason}");
+        // Nothing final: nothing changes.
+        let m = mirrored(JobState::Running, Phase::Running);
+        assert!(m.changes.is_empty() && !m.engine_final);
+        // Re-queued by the engine (a checkpoint exit): HALTED, and the chain's next job keeps
+        // the engine id with one more restart.
+        let mut requeued = seen(Phase::Pending { why: None });
+        requeued.restarts = 1;
+        let m = mirror(
+            &job(JobState::Running),
+            &requeued,
+            &JobLimits::default(),
+            JobId(uuid::Uuid::from_u128(2)),
+            t(100),
+        );
+        assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted);
+        let next = m.next.expect("the chain goes on");
+        let grid = next.grid.expect("on the same target");
+        assert_eq!(grid.engine_id, Some(EngineJobId::parse("8.0").unwrap()));
+        assert_eq!(grid.engine_restarts, 1);
+    }
 }

@@ -321,7 +321,7 @@ impl JobAd {
             _ => format!("Held ({code}: {reason})"),
         };
         let phase = match code {
-            1 if reason.contains(HALT_HOLD_REASON) => Phase::Cancelled {
+            1 if reason.contains(HALT_HOLD_REASON) => Phase::Halted {
                 message: "halted: HTCondor sent SIGUSR1 and stopped it (HTCondor records no \
                           exit code for it)"
                     .to_owned(),
