@@ -90,9 +90,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let manager = AgentRoutes::new(&config.manager_url, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
     let streams = TaskTracker::new();
+    let readiness = metrics::Readiness::default();
     streams.spawn(ongrid_service::metrics::serve_if_bound(
         metrics_listener,
-        Arc::new(metrics::AgentExporter::new()),
+        Arc::new(metrics::AgentExporter::new(readiness.clone())),
         shutdown.clone(),
     ));
     let mut stream_url = None;
@@ -126,6 +127,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         images: config.images,
         jobs: config.jobs,
         guard,
+        readiness,
     }
     .run(shutdown.clone())
     .await;
@@ -190,6 +192,8 @@ pub struct Agent {
     pub jobs: Option<jobs::JobsConfig>,
     /// Network isolation and limits of the dev containers.
     pub guard: reconcile::NodeGuard,
+    /// What `/readyz` answers: set by every sync.
+    pub readiness: metrics::Readiness,
 }
 
 /// What the sync loop remembers between syncs.
@@ -360,6 +364,8 @@ impl Agent {
                 containers
             }
             Err(e) => {
+                self.readiness
+                    .set(Err(format!("Docker does not answer: {}", error_chain(&e))));
                 if state.docker_outage.failed() {
                     error!(node = %self.node, error = %error_chain(&e),
                            "Cannot list containers; not syncing until Docker answers.");
@@ -385,6 +391,10 @@ impl Agent {
         let Versioned { desired, version } = match answer {
             Ok(answer) if answer.desired.node == self.node => answer,
             Ok(Versioned { desired, .. }) => {
+                self.readiness.set(Err(format!(
+                    "the manager answered for node {}, not {}",
+                    desired.node, self.node
+                )));
                 if state.manager_outage.failed() {
                     error!(node = %self.node, answered_for = %desired.node,
                            "The manager answered with another node's desired state; check node_name and the token.");
@@ -392,6 +402,10 @@ impl Agent {
                 return state.backoff.next_delay();
             }
             Err(e) => {
+                self.readiness.set(Err(format!(
+                    "cannot sync with the manager: {}",
+                    error_chain(&e)
+                )));
                 if let Some(status) = e.status() {
                     if matches!(status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) {
                         // The manager may have forgotten the node: register again.
@@ -410,6 +424,7 @@ impl Agent {
             info!(node = %self.node, failures, "Synced with the manager again.");
         }
         state.backoff.reset();
+        self.readiness.set(Ok(()));
 
         self.converge(reconciler, state, &desired).await;
         state.applied = version;

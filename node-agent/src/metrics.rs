@@ -3,16 +3,19 @@
 //! freezes with their duration and image size, and the GPU backend's discoveries (`nvidia-smi`
 //! or the simulated one) with their latency and failures ([`MeteredGpus`] wraps the backend).
 //!
+//! `/readyz` answers from [`Readiness`], which each sync sets: ready once a sync reached Docker
+//! and the manager, not ready (with why) while either fails.
+//!
 //! The handles are process-wide, like a logger, so the reconciler and the freeze workers count
 //! into them without passing a handle around; agents started in one test process share them.
 //! Labels are closed sets: no session, container or image name is ever a label.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use ongrid_core::GpuInfo;
-use ongrid_service::metrics::{latency_buckets, size_buckets, Exporter};
+use ongrid_service::metrics::{latency_buckets, size_buckets, Exporter, ExporterFuture};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -136,13 +139,41 @@ impl GpuBackend for MeteredGpus {
     }
 }
 
-/// The agent's `/metrics`.
+/// Whether the agent is ready, for `/readyz`: its last sync reached Docker and the manager.
+/// Not ready before the first sync. Clones share one state.
+#[derive(Debug, Clone)]
+pub struct Readiness(Arc<Mutex<Result<(), String>>>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(Err(
+            "no sync with the manager yet".to_owned()
+        ))))
+    }
+}
+
+impl Readiness {
+    /// What the last sync found: `Ok`, or why the agent is not ready.
+    pub fn set(&self, state: Result<(), String>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = state;
+    }
+
+    pub fn get(&self) -> Result<(), String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The agent's `/metrics` and `/readyz`.
 pub struct AgentExporter {
     registry: Registry,
+    readiness: Readiness,
 }
 
 impl AgentExporter {
-    pub fn new() -> Self {
+    pub fn new(readiness: Readiness) -> Self {
         let events = events();
         let mut registry = Registry::with_prefix("ongrid_agent");
         registry.register_with_unit(
@@ -174,19 +205,20 @@ impl AgentExporter {
             "GPU discoveries that failed (nvidia-smi missing, hung or unreadable)",
             events.gpu_failures.clone(),
         );
-        Self { registry }
-    }
-}
-
-impl Default for AgentExporter {
-    fn default() -> Self {
-        Self::new()
+        Self {
+            registry,
+            readiness,
+        }
     }
 }
 
 impl Exporter for AgentExporter {
     fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    fn ready(&self) -> ExporterFuture<'_, Result<(), String>> {
+        Box::pin(std::future::ready(self.readiness.get()))
     }
 }
 
@@ -217,7 +249,7 @@ mod tests {
 
     #[tokio::test]
     async fn discoveries_are_timed_and_failures_counted() {
-        let exporter = AgentExporter::new();
+        let exporter = AgentExporter::new(Readiness::default());
         let gpus = MeteredGpus::wrap(Arc::new(Broken));
         assert!(gpus.discover().await.is_err());
         events().container_operation("create", Duration::from_millis(30), true);
@@ -236,5 +268,22 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+    }
+
+    #[tokio::test]
+    async fn ready_only_after_a_sync_that_reached_docker_and_the_manager() {
+        let readiness = Readiness::default();
+        let exporter = AgentExporter::new(readiness.clone());
+        assert_eq!(
+            exporter.ready().await,
+            Err("no sync with the manager yet".to_owned())
+        );
+        readiness.set(Ok(()));
+        assert_eq!(exporter.ready().await, Ok(()));
+        readiness.set(Err("cannot sync with the manager: 503".to_owned()));
+        assert_eq!(
+            exporter.ready().await,
+            Err("cannot sync with the manager: 503".to_owned())
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ongrid_agent::activity::ActivitySampler;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
+use ongrid_agent::metrics::Readiness;
 use ongrid_agent::reconcile::Reconciler;
 use ongrid_agent::runtime::{held_image, ContainerRuntime, GpuAccess};
 use ongrid_agent::Agent;
@@ -174,6 +175,7 @@ async fn the_agent_reports_cpu_and_gpu_activity_without_registering_again() {
         stream_url: None,
         images: None,
         jobs: None,
+        readiness: Readiness::default(),
     };
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent.run(shutdown.clone()));

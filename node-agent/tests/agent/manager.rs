@@ -10,6 +10,7 @@ use std::time::Duration;
 use ongrid_agent::config::Token;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
 use ongrid_agent::manager_client::{AgentRoutes, ClientError, HttpError};
+use ongrid_agent::metrics::Readiness;
 use ongrid_agent::Agent;
 use ongrid_core::api::{
     ContainerState, DesiredSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
@@ -383,6 +384,8 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
          model = \"NVIDIA A100-SXM4-40GB\"\ncapability = \"8.0\"\nmemory = \"40960MiB\"\n",
     )
     .expect("gpu file");
+    // What the agent's /readyz answers, shared by both agents started here.
+    let readiness = Readiness::default();
     let start_agent = || {
         let agent = Agent {
             node: node.clone(),
@@ -396,6 +399,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
             stream_url: Some("wss://node1.example.org:8444".to_owned()),
             images: None,
             jobs: None,
+            readiness: readiness.clone(),
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent.run(shutdown.clone()));
@@ -436,6 +440,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     };
     let observed = eventually(limit, "the session reported running", || running(0)).await;
     assert_eq!(observed.error, None);
+    assert_eq!(readiness.get(), Ok(()), "ready once synced");
     assert_eq!(
         inspect("container", &name)["Id"],
         observed.container_id.as_str()
@@ -450,7 +455,15 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     })
     .await;
     assert_eq!(inspect("container", &name)["State"]["Running"], true);
+    let not_ready = readiness
+        .get()
+        .expect_err("not ready while the manager fails");
+    assert!(
+        not_ready.starts_with("cannot sync with the manager") && not_ready.contains("overloaded"),
+        "{not_ready}"
+    );
     manager.state().failure = None;
+    eventually(limit, "ready again", || readiness.get().ok()).await;
 
     // Stopping the agent leaves the container running; a new agent adopts it.
     shutdown.cancel();
@@ -667,6 +680,7 @@ async fn a_desired_change_starts_a_container_without_waiting_for_the_sync() {
         stream_url: None,
         images: None,
         jobs: None,
+        readiness: Readiness::default(),
     };
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent.run(shutdown.clone()));
