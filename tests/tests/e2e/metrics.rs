@@ -127,7 +127,16 @@ fn prometheus_scrapes_every_component_through_a_session_start_a_login_and_a_hold
     let addrs = site.metrics_addrs.clone();
 
     // Health for load balancers and systemd: alive, and ready (the manager's store answers;
-    // the gateway has its allowlist).
+    // the gateway has its allowlist; the agent's first sync reached Docker and the manager,
+    // which may come just after its registration put the node online).
+    site.wait_until(
+        "the agent's /readyz to say ready",
+        Duration::from_secs(30),
+        || {
+            let answer = status_and_body(&format!("http://{}/readyz", addrs["agent"]));
+            (answer == ("200".to_owned(), "ready\n".to_owned())).then_some(())
+        },
+    );
     for component in ["manager", "agent", "gateway"] {
         let address = &addrs[component];
         assert_eq!(
