@@ -70,10 +70,13 @@ pub async fn run(invocation: &Invocation) -> Result<Finished, String> {
         .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
     if let (Some(input), Some(mut stdin)) = (&invocation.stdin, child.stdin.take()) {
-        stdin
-            .write_all(input)
-            .await
-            .map_err(|e| format!("writing to {program}: {e}"))?;
+        match stdin.write_all(input).await {
+            Ok(()) => {}
+            // It ended without reading all of it (e.g. `run_as` found no such program): its
+            // exit code and words say why.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(format!("writing to {program}: {e}")),
+        }
         drop(stdin);
     }
     let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())

@@ -23,22 +23,15 @@ pub mod status;
 pub mod submit;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use ongrid_core::job::{JobId, JobTarget};
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::domain::grid_jobs::{EngineJobId, LocalAccount, Observation};
-use crate::targets::{HtcondorConfig, Output, Target, TargetError, TargetJob, Tracked};
+use crate::targets::{command, HtcondorConfig, Output, Target, TargetError, TargetJob, Tracked};
 
 use self::submit::{SubmitSite, JOB_ID_ATTRIBUTE, OUTPUT_FILE};
-
-/// How long one HTCondor command may take before the target gives up on it (the schedd may
-/// be busy; the next poll asks again).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many jobs one `condor_q` or `condor_history` constraint names at most.
 const JOBS_PER_QUERY: usize = 200;
@@ -236,32 +229,9 @@ impl Htcondor {
         max: usize,
     ) -> Result<Output, TargetError> {
         let path = self.job_dir(job.job).join(OUTPUT_FILE);
-        let unreadable = |e: std::io::Error| {
-            TargetError::Unavailable(format!("reading {}: {e}", path.display()))
-        };
-        let mut file = match tokio::fs::File::open(&path).await {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Output {
-                    data: Vec::new(),
-                    size: 0,
-                })
-            }
-            Err(e) => return Err(unreadable(e)),
-        };
-        let size = file.metadata().await.map_err(unreadable)?.len();
-        let mut data = Vec::new();
-        if offset < size {
-            file.seek(std::io::SeekFrom::Start(offset))
-                .await
-                .map_err(unreadable)?;
-            let want = (size - offset).min(max as u64);
-            (&mut file)
-                .take(want)
-                .read_to_end(&mut data)
-                .await
-                .map_err(unreadable)?;
-        }
+        let (data, size) = command::read_output(&path, offset, max)
+            .await
+            .map_err(|e| TargetError::Unavailable(format!("reading {}: {e}", path.display())))?;
         Ok(Output { data, size })
     }
 }
@@ -421,51 +391,22 @@ impl Ran {
     }
 }
 
-/// Runs `argv` (no shell) with `stdin` written to it, within [`COMMAND_TIMEOUT`].
+/// Runs `argv` (no shell) with `stdin` written to it, through the targets' shared runner
+/// ([`command::run`], within its timeout).
 async fn run(argv: Vec<String>, stdin: Option<&[u8]>) -> Result<Ran, TargetError> {
-    let (first, rest) = argv
-        .split_first()
-        .ok_or_else(|| TargetError::Unavailable("empty command".to_owned()))?;
-    let mut command = tokio::process::Command::new(first);
-    command
-        .args(rest)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = command.spawn().map_err(|e| {
-        TargetError::Unavailable(format!(
-            "could not run {first}: {e} (check the path in [targets.htcondor])"
-        ))
+    let invocation = command::Invocation {
+        argv,
+        stdin: stdin.map(<[u8]>::to_vec),
+        env: Vec::new(),
+    };
+    let finished = command::run(&invocation).await.map_err(|e| {
+        TargetError::Unavailable(format!("{e} (check the path in [targets.htcondor])"))
     })?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        match pipe.write_all(input).await {
-            Ok(()) => {}
-            // It ended without reading all of it (e.g. `run_as` found no such program): its
-            // exit code and words say why.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-            Err(e) => return Err(TargetError::Unavailable(format!("writing to {first}: {e}"))),
-        }
-        drop(pipe);
-    }
-    let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
-        .await
-        .map_err(|_| {
-            TargetError::Unavailable(format!(
-                "{first} did not answer within {} s",
-                COMMAND_TIMEOUT.as_secs()
-            ))
-        })?
-        .map_err(|e| TargetError::Unavailable(format!("waiting for {first}: {e}")))?;
     Ok(Ran {
-        success: output.status.success(),
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        success: finished.success(),
+        code: finished.code,
+        stdout: finished.stdout,
+        stderr: finished.stderr,
     })
 }
 
