@@ -476,6 +476,20 @@ impl Validator<'_> {
                 ));
             }
         }
+        if let Some(classes) = limits.as_ref().and_then(|l| l.length_classes) {
+            // Sessions that ask for nothing run the default lifetime: it must fit a class.
+            if lifecycle.max_duration > classes.long {
+                return Err(self.invalid(
+                    "limits.length_classes.long",
+                    format!(
+                        "{} is shorter than [lifecycle] max_duration ({}), so every session that \
+                         does not ask for less would be refused: raise long or lower max_duration",
+                        HumanDuration(classes.long),
+                        HumanDuration(lifecycle.max_duration)
+                    ),
+                ));
+            }
+        }
         let store = crate::store::Database::parse(&raw.database.to_string_lossy())
             .map_err(|e| self.invalid("database", e))?;
         let job_log_dir = match (&raw.jobs.log_dir, store.sqlite_file()) {

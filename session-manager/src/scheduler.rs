@@ -318,12 +318,31 @@ impl Scheduler {
                 Some(accounts) => accounts,
                 None => self.store.usage_accounts().await?,
             };
-            let held_back =
-                crate::limit_check::hold_back(&mut state, limits, &accounts, &site, &pending);
+            let lifecycle = self.gpu_policy.map(|s| s.lifecycle).unwrap_or_default();
+            let session_lengths = if limits.length_classes.is_some() {
+                let mut states = crate::site::holding_states();
+                states.push(SessionState::Pending);
+                let facts = self
+                    .store
+                    .lifecycle_facts(crate::store::FactsScope::States(states))
+                    .await?;
+                crate::limit_check::session_lengths(&facts, &lifecycle)
+            } else {
+                HashMap::new()
+            };
+            let round = crate::limit_check::Round {
+                config: limits,
+                accounts: &accounts,
+                site: &site,
+                pending: &pending,
+                session_lengths: &session_lengths,
+                lifecycle: &lifecycle,
+            };
+            let held_back = crate::limit_check::hold_back(&mut state, &round);
             if let Ok(mut waits) = self.limit_waits.lock() {
                 let mut now_waiting = HashMap::new();
-                for (waiting, hit) in held_back {
-                    let reason = hit.to_string();
+                for (waiting, blocked) in held_back {
+                    let reason = blocked.to_string();
                     if waits.get(&waiting) != Some(&reason) {
                         tracing::info!(?waiting, %reason, "Request waits for a limit.");
                     }

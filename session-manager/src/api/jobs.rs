@@ -41,21 +41,6 @@ pub async fn submit_job(
     ApiQuery(query): ApiQuery<super::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    if let Some(limits) = &state.config.limits {
-        if let Some(hit) = crate::domain::policy::limits::never_fits(
-            crate::domain::policy::limits::Kind::Job,
-            body.spec.gpus.count,
-            &caller.admitted.group,
-            limits,
-        ) {
-            return Err(ApiError::forbidden(format!(
-                "a job of {} GPUs can never run here: {}; ask for at most {}",
-                body.spec.gpus.count,
-                hit.rule(),
-                hit.max
-            )));
-        }
-    }
     // Where it runs, and as whom, before which image: a refused target says so first.
     let now = state.clock.now();
     let targets = state.grid.targets();
@@ -67,6 +52,28 @@ pub async fn submit_job(
         (&caller.user.dn, &caller.admitted.group),
         now,
     )?;
+    if state.config.limits.is_some() {
+        let limited = crate::domain::policy::limits::Request {
+            id: (),
+            owner: caller.user.dn.clone(),
+            group: caller.admitted.group.clone(),
+            kind: crate::domain::policy::limits::Kind::Job,
+            gpus: body.spec.gpus.count,
+            // A grid target's engine applies its own length limits: to this site's length
+            // classes, such a job is short work, which no class caps.
+            length: match grid {
+                None => jobs::effective_max_duration(&body.spec, &state.config.job_limits)
+                    .map(|d| d.as_duration()),
+                Some(_) => Some(std::time::Duration::ZERO),
+            },
+        };
+        let site = state.site().await?;
+        if let Some(refusal) =
+            crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
+        {
+            return Err(ApiError::forbidden(refusal));
+        }
+    }
     let lookup = body.spec.image.clone();
     let candidates = frozen_image_candidates(&state, &caller.user.dn, &lookup).await?;
     let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?.ok_or_else(|| {
@@ -369,8 +376,18 @@ async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
     } else {
         None
     };
+    let held_back = (job.state() == JobState::Queued)
+        .then(|| {
+            state
+                .scheduler
+                .limit_wait(crate::limit_check::Waiting::Job(job.id))
+        })
+        .flatten();
     let mut view = job_view(job, &active, state.clock.now());
-    if let (Some(note), Some(waiting)) = (note, view.waiting.as_mut()) {
+    if let (Some(limit), Some(waiting)) = (held_back, view.waiting.as_mut()) {
+        // A QUEUED job over a `[limits]` maximum says which one holds it.
+        *waiting = format!("waits for a limit: {limit}");
+    } else if let (Some(note), Some(waiting)) = (note, view.waiting.as_mut()) {
         // Owned GPUs and reservations that keep it off GPUs that would fit it.
         *waiting = format!("{waiting}; {note}");
     }

@@ -34,21 +34,6 @@ pub async fn create_session(
     body.gpus
         .validate()
         .map_err(|e| ApiError::bad_request(format!("gpus.count: {e}")))?;
-    if let Some(limits) = &state.config.limits {
-        if let Some(hit) = crate::domain::policy::limits::never_fits(
-            crate::domain::policy::limits::Kind::Session,
-            body.gpus.count,
-            &caller.admitted.group,
-            limits,
-        ) {
-            return Err(ApiError::forbidden(format!(
-                "a session of {} GPUs can never run here: {}; ask for at most {}",
-                body.gpus.count,
-                hit.rule(),
-                hit.max
-            )));
-        }
-    }
     let image = session_image(&state, &caller, body.image.as_deref()).await?;
     let (idle_timeout_secs, max_duration_secs) = state
         .config
@@ -56,6 +41,19 @@ pub async fn create_session(
         .limits_for(body.idle_timeout_secs, body.max_duration_secs)
         .map_err(ApiError::bad_request)?;
     let site = state.site().await?;
+    let limited = crate::domain::policy::limits::Request {
+        id: (),
+        owner: caller.user.dn.clone(),
+        group: caller.admitted.group.clone(),
+        kind: crate::domain::policy::limits::Kind::Session,
+        gpus: body.gpus.count,
+        length: Some(std::time::Duration::from_secs(max_duration_secs)),
+    };
+    if let Some(refusal) =
+        crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
+    {
+        return Err(ApiError::forbidden(refusal));
+    }
     if body.gpus.sharing.mig().is_some() {
         ongrid_scheduler::check_mig_satisfiable(
             &site.satisfiability_state(),

@@ -12,14 +12,16 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use ongrid_core::{Dn, HumanDuration};
 use ongrid_x509::voms::Fqan;
 use serde::Deserialize;
 
 use crate::domain::policy::fairshare::{FairShareConfig, DEFAULT_HALF_LIFE};
-use crate::domain::policy::limits::{Limit, LimitsConfig};
+use crate::domain::policy::limits::{LengthClasses, LengthScope, Limit, LimitsConfig};
 use crate::domain::policy::{Admission, AdmitRule, GroupName, Principal};
+use crate::domain::sessions::holds::LONGEST;
 
 /// `[fairshare]` as written: without it requests are served first come, first served.
 ///
@@ -51,6 +53,14 @@ pub struct RawFairShare {
 /// user = { max_gpus = 4, max_sessions = 2 }
 /// group = { max_gpus = 16 }
 /// groups = { atlas = { max_gpus = 32, max_job_gpus = 24 } }
+///
+/// [limits.length_classes]   # CHTC's classes; every key is optional
+/// short = "12 hours"
+/// medium = "24 hours"
+/// long = "7 days"
+/// medium_max_fraction = 0.33
+/// long_max_gpus = 4
+/// per = "user"
 /// ```
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -61,6 +71,27 @@ pub struct RawLimits {
     pub group: RawLimit,
     #[serde(default)]
     pub groups: BTreeMap<String, RawLimit>,
+    /// Limits by how long work may hold its GPUs; left out: none. A key left out is CHTC's.
+    #[serde(default)]
+    pub length_classes: Option<RawLengthClasses>,
+}
+
+/// `[limits.length_classes]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLengthClasses {
+    /// The longest short work: no cap (default "12 hours").
+    pub short: Option<String>,
+    /// The longest medium work (default "24 hours").
+    pub medium: Option<String>,
+    /// The longest work the site takes (default "7 days").
+    pub long: Option<String>,
+    /// Of the site's GPUs, the most that work longer than `short` holds (default 1/3).
+    pub medium_max_fraction: Option<f64>,
+    /// The most GPUs work longer than `medium` holds (default 4).
+    pub long_max_gpus: Option<u32>,
+    /// Whose work each maximum counts: "user" (default), "group" or "site".
+    pub per: Option<String>,
 }
 
 /// One set of maxima; a key left out is no limit.
@@ -95,6 +126,83 @@ pub fn limits(raw: &RawLimits) -> Result<LimitsConfig, (String, String)> {
         user: raw.user.into(),
         group: raw.group.into(),
         groups,
+        length_classes: raw
+            .length_classes
+            .as_ref()
+            .map(length_classes)
+            .transpose()?,
+    })
+}
+
+/// Validates `[limits.length_classes]`: every key left out is CHTC's.
+fn length_classes(raw: &RawLengthClasses) -> Result<LengthClasses, (String, String)> {
+    let chtc = LengthClasses::CHTC;
+    let duration = |name: &str, text: &Option<String>, default: Duration| {
+        let key = format!("limits.length_classes.{name}");
+        let Some(text) = text else {
+            return Ok(default);
+        };
+        let duration = HumanDuration::parse(text)
+            .map_err(|e| (key.clone(), e.to_string()))?
+            .as_duration();
+        if duration.is_zero() || duration > LONGEST {
+            return Err((
+                key,
+                format!(
+                    "{text} must be longer than nothing and at most 100 years, like \"12 hours\""
+                ),
+            ));
+        }
+        Ok(duration)
+    };
+    let short = duration("short", &raw.short, chtc.short)?;
+    let medium = duration("medium", &raw.medium, chtc.medium)?;
+    let long = duration("long", &raw.long, chtc.long)?;
+    if !(short < medium && medium < long) {
+        return Err((
+            "limits.length_classes".to_owned(),
+            format!(
+                "short ({}), medium ({}) and long ({}) must each be longer than the one before",
+                HumanDuration(short),
+                HumanDuration(medium),
+                HumanDuration(long)
+            ),
+        ));
+    }
+    let medium_max_fraction = raw.medium_max_fraction.unwrap_or(chtc.medium_max_fraction);
+    if !(medium_max_fraction > 0.0 && medium_max_fraction <= 1.0) {
+        return Err((
+            "limits.length_classes.medium_max_fraction".to_owned(),
+            format!(
+                "{medium_max_fraction} must be a fraction of the site's GPUs above 0 and at most \
+                 1, like 0.33"
+            ),
+        ));
+    }
+    let long_max_gpus = raw.long_max_gpus.unwrap_or(chtc.long_max_gpus);
+    if long_max_gpus == 0 {
+        return Err((
+            "limits.length_classes.long_max_gpus".to_owned(),
+            "must be at least 1: to take no work longer than medium, set long just above medium"
+                .to_owned(),
+        ));
+    }
+    let per = match raw.per.as_deref() {
+        None => chtc.per,
+        Some(text) => LengthScope::parse(text).ok_or_else(|| {
+            (
+                "limits.length_classes.per".to_owned(),
+                format!("{text:?} must be \"user\", \"group\" or \"site\""),
+            )
+        })?,
+    };
+    Ok(LengthClasses {
+        short,
+        medium,
+        long,
+        medium_max_fraction,
+        long_max_gpus,
+        per,
     })
 }
 
@@ -350,6 +458,57 @@ mod tests {
                 .unwrap_err()
                 .0,
             "limits.groups.Atlas"
+        );
+    }
+
+    #[test]
+    fn length_classes_are_off_unless_set_and_chtcs_for_keys_left_out() {
+        #[derive(Deserialize)]
+        struct File {
+            limits: RawLimits,
+        }
+        let parse = |text: &str| {
+            let file: File = toml::from_str(text).unwrap();
+            limits(&file.limits)
+        };
+        let none = parse("[limits]\nuser = { max_gpus = 4 }\n").unwrap();
+        assert_eq!(none.length_classes, None);
+        let chtc = parse("[limits.length_classes]\n").unwrap();
+        assert_eq!(chtc.length_classes, Some(LengthClasses::CHTC));
+        let site = parse(
+            "[limits.length_classes]\nshort = \"4 hours\"\nmedium = \"2 days\"\n\
+             long = \"14 days\"\nmedium_max_fraction = 0.5\nlong_max_gpus = 8\n\
+             per = \"group\"\n",
+        )
+        .unwrap()
+        .length_classes
+        .unwrap();
+        assert_eq!(site.short, Duration::from_secs(4 * 3600));
+        assert_eq!(site.medium, Duration::from_secs(2 * 86_400));
+        assert_eq!(site.long, Duration::from_secs(14 * 86_400));
+        assert_eq!(site.medium_max_fraction, 0.5);
+        assert_eq!(site.long_max_gpus, 8);
+        assert_eq!(site.per, LengthScope::Group);
+        let key = |text: &str| parse(text).unwrap_err().0;
+        assert_eq!(
+            key("[limits.length_classes]\nmedium = \"8 hours\"\n"),
+            "limits.length_classes"
+        );
+        assert_eq!(
+            key("[limits.length_classes]\nmedium_max_fraction = 1.5\n"),
+            "limits.length_classes.medium_max_fraction"
+        );
+        assert_eq!(
+            key("[limits.length_classes]\nlong_max_gpus = 0\n"),
+            "limits.length_classes.long_max_gpus"
+        );
+        assert_eq!(
+            key("[limits.length_classes]\nper = \"node\"\n"),
+            "limits.length_classes.per"
+        );
+        assert_eq!(
+            key("[limits.length_classes]\nshort = \"soon\"\n"),
+            "limits.length_classes.short"
         );
     }
 

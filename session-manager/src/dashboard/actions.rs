@@ -34,8 +34,8 @@ fn changed_meanwhile(error: StoreError, name: &SessionName) -> ApiError {
     }
 }
 
-/// A new session, as `POST /v1/sessions` makes it: the GPU count checked, the limits, the image
-/// the caller may run, the lifecycle limits, whether the site can ever satisfy it; then one
+/// A new session, as `POST /v1/sessions` makes it: the GPU count checked, the image the caller
+/// may run, the lifecycle limits, the site's `[limits]`, whether the site can ever satisfy it; then one
 /// scheduling round so the page shows whether a GPU was free.
 pub async fn create_session(
     state: &AppState,
@@ -45,21 +45,6 @@ pub async fn create_session(
     body.gpus
         .validate()
         .map_err(|e| ApiError::bad_request(format!("GPUs: {e}")))?;
-    if let Some(limits) = &state.config.limits {
-        if let Some(hit) = crate::domain::policy::limits::never_fits(
-            crate::domain::policy::limits::Kind::Session,
-            body.gpus.count,
-            &caller.admitted.group,
-            limits,
-        ) {
-            return Err(ApiError::forbidden(format!(
-                "a session of {} GPUs can never run here: {}; ask for at most {}",
-                body.gpus.count,
-                hit.rule(),
-                hit.max
-            )));
-        }
-    }
     let site_images = state.config.site_images();
     let image = match image_access::choose_image(body.image.as_deref(), &site_images)? {
         ImageChoice::Site(image) => image,
@@ -74,6 +59,19 @@ pub async fn create_session(
         .limits_for(body.idle_timeout_secs, body.max_duration_secs)
         .map_err(ApiError::bad_request)?;
     let site = state.site().await?;
+    let limited = crate::domain::policy::limits::Request {
+        id: (),
+        owner: caller.user.dn.clone(),
+        group: caller.admitted.group.clone(),
+        kind: crate::domain::policy::limits::Kind::Session,
+        gpus: body.gpus.count,
+        length: Some(std::time::Duration::from_secs(max_duration_secs)),
+    };
+    if let Some(refusal) =
+        crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
+    {
+        return Err(ApiError::forbidden(refusal));
+    }
     if body.gpus.sharing.mig().is_some() {
         ongrid_scheduler::check_mig_satisfiable(
             &site.satisfiability_state(),

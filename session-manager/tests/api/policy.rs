@@ -195,3 +195,140 @@ async fn a_user_at_their_gpu_cap_waits_with_the_limit_named_and_a_request_beyond
     m.alice.wait_for("second", SessionState::Starting).await;
     m.stop().await;
 }
+
+/// A job of `max_duration` on one GPU of Alice's image `mymodel:v1`.
+fn job_of(max_duration: &str, gpus: u32) -> ongrid_core::job::SubmitJob {
+    let mut spec = ongrid_core::job::JobSpecFile {
+        image: Some("mymodel:v1".to_owned()),
+        command: vec!["python".into(), "train.py".into()],
+        max_duration: Some(max_duration.to_owned()),
+        ..Default::default()
+    };
+    spec.gpus = Some(gpus);
+    ongrid_core::job::SubmitJob {
+        spec: spec.validate(Utc::now()).unwrap(),
+    }
+}
+
+impl Api {
+    /// Submits a job; its id.
+    async fn submit_job(&self, body: &ongrid_core::job::SubmitJob) -> String {
+        let job: ongrid_core::job::JobView = self
+            .ok(StatusCode::CREATED, self.post("/v1/jobs", body))
+            .await;
+        job.id.to_string()
+    }
+
+    /// Waits until a QUEUED job's `waiting` (what `devctl job show` prints) is `expected`.
+    async fn wait_for_waiting(&self, id: &str, expected: &str) -> ongrid_core::job::JobView {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let view = self.job(id).await;
+            if view.waiting.as_deref() == Some(expected) {
+                return view;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "job {id} is {} waiting {:?}, not {expected:?}",
+                view.state,
+                view.waiting
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn long_work_waits_at_its_length_class_cap_and_work_no_class_takes_is_refused() {
+    use ongrid_core::job::JobState;
+
+    let site = Site::new();
+    let text = format!(
+        "{}\n[limits.length_classes]\nlong_max_gpus = 1\n",
+        std::fs::read_to_string(&site.config.path).unwrap()
+    );
+    let config = Config::from_toml(&text, &site.config.path, |_| None).unwrap();
+    let m = site.start_with(config, None).await;
+    let gpus = vec![a100(1), a100(2), a100(3)];
+    m.node1.register("node1", gpus.clone()).await;
+    super::jobs::frozen_image(&m, &gpus).await;
+
+    // A 3-day job is long work: it takes Alice's one long GPU.
+    let first = m.alice.submit_job(&job_of("72h", 1)).await;
+    m.alice.wait_for_job(&first, JobState::Running).await;
+    // A second waits QUEUED with the cap named, though GPUs are free.
+    let second = m.alice.submit_job(&job_of("48h", 1)).await;
+    let waiting = m
+        .alice
+        .wait_for_waiting(
+            &second,
+            "waits for a limit: you hold 1 of at most 1 GPUs in work longer than 1 day \
+             (limits.length_classes long_max_gpus)",
+        )
+        .await;
+    assert_eq!(waiting.state, JobState::Queued);
+    // A session lives up to the site's maximum lifetime (7 days): long work too.
+    m.alice.create(Some("lab"), one_gpu()).await;
+    let lab = m.alice.show("lab").await;
+    assert_eq!(lab.state, SessionState::Pending);
+    assert_eq!(
+        lab.reason,
+        "waits for a limit: you hold 1 of at most 1 GPUs in work longer than 1 day \
+         (limits.length_classes long_max_gpus)"
+    );
+    // Short work uses the open capacity.
+    let short = m.alice.submit_job(&job_of("2h", 1)).await;
+    m.alice.wait_for_job(&short, JobState::Running).await;
+
+    // What could never fit is refused, naming the limit.
+    let refused = m
+        .alice
+        .fails(
+            StatusCode::FORBIDDEN,
+            m.alice.post("/v1/jobs", &job_of("72h", 2)),
+        )
+        .await;
+    assert_eq!(
+        refused.error.message,
+        "a job of 2 GPUs can never run here: limits.length_classes long_max_gpus: at most 1 \
+         GPUs per user in work longer than 1 day; ask for at most 1"
+    );
+    let refused = m
+        .alice
+        .fails(
+            StatusCode::FORBIDDEN,
+            m.alice.post("/v1/jobs", &job_of("8 days", 1)),
+        )
+        .await;
+    assert_eq!(
+        refused.error.message,
+        "a job of up to 1 week 1 day can never run here: the longest work the site takes is 1 \
+         week (limits.length_classes long); ask for a max duration of at most that"
+    );
+
+    // When the first long job ends, the waiting session (served before jobs) takes the long
+    // GPU and the second job still waits; when the session ends too, the job runs.
+    let _: ongrid_core::job::JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{first}/cancel"), &()),
+        )
+        .await;
+    m.alice.wait_for("lab", SessionState::Starting).await;
+    let still = m.alice.job(&second).await;
+    assert_eq!(still.state, JobState::Queued);
+    assert_eq!(
+        still.waiting.as_deref(),
+        Some(
+            "waits for a limit: you hold 1 of at most 1 GPUs in work longer than 1 day \
+             (limits.length_classes long_max_gpus)"
+        )
+    );
+    let _: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.delete("/v1/sessions/lab"))
+        .await;
+    m.alice.wait_for_job(&second, JobState::Running).await;
+    m.stop().await;
+}
