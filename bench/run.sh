@@ -1,41 +1,217 @@
 #!/usr/bin/env bash
-# ongrid's benchmark in one command, on this machine, with release binaries.
+# ongrid's benchmark in one command, on this machine, with release binaries. Prints, in one run,
+# each part as it goes and then a table side by side with the reference measured in the same run:
 #
-# Usage: bench/run.sh            (ONGRID_BENCH_SESSIONS: how many sessions, default 20)
+# 1. Time to shell: from `devctl session new --wait` to the first command run in the new session
+#    through the SSH gateway (`ssh <session>@gateway true`), with a GPU free and the dev image
+#    present, over ONGRID_BENCH_SESSIONS sessions one after the other; p50 and p99, and the two
+#    parts (tests/examples/time_to_shell.rs).
+# 2. SSH through the gateway against OpenSSH's sshd (Debian's openssh-server), which this script
+#    starts on a free loopback port with its own config, host key and test user `ongrid-bench`
+#    (MaxStartups raised so 50 logins at once are not dropped), the same cipher on both
+#    (chacha20-poly1305@openssh.com): throughput each way of ONGRID_BENCH_SSH_MIB MiB of random
+#    bytes through `cat`, login time one at a time (p50) and 50 at once; then the resident memory
+#    of the gateway and the agent with ONGRID_BENCH_IDLE idle connections (authenticated, a
+#    session channel open) (tests/examples/ssh_bench.rs).
+# 3. The scheduler's plan time: a short criterion run of scheduler/benches/plan.rs (1,000 nodes
+#    × 8 GPUs against 10,000 pending sessions; 10,000 GPUs against 50,000 sessions and jobs).
+# 4. The freeze ratio: images/benches/freeze.sh on ONGRID_BENCH_FREEZE_MIB MiB, one run each.
 #
-# Time to shell: from `devctl session new --wait` to the first command run in the new session
-# through the SSH gateway (`ssh <session>@gateway true`), with a GPU free and the dev image
-# present, over ONGRID_BENCH_SESSIONS sessions one after the other; p50 and p99, and the two
-# parts. The site (manager, an agent with a simulated GPU, the gateway) is brought up by the
-# end-to-end harness (tests/src/lib.rs) in a temporary directory with a node name of its own,
-# so it runs beside a quickstart or other sites on the same Docker daemon and leaves nothing
-# behind. Absolute times are printed, not asserted.
+# The sites of 1 and 2 (manager, an agent with a simulated GPU, the gateway) are brought up by the
+# end-to-end harness (tests/src/lib.rs) in a temporary directory with a node name of their own,
+# so they run beside a quickstart or other sites on the same Docker daemon and leave nothing
+# behind. Absolute times are printed, not asserted; the whole run takes about 10 minutes on a
+# 2-core machine once built.
 #
-# Needs: cargo, Docker with the image ongrid/dev:latest (images/dev/build.sh), OpenSSH's ssh and
-# ssh-keygen, and root (the agent installs iptables rules), as the end-to-end tests do.
+# Usage: bench/run.sh [--no-build]
+# Environment (defaults): ONGRID_BENCH_SESSIONS (20), ONGRID_BENCH_SSH_MIB (1024),
+#   ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0 skips the freeze),
+#   ONGRID_BENCH_PLAN (yes; no skips the scheduler).
+#
+# Needs: root (the agent installs iptables rules; the test user; the freeze bench), cargo, Docker
+# with the image ongrid/dev:latest (images/dev/build.sh), OpenSSH's ssh, ssh-keygen and sshd
+# (openssh-client, openssh-server), ss (iproute2), and what images/benches/freeze.sh needs.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
 readonly TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 readonly SESSIONS="${ONGRID_BENCH_SESSIONS:-20}"
+readonly SSH_MIB="${ONGRID_BENCH_SSH_MIB:-1024}"
+readonly IDLE="${ONGRID_BENCH_IDLE:-1000}"
+readonly FREEZE_MIB="${ONGRID_BENCH_FREEZE_MIB:-256}"
+readonly PLAN="${ONGRID_BENCH_PLAN:-yes}"
+readonly SSHD_USER=ongrid-bench
+readonly SSHD=/usr/sbin/sshd
 
 die() {
     printf 'error: %s\n' "$*" >&2
     exit 1
 }
 
-[[ "$SESSIONS" =~ ^[1-9][0-9]*$ ]] ||
-    die "ONGRID_BENCH_SESSIONS=$SESSIONS must be a whole number of sessions, like 20"
+build=yes
+for arg in "$@"; do
+    case "$arg" in
+    --no-build) build=no ;;
+    *) die "unknown argument $arg (usage: bench/run.sh [--no-build])" ;;
+    esac
+done
+
+for var in SESSIONS SSH_MIB; do
+    [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number above 0"
+done
+for var in IDLE FREEZE_MIB; do
+    [[ "${!var}" =~ ^[0-9]+$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number"
+done
+[[ "$(id -u)" -eq 0 ]] || die "run as root: the agent installs iptables rules, and the sshd needs a test user"
 command -v docker >/dev/null || die "docker not found: install Docker Engine and start it"
 docker image inspect ongrid/dev:latest >/dev/null 2>&1 ||
     die "the image ongrid/dev:latest is missing: build it with images/dev/build.sh"
 command -v ssh >/dev/null || die "ssh not found: apt-get install openssh-client"
+[[ -x "$SSHD" ]] || die "$SSHD not found: apt-get install openssh-server (the reference)"
+command -v ss >/dev/null || die "ss not found: apt-get install iproute2"
+
+# The idle connections are file descriptors of the driver (and of the gateway, a child).
+fds_needed=$((IDLE + 1024))
+if (($(ulimit -n) < fds_needed)); then
+    ulimit -n "$fds_needed" 2>/dev/null ||
+        die "ulimit -n is $(ulimit -n) (hard limit $(ulimit -Hn)): $IDLE idle connections need $fds_needed; raise the hard limit or lower ONGRID_BENCH_IDLE"
+fi
+
+work="$(mktemp -d -t ongrid-bench.XXXXXX)"
+chmod 0755 "$work"
+readonly work
+readonly summary="$work/summary"
+sshd_pid=""
+user_made=no
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    if [[ -n "$sshd_pid" ]]; then
+        kill -TERM "$sshd_pid" 2>/dev/null || true
+        wait "$sshd_pid" 2>/dev/null || true
+    fi
+    if [[ "$user_made" == yes ]]; then
+        userdel "$SSHD_USER" 2>/dev/null || true
+    fi
+    rm -rf -- "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 cd "$REPO_ROOT"
-printf '==> building the release binaries\n'
-cargo build --release --quiet -p ongrid-manager -p ongrid-agent -p devctl -p ongrid-gateway
-cargo build --release --quiet -p ongrid-e2e --example time_to_shell
+if [[ "$build" == yes ]]; then
+    printf '==> building the release binaries\n'
+    cargo build --release --quiet -p ongrid-manager -p ongrid-agent -p devctl -p ongrid-gateway
+    cargo build --release --quiet -p ongrid-e2e --example time_to_shell --example ssh_bench
+fi
+for example in time_to_shell ssh_bench; do
+    [[ -x "$TARGET_DIR/release/examples/$example" ]] ||
+        die "$TARGET_DIR/release/examples/$example is missing: run without --no-build"
+done
 
+# A loopback port nothing listens on.
+free_port() {
+    local port
+    for _ in $(seq 1 100); do
+        port=$((20000 + RANDOM % 40000))
+        if [[ -z "$(ss -Htln "sport = :$port")" ]]; then
+            printf '%s\n' "$port"
+            return 0
+        fi
+    done
+    die "found no free loopback port"
+}
+
+# The reference: sshd on a loopback port, its own host key and config, the test user's key.
+start_sshd() {
+    local dir="$work/sshd" home="$work/home" port
+    mkdir -p "$dir" /run/sshd
+    if ! id "$SSHD_USER" >/dev/null 2>&1; then
+        useradd --system --no-create-home --home-dir "$home" --shell /bin/bash "$SSHD_USER"
+        user_made=yes
+    fi
+    # A usable account (a locked one, `!`, is refused by sshd) without a password.
+    usermod --home "$home" --password '*' "$SSHD_USER"
+    mkdir -p "$home/.ssh"
+    ssh-keygen -q -t ed25519 -N '' -C ongrid-bench -f "$dir/client_key"
+    cp "$dir/client_key.pub" "$home/.ssh/authorized_keys"
+    chown -R "$SSHD_USER:" "$home"
+    chmod 0700 "$home/.ssh"
+    ssh-keygen -q -t ed25519 -N '' -C ongrid-bench-host -f "$dir/host_key"
+    port="$(free_port)"
+    cat >"$dir/sshd_config" <<EOF
+Port $port
+ListenAddress 127.0.0.1
+HostKey $dir/host_key
+PidFile $dir/sshd.pid
+AllowUsers $SSHD_USER
+AuthorizedKeysFile .ssh/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PermitRootLogin no
+# 50 logins at once must not be dropped (the default starts refusing at 10).
+MaxStartups 200:30:400
+Ciphers chacha20-poly1305@openssh.com
+UseDNS no
+PrintMotd no
+PrintLastLog no
+LogLevel ERROR
+EOF
+    "$SSHD" -t -f "$dir/sshd_config" || die "sshd refused its config $dir/sshd_config"
+    "$SSHD" -D -f "$dir/sshd_config" -E "$dir/sshd.log" &
+    sshd_pid=$!
+    local i
+    for ((i = 0; i < 100; i++)); do
+        [[ -n "$(ss -Htln "sport = :$port")" ]] && break
+        kill -0 "$sshd_pid" 2>/dev/null || die "sshd exited: $(cat "$dir/sshd.log")"
+        sleep 0.1
+    done
+    ssh -F /dev/null -p "$port" -i "$dir/client_key" -o IdentitiesOnly=yes -o BatchMode=yes \
+        -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR \
+        "$SSHD_USER@127.0.0.1" true ||
+        die "cannot log into the reference sshd on port $port: $(cat "$dir/sshd.log")"
+    printf 'sshd (%s) on 127.0.0.1:%s for user %s\n' "$("$SSHD" -V 2>&1 | head -n1)" "$port" "$SSHD_USER"
+    export ONGRID_BENCH_SSHD_PORT="$port" ONGRID_BENCH_SSHD_USER="$SSHD_USER"
+    export ONGRID_BENCH_SSHD_KEY="$dir/client_key" ONGRID_BENCH_WORK="$work"
+}
+
+export ONGRID_BENCH_SUMMARY="$summary"
 printf '\n==> time to shell, %s sessions\n' "$SESSIONS"
 "$TARGET_DIR/release/examples/time_to_shell" "$SESSIONS"
+
+printf '\n==> SSH: the gateway against OpenSSH sshd\n'
+start_sshd
+"$TARGET_DIR/release/examples/ssh_bench" --mib "$SSH_MIB" --idle "$IDLE"
+
+if [[ "$PLAN" != no ]]; then
+    printf '\n==> scheduler plan time (a short criterion run)\n'
+    cargo bench --quiet -p ongrid-scheduler --bench plan -- --noplot --warm-up-time 1 \
+        --measurement-time 3 'site_1000x8/pending_10000|mixed_site_1250x8' | tee "$work/plan.out"
+    # "plan/NAME", then (on the same line or the next) "time:   [low mid high]": the middle.
+    awk '/^plan\// { name = $1 } /time:/ && name != "" {
+            gsub(/[][]/, ""); sub(/.*time: */, "");
+            printf "scheduler %s|%s %s|-|-\n", name, $3, $4; name = "" }' \
+        "$work/plan.out" >>"$summary"
+fi
+
+if ((FREEZE_MIB > 0)); then
+    printf '\n==> freeze, ~%s MiB of mixed files, one run each\n' "$FREEZE_MIB"
+    ONGRID_BENCH_MIB="$FREEZE_MIB" ONGRID_BENCH_RUNS=1 "$REPO_ROOT/images/benches/freeze.sh" |
+        tee "$work/freeze.out"
+    awk '/^ours \(export/ { ours = $(NF - 2) } /^reference \(export/ { ref = $(NF - 2) }
+         /^ratio ours/ { sub(/.*wall time: */, ""); ratio = $1 }
+         END { printf "freeze wall time (%s MiB), s|%s|%s|%s\n", mib, ours, ref, ratio }' \
+        mib="$FREEZE_MIB" "$work/freeze.out" >>"$summary"
+fi
+
+printf '\n==> summary (load average %s)\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
+{
+    printf 'measure|ongrid|reference|ratio\n'
+    cat "$summary"
+} | column -t -s '|'

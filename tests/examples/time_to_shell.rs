@@ -12,12 +12,13 @@
 //! and waits for its container to be gone.
 //! A first round, not counted, gives the user a home volume (made once per user). Prints every
 //! round, then p50 and p99 (nearest rank) of the whole and of its two parts: `devctl session
-//! new --wait` (request → container running and reported) and the SSH login with the command.
+//! new --wait` (request → container running and reported) and the SSH login with the command;
+//! the first two also to `bench/run.sh`'s table ([`bench_summary`]).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ongrid_e2e::{docker_lines, SimGpu, Site};
+use ongrid_e2e::{bench_summary, docker_lines, SimGpu, Site};
 
 const DEFAULT_SESSIONS: usize = 20;
 
@@ -65,6 +66,18 @@ fn main() -> ExitCode {
             ms(percentile(samples, 50)),
             ms(percentile(samples, 99)),
             samples.len()
+        );
+    }
+    for (what, samples) in [("time to shell", &total), ("  devctl session new --wait", &waits)] {
+        bench_summary(
+            &format!("{} p50 / p99 ({sessions}), ms", what.trim()),
+            &format!(
+                "{} / {}",
+                ms(percentile(samples, 50)),
+                ms(percentile(samples, 99))
+            ),
+            "-",
+            None,
         );
     }
     ExitCode::SUCCESS

@@ -877,6 +877,17 @@ allowlist_refresh = "1 second"
         self.gateway.take().expect("the gateway runs").kill_hard();
     }
 
+    /// The process id of a running component: `manager`, `agent` or `gateway`.
+    pub fn pid(&self, component: &str) -> Option<u32> {
+        let process = match component {
+            "manager" => self.manager.as_ref(),
+            "agent" => self.agent.as_ref(),
+            "gateway" => self.gateway.as_ref(),
+            _ => None,
+        }?;
+        process.child.as_ref().map(Child::id)
+    }
+
     /// The image store the manager and the agent share: `<store>/sha256/`, `<store>/.partial/`.
     pub fn images_dir(&self) -> PathBuf {
         self.dir.path().join("images")
@@ -980,6 +991,38 @@ allowlist_refresh = "1 second"
             },
         )
     }
+}
+
+/// Appends the row `what|ours|reference|ratio` to the file `ONGRID_BENCH_SUMMARY` names, if it
+/// is set: the side-by-side table `bench/run.sh` prints at its end (`-` where there is no
+/// reference).
+pub fn bench_summary(what: &str, ours: &str, reference: &str, ratio: Option<f64>) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("ONGRID_BENCH_SUMMARY") else {
+        return;
+    };
+    let ratio = ratio.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", Path::new(&path).display()));
+    writeln!(file, "{what}|{ours}|{reference}|{ratio}")
+        .unwrap_or_else(|e| panic!("write {}: {e}", Path::new(&path).display()));
+}
+
+/// The resident memory of process `pid` in KiB (`VmRSS` of `/proc/<pid>/status`); `None` once
+/// it is gone.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Makes an ed25519 key pair without passphrase at `path` (and `path.pub`).

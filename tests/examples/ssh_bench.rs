@@ -1,0 +1,592 @@
+//! SSH through the gateway against OpenSSH's sshd on the same machine, in the same run: bulk
+//! throughput each way, login time one at a time and many at once, and the gateway's and the
+//! agent's memory with many idle connections. Run by `bench/run.sh`, which starts the sshd
+//! (Debian's `openssh-server`, on a loopback port with its own config, host key and test user)
+//! and passes it in the environment:
+//!
+//! ```text
+//! ONGRID_BENCH_SSHD_PORT=P ONGRID_BENCH_SSHD_USER=U ONGRID_BENCH_SSHD_KEY=K ONGRID_BENCH_WORK=D \
+//!     ssh_bench [--mib 1024] [--runs 2] [--logins 20] [--concurrent 50] [--idle 1000]
+//! ```
+//!
+//! The site (manager, an agent with a simulated GPU, the gateway) is the end-to-end harness's;
+//! one session `bench` of one user serves every gateway measurement. Both sides are driven by
+//! the same OpenSSH client with the same cipher ([`CIPHER`]):
+//!
+//! - throughput: `--mib` MiB of random bytes (a file in `ONGRID_BENCH_WORK`, readable by the
+//!   sshd's user, and copied into the session's container) up with `ssh T 'cat > /dev/null' <
+//!   file` and down with `ssh T 'cat file'`, the bytes counted; gateway and sshd alternate,
+//!   `--runs` times each, and the best of each is kept. The times include the login (about
+//!   2% of a 1 GiB transfer).
+//! - login: `ssh T true` `--logins` times one after the other (alternating; p50 and p99), then
+//!   `--concurrent` at once (the wall time until the last one ended; all must succeed).
+//! - idle connections (gateway only): `--idle` connections from one process (russh's client),
+//!   each authenticated with the user's key and with a session channel open, no command; the
+//!   resident memory of the gateway and the agent before, with all open, and after they closed.
+//!
+//! Every figure is printed; none is asserted, except that each transfer moved every byte and
+//! each login succeeded. The headline rows also go to `ONGRID_BENCH_SUMMARY` when it is set
+//! ([`bench_summary`]), for `bench/run.sh`'s table.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ongrid_e2e::{bench_summary, docker_lines, rss_kib, SimGpu, Site, User};
+
+/// The cipher both servers are asked for: OpenSSH's default, and the one the gateway's russh
+/// prefers.
+const CIPHER: &str = "chacha20-poly1305@openssh.com";
+/// The session every gateway measurement uses.
+const SESSION: &str = "bench";
+/// Where the random file is copied in the session's container.
+const CONTAINER_BLOB: &str = "/tmp/ongrid-bench-blob";
+/// Idle connections being set up at once (the gateway admits 50 not logged in yet per address).
+const IDLE_IN_FLIGHT: usize = 32;
+
+struct Options {
+    mib: u64,
+    runs: usize,
+    logins: usize,
+    concurrent: usize,
+    idle: usize,
+}
+
+fn usage() -> String {
+    "usage: ssh_bench [--mib N] [--runs N] [--logins N] [--concurrent N] [--idle N]\n\
+     (defaults: 1024 MiB, 2 runs, 20 logins, 50 at once, 1000 idle connections), with\n\
+     ONGRID_BENCH_SSHD_PORT, ONGRID_BENCH_SSHD_USER, ONGRID_BENCH_SSHD_KEY and ONGRID_BENCH_WORK\n\
+     set (bench/run.sh sets them)"
+        .to_owned()
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut options = Options {
+        mib: 1024,
+        runs: 2,
+        logins: 20,
+        concurrent: 50,
+        idle: 1000,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{}", usage()))?;
+        let number: u64 = value
+            .parse()
+            .map_err(|_| format!("{flag} {value:?} is not a whole number\n{}", usage()))?;
+        let count = usize::try_from(number).map_err(|_| format!("{flag} {value} is too large"))?;
+        match flag.as_str() {
+            "--mib" if number > 0 => options.mib = number,
+            "--runs" if number > 0 => options.runs = count,
+            "--logins" if number > 0 => options.logins = count,
+            "--concurrent" if number > 0 => options.concurrent = count,
+            "--idle" => options.idle = count,
+            _ => return Err(format!("unknown or zero option {flag} {value}\n{}", usage())),
+        }
+    }
+    Ok(options)
+}
+
+/// The sshd `bench/run.sh` started.
+struct Sshd {
+    port: String,
+    user: String,
+    key: PathBuf,
+    /// A directory the sshd's user can read: where the random file goes.
+    work: PathBuf,
+}
+
+impl Sshd {
+    fn from_env() -> Result<Self, String> {
+        let var = |name: &str| {
+            std::env::var(name).map_err(|_| format!("{name} is not set\n{}", usage()))
+        };
+        Ok(Self {
+            port: var("ONGRID_BENCH_SSHD_PORT")?,
+            user: var("ONGRID_BENCH_SSHD_USER")?,
+            key: var("ONGRID_BENCH_SSHD_KEY")?.into(),
+            work: var("ONGRID_BENCH_WORK")?.into(),
+        })
+    }
+}
+
+/// One of the two servers, as the OpenSSH client reaches it.
+struct Target {
+    name: &'static str,
+    /// Everything before the remote command: options, cipher, destination.
+    args: Vec<String>,
+    /// Where the random file is, as seen by the remote command.
+    blob: String,
+}
+
+impl Target {
+    fn gateway(site: &Site, user: &User) -> Self {
+        let mut args = site.ssh_options(user);
+        args.extend(["-c".to_owned(), CIPHER.to_owned()]);
+        args.push(format!("{SESSION}@127.0.0.1"));
+        Self {
+            name: "gateway",
+            args,
+            blob: CONTAINER_BLOB.to_owned(),
+        }
+    }
+
+    fn sshd(sshd: &Sshd, blob: &Path) -> Self {
+        let mut args: Vec<String> = [
+            "-F",
+            "/dev/null",
+            "-p",
+            &sshd.port,
+            "-i",
+            &sshd.key.display().to_string(),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=20",
+            "-c",
+            CIPHER,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.push(format!("{}@127.0.0.1", sshd.user));
+        Self {
+            name: "sshd",
+            args,
+            blob: blob.display().to_string(),
+        }
+    }
+
+    fn command(&self, remote: &str) -> Command {
+        let mut command = Command::new("ssh");
+        command.args(&self.args).arg(remote);
+        command
+    }
+}
+
+fn main() -> ExitCode {
+    let options = match parse_options() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let sshd = match Sshd::from_env() {
+        Ok(sshd) => sshd,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut site = Site::start(&[SimGpu::a100(1)]);
+    let user = site.user("Bench");
+    site.allow_loopback();
+    site.add_key(&user);
+    site.devctl_ok(&user, &["session", "new", "--name", SESSION, "--wait"]);
+
+    let blob = sshd.work.join("blob");
+    let bytes = options.mib * 1024 * 1024;
+    write_random(&blob, bytes);
+    copy_into_session(&site, &blob);
+    let gateway = Target::gateway(&site, &user);
+    let reference = Target::sshd(&sshd, &blob);
+
+    println!("==> throughput, {} MiB each way, best of {}", options.mib, options.runs);
+    let mut best = [[0.0f64; 2]; 2]; // [target][up, down] in MiB/s
+    for run in 1..=options.runs {
+        for (i, target) in [&gateway, &reference].into_iter().enumerate() {
+            let up = mib_per_s(bytes, upload(target, &blob));
+            let down = mib_per_s(bytes, download(target, bytes));
+            println!(
+                "run {run}  {:<8} up {up:>7.1} MiB/s  down {down:>7.1} MiB/s",
+                target.name
+            );
+            best[i][0] = best[i][0].max(up);
+            best[i][1] = best[i][1].max(down);
+        }
+    }
+    for (j, way) in ["up (client to server)", "down (server to client)"]
+        .into_iter()
+        .enumerate()
+    {
+        let (ours, theirs) = (best[0][j], best[1][j]);
+        println!(
+            "{way}: gateway {ours:.1} MiB/s, sshd {theirs:.1} MiB/s, ratio {:.2}",
+            ours / theirs
+        );
+        bench_summary(
+            &format!("SSH throughput {way}, MiB/s"),
+            &format!("{ours:.1}"),
+            &format!("{theirs:.1}"),
+            Some(ours / theirs),
+        );
+    }
+    std::fs::remove_file(&blob).ok();
+
+    println!(
+        "\n==> login: `ssh T true`, {} one after the other",
+        options.logins
+    );
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..options.logins {
+        for (i, target) in [&gateway, &reference].into_iter().enumerate() {
+            times[i].push(login(target));
+        }
+    }
+    for samples in &mut times {
+        samples.sort();
+    }
+    for (i, target) in [&gateway, &reference].into_iter().enumerate() {
+        println!(
+            "{:<8} p50 {} ms, p99 {} ms",
+            target.name,
+            ms(percentile(&times[i], 50)),
+            ms(percentile(&times[i], 99))
+        );
+    }
+    let (ours, theirs) = (percentile(&times[0], 50), percentile(&times[1], 50));
+    bench_summary(
+        "SSH login (ssh T true) p50, ms",
+        &ms(ours).to_string(),
+        &ms(theirs).to_string(),
+        Some(ours.as_secs_f64() / theirs.as_secs_f64()),
+    );
+
+    println!("\n==> login: {} `ssh T true` at once", options.concurrent);
+    let mut walls = [Duration::ZERO; 2];
+    for (i, target) in [&gateway, &reference].into_iter().enumerate() {
+        walls[i] = logins_at_once(target, options.concurrent);
+        println!(
+            "{:<8} all {} done in {} ms",
+            target.name,
+            options.concurrent,
+            ms(walls[i])
+        );
+    }
+    bench_summary(
+        &format!("{} logins at once, wall ms", options.concurrent),
+        &ms(walls[0]).to_string(),
+        &ms(walls[1]).to_string(),
+        Some(walls[0].as_secs_f64() / walls[1].as_secs_f64()),
+    );
+
+    if options.idle > 0 {
+        println!(
+            "\n==> {} idle connections to the gateway (authenticated, a session channel open)",
+            options.idle
+        );
+        idle_connections(&site, &user, options.idle);
+    }
+    ExitCode::SUCCESS
+}
+
+/// Writes `bytes` random bytes to `path`, readable by everyone (the sshd's user reads it).
+fn write_random(path: &Path, bytes: u64) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut random = std::fs::File::open("/dev/urandom").expect("open /dev/urandom");
+    let mut file = std::fs::File::create(path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = usize::try_from(left.min(buffer.len() as u64)).expect("at most 1 MiB");
+        random.read_exact(&mut buffer[..n]).expect("read /dev/urandom");
+        file.write_all(&buffer[..n])
+            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        left -= n as u64;
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))
+        .expect("chmod the random file");
+}
+
+/// Copies the random file into the session's container at [`CONTAINER_BLOB`].
+fn copy_into_session(site: &Site, blob: &Path) {
+    let labels = [
+        format!("label=ongrid.node={}", site.node),
+        format!("label=ongrid.session.name={SESSION}"),
+    ];
+    let ids = docker_lines(&["ps", "-q", "--filter", &labels[0], "--filter", &labels[1]]);
+    let [id] = ids.as_slice() else {
+        panic!("expected one container for session {SESSION}, found {ids:?}");
+    };
+    let status = Command::new("docker")
+        .args(["cp", "-q"])
+        .arg(blob)
+        .arg(format!("{id}:{CONTAINER_BLOB}"))
+        .status()
+        .expect("run docker cp");
+    assert!(status.success(), "docker cp of the random file: {status}");
+    // Readable by the session's user whatever owner docker cp gave it.
+    let status = Command::new("docker")
+        .args(["exec", id, "chmod", "0644", CONTAINER_BLOB])
+        .status()
+        .expect("run docker exec chmod");
+    assert!(status.success(), "chmod of the random file: {status}");
+}
+
+/// `ssh T 'cat > /dev/null' < file`: the time until ssh exits.
+fn upload(target: &Target, blob: &Path) -> Duration {
+    let input = std::fs::File::open(blob).expect("open the random file");
+    let start = Instant::now();
+    let out = target
+        .command("cat > /dev/null")
+        .stdin(input)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run ssh");
+    let elapsed = start.elapsed();
+    assert!(
+        out.status.success(),
+        "upload through {} failed ({}): {}",
+        target.name,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
+}
+
+/// `ssh T 'cat file'`, every byte counted: the time until ssh exits.
+fn download(target: &Target, bytes: u64) -> Duration {
+    let start = Instant::now();
+    let mut child = target
+        .command(&format!("cat {}", target.blob))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ssh");
+    let mut stdout = child.stdout.take().expect("ssh stdout");
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut received = 0u64;
+    loop {
+        match stdout.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => received += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("reading ssh's output: {e}"),
+        }
+    }
+    let out = child.wait_with_output().expect("wait for ssh");
+    let elapsed = start.elapsed();
+    assert!(
+        out.status.success() && received == bytes,
+        "download through {} failed ({}, {received} of {bytes} bytes): {}",
+        target.name,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
+}
+
+/// `ssh T true`: the time until ssh exits.
+fn login(target: &Target) -> Duration {
+    let start = Instant::now();
+    let out = target
+        .command("true")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ssh");
+    let elapsed = start.elapsed();
+    assert!(
+        out.status.success(),
+        "ssh {} true failed ({}): {}",
+        target.name,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
+}
+
+/// `count` `ssh T true` started together: the time until the last one exited.
+fn logins_at_once(target: &Target, count: usize) -> Duration {
+    let start = Instant::now();
+    let children: Vec<Child> = (0..count)
+        .map(|_| {
+            target
+                .command("true")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run ssh")
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().expect("wait for ssh");
+        if !out.status.success() {
+            failures.push(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    let elapsed = start.elapsed();
+    assert!(
+        failures.is_empty(),
+        "{} of {count} logins at once to {} failed: {failures:?}",
+        failures.len(),
+        target.name
+    );
+    elapsed
+}
+
+/// A client that accepts any host key (the harness's gateway made its own just now).
+struct TrustingClient;
+
+impl russh::client::Handler for TrustingClient {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        _key: &russh::keys::PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+}
+
+/// An idle connection: its handle and its open session channel, kept until dropped.
+type Idle = (
+    russh::client::Handle<TrustingClient>,
+    russh::Channel<russh::client::Msg>,
+);
+
+/// One connection to the gateway, authenticated as the user, with a session channel open.
+async fn connect_idle(
+    config: Arc<russh::client::Config>,
+    addr: String,
+    key: Arc<russh::keys::PrivateKey>,
+) -> Result<Idle, String> {
+    let mut handle = russh::client::connect(config, addr.as_str(), TrustingClient)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let auth = handle
+        .authenticate_publickey(
+            SESSION,
+            russh::keys::PrivateKeyWithHashAlg::new(key, None),
+        )
+        .await
+        .map_err(|e| format!("authenticate: {e}"))?;
+    if !auth.success() {
+        return Err(format!("the gateway refused the key: {auth:?}"));
+    }
+    let channel = handle
+        .channel_open_session()
+        .await
+        .map_err(|e| format!("open a session channel: {e}"))?;
+    Ok((handle, channel))
+}
+
+fn idle_connections(site: &Site, user: &User, count: usize) {
+    let pids = ["gateway", "agent"].map(|c| site.pid(c).expect("the site's processes run"));
+    let rss = || pids.map(|pid| rss_kib(pid).expect("the process runs"));
+    let before = rss();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let addr = site.gateway_addr.clone().expect("the gateway runs");
+    let key = Arc::new(
+        russh::keys::load_secret_key(&user.ssh_key, None).expect("load the user's SSH key"),
+    );
+    let config = Arc::new(russh::client::Config::default());
+    let start = Instant::now();
+    let held: Vec<Idle> = runtime.block_on(async {
+        let limit = Arc::new(tokio::sync::Semaphore::new(IDLE_IN_FLIGHT));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..count {
+            let (config, addr, key, limit) =
+                (config.clone(), addr.clone(), key.clone(), limit.clone());
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await.expect("never closed");
+                connect_idle(config, addr, key).await
+            });
+        }
+        let mut held = Vec::with_capacity(count);
+        let mut failures = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            match done.expect("connection task") {
+                Ok(idle) => held.push(idle),
+                Err(error) => failures.push(error),
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {count} idle connections failed, first: {}\n{}",
+            failures.len(),
+            failures[0],
+            site.logs()
+        );
+        held
+    });
+    let opened_in = start.elapsed();
+    let with = rss();
+    let per = |i: usize| (with[i] as f64 - before[i] as f64) / count as f64;
+    println!(
+        "opened {count} in {:.1} s; resident memory before / with {count}: gateway {} / {} KiB \
+         ({:.1} KiB each), agent {} / {} KiB ({:.1} KiB each)",
+        opened_in.as_secs_f64(),
+        before[0],
+        with[0],
+        per(0),
+        before[1],
+        with[1],
+        per(1)
+    );
+    runtime.block_on(async move {
+        for (handle, channel) in held {
+            drop(channel);
+            let _ = handle
+                .disconnect(russh::Disconnect::ByApplication, "", "")
+                .await;
+        }
+    });
+    drop(runtime);
+    let after = rss();
+    println!(
+        "after they closed: gateway {} KiB, agent {} KiB",
+        after[0], after[1]
+    );
+    bench_summary(
+        &format!("gateway memory per idle connection ({count}), KiB"),
+        &format!("{:.1}", per(0)),
+        "-",
+        None,
+    );
+    bench_summary(
+        &format!("gateway / agent resident memory with {count} idle, MiB"),
+        &format!("{:.1} / {:.1}", with[0] as f64 / 1024.0, with[1] as f64 / 1024.0),
+        "-",
+        None,
+    );
+}
+
+fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / elapsed.as_secs_f64()
+}
+
+/// The nearest-rank percentile of sorted samples.
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}
