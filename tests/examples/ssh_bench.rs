@@ -13,11 +13,13 @@
 //! one session `bench` of one user serves every gateway measurement. Both sides are driven by
 //! the same OpenSSH client with the same cipher ([`CIPHER`]):
 //!
-//! - throughput: `--mib` MiB of random bytes (a file in `ONGRID_BENCH_WORK`, readable by the
-//!   sshd's user, and copied into the session's container) up with `ssh T 'cat > /dev/null' <
-//!   file` and down with `ssh T 'cat file'`, the bytes counted; gateway and sshd alternate,
-//!   `--runs` times each, and the best of each is kept. The times include the login (about
-//!   2% of a 1 GiB transfer).
+//! - throughput: `--mib` MiB of random bytes, [`CHUNK_MIB`] MiB of them repeated (a file in
+//!   `ONGRID_BENCH_WORK`, readable by the sshd's user, and the same in the session container's
+//!   `/dev/shm`; nothing of the transfer touches a disk, whose write-back on a loaded machine
+//!   stalls the site's SQLite long enough for its 10 s node timeout), up with
+//!   `ssh T 'cat > /dev/null'` fed by this process and down with `ssh T 'for i in $(seq N); do
+//!   cat FILE; done'`, the bytes counted; gateway and sshd alternate, `--runs` times each, and
+//!   the best of each is kept. The times include the login (about 2% of a 1 GiB transfer).
 //! - login: `ssh T true` `--logins` times one after the other (alternating; p50 and p99), then
 //!   `--concurrent` at once (the wall time until the last one ended; all must succeed).
 //! - idle connections (gateway only): `--idle` connections from one process (russh's client),
@@ -41,8 +43,10 @@ use ongrid_e2e::{bench_summary, docker_lines, rss_kib, SimGpu, Site, User};
 const CIPHER: &str = "chacha20-poly1305@openssh.com";
 /// The session every gateway measurement uses.
 const SESSION: &str = "bench";
-/// Where the random file is copied in the session's container.
-const CONTAINER_BLOB: &str = "/tmp/ongrid-bench-blob";
+/// Where the random file is copied in the session's container (a tmpfs of 64 MiB).
+const CONTAINER_BLOB: &str = "/dev/shm/ongrid-bench-blob";
+/// The size of the random file: every transfer repeats it.
+const CHUNK_MIB: u64 = 32;
 /// Idle connections being set up at once (the gateway admits 50 not logged in yet per address).
 const IDLE_IN_FLIGHT: usize = 32;
 
@@ -85,7 +89,12 @@ fn parse_options() -> Result<Options, String> {
             "--logins" if number > 0 => options.logins = count,
             "--concurrent" if number > 0 => options.concurrent = count,
             "--idle" => options.idle = count,
-            _ => return Err(format!("unknown or zero option {flag} {value}\n{}", usage())),
+            _ => {
+                return Err(format!(
+                    "unknown or zero option {flag} {value}\n{}",
+                    usage()
+                ))
+            }
         }
     }
     Ok(options)
@@ -102,9 +111,8 @@ struct Sshd {
 
 impl Sshd {
     fn from_env() -> Result<Self, String> {
-        let var = |name: &str| {
-            std::env::var(name).map_err(|_| format!("{name} is not set\n{}", usage()))
-        };
+        let var =
+            |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set\n{}", usage()));
         Ok(Self {
             port: var("ONGRID_BENCH_SSHD_PORT")?,
             user: var("ONGRID_BENCH_SSHD_USER")?,
@@ -198,18 +206,24 @@ fn main() -> ExitCode {
     site.devctl_ok(&user, &["session", "new", "--name", SESSION, "--wait"]);
 
     let blob = sshd.work.join("blob");
-    let bytes = options.mib * 1024 * 1024;
-    write_random(&blob, bytes);
+    let repeats = options.mib.div_ceil(CHUNK_MIB);
+    let bytes = repeats * CHUNK_MIB * 1024 * 1024;
+    let chunk = random_bytes(CHUNK_MIB * 1024 * 1024);
+    write_file(&blob, &chunk);
     copy_into_session(&site, &blob);
     let gateway = Target::gateway(&site, &user);
     let reference = Target::sshd(&sshd, &blob);
 
-    println!("==> throughput, {} MiB each way, best of {}", options.mib, options.runs);
+    println!(
+        "==> throughput, {} MiB each way, best of {}",
+        bytes / 1024 / 1024,
+        options.runs
+    );
     let mut best = [[0.0f64; 2]; 2]; // [target][up, down] in MiB/s
     for run in 1..=options.runs {
         for (i, target) in [&gateway, &reference].into_iter().enumerate() {
-            let up = mib_per_s(bytes, upload(target, &blob));
-            let down = mib_per_s(bytes, download(target, bytes));
+            let up = mib_per_s(bytes, upload(target, &chunk, repeats));
+            let down = mib_per_s(bytes, download(target, repeats, bytes));
             println!(
                 "run {run}  {:<8} up {up:>7.1} MiB/s  down {down:>7.1} MiB/s",
                 target.name
@@ -293,26 +307,25 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Writes `bytes` random bytes to `path`, readable by everyone (the sshd's user reads it).
-fn write_random(path: &Path, bytes: u64) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut random = std::fs::File::open("/dev/urandom").expect("open /dev/urandom");
-    let mut file = std::fs::File::create(path)
-        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
-    let mut buffer = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        let n = usize::try_from(left.min(buffer.len() as u64)).expect("at most 1 MiB");
-        random.read_exact(&mut buffer[..n]).expect("read /dev/urandom");
-        file.write_all(&buffer[..n])
-            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-        left -= n as u64;
-    }
-    file.set_permissions(std::fs::Permissions::from_mode(0o644))
-        .expect("chmod the random file");
+/// `bytes` random bytes.
+fn random_bytes(bytes: u64) -> Vec<u8> {
+    let mut buffer = vec![0u8; usize::try_from(bytes).expect("a chunk fits in memory")];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut buffer))
+        .expect("read /dev/urandom");
+    buffer
 }
 
-/// Copies the random file into the session's container at [`CONTAINER_BLOB`].
+/// Writes `data` to `path`, readable by everyone (the sshd's user reads it).
+fn write_file(path: &Path, data: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, data).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
+
+/// Copies the random file into the session's container at [`CONTAINER_BLOB`], readable by the
+/// session's user.
 fn copy_into_session(site: &Site, blob: &Path) {
     let labels = [
         format!("label=ongrid.node={}", site.node),
@@ -322,33 +335,44 @@ fn copy_into_session(site: &Site, blob: &Path) {
     let [id] = ids.as_slice() else {
         panic!("expected one container for session {SESSION}, found {ids:?}");
     };
+    let input = std::fs::File::open(blob).expect("open the random file");
     let status = Command::new("docker")
-        .args(["cp", "-q"])
-        .arg(blob)
-        .arg(format!("{id}:{CONTAINER_BLOB}"))
+        .args(["exec", "-i", "--user", "0", id, "sh", "-c"])
+        .arg(format!(
+            "cat > {CONTAINER_BLOB} && chmod 0644 {CONTAINER_BLOB}"
+        ))
+        .stdin(input)
         .status()
-        .expect("run docker cp");
-    assert!(status.success(), "docker cp of the random file: {status}");
-    // Readable by the session's user whatever owner docker cp gave it.
-    let status = Command::new("docker")
-        .args(["exec", id, "chmod", "0644", CONTAINER_BLOB])
-        .status()
-        .expect("run docker exec chmod");
-    assert!(status.success(), "chmod of the random file: {status}");
+        .expect("run docker exec");
+    assert!(
+        status.success(),
+        "copying the random file into the container: {status}"
+    );
 }
 
-/// `ssh T 'cat > /dev/null' < file`: the time until ssh exits.
-fn upload(target: &Target, blob: &Path) -> Duration {
-    let input = std::fs::File::open(blob).expect("open the random file");
+/// `ssh T 'cat > /dev/null'` fed `chunk` `repeats` times: the time until ssh exits.
+fn upload(target: &Target, chunk: &[u8], repeats: u64) -> Duration {
     let start = Instant::now();
-    let out = target
+    let mut child = target
         .command("cat > /dev/null")
-        .stdin(input)
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .expect("run ssh");
+    let mut input = child.stdin.take().expect("ssh stdin");
+    let written = (0..repeats).try_for_each(|_| input.write_all(chunk));
+    drop(input);
+    let out = child.wait_with_output().expect("wait for ssh");
     let elapsed = start.elapsed();
+    if let Err(error) = written {
+        panic!(
+            "upload through {} stopped reading ({error}, {}): {}",
+            target.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     assert!(
         out.status.success(),
         "upload through {} failed ({}): {}",
@@ -359,11 +383,15 @@ fn upload(target: &Target, blob: &Path) -> Duration {
     elapsed
 }
 
-/// `ssh T 'cat file'`, every byte counted: the time until ssh exits.
-fn download(target: &Target, bytes: u64) -> Duration {
+/// `ssh T 'for i in $(seq REPEATS); do cat FILE; done'`, every byte counted: the time until ssh
+/// exits.
+fn download(target: &Target, repeats: u64, bytes: u64) -> Duration {
     let start = Instant::now();
     let mut child = target
-        .command(&format!("cat {}", target.blob))
+        .command(&format!(
+            "for i in $(seq {repeats}); do cat {}; done",
+            target.blob
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -476,10 +504,7 @@ async fn connect_idle(
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let auth = handle
-        .authenticate_publickey(
-            SESSION,
-            russh::keys::PrivateKeyWithHashAlg::new(key, None),
-        )
+        .authenticate_publickey(SESSION, russh::keys::PrivateKeyWithHashAlg::new(key, None))
         .await
         .map_err(|e| format!("authenticate: {e}"))?;
     if !auth.success() {
@@ -571,7 +596,11 @@ fn idle_connections(site: &Site, user: &User, count: usize) {
     );
     bench_summary(
         &format!("gateway / agent resident memory with {count} idle, MiB"),
-        &format!("{:.1} / {:.1}", with[0] as f64 / 1024.0, with[1] as f64 / 1024.0),
+        &format!(
+            "{:.1} / {:.1}",
+            with[0] as f64 / 1024.0,
+            with[1] as f64 / 1024.0
+        ),
         "-",
         None,
     );

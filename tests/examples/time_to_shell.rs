@@ -68,7 +68,10 @@ fn main() -> ExitCode {
             samples.len()
         );
     }
-    for (what, samples) in [("time to shell", &total), ("  devctl session new --wait", &waits)] {
+    for (what, samples) in [
+        ("time to shell", &total),
+        ("  devctl session new --wait", &waits),
+    ] {
         bench_summary(
             &format!("{} p50 / p99 ({sessions}), ms", what.trim()),
             &format!(
