@@ -11,7 +11,8 @@
 //! certificate → identity), [`auth`] (admins, agent and gateway tokens), [`config`] (the TOML
 //! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds) and [`freeze_watch`]
 //! (freezes that cannot finish); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
-//! the long-polls of agents and people);
+//! the long-polls of agents and people); [`replicas`] (several managers on one PostgreSQL
+//! database: which one leads the loops, and how they tell each other of changes);
 //! [`api`] (the routes), [`dashboard`] (the web pages) and [`server`] (the accept loop).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
@@ -35,6 +36,7 @@ pub mod keys;
 pub mod limit_check;
 pub mod metrics;
 pub mod notify;
+pub mod replicas;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -59,9 +61,10 @@ use crate::domain::images::FreezeLimits;
 use crate::freeze_watch::FreezeWatch;
 use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 use crate::hold_timer::HoldTimer;
+use crate::replicas::{Leader, LeaderLoops};
 use crate::scheduler::Scheduler;
 use crate::server::Server;
-use crate::store::{Active, OpenedStore};
+use crate::store::OpenedStore;
 
 /// Everything the config points to, loaded and checked, without touching the database.
 /// `--check-config` stops here.
@@ -125,8 +128,6 @@ pub struct Manager {
     prepared: Prepared,
     store: OpenedStore,
     clock: Arc<dyn Clock>,
-    /// Set once no other manager is active on the database ([`Manager::wait_until_active`]).
-    active: Option<Active>,
 }
 
 impl Manager {
@@ -144,32 +145,7 @@ impl Manager {
             prepared,
             store,
             clock: Arc::new(SystemClock),
-            active: None,
         })
-    }
-
-    /// Waits until no other manager is active on the database (PostgreSQL: a second manager is
-    /// a standby until the active one stops or dies; SQLite: at once). [`Manager::serve`] does
-    /// it too; the binary calls it before binding, so a standby does not take connections.
-    pub async fn wait_until_active(&mut self) -> anyhow::Result<()> {
-        if self.active.is_some() {
-            return Ok(());
-        }
-        let database = &self.prepared.config.store;
-        let active = self
-            .store
-            .activate(|| {
-                tracing::warn!(
-                    %database,
-                    "Standby: another manager is active on this database; this one serves as \
-                     soon as it stops."
-                );
-            })
-            .await
-            .with_context(|| format!("waiting to be the active manager of {database}"))?;
-        tracing::info!(%database, "Active: no other manager serves this database.");
-        self.active = Some(active);
-        Ok(())
     }
 
     /// Uses `clock` instead of the system clock (tests set the time instead of waiting).
@@ -178,18 +154,14 @@ impl Manager {
         self
     }
 
-    /// Serves the API on `listener` and runs the scheduler until `shutdown`, then waits for
-    /// every connection and task to finish and closes the database.
+    /// Serves the API on `listener` and runs the scheduler and the timers (while this replica
+    /// leads, see [`replicas`]) until `shutdown`, then waits for every connection and task to
+    /// finish and closes the database.
     pub async fn serve(
-        mut self,
+        self,
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        tokio::select! {
-            active = self.wait_until_active() => active?,
-            () = shutdown.cancelled() => return Ok(()),
-        }
-        let mut active = self.active.take().context("not active")?;
         let Prepared {
             config,
             tls,
@@ -200,33 +172,38 @@ impl Manager {
         let opened = self.store;
         let store = opened.shared();
         let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
-        let wake = Arc::new(Notify::new());
         let tracker = TaskTracker::new();
-        // Another manager may take over once this one cannot show it still holds the lock:
-        // stop. The lock itself is released only after everything stopped.
-        let lost = {
-            let shutdown = shutdown.clone();
-            tracker.spawn(async move {
-                let lost = tokio::select! {
-                    why = active.lost() => Some(why),
-                    () = shutdown.cancelled() => None,
-                };
-                if let Some(why) = &lost {
-                    tracing::error!(%why, "Lost the database's manager lock: stopping.");
-                    shutdown.cancel();
-                }
-                (active, lost)
-            })
+        // What the API and the hold timer notify; with PostgreSQL passed on to the leader's
+        // scheduling loop, which waits on `scheduler_wake`.
+        let wake = Arc::new(Notify::new());
+        let replicated = opened.replicated();
+        let scheduler_wake = if replicated {
+            Arc::new(Notify::new())
+        } else {
+            wake.clone()
+        };
+        let (leader, lead) = if replicated {
+            let (lead, leader) = Leader::follower();
+            (leader, Some(lead))
+        } else {
+            (Leader::sole(), None)
+        };
+        let changes = notify::Changes::new(shutdown.clone());
+        let (changes, outbox) = if replicated {
+            let (changes, outbox) = changes.with_outbox();
+            (changes, Some(outbox))
+        } else {
+            (changes, None)
         };
 
-        let changes = notify::Changes::new(shutdown.clone());
         let scheduler = Arc::new(
             Scheduler::new(
                 store.clone(),
                 self.clock.clone(),
                 config.node_timeout,
-                wake.clone(),
+                scheduler_wake.clone(),
             )
+            .with_leader(leader.clone())
             .with_changes(changes.clone())
             .with_job_limits(config.job_limits)
             .with_auto_undrain(config.auto_undrain)
@@ -237,11 +214,6 @@ impl Manager {
                 lifecycle: config.lifecycle,
             }),
         );
-        tracker.spawn(
-            scheduler
-                .clone()
-                .run(config.schedule_interval, shutdown.clone()),
-        );
         let holds = Arc::new(
             HoldTimer::new(
                 store.clone(),
@@ -251,7 +223,6 @@ impl Manager {
             )
             .with_changes(changes.clone()),
         );
-        tracker.spawn(holds.run(shutdown.clone()));
         let freezes = Arc::new(
             FreezeWatch::new(
                 store.clone(),
@@ -263,7 +234,6 @@ impl Manager {
             )
             .with_changes(changes.clone()),
         );
-        tracker.spawn(freezes.run(shutdown.clone()));
         let grid = Arc::new(
             grid_mirror::GridMirror::new(
                 store.clone(),
@@ -274,7 +244,58 @@ impl Manager {
             )
             .with_changes(changes.clone()),
         );
-        tracker.spawn(grid.clone().run(shutdown.clone()));
+        let loops = LeaderLoops {
+            scheduler: scheduler.clone(),
+            schedule_interval: config.schedule_interval,
+            holds,
+            freezes,
+            grid: grid.clone(),
+        };
+        #[cfg(feature = "postgres")]
+        let loops = match (opened.postgres(), lead, outbox) {
+            (Some(postgres), Some(lead), Some(outbox)) => {
+                let replica = uuid::Uuid::new_v4().simple().to_string();
+                let wakes = Arc::new(replicas::Wakes {
+                    api: wake.clone(),
+                    scheduler: scheduler_wake,
+                    grid: grid.clone(),
+                });
+                tracker.spawn(replicas::lead(
+                    postgres.clone(),
+                    lead,
+                    loops,
+                    shutdown.clone(),
+                ));
+                tracker.spawn(replicas::publish(
+                    postgres.clone(),
+                    replica.clone(),
+                    changes.clone(),
+                    outbox,
+                    wakes.clone(),
+                    leader.clone(),
+                    shutdown.clone(),
+                ));
+                tracker.spawn(replicas::listen(
+                    postgres.clone(),
+                    replica,
+                    changes.clone(),
+                    wakes,
+                    leader.clone(),
+                    shutdown.clone(),
+                ));
+                None
+            }
+            _ => Some(loops),
+        };
+        #[cfg(not(feature = "postgres"))]
+        let loops = {
+            let _ = (lead, outbox, scheduler_wake);
+            Some(loops)
+        };
+        if let Some(loops) = loops {
+            let shutdown = shutdown.clone();
+            tracker.spawn(async move { loops.run(shutdown).await });
+        }
         let exporter = metrics::ManagerExporter::new(store.clone())
             .with_fair_share(config.fair_share.clone(), self.clock.clone());
         tracker.spawn(ongrid_service::metrics::serve_if_bound(
@@ -291,6 +312,7 @@ impl Manager {
             clock: self.clock,
             wake,
             scheduler,
+            leader,
             changes,
             grid,
         };
@@ -304,14 +326,9 @@ impl Manager {
         server.serve(listener, tracker.clone(), shutdown).await;
         tracker.close();
         tracker.wait().await;
-        // Held until the end: the lock is released once everything stopped.
-        let (_active, lost) = lost.await.context("the manager lock's task")?;
         opened.close().await;
         tracing::info!("Stopped.");
-        match lost {
-            Some(why) => anyhow::bail!("lost the database's manager lock: {why}"),
-            None => Ok(()),
-        }
+        Ok(())
     }
 }
 

@@ -3,43 +3,109 @@
 //! in the library; the start-up and shutdown plumbing (error format, exit codes, logging to
 //! stderr with `ONGRID_LOG`, signals) is [`ongrid_service::Binary`], as for the gateway and the
 //! agent.
+//!
+//! `ongrid-manager copy-store --from FILE --to URL` copies a SQLite store into an empty
+//! PostgreSQL database (`ongrid_manager::store::copy`) and exits.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use ongrid_manager::{Config, Manager};
 
 /// The ongrid control plane: HTTPS API, store (SQLite or PostgreSQL) and scheduler.
 #[derive(Debug, Parser)]
-#[command(name = "ongrid-manager", version)]
+#[command(
+    name = "ongrid-manager",
+    version,
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
     /// The manager's TOML config file.
-    #[arg(long, value_name = "FILE")]
-    config: PathBuf,
+    #[arg(long, value_name = "FILE", required = true)]
+    config: Option<PathBuf>,
     /// Validate the config and the files it names (certificates, CA directory, agent tokens),
     /// then exit: 0 when valid, 2 (with the error) otherwise.
     #[arg(long)]
     check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Copy a SQLite store into an empty PostgreSQL database, all in one transaction, then exit
+    /// (stop the manager first; point its `database` at the URL once the copy is done).
+    CopyStore {
+        /// The SQLite file (the config's `database`).
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// The PostgreSQL database, empty: postgres://USER@HOST/DATABASE.
+        #[arg(long, value_name = "URL")]
+        to: String,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    ongrid_service::Binary::new("ongrid-manager", &args.config, args.check_config)
+    if let Some(Command::CopyStore { from, to }) = args.command {
+        return copy_store(&from, &to);
+    }
+    let Some(config) = args.config else {
+        // clap requires --config without a subcommand.
+        return ExitCode::from(2);
+    };
+    ongrid_service::Binary::new("ongrid-manager", &config, args.check_config)
         // Everything the config names, without touching the database.
         .check(|config: &Config| {
             ongrid_manager::prepare(config.clone())?;
             Ok(())
         })
-        .run(Config::load(&args.config), |config, shutdown| async move {
+        .run(Config::load(&config), |config, shutdown| async move {
             let listen = config.listen;
-            let mut manager = Manager::open(config).await?;
-            // A standby (another manager is active on the PostgreSQL database) binds nothing.
-            tokio::select! {
-                active = manager.wait_until_active() => active?,
-                () = shutdown.cancelled() => return Ok(()),
-            }
+            let manager = Manager::open(config).await?;
             let listener = ongrid_service::bind_and_announce(listen).await?;
             manager.serve(listener, shutdown).await
         })
+}
+
+#[cfg(feature = "postgres")]
+fn copy_store(from: &std::path::Path, to: &str) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("ongrid-manager: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(ongrid_manager::store::copy::sqlite_to_postgres(from, to)) {
+        Ok(copied) => {
+            for (table, rows) in &copied.tables {
+                println!("{table}: {rows} rows");
+            }
+            println!(
+                "copied {} into PostgreSQL; set the config's `database` to the URL and start \
+                 the manager",
+                from.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ongrid-manager: copy-store: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn copy_store(_from: &std::path::Path, _to: &str) -> ExitCode {
+    eprintln!(
+        "ongrid-manager: copy-store: this ongrid-manager was built without PostgreSQL; build it \
+         with `cargo build -p ongrid-manager --features postgres`"
+    );
+    ExitCode::FAILURE
 }

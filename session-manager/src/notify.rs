@@ -14,10 +14,17 @@
 //! they read with what their caller has (the desired state's version, the session's state, the
 //! freeze's progress, the bytes of output), so they answer only on a real difference.
 //!
-//! One manager process serves the site, so an in-process broadcast is enough.
+//! Within one manager an in-process broadcast carries them. Several replicas on one PostgreSQL
+//! database ([`crate::replicas`]) also tell each other: every notification made here is queued
+//! for the other replicas ([`Changes::with_outbox`], published with PostgreSQL's NOTIFY as a
+//! [`Remote`] payload), and what the others publish is delivered here with [`Changes::deliver`],
+//! so an agent's long-poll on one replica wakes for a placement another one made.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use ongrid_core::NodeName;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 /// How many notifications a slow waiter may fall behind before it just looks again.
@@ -34,11 +41,59 @@ pub enum Changed {
     Sessions,
 }
 
+/// How many notifications may wait to be published to the other replicas; beyond it they are
+/// folded into one [`Changed::Site`].
+pub const OUTBOX: usize = 1024;
+
 /// The manager's change notifications; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Changes {
     events: broadcast::Sender<Changed>,
     shutdown: CancellationToken,
+    /// To the other replicas (PostgreSQL only).
+    outbox: Option<Outbox>,
+}
+
+/// The queue of notifications for the other replicas, and whether some did not fit in it.
+#[derive(Debug, Clone)]
+struct Outbox {
+    queue: mpsc::Sender<Changed>,
+    overflowed: Arc<AtomicBool>,
+}
+
+/// What one replica tells the others, as the text of a PostgreSQL notification:
+/// `<replica> node <name>`, `<replica> site`, `<replica> sessions` or `<replica> wake`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remote {
+    Changed(Changed),
+    /// Something the leader's loops act on (a new request, a release, a drain): run a round.
+    Wake,
+}
+
+impl Remote {
+    /// The notification's text, from replica `from`.
+    pub fn encode(&self, from: &str) -> String {
+        match self {
+            Self::Changed(Changed::Node(node)) => format!("{from} node {node}"),
+            Self::Changed(Changed::Site) => format!("{from} site"),
+            Self::Changed(Changed::Sessions) => format!("{from} sessions"),
+            Self::Wake => format!("{from} wake"),
+        }
+    }
+
+    /// The replica that sent `payload` and what it said; `None` for a text no replica sends.
+    pub fn decode(payload: &str) -> Option<(&str, Self)> {
+        let mut words = payload.split(' ');
+        let from = words.next().filter(|w| !w.is_empty())?;
+        let remote = match (words.next()?, words.next()) {
+            ("node", Some(node)) => Self::Changed(Changed::Node(NodeName::parse(node).ok()?)),
+            ("site", None) => Self::Changed(Changed::Site),
+            ("sessions", None) => Self::Changed(Changed::Sessions),
+            ("wake", None) => Self::Wake,
+            _ => return None,
+        };
+        words.next().is_none().then_some((from, remote))
+    }
 }
 
 impl Changes {
@@ -48,23 +103,57 @@ impl Changes {
         Self {
             events: broadcast::channel(BACKLOG).0,
             shutdown,
+            outbox: None,
         }
+    }
+
+    /// Also queues every notification for the other replicas; the receiver publishes them
+    /// ([`Changes::take_overflow`] says when some did not fit).
+    pub fn with_outbox(mut self) -> (Self, mpsc::Receiver<Changed>) {
+        let (queue, queued) = mpsc::channel(OUTBOX);
+        self.outbox = Some(Outbox {
+            queue,
+            overflowed: Arc::new(AtomicBool::new(false)),
+        });
+        (self, queued)
+    }
+
+    /// Whether notifications were left out of the outbox since the last call (the publisher then
+    /// tells the others [`Changed::Site`]).
+    pub fn take_overflow(&self) -> bool {
+        self.outbox
+            .as_ref()
+            .is_some_and(|outbox| outbox.overflowed.swap(false, Ordering::Relaxed))
+    }
+
+    fn send(&self, changed: Changed) {
+        if let Some(outbox) = &self.outbox {
+            if outbox.queue.try_send(changed.clone()).is_err() {
+                outbox.overflowed.store(true, Ordering::Relaxed);
+            }
+        }
+        self.deliver(changed);
+    }
+
+    /// Wakes the waiters of this manager only: for what another replica committed.
+    pub fn deliver(&self, changed: Changed) {
+        // No waiter: nobody to tell.
+        let _ = self.events.send(changed);
     }
 
     /// A commit changed something of `node`'s.
     pub fn node(&self, node: &NodeName) {
-        // No waiter: nobody to tell.
-        let _ = self.events.send(Changed::Node(node.clone()));
+        self.send(Changed::Node(node.clone()));
     }
 
     /// A commit may have changed anything (several nodes, or nodes not known here).
     pub fn site(&self) {
-        let _ = self.events.send(Changed::Site);
+        self.send(Changed::Site);
     }
 
     /// A commit changed the state of sessions without changing what any node runs.
     pub fn sessions(&self) {
-        let _ = self.events.send(Changed::Sessions);
+        self.send(Changed::Sessions);
     }
 
     /// A commit changed something of `node`'s, or of the site when there is no node (a
@@ -160,6 +249,39 @@ mod tests {
             changes.node(&node("other"));
         }
         assert!(waiter.changed(Some(&node("mine"))).await);
+    }
+
+    #[test]
+    fn what_a_replica_says_reads_back_the_same() {
+        for remote in [
+            Remote::Changed(Changed::Node(node("gpu-7"))),
+            Remote::Changed(Changed::Site),
+            Remote::Changed(Changed::Sessions),
+            Remote::Wake,
+        ] {
+            let text = remote.encode("r1");
+            assert_eq!(Remote::decode(&text), Some(("r1", remote)), "{text}");
+        }
+        for text in ["", "r1", "r1 node", "r1 nodes x", "r1 site x", " site"] {
+            assert_eq!(Remote::decode(text), None, "{text:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_outbox_gets_every_notification_and_says_when_it_overflowed() {
+        let (changes, mut outbox) = Changes::new(CancellationToken::new()).with_outbox();
+        let mut waiter = changes.subscribe();
+        changes.node(&node("mine"));
+        assert_eq!(outbox.recv().await, Some(Changed::Node(node("mine"))));
+        assert!(waiter.changed(None).await);
+        changes.deliver(Changed::Site);
+        assert!(waiter.changed(None).await, "delivered here");
+        assert!(outbox.try_recv().is_err(), "not published again");
+        for _ in 0..OUTBOX + 1 {
+            changes.sessions();
+        }
+        assert!(changes.take_overflow());
+        assert!(!changes.take_overflow());
     }
 
     #[tokio::test]

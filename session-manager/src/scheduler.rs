@@ -90,6 +90,8 @@ pub struct Scheduler {
     /// Owned GPUs and reservations: the site's settings for them (`None`: sessions' lifetimes
     /// unknown, planned as the default `[lifecycle]`'s).
     gpu_policy: Option<crate::gpu_policy::PolicySettings>,
+    /// Whether this manager leads its database's replicas: a follower's rounds do nothing.
+    leader: crate::replicas::Leader,
 }
 
 impl Scheduler {
@@ -114,7 +116,14 @@ impl Scheduler {
             limits: None,
             limit_waits: std::sync::Mutex::new(HashMap::new()),
             gpu_policy: None,
+            leader: crate::replicas::Leader::sole(),
         }
+    }
+
+    /// Schedules only while `leader` says this replica leads (default: always).
+    pub fn with_leader(mut self, leader: crate::replicas::Leader) -> Self {
+        self.leader = leader;
+        self
     }
 
     /// The site's settings for owned GPUs and reservations (`[policy] sessions_on_owned_gpus`,
@@ -204,8 +213,12 @@ impl Scheduler {
 
     /// One round of scheduling at time `now`. Rounds never overlap: the loop and the API
     /// (which schedules a new session at once) take turns.
+    /// On a replica that does not lead ([`crate::replicas`]) it does nothing.
     pub async fn tick(&self, now: DateTime<Utc>) -> StoreResult<TickReport> {
         let mut halt_waits = self.tick_lock.lock().await;
+        if !self.leader.is_leading() {
+            return Ok(TickReport::default());
+        }
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         report.health += self.check_health(&site, now).await?;

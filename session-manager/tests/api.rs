@@ -70,9 +70,10 @@ mod reservations;
 // The web dashboard: login links, cookies, CSRF, what each viewer sees, live updates.
 #[path = "api/dashboard.rs"]
 mod dashboard;
-// Two managers against one PostgreSQL database: a standby serves when the active one dies.
-#[path = "api/standby.rs"]
-mod standby;
+// Two managers serving one PostgreSQL database: one leads, the other takes over when it dies;
+// copying a SQLite store into PostgreSQL; PostgreSQL backup and restore.
+#[path = "api/replicas.rs"]
+mod replicas;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";

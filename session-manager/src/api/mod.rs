@@ -49,6 +49,10 @@ use tokio::sync::Notify;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
 
+/// How long a replica that does not lead waits for the leader to place a session it was asked
+/// for or released, before answering with the session as it is (PENDING).
+pub const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -68,6 +72,8 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     /// Runs a scheduling round in place, when an answer should reflect it.
     pub scheduler: Arc<crate::scheduler::Scheduler>,
+    /// Whether this replica leads (runs the scheduler); see [`crate::replicas`].
+    pub leader: crate::replicas::Leader,
     /// Wakes the long-polls of agents and people when a commit changed what they wait on.
     pub changes: crate::notify::Changes,
     /// The grid targets (Slurm, HTCondor): hands jobs over, mirrors their states.
@@ -83,6 +89,34 @@ impl AppState {
             self.config.node_timeout,
         )
         .await?)
+    }
+
+    /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
+    /// waits (PENDING): the leader runs a round in place; a follower wakes the leader and waits
+    /// up to [`PLACEMENT_WAIT`] for `session` to leave PENDING. A failed round is retried by the
+    /// loop.
+    pub async fn schedule_now(&self, session: SessionId) {
+        if self.leader.is_leading() {
+            if let Err(error) = self.scheduler.tick(self.clock.now()).await {
+                tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
+            }
+            return;
+        }
+        let mut changes = self.changes.subscribe();
+        self.wake.notify_one();
+        let placed = async {
+            loop {
+                match self.store.session(session).await {
+                    Ok(Some(record)) if record.state == ongrid_core::SessionState::Pending => {}
+                    _ => return,
+                }
+                if !changes.changed(None).await {
+                    return;
+                }
+            }
+        };
+        // Still PENDING after the wait: the answer says so; the leader places it later.
+        let _ = tokio::time::timeout(PLACEMENT_WAIT, placed).await;
     }
 
     /// 1-based queue positions of the PENDING sessions.

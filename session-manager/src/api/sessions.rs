@@ -97,10 +97,8 @@ pub async fn create_session(
         .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
         .await?;
     // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
-    // waits in the queue (PENDING with its position). A failed round is retried by the loop.
-    if let Err(error) = state.scheduler.tick(state.clock.now()).await {
-        tracing::error!(%error, "Scheduling a new session failed; the loop retries.");
-    }
+    // waits in the queue (PENDING with its position).
+    state.schedule_now(session.id).await;
     let session = state.store.session(session.id).await?.unwrap_or(session);
     let positions = state.queue_positions().await?;
     let transitions = state.store.transitions(session.id).await?;
@@ -317,9 +315,7 @@ pub async fn release(
         .map_err(|e| changed_meanwhile(e, &name))?;
     tracing::info!(session_id = %released.id, session = %released.name, by = %by, node = ?released.node, "Session released.");
     // Schedule at once, so that the answer says whether its node had a GPU free.
-    if let Err(error) = state.scheduler.tick(state.clock.now()).await {
-        tracing::error!(%error, "Scheduling a released session failed; the loop retries.");
-    }
+    state.schedule_now(released.id).await;
     Ok(Json(full_session_view(&state, released).await?))
 }
 

@@ -107,9 +107,7 @@ pub async fn create_session(
         .store
         .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
         .await?;
-    if let Err(error) = state.scheduler.tick(state.clock.now()).await {
-        tracing::error!(%error, "Scheduling a new session failed; the loop retries.");
-    }
+    state.schedule_now(session.id).await;
     let session = state.store.session(session.id).await?.unwrap_or(session);
     Ok(format!(
         "Session {} requested: {} ({}).",
@@ -175,9 +173,7 @@ pub async fn release(
         .await
         .map_err(|e| changed_meanwhile(e, &session.name))?;
     tracing::info!(session_id = %released.id, session = %released.name, by = %by, "Session released (dashboard).");
-    if let Err(error) = state.scheduler.tick(state.clock.now()).await {
-        tracing::error!(%error, "Scheduling a released session failed; the loop retries.");
-    }
+    state.schedule_now(released.id).await;
     let now = state.store.session(released.id).await?.unwrap_or(released);
     Ok(format!(
         "Session {} released: {} ({}).",

@@ -79,27 +79,6 @@ impl Database {
     }
 }
 
-/// What makes a manager the only active one on its database, held while it serves.
-#[derive(Debug)]
-pub enum Active {
-    /// A SQLite file has one manager, on its host.
-    Sqlite,
-    #[cfg(feature = "postgres")]
-    Postgres(super::postgres::ActiveLock),
-}
-
-impl Active {
-    /// Returns, with why, when this manager must stop serving because another one may have
-    /// taken over; never for SQLite.
-    pub async fn lost(&mut self) -> String {
-        match self {
-            Self::Sqlite => std::future::pending().await,
-            #[cfg(feature = "postgres")]
-            Self::Postgres(lock) => lock.lost().await,
-        }
-    }
-}
-
 /// An open store, closed once on shutdown.
 #[derive(Debug, Clone)]
 pub enum OpenedStore {
@@ -118,14 +97,22 @@ impl OpenedStore {
         }
     }
 
-    /// Waits until this manager may serve: at once for SQLite; for PostgreSQL until no other
-    /// manager is active on the database (`on_wait` is called once if one is).
-    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
-    pub async fn activate(&self, on_wait: impl FnOnce()) -> StoreResult<Active> {
+    /// Whether several managers may serve the database at once (PostgreSQL), one of them
+    /// leading ([`crate::replicas`]).
+    pub fn replicated(&self) -> bool {
         match self {
-            Self::Sqlite(_) => Ok(Active::Sqlite),
+            Self::Sqlite(_) => false,
             #[cfg(feature = "postgres")]
-            Self::Postgres(store) => Ok(Active::Postgres(store.activate(on_wait).await?)),
+            Self::Postgres(_) => true,
+        }
+    }
+
+    /// The PostgreSQL store, `None` for SQLite.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(&self) -> Option<&super::PostgresStore> {
+        match self {
+            Self::Sqlite(_) => None,
+            Self::Postgres(store) => Some(store),
         }
     }
 

@@ -18,6 +18,8 @@
 //! a connection or a keep-alive that came in after the timer looked cancels the hold) and
 //! [`Store::create_image`] (one current image per tag).
 
+#[cfg(feature = "postgres")]
+pub mod copy;
 pub mod dashboard;
 pub mod database;
 pub mod gpu_policy;
@@ -39,7 +41,7 @@ use ongrid_core::{
 };
 
 pub use dashboard::{DashboardIdentity, DashboardLogin, DashboardStore};
-pub use database::{Active, Database, OpenedStore};
+pub use database::{Database, OpenedStore};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;

@@ -61,6 +61,33 @@ const MAX_CONNECTIONS: u32 = 8;
 pub use active::ActiveLock;
 pub mod active;
 
+/// The channel on which manager replicas tell each other what they committed
+/// ([`crate::notify::Remote`] payloads).
+pub const REPLICA_CHANNEL: &str = "ongrid_replicas";
+
+/// A connection listening on [`REPLICA_CHANNEL`].
+pub struct ReplicaListener {
+    listener: sqlx::postgres::PgListener,
+}
+
+impl fmt::Debug for ReplicaListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReplicaListener")
+    }
+}
+
+impl ReplicaListener {
+    /// The next notification's payload; `None` when the connection was lost, so notifications
+    /// may have been missed (the next call connects again and listens anew).
+    pub async fn recv(&mut self) -> StoreResult<Option<String>> {
+        Ok(self
+            .listener
+            .try_recv()
+            .await?
+            .map(|notification| notification.payload().to_owned()))
+    }
+}
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres");
 
 /// The PostgreSQL store. Cheap to clone (the pool is shared).
@@ -102,8 +129,28 @@ impl PostgresStore {
         self.pool.close().await;
     }
 
-    /// The pool, for the tests that look at rows directly.
-    #[cfg(test)]
+    /// Listens on [`REPLICA_CHANNEL`] on a connection of its own (not one of the pool's).
+    pub async fn listen(&self) -> StoreResult<ReplicaListener> {
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with((*self.options).clone());
+        let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
+        listener.listen(REPLICA_CHANNEL).await?;
+        Ok(ReplicaListener { listener })
+    }
+
+    /// Sends `payloads` to every listener of [`REPLICA_CHANNEL`] (this replica's too), in one
+    /// statement.
+    pub async fn publish(&self, payloads: &[String]) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload")
+            .bind(REPLICA_CHANNEL)
+            .bind(payloads)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The pool, for the copy from SQLite and the tests that look at rows directly.
     pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
     }

@@ -83,8 +83,8 @@ impl SqliteStore {
         self.pool.close().await;
     }
 
-    /// The pool, for the tests that look at rows directly.
-    #[cfg(test)]
+    /// The pool, for the copy to PostgreSQL and the tests that look at rows directly.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn pool(&self) -> &SqlitePool {
         &self.pool
     }

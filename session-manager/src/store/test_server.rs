@@ -67,7 +67,7 @@ struct Server {
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
 
 /// The directory of `initdb` and `pg_ctl`: the newest `/usr/lib/postgresql/<version>/bin`.
-fn binaries() -> Result<PathBuf, String> {
+pub(crate) fn binaries() -> Result<PathBuf, String> {
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .map_err(|e| format!("/usr/lib/postgresql: {e}: {INSTALL}"))?
         .filter_map(|entry| {

@@ -1260,12 +1260,12 @@ async fn concurrent_placements_of_one_session_store_one(backend: Backend) {
     assert_eq!(store.transitions(session.id).await.unwrap().len(), 2);
 }
 
-/// Two managers on one PostgreSQL database: the second waits as a standby while the first is
-/// active, and becomes active as soon as the first one's lock connection ends (as when its
-/// process dies); the first one notices that it lost the lock.
+/// Two managers on one PostgreSQL database: the second waits for the manager lock while the
+/// first leads, and gets it as soon as the first one's lock connection ends (as when its process
+/// dies); the first one notices that it lost the lock.
 #[cfg(feature = "postgres")]
 #[tokio::test]
-async fn a_standby_manager_takes_over_as_soon_as_the_active_one_dies() {
+async fn a_follower_takes_the_lock_as_soon_as_the_leader_dies() {
     use std::time::{Duration, Instant};
 
     use crate::store::postgres::active::{PING_INTERVAL, PING_TIMEOUT};
@@ -1273,14 +1273,15 @@ async fn a_standby_manager_takes_over_as_soon_as_the_active_one_dies() {
     let place = Place::new(Backend::Postgres).await;
     let first = place.database.open().await.unwrap();
     let second = place.database.open().await.unwrap();
+    let (Some(first), Some(second)) = (first.postgres().cloned(), second.postgres().cloned())
+    else {
+        panic!("{first:?} {second:?}")
+    };
     let mut active = first
-        .activate(|| panic!("nobody else is active yet"))
+        .activate(|| panic!("nobody else leads yet"))
         .await
         .unwrap();
-    let Active::Postgres(lock) = &mut active else {
-        panic!("{active:?}")
-    };
-    let pid = lock.backend_pid().await;
+    let pid = active.backend_pid().await;
 
     let (waiting, standing_by) = tokio::sync::oneshot::channel();
     let mut standby = tokio::spawn(async move {
@@ -1295,22 +1296,19 @@ async fn a_standby_manager_takes_over_as_soon_as_the_active_one_dies() {
         tokio::time::timeout(Duration::from_millis(500), &mut standby)
             .await
             .is_err(),
-        "two managers active at once"
+        "two managers lead at once"
     );
 
-    let OpenedStore::Postgres(store) = &first else {
-        panic!("{first:?}")
-    };
     let killed_at = Instant::now();
     let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
-        .fetch_one(store.pool())
+        .fetch_one(first.pool())
         .await
         .unwrap();
     assert!(ended);
     let (took_over_at, _active) = tokio::time::timeout(Duration::from_secs(5), standby)
         .await
-        .expect("the standby did not take over within 5 s")
+        .expect("the follower did not take the lock within 5 s")
         .unwrap();
     let handover = took_over_at - killed_at;
     assert!(
@@ -1325,6 +1323,64 @@ async fn a_standby_manager_takes_over_as_soon_as_the_active_one_dies() {
     .await
     .expect("the first manager did not notice");
     assert!(why.contains("failed"), "{why}");
+}
+
+/// Replicas tell each other on PostgreSQL's LISTEN/NOTIFY: what one publishes reaches another's
+/// listener, in order, and a listener whose connection was ended says so, then hears again.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn what_one_replica_publishes_another_hears() {
+    use std::time::Duration;
+
+    let place = Place::new(Backend::Postgres).await;
+    let one = place.database.open().await.unwrap();
+    let other = place.database.open().await.unwrap();
+    let (Some(one), Some(other)) = (one.postgres(), other.postgres()) else {
+        panic!("{one:?} {other:?}")
+    };
+    let mut listener = other.listen().await.unwrap();
+    let said = ["r1 node gpu-1".to_owned(), "r1 site".to_owned()];
+    one.publish(&said).await.unwrap();
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        let payload = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("nothing heard within 5 s")
+            .unwrap();
+        heard.extend(payload);
+    }
+    assert_eq!(heard, said);
+
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .execute(one.pool())
+    .await
+    .unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the ended connection was not noticed within 5 s")
+        .unwrap();
+    assert_eq!(lost, None);
+    // The next call listens again.
+    let again = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(10), listener.recv()).await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        one.publish(&["r1 sessions".to_owned()]).await.unwrap();
+        if again.is_finished() || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let heard = again
+        .await
+        .unwrap()
+        .expect("nothing heard after listening again");
+    assert_eq!(heard.unwrap().as_deref(), Some("r1 sessions"));
 }
 
 /// The dashboard's logins: a link is used once, and neither a link nor a login outlives its end.
@@ -1524,4 +1580,113 @@ async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) 
     let logged = store.job(job.id).await.unwrap().unwrap();
     assert_eq!((logged.log_size, logged.log_complete), (42, true));
     assert!(store.jobs(JobFilter::Node(node)).await.unwrap().is_empty());
+}
+
+/// `copy-store`: a SQLite store with a restart chain (jobs referring to each other both ways),
+/// booleans and sessions copied into an empty PostgreSQL database reads back the same there; a
+/// second copy into the same database is refused and changes nothing.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
+    use crate::domain::jobs::{self, JobLimits, Submitter};
+    use crate::store::copy::{sqlite_to_postgres, CopyError};
+    use ongrid_core::job::{JobImage, JobSpecFile, ObservedJobStatus, HALT_EXIT_CODE};
+
+    let place = Place::new(Backend::Sqlite).await;
+    let store = place.open().await;
+    let dn = Dn::parse("/CN=Alice").unwrap();
+    let user = store.user(&dn, 20_000).await.unwrap();
+    let node = NodeName::parse("node1").unwrap();
+    let registration = NodeRegistration {
+        name: node.clone(),
+        gpu_backend: "simulated".to_owned(),
+        agent_version: "0".to_owned(),
+        stream_url: None,
+    };
+    store
+        .register_node(registration, &[gpu(1)], t(0))
+        .await
+        .unwrap();
+    let spec = JobSpecFile {
+        image: Some("model:v1".into()),
+        command: vec!["train".into()],
+        restartable: true,
+        ..JobSpecFile::default()
+    }
+    .validate(t(0))
+    .unwrap();
+    let image = JobImage {
+        digest: format!("sha256:{}", "b".repeat(64)),
+        docker_image: "ongrid/alice/model:v1".into(),
+    };
+    let who = Submitter {
+        owner: dn.clone(),
+        user_name: user.user_name.clone(),
+        uid: user.uid,
+    };
+    let limits = JobLimits::default();
+    let new = jobs::submit(JobId::new_random(), who, spec, image, &limits, None, t(1)).unwrap();
+    let job = store.create_job(new).await.unwrap();
+    let gpus = vec![GpuId::from(gpu(1).uuid)];
+    let started = jobs::start(&job, node.clone(), gpus, t(2)).unwrap();
+    let job = store.job_transition(job.id, started, None).await.unwrap();
+    let halt = jobs::halt_by_owner(&job, t(600)).unwrap();
+    let job = store.job_transition(job.id, halt, None).await.unwrap();
+    let exited = ObservedJobStatus::Exited {
+        started_at: t(2),
+        finished_at: t(602),
+        exit_code: HALT_EXIT_CODE,
+        oom_killed: false,
+        killed: false,
+        signalled_at: None,
+    };
+    let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
+    let next = jobs::next_in_chain(&job, &change, JobId::new_random(), &limits).unwrap();
+    store
+        .job_transition(job.id, change, Some(next.clone()))
+        .await
+        .unwrap();
+    store.record_job_log(job.id, 42, true).await.unwrap();
+    let session = store
+        .create_session(new_session(&dn, Some("copied"), t(3)))
+        .await
+        .unwrap();
+    let jobs_before = store.jobs(JobFilter::Owner(dn.clone())).await.unwrap();
+    let sessions_before = store.sessions(SessionFilter::All).await.unwrap();
+    store.close().await;
+
+    let Database::Sqlite(file) = &place.database else {
+        panic!("{:?}", place.database)
+    };
+    let url = super::test_server::fresh_database().await;
+    let copied = sqlite_to_postgres(file, &url).await.unwrap();
+    assert_eq!(copied.tables.get("jobs"), Some(&2));
+    assert_eq!(copied.tables.get("sessions"), Some(&1));
+
+    let target = Database::Postgres(url.clone()).open().await.unwrap();
+    let target = TestStore(target);
+    assert_eq!(
+        target.jobs(JobFilter::Owner(dn.clone())).await.unwrap(),
+        jobs_before
+    );
+    let first = target.job(job.id).await.unwrap().unwrap();
+    assert_eq!(first.next_job, Some(next.id));
+    assert_eq!((first.log_size, first.log_complete), (42, true));
+    assert_eq!(
+        target.job(next.id).await.unwrap().unwrap().previous_job,
+        Some(job.id)
+    );
+    assert_eq!(
+        target.sessions(SessionFilter::All).await.unwrap(),
+        sessions_before
+    );
+    assert_eq!(
+        target.transitions(session.id).await.unwrap().len(),
+        1,
+        "the history came along"
+    );
+    target.close().await;
+
+    let again = sqlite_to_postgres(file, &url).await.unwrap_err();
+    assert!(matches!(again, CopyError::NotEmpty(_)), "{again}");
 }

@@ -11,7 +11,7 @@ use super::*;
 /// Far shorter than the sync interval and the long-polls' own timeouts.
 const PUSHED_WITHIN: Duration = Duration::from_secs(10);
 
-fn etag(response: &reqwest::Response) -> String {
+pub(super) fn etag(response: &reqwest::Response) -> String {
     let tag = response
         .headers()
         .get(reqwest::header::ETAG)
@@ -22,7 +22,7 @@ fn etag(response: &reqwest::Response) -> String {
 }
 
 /// The node's long-poll after `version`, waiting at most `timeout` seconds.
-fn long_poll(
+pub(super) fn long_poll(
     api: &Api,
     version: &str,
     timeout: u64,
@@ -61,7 +61,7 @@ async fn poll_until(
     }
 }
 
-async fn register_versioned(api: &Api, node: &str, gpus: Vec<GpuInfo>) -> String {
+pub(super) async fn register_versioned(api: &Api, node: &str, gpus: Vec<GpuInfo>) -> String {
     let body = RegisterNode {
         node: NodeName::parse(node).unwrap(),
         agent_version: "test".to_owned(),

@@ -1,14 +1,15 @@
-//! One active manager per PostgreSQL database: the active one holds a session-level advisory lock
-//! ([`MANAGER_LOCK`]) on a connection of its own for as long as it runs. A second manager
-//! started against the same database waits for that lock as a standby (PostgreSQL wakes it the
-//! moment the lock is free: when the active manager stops, or its process dies and its
-//! connection closes) and only then serves. So two managers never schedule at once: no GPU is
-//! handed out twice, and nothing the active one stored (holds, deadlines, placements) is lost,
-//! as every decision is read back from the database by the one that takes over.
+//! One leader per PostgreSQL database: of the manager replicas serving it, the one that holds a
+//! session-level advisory lock ([`MANAGER_LOCK`]) on a connection of its own runs the scheduler
+//! and the timers ([`crate::replicas`]); the others serve the API and wait for the lock
+//! (PostgreSQL hands it over the moment it is free: when the leader stops, or its process dies
+//! and its connection closes). Nothing the leader decided (holds, deadlines, placements) is lost
+//! when another takes over, as every decision is read back from the database.
 //!
-//! An active manager that can no longer reach its lock connection must stop, since another one
-//! may have taken over: [`ActiveLock::lost`] answers when a ping fails or takes longer than
-//! [`PING_TIMEOUT`], checked every [`PING_INTERVAL`].
+//! A leader that can no longer reach its lock connection must step down, since another one may
+//! have taken over: [`ActiveLock::lost`] answers when a ping fails or takes longer than
+//! [`PING_TIMEOUT`], checked every [`PING_INTERVAL`]. So a replica that just took the lock waits
+//! [`TAKEOVER_GRACE`] before it schedules: by then a leader that lost its connection has noticed
+//! and stopped its rounds, and no GPU is handed out by two leaders at once.
 
 use std::time::Duration;
 
@@ -17,16 +18,20 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 use super::PostgresStore;
 use crate::store::StoreResult;
 
-/// The advisory lock of the active manager ("ongrid" and 2).
+/// The advisory lock of the leader ("ongrid" and 2).
 pub const MANAGER_LOCK: i64 = 0x6f6e_6772_6964_0002;
 
-/// How often the active manager checks that it still holds its lock.
+/// How often the leader checks that it still holds its lock.
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A ping of the lock connection slower than this counts as a lost connection.
-pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The active manager's hold on [`MANAGER_LOCK`]; dropping it closes the connection, which
+/// How long a replica that took the lock waits before it leads: the longest a leader that lost
+/// its lock connection may take to notice ([`PING_INTERVAL`] + [`PING_TIMEOUT`]).
+pub const TAKEOVER_GRACE: Duration = PING_INTERVAL.saturating_add(PING_TIMEOUT);
+
+/// The leader's hold on [`MANAGER_LOCK`]; dropping it closes the connection, which
 /// releases the lock.
 #[derive(Debug)]
 pub struct ActiveLock {

@@ -1,0 +1,287 @@
+//! Several manager replicas on one PostgreSQL database: every replica serves the API (sessions,
+//! jobs, agents' syncs, the gateway's calls), one of them, the leader, also runs the loops that
+//! decide on their own ([`LeaderLoops`]: scheduling rounds with fair-share metering, the hold
+//! timer, the freeze watch, the grid mirror).
+//!
+//! The leader is the replica holding the database's manager lock
+//! ([`crate::store::postgres::active`]); the others wait for it and the first to get it leads,
+//! after [`TAKEOVER_GRACE`](crate::store::postgres::active::TAKEOVER_GRACE). A leader that loses
+//! its lock connection stops its loops at once (a round in progress is dropped, its uncommitted
+//! transaction rolled back), goes on serving the API and waits to lead again. [`Leader`] tells
+//! the API and the scheduler whether this replica leads: a follower's scheduler places nothing.
+//!
+//! The replicas tell each other over PostgreSQL's LISTEN/NOTIFY ([`publish`], [`listen`]): each
+//! change notification ([`crate::notify`]) so long-polls wake whichever replica committed, and a
+//! follower's wake-ups of the scheduler, which the leader acts on. A notification lost on the way
+//! (a dropped listening connection) is caught by the agents' periodic sync and the loops'
+//! periodic rounds, as within one manager.
+//!
+//! With SQLite there is one manager and it always leads ([`Leader::sole`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::freeze_watch::FreezeWatch;
+use crate::grid_mirror::GridMirror;
+use crate::hold_timer::HoldTimer;
+use crate::scheduler::Scheduler;
+
+/// Whether this replica leads; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Leader {
+    leading: watch::Receiver<bool>,
+}
+
+impl Leader {
+    /// The only manager of its database (SQLite): it always leads.
+    pub fn sole() -> Self {
+        Self {
+            leading: watch::channel(true).1,
+        }
+    }
+
+    /// A replica that does not lead until the returned sender says so.
+    pub fn follower() -> (watch::Sender<bool>, Self) {
+        let (lead, leading) = watch::channel(false);
+        (lead, Self { leading })
+    }
+
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+}
+
+/// The loops only the leader runs.
+pub struct LeaderLoops {
+    pub scheduler: Arc<Scheduler>,
+    pub schedule_interval: Duration,
+    pub holds: Arc<HoldTimer>,
+    pub freezes: Arc<FreezeWatch>,
+    pub grid: Arc<GridMirror>,
+}
+
+impl LeaderLoops {
+    /// Runs every loop until `term` is cancelled, then drops them where they are.
+    pub async fn run(&self, term: CancellationToken) {
+        let loops = async {
+            tokio::join!(
+                self.scheduler
+                    .clone()
+                    .run(self.schedule_interval, term.clone()),
+                self.holds.clone().run(term.clone()),
+                self.freezes.clone().run(term.clone()),
+                self.grid.clone().run(term.clone()),
+            )
+        };
+        tokio::select! {
+            () = term.cancelled() => {}
+            _ = loops => {}
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub use postgres::{lead, listen, publish, Wakes};
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use tokio::sync::{mpsc, Notify};
+
+    use super::*;
+    use crate::notify::{Changed, Changes, Remote};
+    use crate::store::postgres::active::TAKEOVER_GRACE;
+    use crate::store::PostgresStore;
+
+    /// How long to wait before trying again after the database refused a connection.
+    const RETRY: Duration = Duration::from_secs(1);
+
+    /// At most this many notifications in one NOTIFY statement.
+    const BATCH: usize = 64;
+
+    /// Waits for the manager lock, leads while holding it, and waits again after losing it,
+    /// until `shutdown`; `lead` says whether this replica leads at each moment.
+    pub async fn lead(
+        store: PostgresStore,
+        lead: watch::Sender<bool>,
+        loops: LeaderLoops,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let lock = tokio::select! {
+                lock = store.activate(|| tracing::info!(
+                    "Follower: another replica leads; this one serves the API and leads when \
+                     that one stops."
+                )) => lock,
+                () = shutdown.cancelled() => return,
+            };
+            let mut lock = match lock {
+                Ok(lock) => lock,
+                Err(error) => {
+                    tracing::error!(%error, "Could not wait for the manager lock; trying again.");
+                    if sleep_or_shutdown(RETRY, &shutdown).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // A leader that lost its lock connection a moment ago may still be in a round.
+            let lost = tokio::select! {
+                () = tokio::time::sleep(TAKEOVER_GRACE) => None,
+                why = lock.lost() => Some(why),
+                () = shutdown.cancelled() => return,
+            };
+            let lost = match lost {
+                Some(why) => Some(why),
+                None => {
+                    tracing::info!("Leading: this replica runs the scheduler and the timers.");
+                    lead.send_replace(true);
+                    let term = shutdown.child_token();
+                    let lost = tokio::select! {
+                        why = lock.lost() => Some(why),
+                        () = loops.run(term.clone()) => None,
+                    };
+                    lead.send_replace(false);
+                    term.cancel();
+                    lost
+                }
+            };
+            drop(lock);
+            match lost {
+                Some(why) => tracing::error!(%why,
+                    "Lost the manager lock: stopped scheduling; serving the API and waiting to \
+                     lead again."),
+                None => return,
+            }
+        }
+    }
+
+    /// Where the wake-ups of the scheduler go on a replica: `api` is what the API and the hold
+    /// timer notify, `scheduler` what the scheduling loop waits on.
+    pub struct Wakes {
+        pub api: Arc<Notify>,
+        pub scheduler: Arc<Notify>,
+        pub grid: Arc<GridMirror>,
+    }
+
+    /// Tells the other replicas what `outbox` gets from `changes`, and the API's wake-ups of
+    /// the scheduler while this replica does not lead (the leader wakes its own), until
+    /// `shutdown`.
+    pub async fn publish(
+        store: PostgresStore,
+        replica: String,
+        changes: Changes,
+        mut outbox: mpsc::Receiver<Changed>,
+        wakes: Arc<Wakes>,
+        leader: Leader,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let mut batch = Vec::new();
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                Some(changed) = outbox.recv() => batch.push(Remote::Changed(changed)),
+                () = wakes.api.notified() => {
+                    if leader.is_leading() {
+                        wakes.scheduler.notify_one();
+                        continue;
+                    }
+                    batch.push(Remote::Wake);
+                }
+            }
+            while batch.len() < BATCH {
+                match outbox.try_recv() {
+                    Ok(changed) => batch.push(Remote::Changed(changed)),
+                    Err(_) => break,
+                }
+            }
+            if changes.take_overflow() {
+                batch.push(Remote::Changed(Changed::Site));
+            }
+            let mut payloads: Vec<String> = batch.iter().map(|r| r.encode(&replica)).collect();
+            payloads.sort();
+            payloads.dedup();
+            if let Err(error) = store.publish(&payloads).await {
+                tracing::warn!(%error, "Could not tell the other replicas of a change; their \
+                    long-polls see it at the agents' next periodic sync.");
+            }
+        }
+    }
+
+    /// Delivers what the other replicas publish to `changes`, and their wake-ups to this
+    /// replica's scheduler and grid mirror while it leads, until `shutdown`.
+    pub async fn listen(
+        store: PostgresStore,
+        replica: String,
+        changes: Changes,
+        wakes: Arc<Wakes>,
+        leader: Leader,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let listener = tokio::select! {
+                listener = store.listen() => listener,
+                () = shutdown.cancelled() => return,
+            };
+            let mut listener = match listener {
+                Ok(listener) => listener,
+                Err(error) => {
+                    tracing::warn!(%error, "Could not listen to the other replicas; trying \
+                        again.");
+                    if sleep_or_shutdown(RETRY, &shutdown).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // Whatever was published while this replica was not listening: look again.
+            changes.deliver(Changed::Site);
+            loop {
+                let payload = tokio::select! {
+                    payload = listener.recv() => payload,
+                    () = shutdown.cancelled() => return,
+                };
+                match payload {
+                    Ok(Some(payload)) => match Remote::decode(&payload) {
+                        Some((from, _)) if from == replica => {}
+                        Some((_, Remote::Changed(changed))) => changes.deliver(changed),
+                        Some((_, Remote::Wake)) => {
+                            if leader.is_leading() {
+                                wakes.scheduler.notify_one();
+                                wakes.grid.wake();
+                            }
+                        }
+                        None => {
+                            tracing::warn!(%payload, "Ignored a notification no replica sends.")
+                        }
+                    },
+                    Ok(None) => {
+                        tracing::warn!(
+                            "Lost the connection listening to the other replicas; \
+                            listening again."
+                        );
+                        changes.deliver(Changed::Site);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "Listening to the other replicas failed; trying \
+                            again.");
+                        break;
+                    }
+                }
+            }
+            if sleep_or_shutdown(RETRY, &shutdown).await {
+                return;
+            }
+        }
+    }
+
+    /// Sleeps `duration`; `true` when `shutdown` came first.
+    async fn sleep_or_shutdown(duration: Duration, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => false,
+            () = shutdown.cancelled() => true,
+        }
+    }
+}
