@@ -689,6 +689,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_replica_that_does_not_lead_places_nothing_until_it_leads() {
+        let mut f = fixture(&[gpu(1)]).await;
+        let (lead, leader) = crate::replicas::Leader::follower();
+        f.scheduler = f.scheduler.with_leader(leader);
+        let waiting = create(&f, t0()).await;
+        assert_eq!(f.scheduler.tick(t0()).await.unwrap(), TickReport::default());
+        assert_eq!(state(&f, &waiting).await.state, SessionState::Pending);
+        lead.send_replace(true);
+        assert_eq!(f.scheduler.tick(t0()).await.unwrap().placed, 1);
+        assert_eq!(state(&f, &waiting).await.state, SessionState::Starting);
+    }
+
+    #[tokio::test]
     async fn an_offline_node_gets_no_work_and_gives_back_starting_sessions() {
         let f = fixture(&[gpu(1), gpu(2)]).await;
         let running = create(&f, t0()).await;
