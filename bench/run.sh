@@ -192,7 +192,8 @@ start_sshd
 if [[ "$PLAN" != no ]]; then
     printf '\n==> scheduler plan time (a short criterion run)\n'
     cargo bench --quiet -p ongrid-scheduler --bench plan -- --noplot --warm-up-time 1 \
-        --measurement-time 3 'site_1000x8/pending_10000|mixed_site_1250x8' | tee "$work/plan.out"
+        --measurement-time 3 --sample-size 10 \
+        '^plan/(site_1000x8/pending_10000|mixed_site_1250x8/pending_50000)$' | tee "$work/plan.out"
     # "plan/NAME", then (on the same line or the next) "time:   [low mid high]": the middle.
     awk '/^plan\// { name = $1 } /time:/ && name != "" {
             gsub(/[][]/, ""); sub(/.*time: */, "");
