@@ -233,6 +233,9 @@ pub async fn halt_job(
     tracing::info!(job_id = %job.id, "Job halted by its owner.");
     if job.grid.is_some() {
         state.grid.wake();
+        // On a replica that does not lead, the grid mirror does not run: this wake-up reaches
+        // the leader's (crate::replicas).
+        state.wake.notify_one();
     }
     Ok(Json(view(&state, job).await?))
 }
