@@ -96,6 +96,38 @@ pub enum FrameError {
     Malformed(&'static str),
 }
 
+/// Which output a `Data` or `Stderr` message carries (see [`output_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// `Data`: stdout, everything with a terminal, or a forward's bytes.
+    Stdout,
+    Stderr,
+}
+
+/// For a binary message that is a `Data` or `Stderr` frame: which; its payload is
+/// `message[1..]`. Lets a receiver pass a bulk payload on without copying it out of the
+/// message, as [`Frame::decode`] must. `None` for any other frame (decode those).
+pub fn output_of(message: &[u8]) -> Option<Output> {
+    match message.first() {
+        Some(&TAG_DATA) => Some(Output::Stdout),
+        Some(&TAG_STDERR) => Some(Output::Stderr),
+        _ => None,
+    }
+}
+
+/// The binary message of a `Data` frame whose payload is the concatenation of `parts`, built
+/// in one allocation (what `Frame::Data(parts.concat()).encode()` gives, without the copy in
+/// between).
+pub fn data_message(parts: &[&[u8]]) -> Vec<u8> {
+    let len = parts.iter().map(|part| part.len()).sum::<usize>();
+    let mut message = Vec::with_capacity(1 + len);
+    message.push(TAG_DATA);
+    for part in parts {
+        message.extend_from_slice(part);
+    }
+    message
+}
+
 const TAG_READY: u8 = 0x00;
 const TAG_DATA: u8 = 0x01;
 const TAG_STDERR: u8 = 0x02;
@@ -215,6 +247,25 @@ mod tests {
             Frame::decode(&[TAG_EOF, 1]),
             Err(FrameError::Malformed("eof"))
         );
+    }
+
+    #[test]
+    fn bulk_payloads_are_found_without_decoding() {
+        let data = Frame::Data(b"out".to_vec()).encode();
+        let stderr = Frame::Stderr(b"err".to_vec()).encode();
+        assert_eq!(output_of(&data), Some(Output::Stdout));
+        assert_eq!(&data[1..], b"out");
+        assert_eq!(output_of(&stderr), Some(Output::Stderr));
+        assert_eq!(&stderr[1..], b"err");
+        for other in [Frame::Ready, Frame::Eof, Frame::Signal("INT".into())] {
+            assert_eq!(output_of(&other.encode()), None, "{other:?}");
+        }
+        assert_eq!(output_of(&[]), None);
+        assert_eq!(
+            data_message(&[b"hello ", b"", b"world"]),
+            Frame::Data(b"hello world".to_vec()).encode()
+        );
+        assert_eq!(data_message(&[]), Frame::Data(vec![]).encode());
     }
 
     #[test]

@@ -28,13 +28,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{SplitSink, SplitStream};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use ongrid_core::api::{Route, RouteRequest};
-use ongrid_core::stream::{ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
+use ongrid_core::stream::{
+    data_message, output_of, ExitStatus, Frame, Output, Pty, StreamKind, StreamOpen,
+    MAX_FRAME_PAYLOAD,
+};
 use ongrid_core::Dn;
 use russh::server::{ChannelOpenHandle, Handle, Msg};
 use russh::{ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Bytes, Message};
 
 use crate::agent::{frame_name, AgentConnector, AgentError, AgentStream};
 use crate::deadlines::{
@@ -115,7 +118,7 @@ impl ChannelEnds {
     }
 
     /// Writes stdout (`ext` `None`) or stderr (`Some(1)`), waiting for this channel's window.
-    async fn write(&self, ext: Option<u32>, data: Vec<u8>) -> Result<(), ()> {
+    async fn write(&self, ext: Option<u32>, data: impl Into<Bytes>) -> Result<(), ()> {
         let result = match ext {
             None => self.paced(self.writer.data_bytes(data)).await,
             Some(ext) => self.paced(self.writer.extended_data_bytes(ext, data)).await,
@@ -573,6 +576,10 @@ enum Upstream {
     AgentGone,
 }
 
+/// Client → agent. Data already queued behind the first piece is taken along into the same
+/// frame, up to [`MAX_FRAME_PAYLOAD`], and frames are flushed to the agent only once nothing
+/// more is queued: a bulk upload goes in few large frames and few TLS writes, while a single
+/// keystroke still goes out at once.
 async fn upstream(
     ends: &ChannelEnds,
     sink: &mut AgentSink,
@@ -581,38 +588,99 @@ async fn upstream(
     with_pty: bool,
 ) -> Upstream {
     let mut eof_sent = false;
+    // An input taken while gathering data that is not data: the next to handle.
+    let mut ahead: Option<Option<Input>> = None;
+    let mut unflushed = false;
     loop {
-        let frame = match ends.input.recv().await {
-            None | Some(Input::Close) => return Upstream::ClientClosed,
+        let input = match ahead.take() {
+            Some(input) => input,
+            None => match ends.input.recv().now_or_never() {
+                Some(input) => input,
+                None => {
+                    if unflushed {
+                        if sink.flush().await.is_err() {
+                            return Upstream::AgentGone;
+                        }
+                        unflushed = false;
+                    }
+                    ends.input.recv().await
+                }
+            },
+        };
+        let message = match input {
+            None | Some(Input::Close) => {
+                // What the client sent before closing still reaches the process.
+                if unflushed {
+                    let _ = sink.flush().await;
+                }
+                return Upstream::ClientClosed;
+            }
             Some(Input::Overflowed) => return Upstream::Overflowed,
             Some(Input::Data(data)) => {
                 context.traffic.count_in(data.len());
-                for chunk in data.chunks(MAX_FRAME_PAYLOAD) {
-                    if send_frame(sink, &Frame::Data(chunk.to_vec()))
-                        .await
-                        .is_err()
-                    {
-                        return Upstream::AgentGone;
+                let mut parts = vec![data];
+                let mut gathered = parts[0].len();
+                while gathered < MAX_FRAME_PAYLOAD {
+                    match ends.input.recv().now_or_never() {
+                        Some(Some(Input::Data(more))) => {
+                            context.traffic.count_in(more.len());
+                            gathered += more.len();
+                            parts.push(more);
+                        }
+                        Some(other) => {
+                            ahead = Some(other);
+                            break;
+                        }
+                        None => break,
                     }
                 }
+                if feed_data(sink, &parts).await.is_err() {
+                    return Upstream::AgentGone;
+                }
+                unflushed = true;
                 continue;
             }
             Some(Input::Eof) if !eof_sent => {
                 eof_sent = true;
-                Frame::Eof
+                Frame::Eof.encode()
             }
             Some(Input::Eof) => continue,
             Some(Input::Request(Request::WindowChange { cols, rows })) if with_pty => {
-                Frame::Resize { cols, rows }
+                Frame::Resize { cols, rows }.encode()
             }
-            Some(Input::Request(Request::Signal(name))) if session => Frame::Signal(name),
+            Some(Input::Request(Request::Signal(name))) if session => Frame::Signal(name).encode(),
             // Nothing else is granted once started (`requests.rs`).
             Some(Input::Request(_)) => continue,
         };
-        if send_frame(sink, &frame).await.is_err() {
+        if sink.feed(Message::binary(message)).await.is_err() {
             return Upstream::AgentGone;
         }
+        unflushed = true;
     }
+}
+
+/// Queues `parts` (in order) as `Data` frames of at most [`MAX_FRAME_PAYLOAD`], unflushed.
+async fn feed_data(sink: &mut AgentSink, parts: &[Vec<u8>]) -> Result<(), ()> {
+    let mut frame: Vec<&[u8]> = Vec::with_capacity(parts.len());
+    let mut size = 0;
+    for part in parts {
+        for piece in part.chunks(MAX_FRAME_PAYLOAD) {
+            if size + piece.len() > MAX_FRAME_PAYLOAD {
+                let message = data_message(&frame);
+                sink.feed(Message::binary(message)).await.map_err(drop)?;
+                frame.clear();
+                size = 0;
+            }
+            frame.push(piece);
+            size += piece.len();
+        }
+    }
+    if !frame.is_empty() {
+        sink.feed(Message::binary(data_message(&frame)))
+            .await
+            .map_err(drop)?;
+    }
+    Ok(())
 }
 
 async fn downstream(
@@ -647,6 +715,20 @@ async fn downstream(
             }
             _ => continue,
         };
+        // Output, the bulk of a stream, goes on as a slice of the message, without a copy.
+        let ext = match output_of(&bytes) {
+            Some(Output::Stdout) => Some(None),
+            Some(Output::Stderr) if session => Some(Some(1)),
+            _ => None,
+        };
+        if let Some(ext) = ext {
+            let data = bytes.slice(1..);
+            context.traffic.count_out(data.len());
+            if ends.write(ext, data).await.is_err() {
+                return RelayEnd::ClientClosed;
+            }
+            continue;
+        }
         let frame = match Frame::decode(&bytes) {
             Ok(frame) => frame,
             Err(error) => {
@@ -658,18 +740,6 @@ async fn downstream(
             }
         };
         match frame {
-            Frame::Data(data) => {
-                context.traffic.count_out(data.len());
-                if ends.write(None, data).await.is_err() {
-                    return RelayEnd::ClientClosed;
-                }
-            }
-            Frame::Stderr(data) if session => {
-                context.traffic.count_out(data.len());
-                if ends.write(Some(1), data).await.is_err() {
-                    return RelayEnd::ClientClosed;
-                }
-            }
             // A forward's peer stopped sending: half-close towards the client at once. A
             // process's stdout ending waits for its exit status (data, exit, EOF, close).
             Frame::Eof if !session && !eof_sent => {
