@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::host::{self, signal_by_ssh_name};
-use super::{send_chunked, FrameChannel, QUEUE_FRAMES};
+use super::{send_owned, FrameChannel, QUEUE_FRAMES};
 use crate::runtime::accounts::LOGIN_SHELL;
 use crate::runtime::inject::{InjectError, SftpInjector};
 use crate::runtime::{
@@ -399,8 +399,8 @@ async fn pump_output(
 ) -> Ended {
     while let Some(chunk) = output.next().await {
         let sent = match chunk {
-            Ok(ExecOutput::Stdout(bytes)) => send_chunked(outgoing, &bytes, Frame::Data).await,
-            Ok(ExecOutput::Stderr(bytes)) => send_chunked(outgoing, &bytes, Frame::Stderr).await,
+            Ok(ExecOutput::Stdout(bytes)) => send_owned(outgoing, bytes, Frame::Data).await,
+            Ok(ExecOutput::Stderr(bytes)) => send_owned(outgoing, bytes, Frame::Stderr).await,
             Err(e) => {
                 // The attach broke (Docker restarted, the container was removed): the output
                 // ends here, and the exit status says what happened to the process.

@@ -278,6 +278,20 @@ pub async fn send_chunked(
     Ok(())
 }
 
+/// Like [`send_chunked`] for bytes the caller owns: a piece that fits one frame goes as it is,
+/// without a copy (a process's output usually comes in such pieces).
+pub async fn send_owned(
+    outgoing: &mpsc::Sender<Frame>,
+    bytes: Vec<u8>,
+    frame: fn(Vec<u8>) -> Frame,
+) -> Result<(), mpsc::error::SendError<Frame>> {
+    if bytes.len() <= MAX_FRAME_PAYLOAD {
+        outgoing.send(frame(bytes)).await
+    } else {
+        send_chunked(outgoing, &bytes, frame).await
+    }
+}
+
 /// Decodes the gateway's binary messages into `incoming` until the gateway closes; a malformed
 /// frame ends the stream as if the gateway had gone.
 async fn read_frames<S>(mut source: S, incoming: mpsc::Sender<Frame>)
