@@ -1,6 +1,7 @@
 //! Site policy with the real binaries: a site that admits one VO refuses a certificate outside
 //! it with the fix (`devctl whoami`), admits its admins in group `admins`, and `devctl share`
-//! shows the GPU-hours a running session charges to its group.
+//! shows the GPU-hours a running session charges to its group; under length classes long work
+//! waits at its cap naming it while short work runs.
 
 use std::time::Duration;
 
@@ -54,4 +55,63 @@ fn a_site_that_admits_one_vo_refuses_others_and_share_shows_each_groups_usage() 
     assert!(text.starts_with("GROUP"), "{text}");
     assert!(text.contains("atlas") && text.contains("admins"), "{text}");
     println!("$ devctl share\n{text}");
+}
+
+/// CHTC's length classes with one long GPU per user: a session living the site's 7 days is long
+/// work, so a second such session waits naming the cap; a session asking for 8 hours is short
+/// work and runs; a job longer than the longest class is refused naming it.
+#[test]
+fn long_work_waits_at_its_length_class_cap_and_short_work_runs() {
+    let mut site = Site::start_configured(
+        &[SimGpu::a100(1), SimGpu::a100(2)],
+        "[limits.length_classes]\nlong_max_gpus = 1\n",
+        "",
+    );
+    let alice = site.user("Alice");
+    site.devctl_ok(&alice, &["session", "new", "--name", "week", "--wait"]);
+    site.devctl_ok(&alice, &["session", "new", "--name", "second"]);
+    let second = site.devctl_ok(&alice, &["session", "show", "second"]);
+    assert!(
+        second.contains(
+            "waits for a limit: you hold 1 of at most 1 GPUs in work longer than 1 day \
+             (limits.length_classes long_max_gpus)"
+        ),
+        "{second}"
+    );
+    println!("$ devctl session show second\n{second}");
+    let short = site.devctl_ok(
+        &alice,
+        &[
+            "session",
+            "new",
+            "--name",
+            "short",
+            "--max-duration",
+            "8h",
+            "--wait",
+        ],
+    );
+    println!("$ devctl session new --name short --max-duration 8h --wait\n{short}");
+    let args = [
+        "job",
+        "submit",
+        "--image",
+        "mymodel:v1",
+        "--max-duration",
+        "8d",
+        "--",
+        "python",
+        "train.py",
+    ];
+    let out = site.devctl(&alice, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "a job of up to 1 week 1 day can never run here: the longest work the site takes is \
+             1 week (limits.length_classes long)"
+        ),
+        "{stderr}"
+    );
+    println!("$ devctl {}\n{stderr}", args.join(" "));
 }
