@@ -3,9 +3,8 @@
 //!
 //! An institute is a name and at least one network; the gateway polls the list
 //! (`GET /v1/gateway/allowlist`), so a change applies within its refresh interval. To change an
-//! institute's networks, remove it and add it again.
-
-use std::collections::BTreeSet;
+//! institute's networks, remove it and add it again. Adding and removing are
+//! [`super::actions::institutes`], shared with the dashboard's admin forms.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -15,9 +14,11 @@ use ongrid_core::api::AuditRecord;
 use ongrid_core::{Dn, HumanDuration, Institute, InstituteName};
 use serde::Deserialize;
 
+use super::actions::institutes::{self, InstituteError};
+use super::actions::Via;
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
-use crate::store::{AuditFilter, StoreError};
+use crate::store::AuditFilter;
 
 /// The most audit records one answer carries.
 pub const AUDIT_LIMIT: u32 = 1000;
@@ -69,43 +70,9 @@ pub async fn add_institute(
     caller: CurrentUser,
     ApiJson(body): ApiJson<NewInstitute>,
 ) -> Result<(StatusCode, Json<Institute>), ApiError> {
-    caller.require_admin("manage institutes")?;
-    for cidr in &body.cidrs {
-        cidr.check_matchable()
-            .map_err(|e| ApiError::bad_request(format!("cidrs: {e}")))?;
-    }
-    if body.cidrs.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "institute {} needs at least one network, like 192.0.2.0/24 or 2001:db8::/32",
-            body.name
-        )));
-    }
-    let mut seen = BTreeSet::new();
-    let institute = Institute {
-        cidrs: body
-            .cidrs
-            .iter()
-            .copied()
-            .filter(|c| seen.insert(*c))
-            .collect(),
-        name: body.name,
-    };
-    match state
-        .store
-        .add_institute(&institute, state.clock.now())
+    let institute = institutes::add(&state, &caller, body.name, &body.cidrs, Via::Api)
         .await
-    {
-        Ok(()) => {}
-        Err(StoreError::InstituteExists(name)) => {
-            return Err(ApiError::conflict(format!(
-                "institute {name} already exists: to change its networks, remove it with \
-                 `devctl admin institute rm {name}` and add it again"
-            )))
-        }
-        Err(other) => return Err(other.into()),
-    }
-    let networks: Vec<String> = institute.cidrs.iter().map(ToString::to_string).collect();
-    tracing::info!(institute = %institute.name, networks = %networks.join(" "), by = %caller.user.user_name, "Institute added.");
+        .map_err(refused)?;
     Ok((StatusCode::CREATED, Json(institute)))
 }
 
@@ -114,15 +81,25 @@ pub async fn remove_institute(
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Institute>, ApiError> {
-    caller.require_admin("manage institutes")?;
-    let name = institute_name(&name)?;
-    let removed = state
-        .store
-        .remove_institute(&name)
-        .await?
-        .ok_or_else(|| no_institute(&name))?;
-    tracing::info!(institute = %name, by = %caller.user.user_name, "Institute removed.");
+    let removed = institutes::remove(&state, &caller, &name, Via::Api)
+        .await
+        .map_err(refused)?;
     Ok(Json(removed))
+}
+
+/// An institute action's refusal as the API words it, with the `devctl` command that helps.
+fn refused(error: InstituteError) -> ApiError {
+    match error {
+        InstituteError::NeverMatches { error, .. } => {
+            ApiError::bad_request(format!("cidrs: {error}"))
+        }
+        InstituteError::Exists(name) => ApiError::conflict(format!(
+            "institute {name} already exists: to change its networks, remove it with \
+             `devctl admin institute rm {name}` and add it again"
+        )),
+        InstituteError::NotFound(name) => no_institute(&name),
+        InstituteError::Api(error) => error,
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,7 +5,8 @@
 //! `GET /v1/images/{reference}?after=DONE/TOTAL` is the long-poll `devctl freeze` follows a
 //! freeze with: answered as soon as the image's state or progress differs from what it has.
 //!
-//! The manager only records the freeze (BUILDING); the agent of the session's node gets it as an
+//! The manager only records the freeze (BUILDING, [`super::actions::images`], shared with the
+//! dashboard's freeze form); the agent of the session's node gets it as an
 //! order in its desired state, does the work and reports progress, then READY or FAILED, in its
 //! syncs (see [`super::agent`] and [`crate::domain::images`]). Like sessions, a user
 //! sees and removes only their own images (others' answer the same 404 as missing ones);
@@ -27,73 +28,44 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ongrid_core::image::{CreateImage, ImageLookup, ImageProgress, ImageState, ImageView};
-use ongrid_core::{Dn, SessionState};
+use ongrid_core::Dn;
 use serde::Deserialize;
 
+use super::actions::images::{self as actions, FreezeError};
+use super::actions::Via;
 use super::callers::CurrentUser;
 use super::views::image_view;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::domain::image_access;
-use crate::domain::images::{freezing_node, ImageRecord};
+use crate::domain::images::ImageRecord;
 use crate::image_files::remove_sif;
-use crate::store::{ImageFilter, NewImage, StoreError};
+use crate::store::ImageFilter;
 
 pub async fn create_image(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiJson(body): ApiJson<CreateImage>,
 ) -> Result<(StatusCode, Json<ImageView>), ApiError> {
-    let session = state
-        .store
-        .session_by_name(&caller.user.dn, &body.session)
-        .await?
-        .filter(|s| s.state != SessionState::Ended)
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
-                "you have no session named {}: list yours with `devctl session ls`",
-                body.session
-            ))
-        })?;
-    let node = freezing_node(&session)?;
-    let new = NewImage {
-        id: uuid::Uuid::new_v4(),
-        owner: caller.user.dn.clone(),
-        reference: body.reference.clone(),
-        session_id: session.id,
-        session_name: session.name.clone(),
-        node: node.clone(),
-        base_image: session.image.clone(),
-        compression: body.compression,
-        force: body.force,
-        at: state.clock.now(),
-        reason: format!("freezing session {} on {node}", session.name),
-    };
-    let image = match state.store.create_image(new).await {
-        Ok(image) => image,
-        Err(StoreError::ImageTagTaken {
-            reference,
-            state: ImageState::Building,
-        }) => {
-            return Err(ApiError::conflict(format!(
+    let image = actions::freeze(&state, &caller, body, Via::Api)
+        .await
+        .map_err(|error| match error {
+            FreezeError::NoSession(name) => ApiError::not_found(format!(
+                "you have no session named {name}: list yours with `devctl session ls`"
+            )),
+            FreezeError::Building(reference) => ApiError::conflict(format!(
                 "image {reference} is being built: wait for it (`devctl image show {reference}`) \
                  or remove it with `devctl image rm {reference}`"
-            )))
-        }
-        Err(StoreError::ImageTagTaken { reference, state }) => {
-            return Err(ApiError::conflict(format!(
+            )),
+            FreezeError::TagTaken { reference, state } => ApiError::conflict(format!(
                 "you already have image {reference} ({state}): pick another version, or add \
                  --force to move the tag (the old image stays reachable by its digest)"
-            )))
-        }
-        Err(StoreError::FreezeRunning { session, reference }) => {
-            return Err(ApiError::conflict(format!(
+            )),
+            FreezeError::Running { session, reference } => ApiError::conflict(format!(
                 "session {session} is being frozen to {reference} already: wait for it \
                  (`devctl image show {reference}`)"
-            )))
-        }
-        Err(other) => return Err(other.into()),
-    };
-    tracing::info!(image_id = %image.id, reference = %image.reference, session = %image.session_name, %node, user = %image.user_name, "Freeze requested.");
+            )),
+            FreezeError::Api(error) => error,
+        })?;
     Ok((StatusCode::CREATED, Json(image_view(image))))
 }
 

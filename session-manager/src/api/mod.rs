@@ -3,7 +3,9 @@
 //! A handler authenticates (an extractor of [`callers`]), parses, asks [`crate::domain`] for the
 //! decision, stores it and renders the answer; it decides no transition itself. Handler modules,
 //! one per family of routes, never call each other; what they share is in [`callers`],
-//! [`lookup`], [`views`] and [`error`].
+//! [`lookup`], [`views`] and [`error`], and the actions the dashboard's forms do too (create,
+//! hold, release, keep and remove a session, freeze one, add and remove an institute) are
+//! written once in [`actions`], which each caller words and renders its own way.
 //!
 //! - [`whoami`], [`sessions`] (create, list, show, remove, hold, release, keep), [`nodes`]
 //!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images), [`jobs`]
@@ -18,6 +20,7 @@
 //! Handlers hold no state of their own: everything is in the [`Store`]; the scheduler is woken
 //! through [`AppState::wake`] whenever something it cares about changed.
 
+pub mod actions;
 pub mod admin;
 pub mod agent;
 pub mod body;

@@ -5,101 +5,37 @@
 //! `?owner=DN` and list everyone's with `?all=true`. A non-admin asking for someone else's
 //! session gets the same 404 as for a session that does not exist, so names do not leak.
 //! Session listings leave out ENDED sessions and carry no transitions; `GET
-//! /v1/sessions/{name}` shows the history. What each request may change is decided by
-//! [`crate::domain::sessions::requests`]; the automatic holds are the hold timer's.
+//! /v1/sessions/{name}` shows the history. Creating, holding, releasing, keeping and removing
+//! are [`super::actions::sessions`], shared with the dashboard's forms (what each request may
+//! change is decided by [`crate::domain::sessions::requests`]); here they are worded for
+//! `devctl` and answered as JSON. The automatic holds are the hold timer's.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ongrid_core::api::{CreateSession, SessionView};
 use ongrid_core::holds::{HoldRequest, KeepRequest};
-use ongrid_core::{Dn, HumanDuration, SessionId, SessionState};
+use ongrid_core::{Dn, SessionState};
 use serde::Deserialize;
 use std::time::Duration;
 
+use super::actions::sessions::{self as actions, Created, SessionActionError, SessionTarget};
+use super::actions::Via;
 use super::callers::CurrentUser;
-use super::lookup::{find_session, frozen_image_candidates, Lookup, OwnerQuery};
+use super::lookup::{find_session, Lookup, OwnerQuery, ReservationQuery};
 use super::views::{full_session_view, session_view};
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
-use crate::domain::image_access::{self, ImageChoice};
-use crate::domain::sessions::requests;
-use crate::store::{FactsScope, NewSession, SessionFilter, StoreError};
+use crate::store::SessionFilter;
 
 pub async fn create_session(
     State(state): State<AppState>,
     caller: CurrentUser,
-    ApiQuery(query): ApiQuery<super::lookup::ReservationQuery>,
+    ApiQuery(query): ApiQuery<ReservationQuery>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
-    body.gpus
-        .validate()
-        .map_err(|e| ApiError::bad_request(format!("gpus.count: {e}")))?;
-    let image = session_image(&state, &caller, body.image.as_deref()).await?;
-    let (idle_timeout_secs, max_duration_secs) = state
-        .config
-        .lifecycle
-        .limits_for(body.idle_timeout_secs, body.max_duration_secs)
-        .map_err(ApiError::bad_request)?;
-    let site = state.site().await?;
-    let limited = crate::domain::policy::limits::Request {
-        id: (),
-        owner: caller.user.dn.clone(),
-        group: caller.admitted.group.clone(),
-        kind: crate::domain::policy::limits::Kind::Session,
-        gpus: body.gpus.count,
-        length: Some(std::time::Duration::from_secs(max_duration_secs)),
-    };
-    if let Some(refusal) =
-        crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
-    {
-        return Err(ApiError::forbidden(refusal));
-    }
-    if body.gpus.sharing.mig().is_some() {
-        ongrid_scheduler::check_mig_satisfiable(
-            &site.satisfiability_state(),
-            &site.mig_slots(),
-            &body.gpus,
-        )
-        .map_err(|no| ApiError::unsatisfiable(format!("{no}; see `devctl gpus`")))?;
-    } else {
-        ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus).map_err(
-            |unsatisfiable| ApiError::unsatisfiable(format!("{unsatisfiable}; see `devctl gpus`")),
-        )?;
-    }
-    let reservation = super::lookup::reservation_to_use(&state, &caller, query).await?;
-    let id = SessionId::new_random();
-    if let (Some(reservation), Some(store)) = (&reservation, state.store.gpu_policy()) {
-        // Before the session exists, so no scheduling round sees it without its reservation.
-        store.set_session_reservation(id, reservation).await?;
-    }
-    let new = NewSession {
-        id,
-        name: body.name,
-        owner: caller.user.dn.clone(),
-        request: body.gpus,
-        image,
-        at: state.clock.now(),
-        reason: format!("requested by {}", caller.user.user_name),
-    };
-    let session = match state.store.create_session(new).await {
-        Ok(session) => session,
-        Err(StoreError::NameTaken { name, state }) => {
-            return Err(ApiError::conflict(format!(
-                "you already have a session named {name} ({state}): pick another --name or \
-                 `devctl session rm {name}`"
-            )))
-        }
-        Err(other) => return Err(other.into()),
-    };
-    tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, "Session requested.");
-    state
-        .store
-        .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
-        .await?;
-    // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
-    // waits in the queue (PENDING with its position).
-    state.schedule_now(session.id).await;
-    let session = state.store.session(session.id).await?.unwrap_or(session);
+    let Created { session, site } = actions::create(&state, &caller, body, query, Via::Api)
+        .await
+        .map_err(refused)?;
     let positions = state.queue_positions().await?;
     let transitions = state.store.transitions(session.id).await?;
     let position = positions.get(&session.id).copied();
@@ -112,25 +48,23 @@ pub async fn create_session(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
-/// The Docker image the new session runs: a site image, or a frozen image the caller may run
-/// (their own, or a shared one), looked up by its tag or digest ([`image_access`] decides).
-async fn session_image(
-    state: &AppState,
-    caller: &CurrentUser,
-    requested: Option<&str>,
-) -> Result<String, ApiError> {
-    let site = state.config.site_images();
-    let dn = &caller.user.dn;
-    let resolved = match image_access::choose_image(requested, &site) {
-        Ok(ImageChoice::Site(image)) => Ok(image),
-        Ok(ImageChoice::Frozen(lookup)) => {
-            let candidates = frozen_image_candidates(state, dn, &lookup).await?;
-            image_access::resolve_frozen(&lookup, &candidates, dn, &site)
+/// A session action's refusal as the API words it, with the `devctl` command that helps.
+fn refused(error: SessionActionError) -> ApiError {
+    match error {
+        SessionActionError::InvalidGpus(e) => ApiError::bad_request(format!("gpus.count: {e}")),
+        SessionActionError::Unsatisfiable(why) => {
+            ApiError::unsatisfiable(format!("{why}; see `devctl gpus`"))
         }
-        Err(refusal) => Err(refusal),
-    };
-    // Logged, with the caller, as every 403 is (`error::log_refusals`).
-    resolved.map_err(ApiError::from)
+        SessionActionError::NameTaken { name, state } => ApiError::conflict(format!(
+            "you already have a session named {name} ({state}): pick another --name or \
+             `devctl session rm {name}`"
+        )),
+        SessionActionError::ChangedMeanwhile { session, cause } => ApiError::conflict(format!(
+            "session {session} changed meanwhile ({cause}): look at it with \
+             `devctl session show {session}`"
+        )),
+        SessionActionError::Api(error) => error,
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,6 +166,14 @@ fn parse_states(list: &str) -> Result<Vec<SessionState>, ApiError> {
         .collect()
 }
 
+/// The session `{name}[?owner=DN]` names.
+fn target(name: String, query: OwnerQuery) -> SessionTarget {
+    SessionTarget {
+        name,
+        owner: query.owner,
+    }
+}
+
 /// Ends the session (state ENDED, GPUs free); its agent removes the container on its next sync.
 pub async fn delete_session(
     State(state): State<AppState>,
@@ -239,23 +181,11 @@ pub async fn delete_session(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = find_session(&state, &caller, &name, query.owner, Lookup::NotEnded).await?;
-    let change = requests::remove(&caller.user.user_name, state.clock.now());
-    let ended = state.store.transition(session.id, change).await?;
-    tracing::info!(session_id = %ended.id, session = %ended.name, by = %caller.user.user_name, "Session removed.");
-    state.wake.notify_one();
+    let ended = actions::remove(&state, &caller, target(name, query), Via::Api)
+        .await
+        .map_err(refused)?;
     let transitions = state.store.transitions(ended.id).await?;
     Ok(Json(session_view(ended, None, transitions)))
-}
-
-/// A change the session's state no longer allows: it changed between the look and the write.
-fn changed_meanwhile(error: StoreError, name: &str) -> ApiError {
-    match error {
-        StoreError::InvalidTransition(e) => ApiError::conflict(format!(
-            "session {name} changed meanwhile ({e}): look at it with `devctl session show {name}`"
-        )),
-        other => other.into(),
-    }
 }
 
 pub async fn hold(
@@ -265,27 +195,15 @@ pub async fn hold(
     ApiQuery(query): ApiQuery<OwnerQuery>,
     ApiJson(body): ApiJson<HoldRequest>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = find_session(&state, &caller, &name, query.owner, Lookup::NotEnded).await?;
-    let by = &caller.user.user_name;
-    let someone_elses = session.owner != caller.user.dn;
-    let change = requests::hold(
-        &session,
-        by,
-        someone_elses,
+    let held = actions::hold(
+        &state,
+        &caller,
+        target(name, query),
         body.reason.as_deref(),
-        state.clock.now(),
-    )?;
-    let reason = change.hold;
-    let held = state
-        .store
-        .transition(session.id, change)
-        .await
-        .map_err(|e| changed_meanwhile(e, &name))?;
-    if let Some(reason) = reason {
-        crate::metrics::events().held(reason);
-    }
-    tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = %held.reason, "Session held by hand.");
-    state.wake.notify_one();
+        Via::Api,
+    )
+    .await
+    .map_err(refused)?;
     Ok(Json(full_session_view(&state, held).await?))
 }
 
@@ -295,27 +213,9 @@ pub async fn release(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = find_session(&state, &caller, &name, query.owner, Lookup::NotEnded).await?;
-    let facts = state
-        .store
-        .lifecycle_facts(FactsScope::Session(session.id))
-        .await?;
-    let by = &caller.user.user_name;
-    let change = requests::release(
-        &session,
-        facts.first(),
-        &state.config.lifecycle,
-        by,
-        state.clock.now(),
-    )?;
-    let released = state
-        .store
-        .transition(session.id, change)
+    let released = actions::release(&state, &caller, target(name, query), Via::Api)
         .await
-        .map_err(|e| changed_meanwhile(e, &name))?;
-    tracing::info!(session_id = %released.id, session = %released.name, by = %by, node = ?released.node, "Session released.");
-    // Schedule at once, so that the answer says whether its node had a GPU free.
-    state.schedule_now(released.id).await;
+        .map_err(refused)?;
     Ok(Json(full_session_view(&state, released).await?))
 }
 
@@ -326,11 +226,14 @@ pub async fn keep(
     ApiQuery(query): ApiQuery<OwnerQuery>,
     ApiJson(body): ApiJson<KeepRequest>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let asked = requests::keep_duration(body.duration_secs)?;
-    let session = find_session(&state, &caller, &name, query.owner, Lookup::NotEnded).await?;
-    let until = requests::keep(&session, asked, &state.config.lifecycle, state.clock.now())?;
-    state.store.set_keep_until(session.id, until).await?;
-    tracing::info!(session_id = %session.id, session = %session.name, by = %caller.user.user_name,
-        asked = %HumanDuration(asked), until = %until, "Session kept alive.");
-    Ok(Json(full_session_view(&state, session).await?))
+    let kept = actions::keep(
+        &state,
+        &caller,
+        target(name, query),
+        body.duration_secs,
+        Via::Api,
+    )
+    .await
+    .map_err(refused)?;
+    Ok(Json(full_session_view(&state, kept.session).await?))
 }

@@ -1,124 +1,61 @@
-//! What the dashboard's forms do, through the same domain rules and store calls as the API's
-//! routes (`crate::api::sessions`, `images`, `jobs`, `admin`, `nodes`), which it never calls:
-//! the caller is the same [`CurrentUser`], looked up with the same [`find_session`] (a user
-//! reaches only their own sessions, an admin anyone's with `owner`), refused with the same
-//! [`Refusal`]s. Each returns the sentence the next page shows.
-
-use std::collections::BTreeSet;
+//! What the dashboard's forms do. The actions the API offers too are written once in
+//! [`crate::api::actions`] (create, hold, release, keep and remove a session, freeze one, add and
+//! remove an institute), so the caller is the same [`CurrentUser`], the session is found the
+//! same way (a user reaches only their own sessions, an admin anyone's with `owner`) and refused
+//! with the same rules; here the forms' text is parsed and the refusals are worded for the page.
+//! The others go through the same domain rules and store calls as the API's routes (`jobs`,
+//! `nodes`), which it never calls. Each returns the sentence the next page shows.
 
 use ongrid_core::api::CreateSession;
-use ongrid_core::image::{Compression, ImageReference, ImageState};
+use ongrid_core::image::{Compression, CreateImage, ImageReference};
 use ongrid_core::job::JobId;
 use ongrid_core::network::Cidr;
-use ongrid_core::{
-    Dn, GpuRequest, GpuUuid, HumanDuration, Institute, InstituteName, NodeName, SessionId,
-    SessionName, SessionState,
-};
+use ongrid_core::{GpuRequest, GpuUuid, HumanDuration, InstituteName, NodeName, SessionName};
 
+use crate::api::actions::images::{self as image_actions, FreezeError};
+use crate::api::actions::institutes::{self, InstituteError};
+use crate::api::actions::sessions::{self as session_actions, Created, SessionActionError};
+use crate::api::actions::Via;
 use crate::api::callers::CurrentUser;
-use crate::api::lookup::{find_session, frozen_image_candidates, Lookup};
+use crate::api::lookup::ReservationQuery;
 use crate::api::{ApiError, AppState};
-use crate::domain::image_access::{self, ImageChoice};
-use crate::domain::images::freezing_node;
-use crate::domain::sessions::requests;
 use crate::domain::{jobs, nodes};
-use crate::store::{FactsScope, NewImage, NewSession, StoreError};
+use crate::store::StoreError;
 
-/// A change the session's state no longer allows: it changed between the look and the write.
-fn changed_meanwhile(error: StoreError, name: &SessionName) -> ApiError {
+/// Which session a form names: the caller's own, or (admins) `owner`'s.
+pub use crate::api::actions::sessions::SessionTarget as Target;
+
+/// A session action's refusal as the dashboard words it, pointing at the page.
+fn refused(error: SessionActionError) -> ApiError {
     match error {
-        StoreError::InvalidTransition(e) => ApiError::conflict(format!(
-            "session {name} changed meanwhile ({e}): look at it again"
+        SessionActionError::InvalidGpus(e) => ApiError::bad_request(format!("GPUs: {e}")),
+        SessionActionError::Unsatisfiable(why) => ApiError::unsatisfiable(why),
+        SessionActionError::NameTaken { name, state } => ApiError::conflict(format!(
+            "you already have a session named {name} ({state}): pick another name or remove it"
         )),
-        other => other.into(),
+        SessionActionError::ChangedMeanwhile { session, cause } => ApiError::conflict(format!(
+            "session {session} changed meanwhile ({cause}): look at it again"
+        )),
+        SessionActionError::Api(error) => error,
     }
 }
 
-/// A new session, as `POST /v1/sessions` makes it: the GPU count checked, the image the caller
-/// may run, the lifecycle limits, the site's `[limits]`, whether the site can ever satisfy it; then one
-/// scheduling round so the page shows whether a GPU was free.
+/// A new session, as `POST /v1/sessions` makes it (without a reservation); the page shows
+/// whether a GPU was free.
 pub async fn create_session(
     state: &AppState,
     caller: &CurrentUser,
     body: CreateSession,
 ) -> Result<String, ApiError> {
-    body.gpus
-        .validate()
-        .map_err(|e| ApiError::bad_request(format!("GPUs: {e}")))?;
-    let site_images = state.config.site_images();
-    let image = match image_access::choose_image(body.image.as_deref(), &site_images)? {
-        ImageChoice::Site(image) => image,
-        ImageChoice::Frozen(lookup) => {
-            let candidates = frozen_image_candidates(state, &caller.user.dn, &lookup).await?;
-            image_access::resolve_frozen(&lookup, &candidates, &caller.user.dn, &site_images)?
-        }
-    };
-    let (idle_timeout_secs, max_duration_secs) = state
-        .config
-        .lifecycle
-        .limits_for(body.idle_timeout_secs, body.max_duration_secs)
-        .map_err(ApiError::bad_request)?;
-    let site = state.site().await?;
-    let limited = crate::domain::policy::limits::Request {
-        id: (),
-        owner: caller.user.dn.clone(),
-        group: caller.admitted.group.clone(),
-        kind: crate::domain::policy::limits::Kind::Session,
-        gpus: body.gpus.count,
-        length: Some(std::time::Duration::from_secs(max_duration_secs)),
-    };
-    if let Some(refusal) =
-        crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
-    {
-        return Err(ApiError::forbidden(refusal));
-    }
-    if body.gpus.sharing.mig().is_some() {
-        ongrid_scheduler::check_mig_satisfiable(
-            &site.satisfiability_state(),
-            &site.mig_slots(),
-            &body.gpus,
-        )
-        .map_err(|no| ApiError::unsatisfiable(no.to_string()))?;
-    } else {
-        ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus)
-            .map_err(|no| ApiError::unsatisfiable(no.to_string()))?;
-    }
-    let new = NewSession {
-        id: SessionId::new_random(),
-        name: body.name,
-        owner: caller.user.dn.clone(),
-        request: body.gpus,
-        image,
-        at: state.clock.now(),
-        reason: format!("requested by {}", caller.user.user_name),
-    };
-    let session = match state.store.create_session(new).await {
-        Ok(session) => session,
-        Err(StoreError::NameTaken { name, state }) => {
-            return Err(ApiError::conflict(format!(
-                "you already have a session named {name} ({state}): pick another name or \
-                 remove it"
-            )))
-        }
-        Err(other) => return Err(other.into()),
-    };
-    tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, "Session requested (dashboard).");
-    state
-        .store
-        .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
-        .await?;
-    state.schedule_now(session.id).await;
-    let session = state.store.session(session.id).await?.unwrap_or(session);
+    let reservation = ReservationQuery::default();
+    let Created { session, .. } =
+        session_actions::create(state, caller, body, reservation, Via::Dashboard)
+            .await
+            .map_err(refused)?;
     Ok(format!(
         "Session {} requested: {} ({}).",
         session.name, session.state, session.reason
     ))
-}
-
-/// Which session a form names: the caller's own, or (admins) `owner`'s.
-pub struct Target {
-    pub name: String,
-    pub owner: Option<Dn>,
 }
 
 pub async fn hold(
@@ -127,22 +64,12 @@ pub async fn hold(
     target: Target,
     reason: Option<&str>,
 ) -> Result<String, ApiError> {
-    let session = find_session(state, caller, &target.name, target.owner, Lookup::NotEnded).await?;
-    let by = &caller.user.user_name;
-    let someone_elses = session.owner != caller.user.dn;
+    // The form shows admins a reason on every row: it counts for someone else's session only.
+    let someone_elses = target.someone_elses(caller);
     let reason = reason.filter(|r| someone_elses && !r.trim().is_empty());
-    let change = requests::hold(&session, by, someone_elses, reason, state.clock.now())?;
-    let hold = change.hold;
-    let held = state
-        .store
-        .transition(session.id, change)
+    let held = session_actions::hold(state, caller, target, reason, Via::Dashboard)
         .await
-        .map_err(|e| changed_meanwhile(e, &session.name))?;
-    if let Some(reason) = hold {
-        crate::metrics::events().held(reason);
-    }
-    tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = %held.reason, "Session held by hand (dashboard).");
-    state.wake.notify_one();
+        .map_err(refused)?;
     Ok(format!(
         "Session {} is {}: {}.",
         held.name, held.state, held.reason
@@ -154,27 +81,9 @@ pub async fn release(
     caller: &CurrentUser,
     target: Target,
 ) -> Result<String, ApiError> {
-    let session = find_session(state, caller, &target.name, target.owner, Lookup::NotEnded).await?;
-    let facts = state
-        .store
-        .lifecycle_facts(FactsScope::Session(session.id))
-        .await?;
-    let by = &caller.user.user_name;
-    let change = requests::release(
-        &session,
-        facts.first(),
-        &state.config.lifecycle,
-        by,
-        state.clock.now(),
-    )?;
-    let released = state
-        .store
-        .transition(session.id, change)
+    let now = session_actions::release(state, caller, target, Via::Dashboard)
         .await
-        .map_err(|e| changed_meanwhile(e, &session.name))?;
-    tracing::info!(session_id = %released.id, session = %released.name, by = %by, "Session released (dashboard).");
-    state.schedule_now(released.id).await;
-    let now = state.store.session(released.id).await?.unwrap_or(released);
+        .map_err(refused)?;
     Ok(format!(
         "Session {} released: {} ({}).",
         now.name, now.state, now.reason
@@ -194,16 +103,13 @@ pub async fn keep(
             ))
         })?
         .as_duration();
-    let asked = requests::keep_duration(asked.as_secs())?;
-    let session = find_session(state, caller, &target.name, target.owner, Lookup::NotEnded).await?;
-    let until = requests::keep(&session, asked, &state.config.lifecycle, state.clock.now())?;
-    state.store.set_keep_until(session.id, until).await?;
-    tracing::info!(session_id = %session.id, session = %session.name, by = %caller.user.user_name,
-        asked = %HumanDuration(asked), %until, "Session kept alive (dashboard).");
+    let kept = session_actions::keep(state, caller, target, asked.as_secs(), Via::Dashboard)
+        .await
+        .map_err(refused)?;
     Ok(format!(
         "Session {} is kept alive until {}.",
-        session.name,
-        crate::domain::utc(until)
+        kept.session.name,
+        crate::domain::utc(kept.until)
     ))
 }
 
@@ -212,11 +118,9 @@ pub async fn remove(
     caller: &CurrentUser,
     target: Target,
 ) -> Result<String, ApiError> {
-    let session = find_session(state, caller, &target.name, target.owner, Lookup::NotEnded).await?;
-    let change = requests::remove(&caller.user.user_name, state.clock.now());
-    let ended = state.store.transition(session.id, change).await?;
-    tracing::info!(session_id = %ended.id, session = %ended.name, by = %caller.user.user_name, "Session removed (dashboard).");
-    state.wake.notify_one();
+    let ended = session_actions::remove(state, caller, target, Via::Dashboard)
+        .await
+        .map_err(refused)?;
     Ok(format!("Session {} removed.", ended.name))
 }
 
@@ -233,50 +137,30 @@ pub async fn freeze(
     let reference = ImageReference::parse_new(tag.trim()).map_err(|e| {
         ApiError::bad_request(format!("tag {tag:?}: {e}; write it like mymodel:v1"))
     })?;
-    let session = state
-        .store
-        .session_by_name(&caller.user.dn, &name)
-        .await?
-        .filter(|s| s.state != SessionState::Ended)
-        .ok_or_else(|| ApiError::not_found(format!("you have no session named {name}")))?;
-    let node = freezing_node(&session)?;
-    let new = NewImage {
-        id: uuid::Uuid::new_v4(),
-        owner: caller.user.dn.clone(),
-        reference: reference.clone(),
-        session_id: session.id,
-        session_name: session.name.clone(),
-        node: node.clone(),
-        base_image: session.image.clone(),
-        compression: Compression::default(),
+    let order = CreateImage {
+        session: name,
+        reference,
         force,
-        at: state.clock.now(),
-        reason: format!("freezing session {} on {node}", session.name),
+        compression: Compression::default(),
     };
-    let image = match state.store.create_image(new).await {
-        Ok(image) => image,
-        Err(StoreError::ImageTagTaken {
-            reference,
-            state: ImageState::Building,
-        }) => {
-            return Err(ApiError::conflict(format!(
+    let image = image_actions::freeze(state, caller, order, Via::Dashboard)
+        .await
+        .map_err(|error| match error {
+            FreezeError::NoSession(name) => {
+                ApiError::not_found(format!("you have no session named {name}"))
+            }
+            FreezeError::Building(reference) => ApiError::conflict(format!(
                 "image {reference} is being built: wait for it, or pick another tag"
-            )))
-        }
-        Err(StoreError::ImageTagTaken { reference, state }) => {
-            return Err(ApiError::conflict(format!(
+            )),
+            FreezeError::TagTaken { reference, state } => ApiError::conflict(format!(
                 "you already have image {reference} ({state}): pick another version, or tick \
                  \"move the tag\" (the old image stays reachable by its digest)"
-            )))
-        }
-        Err(StoreError::FreezeRunning { session, reference }) => {
-            return Err(ApiError::conflict(format!(
+            )),
+            FreezeError::Running { session, reference } => ApiError::conflict(format!(
                 "session {session} is being frozen to {reference} already: wait for it"
-            )))
-        }
-        Err(other) => return Err(other.into()),
-    };
-    tracing::info!(image_id = %image.id, reference = %image.reference, session = %image.session_name, %node, user = %image.user_name, "Freeze requested (dashboard).");
+            )),
+            FreezeError::Api(error) => error,
+        })?;
     Ok(format!(
         "Freezing session {} to {}: progress shows below.",
         image.session_name, image.reference
@@ -318,47 +202,23 @@ pub async fn add_institute(
     name: &str,
     networks: &str,
 ) -> Result<String, ApiError> {
+    // Before the form is read, so a non-admin learns nothing from it.
     caller.require_admin("manage institutes")?;
     let name =
         InstituteName::parse(name.trim()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut seen = BTreeSet::new();
-    let mut cidrs = Vec::new();
-    for text in networks
+    let cidrs = networks
         .split([',', ' ', '\n'])
         .map(str::trim)
         .filter(|t| !t.is_empty())
-    {
-        let cidr: Cidr = text
-            .parse()
-            .map_err(|e| ApiError::bad_request(format!("network {text:?}: {e}")))?;
-        cidr.check_matchable()
-            .map_err(|e| ApiError::bad_request(format!("network {text}: {e}")))?;
-        if seen.insert(cidr) {
-            cidrs.push(cidr);
-        }
-    }
-    if cidrs.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "institute {name} needs at least one network, like 192.0.2.0/24 or 2001:db8::/32"
-        )));
-    }
-    let institute = Institute { name, cidrs };
-    match state
-        .store
-        .add_institute(&institute, state.clock.now())
+        .map(|text| {
+            text.parse::<Cidr>()
+                .map_err(|e| ApiError::bad_request(format!("network {text:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let institute = institutes::add(state, caller, name, &cidrs, Via::Dashboard)
         .await
-    {
-        Ok(()) => {}
-        Err(StoreError::InstituteExists(name)) => {
-            return Err(ApiError::conflict(format!(
-                "institute {name} already exists: to change its networks, remove it and add it \
-                 again"
-            )))
-        }
-        Err(other) => return Err(other.into()),
-    }
+        .map_err(institute_refused)?;
     let networks: Vec<String> = institute.cidrs.iter().map(ToString::to_string).collect();
-    tracing::info!(institute = %institute.name, networks = %networks.join(" "), by = %caller.user.user_name, "Institute added (dashboard).");
     Ok(format!(
         "Institute {} added: {}.",
         institute.name,
@@ -371,15 +231,24 @@ pub async fn remove_institute(
     caller: &CurrentUser,
     name: &str,
 ) -> Result<String, ApiError> {
-    caller.require_admin("manage institutes")?;
-    let name = InstituteName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    state
-        .store
-        .remove_institute(&name)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no institute named {name}")))?;
-    tracing::info!(institute = %name, by = %caller.user.user_name, "Institute removed (dashboard).");
-    Ok(format!("Institute {name} removed."))
+    let removed = institutes::remove(state, caller, name, Via::Dashboard)
+        .await
+        .map_err(institute_refused)?;
+    Ok(format!("Institute {} removed.", removed.name))
+}
+
+/// An institute action's refusal as the dashboard words it.
+fn institute_refused(error: InstituteError) -> ApiError {
+    match error {
+        InstituteError::NeverMatches { cidr, error } => {
+            ApiError::bad_request(format!("network {cidr}: {error}"))
+        }
+        InstituteError::Exists(name) => ApiError::conflict(format!(
+            "institute {name} already exists: to change its networks, remove it and add it again"
+        )),
+        InstituteError::NotFound(name) => ApiError::not_found(format!("no institute named {name}")),
+        InstituteError::Api(error) => error,
+    }
 }
 
 /// Drains a node (`reason` set) or puts it back in service (`None`); admins only.
