@@ -356,6 +356,21 @@ async fn an_online_backup_restores_what_was_written_before_it() {
     // Written after the backup: lost by the restore, as it should be.
     store.user(&bob, 20000).await.unwrap();
     store.close().await;
+    drop(store);
+    // The manager is stopped when its last connection is closed, which SQLite shows by removing
+    // the WAL after checkpointing it. sqlx's `Pool::close` may return while a connection is still
+    // on its way back to the pool (it is closed later, when the pool is dropped); restoring before
+    // that connection checkpoints would let it write Bob into the restored file.
+    let wal = dir.path().join("manager.db-wal");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while wal.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store's last connection did not close within 10 s: {} is still there",
+            wal.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 
     // Restore: the manager is stopped; the backup replaces the file, the WAL and shared-memory
     // files of the old one go.
