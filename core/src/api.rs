@@ -82,7 +82,7 @@
 //! stay lenient, so a manager and its agents and gateway of adjacent versions understand each
 //! other during a rolling upgrade.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -393,6 +393,11 @@ pub struct DesiredState {
     /// uses the GPU.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mig_layouts: BTreeMap<GpuUuid, crate::mig::MigLayout>,
+    /// The node's GPUs in `exclusive` or `shared` mode that its agent last reported in MIG
+    /// mode: the agent destroys their MIG instances and turns MIG mode off once nothing uses
+    /// them, so they are whole GPUs again.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub mig_off: BTreeSet<GpuUuid>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

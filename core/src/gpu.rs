@@ -7,7 +7,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::mig::{MigDevice, MigError, MigLayout, MigProfile};
+use crate::mig::{MigChange, MigDevice, MigError, MigLayout, MigProfile};
 use crate::quantity::{ComputeCapability, MemorySize};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -214,6 +214,10 @@ pub struct GpuInfo {
     /// The GPU's MIG devices, when MIG mode is on and instances exist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDevice>,
+    /// The MIG change (the admin's new layout, or MIG mode off) the agent waits to make until
+    /// no session, job or container uses the GPU or its devices. Not part of the inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_waiting: Option<MigChange>,
 }
 
 /// How the admin lets sessions use a GPU.

@@ -663,15 +663,6 @@ impl JobSpec {
         self.gpus
             .validate()
             .map_err(|e| JobSpecError::new("gpus", e.to_string().replace("session", "job")))?;
-        if let Some(profile) = self.gpus.sharing.mig() {
-            return Err(JobSpecError::new(
-                "share",
-                format!(
-                    "mig:{profile}: batch jobs run on whole or shared GPUs; MIG devices are for \
-                     sessions (devctl session new --mig {profile})"
-                ),
-            ));
-        }
         if self.memory.is_some_and(|m| m.bytes() < 4 * 1024 * 1024) {
             return Err(JobSpecError::new(
                 "memory",
@@ -774,7 +765,8 @@ pub struct JobSpecFile {
     pub min_capability: Option<String>,
     /// e.g. `"40G"`.
     pub min_gpu_memory: Option<String>,
-    /// `exclusive` (default), `shared` or `any`.
+    /// `exclusive` (default), `shared`, `any`, or `mig:PROFILE` for one MIG device of at least
+    /// that profile (e.g. `mig:1g.10gb`; `gpus` must then be 1).
     pub share: Option<String>,
     /// e.g. `4` or `0.5`.
     pub cpus: Option<CpuNumber>,
@@ -1770,10 +1762,10 @@ mod tests {
             (
                 JobSpecFile {
                     share: Some("mig:1g.10gb".into()),
+                    gpus: Some(2),
                     ..minimal()
                 },
-                "share: mig:1g.10gb: batch jobs run on whole or shared GPUs; MIG devices are for \
-                 sessions (devctl session new --mig 1g.10gb)",
+                "gpus: a MIG request gets exactly 1 MIG device (a CUDA process uses one), not 2",
             ),
             (
                 JobSpecFile {
@@ -1869,6 +1861,22 @@ mod tests {
                 "{message}\n  wanted {expected}"
             );
         }
+    }
+
+    #[test]
+    fn a_job_file_may_ask_for_one_mig_device() {
+        let spec = JobSpecFile::from_toml(
+            "image = \"mymodel:v1\"\ncommand = [\"python\", \"train.py\"]\nshare = \"mig:1g.10gb\"\n",
+        )
+        .unwrap()
+        .validate(t0())
+        .unwrap();
+        assert_eq!(spec.gpus.count, 1);
+        assert_eq!(spec.gpus.sharing, Sharing::Mig("1g.10gb".parse().unwrap()));
+        assert_eq!(
+            describe_need(&spec.gpus),
+            "1 GPU, a MIG 1g.10gb device or larger"
+        );
     }
 
     #[test]

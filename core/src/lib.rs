@@ -21,7 +21,7 @@ pub use gpu::{
     GpuHealth, GpuId, GpuIdError, GpuInfo, GpuMode, GpuRequest, GpuUuid, MigUuid, Sharing,
 };
 pub use job::{JobId, JobReason, JobSpec, JobSpecFile, JobState};
-pub use mig::{MigDevice, MigError, MigLayout, MigModel, MigProfile};
+pub use mig::{MigChange, MigDevice, MigError, MigLayout, MigModel, MigProfile};
 pub use names::{Dn, NameError, NodeName, SessionId, SessionName, UserName};
 pub use network::{normalize_ip, Allowlist, Cidr, Institute, InstituteName};
 pub use quantity::{ComputeCapability, HumanDuration, MemorySize};

@@ -212,6 +212,15 @@ impl MigLayout {
             .collect()
     }
 
+    /// Whether `devices` are exactly the layout's instances, in any order: the layout is made.
+    pub fn is_made_by(&self, devices: &[MigDevice]) -> bool {
+        let mut have: Vec<MigProfile> = devices.iter().map(|d| d.profile).collect();
+        let mut want = self.instances();
+        have.sort();
+        want.sort();
+        have == want
+    }
+
     /// Checks the layout against the profiles of the GPU model `model` (as `nvidia-smi` names
     /// it, e.g. `NVIDIA A100-SXM4-40GB`).
     pub fn validate_for(&self, model: &str) -> Result<(), MigError> {
@@ -426,9 +435,70 @@ pub struct MigDevice {
     pub parent: GpuUuid,
 }
 
+/// A change of a GPU's MIG state that its agent makes only once nothing uses the GPU: a new
+/// layout (MIG mode on where it is off), or MIG mode off (the GPU's instances destroyed), when
+/// the admin sets `exclusive` or `shared:N` again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "to", content = "layout", rename_all = "snake_case")]
+pub enum MigChange {
+    Layout(MigLayout),
+    Off,
+}
+
+impl fmt::Display for MigChange {
+    /// `MIG layout 1g.10gb*7` or `MIG mode off`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Layout(layout) => write!(f, "MIG layout {layout}"),
+            Self::Off => f.write_str("MIG mode off"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layout_is_made_by_exactly_its_instances() {
+        let layout: MigLayout = "3g.40gb*1+2g.20gb*2".parse().unwrap();
+        let gpu = GpuUuid::parse("GPU-11111111-2222-3333-4444-555555555501").unwrap();
+        let device = |n: u8, profile: &str| MigDevice {
+            uuid: MigUuid::parse(&format!("MIG-11111111-2222-3333-4444-5555555555{n:02}")).unwrap(),
+            profile: profile.parse().unwrap(),
+            memory: MemorySize::from_mib(20_480),
+            parent: gpu.clone(),
+        };
+        let made = [
+            device(1, "2g.20gb"),
+            device(2, "3g.40gb"),
+            device(3, "2g.20gb"),
+        ];
+        assert!(layout.is_made_by(&made));
+        assert!(!layout.is_made_by(&made[..2]));
+        assert!(!layout.is_made_by(&[]));
+        let seven: MigLayout = "1g.10gb*7".parse().unwrap();
+        assert!(!seven.is_made_by(&made));
+    }
+
+    #[test]
+    fn a_mig_change_reads_as_words_and_json() {
+        let layout = MigChange::Layout("1g.10gb*7".parse().unwrap());
+        assert_eq!(layout.to_string(), "MIG layout 1g.10gb*7");
+        assert_eq!(MigChange::Off.to_string(), "MIG mode off");
+        assert_eq!(
+            serde_json::to_string(&layout).unwrap(),
+            r#"{"to":"layout","layout":"1g.10gb*7"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&MigChange::Off).unwrap(),
+            r#"{"to":"off"}"#
+        );
+        for change in [layout, MigChange::Off] {
+            let json = serde_json::to_string(&change).unwrap();
+            assert_eq!(serde_json::from_str::<MigChange>(&json).unwrap(), change);
+        }
+    }
 
     #[test]
     fn profiles_parse_and_print() {

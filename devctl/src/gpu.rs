@@ -146,6 +146,7 @@ mod tests {
                 health,
                 utilization_percent: None,
                 mig_devices: Vec::new(),
+                mig_waiting: None,
             },
             node: NodeName::parse("node1").unwrap(),
             mode,

@@ -899,6 +899,7 @@ fn gpu_view(mode: GpuMode) -> GpuView {
             health: GpuHealth::Healthy,
             utilization_percent: None,
             mig_devices: Vec::new(),
+            mig_waiting: None,
         },
         node: NodeName::parse("node1").unwrap(),
         mode,
@@ -1713,6 +1714,55 @@ async fn job_commands_send_their_routes_and_bodies() {
                 &format!("/v1/jobs/{JOB_ID}/logs?offset=0"),
             )],
             stdout: "epoch 1\n",
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn a_job_on_a_mig_device_is_submitted_with_mig_and_shows_its_slice() {
+    use ongrid_core::job::{JobSpecFile, JobState, SubmitJob};
+    let spec = JobSpecFile {
+        image: Some("mymodel:v1".into()),
+        command: vec!["python".into(), "train.py".into()],
+        share: Some("mig:1g.10gb".into()),
+        ..Default::default()
+    }
+    .validate(time("2026-11-22T00:00:00Z"))
+    .unwrap();
+    let mut running = job_view(JobState::Running);
+    running.spec = spec.clone();
+    running.queue_position = None;
+    running.node = Some(ongrid_core::NodeName::parse("node1").unwrap());
+    running.gpus =
+        vec![ongrid_core::GpuId::parse("MIG-c7384736-a75d-5afc-978f-d2f1294409fd").unwrap()];
+    let cases = vec![
+        Case {
+            args: &[
+                "job",
+                "submit",
+                "--image",
+                "mymodel:v1",
+                "--mig",
+                "1g.10gb",
+                "--",
+                "python",
+                "train.py",
+            ],
+            answers: vec![Answer::with_status("201 Created", &running)],
+            sent: vec![Sent::new("POST", "/v1/jobs").json(&SubmitJob { spec })],
+            stdout: "request:       1 MIG device, 1g.10gb or larger
+\
+                     node:          node1 (MIG-c7384736-a75d-5afc-978f-d2f1294409fd)
+",
+        },
+        Case {
+            args: &["job", "ls"],
+            answers: vec![Answer::ok(&vec![running.clone()])],
+            sent: vec![Sent::new("GET", "/v1/jobs")],
+            stdout: "node1 (mig:1g.10gb)",
         },
     ];
     for case in cases {

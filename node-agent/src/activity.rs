@@ -154,6 +154,7 @@ mod tests {
             health: GpuHealth::Healthy,
             utilization_percent: utilization,
             mig_devices: Vec::new(),
+            mig_waiting: None,
         }
     }
 

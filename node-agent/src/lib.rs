@@ -343,7 +343,7 @@ impl Agent {
                     info!(node = %self.node, "GPU discovery works again.");
                 }
                 let mut gpus = gpus;
-                state.mig.mark_failures(&mut gpus);
+                state.mig.mark(&mut gpus);
                 state.last_gpus = gpus.clone();
                 gpus
             }
@@ -466,28 +466,31 @@ impl Agent {
         reconciler.remove_images(&desired.removed_images).await;
         state.freezer.apply(&desired.freezes, &desired.sessions);
         state.jobs.apply(&desired.jobs).await;
-        if !desired.mig_layouts.is_empty() {
-            // Held: by a session or job the manager placed, or by a container on the node.
-            let mut in_use: Vec<GpuId> = desired
-                .sessions
+        // MIG changes (also with none wanted: a GPU stops waiting, a failure is forgotten).
+        // Held: by a session or job the manager placed, or by a container on the node.
+        let mut in_use: Vec<GpuId> = desired
+            .sessions
+            .iter()
+            .flat_map(|s| s.gpus.iter().cloned())
+            .chain(desired.jobs.iter().flat_map(|j| j.gpus.iter().cloned()))
+            .collect();
+        in_use.extend(
+            reconciler
+                .last_observed()
                 .iter()
-                .flat_map(|s| s.gpus.iter().cloned())
-                .chain(desired.jobs.iter().flat_map(|j| j.gpus.iter().cloned()))
-                .collect();
-            in_use.extend(
-                reconciler
-                    .last_observed()
-                    .iter()
-                    .filter_map(|c| c.gpus.clone())
-                    .flatten(),
-            );
-            if state
-                .mig
-                .apply(&*self.gpus, &desired.mig_layouts, &state.last_gpus, &in_use)
-                .await
-            {
-                state.mig_changed = true;
-            }
+                .filter_map(|c| c.gpus.clone())
+                .flatten(),
+        );
+        let wanted = gpu::mig::MigWanted {
+            layouts: &desired.mig_layouts,
+            off: &desired.mig_off,
+        };
+        if state
+            .mig
+            .apply(&*self.gpus, wanted, &state.last_gpus, &in_use)
+            .await
+        {
+            state.mig_changed = true;
         }
     }
 
@@ -618,6 +621,7 @@ fn inventory(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
         .map(|gpu| GpuInfo {
             utilization_percent: None,
             mig_devices: Vec::new(),
+            mig_waiting: None,
             ..gpu.clone()
         })
         .collect()

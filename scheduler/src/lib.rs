@@ -70,6 +70,7 @@ mod batch;
 mod class;
 mod index;
 mod mig;
+mod mig_jobs;
 mod plan;
 mod policy;
 mod satisfiable;
@@ -78,6 +79,7 @@ mod site;
 mod testing;
 
 pub use mig::{check_mig_satisfiable, plan_mig, MigPlacement, MigSlot, NoMigDevice};
+pub use mig_jobs::{plan_mig_jobs, MigJobAction};
 pub use plan::plan;
 pub use policy::{Access, Policy, Reservation};
 pub use satisfiable::{check_satisfiable, Unsatisfiable};

@@ -5,7 +5,8 @@
 //! MIG devices are apart from whole GPUs: a GPU in MIG mode has no whole-GPU place
 //! ([`ongrid_core::GpuMode::capacity`] is 0 and no [`ongrid_core::Sharing`] but `Mig` accepts it),
 //! and a MIG request fits no whole GPU, so [`crate::plan`] never gives one to the other. The
-//! session manager calls `plan_mig` after `plan`, with the same [`SiteState`].
+//! session manager calls `plan_mig` after `plan`, with the same [`SiteState`], then
+//! [`crate::plan_mig_jobs`] for batch jobs on MIG devices and the jobs a waiting session halts.
 //!
 //! # Rules
 //!
@@ -41,6 +42,10 @@ pub struct MigSlot {
     pub memory: MemorySize,
     /// A session (or job) holds it.
     pub used: bool,
+    /// The job holding it, when a job does (`used` is then true): a session may wait for it
+    /// to halt, or halt it (`mig_jobs.rs`).
+    #[serde(default)]
+    pub job: Option<ongrid_core::job::JobId>,
 }
 
 /// Start `session` on `node` with the MIG device `device`.
@@ -52,7 +57,7 @@ pub struct MigPlacement {
     pub parent: GpuUuid,
 }
 
-fn usable(site: &SiteState, slot: &MigSlot) -> bool {
+pub(crate) fn usable(site: &SiteState, slot: &MigSlot) -> bool {
     let Some(node) = site.nodes.iter().find(|n| n.name == slot.node) else {
         return false;
     };
@@ -68,7 +73,7 @@ fn parent_in_mig_mode(node: &NodeState, parent: &GpuUuid, undrained: bool) -> bo
     })
 }
 
-fn meets(slot: &MigSlot, request: &GpuRequest, wanted: MigProfile) -> bool {
+pub(crate) fn meets(slot: &MigSlot, request: &GpuRequest, wanted: MigProfile) -> bool {
     slot.profile.covers(wanted)
         && request
             .min_capability

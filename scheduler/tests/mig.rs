@@ -1,20 +1,24 @@
 //! Property tests of MIG placement on random sites: `plan_mig` never gives one MIG device to two
 //! sessions, never a used device or one of an unusable GPU or node, always one that meets the
 //! request, the least sufficient one first, and leaves a session waiting only when no free
-//! device meets it; `plan` never gives a GPU in MIG mode to a whole-GPU request.
+//! device meets it; `plan` never gives a GPU in MIG mode to a whole-GPU request. With batch
+//! jobs (`plan_mig_jobs`): never two users, session or job, on one device; a whole-GPU job never
+//! on a GPU in MIG mode; a session halts a job only when no free device meets it, at most one,
+//! past its min duration, and only when no halting job already frees one for it.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
 
 use chrono::{DateTime, TimeZone, Utc};
+use ongrid_core::job::JobId;
 use ongrid_core::{
-    ComputeCapability, GpuMode, GpuRequest, GpuUuid, MemorySize, MigLayout, MigProfile, MigUuid,
-    NodeName, SessionId, Sharing,
+    ComputeCapability, GpuMode, GpuRequest, GpuUuid, HumanDuration, MemorySize, MigLayout,
+    MigProfile, MigUuid, NodeName, SessionId, Sharing, UserName,
 };
 use ongrid_scheduler::{
-    check_mig_satisfiable, plan, plan_mig, Action, GpuSlot, MigSlot, NodeState, PendingSession,
-    SiteState,
+    check_mig_satisfiable, plan, plan_mig, plan_mig_jobs, Action, GpuSlot, MigJobAction, MigSlot,
+    NodeState, PendingSession, QueuedJob, RunningJob, SiteState,
 };
 use proptest::prelude::*;
 
@@ -138,6 +142,7 @@ fn build(
                             capability: ComputeCapability::new(8, 0),
                             memory: profile.nominal_memory(),
                             used,
+                            job: None,
                         });
                     }
                     GpuSlot {
@@ -199,8 +204,168 @@ fn usable(site: &SiteState, slot: &MigSlot) -> bool {
     })
 }
 
+fn job_id(n: usize) -> JobId {
+    format!("00000000-0000-4000-9000-{n:012}").parse().unwrap()
+}
+
+/// Gives every other used device of `slots` to a running job (the rest are held by sessions):
+/// by turns halting already, within its min duration, or past it. Returns the running jobs.
+fn jobs_on_devices(site: &mut SiteState, slots: &mut [MigSlot]) -> Vec<RunningJob> {
+    let mut running = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if !slot.used || i % 2 == 1 {
+            continue;
+        }
+        let id = job_id(1000 + i);
+        slot.job = Some(id);
+        running.push(RunningJob {
+            id,
+            owner: UserName::parse("carol").unwrap(),
+            node: slot.node.clone(),
+            gpus: Vec::new(),
+            started_at: t0() - chrono::Duration::hours(2),
+            max_duration: None,
+            min_duration: (i % 3 == 1).then(|| HumanDuration::from_secs(3 * 3600)),
+            bucket: None,
+            halting: i % 3 == 0,
+        });
+    }
+    site.running_jobs = running.clone();
+    running
+}
+
+/// (sharing, pinned node) per queued job.
+type Jobs = Vec<(Sharing, Option<usize>)>;
+
+fn jobs_strategy() -> impl Strategy<Value = Jobs> {
+    let sharing = prop_oneof![
+        (0..PROFILES.len()).prop_map(|p| Sharing::Mig(PROFILES[p].parse().unwrap())),
+        Just(Sharing::Exclusive),
+        Just(Sharing::Any),
+    ];
+    prop::collection::vec((sharing, prop::option::of(0..3usize)), 0..10)
+}
+
+fn queued_jobs(jobs: &Jobs, nodes: usize) -> Vec<QueuedJob> {
+    jobs.iter()
+        .enumerate()
+        .map(|(n, &(sharing, pin))| QueuedJob {
+            id: job_id(n),
+            owner: UserName::parse("dave").unwrap(),
+            request: GpuRequest {
+                count: 1,
+                min_capability: None,
+                min_memory: None,
+                sharing,
+            },
+            queued_at: t0() + chrono::Duration::seconds(n as i64),
+            not_before: None,
+            not_after: None,
+            bucket: None,
+            pinned_node: pin
+                .filter(|&p| p < nodes)
+                .map(|p| NodeName::parse(&format!("node{p}")).unwrap()),
+            priority: Default::default(),
+        })
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn sessions_and_jobs_never_share_a_mig_device(
+        (nodes, sessions) in site_strategy(),
+        jobs in jobs_strategy(),
+    ) {
+        let (mut site, mut slots) = build(&nodes, &sessions);
+        let running = jobs_on_devices(&mut site, &mut slots);
+        site.queued_jobs = queued_jobs(&jobs, nodes.len());
+        let now = t0();
+        let actions = plan(&site, now);
+        let placed = plan_mig(&site, &slots);
+        let mig_jobs = plan_mig_jobs(&site, &slots, now, &actions, &placed);
+
+        // Every device given at most once, never one in use, always usable and sufficient.
+        let mut given: HashSet<MigUuid> = placed.iter().map(|p| p.device.clone()).collect();
+        prop_assert_eq!(given.len(), placed.len());
+        let mut halted = Vec::new();
+        for action in &mig_jobs {
+            match action {
+                MigJobAction::Start { job, node, device, parent } => {
+                    prop_assert!(given.insert(device.clone()), "device {} given twice", device);
+                    let slot = slots.iter().find(|s| &s.uuid == device).unwrap();
+                    prop_assert!(!slot.used, "a used device was given to a job");
+                    prop_assert!(usable(&site, slot), "an unusable device was given to a job");
+                    prop_assert_eq!(&slot.node, node);
+                    prop_assert_eq!(&slot.parent, parent);
+                    let queued = site.queued_jobs.iter().find(|q| q.id == *job).unwrap();
+                    let wanted = queued.request.sharing.mig().expect("only MIG jobs go to devices");
+                    prop_assert!(slot.profile.covers(wanted));
+                    if let Some(pin) = &queued.pinned_node {
+                        prop_assert_eq!(pin, &slot.node);
+                    }
+                }
+                MigJobAction::Halt { job, .. } => {
+                    let held = running.iter().find(|r| r.id == *job);
+                    prop_assert!(held.is_some(), "halted a job on no device");
+                    let held = held.unwrap();
+                    prop_assert!(!held.halting, "halted a job already halting");
+                    prop_assert!(held.min_duration.is_none(), "halted a job within its min duration");
+                    halted.push(*job);
+                }
+            }
+        }
+        let unique: HashSet<_> = halted.iter().collect();
+        prop_assert_eq!(unique.len(), halted.len(), "a job halted twice");
+        // No more halts than MIG sessions left waiting, each on a usable device that meets
+        // one of them.
+        let waiting: Vec<&PendingSession> = site
+            .pending
+            .iter()
+            .filter(|s| s.request.sharing.mig().is_some() && !placed.iter().any(|p| p.session == s.id))
+            .collect();
+        prop_assert!(halted.len() <= waiting.len());
+        for job in &halted {
+            let slot = slots.iter().find(|s| s.job == Some(*job)).unwrap();
+            prop_assert!(usable(&site, slot), "halted a job on an unusable device");
+            prop_assert!(
+                waiting.iter().any(|s| slot.profile.covers(s.request.sharing.mig().unwrap())),
+                "halted a job whose device no waiting session can use"
+            );
+        }
+        // A whole-GPU job never lands on a GPU in MIG mode.
+        let mig_gpus: HashSet<&GpuUuid> = site
+            .nodes
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .filter(|g| matches!(g.mode, GpuMode::Mig { .. }))
+            .map(|g| &g.uuid)
+            .collect();
+        for action in &actions {
+            if let Action::StartJob { job, gpus, .. } = action {
+                let queued = site.queued_jobs.iter().find(|q| q.id == *job).unwrap();
+                prop_assert!(queued.request.sharing.mig().is_none(), "a MIG job got whole GPUs");
+                for gpu in gpus {
+                    prop_assert!(!mig_gpus.contains(gpu), "{} is in MIG mode", gpu);
+                }
+            }
+        }
+        // The same plan for any input order.
+        let mut reversed = site.clone();
+        reversed.pending.reverse();
+        reversed.nodes.reverse();
+        reversed.queued_jobs.reverse();
+        reversed.running_jobs.reverse();
+        let mut rev_slots = slots.clone();
+        rev_slots.reverse();
+        let mut rev_actions = actions.clone();
+        rev_actions.reverse();
+        prop_assert_eq!(
+            plan_mig_jobs(&reversed, &rev_slots, now, &rev_actions, &placed),
+            mig_jobs
+        );
+    }
 
     #[test]
     fn mig_devices_are_never_shared_and_always_fit((nodes, sessions) in site_strategy()) {
@@ -329,4 +494,50 @@ fn a_request_no_device_can_meet_is_refused_naming_what_the_site_has() {
             .parse::<SessionId>()
             .unwrap()
     );
+}
+
+#[test]
+fn a_session_waits_for_a_halting_job_before_halting_another_and_never_one_within_its_min() {
+    let nodes = vec![Node {
+        online: true,
+        drained: false,
+        gpus: vec![Gpu {
+            mig: true,
+            healthy: true,
+            drained: false,
+            // Three used 1g devices: held by jobs 0 and 2 (see `jobs_on_devices`), and
+            // by a session (device 1).
+            devices: vec![(0, true), (0, true), (0, true)],
+        }],
+    }];
+    let ask = GpuRequest {
+        count: 1,
+        min_capability: None,
+        min_memory: None,
+        sharing: Sharing::Mig("1g.10gb".parse().unwrap()),
+    };
+    let (mut site, mut slots) = build(&nodes, &[]);
+    let running = jobs_on_devices(&mut site, &mut slots);
+    assert_eq!(running.len(), 2);
+    // Job 0 halts already; job 2 runs, past its min duration.
+    assert!(running[0].halting && !running[1].halting);
+    site.pending = vec![pending(1, ask, None)];
+    let now = t0();
+    let actions = plan(&site, now);
+    assert!(plan_mig(&site, &slots).is_empty());
+    // One session: it waits for the halting job, nothing more is halted.
+    assert!(plan_mig_jobs(&site, &slots, now, &actions, &[]).is_empty());
+    // A second session: the halting job is the first's, so the running one is halted for it.
+    site.pending.push(pending(2, ask, None));
+    let halts = plan_mig_jobs(&site, &slots, now, &actions, &[]);
+    assert_eq!(
+        halts,
+        [MigJobAction::Halt {
+            job: running[1].id,
+            reason: ongrid_core::job::JobReason::ForInteractiveSession { need: ask },
+        }]
+    );
+    // Within its min duration, it is not.
+    site.running_jobs[1].min_duration = Some(HumanDuration::from_secs(3 * 3600));
+    assert!(plan_mig_jobs(&site, &slots, now, &actions, &[]).is_empty());
 }

@@ -244,6 +244,7 @@ mod tests {
             health: GpuHealth::Healthy,
             utilization_percent: None,
             mig_devices: Vec::new(),
+            mig_waiting: None,
         }
     }
 

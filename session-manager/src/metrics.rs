@@ -508,6 +508,7 @@ mod tests {
                 health: GpuHealth::Healthy,
                 utilization_percent: None,
                 mig_devices,
+                mig_waiting: None,
             },
             mode,
             drain: None,

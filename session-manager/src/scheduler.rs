@@ -21,6 +21,11 @@
 //! halting are preferred, so nothing more is halted). Jobs holding GPUs on a node that stopped
 //! responding are HALTED and re-queued when restartable, else FAILED ("node lost").
 //!
+//! MIG devices are planned from the same state before anything is applied: `plan_mig` places
+//! sessions on free devices, then `plan_mig_jobs` starts MIG jobs on the devices left and halts
+//! a job on a device for a session no free device meets (it stays PENDING and takes the device
+//! once the job is HALTED).
+//!
 //! A PENDING session that still has a node is a released one whose stopped container is there:
 //! it is pinned to that node while the node is registered and online. When the node is offline
 //! or gone the pin is dropped, the session starts anywhere in a new container, and the reason of
@@ -36,7 +41,7 @@ use chrono::{DateTime, Utc};
 use ongrid_core::job::JobId;
 use ongrid_core::GpuId;
 use ongrid_core::{NodeName, SessionId, SessionState};
-use ongrid_scheduler::{Action, HaltWait};
+use ongrid_scheduler::{Action, HaltWait, MigJobAction};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -386,6 +391,12 @@ impl Scheduler {
         let actions = ongrid_scheduler::plan(&state, now);
         crate::metrics::events().plan_took(planning.elapsed());
         let mut placed = crate::metrics::placed_sessions(&actions);
+        // MIG devices, planned from the same state before anything is applied: sessions, then
+        // batch jobs and the jobs waiting sessions halt.
+        let mig_slots = site.mig_slots();
+        let mig_placements = ongrid_scheduler::plan_mig(&state, &mig_slots);
+        let mig_jobs =
+            ongrid_scheduler::plan_mig_jobs(&state, &mig_slots, now, &actions, &mig_placements);
         for action in actions {
             match action {
                 Action::Place {
@@ -448,13 +459,46 @@ impl Scheduler {
             }
         }
         // Sessions asking for a MIG device: on free devices of GPUs in `mig` mode.
-        for placement in ongrid_scheduler::plan_mig(&state, &site.mig_slots()) {
+        for placement in mig_placements {
             let change =
                 queue::place_mig(&placement.node, placement.device, &placement.parent, now);
             if self.apply(placement.session, change).await? {
                 tracing::info!(session_id = %placement.session, node = %placement.node, "Session placed on a MIG device.");
                 report.placed += 1;
                 placed.insert(placement.session);
+            }
+        }
+        for action in mig_jobs {
+            match action {
+                MigJobAction::Start {
+                    job,
+                    node,
+                    device,
+                    parent,
+                } => {
+                    let Some(record) = site.jobs.iter().find(|j| j.id == job) else {
+                        continue;
+                    };
+                    if let Ok(change) =
+                        jobs::start(record, node.clone(), vec![GpuId::Mig(device)], now)
+                    {
+                        if self.apply_job(job, change, None).await? {
+                            tracing::info!(job_id = %job, %node, gpu = %parent, "Job started on a MIG device.");
+                            report.jobs += 1;
+                        }
+                    }
+                }
+                MigJobAction::Halt { job, reason } => {
+                    let Some(record) = site.jobs.iter().find(|j| j.id == job) else {
+                        continue;
+                    };
+                    if let Ok(Some(change)) = jobs::must_halt(record, reason, now) {
+                        if self.apply_job(job, change, None).await? {
+                            tracing::info!(job_id = %job, "Job on a MIG device asked to halt for a session.");
+                            report.jobs += 1;
+                        }
+                    }
+                }
             }
         }
         crate::metrics::events().queued(&crate::metrics::queue_reasons(
@@ -498,11 +542,7 @@ impl Scheduler {
                         }
                     }
                 }
-                let on_gpu = site.jobs.iter().filter(|j| {
-                    j.gpus
-                        .iter()
-                        .any(|g| matches!(g, GpuId::Gpu(u) if u == uuid))
-                });
+                let on_gpu = site.jobs.iter().filter(|j| site.on_gpu(uuid, &j.gpus));
                 for job in on_gpu {
                     if let Some(change) = nodes::job_on_bad_gpu(job, uuid, &problem, now) {
                         let next = jobs::next_in_chain(
@@ -597,6 +637,7 @@ mod tests {
             health: GpuHealth::Healthy,
             utilization_percent: None,
             mig_devices: Vec::new(),
+            mig_waiting: None,
         }
     }
 

@@ -6,6 +6,8 @@
 //! places nothing new on them. A GPU's `used` count is the
 //! number of sessions in a GPU-holding state (STARTING, WAITING, CONNECTED, IDLE) and of jobs
 //! holding GPUs (RUNNING, MUSTHALT, HALTING) assigned to it.
+//! A GPU set back to `exclusive` or `shared:N` from `mig:...` takes nothing until its agent
+//! reports MIG mode off ([`leaving_mig`]).
 //! A session that asked for a whole GPU fills it, whatever its mode: when an admin turns an
 //! occupied exclusive GPU into a shared one, nobody joins that session on it until it leaves.
 
@@ -123,6 +125,7 @@ impl SiteSnapshot {
             || !self.is_online(node)
             || gpu.drain.is_some()
             || node.drain.is_some()
+            || leaving_mig(gpu)
         {
             return 0;
         }
@@ -145,37 +148,62 @@ impl SiteSnapshot {
         self.holding.iter()
     }
 
-    /// Sessions holding this GPU.
+    /// Sessions holding this GPU or one of its MIG devices.
     pub fn sessions_on<'a>(&'a self, uuid: &'a GpuUuid) -> impl Iterator<Item = &'a SessionRecord> {
-        self.holding.iter().filter(move |s| {
-            s.gpus
-                .iter()
-                .any(|g| matches!(g, GpuId::Gpu(u) if u == uuid))
+        self.holding
+            .iter()
+            .filter(move |s| self.on_gpu(uuid, &s.gpus))
+    }
+
+    /// Whether `gpus` (a session's or a job's) include this GPU or one of its MIG devices.
+    pub fn on_gpu(&self, uuid: &GpuUuid, gpus: &[GpuId]) -> bool {
+        gpus.iter().any(|g| match g {
+            GpuId::Gpu(u) => u == uuid,
+            GpuId::Mig(m) => self.nodes.iter().flat_map(|n| &n.gpus).any(|gpu| {
+                &gpu.info.uuid == uuid && gpu.info.mig_devices.iter().any(|d| &d.uuid == m)
+            }),
         })
     }
 
-    /// The MIG devices agents reported for GPUs in `mig` mode, each used when a session or a
-    /// job holding GPUs has it.
+    /// The MIG devices agents reported for GPUs in `mig` mode whose devices are their layout's,
+    /// each used when a session or a job holding GPUs has it, and naming the job that holds
+    /// it.
     pub fn mig_slots(&self) -> Vec<ongrid_scheduler::MigSlot> {
-        let held: HashSet<&ongrid_core::MigUuid> = self
+        self.mig_devices(true)
+    }
+
+    /// Every MIG device agents reported for GPUs in `mig` mode, also those of a layout being
+    /// replaced (for views: who holds what).
+    pub fn reported_mig_slots(&self) -> Vec<ongrid_scheduler::MigSlot> {
+        self.mig_devices(false)
+    }
+
+    fn mig_devices(&self, only_made: bool) -> Vec<ongrid_scheduler::MigSlot> {
+        let mig = |gpu: &GpuId| match gpu {
+            GpuId::Mig(mig) => Some(mig.clone()),
+            GpuId::Gpu(_) => None,
+        };
+        let held: HashSet<ongrid_core::MigUuid> = self
             .holding
             .iter()
-            .flat_map(|s| &s.gpus)
-            .chain(
-                self.jobs
-                    .iter()
-                    .filter(|j| j.state().holds_gpus())
-                    .flat_map(|j| &j.gpus),
-            )
-            .filter_map(|gpu| match gpu {
-                GpuId::Mig(mig) => Some(mig),
-                GpuId::Gpu(_) => None,
-            })
+            .flat_map(|s| s.gpus.iter().filter_map(mig))
+            .collect();
+        let held_by_job: HashMap<ongrid_core::MigUuid, ongrid_core::job::JobId> = self
+            .jobs
+            .iter()
+            .filter(|j| j.state().holds_gpus())
+            .flat_map(|j| j.gpus.iter().filter_map(mig).map(move |m| (m, j.id)))
             .collect();
         self.nodes
             .iter()
             .flat_map(|node| node.gpus.iter().map(move |gpu| (node, gpu)))
-            .filter(|(_, gpu)| gpu.mode.mig_layout().is_some())
+            // A GPU whose devices are not (yet) its layout's waits to drain for the change:
+            // its old devices are not offered any more.
+            .filter(|(_, gpu)| {
+                gpu.mode
+                    .mig_layout()
+                    .is_some_and(|layout| !only_made || layout.is_made_by(&gpu.info.mig_devices))
+            })
             .flat_map(|(node, gpu)| {
                 gpu.info
                     .mig_devices
@@ -187,7 +215,8 @@ impl SiteSnapshot {
                         profile: device.profile,
                         capability: gpu.info.capability,
                         memory: device.memory,
-                        used: held.contains(&device.uuid),
+                        used: held.contains(&device.uuid) || held_by_job.contains_key(&device.uuid),
+                        job: held_by_job.get(&device.uuid).copied(),
                     })
             })
             .collect()
@@ -244,12 +273,19 @@ impl SiteSnapshot {
                     memory: gpu.info.memory,
                     mode: gpu.mode,
                     healthy: gpu.info.health.is_healthy(),
-                    drained: gpu.drain.is_some(),
+                    drained: gpu.drain.is_some() || leaving_mig(gpu),
                     used: self.occupancy(gpu),
                 })
                 .collect(),
         }
     }
+}
+
+/// Whether the GPU's mode is `exclusive` or `shared:N` while its agent still reports MIG mode
+/// on: it is not a whole GPU until the agent has left MIG mode (once nothing uses it), so
+/// nothing is placed on it meanwhile.
+pub fn leaving_mig(gpu: &GpuRecord) -> bool {
+    gpu.info.mig_enabled && gpu.mode.mig_layout().is_none()
 }
 
 /// A PENDING session as the scheduler takes it.

@@ -491,6 +491,7 @@ fn gpu(n: u8, capability: (u16, u16), mib: u64) -> GpuInfo {
         health: GpuHealth::Healthy,
         utilization_percent: None,
         mig_devices: Vec::new(),
+        mig_waiting: None,
     }
 }
 

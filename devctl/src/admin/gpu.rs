@@ -152,6 +152,17 @@ pub fn render_mode(gpu: &GpuView) -> String {
             layout.instances().len()
         );
     }
+    if gpu.info.mig_enabled {
+        return format!(
+            "GPU {} on {} is now {}: its node's agent destroys its {} MIG devices and turns MIG \
+             mode off once no session or job uses them; nothing is placed on it until then \
+             (devctl admin node ls says while it waits)\n",
+            gpu.info.uuid,
+            gpu.node,
+            gpu.mode,
+            gpu.info.mig_devices.len()
+        );
+    }
     format!(
         "GPU {} on {} is now {} ({} of {} in use)\n",
         gpu.info.uuid,
@@ -181,6 +192,7 @@ mod tests {
                 health: GpuHealth::Healthy,
                 utilization_percent: None,
                 mig_devices: Vec::new(),
+                mig_waiting: None,
             },
             node: NodeName::parse("node1").unwrap(),
             mode: GpuMode::Shared { max_sessions: 4 },
@@ -193,6 +205,15 @@ mod tests {
         assert_eq!(
             render_mode(&view),
             "GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f on node1 is now shared:4 (1 of 4 in use)\n"
+        );
+        // Still in MIG mode: its agent leaves it first.
+        let mut leaving = view.clone();
+        leaving.info.mig_enabled = true;
+        assert_eq!(
+            render_mode(&leaving),
+            "GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f on node1 is now shared:4: its node's \
+             agent destroys its 0 MIG devices and turns MIG mode off once no session or job uses \
+             them; nothing is placed on it until then (devctl admin node ls says while it waits)\n"
         );
     }
 }

@@ -1,6 +1,7 @@
 //! `devctl admin node ls|drain|undrain|rm`: the site's nodes as an admin runs them.
 //!
-//! - `ls` (`GET /v1/nodes`): one row per node: state, GPUs, what runs there, agent, last sync.
+//! - `ls` (`GET /v1/nodes`): one row per node: state, GPUs, what runs there, agent, last sync;
+//!   then why drained nodes are drained and which GPUs wait to drain for a MIG change.
 //! - `drain NODE [--reason TEXT] [--wait]` (`POST /v1/nodes/{name}/drain`): nothing new is
 //!   placed on the node; running sessions and jobs keep running. `--wait` then asks
 //!   `GET /v1/nodes/{name}?wait_empty=true` (answered when the node empties, or after a minute)
@@ -233,7 +234,7 @@ fn state(node: &NodeView) -> String {
     }
 }
 
-/// `4` or `4 (1 drained, 1 failed)`.
+/// `4` or `4 (1 drained, 1 failed, 1 waiting to drain)`.
 fn gpus(node: &NodeView) -> String {
     let drained = node.gpus.iter().filter(|g| g.drain.is_some()).count();
     let failed = node
@@ -247,6 +248,14 @@ fn gpus(node: &NodeView) -> String {
     }
     if failed > 0 {
         notes.push(format!("{failed} failed"));
+    }
+    let waiting = node
+        .gpus
+        .iter()
+        .filter(|g| g.info.mig_waiting.is_some())
+        .count();
+    if waiting > 0 {
+        notes.push(format!("{waiting} waiting to drain"));
     }
     if notes.is_empty() {
         node.gpus.len().to_string()
@@ -287,6 +296,15 @@ pub fn render_list(nodes: &[NodeView], width: Option<u16>) -> String {
     for node in nodes {
         if let Some(drain) = &node.drain {
             text.push_str(&format!("{}: {}\n", node.name, drain.sentence()));
+        }
+        for gpu in &node.gpus {
+            if let Some(change) = gpu.info.mig_waiting {
+                text.push_str(&format!(
+                    "{}: GPU {} waits to drain for {change}: nothing new is placed on it, and \
+                     its agent makes the change once no session or job uses it\n",
+                    node.name, gpu.info.uuid
+                ));
+            }
         }
     }
     text
@@ -379,6 +397,61 @@ mod tests {
                 .to_string()
                 .starts_with("node node1 still has 1 session and 1 job after 1 minute 30 seconds; it stays drained"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn the_list_says_which_gpus_wait_to_drain_for_a_mig_change() {
+        use ongrid_core::api::GpuView;
+        use ongrid_core::{ComputeCapability, GpuHealth, GpuInfo, GpuMode, GpuUuid, MemorySize};
+        let gpu = |n: u8, waiting: Option<ongrid_core::MigChange>| GpuView {
+            info: GpuInfo {
+                uuid: GpuUuid::parse(&format!("GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc{n:02}"))
+                    .unwrap(),
+                model: "NVIDIA A100-SXM4-80GB".into(),
+                capability: ComputeCapability::new(8, 0),
+                memory: MemorySize::from_mib(81_920),
+                pci_bus_id: None,
+                driver_version: None,
+                mig_enabled: true,
+                health: GpuHealth::Healthy,
+                utilization_percent: None,
+                mig_devices: Vec::new(),
+                mig_waiting: waiting,
+            },
+            node: NodeName::parse("node1").unwrap(),
+            mode: GpuMode::Exclusive,
+            used: 1,
+            free: 0,
+            sessions: vec![],
+            drain: None,
+            mig_sessions: Default::default(),
+        };
+        let mut view = node(1, 1, None);
+        view.gpus = vec![
+            gpu(1, Some(ongrid_core::MigChange::Off)),
+            gpu(
+                2,
+                Some(
+                    "1g.10gb*7"
+                        .parse()
+                        .map(ongrid_core::MigChange::Layout)
+                        .unwrap(),
+                ),
+            ),
+            gpu(3, None),
+        ];
+        let text = render_list(&[view], None);
+        assert_eq!(
+            text,
+            "NODE   STATE   GPUS                    SESSIONS  JOBS  BACKEND     AGENT  LAST SEEN\n\
+             node1  online  3 (2 waiting to drain)  1         1     nvidia-smi  0.1.0  2026-11-21 10:00:00Z\n\
+             node1: GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc01 waits to drain for MIG mode off: \
+             nothing new is placed on it, and its agent makes the change once no session or job \
+             uses it\n\
+             node1: GPU GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc02 waits to drain for MIG layout \
+             1g.10gb*7: nothing new is placed on it, and its agent makes the change once no \
+             session or job uses it\n"
         );
     }
 

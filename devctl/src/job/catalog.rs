@@ -91,9 +91,10 @@ pub fn render_jobs(jobs: &[JobView], all: bool, width: Option<u16>) -> String {
     table.render(width, "")
 }
 
-/// The NODE column: the node of a local job, `slurm:42` for a job of a grid target.
+/// The NODE column: the node of a local job, `slurm:42` for a job of a grid target; a job on
+/// a MIG device adds the profile it asked for, `node1 (mig:1g.10gb)`.
 fn where_it_runs(job: &JobView) -> String {
-    match (&job.grid, &job.node) {
+    let place = match (&job.grid, &job.node) {
         (Some(grid), _) => format!(
             "{}:{}",
             grid.target,
@@ -101,6 +102,10 @@ fn where_it_runs(job: &JobView) -> String {
         ),
         (None, Some(node)) => node.to_string(),
         (None, None) => "-".to_owned(),
+    };
+    match job.spec.gpus.sharing.mig() {
+        Some(profile) => format!("{place} (mig:{profile})"),
+        None => place,
     }
 }
 
@@ -125,6 +130,9 @@ pub fn render_job(job: &JobView) -> String {
     }
     if let Some(waiting) = &job.waiting {
         field("waiting", waiting.clone());
+    }
+    if let Some(profile) = job.spec.gpus.sharing.mig() {
+        field("request", format!("1 MIG device, {profile} or larger"));
     }
     if let Some(node) = &job.node {
         let gpus: Vec<&str> = job.gpus.iter().map(|g| g.as_str()).collect();

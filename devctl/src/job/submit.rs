@@ -33,6 +33,10 @@ pub struct JobSubmitArgs {
     /// exclusive (default), shared or any
     #[arg(long)]
     pub share: Option<String>,
+    /// One MIG device of this profile or larger instead of GPUs, like 1g.10gb (devctl gpus
+    /// lists the site's devices); the same as --share mig:PROFILE
+    #[arg(long, value_name = "PROFILE", conflicts_with_all = ["share", "gpus"])]
+    pub mig: Option<ongrid_core::MigProfile>,
     /// CPUs, like 4 or 0.5 [default: the site's]
     #[arg(long, value_name = "N")]
     pub cpus: Option<String>,
@@ -109,7 +113,10 @@ impl JobSubmitArgs {
             gpus: self.gpus,
             min_capability: self.min_capability,
             min_gpu_memory: self.min_gpu_memory,
-            share: self.share,
+            share: self
+                .mig
+                .map(|profile| format!("mig:{profile}"))
+                .or(self.share),
             cpus,
             memory: self.memory,
             max_duration: self.max_duration,

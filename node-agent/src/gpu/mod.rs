@@ -38,6 +38,9 @@ pub enum GpuError {
         layout: ongrid_core::MigLayout,
         problem: String,
     },
+    /// MIG mode could not be turned off; the text is the backend's (nvidia-smi's) own.
+    #[error("MIG mode off on {gpu}: {problem}")]
+    MigOff { gpu: GpuUuid, problem: String },
 }
 
 /// A source of the node's GPU inventory and health.
@@ -65,6 +68,18 @@ pub trait GpuBackend: Send + Sync + 'static {
                 gpu: gpu.uuid.clone(),
                 layout,
                 problem: format!("the {} GPU backend cannot partition GPUs", self.kind()),
+            })
+        })
+    }
+
+    /// Takes `gpu` out of MIG mode: its compute and GPU instances destroyed, MIG mode off, so
+    /// it is a whole GPU again. Called only when no container uses the GPU or its devices. A
+    /// change the driver leaves pending (a GPU reset or reboot needed) is an error.
+    fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
+        Box::pin(async move {
+            Err(GpuError::MigOff {
+                gpu: gpu.uuid.clone(),
+                problem: format!("the {} GPU backend cannot change MIG mode", self.kind()),
             })
         })
     }
@@ -241,6 +256,7 @@ mod tests {
             health,
             utilization_percent: Some(50),
             mig_devices: Vec::new(),
+            mig_waiting: None,
         }
     }
 

@@ -11,14 +11,15 @@
 //! failed = "fell off the bus"       # optional: the GPU is reported unhealthy with this reason
 //! xid = 79                           # optional: a fatal Xid in the kernel log for this GPU
 //! utilization = 0                    # optional: percent busy, what nvidia-smi's utilization.gpu says
-//! mig_fail = "In use by another client"  # optional: making a MIG layout on it fails so
+//! mig_fail = "In use by another client"  # optional: making a MIG layout on it, or leaving MIG mode, fails so
 //! ```
 //!
 //! MIG: the backend keeps each GPU's MIG devices in memory, as the driver does until a reboot.
 //! [`GpuBackend::apply_mig`] checks the layout against the model's profiles (as `nvidia-smi`
 //! would refuse a profile the GPU lacks), gives every device a new `MIG-<uuid>`, and discovery
-//! reports them under their GPU with MIG mode on. A restarted agent starts with no MIG devices,
-//! as a rebooted node does.
+//! reports them under their GPU with MIG mode on; [`GpuBackend::leave_mig`] forgets them, and
+//! the GPU is reported whole again. A restarted agent starts with no MIG devices, as a rebooted
+//! node does.
 //!
 //! A top-level `hang = true` (before the first `[[gpu]]`) stands for an nvidia-smi that does
 //! not answer: every GPU is reported unknown.
@@ -210,6 +211,7 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
             health,
             utilization_percent: utilization,
             mig_devices: Vec::new(),
+            mig_waiting: None,
         },
         mig_fail,
     })
@@ -283,6 +285,29 @@ impl SimulatedBackend {
         Ok(())
     }
 
+    /// Takes `gpu` out of MIG mode, as `nvidia-smi mig -dci; -dgi; -i GPU -mig 0` would: its
+    /// devices are gone and it is a whole GPU again. `mig_fail` in its entry makes this fail
+    /// too, leaving the devices as they are.
+    pub async fn leave(&self, gpu: &GpuUuid) -> Result<(), GpuError> {
+        let fail = |problem: String| GpuError::MigOff {
+            gpu: gpu.clone(),
+            problem,
+        };
+        let (gpus, _) = self.read().await?;
+        let entry = gpus
+            .iter()
+            .find(|g| &g.info.uuid == gpu)
+            .ok_or_else(|| fail("no such GPU in the simulated GPU file".to_owned()))?;
+        if let Some(problem) = &entry.mig_fail {
+            return Err(fail(format!("{problem} (simulated: mig_fail)")));
+        }
+        self.mig
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(gpu);
+        Ok(())
+    }
+
     /// The GPUs the file lists now, plus those it listed before, marked failed.
     pub async fn discover_gpus(&self) -> Result<Vec<GpuInfo>, SimulatedError> {
         let text = tokio::fs::read_to_string(&self.file)
@@ -348,6 +373,10 @@ impl GpuBackend for SimulatedBackend {
     ) -> BoxFuture<'a, Result<(), GpuError>> {
         Box::pin(self.apply_layout(&gpu.uuid, layout))
     }
+
+    fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
+        Box::pin(self.leave(&gpu.uuid))
+    }
 }
 
 #[cfg(test)]
@@ -396,6 +425,7 @@ utilization = 0                    # optional, percent
                     health: GpuHealth::Failed("fell off the bus".into()),
                     utilization_percent: Some(0),
                     mig_devices: Vec::new(),
+                    mig_waiting: None,
                 },
                 mig_fail: None,
             }]

@@ -87,10 +87,15 @@ impl Fixture {
     /// An agent's job manager; a second one over the same runtime and directory is a
     /// restarted agent.
     fn jobs(&self) -> Jobs {
+        self.jobs_with(GpuAccess::EnvironmentOnly)
+    }
+
+    /// The job manager of an agent whose GPUs are reached through `gpu_access`.
+    fn jobs_with(&self, gpu_access: GpuAccess) -> Jobs {
         Jobs::new(
             self.runtime.clone(),
             NodeName::parse("node1").unwrap(),
-            GpuAccess::EnvironmentOnly,
+            gpu_access,
             NodeGuard {
                 firewall: Arc::new(FakeFirewall::default()),
                 subnet_pool: "10.213.0.0/16".parse().unwrap(),
@@ -141,6 +146,30 @@ async fn wait_for_builds(jobs: &Jobs) {
     jobs.tasks().close();
     jobs.tasks().wait().await;
     jobs.tasks().reopen();
+}
+
+#[tokio::test]
+async fn a_job_on_a_mig_device_gets_its_mig_uuid_in_the_device_request_and_environment() {
+    let f = Fixture::new();
+    let mut jobs = f.jobs_with(GpuAccess::NvidiaDeviceRequest);
+    let mig = "MIG-c7384736-a75d-5afc-978f-d2f1294409fd";
+    let job = DesiredJob {
+        gpus: vec![GpuId::parse(mig).unwrap()],
+        ..desired_job()
+    };
+    jobs.apply(std::slice::from_ref(&job)).await;
+    let id = f.container(&job);
+    let spec = f.runtime.jobs()[&id].spec.clone();
+    let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
+    assert_eq!(env["CUDA_VISIBLE_DEVICES"], mig);
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], mig);
+    assert_eq!(spec.labels[LABEL_GPUS], mig);
+    // What Docker is asked for: the nvidia driver with exactly the MIG device.
+    let body = crate::runtime::docker::job_create_body(&spec);
+    let requests = body.host_config.unwrap().device_requests.unwrap();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].driver.as_deref(), Some("nvidia"));
+    assert_eq!(requests[0].device_ids, Some(vec![mig.to_owned()]));
 }
 
 #[tokio::test]

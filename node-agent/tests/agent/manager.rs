@@ -110,6 +110,7 @@ impl FakeManager {
                 removed_images: Vec::new(),
                 jobs: Vec::new(),
                 mig_layouts: Default::default(),
+                mig_off: Default::default(),
             },
             version: 0,
             failure: None,

@@ -28,7 +28,8 @@ const LOST_LINE: &str =
 /// A stand-in nvidia-smi whose answers are files in its directory: `<state>.query` and
 /// `<state>.list` (with `<state>.query.status`, `<state>.list.status` for exit statuses), the
 /// state named in `state`; the state `hang` never answers. MIG as the driver keeps it:
-/// `-i GPU -mig 1` turns MIG mode on (file `migmode.GPU`: the query then says `Enabled`),
+/// `-i GPU -mig 1` turns MIG mode on (file `migmode.GPU`: the query then says `Enabled`) and
+/// `-mig 0` off again (a file `mig-off-pending` leaves it on, printing that file's warning),
 /// `mig -i GPU -cgi P1,P2 -C` appends one device per profile to `mig.GPU` (listed under its
 /// GPU by `-L`), `-dci` fails with "No compute instances found" when there are none, `-dgi`
 /// removes them; a file `mig-fail` makes `-cgi` fail with its text. Every call is appended to
@@ -65,7 +66,13 @@ case "$1" in
     exit "$(status query)" ;;
   -i)
     [ "$3" = -mig ] || {{ echo "unexpected arguments: $*" >&2; exit 99; }}
-    touch "$dir/migmode.$2"; echo "Enabled MIG Mode for GPU $2"; echo "All done." ;;
+    if [ "$4" = 0 ]; then
+      echo "Disabled MIG Mode for GPU $2"
+      if [ -f "$dir/mig-off-pending" ]; then cat "$dir/mig-off-pending"; else rm -f "$dir/migmode.$2"; fi
+      echo "All done."
+    else
+      touch "$dir/migmode.$2"; echo "Enabled MIG Mode for GPU $2"; echo "All done."
+    fi ;;
   mig)
     u=$3
     case "$4" in
@@ -268,7 +275,7 @@ async fn a_first_discovery_that_fails_is_an_error_saying_what_to_do() {
 async fn a_mig_layout_is_made_with_nvidia_smi_only_once_nothing_uses_the_gpu() {
     use std::collections::BTreeMap;
 
-    use ongrid_agent::gpu::mig::MigLayouts;
+    use ongrid_agent::gpu::mig::{MigLayouts, MigWanted};
     use ongrid_core::{GpuId, MigLayout};
 
     let smi = FakeNvidiaSmi::new();
@@ -280,13 +287,19 @@ async fn a_mig_layout_is_made_with_nvidia_smi_only_once_nothing_uses_the_gpu() {
     let layouts = BTreeMap::from([(gpu.uuid.clone(), layout)]);
     let mut mig = MigLayouts::default();
 
+    let no_off = std::collections::BTreeSet::new();
+    let only = |layouts| MigWanted {
+        layouts,
+        off: &no_off,
+    };
+
     // A session holds the GPU: nothing is run.
     let held = [GpuId::Gpu(gpu.uuid.clone())];
-    assert!(!mig.apply(&*backend, &layouts, &gpus, &held).await);
+    assert!(mig.apply(&*backend, only(&layouts), &gpus, &held).await);
     assert!(smi.mig_calls().is_empty(), "{:?}", smi.mig_calls());
 
     // Empty: MIG mode on, old instances destroyed (none), the layout created in its order.
-    assert!(mig.apply(&*backend, &layouts, &gpus, &[]).await);
+    assert!(mig.apply(&*backend, only(&layouts), &gpus, &[]).await);
     let id = gpu.uuid.to_string();
     assert_eq!(
         smi.mig_calls(),
@@ -298,7 +311,7 @@ async fn a_mig_layout_is_made_with_nvidia_smi_only_once_nothing_uses_the_gpu() {
         ]
     );
     let mut gpus = backend.discover().await.unwrap();
-    mig.mark_failures(&mut gpus);
+    mig.mark(&mut gpus);
     assert!(gpus[0].mig_enabled);
     assert_eq!(gpus[0].health, GpuHealth::Healthy);
     let devices: Vec<(String, String)> = gpus[0]
@@ -323,9 +336,9 @@ async fn a_mig_layout_is_made_with_nvidia_smi_only_once_nothing_uses_the_gpu() {
     )
     .unwrap();
     let seven = BTreeMap::from([(gpu.uuid.clone(), "1g.5gb*7".parse().unwrap())]);
-    assert!(mig.apply(&*backend, &seven, &gpus, &[]).await);
+    assert!(mig.apply(&*backend, only(&seven), &gpus, &[]).await);
     let mut gpus = backend.discover().await.unwrap();
-    mig.mark_failures(&mut gpus);
+    mig.mark(&mut gpus);
     let GpuHealth::Failed(reason) = &gpus[0].health else {
         panic!("{:?}", gpus[0].health);
     };
@@ -340,5 +353,92 @@ async fn a_mig_layout_is_made_with_nvidia_smi_only_once_nothing_uses_the_gpu() {
     assert!(
         gpus[0].mig_devices.is_empty(),
         "half made: the old devices are gone"
+    );
+}
+
+#[tokio::test]
+async fn leaving_mig_mode_with_nvidia_smi_waits_for_the_gpu_then_destroys_and_turns_it_off() {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use ongrid_agent::gpu::mig::{MigLayouts, MigWanted};
+    use ongrid_core::{GpuId, MigChange, MigLayout};
+
+    let smi = FakeNvidiaSmi::new();
+    let backend = smi.backend("5 seconds");
+    let gpus = backend.discover().await.unwrap();
+    let id = gpus[0].uuid.to_string();
+    let layout: MigLayout = "3g.20gb*1+2g.10gb*2".parse().unwrap();
+    let layouts = BTreeMap::from([(gpus[0].uuid.clone(), layout)]);
+    let no_off = BTreeSet::new();
+    let mut mig = MigLayouts::default();
+    let partition = MigWanted {
+        layouts: &layouts,
+        off: &no_off,
+    };
+    assert!(mig.apply(&*backend, partition, &gpus, &[]).await);
+    let gpus = backend.discover().await.unwrap();
+    assert_eq!(gpus[0].mig_devices.len(), 3);
+
+    // Set back to exclusive while a job runs on one of its devices: nothing is run, and the
+    // GPU says what it waits for.
+    let calls_before = smi.mig_calls().len();
+    let none = BTreeMap::new();
+    let off = BTreeSet::from([gpus[0].uuid.clone()]);
+    let leave = MigWanted {
+        layouts: &none,
+        off: &off,
+    };
+    let job = [GpuId::Mig(gpus[0].mig_devices[2].uuid.clone())];
+    assert!(mig.apply(&*backend, leave, &gpus, &job).await);
+    assert_eq!(smi.mig_calls().len(), calls_before, "{:?}", smi.mig_calls());
+    let mut gpus = backend.discover().await.unwrap();
+    mig.mark(&mut gpus);
+    assert_eq!(gpus[0].mig_waiting, Some(MigChange::Off));
+
+    // Empty: instances destroyed, then MIG mode off; a whole GPU again.
+    assert!(mig.apply(&*backend, leave, &gpus, &[]).await);
+    assert_eq!(
+        smi.mig_calls()[calls_before..],
+        [
+            format!("mig -i {id} -dci"),
+            format!("mig -i {id} -dgi"),
+            format!("-i {id} -mig 0"),
+        ]
+    );
+    let mut gpus = backend.discover().await.unwrap();
+    mig.mark(&mut gpus);
+    assert!(!gpus[0].mig_enabled);
+    assert!(gpus[0].mig_devices.is_empty());
+    assert_eq!(gpus[0].mig_waiting, None);
+    assert_eq!(gpus[0].health, GpuHealth::Healthy);
+
+    // Partitioned again, then the driver leaves MIG mode pending (a process holds the GPU):
+    // the GPU is failed with nvidia-smi's words and what to do.
+    assert!(mig.apply(&*backend, partition, &gpus, &[]).await);
+    let gpus = backend.discover().await.unwrap();
+    assert!(gpus[0].mig_enabled);
+    std::fs::write(
+        smi.dir.path().join("mig-off-pending"),
+        "Warning: MIG mode is in pending disable state for GPU 00000000:07:00.0:In use by another client",
+    )
+    .unwrap();
+    assert!(mig.apply(&*backend, leave, &gpus, &[]).await);
+    let mut gpus = backend.discover().await.unwrap();
+    mig.mark(&mut gpus);
+    let GpuHealth::Failed(reason) = &gpus[0].health else {
+        panic!("{:?}", gpus[0].health);
+    };
+    assert!(
+        reason.starts_with(&format!(
+            "MIG mode could not be turned off: nvidia-smi -i {id} -mig 0: Disabled MIG Mode for \
+             GPU {id}\nWarning: MIG mode is in pending disable state"
+        )),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(&format!(
+            "nvidia-smi -i {id} --gpu-reset, or reboot the node"
+        )),
+        "{reason}"
     );
 }

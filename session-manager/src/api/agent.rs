@@ -304,14 +304,22 @@ async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState
         settings,
     );
     desired.removed_images = removed_images;
-    desired.mig_layouts = state
+    let gpus: Vec<_> = state
         .store
         .nodes()
         .await?
         .into_iter()
         .filter(|n| n.name == *node)
         .flat_map(|n| n.gpus)
-        .filter_map(|gpu| Some((gpu.info.uuid, gpu.mode.mig_layout()?)))
+        .collect();
+    desired.mig_layouts = gpus
+        .iter()
+        .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.mode.mig_layout()?)))
+        .collect();
+    desired.mig_off = gpus
+        .iter()
+        .filter(|gpu| crate::site::leaving_mig(gpu))
+        .map(|gpu| gpu.info.uuid.clone())
         .collect();
     super::job_reports::node_jobs(state, node, &mut desired).await?;
     Ok(desired)

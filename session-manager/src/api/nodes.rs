@@ -321,7 +321,7 @@ fn gpu_view(
     if gpu.mode.mig_layout().is_some() {
         // A GPU in MIG mode: its places are its devices.
         let slots: Vec<_> = site
-            .mig_slots()
+            .reported_mig_slots()
             .into_iter()
             .filter(|slot| slot.parent == gpu.info.uuid)
             .collect();
@@ -330,7 +330,11 @@ fn gpu_view(
         let out_of_service = !gpu.info.health.is_healthy()
             || !site.is_online(node)
             || gpu.drain.is_some()
-            || node.drain.is_some();
+            || node.drain.is_some()
+            || !gpu
+                .mode
+                .mig_layout()
+                .is_some_and(|layout| layout.is_made_by(&gpu.info.mig_devices));
         view.free = if out_of_service {
             0
         } else {
@@ -344,7 +348,9 @@ fn gpu_view(
                 if let ongrid_core::GpuId::Mig(mig) = id {
                     if slots.iter().any(|slot| &slot.uuid == mig) {
                         view.mig_sessions.insert(mig.clone(), session.name.clone());
-                        view.sessions.push(session.name.clone());
+                        if !view.sessions.contains(&session.name) {
+                            view.sessions.push(session.name.clone());
+                        }
                     }
                 }
             }

@@ -158,6 +158,11 @@ pub fn out_of_service(
                 format!("{} on {} {}", gpu.info.uuid, node.name, drain.sentence())
             } else if let Some(problem) = gpu.info.health.problem() {
                 format!("{} on {} is {problem}", gpu.info.uuid, node.name)
+            } else if crate::site::leaving_mig(gpu) {
+                format!(
+                    "{} on {} is leaving MIG mode, once nothing uses its MIG devices",
+                    gpu.info.uuid, node.name
+                )
             } else {
                 continue;
             };

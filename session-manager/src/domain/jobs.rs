@@ -176,6 +176,14 @@ pub fn submit(
     now: DateTime<Utc>,
 ) -> Result<NewJob, Refusal> {
     spec.target = Some(grid.as_ref().map_or(JobTarget::Local, |g| g.target));
+    if let (Some(grid), Some(profile)) = (&grid, spec.gpus.sharing.mig()) {
+        return Err(Refusal::Invalid(format!(
+            "target {target} cannot give a MIG device: ongrid hands out MIG {profile} devices \
+             only on this site's own GPUs, and {target} asks its engine for whole GPUs; submit \
+             with --to local, or without --mig for whole GPUs on {target}",
+            target = grid.target
+        )));
+    }
     if let Some(not_after) = spec.not_after.filter(|&t| t <= now) {
         return Err(Refusal::Invalid(format!(
             "not-after {} has passed: the job would be cancelled at once; give a later time",
@@ -654,6 +662,9 @@ pub fn waiting_reason(job: &JobRecord, active: &[JobRecord], now: DateTime<Utc>)
 }
 
 fn describe_gpus(request: &GpuRequest) -> String {
+    if let Some(profile) = request.sharing.mig() {
+        return format!("a free MIG device of profile {profile} or larger");
+    }
     match request.count {
         1 => "a fitting GPU to be free".to_owned(),
         n => format!("{n} fitting GPUs to be free"),
@@ -1045,6 +1056,51 @@ mod tests {
         assert_eq!(
             waiting_reason(&later, &[], t(20)).as_deref(),
             Some("for a fitting GPU to be free on node node1, which holds its checkpoint")
+        );
+    }
+
+    #[test]
+    fn a_job_runs_on_one_mig_device_here_and_grid_targets_refuse_it() {
+        let mig = JobSpecFile {
+            share: Some("mig:1g.10gb".into()),
+            ..JobSpecFile::default()
+        };
+        let queued = submitted(mig.clone(), &JobLimits::default());
+        assert_eq!(
+            waiting_reason(&queued, &[], t(20)).as_deref(),
+            Some("for a free MIG device of profile 1g.10gb or larger")
+        );
+        let device = GpuId::parse("MIG-c7384736-a75d-5afc-978f-d2f1294409fd").unwrap();
+        let mut job = queued.clone();
+        job.apply(&start(&job, node(), vec![device.clone()], t(10)).unwrap());
+        let desired = desired_jobs(&node(), &[job], limits(), DEFAULT_OUTPUT_GRACE, t(11));
+        assert_eq!(desired[0].gpus, vec![device]);
+
+        let slurm = GridJob::submitting(
+            JobTarget::Slurm,
+            super::super::grid_jobs::LocalAccount::parse("alice").unwrap(),
+            t(0),
+        );
+        let who = Submitter {
+            owner: Dn::parse("/CN=Alice").unwrap(),
+            user_name: UserName::parse("alice").unwrap(),
+            uid: 2000,
+        };
+        let refused = submit(
+            JobId::new_random(),
+            who,
+            spec(mig),
+            image(),
+            &JobLimits::default(),
+            Some(slurm),
+            t(0),
+        )
+        .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "target slurm cannot give a MIG device: ongrid hands out MIG 1g.10gb devices only on \
+             this site's own GPUs, and slurm asks its engine for whole GPUs; submit with --to \
+             local, or without --mig for whole GPUs on slurm"
         );
     }
 

@@ -207,6 +207,7 @@ fn gpu(n: u8) -> GpuInfo {
         health: GpuHealth::Healthy,
         utilization_percent: None,
         mig_devices: Vec::new(),
+        mig_waiting: None,
     }
 }
 

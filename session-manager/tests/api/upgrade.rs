@@ -61,6 +61,7 @@ fn gpu() -> GpuInfo {
         health: GpuHealth::Healthy,
         utilization_percent: None,
         mig_devices: Vec::new(),
+        mig_waiting: None,
     }
 }
 

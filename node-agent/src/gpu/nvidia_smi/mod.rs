@@ -406,6 +406,23 @@ impl<S: NvidiaSmiSource> GpuBackend for NvidiaSmiBackend<S> {
                 })
         })
     }
+
+    fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
+        Box::pin(async move {
+            self.turn_mig_off(gpu)
+                .await
+                .map_err(|problem| GpuError::MigOff {
+                    gpu: gpu.uuid.clone(),
+                    problem,
+                })
+        })
+    }
+}
+
+/// Whether a failed `mig -dci`/`-dgi` only said there was nothing to destroy.
+fn none_found(printed: &str) -> bool {
+    let printed = printed.to_ascii_lowercase();
+    printed.contains("no ") && printed.contains("found")
 }
 
 impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
@@ -424,6 +441,30 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
         Err(format!("{command}: {}", printed.trim()))
     }
 
+    /// The GPU's compute and GPU instances destroyed (`mig -dci`, `mig -dgi`; none is fine),
+    /// then MIG mode off (`-mig 0`; "pending" means a reset or reboot is needed: an error).
+    async fn turn_mig_off(&self, gpu: &GpuInfo) -> Result<(), String> {
+        let id = gpu.uuid.to_string();
+        let args =
+            |rest: &[&str]| -> Vec<String> { rest.iter().map(|s| (*s).to_owned()).collect() };
+        self.mig_step(&args(&["mig", "-i", &id, "-dci"]), none_found)
+            .await?;
+        self.mig_step(&args(&["mig", "-i", &id, "-dgi"]), none_found)
+            .await?;
+        self.mig_step(&args(&["-i", &id, "-mig", "0"]), |_| false)
+            .await
+            .map_err(|problem| {
+                if problem.to_ascii_lowercase().contains("pending") {
+                    format!(
+                        "{problem} (MIG mode stays on until the GPU is reset: stop what else \
+                         holds it and run nvidia-smi -i {id} --gpu-reset, or reboot the node)"
+                    )
+                } else {
+                    problem
+                }
+            })
+    }
+
     /// MIG mode on (`-mig 1`; "pending" means a reset or reboot is needed: an error), the
     /// GPU's compute and GPU instances destroyed (`mig -dci`, `mig -dgi`; none is fine), then
     /// the layout's GPU instances created with their default compute instances
@@ -436,10 +477,6 @@ impl<S: NvidiaSmiSource> NvidiaSmiBackend<S> {
         let id = gpu.uuid.to_string();
         let args =
             |rest: &[&str]| -> Vec<String> { rest.iter().map(|s| (*s).to_owned()).collect() };
-        let none_found = |printed: &str| {
-            printed.to_ascii_lowercase().contains("no ")
-                && printed.to_ascii_lowercase().contains("found")
-        };
         if !gpu.mig_enabled {
             self.mig_step(&args(&["-i", &id, "-mig", "1"]), |_| false)
                 .await?;

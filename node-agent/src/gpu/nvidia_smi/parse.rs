@@ -439,6 +439,7 @@ pub fn join(rows: Vec<QueryRow>, listed: &[ListedGpu]) -> Result<Vec<GpuInfo>, P
             // In MIG mode the GPU's own figure says nothing about its MIG devices.
             utilization_percent: row.utilization.filter(|_| !mig_enabled),
             mig_devices,
+            mig_waiting: None,
         });
     }
     Ok(gpus)
@@ -517,6 +518,7 @@ mod tests {
                 health: GpuHealth::Healthy,
                 utilization_percent: Some(37),
                 mig_devices: Vec::new(),
+                mig_waiting: None,
             }
         );
         assert_eq!(gpus[1].utilization_percent, Some(0));

@@ -72,6 +72,7 @@ pub fn desired_state(
         removed_images: Vec::new(),
         jobs: Vec::new(),
         mig_layouts: Default::default(),
+        mig_off: Default::default(),
     }
 }
 

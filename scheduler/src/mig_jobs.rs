@@ -1,0 +1,220 @@
+//! Batch jobs on MIG devices: [`plan_mig_jobs`] starts queued jobs that ask for a MIG device
+//! ([`ongrid_core::Sharing::Mig`]) on free devices, and halts jobs on MIG devices for
+//! sessions that found none free, by the rules `batch.rs` applies to whole GPUs.
+//!
+//! The session manager calls it after [`crate::plan`] and [`crate::plan_mig`] with the same
+//! [`SiteState`] and slots, their actions and placements: what they started, halted and
+//! placed is taken into account, so nothing is given twice.
+//!
+//! # Rules
+//!
+//! - **Sessions first.** A pending MIG session that `plan_mig` could not place (in
+//!   `(priority, queued_at, id)` order) waits for a job on a device that would meet it and is
+//!   halting already (asked before, or by this plan for its max duration) and that no earlier
+//!   session waits for; else it halts one job past its min duration on such a device
+//!   ([`JobReason::ForInteractiveSession`]). A job within its min duration is never halted for
+//!   a session. The least sufficient device first, as for placing (then the session's
+//!   preferred node, node name, UUID); only usable devices (online, undrained node; healthy,
+//!   undrained parent in MIG mode) and only on a pinned session's node. One job on a device
+//!   holds it alone, so halting one job always frees what the session needs. Who waits for
+//!   which halting job is decided again every plan from this order, so no state is kept: the
+//!   device goes to the first session that fits once its job is HALTED.
+//! - **Jobs.** Queued MIG jobs, in `(priority, queued_at, id)` order, take the least sufficient
+//!   free device (then node name, UUID) that no session took, within their notBefore, their
+//!   bucket (counting the jobs holding GPUs or devices and those started by this plan) and
+//!   their pinned node. Jobs halt nothing. A job past its notAfter is cancelled by `plan`.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use ongrid_core::job::{BucketName, JobId, JobReason};
+use ongrid_core::{GpuUuid, MigUuid, NodeName, UserName};
+use serde::{Deserialize, Serialize};
+
+use crate::batch::reached;
+use crate::mig::{meets, usable, MigPlacement, MigSlot};
+use crate::site::{Action, PendingSession, QueuedJob, SiteState};
+
+/// What the session manager should do about batch jobs on MIG devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum MigJobAction {
+    /// Start a queued job on the MIG device `device` of `parent` (QUEUED → RUNNING).
+    Start {
+        job: JobId,
+        node: NodeName,
+        device: MigUuid,
+        parent: GpuUuid,
+    },
+    /// Halt a running job on a MIG device (RUNNING → MUSTHALT): a waiting session needs it.
+    /// The session stays PENDING and gets the device once the job is HALTED.
+    Halt { job: JobId, reason: JobReason },
+}
+
+/// Plans batch jobs on MIG devices (see the module's rules), after `plan`'s `actions` and
+/// `plan_mig`'s `placed`. Deterministic: the result does not depend on the order of the
+/// input's vectors.
+pub fn plan_mig_jobs(
+    site: &SiteState,
+    slots: &[MigSlot],
+    now: DateTime<Utc>,
+    actions: &[Action],
+    placed: &[MigPlacement],
+) -> Vec<MigJobAction> {
+    let mut out = Vec::new();
+    let mut taken: HashSet<&MigUuid> = placed.iter().map(|p| &p.device).collect();
+    let halted_now: HashSet<JobId> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::HaltJob { job, .. } => Some(*job),
+            _ => None,
+        })
+        .collect();
+    let cancelled: HashSet<JobId> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CancelJob { job, .. } => Some(*job),
+            _ => None,
+        })
+        .collect();
+    let running: HashMap<JobId, &crate::RunningJob> =
+        site.running_jobs.iter().map(|j| (j.id, j)).collect();
+
+    // Sessions that found no free device: wait for a halting job, else halt one.
+    let placed_sessions: HashSet<_> = placed.iter().map(|p| p.session).collect();
+    let mut sessions: Vec<&PendingSession> = site
+        .pending
+        .iter()
+        .filter(|s| {
+            s.request.sharing.mig().is_some()
+                && s.request.validate().is_ok()
+                && !placed_sessions.contains(&s.id)
+        })
+        .collect();
+    sessions.sort_by_key(|s| (s.priority, s.queued_at, s.id));
+    let mut claimed: HashSet<JobId> = HashSet::new();
+    for session in sessions {
+        let wanted = session.request.sharing.mig().expect("filtered above");
+        let candidates = || {
+            slots
+                .iter()
+                .filter_map(|slot| {
+                    let job = running.get(&slot.job?)?;
+                    Some((slot, *job))
+                })
+                .filter(|(slot, job)| {
+                    !claimed.contains(&job.id)
+                        && session
+                            .pinned_node
+                            .as_ref()
+                            .is_none_or(|pin| pin == &slot.node)
+                        && meets(slot, &session.request, wanted)
+                        && usable(site, slot)
+                })
+        };
+        let order = |slot: &&MigSlot| {
+            (
+                slot.profile.slices,
+                slot.profile.memory_gb,
+                slot.profile.media,
+                session.preferred_node.as_ref() != Some(&slot.node),
+                slot.node.clone(),
+                slot.uuid.clone(),
+            )
+        };
+        let halting = candidates()
+            .filter(|(_, job)| job.halting || halted_now.contains(&job.id))
+            .min_by_key(|(slot, _)| order(slot))
+            .map(|(_, job)| job.id);
+        let eligible = candidates()
+            .filter(|(_, job)| {
+                !job.halting
+                    && !halted_now.contains(&job.id)
+                    && reached(job.started_at, job.min_duration, now)
+            })
+            .min_by_key(|(slot, _)| order(slot))
+            .map(|(_, job)| job.id);
+        match (halting, eligible) {
+            (Some(job), _) => {
+                claimed.insert(job);
+            }
+            (None, Some(job)) => {
+                claimed.insert(job);
+                out.push(MigJobAction::Halt {
+                    job,
+                    reason: JobReason::ForInteractiveSession {
+                        need: session.request,
+                    },
+                });
+            }
+            (None, None) => {}
+        }
+    }
+
+    // Queued jobs on the devices left free.
+    let mut in_bucket: HashMap<(&UserName, &BucketName), u32> = HashMap::new();
+    for job in &site.running_jobs {
+        if let Some(bucket) = &job.bucket {
+            *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
+        }
+    }
+    for action in actions {
+        if let Action::StartJob { job, .. } = action {
+            if let Some(queued) = site.queued_jobs.iter().find(|q| q.id == *job) {
+                if let Some(bucket) = &queued.bucket {
+                    *in_bucket.entry((&queued.owner, &bucket.name)).or_default() += 1;
+                }
+            }
+        }
+    }
+    let mut jobs: Vec<&QueuedJob> = site
+        .queued_jobs
+        .iter()
+        .filter(|j| {
+            j.request.sharing.mig().is_some()
+                && j.request.validate().is_ok()
+                && !cancelled.contains(&j.id)
+                && j.not_before.is_none_or(|t| t <= now)
+                && j.not_after.is_none_or(|t| t > now)
+        })
+        .collect();
+    jobs.sort_by_key(|j| (j.priority, j.queued_at, j.id));
+    for job in jobs {
+        let wanted = job.request.sharing.mig().expect("filtered above");
+        let bucket_full = job.bucket.as_ref().is_some_and(|b| {
+            in_bucket
+                .get(&(&job.owner, &b.name))
+                .is_some_and(|&n| n >= b.max)
+        });
+        if bucket_full {
+            continue;
+        }
+        let best = slots
+            .iter()
+            .filter(|slot| !slot.used && !taken.contains(&slot.uuid))
+            .filter(|slot| job.pinned_node.as_ref().is_none_or(|pin| pin == &slot.node))
+            .filter(|slot| meets(slot, &job.request, wanted) && usable(site, slot))
+            .min_by_key(|slot| {
+                (
+                    slot.profile.slices,
+                    slot.profile.memory_gb,
+                    slot.profile.media,
+                    &slot.node,
+                    &slot.uuid,
+                )
+            });
+        if let Some(slot) = best {
+            taken.insert(&slot.uuid);
+            if let Some(bucket) = &job.bucket {
+                *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
+            }
+            out.push(MigJobAction::Start {
+                job: job.id,
+                node: slot.node.clone(),
+                device: slot.uuid.clone(),
+                parent: slot.parent.clone(),
+            });
+        }
+    }
+    out
+}
