@@ -102,13 +102,7 @@ pub fn prioritise(
     pending: &[SessionRecord],
     jobs: &[JobRecord],
 ) {
-    let group_of = |dn: &Dn| {
-        accounts
-            .iter()
-            .find(|a| &a.user == dn)
-            .map_or_else(GroupName::default_group, |a| a.group.clone())
-    };
-    let of = |dn: &Dn| -> Priority { priority(standings, &group_of(dn), dn) };
+    let of = |dn: &Dn| owner_priority(accounts, standings, dn);
     for queued in &mut state.pending {
         if let Some(session) = pending.iter().find(|s| s.id == queued.id) {
             queued.priority = of(&session.owner);
@@ -119,6 +113,39 @@ pub fn prioritise(
             queued.priority = of(&job.owner);
         }
     }
+}
+
+/// The priority of `owner`'s waiting work: their group's standing, then their own usage.
+fn owner_priority(accounts: &[Account], standings: &[GroupStanding], owner: &Dn) -> Priority {
+    let group = accounts
+        .iter()
+        .find(|a| &a.user == owner)
+        .map_or_else(GroupName::default_group, |a| a.group.clone());
+    priority(standings, &group, owner)
+}
+
+/// Waiting work in the order the scheduler serves it (`ongrid_scheduler::plan`): by its
+/// owner's fair-share priority when `[fairshare]` is on (`config`), then by the time it was
+/// queued. `waiting` is each request's (owner, queued at, id), in any order; the queue
+/// positions `devctl session show` and `devctl job show` print come from this.
+pub fn serve_order<Id: Ord + Copy>(
+    waiting: &[(Dn, DateTime<Utc>, Id)],
+    accounts: &[Account],
+    config: Option<&FairShareConfig>,
+) -> Vec<Id> {
+    let standings = config.map(|config| standings(accounts, config));
+    let mut keyed: Vec<_> = waiting
+        .iter()
+        .map(|(owner, queued_at, id)| {
+            let priority = standings
+                .as_deref()
+                .map(|standings| owner_priority(accounts, standings, owner))
+                .unwrap_or_default();
+            (priority, *queued_at, *id)
+        })
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, _, id)| id).collect()
 }
 
 /// The standings as of the stored accounts, decayed to `now` (for `devctl share`).
@@ -136,4 +163,47 @@ pub fn current(
         })
         .collect();
     standings(&decayed, config)
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn dn(cn: &str) -> Dn {
+        Dn::parse(&format!("/DC=org/DC=example/CN={cn}")).unwrap()
+    }
+
+    #[test]
+    fn waiting_work_is_served_by_fair_share_then_by_time_queued() {
+        let at = |minute| Utc.with_ymd_and_hms(2026, 11, 26, 8, minute, 0).unwrap();
+        let (heavy, light) = (dn("Heavy User"), dn("Light User"));
+        let group = GroupName::default_group();
+        let accounts = [
+            Account {
+                user: heavy.clone(),
+                group: group.clone(),
+                usage: 40.0,
+                updated_at: at(0),
+            },
+            Account {
+                user: light.clone(),
+                group,
+                usage: 2.0,
+                updated_at: at(0),
+            },
+        ];
+        // The heavy user's two requests came first, the light user's last.
+        let waiting = [
+            (heavy.clone(), at(1), 1u32),
+            (heavy, at(2), 2),
+            (light, at(3), 3),
+        ];
+
+        let config = FairShareConfig::default();
+        assert_eq!(serve_order(&waiting, &accounts, Some(&config)), [3, 1, 2]);
+        // Without [fairshare], first come, first served.
+        assert_eq!(serve_order(&waiting, &accounts, None), [1, 2, 3]);
+    }
 }

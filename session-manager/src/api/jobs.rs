@@ -13,6 +13,7 @@
 //! own jobs (others' answer the same 404 as missing ones); admins see all. Every transition is
 //! decided by [`crate::domain::jobs`]; the scheduling loop starts, halts and cancels jobs.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -181,12 +182,33 @@ pub async fn list_jobs(
     };
     let records = state.store.jobs(filter).await?;
     let active = state.store.jobs(JobFilter::Active).await?;
+    let positions = queue_positions(&state, &active).await?;
     let now = state.clock.now();
     let views = records
         .into_iter()
-        .map(|job| job_view(job, &active, now))
+        .map(|job| job_view(job, &active, &positions, now))
         .collect();
     Ok(Json(views))
+}
+
+/// 1-based queue positions of the QUEUED jobs among `active`, in the order the scheduler
+/// serves them (fair-share priority, then time queued).
+async fn queue_positions(
+    state: &AppState,
+    active: &[JobRecord],
+) -> Result<HashMap<JobId, u32>, ApiError> {
+    let waiting: Vec<_> = active
+        .iter()
+        .filter(|j| j.state() == JobState::Queued)
+        .map(|j| (j.owner.clone(), j.queued_at(), j.id))
+        .collect();
+    let accounts = match &state.config.fair_share {
+        Some(_) => state.store.usage_accounts().await?,
+        None => Vec::new(),
+    };
+    let order =
+        crate::fair_share::serve_order(&waiting, &accounts, state.config.fair_share.as_ref());
+    Ok(order.into_iter().zip(1u32..).collect())
 }
 
 pub async fn show_job(
@@ -386,7 +408,8 @@ async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
                 .limit_wait(crate::limit_check::Waiting::Job(job.id))
         })
         .flatten();
-    let mut view = job_view(job, &active, state.clock.now());
+    let positions = queue_positions(state, &active).await?;
+    let mut view = job_view(job, &active, &positions, state.clock.now());
     if let (Some(limit), Some(waiting)) = (held_back, view.waiting.as_mut()) {
         // A QUEUED job over a `[limits]` maximum says which one holds it.
         *waiting = format!("waits for a limit: {limit}");
@@ -397,13 +420,15 @@ async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
     Ok(view)
 }
 
-/// A job as the API shows it, with its place among the site's QUEUED jobs and why it waits
-/// (from `active`: the site's jobs QUEUED or holding GPUs).
-fn job_view(job: JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> JobView {
-    let position = active
-        .iter()
-        .filter(|j| j.state() == JobState::Queued)
-        .position(|j| j.id == job.id);
+/// A job as the API shows it, with its place among the site's QUEUED jobs (`positions`) and
+/// why it waits (from `active`: the site's jobs QUEUED or holding GPUs).
+fn job_view(
+    job: JobRecord,
+    active: &[JobRecord],
+    positions: &HashMap<JobId, u32>,
+    now: DateTime<Utc>,
+) -> JobView {
+    let position = positions.get(&job.id).copied();
     let waiting = jobs::waiting_reason(&job, active, now);
     JobView {
         id: job.id,
@@ -422,7 +447,7 @@ fn job_view(job: JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> JobView
         queued_at: job.queued_at(),
         started_at: job.lifecycle.started_at(),
         finished_at: job.finished_at(),
-        queue_position: position.map(|p| u32::try_from(p + 1).unwrap_or(u32::MAX)),
+        queue_position: position,
         waiting,
         transitions: job.lifecycle.history().to_vec(),
         grid: job.grid.as_ref().map(|g| GridJobView {

@@ -47,7 +47,7 @@ use axum::extract::State;
 use axum::http::{Method, Uri};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
-use ongrid_core::SessionId;
+use ongrid_core::{SessionId, SessionState};
 use tokio::sync::Notify;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
@@ -60,7 +60,7 @@ use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::site::SiteSnapshot;
-use crate::store::Store;
+use crate::store::{SessionFilter, Store};
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -110,7 +110,7 @@ impl AppState {
         let placed = async {
             loop {
                 match self.store.session(session).await {
-                    Ok(Some(record)) if record.state == ongrid_core::SessionState::Pending => {}
+                    Ok(Some(record)) if record.state == SessionState::Pending => {}
                     _ => return,
                 }
                 if !changes.changed(None).await {
@@ -122,9 +122,23 @@ impl AppState {
         let _ = tokio::time::timeout(PLACEMENT_WAIT, placed).await;
     }
 
-    /// 1-based queue positions of the PENDING sessions.
+    /// 1-based queue positions of the PENDING sessions, in the order the scheduler serves them
+    /// (fair-share priority, then time queued).
     pub async fn queue_positions(&self) -> Result<HashMap<SessionId, u32>, ApiError> {
-        let order = self.store.pending_order().await?;
+        let Some(fair_share) = &self.config.fair_share else {
+            let order = self.store.pending_order().await?;
+            return Ok(order.into_iter().zip(1u32..).collect());
+        };
+        let pending = self
+            .store
+            .sessions(SessionFilter::States(vec![SessionState::Pending]))
+            .await?;
+        let waiting: Vec<_> = pending
+            .iter()
+            .map(|s| (s.owner.clone(), s.queued_at, s.id))
+            .collect();
+        let accounts = self.store.usage_accounts().await?;
+        let order = crate::fair_share::serve_order(&waiting, &accounts, Some(fair_share));
         Ok(order.into_iter().zip(1u32..).collect())
     }
 }
