@@ -227,6 +227,11 @@ pub struct CreateSession {
     /// default when absent.
     #[serde(default)]
     pub max_duration_secs: Option<u64>,
+    /// The reservation of the caller's group whose GPUs it runs on, within its window
+    /// (`devctl session new --reservation NAME`). Older clients sent it as `?reservation=NAME`,
+    /// which the manager still takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1399,6 +1399,11 @@ pub fn continues_chain(state: JobState, reason: &JobReason, restartable: bool) -
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitJob {
     pub spec: JobSpec,
+    /// The reservation of the caller's group whose GPUs it runs on, within its window
+    /// (`devctl job submit --reservation NAME`). Older clients sent it as `?reservation=NAME`,
+    /// which the manager still takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 /// A job as users see it (`devctl job show`, `job ls`).

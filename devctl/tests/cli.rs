@@ -1052,6 +1052,8 @@ async fn session_commands_send_their_routes_and_bodies() {
                 "2h",
                 "--max-duration",
                 "3d",
+                "--reservation",
+                "cms-school",
             ],
             answers: vec![Answer::with_status(
                 "201 Created",
@@ -1068,6 +1070,7 @@ async fn session_commands_send_their_routes_and_bodies() {
                 image: Some("ongrid/dev:latest".into()),
                 idle_timeout_secs: Some(7200),
                 max_duration_secs: Some(3 * 86_400),
+                reservation: Some("cms-school".into()),
             })],
             stdout: "name:       train1\nowner:      /DC=org/O=Example/CN=Alice Smith (alice-smith)\nstate:      STARTING\n",
         },
@@ -1084,6 +1087,7 @@ async fn session_commands_send_their_routes_and_bodies() {
                     image: None,
                     idle_timeout_secs: None,
                     max_duration_secs: None,
+                    reservation: None,
                 }),
                 // The wait is the manager's: one long-poll for the states that end it.
                 Sent::new(
@@ -1628,6 +1632,8 @@ async fn job_commands_send_their_routes_and_bodies() {
                 "--env",
                 "EPOCHS=3",
                 "--home",
+                "--reservation",
+                "cms-school",
                 "--",
                 "python",
                 "train.py",
@@ -1635,7 +1641,10 @@ async fn job_commands_send_their_routes_and_bodies() {
                 "3",
             ],
             answers: vec![Answer::with_status("201 Created", &queued)],
-            sent: vec![Sent::new("POST", "/v1/jobs").json(&SubmitJob { spec: job_spec() })],
+            sent: vec![Sent::new("POST", "/v1/jobs").json(&SubmitJob {
+                spec: job_spec(),
+                reservation: Some("cms-school".into()),
+            })],
             stdout: "job 5d2c1f3e-8a4b-4c6d-9e0f-1a2b3c4d5e6f submitted (QUEUED)",
         },
         Case {
@@ -1752,7 +1761,10 @@ async fn a_job_on_a_mig_device_is_submitted_with_mig_and_shows_its_slice() {
                 "train.py",
             ],
             answers: vec![Answer::with_status("201 Created", &running)],
-            sent: vec![Sent::new("POST", "/v1/jobs").json(&SubmitJob { spec })],
+            sent: vec![Sent::new("POST", "/v1/jobs").json(&SubmitJob {
+                spec,
+                reservation: None,
+            })],
             stdout: "request:       1 MIG device, 1g.10gb or larger
 \
                      node:          node1 (MIG-c7384736-a75d-5afc-978f-d2f1294409fd)

@@ -14,7 +14,14 @@
 //!   in MIG mode, that nobody uses, whose profile covers the request's (as many compute slices
 //!   and as much memory or more, media extensions when asked) and that meets its capability and
 //!   memory minimums. One session per device.
-//! - **Who first.** `(priority, queued_at, id)`, as for whole GPUs.
+//! - **Who first.** Owner groups' sessions on the free devices of GPUs their group owns, then
+//!   every session in `(priority, queued_at, id)` order, as for whole GPUs.
+//! - **Owners and reservations.** A MIG device is bound by its parent GPU's owner and
+//!   reservations ([`crate::Policy`]), with the rules of whole GPUs: others' sessions are not
+//!   placed on devices of an owned GPU unless [`crate::Policy::sessions_on_owned_gpus`] (and
+//!   then after devices nobody else owns), a reserved GPU's devices take only the group's
+//!   sessions in the window and others' only when their maximum lifetime ends by its start, and
+//!   a session naming a reservation goes only to its GPUs' devices while it is open.
 //! - **Which device: least sufficient first** (fewest compute slices, then least memory, then
 //!   without media extensions), so a 1g request never takes a 3g device while a 1g one is free;
 //!   then the session's preferred node, then node name and UUID. A pinned session goes only to
@@ -22,12 +29,14 @@
 
 use std::collections::HashSet;
 
+use chrono::{DateTime, Utc};
 use ongrid_core::{
     ComputeCapability, GpuMode, GpuRequest, GpuUuid, MemorySize, MigProfile, MigUuid, NodeName,
     SessionId,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{Policy, Tag, Who};
 use crate::site::{NodeState, PendingSession, SiteState};
 
 /// One MIG device as the node's agent reported it, and whether a session holds it.
@@ -81,48 +90,67 @@ pub(crate) fn meets(slot: &MigSlot, request: &GpuRequest, wanted: MigProfile) ->
         && request.min_memory.is_none_or(|min| slot.memory >= min)
 }
 
-/// Places the pending sessions that ask for a MIG device on free devices (see the module's
-/// rules). `slots` are all MIG devices of the site. Deterministic: the result does not depend
-/// on the order of `site`'s or `slots`' vectors.
-pub fn plan_mig(site: &SiteState, slots: &[MigSlot]) -> Vec<MigPlacement> {
+/// Places the pending sessions that ask for a MIG device on free devices at `now` (see the
+/// module's rules). `slots` are all MIG devices of the site. Deterministic: the result does not
+/// depend on the order of `site`'s or `slots`' vectors.
+pub fn plan_mig(site: &SiteState, slots: &[MigSlot], now: DateTime<Utc>) -> Vec<MigPlacement> {
+    let policy = &site.policy;
     let mut queue: Vec<&PendingSession> = site
         .pending
         .iter()
         .filter(|s| s.request.sharing.mig().is_some() && s.request.validate().is_ok())
         .collect();
     queue.sort_by_key(|s| (s.priority, s.queued_at, s.id));
+    let tags: Vec<Tag> = slots.iter().map(|s| policy.tag(&s.parent, now)).collect();
     let mut taken: HashSet<&MigUuid> = HashSet::new();
+    let mut placed: HashSet<SessionId> = HashSet::new();
     let mut placements = Vec::new();
-    for session in queue {
-        let wanted = session.request.sharing.mig().expect("filtered above");
-        let best = slots
-            .iter()
-            .filter(|slot| !slot.used && !taken.contains(&slot.uuid))
-            .filter(|slot| {
-                session
-                    .pinned_node
-                    .as_ref()
-                    .is_none_or(|pin| pin == &slot.node)
-            })
-            .filter(|slot| meets(slot, &session.request, wanted) && usable(site, slot))
-            .min_by_key(|slot| {
-                (
-                    slot.profile.slices,
-                    slot.profile.memory_gb,
-                    slot.profile.media,
-                    session.preferred_node.as_ref() != Some(&slot.node),
-                    &slot.node,
-                    &slot.uuid,
-                )
-            });
-        if let Some(slot) = best {
-            taken.insert(&slot.uuid);
-            placements.push(MigPlacement {
-                session: session.id,
-                node: slot.node.clone(),
-                device: slot.uuid.clone(),
-                parent: slot.parent.clone(),
-            });
+    // Owner groups first, on the devices of GPUs their group owns; then everyone anywhere the
+    // policy lets them go.
+    for owners_pass in [true, false] {
+        for session in &queue {
+            if placed.contains(&session.id) {
+                continue;
+            }
+            let who = Who::session(policy, &session.id);
+            let wanted = session.request.sharing.mig().expect("filtered above");
+            let best = slots
+                .iter()
+                .zip(&tags)
+                .filter(|(slot, _)| !slot.used && !taken.contains(&slot.uuid))
+                .filter(|(_, tag)| !owners_pass || Policy::owned_by(tag, &who))
+                .filter(|(slot, _)| {
+                    session
+                        .pinned_node
+                        .as_ref()
+                        .is_none_or(|pin| pin == &slot.node)
+                })
+                .filter(|(slot, tag)| {
+                    meets(slot, &session.request, wanted)
+                        && usable(site, slot)
+                        && policy.allows(tag, &who, now)
+                })
+                .min_by_key(|(slot, tag)| {
+                    (
+                        !Policy::owned_by(tag, &who) && tag.owner.is_some(),
+                        slot.profile.slices,
+                        slot.profile.memory_gb,
+                        slot.profile.media,
+                        session.preferred_node.as_ref() != Some(&slot.node),
+                        &slot.node,
+                        &slot.uuid,
+                    )
+                });
+            if let Some((slot, _)) = best {
+                taken.insert(&slot.uuid);
+                placed.insert(session.id);
+                placements.push(MigPlacement {
+                    session: session.id,
+                    node: slot.node.clone(),
+                    device: slot.uuid.clone(),
+                    parent: slot.parent.clone(),
+                });
+            }
         }
     }
     placements

@@ -5,6 +5,10 @@
 //! jobs (`plan_mig_jobs`): never two users, session or job, on one device; a whole-GPU job never
 //! on a GPU in MIG mode; a session halts a job only when no free device meets it, at most one,
 //! past its min duration, and only when no halting job already frees one for it.
+//! Under owners and reservations, no session lands on a device of a GPU reserved for another
+//! group in an open window (nor, before it, when its lifetime would reach the window), others'
+//! sessions stay off owned GPUs' devices unless the site allows them, and an owner's session
+//! never waits while a device of its group's GPUs that fits is left free.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,8 +21,8 @@ use ongrid_core::{
     MigProfile, MigUuid, NodeName, SessionId, Sharing, UserName,
 };
 use ongrid_scheduler::{
-    check_mig_satisfiable, plan, plan_mig, plan_mig_jobs, Action, GpuSlot, MigJobAction, MigSlot,
-    NodeState, PendingSession, QueuedJob, RunningJob, SiteState,
+    check_mig_satisfiable, plan, plan_mig, plan_mig_jobs, Access, Action, GpuSlot, MigJobAction,
+    MigSlot, NodeState, PendingSession, Policy, QueuedJob, Reservation, RunningJob, SiteState,
 };
 use proptest::prelude::*;
 
@@ -283,7 +287,7 @@ proptest! {
         site.queued_jobs = queued_jobs(&jobs, nodes.len());
         let now = t0();
         let actions = plan(&site, now);
-        let placed = plan_mig(&site, &slots);
+        let placed = plan_mig(&site, &slots, t0());
         let mig_jobs = plan_mig_jobs(&site, &slots, now, &actions, &placed);
 
         // Every device given at most once, never one in use, always usable and sufficient.
@@ -370,7 +374,7 @@ proptest! {
     #[test]
     fn mig_devices_are_never_shared_and_always_fit((nodes, sessions) in site_strategy()) {
         let (site, slots) = build(&nodes, &sessions);
-        let placements = plan_mig(&site, &slots);
+        let placements = plan_mig(&site, &slots, t0());
         let mut seen = HashSet::new();
         let mut placed = HashSet::new();
         for p in &placements {
@@ -421,7 +425,78 @@ proptest! {
         reversed.nodes.reverse();
         let mut rev_slots = slots.clone();
         rev_slots.reverse();
-        prop_assert_eq!(plan_mig(&reversed, &rev_slots), placements);
+        prop_assert_eq!(plan_mig(&reversed, &rev_slots, t0()), placements);
+    }
+
+    #[test]
+    fn mig_devices_follow_their_gpus_owners_and_reservations(
+        (nodes, sessions) in site_strategy(),
+        rules in policy_strategy(),
+    ) {
+        let (mut site, slots) = build(&nodes, &sessions);
+        let now = t0();
+        site.policy = policy(&site, &rules);
+        let policy = &site.policy;
+        let placements = plan_mig(&site, &slots, now);
+        let mut given = HashSet::new();
+        for p in &placements {
+            prop_assert!(given.insert(p.device.clone()), "device {} given twice", p.device);
+            let access = policy.sessions.get(&p.session).cloned().unwrap_or_default();
+            let group = access.group.as_deref();
+            for r in policy.reservations.iter().filter(|r| r.gpus.contains(&p.parent)) {
+                if r.group.as_str() == group.unwrap_or_default() {
+                    continue;
+                }
+                prop_assert!(!r.active(now), "a device of {} went to {:?} in {}'s window", p.parent, group, r.name);
+                if now < r.from {
+                    let end = access.max_duration.map(|d| now + chrono::Duration::from_std(d.as_duration()).unwrap());
+                    prop_assert!(end.is_some_and(|end| end <= r.from), "{:?}'s session would reach {}'s window", group, r.name);
+                }
+            }
+            if let Some(name) = &access.reservation {
+                let r = policy.reservations.iter().find(|r| &r.name == name).unwrap();
+                prop_assert!(r.active(now) && r.gpus.contains(&p.parent), "a session naming {} went elsewhere", name);
+            }
+            if let Some(owner) = policy.owners.get(&p.parent) {
+                let reserved_for_them = policy.reservations.iter().any(|r| {
+                    r.active(now) && r.gpus.contains(&p.parent) && Some(r.group.as_str()) == group
+                });
+                prop_assert!(
+                    Some(owner.as_str()) == group || policy.sessions_on_owned_gpus || reserved_for_them,
+                    "{:?}'s session got a device of {}'s GPU", group, owner
+                );
+            }
+        }
+        // An owner's session waits only when no free device of its group's GPUs fits it.
+        let placed: HashSet<SessionId> = placements.iter().map(|p| p.session).collect();
+        for session in site.pending.iter().filter(|s| !placed.contains(&s.id)) {
+            let Some(wanted) = session.request.sharing.mig() else { continue };
+            let access = policy.sessions.get(&session.id).cloned().unwrap_or_default();
+            if access.reservation.is_some() {
+                continue;
+            }
+            let free_own = slots.iter().find(|s| {
+                !s.used
+                    && !given.contains(&s.uuid)
+                    && usable(&site, s)
+                    && s.profile.covers(wanted)
+                    && session.pinned_node.as_ref().is_none_or(|pin| pin == &s.node)
+                    && policy.owners.get(&s.parent).map(String::as_str) == access.group.as_deref()
+                    && policy.reservations.iter().all(|r| {
+                        !r.gpus.contains(&s.parent)
+                            || r.to <= now
+                            || Some(r.group.as_str()) == access.group.as_deref()
+                    })
+            });
+            prop_assert!(free_own.is_none(), "an owner's session waits while {:?} is free", free_own.map(|s| &s.uuid));
+        }
+        // The same plan for any input order.
+        let mut reversed = site.clone();
+        reversed.pending.reverse();
+        reversed.nodes.reverse();
+        let mut rev_slots = slots.clone();
+        rev_slots.reverse();
+        prop_assert_eq!(plan_mig(&reversed, &rev_slots, now), placements);
     }
 
     #[test]
@@ -444,6 +519,176 @@ proptest! {
             }
         }
     }
+}
+
+const GROUPS: [&str; 3] = ["atlas", "cms", "lhcb"];
+
+/// Owners, reservations and who asks, as indices into the site's GPUs and sessions.
+#[derive(Debug, Clone)]
+struct Rules {
+    /// Per GPU (by index, wrapping): an owner group, if any.
+    owners: Vec<Option<usize>>,
+    sessions_on_owned_gpus: bool,
+    /// (group, GPUs by index, from and to in minutes from now)
+    reservations: Vec<(usize, Vec<usize>, i64, i64)>,
+    /// Per session (wrapping): group, the reservation it names, max lifetime in minutes.
+    sessions: Vec<(usize, Option<usize>, Option<i64>)>,
+}
+
+fn policy_strategy() -> impl Strategy<Value = Rules> {
+    (
+        prop::collection::vec(prop::option::weighted(0.4, 0..GROUPS.len()), 1..8),
+        prop::bool::weighted(0.3),
+        prop::collection::vec(
+            (
+                0..GROUPS.len(),
+                prop::collection::vec(0..12usize, 1..4),
+                -120i64..120,
+                1i64..240,
+            ),
+            0..4,
+        ),
+        prop::collection::vec(
+            (
+                0..GROUPS.len(),
+                prop::option::weighted(0.2, 0..4usize),
+                prop::option::weighted(0.8, 1i64..300),
+            ),
+            1..12,
+        ),
+    )
+        .prop_map(
+            |(owners, sessions_on_owned_gpus, reservations, sessions)| Rules {
+                owners,
+                sessions_on_owned_gpus,
+                reservations: reservations
+                    .into_iter()
+                    .map(|(g, gpus, from, length)| (g, gpus, from, from + length))
+                    .collect(),
+                sessions,
+            },
+        )
+}
+
+fn policy(site: &SiteState, rules: &Rules) -> Policy {
+    let gpus: Vec<&GpuUuid> = site
+        .nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .map(|g| &g.uuid)
+        .collect();
+    let minutes = |m: i64| t0() + chrono::Duration::minutes(m);
+    let reservations: Vec<Reservation> = rules
+        .reservations
+        .iter()
+        .enumerate()
+        .map(|(i, (group, on, from, to))| Reservation {
+            name: format!("r{i}"),
+            group: GROUPS[*group].to_owned(),
+            gpus: on.iter().map(|&n| gpus[n % gpus.len()].clone()).collect(),
+            from: minutes(*from),
+            to: minutes(*to),
+        })
+        .collect();
+    Policy {
+        owners: gpus
+            .iter()
+            .enumerate()
+            .filter_map(|(i, uuid)| {
+                rules.owners[i % rules.owners.len()]
+                    .map(|g| ((*uuid).clone(), GROUPS[g].to_owned()))
+            })
+            .collect(),
+        sessions_on_owned_gpus: rules.sessions_on_owned_gpus,
+        sessions: site
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let (group, named, max) = rules.sessions[i % rules.sessions.len()];
+                let access = Access {
+                    group: Some(GROUPS[group].to_owned()),
+                    reservation: named
+                        .and_then(|r| reservations.get(r))
+                        .map(|r| r.name.clone()),
+                    max_duration: max.map(|m| HumanDuration::from_secs(m as u64 * 60)),
+                };
+                (s.id, access)
+            })
+            .collect(),
+        reservations,
+        jobs: Default::default(),
+    }
+}
+
+#[test]
+fn owners_sessions_go_first_on_their_devices_and_others_wait_for_a_reservation() {
+    let nodes = vec![Node {
+        online: true,
+        drained: false,
+        gpus: vec![
+            Gpu {
+                mig: true,
+                healthy: true,
+                drained: false,
+                devices: vec![(0, false)],
+            },
+            Gpu {
+                mig: true,
+                healthy: true,
+                drained: false,
+                devices: vec![(0, false)],
+            },
+        ],
+    }];
+    let one_g = (0, Sharing::Mig(PROFILES[0].parse().unwrap()), None);
+    // Two sessions: atlas's first in the queue, then cms's.
+    let (mut site, slots) = build(&nodes, &[one_g, one_g]);
+    let access = |group: &str| Access {
+        group: Some(group.to_owned()),
+        reservation: None,
+        max_duration: Some(HumanDuration::from_secs(3600)),
+    };
+    let (atlas, cms) = (site.pending[0].id, site.pending[1].id);
+    site.policy.sessions = [(atlas, access("atlas")), (cms, access("cms"))].into();
+    // GPU 1 is cms's: cms's session takes its device, atlas's the other one.
+    site.policy.owners = [(gpu_uuid(1), "cms".to_owned())].into();
+    let placed = plan_mig(&site, &slots, t0());
+    let got = |id| {
+        placed
+            .iter()
+            .find(|p| p.session == id)
+            .map(|p| p.parent.clone())
+    };
+    assert_eq!(got(cms), Some(gpu_uuid(1)));
+    assert_eq!(got(atlas), Some(gpu_uuid(2)));
+    // GPU 2 reserved for cms from now: atlas's session gets nothing (GPU 1 is owned).
+    site.policy.reservations = vec![Reservation {
+        name: "school".to_owned(),
+        group: "cms".to_owned(),
+        gpus: vec![gpu_uuid(2)],
+        from: t0(),
+        to: t0() + chrono::Duration::hours(2),
+    }];
+    let placed = plan_mig(&site, &slots, t0());
+    assert_eq!(got_in(&placed, atlas), None);
+    assert_eq!(got_in(&placed, cms), Some(gpu_uuid(1)));
+    // An hour before the window, atlas's one-hour session ends in time and may take it.
+    let early = t0() - chrono::Duration::hours(1);
+    assert_eq!(
+        got_in(&plan_mig(&site, &slots, early), atlas),
+        Some(gpu_uuid(2))
+    );
+    // ... a minute later it would reach into the window.
+    let late = early + chrono::Duration::minutes(1);
+    assert_eq!(got_in(&plan_mig(&site, &slots, late), atlas), None);
+}
+
+fn got_in(placed: &[ongrid_scheduler::MigPlacement], id: SessionId) -> Option<GpuUuid> {
+    placed
+        .iter()
+        .find(|p| p.session == id)
+        .map(|p| p.parent.clone())
 }
 
 #[test]
@@ -480,12 +725,12 @@ fn a_request_no_device_can_meet_is_refused_naming_what_the_site_has() {
         pending: vec![pending(1, ask("2g.20gb"), None)],
         ..site
     };
-    assert!(plan_mig(&site, &slots).is_empty());
+    assert!(plan_mig(&site, &slots, t0()).is_empty());
     let one_g = SiteState {
         pending: vec![pending(2, ask("1g.10gb"), None)],
         ..site
     };
-    let placed = plan_mig(&one_g, &slots);
+    let placed = plan_mig(&one_g, &slots, t0());
     assert_eq!(placed.len(), 1);
     assert_eq!(placed[0].device, mig_uuid(1));
     assert_eq!(
@@ -524,7 +769,7 @@ fn a_session_waits_for_a_halting_job_before_halting_another_and_never_one_within
     site.pending = vec![pending(1, ask, None)];
     let now = t0();
     let actions = plan(&site, now);
-    assert!(plan_mig(&site, &slots).is_empty());
+    assert!(plan_mig(&site, &slots, t0()).is_empty());
     // One session: it waits for the halting job, nothing more is halted.
     assert!(plan_mig_jobs(&site, &slots, now, &actions, &[]).is_empty());
     // A second session: the halting job is the first's, so the running one is halted for it.

@@ -1,27 +1,28 @@
 //! Owned GPUs and reservations in the scheduling loop and in what people are shown: loads what
 //! admins set ([`crate::store::gpu_policy`]), turns it into the planner's
 //! [`ongrid_scheduler::Policy`] (each waiting request's accounting group, reservation and max
-//! duration), and words why a waiting request is kept off owned or reserved GPUs
-//! ([`crate::domain::policy::reservations::waiting_note`]).
+//! duration), words why a waiting request is kept off owned or reserved GPUs
+//! ([`crate::domain::policy::reservations::waiting_note`]), and says when a running session of
+//! another group is held for a reservation on its GPUs ([`GpuPolicy::session_hold`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::{Dn, GpuRequest, GpuUuid, HumanDuration, SessionId};
+use ongrid_core::{Dn, GpuId, GpuRequest, GpuUuid, HumanDuration, SessionId};
 use ongrid_scheduler::{Access, Reservation};
 
 use crate::domain::jobs::JobRecord;
 use crate::domain::policy::fairshare::Account;
 use crate::domain::policy::reservations::{
-    waiting_note, FittingGpu, ReservationName, ReservationRecord, Waiter,
+    reservation_hold, waiting_note, FittingGpu, ReservationName, ReservationRecord, Waiter,
 };
 use crate::domain::policy::GroupName;
 use crate::domain::sessions::holds::{LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::SessionRecord;
 use crate::site::SiteSnapshot;
 use crate::store::gpu_policy::{Owners, RequestReservations};
-use crate::store::{Store, StoreResult};
+use crate::store::{NodeRecord, Store, StoreResult};
 
 /// What the scheduler needs beyond the store: the site's settings.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +47,23 @@ pub fn group_of(accounts: &[Account], dn: &Dn) -> GroupName {
         .iter()
         .find(|a| &a.user == dn)
         .map_or_else(GroupName::default_group, |a| a.group.clone())
+}
+
+/// The GPUs `session` holds, a MIG device by its parent GPU (as `site`'s nodes report them).
+pub fn session_gpus(site: &SiteSnapshot, session: &SessionRecord) -> Vec<GpuUuid> {
+    session
+        .gpus
+        .iter()
+        .filter_map(|gpu| match gpu {
+            GpuId::Gpu(uuid) => Some(uuid.clone()),
+            GpuId::Mig(device) => site
+                .nodes
+                .iter()
+                .flat_map(|node| &node.gpus)
+                .find(|g| g.info.mig_devices.iter().any(|d| d.uuid == *device))
+                .map(|g| g.info.uuid.clone()),
+        })
+        .collect()
 }
 
 fn human(duration: Duration) -> HumanDuration {
@@ -95,12 +113,16 @@ impl GpuPolicy {
         &self,
         site: &SiteSnapshot,
     ) -> Vec<(ReservationRecord, Vec<GpuUuid>)> {
+        self.reservations_on(&site.nodes)
+    }
+
+    /// Each reservation with the GPUs it holds among `nodes` (a node's GPUs as registered).
+    pub fn reservations_on(&self, nodes: &[NodeRecord]) -> Vec<(ReservationRecord, Vec<GpuUuid>)> {
         self.reservations
             .iter()
             .map(|r| {
                 let gpus = match &r.node {
-                    Some(name) => site
-                        .nodes
+                    Some(name) => nodes
                         .iter()
                         .filter(|node| node.name == *name)
                         .flat_map(|node| node.gpus.iter().map(|g| g.info.uuid.clone()))
@@ -138,6 +160,31 @@ impl GpuPolicy {
         now: DateTime<Utc>,
     ) -> Option<&ReservationRecord> {
         self.named(self.requests.chains.get(&job.chain.initial_job), now)
+    }
+
+    /// When `session`, of `group`, running on GPUs that a reservation of another group holds,
+    /// is held for it ([`reservation_hold`]: the window's start, not sooner than `notice` after
+    /// the reservation was added), and that reservation; `None` when none holds its GPUs.
+    pub fn session_hold(
+        &self,
+        site: &SiteSnapshot,
+        session: &SessionRecord,
+        group: &GroupName,
+        notice: Duration,
+        now: DateTime<Utc>,
+    ) -> Option<(DateTime<Utc>, ReservationRecord)> {
+        if self.reservations.iter().all(|r| r.to <= now) {
+            return None;
+        }
+        let reservations = self.reservations_with_gpus(site);
+        reservation_hold(
+            group,
+            &session_gpus(site, session),
+            &reservations,
+            notice,
+            now,
+        )
+        .map(|hold| (hold.at, hold.reservation.clone()))
     }
 
     /// The planner's policy for `site`'s pending sessions and active jobs.
@@ -204,7 +251,8 @@ impl GpuPolicy {
         }
     }
 
-    /// Why a waiting request of `group` is kept off owned or reserved GPUs that would fit it.
+    /// Why a waiting request of `group` is kept off owned or reserved GPUs that would fit it (a
+    /// MIG request: GPUs with a MIG device that would).
     pub fn note(
         &self,
         site: &SiteSnapshot,
@@ -218,7 +266,18 @@ impl GpuPolicy {
             .nodes
             .iter()
             .flat_map(|node| &node.gpus)
-            .filter(|gpu| request.fits(gpu.info.capability, gpu.info.memory, gpu.mode))
+            .filter(|gpu| match request.sharing.mig() {
+                // A MIG request fits a GPU in MIG mode with a device of its profile or larger.
+                Some(wanted) => {
+                    gpu.mode.mig_layout().is_some()
+                        && gpu
+                            .info
+                            .mig_devices
+                            .iter()
+                            .any(|device| device.profile.covers(wanted))
+                }
+                None => request.fits(gpu.info.capability, gpu.info.memory, gpu.mode),
+            })
             .map(|gpu| FittingGpu {
                 uuid: &gpu.info.uuid,
                 owner: owners.get(&gpu.info.uuid),

@@ -297,6 +297,7 @@ impl Manager {
             tracker.spawn(async move { loops.run(shutdown).await });
         }
         let exporter = metrics::ManagerExporter::new(store.clone())
+            .with_clock(self.clock.clone())
             .with_fair_share(config.fair_share.clone(), self.clock.clone());
         tracker.spawn(ongrid_service::metrics::serve_if_bound(
             metrics_listener,

@@ -1,7 +1,8 @@
 //! The manager's metrics, served by `ongrid_service::metrics` on `[metrics] listen`.
 //!
 //! Two kinds: counts read from the store at each scrape ([`ManagerExporter::refresh`]: sessions
-//! and jobs by state, GPUs by model, mode, health and use, nodes) and events counted where they
+//! and jobs by state, GPUs by model, mode, health and use, nodes, the GPUs each reservation that
+//! has not ended holds) and events counted where they
 //! happen ([`events`]: HTTP requests by route template and status, holds by reason, time from a
 //! request to a running container, the scheduler's plan duration and queue). Event handles are
 //! process-wide, like a logger, because the places that count them (routes, loops) are spread
@@ -9,7 +10,8 @@
 //! `/readyz` says whether the store answers.
 //!
 //! Labels are bounded: states, reasons and routes are closed sets, GPU models and modes are the
-//! site's few; no DN, user, session or node name is ever a label.
+//! site's few, reservations are the few admins made that have not ended; no DN, user, session
+//! or node name is ever a label.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
@@ -21,6 +23,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use ongrid_core::holds::HoldReason;
+use ongrid_core::reservation::ReservationStatus;
 use ongrid_core::{GpuHealth, GpuId, JobState, NodeName, SessionId, SessionState};
 use ongrid_scheduler::Action;
 use ongrid_service::metrics::{latency_buckets, wait_buckets, Exporter, ExporterFuture};
@@ -85,6 +88,15 @@ pub struct MigLabels {
 pub struct GroupLabels {
     /// An accounting group of the site's `[policy]` and `[fairshare]`.
     pub group: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReservationLabels {
+    pub reservation: String,
+    /// The accounting group it is for.
+    pub group: String,
+    /// `active` (its window is open) or `upcoming`.
+    pub status: String,
 }
 
 /// The events the manager counts where they happen.
@@ -224,6 +236,9 @@ pub struct ManagerExporter {
     fair_share: Option<(FairShareConfig, Arc<dyn Clock>)>,
     fair_share_usage: Family<GroupLabels, Gauge<f64, AtomicU64>>,
     fair_share_factor: Family<GroupLabels, Gauge<f64, AtomicU64>>,
+    reserved_gpus: Family<ReservationLabels, Gauge>,
+    /// What "now" is for reservations' windows.
+    clock: Arc<dyn Clock>,
 }
 
 impl ManagerExporter {
@@ -235,6 +250,7 @@ impl ManagerExporter {
         let mig_devices = Family::<MigLabels, Gauge>::default();
         let fair_share_usage = Family::<GroupLabels, Gauge<f64, AtomicU64>>::default();
         let fair_share_factor = Family::<GroupLabels, Gauge<f64, AtomicU64>>::default();
+        let reserved_gpus = Family::<ReservationLabels, Gauge>::default();
         let nodes = Gauge::default();
         registry.register("sessions", "Sessions by state", sessions.clone());
         registry.register("jobs", "Batch jobs by state", jobs.clone());
@@ -259,6 +275,12 @@ impl ManagerExporter {
             "fair_share_factor",
             "Each accounting group's fair-share factor: 1 unused, 0.5 at its share, less above",
             fair_share_factor.clone(),
+        );
+        registry.register(
+            "reserved_gpus",
+            "GPUs each reservation that has not ended holds, by reservation, group and status \
+             (active: its window is open; upcoming)",
+            reserved_gpus.clone(),
         );
         let events = events();
         registry.register(
@@ -305,7 +327,15 @@ impl ManagerExporter {
             fair_share: None,
             fair_share_usage,
             fair_share_factor,
+            reserved_gpus,
+            clock: Arc::new(crate::clock::SystemClock),
         }
+    }
+
+    /// Reads reservations' windows with `clock` (default: the system's).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Exports each accounting group's fair-share usage and factor when `config` is set.
@@ -374,6 +404,25 @@ impl ManagerExporter {
                 .set(count);
         }
         self.nodes.set(nodes.len() as i64);
+
+        let policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
+        let now = self.clock.now();
+        // Reservations end and are removed: start over, so their series are gone.
+        self.reserved_gpus.clear();
+        for (reservation, gpus) in policy.reservations_on(&nodes) {
+            let status = match reservation.status(now) {
+                ReservationStatus::Active => "active",
+                ReservationStatus::Upcoming => "upcoming",
+                ReservationStatus::Ended => continue,
+            };
+            self.reserved_gpus
+                .get_or_create(&ReservationLabels {
+                    reservation: reservation.name.to_string(),
+                    group: reservation.group.to_string(),
+                    status: status.to_owned(),
+                })
+                .set(gpus.len() as i64);
+        }
 
         if let Some((config, clock)) = &self.fair_share {
             let accounts = self.store.usage_accounts().await?;
@@ -569,6 +618,72 @@ mod tests {
             text.contains("\nongrid_fair_share_factor{group=\"cms\"} 0.5\n"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn reserved_gpus_per_reservation_active_or_upcoming() {
+        use crate::domain::policy::reservations::{ReservationName, ReservationRecord};
+        use crate::domain::policy::GroupName;
+        use crate::store::NodeRegistration;
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            crate::store::SqliteStore::open(&dir.path().join("m.db"))
+                .await
+                .unwrap(),
+        );
+        let now = chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(20_000);
+        let registration = NodeRegistration {
+            name: NodeName::parse("node1").unwrap(),
+            gpu_backend: "simulated".to_owned(),
+            agent_version: "test".to_owned(),
+            stream_url: None,
+        };
+        let gpus = [
+            gpu(1, GpuMode::Exclusive, Vec::new()).info,
+            gpu(2, GpuMode::Exclusive, Vec::new()).info,
+        ];
+        store.register_node(registration, &gpus, now).await.unwrap();
+        let hours = |h| now + chrono::TimeDelta::hours(h);
+        let reservation =
+            |name: &str, node: Option<&str>, on: Vec<GpuUuid>, from, to| ReservationRecord {
+                name: ReservationName::parse(name).unwrap(),
+                group: GroupName::parse("cms").unwrap(),
+                node: node.map(|n| NodeName::parse(n).unwrap()),
+                gpus: on,
+                from: hours(from),
+                to: hours(to),
+                created_by: ongrid_core::UserName::parse("root").unwrap(),
+                created_at: now,
+            };
+        let policy = store.gpu_policy().unwrap();
+        for r in [
+            reservation("school", None, vec![gpus[0].uuid.clone()], -1, 1),
+            reservation("hackathon", Some("node1"), Vec::new(), 2, 3),
+            reservation("over", None, vec![gpus[1].uuid.clone()], -3, -2),
+        ] {
+            assert!(policy.add_reservation(&r).await.unwrap());
+        }
+        let exporter =
+            ManagerExporter::new(store).with_clock(Arc::new(crate::clock::ManualClock::new(now)));
+        exporter.refresh().await;
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
+            .unwrap();
+        assert!(text.contains("# TYPE ongrid_reserved_gpus gauge"), "{text}");
+        assert!(
+            text.contains(
+                "\nongrid_reserved_gpus{reservation=\"school\",group=\"cms\",status=\"active\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\nongrid_reserved_gpus{reservation=\"hackathon\",group=\"cms\",status=\"upcoming\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("reservation=\"over\""), "{text}");
     }
 
     #[test]

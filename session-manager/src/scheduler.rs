@@ -12,6 +12,10 @@
 //! 3. applies each `Place` action as PENDING → STARTING ("placed on N (GPU-...)") in its own
 //!    transaction, which re-checks the state: a session removed meanwhile is skipped.
 //!
+//! Before planning, running sessions of other groups on GPUs of a reservation whose hold is due
+//! are HELD ([`crate::domain::policy::reservations::reservation_hold`]), so the plan gives the
+//! group their GPUs; others' jobs there are halted by the plan itself.
+//!
 //! Batch jobs go through the same plan ([`crate::site::SiteSnapshot`] gives it the QUEUED jobs
 //! and those holding GPUs). `StartJob`, `HaltJob` and `CancelJob` are applied through
 //! [`crate::domain::jobs`]. A `PlaceAfterHalt` is remembered in memory as the session's
@@ -66,6 +70,8 @@ pub struct TickReport {
     pub health: usize,
     /// Job transitions applied (started, asked to halt, cancelled, lost with their node).
     pub jobs: usize,
+    /// Running sessions of other groups HELD because a reservation started on their GPUs.
+    pub held: usize,
 }
 
 pub struct Scheduler {
@@ -227,6 +233,7 @@ impl Scheduler {
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         report.health += self.check_health(&site, now).await?;
+        report.held += self.hold_for_reservations(&site, now).await?;
         let given_up = |node: &NodeRecord| {
             nodes::work_given_up(node.last_seen, self.started, self.node_timeout, now)
         };
@@ -394,7 +401,7 @@ impl Scheduler {
         // MIG devices, planned from the same state before anything is applied: sessions, then
         // batch jobs and the jobs waiting sessions halt.
         let mig_slots = site.mig_slots();
-        let mig_placements = ongrid_scheduler::plan_mig(&state, &mig_slots);
+        let mig_placements = ongrid_scheduler::plan_mig(&state, &mig_slots, now);
         let mig_jobs =
             ongrid_scheduler::plan_mig_jobs(&state, &mig_slots, now, &actions, &mig_placements);
         for action in actions {
@@ -508,6 +515,56 @@ impl Scheduler {
             &unpinned,
         ));
         Ok(report)
+    }
+
+    /// Holds the running sessions of other groups on GPUs of a reservation once their hold is
+    /// due: at the window's start, not sooner than `[lifecycle] warn_before` after the
+    /// reservation was added (`domain::policy::reservations::reservation_hold`), so connected
+    /// terminals were warned. Their jobs are halted by the plan. Returns how many it held.
+    async fn hold_for_reservations(
+        &self,
+        site: &SiteSnapshot,
+        now: DateTime<Utc>,
+    ) -> StoreResult<usize> {
+        use crate::domain::policy::reservations::{hold_change, ReservationHold};
+        if site.holding.is_empty() {
+            return Ok(0);
+        }
+        let policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
+        if policy.reservations.iter().all(|r| r.to <= now) {
+            return Ok(0);
+        }
+        let accounts = self.store.usage_accounts().await?;
+        let notice = self
+            .gpu_policy
+            .map_or_else(Default::default, |settings| settings.lifecycle)
+            .warn_before;
+        let mut held = 0;
+        for session in &site.holding {
+            let group = crate::gpu_policy::group_of(&accounts, &session.owner);
+            let Some((at, reservation)) = policy.session_hold(site, session, &group, notice, now)
+            else {
+                continue;
+            };
+            if at > now {
+                continue;
+            }
+            let hold = ReservationHold {
+                reservation: &reservation,
+                at,
+            };
+            if self
+                .apply(session.id, hold_change(&session.name, &hold, now))
+                .await?
+            {
+                tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name,
+                    reservation = %reservation.name, group = %reservation.group,
+                    "Session held: a reservation of another group started on its GPUs.");
+                crate::metrics::events().held(ongrid_core::holds::HoldReason::Admin);
+                held += 1;
+            }
+        }
+        Ok(held)
     }
 
     /// GPUs that online nodes report unhealthy (failed, or unknown): drained at once, their
@@ -778,7 +835,8 @@ mod tests {
                 requeued: 1,
                 lost: 1,
                 health: 0,
-                jobs: 0
+                jobs: 0,
+                held: 0,
             }
         );
         let starting = state(&f, &starting).await;

@@ -405,6 +405,7 @@ impl Api {
             image: None,
             idle_timeout_secs: None,
             max_duration_secs: None,
+            reservation: None,
         };
         self.ok(StatusCode::CREATED, self.post("/v1/sessions", &body))
             .await
@@ -552,6 +553,7 @@ async fn sessions_are_private_and_admins_see_all() {
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let err = m
         .alice
@@ -721,6 +723,7 @@ async fn bad_requests_are_error_bodies() {
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let err = m
         .alice
@@ -742,6 +745,7 @@ async fn bad_requests_are_error_bodies() {
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let err = m
         .alice
@@ -912,6 +916,7 @@ async fn placement_follows_free_gpus_and_agent_reports() {
                     image: None,
                     idle_timeout_secs: None,
                     max_duration_secs: None,
+                    reservation: None,
                 },
             ),
         )

@@ -348,6 +348,7 @@ async fn frozen_image(m: &Manager) {
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let session: SessionView = m
         .alice
@@ -416,7 +417,10 @@ fn spec(to: &str, command: &str, file: JobSpecFile) -> SubmitJob {
     }
     .validate(Utc::now())
     .unwrap();
-    SubmitJob { spec }
+    SubmitJob {
+        spec,
+        reservation: None,
+    }
 }
 
 async fn submit(m: &Manager, to: &str, command: &str, file: JobSpecFile) -> JobView {

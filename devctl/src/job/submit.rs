@@ -154,11 +154,11 @@ pub async fn run(
         None => args.spec_file()?,
     };
     let spec = file.validate(chrono::Utc::now())?;
-    let mut request = client.post("v1/jobs");
-    if let Some(reservation) = &reservation {
-        request = request.query(&[("reservation", reservation)]);
-    }
-    let job: JobView = request.json(&SubmitJob { spec }).send().await?;
+    let job: JobView = client
+        .post("v1/jobs")
+        .json(&SubmitJob { spec, reservation })
+        .send()
+        .await?;
     term.show(json, &job, |job| {
         format!(
             "job {} submitted ({}); follow it with devctl job show {} and devctl job logs -f {}\n{}",

@@ -120,16 +120,13 @@ impl NewArgs {
             image: self.image.clone(),
             idle_timeout_secs: self.idle_timeout.map(|d| d.as_duration().as_secs()),
             max_duration_secs: self.max_duration.map(|d| d.as_duration().as_secs()),
+            reservation: self.reservation.clone(),
         }
     }
 }
 
 pub async fn run(args: NewArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
-    let mut request = client.post("v1/sessions");
-    if let Some(reservation) = &args.reservation {
-        request = request.query(&[("reservation", reservation)]);
-    }
-    let mut session: SessionView = request.json(&args.body()).send().await?;
+    let mut session: SessionView = client.post("v1/sessions").json(&args.body()).send().await?;
     if let Some(notice) = queue_notice(&session) {
         term.note(&notice);
     }

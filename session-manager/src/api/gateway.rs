@@ -5,6 +5,11 @@
 //! keys of its open connections were removed or expired since (the gateway asks every second
 //! and closes those connections with the message).
 //!
+//! A login re-checks the site's `[policy]` admission ([`login_refusal`]) with the VOMS
+//! attributes of the credential the key was registered with: a user the site no longer admits
+//! (the policy changed since) cannot open an SSH session, and is told which VO or contact they
+//! need, as the API tells them.
+//!
 //! The manager words every refusal here; the gateway shows the message to the SSH client as it
 //! is. Routing considers only the key owner's own sessions, so another user's session is never
 //! reachable, whatever the name.
@@ -22,6 +27,8 @@ use ongrid_core::{SessionName, SessionState};
 use super::callers::GatewayCaller;
 use super::views::deadlines_view;
 use super::{ApiError, ApiJson, AppState};
+use crate::auth::Admins;
+use crate::domain::policy::Admission;
 use crate::domain::sessions::SessionRecord;
 use crate::domain::utc;
 use crate::keys::fingerprint_of;
@@ -64,6 +71,10 @@ pub async fn authorize(
         ))
         .already_logged());
     }
+    if let Some(message) = login_refusal(&state.config.admission, &state.config.admins, &key) {
+        tracing::info!(source = %check.source, login = ?check.login, %fingerprint, user = %key.user_name, owner = %key.owner, "SSH key refused: the site's policy does not admit its owner.");
+        return Err(ApiError::forbidden(message).already_logged());
+    }
     tracing::debug!(source = %check.source, login = ?check.login, %fingerprint, user = %key.user_name, "SSH key accepted.");
     Ok(Json(KeyOwner {
         owner: key.owner,
@@ -71,6 +82,33 @@ pub async fn authorize(
         fingerprint: key.fingerprint,
         expires_at: key.expires_at,
     }))
+}
+
+/// Why the site's `[policy]` no longer lets the owner of `key` log in, judged on the verified
+/// FQANs of the credential the key was (last) registered with, as the API judges a
+/// certificate; `None` when it does. A key registered before the store kept FQANs is judged as
+/// showing none, and the message says to register it again.
+pub fn login_refusal(admission: &Admission, admins: &Admins, key: &KeyRecord) -> Option<String> {
+    let fqans: Vec<ongrid_x509::voms::Fqan> = key
+        .fqans
+        .iter()
+        .flatten()
+        .filter_map(|fqan| ongrid_x509::voms::Fqan::parse(fqan).ok())
+        .collect();
+    let admin = admins.admits(&key.owner, &fqans);
+    let refusal = admission.admit(&key.owner, &fqans, admin).err()?;
+    let mut message = format!(
+        "SSH key {} cannot log in: {refusal} (judged on the credential the key was registered \
+         with)",
+        key.fingerprint
+    );
+    if key.fqans.is_none() {
+        message.push_str(
+            "; the key was registered before this site kept VOMS attributes: if your VO admits \
+             you, run `devctl key add` again with a VOMS proxy",
+        );
+    }
+    Some(message)
 }
 
 /// Which of the keys of the gateway's open connections no longer let their owner in: removed

@@ -87,6 +87,7 @@ pub async fn submit_job(
              `devctl image ls` and the shared ones with `devctl image ls --shared`"
         ))
     })?;
+    let named = body.reservation;
     let who = Submitter {
         owner: caller.user.dn.clone(),
         user_name: caller.user.user_name.clone(),
@@ -101,7 +102,7 @@ pub async fn submit_job(
         grid,
         now,
     )?;
-    let reservation = super::lookup::reservation_to_use(&state, &caller, query).await?;
+    let reservation = super::lookup::reservation_to_use(&state, &caller, named, query).await?;
     if let Some(reservation) = &reservation {
         if new.grid.is_some() {
             return Err(ApiError::bad_request(format!(

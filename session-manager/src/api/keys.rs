@@ -43,6 +43,12 @@ pub async fn add_key(
         comment: key.comment,
         at: state.clock.now(),
         expires_at: caller.not_after,
+        fqans: caller
+            .identity
+            .fqans
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
     };
     let user = &caller.user.user_name;
     match state.store.add_key(new, MAX_KEYS_PER_USER).await {

@@ -88,22 +88,34 @@ pub async fn frozen_image_candidates(
     Ok(state.store.images(filter).await?)
 }
 
-/// `?reservation=NAME` on `POST /v1/sessions` and `POST /v1/jobs`.
+/// `?reservation=NAME` on `POST /v1/sessions` and `POST /v1/jobs`, as older clients send it;
+/// newer ones put `reservation` in the body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReservationQuery {
     pub reservation: Option<String>,
 }
 
-/// The reservation a new session or job names, once the caller may use it now
-/// ([`crate::domain::policy::reservations::may_use`]: their group's, in its window).
+/// The reservation a new session or job names, in its body or (older clients) in the query,
+/// once the caller may use it now ([`crate::domain::policy::reservations::may_use`]: their
+/// group's, in its window).
 pub async fn reservation_to_use(
     state: &AppState,
     caller: &CurrentUser,
+    body: Option<String>,
     query: ReservationQuery,
 ) -> Result<Option<crate::domain::policy::reservations::ReservationName>, ApiError> {
     use crate::domain::policy::reservations::{may_use, ReservationName};
-    let Some(name) = query.reservation else {
+    let name = match (body, query.reservation) {
+        (Some(body), Some(query)) if body.trim() != query.trim() => {
+            return Err(ApiError::bad_request(format!(
+                "the body names reservation {body:?} and the query {query:?}: name one, in the \
+                 body's reservation field"
+            )))
+        }
+        (body, query) => body.or(query),
+    };
+    let Some(name) = name else {
         return Ok(None);
     };
     let name = ReservationName::parse(name.trim()).map_err(ApiError::bad_request)?;

@@ -2,7 +2,7 @@
 //! lifecycle), images, deadlines. Shared by the handler modules, which never call each other.
 
 use ongrid_core::api::SessionView;
-use ongrid_core::holds::{LifecycleView, SessionDeadlines};
+use ongrid_core::holds::{HoldReason, LifecycleView, PlannedHold, SessionDeadlines};
 use ongrid_core::image::{ImageProgress, ImageState, ImageView};
 use ongrid_core::{SessionState, Transition};
 
@@ -198,9 +198,52 @@ async fn lifecycle_view(
         .store
         .lifecycle_facts(FactsScope::Session(session.id))
         .await?;
-    Ok(facts
-        .first()
-        .map(|facts| view(facts, &state.config.lifecycle, state.clock.now())))
+    let Some(facts) = facts.first() else {
+        return Ok(None);
+    };
+    let mut view = view(facts, &state.config.lifecycle, state.clock.now());
+    sooner(&mut view.deadlines, reservation_hold(state, session).await?);
+    Ok(Some(view))
+}
+
+/// The hold planned for a reservation of another group on the GPUs `session` runs on, if any
+/// ([`crate::gpu_policy::GpuPolicy::session_hold`]): shown and warned about like the hold
+/// policy's own (an admin's kind of hold: the site's admins reserved the GPUs).
+async fn reservation_hold(
+    state: &AppState,
+    session: &SessionRecord,
+) -> Result<Option<PlannedHold>, ApiError> {
+    if !session.state.holds_gpus() {
+        return Ok(None);
+    }
+    let now = state.clock.now();
+    let policy = crate::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    if policy.reservations.iter().all(|r| r.to <= now) {
+        return Ok(None);
+    }
+    let site = state.site().await?;
+    let accounts = state.store.usage_accounts().await?;
+    let group = crate::gpu_policy::group_of(&accounts, &session.owner);
+    let notice = state.config.lifecycle.warn_before;
+    Ok(policy
+        .session_hold(&site, session, &group, notice, now)
+        .map(|(at, _)| PlannedHold {
+            at,
+            reason: HoldReason::Admin,
+        }))
+}
+
+/// `hold` as the next hold of `deadlines` when it comes first.
+fn sooner(deadlines: &mut SessionDeadlines, hold: Option<PlannedHold>) {
+    if let Some(hold) = hold {
+        if deadlines
+            .next_hold
+            .as_ref()
+            .is_none_or(|next| hold.at < next.at)
+        {
+            deadlines.next_hold = Some(hold);
+        }
+    }
 }
 
 /// The session's deadlines now, for the gateway's banner and warnings.
@@ -215,7 +258,9 @@ pub async fn deadlines_view(
     let facts = facts
         .first()
         .ok_or_else(|| ApiError::not_found(format!("no session with id {}", session.id)))?;
-    Ok(deadlines(facts, &state.config.lifecycle, state.clock.now()))
+    let mut deadlines = deadlines(facts, &state.config.lifecycle, state.clock.now());
+    sooner(&mut deadlines, reservation_hold(state, session).await?);
+    Ok(deadlines)
 }
 
 /// A stored image as the API shows it.

@@ -182,6 +182,7 @@ pub async fn new_session(
         image: Some(form.image.trim().to_owned()).filter(|i| !i.is_empty()),
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let result = actions::create_session(&state, &viewer.caller, body).await;
     answer(&state, Page::User, result)

@@ -210,6 +210,10 @@ pub struct KeyRecord {
     pub added_at: DateTime<Utc>,
     /// Refused from then on: the notAfter of the certificate it was (last) registered with.
     pub expires_at: DateTime<Utc>,
+    /// The verified FQANs of the credential it was (last) registered with, which the gateway's
+    /// login re-checks against the site's admission; `None` for keys registered before the
+    /// store kept them (migration 0019).
+    pub fqans: Option<Vec<String>>,
 }
 
 /// A key to bind to `owner`, registered at `at`.
@@ -222,6 +226,8 @@ pub struct NewKey {
     pub comment: String,
     pub at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The verified FQANs of the credential registering it.
+    pub fqans: Vec<String>,
 }
 
 /// What [`Store::add_key`] did.

@@ -632,6 +632,7 @@ fn new_key(owner: &Dn, n: u8, at: DateTime<Utc>, expires_at: DateTime<Utc>) -> N
         comment: format!("key {n}"),
         at,
         expires_at,
+        fqans: vec!["/atlas/Role=NULL/Capability=NULL".to_owned()],
     }
 }
 
@@ -650,10 +651,16 @@ async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
     };
     assert_eq!(first.user_name, alice.user_name);
     assert_eq!((first.added_at, first.expires_at), (t(0), t(100)));
+    assert_eq!(
+        first.fqans,
+        Some(vec!["/atlas/Role=NULL/Capability=NULL".to_owned()])
+    );
 
-    // The same key again from its owner: renewed, added_at kept, comment and expiry new.
+    // The same key again from its owner: renewed, added_at kept, comment, expiry and the
+    // credential's FQANs new.
     let mut again = new_key(&alice.dn, 1, t(50), t(200));
     again.comment = "renamed".to_owned();
+    again.fqans = vec!["/cms/Role=gpu/Capability=NULL".to_owned()];
     let renewed = store.add_key(again, 2).await.unwrap();
     let KeyAdded::Renewed(renewed) = renewed else {
         panic!("a renewal: {renewed:?}")
@@ -665,6 +672,10 @@ async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
             renewed.comment.as_str()
         ),
         (t(0), t(200), "renamed")
+    );
+    assert_eq!(
+        renewed.fqans,
+        Some(vec!["/cms/Role=gpu/Capability=NULL".to_owned()])
     );
 
     // Someone else's key is refused, whoever asks.

@@ -28,6 +28,7 @@ async fn sessions_are_held_kept_and_released_by_hand_and_by_the_timer() {
         image: None,
         idle_timeout_secs: Some(9 * 3600),
         max_duration_secs: None,
+        reservation: None,
     };
     let refused = m
         .alice

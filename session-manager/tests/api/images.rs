@@ -499,6 +499,7 @@ async fn new_session_with(api: &Api, name: &str, image: &str) -> (StatusCode, St
         image: Some(image.to_owned()),
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     api.send(api.post("/v1/sessions", &body)).await
 }
@@ -630,8 +631,14 @@ async fn submit_job_with(api: &Api, image: &str) -> (StatusCode, String) {
     }
     .validate(Utc::now())
     .unwrap();
-    api.send(api.post("/v1/jobs", &ongrid_core::job::SubmitJob { spec }))
-        .await
+    api.send(api.post(
+        "/v1/jobs",
+        &ongrid_core::job::SubmitJob {
+            spec,
+            reservation: None,
+        },
+    ))
+    .await
 }
 
 #[tokio::test]

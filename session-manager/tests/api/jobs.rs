@@ -19,7 +19,10 @@ pub(super) fn submit(image: &str, restartable: bool) -> SubmitJob {
     }
     .validate(Utc::now())
     .unwrap();
-    SubmitJob { spec }
+    SubmitJob {
+        spec,
+        reservation: None,
+    }
 }
 
 pub(super) async fn report(

@@ -120,6 +120,7 @@ async fn sessions_get_mig_devices_of_the_admins_layout() {
                     image: None,
                     idle_timeout_secs: None,
                     max_duration_secs: None,
+                    reservation: None,
                 },
             ),
         )
@@ -143,6 +144,7 @@ async fn sessions_get_mig_devices_of_the_admins_layout() {
                     image: None,
                     idle_timeout_secs: None,
                     max_duration_secs: None,
+                    reservation: None,
                 },
             ),
         )
@@ -232,7 +234,10 @@ fn mig_job(profile: &str) -> ongrid_core::job::SubmitJob {
     }
     .validate(Utc::now())
     .unwrap();
-    ongrid_core::job::SubmitJob { spec }
+    ongrid_core::job::SubmitJob {
+        spec,
+        reservation: None,
+    }
 }
 
 /// Waits until the job runs and reads it again: the store reads a job's row and its
@@ -480,6 +485,7 @@ async fn a_gpu_set_back_to_exclusive_leaves_mig_mode_before_it_is_given_out_whol
                     image: None,
                     idle_timeout_secs: None,
                     max_duration_secs: None,
+                    reservation: None,
                 },
             ),
         )

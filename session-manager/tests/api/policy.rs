@@ -40,6 +40,7 @@ async fn a_certificate_the_policy_does_not_admit_gets_403_with_the_fix_and_leave
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let refused = m
         .bob
@@ -177,6 +178,7 @@ async fn a_user_at_their_gpu_cap_waits_with_the_limit_named_and_a_request_beyond
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: None,
+        reservation: None,
     };
     let refused = m
         .alice
@@ -207,6 +209,7 @@ fn job_of(max_duration: &str, gpus: u32) -> ongrid_core::job::SubmitJob {
     spec.gpus = Some(gpus);
     ongrid_core::job::SubmitJob {
         spec: spec.validate(Utc::now()).unwrap(),
+        reservation: None,
     }
 }
 
@@ -330,5 +333,38 @@ async fn long_work_waits_at_its_length_class_cap_and_work_no_class_takes_is_refu
         .ok(StatusCode::OK, m.alice.delete("/v1/sessions/lab"))
         .await;
     m.alice.wait_for_job(&second, JobState::Running).await;
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn the_gateway_refuses_the_key_of_a_user_the_policy_no_longer_admits() {
+    let site = Site::new();
+    // The site admits every user of its CAs: Alice and Bob register keys and may log in.
+    let m = site.start().await;
+    for (user, key) in [(&m.alice, KEY_A), (&m.bob, KEY_C)] {
+        let _: KeyView = user
+            .ok(StatusCode::CREATED, user.post("/v1/keys", &add_key(key)))
+            .await;
+    }
+    let (status, body) = m.gateway.authorize(KEY_C).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    m.stop().await;
+
+    // Restarted with a [policy] that admits Alice by DN and VO atlas only: Bob's key, registered
+    // with a certificate showing no VOMS attributes, no longer opens an SSH session.
+    let m = site.start_with(restricted(&site), None).await;
+    let (status, body) = m.gateway.authorize(KEY_C).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        message(&body),
+        format!(
+            "SSH key {KEY_C_FP} cannot log in: this site does not admit {BOB} (your credential \
+             shows no VOMS attributes): it needs membership of VO atlas; if you are a member, \
+             make a proxy with voms-proxy-init --voms atlas; to be admitted, ask \
+             gpu-support@example.org (judged on the credential the key was registered with)"
+        )
+    );
+    let (status, body) = m.gateway.authorize(KEY_A).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     m.stop().await;
 }

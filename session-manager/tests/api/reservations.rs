@@ -275,31 +275,34 @@ async fn a_reservation_refuses_others_and_halts_their_jobs_when_it_starts() {
         .await;
     assert_eq!(listed, vec![added]);
 
-    // Using it: not for another group's user, not before its window.
+    // Using it (named in the body; older clients name it in the query): not for another
+    // group's user, not before its window.
     let body = CreateSession {
         name: Some(SessionName::parse("school").unwrap()),
         gpus: one_gpu(),
         image: None,
         idle_timeout_secs: None,
         max_duration_secs: Some(3600),
+        reservation: Some("school".to_owned()),
     };
     let wrong_group = m
         .alice
-        .fails(
-            StatusCode::FORBIDDEN,
-            m.alice.post("/v1/sessions?reservation=school", &body),
-        )
+        .fails(StatusCode::FORBIDDEN, m.alice.post("/v1/sessions", &body))
         .await;
     assert_eq!(
         wrong_group.error.message,
         "reservation school is for group cms, and you use the site in group atlas: ask the \
          site's admins to add you to cms or leave out --reservation"
     );
+    let in_query = CreateSession {
+        reservation: None,
+        ..body.clone()
+    };
     let too_early = m
         .bob
         .fails(
             StatusCode::CONFLICT,
-            m.bob.post("/v1/sessions?reservation=school", &body),
+            m.bob.post("/v1/sessions?reservation=school", &in_query),
         )
         .await;
     assert!(
@@ -309,12 +312,13 @@ async fn a_reservation_refuses_others_and_halts_their_jobs_when_it_starts() {
             .starts_with("reservation school starts at"),
         "{too_early:?}"
     );
+    let nope = CreateSession {
+        reservation: Some("nope".to_owned()),
+        ..body.clone()
+    };
     let unknown = m
         .bob
-        .fails(
-            StatusCode::BAD_REQUEST,
-            m.bob.post("/v1/sessions?reservation=nope", &body),
-        )
+        .fails(StatusCode::BAD_REQUEST, m.bob.post("/v1/sessions", &nope))
         .await;
     assert!(
         unknown
@@ -322,6 +326,18 @@ async fn a_reservation_refuses_others_and_halts_their_jobs_when_it_starts() {
             .message
             .contains("there is no reservation nope"),
         "{unknown:?}"
+    );
+    let both = m
+        .bob
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.bob.post("/v1/sessions?reservation=other", &body),
+        )
+        .await;
+    assert_eq!(
+        both.error.message,
+        "the body names reservation \"school\" and the query \"other\": name one, in the \
+         body's reservation field"
     );
 
     // Nine minutes on, Alice's job still runs; the window opens at ten: it is halted.
@@ -361,10 +377,7 @@ async fn a_reservation_refuses_others_and_halts_their_jobs_when_it_starts() {
     );
     let session: SessionView = m
         .bob
-        .ok(
-            StatusCode::CREATED,
-            m.bob.post("/v1/sessions?reservation=school", &body),
-        )
+        .ok(StatusCode::CREATED, m.bob.post("/v1/sessions", &body))
         .await;
     assert_eq!(session.state, SessionState::Starting, "{}", session.reason);
     assert_eq!(session.gpus, vec![GpuId::Gpu(a100(1).uuid)]);
@@ -380,5 +393,118 @@ async fn a_reservation_refuses_others_and_halts_their_jobs_when_it_starts() {
         .ok(StatusCode::OK, m.bob.get("/v1/reservations"))
         .await;
     assert!(listed.is_empty());
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn others_sessions_on_a_reserved_gpu_are_warned_then_held_when_the_window_opens() {
+    let site = Site::new();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let m = site
+        .start_with(two_groups(&site), Some(clock.clone()))
+        .await;
+    m.node1.register("node1", vec![a100(1)]).await;
+
+    // Alice's (atlas) session runs on the only GPU, kept alive for three hours.
+    let body = CreateSession {
+        name: Some(SessionName::parse("train1").unwrap()),
+        gpus: one_gpu(),
+        image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+        reservation: None,
+    };
+    let created: SessionView = m
+        .alice
+        .ok(StatusCode::CREATED, m.alice.post("/v1/sessions", &body))
+        .await;
+    let running = container(&created, ContainerState::Running, None);
+    m.node1
+        .sync("node1", vec![a100(1)], vec![running.clone()])
+        .await;
+    m.alice.wait_for("train1", SessionState::Waiting).await;
+    let keep = ongrid_core::holds::KeepRequest {
+        duration_secs: 3 * 3600,
+    };
+    let _: SessionView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post("/v1/sessions/train1/keep", &keep),
+        )
+        .await;
+
+    // The GPU is reserved for cms from 30 minutes on: Alice's session shows the hold planned at
+    // the window's start (the gateway warns her terminals ahead of it).
+    let from = clock.now() + TimeDelta::minutes(30);
+    let _: ReservationView = m
+        .admin
+        .ok(
+            StatusCode::CREATED,
+            m.admin.post(
+                "/v1/reservations",
+                &reservation("school", from, from + TimeDelta::hours(2)),
+            ),
+        )
+        .await;
+    let view: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get("/v1/sessions/train1"))
+        .await;
+    let next = view
+        .lifecycle
+        .unwrap()
+        .deadlines
+        .next_hold
+        .expect("a planned hold");
+    assert_eq!(
+        (next.at, next.reason),
+        (from, ongrid_core::holds::HoldReason::Admin)
+    );
+
+    // A minute before the window it still runs; when the window opens it is HELD, naming the
+    // reservation and its start, and its container is stopped.
+    clock.advance(TimeDelta::minutes(29));
+    m.node1
+        .sync("node1", vec![a100(1)], vec![running.clone()])
+        .await;
+    let view: SessionView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get("/v1/sessions/train1"))
+        .await;
+    assert_eq!(view.state, SessionState::Waiting);
+    clock.advance(TimeDelta::minutes(1));
+    m.node1
+        .sync("node1", vec![a100(1)], vec![running.clone()])
+        .await;
+    let held = m.alice.wait_for("train1", SessionState::Held).await;
+    assert_eq!(
+        held.reason,
+        format!(
+            "admin: reservation school of group cms started at {} on its GPUs, which are that \
+             group's until {}: `devctl session release train1` then, or start a new session \
+             elsewhere",
+            from.format("%Y-%m-%d %H:%M:%S UTC"),
+            (from + TimeDelta::hours(2)).format("%Y-%m-%d %H:%M:%S UTC")
+        )
+    );
+    let desired = m
+        .node1
+        .sync("node1", vec![a100(1)], vec![running.clone()])
+        .await;
+    assert_eq!(desired.sessions[0].run, RunState::Stopped);
+
+    // Bob's session in the reservation takes the GPU.
+    let school = CreateSession {
+        name: Some(SessionName::parse("school").unwrap()),
+        reservation: Some("school".to_owned()),
+        max_duration_secs: Some(3600),
+        ..body
+    };
+    let session: SessionView = m
+        .bob
+        .ok(StatusCode::CREATED, m.bob.post("/v1/sessions", &school))
+        .await;
+    assert_eq!(session.state, SessionState::Starting, "{}", session.reason);
     m.stop().await;
 }

@@ -101,7 +101,13 @@ async fn a_removed_user_leaves_no_key_session_job_or_image_and_may_be_restored()
         .alice
         .ok(
             StatusCode::CREATED,
-            m.alice.post("/v1/jobs", &SubmitJob { spec }),
+            m.alice.post(
+                "/v1/jobs",
+                &SubmitJob {
+                    spec,
+                    reservation: None,
+                },
+            ),
         )
         .await;
     assert_eq!(job.state, JobState::Queued);

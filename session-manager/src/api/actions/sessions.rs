@@ -131,7 +131,8 @@ pub async fn create(
         ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus)
             .map_err(|no| SessionActionError::Unsatisfiable(no.to_string()))?;
     }
-    let reservation = reservation_to_use(state, caller, reservation).await?;
+    let reservation =
+        reservation_to_use(state, caller, body.reservation.clone(), reservation).await?;
     let id = SessionId::new_random();
     if let (Some(reservation), Some(store)) = (&reservation, state.store.gpu_policy()) {
         // Before the session exists, so no scheduling round sees it without its reservation.

@@ -8,14 +8,25 @@
 //! jobs only as backfill halted for owner work, others' sessions not at all unless
 //! `[policy] sessions_on_owned_gpus`; reserved GPUs only for the group's work in the window,
 //! others' jobs halted when it opens and not started when their max duration would reach it.
+//!
+//! Others' interactive sessions already running on a reserved GPU when the window opens (the
+//! reservation was added while they ran) are held ([`reservation_hold`], [`hold_change`]),
+//! like an admin's hold: HELD with the reservation and its start named, their container kept,
+//! `devctl session release` puts them back in the queue. The grace: a session is held at the
+//! window's start, but never sooner than `[lifecycle] warn_before` after the reservation was
+//! added, so every connected terminal gets the hold warning ahead, as for any planned hold
+//! (Slurm's reservations and maintenance windows likewise warn ahead and start no work that would
+//! overlap them). Until then the hold is shown as planned in the session's deadlines.
 
 use std::fmt;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::holds::HoldReason;
 use ongrid_core::reservation::{ReservationStatus, ReservationView};
-use ongrid_core::{GpuUuid, NodeName, UserName};
+use ongrid_core::{GpuUuid, NodeName, SessionName, UserName};
 
 use super::GroupName;
+use crate::domain::sessions::Change;
 use crate::domain::{utc, Refusal};
 
 /// A reservation's name: lower-case letters, digits, `-`, `_` and `.`, 1 to 64 characters,
@@ -273,6 +284,63 @@ pub fn waiting_note(
     (!notes.is_empty()).then(|| format!("waits: {}", notes.join("; ")))
 }
 
+/// A running session of another group that a reservation holds GPUs of: when it is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservationHold<'a> {
+    pub reservation: &'a ReservationRecord,
+    /// The window's start, or `notice` after the reservation was added when that is later.
+    pub at: DateTime<Utc>,
+}
+
+/// The reservation of another group than `group` that holds one of `gpus` (a session's GPUs,
+/// MIG devices by their parent GPU) and has not ended at `now`, with when a session there is
+/// held for it: the earliest such hold. `reservations` come with the GPUs they hold now.
+pub fn reservation_hold<'a>(
+    group: &GroupName,
+    gpus: &[GpuUuid],
+    reservations: &'a [(ReservationRecord, Vec<GpuUuid>)],
+    notice: std::time::Duration,
+    now: DateTime<Utc>,
+) -> Option<ReservationHold<'a>> {
+    let notice = chrono::Duration::from_std(notice).unwrap_or(chrono::Duration::MAX);
+    reservations
+        .iter()
+        .filter(|(r, held)| {
+            r.group != *group && now < r.to && gpus.iter().any(|gpu| held.contains(gpu))
+        })
+        .map(|(r, _)| ReservationHold {
+            reservation: r,
+            at: r
+                .from
+                .max(r.created_at.checked_add_signed(notice).unwrap_or(r.to)),
+        })
+        .filter(|hold| hold.at < hold.reservation.to)
+        .min_by(|a, b| (a.at, &a.reservation.name).cmp(&(b.at, &b.reservation.name)))
+}
+
+/// The hold of `session` for a reservation whose hold is due: HELD like an admin's hold (the
+/// site's admins reserved the GPUs), its reason naming the reservation, its group, when it
+/// started and what to do.
+pub fn hold_change(
+    session: &SessionName,
+    hold: &ReservationHold<'_>,
+    now: DateTime<Utc>,
+) -> Change {
+    let r = hold.reservation;
+    Change::hold(
+        HoldReason::Admin,
+        now,
+        format!(
+            "reservation {} of group {} started at {} on its GPUs, which are that group's until \
+             {}: `devctl session release {session}` then, or start a new session elsewhere",
+            r.name,
+            r.group,
+            utc(r.from),
+            utc(r.to)
+        ),
+    )
+}
+
 fn gpus(n: usize) -> String {
     if n == 1 {
         "1 GPU".to_owned()
@@ -373,6 +441,37 @@ mod tests {
             may_use(None, "nope", &group("cms"), t(10)),
             Err(Refusal::Invalid(m)) if m.contains("no reservation nope")
         ));
+    }
+
+    #[test]
+    fn others_sessions_are_held_at_the_window_but_never_before_the_notice() {
+        const TEN_MINUTES: std::time::Duration = std::time::Duration::from_secs(600);
+        let atlas = group("atlas");
+        // Added at 00:00 for 10:00 to 12:00 on GPU 1.
+        let reservations = vec![(reservation("school", 10, 12), vec![gpu(1)])];
+        let hold = |group: &GroupName, gpus: &[GpuUuid], now| {
+            reservation_hold(group, gpus, &reservations, TEN_MINUTES, now).map(|h| h.at)
+        };
+        assert_eq!(hold(&atlas, &[gpu(2), gpu(1)], t(3)), Some(t(10)));
+        // Not the group's own sessions, not other GPUs, not once the window ended.
+        assert_eq!(hold(&group("cms"), &[gpu(1)], t(10)), None);
+        assert_eq!(hold(&atlas, &[gpu(2)], t(10)), None);
+        assert_eq!(hold(&atlas, &[gpu(1)], t(12)), None);
+        // Added at 10:00 for a window from 10:00: held ten minutes later, after the warning.
+        let mut sudden = reservation("sudden", 10, 12);
+        sudden.created_at = t(10);
+        let reservations = vec![(sudden, vec![gpu(1)])];
+        let held = reservation_hold(&atlas, &[gpu(1)], &reservations, TEN_MINUTES, t(10));
+        let held = held.expect("held");
+        assert_eq!(held.at, t(10) + chrono::Duration::minutes(10));
+        let change = hold_change(&SessionName::parse("train1").unwrap(), &held, held.at);
+        assert_eq!(change.hold, Some(HoldReason::Admin));
+        assert_eq!(
+            change.sentence(),
+            "admin: reservation sudden of group cms started at 2026-12-01 10:00:00 UTC on its \
+             GPUs, which are that group's until 2026-12-01 12:00:00 UTC: `devctl session release \
+             train1` then, or start a new session elsewhere"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::store::{
 
 pub(super) const KEY_COLUMNS: &str =
     "k.fingerprint, k.owner, u.user_name, k.algorithm, k.public_key, \
-     k.comment, k.added_at, k.expires_at FROM ssh_keys k JOIN users u ON u.dn = k.owner";
+     k.comment, k.added_at, k.expires_at, k.fqans FROM ssh_keys k JOIN users u ON u.dn = k.owner";
 
 const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute, c.session_id, \
      s.name AS session_name, c.opened_at, c.closed_at, c.bytes_in, c.bytes_out, c.close_reason \
@@ -41,10 +41,12 @@ impl PostgresStore {
         let renewed = match existing {
             Some(owner) if owner == key.owner.as_str() => {
                 sqlx::query(
-                    "UPDATE ssh_keys SET expires_at = $1, comment = $2 WHERE fingerprint = $3",
+                    "UPDATE ssh_keys SET expires_at = $1, comment = $2, fqans = $3 WHERE \
+                     fingerprint = $4",
                 )
                 .bind(timestamp(key.expires_at))
                 .bind(&key.comment)
+                .bind(to_json(&key.fqans)?)
                 .bind(&key.fingerprint)
                 .execute(&mut *tx)
                 .await?;
@@ -66,7 +68,7 @@ impl PostgresStore {
                 }
                 sqlx::query(
                     "INSERT INTO ssh_keys (fingerprint, owner, algorithm, public_key, comment, \
-                     added_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                     added_at, expires_at, fqans) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 )
                 .bind(&key.fingerprint)
                 .bind(key.owner.as_str())
@@ -75,6 +77,7 @@ impl PostgresStore {
                 .bind(&key.comment)
                 .bind(timestamp(key.at))
                 .bind(timestamp(key.expires_at))
+                .bind(to_json(&key.fqans)?)
                 .execute(&mut *tx)
                 .await?;
                 false
@@ -339,6 +342,10 @@ pub(super) fn key_from_row(row: &PgRow) -> StoreResult<KeyRecord> {
         comment: text("comment")?,
         added_at: parse_timestamp(&text("added_at")?)?,
         expires_at: parse_timestamp(&text("expires_at")?)?,
+        fqans: row
+            .try_get::<Option<String>, _>("fqans")?
+            .map(|fqans| from_json(&fqans, "key's FQANs"))
+            .transpose()?,
     })
 }
 

@@ -18,7 +18,7 @@ use crate::store::{
 
 pub(super) const KEY_COLUMNS: &str =
     "k.fingerprint, k.owner, u.user_name, k.algorithm, k.public_key, \
-     k.comment, k.added_at, k.expires_at FROM ssh_keys k JOIN users u ON u.dn = k.owner";
+     k.comment, k.added_at, k.expires_at, k.fqans FROM ssh_keys k JOIN users u ON u.dn = k.owner";
 
 const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute, c.session_id, \
      s.name AS session_name, c.opened_at, c.closed_at, c.bytes_in, c.bytes_out, c.close_reason \
@@ -40,10 +40,12 @@ impl SqliteStore {
         let renewed = match existing {
             Some(owner) if owner == key.owner.as_str() => {
                 sqlx::query(
-                    "UPDATE ssh_keys SET expires_at = ?, comment = ? WHERE fingerprint = ?",
+                    "UPDATE ssh_keys SET expires_at = ?, comment = ?, fqans = ? WHERE \
+                     fingerprint = ?",
                 )
                 .bind(timestamp(key.expires_at))
                 .bind(&key.comment)
+                .bind(to_json(&key.fqans)?)
                 .bind(&key.fingerprint)
                 .execute(&mut *tx)
                 .await?;
@@ -65,7 +67,7 @@ impl SqliteStore {
                 }
                 sqlx::query(
                     "INSERT INTO ssh_keys (fingerprint, owner, algorithm, public_key, comment, \
-                     added_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     added_at, expires_at, fqans) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 )
                 .bind(&key.fingerprint)
                 .bind(key.owner.as_str())
@@ -74,6 +76,7 @@ impl SqliteStore {
                 .bind(&key.comment)
                 .bind(timestamp(key.at))
                 .bind(timestamp(key.expires_at))
+                .bind(to_json(&key.fqans)?)
                 .execute(&mut *tx)
                 .await?;
                 false
@@ -333,6 +336,10 @@ pub(super) fn key_from_row(row: &SqliteRow) -> StoreResult<KeyRecord> {
         comment: text("comment")?,
         added_at: parse_timestamp(&text("added_at")?)?,
         expires_at: parse_timestamp(&text("expires_at")?)?,
+        fqans: row
+            .try_get::<Option<String>, _>("fqans")?
+            .map(|fqans| from_json(&fqans, "key's FQANs"))
+            .transpose()?,
     })
 }
 
