@@ -137,6 +137,10 @@ impl GpuBackend for MeteredGpus {
     ) -> BoxFuture<'a, Result<(), GpuError>> {
         self.0.apply_mig(gpu, layout)
     }
+
+    fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
+        self.0.leave_mig(gpu)
+    }
 }
 
 /// Whether the agent is ready, for `/readyz`: its last sync reached Docker and the manager.
@@ -244,6 +248,16 @@ mod tests {
                     },
                 ))
             })
+        }
+        fn apply_mig<'a>(
+            &'a self,
+            _: &'a GpuInfo,
+            _: ongrid_core::MigLayout,
+        ) -> BoxFuture<'a, Result<(), GpuError>> {
+            unreachable!("the test only discovers")
+        }
+        fn leave_mig<'a>(&'a self, _: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
+            unreachable!("the test only discovers")
         }
     }
 

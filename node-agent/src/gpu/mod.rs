@@ -62,27 +62,12 @@ pub trait GpuBackend: Send + Sync + 'static {
         &'a self,
         gpu: &'a GpuInfo,
         layout: ongrid_core::MigLayout,
-    ) -> BoxFuture<'a, Result<(), GpuError>> {
-        Box::pin(async move {
-            Err(GpuError::Mig {
-                gpu: gpu.uuid.clone(),
-                layout,
-                problem: format!("the {} GPU backend cannot partition GPUs", self.kind()),
-            })
-        })
-    }
+    ) -> BoxFuture<'a, Result<(), GpuError>>;
 
     /// Takes `gpu` out of MIG mode: its compute and GPU instances destroyed, MIG mode off, so
     /// it is a whole GPU again. Called only when no container uses the GPU or its devices. A
     /// change the driver leaves pending (a GPU reset or reboot needed) is an error.
-    fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
-        Box::pin(async move {
-            Err(GpuError::MigOff {
-                gpu: gpu.uuid.clone(),
-                problem: format!("the {} GPU backend cannot change MIG mode", self.kind()),
-            })
-        })
-    }
+    fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>>;
 }
 
 /// The `[gpu]` table of the agent's config.

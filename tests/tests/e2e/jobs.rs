@@ -8,6 +8,9 @@
 //! SIGUSR1 is killed after the agent's halt grace; a bucket of 1 runs one job at a time (the
 //! other says why it waits); notAfter cancels a job still queued; a shared image runs for
 //! another user only while shared.
+//!
+//! And a job on a MIG device: its container gets the MIG UUID, and the GPU set back to
+//! `exclusive` while the job runs waits to drain, then leaves MIG mode once the job is gone.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -152,6 +155,129 @@ fn entered(view: &Value, state: &str) -> DateTime<Utc> {
         .find(|t| t["to"] == state)
         .unwrap_or_else(|| panic!("never {state}: {view}"));
     time(&transition["at"])
+}
+
+/// The GPU of `uuid` as `devctl gpus --json` shows it.
+fn gpu_json(site: &Site, user: &User, uuid: &str) -> Option<Value> {
+    let nodes: Vec<Value> = site.devctl_json(user, &["gpus"]).ok()?;
+    nodes
+        .iter()
+        .flat_map(|n| n["gpus"].as_array().cloned().unwrap_or_default())
+        .find(|g| g["info"]["uuid"] == uuid)
+}
+
+#[test]
+fn a_job_on_a_mig_device_gets_its_uuid_and_its_gpu_leaves_mig_mode_after_it() {
+    let mig_gpu = SimGpu {
+        uuid: "GPU-a100a100-0000-4000-8000-000000008001".to_owned(),
+        model: "NVIDIA A100-SXM4-80GB",
+        capability: "8.0",
+        memory: "81920MiB",
+    };
+    let mut site = Site::start(&[SimGpu::a100(1), mig_gpu.clone()]);
+    let alice = site.user("Alice");
+    let admin = site.admin.clone();
+    site.devctl_ok(
+        &admin,
+        &[
+            "admin",
+            "gpu",
+            "mode",
+            &mig_gpu.uuid,
+            "mig:3g.40gb*1+2g.20gb*2",
+        ],
+    );
+    let devices: Vec<Value> = site.wait_until(
+        "the agent to report the MIG devices",
+        Duration::from_secs(30),
+        || {
+            let gpu = gpu_json(&site, &admin, &mig_gpu.uuid)?;
+            let devices = gpu["info"]["mig_devices"].as_array()?.clone();
+            (devices.len() == 3).then_some(devices)
+        },
+    );
+    // Frozen from a session on the whole GPU (the one in MIG mode is never given whole).
+    let (_image, _) = frozen_job_image(&site, &alice, "Alice", "job:v1", JOB_SCRIPT);
+
+    // A job asking for a 1g device gets the least sufficient free one, a 2g.20gb.
+    let out = site.devctl_ok(
+        &alice,
+        &[
+            "job", "submit", "--image", "job:v1", "--mig", "1g.10gb", "--", JOB_PATH,
+        ],
+    );
+    let id = out
+        .split_whitespace()
+        .nth(1)
+        .expect("job submit names the job")
+        .to_owned();
+    let running = wait_for_job(&site, &alice, &id, "RUNNING", Duration::from_secs(180));
+    let device = running["gpus"][0].as_str().expect("a device").to_owned();
+    assert!(
+        devices[1..].iter().any(|d| d["uuid"] == device.as_str()),
+        "{device} is not one of the 2g.20gb devices: {running}"
+    );
+    // Its container gets the MIG UUID as its only device.
+    let env = site.wait_until("the job's container", Duration::from_secs(60), || {
+        let env = inspect_container(&container_of(&id))?;
+        Some(
+            env["Config"]["Env"]
+                .as_array()?
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect::<Vec<String>>(),
+        )
+    });
+    assert!(
+        env.contains(&format!("NVIDIA_VISIBLE_DEVICES={device}")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&format!("CUDA_VISIBLE_DEVICES={device}")),
+        "{env:?}"
+    );
+    println!("$ devctl job submit --image job:v1 --mig 1g.10gb -- {JOB_PATH}\n{out}");
+    let out = site.devctl_ok(&alice, &["job", "ls"]);
+    println!("$ devctl job ls\n{out}");
+    assert!(out.contains("(mig:1g.10gb)"), "{out}");
+    let out = site.devctl_ok(&alice, &["job", "show", &id]);
+    println!("$ devctl job show {id}\n{out}");
+    assert!(out.contains(&device), "{out}");
+
+    // Back to exclusive while the job runs: the GPU waits to drain, and says so.
+    let out = site.devctl_ok(
+        &admin,
+        &["admin", "gpu", "mode", &mig_gpu.uuid, "exclusive"],
+    );
+    println!("$ devctl admin gpu mode {} exclusive\n{out}", mig_gpu.uuid);
+    assert!(
+        out.contains("turns MIG mode off once no session or job uses them"),
+        "{out}"
+    );
+    let out = site.wait_until("the GPU to wait to drain", Duration::from_secs(30), || {
+        let out = site.devctl_ok(&admin, &["admin", "node", "ls"]);
+        out.contains("waits to drain for MIG mode off")
+            .then_some(out)
+    });
+    println!("$ devctl admin node ls\n{out}");
+    assert!(out.contains("(1 waiting to drain)"), "{out}");
+
+    // The job ends: the agent destroys the devices, turns MIG mode off, and the GPU is whole.
+    site.devctl_ok(&alice, &["job", "cancel", &id]);
+    site.wait_until("the GPU to leave MIG mode", Duration::from_secs(60), || {
+        let gpu = gpu_json(&site, &admin, &mig_gpu.uuid)?;
+        (gpu["info"]["mig_enabled"] == false
+            && gpu["info"]["mig_devices"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+            && gpu["free"] == 1)
+            .then_some(())
+    });
+    let out = site.devctl_ok(&admin, &["gpus"]);
+    println!("$ devctl gpus\n{out}");
+    assert!(!out.contains("└ MIG-"), "{out}");
+    let out = site.devctl_ok(&admin, &["admin", "node", "ls"]);
+    assert!(!out.contains("waits to drain"), "{out}");
 }
 
 #[test]
