@@ -23,6 +23,14 @@
 //!   free device (then node name, UUID) that no session took, within their notBefore, their
 //!   bucket (counting the jobs holding GPUs or devices and those started by this plan) and
 //!   their pinned node. Jobs halt nothing. A job past its notAfter is cancelled by `plan`.
+//! - **Owners and reservations** ([`crate::Policy`]), as on whole GPUs: a device is bound by
+//!   its parent GPU's. A job goes only where the policy lets it (others' jobs run on owned
+//!   devices as backfill; nothing of another group, nor work that would outlast the start,
+//!   goes on a device whose GPU has a reservation), the owners' jobs to their own devices
+//!   first, others' to devices nobody owns before backfilling owned ones. A session halts only jobs on devices it may be given; on its group's own devices
+//!   it halts any job of another group, within its min duration too
+//!   ([`JobReason::ForOwnerWork`]). A running job on a device whose GPU's reservation of
+//!   another group has opened is halted ([`JobReason::ReservationStarted`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -33,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::reached;
 use crate::mig::{meets, usable, MigPlacement, MigSlot};
+use crate::policy::{Policy, Who};
 use crate::site::{Action, PendingSession, QueuedJob, SiteState};
 
 /// What the session manager should do about batch jobs on MIG devices.
@@ -79,6 +88,29 @@ pub fn plan_mig_jobs(
         .collect();
     let running: HashMap<JobId, &crate::RunningJob> =
         site.running_jobs.iter().map(|j| (j.id, j)).collect();
+    let policy = &site.policy;
+    let mut halted_now = halted_now;
+
+    // Jobs on devices whose GPU's reservation of another group has opened.
+    let mut holding: Vec<(&MigSlot, &crate::RunningJob)> = slots
+        .iter()
+        .filter_map(|slot| Some((slot, *running.get(&slot.job?)?)))
+        .filter(|(_, job)| !job.halting && !halted_now.contains(&job.id))
+        .collect();
+    holding.sort_by_key(|(_, job)| job.id);
+    for (slot, job) in holding {
+        let group = Who::job(policy, &job.id).group;
+        if let Some(reservation) = policy.started_against(&slot.parent, group, now) {
+            halted_now.insert(job.id);
+            out.push(MigJobAction::Halt {
+                job: job.id,
+                reason: JobReason::ReservationStarted {
+                    reservation: reservation.name.clone(),
+                    group: reservation.group.clone(),
+                },
+            });
+        }
+    }
 
     // Sessions that found no free device: wait for a halting job, else halt one.
     let placed_sessions: HashSet<_> = placed.iter().map(|p| p.session).collect();
@@ -95,6 +127,7 @@ pub fn plan_mig_jobs(
     let mut claimed: HashSet<JobId> = HashSet::new();
     for session in sessions {
         let wanted = session.request.sharing.mig().expect("filtered above");
+        let who = Who::session(policy, &session.id);
         let candidates = || {
             slots
                 .iter()
@@ -110,6 +143,7 @@ pub fn plan_mig_jobs(
                             .is_none_or(|pin| pin == &slot.node)
                         && meets(slot, &session.request, wanted)
                         && usable(site, slot)
+                        && policy.allows(&policy.tag(&slot.parent, now), &who, now)
                 })
         };
         let order = |slot: &&MigSlot| {
@@ -126,26 +160,34 @@ pub fn plan_mig_jobs(
             .filter(|(_, job)| job.halting || halted_now.contains(&job.id))
             .min_by_key(|(slot, _)| order(slot))
             .map(|(_, job)| job.id);
+        // On its group's own devices, owner work halts another group's job at once.
+        let backfill = |slot: &MigSlot, job: &crate::RunningJob| {
+            Policy::owned_by(&policy.tag(&slot.parent, now), &who)
+                && Who::job(policy, &job.id).group != who.group
+        };
         let eligible = candidates()
-            .filter(|(_, job)| {
+            .filter(|(slot, job)| {
                 !job.halting
                     && !halted_now.contains(&job.id)
-                    && reached(job.started_at, job.min_duration, now)
+                    && (reached(job.started_at, job.min_duration, now) || backfill(slot, job))
             })
-            .min_by_key(|(slot, _)| order(slot))
-            .map(|(_, job)| job.id);
+            .min_by_key(|(slot, job)| (!backfill(slot, job), order(slot)))
+            .map(|(slot, job)| (job.id, backfill(slot, job)));
         match (halting, eligible) {
             (Some(job), _) => {
                 claimed.insert(job);
             }
-            (None, Some(job)) => {
+            (None, Some((job, backfill))) => {
                 claimed.insert(job);
-                out.push(MigJobAction::Halt {
-                    job,
-                    reason: JobReason::ForInteractiveSession {
+                let reason = match who.group {
+                    Some(group) if backfill => JobReason::ForOwnerWork {
+                        group: group.to_owned(),
+                    },
+                    _ => JobReason::ForInteractiveSession {
                         need: session.request,
                     },
-                });
+                };
+                out.push(MigJobAction::Halt { job, reason });
             }
             (None, None) => {}
         }
@@ -189,13 +231,19 @@ pub fn plan_mig_jobs(
         if bucket_full {
             continue;
         }
+        let who = Who::job(policy, &job.id);
         let best = slots
             .iter()
             .filter(|slot| !slot.used && !taken.contains(&slot.uuid))
             .filter(|slot| job.pinned_node.as_ref().is_none_or(|pin| pin == &slot.node))
             .filter(|slot| meets(slot, &job.request, wanted) && usable(site, slot))
+            .filter(|slot| policy.allows(&policy.tag(&slot.parent, now), &who, now))
             .min_by_key(|slot| {
+                // The group's own devices first, then those nobody owns, then backfill.
+                let tag = policy.tag(&slot.parent, now);
                 (
+                    !Policy::owned_by(&tag, &who),
+                    tag.owner.is_some(),
                     slot.profile.slices,
                     slot.profile.memory_gb,
                     slot.profile.media,

@@ -15,7 +15,7 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, TimeZone, Utc};
-use ongrid_core::job::JobId;
+use ongrid_core::job::{JobId, JobReason};
 use ongrid_core::{
     ComputeCapability, GpuMode, GpuRequest, GpuUuid, HumanDuration, MemorySize, MigLayout,
     MigProfile, MigUuid, NodeName, SessionId, Sharing, UserName,
@@ -785,4 +785,126 @@ fn a_session_waits_for_a_halting_job_before_halting_another_and_never_one_within
     // Within its min duration, it is not.
     site.running_jobs[1].min_duration = Some(HumanDuration::from_secs(3 * 3600));
     assert!(plan_mig_jobs(&site, &slots, now, &actions, &[]).is_empty());
+}
+
+#[test]
+fn jobs_on_mig_devices_follow_their_gpus_owners_and_reservations() {
+    // Two MIG GPUs of one 1g device each, both free; GPU 1 is cms's.
+    let gpu = |used| Gpu {
+        mig: true,
+        healthy: true,
+        drained: false,
+        devices: vec![(0, used)],
+    };
+    let nodes = vec![Node {
+        online: true,
+        drained: false,
+        gpus: vec![gpu(false), gpu(false)],
+    }];
+    let (mut site, slots) = build(&nodes, &[]);
+    let ask = GpuRequest {
+        count: 1,
+        min_capability: None,
+        min_memory: None,
+        sharing: Sharing::Mig(PROFILES[0].parse().unwrap()),
+    };
+    let access = |group: &str| Access {
+        group: Some(group.to_owned()),
+        reservation: None,
+        max_duration: Some(HumanDuration::from_secs(3600)),
+    };
+    site.queued_jobs = queued_jobs(&vec![(ask.sharing, None)], 1);
+    let job = site.queued_jobs[0].id;
+    site.policy.owners = [(gpu_uuid(1), "cms".to_owned())].into();
+    let started_on = |site: &SiteState| {
+        plan_mig_jobs(site, &slots, t0(), &[], &[])
+            .into_iter()
+            .find_map(|a| match a {
+                MigJobAction::Start { parent, .. } => Some(parent),
+                MigJobAction::Halt { .. } => None,
+            })
+    };
+    // An owner's job goes to its group's device first; another group's, to the free one first,
+    // and to the owned one as backfill.
+    site.policy.jobs = [(job, access("cms"))].into();
+    assert_eq!(started_on(&site), Some(gpu_uuid(1)));
+    site.policy.jobs = [(job, access("atlas"))].into();
+    assert_eq!(started_on(&site), Some(gpu_uuid(2)));
+    // GPU 2 reserved for cms in an open window: atlas's job gets the owned device as backfill.
+    site.policy.reservations = vec![Reservation {
+        name: "school".to_owned(),
+        group: "cms".to_owned(),
+        gpus: vec![gpu_uuid(2)],
+        from: t0(),
+        to: t0() + chrono::Duration::hours(2),
+    }];
+    assert_eq!(started_on(&site), Some(gpu_uuid(1)));
+
+    // Running: an atlas job on each device, within its min duration.
+    let (mut site, mut slots) = build(
+        &[Node {
+            online: true,
+            drained: false,
+            gpus: vec![gpu(true), gpu(true)],
+        }],
+        &[],
+    );
+    let mut running = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let id = job_id(2000 + i);
+        slot.job = Some(id);
+        running.push(RunningJob {
+            id,
+            owner: UserName::parse("carol").unwrap(),
+            node: slot.node.clone(),
+            gpus: Vec::new(),
+            started_at: t0() - chrono::Duration::minutes(10),
+            max_duration: None,
+            min_duration: Some(HumanDuration::from_secs(3 * 3600)),
+            bucket: None,
+            halting: false,
+        });
+    }
+    site.running_jobs = running.clone();
+    site.policy.owners = [(gpu_uuid(1), "cms".to_owned())].into();
+    site.policy.jobs = running.iter().map(|j| (j.id, access("atlas"))).collect();
+    // A cms session halts the atlas job on cms's device at once, its min duration
+    // notwithstanding; an atlas session halts nothing within the min duration.
+    site.pending = vec![pending(1, ask, None)];
+    let session = site.pending[0].id;
+    site.policy.sessions = [(session, access("cms"))].into();
+    assert_eq!(
+        plan_mig_jobs(&site, &slots, t0(), &[], &[]),
+        [MigJobAction::Halt {
+            job: running[0].id,
+            reason: JobReason::ForOwnerWork {
+                group: "cms".to_owned()
+            },
+        }]
+    );
+    site.policy.sessions = [(session, access("atlas"))].into();
+    assert!(plan_mig_jobs(&site, &slots, t0(), &[], &[]).is_empty());
+    // A reservation of cms opens on GPU 2: the atlas job there halts, the other keeps running.
+    site.pending.clear();
+    site.policy.reservations = vec![Reservation {
+        name: "school".to_owned(),
+        group: "cms".to_owned(),
+        gpus: vec![gpu_uuid(2)],
+        from: t0(),
+        to: t0() + chrono::Duration::hours(2),
+    }];
+    assert_eq!(
+        plan_mig_jobs(&site, &slots, t0() - chrono::Duration::seconds(1), &[], &[]),
+        []
+    );
+    assert_eq!(
+        plan_mig_jobs(&site, &slots, t0(), &[], &[]),
+        [MigJobAction::Halt {
+            job: running[1].id,
+            reason: JobReason::ReservationStarted {
+                reservation: "school".to_owned(),
+                group: "cms".to_owned(),
+            },
+        }]
+    );
 }

@@ -499,9 +499,10 @@ impl Scheduler {
                     let Some(record) = site.jobs.iter().find(|j| j.id == job) else {
                         continue;
                     };
+                    let why = reason.to_string();
                     if let Ok(Some(change)) = jobs::must_halt(record, reason, now) {
                         if self.apply_job(job, change, None).await? {
-                            tracing::info!(job_id = %job, "Job on a MIG device asked to halt for a session.");
+                            tracing::info!(job_id = %job, reason = %why, "Job on a MIG device asked to halt.");
                             report.jobs += 1;
                         }
                     }
