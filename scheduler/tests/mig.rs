@@ -220,22 +220,29 @@ fn jobs_on_devices(site: &mut SiteState, slots: &mut [MigSlot]) -> Vec<RunningJo
         if !slot.used || i % 2 == 1 {
             continue;
         }
-        let id = job_id(1000 + i);
-        slot.job = Some(id);
-        running.push(RunningJob {
-            id,
-            owner: UserName::parse("carol").unwrap(),
-            node: slot.node.clone(),
-            gpus: Vec::new(),
-            started_at: t0() - chrono::Duration::hours(2),
-            max_duration: None,
-            min_duration: (i % 3 == 1).then(|| HumanDuration::from_secs(3 * 3600)),
-            bucket: None,
-            halting: i % 3 == 0,
-        });
+        let mut job = job_on(slot, job_id(1000 + i), chrono::Duration::hours(2));
+        job.min_duration = (i % 3 == 1).then(|| HumanDuration::from_secs(3 * 3600));
+        job.halting = i % 3 == 0;
+        running.push(job);
     }
     site.running_jobs = running.clone();
     running
+}
+
+/// Carol's job `id` on the device of `slot`, started `ago`, without durations.
+fn job_on(slot: &mut MigSlot, id: JobId, ago: chrono::Duration) -> RunningJob {
+    slot.job = Some(id);
+    RunningJob {
+        id,
+        owner: UserName::parse("carol").unwrap(),
+        node: slot.node.clone(),
+        gpus: Vec::new(),
+        started_at: t0() - ago,
+        max_duration: None,
+        min_duration: None,
+        bucket: None,
+        halting: false,
+    }
 }
 
 /// (sharing, pinned node) per queued job.
@@ -849,22 +856,14 @@ fn jobs_on_mig_devices_follow_their_gpus_owners_and_reservations() {
         }],
         &[],
     );
-    let mut running = Vec::new();
-    for (i, slot) in slots.iter_mut().enumerate() {
-        let id = job_id(2000 + i);
-        slot.job = Some(id);
-        running.push(RunningJob {
-            id,
-            owner: UserName::parse("carol").unwrap(),
-            node: slot.node.clone(),
-            gpus: Vec::new(),
-            started_at: t0() - chrono::Duration::minutes(10),
-            max_duration: None,
+    let running: Vec<RunningJob> = slots
+        .iter_mut()
+        .enumerate()
+        .map(|(i, slot)| RunningJob {
             min_duration: Some(HumanDuration::from_secs(3 * 3600)),
-            bucket: None,
-            halting: false,
-        });
-    }
+            ..job_on(slot, job_id(2000 + i), chrono::Duration::minutes(10))
+        })
+        .collect();
     site.running_jobs = running.clone();
     site.policy.owners = [(gpu_uuid(1), "cms".to_owned())].into();
     site.policy.jobs = running.iter().map(|j| (j.id, access("atlas"))).collect();
