@@ -40,16 +40,23 @@ impl PostgresStore {
     }
 
     pub(super) async fn job_impl(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
-        let mut conn = self.pool.acquire().await?;
+        // The row and its history in a repeatable-read transaction: one snapshot, so a job changed meanwhile is never read
+        // half old, half new (a RUNNING job without its GPUs).
+        let mut conn = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
         let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = $1");
         let row = sqlx::query(&sql)
             .bind(id.to_string())
             .fetch_optional(&mut *conn)
             .await?;
-        match row {
-            Some(row) => Ok(Some(job_from_row(&mut conn, &row).await?)),
-            None => Ok(None),
-        }
+        let job = match row {
+            Some(row) => Some(job_from_row(&mut conn, &row).await?),
+            None => None,
+        };
+        conn.commit().await?;
+        Ok(job)
     }
 
     pub(super) async fn jobs_impl(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
@@ -63,7 +70,11 @@ impl PostgresStore {
             ),
         };
         let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
-        let mut conn = self.pool.acquire().await?;
+        // One snapshot for the rows and their histories, as in `job_impl`.
+        let mut conn = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
         let mut query = sqlx::query(&sql);
         if let Some(value) = value {
             query = query.bind(value);
@@ -73,6 +84,7 @@ impl PostgresStore {
         for row in &rows {
             jobs.push(job_from_row(&mut conn, row).await?);
         }
+        conn.commit().await?;
         Ok(jobs)
     }
 
