@@ -330,7 +330,11 @@ fn three_nodes_lose_an_agent_lose_the_gateway_and_restart_with_sessions_kept() {
     cluster.wait_until("the lost node's job to be stopped", WAIT, || {
         (!running(&job_container(&first_job))).then_some(())
     });
-    assert!(running(&job_container(&second_job)));
+    // RUNNING is the manager's word once it started the job; node b's agent may still be
+    // creating its container.
+    cluster.wait_until("the re-queued job's container to run", WAIT, || {
+        running(&job_container(&second_job)).then_some(())
+    });
     let lost_again = show(&cluster, &alice, "on-a");
     assert_eq!(lost_again["state"], "FAILED");
     assert_eq!(states(&lost_again), states(&lost), "{lost_again:#}");
