@@ -33,12 +33,24 @@
       }
     }, 0);
   });
-  // The server sends only what differs from what the page holds (its digest, "have").
+  // The server sends only what differs from what the page holds (its digest, "have", which
+  // each event's id carries).
   var have = region.getAttribute("data-have") || "";
-  var source = new EventSource(
-    "/dashboard/events?view=" + encodeURIComponent(view) + "&have=" + encodeURIComponent(have)
-  );
-  source.addEventListener("update", function (event) {
-    apply(event.data);
-  });
+  function listen() {
+    var source = new EventSource(
+      "/dashboard/events?view=" + encodeURIComponent(view) + "&have=" + encodeURIComponent(have)
+    );
+    source.addEventListener("update", function (event) {
+      have = event.lastEventId || have;
+      apply(event.data);
+    });
+    // The browser reconnects by itself after a dropped stream, but gives up for good on an
+    // answer that is not a stream (a proxy's 502, a manager restarting): start again then.
+    source.addEventListener("error", function () {
+      if (source.readyState === EventSource.CLOSED) {
+        window.setTimeout(listen, 3000);
+      }
+    });
+  }
+  listen();
 })();
