@@ -144,31 +144,8 @@ impl Target {
     }
 
     fn sshd(sshd: &Sshd, blob: &Path) -> Self {
-        let mut args: Vec<String> = [
-            "-F",
-            "/dev/null",
-            "-p",
-            &sshd.port,
-            "-i",
-            &sshd.key.display().to_string(),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "ConnectTimeout=20",
-            "-c",
-            CIPHER,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let mut args = ongrid_e2e::ssh_client_options(&sshd.port, &sshd.key);
+        args.extend(["-c".to_owned(), CIPHER.to_owned()]);
         args.push(format!("{}@127.0.0.1", sshd.user));
         Self {
             name: "sshd",

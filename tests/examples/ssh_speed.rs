@@ -321,29 +321,7 @@ impl Sshd {
     }
 
     fn options(&self, key: &Path) -> Vec<String> {
-        let port = self.port.to_string();
-        let key = key.display().to_string();
-        [
-            "-F",
-            "/dev/null",
-            "-p",
-            &port,
-            "-i",
-            &key,
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
+        ongrid_e2e::ssh_client_options(&self.port.to_string(), key)
     }
 }
 

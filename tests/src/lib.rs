@@ -776,30 +776,8 @@ allowlist_refresh = "1 second"
     /// of the machine's own configuration.
     pub fn ssh_options(&self, user: &User) -> Vec<String> {
         let addr = self.gateway_addr.as_deref().expect("gateway started");
-        let port = addr.rsplit(':').next().expect("port").to_owned();
-        [
-            "-F",
-            "/dev/null",
-            "-p",
-            &port,
-            "-i",
-            &user.ssh_key.display().to_string(),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "ConnectTimeout=20",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
+        let port = addr.rsplit(':').next().expect("port");
+        ssh_client_options(port, &user.ssh_key)
     }
 
     /// Runs `ssh target@gateway command` as `user`, with `stdin` as its input.
@@ -1023,6 +1001,34 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// The options that make OpenSSH log in to `port` on loopback with the key `key` and nothing of
+/// the machine's own configuration: no agent, no prompt, no known-hosts file.
+pub fn ssh_client_options(port: &str, key: &Path) -> Vec<String> {
+    [
+        "-F",
+        "/dev/null",
+        "-p",
+        port,
+        "-i",
+        &key.display().to_string(),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=20",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
 }
 
 /// Makes an ed25519 key pair without passphrase at `path` (and `path.pub`).
