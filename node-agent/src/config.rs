@@ -33,6 +33,10 @@
 //! home = "/site/home/{login}"                     # default: the node-local volume ongrid-home-<login>
 //! [[storage.read_only]]
 //! source = "/cvmfs"
+//! [exec]                                          # optional; the defaults:
+//! mode = "direct"                                 # runc beside dockerd; "docker": docker exec
+//! runc = "runc"                                   # the OCI runtime of Docker's containers
+//! runc_root = "/run/docker/runtime-runc/moby"     # its state directory (runc --root)
 //! ```
 //!
 //! `[network]`: the most specific `allow` or `deny` entry containing a destination decides, a
@@ -165,6 +169,8 @@ struct ConfigFile {
     metrics: Option<MetricsConfig>,
     #[serde(default)]
     storage: crate::storage::StorageFile,
+    #[serde(default)]
+    exec: crate::runtime::direct::ExecConfig,
 }
 
 /// The `[network]` table as written; absent keys take the defaults of [`NetworkPolicy`].
@@ -309,6 +315,8 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     /// Homes and site mounts of every container (`[storage]`).
     pub storage: crate::storage::SiteStorage,
+    /// How stream processes start in dev containers (`[exec]`).
+    pub exec: crate::runtime::direct::ExecConfig,
 }
 
 /// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
@@ -463,6 +471,7 @@ impl Config {
             reserved,
             metrics: file.metrics,
             storage,
+            exec: file.exec,
         })
     }
 }

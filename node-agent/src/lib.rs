@@ -35,6 +35,7 @@ pub mod runtime;
 pub mod storage;
 pub mod streams;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +56,7 @@ use crate::gpu::GpuBackend;
 use crate::manager_client::{AgentRoutes, ClientError, Versioned};
 use crate::network::HostFirewall;
 use crate::reconcile::Reconciler;
+use crate::runtime::direct::DirectExec;
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::{error_chain, ContainerRuntime, GpuAccess};
 use crate::streams::StreamServer;
@@ -82,9 +84,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let gpus = gpu::from_config(&config.gpu)
         .context("setting up the GPU backend ([gpu] in the config)")?;
     let gpus = metrics::MeteredGpus::wrap(gpus);
+    // The helper is this very binary (`/proc/self/exe` stays it even when the file is replaced
+    // by an upgrade).
+    let direct = DirectExec::new(&config.exec, PathBuf::from("/proc/self/exe"));
     let runtime = DockerRuntime::connect(config.node_name.clone())
         .await
-        .context("connecting to Docker")?;
+        .context("connecting to Docker")?
+        .with_direct_exec(direct);
     let runtime: Arc<dyn ContainerRuntime> = Arc::new(runtime);
     let guard = node_guard(&config, &*runtime).await?;
     let manager = AgentRoutes::new(&config.manager_url, &config.ca_dir, config.token.clone())

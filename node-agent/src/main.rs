@@ -1,6 +1,7 @@
 //! `ongrid-agent --config FILE [--check-config]`: loads the config, sets up logging to stderr
 //! (filter from `ONGRID_LOG`, default `info`), and runs [`ongrid_agent::run`] until SIGINT or
-//! SIGTERM. Dev containers keep running when the agent stops. The start-up and shutdown
+//! SIGTERM. Dev containers keep running when the agent stops. `ongrid-agent exec-helper ...` is
+//! the agent's own helper of processes it starts with runc (`runtime::direct`). The start-up and shutdown
 //! plumbing is [`ongrid_service::Binary`].
 
 use std::path::PathBuf;
@@ -23,6 +24,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    let mut args = std::env::args();
+    if args.nth(1).as_deref() == Some(ongrid_agent::runtime::direct::HELPER_ARG) {
+        // The parent of one process started with runc (the agent runs it, never a person).
+        return ongrid_agent::runtime::direct::helper_main(args);
+    }
     let args = Args::parse();
     ongrid_service::Binary::new("ongrid-agent", &args.config, args.check_config)
         // The GPU backend checks what it can without discovering: the file, the binary.

@@ -43,6 +43,7 @@ use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, info};
 
 use super::accounts::{self, EtcFile};
+use super::direct::{DirectError, DirectExec};
 use super::LABEL_GPUS;
 use super::{BindMount, Home, NetworkStatus, NodeResources, Propagation};
 use super::{
@@ -65,6 +66,8 @@ pub struct DockerRuntime {
     /// never stale): a new container's are its image's, and reading them out of a container
     /// costs two archive requests on the way to a shell.
     etc_files: Arc<std::sync::Mutex<HashMap<String, (EtcFile, EtcFile)>>>,
+    /// Streams' processes through runc beside dockerd; `None`: `docker exec` for all.
+    direct: Option<Arc<DirectExec>>,
 }
 
 /// How many images' `/etc/passwd` and `/etc/group` the runtime keeps.
@@ -82,7 +85,16 @@ impl DockerRuntime {
             docker,
             node,
             etc_files: Arc::default(),
+            direct: None,
         })
+    }
+
+    /// Starts processes through runc beside dockerd ([`DirectExec`]) wherever runc knows the
+    /// container; `None` keeps `docker exec` for all.
+    #[must_use]
+    pub fn with_direct_exec(mut self, direct: Option<DirectExec>) -> Self {
+        self.direct = direct.map(Arc::new);
+        self
     }
 
     /// Every container of this node's (any state) that also carries `extra_labels`.
@@ -703,7 +715,16 @@ impl ContainerRuntime for DockerRuntime {
         container_id: &'a str,
         spec: &'a ExecSpec,
     ) -> BoxFuture<'a, Result<ExecProcess, RuntimeError>> {
-        Box::pin(self.exec_in(container_id, spec))
+        Box::pin(async move {
+            if let Some(direct) = &self.direct {
+                match direct.start(container_id, spec).await {
+                    Ok(process) => return Ok(process),
+                    Err(DirectError::Failed(e)) => return Err(e),
+                    Err(DirectError::Unavailable(why)) => direct.note_fallback(container_id, &why),
+                }
+            }
+            self.exec_in(container_id, spec).await
+        })
     }
 
     fn resize_exec<'a>(
@@ -711,14 +732,31 @@ impl ContainerRuntime for DockerRuntime {
         exec_id: &'a str,
         size: TtySize,
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
-        Box::pin(self.resize(exec_id, size))
+        Box::pin(async move {
+            match &self.direct {
+                Some(direct) if DirectExec::owns(exec_id) => direct.resize(exec_id, size),
+                _ => self.resize(exec_id, size).await,
+            }
+        })
     }
 
     fn inspect_exec<'a>(
         &'a self,
         exec_id: &'a str,
     ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>> {
-        Box::pin(self.exec_status(exec_id))
+        Box::pin(async move {
+            match &self.direct {
+                Some(direct) if DirectExec::owns(exec_id) => {
+                    direct.status(exec_id).unwrap_or_else(|| {
+                        Err(RuntimeError::Setup {
+                            action: format!("inspecting process {exec_id}"),
+                            problem: "the agent does not know it (it ended long ago)".to_owned(),
+                        })
+                    })
+                }
+                _ => self.exec_status(exec_id).await,
+            }
+        })
     }
 
     fn upload_archive<'a>(

@@ -7,11 +7,12 @@
 //! GPU access and limits. The runtime only carries the spec out.
 //!
 //! The SSH gateway's streams ([`crate::streams`]) use the same trait to find a session's
-//! container ([`SessionContainer`]) and to run processes in it (`docker exec`: [`ExecSpec`],
-//! [`ExecProcess`]). [`inject`] puts ongrid's own tools into containers (under `/run/ongrid`)
+//! container ([`SessionContainer`]) and to run processes in it ([`ExecSpec`], [`ExecProcess`]):
+//! through runc beside dockerd ([`direct`]), else `docker exec`. [`inject`] puts ongrid's own tools into containers (under `/run/ongrid`)
 //! with the archive methods: the node's sftp-server for images without one.
 
 pub mod accounts;
+pub mod direct;
 pub mod docker;
 #[cfg(test)]
 pub mod fake;

@@ -1,6 +1,6 @@
-//! Shell, exec and the `sftp` subsystem: a process in the session's container (`docker exec`),
-//! run as the container's user in the user's home, its output and exit status sent back as
-//! frames.
+//! Shell, exec and the `sftp` subsystem: a process in the session's container (started with
+//! runc beside dockerd, else `docker exec`: [`crate::runtime::direct`]), run as the container's
+//! user in the user's home, its output and exit status sent back as frames.
 //!
 //! - Commands. `Shell` is the login shell ([`LOGIN_SHELL`] `-l`, `/bin/sh -l` when the image
 //!   lacks it). `Exec` runs the command with that shell's `-c`, as sshd does (never split into
@@ -18,9 +18,9 @@
 //! - Output: `Data` (stdout, or everything with a terminal) and `Stderr`, then `Eof` when the
 //!   output ends, then `Exit` once the process has ended, then the stream closes.
 //! - Exit status. Docker reports only an exit code, and a process killed by signal N as
-//!   128 + N, exactly like a shell reporting a child killed by N. The agent cannot tell the two
-//!   apart, so it always answers [`ExitStatus::Code`] (OpenSSH's client then exits with that
-//!   code, as a shell would report it); it never claims `exit-signal`.
+//!   128 + N, exactly like a shell reporting a child killed by N; a direct process is reported
+//!   the same way. The agent always answers [`ExitStatus::Code`] (OpenSSH's client then exits
+//!   with that code, as a shell would report it); it never claims `exit-signal`.
 //! - The gateway going away ends the stream: a process with a terminal gets SIGHUP (the terminal
 //!   hung up), one without sees its stdin closed.
 

@@ -10,6 +10,7 @@
 //! under test.
 
 mod docker;
+mod exec;
 mod freeze;
 mod isolation;
 mod jobs;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use ongrid_agent::network::iptables::Iptables;
 use ongrid_agent::network::NetworkPolicy;
 use ongrid_agent::reconcile::NodeGuard;
+use ongrid_agent::runtime::direct::{DirectExec, ExecConfig};
 use ongrid_agent::runtime::docker::DockerRuntime;
 use ongrid_agent::runtime::LimitCeiling;
 use ongrid_core::api::{ContainerLimits, ContainerUser, DesiredSession, RunState};
@@ -71,6 +73,13 @@ pub fn exists(kind: &str, name: &str) -> bool {
         .success()
 }
 
+/// Processes through runc as the agent starts them, with the agent's binary as their helper;
+/// panics when runc does not run here.
+pub fn direct_exec(config: &ExecConfig) -> DirectExec {
+    DirectExec::new(config, env!("CARGO_BIN_EXE_ongrid-agent").into())
+        .expect("runc must run here (Debian's runc package comes with docker.io)")
+}
+
 /// One test's node on the shared Docker daemon; removes what it made when dropped: its
 /// containers, networks, firewall rules and the home volumes of its users.
 pub struct TestNode {
@@ -103,7 +112,8 @@ impl TestNode {
                     "these tests need the Docker daemon: {:#}",
                     anyhow::Error::from(e)
                 )
-            });
+            })
+            .with_direct_exec(Some(direct_exec(&ExecConfig::default())));
         assert!(
             exists("image", IMAGE),
             "image {IMAGE} is missing: run images/dev/build.sh (as root) first"
