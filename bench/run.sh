@@ -10,9 +10,10 @@
 #    starts on a free loopback port with its own config, host key and test user `ongrid-bench`
 #    (MaxStartups raised so 50 logins at once are not dropped), the same cipher on both
 #    (chacha20-poly1305@openssh.com): throughput each way of ONGRID_BENCH_SSH_MIB MiB of random
-#    bytes through `cat`, login time one at a time (p50) and 50 at once; then the resident memory
-#    of the gateway and the agent with ONGRID_BENCH_IDLE idle connections (authenticated, a
-#    session channel open) (tests/examples/ssh_bench.rs).
+#    bytes through `cat`, login time one at a time (p50) and 50 at once; ONGRID_BENCH_ACTIVE
+#    connections at once each moving 4 MiB, with the gateway's and the agent's highest resident
+#    memory meanwhile; then their resident memory with ONGRID_BENCH_IDLE idle connections
+#    (authenticated, a session channel open) (tests/examples/ssh_bench.rs).
 # 3. The scheduler's plan time: a short criterion run of scheduler/benches/plan.rs (1,000 nodes
 #    × 8 GPUs against 10,000 pending sessions; 10,000 GPUs against 50,000 sessions and jobs).
 # 4. The freeze ratio: images/benches/freeze.sh on ONGRID_BENCH_FREEZE_MIB MiB, one run each.
@@ -25,7 +26,8 @@
 #
 # Usage: bench/run.sh [--no-build]
 # Environment (defaults): ONGRID_BENCH_SESSIONS (20), ONGRID_BENCH_SSH_MIB (1024),
-#   ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0 skips the freeze),
+#   ONGRID_BENCH_ACTIVE (200; 0 skips), ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0
+#   skips the freeze),
 #   ONGRID_BENCH_PLAN (yes; no skips the scheduler).
 #
 # Needs: root (the agent installs iptables rules; the test user; the freeze bench), cargo, Docker
@@ -39,6 +41,7 @@ readonly TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 readonly SESSIONS="${ONGRID_BENCH_SESSIONS:-20}"
 readonly SSH_MIB="${ONGRID_BENCH_SSH_MIB:-1024}"
 readonly IDLE="${ONGRID_BENCH_IDLE:-1000}"
+readonly ACTIVE="${ONGRID_BENCH_ACTIVE:-200}"
 readonly FREEZE_MIB="${ONGRID_BENCH_FREEZE_MIB:-256}"
 readonly PLAN="${ONGRID_BENCH_PLAN:-yes}"
 readonly SSHD_USER=ongrid-bench
@@ -60,7 +63,7 @@ done
 for var in SESSIONS SSH_MIB; do
     [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number above 0"
 done
-for var in IDLE FREEZE_MIB; do
+for var in IDLE ACTIVE FREEZE_MIB; do
     [[ "${!var}" =~ ^[0-9]+$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number"
 done
 [[ "$(id -u)" -eq 0 ]] || die "run as root: the agent installs iptables rules, and the sshd needs a test user"
@@ -187,7 +190,7 @@ printf '\n==> time to shell, %s sessions\n' "$SESSIONS"
 
 printf '\n==> SSH: the gateway against OpenSSH sshd\n'
 start_sshd
-"$TARGET_DIR/release/examples/ssh_bench" --mib "$SSH_MIB" --idle "$IDLE"
+"$TARGET_DIR/release/examples/ssh_bench" --mib "$SSH_MIB" --active "$ACTIVE" --idle "$IDLE"
 
 if [[ "$PLAN" != no ]]; then
     printf '\n==> scheduler plan time (a short criterion run)\n'

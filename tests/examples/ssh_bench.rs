@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! ONGRID_BENCH_SSHD_PORT=P ONGRID_BENCH_SSHD_USER=U ONGRID_BENCH_SSHD_KEY=K ONGRID_BENCH_WORK=D \
-//!     ssh_bench [--mib 1024] [--runs 2] [--logins 20] [--concurrent 50] [--idle 1000]
+//!     ssh_bench [--mib 1024] [--runs 2] [--logins 20] [--concurrent 50] [--active 200] [--idle 1000]
 //! ```
 //!
 //! The site (manager, an agent with a simulated GPU, the gateway) is the end-to-end harness's;
@@ -22,6 +22,11 @@
 //!   the best of each is kept. The times include the login (about 2% of a 1 GiB transfer).
 //! - login: `ssh T true` `--logins` times one after the other (alternating; p50 and p99), then
 //!   `--concurrent` at once (the wall time until the last one ended; all must succeed).
+//! - active connections: `--active` connections open at once, logged in first, then each told
+//!   to send 4 MiB of the file together (every byte counted; all must succeed), against each
+//!   server in turn: the wall time from the go until the last ended, and the highest resident
+//!   memory of the gateway and the agent meanwhile (sampled every 50 ms). All of the gateway's
+//!   go to the one session, so its container runs them all.
 //! - idle connections (gateway only): `--idle` connections from one process (russh's client),
 //!   each authenticated with the user's key and with a session channel open, no command; the
 //!   resident memory of the gateway and the agent before, with all open, and after they closed.
@@ -47,6 +52,10 @@ const SESSION: &str = "bench";
 const CONTAINER_BLOB: &str = "/dev/shm/ongrid-bench-blob";
 /// The size of the random file: every transfer repeats it.
 const CHUNK_MIB: u64 = 32;
+/// What each active connection moves, MiB (of the random file, which is larger).
+const ACTIVE_MIB: u64 = 4;
+/// Active connections logging in at once (the gateway admits 50 not logged in yet per address).
+const ACTIVE_LOGINS: usize = 25;
 /// Idle connections being set up at once (the gateway admits 50 not logged in yet per address).
 const IDLE_IN_FLIGHT: usize = 32;
 
@@ -55,12 +64,14 @@ struct Options {
     runs: usize,
     logins: usize,
     concurrent: usize,
+    active: usize,
     idle: usize,
 }
 
 fn usage() -> String {
-    "usage: ssh_bench [--mib N] [--runs N] [--logins N] [--concurrent N] [--idle N]\n\
-     (defaults: 1024 MiB, 2 runs, 20 logins, 50 at once, 1000 idle connections), with\n\
+    "usage: ssh_bench [--mib N] [--runs N] [--logins N] [--concurrent N] [--active N] [--idle N]\n\
+     (defaults: 1024 MiB, 2 runs, 20 logins, 50 at once, 200 active, 1000 idle connections),\n\
+     with\n\
      ONGRID_BENCH_SSHD_PORT, ONGRID_BENCH_SSHD_USER, ONGRID_BENCH_SSHD_KEY and ONGRID_BENCH_WORK\n\
      set (bench/run.sh sets them)"
         .to_owned()
@@ -72,6 +83,7 @@ fn parse_options() -> Result<Options, String> {
         runs: 2,
         logins: 20,
         concurrent: 50,
+        active: 200,
         idle: 1000,
     };
     let mut args = std::env::args().skip(1);
@@ -88,6 +100,7 @@ fn parse_options() -> Result<Options, String> {
             "--runs" if number > 0 => options.runs = count,
             "--logins" if number > 0 => options.logins = count,
             "--concurrent" if number > 0 => options.concurrent = count,
+            "--active" => options.active = count,
             "--idle" => options.idle = count,
             _ => {
                 return Err(format!(
@@ -225,7 +238,6 @@ fn main() -> ExitCode {
             Some(ours / theirs),
         );
     }
-    std::fs::remove_file(&blob).ok();
 
     println!(
         "\n==> login: `ssh T true`, {} one after the other",
@@ -273,6 +285,55 @@ fn main() -> ExitCode {
         &ms(walls[1]).to_string(),
         Some(walls[0].as_secs_f64() / walls[1].as_secs_f64()),
     );
+
+    if options.active > 0 {
+        println!(
+            "\n==> {} active connections at once, each `head -c {ACTIVE_MIB}M FILE`",
+            options.active
+        );
+        let pids = ["gateway", "agent"].map(|c| site.pid(c).expect("the site's processes run"));
+        let mut walls = [Duration::ZERO; 2];
+        for (i, target) in [&gateway, &reference].into_iter().enumerate() {
+            let (wall, peak) = active_at_once(target, options.active, &pids);
+            walls[i] = wall;
+            println!(
+                "{:<8} all {} done in {} ms ({:.1} MiB/s in all); highest resident memory \
+                 meanwhile: gateway {:.1} MiB, agent {:.1} MiB",
+                target.name,
+                options.active,
+                ms(wall),
+                (options.active as u64 * ACTIVE_MIB) as f64 / wall.as_secs_f64(),
+                peak[0] as f64 / 1024.0,
+                peak[1] as f64 / 1024.0
+            );
+            if i == 0 {
+                bench_summary(
+                    &format!(
+                        "gateway / agent highest memory, {} active, MiB",
+                        options.active
+                    ),
+                    &format!(
+                        "{:.1} / {:.1}",
+                        peak[0] as f64 / 1024.0,
+                        peak[1] as f64 / 1024.0
+                    ),
+                    "-",
+                    None,
+                );
+            }
+        }
+        bench_summary(
+            &format!(
+                "{} active connections (4 MiB each), wall ms",
+                options.active
+            ),
+            &ms(walls[0]).to_string(),
+            &ms(walls[1]).to_string(),
+            Some(walls[0].as_secs_f64() / walls[1].as_secs_f64()),
+        );
+    }
+
+    std::fs::remove_file(&blob).ok();
 
     if options.idle > 0 {
         println!(
@@ -449,6 +510,98 @@ fn logins_at_once(target: &Target, count: usize) -> Duration {
         target.name
     );
     elapsed
+}
+
+/// `count` connections open at once, each `ssh T 'echo ready; read go; head -c ACTIVE_MIB M
+/// FILE'`: all are logged in first ([`ACTIVE_LOGINS`] at a time, under the gateway's cap of
+/// logins in progress per address), then all are told to go together. The time from the go
+/// until the last ended, every byte counted, and the highest resident memory (KiB) of each of
+/// `pids` meanwhile.
+fn active_at_once(target: &Target, count: usize, pids: &[u32; 2]) -> (Duration, [u64; 2]) {
+    use std::io::BufRead;
+    let bytes = ACTIVE_MIB * 1024 * 1024;
+    let remote = format!("echo ready; read go; head -c {bytes} {}", target.blob);
+    let mut open = Vec::with_capacity(count);
+    for batch in (0..count).collect::<Vec<_>>().chunks(ACTIVE_LOGINS) {
+        let children: Vec<Child> = batch
+            .iter()
+            .map(|_| {
+                target
+                    .command(&remote)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run ssh")
+            })
+            .collect();
+        for mut child in children {
+            let mut stdout = std::io::BufReader::new(child.stdout.take().expect("ssh stdout"));
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read ssh's output");
+            if line != "ready\n" {
+                let out = child.wait_with_output().expect("wait for ssh");
+                panic!(
+                    "an active connection to {} did not log in ({}): {}",
+                    target.name,
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            open.push((child, stdout));
+        }
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (done, pids) = (done.clone(), *pids);
+        std::thread::spawn(move || {
+            let mut peak = [0_u64; 2];
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, pid) in pids.iter().enumerate() {
+                    peak[i] = peak[i].max(rss_kib(*pid).unwrap_or(0));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
+    let start = Instant::now();
+    let readers: Vec<_> = open
+        .into_iter()
+        .map(|(mut child, mut stdout)| {
+            let mut stdin = child.stdin.take().expect("ssh stdin");
+            std::thread::spawn(move || {
+                let went = stdin.write_all(b"go\n");
+                drop(stdin);
+                let received = std::io::copy(&mut stdout, &mut std::io::sink()).unwrap_or(0);
+                let out = child.wait_with_output().expect("wait for ssh");
+                (went.is_ok() && out.status.success() && received == bytes)
+                    .then_some(())
+                    .ok_or_else(|| {
+                        format!(
+                            "{} ({received} of {bytes} bytes): {}",
+                            out.status,
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        )
+                    })
+            })
+        })
+        .collect();
+    let failures: Vec<String> = readers
+        .into_iter()
+        .filter_map(|reader| reader.join().expect("reader thread").err())
+        .collect();
+    let elapsed = start.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().expect("sampler thread");
+    assert!(
+        failures.is_empty(),
+        "{} of {count} active connections to {} failed, first: {}",
+        failures.len(),
+        target.name,
+        failures[0]
+    );
+    (elapsed, peak)
 }
 
 /// A client that accepts any host key (the harness's gateway made its own just now).

@@ -62,8 +62,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of a process's output is read at once.
 const CHUNK: usize = 64 * 1024;
 
-/// How long an ended process's status is kept for late questions about it.
-const KEEP_ENDED: Duration = Duration::from_secs(120);
+/// How many ended processes' statuses are kept (the oldest forgotten first). A stream asks for
+/// the status once the output ends, which a background process holding it open can delay for
+/// hours after the process itself ended.
+const KEEP_ENDED: usize = 10_000;
 
 /// How processes start in dev containers: the `[exec]` table of the agent's config.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -471,7 +473,7 @@ impl DirectExec {
         else {
             return Err(RuntimeError::Setup {
                 action: format!("resizing the terminal of process {exec_id}"),
-                problem: "it has no terminal, or it ended long ago".to_owned(),
+                problem: "it has no terminal, or its stream has ended".to_owned(),
             });
         };
         let winsize = rustix::termios::Winsize {
@@ -486,11 +488,23 @@ impl DirectExec {
         })
     }
 
+    /// Forgets the oldest ended processes beyond [`KEEP_ENDED`].
     fn forget_ended(&self) {
-        lock(&self.processes).retain(|_, tracked| match &*lock(&tracked.outcome) {
-            Outcome::Running => true,
-            Outcome::Ended { at, .. } | Outcome::Lost { at, .. } => at.elapsed() < KEEP_ENDED,
-        });
+        let mut processes = lock(&self.processes);
+        let mut ended: Vec<(Instant, String)> = processes
+            .iter()
+            .filter_map(|(id, tracked)| match &*lock(&tracked.outcome) {
+                Outcome::Running => None,
+                Outcome::Ended { at, .. } | Outcome::Lost { at, .. } => Some((*at, id.clone())),
+            })
+            .collect();
+        if ended.len() <= KEEP_ENDED {
+            return;
+        }
+        ended.sort();
+        for (_, id) in &ended[..ended.len() - KEEP_ENDED] {
+            processes.remove(id);
+        }
     }
 }
 
