@@ -22,14 +22,14 @@
 //!   the best of each is kept. The times include the login (about 2% of a 1 GiB transfer).
 //! - login: `ssh T true` `--logins` times one after the other (alternating; p50 and p99), then
 //!   `--concurrent` at once (the wall time until the last one ended; all must succeed).
+//! - idle connections (gateway only): `--idle` connections from one process (russh's client),
+//!   each authenticated with the user's key and with a session channel open, no command; the
+//!   resident memory of the gateway and the agent before, with all open, and after they closed.
 //! - active connections: `--active` connections open at once, logged in first, then each told
 //!   to send 4 MiB of the file together (every byte counted; all must succeed), against each
 //!   server in turn: the wall time from the go until the last ended, and the highest resident
 //!   memory of the gateway and the agent meanwhile (sampled every 50 ms). All of the gateway's
 //!   go to the one session, so its container runs them all.
-//! - idle connections (gateway only): `--idle` connections from one process (russh's client),
-//!   each authenticated with the user's key and with a session channel open, no command; the
-//!   resident memory of the gateway and the agent before, with all open, and after they closed.
 //!
 //! Every figure is printed; none is asserted, except that each transfer moved every byte and
 //! each login succeeded. The headline rows also go to `ONGRID_BENCH_SUMMARY` when it is set
@@ -70,7 +70,7 @@ struct Options {
 
 fn usage() -> String {
     "usage: ssh_bench [--mib N] [--runs N] [--logins N] [--concurrent N] [--active N] [--idle N]\n\
-     (defaults: 1024 MiB, 2 runs, 20 logins, 50 at once, 200 active, 1000 idle connections),\n\
+     (defaults: 1024 MiB, 3 runs, 20 logins, 50 at once, 200 active, 1000 idle connections),\n\
      with\n\
      ONGRID_BENCH_SSHD_PORT, ONGRID_BENCH_SSHD_USER, ONGRID_BENCH_SSHD_KEY and ONGRID_BENCH_WORK\n\
      set (bench/run.sh sets them)"
@@ -80,7 +80,7 @@ fn usage() -> String {
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         mib: 1024,
-        runs: 2,
+        runs: 3,
         logins: 20,
         concurrent: 50,
         active: 200,
@@ -286,6 +286,13 @@ fn main() -> ExitCode {
         Some(walls[0].as_secs_f64() / walls[1].as_secs_f64()),
     );
 
+    if options.idle > 0 {
+        println!(
+            "\n==> {} idle connections to the gateway (authenticated, a session channel open)",
+            options.idle
+        );
+        idle_connections(&site, &user, options.idle);
+    }
     if options.active > 0 {
         println!(
             "\n==> {} active connections at once, each `head -c {ACTIVE_MIB}M FILE`",
@@ -334,14 +341,6 @@ fn main() -> ExitCode {
     }
 
     std::fs::remove_file(&blob).ok();
-
-    if options.idle > 0 {
-        println!(
-            "\n==> {} idle connections to the gateway (authenticated, a session channel open)",
-            options.idle
-        );
-        idle_connections(&site, &user, options.idle);
-    }
     ExitCode::SUCCESS
 }
 
