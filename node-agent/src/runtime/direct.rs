@@ -25,6 +25,10 @@
 //! `killed SIGNAL`), so the pipes carry only the process's bytes; it holds none of them once
 //! runc has started the process.
 //!
+//! **Output** ends when the process closes it, or, as dockerd ends an exec's streams, 2 s after
+//! the process ended even if a child it left in the background still holds the pipes
+//! (`cmd & exit` returns, as it did through `docker exec`).
+//!
 //! A container runc does not know under `runc_root` (another OCI runtime, rootless Docker, a
 //! daemon with another exec root) gets `docker exec`, as does a user other than the container's.
 
@@ -61,6 +65,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How much of a process's output is read at once.
 const CHUNK: usize = 64 * 1024;
+
+/// How long a process's output may go on once the process has ended (dockerd gives an exec's
+/// streams 2 s): a background child that keeps stdout open would otherwise keep the SSH
+/// channel open, which `docker exec` never did.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 /// How many ended processes' statuses are kept (the oldest forgotten first). A stream asks for
 /// the status once the output ends, which a background process holding it open can delay for
@@ -266,7 +275,20 @@ impl DirectExec {
             outcome: Mutex::new(Outcome::Running),
         });
         lock(&self.processes).insert(id.clone(), tracked.clone());
-        tokio::spawn(watch(id.clone(), status.reader, child.helper, tracked));
+        let (ended, ended_seen) = tokio::sync::oneshot::channel();
+        tokio::spawn(watch(
+            id.clone(),
+            status.reader,
+            child.helper,
+            tracked,
+            ended,
+        ));
+        // As dockerd does for `docker exec`: once the process has ended, its output ends too
+        // within OUTPUT_GRACE, even while a child it left in the background holds the pipes.
+        let output_closes = async move {
+            let _ = ended_seen.await;
+            tokio::time::sleep(OUTPUT_GRACE).await;
+        };
 
         let (output, input): (_, Pin<Box<dyn AsyncWrite + Send>>) = match (master, child.pipes) {
             (Some(master), _) => {
@@ -289,6 +311,7 @@ impl DirectExec {
             ),
             (None, None) => return Err(failed("the terminal was not handed over".to_owned())),
         };
+        let output = output.take_until(output_closes).boxed();
         Ok(ExecProcess { id, output, input })
     }
 
@@ -694,12 +717,13 @@ impl Report {
     }
 }
 
-/// Reads the helper's last report and reaps it.
+/// Reads the helper's last report and reaps it; `ended` fires once the outcome is known.
 async fn watch(
     exec_id: String,
     mut reader: tokio::io::BufReader<UnixStream>,
     mut helper: tokio::process::Child,
     tracked: Arc<Tracked>,
+    ended: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut line = String::new();
     let outcome = match reader.read_line(&mut line).await {
@@ -731,6 +755,7 @@ async fn watch(
     };
     debug!(exec_id, ?outcome, "Direct process ended.");
     *lock(&tracked.outcome) = outcome;
+    let _ = ended.send(());
     let _ = helper.wait().await;
 }
 

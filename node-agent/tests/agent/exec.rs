@@ -249,3 +249,30 @@ async fn a_container_runc_does_not_know_gets_docker_exec() {
     let (output, code) = finish(runtime.as_ref(), process, false).await;
     assert_eq!((output.as_str(), code), ("through docker exec\n", 3));
 }
+
+#[tokio::test]
+async fn a_child_left_in_the_background_does_not_hold_the_output_open() {
+    let node = TestNode::new().await;
+    let (_session, container) = start_session(&node).await;
+    // The background sleep keeps stdout and stderr open for 300 s; docker exec's streams end
+    // 2 s after the process, and so must a direct process's.
+    let spec = exec_spec(
+        &container,
+        &Program::Command("sleep 300 & echo started; exit 4".to_owned()),
+        None,
+        &[],
+    );
+    let process = node
+        .runtime
+        .start_exec(&container.id, &spec)
+        .await
+        .expect("direct exec");
+    assert!(process.id.starts_with("direct-"), "{}", process.id);
+    let finished = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        finish(node.runtime.as_ref(), process, false),
+    )
+    .await
+    .expect("the output ended long before the background sleep");
+    assert_eq!(finished, ("started\n".to_owned(), 4));
+}
