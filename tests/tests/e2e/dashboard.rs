@@ -264,6 +264,18 @@ fn session_state(site: &Site, user: &User, name: &str) -> String {
     view["state"].as_str().unwrap_or_default().to_owned()
 }
 
+/// When the page does not show what the test waits for: the manager's own view of the user's
+/// sessions and the site's logs, to tell a slow start from a missed live update.
+fn what_the_site_says(site: &Site, user: &User) -> String {
+    let ls = site.devctl(user, &["session", "ls"]);
+    format!(
+        "--- devctl session ls ---\n{}{}\n{}",
+        String::from_utf8_lossy(&ls.stdout),
+        String::from_utf8_lossy(&ls.stderr),
+        site.logs()
+    )
+}
+
 #[test]
 fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
     let mut site = Site::start_configured(
@@ -300,7 +312,10 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         fill(&browser, "#new-name", "train1").await;
         click(&browser, "#start-session").await;
         let waiting = r#"tr[data-session="train1"][data-state="WAITING"]"#;
-        wait_for(&browser, waiting, Duration::from_secs(120)).await;
+        wait_or(&browser, waiting, Duration::from_secs(120), || {
+            what_the_site_says(&site, &alice)
+        })
+        .await;
         let text = text_of(&browser, waiting).await;
         assert!(text.contains("WAITING"), "the state is written out: {text}");
         assert!(text.contains(&site.node), "{text}");
@@ -327,11 +342,9 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
             r#"tr[data-session="train1"] form[action$="/release"] button"#,
         )
         .await;
-        wait_for(
-            &browser,
-            r#"tr[data-session="train1"][data-state="WAITING"]"#,
-            Duration::from_secs(120),
-        )
+        wait_or(&browser, waiting, Duration::from_secs(120), || {
+            what_the_site_says(&site, &alice)
+        })
         .await;
         assert_eq!(session_state(&site, &alice, "train1"), "WAITING");
 
