@@ -8,14 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use ongrid_agent::reconcile::Reconciler;
 use ongrid_agent::runtime::direct::ExecConfig;
 use ongrid_agent::runtime::docker::DockerRuntime;
 use ongrid_agent::runtime::{
-    ContainerRuntime, ExecOutput, ExecProcess, ExecSpec, GpuAccess, SessionContainer, TtySize,
+    ContainerRuntime, ExecOutput, ExecProcess, ExecSpec, SessionContainer, TtySize,
 };
 use ongrid_agent::streams::exec::{exec_spec, wait_for_exit, Program};
-use ongrid_core::api::{ContainerState, DesiredSession};
+use ongrid_core::api::DesiredSession;
 use tokio::io::AsyncWriteExt;
 
 use crate::{direct_exec, TestNode};
@@ -38,19 +37,7 @@ exit 7
 "#;
 
 async fn start_session(node: &TestNode) -> (DesiredSession, SessionContainer) {
-    let session = node.session();
-    let mut reconciler = Reconciler::new(
-        node.runtime.clone(),
-        node.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        node.guard(),
-    );
-    reconciler
-        .converge(std::slice::from_ref(&session))
-        .await
-        .expect("Docker answers");
-    let observed = reconciler.observe().await.expect("Docker answers");
-    assert_eq!(observed[0].state, ContainerState::Running, "{observed:?}");
+    let session = node.running_session().await;
     let container = node
         .runtime
         .session_container(session.session_id)

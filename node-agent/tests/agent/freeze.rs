@@ -21,23 +21,6 @@ use ongrid_core::image::{Compression, FreezeOrder, FreezeProgress};
 
 use crate::{docker, TestNode, IMAGE};
 
-/// A running dev container for a new user of `node`.
-async fn running_session(node: &TestNode) -> DesiredSession {
-    let session = node.session();
-    let mut reconciler = Reconciler::new(
-        node.runtime.clone(),
-        node.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        node.guard(),
-    );
-    reconciler
-        .converge(std::slice::from_ref(&session))
-        .await
-        .expect("Docker answers");
-    assert!(is_running(&session), "the dev container must run");
-    session
-}
-
 fn container(session: &DesiredSession) -> String {
     session.session_id.container_name()
 }
@@ -348,7 +331,7 @@ pub(crate) fn partition_offset(sif: &str) -> u64 {
 #[tokio::test]
 async fn a_session_freezes_into_a_sif_and_a_docker_image_equal_to_its_filesystem() {
     let node = TestNode::new().await;
-    let session = running_session(&node).await;
+    let session = node.running_session().await;
     let uid = session.user.uid.to_string();
     let login = session.user.name.to_string();
 
@@ -531,7 +514,7 @@ async fn a_session_freezes_into_a_sif_and_a_docker_image_equal_to_its_filesystem
 #[tokio::test]
 async fn grid_proxies_in_tmp_are_in_neither_the_sif_nor_the_docker_image() {
     let node = TestNode::new().await;
-    let session = running_session(&node).await;
+    let session = node.running_session().await;
     let uid = session.user.uid.to_string();
     exec_as(
         &session,
@@ -642,7 +625,7 @@ impl Drop for SmallFs {
 #[tokio::test]
 async fn a_full_store_fails_cleanly() {
     let node = TestNode::new().await;
-    let session = running_session(&node).await;
+    let session = node.running_session().await;
     let store = SmallFs::new("2m");
     let freezer = freezer(&node, store.dir.path());
     let order = order(&session, "full:v1");
@@ -669,7 +652,7 @@ async fn a_full_store_fails_cleanly() {
 #[tokio::test]
 async fn a_docker_error_fails_cleanly() {
     let node = TestNode::new().await;
-    let session = running_session(&node).await;
+    let session = node.running_session().await;
     let store = tempfile::tempdir().expect("temp dir");
     let freezer = freezer(&node, store.path());
     let order = order(&session, "docker:v1");
@@ -709,7 +692,7 @@ fn order_for_missing_container(node: &TestNode) -> (FreezeOrder, DesiredSession)
 #[tokio::test]
 async fn removing_the_session_mid_freeze_fails_it_cleanly() {
     let node = TestNode::new().await;
-    let session = running_session(&node).await;
+    let session = node.running_session().await;
     let store = tempfile::tempdir().expect("temp dir");
     let freezer = freezer(&node, store.path());
     let order = order(&session, "removed:v1");
@@ -738,7 +721,7 @@ async fn removing_the_session_mid_freeze_fails_it_cleanly() {
 #[tokio::test]
 async fn an_agent_restart_mid_freeze_fails_it_cleanly() {
     let node = TestNode::new().await;
-    let session = running_session(&node).await;
+    let session = node.running_session().await;
     let store = tempfile::tempdir().expect("temp dir");
 
     // A graceful stop: the running freeze is cancelled and cleaned up.
@@ -803,7 +786,7 @@ async fn an_agent_restart_mid_freeze_fails_it_cleanly() {
 #[tokio::test]
 async fn a_held_session_freezes_from_its_stopped_container_and_stays_stopped() {
     let node = TestNode::new().await;
-    let mut session = running_session(&node).await;
+    let mut session = node.running_session().await;
     exec_as(
         &session,
         "0",

@@ -27,11 +27,11 @@ use std::time::Duration;
 
 use ongrid_agent::network::iptables::Iptables;
 use ongrid_agent::network::NetworkPolicy;
-use ongrid_agent::reconcile::NodeGuard;
+use ongrid_agent::reconcile::{NodeGuard, Reconciler};
 use ongrid_agent::runtime::direct::{DirectExec, ExecConfig};
 use ongrid_agent::runtime::docker::DockerRuntime;
-use ongrid_agent::runtime::LimitCeiling;
-use ongrid_core::api::{ContainerLimits, ContainerUser, DesiredSession, RunState};
+use ongrid_agent::runtime::{GpuAccess, LimitCeiling};
+use ongrid_core::api::{ContainerLimits, ContainerState, ContainerUser, DesiredSession, RunState};
 use ongrid_core::{Dn, GpuId, MemorySize, NodeName, SessionId, SessionName, UserName};
 
 pub const IMAGE: &str = "ongrid/dev:latest";
@@ -135,6 +135,28 @@ impl TestNode {
             ceiling: LimitCeiling::NONE,
             storage: Default::default(),
         }
+    }
+
+    /// A new user's session whose dev container runs, converged by this node's reconciler.
+    pub async fn running_session(&self) -> DesiredSession {
+        let session = self.session();
+        let mut reconciler = Reconciler::new(
+            self.runtime.clone(),
+            self.node.clone(),
+            GpuAccess::EnvironmentOnly,
+            self.guard(),
+        );
+        reconciler
+            .converge(std::slice::from_ref(&session))
+            .await
+            .expect("Docker answers");
+        let observed = reconciler.observe().await.expect("Docker answers");
+        assert_eq!(
+            observed.first().map(|o| &o.state),
+            Some(&ContainerState::Running),
+            "the dev container must run: {observed:?}"
+        );
+        session
     }
 
     /// A session for a new user of this node (its home volume is removed with the node).
