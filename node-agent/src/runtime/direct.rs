@@ -32,7 +32,7 @@
 //! A container runc does not know under `runc_root` (another OCI runtime, rootless Docker, a
 //! daemon with another exec root) gets `docker exec`, as does a user other than the container's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
@@ -42,7 +42,7 @@ use std::process::{ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -137,9 +137,29 @@ pub struct DirectExec {
     /// Process specs, PID files and the sockets of helpers and consoles (mode 0700).
     dir: tempfile::TempDir,
     next: AtomicU64,
-    processes: Arc<Mutex<HashMap<String, Arc<Tracked>>>>,
+    processes: Arc<Mutex<Registry>>,
     /// Whether falling back to `docker exec` was already logged at `info`.
     fallback_logged: AtomicBool,
+}
+
+/// The processes started here: every running one, and the last [`KEEP_ENDED`] ended ones.
+#[derive(Debug, Default)]
+struct Registry {
+    by_id: HashMap<String, Arc<Tracked>>,
+    /// Ended processes' ids, oldest first.
+    ended: VecDeque<String>,
+}
+
+impl Registry {
+    /// Notes that `exec_id` ended, forgetting the oldest ended ones beyond [`KEEP_ENDED`].
+    fn ended(&mut self, exec_id: String) {
+        self.ended.push_back(exec_id);
+        while self.ended.len() > KEEP_ENDED {
+            if let Some(oldest) = self.ended.pop_front() {
+                self.by_id.remove(&oldest);
+            }
+        }
+    }
 }
 
 /// A started process as the agent knows it.
@@ -157,12 +177,10 @@ enum Outcome {
     /// Its exit code, a process killed by signal N reporting 128 + N as Docker does.
     Ended {
         code: i64,
-        at: Instant,
     },
     /// The helper went away without saying how the process ended.
     Lost {
         why: String,
-        at: Instant,
     },
 }
 
@@ -235,7 +253,6 @@ impl DirectExec {
         container_id: &str,
         spec: &ExecSpec,
     ) -> Result<ExecProcess, DirectError> {
-        self.forget_ended();
         let action = format!(
             "starting {} in container {container_id} with runc",
             spec.command
@@ -274,13 +291,16 @@ impl DirectExec {
             terminal: master.as_ref().map(|m| Arc::downgrade(&m.control)),
             outcome: Mutex::new(Outcome::Running),
         });
-        lock(&self.processes).insert(id.clone(), tracked.clone());
+        lock(&self.processes)
+            .by_id
+            .insert(id.clone(), tracked.clone());
         let (ended, ended_seen) = tokio::sync::oneshot::channel();
         tokio::spawn(watch(
             id.clone(),
             status.reader,
             child.helper,
             tracked,
+            self.processes.clone(),
             ended,
         ));
         // As dockerd does for `docker exec`: once the process has ended, its output ends too
@@ -466,32 +486,38 @@ impl DirectExec {
         Ok(state.bundle)
     }
 
-    /// What is known of a process started here; `None` for an id this never gave out or
-    /// forgot.
-    pub fn status(&self, exec_id: &str) -> Option<Result<ExecStatus, RuntimeError>> {
-        let tracked = lock(&self.processes).get(exec_id).cloned()?;
+    /// What is known of a process started here.
+    pub fn status(&self, exec_id: &str) -> Result<ExecStatus, RuntimeError> {
+        let Some(tracked) = lock(&self.processes).by_id.get(exec_id).cloned() else {
+            return Err(RuntimeError::Setup {
+                action: format!("inspecting process {exec_id}"),
+                problem: "the agent does not know it (it ended long ago, or before the agent \
+                          restarted)"
+                    .to_owned(),
+            });
+        };
         let outcome = lock(&tracked.outcome).clone();
-        Some(match outcome {
+        match outcome {
             Outcome::Running => Ok(ExecStatus {
                 running: true,
                 exit_code: None,
                 pid: Some(tracked.pid),
             }),
-            Outcome::Ended { code, .. } => Ok(ExecStatus {
+            Outcome::Ended { code } => Ok(ExecStatus {
                 running: false,
                 exit_code: Some(code),
                 pid: None,
             }),
-            Outcome::Lost { why, .. } => Err(RuntimeError::Setup {
+            Outcome::Lost { why } => Err(RuntimeError::Setup {
                 action: format!("waiting for process {exec_id}"),
                 problem: why,
             }),
-        })
+        }
     }
 
     /// Resizes the terminal of a process started here with one.
     pub fn resize(&self, exec_id: &str, size: super::TtySize) -> Result<(), RuntimeError> {
-        let tracked = lock(&self.processes).get(exec_id).cloned();
+        let tracked = lock(&self.processes).by_id.get(exec_id).cloned();
         let Some(master) = tracked.and_then(|t| t.terminal.as_ref().and_then(|w| w.upgrade()))
         else {
             return Err(RuntimeError::Setup {
@@ -509,25 +535,6 @@ impl DirectExec {
             action: format!("resizing the terminal of process {exec_id}"),
             problem: e.to_string(),
         })
-    }
-
-    /// Forgets the oldest ended processes beyond [`KEEP_ENDED`].
-    fn forget_ended(&self) {
-        let mut processes = lock(&self.processes);
-        let mut ended: Vec<(Instant, String)> = processes
-            .iter()
-            .filter_map(|(id, tracked)| match &*lock(&tracked.outcome) {
-                Outcome::Running => None,
-                Outcome::Ended { at, .. } | Outcome::Lost { at, .. } => Some((*at, id.clone())),
-            })
-            .collect();
-        if ended.len() <= KEEP_ENDED {
-            return;
-        }
-        ended.sort();
-        for (_, id) in &ended[..ended.len() - KEEP_ENDED] {
-            processes.remove(id);
-        }
     }
 }
 
@@ -723,6 +730,7 @@ async fn watch(
     mut reader: tokio::io::BufReader<UnixStream>,
     mut helper: tokio::process::Child,
     tracked: Arc<Tracked>,
+    registry: Arc<Mutex<Registry>>,
     ended: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut line = String::new();
@@ -730,31 +738,25 @@ async fn watch(
         Ok(_) => match Report::parse(&line) {
             Some(Report::Exited { code }) => Outcome::Ended {
                 code: i64::from(code),
-                at: Instant::now(),
             },
             Some(Report::Killed { signal, .. }) => Outcome::Ended {
                 code: 128 + i64::from(signal),
-                at: Instant::now(),
             },
-            Some(Report::Lost { why }) => Outcome::Lost {
-                why,
-                at: Instant::now(),
-            },
+            Some(Report::Lost { why }) => Outcome::Lost { why },
             _ => Outcome::Lost {
                 why: format!(
                     "the exec helper ended without saying how the process ended ({:?})",
                     line.trim()
                 ),
-                at: Instant::now(),
             },
         },
         Err(e) => Outcome::Lost {
             why: format!("reading the exec helper's report: {e}"),
-            at: Instant::now(),
         },
     };
     debug!(exec_id, ?outcome, "Direct process ended.");
     *lock(&tracked.outcome) = outcome;
+    lock(&registry).ended(exec_id);
     let _ = ended.send(());
     let _ = helper.wait().await;
 }
@@ -983,14 +985,6 @@ fn wait_for(pid: nix::unistd::Pid) -> Report {
     }
 }
 
-/// Reads lines until one parses; for the helper's tests.
-#[cfg(test)]
-fn read_report(reader: &mut impl io::BufRead) -> Option<Report> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    Report::parse(&line)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1106,11 +1100,7 @@ mod tests {
             },
         ] {
             let line = report.line();
-            assert_eq!(
-                read_report(&mut line.as_bytes()),
-                Some(report.clone()),
-                "{line:?}"
-            );
+            assert_eq!(Report::parse(&line), Some(report.clone()), "{line:?}");
         }
         assert_eq!(Report::parse("started x\n"), None);
         assert_eq!(Report::parse("hello\n"), None);

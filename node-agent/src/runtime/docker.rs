@@ -746,14 +746,7 @@ impl ContainerRuntime for DockerRuntime {
     ) -> BoxFuture<'a, Result<ExecStatus, RuntimeError>> {
         Box::pin(async move {
             match &self.direct {
-                Some(direct) if DirectExec::owns(exec_id) => {
-                    direct.status(exec_id).unwrap_or_else(|| {
-                        Err(RuntimeError::Setup {
-                            action: format!("inspecting process {exec_id}"),
-                            problem: "the agent does not know it (it ended long ago)".to_owned(),
-                        })
-                    })
-                }
+                Some(direct) if DirectExec::owns(exec_id) => direct.status(exec_id),
                 _ => self.exec_status(exec_id).await,
             }
         })
