@@ -21,6 +21,11 @@ pub const STREAM_PATH: &str = "/v1/streams";
 /// The largest payload of one frame; senders split larger writes.
 pub const MAX_FRAME_PAYLOAD: usize = 64 * 1024;
 
+/// What TLS reads of a stream's connection go through, on both ends: rustls asks its socket
+/// for at most 4 KiB at a time, so without this buffer a stream's bulk bytes cost a system call
+/// per 4 KiB (two TLS records of 16 KiB fit).
+pub const TLS_READ_BUFFER: usize = 32 * 1024;
+
 /// What the gateway asks for on one SSH channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamOpen {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use ongrid_core::stream::{Frame, StreamOpen, MAX_FRAME_PAYLOAD, STREAM_PATH};
+use ongrid_core::stream::{Frame, StreamOpen, MAX_FRAME_PAYLOAD, STREAM_PATH, TLS_READ_BUFFER};
 use rustls::pki_types::ServerName;
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
@@ -30,11 +30,6 @@ pub const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// An open stream to an agent, after its `Ready`.
 pub type AgentStream = WebSocketStream<TlsStream<BufReader<TcpStream>>>;
-
-/// What TLS reads from the agent's connection go through: rustls asks its socket for at most
-/// 4 KiB at a time, so without this buffer an output-heavy stream costs a system call per
-/// 4 KiB (two TLS records of 16 KiB fit).
-pub const TLS_READ_BUFFER: usize = 32 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {

@@ -133,9 +133,8 @@ pub fn plan_mig(site: &SiteState, slots: &[MigSlot], now: DateTime<Utc>) -> Vec<
                 .min_by_key(|(slot, tag)| {
                     (
                         !Policy::owned_by(tag, &who) && tag.owner.is_some(),
-                        slot.profile.slices,
-                        slot.profile.memory_gb,
-                        slot.profile.media,
+                        // MigProfile orders by slices, then memory, then media: the least sufficient first.
+                        slot.profile,
                         session.preferred_node.as_ref() != Some(&slot.node),
                         &slot.node,
                         &slot.uuid,

@@ -148,9 +148,8 @@ pub fn plan_mig_jobs(
         };
         let order = |slot: &&MigSlot| {
             (
-                slot.profile.slices,
-                slot.profile.memory_gb,
-                slot.profile.media,
+                // MigProfile orders by slices, then memory, then media: the least sufficient first.
+                slot.profile,
                 session.preferred_node.as_ref() != Some(&slot.node),
                 slot.node.clone(),
                 slot.uuid.clone(),
@@ -244,9 +243,8 @@ pub fn plan_mig_jobs(
                 (
                     !Policy::owned_by(&tag, &who),
                     tag.owner.is_some(),
-                    slot.profile.slices,
-                    slot.profile.memory_gb,
-                    slot.profile.media,
+                    // MigProfile orders by slices, then memory, then media: the least sufficient first.
+                    slot.profile,
                     &slot.node,
                     &slot.uuid,
                 )

@@ -14,18 +14,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use ongrid_core::{GpuHealth, GpuId, GpuInfo, GpuUuid, MigChange, MigLayout, MigProfile};
+use ongrid_core::{GpuHealth, GpuId, GpuInfo, GpuUuid, MigChange, MigLayout};
 use tracing::{info, warn};
 
 use super::GpuBackend;
 
 /// Whether `gpu` has MIG mode on and exactly the devices of `layout` (in any order).
 pub fn matches(gpu: &GpuInfo, layout: MigLayout) -> bool {
-    let mut have: Vec<MigProfile> = gpu.mig_devices.iter().map(|d| d.profile).collect();
-    let mut want = layout.instances();
-    have.sort();
-    want.sort();
-    gpu.mig_enabled && have == want
+    gpu.mig_enabled && layout.is_made_by(&gpu.mig_devices)
 }
 
 /// Whether any of `ids` is `gpu` or one of its MIG devices.
@@ -120,7 +116,6 @@ impl MigLayouts {
                 if self.waiting.get(uuid) != Some(&change) {
                     info!(gpu = %uuid, %change,
                           "GPU waits to drain: its MIG change is made once no session or job uses it.");
-                    changed = true;
                 }
                 still_waiting.insert(uuid.clone(), change);
                 continue;
@@ -144,9 +139,7 @@ impl MigLayouts {
                 }
             }
         }
-        if still_waiting.len() != self.waiting.len() {
-            changed = true;
-        }
+        changed |= still_waiting != self.waiting;
         self.waiting = still_waiting;
         changed
     }

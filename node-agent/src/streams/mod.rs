@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use ongrid_core::stream::{Frame, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
+use ongrid_core::stream::{Frame, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD, TLS_READ_BUFFER};
 use ongrid_core::NodeName;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -51,11 +51,6 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// The largest WebSocket message accepted: a tag byte and a payload, or the `StreamOpen` JSON.
 const MAX_MESSAGE: usize = MAX_FRAME_PAYLOAD + 1;
-/// What TLS reads from the gateway's connection go through: rustls asks its socket for at most
-/// 4 KiB at a time, so without this buffer an upload costs a system call per 4 KiB (two TLS
-/// records of 16 KiB fit).
-const TLS_READ_BUFFER: usize = 32 * 1024;
-
 /// One stream's frames: what the gateway sent, and where to put what goes to it. When
 /// `incoming` ends the gateway is gone; when sending fails, nobody reads any more.
 #[derive(Debug)]
