@@ -266,18 +266,7 @@ impl GpuPolicy {
             .nodes
             .iter()
             .flat_map(|node| &node.gpus)
-            .filter(|gpu| match request.sharing.mig() {
-                // A MIG request fits a GPU in MIG mode with a device of its profile or larger.
-                Some(wanted) => {
-                    gpu.mode.mig_layout().is_some()
-                        && gpu
-                            .info
-                            .mig_devices
-                            .iter()
-                            .any(|device| device.profile.covers(wanted))
-                }
-                None => request.fits(gpu.info.capability, gpu.info.memory, gpu.mode),
-            })
+            .filter(|gpu| crate::site::fits(gpu, request))
             .map(|gpu| FittingGpu {
                 uuid: &gpu.info.uuid,
                 owner: owners.get(&gpu.info.uuid),

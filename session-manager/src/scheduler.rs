@@ -233,7 +233,9 @@ impl Scheduler {
         let mut report = TickReport::default();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
         report.health += self.check_health(&site, now).await?;
-        report.held += self.hold_for_reservations(&site, now).await?;
+        // Owners and reservations, read once for the round: nothing in it changes them.
+        let gpu_policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
+        report.held += self.hold_for_reservations(&site, &gpu_policy, now).await?;
         let given_up = |node: &NodeRecord| {
             nodes::work_given_up(node.last_seen, self.started, self.node_timeout, now)
         };
@@ -376,7 +378,6 @@ impl Scheduler {
                 *waits = now_waiting;
             }
         }
-        let gpu_policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
         if !gpu_policy.is_idle(now) {
             let settings = self
                 .gpu_policy
@@ -525,13 +526,13 @@ impl Scheduler {
     async fn hold_for_reservations(
         &self,
         site: &SiteSnapshot,
+        policy: &crate::gpu_policy::GpuPolicy,
         now: DateTime<Utc>,
     ) -> StoreResult<usize> {
         use crate::domain::policy::reservations::{hold_change, ReservationHold};
         if site.holding.is_empty() {
             return Ok(0);
         }
-        let policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
         if policy.reservations.iter().all(|r| r.to <= now) {
             return Ok(0);
         }

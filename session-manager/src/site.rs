@@ -288,6 +288,23 @@ pub fn leaving_mig(gpu: &GpuRecord) -> bool {
     gpu.info.mig_enabled && gpu.mode.mig_layout().is_none()
 }
 
+/// Whether `gpu` could ever serve `request`, in service or not: a MIG request wants a GPU in
+/// MIG mode with a device of its profile or larger, any other the GPU's capability, memory and
+/// mode.
+pub fn fits(gpu: &GpuRecord, request: &ongrid_core::GpuRequest) -> bool {
+    match request.sharing.mig() {
+        Some(wanted) => {
+            gpu.mode.mig_layout().is_some()
+                && gpu
+                    .info
+                    .mig_devices
+                    .iter()
+                    .any(|device| device.profile.covers(wanted))
+        }
+        None => request.fits(gpu.info.capability, gpu.info.memory, gpu.mode),
+    }
+}
+
 /// A PENDING session as the scheduler takes it.
 pub fn pending_session(session: &SessionRecord) -> PendingSession {
     PendingSession {

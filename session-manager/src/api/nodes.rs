@@ -318,7 +318,7 @@ fn gpu_view(
         drain: gpu.drain.clone(),
         mig_sessions: Default::default(),
     };
-    if gpu.mode.mig_layout().is_some() {
+    if let Some(layout) = gpu.mode.mig_layout() {
         // A GPU in MIG mode: its places are its devices.
         let slots: Vec<_> = site
             .reported_mig_slots()
@@ -331,10 +331,7 @@ fn gpu_view(
             || !site.is_online(node)
             || gpu.drain.is_some()
             || node.drain.is_some()
-            || !gpu
-                .mode
-                .mig_layout()
-                .is_some_and(|layout| layout.is_made_by(&gpu.info.mig_devices));
+            || !layout.is_made_by(&gpu.info.mig_devices);
         view.free = if out_of_service {
             0
         } else {

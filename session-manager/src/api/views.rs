@@ -134,17 +134,7 @@ pub fn out_of_service(
     site: &crate::site::SiteSnapshot,
     request: &ongrid_core::GpuRequest,
 ) -> Option<String> {
-    let fits = |gpu: &crate::store::GpuRecord| match request.sharing.mig() {
-        Some(wanted) => {
-            gpu.mode.mig_layout().is_some()
-                && gpu
-                    .info
-                    .mig_devices
-                    .iter()
-                    .any(|d| d.profile.covers(wanted))
-        }
-        None => request.fits(gpu.info.capability, gpu.info.memory, gpu.mode),
-    };
+    let fits = |gpu: &crate::store::GpuRecord| crate::site::fits(gpu, request);
     let mut fitting = 0;
     let mut out = Vec::new();
     for node in &site.nodes {

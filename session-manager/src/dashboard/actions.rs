@@ -203,7 +203,7 @@ pub async fn add_institute(
     networks: &str,
 ) -> Result<String, ApiError> {
     // Before the form is read, so a non-admin learns nothing from it.
-    caller.require_admin("manage institutes")?;
+    caller.require_admin(crate::api::actions::institutes::MANAGE)?;
     let name =
         InstituteName::parse(name.trim()).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let cidrs = networks

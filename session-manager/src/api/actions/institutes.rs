@@ -13,7 +13,7 @@ use crate::api::{ApiError, AppState};
 use crate::store::StoreError;
 
 /// What admins may do with institutes, as [`CurrentUser::require_admin`] says it.
-const MANAGE: &str = "manage institutes";
+pub(crate) const MANAGE: &str = "manage institutes";
 
 /// Why an institute was not added or removed, where the API and the dashboard give different
 /// advice.
