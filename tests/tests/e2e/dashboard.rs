@@ -176,9 +176,14 @@ async fn wait_or(client: &Client, css: &str, within: Duration, diagnose: impl Fn
 
 /// Opens the page again when Chromium shows its own error page instead (see [`wait_or`]).
 async fn reload_if_network_changed(client: &Client) {
+    // Chromium's error page, or a loaded live page whose script's request was dropped (the
+    // script marks the page `data-following` when it runs; deferred scripts run before the
+    // document is complete).
     let error_page = client
         .execute(
-            "return !!(document.body && document.body.classList.contains('neterror'));",
+            "var b = document.body; return !!(b && (b.classList.contains('neterror') || \
+             (document.readyState === 'complete' && b.hasAttribute('data-live') && \
+             !b.hasAttribute('data-following'))));",
             Vec::new(),
         )
         .await
