@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
 use ongrid_core::stream::{Frame, StreamOpen, MAX_FRAME_PAYLOAD, STREAM_PATH, TLS_READ_BUFFER};
+use ongrid_service::websocket::{self, Incoming, MessageError, MessageReader, MessageWriter, Side};
 use rustls::pki_types::ServerName;
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
@@ -19,8 +19,6 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 use url::Url;
 
 use crate::config::Token;
@@ -28,8 +26,17 @@ use crate::config::Token;
 /// Everything from the TCP connect to the agent's `Ready`: dial, TLS, upgrade, process start.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// An open stream to an agent, after its `Ready`.
-pub type AgentStream = WebSocketStream<TlsStream<BufReader<TcpStream>>>;
+/// The connection of a stream to an agent.
+pub type AgentConnection = TlsStream<BufReader<TcpStream>>;
+
+/// The largest message read from an agent.
+const MAX_MESSAGE: usize = 4 * MAX_FRAME_PAYLOAD;
+
+/// An open stream to an agent, after its `Ready`: its halves.
+pub struct AgentStream {
+    pub source: MessageReader<AgentConnection>,
+    pub sink: MessageWriter<AgentConnection>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -52,6 +59,12 @@ pub enum AgentError {
         address: String,
         #[source]
         source: Box<tokio_tungstenite::tungstenite::Error>,
+    },
+    #[error("the stream to the agent at {address} broke before it started")]
+    Broken {
+        address: String,
+        #[source]
+        source: MessageError,
     },
     /// The agent's own words (its `Error` frame), for the user.
     #[error("{0}")]
@@ -143,69 +156,57 @@ impl AgentConnector {
                 }
             })?;
         request.headers_mut().insert(AUTHORIZATION, bearer);
-        let (mut ws, _response) =
+        let (ws, _response) =
             tokio_tungstenite::client_async_with_config(request, tls, Some(websocket_config()))
                 .await
                 .map_err(|source| AgentError::Handshake {
                     address: address(),
                     source: Box::new(source),
                 })?;
+        // The agent sends nothing before our `StreamOpen`, so tungstenite holds nothing unread.
+        let (mut source, mut sink) = websocket::split(ws.into_inner(), Side::Client, MAX_MESSAGE);
+        let broken = |source| AgentError::Broken {
+            address: address(),
+            source,
+        };
         let json = serde_json::to_string(open).map_err(|e| AgentError::Protocol {
             address: address(),
             detail: e.to_string(),
         })?;
-        ws.send(Message::text(json))
-            .await
-            .map_err(|source| AgentError::Handshake {
-                address: address(),
-                source: Box::new(source),
-            })?;
-        loop {
-            let message = match ws.next().await {
-                None | Some(Ok(Message::Close(_))) => {
-                    return Err(AgentError::ClosedEarly { address: address() })
-                }
-                Some(Err(source)) => {
-                    return Err(AgentError::Handshake {
-                        address: address(),
-                        source: Box::new(source),
-                    })
-                }
-                Some(Ok(message)) => message,
-            };
-            match message {
-                Message::Binary(bytes) => {
-                    return match Frame::decode(&bytes) {
-                        Ok(Frame::Ready) => Ok(ws),
-                        Ok(Frame::Error(text)) => Err(AgentError::Refused(text)),
-                        Ok(other) => Err(AgentError::Protocol {
-                            address: address(),
-                            detail: format!("expected Ready, got {}", frame_name(&other)),
-                        }),
-                        Err(error) => Err(AgentError::Protocol {
-                            address: address(),
-                            detail: error.to_string(),
-                        }),
-                    };
-                }
-                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
-                Message::Text(_) => {
-                    return Err(AgentError::Protocol {
-                        address: address(),
-                        detail: "a text message instead of Ready".to_owned(),
-                    })
-                }
-                Message::Close(_) => unreachable!("handled above"),
+        sink.text(json).await.map_err(broken)?;
+        let bytes = match source.next().await {
+            Ok(Incoming::Binary(bytes)) => bytes,
+            Ok(Incoming::Close) | Err(MessageError::Ended) => {
+                return Err(AgentError::ClosedEarly { address: address() })
             }
+            Err(e) => return Err(broken(e)),
+            Ok(Incoming::Text(_)) => {
+                return Err(AgentError::Protocol {
+                    address: address(),
+                    detail: "a text message instead of Ready".to_owned(),
+                })
+            }
+        };
+        match Frame::decode(&bytes) {
+            Ok(Frame::Ready) => Ok(AgentStream { source, sink }),
+            Ok(Frame::Error(text)) => Err(AgentError::Refused(text)),
+            Ok(other) => Err(AgentError::Protocol {
+                address: address(),
+                detail: format!("expected Ready, got {}", frame_name(&other)),
+            }),
+            Err(error) => Err(AgentError::Protocol {
+                address: address(),
+                detail: error.to_string(),
+            }),
         }
     }
 }
 
-/// Limits for the streams: a frame is at most one tag byte and [`MAX_FRAME_PAYLOAD`].
-pub fn websocket_config() -> WebSocketConfig {
+/// Limits for the upgrade: a frame is at most one tag byte and [`MAX_FRAME_PAYLOAD`].
+fn websocket_config() -> WebSocketConfig {
     WebSocketConfig::default()
-        .max_message_size(Some(4 * MAX_FRAME_PAYLOAD))
-        .max_frame_size(Some(4 * MAX_FRAME_PAYLOAD))
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE))
 }
 
 /// A frame's name for logs and protocol errors (never its payload).

@@ -27,19 +27,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{SplitSink, SplitStream};
-use futures::{FutureExt, SinkExt, StreamExt};
+use bytes::Bytes;
+use futures::FutureExt;
 use ongrid_core::api::{Route, RouteRequest};
 use ongrid_core::stream::{
     data_message, output_of, ExitStatus, Frame, Output, Pty, StreamKind, StreamOpen,
     MAX_FRAME_PAYLOAD,
 };
 use ongrid_core::Dn;
+use ongrid_service::websocket::{Incoming, MessageError, MessageReader, MessageWriter};
 use russh::server::{ChannelOpenHandle, Handle, Msg};
 use russh::{ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
-use tokio_tungstenite::tungstenite::{Bytes, Message};
 
-use crate::agent::{frame_name, AgentConnector, AgentError, AgentStream};
+use crate::agent::{frame_name, AgentConnection, AgentConnector, AgentError, AgentStream};
 use crate::deadlines::{
     banner, warning, warning_text, DeadlinesReceiver, DeadlinesState, WarnOnce, Warning,
 };
@@ -510,8 +510,8 @@ struct Relay<'a> {
     interactive: bool,
 }
 
-type AgentSink = SplitSink<AgentStream, Message>;
-type AgentSource = SplitStream<AgentStream>;
+type AgentSink = MessageWriter<AgentConnection>;
+type AgentSource = MessageReader<AgentConnection>;
 
 /// Both halves of an agent stream, for a proper WebSocket close once the channel is done.
 struct AgentHalves {
@@ -525,7 +525,7 @@ impl AgentHalves {
     async fn close(mut self) {
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
             let _ = self.sink.close().await;
-            while let Some(Ok(_)) = self.source.next().await {}
+            while let Ok(Incoming::Binary(_) | Incoming::Text(_)) = self.source.next().await {}
         })
         .await;
     }
@@ -542,7 +542,10 @@ async fn relay(relay: Relay<'_>, eof_before_start: bool) -> (RelayEnd, AgentHalv
         with_pty,
         interactive,
     } = relay;
-    let (mut sink, mut source) = stream.split();
+    let AgentStream {
+        mut sink,
+        mut source,
+    } = stream;
     if eof_before_start && send_frame(&mut sink, &Frame::Eof).await.is_err() {
         let end = RelayEnd::Finished {
             exit: None,
@@ -652,7 +655,7 @@ async fn upstream(
             // Nothing else is granted once started (`requests.rs`).
             Some(Input::Request(_)) => continue,
         };
-        if sink.feed(Message::binary(message)).await.is_err() {
+        if sink.binary(message).await.is_err() {
             return Upstream::AgentGone;
         }
         unflushed = true;
@@ -666,8 +669,7 @@ async fn feed_data(sink: &mut AgentSink, parts: &[Vec<u8>]) -> Result<(), ()> {
     for part in parts {
         for piece in part.chunks(MAX_FRAME_PAYLOAD) {
             if size + piece.len() > MAX_FRAME_PAYLOAD {
-                let message = data_message(&frame);
-                sink.feed(Message::binary(message)).await.map_err(drop)?;
+                sink.binary(data_message(&frame)).await.map_err(drop)?;
                 frame.clear();
                 size = 0;
             }
@@ -676,9 +678,7 @@ async fn feed_data(sink: &mut AgentSink, parts: &[Vec<u8>]) -> Result<(), ()> {
         }
     }
     if !frame.is_empty() {
-        sink.feed(Message::binary(data_message(&frame)))
-            .await
-            .map_err(drop)?;
+        sink.binary(data_message(&frame)).await.map_err(drop)?;
     }
     Ok(())
 }
@@ -691,29 +691,25 @@ async fn downstream(
 ) -> RelayEnd {
     let mut eof_sent = false;
     loop {
-        let message = match source.next().await {
-            None | Some(Ok(Message::Close(_))) => {
+        let bytes = match source.next().await {
+            Ok(Incoming::Close) | Err(MessageError::Ended) => {
                 let error = session.then(|| {
                     "the process's stream ended without an exit status (the node agent may have restarted)"
                         .to_owned()
                 });
                 return RelayEnd::Finished { exit: None, error };
             }
-            Some(Err(error)) => {
+            Err(error) => {
                 return RelayEnd::Finished {
                     exit: None,
                     error: Some(format!("lost the connection to the node agent: {error}")),
                 }
             }
-            Some(Ok(message)) => message,
-        };
-        let bytes = match message {
-            Message::Binary(bytes) => bytes,
-            Message::Text(_) => {
+            Ok(Incoming::Text(_)) => {
                 tracing::warn!(connection = %context.connection_id, node = %context.route.node, "The agent sent a text message on a stream; ignored.");
                 continue;
             }
-            _ => continue,
+            Ok(Incoming::Binary(bytes)) => bytes,
         };
         // Output, the bulk of a stream, goes on as a slice of the message, without a copy.
         let ext = match output_of(&bytes) {
@@ -846,9 +842,8 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 async fn send_frame(sink: &mut AgentSink, frame: &Frame) -> Result<(), ()> {
-    sink.send(Message::binary(frame.encode()))
-        .await
-        .map_err(drop)
+    sink.binary(frame.encode()).await.map_err(drop)?;
+    sink.flush().await.map_err(drop)
 }
 
 /// A line for the client's stderr; with a PTY the terminal is raw, so it needs a carriage return.

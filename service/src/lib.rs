@@ -2,7 +2,8 @@
 //! module holds only its own keys: start-up and shutdown ([`process`]), secrets read from files
 //! ([`Token`]), TOML config files ([`config_file`]), the metrics and health listener ([`metrics`]), PEM files and CA directories ([`pem`], the
 //! latter read with `ongrid_x509`'s one reader) and the HTTPS client of the manager's
-//! bearer-token routes ([`manager_http`], with the one check that `manager_url` is https).
+//! bearer-token routes ([`manager_http`], with the one check that `manager_url` is https), and
+//! the messages of the gateway–agent streams after their WebSocket upgrade ([`websocket`]).
 //!
 //! No business logic lives here: nothing in this crate knows about sessions, nodes or SSH.
 
@@ -13,6 +14,7 @@ pub mod metrics;
 pub mod pem;
 pub mod process;
 mod secret;
+pub mod websocket;
 
 pub use process::{announce, bind_and_announce, init_tracing, Binary};
 pub use secret::{Token, TokenError};

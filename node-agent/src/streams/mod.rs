@@ -24,17 +24,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
 use ongrid_core::stream::{Frame, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD, TLS_READ_BUFFER};
 use ongrid_core::NodeName;
+use ongrid_service::websocket::{self, Incoming, MessageReader, MessageWriter, Side};
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -126,7 +123,8 @@ impl StreamServer {
     async fn connection(&self, tcp: TcpStream, peer: SocketAddr, shutdown: CancellationToken) {
         let _ = tcp.set_nodelay(true);
         let handshake = self.handshake(tcp);
-        let (ws, open) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        let ((source, sink), open) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await
+        {
             Ok(Ok(opened)) => opened,
             Ok(Err(e)) => {
                 info!(%peer, error = %e, "Stream connection refused.");
@@ -137,7 +135,6 @@ impl StreamServer {
                 return;
             }
         };
-        let (sink, source) = ws.split();
         let (outgoing, outgoing_queue) = mpsc::channel(QUEUE_FRAMES);
         let (incoming_queue, incoming) = mpsc::channel(QUEUE_FRAMES);
         let reader = tokio::spawn(read_frames(source, incoming_queue));
@@ -172,14 +169,14 @@ impl StreamServer {
         }
     }
 
-    /// TLS, the authenticated upgrade, and the first message: the stream connection and the
-    /// `StreamOpen`, or the message to send the gateway instead.
+    /// TLS, the authenticated upgrade, and the first message: the stream connection's halves
+    /// and the `StreamOpen`, or the message to send the gateway instead.
     async fn handshake(
         &self,
         tcp: TcpStream,
     ) -> Result<
         (
-            WebSocketStream<impl AsyncRead + AsyncWrite + Unpin>,
+            Halves<impl AsyncRead + AsyncWrite>,
             Result<StreamOpen, String>,
         ),
         String,
@@ -195,27 +192,26 @@ impl StreamServer {
             .max_frame_size(Some(MAX_MESSAGE));
         #[allow(clippy::result_large_err)] // the callback's type is tungstenite's
         let check = |request: &_, response| auth::check_request(request, token).map(|()| response);
-        let mut ws = tokio_tungstenite::accept_hdr_async_with_config(tls, check, Some(config))
+        let ws = tokio_tungstenite::accept_hdr_async_with_config(tls, check, Some(config))
             .await
             .map_err(|e| format!("WebSocket upgrade refused: {e}"))?;
-        let open = loop {
-            match ws.next().await {
-                Some(Ok(Message::Text(text))) => {
-                    break serde_json::from_str::<StreamOpen>(text.as_str()).map_err(|e| {
-                        format!("the stream's first message is not a StreamOpen: {e}")
-                    });
-                }
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                Some(Ok(_)) => {
-                    break Err("the stream's first message must be the StreamOpen (text)".into())
-                }
-                Some(Err(e)) => return Err(format!("reading the StreamOpen: {e}")),
-                None => return Err("the gateway closed before opening a stream".into()),
+        // The gateway sends nothing before our `101`, so tungstenite holds nothing unread.
+        let (mut source, sink) = websocket::split(ws.into_inner(), Side::Server, MAX_MESSAGE);
+        let open = match source.next().await {
+            Ok(Incoming::Text(text)) => serde_json::from_str::<StreamOpen>(&text)
+                .map_err(|e| format!("the stream's first message is not a StreamOpen: {e}")),
+            Ok(Incoming::Binary(_)) => {
+                Err("the stream's first message must be the StreamOpen (text)".into())
             }
+            Ok(Incoming::Close) => return Err("the gateway closed before opening a stream".into()),
+            Err(e) => return Err(format!("reading the StreamOpen: {e}")),
         };
-        Ok((ws, open))
+        Ok(((source, sink), open))
     }
 }
+
+/// Both halves of a stream connection after its upgrade.
+type Halves<S> = (MessageReader<S>, MessageWriter<S>);
 
 /// Checks a stream's `StreamOpen` against the container and serves it to its end.
 pub async fn serve_stream(
@@ -289,13 +285,13 @@ pub async fn send_owned(
 
 /// Decodes the gateway's binary messages into `incoming` until the gateway closes; a malformed
 /// frame ends the stream as if the gateway had gone.
-async fn read_frames<S>(mut source: S, incoming: mpsc::Sender<Frame>)
-where
-    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
-{
-    while let Some(message) = source.next().await {
-        match message {
-            Ok(Message::Binary(bytes)) => match Frame::decode(&bytes) {
+async fn read_frames<S: AsyncRead + AsyncWrite>(
+    mut source: MessageReader<S>,
+    incoming: mpsc::Sender<Frame>,
+) {
+    loop {
+        match source.next().await {
+            Ok(Incoming::Binary(bytes)) => match Frame::decode(&bytes) {
                 Ok(frame) => {
                     // Once the stream has ended nobody takes frames any more; keep reading
                     // (and dropping) them until the gateway's close, so the connection ends
@@ -309,9 +305,8 @@ where
                     return;
                 }
             },
-            Ok(Message::Close(_)) => return,
-            Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
-            Ok(Message::Text(_)) => {
+            Ok(Incoming::Close) => return,
+            Ok(Incoming::Text(_)) => {
                 warn!("The gateway sent text after the StreamOpen; ending the stream.");
                 return;
             }
@@ -323,26 +318,18 @@ where
     }
 }
 
-/// Sends the queued frames until the stream drops its sender, then closes the WebSocket.
-async fn write_frames<S>(mut sink: S, mut outgoing: mpsc::Receiver<Frame>)
-where
-    S: futures::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
-{
+/// Sends the queued frames until the stream drops its sender, then closes the WebSocket. Each
+/// frame goes to TLS as it is taken; the flush waits until nothing more is queued.
+async fn write_frames<S: AsyncRead + AsyncWrite>(
+    mut sink: MessageWriter<S>,
+    mut outgoing: mpsc::Receiver<Frame>,
+) {
     while let Some(frame) = outgoing.recv().await {
-        if sink
-            .feed(Message::Binary(frame.encode().into()))
-            .await
-            .is_err()
-        {
+        if sink.binary(frame.encode()).await.is_err() {
             return;
         }
-        // Send whatever else is already queued in the same flush.
         while let Ok(frame) = outgoing.try_recv() {
-            if sink
-                .feed(Message::Binary(frame.encode().into()))
-                .await
-                .is_err()
-            {
+            if sink.binary(frame.encode()).await.is_err() {
                 return;
             }
         }
@@ -350,11 +337,6 @@ where
             return;
         }
     }
-    let close = CloseFrame {
-        code: CloseCode::Normal,
-        reason: "".into(),
-    };
-    let _ = sink.send(Message::Close(Some(close))).await;
     let _ = sink.close().await;
 }
 
