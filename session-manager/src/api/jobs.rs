@@ -397,8 +397,8 @@ async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
             job: Some(&job),
             max_duration: job.max_duration.map(|d| d.as_duration()),
         };
-        let site = state.site().await?;
-        super::views::gpu_policy_note(state, &site, &job.spec.gpus, &asker).await?
+        let reads = super::views::Reads::new(state);
+        super::views::gpu_policy_note(&reads, &job.spec.gpus, &asker).await?
     } else {
         None
     };

@@ -23,7 +23,7 @@ use super::actions::sessions::{self as actions, Created, SessionActionError, Ses
 use super::actions::Via;
 use super::callers::CurrentUser;
 use super::lookup::{find_session, Lookup, OwnerQuery, ReservationQuery};
-use super::views::{full_session_view, session_view};
+use super::views::{full_session_view, session_view, Reads};
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::store::SessionFilter;
 
@@ -149,7 +149,7 @@ pub async fn show_session(
             }
         }
     }
-    Ok(Json(full_session_view(&state, session).await?))
+    Ok(Json(full_session_view(&Reads::new(&state), session).await?))
 }
 
 /// `waiting,connected,idle` → the states.
@@ -204,7 +204,7 @@ pub async fn hold(
     )
     .await
     .map_err(refused)?;
-    Ok(Json(full_session_view(&state, held).await?))
+    Ok(Json(full_session_view(&Reads::new(&state), held).await?))
 }
 
 pub async fn release(
@@ -216,7 +216,9 @@ pub async fn release(
     let released = actions::release(&state, &caller, target(name, query), Via::Api)
         .await
         .map_err(refused)?;
-    Ok(Json(full_session_view(&state, released).await?))
+    Ok(Json(
+        full_session_view(&Reads::new(&state), released).await?,
+    ))
 }
 
 pub async fn keep(
@@ -235,5 +237,7 @@ pub async fn keep(
     )
     .await
     .map_err(refused)?;
-    Ok(Json(full_session_view(&state, kept.session).await?))
+    Ok(Json(
+        full_session_view(&Reads::new(&state), kept.session).await?,
+    ))
 }

@@ -1,16 +1,79 @@
 //! Stored records as the API shows them: sessions (with their queue position, history and
 //! lifecycle), images, deadlines. Shared by the handler modules, which never call each other.
+//! What a session's view needs of the whole site (queue positions, owners and reservations,
+//! the site, the usage accounts) is read through [`Reads`], once for all the views of one
+//! answer or one dashboard render.
+
+use std::collections::HashMap;
 
 use ongrid_core::api::SessionView;
 use ongrid_core::holds::{HoldReason, LifecycleView, PlannedHold, SessionDeadlines};
 use ongrid_core::image::{ImageProgress, ImageState, ImageView};
-use ongrid_core::{SessionState, Transition};
+use ongrid_core::{SessionId, SessionState, Transition};
+use tokio::sync::OnceCell;
 
 use super::{ApiError, AppState};
 use crate::domain::images::ImageRecord;
+use crate::domain::policy::fairshare::Account;
 use crate::domain::sessions::holds::{deadlines, view};
 use crate::domain::sessions::SessionRecord;
+use crate::gpu_policy::GpuPolicy;
+use crate::site::SiteSnapshot;
 use crate::store::FactsScope;
+
+/// The site-wide reads behind session views, each made on first use and then kept: for the
+/// views of one answer or one page render, which so read them once rather than once per
+/// session.
+pub struct Reads<'a> {
+    pub state: &'a AppState,
+    positions: OnceCell<HashMap<SessionId, u32>>,
+    policy: OnceCell<GpuPolicy>,
+    site: OnceCell<SiteSnapshot>,
+    accounts: OnceCell<Vec<Account>>,
+}
+
+impl<'a> Reads<'a> {
+    pub fn new(state: &'a AppState) -> Self {
+        Self {
+            state,
+            positions: OnceCell::new(),
+            policy: OnceCell::new(),
+            site: OnceCell::new(),
+            accounts: OnceCell::new(),
+        }
+    }
+
+    /// The queue positions of the PENDING sessions ([`AppState::queue_positions`]).
+    pub async fn positions(&self) -> Result<&HashMap<SessionId, u32>, ApiError> {
+        self.positions
+            .get_or_try_init(|| self.state.queue_positions())
+            .await
+    }
+
+    /// The owned GPUs and reservations.
+    pub async fn policy(&self) -> Result<&GpuPolicy, ApiError> {
+        self.policy
+            .get_or_try_init(|| async {
+                Ok::<_, ApiError>(GpuPolicy::load(self.state.store.as_ref()).await?)
+            })
+            .await
+    }
+
+    pub async fn site(&self) -> Result<&SiteSnapshot, ApiError> {
+        self.site.get_or_try_init(|| self.state.site()).await
+    }
+
+    /// The users' usage accounts (their accounting groups).
+    pub async fn accounts(&self) -> Result<&[Account], ApiError> {
+        let accounts = self
+            .accounts
+            .get_or_try_init(|| async {
+                Ok::<_, ApiError>(self.state.store.usage_accounts().await?)
+            })
+            .await?;
+        Ok(accounts)
+    }
+}
 
 /// A stored session as the API shows it, without its lifecycle.
 pub fn session_view(
@@ -39,13 +102,14 @@ pub fn session_view(
 
 /// The full view of a session as it is now: queue position, history and lifecycle.
 pub async fn full_session_view(
-    state: &AppState,
+    reads: &Reads<'_>,
     session: SessionRecord,
 ) -> Result<SessionView, ApiError> {
+    let state = reads.state;
     let session = state.store.session(session.id).await?.unwrap_or(session);
-    let position = state.queue_positions().await?.get(&session.id).copied();
+    let position = reads.positions().await?.get(&session.id).copied();
     let transitions = state.store.transitions(session.id).await?;
-    let lifecycle = lifecycle_view(state, &session).await?;
+    let lifecycle = lifecycle_view(reads, &session).await?;
     let held_back = (session.state == SessionState::Pending)
         .then(|| {
             state
@@ -60,8 +124,8 @@ pub async fn full_session_view(
         // A PENDING session over a `[limits]` maximum says which one holds it.
         view.reason = format!("waits for a limit: {limit}");
     } else if view.state == SessionState::Pending {
-        let site = state.site().await?;
-        if let Some(why) = out_of_service(&site, &view.request) {
+        let site = reads.site().await?;
+        if let Some(why) = out_of_service(site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
         }
         let max_duration = state
@@ -77,7 +141,7 @@ pub async fn full_session_view(
             job: None,
             max_duration: Some(max_duration),
         };
-        if let Some(note) = gpu_policy_note(state, &site, &view.request, &asker).await? {
+        if let Some(note) = gpu_policy_note(reads, &view.request, &asker).await? {
             view.reason = format!("{}; {note}", view.reason);
         }
     }
@@ -95,18 +159,19 @@ pub struct PolicyAsker<'a> {
 /// For a waiting session or job: why GPUs that would fit it are owned or reserved for others,
 /// or which reservation it waits for; `None` when nothing of that holds it.
 pub async fn gpu_policy_note(
-    state: &AppState,
-    site: &crate::site::SiteSnapshot,
+    reads: &Reads<'_>,
     request: &ongrid_core::GpuRequest,
     asker: &PolicyAsker<'_>,
 ) -> Result<Option<String>, ApiError> {
+    let state = reads.state;
     let now = state.clock.now();
-    let policy = crate::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    let policy = reads.policy().await?;
     if policy.is_idle(now) {
         return Ok(None);
     }
-    let accounts = state.store.usage_accounts().await?;
-    let group = crate::gpu_policy::group_of(&accounts, asker.owner);
+    let site = reads.site().await?;
+    let accounts = reads.accounts().await?;
+    let group = crate::gpu_policy::group_of(accounts, asker.owner);
     let reservation = match (asker.session, asker.job) {
         (Some(id), _) => policy.session_reservation(id, now),
         (None, Some(job)) => policy.job_reservation(job, now),
@@ -178,9 +243,10 @@ pub fn out_of_service(
 
 /// The lifecycle part of a session's view: for live and HELD sessions.
 async fn lifecycle_view(
-    state: &AppState,
+    reads: &Reads<'_>,
     session: &SessionRecord,
 ) -> Result<Option<LifecycleView>, ApiError> {
+    let state = reads.state;
     if !(session.state.is_live() || session.state == SessionState::Held) {
         return Ok(None);
     }
@@ -192,7 +258,7 @@ async fn lifecycle_view(
         return Ok(None);
     };
     let mut view = view(facts, &state.config.lifecycle, state.clock.now());
-    sooner(&mut view.deadlines, reservation_hold(state, session).await?);
+    sooner(&mut view.deadlines, reservation_hold(reads, session).await?);
     Ok(Some(view))
 }
 
@@ -200,23 +266,24 @@ async fn lifecycle_view(
 /// ([`crate::gpu_policy::GpuPolicy::session_hold`]): shown and warned about like the hold
 /// policy's own (an admin's kind of hold: the site's admins reserved the GPUs).
 async fn reservation_hold(
-    state: &AppState,
+    reads: &Reads<'_>,
     session: &SessionRecord,
 ) -> Result<Option<PlannedHold>, ApiError> {
     if !session.state.holds_gpus() {
         return Ok(None);
     }
+    let state = reads.state;
     let now = state.clock.now();
-    let policy = crate::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    let policy = reads.policy().await?;
     if policy.reservations.iter().all(|r| r.to <= now) {
         return Ok(None);
     }
-    let site = state.site().await?;
-    let accounts = state.store.usage_accounts().await?;
-    let group = crate::gpu_policy::group_of(&accounts, &session.owner);
+    let site = reads.site().await?;
+    let accounts = reads.accounts().await?;
+    let group = crate::gpu_policy::group_of(accounts, &session.owner);
     let notice = state.config.lifecycle.warn_before;
     Ok(policy
-        .session_hold(&site, session, &group, notice, now)
+        .session_hold(site, session, &group, notice, now)
         .map(|(at, _)| PlannedHold {
             at,
             reason: HoldReason::Admin,
@@ -249,7 +316,10 @@ pub async fn deadlines_view(
         .first()
         .ok_or_else(|| ApiError::not_found(format!("no session with id {}", session.id)))?;
     let mut deadlines = deadlines(facts, &state.config.lifecycle, state.clock.now());
-    sooner(&mut deadlines, reservation_hold(state, session).await?);
+    sooner(
+        &mut deadlines,
+        reservation_hold(&Reads::new(state), session).await?,
+    );
     Ok(deadlines)
 }
 

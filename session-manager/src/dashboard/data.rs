@@ -11,7 +11,7 @@ use ongrid_core::{Dn, Institute, SessionState};
 
 use super::auth::{PageError, Viewer};
 use super::views;
-use crate::api::views::{full_session_view, image_view};
+use crate::api::views::{full_session_view, image_view, Reads};
 use crate::api::{ApiError, AppState};
 use crate::domain::jobs::JobRecord;
 use crate::job_logs::JobLogs;
@@ -52,11 +52,13 @@ impl Live {
 /// The sessions `filter` names as the API's `session show` sees them, ENDED ones left out.
 async fn sessions(state: &AppState, filter: SessionFilter) -> Result<Vec<SessionView>, PageError> {
     let mut views = Vec::new();
+    // The site-wide reads once for the page, not once per session.
+    let reads = Reads::new(state);
     for session in state.store.sessions(filter).await? {
         if session.state == SessionState::Ended {
             continue;
         }
-        views.push(full_session_view(state, session).await?);
+        views.push(full_session_view(&reads, session).await?);
     }
     Ok(views)
 }
