@@ -179,6 +179,23 @@ impl Frame {
         out
     }
 
+    /// [`Frame::encode`] of a frame the caller gives up: the payload of a `Data` or `Stderr`
+    /// frame becomes the message itself, the tag put in front of it in place (no new buffer
+    /// when the payload's has room for one more byte).
+    pub fn into_encoded(self) -> Vec<u8> {
+        match self {
+            Frame::Data(mut bytes) => {
+                bytes.insert(0, TAG_DATA);
+                bytes
+            }
+            Frame::Stderr(mut bytes) => {
+                bytes.insert(0, TAG_STDERR);
+                bytes
+            }
+            other => other.encode(),
+        }
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Frame, FrameError> {
         let (&tag, payload) = bytes.split_first().ok_or(FrameError::Empty)?;
         let text =
@@ -240,7 +257,9 @@ mod tests {
             Frame::Error("session train1 is HELD: devctl session release train1".into()),
         ];
         for frame in frames {
-            assert_eq!(Frame::decode(&frame.encode()).unwrap(), frame);
+            let message = frame.encode();
+            assert_eq!(Frame::decode(&message).unwrap(), frame);
+            assert_eq!(frame.into_encoded(), message);
         }
         assert_eq!(Frame::decode(&[]), Err(FrameError::Empty));
         assert_eq!(Frame::decode(&[0x99]), Err(FrameError::UnknownTag(0x99)));

@@ -32,6 +32,7 @@
 //! A container runc does not know under `runc_root` (another OCI runtime, rootless Docker, a
 //! daemon with another exec root) gets `docker exec`, as does a user other than the container's.
 
+use bytes::BufMut;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::mem::MaybeUninit;
@@ -771,8 +772,9 @@ where
 {
     futures::stream::unfold(Some(reader), move |reader| async move {
         let mut reader = reader?;
-        let mut buffer = Vec::with_capacity(CHUNK);
-        match reader.read_buf(&mut buffer).await {
+        // Room for one byte more than is read: the stream frame's tag goes in front in place.
+        let mut buffer = Vec::with_capacity(CHUNK + 1);
+        match reader.read_buf(&mut (&mut buffer).limit(CHUNK)).await {
             Ok(0) => None,
             Ok(_) => Some((Ok(wrap(buffer)), Some(reader))),
             Err(e) => Some((

@@ -325,11 +325,11 @@ async fn write_frames<S: AsyncRead + AsyncWrite>(
     mut outgoing: mpsc::Receiver<Frame>,
 ) {
     while let Some(frame) = outgoing.recv().await {
-        if sink.binary(frame.encode()).await.is_err() {
+        if sink.binary(frame.into_encoded()).await.is_err() {
             return;
         }
         while let Ok(frame) = outgoing.try_recv() {
-            if sink.binary(frame.encode()).await.is_err() {
+            if sink.binary(frame.into_encoded()).await.is_err() {
                 return;
             }
         }
