@@ -174,6 +174,7 @@ impl AgentConnector {
             detail: e.to_string(),
         })?;
         sink.text(json).await.map_err(broken)?;
+        sink.flush().await.map_err(broken)?;
         let bytes = match source.next().await {
             Ok(Incoming::Binary(bytes)) => bytes,
             Ok(Incoming::Close) | Err(MessageError::Ended) => {

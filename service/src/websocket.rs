@@ -16,6 +16,12 @@
 //! Only what the stream protocol uses is supported: whole binary and text messages (a
 //! fragmented one is refused), and the close. Pings and pongs are skipped: neither side sends
 //! them.
+//!
+//! A read or write dropped before it finished (a `select!` that took another branch) leaves its
+//! frame half read or half written, which fastwebsockets cannot resume. The half remembers it:
+//! every later read or write is refused ([`MessageError::Interrupted`]), the close included (it
+//! would land inside the cut frame): the owner then drops the connection, and the peer sees it
+//! end instead of reading garbage.
 
 use bytes::Bytes;
 use fastwebsockets::{OpCode, Payload, Role, WebSocketError, WebSocketRead, WebSocketWrite};
@@ -40,8 +46,10 @@ pub enum Incoming {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MessageError {
-    #[error("the connection closed in the middle of a message")]
+    #[error("the connection ended without a close")]
     Ended,
+    #[error("an earlier read or write was cut off in the middle of a frame")]
+    Interrupted,
     #[error("a message over the limit of {limit} bytes")]
     TooLarge { limit: usize },
     #[error("a frame masked by a server or unmasked by a client (RFC 6455, section 5.1)")]
@@ -75,11 +83,15 @@ pub struct MessageReader<S> {
     frames: WebSocketRead<ReadHalf<S>>,
     side: Side,
     limit: usize,
+    /// A read was under way and was dropped.
+    cut: bool,
 }
 
 /// The writing half of a connection after its upgrade.
 pub struct MessageWriter<S> {
     frames: WebSocketWrite<WriteHalf<S>>,
+    /// A write was under way and was dropped.
+    cut: bool,
 }
 
 impl<S> std::fmt::Debug for MessageReader<S> {
@@ -118,14 +130,28 @@ where
             frames: reader,
             side,
             limit,
+            cut: false,
         },
-        MessageWriter { frames: writer },
+        MessageWriter {
+            frames: writer,
+            cut: false,
+        },
     )
 }
 
 impl<S: AsyncRead + AsyncWrite> MessageReader<S> {
     /// The next message; pings and pongs are skipped.
     pub async fn next(&mut self) -> Result<Incoming, MessageError> {
+        if self.cut {
+            return Err(MessageError::Interrupted);
+        }
+        self.cut = true;
+        let next = self.read().await;
+        self.cut = false;
+        next
+    }
+
+    async fn read(&mut self) -> Result<Incoming, MessageError> {
         let limit = self.limit;
         loop {
             // Nothing is ever owed to the peer (no automatic pong or close).
@@ -168,22 +194,32 @@ impl<S: AsyncRead + AsyncWrite> MessageReader<S> {
 impl<S: AsyncRead + AsyncWrite> MessageWriter<S> {
     /// Sends one binary message (a client masks it in place).
     pub async fn binary(&mut self, message: Vec<u8>) -> Result<(), MessageError> {
-        let frame = fastwebsockets::Frame::binary(Payload::Owned(message));
-        Ok(self.frames.write_frame(frame).await?)
+        self.write(fastwebsockets::Frame::binary(Payload::Owned(message)))
+            .await
     }
 
     pub async fn text(&mut self, text: String) -> Result<(), MessageError> {
-        let frame = fastwebsockets::Frame::text(Payload::Owned(text.into_bytes()));
-        Ok(self.frames.write_frame(frame).await?)
+        self.write(fastwebsockets::Frame::text(Payload::Owned(
+            text.into_bytes(),
+        )))
+        .await
+    }
+
+    async fn write(&mut self, frame: fastwebsockets::Frame<'_>) -> Result<(), MessageError> {
+        if self.cut {
+            return Err(MessageError::Interrupted);
+        }
+        self.cut = true;
+        self.frames.write_frame(frame).await?;
+        self.cut = false;
+        Ok(())
     }
 
     /// Sends the close (normal closure) and pushes out everything written; a second close does
-    /// nothing.
+    /// nothing. After a cut-off write it is refused like any write: drop the connection then.
     pub async fn close(&mut self) -> Result<(), MessageError> {
         if !self.frames.is_closed() {
-            self.frames
-                .write_frame(fastwebsockets::Frame::close(1000, b""))
-                .await?;
+            self.write(fastwebsockets::Frame::close(1000, b"")).await?;
         }
         self.flush().await
     }
@@ -297,6 +333,40 @@ mod tests {
         assert!(matches!(
             reader.next().await,
             Err(MessageError::TooLarge { limit: 10 })
+        ));
+
+        // A write dropped in the middle of its frame: nothing more goes out, not even the close.
+        let (client, mut wire) = duplex(1024);
+        let (_, mut out) = split(client, Side::Client, LIMIT);
+        let cut = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            out.binary(vec![7; 4096]),
+        )
+        .await;
+        assert!(cut.is_err(), "the duplex holds 1 KiB: the write waits");
+        assert!(matches!(
+            out.binary(vec![1]).await,
+            Err(MessageError::Interrupted)
+        ));
+        assert!(matches!(out.close().await, Err(MessageError::Interrupted)));
+        drop(out);
+        let mut sent = Vec::new();
+        wire.read_to_end(&mut sent).await.unwrap();
+        assert_eq!(sent.len(), 1024, "only the cut frame's first KiB went out");
+
+        // A read dropped after the header: the next read is refused rather than taking the
+        // payload for a header.
+        let (client, mut wire) = duplex(1 << 20);
+        let (mut reader, _) = split(client, Side::Client, LIMIT);
+        wire.write_all(&[0x82, 126, 0x10, 0x00, 1, 2, 3])
+            .await
+            .unwrap();
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(50), reader.next()).await;
+        assert!(cut.is_err(), "4096 bytes announced, 3 sent: the read waits");
+        wire.write_all(&[0x82, 1, 9]).await.unwrap();
+        assert!(matches!(
+            reader.next().await,
+            Err(MessageError::Interrupted)
         ));
 
         // The connection ends in the middle of a message.

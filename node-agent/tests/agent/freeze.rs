@@ -392,8 +392,35 @@ async fn a_session_freezes_into_a_sif_and_a_docker_image_equal_to_its_filesystem
     // The SIF's filesystem is the container's minus the strip list.
     let offset = partition_offset(&sif_path);
     let frozen = squashfs_listing(&sif_path, offset);
+    let generated = [
+        ".singularity.d",
+        "environment",
+        "singularity",
+        ".exec",
+        ".run",
+        ".shell",
+        ".test",
+    ];
+    let unexplained = |expected: &BTreeMap<String, Meta>| {
+        frozen
+            .keys()
+            .find(|path| {
+                let top = path.split('/').next().unwrap_or_default();
+                !expected.contains_key(*path) && !generated.contains(&top)
+            })
+            .cloned()
+    };
     let work = tempfile::tempdir().expect("temp dir");
-    let expected = exported(&container(&session), work.path());
+    let mut expected = exported(&container(&session), work.path());
+    // Docker on fuse-overlayfs (the storage driver of the machines this runs on) now and then
+    // leaves a file out of an export under load (moby/buildkit#1792, seen here once in a full
+    // run: a base image's /usr/bin file): a path of the SIF that the export lacks is looked
+    // for in a second export before it counts.
+    if let Some(path) = unexplained(&expected) {
+        eprintln!("{path} is in the SIF but not in the export; exporting the container again");
+        let again = tempfile::tempdir().expect("temp dir");
+        expected = exported(&container(&session), again.path());
+    }
     assert!(
         expected.len() > 1000,
         "a whole Debian: {} entries",
@@ -405,21 +432,8 @@ async fn a_session_freezes_into_a_sif_and_a_docker_image_equal_to_its_filesystem
             .unwrap_or_else(|| panic!("{path} is in the container but not in the SIF"));
         assert_eq!(got, meta, "{path}");
     }
-    let generated = [
-        ".singularity.d",
-        "environment",
-        "singularity",
-        ".exec",
-        ".run",
-        ".shell",
-        ".test",
-    ];
-    for path in frozen.keys() {
-        let top = path.split('/').next().unwrap_or_default();
-        assert!(
-            expected.contains_key(path) || generated.contains(&top),
-            "{path} is in the SIF but not in the container"
-        );
+    if let Some(path) = unexplained(&expected) {
+        panic!("{path} is in the SIF but not in the container");
     }
     for (path, mode, owner) in [
         ("opt/data/hello.txt", "-rw-r--r--", "0/0"),
