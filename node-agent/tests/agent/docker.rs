@@ -11,15 +11,6 @@ use serde_json::{json, Value};
 
 use crate::{docker, exists, inspect, unique, TestNode, IMAGE};
 
-fn reconciler(node: &TestNode) -> Reconciler {
-    Reconciler::new(
-        node.runtime.clone(),
-        node.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        node.guard(),
-    )
-}
-
 /// Runs a shell command in the container as its user.
 fn exec(session: &DesiredSession, script: &str) -> String {
     docker(&[
@@ -51,7 +42,7 @@ fn only(report: &[ObservedContainer]) -> &ObservedContainer {
 async fn dev_container_runs_hardened_as_the_user() {
     let node = TestNode::new().await;
     let session = node.session();
-    let mut reconciler = reconciler(&node);
+    let mut reconciler = node.reconciler();
     let report = converge(&mut reconciler, std::slice::from_ref(&session)).await;
     let observed = only(&report);
     assert_eq!(observed.state, ContainerState::Running, "{observed:?}");
@@ -154,7 +145,7 @@ async fn dev_container_runs_hardened_as_the_user() {
 async fn home_volume_outlives_the_container_and_serves_the_next_session() {
     let node = TestNode::new().await;
     let first = node.session();
-    let mut reconciler = reconciler(&node);
+    let mut reconciler = node.reconciler();
     converge(&mut reconciler, std::slice::from_ref(&first)).await;
     exec(&first, "echo kept across sessions > ~/notes.txt");
     let volume = format!("ongrid-home-{}", first.user.name);
@@ -184,11 +175,11 @@ async fn a_restarted_agent_adopts_and_a_dead_container_is_reported_not_restarted
     let node = TestNode::new().await;
     let session = node.session();
     let name = session.session_id.container_name();
-    converge(&mut reconciler(&node), std::slice::from_ref(&session)).await;
+    converge(&mut node.reconciler(), std::slice::from_ref(&session)).await;
     let before = inspect("container", &name);
 
     // A new agent (nothing remembered) sees the same desired state: it adopts.
-    let mut restarted = reconciler(&node);
+    let mut restarted = node.reconciler();
     let report = converge(&mut restarted, std::slice::from_ref(&session)).await;
     let after = inspect("container", &name);
     assert_eq!(after["Id"], before["Id"]);
@@ -225,7 +216,7 @@ async fn hold_and_release_keep_the_container_and_its_files() {
     let node = TestNode::new().await;
     let session = node.session();
     let name = session.session_id.container_name();
-    let mut reconciler = reconciler(&node);
+    let mut reconciler = node.reconciler();
     converge(&mut reconciler, std::slice::from_ref(&session)).await;
     exec(&session, "echo in the writable layer > /tmp/layer");
     let id = inspect("container", &name)["Id"].clone();
@@ -256,7 +247,7 @@ async fn a_missing_image_is_reported_with_the_fix() {
         image: image.clone(),
         ..node.session()
     };
-    let report = converge(&mut reconciler(&node), std::slice::from_ref(&session)).await;
+    let report = converge(&mut node.reconciler(), std::slice::from_ref(&session)).await;
     let observed = only(&report);
     assert_eq!(observed.state, ContainerState::Missing);
     assert_eq!(
@@ -328,7 +319,7 @@ async fn strays_of_this_node_are_removed_and_other_nodes_are_left_alone() {
         "sleep",
         "infinity",
     ]);
-    let report = converge(&mut reconciler(&node), &[]).await;
+    let report = converge(&mut node.reconciler(), &[]).await;
     assert!(report.is_empty(), "strays are not reported: {report:?}");
     assert!(!exists("container", &stray));
     assert!(exists("container", &foreign));

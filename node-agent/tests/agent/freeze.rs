@@ -14,8 +14,7 @@ use chrono::Utc;
 use ongrid_agent::freeze::{
     Freezer, ImagesConfig, AGENT_RESTARTED, LABEL_FROZEN_IMAGE, SESSION_REMOVED,
 };
-use ongrid_agent::reconcile::Reconciler;
-use ongrid_agent::runtime::{ContainerRuntime, GpuAccess};
+use ongrid_agent::runtime::ContainerRuntime;
 use ongrid_core::api::{DesiredSession, RunState};
 use ongrid_core::image::{Compression, FreezeOrder, FreezeProgress};
 
@@ -808,12 +807,7 @@ async fn a_held_session_freezes_from_its_stopped_container_and_stays_stopped() {
     );
     // HELD: the manager wants the container stopped, and the reconciler stops it.
     session.run = RunState::Stopped;
-    let mut reconciler = Reconciler::new(
-        node.runtime.clone(),
-        node.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        node.guard(),
-    );
+    let mut reconciler = node.reconciler();
     reconciler
         .converge(std::slice::from_ref(&session))
         .await

@@ -15,22 +15,12 @@ use std::time::Duration;
 
 use ongrid_agent::network::{NetworkPolicy, INTERFACE_PREFIX};
 use ongrid_agent::reconcile::Reconciler;
-use ongrid_agent::runtime::GpuAccess;
 use ongrid_core::api::{ContainerState, DesiredSession};
 use tokio::io::AsyncWriteExt;
 
 use crate::{docker, exists, inspect, unique, TestNode};
 
 const GREETING: &str = "hello";
-
-fn new_reconciler(node: &TestNode) -> Reconciler {
-    Reconciler::new(
-        node.runtime.clone(),
-        node.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        node.guard(),
-    )
-}
 
 async fn start(reconciler: &mut Reconciler, sessions: &[DesiredSession]) {
     reconciler.converge(sessions).await.expect("Docker answers");
@@ -138,7 +128,7 @@ async fn containers_of_different_users_cannot_connect_to_each_other() {
     let a = node.session();
     let b = node.session();
     assert_ne!(a.user.name, b.user.name);
-    let mut reconciler = new_reconciler(&node);
+    let mut reconciler = node.reconciler();
     start(&mut reconciler, &[a.clone(), b.clone()]).await;
 
     let (net_a, ip_a, _) = network_of(&a);
@@ -190,7 +180,7 @@ async fn containers_of_different_users_cannot_connect_to_each_other() {
     assert_eq!(probe_from(&a, ip_a, port).await.as_deref(), Some(GREETING));
 
     // Ended: containers and networks go; a restarted agent (a new reconciler) cleans up too.
-    let mut restarted = new_reconciler(&node);
+    let mut restarted = node.reconciler();
     restarted.converge(&[]).await.expect("Docker answers");
     assert!(!exists("network", &net_a), "{net_a} left behind");
     assert!(!exists("network", &net_b), "{net_b} left behind");
@@ -219,7 +209,7 @@ fn host_addresses() -> Vec<Ipv4Addr> {
 async fn a_container_cannot_reach_services_of_the_node() {
     let node = TestNode::new().await;
     let session = node.session();
-    let mut reconciler = new_reconciler(&node);
+    let mut reconciler = node.reconciler();
     start(&mut reconciler, std::slice::from_ref(&session)).await;
     let (_, _, gateway) = network_of(&session);
 
@@ -382,7 +372,7 @@ async fn link_local_and_denied_destinations_are_closed_and_allowed_ones_open() {
     .expect("valid policy");
     let node = TestNode::with_policy(policy).await;
     let session = node.session();
-    let mut reconciler = new_reconciler(&node);
+    let mut reconciler = node.reconciler();
     start(&mut reconciler, std::slice::from_ref(&session)).await;
 
     let address = |[a, b, c]: [u8; 3]| Ipv4Addr::new(a, b, c, 2);

@@ -9,7 +9,7 @@ use ongrid_agent::activity::ActivitySampler;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
 use ongrid_agent::metrics::Readiness;
 use ongrid_agent::reconcile::Reconciler;
-use ongrid_agent::runtime::{held_image, ContainerRuntime, GpuAccess};
+use ongrid_agent::runtime::{held_image, ContainerRuntime};
 use ongrid_agent::Agent;
 use ongrid_core::api::{ContainerState, DesiredSession, NodeReport, ObservedContainer, RunState};
 use ongrid_core::holds::ContainerActivity;
@@ -21,15 +21,6 @@ use crate::{docker, eventually, exists, inspect, TestNode};
 
 const GPU_A: &str = "GPU-11111111-2222-3333-4444-555555555501";
 const GPU_B: &str = "GPU-11111111-2222-3333-4444-555555555502";
-
-fn reconciler(node: &TestNode) -> Reconciler {
-    Reconciler::new(
-        node.runtime.clone(),
-        node.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        node.guard(),
-    )
-}
 
 /// A session allowed two cores, so a busy loop can use a whole one.
 fn roomy_session(node: &TestNode) -> DesiredSession {
@@ -76,7 +67,7 @@ async fn a_busy_container_is_busy_and_an_idle_one_idle() {
     let node = TestNode::new().await;
     let busy = roomy_session(&node);
     let idle = roomy_session(&node);
-    let mut reconciler = reconciler(&node);
+    let mut reconciler = node.reconciler();
     let report = converge(&mut reconciler, &[busy.clone(), idle.clone()]).await;
     assert!(
         report.iter().all(|c| c.state == ContainerState::Running),
@@ -235,7 +226,7 @@ async fn release_keeps_the_files_on_the_same_and_on_other_gpus() {
     let name = session.session_id.container_name();
     let held = held_image(session.session_id);
     let _held_guard = HeldImage(held.clone());
-    let mut reconciler = reconciler(&node);
+    let mut reconciler = node.reconciler();
     let first = converge(&mut reconciler, std::slice::from_ref(&session)).await;
     let first_id = first[0].container_id.clone();
     assert_eq!(

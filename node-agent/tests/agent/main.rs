@@ -137,15 +137,20 @@ impl TestNode {
         }
     }
 
-    /// A new user's session whose dev container runs, converged by this node's reconciler.
-    pub async fn running_session(&self) -> DesiredSession {
-        let session = self.session();
-        let mut reconciler = Reconciler::new(
+    /// This node's reconciler (GPUs by environment only, this node's guard).
+    pub fn reconciler(&self) -> Reconciler {
+        Reconciler::new(
             self.runtime.clone(),
             self.node.clone(),
             GpuAccess::EnvironmentOnly,
             self.guard(),
-        );
+        )
+    }
+
+    /// A new user's session whose dev container runs, converged by this node's reconciler.
+    pub async fn running_session(&self) -> DesiredSession {
+        let session = self.session();
+        let mut reconciler = self.reconciler();
         reconciler
             .converge(std::slice::from_ref(&session))
             .await

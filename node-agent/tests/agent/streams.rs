@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use ongrid_agent::config::{StreamsConfig, Token};
-use ongrid_agent::reconcile::Reconciler;
 use ongrid_agent::runtime::inject::SFTP_SERVER_PATHS;
-use ongrid_agent::runtime::{ContainerRuntime, GpuAccess};
+use ongrid_agent::runtime::ContainerRuntime;
 use ongrid_agent::streams::{server_identity, StreamServer};
 use ongrid_core::api::{ContainerState, DesiredSession};
 use ongrid_core::stream::{ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
@@ -53,12 +52,7 @@ impl Fixture {
             image: image.to_owned(),
             ..node.session()
         };
-        let mut reconciler = Reconciler::new(
-            node.runtime.clone(),
-            node.node.clone(),
-            GpuAccess::EnvironmentOnly,
-            node.guard(),
-        );
+        let mut reconciler = node.reconciler();
         reconciler
             .converge(std::slice::from_ref(&session))
             .await
@@ -803,12 +797,7 @@ async fn wrong_tokens_and_other_owners_are_refused() {
     // A session of another node on the same Docker daemon is not this agent's.
     let other = TestNode::new().await;
     let foreign = other.session();
-    let mut reconciler = Reconciler::new(
-        other.runtime.clone(),
-        other.node.clone(),
-        GpuAccess::EnvironmentOnly,
-        other.guard(),
-    );
+    let mut reconciler = other.reconciler();
     reconciler
         .converge(std::slice::from_ref(&foreign))
         .await
