@@ -71,11 +71,9 @@ fn human(duration: Duration) -> HumanDuration {
 }
 
 impl GpuPolicy {
-    /// Loads it; empty for a store without owners and reservations.
+    /// Loads it.
     pub async fn load(store: &dyn Store) -> StoreResult<Self> {
-        let Some(policy) = store.gpu_policy() else {
-            return Ok(Self::default());
-        };
+        let policy = store.gpu_policy();
         Ok(Self {
             owners: policy.owners().await?,
             reservations: policy.reservations().await?,

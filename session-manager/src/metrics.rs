@@ -656,7 +656,7 @@ mod tests {
                 created_by: ongrid_core::UserName::parse("root").unwrap(),
                 created_at: now,
             };
-        let policy = store.gpu_policy().unwrap();
+        let policy = store.gpu_policy();
         for r in [
             reservation("school", None, vec![gpus[0].uuid.clone()], -1, 1),
             reservation("hackathon", Some("node1"), Vec::new(), 2, 3),

@@ -110,12 +110,12 @@ pub async fn submit_job(
                  cannot use it; leave out --reservation or submit with --target local"
             )));
         }
-        if let Some(store) = state.store.gpu_policy() {
-            // Before the job exists, for its whole chain (restarts keep it).
-            store
-                .set_chain_reservation(new.chain.initial_job, reservation)
-                .await?;
-        }
+        // Before the job exists, for its whole chain (restarts keep it).
+        state
+            .store
+            .gpu_policy()
+            .set_chain_reservation(new.chain.initial_job, reservation)
+            .await?;
     }
     let job = state.store.create_job(new).await?;
     tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, "Job submitted.");

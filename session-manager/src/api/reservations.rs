@@ -18,7 +18,6 @@ use super::{ApiError, ApiJson, ApiPath, AppState};
 use crate::domain::policy::reservations::{check_new, ReservationName, ReservationRecord};
 use crate::domain::policy::GroupName;
 use crate::gpu_policy::GpuPolicy;
-use crate::store::gpu_policy::GpuPolicyStore;
 
 fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
     if caller.admin {
@@ -28,15 +27,6 @@ fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
             "only admins can {what}; admins are listed in the manager's config"
         )))
     }
-}
-
-fn policy_store(state: &AppState) -> Result<&dyn GpuPolicyStore, ApiError> {
-    state.store.gpu_policy().ok_or_else(|| {
-        ApiError::unavailable(
-            "this manager's database does not keep owned GPUs and reservations yet: use the \
-             SQLite store for them",
-        )
-    })
 }
 
 fn group(text: &str) -> Result<GroupName, ApiError> {
@@ -63,7 +53,9 @@ async fn gpu_owner(
 ) -> Result<Json<OwnerView>, ApiError> {
     admins_only(caller, "give GPUs owners")?;
     let uuid = gpu_uuid(uuid)?;
-    if !policy_store(state)?
+    if !state
+        .store
+        .gpu_policy()
         .set_gpu_owner(&uuid, owner.as_ref())
         .await?
     {
@@ -96,7 +88,9 @@ async fn node_owner(
 ) -> Result<Json<OwnerView>, ApiError> {
     admins_only(caller, "give nodes owners")?;
     let name = node_name(name)?;
-    if !policy_store(state)?
+    if !state
+        .store
+        .gpu_policy()
         .set_node_owner(&name, owner.as_ref())
         .await?
     {
@@ -222,7 +216,7 @@ pub async fn add_reservation(
     ApiJson(body): ApiJson<NewReservation>,
 ) -> Result<(StatusCode, Json<ReservationView>), ApiError> {
     admins_only(&caller, "reserve GPUs")?;
-    let store = policy_store(&state)?;
+    let store = state.store.gpu_policy();
     let now = state.clock.now();
     let record = ReservationRecord {
         name: reservation_name(&body.name)?,
@@ -289,7 +283,9 @@ pub async fn remove_reservation(
     admins_only(&caller, "remove reservations")?;
     let name = reservation_name(&name)?;
     let site = state.site().await?;
-    let removed = policy_store(&state)?
+    let removed = state
+        .store
+        .gpu_policy()
         .remove_reservation(&name)
         .await?
         .ok_or_else(|| no_such_reservation(&name))?;

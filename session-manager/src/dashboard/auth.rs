@@ -34,7 +34,7 @@ use crate::api::callers::CurrentUser;
 use crate::api::{ApiError, AppState};
 use crate::auth::Peer;
 use crate::grid_identity::Identity;
-use crate::store::{DashboardIdentity, DashboardLogin, DashboardStore};
+use crate::store::{DashboardIdentity, DashboardLogin};
 
 /// How long a login link printed by `devctl dashboard` may be used.
 pub const LINK_LIFETIME: TimeDelta = TimeDelta::minutes(5);
@@ -77,16 +77,6 @@ fn certificate_csrf(dn: &str) -> String {
     hex::encode(Sha256::digest(format!("{secret}\n{dn}").as_bytes()))
 }
 
-/// The store's dashboard logins, or a refusal saying to use a certificate.
-fn logins(state: &AppState) -> Result<&dyn DashboardStore, ApiError> {
-    state.store.dashboard().ok_or_else(|| {
-        ApiError::conflict(
-            "this manager's database does not keep dashboard logins yet: open the dashboard in \
-             a browser that has your grid certificate",
-        )
-    })
-}
-
 /// `POST /v1/dashboard/links`: a single-use login link for the caller (`devctl dashboard`).
 pub async fn create_link(
     State(state): State<AppState>,
@@ -113,7 +103,9 @@ pub async fn create_link(
         kind: caller.identity.kind,
         not_after: caller.not_after,
     };
-    logins(&state)?
+    state
+        .store
+        .dashboard()
         .create_dashboard_link(&digest(&token), &identity, now, expires_at)
         .await?;
     tracing::info!(user = %caller.user.user_name, %expires_at, "Dashboard login link made.");
@@ -199,14 +191,11 @@ impl FromRequestParts<AppState> for Viewer {
             .filter(|text| !text.is_empty());
         if let Some(token) = cookie(&parts.headers, COOKIE) {
             let login_digest = digest(token);
-            let found = match state.store.dashboard() {
-                Some(logins) => {
-                    logins
-                        .dashboard_login(&login_digest, state.clock.now())
-                        .await?
-                }
-                None => None,
-            };
+            let found = state
+                .store
+                .dashboard()
+                .dashboard_login(&login_digest, state.clock.now())
+                .await?;
             if let Some(login) = found {
                 let identity = Identity {
                     dn: login.identity.dn.clone(),
@@ -317,7 +306,9 @@ pub async fn login_page(
     State(state): State<AppState>,
     Query(query): Query<TokenQuery>,
 ) -> Result<Response, PageError> {
-    let who = logins(&state)?
+    let who = state
+        .store
+        .dashboard()
         .dashboard_link(&digest(&query.token), state.clock.now())
         .await?
         .ok_or_else(spent_link)?;
@@ -335,7 +326,9 @@ pub async fn log_in(
     Form(form): Form<LoginForm>,
 ) -> Result<Response, PageError> {
     let now = state.clock.now();
-    let identity = logins(&state)?
+    let identity = state
+        .store
+        .dashboard()
         .redeem_dashboard_link(&digest(&form.token), now)
         .await?
         .ok_or_else(spent_link)?;
@@ -346,7 +339,9 @@ pub async fn log_in(
         csrf_token: random_token(),
         expires_at,
     };
-    logins(&state)?
+    state
+        .store
+        .dashboard()
         .create_dashboard_login(&digest(&cookie_token), &login, now)
         .await?;
     tracing::info!(user = %login.identity.dn, %expires_at, "Dashboard login.");
@@ -403,7 +398,7 @@ pub async fn log_out(
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
     if let Some(login) = &viewer.login {
-        logins(&state)?.end_dashboard_login(login).await?;
+        state.store.dashboard().end_dashboard_login(login).await?;
     }
     Ok(redirect_with_cookie("/dashboard/", &clear_cookie(COOKIE)))
 }

@@ -18,13 +18,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::gpu::Drain;
-use ongrid_core::job::{JobReason, JobState};
-use ongrid_core::{GpuHealth, GpuUuid, HumanDuration, NodeName, SessionState, UserName};
+use ongrid_core::job::{JobId, JobReason, JobState};
+use ongrid_core::{
+    GpuHealth, GpuUuid, HumanDuration, NodeName, SessionName, SessionState, UserName,
+};
 
 use super::jobs::{JobChange, JobRecord};
 use super::sessions::{Change, SessionRecord};
 use super::{utc, Refusal};
-use crate::store::NodeContents;
 
 /// The reason a drain gets when the admin gives none.
 pub const DEFAULT_DRAIN_REASON: &str = "maintenance";
@@ -182,6 +183,17 @@ pub fn lost_with_node(
             name = session.name,
         ),
     ))
+}
+
+/// What is left of a node's work: its sessions that have not ended and its jobs holding GPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeContents {
+    /// Names and states of the sessions placed there, ENDED ones left out.
+    pub sessions: Vec<(SessionName, SessionState)>,
+    /// Jobs holding GPUs there.
+    pub jobs: Vec<JobId>,
+    /// When its agent last synced.
+    pub last_seen: DateTime<Utc>,
 }
 
 /// Whether an admin may forget a node: offline for longer than `node_timeout` and nothing of

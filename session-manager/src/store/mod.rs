@@ -4,8 +4,12 @@
 //!
 //! The rest of the manager talks to the [`Store`] trait only; [`sqlite::SqliteStore`] is the
 //! embedded implementation (one file, WAL) and `postgres::PostgresStore` (feature `postgres`)
-//! the one for a database server, chosen by the config's `database` ([`Database`]). SQL lives
-//! under this module and nowhere else.
+//! the one for a database server, chosen by the config's `database` ([`Database`]). Both are one
+//! implementation: the statements are written once, in `sql/`, which each backend module
+//! compiles against its own database (see `sql/mod.rs`); the backend modules hold only what
+//! differs (connecting, beginning a write or a snapshot, PostgreSQL's notifications and
+//! active-manager lock). Migrations stay per backend. SQL lives under this module and nowhere
+//! else.
 //!
 //! The store decides nothing: the rules are in [`crate::domain`], and this module depends on it
 //! only for the records it stores and the decisions it applies. Session states change only
@@ -166,16 +170,7 @@ pub struct NodeRecord {
     pub drain: Option<Drain>,
 }
 
-/// What is left of a node's work: its sessions that have not ended and its jobs holding GPUs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeContents {
-    /// Names and states of the sessions placed there, ENDED ones left out.
-    pub sessions: Vec<(SessionName, SessionState)>,
-    /// Jobs holding GPUs there.
-    pub jobs: Vec<JobId>,
-    /// When its agent last synced.
-    pub last_seen: DateTime<Utc>,
-}
+pub use crate::domain::nodes::NodeContents;
 
 /// What [`Store::remove_node`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,17 +256,11 @@ pub struct ConnectionRecorded {
 
 /// The manager's persistent state. Every method is one transaction.
 pub trait Store: Send + Sync {
-    /// The web dashboard's login links and browser logins (migration 0016); `None` for a store
-    /// without them yet, whose dashboard takes certificates only.
-    fn dashboard(&self) -> Option<&dyn DashboardStore> {
-        None
-    }
+    /// The web dashboard's login links and browser logins (migration 0016).
+    fn dashboard(&self) -> &dyn DashboardStore;
 
-    /// Owned GPUs and reservations (migration 0018); `None` for a store without them yet, where
-    /// nobody owns a GPU and nothing is reserved.
-    fn gpu_policy(&self) -> Option<&dyn gpu_policy::GpuPolicyStore> {
-        None
-    }
+    /// Owned GPUs and reservations (migration 0018).
+    fn gpu_policy(&self) -> &dyn gpu_policy::GpuPolicyStore;
 
     /// The user record of `dn`, created on first sight with a login name derived from the DN
     /// (made unique with `-2`, `-3`, ...) and the next UID from `first_uid` upward.

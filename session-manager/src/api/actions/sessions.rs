@@ -134,9 +134,13 @@ pub async fn create(
     let reservation =
         reservation_to_use(state, caller, body.reservation.clone(), reservation).await?;
     let id = SessionId::new_random();
-    if let (Some(reservation), Some(store)) = (&reservation, state.store.gpu_policy()) {
+    if let Some(reservation) = &reservation {
         // Before the session exists, so no scheduling round sees it without its reservation.
-        store.set_session_reservation(id, reservation).await?;
+        state
+            .store
+            .gpu_policy()
+            .set_session_reservation(id, reservation)
+            .await?;
     }
     let new = NewSession {
         id,

@@ -1,13 +1,13 @@
-//! The SQLite [`DashboardStore`]: the web dashboard's logins (migration 0016): `dashboard_links`, the
-//! single-use login links `devctl dashboard` prints, and `dashboard_logins`, the browser logins
-//! they become. Only SHA-256 digests of the tokens are stored; the dashboard
-//! (`crate::dashboard::auth`) makes the tokens and decides lifetimes.
+//! The [`DashboardStore`](crate::store::DashboardStore): the web dashboard's logins (migration
+//! 0016): `dashboard_links`, the single-use login links `devctl dashboard` prints, and
+//! `dashboard_logins`, the browser logins they become. Only SHA-256 digests of the tokens are
+//! stored; the dashboard (`crate::dashboard::auth`) makes the tokens and decides lifetimes.
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use ongrid_core::api::CredentialKind;
 
-use super::{parse, parse_timestamp, timestamp, SqliteStore};
+use super::{parse, parse_timestamp, timestamp, SqlStore};
 use crate::store::{DashboardIdentity, DashboardLogin, DashboardStore, StoreError, StoreResult};
 
 fn fqans_text(fqans: &[String]) -> StoreResult<String> {
@@ -29,7 +29,7 @@ fn identity(dn: &str, fqans: &str, kind: &str, not_after: &str) -> StoreResult<D
     })
 }
 
-impl SqliteStore {
+impl SqlStore {
     async fn create_dashboard_link_impl(
         &self,
         token_hash: &str,
@@ -38,17 +38,17 @@ impl SqliteStore {
         expires_at: DateTime<Utc>,
     ) -> StoreResult<()> {
         let mut tx = self.write().await?;
-        sqlx::query("DELETE FROM dashboard_links WHERE expires_at < ?")
+        sqlx::query("DELETE FROM dashboard_links WHERE expires_at < $1")
             .bind(timestamp(now))
             .execute(&mut *tx)
             .await?;
-        sqlx::query("DELETE FROM dashboard_logins WHERE expires_at < ?")
+        sqlx::query("DELETE FROM dashboard_logins WHERE expires_at < $1")
             .bind(timestamp(now))
             .execute(&mut *tx)
             .await?;
         sqlx::query(
             "INSERT INTO dashboard_links (token_hash, user_dn, fqans, credential_kind, \
-             credential_not_after, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+             credential_not_after, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(token_hash)
         .bind(identity.dn.as_str())
@@ -70,7 +70,7 @@ impl SqliteStore {
     ) -> StoreResult<Option<DashboardIdentity>> {
         let row: Option<(String, String, String, String)> = sqlx::query_as(
             "SELECT user_dn, fqans, credential_kind, credential_not_after FROM dashboard_links \
-             WHERE token_hash = ? AND used_at IS NULL AND expires_at > ?",
+             WHERE token_hash = $1 AND used_at IS NULL AND expires_at > $2",
         )
         .bind(token_hash)
         .bind(timestamp(now))
@@ -87,8 +87,8 @@ impl SqliteStore {
     ) -> StoreResult<Option<DashboardIdentity>> {
         // One statement: of two concurrent redemptions, only one finds used_at NULL.
         let row: Option<(String, String, String, String)> = sqlx::query_as(
-            "UPDATE dashboard_links SET used_at = ? \
-             WHERE token_hash = ? AND used_at IS NULL AND expires_at > ? \
+            "UPDATE dashboard_links SET used_at = $1 \
+             WHERE token_hash = $2 AND used_at IS NULL AND expires_at > $3 \
              RETURNING user_dn, fqans, credential_kind, credential_not_after",
         )
         .bind(timestamp(now))
@@ -108,7 +108,7 @@ impl SqliteStore {
     ) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO dashboard_logins (token_hash, user_dn, fqans, credential_kind, csrf_token, \
-             created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+             created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(token_hash)
         .bind(login.identity.dn.as_str())
@@ -129,7 +129,7 @@ impl SqliteStore {
     ) -> StoreResult<Option<DashboardLogin>> {
         let row: Option<(String, String, String, String, String)> = sqlx::query_as(
             "SELECT user_dn, fqans, credential_kind, csrf_token, expires_at FROM dashboard_logins \
-             WHERE token_hash = ? AND expires_at > ?",
+             WHERE token_hash = $1 AND expires_at > $2",
         )
         .bind(token_hash)
         .bind(timestamp(now))
@@ -146,7 +146,7 @@ impl SqliteStore {
     }
 
     async fn end_dashboard_login_impl(&self, token_hash: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM dashboard_logins WHERE token_hash = ?")
+        sqlx::query("DELETE FROM dashboard_logins WHERE token_hash = $1")
             .bind(token_hash)
             .execute(&self.pool)
             .await?;
@@ -154,7 +154,7 @@ impl SqliteStore {
     }
 }
 
-impl DashboardStore for SqliteStore {
+impl DashboardStore for SqlStore {
     fn create_dashboard_link<'a>(
         &'a self,
         token_hash: &'a str,

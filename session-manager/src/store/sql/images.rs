@@ -1,4 +1,4 @@
-//! The SQLite side of frozen images (`images`, migration 0005): a row per freeze, from BUILDING
+//! The SQL of frozen images (`images`, migration 0005): a row per freeze, from BUILDING
 //! to READY or FAILED and then DELETED. A tag (owner, name, version) has at most one current row
 //! (a partial unique index); `freeze --force` supersedes the old one, which keeps its digest.
 //! `shared_at` (migration 0011) is set while the owner shares the image.
@@ -6,10 +6,9 @@
 use chrono::{DateTime, Utc};
 use ongrid_core::image::ImageState;
 use ongrid_core::NodeName;
-use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-use super::{parse, parse_timestamp, timestamp, SqliteStore};
+use super::{parse, parse_timestamp, timestamp, DbRow, SqlStore};
 use crate::domain::images::{self, supersedes, ImageChange, ImageRecord};
 use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult};
 
@@ -18,12 +17,12 @@ const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.st
      i.sif_path, i.docker_image, i.bytes_done, i.bytes_total, i.progress_at, i.created_at, \
      i.finished_at, i.superseded_at, i.shared_at FROM images i JOIN users u ON u.dn = i.owner";
 
-impl SqliteStore {
+impl SqlStore {
     pub(super) async fn create_image_impl(&self, new: NewImage) -> StoreResult<ImageRecord> {
         let mut tx = self.write().await?;
         super::users::refuse_removed(&mut tx, &new.owner).await?;
         let running: Option<(String, String)> = sqlx::query_as(
-            "SELECT name, version FROM images WHERE session_id = ? AND state = 'BUILDING'",
+            "SELECT name, version FROM images WHERE session_id = $1 AND state = 'BUILDING'",
         )
         .bind(new.session_id.to_string())
         .fetch_optional(&mut *tx)
@@ -35,7 +34,7 @@ impl SqliteStore {
             });
         }
         let current: Option<(String, String)> = sqlx::query_as(
-            "SELECT id, state FROM images WHERE owner = ? AND name = ? AND version = ? \
+            "SELECT id, state FROM images WHERE owner = $1 AND name = $2 AND version = $3 \
              AND state <> 'DELETED' AND superseded_at IS NULL",
         )
         .bind(new.owner.as_str())
@@ -51,7 +50,7 @@ impl SqliteStore {
                     state,
                 });
             }
-            sqlx::query("UPDATE images SET superseded_at = ? WHERE id = ?")
+            sqlx::query("UPDATE images SET superseded_at = $1 WHERE id = $2")
                 .bind(timestamp(new.at))
                 .bind(id)
                 .execute(&mut *tx)
@@ -60,7 +59,7 @@ impl SqliteStore {
         sqlx::query(
             "INSERT INTO images (id, owner, name, version, state, reason, session_id, \
              session_name, node, base_image, compression, progress_at, created_at) \
-             VALUES (?, ?, ?, ?, 'BUILDING', ?, ?, ?, ?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, 'BUILDING', $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(new.id.to_string())
         .bind(new.owner.as_str())
@@ -83,7 +82,7 @@ impl SqliteStore {
     }
 
     pub(super) async fn image_impl(&self, id: uuid::Uuid) -> StoreResult<Option<ImageRecord>> {
-        let sql = format!("SELECT {IMAGE_COLUMNS} WHERE i.id = ?");
+        let sql = format!("SELECT {IMAGE_COLUMNS} WHERE i.id = $1");
         let row = sqlx::query(&sql)
             .bind(id.to_string())
             .fetch_optional(&self.pool)
@@ -95,13 +94,13 @@ impl SqliteStore {
         let live = "i.state <> 'DELETED'";
         let (condition, values): (String, Vec<String>) = match filter {
             ImageFilter::Owner(owner) => {
-                (format!("{live} AND i.owner = ?"), vec![owner.to_string()])
+                (format!("{live} AND i.owner = $1"), vec![owner.to_string()])
             }
             ImageFilter::All => (live.to_owned(), Vec::new()),
             ImageFilter::Tag { owner, reference } => (
                 format!(
-                    "{live} AND i.superseded_at IS NULL AND i.owner = ? AND i.name = ? \
-                     AND i.version = ?"
+                    "{live} AND i.superseded_at IS NULL AND i.owner = $1 AND i.name = $2 \
+                     AND i.version = $3"
                 ),
                 vec![
                     owner.to_string(),
@@ -114,8 +113,8 @@ impl SqliteStore {
                 reference,
             } => (
                 format!(
-                    "{live} AND i.superseded_at IS NULL AND u.user_name = ? AND i.name = ? \
-                     AND i.version = ?"
+                    "{live} AND i.superseded_at IS NULL AND u.user_name = $1 AND i.name = $2 \
+                     AND i.version = $3"
                 ),
                 vec![
                     user_name.to_string(),
@@ -128,19 +127,19 @@ impl SqliteStore {
                 owner: Some(owner),
                 digest,
             } => (
-                format!("{live} AND i.digest = ? AND i.owner = ?"),
+                format!("{live} AND i.digest = $1 AND i.owner = $2"),
                 vec![digest, owner.to_string()],
             ),
             ImageFilter::Digest {
                 owner: None,
                 digest,
-            } => (format!("{live} AND i.digest = ?"), vec![digest]),
+            } => (format!("{live} AND i.digest = $1"), vec![digest]),
             ImageFilter::Building(node) => (
-                "i.state = 'BUILDING' AND i.node = ?".to_owned(),
+                "i.state = 'BUILDING' AND i.node = $1".to_owned(),
                 vec![node.to_string()],
             ),
             ImageFilter::RemovedSince(since) => (
-                "i.state = 'DELETED' AND i.finished_at >= ?".to_owned(),
+                "i.state = 'DELETED' AND i.finished_at >= $1".to_owned(),
                 vec![timestamp(since)],
             ),
         };
@@ -159,7 +158,7 @@ impl SqliteStore {
         shared_at: Option<DateTime<Utc>>,
     ) -> StoreResult<Option<ImageRecord>> {
         let done =
-            sqlx::query("UPDATE images SET shared_at = ? WHERE id = ? AND state <> 'DELETED'")
+            sqlx::query("UPDATE images SET shared_at = $1 WHERE id = $2 AND state <> 'DELETED'")
                 .bind(shared_at.map(timestamp))
                 .bind(id.to_string())
                 .execute(&self.pool)
@@ -179,7 +178,7 @@ impl SqliteStore {
     ) -> StoreResult<Option<ImageRecord>> {
         let mut tx = self.write().await?;
         let building: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM images WHERE id = ? AND node = ? AND state = 'BUILDING'",
+            "SELECT CAST(1 AS BIGINT) FROM images WHERE id = $1 AND node = $2 AND state = 'BUILDING'",
         )
         .bind(id.to_string())
         .bind(node.as_str())
@@ -197,8 +196,8 @@ impl SqliteStore {
                 // The right-hand sides see the row as it was: progress_at moves only when the
                 // numbers do.
                 sqlx::query(
-                    "UPDATE images SET progress_at = CASE WHEN bytes_done <> ? OR bytes_total <> ? \
-                     THEN ? ELSE progress_at END, bytes_done = ?, bytes_total = ? WHERE id = ?",
+                    "UPDATE images SET progress_at = CASE WHEN bytes_done <> $1 OR bytes_total <> $2 \
+                     THEN $3 ELSE progress_at END, bytes_done = $4, bytes_total = $5 WHERE id = $6",
                 )
                 .bind(as_i64(*bytes_done))
                 .bind(as_i64(*bytes_total))
@@ -217,9 +216,9 @@ impl SqliteStore {
                 docker_image,
             } => {
                 sqlx::query(
-                    "UPDATE images SET state = ?, reason = ?, digest = ?, size = ?, \
-                     sif_path = ?, docker_image = ?, bytes_done = bytes_total, finished_at = ? \
-                     WHERE id = ?",
+                    "UPDATE images SET state = $1, reason = $2, digest = $3, size = $4, \
+                     sif_path = $5, docker_image = $6, bytes_done = bytes_total, finished_at = $7 \
+                     WHERE id = $8",
                 )
                 .bind(change.state().as_str())
                 .bind(reason)
@@ -234,7 +233,7 @@ impl SqliteStore {
             }
             ImageChange::Failed { reason } => {
                 sqlx::query(
-                    "UPDATE images SET state = ?, reason = ?, finished_at = ? WHERE id = ?",
+                    "UPDATE images SET state = $1, reason = $2, finished_at = $3 WHERE id = $4",
                 )
                 .bind(change.state().as_str())
                 .bind(reason)
@@ -254,7 +253,7 @@ impl SqliteStore {
         at: DateTime<Utc>,
     ) -> StoreResult<Option<ImageDeleted>> {
         let mut tx = self.write().await?;
-        let sql = format!("SELECT {IMAGE_COLUMNS} WHERE i.id = ?");
+        let sql = format!("SELECT {IMAGE_COLUMNS} WHERE i.id = $1");
         let row = sqlx::query(&sql)
             .bind(id.to_string())
             .fetch_optional(&mut *tx)
@@ -265,7 +264,7 @@ impl SqliteStore {
         let Some(deletion) = images::delete(&image, at) else {
             return Ok(None);
         };
-        sqlx::query("UPDATE images SET state = ?, finished_at = ?, reason = ? WHERE id = ?")
+        sqlx::query("UPDATE images SET state = $1, finished_at = $2, reason = $3 WHERE id = $4")
             .bind(ImageState::Deleted.as_str())
             .bind(timestamp(deletion.at))
             .bind(&deletion.reason)
@@ -278,7 +277,7 @@ impl SqliteStore {
         let digest_unreferenced = match &image.digest {
             Some(digest) => {
                 let others: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM images WHERE digest = ? AND state <> 'DELETED'",
+                    "SELECT COUNT(*) FROM images WHERE digest = $1 AND state <> 'DELETED'",
                 )
                 .bind(digest)
                 .fetch_one(&mut *tx)
@@ -302,7 +301,7 @@ fn compression_text(compression: ongrid_core::image::Compression) -> &'static st
     }
 }
 
-fn image_from_row(row: &SqliteRow) -> StoreResult<ImageRecord> {
+fn image_from_row(row: &DbRow) -> StoreResult<ImageRecord> {
     let text = |column: &str| row.try_get::<String, _>(column);
     let optional_text = |column: &str| row.try_get::<Option<String>, _>(column);
     let count = |column: &str| -> StoreResult<u64> {

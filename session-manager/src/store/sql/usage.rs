@@ -1,16 +1,16 @@
-//! The SQLite side of fair share (migration 0015): `usage_accounts`, each user's accounting
+//! The SQL of fair share (migration 0015): `usage_accounts`, each user's accounting
 //! group and decayed cost-weighted GPU usage. How usage grows and decays is decided by
 //! [`crate::domain::policy::fairshare`]; this stores it.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::Dn;
 
-use super::{parse, parse_timestamp, timestamp, SqliteStore};
+use super::{parse, parse_timestamp, timestamp, SqlStore};
 use crate::domain::policy::fairshare::Account;
 use crate::domain::policy::GroupName;
 use crate::store::{StoreError, StoreResult};
 
-impl SqliteStore {
+impl SqlStore {
     pub(super) async fn set_accounting_group_impl(
         &self,
         dn: &Dn,
@@ -19,7 +19,7 @@ impl SqliteStore {
     ) -> StoreResult<()> {
         // Read first: nearly every request finds the group unchanged and writes nothing.
         let current: Option<(String,)> =
-            sqlx::query_as("SELECT accounting_group FROM usage_accounts WHERE user_dn = ?")
+            sqlx::query_as("SELECT accounting_group FROM usage_accounts WHERE user_dn = $1")
                 .bind(dn.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
@@ -28,7 +28,7 @@ impl SqliteStore {
         }
         sqlx::query(
             "INSERT INTO usage_accounts (user_dn, accounting_group, usage, updated_at) \
-             VALUES (?, ?, 0, ?) ON CONFLICT (user_dn) DO UPDATE SET \
+             VALUES ($1, $2, 0, $3) ON CONFLICT (user_dn) DO UPDATE SET \
              accounting_group = excluded.accounting_group",
         )
         .bind(dn.as_str())
@@ -64,7 +64,7 @@ impl SqliteStore {
         for account in accounts {
             sqlx::query(
                 "INSERT INTO usage_accounts (user_dn, accounting_group, usage, updated_at) \
-                 VALUES (?, ?, ?, ?) ON CONFLICT (user_dn) DO UPDATE SET \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (user_dn) DO UPDATE SET \
                  usage = excluded.usage, updated_at = excluded.updated_at",
             )
             .bind(account.user.as_str())

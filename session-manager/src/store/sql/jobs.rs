@@ -1,6 +1,6 @@
-//! The PostgreSQL side of batch jobs (`jobs`, `job_transitions`, migration 0007): a row per job
+//! The SQL of batch jobs (`jobs`, `job_transitions`, migration 0007): a row per job
 //! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
-//! state changes only through [`PostgresStore::job_transition_impl`], which replays the history
+//! state changes only through [`SqlStore::job_transition_impl`], which replays the history
 //! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
 //! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start; a
 //! job of a grid target has its row in `grid_jobs` (migration 0017, [`super::grid_jobs`]).
@@ -9,10 +9,11 @@ use ongrid_core::job::{
     JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
 };
 use ongrid_core::{HumanDuration, NodeName};
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Row, Transaction};
 
-use super::{from_json, parse, parse_timestamp, timestamp, to_json, PostgresStore};
+use super::{
+    from_json, parse, parse_timestamp, timestamp, to_json, Db, DbConnection, DbRow, SqlStore,
+};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::store::{JobFilter, StoreError, StoreResult};
 
@@ -28,7 +29,7 @@ const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_dura
 /// The states in which a job holds GPUs or waits for them.
 const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
 
-impl PostgresStore {
+impl SqlStore {
     pub(super) async fn create_job_impl(&self, new: NewJob) -> StoreResult<JobRecord> {
         let mut tx = self.write().await?;
         super::users::refuse_removed(&mut tx, &new.owner).await?;
@@ -40,12 +41,9 @@ impl PostgresStore {
     }
 
     pub(super) async fn job_impl(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
-        // The row and its history in a repeatable-read transaction: one snapshot, so a job changed meanwhile is never read
+        // The row and its history in one snapshot, so a job changed meanwhile is never read
         // half old, half new (a RUNNING job without its GPUs).
-        let mut conn = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
+        let mut conn = self.read_snapshot().await?;
         let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = $1");
         let row = sqlx::query(&sql)
             .bind(id.to_string())
@@ -62,7 +60,7 @@ impl PostgresStore {
     pub(super) async fn jobs_impl(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
         let (condition, value): (String, Option<String>) = match filter {
             JobFilter::Owner(owner) => ("j.owner = $1".to_owned(), Some(owner.to_string())),
-            JobFilter::All => ("1 = 1".to_owned(), None),
+            JobFilter::All => ("TRUE".to_owned(), None),
             JobFilter::Active => (format!("j.state IN {ACTIVE}"), None),
             JobFilter::Node(node) => (
                 format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)"),
@@ -71,10 +69,7 @@ impl PostgresStore {
         };
         let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
         // One snapshot for the rows and their histories, as in `job_impl`.
-        let mut conn = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
+        let mut conn = self.read_snapshot().await?;
         let mut query = sqlx::query(&sql);
         if let Some(value) = value {
             query = query.bind(value);
@@ -151,7 +146,7 @@ impl PostgresStore {
     }
 }
 
-async fn insert_job(tx: &mut Transaction<'static, Postgres>, new: &NewJob) -> StoreResult<()> {
+async fn insert_job(tx: &mut Transaction<'static, Db>, new: &NewJob) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO jobs (id, owner, state, spec, max_duration_secs, image_digest, docker_image, \
          chain_initial, restart_count, previous_job, queued_at, pinned_node) \
@@ -181,7 +176,7 @@ async fn insert_job(tx: &mut Transaction<'static, Postgres>, new: &NewJob) -> St
 }
 
 async fn insert_transition(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'static, Db>,
     id: JobId,
     seq: usize,
     transition: &JobTransition,
@@ -201,7 +196,7 @@ async fn insert_transition(
     Ok(())
 }
 
-async fn load_history(conn: &mut sqlx::PgConnection, id: JobId) -> StoreResult<Vec<JobTransition>> {
+async fn load_history(conn: &mut DbConnection, id: JobId) -> StoreResult<Vec<JobTransition>> {
     let rows = sqlx::query(
         "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = $1 \
          ORDER BY seq",
@@ -222,7 +217,7 @@ async fn load_history(conn: &mut sqlx::PgConnection, id: JobId) -> StoreResult<V
         .collect()
 }
 
-async fn job_from_row(conn: &mut sqlx::PgConnection, row: &PgRow) -> StoreResult<JobRecord> {
+async fn job_from_row(conn: &mut DbConnection, row: &DbRow) -> StoreResult<JobRecord> {
     let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
     let history = load_history(conn, id).await?;
     let lifecycle = JobLifecycle::from_history(history)

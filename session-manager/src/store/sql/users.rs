@@ -1,20 +1,20 @@
-//! The SQLite side of removing and restoring users (migration 0010): `users.removed_at` and
+//! The SQL of removing and restoring users (migration 0010): `users.removed_at` and
 //! `removed_by` while a user is removed, and `user_events`, what admins did to each user. What a
 //! removal does and when it is refused is decided by [`crate::domain::users`]; this stores it.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{UserAction, UserEvent};
 use ongrid_core::Dn;
-use sqlx::{Sqlite, Transaction};
+use sqlx::Transaction;
 
 use super::gateway::{key_from_row, KEY_COLUMNS};
-use super::{find_user, parse, parse_timestamp, timestamp, SqliteStore};
+use super::{find_user, parse, parse_timestamp, timestamp, Db, SqlStore};
 use crate::domain::users::Removal;
 use crate::store::{KeyRecord, StoreError, StoreResult, UserRecord};
 
 const USER_COLUMNS: &str = "dn, user_name, uid, removed_at, removed_by FROM users";
 
-impl SqliteStore {
+impl SqlStore {
     pub(super) async fn existing_user_impl(&self, dn: &Dn) -> StoreResult<Option<UserRecord>> {
         find_user(&self.pool, dn).await
     }
@@ -33,7 +33,7 @@ impl SqliteStore {
         let columns = "dn, at, action, by, details FROM user_events";
         let rows: Vec<(String, String, String, String, String)> = match dn {
             Some(dn) => {
-                sqlx::query_as(&format!("SELECT {columns} WHERE dn = ? ORDER BY seq"))
+                sqlx::query_as(&format!("SELECT {columns} WHERE dn = $1 ORDER BY seq"))
                     .bind(dn.as_str())
                     .fetch_all(&self.pool)
                     .await?
@@ -73,7 +73,7 @@ impl SqliteStore {
     ) -> StoreResult<Option<Vec<KeyRecord>>> {
         let mut tx = self.write().await?;
         let marked = sqlx::query(
-            "UPDATE users SET removed_at = ?, removed_by = ? WHERE dn = ? AND removed_at IS NULL",
+            "UPDATE users SET removed_at = $1, removed_by = $2 WHERE dn = $3 AND removed_at IS NULL",
         )
         .bind(timestamp(at))
         .bind(by.as_str())
@@ -84,7 +84,7 @@ impl SqliteStore {
         if marked == 0 {
             return Ok(None);
         }
-        let rows = sqlx::query(&format!("SELECT {KEY_COLUMNS} WHERE k.owner = ?"))
+        let rows = sqlx::query(&format!("SELECT {KEY_COLUMNS} WHERE k.owner = $1"))
             .bind(dn.as_str())
             .fetch_all(&mut *tx)
             .await?;
@@ -92,7 +92,7 @@ impl SqliteStore {
             .iter()
             .map(key_from_row)
             .collect::<StoreResult<Vec<_>>>()?;
-        sqlx::query("DELETE FROM ssh_keys WHERE owner = ?")
+        sqlx::query("DELETE FROM ssh_keys WHERE owner = $1")
             .bind(dn.as_str())
             .execute(&mut *tx)
             .await?;
@@ -111,7 +111,7 @@ impl SqliteStore {
         let mut tx = self.write().await?;
         let restored = sqlx::query(
             "UPDATE users SET removed_at = NULL, removed_by = NULL \
-             WHERE dn = ? AND removed_at IS NOT NULL",
+             WHERE dn = $1 AND removed_at IS NOT NULL",
         )
         .bind(dn.as_str())
         .execute(&mut *tx)
@@ -131,12 +131,9 @@ impl SqliteStore {
 /// Refuses, inside a write transaction, to give anything new to `dn` once an admin removed
 /// them: a request that authenticated just before the removal must not leave a key, a session
 /// or an image behind it.
-pub(super) async fn refuse_removed(
-    tx: &mut Transaction<'static, Sqlite>,
-    dn: &Dn,
-) -> StoreResult<()> {
+pub(super) async fn refuse_removed(tx: &mut Transaction<'static, Db>, dn: &Dn) -> StoreResult<()> {
     let removed: Option<Option<String>> =
-        sqlx::query_scalar("SELECT removed_at FROM users WHERE dn = ?")
+        sqlx::query_scalar("SELECT removed_at FROM users WHERE dn = $1")
             .bind(dn.as_str())
             .fetch_optional(&mut **tx)
             .await?;
@@ -147,7 +144,7 @@ pub(super) async fn refuse_removed(
 }
 
 async fn insert_event(
-    tx: &mut Transaction<'static, Sqlite>,
+    tx: &mut Transaction<'static, Db>,
     dn: &Dn,
     at: DateTime<Utc>,
     action: UserAction,
@@ -160,8 +157,8 @@ async fn insert_event(
     };
     sqlx::query(
         "INSERT INTO user_events (dn, seq, at, action, by, details) \
-         VALUES (?1, (SELECT COALESCE(MAX(seq), -1) + 1 FROM user_events WHERE dn = ?1), \
-         ?2, ?3, ?4, ?5)",
+         VALUES ($1, (SELECT COALESCE(MAX(seq), -1) + 1 FROM user_events WHERE dn = $1), \
+         $2, $3, $4, $5)",
     )
     .bind(dn.as_str())
     .bind(timestamp(at))

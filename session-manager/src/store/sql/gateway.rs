@@ -1,16 +1,15 @@
-//! The PostgreSQL side of the SSH gateway: users' keys (`ssh_keys`), the institutes allowlist
+//! The SQL of the SSH gateway: users' keys (`ssh_keys`), the institutes allowlist
 //! (`institutes`, networks as a JSON array of CIDR text) and the audit log of connections
 //! (`connections`), whose open rows also say whether a session has a connection open.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{AuditRecord, ConnectionEvent, ConnectionEventKind};
 use ongrid_core::{normalize_ip, Cidr, Dn, Institute, InstituteName, SessionId};
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row};
+use sqlx::Row;
 
 use super::{
-    apply_change, find_session, from_json, parse, parse_timestamp, timestamp, to_json,
-    PostgresStore,
+    apply_change, find_session, from_json, parse, parse_timestamp, timestamp, to_json, Db, DbRow,
+    SqlStore,
 };
 use crate::domain::sessions::connections::follow_connection;
 use crate::store::{
@@ -25,7 +24,7 @@ const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute
      s.name AS session_name, c.opened_at, c.closed_at, c.bytes_in, c.bytes_out, c.close_reason \
      FROM connections c JOIN sessions s ON s.id = c.session_id";
 
-impl PostgresStore {
+impl SqlStore {
     pub(super) async fn add_key_impl(
         &self,
         key: NewKey,
@@ -304,7 +303,7 @@ impl PostgresStore {
 
 async fn find_key<'e, E>(executor: E, fingerprint: &str) -> StoreResult<Option<KeyRecord>>
 where
-    E: sqlx::Executor<'e, Database = Postgres>,
+    E: sqlx::Executor<'e, Database = Db>,
 {
     let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} WHERE k.fingerprint = $1"))
         .bind(fingerprint)
@@ -313,10 +312,7 @@ where
     row.as_ref().map(key_from_row).transpose()
 }
 
-async fn count_open(
-    tx: &mut sqlx::Transaction<'static, Postgres>,
-    id: SessionId,
-) -> StoreResult<u32> {
+async fn count_open(tx: &mut sqlx::Transaction<'static, Db>, id: SessionId) -> StoreResult<u32> {
     let open: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM connections WHERE session_id = $1 AND closed_at IS NULL",
     )
@@ -326,12 +322,12 @@ async fn count_open(
     u32::try_from(open).map_err(|_| StoreError::Corrupt(format!("{open} open connections")))
 }
 
-/// PostgreSQL integers (BIGINT) are signed: byte counts beyond 2^63 (never reached) are kept at the maximum.
+/// Stored integers (BIGINT, SQLite's INTEGER) are signed: byte counts beyond 2^63 (never reached) are kept at the maximum.
 fn clamp(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
-pub(super) fn key_from_row(row: &PgRow) -> StoreResult<KeyRecord> {
+pub(super) fn key_from_row(row: &DbRow) -> StoreResult<KeyRecord> {
     let text = |column: &str| row.try_get::<String, _>(column);
     Ok(KeyRecord {
         fingerprint: text("fingerprint")?,
@@ -349,7 +345,7 @@ pub(super) fn key_from_row(row: &PgRow) -> StoreResult<KeyRecord> {
     })
 }
 
-fn institute_from_row(row: &PgRow) -> StoreResult<Institute> {
+fn institute_from_row(row: &DbRow) -> StoreResult<Institute> {
     let name: String = row.try_get("name")?;
     let cidrs: Vec<String> = from_json(&row.try_get::<String, _>("cidrs")?, "institute networks")?;
     Ok(Institute {
@@ -361,7 +357,7 @@ fn institute_from_row(row: &PgRow) -> StoreResult<Institute> {
     })
 }
 
-fn audit_from_row(row: &PgRow) -> StoreResult<AuditRecord> {
+fn audit_from_row(row: &DbRow) -> StoreResult<AuditRecord> {
     let text = |column: &str| row.try_get::<String, _>(column);
     let count = |column: &str| -> StoreResult<u64> {
         let value: i64 = row.try_get(column)?;

@@ -1,4 +1,4 @@
-//! The PostgreSQL side of node and GPU operations (migration 0013): `nodes.drain` and `gpus.drain`
+//! The SQL of node and GPU operations (migration 0013): `nodes.drain` and `gpus.drain`
 //! (the admin's [`Drain`] as JSON while drained) and `nodes.removed_at` (forgotten nodes stay
 //! as rows for the history of what ran there, unlisted).
 
@@ -7,21 +7,20 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ongrid_core::gpu::Drain;
 use ongrid_core::{GpuUuid, NodeName, SessionName, SessionState};
-use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{from_json, gpu_from_row, parse, parse_timestamp, timestamp, to_json, PostgresStore};
+use super::{from_json, gpu_from_row, parse, parse_timestamp, timestamp, to_json, DbRow, SqlStore};
 use crate::domain::nodes;
 use crate::store::{GpuRecord, NodeContents, NodeRemoval, StoreResult};
 
 /// The `drain` column of a `nodes` or `gpus` row.
-pub(super) fn drain_from_row(row: &PgRow) -> StoreResult<Option<Drain>> {
+pub(super) fn drain_from_row(row: &DbRow) -> StoreResult<Option<Drain>> {
     row.try_get::<Option<String>, _>("drain")?
         .map(|text| from_json(&text, "drain"))
         .transpose()
 }
 
-impl PostgresStore {
+impl SqlStore {
     pub(super) async fn set_node_drain_impl(
         &self,
         node: &NodeName,

@@ -1,19 +1,18 @@
-//! The PostgreSQL side of jobs handed to grid targets (table `grid_jobs`, migration 0017): the
+//! The SQL of jobs handed to grid targets (table `grid_jobs`, migration 0017): the
 //! row written with the job (in [`super::jobs`]), the engine's job id stored as soon as the
 //! engine answers, and what the mirroring loop learns at each poll.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::job::{JobId, JobTarget};
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Row, Transaction};
 
-use super::{parse_timestamp, timestamp, PostgresStore};
+use super::{parse_timestamp, timestamp, Db, DbRow, SqlStore};
 use crate::domain::grid_jobs::{EngineJobId, GridJob, LocalAccount};
 use crate::domain::jobs::JobRecord;
 use crate::store::{StoreError, StoreResult};
 
 pub(super) async fn insert_grid(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'static, Db>,
     job: JobId,
     grid: &GridJob,
 ) -> StoreResult<()> {
@@ -37,7 +36,7 @@ pub(super) async fn insert_grid(
 
 /// The grid part of a job row (the `g_*` columns of `jobs.rs`' `JOB_COLUMNS`, a `LEFT JOIN
 /// grid_jobs g`); `None` for a local job.
-pub(super) fn grid_from_row(row: &PgRow) -> StoreResult<Option<GridJob>> {
+pub(super) fn grid_from_row(row: &DbRow) -> StoreResult<Option<GridJob>> {
     let Some(target) = row.try_get::<Option<String>, _>("g_target")? else {
         return Ok(None);
     };
@@ -69,7 +68,7 @@ pub(super) fn grid_from_row(row: &PgRow) -> StoreResult<Option<GridJob>> {
     }))
 }
 
-impl PostgresStore {
+impl SqlStore {
     pub(super) async fn set_engine_id_impl(
         &self,
         id: JobId,

@@ -1,10 +1,10 @@
-//! The PostgreSQL side of session activity: the facts the hold policy is computed from
+//! The SQL of session activity: the facts the hold policy is computed from
 //! (`session_lifecycle`, one row per session, created on first need) and the last report time of
 //! each open SSH connection (`connections.last_report_at`).
 //!
 //! Facts are written in the same transaction as what causes them: [`after_transition`] runs
 //! inside every state change, the connection hooks inside
-//! [`super::PostgresStore::record_connection`]. What a state change or an activity sample does to
+//! [`super::SqlStore::record_connection`]. What a state change or an activity sample does to
 //! the facts is decided by [`crate::domain::sessions::facts`]; this module stores it. Every time
 //! is the manager's clock.
 
@@ -14,10 +14,9 @@ use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::{NodeName, SessionId, Transition};
-use sqlx::postgres::{PgConnection, PgRow};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Row, Transaction};
 
-use super::{parse, parse_timestamp, timestamp, PostgresStore};
+use super::{parse, parse_timestamp, timestamp, Db, DbConnection, DbRow, SqlStore, GREATEST};
 use crate::domain::sessions::facts::{self, FactsChange};
 use crate::domain::sessions::holds::{
     due_hold, ActivityThresholds, LifecycleConfig, LifecycleFacts, Sampled,
@@ -33,7 +32,7 @@ const FACT_COLUMNS: &str = "s.id, s.state, \
      l.gpu_sampled_at, l.gpu_percent, l.keep_until \
      FROM sessions s LEFT JOIN session_lifecycle l ON l.session_id = s.id";
 
-impl PostgresStore {
+impl SqlStore {
     pub(super) async fn lifecycle_facts_impl(
         &self,
         scope: FactsScope,
@@ -111,12 +110,13 @@ impl PostgresStore {
         let mut tx = self.write().await?;
         let mut recorded = 0;
         for sample in samples {
-            let on_node: Option<i64> =
-                sqlx::query_scalar("SELECT 1::BIGINT FROM sessions WHERE id = $1 AND node = $2")
-                    .bind(sample.session_id.to_string())
-                    .bind(node.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let on_node: Option<i64> = sqlx::query_scalar(
+                "SELECT CAST(1 AS BIGINT) FROM sessions WHERE id = $1 AND node = $2",
+            )
+            .bind(sample.session_id.to_string())
+            .bind(node.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
             if on_node.is_none() {
                 continue;
             }
@@ -158,7 +158,7 @@ impl PostgresStore {
 /// Keeps the lifecycle facts in step with a state change, inside its transaction: stores what
 /// [`facts::after_transition`] decides (a start makes the session ready, a release re-queues it).
 pub(super) async fn after_transition(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'static, Db>,
     id: SessionId,
     transition: &Transition,
 ) -> StoreResult<()> {
@@ -212,7 +212,7 @@ pub(super) async fn after_transition(
 /// a terminal printing a clock should not keep a session), nor are keep-alives, which the
 /// gateway never counts as channel data.
 pub(super) async fn note_traffic(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'static, Db>,
     event: &ConnectionEvent,
     at: DateTime<Utc>,
 ) -> StoreResult<()> {
@@ -240,27 +240,29 @@ pub(super) async fn note_traffic(
 /// A periodic report of an open connection: its byte totals and that it is still there.
 /// Returns the rows changed (0 when the connection is unknown or closed).
 pub(super) async fn record_activity_report(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'static, Db>,
     event: &ConnectionEvent,
     at: DateTime<Utc>,
 ) -> StoreResult<u64> {
-    Ok(sqlx::query(
-        "UPDATE connections SET bytes_in = GREATEST(bytes_in, $1), bytes_out = GREATEST(bytes_out, $2), \
-         last_report_at = $3 WHERE id = $4 AND closed_at IS NULL",
-    )
-    .bind(clamp(event.bytes_in))
-    .bind(clamp(event.bytes_out))
-    .bind(timestamp(at))
-    .bind(event.connection_id.to_string())
-    .execute(&mut **tx)
-    .await?
-    .rows_affected())
+    let sql = format!(
+        "UPDATE connections SET bytes_in = {GREATEST}(bytes_in, $1), \
+         bytes_out = {GREATEST}(bytes_out, $2), last_report_at = $3 \
+         WHERE id = $4 AND closed_at IS NULL"
+    );
+    Ok(sqlx::query(&sql)
+        .bind(clamp(event.bytes_in))
+        .bind(clamp(event.bytes_out))
+        .bind(timestamp(at))
+        .bind(event.connection_id.to_string())
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
 }
 
 /// After a connection event is stored: an open (or a report) says the connection is there now;
 /// a close is when the session was last used over SSH.
 pub(super) async fn after_connection_event(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'static, Db>,
     event: &ConnectionEvent,
     at: DateTime<Utc>,
 ) -> StoreResult<()> {
@@ -288,7 +290,7 @@ pub(super) async fn after_connection_event(
 
 /// The lifecycle facts of the sessions in `scope`, read on `conn` (a pool connection, or a write
 /// transaction that acts on them).
-async fn facts_in(conn: &mut PgConnection, scope: FactsScope) -> StoreResult<Vec<LifecycleFacts>> {
+async fn facts_in(conn: &mut DbConnection, scope: FactsScope) -> StoreResult<Vec<LifecycleFacts>> {
     let rows = match &scope {
         FactsScope::Session(id) => {
             sqlx::query(&format!("SELECT {FACT_COLUMNS} WHERE s.id = $1"))
@@ -347,7 +349,7 @@ async fn facts_in(conn: &mut PgConnection, scope: FactsScope) -> StoreResult<Vec
         .collect()
 }
 
-async fn ensure_row(tx: &mut Transaction<'static, Postgres>, id: SessionId) -> StoreResult<()> {
+async fn ensure_row(tx: &mut Transaction<'static, Db>, id: SessionId) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO session_lifecycle (session_id) SELECT id FROM sessions WHERE id = $1 \
          ON CONFLICT (session_id) DO NOTHING",
@@ -366,7 +368,7 @@ fn clamp(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
-fn facts_from_row(row: &PgRow) -> StoreResult<LifecycleFacts> {
+fn facts_from_row(row: &DbRow) -> StoreResult<LifecycleFacts> {
     let time = |column: &str| -> StoreResult<Option<DateTime<Utc>>> {
         row.try_get::<Option<String>, _>(column)?
             .map(|t| parse_timestamp(&t))

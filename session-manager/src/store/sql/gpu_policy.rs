@@ -1,11 +1,11 @@
-//! The PostgreSQL side of owned GPUs and reservations (migration 0018): `nodes.owner`,
+//! The SQL of owned GPUs and reservations (migration 0018): `nodes.owner`,
 //! `gpus.owner`, `reservations`, and the reservations sessions and job chains use
 //! (`session_reservations`, `job_chain_reservations`).
 
 use futures::future::BoxFuture;
 use ongrid_core::{GpuUuid, JobId, NodeName, SessionId};
 
-use super::{from_json, parse, parse_timestamp, timestamp, to_json, PostgresStore};
+use super::{from_json, parse, parse_timestamp, timestamp, to_json, SqlStore};
 use crate::domain::policy::reservations::{ReservationName, ReservationRecord};
 use crate::domain::policy::GroupName;
 use crate::store::gpu_policy::{GpuPolicyStore, Owners, RequestReservations};
@@ -30,7 +30,7 @@ type ReservationRow = (
     String,
 );
 
-impl PostgresStore {
+impl SqlStore {
     async fn set_gpu_owner_impl(
         &self,
         gpu: &GpuUuid,
@@ -181,7 +181,7 @@ fn reservation_from_row(row: &ReservationRow) -> StoreResult<ReservationRecord> 
     })
 }
 
-impl GpuPolicyStore for PostgresStore {
+impl GpuPolicyStore for SqlStore {
     fn set_gpu_owner<'a>(
         &'a self,
         gpu: &'a GpuUuid,
