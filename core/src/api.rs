@@ -89,11 +89,11 @@ use serde::{Deserialize, Serialize};
 
 use std::net::IpAddr;
 
+pub use crate::container::{ContainerLimits, ContainerUser};
 use crate::gpu::{Drain, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid};
 use crate::names::{Dn, NodeName, SessionId, SessionName, UserName};
 use crate::network::InstituteName;
 pub use crate::network::{Allowlist, Institute};
-use crate::quantity::MemorySize;
 use crate::session::{SessionState, Transition};
 
 /// The error envelope of every non-2xx response.
@@ -430,21 +430,6 @@ pub struct DesiredSession {
 pub enum RunState {
     Running,
     Stopped,
-}
-
-/// The unprivileged user a dev container runs as; UID and GID are equal and stable per DN.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerUser {
-    pub name: UserName,
-    pub uid: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerLimits {
-    /// CPU in thousandths of a core (`1500` = 1.5 cores; Docker `NanoCpus` = this × 10^6).
-    pub millicpus: u32,
-    pub memory: MemorySize,
-    pub pids: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

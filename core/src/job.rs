@@ -28,6 +28,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::container::{ContainerLimits, ContainerUser};
 use crate::gpu::{GpuId, GpuRequest, Sharing};
 use crate::image::ImageLookup;
 use crate::names::NodeName;
@@ -1500,14 +1501,14 @@ pub struct DesiredJob {
     /// The chain's initial job: names the working directory on the node.
     pub chain_id: JobId,
     pub owner: crate::names::Dn,
-    pub user: crate::api::ContainerUser,
+    pub user: ContainerUser,
     pub image: JobImage,
     pub command: Command,
     /// The complete environment of the job: the spec's variables, `ONGRID_JOB_ID` and the
     /// restart chain's variables. The agent adds only the GPU variables.
     pub env: BTreeMap<String, String>,
     pub gpus: Vec<GpuId>,
-    pub limits: crate::api::ContainerLimits,
+    pub limits: ContainerLimits,
     /// Mount the owner's home volume read-write.
     pub mount_home: bool,
     pub run: JobRun,

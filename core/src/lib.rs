@@ -5,7 +5,9 @@
 //! no async runtime here.
 
 pub mod api;
+pub mod container;
 pub mod gpu;
+pub mod gpu_id;
 pub mod holds;
 pub mod image;
 pub mod job;

@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::{GpuUuid, MigUuid};
+use crate::gpu_id::{GpuUuid, MigUuid};
 use crate::quantity::MemorySize;
 
 /// A GPU-instance profile: `<compute slices>g.<memory GB>gb`, `+me` with media extensions.

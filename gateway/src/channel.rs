@@ -43,8 +43,9 @@ use crate::agent::{frame_name, AgentConnection, AgentConnector, AgentError, Agen
 use crate::deadlines::{
     banner, warning, warning_text, DeadlinesReceiver, DeadlinesState, WarnOnce, Warning,
 };
-use crate::input::{ChannelInput, Input, Request, HARD_LIMIT, STALL_AFTER};
+use crate::input::{ChannelInput, Input, HARD_LIMIT, STALL_AFTER};
 use crate::manager::GatewayRoutes;
+use crate::requests::Request;
 
 /// How long closing the agent's WebSocket may take once the channel is done.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -30,7 +30,7 @@ use std::time::Duration;
 use russh::{ChannelId, Sig};
 use tokio::sync::Notify;
 
-use crate::requests::{Answer, ChannelKind, RequestGate};
+use crate::requests::{Answer, ChannelKind, Request, RequestGate};
 
 /// Bytes queued on one channel before the handler waits, while no output is stalled.
 pub const SOFT_LIMIT: usize = 2 * 1024 * 1024;
@@ -58,53 +58,6 @@ pub enum Input {
     Close,
     /// The client sent more than [`HARD_LIMIT`] ahead of the process: close the channel.
     Overflowed,
-}
-
-/// A channel request. Those that may want a reply are answered by the handler as they arrive
-/// (`requests.rs`); only granted ones are queued.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
-    Pty {
-        term: String,
-        cols: u32,
-        rows: u32,
-    },
-    Env {
-        name: String,
-        value: String,
-    },
-    Shell,
-    Exec(Vec<u8>),
-    Subsystem(String),
-    X11,
-    /// No reply.
-    WindowChange {
-        cols: u32,
-        rows: u32,
-    },
-    /// No reply.
-    Signal(String),
-}
-
-impl Request {
-    /// The request's name in SSH.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Request::Pty { .. } => "pty-req",
-            Request::Env { .. } => "env",
-            Request::Shell => "shell",
-            Request::Exec(_) => "exec",
-            Request::Subsystem(_) => "subsystem",
-            Request::X11 => "x11-req",
-            Request::WindowChange { .. } => "window-change",
-            Request::Signal(_) => "signal",
-        }
-    }
-
-    /// Whether the client may be waiting for a success or failure.
-    pub fn may_want_reply(&self) -> bool {
-        !matches!(self, Request::WindowChange { .. } | Request::Signal(_))
-    }
 }
 
 impl Input {

@@ -18,12 +18,57 @@
 
 use ongrid_core::stream::env_allowed;
 
-use crate::input::Request;
-
 /// At most this many `env` requests are granted per channel.
 pub const MAX_ENV: usize = 64;
 pub const MAX_ENV_NAME: usize = 256;
 pub const MAX_ENV_VALUE: usize = 4096;
+
+/// A channel request. Those that may want a reply are answered by the handler as they arrive
+/// ([`RequestGate::answer`]); only granted ones are queued (`input.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Pty {
+        term: String,
+        cols: u32,
+        rows: u32,
+    },
+    Env {
+        name: String,
+        value: String,
+    },
+    Shell,
+    Exec(Vec<u8>),
+    Subsystem(String),
+    X11,
+    /// No reply.
+    WindowChange {
+        cols: u32,
+        rows: u32,
+    },
+    /// No reply.
+    Signal(String),
+}
+
+impl Request {
+    /// The request's name in SSH.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Pty { .. } => "pty-req",
+            Request::Env { .. } => "env",
+            Request::Shell => "shell",
+            Request::Exec(_) => "exec",
+            Request::Subsystem(_) => "subsystem",
+            Request::X11 => "x11-req",
+            Request::WindowChange { .. } => "window-change",
+            Request::Signal(_) => "signal",
+        }
+    }
+
+    /// Whether the client may be waiting for a success or failure.
+    pub fn may_want_reply(&self) -> bool {
+        !matches!(self, Request::WindowChange { .. } | Request::Signal(_))
+    }
+}
 
 /// The gateway's answer to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,6 +26,7 @@ pub mod config;
 pub mod freeze;
 pub mod gpu;
 pub mod jobs;
+pub mod labels;
 pub mod manager_client;
 pub mod metrics;
 pub mod network;

@@ -21,38 +21,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::freeze_watch::FreezeWatch;
 use crate::grid_mirror::GridMirror;
 use crate::hold_timer::HoldTimer;
+pub use crate::scheduler::Leader;
 use crate::scheduler::Scheduler;
-
-/// Whether this replica leads; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Leader {
-    leading: watch::Receiver<bool>,
-}
-
-impl Leader {
-    /// The only manager of its database (SQLite): it always leads.
-    pub fn sole() -> Self {
-        Self {
-            leading: watch::channel(true).1,
-        }
-    }
-
-    /// A replica that does not lead until the returned sender says so.
-    pub fn follower() -> (watch::Sender<bool>, Self) {
-        let (lead, leading) = watch::channel(false);
-        (lead, Self { leading })
-    }
-
-    pub fn is_leading(&self) -> bool {
-        *self.leading.borrow()
-    }
-}
 
 /// The loops only the leader runs.
 pub struct LeaderLoops {
@@ -88,7 +63,7 @@ pub use postgres::{lead, listen, publish, Wakes};
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    use tokio::sync::{mpsc, Notify};
+    use tokio::sync::{mpsc, watch, Notify};
 
     use super::*;
     use crate::notify::{Changed, Changes, Remote};

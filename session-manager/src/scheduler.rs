@@ -57,6 +57,32 @@ use crate::notify::Changes;
 use crate::site::{pending_session, SiteSnapshot};
 use crate::store::{NodeRecord, SessionFilter, Store, StoreError, StoreResult};
 
+/// Whether this replica leads; cheap to clone. Defined here, below [`crate::replicas`] (which
+/// re-exports it and says who leads), because the scheduler is what it switches off.
+#[derive(Debug, Clone)]
+pub struct Leader {
+    leading: watch::Receiver<bool>,
+}
+
+impl Leader {
+    /// The only manager of its database (SQLite): it always leads.
+    pub fn sole() -> Self {
+        Self {
+            leading: watch::channel(true).1,
+        }
+    }
+
+    /// A replica that does not lead until the returned sender says so.
+    pub fn follower() -> (watch::Sender<bool>, Self) {
+        let (lead, leading) = watch::channel(false);
+        (lead, Self { leading })
+    }
+
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+}
+
 /// What one tick did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TickReport {
@@ -102,7 +128,7 @@ pub struct Scheduler {
     /// unknown, planned as the default `[lifecycle]`'s).
     gpu_policy: Option<crate::gpu_policy::PolicySettings>,
     /// Whether this manager leads its database's replicas: a follower's rounds do nothing.
-    leader: crate::replicas::Leader,
+    leader: Leader,
 }
 
 impl Scheduler {
@@ -127,12 +153,12 @@ impl Scheduler {
             limits: None,
             limit_waits: std::sync::Mutex::new(HashMap::new()),
             gpu_policy: None,
-            leader: crate::replicas::Leader::sole(),
+            leader: Leader::sole(),
         }
     }
 
     /// Schedules only while `leader` says this replica leads (default: always).
-    pub fn with_leader(mut self, leader: crate::replicas::Leader) -> Self {
+    pub fn with_leader(mut self, leader: Leader) -> Self {
         self.leader = leader;
         self
     }
@@ -791,7 +817,7 @@ mod tests {
     #[tokio::test]
     async fn a_replica_that_does_not_lead_places_nothing_until_it_leads() {
         let mut f = fixture(&[gpu(1)]).await;
-        let (lead, leader) = crate::replicas::Leader::follower();
+        let (lead, leader) = Leader::follower();
         f.scheduler = f.scheduler.with_leader(leader);
         let waiting = create(&f, t0()).await;
         assert_eq!(f.scheduler.tick(t0()).await.unwrap(), TickReport::default());

@@ -34,7 +34,7 @@ use std::str::FromStr;
 use futures::future::BoxFuture;
 use ongrid_core::{NodeName, SessionId};
 
-use crate::runtime::{LABEL_MANAGED, LABEL_NODE, LABEL_SESSION};
+use crate::labels::{LABEL_MANAGED, LABEL_NODE, LABEL_SESSION};
 
 /// Prefix of every ongrid bridge interface on any node: `ong<node tag><session tag>`.
 pub const INTERFACE_PREFIX: &str = "ong";

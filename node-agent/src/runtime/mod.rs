@@ -30,24 +30,10 @@ use ongrid_core::api::{
 };
 use ongrid_core::{GpuId, NodeName, SessionId};
 
-/// `true` on every container and volume ongrid manages.
-pub const LABEL_MANAGED: &str = "ongrid.managed";
-/// The session's id.
-pub const LABEL_SESSION: &str = "ongrid.session";
-/// The session's name.
-pub const LABEL_SESSION_NAME: &str = "ongrid.session.name";
-/// The login name of the user inside the container.
-pub const LABEL_USER: &str = "ongrid.user";
-/// The owner's DN.
-pub const LABEL_OWNER: &str = "ongrid.owner";
-/// The node whose agent manages the container. Several agents may share one Docker daemon
-/// (the quickstart, the tests), so each one only sees and touches its own containers.
-pub const LABEL_NODE: &str = "ongrid.node";
-/// Set on the agent's short-lived helper containers (value: what it does); they have no session.
-pub const LABEL_HELPER: &str = "ongrid.helper";
-/// The GPUs the dev container was created with, as `CUDA_VISIBLE_DEVICES` lists them. A held
-/// container released onto other GPUs is recreated (see `reconcile.rs`).
-pub const LABEL_GPUS: &str = "ongrid.gpus";
+pub use crate::labels::{
+    LABEL_GPUS, LABEL_HELPER, LABEL_JOB, LABEL_MANAGED, LABEL_NODE, LABEL_OWNER, LABEL_SESSION,
+    LABEL_SESSION_NAME, LABEL_USER,
+};
 
 /// The node-local image a held dev container is committed to when its session comes back on
 /// other GPUs: the new container is created from it, so the user's files survive. It is
@@ -636,9 +622,6 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         tar: BoxStream<'static, Result<Vec<u8>, std::io::Error>>,
     ) -> BoxFuture<'a, Result<(), RuntimeError>>;
 }
-
-/// The batch job's id, on its container and its network.
-pub const LABEL_JOB: &str = "ongrid.job";
 
 /// Everything that defines one batch job's container (`crate::jobs`). It is hardened like a
 /// dev container (the docker runtime builds both from the same request), but runs the job's

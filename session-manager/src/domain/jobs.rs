@@ -31,7 +31,7 @@ use ongrid_core::{Dn, GpuId, GpuRequest, HumanDuration, NodeName, UserName};
 
 use ongrid_core::image::{ImageLookup, ImageState};
 
-use super::grid_jobs::GridJob;
+use super::engine_job::GridJob;
 use super::image_access;
 use super::images::ImageRecord;
 use super::Refusal;
@@ -1078,7 +1078,7 @@ mod tests {
 
         let slurm = GridJob::submitting(
             JobTarget::Slurm,
-            super::super::grid_jobs::LocalAccount::parse("alice").unwrap(),
+            super::super::engine_job::LocalAccount::parse("alice").unwrap(),
             t(0),
         );
         let who = Submitter {

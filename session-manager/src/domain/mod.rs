@@ -13,10 +13,13 @@
 //!   and halt, a lost node, restart chains, a node's desired jobs.
 //! - [`grid_jobs`]: jobs handed to grid targets (Slurm, HTCondor): the target and local account
 //!   of a submission, what to tell the engine, what the engine's state means for the job.
+//! - [`engine_job`]: what is stored of a job on a grid target ([`engine_job::GridJob`]) and
+//!   its engine job id and local account.
 //! - [`users`]: removing a user (what goes, what refuses it) and re-admitting them.
 //! - [`nodes`]: drains of nodes and GPUs, sessions lost with their node, removing a node.
 //! - [`policy`]: site policy: who may use the site, under which accounting group.
 
+pub mod engine_job;
 pub mod grid_jobs;
 pub mod image_access;
 pub mod images;
