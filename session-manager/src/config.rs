@@ -122,7 +122,7 @@ pub struct RawConfig {
     /// `[dashboard]`: what the web dashboard shows that the manager cannot know (the gateway's
     /// address for the `ssh` command). The dashboard is served without it.
     #[serde(default)]
-    pub dashboard: crate::dashboard::DashboardConfig,
+    pub dashboard: DashboardConfig,
 }
 
 /// `[jobs]` as written in the manager's config file.
@@ -252,7 +252,7 @@ pub struct Config {
     /// `[targets]`: where batch jobs may run.
     pub targets: crate::targets::TargetsConfig,
     /// `[dashboard]`.
-    pub dashboard: crate::dashboard::DashboardConfig,
+    pub dashboard: DashboardConfig,
 }
 
 impl Config {
@@ -780,6 +780,17 @@ impl RawLifecycle {
 
 #[cfg(test)]
 mod reference;
+
+/// `[dashboard]` in the manager's config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// The SSH gateway's host name as users reach it, for the `ssh` command the dashboard shows
+    /// (`<gateway>` when absent).
+    pub ssh_host: Option<String>,
+    /// The gateway's port, when not 22.
+    pub ssh_port: Option<u16>,
+}
 
 #[cfg(test)]
 mod tests {

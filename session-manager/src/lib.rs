@@ -19,6 +19,7 @@
 //! (or [`run`], which does both).
 
 pub mod api;
+pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
@@ -37,6 +38,7 @@ pub mod limit_check;
 pub mod metrics;
 pub mod notify;
 pub mod replicas;
+pub mod request_body;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -54,7 +56,7 @@ use tokio_util::task::TaskTracker;
 
 pub use config::Config;
 
-use crate::api::AppState;
+use crate::app::AppState;
 use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::{Clock, SystemClock};
 use crate::domain::images::FreezeLimits;

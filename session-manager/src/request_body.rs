@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
-use super::error::ApiError;
+use crate::app::ApiError;
 
 /// The largest request body the API takes: axum's limit for JSON bodies.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;

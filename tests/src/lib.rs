@@ -23,6 +23,9 @@ use serde_json::Value;
 
 pub mod cluster;
 
+#[cfg(test)]
+mod architecture;
+
 /// The dev image every test container runs; built by `images/dev/build.sh`.
 pub const DEV_IMAGE: &str = "ongrid/dev:latest";
 

@@ -4,7 +4,7 @@
 //! An institute is a name and at least one network; the gateway polls the list
 //! (`GET /v1/gateway/allowlist`), so a change applies within its refresh interval. To change an
 //! institute's networks, remove it and add it again. Adding and removing are
-//! [`super::actions::institutes`], shared with the dashboard's admin forms.
+//! [`crate::app::institutes`], shared with the dashboard's admin forms.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,10 +14,10 @@ use ongrid_core::api::AuditRecord;
 use ongrid_core::{Dn, HumanDuration, Institute, InstituteName};
 use serde::Deserialize;
 
-use super::actions::institutes::{self, InstituteError};
-use super::actions::Via;
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::app::institutes::{self, InstituteError};
+use crate::app::Via;
 use crate::store::AuditFilter;
 
 /// The most audit records one answer carries.

@@ -25,8 +25,8 @@ use ongrid_core::holds::SessionDeadlines;
 use ongrid_core::{SessionName, SessionState};
 
 use super::callers::GatewayCaller;
-use super::views::deadlines_view;
 use super::{ApiError, ApiJson, AppState};
+use crate::app::views::deadlines_view;
 use crate::auth::Admins;
 use crate::domain::policy::Admission;
 use crate::domain::sessions::SessionRecord;

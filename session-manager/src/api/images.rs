@@ -5,7 +5,7 @@
 //! `GET /v1/images/{reference}?after=DONE/TOTAL` is the long-poll `devctl freeze` follows a
 //! freeze with: answered as soon as the image's state or progress differs from what it has.
 //!
-//! The manager only records the freeze (BUILDING, [`super::actions::images`], shared with the
+//! The manager only records the freeze (BUILDING, [`crate::app::images`], shared with the
 //! dashboard's freeze form); the agent of the session's node gets it as an
 //! order in its desired state, does the work and reports progress, then READY or FAILED, in its
 //! syncs (see [`super::agent`] and [`crate::domain::images`]). Like sessions, a user
@@ -31,11 +31,11 @@ use ongrid_core::image::{CreateImage, ImageLookup, ImageProgress, ImageState, Im
 use ongrid_core::Dn;
 use serde::Deserialize;
 
-use super::actions::images::{self as actions, FreezeError};
-use super::actions::Via;
 use super::callers::CurrentUser;
-use super::views::image_view;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::app::images::{self as actions, FreezeError};
+use crate::app::views::image_view;
+use crate::app::Via;
 use crate::domain::image_access;
 use crate::domain::images::ImageRecord;
 use crate::image_files::remove_sif;

@@ -25,13 +25,15 @@ use ongrid_core::job::{GridJobView, JobId, JobState, JobView, LogChunk, SubmitJo
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::lookup::frozen_image_candidates;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::app::jobs::JobActionError;
+use crate::app::lookup::frozen_image_candidates;
+use crate::app::{self, Via};
 use crate::domain::grid_jobs;
 use crate::domain::jobs::{self, JobRecord, Submitter};
 use crate::grid_mirror::HandOverError;
 use crate::job_logs::JobLogs;
-use crate::store::{JobFilter, StoreError};
+use crate::store::JobFilter;
 
 /// At most this many bytes of output in one answer of the logs route.
 pub const LOG_READ_MAX: usize = 1024 * 1024;
@@ -39,7 +41,7 @@ pub const LOG_READ_MAX: usize = 1024 * 1024;
 pub async fn submit_job(
     State(state): State<AppState>,
     caller: CurrentUser,
-    ApiQuery(query): ApiQuery<super::lookup::ReservationQuery>,
+    ApiQuery(query): ApiQuery<crate::app::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     // Where it runs, and as whom, before which image: a refused target says so first.
@@ -102,7 +104,7 @@ pub async fn submit_job(
         grid,
         now,
     )?;
-    let reservation = super::lookup::reservation_to_use(&state, &caller, named, query).await?;
+    let reservation = crate::app::lookup::reservation_to_use(&state, &caller, named, query).await?;
     if let Some(reservation) = &reservation {
         if new.grid.is_some() {
             return Err(ApiError::bad_request(format!(
@@ -226,18 +228,9 @@ pub async fn cancel_job(
     caller: CurrentUser,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<JobView>, ApiError> {
-    let job = find_job(&state, &caller, &id).await?;
-    let change = jobs::cancel_by_owner(&job, state.clock.now())?;
-    let job = state
-        .store
-        .job_transition(job.id, change, None)
+    let job = app::jobs::cancel(&state, &caller, &id, Via::Api)
         .await
-        .map_err(changed_meanwhile)?;
-    tracing::info!(job_id = %job.id, "Job cancelled by its owner.");
-    state.wake.notify_one();
-    if job.grid.is_some() {
-        state.grid.wake();
-    }
+        .map_err(job_refused)?;
     Ok(Json(view(&state, job).await?))
 }
 
@@ -246,21 +239,21 @@ pub async fn halt_job(
     caller: CurrentUser,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<JobView>, ApiError> {
-    let job = find_job(&state, &caller, &id).await?;
-    let change = jobs::halt_by_owner(&job, state.clock.now())?;
-    let job = state
-        .store
-        .job_transition(job.id, change, None)
+    let job = app::jobs::halt(&state, &caller, &id, Via::Api)
         .await
-        .map_err(changed_meanwhile)?;
-    tracing::info!(job_id = %job.id, "Job halted by its owner.");
-    if job.grid.is_some() {
-        state.grid.wake();
-        // On a replica that does not lead, the grid mirror does not run: this wake-up reaches
-        // the leader's (crate::replicas).
-        state.wake.notify_one();
-    }
+        .map_err(job_refused)?;
     Ok(Json(view(&state, job).await?))
+}
+
+/// A job use case's refusal as devctl users read it.
+fn job_refused(error: JobActionError) -> ApiError {
+    match error {
+        JobActionError::NotFound(id) => no_such_job(&id),
+        JobActionError::ChangedMeanwhile { cause, .. } => ApiError::conflict(format!(
+            "{cause}: it changed meanwhile, see `devctl job show`"
+        )),
+        JobActionError::Api(error) => error,
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -360,45 +353,35 @@ const GRACE_RECHECK: Duration = Duration::from_millis(100);
 /// The caller's job `id` (an admin: anyone's); the same 404 for a missing job and someone
 /// else's.
 async fn find_job(state: &AppState, caller: &CurrentUser, id: &str) -> Result<JobRecord, ApiError> {
-    let not_found = || {
-        ApiError::not_found(format!(
-            "you have no job {id}: list yours with `devctl job ls`"
-        ))
-    };
-    let id: JobId = id.parse().map_err(|_| {
-        ApiError::bad_request(format!(
-            "{id:?} is not a job id: `devctl job ls` lists them"
-        ))
-    })?;
-    let job = state.store.job(id).await?.ok_or_else(not_found)?;
-    if job.owner != caller.user.dn && !caller.admin {
-        return Err(not_found());
-    }
-    Ok(job)
+    app::jobs::find(state, caller, id)
+        .await
+        .map_err(job_refused)
 }
 
-/// A job that changed between the decision and the write: 409 with the state machine's words.
-fn changed_meanwhile(error: StoreError) -> ApiError {
-    match error {
-        StoreError::InvalidJobTransition(e) => {
-            ApiError::conflict(format!("{e}: it changed meanwhile, see `devctl job show`"))
-        }
-        other => other.into(),
+/// A job id that does not parse or names no job the caller may see.
+fn no_such_job(id: &str) -> ApiError {
+    if id.parse::<JobId>().is_err() {
+        return ApiError::bad_request(format!(
+            "{id:?} is not a job id: `devctl job ls` lists them"
+        ));
     }
+    ApiError::not_found(format!(
+        "you have no job {id}: list yours with `devctl job ls`"
+    ))
 }
 
 /// The QUEUED jobs in queue order.
 async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
     let active = state.store.jobs(JobFilter::Active).await?;
     let note = if job.state() == JobState::Queued && job.grid.is_none() {
-        let asker = super::views::PolicyAsker {
+        let asker = crate::app::views::PolicyAsker {
             owner: &job.owner,
             session: None,
             job: Some(&job),
             max_duration: job.max_duration.map(|d| d.as_duration()),
         };
-        let reads = super::views::Reads::new(state);
-        super::views::gpu_policy_note(&reads, &job.spec.gpus, &asker).await?
+        let reads = crate::app::views::Reads::new(state);
+        crate::app::views::gpu_policy_note(&reads, &job.spec.gpus, &asker).await?
     } else {
         None
     };

@@ -1,11 +1,11 @@
 //! The HTTPS API under `/v1`, exactly as listed in `ongrid_core::api`'s documentation.
 //!
-//! A handler authenticates (an extractor of [`callers`]), parses, asks [`crate::domain`] for the
-//! decision, stores it and renders the answer; it decides no transition itself. Handler modules,
-//! one per family of routes, never call each other; what they share is in [`callers`],
-//! [`lookup`], [`views`] and [`error`], and the actions the dashboard's forms do too (create,
-//! hold, release, keep and remove a session, freeze one, add and remove an institute) are
-//! written once in [`actions`], which each caller words and renders its own way.
+//! A handler authenticates (an extractor of [`callers`]), parses the request, and either calls
+//! the use case of [`crate::app`] (which decides through [`crate::domain`], writes and says what
+//! changed) and renders its answer as JSON, or, where no use case is written yet, does those
+//! steps itself; it decides no transition itself. Handler modules, one per family of routes,
+//! never call each other and never import the dashboard; what they share is in [`callers`] and
+//! [`error`] (the extractors), and in [`crate::app`].
 //!
 //! - [`whoami`], [`sessions`] (create, list, show, remove, hold, release, keep), [`nodes`]
 //!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images), [`jobs`]
@@ -17,13 +17,11 @@
 //! - [`agent`]: node agents (bearer token): registration, sync and the desired state.
 //! - [`gateway`]: the SSH gateway (bearer token): allowlist, keys, routes, connection events.
 //!
-//! Handlers hold no state of their own: everything is in the [`Store`]; the scheduler is woken
-//! through [`AppState::wake`] whenever something it cares about changed.
+//! Handlers hold no state of their own: everything is in the [`crate::store::Store`]; a use
+//! case's effects wake the scheduler and the long-polls ([`crate::app::Effect`]).
 
-pub mod actions;
 pub mod admin;
 pub mod agent;
-pub mod body;
 pub mod callers;
 pub mod error;
 pub mod gateway;
@@ -31,127 +29,28 @@ pub mod images;
 pub mod job_reports;
 pub mod jobs;
 pub mod keys;
-pub mod lookup;
+pub mod logins;
 pub mod nodes;
 pub mod reservations;
 pub mod sessions;
 pub mod share;
 pub mod users;
-pub mod views;
 pub mod whoami;
-
-use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{Method, Uri};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
-use ongrid_core::{SessionId, SessionState};
-use tokio::sync::Notify;
 
-pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
-
-/// How long a replica that does not lead waits for the leader to place a session it was asked
-/// for or released, before answering with the session as it is (PENDING).
-pub const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-use crate::auth::{AgentTokens, GatewayToken};
-use crate::clock::Clock;
-use crate::config::Config;
-use crate::site::SiteSnapshot;
-use crate::store::{SessionFilter, Store};
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Arc<dyn Store>,
-    pub config: Arc<Config>,
-    pub tokens: Arc<AgentTokens>,
-    /// `None` when the config has no `gateway_token_file`: gateway routes answer 401.
-    pub gateway_token: Option<Arc<GatewayToken>>,
-    pub clock: Arc<dyn Clock>,
-    /// Wakes the scheduling loop.
-    pub wake: Arc<Notify>,
-    /// Runs a scheduling round in place, when an answer should reflect it.
-    pub scheduler: Arc<crate::scheduler::Scheduler>,
-    /// Whether this replica leads (runs the scheduler); see [`crate::replicas`].
-    pub leader: crate::replicas::Leader,
-    /// Wakes the long-polls of agents and people when a commit changed what they wait on.
-    pub changes: crate::notify::Changes,
-    /// The grid targets (Slurm, HTCondor): hands jobs over, mirrors their states.
-    pub grid: Arc<crate::grid_mirror::GridMirror>,
-}
-
-impl AppState {
-    /// The site as of now.
-    pub async fn site(&self) -> Result<SiteSnapshot, ApiError> {
-        Ok(SiteSnapshot::load(
-            self.store.as_ref(),
-            self.clock.now(),
-            self.config.node_timeout,
-        )
-        .await?)
-    }
-
-    /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
-    /// waits (PENDING): the leader runs a round in place; a follower wakes the leader and waits
-    /// up to [`PLACEMENT_WAIT`] for `session` to leave PENDING. A failed round is retried by the
-    /// loop.
-    pub async fn schedule_now(&self, session: SessionId) {
-        if self.leader.is_leading() {
-            if let Err(error) = self.scheduler.tick(self.clock.now()).await {
-                tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
-            }
-            return;
-        }
-        let mut changes = self.changes.subscribe();
-        self.wake.notify_one();
-        let placed = async {
-            loop {
-                match self.store.session(session).await {
-                    Ok(Some(record)) if record.state == SessionState::Pending => {}
-                    _ => return,
-                }
-                if !changes.changed(None).await {
-                    return;
-                }
-            }
-        };
-        // Still PENDING after the wait: the answer says so; the leader places it later.
-        let _ = tokio::time::timeout(PLACEMENT_WAIT, placed).await;
-    }
-
-    /// 1-based queue positions of the PENDING sessions, in the order the scheduler serves them
-    /// (fair-share priority, then time queued).
-    pub async fn queue_positions(&self) -> Result<HashMap<SessionId, u32>, ApiError> {
-        let Some(fair_share) = &self.config.fair_share else {
-            let order = self.store.pending_order().await?;
-            return Ok(order.into_iter().zip(1u32..).collect());
-        };
-        let pending = self
-            .store
-            .sessions(SessionFilter::States(vec![SessionState::Pending]))
-            .await?;
-        let waiting: Vec<_> = pending
-            .iter()
-            .map(|s| (s.owner.clone(), s.queued_at, s.id))
-            .collect();
-        let accounts = self.store.usage_accounts().await?;
-        let order = crate::fair_share::serve_order(&waiting, &accounts, Some(fair_share));
-        Ok(order.into_iter().zip(1u32..).collect())
-    }
-}
+pub use crate::app::{ApiError, AppState};
+pub use error::{ApiJson, ApiPath, ApiQuery};
 
 /// The `/v1` router.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/whoami", get(whoami::whoami))
         .route("/v1/share", get(share::share))
-        .route(
-            "/v1/dashboard/links",
-            post(crate::dashboard::auth::create_link),
-        )
+        .route("/v1/dashboard/links", post(logins::create_link))
         .route(
             "/v1/sessions",
             get(sessions::list_sessions).post(sessions::create_session),
@@ -241,7 +140,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/gateway/keys/check", post(gateway::check_keys))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(body::read_whole_body))
+        .layer(axum::middleware::from_fn(
+            crate::request_body::read_whole_body,
+        ))
         .layer(axum::middleware::from_fn(error::log_refusals))
         .layer(axum::middleware::from_fn(crate::metrics::count_requests))
         .layer(axum::middleware::from_fn_with_state(

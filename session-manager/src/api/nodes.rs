@@ -17,7 +17,8 @@ use serde::Deserialize;
 
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
-use crate::domain::nodes;
+use crate::app::nodes::{DrainChange, DrainError};
+use crate::app::{self, Via};
 use crate::site::SiteSnapshot;
 use crate::store::{GpuRecord, NodeRecord, NodeRemoval};
 
@@ -80,21 +81,12 @@ pub async fn drain_node(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<DrainRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    admins_only(&caller, "drain a node")?;
-    let name = parse_node(&name)?;
-    let drain = nodes::drain(
-        body.reason.as_deref(),
-        &caller.user.user_name,
-        state.clock.now(),
-    )?;
-    if !state
-        .store
-        .set_node_drain(&name, Some(drain.clone()))
-        .await?
-    {
-        return Err(no_such_node(&name));
-    }
-    tracing::info!(node = %name, reason = %drain.reason, by = %caller.user.user_name, "Node drained.");
+    let change = DrainChange::Drain {
+        reason: body.reason.as_deref(),
+    };
+    let name = app::nodes::drain_node(&state, &caller, &name, change, Via::Api)
+        .await
+        .map_err(drain_refused)?;
     Ok(Json(find_node(&state, &caller, &name).await?))
 }
 
@@ -103,14 +95,9 @@ pub async fn undrain_node(
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<NodeView>, ApiError> {
-    admins_only(&caller, "undrain a node")?;
-    let name = parse_node(&name)?;
-    if !state.store.set_node_drain(&name, None).await? {
-        return Err(no_such_node(&name));
-    }
-    tracing::info!(node = %name, by = %caller.user.user_name, "Node back in service.");
-    // Queued sessions and jobs may fit there now.
-    state.wake.notify_one();
+    let name = app::nodes::drain_node(&state, &caller, &name, DrainChange::Undrain, Via::Api)
+        .await
+        .map_err(drain_refused)?;
     Ok(Json(find_node(&state, &caller, &name).await?))
 }
 
@@ -181,20 +168,13 @@ pub async fn drain_gpu(
     ApiPath(uuid): ApiPath<String>,
     ApiJson(body): ApiJson<DrainRequest>,
 ) -> Result<Json<GpuView>, ApiError> {
-    admins_only(&caller, "drain a GPU")?;
-    let uuid = parse_gpu(&uuid)?;
-    let drain = nodes::drain(
-        body.reason.as_deref(),
-        &caller.user.user_name,
-        state.clock.now(),
-    )?;
-    state
-        .store
-        .set_gpu_drain(&uuid, Some(drain.clone()))
-        .await?
-        .ok_or_else(|| no_such_gpu(&uuid))?;
-    tracing::info!(gpu = %uuid, reason = %drain.reason, by = %caller.user.user_name, "GPU drained.");
-    find_gpu(&state, &caller, &uuid).await
+    let change = DrainChange::Drain {
+        reason: body.reason.as_deref(),
+    };
+    let gpu = app::nodes::drain_gpu(&state, &caller, &uuid, change, Via::Api)
+        .await
+        .map_err(drain_refused)?;
+    find_gpu(&state, &caller, &gpu.info.uuid).await
 }
 
 pub async fn undrain_gpu(
@@ -202,16 +182,19 @@ pub async fn undrain_gpu(
     caller: CurrentUser,
     ApiPath(uuid): ApiPath<String>,
 ) -> Result<Json<GpuView>, ApiError> {
-    admins_only(&caller, "undrain a GPU")?;
-    let uuid = parse_gpu(&uuid)?;
-    state
-        .store
-        .set_gpu_drain(&uuid, None)
-        .await?
-        .ok_or_else(|| no_such_gpu(&uuid))?;
-    tracing::info!(gpu = %uuid, by = %caller.user.user_name, "GPU back in service.");
-    state.wake.notify_one();
-    find_gpu(&state, &caller, &uuid).await
+    let gpu = app::nodes::drain_gpu(&state, &caller, &uuid, DrainChange::Undrain, Via::Api)
+        .await
+        .map_err(drain_refused)?;
+    find_gpu(&state, &caller, &gpu.info.uuid).await
+}
+
+/// A drain's refusal as devctl users read it.
+fn drain_refused(error: DrainError) -> ApiError {
+    match error {
+        DrainError::NoSuchNode(name) => no_such_node(&name),
+        DrainError::NoSuchGpu(uuid) => no_such_gpu(&uuid),
+        DrainError::Api(error) => error,
+    }
 }
 
 fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {

@@ -6,7 +6,7 @@
 //! session gets the same 404 as for a session that does not exist, so names do not leak.
 //! Session listings leave out ENDED sessions and carry no transitions; `GET
 //! /v1/sessions/{name}` shows the history. Creating, holding, releasing, keeping and removing
-//! are [`super::actions::sessions`], shared with the dashboard's forms (what each request may
+//! are [`crate::app::sessions`], shared with the dashboard's forms (what each request may
 //! change is decided by [`crate::domain::sessions::requests`]); here they are worded for
 //! `devctl` and answered as JSON. The automatic holds are the hold timer's.
 
@@ -19,12 +19,12 @@ use ongrid_core::{Dn, SessionState};
 use serde::Deserialize;
 use std::time::Duration;
 
-use super::actions::sessions::{self as actions, Created, SessionActionError, SessionTarget};
-use super::actions::Via;
 use super::callers::CurrentUser;
-use super::lookup::{find_session, Lookup, OwnerQuery, ReservationQuery};
-use super::views::{full_session_view, session_view, Reads};
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use crate::app::lookup::{find_session, Lookup, OwnerQuery, ReservationQuery};
+use crate::app::sessions::{self as actions, Created, SessionActionError, SessionTarget};
+use crate::app::views::{full_session_view, session_view, Reads};
+use crate::app::Via;
 use crate::store::SessionFilter;
 
 pub async fn create_session(
@@ -41,7 +41,7 @@ pub async fn create_session(
     let position = positions.get(&session.id).copied();
     let mut view = session_view(session, position, transitions);
     if view.state == SessionState::Pending {
-        if let Some(why) = super::views::out_of_service(&site, &view.request) {
+        if let Some(why) = crate::app::views::out_of_service(&site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
         }
     }

@@ -5,9 +5,9 @@
 use ongrid_core::image::{CreateImage, ImageReference, ImageState};
 use ongrid_core::SessionName;
 
+use super::caller::CurrentUser;
 use super::Via;
-use crate::api::callers::CurrentUser;
-use crate::api::{ApiError, AppState};
+use super::{ApiError, AppState};
 use crate::domain::images::{freezing_node, ImageRecord};
 use crate::domain::Refusal;
 use crate::store::{NewImage, StoreError};

@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use ongrid_core::network::{Cidr, CidrError};
 use ongrid_core::{Institute, InstituteName};
 
+use super::caller::CurrentUser;
 use super::Via;
-use crate::api::callers::CurrentUser;
-use crate::api::{ApiError, AppState};
+use super::{ApiError, AppState};
 use crate::store::StoreError;
 
 /// What admins may do with institutes, as [`CurrentUser::require_admin`] says it.

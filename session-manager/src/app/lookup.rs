@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use ongrid_core::image::ImageLookup;
 
-use super::callers::CurrentUser;
+use super::caller::CurrentUser;
 use super::{ApiError, AppState};
 use crate::domain::images::ImageRecord;
 use crate::domain::sessions::SessionRecord;

@@ -1,19 +1,168 @@
-//! The actions a person asks for both through the API and through a dashboard form, each
-//! written once: [`sessions`] (create, hold, release, keep alive, remove), [`images`] (freeze a
-//! session) and [`institutes`] (add, remove). An action looks up what it acts on, asks
-//! [`crate::domain`] for the decision, writes it, ticks or wakes the scheduler and logs it; the
-//! API's handler modules and `crate::dashboard::actions` call it and render the outcome.
+//! The application layer: each use case a person (or an agent, or the gateway) has of the
+//! manager, written once, below the transports that translate requests and answers (`api/`
+//! JSON, `dashboard/` HTML), which never import each other. A use case takes the
+//! [`AppState`] and the caller ([`caller::CurrentUser`]), looks up what it acts on, checks who may
+//! do it, asks [`crate::domain`] for the decision, writes it through the [`crate::store`], and says
+//! what the write changed as [`Effect`]s; [`AppState::committed`] is the one place that turns
+//! effects into wake-ups (the scheduler, the long-polls, the grid mirror, and through them the
+//! other replicas).
+//!
+//! - [`sessions`]: create, hold, release, keep alive, remove; [`images`]: freeze a session;
+//!   [`institutes`]: add, remove; [`jobs`]: cancel, halt; [`nodes`]: drain and undrain nodes and
+//!   GPUs; [`logins`]: the dashboard's single-use login links.
+//! - Shared: [`caller`] (who asks), [`lookup`] (`{name}[?owner=DN]`, images, reservations),
+//!   [`views`] (records as people see them, and what a view reads of the whole site once per
+//!   answer) and [`error`] ([`ApiError`], the refusal every caller words the same).
 //!
 //! Refusals whose advice differs between a terminal and a page (a `devctl` command to run, or
-//! a control of the page) come back as a variant of the action's error, for each caller to word;
-//! everything else (lookups, the domain's refusals, the store failing) is an [`ApiError`] worded
-//! the same for both.
-//!
-//! [`ApiError`]: super::ApiError
+//! a control of the page) come back as a variant of the use case's error, for each transport to
+//! word; everything else (lookups, the domain's refusals, the store failing) is an [`ApiError`]
+//! worded the same for both.
 
+pub mod caller;
+pub mod error;
 pub mod images;
 pub mod institutes;
+pub mod jobs;
+pub mod logins;
+pub mod lookup;
+pub mod nodes;
 pub mod sessions;
+pub mod views;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ongrid_core::{SessionId, SessionState};
+use tokio::sync::Notify;
+
+pub use error::ApiError;
+
+use crate::auth::{AgentTokens, GatewayToken};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::site::SiteSnapshot;
+use crate::store::{SessionFilter, Store};
+
+/// How long a replica that does not lead waits for the leader to place a session it was asked
+/// for or released, before answering with the session as it is (PENDING).
+pub const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<Config>,
+    pub tokens: Arc<AgentTokens>,
+    /// `None` when the config has no `gateway_token_file`: gateway routes answer 401.
+    pub gateway_token: Option<Arc<GatewayToken>>,
+    pub clock: Arc<dyn Clock>,
+    /// Wakes the scheduling loop.
+    pub wake: Arc<Notify>,
+    /// Runs a scheduling round in place, when an answer should reflect it.
+    pub scheduler: Arc<crate::scheduler::Scheduler>,
+    /// Whether this replica leads (runs the scheduler); see [`crate::replicas`].
+    pub leader: crate::replicas::Leader,
+    /// Wakes the long-polls of agents and people when a commit changed what they wait on.
+    pub changes: crate::notify::Changes,
+    /// The grid targets (Slurm, HTCondor): hands jobs over, mirrors their states.
+    pub grid: Arc<crate::grid_mirror::GridMirror>,
+}
+
+impl AppState {
+    /// The site as of now.
+    pub async fn site(&self) -> Result<SiteSnapshot, ApiError> {
+        Ok(SiteSnapshot::load(
+            self.store.as_ref(),
+            self.clock.now(),
+            self.config.node_timeout,
+        )
+        .await?)
+    }
+
+    /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
+    /// waits (PENDING): the leader runs a round in place; a follower wakes the leader and waits
+    /// up to [`PLACEMENT_WAIT`] for `session` to leave PENDING. A failed round is retried by the
+    /// loop.
+    pub async fn schedule_now(&self, session: SessionId) {
+        if self.leader.is_leading() {
+            if let Err(error) = self.scheduler.tick(self.clock.now()).await {
+                tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
+            }
+            return;
+        }
+        let mut changes = self.changes.subscribe();
+        self.wake.notify_one();
+        let placed = async {
+            loop {
+                match self.store.session(session).await {
+                    Ok(Some(record)) if record.state == SessionState::Pending => {}
+                    _ => return,
+                }
+                if !changes.changed(None).await {
+                    return;
+                }
+            }
+        };
+        // Still PENDING after the wait: the answer says so; the leader places it later.
+        let _ = tokio::time::timeout(PLACEMENT_WAIT, placed).await;
+    }
+
+    /// 1-based queue positions of the PENDING sessions, in the order the scheduler serves them
+    /// (fair-share priority, then time queued).
+    pub async fn queue_positions(&self) -> Result<HashMap<SessionId, u32>, ApiError> {
+        let Some(fair_share) = &self.config.fair_share else {
+            let order = self.store.pending_order().await?;
+            return Ok(order.into_iter().zip(1u32..).collect());
+        };
+        let pending = self
+            .store
+            .sessions(SessionFilter::States(vec![SessionState::Pending]))
+            .await?;
+        let waiting: Vec<_> = pending
+            .iter()
+            .map(|s| (s.owner.clone(), s.queued_at, s.id))
+            .collect();
+        let accounts = self.store.usage_accounts().await?;
+        let order = crate::fair_share::serve_order(&waiting, &accounts, Some(fair_share));
+        Ok(order.into_iter().zip(1u32..).collect())
+    }
+}
+
+/// What a committed write changed, named by the waiters it concerns. A use case says it once,
+/// through [`AppState::committed`], after its write committed; no handler or page wakes anyone
+/// by hand. A waiter compares what it reads with what it had, so an effect said too often costs
+/// one read, and one never said is caught by the periodic rounds and syncs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// The scheduler's input: a request queued or released, a job changed, a GPU drained or
+    /// back, a reservation. Wakes the scheduling loop (on a replica that does not lead, the wake
+    /// reaches the leader's through `crate::replicas`).
+    Scheduling,
+    /// What some node should run, or what a person's long-poll watches (a session's or a job's
+    /// state): wakes the agents' and people's long-polls ([`crate::notify::Changes::site`]).
+    Nodes,
+    /// A job of a grid target (Slurm, HTCondor) changed: the grid mirror acts on it now (a
+    /// cancel reaches `scancel` or `condor_rm`) instead of at its next poll. The mirror runs on
+    /// the leader, which a follower reaches through the scheduler's wake-up.
+    GridJob,
+}
+
+impl AppState {
+    /// The one place a committed write's [`Effect`]s become wake-ups.
+    pub fn committed(&self, effects: &[Effect]) {
+        for effect in effects {
+            match effect {
+                Effect::Scheduling => self.wake.notify_one(),
+                Effect::Nodes => self.changes.site(),
+                Effect::GridJob => {
+                    self.grid.wake();
+                    self.wake.notify_one();
+                }
+            }
+        }
+    }
+}
 
 /// Where a person asked for an action, for the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

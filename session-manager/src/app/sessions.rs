@@ -11,12 +11,12 @@ use ongrid_core::api::CreateSession;
 use ongrid_core::gpu::GpuRequestError;
 use ongrid_core::{Dn, HumanDuration, InvalidTransition, SessionId, SessionName, SessionState};
 
+use super::caller::CurrentUser;
 use super::Via;
-use crate::api::callers::CurrentUser;
-use crate::api::lookup::{
+use super::{ApiError, AppState};
+use crate::app::lookup::{
     find_session, frozen_image_candidates, reservation_to_use, Lookup, ReservationQuery,
 };
-use crate::api::{ApiError, AppState};
 use crate::domain::image_access::{self, ImageChoice};
 use crate::domain::sessions::{requests, Change, SessionRecord};
 use crate::domain::Refusal;

@@ -1,29 +1,27 @@
 //! What the dashboard's forms do. The actions the API offers too are written once in
-//! [`crate::api::actions`] (create, hold, release, keep and remove a session, freeze one, add and
+//! [`crate::app`] (create, hold, release, keep and remove a session, freeze one, add and
 //! remove an institute), so the caller is the same [`CurrentUser`], the session is found the
 //! same way (a user reaches only their own sessions, an admin anyone's with `owner`) and refused
 //! with the same rules; here the forms' text is parsed and the refusals are worded for the page.
-//! The others go through the same domain rules and store calls as the API's routes (`jobs`,
-//! `nodes`), which it never calls. Each returns the sentence the next page shows.
+//! Each returns the sentence the next page shows.
 
 use ongrid_core::api::CreateSession;
 use ongrid_core::image::{Compression, CreateImage, ImageReference};
-use ongrid_core::job::JobId;
 use ongrid_core::network::Cidr;
-use ongrid_core::{GpuRequest, GpuUuid, HumanDuration, InstituteName, NodeName, SessionName};
+use ongrid_core::{GpuRequest, HumanDuration, InstituteName, SessionName};
 
-use crate::api::actions::images::{self as image_actions, FreezeError};
-use crate::api::actions::institutes::{self, InstituteError};
-use crate::api::actions::sessions::{self as session_actions, Created, SessionActionError};
-use crate::api::actions::Via;
-use crate::api::callers::CurrentUser;
-use crate::api::lookup::ReservationQuery;
-use crate::api::{ApiError, AppState};
-use crate::domain::{jobs, nodes};
-use crate::store::StoreError;
+use crate::app::caller::CurrentUser;
+use crate::app::images::{self as image_actions, FreezeError};
+use crate::app::institutes::{self, InstituteError};
+use crate::app::jobs::{self as job_actions, JobActionError};
+use crate::app::lookup::ReservationQuery;
+use crate::app::nodes::{self as node_actions, DrainChange, DrainError};
+use crate::app::sessions::{self as session_actions, Created, SessionActionError};
+use crate::app::Via;
+use crate::app::{ApiError, AppState};
 
 /// Which session a form names: the caller's own, or (admins) `owner`'s.
-pub use crate::api::actions::sessions::SessionTarget as Target;
+pub use crate::app::sessions::SessionTarget as Target;
 
 /// A session action's refusal as the dashboard words it, pointing at the page.
 fn refused(error: SessionActionError) -> ApiError {
@@ -173,25 +171,15 @@ pub async fn cancel_job(
     caller: &CurrentUser,
     id: &str,
 ) -> Result<String, ApiError> {
-    let not_found = || ApiError::not_found(format!("you have no job {id}"));
-    let id: JobId = id.parse().map_err(|_| not_found())?;
-    let job = state.store.job(id).await?.ok_or_else(not_found)?;
-    if job.owner != caller.user.dn && !caller.admin {
-        return Err(not_found());
-    }
-    let change = jobs::cancel_by_owner(&job, state.clock.now())?;
-    let job = state
-        .store
-        .job_transition(job.id, change, None)
+    let job = job_actions::cancel(state, caller, id, Via::Dashboard)
         .await
-        .map_err(|e| match e {
-            StoreError::InvalidJobTransition(e) => {
-                ApiError::conflict(format!("{e}: it changed meanwhile"))
+        .map_err(|error| match error {
+            JobActionError::NotFound(id) => ApiError::not_found(format!("you have no job {id}")),
+            JobActionError::ChangedMeanwhile { cause, .. } => {
+                ApiError::conflict(format!("{cause}: it changed meanwhile"))
             }
-            other => other.into(),
+            JobActionError::Api(error) => error,
         })?;
-    tracing::info!(job_id = %job.id, by = %caller.user.user_name, "Job cancelled (dashboard).");
-    state.wake.notify_one();
     Ok(format!("Job {} cancelled.", job.id))
 }
 
@@ -203,7 +191,7 @@ pub async fn add_institute(
     networks: &str,
 ) -> Result<String, ApiError> {
     // Before the form is read, so a non-admin learns nothing from it.
-    caller.require_admin(crate::api::actions::institutes::MANAGE)?;
+    caller.require_admin(crate::app::institutes::MANAGE)?;
     let name =
         InstituteName::parse(name.trim()).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let cidrs = networks
@@ -258,18 +246,10 @@ pub async fn drain_node(
     name: &str,
     reason: Option<&str>,
 ) -> Result<String, ApiError> {
-    caller.require_admin("drain nodes")?;
-    let name = NodeName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let drain = reason
-        .map(|reason| nodes::drain(Some(reason), &caller.user.user_name, state.clock.now()))
-        .transpose()?;
-    let drained = drain.is_some();
-    if !state.store.set_node_drain(&name, drain).await? {
-        return Err(ApiError::not_found(format!("no node {name} is registered")));
-    }
-    tracing::info!(node = %name, drained, by = %caller.user.user_name, "Node drain changed (dashboard).");
-    state.wake.notify_one();
-    Ok(if drained {
+    let name = node_actions::drain_node(state, caller, name, drain_change(reason), Via::Dashboard)
+        .await
+        .map_err(drain_refused)?;
+    Ok(if reason.is_some() {
         format!("Node {name} drained: nothing new is placed there.")
     } else {
         format!("Node {name} is back in service.")
@@ -283,24 +263,35 @@ pub async fn drain_gpu(
     uuid: &str,
     reason: Option<&str>,
 ) -> Result<String, ApiError> {
-    caller.require_admin("drain GPUs")?;
-    let uuid = GpuUuid::parse(uuid).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let drain = reason
-        .map(|reason| nodes::drain(Some(reason), &caller.user.user_name, state.clock.now()))
-        .transpose()?;
-    let drained = drain.is_some();
-    state
-        .store
-        .set_gpu_drain(&uuid, drain)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no GPU {uuid} is registered")))?;
-    tracing::info!(gpu = %uuid, drained, by = %caller.user.user_name, "GPU drain changed (dashboard).");
-    state.wake.notify_one();
-    Ok(if drained {
+    let gpu = node_actions::drain_gpu(state, caller, uuid, drain_change(reason), Via::Dashboard)
+        .await
+        .map_err(drain_refused)?;
+    let uuid = &gpu.info.uuid;
+    Ok(if reason.is_some() {
         format!("GPU {uuid} drained.")
     } else {
         format!("GPU {uuid} is back in service.")
     })
+}
+
+fn drain_change(reason: Option<&str>) -> DrainChange<'_> {
+    match reason {
+        Some(reason) => DrainChange::Drain {
+            reason: Some(reason),
+        },
+        None => DrainChange::Undrain,
+    }
+}
+
+/// A drain's refusal as the dashboard words it.
+fn drain_refused(error: DrainError) -> ApiError {
+    match error {
+        DrainError::NoSuchNode(name) => {
+            ApiError::not_found(format!("no node {name} is registered"))
+        }
+        DrainError::NoSuchGpu(uuid) => ApiError::not_found(format!("no GPU {uuid} is registered")),
+        DrainError::Api(error) => error,
+    }
 }
 
 /// The GPU request of the new-session form: a count, optionally a minimum memory.

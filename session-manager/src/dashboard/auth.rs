@@ -2,8 +2,9 @@
 //!
 //! Two ways in, both ending in the same [`CurrentUser`] the API uses, so a browser sees and
 //! changes exactly what devctl would:
-//! - a login link: `devctl dashboard` calls `POST /v1/dashboard/links` ([`create_link`]) with
-//!   the user's grid credential; the link's token is good once, for [`LINK_LIFETIME`]. Opening it
+//! - a login link: `devctl dashboard` calls `POST /v1/dashboard/links`
+//!   ([`crate::app::logins::create_link`]) with the user's grid credential; the link's token is
+//!   good once, for [`crate::app::logins::LINK_LIFETIME`]. Opening it
 //!   shows a button ([`login_page`]) whose POST ([`log_in`]) spends the token and sets the
 //!   browser's login cookie [`COOKIE]` (`HttpOnly; Secure; SameSite=Strict`), valid for
 //!   [`LOGIN_LIFETIME`] or until the credential expires, whichever is first. The button keeps
@@ -22,42 +23,26 @@ use axum::http::header::{COOKIE as COOKIE_HEADER, HOST, LOCATION, ORIGIN, SET_CO
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Form, Json};
+use axum::Form;
 use chrono::{DateTime, TimeDelta, Utc};
-use ongrid_core::api::DashboardLink;
 use ongrid_x509::voms::Fqan;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::views;
-use crate::api::callers::CurrentUser;
-use crate::api::{ApiError, AppState};
+use crate::app::caller::CurrentUser;
+use crate::app::logins::{digest, random_token};
+use crate::app::{ApiError, AppState};
 use crate::auth::Peer;
 use crate::grid_identity::Identity;
-use crate::store::{DashboardIdentity, DashboardLogin};
+use crate::store::DashboardLogin;
 
-/// How long a login link printed by `devctl dashboard` may be used.
-pub const LINK_LIFETIME: TimeDelta = TimeDelta::minutes(5);
 /// How long a browser stays logged in (never past the credential's end).
 pub const LOGIN_LIFETIME: TimeDelta = TimeDelta::hours(12);
 /// The login cookie.
 pub const COOKIE: &str = "ongrid_dashboard";
 /// The one-shot notice cookie: what the last form did, shown once.
 pub const NOTICE_COOKIE: &str = "ongrid_notice";
-
-/// 32 bytes' worth of hex from the system's random source (two v4 UUIDs: 244 random bits).
-fn random_token() -> String {
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
-/// What is stored for a token.
-pub fn digest(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
 
 /// Constant-time equality of two tokens.
 fn same_token(a: &str, b: &str) -> bool {
@@ -75,47 +60,6 @@ fn certificate_csrf(dn: &str) -> String {
     static SECRET: OnceLock<String> = OnceLock::new();
     let secret = SECRET.get_or_init(random_token);
     hex::encode(Sha256::digest(format!("{secret}\n{dn}").as_bytes()))
-}
-
-/// `POST /v1/dashboard/links`: a single-use login link for the caller (`devctl dashboard`).
-pub async fn create_link(
-    State(state): State<AppState>,
-    caller: CurrentUser,
-) -> Result<(StatusCode, Json<DashboardLink>), ApiError> {
-    if caller.is_limited() {
-        return Err(ApiError::forbidden(
-            "a limited proxy may only read, and the dashboard changes sessions: make a full \
-             proxy (grid-proxy-init or voms-proxy-init without -limited) and run devctl \
-             dashboard again",
-        ));
-    }
-    let token = random_token();
-    let now = state.clock.now();
-    let expires_at = (now + LINK_LIFETIME).min(caller.not_after);
-    let identity = DashboardIdentity {
-        dn: caller.user.dn.clone(),
-        fqans: caller
-            .identity
-            .fqans
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
-        kind: caller.identity.kind,
-        not_after: caller.not_after,
-    };
-    state
-        .store
-        .dashboard()
-        .create_dashboard_link(&digest(&token), &identity, now, expires_at)
-        .await?;
-    tracing::info!(user = %caller.user.user_name, %expires_at, "Dashboard login link made.");
-    Ok((
-        StatusCode::CREATED,
-        Json(DashboardLink {
-            path: format!("/dashboard/login?token={token}"),
-            expires_at,
-        }),
-    ))
 }
 
 /// An answer of the dashboard that is not the page asked for: an HTML page with the status and

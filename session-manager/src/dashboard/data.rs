@@ -11,8 +11,8 @@ use ongrid_core::{Dn, Institute, SessionState};
 
 use super::auth::{PageError, Viewer};
 use super::views;
-use crate::api::views::{full_session_view, image_view, Reads};
-use crate::api::{ApiError, AppState};
+use crate::app::views::{full_session_view, image_view, Reads};
+use crate::app::{ApiError, AppState};
 use crate::domain::jobs::JobRecord;
 use crate::job_logs::JobLogs;
 use crate::store::{AuditFilter, ImageFilter, JobFilter, SessionFilter};

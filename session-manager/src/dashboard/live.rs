@@ -22,7 +22,7 @@ use serde::Deserialize;
 use super::auth::{PageError, Viewer};
 use super::data::{self, Live};
 use super::views;
-use crate::api::AppState;
+use crate::app::AppState;
 use crate::notify::Waiter;
 
 /// How often the live part is rendered again without a change (deadlines count down).

@@ -26,20 +26,8 @@ use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
 
-use crate::api::AppState;
-
-/// `[dashboard]` in the manager's config.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DashboardConfig {
-    /// The SSH gateway's host name as users reach it, for the `ssh` command the dashboard shows
-    /// (`<gateway>` when absent).
-    pub ssh_host: Option<String>,
-    /// The gateway's port, when not 22.
-    pub ssh_port: Option<u16>,
-}
+use crate::app::AppState;
 
 const CSS: &str = include_str!("static/dashboard.css");
 const JS: &str = include_str!("static/dashboard.js");
@@ -112,7 +100,9 @@ pub fn router(state: AppState) -> Router {
         .route("/dashboard/static/dashboard.js", get(js))
         .layer(axum::middleware::from_fn(auth::same_origin))
         .layer(axum::middleware::from_fn(headers))
-        .layer(axum::middleware::from_fn(crate::api::body::read_whole_body))
+        .layer(axum::middleware::from_fn(
+            crate::request_body::read_whole_body,
+        ))
         .layer(axum::middleware::from_fn(crate::metrics::count_requests))
         .with_state(state)
 }

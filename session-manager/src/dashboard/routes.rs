@@ -15,7 +15,7 @@ use super::actions::{self, Target};
 use super::auth::{notice_cookie, redirect_with_cookie, PageError, Viewer};
 use super::data::{self, Live};
 use super::views::{self, AuditFilterForm, Header, Page};
-use crate::api::{ApiError, AppState};
+use crate::app::{ApiError, AppState};
 
 fn header(viewer: &Viewer) -> Header<'_> {
     Header {

@@ -15,7 +15,7 @@ use ongrid_core::holds::SignalKind;
 use ongrid_core::image::{ImageState, ImageView};
 use ongrid_core::{Dn, GpuHealth, Institute, SessionState};
 
-use super::DashboardConfig;
+use crate::config::DashboardConfig;
 use crate::domain::jobs::JobRecord;
 use crate::store::NodeRecord;
 

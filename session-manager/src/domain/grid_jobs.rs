@@ -17,14 +17,13 @@
 //! typed reasons where they fit and `TargetStarted`/`TargetEnded`/`TargetRefused`/`TargetLost`
 //! where the engine has its own words.
 
-use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::job::{JobId, JobReason, JobState, JobTarget, HALT_GRACE};
 use ongrid_core::Dn;
-use serde::{Deserialize, Serialize};
 
+pub use super::engine_job::{EngineJobId, GridJob, LocalAccount};
 use super::jobs::{next_in_chain, JobChange, JobLimits, JobRecord, NewJob};
 use super::policy::GroupName;
 use super::Refusal;
@@ -33,95 +32,6 @@ use super::Refusal;
 /// engine (a manager stopped half-way) before the engine is asked for it by name once more and,
 /// when it does not know it, the job is FAILED.
 pub const SUBMIT_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A local POSIX account on the engine's side: 1 to 32 of `a-z 0-9 _ -`, not starting with a
-/// digit or `-` (what `useradd` accepts by default).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct LocalAccount(String);
-
-impl LocalAccount {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let ok = !text.is_empty()
-            && text.len() <= 32
-            && text
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if ok {
-            Ok(Self(text.to_owned()))
-        } else {
-            Err(format!(
-                "{text:?} is not a local account name: 1 to 32 lower-case letters, digits, _ or -, \
-                 starting with a letter or _"
-            ))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for LocalAccount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl TryFrom<String> for LocalAccount {
-    type Error = String;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::parse(&value)
-    }
-}
-
-impl From<LocalAccount> for String {
-    fn from(value: LocalAccount) -> Self {
-        value.0
-    }
-}
-
-/// An engine's job id: `42` (Slurm), `17.0` (HTCondor). Not empty, no white space.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct EngineJobId(String);
-
-impl EngineJobId {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        if text.is_empty() || text.len() > 128 || text.chars().any(char::is_whitespace) {
-            return Err(format!("{text:?} is not an engine job id"));
-        }
-        Ok(Self(text.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for EngineJobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl TryFrom<String> for EngineJobId {
-    type Error = String;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::parse(&value)
-    }
-}
-
-impl From<EngineJobId> for String {
-    fn from(value: EngineJobId) -> Self {
-        value.0
-    }
-}
 
 /// Who is mapped to a local account: a DN, or everyone of an accounting group (`[policy]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,43 +81,6 @@ impl AccountMap {
                  ([[targets.accounts]] in the manager's config), or submit with --to local",
                 self.contact.as_deref().unwrap_or("the site's admins")
             ))),
-        }
-    }
-}
-
-/// A job's life in its engine, as stored beside the job (table `grid_jobs`, migration 0017).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GridJob {
-    pub target: JobTarget,
-    pub account: LocalAccount,
-    /// `None` until the engine answered the submission.
-    pub engine_id: Option<EngineJobId>,
-    /// When the manager began to hand it to the engine; `None`: not yet (a re-queued job of a
-    /// chain that the loop submits).
-    pub submit_started_at: Option<DateTime<Utc>>,
-    /// How many times the engine had re-queued its engine job when this ongrid job began (0
-    /// for a fresh submission; a re-queue by the engine continues the chain under the same
-    /// engine id with one more).
-    pub engine_restarts: u32,
-    /// What the engine said last, in its own words, and when.
-    pub engine_state: Option<String>,
-    pub polled_at: Option<DateTime<Utc>>,
-    /// The engine has ended its job (or forgotten it): nothing more to ask it, but its output.
-    pub engine_final: bool,
-}
-
-impl GridJob {
-    /// A job about to be handed to `target` now, under `account`.
-    pub fn submitting(target: JobTarget, account: LocalAccount, now: DateTime<Utc>) -> Self {
-        Self {
-            target,
-            account,
-            engine_id: None,
-            submit_started_at: Some(now),
-            engine_restarts: 0,
-            engine_state: None,
-            polled_at: None,
-            engine_final: false,
         }
     }
 }
@@ -554,7 +427,7 @@ pub fn halt_sent(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ongrid_core::job::{JobImage, JobLifecycle, JobSpecFile, RestartChain};
     use ongrid_core::{HumanDuration, UserName};
 
@@ -565,8 +438,8 @@ mod tests {
     }
 
     /// A job handed to HTCondor as `8.0`, RUNNING there since t(10) unless `state` is QUEUED,
-    /// HALTING after a halt sent at t(20).
-    fn job(state: JobState) -> JobRecord {
+    /// HALTING after a halt sent at t(20). Also the grid job of `crate::app::jobs`'s tests.
+    pub(crate) fn job(state: JobState) -> JobRecord {
         let spec = JobSpecFile {
             image: Some("mymodel:v1".into()),
             command: vec!["python".into(), "train.py".into()],

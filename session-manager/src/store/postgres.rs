@@ -33,6 +33,9 @@ type SqlStore = PostgresStore;
 /// The larger of two values.
 const GREATEST: &str = "GREATEST";
 
+// The one SQL implementation, compiled here against PostgreSQL (and in the other backend module
+// against the other database): loading the same files twice is the point (see sql/mod.rs).
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/mod.rs"]
 mod sql;
 

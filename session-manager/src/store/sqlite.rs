@@ -31,6 +31,9 @@ type SqlStore = SqliteStore;
 /// The larger of two values: SQLite's two-argument `MAX`.
 const GREATEST: &str = "MAX";
 
+// The one SQL implementation, compiled here against SQLite (and in the other backend module
+// against the other database): loading the same files twice is the point (see sql/mod.rs).
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/mod.rs"]
 mod sql;
 

@@ -31,7 +31,7 @@ impl SqlStore {
         max_per_owner: usize,
     ) -> StoreResult<KeyAdded> {
         let mut tx = self.write().await?;
-        super::users::refuse_removed(&mut tx, &key.owner).await?;
+        super::refuse_removed(&mut tx, &key.owner).await?;
         let existing: Option<String> =
             sqlx::query_scalar("SELECT owner FROM ssh_keys WHERE fingerprint = $1")
                 .bind(&key.fingerprint)

@@ -20,7 +20,7 @@ const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.st
 impl SqlStore {
     pub(super) async fn create_image_impl(&self, new: NewImage) -> StoreResult<ImageRecord> {
         let mut tx = self.write().await?;
-        super::users::refuse_removed(&mut tx, &new.owner).await?;
+        super::refuse_removed(&mut tx, &new.owner).await?;
         let running: Option<(String, String)> = sqlx::query_as(
             "SELECT name, version FROM images WHERE session_id = $1 AND state = 'BUILDING'",
         )

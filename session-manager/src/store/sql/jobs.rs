@@ -32,7 +32,7 @@ const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
 impl SqlStore {
     pub(super) async fn create_job_impl(&self, new: NewJob) -> StoreResult<JobRecord> {
         let mut tx = self.write().await?;
-        super::users::refuse_removed(&mut tx, &new.owner).await?;
+        super::refuse_removed(&mut tx, &new.owner).await?;
         insert_job(&mut tx, &new).await?;
         tx.commit().await?;
         self.job_impl(new.id)

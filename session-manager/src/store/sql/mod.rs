@@ -109,7 +109,7 @@ impl SqlStore {
 
     async fn create_session_impl(&self, new: NewSession) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
-        users::refuse_removed(&mut tx, &new.owner).await?;
+        refuse_removed(&mut tx, &new.owner).await?;
         let live: Vec<(String, String)> = sqlx::query_as(
             "SELECT name, state FROM sessions WHERE owner = $1 AND state <> 'ENDED'",
         )
@@ -696,6 +696,21 @@ impl Store for SqlStore {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<Option<UserRecord>>> {
         Box::pin(self.restore_user_impl(dn, by, at))
+    }
+}
+
+/// Refuses, inside a write transaction, to give anything new to `dn` once an admin removed
+/// them: a request that authenticated just before the removal must not leave a key, a session
+/// or an image behind it.
+pub(super) async fn refuse_removed(tx: &mut Transaction<'static, Db>, dn: &Dn) -> StoreResult<()> {
+    let removed: Option<Option<String>> =
+        sqlx::query_scalar("SELECT removed_at FROM users WHERE dn = $1")
+            .bind(dn.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+    match removed.flatten() {
+        Some(_) => Err(StoreError::UserRemoved(dn.clone())),
+        None => Ok(()),
     }
 }
 

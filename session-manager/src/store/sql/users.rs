@@ -128,21 +128,6 @@ impl SqlStore {
     }
 }
 
-/// Refuses, inside a write transaction, to give anything new to `dn` once an admin removed
-/// them: a request that authenticated just before the removal must not leave a key, a session
-/// or an image behind it.
-pub(super) async fn refuse_removed(tx: &mut Transaction<'static, Db>, dn: &Dn) -> StoreResult<()> {
-    let removed: Option<Option<String>> =
-        sqlx::query_scalar("SELECT removed_at FROM users WHERE dn = $1")
-            .bind(dn.as_str())
-            .fetch_optional(&mut **tx)
-            .await?;
-    match removed.flatten() {
-        Some(_) => Err(StoreError::UserRemoved(dn.clone())),
-        None => Ok(()),
-    }
-}
-
 async fn insert_event(
     tx: &mut Transaction<'static, Db>,
     dn: &Dn,

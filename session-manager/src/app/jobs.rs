@@ -1,0 +1,133 @@
+//! A person's changes to a batch job, for `POST /v1/jobs/{id}/cancel` and `/halt` and the
+//! dashboard's cancel button: find the job (a user reaches only their own, an admin anyone's),
+//! ask [`crate::domain::jobs`] for the change, store it, and say what it changed
+//! ([`Effect`]s: the scheduler's input, and a grid job's engine through the grid mirror).
+
+use ongrid_core::job::JobId;
+
+use super::caller::CurrentUser;
+use super::{ApiError, AppState, Effect, Via};
+use crate::domain::jobs::{self, JobRecord};
+use crate::store::StoreError;
+
+/// Why a job was not changed, where the API and the dashboard give different advice.
+#[derive(Debug)]
+pub enum JobActionError {
+    /// Not a job id, or not a job the caller may see (answered alike: no existence oracle).
+    NotFound(String),
+    /// The job changed between the decision and the write.
+    ChangedMeanwhile { job: JobId, cause: String },
+    /// Refused or failed alike for every caller: the domain's refusal, the store.
+    Api(ApiError),
+}
+
+impl From<ApiError> for JobActionError {
+    fn from(error: ApiError) -> Self {
+        Self::Api(error)
+    }
+}
+
+impl From<StoreError> for JobActionError {
+    fn from(error: StoreError) -> Self {
+        Self::Api(error.into())
+    }
+}
+
+/// The job `id` names, if the caller may see it: their own, or anyone's for an admin.
+pub async fn find(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+) -> Result<JobRecord, JobActionError> {
+    let not_found = || JobActionError::NotFound(id.to_owned());
+    let id: JobId = id.parse().map_err(|_| not_found())?;
+    let job = state.store.job(id).await?.ok_or_else(not_found)?;
+    if job.owner != caller.user.dn && !caller.admin {
+        return Err(not_found());
+    }
+    Ok(job)
+}
+
+/// Cancels the job: a queued job never starts, a running one is stopped by its agent or its
+/// grid engine.
+pub async fn cancel(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+    via: Via,
+) -> Result<JobRecord, JobActionError> {
+    let job = find(state, caller, id).await?;
+    let change = jobs::cancel_by_owner(&job, state.clock.now()).map_err(ApiError::from)?;
+    let job = store_change(state, job.id, change).await?;
+    tracing::info!(job_id = %job.id, by = %caller.user.user_name, via = via.as_str(), "Job cancelled.");
+    state.committed(&job_effects(&job));
+    Ok(job)
+}
+
+/// Halts the job (GPULab's MUSTHALT: SIGUSR1, then exit 123); a restartable one is queued again.
+pub async fn halt(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+    via: Via,
+) -> Result<JobRecord, JobActionError> {
+    let job = find(state, caller, id).await?;
+    let change = jobs::halt_by_owner(&job, state.clock.now()).map_err(ApiError::from)?;
+    let job = store_change(state, job.id, change).await?;
+    tracing::info!(job_id = %job.id, by = %caller.user.user_name, via = via.as_str(), "Job halted.");
+    state.committed(&job_effects(&job));
+    Ok(job)
+}
+
+/// What a changed job concerns: the scheduler (its GPUs, the queue), and for a job of a grid
+/// target its engine, reached through the grid mirror.
+pub fn job_effects(job: &JobRecord) -> Vec<Effect> {
+    let mut effects = vec![Effect::Scheduling, Effect::Nodes];
+    if job.grid.is_some() {
+        effects.push(Effect::GridJob);
+    }
+    effects
+}
+
+async fn store_change(
+    state: &AppState,
+    id: JobId,
+    change: jobs::JobChange,
+) -> Result<JobRecord, JobActionError> {
+    state
+        .store
+        .job_transition(id, change, None)
+        .await
+        .map_err(|error| match error {
+            StoreError::InvalidJobTransition(e) => JobActionError::ChangedMeanwhile {
+                job: id,
+                cause: e.to_string(),
+            },
+            other => other.into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::job::JobState;
+
+    use super::*;
+    use crate::domain::grid_jobs::tests::job;
+
+    /// The API's and the dashboard's cancel and halt are this one use case, so they wake the
+    /// same waiters; a grid job's change must reach its engine through the grid mirror (the
+    /// dashboard's former copy of the cancel never woke it, so a Slurm or HTCondor job
+    /// cancelled from the page reached the engine only at the next poll).
+    #[test]
+    fn a_grid_jobs_change_wakes_the_grid_mirror_and_a_local_ones_does_not() {
+        let grid = job(JobState::Running);
+        assert!(grid.grid.is_some());
+        assert_eq!(
+            job_effects(&grid),
+            vec![Effect::Scheduling, Effect::Nodes, Effect::GridJob]
+        );
+        let mut local = grid;
+        local.grid = None;
+        assert_eq!(job_effects(&local), vec![Effect::Scheduling, Effect::Nodes]);
+    }
+}
