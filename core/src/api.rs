@@ -76,8 +76,9 @@
 //!
 //! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
 //!
-//! Bodies people send (sessions, keys, GPU modes, holds, keeps, freezes, institutes) refuse
-//! unknown fields: a misspelt or invented field is a 400 naming it, never stored or ignored.
+//! Bodies people send (sessions, keys, GPU modes, drains, holds, keeps, freezes, jobs,
+//! institutes, owners, reservations, and the dashboard's forms) refuse unknown fields: a misspelt
+//! or invented field is a 400 (a 422 for a form) naming it, never stored or ignored.
 //! The components' bodies (agent registration and reports, gateway requests) and every answer
 //! stay lenient, so a manager and its agents and gateway of adjacent versions understand each
 //! other during a rolling upgrade.

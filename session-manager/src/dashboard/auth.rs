@@ -325,6 +325,7 @@ pub async fn login_page(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LoginForm {
     token: String,
 }
@@ -391,6 +392,7 @@ pub fn redirect_with_cookie(location: &str, cookie: &str) -> Response {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CsrfForm {
     csrf: String,
 }

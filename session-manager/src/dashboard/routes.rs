@@ -154,6 +154,7 @@ fn back(field: Option<&str>) -> Page {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NewSessionForm {
     csrf: String,
     #[serde(default)]
@@ -189,6 +190,7 @@ pub async fn new_session(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionForm {
     csrf: String,
     back: Option<String>,
@@ -238,6 +240,7 @@ pub async fn session_action(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FreezeForm {
     csrf: String,
     session: String,
@@ -259,6 +262,7 @@ pub async fn freeze(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CsrfBackForm {
     csrf: String,
     back: Option<String>,
@@ -277,6 +281,7 @@ pub async fn cancel_job(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InstituteForm {
     csrf: String,
     name: String,
@@ -307,6 +312,7 @@ pub async fn remove_institute(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DrainForm {
     csrf: String,
     #[serde(default)]
