@@ -38,7 +38,7 @@
 //!   (which ends and cancels them); the DN percent-encoded as one path segment
 //! - `POST   /v1/users/{dn}/restore` (admin)   → [`UserView`]: a removed user may come back
 //! - `POST   /v1/jobs`                         [`crate::job::SubmitJob`] → 201 [`crate::job::JobView`]
-//!   (QUEUED; 404 for an image the caller does not have, 403 for someone else's)
+//!   (QUEUED; the same 403 for an image that does not exist and for someone else's private one)
 //! - `GET    /v1/jobs[?all=true]`              → `Vec<JobView>` in queue order (own; `all` for admins)
 //! - `GET    /v1/jobs/{id}`                    → [`crate::job::JobView`] with its transitions and chain
 //! - `POST   /v1/jobs/{id}/cancel`             → [`crate::job::JobView`] (CANCELLED)

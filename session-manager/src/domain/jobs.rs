@@ -210,17 +210,15 @@ pub fn submit(
 /// The frozen image a job of `caller` runs, from the images the lookup found (the caller's
 /// by tag, a login's by `login/name:version`, anyone's by digest): a READY image the caller
 /// may run ([`super::image_access::may_run`]: their own, or one its owner shares). A tag
-/// `--force` moved on is found by digest. `Ok(None)` when nothing matches at all (404); only
-/// someone else's private images found is refused (403); a runnable image that is not READY is
-/// a conflict (409).
+/// `--force` moved on is found by digest. Nothing found and only someone else's private images
+/// found are the same refusal (403, [`image_access::no_image_you_may_run`]), as for sessions, so
+/// that a submission cannot tell whether another user has an image; a runnable image that is
+/// not READY is a conflict (409).
 pub fn resolve_image(
     lookup: &ImageLookup,
     candidates: &[ImageRecord],
     caller: &Dn,
-) -> Result<Option<JobImage>, Refusal> {
-    if candidates.is_empty() {
-        return Ok(None);
-    }
+) -> Result<JobImage, Refusal> {
     let runnable: Vec<&ImageRecord> = candidates
         .iter()
         .filter(|i| image_access::may_run(i, caller))
@@ -239,7 +237,7 @@ pub fn resolve_image(
             _ => None,
         });
     if let Some(image) = ready {
-        return Ok(Some(image));
+        return Ok(image);
     }
     match image_access::not_runnable(lookup, candidates, caller) {
         Some(why) if !runnable.is_empty() => Err(Refusal::Conflict(why)),
@@ -1243,11 +1241,17 @@ mod tests {
     fn a_job_runs_only_its_owners_ready_image() {
         let alice = Dn::parse("/CN=Alice").unwrap();
         let lookup = ImageLookup::parse("model:v1").unwrap();
-        assert_eq!(resolve_image(&lookup, &[], &alice), Ok(None));
+        let nothing = resolve_image(&lookup, &[], &alice);
+        assert_eq!(
+            nothing,
+            Err(Refusal::Forbidden(image_access::no_image_you_may_run(
+                &lookup
+            )))
+        );
         let ready = image_record("/CN=Alice", ImageState::Ready);
         assert_eq!(
             resolve_image(&lookup, std::slice::from_ref(&ready), &alice),
-            Ok(Some(image()))
+            Ok(image())
         );
         let building = image_record("/CN=Alice", ImageState::Building);
         assert!(matches!(
@@ -1255,21 +1259,22 @@ mod tests {
             Err(Refusal::Conflict(m)) if m.contains("BUILDING, not READY")
         ));
         let bobs = image_record("/CN=Bob", ImageState::Ready);
-        assert!(matches!(
+        // Bob's private image: the same answer as no image at all.
+        assert_eq!(
             resolve_image(&lookup, std::slice::from_ref(&bobs), &alice),
-            Err(Refusal::Forbidden(m)) if m == image_access::no_image_you_may_run(&lookup)
-        ));
+            nothing
+        );
         // Someone else sharing the digest does not hide the caller's own.
         assert_eq!(
             resolve_image(&lookup, &[bobs.clone(), ready], &alice),
-            Ok(Some(image()))
+            Ok(image())
         );
         // Bob's image runs once Bob shares it, and not while it is not READY.
         let mut shared = bobs;
         shared.shared_at = Some(t(1));
         assert_eq!(
             resolve_image(&lookup, std::slice::from_ref(&shared), &alice),
-            Ok(Some(image()))
+            Ok(image())
         );
         shared.state = ImageState::Failed;
         assert!(matches!(
