@@ -50,7 +50,7 @@ use axum::Router;
 use ongrid_core::{SessionId, SessionState};
 use tokio::sync::Notify;
 
-pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
+pub use error::{AdminJson, AdminQuery, ApiError, ApiJson, ApiPath, ApiQuery};
 
 /// How long a replica that does not lead waits for the leader to place a session it was asked
 /// for or released, before answering with the session as it is (PENDING).

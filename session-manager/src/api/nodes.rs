@@ -15,8 +15,8 @@ use ongrid_core::api::{DrainRequest, GpuView, NodeView, SetGpuMode};
 use ongrid_core::{GpuMode, GpuUuid, NodeName};
 use serde::Deserialize;
 
-use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use super::callers::{Admin, CurrentUser};
+use super::{AdminJson, ApiError, ApiPath, ApiQuery, AppState};
 use crate::domain::nodes;
 use crate::site::SiteSnapshot;
 use crate::store::{GpuRecord, NodeRecord, NodeRemoval};
@@ -78,9 +78,9 @@ pub async fn drain_node(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
-    ApiJson(body): ApiJson<DrainRequest>,
+    body: AdminJson<DrainRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    admins_only(&caller, "drain a node")?;
+    let body = body.parse(admins_only(&caller, "drain a node")?).await?;
     let name = parse_node(&name)?;
     let drain = nodes::drain(
         body.reason.as_deref(),
@@ -140,9 +140,11 @@ pub async fn set_gpu_mode(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(uuid): ApiPath<String>,
-    ApiJson(body): ApiJson<SetGpuMode>,
+    body: AdminJson<SetGpuMode>,
 ) -> Result<Json<GpuView>, ApiError> {
-    admins_only(&caller, "change a GPU's mode")?;
+    let body = body
+        .parse(admins_only(&caller, "change a GPU's mode")?)
+        .await?;
     let uuid = parse_gpu(&uuid)?;
     // The core's parser holds the rules (shared:N with N from 2 to 64).
     let mode: GpuMode = body
@@ -179,9 +181,9 @@ pub async fn drain_gpu(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(uuid): ApiPath<String>,
-    ApiJson(body): ApiJson<DrainRequest>,
+    body: AdminJson<DrainRequest>,
 ) -> Result<Json<GpuView>, ApiError> {
-    admins_only(&caller, "drain a GPU")?;
+    let body = body.parse(admins_only(&caller, "drain a GPU")?).await?;
     let uuid = parse_gpu(&uuid)?;
     let drain = nodes::drain(
         body.reason.as_deref(),
@@ -214,14 +216,12 @@ pub async fn undrain_gpu(
     find_gpu(&state, &caller, &uuid).await
 }
 
-fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
-    if caller.admin {
-        Ok(())
-    } else {
-        Err(ApiError::forbidden(format!(
+fn admins_only(caller: &CurrentUser, what: &str) -> Result<Admin, ApiError> {
+    caller.admin_or(|| {
+        ApiError::forbidden(format!(
             "only admins can {what}; admins are listed in the manager's config"
-        )))
-    }
+        ))
+    })
 }
 
 fn parse_node(name: &str) -> Result<NodeName, ApiError> {

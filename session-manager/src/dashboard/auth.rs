@@ -267,7 +267,23 @@ impl Viewer {
     pub fn require_admin(&self) -> Result<(), PageError> {
         self.caller
             .require_admin("see the admin pages")
+            .map(|_admin| ())
             .map_err(PageError)
+    }
+}
+
+/// A viewer who is an admin: the admin forms take it, so a user is refused (403, "only admins")
+/// before the form is read, whatever it holds, as the API's admin routes do.
+#[derive(Debug, Clone)]
+pub struct AdminViewer(pub Viewer);
+
+impl FromRequestParts<AppState> for AdminViewer {
+    type Rejection = PageError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, PageError> {
+        let viewer = Viewer::from_request_parts(parts, state).await?;
+        viewer.require_admin()?;
+        Ok(Self(viewer))
     }
 }
 

@@ -12,7 +12,7 @@ use ongrid_core::{Dn, SessionName};
 use serde::Deserialize;
 
 use super::actions::{self, Target};
-use super::auth::{notice_cookie, redirect_with_cookie, PageError, Viewer};
+use super::auth::{notice_cookie, redirect_with_cookie, AdminViewer, PageError, Viewer};
 use super::data::{self, Live};
 use super::views::{self, AuditFilterForm, Header, Page};
 use crate::api::{ApiError, AppState};
@@ -291,7 +291,7 @@ pub struct InstituteForm {
 /// `POST /dashboard/admin/institutes` (admins only, like every admin form).
 pub async fn add_institute(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Form(form): Form<InstituteForm>,
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
@@ -302,7 +302,7 @@ pub async fn add_institute(
 /// `POST /dashboard/admin/institutes/{name}/remove`.
 pub async fn remove_institute(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Path(name): Path<String>,
     Form(form): Form<CsrfBackForm>,
 ) -> Result<Response, PageError> {
@@ -332,7 +332,7 @@ fn drain_reason<'a>(action: &str, form: &'a DrainForm) -> Result<Option<&'a str>
 /// `POST /dashboard/admin/nodes/{name}/{drain|undrain}`.
 pub async fn node_drain(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Path((name, action)): Path<(String, String)>,
     Form(form): Form<DrainForm>,
 ) -> Result<Response, PageError> {
@@ -345,7 +345,7 @@ pub async fn node_drain(
 /// `POST /dashboard/admin/gpus/{uuid}/{drain|undrain}`.
 pub async fn gpu_drain(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Path((uuid, action)): Path<(String, String)>,
     Form(form): Form<DrainForm>,
 ) -> Result<Response, PageError> {

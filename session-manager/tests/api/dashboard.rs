@@ -492,3 +492,26 @@ async fn every_dashboard_form_refuses_an_unknown_field() {
     );
     m.stop().await;
 }
+
+/// The admin forms refuse a user before reading the form: a malformed one (no CSRF token, a
+/// field no form has) gets the 403 that says only admins may, not a 422 about the form.
+#[tokio::test]
+async fn admin_forms_refuse_users_before_reading_them() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let mut alice = Browser::new(&site, m.addr);
+    alice.log_in(&m.alice).await;
+    let gpu = a100(1).uuid.to_string();
+    for path in [
+        "/dashboard/admin/institutes".to_owned(),
+        "/dashboard/admin/institutes/lab/remove".to_owned(),
+        "/dashboard/admin/nodes/node1/drain".to_owned(),
+        format!("/dashboard/admin/gpus/{gpu}/drain"),
+    ] {
+        let (status, _, page) = alice.post(&path, &[("evil", "1")]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {page}");
+        assert!(page.contains("only admins"), "{path}: {page}");
+    }
+    m.stop().await;
+}
