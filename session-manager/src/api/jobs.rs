@@ -43,6 +43,8 @@ pub async fn submit_job(
     ApiQuery(query): ApiQuery<super::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    // What the spec asks for against the site's caps, before anything is looked up.
+    jobs::check_durations(&body.spec, &state.config.job_limits)?;
     // Where it runs, and as whom, before which image: a refused target says so first.
     let now = state.clock.now();
     let targets = state.grid.targets();
@@ -64,8 +66,10 @@ pub async fn submit_job(
             // A grid target's engine applies its own length limits: to this site's length
             // classes, such a job is short work, which no class caps.
             length: match grid {
-                None => jobs::effective_max_duration(&body.spec, &state.config.job_limits)
-                    .map(|d| d.as_duration()),
+                None => Some(
+                    jobs::effective_max_duration(&body.spec, &state.config.job_limits)
+                        .as_duration(),
+                ),
                 Some(_) => Some(std::time::Duration::ZERO),
             },
         };

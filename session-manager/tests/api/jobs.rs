@@ -538,3 +538,31 @@ async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
         .await;
     m.stop().await;
 }
+
+/// A site that sets no `[jobs] max_duration` still caps jobs (two weeks): a job asking for
+/// 2^64-1 seconds is refused with the cap and how to ask for less; one asking for the cap
+/// itself passes that check (and is refused only for its image, which does not exist).
+#[tokio::test]
+async fn a_job_longer_than_the_sites_cap_is_refused_naming_it() {
+    let site = Site::new();
+    let m = site.start().await;
+    let mut body = serde_json::to_value(submit("mymodel:v1", false)).unwrap();
+    body["spec"]["max_duration"] = serde_json::Value::from(u64::MAX);
+    let refused = m
+        .alice
+        .fails(StatusCode::BAD_REQUEST, m.alice.post("/v1/jobs", &body))
+        .await;
+    assert_eq!(
+        refused.error.message,
+        "max duration 30500568904943 weeks (18446744073709551615 seconds) is more than \
+         this site allows (2 weeks): ask for 2 weeks or less (--max-duration of devctl job \
+         submit, max_duration in a job file)"
+    );
+    body["spec"]["max_duration"] = serde_json::Value::from(14 * 86_400u64);
+    let (status, text) = m.alice.send(m.alice.post("/v1/jobs", &body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
+    assert!(message(&text).contains("no frozen image"), "{text}");
+    let jobs: Vec<JobView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/jobs")).await;
+    assert!(jobs.is_empty(), "{jobs:?}");
+    m.stop().await;
+}
