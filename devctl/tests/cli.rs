@@ -1800,21 +1800,86 @@ async fn job_commands_send_their_routes_and_bodies() {
             stdout: "epoch 1\nepoch 2\n",
         },
         Case {
+            // Without -f: what is stored now, asked for until an answer brings nothing more.
             args: &["job", "logs", JOB_ID],
-            answers: vec![Answer::ok(&LogChunk {
-                offset: 0,
-                data: b"epoch 1\n".to_vec(),
-                complete: false,
-            })],
-            sent: vec![Sent::new(
-                "GET",
-                &format!("/v1/jobs/{JOB_ID}/logs?offset=0"),
-            )],
+            answers: vec![
+                Answer::ok(&LogChunk {
+                    offset: 0,
+                    data: b"epoch 1\n".to_vec(),
+                    complete: false,
+                }),
+                Answer::ok(&LogChunk {
+                    offset: 8,
+                    data: Vec::new(),
+                    complete: false,
+                }),
+            ],
+            sent: vec![
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=0")),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=8")),
+            ],
             stdout: "epoch 1\n",
         },
     ];
     for case in cases {
         check(case).await;
+    }
+}
+
+/// `job logs` without -f prints the whole stored output, however many 1 MiB answers it takes:
+/// of a running job until an answer brings nothing more, of an ended one until it is complete.
+#[tokio::test]
+async fn job_logs_prints_all_of_an_output_over_one_answer() {
+    use ongrid_core::job::LogChunk;
+    const MIB: usize = 1024 * 1024;
+    let output: Vec<u8> = (0..)
+        .flat_map(|n: u32| format!("step {n:07}\n").into_bytes())
+        .take(MIB + MIB / 2 + 7)
+        .collect();
+    let chunk = |from: usize, to: usize, complete: bool| {
+        Answer::ok(&LogChunk {
+            offset: from as u64,
+            data: output[from..to].to_vec(),
+            complete,
+        })
+    };
+    let asked = |offsets: &[usize]| -> Vec<Sent> {
+        offsets
+            .iter()
+            .map(|o| Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset={o}")))
+            .collect()
+    };
+    let end = output.len();
+    for (answers, sent) in [
+        // Running: the stored output in two answers, then nothing more (yet).
+        (
+            vec![
+                chunk(0, MIB, false),
+                chunk(MIB, end, false),
+                chunk(end, end, false),
+            ],
+            asked(&[0, MIB, end]),
+        ),
+        // Ended: the second answer says it is complete.
+        (
+            vec![chunk(0, MIB, false), chunk(MIB, end, true)],
+            asked(&[0, MIB]),
+        ),
+    ] {
+        let ca = Ca::new("Site CA");
+        let manager = FakeManager::start(&ca, &ca, answers).await;
+        let files = UserFiles::new(&ca, &ca);
+        let run = devctl(
+            files.home.path(),
+            &files.env(&manager.url),
+            &["job", "logs", JOB_ID],
+        )
+        .await;
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        assert_eq!(manager.sent(), sent);
+        assert_eq!(run.stdout.len(), output.len());
+        assert!(run.stdout == output, "stdout is the whole output, in order");
+        assert_eq!(stderr(&run), "");
     }
 }
 
