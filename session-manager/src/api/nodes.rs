@@ -94,7 +94,7 @@ pub async fn drain_node(
     {
         return Err(no_such_node(&name));
     }
-    tracing::info!(node = %name, reason = %drain.reason, by = %caller.user.user_name, "Node drained.");
+    tracing::info!(node = %name, reason = ?drain.reason, by = %caller.user.user_name, "Node drained.");
     Ok(Json(find_node(&state, &caller, &name).await?))
 }
 
@@ -195,7 +195,7 @@ pub async fn drain_gpu(
         .set_gpu_drain(&uuid, Some(drain.clone()))
         .await?
         .ok_or_else(|| no_such_gpu(&uuid))?;
-    tracing::info!(gpu = %uuid, reason = %drain.reason, by = %caller.user.user_name, "GPU drained.");
+    tracing::info!(gpu = %uuid, reason = ?drain.reason, by = %caller.user.user_name, "GPU drained.");
     find_gpu(&state, &caller, &uuid).await
 }
 

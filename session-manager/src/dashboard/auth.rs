@@ -366,7 +366,7 @@ pub async fn log_in(
     logins(&state)?
         .create_dashboard_login(&digest(&cookie_token), &login, now)
         .await?;
-    tracing::info!(user = %login.identity.dn, %expires_at, "Dashboard login.");
+    tracing::info!(user = ?login.identity.dn.as_str(), %expires_at, "Dashboard login.");
     Ok(redirect_with_cookie(
         "/dashboard/",
         &login_cookie(&cookie_token, expires_at, now),
