@@ -406,6 +406,8 @@ cert = $(toml_string "$PKI/$identity.crt")
 key = $(toml_string "$PKI/$identity.key")
 ca_dir = $(toml_string "$CA_DIR")
 EOF
+    # devctl refuses a config file (it names the key) that others may read.
+    chmod 600 "$file"
 }
 
 # ---------------------------------------------------------------------------------------------

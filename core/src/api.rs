@@ -38,7 +38,7 @@
 //!   (which ends and cancels them); the DN percent-encoded as one path segment
 //! - `POST   /v1/users/{dn}/restore` (admin)   → [`UserView`]: a removed user may come back
 //! - `POST   /v1/jobs`                         [`crate::job::SubmitJob`] → 201 [`crate::job::JobView`]
-//!   (QUEUED; 404 for an image the caller does not have, 403 for someone else's)
+//!   (QUEUED; the same 403 for an image that does not exist and for someone else's private one)
 //! - `GET    /v1/jobs[?all=true]`              → `Vec<JobView>` in queue order (own; `all` for admins)
 //! - `GET    /v1/jobs/{id}`                    → [`crate::job::JobView`] with its transitions and chain
 //! - `POST   /v1/jobs/{id}/cancel`             → [`crate::job::JobView`] (CANCELLED)
@@ -76,8 +76,9 @@
 //!
 //! Every error is [`ErrorBody`]: `{"error": {"code": "...", "message": "..."}}`.
 //!
-//! Bodies people send (sessions, keys, GPU modes, holds, keeps, freezes, institutes) refuse
-//! unknown fields: a misspelt or invented field is a 400 naming it, never stored or ignored.
+//! Bodies people send (sessions, keys, GPU modes, drains, holds, keeps, freezes, jobs,
+//! institutes, owners, reservations, and the dashboard's forms) refuse unknown fields: a misspelt
+//! or invented field is a 400 (a 422 for a form) naming it, never stored or ignored.
 //! The components' bodies (agent registration and reports, gateway requests) and every answer
 //! stay lenient, so a manager and its agents and gateway of adjacent versions understand each
 //! other during a rolling upgrade.

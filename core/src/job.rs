@@ -1396,8 +1396,10 @@ pub fn continues_chain(state: JobState, reason: &JobReason, restartable: bool) -
 // ---------------------------------------------------------------------------------------------
 // Wire types of the user API.
 
-/// `POST /v1/jobs`: submit a job.
+/// `POST /v1/jobs`: submit a job. Strict like the spec inside it: a field beside the spec
+/// (`"privileged": true`, a misspelt `"reservaton"`) is refused, never dropped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SubmitJob {
     pub spec: JobSpec,
     /// The reservation of the caller's group whose GPUs it runs on, within its window

@@ -191,6 +191,9 @@ pub enum ConfigError {
         line: usize,
         message: String,
     },
+    /// The config file (which names the key devctl presents) is open to others.
+    #[error(transparent)]
+    TooOpen(#[from] crate::permissions::TooOpen),
     #[error("no manager URL: set {ENV_MANAGER_URL} or manager_url in {config}")]
     NoManagerUrl { config: String },
     #[error("manager URL {value:?} (from {origin}) {problem}: it must look like https://manager.example.org:8443")]
@@ -308,6 +311,7 @@ fn load_file(
             })
         }
     };
+    crate::permissions::check(&path, "config file")?;
     let mut config = parse_file(&path, &text)?;
     let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
     let home = env.path("HOME");
@@ -462,6 +466,7 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             let path = dir.join("devctl.toml");
             std::fs::write(&path, text).unwrap();
+            private(&path);
             path
         }
 
@@ -481,6 +486,12 @@ mod tests {
             all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             all.into_iter().collect()
         }
+    }
+
+    /// Mode 0600, as devctl wants a config file.
+    fn private(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
 
     const URL_VAR: (&str, &str) = (ENV_MANAGER_URL, "https://env.example.org:8443");
@@ -626,10 +637,29 @@ mod tests {
     }
 
     #[test]
+    fn a_config_file_others_may_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = Fixture::new();
+        let path = f.write_config("manager_url = \"https://file.example.org\"\n");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let env = f.env(&[(ENV_USER_PROXY, "/p")]);
+        let err = resolve(&Overrides::default(), &env, &f.defaults()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "config file {p} has mode 0644, open to its group or others, which devctl \
+                 refuses as ssh does: run `chmod 600 {p}`",
+                p = path.display()
+            )
+        );
+    }
+
+    #[test]
     fn config_path_from_env_and_flag_must_exist() {
         let f = Fixture::new();
         let other = f.dir.path().join("other.toml");
         std::fs::write(&other, "manager_url = \"https://other.example.org\"\n").unwrap();
+        private(&other);
         let env = f.env(&[
             (ENV_CONFIG, other.to_str().unwrap()),
             (ENV_USER_PROXY, "/p"),

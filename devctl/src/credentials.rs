@@ -42,6 +42,9 @@ pub enum TlsSetupError {
     },
     #[error("{} (from {origin}) holds no PEM certificate: point {origin} at your certificate or proxy file", path.display())]
     NoCertificate { path: PathBuf, origin: Origin },
+    /// The key's file (a proxy's, or a separate key's) is open to others.
+    #[error(transparent)]
+    TooOpen(#[from] crate::permissions::TooOpen),
     #[error("no private key in {} (from {origin}): a proxy file holds both certificate and key (run voms-proxy-init again); for a separate key set X509_USER_KEY", path.display())]
     NoKey { path: PathBuf, origin: Origin },
     #[error("the private key in {} is encrypted, which devctl cannot use: make a proxy with voms-proxy-init (or grid-proxy-init) and use that", path.display())]
@@ -103,6 +106,13 @@ impl UserCertificate {
         cas: Option<&CaDir>,
         now: DateTime<Utc>,
     ) -> Result<Self, TlsSetupError> {
+        // The file holding the key first: refused while others may read it, as ssh does.
+        let key_file = if credentials.key == credentials.cert {
+            "proxy file"
+        } else {
+            "private key file"
+        };
+        crate::permissions::check(&credentials.key, key_file)?;
         let cert_text = read(&credentials.cert, "certificate", &credentials.origin)?;
         let key_text = if credentials.key == credentials.cert {
             None
@@ -394,6 +404,12 @@ mod tests {
         }
     }
 
+    /// Mode 0600, as a key or proxy file must have.
+    fn private(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
     /// Runs x509/scripts/gridca.sh (openssl, grid-proxy-init).
     fn gridca(args: &[&str]) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../x509/scripts/gridca.sh");
@@ -491,6 +507,7 @@ mod tests {
         let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
         std::fs::write(&cert, proxy.pem()).unwrap();
         std::fs::write(&key, proxy_key.serialize_pem()).unwrap();
+        private(&key);
         let creds = Credentials {
             cert: cert.clone(),
             key: key.clone(),
@@ -502,7 +519,26 @@ mod tests {
         roots.add(proxy.der().clone()).unwrap();
         assert!(client_config(roots, &loaded, &creds).is_ok());
 
-        // The key is taken from the key file only.
+        // The certificate may be public (it was written 0644); the key may not.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        }
+        let err = UserCertificate::load_now(&creds).unwrap_err();
+        assert!(matches!(err, TlsSetupError::TooOpen(_)), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("private key file {} has mode 0640", key.display()))
+                && err
+                    .to_string()
+                    .ends_with(&format!("run `chmod 600 {}`", key.display())),
+            "{err}"
+        );
+        private(&key);
+
+        // The key is taken from the key file only (here the certificate's, made private so that
+        // its mode is not what is refused).
+        private(&cert);
         let swapped = Credentials {
             cert: key,
             key: cert,
@@ -534,10 +570,12 @@ mod tests {
         );
 
         std::fs::write(dir.path().join("certonly"), user.pem()).unwrap();
+        private(&dir.path().join("certonly"));
         let err = UserCertificate::load_now(&creds("certonly")).unwrap_err();
         assert!(matches!(err, TlsSetupError::NoKey { .. }), "{err}");
 
         std::fs::write(dir.path().join("empty"), "not pem\n").unwrap();
+        private(&dir.path().join("empty"));
         let err = UserCertificate::load_now(&creds("empty")).unwrap_err();
         assert!(matches!(err, TlsSetupError::NoCertificate { .. }), "{err}");
 
@@ -546,6 +584,7 @@ mod tests {
             user.pem()
         );
         std::fs::write(dir.path().join("enc"), encrypted).unwrap();
+        private(&dir.path().join("enc"));
         let err = UserCertificate::load_now(&creds("enc")).unwrap_err();
         assert!(matches!(err, TlsSetupError::EncryptedKey { .. }), "{err}");
     }
@@ -560,6 +599,7 @@ mod tests {
             format!("{}{}", user.pem(), proxy_key.serialize_pem()),
         )
         .unwrap();
+        private(&path);
         let creds = Credentials {
             cert: path.clone(),
             key: path,

@@ -12,6 +12,7 @@
 //! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
 //! - [`client`]: the HTTPS client, and every failure mapped to one line that names the fix.
 //! - [`pubkey`]: the SSH public key file `key add` registers, checked before it is sent.
+//! - [`permissions`]: the private key, proxy and config file refused while others may read them.
 //! - [`terminal`]: where results (stdout) and notes (stderr) go, text or `--json`.
 //! - [`table`] and [`format`]: tables fitted to the terminal, times and sizes for people.
 //!
@@ -29,6 +30,7 @@ pub mod gpu;
 pub mod image;
 pub mod job;
 pub mod key;
+pub mod permissions;
 pub mod pubkey;
 pub mod session;
 pub mod share;

@@ -142,7 +142,7 @@ impl UserFiles {
         let ca_dir = home.path().join("certificates");
         site_ca.install(&ca_dir, "1a2b3c4d.0");
         let proxy = home.path().join("x509up_u1000");
-        std::fs::write(&proxy, format!("{}{}", cert.pem(), key.serialize_pem())).unwrap();
+        write_private(&proxy, format!("{}{}", cert.pem(), key.serialize_pem()));
         Self {
             home,
             ca_dir,
@@ -157,6 +157,13 @@ impl UserFiles {
             ("X509_CERT_DIR", self.ca_dir.display().to_string()),
         ]
     }
+}
+
+/// Writes a file only its owner may read, as devctl wants a key, proxy or config file.
+fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// What devctl sent the fake manager: the method, the request target (path and query as sent,
@@ -699,15 +706,14 @@ async fn settings_come_from_the_config_file() {
     let files = UserFiles::new(&ca, &ca);
     let config_dir = files.home.path().join(".config/ongrid");
     std::fs::create_dir_all(&config_dir).unwrap();
-    std::fs::write(
-        config_dir.join("devctl.toml"),
+    write_private(
+        &config_dir.join("devctl.toml"),
         format!(
             "manager_url = \"https://127.0.0.1:1\"\ncert = \"{}\"\nca_dir = \"{}\"\n",
             files.proxy.display(),
             files.ca_dir.display()
         ),
-    )
-    .unwrap();
+    );
     let output = devctl(files.home.path(), &[], &["session", "ls"]).await;
     assert!(
         one_line_error(&output)
@@ -715,6 +721,88 @@ async fn settings_come_from_the_config_file() {
         "{}",
         stderr(&output)
     );
+}
+
+/// A proxy, a private key or a config file that its group or others may read is refused before
+/// anything is sent, naming the file and the `chmod` that fixes it; once fixed, devctl goes on.
+#[tokio::test]
+async fn credentials_and_config_others_may_read_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let ca = Ca::new("Site CA");
+    let manager = FakeManager::start(&ca, &ca, vec![Answer::ok(&whoami_view())]).await;
+    let files = UserFiles::new(&ca, &ca);
+    let refusal = |what: &str, path: &Path, mode: u32| {
+        format!(
+            "error: {what} {p} has mode {mode:04o}, open to its group or others, which devctl \
+             refuses as ssh does: run `chmod 600 {p}`",
+            p = path.display()
+        )
+    };
+
+    // The proxy (X509_USER_PROXY).
+    for bits in [0o644, 0o640, 0o604] {
+        mode(&files.proxy, bits);
+        let output = devctl(files.home.path(), &files.env(&manager.url), &["whoami"]).await;
+        assert_eq!(
+            one_line_error(&output),
+            refusal("proxy file", &files.proxy, bits)
+        );
+    }
+    mode(&files.proxy, 0o600);
+
+    // A certificate (public, 0644) with its key in another file (X509_USER_KEY).
+    let (cert, key) = ca.issue("Example", "Alice Smith", &[]);
+    let cert_path = files.home.path().join("usercert.pem");
+    let key_path = files.home.path().join("userkey.pem");
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    mode(&cert_path, 0o644);
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    mode(&key_path, 0o644);
+    let pair = vec![
+        ("ONGRID_MANAGER_URL", manager.url.clone()),
+        ("X509_USER_CERT", cert_path.display().to_string()),
+        ("X509_USER_KEY", key_path.display().to_string()),
+        ("X509_CERT_DIR", files.ca_dir.display().to_string()),
+    ];
+    let output = devctl(files.home.path(), &pair, &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        refusal("private key file", &key_path, 0o644)
+    );
+
+    // The config file, which names the key.
+    let config = files.home.path().join(".config/ongrid/devctl.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "manager_url = \"{}\"\ncert = \"{}\"\nca_dir = \"{}\"\n",
+            manager.url,
+            files.proxy.display(),
+            files.ca_dir.display()
+        ),
+    )
+    .unwrap();
+    mode(&config, 0o644);
+    let output = devctl(files.home.path(), &[], &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        refusal("config file", &config, 0o644)
+    );
+    assert!(
+        manager.sent().is_empty(),
+        "nothing was sent: {:?}",
+        manager.sent()
+    );
+
+    // Fixed as told, the same command goes through.
+    mode(&config, 0o600);
+    let output = devctl(files.home.path(), &[], &["whoami"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(manager.sent(), [Sent::new("GET", "/v1/whoami")]);
 }
 
 #[tokio::test]
@@ -1712,21 +1800,86 @@ async fn job_commands_send_their_routes_and_bodies() {
             stdout: "epoch 1\nepoch 2\n",
         },
         Case {
+            // Without -f: what is stored now, asked for until an answer brings nothing more.
             args: &["job", "logs", JOB_ID],
-            answers: vec![Answer::ok(&LogChunk {
-                offset: 0,
-                data: b"epoch 1\n".to_vec(),
-                complete: false,
-            })],
-            sent: vec![Sent::new(
-                "GET",
-                &format!("/v1/jobs/{JOB_ID}/logs?offset=0"),
-            )],
+            answers: vec![
+                Answer::ok(&LogChunk {
+                    offset: 0,
+                    data: b"epoch 1\n".to_vec(),
+                    complete: false,
+                }),
+                Answer::ok(&LogChunk {
+                    offset: 8,
+                    data: Vec::new(),
+                    complete: false,
+                }),
+            ],
+            sent: vec![
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=0")),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=8")),
+            ],
             stdout: "epoch 1\n",
         },
     ];
     for case in cases {
         check(case).await;
+    }
+}
+
+/// `job logs` without -f prints the whole stored output, however many 1 MiB answers it takes:
+/// of a running job until an answer brings nothing more, of an ended one until it is complete.
+#[tokio::test]
+async fn job_logs_prints_all_of_an_output_over_one_answer() {
+    use ongrid_core::job::LogChunk;
+    const MIB: usize = 1024 * 1024;
+    let output: Vec<u8> = (0..)
+        .flat_map(|n: u32| format!("step {n:07}\n").into_bytes())
+        .take(MIB + MIB / 2 + 7)
+        .collect();
+    let chunk = |from: usize, to: usize, complete: bool| {
+        Answer::ok(&LogChunk {
+            offset: from as u64,
+            data: output[from..to].to_vec(),
+            complete,
+        })
+    };
+    let asked = |offsets: &[usize]| -> Vec<Sent> {
+        offsets
+            .iter()
+            .map(|o| Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset={o}")))
+            .collect()
+    };
+    let end = output.len();
+    for (answers, sent) in [
+        // Running: the stored output in two answers, then nothing more (yet).
+        (
+            vec![
+                chunk(0, MIB, false),
+                chunk(MIB, end, false),
+                chunk(end, end, false),
+            ],
+            asked(&[0, MIB, end]),
+        ),
+        // Ended: the second answer says it is complete.
+        (
+            vec![chunk(0, MIB, false), chunk(MIB, end, true)],
+            asked(&[0, MIB]),
+        ),
+    ] {
+        let ca = Ca::new("Site CA");
+        let manager = FakeManager::start(&ca, &ca, answers).await;
+        let files = UserFiles::new(&ca, &ca);
+        let run = devctl(
+            files.home.path(),
+            &files.env(&manager.url),
+            &["job", "logs", JOB_ID],
+        )
+        .await;
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        assert_eq!(manager.sent(), sent);
+        assert_eq!(run.stdout.len(), output.len());
+        assert!(run.stdout == output, "stdout is the whole output, in order");
+        assert_eq!(stderr(&run), "");
     }
 }
 

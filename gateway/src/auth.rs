@@ -132,7 +132,7 @@ impl Authenticator {
         match verdict {
             KeyVerdict::Known(owner) => Ok(owner),
             KeyVerdict::Refused(message) => {
-                tracing::info!(%source, login, %fingerprint, reason = %message, "Key refused.");
+                tracing::info!(%source, login, %fingerprint, reason = ?message, "Key refused.");
                 Err(Refusal {
                     kind: RefusalKind::Key,
                     message,

@@ -276,7 +276,7 @@ async fn start_on_agent(
     let id = ends.id();
     let description = describe(&start.kind);
     if let StreamKind::Exec { command, .. } = &start.kind {
-        tracing::debug!(connection = %context.connection_id, channel = id.number(), %command, "exec requested.");
+        tracing::debug!(connection = %context.connection_id, channel = id.number(), ?command, "exec requested.");
     }
     let open = StreamOpen {
         session_id: context.route.session_id,
@@ -286,7 +286,7 @@ async fn start_on_agent(
     };
     match context.agents.open(&context.route.agent_url, &open).await {
         Ok(stream) => {
-            tracing::info!(connection = %context.connection_id, channel = id.number(), what = %description, "Channel started.");
+            tracing::info!(connection = %context.connection_id, channel = id.number(), what = ?description, "Channel started.");
             crate::metrics::events().channel(&start.kind);
             Some(stream)
         }
@@ -428,7 +428,12 @@ async fn run_direct_tcpip(
         Ok(stream) => stream,
         Err(error) => {
             let message = user_message(&error, &context.route);
-            tracing::info!(connection = %context.connection_id, %host, port, error = format!("{:#}", anyhow::Error::from(error)), "Forwarding refused.");
+            forwarding_refused(
+                context.connection_id,
+                &host,
+                port,
+                &anyhow::Error::from(error),
+            );
             open_reply
                 .reject(ChannelOpenFailure::Other {
                     code: ChannelOpenFailure::ConnectFailed.code(),
@@ -439,7 +444,7 @@ async fn run_direct_tcpip(
         }
     };
     open_reply.accept().await;
-    tracing::info!(connection = %context.connection_id, channel = id.number(), %host, port, "Forwarding started.");
+    tracing::info!(connection = %context.connection_id, channel = id.number(), ?host, port, "Forwarding started.");
     crate::metrics::events().channel(&open.kind);
     let (end, agent) = relay(
         Relay {
@@ -465,7 +470,7 @@ async fn run_direct_tcpip(
         }
     }
     agent.close().await;
-    tracing::debug!(connection = %context.connection_id, channel = id.number(), %host, port, "Forwarding ended.");
+    tracing::debug!(connection = %context.connection_id, channel = id.number(), ?host, port, "Forwarding ended.");
 }
 
 /// A `session` channel of a connection whose routing the manager refused: like a login shell
@@ -817,7 +822,7 @@ async fn warn_before_holds(
             let now = chrono::Utc::now();
             let due = warning(deadlines, now, context.warn_before);
             if let Some(hold) = once.check(&due) {
-                tracing::info!(connection = %context.connection_id, channel = ends.id().number(), reason = %hold.reason, at = %hold.at, "Warned of a planned hold.");
+                tracing::info!(connection = %context.connection_id, channel = ends.id().number(), reason = ?hold.reason, at = %hold.at, "Warned of a planned hold.");
                 let text = warning_text(&context.route.session_name, &hold, now);
                 ends.say(&text, true).await;
             }
@@ -882,6 +887,12 @@ fn describe(kind: &StreamKind) -> String {
     }
 }
 
+/// Logs a `direct-tcpip` request the agent refused. The host is the client's string: logged
+/// escaped (`?`), so a newline, a carriage return or an ESC in it cannot forge a line.
+fn forwarding_refused(connection: uuid::Uuid, host: &str, port: u16, error: &anyhow::Error) {
+    tracing::info!(%connection, ?host, port, error = format!("{error:#}"), "Forwarding refused.");
+}
+
 /// The russh signal for a name from the stream protocol (`TERM`, `KILL`, `USR2`, ...).
 pub fn sig_from_name(name: &str) -> Sig {
     match name.strip_prefix("SIG").unwrap_or(name) {
@@ -905,6 +916,27 @@ pub fn sig_from_name(name: &str) -> Sig {
 mod tests {
     use super::*;
     use crate::input::signal_name;
+
+    /// A `direct-tcpip` host that tries to end the line and forge another is logged escaped,
+    /// on one line.
+    #[test]
+    fn a_forged_forwarding_host_is_logged_escaped() {
+        let host = "db\n2026-11-28T00:00:00Z  INFO ongrid_gateway: Authenticated.\r\u{1b}[2K";
+        let text = crate::test_log::captured(|| {
+            forwarding_refused(
+                uuid::Uuid::nil(),
+                host,
+                5432,
+                &anyhow::anyhow!("refused by the agent"),
+            );
+        });
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(!text.contains('\r') && !text.contains('\u{1b}'), "{text:?}");
+        assert!(
+            text.contains(r#"host="db\n2026-11-28T00:00:00Z  INFO ongrid_gateway: Authenticated.\r\u{1b}[2K" port=5432"#),
+            "{text}"
+        );
+    }
 
     #[test]
     fn signal_names_roundtrip() {

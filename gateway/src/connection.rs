@@ -940,7 +940,7 @@ impl Connection {
                 }
             }
             Err(message) => {
-                tracing::info!(connection = %self.id, source = %self.peer.source, owner = %identity.owner, login = %identity.login, reason = %message, "Routing refused.");
+                routing_refused(self.id, self.peer.source, identity, &message);
                 self.route = RouteState::Refused(message.clone());
                 for open in std::mem::take(&mut self.pending) {
                     self.refuse(open, message.clone()).await;
@@ -1151,5 +1151,47 @@ async fn finish_channels(mut channels: JoinSet<(ChannelId, Arc<ChannelInput>)>) 
             "Aborting channel tasks that did not end."
         );
         channels.shutdown().await;
+    }
+}
+
+/// Logs the manager's refusal to route a connection. The login is the client's string, and the
+/// reason names the session it asked for, so both are logged escaped (`?`): a login holding a
+/// newline, a carriage return or an ESC cannot write a line of its own into the log.
+fn routing_refused(id: uuid::Uuid, source: SocketAddr, identity: &Identity, reason: &str) {
+    tracing::info!(connection = %id, %source, owner = %identity.owner, login = ?identity.login, ?reason, "Routing refused.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A login that tries to end the log line and write one of its own, with a carriage return
+    /// and a terminal escape: logged as one escaped field of one line.
+    #[test]
+    fn a_forged_login_is_logged_escaped() {
+        let login = "x\n2026-11-28T00:00:00Z  INFO ongrid_gateway: key accepted\r\u{1b}[2K";
+        let identity = Identity {
+            owner: ongrid_core::Dn::parse("/DC=org/CN=Alice").unwrap(),
+            user_name: ongrid_core::UserName::parse("alice").unwrap(),
+            fingerprint: "SHA256:x".to_owned(),
+            login: login.to_owned(),
+            institute: ongrid_core::InstituteName::parse("lab").unwrap(),
+        };
+        let text = crate::test_log::captured(|| {
+            routing_refused(
+                uuid::Uuid::nil(),
+                "192.0.2.1:4000".parse().unwrap(),
+                &identity,
+                &format!("no session named {login}"),
+            );
+        });
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(!text.contains('\r') && !text.contains('\u{1b}'), "{text:?}");
+        assert!(
+            text.contains(
+                r#"login="x\n2026-11-28T00:00:00Z  INFO ongrid_gateway: key accepted\r\u{1b}[2K""#
+            ),
+            "{text}"
+        );
     }
 }

@@ -36,6 +36,8 @@ pub mod revocations;
 pub mod server;
 pub mod services;
 pub mod startups;
+#[cfg(test)]
+mod test_log;
 pub mod throttle;
 
 use std::borrow::Cow;

@@ -131,7 +131,8 @@ pub struct RawConfig {
 pub struct RawJobs {
     /// For a job that names no max duration, like `"8 hours"`. Absent: no default.
     pub default_max_duration: Option<String>,
-    /// No job runs longer than this, like `"7 days"`. Absent: no cap.
+    /// No job runs longer than this, like `"7 days"`, and a job asking for more is refused.
+    /// Absent: two weeks ([`crate::domain::jobs::DEFAULT_MAX_DURATION`]).
     pub max_duration: Option<String>,
     /// Where each job's output is kept (`<dir>/<job id>.log`, at most 16 MiB each). Absent:
     /// `jobs/` beside the database.
@@ -459,20 +460,27 @@ impl Validator<'_> {
                 "default_max_duration",
                 &raw.jobs.default_max_duration,
             )?,
-            max_duration: job_duration("max_duration", &raw.jobs.max_duration)?,
+            max_duration: job_duration("max_duration", &raw.jobs.max_duration)?
+                .unwrap_or(crate::domain::jobs::DEFAULT_MAX_DURATION),
             output_grace: match &raw.jobs.output_grace {
                 Some(text) => self.duration("jobs.output_grace", text)?,
                 None => crate::domain::jobs::DEFAULT_OUTPUT_GRACE,
             },
             shared_work_dir: raw.jobs.shared_work_dir,
         };
-        if let (Some(default), Some(max)) =
-            (job_limits.default_max_duration, job_limits.max_duration)
-        {
+        if let Some(default) = job_limits.default_max_duration {
+            let max = job_limits.max_duration;
             if default > max {
                 return Err(self.invalid(
                     "jobs.default_max_duration",
-                    format!("{default} is longer than jobs.max_duration {max}"),
+                    if raw.jobs.max_duration.is_some() {
+                        format!("{default} is longer than jobs.max_duration {max}")
+                    } else {
+                        format!(
+                            "{default} is longer than jobs.max_duration, {max} when not set: set \
+                             jobs.max_duration to {default} or more"
+                        )
+                    },
                 ));
             }
         }
@@ -841,7 +849,7 @@ pids = 4096
         );
         assert_eq!(
             config.job_limits.max_duration,
-            Some(HumanDuration::from_secs(7 * 86_400))
+            HumanDuration::from_secs(7 * 86_400)
         );
         assert_eq!(config.job_log_dir, Path::new("/srv/job-logs"));
         assert_eq!(config.job_limits.output_grace, Duration::from_secs(600));
@@ -859,6 +867,13 @@ pids = 4096
         );
         let err = load(&text).unwrap_err().to_string();
         assert!(err.contains("jobs.default_max_duration"), "{err}");
+        // Without a cap of its own, the site's is two weeks.
+        let text = format!("{EXAMPLE}[jobs]\ndefault_max_duration = \"3 weeks\"\n");
+        let err = load(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("3 weeks is longer than jobs.max_duration, 2 weeks when not set: set jobs.max_duration to 3 weeks or more"),
+            "{err}"
+        );
         let err = load(&format!("{EXAMPLE}[jobs]\nmax = \"1 day\"\n")).unwrap_err();
         let err = format!("{:#}", anyhow::Error::from(err));
         assert!(err.contains("unknown field `max`"), "{err}");

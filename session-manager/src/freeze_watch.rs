@@ -97,7 +97,7 @@ impl FreezeWatch {
                     .record_freeze(node, image.id, &change, now)
                     .await?
                 {
-                    tracing::info!(image_id = %image.id, reference = %image.reference, %node, reason = %image.reason, "Freeze given up.");
+                    tracing::info!(image_id = %image.id, reference = %image.reference, %node, reason = ?image.reason, "Freeze given up.");
                     if let Some(changes) = &self.changes {
                         changes.node(node);
                     }

@@ -9,8 +9,9 @@
 //! over modules that share no handle; managers started in one test process share them.
 //! `/readyz` says whether the store answers.
 //!
-//! Labels are bounded: states, reasons and routes are closed sets, GPU models and modes are the
-//! site's few, reservations are the few admins made that have not ended; no DN, user, session
+//! Labels are bounded: states, reasons, routes, HTTP methods and statuses are closed sets
+//! (a method or status outside them is counted as `other` or by its class), GPU models and modes
+//! are the site's few, reservations are the few admins made that have not ended; no DN, user, session
 //! or node name is ever a label.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -39,18 +40,57 @@ use crate::domain::policy::fairshare::FairShareConfig;
 use crate::domain::sessions::SessionRecord;
 use crate::store::{JobFilter, NodeRecord, SessionFilter, Store};
 
+/// An HTTP request's labels, each from a closed set whatever the client sends: see
+/// [`route_label`], [`method_label`] and [`status_label`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct HttpLabels {
     /// The matched route template (`/v1/sessions/{name}`), `unmatched` for none.
     pub route: String,
-    pub method: String,
-    pub status: u16,
+    pub method: &'static str,
+    pub status: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: String,
-    pub method: String,
+    pub method: &'static str,
+}
+
+/// The methods counted by name; every other is `other`, so that a client cannot add series by
+/// inventing methods (any token is a valid HTTP method).
+pub const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+];
+
+/// The statuses counted by their code: those the manager answers with. Any other is counted by
+/// its class (`1xx` to `9xx`), so the set of values is closed by construction.
+pub const STATUSES: [u16; 19] = [
+    200, 201, 204, 303, 304, 400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 502, 503, 504,
+];
+
+/// The route template the router matched, `unmatched` when none did (the router's templates are
+/// a closed set; the path as sent never is a label).
+pub fn route_label(matched: Option<&MatchedPath>) -> String {
+    matched.map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned())
+}
+
+/// One of [`METHODS`], or `other`.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    METHODS
+        .iter()
+        .find(|known| **known == method.as_str())
+        .copied()
+        .unwrap_or("other")
+}
+
+/// One of [`STATUSES`], else the status's class.
+pub fn status_label(status: axum::http::StatusCode) -> String {
+    let code = status.as_u16();
+    if STATUSES.contains(&code) {
+        code.to_string()
+    } else {
+        format!("{}xx", code / 100)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -195,13 +235,12 @@ pub fn queue_reasons<T>(
 /// (`no_capacity`).
 pub const QUEUE_REASONS: [&str; 3] = ["pinned_node", "awaiting_halt", "no_capacity"];
 
-/// Axum middleware counting every request by its route template, method and status.
+/// Axum middleware counting every request by its route template, method and status, each
+/// label from a closed set ([`HttpLabels`]): the series stay few whatever clients send, also
+/// while `/metrics` is not served (the counters live on).
 pub async fn count_requests(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    let route = route_label(request.extensions().get::<MatchedPath>());
+    let method = method_label(request.method());
     let start = Instant::now();
     let response = next.run(request).await;
     let events = events();
@@ -209,7 +248,7 @@ pub async fn count_requests(request: Request, next: Next) -> Response {
         .http_request_duration
         .get_or_create(&RouteLabels {
             route: route.clone(),
-            method: method.clone(),
+            method,
         })
         .observe(start.elapsed().as_secs_f64());
     events
@@ -217,7 +256,7 @@ pub async fn count_requests(request: Request, next: Next) -> Response {
         .get_or_create(&HttpLabels {
             route,
             method,
-            status: response.status().as_u16(),
+            status: status_label(response.status()),
         })
         .inc();
     response
@@ -727,6 +766,84 @@ mod tests {
             slices,
             BTreeMap::from([(device("free"), 2), (device("used"), 1)])
         );
+    }
+
+    /// 10,000 requests with made-up methods (and unmatched paths) add at most a few series:
+    /// `/metrics` stays as long as it was, give or take those.
+    #[tokio::test]
+    async fn invented_methods_and_paths_add_no_series() {
+        fn lines() -> usize {
+            let mut registry = Registry::default();
+            let events = events();
+            registry.register("http_requests", "", events.http_requests.clone());
+            registry.register(
+                "http_request_duration",
+                "",
+                events.http_request_duration.clone(),
+            );
+            let mut text = String::new();
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+            text.lines().count()
+        }
+        let router = axum::Router::new()
+            .route("/v1/nodes/{name}", axum::routing::get(|| async { "" }))
+            .layer(axum::middleware::from_fn(count_requests));
+        let before = lines();
+        for n in 0..10_000 {
+            let method = axum::http::Method::from_bytes(format!("BOGUS{n}").as_bytes()).unwrap();
+            let path = if n % 2 == 0 {
+                "/v1/nodes/node1".to_owned()
+            } else {
+                format!("/made/up/{n}")
+            };
+            let request = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            tower::ServiceExt::oneshot(router.clone(), request)
+                .await
+                .unwrap();
+        }
+        let after = lines();
+        // A few new series (this test's two routes with `other`, and what tests running beside
+        // it count), each a counter line and a histogram of some twenty lines: not 10,000.
+        assert!(after - before <= 100, "{before} lines became {after}");
+        let mut text = String::new();
+        let mut registry = Registry::default();
+        registry.register("http_requests", "", events().http_requests.clone());
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+        assert!(
+            !text.contains("BOGUS") && !text.contains("/made/up"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"http_requests_total{route="/v1/nodes/{name}",method="other",status="405"} 5000"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"http_requests_total{route="unmatched",method="other",status="404"} 5000"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn labels_come_from_closed_sets() {
+        use axum::http::{Method, StatusCode};
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::PATCH), "PATCH");
+        assert_eq!(
+            method_label(&Method::from_bytes(b"PROPFIND").unwrap()),
+            "other"
+        );
+        assert_eq!(status_label(StatusCode::CREATED), "201");
+        assert_eq!(status_label(StatusCode::IM_A_TEAPOT), "4xx");
+        assert_eq!(status_label(StatusCode::from_u16(599).unwrap()), "5xx");
+        assert_eq!(route_label(None), "unmatched");
     }
 
     #[tokio::test]

@@ -21,6 +21,13 @@ use rcgen::{
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+/// Writes a file only its owner may read: devctl refuses a key or config file others may read.
+pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
 pub mod cluster;
 
 #[cfg(test)]
@@ -142,7 +149,7 @@ impl Pki {
         let cert_path = self.dir.join(format!("{file_stem}.crt"));
         let key_path = self.dir.join(format!("{file_stem}.key"));
         std::fs::write(&cert_path, cert.pem())?;
-        std::fs::write(&key_path, key.serialize_pem())?;
+        write_private(&key_path, key.serialize_pem())?;
         Ok((cert_path, key_path))
     }
 
@@ -437,7 +444,7 @@ impl Site {
             "manager_url = \"https://{addr}\"\nca_dir = \"{}\"\n",
             self.pki.ca_dir.display()
         );
-        std::fs::write(&user.devctl_config, toml).expect("write devctl config");
+        write_private(&user.devctl_config, toml).expect("write devctl config");
         self.users.push(user.clone());
         user
     }
@@ -547,7 +554,7 @@ pids = 512
             user.creds.key.display(),
             self.pki.ca_dir.display()
         );
-        std::fs::write(&user.devctl_config, toml).expect("write devctl config");
+        write_private(&user.devctl_config, toml).expect("write devctl config");
     }
 
     /// A new user with a unique CN (so login names and home volumes never collide).

@@ -1,6 +1,8 @@
 //! `devctl job logs ID [-f]` (`GET /v1/jobs/{id}/logs?offset=N`): the job's kept output, stdout
 //! and stderr in the order they came, at most 16 MiB per job (the manager drops the rest and
-//! says so in one line). `-f` follows the output until it is complete (the job has ended and
+//! says so in one line). One answer carries at most 1 MiB, so devctl asks again from where the
+//! last answer ended until an answer brings nothing more (all that is stored now) or says the
+//! output is complete. `-f` follows the output until it is complete (the job has ended and
 //! everything is in) with the manager doing the waiting: `?offset=N&wait=true&timeout=` answers
 //! as soon as the agent's report brings output past `N` or the output is complete, so devctl
 //! never sleeps between requests.
@@ -50,11 +52,13 @@ pub async fn run(
             request
         };
         let chunk: LogChunk = request.send().await?;
+        let from = offset;
         offset += chunk.data.len() as u64;
-        // An answer without output that is not complete: the wait's timeout passed.
+        // An answer without output that is not complete: the wait's timeout passed, or (without
+        // `-f`) everything stored was read.
         let nothing = chunk.data.is_empty() && !chunk.complete;
         if args.json {
-            if !(wait && nothing) {
+            if !(nothing && (wait || from > 0)) {
                 term.json(&chunk)?;
             }
         } else {
@@ -67,8 +71,15 @@ pub async fn run(
                 JOB_LOG_CAP / (1024 * 1024)
             ));
         }
-        if chunk.complete || !args.follow {
+        if chunk.complete {
             return Ok(());
+        }
+        if !args.follow {
+            // Without `-f`: everything stored now, in as many answers as it takes.
+            if chunk.data.is_empty() {
+                return Ok(());
+            }
+            continue;
         }
         // From now on the manager answers when there is more (at once when there is already).
         wait = true;

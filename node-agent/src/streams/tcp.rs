@@ -95,7 +95,7 @@ pub async fn serve(
                 ),
                 _ => format!("cannot connect to {host}:{port} inside session {session}: {e}"),
             };
-            debug!(session = %container.session_id, %host, port, error = %e, "Forward refused.");
+            debug!(session = %container.session_id, ?host, port, error = %e, "Forward refused.");
             let _ = outgoing.send(Frame::Error(message)).await;
             return;
         }
@@ -103,14 +103,14 @@ pub async fn serve(
     if outgoing.send(Frame::Ready).await.is_err() {
         return;
     }
-    info!(session = %container.session_id, %host, port, "Forwarded connection opened.");
+    info!(session = %container.session_id, ?host, port, "Forwarded connection opened.");
     let (reader, writer) = stream.into_split();
     let outcome = pump(reader, writer, incoming, &outgoing, &shutdown).await;
     if let Err(message) = outcome {
         let message = format!("the connection to {host}:{port} inside session {session} {message}");
         let _ = outgoing.send(Frame::Error(message)).await;
     }
-    debug!(session = %container.session_id, %host, port, "Forwarded connection closed.");
+    debug!(session = %container.session_id, ?host, port, "Forwarded connection closed.");
 }
 
 /// Moves bytes both ways until both sides have sent EOF (`Ok`), the gateway is gone (`Ok`), or

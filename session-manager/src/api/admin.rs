@@ -15,7 +15,7 @@ use ongrid_core::{Dn, HumanDuration, Institute, InstituteName};
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use super::{AdminJson, AdminQuery, ApiError, ApiPath, AppState};
 use crate::app::institutes::{self, InstituteError};
 use crate::app::Via;
 use crate::store::AuditFilter;
@@ -68,8 +68,11 @@ pub struct NewInstitute {
 pub async fn add_institute(
     State(state): State<AppState>,
     caller: CurrentUser,
-    ApiJson(body): ApiJson<NewInstitute>,
+    body: AdminJson<NewInstitute>,
 ) -> Result<(StatusCode, Json<Institute>), ApiError> {
+    let body = body
+        .parse(caller.require_admin(institutes::MANAGE)?)
+        .await?;
     let institute = institutes::add(&state, &caller, body.name, &body.cidrs, Via::Api)
         .await
         .map_err(refused)?;
@@ -112,9 +115,9 @@ pub struct AuditQuery {
 pub async fn audit(
     State(state): State<AppState>,
     caller: CurrentUser,
-    ApiQuery(query): ApiQuery<AuditQuery>,
+    query: AdminQuery<AuditQuery>,
 ) -> Result<Json<Vec<AuditRecord>>, ApiError> {
-    caller.require_admin("read the audit log")?;
+    let query = query.parse(caller.require_admin("read the audit log")?)?;
     let owner = query
         .user
         .as_deref()

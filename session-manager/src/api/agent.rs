@@ -113,7 +113,7 @@ pub async fn sync(
                 tracing::info!(image_id = %image.id, reference = %image.reference, digest = image.digest.as_deref().unwrap_or(""), size = image.size.unwrap_or(0), %node, "Image frozen.");
             }
             ImageState::Failed => {
-                tracing::info!(image_id = %image.id, reference = %image.reference, reason = %image.reason, %node, "Freeze failed.");
+                tracing::info!(image_id = %image.id, reference = %image.reference, reason = ?image.reason, %node, "Freeze failed.");
             }
             ImageState::Building | ImageState::Deleted => {}
         }

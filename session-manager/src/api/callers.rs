@@ -12,7 +12,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use ongrid_core::NodeName;
 
-pub use crate::app::caller::CurrentUser;
+pub use crate::app::caller::{Admin, CurrentUser};
 use crate::app::{ApiError, AppState};
 use crate::auth::Peer;
 

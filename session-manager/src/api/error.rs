@@ -68,6 +68,70 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
     }
 }
 
+/// The JSON body of an admin route, read but not parsed until the caller is known to be an
+/// admin: [`AdminJson::parse`] takes the proof ([`super::callers::Admin`]). A non-admin is
+/// refused with the 403 (logged by [`log_refusals`]) whatever their body holds, never with a
+/// 400 that would show they may not even send it. Parsing rejects as [`ApiJson`] does.
+pub struct AdminJson<T> {
+    request: Request,
+    body: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<S, T> FromRequest<S> for AdminJson<T>
+where
+    S: Send + Sync,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(request: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            request,
+            body: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned> AdminJson<T> {
+    /// The body, once `admin` shows the caller may send it.
+    pub async fn parse(self, admin: super::callers::Admin) -> Result<T, ApiError> {
+        let _ = admin;
+        ApiJson::<T>::from_request(self.request, &())
+            .await
+            .map(|ApiJson(body)| body)
+    }
+}
+
+/// The query of an admin route, parsed only once the caller is known to be an admin, as
+/// [`AdminJson`] is; rejections as [`ApiQuery`]'s.
+pub struct AdminQuery<T> {
+    uri: axum::http::Uri,
+    query: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<S, T> FromRequestParts<S> for AdminQuery<T>
+where
+    S: Send + Sync,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            uri: parts.uri.clone(),
+            query: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned> AdminQuery<T> {
+    /// The query, once `admin` shows the caller may send it.
+    pub fn parse(self, admin: super::callers::Admin) -> Result<T, ApiError> {
+        let _ = admin;
+        Query::<T>::try_from_uri(&self.uri)
+            .map(|Query(query)| query)
+            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+    }
+}
+
 /// `Query<T>` with `bad_request` rejections.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);

@@ -9,9 +9,11 @@
 //! A job runs a READY frozen image its owner may run (their own, or one shared by its owner),
 //! named as `devctl image` names them (`name:version`, `login/name:version` or `sha256:`
 //! digest), resolved at submit into the digest and Docker image the agents run; an unknown
-//! image is 404, someone else's private one 403. Like sessions, a user sees and changes only their
-//! own jobs (others' answer the same 404 as missing ones); admins see all. Every transition is
-//! decided by [`crate::domain::jobs`]; the scheduling loop starts, halts and cancels jobs.
+//! image and someone else's private one get the same 403, as for sessions, so a submission
+//! tells nobody whether another user has an image. Like sessions, a user sees and changes only
+//! their own jobs (others' answer the same 404 as missing ones); admins see all. Every
+//! transition is decided by [`crate::domain::jobs`]; the scheduling loop starts, halts and
+//! cancels jobs.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,7 +22,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use ongrid_core::image::ImageLookup;
 use ongrid_core::job::{GridJobView, JobId, JobState, JobView, LogChunk, SubmitJob, TargetInfo};
 use serde::Deserialize;
 
@@ -44,6 +45,8 @@ pub async fn submit_job(
     ApiQuery(query): ApiQuery<crate::app::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    // What the spec asks for against the site's caps, before anything is looked up.
+    jobs::check_durations(&body.spec, &state.config.job_limits)?;
     // Where it runs, and as whom, before which image: a refused target says so first.
     let now = state.clock.now();
     let targets = state.grid.targets();
@@ -65,8 +68,10 @@ pub async fn submit_job(
             // A grid target's engine applies its own length limits: to this site's length
             // classes, such a job is short work, which no class caps.
             length: match grid {
-                None => jobs::effective_max_duration(&body.spec, &state.config.job_limits)
-                    .map(|d| d.as_duration()),
+                None => Some(
+                    jobs::effective_max_duration(&body.spec, &state.config.job_limits)
+                        .as_duration(),
+                ),
                 Some(_) => Some(std::time::Duration::ZERO),
             },
         };
@@ -79,16 +84,8 @@ pub async fn submit_job(
     }
     let lookup = body.spec.image.clone();
     let candidates = frozen_image_candidates(&state, &caller.user.dn, &lookup).await?;
-    let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?.ok_or_else(|| {
-        let whose = match &lookup {
-            ImageLookup::Owned { .. } => "there is no image",
-            _ => "you have no image",
-        };
-        ApiError::not_found(format!(
-            "{whose} {lookup}: freeze a session with `devctl freeze`, list yours with \
-             `devctl image ls` and the shared ones with `devctl image ls --shared`"
-        ))
-    })?;
+    // Logged, with the caller, as every 403 is (`error::log_refusals`).
+    let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?;
     let named = body.reservation;
     let who = Submitter {
         owner: caller.user.dn.clone(),

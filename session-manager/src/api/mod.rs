@@ -43,7 +43,7 @@ use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 pub use crate::app::{ApiError, AppState};
-pub use error::{ApiJson, ApiPath, ApiQuery};
+pub use error::{AdminJson, AdminQuery, ApiJson, ApiPath, ApiQuery};
 
 /// The `/v1` router.
 pub fn router(state: AppState) -> Router {

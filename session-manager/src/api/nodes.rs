@@ -15,8 +15,8 @@ use ongrid_core::api::{DrainRequest, GpuView, NodeView, SetGpuMode};
 use ongrid_core::{GpuMode, GpuUuid, NodeName};
 use serde::Deserialize;
 
-use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use super::callers::{Admin, CurrentUser};
+use super::{AdminJson, ApiError, ApiPath, ApiQuery, AppState};
 use crate::app::nodes::{DrainChange, DrainError};
 use crate::app::{self, Via};
 use crate::site::SiteSnapshot;
@@ -79,8 +79,9 @@ pub async fn drain_node(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
-    ApiJson(body): ApiJson<DrainRequest>,
+    body: AdminJson<DrainRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
+    let body = body.parse(admins_only(&caller, "drain a node")?).await?;
     let change = DrainChange::Drain {
         reason: body.reason.as_deref(),
     };
@@ -127,9 +128,11 @@ pub async fn set_gpu_mode(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(uuid): ApiPath<String>,
-    ApiJson(body): ApiJson<SetGpuMode>,
+    body: AdminJson<SetGpuMode>,
 ) -> Result<Json<GpuView>, ApiError> {
-    admins_only(&caller, "change a GPU's mode")?;
+    let body = body
+        .parse(admins_only(&caller, "change a GPU's mode")?)
+        .await?;
     let uuid = parse_gpu(&uuid)?;
     // The core's parser holds the rules (shared:N with N from 2 to 64).
     let mode: GpuMode = body
@@ -166,8 +169,9 @@ pub async fn drain_gpu(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(uuid): ApiPath<String>,
-    ApiJson(body): ApiJson<DrainRequest>,
+    body: AdminJson<DrainRequest>,
 ) -> Result<Json<GpuView>, ApiError> {
+    let body = body.parse(admins_only(&caller, "drain a GPU")?).await?;
     let change = DrainChange::Drain {
         reason: body.reason.as_deref(),
     };
@@ -197,14 +201,12 @@ fn drain_refused(error: DrainError) -> ApiError {
     }
 }
 
-fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
-    if caller.admin {
-        Ok(())
-    } else {
-        Err(ApiError::forbidden(format!(
+fn admins_only(caller: &CurrentUser, what: &str) -> Result<Admin, ApiError> {
+    caller.admin_or(|| {
+        ApiError::forbidden(format!(
             "only admins can {what}; admins are listed in the manager's config"
-        )))
-    }
+        ))
+    })
 }
 
 fn parse_node(name: &str) -> Result<NodeName, ApiError> {

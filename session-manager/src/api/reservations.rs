@@ -13,21 +13,22 @@ use axum::Json;
 use ongrid_core::reservation::{NewReservation, OwnerView, ReservationView, SetOwner};
 use ongrid_core::{GpuUuid, NodeName};
 
-use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, AppState};
+use super::callers::{Admin, CurrentUser};
+use super::{AdminJson, ApiError, ApiPath, AppState};
 use crate::domain::policy::reservations::{check_new, ReservationName, ReservationRecord};
 use crate::domain::policy::GroupName;
 use crate::gpu_policy::GpuPolicy;
 
-fn admins_only(caller: &CurrentUser, what: &str) -> Result<(), ApiError> {
-    if caller.admin {
-        Ok(())
-    } else {
-        Err(ApiError::forbidden(format!(
+fn admins_only(caller: &CurrentUser, what: &str) -> Result<Admin, ApiError> {
+    caller.admin_or(|| {
+        ApiError::forbidden(format!(
             "only admins can {what}; admins are listed in the manager's config"
-        )))
-    }
+        ))
+    })
 }
+
+const GPU_OWNERS: &str = "give GPUs owners";
+const NODE_OWNERS: &str = "give nodes owners";
 
 fn group(text: &str) -> Result<GroupName, ApiError> {
     GroupName::parse(text.trim()).map_err(ApiError::bad_request)
@@ -51,7 +52,7 @@ async fn gpu_owner(
     uuid: &str,
     owner: Option<GroupName>,
 ) -> Result<Json<OwnerView>, ApiError> {
-    admins_only(caller, "give GPUs owners")?;
+    admins_only(caller, GPU_OWNERS)?;
     let uuid = gpu_uuid(uuid)?;
     if !state
         .store
@@ -86,7 +87,7 @@ async fn node_owner(
     name: &str,
     owner: Option<GroupName>,
 ) -> Result<Json<OwnerView>, ApiError> {
-    admins_only(caller, "give nodes owners")?;
+    admins_only(caller, NODE_OWNERS)?;
     let name = node_name(name)?;
     if !state
         .store
@@ -111,8 +112,9 @@ pub async fn set_gpu_owner(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(uuid): ApiPath<String>,
-    ApiJson(body): ApiJson<SetOwner>,
+    body: AdminJson<SetOwner>,
 ) -> Result<Json<OwnerView>, ApiError> {
+    let body = body.parse(admins_only(&caller, GPU_OWNERS)?).await?;
     gpu_owner(&state, &caller, &uuid, Some(group(&body.group)?)).await
 }
 
@@ -128,8 +130,9 @@ pub async fn set_node_owner(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
-    ApiJson(body): ApiJson<SetOwner>,
+    body: AdminJson<SetOwner>,
 ) -> Result<Json<OwnerView>, ApiError> {
+    let body = body.parse(admins_only(&caller, NODE_OWNERS)?).await?;
     node_owner(&state, &caller, &name, Some(group(&body.group)?)).await
 }
 
@@ -213,9 +216,9 @@ fn no_such_reservation(name: &ReservationName) -> ApiError {
 pub async fn add_reservation(
     State(state): State<AppState>,
     caller: CurrentUser,
-    ApiJson(body): ApiJson<NewReservation>,
+    body: AdminJson<NewReservation>,
 ) -> Result<(StatusCode, Json<ReservationView>), ApiError> {
-    admins_only(&caller, "reserve GPUs")?;
+    let body = body.parse(admins_only(&caller, "reserve GPUs")?).await?;
     let store = state.store.gpu_policy();
     let now = state.clock.now();
     let record = ReservationRecord {

@@ -21,7 +21,7 @@ use ongrid_core::Dn;
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiPath, ApiQuery, AppState};
+use super::{AdminQuery, ApiError, ApiPath, AppState};
 use crate::domain::users;
 use crate::image_files::remove_sif;
 use crate::store::{ImageFilter, JobFilter, SessionFilter, StoreError, UserRecord};
@@ -59,9 +59,9 @@ pub async fn remove_user(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(dn): ApiPath<String>,
-    ApiQuery(query): ApiQuery<RemoveQuery>,
+    query: AdminQuery<RemoveQuery>,
 ) -> Result<Json<UserRemoved>, ApiError> {
-    caller.require_admin("remove users")?;
+    let query = query.parse(caller.require_admin("remove users")?)?;
     let target = find_user(&state, &dn).await?;
     let dn = target.dn.clone();
     let sessions = state

@@ -58,13 +58,20 @@ impl CurrentUser {
     }
 
     /// Only admins may do `what` (like "remove users"): 403 for the others.
-    pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
-        if self.admin {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden(format!(
+    pub fn require_admin(&self, what: &str) -> Result<Admin, ApiError> {
+        self.admin_or(|| {
+            ApiError::forbidden(format!(
                 "only admins {what}; admins are listed in the manager's config"
-            )))
+            ))
+        })
+    }
+
+    /// The proof that the caller is an admin, or `refusal` (a 403 in the route's words).
+    pub fn admin_or(&self, refusal: impl FnOnce() -> ApiError) -> Result<Admin, ApiError> {
+        if self.admin {
+            Ok(Admin(()))
+        } else {
+            Err(refusal())
         }
     }
 
@@ -73,3 +80,9 @@ impl CurrentUser {
         self.identity.kind == CredentialKind::Limited
     }
 }
+
+/// Proof that the caller is an admin, made only by [`CurrentUser::admin_or`] (and
+/// [`CurrentUser::require_admin`]); an admin route's body (the API's `AdminJson`) is parsed
+/// only with it, so the caller is authorised before the body is looked at.
+#[derive(Debug, Clone, Copy)]
+pub struct Admin(());

@@ -54,7 +54,7 @@ pub async fn drain_node(
     }
     match &drain {
         Some(drain) => {
-            tracing::info!(%node, reason = %drain.reason, by = %caller.user.user_name, via = via.as_str(), "Node drained.");
+            tracing::info!(%node, reason = ?drain.reason, by = %caller.user.user_name, via = via.as_str(), "Node drained.");
         }
         None => {
             tracing::info!(%node, by = %caller.user.user_name, via = via.as_str(), "Node back in service.");
@@ -86,7 +86,7 @@ pub async fn drain_gpu(
         .ok_or_else(|| DrainError::NoSuchGpu(uuid.clone()))?;
     match &drain {
         Some(drain) => {
-            tracing::info!(gpu = %uuid, reason = %drain.reason, by = %caller.user.user_name, via = via.as_str(), "GPU drained.");
+            tracing::info!(gpu = %uuid, reason = ?drain.reason, by = %caller.user.user_name, via = via.as_str(), "GPU drained.");
         }
         None => {
             tracing::info!(gpu = %uuid, by = %caller.user.user_name, via = via.as_str(), "GPU back in service.");

@@ -209,7 +209,7 @@ pub async fn hold(
     if let Some(reason) = hold {
         crate::metrics::events().held(reason);
     }
-    tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = %held.reason, via = via.as_str(), "Session held by hand.");
+    tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = ?held.reason, via = via.as_str(), "Session held by hand.");
     state.wake.notify_one();
     Ok(held)
 }

@@ -200,7 +200,23 @@ impl Viewer {
     pub fn require_admin(&self) -> Result<(), PageError> {
         self.caller
             .require_admin("see the admin pages")
+            .map(|_admin| ())
             .map_err(PageError)
+    }
+}
+
+/// A viewer who is an admin: the admin forms take it, so a user is refused (403, "only admins")
+/// before the form is read, whatever it holds, as the API's admin routes do.
+#[derive(Debug, Clone)]
+pub struct AdminViewer(pub Viewer);
+
+impl FromRequestParts<AppState> for AdminViewer {
+    type Rejection = PageError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, PageError> {
+        let viewer = Viewer::from_request_parts(parts, state).await?;
+        viewer.require_admin()?;
+        Ok(Self(viewer))
     }
 }
 
@@ -260,6 +276,7 @@ pub async fn login_page(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LoginForm {
     token: String,
 }
@@ -288,7 +305,7 @@ pub async fn log_in(
         .dashboard()
         .create_dashboard_login(&digest(&cookie_token), &login, now)
         .await?;
-    tracing::info!(user = %login.identity.dn, %expires_at, "Dashboard login.");
+    tracing::info!(user = ?login.identity.dn.as_str(), %expires_at, "Dashboard login.");
     Ok(redirect_with_cookie(
         "/dashboard/",
         &login_cookie(&cookie_token, expires_at, now),
@@ -330,6 +347,7 @@ pub fn redirect_with_cookie(location: &str, cookie: &str) -> Response {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CsrfForm {
     csrf: String,
 }

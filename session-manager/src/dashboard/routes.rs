@@ -12,7 +12,7 @@ use ongrid_core::{Dn, SessionName};
 use serde::Deserialize;
 
 use super::actions::{self, Target};
-use super::auth::{notice_cookie, redirect_with_cookie, PageError, Viewer};
+use super::auth::{notice_cookie, redirect_with_cookie, AdminViewer, PageError, Viewer};
 use super::data::{self, Live};
 use super::views::{self, AuditFilterForm, Header, Page};
 use crate::app::{ApiError, AppState};
@@ -154,6 +154,7 @@ fn back(field: Option<&str>) -> Page {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NewSessionForm {
     csrf: String,
     #[serde(default)]
@@ -189,6 +190,7 @@ pub async fn new_session(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionForm {
     csrf: String,
     back: Option<String>,
@@ -238,6 +240,7 @@ pub async fn session_action(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FreezeForm {
     csrf: String,
     session: String,
@@ -259,6 +262,7 @@ pub async fn freeze(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CsrfBackForm {
     csrf: String,
     back: Option<String>,
@@ -277,6 +281,7 @@ pub async fn cancel_job(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InstituteForm {
     csrf: String,
     name: String,
@@ -286,7 +291,7 @@ pub struct InstituteForm {
 /// `POST /dashboard/admin/institutes` (admins only, like every admin form).
 pub async fn add_institute(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Form(form): Form<InstituteForm>,
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
@@ -297,7 +302,7 @@ pub async fn add_institute(
 /// `POST /dashboard/admin/institutes/{name}/remove`.
 pub async fn remove_institute(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Path(name): Path<String>,
     Form(form): Form<CsrfBackForm>,
 ) -> Result<Response, PageError> {
@@ -307,6 +312,7 @@ pub async fn remove_institute(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DrainForm {
     csrf: String,
     #[serde(default)]
@@ -326,7 +332,7 @@ fn drain_reason<'a>(action: &str, form: &'a DrainForm) -> Result<Option<&'a str>
 /// `POST /dashboard/admin/nodes/{name}/{drain|undrain}`.
 pub async fn node_drain(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Path((name, action)): Path<(String, String)>,
     Form(form): Form<DrainForm>,
 ) -> Result<Response, PageError> {
@@ -339,7 +345,7 @@ pub async fn node_drain(
 /// `POST /dashboard/admin/gpus/{uuid}/{drain|undrain}`.
 pub async fn gpu_drain(
     State(state): State<AppState>,
-    viewer: Viewer,
+    AdminViewer(viewer): AdminViewer,
     Path((uuid, action)): Path<(String, String)>,
     Form(form): Form<DrainForm>,
 ) -> Result<Response, PageError> {

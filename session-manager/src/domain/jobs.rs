@@ -52,7 +52,7 @@ pub struct JobRecord {
     /// Its state and every transition.
     pub lifecycle: JobLifecycle,
     /// The max duration it runs under (see [`effective_max_duration`]; for a re-queued job, what
-    /// its chain has left). `None`: no limit.
+    /// its chain has left). `None`: no limit (jobs stored before every job had one).
     pub max_duration: Option<HumanDuration>,
     pub image: JobImage,
     /// Where it runs or ran; kept after it ends.
@@ -98,13 +98,18 @@ impl JobRecord {
     }
 }
 
+/// The cap of every job's max duration when the site's config sets none (`[jobs]
+/// max_duration`): two weeks, the longest a session may ask to live by default. No job runs
+/// unbounded.
+pub const DEFAULT_MAX_DURATION: HumanDuration = HumanDuration::from_secs(14 * 86_400);
+
 /// The site's settings for jobs (`[jobs]` in the manager's config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobLimits {
     /// For a job that names no max duration.
     pub default_max_duration: Option<HumanDuration>,
-    /// No job runs longer than this.
-    pub max_duration: Option<HumanDuration>,
+    /// No job runs longer than this; a job asking for more is refused.
+    pub max_duration: HumanDuration,
     /// How long a job that ended stays listed to its node while its output is not all in.
     pub output_grace: Duration,
     /// The agents' jobs directory is the same shared storage on every node, so a re-queued job
@@ -116,22 +121,51 @@ impl Default for JobLimits {
     fn default() -> Self {
         Self {
             default_max_duration: None,
-            max_duration: None,
+            max_duration: DEFAULT_MAX_DURATION,
             output_grace: DEFAULT_OUTPUT_GRACE,
             shared_work_dir: false,
         }
     }
 }
 
-/// The max duration a submitted job runs under: the spec's, else the site's default, capped by
-/// the site's maximum.
-pub fn effective_max_duration(spec: &JobSpec, limits: &JobLimits) -> Option<HumanDuration> {
-    let asked = spec.max_duration.or(limits.default_max_duration);
-    match (asked, limits.max_duration) {
-        (Some(asked), Some(cap)) => Some(asked.min(cap)),
-        (None, cap) => cap,
-        (asked, None) => asked,
+/// The max duration a submitted job runs under: the spec's, else the site's default, else the
+/// site's maximum; never more than the maximum (a spec asking for more is refused by
+/// [`check_durations`]).
+pub fn effective_max_duration(spec: &JobSpec, limits: &JobLimits) -> HumanDuration {
+    spec.max_duration
+        .or(limits.default_max_duration)
+        .unwrap_or(limits.max_duration)
+        .min(limits.max_duration)
+}
+
+/// Refuses a spec whose max (or min) duration is longer than the site's maximum, saying the
+/// maximum and how to ask for less.
+pub fn check_durations(spec: &JobSpec, limits: &JobLimits) -> Result<(), Refusal> {
+    let cap = limits.max_duration;
+    let asks = [
+        (
+            "max duration",
+            spec.max_duration,
+            "--max-duration",
+            "max_duration",
+        ),
+        (
+            "min duration",
+            spec.min_duration,
+            "--min-duration",
+            "min_duration",
+        ),
+    ];
+    for (what, asked, flag, key) in asks {
+        if let Some(asked) = asked.filter(|&asked| asked > cap) {
+            return Err(Refusal::Invalid(format!(
+                "{what} {asked} ({} seconds) is more than this site allows ({cap}): ask for \
+                 {cap} or less ({flag} of devctl job submit, {key} in a job file)",
+                asked.as_duration().as_secs()
+            )));
+        }
     }
+    Ok(())
 }
 
 /// A job to create, QUEUED.
@@ -184,6 +218,7 @@ pub fn submit(
             target = grid.target
         )));
     }
+    check_durations(&spec, limits)?;
     if let Some(not_after) = spec.not_after.filter(|&t| t <= now) {
         return Err(Refusal::Invalid(format!(
             "not-after {} has passed: the job would be cancelled at once; give a later time",
@@ -195,7 +230,7 @@ pub fn submit(
         owner: who.owner,
         user_name: who.user_name,
         uid: who.uid,
-        max_duration: effective_max_duration(&spec, limits),
+        max_duration: Some(effective_max_duration(&spec, limits)),
         spec,
         image,
         chain: RestartChain::first(id),
@@ -210,17 +245,15 @@ pub fn submit(
 /// The frozen image a job of `caller` runs, from the images the lookup found (the caller's
 /// by tag, a login's by `login/name:version`, anyone's by digest): a READY image the caller
 /// may run ([`super::image_access::may_run`]: their own, or one its owner shares). A tag
-/// `--force` moved on is found by digest. `Ok(None)` when nothing matches at all (404); only
-/// someone else's private images found is refused (403); a runnable image that is not READY is
-/// a conflict (409).
+/// `--force` moved on is found by digest. Nothing found and only someone else's private images
+/// found are the same refusal (403, [`image_access::no_image_you_may_run`]), as for sessions, so
+/// that a submission cannot tell whether another user has an image; a runnable image that is
+/// not READY is a conflict (409).
 pub fn resolve_image(
     lookup: &ImageLookup,
     candidates: &[ImageRecord],
     caller: &Dn,
-) -> Result<Option<JobImage>, Refusal> {
-    if candidates.is_empty() {
-        return Ok(None);
-    }
+) -> Result<JobImage, Refusal> {
     let runnable: Vec<&ImageRecord> = candidates
         .iter()
         .filter(|i| image_access::may_run(i, caller))
@@ -239,7 +272,7 @@ pub fn resolve_image(
             _ => None,
         });
     if let Some(image) = ready {
-        return Ok(Some(image));
+        return Ok(image);
     }
     match image_access::not_runnable(lookup, candidates, caller) {
         Some(why) if !runnable.is_empty() => Err(Refusal::Conflict(why)),
@@ -797,7 +830,7 @@ mod tests {
     fn max_duration_is_the_specs_else_the_default_capped_by_the_maximum() {
         let limits = JobLimits {
             default_max_duration: Some(hours(8)),
-            max_duration: Some(hours(24)),
+            max_duration: hours(24),
             ..JobLimits::default()
         };
         let own = |h: Option<&str>| JobSpecFile {
@@ -810,17 +843,72 @@ mod tests {
             Some(hours(2))
         );
         assert_eq!(
-            submitted(own(Some("3 days")), &limits).max_duration,
+            submitted(own(Some("24h")), &limits).max_duration,
             Some(hours(24))
         );
-        let uncapped = JobLimits::default();
-        assert_eq!(submitted(own(None), &uncapped).max_duration, None);
+        // A site that sets nothing still caps every job.
+        let unset = JobLimits::default();
+        assert_eq!(unset.max_duration, DEFAULT_MAX_DURATION);
+        assert_eq!(
+            submitted(own(None), &unset).max_duration,
+            Some(DEFAULT_MAX_DURATION)
+        );
         let only_cap = JobLimits {
             default_max_duration: None,
-            max_duration: Some(hours(4)),
+            max_duration: hours(4),
             ..JobLimits::default()
         };
         assert_eq!(submitted(own(None), &only_cap).max_duration, Some(hours(4)));
+    }
+
+    #[test]
+    fn a_job_asking_for_more_than_the_cap_is_refused_with_the_cap() {
+        let limits = JobLimits {
+            max_duration: hours(24),
+            ..JobLimits::default()
+        };
+        let asking = |max: Option<&str>, min: Option<&str>| JobSpecFile {
+            max_duration: max.map(str::to_owned),
+            min_duration: min.map(str::to_owned),
+            ..JobSpecFile::default()
+        };
+        let refused = |file: JobSpecFile, limits: &JobLimits| {
+            submit(
+                JobId(uuid::Uuid::from_u128(1)),
+                Submitter {
+                    owner: Dn::parse("/CN=Alice").unwrap(),
+                    user_name: UserName::parse("alice").unwrap(),
+                    uid: 2000,
+                },
+                spec(file),
+                image(),
+                limits,
+                None,
+                t(0),
+            )
+            .unwrap_err()
+        };
+        assert_eq!(
+            refused(asking(Some("3 days"), None), &limits),
+            Refusal::Invalid(
+                "max duration 3 days (259200 seconds) is more than this site allows (1 day): \
+                 ask for 1 day or less (--max-duration of devctl job submit, max_duration in a \
+                 job file)"
+                    .to_owned()
+            )
+        );
+        assert!(matches!(
+            refused(asking(None, Some("2 days")), &limits),
+            Refusal::Invalid(m) if m.starts_with("min duration 2 days (172800 seconds) is more than this site allows (1 day)")
+        ));
+        // The longest duration there is, against the default cap.
+        let mut longest = spec(JobSpecFile::default());
+        longest.max_duration = Some(HumanDuration::from_secs(u64::MAX));
+        let err = check_durations(&longest, &JobLimits::default()).unwrap_err();
+        assert!(
+            matches!(&err, Refusal::Invalid(m) if m.contains("(18446744073709551615 seconds) is more than this site allows (2 weeks): ask for 2 weeks or less")),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -1198,7 +1286,11 @@ mod tests {
         assert_eq!(change.to, JobState::Halted);
         let next =
             next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()).unwrap();
-        assert_eq!(next.max_duration, None);
+        // The site's cap, less the 90 seconds it ran.
+        assert_eq!(
+            next.max_duration,
+            Some(HumanDuration::from_secs(14 * 86_400 - 90))
+        );
         let queued = submitted(JobSpecFile::default(), &JobLimits::default());
         assert_eq!(node_lost(&queued, t(100)), None);
     }
@@ -1243,11 +1335,17 @@ mod tests {
     fn a_job_runs_only_its_owners_ready_image() {
         let alice = Dn::parse("/CN=Alice").unwrap();
         let lookup = ImageLookup::parse("model:v1").unwrap();
-        assert_eq!(resolve_image(&lookup, &[], &alice), Ok(None));
+        let nothing = resolve_image(&lookup, &[], &alice);
+        assert_eq!(
+            nothing,
+            Err(Refusal::Forbidden(image_access::no_image_you_may_run(
+                &lookup
+            )))
+        );
         let ready = image_record("/CN=Alice", ImageState::Ready);
         assert_eq!(
             resolve_image(&lookup, std::slice::from_ref(&ready), &alice),
-            Ok(Some(image()))
+            Ok(image())
         );
         let building = image_record("/CN=Alice", ImageState::Building);
         assert!(matches!(
@@ -1255,21 +1353,22 @@ mod tests {
             Err(Refusal::Conflict(m)) if m.contains("BUILDING, not READY")
         ));
         let bobs = image_record("/CN=Bob", ImageState::Ready);
-        assert!(matches!(
+        // Bob's private image: the same answer as no image at all.
+        assert_eq!(
             resolve_image(&lookup, std::slice::from_ref(&bobs), &alice),
-            Err(Refusal::Forbidden(m)) if m == image_access::no_image_you_may_run(&lookup)
-        ));
+            nothing
+        );
         // Someone else sharing the digest does not hide the caller's own.
         assert_eq!(
             resolve_image(&lookup, &[bobs.clone(), ready], &alice),
-            Ok(Some(image()))
+            Ok(image())
         );
         // Bob's image runs once Bob shares it, and not while it is not READY.
         let mut shared = bobs;
         shared.shared_at = Some(t(1));
         assert_eq!(
             resolve_image(&lookup, std::slice::from_ref(&shared), &alice),
-            Ok(Some(image()))
+            Ok(image())
         );
         shared.state = ImageState::Failed;
         assert!(matches!(

@@ -396,3 +396,122 @@ async fn a_browser_with_a_grid_certificate_needs_no_link_but_its_forms_need_the_
     assert_eq!(m.alice.show("train1").await.state, SessionState::Held);
     m.stop().await;
 }
+
+/// Every dashboard form, with the fields the page sends and one it never does, is refused with
+/// a 422 naming that field, and does nothing.
+#[tokio::test]
+async fn every_dashboard_form_refuses_an_unknown_field() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let mut admin = Browser::new(&site, m.addr);
+    admin.log_in(&m.admin).await;
+    let (status, page) = admin.get("/dashboard/admin").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let token = csrf(&page);
+    let token = token.as_str();
+    let gpu = a100(1).uuid.to_string();
+    let job = uuid::Uuid::new_v4().to_string();
+    let extra = ("privileged", "true");
+    let forms: Vec<(String, Vec<(&str, &str)>)> = vec![
+        ("/dashboard/logout".into(), vec![("csrf", token)]),
+        (
+            "/dashboard/sessions".into(),
+            vec![("csrf", token), ("gpus", "1")],
+        ),
+        (
+            "/dashboard/sessions/dev/hold".into(),
+            vec![("csrf", token), ("back", "user")],
+        ),
+        (
+            "/dashboard/freeze".into(),
+            vec![("csrf", token), ("session", "dev"), ("tag", "m:v1")],
+        ),
+        (
+            format!("/dashboard/jobs/{job}/cancel"),
+            vec![("csrf", token)],
+        ),
+        (
+            "/dashboard/admin/institutes".into(),
+            vec![
+                ("csrf", token),
+                ("name", "lab"),
+                ("networks", "192.0.2.0/24"),
+            ],
+        ),
+        (
+            "/dashboard/admin/institutes/lab/remove".into(),
+            vec![("csrf", token)],
+        ),
+        (
+            "/dashboard/admin/nodes/node1/drain".into(),
+            vec![("csrf", token), ("reason", "disk")],
+        ),
+        (
+            format!("/dashboard/admin/gpus/{gpu}/drain"),
+            vec![("csrf", token), ("reason", "fan")],
+        ),
+    ];
+    for (path, mut form) in forms {
+        form.push(extra);
+        let (status, _, text) = admin.post(&path, &form).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {text}");
+        assert!(
+            text.contains("unknown field `privileged`"),
+            "{path}: {text}"
+        );
+    }
+    // The login form, before any cookie.
+    let browser = Browser::new(&site, m.addr);
+    let (status, _, text) = browser
+        .post("/dashboard/login", &[("token", "0123"), extra])
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("unknown field `privileged`"), "{text}");
+
+    // Nothing was done: still logged in, no session, no institute, nothing drained.
+    let (status, page) = admin.get("/dashboard/admin").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the logout form was refused: {page}"
+    );
+    assert!(m.admin.list("?all=true").await.is_empty());
+    let institutes: Vec<Institute> = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/institutes"))
+        .await;
+    assert!(institutes.is_empty(), "{institutes:?}");
+    let node: NodeView = m
+        .admin
+        .ok(StatusCode::OK, m.admin.get("/v1/nodes/node1"))
+        .await;
+    assert!(
+        node.drain.is_none() && node.gpus[0].drain.is_none(),
+        "{node:?}"
+    );
+    m.stop().await;
+}
+
+/// The admin forms refuse a user before reading the form: a malformed one (no CSRF token, a
+/// field no form has) gets the 403 that says only admins may, not a 422 about the form.
+#[tokio::test]
+async fn admin_forms_refuse_users_before_reading_them() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let mut alice = Browser::new(&site, m.addr);
+    alice.log_in(&m.alice).await;
+    let gpu = a100(1).uuid.to_string();
+    for path in [
+        "/dashboard/admin/institutes".to_owned(),
+        "/dashboard/admin/institutes/lab/remove".to_owned(),
+        "/dashboard/admin/nodes/node1/drain".to_owned(),
+        format!("/dashboard/admin/gpus/{gpu}/drain"),
+    ] {
+        let (status, _, page) = alice.post(&path, &[("evil", "1")]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {page}");
+        assert!(page.contains("only admins"), "{path}: {page}");
+    }
+    m.stop().await;
+}

@@ -119,13 +119,43 @@ async fn jobs_run_report_halt_restart_and_stay_private() {
     let m = site.start().await;
     let gpus = vec![a100(1)];
     m.node1.register("node1", gpus.clone()).await;
+    // Alice's image by her login and by its digest (the one `frozen_image` makes), asked by Bob
+    // before it exists and once it exists, private: the same answers, status and words.
+    let others = [
+        "alice-smith/mymodel:v1".to_owned(),
+        format!("sha256:{}", "cd".repeat(32)),
+    ];
+    let mut before = Vec::new();
+    for image in &others {
+        before.push(
+            m.bob
+                .send(m.bob.post("/v1/jobs", &submit(image, false)))
+                .await,
+        );
+    }
     let digest = frozen_image(&m, &gpus).await;
+    assert_eq!(digest, others[1]);
+    for (image, before) in others.iter().zip(before) {
+        let after = m
+            .bob
+            .send(m.bob.post("/v1/jobs", &submit(image, false)))
+            .await;
+        assert_eq!(after, before, "{image}: private and missing answer alike");
+        assert_eq!(after.0, StatusCode::FORBIDDEN, "{image}: {}", after.1);
+        assert!(
+            message(&after.1).contains(&format!(
+                "there is no frozen image {image} that you may run"
+            )),
+            "{image}: {}",
+            after.1
+        );
+    }
 
     // Unknown and others' images are refused.
     let unknown = m
         .alice
         .fails(
-            StatusCode::NOT_FOUND,
+            StatusCode::FORBIDDEN,
             m.alice.post("/v1/jobs", &submit("nothing:v1", false)),
         )
         .await;
@@ -136,24 +166,16 @@ async fn jobs_run_report_halt_restart_and_stay_private() {
     let by_tag = m
         .bob
         .fails(
-            StatusCode::NOT_FOUND,
+            StatusCode::FORBIDDEN,
             m.bob.post("/v1/jobs", &submit("mymodel:v1", false)),
         )
         .await;
     assert!(
-        by_tag.error.message.contains("no image mymodel:v1"),
+        by_tag
+            .error
+            .message
+            .contains("no frozen image mymodel:v1 that you may run"),
         "{by_tag:?}"
-    );
-    let by_digest = m
-        .bob
-        .fails(
-            StatusCode::FORBIDDEN,
-            m.bob.post("/v1/jobs", &submit(&digest, false)),
-        )
-        .await;
-    assert!(
-        by_digest.error.message.contains("that you may run"),
-        "{by_digest:?}"
     );
 
     // Submitted, then started by the scheduler on the free GPU.
@@ -514,5 +536,33 @@ async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
                 .get(&format!("/v1/jobs/{id}/logs?wait=true&timeout=60")),
         )
         .await;
+    m.stop().await;
+}
+
+/// A site that sets no `[jobs] max_duration` still caps jobs (two weeks): a job asking for
+/// 2^64-1 seconds is refused with the cap and how to ask for less; one asking for the cap
+/// itself passes that check (and is refused only for its image, which does not exist).
+#[tokio::test]
+async fn a_job_longer_than_the_sites_cap_is_refused_naming_it() {
+    let site = Site::new();
+    let m = site.start().await;
+    let mut body = serde_json::to_value(submit("mymodel:v1", false)).unwrap();
+    body["spec"]["max_duration"] = serde_json::Value::from(u64::MAX);
+    let refused = m
+        .alice
+        .fails(StatusCode::BAD_REQUEST, m.alice.post("/v1/jobs", &body))
+        .await;
+    assert_eq!(
+        refused.error.message,
+        "max duration 30500568904943 weeks (18446744073709551615 seconds) is more than \
+         this site allows (2 weeks): ask for 2 weeks or less (--max-duration of devctl job \
+         submit, max_duration in a job file)"
+    );
+    body["spec"]["max_duration"] = serde_json::Value::from(14 * 86_400u64);
+    let (status, text) = m.alice.send(m.alice.post("/v1/jobs", &body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
+    assert!(message(&text).contains("no frozen image"), "{text}");
+    let jobs: Vec<JobView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/jobs")).await;
+    assert!(jobs.is_empty(), "{jobs:?}");
     m.stop().await;
 }
