@@ -8,36 +8,11 @@
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::response::Response;
 use axum::Json;
 use serde::de::DeserializeOwned;
 
+pub use crate::app::error::log_refusals;
 pub use crate::app::error::ApiError;
-use crate::app::error::Refused;
-
-/// Middleware: logs every 401 and 403 once, with the reason and who asked (the peer's address
-/// and, with a certificate, its DN; a token is never logged). The reason and the path are
-/// logged with `Debug` formatting, so a caller's strings in them cannot forge log lines.
-pub async fn log_refusals(request: Request, next: axum::middleware::Next) -> Response {
-    let peer = request.extensions().get::<crate::auth::Peer>().map(|peer| {
-        (
-            peer.addr,
-            peer.identity.as_ref().map(|identity| identity.dn.clone()),
-        )
-    });
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
-    let response = next.run(request).await;
-    if let Some(Refused(reason)) = response.extensions().get::<Refused>() {
-        let status = response.status().as_u16();
-        let (address, dn) = match &peer {
-            Some((address, dn)) => (Some(*address), dn.as_ref()),
-            None => (None, None),
-        };
-        tracing::warn!(status, %method, ?path, peer = ?address, caller = ?dn.map(ToString::to_string), ?reason, "Request refused.");
-    }
-    response
-}
 
 /// `Json<T>` whose rejections (bad JSON, a value a newtype refuses) are `bad_request` bodies
 /// carrying serde's message.

@@ -25,12 +25,14 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Form;
 use chrono::{DateTime, TimeDelta, Utc};
+use ongrid_core::Dn;
 use ongrid_x509::voms::Fqan;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::views;
 use crate::app::caller::CurrentUser;
+use crate::app::error::{CallerSlot, Refused};
 use crate::app::logins::{digest, random_token};
 use crate::app::{ApiError, AppState};
 use crate::auth::Peer;
@@ -88,15 +90,19 @@ impl From<crate::domain::Refusal> for PageError {
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
         let status = self.0.status();
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            tracing::info!(%status, message = self.0.message(), "Dashboard request refused.");
-        }
         let page = if status == StatusCode::UNAUTHORIZED {
             views::logged_out(self.0.message())
         } else {
             views::error_page(status, self.0.message())
         };
-        (status, page).into_response()
+        let mut response = (status, page).into_response();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            // Logged once, with the caller, the address and the path, by `log_refusals`.
+            response
+                .extensions_mut()
+                .insert(Refused(self.0.message().to_owned()));
+        }
+        response
     }
 }
 
@@ -141,6 +147,10 @@ impl FromRequestParts<AppState> for Viewer {
                 .dashboard_login(&login_digest, state.clock.now())
                 .await?;
             if let Some(login) = found {
+                if let Some(slot) = parts.extensions.get::<CallerSlot>() {
+                    slot.set(&login.identity.dn);
+                }
+                same_person(presented_dn(parts).as_ref(), &login.identity.dn)?;
                 let identity = Identity {
                     dn: login.identity.dn.clone(),
                     kind: login.identity.kind,
@@ -281,12 +291,56 @@ pub struct LoginForm {
     token: String,
 }
 
-/// `POST /dashboard/login`: spends the link's token and sets the login cookie.
+/// The DN of the client certificate the browser presented on this connection, if any.
+#[derive(Debug, Clone)]
+pub struct PresentedCertificate(pub Option<Dn>);
+
+impl FromRequestParts<AppState> for PresentedCertificate {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, Self::Rejection> {
+        Ok(Self(presented_dn(parts)))
+    }
+}
+
+fn presented_dn(parts: &Parts) -> Option<Dn> {
+    parts
+        .extensions
+        .get::<Peer>()
+        .and_then(|peer| peer.identity.as_ref())
+        .map(|identity| identity.dn.clone())
+}
+
+/// A login (or a link) is bound to the DN it was made for: a browser that presents the
+/// certificate of someone else is refused, so one person's link or cookie never acts under
+/// another's certificate (login CSRF, or two identities in one request).
+fn same_person(certificate: Option<&Dn>, login: &Dn) -> Result<(), ApiError> {
+    match certificate {
+        Some(dn) if dn != login => Err(ApiError::forbidden(format!(
+            "this login is {login}'s, but the browser presents the certificate of {dn}: log out \
+             and use the certificate, or use the login in a browser without that certificate"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `POST /dashboard/login`: spends the link's token and sets the login cookie. A browser that
+/// presents another person's certificate is refused before the token is spent.
 pub async fn log_in(
     State(state): State<AppState>,
+    PresentedCertificate(certificate): PresentedCertificate,
     Form(form): Form<LoginForm>,
 ) -> Result<Response, PageError> {
     let now = state.clock.now();
+    if let Some(certificate) = &certificate {
+        let link = state
+            .store
+            .dashboard()
+            .dashboard_link(&digest(&form.token), now)
+            .await?
+            .ok_or_else(spent_link)?;
+        same_person(Some(certificate), &link.dn)?;
+    }
     let identity = state
         .store
         .dashboard()

@@ -99,6 +99,9 @@ pub fn router(state: AppState) -> Router {
         .route("/dashboard/static/dashboard.css", get(css))
         .route("/dashboard/static/dashboard.js", get(js))
         .layer(axum::middleware::from_fn(auth::same_origin))
+        .layer(axum::middleware::from_fn(
+            crate::app::error::log_page_refusals,
+        ))
         .layer(axum::middleware::from_fn(headers))
         .layer(axum::middleware::from_fn(
             crate::request_body::read_whole_body,

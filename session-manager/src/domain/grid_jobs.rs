@@ -40,7 +40,7 @@ pub enum AccountMatch {
     Group(GroupName),
 }
 
-/// `[[targets.accounts]]`: DN or group → local account. DN rules win over group rules, then
+/// `accounts` of `[targets]`: DN or group → local account. DN rules win over group rules, then
 /// the first rule written.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AccountMap {
@@ -78,7 +78,7 @@ impl AccountMap {
             None => Err(Refusal::Forbidden(format!(
                 "you have no local account on target {target}: jobs there run under an account \
                  the site maps your DN ({dn}) or group ({group}) to; ask {} to add one \
-                 ([[targets.accounts]] in the manager's config), or submit with --to local",
+                 (`accounts` of [targets] in the manager's config), or submit with --to local",
                 self.contact.as_deref().unwrap_or("the site's admins")
             ))),
         }

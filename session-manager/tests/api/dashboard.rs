@@ -18,14 +18,21 @@ struct Browser {
 
 impl Browser {
     fn new(site: &Site, addr: SocketAddr) -> Self {
-        let client = reqwest::Client::builder()
+        Self::with_identity(site, addr, None)
+    }
+
+    /// A browser that presents the client certificate (and key) `pem`, when given.
+    fn with_identity(site: &Site, addr: SocketAddr, pem: Option<&[u8]>) -> Self {
+        let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
             .add_root_certificate(reqwest::Certificate::from_pem(site.ca_pem.as_bytes()).unwrap())
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
+            .timeout(Duration::from_secs(20));
+        if let Some(pem) = pem {
+            builder = builder.identity(reqwest::Identity::from_pem(pem).unwrap());
+        }
+        let client = builder.build().unwrap();
         Self {
             client,
             base: format!("https://{addr}"),
@@ -513,5 +520,53 @@ async fn admin_forms_refuse_users_before_reading_them() {
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {page}");
         assert!(page.contains("only admins"), "{path}: {page}");
     }
+    m.stop().await;
+}
+
+/// A login link is bound to the DN it was made for, and a login cookie to its user: Bob's link
+/// opened by a browser presenting Alice's certificate is refused without being spent, and a
+/// request carrying Alice's certificate with Bob's cookie is refused instead of served as Bob.
+#[tokio::test]
+async fn a_login_never_acts_under_another_persons_certificate() {
+    let site = Site::new();
+    let m = site.start().await;
+    let link: DashboardLink = m
+        .bob
+        .ok(
+            StatusCode::CREATED,
+            m.bob.request(reqwest::Method::POST, "/v1/dashboard/links"),
+        )
+        .await;
+    let token = link.path.strip_prefix("/dashboard/login?token=").unwrap();
+    let alices = Browser::with_identity(&site, m.addr, Some(site.alice_pem.as_slice()));
+    let (status, _, page) = alices.post("/dashboard/login", &[("token", token)]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    assert!(page.contains("presents the certificate of"), "{page}");
+
+    // Not spent: Bob's own browser logs in with it.
+    let mut bobs = Browser::new(&site, m.addr);
+    let response = bobs
+        .client
+        .post(format!("{}/dashboard/login", bobs.base))
+        .header(ORIGIN, &bobs.base)
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let set_cookie = response.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    bobs.cookie = Some(set_cookie.split(';').next().unwrap().to_owned());
+    let (status, page) = bobs.get("/dashboard/").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+
+    // Bob's cookie in a browser that presents Alice's certificate.
+    let mut mixed = Browser::with_identity(&site, m.addr, Some(site.alice_pem.as_slice()));
+    mixed.cookie = bobs.cookie.clone();
+    let (status, page) = mixed.get("/dashboard/").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    assert!(page.contains("presents the certificate of"), "{page}");
+    // Alice's certificate alone still works.
+    let (status, page) = alices.get("/dashboard/").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
     m.stop().await;
 }

@@ -39,8 +39,17 @@ pub fn quote(text: &str) -> String {
 fn gres(request: &GpuRequest, types: &[GpuType]) -> Result<Vec<String>, ScriptError> {
     let n = request.count;
     let pinned = request.min_capability.is_some() || request.min_memory.is_some();
-    if !pinned || types.is_empty() {
+    if !pinned {
         return Ok(vec![format!("--gres=gpu:{n}")]);
+    }
+    if types.is_empty() {
+        // A plain --gres would run the job on whatever GPU is free: the requirement dropped.
+        return Err(ScriptError(format!(
+            "this Slurm target cannot ask for {}: the site has not told ongrid its cluster's GPU \
+             types (gpu_types in [targets.slurm]); submit without --min-capability and \
+             --min-gpu-memory, run it here with --to local, or ask the site to map its GPU types",
+            ongrid_core::job::describe_need(request)
+        )));
     }
     let fits: Vec<&GpuType> = types
         .iter()
@@ -341,10 +350,10 @@ mod tests {
         );
         let refused = gres(&request(Some("10.0"), None), &types).unwrap_err();
         assert!(refused.0.contains("a100 (8.0, 40 GiB)") || refused.0.contains("a100 (8.0"));
-        assert_eq!(
-            gres(&request(Some("7.0"), None), &[]).unwrap(),
-            ["--gres=gpu:1"]
-        );
+        // Without the site's GPU types a requirement cannot be expressed: refused, not dropped.
+        let refused = gres(&request(Some("10.0"), Some("200G")), &[]).unwrap_err();
+        assert!(refused.0.contains("gpu_types"), "{}", refused.0);
+        assert_eq!(gres(&request(None, None), &[]).unwrap(), ["--gres=gpu:1"]);
     }
 
     #[test]
