@@ -640,7 +640,7 @@ mod tests {
     fn a_config_file_others_may_read_is_refused() {
         use std::os::unix::fs::PermissionsExt;
         let f = Fixture::new();
-        let path = f.write_config("manager_url = \"https://file.example.org\"\n");
+        let path = f.write_config("manager_url = \"https://manager.invalid\"\n");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let env = f.env(&[(ENV_USER_PROXY, "/p")]);
         let err = resolve(&Overrides::default(), &env, &f.defaults()).unwrap_err();

@@ -3,11 +3,13 @@
 //! ask [`crate::domain::jobs`] for the change, store it, and say what it changed
 //! ([`Effect`]s: the scheduler's input, and a grid job's engine through the grid mirror).
 
+use chrono::{DateTime, Utc};
 use ongrid_core::job::JobId;
 
 use super::caller::CurrentUser;
 use super::{ApiError, AppState, Effect, Via};
 use crate::domain::jobs::{self, JobRecord};
+use crate::domain::Refusal;
 use crate::store::StoreError;
 
 /// Why a job was not changed, where the API and the dashboard give different advice.
@@ -56,11 +58,8 @@ pub async fn cancel(
     id: &str,
     via: Via,
 ) -> Result<JobRecord, JobActionError> {
-    let job = find(state, caller, id).await?;
-    let change = jobs::cancel_by_owner(&job, state.clock.now()).map_err(ApiError::from)?;
-    let job = store_change(state, job.id, change).await?;
+    let job = change_by_owner(state, caller, id, jobs::cancel_by_owner).await?;
     tracing::info!(job_id = %job.id, by = %caller.user.user_name, via = via.as_str(), "Job cancelled.");
-    state.committed(&job_effects(&job));
     Ok(job)
 }
 
@@ -71,10 +70,22 @@ pub async fn halt(
     id: &str,
     via: Via,
 ) -> Result<JobRecord, JobActionError> {
-    let job = find(state, caller, id).await?;
-    let change = jobs::halt_by_owner(&job, state.clock.now()).map_err(ApiError::from)?;
-    let job = store_change(state, job.id, change).await?;
+    let job = change_by_owner(state, caller, id, jobs::halt_by_owner).await?;
     tracing::info!(job_id = %job.id, by = %caller.user.user_name, via = via.as_str(), "Job halted.");
+    Ok(job)
+}
+
+/// Finds the job, asks `decide` (the domain's rule) for the change, stores it and says what it
+/// changed.
+async fn change_by_owner(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+    decide: fn(&JobRecord, DateTime<Utc>) -> Result<jobs::JobChange, Refusal>,
+) -> Result<JobRecord, JobActionError> {
+    let job = find(state, caller, id).await?;
+    let change = decide(&job, state.clock.now()).map_err(ApiError::from)?;
+    let job = store_change(state, job.id, change).await?;
     state.committed(&job_effects(&job));
     Ok(job)
 }
