@@ -404,14 +404,24 @@ fn arguments_and_environment_come_back_from_htcondor_exactly() {
         "=x=",
         "ünïcödé ✓",
         "--flag=$x and $(y)",
+        "$(DOLLAR",
+        "$(DOLLAR )",
+        "ctrl\u{1}\u{1b}[0m\u{7f}",
     ];
-    let args: Vec<String> = nasty.iter().map(|s| (*s).to_owned()).collect();
+    // Every printable ASCII character: all of them in one argument, and each alone.
+    let printable: String = (' '..='~').collect();
+    let args: Vec<String> = nasty
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain([printable.clone()])
+        .chain(printable.chars().map(String::from))
+        .collect();
     let mut argv = vec!["python".to_owned()];
     argv.extend(args.iter().cloned());
-    let env: BTreeMap<String, String> = nasty
+    let env: BTreeMap<String, String> = args
         .iter()
         .enumerate()
-        .map(|(i, v)| (format!("V{i}"), (*v).to_owned()))
+        .map(|(i, v)| (format!("V{i}"), v.clone()))
         .collect();
     let mut job = spec_job(7, "image = \"mymodel:v1\"\ncommand = [\"python\"]");
     job.spec.command = ongrid_core::job::Command::new(argv).unwrap();
@@ -451,6 +461,25 @@ fn what_a_submit_description_cannot_carry_is_refused_with_the_reason() {
             .unwrap();
     let err = render(&job, &site).unwrap_err().to_string();
     assert!(err.contains("argument 2 contains \"$$(\""), "{err}");
+    // HTCondor reads a literal $(DOLLAR), in any case, back as "$": refused, not changed.
+    for text in ["$(DOLLAR)", "cost: $(dollar)5"] {
+        job.spec.command =
+            ongrid_core::job::Command::new(vec!["echo".into(), text.into()]).unwrap();
+        let err = render(&job, &site).unwrap_err().to_string();
+        assert!(err.contains("argument 1 contains \"$(DOLLAR)\""), "{err}");
+        assert!(err.contains("--to local"), "{err}");
+    }
+    job.spec.command = ongrid_core::job::Command::new(vec!["true".into()]).unwrap();
+    job.spec.env = ongrid_core::job::JobEnv::new(BTreeMap::from([(
+        "PRICE".to_owned(),
+        "$(Dollar)".to_owned(),
+    )]))
+    .unwrap();
+    let err = render(&job, &site).unwrap_err().to_string();
+    assert!(
+        err.contains("the value of PRICE contains \"$(DOLLAR)\""),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -100,6 +100,12 @@ pub enum SubmitError {
     )]
     MatchMacro { what: String },
     #[error(
+        "{what} contains \"$(DOLLAR)\", which HTCondor turns into \"$\" wherever it appears (in \
+         any case, however it is quoted): write it another way (e.g. in a script inside the \
+         image), or submit with --to local"
+    )]
+    DollarMacro { what: String },
+    #[error(
         "the program {program:?} starts or ends with white space or ends with \\, which an \
          HTCondor submit description cannot carry: name the program plainly"
     )]
@@ -210,11 +216,18 @@ fn path_value(what: &'static str, path: &Path) -> Result<String, SubmitError> {
     value(what, text)
 }
 
-/// A value that HTCondor reads back as `text`: no line break, no `$$(`, and a `$` that would
-/// start a macro (`$(`, `$NAME(`) written `$(DOLLAR)`.
+/// A value that HTCondor reads back as `text`: no line break, no `$$(`, no `$(DOLLAR)`, and a
+/// `$` that would start a macro (`$(`, `$NAME(`) written `$(DOLLAR)`.
+///
+/// HTCondor replaces every `$(DOLLAR)` (any case) left after macro expansion by `$`, also one
+/// that expansion itself produced (`$(DOLLAR)(DOLLAR)` reads back as `$`), so the literal text
+/// has no spelling and is refused.
 pub fn value(what: &str, text: &str) -> Result<String, SubmitError> {
     if text.contains(['\n', '\r']) {
         return Err(SubmitError::LineBreak { what: what.into() });
+    }
+    if text.to_ascii_uppercase().contains("$(DOLLAR)") {
+        return Err(SubmitError::DollarMacro { what: what.into() });
     }
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
