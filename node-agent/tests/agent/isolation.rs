@@ -9,7 +9,6 @@
 //! the rules, not a missing listener.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
-use std::os::fd::AsFd;
 use std::process::Command;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use ongrid_agent::reconcile::Reconciler;
 use ongrid_core::api::{ContainerState, DesiredSession};
 use tokio::io::AsyncWriteExt;
 
+use crate::netns::TestNetns;
 use crate::{docker, exists, inspect, unique, TestNode};
 
 const GREETING: &str = "hello";
@@ -254,105 +254,6 @@ async fn a_container_cannot_reach_services_of_the_node() {
     );
 }
 
-/// A network namespace with a veth pair to the host, removed on drop.
-struct TestNetns {
-    name: String,
-}
-
-impl TestNetns {
-    /// `ongt<id>` with the given /24s: the namespace takes `.2` of each, the host `.1`.
-    fn new(networks: &[[u8; 3]]) -> Self {
-        let id = &unique()[..6];
-        let netns = Self {
-            name: format!("ongt{id}"),
-        };
-        let host_end = format!("vh{id}");
-        let ns_end = format!("vn{id}");
-        let ip = |args: &[&str]| {
-            let output = Command::new("ip")
-                .args(args)
-                .output()
-                .expect("the ip command");
-            assert!(
-                output.status.success(),
-                "ip {} failed (the tests run as root): {}",
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
-        ip(&["netns", "add", &netns.name]);
-        ip(&[
-            "link", "add", &host_end, "type", "veth", "peer", "name", &ns_end,
-        ]);
-        ip(&["link", "set", &ns_end, "netns", &netns.name]);
-        for [a, b, c] in networks {
-            ip(&[
-                "addr",
-                "add",
-                &format!("{a}.{b}.{c}.1/24"),
-                "dev",
-                &host_end,
-            ]);
-            ip(&[
-                "netns",
-                "exec",
-                &netns.name,
-                "ip",
-                "addr",
-                "add",
-                &format!("{a}.{b}.{c}.2/24"),
-                "dev",
-                &ns_end,
-            ]);
-        }
-        ip(&["link", "set", &host_end, "up"]);
-        ip(&[
-            "netns",
-            "exec",
-            &netns.name,
-            "ip",
-            "link",
-            "set",
-            &ns_end,
-            "up",
-        ]);
-        ip(&[
-            "netns",
-            "exec",
-            &netns.name,
-            "ip",
-            "link",
-            "set",
-            "lo",
-            "up",
-        ]);
-        netns
-    }
-
-    /// A greeting listener on all addresses of the namespace.
-    fn serve_greeting(&self) -> u16 {
-        let path = format!("/run/netns/{}", self.name);
-        let listener = std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).expect("the namespace file");
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .expect("entering the namespace (root)");
-            StdListener::bind("0.0.0.0:0").expect("bind in the namespace")
-        })
-        .join()
-        .expect("the thread");
-        serve_greeting(listener)
-    }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        // Deleting the namespace deletes the veth pair with it.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
 #[tokio::test]
 async fn link_local_and_denied_destinations_are_closed_and_allowed_ones_open() {
     let third = u8::try_from(u32::from_str_radix(&unique()[..2], 16).unwrap_or(7) % 250 + 2)
@@ -361,7 +262,7 @@ async fn link_local_and_denied_destinations_are_closed_and_allowed_ones_open() {
     let allowed = [198, 18, third];
     let denied = [198, 19, third];
     let netns = TestNetns::new(&[link_local, allowed, denied]);
-    let port = netns.serve_greeting();
+    let port = serve_greeting(netns.listener());
 
     // Everything open but the benchmarking range, and one /24 of it open again.
     let policy = NetworkPolicy::parse(

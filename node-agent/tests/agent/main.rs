@@ -16,6 +16,7 @@ mod isolation;
 mod jobs;
 mod lifecycle;
 mod manager;
+mod netns;
 mod nvidia_smi;
 mod storage;
 mod streams;

@@ -2,7 +2,7 @@
 //! WebSocket client over TLS (rustls, a throwaway CA from rcgen) with the gateway's token, a
 //! `StreamOpen`, then frames. Each test converges its own dev container.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::netns::TestNetns;
 use crate::{docker, eventually, unique, TestNode, IMAGE};
 
 const GATEWAY_TOKEN: &str = "gateway-token-abcdef0123";
@@ -751,17 +752,30 @@ async fn direct_tcpip_reaches_the_containers_loopback_and_nothing_else() {
         "{answer:?}"
     );
 
-    // Destinations outside the container are refused.
-    for outside in ["172.17.0.1", "10.0.0.1", "example.org"] {
-        let mut client = fixture.stream(fixture.open(forward(outside, 80))).await;
+    // Destinations outside the container are refused before anything connects. Each one is
+    // on this machine (a namespace of the test's own, listening), so a regression would
+    // connect here and be seen, never leave the machine: the address, the same address as a
+    // name (a number the resolver reads without asking DNS), and Docker's bridge.
+    let netns = TestNetns::new(&[[198, 51, 100]]);
+    let outside = netns.listener();
+    outside.set_nonblocking(true).expect("non-blocking");
+    let port = outside.local_addr().expect("bound").port();
+    let as_number = u32::from(Ipv4Addr::new(198, 51, 100, 2)).to_string();
+    for host in ["198.51.100.2", as_number.as_str(), "172.17.0.1"] {
+        let mut client = fixture.stream(fixture.open(forward(host, port))).await;
         assert_eq!(
             client.next().await,
             Some(Frame::Error(format!(
-                "only destinations inside the container (localhost) can be forwarded, not {outside}"
+                "only destinations inside the container (localhost) can be forwarded, not {host}"
             )))
         );
         assert_eq!(client.next().await, None);
     }
+    assert_eq!(
+        outside.accept().map(|(_, peer)| peer).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "a refused destination was connected to"
+    );
 }
 
 #[tokio::test]
