@@ -30,6 +30,7 @@ use crate::app::views::deadlines_view;
 use crate::auth::Admins;
 use crate::domain::policy::Admission;
 use crate::domain::sessions::SessionRecord;
+use crate::domain::users::{self, Removed};
 use crate::domain::utc;
 use crate::keys::fingerprint_of;
 use crate::store::{KeyRecord, SessionFilter, StoreError};
@@ -132,7 +133,12 @@ pub async fn check_keys(
             continue;
         }
         let record = state.store.key(&key.fingerprint).await?;
-        if let Some(revocation) = revocation(key, record.as_ref(), now) {
+        let owner = match &record {
+            Some(record) if record.owner == key.owner => None,
+            _ => state.store.existing_user(&key.owner).await?,
+        };
+        let removed = owner.as_ref().and_then(|user| user.removed.as_ref());
+        if let Some(revocation) = revocation(key, record.as_ref(), removed, now) {
             tracing::info!(fingerprint = ?revocation.key.fingerprint, owner = %revocation.key.owner,
                 why = ?revocation.why, "SSH key of open connections no longer valid: the gateway closes them.");
             revoked.push(revocation);
@@ -143,9 +149,12 @@ pub async fn check_keys(
 
 /// Whether `key`, held by an open connection, still lets its owner in, as `record` (the key's
 /// registration now, if any) says at `now`; the revocation with the user's message if not.
+/// `removed`: the owner's removal by an admin, which took the key with it (adding a key again
+/// would not help them, so the message says what would).
 pub fn revocation(
     key: HeldKey,
     record: Option<&KeyRecord>,
+    removed: Option<&Removed>,
     now: DateTime<Utc>,
 ) -> Option<RevokedKey> {
     match record {
@@ -166,11 +175,15 @@ pub fn revocation(
             })
         }
         _ => {
-            let message = format!(
-                "your SSH key {} was removed at {}: run `devctl key add` to register a key again",
-                key.fingerprint,
-                utc(now)
-            );
+            let message = match removed {
+                Some(removed) => users::removal_message(&key.owner, removed),
+                None => format!(
+                    "your SSH key {} was removed at {}: run `devctl key add` to register a key \
+                     again",
+                    key.fingerprint,
+                    utc(now)
+                ),
+            };
             Some(RevokedKey {
                 key,
                 why: Revocation::Removed,

@@ -41,13 +41,18 @@ pub struct Removed {
 pub fn admission(dn: &Dn, removed: Option<&Removed>) -> Result<(), Refusal> {
     match removed {
         None => Ok(()),
-        Some(removed) => Err(Refusal::Forbidden(format!(
-            "an admin ({}) removed your account {dn} on {}: its keys, sessions and images are \
-             gone; to be re-admitted, ask a site admin to run `devctl admin user restore '{dn}'`",
-            removed.by,
-            utc(removed.at)
-        ))),
+        Some(removed) => Err(Refusal::Forbidden(removal_message(dn, removed))),
     }
+}
+
+/// What `dn`, removed by an admin, is told (a refused request, a closed connection).
+pub fn removal_message(dn: &Dn, removed: &Removed) -> String {
+    format!(
+        "an admin ({}) removed your account {dn} on {}: its keys, sessions and images are \
+         gone; to be re-admitted, ask a site admin to run `devctl admin user restore '{dn}'`",
+        removed.by,
+        utc(removed.at)
+    )
 }
 
 /// Checks that `caller` (an admin) may remove `target` (`removed`: whether they are already)

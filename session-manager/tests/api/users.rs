@@ -218,6 +218,15 @@ async fn a_removed_user_leaves_no_key_session_job_or_image_and_may_be_restored()
         .await;
     assert_eq!(revoked.revoked.len(), 1);
     assert_eq!(revoked.revoked[0].why, Revocation::Removed);
+    // Her connections are told why, and what would help: not `devctl key add`, which the
+    // removal refuses, but the admins' restore.
+    let told = &revoked.revoked[0].message;
+    assert!(
+        told.contains(&format!("an admin ({ADMIN}) removed your account {ALICE}")),
+        "{told}"
+    );
+    assert!(told.contains("devctl admin user restore"), "{told}");
+    assert!(!told.contains("devctl key add"), "{told}");
     let owner = format!("?owner={}", urlencode(ALICE));
     let ended: SessionView = m
         .admin
