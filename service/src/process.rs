@@ -101,11 +101,14 @@ impl<'a, C> Binary<'a, C> {
 }
 
 /// Logs to stderr, filtered by `ONGRID_LOG` (default `info`); a no-op when the process has set
-/// up logging already.
+/// up logging already. Colours only on a terminal: a log file or the journal gets plain text,
+/// in which a control character can only come from a bug (peer-controlled fields are escaped).
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     // An error only says that a subscriber is set already.
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("info")),
         )

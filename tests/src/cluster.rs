@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, KeyUsagePurpose, SanType};
 use serde_json::Value;
 
-use crate::{binary, grid_dn, remove_docker_objects, terminate, Process, SimGpu, Site};
+use crate::{
+    binary, grid_dn, remove_docker_objects, remove_firewall_chains, terminate, Process, SimGpu,
+    Site,
+};
 
 /// The port of every agent's stream endpoint: each has its own namespace, so they never clash.
 pub const STREAM_PORT: u16 = 8444;
@@ -463,45 +466,4 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Removes the agent's chains `ONGRID-IN-<tag>` and `ONGRID-FWD-<tag>` and their jumps from the
-/// host's iptables (the agent leaves them in place when it stops, as it should on a node).
-fn remove_firewall_chains(node: &str) {
-    let tag = node_tag(node);
-    let iptables = |args: &[&str]| {
-        Command::new("iptables")
-            .arg("-w")
-            .args(args)
-            .stderr(Stdio::null())
-            .output()
-    };
-    for (parent, chain) in [
-        ("INPUT", format!("ONGRID-IN-{tag}")),
-        ("DOCKER-USER", format!("ONGRID-FWD-{tag}")),
-    ] {
-        let Ok(listing) = iptables(&["-S", parent]) else {
-            continue;
-        };
-        for rule in String::from_utf8_lossy(&listing.stdout).lines() {
-            if let Some(spec) = rule.strip_prefix(&format!("-A {parent} ")) {
-                if spec.ends_with(&format!("-j {chain}")) {
-                    let mut args = vec!["-D", parent];
-                    args.extend(spec.split_whitespace());
-                    let _ = iptables(&args);
-                }
-            }
-        }
-        let _ = iptables(&["-F", &chain]);
-        let _ = iptables(&["-X", &chain]);
-    }
-}
-
-/// The agent's four hex digits for a node (`ongrid_agent::network::node_tag`: FNV-1a of the
-/// name, low 16 bits), which name its chains.
-fn node_tag(node: &str) -> String {
-    let hash = node.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    });
-    format!("{:04x}", hash & 0xffff)
 }

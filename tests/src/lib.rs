@@ -14,6 +14,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use ongrid_agent::network::iptables::Iptables;
+use ongrid_agent::network::NetworkPolicy;
+use ongrid_core::NodeName;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, SanType,
@@ -1137,6 +1140,64 @@ impl Drop for Site {
         drop(self.agent.take());
         drop(self.manager.take());
         remove_docker_objects(&self.node, &self.suffix);
+        remove_firewall_chains(&self.node);
+        // Every binary escapes what a peer controls (a login, a forwarded host, a DN): a raw
+        // control character in a log would let a client forge log lines.
+        if !std::thread::panicking() {
+            let forged = control_characters_in_logs(self.dir.path());
+            assert!(
+                forged.is_empty(),
+                "raw control characters in the logs of this test's processes:\n{}",
+                forged.join("\n")
+            );
+        }
+    }
+}
+
+/// The lines of the `*.log` files in `dir` that hold a control character other than a tab, as
+/// `file:line: text` with the characters shown escaped.
+pub fn control_characters_in_logs(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    files.sort();
+    for file in files {
+        let Ok(bytes) = std::fs::read(&file) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        for (n, line) in text.split('\n').enumerate() {
+            if line.chars().any(|c| c.is_control() && c != '\t') {
+                found.push(format!(
+                    "{}:{}: {}",
+                    file.display(),
+                    n + 1,
+                    line.escape_debug()
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// Removes the iptables chains and jumps the agent of `node` made, with the agent's own code
+/// (`Iptables::remove`): an agent leaves them in place when it stops, so that its sessions stay
+/// isolated while it restarts, and so the test that started it takes them out.
+fn remove_firewall_chains(node: &str) {
+    let Ok(node) = NodeName::parse(node) else {
+        return;
+    };
+    // The chains' names and jumps depend on the node alone, not on the policy.
+    let policy = NetworkPolicy::parse(NetworkPolicy::DEFAULT_SUBNET_POOL, &[], &[])
+        .expect("the default subnet pool is valid");
+    if let Err(e) = Iptables::new(&node, &policy).remove() {
+        eprintln!("removing the firewall chains of node {node}: {e}");
     }
 }
 
@@ -1226,4 +1287,27 @@ pub fn docker_exec(container: &str, command: &[&str]) -> (i32, String) {
         .expect("read stdout");
     let status = child.wait().expect("wait for docker exec");
     (status.code().unwrap_or(-1), stdout)
+}
+
+#[cfg(test)]
+mod log_scan_tests {
+    use super::control_characters_in_logs;
+
+    #[test]
+    fn a_forged_line_in_a_log_is_found_and_shown_escaped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("gateway.log"),
+            "INFO login=\"a\\u{1b}[2J\"\tescaped\nINFO login=bob\u{1b}[2J\rINFO key accepted\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "\u{7}").unwrap();
+        let found = control_characters_in_logs(dir.path());
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].ends_with("gateway.log:2: INFO login=bob\\u{1b}[2J\\rINFO key accepted"),
+            "{found:?}"
+        );
+        assert!(control_characters_in_logs(&dir.path().join("none")).is_empty());
+    }
 }

@@ -431,3 +431,76 @@ fn allowlist_and_keys_gate_every_connection_and_audit_records_them() {
     );
     site.stop_gateway();
 }
+
+/// A client that accepts the gateway's host key (the site made it just now).
+struct TrustingClient;
+
+impl russh::client::Handler for TrustingClient {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        _key: &russh::keys::PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+}
+
+/// What a client controls (its login, a forwarded host) reaches the gateway's log escaped, as
+/// one field of one line: a newline, a carriage return or an escape sequence in it cannot forge
+/// a line. The site's drop then scans every log of the test for raw control characters, as it
+/// does after every end-to-end test.
+#[test]
+fn a_clients_control_characters_reach_the_logs_escaped() {
+    let (site, alice) = site_with_session();
+    ssh_eventually(&site, &alice, "train1", "true");
+    let forged = "\n2026-11-28T00:00:00Z  INFO ongrid_gateway: key accepted\r\u{1b}[2K";
+    let addr = site.gateway_addr.clone().expect("the gateway runs");
+    let key = std::sync::Arc::new(
+        russh::keys::load_secret_key(&alice.ssh_key, None).expect("load alice's SSH key"),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        let config = std::sync::Arc::new(russh::client::Config::default());
+        let signed = || russh::keys::PrivateKeyWithHashAlg::new(key.clone(), None);
+
+        // A login naming no session, with a forged line in it: refused, whatever it says.
+        let mut handle = russh::client::connect(config.clone(), addr.as_str(), TrustingClient)
+            .await
+            .expect("connect");
+        let _ = handle
+            .authenticate_publickey(format!("train1{forged}"), signed())
+            .await;
+        drop(handle);
+
+        // A forwarded host with a forged line in it: refused.
+        let mut handle = russh::client::connect(config, addr.as_str(), TrustingClient)
+            .await
+            .expect("connect");
+        let auth = handle
+            .authenticate_publickey("train1", signed())
+            .await
+            .expect("authenticate");
+        assert!(auth.success(), "{auth:?}\n{}", site.logs());
+        let forward = handle
+            .channel_open_direct_tcpip(format!("db{forged}"), 5432, "127.0.0.1", 40000)
+            .await;
+        assert!(
+            forward.is_err(),
+            "a forwarded host holding a line break was opened"
+        );
+    });
+
+    // Both were logged, escaped.
+    let escaped = forged.escape_debug().to_string();
+    let log = std::fs::read_to_string(site.dir.path().join("gateway.log")).expect("gateway.log");
+    for what in [format!("train1{escaped}"), format!("db{escaped}")] {
+        assert!(
+            log.contains(&what),
+            "{what} is not in the gateway's log:\n{log}"
+        );
+    }
+}
