@@ -85,9 +85,7 @@ impl Follower {
         let mut done = self.done.clone();
         // An error: the task ended without finishing (its sender is gone).
         let finished = async { done.wait_for(|done| *done).await.is_ok() };
-        tokio::time::timeout(limit, finished)
-            .await
-            .unwrap_or(false)
+        tokio::time::timeout(limit, finished).await.unwrap_or(false)
     }
 
     /// The task ended, done or not.
