@@ -1445,6 +1445,10 @@ pub struct JobView {
     /// target.
     #[serde(default)]
     pub grid: Option<GridJobView>,
+    /// The manager has all of its output: its node (or grid engine) said nothing follows. False
+    /// while it runs, and for an ended job whose output did not all come.
+    #[serde(default)]
+    pub output_complete: bool,
 }
 
 /// A job handed to a grid target, as `devctl job show` shows it.

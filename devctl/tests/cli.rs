@@ -1686,6 +1686,7 @@ fn job_view(state: ongrid_core::job::JobState) -> ongrid_core::job::JobView {
         waiting: None,
         transitions: lifecycle.history().to_vec(),
         grid: None,
+        output_complete: false,
     }
 }
 
@@ -1800,7 +1801,8 @@ async fn job_commands_send_their_routes_and_bodies() {
             stdout: "epoch 1\nepoch 2\n",
         },
         Case {
-            // Without -f: what is stored now, asked for until an answer brings nothing more.
+            // Without -f: what is stored now, asked for until an answer brings nothing more;
+            // the job still runs, so that is all there is.
             args: &["job", "logs", JOB_ID],
             answers: vec![
                 Answer::ok(&LogChunk {
@@ -1813,16 +1815,75 @@ async fn job_commands_send_their_routes_and_bodies() {
                     data: Vec::new(),
                     complete: false,
                 }),
+                Answer::ok(&job_view(JobState::Running)),
             ],
             sent: vec![
                 Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=0")),
                 Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=8")),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}")),
             ],
             stdout: "epoch 1\n",
         },
     ];
     for case in cases {
         check(case).await;
+    }
+}
+
+/// `job logs` without -f on a job that has ended but whose output is not all in waits for the
+/// rest on the manager's long-poll, saying so on stderr, and says when the rest never came.
+#[tokio::test]
+async fn job_logs_waits_for_the_rest_of_an_ended_jobs_output() {
+    use ongrid_core::job::{JobState, LogChunk};
+    let chunk = |offset: u64, data: &[u8], complete: bool| {
+        Answer::ok(&LogChunk {
+            offset,
+            data: data.to_vec(),
+            complete,
+        })
+    };
+    for node_sent_all in [true, false] {
+        let ended = job_view(JobState::Finished);
+        let mut after = ended.clone();
+        after.output_complete = node_sent_all;
+        let answers = vec![
+            chunk(0, b"epoch 1\n", false),
+            chunk(8, b"", false),
+            Answer::ok(&ended),
+            chunk(8, b"done\n", true),
+            Answer::ok(&after),
+        ];
+        let ca = Ca::new("Site CA");
+        let manager = FakeManager::start(&ca, &ca, answers).await;
+        let files = UserFiles::new(&ca, &ca);
+        let run = devctl(
+            files.home.path(),
+            &files.env(&manager.url),
+            &["job", "logs", JOB_ID],
+        )
+        .await;
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        assert_eq!(
+            manager.sent(),
+            [
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=0")),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}/logs?offset=8")),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}")),
+                Sent::new(
+                    "GET",
+                    &format!("/v1/jobs/{JOB_ID}/logs?offset=8&wait=true&timeout=20"),
+                ),
+                Sent::new("GET", &format!("/v1/jobs/{JOB_ID}")),
+            ]
+        );
+        assert_eq!(stdout(&run), "epoch 1\ndone\n");
+        let notes = stderr(&run);
+        assert!(notes.contains("has ended; waiting for the rest"), "{notes}");
+        assert_eq!(
+            notes.contains("never came from its node"),
+            !node_sent_all,
+            "{notes}"
+        );
     }
 }
 
@@ -1851,14 +1912,20 @@ async fn job_logs_prints_all_of_an_output_over_one_answer() {
     };
     let end = output.len();
     for (answers, sent) in [
-        // Running: the stored output in two answers, then nothing more (yet).
+        // Running: the stored output in two answers, then nothing more (yet), and the job
+        // still runs.
         (
             vec![
                 chunk(0, MIB, false),
                 chunk(MIB, end, false),
                 chunk(end, end, false),
+                Answer::ok(&job_view(ongrid_core::job::JobState::Running)),
             ],
-            asked(&[0, MIB, end]),
+            [
+                asked(&[0, MIB, end]),
+                vec![Sent::new("GET", &format!("/v1/jobs/{JOB_ID}"))],
+            ]
+            .concat(),
         ),
         // Ended: the second answer says it is complete.
         (

@@ -17,7 +17,8 @@
 //! runs the sync loop ([`Agent::run`]) until shutdown. Between syncs the agent keeps a long-poll
 //! open on the manager (`watch_desired`), so a change of its desired state is applied at once;
 //! after starting, stopping or removing containers, and when one stops by itself, it syncs again
-//! at once, so the manager hears of it without waiting for the interval. The periodic sync stays:
+//! at once, so the manager hears of it without waiting for the interval; new output of a batch
+//! job is reported within [`OUTPUT_PUSH_GAP`] of the sync before. The periodic sync stays:
 //! it is level-triggered, so nothing is lost when the long-poll breaks. Stopping the agent leaves every container
 //! as it is: they belong to sessions, and the next agent adopts them. Open streams end.
 
@@ -74,6 +75,11 @@ const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(300);
 
 /// How long each long-poll asks the manager to wait for a change of the desired state.
 const DESIRED_WAIT: Duration = Duration::from_secs(25);
+
+/// New job output is reported at most this long after the sync before it (not on the periodic
+/// sync): soon for `devctl job logs -f`, and at most one sync a second for a job that prints
+/// all the time (the shortest interval a manager may ask for anyway).
+pub const OUTPUT_PUSH_GAP: Duration = MIN_SYNC_INTERVAL;
 
 /// How many syncs in a row may follow the previous one at once (each because it changed
 /// containers), so a change that repeats itself cannot keep the agent syncing.
@@ -271,6 +277,7 @@ impl Agent {
         let (pushed_sender, mut pushed) = watch::channel(None);
         let mut watcher = None;
         let (exit_sender, mut exits) = watch::channel(0u64);
+        let mut output = state.jobs.output_written();
         let exit_watcher = tokio::spawn(watch_exits(
             self.runtime.clone(),
             self.node.clone(),
@@ -280,6 +287,9 @@ impl Agent {
         // Syncs in a row that followed the one before at once.
         let mut follow_ups = 0;
         'syncs: while !shutdown.is_cancelled() {
+            // Output written from here on is in this sync's report, or calls for the next.
+            output.mark_unchanged();
+            let sync_started = tokio::time::Instant::now();
             let delay = self.sync_once(&mut reconciler, &mut state, &shutdown).await;
             if watcher.is_none() && state.registered.is_some() {
                 watcher = Some(tokio::spawn(watch_desired(
@@ -298,7 +308,7 @@ impl Agent {
                 follow_ups = 0;
                 delay
             };
-            let next_sync = tokio::time::Instant::now() + delay;
+            let mut next_sync = tokio::time::Instant::now() + delay;
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => break 'syncs,
@@ -306,6 +316,14 @@ impl Agent {
                     // A container stopped: report it now. The watcher ends only with
                     // `shutdown`, so `changed` cannot fail before.
                     Ok(()) = exits.changed() => break,
+                    // A job wrote output (or all of it is in): report it soon, unless the
+                    // manager or Docker is out (then the backoff decides). `state` owns the
+                    // sender: `changed` cannot fail before the loop ends.
+                    Ok(()) = output.changed() => {
+                        if !state.manager_outage.ongoing() && !state.docker_outage.ongoing() {
+                            next_sync = next_sync.min(sync_started + OUTPUT_PUSH_GAP);
+                        }
+                    }
                     // The sender lives as long as this loop: `changed` cannot fail.
                     Ok(()) = pushed.changed() => {
                         let Some(versioned) = pushed.borrow_and_update().clone() else {
@@ -645,6 +663,11 @@ impl Outage {
     pub fn failed(&mut self) -> bool {
         self.failures = self.failures.saturating_add(1);
         self.failures == 1
+    }
+
+    /// Whether the last attempt failed.
+    pub fn ongoing(&self) -> bool {
+        self.failures > 0
     }
 
     /// Records a success; the number of failures of the outage it ends (0 when there was none).

@@ -3,9 +3,10 @@
 //! [`JOB_LOG_CAP`] bytes. Past the cap, one line says the rest was dropped.
 //!
 //! The store keeps how many bytes of the job's output stream the manager has consumed (the
-//! offset the agent continues from); this file keeps the bytes. A chunk that does not start at
-//! that offset (a report repeated after a restart) is ignored: the agent sends it again from the
-//! offset in its next desired state.
+//! offset the agent continues from); this file keeps the bytes. A chunk that starts before that
+//! offset (a report repeated after a restart, or made from an older desired state) adds only
+//! what follows it; one that starts after it, or ends before it, is ignored: the agent sends it
+//! again from the offset in its next desired state.
 
 use std::io;
 use std::path::PathBuf;
@@ -31,17 +32,21 @@ impl JobLogs {
         self.dir.join(format!("{id}.log"))
     }
 
-    /// Appends `chunk` to the job's file when it starts at `consumed` (what the manager has of
-    /// the stream); returns the new stream offset, or `None` when the chunk was ignored.
+    /// Appends what `chunk` has past `consumed` (what the manager has of the stream) to the
+    /// job's file when it reaches `consumed`; returns the new stream offset, or `None` when the
+    /// chunk was ignored (it starts past `consumed`, or ends before it).
     pub async fn append(
         &self,
         id: JobId,
         consumed: u64,
         chunk: &LogChunk,
     ) -> io::Result<Option<u64>> {
-        if chunk.offset != consumed {
+        let end = chunk.offset.saturating_add(chunk.data.len() as u64);
+        if chunk.offset > consumed || end < consumed {
             return Ok(None);
         }
+        let skip = usize::try_from(consumed - chunk.offset).unwrap_or(usize::MAX);
+        let data = chunk.data.get(skip..).unwrap_or_default();
         tokio::fs::create_dir_all(&self.dir).await?;
         let mut file = tokio::fs::OpenOptions::new()
             .create(true)
@@ -50,7 +55,6 @@ impl JobLogs {
             .await?;
         let kept = file.metadata().await?.len();
         let room = JOB_LOG_CAP.saturating_sub(TRUNCATED.len() as u64);
-        let data = &chunk.data;
         if kept + data.len() as u64 <= room {
             file.write_all(data).await?;
         } else if kept <= room {
@@ -61,7 +65,7 @@ impl JobLogs {
             file.write_all(TRUNCATED.as_bytes()).await?;
         }
         file.flush().await?;
-        Ok(Some(consumed + data.len() as u64))
+        Ok(Some(end))
     }
 
     /// At most `max` bytes of the job's kept output from `offset`, and the kept size.
@@ -109,7 +113,18 @@ mod tests {
         );
         assert_eq!(
             logs.append(id, 6, &chunk(0, b"hello ")).await.unwrap(),
-            None
+            Some(6),
+            "a repeat adds nothing"
+        );
+        assert_eq!(
+            logs.append(id, 6, &chunk(0, b"hell")).await.unwrap(),
+            None,
+            "a chunk ending before what is kept is ignored"
+        );
+        assert_eq!(
+            logs.append(id, 6, &chunk(7, b"orld\n")).await.unwrap(),
+            None,
+            "a gap is never filled with what follows it"
         );
         assert_eq!(
             logs.append(id, 6, &chunk(6, b"world\n")).await.unwrap(),
@@ -121,6 +136,17 @@ mod tests {
         );
         assert_eq!(logs.read(id, 6, 3).await.unwrap(), (b"wor".to_vec(), 12));
         assert_eq!(logs.read(id, 12, 3).await.unwrap(), (vec![], 12));
+        // From an older offset (a stale desired state): only the new part is added.
+        assert_eq!(
+            logs.append(id, 12, &chunk(6, b"world\nagain\n"))
+                .await
+                .unwrap(),
+            Some(18)
+        );
+        assert_eq!(
+            logs.read(id, 0, 100).await.unwrap(),
+            (b"hello world\nagain\n".to_vec(), 18)
+        );
     }
 
     #[tokio::test]

@@ -6,11 +6,16 @@
 //! everything is in) with the manager doing the waiting: `?offset=N&wait=true&timeout=` answers
 //! as soon as the agent's report brings output past `N` or the output is complete, so devctl
 //! never sleeps between requests.
+//!
+//! Without `-f`, a job that has ended but whose output is not all in yet (its node has not sent
+//! the rest) is waited for the same way, so a finished job's output is never printed cut short
+//! silently: the manager answers complete once the node sent the end, or at the latest when the
+//! site's `[jobs] output_grace` passed, and then devctl says, on stderr, that the rest never came.
 
 use std::time::Duration;
 
 use clap::Args;
-use ongrid_core::job::{JobId, LogChunk, JOB_LOG_CAP};
+use ongrid_core::job::{JobId, JobView, LogChunk, JOB_LOG_CAP};
 
 use crate::client::Client;
 use crate::terminal::Terminal;
@@ -40,6 +45,8 @@ pub async fn run(
     let mut offset = 0u64;
     // The first request answers at once, also without `-f`.
     let mut wait = false;
+    // Without `-f`: the job had ended when its stored output was read, but not all of it was in.
+    let mut waiting_for_end = false;
     loop {
         let route = format!("v1/jobs/{}/logs", args.id);
         let request = client.get(&route).query(&[("offset", offset)]);
@@ -72,16 +79,42 @@ pub async fn run(
             ));
         }
         if chunk.complete {
+            if waiting_for_end {
+                let view = show(client, args.id).await?;
+                if !view.output_complete {
+                    term.note(&format!(
+                        "the rest of job {}'s output never came from its node {} within the \
+                         site's output grace: what is printed may miss its end; ask the admin \
+                         to look at the node's agent log",
+                        args.id,
+                        view.node.map_or_else(|| "?".to_owned(), |n| n.to_string()),
+                    ));
+                }
+            }
             return Ok(());
         }
-        if !args.follow {
+        if !args.follow && !wait {
             // Without `-f`: everything stored now, in as many answers as it takes.
-            if chunk.data.is_empty() {
+            if !chunk.data.is_empty() {
+                continue;
+            }
+            if !show(client, args.id).await?.state.is_final() {
                 return Ok(());
             }
-            continue;
+            // It ended and its output is not all in: wait for the rest (the manager bounds the
+            // wait by the site's output grace).
+            term.note(&format!(
+                "job {} has ended; waiting for the rest of its output from its node",
+                args.id
+            ));
+            waiting_for_end = true;
         }
         // From now on the manager answers when there is more (at once when there is already).
         wait = true;
     }
+}
+
+/// `GET /v1/jobs/{id}`.
+async fn show(client: &Client, id: JobId) -> anyhow::Result<JobView> {
+    Ok(client.get(&format!("v1/jobs/{id}")).send().await?)
 }

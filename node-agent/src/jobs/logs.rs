@@ -7,15 +7,20 @@
 //! exists) rewrites the file from the container's first byte: Docker keeps a container's output
 //! until the container is removed, and gives it in the same order each time. [`chunk`] reads
 //! what follows the manager's offset, at most [`JOB_LOG_CHUNK_MAX`] bytes.
+//!
+//! Every piece written (flushed, so a reader of the file sees it) and the end bump the
+//! [`OutputSignal`] the follower was given: the sync loop reports new output soon after it
+//! comes instead of on its periodic sync.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use ongrid_core::job::{LogChunk, JOB_LOG_CAP, JOB_LOG_CHUNK_MAX};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
 use tracing::warn;
 
 use crate::runtime::{error_chain, ContainerRuntime};
@@ -28,23 +33,40 @@ pub fn truncation_line() -> String {
     )
 }
 
+/// Counts the pieces of output the followers wrote (and their ends); the sync loop watches it
+/// (`Jobs::output_written`) to report new output soon.
+pub type OutputSignal = Arc<watch::Sender<u64>>;
+
+/// Says that output was written (or a follower ended): something new to report.
+pub fn bump(signal: &OutputSignal) {
+    signal.send_modify(|count| *count = count.wrapping_add(1));
+}
+
 /// The task that copies one container's output into its log file.
 #[derive(Debug)]
 pub struct Follower {
-    done: Arc<AtomicBool>,
+    done: watch::Receiver<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Follower {
-    /// Starts copying the output of container `container_id` into `path` (from its start).
-    pub fn spawn(runtime: &dyn ContainerRuntime, container_id: &str, path: PathBuf) -> Self {
-        let done = Arc::new(AtomicBool::new(false));
+    /// Starts copying the output of container `container_id` into `path` (from its start),
+    /// bumping `signal` at every piece and at the end.
+    pub fn spawn(
+        runtime: &dyn ContainerRuntime,
+        container_id: &str,
+        path: PathBuf,
+        signal: OutputSignal,
+    ) -> Self {
+        let (finished, done) = watch::channel(false);
         let output = runtime.follow_logs(container_id);
-        let finished = done.clone();
         let container = container_id.to_owned();
         let task = tokio::spawn(async move {
-            match copy_capped(output, &path).await {
-                Ok(()) => finished.store(true, Ordering::Release),
+            match copy_capped(output, &path, &signal).await {
+                Ok(()) => {
+                    finished.send_replace(true);
+                    bump(&signal);
+                }
                 Err(error) => {
                     warn!(%container, log = %path.display(), %error, "Copying a job's output failed; trying again on the next sync.");
                 }
@@ -55,7 +77,15 @@ impl Follower {
 
     /// All the output is in the file: the container stopped and Docker sent everything.
     pub fn done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
+        *self.done.borrow()
+    }
+
+    /// Waits until [`Follower::done`], at most `limit`; whether it is.
+    pub async fn wait_done(&self, limit: Duration) -> bool {
+        let mut done = self.done.clone();
+        // An error: the task ended without finishing (its sender is gone).
+        let finished = async { done.wait_for(|done| *done).await.is_ok() };
+        tokio::time::timeout(limit, finished).await.unwrap_or(false)
     }
 
     /// The task ended, done or not.
@@ -78,6 +108,7 @@ impl Drop for Follower {
 async fn copy_capped(
     mut output: futures::stream::BoxStream<'static, Result<Vec<u8>, crate::runtime::RuntimeError>>,
     path: &Path,
+    signal: &OutputSignal,
 ) -> Result<(), String> {
     let mut file = tokio::fs::File::create(path)
         .await
@@ -101,6 +132,11 @@ async fn copy_capped(
                 .await
                 .map_err(|e| format!("writing {}: {e}", path.display()))?;
         }
+        // In the file (tokio's writes finish in the background until flushed), then said.
+        file.flush()
+            .await
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        bump(signal);
     }
     file.flush()
         .await
@@ -141,7 +177,14 @@ mod tests {
         let mib = vec![b'x'; 1024 * 1024];
         let count = JOB_LOG_CAP / (1024 * 1024) + 3;
         let output = futures::stream::iter((0..count).map(move |_| Ok(mib.clone()))).boxed();
-        copy_capped(output, &path).await.unwrap();
+        let signal: OutputSignal = Arc::new(watch::channel(0).0);
+        let seen = signal.subscribe();
+        copy_capped(output, &path, &signal).await.unwrap();
+        assert_eq!(
+            *seen.borrow(),
+            JOB_LOG_CAP / (1024 * 1024) + 1,
+            "every piece written is signalled, up to the one that is cut"
+        );
         let text = std::fs::read(&path).unwrap();
         let line = truncation_line();
         assert_eq!(text.len() as u64, JOB_LOG_CAP + line.len() as u64);

@@ -14,9 +14,19 @@
 //!   never created again, and one that ran is never started again.
 //! - Halt: `HALT_SIGNAL` once, then `SIGKILL` when the job still runs [`JobsConfig::halt_grace`]
 //!   (`HALT_GRACE` unless configured) after the manager's `since`. Kill: `SIGKILL` at once.
-//! - Output: [`logs`] copies it into `<job id>.log`, capped, so it outlives the container.
+//! - Output: [`logs`] copies it into `<job id>.log`, capped, so it outlives the container,
+//!   from the moment the container starts; every piece written bumps [`Jobs::output_written`],
+//!   on which the sync loop reports it within a second instead of on its periodic sync.
+//! - Exit: a job's exit is reported in the same report as the last of its output (the chunk
+//!   that says it is complete), so the manager never shows a job ended before its output is in.
+//!   A report waits up to [`EXIT_OUTPUT_WAIT`] for the output of a job that just exited; while
+//!   some is still to come (Docker has not sent it all, or more than one chunk is left) the job
+//!   is reported as still running (or halting). Only when its output cannot be read
+//!   [`EXIT_OUTPUT_LIMIT`] after the exit is the exit reported without it (logged).
 //! - When the manager stops listing a job, its container and network are removed, and its log
-//!   and record files too (the manager stops listing a job once it has its complete output).
+//!   and record files too. The manager stops listing a job once it has its complete output, or
+//!   once its `[jobs] output_grace` passed after the end: output the manager never got is then
+//!   dropped with a warning that says how much.
 //!
 //! What the agent must remember across its own restarts sits in a small record per job
 //! (`<job id>.json`: created, when it was signalled, whether it was killed, whether its output
@@ -36,6 +46,7 @@ use ongrid_core::api::visible_devices;
 use ongrid_core::job::{DesiredJob, JobId, JobRun, ObservedJob, ObservedJobStatus, HALT_SIGNAL};
 use ongrid_core::{NodeName, SessionId};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
@@ -47,6 +58,15 @@ use crate::runtime::{
 };
 
 use self::image::{BuildPlace, BuildState, Builds};
+use self::logs::OutputSignal;
+
+/// How long a report waits for the rest of the output of a job whose container exited (Docker
+/// sends the last of it a moment after the exit), so the exit and the output go in one report.
+pub const EXIT_OUTPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long after its exit a job whose output cannot all be read is still reported as running;
+/// past it the exit is reported without the rest (the manager's `output_grace` then applies).
+pub const EXIT_OUTPUT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Where jobs find their images and keep their files (`[images]` of the agent's config).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +112,13 @@ pub struct Jobs {
     problems: HashMap<JobId, String>,
     builds: Builds,
     followers: HashMap<JobId, logs::Follower>,
+    /// Bumped by the followers at every piece of output and at their end.
+    output: OutputSignal,
+    /// Jobs whose exit was reported without all their output (logged once).
+    output_overdue: HashSet<JobId>,
+    /// How far each job's output went in the last report (the manager's offset and the
+    /// chunk sent), to say what is dropped when the manager stops listing it too early.
+    reported: HashMap<JobId, u64>,
     tasks: TaskTracker,
 }
 
@@ -115,8 +142,16 @@ impl Jobs {
             problems: HashMap::new(),
             builds: Builds::default(),
             followers: HashMap::new(),
+            output: Arc::new(watch::channel(0).0),
+            output_overdue: HashSet::new(),
+            reported: HashMap::new(),
             tasks: TaskTracker::new(),
         }
+    }
+
+    /// Changes whenever a job's output grew or all of it is in: the sync loop reports then.
+    pub fn output_written(&self) -> watch::Receiver<u64> {
+        self.output.subscribe()
     }
 
     /// Replaces the clock (tests).
@@ -187,6 +222,17 @@ impl Jobs {
     /// One pass towards `desired`. Nothing is touched when Docker cannot list the containers.
     pub async fn apply(&mut self, desired: &[DesiredJob]) {
         self.desired = desired.to_vec();
+        let wanted: HashSet<JobId> = desired.iter().map(|j| j.job_id).collect();
+        let dropped: Vec<(JobId, u64)> = self
+            .reported
+            .iter()
+            .filter(|(id, _)| !wanted.contains(id))
+            .map(|(id, end)| (*id, *end))
+            .collect();
+        for (id, delivered) in dropped {
+            self.reported.remove(&id);
+            self.warn_undelivered(id, delivered);
+        }
         let containers = match self.runtime.list_jobs().await {
             Ok(containers) => containers,
             Err(e) => {
@@ -202,7 +248,6 @@ impl Jobs {
                 None => self.prepare(job).await,
             }
         }
-        let wanted: HashSet<JobId> = desired.iter().map(|j| j.job_id).collect();
         let mut present: HashSet<JobId> = by_job.keys().copied().collect();
         for container in &containers {
             if !wanted.contains(&container.job_id) && self.remove(container).await {
@@ -220,8 +265,8 @@ impl Jobs {
     async fn drive(&mut self, job: &DesiredJob, container: &JobContainerStatus) {
         let id = job.job_id;
         let mut record = self.record(id);
-        if !record.log_complete {
-            self.follow(id, container);
+        if !record.log_complete && container.state != JobContainerState::Created {
+            self.follow(id, &container.id);
         }
         let now = (self.clock)();
         match (job.run, container.state) {
@@ -262,15 +307,34 @@ impl Jobs {
                 }
                 self.kill(id, &container.id, record).await;
             }
-            (_, JobContainerState::Exited { .. }) => {
-                let done = self.followers.get(&id).is_some_and(logs::Follower::done);
-                if done && !record.log_complete {
-                    record.log_complete = true;
-                    let _ = self.save(id, record);
-                    self.followers.remove(&id);
-                }
-            }
+            (_, JobContainerState::Exited { .. }) => self.note_output_complete(id),
             _ => {}
+        }
+    }
+
+    /// Records that the exited job's output is all in the log file once its follower is done.
+    fn note_output_complete(&mut self, id: JobId) {
+        let mut record = self.record(id);
+        let done = self.followers.get(&id).is_some_and(logs::Follower::done);
+        if done && !record.log_complete {
+            record.log_complete = true;
+            let _ = self.save(id, record);
+            self.followers.remove(&id);
+        }
+    }
+
+    /// Logs how much of a job's output the manager never got, when it stops listing the job
+    /// before the agent sent it all (its `output_grace` passed); the files go with the job.
+    fn warn_undelivered(&self, id: JobId, delivered: u64) {
+        let Some(path) = self.log_path(id) else {
+            return;
+        };
+        let Ok(kept) = std::fs::metadata(&path).map(|m| m.len()) else {
+            return;
+        };
+        if kept > delivered {
+            warn!(job = %id, delivered, undelivered = kept - delivered,
+                  "The manager stopped listing a job before it had all its output (its [jobs] output_grace passed); the rest is dropped with the job.");
         }
     }
 
@@ -296,6 +360,8 @@ impl Jobs {
             Ok(()) => {
                 info!(job = %id, "Job started.");
                 self.problems.remove(&id);
+                // Its output is copied from the start, so none waits for the next pass.
+                self.follow(id, container_id);
             }
             Err(e) => {
                 let problem = error_chain(&e);
@@ -305,11 +371,8 @@ impl Jobs {
         }
     }
 
-    /// Keeps a follower copying the container's output into the log file.
-    fn follow(&mut self, id: JobId, container: &JobContainerStatus) {
-        if container.state == JobContainerState::Created {
-            return;
-        }
+    /// Keeps a follower copying the output of the job's container (started) into the log file.
+    fn follow(&mut self, id: JobId, container_id: &str) {
         if self.followers.get(&id).is_some_and(|f| !f.failed()) {
             return;
         }
@@ -322,7 +385,8 @@ impl Jobs {
                 return;
             }
         }
-        let follower = logs::Follower::spawn(&*self.runtime, &container.id, path);
+        let follower =
+            logs::Follower::spawn(&*self.runtime, container_id, path, self.output.clone());
         self.followers.insert(id, follower);
     }
 
@@ -480,13 +544,15 @@ impl Jobs {
         }
     }
 
-    /// Where each desired job stands, with its output after the manager's offset.
+    /// Where each desired job stands, with its output after the manager's offset. A job that
+    /// exited is reported so only with the last of its output (see the module docs).
     pub async fn report(&mut self) -> Vec<ObservedJob> {
         let containers = match self.runtime.list_jobs().await {
             Ok(containers) => containers,
             Err(_) => return Vec::new(), // The sync loop stops on a Docker outage anyway.
         };
         let desired = self.desired.clone();
+        self.finish_output(&desired, &containers).await;
         let mut report = Vec::with_capacity(desired.len());
         for job in &desired {
             let container = containers.iter().find(|c| c.job_id == job.job_id);
@@ -501,6 +567,16 @@ impl Jobs {
                 (ObservedJobStatus::Preparing { .. }, _) | (_, None) => None,
                 (_, Some(path)) => logs::chunk(&path, job.log_offset, ended),
             };
+            if log
+                .as_ref()
+                .is_some_and(|l| l.data.len() >= ongrid_core::job::JOB_LOG_CHUNK_MAX)
+            {
+                // More than one chunk: the rest goes in the next report, soon.
+                logs::bump(&self.output);
+            }
+            let sent = log.as_ref().map_or(0, |l| l.data.len() as u64);
+            self.reported.insert(job.job_id, job.log_offset + sent);
+            let status = self.exit_with_output(job.job_id, status, &record, log.as_ref());
             report.push(ObservedJob {
                 job_id: job.job_id,
                 status,
@@ -508,6 +584,81 @@ impl Jobs {
             });
         }
         report
+    }
+
+    /// Waits (at most [`EXIT_OUTPUT_WAIT`] in all) for the output of the desired jobs whose
+    /// container exited and whose output is not all in, following it where nobody does (the
+    /// agent restarted), and records those now complete.
+    async fn finish_output(&mut self, desired: &[DesiredJob], containers: &[JobContainerStatus]) {
+        let mut waiting = Vec::new();
+        for job in desired {
+            let Some(container) = containers.iter().find(|c| c.job_id == job.job_id) else {
+                continue;
+            };
+            if matches!(container.state, JobContainerState::Exited { .. })
+                && !self.record(job.job_id).log_complete
+            {
+                waiting.push((job.job_id, container.id.clone()));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + EXIT_OUTPUT_WAIT;
+        // Twice: a follower started while the job ran may have failed (Docker's stream broke);
+        // one started now reads the exited container's whole output.
+        for _ in 0..2 {
+            for (id, container_id) in &waiting {
+                self.follow(*id, container_id);
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let waits = waiting
+                .iter()
+                .filter_map(|(id, _)| self.followers.get(id))
+                .map(|follower| follower.wait_done(left));
+            let done = futures::future::join_all(waits).await;
+            if done.iter().all(|done| *done) || left.is_zero() {
+                break;
+            }
+        }
+        for (id, _) in waiting {
+            self.note_output_complete(id);
+        }
+    }
+
+    /// `status`, unless it is an exit whose report does not carry the end of the output: then
+    /// the job is reported as still running (or halting), until [`EXIT_OUTPUT_LIMIT`] after
+    /// the exit.
+    fn exit_with_output(
+        &mut self,
+        id: JobId,
+        status: ObservedJobStatus,
+        record: &JobRecord,
+        log: Option<&ongrid_core::job::LogChunk>,
+    ) -> ObservedJobStatus {
+        let ObservedJobStatus::Exited {
+            started_at,
+            finished_at,
+            ..
+        } = status
+        else {
+            return status;
+        };
+        if log.is_some_and(|l| l.complete) {
+            self.output_overdue.remove(&id);
+            return status;
+        }
+        let limit = chrono::Duration::from_std(EXIT_OUTPUT_LIMIT).unwrap_or_default();
+        if (self.clock)() < finished_at + limit {
+            return match record.signalled_at {
+                Some(signalled_at) => ObservedJobStatus::Halting {
+                    started_at,
+                    signalled_at,
+                },
+                None => ObservedJobStatus::Running { started_at },
+            };
+        }
+        if self.output_overdue.insert(id) {
+            warn!(job = %id, "The job's output cannot all be read {} s after it exited; reporting its exit without the rest.", EXIT_OUTPUT_LIMIT.as_secs());
+        }
+        status
     }
 
     fn status(

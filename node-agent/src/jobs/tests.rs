@@ -245,6 +245,117 @@ async fn a_job_is_created_and_started_once_and_never_restarted() {
     assert!(log.complete);
 }
 
+/// When the fake says the job's container finished.
+fn finished_at(f: &Fixture, job: &DesiredJob) -> DateTime<Utc> {
+    match f.runtime.jobs()[&f.container(job)].status.state {
+        JobContainerState::Exited { finished_at, .. } => finished_at,
+        other => panic!("the job has not exited: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exit_is_reported_in_the_same_report_as_the_last_of_the_output() {
+    let f = Fixture::new();
+    let mut jobs = f.jobs();
+    let mut written = jobs.output_written();
+    let job = desired_job();
+    jobs.apply(std::slice::from_ref(&job)).await;
+    let id = f.container(&job);
+    written.mark_unchanged();
+    // `echo hello`: it exits before any other pass of the agent.
+    f.runtime.exit_job(&id, 0, b"hello\n");
+    f.clock.set(finished_at(&f, &job));
+    let observed = status(&mut jobs, &job).await;
+    assert!(
+        matches!(
+            observed.status,
+            ObservedJobStatus::Exited { exit_code: 0, .. }
+        ),
+        "{observed:?}"
+    );
+    let log = observed.log.expect("the output goes with the exit");
+    assert_eq!(log.data, b"hello\n");
+    assert!(
+        log.complete,
+        "the exit's report says the output is complete"
+    );
+    assert!(
+        written.has_changed().unwrap(),
+        "the output written is signalled to the sync loop"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_output_is_not_all_in_is_reported_running_until_it_is() {
+    let f = Fixture::new();
+    let mut jobs = f.jobs();
+    let mut job = desired_job();
+    jobs.apply(std::slice::from_ref(&job)).await;
+    let id = f.container(&job);
+    f.runtime.hold_output(true);
+    f.runtime.exit_job(&id, 0, b"hello\n");
+    f.clock
+        .set(finished_at(&f, &job) + chrono::Duration::seconds(1));
+    let observed = status(&mut jobs, &job).await;
+    assert!(
+        matches!(observed.status, ObservedJobStatus::Running { .. }),
+        "not reported ended while Docker has not sent the end: {observed:?}"
+    );
+    let log = observed.log.expect("what is in is sent");
+    assert_eq!(
+        (log.data.as_slice(), log.complete),
+        (&b"hello\n"[..], false)
+    );
+    // The manager's answer: it has those bytes.
+    job.log_offset = 6;
+    jobs.apply(std::slice::from_ref(&job)).await;
+
+    // Docker sends the end: the exit comes with it.
+    let mut written = jobs.output_written();
+    written.mark_unchanged();
+    f.runtime.hold_output(false);
+    written.changed().await.unwrap();
+    let observed = status(&mut jobs, &job).await;
+    assert!(
+        matches!(observed.status, ObservedJobStatus::Exited { .. }),
+        "{observed:?}"
+    );
+    let log = observed.log.expect("the end is said");
+    assert!(log.data.is_empty() && log.complete, "{log:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exit_whose_output_cannot_be_read_is_reported_after_the_limit() {
+    let f = Fixture::new();
+    let mut jobs = f.jobs();
+    let job = desired_job();
+    jobs.apply(std::slice::from_ref(&job)).await;
+    let id = f.container(&job);
+    f.runtime.hold_output(true);
+    f.runtime.exit_job(&id, 2, b"partial");
+    let limit = chrono::Duration::from_std(EXIT_OUTPUT_LIMIT).unwrap();
+    f.clock
+        .set(finished_at(&f, &job) + limit - chrono::Duration::seconds(1));
+    assert!(matches!(
+        status(&mut jobs, &job).await.status,
+        ObservedJobStatus::Running { .. }
+    ));
+    f.clock.set(finished_at(&f, &job) + limit);
+    let observed = status(&mut jobs, &job).await;
+    assert!(
+        matches!(
+            observed.status,
+            ObservedJobStatus::Exited { exit_code: 2, .. }
+        ),
+        "{observed:?}"
+    );
+    assert!(
+        observed.log.is_none_or(|l| !l.complete),
+        "its output is not said complete"
+    );
+    f.runtime.hold_output(false);
+}
+
 #[tokio::test]
 async fn a_halt_signals_once_then_kills_after_the_grace() {
     let f = Fixture::new();

@@ -75,6 +75,9 @@ struct State {
     jobs: BTreeMap<String, FakeJob>,
     /// The images `import_image` made: reference, configuration and the tar's bytes.
     imports: Vec<(String, super::ImportConfig, Vec<u8>)>,
+    /// While `true`, `follow_logs` of an exited job does not end (Docker that has not sent the
+    /// end yet); it ends when set back to `false`.
+    output_held: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// A batch job's container in the fake.
@@ -315,6 +318,12 @@ impl FakeRuntime {
                 };
             }
         }
+    }
+
+    /// From now on (`true`), following an exited job's output never ends, as Docker that has not
+    /// sent the last of it; `false`: it ends again.
+    pub fn hold_output(&self, held: bool) {
+        self.state().output_held.send_replace(held);
     }
 
     /// The images `import_image` made, with their configuration and tar bytes.
@@ -843,8 +852,18 @@ impl ContainerRuntime for FakeRuntime {
     ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, RuntimeError>> {
         // Docker's stream ends only once the container stopped; the fake cannot wait, so it
         // answers an error while the job runs (the follower tries again later).
-        let output = match self.state().jobs.get(id) {
+        let s = self.state();
+        let output = match s.jobs.get(id) {
             Some(job) if matches!(job.status.state, super::JobContainerState::Exited { .. }) => {
+                if *s.output_held.borrow() {
+                    let mut held = s.output_held.subscribe();
+                    let released = async move {
+                        let _ = held.wait_for(|held| !held).await;
+                    };
+                    return futures::stream::iter([Ok(job.output.clone())])
+                        .chain(futures::stream::once(released).filter_map(|()| async { None }))
+                        .boxed();
+                }
                 Ok(job.output.clone())
             }
             _ => Err(RuntimeError::Setup {

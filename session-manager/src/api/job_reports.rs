@@ -14,6 +14,11 @@ use crate::store::{JobFilter, StoreError};
 /// Applies an agent's reports of its jobs: output appended to the jobs' files, then the change
 /// [`jobs::follow_report`] decides, with the next job of the chain when it goes on. Reports of
 /// jobs that are not placed on `node` are ignored.
+///
+/// The output is stored before the change: an agent reports a job's exit in the same report as
+/// the last of its output, so once a job shows as ended its whole output is kept. Output that
+/// comes after the job's `[jobs] output_grace` (its reader was told it was complete) is still
+/// kept, and logged; what an agent never sends by then is dropped by the agent, which logs it.
 pub async fn follow_reports(
     state: &AppState,
     node: &NodeName,
@@ -36,10 +41,19 @@ pub async fn follow_reports(
                     ApiError::internal(format!("keeping the output of job {}: {e}", job.id))
                 })?;
             if let Some(size) = appended {
-                state
-                    .store
-                    .record_job_log(job.id, size, chunk.complete)
-                    .await?;
+                let grace = state.config.job_limits.output_grace;
+                if size > job.log_size
+                    && !job.log_complete
+                    && jobs::output_complete(&job, grace, now)
+                {
+                    tracing::info!(job_id = %job.id, %node, bytes = size - job.log_size, grace_secs = grace.as_secs(),
+                                   "Output of a job came after its [jobs] output_grace; kept.");
+                }
+                // A repeated chunk never takes back what an earlier one said.
+                let complete = chunk.complete || job.log_complete;
+                if (size, complete) != (job.log_size, job.log_complete) {
+                    state.store.record_job_log(job.id, size, complete).await?;
+                }
             }
         }
         let job = match jobs::halting_before_exit(&job, &report.status) {

@@ -438,6 +438,7 @@ fn job_view(
             engine_state: g.engine_state.clone(),
             polled_at: g.polled_at,
         }),
+        output_complete: job.log_complete,
         spec: job.spec,
     }
 }

@@ -475,12 +475,27 @@ async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
     );
     assert_eq!((chunk.data.len(), chunk.complete), (0, false));
 
+    // A chunk from an older offset (a desired state the agent got late) adds only what is new.
+    report(
+        &m,
+        &gpus,
+        vec![],
+        vec![running(Some(output(0, b"epoch 1\nepoch 2\n", false)))],
+    )
+    .await;
+    let stored: LogChunk = m
+        .alice
+        .ok(StatusCode::OK, m.alice.get(&format!("/v1/jobs/{id}/logs")))
+        .await;
+    assert_eq!(stored.data, b"epoch 1\nepoch 2\n");
+    assert!(!m.alice.job(&id).await.output_complete);
+
     // The job's end with its last output answers it, complete.
-    let waiting = logs_wait(&m.alice, &id, 8, 60);
+    let waiting = logs_wait(&m.alice, &id, 16, 60);
     let last = ObservedJob {
         job_id: job.id,
         status: exited(0, false),
-        log: Some(output(8, b"done\n", true)),
+        log: Some(output(16, b"done\n", true)),
     };
     report(&m, &gpus, vec![], vec![last]).await;
     let chunk = tokio::time::timeout(PUSHED_WITHIN, waiting)
@@ -490,11 +505,17 @@ async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
     // The output is kept before the job's end is: the answer may come between the two, and
     // then says complete on the next wait.
     assert_eq!(chunk.data, b"done\n");
-    let end = tokio::time::timeout(PUSHED_WITHIN, logs_wait(&m.alice, &id, 13, 60))
+    let end = tokio::time::timeout(PUSHED_WITHIN, logs_wait(&m.alice, &id, 21, 60))
         .await
         .expect("complete output is answered at once")
         .unwrap();
     assert_eq!((end.data.len(), end.complete), (0, true));
+    let finished = m.alice.job(&id).await;
+    assert_eq!(finished.state, JobState::Finished);
+    assert!(
+        finished.output_complete,
+        "the node said its output is all in"
+    );
 
     // A job its owner cancels ends with no word from the agent: its output counts as complete
     // when the output grace (2 s here) has passed, and the wait answers then, not before.
@@ -527,6 +548,27 @@ async fn a_logs_wait_is_answered_by_the_agents_output_and_the_jobs_end_only() {
         cancelled_at.elapsed()
     );
     assert_eq!((chunk.data.len(), chunk.complete), (0, true));
+    assert!(!m.alice.job(&second_id).await.output_complete);
+
+    // Output that comes after the grace is still kept, not lost.
+    let late = ObservedJob {
+        job_id: second.id,
+        status: exited(137, true),
+        log: Some(output(0, b"late\n", true)),
+    };
+    report(&m, &gpus, vec![], vec![late]).await;
+    let kept: LogChunk = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.get(&format!("/v1/jobs/{second_id}/logs")),
+        )
+        .await;
+    assert_eq!(
+        (kept.data.as_slice(), kept.complete),
+        (&b"late\n"[..], true)
+    );
+    assert!(m.alice.job(&second_id).await.output_complete);
 
     // Bob waits on nothing of Alice's.
     m.bob

@@ -11,6 +11,7 @@
 //!
 //! And a job on a MIG device: its container gets the MIG UUID, and the GPU set back to
 //! `exclusive` while the job runs waits to drain, then leaves MIG mode once the job is gone.
+//! And quick jobs in a row whose whole output is there the moment they show FINISHED.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -164,6 +165,31 @@ fn gpu_json(site: &Site, user: &User, uuid: &str) -> Option<Value> {
         .iter()
         .flat_map(|n| n["gpus"].as_array().cloned().unwrap_or_default())
         .find(|g| g["info"]["uuid"] == uuid)
+}
+
+/// Issue 26, item 13: quick jobs in a row, each read the moment `job show` says FINISHED.
+/// Their output must be there in whole then, not a sync later: the agent reports a job's exit
+/// in the same report as the last of its output, and the manager stores the output first.
+#[test]
+fn a_quick_jobs_output_is_all_there_as_soon_as_it_shows_finished() {
+    let mut site = Site::start(&[SimGpu::a100(1)]);
+    let alice = site.user("Alice");
+    let (_image, _) = frozen_job_image(&site, &alice, "Alice", "echo:v1", JOB_SCRIPT);
+    for round in 1..=3 {
+        let text = format!("hello {round}");
+        let id = submit(&site, &alice, "echo:v1", &[], &["echo", &text]);
+        let finished = wait_for_job(&site, &alice, &id, "FINISHED", Duration::from_secs(60));
+        // Nothing in between: `devctl job logs` without -f, as a user would type it.
+        let output = logs(&site, &alice, &id);
+        assert_eq!(
+            output,
+            format!("{text}\n"),
+            "job {id} showed FINISHED ({finished}) but its logs were {output:?}\n{}",
+            site.logs()
+        );
+        assert_eq!(finished["output_complete"], true, "{finished}");
+        assert_eq!(finished["exit_code"], 0, "{finished}");
+    }
 }
 
 #[test]
