@@ -624,8 +624,8 @@ async fn jobs_run_on_a_real_slurm_and_are_mirrored_back() {
         m.alice.output(&first_id).await,
         format!("run 0 as {first_id}\n")
     );
-    // Slurm holds it back (BeginTime): it says so in words, and has no place in this site's
-    // queue, which it is not in.
+    // Slurm holds it back (its reason NonZeroExitCode, later BeginTime): it says so in words,
+    // and has no place in this site's queue, which it is not in.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let waiting = loop {
         let view = m.alice.job(&next_id).await;
