@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::domain::engine_job::EnginePoll;
 use crate::domain::grid_jobs::{self, EngineOrder, Observation};
 use crate::domain::jobs::{JobChange, JobLimits, JobRecord, NewJob};
 use crate::job_logs::JobLogs;
@@ -151,7 +152,7 @@ impl GridMirror {
                 let change = grid_jobs::refused(grid.target, &message, self.clock.now());
                 let job = self.store.job_transition(job.id, change, None).await?;
                 self.store
-                    .record_engine_poll(job.id, "refused", true, self.clock.now())
+                    .record_engine_poll(job.id, EnginePoll::done("refused", self.clock.now()))
                     .await?;
                 self.notify();
                 tracing::info!(job_id = %job.id, target = %grid.target, reason = ?message, "Job refused by its target.");
@@ -185,7 +186,7 @@ impl GridMirror {
         };
         let job = self.store.job_transition(job.id, change, None).await?;
         self.store
-            .record_engine_poll(job.id, "not submitted", true, self.clock.now())
+            .record_engine_poll(job.id, EnginePoll::done("not submitted", self.clock.now()))
             .await?;
         self.notify();
         Ok(job)
@@ -298,7 +299,10 @@ impl GridMirror {
                         tracing::warn!(job_id = %job.id, target = %engine.kind(), "The target no longer knows a job.");
                         self.store.job_transition(job.id, change, None).await?;
                         self.store
-                            .record_engine_poll(job.id, "unknown to the target", true, now)
+                            .record_engine_poll(
+                                job.id,
+                                EnginePoll::done("unknown to the target", now),
+                            )
                             .await?;
                         self.notify();
                     }
@@ -329,10 +333,15 @@ impl GridMirror {
             tracing::info!(job_id = %job.id, to = %change.to, reason = %change.reason, "Grid job changed state.");
             self.store.job_transition(job.id, change, with).await?;
         }
-        self.store
-            .record_engine_poll(job.id, &observation.raw, decision.engine_final, now)
-            .await?;
-        if count > 0 {
+        let poll = EnginePoll {
+            state: &observation.raw,
+            waiting: decision.waiting.as_deref(),
+            engine_final: decision.engine_final,
+            at: now,
+        };
+        self.store.record_engine_poll(job.id, poll).await?;
+        if count > 0 || decision.waiting != job.grid.as_ref().and_then(|g| g.engine_waiting.clone())
+        {
             self.notify();
         }
         Ok(())

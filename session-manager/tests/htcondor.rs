@@ -901,3 +901,294 @@ fn logs_read_the_jobs_output_file_from_an_offset() {
     assert_eq!(capped.data, b"hel");
     assert!(Path::new(&dir).join("job.out").exists());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The mirroring loop over stand-ins whose queue the test sets.
+
+/// `condor_*` stand-ins whose `condor_q` prints the ads the test wrote to `queue.json`:
+/// `condor_submit` answers `4801.0`, `4802.0`, ... (its stdin kept as `condor_submit.<n>.stdin`),
+/// `condor_rm` and `condor_hold` append their arguments to `calls.log`.
+struct Schedd {
+    dir: tempfile::TempDir,
+}
+
+impl Schedd {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let scripts = [
+            (
+                "condor_submit",
+                format!(
+                    "n=$(cat {d}/submits 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {d}/submits\n\
+                     cat > {d}/condor_submit.$n.stdin\nprintf '480%s.0 - 480%s.0\\n' $n $n\n"
+                ),
+            ),
+            ("condor_q", format!("cat {d}/queue.json 2>/dev/null; true\n")),
+            ("condor_history", "true\n".to_owned()),
+            (
+                "condor_rm",
+                format!("echo \"condor_rm $*\" >> {d}/calls.log\necho 'All jobs matching the given job IDs have been marked for removal.'\n"),
+            ),
+            (
+                "condor_hold",
+                format!("echo \"condor_hold $*\" >> {d}/calls.log\necho 'Job held'\n"),
+            ),
+            ("runas", "shift\nexec \"$@\"\n".to_owned()),
+        ];
+        for (name, body) in scripts {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        for sub in ["out", "logs"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn config(&self) -> HtcondorConfig {
+        HtcondorConfig {
+            condor_submit: self.path("condor_submit"),
+            condor_q: self.path("condor_q"),
+            condor_history: self.path("condor_history"),
+            condor_rm: self.path("condor_rm"),
+            condor_hold: self.path("condor_hold"),
+            image_dir: PathBuf::from("/srv/ongrid/images"),
+            output_dir: self.path("out"),
+            request_disk: MemorySize::parse("20G").unwrap(),
+            run_as: RunAs(vec![
+                self.path("runas").display().to_string(),
+                "{account}".into(),
+            ]),
+            extra_lines: Vec::new(),
+        }
+    }
+
+    /// What `condor_q` prints from now on: one ad per `(engine id, ongrid job, JobStatus,
+    /// more attributes)`.
+    fn queue(&self, ads: &[(&str, JobId, i64, Value)]) {
+        let ads: Vec<Value> = ads
+            .iter()
+            .map(|(engine_id, job, status, more)| {
+                let (cluster, proc) = engine_id.split_once('.').unwrap();
+                let mut ad = serde_json::json!({
+                    "ClusterId": cluster.parse::<i64>().unwrap(),
+                    "ProcId": proc.parse::<i64>().unwrap(),
+                    "JobStatus": status,
+                    "OngridJobId": job.to_string(),
+                    "JobBatchName": format!("ongrid-{job}"),
+                });
+                for (k, v) in more.as_object().unwrap() {
+                    ad[k] = v.clone();
+                }
+                ad
+            })
+            .collect();
+        std::fs::write(self.path("queue.json"), Value::Array(ads).to_string()).unwrap();
+    }
+
+    /// The `condor_rm` and `condor_hold` calls so far.
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn submitted(&self, n: u32) -> String {
+        std::fs::read_to_string(self.path(&format!("condor_submit.{n}.stdin"))).unwrap()
+    }
+}
+
+/// Through the manager's mirroring loop, one round at a time: a halted job, held by HTCondor
+/// after `condor_hold`, is HALTED in ongrid and then removed with `condor_rm` (it would
+/// otherwise stay Held in the schedd); a `--restartable` one continues its chain as a new job
+/// that `condor_submit` gets with its own `ONGRID_JOB_ID`; and that job, idle in HTCondor,
+/// says why in HTCondor's words instead of this site's queue.
+#[test]
+fn the_loop_removes_halted_jobs_from_the_schedd_and_resubmits_restartable_ones() {
+    use std::sync::Arc;
+
+    use ongrid_core::job::{JobImage, JobState, JobTarget};
+    use ongrid_core::Dn;
+    use ongrid_manager::clock::SystemClock;
+    use ongrid_manager::domain::grid_jobs::GridJob;
+    use ongrid_manager::domain::jobs::{self, JobLimits, JobRecord, Submitter};
+    use ongrid_manager::grid_mirror::GridMirror;
+    use ongrid_manager::job_logs::JobLogs;
+    use ongrid_manager::store::{SqliteStore, Store};
+    use ongrid_manager::targets::{Targets, TargetsConfig};
+    use serde_json::json;
+
+    let schedd = Schedd::new();
+    block_on(async {
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&schedd.path("manager.db")).await.unwrap());
+        let alice = Dn::parse("/DC=org/CN=Alice Smith").unwrap();
+        let user = store.user(&alice, 2000).await.unwrap();
+        let targets = Targets::from_config(&TargetsConfig {
+            htcondor: Some(schedd.config()),
+            ..TargetsConfig::default()
+        });
+        let mirror = GridMirror::new(
+            store.clone(),
+            Arc::new(SystemClock),
+            Arc::new(targets),
+            JobLimits::default(),
+            JobLogs::new(schedd.path("logs")),
+        );
+        let submit = |restartable: bool| {
+            let spec = JobSpecFile {
+                image: Some("mymodel:v1".into()),
+                command: vec!["python".into(), "train.py".into()],
+                restartable,
+                ..JobSpecFile::default()
+            }
+            .validate(Utc::now())
+            .unwrap();
+            let new = jobs::submit(
+                JobId::new_random(),
+                Submitter {
+                    owner: alice.clone(),
+                    user_name: user.user_name.clone(),
+                    uid: user.uid,
+                },
+                spec,
+                JobImage {
+                    digest: format!("sha256:{}", "9f".repeat(32)),
+                    docker_image: "ongrid/alice-smith/mymodel:v1".into(),
+                },
+                &JobLimits::default(),
+                Some(GridJob::submitting(
+                    JobTarget::Htcondor,
+                    LocalAccount::parse("alice").unwrap(),
+                    Utc::now(),
+                )),
+                Utc::now(),
+            )
+            .unwrap();
+            let store = store.clone();
+            let mirror = &mirror;
+            async move {
+                let job = store.create_job(new).await.unwrap();
+                mirror.hand_over(job).await.unwrap()
+            }
+        };
+        let job = |id: JobId| {
+            let store = store.clone();
+            async move { store.job(id).await.unwrap().unwrap() }
+        };
+        let engine_id = |job: &JobRecord| job.grid.as_ref().unwrap().engine_id.clone().unwrap();
+
+        let restartable = submit(true).await;
+        let plain = submit(false).await;
+        assert_eq!(engine_id(&restartable).as_str(), "4801.0");
+        assert_eq!(engine_id(&plain).as_str(), "4802.0");
+        let running = json!({"RemoteHost": "slot1_1@gpu-01", "NumJobStarts": 1});
+        schedd.queue(&[
+            ("4801.0", restartable.id, 2, running.clone()),
+            ("4802.0", plain.id, 2, running),
+        ]);
+        mirror.round().await.unwrap();
+        for id in [restartable.id, plain.id] {
+            let running = job(id).await;
+            assert_eq!(running.state(), JobState::Running);
+            let change = jobs::halt_by_owner(&running, Utc::now()).unwrap();
+            store.job_transition(id, change, None).await.unwrap();
+        }
+
+        // The halt: condor_hold, HALTING.
+        mirror.round().await.unwrap();
+        assert_eq!(
+            schedd.calls(),
+            [
+                format!("condor_hold -reason {HALT_HOLD_REASON} 4801.0"),
+                format!("condor_hold -reason {HALT_HOLD_REASON} 4802.0"),
+            ]
+        );
+        // HTCondor sent SIGUSR1 and holds both.
+        let held = json!({
+            "LastRemoteHost": "slot1_1@gpu-01",
+            "NumJobStarts": 1,
+            "HoldReasonCode": 1,
+            "HoldReasonSubCode": 0,
+            "HoldReason": HALT_HOLD_REASON,
+        });
+        schedd.queue(&[
+            ("4801.0", restartable.id, 5, held.clone()),
+            ("4802.0", plain.id, 5, held),
+        ]);
+        mirror.round().await.unwrap();
+        let halted = job(restartable.id).await;
+        assert_eq!(halted.state(), JobState::Halted);
+        let next_id = halted
+            .next_job
+            .expect("a halted restartable job continues its chain");
+        assert_eq!(job(plain.id).await.state(), JobState::Halted);
+        assert_eq!(job(plain.id).await.next_job, None, "not restartable");
+        let next = job(next_id).await;
+        assert_eq!(next.state(), JobState::Queued);
+        assert_eq!(next.chain.restart_count, 1);
+
+        // The next round removes both held jobs and hands the next job to HTCondor anew (as
+        // 4803.0, which condor_q lists from then on).
+        let held_still = std::fs::read_to_string(schedd.path("queue.json")).unwrap();
+        let mut ads: Vec<Value> = serde_json::from_str(&held_still).unwrap();
+        ads.push(json!({
+            "ClusterId": 4803, "ProcId": 0, "JobStatus": 1,
+            "OngridJobId": next_id.to_string(), "JobBatchName": format!("ongrid-{next_id}"),
+        }));
+        std::fs::write(schedd.path("queue.json"), Value::Array(ads).to_string()).unwrap();
+        mirror.round().await.unwrap();
+        assert_eq!(
+            schedd.calls()[2..],
+            ["condor_rm 4801.0".to_owned(), "condor_rm 4802.0".to_owned()]
+        );
+        let next = job(next_id).await;
+        assert_eq!(engine_id(&next).as_str(), "4803.0");
+        let description = schedd.submitted(3);
+        assert!(
+            description.contains(&format!(
+                "ONGRID_JOB_ID={next_id} ONGRID_RESTART_COUNT=1 ONGRID_RESTART_INITIAL_JOB_ID={}",
+                restartable.id
+            )),
+            "{description}"
+        );
+        assert!(description.contains(&format!("+OngridJobId = \"{next_id}\"")));
+
+        // Removed, the old jobs are done; the new one waits for a machine, in HTCondor's words.
+        let removed = json!({"RemoveReason": "via condor_rm (by user alice)", "NumJobStarts": 1});
+        schedd.queue(&[
+            ("4801.0", restartable.id, 3, removed.clone()),
+            ("4802.0", plain.id, 3, removed),
+            (
+                "4803.0",
+                next_id,
+                1,
+                json!({"LastRejMatchReason": "no match found"}),
+            ),
+        ]);
+        mirror.round().await.unwrap();
+        // Once HTCondor says they are removed, they are left alone.
+        let calls = schedd.calls().len();
+        mirror.round().await.unwrap();
+        assert_eq!(schedd.calls().len(), calls, "{:?}", schedd.calls());
+        for id in [restartable.id, plain.id] {
+            let done = job(id).await;
+            assert!(done.grid.as_ref().unwrap().engine_final);
+            assert_eq!(done.state(), JobState::Halted);
+        }
+        let next = job(next_id).await;
+        let waiting = jobs::waiting_reason(&next, &[], Utc::now()).unwrap();
+        assert!(
+            waiting.starts_with("no HTCondor machine offers what it asks"),
+            "{waiting}"
+        );
+    });
+}

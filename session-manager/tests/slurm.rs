@@ -7,8 +7,10 @@
 //! One test walks every path, because a Slurm cluster takes seconds to start and the time
 //! limit takes a minute to pass: submit → RUNNING → FINISHED with the output and the recorded
 //! `apptainer exec --nv <sif>`; a manager restart while a job runs; halt → SIGUSR1 reaches the
-//! job, which exits 123 → HALTED; exit 85 → Slurm re-queues it (RequeueExit) → HALTED and the
-//! next job of the chain runs under the same Slurm id; cancel → CANCELLED and scancelled; a
+//! job, which exits 123 → HALTED, and being restartable its chain's next job is handed to Slurm
+//! anew and runs as itself; exit 85 → Slurm re-queues it (RequeueExit) → HALTED and the next
+//! job of the chain runs under the same Slurm id, with its own `ONGRID_JOB_ID`, and says in
+//! Slurm's words why it waits meanwhile; cancel → CANCELLED and scancelled; a
 //! max duration → Slurm's time limit (TIMEOUT → HALTED, max duration reached); a request beyond
 //! the cluster refused with Slurm's words; a user without a local account refused; the targets
 //! list.
@@ -536,12 +538,17 @@ async fn jobs_run_on_a_real_slurm_and_are_mirrored_back() {
         .iter()
         .any(|j| j.id == job.id && j.state == JobState::Finished));
 
-    // Halt → SIGUSR1 reaches the job, which exits 123: HALTED.
+    // Halt → SIGUSR1 reaches the job, which exits 123: HALTED. It is restartable, so its chain
+    // goes on: the next job is handed to Slurm anew and runs as itself.
     let halted = submit(
         &m,
         "slurm",
-        "trap 'echo got USR1; exit 123' USR1; echo waiting; while :; do sleep 0.2; done",
-        JobSpecFile::default(),
+        "[ \"$ONGRID_RESTART_COUNT\" = 0 ] || { echo resumed as $ONGRID_JOB_ID restart $ONGRID_RESTART_COUNT; exit 0; }; \
+         trap 'echo got USR1; exit 123' USR1; echo waiting; while :; do sleep 0.2; done",
+        JobSpecFile {
+            restartable: true,
+            ..JobSpecFile::default()
+        },
     )
     .await;
     let halted_id = halted.id.to_string();
@@ -571,13 +578,29 @@ async fn jobs_run_on_a_real_slurm_and_are_mirrored_back() {
     assert!(view.transitions.iter().any(|t| t.to == JobState::Halting));
     let output = m.alice.output(&halted_id).await;
     assert_eq!(output.matches("got USR1").count(), 1, "{output}");
+    let resumed_id = view
+        .next_job
+        .expect("a halted restartable job continues its chain")
+        .to_string();
+    let (resumed, _) = m.alice.wait_job(&resumed_id, JobState::Finished, 60).await;
+    assert_eq!(resumed.chain.restart_count, 1);
+    assert_eq!(resumed.previous_job, Some(halted.id));
+    assert_ne!(
+        slurm_id(&resumed),
+        slurm_id(&halted),
+        "submitted to Slurm anew"
+    );
+    assert_eq!(
+        m.alice.output(&resumed_id).await,
+        format!("resumed as {resumed_id} restart 1\n")
+    );
 
     // Exit 85 → Slurm re-queues it (RequeueExit=85): HALTED, and the chain's next job runs
-    // under the same Slurm id with the restart count.
+    // under the same Slurm id with the restart count and its own ONGRID_JOB_ID.
     let checkpoint = submit(
         &m,
         "slurm",
-        "echo run $ONGRID_RESTART_COUNT; [ \"$ONGRID_RESTART_COUNT\" != 0 ] || exit 85",
+        "echo run $ONGRID_RESTART_COUNT as $ONGRID_JOB_ID; [ \"$ONGRID_RESTART_COUNT\" != 0 ] || exit 85",
         JobSpecFile::default(),
     )
     .await;
@@ -597,7 +620,27 @@ async fn jobs_run_on_a_real_slurm_and_are_mirrored_back() {
     assert_eq!(next.state, JobState::Queued);
     assert_eq!(next.chain.restart_count, 1);
     assert_eq!(slurm_id(&next), checkpoint_engine);
-    assert_eq!(m.alice.output(&first_id).await, "run 0\n");
+    assert_eq!(
+        m.alice.output(&first_id).await,
+        format!("run 0 as {first_id}\n")
+    );
+    // Slurm holds it back (its reason NonZeroExitCode, later BeginTime): it says so in words,
+    // and has no place in this site's queue, which it is not in.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let waiting = loop {
+        let view = m.alice.job(&next_id).await;
+        assert_eq!(view.queue_position, None, "{view:?}");
+        match view.waiting {
+            Some(words) if words.starts_with("waiting in Slurm: ") => break words,
+            other => assert!(
+                tokio::time::Instant::now() < deadline,
+                "job {next_id} waits {other:?} (Slurm: {:?})",
+                view.grid.and_then(|g| g.engine_state)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("a re-queued Slurm job waits: {waiting}");
     // Slurm waits two minutes before it starts a re-queued job: the admin starts it now.
     cluster.run(
         "scontrol",
@@ -608,7 +651,10 @@ async fn jobs_run_on_a_real_slurm_and_are_mirrored_back() {
         ],
     );
     m.alice.wait_job(&next_id, JobState::Finished, 60).await;
-    assert_eq!(m.alice.output(&next_id).await, "run 1\n");
+    assert_eq!(
+        m.alice.output(&next_id).await,
+        format!("run 1 as {next_id}\n")
+    );
 
     // Cancel → CANCELLED here, and scancel there.
     let cancelled = submit(&m, "slurm", "sleep 300", JobSpecFile::default()).await;

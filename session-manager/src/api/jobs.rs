@@ -192,14 +192,15 @@ pub async fn list_jobs(
 }
 
 /// 1-based queue positions of the QUEUED jobs among `active`, in the order the scheduler
-/// serves them (fair-share priority, then time queued).
+/// serves them (fair-share priority, then time queued). Jobs of grid targets wait in their
+/// engines' queues, not in this one: they have no position.
 async fn queue_positions(
     state: &AppState,
     active: &[JobRecord],
 ) -> Result<HashMap<JobId, u32>, ApiError> {
     let waiting: Vec<_> = active
         .iter()
-        .filter(|j| j.state() == JobState::Queued)
+        .filter(|j| j.state() == JobState::Queued && j.grid.is_none())
         .map(|j| (j.owner.clone(), j.queued_at(), j.id))
         .collect();
     let accounts = match &state.config.fair_share {
@@ -382,7 +383,7 @@ async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
     } else {
         None
     };
-    let held_back = (job.state() == JobState::Queued)
+    let held_back = (job.state() == JobState::Queued && job.grid.is_none())
         .then(|| {
             state
                 .scheduler

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::job::JobTarget;
+use ongrid_core::job::{JobId, JobTarget};
 use serde::{Deserialize, Serialize};
 
 /// A local POSIX account on the engine's side: 1 to 32 of `a-z 0-9 _ -`, not starting with a
@@ -114,6 +114,9 @@ pub struct GridJob {
     pub engine_restarts: u32,
     /// What the engine said last, in its own words, and when.
     pub engine_state: Option<String>,
+    /// Why the engine keeps it waiting, in words a user understands (Slurm's and HTCondor's
+    /// pending reasons, mapped by the target), as of its last poll; `None` while it does not.
+    pub engine_waiting: Option<String>,
     pub polled_at: Option<DateTime<Utc>>,
     /// The engine has ended its job (or forgotten it): nothing more to ask it, but its output.
     pub engine_final: bool,
@@ -129,8 +132,89 @@ impl GridJob {
             submit_started_at: Some(now),
             engine_restarts: 0,
             engine_state: None,
+            engine_waiting: None,
             polled_at: None,
             engine_final: false,
         }
+    }
+}
+
+/// What one poll of its engine said of a job, as stored (`Store::record_engine_poll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnginePoll<'a> {
+    /// The engine's own words (`PENDING (Resources)`).
+    pub state: &'a str,
+    /// Why the engine keeps the job waiting, in words; `None` when it does not.
+    pub waiting: Option<&'a str>,
+    /// The engine is done with the job (once done, it stays done).
+    pub engine_final: bool,
+    pub at: DateTime<Utc>,
+}
+
+impl<'a> EnginePoll<'a> {
+    /// The engine is done with the job (or never had it): `state` says how.
+    pub fn done(state: &'a str, at: DateTime<Utc>) -> Self {
+        Self {
+            state,
+            waiting: None,
+            engine_final: true,
+            at,
+        }
+    }
+}
+
+/// The id of the ongrid job that continues `previous`'s chain when the engine itself re-queued
+/// `previous`'s engine job (Slurm's `RequeueExit`): derived, so the job script computes the same
+/// id for its next run without asking the manager (`targets/slurm/script.rs`,
+/// [`REQUEUED_JOB_ID_BASH`]). The first 16 bytes of SHA-256 of `ongrid requeue of <previous>`,
+/// as a version-8 (custom) UUID.
+pub fn requeued_job_id(previous: JobId) -> JobId {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("ongrid requeue of {previous}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    bytes[6] = (bytes[6] & 0x0f) | 0x80;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    JobId(uuid::Uuid::from_bytes(bytes))
+}
+
+/// [`requeued_job_id`] as a bash function of the job script: `ongrid_requeued_id ID` prints the
+/// id of the job that continues ID's chain (`sha256sum` of coreutils on the job's PATH).
+pub const REQUEUED_JOB_ID_BASH: &str = "ongrid_requeued_id() {\n\
+     \x20 local h\n\
+     \x20 h=$(printf 'ongrid requeue of %s' \"$1\" | sha256sum) || return 1\n\
+     \x20 printf '%s-%s-8%s-%x%s-%s' \"${h:0:8}\" \"${h:8:4}\" \"${h:13:3}\" \"$(( (0x${h:16:1} & 3) | 8 ))\" \"${h:17:3}\" \"${h:20:12}\"\n\
+     }\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The job script's bash computes the same ids as the manager, run after run.
+    #[test]
+    fn the_scripts_requeued_ids_are_the_managers() {
+        let first = JobId(uuid::Uuid::from_u128(
+            0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+        ));
+        let mut ids = vec![first];
+        for _ in 0..3 {
+            ids.push(requeued_job_id(*ids.last().unwrap()));
+        }
+        assert_eq!(ids[1].0.get_version_num(), 8);
+        assert_ne!(ids[1], ids[2]);
+        let script = format!(
+            "{REQUEUED_JOB_ID_BASH}id={first}\nfor _ in 1 2 3; do id=$(ongrid_requeued_id \"$id\"); echo \"$id\"; done\n"
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .output()
+            .expect("bash runs");
+        assert!(out.status.success(), "{out:?}");
+        let from_bash: Vec<JobId> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(from_bash, ids[1..]);
     }
 }

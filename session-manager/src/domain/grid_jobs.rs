@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use ongrid_core::job::{JobId, JobReason, JobState, JobTarget, HALT_GRACE};
 use ongrid_core::Dn;
 
-pub use super::engine_job::{EngineJobId, GridJob, LocalAccount};
+pub use super::engine_job::{requeued_job_id, EngineJobId, GridJob, LocalAccount};
 use super::jobs::{next_in_chain, JobChange, JobLimits, JobRecord, NewJob};
 use super::policy::GroupName;
 use super::Refusal;
@@ -99,6 +99,10 @@ pub struct Observation {
     pub hosts: String,
     /// The engine's own words (`PENDING (Resources)`, `COMPLETED 0:0`), kept for `job show`.
     pub raw: String,
+    /// The engine keeps the job in its queue, held, until someone removes it (HTCondor's Held):
+    /// once the job has ended in ongrid the loop removes it (`cancel`), so held jobs do not
+    /// pile up in the engine.
+    pub held: bool,
 }
 
 /// An engine's state, in ongrid's terms.
@@ -135,6 +139,14 @@ pub enum Phase {
 impl Phase {
     pub fn is_final(&self) -> bool {
         !matches!(self, Self::Pending { .. } | Self::Running)
+    }
+
+    /// Why the engine keeps the job waiting, in words; `None` unless pending.
+    pub fn waiting(&self) -> Option<&str> {
+        match self {
+            Self::Pending { why } => why.as_deref(),
+            _ => None,
+        }
     }
 }
 
@@ -203,15 +215,20 @@ pub fn order(job: &JobRecord, now: DateTime<Utc>) -> Option<EngineOrder> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mirror {
     pub changes: Vec<JobChange>,
-    /// The next job of the chain, when the engine re-queued it (it runs under the same engine
-    /// id).
+    /// The next job of the chain: when the engine re-queued it (it runs under the same engine
+    /// id), or when it ended HALTED and continues its chain by the same rule as a local job
+    /// ([`next_in_chain`]: restartable, or exit 85), handed to the engine again by the loop.
     pub next: Option<NewJob>,
-    /// The engine has ended its job (or, re-queued, this job's run of it).
+    /// The engine has ended its job (or, re-queued, this job's run of it). A job the engine
+    /// keeps held ([`Observation::held`]) is not final until it is removed.
     pub engine_final: bool,
+    /// Why the engine keeps the job waiting, in words (`None` unless it does).
+    pub waiting: Option<String>,
 }
 
 /// What `observation` means for `job` (of a grid target). `next_id` names the next job of the
-/// chain if the engine re-queued it.
+/// chain when ongrid hands it to the engine again (a restartable job HALTED); a job the engine
+/// itself re-queued is continued by [`requeued_job_id`] of `job`, the id its run sees.
 pub fn mirror(
     job: &JobRecord,
     observation: &Observation,
@@ -224,8 +241,10 @@ pub fn mirror(
             changes: Vec::new(),
             next: None,
             engine_final: false,
+            waiting: None,
         };
     };
+    let waiting = observation.phase.waiting().map(str::to_owned);
     let target = grid.target;
     let state = job.state();
     let mut changes = Vec::new();
@@ -260,19 +279,19 @@ pub fn mirror(
             JobReason::CheckpointExit,
             Some(ongrid_core::job::CHECKPOINT_EXIT_CODE),
         );
-        let mut record = job.clone();
-        if record.lifecycle.started_at().is_none() {
-            // The chain's time used is counted from this start.
-            let _ = record
-                .lifecycle
-                .transition(JobState::Running, now, changes[0].reason.clone());
-        }
-        let next = next_in_chain(&record, &change, next_id, limits).map(|mut next| {
+        let next = next_in_chain(
+            &as_started(job, &changes),
+            &change,
+            requeued_job_id(job.id),
+            limits,
+        )
+        .map(|mut next| {
             next.grid = Some(GridJob {
                 engine_id: Some(observation.engine_id.clone()),
                 submit_started_at: Some(now),
                 engine_restarts: grid.engine_restarts + 1,
                 engine_state: Some(observation.raw.clone()),
+                engine_waiting: waiting.clone(),
                 polled_at: Some(now),
                 engine_final: false,
                 ..grid.clone()
@@ -285,8 +304,10 @@ pub fn mirror(
             changes,
             next,
             engine_final: true,
+            waiting,
         };
     }
+    let mut next = None;
     match &observation.phase {
         Phase::Pending { .. } => {}
         Phase::Running => {
@@ -352,6 +373,15 @@ pub fn mirror(
                 _ => None,
             };
             if let Some(end) = end {
+                // A restartable job HALTED at ongrid's request (or an exit 85 the engine did not
+                // re-queue) goes on as the local target's jobs do: a new QUEUED job, handed to
+                // the engine anew. A job the engine stopped at its time limit (its SIGUSR1
+                // `halt_lead` before, then the limit) has used the chain's max duration.
+                let asked = matches!(current, JobState::MustHalt | JobState::Halting)
+                    && *phase != Phase::TimeLimit;
+                if asked || end.reason == JobReason::CheckpointExit {
+                    next = next_in_chain(&as_started(job, &changes), &end, next_id, limits);
+                }
                 changes.push(end);
             }
         }
@@ -360,9 +390,24 @@ pub fn mirror(
     // (cancelled by its owner) just learns the engine is done.
     Mirror {
         changes,
-        next: None,
-        engine_final: observation.phase.is_final(),
+        next,
+        engine_final: observation.phase.is_final() && !observation.held,
+        waiting,
     }
+}
+
+/// `job` as it is once `changes` (which may start it) are applied, for the chain's time used,
+/// counted from its start.
+fn as_started(job: &JobRecord, changes: &[JobChange]) -> JobRecord {
+    let mut record = job.clone();
+    if record.lifecycle.started_at().is_none() {
+        if let Some(start) = changes.iter().find(|c| c.to == JobState::Running) {
+            let _ = record
+                .lifecycle
+                .transition(JobState::Running, start.at, start.reason.clone());
+        }
+    }
+    record
 }
 
 /// A job whose engine no longer knows it (nor its id, for one being submitted when the manager
@@ -399,6 +444,22 @@ pub fn lost(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
         place: None,
         exit_code: None,
     })
+}
+
+/// Why a QUEUED job of a grid target waits, for people (`job show`): the engine's reason in
+/// words as of its last poll, else where it is in being handed over.
+pub fn waiting_reason(grid: &GridJob) -> String {
+    if let Some(why) = &grid.engine_waiting {
+        return why.clone();
+    }
+    match (&grid.engine_id, grid.polled_at) {
+        (None, _) => format!("to be handed to {}", grid.target),
+        (Some(id), None) => format!(
+            "handed to {} as its job {id}: not asked about yet",
+            grid.target
+        ),
+        (Some(id), Some(_)) => format!("in {}'s queue as its job {id}", grid.target),
+    }
 }
 
 /// The engine refused the submission: the job FAILED with its words.
@@ -513,7 +574,18 @@ pub(crate) mod tests {
             restarts: 0,
             hosts: "slot1@gpu-01".into(),
             raw: "engine words".into(),
+            held: false,
         }
+    }
+
+    /// `job` with `changes` applied, as the store applies them.
+    fn applied(mut job: JobRecord, changes: &[JobChange]) -> JobRecord {
+        for change in changes {
+            job.lifecycle
+                .transition(change.to, change.at, change.reason.clone())
+                .unwrap();
+        }
+        job
     }
 
     fn mirrored(state: JobState, phase: Phase) -> Mirror {
@@ -604,5 +676,178 @@ pub(crate) mod tests {
         let grid = next.grid.expect("on the same target");
         assert_eq!(grid.engine_id, Some(EngineJobId::parse("8.0").unwrap()));
         assert_eq!(grid.engine_restarts, 1);
+    }
+
+    #[test]
+    fn a_restartable_job_halted_in_its_engine_goes_on_as_a_new_job_handed_over_anew() {
+        let next_id = JobId(uuid::Uuid::from_u128(2));
+        let halted_by_condor = Phase::Halted {
+            message: "halted: HTCondor sent SIGUSR1 and stopped it".into(),
+        };
+        for (state, phase) in [
+            (JobState::Halting, Phase::Exited { code: 123 }),
+            (JobState::Halting, halted_by_condor),
+        ] {
+            let mut restartable = job(state);
+            restartable.spec.restartable = true;
+            let m = mirror(
+                &restartable,
+                &seen(phase.clone()),
+                &JobLimits::default(),
+                next_id,
+                t(100),
+            );
+            assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted, "{phase:?}");
+            let next = m.next.expect("the chain goes on");
+            assert_eq!(next.id, next_id);
+            assert_eq!(next.previous_job, Some(restartable.id));
+            assert_eq!(next.chain.restart_count, 1);
+            assert_eq!(
+                next.reason,
+                JobReason::Requeued {
+                    previous: restartable.id,
+                    restart_count: 1
+                }
+            );
+            // No engine job carries it on: the loop hands it to the engine again.
+            let grid = next.grid.expect("on the same target");
+            assert_eq!(
+                (grid.target, grid.engine_id, grid.submit_started_at),
+                (JobTarget::Htcondor, None, None)
+            );
+            assert_eq!(grid.engine_state, None);
+            // The chain's time used is counted from its start at t(10).
+            assert_eq!(
+                next.max_duration,
+                Some(HumanDuration::from_secs(8 * 3600 - 90))
+            );
+        }
+        // Not restartable: a halt ends the chain, as on the local target.
+        let m = mirrored(JobState::Halting, Phase::Exited { code: 123 });
+        assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted);
+        assert_eq!(m.next, None);
+        // Halted by the engine at its time limit (SIGUSR1 `halt_lead` before it, or the limit
+        // itself): the chain's max duration is used up.
+        for (state, phase) in [
+            (JobState::Running, Phase::Exited { code: 123 }),
+            (JobState::Running, Phase::TimeLimit),
+            (JobState::Halting, Phase::TimeLimit),
+        ] {
+            let mut restartable = job(state);
+            restartable.spec.restartable = true;
+            let m = mirror(
+                &restartable,
+                &seen(phase.clone()),
+                &JobLimits::default(),
+                next_id,
+                t(100),
+            );
+            assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted, "{phase:?}");
+            assert_eq!(m.next, None, "{phase:?}");
+        }
+        // An exit 85 the engine did not re-queue goes on, restartable or not.
+        let m = mirrored(JobState::Running, Phase::Exited { code: 85 });
+        assert_eq!(m.next.map(|n| n.id), Some(next_id));
+        // A next job not yet handed over is submitted by the loop.
+        let mut queued = job(JobState::Queued);
+        queued.grid.as_mut().unwrap().engine_id = None;
+        queued.grid.as_mut().unwrap().submit_started_at = None;
+        assert_eq!(order(&queued, t(100)), Some(EngineOrder::Submit));
+    }
+
+    #[test]
+    fn a_job_the_engine_requeued_goes_on_under_the_id_its_run_derives() {
+        let mut requeued = seen(Phase::Pending {
+            why: Some("waiting in Slurm: its start time has not come".into()),
+        });
+        requeued.restarts = 1;
+        let running = job(JobState::Running);
+        let m = mirror(
+            &running,
+            &requeued,
+            &JobLimits::default(),
+            JobId::new_random(),
+            t(100),
+        );
+        let next = m.next.expect("the chain goes on");
+        assert_eq!(next.id, requeued_job_id(running.id));
+        assert_ne!(next.id, running.id);
+        let grid = next.grid.unwrap();
+        assert_eq!(
+            grid.engine_waiting.as_deref(),
+            Some("waiting in Slurm: its start time has not come")
+        );
+    }
+
+    #[test]
+    fn a_held_job_is_removed_from_its_engine_once_it_ended_here() {
+        let mut held = seen(Phase::Halted {
+            message: "halted: HTCondor sent SIGUSR1 and stopped it".into(),
+        });
+        held.held = true;
+        let halting = job(JobState::Halting);
+        let m = mirror(
+            &halting,
+            &held,
+            &JobLimits::default(),
+            JobId::new_random(),
+            t(100),
+        );
+        assert!(!m.engine_final, "held in the schedd: not done there");
+        let mut halted = applied(halting, &m.changes);
+        assert_eq!(halted.state(), JobState::Halted);
+        assert_eq!(order(&halted, t(101)), Some(EngineOrder::Cancel));
+        // Seen held again: nothing changes, the removal is asked again.
+        let again = mirror(
+            &halted,
+            &held,
+            &JobLimits::default(),
+            JobId::new_random(),
+            t(102),
+        );
+        assert!(again.changes.is_empty() && !again.engine_final);
+        // Removed: the engine is done with it.
+        let removed = seen(Phase::Cancelled {
+            message: "removed from HTCondor's queue".into(),
+        });
+        let m = mirror(
+            &halted,
+            &removed,
+            &JobLimits::default(),
+            JobId::new_random(),
+            t(103),
+        );
+        assert!(m.changes.is_empty() && m.engine_final);
+        halted.grid.as_mut().unwrap().engine_final = true;
+        assert_eq!(order(&halted, t(104)), None);
+    }
+
+    #[test]
+    fn a_waiting_job_says_why_in_the_engines_words() {
+        let why = "no HTCondor machine offers what it asks right now";
+        let m = mirrored(
+            JobState::Queued,
+            Phase::Pending {
+                why: Some(why.into()),
+            },
+        );
+        assert!(m.changes.is_empty() && !m.engine_final);
+        assert_eq!(m.waiting.as_deref(), Some(why));
+        let mut queued = job(JobState::Queued);
+        let grid = queued.grid.as_mut().unwrap();
+        assert_eq!(
+            waiting_reason(grid),
+            "handed to htcondor as its job 8.0: not asked about yet"
+        );
+        grid.polled_at = Some(t(5));
+        assert_eq!(waiting_reason(grid), "in htcondor's queue as its job 8.0");
+        grid.engine_waiting = Some(why.into());
+        assert_eq!(waiting_reason(grid), why);
+        // Not this site's queue: no local words.
+        assert_eq!(
+            super::super::jobs::waiting_reason(&queued, &[], t(6)).as_deref(),
+            Some(why)
+        );
+        assert_eq!(mirrored(JobState::Running, Phase::Running).waiting, None);
     }
 }

@@ -524,14 +524,12 @@ pub trait Store: Send + Sync {
         at: Option<DateTime<Utc>>,
     ) -> BoxFuture<'_, StoreResult<()>>;
 
-    /// Records what a grid job's engine said at a poll, and whether the engine is done with it
-    /// (once done, it stays done).
+    /// Records what a grid job's engine said at a poll: its words, why it keeps the job waiting,
+    /// and whether it is done with it (once done, it stays done).
     fn record_engine_poll<'a>(
         &'a self,
         id: JobId,
-        engine_state: &'a str,
-        engine_final: bool,
-        at: DateTime<Utc>,
+        poll: crate::domain::engine_job::EnginePoll<'a>,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
     /// The grid jobs the mirroring loop follows: those whose engine is not done with them, or

@@ -133,6 +133,7 @@ fn observe_squeue(job: &parse::SqueueJob) -> Option<Observation> {
         } else {
             format!("{state} ({})", job.state_reason)
         },
+        held: false,
     })
 }
 
@@ -149,6 +150,7 @@ fn observe_sacct(job: &parse::SacctJob, restarts: u32) -> Option<Observation> {
             Ended::Code(code) => format!("{} (exit code {code})", job.state),
             Ended::Signal(signal) => format!("{} (signal {signal})", job.state),
         },
+        held: false,
     })
 }
 

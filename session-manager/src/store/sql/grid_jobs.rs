@@ -1,4 +1,4 @@
-//! The SQL of jobs handed to grid targets (table `grid_jobs`, migration 0017): the
+//! The SQL of jobs handed to grid targets (table `grid_jobs`, migrations 0017 and 0020): the
 //! row written with the job (in [`super::jobs`]), the engine's job id stored as soon as the
 //! engine answers, and what the mirroring loop learns at each poll.
 
@@ -7,6 +7,7 @@ use ongrid_core::job::{JobId, JobTarget};
 use sqlx::{Row, Transaction};
 
 use super::{parse_timestamp, timestamp, Db, DbRow, SqlStore};
+use crate::domain::engine_job::EnginePoll;
 use crate::domain::grid_jobs::{EngineJobId, GridJob, LocalAccount};
 use crate::domain::jobs::JobRecord;
 use crate::store::{StoreError, StoreResult};
@@ -18,7 +19,8 @@ pub(super) async fn insert_grid(
 ) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO grid_jobs (job_id, target, account, engine_id, submit_started_at, \
-         engine_restarts, engine_state, polled_at, engine_final) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         engine_restarts, engine_state, engine_waiting, polled_at, engine_final) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(job.to_string())
     .bind(grid.target.to_string())
@@ -27,6 +29,7 @@ pub(super) async fn insert_grid(
     .bind(grid.submit_started_at.map(timestamp))
     .bind(i64::from(grid.engine_restarts))
     .bind(grid.engine_state.as_deref())
+    .bind(grid.engine_waiting.as_deref())
     .bind(grid.polled_at.map(timestamp))
     .bind(grid.engine_final)
     .execute(&mut **tx)
@@ -63,6 +66,7 @@ pub(super) fn grid_from_row(row: &DbRow) -> StoreResult<Option<GridJob>> {
         submit_started_at: time("g_submit_started_at")?,
         engine_restarts: u32::try_from(restarts).unwrap_or_default(),
         engine_state: row.try_get("g_engine_state")?,
+        engine_waiting: row.try_get("g_engine_waiting")?,
         polled_at: time("g_polled_at")?,
         engine_final: row.try_get("g_engine_final")?,
     }))
@@ -101,17 +105,16 @@ impl SqlStore {
     pub(super) async fn record_engine_poll_impl(
         &self,
         id: JobId,
-        engine_state: &str,
-        engine_final: bool,
-        at: DateTime<Utc>,
+        poll: EnginePoll<'_>,
     ) -> StoreResult<()> {
         sqlx::query(
-            "UPDATE grid_jobs SET engine_state = $1, polled_at = $2, \
-             engine_final = grid_jobs.engine_final OR $3 WHERE job_id = $4",
+            "UPDATE grid_jobs SET engine_state = $1, engine_waiting = $2, polled_at = $3, \
+             engine_final = grid_jobs.engine_final OR $4 WHERE job_id = $5",
         )
-        .bind(engine_state)
-        .bind(timestamp(at))
-        .bind(engine_final)
+        .bind(poll.state)
+        .bind(poll.waiting)
+        .bind(timestamp(poll.at))
+        .bind(poll.engine_final)
         .bind(id.to_string())
         .execute(&self.pool)
         .await?;

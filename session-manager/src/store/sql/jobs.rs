@@ -22,8 +22,8 @@ const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_dura
      j.previous_job, j.next_job, j.exit_code, j.log_size, j.log_complete, j.pinned_node, \
      g.target AS g_target, g.account AS g_account, g.engine_id AS g_engine_id, \
      g.submit_started_at AS g_submit_started_at, g.engine_restarts AS g_engine_restarts, \
-     g.engine_state AS g_engine_state, g.polled_at AS g_polled_at, \
-     g.engine_final AS g_engine_final \
+     g.engine_state AS g_engine_state, g.engine_waiting AS g_engine_waiting, \
+     g.polled_at AS g_polled_at, g.engine_final AS g_engine_final \
      FROM jobs j JOIN users u ON u.dn = j.owner LEFT JOIN grid_jobs g ON g.job_id = j.id";
 
 /// The states in which a job holds GPUs or waits for them.

@@ -550,11 +550,9 @@ impl Store for SqlStore {
     fn record_engine_poll<'a>(
         &'a self,
         id: JobId,
-        engine_state: &'a str,
-        engine_final: bool,
-        at: DateTime<Utc>,
+        poll: crate::domain::engine_job::EnginePoll<'a>,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.record_engine_poll_impl(id, engine_state, engine_final, at))
+        Box::pin(self.record_engine_poll_impl(id, poll))
     }
 
     fn grid_jobs_to_mirror(&self) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>> {

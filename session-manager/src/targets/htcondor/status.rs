@@ -207,6 +207,9 @@ impl JobAd {
             restarts: 0,
             hosts: hosts.unwrap_or_default(),
             raw,
+            // A held job stays in the schedd's queue until removed: halted by ongrid, past its
+            // max duration, or failed, ongrid removes it once the job has ended.
+            held: self.status == JobStatus::Held,
         }
     }
 

@@ -2,7 +2,9 @@
 //! `apptainer exec --nv <sif> <command>` in the background, forwards SIGUSR1 to it (Slurm
 //! sends the halt signal to the batch shell only: `--signal=B:USR1@<lead>` and `scancel
 //! --batch --signal=USR1`), and exits with the command's exit code (so 85 is Slurm's
-//! `RequeueExit` and 123 a clean halt).
+//! `RequeueExit` and 123 a clean halt). A run after Slurm re-queued the job is the next job of
+//! the chain in ongrid, and its `ONGRID_JOB_ID` is that job's id, derived by the script as the
+//! manager derives it ([`crate::domain::engine_job::requeued_job_id`]).
 //!
 //! Every value that reaches the shell is single-quoted; nothing of the spec is ever evaluated.
 
@@ -12,6 +14,7 @@ use ongrid_core::job::{ENV_JOB_ID, ENV_RESTART_COUNT, ENV_RESTART_INITIAL_JOB_ID
 use ongrid_core::{ComputeCapability, GpuRequest, MemorySize};
 
 use super::super::{engine_job_name, SlurmConfig, TargetJob};
+use crate::domain::engine_job::REQUEUED_JOB_ID_BASH;
 
 /// A GPU type of the cluster as its `gres.conf` names it (`Type=a100`), with what it offers, so
 /// a request's minimum capability and memory become a typed `--gres`.
@@ -183,7 +186,17 @@ fn body(job: &TargetJob, config: &SlurmConfig) -> String {
     for (name, value) in job.spec.env.iter() {
         let _ = writeln!(text, "export {name}={}", quote(value));
     }
-    let _ = writeln!(text, "export {ENV_JOB_ID}={}", quote(&job.id.to_string()));
+    // Slurm re-runs a re-queued job (RequeueExit) under the same script; ongrid lists each run
+    // as the next job of the chain, whose id the script derives as the manager does.
+    text.push_str(REQUEUED_JOB_ID_BASH);
+    let _ = writeln!(text, "ongrid_id={}", quote(&job.id.to_string()));
+    text.push_str(
+        "for (( ongrid_run = 0; ongrid_run < ${SLURM_RESTART_COUNT:-0}; ongrid_run++ )); do\n\
+         \x20 ongrid_id=$(ongrid_requeued_id \"$ongrid_id\") || { echo \"ongrid: cannot derive \
+         this run's ONGRID_JOB_ID: put sha256sum (coreutils) on job_path\" >&2; exit 1; }\n\
+         done\n",
+    );
+    let _ = writeln!(text, "export {ENV_JOB_ID}=\"$ongrid_id\"");
     let _ = writeln!(
         text,
         "export {ENV_RESTART_COUNT}=$(( {} + ${{SLURM_RESTART_COUNT:-0}} ))",
@@ -372,6 +385,8 @@ mod tests {
         ));
         assert!(text.contains("export GREETING='it'\\''s $HOME'\n"));
         assert!(text.contains("export ONGRID_RESTART_COUNT=$(( 0 + ${SLURM_RESTART_COUNT:-0} ))"));
+        assert!(text.contains("ongrid_id='00000000-0000-0000-0000-000000000007'\n"));
+        assert!(text.contains("export ONGRID_JOB_ID=\"$ongrid_id\"\n"));
         assert!(text.contains("trap 'kill -USR1 \"$child\" 2>/dev/null' USR1"));
         assert!(text.ends_with("exit \"$code\"\n"));
     }
