@@ -145,7 +145,7 @@ fn with_live_restore_a_session_keeps_running_across_a_docker_restart() {
     let mut line = String::new();
     output.read_line(&mut line).expect("read from ssh");
     assert_eq!(line, "before\n");
-    let connected = converges_to(&site, &alice, "train1", "CONNECTED", CONVERGE);
+    converges_to(&site, &alice, "train1", "CONNECTED", CONVERGE);
 
     dockerd.restart();
 
@@ -190,10 +190,9 @@ fn with_live_restore_a_session_keeps_running_across_a_docker_restart() {
         "{now:#}"
     );
     assert!(
-        !states(&now).iter().any(|s| s == "FAILED"),
-        "never FAILED: {now:#}"
+        !states(&now).iter().any(|s| s == "FAILED" || s == "HELD"),
+        "never FAILED nor HELD: {now:#}"
     );
-    assert_eq!(states(&connected), states(&now)[..states(&connected).len()]);
     assert_eq!(
         one_container(&site, &dockerd, &now),
         container,
