@@ -60,7 +60,7 @@ use crate::network::HostFirewall;
 use crate::reconcile::Reconciler;
 use crate::runtime::direct::DirectExec;
 use crate::runtime::docker::DockerRuntime;
-use crate::runtime::{error_chain, ContainerRuntime, GpuAccess};
+use crate::runtime::{error_chain, ContainerRuntime, DaemonInfo, GpuAccess};
 use crate::streams::StreamServer;
 
 /// How long open streams may take to end once the agent stops.
@@ -99,6 +99,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .context("connecting to Docker")?
         .with_direct_exec(direct);
     let runtime: Arc<dyn ContainerRuntime> = Arc::new(runtime);
+    report_live_restore(&config.node_name, &*runtime).await;
     let guard = node_guard(&config, &*runtime).await?;
     let manager = AgentRoutes::new(&config.manager_url, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
@@ -154,6 +155,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         warn!("Some streams did not end within 5 s of stopping; dropping them.");
     }
     result
+}
+
+/// Logs whether Docker's live-restore is on: without it, a restart or an upgrade of Docker
+/// stops every dev container, and their sessions fail.
+async fn report_live_restore(node: &NodeName, runtime: &dyn ContainerRuntime) {
+    match runtime.daemon().await {
+        Ok(DaemonInfo { live_restore: true }) => {
+            info!(%node, live_restore = true,
+                  "Docker's live-restore is on: dev containers keep running while Docker restarts or is upgraded.");
+        }
+        Ok(DaemonInfo {
+            live_restore: false,
+        }) => {
+            warn!(%node, live_restore = false,
+                  "Docker's live-restore is off: a restart or upgrade of Docker stops every dev container and fails its session; turn it on with {{\"live-restore\": true}} in /etc/docker/daemon.json and `systemctl reload docker`.");
+        }
+        Err(e) => {
+            warn!(%node, error = %error_chain(&e),
+                  "Cannot ask Docker whether its live-restore is on.");
+        }
+    }
 }
 
 /// The firewall rules, address pool and limit ceiling of the node's dev containers. The rules
@@ -385,6 +407,8 @@ impl Agent {
             Ok(containers) => {
                 if state.docker_outage.succeeded() > 0 {
                     info!(node = %self.node, "Docker answers again.");
+                    // It may have been restarted with other settings.
+                    report_live_restore(&self.node, &*self.runtime).await;
                 }
                 containers
             }
@@ -605,8 +629,9 @@ async fn watch_desired(
     }
 }
 
-/// Counts the exits of the node's containers the runtime reports, until `shutdown`; the sync
-/// loop syncs at each. A broken event stream is opened again with backoff.
+/// Counts the exits of the node's containers the runtime reports, and the breaks of an event
+/// stream that was open, until `shutdown`; the sync loop syncs at each. A broken event stream
+/// is opened again with backoff.
 async fn watch_exits(
     runtime: Arc<dyn ContainerRuntime>,
     node: NodeName,
@@ -622,10 +647,16 @@ async fn watch_exits(
                 () = shutdown.cancelled() => return,
                 event = events.next() => event,
             };
-            if event.is_none() {
-                break;
+            match event {
+                Some(()) => exits.send_modify(|count| *count = count.wrapping_add(1)),
+                // A stream that was open broke: Docker may be stopping. The sync that follows
+                // at once sees it, so that the reconciler can tell who stopped containers.
+                None if opened.elapsed() > Backoff::FIRST => {
+                    exits.send_modify(|count| *count = count.wrapping_add(1));
+                    break;
+                }
+                None => break,
             }
-            exits.send_modify(|count| *count = count.wrapping_add(1));
         }
         // A stream that lasted a while broke by itself (a Docker restart): open it again soon.
         if opened.elapsed() > Backoff::MAX {

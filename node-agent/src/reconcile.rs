@@ -7,7 +7,11 @@
 //! [`ObservedContainer`] list of the next report. Being level-triggered, it needs no memory to be
 //! correct after a restart: containers found by label are adopted, never recreated. Its only
 //! memory is which sessions the manager asked to stop, so that their exited containers are
-//! started again on release instead of being reported as dead.
+//! started again on release instead of being reported as dead, and which dev containers
+//! stopped with the Docker daemon, so that their owners read why ([`describe_docker_stop`]):
+//! one first seen dead while Docker accepts no new connection (a stopping dockerd closes its
+//! socket first, then stops its containers unless live-restore is on), or one seen running
+//! before Docker stopped answering and exited once it answers again.
 //!
 //! Release onto other GPUs: a held container knows the GPUs it was created with (label
 //! `ongrid.gpus`). When its session comes back on the same GPUs it is simply started again
@@ -30,8 +34,8 @@ use tracing::{debug, error, info, warn};
 use crate::network::{FirewallState, HostFirewall, Ipv4Net, NetworkSpec};
 use crate::removed_images::RemovedImages;
 use crate::runtime::{
-    error_chain, held_image, ContainerRuntime, ContainerSpec, ContainerStatus, GpuAccess,
-    LimitCeiling, NetworkStatus, RuntimeError,
+    error_chain, held_image, ContainerRuntime, ContainerSpec, ContainerStatus, DaemonInfo,
+    GpuAccess, LimitCeiling, NetworkStatus, RuntimeError,
 };
 use crate::storage::SiteStorage;
 
@@ -232,6 +236,15 @@ pub fn describe_exit(
     }
 }
 
+/// Why a dev container that stopped with the node's Docker daemon stopped, for its owner.
+pub fn describe_docker_stop(exit_code: i64) -> String {
+    format!(
+        "the dev container stopped (exit code {exit_code}) when the node's Docker daemon stopped \
+         or restarted, which stops every container unless Docker's live-restore is on: start a \
+         new session, and ask the site's admins to turn live-restore on"
+    )
+}
+
 /// `SIGKILL` for 9, and so on for the signals that usually end a container; `signal N` else.
 fn signal_name(signal: i64) -> String {
     let name = match signal {
@@ -265,6 +278,11 @@ pub struct Reconciler {
     problems: HashMap<SessionId, String>,
     /// Sessions whose container has been seen dead (logged once).
     seen_dead: HashSet<SessionId>,
+    /// Sessions whose dead container stopped with the Docker daemon (see
+    /// [`Reconciler::observe`]).
+    stopped_with_docker: HashSet<SessionId>,
+    /// The last listing failed: Docker was away.
+    docker_was_away: bool,
     /// The containers as the last [`Reconciler::observe`] saw them.
     observed: Vec<ContainerStatus>,
     /// How many operations the last [`Reconciler::converge`] carried out.
@@ -290,6 +308,8 @@ impl Reconciler {
             resumable: HashSet::new(),
             problems: HashMap::new(),
             seen_dead: HashSet::new(),
+            stopped_with_docker: HashSet::new(),
+            docker_was_away: false,
             observed: Vec::new(),
             acted: 0,
             removed_images: RemovedImages::new(runtime.clone()),
@@ -318,7 +338,9 @@ impl Reconciler {
     /// runtime cannot list the containers (then nothing is touched).
     pub async fn converge(&mut self, desired: &[DesiredSession]) -> Result<(), RuntimeError> {
         self.acted = 0;
-        let observed = self.runtime.list().await?;
+        let observed = self.runtime.list().await.inspect_err(|_| {
+            self.docker_was_away = true;
+        })?;
         let wanted: HashSet<SessionId> = desired.iter().map(|s| s.session_id).collect();
         self.resumable.retain(|id| wanted.contains(id));
         self.resumable.extend(
@@ -488,18 +510,79 @@ impl Reconciler {
         Ok(spec)
     }
 
+    /// The desired session of an exited dev container that should run and that ongrid did not
+    /// stop: a container that died by itself, or with the Docker daemon.
+    fn dead_unasked(&self, container: &ContainerStatus) -> Option<&DesiredSession> {
+        let id = container.dev_container_of()?;
+        if !matches!(container.state, ContainerState::Exited { .. }) {
+            return None;
+        }
+        self.desired.iter().find(|s| {
+            s.session_id == id
+                && s.run == RunState::Running
+                && !s.resume
+                && !self.resumable.contains(&id)
+        })
+    }
+
+    /// Docker did not answer for a while and answers again: the dev containers seen running
+    /// before and exited now stopped while it was away, with it, unless its live-restore is on
+    /// (then Docker stops none when it stops).
+    async fn note_stopped_while_away(&mut self, before: &[ContainerStatus]) {
+        if let Ok(DaemonInfo { live_restore: true }) = self.runtime.daemon().await {
+            return;
+        }
+        let stopped: Vec<SessionId> = self
+            .observed
+            .iter()
+            .filter(|c| self.dead_unasked(c).is_some())
+            .filter(|c| {
+                before
+                    .iter()
+                    .any(|b| b.id == c.id && b.state == ContainerState::Running)
+            })
+            .filter_map(ContainerStatus::dev_container_of)
+            .collect();
+        self.stopped_with_docker.extend(stopped);
+    }
+
+    /// Dev containers seen dead for the first time while Docker accepts no new connection
+    /// stopped with it: a stopping dockerd closes its socket first, then stops every container
+    /// (without live-restore), while the connections it had still answer.
+    async fn note_stopped_by_stopping_docker(&mut self) {
+        let newly_dead: Vec<SessionId> = self
+            .observed
+            .iter()
+            .filter(|c| self.dead_unasked(c).is_some())
+            .filter_map(ContainerStatus::dev_container_of)
+            .filter(|id| !self.seen_dead.contains(id) && !self.stopped_with_docker.contains(id))
+            .collect();
+        if !newly_dead.is_empty() && self.runtime.daemon().await.is_err() {
+            self.stopped_with_docker.extend(newly_dead);
+        }
+    }
+
     /// Every dev container of the node as the manager should see it, with the problems of the
     /// last pass; a session that should run but has no container and a problem is `Missing`.
     pub async fn observe(&mut self) -> Result<Vec<ObservedContainer>, RuntimeError> {
-        let observed = self.runtime.list().await?;
+        let observed = match self.runtime.list().await {
+            Ok(observed) => observed,
+            Err(e) => {
+                self.docker_was_away = true;
+                return Err(e);
+            }
+        };
+        let before = std::mem::replace(&mut self.observed, observed.clone());
+        if std::mem::take(&mut self.docker_was_away) {
+            self.note_stopped_while_away(&before).await;
+        }
+        self.note_stopped_by_stopping_docker().await;
         let mut report = Vec::new();
         let mut dead = HashSet::new();
-        self.observed = observed.clone();
         for container in &observed {
             let Some(id) = container.dev_container_of() else {
                 continue;
             };
-            let desired = self.desired.iter().find(|s| s.session_id == id);
             let mut error = self.problems.get(&id).cloned();
             if let (
                 ContainerState::Exited {
@@ -508,25 +591,24 @@ impl Reconciler {
                     error: docker_error,
                 },
                 Some(session),
-            ) = (&container.state, desired)
+            ) = (&container.state, self.dead_unasked(container))
             {
-                if session.run == RunState::Running
-                    && !session.resume
-                    && !self.resumable.contains(&id)
-                {
-                    let why = describe_exit(
+                let why = if self.stopped_with_docker.contains(&id) {
+                    describe_docker_stop(*exit_code)
+                } else {
+                    describe_exit(
                         *exit_code,
                         *oom_killed,
                         docker_error.as_deref(),
                         &session.limits,
-                    );
-                    if !self.seen_dead.contains(&id) {
-                        warn!(session = %id, container = %container.id, reason = %why,
-                              "Dev container stopped by itself; it is not restarted.");
-                    }
-                    dead.insert(id);
-                    error.get_or_insert(why);
+                    )
+                };
+                if !self.seen_dead.contains(&id) {
+                    warn!(session = %id, container = %container.id, reason = %why,
+                          "Dev container stopped without ongrid asking; it is not restarted.");
                 }
+                dead.insert(id);
+                error.get_or_insert(why);
             }
             report.push(ObservedContainer {
                 session_id: id,
@@ -535,6 +617,7 @@ impl Reconciler {
                 error,
             });
         }
+        self.stopped_with_docker.retain(|id| dead.contains(id));
         self.seen_dead = dead;
         for session in &self.desired {
             let id = session.session_id;
@@ -1000,6 +1083,93 @@ mod tests {
         );
         let error = report[0].error.as_deref().unwrap();
         assert!(error.contains("memory limit of 2.0 GiB"), "{error}");
+    }
+
+    /// The reason reported for session `a`'s container, which died with SIGTERM's code.
+    async fn reason_after_sigterm(reconciler: &mut Reconciler) -> String {
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report.len(), 1, "{report:?}");
+        report[0].error.clone().expect("a reason")
+    }
+
+    #[tokio::test]
+    async fn a_container_that_died_while_docker_stopped_says_so() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        reconciler.observe().await.unwrap();
+
+        // dockerd closed its socket and stopped the container; the pooled connection answers.
+        runtime.set_daemon_stopping(true);
+        runtime.die(a.session_id, 143, false);
+        let stopping = reason_after_sigterm(&mut reconciler).await;
+        assert_eq!(stopping, describe_docker_stop(143));
+        assert!(stopping.contains("live-restore"), "{stopping}");
+
+        // Back, it is still the reason, even though Docker accepts connections again.
+        runtime.set_daemon_stopping(false);
+        assert_eq!(reason_after_sigterm(&mut reconciler).await, stopping);
+    }
+
+    #[tokio::test]
+    async fn a_container_seen_running_before_docker_went_away_and_exited_after_stopped_with_it() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        reconciler.observe().await.unwrap();
+
+        runtime.fail_list();
+        assert!(reconciler.observe().await.is_err());
+        runtime.die(a.session_id, 143, false);
+        runtime.heal();
+        assert_eq!(
+            reason_after_sigterm(&mut reconciler).await,
+            describe_docker_stop(143)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_container_that_died_while_docker_answered_died_by_itself() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        reconciler.observe().await.unwrap();
+
+        runtime.die(a.session_id, 143, false);
+        assert_eq!(
+            reason_after_sigterm(&mut reconciler).await,
+            "the dev container was killed by SIGTERM (exit code 143) without ongrid asking"
+        );
+        // An outage after the death changes nothing: it was seen dead before.
+        runtime.fail_list();
+        assert!(reconciler.observe().await.is_err());
+        runtime.heal();
+        assert_eq!(
+            reason_after_sigterm(&mut reconciler).await,
+            "the dev container was killed by SIGTERM (exit code 143) without ongrid asking"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_live_restore_a_container_that_died_while_docker_was_away_died_by_itself() {
+        let runtime = Arc::new(FakeRuntime::new());
+        runtime.set_live_restore(true);
+        let mut reconciler = reconciler(&runtime);
+        let a = desired_session(&[GPU]);
+        reconciler.converge(std::slice::from_ref(&a)).await.unwrap();
+        reconciler.observe().await.unwrap();
+
+        runtime.fail_list();
+        assert!(reconciler.converge(std::slice::from_ref(&a)).await.is_err());
+        runtime.die(a.session_id, 143, false);
+        runtime.heal();
+        assert_eq!(
+            reason_after_sigterm(&mut reconciler).await,
+            "the dev container was killed by SIGTERM (exit code 143) without ongrid asking"
+        );
     }
 
     #[tokio::test]

@@ -334,7 +334,7 @@ impl Drop for Cluster {
             drop(node.agent.take());
         }
         for node in &self.nodes {
-            remove_docker_objects(&node.name, &self.site.suffix);
+            remove_docker_objects(None, &node.name, &self.site.suffix);
             remove_firewall_chains(&node.name);
         }
     }

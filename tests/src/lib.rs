@@ -4,7 +4,9 @@
 //!
 //! Every [`Site`] is isolated: its own temporary directory, database, node name and user names,
 //! so tests run in parallel against one Docker daemon. Dropping a site stops its processes and
-//! removes every container and home volume it created, also when the test failed.
+//! removes every container and home volume it created, also when the test failed. A test that
+//! stops or restarts Docker runs its site on a daemon of its own ([`dockerd::TestDockerd`],
+//! [`Site::start_on`]), never on the machine's.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -32,6 +34,7 @@ pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result
 }
 
 pub mod cluster;
+pub mod dockerd;
 
 #[cfg(test)]
 mod architecture;
@@ -330,6 +333,8 @@ pub struct Site {
     metrics: bool,
     /// The `metrics on ADDR` of each component (`manager`, `agent`, `gateway`), once started.
     pub metrics_addrs: BTreeMap<String, String>,
+    /// The Docker daemon of the agent when it is not the machine's (see [`Site::start_on`]).
+    docker: Option<dockerd::AgentDocker>,
 }
 
 impl Site {
@@ -355,6 +360,18 @@ impl Site {
         require_docker();
         let site = Self::prepare(gpus).expect("prepare the site's files");
         let mut site = site;
+        site.start_manager();
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
+    /// Like [`Site::start`], with the agent on a Docker daemon of the test's own instead of
+    /// the machine's; the site's [`Drop`] removes its containers from that daemon.
+    pub fn start_on(gpus: &[SimGpu], dockerd: &dockerd::TestDockerd) -> Self {
+        let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        site.docker = Some(dockerd.agent());
         site.start_manager();
         site.start_agent();
         site.wait_for_node();
@@ -546,6 +563,7 @@ pids = 512
             agent_images: String::new(),
             metrics: false,
             metrics_addrs: BTreeMap::new(),
+            docker: None,
         })
     }
 
@@ -637,8 +655,16 @@ gateway_token_file = "{gateway_token}"
         } else {
             toml
         };
+        let toml = match &self.docker {
+            Some(docker) => toml + &docker.config,
+            None => toml,
+        };
         std::fs::write(&config, toml).expect("write agent config");
-        let mut child = Command::new(binary("ongrid-agent"))
+        let mut command = Command::new(binary("ongrid-agent"));
+        if let Some(docker) = &self.docker {
+            command.env("DOCKER_HOST", &docker.host);
+        }
+        let mut child = command
             .arg("--config")
             .arg(&config)
             .env("ONGRID_LOG", "info,ongrid_agent=debug")
@@ -1139,8 +1165,13 @@ impl Drop for Site {
         drop(self.gateway.take());
         drop(self.agent.take());
         drop(self.manager.take());
-        remove_docker_objects(&self.node, &self.suffix);
-        remove_firewall_chains(&self.node);
+        let host = self.docker.as_ref().map(|docker| docker.host.as_str());
+        remove_docker_objects(host, &self.node, &self.suffix);
+        // On a daemon of the test's own, the chains live in its network namespace, which goes
+        // with it.
+        if host.is_none() {
+            remove_firewall_chains(&self.node);
+        }
         // Every binary escapes what a peer controls (a login, a forwarded host, a DN): a raw
         // control character in a log would let a client forge log lines.
         if !std::thread::panicking() {
@@ -1201,42 +1232,55 @@ fn remove_firewall_chains(node: &str) {
     }
 }
 
-/// Removes the ongrid containers of `node` or of users whose login contains `suffix` (sessions'
-/// and batch jobs' `ongrid-job-*`), the networks the agent of `node` made, and the home volumes
-/// whose name contains `suffix`.
-fn remove_docker_objects(node: &str, suffix: &str) {
-    let rows = docker_lines(&[
-        "ps",
-        "-a",
-        "--filter",
-        "label=ongrid.managed=true",
-        "--format",
-        "{{.ID}} {{.Label \"ongrid.node\"}} {{.Label \"ongrid.user\"}}",
-    ]);
+/// `docker`, or `docker -H HOST` for a daemon other than the machine's.
+fn docker_on(host: Option<&str>) -> Command {
+    let mut command = Command::new("docker");
+    if let Some(host) = host {
+        command.arg("-H").arg(host);
+    }
+    command
+}
+
+/// Removes, from the daemon at `host` (the machine's: `None`), the ongrid containers of `node`
+/// or of users whose login contains `suffix` (sessions' and batch jobs' `ongrid-job-*`), the
+/// networks the agent of `node` made, and the home volumes whose name contains `suffix`.
+fn remove_docker_objects(host: Option<&str>, node: &str, suffix: &str) {
+    let rows = docker_lines_on(
+        host,
+        &[
+            "ps",
+            "-a",
+            "--filter",
+            "label=ongrid.managed=true",
+            "--format",
+            "{{.ID}} {{.Label \"ongrid.node\"}} {{.Label \"ongrid.user\"}}",
+        ],
+    );
     for row in rows {
         let mut fields = row.split_whitespace();
         let (Some(id), rest) = (fields.next(), fields.collect::<Vec<_>>()) else {
             continue;
         };
         if rest.iter().any(|f| *f == node || f.contains(suffix)) {
-            let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            let _ = docker_on(host).args(["rm", "-f", id]).output();
         }
     }
     let node_label = format!("label=ongrid.node={node}");
-    for network in docker_lines(&["network", "ls", "-q", "--filter", &node_label]) {
-        let _ = Command::new("docker")
-            .args(["network", "rm", &network])
-            .output();
+    for network in docker_lines_on(host, &["network", "ls", "-q", "--filter", &node_label]) {
+        let _ = docker_on(host).args(["network", "rm", &network]).output();
     }
-    let volumes = docker_lines(&[
-        "volume",
-        "ls",
-        "-q",
-        "--filter",
-        "label=ongrid.managed=true",
-    ]);
+    let volumes = docker_lines_on(
+        host,
+        &[
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            "label=ongrid.managed=true",
+        ],
+    );
     for volume in volumes.iter().filter(|v| v.contains(suffix)) {
-        let _ = Command::new("docker")
+        let _ = docker_on(host)
             .args(["volume", "rm", "-f", volume])
             .output();
     }
@@ -1244,10 +1288,12 @@ fn remove_docker_objects(node: &str, suffix: &str) {
 
 /// Runs a docker CLI command and returns its non-empty stdout lines.
 pub fn docker_lines(args: &[&str]) -> Vec<String> {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .expect("run docker");
+    docker_lines_on(None, args)
+}
+
+/// [`docker_lines`] against the daemon at `host` (the machine's: `None`).
+pub fn docker_lines_on(host: Option<&str>, args: &[&str]) -> Vec<String> {
+    let out = docker_on(host).args(args).output().expect("run docker");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -1257,7 +1303,12 @@ pub fn docker_lines(args: &[&str]) -> Vec<String> {
 
 /// `docker inspect` of one container, or `None` when it does not exist.
 pub fn inspect_container(name: &str) -> Option<Value> {
-    let out = Command::new("docker")
+    inspect_container_on(None, name)
+}
+
+/// [`inspect_container`] on the daemon at `host` (the machine's: `None`).
+pub fn inspect_container_on(host: Option<&str>, name: &str) -> Option<Value> {
+    let out = docker_on(host)
         .args(["inspect", "--type", "container", name])
         .output()
         .ok()?;

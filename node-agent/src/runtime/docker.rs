@@ -45,7 +45,7 @@ use tracing::{debug, info};
 use super::accounts::{self, EtcFile};
 use super::direct::{DirectError, DirectExec};
 use super::LABEL_GPUS;
-use super::{BindMount, Home, NetworkStatus, NodeResources, Propagation};
+use super::{BindMount, DaemonInfo, Home, NetworkStatus, NodeResources, Propagation};
 use super::{
     ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
     ExecStatus, GpuAccess, RuntimeError, SessionContainer, TtySize, LABEL_HELPER, LABEL_MANAGED,
@@ -918,6 +918,20 @@ impl ContainerRuntime for DockerRuntime {
             Ok(NodeResources {
                 millicpus: positive(info.ncpu).saturating_mul(1000),
                 memory_bytes: positive(info.mem_total),
+            })
+        })
+    }
+
+    fn daemon(&self) -> BoxFuture<'_, Result<DaemonInfo, RuntimeError>> {
+        Box::pin(async move {
+            // A client of its own, so that no pooled connection answers: a stopping dockerd
+            // has closed its socket but still serves the connections it had.
+            let unreachable = |e: BollardError| RuntimeError::Unreachable(Box::new(e));
+            let fresh = Docker::connect_with_local_defaults().map_err(unreachable)?;
+            let fresh = fresh.negotiate_version().await.map_err(unreachable)?;
+            let info = fresh.info().await.map_err(unreachable)?;
+            Ok(DaemonInfo {
+                live_restore: info.live_restore_enabled.unwrap_or(false),
             })
         })
     }

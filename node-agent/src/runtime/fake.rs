@@ -16,8 +16,8 @@ use ongrid_core::{Dn, GpuId, MemorySize, NodeName, SessionId, SessionName, UserN
 use tokio::io::AsyncReadExt;
 
 use super::{
-    ContainerRuntime, ContainerSpec, ContainerStatus, ExecOutput, ExecProcess, ExecSpec,
-    ExecStatus, NetworkStatus, NodeResources, RuntimeError, SessionContainer, TtySize,
+    ContainerRuntime, ContainerSpec, ContainerStatus, DaemonInfo, ExecOutput, ExecProcess,
+    ExecSpec, ExecStatus, NetworkStatus, NodeResources, RuntimeError, SessionContainer, TtySize,
 };
 
 /// A session of the manager's desired state, as tests need one.
@@ -55,6 +55,10 @@ struct State {
     /// Operations (`create`, `start`, `stop`, `remove`) that fail from now on.
     failing: BTreeSet<&'static str>,
     list_fails: bool,
+    /// `daemon` fails, as a stopping Docker's socket refuses new connections.
+    daemon_stopping: bool,
+    /// What `daemon` says of live-restore.
+    live_restore: bool,
     calls: Vec<String>,
     session_containers: BTreeMap<SessionId, SessionContainer>,
     execs: BTreeMap<String, FakeExec>,
@@ -196,6 +200,15 @@ impl FakeRuntime {
         let mut s = self.state();
         s.failing.clear();
         s.list_fails = false;
+    }
+
+    /// Makes `daemon` fail (`true`), as it does while Docker stops, or answer again.
+    pub fn set_daemon_stopping(&self, stopping: bool) {
+        self.state().daemon_stopping = stopping;
+    }
+
+    pub fn set_live_restore(&self, on: bool) {
+        self.state().live_restore = on;
     }
 
     pub fn fail_list(&self) {
@@ -760,6 +773,21 @@ impl ContainerRuntime for FakeRuntime {
             s.networks.remove(id);
             Ok(())
         })
+    }
+
+    fn daemon(&self) -> BoxFuture<'_, Result<DaemonInfo, RuntimeError>> {
+        let (stopping, live_restore) = {
+            let state = self.state();
+            (state.daemon_stopping, state.live_restore)
+        };
+        let result = if stopping {
+            Err(RuntimeError::Unreachable(
+                "the fake was told it is stopping".into(),
+            ))
+        } else {
+            Ok(DaemonInfo { live_restore })
+        };
+        Box::pin(async move { result })
     }
 
     fn node_resources(&self) -> BoxFuture<'_, Result<NodeResources, RuntimeError>> {

@@ -377,6 +377,14 @@ impl LimitCeiling {
     }
 }
 
+/// What the agent needs to know of the container engine itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DaemonInfo {
+    /// Docker's `live-restore`: containers keep running while the daemon is stopped,
+    /// restarted or upgraded. Without it the daemon stops every container when it stops.
+    pub live_restore: bool,
+}
+
 /// Why a runtime operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -585,6 +593,11 @@ pub trait ContainerRuntime: Send + Sync + 'static {
 
     /// The node's CPUs and memory.
     fn node_resources(&self) -> BoxFuture<'_, Result<NodeResources, RuntimeError>>;
+
+    /// The engine's own settings, asked over a new connection: an error means the engine
+    /// accepts no connection now (it is stopping, or gone), even while connections opened
+    /// before still answer, as Docker's do while it stops its containers.
+    fn daemon(&self) -> BoxFuture<'_, Result<DaemonInfo, RuntimeError>>;
 
     // ---- Batch jobs (see `crate::jobs`) ----
 

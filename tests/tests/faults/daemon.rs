@@ -1,240 +1,204 @@
-//! One restart of the Docker daemon under a running session.
-//!
-//! The daemon of the test machine is `dockerd` started by its init (no systemd): the test reads
-//! its command line, environment and log file from `/proc`, stops it with SIGTERM, waits until it
-//! is gone, and starts it again with the same command line, detached (`setsid --fork`, output
-//! appended to the log file it had, else to `/var/log/ongrid-faults-dockerd.log`). [`DaemonRestart`]'s `Drop` starts it again whenever
-//! `docker info` fails, so a failing test never leaves the machine without Docker. It takes
-//! [`crate::DOCKER`] for writing, so no other test of this binary runs meanwhile; the Docker
-//! tests of other binaries and people must not run at the same time either (their containers
-//! stop with the daemon).
+//! Restarts of the Docker daemon under a running session, with and without Docker's
+//! live-restore, on a daemon each test starts itself ([`TestDockerd`]: its own socket, data
+//! root, containerd and network namespace). The machine's daemon and its containers are never
+//! touched, so these tests run beside every other.
 //!
 //! Without live-restore the daemon stops every container when it stops, and ongrid never
 //! restarts a container behind the user's back (ARCHITECTURE.md, "Session states and
-//! containers"): the session whose container died is FAILED with the exit code within 60 s of
-//! the daemon being back, its container is kept for inspection (one, not recreated), and the
-//! agent, which kept syncing, starts new sessions again.
+//! containers"): the session is FAILED within 60 s of the restart with a reason that names the
+//! Docker daemon and live-restore, its container is kept for inspection (one, not recreated),
+//! and the agent, which reconnects to the new daemon, starts new sessions again. With
+//! live-restore the session stays WAITING in the same container, never restarted, and an SSH
+//! connection open across the restart goes on working (its process was started by runc beside
+//! dockerd, not through it).
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::Stdio;
+use std::time::Duration;
 
+use ongrid_e2e::dockerd::{LiveRestore, TestDockerd};
 use ongrid_e2e::{SimGpu, Site};
+use serde_json::Value;
 
-use crate::{converges_to, one_container, running, show, DOCKER};
+use crate::{converges_to, explain, show, ssh_works, states, CONVERGE};
 
-/// How long the daemon may take to stop or to answer again.
-const DAEMON: Duration = Duration::from_secs(90);
+/// How long after the restart the session may take to be FAILED, or a new one WAITING.
+const AFTER_RESTART: Duration = Duration::from_secs(60);
 
-/// Where dockerd's output goes when it had no log file of its own.
-const LOG: &str = "/var/log/ongrid-faults-dockerd.log";
-
-fn docker_answers() -> bool {
-    Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// The ids of the containers, in any state, of session `view` on `dockerd`.
+fn containers_of(dockerd: &TestDockerd, view: &Value) -> Vec<String> {
+    let id = view["id"].as_str().expect("session id");
+    dockerd.docker_lines(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=ongrid.session={id}"),
+    ])
 }
 
-fn alive(pid: u32) -> bool {
-    // A zombie has no command line left; one that is gone has no directory.
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+/// The full id of the one container of session `view` on `dockerd`.
+fn one_container(site: &Site, dockerd: &TestDockerd, view: &Value) -> String {
+    let containers = containers_of(dockerd, view);
+    assert_eq!(
+        containers.len(),
+        1,
+        "session {} must have exactly one container: {containers:?}\n{}{}",
+        view["id"],
+        site.logs(),
+        dockerd.log_tail()
+    );
+    containers[0].clone()
 }
 
-/// Waits up to `bound` for `done`, polling every 200 ms; returns whether it happened.
-fn within(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < bound {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    done()
+/// `State` of the container named in `view`, from `dockerd`.
+fn container_state(dockerd: &TestDockerd, view: &Value) -> Value {
+    let name = view["container"].as_str().expect("container name");
+    dockerd
+        .inspect_container(name)
+        .unwrap_or_else(|| panic!("container {name} exists"))["State"]
+        .clone()
 }
 
-/// The running dockerd: its pid, argv and environment, read from /proc.
-#[derive(Debug, Clone)]
-struct Dockerd {
-    pid: u32,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    /// The regular file its stdout went to (its init's log), if any.
-    log: PathBuf,
+/// The agent's log so far.
+fn agent_log(site: &Site) -> String {
+    std::fs::read_to_string(site.dir.path().join("agent.log")).expect("read the agent's log")
 }
 
-impl Dockerd {
-    fn find() -> Self {
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-                continue;
-            };
-            let argv: Vec<String> = cmdline
-                .split(|b| *b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            let is_dockerd = argv
-                .first()
-                .and_then(|a| PathBuf::from(a).file_name().map(|n| n == "dockerd"))
-                .unwrap_or(false);
-            if is_dockerd {
-                found.push((pid, argv));
-            }
-        }
-        assert_eq!(
-            found.len(),
-            1,
-            "the Docker restart test needs exactly one dockerd: {found:?}"
-        );
-        let (pid, argv) = found.remove(0);
-        let environ =
-            std::fs::read(format!("/proc/{pid}/environ")).expect("read dockerd's environ");
-        let env = environ
-            .split(|b| *b == 0)
-            .filter_map(|kv| {
-                let kv = String::from_utf8_lossy(kv);
-                kv.split_once('=')
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            })
-            .collect();
-        let log = std::fs::read_link(format!("/proc/{pid}/fd/1"))
-            .ok()
-            .filter(|path| path.is_file())
-            .unwrap_or_else(|| PathBuf::from(LOG));
-        Self {
-            pid,
-            argv,
-            env,
-            log,
-        }
-    }
-
-    /// Starts dockerd detached with the recorded command line and environment; whether setsid
-    /// could start it (never panics: it runs in `Drop`).
-    fn spawn(&self) -> bool {
-        let Ok(log) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-        else {
-            return false;
-        };
-        let Ok(log_too) = log.try_clone() else {
-            return false;
-        };
-        // `setsid --fork`: dockerd runs in its own session, reparented to init once setsid
-        // exits, as the original was.
-        let status = Command::new("setsid")
-            .arg("--fork")
-            .arg(&self.argv[0])
-            .args(&self.argv[1..])
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(log_too)
-            .stderr(log)
-            .status();
-        status.is_ok_and(|s| s.success())
-    }
-}
-
-/// A restart of dockerd in progress; dropping it makes sure Docker answers again.
-struct DaemonRestart {
-    daemon: Dockerd,
-}
-
-impl DaemonRestart {
-    /// Stops dockerd with SIGTERM, waits until it is gone, starts it again and waits until
-    /// `docker info` answers.
-    fn run() -> Self {
-        let daemon = Dockerd::find();
-        let guard = Self {
-            daemon: daemon.clone(),
-        };
-        let status = Command::new("kill")
-            .args(["-TERM", &daemon.pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {}", daemon.pid);
-        assert!(
-            within(DAEMON, || !alive(daemon.pid)),
-            "dockerd {} did not stop within {DAEMON:?}",
-            daemon.pid
-        );
-        assert!(daemon.spawn(), "setsid --fork {:?} failed", daemon.argv);
-        assert!(
-            within(DAEMON, docker_answers),
-            "dockerd did not answer within {DAEMON:?} of its start; see {}",
-            daemon.log.display()
-        );
-        guard
-    }
-}
-
-impl Drop for DaemonRestart {
-    fn drop(&mut self) {
-        if docker_answers() {
-            return;
-        }
-        // The old daemon may still be stopping; a second one must not start beside it.
-        within(DAEMON, || !alive(self.daemon.pid));
-        if !within(Duration::from_secs(5), docker_answers) {
-            eprintln!(
-                "Docker does not answer: starting dockerd again ({}).",
-                self.daemon.log.display()
-            );
-            if !self.daemon.spawn() || !within(DAEMON, docker_answers) {
-                eprintln!(
-                    "dockerd still does not answer: see {}",
-                    self.daemon.log.display()
-                );
-            }
-        }
-    }
-}
-
-/// Docker restarted once under a WAITING session: its container died with the daemon, so the
-/// session is FAILED with the exit code within 60 s, one container kept; a new session is
-/// WAITING within 60 s.
+/// Without live-restore, the restart stops the session's container: the session is FAILED
+/// within 60 s saying that the Docker daemon stopped it and what live-restore would have done,
+/// its one container kept and not restarted; a new session is WAITING within 60 s.
 #[test]
-fn docker_daemon_restart_fails_the_session_whose_container_died_within_60s() {
-    let _alone = DOCKER.write().unwrap_or_else(|p| p.into_inner());
-    let mut site = Site::start(&[SimGpu::a100(1), SimGpu::a100(2)]);
+fn without_live_restore_a_docker_restart_fails_the_session_saying_why() {
+    let mut dockerd = TestDockerd::start(LiveRestore::Off);
+    let mut site = Site::start_on(&[SimGpu::a100(1), SimGpu::a100(2)], &dockerd);
+    let log = agent_log(&site);
+    assert!(
+        log.contains("Docker's live-restore is off") && log.contains("/etc/docker/daemon.json"),
+        "the agent says at start-up that live-restore is off and how to turn it on\n{log}"
+    );
     let alice = site.user("Alice");
     site.devctl_ok(&alice, &["session", "new", "--name", "train1", "--wait"]);
     let before = show(&site, &alice, "train1");
-    let container = one_container(&site, &before);
+    let container = one_container(&site, &dockerd, &before);
+    assert_eq!(container_state(&dockerd, &before)["Running"], true);
 
-    let restart = DaemonRestart::run();
+    dockerd.restart();
 
-    let failed = converges_to(&site, &alice, "train1", "FAILED", Duration::from_secs(60));
+    let failed = converges_to(&site, &alice, "train1", "FAILED", AFTER_RESTART);
     let reason = failed["reason"].as_str().unwrap_or_default();
     assert!(
-        reason.starts_with("container exited with code "),
+        reason.contains("when the node's Docker daemon stopped or restarted")
+            && reason.contains("live-restore"),
         "{reason}\n{failed:#}"
     );
     assert_eq!(
-        one_container(&site, &failed),
+        one_container(&site, &dockerd, &failed),
         container,
         "kept, not recreated"
     );
-    assert!(!running(&failed), "never restarted behind the user's back");
+    assert_eq!(
+        container_state(&dockerd, &failed)["Running"],
+        false,
+        "never restarted behind the user's back"
+    );
 
     site.devctl_ok(&alice, &["session", "new", "--name", "after"]);
-    let after = converges_to(&site, &alice, "after", "WAITING", Duration::from_secs(60));
-    assert!(running(&after));
-    one_container(&site, &after);
-    drop(restart);
+    let after = converges_to(&site, &alice, "after", "WAITING", AFTER_RESTART);
+    assert_eq!(container_state(&dockerd, &after)["Running"], true);
+    one_container(&site, &dockerd, &after);
+}
+
+/// With live-restore, the restart leaves the session's container running: the session stays
+/// WAITING (no other state entered) in the same container, started once; an SSH connection
+/// open across the restart still echoes; new commands and a new session work after it.
+#[test]
+fn with_live_restore_a_session_keeps_running_across_a_docker_restart() {
+    let mut dockerd = TestDockerd::start(LiveRestore::On);
+    let mut site = Site::start_on(&[SimGpu::a100(1), SimGpu::a100(2)], &dockerd);
+    let log = agent_log(&site);
+    assert!(
+        log.contains("Docker's live-restore is on"),
+        "the agent says at start-up that live-restore is on\n{log}"
+    );
+    site.allow_loopback();
+    let alice = site.user("Alice");
+    site.add_key(&alice);
+    site.devctl_ok(&alice, &["session", "new", "--name", "train1", "--wait"]);
+    let before = show(&site, &alice, "train1");
+    let container = one_container(&site, &dockerd, &before);
+    let started = container_state(&dockerd, &before)["StartedAt"].clone();
+    ssh_works(&site, &alice, "train1", "true", CONVERGE);
+
+    // A connection open across the restart: `cat` echoes a line before and one after.
+    let mut open = site
+        .ssh_command(&alice, "train1")
+        .arg("cat")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ssh");
+    let mut input = open.stdin.take().expect("ssh stdin");
+    let mut output = BufReader::new(open.stdout.take().expect("ssh stdout"));
+    input.write_all(b"before\n").expect("write to ssh");
+    let mut line = String::new();
+    output.read_line(&mut line).expect("read from ssh");
+    assert_eq!(line, "before\n");
+    converges_to(&site, &alice, "train1", "CONNECTED", CONVERGE);
+
+    dockerd.restart();
+
+    input
+        .write_all(b"after\n")
+        .expect("write to ssh after the restart");
+    drop(input);
+    let mut rest = String::new();
+    output
+        .read_to_string(&mut rest)
+        .expect("read from ssh after the restart");
+    let status = open.wait().expect("wait for ssh");
+    let mut stderr = String::new();
+    let _ = open
+        .stderr
+        .take()
+        .expect("ssh stderr")
+        .read_to_string(&mut stderr);
+    assert!(
+        status.success() && rest == "after\n",
+        "the connection open across the restart: {status}, {rest:?}, {stderr}\n{}{}",
+        site.logs(),
+        dockerd.log_tail()
+    );
+
+    // A new command, through the agent on the restarted daemon.
+    let out = ssh_works(&site, &alice, "train1", "echo still here", CONVERGE);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "still here\n",
+        "{}",
+        explain(&out)
+    );
+    // A new session: the agent creates containers on the restarted daemon.
+    site.devctl_ok(&alice, &["session", "new", "--name", "after"]);
+    let after = converges_to(&site, &alice, "after", "WAITING", AFTER_RESTART);
+    assert_eq!(container_state(&dockerd, &after)["Running"], true);
+
+    let now = show(&site, &alice, "train1");
+    assert!(
+        ["CONNECTED", "IDLE", "WAITING"].contains(&now["state"].as_str().unwrap_or_default()),
+        "{now:#}"
+    );
+    assert!(
+        !states(&now).iter().any(|s| s == "FAILED" || s == "HELD"),
+        "never FAILED nor HELD: {now:#}"
+    );
+    assert_eq!(
+        one_container(&site, &dockerd, &now),
+        container,
+        "the same container"
+    );
+    let state = container_state(&dockerd, &now);
+    assert_eq!(state["Running"], true, "{state:#}");
+    assert_eq!(state["StartedAt"], started, "never restarted: {state:#}");
 }

@@ -9,8 +9,8 @@ use ongrid_e2e::{docker_lines, SimGpu, Site, User};
 use serde_json::Value;
 
 use crate::{
-    converges_to, docker_stays_up, no_partial_work, one_container, partial_entries, running, show,
-    ssh_works, CONVERGE,
+    converges_to, no_partial_work, one_container, partial_entries, running, show, ssh_works,
+    CONVERGE,
 };
 
 /// How long a freeze of the dev image may take on a test machine.
@@ -125,7 +125,6 @@ fn sif_files(store: &Path) -> Vec<PathBuf> {
 /// one READY record and one SIF.
 #[test]
 fn agent_killed_during_freeze_the_image_fails_within_30s_and_nothing_is_left() {
-    let _docker = docker_stays_up();
     let (mut site, alice, before) = site_with_session();
     let login = site.login_of("Alice");
     let _tags = FrozenTags(vec![
@@ -197,7 +196,6 @@ fn agent_killed_during_freeze_the_image_fails_within_30s_and_nothing_is_left() {
 /// SIF file, nothing in `.partial/`, the session running.
 #[test]
 fn manager_killed_during_freeze_the_image_is_ready_once_within_180s() {
-    let _docker = docker_stays_up();
     let (mut site, alice, before) = site_with_session();
     let login = site.login_of("Alice");
     let _tags = FrozenTags(vec![format!("ongrid/{login}/crash:v1")]);
@@ -257,7 +255,6 @@ impl Drop for Tmpfs {
 /// session runs on, still reachable over ssh.
 #[test]
 fn a_full_image_store_fails_the_freeze_with_the_reason_and_the_session_runs_on() {
-    let _docker = docker_stays_up();
     let (mut site, alice, before) = site_with_session();
     let login = site.login_of("Alice");
     let _tags = FrozenTags(vec![

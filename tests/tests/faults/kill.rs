@@ -8,8 +8,8 @@ use ongrid_e2e::{docker_exec, docker_lines, inspect_container, SimGpu, Site};
 use serde_json::Value;
 
 use crate::{
-    catch, containers_of, converges_to, docker_stays_up, explain, one_container, running, show,
-    ssh_works, states, CONVERGE,
+    catch, containers_of, converges_to, explain, one_container, running, show, ssh_works, states,
+    CONVERGE,
 };
 
 /// Start interrupted in the manager: `session new` is answered (the session is PENDING or
@@ -17,7 +17,6 @@ use crate::{
 /// with one container and each state entered once.
 #[test]
 fn manager_killed_right_after_session_new_the_session_is_waiting_within_30s() {
-    let _docker = docker_stays_up();
     let mut site = Site::start(&[SimGpu::a100(1)]);
     let alice = site.user("Alice");
     site.devctl_ok(&alice, &["session", "new", "--name", "train1"]);
@@ -44,7 +43,6 @@ fn manager_killed_right_after_session_new_the_session_is_waiting_within_30s() {
 /// network, each state entered once.
 #[test]
 fn agent_killed_while_the_container_is_created_the_session_is_waiting_within_30s() {
-    let _docker = docker_stays_up();
     let mut site = Site::start(&[SimGpu::a100(1), SimGpu::a100(2)]);
     let alice = site.user("Alice");
     for (name, at_container) in [("train1", false), ("train2", true)] {
@@ -119,7 +117,6 @@ fn agent_killed_while_the_container_is_created_the_session_is_waiting_within_30s
 /// `idle_timeout` 10 s the session is HELD as idle within 60 s.
 #[test]
 fn every_component_killed_while_a_session_runs_the_same_container_serves_ssh_within_30s() {
-    let _docker = docker_stays_up();
     let mut site = Site::start_with_lifecycle(
         &[SimGpu::a100(1)],
         "connection_stale_after = \"20s\"\nconnect_deadline = \"1 hour\"\nidle_timeout = \"10s\"\n\
@@ -192,7 +189,6 @@ fn every_component_killed_while_a_session_runs_the_same_container_serves_ssh_wit
 /// WAITING within 30 s in the same container, with the user's files.
 #[test]
 fn agent_or_manager_killed_during_release_the_same_container_runs_within_30s() {
-    let _docker = docker_stays_up();
     let mut site = Site::start(&[SimGpu::a100(1)]);
     site.allow_loopback();
     let alice = site.user("Alice");

@@ -1,7 +1,8 @@
 //! The fault suite: the real manager, agent and gateway killed with SIGKILL (a crash, never the
 //! graceful stop) at points of session start, release and freeze, an image store that fills up,
-//! and one restart of the Docker daemon. After each fault the component is started again and
-//! the test asserts convergence within a stated bound, by polling (never a fixed sleep):
+//! and restarts of a Docker daemon the test starts itself, with and without live-restore. After
+//! each fault the component is started again and the test asserts convergence within a stated
+//! bound, by polling (never a fixed sleep):
 //!
 //! - every session reaches the state it should be in (WAITING, HELD, FAILED with a reason),
 //! - it has exactly one container (`docker ps -a --filter label=ongrid.session=<id>`), the same
@@ -9,8 +10,7 @@
 //! - an image is recorded once, READY or FAILED with a reason, and `<store>/.partial/` is empty,
 //! - ssh through the gateway works again where the session runs.
 //!
-//! Its own test binary, so cargo never runs it beside the e2e one. Inside it, the tests share
-//! [`DOCKER`]: each takes it for reading, the Docker restart for writing, so that one runs alone.
+//! Its own test binary, so cargo never runs it beside the e2e one.
 
 mod daemon;
 mod freeze;
@@ -18,21 +18,10 @@ mod kill;
 
 use std::path::Path;
 use std::process::Output;
-use std::sync::{RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use ongrid_e2e::{docker_lines, inspect_container, Site, User};
 use serde_json::Value;
-
-/// Held for reading by every test, for writing by the one that restarts the Docker daemon.
-pub static DOCKER: RwLock<()> = RwLock::new(());
-
-/// The shared hold on [`DOCKER`] of a test that needs the daemon to stay up.
-pub fn docker_stays_up() -> RwLockReadGuard<'static, ()> {
-    DOCKER
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// How long a session may take to reach its state after a component is back.
 pub const CONVERGE: Duration = Duration::from_secs(30);
