@@ -446,7 +446,11 @@ async fn every_command_has_help() {
         (&["admin", "gpu", "--help"], &["mode"]),
         (
             &["job", "--help"],
-            &["submit", "ls", "show", "logs", "cancel", "halt"],
+            &["submit", "ls", "show", "logs", "cancel", "halt", "rm"],
+        ),
+        (
+            &["job", "rm", "--help"],
+            &["<ID>...", "cancel it first", "--json"],
         ),
         (
             &["job", "submit", "--help"],
@@ -1761,6 +1765,13 @@ async fn job_commands_send_their_routes_and_bodies() {
             stdout: "is CANCELLED",
         },
         Case {
+            args: &["job", "rm", JOB_ID],
+            answers: vec![Answer::ok(&job_view(JobState::Cancelled))],
+            sent: vec![Sent::new("DELETE", &format!("/v1/jobs/{JOB_ID}"))],
+            stdout:
+                "job 5d2c1f3e-8a4b-4c6d-9e0f-1a2b3c4d5e6f removed (CANCELLED), with its output\n",
+        },
+        Case {
             args: &["job", "halt", JOB_ID, "--json"],
             answers: vec![Answer::ok(&job_view(JobState::MustHalt))],
             sent: vec![Sent::new("POST", &format!("/v1/jobs/{JOB_ID}/halt"))],
@@ -1885,6 +1896,51 @@ async fn job_logs_waits_for_the_rest_of_an_ended_jobs_output() {
             "{notes}"
         );
     }
+}
+
+/// `job rm A B`: each job in turn; a refused one is named with the manager's words on stderr,
+/// the others are removed, and the command fails saying how many were not.
+#[tokio::test]
+async fn job_rm_removes_what_it_may_and_names_each_refusal() {
+    use ongrid_core::job::JobState;
+    const RUNNING_ID: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+    let refusal = format!(
+        "job {RUNNING_ID} is RUNNING and has not ended: cancel it first with `devctl job cancel \
+         {RUNNING_ID}`, then remove it"
+    );
+    let ca = Ca::new("Site CA");
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![
+            Answer::error("409 Conflict", "conflict", &refusal),
+            Answer::ok(&job_view(JobState::Finished)),
+        ],
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let output = devctl(
+        files.home.path(),
+        &files.env(&manager.url),
+        &["job", "rm", RUNNING_ID, JOB_ID],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        format!("job {JOB_ID} removed (FINISHED), with its output\n")
+    );
+    assert_eq!(
+        stderr(&output),
+        format!("job {RUNNING_ID}: {refusal}\nerror: 1 of 2 jobs not removed (above)\n")
+    );
+    assert_eq!(
+        manager.sent(),
+        [
+            Sent::new("DELETE", &format!("/v1/jobs/{RUNNING_ID}")),
+            Sent::new("DELETE", &format!("/v1/jobs/{JOB_ID}")),
+        ]
+    );
 }
 
 /// `job logs` without -f prints the whole stored output, however many 1 MiB answers it takes:

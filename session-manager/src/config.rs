@@ -103,6 +103,9 @@ pub struct RawConfig {
     /// `[jobs]`: batch jobs' durations and where their output is kept.
     #[serde(default)]
     pub jobs: RawJobs,
+    /// `[retention]`: how long ended jobs and closed connections of the audit log are kept.
+    #[serde(default)]
+    pub retention: RawRetention,
     /// `[policy]`: who may use the site, in which accounting group. Absent: every user of the
     /// CAs in `ca_dir`, in group `default`.
     #[serde(default)]
@@ -146,6 +149,20 @@ pub struct RawJobs {
     #[serde(default)]
     pub shared_work_dir: bool,
 }
+
+/// `[retention]` as written in the manager's config file: durations like `"30 days"`, or
+/// `"forever"` (or `"0"`) to keep everything.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetention {
+    /// How long a job's record and output are kept after it ended. Absent: 30 days.
+    pub jobs: Option<String>,
+    /// How long a connection of the audit log is kept after it closed. Absent: 180 days.
+    pub connections: Option<String>,
+}
+
+/// The shortest retention: a prune runs every hour.
+const SHORTEST_RETENTION: Duration = Duration::from_secs(3600);
 
 /// `[session_limits]`: what every dev container may use.
 #[derive(Debug, Clone, Deserialize)]
@@ -240,6 +257,8 @@ pub struct Config {
     pub job_limits: crate::domain::jobs::JobLimits,
     /// Where jobs' output files are.
     pub job_log_dir: PathBuf,
+    /// `[retention]`: how long ended jobs and closed connections are kept.
+    pub retention: crate::retention::RetentionConfig,
     /// `[policy]`: who may use the site, and their accounting groups.
     pub admission: Admission,
     /// `[fairshare]`; `None`: first come, first served.
@@ -311,6 +330,42 @@ impl Validator<'_> {
             return Err(self.invalid(key, "must be longer than 0 seconds"));
         }
         Ok(duration)
+    }
+
+    /// A `[retention]` key: `default` when absent, `None` for ever.
+    fn retention(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Result<Option<Duration>, ConfigError> {
+        let Some(value) = value else {
+            return Ok(Some(default));
+        };
+        if matches!(value.trim(), "forever" | "0") {
+            return Ok(None);
+        }
+        let duration = HumanDuration::parse(value)
+            .map_err(|e| {
+                self.invalid(
+                    key,
+                    format!(
+                        "{e}: give a duration like \"30 days\", or \"forever\" to keep everything"
+                    ),
+                )
+            })?
+            .as_duration();
+        if duration < SHORTEST_RETENTION {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "{} is shorter than 1 hour, how often the manager prunes: give 1 hour or \
+                     more, or \"forever\" to keep everything",
+                    HumanDuration(duration)
+                ),
+            ));
+        }
+        Ok(Some(duration))
     }
 
     fn non_empty_path(&self, key: &str, value: &Path) -> Result<(), ConfigError> {
@@ -516,6 +571,18 @@ impl Validator<'_> {
                 ))
             }
         };
+        let retention = crate::retention::RetentionConfig {
+            jobs: self.retention(
+                "retention.jobs",
+                raw.retention.jobs.as_deref(),
+                crate::retention::DEFAULT_JOBS,
+            )?,
+            connections: self.retention(
+                "retention.connections",
+                raw.retention.connections.as_deref(),
+                crate::retention::DEFAULT_CONNECTIONS,
+            )?,
+        };
         if raw.session_limits.pids < 16 {
             return Err(self.invalid(
                 "session_limits.pids",
@@ -555,6 +622,7 @@ impl Validator<'_> {
             freeze_stall_timeout,
             job_limits,
             job_log_dir,
+            retention,
             admission,
             fair_share,
             limits,
@@ -877,6 +945,51 @@ pids = 4096
         let err = load(&format!("{EXAMPLE}[jobs]\nmax = \"1 day\"\n")).unwrap_err();
         let err = format!("{:#}", anyhow::Error::from(err));
         assert!(err.contains("unknown field `max`"), "{err}");
+    }
+
+    #[test]
+    fn retention_defaults_durations_and_forever() {
+        use crate::retention::{RetentionConfig, DEFAULT_CONNECTIONS, DEFAULT_JOBS};
+        let config = load(EXAMPLE).unwrap();
+        assert_eq!(config.retention, RetentionConfig::default());
+        assert_eq!(
+            (config.retention.jobs, config.retention.connections),
+            (Some(DEFAULT_JOBS), Some(DEFAULT_CONNECTIONS))
+        );
+        assert_eq!(DEFAULT_JOBS, Duration::from_secs(30 * 86_400));
+        assert_eq!(DEFAULT_CONNECTIONS, Duration::from_secs(180 * 86_400));
+        let text = format!("{EXAMPLE}[retention]\njobs = \"2 weeks\"\nconnections = \"forever\"\n");
+        let config = load(&text).unwrap();
+        assert_eq!(
+            config.retention,
+            RetentionConfig {
+                jobs: Some(Duration::from_secs(14 * 86_400)),
+                connections: None,
+            }
+        );
+        let config = load(&format!("{EXAMPLE}[retention]\njobs = \"0\"\n")).unwrap();
+        assert_eq!(config.retention.jobs, None);
+        assert_eq!(config.retention.connections, Some(DEFAULT_CONNECTIONS));
+        let err = load(&format!("{EXAMPLE}[retention]\njobs = \"a month\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key `retention.jobs`")
+                && err.contains("or \"forever\" to keep everything"),
+            "{err}"
+        );
+        let err = load(&format!(
+            "{EXAMPLE}[retention]\nconnections = \"10 minutes\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("key `retention.connections`: 10 minutes is shorter than 1 hour"),
+            "{err}"
+        );
+        let err = load(&format!("{EXAMPLE}[retention]\nhistory = \"1 day\"\n")).unwrap_err();
+        let err = format!("{:#}", anyhow::Error::from(err));
+        assert!(err.contains("unknown field `history`"), "{err}");
     }
 
     #[test]

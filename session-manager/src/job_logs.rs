@@ -68,6 +68,20 @@ impl JobLogs {
         Ok(Some(end))
     }
 
+    /// Deletes the job's output file (its record was removed); `false` when there was none.
+    pub async fn remove(&self, id: JobId) -> io::Result<bool> {
+        match tokio::fs::remove_file(self.path(id)).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Where the job's output file is (for messages).
+    pub fn file(&self, id: JobId) -> PathBuf {
+        self.path(id)
+    }
+
     /// At most `max` bytes of the job's kept output from `offset`, and the kept size.
     pub async fn read(&self, id: JobId, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
         let mut file = match tokio::fs::File::open(self.path(id)).await {
@@ -147,6 +161,10 @@ mod tests {
             logs.read(id, 0, 100).await.unwrap(),
             (b"hello world\nagain\n".to_vec(), 18)
         );
+        assert!(logs.remove(id).await.unwrap());
+        assert!(!logs.file(id).exists());
+        assert_eq!(logs.read(id, 0, 100).await.unwrap(), (vec![], 0));
+        assert!(!logs.remove(id).await.unwrap());
     }
 
     #[tokio::test]

@@ -9,8 +9,8 @@
 //! states, pure), [`store`] (persistence), [`clock`] (injected time), [`site`] (the site as the
 //! scheduler sees it), [`keys`] (SSH public keys and their policy), [`tls`] (server TLS, client
 //! certificate → identity), [`auth`] (admins, agent and gateway tokens), [`config`] (the TOML
-//! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds) and [`freeze_watch`]
-//! (freezes that cannot finish); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
+//! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds), [`freeze_watch`]
+//! (freezes that cannot finish) and [`retention`] (ended jobs and closed connections pruned); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
 //! the long-polls of agents and people); [`replicas`] (several managers on one PostgreSQL
 //! database: which one leads the loops, and how they tell each other of changes);
 //! [`api`] (the routes), [`dashboard`] (the web pages) and [`server`] (the accept loop).
@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod notify;
 pub mod replicas;
 pub mod request_body;
+pub mod retention;
 pub mod scheduler;
 pub mod server;
 pub mod site;
@@ -246,12 +247,20 @@ impl Manager {
             )
             .with_changes(changes.clone()),
         );
+        let retention = Arc::new(retention::Retention::new(
+            store.clone(),
+            self.clock.clone(),
+            config.retention,
+            config.job_limits.output_grace,
+            job_logs::JobLogs::new(config.job_log_dir.clone()),
+        ));
         let loops = LeaderLoops {
             scheduler: scheduler.clone(),
             schedule_interval: config.schedule_interval,
             holds,
             freezes,
             grid: grid.clone(),
+            retention,
         };
         #[cfg(feature = "postgres")]
         let loops = match (opened.postgres(), lead, outbox) {

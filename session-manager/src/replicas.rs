@@ -1,7 +1,7 @@
 //! Several manager replicas on one PostgreSQL database: every replica serves the API (sessions,
 //! jobs, agents' syncs, the gateway's calls), one of them, the leader, also runs the loops that
 //! decide on their own ([`LeaderLoops`]: scheduling rounds with fair-share metering, the hold
-//! timer, the freeze watch, the grid mirror).
+//! timer, the freeze watch, the grid mirror, the retention's prune).
 //!
 //! The leader is the replica holding the database's manager lock
 //! ([`crate::store::postgres::active`]); the others wait for it and the first to get it leads,
@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::freeze_watch::FreezeWatch;
 use crate::grid_mirror::GridMirror;
 use crate::hold_timer::HoldTimer;
+use crate::retention::Retention;
 pub use crate::scheduler::Leader;
 use crate::scheduler::Scheduler;
 
@@ -36,6 +37,7 @@ pub struct LeaderLoops {
     pub holds: Arc<HoldTimer>,
     pub freezes: Arc<FreezeWatch>,
     pub grid: Arc<GridMirror>,
+    pub retention: Arc<Retention>,
 }
 
 impl LeaderLoops {
@@ -49,6 +51,7 @@ impl LeaderLoops {
                 self.holds.clone().run(term.clone()),
                 self.freezes.clone().run(term.clone()),
                 self.grid.clone().run(term.clone()),
+                self.retention.clone().run(term.clone()),
             )
         };
         tokio::select! {

@@ -1,5 +1,5 @@
-//! `devctl job ls|show|cancel|halt` (`GET /v1/jobs[?all=true]`, `GET /v1/jobs/{id}`,
-//! `POST /v1/jobs/{id}/cancel|halt`), and how a job is described.
+//! `devctl job ls|show|cancel|halt|rm` (`GET /v1/jobs[?all=true]`, `GET /v1/jobs/{id}`,
+//! `POST /v1/jobs/{id}/cancel|halt`, `DELETE /v1/jobs/{id}`), and how a job is described.
 
 use clap::Args;
 use ongrid_core::job::{JobId, JobView};
@@ -25,6 +25,16 @@ pub struct JobIdArgs {
     #[arg(value_name = "ID")]
     pub id: JobId,
     /// Print JSON instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct JobRmArgs {
+    /// The ids of ended jobs, as devctl job ls shows them
+    #[arg(value_name = "ID", required = true)]
+    pub ids: Vec<JobId>,
+    /// Print JSON (the removed jobs as they were) instead of text
     #[arg(long)]
     pub json: bool,
 }
@@ -56,6 +66,54 @@ pub async fn change(
     term.show(args.json, &job, |job| {
         format!("job {} is {}: {}\n", job.id, job.state, job.reason)
     })
+}
+
+/// `devctl job rm ID...`: each job in turn; one that is refused (not ended, not yours) is said
+/// on stderr and the others are still removed.
+pub async fn remove(
+    args: JobRmArgs,
+    client: &Client,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
+    let mut removed = Vec::new();
+    let mut refused = Vec::new();
+    for id in &args.ids {
+        match client
+            .delete(&format!("v1/jobs/{id}"))
+            .send::<JobView>()
+            .await
+        {
+            Ok(job) => {
+                if !args.json {
+                    term.print(&format!(
+                        "job {} removed ({}), with its output\n",
+                        job.id, job.state
+                    ))?;
+                }
+                removed.push(job);
+            }
+            Err(error) => refused.push((id, error)),
+        }
+    }
+    if args.json {
+        term.json(&removed)?;
+    }
+    if args.ids.len() == 1 {
+        if let Some((_, error)) = refused.pop() {
+            return Err(error.into());
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    for (id, error) in &refused {
+        term.note(&format!("job {id}: {error:#}"));
+    }
+    anyhow::bail!(
+        "{} of {} jobs not removed (above)",
+        refused.len(),
+        args.ids.len()
+    )
 }
 
 /// The table of `devctl job ls`; with `all`, each job's owner too.

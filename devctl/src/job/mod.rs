@@ -1,9 +1,9 @@
-//! `devctl job submit|ls|show|logs|cancel|halt|targets`: batch jobs that run frozen images on
+//! `devctl job submit|ls|show|logs|cancel|halt|rm|targets`: batch jobs that run frozen images on
 //! the site's GPUs beside interactive sessions, or on the grid targets the site offers (Slurm,
 //! HTCondor: `job submit --to`, `job targets`).
 //!
 //! - [`submit`]: `job submit`, from flags or a job file; both are core's `JobSpecFile`.
-//! - [`catalog`]: `job ls|show|cancel|halt`, and how a job is described.
+//! - [`catalog`]: `job ls|show|cancel|halt|rm`, and how a job is described.
 //! - [`logs`]: `job logs [-f]`, the job's kept output, followed on the manager's long-poll until
 //!   complete.
 
@@ -36,6 +36,10 @@ pub enum JobCommand {
     /// Halt a running job: SIGUSR1, then 15 s to exit with code 123 (a restartable job is
     /// re-queued)
     Halt(catalog::JobIdArgs),
+    /// Remove ended jobs of yours (admins: anyone's) with their output; a job that has not
+    /// ended is refused: cancel it first. The site removes ended jobs itself after a while
+    #[command(alias = "remove")]
+    Rm(catalog::JobRmArgs),
     /// List where jobs may run (local, slurm, htcondor), the site's default, and the local
     /// account your jobs run under there
     Targets(targets::JobTargetsArgs),
@@ -53,6 +57,7 @@ pub async fn run(
         JobCommand::Logs(args) => logs::run(args, client, term).await,
         JobCommand::Cancel(args) => catalog::change(args, "cancel", client, term).await,
         JobCommand::Halt(args) => catalog::change(args, "halt", client, term).await,
+        JobCommand::Rm(args) => catalog::remove(args, client, term).await,
         JobCommand::Targets(args) => targets::run(args, client, term).await,
     }
 }

@@ -1,7 +1,8 @@
 //! Routes for batch jobs: `POST /v1/jobs` (submit; a job of a grid target is handed to its
 //! engine, whose id is stored, before the answer), `GET /v1/targets` (where jobs may run),
 //! `GET /v1/jobs[?all=true]`,
-//! `GET /v1/jobs/{id}`, `POST /v1/jobs/{id}/cancel`, `POST /v1/jobs/{id}/halt` and
+//! `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (an ended job's record and output, answered with
+//! the job as it was), `POST /v1/jobs/{id}/cancel`, `POST /v1/jobs/{id}/halt` and
 //! `GET /v1/jobs/{id}/logs?offset=N[&wait=true]` (with `wait`, a long-poll answered once there
 //! is output from `N` or the output is complete). The jobs' part of an agent's sync is in
 //! [`super::job_reports`].
@@ -241,6 +242,23 @@ pub async fn halt_job(
         .await
         .map_err(job_refused)?;
     Ok(Json(view(&state, job).await?))
+}
+
+pub async fn remove_job(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let job = app::jobs::remove(&state, &caller, &id, Via::Api)
+        .await
+        .map_err(job_refused)?;
+    let active = state.store.jobs(JobFilter::Active).await?;
+    Ok(Json(job_view(
+        job,
+        &active,
+        &HashMap::new(),
+        state.clock.now(),
+    )))
 }
 
 /// A job use case's refusal as devctl users read it.

@@ -9,7 +9,8 @@
 //!
 //! - [`whoami`], [`sessions`] (create, list, show, remove, hold, release, keep), [`nodes`]
 //!   (nodes and GPU modes), [`keys`] (SSH public keys), [`images`] (frozen images), [`jobs`]
-//!   (batch jobs: submit, list, show, cancel, halt, output): people, by TLS client certificate.
+//!   (batch jobs: submit, list, show, cancel, halt, remove, output): people, by TLS client
+//!   certificate.
 //! - [`admin`]: the institutes allowlist and the audit log (admins only).
 //! - [`users`]: removing users and restoring them, the list of users (admins only).
 //! - [`share`]: the site's fair share (`devctl share`).
@@ -116,7 +117,10 @@ pub fn router(state: AppState) -> Router {
             get(images::list_images).post(images::create_image),
         )
         .route("/v1/jobs", get(jobs::list_jobs).post(jobs::submit_job))
-        .route("/v1/jobs/{id}", get(jobs::show_job))
+        .route(
+            "/v1/jobs/{id}",
+            get(jobs::show_job).delete(jobs::remove_job),
+        )
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel_job))
         .route("/v1/jobs/{id}/halt", post(jobs::halt_job))
         .route("/v1/jobs/{id}/logs", get(jobs::job_logs))

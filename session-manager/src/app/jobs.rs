@@ -1,7 +1,8 @@
-//! A person's changes to a batch job, for `POST /v1/jobs/{id}/cancel` and `/halt` and the
-//! dashboard's cancel button: find the job (a user reaches only their own, an admin anyone's),
-//! ask [`crate::domain::jobs`] for the change, store it, and say what it changed
-//! ([`Effect`]s: the scheduler's input, and a grid job's engine through the grid mirror).
+//! A person's changes to a batch job, for `POST /v1/jobs/{id}/cancel` and `/halt`,
+//! `DELETE /v1/jobs/{id}` and the dashboard's cancel and remove buttons: find the job (a user
+//! reaches only their own, an admin anyone's), ask [`crate::domain::jobs`] for the change, store
+//! it, and say what it changed ([`Effect`]s: the scheduler's input, and a grid job's engine
+//! through the grid mirror). Removing an ended job deletes its record and its output file.
 
 use chrono::{DateTime, Utc};
 use ongrid_core::job::JobId;
@@ -10,7 +11,8 @@ use super::caller::CurrentUser;
 use super::{ApiError, AppState, Effect, Via};
 use crate::domain::jobs::{self, JobRecord};
 use crate::domain::Refusal;
-use crate::store::StoreError;
+use crate::job_logs::JobLogs;
+use crate::store::{JobRemoval, StoreError};
 
 /// Why a job was not changed, where the API and the dashboard give different advice.
 #[derive(Debug)]
@@ -72,6 +74,40 @@ pub async fn halt(
 ) -> Result<JobRecord, JobActionError> {
     let job = change_by_owner(state, caller, id, jobs::halt_by_owner).await?;
     tracing::info!(job_id = %job.id, by = %caller.user.user_name, via = via.as_str(), "Job halted.");
+    Ok(job)
+}
+
+/// Removes an ended job: its record (as [`crate::domain::jobs::removal`] allows, decided in the
+/// store's transaction) and its output file. Returns the job as it was.
+pub async fn remove(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+    via: Via,
+) -> Result<JobRecord, JobActionError> {
+    let job = find(state, caller, id).await?;
+    let removal = state
+        .store
+        .remove_job(
+            job.id,
+            state.config.job_limits.output_grace,
+            state.clock.now(),
+        )
+        .await?;
+    let job = match removal {
+        JobRemoval::Removed(job) => *job,
+        // Removed meanwhile (by its owner elsewhere, or the retention's prune).
+        JobRemoval::NoSuchJob => return Err(JobActionError::NotFound(id.to_owned())),
+        JobRemoval::Refused(refusal) => return Err(ApiError::from(refusal).into()),
+    };
+    let logs = JobLogs::new(state.config.job_log_dir.clone());
+    if let Err(error) = logs.remove(job.id).await {
+        // The record is gone: what is left is disk space, for the operator.
+        tracing::warn!(job_id = %job.id, file = %logs.file(job.id).display(), %error, "Could not delete a removed job's output file: delete it by hand.");
+    }
+    // Nothing runs or waits for it any more: the people's pages that list it are told.
+    state.committed(&[Effect::Nodes]);
+    tracing::info!(job_id = %job.id, state = %job.state(), by = %caller.user.user_name, via = via.as_str(), "Job removed.");
     Ok(job)
 }
 

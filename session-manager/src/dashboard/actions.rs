@@ -183,6 +183,24 @@ pub async fn cancel_job(
     Ok(format!("Job {} cancelled.", job.id))
 }
 
+/// Removes one of the caller's ended jobs (admins: anyone's), with its output.
+pub async fn remove_job(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+) -> Result<String, ApiError> {
+    let job = job_actions::remove(state, caller, id, Via::Dashboard)
+        .await
+        .map_err(|error| match error {
+            JobActionError::NotFound(id) => ApiError::not_found(format!("you have no job {id}")),
+            JobActionError::ChangedMeanwhile { cause, .. } => {
+                ApiError::conflict(format!("{cause}: it changed meanwhile"))
+            }
+            JobActionError::Api(error) => error,
+        })?;
+    Ok(format!("Job {} removed, with its output.", job.id))
+}
+
 /// Adds an institute: a name and networks separated by spaces or commas (admins only).
 pub async fn add_institute(
     state: &AppState,

@@ -74,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         .route("/dashboard/admin", get(routes::admin_page))
         .route("/dashboard/jobs/{id}", get(routes::job_page))
         .route("/dashboard/jobs/{id}/cancel", post(routes::cancel_job))
+        .route("/dashboard/jobs/{id}/remove", post(routes::remove_job))
         .route("/dashboard/events", get(live::events))
         .route("/dashboard/login", get(auth::login_page).post(auth::log_in))
         .route("/dashboard/logout", post(auth::log_out))

@@ -280,6 +280,18 @@ pub async fn cancel_job(
     answer(&state, back(form.back.as_deref()), result)
 }
 
+/// `POST /dashboard/jobs/{id}/remove`.
+pub async fn remove_job(
+    State(state): State<AppState>,
+    viewer: Viewer,
+    Path(id): Path<String>,
+    Form(form): Form<CsrfBackForm>,
+) -> Result<Response, PageError> {
+    viewer.check_csrf(&form.csrf)?;
+    let result = actions::remove_job(&state, &viewer.caller, &id).await;
+    answer(&state, back(form.back.as_deref()), result)
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstituteForm {

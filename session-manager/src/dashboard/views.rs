@@ -442,6 +442,12 @@ pub fn jobs_table(jobs: &[JobRecord], csrf: &str, page: Page) -> Markup {
                                         input type="hidden" name="back" value=(page.key());
                                         button type="submit" class="danger" aria-label={"Cancel job " (job.id.to_string())} { "Cancel" }
                                     }
+                                } @else {
+                                    form method="post" action={"/dashboard/jobs/" (job.id.to_string()) "/remove"} {
+                                        (csrf_field(csrf))
+                                        input type="hidden" name="back" value=(page.key());
+                                        button type="submit" class="danger" aria-label={"Remove job " (job.id.to_string()) " and its output"} { "Remove" }
+                                    }
                                 }
                             }
                         }

@@ -6,7 +6,8 @@
 //!   [`cancel_queued`] (QUEUED → CANCELLED, e.g. past notAfter).
 //! - An agent's report: [`follow_report`] (→ HALTING, HALTED, FINISHED, FAILED through
 //!   [`JobState::after_exit`]; a killed halt is HALTED, having ignored SIGUSR1).
-//! - The owner: [`cancel_by_owner`], [`halt_by_owner`].
+//! - The owner: [`cancel_by_owner`], [`halt_by_owner`]; removing an ended job's record:
+//!   [`removal`] (and the retention's [`prune_before`]).
 //! - A node that stopped syncing: [`node_lost`].
 //! - A job that ends HALTED and continues its chain (restartable, or exit 85) is followed by a
 //!   new QUEUED job of the same [`RestartChain`]: [`next_in_chain`]. Unless the site's jobs
@@ -429,6 +430,79 @@ pub fn halt_by_owner(job: &JobRecord, now: DateTime<Utc>) -> Result<JobChange, R
             job.id
         ))),
     }
+}
+
+/// Whether the record of `job` may be removed at `now` (`devctl job rm`; the retention's prune
+/// applies the same conditions in its SQL, past [`prune_before`]): it has ended, the grid
+/// target's engine is done with it (a record is never forgotten while its engine job may still
+/// run: the grid mirror could no longer cancel or follow it), and its output is all in (until
+/// then its node is still told about it, see [`desired_jobs`]; a job that never ran has none).
+pub fn removal(job: &JobRecord, output_grace: Duration, now: DateTime<Utc>) -> Result<(), Refusal> {
+    let id = job.id;
+    match job.state() {
+        JobState::Halting => {
+            return Err(Refusal::Conflict(format!(
+                "job {id} is HALTING and has not ended: it will be HALTED within {} seconds, \
+                 remove it then",
+                ongrid_core::job::HALT_GRACE.as_secs()
+            )))
+        }
+        state if !state.is_final() => {
+            return Err(Refusal::Conflict(format!(
+                "job {id} is {state} and has not ended: cancel it first with \
+                 `devctl job cancel {id}`, then remove it"
+            )))
+        }
+        _ => {}
+    }
+    if let Some(grid) = job.grid.as_ref().filter(|g| !g.engine_final) {
+        let engine_job = grid
+            .engine_id
+            .as_ref()
+            .map_or_else(String::new, |e| format!(" {e}"));
+        return Err(Refusal::Conflict(format!(
+            "job {id} is {} here, but {} has not yet confirmed that its job{engine_job} ended: \
+             try again after the manager's next poll of {}",
+            job.state(),
+            grid.target,
+            grid.target
+        )));
+    }
+    // A local job that never ran on a node has no output to wait for.
+    let output_expected = job.node.is_some() || job.grid.is_some();
+    if output_expected && !output_complete(job, output_grace, now) {
+        let until = job
+            .finished_at()
+            .and_then(|at| {
+                chrono::TimeDelta::from_std(output_grace)
+                    .ok()
+                    .map(|g| at + g)
+            })
+            .unwrap_or(now);
+        let from = job
+            .node
+            .as_ref()
+            .map_or_else(String::new, |node| format!(" from {node}"));
+        return Err(Refusal::Conflict(format!(
+            "the output of job {id} is still coming in{from}: remove it after {}",
+            super::utc(until)
+        )));
+    }
+    Ok(())
+}
+
+/// The jobs that ended before this time may be pruned, with `retention` (`[retention] jobs`):
+/// never sooner than `output_grace` after they ended, so their output is all in
+/// ([`output_complete`]).
+pub fn prune_before(
+    retention: Duration,
+    output_grace: Duration,
+    now: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let kept =
+        chrono::TimeDelta::from_std(retention.max(output_grace)).unwrap_or(chrono::TimeDelta::MAX);
+    now.checked_sub_signed(kept)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// The HALTING step a report skipped: a MUSTHALT job that exited within one sync of its halt
@@ -1452,5 +1526,80 @@ mod tests {
             1
         );
         assert!(desired_jobs(&node(), &[cancelled], limits(), minute, t(100)).is_empty());
+    }
+
+    /// `devctl job rm`: only an ended job, only once its engine is done with it and its output
+    /// is all in; each refusal says what to do.
+    #[test]
+    fn only_an_ended_job_whose_engine_and_output_are_done_may_be_removed() {
+        let grace = Duration::from_secs(600);
+        let mut queued = submitted(JobSpecFile::default(), &JobLimits::default());
+        let refusal = removal(&queued, grace, t(5)).unwrap_err().to_string();
+        assert!(
+            refusal
+                .contains("is QUEUED and has not ended: cancel it first with `devctl job cancel"),
+            "{refusal}"
+        );
+        // Cancelled before it ran: no output to wait for.
+        queued.apply(&cancel_by_owner(&queued, t(6)).unwrap());
+        assert_eq!(removal(&queued, grace, t(6)), Ok(()));
+        let mut job = running(JobSpecFile::default());
+        assert!(removal(&job, grace, t(20)).is_err());
+        job.apply(&halt_by_owner(&job, t(20)).unwrap());
+        job.apply(&JobChange::new(
+            JobState::Halting,
+            t(21),
+            JobReason::HaltSignalSent,
+        ));
+        let refusal = removal(&job, grace, t(22)).unwrap_err().to_string();
+        assert!(refusal.contains("HALTING and has not ended"), "{refusal}");
+        job.apply(&follow_report(&job, &exited(HALT_EXIT_CODE, false, 30), t(30)).unwrap());
+        assert!(job.state().is_final());
+        // Its node may still send output until the grace ends, or until it says it sent all.
+        let refusal = removal(&job, grace, t(31)).unwrap_err().to_string();
+        assert_eq!(
+            refusal,
+            format!(
+                "the output of job {} is still coming in from node1: remove it after {}",
+                job.id,
+                crate::domain::utc(t(630))
+            )
+        );
+        assert_eq!(removal(&job, grace, t(630)), Ok(()));
+        job.log_complete = true;
+        assert_eq!(removal(&job, grace, t(31)), Ok(()));
+
+        // A grid job cancelled here: not before its engine confirmed the end.
+        let mut grid = crate::domain::grid_jobs::tests::job(JobState::Running);
+        let at = grid.lifecycle.last().at + chrono::TimeDelta::seconds(1);
+        grid.apply(&cancel_by_owner(&grid, at).unwrap());
+        grid.log_complete = true;
+        let refusal = removal(&grid, grace, at).unwrap_err().to_string();
+        assert!(
+            refusal.contains(
+                "is CANCELLED here, but htcondor has not yet confirmed that its job 8.0 ended"
+            ),
+            "{refusal}"
+        );
+        grid.grid.as_mut().unwrap().engine_final = true;
+        assert_eq!(removal(&grid, grace, at), Ok(()));
+    }
+
+    #[test]
+    fn jobs_are_pruned_past_their_retention_and_never_within_the_output_grace() {
+        let day = Duration::from_secs(86_400);
+        let grace = Duration::from_secs(600);
+        assert_eq!(
+            prune_before(30 * day, grace, t(40 * 86_400)),
+            t(10 * 86_400)
+        );
+        assert_eq!(
+            prune_before(Duration::from_secs(60), grace, t(1000)),
+            t(400)
+        );
+        assert_eq!(
+            prune_before(Duration::MAX, grace, t(0)),
+            DateTime::<Utc>::MIN_UTC
+        );
     }
 }

@@ -405,6 +405,14 @@ pub trait Store: Send + Sync {
     /// The audit log, newest first (by the time connections opened), at most `filter.limit`.
     fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>>;
 
+    /// Removes at most `limit` connections of the audit log that closed before `closed_before`
+    /// (open ones are always kept); returns how many.
+    fn prune_connections(
+        &self,
+        closed_before: DateTime<Utc>,
+        limit: u32,
+    ) -> BoxFuture<'_, StoreResult<u64>>;
+
     /// Records a freeze to start: a BUILDING image. When the owner has a current image of
     /// the tag, it is superseded when [`crate::domain::images::supersedes`] says so, else
     /// [`StoreError::ImageTagTaken`].
@@ -508,6 +516,26 @@ pub trait Store: Send + Sync {
         complete: bool,
     ) -> BoxFuture<'_, StoreResult<()>>;
 
+    /// Removes the record of job `id` (its history, its grid row, the links to it from its
+    /// chain's other jobs, and its chain's reservation once no job of the chain is left) when
+    /// [`crate::domain::jobs::removal`] allows it at `now`, decided on what the same transaction
+    /// reads. Its output file is the caller's to delete.
+    fn remove_job(
+        &self,
+        id: JobId,
+        output_grace: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, StoreResult<JobRemoval>>;
+
+    /// Removes, as [`Store::remove_job`] does, at most `limit` jobs that ended before
+    /// `ended_before` (see [`crate::domain::jobs::prune_before`]) and that no grid engine
+    /// still follows; returns their ids, so that their output files can go too.
+    fn prune_jobs(
+        &self,
+        ended_before: DateTime<Utc>,
+        limit: u32,
+    ) -> BoxFuture<'_, StoreResult<Vec<JobId>>>;
+
     /// Stores the engine's id of a job handed to a grid target (table `grid_jobs`), as soon as
     /// the engine answered and before anyone is told the job was submitted.
     fn set_engine_id<'a>(
@@ -599,6 +627,16 @@ pub enum JobFilter {
     /// Placed on this node and holding GPUs, or ended there with output not all in: what its
     /// agent is told about.
     Node(NodeName),
+}
+
+/// What [`Store::remove_job`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobRemoval {
+    /// The job as it was.
+    Removed(Box<JobRecord>),
+    NoSuchJob,
+    /// Refused: it says why and what to do.
+    Refused(crate::domain::Refusal),
 }
 
 /// Whose lifecycle facts [`Store::lifecycle_facts`] returns.

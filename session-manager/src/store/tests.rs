@@ -153,6 +153,8 @@ backend_tests!(
     a_hold_is_stored_typed_and_read_as_its_sentence,
     a_dashboard_link_is_used_once_and_not_after_it_expired,
     a_restart_chain_is_stored_with_its_history_and_links,
+    ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
+    closed_connections_are_pruned_and_open_ones_kept,
 );
 
 /// Whoever adds a SQLite migration ports it: `migrations-postgres/` holds a file of the same
@@ -1590,6 +1592,266 @@ async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) 
     let logged = store.job(job.id).await.unwrap().unwrap();
     assert_eq!((logged.log_size, logged.log_complete), (42, true));
     assert!(store.jobs(JobFilter::Node(node)).await.unwrap().is_empty());
+}
+
+/// Alice's QUEUED job submitted at `at` (restartable, on the local target unless `grid`).
+async fn queued_job(
+    store: &TestStore,
+    at: DateTime<Utc>,
+    grid: Option<crate::domain::grid_jobs::GridJob>,
+) -> crate::domain::jobs::JobRecord {
+    use crate::domain::jobs::{self, JobLimits, Submitter};
+    use ongrid_core::job::{JobImage, JobSpecFile};
+
+    let dn = Dn::parse("/CN=Alice").unwrap();
+    let user = store.user(&dn, 20_000).await.unwrap();
+    let spec = JobSpecFile {
+        image: Some("model:v1".into()),
+        command: vec!["train".into()],
+        restartable: true,
+        max_duration: Some("2h".into()),
+        ..JobSpecFile::default()
+    }
+    .validate(t(0))
+    .unwrap();
+    let image = JobImage {
+        digest: format!("sha256:{}", "b".repeat(64)),
+        docker_image: "ongrid/alice/model:v1".into(),
+    };
+    let who = Submitter {
+        owner: dn,
+        user_name: user.user_name,
+        uid: user.uid,
+    };
+    let new = jobs::submit(
+        JobId::new_random(),
+        who,
+        spec,
+        image,
+        &JobLimits::default(),
+        grid,
+        at,
+    )
+    .unwrap();
+    store.create_job(new).await.unwrap()
+}
+
+/// `devctl job rm` and the retention's prune: a job goes only once it ended, its output is in
+/// and no grid engine follows it; with it go its history, its grid row, the links to it from
+/// its chain and, with the chain's last job, the chain's reservation. The rest stays.
+async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backend: Backend) {
+    use crate::domain::grid_jobs::{GridJob, LocalAccount};
+    use crate::domain::jobs::{self, JobLimits};
+    use crate::domain::policy::reservations::ReservationName;
+    use crate::domain::Refusal;
+    use ongrid_core::job::{JobTarget, ObservedJobStatus, HALT_EXIT_CODE};
+    use std::time::Duration;
+
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let grace = Duration::from_secs(600);
+    let node = NodeName::parse("node1").unwrap();
+    store
+        .register_node(
+            NodeRegistration {
+                name: node.clone(),
+                gpu_backend: "simulated".to_owned(),
+                agent_version: "0".to_owned(),
+                stream_url: None,
+            },
+            &[gpu(1)],
+            t(0),
+        )
+        .await
+        .unwrap();
+    // A restart chain: `first` ran and halted at t(602), `second` follows it, QUEUED.
+    let first = queued_job(&store, t(1), None).await;
+    let reservation = ReservationName::parse("course").unwrap();
+    store
+        .gpu_policy()
+        .set_chain_reservation(first.id, &reservation)
+        .await
+        .unwrap();
+    let gpus = vec![GpuId::from(gpu(1).uuid)];
+    let started = jobs::start(&first, node.clone(), gpus, t(2)).unwrap();
+    let first = store.job_transition(first.id, started, None).await.unwrap();
+    let halt = jobs::halt_by_owner(&first, t(600)).unwrap();
+    let first = store.job_transition(first.id, halt, None).await.unwrap();
+    let exited = ObservedJobStatus::Exited {
+        started_at: t(2),
+        finished_at: t(602),
+        exit_code: HALT_EXIT_CODE,
+        oom_killed: false,
+        killed: false,
+        signalled_at: None,
+    };
+    let change = jobs::follow_report(&first, &exited, t(603)).unwrap();
+    let next =
+        jobs::next_in_chain(&first, &change, JobId::new_random(), &JobLimits::default()).unwrap();
+    let first = store
+        .job_transition(first.id, change, Some(next.clone()))
+        .await
+        .unwrap();
+    let second = store.job(next.id).await.unwrap().unwrap();
+    // A grid job cancelled here at t(800), which HTCondor has not confirmed yet.
+    let account = LocalAccount::parse("alice").unwrap();
+    let grid = queued_job(
+        &store,
+        t(700),
+        Some(GridJob::submitting(JobTarget::Htcondor, account, t(700))),
+    )
+    .await;
+    let cancel = jobs::cancel_by_owner(&grid, t(800)).unwrap();
+    let grid = store.job_transition(grid.id, cancel, None).await.unwrap();
+    store.record_job_log(grid.id, 0, true).await.unwrap();
+
+    let count = |table: &'static str, column: &'static str, id: JobId| {
+        let store = store.clone();
+        async move {
+            let sql = format!("SELECT CAST(COUNT(*) AS TEXT) FROM {table} WHERE {column} = ?");
+            store.rows(&sql, &[&id.to_string()]).await[0][0]
+                .clone()
+                .unwrap()
+        }
+    };
+
+    // Not ended, output still coming in, no engine confirmation: refused, and nothing pruned.
+    let refused = |removal: JobRemoval| match removal {
+        JobRemoval::Refused(Refusal::Conflict(message)) => message,
+        other => panic!("{other:?}"),
+    };
+    let message = refused(store.remove_job(second.id, grace, t(610)).await.unwrap());
+    assert!(
+        message.contains("is QUEUED and has not ended: cancel it first"),
+        "{message}"
+    );
+    let message = refused(store.remove_job(first.id, grace, t(610)).await.unwrap());
+    assert!(message.contains("still coming in from node1"), "{message}");
+    let message = refused(store.remove_job(grid.id, grace, t(5000)).await.unwrap());
+    assert!(
+        message.contains("htcondor has not yet confirmed"),
+        "{message}"
+    );
+    assert_eq!(
+        store
+            .remove_job(JobId::new_random(), grace, t(610))
+            .await
+            .unwrap(),
+        JobRemoval::NoSuchJob
+    );
+    // It ended when its process exited, at t(602).
+    assert_eq!(store.prune_jobs(t(602), 10).await.unwrap(), vec![]);
+
+    // Past its end: the first job goes, the second keeps its record and the chain's reservation
+    // (its chain is not over), without the link to the first.
+    assert_eq!(store.prune_jobs(t(603), 10).await.unwrap(), vec![first.id]);
+    assert_eq!(store.job(first.id).await.unwrap(), None);
+    assert_eq!(count("job_transitions", "job_id", first.id).await, "0");
+    let second = store.job(second.id).await.unwrap().unwrap();
+    assert_eq!(second.previous_job, None);
+    assert_eq!(second.chain.initial_job, first.id);
+    assert_eq!(
+        count("job_chain_reservations", "chain_initial", first.id).await,
+        "1"
+    );
+    // The grid job waits for its engine however old it is.
+    assert_eq!(store.prune_jobs(t(100_000), 10).await.unwrap(), vec![]);
+
+    // The second job cancelled before it ran (no output to wait for): removed by its owner,
+    // with the chain's reservation.
+    let cancel = jobs::cancel_by_owner(&second, t(900)).unwrap();
+    store.job_transition(second.id, cancel, None).await.unwrap();
+    let JobRemoval::Removed(removed) = store.remove_job(second.id, grace, t(901)).await.unwrap()
+    else {
+        panic!("not removed")
+    };
+    assert_eq!(
+        (removed.id, removed.state()),
+        (second.id, ongrid_core::job::JobState::Cancelled)
+    );
+    assert_eq!(store.job(second.id).await.unwrap(), None);
+    assert_eq!(
+        count("job_chain_reservations", "chain_initial", first.id).await,
+        "0"
+    );
+
+    // Once HTCondor confirmed the end, the grid job goes with its grid row; in batches.
+    let third = queued_job(&store, t(1000), None).await;
+    let cancel = jobs::cancel_by_owner(&third, t(1001)).unwrap();
+    store.job_transition(third.id, cancel, None).await.unwrap();
+    store
+        .record_engine_poll(grid.id, "removed", true, t(1100))
+        .await
+        .unwrap();
+    let batch = store.prune_jobs(t(100_000), 1).await.unwrap();
+    assert_eq!(batch, vec![grid.id], "oldest first");
+    assert_eq!(count("grid_jobs", "job_id", grid.id).await, "0");
+    assert_eq!(
+        store.prune_jobs(t(100_000), 1).await.unwrap(),
+        vec![third.id]
+    );
+    assert_eq!(store.prune_jobs(t(100_000), 1).await.unwrap(), vec![]);
+    let dn = Dn::parse("/CN=Alice").unwrap();
+    assert!(store.jobs(JobFilter::Owner(dn)).await.unwrap().is_empty());
+}
+
+/// The retention's prune of the audit log: connections closed before the cutoff go, in
+/// batches; open ones stay however old.
+async fn closed_connections_are_pruned_and_open_ones_kept(backend: Backend) {
+    use ongrid_core::api::ConnectionEventKind::{Close, Open};
+
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let alice = dn("Alice");
+    store.user(&alice, 20_000).await.unwrap();
+    let session = running_session(&store, &alice, "train1").await;
+    for (n, open, close) in [
+        (1, 10, Some(20)),
+        (2, 11, None),
+        (3, 12, Some(30)),
+        (4, 13, Some(40)),
+    ] {
+        store
+            .record_connection(&connection(&session, n, Open, t(open), (0, 0)), t(open))
+            .await
+            .unwrap();
+        if let Some(close) = close {
+            store
+                .record_connection(&connection(&session, n, Close, t(close), (1, 1)), t(close))
+                .await
+                .unwrap();
+        }
+    }
+    let kept = |store: TestStore| async move {
+        let filter = AuditFilter {
+            owner: None,
+            since: None,
+            limit: 100,
+        };
+        let mut ids: Vec<u128> = store
+            .audit(filter)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.connection_id.as_u128())
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(store.prune_connections(t(20), 10).await.unwrap(), 0);
+    assert_eq!(store.prune_connections(t(21), 10).await.unwrap(), 1);
+    assert_eq!(kept(store.clone()).await, vec![2, 3, 4]);
+    assert_eq!(store.prune_connections(t(1000), 1).await.unwrap(), 1);
+    assert_eq!(kept(store.clone()).await, vec![2, 4]);
+    assert_eq!(store.prune_connections(t(1000), 10).await.unwrap(), 1);
+    assert_eq!(store.prune_connections(t(1000), 10).await.unwrap(), 0);
+    assert_eq!(kept(store.clone()).await, vec![2]);
+    // The open one still counts for its session.
+    let closed = store
+        .record_connection(&connection(&session, 2, Close, t(2000), (1, 1)), t(2000))
+        .await
+        .unwrap();
+    assert_eq!(closed.open_connections, 0);
 }
 
 /// `copy-store`: a SQLite store with a restart chain (jobs referring to each other both ways),

@@ -439,6 +439,10 @@ async fn every_dashboard_form_refuses_an_unknown_field() {
             vec![("csrf", token)],
         ),
         (
+            format!("/dashboard/jobs/{job}/remove"),
+            vec![("csrf", token)],
+        ),
+        (
             "/dashboard/admin/institutes".into(),
             vec![
                 ("csrf", token),

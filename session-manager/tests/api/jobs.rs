@@ -608,3 +608,178 @@ async fn a_job_longer_than_the_sites_cap_is_refused_naming_it() {
     assert!(jobs.is_empty(), "{jobs:?}");
     m.stop().await;
 }
+
+/// Alice's job of `mymodel:v1`, started by the scheduler and with `output` sent by its node.
+async fn running_job(m: &Running, gpus: &[GpuInfo], output: &[u8]) -> String {
+    let job: JobView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/jobs", &submit("mymodel:v1", false)),
+        )
+        .await;
+    let id = job.id.to_string();
+    m.alice.wait_for_job(&id, JobState::Running).await;
+    let running = ObservedJob {
+        job_id: job.id,
+        status: ObservedJobStatus::Running {
+            started_at: Utc::now(),
+        },
+        log: Some(LogChunk {
+            offset: 0,
+            data: output.to_vec(),
+            complete: false,
+        }),
+    };
+    let desired = report(m, gpus, vec![], vec![running]).await;
+    assert!(desired.jobs.iter().any(|j| j.job_id == job.id));
+    id
+}
+
+/// `DELETE /v1/jobs/{id}` (`devctl job rm`): the owner's ended job goes with its output file
+/// (an admin's: anyone's); a job that has not ended, or whose output is still coming in, is
+/// refused saying what to do; someone else's job answers the 404 of a missing one. Jobs ended
+/// longer ago than `[retention] jobs` are pruned by the manager itself.
+#[tokio::test]
+async fn ended_jobs_are_removed_with_their_output_and_pruned_past_the_retention() {
+    let site = Site::new();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let m = site
+        .start_with(site.config.clone(), Some(clock.clone()))
+        .await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    frozen_image(&m, &gpus).await;
+    let output_file = |id: &str| site.dir.path().join("jobs").join(format!("{id}.log"));
+
+    let id = running_job(&m, &gpus, b"epoch 1\n").await;
+    let path = format!("/v1/jobs/{id}");
+    assert_eq!(std::fs::read(output_file(&id)).unwrap(), b"epoch 1\n");
+    // Bob gets the answer of a job that does not exist, to the letter but the id.
+    let missing = ongrid_core::job::JobId::new_random().to_string();
+    let theirs = m
+        .bob
+        .fails(StatusCode::NOT_FOUND, m.bob.delete(&path))
+        .await;
+    let none = m
+        .bob
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.bob.delete(&format!("/v1/jobs/{missing}")),
+        )
+        .await;
+    assert_eq!(
+        theirs.error.message.replace(&id, "ID"),
+        none.error.message.replace(&missing, "ID")
+    );
+    let running = m
+        .alice
+        .fails(StatusCode::CONFLICT, m.alice.delete(&path))
+        .await;
+    assert_eq!(
+        running.error.message,
+        format!(
+            "job {id} is RUNNING and has not ended: cancel it first with `devctl job cancel \
+             {id}`, then remove it"
+        )
+    );
+    // Cancelled, while its node may still send output: not yet.
+    let cancelled: JobView = m
+        .alice
+        .ok(StatusCode::OK, m.alice.post(&format!("{path}/cancel"), &()))
+        .await;
+    let coming = m
+        .alice
+        .fails(StatusCode::CONFLICT, m.alice.delete(&path))
+        .await;
+    assert!(
+        coming.error.message.starts_with(&format!(
+            "the output of job {id} is still coming in from node1: remove it after "
+        )),
+        "{coming:?}"
+    );
+    // The node's last report ends its output: removed, with its file.
+    let killed = ObservedJob {
+        job_id: cancelled.id,
+        status: exited(137, true),
+        log: Some(LogChunk {
+            offset: 8,
+            data: Vec::new(),
+            complete: true,
+        }),
+    };
+    report(&m, &gpus, vec![], vec![killed]).await;
+    let removed: JobView = m.alice.ok(StatusCode::OK, m.alice.delete(&path)).await;
+    assert_eq!(
+        (removed.id, removed.state),
+        (cancelled.id, JobState::Cancelled)
+    );
+    assert!(!output_file(&id).exists());
+    m.alice
+        .fails(StatusCode::NOT_FOUND, m.alice.get(&path))
+        .await;
+    m.alice
+        .fails(StatusCode::NOT_FOUND, m.alice.delete(&path))
+        .await;
+    let listed: Vec<JobView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/jobs")).await;
+    assert!(listed.is_empty(), "{listed:?}");
+
+    // An admin removes anyone's ended job, here once the output grace passed.
+    let second = running_job(&m, &gpus, b"epoch 1\n").await;
+    let _: JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{second}/cancel"), &()),
+        )
+        .await;
+    clock.advance(TimeDelta::minutes(11));
+    let removed: JobView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.delete(&format!("/v1/jobs/{second}")),
+        )
+        .await;
+    assert_eq!(removed.state, JobState::Cancelled);
+    assert!(!output_file(&second).exists());
+
+    // One ended now is pruned, with its output, by a manager that starts 31 days later.
+    let third = running_job(&m, &gpus, b"epoch 1\n").await;
+    let _: JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{third}/cancel"), &()),
+        )
+        .await;
+    let fourth = running_job(&m, &gpus, b"epoch 1\n").await;
+    m.stop().await;
+    assert!(output_file(&third).exists());
+    clock.advance(TimeDelta::days(31));
+    let m = site
+        .start_with(site.config.clone(), Some(clock.clone()))
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = m
+            .alice
+            .send(m.alice.get(&format!("/v1/jobs/{third}")))
+            .await;
+        if status == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {third} was not pruned: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!output_file(&third).exists());
+    // A job that had not ended is kept however old it is (the restarted manager halts it at its
+    // max duration or fails it with its silent node, and it ended only now).
+    let kept = m.alice.job(&fourth).await;
+    assert_eq!(kept.id.to_string(), fourth);
+    assert!(output_file(&fourth).exists());
+    m.stop().await;
+}

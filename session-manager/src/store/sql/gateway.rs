@@ -265,6 +265,24 @@ impl SqlStore {
         })
     }
 
+    pub(super) async fn prune_connections_impl(
+        &self,
+        closed_before: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<u64> {
+        // `opened_at` too, which a connection closed before then was, for its index.
+        let done = sqlx::query(
+            "DELETE FROM connections WHERE id IN (SELECT id FROM connections \
+             WHERE closed_at IS NOT NULL AND closed_at < $1 AND opened_at < $1 \
+             ORDER BY opened_at LIMIT $2)",
+        )
+        .bind(timestamp(closed_before))
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     pub(super) async fn audit_impl(&self, filter: AuditFilter) -> StoreResult<Vec<AuditRecord>> {
         // Parameters are numbered in the order they are bound: owner, since, limit.
         let mut conditions = Vec::new();

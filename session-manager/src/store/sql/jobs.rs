@@ -4,18 +4,24 @@
 //! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
 //! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start; a
 //! job of a grid target has its row in `grid_jobs` (migration 0017, [`super::grid_jobs`]).
+//! An ended job's record is removed by its owner or pruned past the site's retention
+//! ([`SqlStore::remove_job_impl`], [`SqlStore::prune_jobs_impl`]), with everything that refers
+//! to it.
 
 use ongrid_core::job::{
     JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
 };
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use ongrid_core::{HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
 use super::{
     from_json, parse, parse_timestamp, timestamp, to_json, Db, DbConnection, DbRow, SqlStore,
 };
-use crate::domain::jobs::{JobChange, JobRecord, NewJob};
-use crate::store::{JobFilter, StoreError, StoreResult};
+use crate::domain::jobs::{self, JobChange, JobRecord, NewJob};
+use crate::store::{JobFilter, JobRemoval, StoreError, StoreResult};
 
 const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_duration_secs, \
      j.image_digest, j.docker_image, j.node, j.gpus, j.chain_initial, j.restart_count, \
@@ -28,6 +34,8 @@ const JOB_COLUMNS: &str = "j.id, j.owner, u.user_name, u.uid, j.spec, j.max_dura
 
 /// The states in which a job holds GPUs or waits for them.
 const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
+/// The states that nothing follows ([`JobState::is_final`]).
+const FINAL: &str = "('HALTED', 'FINISHED', 'FAILED', 'CANCELLED')";
 
 impl SqlStore {
     pub(super) async fn create_job_impl(&self, new: NewJob) -> StoreResult<JobRecord> {
@@ -130,6 +138,60 @@ impl SqlStore {
         self.job_impl(id).await?.ok_or(StoreError::NoSuchJob(id))
     }
 
+    pub(super) async fn remove_job_impl(
+        &self,
+        id: JobId,
+        output_grace: Duration,
+        now: DateTime<Utc>,
+    ) -> StoreResult<JobRemoval> {
+        let mut tx = self.write().await?;
+        let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = $1");
+        let row = sqlx::query(&sql)
+            .bind(id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            return Ok(JobRemoval::NoSuchJob);
+        };
+        let job = job_from_row(&mut tx, &row).await?;
+        if let Err(refusal) = jobs::removal(&job, output_grace, now) {
+            return Ok(JobRemoval::Refused(refusal));
+        }
+        delete_jobs(
+            &mut tx,
+            &[(id.to_string(), job.chain.initial_job.to_string())],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(JobRemoval::Removed(Box::new(job)))
+    }
+
+    pub(super) async fn prune_jobs_impl(
+        &self,
+        ended_before: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<JobId>> {
+        let mut tx = self.write().await?;
+        // `jobs::removal`'s conditions: ended, no grid engine following it, and (ended before
+        // `ended_before`, which `jobs::prune_before` puts past the output grace) output all in.
+        let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+            "SELECT j.id, j.chain_initial FROM jobs j LEFT JOIN grid_jobs g ON g.job_id = j.id \
+             WHERE j.state IN {FINAL} AND (g.job_id IS NULL OR g.engine_final) \
+             AND (SELECT MAX(t.at) FROM job_transitions t WHERE t.job_id = j.id) < $1 \
+             ORDER BY j.queued_at, j.id LIMIT $2"
+        ))
+        .bind(timestamp(ended_before))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        delete_jobs(&mut tx, &rows).await?;
+        tx.commit().await?;
+        rows.iter().map(|(id, _)| parse(id, "job id")).collect()
+    }
+
     pub(super) async fn record_job_log_impl(
         &self,
         id: JobId,
@@ -144,6 +206,59 @@ impl SqlStore {
             .await?;
         Ok(())
     }
+}
+
+/// Deletes the jobs `(id, chain_initial)` with their histories and grid rows, one statement per
+/// table: the links to them from the other jobs of their chains are cleared first (the chains'
+/// remaining jobs keep their own records), and a chain's reservation goes with its last job.
+async fn delete_jobs(
+    tx: &mut Transaction<'static, Db>,
+    jobs: &[(String, String)],
+) -> StoreResult<()> {
+    let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
+    let chains: Vec<&str> = jobs.iter().map(|(_, chain)| chain.as_str()).collect();
+    let list = placeholders(jobs.len());
+    let statements = [
+        (
+            format!("DELETE FROM job_transitions WHERE job_id IN ({list})"),
+            &ids,
+        ),
+        (format!("DELETE FROM grid_jobs WHERE job_id IN ({list})"), &ids),
+        (
+            format!(
+                "UPDATE jobs SET \
+                 previous_job = CASE WHEN previous_job IN ({list}) THEN NULL ELSE previous_job END, \
+                 next_job = CASE WHEN next_job IN ({list}) THEN NULL ELSE next_job END \
+                 WHERE previous_job IN ({list}) OR next_job IN ({list})"
+            ),
+            &ids,
+        ),
+        (format!("DELETE FROM jobs WHERE id IN ({list})"), &ids),
+        (
+            format!(
+                "DELETE FROM job_chain_reservations WHERE chain_initial IN ({list}) \
+                 AND NOT EXISTS (SELECT 1 FROM jobs j \
+                 WHERE j.chain_initial = job_chain_reservations.chain_initial)"
+            ),
+            &chains,
+        ),
+    ];
+    for (sql, values) in &statements {
+        let mut query = sqlx::query(sql);
+        for value in values.iter() {
+            query = query.bind(*value);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// `$1, $2, ...`: `count` numbered parameters.
+fn placeholders(count: usize) -> String {
+    (1..=count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 async fn insert_job(tx: &mut Transaction<'static, Db>, new: &NewJob) -> StoreResult<()> {

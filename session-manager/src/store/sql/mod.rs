@@ -501,6 +501,14 @@ impl Store for SqlStore {
         Box::pin(self.audit_impl(filter))
     }
 
+    fn prune_connections(
+        &self,
+        closed_before: DateTime<Utc>,
+        limit: u32,
+    ) -> BoxFuture<'_, StoreResult<u64>> {
+        Box::pin(self.prune_connections_impl(closed_before, limit))
+    }
+
     fn create_job(&self, new: NewJob) -> BoxFuture<'_, StoreResult<JobRecord>> {
         Box::pin(self.create_job_impl(new))
     }
@@ -529,6 +537,23 @@ impl Store for SqlStore {
         complete: bool,
     ) -> BoxFuture<'_, StoreResult<()>> {
         Box::pin(self.record_job_log_impl(id, size, complete))
+    }
+
+    fn remove_job(
+        &self,
+        id: JobId,
+        output_grace: Duration,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, StoreResult<crate::store::JobRemoval>> {
+        Box::pin(self.remove_job_impl(id, output_grace, now))
+    }
+
+    fn prune_jobs(
+        &self,
+        ended_before: DateTime<Utc>,
+        limit: u32,
+    ) -> BoxFuture<'_, StoreResult<Vec<JobId>>> {
+        Box::pin(self.prune_jobs_impl(ended_before, limit))
     }
 
     fn set_engine_id<'a>(
