@@ -123,6 +123,22 @@ pub struct GridJob {
 }
 
 impl GridJob {
+    /// Why a QUEUED job of a grid target waits, for people (`job show`): the engine's reason in
+    /// words as of its last poll, else where it is in being handed over.
+    pub fn waiting_reason(&self) -> String {
+        if let Some(why) = &self.engine_waiting {
+            return why.clone();
+        }
+        match (&self.engine_id, self.polled_at) {
+            (None, _) => format!("to be handed to {}", self.target),
+            (Some(id), None) => format!(
+                "handed to {} as its job {id}: not asked about yet",
+                self.target
+            ),
+            (Some(id), Some(_)) => format!("in {}'s queue as its job {id}", self.target),
+        }
+    }
+
     /// A job about to be handed to `target` now, under `account`.
     pub fn submitting(target: JobTarget, account: LocalAccount, now: DateTime<Utc>) -> Self {
         Self {

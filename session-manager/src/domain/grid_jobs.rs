@@ -446,22 +446,6 @@ pub fn lost(job: &JobRecord, now: DateTime<Utc>) -> Option<JobChange> {
     })
 }
 
-/// Why a QUEUED job of a grid target waits, for people (`job show`): the engine's reason in
-/// words as of its last poll, else where it is in being handed over.
-pub fn waiting_reason(grid: &GridJob) -> String {
-    if let Some(why) = &grid.engine_waiting {
-        return why.clone();
-    }
-    match (&grid.engine_id, grid.polled_at) {
-        (None, _) => format!("to be handed to {}", grid.target),
-        (Some(id), None) => format!(
-            "handed to {} as its job {id}: not asked about yet",
-            grid.target
-        ),
-        (Some(id), Some(_)) => format!("in {}'s queue as its job {id}", grid.target),
-    }
-}
-
 /// The engine refused the submission: the job FAILED with its words.
 pub fn refused(target: JobTarget, message: &str, now: DateTime<Utc>) -> JobChange {
     JobChange {
@@ -836,13 +820,13 @@ pub(crate) mod tests {
         let mut queued = job(JobState::Queued);
         let grid = queued.grid.as_mut().unwrap();
         assert_eq!(
-            waiting_reason(grid),
+            grid.waiting_reason(),
             "handed to htcondor as its job 8.0: not asked about yet"
         );
         grid.polled_at = Some(t(5));
-        assert_eq!(waiting_reason(grid), "in htcondor's queue as its job 8.0");
+        assert_eq!(grid.waiting_reason(), "in htcondor's queue as its job 8.0");
         grid.engine_waiting = Some(why.into());
-        assert_eq!(waiting_reason(grid), why);
+        assert_eq!(grid.waiting_reason(), why);
         // Not this site's queue: no local words.
         assert_eq!(
             super::super::jobs::waiting_reason(&queued, &[], t(6)).as_deref(),

@@ -734,13 +734,13 @@ fn desired_job(job: &JobRecord, run: JobRun, site: ContainerLimits) -> DesiredJo
 /// (QUEUED or holding GPUs) at `now`: the first of its notBefore, its bucket being full, the
 /// node that holds its checkpoint, or else no fitting GPUs being free. A job of a grid target
 /// waits in its engine, not in this site's queue: the engine's reason in words
-/// ([`super::grid_jobs::waiting_reason`]). `None` unless QUEUED.
+/// ([`GridJob::waiting_reason`]). `None` unless QUEUED.
 pub fn waiting_reason(job: &JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> Option<String> {
     if job.state() != JobState::Queued {
         return None;
     }
     if let Some(grid) = &job.grid {
-        return Some(super::grid_jobs::waiting_reason(grid));
+        return Some(grid.waiting_reason());
     }
     if let Some(not_before) = job.spec.not_before.filter(|&t| t > now) {
         return Some(format!("not before {}", super::utc(not_before)));
