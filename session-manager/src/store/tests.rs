@@ -1640,6 +1640,7 @@ async fn queued_job(
 /// and no grid engine follows it; with it go its history, its grid row, the links to it from
 /// its chain and, with the chain's last job, the chain's reservation. The rest stays.
 async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backend: Backend) {
+    use crate::domain::engine_job::EnginePoll;
     use crate::domain::grid_jobs::{GridJob, LocalAccount};
     use crate::domain::jobs::{self, JobLimits};
     use crate::domain::policy::reservations::ReservationName;
@@ -1780,7 +1781,7 @@ async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backen
     let cancel = jobs::cancel_by_owner(&third, t(1001)).unwrap();
     store.job_transition(third.id, cancel, None).await.unwrap();
     store
-        .record_engine_poll(grid.id, "removed", true, t(1100))
+        .record_engine_poll(grid.id, EnginePoll::done("removed", t(1100)))
         .await
         .unwrap();
     let batch = store.prune_jobs(t(100_000), 1).await.unwrap();

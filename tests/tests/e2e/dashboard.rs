@@ -207,6 +207,8 @@ async fn reload_if_network_changed(client: &Client) {
 
 async fn log_in(client: &Client, link: &str) {
     client.goto(link).await.expect("open the login link");
+    // Other tests start containers meanwhile: Chromium's network-changed page is reloaded.
+    wait_for(client, "#log-in", Duration::from_secs(30)).await;
     client
         .find(Locator::Css("#log-in"))
         .await
