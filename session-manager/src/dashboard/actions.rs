@@ -173,14 +173,19 @@ pub async fn cancel_job(
 ) -> Result<String, ApiError> {
     let job = job_actions::cancel(state, caller, id, Via::Dashboard)
         .await
-        .map_err(|error| match error {
-            JobActionError::NotFound(id) => ApiError::not_found(format!("you have no job {id}")),
-            JobActionError::ChangedMeanwhile { cause, .. } => {
-                ApiError::conflict(format!("{cause}: it changed meanwhile"))
-            }
-            JobActionError::Api(error) => error,
-        })?;
+        .map_err(job_refused)?;
     Ok(format!("Job {} cancelled.", job.id))
+}
+
+/// A job action's refusal, as the page says it.
+fn job_refused(error: JobActionError) -> ApiError {
+    match error {
+        JobActionError::NotFound(id) => ApiError::not_found(format!("you have no job {id}")),
+        JobActionError::ChangedMeanwhile { cause, .. } => {
+            ApiError::conflict(format!("{cause}: it changed meanwhile"))
+        }
+        JobActionError::Api(error) => error,
+    }
 }
 
 /// Removes one of the caller's ended jobs (admins: anyone's), with its output.
@@ -191,13 +196,7 @@ pub async fn remove_job(
 ) -> Result<String, ApiError> {
     let job = job_actions::remove(state, caller, id, Via::Dashboard)
         .await
-        .map_err(|error| match error {
-            JobActionError::NotFound(id) => ApiError::not_found(format!("you have no job {id}")),
-            JobActionError::ChangedMeanwhile { cause, .. } => {
-                ApiError::conflict(format!("{cause}: it changed meanwhile"))
-            }
-            JobActionError::Api(error) => error,
-        })?;
+        .map_err(job_refused)?;
     Ok(format!("Job {} removed, with its output.", job.id))
 }
 
