@@ -148,6 +148,25 @@ first_free_port() {
     die "ports $first to $last on 127.0.0.1 are all in use: free one, or stop what listens there"
 }
 
+# choose_port FILE KEY FIRST LAST [TAKEN...]: the port of `KEY = "HOST:PORT"` in .quickstart/FILE,
+# written by an earlier start and kept since (the user may have changed it); the first free one
+# of FIRST..LAST (not one of TAKEN) when FILE is not there yet. Dies, saying what to do, when
+# something else listens on the kept port now.
+choose_port() {
+    local file="$QS/$1" key="$2" port
+    shift 2
+    if [[ ! -f "$file" ]]; then
+        first_free_port "$@"
+        return
+    fi
+    port="$(sed -n "s/^$key *= *\"[^\"]*:\([0-9]*\)\".*/\1/p" "$file" | head -n 1)"
+    [[ -n "$port" ]] ||
+        die "$file has no $key = \"HOST:PORT\": put it back, or deploy/quickstart.sh clean to start over"
+    ! port_in_use "$port" ||
+        die "port $port ($key in $file) is in use by another program: stop it, or change the port there and in the files that name it (grep -l $port $QS/*.toml), or deploy/quickstart.sh clean to start over"
+    printf '%s\n' "$port"
+}
+
 # A path relative to the repository root as the caller can use it: unchanged when they are at the
 # root, else absolute.
 caller_path() {
@@ -320,8 +339,9 @@ write_configs() {
         cp "$REPO_ROOT/deploy/examples/simulated-gpus.toml" "$QS/simulated-gpus.toml"
     fi
 
-    cat >"$QS/manager.toml" <<EOF
-# Written by deploy/quickstart.sh at every start; see deploy/examples/manager.toml.
+    [[ -f "$QS/manager.toml" ]] || cat >"$QS/manager.toml" <<EOF
+# Written by deploy/quickstart.sh at its first start; see deploy/examples/manager.toml.
+# Yours to edit: later starts keep this file as it is (deploy/quickstart.sh clean starts over).
 listen = $(toml_string "127.0.0.1:$port")
 database = $(toml_string "$QS/manager.db")
 tls_cert = $(toml_string "$PKI/manager.crt")
@@ -356,8 +376,9 @@ half_life = "1 day"
 cost = { A100 = 1.0, H100 = 2.0 }
 EOF
 
-    cat >"$QS/agent.toml" <<EOF
-# Written by deploy/quickstart.sh at every start; see deploy/examples/agent.toml.
+    [[ -f "$QS/agent.toml" ]] || cat >"$QS/agent.toml" <<EOF
+# Written by deploy/quickstart.sh at its first start; see deploy/examples/agent.toml.
+# Yours to edit: later starts keep this file as it is (deploy/quickstart.sh clean starts over).
 node_name = $(toml_string "$node")
 manager_url = $(toml_string "$url")
 ca_dir = $(toml_string "$CA_DIR")
@@ -381,8 +402,9 @@ tls_key = $(toml_string "$PKI/agent.key")
 gateway_token_file = $(toml_string "$GATEWAY_TOKEN")
 EOF
 
-    cat >"$QS/gateway.toml" <<EOF
-# Written by deploy/quickstart.sh at every start; see deploy/examples/gateway.toml.
+    [[ -f "$QS/gateway.toml" ]] || cat >"$QS/gateway.toml" <<EOF
+# Written by deploy/quickstart.sh at its first start; see deploy/examples/gateway.toml.
+# Yours to edit: later starts keep this file as it is (deploy/quickstart.sh clean starts over).
 listen = $(toml_string "127.0.0.1:$ssh_port")
 # Host keys, made by the gateway at its first start.
 host_key_dir = $(toml_string "$HOST_KEY_DIR")
@@ -392,8 +414,8 @@ token_file = $(toml_string "$GATEWAY_TOKEN")
 allowlist_refresh = "2 seconds"
 EOF
 
-    write_devctl_config "$DEVCTL_CONFIG" "$url" user
-    write_devctl_config "$DEVCTL_ADMIN_CONFIG" "$url" admin
+    [[ -f "$DEVCTL_CONFIG" ]] || write_devctl_config "$DEVCTL_CONFIG" "$url" user
+    [[ -f "$DEVCTL_ADMIN_CONFIG" ]] || write_devctl_config "$DEVCTL_ADMIN_CONFIG" "$url" admin
 }
 
 write_devctl_config() {
@@ -772,9 +794,9 @@ cmd_start() {
     say "stopping a running quickstart, if any"
     stop_services
     local port stream_port ssh_port node container
-    port="$(first_free_port "${MANAGER_PORTS[@]}")"
-    stream_port="$(first_free_port "${STREAM_PORTS[@]}" "$port")"
-    ssh_port="$(first_free_port "${SSH_PORTS[@]}")"
+    port="$(choose_port manager.toml listen "${MANAGER_PORTS[@]}")"
+    stream_port="$(choose_port agent.toml listen "${STREAM_PORTS[@]}" "$port")"
+    ssh_port="$(choose_port gateway.toml listen "${SSH_PORTS[@]}")"
     node="$(node_name)"
     write_configs "$port" "$node" "$stream_port" "$ssh_port"
     start_services "$node"

@@ -2157,3 +2157,43 @@ async fn a_refused_user_removal_is_one_line_with_the_managers_words() {
     let line = one_line_error(&output);
     assert!(line.contains(message), "{line}");
 }
+
+/// `devctl job ls`'s REASON column says why a QUEUED job waits, as squeue's NODELIST(REASON)
+/// does: the local queue's words, or a grid job's engine reason in words (it said "submitted"
+/// for a job waiting in Slurm's queue); an ended job keeps its last transition's reason.
+#[test]
+fn job_ls_says_why_a_queued_job_waits() {
+    use devctl::job::catalog::render_jobs;
+    use ongrid_core::job::{GridJobView, JobState, JobTarget};
+    let mut local = job_view(JobState::Queued);
+    local.waiting = Some("for a fitting GPU to be free".into());
+    let mut slurm = job_view(JobState::Queued);
+    slurm.queue_position = None;
+    slurm.waiting =
+        Some("waiting in Slurm: the GPUs (or CPUs, memory) it asks for are in use".into());
+    slurm.grid = Some(GridJobView {
+        target: JobTarget::Slurm,
+        account: "alice".into(),
+        engine_id: Some("42".into()),
+        engine_state: Some("PENDING (Resources)".into()),
+        polled_at: None,
+    });
+    let mut ended = job_view(JobState::Finished);
+    ended.queue_position = None;
+    ended.reason = "exited with code 0".into();
+    let table = render_jobs(&[local, slurm, ended], false, Some(400));
+    let reasons: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .map(|line| line.split("2026-11-22 00:40:00Z").nth(1).unwrap().trim())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "waiting for a fitting GPU to be free",
+            "waiting in Slurm: the GPUs (or CPUs, memory) it asks for are in use",
+            "exited with code 0",
+        ],
+        "{table}"
+    );
+}

@@ -81,7 +81,7 @@ pub struct Prepared {
 }
 
 /// Loads the TLS material, the CA directory, the agent tokens and the gateway token named by
-/// `config`.
+/// `config`, and checks what the grid targets need of this host ([`targets::host_check`]).
 pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
     let provider = grid_identity::provider();
     let authenticator: Arc<dyn ClientAuthenticator> =
@@ -96,6 +96,16 @@ pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
         authenticator.clone(),
         provider,
     )?;
+    // What the grid targets need of this host: their commands, the accounts' access to the
+    // output and image directories.
+    match targets::host_check::check(&config.targets) {
+        Ok(warnings) => {
+            for warning in warnings {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(problems) => anyhow::bail!("[targets] cannot work on this host:\n{problems}"),
+    }
     let tokens = AgentTokens::load(&config.agent_tokens_file)?;
     if tokens.is_empty() {
         tracing::warn!(file = %config.agent_tokens_file.display(), "No agent tokens: no node can register.");

@@ -259,6 +259,21 @@ impl SiteSnapshot {
         }
     }
 
+    /// Why no GPU of the site as registered could ever meet `request` (a whole GPU, a share or
+    /// a MIG device), in words naming the requirement to relax; `None` when some GPU could.
+    /// Sessions and local jobs are refused with it at once, instead of waiting for ever.
+    pub fn never_meets(&self, request: &ongrid_core::GpuRequest) -> Option<String> {
+        let site = self.satisfiability_state();
+        let checked = match request.sharing.mig() {
+            Some(_) => ongrid_scheduler::check_mig_satisfiable(&site, &self.mig_slots(), request)
+                .map_err(|no| no.to_string()),
+            None => {
+                ongrid_scheduler::check_satisfiable(&site, request).map_err(|no| no.to_string())
+            }
+        };
+        checked.err()
+    }
+
     fn node_state(&self, node: &NodeRecord, online: bool) -> NodeState {
         NodeState {
             name: node.name.clone(),

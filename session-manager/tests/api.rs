@@ -1247,6 +1247,103 @@ async fn the_binary_checks_its_config_and_announces_its_address() {
     assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
 }
 
+/// `--check-config` (and every start) checks what a grid target needs of this host, naming each
+/// key and its fix at once: a command that is not there, an `output_dir` that does not exist,
+/// an image store the mapped account cannot read (Apptainer reads the SIF as the account; a
+/// root-only store passed every check before and failed only when a job ran). Once fixed it
+/// passes; an `image_dir` this host does not have is a warning, since it may be mounted only
+/// on the engine's nodes. The accounts' access is tested as the account, through `runuser`.
+#[test]
+fn check_config_names_what_a_grid_target_lacks_on_this_host() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+
+    let uid = Command::new("id").arg("-u").output().unwrap().stdout;
+    assert_eq!(
+        String::from_utf8_lossy(&uid).trim(),
+        "0",
+        "this test switches to the account nobody with runuser: run the tests as root"
+    );
+    let site = Site::new();
+    let d = site.dir.path();
+    let base = std::fs::read_to_string(&site.config.path).unwrap();
+    let images = d.join("images");
+    std::fs::create_dir_all(images.join("sha256")).unwrap();
+    std::fs::set_permissions(&images, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Searchable by others, so that only the store's own mode decides.
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = d.join("out");
+    let check = |name: &str, sbatch: &str, image_dir: &Path| {
+        let text = format!(
+            "{base}\n[targets]\naccounts = [ {{ dn = \"{ALICE}\", account = \"nobody\" }} ]\n\
+             [targets.slurm]\nsbatch = \"{sbatch}\"\nsqueue = \"true\"\nsacct = \"true\"\n\
+             scancel = \"true\"\nimage_dir = \"{}\"\noutput_dir = \"{}\"\n",
+            image_dir.display(),
+            out.display()
+        );
+        let file = d.join(name);
+        std::fs::write(&file, text).unwrap();
+        let run = Command::new(env!("CARGO_BIN_EXE_ongrid-manager"))
+            .args(["--config", &path(&file), "--check-config"])
+            .output()
+            .unwrap();
+        (
+            run.status.code(),
+            String::from_utf8_lossy(&run.stderr).into_owned(),
+        )
+    };
+
+    let missing = d.join("bin/sbatch");
+    let (code, stderr) = check("wrong.toml", &path(&missing), &images);
+    assert_eq!(code, Some(2), "{stderr}");
+    for expected in [
+        format!(
+            "targets.slurm.sbatch: {} is not an executable file",
+            missing.display()
+        ),
+        format!(
+            "targets.slurm.output_dir: {} is not a directory on this host",
+            out.display()
+        ),
+        format!(
+            "targets.slurm.image_dir: account nobody cannot read {}",
+            images.display()
+        ),
+    ] {
+        assert!(stderr.contains(&expected), "{expected:?} not in: {stderr}");
+    }
+
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, stderr) = check("root-only-output.toml", "true", &images);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "targets.slurm.output_dir: account nobody cannot write to {}",
+            out.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("sbatch"), "{stderr}");
+
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(&images, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, stderr) = check("right.toml", "true", &images);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("targets.slurm"), "{stderr}");
+
+    let elsewhere = d.join("on-the-nodes-only");
+    let (code, stderr) = check("elsewhere.toml", "true", &elsewhere);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "targets.slurm.image_dir: {} is not a directory on this host",
+            elsewhere.display()
+        )),
+        "{stderr}"
+    );
+}
+
 struct Snapshot {
     kept: SessionView,
     queued: SessionView,

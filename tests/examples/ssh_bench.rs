@@ -28,7 +28,10 @@
 //!   `--concurrent` at once (the wall time until the last one ended; all must succeed).
 //! - idle connections (gateway only): `--idle` connections from one process (russh's client),
 //!   each authenticated with the user's key and with a session channel open, no command; the
-//!   resident memory of the gateway and the agent before, with all open, and after they closed.
+//!   resident memory of the gateway and the agent before, with all open, and after they closed;
+//!   `--idle-rounds` times (default 2) in the one gateway, which tells memory leaked (it grows
+//!   again each round) from memory the allocator keeps for reuse (it does not). `--idle-only`
+//!   runs only this, without an sshd.
 //! - active connections: `--active` connections open at once, logged in first, then each told
 //!   to send 4 MiB of the file together (every byte counted; all must succeed), against each
 //!   server in turn: the wall time from the go until the last ended, and the highest resident
@@ -70,12 +73,17 @@ struct Options {
     concurrent: usize,
     active: usize,
     idle: usize,
+    /// How many times the idle connections are opened and closed in the one gateway.
+    idle_rounds: usize,
+    /// Only the idle connections: no sshd needed.
+    idle_only: bool,
 }
 
 fn usage() -> String {
     "usage: ssh_bench [--mib N] [--runs N] [--logins N] [--concurrent N] [--active N] [--idle N]\n\
-     (defaults: 1024 MiB, 5 runs, 20 logins, 50 at once, 200 active, 1000 idle connections),\n\
-     with\n\
+     [--idle-rounds N] [--idle-only]\n\
+     (defaults: 1024 MiB, 5 runs, 20 logins, 50 at once, 200 active, 1000 idle connections\n\
+     opened and closed 2 times), with\n\
      ONGRID_BENCH_SSHD_PORT, ONGRID_BENCH_SSHD_USER, ONGRID_BENCH_SSHD_KEY and ONGRID_BENCH_WORK\n\
      set (bench/run.sh sets them)"
         .to_owned()
@@ -89,9 +97,15 @@ fn parse_options() -> Result<Options, String> {
         concurrent: 50,
         active: 200,
         idle: 1000,
+        idle_rounds: 2,
+        idle_only: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--idle-only" {
+            options.idle_only = true;
+            continue;
+        }
         let value = args
             .next()
             .ok_or_else(|| format!("{flag} needs a value\n{}", usage()))?;
@@ -106,6 +120,7 @@ fn parse_options() -> Result<Options, String> {
             "--concurrent" if number > 0 => options.concurrent = count,
             "--active" => options.active = count,
             "--idle" => options.idle = count,
+            "--idle-rounds" if number > 0 => options.idle_rounds = count,
             _ => {
                 return Err(format!(
                     "unknown or zero option {flag} {value}\n{}",
@@ -186,6 +201,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if options.idle_only {
+        let mut site = Site::start(&[SimGpu::a100(1)]);
+        let user = site.user("Bench");
+        site.allow_loopback();
+        site.add_key(&user);
+        site.devctl_ok(&user, &["session", "new", "--name", SESSION, "--wait"]);
+        println!(
+            "==> {} idle connections to the gateway, opened and closed {} times",
+            options.idle, options.idle_rounds
+        );
+        idle_connections(&site, &user, options.idle, options.idle_rounds);
+        return ExitCode::SUCCESS;
+    }
     let sshd = match Sshd::from_env() {
         Ok(sshd) => sshd,
         Err(message) => {
@@ -302,7 +330,7 @@ fn main() -> ExitCode {
             "\n==> {} idle connections to the gateway (authenticated, a session channel open)",
             options.idle
         );
-        idle_connections(&site, &user, options.idle);
+        idle_connections(&site, &user, options.idle, options.idle_rounds);
     }
     if options.active > 0 {
         println!(
@@ -657,10 +685,18 @@ async fn connect_idle(
     Ok((handle, channel))
 }
 
-fn idle_connections(site: &Site, user: &User, count: usize) {
+/// `count` idle connections opened, held, then closed, `rounds` times in the one gateway: the
+/// resident memory of the gateway and the agent before, with all open, and after each round
+/// closed (once the gateway holds no more file descriptors than before, so the connections
+/// are gone from it, not only from this side). Memory still held after a round is either
+/// leaked or kept by the allocator for reuse: a leak grows again with every round, memory kept
+/// for reuse is taken again by the next round and the figure after it stays where it was.
+fn idle_connections(site: &Site, user: &User, count: usize, rounds: usize) {
     let pids = ["gateway", "agent"].map(|c| site.pid(c).expect("the site's processes run"));
     let rss = || pids.map(|pid| rss_kib(pid).expect("the process runs"));
+    let fds = || open_fds(pids[0]);
     let before = rss();
+    let fds_before = fds();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -671,66 +707,88 @@ fn idle_connections(site: &Site, user: &User, count: usize) {
         russh::keys::load_secret_key(&user.ssh_key, None).expect("load the user's SSH key"),
     );
     let config = Arc::new(russh::client::Config::default());
-    let start = Instant::now();
-    let held: Vec<Idle> = runtime.block_on(async {
-        let limit = Arc::new(tokio::sync::Semaphore::new(IDLE_IN_FLIGHT));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..count {
-            let (config, addr, key, limit) =
-                (config.clone(), addr.clone(), key.clone(), limit.clone());
-            tasks.spawn(async move {
-                let _permit = limit.acquire_owned().await.expect("never closed");
-                connect_idle(config, addr, key).await
-            });
-        }
-        let mut held = Vec::with_capacity(count);
-        let mut failures = Vec::new();
-        while let Some(done) = tasks.join_next().await {
-            match done.expect("connection task") {
-                Ok(idle) => held.push(idle),
-                Err(error) => failures.push(error),
+    let mut first_with = before;
+    let mut afters = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        let start = Instant::now();
+        let held: Vec<Idle> = runtime.block_on(async {
+            let limit = Arc::new(tokio::sync::Semaphore::new(IDLE_IN_FLIGHT));
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..count {
+                let (config, addr, key, limit) =
+                    (config.clone(), addr.clone(), key.clone(), limit.clone());
+                tasks.spawn(async move {
+                    let _permit = limit.acquire_owned().await.expect("never closed");
+                    connect_idle(config, addr, key).await
+                });
             }
+            let mut held = Vec::with_capacity(count);
+            let mut failures = Vec::new();
+            while let Some(done) = tasks.join_next().await {
+                match done.expect("connection task") {
+                    Ok(idle) => held.push(idle),
+                    Err(error) => failures.push(error),
+                }
+            }
+            assert!(
+                failures.is_empty(),
+                "{} of {count} idle connections failed, first: {}\n{}",
+                failures.len(),
+                failures[0],
+                site.logs()
+            );
+            held
+        });
+        let opened_in = start.elapsed();
+        let with = rss();
+        if round == 1 {
+            first_with = with;
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {count} idle connections failed, first: {}\n{}",
-            failures.len(),
-            failures[0],
-            site.logs()
+        let per = |i: usize| (with[i] as f64 - before[i] as f64) / count as f64;
+        println!(
+            "round {round}: opened {count} in {:.1} s; resident memory before / with {count}: \
+             gateway {} / {} KiB ({:.1} KiB each), agent {} / {} KiB ({:.1} KiB each)",
+            opened_in.as_secs_f64(),
+            before[0],
+            with[0],
+            per(0),
+            before[1],
+            with[1],
+            per(1)
         );
-        held
-    });
-    let opened_in = start.elapsed();
-    let with = rss();
-    let per = |i: usize| (with[i] as f64 - before[i] as f64) / count as f64;
-    println!(
-        "opened {count} in {:.1} s; resident memory before / with {count}: gateway {} / {} KiB \
-         ({:.1} KiB each), agent {} / {} KiB ({:.1} KiB each)",
-        opened_in.as_secs_f64(),
-        before[0],
-        with[0],
-        per(0),
-        before[1],
-        with[1],
-        per(1)
-    );
-    runtime.block_on(async move {
-        for (handle, channel) in held {
-            drop(channel);
-            let _ = handle
-                .disconnect(russh::Disconnect::ByApplication, "", "")
-                .await;
+        runtime.block_on(async move {
+            for (handle, channel) in held {
+                drop(channel);
+                let _ = handle
+                    .disconnect(russh::Disconnect::ByApplication, "", "")
+                    .await;
+            }
+        });
+        // The gateway has let go of every connection once its descriptors are back to where
+        // they were (each connection holds its socket and its stream to the agent).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while fds() > fds_before {
+            assert!(
+                Instant::now() < deadline,
+                "the gateway still holds {} file descriptors ({fds_before} before the round) a \
+                 minute after the {count} connections closed\n{}",
+                fds(),
+                site.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
-    });
+        let after = rss();
+        println!(
+            "round {round}: after they closed: gateway {} KiB, agent {} KiB",
+            after[0], after[1]
+        );
+        afters.push(after);
+    }
     drop(runtime);
-    let after = rss();
-    println!(
-        "after they closed: gateway {} KiB, agent {} KiB",
-        after[0], after[1]
-    );
+    let per = (first_with[0] as f64 - before[0] as f64) / count as f64;
     bench_summary(
         &format!("gateway memory per idle connection ({count}), KiB"),
-        &format!("{:.1}", per(0)),
+        &format!("{per:.1}"),
         "-",
         None,
     );
@@ -738,12 +796,44 @@ fn idle_connections(site: &Site, user: &User, count: usize) {
         &format!("gateway / agent resident memory with {count} idle, MiB"),
         &format!(
             "{:.1} / {:.1}",
-            with[0] as f64 / 1024.0,
-            with[1] as f64 / 1024.0
+            first_with[0] as f64 / 1024.0,
+            first_with[1] as f64 / 1024.0
         ),
         "-",
         None,
     );
+    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+    let gateway_afters: Vec<String> = afters.iter().map(|a| mib(a[0])).collect();
+    bench_summary(
+        &format!(
+            "gateway resident memory before / after each of {rounds} rounds of {count} idle, MiB"
+        ),
+        &format!("{} / {}", mib(before[0]), gateway_afters.join(" / ")),
+        "-",
+        None,
+    );
+    if let (Some(first), Some(last)) = (afters.first(), afters.last()) {
+        if rounds > 1 {
+            let growth = (last[0] as f64 - first[0] as f64) / ((rounds - 1) * count) as f64;
+            println!(
+                "gateway growth from round 1 to round {rounds}: {growth:.2} KiB per connection \
+                 (against {per:.1} KiB each while open)"
+            );
+            bench_summary(
+                &format!("gateway growth per closed connection after round 1 ({count}), KiB"),
+                &format!("{growth:.2}"),
+                "-",
+                None,
+            );
+        }
+    }
+}
+
+/// How many file descriptors process `pid` holds.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| entries.count())
+        .unwrap_or(0)
 }
 
 fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {

@@ -2,7 +2,7 @@
 //! `POST /v1/jobs/{id}/cancel|halt`, `DELETE /v1/jobs/{id}`), and how a job is described.
 
 use clap::Args;
-use ongrid_core::job::{JobId, JobView};
+use ongrid_core::job::{JobId, JobState, JobView};
 
 use crate::client::Client;
 use crate::format::format_time;
@@ -139,7 +139,7 @@ pub fn render_jobs(jobs: &[JobView], all: bool, width: Option<u16>) -> String {
             job.spec.image.to_string(),
             where_it_runs(job),
             format_time(job.queued_at),
-            job.reason.clone(),
+            reason_column(job),
         ];
         if all {
             row.push(job.owner.to_string());
@@ -147,6 +147,20 @@ pub fn render_jobs(jobs: &[JobView], all: bool, width: Option<u16>) -> String {
         table.row(row);
     }
     table.render(width, "")
+}
+
+/// The REASON column: why a QUEUED job waits (its engine's reason in words for a job of a grid
+/// target, as squeue's NODELIST(REASON)), else its last transition's reason.
+fn reason_column(job: &JobView) -> String {
+    match (&job.waiting, job.state) {
+        // The local queue's words start with what it waits for ("for a fitting GPU to be
+        // free"); a limit's and an engine's say it themselves ("waiting in Slurm: ...").
+        (Some(waiting), JobState::Queued) if waiting.starts_with("for ") => {
+            format!("waiting {waiting}")
+        }
+        (Some(waiting), JobState::Queued) => waiting.clone(),
+        _ => job.reason.clone(),
+    }
 }
 
 /// The NODE column: the node of a local job, `slurm:42` for a job of a grid target; a job on

@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::callers::AgentNode;
 use super::{ApiError, ApiJson, ApiQuery, AppState};
+use crate::app::Effect;
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
@@ -57,7 +58,7 @@ pub async fn register(
         .register_node(registration, &body.gpus, state.clock.now())
         .await?;
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     desired_state(&state, &node).await.map(versioned)
 }
 
@@ -128,10 +129,7 @@ pub async fn sync(
             state.config.lifecycle.thresholds,
         )
         .await?;
-    state.wake.notify_one();
-    // People waiting on this node's sessions look again; so does the node's own long-poll,
-    // which answers only if its desired state changed.
-    state.changes.node(&node);
+    state.committed(&[Effect::Scheduling, Effect::Node(node.clone())]);
     desired_state(&state, &node).await.map(versioned)
 }
 

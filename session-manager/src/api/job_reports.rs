@@ -7,6 +7,7 @@ use ongrid_core::job::{JobId, ObservedJob};
 use ongrid_core::NodeName;
 
 use super::{ApiError, AppState};
+use crate::app::Effect;
 use crate::domain::jobs;
 use crate::job_logs::JobLogs;
 use crate::store::{JobFilter, StoreError};
@@ -74,7 +75,7 @@ pub async fn follow_reports(
         match state.store.job_transition(job.id, change, next).await {
             Ok(job) => {
                 tracing::info!(job_id = %job.id, %node, state = %to, %reason, next_job = ?job.next_job, "Job changed on its node's report.");
-                state.wake.notify_one();
+                state.committed(&[Effect::Scheduling]);
             }
             // Changed meanwhile (cancelled by its owner): the next sync sees it.
             Err(StoreError::InvalidJobTransition(_)) => {}

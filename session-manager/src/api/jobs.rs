@@ -29,11 +29,8 @@ use serde::Deserialize;
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::app::jobs::JobActionError;
-use crate::app::lookup::frozen_image_candidates;
 use crate::app::{self, Via};
-use crate::domain::grid_jobs;
-use crate::domain::jobs::{self, JobRecord, Submitter};
-use crate::grid_mirror::HandOverError;
+use crate::domain::jobs::{self, JobRecord};
 use crate::job_logs::JobLogs;
 use crate::store::JobFilter;
 
@@ -46,102 +43,7 @@ pub async fn submit_job(
     ApiQuery(query): ApiQuery<crate::app::lookup::ReservationQuery>,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    // What the spec asks for against the site's caps, before anything is looked up.
-    jobs::check_durations(&body.spec, &state.config.job_limits)?;
-    // Where it runs, and as whom, before which image: a refused target says so first.
-    let now = state.clock.now();
-    let targets = state.grid.targets();
-    let grid = grid_jobs::choose_target(
-        body.spec.target,
-        &targets.offered(),
-        targets.config().default,
-        &targets.config().accounts,
-        (&caller.user.dn, &caller.admitted.group),
-        now,
-    )?;
-    if state.config.limits.is_some() {
-        let limited = crate::domain::policy::limits::Request {
-            id: (),
-            owner: caller.user.dn.clone(),
-            group: caller.admitted.group.clone(),
-            kind: crate::domain::policy::limits::Kind::Job,
-            gpus: body.spec.gpus.count,
-            // A grid target's engine applies its own length limits: to this site's length
-            // classes, such a job is short work, which no class caps.
-            length: match grid {
-                None => Some(
-                    jobs::effective_max_duration(&body.spec, &state.config.job_limits)
-                        .as_duration(),
-                ),
-                Some(_) => Some(std::time::Duration::ZERO),
-            },
-        };
-        let site = state.site().await?;
-        if let Some(refusal) =
-            crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
-        {
-            return Err(ApiError::forbidden(refusal));
-        }
-    }
-    let lookup = body.spec.image.clone();
-    let candidates = frozen_image_candidates(&state, &caller.user.dn, &lookup).await?;
-    // Logged, with the caller, as every 403 is (`error::log_refusals`).
-    let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?;
-    let named = body.reservation;
-    let who = Submitter {
-        owner: caller.user.dn.clone(),
-        user_name: caller.user.user_name.clone(),
-        uid: caller.user.uid,
-    };
-    let new = jobs::submit(
-        JobId::new_random(),
-        who,
-        body.spec,
-        image,
-        &state.config.job_limits,
-        grid,
-        now,
-    )?;
-    let reservation = crate::app::lookup::reservation_to_use(&state, &caller, named, query).await?;
-    if let Some(reservation) = &reservation {
-        if new.grid.is_some() {
-            return Err(ApiError::bad_request(format!(
-                "reservation {reservation} holds GPUs of this site: a job for a grid target \
-                 cannot use it; leave out --reservation or submit with --target local"
-            )));
-        }
-        // Before the job exists, for its whole chain (restarts keep it).
-        state
-            .store
-            .gpu_policy()
-            .set_chain_reservation(new.chain.initial_job, reservation)
-            .await?;
-    }
-    let job = state.store.create_job(new).await?;
-    tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, "Job submitted.");
-    let job = if job.grid.is_some() {
-        // The engine's id is stored before this answer.
-        match state.grid.hand_over(job).await {
-            Ok(job) => job,
-            Err(HandOverError::Refused {
-                target,
-                message,
-                job,
-            }) => {
-                return Err(ApiError::unsatisfiable(format!(
-                    "{target} refused job {}: {message}",
-                    job.id
-                )))
-            }
-            Err(HandOverError::Unavailable(message, job)) => {
-                return Err(ApiError::unavailable(format!("job {}: {message}", job.id)))
-            }
-            Err(HandOverError::Store(e)) => return Err(e.into()),
-        }
-    } else {
-        state.wake.notify_one();
-        job
-    };
+    let job = app::jobs::submit(&state, &caller, body, query, Via::Api).await?;
     let view = view(&state, job).await?;
     Ok((StatusCode::CREATED, Json(view)))
 }

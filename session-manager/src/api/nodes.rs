@@ -18,6 +18,7 @@ use serde::Deserialize;
 use super::callers::{Admin, CurrentUser};
 use super::{AdminJson, ApiError, ApiPath, ApiQuery, AppState};
 use crate::app::nodes::{DrainChange, DrainError};
+use crate::app::Effect;
 use crate::app::{self, Via};
 use crate::site::SiteSnapshot;
 use crate::store::{GpuRecord, NodeRecord, NodeRemoval};
@@ -161,7 +162,7 @@ pub async fn set_gpu_mode(
         .await?
         .ok_or_else(|| no_such_gpu(&uuid))?;
     tracing::info!(gpu = %uuid, %mode, by = %caller.user.user_name, "GPU mode changed.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     find_gpu(&state, &caller, &uuid).await
 }
 

@@ -15,6 +15,7 @@ use ongrid_core::{GpuUuid, NodeName};
 
 use super::callers::{Admin, CurrentUser};
 use super::{AdminJson, ApiError, ApiPath, AppState};
+use crate::app::Effect;
 use crate::domain::policy::reservations::{check_new, ReservationName, ReservationRecord};
 use crate::domain::policy::GroupName;
 use crate::gpu_policy::GpuPolicy;
@@ -73,7 +74,7 @@ async fn gpu_owner(
         .map(|n| n.name.clone())
         .ok_or_else(|| ApiError::internal(format!("GPU {uuid} has no node")))?;
     tracing::info!(gpu = %uuid, owner = ?owner.as_ref().map(GroupName::as_str), by = %caller.user.user_name, "GPU owner set.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     Ok(Json(OwnerView {
         node,
         gpu: Some(uuid),
@@ -100,7 +101,7 @@ async fn node_owner(
         )));
     }
     tracing::info!(node = %name, owner = ?owner.as_ref().map(GroupName::as_str), by = %caller.user.user_name, "Node owner set.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     Ok(Json(OwnerView {
         node: name,
         gpu: None,
@@ -274,7 +275,7 @@ pub async fn add_reservation(
         )));
     }
     tracing::info!(reservation = %record.name, group = %record.group, gpus = gpus.len(), from = %record.from, to = %record.to, by = %caller.user.user_name, "Reservation added.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     Ok((StatusCode::CREATED, Json(record.view(gpus, now))))
 }
 
@@ -293,7 +294,7 @@ pub async fn remove_reservation(
         .await?
         .ok_or_else(|| no_such_reservation(&name))?;
     tracing::info!(reservation = %name, by = %caller.user.user_name, "Reservation removed.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     let policy = GpuPolicy {
         reservations: vec![removed],
         ..GpuPolicy::default()

@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 use super::callers::CurrentUser;
 use super::{AdminQuery, ApiError, ApiPath, AppState};
+use crate::app::Effect;
 use crate::domain::users;
 use crate::image_files::remove_sif;
 use crate::store::{ImageFilter, JobFilter, SessionFilter, StoreError, UserRecord};
@@ -141,7 +142,7 @@ pub async fn remove_user(
         }
         answer.images.push(deleted.image.reference.to_string());
     }
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     tracing::info!(dn = %dn, user = %target.user_name, by = %caller.user.user_name,
         keys = answer.keys.len(), sessions = answer.sessions.len(), jobs = answer.jobs.len(),
         images = answer.images.len(), force = query.force, "User removed.");

@@ -1,16 +1,22 @@
-//! A person's changes to a batch job, for `POST /v1/jobs/{id}/cancel` and `/halt`,
+//! A job submitted (`POST /v1/jobs`), and a person's changes to a batch job, for
+//! `POST /v1/jobs/{id}/cancel` and `/halt`,
 //! `DELETE /v1/jobs/{id}` and the dashboard's cancel and remove buttons: find the job (a user
 //! reaches only their own, an admin anyone's), ask [`crate::domain::jobs`] for the change, store
 //! it, and say what it changed ([`Effect`]s: the scheduler's input, and a grid job's engine
 //! through the grid mirror). Removing an ended job deletes its record and its output file.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
-use ongrid_core::job::JobId;
+use ongrid_core::job::{JobId, JobTarget, SubmitJob};
 
 use super::caller::CurrentUser;
+use super::lookup::{frozen_image_candidates, reservation_to_use, ReservationQuery};
 use super::{ApiError, AppState, Effect, Via};
-use crate::domain::jobs::{self, JobRecord};
+use crate::domain::grid_jobs;
+use crate::domain::jobs::{self, JobRecord, Submitter};
 use crate::domain::Refusal;
+use crate::grid_mirror::HandOverError;
 use crate::job_logs::JobLogs;
 use crate::store::{JobRemoval, StoreError};
 
@@ -50,6 +56,126 @@ pub async fn find(
         return Err(not_found());
     }
     Ok(job)
+}
+
+/// A new job: its durations against the site's caps, where it runs and as whom, the site's
+/// `[limits]`, the image the caller may run, whether some GPU of the site could ever run it (a
+/// local job; a grid target's engine judges its own), the reservation it names. A local job is
+/// queued for the scheduler; a grid target's is handed to its engine, whose id is stored before
+/// this returns.
+pub async fn submit(
+    state: &AppState,
+    caller: &CurrentUser,
+    body: SubmitJob,
+    reservation: ReservationQuery,
+    via: Via,
+) -> Result<JobRecord, ApiError> {
+    // What the spec asks for against the site's caps, before anything is looked up.
+    jobs::check_durations(&body.spec, &state.config.job_limits)?;
+    // Where it runs, and as whom, before which image: a refused target says so first.
+    let now = state.clock.now();
+    let targets = state.grid.targets();
+    let grid = grid_jobs::choose_target(
+        body.spec.target,
+        &targets.offered(),
+        targets.config().default,
+        &targets.config().accounts,
+        (&caller.user.dn, &caller.admitted.group),
+        now,
+    )?;
+    let site = match (&state.config.limits, &grid) {
+        (None, Some(_)) => None,
+        _ => Some(state.site().await?),
+    };
+    if let (Some(limits), Some(site)) = (&state.config.limits, &site) {
+        let limited = crate::domain::policy::limits::Request {
+            id: (),
+            owner: caller.user.dn.clone(),
+            group: caller.admitted.group.clone(),
+            kind: crate::domain::policy::limits::Kind::Job,
+            gpus: body.spec.gpus.count,
+            // A grid target's engine applies its own length limits: to this site's length
+            // classes, such a job is short work, which no class caps.
+            length: match grid {
+                None => Some(
+                    jobs::effective_max_duration(&body.spec, &state.config.job_limits)
+                        .as_duration(),
+                ),
+                Some(_) => Some(Duration::ZERO),
+            },
+        };
+        if let Some(refusal) = crate::limit_check::refusal(Some(limits), &limited, site) {
+            return Err(ApiError::forbidden(refusal));
+        }
+    }
+    let lookup = body.spec.image.clone();
+    let candidates = frozen_image_candidates(state, &caller.user.dn, &lookup).await?;
+    // Logged, with the caller, as every 403 is (`error::log_refusals`).
+    let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?;
+    if let (None, Some(site)) = (&grid, &site) {
+        if let Some(why) = site.never_meets(&body.spec.gpus) {
+            let elsewhere = if targets.offered().iter().any(|t| *t != JobTarget::Local) {
+                ", or `devctl job targets` for where else it may run (--to)"
+            } else {
+                ""
+            };
+            return Err(ApiError::unsatisfiable(format!(
+                "{why}; see `devctl gpus`{elsewhere}"
+            )));
+        }
+    }
+    let named = body.reservation;
+    let who = Submitter {
+        owner: caller.user.dn.clone(),
+        user_name: caller.user.user_name.clone(),
+        uid: caller.user.uid,
+    };
+    let new = jobs::submit(
+        JobId::new_random(),
+        who,
+        body.spec,
+        image,
+        &state.config.job_limits,
+        grid,
+        now,
+    )?;
+    let reservation = reservation_to_use(state, caller, named, reservation).await?;
+    if let Some(reservation) = &reservation {
+        if new.grid.is_some() {
+            return Err(ApiError::bad_request(format!(
+                "reservation {reservation} holds GPUs of this site: a job for a grid target \
+                 cannot use it; leave out --reservation or submit with --to local"
+            )));
+        }
+        // Before the job exists, for its whole chain (restarts keep it).
+        state
+            .store
+            .gpu_policy()
+            .set_chain_reservation(new.chain.initial_job, reservation)
+            .await?;
+    }
+    let job = state.store.create_job(new).await?;
+    tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, via = via.as_str(), "Job submitted.");
+    if job.grid.is_none() {
+        state.committed(&[Effect::Scheduling]);
+        return Ok(job);
+    }
+    // The engine's id is stored before this answer.
+    match state.grid.hand_over(job).await {
+        Ok(job) => Ok(job),
+        Err(HandOverError::Refused {
+            target,
+            message,
+            job,
+        }) => Err(ApiError::unsatisfiable(format!(
+            "{target} refused job {}: {message}",
+            job.id
+        ))),
+        Err(HandOverError::Unavailable(message, job)) => {
+            Err(ApiError::unavailable(format!("job {}: {message}", job.id)))
+        }
+        Err(HandOverError::Store(e)) => Err(e.into()),
+    }
 }
 
 /// Cancels the job: a queued job never starts, a running one is stopped by its agent or its

@@ -33,7 +33,7 @@ pub mod views;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ongrid_core::{SessionId, SessionState};
+use ongrid_core::{NodeName, SessionId, SessionState};
 use tokio::sync::Notify;
 
 pub use error::ApiError;
@@ -133,7 +133,7 @@ impl AppState {
 /// through [`AppState::committed`], after its write committed; no handler or page wakes anyone
 /// by hand. A waiter compares what it reads with what it had, so an effect said too often costs
 /// one read, and one never said is caught by the periodic rounds and syncs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     /// The scheduler's input: a request queued or released, a job changed, a GPU drained or
     /// back, a reservation. Wakes the scheduling loop (on a replica that does not lead, the wake
@@ -142,6 +142,10 @@ pub enum Effect {
     /// What some node should run, or what a person's long-poll watches (a session's or a job's
     /// state): wakes the agents' and people's long-polls ([`crate::notify::Changes::site`]).
     Nodes,
+    /// Something of one node's changed (its agent's report): wakes the long-polls of people
+    /// waiting on its sessions and the node's own, which answers only if its desired state
+    /// changed.
+    Node(NodeName),
     /// A job of a grid target (Slurm, HTCondor) changed: the grid mirror acts on it now (a
     /// cancel reaches `scancel` or `condor_rm`) instead of at its next poll. The mirror runs on
     /// the leader, which a follower reaches through the scheduler's wake-up.
@@ -155,6 +159,7 @@ impl AppState {
             match effect {
                 Effect::Scheduling => self.wake.notify_one(),
                 Effect::Nodes => self.changes.site(),
+                Effect::Node(node) => self.changes.node(node),
                 Effect::GridJob => {
                     self.grid.wake();
                     self.wake.notify_one();

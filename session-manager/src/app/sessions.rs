@@ -12,8 +12,8 @@ use ongrid_core::gpu::GpuRequestError;
 use ongrid_core::{Dn, HumanDuration, InvalidTransition, SessionId, SessionName, SessionState};
 
 use super::caller::CurrentUser;
-use super::Via;
 use super::{ApiError, AppState};
+use super::{Effect, Via};
 use crate::app::lookup::{
     find_session, frozen_image_candidates, reservation_to_use, Lookup, ReservationQuery,
 };
@@ -120,16 +120,8 @@ pub async fn create(
     {
         return Err(ApiError::forbidden(refusal).into());
     }
-    if body.gpus.sharing.mig().is_some() {
-        ongrid_scheduler::check_mig_satisfiable(
-            &site.satisfiability_state(),
-            &site.mig_slots(),
-            &body.gpus,
-        )
-        .map_err(|no| SessionActionError::Unsatisfiable(no.to_string()))?;
-    } else {
-        ongrid_scheduler::check_satisfiable(&site.satisfiability_state(), &body.gpus)
-            .map_err(|no| SessionActionError::Unsatisfiable(no.to_string()))?;
+    if let Some(why) = site.never_meets(&body.gpus) {
+        return Err(SessionActionError::Unsatisfiable(why));
     }
     let reservation =
         reservation_to_use(state, caller, body.reservation.clone(), reservation).await?;
@@ -210,7 +202,7 @@ pub async fn hold(
         crate::metrics::events().held(reason);
     }
     tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = ?held.reason, via = via.as_str(), "Session held by hand.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     Ok(held)
 }
 
@@ -276,7 +268,7 @@ pub async fn remove(
     let change = requests::remove(&caller.user.user_name, state.clock.now());
     let ended = state.store.transition(session.id, change).await?;
     tracing::info!(session_id = %ended.id, session = %ended.name, by = %caller.user.user_name, via = via.as_str(), "Session removed.");
-    state.wake.notify_one();
+    state.committed(&[Effect::Scheduling]);
     Ok(ended)
 }
 

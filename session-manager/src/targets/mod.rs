@@ -9,6 +9,7 @@
 //! parses what they print.
 
 pub mod command;
+pub mod host_check;
 pub mod htcondor;
 pub mod slurm;
 

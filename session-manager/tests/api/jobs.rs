@@ -783,3 +783,63 @@ async fn ended_jobs_are_removed_with_their_output_and_pruned_past_the_retention(
     assert!(output_file(&fourth).exists());
     m.stop().await;
 }
+
+/// A local job no GPU of the site could ever run is refused at once, as a session is, with the
+/// requirement that fails, what the site has and where to look; it used to be queued for ever.
+/// One the site can run is queued as before.
+#[tokio::test]
+async fn a_local_job_no_gpu_of_the_site_can_run_is_refused_at_once() {
+    let site = Site::new();
+    let m = site.start().await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    frozen_image(&m, &gpus).await;
+    let asking = |gpus: u32, capability: &str, memory: &str| {
+        let spec = JobSpecFile {
+            image: Some("mymodel:v1".to_owned()),
+            command: vec!["python".into(), "train.py".into()],
+            gpus: Some(gpus),
+            min_capability: Some(capability.to_owned()),
+            min_gpu_memory: Some(memory.to_owned()),
+            ..JobSpecFile::default()
+        }
+        .validate(Utc::now())
+        .unwrap();
+        SubmitJob {
+            spec,
+            reservation: None,
+        }
+    };
+    for (body, why) in [
+        (
+            asking(1, "9.0", "1G"),
+            "no GPU has compute capability 9.0 or more (the highest is 8.0)",
+        ),
+        (
+            asking(2, "8.0", "1G"),
+            "no node has 2 GPUs that meet the request (the most on one node is 1)",
+        ),
+    ] {
+        let refused = m
+            .alice
+            .fails(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                m.alice.post("/v1/jobs", &body),
+            )
+            .await;
+        assert_eq!(refused.error.code, "unsatisfiable");
+        assert_eq!(refused.error.message, format!("{why}; see `devctl gpus`"));
+    }
+    let jobs: Vec<JobView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/jobs")).await;
+    assert!(jobs.is_empty(), "nothing was queued: {jobs:?}");
+
+    let fits: JobView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/jobs", &asking(1, "8.0", "1G")),
+        )
+        .await;
+    assert_eq!(fits.spec.gpus.count, 1);
+    m.stop().await;
+}
