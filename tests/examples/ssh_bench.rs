@@ -202,7 +202,7 @@ fn main() -> ExitCode {
         }
     };
     if options.idle_only {
-        let mut site = Site::start(&[SimGpu::a100(1)]);
+        let mut site = Site::start_with_metrics(&[SimGpu::a100(1)]);
         let user = site.user("Bench");
         site.allow_loopback();
         site.add_key(&user);
@@ -221,7 +221,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut site = Site::start(&[SimGpu::a100(1)]);
+    // With metrics: the idle rounds read the gateway's count of open connections.
+    let mut site = Site::start_with_metrics(&[SimGpu::a100(1)]);
     let user = site.user("Bench");
     site.allow_loopback();
     site.add_key(&user);
@@ -694,9 +695,7 @@ async fn connect_idle(
 fn idle_connections(site: &Site, user: &User, count: usize, rounds: usize) {
     let pids = ["gateway", "agent"].map(|c| site.pid(c).expect("the site's processes run"));
     let rss = || pids.map(|pid| rss_kib(pid).expect("the process runs"));
-    let fds = || open_fds(pids[0]);
     let before = rss();
-    let fds_before = fds();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -764,15 +763,18 @@ fn idle_connections(site: &Site, user: &User, count: usize, rounds: usize) {
                     .await;
             }
         });
-        // The gateway has let go of every connection once its descriptors are back to where
-        // they were (each connection holds its socket and its stream to the agent).
+        // Measured once the gateway has let go of every connection: its own gauge of open
+        // connections is back to 0 (its pool of connections to the manager stays, as it should).
         let deadline = Instant::now() + Duration::from_secs(60);
-        while fds() > fds_before {
+        loop {
+            let open = gateway_connections_open(site);
+            if open == Some(0) {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
-                "the gateway still holds {} file descriptors ({fds_before} before the round) a \
-                 minute after the {count} connections closed\n{}",
-                fds(),
+                "the gateway still counts {open:?} connections open a minute after the {count} \
+                 connections closed\n{}",
                 site.logs()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -829,11 +831,20 @@ fn idle_connections(site: &Site, user: &User, count: usize, rounds: usize) {
     }
 }
 
-/// How many file descriptors process `pid` holds.
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|entries| entries.count())
-        .unwrap_or(0)
+/// `ongrid_gateway_connections_open` as the gateway's `/metrics` says it now (`curl`, Debian's,
+/// on loopback); `None` when it cannot be read.
+fn gateway_connections_open(site: &Site) -> Option<u64> {
+    let addr = site.metrics_addrs.get("gateway")?;
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "5", &format!("http://{addr}/metrics")])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("ongrid_gateway_connections_open "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {
