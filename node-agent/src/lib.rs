@@ -12,6 +12,8 @@
 //! - [`manager_client`]: HTTPS to the manager (register, sync).
 //! - [`metrics`]: `/metrics` (container operations, freezes, GPU discoveries) and `/healthz`.
 //! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
+//! - [`gpu_check`]: `ongrid-agent gpus`, `mig` and `gpu-container`, the agent's GPU code run once
+//!   from a shell for `scripts/gpu-check.sh`; not part of the running agent.
 //!
 //! [`run`] wires them together, starts the stream endpoint when `[streams]` is configured, and
 //! runs the sync loop ([`Agent::run`]) until shutdown. Between syncs the agent keeps a long-poll
@@ -26,6 +28,7 @@ pub mod activity;
 pub mod config;
 pub mod freeze;
 pub mod gpu;
+pub mod gpu_check;
 pub mod jobs;
 pub mod labels;
 pub mod manager_client;

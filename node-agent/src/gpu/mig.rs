@@ -89,6 +89,11 @@ impl MigLayouts {
         }
     }
 
+    /// The backend's message for the change of `gpu` that failed, while it stands.
+    pub fn failure(&self, gpu: &GpuUuid) -> Option<&str> {
+        self.failed.get(gpu).map(|(_, problem)| problem.as_str())
+    }
+
     /// Makes every change `wanted` asks that `inventory` does not show yet, on GPUs nothing
     /// uses (`in_use`: the GPU and MIG device ids held by sessions, jobs and containers).
     /// Returns whether a change was made or tried, or a GPU began or stopped waiting, so the

@@ -1,7 +1,8 @@
 //! The agent's integration tests, one binary: the Docker runtime and the reconciler against the
 //! real Docker daemon (`docker`), and the manager client and the whole sync loop against a fake
 //! manager served over TLS in the test (`manager`), and the SSH gateway's stream endpoint with a
-//! real WebSocket client over TLS (`streams`).
+//! real WebSocket client over TLS (`streams`). The `nvidia-smi` backend (`nvidia_smi`) and `scripts/gpu-check.sh` (`gpu_check`) run against a
+//! stand-in nvidia-smi (`fake_nvidia_smi`) and need no Docker.
 //!
 //! They need Docker and the image `ongrid/dev:latest` (built by `images/dev/build.sh`), and fail
 //! loudly without them. Each test uses its own node name (the agent only sees containers labelled
@@ -11,7 +12,9 @@
 
 mod docker;
 mod exec;
+mod fake_nvidia_smi;
 mod freeze;
+mod gpu_check;
 mod isolation;
 mod jobs;
 mod lifecycle;

@@ -1,158 +1,25 @@
 //! The real `nvidia-smi` backend (the one a site runs, built by `gpu::from_config`) against a
-//! stand-in `nvidia-smi`: a shell script the test writes, answering from files of the state the
-//! test names. Discovery, a GPU nvidia-smi cannot reach, a GPU that vanishes and returns, a hang
-//! (killed at the timeout: every GPU unknown, never healthy), a failure naming no GPU, and a
-//! fatal Xid in the kernel log. That a GPU which returns stays drained is the manager's part
+//! stand-in `nvidia-smi` ([`FakeNvidiaSmi`]): a shell script the test writes, answering from
+//! files of the state the test names. Discovery, a GPU nvidia-smi cannot reach, a GPU that
+//! vanishes and returns, a hang (killed at the timeout: every GPU unknown, never healthy), a
+//! failure naming no GPU, and a fatal Xid in the kernel log. That a GPU which returns stays drained is the manager's part
 //! (`session-manager/tests/api/nodes.rs`).
 
 // Test helpers outside `#[test]` functions: a failed setup step should panic right there.
 #![allow(clippy::unwrap_used)]
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ongrid_agent::gpu::nvidia_smi::GONE_REASON;
-use ongrid_agent::gpu::{from_config, GpuBackend, GpuBackendConfig};
 use ongrid_core::{GpuHealth, GpuInfo};
 
-const QUERY: &str = include_str!("../fixtures/nvidia-smi/a100x2.query.csv");
-const LIST: &str = include_str!("../fixtures/nvidia-smi/a100x2.list.txt");
+use crate::fake_nvidia_smi::{FakeNvidiaSmi, LIST, QUERY};
+
 const GONE_QUERY: &str = include_str!("../fixtures/nvidia-smi/a100x2-one-gone.query.csv");
 const GONE_LIST: &str = include_str!("../fixtures/nvidia-smi/a100x2-one-gone.list.txt");
 /// What nvidia-smi prints for GPU 1 of the fixture host (bus 0F) when it cannot reach it.
 const LOST_LINE: &str =
     "Unable to determine the device handle for GPU 00000000:0F:00.0: Unknown Error";
-
-/// A stand-in nvidia-smi whose answers are files in its directory: `<state>.query` and
-/// `<state>.list` (with `<state>.query.status`, `<state>.list.status` for exit statuses), the
-/// state named in `state`; the state `hang` never answers. MIG as the driver keeps it:
-/// `-i GPU -mig 1` turns MIG mode on (file `migmode.GPU`: the query then says `Enabled`) and
-/// `-mig 0` off again (a file `mig-off-pending` leaves it on, printing that file's warning),
-/// `mig -i GPU -cgi P1,P2 -C` appends one device per profile to `mig.GPU` (listed under its
-/// GPU by `-L`), `-dci` fails with "No compute instances found" when there are none, `-dgi`
-/// removes them; a file `mig-fail` makes `-cgi` fail with its text. Every call is appended to
-/// `calls`.
-struct FakeNvidiaSmi {
-    dir: tempfile::TempDir,
-    script: PathBuf,
-}
-
-impl FakeNvidiaSmi {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("nvidia-smi");
-        let body = format!(
-            r#"#!/bin/sh
-dir='{}'
-state=$(cat "$dir/state")
-if [ "$state" = hang ]; then exec sleep 600; fi
-echo "$*" >> "$dir/calls"
-status() {{ cat "$dir/$state.$1.status" 2>/dev/null || echo 0; }}
-case "$1" in
-  -L)
-    while IFS= read -r line; do
-      echo "$line"
-      u=$(echo "$line" | sed -n 's/^GPU [0-9]*: .* (UUID: \(GPU-[^)]*\))$/\1/p')
-      if [ -n "$u" ] && [ -f "$dir/mig.$u" ]; then cat "$dir/mig.$u"; fi
-    done < "$dir/$state.list"
-    exit "$(status list)" ;;
-  --query-gpu=*)
-    while IFS= read -r line; do
-      u=${{line%%,*}}
-      if [ -f "$dir/migmode.$u" ]; then echo "$line" | sed 's/, Disabled,/, Enabled,/'; else echo "$line"; fi
-    done < "$dir/$state.query"
-    exit "$(status query)" ;;
-  -i)
-    [ "$3" = -mig ] || {{ echo "unexpected arguments: $*" >&2; exit 99; }}
-    if [ "$4" = 0 ]; then
-      echo "Disabled MIG Mode for GPU $2"
-      if [ -f "$dir/mig-off-pending" ]; then cat "$dir/mig-off-pending"; else rm -f "$dir/migmode.$2"; fi
-      echo "All done."
-    else
-      touch "$dir/migmode.$2"; echo "Enabled MIG Mode for GPU $2"; echo "All done."
-    fi ;;
-  mig)
-    u=$3
-    case "$4" in
-      -dci) [ -s "$dir/mig.$u" ] || {{ echo "No compute instances found: Not Found"; exit 6; }} ;;
-      -dgi) [ -s "$dir/mig.$u" ] || {{ echo "No GPU instances found: Not Found"; exit 6; }}; rm -f "$dir/mig.$u" ;;
-      -cgi)
-        if [ -f "$dir/mig-fail" ]; then cat "$dir/mig-fail" >&2; exit 2; fi
-        i=$(cat "$dir/mig.$u" 2>/dev/null | wc -l)
-        for p in $(echo "$5" | tr , ' '); do
-          echo "  MIG $p     Device  $i: (UUID: MIG-0000000$i-0000-4000-8000-${{u##*-}})" >> "$dir/mig.$u"
-          echo "Successfully created GPU instance ID $i on GPU 0 using profile MIG $p (ID 9)"
-          i=$((i+1))
-        done ;;
-      *) echo "unexpected arguments: $*" >&2; exit 99 ;;
-    esac ;;
-  *) echo "unexpected arguments: $*" >&2; exit 99 ;;
-esac
-exit 0
-"#,
-            dir.path().display()
-        );
-        std::fs::write(&script, body).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let fake = Self { dir, script };
-        fake.answer("ok", (QUERY, 0), (LIST, 0));
-        fake.set("ok");
-        // Another test's fork may still hold the new script open for writing (ETXTBSY) for a
-        // moment: wait until it runs, so the backend's first discovery is not that accident.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while let Err(error) = std::process::Command::new(&fake.script).arg("-L").output() {
-            assert!(
-                error.raw_os_error() == Some(26) && Instant::now() < deadline,
-                "{error}"
-            );
-            std::thread::yield_now();
-        }
-        fake
-    }
-
-    fn answer(&self, state: &str, query: (&str, i32), list: (&str, i32)) {
-        let dir = self.dir.path();
-        std::fs::write(dir.join(format!("{state}.query")), query.0).unwrap();
-        std::fs::write(
-            dir.join(format!("{state}.query.status")),
-            query.1.to_string(),
-        )
-        .unwrap();
-        std::fs::write(dir.join(format!("{state}.list")), list.0).unwrap();
-        std::fs::write(dir.join(format!("{state}.list.status")), list.1.to_string()).unwrap();
-    }
-
-    /// The nvidia-smi calls made so far that changed MIG state, one per line.
-    fn mig_calls(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("calls"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("mig ") || l.contains(" -mig "))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn set(&self, state: &str) {
-        std::fs::write(self.dir.path().join("state"), state).unwrap();
-    }
-
-    fn kernel_log(&self) -> PathBuf {
-        self.dir.path().join("kmsg")
-    }
-
-    /// The backend as the agent's config builds it.
-    fn backend(&self, timeout: &str) -> Arc<dyn GpuBackend> {
-        std::fs::write(self.kernel_log(), "").unwrap();
-        from_config(&GpuBackendConfig::NvidiaSmi {
-            path: Some(self.script.clone()),
-            timeout: Some(timeout.to_owned()),
-            kernel_log: Some(self.kernel_log()),
-        })
-        .unwrap()
-    }
-}
 
 fn health(gpus: &[GpuInfo]) -> Vec<GpuHealth> {
     gpus.iter().map(|gpu| gpu.health.clone()).collect()
