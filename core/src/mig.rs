@@ -33,7 +33,7 @@ pub enum MigError {
     BadProfile(String),
     #[error("MIG layout {0:?} must be PROFILE*COUNT joined by '+', e.g. 1g.10gb*7 or 3g.40gb*1+2g.20gb*2")]
     BadLayout(String),
-    #[error("GPU model {0:?} has no known MIG profiles (known: A100-40GB, A100-80GB, H100-80GB, A30); use exclusive or shared:N for it")]
+    #[error("GPU model {0:?} has no known MIG profiles (known: A100-40GB, A100-80GB, H100-80GB, H200-141GB, A30); use exclusive or shared:N for it")]
     UnknownModel(String),
     #[error("{model} has no MIG profile {profile}; its profiles are {offered}")]
     NoSuchProfile {
@@ -386,6 +386,22 @@ const H100_80: MigModel = MigModel {
     profiles: X100_80_PROFILES,
 };
 
+/// The H200 (141 GB, SXM and NVL): the 80 GB table's IDs and counts with its own sizes.
+const H200_141: MigModel = MigModel {
+    name: "H200-141GB",
+    compute_slices: 7,
+    memory_slices: 8,
+    profiles: &[
+        offer(1, 18, false, 19, 7, 1),
+        offer(1, 18, true, 20, 1, 1),
+        offer(1, 35, false, 15, 4, 2),
+        offer(2, 35, false, 14, 3, 2),
+        offer(3, 71, false, 9, 2, 4),
+        offer(4, 71, false, 5, 1, 4),
+        offer(7, 141, false, 0, 1, 8),
+    ],
+};
+
 const A30: MigModel = MigModel {
     name: "A30",
     compute_slices: 4,
@@ -401,9 +417,9 @@ const A30: MigModel = MigModel {
 
 impl MigModel {
     /// The geometry of a GPU model as `nvidia-smi` names it (`NVIDIA A100-SXM4-40GB`,
-    /// `NVIDIA A100 80GB PCIe`, `NVIDIA H100 80GB HBM3`, `NVIDIA H100 PCIe`, `NVIDIA A30`), or
-    /// `None` for a model without MIG or not known here (the H100 94/96 GB and H200 variants
-    /// have other profiles).
+    /// `NVIDIA A100 80GB PCIe`, `NVIDIA H100 80GB HBM3`, `NVIDIA H100 PCIe`, `NVIDIA H200`,
+    /// `NVIDIA H200 NVL`, `NVIDIA A30`), or `None` for a model without MIG or not known here
+    /// (the H100 94/96 GB and GH200 variants have other profiles).
     pub fn of(model: &str) -> Option<Self> {
         let m = model.to_ascii_uppercase();
         if m.contains("A100") {
@@ -414,6 +430,9 @@ impl MigModel {
             && !m.contains("NVL")
         {
             Some(H100_80)
+        } else if m.contains("H200") && !m.contains("GH200") {
+            // GH200 (Grace Hopper, 96 or 144 GB) has other profiles.
+            Some(H200_141)
         } else if m.contains("A30") {
             Some(A30)
         } else {
@@ -557,6 +576,18 @@ mod tests {
         assert_eq!(ok("1g.5gb*7", "NVIDIA A100-SXM4-40GB"), Ok(()));
         assert_eq!(ok("2g.12gb*2", "NVIDIA A30"), Ok(()));
         assert_eq!(ok("4g.40gb*1+3g.40gb*1", "NVIDIA A100 80GB PCIe"), Ok(()));
+        assert_eq!(ok("3g.71gb*1+2g.35gb*1+1g.18gb*2", "NVIDIA H200"), Ok(()));
+        assert_eq!(ok("1g.18gb*7", "NVIDIA H200 NVL"), Ok(()));
+        assert!(matches!(
+            ok("1g.18gb*1", "NVIDIA GH200 144G HBM3e"),
+            Err(MigError::UnknownModel(_))
+        ));
+        let err = ok("1g.10gb*1", "NVIDIA H200").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("H200-141GB has no MIG profile 1g.10gb; its profiles are 1g.18gb"),
+            "{err}"
+        );
         let err = ok("1g.10gb*7", "NVIDIA A100-SXM4-40GB").unwrap_err();
         assert_eq!(
             err.to_string(),
