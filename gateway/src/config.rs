@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use ongrid_core::{Cidr, HumanDuration};
 use ongrid_service::config_file::{self, FileError};
-use ongrid_service::manager_http::{parse_manager_url, ManagerUrlError};
+use ongrid_service::manager_http::{parse_manager_urls, ManagerUrlError, ManagerUrlsFile};
 use ongrid_service::metrics::MetricsConfig;
 use ongrid_service::TokenError;
 use reqwest::Url;
@@ -129,7 +129,7 @@ impl From<TokenError> for ConfigError {
 struct ConfigFile {
     listen: String,
     host_key_dir: PathBuf,
-    manager_url: String,
+    manager_url: ManagerUrlsFile,
     ca_dir: PathBuf,
     token_file: PathBuf,
     allowlist_refresh: Option<String>,
@@ -153,8 +153,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where the host keys live; created (0700) with the keys on first start.
     pub host_key_dir: PathBuf,
-    /// The manager's base URL (https); API paths are joined to it.
-    pub manager_url: Url,
+    /// The manager's base URL (https), or each of its replicas' (`manager_url`: one URL or a
+    /// list, tried in turn); API paths are joined to it.
+    pub manager_urls: Vec<Url>,
     /// CAs trusted for the manager's and the agents' server certificates (`*.0`, `*.pem`).
     pub ca_dir: PathBuf,
     /// The gateway's bearer token, read from `token_file`.
@@ -203,7 +204,7 @@ impl Config {
         if file.host_key_dir.exists() && !file.host_key_dir.is_dir() {
             return Err(ConfigError::HostKeyDir(file.host_key_dir));
         }
-        let manager_url = parse_manager_url(&file.manager_url)?;
+        let manager_urls = parse_manager_urls(&file.manager_url)?;
         if !file.ca_dir.is_dir() {
             return Err(ConfigError::CaDir(file.ca_dir));
         }
@@ -276,7 +277,7 @@ impl Config {
         Ok(Self {
             listen,
             host_key_dir: file.host_key_dir,
-            manager_url,
+            manager_urls,
             ca_dir: file.ca_dir,
             token,
             allowlist_refresh,

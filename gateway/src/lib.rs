@@ -71,7 +71,7 @@ pub async fn run(
     let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
     let roots = ca_roots::load_ca_dir(&config.ca_dir)?;
     let tls_config = ca_roots::client_config(&roots)?;
-    let manager = manager::GatewayRoutes::new(&config.manager_url, &roots, config.token.clone())?;
+    let manager = manager::GatewayRoutes::new(&config.manager_urls, &roots, config.token.clone())?;
     let host_key_dir = config.host_key_dir.clone();
     let keys = tokio::task::spawn_blocking(move || hostkeys::load_or_create(&host_key_dir))
         .await

@@ -56,9 +56,10 @@ pub struct GatewayRoutes {
 }
 
 impl GatewayRoutes {
-    /// A client of the manager at `manager_url` that trusts only `roots`.
+    /// A client of the manager at `manager_urls` (or of each of its replicas there) that trusts
+    /// only `roots`.
     pub fn new(
-        manager_url: &Url,
+        manager_urls: &[Url],
         roots: &[CaCertificate],
         token: Token,
     ) -> Result<Self, ManagerError> {
@@ -67,7 +68,7 @@ impl GatewayRoutes {
             connect_timeout: CONNECT_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
         };
-        let http = ManagerHttp::new(manager_url, roots, token, settings)?;
+        let http = ManagerHttp::new(manager_urls, roots, token, settings)?;
         let url = |route| http.url(route);
         Ok(Self {
             allowlist_url: url("v1/gateway/allowlist")?,
@@ -163,7 +164,7 @@ mod tests {
 
     fn client() -> GatewayRoutes {
         let url = Url::parse("https://m.example.org:8443").unwrap();
-        GatewayRoutes::new(&url, &[], Token::new("t")).unwrap()
+        GatewayRoutes::new(&[url], &[], Token::new("t")).unwrap()
     }
 
     #[test]

@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 use ongrid_core::{MemorySize, NodeName};
 use ongrid_service::config_file::{self, FileError};
-use ongrid_service::manager_http::{parse_manager_url, ManagerUrlError};
+use ongrid_service::manager_http::{parse_manager_urls, ManagerUrlError, ManagerUrlsFile};
 use ongrid_service::metrics::MetricsConfig;
 use ongrid_service::TokenError;
 use reqwest::Url;
@@ -156,7 +156,7 @@ impl From<FileError> for ConfigError {
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
     node_name: String,
-    manager_url: String,
+    manager_url: ManagerUrlsFile,
     ca_dir: PathBuf,
     token_file: PathBuf,
     gpu: GpuBackendConfig,
@@ -291,7 +291,8 @@ struct StreamsFile {
 pub struct Config {
     pub node_name: NodeName,
     /// The manager's base URL (https); API paths are joined to it.
-    pub manager_url: Url,
+    /// The manager, or each of its replicas (`manager_url`: one URL or a list).
+    pub manager_urls: Vec<Url>,
     /// CAs trusted for the manager's server certificate (`*.0` and `*.pem` files).
     pub ca_dir: PathBuf,
     /// The node's bearer token, read from `token_file`.
@@ -383,7 +384,7 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let file: ConfigFile = config_file::parse(text, path)?;
         let node_name = NodeName::parse(&file.node_name).map_err(ConfigError::NodeName)?;
-        let manager_url = parse_manager_url(&file.manager_url)?;
+        let manager_urls = parse_manager_urls(&file.manager_url)?;
         if !file.ca_dir.is_dir() {
             return Err(ConfigError::CaDir(file.ca_dir));
         }
@@ -459,7 +460,7 @@ impl Config {
         let storage = file.storage.validate()?;
         Ok(Self {
             node_name,
-            manager_url,
+            manager_urls,
             ca_dir: file.ca_dir,
             token,
             gpu: file.gpu,
@@ -643,7 +644,7 @@ mod tests {
         let files = Files::new();
         let config = files.parse(&files.config("")).unwrap();
         assert_eq!(config.node_name.as_str(), "node1");
-        assert_eq!(config.manager_url.as_str(), "https://127.0.0.1:8443/");
+        assert_eq!(config.manager_urls[0].as_str(), "https://127.0.0.1:8443/");
         assert_eq!(config.token.expose(), "s3cret-token");
         assert_eq!(
             config.gpu,

@@ -104,7 +104,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let runtime: Arc<dyn ContainerRuntime> = Arc::new(runtime);
     report_live_restore(&config.node_name, &*runtime).await;
     let guard = node_guard(&config, &*runtime).await?;
-    let manager = AgentRoutes::new(&config.manager_url, &config.ca_dir, config.token.clone())
+    let manager = AgentRoutes::new(&config.manager_urls, &config.ca_dir, config.token.clone())
         .context("setting up the HTTPS client of the manager")?;
     let streams = TaskTracker::new();
     let readiness = metrics::Readiness::default();

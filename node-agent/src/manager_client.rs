@@ -62,7 +62,7 @@ pub struct Versioned {
     pub version: Option<String>,
 }
 
-/// An HTTPS client of one manager, for one node.
+/// An HTTPS client of the manager (or its replicas), for one node.
 #[derive(Debug, Clone)]
 pub struct AgentRoutes {
     http: ManagerHttp,
@@ -72,16 +72,16 @@ pub struct AgentRoutes {
 }
 
 impl AgentRoutes {
-    /// A client of the manager at `manager_url` that trusts only the CAs in `ca_dir` (read
-    /// strictly: a CA file that cannot be used is an error).
-    pub fn new(manager_url: &Url, ca_dir: &Path, token: Token) -> Result<Self, ClientError> {
+    /// A client of the manager at `manager_urls` (or of each of its replicas there) that trusts
+    /// only the CAs in `ca_dir` (read strictly: a CA file that cannot be used is an error).
+    pub fn new(manager_urls: &[Url], ca_dir: &Path, token: Token) -> Result<Self, ClientError> {
         let settings = ClientSettings {
             user_agent: concat!("ongrid-agent/", env!("CARGO_PKG_VERSION")),
             connect_timeout: CONNECT_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
         };
         let roots = pem::load_ca_dir(ca_dir)?;
-        let http = ManagerHttp::new(manager_url, &roots, token, settings)?;
+        let http = ManagerHttp::new(manager_urls, &roots, token, settings)?;
         Ok(Self {
             register_url: http.url("v1/agent/register")?,
             sync_url: http.url("v1/agent/sync")?,
@@ -155,7 +155,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("README"), "nothing here").unwrap();
         let url = Url::parse("https://manager.example.org:8443").unwrap();
-        let err = AgentRoutes::new(&url, dir.path(), Token::new("t")).unwrap_err();
+        let err = AgentRoutes::new(&[url], dir.path(), Token::new("t")).unwrap_err();
         assert!(matches!(err, ClientError::CaDir(_)), "{err:?}");
         let text = format!("{:#}", anyhow::Error::from(err));
         assert!(text.contains("signed the manager's certificate"), "{text}");
@@ -190,13 +190,13 @@ mod tests {
         std::fs::write(dir.path().join("ca.pem"), ca_pem()).unwrap();
         let token = Token::new("t");
         let plain = Url::parse("https://manager.example.org:8443").unwrap();
-        let client = AgentRoutes::new(&plain, dir.path(), token.clone()).unwrap();
+        let client = AgentRoutes::new(&[plain], dir.path(), token.clone()).unwrap();
         assert_eq!(
             client.sync_url.as_str(),
             "https://manager.example.org:8443/v1/agent/sync"
         );
         let prefixed = Url::parse("https://example.org/ongrid").unwrap();
-        let client = AgentRoutes::new(&prefixed, dir.path(), token).unwrap();
+        let client = AgentRoutes::new(&[prefixed], dir.path(), token).unwrap();
         assert_eq!(
             client.register_url.as_str(),
             "https://example.org/ongrid/v1/agent/register"

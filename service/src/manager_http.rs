@@ -4,7 +4,16 @@
 //! never sent in clear text), route URLs joined under the manager's base path, and answers
 //! sorted into [`HttpError`]. Each binary wraps an [`HttpError`] in its own error where it has
 //! something to add for its operator (a 401 means its token is wrong).
+//!
+//! `manager_url` may list several managers (replicas of one PostgreSQL database, any of which
+//! answers any call), as Slurm's backup controllers and HTCondor's list of central managers:
+//! a call goes to the one that answered last, and to the next in the list when that one cannot
+//! be reached. A request is sent to the next only when it cannot have reached the first (the
+//! connection was never made), or when it is a read; a write cut off mid-way is the caller's
+//! to judge, since the manager may have done it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ongrid_core::api::ErrorBody;
@@ -32,6 +41,31 @@ pub enum ManagerUrlError {
     },
     #[error("manager_url {0:?} must use https: the token is only sent to a manager whose certificate is verified")]
     NotHttps(String),
+    #[error("manager_url is an empty list: name the manager, or each of its replicas, like [\"https://m1.example.org:8443\", \"https://m2.example.org:8443\"]")]
+    Empty,
+}
+
+/// `manager_url` as a config file writes it: one URL, or the URLs of the manager's replicas.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub enum ManagerUrlsFile {
+    One(String),
+    Several(Vec<String>),
+}
+
+/// `manager_url` from a config file, one URL or a list: each a URL, and https.
+pub fn parse_manager_urls(written: &ManagerUrlsFile) -> Result<Vec<Url>, ManagerUrlError> {
+    let urls = match written {
+        ManagerUrlsFile::One(url) => vec![parse_manager_url(url)?],
+        ManagerUrlsFile::Several(urls) => urls
+            .iter()
+            .map(|url| parse_manager_url(url))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    if urls.is_empty() {
+        return Err(ManagerUrlError::Empty);
+    }
+    Ok(urls)
 }
 
 /// `manager_url` from a config file: a URL, and https.
@@ -59,6 +93,7 @@ pub enum HttpError {
     BaseUrl(String),
     #[error("building the HTTPS client")]
     Build(#[source] reqwest::Error),
+    /// No manager could be reached (`url`: each one tried), or the call was cut off.
     #[error("cannot reach the manager at {url}")]
     Unreachable {
         url: String,
@@ -117,20 +152,23 @@ pub struct ClientSettings {
     pub request_timeout: Duration,
 }
 
-/// A client of one manager's bearer-token routes.
+/// A client of the manager's bearer-token routes, at one URL or at each of its replicas'.
 #[derive(Debug, Clone)]
 pub struct ManagerHttp {
     http: reqwest::Client,
-    base: Url,
-    manager_url: String,
+    /// Each manager's base URL (ending in `/`); routes are joined under the first, and sent
+    /// under whichever answers.
+    bases: Vec<Url>,
+    /// The index in `bases` of the manager that answered last, shared by the clones.
+    current: Arc<AtomicUsize>,
     token: Token,
 }
 
 impl ManagerHttp {
-    /// A client of the manager at `manager_url` that trusts only `roots` (from
-    /// [`crate::pem::load_ca_dir`]).
+    /// A client of the managers at `manager_urls` (one, or each replica; not empty) that trusts
+    /// only `roots` (from [`crate::pem::load_ca_dir`]).
     pub fn new(
-        manager_url: &Url,
+        manager_urls: &[Url],
         roots: &[CaCertificate],
         token: Token,
         settings: ClientSettings,
@@ -151,29 +189,49 @@ impl ManagerHttp {
             builder = builder.add_root_certificate(certificate);
         }
         let http = builder.build().map_err(HttpError::Build)?;
-        let mut base = manager_url.clone();
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
+        let mut bases = Vec::with_capacity(manager_urls.len());
+        for url in manager_urls {
+            let mut base = url.clone();
+            if base.cannot_be_a_base() {
+                return Err(HttpError::BaseUrl(url.to_string()));
+            }
+            if !base.path().ends_with('/') {
+                let path = format!("{}/", base.path());
+                base.set_path(&path);
+            }
+            bases.push(base);
+        }
+        if bases.is_empty() {
+            return Err(HttpError::BaseUrl("(an empty list)".to_owned()));
         }
         Ok(Self {
             http,
-            base,
-            manager_url: manager_url.to_string(),
+            bases,
+            current: Arc::new(AtomicUsize::new(0)),
             token,
         })
     }
 
-    /// The URL of a route (`v1/agent/sync`) under the manager's base path.
+    /// The URL of a route (`v1/agent/sync`) under the (first) manager's base path; a call sends
+    /// it under whichever manager answers.
     pub fn url(&self, route: &str) -> Result<Url, HttpError> {
-        self.base
+        self.bases[0]
             .join(route)
-            .map_err(|_| HttpError::BaseUrl(self.manager_url.clone()))
+            .map_err(|_| HttpError::BaseUrl(self.bases[0].to_string()))
+    }
+
+    /// `url` (made by [`ManagerHttp::url`], possibly with a query since) under manager `i`.
+    fn on(&self, i: usize, url: &Url) -> Url {
+        let relative = url
+            .as_str()
+            .strip_prefix(self.bases[0].as_str())
+            .unwrap_or(url.as_str());
+        self.bases[i].join(relative).unwrap_or_else(|_| url.clone())
     }
 
     /// `GET url`, the answer decoded.
     pub async fn get<R: DeserializeOwned>(&self, url: &Url) -> Result<R, HttpError> {
-        let response = self.send(url, self.http.get(url.clone())).await?;
+        let response = self.send(url, Call::Read, |url| self.http.get(url)).await?;
         decode(url, response).await
     }
 
@@ -185,7 +243,7 @@ impl ManagerHttp {
         url: &Url,
         timeout: Duration,
     ) -> Result<reqwest::Response, HttpError> {
-        self.send(url, self.http.get(url.clone()).timeout(timeout))
+        self.send(url, Call::Read, |url| self.http.get(url).timeout(timeout))
             .await
     }
 
@@ -206,40 +264,81 @@ impl ManagerHttp {
         url: &Url,
         body: &T,
     ) -> Result<reqwest::Response, HttpError> {
-        self.send(url, self.http.post(url.clone()).json(body)).await
+        self.send(url, Call::Write, |url| self.http.post(url).json(body))
+            .await
     }
 
-    /// Sends with the token; a non-2xx answer becomes [`HttpError::Refused`].
+    /// Sends with the token to the manager that answered last, and on to the next while one
+    /// cannot be reached (see the module's documentation); a non-2xx answer becomes
+    /// [`HttpError::Refused`].
     async fn send(
         &self,
         url: &Url,
-        request: reqwest::RequestBuilder,
+        call: Call,
+        request: impl Fn(Url) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, HttpError> {
-        let response = request
-            .bearer_auth(self.token.expose())
-            .send()
-            .await
-            .map_err(|source| HttpError::Unreachable {
-                url: url.to_string(),
-                // The URL is in our message already.
-                source: source.without_url(),
-            })?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
+        let first = self.current.load(Ordering::Relaxed) % self.bases.len();
+        let mut tried = Vec::new();
+        let mut last = None;
+        for k in 0..self.bases.len() {
+            let i = (first + k) % self.bases.len();
+            let target = self.on(i, url);
+            match request(target.clone())
+                .bearer_auth(self.token.expose())
+                .send()
+                .await
+            {
+                Ok(response) => {
+                    if i != first {
+                        self.current.store(i, Ordering::Relaxed);
+                        tracing::warn!(manager = %self.bases[i], unreachable = %tried.join(", "), "Going on with the next manager of manager_url.");
+                    }
+                    return judge(&target, response).await;
+                }
+                Err(error) => {
+                    tried.push(target.to_string());
+                    let next = error.is_connect() || (call == Call::Read && !error.is_timeout());
+                    // The URL is in our message already.
+                    last = Some(error.without_url());
+                    if !next {
+                        break;
+                    }
+                }
+            }
         }
-        let text = response.text().await.unwrap_or_default();
-        let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => (Some(body.error.code), body.error.message),
-            Err(_) => (None, text.chars().take(MAX_FOREIGN_BODY).collect()),
-        };
-        Err(HttpError::Refused {
-            url: url.to_string(),
-            status,
-            code,
-            message,
+        Err(HttpError::Unreachable {
+            url: tried.join(", nor at "),
+            source: last.expect("at least one manager was tried"),
         })
     }
+}
+
+/// Whether a request may go to the next manager after it was sent to one that then failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// A GET: asking the next manager changes nothing.
+    Read,
+    /// A POST: sent to the next only when it cannot have reached the first.
+    Write,
+}
+
+/// A manager's answer: a 2xx as it is, anything else as [`HttpError::Refused`].
+async fn judge(url: &Url, response: reqwest::Response) -> Result<reqwest::Response, HttpError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(body) => (Some(body.error.code), body.error.message),
+        Err(_) => (None, text.chars().take(MAX_FOREIGN_BODY).collect()),
+    };
+    Err(HttpError::Refused {
+        url: url.to_string(),
+        status,
+        code,
+        message,
+    })
 }
 
 /// A 2xx answer's body as `R`.
@@ -268,7 +367,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(1),
         };
-        ManagerHttp::new(&Url::parse(url).unwrap(), &[], Token::new("t"), settings).unwrap()
+        ManagerHttp::new(&[Url::parse(url).unwrap()], &[], Token::new("t"), settings).unwrap()
     }
 
     #[test]
@@ -287,6 +386,29 @@ mod tests {
                 .as_str(),
             "https://example.org/ongrid/v1/x"
         );
+    }
+
+    #[test]
+    fn manager_url_is_one_url_or_a_list_of_them() {
+        #[derive(serde::Deserialize)]
+        struct File {
+            manager_url: ManagerUrlsFile,
+        }
+        let parse = |text: &str| {
+            let file: File = toml::from_str(text).unwrap();
+            parse_manager_urls(&file.manager_url)
+        };
+        let one = parse("manager_url = \"https://m1.example.org:8443\"").unwrap();
+        assert_eq!(one, [Url::parse("https://m1.example.org:8443").unwrap()]);
+        let two =
+            parse("manager_url = [\"https://m1.example.org:8443\", \"https://m2.example.org\"]")
+                .unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1].as_str(), "https://m2.example.org/");
+        let err = parse("manager_url = []").unwrap_err();
+        assert!(matches!(err, ManagerUrlError::Empty), "{err:?}");
+        let err = parse("manager_url = [\"https://m1.example.org\", \"http://m2\"]").unwrap_err();
+        assert!(matches!(err, ManagerUrlError::NotHttps(_)), "{err:?}");
     }
 
     #[test]

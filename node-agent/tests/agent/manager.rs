@@ -64,20 +64,36 @@ struct ManagerState {
     version: u64,
     /// When set, every request is answered with this status and body.
     failure: Option<(u16, String)>,
+    /// When set, every request is read and recorded, then the connection closed unanswered
+    /// (a manager dying while it handles the request).
+    hang_up: bool,
 }
 
 pub(crate) struct FakeManager {
     url: Url,
-    ca: TestCa,
+    ca: Arc<TestCa>,
     state: Arc<Mutex<ManagerState>>,
     /// The version, for long-polls to wait on.
     versions: Arc<watch::Sender<u64>>,
-    _server: tokio::task::JoinHandle<()>,
+    server: tokio::task::JoinHandle<()>,
 }
 
 impl FakeManager {
     pub(crate) async fn start(node: &NodeName) -> Self {
-        let ca = TestCa::new();
+        Self::start_with(node, Arc::new(TestCa::new())).await
+    }
+
+    /// A second manager with a certificate of the same CA, like a replica of this one.
+    async fn replica(&self, node: &NodeName) -> Self {
+        Self::start_with(node, self.ca.clone()).await
+    }
+
+    /// Stops accepting connections (they are refused from now on), as a manager that died.
+    fn stop(&self) {
+        self.server.abort();
+    }
+
+    async fn start_with(node: &NodeName, ca: Arc<TestCa>) -> Self {
         let key = rcgen::KeyPair::generate().expect("key");
         let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
         let cert = params
@@ -114,6 +130,7 @@ impl FakeManager {
             },
             version: 0,
             failure: None,
+            hang_up: false,
         }));
         let versions = Arc::new(watch::channel(0).0);
         let server_versions = versions.clone();
@@ -139,7 +156,7 @@ impl FakeManager {
             ca,
             state,
             versions,
-            _server: server,
+            server,
         }
     }
 
@@ -148,7 +165,8 @@ impl FakeManager {
     }
 
     pub(crate) fn client(&self) -> AgentRoutes {
-        AgentRoutes::new(&self.url, self.ca.dir.path(), Token::new(TOKEN)).expect("client")
+        AgentRoutes::new(&[self.url.clone()], self.ca.dir.path(), Token::new(TOKEN))
+            .expect("client")
     }
 
     pub(crate) fn set_sessions(&self, sessions: Vec<DesiredSession>) {
@@ -237,15 +255,18 @@ where
     reader.read_exact(&mut body).await?;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let long_poll = path == "/v1/agent/desired";
-    let failing = {
+    let (failing, hang_up) = {
         let mut state = state.lock().expect("not poisoned");
         state.requests.push(Request {
             path,
             authorization,
             body,
         });
-        state.failure.is_some()
+        (state.failure.is_some(), state.hang_up)
     };
+    if hang_up {
+        return Ok(());
+    }
     if long_poll && !failing && after.is_some() {
         let changed = versions.wait_for(|version| Some(*version) != after);
         // Nothing new within the wait: the answer below is a 204.
@@ -328,13 +349,101 @@ async fn client_registers_and_syncs_with_its_token() {
     );
 }
 
+/// With `manager_url` listing two managers (replicas of one database), the client goes on with
+/// the other when one cannot be reached, and stays with the one that answered last. A write
+/// cut off after it reached a manager is not sent to the other (that manager may have done it:
+/// a session would start twice); a read is.
+#[tokio::test]
+async fn a_client_of_two_managers_goes_on_with_the_one_that_answers() {
+    let node = NodeName::parse("node-ha").expect("name");
+    let first = FakeManager::start(&node).await;
+    let second = first.replica(&node).await;
+    let client = AgentRoutes::new(
+        &[first.url.clone(), second.url.clone()],
+        first.ca.dir.path(),
+        Token::new(TOKEN),
+    )
+    .expect("client");
+    let paths = |manager: &FakeManager| -> Vec<String> {
+        manager.requests().into_iter().map(|r| r.path).collect()
+    };
+    let report = NodeReport {
+        node: node.clone(),
+        gpus: Vec::new(),
+        containers: Vec::new(),
+        activity: Vec::new(),
+        freezes: Vec::new(),
+        jobs: Vec::new(),
+    };
+
+    client
+        .register(&registration(&node))
+        .await
+        .expect("registered");
+    assert_eq!(paths(&first), ["/v1/agent/register"]);
+    assert!(paths(&second).is_empty());
+
+    // The first dies while it handles a sync: an error, and nothing sent to the second.
+    first.state().hang_up = true;
+    let err = client.sync(&report).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Http(HttpError::Unreachable { .. })),
+        "{err:?}"
+    );
+    assert_eq!(paths(&first), ["/v1/agent/register", "/v1/agent/sync"]);
+    assert!(paths(&second).is_empty(), "{:?}", paths(&second));
+    // A read cut off the same way is asked of the second.
+    let desired = client
+        .desired(None, Duration::from_secs(1))
+        .await
+        .expect("the second answers");
+    assert!(desired.is_some());
+    assert_eq!(paths(&second), ["/v1/agent/desired"]);
+    // The second answered last: the next sync goes there, though the first answers again.
+    first.state().hang_up = false;
+    client.sync(&report).await.expect("synced");
+    assert_eq!(paths(&second), ["/v1/agent/desired", "/v1/agent/sync"]);
+    assert_eq!(paths(&first).len(), 3);
+    // The second is gone (its connections refused): a write that could not reach it goes to
+    // the first, and the one after it too.
+    second.stop();
+    client
+        .sync(&report)
+        .await
+        .expect("synced through the first");
+    client
+        .sync(&report)
+        .await
+        .expect("synced through the first");
+    assert_eq!(
+        paths(&first)[3..],
+        ["/v1/agent/sync", "/v1/agent/sync"],
+        "{:?}",
+        paths(&first)
+    );
+    assert_eq!(paths(&second).len(), 2);
+
+    // Both gone: the error names both.
+    first.stop();
+    let err = client.sync(&report).await.unwrap_err();
+    let text = err.to_string() + &format!("{:#}", anyhow::Error::from(err));
+    assert!(
+        text.contains(&first.url.to_string()) && text.contains(&second.url.to_string()),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn client_trusts_only_the_cas_of_its_ca_dir() {
     let node = NodeName::parse("node-a").expect("name");
     let manager = FakeManager::start(&node).await;
     let stranger = TestCa::new();
-    let client =
-        AgentRoutes::new(&manager.url, stranger.dir.path(), Token::new(TOKEN)).expect("client");
+    let client = AgentRoutes::new(
+        &[manager.url.clone()],
+        stranger.dir.path(),
+        Token::new(TOKEN),
+    )
+    .expect("client");
     let err = client.register(&registration(&node)).await.unwrap_err();
     assert!(
         matches!(err, ClientError::Http(HttpError::Unreachable { .. })),
