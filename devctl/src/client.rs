@@ -69,6 +69,14 @@ pub enum ClientError {
     BadBody { cause: String },
     #[error("request to the manager at {url} failed: {cause}")]
     Other { url: String, cause: String },
+    /// A change reached the manager, which went away or stopped answering before it answered:
+    /// it may have been made. `look` says where to look before asking again.
+    #[error("the manager at {url} went away before answering ({cause}); {look}")]
+    AnswerLost {
+        url: String,
+        cause: String,
+        look: String,
+    },
 }
 
 fn refusal_hint(expired_at: Option<DateTime<Utc>>) -> String {
@@ -331,9 +339,11 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> Request<'_> {
+        let change = method != Method::GET;
         Request {
             client: self,
             builder: self.http.request(method, format!("{}{path}", self.base)),
+            lost: change.then(|| LOST_CHANGE.to_owned()),
         }
     }
 
@@ -355,11 +365,19 @@ impl Client {
     }
 }
 
+/// What a change whose answer was lost may have done, unless the command says it better
+/// ([`Request::if_lost`]).
+const LOST_CHANGE: &str =
+    "what you asked may have been done: look (devctl ... ls or show) before asking again";
+
 /// One call of the API: built with [`Client::get`] and friends, then [`Request::send`].
 #[must_use = "a request does nothing until it is sent"]
 pub struct Request<'a> {
     client: &'a Client,
     builder: RequestBuilder,
+    /// For a change (POST, PUT, DELETE): what to look at when it reached the manager and the
+    /// answer was lost.
+    lost: Option<String>,
 }
 
 impl Request<'_> {
@@ -389,6 +407,15 @@ impl Request<'_> {
         }
     }
 
+    /// For a change: what may exist when the manager went away before answering, and the
+    /// command to look at it ("the session may exist: devctl session show train1").
+    pub fn if_lost(self, look: impl Into<String>) -> Self {
+        Self {
+            lost: self.lost.map(|_| look.into()),
+            ..self
+        }
+    }
+
     /// A JSON body.
     pub fn json<T: Serialize + ?Sized>(self, body: &T) -> Self {
         Self {
@@ -405,16 +432,11 @@ impl Request<'_> {
     /// Like [`Request::send`], with the HTTP status of the successful answer.
     pub async fn send_with_status<T: DeserializeOwned>(self) -> Result<(u16, T), ClientError> {
         let context = &self.client.context;
-        let response = self
-            .builder
-            .send()
-            .await
-            .map_err(|e| context.classify_reqwest(&e))?;
+        let lost = self.lost;
+        let failed = |e: reqwest::Error| lost_answer(context.classify_reqwest(&e), lost.as_deref());
+        let response = self.builder.send().await.map_err(failed)?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| context.classify_reqwest(&e))?;
+        let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {
             return Err(api_error(status.as_u16(), &body, &context.manager_url));
         }
@@ -428,6 +450,29 @@ impl Request<'_> {
     #[cfg(test)]
     pub(crate) fn build(self) -> reqwest::Request {
         self.builder.build().unwrap()
+    }
+}
+
+/// `error` of a change that reached the manager (`lost`: where to look) as
+/// [`ClientError::AnswerLost`]: the manager went away or stopped answering after the request was
+/// sent, so it may have been made. A change that never left (the manager unreachable, TLS
+/// refused) stays what it was.
+fn lost_answer(error: ClientError, lost: Option<&str>) -> ClientError {
+    let Some(look) = lost else {
+        return error;
+    };
+    match error {
+        ClientError::Other { url, cause } => ClientError::AnswerLost {
+            url,
+            cause,
+            look: look.to_owned(),
+        },
+        ClientError::Timeout { url, timeout } => ClientError::AnswerLost {
+            url,
+            cause: format!("no answer within {} s", timeout.as_secs()),
+            look: look.to_owned(),
+        },
+        other => other,
     }
 }
 
@@ -453,6 +498,68 @@ mod tests {
     /// How tokio-rustls hands a TLS failure up: an `io::Error` wrapping the `rustls::Error`.
     fn wrapped(err: rustls::Error) -> std::io::Error {
         std::io::Error::new(std::io::ErrorKind::InvalidData, err)
+    }
+
+    /// A manager that reads a change and closes the connection without answering (a replica
+    /// killed while it creates a session): the change may have been made, and devctl says so,
+    /// with where to look, instead of a transport error that reads like a failure. A read
+    /// cut off the same way is a plain failure, and a change that never reached a manager is
+    /// "cannot reach".
+    #[tokio::test]
+    async fn a_change_whose_answer_is_lost_says_it_may_have_been_made() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                // Reads the request, then goes away.
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                drop(stream);
+            }
+        });
+        let client = Client::for_building_requests(&format!("http://{addr}/"));
+        let err = client
+            .post("v1/sessions")
+            .json(&serde_json::json!({"name": "train1"}))
+            .if_lost("the session may exist: devctl session show train1")
+            .send::<serde_json::Value>()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::AnswerLost { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "the manager at http://{addr} went away before answering ("
+            )),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("); the session may exist: devctl session show train1"),
+            "{text}"
+        );
+        let err = client
+            .delete("v1/sessions/train1")
+            .send::<serde_json::Value>()
+            .await
+            .unwrap_err();
+        assert!(err.to_string().ends_with(LOST_CHANGE), "{err}");
+        let err = client
+            .get("v1/sessions")
+            .send::<serde_json::Value>()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::Other { .. }), "{err:?}");
+        server.abort();
+        let _ = server.await;
+        let err = client
+            .post("v1/sessions")
+            .if_lost("the session may exist")
+            .send::<serde_json::Value>()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
     }
 
     #[test]

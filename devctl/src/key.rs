@@ -145,6 +145,7 @@ async fn add(
     let (status, view): (u16, KeyView) = client
         .post("v1/keys")
         .json(&body)
+        .if_lost("the key may have been added: devctl key ls")
         .send_with_status()
         .await?;
     let added = if status == 201 {

@@ -64,7 +64,12 @@ pub async fn run(args: FreezeArgs, client: &Client, term: &mut Terminal<'_>) -> 
         force: args.force,
         compression: args.compression,
     };
-    let image: ImageView = client.post("v1/images").json(&body).send().await?;
+    let image: ImageView = client
+        .post("v1/images")
+        .json(&body)
+        .if_lost("the freeze may have started: devctl image ls")
+        .send()
+        .await?;
     if args.no_wait {
         return term.show(args.json, &image, |image| {
             format!(

@@ -126,7 +126,16 @@ impl NewArgs {
 }
 
 pub async fn run(args: NewArgs, client: &Client, term: &mut Terminal<'_>) -> anyhow::Result<()> {
-    let mut session: SessionView = client.post("v1/sessions").json(&args.body()).send().await?;
+    let look = match &args.name {
+        Some(name) => format!("the session may exist: devctl session show {name}"),
+        None => "a session may exist: devctl session ls".to_owned(),
+    };
+    let mut session: SessionView = client
+        .post("v1/sessions")
+        .json(&args.body())
+        .if_lost(look)
+        .send()
+        .await?;
     if let Some(notice) = queue_notice(&session) {
         term.note(&notice);
     }
