@@ -25,7 +25,8 @@ Settings, strongest first: flags, then environment variables, then the config fi
 ~/.config/ongrid/devctl.toml (keys manager_url, cert, key, ca_dir), then the grid defaults.
 
 Environment:
-  ONGRID_MANAGER_URL    the manager, like https://manager.example.org:8443
+  ONGRID_MANAGER_URL    the manager, like https://manager.example.org:8443 (its replicas:
+                        several, separated by commas)
   ONGRID_DEVCTL_CONFIG  another config file
   X509_USER_CERT        certificate (PEM), with X509_USER_KEY for its key
   X509_USER_PROXY       grid proxy (certificate and key in one file);
@@ -52,7 +53,8 @@ pub struct GlobalArgs {
     /// Config file [default: ~/.config/ongrid/devctl.toml, or $ONGRID_DEVCTL_CONFIG]
     #[arg(long, global = true, help_heading = "Settings", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The manager's URL [default: $ONGRID_MANAGER_URL, or manager_url in the config file]
+    /// The manager's URL, or its replicas' separated by commas [default: $ONGRID_MANAGER_URL, or
+    /// manager_url in the config file]
     #[arg(long, global = true, help_heading = "Settings", value_name = "URL")]
     pub manager_url: Option<String>,
     /// Certificate or proxy file (PEM) [default: $X509_USER_CERT, $X509_USER_PROXY, cert in the

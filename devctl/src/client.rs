@@ -8,12 +8,14 @@
 
 use std::error::Error as StdError;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::ErrorBody;
 use ongrid_core::Dn;
-use reqwest::{Method, RequestBuilder};
+use reqwest::{Method, RequestBuilder, Url};
 use rustls::{AlertDescription, CertificateError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -268,12 +270,20 @@ pub fn api_error(status: u16, body: &[u8], manager_url: &str) -> ClientError {
     }
 }
 
-/// A client of the manager's API, presenting the user's certificate.
+/// A client of the manager's API, presenting the user's certificate. With several managers
+/// named (the manager's replicas), a call goes to the one that answered last, and on to the
+/// next when that one cannot be reached; a read also when the one it reached went away before
+/// answering. A change that reached a manager is never sent to another: it may have been made
+/// ([`ClientError::AnswerLost`]).
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    /// Ends with `/`.
+    /// Ends with `/`; the first of `bases`.
     base: String,
+    /// Every manager named, each ending with `/`.
+    bases: Vec<String>,
+    /// The index in `bases` of the manager that answered last.
+    current: Arc<AtomicUsize>,
     context: ErrorContext,
 }
 
@@ -296,6 +306,9 @@ impl Client {
             .build()
             .map_err(|err| ClientError::Build(err.to_string()))?;
         let base = settings.manager_url.value.to_string();
+        let bases = std::iter::once(base.clone())
+            .chain(settings.other_managers.iter().map(Url::to_string))
+            .collect();
         let context = ErrorContext {
             manager_url: base.trim_end_matches('/').to_owned(),
             ca_dir: settings.ca_dir.value.clone(),
@@ -310,6 +323,8 @@ impl Client {
         Ok(Self {
             http,
             base,
+            bases,
+            current: Arc::new(AtomicUsize::new(0)),
             context,
         })
     }
@@ -350,9 +365,18 @@ impl Client {
     /// A client without TLS, for unit tests that only build requests.
     #[cfg(test)]
     pub(crate) fn for_building_requests(base: &str) -> Self {
+        Self::for_tests(&[base])
+    }
+
+    /// A client without TLS of the managers at `bases` (each ending with `/`), for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(bases: &[&str]) -> Self {
+        let base = bases[0];
         Self {
             http: reqwest::Client::new(),
             base: base.to_owned(),
+            bases: bases.iter().map(|b| (*b).to_owned()).collect(),
+            current: Arc::new(AtomicUsize::new(0)),
             context: ErrorContext {
                 manager_url: base.trim_end_matches('/').to_owned(),
                 ca_dir: PathBuf::new(),
@@ -363,6 +387,56 @@ impl Client {
             },
         }
     }
+}
+
+impl Client {
+    /// Sends `request` (made under the first manager's URL) to the manager that answered last,
+    /// and on to the next while one cannot be reached (for a read, also while the one reached
+    /// went away before answering). The error is the last manager's.
+    async fn execute(
+        &self,
+        request: reqwest::Request,
+        change: bool,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let count = self.bases.len();
+        let first = self.current.load(Ordering::Relaxed) % count;
+        let mut request = Some(request);
+        for k in 0..count {
+            let i = (first + k) % count;
+            let last = k + 1 == count;
+            let Some(template) = request.take() else {
+                break;
+            };
+            // A body that cannot be sent twice (none of devctl's) is sent once.
+            let spare = if last { None } else { template.try_clone() };
+            let mut attempt = template;
+            if i != 0 {
+                if let Some(url) = rebase(attempt.url(), &self.bases[0], &self.bases[i]) {
+                    *attempt.url_mut() = url;
+                }
+            }
+            match self.http.execute(attempt).await {
+                Ok(response) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(response);
+                }
+                Err(error) => {
+                    let next = error.is_connect() || (!change && !error.is_timeout());
+                    if last || !next || spare.is_none() {
+                        return Err(error);
+                    }
+                    request = spare;
+                }
+            }
+        }
+        unreachable!("the loop returns on the last manager")
+    }
+}
+
+/// `url`, made under `from`, under `to` instead.
+fn rebase(url: &Url, from: &str, to: &str) -> Option<Url> {
+    let relative = url.as_str().strip_prefix(from)?;
+    Url::parse(&format!("{to}{relative}")).ok()
 }
 
 /// What a change whose answer was lost may have done, unless the command says it better
@@ -434,7 +508,16 @@ impl Request<'_> {
         let context = &self.client.context;
         let lost = self.lost;
         let failed = |e: reqwest::Error| lost_answer(context.classify_reqwest(&e), lost.as_deref());
-        let response = self.builder.send().await.map_err(failed)?;
+        // Not sent yet: a request that cannot be built is no lost answer.
+        let request = self
+            .builder
+            .build()
+            .map_err(|e| context.classify_reqwest(&e))?;
+        let response = self
+            .client
+            .execute(request, lost.is_some())
+            .await
+            .map_err(failed)?;
         let status = response.status();
         let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {
@@ -560,6 +643,63 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+    }
+
+    /// With two managers named, a call goes on to the second when the first refuses
+    /// connections, and then stays with it; a read reaching a manager that goes away is asked
+    /// of the other, a change is not (it may have been made there).
+    #[tokio::test]
+    async fn with_two_managers_a_call_goes_on_to_the_one_that_answers() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A manager that answers `[]` to everything, counting the requests it read.
+        async fn manager(answer: bool) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = format!("http://{}/", listener.local_addr().unwrap());
+            let count = Arc::new(AtomicUsize::new(0));
+            let counted = count.clone();
+            let task = tokio::spawn(async move {
+                loop {
+                    let (mut stream, _) = listener.accept().await.unwrap();
+                    let mut buffer = [0u8; 4096];
+                    let _ = stream.read(&mut buffer).await;
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    if answer {
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+                            .await;
+                    }
+                }
+            });
+            (base, count, task)
+        }
+        let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead_base = format!("http://{}/", dead.local_addr().unwrap());
+        drop(dead);
+        let (live, live_count, _live) = manager(true).await;
+        let client = Client::for_tests(&[&dead_base, &live]);
+        let listed: Vec<String> = client.get("v1/sessions").send().await.unwrap();
+        assert!(listed.is_empty());
+        let _: Vec<String> = client.post("v1/sessions").send().await.unwrap();
+        assert_eq!(live_count.load(Ordering::SeqCst), 2);
+        assert_eq!(client.current.load(Ordering::SeqCst), 1);
+
+        let (mute, mute_count, _mute) = manager(false).await;
+        let client = Client::for_tests(&[&mute, &live]);
+        let err = client
+            .post("v1/sessions")
+            .send::<Vec<String>>()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::AnswerLost { .. }), "{err:?}");
+        assert_eq!(mute_count.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            live_count.load(Ordering::SeqCst),
+            2,
+            "a change is sent once"
+        );
+        let _: Vec<String> = client.get("v1/sessions").send().await.unwrap();
+        assert_eq!(mute_count.load(Ordering::SeqCst), 2);
+        assert_eq!(live_count.load(Ordering::SeqCst), 3, "a read goes on");
     }
 
     #[test]

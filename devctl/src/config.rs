@@ -114,8 +114,8 @@ pub struct Overrides {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    /// `https://manager.example.org:8443`
-    pub manager_url: Option<String>,
+    /// `https://manager.example.org:8443`, or the URLs of the manager's replicas.
+    pub manager_url: Option<ManagerUrls>,
     /// PEM certificate (or a whole proxy file).
     pub cert: Option<PathBuf>,
     /// PEM private key; `cert` when absent.
@@ -164,11 +164,33 @@ pub struct Credentials {
     pub origin: Origin,
 }
 
+/// `manager_url` in the config file: one URL, or a list (the manager's replicas).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ManagerUrls {
+    One(String),
+    Several(Vec<String>),
+}
+
+impl ManagerUrls {
+    /// As `ONGRID_MANAGER_URL` and `--manager-url` write several: separated by commas.
+    fn joined(&self) -> String {
+        match self {
+            Self::One(url) => url.clone(),
+            Self::Several(urls) => urls.join(","),
+        }
+    }
+}
+
 /// Everything devctl needs to talk to the manager.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    /// Always `https`, with a path ending in `/`, so `join("v1/...")` appends.
+    /// Always `https`, with a path ending in `/`, so `join("v1/...")` appends. The first of
+    /// the managers named.
     pub manager_url: Setting<Url>,
+    /// The other managers named (`https://m1,https://m2`, or a list in the config file): the
+    /// manager's replicas, asked in turn when one cannot be reached.
+    pub other_managers: Vec<Url>,
     pub credentials: Credentials,
     pub ca_dir: Setting<PathBuf>,
 }
@@ -241,13 +263,31 @@ pub fn resolve(
             .map(|v| (v.to_owned(), Origin::Env(ENV_MANAGER_URL))),
         file_config
             .manager_url
-            .clone()
-            .map(|v| (v, from_file("manager_url"))),
+            .as_ref()
+            .map(|v| (v.joined(), from_file("manager_url"))),
     ])
     .ok_or(ConfigError::NoManagerUrl {
         config: config_name.clone(),
     })?;
-    let manager_url = parse_manager_url(&manager_url.0, manager_url.1)?;
+    let (value, origin) = manager_url;
+    let mut urls = value
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(|url| parse_manager_url(url, origin.clone()).map(|setting| setting.value))
+        .collect::<Result<Vec<_>, _>>()?;
+    if urls.is_empty() {
+        return Err(ConfigError::BadManagerUrl {
+            value,
+            origin,
+            problem: "names no URL".to_owned(),
+        });
+    }
+    let other_managers = urls.split_off(1);
+    let manager_url = Setting {
+        value: urls.remove(0),
+        origin,
+    };
 
     let credentials = resolve_credentials(overrides, env, file_path, file_config, defaults)?;
 
@@ -264,6 +304,7 @@ pub fn resolve(
 
     Ok(Settings {
         manager_url,
+        other_managers,
         credentials,
         ca_dir: Setting {
             value: ca_dir.0,
@@ -525,6 +566,40 @@ mod tests {
             PathBuf::from("/etc/grid-security/certificates")
         );
         assert_eq!(s.ca_dir.origin, Origin::Default);
+    }
+
+    /// Several managers (replicas): a list in the config file, or comma-separated in
+    /// `ONGRID_MANAGER_URL` and `--manager-url`; each checked like one.
+    #[test]
+    fn several_managers_are_a_list_or_comma_separated() {
+        let f = Fixture::new();
+        f.create_default_proxy();
+        f.write_config(
+            r#"manager_url = ["https://m1.example.org:8443", "https://m2.example.org:8443"]"#,
+        );
+        let s = resolve(&Overrides::default(), &f.env(&[]), &f.defaults()).unwrap();
+        assert_eq!(s.manager_url.value.as_str(), "https://m1.example.org:8443/");
+        assert_eq!(
+            s.other_managers.iter().map(Url::as_str).collect::<Vec<_>>(),
+            ["https://m2.example.org:8443/"]
+        );
+        let overrides = Overrides {
+            manager_url: Some("https://a.example.org, https://b.example.org/x".into()),
+            ..Overrides::default()
+        };
+        let s = resolve(&overrides, &f.env(&[]), &f.defaults()).unwrap();
+        assert_eq!(s.manager_url.value.as_str(), "https://a.example.org/");
+        assert_eq!(s.other_managers[0].as_str(), "https://b.example.org/x/");
+        let overrides = Overrides {
+            manager_url: Some("https://a.example.org,http://b.example.org".into()),
+            ..Overrides::default()
+        };
+        let err = resolve(&overrides, &f.env(&[]), &f.defaults()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("manager URL \"http://b.example.org\" (from --manager-url) does not start with https://"),
+            "{err}"
+        );
     }
 
     #[test]
