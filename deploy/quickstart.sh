@@ -846,7 +846,12 @@ quickstart_networks() {
 
 cmd_clean() {
     check_tools
-    cmd_stop
+    # The agent stops last, once the containers are gone: an agent that stops with no container
+    # left on its node removes its firewall rules (with containers left it keeps them, so that
+    # they stay isolated). Without its manager it changes nothing meanwhile.
+    say "stopping the quickstart's ongrid-gateway and ongrid-manager"
+    stop_service gateway
+    stop_service manager
     say "removing the quickstart's containers and home volumes"
     local container login
     for container in $(quickstart_containers); do
@@ -854,6 +859,8 @@ cmd_clean() {
         docker rm -f "$container" >/dev/null
         info "removed container $container"
     done
+    say "stopping the quickstart's ongrid-agent (it removes its firewall rules)"
+    stop_service agent
     # Each session and job had its own network; the stopped agent can no longer remove them.
     local network
     for network in $(quickstart_networks); do

@@ -376,8 +376,33 @@ impl Agent {
         {
             warn!("Some freezes did not stop within 30 s of stopping.");
         }
+        self.release_firewall().await;
         info!(node = %self.node, "Agent stopped; dev containers are left as they are.");
         Ok(())
+    }
+
+    /// At shutdown: the firewall rules go when no dev or job container is left on the node;
+    /// otherwise they stay, so that the containers left stay isolated until the next agent.
+    async fn release_firewall(&self) {
+        let left = match (self.runtime.list().await, self.runtime.list_jobs().await) {
+            (Ok(sessions), Ok(jobs)) => sessions.len() + jobs.len(),
+            (Err(e), _) | (_, Err(e)) => {
+                warn!(node = %self.node, error = %error_chain(&e), "Cannot list this node's containers; its firewall rules stay in place.");
+                return;
+            }
+        };
+        if left > 0 {
+            info!(node = %self.node, containers = left, "Firewall rules stay in place for the containers left on this node.");
+            return;
+        }
+        match self.guard.firewall.remove().await {
+            Ok(()) => {
+                info!(node = %self.node, "No container left on this node: its firewall rules are removed.")
+            }
+            Err(e) => {
+                warn!(node = %self.node, error = %error_chain(&e), "Cannot remove this node's firewall rules.")
+            }
+        }
     }
 
     /// One sync; returns how long to wait before the next.

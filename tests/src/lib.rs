@@ -1218,8 +1218,9 @@ pub fn control_characters_in_logs(dir: &Path) -> Vec<String> {
 }
 
 /// Removes the iptables chains and jumps the agent of `node` made, with the agent's own code
-/// (`Iptables::remove`): an agent leaves them in place when it stops, so that its sessions stay
-/// isolated while it restarts, and so the test that started it takes them out.
+/// (`Iptables::remove_blocking`): an agent killed, or stopped with containers left, leaves them
+/// in place, so that its sessions stay isolated while it restarts, and so the test that
+/// started it takes them out.
 fn remove_firewall_chains(node: &str) {
     let Ok(node) = NodeName::parse(node) else {
         return;
@@ -1227,7 +1228,7 @@ fn remove_firewall_chains(node: &str) {
     // The chains' names and jumps depend on the node alone, not on the policy.
     let policy = NetworkPolicy::parse(NetworkPolicy::DEFAULT_SUBNET_POOL, &[], &[])
         .expect("the default subnet pool is valid");
-    if let Err(e) = Iptables::new(&node, &policy).remove() {
+    if let Err(e) = Iptables::new(&node, &policy).remove_blocking() {
         eprintln!("removing the firewall chains of node {node}: {e}");
     }
 }

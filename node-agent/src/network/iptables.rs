@@ -6,8 +6,9 @@
 //! [`Iptables::ensure`] compares the chains (`iptables -S <chain>`) and the two jumps
 //! (`iptables -C`) with the [`Ruleset`]; when anything differs it replaces both chains in one
 //! `iptables-restore --noflush` transaction (never an empty, open moment) and inserts a missing
-//! jump first in its chain. [`Iptables::remove`] takes everything out again (tests; an operator
-//! retiring a node).
+//! jump first in its chain. [`Iptables::remove_blocking`] takes everything out again: the agent
+//! when it stops with no container left on the node (with containers it leaves the rules, so
+//! they stay isolated until the next agent), and the tests.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -92,8 +93,9 @@ impl Iptables {
         Ok(FirewallState::Installed)
     }
 
-    /// Removes the jumps and the chains (whatever is there; missing parts are not an error).
-    pub fn remove(&self) -> Result<(), FirewallError> {
+    /// Removes the jumps and the chains (whatever is there; missing parts are not an error;
+    /// blocking: a few short iptables runs).
+    pub fn remove_blocking(&self) -> Result<(), FirewallError> {
         // A jump can only exist while its target chain does.
         if self.chain_exists(&self.rules.input_chain)? {
             while self.has_rule(INPUT, &self.rules.input_jump())? {
@@ -232,6 +234,19 @@ impl HostFirewall for Iptables {
                 .unwrap_or_else(|e| {
                     Err(FirewallError::Mismatch(format!(
                         "the check did not finish: {e}"
+                    )))
+                })
+        })
+    }
+
+    fn remove(&self) -> BoxFuture<'_, Result<(), FirewallError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || this.remove_blocking())
+                .await
+                .unwrap_or_else(|e| {
+                    Err(FirewallError::Mismatch(format!(
+                        "the removal did not finish: {e}"
                     )))
                 })
         })

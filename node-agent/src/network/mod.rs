@@ -459,6 +459,9 @@ pub enum FirewallError {
 pub trait HostFirewall: Send + Sync + 'static {
     /// Checks the rules and (re)installs what is missing or different.
     fn ensure(&self) -> BoxFuture<'_, Result<FirewallState, FirewallError>>;
+
+    /// Takes the rules out again (an agent stopping with no container left to isolate).
+    fn remove(&self) -> BoxFuture<'_, Result<(), FirewallError>>;
 }
 
 #[cfg(test)]
@@ -485,6 +488,10 @@ pub mod fake {
                     Ok(FirewallState::InPlace)
                 }
             })
+        }
+
+        fn remove(&self) -> BoxFuture<'_, Result<(), FirewallError>> {
+            Box::pin(async { Ok(()) })
         }
     }
 }

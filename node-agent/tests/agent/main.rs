@@ -233,7 +233,7 @@ impl Drop for Cleanup {
         for id in networks.split_whitespace() {
             run(&["network", "rm", id]);
         }
-        if let Err(e) = self.firewall.remove() {
+        if let Err(e) = self.firewall.remove_blocking() {
             eprintln!("could not remove the firewall rules of {}: {e}", self.node);
         }
         let volumes = std::mem::take(self.volumes.get_mut().unwrap_or_else(|e| e.into_inner()));

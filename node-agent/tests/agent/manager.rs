@@ -575,12 +575,27 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     manager.state().failure = None;
     eventually(limit, "ready again", || readiness.get().ok()).await;
 
-    // Stopping the agent leaves the container running; a new agent adopts it.
+    // Stopping the agent leaves the container running, isolated by the firewall rules it
+    // leaves in place; a new agent adopts it.
+    let rules = test_node.firewall.rules();
+    let chain_exists = |chain: &str| {
+        std::process::Command::new("iptables")
+            .args(["-S", chain])
+            .output()
+            .expect("iptables runs")
+            .status
+            .success()
+    };
+    assert!(chain_exists(&rules.input_chain) && chain_exists(&rules.forward_chain));
     shutdown.cancel();
     task.await
         .expect("agent task")
         .expect("agent stopped cleanly");
     assert_eq!(inspect("container", &name)["State"]["Running"], true);
+    assert!(
+        chain_exists(&rules.input_chain) && chain_exists(&rules.forward_chain),
+        "an agent stopping with a container left keeps its firewall rules"
+    );
     let (shutdown, task) = start_agent();
     let skip = manager.requests().len();
     let adopted = eventually(limit, "the adopted session reported", || running(skip)).await;
@@ -612,10 +627,15 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
         (!exists("container", &name)).then_some(())
     })
     .await;
+    // No container left: the agent that stops takes its firewall rules with it.
     shutdown.cancel();
     task.await
         .expect("agent task")
         .expect("agent stopped cleanly");
+    assert!(
+        !chain_exists(&rules.input_chain) && !chain_exists(&rules.forward_chain),
+        "an agent stopping with no container left removes its firewall rules"
+    );
 }
 
 /// `ongrid_agent::run` from a config file with `[streams]`: the endpoint is bound, its URL goes
