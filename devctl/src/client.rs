@@ -359,6 +359,7 @@ impl Client {
             client: self,
             builder: self.http.request(method, format!("{}{path}", self.base)),
             lost: change.then(|| LOST_CHANGE.to_owned()),
+            keyed: false,
         }
     }
 
@@ -391,12 +392,13 @@ impl Client {
 
 impl Client {
     /// Sends `request` (made under the first manager's URL) to the manager that answered last,
-    /// and on to the next while one cannot be reached (for a read, also while the one reached
-    /// went away before answering). The error is the last manager's.
+    /// and on to the next while one cannot be reached (unless `once`: a change that may not be
+    /// sent twice, also while the one reached went away before answering). The error is the
+    /// last manager's.
     async fn execute(
         &self,
         request: reqwest::Request,
-        change: bool,
+        once: bool,
     ) -> Result<reqwest::Response, reqwest::Error> {
         let count = self.bases.len();
         let first = self.current.load(Ordering::Relaxed) % count;
@@ -421,7 +423,7 @@ impl Client {
                     return Ok(response);
                 }
                 Err(error) => {
-                    let next = error.is_connect() || (!change && !error.is_timeout());
+                    let next = error.is_connect() || (!once && !error.is_timeout());
                     if last || !next || spare.is_none() {
                         return Err(error);
                     }
@@ -452,6 +454,10 @@ pub struct Request<'a> {
     /// For a change (POST, PUT, DELETE): what to look at when it reached the manager and the
     /// answer was lost.
     lost: Option<String>,
+    /// The change carries an `Idempotency-Key`: the manager answers the same request sent
+    /// again with what the first one made, so it may go on to another manager even after it
+    /// reached one that went away.
+    keyed: bool,
 }
 
 impl Request<'_> {
@@ -490,6 +496,19 @@ impl Request<'_> {
         }
     }
 
+    /// A create the manager makes once however often it is sent (`Idempotency-Key`, a new
+    /// UUID): when the manager it reached goes away before answering, it is sent again to the
+    /// next manager named, which answers with what the first one made, if it made it.
+    pub fn idempotent(self) -> Self {
+        Self {
+            builder: self
+                .builder
+                .header("Idempotency-Key", uuid::Uuid::new_v4().to_string()),
+            keyed: true,
+            ..self
+        }
+    }
+
     /// A JSON body.
     pub fn json<T: Serialize + ?Sized>(self, body: &T) -> Self {
         Self {
@@ -513,11 +532,8 @@ impl Request<'_> {
             .builder
             .build()
             .map_err(|e| context.classify_reqwest(&e))?;
-        let response = self
-            .client
-            .execute(request, lost.is_some())
-            .await
-            .map_err(failed)?;
+        let once = lost.is_some() && !self.keyed;
+        let response = self.client.execute(request, once).await.map_err(failed)?;
         let status = response.status();
         let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {
@@ -700,6 +716,21 @@ mod tests {
         let _: Vec<String> = client.get("v1/sessions").send().await.unwrap();
         assert_eq!(mute_count.load(Ordering::SeqCst), 2);
         assert_eq!(live_count.load(Ordering::SeqCst), 3, "a read goes on");
+        // A create with an idempotency key goes on too: the next manager answers with what
+        // the first made, if it made it.
+        let client = Client::for_tests(&[&mute, &live]);
+        let _: Vec<String> = client
+            .post("v1/sessions")
+            .idempotent()
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(mute_count.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            live_count.load(Ordering::SeqCst),
+            4,
+            "a keyed change goes on"
+        );
     }
 
     #[test]

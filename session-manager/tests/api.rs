@@ -1344,6 +1344,59 @@ fn check_config_names_what_a_grid_target_lacks_on_this_host() {
     );
 }
 
+/// A create sent again with the same `Idempotency-Key` (its answer was lost: the manager went
+/// away, and devctl asks another replica) answers with the session the first one made, though
+/// the first one's session now takes the user's GPU and name; another key, or another user's
+/// same key, is another request. A malformed key is refused.
+#[tokio::test]
+async fn a_create_sent_again_with_its_idempotency_key_answers_with_the_first_ones_session() {
+    let site = Site::new();
+    let m = site.start().await;
+    m.node1.register("node1", vec![a100(1)]).await;
+    let body = CreateSession {
+        name: Some(SessionName::parse("train1").unwrap()),
+        gpus: one_gpu(),
+        image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+        reservation: None,
+    };
+    let send = |api: &Api, key: &str| {
+        api.post("/v1/sessions", &body)
+            .header("Idempotency-Key", key.to_owned())
+    };
+    let key = "5f1c2d0e-8a7b-4c3d-9e8f-0a1b2c3d4e5f";
+    let first: SessionView = m.alice.ok(StatusCode::CREATED, send(&m.alice, key)).await;
+    let again: SessionView = m.alice.ok(StatusCode::CREATED, send(&m.alice, key)).await;
+    assert_eq!(again.id, first.id);
+    assert_eq!(m.alice.list("").await.len(), 1, "one session, not two");
+    // Without the key, the same body is a second request: its name is taken.
+    let err = m
+        .alice
+        .fails(StatusCode::CONFLICT, m.alice.post("/v1/sessions", &body))
+        .await;
+    assert!(
+        err.error
+            .message
+            .contains("already have a session named train1"),
+        "{}",
+        err.error.message
+    );
+    // Bob's request with Alice's key is his own.
+    let bobs: SessionView = m.bob.ok(StatusCode::CREATED, send(&m.bob, key)).await;
+    assert_ne!(bobs.id, first.id);
+    let err = m
+        .alice
+        .fails(StatusCode::BAD_REQUEST, send(&m.alice, "not a key!"))
+        .await;
+    assert!(
+        err.error.message.contains("idempotency-key header"),
+        "{}",
+        err.error.message
+    );
+    m.stop().await;
+}
+
 struct Snapshot {
     kept: SessionView,
     queued: SessionView,

@@ -157,6 +157,7 @@ pub async fn run(
     let job: JobView = client
         .post("v1/jobs")
         .json(&SubmitJob { spec, reservation })
+        .idempotent()
         .if_lost("the job may have been submitted: devctl job ls")
         .send()
         .await?;

@@ -133,6 +133,7 @@ pub async fn run(args: NewArgs, client: &Client, term: &mut Terminal<'_>) -> any
     let mut session: SessionView = client
         .post("v1/sessions")
         .json(&args.body())
+        .idempotent()
         .if_lost(look)
         .send()
         .await?;

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 pub use crate::app::error::log_refusals;
 pub use crate::app::error::ApiError;
+use crate::domain::idempotency::{self, IdempotencyKey};
 
 /// `Json<T>` whose rejections (bad JSON, a value a newtype refuses) are `bad_request` bodies
 /// carrying serde's message.
@@ -104,6 +105,30 @@ impl<T: DeserializeOwned> AdminQuery<T> {
         Query::<T>::try_from_uri(&self.uri)
             .map(|Query(query)| query)
             .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+    }
+}
+
+/// The request's `Idempotency-Key` header, if any ([`crate::domain::idempotency`]); a malformed
+/// one is a `bad_request`.
+#[derive(Debug, Clone, Default)]
+pub struct RequestKey(pub Option<IdempotencyKey>);
+
+impl<S> FromRequestParts<S> for RequestKey
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get(idempotency::HEADER) else {
+            return Ok(Self(None));
+        };
+        let text = value.to_str().map_err(|_| {
+            ApiError::bad_request(format!("the {} header must be ASCII", idempotency::HEADER))
+        })?;
+        IdempotencyKey::parse(text)
+            .map(|key| Self(Some(key)))
+            .map_err(ApiError::bad_request)
     }
 }
 

@@ -27,7 +27,7 @@ use ongrid_core::job::{GridJobView, JobId, JobState, JobView, LogChunk, SubmitJo
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
 use crate::app::jobs::JobActionError;
 use crate::app::{self, Via};
 use crate::domain::jobs::{self, JobRecord};
@@ -41,9 +41,10 @@ pub async fn submit_job(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<crate::app::lookup::ReservationQuery>,
+    RequestKey(key): RequestKey,
     ApiJson(body): ApiJson<SubmitJob>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    let job = app::jobs::submit(&state, &caller, body, query, Via::Api).await?;
+    let job = app::jobs::submit(&state, &caller, body, query, key.as_ref(), Via::Api).await?;
     let view = view(&state, job).await?;
     Ok((StatusCode::CREATED, Json(view)))
 }

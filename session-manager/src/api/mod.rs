@@ -44,7 +44,7 @@ use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 pub use crate::app::{ApiError, AppState};
-pub use error::{AdminJson, AdminQuery, ApiJson, ApiPath, ApiQuery};
+pub use error::{AdminJson, AdminQuery, ApiJson, ApiPath, ApiQuery, RequestKey};
 
 /// The `/v1` router.
 pub fn router(state: AppState) -> Router {

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use std::time::Duration;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
 use crate::app::lookup::{find_session, Lookup, OwnerQuery, ReservationQuery};
 use crate::app::sessions::{self as actions, Created, SessionActionError, SessionTarget};
 use crate::app::views::{full_session_view, session_view, Reads};
@@ -31,11 +31,13 @@ pub async fn create_session(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<ReservationQuery>,
+    RequestKey(key): RequestKey,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
-    let Created { session, site } = actions::create(&state, &caller, body, query, Via::Api)
-        .await
-        .map_err(refused)?;
+    let Created { session, site } =
+        actions::create(&state, &caller, body, query, key.as_ref(), Via::Api)
+            .await
+            .map_err(refused)?;
     let positions = state.queue_positions().await?;
     let transitions = state.store.transitions(session.id).await?;
     let position = positions.get(&session.id).copied();

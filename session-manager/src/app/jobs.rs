@@ -14,6 +14,7 @@ use super::caller::CurrentUser;
 use super::lookup::{frozen_image_candidates, reservation_to_use, ReservationQuery};
 use super::{ApiError, AppState, Effect, Via};
 use crate::domain::grid_jobs;
+use crate::domain::idempotency::{self, IdempotencyKey};
 use crate::domain::jobs::{self, JobRecord, Submitter};
 use crate::domain::Refusal;
 use crate::grid_mirror::HandOverError;
@@ -68,8 +69,21 @@ pub async fn submit(
     caller: &CurrentUser,
     body: SubmitJob,
     reservation: ReservationQuery,
+    key: Option<&IdempotencyKey>,
     via: Via,
 ) -> Result<JobRecord, ApiError> {
+    // The same request again (its answer was lost): the job the first one made, before any
+    // check that the first one's job would now change.
+    let id = match key {
+        Some(key) => JobId(idempotency::derived_id("job", &caller.user.dn, key)),
+        None => JobId::new_random(),
+    };
+    if key.is_some() {
+        if let Some(job) = state.store.job(id).await? {
+            tracing::info!(job_id = %job.id, "Job submitted again with the same idempotency key; answered with the one made.");
+            return Ok(job);
+        }
+    }
     // What the spec asks for against the site's caps, before anything is looked up.
     jobs::check_durations(&body.spec, &state.config.job_limits)?;
     // Where it runs, and as whom, before which image: a refused target says so first.
@@ -131,7 +145,7 @@ pub async fn submit(
         uid: caller.user.uid,
     };
     let new = jobs::submit(
-        JobId::new_random(),
+        id,
         who,
         body.spec,
         image,
@@ -154,7 +168,14 @@ pub async fn submit(
             .set_chain_reservation(new.chain.initial_job, reservation)
             .await?;
     }
-    let job = state.store.create_job(new).await?;
+    let job = match state.store.create_job(new).await {
+        Ok(job) => job,
+        // Its twin, sent at the same time, made it.
+        Err(error) => match state.store.job(id).await? {
+            Some(job) if key.is_some() => return Ok(job),
+            _ => return Err(error.into()),
+        },
+    };
     tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, via = via.as_str(), "Job submitted.");
     if job.grid.is_none() {
         state.committed(&[Effect::Scheduling]);

@@ -17,6 +17,7 @@ use super::{Effect, Via};
 use crate::app::lookup::{
     find_session, frozen_image_candidates, reservation_to_use, Lookup, ReservationQuery,
 };
+use crate::domain::idempotency::{self, IdempotencyKey};
 use crate::domain::image_access::{self, ImageChoice};
 use crate::domain::sessions::{requests, Change, SessionRecord};
 use crate::domain::Refusal;
@@ -95,8 +96,20 @@ pub async fn create(
     caller: &CurrentUser,
     body: CreateSession,
     reservation: ReservationQuery,
+    key: Option<&IdempotencyKey>,
     via: Via,
 ) -> Result<Created, SessionActionError> {
+    // The same request again (its answer was lost): the session the first one made, before
+    // any check that the first one's session would now change.
+    let id = match key {
+        Some(key) => SessionId(idempotency::derived_id("session", &caller.user.dn, key)),
+        None => SessionId::new_random(),
+    };
+    if key.is_some() {
+        if let Some(created) = created_before(state, id).await? {
+            return Ok(created);
+        }
+    }
     body.gpus
         .validate()
         .map_err(SessionActionError::InvalidGpus)?;
@@ -125,7 +138,6 @@ pub async fn create(
     }
     let reservation =
         reservation_to_use(state, caller, body.reservation.clone(), reservation).await?;
-    let id = SessionId::new_random();
     if let Some(reservation) = &reservation {
         // Before the session exists, so no scheduling round sees it without its reservation.
         state
@@ -145,10 +157,23 @@ pub async fn create(
     };
     let session = match state.store.create_session(new).await {
         Ok(session) => session,
-        Err(StoreError::NameTaken { name, state }) => {
-            return Err(SessionActionError::NameTaken { name, state })
+        Err(StoreError::NameTaken { name, state: taken }) => {
+            // Its twin, sent at the same time, made it.
+            if key.is_some() {
+                if let Some(created) = created_before(state, id).await? {
+                    return Ok(created);
+                }
+            }
+            return Err(SessionActionError::NameTaken { name, state: taken });
         }
-        Err(other) => return Err(other.into()),
+        Err(other) => {
+            if key.is_some() {
+                if let Some(created) = created_before(state, id).await? {
+                    return Ok(created);
+                }
+            }
+            return Err(other.into());
+        }
     };
     tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, via = via.as_str(), "Session requested.");
     state
@@ -160,6 +185,18 @@ pub async fn create(
     state.schedule_now(session.id).await;
     let session = state.store.session(session.id).await?.unwrap_or(session);
     Ok(Created { session, site })
+}
+
+/// The session `id` if a request with the same idempotency key made it already.
+async fn created_before(state: &AppState, id: SessionId) -> Result<Option<Created>, ApiError> {
+    let Some(session) = state.store.session(id).await? else {
+        return Ok(None);
+    };
+    tracing::info!(session_id = %session.id, session = %session.name, "Session requested again with the same idempotency key; answered with the one made.");
+    Ok(Some(Created {
+        session,
+        site: state.site().await?,
+    }))
 }
 
 /// The Docker image the new session runs: a site image, or a frozen image the caller may run

@@ -47,7 +47,7 @@ pub async fn create_session(
 ) -> Result<String, ApiError> {
     let reservation = ReservationQuery::default();
     let Created { session, .. } =
-        session_actions::create(state, caller, body, reservation, Via::Dashboard)
+        session_actions::create(state, caller, body, reservation, None, Via::Dashboard)
             .await
             .map_err(refused)?;
     Ok(format!(

@@ -185,13 +185,9 @@ impl<'a> EnginePoll<'a> {
 /// [`REQUEUED_JOB_ID_BASH`]). The first 16 bytes of SHA-256 of `ongrid requeue of <previous>`,
 /// as a version-8 (custom) UUID.
 pub fn requeued_job_id(previous: JobId) -> JobId {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("ongrid requeue of {previous}").as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    bytes[6] = (bytes[6] & 0x0f) | 0x80;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    JobId(uuid::Uuid::from_bytes(bytes))
+    JobId(super::idempotency::sha256_uuid(&format!(
+        "ongrid requeue of {previous}"
+    )))
 }
 
 /// [`requeued_job_id`] as a bash function of the job script: `ongrid_requeued_id ID` prints the

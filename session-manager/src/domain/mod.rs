@@ -18,9 +18,12 @@
 //! - [`users`]: removing a user (what goes, what refuses it) and re-admitting them.
 //! - [`nodes`]: drains of nodes and GPUs, sessions lost with their node, removing a node.
 //! - [`policy`]: site policy: who may use the site, under which accounting group.
+//! - [`idempotency`]: creates sent again with the same `Idempotency-Key` find the first one's
+//!   record (its id derived from the caller and the key).
 
 pub mod engine_job;
 pub mod grid_jobs;
+pub mod idempotency;
 pub mod image_access;
 pub mod images;
 pub mod jobs;

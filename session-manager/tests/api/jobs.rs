@@ -843,3 +843,31 @@ async fn a_local_job_no_gpu_of_the_site_can_run_is_refused_at_once() {
     assert_eq!(fits.spec.gpus.count, 1);
     m.stop().await;
 }
+
+/// A job submitted again with the same `Idempotency-Key` answers with the first one's job, one
+/// job queued; without the key it is another job.
+#[tokio::test]
+async fn a_job_submitted_again_with_its_idempotency_key_is_queued_once() {
+    let site = Site::new();
+    let m = site.start().await;
+    let gpus = vec![a100(1)];
+    m.node1.register("node1", gpus.clone()).await;
+    frozen_image(&m, &gpus).await;
+    let body = submit("mymodel:v1", false);
+    let send = || {
+        m.alice
+            .post("/v1/jobs", &body)
+            .header("Idempotency-Key", "job-key-1")
+    };
+    let first: JobView = m.alice.ok(StatusCode::CREATED, send()).await;
+    let again: JobView = m.alice.ok(StatusCode::CREATED, send()).await;
+    assert_eq!(again.id, first.id);
+    let jobs: Vec<JobView> = m.alice.ok(StatusCode::OK, m.alice.get("/v1/jobs")).await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let other: JobView = m
+        .alice
+        .ok(StatusCode::CREATED, m.alice.post("/v1/jobs", &body))
+        .await;
+    assert_ne!(other.id, first.id);
+    m.stop().await;
+}
