@@ -473,7 +473,7 @@ mod tests {
     fn json_is_the_gpu_info_with_its_mig_model() {
         let mut out = Vec::new();
         let unknown = GpuInfo {
-            model: "NVIDIA H200".into(),
+            model: "Tesla T4".into(),
             ..h100()
         };
         print(&mut out, Format::Json, &[CheckedGpu::new(unknown.clone())]).unwrap();
