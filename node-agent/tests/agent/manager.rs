@@ -296,6 +296,18 @@ where
     stream.shutdown().await
 }
 
+/// A sync of a node with nothing on it.
+fn empty_report(node: &NodeName) -> NodeReport {
+    NodeReport {
+        node: node.clone(),
+        gpus: Vec::new(),
+        containers: Vec::new(),
+        activity: Vec::new(),
+        freezes: Vec::new(),
+        jobs: Vec::new(),
+    }
+}
+
 fn registration(node: &NodeName) -> RegisterNode {
     RegisterNode {
         node: node.clone(),
@@ -317,14 +329,7 @@ async fn client_registers_and_syncs_with_its_token() {
         .await
         .expect("registered");
     assert_eq!(desired, manager.state().desired);
-    let report = NodeReport {
-        node: node.clone(),
-        gpus: Vec::new(),
-        containers: Vec::new(),
-        activity: Vec::new(),
-        freezes: Vec::new(),
-        jobs: Vec::new(),
-    };
+    let report = empty_report(&node);
     let synced = client.sync(&report).await.expect("synced");
     assert_eq!(synced.desired, manager.state().desired);
     assert_eq!(synced.version.as_deref(), Some("0"));
@@ -367,14 +372,7 @@ async fn a_client_of_two_managers_goes_on_with_the_one_that_answers() {
     let paths = |manager: &FakeManager| -> Vec<String> {
         manager.requests().into_iter().map(|r| r.path).collect()
     };
-    let report = NodeReport {
-        node: node.clone(),
-        gpus: Vec::new(),
-        containers: Vec::new(),
-        activity: Vec::new(),
-        freezes: Vec::new(),
-        jobs: Vec::new(),
-    };
+    let report = empty_report(&node);
 
     client
         .register(&registration(&node))
