@@ -1036,7 +1036,13 @@ impl DockerRuntime {
                 ) => JobContainerState::Running { started_at },
                 (_, Some(started_at)) => JobContainerState::Exited {
                     started_at,
-                    finished_at: time(state.finished_at.as_ref()).unwrap_or(started_at),
+                    // Docker takes the two from different places (the daemon once the start
+                    // returned, containerd's exit event): a container that exits at once can
+                    // read as finished microseconds before it started. A run never lasts less
+                    // than nothing (its usage is charged by its length).
+                    finished_at: time(state.finished_at.as_ref())
+                        .unwrap_or(started_at)
+                        .max(started_at),
                     exit_code: state.exit_code.unwrap_or(0),
                     oom_killed: state.oom_killed.unwrap_or(false),
                 },

@@ -47,6 +47,28 @@ impl Finished {
     }
 }
 
+/// How often a program found busy (`ETXTBSY`) is started again before that is the error.
+const BUSY_RETRIES: u32 = 5;
+
+/// Starts `command`. A program file that another process still holds open for writing
+/// (`ETXTBSY`: a wrapper script an admin is replacing, or, in a process that writes scripts
+/// while other threads fork, a descriptor a forked child has not closed yet) is tried again a
+/// few times, 20 ms apart, as cargo and make do.
+async fn spawn(command: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < BUSY_RETRIES =>
+            {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs `invocation`; an error only when it could not be started or timed out (a non-zero
 /// exit is a [`Finished`] for the caller to judge).
 pub async fn run(invocation: &Invocation) -> Result<Finished, String> {
@@ -66,8 +88,8 @@ pub async fn run(invocation: &Invocation) -> Result<Finished, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = command
-        .spawn()
+    let mut child = spawn(&mut command)
+        .await
         .map_err(|e| format!("cannot run {program}: {e}"))?;
     if let (Some(input), Some(mut stdin)) = (&invocation.stdin, child.stdin.take()) {
         match stdin.write_all(input).await {

@@ -192,7 +192,11 @@ async fn reload_if_network_changed(client: &Client) {
         .unwrap_or(false);
     if error_page {
         let url = client.current_url().await.expect("the page's URL");
-        let home = if url.path().starts_with("/dashboard/admin") {
+        // A login link is opened again as it is: opening it does not spend it (the button
+        // does), and the dashboard's home would only say "not logged in".
+        let home = if url.path() == "/dashboard/login" {
+            url.as_str()
+        } else if url.path().starts_with("/dashboard/admin") {
             "/dashboard/admin"
         } else {
             "/dashboard/"
