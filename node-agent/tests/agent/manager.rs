@@ -165,8 +165,12 @@ impl FakeManager {
     }
 
     pub(crate) fn client(&self) -> AgentRoutes {
-        AgentRoutes::new(&[self.url.clone()], self.ca.dir.path(), Token::new(TOKEN))
-            .expect("client")
+        AgentRoutes::new(
+            std::slice::from_ref(&self.url),
+            self.ca.dir.path(),
+            Token::new(TOKEN),
+        )
+        .expect("client")
     }
 
     pub(crate) fn set_sessions(&self, sessions: Vec<DesiredSession>) {
@@ -437,7 +441,7 @@ async fn client_trusts_only_the_cas_of_its_ca_dir() {
     let manager = FakeManager::start(&node).await;
     let stranger = TestCa::new();
     let client = AgentRoutes::new(
-        &[manager.url.clone()],
+        std::slice::from_ref(&manager.url),
         stranger.dir.path(),
         Token::new(TOKEN),
     )
