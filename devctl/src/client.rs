@@ -8,13 +8,12 @@
 
 use std::error::Error as StdError;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::ErrorBody;
 use ongrid_core::Dn;
+use ongrid_service::manager_http::Managers;
 use reqwest::{Method, RequestBuilder, Url};
 use rustls::{AlertDescription, CertificateError};
 use serde::de::DeserializeOwned;
@@ -278,12 +277,10 @@ pub fn api_error(status: u16, body: &[u8], manager_url: &str) -> ClientError {
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    /// Ends with `/`; the first of `bases`.
+    /// Ends with `/`; the first of `managers`.
     base: String,
-    /// Every manager named, each ending with `/`.
-    bases: Vec<String>,
-    /// The index in `bases` of the manager that answered last.
-    current: Arc<AtomicUsize>,
+    /// Every manager named, and the one that answered last.
+    managers: Managers,
     context: ErrorContext,
 }
 
@@ -306,9 +303,10 @@ impl Client {
             .build()
             .map_err(|err| ClientError::Build(err.to_string()))?;
         let base = settings.manager_url.value.to_string();
-        let bases = std::iter::once(base.clone())
-            .chain(settings.other_managers.iter().map(Url::to_string))
+        let urls: Vec<Url> = std::iter::once(settings.manager_url.value.clone())
+            .chain(settings.other_managers.iter().cloned())
             .collect();
+        let managers = Managers::new(&urls).map_err(|err| ClientError::Build(err.to_string()))?;
         let context = ErrorContext {
             manager_url: base.trim_end_matches('/').to_owned(),
             ca_dir: settings.ca_dir.value.clone(),
@@ -323,8 +321,7 @@ impl Client {
         Ok(Self {
             http,
             base,
-            bases,
-            current: Arc::new(AtomicUsize::new(0)),
+            managers,
             context,
         })
     }
@@ -376,8 +373,13 @@ impl Client {
         Self {
             http: reqwest::Client::new(),
             base: base.to_owned(),
-            bases: bases.iter().map(|b| (*b).to_owned()).collect(),
-            current: Arc::new(AtomicUsize::new(0)),
+            managers: Managers::new(
+                &bases
+                    .iter()
+                    .map(|b| Url::parse(b).expect("a URL"))
+                    .collect::<Vec<_>>(),
+            )
+            .expect("managers"),
             context: ErrorContext {
                 manager_url: base.trim_end_matches('/').to_owned(),
                 ca_dir: PathBuf::new(),
@@ -388,57 +390,6 @@ impl Client {
             },
         }
     }
-}
-
-impl Client {
-    /// Sends `request` (made under the first manager's URL) to the manager that answered last,
-    /// and on to the next while one cannot be reached (unless `once`: a change that may not be
-    /// sent twice, also while the one reached went away before answering). The error is the
-    /// last manager's.
-    async fn execute(
-        &self,
-        request: reqwest::Request,
-        once: bool,
-    ) -> Result<reqwest::Response, reqwest::Error> {
-        let count = self.bases.len();
-        let first = self.current.load(Ordering::Relaxed) % count;
-        let mut request = Some(request);
-        for k in 0..count {
-            let i = (first + k) % count;
-            let last = k + 1 == count;
-            let Some(template) = request.take() else {
-                break;
-            };
-            // A body that cannot be sent twice (none of devctl's) is sent once.
-            let spare = if last { None } else { template.try_clone() };
-            let mut attempt = template;
-            if i != 0 {
-                if let Some(url) = rebase(attempt.url(), &self.bases[0], &self.bases[i]) {
-                    *attempt.url_mut() = url;
-                }
-            }
-            match self.http.execute(attempt).await {
-                Ok(response) => {
-                    self.current.store(i, Ordering::Relaxed);
-                    return Ok(response);
-                }
-                Err(error) => {
-                    let next = error.is_connect() || (!once && !error.is_timeout());
-                    if last || !next || spare.is_none() {
-                        return Err(error);
-                    }
-                    request = spare;
-                }
-            }
-        }
-        unreachable!("the loop returns on the last manager")
-    }
-}
-
-/// `url`, made under `from`, under `to` instead.
-fn rebase(url: &Url, from: &str, to: &str) -> Option<Url> {
-    let relative = url.as_str().strip_prefix(from)?;
-    Url::parse(&format!("{to}{relative}")).ok()
 }
 
 /// What a change whose answer was lost may have done, unless the command says it better
@@ -532,8 +483,15 @@ impl Request<'_> {
             .builder
             .build()
             .map_err(|e| context.classify_reqwest(&e))?;
-        let once = lost.is_some() && !self.keyed;
-        let response = self.client.execute(request, once).await.map_err(failed)?;
+        // A read, or a change the manager makes once however often it is sent, may go on to
+        // another manager after the one it reached went away ([`Managers::execute`]).
+        let resend = lost.is_none() || self.keyed;
+        let (_, response) = self
+            .client
+            .managers
+            .execute(&self.client.http, request, resend)
+            .await
+            .map_err(|no_manager| failed(no_manager.error))?;
         let status = response.status();
         let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {
@@ -666,6 +624,8 @@ mod tests {
     /// of the other, a change is not (it may have been made there).
     #[tokio::test]
     async fn with_two_managers_a_call_goes_on_to_the_one_that_answers() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         // A manager that answers `[]` to everything, counting the requests it read.
         async fn manager(answer: bool) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
@@ -697,7 +657,7 @@ mod tests {
         assert!(listed.is_empty());
         let _: Vec<String> = client.post("v1/sessions").send().await.unwrap();
         assert_eq!(live_count.load(Ordering::SeqCst), 2);
-        assert_eq!(client.current.load(Ordering::SeqCst), 1);
+        assert_eq!(client.managers.answered_last().as_str(), live);
 
         let (mute, mute_count, _mute) = manager(false).await;
         let client = Client::for_tests(&[&mute, &live]);

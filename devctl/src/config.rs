@@ -574,30 +574,28 @@ mod tests {
     fn several_managers_are_a_list_or_comma_separated() {
         let f = Fixture::new();
         f.create_default_proxy();
-        f.write_config(
-            r#"manager_url = ["https://m1.example.org:8443", "https://m2.example.org:8443"]"#,
-        );
+        f.write_config(r#"manager_url = ["https://127.0.0.1:8443", "https://127.0.0.2:8443"]"#);
         let s = resolve(&Overrides::default(), &f.env(&[]), &f.defaults()).unwrap();
-        assert_eq!(s.manager_url.value.as_str(), "https://m1.example.org:8443/");
+        assert_eq!(s.manager_url.value.as_str(), "https://127.0.0.1:8443/");
         assert_eq!(
             s.other_managers.iter().map(Url::as_str).collect::<Vec<_>>(),
-            ["https://m2.example.org:8443/"]
+            ["https://127.0.0.2:8443/"]
         );
         let overrides = Overrides {
-            manager_url: Some("https://a.example.org, https://b.example.org/x".into()),
+            manager_url: Some("https://127.0.0.3, https://127.0.0.4/x".into()),
             ..Overrides::default()
         };
         let s = resolve(&overrides, &f.env(&[]), &f.defaults()).unwrap();
-        assert_eq!(s.manager_url.value.as_str(), "https://a.example.org/");
-        assert_eq!(s.other_managers[0].as_str(), "https://b.example.org/x/");
+        assert_eq!(s.manager_url.value.as_str(), "https://127.0.0.3/");
+        assert_eq!(s.other_managers[0].as_str(), "https://127.0.0.4/x/");
         let overrides = Overrides {
-            manager_url: Some("https://a.example.org,http://b.example.org".into()),
+            manager_url: Some("https://127.0.0.3,http://127.0.0.4".into()),
             ..Overrides::default()
         };
         let err = resolve(&overrides, &f.env(&[]), &f.defaults()).unwrap_err();
         assert!(
             err.to_string()
-                .starts_with("manager URL \"http://b.example.org\" (from --manager-url) does not start with https://"),
+                .starts_with("manager URL \"http://127.0.0.4\" (from --manager-url) does not start with https://"),
             "{err}"
         );
     }

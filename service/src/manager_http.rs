@@ -152,15 +152,138 @@ pub struct ClientSettings {
     pub request_timeout: Duration,
 }
 
+/// The managers a client names: one, or each replica of one database, and the one that
+/// answered last. A call goes to that one, and on to the next while one cannot be reached (see
+/// the module's documentation). Shared by [`ManagerHttp`] (agents, gateway) and devctl.
+#[derive(Debug, Clone)]
+pub struct Managers {
+    /// Each manager's base URL, ending in `/`; requests are made under the first.
+    bases: Vec<Url>,
+    /// The index in `bases` of the manager that answered last, shared by the clones.
+    current: Arc<AtomicUsize>,
+}
+
+/// A request no manager answered: the URL it was sent to at each manager, and the last error.
+#[derive(Debug)]
+pub struct NoManager {
+    pub tried: Vec<Url>,
+    pub error: reqwest::Error,
+}
+
+impl Managers {
+    /// The managers at `urls` (not empty), each as a base URL ending in `/`.
+    pub fn new(urls: &[Url]) -> Result<Self, HttpError> {
+        let mut bases = Vec::with_capacity(urls.len());
+        for url in urls {
+            let mut base = url.clone();
+            if base.cannot_be_a_base() {
+                return Err(HttpError::BaseUrl(url.to_string()));
+            }
+            if !base.path().ends_with('/') {
+                let path = format!("{}/", base.path());
+                base.set_path(&path);
+            }
+            bases.push(base);
+        }
+        if bases.is_empty() {
+            return Err(HttpError::BaseUrl("(an empty list)".to_owned()));
+        }
+        Ok(Self {
+            bases,
+            current: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The first manager's base URL: requests are made under it.
+    pub fn first(&self) -> &Url {
+        &self.bases[0]
+    }
+
+    /// The base URL of the manager that answered last (the first before any answered).
+    pub fn answered_last(&self) -> &Url {
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// The URL of a route (`v1/agent/sync`) under the first manager's base path; a call sends
+    /// it under whichever manager answers.
+    pub fn url(&self, route: &str) -> Result<Url, HttpError> {
+        self.bases[0]
+            .join(route)
+            .map_err(|_| HttpError::BaseUrl(self.bases[0].to_string()))
+    }
+
+    /// `url` (made under the first manager, possibly with a query since) under manager `i`.
+    fn on(&self, i: usize, url: &Url) -> Url {
+        let relative = url
+            .as_str()
+            .strip_prefix(self.bases[0].as_str())
+            .unwrap_or(url.as_str());
+        self.bases[i].join(relative).unwrap_or_else(|_| url.clone())
+    }
+
+    /// Sends `request` (made under the first manager's URL) with `http` to the manager that
+    /// answered last, and on to the next while one cannot be reached; with `resend` (a read, or
+    /// a change the manager makes once however often it is sent) also while the one it reached
+    /// went away before answering. A request whose body cannot be sent twice is sent once.
+    /// The answer comes with the URL it was sent to.
+    pub async fn execute(
+        &self,
+        http: &reqwest::Client,
+        request: reqwest::Request,
+        resend: bool,
+    ) -> Result<(Url, reqwest::Response), NoManager> {
+        let count = self.bases.len();
+        let first = self.current.load(Ordering::Relaxed) % count;
+        let mut tried = Vec::new();
+        let mut next_request = Some(request);
+        for k in 0..count {
+            let i = (first + k) % count;
+            let Some(template) = next_request.take() else {
+                break;
+            };
+            let target = self.on(i, template.url());
+            let spare = if k + 1 < count {
+                template.try_clone()
+            } else {
+                None
+            };
+            let mut attempt = template;
+            *attempt.url_mut() = target.clone();
+            match http.execute(attempt).await {
+                Ok(response) => {
+                    if i != first {
+                        self.current.store(i, Ordering::Relaxed);
+                        tracing::warn!(manager = %self.bases[i], unreachable = %join(&tried), "Going on with the next manager of manager_url.");
+                    }
+                    return Ok((target, response));
+                }
+                Err(error) => {
+                    tried.push(target);
+                    let next = error.is_connect() || (resend && !error.is_timeout());
+                    if !next || spare.is_none() {
+                        return Err(NoManager { tried, error });
+                    }
+                    next_request = spare;
+                }
+            }
+        }
+        unreachable!("the last manager's error returns")
+    }
+}
+
+/// URLs for a message: `A, nor at B`.
+pub fn join(urls: &[Url]) -> String {
+    urls.iter()
+        .map(Url::as_str)
+        .collect::<Vec<_>>()
+        .join(", nor at ")
+}
+
 /// A client of the manager's bearer-token routes, at one URL or at each of its replicas'.
 #[derive(Debug, Clone)]
 pub struct ManagerHttp {
     http: reqwest::Client,
-    /// Each manager's base URL (ending in `/`); routes are joined under the first, and sent
-    /// under whichever answers.
-    bases: Vec<Url>,
-    /// The index in `bases` of the manager that answered last, shared by the clones.
-    current: Arc<AtomicUsize>,
+    managers: Managers,
     token: Token,
 }
 
@@ -188,26 +311,9 @@ impl ManagerHttp {
                 })?;
             builder = builder.add_root_certificate(certificate);
         }
-        let http = builder.build().map_err(HttpError::Build)?;
-        let mut bases = Vec::with_capacity(manager_urls.len());
-        for url in manager_urls {
-            let mut base = url.clone();
-            if base.cannot_be_a_base() {
-                return Err(HttpError::BaseUrl(url.to_string()));
-            }
-            if !base.path().ends_with('/') {
-                let path = format!("{}/", base.path());
-                base.set_path(&path);
-            }
-            bases.push(base);
-        }
-        if bases.is_empty() {
-            return Err(HttpError::BaseUrl("(an empty list)".to_owned()));
-        }
         Ok(Self {
-            http,
-            bases,
-            current: Arc::new(AtomicUsize::new(0)),
+            http: builder.build().map_err(HttpError::Build)?,
+            managers: Managers::new(manager_urls)?,
             token,
         })
     }
@@ -215,23 +321,12 @@ impl ManagerHttp {
     /// The URL of a route (`v1/agent/sync`) under the (first) manager's base path; a call sends
     /// it under whichever manager answers.
     pub fn url(&self, route: &str) -> Result<Url, HttpError> {
-        self.bases[0]
-            .join(route)
-            .map_err(|_| HttpError::BaseUrl(self.bases[0].to_string()))
-    }
-
-    /// `url` (made by [`ManagerHttp::url`], possibly with a query since) under manager `i`.
-    fn on(&self, i: usize, url: &Url) -> Url {
-        let relative = url
-            .as_str()
-            .strip_prefix(self.bases[0].as_str())
-            .unwrap_or(url.as_str());
-        self.bases[i].join(relative).unwrap_or_else(|_| url.clone())
+        self.managers.url(route)
     }
 
     /// `GET url`, the answer decoded.
     pub async fn get<R: DeserializeOwned>(&self, url: &Url) -> Result<R, HttpError> {
-        let response = self.send(url, Call::Read, |url| self.http.get(url)).await?;
+        let response = self.send(self.http.get(url.clone()), true).await?;
         decode(url, response).await
     }
 
@@ -243,7 +338,7 @@ impl ManagerHttp {
         url: &Url,
         timeout: Duration,
     ) -> Result<reqwest::Response, HttpError> {
-        self.send(url, Call::Read, |url| self.http.get(url).timeout(timeout))
+        self.send(self.http.get(url.clone()).timeout(timeout), true)
             .await
     }
 
@@ -258,68 +353,37 @@ impl ManagerHttp {
     }
 
     /// `POST url` with `body` as JSON; a 2xx answer is returned as it is, for callers that
-    /// tell its statuses apart.
+    /// tell its statuses apart. Sent to another manager only when it cannot have reached the
+    /// first.
     pub async fn post_for_response<T: Serialize>(
         &self,
         url: &Url,
         body: &T,
     ) -> Result<reqwest::Response, HttpError> {
-        self.send(url, Call::Write, |url| self.http.post(url).json(body))
+        self.send(self.http.post(url.clone()).json(body), false)
             .await
     }
 
-    /// Sends with the token to the manager that answered last, and on to the next while one
-    /// cannot be reached (see the module's documentation); a non-2xx answer becomes
-    /// [`HttpError::Refused`].
+    /// Sends with the token through [`Managers::execute`] (`resend`: a GET); a non-2xx answer
+    /// becomes [`HttpError::Refused`].
     async fn send(
         &self,
-        url: &Url,
-        call: Call,
-        request: impl Fn(Url) -> reqwest::RequestBuilder,
+        request: reqwest::RequestBuilder,
+        resend: bool,
     ) -> Result<reqwest::Response, HttpError> {
-        let first = self.current.load(Ordering::Relaxed) % self.bases.len();
-        let mut tried = Vec::new();
-        let mut last = None;
-        for k in 0..self.bases.len() {
-            let i = (first + k) % self.bases.len();
-            let target = self.on(i, url);
-            match request(target.clone())
-                .bearer_auth(self.token.expose())
-                .send()
-                .await
-            {
-                Ok(response) => {
-                    if i != first {
-                        self.current.store(i, Ordering::Relaxed);
-                        tracing::warn!(manager = %self.bases[i], unreachable = %tried.join(", "), "Going on with the next manager of manager_url.");
-                    }
-                    return judge(&target, response).await;
-                }
-                Err(error) => {
-                    tried.push(target.to_string());
-                    let next = error.is_connect() || (call == Call::Read && !error.is_timeout());
-                    // The URL is in our message already.
-                    last = Some(error.without_url());
-                    if !next {
-                        break;
-                    }
-                }
-            }
+        let request = request
+            .bearer_auth(self.token.expose())
+            .build()
+            .map_err(HttpError::Build)?;
+        match self.managers.execute(&self.http, request, resend).await {
+            Ok((target, response)) => judge(&target, response).await,
+            Err(NoManager { tried, error }) => Err(HttpError::Unreachable {
+                url: join(&tried),
+                // The URL is in our message already.
+                source: error.without_url(),
+            }),
         }
-        Err(HttpError::Unreachable {
-            url: tried.join(", nor at "),
-            source: last.expect("at least one manager was tried"),
-        })
     }
-}
-
-/// Whether a request may go to the next manager after it was sent to one that then failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Call {
-    /// A GET: asking the next manager changes nothing.
-    Read,
-    /// A POST: sent to the next only when it cannot have reached the first.
-    Write,
 }
 
 /// A manager's answer: a 2xx as it is, anything else as [`HttpError::Refused`].
@@ -398,16 +462,15 @@ mod tests {
             let file: File = toml::from_str(text).unwrap();
             parse_manager_urls(&file.manager_url)
         };
-        let one = parse("manager_url = \"https://m1.example.org:8443\"").unwrap();
-        assert_eq!(one, [Url::parse("https://m1.example.org:8443").unwrap()]);
+        let one = parse("manager_url = \"https://127.0.0.1:8443\"").unwrap();
+        assert_eq!(one, [Url::parse("https://127.0.0.1:8443").unwrap()]);
         let two =
-            parse("manager_url = [\"https://m1.example.org:8443\", \"https://m2.example.org\"]")
-                .unwrap();
+            parse("manager_url = [\"https://127.0.0.1:8443\", \"https://127.0.0.2\"]").unwrap();
         assert_eq!(two.len(), 2);
-        assert_eq!(two[1].as_str(), "https://m2.example.org/");
+        assert_eq!(two[1].as_str(), "https://127.0.0.2/");
         let err = parse("manager_url = []").unwrap_err();
         assert!(matches!(err, ManagerUrlError::Empty), "{err:?}");
-        let err = parse("manager_url = [\"https://m1.example.org\", \"http://m2\"]").unwrap_err();
+        let err = parse("manager_url = [\"https://127.0.0.1\", \"http://m2\"]").unwrap_err();
         assert!(matches!(err, ManagerUrlError::NotHttps(_)), "{err:?}");
     }
 

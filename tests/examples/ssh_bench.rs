@@ -202,11 +202,7 @@ fn main() -> ExitCode {
         }
     };
     if options.idle_only {
-        let mut site = Site::start_with_metrics(&[SimGpu::a100(1)]);
-        let user = site.user("Bench");
-        site.allow_loopback();
-        site.add_key(&user);
-        site.devctl_ok(&user, &["session", "new", "--name", SESSION, "--wait"]);
+        let (site, user) = bench_site();
         println!(
             "==> {} idle connections to the gateway, opened and closed {} times",
             options.idle, options.idle_rounds
@@ -221,12 +217,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // With metrics: the idle rounds read the gateway's count of open connections.
-    let mut site = Site::start_with_metrics(&[SimGpu::a100(1)]);
-    let user = site.user("Bench");
-    site.allow_loopback();
-    site.add_key(&user);
-    site.devctl_ok(&user, &["session", "new", "--name", SESSION, "--wait"]);
+    let (site, user) = bench_site();
 
     let blob = sshd.work.join("blob");
     let repeats = options.mib.div_ceil(CHUNK_MIB);
@@ -382,6 +373,18 @@ fn main() -> ExitCode {
 
     std::fs::remove_file(&blob).ok();
     ExitCode::SUCCESS
+}
+
+/// The site every gateway measurement uses: one user with a key and the running session
+/// [`SESSION`]; with metrics, since the idle rounds read the gateway's count of open
+/// connections.
+fn bench_site() -> (Site, User) {
+    let mut site = Site::start_with_metrics(&[SimGpu::a100(1)]);
+    let user = site.user("Bench");
+    site.allow_loopback();
+    site.add_key(&user);
+    site.devctl_ok(&user, &["session", "new", "--name", SESSION, "--wait"]);
+    (site, user)
 }
 
 /// `bytes` random bytes.

@@ -227,26 +227,29 @@ fn stderr_text(stderr: &[u8]) -> String {
 
 impl HostFirewall for Iptables {
     fn ensure(&self) -> BoxFuture<'_, Result<FirewallState, FirewallError>> {
-        let this = self.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || this.ensure_blocking())
-                .await
-                .unwrap_or_else(|e| {
-                    Err(FirewallError::Mismatch(format!(
-                        "the check did not finish: {e}"
-                    )))
-                })
-        })
+        self.off_thread("the check", Self::ensure_blocking)
     }
 
     fn remove(&self) -> BoxFuture<'_, Result<(), FirewallError>> {
+        self.off_thread("the removal", Self::remove_blocking)
+    }
+}
+
+impl Iptables {
+    /// Runs `work` (a few short iptables runs) on a blocking thread; `what` names it when the
+    /// thread fails.
+    fn off_thread<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        work: fn(&Self) -> Result<T, FirewallError>,
+    ) -> BoxFuture<'static, Result<T, FirewallError>> {
         let this = self.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || this.remove_blocking())
+            tokio::task::spawn_blocking(move || work(&this))
                 .await
                 .unwrap_or_else(|e| {
                     Err(FirewallError::Mismatch(format!(
-                        "the removal did not finish: {e}"
+                        "{what} did not finish: {e}"
                     )))
                 })
         })

@@ -157,22 +157,19 @@ pub async fn create(
     };
     let session = match state.store.create_session(new).await {
         Ok(session) => session,
-        Err(StoreError::NameTaken { name, state: taken }) => {
-            // Its twin, sent at the same time, made it.
+        Err(error) => {
+            // Its twin with the same key, sent at the same time, made it.
             if key.is_some() {
                 if let Some(created) = created_before(state, id).await? {
                     return Ok(created);
                 }
             }
-            return Err(SessionActionError::NameTaken { name, state: taken });
-        }
-        Err(other) => {
-            if key.is_some() {
-                if let Some(created) = created_before(state, id).await? {
-                    return Ok(created);
+            return Err(match error {
+                StoreError::NameTaken { name, state } => {
+                    SessionActionError::NameTaken { name, state }
                 }
-            }
-            return Err(other.into());
+                other => other.into(),
+            });
         }
     };
     tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, via = via.as_str(), "Session requested.");

@@ -192,11 +192,7 @@ async fn reload_if_network_changed(client: &Client) {
         .unwrap_or(false);
     if error_page {
         let url = client.current_url().await.expect("the page's URL");
-        // A login link is opened again as it is: opening it does not spend it (the button
-        // does), and the dashboard's home would only say "not logged in".
-        let home = if url.path() == "/dashboard/login" {
-            url.as_str()
-        } else if url.path().starts_with("/dashboard/admin") {
+        let home = if url.path().starts_with("/dashboard/admin") {
             "/dashboard/admin"
         } else {
             "/dashboard/"
@@ -211,8 +207,34 @@ async fn reload_if_network_changed(client: &Client) {
 
 async fn log_in(client: &Client, link: &str) {
     client.goto(link).await.expect("open the login link");
-    // Other tests start containers meanwhile: Chromium's network-changed page is reloaded.
-    wait_for(client, "#log-in", Duration::from_secs(30)).await;
+    // Other tests start containers meanwhile: on Chromium's network-changed page the link is
+    // opened again as it is (opening it does not spend it, the button does; the dashboard's
+    // home, where `wait_for` goes, would only say "not logged in").
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client
+        .find_all(Locator::Css("#log-in"))
+        .await
+        .unwrap_or_default()
+        .is_empty()
+    {
+        let network_changed = client
+            .execute(
+                "return !!(document.body && document.body.classList.contains('neterror'));",
+                Vec::new(),
+            )
+            .await
+            .ok()
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        if network_changed {
+            client.goto(link).await.expect("open the login link again");
+        }
+        if Instant::now() > deadline {
+            let page = client.source().await.unwrap_or_default();
+            panic!("#log-in did not appear within 30s; the page:\n{page}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     client
         .find(Locator::Css("#log-in"))
         .await
