@@ -16,6 +16,7 @@ use crate::image::freeze::FreezeArgs;
 use crate::image::{self, ImageCommand};
 use crate::job::{self, JobCommand};
 use crate::key::{self, KeyCommand};
+use crate::manual::{self, CompletionsArgs, ManpagesArgs};
 use crate::session::{self, SessionCommand};
 use crate::terminal::{JsonArgs, Terminal};
 use crate::{dashboard, gpu, share, whoami};
@@ -129,27 +130,41 @@ pub enum Command {
     /// everything for admins) until the end of the working day or your credential, whichever
     /// is first.
     Dashboard(JsonArgs),
+    /// Print the shell completion script for bash, zsh or fish
+    ///
+    /// Try it with `source <(devctl completions bash)`; keep it with
+    /// `devctl completions bash > ~/.local/share/bash-completion/completions/devctl` (zsh: a file
+    /// `_devctl` in a directory of $fpath; fish: ~/.config/fish/completions/devctl.fish). The
+    /// packages install all three.
+    Completions(CompletionsArgs),
+    /// Write the man pages (devctl.1, devctl-session-new.1, ...) into a directory
+    #[command(hide = true)]
+    Manpages(ManpagesArgs),
 }
 
 impl Command {
-    /// Runs the command against the manager; `home` is where `key add` looks for `~/.ssh`.
+    /// Runs the command: `connect` makes the client of those that talk to the manager (the
+    /// completions and man pages need neither a manager nor a credential); `home` is where
+    /// `key add` looks for `~/.ssh`.
     pub async fn run(
         self,
-        client: &Client,
+        connect: impl FnOnce() -> anyhow::Result<Client>,
         home: Option<&Path>,
         term: &mut Terminal<'_>,
     ) -> anyhow::Result<()> {
         match self {
-            Self::Whoami(args) => whoami::run(args, client, term).await,
-            Self::Session(command) => session::run(command, client, term).await,
-            Self::Gpus(args) => gpu::run(args, client, term).await,
-            Self::Key(command) => key::run(command, client, home, term).await,
-            Self::Freeze(args) => image::freeze::run(args, client, term).await,
-            Self::Image(command) => image::run(command, client, term).await,
-            Self::Job(command) => job::run(command, client, term).await,
-            Self::Share(args) => share::run(args, client, term).await,
-            Self::Admin(command) => admin::run(command, client, term).await,
-            Self::Dashboard(args) => dashboard::run(args, client, term).await,
+            Self::Completions(args) => manual::completions(&args, term),
+            Self::Manpages(args) => manual::manpages(&args, term),
+            Self::Whoami(args) => whoami::run(args, &connect()?, term).await,
+            Self::Session(command) => session::run(command, &connect()?, term).await,
+            Self::Gpus(args) => gpu::run(args, &connect()?, term).await,
+            Self::Key(command) => key::run(command, &connect()?, home, term).await,
+            Self::Freeze(args) => image::freeze::run(args, &connect()?, term).await,
+            Self::Image(command) => image::run(command, &connect()?, term).await,
+            Self::Job(command) => job::run(command, &connect()?, term).await,
+            Self::Share(args) => share::run(args, &connect()?, term).await,
+            Self::Admin(command) => admin::run(command, &connect()?, term).await,
+            Self::Dashboard(args) => dashboard::run(args, &connect()?, term).await,
         }
     }
 }

@@ -15,6 +15,7 @@
 //! - [`permissions`]: the private key, proxy and config file refused while others may read them.
 //! - [`terminal`]: where results (stdout) and notes (stderr) go, text or `--json`.
 //! - [`table`] and [`format`]: tables fitted to the terminal, times and sizes for people.
+//! - [`manual`]: shell completions and man pages, generated from the clap definition.
 //!
 //! `main.rs` parses the arguments and calls [`run`]; an error is printed as one line,
 //! `error: ...`, with exit code 1 (clap's usage errors exit with 2).
@@ -30,6 +31,7 @@ pub mod gpu;
 pub mod image;
 pub mod job;
 pub mod key;
+pub mod manual;
 pub mod permissions;
 pub mod pubkey;
 pub mod session;
@@ -43,15 +45,17 @@ use client::Client;
 use config::{Defaults, Env};
 use terminal::Terminal;
 
-/// Resolves the settings, connects, and runs the command.
+/// Runs the command, resolving the settings and connecting first when it needs the manager.
 pub async fn run(
     cli: Cli,
     env: &Env,
     defaults: &Defaults,
     term: &mut Terminal<'_>,
 ) -> anyhow::Result<()> {
-    let settings = config::resolve(&cli.global.overrides(), env, defaults)?;
-    let client = Client::new(&settings)?;
+    let connect = || -> anyhow::Result<Client> {
+        let settings = config::resolve(&cli.global.overrides(), env, defaults)?;
+        Ok(Client::new(&settings)?)
+    };
     let home = env.get("HOME").map(std::path::Path::new);
-    cli.command.run(&client, home, term).await
+    cli.command.run(connect, home, term).await
 }
