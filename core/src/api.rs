@@ -329,6 +329,10 @@ pub struct RegisterNode {
     /// Where the gateway reaches this agent's stream endpoint, e.g. `wss://node1.example.org:8444`.
     #[serde(default)]
     pub stream_url: Option<String>,
+    /// The mode the agent asks a GPU to start in (the simulated backend's `mode`); the manager
+    /// gives it only to a GPU it does not know yet, so an admin's later change wins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub start_modes: BTreeMap<GpuUuid, GpuMode>,
 }
 
 /// The agent's periodic heartbeat: what it sees right now.

@@ -17,6 +17,7 @@ pub mod network;
 pub mod quantity;
 pub mod reservation;
 pub mod session;
+pub mod store_identity;
 pub mod stream;
 
 pub use gpu::{

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ongrid_core::api::ErrorBody;
 use ongrid_core::Dn;
-use ongrid_service::manager_http::Managers;
+use ongrid_service::manager_http::{Failure, Managers};
 use reqwest::{Method, RequestBuilder, Url};
 use rustls::{AlertDescription, CertificateError};
 use serde::de::DeserializeOwned;
@@ -70,6 +70,10 @@ pub enum ClientError {
     BadBody { cause: String },
     #[error("request to the manager at {url} failed: {cause}")]
     Other { url: String, cause: String },
+    /// Every manager that answered serves an older copy of the store than one that answered
+    /// before, or another store: the sentence names the manager and what the site admins fix.
+    #[error("{refusal}: ask the site admins")]
+    StaleStore { refusal: String },
     /// A change reached the manager, which went away or stopped answering before it answered:
     /// it may have been made. `look` says where to look before asking again.
     #[error("the manager at {url} went away before answering ({cause}); {look}")]
@@ -491,7 +495,10 @@ impl Request<'_> {
             .managers
             .execute(&self.client.http, request, resend)
             .await
-            .map_err(|no_manager| failed(no_manager.error))?;
+            .map_err(|no_manager| match no_manager.failure {
+                Failure::Transport(error) => failed(error),
+                Failure::StaleStore(refusal) => ClientError::StaleStore { refusal },
+            })?;
         let status = response.status();
         let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {

@@ -587,6 +587,7 @@ impl Agent {
                 gpu_backend: self.gpus.kind().to_owned(),
                 gpus: gpus.clone(),
                 stream_url: self.stream_url.clone(),
+                start_modes: self.gpus.start_modes(),
             };
             self.manager.register(&registration).await?;
             info!(node = %self.node, gpus = gpus.len(), "Registered with the manager.");

@@ -138,6 +138,12 @@ impl GpuBackend for MeteredGpus {
         self.0.apply_mig(gpu, layout)
     }
 
+    fn start_modes(
+        &self,
+    ) -> std::collections::BTreeMap<ongrid_core::GpuUuid, ongrid_core::GpuMode> {
+        self.0.start_modes()
+    }
+
     fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
         self.0.leave_mig(gpu)
     }
@@ -258,6 +264,11 @@ mod tests {
         }
         fn leave_mig<'a>(&'a self, _: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
             unreachable!("the test only discovers")
+        }
+        fn start_modes(
+            &self,
+        ) -> std::collections::BTreeMap<ongrid_core::GpuUuid, ongrid_core::GpuMode> {
+            Default::default()
         }
     }
 

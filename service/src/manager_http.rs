@@ -11,12 +11,20 @@
 //! be reached. A request is sent to the next only when it cannot have reached the first (the
 //! connection was never made), or when it is a read; a write cut off mid-way is the caller's
 //! to judge, since the manager may have done it.
+//!
+//! Every manager's answer names the copy of the store it serves
+//! ([`ongrid_core::store_identity`]); the client remembers the newest it saw and refuses, and
+//! goes on past, a manager answering from an older copy (one left on the old database after a
+//! restore) or from another store, in words that say which manager and what to fix. Each
+//! request tells the manager what the client saw, so such a manager learns it is behind.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ongrid_core::api::ErrorBody;
+use ongrid_core::store_identity::{Seen, StoreIdentity, SEEN_HEADER, STORE_HEADER};
+use reqwest::header::HeaderValue;
 use reqwest::{Certificate, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -110,6 +118,10 @@ pub enum HttpError {
         code: Option<String>,
         message: String,
     },
+    /// Every manager that answered serves an older copy of the store than one that answered
+    /// before, or another store: the sentence names the manager and the fix.
+    #[error("{refusal}")]
+    StaleStore { refusal: String },
     #[error("the manager's answer to {url} cannot be read: are this program and the manager of the same version?")]
     BadAnswer {
         url: String,
@@ -161,13 +173,26 @@ pub struct Managers {
     bases: Vec<Url>,
     /// The index in `bases` of the manager that answered last, shared by the clones.
     current: Arc<AtomicUsize>,
+    /// The newest copy of the store an answer came from, shared by the clones.
+    seen: Arc<Mutex<Seen>>,
 }
 
-/// A request no manager answered: the URL it was sent to at each manager, and the last error.
+/// A request no manager answered, or answered from the store seen: the URL it was sent to at
+/// each manager, and why the last one did not do.
 #[derive(Debug)]
 pub struct NoManager {
     pub tried: Vec<Url>,
-    pub error: reqwest::Error,
+    pub failure: Failure,
+}
+
+/// Why the last manager tried did not do.
+#[derive(Debug)]
+pub enum Failure {
+    /// It could not be reached, or the request was cut off.
+    Transport(reqwest::Error),
+    /// It answered from an older copy of the store, or from another store (and so did any
+    /// other that answered): the sentence names it and the fix.
+    StaleStore(String),
 }
 
 impl Managers {
@@ -191,7 +216,20 @@ impl Managers {
         Ok(Self {
             bases,
             current: Arc::new(AtomicUsize::new(0)),
+            seen: Arc::new(Mutex::new(Seen::default())),
         })
+    }
+
+    /// The newest copy of the store a manager answered from.
+    pub fn store_seen(&self) -> Option<StoreIdentity> {
+        self.seen().newest().cloned()
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        // A panic while holding it cannot leave a `Seen` half-written.
+        self.seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The first manager's base URL: requests are made under it.
@@ -224,8 +262,10 @@ impl Managers {
     /// Sends `request` (made under the first manager's URL) with `http` to the manager that
     /// answered last, and on to the next while one cannot be reached; with `resend` (a read, or
     /// a change the manager makes once however often it is sent) also while the one it reached
-    /// went away before answering. A request whose body cannot be sent twice is sent once.
-    /// The answer comes with the URL it was sent to.
+    /// went away before answering. An answer from an older copy of the store than one seen, or
+    /// from another store, is refused, and the request sent on to the next (what that manager
+    /// did, it did to a copy nobody else serves). A request whose body cannot be sent twice is
+    /// sent once. The answer comes with the URL it was sent to.
     pub async fn execute(
         &self,
         http: &reqwest::Client,
@@ -235,6 +275,7 @@ impl Managers {
         let count = self.bases.len();
         let first = self.current.load(Ordering::Relaxed) % count;
         let mut tried = Vec::new();
+        let mut refusal = None;
         let mut next_request = Some(request);
         for k in 0..count {
             let i = (first + k) % count;
@@ -249,25 +290,67 @@ impl Managers {
             };
             let mut attempt = template;
             *attempt.url_mut() = target.clone();
-            match http.execute(attempt).await {
-                Ok(response) => {
-                    if i != first {
-                        self.current.store(i, Ordering::Relaxed);
-                        tracing::warn!(manager = %self.bases[i], unreachable = %join(&tried), "Going on with the next manager of manager_url.");
-                    }
-                    return Ok((target, response));
+            if let Some(seen) = self.store_seen() {
+                if let Ok(value) = HeaderValue::from_str(&seen.to_string()) {
+                    attempt.headers_mut().insert(SEEN_HEADER, value);
                 }
+            }
+            match http.execute(attempt).await {
+                Ok(response) => match self.judge_store(i, &response) {
+                    Ok(()) => {
+                        if i != first {
+                            self.current.store(i, Ordering::Relaxed);
+                            tracing::warn!(manager = %self.bases[i], unreachable = %join(&tried), "Going on with the next manager of manager_url.");
+                        }
+                        return Ok((target, response));
+                    }
+                    Err(sentence) => {
+                        tracing::error!(manager = %self.bases[i], why = %sentence, "Refused an answer from an old copy of the store, or from another store.");
+                        tried.push(target);
+                        if spare.is_none() {
+                            return Err(NoManager {
+                                tried,
+                                failure: Failure::StaleStore(sentence),
+                            });
+                        }
+                        refusal = Some(sentence);
+                        next_request = spare;
+                    }
+                },
                 Err(error) => {
                     tried.push(target);
                     let next = error.is_connect() || (resend && !error.is_timeout());
                     if !next || spare.is_none() {
-                        return Err(NoManager { tried, error });
+                        // Those that answered were refused: that is what there is to fix.
+                        let failure = match refusal {
+                            Some(sentence) if error.is_connect() => Failure::StaleStore(sentence),
+                            _ => Failure::Transport(error),
+                        };
+                        return Err(NoManager { tried, failure });
                     }
                     next_request = spare;
                 }
             }
         }
         unreachable!("the last manager's error returns")
+    }
+
+    /// Whether manager `i`'s answer comes from the newest copy of the store seen (remembered
+    /// when newer); an answer without the header (a manager of an older release) is taken.
+    fn judge_store(&self, i: usize, response: &reqwest::Response) -> Result<(), String> {
+        let Some(header) = response.headers().get(STORE_HEADER) else {
+            return Ok(());
+        };
+        let served = match header.to_str().map(str::parse::<StoreIdentity>) {
+            Ok(Ok(served)) => served,
+            _ => {
+                tracing::warn!(manager = %self.bases[i], header = ?header, "Ignored a store identity that does not parse.");
+                return Ok(());
+            }
+        };
+        self.seen()
+            .judge(&served)
+            .map_err(|refused| refused.explain(self.bases[i].as_str().trim_end_matches('/')))
     }
 }
 
@@ -377,11 +460,18 @@ impl ManagerHttp {
             .map_err(HttpError::Build)?;
         match self.managers.execute(&self.http, request, resend).await {
             Ok((target, response)) => judge(&target, response).await,
-            Err(NoManager { tried, error }) => Err(HttpError::Unreachable {
+            Err(NoManager {
+                tried,
+                failure: Failure::Transport(error),
+            }) => Err(HttpError::Unreachable {
                 url: join(&tried),
                 // The URL is in our message already.
                 source: error.without_url(),
             }),
+            Err(NoManager {
+                failure: Failure::StaleStore(refusal),
+                ..
+            }) => Err(HttpError::StaleStore { refusal }),
         }
     }
 }
@@ -509,6 +599,128 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A manager over plain HTTP that answers `[]` to everything with `store` in its
+    /// `Ongrid-Store` header and keeps the `Ongrid-Store-Seen` header of each request.
+    struct FakeManager {
+        base: Url,
+        seen: Arc<Mutex<Vec<Option<String>>>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl FakeManager {
+        async fn start(store: &str) -> Self {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let kept = seen.clone();
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\n{STORE_HEADER}: {store}\r\ncontent-length: 2\r\n\
+                 connection: close\r\n\r\n[]"
+            );
+            let task = tokio::spawn(async move {
+                loop {
+                    let (mut stream, _) = listener.accept().await.unwrap();
+                    let mut buffer = [0u8; 4096];
+                    let n = stream.read(&mut buffer).await.unwrap_or(0);
+                    let request = String::from_utf8_lossy(&buffer[..n]).to_lowercase();
+                    let header = request.lines().find_map(|line| {
+                        line.strip_prefix(&format!("{SEEN_HEADER}: "))
+                            .map(str::to_owned)
+                    });
+                    kept.lock().unwrap().push(header);
+                    stream.write_all(answer.as_bytes()).await.unwrap();
+                }
+            });
+            Self { base, seen, task }
+        }
+
+        /// Stops listening: connections to it are refused from now on.
+        async fn stop(&mut self) {
+            self.task.abort();
+            let _ = (&mut self.task).await;
+        }
+    }
+
+    async fn call(managers: &Managers) -> Result<Url, NoManager> {
+        let http = reqwest::Client::new();
+        let request = http
+            .get(managers.url("v1/sessions").unwrap())
+            .build()
+            .unwrap();
+        managers
+            .execute(&http, request, true)
+            .await
+            .map(|(url, _)| url)
+    }
+
+    /// Three replicas, the second left on an older copy of the store (generation 1; the others
+    /// serve 2): once the client saw generation 2, a call that reaches the second is refused
+    /// with words naming it and the fix, and goes on to the third; with only the second left,
+    /// the call fails with those words. Each request after the first tells the manager what the
+    /// client saw.
+    #[tokio::test]
+    async fn a_manager_on_an_older_copy_of_the_store_is_refused_and_passed() {
+        let mut first = FakeManager::start("aa.2").await;
+        let mut older = FakeManager::start("aa.1").await;
+        let mut third = FakeManager::start("aa.2").await;
+        let managers =
+            Managers::new(&[first.base.clone(), older.base.clone(), third.base.clone()]).unwrap();
+        assert_eq!(call(&managers).await.unwrap().origin(), first.base.origin());
+        assert_eq!(managers.store_seen().unwrap().to_string(), "aa.2");
+
+        first.stop().await;
+        let answered = call(&managers).await.unwrap();
+        assert_eq!(answered.origin(), third.base.origin());
+        assert_eq!(managers.answered_last(), &third.base);
+        assert_eq!(*older.seen.lock().unwrap(), [Some("aa.2".to_owned())]);
+        assert_eq!(*third.seen.lock().unwrap(), [Some("aa.2".to_owned())]);
+
+        third.stop().await;
+        let err = call(&managers).await.unwrap_err();
+        let Failure::StaleStore(sentence) = &err.failure else {
+            panic!("{err:?}");
+        };
+        let older_name = older.base.as_str().trim_end_matches('/');
+        assert_eq!(
+            sentence,
+            &format!(
+                "manager {older_name} serves an older copy of the store (generation 1, others \
+                 serve 2): its `database` setting was missed after a restore; fix its \
+                 manager.toml and restart it"
+            )
+        );
+        assert_eq!(err.tried.len(), 3, "{:?}", err.tried);
+        older.stop().await;
+    }
+
+    /// A manager serving another store than the one the client saw is refused, and a newer
+    /// generation of the same store is taken and remembered.
+    #[tokio::test]
+    async fn a_manager_of_another_store_is_refused_and_a_newer_copy_taken() {
+        let mut first = FakeManager::start("aa.2").await;
+        let mut other = FakeManager::start("bb.9").await;
+        let mut newer = FakeManager::start("aa.3").await;
+        let managers = Managers::new(&[first.base.clone(), other.base.clone()]).unwrap();
+        call(&managers).await.unwrap();
+        first.stop().await;
+        let err = call(&managers).await.unwrap_err();
+        assert!(
+            matches!(&err.failure, Failure::StaleStore(s) if s.contains("serves another store (id bb, others serve aa)")),
+            "{err:?}"
+        );
+        let managers = Managers::new(&[newer.base.clone(), other.base.clone()]).unwrap();
+        *managers.seen() = {
+            let mut seen = Seen::default();
+            seen.judge(&"aa.2".parse().unwrap()).unwrap();
+            seen
+        };
+        call(&managers).await.unwrap();
+        assert_eq!(managers.store_seen().unwrap().to_string(), "aa.3");
+        other.stop().await;
+        newer.stop().await;
     }
 
     #[test]

@@ -218,6 +218,7 @@ mod tests {
             gpu_backend: "simulated".to_owned(),
             agent_version: "test".to_owned(),
             stream_url: None,
+            start_modes: Default::default(),
         };
         store
             .register_node(registration, &[], at(-10))

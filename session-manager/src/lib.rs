@@ -13,6 +13,7 @@
 //! (freezes that cannot finish) and [`retention`] (ended jobs and closed connections pruned); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
 //! the long-polls of agents and people); [`replicas`] (several managers on one PostgreSQL
 //! database: which one leads the loops, and how they tell each other of changes);
+//! [`served_store`] (which copy of the store this manager serves, in every answer's header);
 //! [`api`] (the routes), [`dashboard`] (the web pages) and [`server`] (the accept loop).
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
@@ -41,6 +42,7 @@ pub mod replicas;
 pub mod request_body;
 pub mod retention;
 pub mod scheduler;
+pub mod served_store;
 pub mod server;
 pub mod site;
 pub mod store;
@@ -184,6 +186,9 @@ impl Manager {
         } = self.prepared;
         let opened = self.store;
         let store = opened.shared();
+        let served = served_store::ServedStore::open(store.clone())
+            .await
+            .context("reading the store's identity")?;
         let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
         let tracker = TaskTracker::new();
         // What the API and the hold timer notify; with PostgreSQL passed on to the leader's
@@ -201,6 +206,8 @@ impl Manager {
         } else {
             (Leader::sole(), None)
         };
+        let leader = leader.unless_behind(served.behind());
+        tracker.spawn(served.clone().run(shutdown.clone()));
         let changes = notify::Changes::new(shutdown.clone());
         let (changes, outbox) = if replicated {
             let (changes, outbox) = changes.with_outbox();
@@ -285,6 +292,7 @@ impl Manager {
                     postgres.clone(),
                     lead,
                     loops,
+                    served.clone(),
                     shutdown.clone(),
                 ));
                 tracker.spawn(replicas::publish(
@@ -315,7 +323,8 @@ impl Manager {
         };
         if let Some(loops) = loops {
             let shutdown = shutdown.clone();
-            tracker.spawn(async move { loops.run(shutdown).await });
+            let served = served.clone();
+            tracker.spawn(async move { loops.run_sole(served, shutdown).await });
         }
         let exporter = metrics::ManagerExporter::new(store.clone())
             .with_clock(self.clock.clone())
@@ -341,7 +350,12 @@ impl Manager {
         let server = Server {
             acceptor: TlsAcceptor::from(tls),
             authenticator,
-            router: api::router(state.clone()).merge(dashboard::router(state)),
+            router: api::router(state.clone())
+                .merge(dashboard::router(state))
+                .layer(axum::middleware::from_fn_with_state(
+                    served,
+                    served_store::stamp,
+                )),
         };
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "Serving.");

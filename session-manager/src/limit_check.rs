@@ -266,6 +266,7 @@ mod tests {
                 gpu_backend: "simulated".to_owned(),
                 agent_version: "test".to_owned(),
                 stream_url: None,
+                start_modes: Default::default(),
             };
             let gpus: Vec<GpuInfo> = (1..=8).map(|n| gpu(node, n)).collect();
             store

@@ -5,7 +5,9 @@
 //! agent.
 //!
 //! `ongrid-manager copy-store --from FILE --to URL` copies a SQLite store into an empty
-//! PostgreSQL database (`ongrid_manager::store::copy`) and exits.
+//! PostgreSQL database (`ongrid_manager::store::copy`) and exits; `ongrid-manager mark-restored
+//! --database URL` raises a restored database's generation (`ongrid_core::store_identity`), so
+//! clients refuse a manager left on the old one, and exits.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,12 +47,30 @@ enum Command {
         #[arg(long, value_name = "URL")]
         to: String,
     },
+    /// Mark a database restored from a backup as the store's newest copy (its generation one
+    /// up), then exit: run it after the restore, before starting the managers on it. Clients
+    /// then refuse a manager left on the old database.
+    MarkRestored {
+        /// The restored database, as the config's `database` names it: postgres://USER@HOST/DATABASE,
+        /// or a SQLite file.
+        #[arg(long, value_name = "URL")]
+        database: String,
+        /// The generation to give it when the managers served one above the backup's (a backup
+        /// older than the last copy or restore): at least this.
+        #[arg(long, value_name = "N")]
+        generation: Option<u64>,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Command::CopyStore { from, to }) = args.command {
-        return copy_store(&from, &to);
+    match args.command {
+        Some(Command::CopyStore { from, to }) => return copy_store(&from, &to),
+        Some(Command::MarkRestored {
+            database,
+            generation,
+        }) => return mark_restored(&database, generation),
+        None => {}
     }
     let Some(config) = args.config else {
         // clap requires --config without a subcommand.
@@ -70,17 +90,65 @@ fn main() -> ExitCode {
         })
 }
 
-#[cfg(feature = "postgres")]
-fn copy_store(from: &std::path::Path, to: &str) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// A runtime for a subcommand, or its failure printed.
+fn runtime(command: &str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime,
+        Ok(runtime) => Some(runtime),
         Err(e) => {
-            eprintln!("ongrid-manager: starting the runtime: {e}");
+            eprintln!("ongrid-manager: {command}: starting the runtime: {e}");
+            None
+        }
+    }
+}
+
+fn mark_restored(database: &str, generation: Option<u64>) -> ExitCode {
+    let database = match ongrid_manager::store::Database::parse(database) {
+        Ok(database) => database,
+        Err(e) => {
+            eprintln!("ongrid-manager: mark-restored: --database {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(file) = database.sqlite_file() {
+        if !file.is_file() {
+            eprintln!(
+                "ongrid-manager: mark-restored: {} does not exist: name the restored SQLite file",
+                file.display()
+            );
             return ExitCode::FAILURE;
         }
+    }
+    let Some(runtime) = runtime("mark-restored") else {
+        return ExitCode::FAILURE;
+    };
+    let marked = runtime.block_on(async {
+        let opened = database.open().await?;
+        let marked = opened.shared().mark_restored(generation).await;
+        opened.close().await;
+        marked
+    });
+    match marked {
+        Ok(identity) => {
+            println!(
+                "{database}: store {} is now at generation {}; start the managers on it                  (clients refuse a manager still on an older copy)",
+                identity.id, identity.generation
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ongrid-manager: mark-restored: {database}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn copy_store(from: &std::path::Path, to: &str) -> ExitCode {
+    let Some(runtime) = runtime("copy-store") else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(ongrid_manager::store::copy::sqlite_to_postgres(from, to)) {
         Ok(copied) => {
@@ -88,9 +156,11 @@ fn copy_store(from: &std::path::Path, to: &str) -> ExitCode {
                 println!("{table}: {rows} rows");
             }
             println!(
-                "copied {} into PostgreSQL; set the config's `database` to the URL and start \
-                 the manager",
-                from.display()
+                "copied {} into PostgreSQL as the store's generation {}; set the config's \
+                 `database` to the URL and start the manager (clients refuse a manager still \
+                 on the SQLite file)",
+                from.display(),
+                copied.generation
             );
             ExitCode::SUCCESS
         }

@@ -677,6 +677,7 @@ mod tests {
             gpu_backend: "simulated".to_owned(),
             agent_version: "test".to_owned(),
             stream_url: None,
+            start_modes: Default::default(),
         };
         let gpus = [
             gpu(1, GpuMode::Exclusive, Vec::new()).info,

@@ -16,7 +16,12 @@
 //! (a dropped listening connection) is caught by the agents' periodic sync and the loops'
 //! periodic rounds, as within one manager.
 //!
-//! With SQLite there is one manager and it always leads ([`Leader::sole`]).
+//! A replica that a client showed to serve an old copy of the store ([`ServedStore`]: its
+//! `database` was missed after a restore) stops leading and never leads again: it would lead
+//! that old copy alone.
+//!
+//! With SQLite there is one manager and it always leads ([`Leader::sole`]), unless it serves an
+//! old copy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +34,7 @@ use crate::hold_timer::HoldTimer;
 use crate::retention::Retention;
 pub use crate::scheduler::Leader;
 use crate::scheduler::Scheduler;
+use crate::served_store::ServedStore;
 
 /// The loops only the leader runs.
 pub struct LeaderLoops {
@@ -41,6 +47,15 @@ pub struct LeaderLoops {
 }
 
 impl LeaderLoops {
+    /// Runs every loop until `term` is cancelled or this manager is found to serve an old
+    /// copy of the store, then drops them where they are: the one manager of a SQLite store.
+    pub async fn run_sole(&self, served: Arc<ServedStore>, term: CancellationToken) {
+        tokio::select! {
+            () = self.run(term.clone()) => {}
+            () = served.left_behind() => {}
+        }
+    }
+
     /// Runs every loop until `term` is cancelled, then drops them where they are.
     pub async fn run(&self, term: CancellationToken) {
         let loops = async {
@@ -80,19 +95,27 @@ mod postgres {
     const BATCH: usize = 64;
 
     /// Waits for the manager lock, leads while holding it, and waits again after losing it,
-    /// until `shutdown`; `lead` says whether this replica leads at each moment.
+    /// until `shutdown`, or until `served` is behind: then it never leads again. `lead` says
+    /// whether this replica leads at each moment.
     pub async fn lead(
         store: PostgresStore,
         lead: watch::Sender<bool>,
         loops: LeaderLoops,
+        served: Arc<ServedStore>,
         shutdown: CancellationToken,
     ) {
+        let behind = served.behind();
         loop {
+            if *behind.borrow() {
+                shutdown.cancelled().await;
+                return;
+            }
             let lock = tokio::select! {
                 lock = store.activate(|| tracing::info!(
                     "Follower: another replica leads; this one serves the API and leads when \
                      that one stops."
                 )) => lock,
+                () = served.left_behind() => continue,
                 () = shutdown.cancelled() => return,
             };
             let mut lock = match lock {
@@ -109,6 +132,7 @@ mod postgres {
             let lost = tokio::select! {
                 () = tokio::time::sleep(TAKEOVER_GRACE) => None,
                 why = lock.lost() => Some(why),
+                () = served.left_behind() => continue,
                 () = shutdown.cancelled() => return,
             };
             let lost = match lost {
@@ -120,6 +144,7 @@ mod postgres {
                     let lost = tokio::select! {
                         why = lock.lost() => Some(why),
                         () = loops.run(term.clone()) => None,
+                        () = served.left_behind() => Some(String::new()),
                     };
                     lead.send_replace(false);
                     term.cancel();
@@ -128,6 +153,8 @@ mod postgres {
             };
             drop(lock);
             match lost {
+                // Said in an ERROR already (`ServedStore`).
+                Some(_) if *behind.borrow() => {}
                 Some(why) => tracing::error!(%why,
                     "Lost the manager lock: stopped scheduling; serving the API and waiting to \
                      lead again."),

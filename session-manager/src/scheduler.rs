@@ -62,6 +62,9 @@ use crate::store::{NodeRecord, SessionFilter, Store, StoreError, StoreResult};
 #[derive(Debug, Clone)]
 pub struct Leader {
     leading: watch::Receiver<bool>,
+    /// `true` once this manager is known to serve an old copy of its store
+    /// ([`crate::served_store`]): then it never leads.
+    behind: watch::Receiver<bool>,
 }
 
 impl Leader {
@@ -69,17 +72,24 @@ impl Leader {
     pub fn sole() -> Self {
         Self {
             leading: watch::channel(true).1,
+            behind: watch::channel(false).1,
         }
     }
 
     /// A replica that does not lead until the returned sender says so.
     pub fn follower() -> (watch::Sender<bool>, Self) {
         let (lead, leading) = watch::channel(false);
-        (lead, Self { leading })
+        let behind = watch::channel(false).1;
+        (lead, Self { leading, behind })
+    }
+
+    /// This leader, which stops leading for good once `behind` turns `true`.
+    pub fn unless_behind(self, behind: watch::Receiver<bool>) -> Self {
+        Self { behind, ..self }
     }
 
     pub fn is_leading(&self) -> bool {
-        *self.leading.borrow()
+        *self.leading.borrow() && !*self.behind.borrow()
     }
 }
 
@@ -743,6 +753,7 @@ mod tests {
             gpu_backend: "simulated".to_owned(),
             agent_version: "test".to_owned(),
             stream_url: None,
+            start_modes: Default::default(),
         };
         store.register_node(registration, gpus, t0()).await.unwrap();
         let scheduler = Scheduler::new(
@@ -928,6 +939,7 @@ mod tests {
             gpu_backend: "simulated".to_owned(),
             agent_version: "test".to_owned(),
             stream_url: None,
+            start_modes: Default::default(),
         };
         f.store
             .register_node(registration, &[gpu(2)], gone)

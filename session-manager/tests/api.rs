@@ -456,6 +456,7 @@ impl Api {
             gpu_backend: "simulated".to_owned(),
             gpus,
             stream_url: stream_url.map(str::to_owned),
+            start_modes: Default::default(),
         };
         self.ok(StatusCode::OK, self.post("/v1/agent/register", &body))
             .await
@@ -954,6 +955,7 @@ async fn agents_speak_only_for_their_own_node() {
         gpu_backend: "simulated".to_owned(),
         gpus: vec![a100(1)],
         stream_url: None,
+        start_modes: Default::default(),
     };
     let err = m
         .node1
@@ -2031,6 +2033,7 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
         gpu_backend: "simulated".to_owned(),
         gpus: vec![a100(1)],
         stream_url: Some("ws://node1.test:8444".to_owned()),
+        start_modes: Default::default(),
     };
     let err = m
         .node1
@@ -2619,6 +2622,7 @@ async fn every_request_body_refuses_an_unknown_field() {
         gpu_backend: "simulated".to_owned(),
         gpus: vec![a100(1)],
         stream_url: None,
+        start_modes: Default::default(),
     });
     register["from_the_future"] = serde_json::Value::Bool(true);
     let _: DesiredState = m

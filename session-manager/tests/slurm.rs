@@ -339,6 +339,7 @@ async fn frozen_image(m: &Manager) {
         gpu_backend: "simulated".to_owned(),
         gpus: vec![gpu(1)],
         stream_url: None,
+        start_modes: Default::default(),
     };
     let _: serde_json::Value = m
         .node

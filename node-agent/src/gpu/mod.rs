@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
-use ongrid_core::{GpuHealth, GpuInfo, GpuUuid};
+use ongrid_core::{GpuHealth, GpuInfo, GpuMode, GpuUuid};
 use serde::Deserialize;
 use tracing::warn;
 
@@ -68,6 +68,10 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// it is a whole GPU again. Called only when no container uses the GPU or its devices. A
     /// change the driver leaves pending (a GPU reset or reboot needed) is an error.
     fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>>;
+
+    /// The modes the last discovery asked GPUs to start in (the simulated file's `mode`),
+    /// reported at registration: the manager gives one only to a GPU it does not know yet.
+    fn start_modes(&self) -> BTreeMap<GpuUuid, GpuMode>;
 }
 
 /// The `[gpu]` table of the agent's config.

@@ -12,7 +12,12 @@
 //! xid = 79                           # optional: a fatal Xid in the kernel log for this GPU
 //! utilization = 0                    # optional: percent busy, what nvidia-smi's utilization.gpu says
 //! mig_fail = "In use by another client"  # optional: making a MIG layout on it, or leaving MIG mode, fails so
+//! mode = "shared:4"                  # optional: the mode the manager starts it in, as `devctl admin gpu mode` writes it
 //! ```
+//!
+//! `mode` (`exclusive`, `shared:N`, `mig:LAYOUT`, parsed by [`GpuMode`]'s `FromStr`) is
+//! reported at registration ([`GpuBackend::start_modes`]); the manager gives it only to a GPU it
+//! does not know yet, so an admin's later `devctl admin gpu mode` wins, as for real GPUs.
 //!
 //! MIG: the backend keeps each GPU's MIG devices in memory, as the driver does until a reboot.
 //! [`GpuBackend::apply_mig`] checks the layout against the model's profiles (as `nvidia-smi`
@@ -32,13 +37,14 @@
 //! need no NVIDIA container runtime. Editing `utilization` makes the sessions on a GPU busy or idle
 //! for the manager's idle detection (the agent reports it with each session's activity).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use ongrid_core::{
-    ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize, MigDevice, MigLayout, MigUuid,
+    ComputeCapability, GpuHealth, GpuInfo, GpuMode, GpuUuid, MemorySize, MigDevice, MigLayout,
+    MigUuid,
 };
 use serde::Deserialize;
 
@@ -53,7 +59,7 @@ pub enum SimulatedError {
         #[source]
         source: std::io::Error,
     },
-    #[error("simulated GPU file {} is malformed: it must hold [[gpu]] tables with uuid, model, capability and memory, and optionally pci_bus_id, failed and utilization", file.display())]
+    #[error("simulated GPU file {} is malformed: it must hold [[gpu]] tables with uuid, model, capability and memory, and optionally pci_bus_id, failed, xid, utilization, mig_fail and mode", file.display())]
     Syntax {
         file: PathBuf,
         #[source]
@@ -98,6 +104,7 @@ struct Entry {
     xid: Option<u32>,
     utilization: Option<i64>,
     mig_fail: Option<String>,
+    mode: Option<String>,
 }
 
 /// One simulated GPU, validated; `utilization` is in `info.utilization_percent`.
@@ -106,6 +113,8 @@ pub struct SimulatedGpu {
     pub info: GpuInfo,
     /// Making a MIG layout fails with this message.
     pub mig_fail: Option<String>,
+    /// The mode the manager starts it in, when it does not know it yet.
+    pub mode: Option<GpuMode>,
 }
 
 /// Parses and validates the contents of a simulated GPU file; `file` names it in errors.
@@ -167,6 +176,18 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
     let memory = MemorySize::parse(&entry.memory).map_err(|error| error.to_string())?;
     let pci_bus_id = non_empty("pci_bus_id", entry.pci_bus_id)?;
     let mig_fail = non_empty("mig_fail", entry.mig_fail)?;
+    let mode = entry
+        .mode
+        .map(|text| {
+            let mode: GpuMode = text.parse().map_err(|e| format!("mode: {e}"))?;
+            if let Some(layout) = mode.mig_layout() {
+                layout
+                    .validate_for(&model)
+                    .map_err(|e| format!("mode {mode} on {model}: {e}"))?;
+            }
+            Ok::<_, String>(mode)
+        })
+        .transpose()?;
     let xid = entry
         .xid
         .map(|code| {
@@ -214,6 +235,7 @@ fn validate(entry: Entry) -> Result<SimulatedGpu, String> {
             mig_waiting: None,
         },
         mig_fail,
+        mode,
     })
 }
 
@@ -223,6 +245,8 @@ pub struct SimulatedBackend {
     seen: SeenGpus,
     /// The MIG devices made so far, per GPU.
     mig: Mutex<HashMap<GpuUuid, Vec<MigDevice>>>,
+    /// The `mode` of each GPU in the file at the last discovery.
+    start_modes: Mutex<BTreeMap<GpuUuid, GpuMode>>,
 }
 
 impl SimulatedBackend {
@@ -231,6 +255,7 @@ impl SimulatedBackend {
             file,
             seen: SeenGpus::default(),
             mig: Mutex::default(),
+            start_modes: Mutex::default(),
         }
     }
 
@@ -317,6 +342,13 @@ impl SimulatedBackend {
                 source,
             })?;
         let (gpus, hang) = parse_file(&text, &self.file)?;
+        *self
+            .start_modes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = gpus
+            .iter()
+            .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.mode?)))
+            .collect();
         let mig = self
             .mig
             .lock()
@@ -377,6 +409,13 @@ impl GpuBackend for SimulatedBackend {
     fn leave_mig<'a>(&'a self, gpu: &'a GpuInfo) -> BoxFuture<'a, Result<(), GpuError>> {
         Box::pin(self.leave(&gpu.uuid))
     }
+
+    fn start_modes(&self) -> BTreeMap<GpuUuid, GpuMode> {
+        self.start_modes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 #[cfg(test)]
@@ -428,6 +467,7 @@ utilization = 0                    # optional, percent
                     mig_waiting: None,
                 },
                 mig_fail: None,
+                mode: None,
             }]
         );
     }
@@ -463,6 +503,18 @@ utilization = 0                    # optional, percent
             (entry(H100, "X", "pci_bus_id = \" \""), "pci_bus_id"),
             (entry(H100, "X", "utilization = 101"), "from 0 to 100"),
             (entry(H100, "X", "utilization = -1"), "from 0 to 100"),
+            (
+                entry(H100, "X", "mode = \"shared:1\""),
+                "\"shared:N\" with N from 2",
+            ),
+            (
+                entry(H100, "X", "mode = \"half\""),
+                "mode: GPU mode \"half\"",
+            ),
+            (
+                entry(H100, "NVIDIA H100 80GB HBM3", "mode = \"mig:1g.5gb*7\""),
+                "mode mig:1g.5gb*7 on NVIDIA H100 80GB HBM3",
+            ),
         ];
         for (bad, expected) in cases {
             let err = parse(&format!("{good}{bad}"), file()).unwrap_err();
@@ -475,6 +527,35 @@ utilization = 0                    # optional, percent
             assert!(message.contains("simulated-gpus.toml"), "{message}");
             assert!(message.contains(expected), "{message}");
         }
+    }
+
+    /// `mode` is parsed as `devctl admin gpu mode` writes it, and each discovery gives the
+    /// modes of the GPUs the file lists then.
+    #[tokio::test]
+    async fn a_gpu_may_ask_to_start_shared_or_in_mig_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.toml");
+        let a100 = entry(A100, "NVIDIA A100-SXM4-40GB", "mode = \"shared:4\"");
+        let h100 = entry(H100, "NVIDIA H100 80GB HBM3", "mode = \"mig:3g.40gb*2\"");
+        std::fs::write(&path, format!("{a100}{h100}")).unwrap();
+        let backend = SimulatedBackend::new(path.clone());
+        assert!(backend.start_modes().is_empty(), "nothing read yet");
+        backend.discover_gpus().await.unwrap();
+        let modes = backend.start_modes();
+        assert_eq!(
+            modes.get(&GpuUuid::parse(A100).unwrap()),
+            Some(&GpuMode::Shared { max_sessions: 4 })
+        );
+        assert_eq!(
+            modes
+                .get(&GpuUuid::parse(H100).unwrap())
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("mig:3g.40gb*2")
+        );
+        std::fs::write(&path, entry(A100, "NVIDIA A100-SXM4-40GB", "")).unwrap();
+        backend.discover_gpus().await.unwrap();
+        assert!(backend.start_modes().is_empty());
     }
 
     #[test]

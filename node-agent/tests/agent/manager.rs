@@ -319,6 +319,7 @@ fn registration(node: &NodeName) -> RegisterNode {
         gpu_backend: "simulated".into(),
         gpus: Vec::new(),
         stream_url: None,
+        start_modes: Default::default(),
     }
 }
 

@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
 use ongrid_core::image::ImageState;
-use ongrid_core::{GpuInfo, NodeName, SessionId, SessionState};
+use ongrid_core::{GpuInfo, GpuMode, NodeName, SessionId, SessionState};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -43,6 +43,7 @@ pub async fn register(
 ) -> Result<Response, ApiError> {
     check_node(&node, &body.node)?;
     check_gpus(&body.gpus)?;
+    check_start_modes(&body.gpus, &body.start_modes)?;
     let stream_url = body.stream_url.map(|url| url.trim().to_owned());
     if let Some(url) = &stream_url {
         check_stream_url(url).map_err(ApiError::bad_request)?;
@@ -52,6 +53,7 @@ pub async fn register(
         gpu_backend: body.gpu_backend,
         agent_version: body.agent_version,
         stream_url: stream_url.clone(),
+        start_modes: body.start_modes,
     };
     state
         .store
@@ -218,6 +220,37 @@ fn check_gpus(gpus: &[GpuInfo]) -> Result<(), ApiError> {
                 "GPU {} is listed twice in the report",
                 gpu.uuid
             )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the modes the agent asks its GPUs to start in by the rules an admin's change meets:
+/// each for a GPU it reports, `shared:N` within its bounds, a MIG layout its model has.
+fn check_start_modes(
+    gpus: &[GpuInfo],
+    modes: &std::collections::BTreeMap<ongrid_core::GpuUuid, GpuMode>,
+) -> Result<(), ApiError> {
+    for (uuid, mode) in modes {
+        let refused = |problem: String| {
+            ApiError::bad_request(format!(
+                "GPU {uuid} cannot start in mode {mode}: {problem}; fix its `mode` in the \
+                 agent's simulated GPU file"
+            ))
+        };
+        let gpu = gpus
+            .iter()
+            .find(|gpu| &gpu.uuid == uuid)
+            .ok_or_else(|| refused("the agent does not report that GPU".to_owned()))?;
+        // The core's parser holds the rules, as for `PUT /v1/gpus/{uuid}/mode`.
+        let parsed: GpuMode = mode
+            .to_string()
+            .parse()
+            .map_err(|e: ongrid_core::gpu::GpuModeError| refused(e.to_string()))?;
+        if let Some(layout) = parsed.mig_layout() {
+            layout
+                .validate_for(&gpu.model)
+                .map_err(|e| refused(e.to_string()))?;
         }
     }
     Ok(())

@@ -8,6 +8,11 @@
 //! rows are there) and counted against the source. Anything that does not match rolls everything
 //! back, so the target is either a full copy or untouched. Values pass as text and PostgreSQL
 //! converts each to its column's type (SQLite's 0 and 1 to a boolean, for example).
+//!
+//! The copy is the same store one generation on ([`ongrid_core::store_identity`]): the target's
+//! own identity (made by its migration) is replaced by the source's, with the generation one
+//! above, so clients that saw the SQLite manager accept the PostgreSQL ones and refuse a manager
+//! still left on the SQLite file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -58,11 +63,15 @@ pub enum CopyError {
     Database(#[from] sqlx::Error),
 }
 
-/// What was copied: each table's rows.
+/// What was copied: each table's rows, and the copy's generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Copied {
     pub tables: BTreeMap<String, i64>,
+    pub generation: i64,
 }
+
+/// The table of the store's identity, which every new database has a row in.
+const IDENTITY_TABLE: &str = "store_identity";
 
 /// One table of the target as PostgreSQL describes it.
 struct Table {
@@ -122,7 +131,7 @@ async fn copy(source: &SqliteStore, target: &PostgresStore) -> Result<Copied, Co
             "tables only in SQLite: {only_source:?}, only in PostgreSQL: {only_target:?}"
         )));
     }
-    for table in &tables {
+    for table in tables.iter().filter(|t| t.name != IDENTITY_TABLE) {
         let any: bool = sqlx::query_scalar(&format!(
             "SELECT EXISTS (SELECT 1 FROM {})",
             quoted(&table.name)
@@ -133,6 +142,10 @@ async fn copy(source: &SqliteStore, target: &PostgresStore) -> Result<Copied, Co
             return Err(CopyError::NotEmpty(table.name.clone()));
         }
     }
+    // The target's own identity gives way to the source's.
+    sqlx::query(&format!("DELETE FROM {}", quoted(IDENTITY_TABLE)))
+        .execute(&mut *writing)
+        .await?;
     let mut copied = BTreeMap::new();
     for table in &tables {
         let rows = copy_table(table, &mut reading, &mut writing)
@@ -159,9 +172,18 @@ async fn copy(source: &SqliteStore, target: &PostgresStore) -> Result<Copied, Co
             });
         }
     }
+    let generation: i64 = sqlx::query_scalar(&format!(
+        "UPDATE {} SET generation = generation + 1 RETURNING generation",
+        quoted(IDENTITY_TABLE)
+    ))
+    .fetch_one(&mut *writing)
+    .await?;
     writing.commit().await?;
     reading.rollback().await?;
-    Ok(Copied { tables: copied })
+    Ok(Copied {
+        tables: copied,
+        generation,
+    })
 }
 
 /// The target's tables (but the migrations' own), parents before the tables that refer to them.

@@ -52,6 +52,7 @@ pub use sqlite::SqliteStore;
 
 use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::image::{Compression, ImageReference, ImageState};
+use ongrid_core::store_identity::StoreIdentity;
 
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
@@ -153,6 +154,9 @@ pub struct NodeRegistration {
     pub agent_version: String,
     /// The agent's stream endpoint for the SSH gateway; `None` when it has none.
     pub stream_url: Option<String>,
+    /// The mode a GPU the store does not know yet starts in (else exclusive); a known GPU
+    /// keeps its stored mode.
+    pub start_modes: std::collections::BTreeMap<GpuUuid, GpuMode>,
 }
 
 /// A registered node with its GPUs.
@@ -261,6 +265,13 @@ pub trait Store: Send + Sync {
 
     /// Owned GPUs and reservations (migration 0018).
     fn gpu_policy(&self) -> &dyn gpu_policy::GpuPolicyStore;
+
+    /// Which copy of the store this is (migration 0021, [`ongrid_core::store_identity`]).
+    fn identity(&self) -> BoxFuture<'_, StoreResult<StoreIdentity>>;
+
+    /// Makes this database a new copy of its store (after a restore from a backup): its
+    /// generation one above its own, or `at_least` when that is higher. The identity after.
+    fn mark_restored(&self, at_least: Option<u64>) -> BoxFuture<'_, StoreResult<StoreIdentity>>;
 
     /// The user record of `dn`, created on first sight with a login name derived from the DN
     /// (made unique with `-2`, `-3`, ...) and the next UID from `first_uid` upward.

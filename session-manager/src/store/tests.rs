@@ -155,7 +155,70 @@ backend_tests!(
     a_restart_chain_is_stored_with_its_history_and_links,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
+    a_store_keeps_its_identity_and_a_restore_raises_its_generation,
+    a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own,
 );
+
+/// The mode an agent asks a GPU to start in is the new GPU's; once stored, the store's mode
+/// (an admin's change) wins over what a later registration asks.
+async fn a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own(
+    backend: Backend,
+) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let shared = GpuMode::Shared { max_sessions: 4 };
+    let mut registration = node("node1");
+    registration.start_modes = [(gpu(1).uuid, shared)].into();
+    store
+        .register_node(registration.clone(), &[gpu(1), gpu(2)], t(0))
+        .await
+        .unwrap();
+    let modes =
+        |nodes: Vec<NodeRecord>| -> Vec<GpuMode> { nodes[0].gpus.iter().map(|g| g.mode).collect() };
+    assert_eq!(
+        modes(store.nodes().await.unwrap()),
+        [shared, GpuMode::Exclusive]
+    );
+    store
+        .set_gpu_mode(&gpu(1).uuid, GpuMode::Exclusive)
+        .await
+        .unwrap();
+    registration.start_modes = [(gpu(1).uuid, shared), (gpu(2).uuid, shared)].into();
+    store
+        .register_node(registration, &[gpu(1), gpu(2)], t(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        modes(store.nodes().await.unwrap()),
+        [GpuMode::Exclusive, GpuMode::Exclusive]
+    );
+    store.close().await;
+}
+
+/// A new store gets a random id at generation 1, kept when it is opened again; two stores have
+/// two ids; `mark-restored` raises the generation by one, or to the generation asked when
+/// that is higher, and keeps the id.
+async fn a_store_keeps_its_identity_and_a_restore_raises_its_generation(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let identity = store.identity().await.unwrap();
+    assert_eq!(identity.generation, 1);
+    assert_eq!(identity.id.len(), 32, "{identity}");
+    store.close().await;
+    let store = place.open().await;
+    assert_eq!(store.identity().await.unwrap(), identity);
+    let other_place = Place::new(backend).await;
+    let other = other_place.open().await;
+    assert_ne!(other.identity().await.unwrap().id, identity.id);
+    other.close().await;
+
+    let restored = store.mark_restored(None).await.unwrap();
+    assert_eq!((&restored.id, restored.generation), (&identity.id, 2));
+    assert_eq!(store.identity().await.unwrap(), restored);
+    assert_eq!(store.mark_restored(Some(7)).await.unwrap().generation, 7);
+    assert_eq!(store.mark_restored(Some(3)).await.unwrap().generation, 8);
+    store.close().await;
+}
 
 /// Whoever adds a SQLite migration ports it: `migrations-postgres/` holds a file of the same
 /// version and name for every file of `migrations/`, and nothing else.
@@ -219,6 +282,7 @@ fn node(name: &str) -> NodeRegistration {
         gpu_backend: "simulated".to_owned(),
         agent_version: "0.1.0".to_owned(),
         stream_url: None,
+        start_modes: Default::default(),
     }
 }
 
@@ -1490,6 +1554,7 @@ async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) 
         gpu_backend: "simulated".to_owned(),
         agent_version: "0".to_owned(),
         stream_url: None,
+        start_modes: Default::default(),
     };
     store
         .register_node(registration, &[gpu(1)], t(0))
@@ -1659,6 +1724,7 @@ async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backen
                 gpu_backend: "simulated".to_owned(),
                 agent_version: "0".to_owned(),
                 stream_url: None,
+                start_modes: Default::default(),
             },
             &[gpu(1)],
             t(0),
@@ -1856,8 +1922,9 @@ async fn closed_connections_are_pruned_and_open_ones_kept(backend: Backend) {
 }
 
 /// `copy-store`: a SQLite store with a restart chain (jobs referring to each other both ways),
-/// booleans and sessions copied into an empty PostgreSQL database reads back the same there; a
-/// second copy into the same database is refused and changes nothing.
+/// booleans and sessions copied into an empty PostgreSQL database reads back the same there, as
+/// the same store one generation on; a second copy into the same database is refused and
+/// changes nothing.
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
@@ -1875,6 +1942,7 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
         gpu_backend: "simulated".to_owned(),
         agent_version: "0".to_owned(),
         stream_url: None,
+        start_modes: Default::default(),
     };
     store
         .register_node(registration, &[gpu(1)], t(0))
@@ -1926,6 +1994,7 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
         .unwrap();
     let jobs_before = store.jobs(JobFilter::Owner(dn.clone())).await.unwrap();
     let sessions_before = store.sessions(SessionFilter::All).await.unwrap();
+    let identity = store.identity().await.unwrap();
     store.close().await;
 
     let Database::Sqlite(file) = &place.database else {
@@ -1957,6 +2026,12 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
         target.transitions(session.id).await.unwrap().len(),
         1,
         "the history came along"
+    );
+    let copy = target.identity().await.unwrap();
+    assert_eq!(
+        (&copy.id, copy.generation),
+        (&identity.id, identity.generation + 1),
+        "the same store, one generation on"
     );
     target.close().await;
 

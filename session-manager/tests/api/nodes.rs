@@ -400,3 +400,110 @@ async fn a_gpu_its_node_reports_failed_is_drained_and_its_session_fails() {
     assert_eq!(placed.gpus, [GpuId::Gpu(a100(1).uuid)]);
     m.stop().await;
 }
+
+/// A GPU the agent asks to start shared (the simulated file's `mode = "shared:4"`) is shared
+/// from its first registration, and takes two sessions; after an admin makes it exclusive, a
+/// registration asking again changes nothing. A mode the rules refuse, or one for a GPU the agent
+/// does not report, refuses the registration, saying which GPU and where to fix it.
+#[tokio::test]
+async fn a_gpu_starts_in_the_mode_its_agent_asks_until_an_admin_changes_it() {
+    let site = Site::new();
+    let m = site.start().await;
+    let register = |start_modes: Vec<(GpuInfo, &str)>| RegisterNode {
+        node: NodeName::parse("node1").unwrap(),
+        agent_version: "test".to_owned(),
+        gpu_backend: "simulated".to_owned(),
+        gpus: vec![a100(1)],
+        stream_url: None,
+        start_modes: start_modes
+            .into_iter()
+            .map(|(gpu, mode)| (gpu.uuid, mode.parse().unwrap()))
+            .collect(),
+    };
+    let _: DesiredState = m
+        .node1
+        .ok(
+            StatusCode::OK,
+            m.node1
+                .post("/v1/agent/register", &register(vec![(a100(1), "shared:4")])),
+        )
+        .await;
+    let gpu = &nodes(&m.admin).await[0].gpus[0];
+    assert_eq!(gpu.mode, GpuMode::Shared { max_sessions: 4 });
+    let shared = GpuRequest {
+        sharing: Sharing::Shared,
+        ..GpuRequest::default()
+    };
+    let one = m.alice.create(Some("one"), shared).await;
+    let two = m.alice.create(Some("two"), shared).await;
+    assert_eq!(
+        (one.state, two.state),
+        (SessionState::Starting, SessionState::Starting),
+        "two sessions share the GPU"
+    );
+    assert_eq!(one.gpus, two.gpus);
+
+    let _: GpuView = m
+        .admin
+        .ok(
+            StatusCode::OK,
+            m.admin.put(
+                &format!("/v1/gpus/{}/mode", a100(1).uuid),
+                &serde_json::json!({"mode": {"mode": "exclusive"}}),
+            ),
+        )
+        .await;
+    let _: DesiredState = m
+        .node1
+        .ok(
+            StatusCode::OK,
+            m.node1
+                .post("/v1/agent/register", &register(vec![(a100(1), "shared:4")])),
+        )
+        .await;
+    assert_eq!(nodes(&m.admin).await[0].gpus[0].mode, GpuMode::Exclusive);
+
+    let mut bad = register(Vec::new());
+    bad.start_modes
+        .insert(a100(1).uuid, GpuMode::Shared { max_sessions: 1 });
+    let refused = m
+        .node1
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.node1.post("/v1/agent/register", &bad),
+        )
+        .await;
+    assert!(
+        refused.error.message.starts_with(&format!(
+            "GPU {} cannot start in mode shared:1: GPU mode \"shared:1\" must be",
+            a100(1).uuid
+        )),
+        "{}",
+        refused.error.message
+    );
+    assert!(
+        refused
+            .error
+            .message
+            .ends_with("fix its `mode` in the agent's simulated GPU file"),
+        "{}",
+        refused.error.message
+    );
+    let refused = m
+        .node1
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.node1
+                .post("/v1/agent/register", &register(vec![(a100(2), "shared:2")])),
+        )
+        .await;
+    assert!(
+        refused
+            .error
+            .message
+            .contains("the agent does not report that GPU"),
+        "{}",
+        refused.error.message
+    );
+    m.stop().await;
+}

@@ -6,7 +6,9 @@
 //!   [`HANDOVER`], applies the hold the first had planned, and no GPU is handed out twice;
 //! - `ongrid-manager copy-store` copies a SQLite store into an empty PostgreSQL database (and
 //!   refuses a database that is not empty), the manager serves the copy, and a `pg_dump` of it
-//!   restored with `pg_restore` into a new database serves the same.
+//!   restored with `pg_restore` into a new database serves the same; `mark-restored` raises
+//!   the restored store's generation, and a manager left on the copy is refused by a client
+//!   of both (with words naming it and the fix) and, told so by that client, stops leading.
 
 use std::collections::BTreeSet;
 use std::io::BufRead;
@@ -283,6 +285,7 @@ async fn a_sqlite_store_copied_into_postgres_serves_and_survives_a_backup_and_re
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("sessions: 3 rows"), "{stdout}");
+    assert!(stdout.contains("as the store's generation 2"), "{stdout}");
     let again = copy(&database);
     assert!(!again.status.success());
     let stderr = String::from_utf8_lossy(&again.stderr);
@@ -321,6 +324,18 @@ async fn a_sqlite_store_copied_into_postgres_serves_and_survives_a_backup_and_re
         "pg_restore: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let output = Command::new(env!("CARGO_BIN_EXE_ongrid-manager"))
+        .args(["mark-restored", "--database", &restored])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("is now at generation 3"), "{stdout}");
+    let copy_config = config.clone();
     config.store = Database::parse(&restored).unwrap();
     let m = site.start_with(config, None).await;
     assert_eq!(
@@ -328,6 +343,7 @@ async fn a_sqlite_store_copied_into_postgres_serves_and_survives_a_backup_and_re
         before,
         "the restore serves the same"
     );
+
     let released: SessionView = m
         .alice
         .ok(
@@ -337,5 +353,82 @@ async fn a_sqlite_store_copied_into_postgres_serves_and_survives_a_backup_and_re
         )
         .await;
     assert_ne!(released.state, SessionState::Held, "{}", released.reason);
+    a_manager_left_on_the_copy_is_refused(&site, &m, copy_config).await;
     m.stop().await;
+}
+
+/// The `Ongrid-Store` header of an answer of `m`.
+async fn store_header(m: &Running) -> String {
+    let response = m.alice.get("/v1/sessions").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response
+        .headers()
+        .get(ongrid_core::store_identity::STORE_HEADER)
+        .expect("every answer names its store")
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `restored` serves generation 3 of the store; a manager started on the copy it was dumped
+/// from (generation 2: its `database` missed after the restore) leads that copy alone, until a
+/// client of both that saw generation 3 reaches it: the client refuses its answer, naming it and
+/// the fix, and the manager, told what the client saw, stops leading.
+async fn a_manager_left_on_the_copy_is_refused(site: &Site, restored: &Running, copy: Config) {
+    use ongrid_service::manager_http::{Failure, Managers};
+
+    let left = site.start_with(copy, None).await;
+    let served = store_header(restored).await;
+    let (id, generation) = served.rsplit_once('.').unwrap();
+    assert_eq!(generation, "3");
+    assert_eq!(store_header(&left).await, format!("{id}.2"));
+    // Alone on its copy, the one left behind leads it.
+    left.node1
+        .register("node1", vec![a100(1), a100(2), a100(3), a100(4)])
+        .await;
+    left.alice.create(Some("early"), one_gpu()).await;
+    left.alice.wait_for("early", SessionState::Starting).await;
+
+    let url = |m: &Running| reqwest::Url::parse(&format!("https://{}/", m.addr)).unwrap();
+    let managers = Managers::new(&[url(restored), url(&left)]).unwrap();
+    let http = restored.alice.client.clone();
+    let call = || async {
+        let request = http
+            .get(managers.url("v1/sessions").unwrap())
+            .build()
+            .unwrap();
+        managers.execute(&http, request, true).await
+    };
+    let (answered, _) = call().await.unwrap();
+    assert_eq!(answered.port(), Some(restored.addr.port()));
+    let restored_addr = restored.addr;
+    // The caller waits for `restored` to stop; here it stops answering.
+    restored.shutdown.cancel();
+    let refused = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match call().await {
+                Ok((answered, _)) => assert_eq!(answered.port(), Some(restored_addr.port())),
+                Err(no_manager) => break no_manager,
+            }
+        }
+    })
+    .await
+    .expect("the restored manager stops answering within 20 s");
+    let Failure::StaleStore(sentence) = &refused.failure else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(
+        sentence,
+        &format!(
+            "manager https://{} serves an older copy of the store (generation 2, others serve \
+             3): its `database` setting was missed after a restore; fix its manager.toml and \
+             restart it",
+            left.addr
+        )
+    );
+
+    // Told by that client, the manager on the copy no longer leads: nothing new is placed.
+    let late = left.alice.create(Some("late"), one_gpu()).await;
+    assert_eq!(late.state, SessionState::Pending, "{}", late.reason);
+    left.stop().await;
 }

@@ -68,6 +68,7 @@ pub(super) async fn register_versioned(api: &Api, node: &str, gpus: Vec<GpuInfo>
         gpu_backend: "simulated".to_owned(),
         gpus,
         stream_url: None,
+        start_modes: Default::default(),
     };
     let response = api.post("/v1/agent/register", &body).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);

@@ -417,6 +417,13 @@ impl<S: NvidiaSmiSource> GpuBackend for NvidiaSmiBackend<S> {
                 })
         })
     }
+
+    /// Real GPUs start as the manager decides (exclusive until an admin changes it).
+    fn start_modes(
+        &self,
+    ) -> std::collections::BTreeMap<ongrid_core::GpuUuid, ongrid_core::GpuMode> {
+        Default::default()
+    }
 }
 
 /// Whether a failed `mig -dci`/`-dgi` only said there was nothing to destroy.

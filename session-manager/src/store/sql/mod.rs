@@ -18,7 +18,7 @@
 //! [`ongrid_core::Lifecycle`]; times are stored as fixed-width RFC 3339 text with nanoseconds, so
 //! they round-trip exactly and sort as text (in `TEXT COLLATE "C"` columns on PostgreSQL).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -49,6 +49,7 @@ use crate::store::{
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::job::JobId;
+use ongrid_core::store_identity::StoreIdentity;
 
 use crate::store::NodeRemoval;
 
@@ -245,7 +246,7 @@ impl SqlStore {
         .bind(timestamp(at))
         .execute(&mut *tx)
         .await?;
-        update_gpus(&mut tx, &node.name, gpus, at).await?;
+        update_gpus(&mut tx, &node.name, gpus, &node.start_modes, at).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -267,7 +268,7 @@ impl SqlStore {
         if updated == 0 {
             return Ok(false);
         }
-        update_gpus(&mut tx, node, gpus, at).await?;
+        update_gpus(&mut tx, node, gpus, &BTreeMap::new(), at).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -330,6 +331,14 @@ impl SqlStore {
 impl Store for SqlStore {
     fn dashboard(&self) -> &dyn crate::store::DashboardStore {
         self
+    }
+
+    fn identity(&self) -> BoxFuture<'_, StoreResult<StoreIdentity>> {
+        Box::pin(self.identity_impl())
+    }
+
+    fn mark_restored(&self, at_least: Option<u64>) -> BoxFuture<'_, StoreResult<StoreIdentity>> {
+        Box::pin(self.mark_restored_impl(at_least))
     }
 
     fn gpu_policy(&self) -> &dyn crate::store::gpu_policy::GpuPolicyStore {
@@ -949,15 +958,21 @@ async fn fold_transition(
     Ok(())
 }
 
-/// Upserts the reported GPUs of `node` (keeping known GPUs' modes) and marks the node's GPUs
-/// that were not reported as failed.
+/// Upserts the reported GPUs of `node` (keeping known GPUs' modes; a new one starts in its
+/// mode of `start_modes`, else exclusive) and marks the node's GPUs that were not reported as
+/// failed.
 async fn update_gpus(
     tx: &mut Transaction<'static, Db>,
     node: &NodeName,
     gpus: &[GpuInfo],
+    start_modes: &BTreeMap<GpuUuid, GpuMode>,
     at: DateTime<Utc>,
 ) -> StoreResult<()> {
     for gpu in gpus {
+        let mode = start_modes
+            .get(&gpu.uuid)
+            .copied()
+            .unwrap_or(GpuMode::Exclusive);
         sqlx::query(
             "INSERT INTO gpus (uuid, node, info, mode, updated_at) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (uuid) DO UPDATE SET node = excluded.node, info = excluded.info, \
@@ -966,7 +981,7 @@ async fn update_gpus(
         .bind(gpu.uuid.as_str())
         .bind(node.as_str())
         .bind(to_json(gpu)?)
-        .bind(GpuMode::Exclusive.to_string())
+        .bind(mode.to_string())
         .bind(timestamp(at))
         .execute(&mut **tx)
         .await?;
@@ -1073,6 +1088,7 @@ mod dashboard;
 mod gateway;
 mod gpu_policy;
 mod grid_jobs;
+mod identity;
 mod images;
 mod jobs;
 mod nodes;
