@@ -16,6 +16,9 @@
 # Re-running is safe: keys and certificates are kept, the services are restarted.
 # Needs: cargo and a reachable Docker daemon; the Debian packages of deploy/debian-packages.txt
 # (installed by the script when run as root) and root the first time (the dev image build).
+# Environment:
+#   ONGRID_BIN_DIR   run the binaries of this directory (for instance /usr/bin once the
+#                    packages are installed) instead of building target/debug with cargo
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +26,7 @@ readonly REPO_ROOT
 readonly QS="$REPO_ROOT/.quickstart"
 readonly PKI="$QS/pki"
 readonly CA_DIR="$QS/certificates"
-readonly BIN_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"
+readonly BIN_DIR="${ONGRID_BIN_DIR:-${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug}"
 readonly DEVCTL_CONFIG="$QS/devctl.toml"
 readonly DEVCTL_ADMIN_CONFIG="$QS/devctl-admin.toml"
 readonly GATEWAY_TOKEN="$QS/gateway-token"
@@ -64,7 +67,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +77,7 @@ usage() {
 # long build, so a missing one stops the quickstart at once with the command that fixes it.
 check_prerequisites() {
     "$REPO_ROOT/deploy/install-packages.sh" quickstart
-    command -v cargo >/dev/null ||
+    [[ -n "${ONGRID_BIN_DIR:-}" ]] || command -v cargo >/dev/null ||
         die "cargo not found: install a stable Rust toolchain (1.85 or newer) with rustup, then run $0 again"
     command -v docker >/dev/null ||
         die "docker not found: install Docker Engine (Debian: apt-get install docker.io) and start it (systemctl start docker)"
@@ -181,10 +184,18 @@ caller_path() {
 # Build
 
 build_binaries() {
+    local binary
+    if [[ -n "${ONGRID_BIN_DIR:-}" ]]; then
+        say "the binaries of $BIN_DIR (ONGRID_BIN_DIR; nothing is built)"
+        for binary in ongrid-manager ongrid-agent ongrid-gateway devctl; do
+            [[ -x "$BIN_DIR/$binary" ]] ||
+                die "no $BIN_DIR/$binary: install the packages (deploy/README.md), or unset ONGRID_BIN_DIR to build them"
+        done
+        return 0
+    fi
     say "building ongrid-manager, ongrid-agent, ongrid-gateway and devctl (cargo build --workspace --bins)"
     (cd "$REPO_ROOT" && cargo build --workspace --bins) ||
         die "cargo build failed (output above)"
-    local binary
     for binary in ongrid-manager ongrid-agent ongrid-gateway devctl; do
         [[ -x "$BIN_DIR/$binary" ]] || die "cargo built no $BIN_DIR/$binary"
     done
@@ -442,8 +453,12 @@ running_pid() {
     pid="$(cat "$QS/$name.pid")"
     [[ "$pid" =~ ^[0-9]+$ ]] || return 1
     kill -0 "$pid" 2>/dev/null || return 1
-    # Guards against a reused pid: the process must be our binary.
-    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$BIN_DIR/ongrid-$name"* ]] || return 1
+    # Guards against a reused pid: the process must be an ongrid-NAME (built here or installed:
+    # a start with another ONGRID_BIN_DIR stops it too) running with the quickstart's config.
+    local exe
+    exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || return 1
+    [[ "${exe##*/}" == "ongrid-$name"* ]] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$QS/$name.toml" || return 1
     printf '%s\n' "$pid"
 }
 

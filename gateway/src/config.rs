@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! listen = "0.0.0.0:2222"                    # tests use "127.0.0.1:0"
-//! host_key_dir = "/var/lib/ongrid/gateway"    # ssh_host_ed25519_key, ssh_host_rsa_key (created)
+//! host_key_dir = "/var/lib/ongrid-gateway"    # ssh_host_ed25519_key, ssh_host_rsa_key (created)
 //! manager_url = "https://ongrid.example.org:8443"
 //! ca_dir = "/etc/grid-security/certificates"  # trusted for the manager's and agents' certificates
 //! token_file = "/etc/ongrid/gateway-token"    # Bearer token towards the manager and the agents

@@ -6,7 +6,9 @@
 //! so tests run in parallel against one Docker daemon. Dropping a site stops its processes and
 //! removes every container and home volume it created, also when the test failed. A test that
 //! stops or restarts Docker runs its site on a daemon of its own ([`dockerd::TestDockerd`],
-//! [`Site::start_on`]), never on the machine's.
+//! [`Site::start_on`]), never on the machine's. A site may run two manager replicas on a
+//! PostgreSQL server of its own ([`Site::start_replicated`], [`postgres::Postgres`]), with the
+//! agent, the gateway and devctl given both.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -35,6 +37,7 @@ pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result
 
 pub mod cluster;
 pub mod dockerd;
+pub mod postgres;
 
 #[cfg(test)]
 mod architecture;
@@ -318,10 +321,16 @@ pub struct Site {
     pub pki: Pki,
     pub node: String,
     pub manager_addr: Option<String>,
+    /// The second manager replica's address, on a site started with
+    /// [`Site::start_replicated`].
+    pub manager2_addr: Option<String>,
     /// The SSH gateway's address, once started.
     pub gateway_addr: Option<String>,
     pub admin: User,
     manager: Option<Process>,
+    manager2: Option<Process>,
+    /// The managers' database server, on a site started with [`Site::start_replicated`].
+    postgres: Option<postgres::Postgres>,
     agent: Option<Process>,
     gateway: Option<Process>,
     suffix: String,
@@ -432,6 +441,48 @@ impl Site {
         site
     }
 
+    /// Like [`Site::start`], with two manager replicas on one PostgreSQL database (a server of
+    /// the site's own): the first leads (it takes the database's manager lock first), and the
+    /// agent, the gateway and devctl are given both URLs, the first first
+    /// ([`Site::manager2_addr`]).
+    pub fn start_replicated(gpus: &[SimGpu]) -> Self {
+        require_docker();
+        let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        let postgres = postgres::Postgres::start().expect("start PostgreSQL for the managers");
+        let path = site.dir.path().join("manager.toml");
+        let text = std::fs::read_to_string(&path).expect("read manager config");
+        let sqlite = format!(
+            "database = \"{}\"",
+            site.dir.path().join("manager.db").display()
+        );
+        assert!(text.contains(&sqlite), "{text}");
+        // The replicas share the jobs' output directory, as on shared storage.
+        let text = text.replace(&sqlite, &format!("database = \"{}\"", postgres.url))
+            + &format!(
+                "\n[jobs]\nlog_dir = \"{}\"\n",
+                site.dir.path().join("jobs").display()
+            );
+        std::fs::write(&path, &text).expect("write manager config");
+        let second = site.dir.path().join("manager2.toml");
+        std::fs::write(&second, &text).expect("write the second manager's config");
+        site.postgres = Some(postgres);
+        site.start_manager();
+        let (child, addr) = site.spawn_listening_as(
+            "ongrid-manager",
+            "manager2",
+            &second,
+            "info,ongrid_manager=debug",
+        );
+        site.manager2 = Some(child);
+        site.manager2_addr = Some(addr);
+        let admin = site.admin.clone();
+        site.write_devctl_config(&admin);
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
     /// The grid CA of a site started with [`Site::start_grid`].
     pub fn grid(&self) -> GridCa {
         GridCa {
@@ -459,9 +510,9 @@ impl Site {
             },
             ssh_key: ssh_keygen(&self.dir.path().join(format!("ssh-{stem}"))).expect("ssh-keygen"),
         };
-        let addr = self.manager_addr.as_deref().expect("manager started");
         let toml = format!(
-            "manager_url = \"https://{addr}\"\nca_dir = \"{}\"\n",
+            "manager_url = {}\nca_dir = \"{}\"\n",
+            self.manager_url(),
             self.pki.ca_dir.display()
         );
         write_private(&user.devctl_config, toml).expect("write devctl config");
@@ -553,9 +604,12 @@ pids = 512
             pki,
             node,
             manager_addr: None,
+            manager2_addr: None,
             gateway_addr: None,
             admin,
             manager: None,
+            manager2: None,
+            postgres: None,
             agent: None,
             gateway: None,
             suffix,
@@ -567,10 +621,20 @@ pids = 512
         })
     }
 
+    /// `manager_url` as the agent's, the gateway's and devctl's config write it: the manager's
+    /// URL, or both replicas' (the first first).
+    fn manager_url(&self) -> String {
+        let first = self.manager_addr.as_deref().expect("manager started");
+        match &self.manager2_addr {
+            Some(second) => format!("[\"https://{first}\", \"https://{second}\"]"),
+            None => format!("\"https://{first}\""),
+        }
+    }
+
     fn write_devctl_config(&self, user: &User) {
-        let addr = self.manager_addr.as_deref().expect("manager started");
         let toml = format!(
-            "manager_url = \"https://{addr}\"\ncert = \"{}\"\nkey = \"{}\"\nca_dir = \"{}\"\n",
+            "manager_url = {}\ncert = \"{}\"\nkey = \"{}\"\nca_dir = \"{}\"\n",
+            self.manager_url(),
             user.creds.cert.display(),
             user.creds.key.display(),
             self.pki.ca_dir.display()
@@ -618,11 +682,11 @@ pids = 512
     }
 
     pub fn start_agent(&mut self) {
-        let addr = self.manager_addr.clone().expect("start the manager first");
+        let manager_url = self.manager_url();
         let config = self.dir.path().join("agent.toml");
         let toml = format!(
             r#"node_name = "{node}"
-manager_url = "https://{addr}"
+manager_url = {manager_url}
 ca_dir = "{ca}"
 token_file = "{token}"
 
@@ -686,7 +750,7 @@ gateway_token_file = "{gateway_token}"
 
     /// Starts (or restarts, on the same port and host keys) the SSH gateway.
     pub fn start_gateway(&mut self) {
-        let manager = self.manager_addr.clone().expect("start the manager first");
+        let manager_url = self.manager_url();
         let listen = self
             .gateway_addr
             .clone()
@@ -695,7 +759,7 @@ gateway_token_file = "{gateway_token}"
         let toml = format!(
             r#"listen = "{listen}"
 host_key_dir = "{keys}"
-manager_url = "https://{manager}"
+manager_url = {manager_url}
 ca_dir = "{ca}"
 token_file = "{token}"
 allowlist_refresh = "1 second"
@@ -729,7 +793,18 @@ allowlist_refresh = "1 second"
         config: &Path,
         log_filter: &str,
     ) -> (Process, String) {
-        let log_name = binary_name.trim_start_matches("ongrid-");
+        let log_name = binary_name.trim_start_matches("ongrid-").to_owned();
+        self.spawn_listening_as(binary_name, &log_name, config, log_filter)
+    }
+
+    /// [`Site::spawn_listening`], logging to `<log_name>.log`.
+    fn spawn_listening_as(
+        &mut self,
+        binary_name: &str,
+        log_name: &str,
+        config: &Path,
+        log_filter: &str,
+    ) -> (Process, String) {
         let mut child = Command::new(binary(binary_name))
             .arg("--config")
             .arg(config)
@@ -851,7 +926,7 @@ allowlist_refresh = "1 second"
     /// The tail of both logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for name in ["manager", "agent", "gateway"] {
+        for name in ["manager", "manager2", "agent", "gateway"] {
             let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
                 .unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -1165,6 +1240,8 @@ impl Drop for Site {
         drop(self.gateway.take());
         drop(self.agent.take());
         drop(self.manager.take());
+        drop(self.manager2.take());
+        drop(self.postgres.take());
         let host = self.docker.as_ref().map(|docker| docker.host.as_str());
         remove_docker_objects(host, &self.node, &self.suffix);
         // On a daemon of the test's own, the chains live in its network namespace, which goes

@@ -10,6 +10,7 @@ mod metrics;
 mod mig;
 mod nodes;
 mod policy;
+mod replicas;
 mod sessions;
 mod several_nodes;
 mod ssh;
