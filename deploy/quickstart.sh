@@ -78,7 +78,7 @@ usage() {
 check_prerequisites() {
     "$REPO_ROOT/deploy/install-packages.sh" quickstart
     [[ -n "${ONGRID_BIN_DIR:-}" ]] || command -v cargo >/dev/null ||
-        die "cargo not found: install a stable Rust toolchain (1.85 or newer) with rustup, then run $0 again"
+        die "cargo not found: install a stable Rust toolchain (1.88 or newer) with rustup, then run $0 again"
     command -v docker >/dev/null ||
         die "docker not found: install Docker Engine (Debian: apt-get install docker.io) and start it (systemctl start docker)"
     check_docker_daemon

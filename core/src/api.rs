@@ -148,6 +148,24 @@ pub struct WhoAmI {
     /// the site's CAs`.
     #[serde(default)]
     pub admitted_by: Option<String>,
+    /// With a bearer token (`credential` = `token`): its issuer, subject, groups and scopes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<TokenInfo>,
+}
+
+/// A verified bearer token (WLCG common JWT profile, SciTokens), as the manager read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    /// The `iss` claim, as the site's config names the issuer.
+    pub issuer: String,
+    /// The `sub` claim: who the issuer says the bearer is.
+    pub subject: String,
+    /// `wlcg.groups`: `/cms`, `/cms/uscms`, ... (none in a SciToken).
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// The `scope` claim's entries: `compute.create`, `compute.read`, ...
+    #[serde(default)]
+    pub scopes: Vec<String>,
 }
 
 /// `GET /v1/share` (`devctl share`): the site's fair share, groups most favoured first.
@@ -186,7 +204,8 @@ pub struct UserShareView {
     pub usage: f64,
 }
 
-/// The kind of X.509 credential a user presented: a plain certificate or an RFC 3820 proxy.
+/// The kind of credential a user presented: a plain certificate, an RFC 3820 proxy, or a bearer
+/// token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CredentialKind {
@@ -198,6 +217,8 @@ pub enum CredentialKind {
     Limited,
     /// An independent proxy: its own identity, the proxy's subject.
     Independent,
+    /// An OAuth2 bearer token (a WLCG or SciTokens JWT) from an issuer the site trusts.
+    Token,
 }
 
 impl std::fmt::Display for CredentialKind {
@@ -207,6 +228,7 @@ impl std::fmt::Display for CredentialKind {
             Self::Impersonation => "impersonation proxy",
             Self::Limited => "limited proxy",
             Self::Independent => "independent proxy",
+            Self::Token => "bearer token",
         })
     }
 }

@@ -80,6 +80,7 @@ mod tests {
             not_after: None,
             group: None,
             admitted_by: None,
+            token: None,
         };
         assert_eq!(
             render(&me, at(0)),
@@ -109,6 +110,7 @@ mod tests {
         let admitted = WhoAmI {
             group: Some("atlas".into()),
             admitted_by: Some("VO atlas".into()),
+            token: None,
             ..me.clone()
         };
         assert!(

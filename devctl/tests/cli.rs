@@ -374,6 +374,7 @@ fn whoami_view() -> WhoAmI {
         not_after: None,
         group: None,
         admitted_by: None,
+        token: None,
     }
 }
 

@@ -23,5 +23,6 @@ pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
         not_after: Some(caller.not_after),
         group: Some(caller.admitted.group.to_string()),
         admitted_by: Some(caller.admitted.rule),
+        token: None,
     })
 }
