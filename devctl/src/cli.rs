@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::admin::{self, AdminCommand};
 use crate::client::Client;
@@ -153,8 +153,8 @@ impl Command {
         term: &mut Terminal<'_>,
     ) -> anyhow::Result<()> {
         match self {
-            Self::Completions(args) => manual::completions(&args, term),
-            Self::Manpages(args) => manual::manpages(&args, term),
+            Self::Completions(args) => manual::completions(&args, Cli::command(), term),
+            Self::Manpages(args) => manual::manpages(&args, Cli::command(), term),
             Self::Whoami(args) => whoami::run(args, &connect()?, term).await,
             Self::Session(command) => session::run(command, &connect()?, term).await,
             Self::Gpus(args) => gpu::run(args, &connect()?, term).await,
@@ -177,7 +177,6 @@ mod tests {
     use crate::admin::institute::InstituteCommand;
     use chrono::{DateTime, Utc};
     use clap::error::ErrorKind;
-    use clap::CommandFactory;
     use ongrid_core::{ComputeCapability, GpuMode, GpuRequest, HumanDuration, MemorySize, Sharing};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {

@@ -1,14 +1,14 @@
 //! What devctl says about itself without a manager or a credential: shell completions and man
-//! pages, both generated from the clap definition ([`Cli`]) so that they never drift from the
-//! commands they describe. The packages install both (`deploy/packages/build.sh`).
+//! pages, both generated from the clap definition (`crate::cli::Cli`, handed in as its
+//! [`clap::Command`]) so that they never drift from the commands they describe. The packages
+//! install both (`deploy/packages/build.sh`).
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Args, CommandFactory};
+use clap::Args;
 use clap_complete::Shell;
 
-use crate::cli::Cli;
 use crate::terminal::Terminal;
 
 /// `devctl completions SHELL`.
@@ -26,18 +26,27 @@ pub struct ManpagesArgs {
     pub dir: PathBuf,
 }
 
-/// Prints the completion script of `args.shell`, to be sourced by that shell.
-pub fn completions(args: &CompletionsArgs, term: &mut Terminal<'_>) -> anyhow::Result<()> {
+/// Prints the completion script of `args.shell` for `command` (devctl's), to be sourced by that
+/// shell.
+pub fn completions(
+    args: &CompletionsArgs,
+    mut command: clap::Command,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
     let mut script = Vec::new();
-    clap_complete::generate(args.shell, &mut Cli::command(), "devctl", &mut script);
+    clap_complete::generate(args.shell, &mut command, "devctl", &mut script);
     term.out
         .write_all(&script)
         .and_then(|()| term.out.flush())
         .context("writing to standard output")
 }
 
-/// Writes the man pages into `args.dir`, and names each page written.
-pub fn manpages(args: &ManpagesArgs, term: &mut Terminal<'_>) -> anyhow::Result<()> {
+/// Writes the man pages of `command` (devctl's) into `args.dir`, and names each page written.
+pub fn manpages(
+    args: &ManpagesArgs,
+    command: clap::Command,
+    term: &mut Terminal<'_>,
+) -> anyhow::Result<()> {
     let dir = &args.dir;
     std::fs::create_dir_all(dir).with_context(|| {
         format!(
@@ -45,7 +54,7 @@ pub fn manpages(args: &ManpagesArgs, term: &mut Terminal<'_>) -> anyhow::Result<
             dir.display()
         )
     })?;
-    clap_mangen::generate_to(Cli::command(), dir)
+    clap_mangen::generate_to(command, dir)
         .with_context(|| format!("cannot write the man pages into {}", dir.display()))?;
     let mut pages = std::fs::read_dir(dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
@@ -65,6 +74,8 @@ pub fn manpages(args: &ManpagesArgs, term: &mut Terminal<'_>) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Cli;
+    use clap::CommandFactory;
 
     fn run(f: impl FnOnce(&mut Terminal<'_>) -> anyhow::Result<()>) -> String {
         let (mut out, mut note) = (Vec::new(), Vec::new());
@@ -74,7 +85,7 @@ mod tests {
 
     #[test]
     fn bash_completion_completes_commands_and_their_flags() {
-        let script = run(|term| completions(&CompletionsArgs { shell: Shell::Bash }, term));
+        let script = run(|term| completions(&CompletionsArgs { shell: Shell::Bash }, Cli::command(), term));
         assert!(script.contains("complete -F _devctl"), "{script}");
         // Subcommands two levels down, and their flags, come from the clap definition.
         for word in ["session", "admin", "institute", "--share", "--manager-url"] {
@@ -87,9 +98,9 @@ mod tests {
 
     #[test]
     fn zsh_and_fish_completions_name_the_commands() {
-        let zsh = run(|term| completions(&CompletionsArgs { shell: Shell::Zsh }, term));
+        let zsh = run(|term| completions(&CompletionsArgs { shell: Shell::Zsh }, Cli::command(), term));
         assert!(zsh.starts_with("#compdef devctl"), "{zsh}");
-        let fish = run(|term| completions(&CompletionsArgs { shell: Shell::Fish }, term));
+        let fish = run(|term| completions(&CompletionsArgs { shell: Shell::Fish }, Cli::command(), term));
         assert!(fish.contains("complete -c devctl"), "{fish}");
         assert!(fish.contains("session"), "{fish}");
     }
@@ -130,6 +141,7 @@ mod tests {
             &ManpagesArgs {
                 dir: file.path().to_path_buf(),
             },
+            Cli::command(),
             &mut Terminal::buffers(&mut out, &mut note),
         )
         .unwrap_err();

@@ -22,6 +22,7 @@ use crate::domain::policy::Admission;
 
 pub mod policy;
 pub mod targets;
+pub mod tokens;
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LONGEST};
 
 /// Environment variable overriding `listen`.
@@ -126,6 +127,10 @@ pub struct RawConfig {
     /// address for the `ssh` command). The dashboard is served without it.
     #[serde(default)]
     pub dashboard: DashboardConfig,
+    /// `[[token_issuers]]`: the OAuth2 issuers whose bearer tokens are accepted beside grid
+    /// certificates. None: certificates and proxies only.
+    #[serde(default)]
+    pub token_issuers: Vec<tokens::RawTokenIssuer>,
 }
 
 /// `[jobs]` as written in the manager's config file.
@@ -273,6 +278,8 @@ pub struct Config {
     pub targets: crate::targets::TargetsConfig,
     /// `[dashboard]`.
     pub dashboard: DashboardConfig,
+    /// `[[token_issuers]]`; empty: no bearer token is accepted.
+    pub token_issuers: Vec<tokens::TokenIssuer>,
 }
 
 impl Config {
@@ -423,6 +430,8 @@ impl Validator<'_> {
         if let Some(path) = &raw.vomsdir {
             self.non_empty_path("vomsdir", path)?;
         }
+        let token_issuers = tokens::token_issuers(&raw.token_issuers)
+            .map_err(|(key, message)| self.invalid(&key, message))?;
         let crl_policy = match raw.crl_policy.trim() {
             "refuse" => CrlPolicy::Refuse,
             "warn" => CrlPolicy::Warn,
@@ -627,6 +636,7 @@ impl Validator<'_> {
             fair_share,
             limits,
             targets,
+            token_issuers,
             sessions_on_owned_gpus: raw
                 .policy
                 .as_ref()

@@ -54,6 +54,9 @@ pub struct Identity {
     /// Until when the credential is valid: the earliest notAfter of the chain. SSH keys
     /// registered with it expire then.
     pub not_after: DateTime<Utc>,
+    /// A bearer token's issuer, subject and scopes, when the credential is one (`kind` is
+    /// `Token`; `fqans` are its groups).
+    pub token: Option<crate::tokens::VerifiedToken>,
 }
 
 /// Why a client certificate chain was not accepted.
@@ -396,6 +399,7 @@ impl ClientAuthenticator for GridAuthenticator {
             vos,
             fqans,
             not_after: verified.not_after,
+            token: None,
         })
     }
 

@@ -7,8 +7,9 @@
 //!
 //! Modules, from the bottom up: [`domain`] (every rule that moves a session or an image between
 //! states, pure), [`store`] (persistence), [`clock`] (injected time), [`site`] (the site as the
-//! scheduler sees it), [`keys`] (SSH public keys and their policy), [`tls`] (server TLS, client
-//! certificate → identity), [`auth`] (admins, agent and gateway tokens), [`config`] (the TOML
+//! scheduler sees it), [`keys`] (SSH public keys and their policy), [`grid_identity`] (server TLS,
+//! client certificate → identity), [`auth`] (admins, agent and gateway tokens), [`tokens`] (users' bearer
+//! tokens: WLCG and SciTokens JWTs), [`config`] (the TOML
 //! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds), [`freeze_watch`]
 //! (freezes that cannot finish) and [`retention`] (ended jobs and closed connections pruned); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
 //! the long-polls of agents and people); [`replicas`] (several managers on one PostgreSQL
@@ -47,6 +48,7 @@ pub mod server;
 pub mod site;
 pub mod store;
 pub mod targets;
+pub mod tokens;
 
 use std::sync::Arc;
 
@@ -80,6 +82,8 @@ pub struct Prepared {
     pub tokens: AgentTokens,
     /// `None` when `gateway_token_file` is not set.
     pub gateway_token: Option<GatewayToken>,
+    /// The bearer token issuers of `[[token_issuers]]` (none: certificates only).
+    pub bearer: tokens::TokenVerifier,
 }
 
 /// Loads the TLS material, the CA directory, the agent tokens and the gateway token named by
@@ -129,12 +133,14 @@ pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
             None
         }
     };
+    let bearer = tokens::TokenVerifier::new(&config.token_issuers).map_err(anyhow::Error::msg)?;
     Ok(Prepared {
         config,
         tls: Arc::new(tls),
         authenticator,
         tokens,
         gateway_token,
+        bearer,
     })
 }
 
@@ -183,6 +189,7 @@ impl Manager {
             authenticator,
             tokens,
             gateway_token,
+            bearer,
         } = self.prepared;
         let opened = self.store;
         let store = opened.shared();
@@ -340,6 +347,7 @@ impl Manager {
             config: Arc::new(config),
             tokens: Arc::new(tokens),
             gateway_token: gateway_token.map(Arc::new),
+            bearer: Arc::new(bearer),
             clock: self.clock,
             wake,
             scheduler,

@@ -2315,8 +2315,8 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
     assert_eq!(
         message(&body),
         format!(
-            "key {KEY_A_FP} expired at {} with the certificate it was registered with: renew \
-             your proxy (voms-proxy-init) and run `devctl key add` again",
+            "key {KEY_A_FP} expired at {} with the proxy or certificate it was registered with: \
+             renew your proxy (voms-proxy-init) and run `devctl key add` again",
             site.short_expiry.format("%Y-%m-%d %H:%M:%S UTC")
         )
     );

@@ -1,6 +1,7 @@
-//! Who is calling, as axum extractors: a user by TLS client certificate ([`CurrentUser`]), an
-//! agent by its node's bearer token ([`AgentNode`]), the SSH gateway by its own bearer token
-//! ([`GatewayCaller`]); anything else is refused with 401 saying what to set. A user an admin
+//! Who is calling, as axum extractors: a user by TLS client certificate or, without one, by a
+//! bearer token of a trusted issuer ([`CurrentUser`]; the token must grant the request's
+//! [`Right`]), an agent by its node's bearer token ([`AgentNode`]), the SSH gateway by its own
+//! bearer token ([`GatewayCaller`]); anything else is refused with 401 saying what to set. A user an admin
 //! removed is refused with 403 saying how to be re-admitted; so is a certificate the site's
 //! `[policy]` does not admit, before any user record is made for it.
 //!
@@ -15,22 +16,39 @@ use ongrid_core::NodeName;
 pub use crate::app::caller::{Admin, CurrentUser};
 use crate::app::{ApiError, AppState};
 use crate::auth::Peer;
+use crate::tokens::Right;
 
 impl FromRequestParts<AppState> for CurrentUser {
     type Rejection = ApiError;
 
+    /// The certificate of the connection when there is one (a bearer token beside it is not
+    /// looked at), else the bearer token.
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let identity = parts
+        if let Some(identity) = parts
             .extensions
             .get::<Peer>()
             .and_then(|peer| peer.identity.as_ref())
-            .ok_or_else(|| {
-                ApiError::unauthenticated(
-                    "this route needs your grid certificate: connect with a TLS client \
-                     certificate (or proxy) issued by a CA the site trusts",
-                )
-            })?;
-        Self::for_identity(state, identity).await
+        {
+            return Self::for_identity(state, identity).await;
+        }
+        if parts.headers.contains_key(AUTHORIZATION) {
+            let token = bearer(
+                parts,
+                "",
+                "token from your issuer (oidc-token ACCOUNT, htgettoken)",
+            )?;
+            let right = Right::for_request(&parts.method, parts.uri.path());
+            return Self::for_token(state, token, &[right]).await;
+        }
+        let tokens = if state.bearer.accepts_tokens() {
+            ", or a bearer token of an issuer the site trusts (Authorization: Bearer)"
+        } else {
+            ""
+        };
+        Err(ApiError::unauthenticated(format!(
+            "this route needs your grid certificate: connect with a TLS client certificate (or \
+             proxy) issued by a CA the site trusts{tokens}"
+        )))
     }
 }
 

@@ -66,9 +66,9 @@ pub async fn authorize(
         // The login name is the client's, unchecked: `?` escapes it, so it cannot forge a line.
         tracing::info!(source = %check.source, login = ?check.login, %fingerprint, user = %key.user_name, expired_at = %key.expires_at, "SSH key refused: expired.");
         return Err(ApiError::unauthenticated(format!(
-            "key {fingerprint} expired at {} with the certificate it was registered with: \
-             renew your proxy (voms-proxy-init) and run `devctl key add` again",
-            utc(key.expires_at)
+            "key {fingerprint} expired at {} with {}",
+            utc(key.expires_at),
+            renewal(&key)
         ))
         .already_logged());
     }
@@ -147,6 +147,19 @@ pub async fn check_keys(
     Ok(Json(RevokedKeys { revoked }))
 }
 
+/// What an expired key was registered with, and how to renew it.
+fn renewal(key: &KeyRecord) -> String {
+    match &key.token_issuer {
+        Some(issuer) => format!(
+            "the bearer token ({issuer}) it was registered with: get a new token (oidc-token \
+             ACCOUNT, or htgettoken) and run `devctl key add` again"
+        ),
+        None => "the proxy or certificate it was registered with: renew your proxy \
+                 (voms-proxy-init) and run `devctl key add` again"
+            .to_owned(),
+    }
+}
+
 /// Whether `key`, held by an open connection, still lets its owner in, as `record` (the key's
 /// registration now, if any) says at `now`; the revocation with the user's message if not.
 /// `removed`: the owner's removal by an admin, which took the key with it (adding a key again
@@ -162,10 +175,10 @@ pub fn revocation(
         Some(record) if record.owner == key.owner => {
             let at = record.expires_at;
             let message = format!(
-                "your SSH key {} expired at {} with the proxy or certificate it was registered \
-                 with: run voms-proxy-init and `devctl key add` again",
+                "your SSH key {} expired at {} with {}",
                 key.fingerprint,
-                utc(at)
+                utc(at),
+                renewal(record)
             );
             Some(RevokedKey {
                 key,

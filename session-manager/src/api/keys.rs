@@ -1,7 +1,9 @@
 //! Routes for users' SSH public keys: `devctl key add | ls | rm`.
 //!
 //! A key is bound to the DN of the certificate the caller presented and expires with it (the
-//! earliest notAfter of its chain), so a grid proxy's lifetime bounds SSH access too. A limited
+//! earliest notAfter of its chain), so a grid proxy's lifetime bounds SSH access too. A key
+//! registered with a bearer token expires with the token, or, when the site sets its issuer's
+//! `key_lifetime`, that long after it was registered (tokens live minutes to hours). A limited
 //! proxy may list and remove keys but not add one, unless the config's
 //! `limited_proxies_may_register_keys` allows it: SSH access is a way to start processes, which
 //! a limited proxy is meant not to grant. Adding a key the caller already
@@ -35,20 +37,27 @@ pub async fn add_key(
     }
     let key = SshPublicKey::parse_for_registration(&body.public_key)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let now = state.clock.now();
+    let token = caller.identity.token.as_ref();
+    let expires_at = match token.and_then(|token| token.key_lifetime) {
+        Some(lifetime) => now + chrono::Duration::from_std(lifetime).unwrap_or_default(),
+        None => caller.not_after,
+    };
     let new = NewKey {
         fingerprint: key.fingerprint.clone(),
         owner: caller.user.dn.clone(),
         algorithm: key.algorithm,
         public_key: key.openssh,
         comment: key.comment,
-        at: state.clock.now(),
-        expires_at: caller.not_after,
+        at: now,
+        expires_at,
         fqans: caller
             .identity
             .fqans
             .iter()
             .map(ToString::to_string)
             .collect(),
+        token_issuer: token.map(|token| token.issuer_name.clone()),
     };
     let user = &caller.user.user_name;
     match state.store.add_key(new, MAX_KEYS_PER_USER).await {

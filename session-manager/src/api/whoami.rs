@@ -1,8 +1,8 @@
 //! `GET /v1/whoami`: the caller as the manager sees them (DN, login, UID, admin, credential,
-//! accounting group). A caller the site does not admit gets the 403 that says what is needed.
+//! accounting group; a bearer token's issuer, subject, groups and scopes). A caller the site does not admit gets the 403 that says what is needed.
 
 use axum::Json;
-use ongrid_core::api::WhoAmI;
+use ongrid_core::api::{TokenInfo, WhoAmI};
 
 use super::callers::CurrentUser;
 
@@ -23,6 +23,11 @@ pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
         not_after: Some(caller.not_after),
         group: Some(caller.admitted.group.to_string()),
         admitted_by: Some(caller.admitted.rule),
-        token: None,
+        token: caller.identity.token.map(|token| TokenInfo {
+            issuer: token.issuer,
+            subject: token.subject,
+            groups: token.groups.iter().map(ToString::to_string).collect(),
+            scopes: token.scopes,
+        }),
     })
 }

@@ -1,17 +1,24 @@
 //! Who asks: [`CurrentUser`], a person authenticated by a grid credential (a TLS client
-//! certificate on the API, or the one a dashboard login was made with), with their stored login
-//! and UID, whether they are an admin, and the site's admission of them. The transports make it
-//! (the API's extractor in `crate::api::callers`, the dashboard's `Viewer`); every use case takes
-//! it.
+//! certificate on the API, a bearer token of a trusted issuer, or the credential a dashboard
+//! login was made with), with their stored login and UID, whether they are an admin, and the
+//! site's admission of them. The transports make it (the API's extractor in
+//! `crate::api::callers`, the dashboard's `Viewer`); every use case takes it.
+//!
+//! A bearer token's user ([`CurrentUser::for_token`]) is the user of the DN an admin linked its
+//! issuer and subject to, or else a DN of its own, `/O=ongrid token/OU=<issuer name>/CN=<sub>`
+//! (see [`token_user_dn`]); its groups count as FQANs, and each request needs the scope of its
+//! [`Right`].
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::CredentialKind;
+use ongrid_core::Dn;
 
 use super::{ApiError, AppState};
 use crate::domain::policy::Admitted;
 use crate::domain::users;
 use crate::grid_identity::Identity;
 use crate::store::UserRecord;
+use crate::tokens::{Right, VerifiedToken};
 
 /// A user authenticated by certificate, with their stored login and UID.
 #[derive(Debug, Clone)]
@@ -57,6 +64,59 @@ impl CurrentUser {
         })
     }
 
+    /// The user of the bearer `token`, which must grant `rights`: 401 when the token is refused,
+    /// 403 when it lacks a scope, each saying what to do.
+    pub async fn for_token(
+        state: &AppState,
+        token: &str,
+        rights: &[Right],
+    ) -> Result<Self, ApiError> {
+        let verified = state
+            .bearer
+            .verify(token, state.clock.now())
+            .await
+            .map_err(|error| {
+                if error.is_forbidden() {
+                    ApiError::forbidden(error.to_string())
+                } else {
+                    ApiError::unauthenticated(error.to_string())
+                }
+            })?;
+        let missing = verified.missing(rights);
+        if !missing.is_empty() {
+            return Err(ApiError::forbidden(format!(
+                "the bearer token of {} ({}) lacks the scope {} this request needs: get a token                  with it (oidc-token --scope \"{}\" ACCOUNT)",
+                verified.subject,
+                verified.issuer_name,
+                missing.join(" and "),
+                missing.join(" ")
+            )));
+        }
+        let dn = match state
+            .store
+            .token_link(&verified.issuer, &verified.subject)
+            .await?
+        {
+            Some(dn) => dn,
+            None => token_user_dn(&verified),
+        };
+        let mut vos: Vec<String> = Vec::new();
+        for group in &verified.groups {
+            if !vos.iter().any(|vo| vo == group.vo()) {
+                vos.push(group.vo().to_owned());
+            }
+        }
+        let identity = Identity {
+            dn,
+            kind: CredentialKind::Token,
+            vos,
+            fqans: verified.groups.clone(),
+            not_after: verified.expires_at,
+            token: Some(verified),
+        };
+        Self::for_identity(state, &identity).await
+    }
+
     /// Only admins may do `what` (like "remove users"): 403 for the others.
     pub fn require_admin(&self, what: &str) -> Result<Admin, ApiError> {
         self.admin_or(|| {
@@ -79,6 +139,26 @@ impl CurrentUser {
     pub fn is_limited(&self) -> bool {
         self.identity.kind == CredentialKind::Limited
     }
+}
+
+/// The DN of the user of a token whose identity no admin linked: `/O=ongrid token/OU=<issuer
+/// name>/CN=<subject>`, the subject's characters other than letters, digits and `.-_@`
+/// percent-encoded (a `/` would end the component). A CA trusted by the site could issue a
+/// certificate with this DN, as it could any other: the site's CAs are trusted for every name.
+pub fn token_user_dn(token: &VerifiedToken) -> Dn {
+    let mut subject = String::with_capacity(token.subject.len());
+    for byte in token.subject.bytes() {
+        if byte.is_ascii_alphanumeric() || b".-_@".contains(&byte) {
+            subject.push(char::from(byte));
+        } else {
+            subject.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Dn::from_components([
+        ("O", "ongrid token"),
+        ("OU", token.issuer_name.as_str()),
+        ("CN", subject.as_str()),
+    ])
 }
 
 /// Proof that the caller is an admin, made only by [`CurrentUser::admin_or`] (and

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use super::caller::CurrentUser;
 use super::{ApiError, AppState};
 use crate::store::DashboardIdentity;
+use crate::tokens::Right;
 
 /// How long a login link printed by `devctl dashboard` may be used.
 pub const LINK_LIFETIME: TimeDelta = TimeDelta::minutes(5);
@@ -28,7 +29,8 @@ pub fn digest(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// A single-use login link for the caller. A limited proxy may only read, so it gets none.
+/// A single-use login link for the caller. A limited proxy may only read, so it gets none; a
+/// bearer token needs every `compute.*` scope, since the dashboard does all of it.
 pub async fn create_link(
     state: &AppState,
     caller: &CurrentUser,
@@ -39,6 +41,18 @@ pub async fn create_link(
              proxy (grid-proxy-init or voms-proxy-init without -limited) and run devctl \
              dashboard again",
         ));
+    }
+    if let Some(token) = &caller.identity.token {
+        let missing = token.missing(&Right::ALL);
+        if !missing.is_empty() {
+            return Err(ApiError::forbidden(format!(
+                "the dashboard reads, creates, changes and removes, so a login with a bearer \
+                 token needs all of compute.read, compute.create, compute.modify and \
+                 compute.cancel; this token lacks {}: get one with them (oidc-token --scope \
+                 \"compute.read compute.create compute.modify compute.cancel\" ACCOUNT)",
+                missing.join(", ")
+            )));
+        }
     }
     let token = random_token();
     let now = state.clock.now();

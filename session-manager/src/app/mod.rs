@@ -56,6 +56,8 @@ pub struct AppState {
     pub tokens: Arc<AgentTokens>,
     /// `None` when the config has no `gateway_token_file`: gateway routes answer 401.
     pub gateway_token: Option<Arc<GatewayToken>>,
+    /// Users' bearer tokens, from the issuers of `[[token_issuers]]`.
+    pub bearer: Arc<crate::tokens::TokenVerifier>,
     pub clock: Arc<dyn Clock>,
     /// Wakes the scheduling loop.
     pub wake: Arc<Notify>,

@@ -162,6 +162,7 @@ impl FromRequestParts<AppState> for Viewer {
                         .filter_map(|fqan| Fqan::parse(fqan).ok())
                         .collect(),
                     not_after: login.expires_at,
+                    token: None,
                 };
                 let caller = CurrentUser::for_identity(state, &identity).await?;
                 return Ok(Self {

@@ -213,6 +213,20 @@ pub struct KeyRecord {
     /// login re-checks against the site's admission; `None` for keys registered before the
     /// store kept them (migration 0019).
     pub fqans: Option<Vec<String>>,
+    /// The issuer (config name) of the bearer token it was (last) registered with; `None`: a
+    /// certificate or proxy.
+    pub token_issuer: Option<String>,
+}
+
+/// A token identity an admin linked to a user (`devctl admin user link`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenLink {
+    /// The issuer's `iss` URL.
+    pub issuer: String,
+    pub subject: String,
+    /// The user its tokens act as.
+    pub dn: Dn,
+    pub linked_at: DateTime<Utc>,
 }
 
 /// A key to bind to `owner`, registered at `at`.
@@ -227,6 +241,8 @@ pub struct NewKey {
     pub expires_at: DateTime<Utc>,
     /// The verified FQANs of the credential registering it.
     pub fqans: Vec<String>,
+    /// The issuer (config name) of the bearer token registering it; `None`: a certificate.
+    pub token_issuer: Option<String>,
 }
 
 /// What [`Store::add_key`] did.
@@ -272,6 +288,28 @@ pub trait Store: Send + Sync {
     /// Makes this database a new copy of its store (after a restore from a backup): its
     /// generation one above its own, or `at_least` when that is higher. The identity after.
     fn mark_restored(&self, at_least: Option<u64>) -> BoxFuture<'_, StoreResult<StoreIdentity>>;
+
+    /// The DN whose user the tokens of `issuer` (its `iss` URL) and `subject` act as, when an
+    /// admin linked them.
+    fn token_link<'a>(
+        &'a self,
+        issuer: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, StoreResult<Option<Dn>>>;
+
+    /// Links the tokens of `issuer` and `subject` to the user of `dn` (replacing a link they
+    /// had); `false` when that user was removed or never used the site.
+    fn link_token<'a>(&'a self, link: &'a TokenLink) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Removes the link of `issuer` and `subject`; the removed link, if there was one.
+    fn unlink_token<'a>(
+        &'a self,
+        issuer: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, StoreResult<Option<TokenLink>>>;
+
+    /// Every link, by DN then issuer and subject.
+    fn token_links(&self) -> BoxFuture<'_, StoreResult<Vec<TokenLink>>>;
 
     /// The user record of `dn`, created on first sight with a login name derived from the DN
     /// (made unique with `-2`, `-3`, ...) and the next UID from `first_uid` upward.

@@ -699,6 +699,7 @@ fn new_key(owner: &Dn, n: u8, at: DateTime<Utc>, expires_at: DateTime<Utc>) -> N
         at,
         expires_at,
         fqans: vec!["/atlas/Role=NULL/Capability=NULL".to_owned()],
+        token_issuer: None,
     }
 }
 

@@ -96,7 +96,7 @@ async fn the_gateway_learns_which_keys_of_open_connections_were_removed_or_expir
         revoked.message.contains("expired at")
             && revoked
                 .message
-                .ends_with("run voms-proxy-init and `devctl key add` again"),
+                .ends_with("renew your proxy (voms-proxy-init) and run `devctl key add` again"),
         "{}",
         revoked.message
     );

@@ -18,7 +18,8 @@ use crate::store::{
 
 pub(super) const KEY_COLUMNS: &str =
     "k.fingerprint, k.owner, u.user_name, k.algorithm, k.public_key, \
-     k.comment, k.added_at, k.expires_at, k.fqans FROM ssh_keys k JOIN users u ON u.dn = k.owner";
+     k.comment, k.added_at, k.expires_at, k.fqans, k.token_issuer FROM ssh_keys k JOIN users u \
+     ON u.dn = k.owner";
 
 const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute, c.session_id, \
      s.name AS session_name, c.opened_at, c.closed_at, c.bytes_in, c.bytes_out, c.close_reason \
@@ -40,12 +41,13 @@ impl SqlStore {
         let renewed = match existing {
             Some(owner) if owner == key.owner.as_str() => {
                 sqlx::query(
-                    "UPDATE ssh_keys SET expires_at = $1, comment = $2, fqans = $3 WHERE \
-                     fingerprint = $4",
+                    "UPDATE ssh_keys SET expires_at = $1, comment = $2, fqans = $3, \
+                     token_issuer = $4 WHERE fingerprint = $5",
                 )
                 .bind(timestamp(key.expires_at))
                 .bind(&key.comment)
                 .bind(to_json(&key.fqans)?)
+                .bind(key.token_issuer.as_deref())
                 .bind(&key.fingerprint)
                 .execute(&mut *tx)
                 .await?;
@@ -67,7 +69,8 @@ impl SqlStore {
                 }
                 sqlx::query(
                     "INSERT INTO ssh_keys (fingerprint, owner, algorithm, public_key, comment, \
-                     added_at, expires_at, fqans) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                     added_at, expires_at, fqans, token_issuer) VALUES ($1, $2, $3, $4, $5, $6, \
+                     $7, $8, $9)",
                 )
                 .bind(&key.fingerprint)
                 .bind(key.owner.as_str())
@@ -77,6 +80,7 @@ impl SqlStore {
                 .bind(timestamp(key.at))
                 .bind(timestamp(key.expires_at))
                 .bind(to_json(&key.fqans)?)
+                .bind(key.token_issuer.as_deref())
                 .execute(&mut *tx)
                 .await?;
                 false
@@ -360,6 +364,7 @@ pub(super) fn key_from_row(row: &DbRow) -> StoreResult<KeyRecord> {
             .try_get::<Option<String>, _>("fqans")?
             .map(|fqans| from_json(&fqans, "key's FQANs"))
             .transpose()?,
+        token_issuer: row.try_get("token_issuer")?,
     })
 }
 

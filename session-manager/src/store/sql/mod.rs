@@ -341,6 +341,33 @@ impl Store for SqlStore {
         Box::pin(self.mark_restored_impl(at_least))
     }
 
+    fn token_link<'a>(
+        &'a self,
+        issuer: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, StoreResult<Option<Dn>>> {
+        Box::pin(self.token_link_impl(issuer, subject))
+    }
+
+    fn link_token<'a>(
+        &'a self,
+        link: &'a crate::store::TokenLink,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.link_token_impl(link))
+    }
+
+    fn unlink_token<'a>(
+        &'a self,
+        issuer: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, StoreResult<Option<crate::store::TokenLink>>> {
+        Box::pin(self.unlink_token_impl(issuer, subject))
+    }
+
+    fn token_links(&self) -> BoxFuture<'_, StoreResult<Vec<crate::store::TokenLink>>> {
+        Box::pin(self.token_links_impl())
+    }
+
     fn gpu_policy(&self) -> &dyn crate::store::gpu_policy::GpuPolicyStore {
         self
     }
@@ -1092,5 +1119,6 @@ mod identity;
 mod images;
 mod jobs;
 mod nodes;
+mod token_links;
 mod usage;
 mod users;
