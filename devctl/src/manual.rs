@@ -85,7 +85,13 @@ mod tests {
 
     #[test]
     fn bash_completion_completes_commands_and_their_flags() {
-        let script = run(|term| completions(&CompletionsArgs { shell: Shell::Bash }, Cli::command(), term));
+        let script = run(|term| {
+            completions(
+                &CompletionsArgs { shell: Shell::Bash },
+                Cli::command(),
+                term,
+            )
+        });
         assert!(script.contains("complete -F _devctl"), "{script}");
         // Subcommands two levels down, and their flags, come from the clap definition.
         for word in ["session", "admin", "institute", "--share", "--manager-url"] {
@@ -98,9 +104,16 @@ mod tests {
 
     #[test]
     fn zsh_and_fish_completions_name_the_commands() {
-        let zsh = run(|term| completions(&CompletionsArgs { shell: Shell::Zsh }, Cli::command(), term));
+        let zsh =
+            run(|term| completions(&CompletionsArgs { shell: Shell::Zsh }, Cli::command(), term));
         assert!(zsh.starts_with("#compdef devctl"), "{zsh}");
-        let fish = run(|term| completions(&CompletionsArgs { shell: Shell::Fish }, Cli::command(), term));
+        let fish = run(|term| {
+            completions(
+                &CompletionsArgs { shell: Shell::Fish },
+                Cli::command(),
+                term,
+            )
+        });
         assert!(fish.contains("complete -c devctl"), "{fish}");
         assert!(fish.contains("session"), "{fish}");
     }
@@ -114,6 +127,7 @@ mod tests {
                 &ManpagesArgs {
                     dir: target.clone(),
                 },
+                Cli::command(),
                 term,
             )
         });
