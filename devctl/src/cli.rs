@@ -25,6 +25,11 @@ const AFTER_HELP: &str = "\
 Settings, strongest first: flags, then environment variables, then the config file
 ~/.config/ongrid/devctl.toml (keys manager_url, cert, key, ca_dir), then the grid defaults.
 
+Credential: a bearer token if one is found (WLCG Bearer Token Discovery: BEARER_TOKEN, then
+BEARER_TOKEN_FILE, then $XDG_RUNTIME_DIR/bt_u<uid>, then /tmp/bt_u<uid>), unless --cert is
+given; else the certificate or proxy. Get a token with oidc-agent
+(oidc-token ACCOUNT > $XDG_RUNTIME_DIR/bt_u$(id -u)) or htgettoken.
+
 Environment:
   ONGRID_MANAGER_URL    the manager, like https://manager.example.org:8443 (its replicas:
                         several, separated by commas)
@@ -33,12 +38,16 @@ Environment:
   X509_USER_PROXY       grid proxy (certificate and key in one file);
                         default /tmp/x509up_u<uid>, as voms-proxy-init writes it
   X509_CERT_DIR         trusted CAs (<hash>.0 or *.pem files);
-                        default /etc/grid-security/certificates";
+                        default /etc/grid-security/certificates
+  BEARER_TOKEN          a bearer token (JWT) itself
+  BEARER_TOKEN_FILE     a file holding the bearer token (mode 0600)
+  XDG_RUNTIME_DIR       where bt_u<uid> holds the bearer token";
 
 /// devctl: develop on the grid's GPUs.
 ///
 /// Ask the site's ongrid manager for an interactive development session on a GPU, see where it
-/// runs, and remove it when done. devctl authenticates with your grid certificate or proxy.
+/// runs, and remove it when done. devctl authenticates with your bearer token (WLCG, SciTokens)
+/// when it finds one, else with your grid certificate or proxy.
 #[derive(Debug, Parser)]
 #[command(name = "devctl", version, after_help = AFTER_HELP)]
 pub struct Cli {
@@ -58,7 +67,8 @@ pub struct GlobalArgs {
     /// manager_url in the config file]
     #[arg(long, global = true, help_heading = "Settings", value_name = "URL")]
     pub manager_url: Option<String>,
-    /// Certificate or proxy file (PEM) [default: $X509_USER_CERT, $X509_USER_PROXY, cert in the
+    /// Certificate or proxy file (PEM); given, devctl uses it even when it finds a bearer token
+    /// [default: a bearer token if found, else $X509_USER_CERT, $X509_USER_PROXY, cert in the
     /// config file, /tmp/x509up_u$UID]
     #[arg(long, global = true, help_heading = "Settings", value_name = "FILE")]
     pub cert: Option<PathBuf>,
@@ -92,7 +102,8 @@ impl GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show who the manager takes you for: DN, login name, uid, admin, and your credential:
-    /// certificate or proxy (impersonation, limited, independent), VO and FQANs, time left
+    /// certificate or proxy (impersonation, limited, independent), VO and FQANs, or bearer
+    /// token (where devctl found it, issuer, subject, groups, scopes), time left
     Whoami(JsonArgs),
     /// Create, list, show and remove development sessions
     #[command(subcommand)]
@@ -101,8 +112,8 @@ pub enum Command {
     Gpus(JsonArgs),
     /// Register, list and remove the SSH public keys that reach your sessions
     ///
-    /// A key is bound to the identity of your certificate or proxy and expires with it: after a
-    /// new proxy, run devctl key add again.
+    /// A key is bound to the identity of your certificate, proxy or bearer token and expires with
+    /// it: after a new proxy or token, run devctl key add again.
     #[command(subcommand)]
     Key(KeyCommand),
     /// Freeze a session into an immutable Apptainer SIF image and a matching Docker image

@@ -1,6 +1,7 @@
-//! The HTTPS client of the manager's API, presenting the user's certificate or proxy, and the
+//! The HTTPS client of the manager's API, presenting the user's certificate or proxy, or
+//! sending the user's bearer token (`Authorization: Bearer`, no client certificate), and the
 //! mapping of every failure to one line that says what to do: manager unreachable, certificate
-//! refused, manager's certificate not trusted, or the API's own error message.
+//! or token refused, manager's certificate not trusted, or the API's own error message.
 //!
 //! The routes themselves are called by the command that uses them (`session`, `key`, ...), as
 //! `client.get("v1/sessions").all(all).send().await`; routes and bodies are those listed in
@@ -19,9 +20,11 @@ use rustls::{AlertDescription, CertificateError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::config::Settings;
+use crate::config::{Credential, Settings};
 use crate::credentials::{self, TlsSetupError, UserCertificate};
 use crate::format::format_time;
+use crate::token::{BearerToken, TokenError};
+use ongrid_service::Token;
 
 /// How long to wait for the TCP connection and TLS handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,6 +38,8 @@ const CONFIG_HINT: &str = "set ONGRID_MANAGER_URL or manager_url in ~/.config/on
 pub enum ClientError {
     #[error(transparent)]
     Setup(#[from] TlsSetupError),
+    #[error(transparent)]
+    Token(#[from] TokenError),
     #[error("cannot set up the HTTPS client: {0}")]
     Build(String),
     #[error("cannot reach the manager at {url} ({cause}): is it running? ({CONFIG_HINT})")]
@@ -64,6 +69,19 @@ pub enum ClientError {
         code: String,
         message: String,
     },
+    /// A 401 or 403 to a call with a bearer token: the manager's message, after where the
+    /// token came from (`token_source`: `BEARER_TOKEN_FILE /run/user/1000/bt_u1000`).
+    #[error("the manager refused the bearer token from {token_source}: {message}")]
+    TokenRefused {
+        token_source: String,
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The manager wants a client certificate and so takes no bearer token (it does not accept
+    /// tokens, or not at this address).
+    #[error("the manager at {url} asked for a client certificate and took no bearer token (from {token_source}): if the site does not accept tokens, use your certificate or proxy with --cert FILE")]
+    CertificateRequired { url: String, token_source: String },
     #[error("{url} answered HTTP {status} without an ongrid error body: is it the ongrid manager? ({CONFIG_HINT})")]
     UnexpectedStatus { url: String, status: u16 },
     #[error("cannot read the manager's answer ({cause}): are devctl and the manager of the same version?")]
@@ -98,7 +116,7 @@ impl ClientError {
     /// The API error code (`not_found`, `unsatisfiable`, ...), for an API error.
     pub fn api_code(&self) -> Option<&str> {
         match self {
-            Self::Api { code, .. } => Some(code),
+            Self::Api { code, .. } | Self::TokenRefused { code, .. } => Some(code),
             _ => None,
         }
     }
@@ -110,9 +128,14 @@ pub struct ErrorContext {
     /// The manager's URL as the user wrote it (no trailing `/`).
     pub manager_url: String,
     pub ca_dir: PathBuf,
-    /// The DN of the user's certificate, or its path when it cannot be parsed.
+    /// The DN of the user's certificate, or its path when it cannot be parsed; with a token,
+    /// its `sub` claim (`-` when it has none).
     pub identity: String,
-    /// The issuer of the end-entity certificate (the user's CA), when it can be read.
+    /// With a bearer token, where it came from: `BEARER_TOKEN`, `BEARER_TOKEN_FILE /path`, or
+    /// the path of the file found (`/run/user/1000/bt_u1000`).
+    pub token_source: Option<String>,
+    /// The issuer of the end-entity certificate (the user's CA), when it can be read; with a
+    /// token, its `iss` claim.
     pub issuer: Option<String>,
     pub not_after: Option<DateTime<Utc>>,
     pub request_timeout: Duration,
@@ -166,8 +189,50 @@ impl ErrorContext {
         }
     }
 
+    /// The body of a non-2xx answer as an error ([`api_error`]); with a token, a 401 or 403
+    /// names where the token came from.
+    pub fn refusal(&self, status: u16, body: &[u8]) -> ClientError {
+        match (
+            api_error(status, body, &self.manager_url),
+            &self.token_source,
+        ) {
+            (
+                ClientError::Api {
+                    status,
+                    code,
+                    message,
+                },
+                Some(token_source),
+            ) if status == 401 || status == 403 => ClientError::TokenRefused {
+                token_source: token_source.clone(),
+                status,
+                code,
+                message,
+            },
+            (other, _) => other,
+        }
+    }
+
     fn classify_tls(&self, err: &rustls::Error, now: DateTime<Utc>) -> ClientError {
         use AlertDescription as A;
+        // Without a client certificate the handshake fails only when the manager wants one.
+        if let (
+            Some(token_source),
+            rustls::Error::AlertReceived(
+                A::CertificateRequired
+                | A::HandshakeFailure
+                | A::BadCertificate
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied,
+            ),
+        ) = (&self.token_source, err)
+        {
+            return ClientError::CertificateRequired {
+                url: self.manager_url.clone(),
+                token_source: token_source.clone(),
+            };
+        }
         match err {
             rustls::Error::AlertReceived(A::UnknownCA) if self.issuer.is_some() => {
                 ClientError::UnknownCa {
@@ -273,11 +338,11 @@ pub fn api_error(status: u16, body: &[u8], manager_url: &str) -> ClientError {
     }
 }
 
-/// A client of the manager's API, presenting the user's certificate. With several managers
-/// named (the manager's replicas), a call goes to the one that answered last, and on to the
-/// next when that one cannot be reached; a read also when the one it reached went away before
-/// answering. A change that reached a manager is never sent to another: it may have been made
-/// ([`ClientError::AnswerLost`]).
+/// A client of the manager's API, presenting the user's certificate, or sending the user's
+/// bearer token with every request. With several managers named (the manager's replicas), a
+/// call goes to the one that answered last, and on to the next when that one cannot be reached;
+/// a read also when the one it reached went away before answering. A change that reached a
+/// manager is never sent to another: it may have been made ([`ClientError::AnswerLost`]).
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -285,19 +350,57 @@ pub struct Client {
     base: String,
     /// Every manager named, and the one that answered last.
     managers: Managers,
+    /// Sent as `Authorization: Bearer` with every request; `None` with a certificate.
+    bearer: Option<Token>,
     context: ErrorContext,
 }
 
 impl Client {
-    /// Reads the user's certificate and the CA directory and builds the HTTPS client.
+    /// Reads the user's certificate or bearer token and the CA directory and builds the HTTPS
+    /// client.
     pub fn new(settings: &Settings) -> Result<Self, ClientError> {
-        let cas = credentials::load_grid_cas(&settings.ca_dir);
-        let user = UserCertificate::load(&settings.credentials, cas.as_ref(), Utc::now())?;
-        // Expired, legacy and other unusable credentials are refused here, in one line, rather
-        // than by a TLS alert from the manager.
-        user.check(&settings.credentials)?;
-        let roots = credentials::load_ca_dir(&settings.ca_dir)?;
-        let tls = credentials::client_config(roots, &user, &settings.credentials)?;
+        let base = settings.manager_url.value.to_string();
+        let mut context = ErrorContext {
+            manager_url: base.trim_end_matches('/').to_owned(),
+            ca_dir: settings.ca_dir.value.clone(),
+            identity: String::new(),
+            token_source: None,
+            issuer: None,
+            not_after: None,
+            request_timeout: REQUEST_TIMEOUT,
+        };
+        let (tls, bearer) = match &settings.credential {
+            Credential::Certificate(certificate) => {
+                let cas = credentials::load_grid_cas(&settings.ca_dir);
+                let user = UserCertificate::load(certificate, cas.as_ref(), Utc::now())?;
+                // Expired, legacy and other unusable credentials are refused here, in one
+                // line, rather than by a TLS alert from the manager.
+                user.check(certificate)?;
+                let roots = credentials::load_ca_dir(&settings.ca_dir)?;
+                let tls = credentials::client_config(roots, &user, certificate)?;
+                context.identity = user
+                    .identity
+                    .clone()
+                    .unwrap_or_else(|| certificate.cert.display().to_string());
+                context.issuer = user.issuer.clone();
+                context.not_after = user.not_after;
+                (tls, None)
+            }
+            Credential::Token(source) => {
+                // Empty, malformed and expired tokens are refused here, naming their source.
+                let token = BearerToken::load(source, Utc::now())?;
+                let roots = credentials::load_ca_dir(&settings.ca_dir)?;
+                context.identity = token
+                    .claims
+                    .subject
+                    .clone()
+                    .unwrap_or_else(|| "-".to_owned());
+                context.issuer = token.claims.issuer.clone();
+                context.not_after = token.claims.expires_at;
+                context.token_source = Some(token.source.to_string());
+                (credentials::token_client_config(roots)?, Some(token.token))
+            }
+        };
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .https_only(true)
@@ -306,26 +409,15 @@ impl Client {
             .user_agent(concat!("devctl/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|err| ClientError::Build(err.to_string()))?;
-        let base = settings.manager_url.value.to_string();
         let urls: Vec<Url> = std::iter::once(settings.manager_url.value.clone())
             .chain(settings.other_managers.iter().cloned())
             .collect();
         let managers = Managers::new(&urls).map_err(|err| ClientError::Build(err.to_string()))?;
-        let context = ErrorContext {
-            manager_url: base.trim_end_matches('/').to_owned(),
-            ca_dir: settings.ca_dir.value.clone(),
-            identity: user
-                .identity
-                .clone()
-                .unwrap_or_else(|| settings.credentials.cert.display().to_string()),
-            issuer: user.issuer.clone(),
-            not_after: user.not_after,
-            request_timeout: REQUEST_TIMEOUT,
-        };
         Ok(Self {
             http,
             base,
             managers,
+            bearer,
             context,
         })
     }
@@ -356,9 +448,14 @@ impl Client {
 
     fn request(&self, method: Method, path: &str) -> Request<'_> {
         let change = method != Method::GET;
+        let mut builder = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = &self.bearer {
+            // Marked sensitive by reqwest, so it is never printed.
+            builder = builder.bearer_auth(token.expose());
+        }
         Request {
             client: self,
-            builder: self.http.request(method, format!("{}{path}", self.base)),
+            builder,
             lost: change.then(|| LOST_CHANGE.to_owned()),
             keyed: false,
         }
@@ -384,10 +481,12 @@ impl Client {
                     .collect::<Vec<_>>(),
             )
             .expect("managers"),
+            bearer: None,
             context: ErrorContext {
                 manager_url: base.trim_end_matches('/').to_owned(),
                 ca_dir: PathBuf::new(),
                 identity: String::new(),
+                token_source: None,
                 issuer: None,
                 not_after: None,
                 request_timeout: REQUEST_TIMEOUT,
@@ -502,7 +601,7 @@ impl Request<'_> {
         let status = response.status();
         let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {
-            return Err(api_error(status.as_u16(), &body, &context.manager_url));
+            return Err(context.refusal(status.as_u16(), &body));
         }
         let body = serde_json::from_slice(&body).map_err(|err| ClientError::BadBody {
             cause: err.to_string(),
@@ -549,6 +648,7 @@ mod tests {
             manager_url: "https://manager.example.org:8443".to_owned(),
             ca_dir: PathBuf::from("/etc/grid-security/certificates"),
             identity: "/DC=org/DC=example/CN=Alice Smith".to_owned(),
+            token_source: None,
             issuer: None,
             not_after: DateTime::from_timestamp(1_800_000_000, 0),
             request_timeout: REQUEST_TIMEOUT,
@@ -723,6 +823,67 @@ mod tests {
                 message: "no session train1".into()
             }
         );
+    }
+
+    /// With a token, the manager's 401 and 403 name where the token came from; other errors,
+    /// and every error with a certificate, are the manager's message alone.
+    #[test]
+    fn refusals_of_a_token_name_its_source() {
+        let body = br#"{"error":{"code":"unauthenticated","message":"the token expired at 2026-11-21 10:00:00Z"}}"#;
+        let token = ErrorContext {
+            token_source: Some("BEARER_TOKEN_FILE /run/user/1000/bt_u1000".to_owned()),
+            ..context()
+        };
+        for status in [401, 403] {
+            let err = token.refusal(status, body);
+            assert_eq!(err.api_code(), Some("unauthenticated"));
+            assert_eq!(
+                err.to_string(),
+                "the manager refused the bearer token from BEARER_TOKEN_FILE \
+                 /run/user/1000/bt_u1000: the token expired at 2026-11-21 10:00:00Z"
+            );
+            assert_eq!(
+                context().refusal(status, body).to_string(),
+                "the token expired at 2026-11-21 10:00:00Z"
+            );
+        }
+        assert!(matches!(token.refusal(404, body), ClientError::Api { .. }));
+        assert!(matches!(
+            token.refusal(401, b"<html>"),
+            ClientError::UnexpectedStatus { .. }
+        ));
+    }
+
+    /// A manager that wants a client certificate fails the handshake of a token's connection,
+    /// which has none: devctl says so and names --cert, not "your certificate".
+    #[test]
+    fn a_manager_that_wants_a_certificate_says_so_to_a_token() {
+        let token = ErrorContext {
+            token_source: Some("BEARER_TOKEN".to_owned()),
+            ..context()
+        };
+        for alert in [
+            AlertDescription::CertificateRequired,
+            AlertDescription::HandshakeFailure,
+        ] {
+            let io = wrapped(rustls::Error::AlertReceived(alert));
+            assert_eq!(
+                token
+                    .classify(&io, true, false, before_expiry())
+                    .to_string(),
+                "the manager at https://manager.example.org:8443 asked for a client certificate \
+                 and took no bearer token (from BEARER_TOKEN): if the site does not accept \
+                 tokens, use your certificate or proxy with --cert FILE"
+            );
+        }
+        // The manager's own certificate is still checked.
+        let io = wrapped(rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer,
+        ));
+        assert!(matches!(
+            token.classify(&io, true, false, before_expiry()),
+            ClientError::ServerUntrusted { .. }
+        ));
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! Where devctl finds the manager, the user's certificate and the CAs to trust.
+//! Where devctl finds the manager, the user's credential and the CAs to trust.
+//!
+//! The credential is a bearer token when WLCG Bearer Token Discovery finds one (`BEARER_TOKEN`,
+//! `BEARER_TOKEN_FILE`, `$XDG_RUNTIME_DIR/bt_u<uid>`, `/tmp/bt_u<uid>`, the first that is set or
+//! exists), unless `--cert` asks for the certificate; else the certificate or proxy, as below.
 //!
 //! Each setting comes from the strongest source that has it: a command-line flag, then an
 //! environment variable, then the config file (`~/.config/ongrid/devctl.toml`, or the file named
@@ -13,8 +17,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use ongrid_service::Token;
 use reqwest::Url;
 use serde::Deserialize;
+
+use crate::token::TokenSource;
 
 /// The manager's URL.
 pub const ENV_MANAGER_URL: &str = "ONGRID_MANAGER_URL";
@@ -28,6 +35,12 @@ pub const ENV_USER_KEY: &str = "X509_USER_KEY";
 pub const ENV_USER_PROXY: &str = "X509_USER_PROXY";
 /// The directory of trusted CAs (`<hash>.0` PEM files).
 pub const ENV_CERT_DIR: &str = "X509_CERT_DIR";
+/// A bearer token itself (WLCG Bearer Token Discovery).
+pub const ENV_BEARER_TOKEN: &str = "BEARER_TOKEN";
+/// The file of a bearer token.
+pub const ENV_BEARER_TOKEN_FILE: &str = "BEARER_TOKEN_FILE";
+/// The user's runtime directory, where `bt_u<uid>` holds the bearer token.
+pub const ENV_XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
 
 /// The environment variables devctl reads. Empty values count as unset, as grid tools do.
 #[derive(Debug, Clone, Default)]
@@ -72,14 +85,21 @@ pub struct Defaults {
     /// `/tmp/x509up_u<uid>`, where `voms-proxy-init` writes the proxy; `None` when the uid is
     /// unknown.
     pub proxy_file: Option<PathBuf>,
+    /// The current user's uid, which names the token file in `$XDG_RUNTIME_DIR`.
+    pub uid: Option<u32>,
+    /// `/tmp/bt_u<uid>`, the bearer token file of last resort; `None` when the uid is unknown.
+    pub token_file: Option<PathBuf>,
     pub ca_dir: PathBuf,
 }
 
 impl Defaults {
     /// The defaults of this machine, for the current user.
     pub fn grid() -> Self {
+        let uid = current_uid();
         Self {
-            proxy_file: current_uid().map(|uid| PathBuf::from(format!("/tmp/x509up_u{uid}"))),
+            proxy_file: uid.map(|uid| PathBuf::from(format!("/tmp/x509up_u{uid}"))),
+            uid,
+            token_file: uid.map(|uid| PathBuf::from(format!("/tmp/bt_u{uid}"))),
             ca_dir: PathBuf::from("/etc/grid-security/certificates"),
         }
     }
@@ -155,6 +175,15 @@ pub struct Setting<T> {
     pub origin: Origin,
 }
 
+/// What devctl authenticates with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A bearer token, sent in `Authorization`; no client certificate is presented.
+    Token(TokenSource),
+    /// A certificate or proxy, presented as the TLS client certificate.
+    Certificate(Credentials),
+}
+
 /// The certificate and key files devctl presents to the manager.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credentials {
@@ -191,7 +220,7 @@ pub struct Settings {
     /// The other managers named (`https://m1,https://m2`, or a list in the config file): the
     /// manager's replicas, asked in turn when one cannot be reached.
     pub other_managers: Vec<Url>,
-    pub credentials: Credentials,
+    pub credential: Credential,
     pub ca_dir: Setting<PathBuf>,
 }
 
@@ -289,7 +318,16 @@ pub fn resolve(
         origin,
     };
 
-    let credentials = resolve_credentials(overrides, env, file_path, file_config, defaults)?;
+    let credential = match discover_token(overrides, env, defaults) {
+        Some(source) => Credential::Token(source),
+        None => Credential::Certificate(resolve_credentials(
+            overrides,
+            env,
+            file_path,
+            file_config,
+            defaults,
+        )?),
+    };
 
     let ca_dir = first_of([
         overrides
@@ -305,7 +343,7 @@ pub fn resolve(
     Ok(Settings {
         manager_url,
         other_managers,
-        credentials,
+        credential,
         ca_dir: Setting {
             value: ca_dir.0,
             origin: ca_dir.1,
@@ -412,6 +450,41 @@ fn parse_manager_url(value: &str, origin: Origin) -> Result<Setting<Url>, Config
     Ok(Setting { value: url, origin })
 }
 
+/// WLCG Bearer Token Discovery: `BEARER_TOKEN` (the token), `BEARER_TOKEN_FILE` (a file, which
+/// must then exist: its read says why not), `$XDG_RUNTIME_DIR/bt_u<uid>`, `/tmp/bt_u<uid>`; the
+/// first that is set or exists. `None` (use the certificate) when there is none, or when
+/// `--cert` asks for the certificate.
+fn discover_token(overrides: &Overrides, env: &Env, defaults: &Defaults) -> Option<TokenSource> {
+    if overrides.cert.is_some() {
+        return None;
+    }
+    if let Some(token) = env.get(ENV_BEARER_TOKEN) {
+        return Some(TokenSource::Variable(Token::new(token)));
+    }
+    let file = |path: PathBuf, origin: Origin| TokenSource::File { path, origin };
+    if let Some(path) = env.path(ENV_BEARER_TOKEN_FILE) {
+        return Some(file(path, Origin::Env(ENV_BEARER_TOKEN_FILE)));
+    }
+    let runtime = env
+        .path(ENV_XDG_RUNTIME_DIR)
+        .zip(defaults.uid)
+        .map(|(dir, uid)| {
+            (
+                dir.join(format!("bt_u{uid}")),
+                Origin::Env(ENV_XDG_RUNTIME_DIR),
+            )
+        });
+    let last = defaults
+        .token_file
+        .clone()
+        .map(|path| (path, Origin::Default));
+    [runtime, last]
+        .into_iter()
+        .flatten()
+        .find(|(path, _)| path.is_file())
+        .map(|(path, origin)| file(path, origin))
+}
+
 fn resolve_credentials(
     overrides: &Overrides,
     env: &Env,
@@ -514,6 +587,8 @@ mod tests {
         fn defaults(&self) -> Defaults {
             Defaults {
                 proxy_file: Some(self.dir.path().join("x509up_u1000")),
+                uid: Some(1000),
+                token_file: Some(self.dir.path().join("bt_u1000")),
                 ca_dir: PathBuf::from("/etc/grid-security/certificates"),
             }
         }
@@ -526,6 +601,22 @@ mod tests {
             let mut all = vec![("HOME".to_owned(), self.home())];
             all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             all.into_iter().collect()
+        }
+    }
+
+    /// The certificate the settings name; panics on a token.
+    fn certificate(s: &Settings) -> &Credentials {
+        match &s.credential {
+            Credential::Certificate(credentials) => credentials,
+            Credential::Token(source) => panic!("a token from {source}, not a certificate"),
+        }
+    }
+
+    /// Where the token the settings name comes from; panics on a certificate.
+    fn token(s: &Settings) -> &TokenSource {
+        match &s.credential {
+            Credential::Token(source) => source,
+            Credential::Certificate(c) => panic!("a certificate from {}, not a token", c.origin),
         }
     }
 
@@ -558,9 +649,9 @@ mod tests {
             "https://env.example.org:8443/"
         );
         assert_eq!(s.manager_url.origin, Origin::Env(ENV_MANAGER_URL));
-        assert_eq!(s.credentials.cert, f.dir.path().join("x509up_u1000"));
-        assert_eq!(s.credentials.key, s.credentials.cert);
-        assert_eq!(s.credentials.origin, Origin::Default);
+        assert_eq!(certificate(&s).cert, f.dir.path().join("x509up_u1000"));
+        assert_eq!(certificate(&s).key, certificate(&s).cert);
+        assert_eq!(certificate(&s).origin, Origin::Default);
         assert_eq!(
             s.ca_dir.value,
             PathBuf::from("/etc/grid-security/certificates")
@@ -622,13 +713,13 @@ mod tests {
             }
         );
         assert_eq!(
-            s.credentials.cert,
+            certificate(&s).cert,
             f.dir.path().join(".config/ongrid/usercert.pem")
         );
-        assert_eq!(s.credentials.key, f.dir.path().join("keys/userkey.pem"));
+        assert_eq!(certificate(&s).key, f.dir.path().join("keys/userkey.pem"));
         assert_eq!(s.ca_dir.value, PathBuf::from("/opt/cas"));
         assert_eq!(
-            s.credentials.origin.to_string(),
+            certificate(&s).origin.to_string(),
             format!("cert in {}", path.display())
         );
     }
@@ -650,9 +741,9 @@ mod tests {
         ]);
         let s = resolve(&Overrides::default(), &env, &f.defaults()).unwrap();
         assert_eq!(s.manager_url.origin, Origin::Env(ENV_MANAGER_URL));
-        assert_eq!(s.credentials.cert, PathBuf::from("/env/proxy"));
-        assert_eq!(s.credentials.key, PathBuf::from("/env/proxy"));
-        assert_eq!(s.credentials.origin, Origin::Env(ENV_USER_PROXY));
+        assert_eq!(certificate(&s).cert, PathBuf::from("/env/proxy"));
+        assert_eq!(certificate(&s).key, PathBuf::from("/env/proxy"));
+        assert_eq!(certificate(&s).origin, Origin::Env(ENV_USER_PROXY));
         assert_eq!(s.ca_dir.value, PathBuf::from("/env/cas"));
         assert_eq!(s.ca_dir.origin, Origin::Env(ENV_CERT_DIR));
     }
@@ -667,9 +758,9 @@ mod tests {
             (ENV_USER_PROXY, "/proxy"),
         ]);
         let s = resolve(&Overrides::default(), &env, &f.defaults()).unwrap();
-        assert_eq!(s.credentials.cert, PathBuf::from("/c.pem"));
-        assert_eq!(s.credentials.key, PathBuf::from("/k.pem"));
-        assert_eq!(s.credentials.origin, Origin::Env(ENV_USER_CERT));
+        assert_eq!(certificate(&s).cert, PathBuf::from("/c.pem"));
+        assert_eq!(certificate(&s).key, PathBuf::from("/k.pem"));
+        assert_eq!(certificate(&s).origin, Origin::Env(ENV_USER_CERT));
     }
 
     #[test]
@@ -693,8 +784,8 @@ mod tests {
             "https://flag.example.org:9443/ongrid/"
         );
         assert_eq!(s.manager_url.origin, Origin::Flag("manager-url"));
-        assert_eq!(s.credentials.cert, PathBuf::from("/flag/cert.pem"));
-        assert_eq!(s.credentials.key, PathBuf::from("/flag/key.pem"));
+        assert_eq!(certificate(&s).cert, PathBuf::from("/flag/cert.pem"));
+        assert_eq!(certificate(&s).key, PathBuf::from("/flag/key.pem"));
         assert_eq!(s.ca_dir.value, PathBuf::from("/flag/cas"));
         assert_eq!(s.ca_dir.origin.to_string(), "--ca-dir");
     }
@@ -705,7 +796,7 @@ mod tests {
         f.create_default_proxy();
         let env = f.env(&[URL_VAR, (ENV_USER_PROXY, ""), (ENV_CERT_DIR, "")]);
         let s = resolve(&Overrides::default(), &env, &f.defaults()).unwrap();
-        assert_eq!(s.credentials.origin, Origin::Default);
+        assert_eq!(certificate(&s).origin, Origin::Default);
         assert_eq!(s.ca_dir.origin, Origin::Default);
     }
 
@@ -814,6 +905,112 @@ mod tests {
                 proxy.display()
             )
         );
+    }
+
+    /// WLCG Bearer Token Discovery, in its order, before the certificate: `BEARER_TOKEN`, then
+    /// `BEARER_TOKEN_FILE`, then `$XDG_RUNTIME_DIR/bt_u<uid>`, then `/tmp/bt_u<uid>`.
+    #[test]
+    fn a_token_is_found_in_the_wlcg_order_before_the_certificate() {
+        let f = Fixture::new();
+        f.create_default_proxy();
+        let runtime = f.dir.path().join("run");
+        std::fs::create_dir(&runtime).unwrap();
+        let runtime_file = runtime.join("bt_u1000");
+        let tmp_file = f.dir.path().join("bt_u1000");
+        let named = f.dir.path().join("named-token");
+        let runtime_text = runtime.to_str().unwrap();
+        let named_text = named.to_str().unwrap();
+        let all = [
+            URL_VAR,
+            (ENV_USER_PROXY, "/env/proxy"),
+            (ENV_BEARER_TOKEN, "a.b.c"),
+            (ENV_BEARER_TOKEN_FILE, named_text),
+            (ENV_XDG_RUNTIME_DIR, runtime_text),
+        ];
+        std::fs::write(&runtime_file, "t").unwrap();
+        std::fs::write(&tmp_file, "t").unwrap();
+        let resolve_with = |vars: &[(&str, &str)]| {
+            resolve(&Overrides::default(), &f.env(vars), &f.defaults()).unwrap()
+        };
+
+        let s = resolve_with(&all);
+        assert_eq!(
+            token(&s),
+            &TokenSource::Variable(Token::new("a.b.c")),
+            "BEARER_TOKEN first"
+        );
+        // A file named by BEARER_TOKEN_FILE is used even before it exists: reading it says
+        // what is wrong, rather than devctl silently taking another credential.
+        assert!(!named.exists());
+        let s = resolve_with(&[all[0], all[1], all[3], all[4]]);
+        assert_eq!(
+            token(&s),
+            &TokenSource::File {
+                path: named.clone(),
+                origin: Origin::Env(ENV_BEARER_TOKEN_FILE)
+            }
+        );
+        assert_eq!(
+            token(&s).to_string(),
+            format!("BEARER_TOKEN_FILE {named_text}")
+        );
+        let s = resolve_with(&[all[0], all[1], all[4]]);
+        assert_eq!(
+            token(&s),
+            &TokenSource::File {
+                path: runtime_file.clone(),
+                origin: Origin::Env(ENV_XDG_RUNTIME_DIR)
+            }
+        );
+        // $XDG_RUNTIME_DIR/bt_u<uid> absent, or XDG_RUNTIME_DIR unset: /tmp/bt_u<uid>.
+        std::fs::remove_file(&runtime_file).unwrap();
+        for vars in [&[all[0], all[1], all[4]][..], &[all[0], all[1]][..]] {
+            let s = resolve_with(vars);
+            assert_eq!(
+                token(&s),
+                &TokenSource::File {
+                    path: tmp_file.clone(),
+                    origin: Origin::Default
+                }
+            );
+        }
+        // No token anywhere (empty variables count as unset): the certificate, as before.
+        std::fs::remove_file(&tmp_file).unwrap();
+        let s = resolve_with(&[
+            all[0],
+            all[1],
+            all[4],
+            (ENV_BEARER_TOKEN, ""),
+            (ENV_BEARER_TOKEN_FILE, ""),
+        ]);
+        assert_eq!(certificate(&s).cert, PathBuf::from("/env/proxy"));
+        assert_eq!(certificate(&s).origin, Origin::Env(ENV_USER_PROXY));
+        // An unknown uid has no token file.
+        std::fs::write(&runtime_file, "t").unwrap();
+        let defaults = Defaults {
+            uid: None,
+            token_file: None,
+            ..f.defaults()
+        };
+        let s = resolve(&Overrides::default(), &f.env(&[all[0], all[4]]), &defaults).unwrap();
+        assert_eq!(certificate(&s).origin, Origin::Default);
+    }
+
+    /// `--cert` asks for the certificate even when a token is there.
+    #[test]
+    fn the_cert_flag_beats_a_token() {
+        let f = Fixture::new();
+        std::fs::write(f.dir.path().join("bt_u1000"), "t").unwrap();
+        let env = f.env(&[URL_VAR, (ENV_BEARER_TOKEN, "a.b.c")]);
+        let overrides = Overrides {
+            cert: Some(PathBuf::from("/flag/proxy")),
+            ..Overrides::default()
+        };
+        let s = resolve(&overrides, &env, &f.defaults()).unwrap();
+        assert_eq!(certificate(&s).cert, PathBuf::from("/flag/proxy"));
+        assert_eq!(certificate(&s).origin, Origin::Flag("cert"));
+        let s = resolve(&Overrides::default(), &env, &f.defaults()).unwrap();
+        assert!(matches!(s.credential, Credential::Token(_)));
     }
 
     #[test]

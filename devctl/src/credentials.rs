@@ -1,5 +1,6 @@
 //! The TLS side of talking to the manager: the user's credential (a grid proxy, or a certificate
-//! and key) presented as the client certificate, and the CA directory (IGTF layout: `<hash>.0`
+//! and key) presented as the client certificate (none with a bearer token: see
+//! [`token_client_config`]), and the CA directory (IGTF layout: `<hash>.0`
 //! or `*.pem` PEM files) that the manager's server certificate must chain to. The directory is
 //! read with `ongrid_x509::read_ca_dir`, leniently as grid clients read it: a broken file among
 //! many CAs is left out rather than failing every command.
@@ -324,6 +325,22 @@ pub fn client_config(
         .map_err(bad)?
         .with_root_certificates(roots)
         .with_client_cert_resolver(Arc::new(Presented(certified))))
+}
+
+/// The rustls client configuration for a bearer token: trust `roots`, present no client
+/// certificate (the token goes in the `Authorization` header).
+pub fn token_client_config(
+    roots: rustls::RootCertStore,
+) -> Result<rustls::ClientConfig, TlsSetupError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| TlsSetupError::BadIdentity {
+            origin: Origin::Default,
+            cause: err.to_string(),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// Always presents the user's chain, whatever CAs the manager hints at (grid clients do the

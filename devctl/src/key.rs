@@ -1,6 +1,7 @@
 //! `devctl key add|ls|rm`: the SSH public keys that reach the caller's sessions
 //! (`POST /v1/keys`, `GET /v1/keys[?all=true]`, `DELETE /v1/keys?fingerprint=...`). A key is
-//! bound to the identity of the certificate or proxy it was added with and expires with it.
+//! bound to the identity of the certificate, proxy or bearer token it was added with and expires
+//! with it (with a token, at the site's maximum if that is sooner).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -18,9 +19,10 @@ use crate::terminal::{JsonArgs, Terminal};
 
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
-    /// Register an SSH public key for your identity, until your certificate expires
+    /// Register an SSH public key for your identity, until your certificate or token expires
     ///
-    /// Adding a key that is already yours renews its expiry to your current certificate's.
+    /// Adding a key that is already yours renews its expiry to your current certificate's or
+    /// token's.
     Add(KeyAddArgs),
     /// List your SSH keys with their fingerprints and expiry
     #[command(alias = "list")]
@@ -153,8 +155,9 @@ async fn add(
     } else {
         KeyAdded::Renewed
     };
+    let token_source = client.context().token_source.as_deref();
     term.show(args.output.json, &view, |view| {
-        render_key_added(view, added == KeyAdded::Renewed)
+        render_key_added(view, added == KeyAdded::Renewed, token_source)
     })
 }
 
@@ -175,15 +178,20 @@ fn key_kind(key: &KeyView) -> String {
     }
 }
 
-/// `devctl key add`: what was registered, and until when.
-pub fn render_key_added(key: &KeyView, renewed: bool) -> String {
+/// `devctl key add`: what was registered, and until when; `token_source` is where the bearer
+/// token sent came from, if one was.
+pub fn render_key_added(key: &KeyView, renewed: bool, token_source: Option<&str>) -> String {
     let done = if renewed {
         "was already yours: renewed"
     } else {
         "added"
     };
+    let with = match token_source {
+        Some(source) => format!("with the bearer token from {source}, or the site's maximum"),
+        None => "with the certificate or proxy used".to_owned(),
+    };
     format!(
-        "key {} ({}) {done}\nexpires {} (with the certificate or proxy used)\n",
+        "key {} ({}) {done}\nexpires {} ({with})\n",
         key.fingerprint,
         key_kind(key),
         format_time(key.expires_at)
@@ -259,14 +267,24 @@ mod tests {
     #[test]
     fn key_add_says_what_and_until_when() {
         assert_eq!(
-            render_key_added(&key("alice@laptop", 86_400), false),
+            render_key_added(&key("alice@laptop", 86_400), false, None),
             "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519, alice@laptop) \
              added\nexpires 2026-11-22 10:00:00Z (with the certificate or proxy used)\n"
         );
         assert_eq!(
-            render_key_added(&key("", 60), true),
+            render_key_added(&key("", 60), true, None),
             "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519) was already \
              yours: renewed\nexpires 2026-11-21 10:01:00Z (with the certificate or proxy used)\n"
+        );
+        assert_eq!(
+            render_key_added(
+                &key("", 60),
+                false,
+                Some("BEARER_TOKEN_FILE /run/user/1000/bt_u1000")
+            ),
+            "key SHA256:JHi5mN1C3fT7x0PEZdm2b4t8YxvR6UfQxEp2xq2hFmI (ssh-ed25519) added\nexpires \
+             2026-11-21 10:01:00Z (with the bearer token from BEARER_TOKEN_FILE \
+             /run/user/1000/bt_u1000, or the site's maximum)\n"
         );
         assert_eq!(
             render_key_removed(&key("alice@laptop", 60)),

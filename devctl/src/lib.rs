@@ -1,7 +1,8 @@
 //! devctl, the command line of ongrid for users and admins.
 //!
 //! It talks to the manager's HTTPS API (`ongrid_core::api`), presenting the user's grid
-//! certificate or proxy as the TLS client certificate. The code is laid out by feature: each
+//! certificate or proxy as the TLS client certificate, or sending the user's bearer token
+//! (WLCG, SciTokens) when it finds one. The code is laid out by feature: each
 //! command family's arguments, API calls and text output live together.
 //!
 //! - [`cli`]: the global flags and the [`cli::Command`]s, each handed to its module.
@@ -9,7 +10,9 @@
 //!   the commands.
 //! - [`config`]: flags, environment and `~/.config/ongrid/devctl.toml` resolved into
 //!   [`config::Settings`].
-//! - [`tls`]: the certificate, key and CA directory turned into a rustls configuration.
+//! - [`credentials`]: the certificate, key and CA directory turned into a rustls configuration.
+//! - [`token`]: the bearer token, read and checked (not verified: the manager does) before it
+//!   is sent.
 //! - [`client`]: the HTTPS client, and every failure mapped to one line that names the fix.
 //! - [`pubkey`]: the SSH public key file `key add` registers, checked before it is sent.
 //! - [`permissions`]: the private key, proxy and config file refused while others may read them.
@@ -38,6 +41,7 @@ pub mod session;
 pub mod share;
 pub mod table;
 pub mod terminal;
+pub mod token;
 pub mod whoami;
 
 use cli::Cli;

@@ -1,5 +1,5 @@
-//! Files that only their owner may read: the private key or proxy devctl presents to the
-//! manager, and its config file, which says which key that is. Like ssh and the grid tools,
+//! Files that only their owner may read: the private key, proxy or bearer token devctl presents
+//! to the manager, and its config file, which says which key that is. Like ssh and the grid tools,
 //! devctl refuses such a file while its group or others have any permission on it, and names
 //! the `chmod` that fixes it. A file that cannot be inspected is left to the read that follows,
 //! whose error says why.
@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} {} has mode {mode:04o}, open to its group or others, which devctl refuses as ssh does: run `chmod 600 {}`", path.display(), shell_word(path))]
 pub struct TooOpen {
-    /// What the file is to devctl: "private key file", "proxy file", "config file".
+    /// What the file is to devctl: "private key file", "proxy file", "bearer token file",
+    /// "config file".
     pub what: &'static str,
     pub path: PathBuf,
     /// The permission bits.
@@ -43,7 +44,7 @@ pub fn check(_path: &Path, _what: &'static str) -> Result<(), TooOpen> {
 
 /// `path` as one shell word: as it is when it has no character a shell treats specially, else
 /// in single quotes.
-fn shell_word(path: &Path) -> String {
+pub(crate) fn shell_word(path: &Path) -> String {
     let text = path.display().to_string();
     let plain = text
         .chars()

@@ -43,6 +43,13 @@ const DC: [u64; 7] = [0, 9, 2342, 19200300, 100, 1, 25];
 /// Runs devctl with only the given environment (and `HOME` pointing at an empty directory, so
 /// no user's config file is read).
 async fn devctl(home: &Path, env: &[(&str, String)], args: &[&str]) -> Output {
+    let uid = devctl::config::current_uid().expect("uid from /proc/self/status");
+    let token_file = format!("/tmp/bt_u{uid}");
+    assert!(
+        !Path::new(&token_file).exists(),
+        "{token_file} exists on this machine, so devctl would send that bearer token: move it \
+         away to run these tests"
+    );
     tokio::process::Command::new(DEVCTL)
         .env_clear()
         .env("HOME", home)
@@ -166,6 +173,23 @@ fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
+/// How devctl authenticated one request to the fake manager.
+#[derive(Debug, Clone, PartialEq)]
+struct Presented {
+    /// The `Authorization` header, as sent.
+    authorization: Option<String>,
+    /// Whether the TLS client presented a certificate.
+    certificate: bool,
+}
+
+/// Whether the fake manager's TLS asks for client certificates (as the manager always has) or
+/// lets clients without one through (as a manager that takes bearer tokens does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientCertificates {
+    Required,
+    Optional,
+}
+
 /// What devctl sent the fake manager: the method, the request target (path and query as sent,
 /// URL-encoded), and the JSON body, if any.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,17 +268,31 @@ impl Answer {
 struct FakeManager {
     url: String,
     sent: Arc<Mutex<Vec<Sent>>>,
+    presented: Arc<Mutex<Vec<Presented>>>,
 }
 
 impl FakeManager {
     async fn start(server_ca: &Ca, client_ca: &Ca, answers: Vec<Answer>) -> Self {
+        Self::start_with(server_ca, client_ca, answers, ClientCertificates::Required).await
+    }
+
+    async fn start_with(
+        server_ca: &Ca,
+        client_ca: &Ca,
+        answers: Vec<Answer>,
+        client_certificates: ClientCertificates,
+    ) -> Self {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(client_ca.cert.der().clone()).unwrap();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
             provider.clone(),
-        )
+        );
+        let verifier = match client_certificates {
+            ClientCertificates::Required => verifier,
+            ClientCertificates::Optional => verifier.allow_unauthenticated(),
+        }
         .build()
         .unwrap();
         let (cert, key) = server_ca.issue("Example", "manager", &["127.0.0.1"]);
@@ -271,6 +309,8 @@ impl FakeManager {
         let url = format!("https://{}", listener.local_addr().unwrap());
         let sent = Arc::new(Mutex::new(Vec::new()));
         let recorded = sent.clone();
+        let presented = Arc::new(Mutex::new(Vec::new()));
+        let recorded_presented = presented.clone();
         let answers = Arc::new(Mutex::new(VecDeque::from(answers)));
         tokio::spawn(async move {
             loop {
@@ -282,10 +322,15 @@ impl FakeManager {
                 };
                 // One request per connection (answers say `connection: close`), in the order
                 // devctl sends them.
-                let Some(request) = read_request(&mut tls).await else {
+                let certificate = tls.get_ref().1.peer_certificates().is_some();
+                let Some((request, authorization)) = read_request(&mut tls).await else {
                     continue;
                 };
                 recorded.lock().unwrap().push(request);
+                recorded_presented.lock().unwrap().push(Presented {
+                    authorization,
+                    certificate,
+                });
                 let answer = answers.lock().unwrap().pop_front().unwrap_or_else(|| {
                     Answer::error(
                         "500 Internal Server Error",
@@ -297,19 +342,29 @@ impl FakeManager {
                 let _ = tls.shutdown().await;
             }
         });
-        Self { url, sent }
+        Self {
+            url,
+            sent,
+            presented,
+        }
     }
 
     /// The requests received so far.
     fn sent(&self) -> Vec<Sent> {
         self.sent.lock().unwrap().clone()
     }
+
+    /// How each request received so far was authenticated.
+    fn presented(&self) -> Vec<Presented> {
+        self.presented.lock().unwrap().clone()
+    }
 }
 
-/// Reads one HTTP/1.1 request: request line, headers, and a `content-length` body.
+/// Reads one HTTP/1.1 request: request line, headers, and a `content-length` body; with the
+/// `Authorization` header, if any.
 async fn read_request(
     tls: &mut tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-) -> Option<Sent> {
+) -> Option<(Sent, Option<String>)> {
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
     let head_end = loop {
@@ -332,10 +387,15 @@ async fn read_request(
         other => panic!("unexpected method {other}"),
     };
     let target = request_line.next().unwrap().to_owned();
-    let length: usize = lines
-        .filter_map(|line| line.split_once(':'))
-        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
-        .map_or(0, |(_, value)| value.trim().parse().unwrap());
+    let headers: Vec<(&str, &str)> = lines.filter_map(|line| line.split_once(':')).collect();
+    let header = |wanted: &str| {
+        headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+            .map(|(_, value)| value.trim().to_owned())
+    };
+    let length: usize = header("content-length").map_or(0, |value| value.parse().unwrap());
+    let authorization = header("authorization");
     while data.len() < head_end + length {
         match tls.read(&mut buf).await {
             Ok(0) | Err(_) => return None,
@@ -344,11 +404,14 @@ async fn read_request(
     }
     let body = &data[head_end..head_end + length];
     let body = (!body.is_empty()).then(|| serde_json::from_slice(body).unwrap());
-    Some(Sent {
-        method,
-        target,
-        body,
-    })
+    Some((
+        Sent {
+            method,
+            target,
+            body,
+        },
+        authorization,
+    ))
 }
 
 fn key_view() -> KeyView {
@@ -928,6 +991,240 @@ async fn an_accepted_certificate_gets_an_answer() {
             Sent::new("GET", "/v1/whoami")
         ]
     );
+}
+
+// Bearer tokens (WLCG, SciTokens) in place of the certificate.
+
+/// A JWT with `claims`, signed with HS256 and a made-up secret: devctl reads its claims without
+/// verifying it (the manager verifies), so the signature does not matter here.
+fn jwt(claims: &Value) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(b"not the issuer's key").unwrap();
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), claims, &key).unwrap()
+}
+
+/// A token of Alice's from the CMS issuer, expiring `valid_secs` from now.
+fn alice_token(valid_secs: i64) -> String {
+    jwt(&serde_json::json!({
+        "iss": "https://cms-auth.web.cern.ch/",
+        "sub": "e1eb758b-b73c-4761-bfff-adc793da409c",
+        "exp": chrono::Utc::now().timestamp() + valid_secs,
+        "scope": "compute.create compute.read",
+        "wlcg.groups": ["/cms"],
+    }))
+}
+
+fn token_whoami_view() -> WhoAmI {
+    WhoAmI {
+        credential: Some(ongrid_core::api::CredentialKind::Token),
+        not_after: Some(chrono::Utc::now() + chrono::TimeDelta::hours(2)),
+        group: Some("cms".into()),
+        admitted_by: Some("group /cms".into()),
+        token: Some(ongrid_core::api::TokenInfo {
+            issuer: "https://cms-auth.web.cern.ch/".into(),
+            subject: "e1eb758b-b73c-4761-bfff-adc793da409c".into(),
+            groups: vec!["/cms".into()],
+            scopes: vec!["compute.create".into(), "compute.read".into()],
+        }),
+        ..whoami_view()
+    }
+}
+
+/// With `BEARER_TOKEN_FILE` set, devctl sends `Authorization: Bearer <the token>` and presents
+/// no client certificate (though a proxy is set too), still checking the manager's certificate;
+/// whoami names where the token came from and what the manager read from it. With `--cert`,
+/// the certificate is presented and no token sent.
+#[tokio::test]
+async fn a_bearer_token_is_sent_instead_of_a_certificate() {
+    let ca = Ca::new("Site CA");
+    let manager = FakeManager::start_with(
+        &ca,
+        &ca,
+        vec![
+            Answer::ok(&token_whoami_view()),
+            Answer::ok(&token_whoami_view()),
+            Answer::ok(&whoami_view()),
+        ],
+        ClientCertificates::Optional,
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let token = alice_token(3600);
+    let token_file = files.home.path().join("bt_u1000");
+    write_private(&token_file, format!("{token}\n"));
+    let mut env = files.env(&manager.url);
+    env.push(("BEARER_TOKEN_FILE", token_file.display().to_string()));
+
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains(&format!(
+            "credential:  bearer token (BEARER_TOKEN_FILE {})\n\
+             issuer:      https://cms-auth.web.cern.ch/\n\
+             subject:     e1eb758b-b73c-4761-bfff-adc793da409c\n\
+             groups:      /cms\n\
+             scopes:      compute.create, compute.read\n\
+             time left:   1h 59m (until ",
+            token_file.display()
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("vo:"), "{text}");
+    let output = devctl(files.home.path(), &env, &["whoami", "--json"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["credential"], "token");
+    assert_eq!(
+        json["token"]["subject"],
+        "e1eb758b-b73c-4761-bfff-adc793da409c"
+    );
+
+    let output = devctl(
+        files.home.path(),
+        &env,
+        &["--cert", files.proxy.to_str().unwrap(), "whoami"],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+
+    let bearer = Presented {
+        authorization: Some(format!("Bearer {token}")),
+        certificate: false,
+    };
+    assert_eq!(
+        manager.presented(),
+        [
+            bearer.clone(),
+            bearer,
+            Presented {
+                authorization: None,
+                certificate: true,
+            }
+        ]
+    );
+    assert_eq!(manager.sent(), vec![Sent::new("GET", "/v1/whoami"); 3]);
+}
+
+/// `BEARER_TOKEN` (the token itself) is used, and a manager's 401 or 403 names where the token
+/// came from; a manager that wants a client certificate says so and names `--cert`.
+#[tokio::test]
+async fn refusals_of_a_token_name_where_it_came_from() {
+    let ca = Ca::new("Site CA");
+    let message = "the token's issuer https://other.example.org/ is not one this site trusts: \
+                   use a token from https://cms-auth.web.cern.ch/";
+    let manager = FakeManager::start_with(
+        &ca,
+        &ca,
+        vec![
+            Answer::error("401 Unauthorized", "unauthenticated", message),
+            Answer::error(
+                "403 Forbidden",
+                "forbidden",
+                "the token has no compute.create scope",
+            ),
+        ],
+        ClientCertificates::Optional,
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let token = alice_token(3600);
+    let env = vec![
+        ("ONGRID_MANAGER_URL", manager.url.clone()),
+        ("X509_CERT_DIR", files.ca_dir.display().to_string()),
+        ("BEARER_TOKEN", token.clone()),
+    ];
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!("error: the manager refused the bearer token from BEARER_TOKEN: {message}")
+    );
+    let output = devctl(files.home.path(), &env, &["session", "new"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        "error: the manager refused the bearer token from BEARER_TOKEN: the token has no \
+         compute.create scope"
+    );
+    assert!(
+        !stderr(&output).contains(&token),
+        "the token is never printed"
+    );
+    assert_eq!(
+        manager.presented()[0].authorization,
+        Some(format!("Bearer {token}"))
+    );
+
+    // A manager that asks for a client certificate (one that takes no tokens).
+    let strict = FakeManager::start(&ca, &ca, vec![Answer::ok(&whoami_view())]).await;
+    let mut env = env;
+    env[0].1 = strict.url.clone();
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!(
+            "error: the manager at {} asked for a client certificate and took no bearer token \
+             (from BEARER_TOKEN): if the site does not accept tokens, use your certificate or \
+             proxy with --cert FILE",
+            strict.url
+        )
+    );
+    assert!(strict.sent().is_empty());
+}
+
+/// An expired token, an empty token file, something that is not a JWT, and a token file others
+/// may read are refused before anything is sent, naming the file and the fix.
+#[tokio::test]
+async fn unusable_tokens_are_refused_before_sending() {
+    use std::os::unix::fs::PermissionsExt;
+    let ca = Ca::new("Site CA");
+    let manager = FakeManager::start_with(&ca, &ca, Vec::new(), ClientCertificates::Optional).await;
+    let files = UserFiles::new(&ca, &ca);
+    let runtime = files.home.path().join("run");
+    std::fs::create_dir(&runtime).unwrap();
+    let uid = devctl::config::current_uid().unwrap();
+    // Found by discovery in $XDG_RUNTIME_DIR, before the proxy that is set too.
+    let token_file = runtime.join(format!("bt_u{uid}"));
+    let mut env = files.env(&manager.url);
+    env.push(("XDG_RUNTIME_DIR", runtime.display().to_string()));
+    let p = token_file.display().to_string();
+    let fix = format!("get a new one (oidc-token ACCOUNT > {p}, or htgettoken)");
+
+    write_private(&token_file, alice_token(-90));
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    let line = one_line_error(&output);
+    assert!(
+        line.starts_with(&format!("error: the bearer token from {p} expired at ")),
+        "{line}"
+    );
+    assert!(line.ends_with(&format!(" ago): {fix}")), "{line}");
+
+    write_private(&token_file, "\n");
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!("error: the bearer token from {p} is empty: {fix}")
+    );
+
+    write_private(&token_file, "not-a-jwt\n");
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!(
+            "error: the bearer token from {p} is not a JWT (it is not three base64url parts \
+             separated by dots): {fix}"
+        )
+    );
+
+    write_private(&token_file, alice_token(3600));
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let output = devctl(files.home.path(), &env, &["whoami"]).await;
+    assert_eq!(
+        one_line_error(&output),
+        format!(
+            "error: bearer token file {p} has mode 0640, open to its group or others, which \
+             devctl refuses as ssh does: run `chmod 600 {p}`"
+        )
+    );
+    assert!(manager.sent().is_empty(), "{:?}", manager.sent());
 }
 
 // Every command against the fake manager: what devctl sends, and what it prints.

@@ -159,6 +159,8 @@ fuzz_target!(|data: &[u8]| {
                 .collect();
             let defaults = devctl::config::Defaults {
                 proxy_file: None,
+                uid: None,
+                token_file: None,
                 ca_dir: fixture.dir.join("certificates"),
             };
             accepted(
