@@ -153,6 +153,31 @@ pub struct WhoAmI {
     pub token: Option<TokenInfo>,
 }
 
+/// `PUT /v1/token-links` (`devctl admin user link`): the tokens of an issuer's subject act as
+/// the user of a DN, who has used the site before (with a certificate).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkToken {
+    /// The issuer: its name in the manager's `[[token_issuers]]`, or its `iss` URL.
+    pub issuer: String,
+    /// The `sub` claim of the user's tokens (`devctl whoami` with the token shows it).
+    pub subject: String,
+    pub dn: Dn,
+}
+
+/// A linked token identity (`GET /v1/token-links`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenLinkView {
+    /// The issuer's `iss` URL.
+    pub issuer: String,
+    /// Its name in the manager's config, while it is listed there.
+    #[serde(default)]
+    pub issuer_name: Option<String>,
+    pub subject: String,
+    pub dn: Dn,
+    pub linked_at: DateTime<Utc>,
+}
+
 /// A verified bearer token (WLCG common JWT profile, SciTokens), as the manager read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenInfo {

@@ -74,6 +74,9 @@ mod dashboard;
 // copying a SQLite store into PostgreSQL; PostgreSQL backup and restore.
 #[path = "api/replicas.rs"]
 mod replicas;
+// Bearer tokens (WLCG, SciTokens) from a token issuer on loopback.
+#[path = "api/tokens.rs"]
+mod tokens;
 
 const NODE1_TOKEN: &str = "node1-0123456789abcdef0123456789abcdef";
 const NODE2_TOKEN: &str = "node2-fedcba9876543210fedcba9876543210";
@@ -2760,6 +2763,7 @@ async fn admin_routes_refuse_users_before_reading_their_bodies() {
         (reqwest::Method::PUT, "/v1/nodes/node1/owner".to_owned()),
         (reqwest::Method::POST, "/v1/reservations".to_owned()),
         (reqwest::Method::POST, "/v1/institutes".to_owned()),
+        (reqwest::Method::PUT, "/v1/token-links".to_owned()),
     ];
     let queries = [
         (

@@ -113,6 +113,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/users/{dn}", delete(users::remove_user))
         .route("/v1/users/{dn}/restore", post(users::restore_user))
         .route(
+            "/v1/token-links",
+            get(users::list_token_links).put(users::link_token),
+        )
+        .route(
+            "/v1/token-links/{issuer}/{subject}",
+            delete(users::unlink_token),
+        )
+        .route(
             "/v1/images",
             get(images::list_images).post(images::create_image),
         )

@@ -1,6 +1,8 @@
-//! Admin routes of users (`devctl admin user ls | rm | restore`): `GET /v1/users`,
-//! `DELETE /v1/users/{dn}[?force=true]`, `POST /v1/users/{dn}/restore`; the DN is one
-//! percent-encoded path segment.
+//! Admin routes of users (`devctl admin user ls | rm | restore | link | unlink | links`):
+//! `GET /v1/users`, `DELETE /v1/users/{dn}[?force=true]`, `POST /v1/users/{dn}/restore`; the DN
+//! is one percent-encoded path segment. `GET | PUT /v1/token-links` and `DELETE
+//! /v1/token-links/{issuer}/{subject}`: token identities linked to users
+//! ([`crate::app::token_links`]).
 //!
 //! Removing keeps the history ([`crate::domain::users`] decides, and says why): the user's row
 //! stays, marked removed, so the audit log and their ENDED sessions still name them; their keys
@@ -16,13 +18,13 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::Json;
-use ongrid_core::api::{UserEvent, UserRemoved, UserView};
+use ongrid_core::api::{LinkToken, TokenLinkView, UserEvent, UserRemoved, UserView};
 use ongrid_core::Dn;
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{AdminQuery, ApiError, ApiPath, AppState};
-use crate::app::Effect;
+use super::{AdminJson, AdminQuery, ApiError, ApiPath, AppState};
+use crate::app::{token_links, Effect};
 use crate::domain::users;
 use crate::image_files::remove_sif;
 use crate::store::{ImageFilter, JobFilter, SessionFilter, StoreError, UserRecord};
@@ -218,4 +220,38 @@ fn user_view(user: UserRecord, events: Vec<UserEvent>) -> UserView {
         removed_by,
         events,
     }
+}
+
+/// `GET /v1/token-links` (admins): the token identities linked to users.
+pub async fn list_token_links(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+) -> Result<Json<Vec<TokenLinkView>>, ApiError> {
+    caller.require_admin(token_links::MANAGE)?;
+    Ok(Json(token_links::list(&state).await?))
+}
+
+/// `PUT /v1/token-links` (admins): the tokens of an issuer's subject act as the user of a DN.
+pub async fn link_token(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    body: AdminJson<LinkToken>,
+) -> Result<Json<TokenLinkView>, ApiError> {
+    let body = body
+        .parse(caller.require_admin(token_links::MANAGE)?)
+        .await?;
+    Ok(Json(token_links::link(&state, &caller, body).await?))
+}
+
+/// `DELETE /v1/token-links/{issuer}/{subject}` (admins): the issuer by name or URL and the
+/// subject, each one percent-encoded path segment.
+pub async fn unlink_token(
+    State(state): State<AppState>,
+    caller: CurrentUser,
+    ApiPath((issuer, subject)): ApiPath<(String, String)>,
+) -> Result<Json<TokenLinkView>, ApiError> {
+    caller.require_admin(token_links::MANAGE)?;
+    Ok(Json(
+        token_links::unlink(&state, &caller, &issuer, &subject).await?,
+    ))
 }

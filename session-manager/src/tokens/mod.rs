@@ -169,6 +169,22 @@ impl TokenVerifier {
         !self.issuers.is_empty()
     }
 
+    /// The issuer named `name_or_url` (its config name or its `iss` URL).
+    pub fn issuer(&self, name_or_url: &str) -> Option<&TokenIssuer> {
+        self.issuers
+            .iter()
+            .map(|(issuer, _)| issuer)
+            .find(|issuer| issuer.name == name_or_url || issuer.issuer == name_or_url)
+    }
+
+    /// The config names of the trusted issuers.
+    pub fn names(&self) -> Vec<&str> {
+        self.issuers
+            .iter()
+            .map(|(issuer, _)| issuer.name.as_str())
+            .collect()
+    }
+
     /// What `token` proves as of `now`, or why it is refused.
     pub async fn verify(
         &self,
