@@ -1,9 +1,12 @@
 //! `devctl admin user ls|rm|restore` (`GET /v1/users`, `DELETE /v1/users/{dn}[?force=true]`,
 //! `POST /v1/users/{dn}/restore`): the users the manager knows, removing one (their keys,
 //! sessions, queued jobs and images go; their name stays in the audit log) and re-admitting one.
+//! `devctl admin user link|unlink|links` (`PUT|GET /v1/token-links`, `DELETE
+//! /v1/token-links/{issuer}/{subject}`): a bearer token identity (issuer and subject) acting as
+//! the user of a DN.
 
 use clap::{Args, Subcommand};
-use ongrid_core::api::{UserAction, UserRemoved, UserView};
+use ongrid_core::api::{LinkToken, TokenLinkView, UserAction, UserRemoved, UserView};
 use ongrid_core::Dn;
 
 use crate::client::{path_segment, Client};
@@ -24,6 +27,39 @@ pub enum UserCommand {
     /// Re-admit a removed user: they may use ongrid again with their certificate (what was
     /// removed stays removed)
     Restore(UserDnArgs),
+    /// Let a person's bearer tokens act as the user of their certificate's DN (same login,
+    /// sessions, keys and images); the user must have used the site with the certificate once
+    Link(LinkArgs),
+    /// Undo `link`: the tokens act as a user of their own again
+    Unlink(UnlinkArgs),
+    /// List the token identities linked to users
+    Links(JsonArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LinkArgs {
+    /// The token issuer: its name in the manager's [[token_issuers]] or its URL
+    #[arg(long)]
+    pub issuer: String,
+    /// The subject (sub claim) of the person's tokens; `devctl whoami` run with the token shows it
+    #[arg(long)]
+    pub subject: String,
+    /// The user's certificate subject DN, as `devctl admin user ls` shows it
+    pub dn: Dn,
+    #[command(flatten)]
+    pub output: JsonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UnlinkArgs {
+    /// The token issuer: its name in the manager's [[token_issuers]] or its URL
+    #[arg(long)]
+    pub issuer: String,
+    /// The subject (sub claim) of the linked tokens
+    #[arg(long)]
+    pub subject: String,
+    #[command(flatten)]
+    pub output: JsonArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -70,7 +106,68 @@ pub async fn run(
             let user: UserView = client.post(&path).send().await?;
             term.show(output.json, &user, render_restored)
         }
+        UserCommand::Link(LinkArgs {
+            issuer,
+            subject,
+            dn,
+            output,
+        }) => {
+            let body = LinkToken {
+                issuer,
+                subject,
+                dn,
+            };
+            let link: TokenLinkView = client.put("v1/token-links").json(&body).send().await?;
+            term.show(output.json, &link, |link| {
+                format!(
+                    "tokens of {} at {} now act as {}\n",
+                    link.subject, link.issuer, link.dn
+                )
+            })
+        }
+        UserCommand::Unlink(UnlinkArgs {
+            issuer,
+            subject,
+            output,
+        }) => {
+            let path = format!(
+                "v1/token-links/{}/{}",
+                path_segment(&issuer),
+                path_segment(&subject)
+            );
+            let link: TokenLinkView = client.delete(&path).send().await?;
+            term.show(output.json, &link, |link| {
+                format!(
+                    "tokens of {} at {} no longer act as {}\n",
+                    link.subject, link.issuer, link.dn
+                )
+            })
+        }
+        UserCommand::Links(output) => {
+            let links: Vec<TokenLinkView> = client.get("v1/token-links").send().await?;
+            let width = term.width;
+            term.show(output.json, &links, |links| render_links(links, width))
+        }
     }
+}
+
+/// `devctl admin user links`.
+pub fn render_links(links: &[TokenLinkView], width: Option<u16>) -> String {
+    if links.is_empty() {
+        return "no token identity is linked to a user (devctl admin user link)\n".to_owned();
+    }
+    let mut table = Table::new(&["ISSUER", "SUBJECT", "DN", "LINKED"]);
+    for link in links {
+        table.row([
+            link.issuer_name
+                .clone()
+                .unwrap_or_else(|| link.issuer.clone()),
+            link.subject.clone(),
+            link.dn.to_string(),
+            format_time(link.linked_at),
+        ]);
+    }
+    table.render(width, "")
 }
 
 fn list_or_none(items: &[String]) -> String {
@@ -177,6 +274,23 @@ mod tests {
                 Vec::new()
             },
         }
+    }
+
+    #[test]
+    fn links_name_the_issuer_by_its_config_name() {
+        let link = TokenLinkView {
+            issuer: "https://iam.example.org/".to_owned(),
+            issuer_name: Some("iam".to_owned()),
+            subject: "e1eb758b".to_owned(),
+            dn: Dn::parse("/DC=org/CN=Alice Smith").unwrap(),
+            linked_at: at("2026-12-02T10:00:00Z"),
+        };
+        assert_eq!(
+            render_links(&[link], None),
+            "ISSUER  SUBJECT   DN                      LINKED\n\
+             iam     e1eb758b  /DC=org/CN=Alice Smith  2026-12-02 10:00:00Z\n"
+        );
+        assert!(render_links(&[], None).starts_with("no token identity"));
     }
 
     #[test]
