@@ -88,7 +88,10 @@ pub fn token_issuers(raw: &[RawTokenIssuer]) -> Result<Vec<TokenIssuer>, (String
         let key = |field: &str| format!("token_issuers[{index}].{field}");
         let issuer = token_issuer(entry, &key, system_ca_bundle)?;
         if issuers.iter().any(|other| other.name == issuer.name) {
-            return Err((key("name"), format!("{:?} names two issuers: give each its own", issuer.name)));
+            return Err((
+                key("name"),
+                format!("{:?} names two issuers: give each its own", issuer.name),
+            ));
         }
         if issuers.iter().any(|other| other.issuer == issuer.issuer) {
             return Err((
@@ -155,7 +158,10 @@ fn token_issuer(
     }
     let keys = match (&raw.jwks_file, &raw.ca_file) {
         (Some(file), _) if file.as_os_str().is_empty() => {
-            return Err((key("jwks_file"), "an empty path: name the JWK set file".to_owned()))
+            return Err((
+                key("jwks_file"),
+                "an empty path: name the JWK set file".to_owned(),
+            ))
         }
         (Some(_), Some(_)) => {
             return Err((
@@ -243,14 +249,12 @@ mod tests {
 
     #[test]
     fn an_issuer_with_its_audience_fetches_its_keys_over_https() {
-        let issuer = check(&raw(
-            r#"name = "wlcg"
+        let issuer = check(&raw(r#"name = "wlcg"
                issuer = "https://wlcg.cloud.cnaf.infn.it/"
                audience = ["https://ongrid.example.org:8443"]
                any_audience = true
                vos = ["/cms", "atlas"]
-               key_lifetime = "12 hours""#,
-        ))
+               key_lifetime = "12 hours""#))
         .unwrap();
         assert_eq!(issuer.name, "wlcg");
         assert_eq!(
@@ -270,31 +274,41 @@ mod tests {
     #[test]
     fn mistakes_name_the_key_and_the_fix() {
         let refused = |text: &str| check(&raw(text)).unwrap_err();
-        let (key, message) = refused(r#"name = "WLCG IAM"
+        let (key, message) = refused(
+            r#"name = "WLCG IAM"
             issuer = "https://iam.example.org/"
-            audience = ["a"]"#);
+            audience = ["a"]"#,
+        );
         assert_eq!(key, "token_issuers[0].name");
         assert!(message.contains("lower-case"), "{message}");
-        let (key, message) = refused(r#"name = "iam"
+        let (key, message) = refused(
+            r#"name = "iam"
             issuer = "http://iam.example.org/"
-            audience = ["a"]"#);
+            audience = ["a"]"#,
+        );
         assert_eq!(key, "token_issuers[0].issuer");
         assert!(message.contains("https URL"), "{message}");
-        let (key, message) = refused(r#"name = "iam"
-            issuer = "https://iam.example.org/""#);
+        let (key, message) = refused(
+            r#"name = "iam"
+            issuer = "https://iam.example.org/""#,
+        );
         assert_eq!(key, "token_issuers[0].audience");
         assert!(message.contains("any_audience"), "{message}");
-        let (key, message) = refused(r#"name = "iam"
+        let (key, message) = refused(
+            r#"name = "iam"
             issuer = "https://iam.example.org/"
             audience = ["a"]
             jwks_file = "/etc/ongrid/keys.json"
-            ca_file = "/etc/ssl/ca.crt""#);
+            ca_file = "/etc/ssl/ca.crt""#,
+        );
         assert_eq!(key, "token_issuers[0].ca_file");
         assert!(message.contains("remove one"), "{message}");
-        let (key, message) = refused(r#"name = "iam"
+        let (key, message) = refused(
+            r#"name = "iam"
             issuer = "https://iam.example.org/"
             audience = ["a"]
-            key_lifetime = "30 days""#);
+            key_lifetime = "30 days""#,
+        );
         assert_eq!(key, "token_issuers[0].key_lifetime");
         assert!(message.contains("14 days"), "{message}");
     }

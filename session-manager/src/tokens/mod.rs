@@ -82,7 +82,9 @@ pub enum TokenError {
     Malformed(String),
     #[error("the bearer token's issuer {0:?} is not one this site trusts: get a token from one of the site's issuers ({1})")]
     UnknownIssuer(String, String),
-    #[error("the bearer token is signed with {0:?}: this site takes RS256 and ES256 signatures only")]
+    #[error(
+        "the bearer token is signed with {0:?}: this site takes RS256 and ES256 signatures only"
+    )]
     Algorithm(String),
     #[error("the bearer token of {issuer} cannot be checked: {cause}")]
     Key { issuer: String, cause: KeyError },
@@ -197,8 +199,8 @@ impl TokenVerifier {
         if token.len() > MAX_TOKEN {
             return Err(TokenError::Malformed("longer than 16 KiB".to_owned()));
         }
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| TokenError::Malformed(e.to_string()))?;
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
         let unverified: UnverifiedIssuer = jsonwebtoken::dangerous::insecure_decode_claims(token)
             .map_err(|e| TokenError::Malformed(e.to_string()))?;
         let iss = unverified
@@ -305,16 +307,15 @@ fn refusal(kind: jsonwebtoken::errors::ErrorKind, issuer: &TokenIssuer, token: &
     use jsonwebtoken::errors::ErrorKind;
     match kind {
         ErrorKind::InvalidAudience => {
-            let found = match jsonwebtoken::dangerous::insecure_decode_claims::<UnverifiedAudience>(
-                token,
-            )
-            .ok()
-            .and_then(|claims| claims.aud)
-            {
-                Some(AudienceClaim::One(aud)) => aud,
-                Some(AudienceClaim::Many(auds)) => auds.join(", "),
-                None => "(none)".to_owned(),
-            };
+            let found =
+                match jsonwebtoken::dangerous::insecure_decode_claims::<UnverifiedAudience>(token)
+                    .ok()
+                    .and_then(|claims| claims.aud)
+                {
+                    Some(AudienceClaim::One(aud)) => aud,
+                    Some(AudienceClaim::Many(auds)) => auds.join(", "),
+                    None => "(none)".to_owned(),
+                };
             TokenError::Audience {
                 found,
                 wanted: issuer.audiences.join(" or "),
@@ -372,9 +373,7 @@ impl Right {
         let path = path.trim_end_matches('/');
         if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
             Self::Read
-        } else if *method == Method::DELETE
-            || path.ends_with("/cancel")
-            || path.ends_with("/halt")
+        } else if *method == Method::DELETE || path.ends_with("/cancel") || path.ends_with("/halt")
         {
             Self::Cancel
         } else if *method == Method::POST

@@ -25,7 +25,13 @@ struct SigningKey {
 impl SigningKey {
     fn rsa(kid: &str) -> Self {
         let output = std::process::Command::new("openssl")
-            .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ])
             .output()
             .expect("openssl genpkey");
         assert!(output.status.success(), "openssl genpkey failed");
@@ -149,9 +155,17 @@ async fn an_es256_scitoken_is_accepted_and_groups_of_other_vos_are_dropped() {
     let object = claims.as_object_mut().unwrap();
     object.remove("wlcg.ver");
     object.insert("ver".to_owned(), json!("scitoken:2.0"));
-    let verified = site.verifier.verify(&key.sign(&claims), now()).await.unwrap();
+    let verified = site
+        .verifier
+        .verify(&key.sign(&claims), now())
+        .await
+        .unwrap();
     let vos: Vec<&str> = verified.groups.iter().map(Fqan::vo).collect();
-    assert_eq!(vos, ["cms", "cms"], "the /atlas group is not this issuer's to give");
+    assert_eq!(
+        vos,
+        ["cms", "cms"],
+        "the /atlas group is not this issuer's to give"
+    );
 }
 
 #[tokio::test]
@@ -165,42 +179,63 @@ async fn each_bad_claim_is_refused_with_what_to_do() {
     };
     let hour_ago = now().timestamp() - 3600;
 
-    let message = refused(&site, &with(&|c| {
-        c.insert("iss".into(), json!("https://other.test.invalid/"));
-    }))
+    let message = refused(
+        &site,
+        &with(&|c| {
+            c.insert("iss".into(), json!("https://other.test.invalid/"));
+        }),
+    )
     .await;
     assert!(message.contains("not one this site trusts"), "{message}");
     assert!(message.contains(ISSUER), "{message}");
 
-    let message = refused(&site, &with(&|c| {
-        c.insert("aud".into(), json!(["https://elsewhere.test.invalid"]));
-    }))
+    let message = refused(
+        &site,
+        &with(&|c| {
+            c.insert("aud".into(), json!(["https://elsewhere.test.invalid"]));
+        }),
+    )
     .await;
-    assert!(message.contains("https://elsewhere.test.invalid"), "{message}");
+    assert!(
+        message.contains("https://elsewhere.test.invalid"),
+        "{message}"
+    );
     assert!(message.contains(AUDIENCE), "{message}");
 
-    let message = refused(&site, &with(&|c| {
-        c.insert("exp".into(), json!(hour_ago));
-    }))
+    let message = refused(
+        &site,
+        &with(&|c| {
+            c.insert("exp".into(), json!(hour_ago));
+        }),
+    )
     .await;
     assert!(message.contains("expired at"), "{message}");
     assert!(message.contains("oidc-token"), "{message}");
 
-    let message = refused(&site, &with(&|c| {
-        c.insert("nbf".into(), json!(now().timestamp() + 3600));
-    }))
+    let message = refused(
+        &site,
+        &with(&|c| {
+            c.insert("nbf".into(), json!(now().timestamp() + 3600));
+        }),
+    )
     .await;
     assert!(message.contains("not valid before"), "{message}");
 
-    let message = refused(&site, &with(&|c| {
-        c.remove("wlcg.ver");
-    }))
+    let message = refused(
+        &site,
+        &with(&|c| {
+            c.remove("wlcg.ver");
+        }),
+    )
     .await;
     assert!(message.contains("no profile"), "{message}");
 
-    let message = refused(&site, &with(&|c| {
-        c.remove("sub");
-    }))
+    let message = refused(
+        &site,
+        &with(&|c| {
+            c.remove("sub");
+        }),
+    )
     .await;
     assert!(message.contains("lacks the claim sub"), "{message}");
 
@@ -236,7 +271,10 @@ async fn signatures_by_other_keys_none_and_hmac_are_refused() {
     let payload = signed.split('.').nth(1).unwrap();
     let none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{payload}.");
     let message = refused(&site, &none).await;
-    assert!(message.contains("not a JWT") || message.contains("RS256"), "{message}");
+    assert!(
+        message.contains("not a JWT") || message.contains("RS256"),
+        "{message}"
+    );
 
     let message = refused(&site, "not-a-token").await;
     assert!(message.contains("not a JWT"), "{message}");
@@ -271,10 +309,19 @@ fn each_request_needs_the_right_its_method_and_route_say() {
     assert_eq!(right(Method::POST, "/v1/sessions"), "compute.create");
     assert_eq!(right(Method::POST, "/v1/jobs/"), "compute.create");
     assert_eq!(right(Method::POST, "/v1/images"), "compute.create");
-    assert_eq!(right(Method::DELETE, "/v1/sessions/train1"), "compute.cancel");
-    assert_eq!(right(Method::POST, "/v1/jobs/3f2b/cancel"), "compute.cancel");
+    assert_eq!(
+        right(Method::DELETE, "/v1/sessions/train1"),
+        "compute.cancel"
+    );
+    assert_eq!(
+        right(Method::POST, "/v1/jobs/3f2b/cancel"),
+        "compute.cancel"
+    );
     assert_eq!(right(Method::POST, "/v1/jobs/3f2b/halt"), "compute.cancel");
-    assert_eq!(right(Method::POST, "/v1/sessions/train1/hold"), "compute.modify");
+    assert_eq!(
+        right(Method::POST, "/v1/sessions/train1/hold"),
+        "compute.modify"
+    );
     assert_eq!(right(Method::POST, "/v1/keys"), "compute.modify");
     assert_eq!(right(Method::PUT, "/v1/gpus/GPU-1/mode"), "compute.modify");
 }

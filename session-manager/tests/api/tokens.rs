@@ -244,7 +244,10 @@ async fn a_token_only_user_creates_a_session_and_an_ssh_key_that_expires_with_th
         .fails(StatusCode::FORBIDDEN, user.delete("/v1/sessions/train1"))
         .await;
     assert!(
-        refused.error.message.contains("lacks the scope compute.cancel")
+        refused
+            .error
+            .message
+            .contains("lacks the scope compute.cancel")
             && refused.error.message.contains("oidc-token"),
         "{refused:?}"
     );
@@ -256,17 +259,17 @@ async fn a_token_only_user_creates_a_session_and_an_ssh_key_that_expires_with_th
             user.post("/v1/dashboard/links", &json!({})),
         )
         .await;
-    assert!(refused.error.message.contains("compute.cancel"), "{refused:?}");
+    assert!(
+        refused.error.message.contains("compute.cancel"),
+        "{refused:?}"
+    );
 
     // An hour and a minute later the token and the key have expired.
     clock.advance(TimeDelta::minutes(62));
     let refused = user
         .fails(StatusCode::UNAUTHORIZED, user.get("/v1/whoami"))
         .await;
-    assert!(
-        refused.error.message.contains("expired at"),
-        "{refused:?}"
-    );
+    assert!(refused.error.message.contains("expired at"), "{refused:?}");
     let (status, body) = m.gateway.authorize(KEY_A).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(
@@ -319,7 +322,10 @@ async fn each_refused_token_says_what_is_wrong_and_is_never_logged() {
         }),
     )
     .await;
-    assert!(message.contains(&format!("with audience {AUDIENCE}")), "{message}");
+    assert!(
+        message.contains(&format!("with audience {AUDIENCE}")),
+        "{message}"
+    );
     let message = refused(
         StatusCode::UNAUTHORIZED,
         SigningKey::new("k1").sign(&claims),
@@ -429,7 +435,10 @@ async fn an_admin_links_a_token_identity_to_a_users_dn() {
         .alice
         .fails(StatusCode::FORBIDDEN, m.alice.put("/v1/token-links", &link))
         .await;
-    assert!(refused.error.message.starts_with("only admins"), "{refused:?}");
+    assert!(
+        refused.error.message.starts_with("only admins"),
+        "{refused:?}"
+    );
     let made: TokenLinkView = m
         .admin
         .ok(StatusCode::OK, m.admin.put("/v1/token-links", &link))
@@ -453,7 +462,10 @@ async fn an_admin_links_a_token_identity_to_a_users_dn() {
     };
     let refused = m
         .admin
-        .fails(StatusCode::NOT_FOUND, m.admin.put("/v1/token-links", &unknown))
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.admin.put("/v1/token-links", &unknown),
+        )
         .await;
     assert!(refused.error.message.contains("trusts iam"), "{refused:?}");
     let nobody = LinkToken {
@@ -462,9 +474,15 @@ async fn an_admin_links_a_token_identity_to_a_users_dn() {
     };
     let refused = m
         .admin
-        .fails(StatusCode::NOT_FOUND, m.admin.put("/v1/token-links", &nobody))
+        .fails(
+            StatusCode::NOT_FOUND,
+            m.admin.put("/v1/token-links", &nobody),
+        )
         .await;
-    assert!(refused.error.message.contains("has used the site"), "{refused:?}");
+    assert!(
+        refused.error.message.contains("has used the site"),
+        "{refused:?}"
+    );
 
     let _: TokenLinkView = m
         .admin
@@ -475,6 +493,9 @@ async fn an_admin_links_a_token_identity_to_a_users_dn() {
         )
         .await;
     let me: WhoAmI = user.ok(StatusCode::OK, user.get("/v1/whoami")).await;
-    assert_eq!(me.dn.as_str(), format!("/O=ongrid token/OU=iam/CN={SUBJECT}"));
+    assert_eq!(
+        me.dn.as_str(),
+        format!("/O=ongrid token/OU=iam/CN={SUBJECT}")
+    );
     m.stop().await;
 }
