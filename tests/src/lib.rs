@@ -522,6 +522,9 @@ impl Site {
 
     /// Runs devctl as `user` with extra environment variables (such as `X509_USER_PROXY`) on
     /// top of what [`Site::devctl`] sets.
+    ///
+    /// No bearer token of the machine's reaches it: `BEARER_TOKEN` and `BEARER_TOKEN_FILE` are
+    /// unset and `XDG_RUNTIME_DIR` is the site's directory, unless `env` sets them.
     pub fn devctl_env(&self, user: &User, env: &[(&str, &Path)], args: &[&str]) -> Output {
         Command::new(binary("devctl"))
             .args(args)
@@ -531,9 +534,25 @@ impl Site {
             .env_remove("X509_USER_CERT")
             .env_remove("X509_USER_KEY")
             .env_remove("X509_CERT_DIR")
+            .env_remove("BEARER_TOKEN")
+            .env_remove("BEARER_TOKEN_FILE")
+            .env("XDG_RUNTIME_DIR", self.dir.path())
             .envs(env.iter().map(|(k, v)| (*k, *v)))
             .output()
             .expect("run devctl")
+    }
+
+    /// A user who connects with bearer tokens only: their devctl config names the manager and
+    /// the CAs, no certificate (`creds` are made but never used).
+    pub fn token_user(&mut self, first_name: &str) -> User {
+        let user = self.user(first_name);
+        let toml = format!(
+            "manager_url = {}\nca_dir = \"{}\"\n",
+            self.manager_url(),
+            self.pki.ca_dir.display()
+        );
+        write_private(&user.devctl_config, toml).expect("write devctl config");
+        user
     }
 
     fn prepare(gpus: &[SimGpu]) -> anyhow::Result<Self> {
@@ -1003,16 +1022,7 @@ allowlist_refresh = "1 second"
 
     /// Runs devctl as `user`.
     pub fn devctl(&self, user: &User, args: &[&str]) -> Output {
-        Command::new(binary("devctl"))
-            .args(args)
-            .env("ONGRID_DEVCTL_CONFIG", &user.devctl_config)
-            .env_remove("ONGRID_MANAGER_URL")
-            .env_remove("X509_USER_PROXY")
-            .env_remove("X509_USER_CERT")
-            .env_remove("X509_USER_KEY")
-            .env_remove("X509_CERT_DIR")
-            .output()
-            .expect("run devctl")
+        self.devctl_env(user, &[], args)
     }
 
     /// Runs devctl and requires success; returns stdout.

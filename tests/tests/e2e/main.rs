@@ -14,3 +14,4 @@ mod replicas;
 mod sessions;
 mod several_nodes;
 mod ssh;
+mod tokens;
