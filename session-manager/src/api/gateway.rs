@@ -97,7 +97,11 @@ pub fn login_refusal(admission: &Admission, admins: &Admins, key: &KeyRecord) ->
         .filter_map(|fqan| ongrid_x509::voms::Fqan::parse(fqan).ok())
         .collect();
     let admin = admins.admits(&key.owner, &fqans);
-    let refusal = admission.admit(&key.owner, &fqans, admin).err()?;
+    let refusal = match key.token_issuer {
+        Some(_) => admission.admit_token(&key.owner, &fqans, admin),
+        None => admission.admit(&key.owner, &fqans, admin),
+    }
+    .err()?;
     let mut message = format!(
         "SSH key {} cannot log in: {refusal} (judged on the credential the key was registered \
          with)",

@@ -42,10 +42,12 @@ impl CurrentUser {
         let admin = state.config.admins.admits(&identity.dn, &identity.fqans);
         // Before the user record is made: a certificate the site does not admit leaves none.
         // Logged with the caller, as every 403 is (`error::log_refusals`).
-        let admitted = state
-            .config
-            .admission
-            .admit(&identity.dn, &identity.fqans, admin)?;
+        let admission = &state.config.admission;
+        let admitted = if identity.token.is_some() {
+            admission.admit_token(&identity.dn, &identity.fqans, admin)?
+        } else {
+            admission.admit(&identity.dn, &identity.fqans, admin)?
+        };
         let user = state
             .store
             .user(&identity.dn, state.config.first_uid)

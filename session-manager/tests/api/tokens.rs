@@ -348,7 +348,13 @@ async fn each_refused_token_says_what_is_wrong_and_is_never_logged() {
         }),
     )
     .await;
-    assert!(message.contains("does not admit"), "{message}");
+    assert!(
+        message.contains("does not admit")
+            && message.contains("shows /atlas")
+            && message.contains("it needs the group /cms")
+            && message.contains("ask your token issuer for a token with that group"),
+        "{message}"
+    );
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some("k1".to_owned());
     let secret = EncodingKey::from_secret(&serde_json::to_vec(&key.public).unwrap()).unwrap();

@@ -151,6 +151,27 @@ impl Admission {
     /// accounting group; `admin`: listed in the config's `admins`. The refusal (403) names
     /// what the site admits, what the credential showed, and whom to ask.
     pub fn admit(&self, dn: &Dn, fqans: &[Fqan], admin: bool) -> Result<Admitted, Refusal> {
+        self.admit_showing(dn, fqans, admin, Shown::Voms)
+    }
+
+    /// [`Admission::admit`] of a bearer token's user, whose `groups` (`wlcg.groups`) count as
+    /// FQANs; the refusal speaks of token groups.
+    pub fn admit_token(
+        &self,
+        dn: &Dn,
+        groups: &[Fqan],
+        admin: bool,
+    ) -> Result<Admitted, Refusal> {
+        self.admit_showing(dn, groups, admin, Shown::TokenGroups)
+    }
+
+    fn admit_showing(
+        &self,
+        dn: &Dn,
+        fqans: &[Fqan],
+        admin: bool,
+        shown: Shown,
+    ) -> Result<Admitted, Refusal> {
         let Some(rules) = &self.rules else {
             return Ok(Admitted {
                 group: GroupName::default_group(),
@@ -169,10 +190,10 @@ impl Admission {
                 rule: "admin".to_owned(),
             });
         }
-        Err(Refusal::Forbidden(self.refusal(dn, fqans, rules)))
+        Err(Refusal::Forbidden(self.refusal(dn, fqans, rules, shown)))
     }
 
-    fn refusal(&self, dn: &Dn, fqans: &[Fqan], rules: &[AdmitRule]) -> String {
+    fn refusal(&self, dn: &Dn, fqans: &[Fqan], rules: &[AdmitRule], kind: Shown) -> String {
         let mut vos: Vec<&str> = Vec::new();
         let mut patterns: Vec<String> = Vec::new();
         for rule in rules {
@@ -187,10 +208,17 @@ impl Admission {
             needs.push(format!("membership of VO {}", vos.join(", ")));
         }
         if !patterns.is_empty() {
-            needs.push(format!("the VOMS attribute {}", patterns.join(", ")));
+            let what = match kind {
+                Shown::Voms => "the VOMS attribute",
+                Shown::TokenGroups => "the group",
+            };
+            needs.push(format!("{what} {}", patterns.join(", ")));
         }
         let shown = if fqans.is_empty() {
-            "no VOMS attributes".to_owned()
+            match kind {
+                Shown::Voms => "no VOMS attributes".to_owned(),
+                Shown::TokenGroups => "no groups".to_owned(),
+            }
         } else {
             fqans
                 .iter()
@@ -203,10 +231,15 @@ impl Admission {
             message.push_str(": it admits listed people only");
         } else {
             message.push_str(&format!(": it needs {}", needs.join(" or ")));
-            if let Some(vo) = vos.first() {
-                message.push_str(&format!(
+            match (kind, vos.first()) {
+                (Shown::Voms, Some(vo)) => message.push_str(&format!(
                     "; if you are a member, make a proxy with voms-proxy-init --voms {vo}"
-                ));
+                )),
+                (Shown::TokenGroups, _) => message.push_str(
+                    "; if you are a member, ask your token issuer for a token with that group \
+                     (oidc-token --scope wlcg.groups ACCOUNT)",
+                ),
+                (Shown::Voms, None) => {}
             }
         }
         match &self.contact {
@@ -215,6 +248,13 @@ impl Admission {
         }
         message
     }
+}
+
+/// What the credential showed to be admitted by: VOMS attributes, or a token's groups.
+#[derive(Debug, Clone, Copy)]
+enum Shown {
+    Voms,
+    TokenGroups,
 }
 
 #[cfg(test)]
