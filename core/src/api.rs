@@ -144,8 +144,8 @@ pub struct WhoAmI {
     /// The accounting group the site's policy puts the caller in (absent from older managers).
     #[serde(default)]
     pub group: Option<String>,
-    /// The policy rule that admits the caller: `VO atlas`, `DN /DC=...`, `admin`, `any user of
-    /// the site's CAs`.
+    /// The policy rule that admits the caller: `VO atlas`, `DN /DC=...`, `admin`, `any user the
+    /// site authenticates`.
     #[serde(default)]
     pub admitted_by: Option<String>,
     /// With a bearer token (`credential` = `token`): its issuer, subject, groups and scopes.

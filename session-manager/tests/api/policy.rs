@@ -74,7 +74,7 @@ async fn without_a_policy_every_user_of_the_cas_is_admitted_in_group_default() {
     assert_eq!(bob.group.as_deref(), Some("default"));
     assert_eq!(
         bob.admitted_by.as_deref(),
-        Some("any user of the site's CAs")
+        Some("any user the site authenticates")
     );
     m.stop().await;
 }

@@ -156,12 +156,7 @@ impl Admission {
 
     /// [`Admission::admit`] of a bearer token's user, whose `groups` (`wlcg.groups`) count as
     /// FQANs; the refusal speaks of token groups.
-    pub fn admit_token(
-        &self,
-        dn: &Dn,
-        groups: &[Fqan],
-        admin: bool,
-    ) -> Result<Admitted, Refusal> {
+    pub fn admit_token(&self, dn: &Dn, groups: &[Fqan], admin: bool) -> Result<Admitted, Refusal> {
         self.admit_showing(dn, groups, admin, Shown::TokenGroups)
     }
 
@@ -175,7 +170,7 @@ impl Admission {
         let Some(rules) = &self.rules else {
             return Ok(Admitted {
                 group: GroupName::default_group(),
-                rule: "any user of the site's CAs".to_owned(),
+                rule: "any user the site authenticates".to_owned(),
             });
         };
         if let Some(rule) = rules.iter().find(|rule| rule.principal.matches(dn, fqans)) {
@@ -296,7 +291,7 @@ mod tests {
     fn without_a_policy_every_user_of_the_cas_is_admitted_in_group_default() {
         let admitted = Admission::open().admit(&dn(ALICE), &[], false).unwrap();
         assert_eq!(admitted.group.as_str(), "default");
-        assert_eq!(admitted.rule, "any user of the site's CAs");
+        assert_eq!(admitted.rule, "any user the site authenticates");
     }
 
     #[test]
