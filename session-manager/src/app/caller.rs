@@ -87,7 +87,8 @@ impl CurrentUser {
         let missing = verified.missing(rights);
         if !missing.is_empty() {
             return Err(ApiError::forbidden(format!(
-                "the bearer token of {} ({}) lacks the scope {} this request needs: get a token with it (oidc-token --scope \"{}\" ACCOUNT)",
+                "the bearer token of {} ({}) lacks the scope {} this request needs: get a \
+                 token with it (oidc-token --scope \"{}\" ACCOUNT)",
                 verified.subject,
                 verified.issuer_name,
                 missing.join(" and "),

@@ -112,7 +112,10 @@ fn a_user_with_only_a_token_creates_a_session_registers_a_key_and_lands_over_ssh
         &site,
     );
     let public = format!("{}.pub", user.ssh_key.display());
-    ok(devctl(&site, &user, &token, &["key", "add", &public]), &site);
+    ok(
+        devctl(&site, &user, &token, &["key", "add", &public]),
+        &site,
+    );
 
     let me: Value = serde_json::from_str(&ok(
         devctl(&site, &user, &token, &["whoami", "--json"]),
@@ -142,5 +145,8 @@ fn a_user_with_only_a_token_creates_a_session_registers_a_key_and_lands_over_ssh
         stderr.contains("lacks the scope compute.create"),
         "{stderr}"
     );
-    ok(devctl(&site, &user, &token, &["session", "rm", "tok1"]), &site);
+    ok(
+        devctl(&site, &user, &token, &["session", "rm", "tok1"]),
+        &site,
+    );
 }
