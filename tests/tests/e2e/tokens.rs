@@ -2,7 +2,8 @@
 //! as a JWK set file (a site without outbound access); tokens minted here as that issuer would
 //! (ES256, WLCG profile). devctl finds the token in `BEARER_TOKEN_FILE`, creates a session and
 //! registers an SSH key with it, and `ssh` lands in the container as the token's user; a token
-//! without `compute.create` is refused with the scope named.
+//! without `compute.create` is refused with the scope named; an admin links the token identity
+//! to a certificate user, whose DN the token then acts as.
 
 use std::path::{Path, PathBuf};
 
@@ -148,5 +149,38 @@ fn a_user_with_only_a_token_creates_a_session_registers_a_key_and_lands_over_ssh
     ok(
         devctl(&site, &user, &token, &["session", "rm", "tok1"]),
         &site,
+    );
+    // An admin links the token identity to a certificate user's DN: the token then acts as
+    // that user.
+    let carl = site.user("Carl");
+    site.devctl_ok(&carl, &["whoami"]);
+    let linked = site.devctl_ok(
+        &site.admin,
+        &[
+            "admin",
+            "user",
+            "link",
+            "--issuer",
+            "iam",
+            "--subject",
+            SUBJECT,
+            &carl.creds.dn,
+        ],
+    );
+    assert!(linked.contains(&carl.creds.dn), "{linked}");
+    let links = site.devctl_ok(&site.admin, &["admin", "user", "links"]);
+    assert!(links.contains(SUBJECT) && links.contains("iam"), "{links}");
+    let me: Value = serde_json::from_str(&ok(
+        devctl(&site, &user, &token, &["whoami", "--json"]),
+        &site,
+    ))
+    .expect("whoami --json");
+    assert_eq!(me["dn"].as_str(), Some(carl.creds.dn.as_str()));
+    assert_eq!(me["credential"].as_str(), Some("token"));
+    site.devctl_ok(
+        &site.admin,
+        &[
+            "admin", "user", "unlink", "--issuer", "iam", "--subject", SUBJECT,
+        ],
     );
 }
