@@ -32,7 +32,8 @@ impl TestIssuer {
         public.common.key_id = Some("e2e-1".to_owned());
         let jwks = dir.path().join("jwks.json");
         let set = JwkSet { keys: vec![public] };
-        std::fs::write(&jwks, serde_json::to_vec(&set).unwrap()).expect("write the JWK set");
+        std::fs::write(&jwks, serde_json::to_vec(&set).expect("a JWK set as JSON"))
+            .expect("write the JWK set");
         Self {
             _dir: dir,
             jwks,
@@ -180,7 +181,13 @@ fn a_user_with_only_a_token_creates_a_session_registers_a_key_and_lands_over_ssh
     site.devctl_ok(
         &site.admin,
         &[
-            "admin", "user", "unlink", "--issuer", "iam", "--subject", SUBJECT,
+            "admin",
+            "user",
+            "unlink",
+            "--issuer",
+            "iam",
+            "--subject",
+            SUBJECT,
         ],
     );
 }
