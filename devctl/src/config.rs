@@ -14,14 +14,14 @@
 //! never read or change the process environment.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use ongrid_service::Token;
 use reqwest::Url;
 use serde::Deserialize;
 
-use crate::token::TokenSource;
+pub use crate::origin::Origin;
+use crate::token::{TokenSource, ENV_BEARER_TOKEN, ENV_BEARER_TOKEN_FILE};
 
 /// The manager's URL.
 pub const ENV_MANAGER_URL: &str = "ONGRID_MANAGER_URL";
@@ -35,10 +35,6 @@ pub const ENV_USER_KEY: &str = "X509_USER_KEY";
 pub const ENV_USER_PROXY: &str = "X509_USER_PROXY";
 /// The directory of trusted CAs (`<hash>.0` PEM files).
 pub const ENV_CERT_DIR: &str = "X509_CERT_DIR";
-/// A bearer token itself (WLCG Bearer Token Discovery).
-pub const ENV_BEARER_TOKEN: &str = "BEARER_TOKEN";
-/// The file of a bearer token.
-pub const ENV_BEARER_TOKEN_FILE: &str = "BEARER_TOKEN_FILE";
 /// The user's runtime directory, where `bt_u<uid>` holds the bearer token.
 pub const ENV_XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
 
@@ -142,30 +138,6 @@ pub struct FileConfig {
     pub key: Option<PathBuf>,
     /// Directory of trusted CAs.
     pub ca_dir: Option<PathBuf>,
-}
-
-/// Where a setting's value came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
-    /// A command-line flag, like `--cert`.
-    Flag(&'static str),
-    /// An environment variable.
-    Env(&'static str),
-    /// A key of the config file.
-    File { key: &'static str, path: PathBuf },
-    /// The grid's default.
-    Default,
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Flag(flag) => write!(f, "--{flag}"),
-            Self::Env(var) => f.write_str(var),
-            Self::File { key, path } => write!(f, "{key} in {}", path.display()),
-            Self::Default => f.write_str("the grid default"),
-        }
-    }
 }
 
 /// A resolved value and where it came from.

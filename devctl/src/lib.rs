@@ -9,7 +9,7 @@
 //! - [`whoami`], [`session`], [`gpu`], [`key`], [`image`], [`share`], [`admin`], [`dashboard`]:
 //!   the commands.
 //! - [`config`]: flags, environment and `~/.config/ongrid/devctl.toml` resolved into
-//!   [`config::Settings`].
+//!   [`config::Settings`]; [`origin`]: where each setting came from.
 //! - [`credentials`]: the certificate, key and CA directory turned into a rustls configuration.
 //! - [`token`]: the bearer token, read and checked (not verified: the manager does) before it
 //!   is sent.
@@ -35,6 +35,7 @@ pub mod image;
 pub mod job;
 pub mod key;
 pub mod manual;
+pub mod origin;
 pub mod permissions;
 pub mod pubkey;
 pub mod session;

@@ -15,9 +15,14 @@ use chrono::{DateTime, Utc};
 use ongrid_service::Token;
 use serde::Deserialize;
 
-use crate::config::{Origin, ENV_BEARER_TOKEN, ENV_BEARER_TOKEN_FILE};
 use crate::format::{format_time, time_left};
+use crate::origin::Origin;
 use crate::permissions::shell_word;
+
+/// A bearer token itself (WLCG Bearer Token Discovery).
+pub const ENV_BEARER_TOKEN: &str = "BEARER_TOKEN";
+/// The file of a bearer token.
+pub const ENV_BEARER_TOKEN_FILE: &str = "BEARER_TOKEN_FILE";
 
 /// Where devctl found the bearer token.
 #[derive(Debug, Clone, PartialEq, Eq)]
