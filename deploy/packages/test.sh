@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Tests the packages of deploy/packages/build.sh, built from the binaries already in target/:
 #   - the .rpm files are signed (by a throwaway key), pass rpmlint without errors, need glibc
-#     2.34 at most (Enterprise Linux 9),
-#     mark their configs, make their users and hold what they should (units, man pages,
-#     completions);
+#     2.34 at most (Enterprise Linux 9), mark their configs, make their users and hold what they
+#     should (units, man pages, completions);
 #   - the .deb files install with dpkg into a fresh Debian bookworm root (a container of the dev
 #     image, which is debootstrap's bookworm; no network), make their users and directories, and
 #     each service's --check-config passes on its installed example config once the files it
 #     names (certificates, tokens) are in place, as an admin puts them; an upgrade from the
-#     previous revision keeps an edited config; man devctl and the bash completion work; removal
-#     and purge leave no unit and no config behind;
+#     previous revision keeps an edited config; the bash completion works; removal and purge
+#     leave no unit and no config behind;
+#   - `man devctl` and `man devctl-session-new` find the packaged pages; fish completes with the
+#     packaged completion and zsh parses its own;
 #   - the installed binaries are copied to --installed-bin DIR, for ./scripts/test to run the
 #     quickstart with them.
 #
@@ -151,8 +152,8 @@ check_debs() {
         -v "$REPO_ROOT/deploy/packages/test-in-root.sh:/test-in-root.sh:ro" \
         -v "$installed:/installed" "$IMAGE" bash /test-in-root.sh ||
         fail "installing, checking or upgrading the .deb files failed (output above)"
-    # On this machine: man(1) renders the page the package holds, fish completes with its
-    # completion, and zsh reads its own.
+    # On this machine: man(1) finds and renders the pages the package holds, fish completes with
+    # its completion, and zsh reads its own.
     local devctl_root="$WORK/devctl-root"
     dpkg-deb -x "$WORK"/r2/devctl_*.deb "$devctl_root"
     fish --no-config -c "source $devctl_root/usr/share/fish/vendor_completions.d/devctl.fish
@@ -160,10 +161,13 @@ check_debs() {
         fail "fish does not complete 'devctl session ' to new with the packaged completion"
     zsh -n "$devctl_root/usr/share/zsh/vendor-completions/_devctl" ||
         fail "zsh cannot parse the packaged completion _devctl"
-
-    dpkg-deb --fsys-tarfile "$WORK"/r2/devctl_*.deb | tar -xO ./usr/share/man/man1/devctl.1.gz |
-        zcat | MANWIDTH=80 man -l - 2>/dev/null | grep 'devctl - devctl: develop on the grid' >/dev/null ||
-        fail "man -l of devctl.1 does not render its NAME section"
+    # man looks the pages up by name in the package's man directory, as in /usr/share/man.
+    MANWIDTH=80 man -M "$devctl_root/usr/share/man" devctl 2>/dev/null |
+        grep 'devctl - devctl: develop on the grid' >/dev/null ||
+        fail "man devctl does not find or render the packaged devctl.1.gz"
+    MANWIDTH=80 man -M "$devctl_root/usr/share/man" devctl-session-new 2>/dev/null |
+        grep -- '--min-capability' >/dev/null ||
+        fail "man devctl-session-new does not describe --min-capability"
     if [[ -n "$INSTALLED_BIN" ]]; then
         mkdir -p "$INSTALLED_BIN"
         cp "$installed"/* "$INSTALLED_BIN/"
