@@ -47,6 +47,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -120,6 +121,8 @@ pub enum ConfigError {
     ImageStore(PathBuf),
     #[error("[images] max_concurrent must be at least 1")]
     MaxConcurrentFreezes,
+    #[error("[containers] parallel_operations must be at least 1 (1: one container operation at a time)")]
+    ParallelOperations,
     #[error(
         "[images] jobs_dir {0:?} must be an absolute directory path, like /var/lib/ongrid/jobs"
     )]
@@ -171,6 +174,28 @@ struct ConfigFile {
     storage: crate::storage::StorageFile,
     #[serde(default)]
     exec: crate::runtime::direct::ExecConfig,
+    #[serde(default)]
+    containers: ContainersFile,
+}
+
+/// The `[containers]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ContainersFile {
+    #[serde(default = "default_parallel_operations")]
+    parallel_operations: usize,
+}
+
+impl Default for ContainersFile {
+    fn default() -> Self {
+        Self {
+            parallel_operations: default_parallel_operations(),
+        }
+    }
+}
+
+fn default_parallel_operations() -> usize {
+    crate::reconcile::DEFAULT_PARALLEL_OPERATIONS.get()
 }
 
 /// The `[network]` table as written; absent keys take the defaults of [`NetworkPolicy`].
@@ -318,6 +343,9 @@ pub struct Config {
     pub storage: crate::storage::SiteStorage,
     /// How stream processes start in dev containers (`[exec]`).
     pub exec: crate::runtime::direct::ExecConfig,
+    /// How many creations, starts, stops and removals of dev containers run at once
+    /// (`[containers] parallel_operations`).
+    pub parallel_operations: NonZeroUsize,
 }
 
 /// The validated `[streams]` table: where to listen, what to tell the manager, the TLS identity
@@ -458,6 +486,8 @@ impl Config {
         };
         let reserved = file.reserved.validate()?;
         let storage = file.storage.validate()?;
+        let parallel_operations = NonZeroUsize::new(file.containers.parallel_operations)
+            .ok_or(ConfigError::ParallelOperations)?;
         Ok(Self {
             node_name,
             manager_urls,
@@ -473,6 +503,7 @@ impl Config {
             metrics: file.metrics,
             storage,
             exec: file.exec,
+            parallel_operations,
         })
     }
 }
@@ -662,6 +693,25 @@ mod tests {
         assert!(!debug.contains("s3cret"), "{debug}");
         assert!(debug.contains("<secret>"), "{debug}");
         assert_eq!(config.token.to_string(), "<secret>");
+    }
+
+    #[test]
+    fn parallel_operations_default_to_8_and_are_at_least_1() {
+        let files = Files::new();
+        let parallel = |extra: &str| {
+            files
+                .parse(&files.config(extra))
+                .map(|config| config.parallel_operations.get())
+        };
+        assert_eq!(parallel("").unwrap(), 8);
+        assert_eq!(
+            parallel("[containers]\nparallel_operations = 1\n").unwrap(),
+            1
+        );
+        assert!(matches!(
+            parallel("[containers]\nparallel_operations = 0\n"),
+            Err(ConfigError::ParallelOperations)
+        ));
     }
 
     #[test]

@@ -145,6 +145,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         jobs: config.jobs,
         guard,
         readiness,
+        parallel_operations: config.parallel_operations,
     }
     .run(shutdown.clone())
     .await;
@@ -232,6 +233,8 @@ pub struct Agent {
     pub guard: reconcile::NodeGuard,
     /// What `/readyz` answers: set by every sync.
     pub readiness: metrics::Readiness,
+    /// How many container operations of a pass run at once (`[containers]`).
+    pub parallel_operations: std::num::NonZeroUsize,
 }
 
 /// What the sync loop remembers between syncs.
@@ -273,7 +276,8 @@ impl Agent {
             self.node.clone(),
             gpu_access,
             self.guard.clone(),
-        );
+        )
+        .with_parallel_operations(self.parallel_operations);
         let mut state = LoopState {
             registered: None,
             last_gpus: Vec::new(),

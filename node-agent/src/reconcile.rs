@@ -2,9 +2,16 @@
 //! there.
 //!
 //! [`plan`] is the pure decision: from the desired sessions and the containers the runtime
-//! sees, the operations to run. [`Reconciler`] runs them one by one on a [`ContainerRuntime`]
-//! (a failure is logged and reported for its session, never fatal to the pass) and builds the
-//! [`ObservedContainer`] list of the next report. Being level-triggered, it needs no memory to be
+//! sees, the operations to run. [`Reconciler`] runs them on a [`ContainerRuntime`], up to
+//! `[containers] parallel_operations` at once (a failure is logged and reported for its session,
+//! never fatal to the pass nor in the way of the others), and builds the [`ObservedContainer`]
+//! list of the next report.
+//!
+//! Order within a pass: every stop and removal ends before any creation or start begins (the
+//! plan may hand a GPU freed in this pass to another session); the operations of one session
+//! (or of one stray container) run one after the other, in the plan's order; networks are
+//! removed after the containers. Operations run on `&Reconciler`; what they change in its memory
+//! ([`Outcome`]) is applied once their batch is over. Being level-triggered, it needs no memory to be
 //! correct after a restart: containers found by label are adopted, never recreated. Its only
 //! memory is which sessions the manager asked to stop, so that their exited containers are
 //! started again on release instead of being reported as dead, and which dev containers
@@ -22,8 +29,11 @@
 //! pass creates the container from it. The held image is removed with the container.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use ongrid_core::api::{
     ContainerLimits, ContainerState, DesiredSession, ObservedContainer, RunState,
@@ -41,6 +51,9 @@ use crate::storage::SiteStorage;
 
 /// How long a dev container gets to stop before it is killed.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many operations of a pass run at once unless `[containers] parallel_operations` says.
+pub const DEFAULT_PARALLEL_OPERATIONS: NonZeroUsize = NonZeroUsize::MIN.saturating_add(7);
 
 /// One step towards the desired state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +91,57 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// The session whose report carries the operation's failure; `None` for a stray.
+    pub fn session_id(&self) -> Option<SessionId> {
+        match self {
+            Self::Create(s) | Self::Recreate { session: s, .. } => Some(s.session_id),
+            Self::Start { session_id, .. } => Some(*session_id),
+            Self::Stop { session_id, .. }
+            | Self::Remove { session_id, .. }
+            | Self::RemoveNetwork { session_id, .. } => *session_id,
+        }
+    }
+
+    /// Whether it frees what a container holds (its GPUs): stops and removals, which end
+    /// before any creation or start of the same pass begins.
+    pub fn frees(&self) -> bool {
+        matches!(self, Self::Stop { .. } | Self::Remove { .. })
+    }
+
+    /// What it acts on, for keeping one session's operations in order: its session, else the
+    /// stray container or network.
+    fn subject(&self) -> Subject<'_> {
+        match self {
+            Self::Create(s) | Self::Recreate { session: s, .. } => Subject::Session(s.session_id),
+            Self::Start { session_id, .. }
+            | Self::Stop {
+                session_id: Some(session_id),
+                ..
+            }
+            | Self::Remove {
+                session_id: Some(session_id),
+                ..
+            }
+            | Self::RemoveNetwork {
+                session_id: Some(session_id),
+                ..
+            } => Subject::Session(*session_id),
+            Self::Stop {
+                session_id: None,
+                container_id,
+            }
+            | Self::Remove {
+                session_id: None,
+                container_id,
+                ..
+            } => Subject::Other(container_id),
+            Self::RemoveNetwork {
+                session_id: None,
+                network_id,
+            } => Subject::Other(network_id),
+        }
+    }
+
     /// The operation's name in metrics.
     pub fn name(&self) -> &'static str {
         match self {
@@ -89,6 +153,43 @@ impl Operation {
             Self::RemoveNetwork { .. } => "remove_network",
         }
     }
+}
+
+/// What an [`Operation`] acts on (see [`Operation::subject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Subject<'a> {
+    Session(SessionId),
+    Other(&'a str),
+}
+
+/// What a finished operation changes in the [`Reconciler`]'s memory, applied after its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Nothing to remember.
+    Done,
+    /// The session's held container runs again: a later exit is a death, not a hold.
+    Resumed(SessionId),
+}
+
+/// `operations` as chains, one per [`Subject`], each in the given order; the chains in the order
+/// of their first operation.
+fn chains(operations: Vec<Operation>) -> Vec<Vec<Operation>> {
+    let (of_operation, count) = {
+        let mut index: HashMap<Subject<'_>, usize> = HashMap::new();
+        let of_operation: Vec<usize> = operations
+            .iter()
+            .map(|operation| {
+                let next = index.len();
+                *index.entry(operation.subject()).or_insert(next)
+            })
+            .collect();
+        (of_operation, index.len())
+    };
+    let mut chains: Vec<Vec<Operation>> = vec![Vec::new(); count];
+    for (operation, chain) in operations.into_iter().zip(of_operation) {
+        chains[chain].push(operation);
+    }
+    chains
 }
 
 /// The networks to remove: those of sessions no longer desired, and any without a session.
@@ -289,6 +390,8 @@ pub struct Reconciler {
     acted: usize,
     /// Untags the Docker images of frozen images the manager says were removed.
     removed_images: RemovedImages,
+    /// How many operations of a pass run at once (`[containers] parallel_operations`).
+    parallel_operations: NonZeroUsize,
 }
 
 impl Reconciler {
@@ -314,7 +417,15 @@ impl Reconciler {
             acted: 0,
             removed_images: RemovedImages::new(runtime.clone()),
             runtime,
+            parallel_operations: DEFAULT_PARALLEL_OPERATIONS,
         }
+    }
+
+    /// Runs up to `parallel_operations` operations of a pass at once (1: one at a time).
+    #[must_use]
+    pub fn with_parallel_operations(mut self, parallel_operations: NonZeroUsize) -> Self {
+        self.parallel_operations = parallel_operations;
+        self
     }
 
     /// Removes from the node the Docker images of the frozen images in `removed`
@@ -354,36 +465,61 @@ impl Reconciler {
         self.check_firewall().await;
         let networks = self.runtime.list_networks().await?;
 
-        let operations = plan(desired, &observed, &self.resumable)
-            .into_iter()
-            .chain(stale_networks(desired, &networks));
-        for operation in operations {
-            let session_id = match &operation {
-                Operation::Create(s) | Operation::Recreate { session: s, .. } => Some(s.session_id),
-                Operation::Start { session_id, .. } => Some(*session_id),
-                Operation::Stop { session_id, .. }
-                | Operation::Remove { session_id, .. }
-                | Operation::RemoveNetwork { session_id, .. } => *session_id,
-            };
-            let result = self.execute(operation).await;
-            if result.is_ok() {
-                self.acted += 1;
-            }
-            if let Err(e) = result {
-                let problem = error_chain(&e);
-                let Some(id) = session_id else {
-                    warn!(error = %problem, "Could not clean up a stray ongrid container or network.");
-                    continue;
-                };
-                if previous.get(&id) == Some(&problem) {
-                    debug!(session = %id, error = %problem, "Operation failed again.");
-                } else {
-                    warn!(session = %id, error = %problem, "Operation on a dev container failed.");
+        // Stops and removals first, all of them: a GPU they free may be the one a creation of
+        // this pass is given. Network removals go with the second batch, after the containers.
+        let (freeing, starting): (Vec<Operation>, Vec<Operation>) =
+            plan(desired, &observed, &self.resumable)
+                .into_iter()
+                .chain(stale_networks(desired, &networks))
+                .partition(Operation::frees);
+        for batch in [freeing, starting] {
+            for (session_id, result) in self.run_batch(batch).await {
+                match result {
+                    Ok(outcome) => {
+                        self.acted += 1;
+                        if let Outcome::Resumed(id) = outcome {
+                            self.resumable.remove(&id);
+                        }
+                    }
+                    Err(e) => {
+                        let problem = error_chain(&e);
+                        let Some(id) = session_id else {
+                            warn!(error = %problem, "Could not clean up a stray ongrid container or network.");
+                            continue;
+                        };
+                        if previous.get(&id) == Some(&problem) {
+                            debug!(session = %id, error = %problem, "Operation failed again.");
+                        } else {
+                            warn!(session = %id, error = %problem, "Operation on a dev container failed.");
+                        }
+                        self.problems.insert(id, problem);
+                    }
                 }
-                self.problems.insert(id, problem);
             }
         }
         Ok(())
+    }
+
+    /// Runs `operations`, up to `parallel_operations` at once, those of one session one after
+    /// the other (each whatever the previous one's result); each result with the session it
+    /// belongs to, in the order they end.
+    async fn run_batch(
+        &self,
+        operations: Vec<Operation>,
+    ) -> Vec<(Option<SessionId>, Result<Outcome, RuntimeError>)> {
+        futures::stream::iter(chains(operations))
+            .map(|chain| async move {
+                let mut results = Vec::with_capacity(chain.len());
+                for operation in chain {
+                    let session_id = operation.session_id();
+                    results.push((session_id, self.execute(operation).await));
+                }
+                results
+            })
+            .buffer_unordered(self.parallel_operations.get())
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await
     }
 
     /// Checks the firewall rules (reinstalling what is missing) and remembers the outcome.
@@ -421,7 +557,7 @@ impl Reconciler {
         self.runtime.ensure_network(&network).await
     }
 
-    async fn execute(&mut self, operation: Operation) -> Result<(), RuntimeError> {
+    async fn execute(&self, operation: Operation) -> Result<Outcome, RuntimeError> {
         let name = operation.name();
         let started = std::time::Instant::now();
         let result = self.execute_untimed(operation).await;
@@ -429,7 +565,8 @@ impl Reconciler {
         result
     }
 
-    async fn execute_untimed(&mut self, operation: Operation) -> Result<(), RuntimeError> {
+    async fn execute_untimed(&self, operation: Operation) -> Result<Outcome, RuntimeError> {
+        let mut outcome = Outcome::Done;
         match operation {
             Operation::Create(session) => {
                 let spec = self.create_and_start(&session).await?;
@@ -447,7 +584,7 @@ impl Reconciler {
                 self.runtime.commit_to_image(&container_id, &held).await?;
                 self.runtime.remove(&container_id).await?;
                 let spec = self.create_and_start(&session).await?;
-                self.resumable.remove(&id);
+                outcome = Outcome::Resumed(id);
                 info!(session = %id, name = %session.name, container = %spec.name,
                       gpus = %ongrid_core::api::visible_devices(&session.gpus), image = %held,
                       "Dev container created again on other GPUs, with its files.");
@@ -458,7 +595,7 @@ impl Reconciler {
             } => {
                 self.isolate(session_id).await?;
                 self.runtime.start(&container_id).await?;
-                self.resumable.remove(&session_id);
+                outcome = Outcome::Resumed(session_id);
                 info!(session = %session_id, container = %container_id, "Dev container started again.");
             }
             Operation::Stop {
@@ -488,7 +625,7 @@ impl Reconciler {
                 info!(session = ?session_id, network = %network_id, "Session network removed.");
             }
         }
-        Ok(())
+        Ok(outcome)
     }
 
     /// Creates the session's container — from its held image when there is one (a release onto
@@ -1382,6 +1519,118 @@ mod tests {
                 .all(|c| c.state == ContainerState::Running && c.error.is_none()),
             "{report:?}"
         );
+    }
+
+    fn parallel(n: usize) -> NonZeroUsize {
+        NonZeroUsize::new(n).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn creations_run_at_once_up_to_parallel_operations() {
+        for (parallel_operations, at_once, seconds) in [(1, 1, 6), (4, 4, 2), (8, 6, 1)] {
+            let runtime = Arc::new(FakeRuntime::new());
+            runtime.slow("create", Duration::from_secs(1));
+            let mut reconciler =
+                reconciler(&runtime).with_parallel_operations(parallel(parallel_operations));
+            let desired: Vec<DesiredSession> = (0..6).map(|_| desired_session(&[])).collect();
+            let started = tokio::time::Instant::now();
+            reconciler.converge(&desired).await.unwrap();
+            assert_eq!(
+                runtime.most_at_once("create"),
+                at_once,
+                "parallel_operations = {parallel_operations}"
+            );
+            assert_eq!(started.elapsed().as_secs(), seconds);
+            assert_eq!(reconciler.acted(), 6);
+            let report = reconciler.observe().await.unwrap();
+            assert_eq!(report.len(), 6);
+            assert!(
+                report.iter().all(|c| c.state == ContainerState::Running),
+                "{report:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_stop_and_removal_ends_before_any_creation_begins() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime);
+        let (gone, held) = (desired_session(&[GPU]), desired_session(&[OTHER_GPU]));
+        reconciler
+            .converge(&[gone.clone(), held.clone()])
+            .await
+            .unwrap();
+        let containers = |session: &DesiredSession| {
+            runtime
+                .containers()
+                .into_iter()
+                .find(|c| c.session_id == Some(session.session_id))
+                .unwrap()
+                .id
+        };
+        let (gone_id, held_id) = (containers(&gone), containers(&held));
+        runtime.take_timeline();
+
+        // The GPUs of both go to new sessions in the same pass.
+        runtime.slow("stop", Duration::from_secs(10));
+        runtime.slow("remove", Duration::from_secs(1));
+        runtime.slow("create", Duration::from_secs(1));
+        let (new_a, new_b) = (desired_session(&[GPU]), desired_session(&[OTHER_GPU]));
+        reconciler
+            .converge(&[stopped(held.clone()), new_a.clone(), new_b.clone()])
+            .await
+            .unwrap();
+        let timeline = runtime.take_timeline();
+        let at = |event: &str| {
+            timeline
+                .iter()
+                .position(|e| e == event)
+                .unwrap_or_else(|| panic!("no {event} in {timeline:?}"))
+        };
+        let first_create = timeline
+            .iter()
+            .position(|e| e.starts_with("begin create"))
+            .unwrap();
+        for freed in [
+            format!("end stop {gone_id}"),
+            format!("end remove {gone_id}"),
+            format!("end stop {held_id}"),
+        ] {
+            assert!(at(&freed) < first_create, "{timeline:?}");
+        }
+        // One session's operations in order; the two stops at once, and the two creations.
+        assert!(at(&format!("end stop {gone_id}")) < at(&format!("begin remove {gone_id}")));
+        assert_eq!(runtime.most_at_once("stop"), 2);
+        assert_eq!(runtime.most_at_once("create"), 2);
+        // Two stops, a removal, two creations, and the network of the session gone.
+        assert_eq!(reconciler.acted(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_creation_holds_no_other() {
+        let runtime = Arc::new(FakeRuntime::new());
+        runtime.slow("create", Duration::from_secs(1));
+        let mut reconciler = reconciler(&runtime);
+        let desired: Vec<DesiredSession> = (0..4).map(|_| desired_session(&[])).collect();
+        let failing = desired[1].session_id;
+        runtime.fail_on("create", &failing.container_name());
+        reconciler.converge(&desired).await.unwrap();
+        assert_eq!(runtime.most_at_once("create"), 4, "all began together");
+        assert_eq!(reconciler.acted(), 3);
+        let report = reconciler.observe().await.unwrap();
+        assert_eq!(report.len(), 4, "{report:?}");
+        for observed in &report {
+            if observed.session_id == failing {
+                assert_eq!(observed.state, ContainerState::Missing);
+                let error = observed.error.as_deref().unwrap();
+                assert!(error.contains("the fake was told to fail"), "{error}");
+            } else {
+                assert_eq!(
+                    (&observed.state, &observed.error),
+                    (&ContainerState::Running, &None)
+                );
+            }
+        }
     }
 
     #[tokio::test]

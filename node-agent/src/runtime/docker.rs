@@ -68,6 +68,27 @@ pub struct DockerRuntime {
     etc_files: Arc<std::sync::Mutex<HashMap<String, (EtcFile, EtcFile)>>>,
     /// Streams' processes through runc beside dockerd; `None`: `docker exec` for all.
     direct: Option<Arc<DirectExec>>,
+    /// Subnets picked by session networks being created now, which Docker does not list yet:
+    /// the reconciler creates several at once, and two must not pick the same /29.
+    claimed_subnets: Arc<std::sync::Mutex<Vec<Ipv4Net>>>,
+    /// Held while a home volume is made: two sessions of one user starting together must not
+    /// both make it (nor one remove it, on a failed chown, under the other).
+    making_home_volume: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A subnet [`DockerRuntime::claimed_subnets`] holds until its network is created (or not).
+struct SubnetClaim {
+    claimed: Arc<std::sync::Mutex<Vec<Ipv4Net>>>,
+    subnet: Ipv4Net,
+}
+
+impl Drop for SubnetClaim {
+    fn drop(&mut self) {
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|claimed| *claimed != self.subnet);
+    }
 }
 
 /// How many images' `/etc/passwd` and `/etc/group` the runtime keeps.
@@ -86,6 +107,8 @@ impl DockerRuntime {
             node,
             etc_files: Arc::default(),
             direct: None,
+            claimed_subnets: Arc::default(),
+            making_home_volume: Arc::default(),
         })
     }
 
@@ -266,10 +289,20 @@ impl DockerRuntime {
         spec: &ContainerSpec,
         volume: &str,
     ) -> Result<(), RuntimeError> {
-        match self.docker.inspect_volume(volume).await {
-            Ok(_) => return Ok(()),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(docker_error(format!("inspecting volume {volume}"))(e)),
+        let inspect = || async {
+            match self.docker.inspect_volume(volume).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_status(&e, 404) => Ok(false),
+                Err(e) => Err(docker_error(format!("inspecting volume {volume}"))(e)),
+            }
+        };
+        if inspect().await? {
+            return Ok(());
+        }
+        // Another session of the user may be making it: wait for it, then look again.
+        let _making = self.making_home_volume.lock().await;
+        if inspect().await? {
+            return Ok(());
         }
         let options = VolumeCreateOptions {
             name: Some(volume.to_owned()),
@@ -1226,21 +1259,34 @@ impl DockerRuntime {
             .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
             .await
             .map_err(docker_error(action.clone()))?;
-        let used: Vec<Ipv4Net> = all
+        let mut used: Vec<Ipv4Net> = all
             .iter()
             .filter_map(|network| network.ipam.as_ref()?.config.as_ref())
             .flatten()
             .filter_map(|config| config.subnet.as_deref()?.parse().ok())
             .collect();
-        let subnet = crate::network::pick_subnet(spec.subnet_pool, spec.session_id, &used)
-            .ok_or_else(|| RuntimeError::Setup {
-                action: action.clone(),
-                problem: format!(
-                    "no free /{} left in subnet_pool {}: give [network] subnet_pool a larger range",
-                    crate::network::SESSION_SUBNET_PREFIX,
-                    spec.subnet_pool
-                ),
-            })?;
+        let claim = {
+            let mut claimed = self
+                .claimed_subnets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            used.extend(claimed.iter().copied());
+            let subnet = crate::network::pick_subnet(spec.subnet_pool, spec.session_id, &used)
+                .ok_or_else(|| RuntimeError::Setup {
+                    action: action.clone(),
+                    problem: format!(
+                        "no free /{} left in subnet_pool {}: give [network] subnet_pool a larger range",
+                        crate::network::SESSION_SUBNET_PREFIX,
+                        spec.subnet_pool
+                    ),
+                })?;
+            claimed.push(subnet);
+            SubnetClaim {
+                claimed: self.claimed_subnets.clone(),
+                subnet,
+            }
+        };
+        let subnet = claim.subnet;
         let request = NetworkCreateRequest {
             name: spec.name.clone(),
             driver: Some("bridge".to_owned()),
@@ -1264,6 +1310,8 @@ impl DockerRuntime {
             .create_network(request)
             .await
             .map_err(docker_error(action))?;
+        // Docker lists it from now on.
+        drop(claim);
         info!(network = %spec.name, bridge = %spec.bridge, %subnet, "Created session network.");
         Ok(())
     }

@@ -54,6 +54,15 @@ struct State {
     images: BTreeSet<String>,
     /// Operations (`create`, `start`, `stop`, `remove`) that fail from now on.
     failing: BTreeSet<&'static str>,
+    /// Operations that fail from now on for one target only (`create`, container name).
+    failing_targets: BTreeSet<(&'static str, String)>,
+    /// How long `create`, `start`, `stop` and `remove` take, where tests set it ([`FakeRuntime::slow`]).
+    delays: BTreeMap<&'static str, Duration>,
+    /// Of those, how many run now, and the most that ever ran at once, by operation.
+    in_flight: BTreeMap<&'static str, usize>,
+    most_in_flight: BTreeMap<&'static str, usize>,
+    /// `begin <operation> <target>` and `end <operation> <target>` of those, in order.
+    timeline: Vec<String>,
     list_fails: bool,
     /// `daemon` fails, as a stopping Docker's socket refuses new connections.
     daemon_stopping: bool,
@@ -196,9 +205,39 @@ impl FakeRuntime {
         self.state().failing.insert(operation);
     }
 
+    /// Makes `operation` fail from now on when it acts on `target` only (for `create`, the
+    /// container's name).
+    pub fn fail_on(&self, operation: &'static str, target: &str) {
+        self.state()
+            .failing_targets
+            .insert((operation, target.to_owned()));
+    }
+
+    /// Makes `operation` (`create`, `start`, `stop` or `remove`) take `delay` of tokio's clock
+    /// before it acts, so that tests see how many run at once and in what order they end.
+    pub fn slow(&self, operation: &'static str, delay: Duration) {
+        self.state().delays.insert(operation, delay);
+    }
+
+    /// The most calls of `operation` that were in flight at once so far.
+    pub fn most_at_once(&self, operation: &'static str) -> usize {
+        self.state()
+            .most_in_flight
+            .get(operation)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// `begin <operation> <target>` and `end <operation> <target>` of every `create`,
+    /// `start`, `stop` and `remove` so far, in order; then forgets them.
+    pub fn take_timeline(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().timeline)
+    }
+
     pub fn heal(&self) {
         let mut s = self.state();
         s.failing.clear();
+        s.failing_targets.clear();
         s.list_fails = false;
     }
 
@@ -287,13 +326,96 @@ impl FakeRuntime {
         target: &str,
     ) -> Result<(), RuntimeError> {
         s.calls.push(format!("{operation} {target}"));
-        if s.failing.contains(operation) {
+        if s.failing.contains(operation)
+            || s.failing_targets.contains(&(operation, target.to_owned()))
+        {
             return Err(RuntimeError::Setup {
                 action: format!("{operation} {target}"),
                 problem: "the fake was told to fail".into(),
             });
         }
         Ok(())
+    }
+
+    fn create_now(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
+        let mut s = self.state();
+        self.check(&mut s, "create", &spec.name)?;
+        if !s.images.contains(&spec.image) {
+            return Err(RuntimeError::ImageMissing {
+                image: spec.image.clone(),
+                node: self.node.clone(),
+            });
+        }
+        if s.containers.values().any(|c| c.name == spec.name) {
+            return Err(RuntimeError::Setup {
+                action: format!("creating container {}", spec.name),
+                problem: "the name is in use".into(),
+            });
+        }
+        s.next_id += 1;
+        let id = format!("c{}", s.next_id);
+        s.containers.insert(
+            id.clone(),
+            ContainerStatus {
+                id: id.clone(),
+                name: spec.name.clone(),
+                session_id: Some(spec.session_id),
+                state: ContainerState::Created,
+                image: spec.image.clone(),
+                gpus: Some(spec.gpus.clone()),
+            },
+        );
+        s.specs.insert(id.clone(), spec.clone());
+        Ok(id)
+    }
+
+    fn start_now(&self, id: &str) -> Result<(), RuntimeError> {
+        self.set_state(id, "start", ContainerState::Running)?;
+        if let Some(job) = self.state().jobs.get_mut(id) {
+            if job.status.state == super::JobContainerState::Created {
+                job.status.state = super::JobContainerState::Running {
+                    started_at: chrono::Utc::now(),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_now(&self, id: &str) -> Result<(), RuntimeError> {
+        let mut s = self.state();
+        self.check(&mut s, "remove", id)?;
+        s.containers.remove(id);
+        s.specs.remove(id);
+        s.jobs.remove(id);
+        Ok(())
+    }
+
+    /// Before `operation` acts on `target`: counts it in flight and waits its delay.
+    async fn enter(&self, operation: &'static str, target: &str) {
+        let delay = {
+            let mut s = self.state();
+            s.timeline.push(format!("begin {operation} {target}"));
+            let now = {
+                let count = s.in_flight.entry(operation).or_default();
+                *count += 1;
+                *count
+            };
+            let most = s.most_in_flight.entry(operation).or_default();
+            *most = (*most).max(now);
+            s.delays.get(operation).copied()
+        };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// After `operation` acted on `target`.
+    fn leave(&self, operation: &'static str, target: &str) {
+        let mut s = self.state();
+        if let Some(count) = s.in_flight.get_mut(operation) {
+            *count = count.saturating_sub(1);
+        }
+        s.timeline.push(format!("end {operation} {target}"));
     }
 
     fn set_state(
@@ -367,52 +489,21 @@ impl ContainerRuntime for FakeRuntime {
         &'a self,
         spec: &'a ContainerSpec,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
-        let result = (|| {
-            let mut s = self.state();
-            self.check(&mut s, "create", &spec.name)?;
-            if !s.images.contains(&spec.image) {
-                return Err(RuntimeError::ImageMissing {
-                    image: spec.image.clone(),
-                    node: self.node.clone(),
-                });
-            }
-            if s.containers.values().any(|c| c.name == spec.name) {
-                return Err(RuntimeError::Setup {
-                    action: format!("creating container {}", spec.name),
-                    problem: "the name is in use".into(),
-                });
-            }
-            s.next_id += 1;
-            let id = format!("c{}", s.next_id);
-            s.containers.insert(
-                id.clone(),
-                ContainerStatus {
-                    id: id.clone(),
-                    name: spec.name.clone(),
-                    session_id: Some(spec.session_id),
-                    state: ContainerState::Created,
-                    image: spec.image.clone(),
-                    gpus: Some(spec.gpus.clone()),
-                },
-            );
-            s.specs.insert(id.clone(), spec.clone());
-            Ok(id)
-        })();
-        Box::pin(async move { result })
+        Box::pin(async move {
+            self.enter("create", &spec.name).await;
+            let result = self.create_now(spec);
+            self.leave("create", &spec.name);
+            result
+        })
     }
 
     fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
-        let result = self.set_state(id, "start", ContainerState::Running);
-        if result.is_ok() {
-            if let Some(job) = self.state().jobs.get_mut(id) {
-                if job.status.state == super::JobContainerState::Created {
-                    job.status.state = super::JobContainerState::Running {
-                        started_at: chrono::Utc::now(),
-                    };
-                }
-            }
-        }
-        Box::pin(async move { result })
+        Box::pin(async move {
+            self.enter("start", id).await;
+            let result = self.start_now(id);
+            self.leave("start", id);
+            result
+        })
     }
 
     fn stop<'a>(
@@ -420,28 +511,29 @@ impl ContainerRuntime for FakeRuntime {
         id: &'a str,
         _timeout: Duration,
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
-        let result = self.set_state(
-            id,
-            "stop",
-            ContainerState::Exited {
-                exit_code: 143,
-                oom_killed: false,
-                error: None,
-            },
-        );
-        Box::pin(async move { result })
+        Box::pin(async move {
+            self.enter("stop", id).await;
+            let result = self.set_state(
+                id,
+                "stop",
+                ContainerState::Exited {
+                    exit_code: 143,
+                    oom_killed: false,
+                    error: None,
+                },
+            );
+            self.leave("stop", id);
+            result
+        })
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
-        let result = (|| {
-            let mut s = self.state();
-            self.check(&mut s, "remove", id)?;
-            s.containers.remove(id);
-            s.specs.remove(id);
-            s.jobs.remove(id);
-            Ok(())
-        })();
-        Box::pin(async move { result })
+        Box::pin(async move {
+            self.enter("remove", id).await;
+            let result = self.remove_now(id);
+            self.leave("remove", id);
+            result
+        })
     }
 
     fn session_container(

@@ -167,6 +167,7 @@ async fn the_agent_reports_cpu_and_gpu_activity_without_registering_again() {
         images: None,
         jobs: None,
         readiness: Readiness::default(),
+        parallel_operations: ongrid_agent::reconcile::DEFAULT_PARALLEL_OPERATIONS,
     };
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent.run(shutdown.clone()));

@@ -513,6 +513,7 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
             images: None,
             jobs: None,
             readiness: readiness.clone(),
+            parallel_operations: ongrid_agent::reconcile::DEFAULT_PARALLEL_OPERATIONS,
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent.run(shutdown.clone()));
@@ -814,6 +815,7 @@ async fn a_desired_change_starts_a_container_without_waiting_for_the_sync() {
         images: None,
         jobs: None,
         readiness: Readiness::default(),
+        parallel_operations: ongrid_agent::reconcile::DEFAULT_PARALLEL_OPERATIONS,
     };
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent.run(shutdown.clone()));
