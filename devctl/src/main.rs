@@ -31,9 +31,20 @@ fn main() -> ExitCode {
     ));
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`devctl completions bash | head`): stop quietly, as
+        // tools killed by SIGPIPE do, with the shell's code for it.
+        Err(err) if is_broken_pipe(&err) => ExitCode::from(141),
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
