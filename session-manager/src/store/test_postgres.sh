@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Starts a throwaway PostgreSQL server for tests (session-manager's store tests through
 # test_server.rs, the end-to-end tests through tests/src/postgres.rs): `$1` is the directory of
 # initdb and pg_ctl. It prints `ready <socket dir>` once the server accepts connections on a Unix
@@ -6,7 +7,7 @@
 set -u
 bin=$1
 dir=$(mktemp -d /tmp/ongrid-pg.XXXXXX) || { echo "failed: mktemp"; exit 1; }
-cd "$dir"
+cd "$dir" || { echo "failed: cd $dir"; exit 1; }
 # PostgreSQL refuses to run as root: root runs it as the postgres user, anyone else as themselves.
 if [ "$(id -u)" = 0 ]; then
     as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
