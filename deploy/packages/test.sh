@@ -34,7 +34,14 @@ fail() {
     printf 'error: %s\n' "$*" >&2
     exit 1
 }
-cleanup() { [[ -z "$WORK" ]] || rm -rf "$WORK"; }
+# The test's gpg-agent (started by gpg for the throwaway key) goes with its GNUPGHOME.
+cleanup() {
+    [[ -n "$WORK" ]] || return 0
+    if [[ -d "$WORK/gnupg" ]]; then
+        GNUPGHOME="$WORK/gnupg" gpgconf --kill all 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 parse_args() {
