@@ -157,7 +157,59 @@ backend_tests!(
     closed_connections_are_pruned_and_open_ones_kept,
     a_store_keeps_its_identity_and_a_restore_raises_its_generation,
     a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own,
+    token_identities_link_to_existing_users_and_keys_keep_their_token_issuer,
 );
+
+/// A token identity links to a user who exists and is not removed, is replaced by a second link,
+/// listed, and unlinked once; a key registered with a token keeps its issuer's name, and a
+/// renewal with a certificate clears it.
+async fn token_identities_link_to_existing_users_and_keys_keep_their_token_issuer(
+    backend: Backend,
+) {
+    use crate::store::TokenLink;
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
+    let issuer = "https://iam.example.org/";
+    let link = |who: &Dn, at: i64| TokenLink {
+        issuer: issuer.to_owned(),
+        subject: "sub-1".to_owned(),
+        dn: who.clone(),
+        linked_at: t(at),
+    };
+    assert_eq!(store.token_link(issuer, "sub-1").await.unwrap(), None);
+    assert!(!store.link_token(&link(&dn("Nobody"), 0)).await.unwrap());
+    assert!(store.link_token(&link(&alice.dn, 1)).await.unwrap());
+    assert!(store.link_token(&link(&bob.dn, 2)).await.unwrap());
+    assert_eq!(
+        store.token_link(issuer, "sub-1").await.unwrap(),
+        Some(bob.dn.clone())
+    );
+    assert_eq!(store.token_links().await.unwrap(), [link(&bob.dn, 2)]);
+    assert_eq!(
+        store.unlink_token(issuer, "sub-1").await.unwrap(),
+        Some(link(&bob.dn, 2))
+    );
+    assert_eq!(store.unlink_token(issuer, "sub-1").await.unwrap(), None);
+    assert!(store.token_links().await.unwrap().is_empty());
+
+    let mut by_token = new_key(&alice.dn, 1, t(0), t(100));
+    by_token.token_issuer = Some("iam".to_owned());
+    let KeyAdded::New(key) = store.add_key(by_token, 4).await.unwrap() else {
+        panic!("a new key")
+    };
+    assert_eq!(key.token_issuer.as_deref(), Some("iam"));
+    let KeyAdded::Renewed(key) = store
+        .add_key(new_key(&alice.dn, 1, t(10), t(200)), 4)
+        .await
+        .unwrap()
+    else {
+        panic!("a renewal")
+    };
+    assert_eq!(key.token_issuer, None);
+    store.close().await;
+}
 
 /// The mode an agent asks a GPU to start in is the new GPU's; once stored, the store's mode
 /// (an admin's change) wins over what a later registration asks.
