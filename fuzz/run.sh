@@ -16,7 +16,7 @@ FUZZ_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly FUZZ_DIR
 readonly REPO_ROOT="$FUZZ_DIR/.."
 readonly SECONDS_PER_TARGET=${1:-30}
-readonly ALL_TARGETS=(ssh_route config api_bodies proxy_v2)
+readonly ALL_TARGETS=(ssh_route config api_bodies proxy_v2 bearer_token)
 
 die() {
     printf 'fuzz/run.sh: error: %s\n' "$*" >&2
