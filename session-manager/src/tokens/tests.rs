@@ -325,3 +325,95 @@ fn each_request_needs_the_right_its_method_and_route_say() {
     assert_eq!(right(Method::POST, "/v1/keys"), "compute.modify");
     assert_eq!(right(Method::PUT, "/v1/gpus/GPU-1/mode"), "compute.modify");
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A site trusting one issuer with a P-256 key (fast to make: one per case, so that no
+    /// temporary directory outlives the test).
+    fn fresh() -> (Site, SigningKey) {
+        let key = SigningKey::ec("p1");
+        (site(&[&key], &[]), key)
+    }
+
+    fn verify(site: &Site, token: &str) -> Result<VerifiedToken, TokenError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(site.verifier.verify(token, now()))
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        use std::fmt::Write as _;
+        // base64url without padding, by hand: the test needs no base64 crate for this.
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+            for i in 0..=chunk.len() {
+                let index = (n >> (18 - 6 * i)) & 63;
+                let _ = write!(out, "{}", char::from(ALPHABET[index as usize]));
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever arrives as a token is refused with words, never a panic.
+        #[test]
+        fn any_text_is_refused_without_panic(text in ".{0,300}") {
+            let (site, _) = fresh();
+            let refused = verify(&site, &text);
+            prop_assert!(refused.is_err());
+            prop_assert!(!refused.unwrap_err().to_string().is_empty());
+        }
+
+        /// Three base64url parts of arbitrary bytes: refused, never a panic.
+        #[test]
+        fn any_three_parts_are_refused(
+            header in proptest::collection::vec(any::<u8>(), 0..80),
+            claims in proptest::collection::vec(any::<u8>(), 0..200),
+            signature in proptest::collection::vec(any::<u8>(), 0..80),
+        ) {
+            let token = format!("{}.{}.{}", b64(&header), b64(&claims), b64(&signature));
+            let (site, _) = fresh();
+            prop_assert!(verify(&site, &token).is_err());
+        }
+
+        /// Signed claims of any audience, expiry and profile: accepted only with the site's
+        /// audience, an expiry ahead and a profile.
+        #[test]
+        fn signed_claims_are_accepted_only_when_every_rule_holds(
+            audience_ok in any::<bool>(),
+            expires_in in -7200i64..7200,
+            profile in 0u8..3,
+        ) {
+            let mut claims = wlcg_claims("prop");
+            let object = claims.as_object_mut().unwrap();
+            if !audience_ok {
+                object.insert("aud".into(), json!("https://elsewhere.test.invalid"));
+            }
+            object.insert("exp".into(), json!(now().timestamp() + expires_in));
+            object.remove("wlcg.ver");
+            match profile {
+                0 => {}
+                1 => { object.insert("wlcg.ver".into(), json!("1.0")); }
+                _ => { object.insert("ver".into(), json!("scitoken:2.0")); }
+            }
+            let (site, key) = fresh();
+            let accepted = verify(&site, &key.sign(&claims)).is_ok();
+            // Within the 60 s skew either answer is right.
+            if (-61..=0).contains(&expires_in) {
+                return Ok(());
+            }
+            prop_assert_eq!(accepted, audience_ok && expires_in > 0 && profile != 0);
+        }
+    }
+}
