@@ -10,7 +10,7 @@
 //! - [`sessions`]: create, hold, release, keep alive, remove; [`images`]: freeze a session;
 //!   [`institutes`]: add, remove; [`jobs`]: cancel, halt; [`nodes`]: drain and undrain nodes and
 //!   GPUs; [`logins`]: the dashboard's single-use login links; [`token_links`]: token
-//!   identities linked to users.
+//!   identities linked to users; [`users`]: list, remove, restore.
 //! - Shared: [`caller`] (who asks), [`lookup`] (`{name}[?owner=DN]`, images, reservations),
 //!   [`views`] (records as people see them, and what a view reads of the whole site once per
 //!   answer) and [`error`] ([`ApiError`], the refusal every caller words the same).
@@ -30,6 +30,7 @@ pub mod lookup;
 pub mod nodes;
 pub mod sessions;
 pub mod token_links;
+pub mod users;
 pub mod views;
 
 use std::collections::HashMap;
