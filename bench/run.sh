@@ -6,6 +6,12 @@
 #    through the SSH gateway (`ssh <session>@gateway true`), with a GPU free and the dev image
 #    present, over ONGRID_BENCH_SESSIONS sessions one after the other; p50 and p99, and the two
 #    parts (tests/examples/time_to_shell.rs).
+# 1b. A burst: ONGRID_BENCH_BURST sessions (a class at 9:00) asked for at once on one node whose
+#    simulated GPUs are in shared:32 mode, time to shell of each (request to the end of its first
+#    command through the gateway) p50/p99/max; beside it, first and in the same run, the floor:
+#    as many `docker run -d` of the dev image at once, each followed by one `ssh true` to the
+#    plain sshd of 2 (started before the burst); the ratio of the p99s
+#    (tests/examples/time_to_shell.rs --burst).
 # 2. SSH through the gateway against OpenSSH's sshd (Debian's openssh-server), which this script
 #    starts on a free loopback port with its own config, host key and test user `ongrid-bench`
 #    (MaxStartups raised so 50 logins at once are not dropped), the same cipher on both
@@ -24,8 +30,11 @@
 # behind. Absolute times are printed, not asserted; the whole run takes about 10 minutes on a
 # 2-core machine once built.
 #
-# Usage: bench/run.sh [--no-build]
-# Environment (defaults): ONGRID_BENCH_SESSIONS (20), ONGRID_BENCH_SSH_MIB (1024),
+# Usage: bench/run.sh [--no-build] [--burst N] [--only PART[,PART...]]
+#   --burst N: sessions of the burst (ONGRID_BENCH_BURST); --only: run only these parts, of
+#   shell, burst, ssh, plan, freeze (default: all).
+# Environment (defaults): ONGRID_BENCH_SESSIONS (20), ONGRID_BENCH_BURST (60; 0 skips),
+#   ONGRID_BENCH_SSH_MIB (1024),
 #   ONGRID_BENCH_ACTIVE (200; 0 skips), ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0
 #   skips the freeze),
 #   ONGRID_BENCH_PLAN (yes; no skips the scheduler).
@@ -39,6 +48,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
 readonly TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 readonly SESSIONS="${ONGRID_BENCH_SESSIONS:-20}"
+BURST="${ONGRID_BENCH_BURST:-60}"
 readonly SSH_MIB="${ONGRID_BENCH_SSH_MIB:-1024}"
 readonly IDLE="${ONGRID_BENCH_IDLE:-1000}"
 readonly ACTIVE="${ONGRID_BENCH_ACTIVE:-200}"
@@ -52,18 +62,42 @@ die() {
     exit 1
 }
 
+readonly USAGE="usage: bench/run.sh [--no-build] [--burst N] [--only PART[,PART...]]"
 build=yes
-for arg in "$@"; do
-    case "$arg" in
+only="shell,burst,ssh,plan,freeze"
+while (($# > 0)); do
+    case "$1" in
     --no-build) build=no ;;
-    *) die "unknown argument $arg (usage: bench/run.sh [--no-build])" ;;
+    --burst)
+        (($# > 1)) || die "--burst needs a number of sessions ($USAGE)"
+        BURST="$2"
+        shift
+        ;;
+    --only)
+        (($# > 1)) || die "--only needs parts, like burst or shell,ssh ($USAGE)"
+        only="$2"
+        shift
+        ;;
+    *) die "unknown argument $1 ($USAGE)" ;;
+    esac
+    shift
+done
+readonly BURST only
+for part in ${only//,/ }; do
+    case "$part" in
+    shell | burst | ssh | plan | freeze) ;;
+    *) die "--only: unknown part $part (shell, burst, ssh, plan, freeze)" ;;
     esac
 done
+# Whether the part $1 runs.
+wanted() {
+    [[ ",$only," == *",$1,"* ]]
+}
 
 for var in SESSIONS SSH_MIB; do
     [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number above 0"
 done
-for var in IDLE ACTIVE FREEZE_MIB; do
+for var in IDLE ACTIVE FREEZE_MIB BURST; do
     [[ "${!var}" =~ ^[0-9]+$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number"
 done
 [[ "$(id -u)" -eq 0 ]] || die "run as root: the agent installs iptables rules, and the sshd needs a test user"
@@ -185,14 +219,26 @@ EOF
 }
 
 export ONGRID_BENCH_SUMMARY="$summary"
-printf '\n==> time to shell, %s sessions\n' "$SESSIONS"
-"$TARGET_DIR/release/examples/time_to_shell" "$SESSIONS"
+if wanted shell; then
+    printf '\n==> time to shell, %s sessions\n' "$SESSIONS"
+    "$TARGET_DIR/release/examples/time_to_shell" "$SESSIONS"
+fi
 
-printf '\n==> SSH: the gateway against OpenSSH sshd\n'
-start_sshd
-"$TARGET_DIR/release/examples/ssh_bench" --mib "$SSH_MIB" --active "$ACTIVE" --idle "$IDLE"
+if wanted ssh || { wanted burst && ((BURST > 0)); }; then
+    start_sshd
+fi
 
-if [[ "$PLAN" != no ]]; then
+if wanted burst && ((BURST > 0)); then
+    printf '\n==> burst: %s sessions at once, beside docker run -d + sshd\n' "$BURST"
+    "$TARGET_DIR/release/examples/time_to_shell" --burst "$BURST"
+fi
+
+if wanted ssh; then
+    printf '\n==> SSH: the gateway against OpenSSH sshd\n'
+    "$TARGET_DIR/release/examples/ssh_bench" --mib "$SSH_MIB" --active "$ACTIVE" --idle "$IDLE"
+fi
+
+if wanted plan && [[ "$PLAN" != no ]]; then
     printf '\n==> scheduler plan time (a short criterion run)\n'
     cargo bench --quiet -p ongrid-scheduler --bench plan -- --noplot --warm-up-time 1 \
         --measurement-time 3 --sample-size 10 \
@@ -204,7 +250,7 @@ if [[ "$PLAN" != no ]]; then
         "$work/plan.out" >>"$summary"
 fi
 
-if ((FREEZE_MIB > 0)); then
+if wanted freeze && ((FREEZE_MIB > 0)); then
     printf '\n==> freeze, ~%s MiB of mixed files, one run each\n' "$FREEZE_MIB"
     ONGRID_BENCH_MIB="$FREEZE_MIB" ONGRID_BENCH_RUNS=1 "$REPO_ROOT/images/benches/freeze.sh" |
         tee "$work/freeze.out"

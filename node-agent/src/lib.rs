@@ -249,6 +249,10 @@ struct LoopState {
     backoff: Backoff,
     /// CPU samples of the running dev containers between syncs.
     activity: activity::ActivitySampler,
+    /// The next sync reports what the last convergence changed: it skips the activity
+    /// sample, since Docker answers a running container's stats only at its next collection
+    /// (about 1 s), and people wait for the containers just started.
+    report_promptly: bool,
     /// Runs the manager's freeze orders.
     freezer: Arc<freeze::Freezer>,
     /// Runs the manager's batch jobs.
@@ -286,6 +290,7 @@ impl Agent {
             gpu_outage: Outage::default(),
             backoff: Backoff::default(),
             activity: activity::ActivitySampler::new(),
+            report_promptly: false,
             freezer: Arc::new(freeze::Freezer::new(
                 self.runtime.clone(),
                 self.node.clone(),
@@ -332,6 +337,7 @@ impl Agent {
             let acted = reconciler.acted() > 0 || std::mem::take(&mut state.mig_changed);
             let delay = if acted && follow_ups < MAX_FOLLOW_UPS {
                 follow_ups += 1;
+                state.report_promptly = true;
                 Duration::ZERO
             } else {
                 follow_ups = 0;
@@ -361,6 +367,7 @@ impl Agent {
                         if self.apply_pushed(&mut reconciler, &mut state, versioned).await {
                             // Report what it started or stopped (or its jobs and freezes) at
                             // once; new versions come only from changes in the manager.
+                            state.report_promptly = true;
                             break;
                         }
                     }
@@ -455,15 +462,20 @@ impl Agent {
             }
         };
 
-        let activity = state
-            .activity
-            .sample(
-                &*self.runtime,
-                reconciler.last_observed(),
-                &gpus,
-                chrono::Utc::now(),
-            )
-            .await;
+        // An empty list changes nothing at the manager: the sessions keep their last samples.
+        let activity = if std::mem::take(&mut state.report_promptly) {
+            Vec::new()
+        } else {
+            state
+                .activity
+                .sample(
+                    &*self.runtime,
+                    reconciler.last_observed(),
+                    &gpus,
+                    chrono::Utc::now(),
+                )
+                .await
+        };
         let exchange = self.exchange(state, gpus, containers, activity);
         let answer = tokio::select! {
             answer = exchange => answer,
