@@ -335,7 +335,12 @@ impl Agent {
             }
             // It changed containers: report them at once.
             let acted = reconciler.acted() > 0 || std::mem::take(&mut state.mig_changed);
-            let delay = if acted && follow_ups < MAX_FOLLOW_UPS {
+            // A pass that spent its budget left operations for the next: report what it did,
+            // then go on at once (each such pass starts operations, so this ends).
+            let delay = if reconciler.deferred() > 0 {
+                state.report_promptly = true;
+                Duration::ZERO
+            } else if acted && follow_ups < MAX_FOLLOW_UPS {
                 follow_ups += 1;
                 state.report_promptly = true;
                 Duration::ZERO

@@ -11,7 +11,10 @@
 //! plan may hand a GPU freed in this pass to another session); the operations of one session
 //! (or of one stray container) run one after the other, in the plan's order; networks are
 //! removed after the containers. Operations run on `&Reconciler`; what they change in its memory
-//! ([`Outcome`]) is applied once their batch is over. Being level-triggered, it needs no memory to be
+//! ([`Outcome`]) is applied once their batch is over. A pass starts operations for
+//! [`PASS_BUDGET`] only, so that a burst is reported (and its node heard from) as it goes; the
+//! rest waits for the next pass, which the agent runs at once, and no creation or start begins
+//! in a pass whose stops and removals did not all run. Being level-triggered, it needs no memory to be
 //! correct after a restart: containers found by label are adopted, never recreated. Its only
 //! memory is which sessions the manager asked to stop, so that their exited containers are
 //! started again on release instead of being reported as dead, and which dev containers
@@ -51,6 +54,11 @@ use crate::storage::SiteStorage;
 
 /// How long a dev container gets to stop before it is killed.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a pass goes on starting operations. Those left are for the next pass, after a
+/// report: a class of 60 arriving at once takes longer than the manager's `node_timeout` (10 s
+/// in tests) to start, and the sessions started meanwhile are waited for.
+pub const PASS_BUDGET: Duration = Duration::from_secs(4);
 
 /// How many operations of a pass run at once unless `[containers] parallel_operations` says.
 pub const DEFAULT_PARALLEL_OPERATIONS: NonZeroUsize = NonZeroUsize::MIN.saturating_add(7);
@@ -388,10 +396,14 @@ pub struct Reconciler {
     observed: Vec<ContainerStatus>,
     /// How many operations the last [`Reconciler::converge`] carried out.
     acted: usize,
+    /// How many chains of operations the last [`Reconciler::converge`] left for the next pass.
+    deferred: usize,
     /// Untags the Docker images of frozen images the manager says were removed.
     removed_images: RemovedImages,
     /// How many operations of a pass run at once (`[containers] parallel_operations`).
     parallel_operations: NonZeroUsize,
+    /// How long a pass starts operations ([`PASS_BUDGET`]).
+    pass_budget: Duration,
 }
 
 impl Reconciler {
@@ -418,7 +430,16 @@ impl Reconciler {
             removed_images: RemovedImages::new(runtime.clone()),
             runtime,
             parallel_operations: DEFAULT_PARALLEL_OPERATIONS,
+            pass_budget: PASS_BUDGET,
+            deferred: 0,
         }
+    }
+
+    /// Starts operations for `pass_budget` in a pass instead of [`PASS_BUDGET`].
+    #[must_use]
+    pub fn with_pass_budget(mut self, pass_budget: Duration) -> Self {
+        self.pass_budget = pass_budget;
+        self
     }
 
     /// Runs up to `parallel_operations` operations of a pass at once (1: one at a time).
@@ -440,15 +461,24 @@ impl Reconciler {
         self.acted
     }
 
+    /// How many sessions' (or strays') operations the last [`Reconciler::converge`] left for
+    /// the next pass, its budget spent; the next pass should come at once.
+    pub fn deferred(&self) -> usize {
+        self.deferred
+    }
+
     /// The containers as the last [`Reconciler::observe`] saw them (for activity sampling).
     pub fn last_observed(&self) -> &[ContainerStatus] {
         &self.observed
     }
 
-    /// One pass: looks at the containers, plans, and runs every operation. Fails only when the
-    /// runtime cannot list the containers (then nothing is touched).
+    /// One pass: looks at the containers, plans, and runs the operations, starting new ones for
+    /// its budget ([`Reconciler::deferred`] counts those left). Fails only when the runtime
+    /// cannot list the containers (then nothing is touched).
     pub async fn converge(&mut self, desired: &[DesiredSession]) -> Result<(), RuntimeError> {
         self.acted = 0;
+        self.deferred = 0;
+        let deadline = tokio::time::Instant::now() + self.pass_budget;
         let observed = self.runtime.list().await.inspect_err(|_| {
             self.docker_was_away = true;
         })?;
@@ -472,8 +502,19 @@ impl Reconciler {
                 .into_iter()
                 .chain(stale_networks(desired, &networks))
                 .partition(Operation::frees);
+        let mut started_any = false;
         for batch in [freeing, starting] {
-            for (session_id, result) in self.run_batch(batch).await {
+            if self.deferred > 0 {
+                // Not every stop and removal ran: what they free is not free yet.
+                self.deferred += chains(batch).len();
+                continue;
+            }
+            let chains = chains(batch);
+            let count = chains.len();
+            let (results, deferred) = self.run_batch(chains, deadline, !started_any).await;
+            started_any |= deferred < count;
+            self.deferred = deferred;
+            for (session_id, result) in results {
                 match result {
                     Ok(outcome) => {
                         self.acted += 1;
@@ -500,14 +541,28 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Runs `operations`, up to `parallel_operations` at once, those of one session one after
-    /// the other (each whatever the previous one's result); each result with the session it
-    /// belongs to, in the order they end.
+    /// Runs the chains of operations ([`chains`]), up to `parallel_operations` at once, those
+    /// of one chain one after the other (each whatever the previous one's result), starting none
+    /// after `deadline`
+    /// (but one with `start_one`, so that every pass gets on); each result with the session it
+    /// belongs to, in the order they end, and how many sessions' operations were not started.
     async fn run_batch(
         &self,
-        operations: Vec<Operation>,
-    ) -> Vec<(Option<SessionId>, Result<Outcome, RuntimeError>)> {
-        futures::stream::iter(chains(operations))
+        chains: Vec<Vec<Operation>>,
+        deadline: tokio::time::Instant,
+        start_one: bool,
+    ) -> (
+        Vec<(Option<SessionId>, Result<Outcome, RuntimeError>)>,
+        usize,
+    ) {
+        let total = chains.len();
+        let mut started = 0;
+        let results = futures::stream::iter(chains)
+            .take_while(|_| {
+                let start = (start_one && started == 0) || tokio::time::Instant::now() < deadline;
+                started += usize::from(start);
+                std::future::ready(start)
+            })
             .map(|chain| async move {
                 let mut results = Vec::with_capacity(chain.len());
                 for operation in chain {
@@ -519,7 +574,8 @@ impl Reconciler {
             .buffer_unordered(self.parallel_operations.get())
             .flat_map(futures::stream::iter)
             .collect()
-            .await
+            .await;
+        (results, total - started)
     }
 
     /// Checks the firewall rules (reinstalling what is missing) and remembers the outcome.
@@ -1530,8 +1586,9 @@ mod tests {
         for (parallel_operations, at_once, seconds) in [(1, 1, 6), (4, 4, 2), (8, 6, 1)] {
             let runtime = Arc::new(FakeRuntime::new());
             runtime.slow("create", Duration::from_secs(1));
-            let mut reconciler =
-                reconciler(&runtime).with_parallel_operations(parallel(parallel_operations));
+            let mut reconciler = reconciler(&runtime)
+                .with_parallel_operations(parallel(parallel_operations))
+                .with_pass_budget(Duration::from_secs(60));
             let desired: Vec<DesiredSession> = (0..6).map(|_| desired_session(&[])).collect();
             let started = tokio::time::Instant::now();
             reconciler.converge(&desired).await.unwrap();
@@ -1554,7 +1611,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn every_stop_and_removal_ends_before_any_creation_begins() {
         let runtime = Arc::new(FakeRuntime::new());
-        let mut reconciler = reconciler(&runtime);
+        let mut reconciler = reconciler(&runtime).with_pass_budget(Duration::from_secs(60));
         let (gone, held) = (desired_session(&[GPU]), desired_session(&[OTHER_GPU]));
         reconciler
             .converge(&[gone.clone(), held.clone()])
@@ -1631,6 +1688,59 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_starts_operations_for_its_budget_and_leaves_the_rest() {
+        let runtime = Arc::new(FakeRuntime::new());
+        runtime.slow("create", Duration::from_secs(1));
+        let mut reconciler = reconciler(&runtime)
+            .with_parallel_operations(parallel(2))
+            .with_pass_budget(Duration::from_secs(3));
+        let desired: Vec<DesiredSession> = (0..10).map(|_| desired_session(&[])).collect();
+        // Two at a time, started at 0, 1 and 2 s; none at 3 s.
+        reconciler.converge(&desired).await.unwrap();
+        assert_eq!((reconciler.acted(), reconciler.deferred()), (6, 4));
+        let running = |report: Vec<ObservedContainer>| {
+            report
+                .iter()
+                .filter(|c| c.state == ContainerState::Running)
+                .count()
+        };
+        assert_eq!(running(reconciler.observe().await.unwrap()), 6);
+        reconciler.converge(&desired).await.unwrap();
+        assert_eq!((reconciler.acted(), reconciler.deferred()), (4, 0));
+        assert_eq!(running(reconciler.observe().await.unwrap()), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_creation_begins_in_a_pass_whose_stops_did_not_all_run() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let mut reconciler = reconciler(&runtime)
+            .with_parallel_operations(parallel(1))
+            .with_pass_budget(Duration::from_secs(3));
+        let (a, b) = (desired_session(&[GPU]), desired_session(&[OTHER_GPU]));
+        reconciler.converge(&[a.clone(), b.clone()]).await.unwrap();
+        runtime.take_calls();
+        runtime.slow("stop", Duration::from_secs(10));
+        // Their GPUs go to c, in shared mode say.
+        let c = desired_session(&[GPU]);
+        let desired = [stopped(a), stopped(b), c.clone()];
+        reconciler.converge(&desired).await.unwrap();
+        assert_eq!(runtime.take_calls(), ["stop c1"]);
+        assert_eq!((reconciler.acted(), reconciler.deferred()), (1, 2));
+        reconciler.converge(&desired).await.unwrap();
+        assert_eq!(runtime.take_calls(), ["stop c2"]);
+        assert_eq!((reconciler.acted(), reconciler.deferred()), (1, 1));
+        reconciler.converge(&desired).await.unwrap();
+        assert_eq!(
+            runtime.take_calls(),
+            [
+                format!("create {}", c.session_id.container_name()),
+                "start c3".into()
+            ]
+        );
+        assert_eq!((reconciler.acted(), reconciler.deferred()), (1, 0));
     }
 
     #[tokio::test]
