@@ -12,7 +12,7 @@
 //! batch jobs hold about a fifth (one GPU each, most past their min duration, a few halting,
 //! some past their max duration), and 50,000 pending requests: 20,000 sessions and 30,000
 //! queued jobs (some with notBefore, notAfter or a bucket). Sessions that find no free GPU halt
-//! jobs. A full plan must take under 100 ms on one core.
+//! jobs. A full plan must take under 50 ms on one core.
 
 use chrono::{DateTime, TimeZone, Utc};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};

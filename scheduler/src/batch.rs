@@ -24,9 +24,13 @@
 //! free GPU anywhere, so the rule above reduces to "the least (class, node, GPU) held by a
 //! claimable job, else the least (GPUs of the job, class, node, GPU, job) held by an eligible
 //! job", which per-class ordered sets of such *options* answer at once. The sets are kept in
-//! step with every place taken and every job claimed.
+//! step with every place taken and every job claimed. Other sessions look node by node, but a
+//! node whose counts (per class, GPUs with a free place, held by halting jobs, held by eligible
+//! jobs; kept in step the same way) show that it cannot beat the best node so far is skipped
+//! without a look at its GPUs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use ongrid_core::{HumanDuration, JobId};
@@ -92,7 +96,21 @@ pub(crate) struct Preemption {
     pub wait_for: Vec<JobId>,
     halt_numbers: Vec<usize>,
     claim_numbers: Vec<usize>,
-    key: (usize, usize, Vec<usize>, usize),
+    key: Key,
+}
+
+/// How preemptions compare, least first: jobs halted, GPUs halted in all, the session's classes
+/// from the most capable down, node.
+type Key = (usize, usize, Vec<usize>, usize);
+
+/// What a session that halts jobs ([`Halting::Interactive`]) could do with a GPU, as
+/// [`Batch::preempt`] sees it: take a free place, wait for a job halting already, or halt an
+/// eligible job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Free = 0,
+    Wait = 1,
+    Halt = 2,
 }
 
 #[derive(Debug)]
@@ -100,21 +118,25 @@ pub(crate) struct Batch {
     /// In id order, so a job's number orders like its id.
     jobs: Vec<Job>,
     by_id: HashMap<JobId, usize>,
-    /// The jobs holding each GPU, by job number.
-    holders: HashMap<usize, Vec<usize>>,
-    /// The jobs on each node, by job number.
-    on_node: BTreeMap<usize, Vec<usize>>,
+    /// The jobs holding each GPU, by GPU number and job number.
+    holders: Vec<Vec<usize>>,
+    /// The jobs on each node, by node number and job number.
+    on_node: Vec<Vec<usize>>,
+    /// The nodes with jobs, in number order.
+    nodes_with_jobs: Vec<usize>,
+    /// Per node: the most of its GPUs one job holds.
+    widest_job: Vec<usize>,
     /// Per class: full GPUs with a claimable holder, as `(node, GPU)`.
     wait_options: Vec<BTreeSet<(usize, usize)>>,
     /// Per class: `(job's GPUs, node, GPU, job)` for each full GPU and eligible job holding it.
     halt_options: Vec<BTreeSet<(usize, usize, usize, usize)>>,
-    /// The options each GPU is in now, to take them out when it changes.
-    options_of: HashMap<usize, Vec<Option_>>,
-    /// Per node with jobs, per class: GPUs a session could get there, by taking a free place
-    /// or waiting for or halting a job. A bound that skips most nodes without a look.
-    obtainable: HashMap<usize, Vec<u32>>,
-    /// Whether a GPU counts in `obtainable` now.
-    counted: HashMap<usize, bool>,
+    /// The options each GPU is in now, by GPU number, to take them out when it changes.
+    options_of: Vec<Vec<Option_>>,
+    /// Per node with jobs, per class: GPUs a session could get there, by [`Tier`] (empty for
+    /// other nodes). Bounds that skip most nodes without a look.
+    obtainable: Vec<Vec<[u32; 3]>>,
+    /// The tier a GPU counts in `obtainable` under now, by GPU number.
+    counted: Vec<Option<Tier>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -130,13 +152,15 @@ impl Batch {
         let mut batch = Self {
             jobs: Vec::new(),
             by_id: HashMap::new(),
-            holders: HashMap::new(),
-            on_node: BTreeMap::new(),
+            holders: vec![Vec::new(); index.gpu_count()],
+            on_node: vec![Vec::new(); index.node_count()],
+            nodes_with_jobs: Vec::new(),
+            widest_job: vec![0; index.node_count()],
             wait_options: vec![BTreeSet::new(); index.class_count()],
             halt_options: vec![BTreeSet::new(); index.class_count()],
-            options_of: HashMap::new(),
-            obtainable: HashMap::new(),
-            counted: HashMap::new(),
+            options_of: vec![Vec::new(); index.gpu_count()],
+            obtainable: vec![Vec::new(); index.node_count()],
+            counted: vec![None; index.gpu_count()],
         };
         for job in running {
             let Some(node) = index.node_named(&job.node) else {
@@ -150,9 +174,10 @@ impl Batch {
                 .collect();
             let number = batch.jobs.len();
             for &gpu in &gpus {
-                batch.holders.entry(gpu).or_default().push(number);
+                batch.holders[gpu].push(number);
             }
-            batch.on_node.entry(node).or_default().push(number);
+            batch.on_node[node].push(number);
+            batch.widest_job[node] = batch.widest_job[node].max(gpus.len());
             batch.by_id.insert(job.id, number);
             batch.jobs.push(Job {
                 id: job.id,
@@ -171,6 +196,9 @@ impl Batch {
                 },
             });
         }
+        batch.nodes_with_jobs = (0..index.node_count())
+            .filter(|&node| !batch.on_node[node].is_empty())
+            .collect();
         batch
     }
 
@@ -178,8 +206,8 @@ impl Batch {
     /// sessions' claims are recorded, then [`Batch::refresh`] after every change.
     pub fn build_options(&mut self, index: &Index<'_>) {
         let mut gpus = Vec::new();
-        for &node in self.on_node.keys() {
-            self.obtainable.insert(node, vec![0; index.class_count()]);
+        for &node in &self.nodes_with_jobs {
+            self.obtainable[node] = vec![[0; 3]; index.class_count()];
             gpus.extend(index.gpus_of(node));
         }
         self.refresh(index, &gpus);
@@ -188,33 +216,41 @@ impl Batch {
     /// Brings the options of these GPUs up to date.
     pub fn refresh(&mut self, index: &Index<'_>, gpus: &[usize]) {
         for &gpu in gpus {
-            for option in self.options_of.remove(&gpu).unwrap_or_default() {
+            for option in std::mem::take(&mut self.options_of[gpu]) {
                 match option {
                     Option_::Wait(class, entry) => self.wait_options[class].remove(&entry),
                     Option_::Halt(class, entry) => self.halt_options[class].remove(&entry),
                 };
             }
             let (class, node) = (index.class_of(gpu), index.node_of(gpu));
-            let obtainable = index.free(gpu) > 0
-                || self.holders.get(&gpu).is_some_and(|holders| {
-                    holders
-                        .iter()
-                        .any(|&j| self.jobs[j].status == Status::Halting || self.jobs[j].eligible())
-                });
-            if let Some(counts) = self.obtainable.get_mut(&node) {
-                let was = self.counted.insert(gpu, obtainable).unwrap_or(false);
-                match (was, obtainable) {
-                    (false, true) => counts[class] += 1,
-                    (true, false) => counts[class] -= 1,
-                    _ => {}
+            let holders = &self.holders[gpu];
+            let halting = || {
+                holders
+                    .iter()
+                    .any(|&j| self.jobs[j].status == Status::Halting)
+            };
+            let tier = if index.free(gpu) > 0 {
+                Some(Tier::Free)
+            } else if halting() {
+                Some(Tier::Wait)
+            } else if holders.iter().any(|&j| self.jobs[j].eligible()) {
+                Some(Tier::Halt)
+            } else {
+                None
+            };
+            let counts = &mut self.obtainable[node];
+            if !counts.is_empty() {
+                let was = std::mem::replace(&mut self.counted[gpu], tier);
+                if let Some(was) = was {
+                    counts[class][was as usize] -= 1;
+                }
+                if let Some(tier) = tier {
+                    counts[class][tier as usize] += 1;
                 }
             }
-            if index.free(gpu) > 0 {
+            if index.free(gpu) > 0 || holders.is_empty() {
                 continue;
             }
-            let Some(holders) = self.holders.get(&gpu) else {
-                continue;
-            };
             let mut options = Vec::new();
             if holders
                 .iter()
@@ -231,9 +267,7 @@ impl Batch {
                     Option_::Halt(class, entry) => self.halt_options[class].insert(entry),
                 };
             }
-            if !options.is_empty() {
-                self.options_of.insert(gpu, options);
-            }
+            self.options_of[gpu] = options;
         }
     }
 
@@ -248,7 +282,7 @@ impl Batch {
             })
             .min();
         if let Some((class, node, gpu)) = wait {
-            let job = self.holders[&gpu]
+            let job = self.holders[gpu]
                 .iter()
                 .copied()
                 .find(|&j| self.jobs[j].status == Status::Halting)?;
@@ -324,12 +358,13 @@ impl Batch {
     ) -> Option<Preemption> {
         if halting != Halting::Interactive {
             let count = usize::try_from(count).ok()?;
-            let nodes: Vec<usize> = match pinned {
-                Some(node) => vec![node],
-                None => self.on_node.keys().copied().collect(),
+            let nodes = match &pinned {
+                Some(node) => std::slice::from_ref(node),
+                None => self.nodes_with_jobs.as_slice(),
             };
             return nodes
-                .into_iter()
+                .iter()
+                .copied()
                 .filter_map(|node| self.on_node_(index, node, fits, count, halting))
                 .min_by(|a, b| a.key.cmp(&b.key));
         }
@@ -338,20 +373,15 @@ impl Batch {
         }
         let count = usize::try_from(count).ok()?;
         let mut best: Option<Preemption> = None;
-        let nodes: Vec<usize> = match pinned {
-            Some(node) => vec![node],
-            None => self.on_node.keys().copied().collect(),
+        let fitting: Vec<usize> = (0..fits.len()).filter(|&class| fits[class]).collect();
+        let nodes = match &pinned {
+            Some(node) => std::slice::from_ref(node),
+            None => self.nodes_with_jobs.as_slice(),
         };
-        for node in nodes {
-            let bound: u32 = self.obtainable.get(&node).map_or(0, |counts| {
-                counts
-                    .iter()
-                    .zip(fits)
-                    .filter(|(_, fits)| **fits)
-                    .map(|(n, _)| n)
-                    .sum()
-            });
-            if (bound as usize) < count {
+        let mut scratch = Vec::new();
+        for &node in nodes {
+            let best_key = best.as_ref().map(|best| &best.key);
+            if !self.may_beat(node, &fitting, count, best_key, &mut scratch) {
                 continue;
             }
             let Some(candidate) = self.on_node_(index, node, fits, count, halting) else {
@@ -364,6 +394,59 @@ impl Batch {
         best
     }
 
+    /// Whether a preemption on `node` for a session of `count` GPUs of these classes
+    /// (ascending) could beat `best`, judged from the counts alone. The session takes every
+    /// free GPU (it would have been placed had there been `count`), then the least GPUs of jobs
+    /// halting already; what is still missing is halted, by as many jobs as it takes when each
+    /// frees as many GPUs as the node's widest job holds, and at best on the least GPUs
+    /// eligible jobs hold. `classes` is scratch space.
+    fn may_beat(
+        &self,
+        node: usize,
+        fitting: &[usize],
+        count: usize,
+        best: Option<&Key>,
+        classes: &mut Vec<usize>,
+    ) -> bool {
+        let counts = &self.obtainable[node];
+        if counts.is_empty() {
+            return false;
+        }
+        let mut gpus = [0; 3];
+        for &class in fitting {
+            for (sum, n) in gpus.iter_mut().zip(counts[class]) {
+                *sum += n as usize;
+            }
+        }
+        let [free, wait, halt] = gpus;
+        if free >= count || free + wait + halt < count {
+            return false;
+        }
+        let missing = count.saturating_sub(free + wait);
+        let jobs = missing.div_ceil(self.widest_job[node].max(1));
+        let Some(best) = best else {
+            return true;
+        };
+        match (jobs, missing).cmp(&(best.0, best.1)) {
+            Ordering::Less => return true,
+            Ordering::Greater => return false,
+            Ordering::Equal => {}
+        }
+        // Adds the least GPUs of a tier, up to `count` in all.
+        let take = |tier: Tier, classes: &mut Vec<usize>| {
+            for &class in fitting {
+                let gpus = counts[class][tier as usize] as usize;
+                classes.extend(std::iter::repeat_n(class, gpus.min(count - classes.len())));
+            }
+        };
+        classes.clear();
+        take(Tier::Free, classes);
+        take(Tier::Wait, classes);
+        take(Tier::Halt, classes);
+        classes.sort_unstable_by(|a, b| b.cmp(a));
+        (classes.as_slice(), node) < (best.2.as_slice(), best.3)
+    }
+
     fn on_node_(
         &self,
         index: &Index<'_>,
@@ -372,7 +455,7 @@ impl Batch {
         count: usize,
         halting: Halting<'_>,
     ) -> Option<Preemption> {
-        let jobs = self.on_node.get(&node)?;
+        let jobs = &self.on_node[node];
         if !jobs
             .iter()
             .any(|&j| self.jobs[j].may_halt(halting) || self.jobs[j].status == Status::Halting)
@@ -390,7 +473,7 @@ impl Batch {
                 free.push(gpu);
                 continue;
             }
-            let holders = self.holders.get(&gpu).map(Vec::as_slice).unwrap_or(&[]);
+            let holders = &self.holders[gpu];
             if let Some(&job) = holders
                 .iter()
                 .find(|&&j| self.jobs[j].status == Status::Halting)
@@ -509,4 +592,204 @@ pub(crate) fn reached(
         .ok()
         .and_then(|d| started.checked_add_signed(d))
         .is_some_and(|end| end <= now)
+}
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::{GpuMode, Sharing};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::policy::{Policy, Who};
+    use crate::site::{NodeState, SiteState};
+    use crate::testing::*;
+
+    impl Batch {
+        /// [`Batch::preempt`] for a session without skipping any node: the least key of all.
+        fn preempt_everywhere(
+            &self,
+            index: &Index<'_>,
+            fits: &[bool],
+            count: usize,
+            pinned: Option<usize>,
+        ) -> Option<Preemption> {
+            let nodes: Vec<usize> = match pinned {
+                Some(node) => vec![node],
+                None => (0..index.node_count()).collect(),
+            };
+            nodes
+                .into_iter()
+                .filter_map(|node| self.on_node_(index, node, fits, count, Halting::Interactive))
+                .min_by(|a, b| a.key.cmp(&b.key))
+        }
+    }
+
+    /// A GPU: (kind, holders). Kinds 0..4 are a T4, an A100, an H100 and a shared:2 A100.
+    /// Each holder is a job: (GPUs it holds from here on, whether past its min duration,
+    /// whether halting).
+    type GpuSpec = (u8, Vec<(usize, bool, bool)>);
+
+    /// Nodes of GPUs; a job holds the GPU it is listed on and the next ones on its node, each
+    /// GPU holding at most its capacity.
+    fn site(nodes: &[Vec<GpuSpec>]) -> SiteState {
+        let mut site = SiteState::default();
+        let mut uuid_number = 0;
+        let mut job_number = 0;
+        for (n, specs) in nodes.iter().enumerate() {
+            let name = format!("n{n}");
+            let mut gpus: Vec<_> = specs
+                .iter()
+                .map(|(kind, _)| {
+                    uuid_number += 1;
+                    match kind {
+                        0 => t4(uuid_number),
+                        1 => a100(uuid_number),
+                        2 => h100(uuid_number),
+                        _ => gpu(uuid_number, "8.0", "40G", "shared:2"),
+                    }
+                })
+                .collect();
+            for (first, (_, holders)) in specs.iter().enumerate() {
+                for &(width, past_min, halting) in holders {
+                    let held: Vec<usize> = (first..gpus.len().min(first + width))
+                        .filter(|&g| gpus[g].used < gpus[g].mode.capacity())
+                        .collect();
+                    if held.is_empty() {
+                        continue;
+                    }
+                    job_number += 1;
+                    let numbers: Vec<u32> = held
+                        .iter()
+                        .map(|&g| {
+                            gpus[g].used += 1;
+                            uuid_number + 1 - (gpus.len() - g) as u32
+                        })
+                        .collect();
+                    let min = if past_min { 0 } else { 3600 };
+                    let mut job = running_job(job_number, &name, &numbers, 0, min);
+                    job.halting = halting;
+                    site.running_jobs.push(job);
+                }
+            }
+            site.nodes.push(NodeState {
+                gpus,
+                ..node(&name, Vec::new())
+            });
+        }
+        site
+    }
+
+    fn gpu_spec() -> impl Strategy<Value = GpuSpec> {
+        let holder = (1usize..4, any::<bool>(), prop::bool::weighted(0.2));
+        (0u8..4, prop::collection::vec(holder, 0..3))
+    }
+
+    /// A step: take a free GPU (by position among them), or preempt for a request of
+    /// `count` GPUs (capability 8.0 or more, or any; exclusive, or any mode), pinned or not.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Take(usize),
+        Preempt {
+            count: u32,
+            capable: bool,
+            exclusive: bool,
+            pinned: Option<usize>,
+        },
+    }
+
+    fn step(nodes: usize) -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0usize..64).prop_map(Step::Take),
+            (
+                1u32..6,
+                any::<bool>(),
+                any::<bool>(),
+                prop::option::weighted(0.2, 0..nodes)
+            )
+                .prop_map(|(count, capable, exclusive, pinned)| Step::Preempt {
+                    count,
+                    capable,
+                    exclusive,
+                    pinned,
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Skipping nodes by their counts never changes which preemption wins: it is always
+        /// the least of every node's, as the state changes with places taken and jobs claimed.
+        #[test]
+        fn preempt_finds_the_least_preemption_of_all_nodes(
+            (nodes, steps) in prop::collection::vec(prop::collection::vec(gpu_spec(), 1..9), 1..7)
+                .prop_flat_map(|nodes| {
+                    let count = nodes.len();
+                    (Just(nodes), prop::collection::vec(step(count), 1..24))
+                })
+        ) {
+            let site = site(&nodes);
+            let now = at(100);
+            let mut index = Index::new(&site, now);
+            let mut batch = Batch::new(&site, &index, now);
+            batch.build_options(&index);
+            let policy = Policy::default();
+            let who = Who::session(&policy, &session_id(1));
+            for step in steps {
+                match step {
+                    Step::Take(position) => {
+                        let free: Vec<usize> = (0..index.gpu_count())
+                            .filter(|&gpu| index.free(gpu) > 0)
+                            .collect();
+                        if let Some(&gpu) = free.get(position % free.len().max(1)) {
+                            index.take(index.node_of(gpu), &[gpu]);
+                            batch.refresh(&index, &[gpu]);
+                        }
+                    }
+                    Step::Preempt { count, capable, exclusive, pinned } => {
+                        let sharing = if exclusive { Sharing::Exclusive } else { Sharing::Any };
+                        let capability = capable.then_some("8.0");
+                        let fits = index.fitting_classes(&request(count, capability, None, sharing), &who);
+                        let pinned = pinned.filter(|&node| node < index.node_count());
+                        if count == 1 && pinned.is_none() {
+                            continue;
+                        }
+                        let fast = batch.preempt(&index, &fits, count, pinned, Halting::Interactive);
+                        let everywhere = batch.preempt_everywhere(&index, &fits, count as usize, pinned);
+                        let summary = |p: &Option<Preemption>| {
+                            p.as_ref().map(|p| (p.key.clone(), p.gpus.clone(), p.halt.clone(), p.wait_for.clone()))
+                        };
+                        prop_assert_eq!(summary(&fast), summary(&everywhere));
+                        if let Some(preemption) = fast {
+                            batch.commit(&preemption);
+                            let free: Vec<usize> = preemption
+                                .gpus
+                                .iter()
+                                .copied()
+                                .filter(|&gpu| index.free(gpu) > 0)
+                                .collect();
+                            index.take(preemption.node, &free);
+                            let touched = batch.touched(&preemption);
+                            batch.refresh(&index, &touched);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_test_sites_hold_jobs_of_several_gpus_and_shared_gpus_of_two_jobs() {
+        let halting_pair = (2, true, true);
+        let site = site(&[vec![(3, vec![(1, true, false), halting_pair]), (0, vec![])]]);
+        assert_eq!(site.running_jobs.len(), 2);
+        assert_eq!(site.running_jobs[1].gpus, [uuid(1), uuid(2)]);
+        assert!(site.running_jobs[1].halting);
+        assert_eq!(site.nodes[0].gpus[0].used, 2);
+        assert_eq!(
+            site.nodes[0].gpus[0].mode,
+            GpuMode::Shared { max_sessions: 2 }
+        );
+        assert_eq!(site.nodes[0].gpus[1].used, 1);
+    }
 }

@@ -97,12 +97,16 @@ impl<'a> Index<'a> {
             mode: slot.mode,
             tag: tag_of(slot),
         };
-        let classes: Vec<GpuClass> = online
-            .iter()
-            .flat_map(|node| usable(node).map(class_of))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        // GPUs of a node are mostly alike: a class equal to the one before is not ordered again.
+        let mut classes: Vec<GpuClass> = Vec::new();
+        for class in online.iter().flat_map(|node| usable(node).map(class_of)) {
+            if classes.last() != Some(&class) {
+                classes.push(class);
+            }
+        }
+        classes.sort_unstable();
+        classes.dedup_by(|a, b| Ord::cmp(&*a, &*b).is_eq());
+        let gpu_count = online.iter().map(|node| usable(node).count()).sum();
 
         let mut index = Self {
             free_by_class: vec![BTreeSet::new(); classes.len()],
@@ -110,17 +114,23 @@ impl<'a> Index<'a> {
             tags: Vec::new(),
             policy: &site.policy,
             now,
-            gpus: Vec::new(),
+            gpus: Vec::with_capacity(gpu_count),
             nodes: Vec::with_capacity(online.len()),
             nodes_by_signature: BTreeMap::new(),
-            by_uuid: HashMap::new(),
+            by_uuid: HashMap::with_capacity(gpu_count),
         };
+        let mut last: Option<(GpuClass, usize)> = None;
         for (node_number, node) in online.into_iter().enumerate() {
             let mut slots: Vec<_> = usable(node).collect();
             slots.sort_by(|a, b| a.uuid.cmp(&b.uuid));
             let start = index.gpus.len();
             for slot in slots {
-                let class = index.class_number(&class_of(slot));
+                let class = class_of(slot);
+                let class = match last {
+                    Some((last, number)) if last == class => number,
+                    _ => index.class_number(&class),
+                };
+                last = Some((index.classes[class], class));
                 let number = index.gpus.len();
                 let free = slot.free_places();
                 if free > 0 {
@@ -196,6 +206,11 @@ impl<'a> Index<'a> {
             .collect()
     }
 
+    /// Whether some GPU in the index is owned by any group.
+    pub fn any_owned(&self) -> bool {
+        self.tags.iter().any(|tag| tag.owner.is_some())
+    }
+
     /// Whether some GPU in the index is owned by `who`'s group.
     pub fn owns_some(&self, who: &Who<'_>) -> bool {
         self.tags.iter().any(|tag| Policy::owned_by(tag, who))
@@ -213,8 +228,11 @@ impl<'a> Index<'a> {
         self.gpus[gpu].node
     }
 
-    pub fn uuid(&self, gpu: usize) -> &'a GpuUuid {
-        self.gpus[gpu].uuid
+    /// The UUIDs of these GPUs, in the same order.
+    pub fn uuids(&self, gpus: &[usize]) -> Vec<GpuUuid> {
+        gpus.iter()
+            .map(|&gpu| self.gpus[gpu].uuid.clone())
+            .collect()
     }
 
     /// The number of a healthy GPU of an online node.
@@ -225,6 +243,14 @@ impl<'a> Index<'a> {
     /// The node's GPUs, by number (in UUID order).
     pub fn gpus_of(&self, node: usize) -> Range<usize> {
         self.nodes[node].gpus.clone()
+    }
+
+    pub fn gpu_count(&self) -> usize {
+        self.gpus.len()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
     }
 
     pub fn class_count(&self) -> usize {

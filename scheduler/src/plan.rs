@@ -128,12 +128,14 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
         });
     }
 
-    let mut queue: Vec<&PendingSession> = site.pending.iter().collect();
-    queue.sort_by_key(|session| (session.priority, session.queued_at, session.id));
+    let queue = in_order(&site.pending, |session| {
+        (session.priority, session.queued_at, session.id)
+    });
     let still_running: HashSet<_> = site.running_jobs.iter().map(|job| job.id).collect();
-    // Sessions waiting for jobs to halt keep the free GPUs of their placement.
-    let mut waiting = HashSet::new();
-    for session in &queue {
+    // Sessions waiting for jobs to halt keep the free GPUs of their placement. This and
+    // `placed` are by position in `queue`.
+    let mut waiting = vec![false; queue.len()];
+    for (position, session) in queue.iter().enumerate() {
         let Some(wait) = &session.awaiting_halt else {
             continue;
         };
@@ -149,7 +151,7 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
                     }
                 }
             }
-            waiting.insert(session.id);
+            waiting[position] = true;
         }
     }
 
@@ -157,12 +159,15 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
     let mut no_room = NoRoom::default();
     let mut no_preemption = NoRoom::default();
 
-    // Owner groups first on the free GPUs they own: their sessions, then their jobs.
-    let mut placed = HashSet::new();
-    for session in &queue {
+    // Owner groups first on the free GPUs they own: their sessions, then their jobs. A site
+    // where no GPU is owned skips both passes.
+    let any_owned = index.any_owned();
+    let mut placed = vec![false; queue.len()];
+    let owners_queue = if any_owned { queue.as_slice() } else { &[] };
+    for (position, session) in owners_queue.iter().enumerate() {
         let who = Who::session(policy, &session.id);
         if session.request.validate().is_err()
-            || waiting.contains(&session.id)
+            || waiting[position]
             || session.awaiting_halt.is_some()
             || !index.owns_some(&who)
         {
@@ -172,13 +177,12 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
         let owned = index.owned_classes(&fits, &who);
         let want = Want::session(session, owned);
         if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
-            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
-            batch.refresh(&index, &numbers);
-            placed.insert(session.id);
+            batch.refresh(&index, &gpus);
+            placed[position] = true;
             actions.push(Action::Place {
                 session: session.id,
-                node,
-                gpus,
+                node: index.node_name(node).clone(),
+                gpus: index.uuids(&gpus),
             });
         }
     }
@@ -188,8 +192,9 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
             *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
         }
     }
-    let mut jobs: Vec<&QueuedJob> = site.queued_jobs.iter().collect();
-    jobs.sort_by_key(|job| (job.priority, job.queued_at, job.id));
+    let jobs = in_order(&site.queued_jobs, |job| {
+        (job.priority, job.queued_at, job.id)
+    });
     let may_start = |job: &QueuedJob, in_bucket: &HashMap<(&UserName, &BucketName), u32>| {
         let bucket_full = job.bucket.as_ref().is_some_and(|b| {
             in_bucket
@@ -201,8 +206,10 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
             && job.request.validate().is_ok()
             && !bucket_full
     };
-    let mut started = HashSet::new();
-    for &job in &jobs {
+    // By position in `jobs`.
+    let mut started = vec![false; jobs.len()];
+    let owners_jobs = if any_owned { jobs.as_slice() } else { &[] };
+    for (position, &job) in owners_jobs.iter().enumerate() {
         let who = Who::job(policy, &job.id);
         if !index.owns_some(&who) || !may_start(job, &in_bucket) {
             continue;
@@ -213,35 +220,30 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
             if let Some(bucket) = &job.bucket {
                 *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
             }
-            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
-            batch.refresh(&index, &numbers);
-            started.insert(job.id);
+            batch.refresh(&index, &gpus);
+            started[position] = true;
             actions.push(Action::StartJob {
                 job: job.id,
-                node,
-                gpus,
+                node: index.node_name(node).clone(),
+                gpus: index.uuids(&gpus),
             });
         }
     }
 
-    for session in queue {
+    for (position, session) in queue.into_iter().enumerate() {
         let request = &session.request;
-        if request.validate().is_err()
-            || waiting.contains(&session.id)
-            || placed.contains(&session.id)
-        {
+        if request.validate().is_err() || waiting[position] || placed[position] {
             continue;
         }
         let who = Who::session(policy, &session.id);
         let fits = index.fitting_classes(request, &who);
         let want = Want::session(session, fits);
         if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
-            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
-            batch.refresh(&index, &numbers);
+            batch.refresh(&index, &gpus);
             actions.push(Action::Place {
                 session: session.id,
-                node,
-                gpus,
+                node: index.node_name(node).clone(),
+                gpus: index.uuids(&gpus),
             });
             continue;
         }
@@ -305,17 +307,13 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
         actions.push(Action::PlaceAfterHalt {
             session: session.id,
             node: index.node_name(preemption.node).clone(),
-            gpus: preemption
-                .gpus
-                .iter()
-                .map(|&gpu| index.uuid(gpu).clone())
-                .collect(),
+            gpus: index.uuids(&preemption.gpus),
             jobs: preemption.wait_for,
         });
     }
 
-    for job in jobs {
-        if started.contains(&job.id) {
+    for (position, job) in jobs.into_iter().enumerate() {
+        if started[position] {
             continue;
         }
         if let Some(not_after) = job.not_after {
@@ -337,12 +335,11 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
             if let Some(bucket) = &job.bucket {
                 *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
             }
-            let numbers: Vec<usize> = gpus.iter().filter_map(|g| index.gpu_numbered(g)).collect();
-            batch.refresh(&index, &numbers);
+            batch.refresh(&index, &gpus);
             actions.push(Action::StartJob {
                 job: job.id,
-                node,
-                gpus,
+                node: index.node_name(node).clone(),
+                gpus: index.uuids(&gpus),
             });
             continue;
         }
@@ -386,22 +383,34 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
     actions
 }
 
-/// Places one request in the free capacity, or records that its classes found no room.
+/// `items` in `key` order, as a stable sort would put them, computing each key once.
+fn in_order<T, K: Ord>(items: &[T], key: impl Fn(&T) -> K) -> Vec<&T> {
+    let mut keyed: Vec<(K, usize)> = items
+        .iter()
+        .enumerate()
+        .map(|(position, item)| (key(item), position))
+        .collect();
+    keyed.sort_unstable();
+    keyed
+        .into_iter()
+        .map(|(_, position)| &items[position])
+        .collect()
+}
+
+/// Places one request in the free capacity (its node and GPUs, by number), or records that its
+/// classes found no room.
 fn place_one(
     index: &mut Index<'_>,
     no_room: &mut NoRoom,
     want: &Want<'_>,
-) -> Option<(NodeName, Vec<GpuUuid>)> {
+) -> Option<(usize, Vec<usize>)> {
     if no_room.known(&want.fits, want.count) && want.pinned_node.is_none() {
         return None;
     }
     match choose(index, want) {
         Some((node, gpus)) => {
             index.take(node, &gpus);
-            Some((
-                index.node_name(node).clone(),
-                gpus.iter().map(|&gpu| index.uuid(gpu).clone()).collect(),
-            ))
+            Some((node, gpus))
         }
         // A pinned request found no room on one node only: others may still have some.
         None if want.pinned_node.is_some() => None,
