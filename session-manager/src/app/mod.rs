@@ -10,7 +10,7 @@
 //! - [`sessions`]: create, hold, release, keep alive, remove; [`images`]: freeze a session;
 //!   [`institutes`]: add, remove; [`jobs`]: cancel, halt; [`nodes`]: drain and undrain nodes and
 //!   GPUs; [`logins`]: the dashboard's single-use login links; [`token_links`]: token
-//!   identities linked to users; [`users`]: list, remove, restore.
+//!   identities linked to users; [`users`]: list, remove, restore; [`reservations`]: owned GPUs and reservations.
 //! - Shared: [`caller`] (who asks), [`lookup`] (`{name}[?owner=DN]`, images, reservations),
 //!   [`views`] (records as people see them, and what a view reads of the whole site once per
 //!   answer) and [`error`] ([`ApiError`], the refusal every caller words the same).
@@ -28,6 +28,7 @@ pub mod jobs;
 pub mod logins;
 pub mod lookup;
 pub mod nodes;
+pub mod reservations;
 pub mod sessions;
 pub mod token_links;
 pub mod users;
