@@ -2660,6 +2660,18 @@ fn value<T: Serialize>(body: &T) -> serde_json::Value {
 struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl CapturedLog {
+    /// Captures the lines of `level` and above until the guard is dropped.
+    fn install(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let log = Self::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (log, tracing::subscriber::set_default(subscriber))
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
@@ -2677,14 +2689,7 @@ impl std::io::Write for CapturedLog {
 
 #[tokio::test(flavor = "current_thread")]
 async fn refusals_are_logged_once_and_user_strings_cannot_forge_lines() {
-    let log = CapturedLog::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (log, _guard) = CapturedLog::install(tracing::Level::DEBUG);
     let site = Site::new();
     let m = site.start().await;
 
@@ -2742,14 +2747,7 @@ async fn refusals_are_logged_once_and_user_strings_cannot_forge_lines() {
 /// the same gets the 400.
 #[tokio::test(flavor = "current_thread")]
 async fn admin_routes_refuse_users_before_reading_their_bodies() {
-    let log = CapturedLog::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (log, _guard) = CapturedLog::install(tracing::Level::INFO);
     let site = Site::new();
     let m = site.start().await;
     m.node1.register("node1", vec![a100(1)]).await;

@@ -281,14 +281,7 @@ async fn a_token_only_user_creates_a_session_and_an_ssh_key_that_expires_with_th
 
 #[tokio::test]
 async fn each_refused_token_says_what_is_wrong_and_is_never_logged() {
-    let log = CapturedLog::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (log, _guard) = CapturedLog::install(tracing::Level::DEBUG);
     let site = Site::new();
     let key = SigningKey::new("k1");
     let issuer = Issuer::start(site.dir.path(), &[&key]).await;
