@@ -567,6 +567,22 @@ impl Batch {
         })
     }
 
+    /// Carries out a chosen preemption in the round's books: its jobs are claimed
+    /// ([`Batch::commit`]), its GPUs that are free now are taken from `index`, and the options of
+    /// every GPU it touched are brought up to date.
+    pub fn apply(&mut self, index: &mut Index<'_>, preemption: &Preemption) {
+        self.commit(preemption);
+        let free: Vec<usize> = preemption
+            .gpus
+            .iter()
+            .copied()
+            .filter(|&gpu| index.free(gpu) > 0)
+            .collect();
+        index.take(preemption.node, &free);
+        let touched = self.touched(preemption);
+        self.refresh(index, &touched);
+    }
+
     /// Records a chosen preemption: its jobs are claimed.
     pub fn commit(&mut self, preemption: &Preemption) {
         for &job in preemption
@@ -761,16 +777,7 @@ mod tests {
                         };
                         prop_assert_eq!(summary(&fast), summary(&everywhere));
                         if let Some(preemption) = fast {
-                            batch.commit(&preemption);
-                            let free: Vec<usize> = preemption
-                                .gpus
-                                .iter()
-                                .copied()
-                                .filter(|&gpu| index.free(gpu) > 0)
-                                .collect();
-                            index.take(preemption.node, &free);
-                            let touched = batch.touched(&preemption);
-                            batch.refresh(&index, &touched);
+                            batch.apply(&mut index, &preemption);
                         }
                     }
                 }
