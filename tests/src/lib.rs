@@ -877,6 +877,11 @@ allowlist_refresh = "1 second"
     }
 
     /// Allows 127.0.0.0/8 and ::1 as institute `local`.
+    ///
+    /// With the gateway running, returns once the gateway took it: it refreshes its allowlist
+    /// every second, and a login right after would otherwise be refused as from an unknown
+    /// network. The gateway closes a connection from a network it does not know before any SSH
+    /// byte, and greets one it knows with its SSH banner.
     pub fn allow_loopback(&self) {
         self.devctl_ok(
             &self.admin,
@@ -889,6 +894,13 @@ allowlist_refresh = "1 second"
                 "::1/128",
             ],
         );
+        if let (Some(_), Some(addr)) = (&self.gateway, &self.gateway_addr) {
+            self.wait_until(
+                "the gateway to take the new institute",
+                Duration::from_secs(15),
+                || greets(addr).then_some(()),
+            );
+        }
     }
 
     /// Registers the user's SSH key.
@@ -1125,6 +1137,17 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Whether the SSH server at `addr` greets a new connection with its banner (`SSH-2.0-`).
+fn greets(addr: &str) -> bool {
+    use std::io::Read;
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut banner = [0u8; 8];
+    stream.read_exact(&mut banner).is_ok() && banner.starts_with(b"SSH-2.0-")
 }
 
 /// The options that make OpenSSH log in to `port` on loopback with the key `key` and nothing of
