@@ -645,7 +645,7 @@ mod tests {
 
     fn context() -> ErrorContext {
         ErrorContext {
-            manager_url: "https://manager.example.org:8443".to_owned(),
+            manager_url: "https://manager.test.invalid:8443".to_owned(),
             ca_dir: PathBuf::from("/etc/grid-security/certificates"),
             identity: "/DC=org/DC=example/CN=Alice Smith".to_owned(),
             token_source: None,
@@ -871,7 +871,7 @@ mod tests {
                 token
                     .classify(&io, true, false, before_expiry())
                     .to_string(),
-                "the manager at https://manager.example.org:8443 asked for a client certificate \
+                "the manager at https://manager.test.invalid:8443 asked for a client certificate \
                  and took no bearer token (from BEARER_TOKEN): if the site does not accept \
                  tokens, use your certificate or proxy with --cert FILE"
             );
@@ -902,7 +902,7 @@ mod tests {
         let err = context().classify(&io, true, false, before_expiry());
         assert_eq!(
             err.to_string(),
-            "cannot reach the manager at https://manager.example.org:8443 (connection refused): \
+            "cannot reach the manager at https://manager.test.invalid:8443 (connection refused): \
              is it running? (set ONGRID_MANAGER_URL or manager_url in \
              ~/.config/ongrid/devctl.toml)"
         );
@@ -994,7 +994,7 @@ mod tests {
         let err = context().classify(&io, false, true, before_expiry());
         assert_eq!(
             err.to_string(),
-            "the manager at https://manager.example.org:8443 did not answer within 30 s: try \
+            "the manager at https://manager.test.invalid:8443 did not answer within 30 s: try \
              again, or ask the site admins to check it"
         );
     }

@@ -222,7 +222,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bt_u1000");
         let token = jwt(&serde_json::json!({
-            "iss": "https://cms-auth.web.cern.ch/",
+            "iss": "https://iam.test.invalid/",
             "sub": "e1eb758b-b73c-4761-bfff-adc793da409c",
             "exp": 1_795_255_200 + 3600,
             "scope": "compute.create compute.read",
@@ -234,7 +234,7 @@ mod tests {
         assert_eq!(
             loaded.claims,
             Claims {
-                issuer: Some("https://cms-auth.web.cern.ch/".into()),
+                issuer: Some("https://iam.test.invalid/".into()),
                 subject: Some("e1eb758b-b73c-4761-bfff-adc793da409c".into()),
                 expires_at: Some(at(3600)),
             }

@@ -168,7 +168,7 @@ mod tests {
             group: Some("cms".into()),
             admitted_by: Some("group /cms".into()),
             token: Some(TokenInfo {
-                issuer: "https://cms-auth.web.cern.ch/".into(),
+                issuer: "https://iam.test.invalid/".into(),
                 subject: "e1eb758b-b73c-4761-bfff-adc793da409c".into(),
                 groups: vec!["/cms".into(), "/cms/uscms".into()],
                 scopes: vec!["compute.create".into(), "compute.read".into()],
@@ -187,7 +187,7 @@ mod tests {
              site:        admitted (group /cms)\n\
              group:       cms\n\
              credential:  bearer token (BEARER_TOKEN_FILE /run/user/1000/bt_u1000)\n\
-             issuer:      https://cms-auth.web.cern.ch/\n\
+             issuer:      https://iam.test.invalid/\n\
              subject:     e1eb758b-b73c-4761-bfff-adc793da409c\n\
              groups:      /cms, /cms/uscms\n\
              scopes:      compute.create, compute.read\n\
@@ -203,7 +203,7 @@ mod tests {
         };
         let text = render(&no_groups, None, at(0));
         assert!(
-            text.contains("credential:  bearer token\nissuer:      https://cms-auth.web.cern.ch/\nsubject:     e1eb758b-b73c-4761-bfff-adc793da409c\ngroups:      -\nscopes:      -\n"),
+            text.contains("credential:  bearer token\nissuer:      https://iam.test.invalid/\nsubject:     e1eb758b-b73c-4761-bfff-adc793da409c\ngroups:      -\nscopes:      -\n"),
             "{text}"
         );
     }

@@ -1005,7 +1005,7 @@ fn jwt(claims: &Value) -> String {
 /// A token of Alice's from the CMS issuer, expiring `valid_secs` from now.
 fn alice_token(valid_secs: i64) -> String {
     jwt(&serde_json::json!({
-        "iss": "https://cms-auth.web.cern.ch/",
+        "iss": "https://iam.test.invalid/",
         "sub": "e1eb758b-b73c-4761-bfff-adc793da409c",
         "exp": chrono::Utc::now().timestamp() + valid_secs,
         "scope": "compute.create compute.read",
@@ -1020,7 +1020,7 @@ fn token_whoami_view() -> WhoAmI {
         group: Some("cms".into()),
         admitted_by: Some("group /cms".into()),
         token: Some(ongrid_core::api::TokenInfo {
-            issuer: "https://cms-auth.web.cern.ch/".into(),
+            issuer: "https://iam.test.invalid/".into(),
             subject: "e1eb758b-b73c-4761-bfff-adc793da409c".into(),
             groups: vec!["/cms".into()],
             scopes: vec!["compute.create".into(), "compute.read".into()],
@@ -1060,7 +1060,7 @@ async fn a_bearer_token_is_sent_instead_of_a_certificate() {
     assert!(
         text.contains(&format!(
             "credential:  bearer token (BEARER_TOKEN_FILE {})\n\
-             issuer:      https://cms-auth.web.cern.ch/\n\
+             issuer:      https://iam.test.invalid/\n\
              subject:     e1eb758b-b73c-4761-bfff-adc793da409c\n\
              groups:      /cms\n\
              scopes:      compute.create, compute.read\n\
@@ -1110,8 +1110,8 @@ async fn a_bearer_token_is_sent_instead_of_a_certificate() {
 #[tokio::test]
 async fn refusals_of_a_token_name_where_it_came_from() {
     let ca = Ca::new("Site CA");
-    let message = "the token's issuer https://other.example.org/ is not one this site trusts: \
-                   use a token from https://cms-auth.web.cern.ch/";
+    let message = "the token's issuer https://other.test.invalid/ is not one this site trusts: \
+                   use a token from https://iam.test.invalid/";
     let manager = FakeManager::start_with(
         &ca,
         &ca,

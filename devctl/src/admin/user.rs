@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn links_name_the_issuer_by_its_config_name() {
         let link = TokenLinkView {
-            issuer: "https://iam.example.org/".to_owned(),
+            issuer: "https://iam.test.invalid/".to_owned(),
             issuer_name: Some("iam".to_owned()),
             subject: "e1eb758b".to_owned(),
             dn: Dn::parse("/DC=org/CN=Alice Smith").unwrap(),

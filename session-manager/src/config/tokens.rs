@@ -4,7 +4,7 @@
 //! ```toml
 //! [[token_issuers]]
 //! name = "wlcg"                                    # in token users' names and the logs
-//! issuer = "https://wlcg.cloud.cnaf.infn.it/"      # the `iss` claim, exactly
+//! issuer = "https://iam.example.org/"            # the `iss` claim, exactly
 //! audience = ["https://ongrid.example.org:8443"]   # accepted `aud` values
 //! any_audience = false                             # also accept https://wlcg.cern.ch/jwt/v1/any
 //! jwks_file = "/etc/ongrid/wlcg-jwks.json"         # keys from a file instead of the issuer's discovery
@@ -130,7 +130,7 @@ fn token_issuer(
             key("issuer"),
             format!(
                 "{issuer:?} must be the issuer's https URL, exactly as its tokens' iss claim \
-                 says, like \"https://wlcg.cloud.cnaf.infn.it/\""
+                 says, like \"https://<issuer host>/\""
             ),
         ));
     }
@@ -150,7 +150,7 @@ fn token_issuer(
     if audiences.is_empty() {
         return Err((
             key("audience"),
-            "no audience: list this site's, like [\"https://ongrid.example.org:8443\"] (what \
+            "no audience: list this site's, like [\"https://<manager host>:8443\"] (what \
              users ask their tokens for), or set any_audience = true to accept the WLCG \
              profile's https://wlcg.cern.ch/jwt/v1/any"
                 .to_owned(),
@@ -250,8 +250,8 @@ mod tests {
     #[test]
     fn an_issuer_with_its_audience_fetches_its_keys_over_https() {
         let issuer = check(&raw(r#"name = "wlcg"
-               issuer = "https://wlcg.cloud.cnaf.infn.it/"
-               audience = ["https://ongrid.example.org:8443"]
+               issuer = "https://iam.test.invalid/"
+               audience = ["https://ongrid.test.invalid:8443"]
                any_audience = true
                vos = ["/cms", "atlas"]
                key_lifetime = "12 hours""#))
@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(issuer.name, "wlcg");
         assert_eq!(
             issuer.audiences,
-            ["https://ongrid.example.org:8443", WLCG_ANY_AUDIENCE]
+            ["https://ongrid.test.invalid:8443", WLCG_ANY_AUDIENCE]
         );
         assert_eq!(
             issuer.keys,
@@ -276,27 +276,27 @@ mod tests {
         let refused = |text: &str| check(&raw(text)).unwrap_err();
         let (key, message) = refused(
             r#"name = "WLCG IAM"
-            issuer = "https://iam.example.org/"
+            issuer = "https://iam.test.invalid/"
             audience = ["a"]"#,
         );
         assert_eq!(key, "token_issuers[0].name");
         assert!(message.contains("lower-case"), "{message}");
         let (key, message) = refused(
             r#"name = "iam"
-            issuer = "http://iam.example.org/"
+            issuer = "http://iam.test.invalid/"
             audience = ["a"]"#,
         );
         assert_eq!(key, "token_issuers[0].issuer");
         assert!(message.contains("https URL"), "{message}");
         let (key, message) = refused(
             r#"name = "iam"
-            issuer = "https://iam.example.org/""#,
+            issuer = "https://iam.test.invalid/""#,
         );
         assert_eq!(key, "token_issuers[0].audience");
         assert!(message.contains("any_audience"), "{message}");
         let (key, message) = refused(
             r#"name = "iam"
-            issuer = "https://iam.example.org/"
+            issuer = "https://iam.test.invalid/"
             audience = ["a"]
             jwks_file = "/etc/ongrid/keys.json"
             ca_file = "/etc/ssl/ca.crt""#,
@@ -305,7 +305,7 @@ mod tests {
         assert!(message.contains("remove one"), "{message}");
         let (key, message) = refused(
             r#"name = "iam"
-            issuer = "https://iam.example.org/"
+            issuer = "https://iam.test.invalid/"
             audience = ["a"]
             key_lifetime = "30 days""#,
         );
@@ -316,8 +316,8 @@ mod tests {
     #[test]
     fn a_jwks_file_replaces_discovery_and_duplicates_are_refused() {
         let entry = raw(r#"name = "local"
-            issuer = "https://iam.example.org/"
-            audience = ["https://ongrid.example.org:8443"]
+            issuer = "https://iam.test.invalid/"
+            audience = ["https://ongrid.test.invalid:8443"]
             jwks_file = "/etc/ongrid/keys.json""#);
         assert_eq!(
             check(&entry).unwrap().keys,

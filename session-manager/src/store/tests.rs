@@ -171,7 +171,7 @@ async fn token_identities_link_to_existing_users_and_keys_keep_their_token_issue
     let store = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
-    let issuer = "https://iam.example.org/";
+    let issuer = "https://iam.test.invalid/";
     let link = |who: &Dn, at: i64| TokenLink {
         issuer: issuer.to_owned(),
         subject: "sub-1".to_owned(),
