@@ -315,7 +315,7 @@ impl Batch {
     }
 
     /// The GPUs whose options change when this preemption is committed.
-    pub fn touched(&self, preemption: &Preemption) -> Vec<usize> {
+    fn touched(&self, preemption: &Preemption) -> Vec<usize> {
         let mut gpus = preemption.gpus.clone();
         for &job in preemption
             .halt_numbers
@@ -584,7 +584,7 @@ impl Batch {
     }
 
     /// Records a chosen preemption: its jobs are claimed.
-    pub fn commit(&mut self, preemption: &Preemption) {
+    fn commit(&mut self, preemption: &Preemption) {
         for &job in preemption
             .halt_numbers
             .iter()

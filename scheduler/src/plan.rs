@@ -352,16 +352,7 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
         else {
             continue;
         };
-        batch.commit(&preemption);
-        let free: Vec<usize> = preemption
-            .gpus
-            .iter()
-            .copied()
-            .filter(|&gpu| index.free(gpu) > 0)
-            .collect();
-        index.take(preemption.node, &free);
-        let touched = batch.touched(&preemption);
-        batch.refresh(&index, &touched);
+        batch.apply(&mut index, &preemption);
         for &halted in &preemption.halt {
             actions.push(Action::HaltJob {
                 job: halted,
