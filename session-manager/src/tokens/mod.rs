@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use chrono::{DateTime, Utc};
+use jsonwebtoken::jwk::KeyAlgorithm;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use ongrid_x509::voms::Fqan;
 use serde::Deserialize;
@@ -228,10 +229,11 @@ impl TokenVerifier {
                 issuer: issuer.issuer.clone(),
                 cause,
             })?;
+        // A key published for one algorithm signs nothing else.
         if jwk
             .common
             .key_algorithm
-            .is_some_and(|alg| format!("{alg:?}") != format!("{:?}", header.alg))
+            .is_some_and(|alg| alg != KeyAlgorithm::from(header.alg))
         {
             return Err(TokenError::Signature(issuer.issuer.clone()));
         }
