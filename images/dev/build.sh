@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds the ongrid dev image `ongrid/dev:latest` without any container registry:
 # debootstrap a minimal Debian bookworm from this machine's Debian mirror, add the packages of
-# packages.txt, and `docker import` the root filesystem.
+# packages.txt, install JupyterLab from PyPI (jupyter-requirements.txt, hash-checked) into the venv
+# /opt/ongrid/jupyter and its launcher as /usr/local/bin/ongrid-jupyter, and `docker import` the
+# root filesystem.
 #
-# The image is cached by tag: the recipe hash (sha256 of this script and packages.txt) names it
-# `ongrid/dev:<hash12>`; when that tag exists nothing is rebuilt.
+# The image is cached by tag: the recipe hash (sha256 of this script, packages.txt,
+# jupyter-requirements.txt and ongrid-jupyter) names it `ongrid/dev:<hash12>`; when that tag
+# exists nothing is rebuilt.
 #
 # Usage: images/dev/build.sh [--force|--check]
 #   --force   rebuild even when the image of this recipe exists
@@ -14,8 +17,13 @@
 #   ONGRID_DEBIAN_MIRROR   Debian mirror to debootstrap from (default: the machine's apt mirror,
 #                          else http://deb.debian.org/debian)
 #   TMPDIR                 where the root filesystem is assembled (default /var/tmp)
+#   PIP_INDEX_URL          a PyPI mirror for the JupyterLab install (default: pypi.org);
+#                          http_proxy, https_proxy and no_proxy reach pip as well
+#   PIP_CERT               CA bundle pip trusts (default: this machine's
+#                          /etc/ssl/certs/ca-certificates.crt, so a TLS-inspecting proxy that this
+#                          machine trusts is trusted by the build too)
 #
-# Needs: root (debootstrap), debootstrap, a reachable Docker daemon.
+# Needs: root (debootstrap, chroot), debootstrap, a reachable Docker daemon, HTTPS access to PyPI.
 set -euo pipefail
 
 readonly IMAGE=ongrid/dev
@@ -28,6 +36,10 @@ readonly IMAGE_ENV_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly SCRIPT_DIR
 readonly PACKAGE_FILE="$SCRIPT_DIR/packages.txt"
+readonly JUPYTER_REQUIREMENTS="$SCRIPT_DIR/jupyter-requirements.txt"
+readonly JUPYTER_LAUNCHER="$SCRIPT_DIR/ongrid-jupyter"
+# Where the image has JupyterLab; ongrid-jupyter and Dockerfile.cuda name the same path.
+readonly JUPYTER_VENV=/opt/ongrid/jupyter
 WORK_DIR=""
 
 say() { printf '==> [%3ds] %s\n' "$SECONDS" "$*"; }
@@ -41,9 +53,11 @@ package_list() {
     sed -e 's/#.*//' -e 's/[[:space:]]//g' "$PACKAGE_FILE" | grep -v '^$'
 }
 
-# sha256 of this script and the package list: changing either makes a new image.
+# sha256 of this script, the package list, the JupyterLab requirements and the launcher:
+# changing any of them makes a new image.
 recipe_hash() {
-    { cat "${BASH_SOURCE[0]}"; package_list; } | sha256sum | cut -c1-12
+    { cat "${BASH_SOURCE[0]}"; package_list; cat "$JUPYTER_REQUIREMENTS" "$JUPYTER_LAUNCHER"; } |
+        sha256sum | cut -c1-12
 }
 
 image_exists() {
@@ -107,7 +121,14 @@ check_can_build() {
         die "building the dev image needs root (debootstrap creates device nodes and chroots): run sudo $0"
     command -v debootstrap >/dev/null ||
         die "debootstrap not found: install it with deploy/install-packages.sh quickstart (or apt-get install debootstrap)"
-    [[ -r "$PACKAGE_FILE" ]] || die "package list $PACKAGE_FILE not found"
+    check_recipe_files
+}
+
+check_recipe_files() {
+    local file
+    for file in "$PACKAGE_FILE" "$JUPYTER_REQUIREMENTS" "$JUPYTER_LAUNCHER"; do
+        [[ -r "$file" ]] || die "$file not found: it is part of the image recipe, restore it from git"
+    done
 }
 
 # Removes what an image does not need: downloaded packages, apt lists, logs, translations and
@@ -130,6 +151,48 @@ slim_rootfs() {
     : >"$rootfs/etc/machine-id"
 }
 
+# Installs JupyterLab into the venv $JUPYTER_VENV of the root filesystem (pip in a chroot,
+# every package hash-checked) and the launcher ongrid-jupyter. The venv sees the image's system
+# packages (--system-site-packages), so its kernel can import what researchers apt-get install.
+install_jupyter() {
+    local rootfs="$1" started=$SECONDS name
+    local ca_bundle="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
+    local -a env=(PATH="$IMAGE_ENV_PATH" LANG="$IMAGE_ENV_LANG" HOME=/root
+        PIP_CERT=/tmp/build-ca-certificates.crt)
+    for name in PIP_INDEX_URL http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+        if [[ -n "${!name:-}" ]]; then
+            env+=("$name=${!name}")
+        fi
+    done
+
+    # pip resolves pypi.org inside the chroot; slim_rootfs removes this resolver again.
+    rm -f "$rootfs/etc/resolv.conf"
+    cp -L /etc/resolv.conf "$rootfs/etc/resolv.conf"
+    install -m 0644 "$JUPYTER_REQUIREMENTS" "$rootfs/tmp/jupyter-requirements.txt"
+    # The build trusts the CAs this machine trusts; the image keeps its own (slim_rootfs empties /tmp).
+    [[ -r "$ca_bundle" ]] || die "CA bundle $ca_bundle not found: install ca-certificates or set PIP_CERT"
+    install -m 0644 "$ca_bundle" "$rootfs/tmp/build-ca-certificates.crt"
+    mount -t proc proc "$rootfs/proc"
+    mount --bind /dev "$rootfs/dev"
+
+    say "installing JupyterLab into $JUPYTER_VENV (pip, hash-checked)"
+    if ! (
+        umask 022
+        chroot "$rootfs" /usr/bin/env -i "${env[@]}" \
+            /usr/bin/python3 -m venv --system-site-packages "$JUPYTER_VENV" &&
+            chroot "$rootfs" /usr/bin/env -i "${env[@]}" \
+                "$JUPYTER_VENV/bin/pip" install --no-cache-dir --disable-pip-version-check \
+                --require-hashes -r /tmp/jupyter-requirements.txt
+    ) >"$WORK_DIR/pip.log" 2>&1; then
+        tail -n 30 "$WORK_DIR/pip.log" >&2
+        die "installing JupyterLab failed (log above): check that pypi.org is reachable (or set PIP_INDEX_URL, https_proxy); a hash mismatch means jupyter-requirements.txt needs regenerating"
+    fi
+    unmount_below "$rootfs"
+    say "JupyterLab installed in $((SECONDS - started))s ($(du -sh "$rootfs$JUPYTER_VENV" | cut -f1))"
+
+    install -m 0755 "$JUPYTER_LAUNCHER" "$rootfs/usr/local/bin/ongrid-jupyter"
+}
+
 build_image() {
     local hash="$1" mirror packages rootfs started
     mirror="${ONGRID_DEBIAN_MIRROR:-$(machine_mirror)}"
@@ -150,6 +213,7 @@ build_image() {
     say "debootstrap done in $((SECONDS - started))s"
 
     unmount_below "$rootfs"
+    install_jupyter "$rootfs"
     slim_rootfs "$rootfs"
 
     say "importing the root filesystem as $IMAGE:$hash"
@@ -197,20 +261,20 @@ main() {
     --force) force=true ;;
     --check)
         check_docker
-        [[ -r "$PACKAGE_FILE" ]] || die "package list $PACKAGE_FILE not found"
+        check_recipe_files
         up_to_date "$(recipe_hash)" >/dev/null && return 0
         check_can_build
         return 0
         ;;
     -h | --help)
-        sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
     *) die "unknown argument '$1' (usage: $0 [--force|--check])" ;;
     esac
 
     check_docker
-    [[ -r "$PACKAGE_FILE" ]] || die "package list $PACKAGE_FILE not found"
+    check_recipe_files
     local hash
     hash="$(recipe_hash)"
     if ! $force && up_to_date "$hash"; then
