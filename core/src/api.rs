@@ -51,8 +51,12 @@
 //!   `&after=DONE/TOTAL[&timeout=SECONDS]` a long-poll: answered once the image is no longer
 //!   BUILDING or its progress is not `DONE/TOTAL` bytes (`0/0` before any), or as it is after the
 //!   timeout (≤ 60 s)
-//! - `POST   /v1/dashboard/links`              → 201 [`DashboardLink`]: a single-use login link to
-//!   the web dashboard (`devctl dashboard`), valid for a few minutes (refused to limited proxies)
+//! - `POST   /v1/dashboard/links`              optional [`DashboardLinkRequest`] → 201
+//!   [`DashboardLink`]: a single-use login link to the web dashboard (`devctl dashboard`), valid
+//!   for a few minutes (refused to limited proxies). With `{"next": "/dashboard/..."}` the browser
+//!   lands on that page once logged in (`devctl session web`): a path under `/dashboard/` of at
+//!   most 1,024 bytes of visible ASCII (percent-encode the rest), without `//`, a backslash or a
+//!   `.` or `..` segment, else 400
 //!
 //! Agent routes (`Authorization: Bearer <node token>`; the token names the node):
 //! - `POST /v1/agent/register` [`RegisterNode`] → [`DesiredState`]
@@ -116,9 +120,21 @@ pub struct ErrorDetail {
 /// `<manager URL><path>` in a browser once, before `expires_at`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DashboardLink {
-    /// The path with its one-time token, like `/dashboard/login?token=...`.
+    /// The path with its one-time token, like `/dashboard/login?token=...`, and the page to
+    /// land on when one was asked for (`&next=/dashboard/sessions/train1/apps/jupyter/`).
     pub path: String,
     pub expires_at: DateTime<Utc>,
+}
+
+/// The optional body of `POST /v1/dashboard/links`. No body, an empty body and `{}` all ask for
+/// a link to the dashboard's front page.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardLinkRequest {
+    /// Where the browser goes once logged in, like `/dashboard/sessions/train1/apps/jupyter/`:
+    /// a path under `/dashboard/` (the manager refuses anything else with a 400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

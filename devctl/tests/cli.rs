@@ -16,11 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Mutex};
 
-use ongrid_core::api::DrainRequest;
 use ongrid_core::api::{
     AddKey, AuditRecord, CreateSession, ErrorBody, ErrorDetail, GpuView, Institute, KeyView,
     NodeView, SessionView, SetGpuMode, WhoAmI,
 };
+use ongrid_core::api::{DashboardLink, DashboardLinkRequest, DrainRequest};
 use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::image::{
     Compression, CreateImage, ImageProgress, ImageReference, ImageState, ImageView,
@@ -461,7 +461,17 @@ async fn every_command_has_help() {
         (&["share", "--help"], &["Usage: devctl share", "--json"]),
         (
             &["session", "--help"],
-            &["Usage: devctl session", "new", "ls", "show", "rm"],
+            &["Usage: devctl session", "new", "ls", "show", "rm", "web"],
+        ),
+        (
+            &["session", "web", "--help"],
+            &[
+                "<NAME>",
+                "--port <PORT>",
+                "--no-open",
+                "$BROWSER",
+                "xdg-open",
+            ],
         ),
         (
             &["session", "new", "--help"],
@@ -577,6 +587,14 @@ async fn bad_arguments_exit_2_with_the_core_message() {
         (
             &["session", "show", "Bad"],
             "session name \"Bad\" may only contain",
+        ),
+        (
+            &["session", "web", "train1", "--port", "0"],
+            "0 is not in 1..=65535",
+        ),
+        (
+            &["session", "web", "train1", "--port", "65536"],
+            "65536 is not in 1..=65535",
         ),
         (
             &["admin", "institute", "add", "local", "10.1.2.3/16"],
@@ -1581,6 +1599,138 @@ async fn a_queued_session_is_noted_on_stderr() {
     );
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(json["queue_position"], 3);
+}
+
+/// `devctl session web`: the session is read first, then a login link is asked for with the
+/// app's page as `next`; the link goes to stdout, how long it works and the app's own address
+/// to stderr, and the link to `$BROWSER` unless `--no-open`. A session that does not run is
+/// refused before any link is made.
+#[tokio::test]
+async fn session_web_prints_and_opens_a_login_link_to_the_app() {
+    const LINK: &str = "/dashboard/login?token=abc&next=/dashboard/sessions/train1/apps/";
+    let ca = Ca::new("Site CA");
+    let dir = tempfile::tempdir().unwrap();
+    let opened = dir.path().join("opened");
+    let browser = dir.path().join("browser");
+    std::fs::write(
+        &browser,
+        format!("#!/bin/sh\nprintf '%s' \"$1\" > '{}'\n", opened.display()),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&browser, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let link = |app: &str| {
+        Answer::with_status(
+            "201 Created",
+            &DashboardLink {
+                path: format!("{LINK}{app}"),
+                expires_at: chrono::Utc::now() + chrono::TimeDelta::minutes(5),
+            },
+        )
+    };
+    let asked = |app: &str| {
+        vec![
+            Sent::new("GET", "/v1/sessions/train1"),
+            Sent::new("POST", "/v1/dashboard/links").json(&DashboardLinkRequest {
+                next: Some(format!("/dashboard/sessions/train1/apps/{app}")),
+            }),
+        ]
+    };
+    for (args, app, opens) in [
+        (&["session", "web", "train1"][..], "jupyter/", true),
+        (
+            &["session", "web", "train1", "--port", "8080"][..],
+            "port/8080/",
+            true,
+        ),
+        (
+            &["session", "web", "train1", "--no-open"][..],
+            "jupyter/",
+            false,
+        ),
+    ] {
+        let _ = std::fs::remove_file(&opened);
+        let manager = FakeManager::start(
+            &ca,
+            &ca,
+            vec![Answer::ok(&session_view(SessionState::Idle)), link(app)],
+        )
+        .await;
+        let files = UserFiles::new(&ca, &ca);
+        let mut env = files.env(&manager.url);
+        env.push(("BROWSER", browser.display().to_string()));
+        let output = devctl(files.home.path(), &env, args).await;
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(manager.sent(), asked(app), "{args:?}");
+        let url = format!("{}{LINK}{app}", manager.url);
+        assert_eq!(stdout(&output), format!("{url}\n"), "{args:?}");
+        assert!(err.contains("it works once, for 4m "), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "a browser logged in to the dashboard already can open {}/dashboard/sessions/\
+                 train1/apps/{app} directly",
+                manager.url
+            )),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("warning"), "{args:?}: {err}");
+        if opens {
+            assert_eq!(std::fs::read_to_string(&opened).unwrap(), url, "{args:?}");
+        } else {
+            assert!(!opened.exists(), "{args:?} opened a browser");
+        }
+    }
+
+    // A HELD session: its reason and the fix, and no link.
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![Answer::ok(&SessionView {
+            reason: "idle for 2h".into(),
+            ..session_view(SessionState::Held)
+        })],
+    )
+    .await;
+    let files = UserFiles::new(&ca, &ca);
+    let output = devctl(
+        files.home.path(),
+        &files.env(&manager.url),
+        &["session", "web", "train1"],
+    )
+    .await;
+    assert_eq!(
+        one_line_error(&output),
+        "error: session train1 is HELD (idle for 2h): run `devctl session release train1` first"
+    );
+    assert_eq!(
+        manager.sent(),
+        vec![Sent::new("GET", "/v1/sessions/train1")]
+    );
+    assert_eq!(stdout(&output), "");
+
+    // A browser that fails is a warning: the link is printed all the same.
+    let manager = FakeManager::start(
+        &ca,
+        &ca,
+        vec![
+            Answer::ok(&session_view(SessionState::Waiting)),
+            link("jupyter/"),
+        ],
+    )
+    .await;
+    let mut env = files.env(&manager.url);
+    env.push(("BROWSER", "/nonexistent/browser".to_owned()));
+    let output = devctl(files.home.path(), &env, &["session", "web", "train1"]).await;
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    assert!(stdout(&output).contains(LINK), "{}", stdout(&output));
+    assert!(
+        err.contains("warning: could not open a browser ($BROWSER /nonexistent/browser: "),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -4,6 +4,8 @@
 //! - [`list`]: `session ls`.
 //! - [`view`]: `session show`, and how a session is described everywhere (state, request).
 //! - [`change`]: `session rm|hold|release|keep`.
+//! - [`web`]: `session web`, a login link to the session's JupyterLab or a port, opened in a
+//!   browser.
 
 pub mod change;
 #[cfg(test)]
@@ -11,6 +13,7 @@ mod fixtures;
 pub mod list;
 pub mod new;
 pub mod view;
+pub mod web;
 
 use clap::Subcommand;
 
@@ -41,6 +44,14 @@ pub enum SessionCommand {
     /// Keep a session from being held as idle (or for want of a connection) for a while, e.g.
     /// while a job runs with its output going nowhere; the site caps how long
     Keep(change::KeepArgs),
+    /// Open a running session's JupyterLab, or a web server you started in it (--port), in your
+    /// browser
+    ///
+    /// Prints a dashboard login link that leads there (it works once, for a few minutes) and
+    /// opens it with $BROWSER, or with xdg-open where there is a display (never a text browser
+    /// in the terminal). A browser logged in to the dashboard already can open the app's own
+    /// address, printed below the link, directly.
+    Web(web::WebArgs),
 }
 
 pub async fn run(
@@ -56,5 +67,6 @@ pub async fn run(
         SessionCommand::Hold(args) => change::hold(args, client, term).await,
         SessionCommand::Release(args) => change::release(args, client, term).await,
         SessionCommand::Keep(args) => change::keep(args, client, term).await,
+        SessionCommand::Web(args) => web::run(args, client, term).await,
     }
 }

@@ -8,7 +8,9 @@
 //!   shows a button ([`login_page`]) whose POST ([`log_in`]) spends the token and sets the
 //!   browser's login cookie [`COOKIE]` (`HttpOnly; Secure; SameSite=Strict`), valid for
 //!   [`LOGIN_LIFETIME`] or until the credential expires, whichever is first. The button keeps
-//!   link previews and prefetches from spending the token.
+//!   link previews and prefetches from spending the token. A link may carry a page to land on
+//!   (`&next=`, like a session's JupyterLab): the page's form carries it, and the login
+//!   redirects there; both check it again ([`NextPath::parse`]), never trusting the query.
 //! - the browser's own client certificate, verified in the TLS handshake exactly as devctl's.
 //!
 //! Only SHA-256 digests of tokens are stored. Every state-changing form carries the login's CSRF
@@ -33,7 +35,7 @@ use sha2::{Digest, Sha256};
 use super::views;
 use crate::app::caller::CurrentUser;
 use crate::app::error::{CallerSlot, Refused};
-use crate::app::logins::{digest, random_token};
+use crate::app::logins::{digest, random_token, NextPath};
 use crate::app::{ApiError, AppState};
 use crate::auth::Peer;
 use crate::grid_identity::Identity;
@@ -263,6 +265,17 @@ pub async fn same_origin(
 pub struct TokenQuery {
     #[serde(default)]
     token: String,
+    /// Where the browser goes once logged in (checked by [`next_page`]).
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// The page a login lands on: `next` when it is a page of the dashboard, a 400 page saying what
+/// it must be otherwise.
+fn next_page(next: Option<&str>) -> Result<Option<NextPath>, PageError> {
+    next.map(NextPath::parse)
+        .transpose()
+        .map_err(|err| PageError(ApiError::bad_request(err.to_string())))
 }
 
 fn spent_link() -> PageError {
@@ -272,24 +285,29 @@ fn spent_link() -> PageError {
     ))
 }
 
-/// `GET /dashboard/login?token=...`: a button that logs in (the token is not spent yet).
+/// `GET /dashboard/login?token=...[&next=PATH]`: a button that logs in (the token is not spent
+/// yet), and then goes to `next`.
 pub async fn login_page(
     State(state): State<AppState>,
     Query(query): Query<TokenQuery>,
 ) -> Result<Response, PageError> {
+    let next = next_page(query.next.as_deref())?;
     let who = state
         .store
         .dashboard()
         .dashboard_link(&digest(&query.token), state.clock.now())
         .await?
         .ok_or_else(spent_link)?;
-    Ok(views::login_page(&who.dn, &query.token).into_response())
+    Ok(views::login_page(&who.dn, &query.token, next.as_ref()).into_response())
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoginForm {
     token: String,
+    /// The link's next page, carried by the login page (checked again by [`next_page`]).
+    #[serde(default)]
+    next: Option<String>,
 }
 
 /// The DN of the client certificate the browser presented on this connection, if any.
@@ -325,13 +343,15 @@ fn same_person(certificate: Option<&Dn>, login: &Dn) -> Result<(), ApiError> {
     }
 }
 
-/// `POST /dashboard/login`: spends the link's token and sets the login cookie. A browser that
-/// presents another person's certificate is refused before the token is spent.
+/// `POST /dashboard/login`: spends the link's token, sets the login cookie and redirects to the
+/// form's next page (else the front page). A browser that presents another person's
+/// certificate, or a next page off the dashboard, is refused before the token is spent.
 pub async fn log_in(
     State(state): State<AppState>,
     PresentedCertificate(certificate): PresentedCertificate,
     Form(form): Form<LoginForm>,
 ) -> Result<Response, PageError> {
+    let next = next_page(form.next.as_deref())?;
     let now = state.clock.now();
     if let Some(certificate) = &certificate {
         let link = state
@@ -362,7 +382,7 @@ pub async fn log_in(
         .await?;
     tracing::info!(user = ?login.identity.dn.as_str(), %expires_at, "Dashboard login.");
     Ok(redirect_with_cookie(
-        "/dashboard/",
+        next.as_ref().map_or("/dashboard/", NextPath::as_str),
         &login_cookie(&cookie_token, expires_at, now),
     ))
 }

@@ -15,6 +15,7 @@ use ongrid_core::holds::SignalKind;
 use ongrid_core::image::{ImageState, ImageView};
 use ongrid_core::{Dn, GpuHealth, Institute, SessionState};
 
+use crate::app::logins::NextPath;
 use crate::config::DashboardConfig;
 use crate::domain::jobs::JobRecord;
 use crate::store::NodeRecord;
@@ -208,8 +209,9 @@ pub fn error_page(status: StatusCode, message: &str) -> Markup {
     )
 }
 
-/// `GET /dashboard/login?token=...`: the button that spends the link.
-pub fn login_page(dn: &Dn, token: &str) -> Markup {
+/// `GET /dashboard/login?token=...[&next=PATH]`: the button that spends the link, and then
+/// goes to `next`.
+pub fn login_page(dn: &Dn, token: &str, next: Option<&NextPath>) -> Markup {
     layout(
         "Log in",
         None,
@@ -218,6 +220,9 @@ pub fn login_page(dn: &Dn, token: &str) -> Markup {
             p { "This link logs this browser in as " strong { (dn.as_str()) } "." }
             form method="post" action="/dashboard/login" {
                 input type="hidden" name="token" value=(token);
+                @if let Some(next) = next {
+                    input type="hidden" name="next" value=(next.as_str());
+                }
                 button type="submit" id="log-in" { "Log in" }
             }
         },

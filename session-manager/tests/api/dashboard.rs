@@ -574,3 +574,131 @@ async fn a_login_never_acts_under_another_persons_certificate() {
     assert_eq!(status, StatusCode::OK, "{page}");
     m.stop().await;
 }
+
+/// A login link may lead to a page of the dashboard (`devctl session web`): the login page's
+/// form carries it and the login redirects there. A next path off the dashboard is refused
+/// when the link is asked for (400, saying what one must be), and in the link's query or the
+/// form, before the token is spent. No body, an empty one and `{}` still get a plain link.
+#[tokio::test]
+async fn a_login_link_with_a_next_page_lands_there_and_only_under_the_dashboard() {
+    let site = Site::new();
+    let m = site.start().await;
+    let next = "/dashboard/sessions/train1/apps/jupyter/lab?file=a%20b.ipynb";
+    let link: DashboardLink = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice
+                .post("/v1/dashboard/links", &serde_json::json!({ "next": next })),
+        )
+        .await;
+    let (token, query_next) = link
+        .path
+        .strip_prefix("/dashboard/login?token=")
+        .and_then(|rest| rest.split_once("&next="))
+        .unwrap_or_else(|| panic!("a login path with a next page: {}", link.path));
+    assert_eq!(
+        query_next,
+        "/dashboard/sessions/train1/apps/jupyter/lab%3Ffile%3Da%2520b.ipynb"
+    );
+
+    let browser = Browser::new(&site, m.addr);
+    let (status, page) = browser.get(&link.path).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains(&format!("name=\"next\" value=\"{next}\"")),
+        "{page}"
+    );
+
+    // A next page changed to leave the dashboard, in the link or in the form: refused, and the
+    // token is not spent.
+    let (status, page) = browser
+        .get(&format!(
+            "/dashboard/login?token={token}&next=https%3A%2F%2Fevil.example%2F"
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(page.contains("a next path must be"), "{page}");
+    for bad in [
+        "//evil.example",
+        "/dashboard/../v1/whoami",
+        "/\\evil.example",
+    ] {
+        let (status, _, page) = browser
+            .post("/dashboard/login", &[("token", token), ("next", bad)])
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {page}");
+        assert!(page.contains("a next path must be"), "{bad}: {page}");
+    }
+
+    // The form as the page made it: logged in, and on to the next page.
+    let response = browser
+        .client
+        .post(format!("{}/dashboard/login", browser.base))
+        .header(ORIGIN, &browser.base)
+        .form(&[("token", token), ("next", next)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()[LOCATION], next);
+    let set_cookie = response.headers()[SET_COOKIE].to_str().unwrap();
+    assert!(set_cookie.starts_with("ongrid_dashboard="), "{set_cookie}");
+
+    // Links asked for with a next page off the dashboard.
+    for bad in [
+        "//evil.example",
+        "/dashboard/../v1",
+        "/dashboard/%2e%2e/v1",
+        "https://x",
+        "/\\evil",
+        "/dashboard/\r\nSet-Cookie: a=b",
+    ] {
+        let error = m
+            .alice
+            .fails(
+                StatusCode::BAD_REQUEST,
+                m.alice
+                    .post("/v1/dashboard/links", &serde_json::json!({ "next": bad })),
+            )
+            .await;
+        assert!(
+            error
+                .error
+                .message
+                .contains("a next path must be a path under /dashboard/"),
+            "{bad:?}: {error:?}"
+        );
+    }
+    let error = m
+        .alice
+        .fails(
+            StatusCode::BAD_REQUEST,
+            m.alice
+                .post("/v1/dashboard/links", &serde_json::json!({ "nxt": next })),
+        )
+        .await;
+    assert!(
+        error.error.message.contains("unknown field `nxt`"),
+        "{error:?}"
+    );
+
+    // No body, an empty one, `{}`: a link to the front page, as before.
+    for request in [
+        m.alice
+            .request(reqwest::Method::POST, "/v1/dashboard/links"),
+        m.alice
+            .request(reqwest::Method::POST, "/v1/dashboard/links")
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(""),
+        m.alice.post("/v1/dashboard/links", &serde_json::json!({})),
+    ] {
+        let link: DashboardLink = m.alice.ok(StatusCode::CREATED, request).await;
+        assert!(
+            link.path.starts_with("/dashboard/login?token=") && !link.path.contains("next"),
+            "{}",
+            link.path
+        );
+    }
+    m.stop().await;
+}
