@@ -39,13 +39,15 @@ use ongrid_service::websocket::{Incoming, MessageError, MessageReader, MessageWr
 use russh::server::{ChannelOpenHandle, Handle, Msg};
 use russh::{ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
 
-use crate::agent::{frame_name, AgentConnection, AgentConnector, AgentError, AgentStream};
 use crate::deadlines::{
     banner, warning, warning_text, DeadlinesReceiver, DeadlinesState, WarnOnce, Warning,
 };
 use crate::input::{ChannelInput, Input, HARD_LIMIT, STALL_AFTER};
 use crate::manager::GatewayRoutes;
 use crate::requests::Request;
+use ongrid_service::agent_stream::{
+    frame_name, AgentConnection, AgentConnector, AgentError, AgentStream,
+};
 
 /// How long closing the agent's WebSocket may take once the channel is done.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -712,7 +714,7 @@ async fn downstream(
                 return RelayEnd::Finished {
                     exit: None,
                     error: Some(format!("lost the connection to the node agent: {error}")),
-                }
+                };
             }
             Ok(Incoming::Text(_)) => {
                 tracing::warn!(connection = %context.connection_id, node = %context.route.node, "The agent sent a text message on a stream; ignored.");
@@ -758,13 +760,13 @@ async fn downstream(
                 return RelayEnd::Finished {
                     exit: session.then_some(status),
                     error: None,
-                }
+                };
             }
             Frame::Error(text) => {
                 return RelayEnd::Finished {
                     exit: None,
                     error: Some(text),
-                }
+                };
             }
             other => {
                 tracing::warn!(connection = %context.connection_id, node = %context.route.node, frame = frame_name(&other), "Unexpected frame from the agent; ignored.");

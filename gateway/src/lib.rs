@@ -5,7 +5,7 @@
 //! at login; [`proxy_protocol`] behind an L4 balancer), authenticates public keys registered
 //! with the manager ([`auth`], [`throttle`]), asks the manager which session the user name
 //! reaches, and runs each SSH channel as its own stream to the node agent of that session
-//! ([`channel`], [`agent`]). The manager is told of every connection for its audit log
+//! ([`channel`], over `ongrid_service::agent_stream`). The manager is told of every connection for its audit log
 //! ([`audit`]), and of its traffic while it is open; its answers (the session's deadlines) become
 //! the banner and the hold warning of interactive shells ([`deadlines`]). Open connections whose
 //! key was removed or expired are closed with a message ([`revocations`]).
@@ -15,13 +15,11 @@
 //! [`connection`] (the russh handler and the per-connection task), [`requests`] (which channel
 //! requests are granted, answered as they arrive), [`input`] (each channel's bounded input
 //! queue and why it cannot deadlock), [`manager`] (HTTPS client), [`metrics`] (`/metrics`),
-//! [`tls`] (roots from `ca_dir`).
+//! TLS roots come from `ca_dir` (`ongrid_service::ca_roots`).
 
-pub mod agent;
 pub mod allowlist;
 pub mod audit;
 pub mod auth;
-pub mod ca_roots;
 pub mod channel;
 pub mod config;
 pub mod connection;
@@ -69,8 +67,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
-    let roots = ca_roots::load_ca_dir(&config.ca_dir)?;
-    let tls_config = ca_roots::client_config(&roots)?;
+    let roots = ongrid_service::ca_roots::load_ca_dir(&config.ca_dir)?;
+    let tls_config = ongrid_service::ca_roots::client_config(&roots)?;
     let manager = manager::GatewayRoutes::new(&config.manager_urls, &roots, config.token.clone())?;
     let host_key_dir = config.host_key_dir.clone();
     let keys = tokio::task::spawn_blocking(move || hostkeys::load_or_create(&host_key_dir))
@@ -122,7 +120,7 @@ pub async fn run(
         ),
         allowlist,
         manager,
-        agents: agent::AgentConnector::new(tls_config, config.token.clone()),
+        agents: ongrid_service::agent_stream::AgentConnector::new(tls_config, config.token.clone()),
         audit,
         open_keys,
         proxy_protocol: config.proxy_protocol.clone(),

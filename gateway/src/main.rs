@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     ongrid_service::Binary::new("ongrid-gateway", &args.config, args.check_config)
         .check(|config: &Config| {
-            ongrid_gateway::ca_roots::load_ca_dir(&config.ca_dir)?;
+            ongrid_service::ca_roots::load_ca_dir(&config.ca_dir)?;
             Ok(())
         })
         .run(Config::load(&args.config), |config, shutdown| async move {

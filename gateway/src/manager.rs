@@ -15,8 +15,8 @@ use ongrid_core::holds::SessionDeadlines;
 use ongrid_service::manager_http::{self, ClientSettings, HttpError, ManagerHttp};
 use reqwest::{StatusCode, Url};
 
-use crate::ca_roots::CaCertificate;
 use crate::config::Token;
+use ongrid_service::ca_roots::CaCertificate;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -27,7 +27,9 @@ pub enum ManagerError {
     #[error(transparent)]
     Http(#[from] HttpError),
     /// A 401 or 403 on a route that only the gateway's token opens.
-    #[error("the manager refused the gateway's token: check that token_file holds the token of the manager's gateway_token_file")]
+    #[error(
+        "the manager refused the gateway's token: check that token_file holds the token of the manager's gateway_token_file"
+    )]
     TokenRefused(#[source] HttpError),
 }
 
@@ -132,7 +134,10 @@ impl GatewayRoutes {
             Ok(deadlines) => Ok(Some(deadlines)),
             Err(error) => {
                 let error = self.error(error, url);
-                tracing::warn!(error = format!("{:#}", anyhow::Error::from(error)), "The manager's answer to a connection event has no deadlines this gateway understands; no banner or warning.");
+                tracing::warn!(
+                    error = format!("{:#}", anyhow::Error::from(error)),
+                    "The manager's answer to a connection event has no deadlines this gateway understands; no banner or warning."
+                );
                 Ok(None)
             }
         }

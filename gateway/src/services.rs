@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::agent::AgentConnector;
 use crate::allowlist::SharedAllowlist;
 use crate::audit::AuditSender;
 use crate::auth::Authenticator;
@@ -15,6 +14,7 @@ use crate::config::ProxyProtocol;
 use crate::manager::GatewayRoutes;
 use crate::revocations::OpenKeys;
 use crate::startups::Startups;
+use ongrid_service::agent_stream::AgentConnector;
 
 /// Everything connections share.
 pub struct Services {

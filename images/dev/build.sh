@@ -38,6 +38,9 @@ readonly SCRIPT_DIR
 readonly PACKAGE_FILE="$SCRIPT_DIR/packages.txt"
 readonly JUPYTER_REQUIREMENTS="$SCRIPT_DIR/jupyter-requirements.txt"
 readonly JUPYTER_LAUNCHER="$SCRIPT_DIR/ongrid-jupyter"
+# JupyterLab's settings for every user of the image: it never asks to fetch news or check for
+# updates, and has no extension manager (each would reach out of the site from the session).
+readonly JUPYTER_OVERRIDES="$SCRIPT_DIR/jupyter-overrides.json"
 # Where the image has JupyterLab; ongrid-jupyter and Dockerfile.cuda name the same path.
 readonly JUPYTER_VENV=/opt/ongrid/jupyter
 WORK_DIR=""
@@ -56,7 +59,7 @@ package_list() {
 # sha256 of this script, the package list, the JupyterLab requirements and the launcher:
 # changing any of them makes a new image.
 recipe_hash() {
-    { cat "${BASH_SOURCE[0]}"; package_list; cat "$JUPYTER_REQUIREMENTS" "$JUPYTER_LAUNCHER"; } |
+    { cat "${BASH_SOURCE[0]}"; package_list; cat "$JUPYTER_REQUIREMENTS" "$JUPYTER_LAUNCHER" "$JUPYTER_OVERRIDES"; } |
         sha256sum | cut -c1-12
 }
 
@@ -191,6 +194,8 @@ install_jupyter() {
     say "JupyterLab installed in $((SECONDS - started))s ($(du -sh "$rootfs$JUPYTER_VENV" | cut -f1))"
 
     install -m 0755 "$JUPYTER_LAUNCHER" "$rootfs/usr/local/bin/ongrid-jupyter"
+    install -D -m 0644 "$JUPYTER_OVERRIDES" \
+        "$rootfs$JUPYTER_VENV/share/jupyter/lab/settings/overrides.json"
 }
 
 build_image() {

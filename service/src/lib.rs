@@ -3,10 +3,14 @@
 //! ([`Token`]), TOML config files ([`config_file`]), the metrics and health listener ([`metrics`]), PEM files and CA directories ([`pem`], the
 //! latter read with `ongrid_x509`'s one reader) and the HTTPS client of the manager's
 //! bearer-token routes ([`manager_http`], with the one check that `manager_url` is https), and
-//! the messages of the gateway–agent streams after their WebSocket upgrade ([`websocket`]).
+//! the streams to node agents: their client ([`agent_stream`], used by the gateway for SSH
+//! channels and by the manager for web apps), its TLS roots ([`ca_roots`]) and the messages
+//! after the WebSocket upgrade ([`websocket`]).
 //!
 //! No business logic lives here: nothing in this crate knows about sessions, nodes or SSH.
 
+pub mod agent_stream;
+pub mod ca_roots;
 pub mod config_file;
 pub mod config_reference;
 pub mod manager_http;

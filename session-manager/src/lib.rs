@@ -53,6 +53,7 @@ pub mod tokens;
 use std::sync::Arc;
 
 use anyhow::Context;
+use ongrid_service::agent_stream::AgentConnector;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
@@ -84,6 +85,9 @@ pub struct Prepared {
     pub gateway_token: Option<GatewayToken>,
     /// The bearer token issuers of `[[token_issuers]]` (none: certificates only).
     pub bearer: tokens::TokenVerifier,
+    /// The client of the agents' stream endpoints, for sessions' web apps; `None` without
+    /// `gateway_token_file`.
+    pub agent_streams: Option<AgentConnector>,
 }
 
 /// Loads the TLS material, the CA directory, the agent tokens and the gateway token named by
@@ -134,6 +138,7 @@ pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
         }
     };
     let bearer = tokens::TokenVerifier::new(&config.token_issuers).map_err(anyhow::Error::msg)?;
+    let agent_streams = agent_streams(&config)?;
     Ok(Prepared {
         config,
         tls: Arc::new(tls),
@@ -141,7 +146,29 @@ pub fn prepare(config: Config) -> anyhow::Result<Prepared> {
         tokens,
         gateway_token,
         bearer,
+        agent_streams,
     })
+}
+
+/// The client of the agents' stream endpoints that sessions' web apps go through: the token of
+/// `gateway_token_file` (which the agents trust for streams) and the CAs of `ca_dir` as TLS
+/// roots (the agents' certificates are the site's, as the gateway trusts them).
+fn agent_streams(config: &Config) -> anyhow::Result<Option<AgentConnector>> {
+    let Some(path) = &config.gateway_token_file else {
+        return Ok(None);
+    };
+    let token = ongrid_service::Token::read_first_line(path)
+        .with_context(|| format!("gateway_token_file {}", path.display()))?;
+    let tls = ongrid_service::ca_roots::load_ca_dir(&config.ca_dir)
+        .and_then(|roots| ongrid_service::ca_roots::client_config(&roots));
+    match tls {
+        Ok(tls) => Ok(Some(AgentConnector::new(tls, token))),
+        Err(error) => {
+            tracing::warn!(ca_dir = %config.ca_dir.display(), error = %anyhow::Error::from(error),
+                "Sessions' web apps are off: the CAs of ca_dir cannot be TLS roots for the agents.");
+            Ok(None)
+        }
+    }
 }
 
 /// A manager with its files loaded and its database open, ready to serve.
@@ -190,6 +217,7 @@ impl Manager {
             tokens,
             gateway_token,
             bearer,
+            agent_streams,
         } = self.prepared;
         let opened = self.store;
         let store = opened.shared();
@@ -354,6 +382,7 @@ impl Manager {
             leader,
             changes,
             grid,
+            web_apps: Arc::new(app::web_apps::WebApps::new(agent_streams)),
         };
         let server = Server {
             acceptor: TlsAcceptor::from(tls),

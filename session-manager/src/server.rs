@@ -93,7 +93,8 @@ impl Server {
             router.clone().oneshot(request)
         });
         let builder = auto::Builder::new(TokioExecutor::new());
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        // With upgrades: sessions' web apps relay WebSockets (`dashboard::apps`).
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
         tokio::pin!(connection);
         let result = tokio::select! {
             result = connection.as_mut() => result,

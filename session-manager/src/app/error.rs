@@ -172,6 +172,17 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
 
+    /// What stands behind the manager (a session's web server, its node's agent) failed to
+    /// answer; `message` says what to do.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "bad_gateway", message)
+    }
+
+    /// What stands behind the manager did not answer in time.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "gateway_timeout", message)
+    }
+
     /// Logs `cause` (the only place it is logged) and answers "internal error".
     pub fn internal(cause: impl fmt::Display) -> Self {
         tracing::error!(error = %cause, "Request failed.");

@@ -33,6 +33,7 @@ pub mod sessions;
 pub mod token_links;
 pub mod users;
 pub mod views;
+pub mod web_apps;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub changes: crate::notify::Changes,
     /// The grid targets (Slurm, HTCondor): hands jobs over, mirrors their states.
     pub grid: Arc<crate::grid_mirror::GridMirror>,
+    /// Sessions' web apps in the browser: the agent stream client, JupyterLab servers.
+    pub web_apps: Arc<web_apps::WebApps>,
 }
 
 impl AppState {

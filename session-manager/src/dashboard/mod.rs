@@ -6,6 +6,7 @@
 //! - [`auth`]: login links (`devctl dashboard`), browser logins (cookie), certificates, CSRF.
 //! - [`routes`]: the pages and forms; [`live`]: server-sent events that keep a page current.
 //! - [`data`]: what a page shows, read as the API reads it; [`views`]: the HTML (maud).
+//! - [`apps`]: a session's web apps (JupyterLab, its web ports) relayed to its owner's browser.
 //! - [`actions`]: what a form does, through the same domain rules as the API's routes (whose
 //!   handler modules the dashboard never calls).
 //!
@@ -13,6 +14,7 @@
 //! stream and asks before removals; every page works without it.
 
 pub mod actions;
+mod apps;
 pub mod auth;
 mod data;
 mod live;
@@ -108,5 +110,6 @@ pub fn router(state: AppState) -> Router {
             crate::request_body::read_whole_body,
         ))
         .layer(axum::middleware::from_fn(crate::metrics::count_requests))
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(apps::router(state))
 }

@@ -354,6 +354,13 @@ pub fn sessions_table(
                                 @if s.state.holds_gpus() {
                                     code class="ssh" { (ssh_command(config, s.name.as_str())) }
                                 } @else { "—" }
+                                @if !all && matches!(s.state, SessionState::Waiting | SessionState::Connected | SessionState::Idle) {
+                                    br;
+                                    a class="jupyter" href=(format!("/dashboard/sessions/{}/apps/jupyter/", s.name))
+                                        target="_blank" rel="noopener" { "Open JupyterLab" }
+                                    " · "
+                                    a href=(format!("/dashboard/sessions/{}/apps/", s.name)) { "Web apps" }
+                                }
                             }
                             td { (session_actions(s, csrf, page, all.then_some(&s.owner))) }
                         }

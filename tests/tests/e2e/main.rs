@@ -1,6 +1,7 @@
 //! End-to-end tests: the real manager, agent and devctl binaries against the real Docker daemon.
 //! One test binary for the crate; each module is one area of behaviour.
 
+mod browser;
 mod dashboard;
 mod freeze;
 mod identity;
@@ -15,3 +16,4 @@ mod sessions;
 mod several_nodes;
 mod ssh;
 mod tokens;
+mod web_apps;

@@ -1,15 +1,15 @@
-//! TLS towards the manager and the node agents: the roots are exactly the CA certificates of
-//! `ca_dir` (IGTF layout, read strictly by `ongrid_service::pem::load_ca_dir`), never the
-//! system's.
+//! TLS towards the manager and the node agents, for the gateway (and towards the agents, for
+//! the manager's web apps): the roots are exactly the CA certificates of `ca_dir` (IGTF layout,
+//! read strictly by [`crate::pem::load_ca_dir`]), never the system's.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use ongrid_service::pem::{self, CaDirError};
+use crate::pem::{self, CaDirError};
 
-pub use ongrid_service::pem::CaCertificate;
+pub use crate::pem::CaCertificate;
 
-/// Why `ca_dir` cannot give the gateway its TLS roots.
+/// Why `ca_dir` cannot give its TLS roots.
 #[derive(Debug, thiserror::Error)]
 pub enum CaRootsError {
     #[error("ca_dir must hold the CAs that signed the manager's and the agents' certificates")]

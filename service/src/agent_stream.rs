@@ -1,5 +1,6 @@
-//! The gateway's side of the stream protocol (`core/src/stream.rs`): one WebSocket over TLS to
-//! the node agent per SSH channel. [`AgentConnector::open`] dials `wss://<agent>/v1/streams`
+//! The client side of the stream protocol (`core/src/stream.rs`): one WebSocket over TLS to
+//! the node agent per stream — per SSH channel for the gateway, per proxied connection for the
+//! manager's web apps. [`AgentConnector::open`] dials `wss://<agent>/v1/streams`
 //! with the gateway's token, sends the [`StreamOpen`] and waits for the agent's
 //! [`Frame::Ready`]; an agent's [`Frame::Error`] comes back as [`AgentError::Refused`], whose
 //! text is for the user.
@@ -8,10 +9,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ongrid_core::stream::{Frame, StreamOpen, MAX_FRAME_PAYLOAD, STREAM_PATH, TLS_READ_BUFFER};
-use ongrid_service::websocket::{self, Incoming, MessageError, MessageReader, MessageWriter, Side};
+use crate::websocket::{self, Incoming, MessageError, MessageReader, MessageWriter, Side};
+use ongrid_core::stream::{
+    data_message, output_of, ExitStatus, Frame, Output, StreamOpen, MAX_FRAME_PAYLOAD, STREAM_PATH,
+    TLS_READ_BUFFER,
+};
 use rustls::pki_types::ServerName;
-use tokio::io::BufReader;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -19,9 +23,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use crate::config::Token;
+use crate::secret::Token;
 
 /// Everything from the TCP connect to the agent's `Ready`: dial, TLS, upgrade, process start.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -77,7 +82,8 @@ pub enum AgentError {
     Timeout { address: String },
 }
 
-/// Opens streams to agents: TLS trusting the `ca_dir` CAs, the gateway's token as Bearer.
+/// Opens streams to agents: TLS trusting the `ca_dir` CAs, the site's gateway token as Bearer
+/// (the token the agents' `[streams] gateway_token_file` holds).
 #[derive(Clone)]
 pub struct AgentConnector {
     tls: TlsConnector,
@@ -178,14 +184,14 @@ impl AgentConnector {
         let bytes = match source.next().await {
             Ok(Incoming::Binary(bytes)) => bytes,
             Ok(Incoming::Close) | Err(MessageError::Ended) => {
-                return Err(AgentError::ClosedEarly { address: address() })
+                return Err(AgentError::ClosedEarly { address: address() });
             }
             Err(e) => return Err(broken(e)),
             Ok(Incoming::Text(_)) => {
                 return Err(AgentError::Protocol {
                     address: address(),
                     detail: "a text message instead of Ready".to_owned(),
-                })
+                });
             }
         };
         match Frame::decode(&bytes) {
@@ -200,6 +206,201 @@ impl AgentConnector {
                 detail: error.to_string(),
             }),
         }
+    }
+}
+
+/// What a byte stream over an agent stream buffers each way ([`AgentStream::into_bytes`]).
+pub const BYTE_BUFFER: usize = 64 * 1024;
+
+/// What [`AgentStream::run_to_exit`] keeps of each output; the rest is dropped.
+pub const OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// A finished command: its outputs (each cut at [`OUTPUT_LIMIT`]) and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub status: ExitStatus,
+}
+
+impl Finished {
+    /// The exit code; `None` when a signal ended the command.
+    pub fn code(&self) -> Option<u32> {
+        match self.status {
+            ExitStatus::Code { code } => Some(code),
+            ExitStatus::Signal { .. } => None,
+        }
+    }
+}
+
+impl AgentStream {
+    /// Runs an `Exec` stream to its end with nothing on its input: its outputs and exit.
+    pub async fn run_to_exit(mut self) -> Result<Finished, AgentError> {
+        let broken = |source| AgentError::Broken {
+            address: "the agent".to_owned(),
+            source,
+        };
+        self.sink
+            .binary(Frame::Eof.encode())
+            .await
+            .map_err(broken)?;
+        self.sink.flush().await.map_err(broken)?;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let keep = |into: &mut Vec<u8>, bytes: &[u8]| {
+            let room = OUTPUT_LIMIT.saturating_sub(into.len());
+            into.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        };
+        loop {
+            let message = match self.source.next().await {
+                Ok(Incoming::Binary(message)) => message,
+                Ok(Incoming::Text(_)) => continue,
+                Ok(Incoming::Close) | Err(MessageError::Ended) => {
+                    return Err(AgentError::ClosedEarly {
+                        address: "the agent".to_owned(),
+                    });
+                }
+                Err(error) => return Err(broken(error)),
+            };
+            match output_of(&message) {
+                Some(Output::Stdout) => keep(&mut stdout, &message[1..]),
+                Some(Output::Stderr) => keep(&mut stderr, &message[1..]),
+                None => match Frame::decode(&message) {
+                    Ok(Frame::Exit(status)) => {
+                        let _ = self.sink.close().await;
+                        return Ok(Finished {
+                            stdout,
+                            stderr,
+                            status,
+                        });
+                    }
+                    Ok(Frame::Error(text)) => return Err(AgentError::Refused(text)),
+                    Ok(_) => {}
+                    Err(error) => {
+                        return Err(AgentError::Protocol {
+                            address: "the agent".to_owned(),
+                            detail: error.to_string(),
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    /// The bytes of a `DirectTcpip` stream as one byte stream, for code that speaks a protocol
+    /// over it (HTTP, WebSocket). Two tasks carry the bytes between the returned end and the
+    /// agent through buffers of [`BYTE_BUFFER`] each way, so a fast sender waits for a slow
+    /// receiver instead of filling memory. A shutdown of the returned end's writing sends the
+    /// agent `Eof`; the agent's `Eof` (or a close) is the end of what it reads. Dropping it
+    /// ends both tasks and the stream.
+    pub fn into_bytes(self) -> AgentBytes {
+        let (ours, theirs) = tokio::io::duplex(BYTE_BUFFER);
+        let (mut from_local, mut to_local) = tokio::io::split(theirs);
+        let AgentStream {
+            mut source,
+            mut sink,
+        } = self;
+        let dropped = CancellationToken::new();
+        let inbound = async move {
+            loop {
+                let message = match source.next().await {
+                    Ok(Incoming::Binary(message)) => message,
+                    Ok(Incoming::Text(_)) => continue,
+                    Ok(Incoming::Close) | Err(_) => break,
+                };
+                match output_of(&message) {
+                    Some(Output::Stdout) => {
+                        if to_local.write_all(&message[1..]).await.is_err() {
+                            break;
+                        }
+                    }
+                    Some(Output::Stderr) => {}
+                    None => match Frame::decode(&message) {
+                        Ok(Frame::Eof | Frame::Exit(_)) => break,
+                        Ok(Frame::Error(text)) => {
+                            tracing::debug!(%text, "The agent ended a byte stream.");
+                            break;
+                        }
+                        _ => {}
+                    },
+                }
+            }
+            let _ = to_local.shutdown().await;
+        };
+        let outbound = async move {
+            let mut buffer = vec![0u8; MAX_FRAME_PAYLOAD];
+            loop {
+                let read = match from_local.read(&mut buffer).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(read) => read,
+                };
+                let message = data_message(&[&buffer[..read]]);
+                if sink.binary(message).await.is_err() || sink.flush().await.is_err() {
+                    return;
+                }
+            }
+            let _ = sink.binary(Frame::Eof.encode()).await;
+            let _ = sink.flush().await;
+            // Wait for the agent to close (or the end to be dropped) with the sink held, so
+            // the connection stays up while the peer's last bytes come in.
+            std::future::pending::<()>().await;
+        };
+        let token = dropped.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = token.cancelled() => {}
+                () = async { tokio::join!(inbound, outbound); } => {}
+            }
+        });
+        AgentBytes {
+            inner: ours,
+            _dropped: dropped.drop_guard(),
+        }
+    }
+}
+
+/// The byte stream of [`AgentStream::into_bytes`].
+pub struct AgentBytes {
+    inner: tokio::io::DuplexStream,
+    _dropped: tokio_util::sync::DropGuard,
+}
+
+impl std::fmt::Debug for AgentBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentBytes").finish_non_exhaustive()
+    }
+}
+
+impl AsyncRead for AgentBytes {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for AgentBytes {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -1,0 +1,307 @@
+//! A session's web apps in a real browser (headless Chromium, `super::browser`): the link
+//! `devctl session web` prints logs the owner in and opens JupyterLab of the session, started
+//! on demand inside it; a notebook cell runs there and prints what the session's own shell
+//! sees; a web server on a port of the session opens too, and a port nothing listens on says
+//! so; another user's browser reaches none of it; once the session is held, its pages say how
+//! to release it and a WebSocket to it is closed with that message.
+//!
+//! A screenshot of JupyterLab goes to the test's directory, or to
+//! `$ONGRID_DASHBOARD_SCREENSHOTS` when set (README's comes from there).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fantoccini::{Client, Locator};
+use ongrid_e2e::{SimGpu, Site, User};
+use serde_json::json;
+
+use super::browser::{log_in, screenshot, text_of, wait_for, Driver};
+
+/// Runs `command` in the session through the gateway, until the gateway lets the user in.
+fn in_session(site: &Site, user: &User, session: &str, command: &str, stdin: &[u8]) -> String {
+    let out = site.wait_until("ssh into the session", Duration::from_secs(30), || {
+        let out = site.ssh(user, session, command, stdin);
+        out.status.success().then_some(out)
+    });
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The first `https://` line of devctl's output.
+fn link_in(out: &str) -> String {
+    out.lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("https://"))
+        .unwrap_or_else(|| panic!("no link in: {out}"))
+        .to_owned()
+}
+
+/// `https://host:port` of a link.
+fn origin_of(link: &str) -> String {
+    let at = link.find("/dashboard/").expect("a dashboard link");
+    link[..at].to_owned()
+}
+
+/// The page's whole text.
+async fn page_text(client: &Client) -> String {
+    client
+        .execute(
+            "return document.body ? document.body.innerText : '';",
+            vec![],
+        )
+        .await
+        .expect("read the page")
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Opens `url` and waits until the page's text holds `expected`.
+async fn open_until(client: &Client, url: &str, expected: &str) -> String {
+    client.goto(url).await.expect("open the page");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = page_text(client).await;
+        if text.contains(expected) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{url} did not show {expected:?}; it shows:\n{text}"
+        );
+        // Chromium's page for a dropped request (Docker changed the host's network): again.
+        if text.contains("ERR_NETWORK_CHANGED") {
+            client.goto(url).await.expect("open the page again");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until `script` returns true in the page.
+async fn wait_true(client: &Client, script: &str, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let ready = client
+            .execute(script, vec![])
+            .await
+            .ok()
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        if ready {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page did not get ready within {within:?}: {script}\n{}",
+            page_text(client).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Opens a WebSocket from the page and answers how it closed: `[code, reason]`.
+async fn websocket_close(client: &Client, url: &str) -> (u64, String) {
+    let script = "const [url, done] = arguments; const ws = new WebSocket(url); \
+                  ws.onclose = (e) => done([e.code, e.reason]);";
+    let answer = client
+        .execute_async(script, vec![json!(url)])
+        .await
+        .expect("a WebSocket's close");
+    (
+        answer[0].as_u64().unwrap_or_default(),
+        answer[1].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// The one-cell notebook the test runs: what the kernel's environment says of the GPUs and
+/// the user.
+fn notebook() -> String {
+    json!({
+        "cells": [{
+            "cell_type": "code",
+            "execution_count": null,
+            "id": "check",
+            "metadata": {},
+            "outputs": [],
+            "source": ["import getpass, os\n",
+                       "print('GPUS=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), 'USER=' + getpass.getuser())"]
+        }],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5
+    })
+    .to_string()
+}
+
+#[test]
+fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
+    let mut site = Site::start(&[SimGpu::a100(1)]);
+    site.allow_loopback();
+    let alice = site.user("Alice");
+    let bob = site.user("Bob");
+    site.add_key(&alice);
+    site.devctl_ok(&alice, &["session", "new", "--name", "nb", "--wait"]);
+    let shots: PathBuf = std::env::var_os("ONGRID_DASHBOARD_SCREENSHOTS")
+        .map_or_else(|| site.dir.path().join("screenshots"), PathBuf::from);
+
+    // What the session's own shell sees, which the notebook must see too.
+    let seen = in_session(
+        &site,
+        &alice,
+        "nb",
+        "echo \"GPUS=${CUDA_VISIBLE_DEVICES:-unset} USER=$(whoami)\"",
+        b"",
+    );
+    let seen = seen.trim().to_owned();
+    assert!(
+        seen.contains(&format!("USER={}", site.login_of("Alice"))) && !seen.contains("unset"),
+        "{seen}"
+    );
+    in_session(
+        &site,
+        &alice,
+        "nb",
+        "cat > check.ipynb",
+        notebook().as_bytes(),
+    );
+    // A web server of the user's own on a port of the session.
+    in_session(
+        &site,
+        &alice,
+        "nb",
+        "mkdir -p www && echo hello-from-port-8000 > www/index.html && \
+         (cd www && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &); \
+         for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && break; sleep 0.1; done",
+        b"",
+    );
+
+    let out = site.devctl_ok(&alice, &["session", "web", "nb", "--no-open"]);
+    eprintln!("$ devctl session web nb --no-open\n{out}");
+    let link = link_in(&out);
+    let origin = origin_of(&link);
+    let jupyter = format!("{origin}/dashboard/sessions/nb/apps/jupyter/");
+    let bob_link = link_in(&site.devctl_ok(&bob, &["dashboard"]));
+
+    let driver = Driver::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let browser = driver.browser("alice").await;
+        // The link logs in and leads to JupyterLab, started inside the session on demand.
+        log_in(&browser, &link, "#jp-main-dock-panel").await;
+        let url = browser.current_url().await.expect("the page's URL");
+        assert!(
+            url.as_str().starts_with(&jupyter),
+            "the link leads to JupyterLab: {url}"
+        );
+        let source = browser.source().await.expect("the page");
+        assert!(
+            !source.contains("token="),
+            "JupyterLab's token never reaches the browser"
+        );
+
+        // A cell runs in the session, as its user, on its GPUs.
+        browser
+            .goto(&format!("{jupyter}lab/tree/check.ipynb"))
+            .await
+            .expect("open the notebook");
+        // The notebook shows once its kernel started; the status bar says when it is idle.
+        wait_true(
+            &browser,
+            "const e = document.querySelector('.jp-Notebook .jp-Cell .cm-content'); \
+             const bar = document.querySelector('.jp-StatusBar-Widget, #jp-main-statusbar'); \
+             return !!(e && e.checkVisibility() && bar && bar.innerText.includes('Idle'));",
+            Duration::from_secs(120),
+        )
+        .await;
+        let editor = browser
+            .find(Locator::Css(".jp-Notebook .jp-Cell .cm-content"))
+            .await
+            .expect("the cell's editor");
+        editor.click().await.expect("into the cell");
+        // Shift+Enter: run the cell (WebDriver's Shift, Enter, then release the modifiers).
+        editor
+            .send_keys("\u{E008}\u{E007}\u{E000}")
+            .await
+            .expect("run the cell");
+        wait_for(&browser, ".jp-OutputArea-output", Duration::from_secs(120)).await;
+        let output = text_of(&browser, ".jp-OutputArea-output").await;
+        assert_eq!(
+            output.trim(),
+            seen,
+            "the notebook sees what the session's shell sees"
+        );
+        screenshot(&browser, &shots, "jupyterlab.png").await;
+
+        // The session's other web servers, and what a port nothing listens on says.
+        open_until(
+            &browser,
+            &format!("{origin}/dashboard/sessions/nb/apps/port/8000/"),
+            "hello-from-port-8000",
+        )
+        .await;
+        open_until(
+            &browser,
+            &format!("{origin}/dashboard/sessions/nb/apps/port/9/"),
+            "nothing answers on port 9 of session nb",
+        )
+        .await;
+        let apps = open_until(
+            &browser,
+            &format!("{origin}/dashboard/sessions/nb/apps/"),
+            "Open JupyterLab",
+        )
+        .await;
+        assert!(
+            apps.contains("8000"),
+            "the page lists the open port:\n{apps}"
+        );
+
+        // Another user's browser reaches nothing of it, by any of its paths.
+        let bobs = driver.browser("bob").await;
+        log_in(&bobs, &bob_link, "#start-session").await;
+        for path in ["apps/jupyter/lab", "apps/port/8000/", "apps/"] {
+            let text = open_until(
+                &bobs,
+                &format!("{origin}/dashboard/sessions/nb/{path}"),
+                "you have no session named nb",
+            )
+            .await;
+            assert!(!text.contains("hello-from-port"), "{text}");
+        }
+        let (code, reason) = websocket_close(
+            &bobs,
+            &format!(
+                "wss://{}/dashboard/sessions/nb/apps/jupyter/api/events/subscribe",
+                &origin["https://".len()..]
+            ),
+        )
+        .await;
+        assert!(
+            code == 1008 && reason.contains("no session named nb"),
+            "{code} {reason}"
+        );
+
+        // Held: the pages say how to release it; a WebSocket is closed with that message.
+        site.devctl_ok(&alice, &["session", "hold", "nb"]);
+        site.wait_for_state(&alice, "nb", "HELD");
+        let text = open_until(&browser, &jupyter, "is HELD").await;
+        assert!(text.contains("devctl session release nb"), "{text}");
+        let (code, reason) = websocket_close(
+            &browser,
+            &format!(
+                "wss://{}/dashboard/sessions/nb/apps/jupyter/api/events/subscribe",
+                &origin["https://".len()..]
+            ),
+        )
+        .await;
+        assert!(code == 1008 && reason.contains("HELD"), "{code} {reason}");
+        assert!(reason.contains("release"), "{reason}");
+
+        browser.close().await.expect("close the browser");
+        bobs.close().await.expect("close Bob's browser");
+    });
+}
