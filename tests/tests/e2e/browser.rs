@@ -170,12 +170,14 @@ pub async fn reload_if_network_changed(client: &Client) {
         .unwrap_or(false);
     if error_page {
         let url = client.current_url().await.expect("the page's URL");
-        let home = if url.path().starts_with("/dashboard/admin") {
-            "/dashboard/admin"
+        // A session's web app is opened again where it was; a dashboard page at its home.
+        let again = if url.path().starts_with("/dashboard/sessions/") {
+            url.clone()
+        } else if url.path().starts_with("/dashboard/admin") {
+            url.join("/dashboard/admin").expect("a dashboard URL")
         } else {
-            "/dashboard/"
+            url.join("/dashboard/").expect("a dashboard URL")
         };
-        let again = url.join(home).expect("a dashboard URL");
         client
             .goto(again.as_str())
             .await

@@ -235,6 +235,16 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
             "the notebook sees what the session's shell sees"
         );
         screenshot(&browser, &shots, "jupyterlab.png").await;
+        // The notebook's kernel connection is the browser's connection to the session, as an
+        // SSH connection would be: the session is CONNECTED, and the audit log says from where.
+        site.wait_for_state(&alice, "nb", "CONNECTED");
+        let audit = site.devctl_ok(&site.admin, &["admin", "audit"]);
+        assert!(
+            audit
+                .lines()
+                .any(|line| line.contains("nb") && line.contains("browser")),
+            "the audit log records the browser's connection:\n{audit}"
+        );
 
         // The session's other web servers, and what a port nothing listens on says.
         open_until(
@@ -304,4 +314,152 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
         browser.close().await.expect("close the browser");
         bobs.close().await.expect("close Bob's browser");
     });
+}
+
+/// A web server for the streaming test: `GET /<n>` answers n zero bytes, `PUT` reads the whole
+/// body and answers how many bytes came; both in 64 KiB pieces, never whole.
+const STREAM_SERVER: &str = r#"
+import http.server
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        left = int(self.path.strip("/") or 0)
+        self.send_response(200)
+        self.send_header("Content-Length", str(left))
+        self.end_headers()
+        piece = bytes(65536)
+        while left > 0:
+            self.wfile.write(piece[: min(left, len(piece))])
+            left -= len(piece)
+    def do_PUT(self):
+        left, got = int(self.headers["Content-Length"]), 0
+        while got < left:
+            data = self.rfile.read(min(65536, left - got))
+            if not data:
+                break
+            got += len(data)
+        body = str(got).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8001), Handler).serve_forever()
+"#;
+
+/// The manager's resident memory now and at its peak, in KiB.
+fn manager_memory(site: &Site) -> (u64, u64) {
+    let pid = site.pid("manager").expect("the manager runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[test]
+fn a_large_download_and_upload_stream_through_without_filling_the_managers_memory() {
+    const SIZE: u64 = 256 * 1024 * 1024;
+    let mut site = Site::start(&[SimGpu::a100(1)]);
+    site.allow_loopback();
+    let alice = site.user("Alice");
+    site.add_key(&alice);
+    site.devctl_ok(&alice, &["session", "new", "--name", "big", "--wait"]);
+    in_session(
+        &site,
+        &alice,
+        "big",
+        "cat > serve.py",
+        STREAM_SERVER.as_bytes(),
+    );
+    in_session(
+        &site,
+        &alice,
+        "big",
+        "(nohup python3 serve.py >/dev/null 2>&1 &); \
+         for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8001) 2>/dev/null && break; sleep 0.1; done",
+        b"",
+    );
+
+    // A browser's login, as curl keeps it: the link's page, then its button's POST.
+    let link = link_in(&site.devctl_ok(&alice, &["dashboard"]));
+    let origin = origin_of(&link);
+    let token = link.split("token=").nth(1).expect("the link's token");
+    let ca = site.pki.ca_dir.join("0e2e0e2e.0");
+    let jar = site.dir.path().join("cookies");
+    let curl = |args: &[&str]| {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--fail-with-body", "--cacert"])
+            .arg(&ca)
+            .arg("-b")
+            .arg(&jar)
+            .arg("-c")
+            .arg(&jar)
+            .args(args)
+            .output()
+            .expect("run curl");
+        assert!(
+            out.status.success(),
+            "curl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    curl(&[
+        "-o",
+        "/dev/null",
+        "-d",
+        &format!("token={token}"),
+        &format!("{origin}/dashboard/login"),
+    ]);
+    let port = format!("{origin}/dashboard/sessions/big/apps/port/8001");
+
+    let (before, _) = manager_memory(&site);
+    let started = std::time::Instant::now();
+    let got = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        &format!("{port}/{SIZE}"),
+    ]);
+    let download = started.elapsed();
+    assert_eq!(got.trim(), SIZE.to_string(), "the whole download arrives");
+
+    let upload_file = site.dir.path().join("upload.bin");
+    std::fs::File::create(&upload_file)
+        .and_then(|file| file.set_len(SIZE))
+        .expect("a sparse file to upload");
+    let started = std::time::Instant::now();
+    let got = curl(&[
+        "-T",
+        upload_file.to_str().expect("a path"),
+        &format!("{port}/upload"),
+    ]);
+    let upload = started.elapsed();
+    assert_eq!(
+        got.trim(),
+        SIZE.to_string(),
+        "the session's server got the whole upload"
+    );
+
+    let (_, peak) = manager_memory(&site);
+    eprintln!(
+        "256 MiB down in {download:?}, up in {upload:?}; the manager's resident memory {} MiB \
+         before, {} MiB at its peak",
+        before / 1024,
+        peak / 1024
+    );
+    assert!(
+        peak < before + 128 * 1024,
+        "the manager buffered what it relays: {} MiB before, {} MiB at its peak",
+        before / 1024,
+        peak / 1024
+    );
 }
