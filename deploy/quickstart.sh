@@ -759,6 +759,8 @@ print_usage() {
       $BIN_DIR/devctl session new --name slice1 --mig 1g.5gb --wait    (a MIG device)
       $BIN_DIR/devctl dashboard    (a login link to the web dashboard: it works once; the
         browser warns about the quickstart's own CA: $PKI/ca.crt)
+      $BIN_DIR/devctl session web $SESSION_NAME    (JupyterLab of the session in your browser;
+        --port P for a web server you started in it)
       $BIN_DIR/devctl session rm $SESSION_NAME
       $BIN_DIR/devctl key ls
     As the site admin: export ONGRID_DEVCTL_CONFIG=$DEVCTL_ADMIN_CONFIG
