@@ -258,6 +258,40 @@ impl WebApps {
             .remove(&session);
     }
 
+    /// What a page of the session's web apps shows above itself: nothing, or the warning of a
+    /// hold due within the site's `warn_before` (as the gateway warns an SSH terminal), or why
+    /// the session cannot be reached now.
+    pub async fn warning(
+        &self,
+        state: &AppState,
+        caller: &CurrentUser,
+        name: &str,
+    ) -> Result<Option<String>, ApiError> {
+        let session = lookup::find_session(state, caller, name, None, Lookup::Any).await?;
+        if let Err(refusal) = running_agent(state, &session).await {
+            return Ok(Some(refusal.message().to_owned()));
+        }
+        let deadlines = super::views::deadlines_view(state, &session).await?;
+        let now = state.clock.now();
+        let Some(hold) = deadlines.next_hold else {
+            return Ok(None);
+        };
+        let left = (hold.at - now).max(chrono::TimeDelta::zero());
+        let warn_before = chrono::TimeDelta::from_std(state.config.lifecycle.warn_before)
+            .unwrap_or(chrono::TimeDelta::MAX);
+        if left > warn_before {
+            return Ok(None);
+        }
+        let name = &session.name;
+        Ok(Some(format!(
+            "Session {name} will be put on hold in {} ({}): its container stops and its GPUs \
+             are freed. Use it, or keep it alive with `devctl session keep {name}` or the \
+             dashboard's Keep button.",
+            in_words(left),
+            hold.reason
+        )))
+    }
+
     /// The TCP ports programs of the caller's running session `name` listen on (read from the
     /// session's own `/proc/net/tcp` and `tcp6`, by a command run in it as its user).
     pub async fn listening_ports(
@@ -330,6 +364,17 @@ impl WebApps {
             .entry(session)
             .or_default()
             .clone()
+    }
+}
+
+/// A time left, as a person reads it: "1 h 59 min", "8 min", "less than a minute".
+fn in_words(left: chrono::TimeDelta) -> String {
+    let minutes = left.num_minutes();
+    match (minutes / 60, minutes % 60) {
+        (0, 0) => "less than a minute".to_owned(),
+        (0, m) => format!("{m} min"),
+        (h, 0) => format!("{h} h"),
+        (h, m) => format!("{h} h {m} min"),
     }
 }
 
@@ -671,6 +716,18 @@ mod tests {
             "an established connection (state 01) is no listener; a port seen twice is listed once"
         );
         assert!(listening("garbage\n 0: zz:zz 0 0A\n").is_empty());
+    }
+
+    #[test]
+    fn times_left_in_words() {
+        let minutes = chrono::TimeDelta::minutes;
+        assert_eq!(
+            in_words(chrono::TimeDelta::seconds(59)),
+            "less than a minute"
+        );
+        assert_eq!(in_words(minutes(8)), "8 min");
+        assert_eq!(in_words(minutes(120)), "2 h");
+        assert_eq!(in_words(minutes(119)), "1 h 59 min");
     }
 
     #[test]

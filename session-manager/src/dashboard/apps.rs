@@ -56,6 +56,12 @@ const POOL_IDLE: Duration = Duration::from_secs(30);
 /// Targets not used for this long are dropped from the connector's table.
 const TARGET_IDLE: Duration = Duration::from_secs(600);
 
+/// The script put into JupyterLab's pages: it asks [`warning`] every minute and shows what it
+/// says above the page.
+const WARNING_SCRIPT: &str = include_str!("static/session-warning.js");
+/// The largest page the warning script is put into (JupyterLab's are a few KiB).
+const MAX_INJECTED_PAGE: usize = 4 * 1024 * 1024;
+
 /// The HTTP client of sessions' web apps.
 pub struct Proxy {
     client: Client<StreamConnector, Body>,
@@ -200,6 +206,19 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/dashboard/sessions/{name}/apps/",
             axum::routing::get(apps_page),
+        )
+        .route(
+            "/dashboard/sessions/{name}/apps/warning",
+            axum::routing::get(warning),
+        )
+        .route(
+            "/dashboard/static/session-warning.js",
+            axum::routing::get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    WARNING_SCRIPT,
+                )
+            }),
         )
         .route(
             "/dashboard/sessions/{name}/apps/jupyter",
@@ -561,7 +580,71 @@ async fn http(
         answer_parts.headers.remove(name);
     }
     strip_dashboard_cookies(&mut answer_parts.headers);
-    Response::from_parts(answer_parts, Body::new(answer_body))
+    let body = Body::new(answer_body);
+    if target.app == WebApp::Jupyter && is_plain_html(&answer_parts) {
+        return with_warning(answer_parts, body, &target.session.name).await;
+    }
+    Response::from_parts(answer_parts, body)
+}
+
+/// A successful, uncompressed HTML page (JupyterLab's own).
+fn is_plain_html(parts: &axum::http::response::Parts) -> bool {
+    parts.status == StatusCode::OK
+        && !parts.headers.contains_key(header::CONTENT_ENCODING)
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/html"))
+}
+
+/// The page with the warning script put in its head, so the user sees a coming hold while
+/// working in JupyterLab, as an SSH terminal does. A page too large to hold, or without a
+/// head, goes out as it came.
+async fn with_warning(
+    mut parts: axum::http::response::Parts,
+    body: Body,
+    session: &ongrid_core::SessionName,
+) -> Response {
+    let page = match axum::body::to_bytes(body, MAX_INJECTED_PAGE).await {
+        Ok(page) => page,
+        Err(error) => {
+            tracing::debug!(%session, %error, "A JupyterLab page could not be read whole.");
+            return PageError(ApiError::bad_gateway(format!(
+                "JupyterLab of session {session} sent a page that could not be read: reload"
+            )))
+            .into_response();
+        }
+    };
+    let text = String::from_utf8_lossy(&page);
+    let Some(at) = text.find("</head>") else {
+        return Response::from_parts(parts, Body::from(page));
+    };
+    let script = format!(
+        "<script src=\"/dashboard/static/session-warning.js\" data-session=\"{session}\" \
+         defer></script>"
+    );
+    let injected = format!("{}{script}{}", &text[..at], &text[at..]);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(injected))
+}
+
+/// `GET /dashboard/sessions/{name}/apps/warning`: what the pages of the session's apps show
+/// above themselves (`{"warning": null}` when nothing).
+async fn warning(
+    State(state): State<AppState>,
+    viewer: Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let warning = state
+        .web_apps
+        .warning(&state, &viewer.caller, &name)
+        .await?;
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(serde_json::json!({ "warning": warning })),
+    )
+        .into_response())
 }
 
 /// A session's server may not set (or clear) the dashboard's own cookies.

@@ -136,7 +136,8 @@ fn notebook() -> String {
 
 #[test]
 fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
-    let mut site = Site::start(&[SimGpu::a100(1)]);
+    // Warned from the start: the page's hold warning shows within its first check.
+    let mut site = Site::start_with_lifecycle(&[SimGpu::a100(1)], "warn_before = \"3 hours\"");
     site.allow_loopback();
     let alice = site.user("Alice");
     let bob = site.user("Bob");
@@ -201,6 +202,19 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
         assert!(
             !source.contains("token="),
             "JupyterLab's token never reaches the browser"
+        );
+        // The hold warning an SSH terminal gets shows above JupyterLab.
+        wait_for(
+            &browser,
+            "#ongrid-session-warning:not([hidden])",
+            Duration::from_secs(30),
+        )
+        .await;
+        let warning = text_of(&browser, "#ongrid-session-warning span").await;
+        assert!(
+            warning.contains("Session nb will be put on hold in 1 h")
+                && warning.contains("devctl session keep nb"),
+            "{warning}"
         );
 
         // A cell runs in the session, as its user, on its GPUs.
