@@ -20,21 +20,27 @@
 #    connections at once each moving 4 MiB, with the gateway's and the agent's highest resident
 #    memory meanwhile; then their resident memory with ONGRID_BENCH_IDLE idle connections
 #    (authenticated, a session channel open) (tests/examples/ssh_bench.rs).
-# 3. The scheduler's plan time: a short criterion run of scheduler/benches/plan.rs (1,000 nodes
+# 3. Jupyter: a kernel round trip (execute `1+1` until its execute_reply) p50 and p99 through the
+#    manager's web-app proxy (the dashboard's login cookie, wss:// to the manager) against
+#    `ssh -L` through the gateway to the same JupyterLab in the same session, ONGRID_BENCH_JUPYTER
+#    rounds alternating one by one after 20 warm-up rounds each; and, without a reference, how
+#    long JupyterLab's first page took through the manager right after it started
+#    (tests/examples/jupyter_bench.rs).
+# 4. The scheduler's plan time: a short criterion run of scheduler/benches/plan.rs (1,000 nodes
 #    × 8 GPUs against 10,000 pending sessions; 10,000 GPUs against 50,000 sessions and jobs).
-# 4. The freeze ratio: images/benches/freeze.sh on ONGRID_BENCH_FREEZE_MIB MiB, one run each.
+# 5. The freeze ratio: images/benches/freeze.sh on ONGRID_BENCH_FREEZE_MIB MiB, one run each.
 #
-# The sites of 1 and 2 (manager, an agent with a simulated GPU, the gateway) are brought up by the
-# end-to-end harness (tests/src/lib.rs) in a temporary directory with a node name of their own,
+# The sites of 1, 2 and 3 (manager, an agent with a simulated GPU, the gateway) are brought up by
+# the end-to-end harness (tests/src/lib.rs) in a temporary directory with a node name of their own,
 # so they run beside a quickstart or other sites on the same Docker daemon and leave nothing
 # behind. Absolute times are printed, not asserted; the whole run takes about 10 minutes on a
 # 2-core machine once built.
 #
 # Usage: bench/run.sh [--no-build] [--burst N] [--only PART[,PART...]]
 #   --burst N: sessions of the burst (ONGRID_BENCH_BURST); --only: run only these parts, of
-#   shell, burst, ssh, plan, freeze (default: all).
+#   shell, burst, ssh, jupyter, plan, freeze (default: all).
 # Environment (defaults): ONGRID_BENCH_SESSIONS (20), ONGRID_BENCH_BURST (60; 0 skips),
-#   ONGRID_BENCH_SSH_MIB (1024),
+#   ONGRID_BENCH_SSH_MIB (1024), ONGRID_BENCH_JUPYTER (200 rounds; 0 skips),
 #   ONGRID_BENCH_ACTIVE (200; 0 skips), ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0
 #   skips the freeze),
 #   ONGRID_BENCH_PLAN (yes; no skips the scheduler).
@@ -52,6 +58,7 @@ BURST="${ONGRID_BENCH_BURST:-60}"
 readonly SSH_MIB="${ONGRID_BENCH_SSH_MIB:-1024}"
 readonly IDLE="${ONGRID_BENCH_IDLE:-1000}"
 readonly ACTIVE="${ONGRID_BENCH_ACTIVE:-200}"
+readonly JUPYTER="${ONGRID_BENCH_JUPYTER:-200}"
 readonly FREEZE_MIB="${ONGRID_BENCH_FREEZE_MIB:-256}"
 readonly PLAN="${ONGRID_BENCH_PLAN:-yes}"
 readonly SSHD_USER=ongrid-bench
@@ -64,7 +71,7 @@ die() {
 
 readonly USAGE="usage: bench/run.sh [--no-build] [--burst N] [--only PART[,PART...]]"
 build=yes
-only="shell,burst,ssh,plan,freeze"
+only="shell,burst,ssh,jupyter,plan,freeze"
 while (($# > 0)); do
     case "$1" in
     --no-build) build=no ;;
@@ -85,8 +92,8 @@ done
 readonly BURST only
 for part in ${only//,/ }; do
     case "$part" in
-    shell | burst | ssh | plan | freeze) ;;
-    *) die "--only: unknown part $part (shell, burst, ssh, plan, freeze)" ;;
+    shell | burst | ssh | jupyter | plan | freeze) ;;
+    *) die "--only: unknown part $part (shell, burst, ssh, jupyter, plan, freeze)" ;;
     esac
 done
 # Whether the part $1 runs.
@@ -97,7 +104,7 @@ wanted() {
 for var in SESSIONS SSH_MIB; do
     [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number above 0"
 done
-for var in IDLE ACTIVE FREEZE_MIB BURST; do
+for var in IDLE ACTIVE FREEZE_MIB BURST JUPYTER; do
     [[ "${!var}" =~ ^[0-9]+$ ]] || die "ONGRID_BENCH_$var=${!var} must be a whole number"
 done
 [[ "$(id -u)" -eq 0 ]] || die "run as root: the agent installs iptables rules, and the sshd needs a test user"
@@ -143,9 +150,21 @@ cd "$REPO_ROOT"
 if [[ "$build" == yes ]]; then
     printf '==> building the release binaries\n'
     cargo build --release --quiet -p ongrid-manager -p ongrid-agent -p devctl -p ongrid-gateway
-    cargo build --release --quiet -p ongrid-e2e --example time_to_shell --example ssh_bench
+    cargo build --release --quiet -p ongrid-e2e --example time_to_shell --example ssh_bench \
+        --example jupyter_bench
 fi
-for example in time_to_shell ssh_bench; do
+# The examples of the parts that run.
+examples=()
+if wanted shell || wanted burst; then
+    examples+=(time_to_shell)
+fi
+if wanted ssh; then
+    examples+=(ssh_bench)
+fi
+if wanted jupyter; then
+    examples+=(jupyter_bench)
+fi
+for example in "${examples[@]}"; do
     [[ -x "$TARGET_DIR/release/examples/$example" ]] ||
         die "$TARGET_DIR/release/examples/$example is missing: run without --no-build"
 done
@@ -236,6 +255,11 @@ fi
 if wanted ssh; then
     printf '\n==> SSH: the gateway against OpenSSH sshd\n'
     "$TARGET_DIR/release/examples/ssh_bench" --mib "$SSH_MIB" --active "$ACTIVE" --idle "$IDLE"
+fi
+
+if wanted jupyter && ((JUPYTER > 0)); then
+    printf '\n==> Jupyter: a kernel round trip through ongrid against ssh -L\n'
+    "$TARGET_DIR/release/examples/jupyter_bench" --rounds "$JUPYTER"
 fi
 
 if wanted plan && [[ "$PLAN" != no ]]; then
