@@ -361,6 +361,94 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", 8001), Handler).serve_forever()
 "#;
 
+/// A WebSocket server for the flood: on `/flood`, 1 MiB binary messages, each sent as soon as
+/// the previous one was handed to the socket (tornado, from the image's JupyterLab venv).
+const FLOOD_SERVER: &str = r#"
+import asyncio
+import tornado.web, tornado.websocket
+class Flood(tornado.websocket.WebSocketHandler):
+    async def open(self):
+        piece = bytes(1 << 20)
+        try:
+            while True:
+                await self.write_message(piece, binary=True)
+        except tornado.websocket.WebSocketClosedError:
+            pass
+async def main():
+    tornado.web.Application([(r"/flood", Flood)]).listen(8002, "127.0.0.1")
+    await asyncio.Event().wait()
+asyncio.run(main())
+"#;
+
+/// Reads one message of the flood through the manager, reads nothing for five seconds, then
+/// reads on: how many messages came after the pause (they must keep coming).
+async fn flood(site: &Site, origin: &str, cookie: &str) -> usize {
+    use futures::StreamExt;
+    use rustls::pki_types::pem::PemObject;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+
+    let authority = origin.trim_start_matches("https://").to_owned();
+    let ca = rustls::pki_types::CertificateDer::from_pem_file(site.pki.ca_dir.join("0e2e0e2e.0"))
+        .expect("the site's CA");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca).expect("a usable CA");
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let addr: std::net::SocketAddr = authority.parse().expect("the manager's address");
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            tcp,
+        )
+        .await
+        .expect("TLS to the manager");
+    let mut request = format!("wss://{authority}/dashboard/sessions/big/apps/port/8002/flood")
+        .into_client_request()
+        .expect("a request");
+    let headers = request.headers_mut();
+    headers.insert(
+        "cookie",
+        HeaderValue::from_str(&format!("ongrid_dashboard={cookie}")).expect("a cookie"),
+    );
+    headers.insert("origin", HeaderValue::from_str(origin).expect("an origin"));
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(2 << 20));
+    let (mut socket, _) = tokio_tungstenite::client_async_with_config(request, tls, Some(config))
+        .await
+        .expect("the WebSocket through the manager");
+    let first = socket.next().await.expect("a message").expect("a message");
+    assert_eq!(first.len(), 1 << 20, "a whole 1 MiB message");
+    let (_, peak_before) = manager_memory(site);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, peak_after) = manager_memory(site);
+    eprintln!(
+        "a flooding WebSocket not read for 5 s: the manager's peak memory {} MiB before, {} MiB after",
+        peak_before / 1024,
+        peak_after / 1024
+    );
+    assert!(
+        peak_after < peak_before + 48 * 1024,
+        "the manager kept what the reader did not take: {} MiB, then {} MiB",
+        peak_before / 1024,
+        peak_after / 1024
+    );
+    let mut after = 0;
+    while after < 20 {
+        match tokio::time::timeout(Duration::from_secs(10), socket.next()).await {
+            Ok(Some(Ok(message))) if message.len() == 1 << 20 => after += 1,
+            other => panic!("the flood stopped after the pause: {other:?}"),
+        }
+    }
+    after
+}
+
 /// The manager's resident memory now and at its peak, in KiB.
 fn manager_memory(site: &Site) -> (u64, u64) {
     let pid = site.pid("manager").expect("the manager runs");
@@ -377,7 +465,7 @@ fn manager_memory(site: &Site) -> (u64, u64) {
 }
 
 #[test]
-fn a_large_download_and_upload_stream_through_without_filling_the_managers_memory() {
+fn large_transfers_and_a_flooding_websocket_go_through_without_filling_the_managers_memory() {
     const SIZE: u64 = 256 * 1024 * 1024;
     let mut site = Site::start(&[SimGpu::a100(1)]);
     site.allow_loopback();
@@ -395,8 +483,17 @@ fn a_large_download_and_upload_stream_through_without_filling_the_managers_memor
         &site,
         &alice,
         "big",
+        "cat > flood.py",
+        FLOOD_SERVER.as_bytes(),
+    );
+    in_session(
+        &site,
+        &alice,
+        "big",
         "(nohup python3 serve.py >/dev/null 2>&1 &); \
-         for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8001) 2>/dev/null && break; sleep 0.1; done",
+         (nohup /opt/ongrid/jupyter/bin/python flood.py >/dev/null 2>&1 &); \
+         for port in 8001 8002; do for i in $(seq 100); do \
+         (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done; done",
         b"",
     );
 
@@ -461,6 +558,26 @@ fn a_large_download_and_upload_stream_through_without_filling_the_managers_memor
         got.trim(),
         SIZE.to_string(),
         "the session's server got the whole upload"
+    );
+
+    // A WebSocket whose server sends 1 MiB messages as fast as it may, to a reader that stops
+    // reading for a while: the relay waits for the reader instead of keeping the flood.
+    let cookie = std::fs::read_to_string(&jar)
+        .expect("the cookie jar")
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            (fields.len() == 7 && fields[5] == "ongrid_dashboard").then(|| fields[6].to_owned())
+        })
+        .expect("the login cookie in the jar");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let flooded = runtime.block_on(flood(&site, &origin, &cookie));
+    assert!(
+        flooded >= 20,
+        "the flood went on after the pause: {flooded} messages"
     );
 
     let (_, peak) = manager_memory(&site);
