@@ -71,6 +71,12 @@ pub const STRIP_LIST: &[StripRule] = &[
                  editor, hundreds of MB, never used by a batch job",
     },
     StripRule {
+        pattern: "opt/ongrid/jupyter",
+        reason: "JupyterLab of the ongrid dev image (about 240 MB): the notebook server a \
+                 session starts for its owner's browser, never run by a batch job; its launcher \
+                 stays and tells a session started from the frozen image that it has none",
+    },
+    StripRule {
         pattern: "~/.cache/pip",
         reason: "pip's download and wheel cache: installed packages are elsewhere",
     },
@@ -285,6 +291,7 @@ mod tests {
             "home/alice/.spack/cache/providers",
             "home/alice/.npm/_cacache/index-v5/00",
             "home/alice/.vscode-server/bin/x/node",
+            "opt/ongrid/jupyter/bin/jupyter-lab",
             "var/cache/apt/archives/curl_8.deb",
             "tmp/x509up_u1000",
             "tmp/a/b/c",
@@ -318,6 +325,8 @@ mod tests {
             "home/alice/tmp/x",
             "srv/tmp/x",
             "home/alice/environment",
+            "usr/local/bin/ongrid-jupyter",
+            "opt/ongrid/jupyter-notes.txt",
         ] {
             assert!(!drops(path), "{path} should be kept");
         }

@@ -370,6 +370,13 @@ impl std::fmt::Debug for AgentBytes {
     }
 }
 
+/// A connection of hyper-util's pooled client (the manager's web apps).
+impl hyper_util::client::legacy::connect::Connection for AgentBytes {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        hyper_util::client::legacy::connect::Connected::new()
+    }
+}
+
 impl AsyncRead for AgentBytes {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,

@@ -28,7 +28,6 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Router};
 use futures::{SinkExt, StreamExt};
-use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use maud::html;
@@ -123,7 +122,7 @@ impl std::fmt::Display for ConnectError {
 impl std::error::Error for ConnectError {}
 
 impl tower::Service<Uri> for StreamConnector {
-    type Response = TokioIo<SessionPort>;
+    type Response = TokioIo<AgentBytes>;
     type Error = ConnectError;
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -144,51 +143,8 @@ impl tower::Service<Uri> for StreamConnector {
                 ))
             })?;
             let bytes = apps.connect(&mut target).await.map_err(ConnectError)?;
-            Ok(TokioIo::new(SessionPort(bytes)))
+            Ok(TokioIo::new(bytes))
         })
-    }
-}
-
-/// One connection to a port inside a session.
-struct SessionPort(AgentBytes);
-
-impl Connection for SessionPort {
-    fn connected(&self) -> Connected {
-        Connected::new()
-    }
-}
-
-impl AsyncRead for SessionPort {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for SessionPort {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 

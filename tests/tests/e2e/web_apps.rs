@@ -182,6 +182,8 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
     let link = link_in(&out);
     let origin = origin_of(&link);
     let jupyter = format!("{origin}/dashboard/sessions/nb/apps/jupyter/");
+    // A WebSocket of JupyterLab's, for the refusals' closes.
+    let events = format!("wss://{}api/events/subscribe", &jupyter["https://".len()..]);
     let bob_link = link_in(&site.devctl_ok(&bob, &["dashboard"]));
 
     let driver = Driver::start();
@@ -296,14 +298,7 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
             .await;
             assert!(!text.contains("hello-from-port"), "{text}");
         }
-        let (code, reason) = websocket_close(
-            &bobs,
-            &format!(
-                "wss://{}/dashboard/sessions/nb/apps/jupyter/api/events/subscribe",
-                &origin["https://".len()..]
-            ),
-        )
-        .await;
+        let (code, reason) = websocket_close(&bobs, &events).await;
         assert!(
             code == 1008 && reason.contains("no session named nb"),
             "{code} {reason}"
@@ -314,14 +309,7 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
         site.wait_for_state(&alice, "nb", "HELD");
         let text = open_until(&browser, &jupyter, "is HELD").await;
         assert!(text.contains("devctl session release nb"), "{text}");
-        let (code, reason) = websocket_close(
-            &browser,
-            &format!(
-                "wss://{}/dashboard/sessions/nb/apps/jupyter/api/events/subscribe",
-                &origin["https://".len()..]
-            ),
-        )
-        .await;
+        let (code, reason) = websocket_close(&browser, &events).await;
         assert!(code == 1008 && reason.contains("HELD"), "{code} {reason}");
         assert!(reason.contains("release"), "{reason}");
 
