@@ -192,8 +192,8 @@ mod tests {
     fn next_paths_that_lead_elsewhere_are_refused_with_what_one_must_be() {
         for (bad, problem) in [
             ("", "does not start with /dashboard/"),
-            ("//evil.example", "does not start with /dashboard/"),
-            ("/\\evil.example", "does not start with /dashboard/"),
+            ("//evil.test.invalid", "does not start with /dashboard/"),
+            ("/\\evil.test.invalid", "does not start with /dashboard/"),
             ("https://x", "does not start with /dashboard/"),
             ("https://x/dashboard/", "does not start with /dashboard/"),
             ("javascript:alert(1)", "does not start with /dashboard/"),
@@ -201,9 +201,9 @@ mod tests {
             ("/dashboardx/", "does not start with /dashboard/"),
             ("/v1/sessions", "does not start with /dashboard/"),
             ("dashboard/", "does not start with /dashboard/"),
-            ("/dashboard//evil.example", "holds `//`"),
-            ("/dashboard/x?u=//evil.example", "holds `//`"),
-            ("/dashboard/\\evil.example", "holds a backslash"),
+            ("/dashboard//evil.test.invalid", "holds `//`"),
+            ("/dashboard/x?u=//evil.test.invalid", "holds `//`"),
+            ("/dashboard/\\evil.test.invalid", "holds a backslash"),
             ("/dashboard/../v1", "holds a `.` or `..` segment"),
             ("/dashboard/..", "holds a `.` or `..` segment"),
             ("/dashboard/./x", "holds a `.` or `..` segment"),

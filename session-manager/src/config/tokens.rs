@@ -4,7 +4,7 @@
 //! ```toml
 //! [[token_issuers]]
 //! name = "wlcg"                                    # in token users' names and the logs
-//! issuer = "https://iam.example.org/"            # the `iss` claim, exactly
+//! issuer = "https://iam.site.invalid/"            # the `iss` claim, exactly
 //! audience = ["https://ongrid.example.org:8443"]   # accepted `aud` values
 //! any_audience = false                             # also accept https://wlcg.cern.ch/jwt/v1/any
 //! jwks_file = "/etc/ongrid/wlcg-jwks.json"         # keys from a file instead of the issuer's discovery

@@ -199,7 +199,7 @@ async fn a_login_link_logs_a_browser_in_once_and_it_sees_and_changes_only_its_ow
         .post_from(
             "/dashboard/sessions/train1/hold",
             &[("csrf", token.as_str())],
-            "https://evil.example",
+            "https://evil.test.invalid",
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
@@ -614,15 +614,15 @@ async fn a_login_link_with_a_next_page_lands_there_and_only_under_the_dashboard(
     // token is not spent.
     let (status, page) = browser
         .get(&format!(
-            "/dashboard/login?token={token}&next=https%3A%2F%2Fevil.example%2F"
+            "/dashboard/login?token={token}&next=https%3A%2F%2Fevil.test.invalid%2F"
         ))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
     assert!(page.contains("a next path must be"), "{page}");
     for bad in [
-        "//evil.example",
+        "//evil.test.invalid",
         "/dashboard/../v1/whoami",
-        "/\\evil.example",
+        "/\\evil.test.invalid",
     ] {
         let (status, _, page) = browser
             .post("/dashboard/login", &[("token", token), ("next", bad)])
@@ -647,7 +647,7 @@ async fn a_login_link_with_a_next_page_lands_there_and_only_under_the_dashboard(
 
     // Links asked for with a next page off the dashboard.
     for bad in [
-        "//evil.example",
+        "//evil.test.invalid",
         "/dashboard/../v1",
         "/dashboard/%2e%2e/v1",
         "https://x",
