@@ -227,13 +227,9 @@ pub async fn route(
         None
     };
     let agent_url = match &session.node {
-        Some(node) if session.state.holds_gpus() => state
-            .store
-            .nodes()
-            .await?
-            .into_iter()
-            .find(|n| n.name == *node)
-            .and_then(|n| n.stream_url),
+        Some(node) if session.state.holds_gpus() => {
+            crate::app::lookup::stream_url(&state, node).await?
+        }
         _ => None,
     };
     let route = reachable(session, queue_position, agent_url)?;

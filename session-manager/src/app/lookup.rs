@@ -3,7 +3,7 @@
 //! and the frozen images a session's or job's image name may mean ([`frozen_image_candidates`]);
 //! and the reservation a new session or job names ([`reservation_to_use`]).
 
-use ongrid_core::{Dn, SessionName, SessionState};
+use ongrid_core::{Dn, NodeName, SessionName, SessionState};
 use serde::Deserialize;
 
 use ongrid_core::image::ImageLookup;
@@ -60,6 +60,18 @@ pub async fn find_session(
         return Err(not_found());
     }
     Ok(session)
+}
+
+/// The stream endpoint of `node`'s agent (where SSH channels and web apps reach its
+/// containers); `None` when the node is unknown or its agent has none.
+pub async fn stream_url(state: &AppState, node: &NodeName) -> Result<Option<String>, ApiError> {
+    Ok(state
+        .store
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == *node)
+        .and_then(|n| n.stream_url))
 }
 
 /// The images `lookup` may mean for a session or job of `caller`: their own current image of a

@@ -28,7 +28,7 @@ use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use ongrid_core::network::InstituteName;
 use ongrid_core::stream::{StreamKind, StreamOpen};
 use ongrid_core::{SessionId, SessionName, SessionState};
-use ongrid_service::agent_stream::{AgentBytes, AgentConnector, AgentError};
+use ongrid_service::agent_stream::{AgentBytes, AgentConnector, AgentError, Finished};
 use serde::Deserialize;
 
 use super::caller::CurrentUser;
@@ -93,15 +93,13 @@ impl WebTarget {
     }
 
     fn open(&self) -> StreamOpen {
-        StreamOpen {
-            session_id: self.session.id,
-            owner: self.session.owner.clone(),
-            kind: StreamKind::DirectTcpip {
+        stream_open(
+            &self.session,
+            StreamKind::DirectTcpip {
                 host: "127.0.0.1".to_owned(),
                 port: self.port,
             },
-            env: vec![],
-        }
+        )
     }
 }
 
@@ -303,30 +301,19 @@ impl WebApps {
         let session = lookup::find_session(state, caller, name, None, Lookup::NotEnded).await?;
         let agent_url = running_agent(state, &session).await?;
         let streams = self.streams()?;
-        let open = StreamOpen {
-            session_id: session.id,
-            owner: session.owner.clone(),
-            kind: StreamKind::Exec {
-                command: "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null".to_owned(),
-                pty: None,
-            },
-            env: vec![],
-        };
-        let run = async { streams.open(&agent_url, &open).await?.run_to_exit().await };
-        let finished = tokio::time::timeout(PORTS_TIMEOUT, run)
+        let command = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null";
+        let finished = run_in_session(streams, &agent_url, &session, command, PORTS_TIMEOUT)
             .await
-            .map_err(|_| {
-                ApiError::gateway_timeout(format!(
+            .map_err(|failure| match failure {
+                RunFailure::Timeout => ApiError::gateway_timeout(format!(
                     "session {} did not list its ports within {} s: reload",
                     session.name,
                     PORTS_TIMEOUT.as_secs()
-                ))
-            })?
-            .map_err(|error| {
-                ApiError::bad_gateway(format!(
+                )),
+                RunFailure::Agent(error) => ApiError::bad_gateway(format!(
                     "the ports of session {} could not be listed: {error}",
                     session.name
-                ))
+                )),
             })?;
         let jupyter = {
             let slot = self
@@ -487,19 +474,52 @@ async fn running_agent(state: &AppState, session: &SessionRecord) -> Result<Stri
     let node = session.node.as_ref().ok_or_else(|| {
         ApiError::conflict(format!("session {name} has no node yet: try again shortly"))
     })?;
-    let stream_url = state
-        .store
-        .nodes()
-        .await?
-        .into_iter()
-        .find(|n| n.name == *node)
-        .and_then(|n| n.stream_url);
+    let stream_url = lookup::stream_url(state, node).await?;
     stream_url.ok_or_else(|| {
         ApiError::unavailable(format!(
             "the agent of node {node} (session {name}) has no stream endpoint: ask the site's \
              admins to set [streams] in its config"
         ))
     })
+}
+
+/// What a stream to the session's container opens.
+fn stream_open(session: &SessionRecord, kind: StreamKind) -> StreamOpen {
+    StreamOpen {
+        session_id: session.id,
+        owner: session.owner.clone(),
+        kind,
+        env: vec![],
+    }
+}
+
+/// Why a command run in a session did not finish.
+enum RunFailure {
+    Agent(AgentError),
+    Timeout,
+}
+
+/// Runs `command` in the session as its user (through the user's shell), with nothing on its
+/// input, to its end within `within`.
+async fn run_in_session(
+    streams: &AgentConnector,
+    agent_url: &str,
+    session: &SessionRecord,
+    command: &str,
+    within: Duration,
+) -> Result<Finished, RunFailure> {
+    let open = stream_open(
+        session,
+        StreamKind::Exec {
+            command: command.to_owned(),
+            pty: None,
+        },
+    );
+    let run = async { streams.open(agent_url, &open).await?.run_to_exit().await };
+    match tokio::time::timeout(within, run).await {
+        Ok(finished) => finished.map_err(RunFailure::Agent),
+        Err(_) => Err(RunFailure::Timeout),
+    }
 }
 
 /// Runs the launcher in the session and reads its answer.
@@ -510,28 +530,17 @@ async fn launch_jupyter(
     base_url: &str,
 ) -> Result<JupyterServer, ApiError> {
     let name = &session.name;
-    let open = StreamOpen {
-        session_id: session.id,
-        owner: session.owner.clone(),
-        kind: StreamKind::Exec {
-            command: format!("ongrid-jupyter start --base-url {base_url}"),
-            pty: None,
-        },
-        env: vec![],
-    };
-    let run = async {
-        let stream = streams.open(agent_url, &open).await?;
-        stream.run_to_exit().await
-    };
-    let finished = match tokio::time::timeout(JUPYTER_START, run).await {
-        Ok(Ok(finished)) => finished,
-        Ok(Err(error)) => {
+    let command = format!("ongrid-jupyter start --base-url {base_url}");
+    let finished = match run_in_session(streams, agent_url, session, &command, JUPYTER_START).await
+    {
+        Ok(finished) => finished,
+        Err(RunFailure::Agent(error)) => {
             tracing::warn!(session = %name, %error, "Starting JupyterLab failed.");
             return Err(ApiError::bad_gateway(format!(
                 "JupyterLab of session {name} could not be started: {error}"
             )));
         }
-        Err(_) => {
+        Err(RunFailure::Timeout) => {
             return Err(ApiError::gateway_timeout(format!(
                 "JupyterLab of session {name} did not start within {} s: see \
                  ~/.local/state/ongrid-jupyter/jupyter.log in the session",

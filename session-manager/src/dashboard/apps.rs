@@ -155,9 +155,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route(
             "/dashboard/sessions/{name}/apps",
-            axum::routing::get(|Path(name): Path<String>| async move {
-                Redirect::permanent(&format!("/dashboard/sessions/{name}/apps/"))
-            }),
+            axum::routing::get(with_slash),
         )
         .route(
             "/dashboard/sessions/{name}/apps/",
@@ -178,31 +176,27 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/dashboard/sessions/{name}/apps/jupyter",
-            axum::routing::get(|Path(name): Path<String>| async move {
-                Redirect::permanent(&format!("/dashboard/sessions/{name}/apps/jupyter/"))
-            }),
+            axum::routing::get(with_slash),
         )
         .route(
             "/dashboard/sessions/{name}/apps/jupyter/",
-            axum::routing::any(jupyter),
+            axum::routing::any(proxied),
         )
         .route(
             "/dashboard/sessions/{name}/apps/jupyter/{*rest}",
-            axum::routing::any(jupyter_path),
+            axum::routing::any(proxied),
         )
         .route(
             "/dashboard/sessions/{name}/apps/port/{port}",
-            axum::routing::get(|Path((name, port)): Path<(String, u16)>| async move {
-                Redirect::permanent(&format!("/dashboard/sessions/{name}/apps/port/{port}/"))
-            }),
+            axum::routing::get(with_slash),
         )
         .route(
             "/dashboard/sessions/{name}/apps/port/{port}/",
-            axum::routing::any(port_root),
+            axum::routing::any(proxied),
         )
         .route(
             "/dashboard/sessions/{name}/apps/port/{port}/{*rest}",
-            axum::routing::any(port_path),
+            axum::routing::any(proxied),
         )
         .layer(Extension(proxy))
         .layer(axum::middleware::from_fn(
@@ -212,46 +206,25 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn jupyter(
-    State(state): State<AppState>,
-    Extension(proxy): Extension<Arc<Proxy>>,
-    Path(name): Path<String>,
-    request: Request,
-) -> Response {
-    forward(&state, &proxy, &name, WebApp::Jupyter, request).await
+/// An app's address without its trailing slash: the same with it, where relative links work.
+async fn with_slash(uri: Uri) -> Redirect {
+    Redirect::permanent(&format!("{}/", uri.path()))
 }
 
-async fn jupyter_path(
+/// Every request of a session's app: JupyterLab's, or a port's when the route names one.
+async fn proxied(
     State(state): State<AppState>,
     Extension(proxy): Extension<Arc<Proxy>>,
-    Path((name, _rest)): Path<(String, String)>,
+    Path(params): Path<HashMap<String, String>>,
     request: Request,
 ) -> Response {
-    forward(&state, &proxy, &name, WebApp::Jupyter, request).await
-}
-
-async fn port_root(
-    State(state): State<AppState>,
-    Extension(proxy): Extension<Arc<Proxy>>,
-    Path((name, port)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    match parse_port(&port) {
-        Ok(port) => forward(&state, &proxy, &name, WebApp::Port(port), request).await,
-        Err(refusal) => refusal.into_response(),
-    }
-}
-
-async fn port_path(
-    State(state): State<AppState>,
-    Extension(proxy): Extension<Arc<Proxy>>,
-    Path((name, port, _rest)): Path<(String, String, String)>,
-    request: Request,
-) -> Response {
-    match parse_port(&port) {
-        Ok(port) => forward(&state, &proxy, &name, WebApp::Port(port), request).await,
-        Err(refusal) => refusal.into_response(),
-    }
+    let app = match params.get("port").map(|port| parse_port(port)) {
+        None => WebApp::Jupyter,
+        Some(Ok(port)) => WebApp::Port(port),
+        Some(Err(refusal)) => return refusal.into_response(),
+    };
+    let name = params.get("name").map_or("", String::as_str);
+    forward(&state, &proxy, name, app, request).await
 }
 
 fn parse_port(text: &str) -> Result<u16, PageError> {
@@ -411,18 +384,13 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// The browser's headers as the session's server gets them: no hop-by-hop headers, no
 /// `Authorization`, the dashboard's cookies taken out of `Cookie`, JupyterLab's token added,
 /// and where the request came from.
-fn upstream_headers(
-    from: &HeaderMap,
-    target: &WebTarget,
-    source: SocketAddr,
-    keep_upgrade: bool,
-) -> HeaderMap {
+fn upstream_headers(from: &HeaderMap, target: &WebTarget, source: SocketAddr) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(from.len() + 4);
     for (name, value) in from {
         if HOP_BY_HOP.contains(name)
             || *name == header::AUTHORIZATION
             || *name == header::COOKIE
-            || (!keep_upgrade && *name == header::UPGRADE)
+            || *name == header::UPGRADE
             || name.as_str().starts_with("sec-websocket-")
             || name.as_str().starts_with("x-forwarded-")
         {
@@ -500,10 +468,7 @@ async fn http(
     let mut request = axum::http::Request::new(body);
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
-    *request.headers_mut() = upstream_headers(&parts.headers, target, source, false);
-    if let Some(host) = parts.headers.get(header::HOST) {
-        request.headers_mut().insert(header::HOST, host.clone());
-    }
+    *request.headers_mut() = upstream_headers(&parts.headers, target, source);
     let name = &target.session.name;
     let answer = match tokio::time::timeout(ANSWER_TIMEOUT, proxy.client.request(request)).await {
         Ok(Ok(answer)) => answer,
@@ -695,9 +660,9 @@ async fn websocket(
     };
     let upstream_request = match format!("ws://{host}{path}").into_client_request() {
         Ok(mut upstream) => {
-            let forwarded = upstream_headers(&headers, &target, source, true);
+            let forwarded = upstream_headers(&headers, &target, source);
             for (name, value) in &forwarded {
-                if *name == header::HOST || *name == header::UPGRADE {
+                if *name == header::HOST {
                     continue;
                 }
                 upstream.headers_mut().append(name.clone(), value.clone());

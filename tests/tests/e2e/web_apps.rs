@@ -416,16 +416,12 @@ async fn flood(site: &Site, origin: &str, cookie: &str) -> usize {
     let (_, peak_before) = manager_memory(site);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (_, peak_after) = manager_memory(site);
-    eprintln!(
-        "a flooding WebSocket not read for 5 s: the manager's peak memory {} MiB before, {} MiB after",
-        peak_before / 1024,
-        peak_after / 1024
-    );
-    assert!(
-        peak_after < peak_before + 48 * 1024,
-        "the manager kept what the reader did not take: {} MiB, then {} MiB",
-        peak_before / 1024,
-        peak_after / 1024
+    eprintln!("a flooding WebSocket not read for 5 s:");
+    assert_grew_less_than(
+        48,
+        peak_before,
+        peak_after,
+        "the manager kept what the reader did not take",
     );
     let mut after = 0;
     while after < 20 {
@@ -435,6 +431,17 @@ async fn flood(site: &Site, origin: &str, cookie: &str) -> usize {
         }
     }
     after
+}
+
+/// Prints the manager's memory before and after (KiB), and fails with `what` when it grew by
+/// `limit_mib` or more.
+fn assert_grew_less_than(limit_mib: u64, before: u64, after: u64, what: &str) {
+    let (before, after) = (before / 1024, after / 1024);
+    eprintln!("the manager's memory {before} MiB before, {after} MiB at its peak");
+    assert!(
+        after < before + limit_mib,
+        "{what}: {before} MiB before, {after} MiB at its peak"
+    );
 }
 
 /// The manager's resident memory now and at its peak, in KiB.
@@ -569,16 +576,6 @@ fn large_transfers_and_a_flooding_websocket_go_through_without_filling_the_manag
     );
 
     let (_, peak) = manager_memory(&site);
-    eprintln!(
-        "256 MiB down in {download:?}, up in {upload:?}; the manager's resident memory {} MiB \
-         before, {} MiB at its peak",
-        before / 1024,
-        peak / 1024
-    );
-    assert!(
-        peak < before + 128 * 1024,
-        "the manager buffered what it relays: {} MiB before, {} MiB at its peak",
-        before / 1024,
-        peak / 1024
-    );
+    eprintln!("256 MiB down in {download:?}, up in {upload:?}:");
+    assert_grew_less_than(128, before, peak, "the manager buffered what it relays");
 }
