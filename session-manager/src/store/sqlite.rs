@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{Database, Sqlite, Transaction, TransactionManager};
 
 use super::StoreResult;
 
@@ -37,6 +37,23 @@ const GREATEST: &str = "MAX";
 #[path = "sql/mod.rs"]
 mod sql;
 
+/// Whether a connection coming back to the pool holds no transaction, so it may be handed out
+/// again. A request dropped while its `BEGIN` was under way (a client that disconnects, a
+/// timeout) can leave the connection inside a transaction nobody owns: sqlx counts it begun but
+/// never hands out the `Transaction` that would roll it back. Such a connection is closed instead
+/// of pooled (closing rolls the transaction back); reused, it would refuse every later write with
+/// "begin_with at non-zero transaction depth", and a read would nest in a stale snapshot.
+fn outside_any_transaction(connection: &DbConnection) -> bool {
+    let depth = <Db as Database>::TransactionManager::get_transaction_depth(connection);
+    if depth > 0 {
+        tracing::warn!(
+            depth,
+            "A database connection came back inside a transaction its request left behind; closing it."
+        );
+    }
+    depth == 0
+}
+
 /// The embedded store. Cheap to clone (the pool is shared).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -55,6 +72,9 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .after_release(|connection, _| {
+                Box::pin(async move { Ok(outside_any_transaction(connection)) })
+            })
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
@@ -80,5 +100,42 @@ impl SqliteStore {
     /// Begins a read that sees one snapshot throughout.
     async fn read_snapshot(&self) -> StoreResult<Transaction<'static, Sqlite>> {
         Ok(self.pool.begin().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection handed back with a transaction begun and never owned (what a request
+    /// dropped during its `BEGIN` leaves) is closed, and the writes after it go through.
+    #[tokio::test]
+    async fn a_connection_left_inside_a_transaction_is_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("manager.db"))
+            .await
+            .unwrap();
+        let pool = store.pool().clone();
+        let mut connection = pool.acquire().await.unwrap();
+        let open = pool.size();
+        <Db as Database>::TransactionManager::begin(&mut connection, None)
+            .await
+            .unwrap();
+        drop(connection);
+        // The pool takes a released connection back (or closes it) on a task of its own.
+        while pool.size() == open && pool.num_idle() < open as usize {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(pool.size(), open - 1, "the connection went back to the pool");
+        // Every connection left is handed out in turn.
+        for _ in 0..3 {
+            let write = store
+                .write()
+                .await
+                .expect("a write after the leftover transaction");
+            write.commit().await.unwrap();
+            let read = store.read_snapshot().await.unwrap();
+            read.rollback().await.unwrap();
+        }
     }
 }
