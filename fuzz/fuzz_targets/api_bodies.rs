@@ -20,7 +20,7 @@ use ongrid_core::api::{
 use ongrid_core::holds::{HoldRequest, KeepRequest};
 use ongrid_core::image::CreateImage;
 use ongrid_core::job::JobSpec;
-use ongrid_manager::api::agent::check_stream_url;
+use ongrid_manager::app::agent_sync::check_stream_url;
 use ongrid_manager::config::check_image;
 use ongrid_manager::domain::sessions::holds::LifecycleConfig;
 use ongrid_manager::keys::{fingerprint_of, SshPublicKey};

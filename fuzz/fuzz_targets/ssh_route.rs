@@ -1,6 +1,6 @@
 //! Fuzzes the path of an SSH user name from the gateway to the session it reaches: the
 //! gateway's failure throttle keyed by it, the JSON it travels in (`KeyCheck`, `RouteRequest`),
-//! `SessionName::parse`, and the manager's router (`api::gateway::choose` over an owner's
+//! `SessionName::parse`, and the manager's router (`app::gateway::choose` over an owner's
 //! sessions, then `reachable`). The input is the user name as russh hands it over (UTF-8).
 //!
 //! Properties: nothing panics; a name `SessionName::parse` accepts is itself (same text, 1 to
@@ -22,7 +22,7 @@ use ongrid_core::gpu::GpuRequest;
 use ongrid_core::names::{Dn, NodeName, SessionId, SessionName, UserName};
 use ongrid_core::session::SessionState;
 use ongrid_gateway::throttle::{Policies, Policy, Throttle, ThrottledBy};
-use ongrid_manager::api::gateway::{choose, reachable};
+use ongrid_manager::app::gateway::{choose, reachable};
 use ongrid_manager::domain::sessions::SessionRecord;
 
 fn owner() -> Dn {

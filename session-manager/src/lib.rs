@@ -5,17 +5,24 @@
 //! PostgreSQL), and runs the scheduling loop that places PENDING sessions on GPUs with
 //! `ongrid_scheduler::plan`.
 //!
-//! Modules, from the bottom up: [`domain`] (every rule that moves a session or an image between
-//! states, pure), [`store`] (persistence), [`clock`] (injected time), [`site`] (the site as the
-//! scheduler sees it), [`keys`] (SSH public keys and their policy), [`grid_identity`] (server TLS,
-//! client certificate → identity), [`auth`] (admins, agent and gateway tokens), [`tokens`] (users' bearer
-//! tokens: WLCG and SciTokens JWTs), [`config`] (the TOML
-//! file); the loops [`scheduler`] (placements), [`hold_timer`] (due holds), [`freeze_watch`]
-//! (freezes that cannot finish) and [`retention`] (ended jobs and closed connections pruned); [`metrics`] (`/metrics`, `/readyz`); [`notify`] (commits wake
-//! the long-polls of agents and people); [`replicas`] (several managers on one PostgreSQL
-//! database: which one leads the loops, and how they tell each other of changes);
-//! [`served_store`] (which copy of the store this manager serves, in every answer's header);
-//! [`api`] (the routes), [`dashboard`] (the web pages) and [`server`] (the accept loop).
+//! Modules, from the bottom up:
+//! - [`domain`]: every rule that moves a session, job or image between states; pure, no I/O.
+//! - [`store`]: persistence (one SQL implementation for SQLite and PostgreSQL); [`clock`]:
+//!   injected time; [`site`]: the site as the scheduler sees it.
+//! - [`keys`] (SSH public keys and their policy), [`grid_identity`] (server TLS, client
+//!   certificate → identity), [`auth`] (admins, agent and gateway tokens), [`tokens`] (users'
+//!   bearer tokens: WLCG and SciTokens JWTs), [`config`] (the TOML file).
+//! - The loops: [`scheduling`] (the scheduling round, with fair share, limits and owned GPUs),
+//!   [`hold_timer`] (due holds), [`freeze_watch`] (freezes that cannot finish), [`retention`]
+//!   (ended jobs and closed connections pruned), [`grid_mirror`] (jobs of [`targets`]: Slurm,
+//!   HTCondor).
+//! - [`notify`] (commits wake the long-polls of agents and people), [`replicas`] (several
+//!   managers on one PostgreSQL database: who leads the loops, how they tell each other of
+//!   changes), [`served_store`] (which copy of the store this manager serves).
+//! - [`app`]: each use case, written once; [`api`] (the JSON routes) and [`dashboard`] (the
+//!   web pages) translate requests and answers for it; [`metrics`] (`/metrics`, `/readyz`);
+//!   [`server`] (the accept loop); [`image_files`], [`job_logs`], [`request_body`]: files and
+//!   bodies the routes serve.
 //!
 //! `main.rs` only parses arguments, binds, and calls [`Manager::open`] then [`Manager::serve`]
 //! (or [`run`], which does both).
@@ -27,22 +34,19 @@ pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod domain;
-pub mod fair_share;
 pub mod freeze_watch;
-pub mod gpu_policy;
 pub mod grid_identity;
 pub mod grid_mirror;
 pub mod hold_timer;
 pub mod image_files;
 pub mod job_logs;
 pub mod keys;
-pub mod limit_check;
 pub mod metrics;
 pub mod notify;
 pub mod replicas;
 pub mod request_body;
 pub mod retention;
-pub mod scheduler;
+pub mod scheduling;
 pub mod served_store;
 pub mod server;
 pub mod site;
@@ -70,7 +74,7 @@ use crate::freeze_watch::FreezeWatch;
 use crate::grid_identity::{ClientAuthenticator, GridAuthenticator, TrustConfig};
 use crate::hold_timer::HoldTimer;
 use crate::replicas::{Leader, LeaderLoops};
-use crate::scheduler::Scheduler;
+use crate::scheduling::Scheduler;
 use crate::server::Server;
 use crate::store::OpenedStore;
 
@@ -264,7 +268,7 @@ impl Manager {
             .with_auto_undrain(config.auto_undrain)
             .with_fair_share(config.fair_share.clone())
             .with_limits(config.limits.clone())
-            .with_gpu_policy(gpu_policy::PolicySettings {
+            .with_gpu_policy(scheduling::gpu_policy::PolicySettings {
                 sessions_on_owned_gpus: config.sessions_on_owned_gpus,
                 lifecycle: config.lifecycle,
             }),

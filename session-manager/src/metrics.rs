@@ -444,7 +444,7 @@ impl ManagerExporter {
         }
         self.nodes.set(nodes.len() as i64);
 
-        let policy = crate::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
+        let policy = crate::scheduling::gpu_policy::GpuPolicy::load(self.store.as_ref()).await?;
         let now = self.clock.now();
         // Reservations end and are removed: start over, so their series are gone.
         self.reserved_gpus.clear();
@@ -465,7 +465,7 @@ impl ManagerExporter {
 
         if let Some((config, clock)) = &self.fair_share {
             let accounts = self.store.usage_accounts().await?;
-            let standings = crate::fair_share::current(&accounts, config, clock.now());
+            let standings = crate::scheduling::fair_share::current(&accounts, config, clock.now());
             self.fair_share_usage.clear();
             self.fair_share_factor.clear();
             for standing in standings {

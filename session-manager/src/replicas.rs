@@ -32,8 +32,8 @@ use crate::freeze_watch::FreezeWatch;
 use crate::grid_mirror::GridMirror;
 use crate::hold_timer::HoldTimer;
 use crate::retention::Retention;
-pub use crate::scheduler::Leader;
-use crate::scheduler::Scheduler;
+pub use crate::scheduling::Leader;
+use crate::scheduling::Scheduler;
 use crate::served_store::ServedStore;
 
 /// The loops only the leader runs.

@@ -1,20 +1,8 @@
-//! Routes for node agents: registration and the periodic sync (heartbeat + desired state).
-//!
-//! A sync records that the node is alive and its GPUs' health, then stores what the agent saw:
-//! its containers ([`reports::observe`] decides what each means for its session), its freezes'
-//! progress ([`images::follow_report`]), its jobs ([`super::job_reports::follow_reports`]:
-//! output and state) and the activity of its sessions. The answer is the node's
-//! [`DesiredState`] ([`desired::desired_state`], with its jobs from
-//! [`super::job_reports::node_jobs`]).
-//!
-//! Between syncs the agent keeps `GET /v1/agent/desired?after=<version>` open: a long-poll that
-//! answers as soon as the node's desired state differs from the version the agent has (woken by
-//! [`crate::notify::Changes`]), or with 204 after `timeout` seconds (25 by default). Every
-//! answer carrying a desired state names its version in `ETag` (a digest of the state itself, so
-//! equal states have equal versions across restarts of the manager and nothing is counted in
-//! memory); the periodic sync stays the safety net when a notification is lost.
+//! Routes for node agents: registration, the periodic sync and the long-poll of the desired
+//! state, as [`crate::app::agent_sync`] decides them. Every answer carrying a desired state names
+//! its version in `ETag`; the long-poll (`GET /v1/agent/desired?after=<version>&timeout=<s>`)
+//! answers 204 with the same version when nothing changed in time.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -23,45 +11,20 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
-use ongrid_core::image::ImageState;
-use ongrid_core::{GpuInfo, GpuMode, NodeName, SessionId, SessionState};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::callers::AgentNode;
 use super::{ApiError, ApiJson, ApiQuery, AppState};
-use crate::app::Effect;
-use crate::domain::sessions::desired::{self, NodeSettings};
-use crate::domain::sessions::{reports, SessionRecord};
-use crate::domain::{image_access, images};
-use crate::store::{FactsScope, ImageFilter, NodeRegistration, SessionFilter, StoreError};
+use crate::app::agent_sync::{self, Desired, DESIRED_WAIT};
 
 pub async fn register(
     State(state): State<AppState>,
     AgentNode(node): AgentNode,
     ApiJson(body): ApiJson<RegisterNode>,
 ) -> Result<Response, ApiError> {
-    check_node(&node, &body.node)?;
-    check_gpus(&body.gpus)?;
-    check_start_modes(&body.gpus, &body.start_modes)?;
-    let stream_url = body.stream_url.map(|url| url.trim().to_owned());
-    if let Some(url) = &stream_url {
-        check_stream_url(url).map_err(ApiError::bad_request)?;
-    }
-    let registration = NodeRegistration {
-        name: node.clone(),
-        gpu_backend: body.gpu_backend,
-        agent_version: body.agent_version,
-        stream_url: stream_url.clone(),
-        start_modes: body.start_modes,
-    };
-    state
-        .store
-        .register_node(registration, &body.gpus, state.clock.now())
-        .await?;
-    tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
-    state.committed(&[Effect::Scheduling]);
-    desired_state(&state, &node).await.map(versioned)
+    agent_sync::register(&state, &node, body)
+        .await
+        .map(versioned)
 }
 
 pub async fn sync(
@@ -69,77 +32,8 @@ pub async fn sync(
     AgentNode(node): AgentNode,
     ApiJson(report): ApiJson<NodeReport>,
 ) -> Result<Response, ApiError> {
-    check_node(&node, &report.node)?;
-    check_gpus(&report.gpus)?;
-    let now = state.clock.now();
-    if !state.store.record_sync(&node, &report.gpus, now).await? {
-        return Err(ApiError::not_found(format!(
-            "node {node} is not registered: the agent must POST /v1/agent/register first"
-        )));
-    }
-    let sessions = state
-        .store
-        .sessions(SessionFilter::Node(node.clone()))
-        .await?;
-    let resuming = resuming(&state, &sessions).await?;
-    let on_node: HashMap<SessionId, &SessionRecord> = sessions.iter().map(|s| (s.id, s)).collect();
-    for container in &report.containers {
-        let Some(session) = on_node.get(&container.session_id) else {
-            continue;
-        };
-        let resumes = resuming.contains(&session.id);
-        let Some(change) = reports::observe(session, container, &node, resumes, now) else {
-            continue;
-        };
-        let (to, reason) = (change.to, change.reason.clone());
-        match state.store.transition(session.id, change).await {
-            Ok(changed) => {
-                if session.state == SessionState::Starting && changed.state == SessionState::Waiting
-                {
-                    crate::metrics::events().started(session.queued_at, now);
-                }
-                tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
-            }
-            // Changed meanwhile (for example removed by its owner): the next sync sees it.
-            Err(StoreError::InvalidTransition(_)) => {}
-            Err(other) => return Err(other.into()),
-        }
-    }
-    for progress in &report.freezes {
-        let change = images::follow_report(progress, &node);
-        let id = progress.image_id();
-        let Some(image) = state.store.record_freeze(&node, id, &change, now).await? else {
-            continue;
-        };
-        match image.state {
-            ImageState::Ready => {
-                tracing::info!(image_id = %image.id, reference = %image.reference, digest = image.digest.as_deref().unwrap_or(""), size = image.size.unwrap_or(0), %node, "Image frozen.");
-            }
-            ImageState::Failed => {
-                tracing::info!(image_id = %image.id, reference = %image.reference, reason = ?image.reason, %node, "Freeze failed.");
-            }
-            ImageState::Building | ImageState::Deleted => {}
-        }
-    }
-    super::job_reports::follow_reports(&state, &node, &report.jobs).await?;
-    state
-        .store
-        .record_activity(
-            &node,
-            &report.activity,
-            now,
-            state.config.lifecycle.thresholds,
-        )
-        .await?;
-    state.committed(&[Effect::Scheduling, Effect::Node(node.clone())]);
-    desired_state(&state, &node).await.map(versioned)
+    agent_sync::sync(&state, &node, report).await.map(versioned)
 }
-
-/// How long `GET /v1/agent/desired` waits for a change when the agent does not say.
-pub const DESIRED_WAIT: Duration = Duration::from_secs(25);
-
-/// The longest wait an agent may ask for.
-pub const MAX_DESIRED_WAIT: Duration = Duration::from_secs(300);
 
 /// `GET /v1/agent/desired?after=<version>&timeout=<seconds>`.
 #[derive(Debug, Deserialize)]
@@ -152,44 +46,19 @@ pub struct DesiredQuery {
 }
 
 /// The long-poll: the node's desired state once it differs from `after`, else 204 with the
-/// same version when `timeout` passes (or the manager shuts down).
+/// same version.
 pub async fn desired(
     State(state): State<AppState>,
     AgentNode(node): AgentNode,
     ApiQuery(query): ApiQuery<DesiredQuery>,
 ) -> Result<Response, ApiError> {
-    let wait = query
-        .timeout
-        .map_or(DESIRED_WAIT, Duration::from_secs)
-        .min(MAX_DESIRED_WAIT);
-    let deadline = tokio::time::Instant::now() + wait;
-    // Subscribed before the first read, so a commit between the read and the wait wakes it.
-    let mut changes = state.changes.subscribe();
-    if !state.store.node_registered(&node).await? {
-        return Err(ApiError::not_found(format!(
-            "node {node} is not registered: the agent must POST /v1/agent/register first"
-        )));
-    }
-    loop {
-        let desired = desired_state(&state, &node).await?;
-        let current = version(&desired);
-        if query.after.as_deref() != Some(current.as_str()) {
-            return Ok(versioned(desired));
-        }
-        match tokio::time::timeout_at(deadline, changes.changed(Some(&node))).await {
-            Ok(true) => {}
-            Ok(false) | Err(_) => {
-                return Ok((StatusCode::NO_CONTENT, [(ETAG, etag(&current))]).into_response())
-            }
+    let wait = query.timeout.map_or(DESIRED_WAIT, Duration::from_secs);
+    match agent_sync::next_desired(&state, &node, query.after.as_deref(), wait).await? {
+        Desired::Changed(desired) => Ok(versioned(desired)),
+        Desired::Unchanged(version) => {
+            Ok((StatusCode::NO_CONTENT, [(ETAG, etag(&version))]).into_response())
         }
     }
-}
-
-/// The version of a desired state: a digest of its JSON (whose fields and lists are in a fixed
-/// order), so it changes exactly when the state does.
-pub fn version(desired: &DesiredState) -> String {
-    let json = serde_json::to_vec(desired).unwrap_or_default();
-    hex::encode(&Sha256::digest(&json)[..16])
 }
 
 fn etag(version: &str) -> HeaderValue {
@@ -199,176 +68,6 @@ fn etag(version: &str) -> HeaderValue {
 
 /// The desired state as JSON with its version in `ETag`.
 fn versioned(desired: DesiredState) -> Response {
-    let tag = etag(&version(&desired));
+    let tag = etag(&agent_sync::version(&desired));
     ([(ETAG, tag)], Json(desired)).into_response()
-}
-
-fn check_node(token_node: &NodeName, body_node: &NodeName) -> Result<(), ApiError> {
-    if token_node != body_node {
-        return Err(ApiError::forbidden(format!(
-            "this token belongs to node {token_node}; it cannot speak for node {body_node}"
-        )));
-    }
-    Ok(())
-}
-
-fn check_gpus(gpus: &[GpuInfo]) -> Result<(), ApiError> {
-    let mut seen = BTreeSet::new();
-    for gpu in gpus {
-        if !seen.insert(&gpu.uuid) {
-            return Err(ApiError::bad_request(format!(
-                "GPU {} is listed twice in the report",
-                gpu.uuid
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Checks the modes the agent asks its GPUs to start in by the rules an admin's change meets:
-/// each for a GPU it reports, `shared:N` within its bounds, a MIG layout its model has.
-fn check_start_modes(
-    gpus: &[GpuInfo],
-    modes: &std::collections::BTreeMap<ongrid_core::GpuUuid, GpuMode>,
-) -> Result<(), ApiError> {
-    for (uuid, mode) in modes {
-        let refused = |problem: String| {
-            ApiError::bad_request(format!(
-                "GPU {uuid} cannot start in mode {mode}: {problem}; fix its `mode` in the \
-                 agent's simulated GPU file"
-            ))
-        };
-        let gpu = gpus
-            .iter()
-            .find(|gpu| &gpu.uuid == uuid)
-            .ok_or_else(|| refused("the agent does not report that GPU".to_owned()))?;
-        // The core's parser holds the rules, as for `PUT /v1/gpus/{uuid}/mode`.
-        let parsed: GpuMode = mode
-            .to_string()
-            .parse()
-            .map_err(|e: ongrid_core::gpu::GpuModeError| refused(e.to_string()))?;
-        if let Some(layout) = parsed.mig_layout() {
-            layout
-                .validate_for(&gpu.model)
-                .map_err(|e| refused(e.to_string()))?;
-        }
-    }
-    Ok(())
-}
-
-/// Checks the agent's stream endpoint well enough to refuse mistakes: the gateway dials it with
-/// TLS, so it must be `wss://host[:port][/path]`.
-pub fn check_stream_url(url: &str) -> Result<(), String> {
-    let Some(rest) = url.strip_prefix("wss://") else {
-        return Err(format!(
-            "stream_url {url:?} must start with wss:// (the gateway reaches agents over TLS): \
-             check [streams] url in the agent's config"
-        ));
-    };
-    let host = rest.split('/').next().unwrap_or_default();
-    if host.is_empty()
-        || url.len() > 2048
-        || url.chars().any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(format!(
-            "stream_url {url:?} is not a URL like wss://node1.example.org:8444: check [streams] \
-             url in the agent's config"
-        ));
-    }
-    Ok(())
-}
-
-/// The STARTING sessions among `sessions` that ran before: released from a hold, their
-/// container exists, stopped, and is to be started again.
-async fn resuming(
-    state: &AppState,
-    sessions: &[SessionRecord],
-) -> Result<HashSet<SessionId>, ApiError> {
-    let mut resuming = HashSet::new();
-    for session in sessions
-        .iter()
-        .filter(|s| s.state == SessionState::Starting)
-    {
-        let facts = state
-            .store
-            .lifecycle_facts(FactsScope::Session(session.id))
-            .await?;
-        if facts.iter().any(|f| f.first_started_at.is_some()) {
-            resuming.insert(session.id);
-        }
-    }
-    Ok(resuming)
-}
-
-/// The node's desired state as stored now.
-async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState, ApiError> {
-    let sessions = state
-        .store
-        .sessions(SessionFilter::Node(node.clone()))
-        .await?;
-    let resuming = resuming(state, &sessions).await?;
-    let building = state
-        .store
-        .images(ImageFilter::Building(node.clone()))
-        .await?;
-    let settings = NodeSettings {
-        sync_interval: state.config.sync_interval,
-        limits: state.config.session_limits,
-    };
-    let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
-        .unwrap_or(chrono::TimeDelta::MAX);
-    let removed = state
-        .store
-        .images(ImageFilter::RemovedSince(state.clock.now() - retention))
-        .await?;
-    let removed_images = if removed.is_empty() {
-        Vec::new()
-    } else {
-        let current = state.store.images(ImageFilter::All).await?;
-        image_access::removed_docker_images(&removed, &current)
-    };
-    let mut desired = desired::desired_state(
-        node,
-        sessions,
-        &resuming,
-        images::freeze_orders(building),
-        settings,
-    );
-    desired.removed_images = removed_images;
-    let gpus: Vec<_> = state
-        .store
-        .nodes()
-        .await?
-        .into_iter()
-        .filter(|n| n.name == *node)
-        .flat_map(|n| n.gpus)
-        .collect();
-    desired.mig_layouts = gpus
-        .iter()
-        .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.mode.mig_layout()?)))
-        .collect();
-    desired.mig_off = gpus
-        .iter()
-        .filter(|gpu| crate::site::leaving_mig(gpu))
-        .map(|gpu| gpu.info.uuid.clone())
-        .collect();
-    super::job_reports::node_jobs(state, node, &mut desired).await?;
-    Ok(desired)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stream_urls_must_be_wss() {
-        assert!(check_stream_url("wss://node1.example.org:8444").is_ok());
-        assert!(check_stream_url("wss://127.0.0.1:40123").is_ok());
-        assert!(check_stream_url("wss://[::1]:8444/streams").is_ok());
-        let err = check_stream_url("ws://node1:8444").unwrap_err();
-        assert!(err.contains("wss://"), "{err}");
-        assert!(check_stream_url("wss://").is_err());
-        assert!(check_stream_url("wss:///path").is_err());
-        assert!(check_stream_url("wss://node 1:8444").is_err());
-    }
 }

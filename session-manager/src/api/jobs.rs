@@ -5,7 +5,7 @@
 //! the job as it was), `POST /v1/jobs/{id}/cancel`, `POST /v1/jobs/{id}/halt` and
 //! `GET /v1/jobs/{id}/logs?offset=N[&wait=true]` (with `wait`, a long-poll answered once there
 //! is output from `N` or the output is complete). The jobs' part of an agent's sync is in
-//! [`super::job_reports`].
+//! [`crate::app::job_reports`].
 //!
 //! A job runs a READY frozen image its owner may run (their own, or one shared by its owner),
 //! named as `devctl image` names them (`name:version`, `login/name:version` or `sha256:`
@@ -111,8 +111,11 @@ async fn queue_positions(
         Some(_) => state.store.usage_accounts().await?,
         None => Vec::new(),
     };
-    let order =
-        crate::fair_share::serve_order(&waiting, &accounts, state.config.fair_share.as_ref());
+    let order = crate::scheduling::fair_share::serve_order(
+        &waiting,
+        &accounts,
+        state.config.fair_share.as_ref(),
+    );
     Ok(order.into_iter().zip(1u32..).collect())
 }
 
@@ -308,7 +311,7 @@ async fn view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
         .then(|| {
             state
                 .scheduler
-                .limit_wait(crate::limit_check::Waiting::Job(job.id))
+                .limit_wait(crate::scheduling::limits::Waiting::Job(job.id))
         })
         .flatten();
     let positions = queue_positions(state, &active).await?;

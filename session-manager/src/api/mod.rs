@@ -27,7 +27,6 @@ pub mod callers;
 pub mod error;
 pub mod gateway;
 pub mod images;
-pub mod job_reports;
 pub mod jobs;
 pub mod keys;
 pub mod logins;

@@ -21,7 +21,7 @@ pub async fn share(
         }));
     };
     let accounts = state.store.usage_accounts().await?;
-    let standings = crate::fair_share::current(&accounts, config, state.clock.now());
+    let standings = crate::scheduling::fair_share::current(&accounts, config, state.clock.now());
     let groups = standings
         .into_iter()
         .map(|standing| GroupShareView {

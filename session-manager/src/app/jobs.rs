@@ -118,7 +118,7 @@ pub async fn submit(
                 Some(_) => Some(Duration::ZERO),
             },
         };
-        if let Some(refusal) = crate::limit_check::refusal(Some(limits), &limited, site) {
+        if let Some(refusal) = crate::scheduling::limits::refusal(Some(limits), &limited, site) {
             return Err(ApiError::forbidden(refusal));
         }
     }

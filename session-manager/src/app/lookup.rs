@@ -65,13 +65,7 @@ pub async fn find_session(
 /// The stream endpoint of `node`'s agent (where SSH channels and web apps reach its
 /// containers); `None` when the node is unknown or its agent has none.
 pub async fn stream_url(state: &AppState, node: &NodeName) -> Result<Option<String>, ApiError> {
-    Ok(state
-        .store
-        .nodes()
-        .await?
-        .into_iter()
-        .find(|n| n.name == *node)
-        .and_then(|n| n.stream_url))
+    Ok(state.store.node(node).await?.and_then(|n| n.stream_url))
 }
 
 /// The images `lookup` may mean for a session or job of `caller`: their own current image of a
@@ -131,7 +125,7 @@ pub async fn reservation_to_use(
         return Ok(None);
     };
     let name = ReservationName::parse(name.trim()).map_err(ApiError::bad_request)?;
-    let policy = crate::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    let policy = crate::scheduling::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
     let found = policy.reservations.iter().find(|r| r.name == name);
     let reservation = may_use(
         found,

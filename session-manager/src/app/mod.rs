@@ -10,7 +10,11 @@
 //! - [`sessions`]: create, hold, release, keep alive, remove; [`images`]: freeze a session;
 //!   [`institutes`]: add, remove; [`jobs`]: cancel, halt; [`nodes`]: drain and undrain nodes and
 //!   GPUs; [`logins`]: the dashboard's single-use login links; [`token_links`]: token
-//!   identities linked to users; [`users`]: list, remove, restore; [`reservations`]: owned GPUs and reservations.
+//!   identities linked to users; [`users`]: list, remove, restore; [`reservations`]: owned GPUs
+//!   and reservations; [`web_apps`]: a session's web apps in the browser.
+//! - For the other components: [`agent_sync`] (an agent's registration, sync and long-poll, with
+//!   [`job_reports`] for its jobs) and [`gateway`] (the SSH gateway's allowlist, key checks,
+//!   routing and connection events).
 //! - Shared: [`caller`] (who asks), [`lookup`] (`{name}[?owner=DN]`, images, reservations),
 //!   [`views`] (records as people see them, and what a view reads of the whole site once per
 //!   answer) and [`error`] ([`ApiError`], the refusal every caller words the same).
@@ -20,10 +24,13 @@
 //! word; everything else (lookups, the domain's refusals, the store failing) is an [`ApiError`]
 //! worded the same for both.
 
+pub mod agent_sync;
 pub mod caller;
 pub mod error;
+pub mod gateway;
 pub mod images;
 pub mod institutes;
+pub mod job_reports;
 pub mod jobs;
 pub mod logins;
 pub mod lookup;
@@ -67,7 +74,7 @@ pub struct AppState {
     /// Wakes the scheduling loop.
     pub wake: Arc<Notify>,
     /// Runs a scheduling round in place, when an answer should reflect it.
-    pub scheduler: Arc<crate::scheduler::Scheduler>,
+    pub scheduler: Arc<crate::scheduling::Scheduler>,
     /// Whether this replica leads (runs the scheduler); see [`crate::replicas`].
     pub leader: crate::replicas::Leader,
     /// Wakes the long-polls of agents and people when a commit changed what they wait on.
@@ -133,7 +140,8 @@ impl AppState {
             .map(|s| (s.owner.clone(), s.queued_at, s.id))
             .collect();
         let accounts = self.store.usage_accounts().await?;
-        let order = crate::fair_share::serve_order(&waiting, &accounts, Some(fair_share));
+        let order =
+            crate::scheduling::fair_share::serve_order(&waiting, &accounts, Some(fair_share));
         Ok(order.into_iter().zip(1u32..).collect())
     }
 }

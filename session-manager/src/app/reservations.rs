@@ -10,7 +10,7 @@ use super::caller::{Admin, CurrentUser};
 use super::{ApiError, AppState, Effect};
 use crate::domain::policy::reservations::{check_new, ReservationName, ReservationRecord};
 use crate::domain::policy::GroupName;
-use crate::gpu_policy::GpuPolicy;
+use crate::scheduling::gpu_policy::GpuPolicy;
 
 /// The proof that the caller is an admin, or a 403 saying that only admins can `what`.
 pub fn admins_only(caller: &CurrentUser, what: &str) -> Result<Admin, ApiError> {

@@ -129,7 +129,7 @@ pub async fn create(
         length: Some(Duration::from_secs(max_duration_secs)),
     };
     if let Some(refusal) =
-        crate::limit_check::refusal(state.config.limits.as_ref(), &limited, &site)
+        crate::scheduling::limits::refusal(state.config.limits.as_ref(), &limited, &site)
     {
         return Err(ApiError::forbidden(refusal).into());
     }

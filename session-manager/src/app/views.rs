@@ -17,7 +17,7 @@ use crate::domain::images::ImageRecord;
 use crate::domain::policy::fairshare::Account;
 use crate::domain::sessions::holds::{deadlines, view};
 use crate::domain::sessions::SessionRecord;
-use crate::gpu_policy::GpuPolicy;
+use crate::scheduling::gpu_policy::GpuPolicy;
 use crate::site::SiteSnapshot;
 use crate::store::FactsScope;
 
@@ -120,7 +120,7 @@ pub async fn full_session_view(
         .then(|| {
             state
                 .scheduler
-                .limit_wait(crate::limit_check::Waiting::Session(session.id))
+                .limit_wait(crate::scheduling::limits::Waiting::Session(session.id))
         })
         .flatten();
     let (id, owner) = (session.id, session.owner.clone());
@@ -177,7 +177,7 @@ pub async fn gpu_policy_note(
     }
     let site = reads.site().await?;
     let accounts = reads.accounts().await?;
-    let group = crate::gpu_policy::group_of(accounts, asker.owner);
+    let group = crate::scheduling::gpu_policy::group_of(accounts, asker.owner);
     let reservation = match (asker.session, asker.job) {
         (Some(id), _) => policy.session_reservation(id, now),
         (None, Some(job)) => policy.job_reservation(job, now),
@@ -269,7 +269,7 @@ async fn lifecycle_view(
 }
 
 /// The hold planned for a reservation of another group on the GPUs `session` runs on, if any
-/// ([`crate::gpu_policy::GpuPolicy::session_hold`]): shown and warned about like the hold
+/// ([`crate::scheduling::gpu_policy::GpuPolicy::session_hold`]): shown and warned about like the hold
 /// policy's own (an admin's kind of hold: the site's admins reserved the GPUs).
 async fn reservation_hold(
     reads: &Reads<'_>,
@@ -286,7 +286,7 @@ async fn reservation_hold(
     }
     let site = reads.site().await?;
     let accounts = reads.accounts().await?;
-    let group = crate::gpu_policy::group_of(accounts, &session.owner);
+    let group = crate::scheduling::gpu_policy::group_of(accounts, &session.owner);
     let notice = state.config.lifecycle.warn_before;
     Ok(policy
         .session_hold(site, session, &group, notice, now)

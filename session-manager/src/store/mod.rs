@@ -369,6 +369,10 @@ pub trait Store: Send + Sync {
     /// Every registered node with its GPUs, ordered by name.
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 
+    /// One registered node with its GPUs (what an agent's sync or a stream to it needs, without
+    /// reading the whole site); `None` when it is not registered or was removed.
+    fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>>;
+
     /// Sets a GPU's mode; `None` when no such GPU is registered.
     fn set_gpu_mode<'a>(
         &'a self,

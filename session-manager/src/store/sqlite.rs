@@ -126,7 +126,11 @@ mod tests {
         while pool.size() == open && pool.num_idle() < open as usize {
             tokio::task::yield_now().await;
         }
-        assert_eq!(pool.size(), open - 1, "the connection went back to the pool");
+        assert_eq!(
+            pool.size(),
+            open - 1,
+            "the connection went back to the pool"
+        );
         // Every connection left is handed out in turn.
         for _ in 0..3 {
             let write = store

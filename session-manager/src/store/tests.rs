@@ -671,6 +671,21 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
     assert_eq!(nodes[0].last_seen, t(9));
     assert_eq!(nodes[0].gpus[0].info.health, sick.health);
     assert!(nodes[0].gpus[1].info.health.is_healthy());
+
+    // One node read alone is the same record, its GPUs in the same order; another node's GPUs
+    // are not among them, and an unknown node is none.
+    store
+        .register_node(node("node0"), &[gpu(3)], t(9))
+        .await
+        .unwrap();
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(store.node(&node1).await.unwrap().as_ref(), Some(&nodes[1]));
+    let node0 = store.node(&nodes[0].name).await.unwrap().unwrap();
+    assert_eq!(node0.gpus.len(), 1);
+    assert_eq!(node0, nodes[0]);
+    let unknown = NodeName::parse("node9").unwrap();
+    assert_eq!(store.node(&unknown).await.unwrap(), None);
 }
 
 async fn the_queue_is_ordered_by_time_then_id(backend: Backend) {

@@ -273,32 +273,48 @@ impl SqlStore {
         Ok(true)
     }
 
-    async fn nodes_impl(&self) -> StoreResult<Vec<NodeRecord>> {
-        let node_rows = sqlx::query(
-            "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain FROM nodes \
-             WHERE removed_at IS NULL ORDER BY name",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let gpu_rows = sqlx::query("SELECT node, info, mode, drain FROM gpus")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut gpus = gpu_rows
-            .iter()
-            .map(gpu_from_row)
-            .collect::<StoreResult<Vec<_>>>()?;
-        gpus.sort_by(|a, b| {
-            (&a.node, &a.info.pci_bus_id, &a.info.uuid).cmp(&(
-                &b.node,
-                &b.info.pci_bus_id,
-                &b.info.uuid,
-            ))
-        });
+    /// Every registered node with its GPUs, ordered by name; only `only` when given.
+    async fn nodes_impl(&self, only: Option<&NodeName>) -> StoreResult<Vec<NodeRecord>> {
+        let (node_rows, gpu_rows) = match only {
+            None => (
+                sqlx::query(
+                    "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain \
+                     FROM nodes WHERE removed_at IS NULL ORDER BY name",
+                )
+                .fetch_all(&self.pool)
+                .await?,
+                sqlx::query("SELECT node, info, mode, drain FROM gpus")
+                    .fetch_all(&self.pool)
+                    .await?,
+            ),
+            Some(name) => (
+                sqlx::query(
+                    "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain \
+                     FROM nodes WHERE removed_at IS NULL AND name = $1",
+                )
+                .bind(name.as_str())
+                .fetch_all(&self.pool)
+                .await?,
+                sqlx::query("SELECT node, info, mode, drain FROM gpus WHERE node = $1")
+                    .bind(name.as_str())
+                    .fetch_all(&self.pool)
+                    .await?,
+            ),
+        };
+        let mut gpus: BTreeMap<NodeName, Vec<GpuRecord>> = BTreeMap::new();
+        for row in &gpu_rows {
+            let gpu = gpu_from_row(row)?;
+            gpus.entry(gpu.node.clone()).or_default().push(gpu);
+        }
         let mut nodes = Vec::with_capacity(node_rows.len());
         for row in &node_rows {
             let name: NodeName = parse(&row.try_get::<String, _>("name")?, "node name")?;
+            let mut gpus = gpus.remove(&name).unwrap_or_default();
+            gpus.sort_by(|a, b| {
+                (&a.info.pci_bus_id, &a.info.uuid).cmp(&(&b.info.pci_bus_id, &b.info.uuid))
+            });
             nodes.push(NodeRecord {
-                gpus: gpus.iter().filter(|g| g.node == name).cloned().collect(),
+                gpus,
                 name,
                 gpu_backend: row.try_get("gpu_backend")?,
                 agent_version: row.try_get("agent_version")?,
@@ -443,7 +459,11 @@ impl Store for SqlStore {
     }
 
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
-        Box::pin(self.nodes_impl())
+        Box::pin(self.nodes_impl(None))
+    }
+
+    fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>> {
+        Box::pin(async move { Ok(self.nodes_impl(Some(name)).await?.pop()) })
     }
 
     fn set_gpu_mode<'a>(

@@ -1,4 +1,4 @@
-//! The jobs' part of an agent's sync, called by [`super::agent`]: the node's reports of its
+//! The jobs' part of an agent's sync, called by [`super::agent_sync`]: the node's reports of its
 //! jobs applied ([`follow_reports`]) and its jobs added to its desired state ([`node_jobs`]).
 //! Every change is decided by [`crate::domain::jobs`]; this module reads, writes and logs.
 
@@ -6,8 +6,7 @@ use ongrid_core::api::DesiredState;
 use ongrid_core::job::{JobId, ObservedJob};
 use ongrid_core::NodeName;
 
-use super::{ApiError, AppState};
-use crate::app::Effect;
+use super::{ApiError, AppState, Effect};
 use crate::domain::jobs;
 use crate::job_logs::JobLogs;
 use crate::store::{JobFilter, StoreError};

@@ -56,12 +56,13 @@ fn weighted(
         .sum()
 }
 
-/// Charges every account to `now` for what its user holds in `site`, stores the accounts and
-/// returns them.
+/// Charges `accounts` (as the store has them) to `now` for what each user holds in `site`,
+/// stores them and returns them.
 pub async fn meter(
     store: &dyn Store,
     config: &FairShareConfig,
     site: &SiteSnapshot,
+    mut accounts: Vec<Account>,
     now: DateTime<Utc>,
 ) -> StoreResult<Vec<Account>> {
     let mut holding: HashMap<&Dn, f64> = HashMap::new();
@@ -73,7 +74,6 @@ pub async fn meter(
         *holding.entry(&job.owner).or_default() +=
             weighted(site, config, &job.spec.gpus, &job.gpus);
     }
-    let mut accounts = store.usage_accounts().await?;
     for user in holding.keys() {
         if !accounts.iter().any(|a| &a.user == *user) {
             // Admitted before accounting groups were recorded: counted in `default`.

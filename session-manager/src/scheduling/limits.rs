@@ -199,7 +199,7 @@ mod tests {
     use crate::domain::jobs;
     use crate::domain::policy::limits::{LengthClass, LengthClasses};
     use crate::domain::sessions::requests;
-    use crate::scheduler::Scheduler;
+    use crate::scheduling::Scheduler;
     use crate::store::{
         JobFilter, NewSession, NodeRegistration, SessionFilter, SqliteStore, Store,
     };
