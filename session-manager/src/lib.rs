@@ -255,116 +255,34 @@ impl Manager {
             (changes, None)
         };
 
-        let scheduler = Arc::new(
-            Scheduler::new(
-                store.clone(),
-                self.clock.clone(),
-                config.node_timeout,
-                scheduler_wake.clone(),
-            )
-            .with_leader(leader.clone())
-            .with_changes(changes.clone())
-            .with_job_limits(config.job_limits)
-            .with_auto_undrain(config.auto_undrain)
-            .with_fair_share(config.fair_share.clone())
-            .with_limits(config.limits.clone())
-            .with_gpu_policy(scheduling::gpu_policy::PolicySettings {
-                sessions_on_owned_gpus: config.sessions_on_owned_gpus,
-                lifecycle: config.lifecycle,
-            }),
+        let loops = leader_loops(
+            &config,
+            &store,
+            &self.clock,
+            Wakes {
+                api: wake.clone(),
+                scheduler: scheduler_wake.clone(),
+            },
+            &changes,
+            &leader,
         );
-        let holds = Arc::new(
-            HoldTimer::new(
-                store.clone(),
-                self.clock.clone(),
-                config.lifecycle,
-                wake.clone(),
-            )
-            .with_changes(changes.clone()),
-        );
-        let freezes = Arc::new(
-            FreezeWatch::new(
-                store.clone(),
-                self.clock.clone(),
-                FreezeLimits {
-                    node_timeout: config.node_timeout,
-                    stall_timeout: config.freeze_stall_timeout,
-                },
-            )
-            .with_changes(changes.clone()),
-        );
-        let grid = Arc::new(
-            grid_mirror::GridMirror::new(
-                store.clone(),
-                self.clock.clone(),
-                Arc::new(targets::Targets::from_config(&config.targets)),
-                config.job_limits,
-                job_logs::JobLogs::new(config.job_log_dir.clone()),
-            )
-            .with_changes(changes.clone()),
-        );
-        let retention = Arc::new(retention::Retention::new(
-            store.clone(),
-            self.clock.clone(),
-            config.retention,
-            config.job_limits.output_grace,
-            job_logs::JobLogs::new(config.job_log_dir.clone()),
-        ));
-        let loops = LeaderLoops {
-            scheduler: scheduler.clone(),
-            schedule_interval: config.schedule_interval,
-            holds,
-            freezes,
-            grid: grid.clone(),
-            retention,
+        let (scheduler, grid) = (loops.scheduler.clone(), loops.grid.clone());
+        let replication = Replication {
+            lead,
+            outbox,
+            scheduler_wake,
         };
-        #[cfg(feature = "postgres")]
-        let loops = match (opened.postgres(), lead, outbox) {
-            (Some(postgres), Some(lead), Some(outbox)) => {
-                let replica = uuid::Uuid::new_v4().simple().to_string();
-                let wakes = Arc::new(replicas::Wakes {
-                    api: wake.clone(),
-                    scheduler: scheduler_wake,
-                    grid: grid.clone(),
-                });
-                tracker.spawn(replicas::lead(
-                    postgres.clone(),
-                    lead,
-                    loops,
-                    served.clone(),
-                    shutdown.clone(),
-                ));
-                tracker.spawn(replicas::publish(
-                    postgres.clone(),
-                    replica.clone(),
-                    changes.clone(),
-                    outbox,
-                    wakes.clone(),
-                    leader.clone(),
-                    shutdown.clone(),
-                ));
-                tracker.spawn(replicas::listen(
-                    postgres.clone(),
-                    replica,
-                    changes.clone(),
-                    wakes,
-                    leader.clone(),
-                    shutdown.clone(),
-                ));
-                None
-            }
-            _ => Some(loops),
-        };
-        #[cfg(not(feature = "postgres"))]
-        let loops = {
-            let _ = (lead, outbox, scheduler_wake);
-            Some(loops)
-        };
-        if let Some(loops) = loops {
-            let shutdown = shutdown.clone();
-            let served = served.clone();
-            tracker.spawn(async move { loops.run_sole(served, shutdown).await });
-        }
+        spawn_loops(
+            &tracker,
+            &opened,
+            loops,
+            replication,
+            &wake,
+            &changes,
+            &leader,
+            &served,
+            &shutdown,
+        );
         let exporter = metrics::ManagerExporter::new(store.clone())
             .with_clock(self.clock.clone())
             .with_fair_share(config.fair_share.clone(), self.clock.clone());
@@ -406,6 +324,144 @@ impl Manager {
         opened.close().await;
         tracing::info!("Stopped.");
         Ok(())
+    }
+}
+
+/// The two wake-ups of the scheduling loop: what the API and the hold timer notify, and what the
+/// loop waits on (the same on a sole manager; with replicas the leader's loop is woken through
+/// [`replicas`]).
+struct Wakes {
+    api: Arc<Notify>,
+    scheduler: Arc<Notify>,
+}
+
+/// The loops only the leading replica runs (the only manager of a SQLite store always leads).
+fn leader_loops(
+    config: &Config,
+    store: &Arc<dyn store::Store>,
+    clock: &Arc<dyn Clock>,
+    wakes: Wakes,
+    changes: &notify::Changes,
+    leader: &Leader,
+) -> LeaderLoops {
+    let scheduler = Scheduler::new(
+        store.clone(),
+        clock.clone(),
+        config.node_timeout,
+        wakes.scheduler,
+    )
+    .with_leader(leader.clone())
+    .with_changes(changes.clone())
+    .with_job_limits(config.job_limits)
+    .with_auto_undrain(config.auto_undrain)
+    .with_fair_share(config.fair_share.clone())
+    .with_limits(config.limits.clone())
+    .with_gpu_policy(scheduling::gpu_policy::PolicySettings {
+        sessions_on_owned_gpus: config.sessions_on_owned_gpus,
+        lifecycle: config.lifecycle,
+    });
+    let holds = HoldTimer::new(store.clone(), clock.clone(), config.lifecycle, wakes.api)
+        .with_changes(changes.clone());
+    let freeze_limits = FreezeLimits {
+        node_timeout: config.node_timeout,
+        stall_timeout: config.freeze_stall_timeout,
+    };
+    let freezes =
+        FreezeWatch::new(store.clone(), clock.clone(), freeze_limits).with_changes(changes.clone());
+    let grid = grid_mirror::GridMirror::new(
+        store.clone(),
+        clock.clone(),
+        Arc::new(targets::Targets::from_config(&config.targets)),
+        config.job_limits,
+        job_logs::JobLogs::new(config.job_log_dir.clone()),
+    )
+    .with_changes(changes.clone());
+    let retention = retention::Retention::new(
+        store.clone(),
+        clock.clone(),
+        config.retention,
+        config.job_limits.output_grace,
+        job_logs::JobLogs::new(config.job_log_dir.clone()),
+    );
+    LeaderLoops {
+        scheduler: Arc::new(scheduler),
+        schedule_interval: config.schedule_interval,
+        holds: Arc::new(holds),
+        freezes: Arc::new(freezes),
+        grid: Arc::new(grid),
+        retention: Arc::new(retention),
+    }
+}
+
+/// What a replica of a PostgreSQL store needs beside its loops: the sender that makes it lead,
+/// the changes it tells the other replicas, and its scheduling loop's own wake-up. `None`s for
+/// the sole manager of a SQLite store.
+struct Replication {
+    lead: Option<tokio::sync::watch::Sender<bool>>,
+    outbox: Option<tokio::sync::mpsc::Receiver<notify::Changed>>,
+    scheduler_wake: Arc<Notify>,
+}
+
+/// Starts the leader's loops: at once on the sole manager of a store; on a replica, once it
+/// leads, with the notifications between replicas.
+#[allow(clippy::too_many_arguments)]
+fn spawn_loops(
+    tracker: &TaskTracker,
+    opened: &OpenedStore,
+    loops: LeaderLoops,
+    replication: Replication,
+    wake: &Arc<Notify>,
+    changes: &notify::Changes,
+    leader: &Leader,
+    served: &Arc<served_store::ServedStore>,
+    shutdown: &CancellationToken,
+) {
+    #[cfg(feature = "postgres")]
+    let loops = match (opened.postgres(), replication.lead, replication.outbox) {
+        (Some(postgres), Some(lead), Some(outbox)) => {
+            let replica = uuid::Uuid::new_v4().simple().to_string();
+            let wakes = Arc::new(replicas::Wakes {
+                api: wake.clone(),
+                scheduler: replication.scheduler_wake,
+                grid: loops.grid.clone(),
+            });
+            tracker.spawn(replicas::lead(
+                postgres.clone(),
+                lead,
+                loops,
+                served.clone(),
+                shutdown.clone(),
+            ));
+            tracker.spawn(replicas::publish(
+                postgres.clone(),
+                replica.clone(),
+                changes.clone(),
+                outbox,
+                wakes.clone(),
+                leader.clone(),
+                shutdown.clone(),
+            ));
+            tracker.spawn(replicas::listen(
+                postgres.clone(),
+                replica,
+                changes.clone(),
+                wakes,
+                leader.clone(),
+                shutdown.clone(),
+            ));
+            None
+        }
+        _ => Some(loops),
+    };
+    #[cfg(not(feature = "postgres"))]
+    let loops = {
+        let _ = (opened, replication, wake, changes, leader);
+        Some(loops)
+    };
+    if let Some(loops) = loops {
+        let shutdown = shutdown.clone();
+        let served = served.clone();
+        tracker.spawn(async move { loops.run_sole(served, shutdown).await });
     }
 }
 
