@@ -29,6 +29,11 @@
 # 4. The scheduler's plan time: a short criterion run of scheduler/benches/plan.rs (1,000 nodes
 #    × 8 GPUs against 10,000 pending sessions; 10,000 GPUs against 50,000 sessions and jobs).
 # 5. The freeze ratio: images/benches/freeze.sh on ONGRID_BENCH_FREEZE_MIB MiB, one run each.
+# 6. The control plane at site scale: a real manager (SQLite) and ONGRID_FLEET_NODES simulated
+#    nodes speaking the agent protocol, ONGRID_FLEET_SESSIONS sessions flowing through (created,
+#    placed, reported running, a fifth removed); placement-to-agent latency, API latency, the
+#    scheduling round, the /metrics scrape, the manager's memory and the store's size, against
+#    the issue's targets (no reference: the targets are absolute) (tests/examples/fleet.rs).
 #
 # The sites of 1, 2 and 3 (manager, an agent with a simulated GPU, the gateway) are brought up by
 # the end-to-end harness (tests/src/lib.rs) in a temporary directory with a node name of their own,
@@ -38,12 +43,13 @@
 #
 # Usage: bench/run.sh [--no-build] [--burst N] [--only PART[,PART...]]
 #   --burst N: sessions of the burst (ONGRID_BENCH_BURST); --only: run only these parts, of
-#   shell, burst, ssh, jupyter, plan, freeze (default: all).
+#   shell, burst, ssh, jupyter, plan, freeze, fleet (default: all).
 # Environment (defaults): ONGRID_BENCH_SESSIONS (20), ONGRID_BENCH_BURST (60; 0 skips),
 #   ONGRID_BENCH_SSH_MIB (1024), ONGRID_BENCH_JUPYTER (200 rounds; 0 skips),
 #   ONGRID_BENCH_ACTIVE (200; 0 skips), ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0
 #   skips the freeze),
-#   ONGRID_BENCH_PLAN (yes; no skips the scheduler).
+#   ONGRID_BENCH_PLAN (yes; no skips the scheduler), ONGRID_FLEET_NODES (1000; 0 skips the
+#   fleet), ONGRID_FLEET_SESSIONS (10000), ONGRID_FLEET_USERS (50).
 #
 # Needs: root (the agent installs iptables rules; the test user; the freeze bench), cargo, Docker
 # with the image ongrid/dev:latest (images/dev/build.sh), OpenSSH's ssh, ssh-keygen and sshd
@@ -71,7 +77,7 @@ die() {
 
 readonly USAGE="usage: bench/run.sh [--no-build] [--burst N] [--only PART[,PART...]]"
 build=yes
-only="shell,burst,ssh,jupyter,plan,freeze"
+only="shell,burst,ssh,jupyter,plan,freeze,fleet"
 while (($# > 0)); do
     case "$1" in
     --no-build) build=no ;;
@@ -92,8 +98,8 @@ done
 readonly BURST only
 for part in ${only//,/ }; do
     case "$part" in
-    shell | burst | ssh | jupyter | plan | freeze) ;;
-    *) die "--only: unknown part $part (shell, burst, ssh, jupyter, plan, freeze)" ;;
+    shell | burst | ssh | jupyter | plan | freeze | fleet) ;;
+    *) die "--only: unknown part $part (shell, burst, ssh, jupyter, plan, freeze, fleet)" ;;
     esac
 done
 # Whether the part $1 runs.
@@ -151,7 +157,7 @@ if [[ "$build" == yes ]]; then
     printf '==> building the release binaries\n'
     cargo build --release --quiet -p ongrid-manager -p ongrid-agent -p devctl -p ongrid-gateway
     cargo build --release --quiet -p ongrid-e2e --example time_to_shell --example ssh_bench \
-        --example jupyter_bench
+        --example jupyter_bench --example fleet
 fi
 # The examples of the parts that run.
 examples=()
@@ -163,6 +169,9 @@ if wanted ssh; then
 fi
 if wanted jupyter; then
     examples+=(jupyter_bench)
+fi
+if wanted fleet; then
+    examples+=(fleet)
 fi
 for example in "${examples[@]}"; do
     [[ -x "$TARGET_DIR/release/examples/$example" ]] ||
@@ -272,6 +281,13 @@ if wanted plan && [[ "$PLAN" != no ]]; then
             gsub(/[][]/, ""); sub(/.*time: */, "");
             printf "scheduler %s|%s %s|-|-\n", name, $3, $4; name = "" }' \
         "$work/plan.out" >>"$summary"
+fi
+
+if wanted fleet && ((${ONGRID_FLEET_NODES:-1000} > 0)); then
+    printf '\n==> the control plane at site scale: simulated nodes against a real manager\n'
+    # One connection per node's long-poll, and as many for its syncs.
+    ulimit -n "$(ulimit -Hn)"
+    "$TARGET_DIR/release/examples/fleet"
 fi
 
 if wanted freeze && ((FREEZE_MIB > 0)); then

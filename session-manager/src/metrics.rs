@@ -146,6 +146,7 @@ pub struct Events {
     pub holds: Family<ReasonLabels, Counter>,
     pub session_start: Histogram,
     pub plan_duration: Histogram,
+    pub round_duration: Histogram,
     pub queued_sessions: Family<ReasonLabels, Gauge>,
 }
 
@@ -155,6 +156,7 @@ static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
     holds: Family::default(),
     session_start: Histogram::new(wait_buckets()),
     plan_duration: Histogram::new(latency_buckets()),
+    round_duration: Histogram::new(latency_buckets()),
     queued_sessions: Family::default(),
 });
 
@@ -182,6 +184,11 @@ impl Events {
     /// How long one scheduling plan took.
     pub fn plan_took(&self, elapsed: std::time::Duration) {
         self.plan_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// How long one whole scheduling round took: its reads, the plan and its writes.
+    pub fn round_took(&self, elapsed: std::time::Duration) {
+        self.round_duration.observe(elapsed.as_secs_f64());
     }
 
     /// What stays queued after a scheduling round, by why (see [`queue_reasons`]).
@@ -349,6 +356,12 @@ impl ManagerExporter {
             "Time of one scheduling plan over the whole site",
             Unit::Seconds,
             events.plan_duration.clone(),
+        );
+        registry.register_with_unit(
+            "scheduler_round_duration",
+            "Time of one scheduling round: the site read, the plan and its changes stored",
+            Unit::Seconds,
+            events.round_duration.clone(),
         );
         registry.register(
             "scheduler_queued_sessions",

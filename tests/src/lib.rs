@@ -364,6 +364,42 @@ impl Site {
         site
     }
 
+    /// Only a manager, with `[metrics]` on, the top-level `settings` of its config replaced
+    /// (`("sync_interval", "\"5 seconds\"")`), `manager_extra` appended (whole tables), and
+    /// `agent_tokens` (lines `<node> <token>`) added to its agent tokens file: for a benchmark
+    /// that speaks the agent protocol itself, for nodes it simulates. No Docker.
+    pub fn start_manager_only(
+        settings: &[(&str, &str)],
+        manager_extra: &str,
+        agent_tokens: &str,
+    ) -> Self {
+        let mut site = Self::prepare(&[]).expect("prepare the site's files");
+        site.metrics = true;
+        let path = site.dir.path().join("manager.toml");
+        let text = std::fs::read_to_string(&path).expect("read manager config");
+        let mut text: String = text
+            .lines()
+            .map(|line| {
+                let key = line.split(" = ").next().unwrap_or_default();
+                match settings.iter().find(|(k, _)| *k == key) {
+                    Some((key, value)) => format!("{key} = {value}\n"),
+                    None => format!("{line}\n"),
+                }
+            })
+            .collect();
+        text.push_str(METRICS_SECTION);
+        text.push('\n');
+        text.push_str(manager_extra);
+        text.push('\n');
+        std::fs::write(&path, text).expect("write manager config");
+        let tokens = site.dir.path().join("agent-tokens");
+        let mut text = std::fs::read_to_string(&tokens).expect("read agent tokens");
+        text.push_str(agent_tokens);
+        write_private(&tokens, text).expect("write agent tokens");
+        site.start_manager();
+        site
+    }
+
     /// Starts a manager and an agent with the given simulated GPUs.
     pub fn start(gpus: &[SimGpu]) -> Self {
         require_docker();

@@ -97,12 +97,13 @@ impl AppState {
     }
 
     /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
-    /// waits (PENDING): the leader runs a round in place; a follower wakes the leader and waits
+    /// waits (PENDING): the leader runs a round in place (or shares one that started after the
+    /// commit with the requests waiting beside it); a follower wakes the leader and waits
     /// up to [`PLACEMENT_WAIT`] for `session` to leave PENDING. A failed round is retried by the
     /// loop.
     pub async fn schedule_now(&self, session: SessionId) {
         if self.leader.is_leading() {
-            if let Err(error) = self.scheduler.tick(self.clock.now()).await {
+            if let Err(error) = self.scheduler.tick_covering().await {
                 tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
             }
             return;

@@ -36,6 +36,7 @@ mod lost;
 mod reservations;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,6 +121,9 @@ pub struct Scheduler {
     /// One tick at a time: two concurrent plans could both hand out the same free GPU. Holds
     /// the PENDING sessions waiting for jobs to halt.
     tick_lock: tokio::sync::Mutex<HashMap<SessionId, HaltWait>>,
+    /// Rounds started (counted under `tick_lock`), so that requests waiting for a round after
+    /// their commit share one ([`Self::tick_covering`]).
+    rounds: AtomicU64,
     /// The site's `[jobs]` settings: whether a re-queued job is pinned to its checkpoint's node.
     job_limits: jobs::JobLimits,
     /// The manager's `auto_undrain`: lift the health check's drain of a GPU healthy again.
@@ -156,6 +160,7 @@ impl Scheduler {
             ticks: watch::channel(0).0,
             changes: None,
             tick_lock: tokio::sync::Mutex::new(HashMap::new()),
+            rounds: AtomicU64::new(0),
             job_limits: jobs::JobLimits::default(),
             auto_undrain: false,
             fair_share: None,
@@ -239,7 +244,10 @@ impl Scheduler {
                 _ = ticker.tick() => {}
                 () = self.wake.notified() => {}
             }
-            match self.tick(self.clock.now()).await {
+            let started = std::time::Instant::now();
+            let round = self.tick(self.clock.now()).await;
+            crate::metrics::events().round_took(started.elapsed());
+            match round {
                 Ok(report) if report != TickReport::default() => {
                     tracing::debug!(
                         placed = report.placed,
@@ -272,6 +280,30 @@ impl Scheduler {
     /// The site is read once; again before the plan only when a phase changed it.
     pub async fn tick(&self, now: DateTime<Utc>) -> StoreResult<TickReport> {
         let mut halt_waits = self.tick_lock.lock().await;
+        self.round(&mut halt_waits, now).await
+    }
+
+    /// A round that starts after this call: what a request that just committed a change needs
+    /// for its answer to reflect it. Run here, unless the round of another caller waiting at
+    /// the same time started after this call (then that one covered it, and `None`): a burst
+    /// of requests shares rounds instead of queueing one round each.
+    pub async fn tick_covering(&self) -> StoreResult<Option<TickReport>> {
+        let needed = self.rounds.load(AtomicOrdering::SeqCst) + 1;
+        let mut halt_waits = self.tick_lock.lock().await;
+        if self.rounds.load(AtomicOrdering::SeqCst) >= needed {
+            return Ok(None);
+        }
+        self.round(&mut halt_waits, self.clock.now())
+            .await
+            .map(Some)
+    }
+
+    async fn round(
+        &self,
+        halt_waits: &mut HashMap<SessionId, HaltWait>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<TickReport> {
+        self.rounds.fetch_add(1, AtomicOrdering::SeqCst);
         if !self.leader.is_leading() {
             return Ok(TickReport::default());
         }
@@ -313,15 +345,12 @@ impl Scheduler {
             gpu_policy: &gpu_policy,
             now,
         };
-        let (state, unpinned) = self.plan_input(&round, &halt_waits, &mut reads).await?;
+        let (state, unpinned) = self.plan_input(&round, halt_waits, &mut reads).await?;
         let placed = self
-            .apply_plan(&round, &state, &mut halt_waits, &unpinned, &mut report)
+            .apply_plan(&round, &state, halt_waits, &unpinned, &mut report)
             .await?;
         crate::metrics::events().queued(&crate::metrics::queue_reasons(
-            &pending,
-            &placed,
-            &halt_waits,
-            &unpinned,
+            &pending, &placed, halt_waits, &unpinned,
         ));
         Ok(report)
     }

@@ -87,6 +87,31 @@ async fn state(f: &Fixture, s: &SessionRecord) -> SessionRecord {
     f.store.session(s.id).await.unwrap().unwrap()
 }
 
+/// Requests that each committed a session and want a round after it share rounds: ten at once
+/// run two (the first starts before the others asked; the second covers them all), and every
+/// session is placed by them.
+#[tokio::test]
+async fn requests_waiting_for_a_round_share_one() {
+    let gpus: Vec<GpuInfo> = (1..=10).map(gpu).collect();
+    let f = fixture(&gpus).await;
+    let mut sessions = Vec::new();
+    for i in 0..10 {
+        sessions.push(create(&f, t0() + TimeDelta::seconds(i)).await);
+    }
+    let rounds = futures::future::join_all((0..10).map(|_| f.scheduler.tick_covering())).await;
+    let ran: Vec<TickReport> = rounds.into_iter().filter_map(Result::unwrap).collect();
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(ran.iter().map(|r| r.placed).sum::<usize>(), 10);
+    for session in &sessions {
+        assert_eq!(state(&f, session).await.state, SessionState::Starting);
+    }
+    // Asked again after those rounds, a round runs: none has started since.
+    assert_eq!(
+        f.scheduler.tick_covering().await.unwrap(),
+        Some(TickReport::default())
+    );
+}
+
 #[tokio::test]
 async fn places_in_queue_order_and_waits_for_a_free_gpu() {
     let f = fixture(&[gpu(1)]).await;

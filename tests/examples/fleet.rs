@@ -1,0 +1,646 @@
+//! The control plane at site scale, by simulation: one real manager (the build's binary, its
+//! SQLite store) and this process speaking the agent protocol for many simulated nodes at once:
+//! each node registers its GPUs, keeps the long-poll of its desired state open, reports the
+//! containers of its desired sessions as running at once (no Docker), and syncs every
+//! `sync_interval`. Meanwhile users create sessions through the API (more than the GPUs, so some
+//! wait), show and list them, then remove some so the waiting ones are placed.
+//!
+//! It prints what the site-scale targets are about: how long a placement takes to reach its
+//! node's agent (from the create request that caused it to the long-poll's answer naming it),
+//! the API's latency for create, show and ls under that load, the scheduling loop's round time
+//! (from the manager's `/metrics`), the scrape's time and size, the manager's resident memory
+//! and the store's size.
+//!
+//! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
+//! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
+//! `ONGRID_FLEET_SESSIONS` (10000), `ONGRID_FLEET_USERS` (50), `ONGRID_FLEET_CONCURRENCY` (API
+//! requests at once, 32). Needs a file-descriptor limit above the nodes' count (`ulimit -n`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ongrid_core::api::{
+    ContainerState, CreateSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
+    RunState, SessionView,
+};
+use ongrid_core::{
+    ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize, NodeName, SessionId, SessionName,
+};
+use ongrid_e2e::{bench_summary, rss_kib, Site, User};
+use reqwest::header::{AUTHORIZATION, ETAG};
+use reqwest::StatusCode;
+use tokio::sync::watch;
+
+/// How often the simulated agents sync (the manager tells them; this is what it is told).
+const SYNC_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The sizes of one run.
+struct Fleet {
+    nodes: usize,
+    gpus: usize,
+    sessions: usize,
+    users: usize,
+    concurrency: usize,
+}
+
+impl Fleet {
+    fn from_env() -> Self {
+        let size = |name: &str, default: usize| {
+            std::env::var(name).map_or(default, |v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+            })
+        };
+        Self {
+            nodes: size("ONGRID_FLEET_NODES", 1000),
+            gpus: size("ONGRID_FLEET_GPUS", 8),
+            sessions: size("ONGRID_FLEET_SESSIONS", 10_000),
+            users: size("ONGRID_FLEET_USERS", 50).max(1),
+            concurrency: size("ONGRID_FLEET_CONCURRENCY", 32).max(1),
+        }
+    }
+}
+
+/// What the agents and the users record, for the report.
+#[derive(Default)]
+struct Record {
+    /// When a session's create request was sent.
+    sent: Mutex<HashMap<SessionId, Instant>>,
+    /// When a session first showed in its node's desired state.
+    seen: Mutex<HashMap<SessionId, Instant>>,
+    create: Mutex<Vec<Duration>>,
+    show: Mutex<Vec<Duration>>,
+    list: Mutex<Vec<Duration>>,
+    remove: Mutex<Vec<Duration>>,
+    syncs: AtomicUsize,
+    long_polls: AtomicUsize,
+}
+
+fn main() {
+    let fleet = Fleet::from_env();
+    let nodes: Vec<(NodeName, String)> = (0..fleet.nodes)
+        .map(|i| {
+            let name = NodeName::parse(&format!("fleet-{i:05}")).expect("a node name");
+            let token = format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            (name, token)
+        })
+        .collect();
+    let tokens: String = nodes.iter().map(|(n, t)| format!("{n} {t}\n")).collect();
+    let settings = [
+        ("sync_interval", "\"5 seconds\""),
+        ("node_timeout", "\"30 seconds\""),
+    ];
+    let mut site = Site::start_manager_only(&settings, "", &tokens);
+    let users: Vec<User> = (0..fleet.users)
+        .map(|i| site.user(&format!("fleet{i}")))
+        .collect();
+    let manager = format!("https://{}", site.manager_addr.clone().expect("started"));
+    let metrics = format!(
+        "http://{}/metrics",
+        site.metrics_addrs
+            .get("manager")
+            .expect("the manager's metrics")
+    );
+    let ca = std::fs::read(site.pki.ca_dir.join("0e2e0e2e.0")).expect("the site's CA");
+    let pid = site.pid("manager").expect("the manager's pid");
+    let database = site.dir.path().join("manager.db");
+    println!(
+        "fleet: {} nodes x {} GPUs, {} sessions from {} users, {} API requests at once",
+        fleet.nodes, fleet.gpus, fleet.sessions, fleet.users, fleet.concurrency
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(run(&fleet, nodes, &users, &manager, &metrics, &ca, pid));
+    let store_size: u64 = ["", "-wal", "-shm"]
+        .iter()
+        .filter_map(|ext| std::fs::metadata(format!("{}{ext}", database.display())).ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "store (SQLite file, WAL and shared memory): {}",
+        mib(store_size)
+    );
+    drop(site);
+}
+
+async fn run(
+    fleet: &Fleet,
+    nodes: Vec<(NodeName, String)>,
+    users: &[User],
+    manager: &str,
+    metrics: &str,
+    ca: &[u8],
+    pid: u32,
+) {
+    let record = Arc::new(Record::default());
+    let (stop, stopped) = watch::channel(false);
+    let agents_client = client(ca, None);
+    let registered = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut agents = Vec::new();
+    for (index, (node, token)) in nodes.into_iter().enumerate() {
+        let agent = Agent {
+            client: agents_client.clone(),
+            manager: manager.to_owned(),
+            gpus: gpus(index, fleet.gpus),
+            node,
+            authorization: format!("Bearer {token}"),
+            record: record.clone(),
+        };
+        let registered = registered.clone();
+        let stopped = stopped.clone();
+        agents.push(tokio::spawn(async move {
+            agent.run(registered, stopped).await;
+        }));
+    }
+    while registered.load(Ordering::Relaxed) < fleet.nodes {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "{} agents registered in {:.1} s; manager {} resident",
+        fleet.nodes,
+        started.elapsed().as_secs_f64(),
+        kib(rss_kib(pid).unwrap_or(0))
+    );
+
+    let clients: Vec<reqwest::Client> = users.iter().map(|user| client(ca, Some(user))).collect();
+    let started = Instant::now();
+    let names = create_sessions(fleet, &clients, manager, &record).await;
+    println!(
+        "{} sessions created in {:.1} s",
+        names.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let placed = fleet.sessions.min(fleet.nodes * fleet.gpus);
+    wait_until_seen(&record, placed, Duration::from_secs(120)).await;
+
+    // A fifth of the sessions end: the waiting ones take their GPUs.
+    let ending: Vec<(usize, SessionName)> =
+        names.iter().take(fleet.sessions / 5).cloned().collect();
+    let started = Instant::now();
+    remove_sessions(fleet, &clients, manager, &record, ending).await;
+    println!(
+        "{} sessions removed in {:.1} s",
+        fleet.sessions / 5,
+        started.elapsed().as_secs_f64()
+    );
+    let placed = fleet
+        .sessions
+        .min(fleet.nodes * fleet.gpus + fleet.sessions / 5);
+    wait_until_seen(&record, placed, Duration::from_secs(120)).await;
+
+    let scrape = scrape(metrics, 5).await;
+    let resident = rss_kib(pid).unwrap_or(0);
+    let _ = stop.send(true);
+    for agent in agents {
+        agent.abort();
+    }
+    report(fleet, &record, &scrape, resident);
+}
+
+/// Creates the fleet's sessions, `concurrency` at once, each user in turn; every tenth is
+/// shown and every fiftieth list is taken. Returns each session's user and name in order.
+async fn create_sessions(
+    fleet: &Fleet,
+    clients: &[reqwest::Client],
+    manager: &str,
+    record: &Arc<Record>,
+) -> Vec<(usize, SessionName)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let names = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for _ in 0..fleet.concurrency {
+        let (next, names, record) = (next.clone(), names.clone(), record.clone());
+        let clients = clients.to_vec();
+        let manager = manager.to_owned();
+        let total = fleet.sessions;
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let user = i % clients.len();
+                let client = &clients[user];
+                let body = CreateSession {
+                    name: None,
+                    gpus: Default::default(),
+                    image: None,
+                    idle_timeout_secs: None,
+                    max_duration_secs: None,
+                    reservation: None,
+                };
+                let sent = Instant::now();
+                let answer = client
+                    .post(format!("{manager}/v1/sessions"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("POST /v1/sessions");
+                let status = answer.status();
+                let text = answer.text().await.unwrap_or_default();
+                record.create.lock().unwrap().push(sent.elapsed());
+                assert!(status.is_success(), "session create: {status} {text}");
+                let view: SessionView = serde_json::from_str(&text).expect("a session");
+                record.sent.lock().unwrap().insert(view.id, sent);
+                if i % 10 == 0 {
+                    let sent = Instant::now();
+                    let answer = client
+                        .get(format!("{manager}/v1/sessions/{}", view.name))
+                        .send()
+                        .await
+                        .expect("GET /v1/sessions/NAME");
+                    assert_eq!(answer.status(), StatusCode::OK);
+                    answer.bytes().await.expect("a session");
+                    record.show.lock().unwrap().push(sent.elapsed());
+                }
+                if i % 50 == 0 {
+                    let sent = Instant::now();
+                    let answer = client
+                        .get(format!("{manager}/v1/sessions"))
+                        .send()
+                        .await
+                        .expect("GET /v1/sessions");
+                    assert_eq!(answer.status(), StatusCode::OK);
+                    answer.bytes().await.expect("sessions");
+                    record.list.lock().unwrap().push(sent.elapsed());
+                }
+                names.lock().unwrap().push((i, user, view.name));
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("a user worker");
+    }
+    let mut names = std::mem::take(&mut *names.lock().unwrap());
+    names.sort_by_key(|(i, _, _)| *i);
+    names
+        .into_iter()
+        .map(|(_, user, name)| (user, name))
+        .collect()
+}
+
+async fn remove_sessions(
+    fleet: &Fleet,
+    clients: &[reqwest::Client],
+    manager: &str,
+    record: &Arc<Record>,
+    ending: Vec<(usize, SessionName)>,
+) {
+    let ending = Arc::new(Mutex::new(ending));
+    let mut workers = Vec::new();
+    for _ in 0..fleet.concurrency {
+        let (ending, record) = (ending.clone(), record.clone());
+        let clients = clients.to_vec();
+        let manager = manager.to_owned();
+        workers.push(tokio::spawn(async move {
+            loop {
+                let Some((user, name)) = ending.lock().unwrap().pop() else {
+                    break;
+                };
+                let sent = Instant::now();
+                let answer = clients[user]
+                    .delete(format!("{manager}/v1/sessions/{name}"))
+                    .send()
+                    .await
+                    .expect("DELETE /v1/sessions/NAME");
+                let status = answer.status();
+                let text = answer.text().await.unwrap_or_default();
+                assert!(status.is_success(), "session rm: {status} {text}");
+                record.remove.lock().unwrap().push(sent.elapsed());
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("a user worker");
+    }
+}
+
+/// Waits until `count` sessions showed in their agents' desired states.
+async fn wait_until_seen(record: &Record, count: usize, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let seen = record.seen.lock().unwrap().len();
+        if seen >= count {
+            println!(
+                "{seen} sessions seen by their agents ({:.1} s after the last request)",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "only {seen} of {count} sessions reached their agents within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One simulated node: its agent's side of the protocol, containers simulated.
+struct Agent {
+    client: reqwest::Client,
+    manager: String,
+    node: NodeName,
+    authorization: String,
+    gpus: Vec<GpuInfo>,
+    record: Arc<Record>,
+}
+
+impl Agent {
+    async fn run(self, registered: Arc<AtomicUsize>, mut stopped: watch::Receiver<bool>) {
+        let body = RegisterNode {
+            node: self.node.clone(),
+            agent_version: "fleet".to_owned(),
+            gpu_backend: "simulated".to_owned(),
+            gpus: self.gpus.clone(),
+            stream_url: None,
+            start_modes: Default::default(),
+        };
+        let answer = self
+            .client
+            .post(format!("{}/v1/agent/register", self.manager))
+            .header(AUTHORIZATION, &self.authorization)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /v1/agent/register");
+        let (mut desired, mut version) = self.desired(answer).await.expect("a desired state");
+        registered.fetch_add(1, Ordering::Relaxed);
+        let mut next_sync = Instant::now() + SYNC_INTERVAL;
+        loop {
+            if *stopped.borrow() {
+                return;
+            }
+            let wait = next_sync.saturating_duration_since(Instant::now());
+            if wait < Duration::from_secs(1) {
+                (desired, version) = self.sync(&desired).await;
+                next_sync = Instant::now() + SYNC_INTERVAL;
+                continue;
+            }
+            let poll = self
+                .client
+                .get(format!(
+                    "{}/v1/agent/desired?after={version}&timeout={}",
+                    self.manager,
+                    wait.as_secs()
+                ))
+                .header(AUTHORIZATION, &self.authorization)
+                .send();
+            let answer = tokio::select! {
+                answer = poll => answer.expect("GET /v1/agent/desired"),
+                _ = stopped.changed() => return,
+            };
+            self.record.long_polls.fetch_add(1, Ordering::Relaxed);
+            if let Some(changed) = self.desired(answer).await {
+                desired = changed.0;
+                // The containers of new sessions "start" at once: reported in a sync now.
+                (desired, version) = self.sync(&desired).await;
+                next_sync = Instant::now() + SYNC_INTERVAL;
+            }
+        }
+    }
+
+    /// A desired state and its version from an answer; `None` for 204 (unchanged).
+    async fn desired(&self, answer: reqwest::Response) -> Option<(DesiredState, String)> {
+        let status = answer.status();
+        if status == StatusCode::NO_CONTENT {
+            return None;
+        }
+        let version = answer
+            .headers()
+            .get(ETAG)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .trim_matches('"')
+            .to_owned();
+        let text = answer.text().await.unwrap_or_default();
+        assert!(status.is_success(), "{}: {status} {text}", self.node);
+        let desired: DesiredState = serde_json::from_str(&text).expect("a desired state");
+        let now = Instant::now();
+        let mut seen = self.record.seen.lock().unwrap();
+        for session in &desired.sessions {
+            seen.entry(session.session_id).or_insert(now);
+        }
+        Some((desired, version))
+    }
+
+    /// Reports the desired sessions' containers as running; returns the answer's desired state.
+    async fn sync(&self, desired: &DesiredState) -> (DesiredState, String) {
+        let containers: BTreeSet<SessionId> = desired
+            .sessions
+            .iter()
+            .filter(|s| s.run == RunState::Running)
+            .map(|s| s.session_id)
+            .collect();
+        let report = NodeReport {
+            node: self.node.clone(),
+            gpus: self.gpus.clone(),
+            containers: containers
+                .into_iter()
+                .map(|session_id| ObservedContainer {
+                    session_id,
+                    container_id: session_id.container_name(),
+                    state: ContainerState::Running,
+                    error: None,
+                })
+                .collect(),
+            activity: Vec::new(),
+            freezes: Vec::new(),
+            jobs: Vec::new(),
+        };
+        let answer = self
+            .client
+            .post(format!("{}/v1/agent/sync", self.manager))
+            .header(AUTHORIZATION, &self.authorization)
+            .json(&report)
+            .send()
+            .await
+            .expect("POST /v1/agent/sync");
+        self.record.syncs.fetch_add(1, Ordering::Relaxed);
+        self.desired(answer).await.expect("a desired state")
+    }
+}
+
+/// The simulated GPUs of node `index`: healthy A100s with unique UUIDs.
+fn gpus(index: usize, count: usize) -> Vec<GpuInfo> {
+    (0..count)
+        .map(|g| GpuInfo {
+            uuid: GpuUuid::parse(&format!("GPU-{index:08x}-0000-4000-8000-{g:012x}"))
+                .expect("a GPU UUID"),
+            model: "NVIDIA A100-SXM4-80GB".to_owned(),
+            capability: ComputeCapability { major: 8, minor: 0 },
+            memory: MemorySize::from_mib(81_920),
+            pci_bus_id: Some(format!("00000000:{:02x}:00.0", g + 1)),
+            driver_version: Some("550.54.15".to_owned()),
+            mig_enabled: false,
+            health: GpuHealth::Healthy,
+            utilization_percent: Some(0),
+            mig_devices: Vec::new(),
+            mig_waiting: None,
+        })
+        .collect()
+}
+
+/// An HTTPS client trusting the site's CA, with `user`'s certificate when given.
+fn client(ca: &[u8], user: Option<&User>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca).expect("the CA"))
+        .timeout(Duration::from_secs(120));
+    if let Some(user) = user {
+        let mut pem = std::fs::read(&user.creds.cert).expect("the user's certificate");
+        pem.extend(std::fs::read(&user.creds.key).expect("the user's key"));
+        builder = builder.identity(reqwest::Identity::from_pem(&pem).expect("an identity"));
+    }
+    builder.build().expect("a client")
+}
+
+/// The scrape of `/metrics`: each scrape's time, the size, and the round times it shows.
+struct Scrape {
+    times: Vec<Duration>,
+    bytes: usize,
+    rounds: u64,
+    round_mean: Duration,
+    round_p99: Option<f64>,
+}
+
+async fn scrape(url: &str, times: usize) -> Scrape {
+    let client = reqwest::Client::new();
+    let mut scrape = Scrape {
+        times: Vec::new(),
+        bytes: 0,
+        rounds: 0,
+        round_mean: Duration::ZERO,
+        round_p99: None,
+    };
+    let mut text = String::new();
+    for _ in 0..times {
+        let sent = Instant::now();
+        text = client
+            .get(url)
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("the metrics");
+        scrape.times.push(sent.elapsed());
+        scrape.bytes = text.len();
+    }
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let sum = value("ongrid_scheduler_round_duration_seconds_sum").unwrap_or(0.0);
+    let count = value("ongrid_scheduler_round_duration_seconds_count").unwrap_or(0.0);
+    scrape.rounds = count as u64;
+    if count > 0.0 {
+        scrape.round_mean = Duration::from_secs_f64(sum / count);
+        // The smallest bucket bound holding 99% of the rounds.
+        scrape.round_p99 = text
+            .lines()
+            .filter_map(|line| {
+                let rest =
+                    line.strip_prefix("ongrid_scheduler_round_duration_seconds_bucket{le=\"")?;
+                let (bound, rest) = rest.split_once("\"}")?;
+                Some((bound.parse::<f64>().ok()?, rest.trim().parse::<f64>().ok()?))
+            })
+            .find(|(_, n)| *n >= 0.99 * count)
+            .map(|(bound, _)| bound);
+    }
+    scrape
+}
+
+fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
+    let sent = record.sent.lock().unwrap();
+    let seen = record.seen.lock().unwrap();
+    let mut wakes: Vec<Duration> = sent
+        .iter()
+        .filter_map(|(id, sent)| Some(seen.get(id)?.saturating_duration_since(*sent)))
+        .collect();
+    println!();
+    println!(
+        "fleet of {} nodes x {} GPUs, {} sessions; {} syncs and {} long-poll answers",
+        fleet.nodes,
+        fleet.gpus,
+        fleet.sessions,
+        record.syncs.load(Ordering::Relaxed),
+        record.long_polls.load(Ordering::Relaxed)
+    );
+    println!("{:<44} {:>10} {:>10}   target", "", "p50", "p99");
+    let line = |what: &str, values: &mut Vec<Duration>, target: &str| {
+        let (p50, p99) = percentiles(values);
+        println!("{what:<44} {:>10} {:>10}   {target}", ms(p50), ms(p99));
+        bench_summary(
+            &format!("fleet {what}"),
+            &format!("p50 {} / p99 {}", ms(p50), ms(p99)),
+            target,
+            None,
+        );
+    };
+    line(
+        "placement to its agent (from the create)",
+        &mut wakes,
+        "p99 < 250 ms",
+    );
+    line(
+        "API create",
+        &mut record.create.lock().unwrap(),
+        "p99 < 100 ms",
+    );
+    line("API show", &mut record.show.lock().unwrap(), "p99 < 100 ms");
+    line("API ls", &mut record.list.lock().unwrap(), "p99 < 100 ms");
+    line("API rm", &mut record.remove.lock().unwrap(), "-");
+    line("/metrics scrape", &mut scrape.times.clone(), "< 100 ms");
+    println!(
+        "{:<44} mean {} over {} rounds, p99 <= {} s   target < 250 ms",
+        "scheduling round (loop)",
+        ms(scrape.round_mean),
+        scrape.rounds,
+        scrape
+            .round_p99
+            .map_or_else(|| "-".to_owned(), |b| format!("{b}"))
+    );
+    println!(
+        "{:<44} {}",
+        "/metrics size",
+        kib(scrape.bytes as u64 / 1024)
+    );
+    println!(
+        "{:<44} {}   target < 1 GiB",
+        "manager resident memory",
+        kib(resident_kib)
+    );
+    bench_summary("fleet manager memory", &kib(resident_kib), "< 1 GiB", None);
+}
+
+fn percentiles(values: &mut [Duration]) -> (Duration, Duration) {
+    if values.is_empty() {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    values.sort();
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn kib(k: u64) -> String {
+    format!("{:.1} MiB", k as f64 / 1024.0)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1024.0 / 1024.0)
+}
