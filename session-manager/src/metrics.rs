@@ -139,6 +139,22 @@ pub struct ReservationLabels {
     pub status: String,
 }
 
+/// Every state of `states` with its count in `counts` (by the state's name), zero when absent.
+fn counted(
+    states: impl Iterator<Item = &'static str>,
+    counts: &[(String, i64)],
+) -> BTreeMap<&'static str, i64> {
+    states
+        .map(|state| {
+            let n = counts
+                .iter()
+                .find(|(name, _)| name == state)
+                .map_or(0, |(_, n)| *n);
+            (state, n)
+        })
+        .collect()
+}
+
 /// The events the manager counts where they happen.
 pub struct Events {
     pub http_requests: Family<HttpLabels, Counter>,
@@ -401,35 +417,30 @@ impl ManagerExporter {
     }
 
     async fn read_store(&self) -> Result<(), crate::store::StoreError> {
-        let sessions = self.store.sessions(SessionFilter::All).await?;
-        let jobs = self.store.jobs(JobFilter::All).await?;
+        // Counted by the database; only what holds GPUs is read, for which GPUs are in use.
+        let counts = self.store.state_counts().await?;
+        let holding = self
+            .store
+            .sessions(SessionFilter::States(crate::site::holding_states()))
+            .await?;
+        let jobs = self.store.jobs(JobFilter::Active).await?;
         let nodes = self.store.nodes().await?;
 
-        let mut by_state: BTreeMap<&'static str, i64> = SessionState::ALL
-            .iter()
-            .map(|state| (state.as_str(), 0))
-            .collect();
-        let mut used: HashSet<&str> = HashSet::new();
-        for session in &sessions {
-            *by_state.entry(session.state.as_str()).or_default() += 1;
-            if session.state.holds_gpus() {
-                used.extend(session.gpus.iter().map(GpuId::as_str));
-            }
-        }
+        let by_state = counted(
+            SessionState::ALL.iter().map(|s| s.as_str()),
+            &counts.sessions,
+        );
         set_states(&self.sessions, &by_state);
-
-        let mut by_state: BTreeMap<&'static str, i64> = JobState::ALL
-            .iter()
-            .map(|state| (state.as_str(), 0))
-            .collect();
-        for job in &jobs {
-            let state = job.state();
-            *by_state.entry(state.as_str()).or_default() += 1;
-            if state.holds_gpus() {
-                used.extend(job.gpus.iter().map(GpuId::as_str));
-            }
-        }
+        let by_state = counted(JobState::ALL.iter().map(|s| s.as_str()), &counts.jobs);
         set_states(&self.jobs, &by_state);
+
+        let mut used: HashSet<&str> = HashSet::new();
+        for session in holding.iter().filter(|s| s.state.holds_gpus()) {
+            used.extend(session.gpus.iter().map(GpuId::as_str));
+        }
+        for job in jobs.iter().filter(|j| j.state().holds_gpus()) {
+            used.extend(job.gpus.iter().map(GpuId::as_str));
+        }
 
         let (gpus, slices) = count_gpus(&nodes, &used);
         // Models and modes change: start over, so a series that no longer applies is gone.

@@ -107,13 +107,12 @@ pub async fn full_session_view(
 ) -> Result<SessionView, ApiError> {
     let state = reads.state;
     let session = state.store.session(session.id).await?.unwrap_or(session);
-    // Read once for all the views: a session placed since has no position any more.
-    let position = reads
-        .positions()
-        .await?
-        .get(&session.id)
-        .copied()
-        .filter(|_| session.state == SessionState::Pending);
+    // Read once for all the views, and only when one waits: a session placed since has no
+    // position any more.
+    let position = match session.state {
+        SessionState::Pending => reads.positions().await?.get(&session.id).copied(),
+        _ => None,
+    };
     let transitions = state.store.transitions(session.id).await?;
     let lifecycle = lifecycle_view(reads, &session).await?;
     let held_back = (session.state == SessionState::Pending)

@@ -159,6 +159,13 @@ pub struct NodeRegistration {
     pub start_modes: std::collections::BTreeMap<GpuUuid, GpuMode>,
 }
 
+/// How many sessions and jobs are in each state ([`Store::state_counts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    pub sessions: Vec<(String, i64)>,
+    pub jobs: Vec<(String, i64)>,
+}
+
 /// A registered node with its GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRecord {
@@ -329,6 +336,10 @@ pub trait Store: Send + Sync {
 
     /// Sessions that have not ended, ordered by creation.
     fn sessions(&self, filter: SessionFilter) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>>;
+
+    /// How many sessions that have not ended, and jobs, are in each state (by the state's
+    /// name); states with none are left out. For the metrics, which need no rows.
+    fn state_counts(&self) -> BoxFuture<'_, StoreResult<StateCounts>>;
 
     /// The PENDING sessions in queue order, `(queued_at, id)`.
     fn pending_order(&self) -> BoxFuture<'_, StoreResult<Vec<SessionId>>>;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Database, Sqlite, Transaction, TransactionManager};
+use sqlx::{Connection, Database, Sqlite, Transaction, TransactionManager};
 
 use super::StoreResult;
 
@@ -73,7 +73,12 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .after_release(|connection, _| {
-                Box::pin(async move { Ok(outside_any_transaction(connection)) })
+                Box::pin(async move {
+                    // A dropped transaction's rollback is queued to the connection's worker:
+                    // once a ping came back after it, what is left was never rolled back.
+                    connection.ping().await?;
+                    Ok(outside_any_transaction(connection))
+                })
             })
             .connect_with(options)
             .await?;
@@ -108,7 +113,8 @@ mod tests {
     use super::*;
 
     /// A connection handed back with a transaction begun and never owned (what a request
-    /// dropped during its `BEGIN` leaves) is closed, and the writes after it go through.
+    /// dropped during its `BEGIN` leaves) is closed, and the writes after it go through; one
+    /// whose transaction was dropped (and so rolled back) is kept.
     #[tokio::test]
     async fn a_connection_left_inside_a_transaction_is_not_reused() {
         let dir = tempfile::tempdir().unwrap();
@@ -116,13 +122,24 @@ mod tests {
             .await
             .unwrap();
         let pool = store.pool().clone();
+        // The pool takes a released connection back (or closes it) on a task of its own.
+        let settled = || async {
+            while (pool.num_idle() as u32) < pool.size() {
+                tokio::task::yield_now().await;
+            }
+        };
+        // A read dropped without a commit is rolled back and its connection kept.
+        settled().await;
+        let before = pool.size();
+        drop(store.read_snapshot().await.unwrap());
+        settled().await;
+        assert_eq!(pool.size(), before, "a dropped read's connection was closed");
         let mut connection = pool.acquire().await.unwrap();
         let open = pool.size();
         <Db as Database>::TransactionManager::begin(&mut connection, None)
             .await
             .unwrap();
         drop(connection);
-        // The pool takes a released connection back (or closes it) on a task of its own.
         while pool.size() == open && pool.num_idle() < open as usize {
             tokio::task::yield_now().await;
         }

@@ -158,7 +158,39 @@ backend_tests!(
     a_store_keeps_its_identity_and_a_restore_raises_its_generation,
     a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own,
     token_identities_link_to_existing_users_and_keys_keep_their_token_issuer,
+    sessions_and_jobs_are_counted_by_state,
 );
+
+/// The database counts sessions (ended ones left out) and jobs by state, for the metrics.
+async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    assert_eq!(store.state_counts().await.unwrap(), StateCounts::default());
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        let session = store
+            .create_session(new_session(&alice.dn, Some(name), t(1)))
+            .await
+            .unwrap();
+        ids.push(session.id);
+    }
+    let hold = Change::hold(
+        ongrid_core::holds::HoldReason::Admin,
+        t(2),
+        "maintenance (held by root)",
+    );
+    store.transition(ids[0], hold).await.unwrap();
+    let end = Change::keep_placement(SessionState::Ended, t(3), "removed by alice");
+    store.transition(ids[1], end).await.unwrap();
+    let mut counts = store.state_counts().await.unwrap();
+    counts.sessions.sort();
+    assert_eq!(
+        counts.sessions,
+        vec![("HELD".to_owned(), 1), ("PENDING".to_owned(), 1)]
+    );
+    assert!(counts.jobs.is_empty());
+}
 
 /// A token identity links to a user who exists and is not removed, is replaced by a second link,
 /// listed, and unlinked once; a key registered with a token keeps its issuer's name, and a

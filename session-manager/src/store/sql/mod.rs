@@ -44,7 +44,7 @@ use crate::domain::users::{Removal, Removed};
 use crate::store::{
     AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, ImageDeleted, ImageFilter, JobFilter,
     KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration, SessionFilter,
-    Store, StoreError, StoreResult, UserRecord,
+    StateCounts, Store, StoreError, StoreResult, UserRecord,
 };
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -172,6 +172,23 @@ impl SqlStore {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(session_from_row).transpose()
+    }
+
+    /// How many sessions (not ended) and jobs are in each state: counted by the database.
+    async fn state_counts_impl(&self) -> StoreResult<StateCounts> {
+        let count = |sql: &'static str| async move {
+            let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+            rows.iter()
+                .map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)))
+                .collect::<StoreResult<Vec<(String, i64)>>>()
+        };
+        Ok(StateCounts {
+            sessions: count(
+                "SELECT state, COUNT(*) FROM sessions WHERE state <> 'ENDED' GROUP BY state",
+            )
+            .await?,
+            jobs: count("SELECT state, COUNT(*) FROM jobs GROUP BY state").await?,
+        })
     }
 
     async fn sessions_impl(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
@@ -410,6 +427,10 @@ impl Store for SqlStore {
 
     fn sessions(&self, filter: SessionFilter) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>> {
         Box::pin(self.sessions_impl(filter))
+    }
+
+    fn state_counts(&self) -> BoxFuture<'_, StoreResult<StateCounts>> {
+        Box::pin(self.state_counts_impl())
     }
 
     fn pending_order(&self) -> BoxFuture<'_, StoreResult<Vec<SessionId>>> {
