@@ -76,6 +76,17 @@ struct Record {
     remove: Mutex<Vec<Duration>>,
     syncs: AtomicUsize,
     long_polls: AtomicUsize,
+    /// Requests that failed or timed out (each retried after a second, or skipped).
+    errors: Mutex<Vec<String>>,
+}
+
+impl Record {
+    fn error(&self, what: String) {
+        let mut errors = self.errors.lock().unwrap();
+        if errors.len() < 1000 {
+            errors.push(what);
+        }
+    }
 }
 
 fn main() {
@@ -204,6 +215,13 @@ async fn run(
         agent.abort();
     }
     report(fleet, &record, &scrape, resident);
+    let errors = record.errors.lock().unwrap();
+    if !errors.is_empty() {
+        println!("{} requests failed; the first:", errors.len());
+        for error in errors.iter().take(5) {
+            println!("  {error}");
+        }
+    }
 }
 
 /// Creates the fleet's sessions, `concurrency` at once, each user in turn; every tenth is
@@ -243,12 +261,21 @@ async fn create_sessions(
                     .post(format!("{manager}/v1/sessions"))
                     .json(&body)
                     .send()
-                    .await
-                    .expect("POST /v1/sessions");
+                    .await;
+                let answer = match answer {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        record.error(format!("session create: {e}"));
+                        continue;
+                    }
+                };
                 let status = answer.status();
                 let text = answer.text().await.unwrap_or_default();
                 record.create.lock().unwrap().push(sent.elapsed());
-                assert!(status.is_success(), "session create: {status} {text}");
+                if !status.is_success() {
+                    record.error(format!("session create: {status} {text}"));
+                    continue;
+                }
                 let view: SessionView = serde_json::from_str(&text).expect("a session");
                 record.sent.lock().unwrap().insert(view.id, sent);
                 if i % 10 == 0 {
@@ -256,22 +283,27 @@ async fn create_sessions(
                     let answer = client
                         .get(format!("{manager}/v1/sessions/{}", view.name))
                         .send()
-                        .await
-                        .expect("GET /v1/sessions/NAME");
-                    assert_eq!(answer.status(), StatusCode::OK);
-                    answer.bytes().await.expect("a session");
-                    record.show.lock().unwrap().push(sent.elapsed());
+                        .await;
+                    match answer {
+                        Ok(answer) if answer.status() == StatusCode::OK => {
+                            let _ = answer.bytes().await;
+                            record.show.lock().unwrap().push(sent.elapsed());
+                        }
+                        Ok(answer) => record.error(format!("show: {}", answer.status())),
+                        Err(e) => record.error(format!("show: {e}")),
+                    }
                 }
                 if i % 50 == 0 {
                     let sent = Instant::now();
-                    let answer = client
-                        .get(format!("{manager}/v1/sessions"))
-                        .send()
-                        .await
-                        .expect("GET /v1/sessions");
-                    assert_eq!(answer.status(), StatusCode::OK);
-                    answer.bytes().await.expect("sessions");
-                    record.list.lock().unwrap().push(sent.elapsed());
+                    let answer = client.get(format!("{manager}/v1/sessions")).send().await;
+                    match answer {
+                        Ok(answer) if answer.status() == StatusCode::OK => {
+                            let _ = answer.bytes().await;
+                            record.list.lock().unwrap().push(sent.elapsed());
+                        }
+                        Ok(answer) => record.error(format!("ls: {}", answer.status())),
+                        Err(e) => record.error(format!("ls: {e}")),
+                    }
                 }
                 names.lock().unwrap().push((i, user, view.name));
             }
@@ -310,12 +342,14 @@ async fn remove_sessions(
                 let answer = clients[user]
                     .delete(format!("{manager}/v1/sessions/{name}"))
                     .send()
-                    .await
-                    .expect("DELETE /v1/sessions/NAME");
-                let status = answer.status();
-                let text = answer.text().await.unwrap_or_default();
-                assert!(status.is_success(), "session rm: {status} {text}");
-                record.remove.lock().unwrap().push(sent.elapsed());
+                    .await;
+                match answer {
+                    Ok(answer) if answer.status().is_success() => {
+                        record.remove.lock().unwrap().push(sent.elapsed());
+                    }
+                    Ok(answer) => record.error(format!("rm: {}", answer.status())),
+                    Err(e) => record.error(format!("rm: {e}")),
+                }
             }
         }));
     }
@@ -324,22 +358,18 @@ async fn remove_sessions(
     }
 }
 
-/// Waits until `count` sessions showed in their agents' desired states.
+/// Waits until `count` sessions showed in their agents' desired states, or `limit` passed.
 async fn wait_until_seen(record: &Record, count: usize, limit: Duration) {
     let started = Instant::now();
     loop {
         let seen = record.seen.lock().unwrap().len();
-        if seen >= count {
+        if seen >= count || started.elapsed() >= limit {
             println!(
-                "{seen} sessions seen by their agents ({:.1} s after the last request)",
+                "{seen} of {count} sessions seen by their agents ({:.1} s after the last request)",
                 started.elapsed().as_secs_f64()
             );
             return;
         }
-        assert!(
-            started.elapsed() < limit,
-            "only {seen} of {count} sessions reached their agents within {limit:?}"
-        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -364,15 +394,25 @@ impl Agent {
             stream_url: None,
             start_modes: Default::default(),
         };
-        let answer = self
-            .client
-            .post(format!("{}/v1/agent/register", self.manager))
-            .header(AUTHORIZATION, &self.authorization)
-            .json(&body)
-            .send()
-            .await
-            .expect("POST /v1/agent/register");
-        let (mut desired, mut version) = self.desired(answer).await.expect("a desired state");
+        let (mut desired, mut version) = loop {
+            let answer = self
+                .client
+                .post(format!("{}/v1/agent/register", self.manager))
+                .header(AUTHORIZATION, &self.authorization)
+                .json(&body)
+                .send()
+                .await;
+            match answer {
+                Ok(answer) => match self.desired(answer).await {
+                    Some(desired) => break desired,
+                    None => self
+                        .record
+                        .error(format!("{}: register answered 204", self.node)),
+                },
+                Err(e) => self.record.error(format!("{}: register: {e}", self.node)),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
         registered.fetch_add(1, Ordering::Relaxed);
         let mut next_sync = Instant::now() + SYNC_INTERVAL;
         loop {
@@ -381,7 +421,9 @@ impl Agent {
             }
             let wait = next_sync.saturating_duration_since(Instant::now());
             if wait < Duration::from_secs(1) {
-                (desired, version) = self.sync(&desired).await;
+                if let Some(synced) = self.sync(&desired).await {
+                    (desired, version) = synced;
+                }
                 next_sync = Instant::now() + SYNC_INTERVAL;
                 continue;
             }
@@ -395,20 +437,31 @@ impl Agent {
                 .header(AUTHORIZATION, &self.authorization)
                 .send();
             let answer = tokio::select! {
-                answer = poll => answer.expect("GET /v1/agent/desired"),
+                answer = poll => answer,
                 _ = stopped.changed() => return,
+            };
+            let answer = match answer {
+                Ok(answer) => answer,
+                Err(e) => {
+                    self.record.error(format!("{}: long-poll: {e}", self.node));
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
             };
             self.record.long_polls.fetch_add(1, Ordering::Relaxed);
             if let Some(changed) = self.desired(answer).await {
-                desired = changed.0;
+                (desired, version) = changed;
                 // The containers of new sessions "start" at once: reported in a sync now.
-                (desired, version) = self.sync(&desired).await;
+                if let Some(synced) = self.sync(&desired).await {
+                    (desired, version) = synced;
+                }
                 next_sync = Instant::now() + SYNC_INTERVAL;
             }
         }
     }
 
-    /// A desired state and its version from an answer; `None` for 204 (unchanged).
+    /// A desired state and its version from an answer; `None` for 204 (unchanged) and for a
+    /// refusal (recorded).
     async fn desired(&self, answer: reqwest::Response) -> Option<(DesiredState, String)> {
         let status = answer.status();
         if status == StatusCode::NO_CONTENT {
@@ -422,7 +475,10 @@ impl Agent {
             .trim_matches('"')
             .to_owned();
         let text = answer.text().await.unwrap_or_default();
-        assert!(status.is_success(), "{}: {status} {text}", self.node);
+        if !status.is_success() {
+            self.record.error(format!("{}: {status} {text}", self.node));
+            return None;
+        }
         let desired: DesiredState = serde_json::from_str(&text).expect("a desired state");
         let now = Instant::now();
         let mut seen = self.record.seen.lock().unwrap();
@@ -432,8 +488,9 @@ impl Agent {
         Some((desired, version))
     }
 
-    /// Reports the desired sessions' containers as running; returns the answer's desired state.
-    async fn sync(&self, desired: &DesiredState) -> (DesiredState, String) {
+    /// Reports the desired sessions' containers as running; returns the answer's desired state
+    /// (`None` when the sync failed: recorded, and the next sync is the retry).
+    async fn sync(&self, desired: &DesiredState) -> Option<(DesiredState, String)> {
         let containers: BTreeSet<SessionId> = desired
             .sessions
             .iter()
@@ -462,10 +519,15 @@ impl Agent {
             .header(AUTHORIZATION, &self.authorization)
             .json(&report)
             .send()
-            .await
-            .expect("POST /v1/agent/sync");
+            .await;
         self.record.syncs.fetch_add(1, Ordering::Relaxed);
-        self.desired(answer).await.expect("a desired state")
+        match answer {
+            Ok(answer) => self.desired(answer).await,
+            Err(e) => {
+                self.record.error(format!("{}: sync: {e}", self.node));
+                None
+            }
+        }
     }
 }
 

@@ -181,15 +181,24 @@ async fn notify_writes(
     let path = request.uri().path();
     let by_person = !path.starts_with("/v1/agent/") && !path.starts_with("/v1/gateway/");
     let connection = path == "/v1/gateway/connections";
+    let queued = queues_only(request.method(), path);
     let response = next.run(request).await;
     if write && response.status().is_success() {
-        if by_person {
+        if by_person && !queued {
             state.changes.site();
-        } else if connection {
+        } else if by_person || connection {
             state.changes.sessions();
         }
     }
     response
+}
+
+/// Whether a request only queues new work: a session requested or a job submitted is on no
+/// node until the scheduler places it, and the placement wakes that node's long-poll. So it
+/// wakes people's waits, not every agent's (each of which would read its desired state again:
+/// a class of students starting sessions at once would make every node do that per session).
+fn queues_only(method: &Method, path: &str) -> bool {
+    *method == Method::POST && matches!(path, "/v1/sessions" | "/v1/jobs")
 }
 
 async fn no_route(uri: Uri) -> ApiError {
