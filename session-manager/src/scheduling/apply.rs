@@ -1,5 +1,6 @@
-//! Phase 6 of a round: the plan, and each of its actions stored in its own transaction, which
-//! re-checks the state (a session removed or a job cancelled meanwhile is skipped).
+//! Phase 6 of a round: the plan, and its actions stored: the round's placements together in one
+//! write, each job action in its own; each change is re-checked against the state as stored (a
+//! session removed or a job cancelled meanwhile is skipped).
 //!
 //! Whole and shared GPUs come from [`ongrid_scheduler::plan`]; MIG devices are planned from the
 //! same state before anything is applied: sessions on free devices (`plan_mig`), then MIG jobs
@@ -10,14 +11,22 @@
 use std::collections::{HashMap, HashSet};
 
 use ongrid_core::job::JobId;
-use ongrid_core::{GpuId, SessionId};
-use ongrid_scheduler::{Action, HaltWait, MigJobAction, MigPlacement, SiteState};
+use ongrid_core::{GpuId, NodeName, SessionId};
+use ongrid_scheduler::{Action, HaltWait, MigJobAction, SiteState};
 
 use super::input::Unpinned;
 use super::{Round, Scheduler, TickReport};
 use crate::domain::jobs::{self, JobChange, JobRecord};
-use crate::domain::sessions::queue;
+use crate::domain::sessions::{queue, Change};
 use crate::store::StoreResult;
+
+/// A placement the plan decided, stored with the round's others ([`Scheduler::place_all`]).
+struct Placing {
+    session: SessionId,
+    node: NodeName,
+    change: Change,
+    on_mig: bool,
+}
 
 impl Scheduler {
     /// Plans from `state` and stores the plan; returns the sessions placed.
@@ -38,15 +47,34 @@ impl Scheduler {
         let mig_placements = ongrid_scheduler::plan_mig(state, &mig_slots, now);
         let mig_jobs =
             ongrid_scheduler::plan_mig_jobs(state, &mig_slots, now, &actions, &mig_placements);
+        let mut places = Vec::new();
         for action in actions {
-            self.apply_action(round, action, halt_waits, unpinned, report)
+            self.apply_action(round, action, halt_waits, unpinned, &mut places, report)
                 .await?;
         }
-        for placement in mig_placements {
-            if self.place_on_mig(round, &placement).await? {
-                report.placed += 1;
-                placed.insert(placement.session);
+        // Sessions asking for a MIG device: on free devices of GPUs in `mig` mode.
+        for placement in &mig_placements {
+            let change = queue::place_mig(
+                &placement.node,
+                placement.device.clone(),
+                &placement.parent,
+                now,
+            );
+            places.push(Placing {
+                session: placement.session,
+                node: placement.node.clone(),
+                change,
+                on_mig: true,
+            });
+        }
+        for placing in self.place_all(places).await? {
+            if placing.on_mig {
+                tracing::info!(session_id = %placing.session, node = %placing.node, "Session placed on a MIG device.");
+                placed.insert(placing.session);
+            } else {
+                tracing::info!(session_id = %placing.session, node = %placing.node, "Session placed.");
             }
+            report.placed += 1;
         }
         for action in mig_jobs {
             report.jobs += usize::from(self.apply_mig_job(round, action).await?);
@@ -54,12 +82,15 @@ impl Scheduler {
         Ok(placed)
     }
 
+    /// Applies a job action at once; a placement is added to `places`, which are stored
+    /// together.
     async fn apply_action(
         &self,
         round: &Round<'_>,
         action: Action,
         halt_waits: &mut HashMap<SessionId, HaltWait>,
         unpinned: &Unpinned,
+        places: &mut Vec<Placing>,
         report: &mut TickReport,
     ) -> StoreResult<()> {
         let now = round.now;
@@ -73,10 +104,12 @@ impl Scheduler {
                 if halt_waits.remove(&session).is_some() {
                     change.reason = format!("{}; it preempted batch work", change.reason);
                 }
-                if self.apply(session, change).await? {
-                    tracing::info!(session_id = %session, %node, "Session placed.");
-                    report.placed += 1;
-                }
+                places.push(Placing {
+                    session,
+                    node,
+                    change,
+                    on_mig: false,
+                });
             }
             Action::PlaceAfterHalt {
                 session,
@@ -113,19 +146,32 @@ impl Scheduler {
         Ok(())
     }
 
-    /// A session asking for a MIG device, on a free device of a GPU in `mig` mode.
-    async fn place_on_mig(&self, round: &Round<'_>, placement: &MigPlacement) -> StoreResult<bool> {
-        let change = queue::place_mig(
-            &placement.node,
-            placement.device.clone(),
-            &placement.parent,
-            round.now,
-        );
-        let placed = self.apply(placement.session, change).await?;
-        if placed {
-            tracing::info!(session_id = %placement.session, node = %placement.node, "Session placed on a MIG device.");
+    /// Stores the round's placements in one write, and wakes each placed session's node;
+    /// returns those stored (a session removed or changed meanwhile is skipped).
+    async fn place_all(&self, places: Vec<Placing>) -> StoreResult<Vec<Placing>> {
+        if places.is_empty() {
+            return Ok(places);
         }
-        Ok(placed)
+        let changes = places
+            .iter()
+            .map(|p| (p.session, p.change.clone()))
+            .collect();
+        let outcomes = self.store.transition_all(changes).await?;
+        let mut stored = Vec::with_capacity(places.len());
+        for (placing, outcome) in places.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    if let Some(changes) = &self.changes {
+                        changes.node(&placing.node);
+                    }
+                    stored.push(placing);
+                }
+                Err(error) => {
+                    tracing::debug!(session_id = %placing.session, %error, "Skipping a session that changed meanwhile.");
+                }
+            }
+        }
+        Ok(stored)
     }
 
     async fn apply_mig_job(&self, round: &Round<'_>, action: MigJobAction) -> StoreResult<bool> {

@@ -347,6 +347,15 @@ pub trait Store: Send + Sync {
     /// The session's full history, oldest first.
     fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>>;
 
+    /// Applies each change as [`Store::transition`] does, all in one write: what the
+    /// scheduler places in one round. Each change's outcome is given in order; a change its
+    /// session's lifecycle refuses (or of a session that does not exist) is left out of the
+    /// write and the others are stored. An error of the database fails the whole write.
+    fn transition_all(
+        &self,
+        changes: Vec<(SessionId, Change)>,
+    ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>>;
+
     /// Applies `change` through the session's [`ongrid_core::Lifecycle`] and stores it.
     fn transition(
         &self,

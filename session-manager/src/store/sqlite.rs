@@ -133,7 +133,11 @@ mod tests {
         let before = pool.size();
         drop(store.read_snapshot().await.unwrap());
         settled().await;
-        assert_eq!(pool.size(), before, "a dropped read's connection was closed");
+        assert_eq!(
+            pool.size(),
+            before,
+            "a dropped read's connection was closed"
+        );
         let mut connection = pool.acquire().await.unwrap();
         let open = pool.size();
         <Db as Database>::TransactionManager::begin(&mut connection, None)

@@ -159,7 +159,56 @@ backend_tests!(
     a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own,
     token_identities_link_to_existing_users_and_keys_keep_their_token_issuer,
     sessions_and_jobs_are_counted_by_state,
+    changes_stored_together_skip_the_refused_ones,
 );
+
+/// Changes stored in one write: each one its session's lifecycle allows is stored, a refused
+/// one and one of an unknown session are answered as refused, and nothing of them is written.
+async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let first = store
+        .create_session(new_session(&alice.dn, Some("a"), t(1)))
+        .await
+        .unwrap();
+    let second = store
+        .create_session(new_session(&alice.dn, Some("b"), t(1)))
+        .await
+        .unwrap();
+    let unknown = SessionId::new_random();
+    let hold = |at| Change::hold(ongrid_core::holds::HoldReason::Admin, t(at), "held by root");
+    let outcomes = store
+        .transition_all(vec![
+            (first.id, hold(2)),
+            (unknown, hold(2)),
+            // PENDING to CONNECTED is not a transition of the lifecycle.
+            (
+                second.id,
+                Change::keep_placement(SessionState::Connected, t(2), "connected"),
+            ),
+            (second.id, hold(3)),
+        ])
+        .await
+        .unwrap();
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+    assert!(matches!(outcomes[1], Err(StoreError::NoSuchSession(id)) if id == unknown));
+    assert!(matches!(outcomes[2], Err(StoreError::InvalidTransition(_))));
+    assert!(outcomes[3].is_ok(), "{outcomes:?}");
+    for id in [first.id, second.id] {
+        let session = store.session(id).await.unwrap().unwrap();
+        assert_eq!(session.state, SessionState::Held);
+        let states: Vec<SessionState> = store
+            .transitions(id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.to)
+            .collect();
+        assert_eq!(states, [SessionState::Pending, SessionState::Held]);
+    }
+    assert!(store.transition_all(Vec::new()).await.unwrap().is_empty());
+}
 
 /// The database counts sessions (ended ones left out) and jobs by state, for the metrics.
 async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {

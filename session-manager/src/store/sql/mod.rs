@@ -240,6 +240,26 @@ impl SqlStore {
             .ok_or(StoreError::NoSuchSession(id))
     }
 
+    async fn transition_all_impl(
+        &self,
+        changes: Vec<(SessionId, Change)>,
+    ) -> StoreResult<Vec<StoreResult<()>>> {
+        let mut tx = self.write().await?;
+        let mut outcomes = Vec::with_capacity(changes.len());
+        for (id, change) in changes {
+            // A refusal is decided before anything of the change is written.
+            match apply_change(&mut tx, id, change).await {
+                Ok(_) => outcomes.push(Ok(())),
+                Err(
+                    refused @ (StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)),
+                ) => outcomes.push(Err(refused)),
+                Err(other) => return Err(other),
+            }
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
     async fn register_node_impl(
         &self,
         node: NodeRegistration,
@@ -447,6 +467,13 @@ impl Store for SqlStore {
         change: Change,
     ) -> BoxFuture<'_, StoreResult<SessionRecord>> {
         Box::pin(self.transition_impl(id, change))
+    }
+
+    fn transition_all(
+        &self,
+        changes: Vec<(SessionId, Change)>,
+    ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>> {
+        Box::pin(self.transition_all_impl(changes))
     }
 
     fn register_node<'a>(
