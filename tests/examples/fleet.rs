@@ -82,7 +82,7 @@ struct Record {
 
 impl Record {
     fn error(&self, what: String) {
-        let mut errors = self.errors.lock().unwrap();
+        let mut errors = locked(&self.errors);
         if errors.len() < 1000 {
             errors.push(what);
         }
@@ -215,7 +215,7 @@ async fn run(
         agent.abort();
     }
     report(fleet, &record, &scrape, resident);
-    let errors = record.errors.lock().unwrap();
+    let errors = locked(&record.errors);
     if !errors.is_empty() {
         println!("{} requests failed; the first:", errors.len());
         for error in errors.iter().take(5) {
@@ -271,7 +271,7 @@ async fn create_sessions(
                 };
                 let status = answer.status();
                 let text = answer.text().await.unwrap_or_default();
-                record.create.lock().unwrap().push(sent.elapsed());
+                locked(&record.create).push(sent.elapsed());
                 if !status.is_success() {
                     record.error(format!("session create: {status} {text}"));
                     continue;
@@ -280,7 +280,7 @@ async fn create_sessions(
                 // Placed by the round the create ran (STARTING): its wake is measured; a
                 // waiting one reaches its node only once GPUs free.
                 if view.state != ongrid_core::SessionState::Pending {
-                    record.sent.lock().unwrap().insert(view.id, sent);
+                    locked(&record.sent).insert(view.id, sent);
                 }
                 if i % 10 == 0 {
                     let sent = Instant::now();
@@ -291,7 +291,7 @@ async fn create_sessions(
                     match answer {
                         Ok(answer) if answer.status() == StatusCode::OK => {
                             let _ = answer.bytes().await;
-                            record.show.lock().unwrap().push(sent.elapsed());
+                            locked(&record.show).push(sent.elapsed());
                         }
                         Ok(answer) => record.error(format!("show: {}", answer.status())),
                         Err(e) => record.error(format!("show: {e}")),
@@ -303,20 +303,20 @@ async fn create_sessions(
                     match answer {
                         Ok(answer) if answer.status() == StatusCode::OK => {
                             let _ = answer.bytes().await;
-                            record.list.lock().unwrap().push(sent.elapsed());
+                            locked(&record.list).push(sent.elapsed());
                         }
                         Ok(answer) => record.error(format!("ls: {}", answer.status())),
                         Err(e) => record.error(format!("ls: {e}")),
                     }
                 }
-                names.lock().unwrap().push((i, user, view.name));
+                locked(&names).push((i, user, view.name));
             }
         }));
     }
     for worker in workers {
         worker.await.expect("a user worker");
     }
-    let mut names = std::mem::take(&mut *names.lock().unwrap());
+    let mut names = std::mem::take(&mut *locked(&names));
     names.sort_by_key(|(i, _, _)| *i);
     names
         .into_iter()
@@ -339,7 +339,7 @@ async fn remove_sessions(
         let manager = manager.to_owned();
         workers.push(tokio::spawn(async move {
             loop {
-                let Some((user, name)) = ending.lock().unwrap().pop() else {
+                let Some((user, name)) = locked(&ending).pop() else {
                     break;
                 };
                 let sent = Instant::now();
@@ -349,7 +349,7 @@ async fn remove_sessions(
                     .await;
                 match answer {
                     Ok(answer) if answer.status().is_success() => {
-                        record.remove.lock().unwrap().push(sent.elapsed());
+                        locked(&record.remove).push(sent.elapsed());
                     }
                     Ok(answer) => record.error(format!("rm: {}", answer.status())),
                     Err(e) => record.error(format!("rm: {e}")),
@@ -366,7 +366,7 @@ async fn remove_sessions(
 async fn wait_until_seen(record: &Record, count: usize, limit: Duration) {
     let started = Instant::now();
     loop {
-        let seen = record.seen.lock().unwrap().len();
+        let seen = locked(&record.seen).len();
         if seen >= count || started.elapsed() >= limit {
             println!(
                 "{seen} of {count} sessions seen by their agents ({:.1} s after the last request)",
@@ -485,7 +485,7 @@ impl Agent {
         }
         let desired: DesiredState = serde_json::from_str(&text).expect("a desired state");
         let now = Instant::now();
-        let mut seen = self.record.seen.lock().unwrap();
+        let mut seen = locked(&self.record.seen);
         for session in &desired.sessions {
             seen.entry(session.session_id).or_insert(now);
         }
@@ -628,8 +628,8 @@ async fn scrape(url: &str, times: usize) -> Scrape {
 }
 
 fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
-    let sent = record.sent.lock().unwrap();
-    let seen = record.seen.lock().unwrap();
+    let sent = locked(&record.sent);
+    let seen = locked(&record.seen);
     let mut wakes: Vec<Duration> = sent
         .iter()
         .filter_map(|(id, sent)| Some(seen.get(id)?.saturating_duration_since(*sent)))
@@ -655,14 +655,10 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         );
     };
     line("placed at create, to its agent", &mut wakes, "p99 < 250 ms");
-    line(
-        "API create",
-        &mut record.create.lock().unwrap(),
-        "p99 < 100 ms",
-    );
-    line("API show", &mut record.show.lock().unwrap(), "p99 < 100 ms");
-    line("API ls", &mut record.list.lock().unwrap(), "p99 < 100 ms");
-    line("API rm", &mut record.remove.lock().unwrap(), "-");
+    line("API create", &mut locked(&record.create), "p99 < 100 ms");
+    line("API show", &mut locked(&record.show), "p99 < 100 ms");
+    line("API ls", &mut locked(&record.list), "p99 < 100 ms");
+    line("API rm", &mut locked(&record.remove), "-");
     line("/metrics scrape", &mut scrape.times.clone(), "< 100 ms");
     println!(
         "{:<44} mean {} over {} rounds, p99 <= {} s   target < 250 ms",
@@ -684,6 +680,14 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         kib(resident_kib)
     );
     bench_summary("fleet manager memory", &kib(resident_kib), "< 1 GiB", None);
+}
+
+/// The value behind `mutex` (a panicking holder leaves it as it was: the record is still
+/// worth reporting).
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn percentiles(values: &mut [Duration]) -> (Duration, Duration) {
