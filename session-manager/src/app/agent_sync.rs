@@ -248,7 +248,7 @@ pub fn check_stream_url(url: &str) -> Result<(), String> {
         || url.chars().any(|c| c.is_whitespace() || c.is_control())
     {
         return Err(format!(
-            "stream_url {url:?} is not a URL like wss://node1.example.org:8444: check [streams] \
+            "stream_url {url:?} is not a URL like wss://node1.site.invalid:8444: check [streams] \
              url in the agent's config"
         ));
     }
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn stream_urls_must_be_wss() {
-        assert!(check_stream_url("wss://node1.example.org:8444").is_ok());
+        assert!(check_stream_url("wss://node1.site.invalid:8444").is_ok());
         assert!(check_stream_url("wss://127.0.0.1:40123").is_ok());
         assert!(check_stream_url("wss://[::1]:8444/streams").is_ok());
         let err = check_stream_url("ws://node1:8444").unwrap_err();

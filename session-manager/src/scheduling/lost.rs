@@ -33,8 +33,9 @@ impl Scheduler {
     ) -> StoreResult<()> {
         for node in site.nodes.iter().filter(|n| self.given_up(n, now)) {
             report.jobs += self.lose_jobs(site, node, now).await?;
-            report.requeued += self.requeue_starting(site, node, now).await?;
-            report.lost += self.lose_sessions(site, node, now).await?;
+            let (requeued, lost) = self.lose_sessions(site, node, now).await?;
+            report.requeued += requeued;
+            report.lost += lost;
         }
         Ok(())
     }
@@ -64,41 +65,28 @@ impl Scheduler {
         Ok(lost)
     }
 
-    /// STARTING sessions of `node`: back to the queue, keeping their place.
-    async fn requeue_starting(
-        &self,
-        site: &SiteSnapshot,
-        node: &NodeRecord,
-        now: DateTime<Utc>,
-    ) -> StoreResult<usize> {
-        let mut requeued = 0;
-        let stranded = site
-            .holding
-            .iter()
-            .filter(|s| s.state == SessionState::Starting && s.node.as_ref() == Some(&node.name));
-        for session in stranded {
-            let change = queue::requeue_stranded(&node.name, now);
-            if self.apply(session.id, change).await? {
-                tracing::info!(session_id = %session.id, node = %node.name, "Session re-queued: its node stopped responding.");
-                requeued += 1;
-            }
-        }
-        Ok(requeued)
-    }
-
-    /// Sessions running on `node`: FAILED with it.
+    /// The sessions holding GPUs on `node`: a STARTING one back to the queue, keeping its
+    /// place; a running one FAILED with the node. Returns how many went each way.
     async fn lose_sessions(
         &self,
         site: &SiteSnapshot,
         node: &NodeRecord,
         now: DateTime<Utc>,
-    ) -> StoreResult<usize> {
-        let mut lost = 0;
+    ) -> StoreResult<(usize, usize)> {
+        let (mut requeued, mut lost) = (0, 0);
         let on_node = site
             .holding
             .iter()
             .filter(|s| s.node.as_ref() == Some(&node.name));
         for session in on_node {
+            if session.state == SessionState::Starting {
+                let change = queue::requeue_stranded(&node.name, now);
+                if self.apply(session.id, change).await? {
+                    tracing::info!(session_id = %session.id, node = %node.name, "Session re-queued: its node stopped responding.");
+                    requeued += 1;
+                }
+                continue;
+            }
             let change =
                 nodes::lost_with_node(session, &node.name, node.last_seen, self.node_timeout, now);
             let Some(change) = change else {
@@ -109,7 +97,7 @@ impl Scheduler {
                 lost += 1;
             }
         }
-        Ok(lost)
+        Ok((requeued, lost))
     }
 
     /// Re-queued jobs whose checkpoint is on a node that is gone or given up on: FAILED.
