@@ -64,6 +64,18 @@ pub struct GpuInfo {
     pub mig_waiting: Option<MigChange>,
 }
 
+impl GpuInfo {
+    /// Whether `other` says the same of the GPU as `self` in everything but its utilisation:
+    /// the scheduler has nothing new to decide when only that changed.
+    pub fn same_inventory(&self, other: &GpuInfo) -> bool {
+        let without = |gpu: &GpuInfo| GpuInfo {
+            utilization_percent: None,
+            ..gpu.clone()
+        };
+        without(self) == without(other)
+    }
+}
+
 /// How the admin lets sessions use a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]

@@ -5,9 +5,17 @@ use std::fmt;
 use std::sync::Mutex;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use tokio::sync::watch;
 
 pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> DateTime<Utc>;
+
+    /// Told each time the clock jumps, for a clock that does not move by itself: the loops that
+    /// run on a timer (the scheduling round) run once more, as they would have while that time
+    /// passed. `None` for the wall clock, whose time the timers follow.
+    fn jumps(&self) -> Option<watch::Receiver<DateTime<Utc>>> {
+        None
+    }
 }
 
 /// The wall clock.
@@ -24,12 +32,14 @@ impl Clock for SystemClock {
 #[derive(Debug)]
 pub struct ManualClock {
     now: Mutex<DateTime<Utc>>,
+    jumped: watch::Sender<DateTime<Utc>>,
 }
 
 impl ManualClock {
     pub fn new(now: DateTime<Utc>) -> Self {
         Self {
             now: Mutex::new(now),
+            jumped: watch::channel(now).0,
         }
     }
 
@@ -39,6 +49,7 @@ impl ManualClock {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *now += by;
+        self.jumped.send_replace(*now);
     }
 }
 
@@ -48,5 +59,9 @@ impl Clock for ManualClock {
             .now
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn jumps(&self) -> Option<watch::Receiver<DateTime<Utc>>> {
+        Some(self.jumped.subscribe())
     }
 }

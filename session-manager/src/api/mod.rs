@@ -181,10 +181,10 @@ async fn notify_writes(
     let path = request.uri().path();
     let by_person = !path.starts_with("/v1/agent/") && !path.starts_with("/v1/gateway/");
     let connection = path == "/v1/gateway/connections";
-    let queued = queues_only(request.method(), path);
+    let precise = names_its_nodes(request.method(), path);
     let response = next.run(request).await;
     if write && response.status().is_success() {
-        if by_person && !queued {
+        if by_person && !precise {
             state.changes.site();
         } else if by_person || connection {
             state.changes.sessions();
@@ -193,12 +193,22 @@ async fn notify_writes(
     response
 }
 
-/// Whether a request only queues new work: a session requested or a job submitted is on no
-/// node until the scheduler places it, and the placement wakes that node's long-poll. So it
-/// wakes people's waits, not every agent's (each of which would read its desired state again:
-/// a class of students starting sessions at once would make every node do that per session).
-fn queues_only(method: &Method, path: &str) -> bool {
-    *method == Method::POST && matches!(path, "/v1/sessions" | "/v1/jobs")
+/// Whether a person's request is one whose use case wakes the nodes it concerns itself, so
+/// that it wakes people's waits here, not every agent's (each of which would read its desired
+/// state again: a class of students starting or ending sessions at once would make every node
+/// do that per request):
+///
+/// - a session requested or a job submitted is on no node until the scheduler places it, and
+///   the placement wakes that node's long-poll;
+/// - a session removed or held names its own node ([`crate::app::sessions`]).
+fn names_its_nodes(method: &Method, path: &str) -> bool {
+    let session = |rest: &str| !rest.is_empty() && !rest.contains('/');
+    match (method, path.strip_prefix("/v1/sessions/")) {
+        (&Method::POST, None) => matches!(path, "/v1/sessions" | "/v1/jobs"),
+        (&Method::DELETE, Some(rest)) => session(rest),
+        (&Method::POST, Some(rest)) => rest.strip_suffix("/hold").is_some_and(session),
+        _ => false,
+    }
 }
 
 async fn no_route(uri: Uri) -> ApiError {
@@ -210,4 +220,35 @@ async fn no_route(uri: Uri) -> ApiError {
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::bad_request(format!("{} does not take {method}", uri.path()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the routes whose use cases name the nodes they change skip the wake-up of every
+    /// agent; anything else a person writes wakes them all.
+    #[test]
+    fn only_requests_that_name_their_nodes_skip_waking_every_agent() {
+        for (method, path) in [
+            (Method::POST, "/v1/sessions"),
+            (Method::POST, "/v1/jobs"),
+            (Method::DELETE, "/v1/sessions/work"),
+            (Method::POST, "/v1/sessions/work/hold"),
+        ] {
+            assert!(names_its_nodes(&method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::POST, "/v1/sessions/work/release"),
+            (Method::POST, "/v1/sessions/work/keep"),
+            (Method::DELETE, "/v1/sessions/"),
+            (Method::DELETE, "/v1/sessions/work/hold"),
+            (Method::POST, "/v1/sessions//hold"),
+            (Method::POST, "/v1/jobs/42/cancel"),
+            (Method::POST, "/v1/nodes/node1/drain"),
+            (Method::PUT, "/v1/sessions"),
+        ] {
+            assert!(!names_its_nodes(&method, path), "{method} {path}");
+        }
+    }
 }

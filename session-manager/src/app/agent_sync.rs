@@ -18,6 +18,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
 use ongrid_core::image::ImageState;
 use ongrid_core::{GpuInfo, GpuMode, NodeName, SessionId, SessionState};
@@ -27,7 +29,9 @@ use super::{ApiError, AppState, Effect};
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
-use crate::store::{FactsScope, ImageFilter, NodeRegistration, SessionFilter, StoreError};
+use crate::store::{
+    FactsScope, Heartbeat, ImageFilter, NodeRegistration, SessionFilter, StoreError,
+};
 
 /// Registers (or registers again) the agent's node and its GPUs; answers its desired state.
 pub async fn register(
@@ -59,6 +63,11 @@ pub async fn register(
 }
 
 /// Records what the agent reports of its node, and answers the node's desired state.
+///
+/// Only what changed wakes anyone: a sync that found its node as it was (the common case, every
+/// `sync_interval` on every node) stores the heartbeat and wakes neither the scheduler nor any
+/// long-poll. The scheduler is woken when what it plans with changed: the GPUs (health, MIG
+/// devices, a GPU added or gone), a session's or job's state, or a node it saw as offline.
 pub async fn sync(
     state: &AppState,
     node: &NodeName,
@@ -67,11 +76,12 @@ pub async fn sync(
     check_node(node, &report.node)?;
     check_gpus(&report.gpus)?;
     let now = state.clock.now();
-    if !state.store.record_sync(node, &report.gpus, now).await? {
+    let Some(heartbeat) = state.store.record_sync(node, &report.gpus, now).await? else {
         return Err(ApiError::not_found(format!(
             "node {node} is not registered: the agent must POST /v1/agent/register first"
         )));
-    }
+    };
+    let mut changed = Changed::heartbeat(heartbeat, now, state.config.node_timeout);
     let sessions = state
         .store
         .sessions(SessionFilter::Node(node.clone()))
@@ -88,11 +98,14 @@ pub async fn sync(
         };
         let (to, reason) = (change.to, change.reason.clone());
         match state.store.transition(session.id, change).await {
-            Ok(changed) => {
-                if session.state == SessionState::Starting && changed.state == SessionState::Waiting
+            Ok(changed_session) => {
+                if session.state == SessionState::Starting
+                    && changed_session.state == SessionState::Waiting
                 {
                     crate::metrics::events().started(session.queued_at, now);
                 }
+                changed.scheduling = true;
+                changed.anything = true;
                 tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
             }
             // Changed meanwhile (for example removed by its owner): the next sync sees it.
@@ -106,6 +119,7 @@ pub async fn sync(
         let Some(image) = state.store.record_freeze(node, id, &change, now).await? else {
             continue;
         };
+        changed.anything = true;
         match image.state {
             ImageState::Ready => {
                 tracing::info!(image_id = %image.id, reference = %image.reference, digest = image.digest.as_deref().unwrap_or(""), size = image.size.unwrap_or(0), %node, "Image frozen.");
@@ -116,7 +130,10 @@ pub async fn sync(
             ImageState::Building | ImageState::Deleted => {}
         }
     }
-    super::job_reports::follow_reports(state, node, &report.jobs).await?;
+    if super::job_reports::follow_reports(state, node, &report.jobs).await? {
+        changed.scheduling = true;
+        changed.anything = true;
+    }
     state
         .store
         .record_activity(
@@ -126,8 +143,44 @@ pub async fn sync(
             state.config.lifecycle.thresholds,
         )
         .await?;
-    state.committed(&[Effect::Scheduling, Effect::Node(node.clone())]);
+    state.committed(&changed.effects(node));
     desired_state(state, node).await
+}
+
+/// What a sync changed, so that it wakes only the waiters concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Changed {
+    /// Something the scheduler plans with.
+    scheduling: bool,
+    /// Something a long-poll may be waiting on (its node's, or a person's on its sessions,
+    /// freezes or jobs).
+    anything: bool,
+}
+
+impl Changed {
+    /// What the heartbeat alone changed: the node's GPUs, or the node itself when the scheduler
+    /// saw it as offline (silent for `node_timeout`) until now.
+    fn heartbeat(heartbeat: Heartbeat, now: DateTime<Utc>, node_timeout: Duration) -> Self {
+        let was_offline = (now - heartbeat.last_seen)
+            .to_std()
+            .is_ok_and(|silent| silent >= node_timeout);
+        let changed = heartbeat.gpus_changed || was_offline;
+        Self {
+            scheduling: changed,
+            anything: changed,
+        }
+    }
+
+    fn effects(self, node: &NodeName) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if self.scheduling {
+            effects.push(Effect::Scheduling);
+        }
+        if self.anything || self.scheduling {
+            effects.push(Effect::Node(node.clone()));
+        }
+        effects
+    }
 }
 
 /// How long `GET /v1/agent/desired` waits for a change when the agent does not say.
@@ -345,5 +398,34 @@ mod tests {
         assert!(check_stream_url("wss://").is_err());
         assert!(check_stream_url("wss:///path").is_err());
         assert!(check_stream_url("wss://node 1:8444").is_err());
+    }
+
+    /// A sync that found its node as it was wakes nobody; one that changed what the scheduler
+    /// plans with wakes it and the node's waiters; one that changed only what people watch (a
+    /// freeze's progress, a job's output) wakes the waiters alone.
+    #[test]
+    fn a_sync_wakes_only_what_it_changed() {
+        let node = NodeName::parse("node1").unwrap();
+        let now = DateTime::parse_from_rfc3339("2026-12-02T09:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let timeout = Duration::from_secs(30);
+        let seen = |seconds_ago: i64, gpus_changed: bool| Heartbeat {
+            last_seen: now - chrono::TimeDelta::seconds(seconds_ago),
+            gpus_changed,
+        };
+        let woken = |heartbeat| Changed::heartbeat(heartbeat, now, timeout).effects(&node);
+        let both = vec![Effect::Scheduling, Effect::Node(node.clone())];
+
+        assert_eq!(woken(seen(5, false)), vec![]);
+        assert_eq!(woken(seen(29, false)), vec![]);
+        assert_eq!(woken(seen(30, false)), both, "back from offline");
+        assert_eq!(woken(seen(5, true)), both, "its GPUs changed");
+        // A clock that went back is no silence.
+        assert_eq!(woken(seen(-60, false)), vec![]);
+
+        let mut freeze_only = Changed::heartbeat(seen(5, false), now, timeout);
+        freeze_only.anything = true;
+        assert_eq!(freeze_only.effects(&node), vec![Effect::Node(node.clone())]);
     }
 }

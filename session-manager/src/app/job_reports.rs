@@ -6,14 +6,15 @@ use ongrid_core::api::DesiredState;
 use ongrid_core::job::{JobId, ObservedJob};
 use ongrid_core::NodeName;
 
-use super::{ApiError, AppState, Effect};
+use super::{ApiError, AppState};
 use crate::domain::jobs;
 use crate::job_logs::JobLogs;
 use crate::store::{JobFilter, StoreError};
 
 /// Applies an agent's reports of its jobs: output appended to the jobs' files, then the change
 /// [`jobs::follow_report`] decides, with the next job of the chain when it goes on. Reports of
-/// jobs that are not placed on `node` are ignored.
+/// jobs that are not placed on `node` are ignored. Whether it stored anything (output or a
+/// change); the caller says so ([`super::Effect`]).
 ///
 /// The output is stored before the change: an agent reports a job's exit in the same report as
 /// the last of its output, so once a job shows as ended its whole output is kept. Output that
@@ -23,9 +24,10 @@ pub async fn follow_reports(
     state: &AppState,
     node: &NodeName,
     reports: &[ObservedJob],
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     let logs = JobLogs::new(state.config.job_log_dir.clone());
     let now = state.clock.now();
+    let mut stored = false;
     for report in reports {
         let Some(job) = state.store.job(report.job_id).await? else {
             continue;
@@ -53,12 +55,16 @@ pub async fn follow_reports(
                 let complete = chunk.complete || job.log_complete;
                 if (size, complete) != (job.log_size, job.log_complete) {
                     state.store.record_job_log(job.id, size, complete).await?;
+                    stored = true;
                 }
             }
         }
         let job = match jobs::halting_before_exit(&job, &report.status) {
             Some(halting) => match state.store.job_transition(job.id, halting, None).await {
-                Ok(job) => job,
+                Ok(job) => {
+                    stored = true;
+                    job
+                }
                 // Changed meanwhile (cancelled by its owner): the next sync sees it.
                 Err(StoreError::InvalidJobTransition(_)) => continue,
                 Err(other) => return Err(other.into()),
@@ -74,14 +80,14 @@ pub async fn follow_reports(
         match state.store.job_transition(job.id, change, next).await {
             Ok(job) => {
                 tracing::info!(job_id = %job.id, %node, state = %to, %reason, next_job = ?job.next_job, "Job changed on its node's report.");
-                state.committed(&[Effect::Scheduling]);
+                stored = true;
             }
             // Changed meanwhile (cancelled by its owner): the next sync sees it.
             Err(StoreError::InvalidJobTransition(_)) => {}
             Err(other) => return Err(other.into()),
         }
     }
-    Ok(())
+    Ok(stored)
 }
 
 /// Adds the node's jobs to its desired state.

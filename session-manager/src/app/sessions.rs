@@ -236,7 +236,7 @@ pub async fn hold(
         crate::metrics::events().held(reason);
     }
     tracing::info!(session_id = %held.id, session = %held.name, by = %by, reason = ?held.reason, via = via.as_str(), "Session held by hand.");
-    state.committed(&[Effect::Scheduling]);
+    state.committed(&with_its_node(Effect::Scheduling, &session));
     Ok(held)
 }
 
@@ -302,8 +302,15 @@ pub async fn remove(
     let change = requests::remove(&caller.user.user_name, state.clock.now());
     let ended = state.store.transition(session.id, change).await?;
     tracing::info!(session_id = %ended.id, session = %ended.name, by = %caller.user.user_name, via = via.as_str(), "Session removed.");
-    state.committed(&[Effect::Scheduling]);
+    state.committed(&with_its_node(Effect::Scheduling, &session));
     Ok(ended)
+}
+
+/// `effect` and the session's node, whose desired state a change of the session changes (a
+/// session on no node is in no node's desired state).
+fn with_its_node(effect: Effect, session: &SessionRecord) -> Vec<Effect> {
+    let node = session.node.clone().map(Effect::Node);
+    std::iter::once(effect).chain(node).collect()
 }
 
 /// Writes a change decided on `session` as it was looked at; one its state no longer allows

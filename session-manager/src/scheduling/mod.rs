@@ -234,15 +234,27 @@ impl Scheduler {
         self.ticks.subscribe()
     }
 
-    /// Ticks every `interval` and whenever woken, until `shutdown`.
+    /// Ticks every `interval`, whenever woken, and when a clock that does not move by itself
+    /// jumps ([`Clock::jumps`]), until `shutdown`.
     pub async fn run(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut jumps = self.clock.jumps();
         loop {
+            let jumped = async {
+                let moved = match jumps.as_mut() {
+                    Some(jumps) => jumps.changed().await.is_ok(),
+                    None => false,
+                };
+                if !moved {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = ticker.tick() => {}
                 () = self.wake.notified() => {}
+                () = jumped => {}
             }
             let started = std::time::Instant::now();
             let round = self.tick(self.clock.now()).await;

@@ -231,7 +231,8 @@ async fn an_offline_node_gets_no_work_and_gives_back_starting_sessions() {
         .store
         .record_sync(&node1, &[gpu(1), gpu(2)], gone)
         .await
-        .unwrap());
+        .unwrap()
+        .is_some());
     assert_eq!(f.scheduler.tick(gone).await.unwrap().placed, 1);
     assert_eq!(state(&f, &starting).await.state, SessionState::Starting);
 }
@@ -356,7 +357,12 @@ async fn the_loop_runs_when_woken() {
 
 async fn alive(f: &Fixture, at: DateTime<Utc>) {
     let node = NodeName::parse("node1").unwrap();
-    assert!(f.store.record_sync(&node, &[gpu(1)], at).await.unwrap());
+    assert!(f
+        .store
+        .record_sync(&node, &[gpu(1)], at)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 #[tokio::test]

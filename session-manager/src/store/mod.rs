@@ -281,6 +281,17 @@ pub struct ConnectionRecorded {
     pub transition: Option<Transition>,
 }
 
+/// What a recorded heartbeat found ([`Store::record_sync`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// When the node was seen before this heartbeat.
+    pub last_seen: DateTime<Utc>,
+    /// Whether its GPUs changed in anything the scheduler reads: a GPU added, gone, healthy or
+    /// not, its MIG devices or its waiting MIG change (not its utilisation, which changes every
+    /// sync).
+    pub gpus_changed: bool,
+}
+
 /// The manager's persistent state. Every method is one transaction.
 pub trait Store: Send + Sync {
     /// The web dashboard's login links and browser logins (migration 0016).
@@ -373,14 +384,15 @@ pub trait Store: Send + Sync {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
-    /// Records a heartbeat: last seen at `at`, GPU inventory and health as reported.
-    /// `false` when the node never registered.
+    /// Records a heartbeat: last seen at `at`, GPU inventory and health as reported (a GPU's row
+    /// is written only when what the agent says of it changed). `None` when the node never
+    /// registered.
     fn record_sync<'a>(
         &'a self,
         node: &'a NodeName,
         gpus: &'a [GpuInfo],
         at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
+    ) -> BoxFuture<'a, StoreResult<Option<Heartbeat>>>;
 
     /// Whether `node` is registered (and not removed); one cheap lookup, for the agents'
     /// long-poll.

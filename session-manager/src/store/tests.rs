@@ -709,7 +709,10 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
     let place = Place::new(backend).await;
     let store = place.open().await;
     let node1 = NodeName::parse("node1").unwrap();
-    assert!(!store.record_sync(&node1, &[gpu(1)], t(0)).await.unwrap());
+    assert_eq!(
+        store.record_sync(&node1, &[gpu(1)], t(0)).await.unwrap(),
+        None
+    );
     store
         .register_node(node("node1"), &[gpu(1), gpu(2)], t(0))
         .await
@@ -742,16 +745,52 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
     );
     assert_eq!(nodes[0].gpus[1].mode, GpuMode::Exclusive);
 
-    // A sync records health and the time.
+    // A sync records health and the time, and says when the node was seen before it.
     sick.health = GpuHealth::Failed("fell off the bus".to_owned());
-    assert!(store
+    let heartbeat = Heartbeat {
+        last_seen: t(5),
+        gpus_changed: true,
+    };
+    let synced = store
         .record_sync(&node1, &[sick.clone(), gpu(2)], t(9))
         .await
-        .unwrap());
+        .unwrap();
+    assert_eq!(synced, Some(heartbeat));
     let nodes = store.nodes().await.unwrap();
     assert_eq!(nodes[0].last_seen, t(9));
     assert_eq!(nodes[0].gpus[0].info.health, sick.health);
     assert!(nodes[0].gpus[1].info.health.is_healthy());
+
+    // The same report again changes no GPU; a new utilisation is stored but is no change for
+    // the scheduler; a MIG device is one.
+    let synced = store
+        .record_sync(&node1, &[sick.clone(), gpu(2)], t(10))
+        .await
+        .unwrap();
+    let unchanged = |last_seen| {
+        Some(Heartbeat {
+            last_seen,
+            gpus_changed: false,
+        })
+    };
+    assert_eq!(synced, unchanged(t(9)));
+    let busy = GpuInfo {
+        utilization_percent: Some(87),
+        ..gpu(2)
+    };
+    let synced = store
+        .record_sync(&node1, &[sick.clone(), busy.clone()], t(11))
+        .await
+        .unwrap();
+    assert_eq!(synced, unchanged(t(10)));
+    assert_eq!(store.nodes().await.unwrap()[0].gpus[1].info, busy);
+    let mut mig = busy.clone();
+    mig.mig_waiting = Some(ongrid_core::mig::MigChange::Off);
+    let synced = store
+        .record_sync(&node1, &[sick.clone(), mig.clone()], t(12))
+        .await
+        .unwrap();
+    assert!(synced.is_some_and(|heartbeat| heartbeat.gpus_changed));
 
     // One node read alone is the same record, its GPUs in the same order; another node's GPUs
     // are not among them, and an unknown node is none.

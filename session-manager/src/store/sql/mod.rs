@@ -42,9 +42,9 @@ use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, Lifecy
 use crate::domain::sessions::{connections, rendered_reason, Change, Placement, SessionRecord};
 use crate::domain::users::{Removal, Removed};
 use crate::store::{
-    AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, ImageDeleted, ImageFilter, JobFilter,
-    KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration, SessionFilter,
-    StateCounts, Store, StoreError, StoreResult, UserRecord,
+    AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, Heartbeat, ImageDeleted, ImageFilter,
+    JobFilter, KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration,
+    SessionFilter, StateCounts, Store, StoreError, StoreResult, UserRecord,
 };
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -293,21 +293,28 @@ impl SqlStore {
         node: &NodeName,
         gpus: &[GpuInfo],
         at: DateTime<Utc>,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<Option<Heartbeat>> {
         let mut tx = self.write().await?;
-        let updated =
-            sqlx::query("UPDATE nodes SET last_seen = $1 WHERE name = $2 AND removed_at IS NULL")
-                .bind(timestamp(at))
-                .bind(node.as_str())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        if updated == 0 {
-            return Ok(false);
-        }
-        update_gpus(&mut tx, node, gpus, &BTreeMap::new(), at).await?;
+        let last_seen: Option<String> = sqlx::query_scalar(
+            "SELECT last_seen FROM nodes WHERE name = $1 AND removed_at IS NULL",
+        )
+        .bind(node.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(last_seen) = last_seen else {
+            return Ok(None);
+        };
+        sqlx::query("UPDATE nodes SET last_seen = $1 WHERE name = $2")
+            .bind(timestamp(at))
+            .bind(node.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let gpus_changed = update_gpus(&mut tx, node, gpus, &BTreeMap::new(), at).await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(Some(Heartbeat {
+            last_seen: parse_timestamp(&last_seen)?,
+            gpus_changed,
+        }))
     }
 
     /// Every registered node with its GPUs, ordered by name; only `only` when given.
@@ -490,7 +497,7 @@ impl Store for SqlStore {
         node: &'a NodeName,
         gpus: &'a [GpuInfo],
         at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
+    ) -> BoxFuture<'a, StoreResult<Option<Heartbeat>>> {
         Box::pin(self.record_sync_impl(node, gpus, at))
     }
 
@@ -1056,14 +1063,31 @@ async fn fold_transition(
 /// Upserts the reported GPUs of `node` (keeping known GPUs' modes; a new one starts in its
 /// mode of `start_modes`, else exclusive) and marks the node's GPUs that were not reported as
 /// failed.
+/// Stores the GPUs `node` reports: a row is written only where the report differs from it (new
+/// GPUs get their mode from `start_modes`, else exclusive; known ones keep the admin's). GPUs of
+/// the node no longer reported are kept, marked failed. Whether anything but a GPU's
+/// utilisation changed.
 async fn update_gpus(
     tx: &mut Transaction<'static, Db>,
     node: &NodeName,
     gpus: &[GpuInfo],
     start_modes: &BTreeMap<GpuUuid, GpuMode>,
     at: DateTime<Utc>,
-) -> StoreResult<()> {
+) -> StoreResult<bool> {
+    let known = sqlx::query("SELECT node, info, mode, drain FROM gpus WHERE node = $1")
+        .bind(node.as_str())
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|row| gpu_from_row(row).map(|gpu| (gpu.info.uuid.clone(), gpu.info)))
+        .collect::<StoreResult<BTreeMap<GpuUuid, GpuInfo>>>()?;
+    let mut changed = false;
     for gpu in gpus {
+        let stored = known.get(&gpu.uuid);
+        if stored == Some(gpu) {
+            continue;
+        }
+        changed |= stored.is_none_or(|stored| !stored.same_inventory(gpu));
         let mode = start_modes
             .get(&gpu.uuid)
             .copied()
@@ -1082,24 +1106,20 @@ async fn update_gpus(
         .await?;
     }
     let reported: BTreeSet<&GpuUuid> = gpus.iter().map(|g| &g.uuid).collect();
-    let known = sqlx::query("SELECT node, info, mode, drain FROM gpus WHERE node = $1")
-        .bind(node.as_str())
-        .fetch_all(&mut **tx)
-        .await?;
-    for row in &known {
-        let mut gpu = gpu_from_row(row)?;
-        if reported.contains(&gpu.info.uuid) || !gpu.info.health.is_healthy() {
+    for (uuid, mut info) in known {
+        if reported.contains(&uuid) || !info.health.is_healthy() {
             continue;
         }
-        gpu.info.health = GpuHealth::Failed(format!("no longer reported by node {node}'s agent"));
+        info.health = GpuHealth::Failed(format!("no longer reported by node {node}'s agent"));
         sqlx::query("UPDATE gpus SET info = $1, updated_at = $2 WHERE uuid = $3")
-            .bind(to_json(&gpu.info)?)
+            .bind(to_json(&info)?)
             .bind(timestamp(at))
-            .bind(gpu.info.uuid.as_str())
+            .bind(uuid.as_str())
             .execute(&mut **tx)
             .await?;
+        changed = true;
     }
-    Ok(())
+    Ok(changed)
 }
 
 fn session_from_row(row: &DbRow) -> StoreResult<SessionRecord> {
