@@ -61,6 +61,24 @@ impl SiteSnapshot {
         Ok(Self::new(now, nodes, holding, node_timeout).with_jobs(jobs))
     }
 
+    /// The registered nodes and their GPUs as of `now`, without the sessions and jobs that hold
+    /// them (every GPU shows as free): for what depends only on which GPUs the site has, such as
+    /// whether a request could ever be met ([`Self::never_meets`]), a limit's share of the site,
+    /// or which GPUs that fit a request are out of service. One read of the nodes instead of
+    /// the whole site, for answers that every request waits on.
+    pub async fn load_inventory(
+        store: &dyn Store,
+        now: DateTime<Utc>,
+        node_timeout: Duration,
+    ) -> StoreResult<Self> {
+        Ok(Self::new(
+            now,
+            store.nodes().await?,
+            Vec::new(),
+            node_timeout,
+        ))
+    }
+
     pub fn new(
         now: DateTime<Utc>,
         nodes: Vec<NodeRecord>,

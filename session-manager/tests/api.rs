@@ -2661,7 +2661,15 @@ struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl CapturedLog {
     /// Captures the lines of `level` and above until the guard is dropped.
+    ///
+    /// `tracing` caches per call site whether any subscriber wants its events. While only one
+    /// subscriber is alive in the process, it asks the default subscriber of the thread that
+    /// first reaches the call site: another test's thread, with none, would have "Request
+    /// refused." cached as never wanted, and the line lost here. A second subscriber kept alive
+    /// for the whole process makes it ask every live subscriber instead.
     fn install(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let log = Self::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()

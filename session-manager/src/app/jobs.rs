@@ -99,7 +99,7 @@ pub async fn submit(
     )?;
     let site = match (&state.config.limits, &grid) {
         (None, Some(_)) => None,
-        _ => Some(state.site().await?),
+        _ => Some(state.inventory().await?),
     };
     if let (Some(limits), Some(site)) = (&state.config.limits, &site) {
         let limited = crate::domain::policy::limits::Request {

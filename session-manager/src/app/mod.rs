@@ -96,6 +96,17 @@ impl AppState {
         .await?)
     }
 
+    /// The site's nodes and GPUs as of now, without what holds them
+    /// ([`SiteSnapshot::load_inventory`]).
+    pub async fn inventory(&self) -> Result<SiteSnapshot, ApiError> {
+        Ok(SiteSnapshot::load_inventory(
+            self.store.as_ref(),
+            self.clock.now(),
+            self.config.node_timeout,
+        )
+        .await?)
+    }
+
     /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
     /// waits (PENDING): the leader runs a round in place (or shares one that started after the
     /// commit with the requests waiting beside it); a follower wakes the leader and waits

@@ -119,7 +119,7 @@ pub async fn create(
         .lifecycle
         .limits_for(body.idle_timeout_secs, body.max_duration_secs)
         .map_err(ApiError::bad_request)?;
-    let site = state.site().await?;
+    let site = state.inventory().await?;
     let limited = crate::domain::policy::limits::Request {
         id: (),
         owner: caller.user.dn.clone(),
@@ -192,7 +192,7 @@ async fn created_before(state: &AppState, id: SessionId) -> Result<Option<Create
     tracing::info!(session_id = %session.id, session = %session.name, "Session requested again with the same idempotency key; answered with the one made.");
     Ok(Some(Created {
         session,
-        site: state.site().await?,
+        site: state.inventory().await?,
     }))
 }
 

@@ -29,6 +29,7 @@ pub struct Reads<'a> {
     positions: OnceCell<HashMap<SessionId, u32>>,
     policy: OnceCell<GpuPolicy>,
     site: OnceCell<SiteSnapshot>,
+    inventory: OnceCell<SiteSnapshot>,
     accounts: OnceCell<Vec<Account>>,
 }
 
@@ -39,6 +40,7 @@ impl<'a> Reads<'a> {
             positions: OnceCell::new(),
             policy: OnceCell::new(),
             site: OnceCell::new(),
+            inventory: OnceCell::new(),
             accounts: OnceCell::new(),
         }
     }
@@ -61,6 +63,17 @@ impl<'a> Reads<'a> {
 
     pub async fn site(&self) -> Result<&SiteSnapshot, ApiError> {
         self.site.get_or_try_init(|| self.state.site()).await
+    }
+
+    /// The nodes and their GPUs without what holds them ([`AppState::inventory`]); the whole
+    /// site when it was read already.
+    pub async fn inventory(&self) -> Result<&SiteSnapshot, ApiError> {
+        if let Some(site) = self.site.get() {
+            return Ok(site);
+        }
+        self.inventory
+            .get_or_try_init(|| self.state.inventory())
+            .await
     }
 
     /// The users' usage accounts (their accounting groups).
@@ -129,7 +142,7 @@ pub async fn full_session_view(
         // A PENDING session over a `[limits]` maximum says which one holds it.
         view.reason = format!("waits for a limit: {limit}");
     } else if view.state == SessionState::Pending {
-        let site = reads.site().await?;
+        let site = reads.inventory().await?;
         if let Some(why) = out_of_service(site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
         }

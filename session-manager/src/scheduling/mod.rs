@@ -321,7 +321,9 @@ impl Scheduler {
         }
         let mut report = TickReport::default();
         let mut reads = Reads::new(self.store.as_ref());
+        let started = std::time::Instant::now();
         let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
+        let site_read = started.elapsed();
         // Owners and reservations, read once for the round: nothing in it changes them.
         let gpu_policy = GpuPolicy::load(self.store.as_ref()).await?;
         report.health = self.check_health(&site, now).await?;
@@ -357,10 +359,22 @@ impl Scheduler {
             gpu_policy: &gpu_policy,
             now,
         };
+        let before_input = started.elapsed();
         let (state, unpinned) = self.plan_input(&round, halt_waits, &mut reads).await?;
+        let before_apply = started.elapsed();
         let placed = self
             .apply_plan(&round, &state, halt_waits, &unpinned, &mut report)
             .await?;
+        tracing::debug!(
+            site_ms = site_read.as_secs_f64() * 1e3,
+            phases_ms = (before_input - site_read).as_secs_f64() * 1e3,
+            input_ms = (before_apply - before_input).as_secs_f64() * 1e3,
+            apply_ms = (started.elapsed() - before_apply).as_secs_f64() * 1e3,
+            nodes = site.nodes.len(),
+            holding = site.holding.len(),
+            pending = pending.len(),
+            "Round's phases timed."
+        );
         crate::metrics::events().queued(&crate::metrics::queue_reasons(
             &pending, &placed, halt_waits, &unpinned,
         ));

@@ -21,6 +21,10 @@ use super::StoreResult;
 /// How long a statement waits for another connection's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long closing the store waits for connections still in use or on their way back to the
+/// pool ([`SqliteStore::close`]).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// What the shared statements of [`sql`] are compiled against here.
@@ -87,7 +91,18 @@ impl SqliteStore {
     }
 
     /// Closes every connection (checkpointing the WAL). Called on shutdown.
+    ///
+    /// Waits (at most [`CLOSE_WAIT`]) for the connections still on their way back to the pool
+    /// first: sqlx 0.8's `Pool::close` stops looking for idle connections once it holds every
+    /// permit, and one handed back just after (its `after_release` ping still running) stays
+    /// open, the WAL with it, until the pool is dropped.
     pub async fn close(&self) {
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        while self.pool.size() as usize > self.pool.num_idle()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         self.pool.close().await;
     }
 
