@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use crate::batch::reached;
 use crate::mig::{meets, usable, MigPlacement, MigSlot};
 use crate::policy::{Policy, Who};
-use crate::site::{Action, PendingSession, QueuedJob, SiteState};
+use crate::site::{Action, PendingSession, QueuedJob, RunningJob, SiteState};
 
 /// What the session manager should do about batch jobs on MIG devices.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,81 +70,125 @@ pub fn plan_mig_jobs(
     actions: &[Action],
     placed: &[MigPlacement],
 ) -> Vec<MigJobAction> {
-    let mut out = Vec::new();
-    let mut taken: HashSet<&MigUuid> = placed.iter().map(|p| &p.device).collect();
-    let halted_now: HashSet<JobId> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::HaltJob { job, .. } => Some(*job),
-            _ => None,
-        })
-        .collect();
-    let cancelled: HashSet<JobId> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::CancelJob { job, .. } => Some(*job),
-            _ => None,
-        })
-        .collect();
-    let running: HashMap<JobId, &crate::RunningJob> =
-        site.running_jobs.iter().map(|j| (j.id, j)).collect();
-    let policy = &site.policy;
-    let mut halted_now = halted_now;
+    let mut round = MigJobRound::new(site, slots, now, actions);
+    round.halt_for_reservations();
+    round.halt_for_sessions(placed);
+    round.start_queued(actions, placed);
+    round.out
+}
 
-    // Jobs on devices whose GPU's reservation of another group has opened.
-    let mut holding: Vec<(&MigSlot, &crate::RunningJob)> = slots
-        .iter()
-        .filter_map(|slot| Some((slot, *running.get(&slot.job?)?)))
-        .filter(|(_, job)| !job.halting && !halted_now.contains(&job.id))
-        .collect();
-    holding.sort_by_key(|(_, job)| job.id);
-    for (slot, job) in holding {
-        let group = Who::job(policy, &job.id).group;
-        if let Some(reservation) = policy.started_against(&slot.parent, group, now) {
-            halted_now.insert(job.id);
-            out.push(MigJobAction::Halt {
-                job: job.id,
-                reason: JobReason::ReservationStarted {
-                    reservation: reservation.name.clone(),
-                    group: reservation.group.clone(),
-                },
-            });
+/// What the phases of [`plan_mig_jobs`] share: the input, the running jobs by id, the jobs
+/// halting from this plan on, and the actions decided so far.
+struct MigJobRound<'a> {
+    site: &'a SiteState,
+    slots: &'a [MigSlot],
+    now: DateTime<Utc>,
+    running: HashMap<JobId, &'a RunningJob>,
+    /// Jobs `plan` or an earlier phase asked to halt.
+    halted_now: HashSet<JobId>,
+    out: Vec<MigJobAction>,
+}
+
+impl<'a> MigJobRound<'a> {
+    fn new(
+        site: &'a SiteState,
+        slots: &'a [MigSlot],
+        now: DateTime<Utc>,
+        actions: &[Action],
+    ) -> Self {
+        Self {
+            site,
+            slots,
+            now,
+            running: site.running_jobs.iter().map(|j| (j.id, j)).collect(),
+            halted_now: actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::HaltJob { job, .. } => Some(*job),
+                    _ => None,
+                })
+                .collect(),
+            out: Vec::new(),
         }
     }
 
-    // Sessions that found no free device: wait for a halting job, else halt one.
-    let placed_sessions: HashSet<_> = placed.iter().map(|p| p.session).collect();
-    let mut sessions: Vec<&PendingSession> = site
-        .pending
-        .iter()
-        .filter(|s| {
-            s.request.sharing.mig().is_some()
-                && s.request.validate().is_ok()
-                && !placed_sessions.contains(&s.id)
-        })
-        .collect();
-    sessions.sort_by_key(|s| (s.priority, s.queued_at, s.id));
-    let mut claimed: HashSet<JobId> = HashSet::new();
-    for session in sessions {
-        let wanted = session.request.sharing.mig().expect("filtered above");
+    /// The running jobs on MIG devices, with their device.
+    fn on_devices(&self) -> impl Iterator<Item = (&'a MigSlot, &'a RunningJob)> + '_ {
+        self.slots
+            .iter()
+            .filter_map(|slot| Some((slot, *self.running.get(&slot.job?)?)))
+    }
+
+    /// Halts the jobs on devices whose GPU's reservation of another group has opened.
+    fn halt_for_reservations(&mut self) {
+        let policy = &self.site.policy;
+        let mut holding: Vec<(&MigSlot, &RunningJob)> = self
+            .on_devices()
+            .filter(|(_, job)| !job.halting && !self.halted_now.contains(&job.id))
+            .collect();
+        holding.sort_by_key(|(_, job)| job.id);
+        for (slot, job) in holding {
+            let group = Who::job(policy, &job.id).group;
+            if let Some(reservation) = policy.started_against(&slot.parent, group, self.now) {
+                self.halted_now.insert(job.id);
+                self.out.push(MigJobAction::Halt {
+                    job: job.id,
+                    reason: JobReason::ReservationStarted {
+                        reservation: reservation.name.clone(),
+                        group: reservation.group.clone(),
+                    },
+                });
+            }
+        }
+    }
+
+    /// Each session that found no free device waits for a halting job on one that would meet
+    /// it, else halts one.
+    fn halt_for_sessions(&mut self, placed: &[MigPlacement]) {
+        let placed_sessions: HashSet<_> = placed.iter().map(|p| p.session).collect();
+        let mut sessions: Vec<&PendingSession> = self
+            .site
+            .pending
+            .iter()
+            .filter(|s| {
+                s.request.sharing.mig().is_some()
+                    && s.request.validate().is_ok()
+                    && !placed_sessions.contains(&s.id)
+            })
+            .collect();
+        sessions.sort_by_key(|s| (s.priority, s.queued_at, s.id));
+        let mut claimed: HashSet<JobId> = HashSet::new();
+        for session in sessions {
+            if let Some((job, halt)) = self.job_for(session, &claimed) {
+                claimed.insert(job);
+                if let Some(reason) = halt {
+                    self.out.push(MigJobAction::Halt { job, reason });
+                }
+            }
+        }
+    }
+
+    /// The job whose device `session` is to get: one halting already (no new halt), else one
+    /// it may halt, with the reason; `None` when no job's device would do.
+    fn job_for(
+        &self,
+        session: &PendingSession,
+        claimed: &HashSet<JobId>,
+    ) -> Option<(JobId, Option<JobReason>)> {
+        let (site, policy, now) = (self.site, &self.site.policy, self.now);
+        let wanted = session.request.sharing.mig()?;
         let who = Who::session(policy, &session.id);
         let candidates = || {
-            slots
-                .iter()
-                .filter_map(|slot| {
-                    let job = running.get(&slot.job?)?;
-                    Some((slot, *job))
-                })
-                .filter(|(slot, job)| {
-                    !claimed.contains(&job.id)
-                        && session
-                            .pinned_node
-                            .as_ref()
-                            .is_none_or(|pin| pin == &slot.node)
-                        && meets(slot, &session.request, wanted)
-                        && usable(site, slot)
-                        && policy.allows(&policy.tag(&slot.parent, now), &who, now)
-                })
+            self.on_devices().filter(|(slot, job)| {
+                !claimed.contains(&job.id)
+                    && session
+                        .pinned_node
+                        .as_ref()
+                        .is_none_or(|pin| pin == &slot.node)
+                    && meets(slot, &session.request, wanted)
+                    && usable(site, slot)
+                    && policy.allows(&policy.tag(&slot.parent, now), &who, now)
+            })
         };
         let order = |slot: &&MigSlot| {
             (
@@ -156,43 +200,112 @@ pub fn plan_mig_jobs(
             )
         };
         let halting = candidates()
-            .filter(|(_, job)| job.halting || halted_now.contains(&job.id))
-            .min_by_key(|(slot, _)| order(slot))
-            .map(|(_, job)| job.id);
+            .filter(|(_, job)| job.halting || self.halted_now.contains(&job.id))
+            .min_by_key(|(slot, _)| order(slot));
+        if let Some((_, job)) = halting {
+            return Some((job.id, None));
+        }
         // On its group's own devices, owner work halts another group's job at once.
-        let backfill = |slot: &MigSlot, job: &crate::RunningJob| {
+        let backfill = |slot: &MigSlot, job: &RunningJob| {
             Policy::owned_by(&policy.tag(&slot.parent, now), &who)
                 && Who::job(policy, &job.id).group != who.group
         };
-        let eligible = candidates()
+        let (slot, job) = candidates()
             .filter(|(slot, job)| {
                 !job.halting
-                    && !halted_now.contains(&job.id)
+                    && !self.halted_now.contains(&job.id)
                     && (reached(job.started_at, job.min_duration, now) || backfill(slot, job))
             })
-            .min_by_key(|(slot, job)| (!backfill(slot, job), order(slot)))
-            .map(|(slot, job)| (job.id, backfill(slot, job)));
-        match (halting, eligible) {
-            (Some(job), _) => {
-                claimed.insert(job);
-            }
-            (None, Some((job, backfill))) => {
-                claimed.insert(job);
-                let reason = match who.group {
-                    Some(group) if backfill => JobReason::ForOwnerWork {
-                        group: group.to_owned(),
-                    },
-                    _ => JobReason::ForInteractiveSession {
-                        need: session.request,
-                    },
-                };
-                out.push(MigJobAction::Halt { job, reason });
-            }
-            (None, None) => {}
-        }
+            .min_by_key(|(slot, job)| (!backfill(slot, job), order(slot)))?;
+        let reason = match who.group {
+            Some(group) if backfill(slot, job) => JobReason::ForOwnerWork {
+                group: group.to_owned(),
+            },
+            _ => JobReason::ForInteractiveSession {
+                need: session.request,
+            },
+        };
+        Some((job.id, Some(reason)))
     }
 
-    // Queued jobs on the devices left free.
+    /// Starts queued MIG jobs on the devices left free (not taken by a session), within their
+    /// buckets.
+    fn start_queued(&mut self, actions: &[Action], placed: &[MigPlacement]) {
+        let (site, policy, now) = (self.site, &self.site.policy, self.now);
+        let mut taken: HashSet<&MigUuid> = placed.iter().map(|p| &p.device).collect();
+        let cancelled: HashSet<JobId> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::CancelJob { job, .. } => Some(*job),
+                _ => None,
+            })
+            .collect();
+        let mut in_bucket = jobs_in_buckets(site, actions);
+        let mut jobs: Vec<&QueuedJob> = site
+            .queued_jobs
+            .iter()
+            .filter(|j| {
+                j.request.sharing.mig().is_some()
+                    && j.request.validate().is_ok()
+                    && !cancelled.contains(&j.id)
+                    && j.not_before.is_none_or(|t| t <= now)
+                    && j.not_after.is_none_or(|t| t > now)
+            })
+            .collect();
+        jobs.sort_by_key(|j| (j.priority, j.queued_at, j.id));
+        for job in jobs {
+            let Some(wanted) = job.request.sharing.mig() else {
+                continue;
+            };
+            let bucket_full = job.bucket.as_ref().is_some_and(|b| {
+                in_bucket
+                    .get(&(&job.owner, &b.name))
+                    .is_some_and(|&n| n >= b.max)
+            });
+            if bucket_full {
+                continue;
+            }
+            let who = Who::job(policy, &job.id);
+            let best = self
+                .slots
+                .iter()
+                .filter(|slot| !slot.used && !taken.contains(&slot.uuid))
+                .filter(|slot| job.pinned_node.as_ref().is_none_or(|pin| pin == &slot.node))
+                .filter(|slot| meets(slot, &job.request, wanted) && usable(site, slot))
+                .filter(|slot| policy.allows(&policy.tag(&slot.parent, now), &who, now))
+                .min_by_key(|slot| {
+                    // The group's own devices first, then those nobody owns, then backfill.
+                    let tag = policy.tag(&slot.parent, now);
+                    (
+                        !Policy::owned_by(&tag, &who),
+                        tag.owner.is_some(),
+                        // MigProfile orders by slices, then memory, then media: the least sufficient first.
+                        slot.profile,
+                        &slot.node,
+                        &slot.uuid,
+                    )
+                });
+            if let Some(slot) = best {
+                taken.insert(&slot.uuid);
+                if let Some(bucket) = &job.bucket {
+                    *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
+                }
+                self.out.push(MigJobAction::Start {
+                    job: job.id,
+                    node: slot.node.clone(),
+                    device: slot.uuid.clone(),
+                    parent: slot.parent.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// How many jobs of each owner's bucket hold GPUs or devices, counting those `plan` starts.
+fn jobs_in_buckets<'a>(
+    site: &'a SiteState,
+    actions: &[Action],
+) -> HashMap<(&'a UserName, &'a BucketName), u32> {
     let mut in_bucket: HashMap<(&UserName, &BucketName), u32> = HashMap::new();
     for job in &site.running_jobs {
         if let Some(bucket) = &job.bucket {
@@ -208,59 +321,5 @@ pub fn plan_mig_jobs(
             }
         }
     }
-    let mut jobs: Vec<&QueuedJob> = site
-        .queued_jobs
-        .iter()
-        .filter(|j| {
-            j.request.sharing.mig().is_some()
-                && j.request.validate().is_ok()
-                && !cancelled.contains(&j.id)
-                && j.not_before.is_none_or(|t| t <= now)
-                && j.not_after.is_none_or(|t| t > now)
-        })
-        .collect();
-    jobs.sort_by_key(|j| (j.priority, j.queued_at, j.id));
-    for job in jobs {
-        let wanted = job.request.sharing.mig().expect("filtered above");
-        let bucket_full = job.bucket.as_ref().is_some_and(|b| {
-            in_bucket
-                .get(&(&job.owner, &b.name))
-                .is_some_and(|&n| n >= b.max)
-        });
-        if bucket_full {
-            continue;
-        }
-        let who = Who::job(policy, &job.id);
-        let best = slots
-            .iter()
-            .filter(|slot| !slot.used && !taken.contains(&slot.uuid))
-            .filter(|slot| job.pinned_node.as_ref().is_none_or(|pin| pin == &slot.node))
-            .filter(|slot| meets(slot, &job.request, wanted) && usable(site, slot))
-            .filter(|slot| policy.allows(&policy.tag(&slot.parent, now), &who, now))
-            .min_by_key(|slot| {
-                // The group's own devices first, then those nobody owns, then backfill.
-                let tag = policy.tag(&slot.parent, now);
-                (
-                    !Policy::owned_by(&tag, &who),
-                    tag.owner.is_some(),
-                    // MigProfile orders by slices, then memory, then media: the least sufficient first.
-                    slot.profile,
-                    &slot.node,
-                    &slot.uuid,
-                )
-            });
-        if let Some(slot) = best {
-            taken.insert(&slot.uuid);
-            if let Some(bucket) = &job.bucket {
-                *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
-            }
-            out.push(MigJobAction::Start {
-                job: job.id,
-                node: slot.node.clone(),
-                device: slot.uuid.clone(),
-                parent: slot.parent.clone(),
-            });
-        }
-    }
-    out
+    in_bucket
 }

@@ -382,31 +382,11 @@ impl Validator<'_> {
         Ok(())
     }
 
+    /// Checks every setting of `raw` in turn, each step one part of the file; the first
+    /// mistake found is the error, naming its key.
     fn validate(&self, raw: RawConfig, listen_key: &str) -> Result<Config, ConfigError> {
-        let listen: SocketAddr = raw.listen.parse().map_err(|_| {
-            self.invalid(
-                listen_key,
-                format!(
-                    "{:?} must be an address and port, like 127.0.0.1:8443 or [::]:8443",
-                    raw.listen
-                ),
-            )
-        })?;
-        for (key, path) in [
-            ("database", &raw.database),
-            ("tls_cert", &raw.tls_cert),
-            ("tls_key", &raw.tls_key),
-            ("ca_dir", &raw.ca_dir),
-            ("agent_tokens_file", &raw.agent_tokens_file),
-        ] {
-            self.non_empty_path(key, path)?;
-        }
-        if let Some(path) = &raw.gateway_token_file {
-            self.non_empty_path("gateway_token_file", path)?;
-        }
-        if let Some(path) = &raw.image_store {
-            self.non_empty_path("image_store", path)?;
-        }
+        let listen = self.listen(&raw.listen, listen_key)?;
+        self.check_paths(&raw)?;
         let admins = Admins::parse(&raw.admins).map_err(|e| self.invalid("admins", e))?;
         let admission = policy::admission(raw.policy.as_ref())
             .map_err(|(key, message)| self.invalid(&key, message))?;
@@ -427,21 +407,116 @@ impl Validator<'_> {
             raw.policy.as_ref().and_then(|p| p.contact.as_deref()),
         )
         .map_err(|(key, message)| self.invalid(&key, message))?;
-        if let Some(path) = &raw.vomsdir {
-            self.non_empty_path("vomsdir", path)?;
-        }
         let token_issuers = tokens::token_issuers(&raw.token_issuers)
             .map_err(|(key, message)| self.invalid(&key, message))?;
-        let crl_policy = match raw.crl_policy.trim() {
-            "refuse" => CrlPolicy::Refuse,
-            "warn" => CrlPolicy::Warn,
-            other => {
-                return Err(self.invalid(
-                    "crl_policy",
-                    format!("{other:?} must be \"refuse\" (default) or \"warn\""),
-                ))
+        let crl_policy = self.crl_policy(&raw.crl_policy)?;
+        let (default_image, allowed_images) = self.images(&raw)?;
+        if raw.first_uid < 1000 {
+            return Err(self.invalid(
+                "first_uid",
+                format!(
+                    "{} is a system UID: use 1000 or more (20000 keeps clear of local users)",
+                    raw.first_uid
+                ),
+            ));
+        }
+        let intervals = self.intervals(&raw)?;
+        let session_limits = self.session_limits(&raw.session_limits)?;
+        let lifecycle = self.lifecycle(&raw.lifecycle)?;
+        let job_limits = self.job_limits(&raw.jobs)?;
+        self.check_length_classes(limits.as_ref(), &lifecycle)?;
+        let store = crate::store::Database::parse(&raw.database.to_string_lossy())
+            .map_err(|e| self.invalid("database", e))?;
+        let job_log_dir = self.job_log_dir(&raw.jobs, &store)?;
+        let retention = self.retention_config(&raw.retention)?;
+        Ok(Config {
+            path: self.path.to_owned(),
+            listen,
+            database: raw.database,
+            store,
+            tls_cert: raw.tls_cert,
+            tls_key: raw.tls_key,
+            ca_dir: raw.ca_dir,
+            vomsdir: raw.vomsdir,
+            crl_policy,
+            limited_proxies_may_register_keys: raw.limited_proxies_may_register_keys,
+            admins,
+            agent_tokens_file: raw.agent_tokens_file,
+            gateway_token_file: raw.gateway_token_file,
+            default_image,
+            allowed_images,
+            first_uid: raw.first_uid,
+            node_timeout: intervals.node_timeout,
+            auto_undrain: raw.auto_undrain,
+            metrics: raw.metrics,
+            dashboard: raw.dashboard,
+            sync_interval: intervals.sync_interval,
+            schedule_interval: intervals.schedule_interval,
+            session_limits,
+            lifecycle,
+            image_store: raw.image_store,
+            freeze_stall_timeout: intervals.freeze_stall_timeout,
+            job_limits,
+            job_log_dir,
+            retention,
+            admission,
+            fair_share,
+            limits,
+            targets,
+            token_issuers,
+            sessions_on_owned_gpus: raw
+                .policy
+                .as_ref()
+                .is_some_and(|policy| policy.sessions_on_owned_gpus),
+        })
+    }
+
+    fn listen(&self, text: &str, key: &str) -> Result<SocketAddr, ConfigError> {
+        text.parse().map_err(|_| {
+            self.invalid(
+                key,
+                format!("{text:?} must be an address and port, like 127.0.0.1:8443 or [::]:8443"),
+            )
+        })
+    }
+
+    /// The files and directories the manager reads or writes: each must be named when set.
+    fn check_paths(&self, raw: &RawConfig) -> Result<(), ConfigError> {
+        for (key, path) in [
+            ("database", &raw.database),
+            ("tls_cert", &raw.tls_cert),
+            ("tls_key", &raw.tls_key),
+            ("ca_dir", &raw.ca_dir),
+            ("agent_tokens_file", &raw.agent_tokens_file),
+        ] {
+            self.non_empty_path(key, path)?;
+        }
+        for (key, path) in [
+            ("gateway_token_file", &raw.gateway_token_file),
+            ("image_store", &raw.image_store),
+            ("vomsdir", &raw.vomsdir),
+        ] {
+            if let Some(path) = path {
+                self.non_empty_path(key, path)?;
             }
-        };
+        }
+        Ok(())
+    }
+
+    fn crl_policy(&self, text: &str) -> Result<CrlPolicy, ConfigError> {
+        match text.trim() {
+            "refuse" => Ok(CrlPolicy::Refuse),
+            "warn" => Ok(CrlPolicy::Warn),
+            other => Err(self.invalid(
+                "crl_policy",
+                format!("{other:?} must be \"refuse\" (default) or \"warn\""),
+            )),
+        }
+    }
+
+    /// `default_image` and `allowed_images`: Docker image names (a frozen image's digest is
+    /// not one: sessions name frozen images themselves).
+    fn images(&self, raw: &RawConfig) -> Result<(String, Vec<String>), ConfigError> {
         let default_image = raw.default_image.trim().to_owned();
         if let Err(message) = check_image(&default_image) {
             return Err(self.invalid("default_image", message));
@@ -463,33 +538,37 @@ impl Validator<'_> {
             }
             allowed_images.push(image);
         }
-        if raw.first_uid < 1000 {
-            return Err(self.invalid(
-                "first_uid",
-                format!(
-                    "{} is a system UID: use 1000 or more (20000 keeps clear of local users)",
-                    raw.first_uid
-                ),
-            ));
-        }
-        let node_timeout = self.duration("node_timeout", &raw.node_timeout)?;
-        let sync_interval = self.duration("sync_interval", &raw.sync_interval)?;
-        let schedule_interval = self.duration("schedule_interval", &raw.schedule_interval)?;
-        let freeze_stall_timeout =
-            self.duration("freeze_stall_timeout", &raw.freeze_stall_timeout)?;
-        if node_timeout <= sync_interval {
+        Ok((default_image, allowed_images))
+    }
+
+    /// The node timeout, the agents' sync and the loops' intervals; a node must be given more
+    /// than one sync before it counts as offline.
+    fn intervals(&self, raw: &RawConfig) -> Result<Intervals, ConfigError> {
+        let intervals = Intervals {
+            node_timeout: self.duration("node_timeout", &raw.node_timeout)?,
+            sync_interval: self.duration("sync_interval", &raw.sync_interval)?,
+            schedule_interval: self.duration("schedule_interval", &raw.schedule_interval)?,
+            freeze_stall_timeout: self
+                .duration("freeze_stall_timeout", &raw.freeze_stall_timeout)?,
+        };
+        if intervals.node_timeout <= intervals.sync_interval {
             return Err(self.invalid(
                 "node_timeout",
                 format!(
                     "{} must be longer than sync_interval ({}), or every node looks offline between syncs",
-                    HumanDuration(node_timeout),
-                    HumanDuration(sync_interval)
+                    HumanDuration(intervals.node_timeout),
+                    HumanDuration(intervals.sync_interval)
                 ),
             ));
         }
-        let millicpus = parse_millicpus(&raw.session_limits.cpus)
+        Ok(intervals)
+    }
+
+    /// `[session_limits]`: what each dev container may use.
+    fn session_limits(&self, raw: &RawSessionLimits) -> Result<ContainerLimits, ConfigError> {
+        let millicpus = parse_millicpus(&raw.cpus)
             .map_err(|message| self.invalid("session_limits.cpus", message))?;
-        let memory = MemorySize::parse(&raw.session_limits.memory)
+        let memory = MemorySize::parse(&raw.memory)
             .map_err(|e| self.invalid("session_limits.memory", e.to_string()))?;
         if memory.bytes() < 64 << 20 {
             return Err(self.invalid(
@@ -497,19 +576,35 @@ impl Validator<'_> {
                 format!("{memory} is too little for a dev container: give at least 64MiB"),
             ));
         }
-        let lifecycle = raw
-            .lifecycle
-            .validate(|key, value| {
-                self.duration(&format!("lifecycle.{key}"), value)
-                    .map_err(|e| LifecycleConfigError {
-                        key,
-                        message: match e {
-                            ConfigError::Invalid { message, .. } => message,
-                            other => other.to_string(),
-                        },
-                    })
-            })
-            .map_err(|e| self.invalid(&format!("lifecycle.{}", e.key), e.message))?;
+        if raw.pids < 16 {
+            return Err(self.invalid(
+                "session_limits.pids",
+                "must be at least 16, or a shell cannot start",
+            ));
+        }
+        Ok(ContainerLimits {
+            millicpus,
+            memory,
+            pids: raw.pids,
+        })
+    }
+
+    fn lifecycle(&self, raw: &RawLifecycle) -> Result<LifecycleConfig, ConfigError> {
+        raw.validate(|key, value| {
+            self.duration(&format!("lifecycle.{key}"), value)
+                .map_err(|e| LifecycleConfigError {
+                    key,
+                    message: match e {
+                        ConfigError::Invalid { message, .. } => message,
+                        other => other.to_string(),
+                    },
+                })
+        })
+        .map_err(|e| self.invalid(&format!("lifecycle.{}", e.key), e.message))
+    }
+
+    /// `[jobs]`: the jobs' durations (a default no longer than the maximum) and output grace.
+    fn job_limits(&self, raw: &RawJobs) -> Result<crate::domain::jobs::JobLimits, ConfigError> {
         let job_duration = |key: &str, value: &Option<String>| {
             value
                 .as_deref()
@@ -520,24 +615,21 @@ impl Validator<'_> {
                 .transpose()
         };
         let job_limits = crate::domain::jobs::JobLimits {
-            default_max_duration: job_duration(
-                "default_max_duration",
-                &raw.jobs.default_max_duration,
-            )?,
-            max_duration: job_duration("max_duration", &raw.jobs.max_duration)?
+            default_max_duration: job_duration("default_max_duration", &raw.default_max_duration)?,
+            max_duration: job_duration("max_duration", &raw.max_duration)?
                 .unwrap_or(crate::domain::jobs::DEFAULT_MAX_DURATION),
-            output_grace: match &raw.jobs.output_grace {
+            output_grace: match &raw.output_grace {
                 Some(text) => self.duration("jobs.output_grace", text)?,
                 None => crate::domain::jobs::DEFAULT_OUTPUT_GRACE,
             },
-            shared_work_dir: raw.jobs.shared_work_dir,
+            shared_work_dir: raw.shared_work_dir,
         };
         if let Some(default) = job_limits.default_max_duration {
             let max = job_limits.max_duration;
             if default > max {
                 return Err(self.invalid(
                     "jobs.default_max_duration",
-                    if raw.jobs.max_duration.is_some() {
+                    if raw.max_duration.is_some() {
                         format!("{default} is longer than jobs.max_duration {max}")
                     } else {
                         format!(
@@ -548,101 +640,81 @@ impl Validator<'_> {
                 ));
             }
         }
-        if let Some(classes) = limits.as_ref().and_then(|l| l.length_classes) {
-            // Sessions that ask for nothing run the default lifetime: it must fit a class.
-            if lifecycle.max_duration > classes.long {
-                return Err(self.invalid(
-                    "limits.length_classes.long",
-                    format!(
-                        "{} is shorter than [lifecycle] max_duration ({}), so every session that \
-                         does not ask for less would be refused: raise long or lower max_duration",
-                        HumanDuration(classes.long),
-                        HumanDuration(lifecycle.max_duration)
-                    ),
-                ));
-            }
+        Ok(job_limits)
+    }
+
+    /// Sessions that ask for nothing run the default lifetime: it must fit the longest length
+    /// class of `[limits]`.
+    fn check_length_classes(
+        &self,
+        limits: Option<&crate::domain::policy::limits::LimitsConfig>,
+        lifecycle: &LifecycleConfig,
+    ) -> Result<(), ConfigError> {
+        let Some(classes) = limits.and_then(|l| l.length_classes) else {
+            return Ok(());
+        };
+        if lifecycle.max_duration > classes.long {
+            return Err(self.invalid(
+                "limits.length_classes.long",
+                format!(
+                    "{} is shorter than [lifecycle] max_duration ({}), so every session that \
+                     does not ask for less would be refused: raise long or lower max_duration",
+                    HumanDuration(classes.long),
+                    HumanDuration(lifecycle.max_duration)
+                ),
+            ));
         }
-        let store = crate::store::Database::parse(&raw.database.to_string_lossy())
-            .map_err(|e| self.invalid("database", e))?;
-        let job_log_dir = match (&raw.jobs.log_dir, store.sqlite_file()) {
+        Ok(())
+    }
+
+    /// Where the jobs' output is kept: `[jobs] log_dir`, else `jobs/` beside the SQLite file;
+    /// a PostgreSQL store has no file to keep it beside.
+    fn job_log_dir(
+        &self,
+        raw: &RawJobs,
+        store: &crate::store::Database,
+    ) -> Result<PathBuf, ConfigError> {
+        match (&raw.log_dir, store.sqlite_file()) {
             (Some(dir), _) => {
                 self.non_empty_path("jobs.log_dir", dir)?;
-                dir.clone()
+                Ok(dir.clone())
             }
-            (None, Some(file)) => file
+            (None, Some(file)) => Ok(file
                 .parent()
-                .map_or_else(|| PathBuf::from("jobs"), |dir| dir.join("jobs")),
-            (None, None) => {
-                return Err(self.invalid(
-                    "jobs.log_dir",
-                    "must be set when `database` is a PostgreSQL server: there is no database \
-                     file to keep the jobs' output beside (e.g. log_dir = \"/var/lib/ongrid/jobs\")",
-                ))
-            }
-        };
-        let retention = crate::retention::RetentionConfig {
+                .map_or_else(|| PathBuf::from("jobs"), |dir| dir.join("jobs"))),
+            (None, None) => Err(self.invalid(
+                "jobs.log_dir",
+                "must be set when `database` is a PostgreSQL server: there is no database \
+                 file to keep the jobs' output beside (e.g. log_dir = \"/var/lib/ongrid/jobs\")",
+            )),
+        }
+    }
+
+    fn retention_config(
+        &self,
+        raw: &RawRetention,
+    ) -> Result<crate::retention::RetentionConfig, ConfigError> {
+        Ok(crate::retention::RetentionConfig {
             jobs: self.retention(
                 "retention.jobs",
-                raw.retention.jobs.as_deref(),
+                raw.jobs.as_deref(),
                 crate::retention::DEFAULT_JOBS,
             )?,
             connections: self.retention(
                 "retention.connections",
-                raw.retention.connections.as_deref(),
+                raw.connections.as_deref(),
                 crate::retention::DEFAULT_CONNECTIONS,
             )?,
-        };
-        if raw.session_limits.pids < 16 {
-            return Err(self.invalid(
-                "session_limits.pids",
-                "must be at least 16, or a shell cannot start",
-            ));
-        }
-        Ok(Config {
-            path: self.path.to_owned(),
-            listen,
-            database: raw.database,
-            store,
-            tls_cert: raw.tls_cert,
-            tls_key: raw.tls_key,
-            ca_dir: raw.ca_dir,
-            vomsdir: raw.vomsdir,
-            crl_policy,
-            limited_proxies_may_register_keys: raw.limited_proxies_may_register_keys,
-            admins,
-            agent_tokens_file: raw.agent_tokens_file,
-            gateway_token_file: raw.gateway_token_file,
-            default_image,
-            allowed_images,
-            first_uid: raw.first_uid,
-            node_timeout,
-            auto_undrain: raw.auto_undrain,
-            metrics: raw.metrics,
-            dashboard: raw.dashboard,
-            sync_interval,
-            schedule_interval,
-            session_limits: ContainerLimits {
-                millicpus,
-                memory,
-                pids: raw.session_limits.pids,
-            },
-            lifecycle,
-            image_store: raw.image_store,
-            freeze_stall_timeout,
-            job_limits,
-            job_log_dir,
-            retention,
-            admission,
-            fair_share,
-            limits,
-            targets,
-            token_issuers,
-            sessions_on_owned_gpus: raw
-                .policy
-                .as_ref()
-                .is_some_and(|policy| policy.sessions_on_owned_gpus),
         })
     }
+}
+
+/// The intervals of `[manager]` once checked ([`Validator::intervals`]).
+struct Intervals {
+    node_timeout: Duration,
+    sync_interval: Duration,
+    schedule_interval: Duration,
+    freeze_stall_timeout: Duration,
 }
 
 /// Checks a Docker image reference well enough to refuse obvious mistakes (spaces, control

@@ -185,6 +185,34 @@ pub async fn reload_if_network_changed(client: &Client) {
     }
 }
 
+/// Opens `url`, again while Chromium shows its own error page for it instead (other tests
+/// start containers meanwhile, and Docker changing the host's network makes Chromium drop the
+/// request: `ERR_NETWORK_CHANGED`). For a page read at once; [`wait_for`] does the same while
+/// it waits.
+pub async fn open(client: &Client, url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        client.goto(url).await.expect("open the page");
+        let network_error = client
+            .execute(
+                "return !!(document.body && document.body.classList.contains('neterror'));",
+                Vec::new(),
+            )
+            .await
+            .ok()
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        if !network_error {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} showed Chromium's network error page for 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Opens a login link and presses its button; then waits for `then` (the page the link leads
 /// to).
 pub async fn log_in(client: &Client, link: &str, then: &str) {

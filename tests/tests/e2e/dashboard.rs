@@ -17,7 +17,8 @@ use ongrid_e2e::{SimGpu, Site, User};
 use serde_json::Value;
 
 use super::browser::{
-    click, fill, log_in, reload_if_network_changed, screenshot, text_of, wait_for, wait_or, Driver,
+    click, fill, log_in, open, reload_if_network_changed, screenshot, text_of, wait_for, wait_or,
+    Driver,
 };
 
 /// A Docker image the test makes (the frozen image's), removed when dropped, pass or fail.
@@ -84,13 +85,10 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         let base = link[..link.find("/dashboard/").expect("a dashboard path")].to_owned();
         let browser = driver.browser("alice").await;
         log_in(&browser, &link, "#start-session").await;
-        browser.goto(&link).await.expect("open the link again");
+        open(&browser, &link).await;
         let page = browser.source().await.expect("page");
         assert!(page.contains("used already or has expired"), "{page}");
-        browser
-            .goto(&format!("{base}/dashboard/"))
-            .await
-            .expect("back to the dashboard");
+        open(&browser, &format!("{base}/dashboard/")).await;
 
         // She starts a session and sees it running, with the ssh command.
         fill(&browser, "#new-name", "train1").await;
@@ -230,10 +228,7 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
                 found.len()
             );
         }
-        bob_browser
-            .goto(&format!("{base}/dashboard/admin"))
-            .await
-            .expect("admin page");
+        open(&bob_browser, &format!("{base}/dashboard/admin")).await;
         let page = bob_browser.source().await.expect("refusal");
         assert!(page.contains("only admins"), "{page}");
         bob_browser.close().await.expect("close Bob's browser");
@@ -242,10 +237,7 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         let admin_link = dashboard_link(&site, &admin);
         let admin_browser = driver.browser("admin").await;
         log_in(&admin_browser, &admin_link, "#start-session").await;
-        admin_browser
-            .goto(&format!("{base}/dashboard/admin"))
-            .await
-            .expect("admin page");
+        open(&admin_browser, &format!("{base}/dashboard/admin")).await;
         wait_for(
             &admin_browser,
             r#"tr[data-session="train1"]"#,
