@@ -193,16 +193,7 @@ pub async fn open(client: &Client, url: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         client.goto(url).await.expect("open the page");
-        let network_error = client
-            .execute(
-                "return !!(document.body && document.body.classList.contains('neterror'));",
-                Vec::new(),
-            )
-            .await
-            .ok()
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        if !network_error {
+        if !shows_network_error(client).await {
             return;
         }
         assert!(
@@ -211,6 +202,19 @@ pub async fn open(client: &Client, url: &str) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Whether the page is Chromium's own error page for a request it dropped.
+async fn shows_network_error(client: &Client) -> bool {
+    client
+        .execute(
+            "return !!(document.body && document.body.classList.contains('neterror'));",
+            Vec::new(),
+        )
+        .await
+        .ok()
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 /// Opens a login link and presses its button; then waits for `then` (the page the link leads
@@ -227,16 +231,7 @@ pub async fn log_in(client: &Client, link: &str, then: &str) {
         .unwrap_or_default()
         .is_empty()
     {
-        let network_changed = client
-            .execute(
-                "return !!(document.body && document.body.classList.contains('neterror'));",
-                Vec::new(),
-            )
-            .await
-            .ok()
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        if network_changed {
+        if shows_network_error(client).await {
             client.goto(link).await.expect("open the login link again");
         }
         if Instant::now() > deadline {

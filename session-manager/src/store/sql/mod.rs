@@ -295,13 +295,7 @@ impl SqlStore {
         at: DateTime<Utc>,
     ) -> StoreResult<Option<Heartbeat>> {
         let mut tx = self.write().await?;
-        let last_seen: Option<String> = sqlx::query_scalar(
-            "SELECT last_seen FROM nodes WHERE name = $1 AND removed_at IS NULL",
-        )
-        .bind(node.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(last_seen) = last_seen else {
+        let Some(last_seen) = nodes::last_seen(&mut tx, node).await? else {
             return Ok(None);
         };
         sqlx::query("UPDATE nodes SET last_seen = $1 WHERE name = $2")
@@ -312,7 +306,7 @@ impl SqlStore {
         let gpus_changed = update_gpus(&mut tx, node, gpus, &BTreeMap::new(), at).await?;
         tx.commit().await?;
         Ok(Some(Heartbeat {
-            last_seen: parse_timestamp(&last_seen)?,
+            last_seen,
             gpus_changed,
         }))
     }

@@ -7,9 +7,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ongrid_core::gpu::Drain;
 use ongrid_core::{GpuUuid, NodeName, SessionName, SessionState};
-use sqlx::Row;
+use sqlx::{Row, Transaction};
 
-use super::{from_json, gpu_from_row, parse, parse_timestamp, timestamp, to_json, DbRow, SqlStore};
+use super::{
+    from_json, gpu_from_row, parse, parse_timestamp, timestamp, to_json, Db, DbRow, SqlStore,
+};
 use crate::domain::nodes;
 use crate::store::{GpuRecord, NodeContents, NodeRemoval, StoreResult};
 
@@ -71,13 +73,7 @@ impl SqlStore {
         node_timeout: Duration,
     ) -> StoreResult<NodeRemoval> {
         let mut tx = self.write().await?;
-        let last_seen: Option<String> = sqlx::query_scalar(
-            "SELECT last_seen FROM nodes WHERE name = $1 AND removed_at IS NULL",
-        )
-        .bind(node.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(last_seen) = last_seen else {
+        let Some(last_seen) = last_seen(&mut tx, node).await? else {
             return Ok(NodeRemoval::NoSuchNode);
         };
         let session_rows: Vec<(String, String)> = sqlx::query_as(
@@ -108,7 +104,7 @@ impl SqlStore {
                 .iter()
                 .map(|id| parse(id, "job id"))
                 .collect::<StoreResult<_>>()?,
-            last_seen: parse_timestamp(&last_seen)?,
+            last_seen,
         };
         if let Err(refusal) = nodes::removal(node, &contents, node_timeout, at) {
             return Ok(NodeRemoval::Refused(refusal));
@@ -121,4 +117,17 @@ impl SqlStore {
         tx.commit().await?;
         Ok(NodeRemoval::Removed)
     }
+}
+
+/// When `node` was last seen, inside `tx`; `None` when it is not registered (or was removed).
+pub(super) async fn last_seen(
+    tx: &mut Transaction<'static, Db>,
+    node: &NodeName,
+) -> StoreResult<Option<DateTime<Utc>>> {
+    let last_seen: Option<String> =
+        sqlx::query_scalar("SELECT last_seen FROM nodes WHERE name = $1 AND removed_at IS NULL")
+            .bind(node.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+    last_seen.as_deref().map(parse_timestamp).transpose()
 }
