@@ -82,6 +82,11 @@ fn parent_in_mig_mode(node: &NodeState, parent: &GpuUuid, undrained: bool) -> bo
     })
 }
 
+/// Whether `request` asks for a MIG device and is well formed: what the MIG plans consider.
+pub(crate) fn valid_mig_request(request: &GpuRequest) -> bool {
+    request.sharing.mig().is_some() && request.validate().is_ok()
+}
+
 pub(crate) fn meets(slot: &MigSlot, request: &GpuRequest, wanted: MigProfile) -> bool {
     slot.profile.covers(wanted)
         && request
@@ -98,7 +103,7 @@ pub fn plan_mig(site: &SiteState, slots: &[MigSlot], now: DateTime<Utc>) -> Vec<
     let mut queue: Vec<&PendingSession> = site
         .pending
         .iter()
-        .filter(|s| s.request.sharing.mig().is_some() && s.request.validate().is_ok())
+        .filter(|s| valid_mig_request(&s.request))
         .collect();
     queue.sort_by_key(|s| (s.priority, s.queued_at, s.id));
     let tags: Vec<Tag> = slots.iter().map(|s| policy.tag(&s.parent, now)).collect();

@@ -40,7 +40,7 @@ use ongrid_core::{GpuUuid, MigUuid, NodeName, UserName};
 use serde::{Deserialize, Serialize};
 
 use crate::batch::reached;
-use crate::mig::{meets, usable, MigPlacement, MigSlot};
+use crate::mig::{meets, usable, valid_mig_request, MigPlacement, MigSlot};
 use crate::policy::{Policy, Who};
 use crate::site::{Action, PendingSession, QueuedJob, RunningJob, SiteState};
 
@@ -150,11 +150,7 @@ impl<'a> MigJobRound<'a> {
             .site
             .pending
             .iter()
-            .filter(|s| {
-                s.request.sharing.mig().is_some()
-                    && s.request.validate().is_ok()
-                    && !placed_sessions.contains(&s.id)
-            })
+            .filter(|s| valid_mig_request(&s.request) && !placed_sessions.contains(&s.id))
             .collect();
         sessions.sort_by_key(|s| (s.priority, s.queued_at, s.id));
         let mut claimed: HashSet<JobId> = HashSet::new();
@@ -245,8 +241,7 @@ impl<'a> MigJobRound<'a> {
             .queued_jobs
             .iter()
             .filter(|j| {
-                j.request.sharing.mig().is_some()
-                    && j.request.validate().is_ok()
+                valid_mig_request(&j.request)
                     && !cancelled.contains(&j.id)
                     && j.not_before.is_none_or(|t| t <= now)
                     && j.not_after.is_none_or(|t| t > now)

@@ -67,7 +67,8 @@ pub async fn register(
 /// Only what changed wakes anyone: a sync that found its node as it was (the common case, every
 /// `sync_interval` on every node) stores the heartbeat and wakes neither the scheduler nor any
 /// long-poll. The scheduler is woken when what it plans with changed: the GPUs (health, MIG
-/// devices, a GPU added or gone), a session's or job's state, or a node it saw as offline.
+/// devices, a GPU added or gone), a session's or a job's state (or a job's output), or a node it
+/// saw as offline.
 pub async fn sync(
     state: &AppState,
     node: &NodeName,
@@ -105,7 +106,6 @@ pub async fn sync(
                     crate::metrics::events().started(session.queued_at, now);
                 }
                 changed.scheduling = true;
-                changed.anything = true;
                 tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
             }
             // Changed meanwhile (for example removed by its owner): the next sync sees it.
@@ -119,7 +119,7 @@ pub async fn sync(
         let Some(image) = state.store.record_freeze(node, id, &change, now).await? else {
             continue;
         };
-        changed.anything = true;
+        changed.watched = true;
         match image.state {
             ImageState::Ready => {
                 tracing::info!(image_id = %image.id, reference = %image.reference, digest = image.digest.as_deref().unwrap_or(""), size = image.size.unwrap_or(0), %node, "Image frozen.");
@@ -130,10 +130,7 @@ pub async fn sync(
             ImageState::Building | ImageState::Deleted => {}
         }
     }
-    if super::job_reports::follow_reports(state, node, &report.jobs).await? {
-        changed.scheduling = true;
-        changed.anything = true;
-    }
+    changed.scheduling |= super::job_reports::follow_reports(state, node, &report.jobs).await?;
     state
         .store
         .record_activity(
@@ -147,14 +144,14 @@ pub async fn sync(
     desired_state(state, node).await
 }
 
-/// What a sync changed, so that it wakes only the waiters concerned.
+/// What a sync changed, so that it wakes only the waiters concerned: the long-polls on the node
+/// (its agent's, and people's on its sessions, freezes and jobs) for either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Changed {
     /// Something the scheduler plans with.
     scheduling: bool,
-    /// Something a long-poll may be waiting on (its node's, or a person's on its sessions,
-    /// freezes or jobs).
-    anything: bool,
+    /// Something only people watch (a freeze's progress).
+    watched: bool,
 }
 
 impl Changed {
@@ -164,10 +161,9 @@ impl Changed {
         let was_offline = (now - heartbeat.last_seen)
             .to_std()
             .is_ok_and(|silent| silent >= node_timeout);
-        let changed = heartbeat.gpus_changed || was_offline;
         Self {
-            scheduling: changed,
-            anything: changed,
+            scheduling: heartbeat.gpus_changed || was_offline,
+            watched: false,
         }
     }
 
@@ -176,7 +172,7 @@ impl Changed {
         if self.scheduling {
             effects.push(Effect::Scheduling);
         }
-        if self.anything || self.scheduling {
+        if self.scheduling || self.watched {
             effects.push(Effect::Node(node.clone()));
         }
         effects
@@ -402,7 +398,7 @@ mod tests {
 
     /// A sync that found its node as it was wakes nobody; one that changed what the scheduler
     /// plans with wakes it and the node's waiters; one that changed only what people watch (a
-    /// freeze's progress, a job's output) wakes the waiters alone.
+    /// freeze's progress) wakes the waiters alone.
     #[test]
     fn a_sync_wakes_only_what_it_changed() {
         let node = NodeName::parse("node1").unwrap();
@@ -425,7 +421,7 @@ mod tests {
         assert_eq!(woken(seen(-60, false)), vec![]);
 
         let mut freeze_only = Changed::heartbeat(seen(5, false), now, timeout);
-        freeze_only.anything = true;
+        freeze_only.watched = true;
         assert_eq!(freeze_only.effects(&node), vec![Effect::Node(node.clone())]);
     }
 }

@@ -1054,9 +1054,6 @@ async fn fold_transition(
     Ok(())
 }
 
-/// Upserts the reported GPUs of `node` (keeping known GPUs' modes; a new one starts in its
-/// mode of `start_modes`, else exclusive) and marks the node's GPUs that were not reported as
-/// failed.
 /// Stores the GPUs `node` reports: a row is written only where the report differs from it (new
 /// GPUs get their mode from `start_modes`, else exclusive; known ones keep the admin's). GPUs of
 /// the node no longer reported are kept, marked failed. Whether anything but a GPU's
