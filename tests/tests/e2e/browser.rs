@@ -4,36 +4,64 @@
 //! [`Driver`] starts chromedriver itself (on a port it picks, `--port=0`) in its own process
 //! group and kills that group, and any Chromium left with the test's profile directory, when it
 //! is dropped, pass or fail.
+//!
+//! chromedriver and its Chromiums run in a network namespace of the test's own
+//! ([`BrowserNetwork`]), holding only a loopback where the site's manager is relayed. Chromium
+//! drops every request it has in flight (`ERR_NETWORK_CHANGED`) whenever the addresses of its
+//! namespace change, and in the host's they change all the time while the tests run: each dev
+//! container's veth, each test network's bridge. In its own namespace the browser sees none of
+//! that, and it can reach nothing but the site.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use nix::sched::CloneFlags;
+use ongrid_e2e::Site;
 use serde_json::json;
 
 /// chromedriver and the Chromiums it starts; all killed when dropped.
 pub struct Driver {
     child: Child,
-    port: u16,
+    /// Where chromedriver is reached from the host's namespace (relayed into the browsers').
+    address: SocketAddr,
     /// The profile directories of the browsers, unique to this test.
     profiles: tempfile::TempDir,
+    /// Dropped after chromedriver and its browsers are killed.
+    _network: BrowserNetwork,
 }
 
 impl Driver {
-    pub fn start() -> Self {
+    /// chromedriver in a network namespace of its own, where the browsers reach `site`'s
+    /// manager (and its second replica, if started) at the same addresses as in the host's.
+    pub fn start(site: &Site) -> Self {
+        let mut network = BrowserNetwork::create();
+        for manager in [&site.manager_addr, &site.manager2_addr]
+            .into_iter()
+            .flatten()
+        {
+            network.reach(manager.parse().expect("the manager's address"));
+        }
         let profiles = tempfile::Builder::new()
             .prefix("ongrid-e2e-chromium-")
             .tempdir()
             .expect("profile directory");
-        let mut child = Command::new("chromedriver")
-            .arg("--port=0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
+        let mut child = network
+            .inside(|| {
+                Command::new("chromedriver")
+                    .arg("--port=0")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .process_group(0)
+                    .spawn()
+            })
             .expect("chromedriver must be installed (Debian: chromium-driver)");
         let stdout = child.stdout.take().expect("chromedriver's stdout");
         let mut lines = BufReader::new(stdout).lines();
@@ -51,10 +79,12 @@ impl Driver {
         };
         // Keep reading, so chromedriver never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
+        let address = network.expose(SocketAddr::from(([127, 0, 0, 1], port)));
         Self {
             child,
-            port,
+            address,
             profiles,
+            _network: network,
         }
     }
 
@@ -81,7 +111,7 @@ impl Driver {
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         ClientBuilder::new(connector)
             .capabilities(caps)
-            .connect(&format!("http://127.0.0.1:{}", self.port))
+            .connect(&format!("http://{}", self.address))
             .await
             .expect("a WebDriver session of chromedriver")
     }
@@ -118,16 +148,144 @@ impl Drop for Driver {
     }
 }
 
+/// A network namespace of the test's own, with only a loopback, and the TCP relays between it
+/// and the host's namespace (see the module's documentation).
+///
+/// A relay is a listening socket in one namespace whose connections are joined to a connection
+/// made in the other: a socket stays in the namespace it was made in, whichever thread then
+/// uses it, so only the making is done on a thread that entered the browsers' namespace.
+struct BrowserNetwork {
+    /// `/proc/thread-self/ns/net` of the thread that made the namespace; it lives while this is
+    /// open or a process is in it.
+    namespace: Arc<File>,
+    /// Set when dropped: each relay's accept loop ends at its next connection.
+    stopped: Arc<AtomicBool>,
+    /// Each relay's listening address, and whether it listens in the browsers' namespace.
+    listeners: Vec<(SocketAddr, bool)>,
+}
+
+impl BrowserNetwork {
+    fn create() -> Self {
+        let namespace = std::thread::spawn(|| -> std::io::Result<File> {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET)?;
+            let namespace = File::open("/proc/thread-self/ns/net")?;
+            // A process started from this thread is in its namespace.
+            let up = Command::new("ip")
+                .args(["link", "set", "lo", "up"])
+                .status()?;
+            if !up.success() {
+                return Err(std::io::Error::other(format!("ip link set lo up: {up}")));
+            }
+            Ok(namespace)
+        })
+        .join()
+        .expect("the thread making the browsers' network namespace")
+        .expect("a network namespace for the browsers (the browser tests need root and iproute2)");
+        Self {
+            namespace: Arc::new(namespace),
+            stopped: Arc::new(AtomicBool::new(false)),
+            listeners: Vec::new(),
+        }
+    }
+
+    /// Runs `make` on a thread inside the browsers' namespace: the sockets and processes it
+    /// makes are in that namespace.
+    fn inside<T: Send>(&self, make: impl FnOnce() -> T + Send) -> T {
+        inside(&self.namespace, make)
+    }
+
+    /// The browsers reach `address` of the host's namespace at the same address in theirs.
+    fn reach(&mut self, address: SocketAddr) {
+        let listener = self
+            .inside(|| TcpListener::bind(address))
+            .unwrap_or_else(|e| panic!("listen on {address} in the browsers' namespace: {e}"));
+        self.listeners.push((address, true));
+        relay(listener, self.stopped.clone(), move || {
+            TcpStream::connect(address)
+        });
+    }
+
+    /// An address of the host's namespace that reaches `address` of the browsers'.
+    fn expose(&mut self, address: SocketAddr) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a relay's port");
+        let exposed = listener.local_addr().expect("the relay's address");
+        self.listeners.push((exposed, false));
+        let namespace = self.namespace.clone();
+        relay(listener, self.stopped.clone(), move || {
+            inside(&namespace, || TcpStream::connect(address))
+        });
+        exposed
+    }
+}
+
+impl Drop for BrowserNetwork {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        // Each accept loop wakes on one more connection, sees the flag and ends, closing its
+        // listener.
+        for &(address, in_browsers) in &self.listeners {
+            let _ = if in_browsers {
+                self.inside(|| TcpStream::connect(address))
+            } else {
+                TcpStream::connect(address)
+            };
+        }
+    }
+}
+
+/// Runs `make` on a thread that entered `namespace` (see [`BrowserNetwork::inside`]).
+fn inside<T: Send>(namespace: &File, make: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(namespace, CloneFlags::CLONE_NEWNET)
+                    .expect("enter the browsers' network namespace");
+                make()
+            })
+            .join()
+            .expect("a thread in the browsers' network namespace")
+    })
+}
+
+/// Joins each connection to `listener` to one `connect` makes, until `stopped`.
+fn relay(
+    listener: TcpListener,
+    stopped: Arc<AtomicBool>,
+    connect: impl Fn() -> std::io::Result<TcpStream> + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        for accepted in listener.incoming() {
+            if stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            let Ok(accepted) = accepted else { continue };
+            // Refused there: closing this side tells the client so.
+            let Ok(onward) = connect() else { continue };
+            join(accepted, onward);
+        }
+    });
+}
+
+/// Copies each way between `a` and `b` until each side has said all; an end of one direction
+/// is passed on as that (a half-close), so neither side waits on the relay.
+fn join(a: TcpStream, b: TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    for (from, to) in [(a, b), (b2, a2)] {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut &from, &mut &to);
+            let _ = to.shutdown(Shutdown::Write);
+        });
+    }
+}
+
 /// Waits until `css` matches an element (the page's live updates bring it).
 pub async fn wait_for(client: &Client, css: &str, within: Duration) {
     wait_or(client, css, within, String::new).await
 }
 
 /// [`wait_for`], with `diagnose` saying what else to show when it does not come.
-///
-/// Chromium drops what it has in flight when the host's network changes, and Docker changes it
-/// whenever a dev container starts (a bridge, a veth): the page is then Chromium's own error
-/// page (ERR_NETWORK_CHANGED). The page is opened again then, as a person would reload it.
 pub async fn wait_or(
     client: &Client,
     css: &str,
@@ -140,7 +298,6 @@ pub async fn wait_or(
         if !found.is_empty() {
             return;
         }
-        reload_if_network_changed(client).await;
         if Instant::now() > deadline {
             let page = client.source().await.unwrap_or_default();
             panic!(
@@ -152,94 +309,11 @@ pub async fn wait_or(
     }
 }
 
-/// Opens the page again when Chromium shows its own error page instead (see [`wait_or`]).
-pub async fn reload_if_network_changed(client: &Client) {
-    // Chromium's error page, or a loaded live page whose script's request was dropped (the
-    // script marks the page `data-following` when it runs; deferred scripts run before the
-    // document is complete).
-    let error_page = client
-        .execute(
-            "var b = document.body; return !!(b && (b.classList.contains('neterror') || \
-             (document.readyState === 'complete' && b.hasAttribute('data-live') && \
-             !b.hasAttribute('data-following'))));",
-            Vec::new(),
-        )
-        .await
-        .ok()
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    if error_page {
-        let url = client.current_url().await.expect("the page's URL");
-        // A session's web app is opened again where it was; a dashboard page at its home.
-        let again = if url.path().starts_with("/dashboard/sessions/") {
-            url.clone()
-        } else if url.path().starts_with("/dashboard/admin") {
-            url.join("/dashboard/admin").expect("a dashboard URL")
-        } else {
-            url.join("/dashboard/").expect("a dashboard URL")
-        };
-        client
-            .goto(again.as_str())
-            .await
-            .expect("open the page again");
-    }
-}
-
-/// Opens `url`, again while Chromium shows its own error page for it instead (other tests
-/// start containers meanwhile, and Docker changing the host's network makes Chromium drop the
-/// request: `ERR_NETWORK_CHANGED`). For a page read at once; [`wait_for`] does the same while
-/// it waits.
-pub async fn open(client: &Client, url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        client.goto(url).await.expect("open the page");
-        if !shows_network_error(client).await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{url} showed Chromium's network error page for 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Whether the page is Chromium's own error page for a request it dropped.
-async fn shows_network_error(client: &Client) -> bool {
-    client
-        .execute(
-            "return !!(document.body && document.body.classList.contains('neterror'));",
-            Vec::new(),
-        )
-        .await
-        .ok()
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false)
-}
-
 /// Opens a login link and presses its button; then waits for `then` (the page the link leads
 /// to).
 pub async fn log_in(client: &Client, link: &str, then: &str) {
     client.goto(link).await.expect("open the login link");
-    // Other tests start containers meanwhile: on Chromium's network-changed page the link is
-    // opened again as it is (opening it does not spend it, the button does; the dashboard's
-    // home, where `wait_for` goes, would only say "not logged in").
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while client
-        .find_all(Locator::Css("#log-in"))
-        .await
-        .unwrap_or_default()
-        .is_empty()
-    {
-        if shows_network_error(client).await {
-            client.goto(link).await.expect("open the login link again");
-        }
-        if Instant::now() > deadline {
-            let page = client.source().await.unwrap_or_default();
-            panic!("#log-in did not appear within 30s; the page:\n{page}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(client, "#log-in", Duration::from_secs(30)).await;
     client
         .find(Locator::Css("#log-in"))
         .await

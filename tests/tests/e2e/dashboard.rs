@@ -16,10 +16,7 @@ use fantoccini::Locator;
 use ongrid_e2e::{SimGpu, Site, User};
 use serde_json::Value;
 
-use super::browser::{
-    click, fill, log_in, open, reload_if_network_changed, screenshot, text_of, wait_for, wait_or,
-    Driver,
-};
+use super::browser::{click, fill, log_in, screenshot, text_of, wait_for, wait_or, Driver};
 
 /// A Docker image the test makes (the frozen image's), removed when dropped, pass or fail.
 struct RemoveImage(String);
@@ -74,7 +71,7 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
     let shots: PathBuf = std::env::var_os("ONGRID_DASHBOARD_SCREENSHOTS")
         .map_or_else(|| site.dir.path().join("screenshots"), PathBuf::from);
     let _frozen = RemoveImage(format!("ongrid/{}/mymodel:v1", site.login_of("Alice")));
-    let driver = Driver::start();
+    let driver = Driver::start(&site);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -85,10 +82,13 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         let base = link[..link.find("/dashboard/").expect("a dashboard path")].to_owned();
         let browser = driver.browser("alice").await;
         log_in(&browser, &link, "#start-session").await;
-        open(&browser, &link).await;
+        browser.goto(&link).await.expect("open the page");
         let page = browser.source().await.expect("page");
         assert!(page.contains("used already or has expired"), "{page}");
-        open(&browser, &format!("{base}/dashboard/")).await;
+        browser
+            .goto(&format!("{base}/dashboard/"))
+            .await
+            .expect("open the page");
 
         // She starts a session and sees it running, with the ssh command.
         fill(&browser, "#new-name", "train1").await;
@@ -131,27 +131,10 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         assert_eq!(session_state(&site, &alice, "train1"), "WAITING");
 
         // Freeze it: the images table shows the freeze's progress, then the image.
-        // A form sent while Chromium sees the network change (see `wait_or`) may never reach
-        // the manager: as a person would, send it again when no freeze was recorded.
-        for attempt in 1..=3 {
-            reload_if_network_changed(&browser).await;
-            wait_for(&browser, "#freeze-session-button", Duration::from_secs(10)).await;
-            fill(&browser, "#freeze-session", "train1").await;
-            fill(&browser, "#freeze-tag", "mymodel:v1").await;
-            click(&browser, "#freeze-session-button").await;
-            let recorded = Instant::now();
-            let mut images = Vec::new();
-            while images.is_empty() && recorded.elapsed() < Duration::from_secs(5) {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                images = site
-                    .devctl_json::<Vec<Value>>(&alice, &["image", "ls"])
-                    .expect("image ls");
-            }
-            if !images.is_empty() {
-                break;
-            }
-            assert!(attempt < 3, "the freeze form never reached the manager");
-        }
+        wait_for(&browser, "#freeze-session-button", Duration::from_secs(10)).await;
+        fill(&browser, "#freeze-session", "train1").await;
+        fill(&browser, "#freeze-tag", "mymodel:v1").await;
+        click(&browser, "#freeze-session-button").await;
         let started = Instant::now();
         let mut progress_seen = Vec::new();
         let mut shot_taken = false;
@@ -194,7 +177,6 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
                 "the freeze did not finish within 5 minutes\n{}",
                 site.logs()
             );
-            reload_if_network_changed(&browser).await;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(
@@ -228,7 +210,10 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
                 found.len()
             );
         }
-        open(&bob_browser, &format!("{base}/dashboard/admin")).await;
+        bob_browser
+            .goto(&format!("{base}/dashboard/admin"))
+            .await
+            .expect("open the page");
         let page = bob_browser.source().await.expect("refusal");
         assert!(page.contains("only admins"), "{page}");
         bob_browser.close().await.expect("close Bob's browser");
@@ -237,7 +222,10 @@ fn a_user_runs_holds_releases_and_freezes_a_session_from_the_browser() {
         let admin_link = dashboard_link(&site, &admin);
         let admin_browser = driver.browser("admin").await;
         log_in(&admin_browser, &admin_link, "#start-session").await;
-        open(&admin_browser, &format!("{base}/dashboard/admin")).await;
+        admin_browser
+            .goto(&format!("{base}/dashboard/admin"))
+            .await
+            .expect("open the page");
         wait_for(
             &admin_browser,
             r#"tr[data-session="train1"]"#,

@@ -68,10 +68,6 @@ async fn open_until(client: &Client, url: &str, expected: &str) -> String {
             std::time::Instant::now() < deadline,
             "{url} did not show {expected:?}; it shows:\n{text}"
         );
-        // Chromium's page for a dropped request (Docker changed the host's network): again.
-        if text.contains("ERR_NETWORK_CHANGED") {
-            client.goto(url).await.expect("open the page again");
-        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -186,7 +182,7 @@ fn jupyterlab_of_a_session_opens_in_its_owners_browser_and_nowhere_else() {
     let events = format!("wss://{}api/events/subscribe", &jupyter["https://".len()..]);
     let bob_link = link_in(&site.devctl_ok(&bob, &["dashboard"]));
 
-    let driver = Driver::start();
+    let driver = Driver::start(&site);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

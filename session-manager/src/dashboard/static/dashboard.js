@@ -36,9 +36,6 @@
   // The server sends only what differs from what the page holds (its digest, "have", which
   // each event's id carries).
   var have = region.getAttribute("data-have") || "";
-  // Says that this script runs: a page whose script did not load (a dropped request) has no
-  // live updates until it is loaded again.
-  document.body.setAttribute("data-following", view);
   function listen() {
     var source = new EventSource(
       "/dashboard/events?view=" + encodeURIComponent(view) + "&have=" + encodeURIComponent(have)
