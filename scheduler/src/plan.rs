@@ -94,179 +94,228 @@ impl<'a> Want<'a> {
 /// request that is invalid (0 GPUs, or more than [`ongrid_core::GpuRequest::MAX_COUNT`]) is
 /// never placed.
 pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
-    let policy = &site.policy;
-    let mut index = Index::new(site, now);
-    let mut batch = Batch::new(site, &index, now);
-    let mut actions = Vec::new();
+    let mut planning = Planning::new(site, now);
+    planning.halt_overrunning_jobs();
+    planning.keep_awaited_gpus();
+    planning.batch.build_options(&planning.index);
+    // Owner groups first on the free GPUs they own: their sessions, then their jobs. A site
+    // where no GPU is owned skips both passes.
+    if planning.index.any_owned() {
+        planning.owners_sessions();
+        planning.owners_jobs();
+    }
+    planning.sessions();
+    planning.jobs();
+    planning.actions
+}
 
-    let mut running: Vec<_> = site.running_jobs.iter().collect();
-    running.sort_by_key(|job| job.id);
-    for job in running.into_iter().filter(|job| !job.halting) {
-        let reason = match job.max_duration {
-            Some(max) if reached(job.started_at, Some(max), now) => {
-                JobReason::MaxDurationReached { max }
-            }
-            _ => {
-                let group = Who::job(policy, &job.id).group;
-                let Some(reservation) = job
-                    .gpus
-                    .iter()
-                    .find_map(|gpu| policy.started_against(gpu, group, now))
-                else {
-                    continue;
-                };
-                JobReason::ReservationStarted {
-                    reservation: reservation.name.clone(),
-                    group: reservation.group.clone(),
-                }
-            }
-        };
-        batch.halting(job.id);
-        actions.push(Action::HaltJob {
-            job: job.id,
-            reason,
+/// A plan in the making: the capacity left, what was decided so far, and which requests are
+/// settled. Each phase of [`plan`] is one method, run in the order `plan` gives.
+struct Planning<'a> {
+    site: &'a SiteState,
+    now: DateTime<Utc>,
+    index: Index<'a>,
+    batch: Batch,
+    actions: Vec<Action>,
+    /// Pending sessions in `(priority, queued_at, id)` order.
+    queue: Vec<&'a PendingSession>,
+    /// By position in `queue`: sessions waiting for jobs to halt (they keep the free GPUs of
+    /// their placement) and sessions placed on their group's GPUs.
+    waiting: Vec<bool>,
+    placed: Vec<bool>,
+    /// Queued jobs in `(priority, queued_at, id)` order.
+    jobs: Vec<&'a QueuedJob>,
+    /// By position in `jobs`: jobs started on their group's GPUs.
+    started: Vec<bool>,
+    /// Running and started jobs per user's bucket.
+    in_bucket: HashMap<(&'a UserName, &'a BucketName), u32>,
+    no_room: NoRoom,
+    no_preemption: NoRoom,
+}
+
+impl<'a> Planning<'a> {
+    fn new(site: &'a SiteState, now: DateTime<Utc>) -> Self {
+        let index = Index::new(site, now);
+        let batch = Batch::new(site, &index, now);
+        let queue = in_order(&site.pending, |session| {
+            (session.priority, session.queued_at, session.id)
         });
+        let jobs = in_order(&site.queued_jobs, |job| {
+            (job.priority, job.queued_at, job.id)
+        });
+        let mut in_bucket = HashMap::new();
+        for job in &site.running_jobs {
+            if let Some(bucket) = &job.bucket {
+                *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
+            }
+        }
+        Self {
+            site,
+            now,
+            index,
+            batch,
+            actions: Vec::new(),
+            waiting: vec![false; queue.len()],
+            placed: vec![false; queue.len()],
+            queue,
+            started: vec![false; jobs.len()],
+            jobs,
+            in_bucket,
+            no_room: NoRoom::default(),
+            no_preemption: NoRoom::default(),
+        }
     }
 
-    let queue = in_order(&site.pending, |session| {
-        (session.priority, session.queued_at, session.id)
-    });
-    let still_running: HashSet<_> = site.running_jobs.iter().map(|job| job.id).collect();
-    // Sessions waiting for jobs to halt keep the free GPUs of their placement. This and
-    // `placed` are by position in `queue`.
-    let mut waiting = vec![false; queue.len()];
-    for (position, session) in queue.iter().enumerate() {
-        let Some(wait) = &session.awaiting_halt else {
-            continue;
-        };
-        let Some(node) = index.node_named(&wait.node) else {
-            continue;
-        };
-        if wait.jobs.iter().any(|job| still_running.contains(job)) {
-            batch.claim(wait);
+    /// Halts running jobs past their max duration, or on a GPU whose reservation of another
+    /// group has started.
+    fn halt_overrunning_jobs(&mut self) {
+        let site = self.site;
+        let policy = &site.policy;
+        let mut running: Vec<_> = site.running_jobs.iter().collect();
+        running.sort_by_key(|job| job.id);
+        for job in running.into_iter().filter(|job| !job.halting) {
+            let reason = match job.max_duration {
+                Some(max) if reached(job.started_at, Some(max), self.now) => {
+                    JobReason::MaxDurationReached { max }
+                }
+                _ => {
+                    let group = Who::job(policy, &job.id).group;
+                    let Some(reservation) = job
+                        .gpus
+                        .iter()
+                        .find_map(|gpu| policy.started_against(gpu, group, self.now))
+                    else {
+                        continue;
+                    };
+                    JobReason::ReservationStarted {
+                        reservation: reservation.name.clone(),
+                        group: reservation.group.clone(),
+                    }
+                }
+            };
+            self.batch.halting(job.id);
+            self.actions.push(Action::HaltJob {
+                job: job.id,
+                reason,
+            });
+        }
+    }
+
+    /// Sessions waiting for jobs to halt keep the free GPUs of their placement, and the jobs
+    /// they wait for.
+    fn keep_awaited_gpus(&mut self) {
+        let still_running: HashSet<_> = self.site.running_jobs.iter().map(|job| job.id).collect();
+        for (position, session) in self.queue.iter().enumerate() {
+            let Some(wait) = &session.awaiting_halt else {
+                continue;
+            };
+            let Some(node) = self.index.node_named(&wait.node) else {
+                continue;
+            };
+            if !wait.jobs.iter().any(|job| still_running.contains(job)) {
+                continue;
+            }
+            self.batch.claim(wait);
             for uuid in &wait.gpus {
-                if let Some(gpu) = index.gpu_numbered(uuid) {
-                    if index.node_of(gpu) == node && index.free(gpu) > 0 {
-                        index.take(node, &[gpu]);
+                if let Some(gpu) = self.index.gpu_numbered(uuid) {
+                    if self.index.node_of(gpu) == node && self.index.free(gpu) > 0 {
+                        self.index.take(node, &[gpu]);
                     }
                 }
             }
-            waiting[position] = true;
+            self.waiting[position] = true;
         }
     }
 
-    batch.build_options(&index);
-    let mut no_room = NoRoom::default();
-    let mut no_preemption = NoRoom::default();
-
-    // Owner groups first on the free GPUs they own: their sessions, then their jobs. A site
-    // where no GPU is owned skips both passes.
-    let any_owned = index.any_owned();
-    let mut placed = vec![false; queue.len()];
-    let owners_queue = if any_owned { queue.as_slice() } else { &[] };
-    for (position, session) in owners_queue.iter().enumerate() {
-        let who = Who::session(policy, &session.id);
-        if session.request.validate().is_err()
-            || waiting[position]
-            || session.awaiting_halt.is_some()
-            || !index.owns_some(&who)
-        {
-            continue;
-        }
-        let fits = index.fitting_classes(&session.request, &who);
-        let owned = index.owned_classes(&fits, &who);
-        let want = Want::session(session, owned);
-        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
-            batch.refresh(&index, &gpus);
-            placed[position] = true;
-            actions.push(Action::Place {
-                session: session.id,
-                node: index.node_name(node).clone(),
-                gpus: index.uuids(&gpus),
-            });
-        }
-    }
-    let mut in_bucket: HashMap<(&UserName, &BucketName), u32> = HashMap::new();
-    for job in &site.running_jobs {
-        if let Some(bucket) = &job.bucket {
-            *in_bucket.entry((&job.owner, bucket)).or_default() += 1;
-        }
-    }
-    let jobs = in_order(&site.queued_jobs, |job| {
-        (job.priority, job.queued_at, job.id)
-    });
-    let may_start = |job: &QueuedJob, in_bucket: &HashMap<(&UserName, &BucketName), u32>| {
-        let bucket_full = job.bucket.as_ref().is_some_and(|b| {
-            in_bucket
-                .get(&(&job.owner, &b.name))
-                .is_some_and(|&n| n >= b.max)
-        });
-        job.not_after.is_none_or(|not_after| not_after > now)
-            && job.not_before.is_none_or(|not_before| not_before <= now)
-            && job.request.validate().is_ok()
-            && !bucket_full
-    };
-    // By position in `jobs`.
-    let mut started = vec![false; jobs.len()];
-    let owners_jobs = if any_owned { jobs.as_slice() } else { &[] };
-    for (position, &job) in owners_jobs.iter().enumerate() {
-        let who = Who::job(policy, &job.id);
-        if !index.owns_some(&who) || !may_start(job, &in_bucket) {
-            continue;
-        }
-        let fits = index.fitting_classes(&job.request, &who);
-        let owned = index.owned_classes(&fits, &who);
-        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &Want::job(job, owned)) {
-            if let Some(bucket) = &job.bucket {
-                *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
+    /// Owner groups' sessions on the free GPUs their group owns.
+    fn owners_sessions(&mut self) {
+        let site = self.site;
+        let policy = &site.policy;
+        let queue = std::mem::take(&mut self.queue);
+        for (position, &session) in queue.iter().enumerate() {
+            let who = Who::session(policy, &session.id);
+            if session.request.validate().is_err()
+                || self.waiting[position]
+                || session.awaiting_halt.is_some()
+                || !self.index.owns_some(&who)
+            {
+                continue;
             }
-            batch.refresh(&index, &gpus);
-            started[position] = true;
-            actions.push(Action::StartJob {
-                job: job.id,
-                node: index.node_name(node).clone(),
-                gpus: index.uuids(&gpus),
-            });
+            let fits = self.index.fitting_classes(&session.request, &who);
+            let owned = self.index.owned_classes(&fits, &who);
+            if let Some((node, gpus)) = self.place(&Want::session(session, owned)) {
+                self.placed[position] = true;
+                self.actions.push(Action::Place {
+                    session: session.id,
+                    node: self.index.node_name(node).clone(),
+                    gpus: self.index.uuids(&gpus),
+                });
+            }
+        }
+        self.queue = queue;
+    }
+
+    /// Owner groups' jobs on the free GPUs their group owns.
+    fn owners_jobs(&mut self) {
+        let site = self.site;
+        let policy = &site.policy;
+        let jobs = std::mem::take(&mut self.jobs);
+        for (position, &job) in jobs.iter().enumerate() {
+            let who = Who::job(policy, &job.id);
+            if !self.index.owns_some(&who) || !self.may_start(job) {
+                continue;
+            }
+            let fits = self.index.fitting_classes(&job.request, &who);
+            let owned = self.index.owned_classes(&fits, &who);
+            if let Some((node, gpus)) = self.place(&Want::job(job, owned)) {
+                self.start(job, node, &gpus);
+                self.started[position] = true;
+            }
+        }
+        self.jobs = jobs;
+    }
+
+    /// The other sessions in order: each placed where it fits best, or halting batch work
+    /// that frees a place.
+    fn sessions(&mut self) {
+        let site = self.site;
+        let queue = std::mem::take(&mut self.queue);
+        for (position, &session) in queue.iter().enumerate() {
+            if session.request.validate().is_err()
+                || self.waiting[position]
+                || self.placed[position]
+            {
+                continue;
+            }
+            let who = Who::session(&site.policy, &session.id);
+            let fits = self.index.fitting_classes(&session.request, &who);
+            let want = Want::session(session, fits);
+            if let Some((node, gpus)) = self.place(&want) {
+                self.actions.push(Action::Place {
+                    session: session.id,
+                    node: self.index.node_name(node).clone(),
+                    gpus: self.index.uuids(&gpus),
+                });
+            } else {
+                self.preempt_for(session, &who, &want.fits);
+            }
         }
     }
 
-    for (position, session) in queue.into_iter().enumerate() {
-        let request = &session.request;
-        if request.validate().is_err() || waiting[position] || placed[position] {
-            continue;
-        }
-        let who = Who::session(policy, &session.id);
-        let fits = index.fitting_classes(request, &who);
-        let want = Want::session(session, fits);
-        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
-            batch.refresh(&index, &gpus);
-            actions.push(Action::Place {
-                session: session.id,
-                node: index.node_name(node).clone(),
-                gpus: index.uuids(&gpus),
-            });
-            continue;
-        }
-        let fits = want.fits;
-        let pinned = match &session.pinned_node {
-            Some(name) => match index.node_named(name) {
-                Some(node) => Some(node),
-                None => continue,
-            },
-            None => None,
+    /// Halts batch work for a session that found no free place: backfill on its group's GPUs
+    /// first, else the fewest jobs that free one. The session is placed where they run.
+    fn preempt_for(&mut self, session: &PendingSession, who: &Who<'_>, fits: &[bool]) {
+        let count = session.request.count;
+        let Some(pinned) = self.pinned(session.pinned_node.as_ref()) else {
+            return;
         };
-        // Owner work halts backfill on its group's GPUs before anything else.
         let mut found = None;
-        if let (Some(group), true) = (who.group, index.owns_some(&who)) {
-            let owned = index.owned_classes(&fits, &who);
-            found = batch
-                .preempt(
-                    &index,
-                    &owned,
-                    request.count,
-                    pinned,
-                    Halting::Backfill { group },
-                )
+        if let (Some(group), true) = (who.group, self.index.owns_some(who)) {
+            let owned = self.index.owned_classes(fits, who);
+            let backfill = Halting::Backfill { group };
+            found = self
+                .batch
+                .preempt(&self.index, &owned, count, pinned, backfill)
                 .map(|p| {
                     let reason = JobReason::ForOwnerWork {
                         group: group.to_owned(),
@@ -275,86 +324,92 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
                 });
         }
         if found.is_none() {
-            if pinned.is_none() && no_preemption.known(&fits, request.count) {
-                continue;
+            if pinned.is_none() && self.no_preemption.known(fits, count) {
+                return;
             }
-            found = batch
-                .preempt(&index, &fits, request.count, pinned, Halting::Interactive)
-                .map(|p| (p, JobReason::ForInteractiveSession { need: *request }));
+            found = self
+                .batch
+                .preempt(&self.index, fits, count, pinned, Halting::Interactive)
+                .map(|p| {
+                    (
+                        p,
+                        JobReason::ForInteractiveSession {
+                            need: session.request,
+                        },
+                    )
+                });
             if found.is_none() && pinned.is_none() {
-                no_preemption.record(&fits, request.count);
+                self.no_preemption.record(fits, count);
             }
         }
         let Some((preemption, reason)) = found else {
-            continue;
+            return;
         };
-        batch.apply(&mut index, &preemption);
+        self.batch.apply(&mut self.index, &preemption);
         for &job in &preemption.halt {
-            actions.push(Action::HaltJob {
+            self.actions.push(Action::HaltJob {
                 job,
                 reason: reason.clone(),
             });
         }
-        actions.push(Action::PlaceAfterHalt {
+        self.actions.push(Action::PlaceAfterHalt {
             session: session.id,
-            node: index.node_name(preemption.node).clone(),
-            gpus: index.uuids(&preemption.gpus),
+            node: self.index.node_name(preemption.node).clone(),
+            gpus: self.index.uuids(&preemption.gpus),
             jobs: preemption.wait_for,
         });
     }
 
-    for (position, job) in jobs.into_iter().enumerate() {
-        if started[position] {
-            continue;
-        }
-        if let Some(not_after) = job.not_after {
-            if not_after <= now {
-                actions.push(Action::CancelJob {
+    /// The other queued jobs in order: cancelled past their notAfter, started where they fit,
+    /// or, for an owner group's job, halting backfill on its group's GPUs.
+    fn jobs(&mut self) {
+        let site = self.site;
+        let jobs = std::mem::take(&mut self.jobs);
+        for (position, &job) in jobs.iter().enumerate() {
+            if self.started[position] {
+                continue;
+            }
+            if let Some(not_after) = job.not_after.filter(|&not_after| not_after <= self.now) {
+                self.actions.push(Action::CancelJob {
                     job: job.id,
                     reason: JobReason::NotStartedByNotAfter { not_after },
                 });
                 continue;
             }
-        }
-        if !may_start(job, &in_bucket) {
-            continue;
-        }
-        let who = Who::job(policy, &job.id);
-        let fits = index.fitting_classes(&job.request, &who);
-        let want = Want::job(job, fits);
-        if let Some((node, gpus)) = place_one(&mut index, &mut no_room, &want) {
-            if let Some(bucket) = &job.bucket {
-                *in_bucket.entry((&job.owner, &bucket.name)).or_default() += 1;
+            if !self.may_start(job) {
+                continue;
             }
-            batch.refresh(&index, &gpus);
-            actions.push(Action::StartJob {
-                job: job.id,
-                node: index.node_name(node).clone(),
-                gpus: index.uuids(&gpus),
-            });
-            continue;
+            let who = Who::job(&site.policy, &job.id);
+            let fits = self.index.fitting_classes(&job.request, &who);
+            let want = Want::job(job, fits);
+            if let Some((node, gpus)) = self.place(&want) {
+                self.start(job, node, &gpus);
+            } else {
+                self.halt_backfill_for(job, &who, &want.fits);
+            }
         }
-        // Jobs halt nothing, but owner work halts backfill on its group's GPUs; the job stays
-        // queued and the GPUs it waits for are kept from everyone else in this plan.
-        let Some(group) = who.group.filter(|_| index.owns_some(&who)) else {
-            continue;
+    }
+
+    /// Jobs halt nothing, but owner work halts backfill on its group's GPUs; the job stays
+    /// queued and the GPUs it waits for are kept from everyone else in this plan.
+    fn halt_backfill_for(&mut self, job: &QueuedJob, who: &Who<'_>, fits: &[bool]) {
+        let Some(group) = who.group.filter(|_| self.index.owns_some(who)) else {
+            return;
         };
-        let pinned = match &job.pinned_node {
-            Some(name) => match index.node_named(name) {
-                Some(node) => Some(node),
-                None => continue,
-            },
-            None => None,
+        let Some(pinned) = self.pinned(job.pinned_node.as_ref()) else {
+            return;
         };
-        let owned = index.owned_classes(&want.fits, &who);
+        let owned = self.index.owned_classes(fits, who);
         let backfill = Halting::Backfill { group };
-        let Some(preemption) = batch.preempt(&index, &owned, job.request.count, pinned, backfill)
+        let Some(preemption) =
+            self.batch
+                .preempt(&self.index, &owned, job.request.count, pinned, backfill)
         else {
-            continue;
+            return;
         };
-        batch.apply(&mut index, &preemption);
+        self.batch.apply(&mut self.index, &preemption);
         for &halted in &preemption.halt {
-            actions.push(Action::HaltJob {
+            self.actions.push(Action::HaltJob {
                 job: halted,
                 reason: JobReason::ForOwnerWork {
                     group: group.to_owned(),
@@ -362,7 +417,53 @@ pub fn plan(site: &SiteState, now: DateTime<Utc>) -> Vec<Action> {
             });
         }
     }
-    actions
+
+    /// The node a request is pinned to: `Some(None)` when it is not pinned, `None` when its
+    /// node is not in the site (nothing can be halted for it).
+    fn pinned(&self, name: Option<&NodeName>) -> Option<Option<usize>> {
+        match name {
+            Some(name) => self.index.node_named(name).map(Some),
+            None => Some(None),
+        }
+    }
+
+    /// Whether a queued job may start now: inside its notBefore/notAfter window, a valid
+    /// request, and room in its bucket.
+    fn may_start(&self, job: &QueuedJob) -> bool {
+        let bucket_full = job.bucket.as_ref().is_some_and(|b| {
+            self.in_bucket
+                .get(&(&job.owner, &b.name))
+                .is_some_and(|&n| n >= b.max)
+        });
+        job.not_after.is_none_or(|not_after| not_after > self.now)
+            && job
+                .not_before
+                .is_none_or(|not_before| not_before <= self.now)
+            && job.request.validate().is_ok()
+            && !bucket_full
+    }
+
+    /// Places one request in the free capacity, and tells the batch options so.
+    fn place(&mut self, want: &Want<'_>) -> Option<(usize, Vec<usize>)> {
+        let (node, gpus) = place_one(&mut self.index, &mut self.no_room, want)?;
+        self.batch.refresh(&self.index, &gpus);
+        Some((node, gpus))
+    }
+
+    /// Starts `job` on `gpus` of `node`, counting it in its bucket.
+    fn start(&mut self, job: &'a QueuedJob, node: usize, gpus: &[usize]) {
+        if let Some(bucket) = &job.bucket {
+            *self
+                .in_bucket
+                .entry((&job.owner, &bucket.name))
+                .or_default() += 1;
+        }
+        self.actions.push(Action::StartJob {
+            job: job.id,
+            node: self.index.node_name(node).clone(),
+            gpus: self.index.uuids(gpus),
+        });
+    }
 }
 
 /// `items` in `key` order, as a stable sort would put them, computing each key once.

@@ -214,15 +214,8 @@ impl Manager {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let Prepared {
-            config,
-            tls,
-            authenticator,
-            tokens,
-            gateway_token,
-            bearer,
-            agent_streams,
-        } = self.prepared;
+        let prepared = self.prepared;
+        let config = prepared.config;
         let opened = self.store;
         let store = opened.shared();
         let served = served_store::ServedStore::open(store.clone())
@@ -230,59 +223,28 @@ impl Manager {
             .context("reading the store's identity")?;
         let metrics_listener = ongrid_service::metrics::bind(config.metrics.as_ref()).await?;
         let tracker = TaskTracker::new();
-        // What the API and the hold timer notify; with PostgreSQL passed on to the leader's
-        // scheduling loop, which waits on `scheduler_wake`.
-        let wake = Arc::new(Notify::new());
-        let replicated = opened.replicated();
-        let scheduler_wake = if replicated {
-            Arc::new(Notify::new())
-        } else {
-            wake.clone()
-        };
-        let (leader, lead) = if replicated {
-            let (lead, leader) = Leader::follower();
-            (leader, Some(lead))
-        } else {
-            (Leader::sole(), None)
-        };
-        let leader = leader.unless_behind(served.behind());
-        tracker.spawn(served.clone().run(shutdown.clone()));
-        let changes = notify::Changes::new(shutdown.clone());
-        let (changes, outbox) = if replicated {
-            let (changes, outbox) = changes.with_outbox();
-            (changes, Some(outbox))
-        } else {
-            (changes, None)
-        };
-
-        let loops = leader_loops(
-            &config,
-            &store,
-            &self.clock,
-            Wakes {
-                api: wake.clone(),
-                scheduler: scheduler_wake.clone(),
-            },
-            &changes,
-            &leader,
-        );
-        let (scheduler, grid) = (loops.scheduler.clone(), loops.grid.clone());
-        let replication = Replication {
-            lead,
-            outbox,
-            scheduler_wake,
-        };
-        spawn_loops(
-            &tracker,
-            &opened,
-            loops,
+        let Wiring {
+            wake,
+            leader,
+            changes,
             replication,
-            &wake,
-            &changes,
-            &leader,
-            &served,
-            &shutdown,
-        );
+        } = Wiring::new(opened.replicated(), &served, &shutdown);
+        tracker.spawn(served.clone().run(shutdown.clone()));
+
+        let wakes = Wakes {
+            api: wake.clone(),
+            scheduler: replication.scheduler_wake.clone(),
+        };
+        let loops = leader_loops(&config, &store, &self.clock, wakes, &changes, &leader);
+        let (scheduler, grid) = (loops.scheduler.clone(), loops.grid.clone());
+        let links = Links {
+            wake: &wake,
+            changes: &changes,
+            leader: &leader,
+            served: &served,
+            shutdown: &shutdown,
+        };
+        spawn_loops(&tracker, &opened, loops, replication, &links);
         let exporter = metrics::ManagerExporter::new(store.clone())
             .with_clock(self.clock.clone())
             .with_fair_share(config.fair_share.clone(), self.clock.clone());
@@ -295,20 +257,21 @@ impl Manager {
         let state = AppState {
             store: store.clone(),
             config: Arc::new(config),
-            tokens: Arc::new(tokens),
-            gateway_token: gateway_token.map(Arc::new),
-            bearer: Arc::new(bearer),
+            tokens: Arc::new(prepared.tokens),
+            gateway_token: prepared.gateway_token.map(Arc::new),
+            bearer: Arc::new(prepared.bearer),
             clock: self.clock,
             wake,
             scheduler,
             leader,
             changes,
             grid,
-            web_apps: Arc::new(app::web_apps::WebApps::new(agent_streams)),
+            web_apps: Arc::new(app::web_apps::WebApps::new(prepared.agent_streams)),
         };
         let server = Server {
-            acceptor: TlsAcceptor::from(tls),
-            authenticator,
+            acceptor: TlsAcceptor::from(prepared.tls),
+            authenticator: prepared.authenticator,
+            // Both transports, each answer stamped with the store's identity.
             router: api::router(state.clone())
                 .merge(dashboard::router(state))
                 .layer(axum::middleware::from_fn_with_state(
@@ -325,6 +288,63 @@ impl Manager {
         tracing::info!("Stopped.");
         Ok(())
     }
+}
+
+/// How a manager's parts reach one another: what the API and the hold timer notify, whether
+/// this replica leads, the changes long-polls wait on, and what replicas of a PostgreSQL store
+/// need beside (see [`Replication`]).
+struct Wiring {
+    wake: Arc<Notify>,
+    leader: Leader,
+    changes: notify::Changes,
+    replication: Replication,
+}
+
+impl Wiring {
+    /// The sole manager of a store leads at once and its scheduling loop waits on `wake`
+    /// itself; a replica follows until it takes the lead, and what it changes goes to the
+    /// other replicas too (an outbox). Neither leads while the store is behind this binary.
+    fn new(
+        replicated: bool,
+        served: &served_store::ServedStore,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let wake = Arc::new(Notify::new());
+        let changes = notify::Changes::new(shutdown.clone());
+        if !replicated {
+            return Self {
+                wake: wake.clone(),
+                leader: Leader::sole().unless_behind(served.behind()),
+                changes,
+                replication: Replication {
+                    lead: None,
+                    outbox: None,
+                    scheduler_wake: wake,
+                },
+            };
+        }
+        let (lead, leader) = Leader::follower();
+        let (changes, outbox) = changes.with_outbox();
+        Self {
+            wake,
+            leader: leader.unless_behind(served.behind()),
+            changes,
+            replication: Replication {
+                lead: Some(lead),
+                outbox: Some(outbox),
+                scheduler_wake: Arc::new(Notify::new()),
+            },
+        }
+    }
+}
+
+/// What the loops started beside the API share with it (see [`spawn_loops`]).
+struct Links<'a> {
+    wake: &'a Arc<Notify>,
+    changes: &'a notify::Changes,
+    leader: &'a Leader,
+    served: &'a Arc<served_store::ServedStore>,
+    shutdown: &'a CancellationToken,
 }
 
 /// The two wake-ups of the scheduling loop: what the API and the hold timer notify, and what the
@@ -404,18 +424,20 @@ struct Replication {
 
 /// Starts the leader's loops: at once on the sole manager of a store; on a replica, once it
 /// leads, with the notifications between replicas.
-#[allow(clippy::too_many_arguments)]
 fn spawn_loops(
     tracker: &TaskTracker,
     opened: &OpenedStore,
     loops: LeaderLoops,
     replication: Replication,
-    wake: &Arc<Notify>,
-    changes: &notify::Changes,
-    leader: &Leader,
-    served: &Arc<served_store::ServedStore>,
-    shutdown: &CancellationToken,
+    links: &Links<'_>,
 ) {
+    let Links {
+        wake,
+        changes,
+        leader,
+        served,
+        shutdown,
+    } = *links;
     #[cfg(feature = "postgres")]
     let loops = match (opened.postgres(), replication.lead, replication.outbox) {
         (Some(postgres), Some(lead), Some(outbox)) => {
