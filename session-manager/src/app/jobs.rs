@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::job::{JobId, JobTarget, SubmitJob};
+use ongrid_core::job::{JobId, JobSpec, JobTarget, SubmitJob};
+use ongrid_core::GpuRequest;
 
 use super::caller::CurrentUser;
 use super::lookup::{frozen_image_candidates, reservation_to_use, ReservationQuery};
@@ -16,9 +17,11 @@ use super::{ApiError, AppState, Effect, Via};
 use crate::domain::grid_jobs;
 use crate::domain::idempotency::{self, IdempotencyKey};
 use crate::domain::jobs::{self, JobRecord, Submitter};
+use crate::domain::policy::limits::{Kind as LimitedKind, Request as LimitedRequest};
 use crate::domain::Refusal;
 use crate::grid_mirror::HandOverError;
 use crate::job_logs::JobLogs;
+use crate::site::SiteSnapshot;
 use crate::store::{JobRemoval, StoreError};
 
 /// Why a job was not changed, where the API and the dashboard give different advice.
@@ -101,42 +104,15 @@ pub async fn submit(
         (None, Some(_)) => None,
         _ => Some(state.inventory().await?),
     };
-    if let (Some(limits), Some(site)) = (&state.config.limits, &site) {
-        let limited = crate::domain::policy::limits::Request {
-            id: (),
-            owner: caller.user.dn.clone(),
-            group: caller.admitted.group.clone(),
-            kind: crate::domain::policy::limits::Kind::Job,
-            gpus: body.spec.gpus.count,
-            // A grid target's engine applies its own length limits: to this site's length
-            // classes, such a job is short work, which no class caps.
-            length: match grid {
-                None => Some(
-                    jobs::effective_max_duration(&body.spec, &state.config.job_limits)
-                        .as_duration(),
-                ),
-                Some(_) => Some(Duration::ZERO),
-            },
-        };
-        if let Some(refusal) = crate::scheduling::limits::refusal(Some(limits), &limited, site) {
-            return Err(ApiError::forbidden(refusal));
-        }
+    if let Some(site) = &site {
+        check_limits(state, caller, &body.spec, grid.is_some(), site)?;
     }
     let lookup = body.spec.image.clone();
     let candidates = frozen_image_candidates(state, &caller.user.dn, &lookup).await?;
     // Logged, with the caller, as every 403 is (`error::log_refusals`).
     let image = jobs::resolve_image(&lookup, &candidates, &caller.user.dn)?;
     if let (None, Some(site)) = (&grid, &site) {
-        if let Some(why) = site.never_meets(&body.spec.gpus) {
-            let elsewhere = if targets.offered().iter().any(|t| *t != JobTarget::Local) {
-                ", or `devctl job targets` for where else it may run (--to)"
-            } else {
-                ""
-            };
-            return Err(ApiError::unsatisfiable(format!(
-                "{why}; see `devctl gpus`{elsewhere}"
-            )));
-        }
+        check_the_site_could_run(state, &body.spec.gpus, site)?;
     }
     let named = body.reservation;
     let who = Submitter {
@@ -153,8 +129,7 @@ pub async fn submit(
         grid,
         now,
     )?;
-    let reservation = reservation_to_use(state, caller, named, reservation).await?;
-    if let Some(reservation) = &reservation {
+    if let Some(reservation) = reservation_to_use(state, caller, named, reservation).await? {
         if new.grid.is_some() {
             return Err(ApiError::bad_request(format!(
                 "reservation {reservation} holds GPUs of this site: a job for a grid target \
@@ -165,7 +140,7 @@ pub async fn submit(
         state
             .store
             .gpu_policy()
-            .set_chain_reservation(new.chain.initial_job, reservation)
+            .set_chain_reservation(new.chain.initial_job, &reservation)
             .await?;
     }
     let job = match state.store.create_job(new).await {
@@ -181,7 +156,68 @@ pub async fn submit(
         state.committed(&[Effect::Scheduling]);
         return Ok(job);
     }
-    // The engine's id is stored before this answer.
+    hand_over(state, job).await
+}
+
+/// The site's `[limits]` for a new job of `caller`'s (a grid target's job counts as short
+/// work: its engine applies its own length limits).
+fn check_limits(
+    state: &AppState,
+    caller: &CurrentUser,
+    spec: &JobSpec,
+    for_grid: bool,
+    site: &SiteSnapshot,
+) -> Result<(), ApiError> {
+    let Some(limits) = &state.config.limits else {
+        return Ok(());
+    };
+    let length = if for_grid {
+        Duration::ZERO
+    } else {
+        jobs::effective_max_duration(spec, &state.config.job_limits).as_duration()
+    };
+    let limited = LimitedRequest {
+        id: (),
+        owner: caller.user.dn.clone(),
+        group: caller.admitted.group.clone(),
+        kind: LimitedKind::Job,
+        gpus: spec.gpus.count,
+        length: Some(length),
+    };
+    match crate::scheduling::limits::refusal(Some(limits), &limited, site) {
+        Some(refusal) => Err(ApiError::forbidden(refusal)),
+        None => Ok(()),
+    }
+}
+
+/// A local job some GPU of the site could run one day; else what none has, and where else it
+/// may run.
+fn check_the_site_could_run(
+    state: &AppState,
+    gpus: &GpuRequest,
+    site: &SiteSnapshot,
+) -> Result<(), ApiError> {
+    let Some(why) = site.never_meets(gpus) else {
+        return Ok(());
+    };
+    let elsewhere = if state
+        .grid
+        .targets()
+        .offered()
+        .iter()
+        .any(|t| *t != JobTarget::Local)
+    {
+        ", or `devctl job targets` for where else it may run (--to)"
+    } else {
+        ""
+    };
+    Err(ApiError::unsatisfiable(format!(
+        "{why}; see `devctl gpus`{elsewhere}"
+    )))
+}
+
+/// Hands a grid target's new job to its engine; the engine's id is stored before this answers.
+async fn hand_over(state: &AppState, job: JobRecord) -> Result<JobRecord, ApiError> {
     match state.grid.hand_over(job).await {
         Ok(job) => Ok(job),
         Err(HandOverError::Refused {

@@ -244,41 +244,95 @@ pub fn mirror(
             waiting: None,
         };
     };
-    let waiting = observation.phase.waiting().map(str::to_owned);
-    let target = grid.target;
+    let seen = Seen {
+        job,
+        grid,
+        observation,
+        now,
+    };
     let state = job.state();
-    let mut changes = Vec::new();
-    let started = |changes: &mut Vec<JobChange>| {
-        changes.push(JobChange {
-            to: JobState::Running,
-            at: now,
-            reason: JobReason::TargetStarted {
-                target,
-                engine_id: observation.engine_id.to_string(),
-                hosts: observation.hosts.clone(),
-            },
-            place: None,
-            exit_code: None,
-        })
-    };
-    let ended = |to, reason, exit_code| JobChange {
-        to,
-        at: now,
-        reason,
-        place: None,
-        exit_code,
-    };
     // The engine re-queued it (a checkpoint exit, 85): this job is HALTED and the chain goes on
     // as a new job under the same engine id.
     if observation.restarts > grid.engine_restarts && !state.is_final() {
-        if state == JobState::Queued {
-            started(&mut changes);
+        return seen.requeued(limits);
+    }
+    let mut changes = Vec::new();
+    if state == JobState::Queued && !matches!(observation.phase, Phase::Pending { .. }) {
+        changes.push(seen.started());
+    }
+    let mut next = None;
+    if let Some(end) = seen.end(if state == JobState::Queued {
+        JobState::Running
+    } else {
+        state
+    }) {
+        // A restartable job HALTED at ongrid's request (or an exit 85 the engine did not
+        // re-queue) goes on as the local target's jobs do: a new QUEUED job, handed to the
+        // engine anew. A job the engine stopped at its time limit (its SIGUSR1 `halt_lead`
+        // before, then the limit) has used the chain's max duration.
+        let asked = matches!(state, JobState::MustHalt | JobState::Halting)
+            && observation.phase != Phase::TimeLimit;
+        if asked || end.reason == JobReason::CheckpointExit {
+            next = next_in_chain(&as_started(job, &changes), &end, next_id, limits);
         }
-        let change = ended(
+        changes.push(end);
+    }
+    // A job that never ran here ends only through the states above; one that ended here
+    // (cancelled by its owner) just learns the engine is done.
+    Mirror {
+        changes,
+        next,
+        engine_final: observation.phase.is_final() && !observation.held,
+        waiting: observation.phase.waiting().map(str::to_owned),
+    }
+}
+
+/// A job of a grid target and what its engine said of it, at `now`: the pieces of [`mirror`].
+struct Seen<'a> {
+    job: &'a JobRecord,
+    grid: &'a GridJob,
+    observation: &'a Observation,
+    now: DateTime<Utc>,
+}
+
+impl Seen<'_> {
+    /// QUEUED → RUNNING: the engine started it.
+    fn started(&self) -> JobChange {
+        self.change(
+            JobState::Running,
+            JobReason::TargetStarted {
+                target: self.grid.target,
+                engine_id: self.observation.engine_id.to_string(),
+                hosts: self.observation.hosts.clone(),
+            },
+            None,
+        )
+    }
+
+    fn change(&self, to: JobState, reason: JobReason, exit_code: Option<i32>) -> JobChange {
+        JobChange {
+            to,
+            at: self.now,
+            reason,
+            place: None,
+            exit_code,
+        }
+    }
+
+    /// The engine re-queued the job: it ends HALTED (started first if it was still QUEUED), and
+    /// the next job of its chain runs under the same engine id.
+    fn requeued(&self, limits: &JobLimits) -> Mirror {
+        let (job, grid, now) = (self.job, self.grid, self.now);
+        let mut changes = Vec::new();
+        if job.state() == JobState::Queued {
+            changes.push(self.started());
+        }
+        let change = self.change(
             JobState::Halted,
             JobReason::CheckpointExit,
             Some(ongrid_core::job::CHECKPOINT_EXIT_CODE),
         );
+        let waiting = self.observation.phase.waiting().map(str::to_owned);
         let next = next_in_chain(
             &as_started(job, &changes),
             &change,
@@ -287,10 +341,10 @@ pub fn mirror(
         )
         .map(|mut next| {
             next.grid = Some(GridJob {
-                engine_id: Some(observation.engine_id.clone()),
+                engine_id: Some(self.observation.engine_id.clone()),
                 submit_started_at: Some(now),
                 engine_restarts: grid.engine_restarts + 1,
-                engine_state: Some(observation.raw.clone()),
+                engine_state: Some(self.observation.raw.clone()),
                 engine_waiting: waiting.clone(),
                 polled_at: Some(now),
                 engine_final: false,
@@ -300,99 +354,52 @@ pub fn mirror(
         });
         changes.push(change);
         // The engine's job goes on, followed by the next job: this one's run is over.
-        return Mirror {
+        Mirror {
             changes,
             next,
             engine_final: true,
             waiting,
+        }
+    }
+
+    /// How the engine's phase ends the job, `current` being its state here (RUNNING once
+    /// started): `None` while it runs or waits, or when the end is already known here.
+    fn end(&self, current: JobState) -> Option<JobChange> {
+        let target = self.grid.target;
+        let by_engine = |to, message: &str| {
+            let reason = JobReason::TargetEnded {
+                target,
+                message: message.to_owned(),
+            };
+            self.change(to, reason, None)
         };
-    }
-    let mut next = None;
-    match &observation.phase {
-        Phase::Pending { .. } => {}
-        Phase::Running => {
-            if state == JobState::Queued {
-                started(&mut changes);
-            }
-        }
-        phase => {
-            if state == JobState::Queued {
-                started(&mut changes);
-            }
-            let current = if state == JobState::Queued {
-                JobState::Running
-            } else {
-                state
-            };
-            let end = match phase {
-                Phase::Exited { code } => current
-                    .after_exit(*code)
-                    .map(|(to, reason)| ended(to, reason, Some(*code))),
-                Phase::TimeLimit if current.holds_gpus() => Some(match job.max_duration {
-                    Some(max) => ended(
-                        JobState::Halted,
-                        JobReason::MaxDurationReached { max },
-                        None,
-                    ),
-                    None => ended(
-                        JobState::Halted,
-                        JobReason::TargetEnded {
-                            target,
-                            message: "reached its time limit".to_owned(),
-                        },
-                        None,
-                    ),
-                }),
-                Phase::Halted { message } if current.holds_gpus() => Some(ended(
+        match &self.observation.phase {
+            Phase::Pending { .. } | Phase::Running => None,
+            Phase::Exited { code } => current
+                .after_exit(*code)
+                .map(|(to, reason)| self.change(to, reason, Some(*code))),
+            Phase::TimeLimit if current.holds_gpus() => Some(match self.job.max_duration {
+                Some(max) => self.change(
                     JobState::Halted,
-                    JobReason::TargetEnded {
-                        target,
-                        message: message.clone(),
-                    },
+                    JobReason::MaxDurationReached { max },
                     None,
-                )),
-                Phase::Cancelled { .. } if current == JobState::Halting => {
-                    Some(ended(JobState::Halted, JobReason::IgnoredHaltSignal, None))
-                }
-                Phase::Cancelled { message } if current.holds_gpus() => Some(ended(
-                    JobState::Cancelled,
-                    JobReason::TargetEnded {
-                        target,
-                        message: message.clone(),
-                    },
-                    None,
-                )),
-                Phase::Failed { message } if current.holds_gpus() => Some(ended(
-                    JobState::Failed,
-                    JobReason::TargetEnded {
-                        target,
-                        message: message.clone(),
-                    },
-                    None,
-                )),
-                _ => None,
-            };
-            if let Some(end) = end {
-                // A restartable job HALTED at ongrid's request (or an exit 85 the engine did not
-                // re-queue) goes on as the local target's jobs do: a new QUEUED job, handed to
-                // the engine anew. A job the engine stopped at its time limit (its SIGUSR1
-                // `halt_lead` before, then the limit) has used the chain's max duration.
-                let asked = matches!(current, JobState::MustHalt | JobState::Halting)
-                    && *phase != Phase::TimeLimit;
-                if asked || end.reason == JobReason::CheckpointExit {
-                    next = next_in_chain(&as_started(job, &changes), &end, next_id, limits);
-                }
-                changes.push(end);
+                ),
+                None => by_engine(JobState::Halted, "reached its time limit"),
+            }),
+            Phase::Halted { message } if current.holds_gpus() => {
+                Some(by_engine(JobState::Halted, message))
             }
+            Phase::Cancelled { .. } if current == JobState::Halting => {
+                Some(self.change(JobState::Halted, JobReason::IgnoredHaltSignal, None))
+            }
+            Phase::Cancelled { message } if current.holds_gpus() => {
+                Some(by_engine(JobState::Cancelled, message))
+            }
+            Phase::Failed { message } if current.holds_gpus() => {
+                Some(by_engine(JobState::Failed, message))
+            }
+            _ => None,
         }
-    }
-    // A job that never ran here ends only through the states above; one that ended here
-    // (cancelled by its owner) just learns the engine is done.
-    Mirror {
-        changes,
-        next,
-        engine_final: observation.phase.is_final() && !observation.held,
-        waiting,
     }
 }
 

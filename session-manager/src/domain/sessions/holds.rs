@@ -262,122 +262,150 @@ pub fn evaluate(
             last_activity: None,
         };
     }
-    let ready = facts.ready();
-    let grace_end = ready + delta(config.startup_grace);
-    let keep = facts.keep_until.filter(|&k| k > ready);
-    let mut candidates = Vec::new();
-
-    if let (Some(end), Some(first)) = (facts.max_end_at(config), facts.first_started_at) {
-        candidates.push(Planned {
-            hold: PlannedHold {
-                at: end,
-                reason: HoldReason::MaxDuration,
-            },
-            details: format!(
-                "the session reached its maximum lifetime of {} (first started \
-                 at {})",
-                human(facts.max_duration(config)),
-                utc(first)
-            ),
-            kept_alive_by: None,
-        });
-    }
-
+    let mut candidates: Vec<Planned> = max_duration_hold(facts, config).into_iter().collect();
     let live = facts.live_connections(config, now);
-    let kept_alive_by;
     let mut last_activity = None;
-    if live > 0 && config.open_connection_keeps_alive {
-        kept_alive_by = Some(SignalKind::Connection);
-    } else if facts.state == SessionState::Waiting && live == 0 {
-        let deadline = ready + delta(config.connect_deadline);
-        let mut at = deadline.max(grace_end);
-        let mut by = None;
-        if let Some(keep) = keep.filter(|&k| k > at) {
-            at = keep;
-            by = Some(SignalKind::Keep);
-        }
-        candidates.push(Planned {
-            hold: PlannedHold {
-                at,
-                reason: HoldReason::NoConnection,
-            },
-            details: format!(
-                "nobody connected within {} of the session becoming ready at {}",
-                HumanDuration(config.connect_deadline),
-                utc(ready)
-            ),
-            kept_alive_by: by,
-        });
-        kept_alive_by = by.filter(|_| at > now);
+    let kept_alive_by = if live > 0 && config.open_connection_keeps_alive {
+        Some(SignalKind::Connection)
     } else {
-        let idle = facts.idle_timeout(config);
-        // An open connection is no activity of its own (unless the site says so): only its
-        // close, and what the client sends, count.
-        let connection = if config.open_connection_keeps_alive {
-            facts.last_connection()
+        let planned = if facts.state == SessionState::Waiting && live == 0 {
+            no_connection_hold(facts, config)
         } else {
-            facts.last_close_at
+            let (planned, last) = idle_hold(facts, config, live);
+            last_activity = Some(last);
+            planned
         };
-        let signals = [
-            (SignalKind::Connection, connection),
-            (SignalKind::SshTraffic, facts.last_traffic_at),
-            (SignalKind::Cpu, facts.cpu.active_at),
-            (SignalKind::Gpu, facts.gpu.active_at),
-        ];
-        let mut last = ready;
-        let mut by = None;
-        for (kind, seen) in signals {
-            if let Some(seen) = seen.filter(|&s| s > last) {
-                last = seen;
-                by = Some(kind);
-            }
-        }
-        last_activity = Some(last);
-        let mut at = last + idle;
-        if grace_end > at {
-            at = grace_end;
-            by = None;
-        }
-        if let Some(keep) = keep.filter(|&k| k > at) {
-            at = keep;
-            by = Some(SignalKind::Keep);
-        }
-        let since = match by {
-            Some(SignalKind::Keep) => format!("the keep-alive ended at {}", utc(at)),
-            _ => format!("last activity at {}", utc(last)),
-        };
-        candidates.push(Planned {
-            hold: PlannedHold {
-                at,
-                reason: HoldReason::Idle,
-            },
-            details: if live > 0 {
-                format!(
-                    "connected but no activity (SSH input, CPU at or above {}%, GPU at or \
-                     above {}%) for {}; {since}",
-                    config.thresholds.cpu_percent,
-                    config.thresholds.gpu_percent,
-                    human(idle)
-                )
-            } else {
-                format!(
-                    "no SSH connection and no activity (SSH traffic, CPU at or above {}%, GPU \
-                     at or above {}%) for {}; {since}",
-                    config.thresholds.cpu_percent,
-                    config.thresholds.gpu_percent,
-                    human(idle)
-                )
-            },
-            kept_alive_by: by,
-        });
-        kept_alive_by = by.filter(|_| at > now);
-    }
+        let by = planned.kept_alive_by.filter(|_| planned.hold.at > now);
+        candidates.push(planned);
+        by
+    };
     let next = candidates.into_iter().min_by_key(|p| p.hold.at);
     Evaluation {
         next,
         kept_alive_by,
         last_activity,
     }
+}
+
+/// The hold at the end of the session's maximum lifetime, once it has started.
+fn max_duration_hold(facts: &LifecycleFacts, config: &LifecycleConfig) -> Option<Planned> {
+    let (end, first) = (facts.max_end_at(config)?, facts.first_started_at?);
+    Some(Planned {
+        hold: PlannedHold {
+            at: end,
+            reason: HoldReason::MaxDuration,
+        },
+        details: format!(
+            "the session reached its maximum lifetime of {} (first started at {})",
+            human(facts.max_duration(config)),
+            utc(first)
+        ),
+        kept_alive_by: None,
+    })
+}
+
+/// The end of the startup grace, and a keep-alive the owner asked for after the session
+/// became ready.
+fn grace_and_keep(
+    facts: &LifecycleFacts,
+    config: &LifecycleConfig,
+) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
+    let ready = facts.ready();
+    let keep = facts.keep_until.filter(|&k| k > ready);
+    (ready + delta(config.startup_grace), keep)
+}
+
+/// The hold of a session nobody connected to within the connect deadline (not before the
+/// startup grace ends, nor before a keep-alive does).
+fn no_connection_hold(facts: &LifecycleFacts, config: &LifecycleConfig) -> Planned {
+    let ready = facts.ready();
+    let (grace_end, keep) = grace_and_keep(facts, config);
+    let mut at = (ready + delta(config.connect_deadline)).max(grace_end);
+    let mut by = None;
+    if let Some(keep) = keep.filter(|&k| k > at) {
+        at = keep;
+        by = Some(SignalKind::Keep);
+    }
+    Planned {
+        hold: PlannedHold {
+            at,
+            reason: HoldReason::NoConnection,
+        },
+        details: format!(
+            "nobody connected within {} of the session becoming ready at {}",
+            HumanDuration(config.connect_deadline),
+            utc(ready)
+        ),
+        kept_alive_by: by,
+    }
+}
+
+/// The idle hold: the idle timeout after the last sign of use (not before the startup grace
+/// ends, nor before a keep-alive does); and when that last sign was.
+fn idle_hold(
+    facts: &LifecycleFacts,
+    config: &LifecycleConfig,
+    live: usize,
+) -> (Planned, DateTime<Utc>) {
+    let idle = facts.idle_timeout(config);
+    let (grace_end, keep) = grace_and_keep(facts, config);
+    // An open connection is no activity of its own (unless the site says so): only its
+    // close, and what the client sends, count.
+    let connection = if config.open_connection_keeps_alive {
+        facts.last_connection()
+    } else {
+        facts.last_close_at
+    };
+    let signals = [
+        (SignalKind::Connection, connection),
+        (SignalKind::SshTraffic, facts.last_traffic_at),
+        (SignalKind::Cpu, facts.cpu.active_at),
+        (SignalKind::Gpu, facts.gpu.active_at),
+    ];
+    let mut last = facts.ready();
+    let mut by = None;
+    for (kind, seen) in signals {
+        if let Some(seen) = seen.filter(|&s| s > last) {
+            last = seen;
+            by = Some(kind);
+        }
+    }
+    let mut at = last + idle;
+    if grace_end > at {
+        at = grace_end;
+        by = None;
+    }
+    if let Some(keep) = keep.filter(|&k| k > at) {
+        at = keep;
+        by = Some(SignalKind::Keep);
+    }
+    let since = match by {
+        Some(SignalKind::Keep) => format!("the keep-alive ended at {}", utc(at)),
+        _ => format!("last activity at {}", utc(last)),
+    };
+    let (cpu, gpu) = (config.thresholds.cpu_percent, config.thresholds.gpu_percent);
+    let details = if live > 0 {
+        format!(
+            "connected but no activity (SSH input, CPU at or above {cpu}%, GPU at or above \
+             {gpu}%) for {}; {since}",
+            human(idle)
+        )
+    } else {
+        format!(
+            "no SSH connection and no activity (SSH traffic, CPU at or above {cpu}%, GPU at \
+             or above {gpu}%) for {}; {since}",
+            human(idle)
+        )
+    };
+    let planned = Planned {
+        hold: PlannedHold {
+            at,
+            reason: HoldReason::Idle,
+        },
+        details,
+        kept_alive_by: by,
+    };
+    (planned, last)
 }
 
 /// The hold due at `now`, if any: the change that holds the session, and why.
