@@ -202,45 +202,11 @@ impl TokenVerifier {
         }
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
-        let unverified: UnverifiedIssuer = jsonwebtoken::dangerous::insecure_decode_claims(token)
-            .map_err(|e| TokenError::Malformed(e.to_string()))?;
-        let iss = unverified
-            .iss
-            .ok_or_else(|| TokenError::MissingClaim("iss".to_owned()))?;
-        let (issuer, keys) = self
-            .issuers
-            .iter()
-            .find(|(issuer, _)| issuer.issuer == iss)
-            .ok_or_else(|| {
-                let names: Vec<&str> = self
-                    .issuers
-                    .iter()
-                    .map(|(issuer, _)| issuer.issuer.as_str())
-                    .collect();
-                TokenError::UnknownIssuer(iss.clone(), names.join(", "))
-            })?;
+        let (issuer, keys) = self.issuer_of(token)?;
         if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
             return Err(TokenError::Algorithm(format!("{:?}", header.alg)));
         }
-        let jwk = keys
-            .key(header.kid.as_deref())
-            .await
-            .map_err(|cause| TokenError::Key {
-                issuer: issuer.issuer.clone(),
-                cause,
-            })?;
-        // A key published for one algorithm signs nothing else.
-        if jwk
-            .common
-            .key_algorithm
-            .is_some_and(|alg| alg != KeyAlgorithm::from(header.alg))
-        {
-            return Err(TokenError::Signature(issuer.issuer.clone()));
-        }
-        let key = DecodingKey::from_jwk(&jwk).map_err(|e| TokenError::Key {
-            issuer: issuer.issuer.clone(),
-            cause: KeyError::Unavailable(format!("its key cannot be used: {e}")),
-        })?;
+        let key = decoding_key(issuer, keys, &header).await?;
         let mut validation = Validation::new(header.alg);
         // Times are checked below against the manager's clock, with its messages.
         validation.validate_exp = false;
@@ -252,38 +218,13 @@ impl TokenVerifier {
             Ok(data) => data.claims,
             Err(error) => return Err(refusal(error.into_kind(), issuer, token)),
         };
-        let skew = chrono::Duration::from_std(SKEW).unwrap_or_default();
         let subject = claims
             .sub
+            .clone()
             .filter(|sub| !sub.is_empty())
             .ok_or_else(|| TokenError::MissingClaim("sub".to_owned()))?;
-        let exp = claims
-            .exp
-            .ok_or_else(|| TokenError::MissingClaim("exp".to_owned()))?;
-        let expires_at = timestamp(exp, "exp")?;
-        if now >= expires_at + skew {
-            return Err(TokenError::Expired(expires_at, ago(now - expires_at)));
-        }
-        if let Some(nbf) = claims.nbf {
-            let not_before = timestamp(nbf, "nbf")?;
-            if not_before > now + skew {
-                return Err(TokenError::NotYetValid(not_before));
-            }
-        }
-        if let Some(iat) = claims.iat {
-            let issued_at = timestamp(iat, "iat")?;
-            if issued_at > now + skew {
-                return Err(TokenError::NotYetValid(issued_at));
-            }
-        }
-        let wlcg = claims.wlcg_ver.as_deref() == Some("1.0");
-        let scitoken = claims
-            .ver
-            .as_deref()
-            .is_some_and(|ver| ver == "scitoken:2.0" || ver == "scitokens:2.0");
-        if !wlcg && !scitoken {
-            return Err(TokenError::Profile);
-        }
+        let expires_at = check_times(&claims, now)?;
+        check_profile(&claims)?;
         let scopes = claims
             .scope
             .as_deref()
@@ -301,6 +242,93 @@ impl TokenVerifier {
             expires_at,
             key_lifetime: issuer.key_lifetime,
         })
+    }
+
+    /// The trusted issuer `token` says it comes from (its `iss`, read before any check), and
+    /// that issuer's keys.
+    fn issuer_of(&self, token: &str) -> Result<(&TokenIssuer, &IssuerKeys), TokenError> {
+        let unverified: UnverifiedIssuer = jsonwebtoken::dangerous::insecure_decode_claims(token)
+            .map_err(|e| TokenError::Malformed(e.to_string()))?;
+        let iss = unverified
+            .iss
+            .ok_or_else(|| TokenError::MissingClaim("iss".to_owned()))?;
+        let found = self.issuers.iter().find(|(issuer, _)| issuer.issuer == iss);
+        let Some((issuer, keys)) = found else {
+            let names: Vec<&str> = self
+                .issuers
+                .iter()
+                .map(|(issuer, _)| issuer.issuer.as_str())
+                .collect();
+            return Err(TokenError::UnknownIssuer(iss, names.join(", ")));
+        };
+        Ok((issuer, keys))
+    }
+}
+
+/// The issuer's key the header names, usable for the header's algorithm only.
+async fn decoding_key(
+    issuer: &TokenIssuer,
+    keys: &IssuerKeys,
+    header: &jsonwebtoken::Header,
+) -> Result<DecodingKey, TokenError> {
+    let jwk = keys
+        .key(header.kid.as_deref())
+        .await
+        .map_err(|cause| TokenError::Key {
+            issuer: issuer.issuer.clone(),
+            cause,
+        })?;
+    // A key published for one algorithm signs nothing else.
+    if jwk
+        .common
+        .key_algorithm
+        .is_some_and(|alg| alg != KeyAlgorithm::from(header.alg))
+    {
+        return Err(TokenError::Signature(issuer.issuer.clone()));
+    }
+    DecodingKey::from_jwk(&jwk).map_err(|e| TokenError::Key {
+        issuer: issuer.issuer.clone(),
+        cause: KeyError::Unavailable(format!("its key cannot be used: {e}")),
+    })
+}
+
+/// The token's times against the manager's clock, with [`SKEW`] either way: not expired, not
+/// before its `nbf`, not issued in the future. Answers when it expires.
+fn check_times(claims: &Claims, now: DateTime<Utc>) -> Result<DateTime<Utc>, TokenError> {
+    let skew = chrono::Duration::from_std(SKEW).unwrap_or_default();
+    let exp = claims
+        .exp
+        .ok_or_else(|| TokenError::MissingClaim("exp".to_owned()))?;
+    let expires_at = timestamp(exp, "exp")?;
+    if now >= expires_at + skew {
+        return Err(TokenError::Expired(expires_at, ago(now - expires_at)));
+    }
+    if let Some(nbf) = claims.nbf {
+        let not_before = timestamp(nbf, "nbf")?;
+        if not_before > now + skew {
+            return Err(TokenError::NotYetValid(not_before));
+        }
+    }
+    if let Some(iat) = claims.iat {
+        let issued_at = timestamp(iat, "iat")?;
+        if issued_at > now + skew {
+            return Err(TokenError::NotYetValid(issued_at));
+        }
+    }
+    Ok(expires_at)
+}
+
+/// A WLCG (`wlcg.ver` 1.0) or SciTokens (`ver` scitoken:2.0) token; any other is refused.
+fn check_profile(claims: &Claims) -> Result<(), TokenError> {
+    let wlcg = claims.wlcg_ver.as_deref() == Some("1.0");
+    let scitoken = claims
+        .ver
+        .as_deref()
+        .is_some_and(|ver| ver == "scitoken:2.0" || ver == "scitokens:2.0");
+    if wlcg || scitoken {
+        Ok(())
+    } else {
+        Err(TokenError::Profile)
     }
 }
 
