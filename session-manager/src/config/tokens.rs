@@ -109,6 +109,21 @@ fn token_issuer(
     key: &dyn Fn(&str) -> String,
     default_ca_file: fn() -> Option<PathBuf>,
 ) -> Result<TokenIssuer, (String, String)> {
+    Ok(TokenIssuer {
+        name: issuer_name(raw, key)?,
+        issuer: issuer_url(raw, key)?,
+        audiences: audiences(raw, key)?,
+        keys: key_source(raw, key, default_ca_file)?,
+        vos: vos(raw, key)?,
+        key_lifetime: key_lifetime(raw, key)?,
+    })
+}
+
+/// `name`: 1 to 32 lower-case letters, digits or '-'.
+fn issuer_name(
+    raw: &RawTokenIssuer,
+    key: &dyn Fn(&str) -> String,
+) -> Result<String, (String, String)> {
     let name = raw.name.trim();
     if name.is_empty()
         || name.len() > 32
@@ -124,6 +139,14 @@ fn token_issuer(
             ),
         ));
     }
+    Ok(name.to_owned())
+}
+
+/// `issuer`: the issuer's https URL, as its tokens' `iss` says.
+fn issuer_url(
+    raw: &RawTokenIssuer,
+    key: &dyn Fn(&str) -> String,
+) -> Result<String, (String, String)> {
     let issuer = raw.issuer.trim();
     if !issuer.starts_with("https://") || issuer.len() <= "https://".len() {
         return Err((
@@ -134,6 +157,15 @@ fn token_issuer(
             ),
         ));
     }
+    Ok(issuer.to_owned())
+}
+
+/// `audience`, each once, with the WLCG profile's "any" audience when `any_audience`; at
+/// least one.
+fn audiences(
+    raw: &RawTokenIssuer,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Vec<String>, (String, String)> {
     let mut audiences: Vec<String> = Vec::new();
     for audience in &raw.audience {
         let audience = audience.trim();
@@ -156,6 +188,16 @@ fn token_issuer(
                 .to_owned(),
         ));
     }
+    Ok(audiences)
+}
+
+/// Where the issuer's keys come from: `jwks_file`, or the issuer's discovery with `ca_file`
+/// (the system's CA bundle when not set).
+fn key_source(
+    raw: &RawTokenIssuer,
+    key: &dyn Fn(&str) -> String,
+    default_ca_file: fn() -> Option<PathBuf>,
+) -> Result<KeySource, (String, String)> {
     let keys = match (&raw.jwks_file, &raw.ca_file) {
         (Some(file), _) if file.as_os_str().is_empty() => {
             return Err((
@@ -188,6 +230,14 @@ fn token_issuer(
             })?,
         },
     };
+    Ok(keys)
+}
+
+/// `vos`: VO names (a leading '/' allowed), no group path.
+fn vos(
+    raw: &RawTokenIssuer,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Vec<String>, (String, String)> {
     let mut vos = Vec::new();
     for vo in &raw.vos {
         let vo = vo.trim().trim_start_matches('/');
@@ -199,8 +249,15 @@ fn token_issuer(
         }
         vos.push(vo.to_owned());
     }
-    let key_lifetime = raw
-        .key_lifetime
+    Ok(vos)
+}
+
+/// `key_lifetime`: more than 0 and at most 14 days, when set.
+fn key_lifetime(
+    raw: &RawTokenIssuer,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<Duration>, (String, String)> {
+    raw.key_lifetime
         .as_deref()
         .map(|text| {
             let lifetime = HumanDuration::parse(text)
@@ -214,15 +271,7 @@ fn token_issuer(
             }
             Ok(lifetime)
         })
-        .transpose()?;
-    Ok(TokenIssuer {
-        name: name.to_owned(),
-        issuer: issuer.to_owned(),
-        audiences,
-        keys,
-        vos,
-        key_lifetime,
-    })
+        .transpose()
 }
 
 fn system_ca_bundle() -> Option<PathBuf> {
