@@ -198,7 +198,7 @@ fn key_source(
     key: &dyn Fn(&str) -> String,
     default_ca_file: fn() -> Option<PathBuf>,
 ) -> Result<KeySource, (String, String)> {
-    let keys = match (&raw.jwks_file, &raw.ca_file) {
+    Ok(match (&raw.jwks_file, &raw.ca_file) {
         (Some(file), _) if file.as_os_str().is_empty() => {
             return Err((
                 key("jwks_file"),
@@ -229,8 +229,7 @@ fn key_source(
                 )
             })?,
         },
-    };
-    Ok(keys)
+    })
 }
 
 /// `vos`: VO names (a leading '/' allowed), no group path.

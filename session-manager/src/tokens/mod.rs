@@ -214,13 +214,13 @@ impl TokenVerifier {
         validation.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
         validation.set_issuer(&[&issuer.issuer]);
         validation.set_audience(&issuer.audiences);
-        let claims = match jsonwebtoken::decode::<Claims>(token, &key, &validation) {
+        let mut claims = match jsonwebtoken::decode::<Claims>(token, &key, &validation) {
             Ok(data) => data.claims,
             Err(error) => return Err(refusal(error.into_kind(), issuer, token)),
         };
         let subject = claims
             .sub
-            .clone()
+            .take()
             .filter(|sub| !sub.is_empty())
             .ok_or_else(|| TokenError::MissingClaim("sub".to_owned()))?;
         let expires_at = check_times(&claims, now)?;

@@ -53,16 +53,15 @@ impl Driver {
             .prefix("ongrid-e2e-chromium-")
             .tempdir()
             .expect("profile directory");
-        let mut child = network
-            .inside(|| {
-                Command::new("chromedriver")
-                    .arg("--port=0")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .process_group(0)
-                    .spawn()
-            })
-            .expect("chromedriver must be installed (Debian: chromium-driver)");
+        let mut child = inside(&network.namespace, || {
+            Command::new("chromedriver")
+                .arg("--port=0")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+        })
+        .expect("chromedriver must be installed (Debian: chromium-driver)");
         let stdout = child.stdout.take().expect("chromedriver's stdout");
         let mut lines = BufReader::new(stdout).lines();
         let port = loop {
@@ -188,16 +187,9 @@ impl BrowserNetwork {
         }
     }
 
-    /// Runs `make` on a thread inside the browsers' namespace: the sockets and processes it
-    /// makes are in that namespace.
-    fn inside<T: Send>(&self, make: impl FnOnce() -> T + Send) -> T {
-        inside(&self.namespace, make)
-    }
-
     /// The browsers reach `address` of the host's namespace at the same address in theirs.
     fn reach(&mut self, address: SocketAddr) {
-        let listener = self
-            .inside(|| TcpListener::bind(address))
+        let listener = inside(&self.namespace, || TcpListener::bind(address))
             .unwrap_or_else(|e| panic!("listen on {address} in the browsers' namespace: {e}"));
         self.listeners.push((address, true));
         relay(listener, self.stopped.clone(), move || {
@@ -225,7 +217,7 @@ impl Drop for BrowserNetwork {
         // listener.
         for &(address, in_browsers) in &self.listeners {
             let _ = if in_browsers {
-                self.inside(|| TcpStream::connect(address))
+                inside(&self.namespace, || TcpStream::connect(address))
             } else {
                 TcpStream::connect(address)
             };
@@ -233,7 +225,8 @@ impl Drop for BrowserNetwork {
     }
 }
 
-/// Runs `make` on a thread that entered `namespace` (see [`BrowserNetwork::inside`]).
+/// Runs `make` on a thread that entered `namespace`: the sockets and processes it makes are in
+/// that namespace.
 fn inside<T: Send>(namespace: &File, make: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|scope| {
         scope
