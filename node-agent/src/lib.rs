@@ -12,6 +12,7 @@
 //! - [`manager_client`]: HTTPS to the manager (register, sync).
 //! - [`metrics`]: `/metrics` (container operations, freezes, GPU discoveries) and `/healthz`.
 //! - [`streams`]: the SSH gateway's stream endpoint (shells, commands, sftp, port forwarding).
+//! - [`sync_times`]: how long each phase of a sync took; a slow sync names its slowest.
 //! - [`gpu_check`]: `ongrid-agent gpus`, `mig` and `gpu-container`, the agent's GPU code run once
 //!   from a shell for `scripts/gpu-check.sh`; not part of the running agent.
 //!
@@ -39,6 +40,7 @@ pub mod removed_images;
 pub mod runtime;
 pub mod storage;
 pub mod streams;
+pub mod sync_times;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,6 +67,7 @@ use crate::runtime::direct::DirectExec;
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::{error_chain, ContainerRuntime, DaemonInfo, GpuAccess};
 use crate::streams::StreamServer;
+use crate::sync_times::{Phase, SyncTimes};
 
 /// How long open streams may take to end once the agent stops.
 const STREAMS_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -428,6 +431,7 @@ impl Agent {
         state: &mut LoopState,
         shutdown: &CancellationToken,
     ) -> Duration {
+        let mut times = SyncTimes::start();
         let gpus = match self.gpus.discover().await {
             Ok(gpus) => {
                 if state.gpu_outage.succeeded() > 0 {
@@ -447,6 +451,7 @@ impl Agent {
                 inventory(&state.last_gpus)
             }
         };
+        times.ended(Phase::Gpus);
         let containers = match reconciler.observe().await {
             Ok(containers) => {
                 if state.docker_outage.succeeded() > 0 {
@@ -466,6 +471,7 @@ impl Agent {
                 return state.backoff.next_delay();
             }
         };
+        times.ended(Phase::Containers);
 
         // An empty list changes nothing at the manager: the sessions keep their last samples.
         let activity = if std::mem::take(&mut state.report_promptly) {
@@ -481,11 +487,13 @@ impl Agent {
                 )
                 .await
         };
+        times.ended(Phase::Activity);
         let exchange = self.exchange(state, gpus, containers, activity);
         let answer = tokio::select! {
             answer = exchange => answer,
             () = shutdown.cancelled() => return Duration::ZERO,
         };
+        times.ended(Phase::Manager);
         let Versioned { desired, version } = match answer {
             Ok(answer) if answer.desired.node == self.node => answer,
             Ok(Versioned { desired, .. }) => {
@@ -526,7 +534,21 @@ impl Agent {
 
         self.converge(reconciler, state, &desired).await;
         state.applied = version;
+        times.ended(Phase::Converge);
+        self.log_times(&times);
         Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
+    }
+
+    /// A sync slower than [`sync_times::SLOW_SYNC`] is a warning naming its slowest phase.
+    fn log_times(&self, times: &SyncTimes) {
+        let took = times.total().as_secs_f64();
+        match times.slowest() {
+            Some((slowest, _)) if times.is_slow() => {
+                warn!(node = %self.node, took_s = took, slowest = ?slowest, phases = %times,
+                      "A sync was slow; the manager declares the node lost when syncs stop for its node_timeout.");
+            }
+            _ => debug!(node = %self.node, took_s = took, phases = %times, "Synced."),
+        }
     }
 
     /// Converges to a desired state the long-poll brought, unless it is the one converged to

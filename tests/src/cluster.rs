@@ -310,21 +310,7 @@ iptables = "{iptables}"
 
     /// The tail of the manager's, the gateway's and every agent's log.
     pub fn logs(&self) -> String {
-        let mut out = String::new();
-        let names = ["manager".to_owned(), "gateway".to_owned()]
-            .into_iter()
-            .chain(self.nodes.iter().map(|n| format!("agent-{}", n.letter)));
-        for name in names {
-            let text = std::fs::read_to_string(self.site.dir.path().join(format!("{name}.log")))
-                .unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(30)..];
-            out.push_str(&format!(
-                "--- last lines of the {name} log ---\n{}\n",
-                tail.join("\n")
-            ));
-        }
-        out
+        self.site.logs()
     }
 }
 

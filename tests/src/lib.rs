@@ -990,16 +990,26 @@ allowlist_refresh = "1 second"
             .expect("open log file")
     }
 
-    /// The tail of both logs, for failure messages.
+    /// The tail of every log of the site's processes (manager, gateway, each agent), for
+    /// failure messages.
     pub fn logs(&self) -> String {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .map(|entries| {
+                entries
+                    .filter_map(|entry| Some(entry.ok()?.path()))
+                    .filter(|path| path.extension().is_some_and(|e| e == "log"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        logs.sort();
         let mut out = String::new();
-        for name in ["manager", "manager2", "agent", "gateway"] {
-            let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
-                .unwrap_or_default();
+        for path in logs {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(40)..];
             out.push_str(&format!(
-                "--- last lines of the {name} log ---\n{}\n",
+                "--- last lines of {} ---\n{}\n",
+                path.display(),
                 tail.join("\n")
             ));
         }
