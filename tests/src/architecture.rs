@@ -22,7 +22,11 @@
 //!   ([`only_the_docker_runtime_uses_bollard`]);
 //! - (f) only `session-manager/src/store/` uses sqlx, anywhere in the workspace
 //!   ([`only_the_store_uses_sqlx`]), but for the two tests that write an earlier release's
-//!   database by hand ([`SQLX_OLD_SCHEMA_TESTS`]).
+//!   database by hand ([`SQLX_OLD_SCHEMA_TESTS`]);
+//! - (g) session-manager's transports wake nobody: no code of `src/api/` or `src/dashboard/`
+//!   calls a wake-up ([`WAKE_UPS`]: the change notifications, the scheduler's and the grid
+//!   mirror's wake-ups, `AppState::committed`); a use case of `app/` says what its write changed
+//!   ([`transports_wake_nobody`]).
 //!
 //! "Anywhere in the workspace" is every `.rs` file of the repository outside `target/` and
 //! hidden directories: sources, tests, benches, examples, build scripts, fuzz targets. A path
@@ -68,6 +72,21 @@ const DOMAIN_MAY_NOT_USE: &[(&str, Option<&str>)] = &[
     ("reqwest", None),
     ("std", Some("fs")),
     ("std", Some("net")),
+];
+
+/// The calls that wake waiters, as `(receiver, method)` (`None`: any receiver), which only the
+/// application layer and the manager's loops make: the change notifications
+/// (`crate::notify::Changes`), the scheduling loop's and the grid mirror's wake-ups, and
+/// `AppState::committed`, through which a use case says what it changed.
+const WAKE_UPS: &[(Option<&str>, &str)] = &[
+    (Some("changes"), "site"),
+    (Some("changes"), "sessions"),
+    (Some("changes"), "node"),
+    (Some("changes"), "node_or_site"),
+    (Some("wake"), "notify_one"),
+    (Some("wake"), "notify_waiters"),
+    (Some("grid"), "wake"),
+    (None, "committed"),
 ];
 
 /// What session-manager's domain may not import from its own crate.
@@ -168,6 +187,76 @@ fn api_and_dashboard_stay_apart() {
          belongs below them)",
         &violations,
     );
+}
+
+#[test]
+fn transports_wake_nobody() {
+    let manager = workspace().krate("session-manager");
+    let mut violations = BTreeSet::new();
+    for dir in ["api", "dashboard"] {
+        for file in rust_files(&manager.src.join(dir)) {
+            let syntax = parse(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let mut calls = WakeUpCalls::default();
+            calls.visit_file(&syntax);
+            for call in calls.found {
+                violations.insert(format!("{}: {call}", file.display()));
+            }
+        }
+    }
+    assert_none(
+        "session-manager's api/ and dashboard/ must wake nobody: the use case in app/ says what \
+         its write changed (app::Effect, AppState::committed)",
+        &violations,
+    );
+}
+
+/// The [`WAKE_UPS`] calls of a file outside its test code, with the function making each.
+#[derive(Default)]
+struct WakeUpCalls {
+    /// The function (or method) being read.
+    within: String,
+    found: Vec<String>,
+}
+
+impl<'ast> Visit<'ast> for WakeUpCalls {
+    fn visit_item_mod(&mut self, module: &'ast syn::ItemMod) {
+        if !module.attrs.iter().any(is_cfg_test) {
+            visit::visit_item_mod(self, module);
+        }
+    }
+
+    fn visit_item_fn(&mut self, function: &'ast syn::ItemFn) {
+        if !function.attrs.iter().any(is_cfg_test) {
+            self.within = function.sig.ident.to_string();
+            visit::visit_item_fn(self, function);
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, function: &'ast syn::ImplItemFn) {
+        self.within = function.sig.ident.to_string();
+        visit::visit_impl_item_fn(self, function);
+    }
+
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        let method = call.method.to_string();
+        let receiver = match &*call.receiver {
+            syn::Expr::Field(field) => match &field.member {
+                syn::Member::Named(name) => Some(name.to_string()),
+                syn::Member::Unnamed(_) => None,
+            },
+            syn::Expr::Path(path) => path.path.get_ident().map(ToString::to_string),
+            _ => None,
+        };
+        let wakes = WAKE_UPS.iter().any(|(on, name)| {
+            *name == method && on.is_none_or(|on| receiver.as_deref() == Some(on))
+        });
+        if wakes {
+            let on = receiver.unwrap_or_else(|| "…".to_owned());
+            self.found
+                .push(format!("{}() calls {on}.{method}(…)", self.within));
+        }
+        visit::visit_expr_method_call(self, call);
+    }
 }
 
 #[test]

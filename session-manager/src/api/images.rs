@@ -187,31 +187,14 @@ fn unchanged(image: &ImageRecord, seen: ImageProgress) -> bool {
 }
 
 /// Marks the image DELETED (by digest: every one of the owner's images with that content) and
-/// deletes the SIF file when nothing references its digest any more.
+/// deletes the SIF file when nothing references its digest any more ([`actions::delete`]).
 pub async fn delete_image(
     State(state): State<AppState>,
     caller: CurrentUser,
     ApiPath(reference): ApiPath<String>,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<ImageView>, ApiError> {
-    let images = find_images(&state, &caller, &reference, query.owner, Purpose::Change).await?;
-    let now = state.clock.now();
-    let mut last = None;
-    for image in images {
-        let Some(deleted) = state.store.delete_image(image.id, now).await? else {
-            continue;
-        };
-        tracing::info!(image_id = %deleted.image.id, reference = %deleted.image.reference, by = %caller.user.user_name, "Image removed.");
-        if deleted.digest_unreferenced {
-            if let (Some(store), Some(digest)) = (&state.config.image_store, &deleted.image.digest)
-            {
-                remove_sif(store, digest);
-            }
-        }
-        last = Some(deleted.image);
-    }
-    let image = last
-        .ok_or_else(|| ApiError::not_found(format!("image {reference} was removed meanwhile")))?;
+    let image = actions::delete(&state, &caller, &reference, query.owner).await?;
     Ok(Json(image_view(image)))
 }
 
@@ -233,8 +216,6 @@ pub async fn unshare_image(
     set_shared(state, caller, reference, query, false).await
 }
 
-/// Shares or unshares the image (by digest: each of the owner's images with that content that
-/// the rule lets change); refused as a whole when none may.
 async fn set_shared(
     State(state): State<AppState>,
     caller: CurrentUser,
@@ -242,106 +223,6 @@ async fn set_shared(
     ApiQuery(query): ApiQuery<OwnerQuery>,
     share: bool,
 ) -> Result<Json<ImageView>, ApiError> {
-    let images = find_images(&state, &caller, &reference, query.owner, Purpose::Change).await?;
-    let now = state.clock.now();
-    let mut changed = None;
-    let mut refusal = None;
-    for image in images {
-        match image_access::share(&image, &caller.user.dn, share, now) {
-            Ok(shared_at) => {
-                if let Some(image) = state.store.set_image_shared(image.id, shared_at).await? {
-                    tracing::info!(image_id = %image.id, reference = %image.reference, shared = share, by = %caller.user.user_name, "Image sharing changed.");
-                    changed = Some(image);
-                }
-            }
-            Err(refused) => refusal = Some(refused),
-        }
-    }
-    match (changed, refusal) {
-        (Some(image), _) => Ok(Json(image_view(image))),
-        (None, Some(refused)) => Err(refused.into()),
-        (None, None) => Err(ApiError::not_found(format!(
-            "image {reference} was removed meanwhile"
-        ))),
-    }
-}
-
-/// What the caller wants with the images [`find_images`] finds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Purpose {
-    /// Show: another user's shared image may be seen too.
-    Read,
-    /// Remove, share or unshare: only one's own (an admin: anyone's).
-    Change,
-}
-
-/// Resolves `{reference}[?owner=DN]` for the caller: one image by tag (`name:version` of the
-/// owner, or `login/name:version`), or all the owner's (an admin without `owner`: everyone's)
-/// by digest; to read, also other users' shared images. The same 404 whether nothing matches
-/// or the images belong to someone the caller may not see.
-async fn find_images(
-    state: &AppState,
-    caller: &CurrentUser,
-    reference: &str,
-    owner: Option<Dn>,
-    purpose: Purpose,
-) -> Result<Vec<ImageRecord>, ApiError> {
-    let lookup = ImageLookup::parse(reference).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let explicit_owner = owner.is_some();
-    let owner = owner.unwrap_or_else(|| caller.user.dn.clone());
-    let not_found = || {
-        if owner == caller.user.dn {
-            let yours = match &lookup {
-                ImageLookup::Owned { owner, .. } if *owner != caller.user.user_name => {
-                    "there is no image"
-                }
-                _ => "you have no image",
-            };
-            ApiError::not_found(format!(
-                "{yours} {lookup} you may see: list yours with `devctl image ls` and the shared \
-                 ones with `devctl image ls --shared`"
-            ))
-        } else {
-            ApiError::not_found(format!("{owner} has no image {lookup}"))
-        }
-    };
-    if owner != caller.user.dn && !caller.admin {
-        return Err(not_found());
-    }
-    let filter = match &lookup {
-        ImageLookup::Reference(reference) => ImageFilter::Tag {
-            owner: owner.clone(),
-            reference: reference.clone(),
-        },
-        ImageLookup::Owned {
-            owner: user_name,
-            reference,
-        } => ImageFilter::LoginTag {
-            user_name: user_name.clone(),
-            reference: reference.clone(),
-        },
-        ImageLookup::Digest(digest) => ImageFilter::Digest {
-            // An admin looks a digest up site-wide unless an owner is named; anyone reading
-            // looks among everyone's (and sees only the shared ones of others).
-            owner: (!(caller.admin || purpose == Purpose::Read) || explicit_owner)
-                .then(|| owner.clone()),
-            digest: digest.clone(),
-        },
-    };
-    let visible = |image: &ImageRecord| {
-        image.owner == owner
-            || (caller.admin && !explicit_owner)
-            || (purpose == Purpose::Read && image.shared_at.is_some())
-    };
-    let images: Vec<ImageRecord> = state
-        .store
-        .images(filter)
-        .await?
-        .into_iter()
-        .filter(visible)
-        .collect();
-    if images.is_empty() {
-        return Err(not_found());
-    }
-    Ok(images)
+    let image = actions::set_shared(&state, &caller, &reference, query.owner, share).await?;
+    Ok(Json(image_view(image)))
 }

@@ -156,59 +156,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn(error::log_refusals))
         .layer(axum::middleware::from_fn(crate::metrics::count_requests))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            notify_writes,
-        ))
         .with_state(state)
-}
-
-/// After every successful change a person makes (a session created, removed, held or released,
-/// a freeze or an image removed, a job cancelled or halted, a GPU's mode, ...), wakes the
-/// long-polls: which nodes such a change concerns is the handler's business, and waiters only
-/// answer when what they watch really changed, so one notification for all of them keeps every
-/// handler free of it. The agent routes notify where they change something; the gateway's
-/// connection events change sessions' states (CONNECTED, IDLE) but no node's desired state.
-async fn notify_writes(
-    State(state): State<AppState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let write = !matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    );
-    let path = request.uri().path();
-    let by_person = !path.starts_with("/v1/agent/") && !path.starts_with("/v1/gateway/");
-    let connection = path == "/v1/gateway/connections";
-    let precise = names_its_nodes(request.method(), path);
-    let response = next.run(request).await;
-    if write && response.status().is_success() {
-        if by_person && !precise {
-            state.changes.site();
-        } else if by_person || connection {
-            state.changes.sessions();
-        }
-    }
-    response
-}
-
-/// Whether a person's request is one whose use case wakes the nodes it concerns itself, so
-/// that it wakes people's waits here, not every agent's (each of which would read its desired
-/// state again: a class of students starting or ending sessions at once would make every node
-/// do that per request):
-///
-/// - a session requested or a job submitted is on no node until the scheduler places it, and
-///   the placement wakes that node's long-poll;
-/// - a session removed or held names its own node ([`crate::app::sessions`]).
-fn names_its_nodes(method: &Method, path: &str) -> bool {
-    let session = |rest: &str| !rest.is_empty() && !rest.contains('/');
-    match (method, path.strip_prefix("/v1/sessions/")) {
-        (&Method::POST, None) => matches!(path, "/v1/sessions" | "/v1/jobs"),
-        (&Method::DELETE, Some(rest)) => session(rest),
-        (&Method::POST, Some(rest)) => rest.strip_suffix("/hold").is_some_and(session),
-        _ => false,
-    }
 }
 
 async fn no_route(uri: Uri) -> ApiError {
@@ -220,35 +168,4 @@ async fn no_route(uri: Uri) -> ApiError {
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::bad_request(format!("{} does not take {method}", uri.path()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Only the routes whose use cases name the nodes they change skip the wake-up of every
-    /// agent; anything else a person writes wakes them all.
-    #[test]
-    fn only_requests_that_name_their_nodes_skip_waking_every_agent() {
-        for (method, path) in [
-            (Method::POST, "/v1/sessions"),
-            (Method::POST, "/v1/jobs"),
-            (Method::DELETE, "/v1/sessions/work"),
-            (Method::POST, "/v1/sessions/work/hold"),
-        ] {
-            assert!(names_its_nodes(&method, path), "{method} {path}");
-        }
-        for (method, path) in [
-            (Method::POST, "/v1/sessions/work/release"),
-            (Method::POST, "/v1/sessions/work/keep"),
-            (Method::DELETE, "/v1/sessions/"),
-            (Method::DELETE, "/v1/sessions/work/hold"),
-            (Method::POST, "/v1/sessions//hold"),
-            (Method::POST, "/v1/jobs/42/cancel"),
-            (Method::POST, "/v1/nodes/node1/drain"),
-            (Method::PUT, "/v1/sessions"),
-        ] {
-            assert!(!names_its_nodes(&method, path), "{method} {path}");
-        }
-    }
 }

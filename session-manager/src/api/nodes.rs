@@ -15,13 +15,12 @@ use ongrid_core::api::{DrainRequest, GpuView, NodeView, SetGpuMode};
 use ongrid_core::{GpuMode, GpuUuid, NodeName};
 use serde::Deserialize;
 
-use super::callers::{Admin, CurrentUser};
+use super::callers::CurrentUser;
 use super::{AdminJson, ApiError, ApiPath, ApiQuery, AppState};
-use crate::app::nodes::{DrainChange, DrainError};
-use crate::app::Effect;
+use crate::app::nodes::{DrainChange, NodeError};
 use crate::app::{self, Via};
 use crate::site::SiteSnapshot;
-use crate::store::{GpuRecord, NodeRecord, NodeRemoval};
+use crate::store::{GpuRecord, NodeRecord};
 
 /// The longest `wait_empty` waits in one request.
 pub const MAX_NODE_WAIT: Duration = Duration::from_secs(60);
@@ -82,13 +81,15 @@ pub async fn drain_node(
     ApiPath(name): ApiPath<String>,
     body: AdminJson<DrainRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    let body = body.parse(admins_only(&caller, "drain a node")?).await?;
+    let body = body
+        .parse(caller.require_admin("can drain a node")?)
+        .await?;
     let change = DrainChange::Drain {
         reason: body.reason.as_deref(),
     };
     let name = app::nodes::drain_node(&state, &caller, &name, change, Via::Api)
         .await
-        .map_err(drain_refused)?;
+        .map_err(node_refused)?;
     Ok(Json(find_node(&state, &caller, &name).await?))
 }
 
@@ -99,7 +100,7 @@ pub async fn undrain_node(
 ) -> Result<Json<NodeView>, ApiError> {
     let name = app::nodes::drain_node(&state, &caller, &name, DrainChange::Undrain, Via::Api)
         .await
-        .map_err(drain_refused)?;
+        .map_err(node_refused)?;
     Ok(Json(find_node(&state, &caller, &name).await?))
 }
 
@@ -108,21 +109,13 @@ pub async fn remove_node(
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<NodeView>, ApiError> {
-    admins_only(&caller, "remove a node")?;
+    caller.require_admin("can remove a node")?;
     let name = parse_node(&name)?;
     let view = find_node(&state, &caller, &name).await?;
-    match state
-        .store
-        .remove_node(&name, state.clock.now(), state.config.node_timeout)
-        .await?
-    {
-        NodeRemoval::Removed => {
-            tracing::info!(node = %name, by = %caller.user.user_name, "Node removed.");
-            Ok(Json(view))
-        }
-        NodeRemoval::NoSuchNode => Err(no_such_node(&name)),
-        NodeRemoval::Refused(refusal) => Err(refusal.into()),
-    }
+    app::nodes::remove(&state, &caller, &name)
+        .await
+        .map_err(node_refused)?;
+    Ok(Json(view))
 }
 
 pub async fn set_gpu_mode(
@@ -132,7 +125,7 @@ pub async fn set_gpu_mode(
     body: AdminJson<SetGpuMode>,
 ) -> Result<Json<GpuView>, ApiError> {
     let body = body
-        .parse(admins_only(&caller, "change a GPU's mode")?)
+        .parse(caller.require_admin("can change a GPU's mode")?)
         .await?;
     let uuid = parse_gpu(&uuid)?;
     // The core's parser holds the rules (shared:N with N from 2 to 64).
@@ -141,28 +134,9 @@ pub async fn set_gpu_mode(
         .to_string()
         .parse()
         .map_err(|e: ongrid_core::gpu::GpuModeError| ApiError::bad_request(e.to_string()))?;
-    if let Some(layout) = mode.mig_layout() {
-        // Checked against the GPU's model before it is stored, so the agent never gets a
-        // layout its GPU cannot have.
-        let site = state.site().await?;
-        let model = site
-            .nodes
-            .iter()
-            .flat_map(|node| &node.gpus)
-            .find(|g| g.info.uuid == uuid)
-            .map(|g| g.info.model.clone())
-            .ok_or_else(|| no_such_gpu(&uuid))?;
-        layout
-            .validate_for(&model)
-            .map_err(|e| ApiError::bad_request(format!("mig:{layout} on {uuid}: {e}")))?;
-    }
-    state
-        .store
-        .set_gpu_mode(&uuid, mode)
-        .await?
-        .ok_or_else(|| no_such_gpu(&uuid))?;
-    tracing::info!(gpu = %uuid, %mode, by = %caller.user.user_name, "GPU mode changed.");
-    state.committed(&[Effect::Scheduling]);
+    app::nodes::set_gpu_mode(&state, &caller, &uuid, mode)
+        .await
+        .map_err(node_refused)?;
     find_gpu(&state, &caller, &uuid).await
 }
 
@@ -172,13 +146,13 @@ pub async fn drain_gpu(
     ApiPath(uuid): ApiPath<String>,
     body: AdminJson<DrainRequest>,
 ) -> Result<Json<GpuView>, ApiError> {
-    let body = body.parse(admins_only(&caller, "drain a GPU")?).await?;
+    let body = body.parse(caller.require_admin("can drain a GPU")?).await?;
     let change = DrainChange::Drain {
         reason: body.reason.as_deref(),
     };
     let gpu = app::nodes::drain_gpu(&state, &caller, &uuid, change, Via::Api)
         .await
-        .map_err(drain_refused)?;
+        .map_err(node_refused)?;
     find_gpu(&state, &caller, &gpu.info.uuid).await
 }
 
@@ -189,25 +163,17 @@ pub async fn undrain_gpu(
 ) -> Result<Json<GpuView>, ApiError> {
     let gpu = app::nodes::drain_gpu(&state, &caller, &uuid, DrainChange::Undrain, Via::Api)
         .await
-        .map_err(drain_refused)?;
+        .map_err(node_refused)?;
     find_gpu(&state, &caller, &gpu.info.uuid).await
 }
 
 /// A drain's refusal as devctl users read it.
-fn drain_refused(error: DrainError) -> ApiError {
+fn node_refused(error: NodeError) -> ApiError {
     match error {
-        DrainError::NoSuchNode(name) => no_such_node(&name),
-        DrainError::NoSuchGpu(uuid) => no_such_gpu(&uuid),
-        DrainError::Api(error) => error,
+        NodeError::NoSuchNode(name) => no_such_node(&name),
+        NodeError::NoSuchGpu(uuid) => no_such_gpu(&uuid),
+        NodeError::Api(error) => error,
     }
-}
-
-fn admins_only(caller: &CurrentUser, what: &str) -> Result<Admin, ApiError> {
-    caller.admin_or(|| {
-        ApiError::forbidden(format!(
-            "only admins can {what}; admins are listed in the manager's config"
-        ))
-    })
 }
 
 fn parse_node(name: &str) -> Result<NodeName, ApiError> {

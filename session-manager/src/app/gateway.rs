@@ -24,7 +24,7 @@ use ongrid_core::holds::SessionDeadlines;
 use ongrid_core::{SessionName, SessionState};
 
 use super::views::deadlines_view;
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Effect};
 use crate::auth::Admins;
 use crate::domain::policy::Admission;
 use crate::domain::sessions::SessionRecord;
@@ -354,9 +354,14 @@ pub async fn connection_event(
         ConnectionEventKind::Activity => {
             tracing::debug!(connection = %event.connection_id, session = %recorded.session.name,
                 bytes_in = event.bytes_in, bytes_out = event.bytes_out, "SSH connection activity.");
+            if recorded.session.state != session.state {
+                state.committed(&[Effect::People]);
+            }
             return deadlines_view(state, &recorded.session).await;
         }
     };
+    // A session's connections and state (WAITING, CONNECTED, IDLE); no node's desired state.
+    state.committed(&[Effect::People]);
     tracing::info!(
         connection = %event.connection_id,
         event = kind,

@@ -1,15 +1,24 @@
-//! Freezing one of the caller's sessions into an image, for `POST /v1/images` and the
-//! dashboard's freeze form: the manager records the freeze (BUILDING) and the agent of the
-//! session's node gets it as an order in its desired state ([`crate::domain::images`]).
+//! Frozen images: freezing one of the caller's sessions, for `POST /v1/images` and the
+//! dashboard's freeze form (the manager records the freeze, BUILDING, and the agent of the
+//! session's node gets it as an order in its desired state, [`crate::domain::images`]);
+//! removing an image and sharing it ([`crate::domain::image_access`]).
+//!
+//! A freeze wakes the session's node, whose order it is, and people following it; a removal
+//! every node (the Docker image's name goes to each node's `removed_images`); sharing only
+//! people's views.
 
 use ongrid_core::image::{CreateImage, ImageReference, ImageState};
 use ongrid_core::SessionName;
 
+use ongrid_core::Dn;
+
 use super::caller::CurrentUser;
-use super::Via;
-use super::{ApiError, AppState};
+use super::lookup::{find_images, Purpose};
+use super::{ApiError, AppState, Effect, Via};
+use crate::domain::image_access;
 use crate::domain::images::{freezing_node, ImageRecord};
 use crate::domain::Refusal;
+use crate::image_files::remove_sif;
 use crate::store::{NewImage, StoreError};
 
 /// Why a freeze was not recorded, where the API and the dashboard give different advice.
@@ -87,5 +96,74 @@ pub async fn freeze(
         Err(other) => return Err(other.into()),
     };
     tracing::info!(image_id = %image.id, reference = %image.reference, session = %image.session_name, %node, user = %image.user_name, via = via.as_str(), "Freeze requested.");
+    state.committed(&[Effect::Node(node), Effect::People]);
     Ok(image)
+}
+
+/// Marks the image `reference` names DELETED (by digest: every one of the owner's images with
+/// that content) and deletes the SIF file when nothing references its digest any more; returns
+/// the last one removed.
+pub async fn delete(
+    state: &AppState,
+    caller: &CurrentUser,
+    reference: &str,
+    owner: Option<Dn>,
+) -> Result<ImageRecord, ApiError> {
+    let images = find_images(state, caller, reference, owner, Purpose::Change).await?;
+    let now = state.clock.now();
+    let mut last = None;
+    for image in images {
+        let Some(deleted) = state.store.delete_image(image.id, now).await? else {
+            continue;
+        };
+        tracing::info!(image_id = %deleted.image.id, reference = %deleted.image.reference, by = %caller.user.user_name, "Image removed.");
+        if deleted.digest_unreferenced {
+            if let (Some(store), Some(digest)) = (&state.config.image_store, &deleted.image.digest)
+            {
+                remove_sif(store, digest);
+            }
+        }
+        last = Some(deleted.image);
+    }
+    let image = last
+        .ok_or_else(|| ApiError::not_found(format!("image {reference} was removed meanwhile")))?;
+    state.committed(&[Effect::Nodes]);
+    Ok(image)
+}
+
+/// Shares or unshares the image `reference` names (by digest: each of the owner's images with
+/// that content that the rule lets change); refused as a whole when none may. Returns the last
+/// one changed.
+pub async fn set_shared(
+    state: &AppState,
+    caller: &CurrentUser,
+    reference: &str,
+    owner: Option<Dn>,
+    share: bool,
+) -> Result<ImageRecord, ApiError> {
+    let images = find_images(state, caller, reference, owner, Purpose::Change).await?;
+    let now = state.clock.now();
+    let mut changed = None;
+    let mut refusal = None;
+    for image in images {
+        match image_access::share(&image, &caller.user.dn, share, now) {
+            Ok(shared_at) => {
+                if let Some(image) = state.store.set_image_shared(image.id, shared_at).await? {
+                    tracing::info!(image_id = %image.id, reference = %image.reference, shared = share, by = %caller.user.user_name, "Image sharing changed.");
+                    changed = Some(image);
+                }
+            }
+            Err(refused) => refusal = Some(refused),
+        }
+    }
+    match (changed, refusal) {
+        (Some(image), _) => {
+            state.committed(&[Effect::People]);
+            Ok(image)
+        }
+        (None, Some(refused)) => Err(refused.into()),
+        (None, None) => Err(ApiError::not_found(format!(
+            "image {reference} was removed meanwhile"
+        ))),
+    }
 }

@@ -9,7 +9,7 @@ use ongrid_core::{Institute, InstituteName};
 
 use super::caller::CurrentUser;
 use super::Via;
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Effect};
 use crate::store::StoreError;
 
 /// What admins may do with institutes, as [`CurrentUser::require_admin`] says it.
@@ -76,6 +76,7 @@ pub async fn add(
     }
     let networks: Vec<String> = institute.cidrs.iter().map(ToString::to_string).collect();
     tracing::info!(institute = %institute.name, networks = %networks.join(" "), by = %caller.user.user_name, via = via.as_str(), "Institute added.");
+    state.committed(&[Effect::People]);
     Ok(institute)
 }
 
@@ -94,5 +95,6 @@ pub async fn remove(
         .await?
         .ok_or_else(|| InstituteError::NotFound(name.clone()))?;
     tracing::info!(institute = %name, by = %caller.user.user_name, via = via.as_str(), "Institute removed.");
+    state.committed(&[Effect::People]);
     Ok(removed)
 }

@@ -153,10 +153,12 @@ pub async fn submit(
     };
     tracing::info!(job_id = %job.id, owner = %job.owner, image = %lookup, target = ?job.spec.target, via = via.as_str(), "Job submitted.");
     if job.grid.is_none() {
-        state.committed(&[Effect::Scheduling]);
+        state.committed(&[Effect::Scheduling, Effect::People]);
         return Ok(job);
     }
-    hand_over(state, job).await
+    let job = hand_over(state, job).await?;
+    state.committed(&[Effect::People]);
+    Ok(job)
 }
 
 /// The site's `[limits]` for a new job of `caller`'s (a grid target's job counts as short
@@ -289,7 +291,7 @@ pub async fn remove(
         tracing::warn!(job_id = %job.id, file = %logs.file(job.id).display(), %error, "Could not delete a removed job's output file: delete it by hand.");
     }
     // Nothing runs or waits for it any more: the people's pages that list it are told.
-    state.committed(&[Effect::Nodes]);
+    state.committed(&[Effect::People]);
     tracing::info!(job_id = %job.id, state = %job.state(), by = %caller.user.user_name, via = via.as_str(), "Job removed.");
     Ok(job)
 }

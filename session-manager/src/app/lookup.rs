@@ -1,7 +1,8 @@
 //! Finding the session a user route names: `{name}[?owner=DN]`, with the same 404 whether the
 //! session does not exist or belongs to someone the caller may not see, so names do not leak;
 //! and the frozen images a session's or job's image name may mean ([`frozen_image_candidates`]);
-//! and the reservation a new session or job names ([`reservation_to_use`]).
+//! the images an image route names ([`find_images`]); and the reservation a new session or job
+//! names ([`reservation_to_use`]).
 
 use ongrid_core::{Dn, NodeName, SessionName, SessionState};
 use serde::Deserialize;
@@ -134,4 +135,84 @@ pub async fn reservation_to_use(
         state.clock.now(),
     )?;
     Ok(Some(reservation.name.clone()))
+}
+
+/// What the caller wants with the images [`find_images`] finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Show: another user's shared image may be seen too.
+    Read,
+    /// Remove, share or unshare: only one's own (an admin: anyone's).
+    Change,
+}
+
+/// Resolves `{reference}[?owner=DN]` for the caller: one image by tag (`name:version` of the
+/// owner, or `login/name:version`), or all the owner's (an admin without `owner`: everyone's)
+/// by digest; to read, also other users' shared images. The same 404 whether nothing matches
+/// or the images belong to someone the caller may not see.
+pub async fn find_images(
+    state: &AppState,
+    caller: &CurrentUser,
+    reference: &str,
+    owner: Option<Dn>,
+    purpose: Purpose,
+) -> Result<Vec<ImageRecord>, ApiError> {
+    let lookup = ImageLookup::parse(reference).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let explicit_owner = owner.is_some();
+    let owner = owner.unwrap_or_else(|| caller.user.dn.clone());
+    let not_found = || {
+        if owner == caller.user.dn {
+            let yours = match &lookup {
+                ImageLookup::Owned { owner, .. } if *owner != caller.user.user_name => {
+                    "there is no image"
+                }
+                _ => "you have no image",
+            };
+            ApiError::not_found(format!(
+                "{yours} {lookup} you may see: list yours with `devctl image ls` and the shared \
+                 ones with `devctl image ls --shared`"
+            ))
+        } else {
+            ApiError::not_found(format!("{owner} has no image {lookup}"))
+        }
+    };
+    if owner != caller.user.dn && !caller.admin {
+        return Err(not_found());
+    }
+    let filter = match &lookup {
+        ImageLookup::Reference(reference) => ImageFilter::Tag {
+            owner: owner.clone(),
+            reference: reference.clone(),
+        },
+        ImageLookup::Owned {
+            owner: user_name,
+            reference,
+        } => ImageFilter::LoginTag {
+            user_name: user_name.clone(),
+            reference: reference.clone(),
+        },
+        ImageLookup::Digest(digest) => ImageFilter::Digest {
+            // An admin looks a digest up site-wide unless an owner is named; anyone reading
+            // looks among everyone's (and sees only the shared ones of others).
+            owner: (!(caller.admin || purpose == Purpose::Read) || explicit_owner)
+                .then(|| owner.clone()),
+            digest: digest.clone(),
+        },
+    };
+    let visible = |image: &ImageRecord| {
+        image.owner == owner
+            || (caller.admin && !explicit_owner)
+            || (purpose == Purpose::Read && image.shared_at.is_some())
+    };
+    let images: Vec<ImageRecord> = state
+        .store
+        .images(filter)
+        .await?
+        .into_iter()
+        .filter(visible)
+        .collect();
+    if images.is_empty() {
+        return Err(not_found());
+    }
+    Ok(images)
 }

@@ -8,10 +8,11 @@
 //! other replicas).
 //!
 //! - [`sessions`]: create, hold, release, keep alive, remove; [`images`]: freeze a session;
-//!   [`institutes`]: add, remove; [`jobs`]: cancel, halt; [`nodes`]: drain and undrain nodes and
-//!   GPUs; [`logins`]: the dashboard's single-use login links; [`token_links`]: token
-//!   identities linked to users; [`users`]: list, remove, restore; [`reservations`]: owned GPUs
-//!   and reservations; [`web_apps`]: a session's web apps in the browser.
+//!   [`institutes`]: add, remove; [`jobs`]: submit, cancel, halt, remove; [`keys`]: SSH keys;
+//!   [`nodes`]: drain and undrain nodes and GPUs, remove a node, a GPU's mode; [`logins`]: the
+//!   dashboard's single-use login links; [`token_links`]: token identities linked to users;
+//!   [`users`]: list, remove, restore; [`reservations`]: owned GPUs and reservations;
+//!   [`web_apps`]: a session's web apps in the browser.
 //! - For the other components: [`agent_sync`] (an agent's registration, sync and long-poll, with
 //!   [`job_reports`] for its jobs) and [`gateway`] (the SSH gateway's allowlist, key checks,
 //!   routing and connection events).
@@ -32,6 +33,7 @@ pub mod images;
 pub mod institutes;
 pub mod job_reports;
 pub mod jobs;
+pub mod keys;
 pub mod logins;
 pub mod lookup;
 pub mod nodes;
@@ -175,6 +177,10 @@ pub enum Effect {
     /// waiting on its sessions and the node's own, which answers only if its desired state
     /// changed.
     Node(NodeName),
+    /// What only people watch (a session's, job's or image's state, an institute, a
+    /// reservation), but no node's desired state: wakes people's long-polls and the dashboard's
+    /// live pages, not the agents' ([`crate::notify::Changes::sessions`]).
+    People,
     /// A job of a grid target (Slurm, HTCondor) changed: the grid mirror acts on it now (a
     /// cancel reaches `scancel` or `condor_rm`) instead of at its next poll. The mirror runs on
     /// the leader, which a follower reaches through the scheduler's wake-up.
@@ -189,6 +195,7 @@ impl AppState {
                 Effect::Scheduling => self.wake.notify_one(),
                 Effect::Nodes => self.changes.site(),
                 Effect::Node(node) => self.changes.node(node),
+                Effect::People => self.changes.sessions(),
                 Effect::GridJob => {
                     self.grid.wake();
                     self.wake.notify_one();

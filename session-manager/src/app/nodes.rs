@@ -1,25 +1,27 @@
-//! An admin's drains of nodes and GPUs, for `PUT`/`DELETE /v1/nodes/{name}/drain` and
-//! `/v1/gpus/{uuid}/drain` and the dashboard's drain buttons: a drained node or GPU takes
-//! nothing new (what runs there goes on); back in service, the queue may fit there again.
+//! An admin's operations on nodes and GPUs: drains, for `PUT`/`DELETE /v1/nodes/{name}/drain` and
+//! `/v1/gpus/{uuid}/drain` and the dashboard's drain buttons (a drained node or GPU takes
+//! nothing new, what runs there goes on; back in service, the queue may fit there again); a
+//! stopped node forgotten ([`remove`]); a GPU's mode ([`set_gpu_mode`]: whole, shared:N, or a
+//! MIG layout its agent makes).
 
 use ongrid_core::gpu::Drain;
-use ongrid_core::{GpuUuid, NodeName};
+use ongrid_core::{GpuMode, GpuUuid, NodeName};
 
 use super::caller::CurrentUser;
 use super::{ApiError, AppState, Effect, Via};
 use crate::domain::nodes;
-use crate::store::GpuRecord;
+use crate::store::{GpuRecord, NodeRemoval};
 
-/// Why a drain was not changed, where the API and the dashboard give different advice.
+/// Why a node or GPU was not changed, where the API and the dashboard give different advice.
 #[derive(Debug)]
-pub enum DrainError {
+pub enum NodeError {
     NoSuchNode(NodeName),
     NoSuchGpu(GpuUuid),
     /// Refused or failed alike for every caller: not an admin, the domain's refusal, the store.
     Api(ApiError),
 }
 
-impl<E: Into<ApiError>> From<E> for DrainError {
+impl<E: Into<ApiError>> From<E> for NodeError {
     fn from(error: E) -> Self {
         Self::Api(error.into())
     }
@@ -42,7 +44,7 @@ pub async fn drain_node(
     node: &str,
     change: DrainChange<'_>,
     via: Via,
-) -> Result<NodeName, DrainError> {
+) -> Result<NodeName, NodeError> {
     caller.require_admin(match change {
         DrainChange::Drain { .. } => "can drain a node",
         DrainChange::Undrain => "can undrain a node",
@@ -50,7 +52,7 @@ pub async fn drain_node(
     let node = NodeName::parse(node).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let drain = new_drain(state, caller, change)?;
     if !state.store.set_node_drain(&node, drain.clone()).await? {
-        return Err(DrainError::NoSuchNode(node));
+        return Err(NodeError::NoSuchNode(node));
     }
     match &drain {
         Some(drain) => {
@@ -72,7 +74,7 @@ pub async fn drain_gpu(
     uuid: &str,
     change: DrainChange<'_>,
     via: Via,
-) -> Result<GpuRecord, DrainError> {
+) -> Result<GpuRecord, NodeError> {
     caller.require_admin(match change {
         DrainChange::Drain { .. } => "can drain a GPU",
         DrainChange::Undrain => "can undrain a GPU",
@@ -83,7 +85,7 @@ pub async fn drain_gpu(
         .store
         .set_gpu_drain(&uuid, drain.clone())
         .await?
-        .ok_or_else(|| DrainError::NoSuchGpu(uuid.clone()))?;
+        .ok_or_else(|| NodeError::NoSuchGpu(uuid.clone()))?;
     match &drain {
         Some(drain) => {
             tracing::info!(gpu = %uuid, reason = ?drain.reason, by = %caller.user.user_name, via = via.as_str(), "GPU drained.");
@@ -94,6 +96,62 @@ pub async fn drain_gpu(
     }
     state.committed(&[Effect::Scheduling, Effect::Nodes]);
     Ok(gpu)
+}
+
+/// Forgets the node `node`, whose agent has stopped (offline for `node_timeout`); refused while
+/// it is online or anything is placed on it.
+pub async fn remove(
+    state: &AppState,
+    caller: &CurrentUser,
+    node: &NodeName,
+) -> Result<(), NodeError> {
+    caller.require_admin("can remove a node")?;
+    match state
+        .store
+        .remove_node(node, state.clock.now(), state.config.node_timeout)
+        .await?
+    {
+        NodeRemoval::Removed => {
+            tracing::info!(%node, by = %caller.user.user_name, "Node removed.");
+            // Gone from people's lists; no agent runs there.
+            state.committed(&[Effect::Scheduling, Effect::People]);
+            Ok(())
+        }
+        NodeRemoval::NoSuchNode => Err(NodeError::NoSuchNode(node.clone())),
+        NodeRemoval::Refused(refusal) => Err(refusal.into()),
+    }
+}
+
+/// Sets the GPU's mode; a MIG layout is checked against the GPU's model before it is stored,
+/// so the agent never gets a layout its GPU cannot have. The scheduler's next round makes the
+/// layout part of its node's desired state.
+pub async fn set_gpu_mode(
+    state: &AppState,
+    caller: &CurrentUser,
+    uuid: &GpuUuid,
+    mode: GpuMode,
+) -> Result<(), NodeError> {
+    caller.require_admin("can change a GPU's mode")?;
+    if let Some(layout) = mode.mig_layout() {
+        let site = state.site().await?;
+        let gpu = site
+            .nodes
+            .iter()
+            .flat_map(|node| &node.gpus)
+            .find(|g| g.info.uuid == *uuid)
+            .ok_or_else(|| NodeError::NoSuchGpu(uuid.clone()))?;
+        layout
+            .validate_for(&gpu.info.model)
+            .map_err(|e| ApiError::bad_request(format!("mig:{layout} on {uuid}: {e}")))?;
+    }
+    let gpu = state
+        .store
+        .set_gpu_mode(uuid, mode)
+        .await?
+        .ok_or_else(|| NodeError::NoSuchGpu(uuid.clone()))?;
+    tracing::info!(gpu = %uuid, %mode, by = %caller.user.user_name, "GPU mode changed.");
+    state.committed(&[Effect::Scheduling, Effect::Node(gpu.node)]);
+    Ok(())
 }
 
 /// The drain to store (the domain checks the reason), or `None` to lift it.

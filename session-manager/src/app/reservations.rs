@@ -70,7 +70,7 @@ pub async fn gpu_owner(
         .map(|n| n.name.clone())
         .ok_or_else(|| ApiError::internal(format!("GPU {uuid} has no node")))?;
     tracing::info!(gpu = %uuid, owner = ?owner.as_ref().map(GroupName::as_str), by = %caller.user.user_name, "GPU owner set.");
-    state.committed(&[Effect::Scheduling]);
+    state.committed(&[Effect::Scheduling, Effect::People]);
     Ok(OwnerView {
         node,
         gpu: Some(uuid),
@@ -98,7 +98,7 @@ pub async fn node_owner(
         )));
     }
     tracing::info!(node = %name, owner = ?owner.as_ref().map(GroupName::as_str), by = %caller.user.user_name, "Node owner set.");
-    state.committed(&[Effect::Scheduling]);
+    state.committed(&[Effect::Scheduling, Effect::People]);
     Ok(OwnerView {
         node: name,
         gpu: None,
@@ -227,7 +227,7 @@ pub async fn add(
         )));
     }
     tracing::info!(reservation = %record.name, group = %record.group, gpus = gpus.len(), from = %record.from, to = %record.to, by = %caller.user.user_name, "Reservation added.");
-    state.committed(&[Effect::Scheduling]);
+    state.committed(&[Effect::Scheduling, Effect::People]);
     Ok(record.view(gpus, now))
 }
 
@@ -247,7 +247,7 @@ pub async fn remove(
         .await?
         .ok_or_else(|| no_such_reservation(&name))?;
     tracing::info!(reservation = %name, by = %caller.user.user_name, "Reservation removed.");
-    state.committed(&[Effect::Scheduling]);
+    state.committed(&[Effect::Scheduling, Effect::People]);
     let policy = GpuPolicy {
         reservations: vec![removed],
         ..GpuPolicy::default()

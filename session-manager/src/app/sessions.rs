@@ -177,6 +177,8 @@ pub async fn create(
         .store
         .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
         .await?;
+    // On no node yet: only people's lists show it until the round places it.
+    state.committed(&[Effect::People]);
     // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
     // waits in the queue (PENDING with its position).
     state.schedule_now(session.id).await;
@@ -264,6 +266,7 @@ pub async fn release(
     )?;
     let released = transition(state, &session, change).await?;
     tracing::info!(session_id = %released.id, session = %released.name, by = %by, node = ?released.node, via = via.as_str(), "Session released.");
+    state.committed(&[its_node(&session)]);
     state.schedule_now(released.id).await;
     Ok(state.store.session(released.id).await?.unwrap_or(released))
 }
@@ -288,6 +291,7 @@ pub async fn keep(
     state.store.set_keep_until(session.id, until).await?;
     tracing::info!(session_id = %session.id, session = %session.name, by = %caller.user.user_name,
         asked = %HumanDuration(asked), until = %until, via = via.as_str(), "Session kept alive.");
+    state.committed(&[Effect::People]);
     Ok(Kept { session, until })
 }
 
@@ -306,11 +310,15 @@ pub async fn remove(
     Ok(ended)
 }
 
-/// `effect` and the session's node, whose desired state a change of the session changes (a
-/// session on no node is in no node's desired state).
+/// `effect` and [`its_node`].
 fn with_its_node(effect: Effect, session: &SessionRecord) -> Vec<Effect> {
-    let node = session.node.clone().map(Effect::Node);
-    std::iter::once(effect).chain(node).collect()
+    vec![effect, its_node(session)]
+}
+
+/// The session's node, whose desired state a change of the session changes (and whose change
+/// wakes people too); a session on no node is in no node's desired state: only people are told.
+fn its_node(session: &SessionRecord) -> Effect {
+    session.node.clone().map_or(Effect::People, Effect::Node)
 }
 
 /// Writes a change decided on `session` as it was looked at; one its state no longer allows

@@ -2,6 +2,9 @@
 //! an issuer's subject then act as the user of a DN, so that a person who used the site with a
 //! certificate keeps their login, sessions, keys and images when they come with a token. Admins
 //! only; the user must exist (have used the site) and not be removed.
+//!
+//! No long-poll watches the links (a token is mapped to its user at each request), so these
+//! writes have no [`super::Effect`].
 
 use ongrid_core::api::{LinkToken, TokenLinkView};
 

@@ -126,7 +126,9 @@ pub async fn remove(
         }
         answer.images.push(deleted.image.reference.to_string());
     }
-    state.committed(&[Effect::Scheduling]);
+    // Their sessions' and jobs' nodes stop the containers; their images' names go to every
+    // node's `removed_images`.
+    state.committed(&[Effect::Scheduling, Effect::Nodes]);
     tracing::info!(dn = %dn, user = %target.user_name, by = %caller.user.user_name,
         keys = answer.keys.len(), sessions = answer.sessions.len(), jobs = answer.jobs.len(),
         images = answer.images.len(), force, "User removed.");
@@ -154,6 +156,7 @@ pub async fn restore(
             ))
         })?;
     tracing::info!(dn = %dn, user = %target.user_name, by = %caller.user.user_name, "User restored.");
+    state.committed(&[Effect::People]);
     current_view(state, &dn).await
 }
 

@@ -15,7 +15,7 @@ use crate::app::images::{self as image_actions, FreezeError};
 use crate::app::institutes::{self, InstituteError};
 use crate::app::jobs::{self as job_actions, JobActionError};
 use crate::app::lookup::ReservationQuery;
-use crate::app::nodes::{self as node_actions, DrainChange, DrainError};
+use crate::app::nodes::{self as node_actions, DrainChange, NodeError};
 use crate::app::sessions::{self as session_actions, Created, SessionActionError};
 use crate::app::Via;
 use crate::app::{ApiError, AppState};
@@ -265,7 +265,7 @@ pub async fn drain_node(
 ) -> Result<String, ApiError> {
     let name = node_actions::drain_node(state, caller, name, drain_change(reason), Via::Dashboard)
         .await
-        .map_err(drain_refused)?;
+        .map_err(node_refused)?;
     Ok(if reason.is_some() {
         format!("Node {name} drained: nothing new is placed there.")
     } else {
@@ -282,7 +282,7 @@ pub async fn drain_gpu(
 ) -> Result<String, ApiError> {
     let gpu = node_actions::drain_gpu(state, caller, uuid, drain_change(reason), Via::Dashboard)
         .await
-        .map_err(drain_refused)?;
+        .map_err(node_refused)?;
     let uuid = &gpu.info.uuid;
     Ok(if reason.is_some() {
         format!("GPU {uuid} drained.")
@@ -301,13 +301,11 @@ fn drain_change(reason: Option<&str>) -> DrainChange<'_> {
 }
 
 /// A drain's refusal as the dashboard words it.
-fn drain_refused(error: DrainError) -> ApiError {
+fn node_refused(error: NodeError) -> ApiError {
     match error {
-        DrainError::NoSuchNode(name) => {
-            ApiError::not_found(format!("no node {name} is registered"))
-        }
-        DrainError::NoSuchGpu(uuid) => ApiError::not_found(format!("no GPU {uuid} is registered")),
-        DrainError::Api(error) => error,
+        NodeError::NoSuchNode(name) => ApiError::not_found(format!("no node {name} is registered")),
+        NodeError::NoSuchGpu(uuid) => ApiError::not_found(format!("no GPU {uuid} is registered")),
+        NodeError::Api(error) => error,
     }
 }
 

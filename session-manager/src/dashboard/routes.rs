@@ -134,15 +134,10 @@ pub async fn job_page(
     ))
 }
 
-/// The answer to a form: back to `back` with the notice, or the refusal's page. A change wakes
-/// every waiter, as the API's writes do.
-fn answer(
-    state: &AppState,
-    back: Page,
-    result: Result<String, ApiError>,
-) -> Result<Response, PageError> {
+/// The answer to a form: back to `back` with the notice, or the refusal's page. The use case
+/// behind the form woke whoever its change concerns ([`crate::app::Effect`]).
+fn answer(back: Page, result: Result<String, ApiError>) -> Result<Response, PageError> {
     let notice = result?;
-    state.changes.site();
     Ok(redirect_with_cookie(back.path(), &notice_cookie(&notice)))
 }
 
@@ -186,7 +181,7 @@ pub async fn new_session(
         reservation: None,
     };
     let result = actions::create_session(&state, &viewer.caller, body).await;
-    answer(&state, Page::User, result)
+    answer(Page::User, result)
 }
 
 #[derive(Debug, Deserialize)]
@@ -236,7 +231,7 @@ pub async fn session_action(
             "a session has no action {other:?}: hold, release, keep or remove"
         ))),
     };
-    answer(&state, back(form.back.as_deref()), result)
+    answer(back(form.back.as_deref()), result)
 }
 
 #[derive(Debug, Deserialize)]
@@ -258,7 +253,7 @@ pub async fn freeze(
     viewer.check_csrf(&form.csrf)?;
     let force = form.force.as_deref() == Some("true");
     let result = actions::freeze(&state, &viewer.caller, &form.session, &form.tag, force).await;
-    answer(&state, Page::User, result)
+    answer(Page::User, result)
 }
 
 #[derive(Debug, Deserialize)]
@@ -277,7 +272,7 @@ pub async fn cancel_job(
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
     let result = actions::cancel_job(&state, &viewer.caller, &id).await;
-    answer(&state, back(form.back.as_deref()), result)
+    answer(back(form.back.as_deref()), result)
 }
 
 /// `POST /dashboard/jobs/{id}/remove`.
@@ -289,7 +284,7 @@ pub async fn remove_job(
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
     let result = actions::remove_job(&state, &viewer.caller, &id).await;
-    answer(&state, back(form.back.as_deref()), result)
+    answer(back(form.back.as_deref()), result)
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,7 +303,7 @@ pub async fn add_institute(
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
     let result = actions::add_institute(&state, &viewer.caller, &form.name, &form.networks).await;
-    answer(&state, Page::Admin, result)
+    answer(Page::Admin, result)
 }
 
 /// `POST /dashboard/admin/institutes/{name}/remove`.
@@ -320,7 +315,7 @@ pub async fn remove_institute(
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
     let result = actions::remove_institute(&state, &viewer.caller, &name).await;
-    answer(&state, Page::Admin, result)
+    answer(Page::Admin, result)
 }
 
 #[derive(Debug, Deserialize)]
@@ -351,7 +346,7 @@ pub async fn node_drain(
     viewer.check_csrf(&form.csrf)?;
     let reason = drain_reason(&action, &form)?;
     let result = actions::drain_node(&state, &viewer.caller, &name, reason).await;
-    answer(&state, Page::Admin, result)
+    answer(Page::Admin, result)
 }
 
 /// `POST /dashboard/admin/gpus/{uuid}/{drain|undrain}`.
@@ -364,5 +359,5 @@ pub async fn gpu_drain(
     viewer.check_csrf(&form.csrf)?;
     let reason = drain_reason(&action, &form)?;
     let result = actions::drain_gpu(&state, &viewer.caller, &uuid, reason).await;
-    answer(&state, Page::Admin, result)
+    answer(Page::Admin, result)
 }

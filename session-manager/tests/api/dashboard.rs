@@ -702,3 +702,129 @@ async fn a_login_link_with_a_next_page_lands_there_and_only_under_the_dashboard(
     }
     m.stop().await;
 }
+
+/// The API and the dashboard call the same use cases, and neither wakes anyone itself: the same
+/// change through either wakes the same waiters. Here the node's long-poll, for a freeze asked
+/// and a session removed, each once through each. The sync interval is an hour, so only the
+/// use case's wake-up can answer the long-poll within the seconds it is given.
+#[tokio::test]
+async fn the_same_change_through_the_api_and_the_dashboard_wakes_the_same_waiters() {
+    use super::watch::{long_poll, register_versioned};
+    use ongrid_core::SessionId;
+
+    let site = Site::new();
+    let store = site.dir.path().join("images");
+    std::fs::create_dir_all(store.join("sha256")).unwrap();
+    let mut config = site.config.clone();
+    config.image_store = Some(store);
+    config.sync_interval = Duration::from_secs(3600);
+    let m = site.start_with(config, None).await;
+    let gpus = vec![a100(1), a100(2)];
+    register_versioned(&m.node1, "node1", gpus.clone()).await;
+    let by_api = m.alice.create(Some("by-api"), one_gpu()).await;
+    let by_page = m.alice.create(Some("by-page"), one_gpu()).await;
+    m.node1
+        .sync(
+            "node1",
+            gpus,
+            vec![
+                container(&by_api, ContainerState::Running, None),
+                container(&by_page, ContainerState::Running, None),
+            ],
+        )
+        .await;
+    m.alice.wait_for("by-api", SessionState::Waiting).await;
+    m.alice.wait_for("by-page", SessionState::Waiting).await;
+    let mut browser = Browser::new(&site, m.addr);
+    browser.log_in(&m.alice).await;
+    let (_, page) = browser.get("/dashboard/").await;
+    let token = csrf(&page);
+    // A version the agent does not have is answered at once, with the current one.
+    let (_, mut version, _) = long_poll(&m.node1, "0123456789abcdef", 120).await.unwrap();
+
+    // Waits for the node's long-poll to answer `change` with a desired state that `shows`.
+    async fn answered(
+        node: &Api,
+        version: &mut String,
+        what: &str,
+        change: impl std::future::Future<Output = ()>,
+        shows: impl Fn(&DesiredState) -> bool,
+    ) {
+        let poll = long_poll(node, version, 120);
+        change.await;
+        let (status, new, desired) = tokio::time::timeout(Duration::from_secs(10), poll)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the node's long-poll was not woken"))
+            .unwrap();
+        assert_eq!(status, StatusCode::OK, "{what}");
+        let desired = desired.unwrap();
+        assert!(shows(&desired), "{what}: {desired:?}");
+        *version = new;
+    }
+    let freezing =
+        |id: SessionId| move |d: &DesiredState| d.freezes.iter().any(|f| f.session_id == id);
+    let gone = |id: SessionId| {
+        move |d: &DesiredState| {
+            d.sessions
+                .iter()
+                .all(|s| s.session_id != id || s.run != RunState::Running)
+        }
+    };
+
+    answered(
+        &m.node1,
+        &mut version,
+        "a freeze through the API",
+        async {
+            let request = m.alice.post(
+                "/v1/images",
+                &super::images::freeze("by-api", "api:v1", false),
+            );
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::CREATED);
+        },
+        freezing(by_api.id),
+    )
+    .await;
+    answered(
+        &m.node1,
+        &mut version,
+        "a freeze on the dashboard",
+        async {
+            let (status, _, page) = browser
+                .post(
+                    "/dashboard/freeze",
+                    &[("csrf", &token), ("session", "by-page"), ("tag", "page:v1")],
+                )
+                .await;
+            assert_eq!(status, StatusCode::SEE_OTHER, "{page}");
+        },
+        freezing(by_page.id),
+    )
+    .await;
+    answered(
+        &m.node1,
+        &mut version,
+        "a removal through the API",
+        async {
+            let response = m.alice.delete("/v1/sessions/by-api").send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+        },
+        gone(by_api.id),
+    )
+    .await;
+    answered(
+        &m.node1,
+        &mut version,
+        "a removal on the dashboard",
+        async {
+            let (status, _, page) = browser
+                .post("/dashboard/sessions/by-page/remove", &[("csrf", &token)])
+                .await;
+            assert_eq!(status, StatusCode::SEE_OTHER, "{page}");
+        },
+        gone(by_page.id),
+    )
+    .await;
+    m.stop().await;
+}

@@ -6,7 +6,7 @@ use ongrid_core::image::{CreateImage, FreezeProgress, ImageReference, ImageState
 
 use super::*;
 
-fn freeze(session: &str, reference: &str, force: bool) -> CreateImage {
+pub(super) fn freeze(session: &str, reference: &str, force: bool) -> CreateImage {
     CreateImage {
         session: SessionName::parse(session).unwrap(),
         reference: ImageReference::parse(reference).unwrap(),
