@@ -37,7 +37,6 @@ pub mod share;
 pub mod users;
 pub mod whoami;
 
-use axum::extract::State;
 use axum::http::{Method, Uri};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
