@@ -13,6 +13,10 @@
 //! their own in nvidia-smi, and a GPU without a figure is unknown: `None` when no GPU of the
 //! session has one.
 //!
+//! A reading that takes longer than [`CPU_READ_BUDGET`] (a busy Docker answers its stats
+//! slowly) is left out of this sync like a failed one: the sync is also the node's heartbeat,
+//! which the manager times with `node_timeout`, and idle detection only misses one sample.
+//!
 //! Time between samples is tokio's clock, so tests drive it with a paused clock.
 
 use std::collections::HashMap;
@@ -27,6 +31,9 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::runtime::{error_chain, ContainerRuntime, ContainerStatus};
+
+/// How long one container's CPU reading may take before the sync goes on without it.
+pub const CPU_READ_BUDGET: Duration = Duration::from_secs(2);
 
 /// One reading of a container's CPU counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +95,7 @@ impl ActivitySampler {
             .filter(|c| c.state == ContainerState::Running && c.dev_container_of().is_some())
             .collect();
         let readings = join_all(running.iter().map(|c| async move {
-            let used = runtime.cpu_time(&c.id).await;
+            let used = tokio::time::timeout(CPU_READ_BUDGET, runtime.cpu_time(&c.id)).await;
             (used, Instant::now())
         }))
         .await;
@@ -100,11 +107,19 @@ impl ActivitySampler {
                 continue;
             };
             let sample = match used {
-                Ok(Some(used)) => CpuSample { used, at },
-                Ok(None) => continue,
-                Err(e) => {
+                Ok(Ok(Some(used))) => CpuSample { used, at },
+                Ok(Ok(None)) => continue,
+                Ok(Err(e)) => {
                     debug!(session = %session_id, container = %container.id, error = %error_chain(&e),
                            "Cannot read the container's CPU time; not reporting its activity this time.");
+                    if let Some(previous) = self.previous.get(&container.id) {
+                        next.insert(container.id.clone(), *previous);
+                    }
+                    continue;
+                }
+                Err(_) => {
+                    debug!(session = %session_id, container = %container.id, budget = ?CPU_READ_BUDGET,
+                           "Reading the container's CPU time took too long; not reporting its activity this time.");
                     if let Some(previous) = self.previous.get(&container.id) {
                         next.insert(container.id.clone(), *previous);
                     }
@@ -257,5 +272,44 @@ mod tests {
             .await;
         assert_eq!(third.len(), 1, "{third:?}");
         assert!((third[0].cpu_percent - 100.0).abs() < 1e-6, "{third:?}");
+    }
+
+    /// A container whose reading is slow is left out of this sync (its baseline kept), and the
+    /// sampling waits no longer than the budget for it; the others are reported.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reading_is_left_out_and_does_not_hold_the_sync() {
+        let runtime = Arc::new(FakeRuntime::new());
+        let quick = ongrid_core::SessionId::new_random();
+        let slow = ongrid_core::SessionId::new_random();
+        let quick_id = runtime.insert(
+            &quick.container_name(),
+            Some(quick),
+            ContainerState::Running,
+        );
+        let slow_id = runtime.insert(&slow.container_name(), Some(slow), ContainerState::Running);
+        let containers = runtime.containers();
+        let now = Utc::now();
+        let mut sampler = ActivitySampler::new();
+        runtime.set_cpu_time(&quick_id, Duration::from_secs(10));
+        runtime.set_cpu_time(&slow_id, Duration::from_secs(10));
+        assert_eq!(sampler.sample(&*runtime, &containers, &[], now).await, []);
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        runtime.set_cpu_time(&quick_id, Duration::from_secs(15));
+        runtime.set_cpu_time(&slow_id, Duration::from_secs(20));
+        runtime.delay_cpu_time(&slow_id, Duration::from_secs(30));
+        let started = Instant::now();
+        let second = sampler.sample(&*runtime, &containers, &[], now).await;
+        assert_eq!(started.elapsed(), CPU_READ_BUDGET);
+        assert_eq!(second.len(), 1, "{second:?}");
+        assert_eq!(second[0].session_id, quick);
+        assert!((second[0].cpu_percent - 50.0).abs() < 1e-6, "{second:?}");
+
+        // Quick again: its use since the first sample, the kept baseline.
+        runtime.delay_cpu_time(&slow_id, Duration::ZERO);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        let third = sampler.sample(&*runtime, &containers, &[], now).await;
+        let slow_seen = third.iter().find(|a| a.session_id == slow).expect("slow");
+        assert!((slow_seen.cpu_percent - 50.0).abs() < 1e-6, "{third:?}");
     }
 }

@@ -78,6 +78,8 @@ struct State {
     files: BTreeMap<(String, String), FakeFile>,
     /// CPU time used by running containers, by id, as tests set it.
     cpu_times: BTreeMap<String, Duration>,
+    /// How long `cpu_time` takes to answer for a container (a busy Docker's stats).
+    cpu_time_delays: BTreeMap<String, Duration>,
     /// Session networks by id (`n1`, `n2`, ...: a counter of their own, so container ids do
     /// not depend on them).
     networks: BTreeMap<String, NetworkStatus>,
@@ -171,6 +173,11 @@ impl FakeRuntime {
     /// Sets the CPU time the container `id` has used so far, as `cpu_time` answers while it runs.
     pub fn set_cpu_time(&self, id: &str, used: Duration) {
         self.state().cpu_times.insert(id.to_owned(), used);
+    }
+
+    /// Makes `cpu_time` for the container `id` answer only after `delay` (tokio's clock).
+    pub fn delay_cpu_time(&self, id: &str, delay: Duration) {
+        self.state().cpu_time_delays.insert(id.to_owned(), delay);
     }
 
     /// The images the node has.
@@ -695,7 +702,8 @@ impl ContainerRuntime for FakeRuntime {
         Box::pin(async move { result })
     }
 
-    /// What `set_cpu_time` said (zero when it said nothing), while the container runs.
+    /// What `set_cpu_time` said (zero when it said nothing), while the container runs; after
+    /// the delay `delay_cpu_time` said.
     fn cpu_time<'a>(
         &'a self,
         id: &'a str,
@@ -706,7 +714,11 @@ impl ContainerRuntime for FakeRuntime {
             .get(id)
             .is_some_and(|c| c.state == ContainerState::Running);
         let result = Ok(running.then(|| s.cpu_times.get(id).copied().unwrap_or_default()));
-        Box::pin(async move { result })
+        let delay = s.cpu_time_delays.get(id).copied().unwrap_or_default();
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            result
+        })
     }
 
     /// Records the image; the fake has no filesystems, so the image is just a name.

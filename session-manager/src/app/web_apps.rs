@@ -33,7 +33,7 @@ use serde::Deserialize;
 
 use super::caller::CurrentUser;
 use super::lookup::{self, Lookup};
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Effect};
 use crate::domain::sessions::SessionRecord;
 
 /// The institute a browser's connections are recorded under in the audit log.
@@ -673,6 +673,8 @@ pub async fn browser_opened(
         .await?;
     tracing::info!(connection = %opened.connection_id, session = %target.session.name,
         %source, app = ?target.app, "Browser connection to a session's web app.");
+    // The session may be CONNECTED now, as with an SSH connection (`gateway::connection_event`).
+    state.committed(&[Effect::People]);
     Ok(connection)
 }
 
@@ -696,8 +698,11 @@ pub async fn browser_closed(state: &AppState, connection: &BrowserConnection) {
         .record_connection(&event, state.clock.now())
         .await
     {
-        Ok(_) => tracing::info!(connection = %event.connection_id, bytes_in = event.bytes_in,
-            bytes_out = event.bytes_out, "Browser connection closed."),
+        Ok(_) => {
+            tracing::info!(connection = %event.connection_id, bytes_in = event.bytes_in,
+                bytes_out = event.bytes_out, "Browser connection closed.");
+            state.committed(&[Effect::People]);
+        }
         Err(error) => tracing::warn!(connection = %event.connection_id, %error,
             "Recording the close of a browser connection failed."),
     }
