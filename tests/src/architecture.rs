@@ -26,7 +26,10 @@
 //! - (g) session-manager's transports wake nobody: no code of `src/api/` or `src/dashboard/`
 //!   calls a wake-up ([`WAKE_UPS`]: the change notifications, the scheduler's and the grid
 //!   mirror's wake-ups, `AppState::committed`); a use case of `app/` says what its write changed
-//!   ([`transports_wake_nobody`]).
+//!   ([`transports_wake_nobody`]);
+//! - (h) nor do they touch the store: no code of `src/api/` or `src/dashboard/` reaches
+//!   `AppState::store`; every read and write goes through a use case or read model of `app/`
+//!   ([`transports_go_through_the_application`]).
 //!
 //! "Anywhere in the workspace" is every `.rs` file of the repository outside `target/` and
 //! hidden directories: sources, tests, benches, examples, build scripts, fuzz targets. A path
@@ -213,12 +216,39 @@ fn transports_wake_nobody() {
     );
 }
 
-/// The [`WAKE_UPS`] calls of a file outside its test code, with the function making each.
+#[test]
+fn transports_go_through_the_application() {
+    let manager = workspace().krate("session-manager");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate is in the workspace");
+    let mut violations = BTreeSet::new();
+    for dir in ["api", "dashboard"] {
+        for file in rust_files(&root.join(&manager.src).join(dir)) {
+            let syntax = parse(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let mut calls = WakeUpCalls::default();
+            calls.visit_file(&syntax);
+            for within in calls.store_uses {
+                violations.insert(format!("{}: {within}() uses the store", file.display()));
+            }
+        }
+    }
+    assert_none(
+        "session-manager's api/ and dashboard/ must not touch the store: a use case or read \
+         model of app/ reads and writes it",
+        &violations,
+    );
+}
+
+/// The [`WAKE_UPS`] calls and the store uses of a file outside its test code, with the
+/// function making each.
 #[derive(Default)]
 struct WakeUpCalls {
     /// The function (or method) being read.
     within: String,
     found: Vec<String>,
+    /// The functions that reach a field named `store` (`AppState::store`).
+    store_uses: BTreeSet<String>,
 }
 
 impl<'ast> Visit<'ast> for WakeUpCalls {
@@ -238,6 +268,13 @@ impl<'ast> Visit<'ast> for WakeUpCalls {
     fn visit_impl_item_fn(&mut self, function: &'ast syn::ImplItemFn) {
         self.within = function.sig.ident.to_string();
         visit::visit_impl_item_fn(self, function);
+    }
+
+    fn visit_expr_field(&mut self, field: &'ast syn::ExprField) {
+        if matches!(&field.member, syn::Member::Named(name) if name == "store") {
+            self.store_uses.insert(self.within.clone());
+        }
+        visit::visit_expr_field(self, field);
     }
 
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {

@@ -18,7 +18,6 @@ use super::callers::CurrentUser;
 use super::{AdminJson, AdminQuery, ApiError, ApiPath, AppState};
 use crate::app::institutes::{self, InstituteError};
 use crate::app::Via;
-use crate::store::AuditFilter;
 
 /// The most audit records one answer carries.
 pub const AUDIT_LIMIT: u32 = 1000;
@@ -37,8 +36,7 @@ pub async fn list_institutes(
     State(state): State<AppState>,
     caller: CurrentUser,
 ) -> Result<Json<Vec<Institute>>, ApiError> {
-    caller.require_admin("manage institutes")?;
-    Ok(Json(state.store.institutes().await?))
+    Ok(Json(institutes::list(&state, &caller).await?))
 }
 
 pub async fn show_institute(
@@ -46,13 +44,11 @@ pub async fn show_institute(
     caller: CurrentUser,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Institute>, ApiError> {
-    caller.require_admin("manage institutes")?;
+    caller.require_admin(institutes::MANAGE)?;
     let name = institute_name(&name)?;
-    let institute = state
-        .store
-        .institute(&name)
-        .await?
-        .ok_or_else(|| no_institute(&name))?;
+    let institute = institutes::show(&state, &caller, &name)
+        .await
+        .map_err(refused)?;
     Ok(Json(institute))
 }
 
@@ -128,12 +124,9 @@ pub async fn audit(
         .as_deref()
         .map(|since| parse_since(since, state.clock.now()).map_err(ApiError::bad_request))
         .transpose()?;
-    let filter = AuditFilter {
-        owner,
-        since,
-        limit: AUDIT_LIMIT,
-    };
-    Ok(Json(state.store.audit(filter).await?))
+    Ok(Json(
+        crate::app::gateway::audit(&state, owner, since, AUDIT_LIMIT).await?,
+    ))
 }
 
 /// `since` as a time (RFC 3339) or as a duration before `now` (`2 hours`, `3d`).

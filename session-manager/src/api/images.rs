@@ -83,19 +83,14 @@ pub async fn list_images(
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Vec<ImageView>>, ApiError> {
-    let filter = if query.shared {
-        ImageFilter::Shared
+    let which = if query.shared {
+        actions::Listed::Shared
     } else if query.all {
-        if !caller.admin {
-            return Err(ApiError::forbidden(
-                "only admins can list everyone's images (?all=true); leave it out to list yours",
-            ));
-        }
-        ImageFilter::All
+        actions::Listed::Everyones
     } else {
-        ImageFilter::Owner(caller.user.dn.clone())
+        actions::Listed::Own
     };
-    let images = state.store.images(filter).await?;
+    let images = actions::list(&state, &caller, which).await?;
     Ok(Json(images.into_iter().map(image_view).collect()))
 }
 
@@ -131,34 +126,11 @@ pub async fn show_image(
     ApiQuery(query): ApiQuery<ShowQuery>,
 ) -> Result<Json<ImageView>, ApiError> {
     let seen = query.after.as_deref().map(parse_progress).transpose()?;
-    // Subscribed before the first read, so no report between the read and the wait is missed.
-    let mut changes = state.changes.subscribe();
-    let images = find_images(&state, &caller, &reference, query.owner, Purpose::Read).await?;
-    // By digest, several images may share the content: the newest is shown.
-    let mut image = images
-        .into_iter()
-        .last()
-        .ok_or_else(|| ApiError::internal("find_images returned nothing"))?;
-    if let Some(seen) = seen {
-        let wait = query
-            .timeout
-            .map_or(MAX_IMAGE_WAIT, Duration::from_secs)
-            .min(MAX_IMAGE_WAIT);
-        let deadline = tokio::time::Instant::now() + wait;
-        // Any change may be this image's (the node's sync, a removal, the freeze watch): look
-        // again each time, and answer only on a difference.
-        while unchanged(&image, seen)
-            && matches!(
-                tokio::time::timeout_at(deadline, changes.changed(None)).await,
-                Ok(true)
-            )
-        {
-            match state.store.image(image.id).await? {
-                Some(now) => image = now,
-                None => break,
-            }
-        }
-    }
+    let wait = query
+        .timeout
+        .map_or(MAX_IMAGE_WAIT, Duration::from_secs)
+        .min(MAX_IMAGE_WAIT);
+    let image = actions::show(&state, &caller, &reference, query.owner, seen, wait).await?;
     Ok(Json(image_view(image)))
 }
 
@@ -176,13 +148,6 @@ fn parse_progress(text: &str) -> Result<ImageProgress, ApiError> {
              1048576/4194304 (0/0 before any)"
         ))
     })
-}
-
-/// Whether `image` is still BUILDING with the progress the caller has.
-fn unchanged(image: &ImageRecord, seen: ImageProgress) -> bool {
-    image.state == ImageState::Building
-        && image.bytes_done == seen.bytes_done
-        && image.bytes_total == seen.bytes_total
 }
 
 /// Marks the image DELETED (by digest: every one of the owner's images with that content) and

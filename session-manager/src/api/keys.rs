@@ -36,17 +36,7 @@ pub async fn list_keys(
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Vec<KeyView>>, ApiError> {
-    let owner = if query.all {
-        if !caller.admin {
-            return Err(ApiError::forbidden(
-                "only admins can list everyone's keys (?all=true); leave it out to list yours",
-            ));
-        }
-        None
-    } else {
-        Some(&caller.user.dn)
-    };
-    let keys = state.store.keys(owner).await?;
+    let keys = keys::list(&state, &caller, query.all).await?;
     Ok(Json(keys.into_iter().map(key_view).collect()))
 }
 

@@ -39,9 +39,8 @@ pub async fn create_session(
             .await
             .map_err(refused)?;
     let positions = state.queue_positions().await?;
-    let transitions = state.store.transitions(session.id).await?;
     let position = positions.get(&session.id).copied();
-    let mut view = session_view(session, position, transitions);
+    let mut view = changed_session_view(&state, session, position).await?;
     if view.state == SessionState::Pending {
         if let Some(why) = crate::app::views::out_of_service(&site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
@@ -81,17 +80,7 @@ pub async fn list_sessions(
     caller: CurrentUser,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Vec<SessionView>>, ApiError> {
-    let filter = if query.all {
-        if !caller.admin {
-            return Err(ApiError::forbidden(
-                "only admins can list everyone's sessions (?all=true); leave it out to list yours",
-            ));
-        }
-        SessionFilter::All
-    } else {
-        SessionFilter::Owner(caller.user.dn.clone())
-    };
-    let sessions = state.store.sessions(filter).await?;
+    let sessions = actions::list(&state, &caller, query.all).await?;
     let positions = state.queue_positions().await?;
     Ok(Json(
         sessions
@@ -129,28 +118,15 @@ pub async fn show_session(
         Some(list) => Some(parse_states(list)?),
         None => None,
     };
-    // Subscribed before the first read, so no change between the read and the wait is missed.
-    let mut changes = state.changes.subscribe();
-    let mut session = find_session(&state, &caller, &name, query.owner, Lookup::Any).await?;
-    if let Some(states) = wait_for {
-        let wait = query
-            .timeout
-            .map_or(MAX_SESSION_WAIT, Duration::from_secs)
-            .min(MAX_SESSION_WAIT);
-        let deadline = tokio::time::Instant::now() + wait;
-        // Any change may be this session's (it may move to another node): look again each time.
-        while !states.contains(&session.state)
-            && matches!(
-                tokio::time::timeout_at(deadline, changes.changed(None)).await,
-                Ok(true)
-            )
-        {
-            match state.store.session(session.id).await? {
-                Some(now) => session = now,
-                None => break,
-            }
-        }
-    }
+    let wait = query
+        .timeout
+        .map_or(MAX_SESSION_WAIT, Duration::from_secs)
+        .min(MAX_SESSION_WAIT);
+    let target = SessionTarget {
+        name,
+        owner: query.owner,
+    };
+    let session = actions::show(&state, &caller, target, wait_for.as_deref(), wait).await?;
     Ok(Json(full_session_view(&Reads::new(&state), session).await?))
 }
 
@@ -186,8 +162,7 @@ pub async fn delete_session(
     let ended = actions::remove(&state, &caller, target(name, query), Via::Api)
         .await
         .map_err(refused)?;
-    let transitions = state.store.transitions(ended.id).await?;
-    Ok(Json(session_view(ended, None, transitions)))
+    Ok(Json(changed_session_view(&state, ended, None).await?))
 }
 
 pub async fn hold(

@@ -4,7 +4,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use ongrid_core::api::{FairShareView, GroupShareView, UserShareView};
+use ongrid_core::api::FairShareView;
 
 use super::callers::CurrentUser;
 use super::{ApiError, AppState};
@@ -13,35 +13,7 @@ pub async fn share(
     State(state): State<AppState>,
     caller: CurrentUser,
 ) -> Result<Json<FairShareView>, ApiError> {
-    let Some(config) = &state.config.fair_share else {
-        return Ok(Json(FairShareView {
-            enabled: false,
-            half_life_secs: 0,
-            groups: Vec::new(),
-        }));
-    };
-    let accounts = state.store.usage_accounts().await?;
-    let standings = crate::scheduling::fair_share::current(&accounts, config, state.clock.now());
-    let groups = standings
-        .into_iter()
-        .map(|standing| GroupShareView {
-            group: standing.group.to_string(),
-            share: standing.share,
-            share_fraction: standing.share_fraction,
-            usage: standing.usage,
-            usage_fraction: standing.usage_fraction,
-            factor: standing.factor,
-            users: standing
-                .users
-                .into_iter()
-                .filter(|(dn, _)| caller.admin || *dn == caller.user.dn)
-                .map(|(dn, usage)| UserShareView { dn, usage })
-                .collect(),
-        })
-        .collect();
-    Ok(Json(FairShareView {
-        enabled: true,
-        half_life_secs: config.half_life.as_secs(),
-        groups,
-    }))
+    Ok(Json(
+        crate::app::views::fair_share_view(&state, &caller).await?,
+    ))
 }

@@ -17,11 +17,11 @@
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{
-    Allowlist, ConnectionEvent, ConnectionEventKind, HeldKey, HeldKeys, KeyCheck, KeyOwner,
-    Revocation, RevokedKey, RevokedKeys, Route, RouteRequest,
+    Allowlist, AuditRecord, ConnectionEvent, ConnectionEventKind, HeldKey, HeldKeys, KeyCheck,
+    KeyOwner, Revocation, RevokedKey, RevokedKeys, Route, RouteRequest,
 };
 use ongrid_core::holds::SessionDeadlines;
-use ongrid_core::{SessionName, SessionState};
+use ongrid_core::{Dn, SessionName, SessionState};
 
 use super::views::deadlines_view;
 use super::{ApiError, AppState, Effect};
@@ -31,7 +31,7 @@ use crate::domain::sessions::SessionRecord;
 use crate::domain::users::{self, Removed};
 use crate::domain::utc;
 use crate::keys::fingerprint_of;
-use crate::store::{KeyRecord, SessionFilter, StoreError};
+use crate::store::{AuditFilter, KeyRecord, SessionFilter, StoreError};
 
 /// The most keys one check may ask about (a gateway's distinct keys of open connections).
 pub const MAX_HELD_KEYS: usize = 10_000;
@@ -317,6 +317,22 @@ pub fn reachable(
             "session {name} has ended: start a new one with `devctl session new`"
         ))),
     }
+}
+
+/// The audit log of SSH connections, newest first: of the user `owner` (everyone's when
+/// `None`), since `since`, at most `limit` records. Admins only; checked by the caller.
+pub async fn audit(
+    state: &AppState,
+    owner: Option<Dn>,
+    since: Option<DateTime<Utc>>,
+    limit: usize,
+) -> Result<Vec<AuditRecord>, ApiError> {
+    let filter = AuditFilter {
+        owner,
+        since,
+        limit,
+    };
+    Ok(state.store.audit(filter).await?)
 }
 
 /// Records an SSH connection's opening, activity or closing (which may move its session

@@ -7,7 +7,9 @@
 //! every node (the Docker image's name goes to each node's `removed_images`); sharing only
 //! people's views.
 
-use ongrid_core::image::{CreateImage, ImageReference, ImageState};
+use std::time::Duration;
+
+use ongrid_core::image::{CreateImage, ImageProgress, ImageReference, ImageState};
 use ongrid_core::SessionName;
 
 use ongrid_core::Dn;
@@ -19,7 +21,7 @@ use crate::domain::image_access;
 use crate::domain::images::{freezing_node, ImageRecord};
 use crate::domain::Refusal;
 use crate::image_files::remove_sif;
-use crate::store::{NewImage, StoreError};
+use crate::store::{ImageFilter, NewImage, StoreError};
 
 /// Why a freeze was not recorded, where the API and the dashboard give different advice.
 #[derive(Debug)]
@@ -98,6 +100,81 @@ pub async fn freeze(
     tracing::info!(image_id = %image.id, reference = %image.reference, session = %image.session_name, %node, user = %image.user_name, via = via.as_str(), "Freeze requested.");
     state.committed(&[Effect::Node(node), Effect::People]);
     Ok(image)
+}
+
+/// Whose images a list shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// The caller's own.
+    Own,
+    /// Every user's shared images.
+    Shared,
+    /// Everyone's (admins only).
+    Everyones,
+}
+
+/// The images of `which` the caller may list.
+pub async fn list(
+    state: &AppState,
+    caller: &CurrentUser,
+    which: Listed,
+) -> Result<Vec<ImageRecord>, ApiError> {
+    let filter =
+        match which {
+            Listed::Shared => ImageFilter::Shared,
+            Listed::Everyones if !caller.admin => return Err(ApiError::forbidden(
+                "only admins can list everyone's images (?all=true); leave it out to list yours",
+            )),
+            Listed::Everyones => ImageFilter::All,
+            Listed::Own => ImageFilter::Owner(caller.user.dn.clone()),
+        };
+    Ok(state.store.images(filter).await?)
+}
+
+/// The image `reference` names (by digest, several may share the content: the newest); with
+/// `seen`, once it is no longer BUILDING with that progress, or `wait` has passed: a long-poll
+/// on its freeze. The agents' syncs store the progress they report and then notify
+/// ([`crate::notify::Changes`]), so the answer follows each report at once.
+pub async fn show(
+    state: &AppState,
+    caller: &CurrentUser,
+    reference: &str,
+    owner: Option<Dn>,
+    seen: Option<ImageProgress>,
+    wait: Duration,
+) -> Result<ImageRecord, ApiError> {
+    // Subscribed before the first read, so no report between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
+    let images = find_images(state, caller, reference, owner, Purpose::Read).await?;
+    let mut image = images
+        .into_iter()
+        .last()
+        .ok_or_else(|| ApiError::internal("find_images returned nothing"))?;
+    let Some(seen) = seen else {
+        return Ok(image);
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    // Any change may be this image's (the node's sync, a removal, the freeze watch): look
+    // again each time, and answer only on a difference.
+    while unchanged(&image, seen)
+        && matches!(
+            tokio::time::timeout_at(deadline, changes.changed(None)).await,
+            Ok(true)
+        )
+    {
+        match state.store.image(image.id).await? {
+            Some(now) => image = now,
+            None => break,
+        }
+    }
+    Ok(image)
+}
+
+/// Whether `image` is still BUILDING with the progress the caller has.
+fn unchanged(image: &ImageRecord, seen: ImageProgress) -> bool {
+    image.state == ImageState::Building
+        && image.bytes_done == seen.bytes_done
+        && image.bytes_total == seen.bytes_total
 }
 
 /// Marks the image `reference` names DELETED (by digest: every one of the owner's images with

@@ -41,6 +41,26 @@ impl From<StoreError> for InstituteError {
     }
 }
 
+/// Every institute (admins only).
+pub async fn list(state: &AppState, caller: &CurrentUser) -> Result<Vec<Institute>, ApiError> {
+    caller.require_admin(MANAGE)?;
+    Ok(state.store.institutes().await?)
+}
+
+/// The institute named `name` (admins only).
+pub async fn show(
+    state: &AppState,
+    caller: &CurrentUser,
+    name: &InstituteName,
+) -> Result<Institute, InstituteError> {
+    caller.require_admin(MANAGE)?;
+    state
+        .store
+        .institute(name)
+        .await?
+        .ok_or_else(|| InstituteError::NotFound(name.clone()))
+}
+
 /// Adds the institute `name` with `cidrs` (each once, in their order).
 pub async fn add(
     state: &AppState,

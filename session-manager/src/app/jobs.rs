@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::job::{JobId, JobSpec, JobTarget, SubmitJob};
+use ongrid_core::job::{JobId, JobSpec, JobTarget, LogChunk, SubmitJob};
 use ongrid_core::GpuRequest;
 
 use super::caller::CurrentUser;
@@ -22,7 +22,7 @@ use crate::domain::Refusal;
 use crate::grid_mirror::HandOverError;
 use crate::job_logs::JobLogs;
 use crate::site::SiteSnapshot;
-use crate::store::{JobRemoval, StoreError};
+use crate::store::{JobFilter, JobRemoval, StoreError};
 
 /// Why a job was not changed, where the API and the dashboard give different advice.
 #[derive(Debug)]
@@ -338,6 +338,101 @@ async fn store_change(
             other => other.into(),
         })
 }
+
+/// The caller's or everyone's (admins only) jobs.
+pub async fn list(
+    state: &AppState,
+    caller: &CurrentUser,
+    everyones: bool,
+) -> Result<Vec<JobRecord>, ApiError> {
+    let filter = if everyones {
+        if !caller.admin {
+            return Err(ApiError::forbidden(
+                "only admins can list everyone's jobs (?all=true); leave it out to list yours",
+            ));
+        }
+        JobFilter::All
+    } else {
+        JobFilter::Owner(caller.user.dn.clone())
+    };
+    Ok(state.store.jobs(filter).await?)
+}
+
+/// The job's kept output from `offset` (at most [`LOG_READ_MAX`] bytes); `complete` when the
+/// job has ended, its output is all in and these bytes reach its end. With `wait`, a long-poll
+/// that `devctl job logs -f` follows: the agents' syncs append output and change jobs, then
+/// notify ([`crate::notify::Changes`]), and so do the scheduler and the owner's cancel and
+/// halt; an answer without new bytes that is not complete means the wait passed.
+pub async fn logs(
+    state: &AppState,
+    caller: &CurrentUser,
+    id: &str,
+    offset: u64,
+    wait: Option<Duration>,
+) -> Result<LogChunk, JobActionError> {
+    // Subscribed before the first read, so no report between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
+    let mut job = find(state, caller, id).await?;
+    let deadline = tokio::time::Instant::now() + wait.unwrap_or_default();
+    loop {
+        let chunk = read_logs(state, &job, offset).await?;
+        if wait.is_none() || !chunk.data.is_empty() || chunk.complete {
+            return Ok(chunk);
+        }
+        // An ended job's output is complete when the agent says so or when `output_grace`
+        // passes, which nothing notifies: wake then too.
+        let until = match grace_left(state, &job) {
+            Some(left) => deadline.min(tokio::time::Instant::now() + left),
+            None => deadline,
+        };
+        match tokio::time::timeout_at(until, changes.changed(None)).await {
+            Ok(true) => {}
+            // Shutting down: answer what there is.
+            Ok(false) => return Ok(chunk),
+            Err(_) if until >= deadline => return Ok(read_logs(state, &job, offset).await?),
+            Err(_) => {}
+        }
+        match state.store.job(job.id).await? {
+            Some(now) => job = now,
+            None => return Ok(chunk),
+        }
+    }
+}
+
+/// At most this many bytes of output in one answer of [`logs`].
+pub const LOG_READ_MAX: usize = 1024 * 1024;
+
+/// The output of `job` from `offset` as stored now.
+async fn read_logs(state: &AppState, job: &JobRecord, offset: u64) -> Result<LogChunk, ApiError> {
+    let logs = JobLogs::new(state.config.job_log_dir.clone());
+    let (data, size) = logs
+        .read(job.id, offset, LOG_READ_MAX)
+        .await
+        .map_err(|e| ApiError::internal(format!("reading the output of job {}: {e}", job.id)))?;
+    let end = offset.saturating_add(data.len() as u64) >= size;
+    let complete =
+        end && jobs::output_complete(job, state.config.job_limits.output_grace, state.clock.now());
+    Ok(LogChunk {
+        offset,
+        data,
+        complete,
+    })
+}
+
+/// How long until an ended job's output counts as complete without the agent saying so; `None`
+/// while it runs or once the agent said so.
+fn grace_left(state: &AppState, job: &JobRecord) -> Option<Duration> {
+    if job.log_complete {
+        return None;
+    }
+    let grace = chrono::TimeDelta::from_std(state.config.job_limits.output_grace).ok()?;
+    let left = job.finished_at()? + grace - state.clock.now();
+    // At least a little, so a clock a test holds still cannot make it spin.
+    Some(left.to_std().unwrap_or_default().max(GRACE_RECHECK))
+}
+
+/// The shortest wait for an output grace to end.
+const GRACE_RECHECK: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {

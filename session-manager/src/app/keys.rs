@@ -87,6 +87,25 @@ pub async fn add(
     Ok(added)
 }
 
+/// The caller's keys, or everyone's (admins only).
+pub async fn list(
+    state: &AppState,
+    caller: &CurrentUser,
+    everyones: bool,
+) -> Result<Vec<KeyRecord>, ApiError> {
+    let owner = if everyones {
+        if !caller.admin {
+            return Err(ApiError::forbidden(
+                "only admins can list everyone's keys (?all=true); leave it out to list yours",
+            ));
+        }
+        None
+    } else {
+        Some(&caller.user.dn)
+    };
+    Ok(state.store.keys(owner).await?)
+}
+
 /// Removes the key of `fingerprint` (`SHA256:...`): one of the caller's, or anyone's for an
 /// admin; returns it as it was.
 pub async fn remove(

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::caller::CurrentUser;
 use super::{ApiError, AppState};
-use crate::store::DashboardIdentity;
+use crate::store::{DashboardIdentity, DashboardLogin};
 use crate::tokens::Right;
 
 /// How long a login link printed by `devctl dashboard` may be used.
@@ -165,6 +165,12 @@ pub async fn create_link(
         None => format!("/dashboard/login?token={token}"),
     };
     Ok(DashboardLink { path, expires_at })
+}
+
+/// Ends a browser's login (the dashboard's logout); its cookie no longer logs in.
+pub async fn log_out(state: &AppState, login: &DashboardLogin) -> Result<(), ApiError> {
+    state.store.dashboard().end_dashboard_login(login).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use crate::domain::image_access::{self, ImageChoice};
 use crate::domain::sessions::{requests, Change, SessionRecord};
 use crate::domain::Refusal;
 use crate::site::SiteSnapshot;
-use crate::store::{FactsScope, NewSession, StoreError};
+use crate::store::{FactsScope, NewSession, SessionFilter, StoreError};
 
 /// Which session an action names: the caller's own, or (admins) `owner`'s.
 #[derive(Debug, Clone)]
@@ -217,6 +217,57 @@ async fn session_image(
     };
     // Logged, with the caller, as every 403 is (`error::log_refusals`).
     resolved.map_err(ApiError::from)
+}
+
+/// The caller's sessions, or everyone's (admins only).
+pub async fn list(
+    state: &AppState,
+    caller: &CurrentUser,
+    everyones: bool,
+) -> Result<Vec<SessionRecord>, ApiError> {
+    let filter = if everyones {
+        if !caller.admin {
+            return Err(ApiError::forbidden(
+                "only admins can list everyone's sessions (?all=true); leave it out to list yours",
+            ));
+        }
+        SessionFilter::All
+    } else {
+        SessionFilter::Owner(caller.user.dn.clone())
+    };
+    Ok(state.store.sessions(filter).await?)
+}
+
+/// The session `target` names (the live one, else the last ended one); with `wait_for`, once
+/// it is in one of those states or `wait` has passed: a long-poll. Every change is notified
+/// ([`crate::notify::Changes`]), so the answer follows the change at once.
+pub async fn show(
+    state: &AppState,
+    caller: &CurrentUser,
+    target: SessionTarget,
+    wait_for: Option<&[SessionState]>,
+    wait: Duration,
+) -> Result<SessionRecord, ApiError> {
+    // Subscribed before the first read, so no change between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
+    let mut session = find_session(state, caller, &target.name, target.owner, Lookup::Any).await?;
+    let Some(states) = wait_for else {
+        return Ok(session);
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    // Any change may be this session's (it may move to another node): look again each time.
+    while !states.contains(&session.state)
+        && matches!(
+            tokio::time::timeout_at(deadline, changes.changed(None)).await,
+            Ok(true)
+        )
+    {
+        match state.store.session(session.id).await? {
+            Some(now) => session = now,
+            None => break,
+        }
+    }
+    Ok(session)
 }
 
 /// Holds the session by hand (HELD, its container stopped); `reason` is an admin's for holding

@@ -6,20 +6,24 @@
 
 use std::collections::HashMap;
 
-use ongrid_core::api::SessionView;
+use chrono::{DateTime, Utc};
+use ongrid_core::api::{FairShareView, GroupShareView, SessionView, UserShareView};
 use ongrid_core::holds::{HoldReason, LifecycleView, PlannedHold, SessionDeadlines};
 use ongrid_core::image::{ImageProgress, ImageState, ImageView};
+use ongrid_core::job::{GridJobView, JobId, JobState, JobView};
 use ongrid_core::{SessionId, SessionState, Transition};
 use tokio::sync::OnceCell;
 
+use super::caller::CurrentUser;
 use super::{ApiError, AppState};
 use crate::domain::images::ImageRecord;
+use crate::domain::jobs::{self, JobRecord};
 use crate::domain::policy::fairshare::Account;
 use crate::domain::sessions::holds::{deadlines, view};
 use crate::domain::sessions::SessionRecord;
 use crate::scheduling::gpu_policy::GpuPolicy;
 use crate::site::SiteSnapshot;
-use crate::store::FactsScope;
+use crate::store::{FactsScope, JobFilter};
 
 /// The site-wide reads behind session views, each made on first use and then kept: for the
 /// views of one answer or one page render, which so read them once rather than once per
@@ -111,6 +115,17 @@ pub fn session_view(
         transitions,
         lifecycle: None,
     }
+}
+
+/// A session as the API answers a change of it: with its history and queue position, without
+/// its lifecycle.
+pub async fn changed_session_view(
+    state: &AppState,
+    session: SessionRecord,
+    queue_position: Option<u32>,
+) -> Result<SessionView, ApiError> {
+    let transitions = state.store.transitions(session.id).await?;
+    Ok(session_view(session, queue_position, transitions))
 }
 
 /// The full view of a session as it is now: queue position, history and lifecycle.
@@ -371,4 +386,164 @@ pub fn image_view(image: ImageRecord) -> ImageView {
         progress,
         shared: image.shared_at.is_some(),
     }
+}
+
+/// The job as it is now: its place in the queue and why it waits, with what holds it (a
+/// `[limits]` maximum, owned GPUs or reservations).
+pub async fn job_view_now(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
+    let active = state.store.jobs(JobFilter::Active).await?;
+    let note = if job.state() == JobState::Queued && job.grid.is_none() {
+        let asker = PolicyAsker {
+            owner: &job.owner,
+            session: None,
+            job: Some(&job),
+            max_duration: job.max_duration.map(|d| d.as_duration()),
+        };
+        let reads = Reads::new(state);
+        gpu_policy_note(&reads, &job.spec.gpus, &asker).await?
+    } else {
+        None
+    };
+    let held_back = (job.state() == JobState::Queued && job.grid.is_none())
+        .then(|| {
+            state
+                .scheduler
+                .limit_wait(crate::scheduling::limits::Waiting::Job(job.id))
+        })
+        .flatten();
+    let positions = job_queue_positions(state, &active).await?;
+    let mut view = job_view(job, &active, &positions, state.clock.now());
+    if let (Some(limit), Some(waiting)) = (held_back, view.waiting.as_mut()) {
+        // A QUEUED job over a `[limits]` maximum says which one holds it.
+        *waiting = format!("waits for a limit: {limit}");
+    } else if let (Some(note), Some(waiting)) = (note, view.waiting.as_mut()) {
+        // Owned GPUs and reservations that keep it off GPUs that would fit it.
+        *waiting = format!("{waiting}; {note}");
+    }
+    Ok(view)
+}
+
+/// 1-based queue positions of the QUEUED jobs among `active`, in the order the scheduler
+/// serves them (fair-share priority, then time queued). Jobs of grid targets wait in their
+/// engines' queues, not in this one: they have no position.
+async fn job_queue_positions(
+    state: &AppState,
+    active: &[JobRecord],
+) -> Result<HashMap<JobId, u32>, ApiError> {
+    let waiting: Vec<_> = active
+        .iter()
+        .filter(|j| j.state() == JobState::Queued && j.grid.is_none())
+        .map(|j| (j.owner.clone(), j.queued_at(), j.id))
+        .collect();
+    let accounts = match &state.config.fair_share {
+        Some(_) => state.store.usage_accounts().await?,
+        None => Vec::new(),
+    };
+    let order = crate::scheduling::fair_share::serve_order(
+        &waiting,
+        &accounts,
+        state.config.fair_share.as_ref(),
+    );
+    Ok(order.into_iter().zip(1u32..).collect())
+}
+
+/// The views of `records`, with their places in the queue (the site's active jobs read once).
+pub async fn job_views(
+    state: &AppState,
+    records: Vec<JobRecord>,
+) -> Result<Vec<JobView>, ApiError> {
+    let active = state.store.jobs(JobFilter::Active).await?;
+    let positions = job_queue_positions(state, &active).await?;
+    let now = state.clock.now();
+    Ok(records
+        .into_iter()
+        .map(|job| job_view(job, &active, &positions, now))
+        .collect())
+}
+
+/// A job as it was when it was removed: in no queue.
+pub async fn removed_job_view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
+    let active = state.store.jobs(JobFilter::Active).await?;
+    Ok(job_view(job, &active, &HashMap::new(), state.clock.now()))
+}
+
+/// A job as the API shows it, with its place among the site's QUEUED jobs (`positions`) and
+/// why it waits (from `active`: the site's jobs QUEUED or holding GPUs).
+pub fn job_view(
+    job: JobRecord,
+    active: &[JobRecord],
+    positions: &HashMap<JobId, u32>,
+    now: DateTime<Utc>,
+) -> JobView {
+    let position = positions.get(&job.id).copied();
+    let waiting = jobs::waiting_reason(&job, active, now);
+    JobView {
+        id: job.id,
+        owner: job.owner.clone(),
+        user_name: job.user_name.clone(),
+        state: job.state(),
+        reason: job.lifecycle.last().reason.to_string(),
+        max_duration: job.max_duration,
+        image_digest: Some(job.image.digest.clone()),
+        node: job.node.clone(),
+        gpus: job.gpus.clone(),
+        chain: job.chain,
+        previous_job: job.previous_job,
+        next_job: job.next_job,
+        exit_code: job.exit_code,
+        queued_at: job.queued_at(),
+        started_at: job.lifecycle.started_at(),
+        finished_at: job.finished_at(),
+        queue_position: position,
+        waiting,
+        transitions: job.lifecycle.history().to_vec(),
+        grid: job.grid.as_ref().map(|g| GridJobView {
+            target: g.target,
+            account: g.account.to_string(),
+            engine_id: g.engine_id.as_ref().map(ToString::to_string),
+            engine_state: g.engine_state.clone(),
+            polled_at: g.polled_at,
+        }),
+        output_complete: job.log_complete,
+        spec: job.spec,
+    }
+}
+
+/// Each accounting group's share, decayed usage and fair-share factor, like Slurm's `sshare`;
+/// admins see every user's usage, others the groups and their own line.
+pub async fn fair_share_view(
+    state: &AppState,
+    caller: &CurrentUser,
+) -> Result<FairShareView, ApiError> {
+    let Some(config) = &state.config.fair_share else {
+        return Ok(FairShareView {
+            enabled: false,
+            half_life_secs: 0,
+            groups: Vec::new(),
+        });
+    };
+    let accounts = state.store.usage_accounts().await?;
+    let standings = crate::scheduling::fair_share::current(&accounts, config, state.clock.now());
+    let groups = standings
+        .into_iter()
+        .map(|standing| GroupShareView {
+            group: standing.group.to_string(),
+            share: standing.share,
+            share_fraction: standing.share_fraction,
+            usage: standing.usage,
+            usage_fraction: standing.usage_fraction,
+            factor: standing.factor,
+            users: standing
+                .users
+                .into_iter()
+                .filter(|(dn, _)| caller.admin || *dn == caller.user.dn)
+                .map(|(dn, usage)| UserShareView { dn, usage })
+                .collect(),
+        })
+        .collect();
+    Ok(FairShareView {
+        enabled: true,
+        half_life_secs: config.half_life.as_secs(),
+        groups,
+    })
 }

@@ -638,6 +638,14 @@ impl BrowserConnection {
     }
 }
 
+/// The target's session as it is now (`None`: gone).
+pub async fn session_now(
+    state: &AppState,
+    target: &WebTarget,
+) -> Result<Option<SessionRecord>, ApiError> {
+    Ok(state.store.session(target.session.id).await?)
+}
+
 /// Records the open of a browser connection to the target's session.
 pub async fn browser_opened(
     state: &AppState,

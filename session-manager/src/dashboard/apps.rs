@@ -846,7 +846,7 @@ async fn relay<B, U>(
 /// Why the session's side of a WebSocket ended, in words for the browser.
 async fn why_it_ended(state: &AppState, target: &WebTarget) -> String {
     let name = &target.session.name;
-    match state.store.session(target.session.id).await {
+    match crate::app::web_apps::session_now(state, target).await {
         Ok(Some(session)) if session.state == SessionState::Held => format!(
             "session {name} is HELD: release it (dashboard or devctl session release {name}), then reload"
         ),

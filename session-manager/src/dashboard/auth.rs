@@ -435,7 +435,7 @@ pub async fn log_out(
 ) -> Result<Response, PageError> {
     viewer.check_csrf(&form.csrf)?;
     if let Some(login) = &viewer.login {
-        state.store.dashboard().end_dashboard_login(login).await?;
+        crate::app::logins::log_out(&state, login).await?;
     }
     Ok(redirect_with_cookie("/dashboard/", &clear_cookie(COOKIE)))
 }

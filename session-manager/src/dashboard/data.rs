@@ -11,11 +11,13 @@ use ongrid_core::{Dn, Institute, SessionState};
 
 use super::auth::{PageError, Viewer};
 use super::views;
+use crate::app::caller::CurrentUser;
+use crate::app::images::Listed;
+use crate::app::jobs::JobActionError;
 use crate::app::views::{full_session_view, image_view, Reads};
 use crate::app::{ApiError, AppState};
 use crate::domain::jobs::JobRecord;
 use crate::job_logs::JobLogs;
-use crate::store::{AuditFilter, ImageFilter, JobFilter, SessionFilter};
 
 /// The most of a job's output the page shows (its end).
 const OUTPUT_SHOWN: u64 = 256 * 1024;
@@ -49,12 +51,17 @@ impl Live {
     }
 }
 
-/// The sessions `filter` names as the API's `session show` sees them, ENDED ones left out.
-async fn sessions(state: &AppState, filter: SessionFilter) -> Result<Vec<SessionView>, PageError> {
+/// The viewer's sessions (`everyones`: all, for an admin) as the API's `session show` sees
+/// them, ENDED ones left out.
+async fn sessions(
+    state: &AppState,
+    viewer: &Viewer,
+    everyones: bool,
+) -> Result<Vec<SessionView>, PageError> {
     let mut views = Vec::new();
     // The site-wide reads once for the page, not once per session.
     let reads = Reads::new(state);
-    for session in state.store.sessions(filter).await? {
+    for session in crate::app::sessions::list(state, &viewer.caller, everyones).await? {
         if session.state == SessionState::Ended {
             continue;
         }
@@ -70,17 +77,14 @@ pub async fn render(state: &AppState, viewer: &Viewer, live: &Live) -> Result<Ma
     let config = &state.config.dashboard;
     match live {
         Live::User => {
-            let dn = viewer.caller.user.dn.clone();
-            let sessions = sessions(state, SessionFilter::Owner(dn.clone())).await?;
-            let images: Vec<_> = state
-                .store
-                .images(ImageFilter::Owner(dn.clone()))
+            let sessions = sessions(state, viewer, false).await?;
+            let images: Vec<_> = crate::app::images::list(state, &viewer.caller, Listed::Own)
                 .await?
                 .into_iter()
                 .map(image_view)
                 .filter(|image| image.state != ImageState::Deleted)
                 .collect();
-            let jobs = state.store.jobs(JobFilter::Owner(dn)).await?;
+            let jobs = crate::app::jobs::list(state, &viewer.caller, false).await?;
             Ok(views::user_live(
                 &sessions,
                 &images,
@@ -92,8 +96,8 @@ pub async fn render(state: &AppState, viewer: &Viewer, live: &Live) -> Result<Ma
         }
         Live::Admin => {
             viewer.require_admin()?;
-            let sessions = sessions(state, SessionFilter::All).await?;
-            let jobs = state.store.jobs(JobFilter::All).await?;
+            let sessions = sessions(state, viewer, true).await?;
+            let jobs = crate::app::jobs::list(state, &viewer.caller, true).await?;
             let site = state.site().await?;
             let nodes = views::nodes_table(&site.nodes, &|node| site.is_online(node), &viewer.csrf);
             Ok(views::admin_live(
@@ -115,12 +119,15 @@ pub async fn render(state: &AppState, viewer: &Viewer, live: &Live) -> Result<Ma
 
 /// One of the viewer's jobs (admins: anyone's); someone else's is "not found", as in the API.
 pub async fn job(state: &AppState, viewer: &Viewer, id: JobId) -> Result<JobRecord, PageError> {
-    let job = state.store.job(id).await?;
-    match job {
-        Some(job) if job.owner == viewer.caller.user.dn || viewer.caller.admin => Ok(job),
-        _ => Err(PageError(ApiError::not_found(format!(
+    match crate::app::jobs::find(state, &viewer.caller, &id.to_string()).await {
+        Ok(job) => Ok(job),
+        Err(JobActionError::NotFound(_)) => Err(PageError(ApiError::not_found(format!(
             "you have no job {id}"
         )))),
+        Err(JobActionError::ChangedMeanwhile { cause, .. }) => {
+            Err(PageError(ApiError::conflict(cause)))
+        }
+        Err(JobActionError::Api(error)) => Err(PageError(error)),
     }
 }
 
@@ -150,17 +157,11 @@ pub async fn session_names(state: &AppState, dn: &Dn) -> Result<Vec<String>, Pag
 /// The institutes and the filtered audit log (admins only; checked by the caller).
 pub async fn admin_tables(
     state: &AppState,
+    caller: &CurrentUser,
     user: Option<Dn>,
     since: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<(Vec<Institute>, Vec<AuditRecord>), PageError> {
-    let institutes = state.store.institutes().await?;
-    let audit = state
-        .store
-        .audit(AuditFilter {
-            owner: user,
-            since,
-            limit: AUDIT_SHOWN,
-        })
-        .await?;
+    let institutes = crate::app::institutes::list(state, caller).await?;
+    let audit = crate::app::gateway::audit(state, user, since, AUDIT_SHOWN).await?;
     Ok((institutes, audit))
 }

@@ -78,7 +78,7 @@ pub async fn admin_page(
         .map(|since| parse_since(since, state.clock.now()))
         .transpose()?;
     let live = data::render(&state, &viewer, &Live::Admin).await?;
-    let (institutes, audit) = data::admin_tables(&state, user, since).await?;
+    let (institutes, audit) = data::admin_tables(&state, &viewer.caller, user, since).await?;
     let filter = AuditFilterForm {
         user: &query.user,
         since: &query.since,
