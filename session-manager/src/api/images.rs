@@ -27,18 +27,15 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ongrid_core::image::{CreateImage, ImageProgress, ImageState, ImageView};
+use ongrid_core::image::{CreateImage, ImageProgress, ImageView};
 use ongrid_core::Dn;
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::app::images::{self as actions, FreezeError};
-use crate::app::lookup::{find_images, Purpose};
 use crate::app::views::image_view;
 use crate::app::Via;
-use crate::domain::images::ImageRecord;
-use crate::store::ImageFilter;
 
 pub async fn create_image(
     State(state): State<AppState>,

@@ -21,11 +21,10 @@ use std::time::Duration;
 
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
-use crate::app::lookup::{find_session, Lookup, OwnerQuery, ReservationQuery};
+use crate::app::lookup::{OwnerQuery, ReservationQuery};
 use crate::app::sessions::{self as actions, Created, SessionActionError, SessionTarget};
-use crate::app::views::{full_session_view, session_view, Reads};
+use crate::app::views::{changed_session_view, full_session_view, session_view, Reads};
 use crate::app::Via;
-use crate::store::SessionFilter;
 
 pub async fn create_session(
     State(state): State<AppState>,

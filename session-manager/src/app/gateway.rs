@@ -325,7 +325,7 @@ pub async fn audit(
     state: &AppState,
     owner: Option<Dn>,
     since: Option<DateTime<Utc>>,
-    limit: usize,
+    limit: u32,
 ) -> Result<Vec<AuditRecord>, ApiError> {
     let filter = AuditFilter {
         owner,

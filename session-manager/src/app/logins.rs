@@ -10,8 +10,9 @@
 
 use std::fmt;
 
-use chrono::TimeDelta;
+use chrono::{DateTime, TimeDelta, Utc};
 use ongrid_core::api::DashboardLink;
+use ongrid_core::Dn;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
 
@@ -167,8 +168,75 @@ pub async fn create_link(
     Ok(DashboardLink { path, expires_at })
 }
 
-/// Ends a browser's login (the dashboard's logout); its cookie no longer logs in.
-pub async fn log_out(state: &AppState, login: &DashboardLogin) -> Result<(), ApiError> {
+/// The browser login whose cookie holds `cookie_token`, if it has not expired, with the
+/// digest that names it.
+pub async fn login_of(
+    state: &AppState,
+    cookie_token: &str,
+) -> Result<Option<(String, DashboardLogin)>, ApiError> {
+    let named = digest(cookie_token);
+    let login = state
+        .store
+        .dashboard()
+        .dashboard_login(&named, state.clock.now())
+        .await?;
+    Ok(login.map(|login| (named, login)))
+}
+
+/// The DN a login link's `token` was made for, while the link is unused and unexpired.
+pub async fn link_owner(state: &AppState, token: &str) -> Result<Option<Dn>, ApiError> {
+    let identity = state
+        .store
+        .dashboard()
+        .dashboard_link(&digest(token), state.clock.now())
+        .await?;
+    Ok(identity.map(|identity| identity.dn))
+}
+
+/// A browser logged in: the token its cookie holds, and until when.
+pub struct LoggedIn {
+    pub cookie_token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Spends the login link's `token` for a browser login of `lifetime` (never past the
+/// credential the link was made with); `None` when the link is used, expired or unknown.
+pub async fn log_in(
+    state: &AppState,
+    token: &str,
+    lifetime: TimeDelta,
+) -> Result<Option<LoggedIn>, ApiError> {
+    let now = state.clock.now();
+    let Some(identity) = state
+        .store
+        .dashboard()
+        .redeem_dashboard_link(&digest(token), now)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let expires_at = (now + lifetime).min(identity.not_after);
+    let cookie_token = random_token();
+    let login = DashboardLogin {
+        identity,
+        csrf_token: random_token(),
+        expires_at,
+    };
+    state
+        .store
+        .dashboard()
+        .create_dashboard_login(&digest(&cookie_token), &login, now)
+        .await?;
+    tracing::info!(user = ?login.identity.dn.as_str(), %expires_at, "Dashboard login.");
+    Ok(Some(LoggedIn {
+        cookie_token,
+        expires_at,
+    }))
+}
+
+/// Ends a browser's login (the dashboard's logout), named by its cookie's digest; the cookie
+/// no longer logs in.
+pub async fn log_out(state: &AppState, login: &str) -> Result<(), ApiError> {
     state.store.dashboard().end_dashboard_login(login).await?;
     Ok(())
 }

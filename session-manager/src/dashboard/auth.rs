@@ -35,11 +35,10 @@ use sha2::{Digest, Sha256};
 use super::views;
 use crate::app::caller::CurrentUser;
 use crate::app::error::{CallerSlot, Refused};
-use crate::app::logins::{digest, random_token, NextPath};
+use crate::app::logins::{self, random_token, LoggedIn, NextPath};
 use crate::app::{ApiError, AppState};
 use crate::auth::Peer;
 use crate::grid_identity::Identity;
-use crate::store::DashboardLogin;
 
 /// How long a browser stays logged in (never past the credential's end).
 pub const LOGIN_LIFETIME: TimeDelta = TimeDelta::hours(12);
@@ -142,13 +141,7 @@ impl FromRequestParts<AppState> for Viewer {
             .and_then(|bytes| String::from_utf8(bytes).ok())
             .filter(|text| !text.is_empty());
         if let Some(token) = cookie(&parts.headers, COOKIE) {
-            let login_digest = digest(token);
-            let found = state
-                .store
-                .dashboard()
-                .dashboard_login(&login_digest, state.clock.now())
-                .await?;
-            if let Some(login) = found {
+            if let Some((login_digest, login)) = logins::login_of(state, token).await? {
                 if let Some(slot) = parts.extensions.get::<CallerSlot>() {
                     slot.set(&login.identity.dn);
                 }
@@ -292,13 +285,10 @@ pub async fn login_page(
     Query(query): Query<TokenQuery>,
 ) -> Result<Response, PageError> {
     let next = next_page(query.next.as_deref())?;
-    let who = state
-        .store
-        .dashboard()
-        .dashboard_link(&digest(&query.token), state.clock.now())
+    let owner = logins::link_owner(&state, &query.token)
         .await?
         .ok_or_else(spent_link)?;
-    Ok(views::login_page(&who.dn, &query.token, next.as_ref()).into_response())
+    Ok(views::login_page(&owner, &query.token, next.as_ref()).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -352,38 +342,21 @@ pub async fn log_in(
     Form(form): Form<LoginForm>,
 ) -> Result<Response, PageError> {
     let next = next_page(form.next.as_deref())?;
-    let now = state.clock.now();
     if let Some(certificate) = &certificate {
-        let link = state
-            .store
-            .dashboard()
-            .dashboard_link(&digest(&form.token), now)
+        let owner = logins::link_owner(&state, &form.token)
             .await?
             .ok_or_else(spent_link)?;
-        same_person(Some(certificate), &link.dn)?;
+        same_person(Some(certificate), &owner)?;
     }
-    let identity = state
-        .store
-        .dashboard()
-        .redeem_dashboard_link(&digest(&form.token), now)
+    let LoggedIn {
+        cookie_token,
+        expires_at,
+    } = logins::log_in(&state, &form.token, LOGIN_LIFETIME)
         .await?
         .ok_or_else(spent_link)?;
-    let expires_at = (now + LOGIN_LIFETIME).min(identity.not_after);
-    let cookie_token = random_token();
-    let login = DashboardLogin {
-        identity,
-        csrf_token: random_token(),
-        expires_at,
-    };
-    state
-        .store
-        .dashboard()
-        .create_dashboard_login(&digest(&cookie_token), &login, now)
-        .await?;
-    tracing::info!(user = ?login.identity.dn.as_str(), %expires_at, "Dashboard login.");
     Ok(redirect_with_cookie(
         next.as_ref().map_or("/dashboard/", NextPath::as_str),
-        &login_cookie(&cookie_token, expires_at, now),
+        &login_cookie(&cookie_token, expires_at, state.clock.now()),
     ))
 }
 
@@ -454,8 +427,8 @@ mod tests {
         assert!(!same_token(&a, &b));
         assert!(!same_token(&a, &a[..63]));
         assert!(!same_token("", &a));
-        assert_eq!(digest("x").len(), 64);
-        assert_ne!(digest(&a), a);
+        assert_eq!(logins::digest("x").len(), 64);
+        assert_ne!(logins::digest(&a), a);
     }
 
     #[test]

@@ -143,10 +143,8 @@ async fn output(state: &AppState, job: &JobRecord) -> Result<(String, bool), Pag
 }
 
 /// The names of the viewer's live sessions (the freeze form's choices).
-pub async fn session_names(state: &AppState, dn: &Dn) -> Result<Vec<String>, PageError> {
-    Ok(state
-        .store
-        .sessions(SessionFilter::Owner(dn.clone()))
+pub async fn session_names(state: &AppState, viewer: &Viewer) -> Result<Vec<String>, PageError> {
+    Ok(crate::app::sessions::list(state, &viewer.caller, false)
         .await?
         .into_iter()
         .filter(|s| s.state.is_live() || s.state == SessionState::Held)

@@ -47,7 +47,7 @@ pub async fn user_page(
     viewer: Viewer,
 ) -> Result<Response, PageError> {
     let live = data::render(&state, &viewer, &Live::User).await?;
-    let names = data::session_names(&state, &viewer.caller.user.dn).await?;
+    let names = data::session_names(&state, &viewer).await?;
     Ok(page(
         views::user_page(&header(&viewer), live, &names),
         &viewer,
