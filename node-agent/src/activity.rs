@@ -15,11 +15,13 @@
 //!
 //! A reading that takes longer than [`CPU_READ_BUDGET`] (a busy Docker answers its stats
 //! slowly) is left out of this sync like a failed one: the sync is also the node's heartbeat,
-//! which the manager times with `node_timeout`, and idle detection only misses one sample.
+//! which the manager times with `node_timeout`, and idle detection only misses one sample (the
+//! next reading measures over the whole gap). [`SLOW_READINGS_WARNED`] in a row are a warning:
+//! a session whose CPU use is never reported may be held as idle while it computes.
 //!
 //! Time between samples is tokio's clock, so tests drive it with a paused clock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -28,7 +30,7 @@ use ongrid_core::api::ContainerState;
 use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{GpuId, GpuInfo, GpuUuid};
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::runtime::{error_chain, ContainerRuntime, ContainerStatus};
 
@@ -68,11 +70,17 @@ pub fn gpu_percent(assigned: &[GpuId], inventory: &[GpuInfo]) -> Option<f64> {
         .map(f64::from)
 }
 
+/// Slow readings in a row after which the agent warns: the session then shows no CPU use,
+/// and may be held as idle although it computes.
+pub const SLOW_READINGS_WARNED: u32 = 5;
+
 /// Remembers each running container's last CPU sample between syncs.
 #[derive(Debug, Default)]
 pub struct ActivitySampler {
     /// By container id (a recreated container starts afresh).
     previous: HashMap<String, CpuSample>,
+    /// Readings over the budget in a row, by container id.
+    slow: HashMap<String, u32>,
 }
 
 impl ActivitySampler {
@@ -100,6 +108,7 @@ impl ActivitySampler {
         }))
         .await;
 
+        let running_ids: HashSet<&str> = running.iter().map(|c| c.id.as_str()).collect();
         let mut activity = Vec::new();
         let mut next = HashMap::new();
         for (container, (used, at)) in running.into_iter().zip(readings) {
@@ -118,14 +127,22 @@ impl ActivitySampler {
                     continue;
                 }
                 Err(_) => {
-                    debug!(session = %session_id, container = %container.id, budget = ?CPU_READ_BUDGET,
-                           "Reading the container's CPU time took too long; not reporting its activity this time.");
+                    let in_a_row = self.slow.entry(container.id.clone()).or_default();
+                    *in_a_row += 1;
+                    if *in_a_row == SLOW_READINGS_WARNED {
+                        warn!(session = %session_id, container = %container.id, budget = ?CPU_READ_BUDGET, in_a_row = *in_a_row,
+                              "Docker keeps answering the container's CPU time too slowly: its CPU use is not reported, so idle detection sees only its connections and GPUs. Check the Docker daemon's load.");
+                    } else {
+                        debug!(session = %session_id, container = %container.id, budget = ?CPU_READ_BUDGET,
+                               "Reading the container's CPU time took too long; not reporting its activity this time.");
+                    }
                     if let Some(previous) = self.previous.get(&container.id) {
                         next.insert(container.id.clone(), *previous);
                     }
                     continue;
                 }
             };
+            self.slow.remove(&container.id);
             let before = self.previous.get(&container.id).copied();
             next.insert(container.id.clone(), sample);
             let Some(cpu_percent) = before.and_then(|before| cpu_percent(before, sample)) else {
@@ -139,6 +156,8 @@ impl ActivitySampler {
                 gpu_percent: gpu_percent(gpus, inventory),
             });
         }
+        // Counts of containers that no longer run go.
+        self.slow.retain(|id, _| running_ids.contains(id.as_str()));
         self.previous = next;
         activity
     }

@@ -194,19 +194,10 @@ fn api_and_dashboard_stay_apart() {
 
 #[test]
 fn transports_wake_nobody() {
-    let manager = workspace().krate("session-manager");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate is in the workspace");
     let mut violations = BTreeSet::new();
-    for dir in ["api", "dashboard"] {
-        for file in rust_files(&root.join(&manager.src).join(dir)) {
-            let syntax = parse(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            let mut calls = WakeUpCalls::default();
-            calls.visit_file(&syntax);
-            for call in calls.found {
-                violations.insert(format!("{}: {call}", file.display()));
-            }
+    for (file, calls) in transport_calls() {
+        for call in calls.found {
+            violations.insert(format!("{}: {call}", file.display()));
         }
     }
     assert_none(
@@ -218,19 +209,10 @@ fn transports_wake_nobody() {
 
 #[test]
 fn transports_go_through_the_application() {
-    let manager = workspace().krate("session-manager");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate is in the workspace");
     let mut violations = BTreeSet::new();
-    for dir in ["api", "dashboard"] {
-        for file in rust_files(&root.join(&manager.src).join(dir)) {
-            let syntax = parse(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            let mut calls = WakeUpCalls::default();
-            calls.visit_file(&syntax);
-            for within in calls.store_uses {
-                violations.insert(format!("{}: {within}() uses the store", file.display()));
-            }
+    for (file, calls) in transport_calls() {
+        for within in calls.store_uses {
+            violations.insert(format!("{}: {within}() uses the store", file.display()));
         }
     }
     assert_none(
@@ -238,6 +220,25 @@ fn transports_go_through_the_application() {
          model of app/ reads and writes it",
         &violations,
     );
+}
+
+/// The wake-up calls and store uses of each file of session-manager's `src/api/` and
+/// `src/dashboard/`.
+fn transport_calls() -> Vec<(PathBuf, WakeUpCalls)> {
+    let manager = workspace().krate("session-manager");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate is in the workspace");
+    let mut found = Vec::new();
+    for dir in ["api", "dashboard"] {
+        for file in rust_files(&root.join(&manager.src).join(dir)) {
+            let syntax = parse(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let mut calls = WakeUpCalls::default();
+            calls.visit_file(&syntax);
+            found.push((file, calls));
+        }
+    }
+    found
 }
 
 /// The [`WAKE_UPS`] calls and the store uses of a file outside its test code, with the

@@ -7,6 +7,7 @@ use ongrid_core::api::{TokenInfo, WhoAmI};
 use super::callers::CurrentUser;
 
 pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
+    let fqans = caller.fqans_text();
     Json(WhoAmI {
         dn: caller.user.dn,
         user_name: caller.user.user_name,
@@ -14,12 +15,7 @@ pub async fn whoami(caller: CurrentUser) -> Json<WhoAmI> {
         admin: caller.admin,
         credential: Some(caller.identity.kind),
         vos: caller.identity.vos,
-        fqans: caller
-            .identity
-            .fqans
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        fqans,
         not_after: Some(caller.not_after),
         group: Some(caller.admitted.group.to_string()),
         admitted_by: Some(caller.admitted.rule),

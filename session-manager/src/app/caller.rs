@@ -138,6 +138,15 @@ impl CurrentUser {
         }
     }
 
+    /// The credential's FQANs as text, as keys and logins record them.
+    pub fn fqans_text(&self) -> Vec<String> {
+        self.identity
+            .fqans
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
     /// Whether the credential is a limited proxy.
     pub fn is_limited(&self) -> bool {
         self.identity.kind == CredentialKind::Limited

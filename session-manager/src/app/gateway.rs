@@ -370,7 +370,7 @@ pub async fn connection_event(
         ConnectionEventKind::Activity => {
             tracing::debug!(connection = %event.connection_id, session = %recorded.session.name,
                 bytes_in = event.bytes_in, bytes_out = event.bytes_out, "SSH connection activity.");
-            if recorded.session.state != session.state {
+            if recorded.transition.is_some() {
                 state.committed(&[Effect::People]);
             }
             return deadlines_view(state, &recorded.session).await;

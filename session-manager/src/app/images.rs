@@ -3,8 +3,8 @@
 //! session's node gets it as an order in its desired state, [`crate::domain::images`]);
 //! removing an image and sharing it ([`crate::domain::image_access`]).
 //!
-//! A freeze wakes the session's node, whose order it is, and people following it; a removal
-//! every node (the Docker image's name goes to each node's `removed_images`); sharing only
+//! A freeze and a removal wake every node (the freeze is its session's node's order, and either
+//! changes which image names go to each node's `removed_images`) and people; sharing only
 //! people's views.
 
 use std::time::Duration;
@@ -98,7 +98,9 @@ pub async fn freeze(
         Err(other) => return Err(other.into()),
     };
     tracing::info!(image_id = %image.id, reference = %image.reference, session = %image.session_name, %node, user = %image.user_name, via = via.as_str(), "Freeze requested.");
-    state.committed(&[Effect::Node(node), Effect::People]);
+    // Its node gets the order; and a tag taken again is no longer one every node untags
+    // (`removed_images`), so every node's desired state may change.
+    state.committed(&[Effect::Nodes]);
     Ok(image)
 }
 

@@ -51,12 +51,7 @@ pub async fn add(
         comment: key.comment,
         at: now,
         expires_at,
-        fqans: caller
-            .identity
-            .fqans
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        fqans: caller.fqans_text(),
         token_issuer: token.map(|token| token.issuer_name.clone()),
     };
     let user = &caller.user.user_name;

@@ -146,12 +146,7 @@ pub async fn create_link(
     let expires_at = (now + LINK_LIFETIME).min(caller.not_after);
     let identity = DashboardIdentity {
         dn: caller.user.dn.clone(),
-        fqans: caller
-            .identity
-            .fqans
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        fqans: caller.fqans_text(),
         kind: caller.identity.kind,
         not_after: caller.not_after,
     };

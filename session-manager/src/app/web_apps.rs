@@ -689,12 +689,17 @@ pub async fn browser_opened(
 /// Reports an open browser connection's traffic so far (its activity).
 pub async fn browser_activity(state: &AppState, connection: &BrowserConnection) {
     let event = connection.event(ConnectionEventKind::Activity, state);
-    if let Err(error) = state
+    match state
         .store
         .record_connection(&event, state.clock.now())
         .await
     {
-        tracing::warn!(connection = %event.connection_id, %error, "Recording a browser connection's activity failed.");
+        // Back from IDLE (or first traffic): as with an SSH connection's activity.
+        Ok(recorded) if recorded.transition.is_some() => state.committed(&[Effect::People]),
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(connection = %event.connection_id, %error, "Recording a browser connection's activity failed.");
+        }
     }
 }
 
