@@ -116,28 +116,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Arc::new(metrics::AgentExporter::new(readiness.clone())),
         shutdown.clone(),
     ));
-    let mut stream_url = None;
-    if let Some(settings) = &config.streams {
-        let listener = TcpListener::bind(settings.listen).await.with_context(|| {
-            format!(
-                "binding the stream endpoint to {} ([streams] listen)",
-                settings.listen
-            )
-        })?;
-        let bound = listener
-            .local_addr()
-            .context("reading the stream endpoint's address")?;
-        if settings.url.is_none() && bound.ip().is_unspecified() {
-            warn!(%bound, "The stream endpoint listens on all addresses; set [streams] url so the gateway gets an address it can reach.");
+    let stream_url = match &config.streams {
+        Some(settings) => {
+            Some(serve_streams(&config.node_name, settings, &runtime, &streams, &shutdown).await?)
         }
-        stream_url = Some(StreamServer::url(settings, bound));
-        let server = Arc::new(StreamServer::new(
-            config.node_name.clone(),
-            runtime.clone(),
-            settings,
-        ));
-        streams.spawn(server.serve(listener, streams.clone(), shutdown.clone()));
-    }
+        None => None,
+    };
     let result = Agent {
         node: config.node_name,
         gpus,
@@ -162,6 +146,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         warn!("Some streams did not end within 5 s of stopping; dropping them.");
     }
     result
+}
+
+/// Binds the gateway's stream endpoint (`[streams]`) and serves it on `streams` until
+/// `shutdown`; returns the URL the manager is told to give the gateway.
+async fn serve_streams(
+    node: &NodeName,
+    settings: &config::StreamsConfig,
+    runtime: &Arc<dyn ContainerRuntime>,
+    streams: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<String> {
+    let listener = TcpListener::bind(settings.listen).await.with_context(|| {
+        format!(
+            "binding the stream endpoint to {} ([streams] listen)",
+            settings.listen
+        )
+    })?;
+    let bound = listener
+        .local_addr()
+        .context("reading the stream endpoint's address")?;
+    if settings.url.is_none() && bound.ip().is_unspecified() {
+        warn!(%bound, "The stream endpoint listens on all addresses; set [streams] url so the gateway gets an address it can reach.");
+    }
+    let server = Arc::new(StreamServer::new(node.clone(), runtime.clone(), settings));
+    streams.spawn(server.serve(listener, streams.clone(), shutdown.clone()));
+    Ok(StreamServer::url(settings, bound))
 }
 
 /// Logs whether Docker's live-restore is on: without it, a restart or an upgrade of Docker

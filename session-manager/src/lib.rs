@@ -267,6 +267,7 @@ impl Manager {
             changes,
             grid,
             web_apps: Arc::new(app::web_apps::WebApps::new(prepared.agent_streams)),
+            inventory_reads: Default::default(),
         };
         let server = Server {
             acceptor: TlsAcceptor::from(prepared.tls),

@@ -14,7 +14,7 @@
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
 //! `ONGRID_FLEET_SESSIONS` (10000), `ONGRID_FLEET_USERS` (50), `ONGRID_FLEET_CONCURRENCY` (API
-//! requests at once, 32). Needs a file-descriptor limit above the nodes' count (`ulimit -n`).
+//! requests at once, 32), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in seconds, 5). Needs a file-descriptor limit above the nodes' count (`ulimit -n`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,8 +33,14 @@ use reqwest::header::{AUTHORIZATION, ETAG};
 use reqwest::StatusCode;
 use tokio::sync::watch;
 
-/// How often the simulated agents sync (the manager tells them; this is what it is told).
+/// How often the simulated agents sync unless `ONGRID_FLEET_SYNC` says otherwise: the manager's
+/// `sync_interval`; each agent then follows what the manager tells it, as a real agent does.
 const SYNC_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A simulated agent's interval: the desired state's `sync_interval_secs` (at least 1 s).
+fn interval_of(desired: &DesiredState) -> Duration {
+    Duration::from_secs(desired.sync_interval_secs.max(1))
+}
 
 /// The sizes of one run.
 struct Fleet {
@@ -43,6 +49,8 @@ struct Fleet {
     sessions: usize,
     users: usize,
     concurrency: usize,
+    /// The manager's `sync_interval`, in seconds (its `node_timeout` is six of them).
+    sync_secs: u64,
 }
 
 impl Fleet {
@@ -59,6 +67,7 @@ impl Fleet {
             sessions: size("ONGRID_FLEET_SESSIONS", 10_000),
             users: size("ONGRID_FLEET_USERS", 50).max(1),
             concurrency: size("ONGRID_FLEET_CONCURRENCY", 32).max(1),
+            sync_secs: size("ONGRID_FLEET_SYNC", SYNC_INTERVAL.as_secs() as usize).max(1) as u64,
         }
     }
 }
@@ -103,9 +112,11 @@ fn main() {
         })
         .collect();
     let tokens: String = nodes.iter().map(|(n, t)| format!("{n} {t}\n")).collect();
+    let sync_interval = format!("\"{} seconds\"", fleet.sync_secs);
+    let node_timeout = format!("\"{} seconds\"", fleet.sync_secs * 6);
     let settings = [
-        ("sync_interval", "\"5 seconds\""),
-        ("node_timeout", "\"30 seconds\""),
+        ("sync_interval", sync_interval.as_str()),
+        ("node_timeout", node_timeout.as_str()),
     ];
     let mut site = Site::start_manager_only(&settings, "", &tokens);
     let users: Vec<User> = (0..fleet.users)
@@ -139,6 +150,7 @@ fn main() {
         "store (SQLite file, WAL and shared memory): {}",
         mib(store_size)
     );
+    round_phases(&site.dir.path().join("manager.log"));
     drop(site);
 }
 
@@ -418,7 +430,7 @@ impl Agent {
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         registered.fetch_add(1, Ordering::Relaxed);
-        let mut next_sync = Instant::now() + SYNC_INTERVAL;
+        let mut next_sync = Instant::now() + interval_of(&desired);
         loop {
             if *stopped.borrow() {
                 return;
@@ -428,7 +440,7 @@ impl Agent {
                 if let Some(synced) = self.sync(&desired).await {
                     (desired, version) = synced;
                 }
-                next_sync = Instant::now() + SYNC_INTERVAL;
+                next_sync = Instant::now() + interval_of(&desired);
                 continue;
             }
             let poll = self
@@ -459,7 +471,7 @@ impl Agent {
                 if let Some(synced) = self.sync(&desired).await {
                     (desired, version) = synced;
                 }
-                next_sync = Instant::now() + SYNC_INTERVAL;
+                next_sync = Instant::now() + interval_of(&desired);
             }
         }
     }
@@ -680,6 +692,45 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         kib(resident_kib)
     );
     bench_summary("fleet manager memory", &kib(resident_kib), "< 1 GiB", None);
+}
+
+/// Where the loop's rounds spent their time, from the manager's DEBUG lines "Round's phases
+/// timed." (`site_ms`, `phases_ms`, `input_ms`, `apply_ms`): the mean and the largest of each,
+/// over the rounds that planned something.
+fn round_phases(log: &std::path::Path) {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return;
+    };
+    const PHASES: [&str; 4] = ["site_ms", "phases_ms", "input_ms", "apply_ms"];
+    let mut sums = [0.0f64; 4];
+    let mut highest = [0.0f64; 4];
+    let mut rounds = 0usize;
+    for line in text.lines().filter(|l| l.contains("Round's phases timed.")) {
+        rounds += 1;
+        for field in line.split_whitespace() {
+            let Some((key, value)) = field.split_once('=') else {
+                continue;
+            };
+            let (Some(i), Ok(value)) =
+                (PHASES.iter().position(|p| *p == key), value.parse::<f64>())
+            else {
+                continue;
+            };
+            sums[i] += value;
+            highest[i] = highest[i].max(value);
+        }
+    }
+    if rounds == 0 {
+        return;
+    }
+    println!("rounds that planned ({rounds}), mean / highest:");
+    for (i, phase) in PHASES.iter().enumerate() {
+        println!(
+            "  {phase:<10} {:>8.1} / {:>8.1} ms",
+            sums[i] / rounds as f64,
+            highest[i]
+        );
+    }
 }
 
 /// The value behind `mutex` (a panicking holder leaves it as it was: the record is still

@@ -352,27 +352,8 @@ impl DirectExec {
             ),
             None => None,
         };
-        let mut command = tokio::process::Command::new(&self.helper);
-        command
-            .arg(HELPER_ARG)
-            .arg(&self.runc)
-            .arg(&self.root)
-            .arg(&files.process)
-            .arg(&files.pid)
-            .arg(&files.status)
-            .arg(if spec.tty.is_some() {
-                files.console.as_os_str()
-            } else {
-                "-".as_ref()
-            })
-            .arg(container_id)
-            .stderr(Stdio::piped());
-        if spec.tty.is_some() {
-            command.stdin(Stdio::null()).stdout(Stdio::null());
-        } else {
-            command.stdin(Stdio::piped()).stdout(Stdio::piped());
-        }
-        let mut helper = command
+        let mut helper = self
+            .helper_command(container_id, spec.tty.is_some(), files)
             .spawn()
             .map_err(|e| format!("running {}: {e}", self.helper.display()))?;
         let mut stderr = helper
@@ -382,71 +363,9 @@ impl DirectExec {
         // Taken before waiting on the helper, whose `wait` would close its stdin.
         let (stdin, stdout) = (helper.stdin.take(), helper.stdout.take());
 
-        let report = async {
-            let (socket, _) = status_listener.accept().await?;
-            let mut reader = tokio::io::BufReader::new(socket);
-            let mut line = String::new();
-            reader.read_line(&mut line).await?;
-            io::Result::Ok((reader, line))
-        };
-        let report = tokio::time::timeout(START_TIMEOUT, report);
-        tokio::pin!(report);
-        let report = tokio::select! {
-            report = &mut report => report,
-            exited = helper.wait() => {
-                // Its report, when it made one before it ended, is already on the socket.
-                match tokio::time::timeout(Duration::from_secs(1), &mut report).await {
-                    Ok(report) => report,
-                    Err(_) => {
-                        let mut message = String::new();
-                        let _ = stderr.read_to_string(&mut message).await;
-                        return Err(format!(
-                            "the exec helper ended ({}) before runc started the process: {}",
-                            exited.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
-                            message.trim()
-                        ));
-                    }
-                }
-            }
-        };
-        let (reader, line) = match report {
-            Ok(Ok(report)) => report,
-            Ok(Err(e)) => return Err(format!("reading the exec helper's report: {e}")),
-            Err(_) => {
-                let _ = helper.start_kill();
-                return Err(format!(
-                    "runc did not start it within {} s",
-                    START_TIMEOUT.as_secs()
-                ));
-            }
-        };
-        let pid = match Report::parse(&line) {
-            Some(Report::Started { pid }) => pid,
-            Some(Report::Failed { status }) => {
-                // runc's own message went to the stderr it shared with the process.
-                let mut message = String::new();
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    stderr.read_to_string(&mut message),
-                )
-                .await;
-                let _ = helper.wait().await;
-                return Err(format!("runc failed ({status}): {}", message.trim()));
-            }
-            _ => return Err(format!("the exec helper said {:?}", line.trim())),
-        };
+        let (reader, pid) = await_start(&mut helper, &mut stderr, status_listener).await?;
         let master = match console_listener {
-            Some(listener) => {
-                let receive = async {
-                    let (socket, _) = listener.accept().await?;
-                    receive_fd(&socket).await
-                };
-                let fd = tokio::time::timeout(Duration::from_secs(5), receive)
-                    .await
-                    .map_err(|_| "runc did not hand over the terminal".to_owned())?
-                    .map_err(|e| format!("receiving the terminal from runc: {e}"))?;
-                Some(PtyMaster::new(fd).map_err(|e| format!("the terminal's master: {e}"))?)
-            }
+            Some(listener) => Some(receive_terminal(listener).await?),
             None => None,
         };
         let pipes = match (stdin, stdout) {
@@ -458,6 +377,37 @@ impl DirectExec {
             _ => None,
         };
         Ok((Helper { helper, pipes }, Started { pid, reader }, master))
+    }
+
+    /// The helper's command line: runc, its root, the process's files and the container; the
+    /// process's own stdin and stdout unless it has a terminal.
+    fn helper_command(
+        &self,
+        container_id: &str,
+        tty: bool,
+        files: &ExecFiles,
+    ) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.helper);
+        command
+            .arg(HELPER_ARG)
+            .arg(&self.runc)
+            .arg(&self.root)
+            .arg(&files.process)
+            .arg(&files.pid)
+            .arg(&files.status)
+            .arg(if tty {
+                files.console.as_os_str()
+            } else {
+                "-".as_ref()
+            })
+            .arg(container_id)
+            .stderr(Stdio::piped());
+        if tty {
+            command.stdin(Stdio::null()).stdout(Stdio::null());
+        } else {
+            command.stdin(Stdio::piped()).stdout(Stdio::piped());
+        }
+        command
     }
 
     /// runc's bundle directory of the container; [`DirectError::Unavailable`] when runc does
@@ -985,6 +935,81 @@ fn wait_for(pid: nix::unistd::Pid) -> Report {
             }
         }
     }
+}
+
+/// Waits for the helper's report that runc started the process: its pid, and the status
+/// socket the exit code comes on. runc's own message when it failed, the helper's stderr when
+/// it ended before reporting.
+async fn await_start(
+    helper: &mut tokio::process::Child,
+    stderr: &mut tokio::process::ChildStderr,
+    status_listener: UnixListener,
+) -> Result<(tokio::io::BufReader<tokio::net::UnixStream>, u32), String> {
+    let report = async {
+        let (socket, _) = status_listener.accept().await?;
+        let mut reader = tokio::io::BufReader::new(socket);
+        let mut line = String::new();
+        reader.read_line(&mut line).await?;
+        io::Result::Ok((reader, line))
+    };
+    let report = tokio::time::timeout(START_TIMEOUT, report);
+    tokio::pin!(report);
+    let report = tokio::select! {
+        report = &mut report => report,
+        exited = helper.wait() => {
+            // Its report, when it made one before it ended, is already on the socket.
+            match tokio::time::timeout(Duration::from_secs(1), &mut report).await {
+                Ok(report) => report,
+                Err(_) => {
+                    let mut message = String::new();
+                    let _ = stderr.read_to_string(&mut message).await;
+                    return Err(format!(
+                        "the exec helper ended ({}) before runc started the process: {}",
+                        exited.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+                        message.trim()
+                    ));
+                }
+            }
+        }
+    };
+    let (reader, line) = match report {
+        Ok(Ok(report)) => report,
+        Ok(Err(e)) => return Err(format!("reading the exec helper's report: {e}")),
+        Err(_) => {
+            let _ = helper.start_kill();
+            return Err(format!(
+                "runc did not start it within {} s",
+                START_TIMEOUT.as_secs()
+            ));
+        }
+    };
+    let pid = match Report::parse(&line) {
+        Some(Report::Started { pid }) => pid,
+        Some(Report::Failed { status }) => {
+            // runc's own message went to the stderr it shared with the process.
+            let mut message = String::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), stderr.read_to_string(&mut message))
+                    .await;
+            let _ = helper.wait().await;
+            return Err(format!("runc failed ({status}): {}", message.trim()));
+        }
+        _ => return Err(format!("the exec helper said {:?}", line.trim())),
+    };
+    Ok((reader, pid))
+}
+
+/// The terminal's master, which runc hands over on the console socket.
+async fn receive_terminal(listener: UnixListener) -> Result<PtyMaster, String> {
+    let receive = async {
+        let (socket, _) = listener.accept().await?;
+        receive_fd(&socket).await
+    };
+    let fd = tokio::time::timeout(Duration::from_secs(5), receive)
+        .await
+        .map_err(|_| "runc did not hand over the terminal".to_owned())?
+        .map_err(|e| format!("receiving the terminal from runc: {e}"))?;
+    PtyMaster::new(fd).map_err(|e| format!("the terminal's master: {e}"))
 }
 
 #[cfg(test)]

@@ -47,6 +47,23 @@ pub use error::{AdminJson, AdminQuery, ApiJson, ApiPath, ApiQuery, RequestKey};
 /// The `/v1` router.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .merge(people_routes())
+        .merge(site_routes())
+        .merge(work_routes())
+        .merge(service_routes())
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(
+            crate::request_body::read_whole_body,
+        ))
+        .layer(axum::middleware::from_fn(error::log_refusals))
+        .layer(axum::middleware::from_fn(crate::metrics::count_requests))
+        .with_state(state)
+}
+
+/// A person's own: who they are, their sessions and their SSH keys.
+fn people_routes() -> Router<AppState> {
+    Router::new()
         .route("/v1/whoami", get(whoami::whoami))
         .route("/v1/share", get(share::share))
         .route("/v1/dashboard/links", post(logins::create_link))
@@ -61,6 +78,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{name}/hold", post(sessions::hold))
         .route("/v1/sessions/{name}/release", post(sessions::release))
         .route("/v1/sessions/{name}/keep", post(sessions::keep))
+        .route(
+            "/v1/keys",
+            get(keys::list_keys)
+                .post(keys::add_key)
+                .delete(keys::remove_key),
+        )
+}
+
+/// The site's nodes, GPUs, owners, reservations, institutes, users and audit log (most for admins).
+fn site_routes() -> Router<AppState> {
+    Router::new()
         .route("/v1/nodes", get(nodes::list_nodes))
         .route(
             "/v1/nodes/{name}",
@@ -93,12 +121,6 @@ pub fn router(state: AppState) -> Router {
             post(nodes::drain_gpu).delete(nodes::undrain_gpu),
         )
         .route(
-            "/v1/keys",
-            get(keys::list_keys)
-                .post(keys::add_key)
-                .delete(keys::remove_key),
-        )
-        .route(
             "/v1/institutes",
             get(admin::list_institutes).post(admin::add_institute),
         )
@@ -118,6 +140,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/token-links/{issuer}/{subject}",
             delete(users::unlink_token),
         )
+}
+
+/// Frozen images and batch jobs.
+fn work_routes() -> Router<AppState> {
+    Router::new()
         .route(
             "/v1/images",
             get(images::list_images).post(images::create_image),
@@ -140,6 +167,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/images/{reference}/unshare",
             post(images::unshare_image),
         )
+}
+
+/// The agents' and the gateway's routes (bearer tokens).
+fn service_routes() -> Router<AppState> {
+    Router::new()
         .route("/v1/agent/register", post(agent::register))
         .route("/v1/agent/sync", post(agent::sync))
         .route("/v1/agent/desired", get(agent::desired))
@@ -148,14 +180,6 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/gateway/route", post(gateway::route))
         .route("/v1/gateway/connections", post(gateway::connection_event))
         .route("/v1/gateway/keys/check", post(gateway::check_keys))
-        .fallback(no_route)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(
-            crate::request_body::read_whole_body,
-        ))
-        .layer(axum::middleware::from_fn(error::log_refusals))
-        .layer(axum::middleware::from_fn(crate::metrics::count_requests))
-        .with_state(state)
 }
 
 async fn no_route(uri: Uri) -> ApiError {

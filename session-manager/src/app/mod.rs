@@ -39,6 +39,7 @@ pub mod lookup;
 pub mod nodes;
 pub mod reservations;
 pub mod sessions;
+pub mod shared_read;
 pub mod token_links;
 pub mod users;
 pub mod views;
@@ -85,6 +86,8 @@ pub struct AppState {
     pub grid: Arc<crate::grid_mirror::GridMirror>,
     /// Sessions' web apps in the browser: the agent stream client, JupyterLab servers.
     pub web_apps: Arc<web_apps::WebApps>,
+    /// The inventory read that requests arriving together share ([`Self::inventory`]).
+    pub inventory_reads: Arc<shared_read::SharedRead<SiteSnapshot>>,
 }
 
 impl AppState {
@@ -99,14 +102,20 @@ impl AppState {
     }
 
     /// The site's nodes and GPUs as of now, without what holds them
-    /// ([`SiteSnapshot::load_inventory`]).
-    pub async fn inventory(&self) -> Result<SiteSnapshot, ApiError> {
-        Ok(SiteSnapshot::load_inventory(
-            self.store.as_ref(),
-            self.clock.now(),
-            self.config.node_timeout,
-        )
-        .await?)
+    /// ([`SiteSnapshot::load_inventory`]): a read that started after this call, shared with
+    /// the requests that asked for it at the same time (a burst of session requests reads the
+    /// nodes and their GPUs once or twice, not once each).
+    pub async fn inventory(&self) -> Result<Arc<SiteSnapshot>, ApiError> {
+        self.inventory_reads
+            .get(|| async {
+                Ok(SiteSnapshot::load_inventory(
+                    self.store.as_ref(),
+                    self.clock.now(),
+                    self.config.node_timeout,
+                )
+                .await?)
+            })
+            .await
     }
 
     /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or

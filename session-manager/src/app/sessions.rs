@@ -4,6 +4,7 @@
 //! asks [`requests`] what the request may change, writes the change and ticks or wakes the
 //! scheduler. What each caller words its own way is a [`SessionActionError`] variant.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -84,7 +85,7 @@ impl From<StoreError> for SessionActionError {
 pub struct Created {
     /// As it is once scheduled: STARTING when a GPU was free, else PENDING.
     pub session: SessionRecord,
-    pub site: SiteSnapshot,
+    pub site: Arc<SiteSnapshot>,
 }
 
 /// A new session: the GPU request checked, the image the caller may run, the lifecycle limits,

@@ -5,6 +5,7 @@
 //! answer or one dashboard render.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{FairShareView, GroupShareView, SessionView, UserShareView};
@@ -33,7 +34,7 @@ pub struct Reads<'a> {
     positions: OnceCell<HashMap<SessionId, u32>>,
     policy: OnceCell<GpuPolicy>,
     site: OnceCell<SiteSnapshot>,
-    inventory: OnceCell<SiteSnapshot>,
+    inventory: OnceCell<Arc<SiteSnapshot>>,
     accounts: OnceCell<Vec<Account>>,
 }
 
@@ -78,6 +79,7 @@ impl<'a> Reads<'a> {
         self.inventory
             .get_or_try_init(|| self.state.inventory())
             .await
+            .map(|site| &**site)
     }
 
     /// The users' usage accounts (their accounting groups).
