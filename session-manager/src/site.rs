@@ -12,6 +12,7 @@
 //! occupied exclusive GPU into a shared one, nobody joins that session on it until it leaves.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -43,6 +44,9 @@ pub struct SiteSnapshot {
     used: HashMap<GpuUuid, u32>,
     /// GPUs held by a session that asked for a whole GPU.
     whole: HashSet<GpuUuid>,
+    /// [`Self::satisfiability_state`], made once: a snapshot shared by a burst of requests
+    /// ([`crate::app::AppState::inventory`]) answers each one's [`Self::never_meets`].
+    satisfiable: OnceLock<SiteState>,
 }
 
 impl SiteSnapshot {
@@ -108,6 +112,7 @@ impl SiteSnapshot {
             used,
             whole,
             jobs: Vec::new(),
+            satisfiable: OnceLock::new(),
         }
     }
 
@@ -124,6 +129,7 @@ impl SiteSnapshot {
             }
         }
         self.jobs = jobs;
+        self.satisfiable = OnceLock::new();
         self
     }
 
@@ -281,12 +287,14 @@ impl SiteSnapshot {
     /// a MIG device), in words naming the requirement to relax; `None` when some GPU could.
     /// Sessions and local jobs are refused with it at once, instead of waiting for ever.
     pub fn never_meets(&self, request: &ongrid_core::GpuRequest) -> Option<String> {
-        let site = self.satisfiability_state();
+        let site = self
+            .satisfiable
+            .get_or_init(|| self.satisfiability_state());
         let checked = match request.sharing.mig() {
-            Some(_) => ongrid_scheduler::check_mig_satisfiable(&site, &self.mig_slots(), request)
+            Some(_) => ongrid_scheduler::check_mig_satisfiable(site, &self.mig_slots(), request)
                 .map_err(|no| no.to_string()),
             None => {
-                ongrid_scheduler::check_satisfiable(&site, request).map_err(|no| no.to_string())
+                ongrid_scheduler::check_satisfiable(site, request).map_err(|no| no.to_string())
             }
         };
         checked.err()
