@@ -295,31 +295,7 @@ impl Agent {
             self.guard.clone(),
         )
         .with_parallel_operations(self.parallel_operations);
-        let mut state = LoopState {
-            registered: None,
-            last_gpus: Vec::new(),
-            manager_outage: Outage::default(),
-            docker_outage: Outage::default(),
-            gpu_outage: Outage::default(),
-            backoff: Backoff::default(),
-            activity: activity::ActivitySampler::new(),
-            report_promptly: false,
-            freezer: Arc::new(freeze::Freezer::new(
-                self.runtime.clone(),
-                self.node.clone(),
-                self.images.clone(),
-            )),
-            jobs: jobs::Jobs::new(
-                self.runtime.clone(),
-                self.node.clone(),
-                gpu_access,
-                self.guard.clone(),
-                self.jobs.clone(),
-            ),
-            applied: None,
-            mig: gpu::mig::MigLayouts::default(),
-            mig_changed: false,
-        };
+        let mut state = self.loop_state(gpu_access);
         info!(node = %self.node, gpu_backend = self.gpus.kind(), "Agent started.");
         let (pushed_sender, mut pushed) = watch::channel(None);
         let mut watcher = None;
@@ -397,7 +373,42 @@ impl Agent {
             let _ = watcher.await;
         }
         let _ = exit_watcher.await;
-        // Running freezes are failed and cleaned up; the next agent reports them failed.
+        self.wind_down(&state).await;
+        Ok(())
+    }
+
+    /// What the sync loop keeps from one sync to the next, as it starts.
+    fn loop_state(&self, gpu_access: GpuAccess) -> LoopState {
+        LoopState {
+            registered: None,
+            last_gpus: Vec::new(),
+            manager_outage: Outage::default(),
+            docker_outage: Outage::default(),
+            gpu_outage: Outage::default(),
+            backoff: Backoff::default(),
+            activity: activity::ActivitySampler::new(),
+            report_promptly: false,
+            freezer: Arc::new(freeze::Freezer::new(
+                self.runtime.clone(),
+                self.node.clone(),
+                self.images.clone(),
+            )),
+            jobs: jobs::Jobs::new(
+                self.runtime.clone(),
+                self.node.clone(),
+                gpu_access,
+                self.guard.clone(),
+                self.jobs.clone(),
+            ),
+            applied: None,
+            mig: gpu::mig::MigLayouts::default(),
+            mig_changed: false,
+        }
+    }
+
+    /// At shutdown: running freezes failed and cleaned up (the next agent reports them
+    /// failed), the firewall released when nothing is left to isolate.
+    async fn wind_down(&self, state: &LoopState) {
         state.freezer.cancel_all(freeze::AGENT_RESTARTED);
         if tokio::time::timeout(FREEZE_SHUTDOWN_GRACE, state.freezer.close())
             .await
@@ -407,7 +418,6 @@ impl Agent {
         }
         self.release_firewall().await;
         info!(node = %self.node, "Agent stopped; dev containers are left as they are.");
-        Ok(())
     }
 
     /// At shutdown: the firewall rules go when no dev or job container is left on the node;
@@ -442,25 +452,7 @@ impl Agent {
         shutdown: &CancellationToken,
     ) -> Duration {
         let mut times = SyncTimes::start();
-        let gpus = match self.gpus.discover().await {
-            Ok(gpus) => {
-                if state.gpu_outage.succeeded() > 0 {
-                    info!(node = %self.node, "GPU discovery works again.");
-                }
-                let mut gpus = gpus;
-                state.mig.mark(&mut gpus);
-                state.last_gpus = gpus.clone();
-                gpus
-            }
-            Err(e) => {
-                if state.gpu_outage.failed() {
-                    warn!(node = %self.node, error = %error_chain(&e),
-                          "GPU discovery failed; reporting the last inventory seen.");
-                }
-                // Its utilisation is stale: unknown rather than kept.
-                inventory(&state.last_gpus)
-            }
-        };
+        let gpus = self.discover_gpus(state).await;
         times.ended(Phase::Gpus);
         let containers = match reconciler.observe().await {
             Ok(containers) => {
@@ -547,6 +539,30 @@ impl Agent {
         times.ended(Phase::Converge);
         self.log_times(&times);
         Duration::from_secs(desired.sync_interval_secs).clamp(MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL)
+    }
+
+    /// The node's GPUs as discovered now, MIG changes marked; the last inventory seen, its
+    /// utilisation unknown, when discovery fails.
+    async fn discover_gpus(&self, state: &mut LoopState) -> Vec<GpuInfo> {
+        match self.gpus.discover().await {
+            Ok(gpus) => {
+                if state.gpu_outage.succeeded() > 0 {
+                    info!(node = %self.node, "GPU discovery works again.");
+                }
+                let mut gpus = gpus;
+                state.mig.mark(&mut gpus);
+                state.last_gpus = gpus.clone();
+                gpus
+            }
+            Err(e) => {
+                if state.gpu_outage.failed() {
+                    warn!(node = %self.node, error = %error_chain(&e),
+                      "GPU discovery failed; reporting the last inventory seen.");
+                }
+                // Its utilisation is stale: unknown rather than kept.
+                inventory(&state.last_gpus)
+            }
+        }
     }
 
     /// A sync slower than [`sync_times::SLOW_SYNC`] is a warning naming its slowest phase.

@@ -38,7 +38,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::clock::Clock;
 use crate::domain::policy::fairshare::FairShareConfig;
 use crate::domain::sessions::SessionRecord;
-use crate::store::{JobFilter, NodeRecord, SessionFilter, Store};
+use crate::store::{NodeRecord, Store};
 
 /// An HTTP request's labels, each from a closed set whatever the client sends: see
 /// [`route_label`], [`method_label`] and [`status_label`].
@@ -417,13 +417,8 @@ impl ManagerExporter {
     }
 
     async fn read_store(&self) -> Result<(), crate::store::StoreError> {
-        // Counted by the database; only what holds GPUs is read, for which GPUs are in use.
+        // Counted by the database, with the GPUs in use (no session or job is read whole).
         let counts = self.store.state_counts().await?;
-        let holding = self
-            .store
-            .sessions(SessionFilter::States(crate::site::holding_states()))
-            .await?;
-        let jobs = self.store.jobs(JobFilter::Active).await?;
         let nodes = self.store.nodes().await?;
 
         let by_state = counted(
@@ -434,13 +429,7 @@ impl ManagerExporter {
         let by_state = counted(JobState::ALL.iter().map(|s| s.as_str()), &counts.jobs);
         set_states(&self.jobs, &by_state);
 
-        let mut used: HashSet<&str> = HashSet::new();
-        for session in holding.iter().filter(|s| s.state.holds_gpus()) {
-            used.extend(session.gpus.iter().map(GpuId::as_str));
-        }
-        for job in jobs.iter().filter(|j| j.state().holds_gpus()) {
-            used.extend(job.gpus.iter().map(GpuId::as_str));
-        }
+        let used: HashSet<&str> = counts.gpus_in_use.iter().map(GpuId::as_str).collect();
 
         let (gpus, slices) = count_gpus(&nodes, &used);
         // Models and modes change: start over, so a series that no longer applies is gone.

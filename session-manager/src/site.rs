@@ -287,15 +287,11 @@ impl SiteSnapshot {
     /// a MIG device), in words naming the requirement to relax; `None` when some GPU could.
     /// Sessions and local jobs are refused with it at once, instead of waiting for ever.
     pub fn never_meets(&self, request: &ongrid_core::GpuRequest) -> Option<String> {
-        let site = self
-            .satisfiable
-            .get_or_init(|| self.satisfiability_state());
+        let site = self.satisfiable.get_or_init(|| self.satisfiability_state());
         let checked = match request.sharing.mig() {
             Some(_) => ongrid_scheduler::check_mig_satisfiable(site, &self.mig_slots(), request)
                 .map_err(|no| no.to_string()),
-            None => {
-                ongrid_scheduler::check_satisfiable(site, request).map_err(|no| no.to_string())
-            }
+            None => ongrid_scheduler::check_satisfiable(site, request).map_err(|no| no.to_string()),
         };
         checked.err()
     }

@@ -35,12 +35,14 @@ mod test_server;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeSet;
+
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use ongrid_core::api::{AuditRecord, ConnectionEvent, UserEvent};
 use ongrid_core::gpu::Drain;
 use ongrid_core::{
-    Dn, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
+    Dn, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, Institute, InstituteName, InvalidTransition,
     NodeName, SessionId, SessionName, SessionState, Transition, UserName,
 };
 
@@ -159,11 +161,15 @@ pub struct NodeRegistration {
     pub start_modes: std::collections::BTreeMap<GpuUuid, GpuMode>,
 }
 
-/// How many sessions and jobs are in each state ([`Store::state_counts`]).
+/// How many sessions and jobs are in each state, and the GPUs they hold
+/// ([`Store::state_counts`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StateCounts {
     pub sessions: Vec<(String, i64)>,
     pub jobs: Vec<(String, i64)>,
+    /// The whole GPUs and MIG devices that sessions and jobs in a state holding GPUs hold,
+    /// each once.
+    pub gpus_in_use: BTreeSet<GpuId>,
 }
 
 /// A registered node with its GPUs.
@@ -349,7 +355,8 @@ pub trait Store: Send + Sync {
     fn sessions(&self, filter: SessionFilter) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>>;
 
     /// How many sessions that have not ended, and jobs, are in each state (by the state's
-    /// name); states with none are left out. For the metrics, which need no rows.
+    /// name; states with none are left out), and the GPUs they hold. For the metrics, which
+    /// need no whole rows.
     fn state_counts(&self) -> BoxFuture<'_, StoreResult<StateCounts>>;
 
     /// The PENDING sessions in queue order, `(queued_at, id)`.

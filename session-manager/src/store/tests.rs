@@ -239,6 +239,40 @@ async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
         vec![("HELD".to_owned(), 1), ("PENDING".to_owned(), 1)]
     );
     assert!(counts.jobs.is_empty());
+    assert!(counts.gpus_in_use.is_empty());
+
+    // A session holding a GPU counts it in use; one held, its GPU given up, does not.
+    store
+        .register_node(node("node1"), &[gpu(1), gpu(2)], t(4))
+        .await
+        .unwrap();
+    let placement = Placement::Place {
+        node: NodeName::parse("node1").unwrap(),
+        gpus: vec![GpuId::Gpu(gpu(2).uuid)],
+    };
+    store
+        .transition(
+            ids[2],
+            change(SessionState::Starting, t(5), "placed on node1", placement),
+        )
+        .await
+        .unwrap();
+    // A job running on the other GPU counts it too.
+    let job = queued_job(&store, t(6), None).await;
+    let started = crate::domain::jobs::start(
+        &job,
+        NodeName::parse("node1").unwrap(),
+        vec![GpuId::Gpu(gpu(1).uuid)],
+        t(7),
+    )
+    .unwrap();
+    store.job_transition(job.id, started, None).await.unwrap();
+    let counts = store.state_counts().await.unwrap();
+    assert_eq!(
+        counts.gpus_in_use.into_iter().collect::<Vec<_>>(),
+        [GpuId::Gpu(gpu(1).uuid), GpuId::Gpu(gpu(2).uuid)]
+    );
+    assert_eq!(counts.jobs, [("RUNNING".to_owned(), 1)]);
 }
 
 /// A token identity links to a user who exists and is not removed, is replaced by a second link,

@@ -25,8 +25,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::BoxFuture;
+use ongrid_core::job::JobState;
 use ongrid_core::{
-    Dn, GpuHealth, GpuInfo, GpuMode, GpuUuid, Lifecycle, NodeName, SessionId, SessionName,
+    Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuUuid, Lifecycle, NodeName, SessionId, SessionName,
     SessionState, Transition, UserName,
 };
 use sqlx::{Row, Transaction};
@@ -188,7 +189,42 @@ impl SqlStore {
             )
             .await?,
             jobs: count("SELECT state, COUNT(*) FROM jobs GROUP BY state").await?,
+            gpus_in_use: self.gpus_in_use().await?,
         })
+    }
+
+    /// The GPUs held by sessions and jobs in a state that holds GPUs: their `gpus` columns
+    /// only.
+    async fn gpus_in_use(&self) -> StoreResult<BTreeSet<GpuId>> {
+        // The state names are our own constants, never user input.
+        let listed = |states: Vec<&str>| {
+            let quoted: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
+            quoted.join(", ")
+        };
+        let sessions = listed(
+            SessionState::ALL
+                .iter()
+                .filter(|s| s.holds_gpus())
+                .map(|s| s.as_str())
+                .collect(),
+        );
+        let jobs = listed(
+            JobState::ALL
+                .iter()
+                .filter(|s| s.holds_gpus())
+                .map(|s| s.as_str())
+                .collect(),
+        );
+        let sql = format!(
+            "SELECT gpus FROM sessions WHERE state IN ({sessions}) \
+             UNION ALL SELECT gpus FROM jobs WHERE state IN ({jobs})"
+        );
+        let lists: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await?;
+        let mut used = BTreeSet::new();
+        for list in &lists {
+            used.extend(from_json::<Vec<GpuId>>(list, "GPU list")?);
+        }
+        Ok(used)
     }
 
     async fn sessions_impl(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
