@@ -29,9 +29,10 @@
 # 4. The scheduler's plan time: a short criterion run of scheduler/benches/plan.rs (1,000 nodes
 #    × 8 GPUs against 10,000 pending sessions; 10,000 GPUs against 50,000 sessions and jobs).
 # 5. The freeze ratio: images/benches/freeze.sh on ONGRID_BENCH_FREEZE_MIB MiB, one run each.
-# 6. The control plane at site scale: a real manager (SQLite) and ONGRID_FLEET_NODES simulated
-#    nodes speaking the agent protocol, ONGRID_FLEET_SESSIONS sessions flowing through (created,
-#    placed, reported running, a fifth removed); placement-to-agent latency, API latency, the
+# 6. The control plane at site scale: a real manager on SQLite, then two replicas on one
+#    PostgreSQL database, and ONGRID_FLEET_NODES simulated nodes speaking the agent protocol,
+#    ONGRID_FLEET_SESSIONS sessions flowing through (created, placed, reported running, a fifth
+#    removed); placement-to-agent latency, API latency, the
 #    scheduling round, the /metrics scrape, the manager's memory and the store's size, against
 #    the targets (no reference: the targets are absolute) (tests/examples/fleet.rs).
 #
@@ -49,7 +50,8 @@
 #   ONGRID_BENCH_ACTIVE (200; 0 skips), ONGRID_BENCH_IDLE (1000), ONGRID_BENCH_FREEZE_MIB (256; 0
 #   skips the freeze),
 #   ONGRID_BENCH_PLAN (yes; no skips the scheduler), ONGRID_FLEET_NODES (1000; 0 skips the
-#   fleet), ONGRID_FLEET_SESSIONS (10000), ONGRID_FLEET_USERS (50).
+#   fleet), ONGRID_FLEET_SESSIONS (10000), ONGRID_FLEET_USERS (50), ONGRID_FLEET_SYNC (the
+#   manager's sync_interval in seconds, 5).
 #
 # Needs: root (the agent installs iptables rules; the test user; the freeze bench), cargo, Docker
 # with the image ongrid/dev:latest (images/dev/build.sh), OpenSSH's ssh, ssh-keygen and sshd
@@ -287,7 +289,10 @@ if wanted fleet && ((${ONGRID_FLEET_NODES:-1000} > 0)); then
     printf '\n==> the control plane at site scale: simulated nodes against a real manager\n'
     # One connection per node's long-poll, and as many for its syncs.
     ulimit -n "$(ulimit -Hn)"
-    "$TARGET_DIR/release/examples/fleet"
+    printf -- '--> one manager on SQLite\n'
+    ONGRID_FLEET_STORE=sqlite "$TARGET_DIR/release/examples/fleet"
+    printf -- '--> two managers on one PostgreSQL database\n'
+    ONGRID_FLEET_STORE=postgres "$TARGET_DIR/release/examples/fleet"
 fi
 
 if wanted freeze && ((FREEZE_MIB > 0)); then

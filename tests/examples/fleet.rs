@@ -1,20 +1,24 @@
 //! The control plane at site scale, by simulation: one real manager (the build's binary, its
-//! SQLite store) and this process speaking the agent protocol for many simulated nodes at once:
-//! each node registers its GPUs, keeps the long-poll of its desired state open, reports the
-//! containers of its desired sessions as running at once (no Docker), and syncs every
-//! `sync_interval`. Meanwhile users create sessions through the API (more than the GPUs, so some
-//! wait), show and list them, then remove some so the waiting ones are placed.
+//! SQLite store), or two replicas on one PostgreSQL database (`ONGRID_FLEET_STORE=postgres`,
+//! each serving half of the agents and of the users), and this process speaking the agent
+//! protocol for many simulated nodes at once: each node registers its GPUs, keeps the long-poll
+//! of its desired state open, reports the containers of its desired sessions as running at once
+//! (no Docker), and syncs every `sync_interval`. Meanwhile users create sessions through the API
+//! (more than the GPUs, so some wait), show and list them, then remove some so the waiting ones
+//! are placed.
 //!
 //! It prints what the site-scale targets are about: how long a placement takes to reach its
 //! node's agent (from the create request that caused it to the long-poll's answer naming it),
 //! the API's latency for create, show and ls under that load, the scheduling loop's round time
-//! (from the manager's `/metrics`), the scrape's time and size, the manager's resident memory
-//! and the store's size.
+//! (from the leading manager's `/metrics`), the scrape's time and size, the managers' resident
+//! memory (the larger) and the store's size.
 //!
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
 //! `ONGRID_FLEET_SESSIONS` (10000), `ONGRID_FLEET_USERS` (50), `ONGRID_FLEET_CONCURRENCY` (API
-//! requests at once, 32), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in seconds, 5). Needs a file-descriptor limit above the nodes' count (`ulimit -n`).
+//! requests at once, 32), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in seconds, 5),
+//! `ONGRID_FLEET_STORE` (`sqlite` or `postgres`). Needs a file-descriptor limit above the nodes'
+//! count (`ulimit -n`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,9 +55,21 @@ struct Fleet {
     concurrency: usize,
     /// The manager's `sync_interval`, in seconds (its `node_timeout` is six of them).
     sync_secs: u64,
+    /// Two managers on one PostgreSQL database (`ONGRID_FLEET_STORE=postgres`), each serving
+    /// half of the agents and of the users; else one on SQLite.
+    replicas: bool,
 }
 
 impl Fleet {
+    /// The store the run's managers share, in words.
+    fn store(&self) -> &'static str {
+        if self.replicas {
+            "two managers on PostgreSQL"
+        } else {
+            "one manager on SQLite"
+        }
+    }
+
     fn from_env() -> Self {
         let size = |name: &str, default: usize| {
             std::env::var(name).map_or(default, |v| {
@@ -68,6 +84,11 @@ impl Fleet {
             users: size("ONGRID_FLEET_USERS", 50).max(1),
             concurrency: size("ONGRID_FLEET_CONCURRENCY", 32).max(1),
             sync_secs: size("ONGRID_FLEET_SYNC", SYNC_INTERVAL.as_secs() as usize).max(1) as u64,
+            replicas: match std::env::var("ONGRID_FLEET_STORE").as_deref() {
+                Err(_) | Ok("sqlite") => false,
+                Ok("postgres") => true,
+                Ok(other) => panic!("ONGRID_FLEET_STORE={other}: sqlite or postgres"),
+            },
         }
     }
 }
@@ -118,11 +139,19 @@ fn main() {
         ("sync_interval", sync_interval.as_str()),
         ("node_timeout", node_timeout.as_str()),
     ];
-    let mut site = Site::start_manager_only(&settings, "", &tokens);
+    let mut site = if fleet.replicas {
+        Site::start_replicas_only(&settings, "", &tokens)
+    } else {
+        Site::start_manager_only(&settings, "", &tokens)
+    };
     let users: Vec<User> = (0..fleet.users)
         .map(|i| site.user(&format!("fleet{i}")))
         .collect();
-    let manager = format!("https://{}", site.manager_addr.clone().expect("started"));
+    let managers: Vec<String> = [&site.manager_addr, &site.manager2_addr]
+        .into_iter()
+        .flatten()
+        .map(|addr| format!("https://{addr}"))
+        .collect();
     let metrics = format!(
         "http://{}/metrics",
         site.metrics_addrs
@@ -130,26 +159,42 @@ fn main() {
             .expect("the manager's metrics")
     );
     let ca = std::fs::read(site.pki.ca_dir.join("0e2e0e2e.0")).expect("the site's CA");
-    let pid = site.pid("manager").expect("the manager's pid");
+    let pids: Vec<u32> = ["manager", "manager2"]
+        .iter()
+        .filter_map(|m| site.pid(m))
+        .collect();
     let database = site.dir.path().join("manager.db");
     println!(
-        "fleet: {} nodes x {} GPUs, {} sessions from {} users, {} API requests at once",
-        fleet.nodes, fleet.gpus, fleet.sessions, fleet.users, fleet.concurrency
+        "fleet: {} nodes x {} GPUs, {} sessions from {} users, {} API requests at once, {}",
+        fleet.nodes,
+        fleet.gpus,
+        fleet.sessions,
+        fleet.users,
+        fleet.concurrency,
+        fleet.store()
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a runtime");
-    runtime.block_on(run(&fleet, nodes, &users, &manager, &metrics, &ca, pid));
-    let store_size: u64 = ["", "-wal", "-shm"]
-        .iter()
-        .filter_map(|ext| std::fs::metadata(format!("{}{ext}", database.display())).ok())
-        .map(|m| m.len())
-        .sum();
-    println!(
-        "store (SQLite file, WAL and shared memory): {}",
-        mib(store_size)
-    );
+    runtime.block_on(run(&fleet, nodes, &users, &managers, &metrics, &ca, &pids));
+    match site.postgres_url() {
+        Some(url) => println!(
+            "store (PostgreSQL, pg_database_size): {}",
+            postgres_size(url).map_or_else(|| "-".to_owned(), mib)
+        ),
+        None => {
+            let store_size: u64 = ["", "-wal", "-shm"]
+                .iter()
+                .filter_map(|ext| std::fs::metadata(format!("{}{ext}", database.display())).ok())
+                .map(|m| m.len())
+                .sum();
+            println!(
+                "store (SQLite file, WAL and shared memory): {}",
+                mib(store_size)
+            );
+        }
+    }
     round_phases(&site.dir.path().join("manager.log"));
     drop(site);
 }
@@ -158,11 +203,17 @@ async fn run(
     fleet: &Fleet,
     nodes: Vec<(NodeName, String)>,
     users: &[User],
-    manager: &str,
+    managers: &[String],
     metrics: &str,
     ca: &[u8],
-    pid: u32,
+    pids: &[u32],
 ) {
+    let resident = || -> u64 {
+        pids.iter()
+            .filter_map(|pid| rss_kib(*pid))
+            .max()
+            .unwrap_or(0)
+    };
     let record = Arc::new(Record::default());
     let (stop, stopped) = watch::channel(false);
     let agents_client = client(ca, None);
@@ -172,7 +223,7 @@ async fn run(
     for (index, (node, token)) in nodes.into_iter().enumerate() {
         let agent = Agent {
             client: agents_client.clone(),
-            manager: manager.to_owned(),
+            manager: managers[index % managers.len()].clone(),
             gpus: gpus(index, fleet.gpus),
             node,
             authorization: format!("Bearer {token}"),
@@ -191,12 +242,12 @@ async fn run(
         "{} agents registered in {:.1} s; manager {} resident",
         fleet.nodes,
         started.elapsed().as_secs_f64(),
-        kib(rss_kib(pid).unwrap_or(0))
+        kib(resident())
     );
 
     let clients: Vec<reqwest::Client> = users.iter().map(|user| client(ca, Some(user))).collect();
     let started = Instant::now();
-    let names = create_sessions(fleet, &clients, manager, &record).await;
+    let names = create_sessions(fleet, &clients, managers, &record).await;
     println!(
         "{} sessions created in {:.1} s",
         names.len(),
@@ -209,7 +260,7 @@ async fn run(
     let ending: Vec<(usize, SessionName)> =
         names.iter().take(fleet.sessions / 5).cloned().collect();
     let started = Instant::now();
-    remove_sessions(fleet, &clients, manager, &record, ending).await;
+    remove_sessions(fleet, &clients, managers, &record, ending).await;
     println!(
         "{} sessions removed in {:.1} s",
         fleet.sessions / 5,
@@ -221,7 +272,7 @@ async fn run(
     wait_until_seen(&record, placed, Duration::from_secs(120)).await;
 
     let scrape = scrape(metrics, 5).await;
-    let resident = rss_kib(pid).unwrap_or(0);
+    let resident = resident();
     let _ = stop.send(true);
     for agent in agents {
         agent.abort();
@@ -241,7 +292,7 @@ async fn run(
 async fn create_sessions(
     fleet: &Fleet,
     clients: &[reqwest::Client],
-    manager: &str,
+    managers: &[String],
     record: &Arc<Record>,
 ) -> Vec<(usize, SessionName)> {
     let next = Arc::new(AtomicUsize::new(0));
@@ -250,7 +301,7 @@ async fn create_sessions(
     for _ in 0..fleet.concurrency {
         let (next, names, record) = (next.clone(), names.clone(), record.clone());
         let clients = clients.to_vec();
-        let manager = manager.to_owned();
+        let managers = managers.to_vec();
         let total = fleet.sessions;
         workers.push(tokio::spawn(async move {
             loop {
@@ -260,6 +311,7 @@ async fn create_sessions(
                 }
                 let user = i % clients.len();
                 let client = &clients[user];
+                let manager = &managers[user % managers.len()];
                 let body = CreateSession {
                     name: None,
                     gpus: Default::default(),
@@ -339,7 +391,7 @@ async fn create_sessions(
 async fn remove_sessions(
     fleet: &Fleet,
     clients: &[reqwest::Client],
-    manager: &str,
+    managers: &[String],
     record: &Arc<Record>,
     ending: Vec<(usize, SessionName)>,
 ) {
@@ -348,12 +400,13 @@ async fn remove_sessions(
     for _ in 0..fleet.concurrency {
         let (ending, record) = (ending.clone(), record.clone());
         let clients = clients.to_vec();
-        let manager = manager.to_owned();
+        let managers = managers.to_vec();
         workers.push(tokio::spawn(async move {
             loop {
                 let Some((user, name)) = locked(&ending).pop() else {
                     break;
                 };
+                let manager = &managers[user % managers.len()];
                 let sent = Instant::now();
                 let answer = clients[user]
                     .delete(format!("{manager}/v1/sessions/{name}"))
@@ -660,7 +713,7 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         let (p50, p99) = percentiles(values);
         println!("{what:<44} {:>10} {:>10}   {target}", ms(p50), ms(p99));
         bench_summary(
-            &format!("fleet {what}"),
+            &format!("fleet ({}) {what}", fleet.store()),
             &format!("p50 {} / p99 {}", ms(p50), ms(p99)),
             target,
             None,
@@ -691,7 +744,22 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         "manager resident memory",
         kib(resident_kib)
     );
-    bench_summary("fleet manager memory", &kib(resident_kib), "< 1 GiB", None);
+    bench_summary(
+        &format!("fleet ({}) manager memory", fleet.store()),
+        &kib(resident_kib),
+        "< 1 GiB",
+        None,
+    );
+}
+
+/// The size of the PostgreSQL database at `url`, by `psql` (Debian's postgresql-client).
+fn postgres_size(url: &str) -> Option<u64> {
+    let output = std::process::Command::new("psql")
+        .arg(url)
+        .args(["-At", "-c", "SELECT pg_database_size(current_database())"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&output.stdout).trim().parse().ok()
 }
 
 /// Where the loop's rounds spent their time, from the manager's DEBUG lines "Round's phases

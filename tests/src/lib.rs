@@ -373,6 +373,25 @@ impl Site {
         manager_extra: &str,
         agent_tokens: &str,
     ) -> Self {
+        let mut site = Self::manager_only(settings, manager_extra, agent_tokens);
+        site.start_manager();
+        site
+    }
+
+    /// Like [`Site::start_manager_only`], with two manager replicas on one PostgreSQL database
+    /// of the site's own, as [`Site::start_replicated`] starts them.
+    pub fn start_replicas_only(
+        settings: &[(&str, &str)],
+        manager_extra: &str,
+        agent_tokens: &str,
+    ) -> Self {
+        let mut site = Self::manager_only(settings, manager_extra, agent_tokens);
+        site.start_replicas();
+        site
+    }
+
+    /// The files of [`Site::start_manager_only`], nothing started.
+    fn manager_only(settings: &[(&str, &str)], manager_extra: &str, agent_tokens: &str) -> Self {
         let mut site = Self::prepare(&[]).expect("prepare the site's files");
         site.metrics = true;
         let path = site.dir.path().join("manager.toml");
@@ -396,7 +415,6 @@ impl Site {
         let mut text = std::fs::read_to_string(&tokens).expect("read agent tokens");
         text.push_str(agent_tokens);
         write_private(&tokens, text).expect("write agent tokens");
-        site.start_manager();
         site
     }
 
@@ -484,6 +502,17 @@ impl Site {
     pub fn start_replicated(gpus: &[SimGpu]) -> Self {
         require_docker();
         let mut site = Self::prepare(gpus).expect("prepare the site's files");
+        site.start_replicas();
+        site.start_agent();
+        site.wait_for_node();
+        site.start_gateway();
+        site
+    }
+
+    /// A PostgreSQL server of the site's own and two managers on it, the first leading; the
+    /// devctl configs name both.
+    fn start_replicas(&mut self) {
+        let site = self;
         let postgres = postgres::Postgres::start().expect("start PostgreSQL for the managers");
         let path = site.dir.path().join("manager.toml");
         let text = std::fs::read_to_string(&path).expect("read manager config");
@@ -513,10 +542,6 @@ impl Site {
         site.manager2_addr = Some(addr);
         let admin = site.admin.clone();
         site.write_devctl_config(&admin);
-        site.start_agent();
-        site.wait_for_node();
-        site.start_gateway();
-        site
     }
 
     /// The grid CA of a site started with [`Site::start_grid`].
@@ -1050,11 +1075,17 @@ allowlist_refresh = "1 second"
     pub fn pid(&self, component: &str) -> Option<u32> {
         let process = match component {
             "manager" => self.manager.as_ref(),
+            "manager2" => self.manager2.as_ref(),
             "agent" => self.agent.as_ref(),
             "gateway" => self.gateway.as_ref(),
             _ => None,
         }?;
         process.child.as_ref().map(Child::id)
+    }
+
+    /// The URL of the managers' PostgreSQL database, for a site started with replicas.
+    pub fn postgres_url(&self) -> Option<&str> {
+        self.postgres.as_ref().map(|p| p.url.as_str())
     }
 
     /// The image store the manager and the agent share: `<store>/sha256/`, `<store>/.partial/`.
