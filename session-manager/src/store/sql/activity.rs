@@ -16,7 +16,9 @@ use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::{NodeName, SessionId, Transition};
 use sqlx::{Row, Transaction};
 
-use super::{parse, parse_timestamp, timestamp, Db, DbConnection, DbRow, SqlStore, GREATEST};
+use super::{
+    parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore, GREATEST,
+};
 use crate::domain::sessions::facts::{self, FactsChange};
 use crate::domain::sessions::holds::{
     due_hold, ActivityThresholds, LifecycleConfig, LifecycleFacts, Sampled,
@@ -302,11 +304,9 @@ async fn facts_in(conn: &mut DbConnection, scope: FactsScope) -> StoreResult<Vec
             if states.is_empty() {
                 return Ok(Vec::new());
             }
-            // The state names are our own constants, never user input.
-            let list: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
             sqlx::query(&format!(
                 "SELECT {FACT_COLUMNS} WHERE s.state IN ({}) ORDER BY s.created_at, s.id",
-                list.join(", ")
+                states_listed(states.iter())
             ))
             .fetch_all(&mut *conn)
             .await?

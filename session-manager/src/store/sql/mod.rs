@@ -196,25 +196,8 @@ impl SqlStore {
     /// The GPUs held by sessions and jobs in a state that holds GPUs: their `gpus` columns
     /// only.
     async fn gpus_in_use(&self) -> StoreResult<BTreeSet<GpuId>> {
-        // The state names are our own constants, never user input.
-        let listed = |states: Vec<&str>| {
-            let quoted: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
-            quoted.join(", ")
-        };
-        let sessions = listed(
-            SessionState::ALL
-                .iter()
-                .filter(|s| s.holds_gpus())
-                .map(|s| s.as_str())
-                .collect(),
-        );
-        let jobs = listed(
-            JobState::ALL
-                .iter()
-                .filter(|s| s.holds_gpus())
-                .map(|s| s.as_str())
-                .collect(),
-        );
+        let sessions = states_listed(SessionState::ALL.iter().filter(|s| s.holds_gpus()));
+        let jobs = states_listed(JobState::ALL.iter().filter(|s| s.holds_gpus()));
         let sql = format!(
             "SELECT gpus FROM sessions WHERE state IN ({sessions}) \
              UNION ALL SELECT gpus FROM jobs WHERE state IN ({jobs})"
@@ -236,9 +219,10 @@ impl SqlStore {
                 if states.is_empty() {
                     return Ok(Vec::new());
                 }
-                // The state names are our own constants, never user input.
-                let list: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
-                (format!("s.state IN ({})", list.join(", ")), None)
+                (
+                    format!("s.state IN ({})", states_listed(states.iter())),
+                    None,
+                )
             }
         };
         let sql = format!(
@@ -1147,6 +1131,15 @@ async fn update_gpus(
         changed = true;
     }
     Ok(changed)
+}
+
+/// States as an SQL list of quoted names, for `IN (...)`: the names are our own constants,
+/// never user input.
+fn states_listed(states: impl Iterator<Item = impl fmt::Display>) -> String {
+    states
+        .map(|state| format!("'{state}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn session_from_row(row: &DbRow) -> StoreResult<SessionRecord> {
