@@ -495,54 +495,85 @@ impl Batch {
             claim_numbers.push(job);
         }
         need -= waiting.len().min(need);
+        let halt_numbers = if need > 0 {
+            let (halted, covered) = self.halts_freeing(index, jobs, haltable, need, halting)?;
+            gpus.extend_from_slice(&covered[..need]);
+            halted
+        } else {
+            Vec::new()
+        };
+        Some(self.preemption(index, node, gpus, claim_numbers, halt_numbers))
+    }
+
+    /// The jobs of `jobs` to halt so that `need` of the `haltable` GPUs are freed: a job that
+    /// frees enough alone (the smallest, then the one freeing the least GPU), else the one
+    /// freeing most, until enough are covered. Their numbers, and the GPUs covered, least first;
+    /// `None` when the jobs cannot free enough.
+    fn halts_freeing(
+        &self,
+        index: &Index<'_>,
+        jobs: &[usize],
+        haltable: Vec<usize>,
+        need: usize,
+        halting: Halting<'_>,
+    ) -> Option<(Vec<usize>, Vec<usize>)> {
+        let mut uncovered = haltable;
         let mut halt_numbers: Vec<usize> = Vec::new();
-        if need > 0 {
-            let mut uncovered = haltable;
-            let mut covered: Vec<usize> = Vec::new();
-            while covered.len() < need {
-                let missing = need - covered.len();
-                let freeing = |j: usize| {
-                    self.jobs[j]
-                        .gpus
-                        .iter()
-                        .filter(|gpu| uncovered.contains(gpu))
-                        .count()
-                };
-                // The least GPU a job frees, as (class, GPU).
-                let least = |j: usize| {
-                    self.jobs[j]
-                        .gpus
-                        .iter()
-                        .filter(|gpu| uncovered.contains(gpu))
-                        .map(|&gpu| (index.class_of(gpu), gpu))
-                        .min()
-                };
-                let options = jobs
+        let mut covered: Vec<usize> = Vec::new();
+        while covered.len() < need {
+            let missing = need - covered.len();
+            let freeing = |j: usize| {
+                self.jobs[j]
+                    .gpus
                     .iter()
-                    .copied()
-                    .filter(|&j| self.jobs[j].may_halt(halting) && !halt_numbers.contains(&j))
-                    .map(|j| (j, freeing(j)))
-                    .filter(|&(_, frees)| frees > 0);
-                let sufficient = options
-                    .clone()
-                    .filter(|&(_, frees)| frees >= missing)
-                    .min_by_key(|&(j, _)| (self.jobs[j].total, least(j), j));
-                let (job, _) = match sufficient {
-                    Some(choice) => choice,
-                    None => options.min_by_key(|&(j, frees)| {
-                        (std::cmp::Reverse(frees), self.jobs[j].total, j)
-                    })?,
-                };
-                halt_numbers.push(job);
-                for gpu in &self.jobs[job].gpus {
-                    if let Some(position) = uncovered.iter().position(|g| g == gpu) {
-                        covered.push(uncovered.swap_remove(position));
-                    }
+                    .filter(|gpu| uncovered.contains(gpu))
+                    .count()
+            };
+            // The least GPU a job frees, as (class, GPU).
+            let least = |j: usize| {
+                self.jobs[j]
+                    .gpus
+                    .iter()
+                    .filter(|gpu| uncovered.contains(gpu))
+                    .map(|&gpu| (index.class_of(gpu), gpu))
+                    .min()
+            };
+            let options = jobs
+                .iter()
+                .copied()
+                .filter(|&j| self.jobs[j].may_halt(halting) && !halt_numbers.contains(&j))
+                .map(|j| (j, freeing(j)))
+                .filter(|&(_, frees)| frees > 0);
+            let sufficient = options
+                .clone()
+                .filter(|&(_, frees)| frees >= missing)
+                .min_by_key(|&(j, _)| (self.jobs[j].total, least(j), j));
+            let (job, _) = match sufficient {
+                Some(choice) => choice,
+                None => options
+                    .min_by_key(|&(j, frees)| (std::cmp::Reverse(frees), self.jobs[j].total, j))?,
+            };
+            halt_numbers.push(job);
+            for gpu in &self.jobs[job].gpus {
+                if let Some(position) = uncovered.iter().position(|g| g == gpu) {
+                    covered.push(uncovered.swap_remove(position));
                 }
             }
-            covered.sort_by_key(|&gpu| (index.class_of(gpu), gpu));
-            gpus.extend_from_slice(&covered[..need]);
         }
+        covered.sort_by_key(|&gpu| (index.class_of(gpu), gpu));
+        Some((halt_numbers, covered))
+    }
+
+    /// The preemption taking `gpus` on `node`, claiming the halting jobs `claim_numbers` and
+    /// halting `halt_numbers`, with the key that ranks it among the other nodes'.
+    fn preemption(
+        &self,
+        index: &Index<'_>,
+        node: usize,
+        mut gpus: Vec<usize>,
+        mut claim_numbers: Vec<usize>,
+        mut halt_numbers: Vec<usize>,
+    ) -> Preemption {
         gpus.sort_by_key(|&gpu| (index.class_of(gpu), gpu));
         claim_numbers.sort_unstable();
         claim_numbers.dedup();
@@ -556,7 +587,7 @@ impl Batch {
             .map(|&j| self.jobs[j].id)
             .collect();
         wait_for.sort_unstable();
-        Some(Preemption {
+        Preemption {
             node,
             gpus,
             halt: halt_numbers.iter().map(|&j| self.jobs[j].id).collect(),
@@ -564,7 +595,7 @@ impl Batch {
             key: (halt_numbers.len(), halted_gpus, top_down, node),
             halt_numbers,
             claim_numbers,
-        })
+        }
     }
 
     /// Carries out a chosen preemption in the round's books: its jobs are claimed

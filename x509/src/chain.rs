@@ -336,42 +336,7 @@ pub fn verify_chain(
     }
     checker.end_entity(eec, &mut warnings)?;
 
-    let mut remaining: Option<u64> = None;
-    let mut policies = Vec::with_capacity(proxies.len());
-    let mut issuer = eec;
-    for (i, proxy) in proxies.iter().enumerate() {
-        let pci = checker.proxy(proxy, issuer)?;
-        let subject = || subject_of(proxy);
-        if i > 0 {
-            match remaining {
-                Some(0) => return Err(ChainError::PathLenExceeded { subject: subject() }),
-                Some(n) => remaining = Some(n - 1),
-                None => {}
-            }
-        }
-        if let Some(n) = pci.path_len {
-            remaining = Some(remaining.map_or(n, |r| r.min(n)));
-        }
-        let policy = match pci.language.as_str() {
-            OID_PPL_INHERIT_ALL => Policy::InheritAll,
-            OID_PPL_INDEPENDENT => Policy::Independent,
-            OID_PPL_LIMITED => Policy::Limited,
-            other => {
-                return Err(ChainError::UnknownPolicyLanguage {
-                    subject: subject(),
-                    oid: other.to_owned(),
-                })
-            }
-        };
-        if policy == Policy::InheritAll && policies.last() == Some(&Policy::Limited) {
-            return Err(ChainError::FullProxyFromLimited { subject: subject() });
-        }
-        if policy == Policy::Independent && !opts.allow_independent {
-            return Err(ChainError::IndependentNotAllowed { subject: subject() });
-        }
-        policies.push(policy);
-        issuer = proxy;
-    }
+    let policies = proxy_policies(&checker, eec, &proxies)?;
 
     let leaf = &certs[path[0]];
     let to_dn = |name: &X509Name<'_>| {
@@ -419,6 +384,54 @@ pub fn verify_chain(
         warnings,
         voms_der,
     })
+}
+
+/// Checks each proxy from the end entity down against its issuer (signature, times, its proxy
+/// extension) and the chain's rules on them: the path length each allows, a known policy
+/// language, no full proxy below a limited one, an independent one only when allowed. Their
+/// policies, in the same order.
+fn proxy_policies(
+    checker: &Checker<'_>,
+    eec: &X509Certificate<'_>,
+    proxies: &[&X509Certificate<'_>],
+) -> Result<Vec<Policy>, ChainError> {
+    let mut remaining: Option<u64> = None;
+    let mut policies = Vec::with_capacity(proxies.len());
+    let mut issuer = eec;
+    for (i, proxy) in proxies.iter().enumerate() {
+        let pci = checker.proxy(proxy, issuer)?;
+        let subject = || subject_of(proxy);
+        if i > 0 {
+            match remaining {
+                Some(0) => return Err(ChainError::PathLenExceeded { subject: subject() }),
+                Some(n) => remaining = Some(n - 1),
+                None => {}
+            }
+        }
+        if let Some(n) = pci.path_len {
+            remaining = Some(remaining.map_or(n, |r| r.min(n)));
+        }
+        let policy = match pci.language.as_str() {
+            OID_PPL_INHERIT_ALL => Policy::InheritAll,
+            OID_PPL_INDEPENDENT => Policy::Independent,
+            OID_PPL_LIMITED => Policy::Limited,
+            other => {
+                return Err(ChainError::UnknownPolicyLanguage {
+                    subject: subject(),
+                    oid: other.to_owned(),
+                })
+            }
+        };
+        if policy == Policy::InheritAll && policies.last() == Some(&Policy::Limited) {
+            return Err(ChainError::FullProxyFromLimited { subject: subject() });
+        }
+        if policy == Policy::Independent && !checker.opts.allow_independent {
+            return Err(ChainError::IndependentNotAllowed { subject: subject() });
+        }
+        policies.push(policy);
+        issuer = proxy;
+    }
+    Ok(policies)
 }
 
 /// Orders the presented certificates: the leaf, then each proxy's issuer among the presented
