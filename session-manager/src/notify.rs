@@ -182,6 +182,33 @@ pub struct Waiter {
 }
 
 impl Waiter {
+    /// A long-poll on one record: `value` as first read, read again with `read` after each
+    /// notification until `settled` holds, `deadline` passes, the manager shuts down or the
+    /// record is gone (`read` answers `None`); the last value read.
+    pub async fn follow<T, E, Fut>(
+        &mut self,
+        deadline: tokio::time::Instant,
+        mut value: T,
+        settled: impl Fn(&T) -> bool,
+        mut read: impl FnMut() -> Fut,
+    ) -> Result<T, E>
+    where
+        Fut: std::future::Future<Output = Result<Option<T>, E>>,
+    {
+        while !settled(&value)
+            && matches!(
+                tokio::time::timeout_at(deadline, self.changed(None)).await,
+                Ok(true)
+            )
+        {
+            match read().await? {
+                Some(now) => value = now,
+                None => break,
+            }
+        }
+        Ok(value)
+    }
+
     /// Waits for a notification that may concern `node`'s desired state (any notification when
     /// `None`). `false` when the manager is shutting down.
     pub async fn changed(&mut self, node: Option<&NodeName>) -> bool {

@@ -512,36 +512,35 @@ impl Site {
     /// A PostgreSQL server of the site's own and two managers on it, the first leading; the
     /// devctl configs name both.
     fn start_replicas(&mut self) {
-        let site = self;
         let postgres = postgres::Postgres::start().expect("start PostgreSQL for the managers");
-        let path = site.dir.path().join("manager.toml");
+        let path = self.dir.path().join("manager.toml");
         let text = std::fs::read_to_string(&path).expect("read manager config");
         let sqlite = format!(
             "database = \"{}\"",
-            site.dir.path().join("manager.db").display()
+            self.dir.path().join("manager.db").display()
         );
         assert!(text.contains(&sqlite), "{text}");
         // The replicas share the jobs' output directory, as on shared storage.
         let text = text.replace(&sqlite, &format!("database = \"{}\"", postgres.url))
             + &format!(
                 "\n[jobs]\nlog_dir = \"{}\"\n",
-                site.dir.path().join("jobs").display()
+                self.dir.path().join("jobs").display()
             );
         std::fs::write(&path, &text).expect("write manager config");
-        let second = site.dir.path().join("manager2.toml");
+        let second = self.dir.path().join("manager2.toml");
         std::fs::write(&second, &text).expect("write the second manager's config");
-        site.postgres = Some(postgres);
-        site.start_manager();
-        let (child, addr) = site.spawn_listening_as(
+        self.postgres = Some(postgres);
+        self.start_manager();
+        let (child, addr) = self.spawn_listening_as(
             "ongrid-manager",
             "manager2",
             &second,
             "info,ongrid_manager=debug",
         );
-        site.manager2 = Some(child);
-        site.manager2_addr = Some(addr);
-        let admin = site.admin.clone();
-        site.write_devctl_config(&admin);
+        self.manager2 = Some(child);
+        self.manager2_addr = Some(addr);
+        let admin = self.admin.clone();
+        self.write_devctl_config(&admin);
     }
 
     /// The grid CA of a site started with [`Site::start_grid`].

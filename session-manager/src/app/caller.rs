@@ -129,6 +129,20 @@ impl CurrentUser {
         })
     }
 
+    /// Whose `what` (like "jobs") a listing shows: `None` for everyone's, which only admins
+    /// may ask for (`?all=true`), else the caller's own DN.
+    pub fn listing_owner(&self, everyones: bool, what: &str) -> Result<Option<&Dn>, ApiError> {
+        if !everyones {
+            return Ok(Some(&self.user.dn));
+        }
+        self.admin_or(|| {
+            ApiError::forbidden(format!(
+                "only admins can list everyone's {what} (?all=true); leave it out to list yours"
+            ))
+        })?;
+        Ok(None)
+    }
+
     /// The proof that the caller is an admin, or `refusal` (a 403 in the route's words).
     pub fn admin_or(&self, refusal: impl FnOnce() -> ApiError) -> Result<Admin, ApiError> {
         if self.admin {

@@ -148,7 +148,7 @@ pub async fn show(
     // Subscribed before the first read, so no report between the read and the wait is missed.
     let mut changes = state.changes.subscribe();
     let images = find_images(state, caller, reference, owner, Purpose::Read).await?;
-    let mut image = images
+    let image = images
         .into_iter()
         .last()
         .ok_or_else(|| ApiError::internal("find_images returned nothing"))?;
@@ -156,20 +156,17 @@ pub async fn show(
         return Ok(image);
     };
     let deadline = tokio::time::Instant::now() + wait;
+    let id = image.id;
     // Any change may be this image's (the node's sync, a removal, the freeze watch): look
     // again each time, and answer only on a difference.
-    while unchanged(&image, seen)
-        && matches!(
-            tokio::time::timeout_at(deadline, changes.changed(None)).await,
-            Ok(true)
+    changes
+        .follow(
+            deadline,
+            image,
+            |image| !unchanged(image, seen),
+            || async { Ok::<_, ApiError>(state.store.image(id).await?) },
         )
-    {
-        match state.store.image(image.id).await? {
-            Some(now) => image = now,
-            None => break,
-        }
-    }
-    Ok(image)
+        .await
 }
 
 /// Whether `image` is still BUILDING with the progress the caller has.

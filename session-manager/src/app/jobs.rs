@@ -345,15 +345,9 @@ pub async fn list(
     caller: &CurrentUser,
     everyones: bool,
 ) -> Result<Vec<JobRecord>, ApiError> {
-    let filter = if everyones {
-        if !caller.admin {
-            return Err(ApiError::forbidden(
-                "only admins can list everyone's jobs (?all=true); leave it out to list yours",
-            ));
-        }
-        JobFilter::All
-    } else {
-        JobFilter::Owner(caller.user.dn.clone())
+    let filter = match caller.listing_owner(everyones, "jobs")? {
+        None => JobFilter::All,
+        Some(dn) => JobFilter::Owner(dn.clone()),
     };
     Ok(state.store.jobs(filter).await?)
 }

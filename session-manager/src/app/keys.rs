@@ -88,16 +88,7 @@ pub async fn list(
     caller: &CurrentUser,
     everyones: bool,
 ) -> Result<Vec<KeyRecord>, ApiError> {
-    let owner = if everyones {
-        if !caller.admin {
-            return Err(ApiError::forbidden(
-                "only admins can list everyone's keys (?all=true); leave it out to list yours",
-            ));
-        }
-        None
-    } else {
-        Some(&caller.user.dn)
-    };
+    let owner = caller.listing_owner(everyones, "keys")?;
     Ok(state.store.keys(owner).await?)
 }
 

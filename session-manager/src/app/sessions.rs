@@ -226,15 +226,9 @@ pub async fn list(
     caller: &CurrentUser,
     everyones: bool,
 ) -> Result<Vec<SessionRecord>, ApiError> {
-    let filter = if everyones {
-        if !caller.admin {
-            return Err(ApiError::forbidden(
-                "only admins can list everyone's sessions (?all=true); leave it out to list yours",
-            ));
-        }
-        SessionFilter::All
-    } else {
-        SessionFilter::Owner(caller.user.dn.clone())
+    let filter = match caller.listing_owner(everyones, "sessions")? {
+        None => SessionFilter::All,
+        Some(dn) => SessionFilter::Owner(dn.clone()),
     };
     Ok(state.store.sessions(filter).await?)
 }
@@ -251,24 +245,21 @@ pub async fn show(
 ) -> Result<SessionRecord, ApiError> {
     // Subscribed before the first read, so no change between the read and the wait is missed.
     let mut changes = state.changes.subscribe();
-    let mut session = find_session(state, caller, &target.name, target.owner, Lookup::Any).await?;
+    let session = find_session(state, caller, &target.name, target.owner, Lookup::Any).await?;
     let Some(states) = wait_for else {
         return Ok(session);
     };
     let deadline = tokio::time::Instant::now() + wait;
+    let id = session.id;
     // Any change may be this session's (it may move to another node): look again each time.
-    while !states.contains(&session.state)
-        && matches!(
-            tokio::time::timeout_at(deadline, changes.changed(None)).await,
-            Ok(true)
+    changes
+        .follow(
+            deadline,
+            session,
+            |session| states.contains(&session.state),
+            || async { Ok::<_, ApiError>(state.store.session(id).await?) },
         )
-    {
-        match state.store.session(session.id).await? {
-            Some(now) => session = now,
-            None => break,
-        }
-    }
-    Ok(session)
+        .await
 }
 
 /// Holds the session by hand (HELD, its container stopped); `reason` is an admin's for holding
