@@ -183,10 +183,12 @@ pub struct Waiter {
 
 impl Waiter {
     /// A long-poll on one record: `value` as first read, read again with `read` after each
-    /// notification until `settled` holds, `deadline` passes, the manager shuts down or the
-    /// record is gone (`read` answers `None`); the last value read.
+    /// notification that may concern it (those of `node` and the site's; every one when `None`)
+    /// until `settled` holds, `deadline` passes, the manager shuts down or the record is gone
+    /// (`read` answers `None`); the last value read.
     pub async fn follow<T, E, Fut>(
         &mut self,
+        node: Option<&NodeName>,
         deadline: tokio::time::Instant,
         mut value: T,
         settled: impl Fn(&T) -> bool,
@@ -197,7 +199,7 @@ impl Waiter {
     {
         while !settled(&value)
             && matches!(
-                tokio::time::timeout_at(deadline, self.changed(None)).await,
+                tokio::time::timeout_at(deadline, self.changed(node)).await,
                 Ok(true)
             )
         {

@@ -17,25 +17,14 @@ use serde::Deserialize;
 
 use super::callers::CurrentUser;
 use super::{AdminJson, ApiError, ApiPath, ApiQuery, AppState};
-use crate::app::nodes::{DrainChange, NodeError};
+use crate::app::nodes::{DrainChange, NodeError, MAX_NODE_WAIT};
 use crate::app::{self, Via};
-use crate::site::SiteSnapshot;
-use crate::store::{GpuRecord, NodeRecord};
-
-/// The longest `wait_empty` waits in one request.
-pub const MAX_NODE_WAIT: Duration = Duration::from_secs(60);
 
 pub async fn list_nodes(
     State(state): State<AppState>,
     caller: CurrentUser,
 ) -> Result<Json<Vec<NodeView>>, ApiError> {
-    let site = state.site().await?;
-    let views = site
-        .nodes
-        .iter()
-        .map(|node| node_view(&site, &caller, node))
-        .collect();
-    Ok(Json(views))
+    Ok(Json(app::nodes::list(&state, &caller).await?))
 }
 
 /// `GET /v1/nodes/{name}[?wait_empty=true[&timeout=SECONDS]]`.
@@ -54,25 +43,13 @@ pub async fn show_node(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<ShowNodeQuery>,
 ) -> Result<Json<NodeView>, ApiError> {
-    let name = parse_node(&name)?;
     let wait = query
-        .timeout
-        .map_or(MAX_NODE_WAIT, Duration::from_secs)
-        .min(MAX_NODE_WAIT);
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        // Subscribed before the read, so no change between the read and the wait is missed.
-        let mut changes = state.changes.subscribe();
-        let view = find_node(&state, &caller, &name).await?;
-        let empty = view.sessions == 0 && view.jobs == 0;
-        if !query.wait_empty || empty {
-            return Ok(Json(view));
-        }
-        match tokio::time::timeout_at(deadline, changes.changed(Some(&name))).await {
-            Ok(true) => {}
-            Ok(false) | Err(_) => return Ok(Json(view)),
-        }
-    }
+        .wait_empty
+        .then(|| query.timeout.map_or(MAX_NODE_WAIT, Duration::from_secs));
+    let view = app::nodes::show(&state, &caller, &name, wait)
+        .await
+        .map_err(node_refused)?;
+    Ok(Json(view))
 }
 
 pub async fn drain_node(
@@ -90,7 +67,7 @@ pub async fn drain_node(
     let name = app::nodes::drain_node(&state, &caller, &name, change, Via::Api)
         .await
         .map_err(node_refused)?;
-    Ok(Json(find_node(&state, &caller, &name).await?))
+    node_answer(&state, &caller, &name).await
 }
 
 pub async fn undrain_node(
@@ -101,7 +78,7 @@ pub async fn undrain_node(
     let name = app::nodes::drain_node(&state, &caller, &name, DrainChange::Undrain, Via::Api)
         .await
         .map_err(node_refused)?;
-    Ok(Json(find_node(&state, &caller, &name).await?))
+    node_answer(&state, &caller, &name).await
 }
 
 pub async fn remove_node(
@@ -111,7 +88,9 @@ pub async fn remove_node(
 ) -> Result<Json<NodeView>, ApiError> {
     caller.require_admin("can remove a node")?;
     let name = parse_node(&name)?;
-    let view = find_node(&state, &caller, &name).await?;
+    let view = app::nodes::find_node(&state, &caller, &name)
+        .await
+        .map_err(node_refused)?;
     app::nodes::remove(&state, &caller, &name)
         .await
         .map_err(node_refused)?;
@@ -137,7 +116,7 @@ pub async fn set_gpu_mode(
     app::nodes::set_gpu_mode(&state, &caller, &uuid, mode)
         .await
         .map_err(node_refused)?;
-    find_gpu(&state, &caller, &uuid).await
+    gpu_answer(&state, &caller, &uuid).await
 }
 
 pub async fn drain_gpu(
@@ -153,7 +132,7 @@ pub async fn drain_gpu(
     let gpu = app::nodes::drain_gpu(&state, &caller, &uuid, change, Via::Api)
         .await
         .map_err(node_refused)?;
-    find_gpu(&state, &caller, &gpu.info.uuid).await
+    gpu_answer(&state, &caller, &gpu.info.uuid).await
 }
 
 pub async fn undrain_gpu(
@@ -164,7 +143,7 @@ pub async fn undrain_gpu(
     let gpu = app::nodes::drain_gpu(&state, &caller, &uuid, DrainChange::Undrain, Via::Api)
         .await
         .map_err(node_refused)?;
-    find_gpu(&state, &caller, &gpu.info.uuid).await
+    gpu_answer(&state, &caller, &gpu.info.uuid).await
 }
 
 /// A drain's refusal as devctl users read it.
@@ -194,116 +173,24 @@ fn no_such_gpu(uuid: &GpuUuid) -> ApiError {
     ApiError::not_found(format!("no GPU {uuid} is registered: see `devctl gpus`"))
 }
 
-async fn find_node(
+async fn node_answer(
     state: &AppState,
     caller: &CurrentUser,
     name: &NodeName,
-) -> Result<NodeView, ApiError> {
-    let site = state.site().await?;
-    site.nodes
-        .iter()
-        .find(|node| node.name == *name)
-        .map(|node| node_view(&site, caller, node))
-        .ok_or_else(|| no_such_node(name))
+) -> Result<Json<NodeView>, ApiError> {
+    let view = app::nodes::find_node(state, caller, name)
+        .await
+        .map_err(node_refused)?;
+    Ok(Json(view))
 }
 
-async fn find_gpu(
+async fn gpu_answer(
     state: &AppState,
     caller: &CurrentUser,
     uuid: &GpuUuid,
 ) -> Result<Json<GpuView>, ApiError> {
-    let site = state.site().await?;
-    site.nodes
-        .iter()
-        .find_map(|node| {
-            let gpu = node.gpus.iter().find(|g| g.info.uuid == *uuid)?;
-            Some(Json(gpu_view(&site, caller, node, gpu)))
-        })
-        .ok_or_else(|| no_such_gpu(uuid))
-}
-
-fn node_view(site: &SiteSnapshot, caller: &CurrentUser, node: &NodeRecord) -> NodeView {
-    let on_node = |n: &Option<NodeName>| n.as_ref() == Some(&node.name);
-    NodeView {
-        name: node.name.clone(),
-        online: site.is_online(node),
-        last_seen: node.last_seen,
-        gpu_backend: node.gpu_backend.clone(),
-        gpus: node
-            .gpus
-            .iter()
-            .map(|gpu| gpu_view(site, caller, node, gpu))
-            .collect(),
-        agent_version: node.agent_version.clone(),
-        drain: node.drain.clone(),
-        sessions: count(site.holding.iter().filter(|s| on_node(&s.node))),
-        jobs: count(
-            site.jobs
-                .iter()
-                .filter(|j| j.state().holds_gpus() && on_node(&j.node)),
-        ),
-    }
-}
-
-fn count<T>(items: impl Iterator<Item = T>) -> u32 {
-    u32::try_from(items.count()).unwrap_or(u32::MAX)
-}
-
-/// A GPU as `caller` may see it: sessions of others are counted but not named (admins see all).
-fn gpu_view(
-    site: &SiteSnapshot,
-    caller: &CurrentUser,
-    node: &NodeRecord,
-    gpu: &GpuRecord,
-) -> GpuView {
-    let mut view = GpuView {
-        info: gpu.info.clone(),
-        node: node.name.clone(),
-        mode: gpu.mode,
-        used: site.used(&gpu.info.uuid),
-        free: site.free(node, gpu),
-        sessions: site
-            .sessions_on(&gpu.info.uuid)
-            .filter(|s| caller.admin || s.owner == caller.user.dn)
-            .map(|s| s.name.clone())
-            .collect(),
-        drain: gpu.drain.clone(),
-        mig_sessions: Default::default(),
-    };
-    if let Some(layout) = gpu.mode.mig_layout() {
-        // A GPU in MIG mode: its places are its devices.
-        let slots: Vec<_> = site
-            .reported_mig_slots()
-            .into_iter()
-            .filter(|slot| slot.parent == gpu.info.uuid)
-            .collect();
-        let held = slots.iter().filter(|slot| slot.used).count();
-        view.used = u32::try_from(held).unwrap_or(u32::MAX);
-        let out_of_service = !gpu.info.health.is_healthy()
-            || !site.is_online(node)
-            || gpu.drain.is_some()
-            || node.drain.is_some()
-            || !layout.is_made_by(&gpu.info.mig_devices);
-        view.free = if out_of_service {
-            0
-        } else {
-            u32::try_from(slots.len() - held).unwrap_or(u32::MAX)
-        };
-        for session in site
-            .holding_sessions()
-            .filter(|s| caller.admin || s.owner == caller.user.dn)
-        {
-            for id in &session.gpus {
-                if let ongrid_core::GpuId::Mig(mig) = id {
-                    if slots.iter().any(|slot| &slot.uuid == mig) {
-                        view.mig_sessions.insert(mig.clone(), session.name.clone());
-                        if !view.sessions.contains(&session.name) {
-                            view.sessions.push(session.name.clone());
-                        }
-                    }
-                }
-            }
-        }
-    }
-    view
+    let view = app::nodes::gpu(state, caller, uuid)
+        .await
+        .map_err(node_refused)?;
+    Ok(Json(view))
 }

@@ -2,15 +2,23 @@
 //! `/v1/gpus/{uuid}/drain` and the dashboard's drain buttons (a drained node or GPU takes
 //! nothing new, what runs there goes on; back in service, the queue may fit there again); a
 //! stopped node forgotten ([`remove`]); a GPU's mode ([`set_gpu_mode`]: whole, shared:N, or a
-//! MIG layout its agent makes).
+//! MIG layout its agent makes). And what every user sees of them: [`list`], [`show`] (which can
+//! wait for a drained node to empty) and [`gpu`], others' sessions counted but not named.
 
+use std::time::Duration;
+
+use ongrid_core::api::{GpuView, NodeView};
 use ongrid_core::gpu::Drain;
 use ongrid_core::{GpuMode, GpuUuid, NodeName};
 
 use super::caller::CurrentUser;
 use super::{ApiError, AppState, Effect, Via};
 use crate::domain::nodes;
-use crate::store::{GpuRecord, NodeRemoval};
+use crate::site::SiteSnapshot;
+use crate::store::{GpuRecord, NodeRecord, NodeRemoval};
+
+/// The longest [`show`] waits for a node to empty in one request.
+pub const MAX_NODE_WAIT: Duration = Duration::from_secs(60);
 
 /// Why a node or GPU was not changed, where the API and the dashboard give different advice.
 #[derive(Debug)]
@@ -168,4 +176,155 @@ fn new_drain(
         )?)),
         DrainChange::Undrain => Ok(None),
     }
+}
+
+/// Every registered node as `caller` sees it.
+pub async fn list(state: &AppState, caller: &CurrentUser) -> Result<Vec<NodeView>, ApiError> {
+    let site = state.site().await?;
+    Ok(site
+        .nodes
+        .iter()
+        .map(|node| node_view(&site, caller, node))
+        .collect())
+}
+
+/// The node `node` names as `caller` sees it. With `wait_empty`, once nothing holds its GPUs any
+/// more (no running session, no job holding GPUs; what `devctl admin node drain --wait` waits
+/// for), or as it is when that time (at most [`MAX_NODE_WAIT`]) passes.
+pub async fn show(
+    state: &AppState,
+    caller: &CurrentUser,
+    node: &str,
+    wait_empty: Option<Duration>,
+) -> Result<NodeView, NodeError> {
+    let node = NodeName::parse(node).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // Subscribed before the first read, so no change between the read and the wait is missed.
+    let mut changes = state.changes.subscribe();
+    let view = find_node(state, caller, &node).await?;
+    let Some(wait) = wait_empty else {
+        return Ok(view);
+    };
+    let deadline = tokio::time::Instant::now() + wait.min(MAX_NODE_WAIT);
+    let empty = |view: &NodeView| view.sessions == 0 && view.jobs == 0;
+    changes
+        .follow(Some(&node), deadline, view, empty, || async {
+            find_node(state, caller, &node).await.map(Some)
+        })
+        .await
+}
+
+/// The node `node` as `caller` sees it now.
+pub async fn find_node(
+    state: &AppState,
+    caller: &CurrentUser,
+    node: &NodeName,
+) -> Result<NodeView, NodeError> {
+    let site = state.site().await?;
+    site.nodes
+        .iter()
+        .find(|record| record.name == *node)
+        .map(|record| node_view(&site, caller, record))
+        .ok_or_else(|| NodeError::NoSuchNode(node.clone()))
+}
+
+/// The GPU `uuid` as `caller` sees it now.
+pub async fn gpu(
+    state: &AppState,
+    caller: &CurrentUser,
+    uuid: &GpuUuid,
+) -> Result<GpuView, NodeError> {
+    let site = state.site().await?;
+    site.nodes
+        .iter()
+        .find_map(|node| {
+            let gpu = node.gpus.iter().find(|g| g.info.uuid == *uuid)?;
+            Some(gpu_view(&site, caller, node, gpu))
+        })
+        .ok_or_else(|| NodeError::NoSuchGpu(uuid.clone()))
+}
+
+fn node_view(site: &SiteSnapshot, caller: &CurrentUser, node: &NodeRecord) -> NodeView {
+    let on_node = |n: &Option<NodeName>| n.as_ref() == Some(&node.name);
+    NodeView {
+        name: node.name.clone(),
+        online: site.is_online(node),
+        last_seen: node.last_seen,
+        gpu_backend: node.gpu_backend.clone(),
+        gpus: node
+            .gpus
+            .iter()
+            .map(|gpu| gpu_view(site, caller, node, gpu))
+            .collect(),
+        agent_version: node.agent_version.clone(),
+        drain: node.drain.clone(),
+        sessions: count(site.holding.iter().filter(|s| on_node(&s.node))),
+        jobs: count(
+            site.jobs
+                .iter()
+                .filter(|j| j.state().holds_gpus() && on_node(&j.node)),
+        ),
+    }
+}
+
+fn count<T>(items: impl Iterator<Item = T>) -> u32 {
+    u32::try_from(items.count()).unwrap_or(u32::MAX)
+}
+
+/// A GPU as `caller` may see it: sessions of others are counted but not named (admins see all).
+fn gpu_view(
+    site: &SiteSnapshot,
+    caller: &CurrentUser,
+    node: &NodeRecord,
+    gpu: &GpuRecord,
+) -> GpuView {
+    let mut view = GpuView {
+        info: gpu.info.clone(),
+        node: node.name.clone(),
+        mode: gpu.mode,
+        used: site.used(&gpu.info.uuid),
+        free: site.free(node, gpu),
+        sessions: site
+            .sessions_on(&gpu.info.uuid)
+            .filter(|s| caller.admin || s.owner == caller.user.dn)
+            .map(|s| s.name.clone())
+            .collect(),
+        drain: gpu.drain.clone(),
+        mig_sessions: Default::default(),
+    };
+    if let Some(layout) = gpu.mode.mig_layout() {
+        // A GPU in MIG mode: its places are its devices.
+        let slots: Vec<_> = site
+            .reported_mig_slots()
+            .into_iter()
+            .filter(|slot| slot.parent == gpu.info.uuid)
+            .collect();
+        let held = slots.iter().filter(|slot| slot.used).count();
+        view.used = u32::try_from(held).unwrap_or(u32::MAX);
+        let out_of_service = !gpu.info.health.is_healthy()
+            || !site.is_online(node)
+            || gpu.drain.is_some()
+            || node.drain.is_some()
+            || !layout.is_made_by(&gpu.info.mig_devices);
+        view.free = if out_of_service {
+            0
+        } else {
+            u32::try_from(slots.len() - held).unwrap_or(u32::MAX)
+        };
+        for session in site
+            .holding_sessions()
+            .filter(|s| caller.admin || s.owner == caller.user.dn)
+        {
+            for id in &session.gpus {
+                if let ongrid_core::GpuId::Mig(mig) = id {
+                    if slots.iter().any(|slot| &slot.uuid == mig) {
+                        view.mig_sessions.insert(mig.clone(), session.name.clone());
+                        if !view.sessions.contains(&session.name) {
+                            view.sessions.push(session.name.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    view
 }
