@@ -50,12 +50,32 @@ pub struct SiteSnapshot {
 }
 
 impl SiteSnapshot {
+    /// The site as stored now, for what people see of it.
     pub async fn load(
         store: &dyn Store,
         now: DateTime<Utc>,
         node_timeout: Duration,
     ) -> StoreResult<Self> {
-        let nodes = store.nodes().await?;
+        Self::load_with(store, store.nodes().await?, now, node_timeout).await
+    }
+
+    /// The site for a scheduling round: as [`Self::load`], its GPUs from the store's planning
+    /// read ([`Store::planning_nodes`]), read again only when the inventory changed.
+    pub async fn load_for_planning(
+        store: &dyn Store,
+        now: DateTime<Utc>,
+        node_timeout: Duration,
+    ) -> StoreResult<Self> {
+        Self::load_with(store, store.planning_nodes().await?, now, node_timeout).await
+    }
+
+    /// `nodes` with the sessions and jobs that hold their GPUs as stored now.
+    async fn load_with(
+        store: &dyn Store,
+        nodes: Vec<NodeRecord>,
+        now: DateTime<Utc>,
+        node_timeout: Duration,
+    ) -> StoreResult<Self> {
         let holding = store
             .sessions(SessionFilter::States(holding_states()))
             .await?;
@@ -77,7 +97,7 @@ impl SiteSnapshot {
     ) -> StoreResult<Self> {
         Ok(Self::new(
             now,
-            store.nodes().await?,
+            store.planning_nodes().await?,
             Vec::new(),
             node_timeout,
         ))

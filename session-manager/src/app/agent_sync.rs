@@ -59,7 +59,7 @@ pub async fn register(
         .await?;
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
     state.committed(&[Effect::Scheduling]);
-    desired_state(state, node).await
+    desired_state(state, node, None).await
 }
 
 /// Records what the agent reports of its node, and answers the node's desired state.
@@ -89,6 +89,8 @@ pub async fn sync(
         .await?;
     let resuming = resuming(state, &sessions).await?;
     let on_node: HashMap<SessionId, &SessionRecord> = sessions.iter().map(|s| (s.id, s)).collect();
+    // Whether a session of the node changed here: its sessions are then read again for the answer.
+    let mut transitioned = false;
     for container in &report.containers {
         let Some(session) = on_node.get(&container.session_id) else {
             continue;
@@ -106,6 +108,7 @@ pub async fn sync(
                     crate::metrics::events().started(session.queued_at, now);
                 }
                 changed.scheduling = true;
+                transitioned = true;
                 tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
             }
             // Changed meanwhile (for example removed by its owner): the next sync sees it.
@@ -141,7 +144,10 @@ pub async fn sync(
         )
         .await?;
     state.committed(&changed.effects(node));
-    desired_state(state, node).await
+    // A sync that changed none of the node's sessions (the common case) answers with them as read
+    // above; a commit since by someone else has woken the node's long-poll, which answers it.
+    let read = (!transitioned).then_some(NodeSessions { sessions, resuming });
+    desired_state(state, node, read).await
 }
 
 /// What a sync changed, so that it wakes only the waiters concerned: the long-polls on the node
@@ -210,7 +216,7 @@ pub async fn next_desired(
         )));
     }
     loop {
-        let desired = desired_state(state, node).await?;
+        let desired = desired_state(state, node, None).await?;
         let current = version(&desired);
         if after != Some(current.as_str()) {
             return Ok(Desired::Changed(desired));
@@ -326,13 +332,30 @@ async fn resuming(
     Ok(resuming)
 }
 
-/// The node's desired state as stored now.
-async fn desired_state(state: &AppState, node: &NodeName) -> Result<DesiredState, ApiError> {
-    let sessions = state
-        .store
-        .sessions(SessionFilter::Node(node.clone()))
-        .await?;
-    let resuming = resuming(state, &sessions).await?;
+/// A node's sessions as read, and which of them resume a stopped container ([`resuming`]).
+struct NodeSessions {
+    sessions: Vec<SessionRecord>,
+    resuming: HashSet<SessionId>,
+}
+
+/// The node's desired state as stored now; its sessions as `read` when the caller has just read
+/// them.
+async fn desired_state(
+    state: &AppState,
+    node: &NodeName,
+    read: Option<NodeSessions>,
+) -> Result<DesiredState, ApiError> {
+    let NodeSessions { sessions, resuming } = match read {
+        Some(read) => read,
+        None => {
+            let sessions = state
+                .store
+                .sessions(SessionFilter::Node(node.clone()))
+                .await?;
+            let resuming = resuming(state, &sessions).await?;
+            NodeSessions { sessions, resuming }
+        }
+    };
     let building = state
         .store
         .images(ImageFilter::Building(node.clone()))

@@ -322,7 +322,8 @@ impl Scheduler {
         let mut report = TickReport::default();
         let mut reads = Reads::new(self.store.as_ref());
         let started = std::time::Instant::now();
-        let site = SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?;
+        let site =
+            SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?;
         let site_read = started.elapsed();
         // Owners and reservations, read once for the round: nothing in it changes them.
         let gpu_policy = GpuPolicy::load(self.store.as_ref()).await?;
@@ -335,7 +336,7 @@ impl Scheduler {
         let site = if report == TickReport::default() {
             site
         } else {
-            SiteSnapshot::load(self.store.as_ref(), now, self.node_timeout).await?
+            SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?
         };
 
         let pending = self

@@ -408,6 +408,13 @@ pub trait Store: Send + Sync {
     /// Every registered node with its GPUs, ordered by name.
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 
+    /// Every registered node with its GPUs as [`Self::nodes`], for planning: the GPUs are read
+    /// again only when the site's inventory changed since this store last read them (a GPU
+    /// added, gone or moved, its health, MIG devices, mode or drain), else kept from then, so a
+    /// GPU's utilisation may be as old as that read. For the scheduler's rounds and a request's
+    /// checks; what people see of the GPUs comes from [`Self::nodes`].
+    fn planning_nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
+
     /// One registered node with its GPUs (what an agent's sync or a stream to it needs, without
     /// reading the whole site); `None` when it is not registered or was removed.
     fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>>;

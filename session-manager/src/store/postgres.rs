@@ -85,6 +85,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
+    inventory: sql::inventory::KeptInventory,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }
@@ -106,6 +108,7 @@ impl PostgresStore {
         MIGRATOR.run(&pool).await?;
         Ok(Self {
             pool,
+            inventory: Default::default(),
             options: options.into(),
         })
     }

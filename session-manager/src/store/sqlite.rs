@@ -62,6 +62,8 @@ fn outside_any_transaction(connection: &DbConnection) -> bool {
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
+    inventory: sql::inventory::KeptInventory,
 }
 
 impl SqliteStore {
@@ -87,7 +89,10 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            inventory: Default::default(),
+        })
     }
 
     /// Closes every connection (checkpointing the WAL). Called on shutdown.

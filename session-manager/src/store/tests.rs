@@ -160,7 +160,94 @@ backend_tests!(
     token_identities_link_to_existing_users_and_keys_keep_their_token_issuer,
     sessions_and_jobs_are_counted_by_state,
     changes_stored_together_skip_the_refused_ones,
+    the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
 );
+
+/// The planning read keeps the GPUs it read and reads them again when the inventory changed:
+/// each change the scheduler plans with (a GPU's health, mode or drain, a node's GPUs added) is
+/// in the next planning read, whether made through the same store or through another one on the
+/// same database (a replica); a new utilisation alone is not, while what people see has it; a
+/// node's last sync and its drain are always current.
+async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_store(
+    backend: Backend,
+) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let replica = place.open().await;
+    let node1 = NodeName::parse("node1").unwrap();
+    assert_eq!(store.planning_nodes().await.unwrap(), vec![]);
+    assert_eq!(replica.planning_nodes().await.unwrap(), vec![]);
+    store
+        .register_node(node("node1"), &[gpu(1), gpu(2)], t(0))
+        .await
+        .unwrap();
+    // Each store's planning read is the whole truth after a change, whoever made it.
+    let both_current = || async {
+        let seen = store.nodes().await.unwrap();
+        assert_eq!(store.planning_nodes().await.unwrap(), seen);
+        assert_eq!(replica.planning_nodes().await.unwrap(), seen);
+        seen
+    };
+    assert_eq!(both_current().await[0].gpus.len(), 2);
+
+    // A new utilisation alone: people see it, planning keeps the GPU as it was; the sync's time
+    // is current.
+    let busy = GpuInfo {
+        utilization_percent: Some(87),
+        ..gpu(2)
+    };
+    replica
+        .record_sync(&node1, &[gpu(1), busy.clone()], t(5))
+        .await
+        .unwrap();
+    assert_eq!(store.nodes().await.unwrap()[0].gpus[1].info, busy);
+    for planned in [
+        store.planning_nodes().await.unwrap(),
+        replica.planning_nodes().await.unwrap(),
+    ] {
+        assert_eq!(planned[0].last_seen, t(5));
+        assert_eq!(
+            planned[0].gpus[1].info,
+            gpu(2),
+            "utilisation as of the last change"
+        );
+    }
+
+    // Health (through the replica), a mode (through this store), a GPU's drain, a node's drain,
+    // another node: each in both stores' next planning read.
+    let mut sick = gpu(1);
+    sick.health = GpuHealth::Failed("fell off the bus".to_owned());
+    replica
+        .record_sync(&node1, &[sick.clone(), busy.clone()], t(6))
+        .await
+        .unwrap();
+    assert_eq!(both_current().await[0].gpus[0].info, sick);
+    let shared = GpuMode::Shared { max_sessions: 4 };
+    store.set_gpu_mode(&gpu(2).uuid, shared).await.unwrap();
+    assert_eq!(both_current().await[0].gpus[1].mode, shared);
+    let drain = ongrid_core::gpu::Drain {
+        reason: "fan".to_owned(),
+        since: t(7),
+        by: "admin".to_owned(),
+    };
+    replica
+        .set_gpu_drain(&gpu(2).uuid, Some(drain.clone()))
+        .await
+        .unwrap();
+    assert_eq!(both_current().await[0].gpus[1].drain, Some(drain.clone()));
+    store
+        .set_node_drain(&node1, Some(drain.clone()))
+        .await
+        .unwrap();
+    assert_eq!(both_current().await[0].drain, Some(drain));
+    replica
+        .register_node(node("node0"), &[gpu(3)], t(8))
+        .await
+        .unwrap();
+    let seen = both_current().await;
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].gpus[0].info, gpu(3));
+}
 
 /// Changes stored in one write: each one its session's lifecycle allows is stored, a refused
 /// one and one of an unknown session are answered as refused, and nothing of them is written.

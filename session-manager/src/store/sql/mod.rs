@@ -333,55 +333,63 @@ impl SqlStore {
 
     /// Every registered node with its GPUs, ordered by name; only `only` when given.
     async fn nodes_impl(&self, only: Option<&NodeName>) -> StoreResult<Vec<NodeRecord>> {
-        let (node_rows, gpu_rows) = match only {
-            None => (
-                sqlx::query(
-                    "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain \
-                     FROM nodes WHERE removed_at IS NULL ORDER BY name",
-                )
-                .fetch_all(&self.pool)
-                .await?,
+        let node_rows = self.node_rows(only).await?;
+        let mut gpus = self.gpus_by_node(only).await?;
+        node_rows
+            .iter()
+            .map(|row| {
+                let mut node = node_from_row(row)?;
+                node.gpus = gpus.remove(&node.name).unwrap_or_default();
+                Ok(node)
+            })
+            .collect()
+    }
+
+    /// The rows of the registered nodes (of `only` when given), ordered by name.
+    async fn node_rows(&self, only: Option<&NodeName>) -> StoreResult<Vec<DbRow>> {
+        const COLUMNS: &str = "SELECT name, gpu_backend, agent_version, stream_url, last_seen, \
+             drain FROM nodes WHERE removed_at IS NULL";
+        Ok(match only {
+            None => {
+                sqlx::query(&format!("{COLUMNS} ORDER BY name"))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            Some(name) => {
+                sqlx::query(&format!("{COLUMNS} AND name = $1"))
+                    .bind(name.as_str())
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        })
+    }
+
+    /// The GPUs of every node (of `only` when given), each node's ordered by PCI bus id.
+    async fn gpus_by_node(&self, only: Option<&NodeName>) -> StoreResult<inventory::GpusByNode> {
+        let rows = match only {
+            None => {
                 sqlx::query("SELECT node, info, mode, drain FROM gpus")
                     .fetch_all(&self.pool)
-                    .await?,
-            ),
-            Some(name) => (
-                sqlx::query(
-                    "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain \
-                     FROM nodes WHERE removed_at IS NULL AND name = $1",
-                )
-                .bind(name.as_str())
-                .fetch_all(&self.pool)
-                .await?,
+                    .await?
+            }
+            Some(name) => {
                 sqlx::query("SELECT node, info, mode, drain FROM gpus WHERE node = $1")
                     .bind(name.as_str())
                     .fetch_all(&self.pool)
-                    .await?,
-            ),
+                    .await?
+            }
         };
-        let mut gpus: BTreeMap<NodeName, Vec<GpuRecord>> = BTreeMap::new();
-        for row in &gpu_rows {
+        let mut gpus: inventory::GpusByNode = BTreeMap::new();
+        for row in &rows {
             let gpu = gpu_from_row(row)?;
             gpus.entry(gpu.node.clone()).or_default().push(gpu);
         }
-        let mut nodes = Vec::with_capacity(node_rows.len());
-        for row in &node_rows {
-            let name: NodeName = parse(&row.try_get::<String, _>("name")?, "node name")?;
-            let mut gpus = gpus.remove(&name).unwrap_or_default();
-            gpus.sort_by(|a, b| {
+        for list in gpus.values_mut() {
+            list.sort_by(|a, b| {
                 (&a.info.pci_bus_id, &a.info.uuid).cmp(&(&b.info.pci_bus_id, &b.info.uuid))
             });
-            nodes.push(NodeRecord {
-                gpus,
-                name,
-                gpu_backend: row.try_get("gpu_backend")?,
-                agent_version: row.try_get("agent_version")?,
-                stream_url: row.try_get("stream_url")?,
-                last_seen: parse_timestamp(&row.try_get::<String, _>("last_seen")?)?,
-                drain: nodes::drain_from_row(row)?,
-            });
         }
-        Ok(nodes)
+        Ok(gpus)
     }
 
     async fn set_gpu_mode_impl(
@@ -397,6 +405,9 @@ impl SqlStore {
         .bind(uuid.as_str())
         .fetch_optional(&mut *tx)
         .await?;
+        if row.is_some() {
+            inventory::bump(&mut tx).await?;
+        }
         tx.commit().await?;
         row.as_ref().map(gpu_from_row).transpose()
     }
@@ -529,6 +540,10 @@ impl Store for SqlStore {
 
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
         Box::pin(self.nodes_impl(None))
+    }
+
+    fn planning_nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
+        Box::pin(self.planning_nodes_impl())
     }
 
     fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>> {
@@ -1077,7 +1092,7 @@ async fn fold_transition(
 /// Stores the GPUs `node` reports: a row is written only where the report differs from it (new
 /// GPUs get their mode from `start_modes`, else exclusive; known ones keep the admin's). GPUs of
 /// the node no longer reported are kept, marked failed. Whether anything but a GPU's
-/// utilisation changed.
+/// utilisation changed (the inventory version then moves on: [`inventory`]).
 async fn update_gpus(
     tx: &mut Transaction<'static, Db>,
     node: &NodeName,
@@ -1130,6 +1145,9 @@ async fn update_gpus(
             .await?;
         changed = true;
     }
+    if changed {
+        inventory::bump(tx).await?;
+    }
     Ok(changed)
 }
 
@@ -1165,6 +1183,19 @@ fn session_from_row(row: &DbRow) -> StoreResult<SessionRecord> {
         preferred_node: optional("preferred_node")?
             .map(|n| parse(&n, "node name"))
             .transpose()?,
+    })
+}
+
+/// A `nodes` row, without its GPUs.
+fn node_from_row(row: &DbRow) -> StoreResult<NodeRecord> {
+    Ok(NodeRecord {
+        gpus: Vec::new(),
+        name: parse(&row.try_get::<String, _>("name")?, "node name")?,
+        gpu_backend: row.try_get("gpu_backend")?,
+        agent_version: row.try_get("agent_version")?,
+        stream_url: row.try_get("stream_url")?,
+        last_seen: parse_timestamp(&row.try_get::<String, _>("last_seen")?)?,
+        drain: nodes::drain_from_row(row)?,
     })
 }
 
@@ -1225,6 +1256,7 @@ mod gpu_policy;
 mod grid_jobs;
 mod identity;
 mod images;
+pub(super) mod inventory;
 mod jobs;
 mod nodes;
 mod token_links;

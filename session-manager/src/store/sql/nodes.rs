@@ -62,6 +62,9 @@ impl SqlStore {
         .bind(uuid.as_str())
         .fetch_optional(&mut *tx)
         .await?;
+        if row.is_some() {
+            super::inventory::bump(&mut tx).await?;
+        }
         tx.commit().await?;
         row.as_ref().map(gpu_from_row).transpose()
     }
