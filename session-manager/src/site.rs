@@ -56,33 +56,33 @@ impl SiteSnapshot {
         now: DateTime<Utc>,
         node_timeout: Duration,
     ) -> StoreResult<Self> {
-        Self::load_with(store, store.nodes().await?, now, node_timeout).await
+        let nodes = store.nodes().await?;
+        let holding = store
+            .sessions(SessionFilter::States(holding_states()))
+            .await?;
+        Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await
     }
 
-    /// The site for a scheduling round: as [`Self::load`], its GPUs from the store's planning
-    /// read ([`Store::planning_nodes`]), read again only when the inventory changed.
+    /// The site for a scheduling round, as [`Self::load`] but from the store's planning reads:
+    /// its GPUs ([`Store::planning_nodes`], read again only when the inventory changed) and the
+    /// sessions holding them ([`Store::planning_sessions`], only those changed read again).
     pub async fn load_for_planning(
         store: &dyn Store,
         now: DateTime<Utc>,
         node_timeout: Duration,
     ) -> StoreResult<Self> {
-        Self::load_with(store, store.planning_nodes().await?, now, node_timeout).await
+        let nodes = store.planning_nodes().await?;
+        let mut holding = store.planning_sessions().await?;
+        holding.retain(|session| session.state.holds_gpus());
+        Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await
     }
 
-    /// `nodes` with the sessions and jobs that hold their GPUs as stored now.
-    async fn load_with(
-        store: &dyn Store,
-        nodes: Vec<NodeRecord>,
-        now: DateTime<Utc>,
-        node_timeout: Duration,
-    ) -> StoreResult<Self> {
-        let holding = store
-            .sessions(SessionFilter::States(holding_states()))
-            .await?;
+    /// `site` with the jobs QUEUED or holding GPUs as stored now.
+    async fn with_active_jobs(store: &dyn Store, site: Self) -> StoreResult<Self> {
         let mut jobs = store.jobs(JobFilter::Active).await?;
         // Jobs of grid targets run elsewhere: their engines schedule them.
         jobs.retain(|job| job.grid.is_none());
-        Ok(Self::new(now, nodes, holding, node_timeout).with_jobs(jobs))
+        Ok(site.with_jobs(jobs))
     }
 
     /// The registered nodes and their GPUs as of `now`, without the sessions and jobs that hold

@@ -55,7 +55,7 @@ use crate::domain::sessions::holds::LifecycleFacts;
 use crate::domain::sessions::{Change, SessionRecord};
 use crate::notify::Changes;
 use crate::site::SiteSnapshot;
-use crate::store::{FactsScope, SessionFilter, Store, StoreError, StoreResult};
+use crate::store::{FactsScope, Store, StoreError, StoreResult};
 
 /// Whether this replica leads; cheap to clone. Defined here, below [`crate::replicas`] (which
 /// re-exports it and says who leads), because the scheduler is what it switches off.
@@ -339,10 +339,8 @@ impl Scheduler {
             SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?
         };
 
-        let pending = self
-            .store
-            .sessions(SessionFilter::States(vec![SessionState::Pending]))
-            .await?;
+        let mut pending = self.store.planning_sessions().await?;
+        pending.retain(|session| session.state == SessionState::Pending);
         halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
         if let Some(config) = &self.fair_share {
             let accounts = reads.accounts().await?.to_vec();

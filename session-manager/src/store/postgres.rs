@@ -87,6 +87,8 @@ pub struct PostgresStore {
     pool: PgPool,
     /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
+    /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
+    planning: sql::planning::KeptSessions,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }
@@ -109,6 +111,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             inventory: Default::default(),
+            planning: Default::default(),
             options: options.into(),
         })
     }

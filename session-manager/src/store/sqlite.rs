@@ -64,6 +64,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
+    /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
+    planning: sql::planning::KeptSessions,
 }
 
 impl SqliteStore {
@@ -92,6 +94,7 @@ impl SqliteStore {
         Ok(Self {
             pool,
             inventory: Default::default(),
+            planning: Default::default(),
         })
     }
 

@@ -161,7 +161,102 @@ backend_tests!(
     sessions_and_jobs_are_counted_by_state,
     changes_stored_together_skip_the_refused_ones,
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
+    the_planning_read_of_sessions_follows_every_write_made_through_any_store,
 );
+
+/// The planning read of the sessions is, after every write made through any store on the
+/// database (a replica), what a full read of the PENDING and GPU-holding sessions gives, in the
+/// same order: new sessions, a placement, a hold and an end in one write, a re-queue; a store
+/// opened later reads them whole, then follows too.
+async fn the_planning_read_of_sessions_follows_every_write_made_through_any_store(
+    backend: Backend,
+) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let replica = place.open().await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let planned = || {
+        SessionFilter::States(
+            SessionState::ALL
+                .into_iter()
+                .filter(|s| *s == SessionState::Pending || s.holds_gpus())
+                .collect(),
+        )
+    };
+    let current = |stores: Vec<TestStore>| async move {
+        let seen = stores[0].sessions(planned()).await.unwrap();
+        for store in &stores {
+            assert_eq!(store.planning_sessions().await.unwrap(), seen);
+        }
+        seen
+    };
+    let a = store
+        .create_session(new_session(&alice.dn, Some("a"), t(1)))
+        .await
+        .unwrap();
+    let both = || vec![store.clone(), replica.clone()];
+    assert_eq!(current(both()).await.len(), 1);
+    // Made after the first read, through either store; b and a were made at the same time.
+    let b = replica
+        .create_session(new_session(&alice.dn, Some("b"), t(1)))
+        .await
+        .unwrap();
+    let c = store
+        .create_session(new_session(&alice.dn, Some("c"), t(0)))
+        .await
+        .unwrap();
+    assert_eq!(current(both()).await.len(), 3);
+
+    store
+        .register_node(node("node1"), &[gpu(1)], t(0))
+        .await
+        .unwrap();
+    let node1 = NodeName::parse("node1").unwrap();
+    let on_gpu1 = Placement::Place {
+        node: node1,
+        gpus: vec![GpuId::Gpu(gpu(1).uuid)],
+    };
+    replica
+        .transition(
+            a.id,
+            change(SessionState::Starting, t(2), "placed", on_gpu1),
+        )
+        .await
+        .unwrap();
+    let seen = current(both()).await;
+    assert_eq!(
+        seen.iter().find(|s| s.id == a.id).unwrap().state,
+        SessionState::Starting
+    );
+
+    // Two leave in one write: one held, one ended.
+    let hold = Change::hold(ongrid_core::holds::HoldReason::Admin, t(3), "held by root");
+    let ended = change(SessionState::Ended, t(3), "removed", Placement::Clear);
+    let outcomes = store
+        .transition_all(vec![(b.id, hold), (c.id, ended)])
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(current(both()).await.len(), 1);
+
+    let requeued = change(
+        SessionState::Pending,
+        t(4),
+        "node1 stopped responding",
+        Placement::Clear,
+    );
+    replica.transition(a.id, requeued).await.unwrap();
+    let seen = current(both()).await;
+    assert_eq!((seen[0].id, seen[0].state), (a.id, SessionState::Pending));
+
+    let late = place.open().await;
+    let d = late
+        .create_session(new_session(&alice.dn, Some("d"), t(5)))
+        .await
+        .unwrap();
+    let seen = current(vec![late.clone(), store.clone(), replica.clone()]).await;
+    assert_eq!(seen.iter().map(|s| s.id).collect::<Vec<_>>(), [a.id, d.id]);
+}
 
 /// The planning read keeps the GPUs it read and reads them again when the inventory changed:
 /// each change the scheduler plans with (a GPU's health, mode or drain, a node's GPUs added) is

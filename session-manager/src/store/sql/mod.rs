@@ -147,6 +147,7 @@ impl SqlStore {
         .bind(timestamp(new.at))
         .execute(&mut *tx)
         .await?;
+        planning::stamp(&mut tx, &new.id.to_string()).await?;
         insert_transition(&mut tx, new.id, 0, first, (&first.reason, None)).await?;
         tx.commit().await?;
         self.session_impl(new.id)
@@ -544,6 +545,10 @@ impl Store for SqlStore {
 
     fn planning_nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
         Box::pin(self.planning_nodes_impl())
+    }
+
+    fn planning_sessions(&self) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>> {
+        Box::pin(self.planning_sessions_impl())
     }
 
     fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>> {
@@ -1003,6 +1008,7 @@ async fn apply_change(
             .await?;
         }
     }
+    planning::stamp(tx, &id_text).await?;
     Ok(transition.clone())
 }
 
@@ -1259,6 +1265,7 @@ mod images;
 pub(super) mod inventory;
 mod jobs;
 mod nodes;
+pub(super) mod planning;
 mod token_links;
 mod usage;
 mod users;

@@ -1,0 +1,113 @@
+//! The planning read of the sessions ([`Store::planning_sessions`](crate::store::Store::planning_sessions)):
+//! the PENDING sessions and those holding GPUs, kept in memory and brought up to date with the
+//! sessions changed since the last read.
+//!
+//! Every write of a session (its creation, each transition) stamps it with the next number of
+//! `session_change_seq` (migration 0024, [`stamp`]). Writers are serialised (SQLite's write
+//! lock, PostgreSQL's advisory write lock, both held until the commit), so the numbers commit in
+//! order: a read that sees a session stamped `n` sees every change numbered below `n`. The first
+//! read takes the highest number, then every session in a planning state; each later read takes
+//! the sessions stamped above the highest it has seen, in one statement (one snapshot), and keeps,
+//! replaces or lets go of each by its state. Sessions are never deleted (ended ones stay, ENDED).
+//! Replicas on one PostgreSQL database each keep their own copy and see each other's writes
+//! through the numbers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ongrid_core::{SessionId, SessionState};
+use sqlx::{Row, Transaction};
+
+use super::{session_from_row, states_listed, Db, SqlStore, SESSION_COLUMNS};
+use crate::domain::sessions::SessionRecord;
+use crate::store::StoreResult;
+
+/// The sessions a manager plans with, as of the highest change number it has seen; shared by the
+/// clones of one store, one read at a time.
+#[derive(Debug, Clone, Default)]
+pub struct KeptSessions(Arc<tokio::sync::Mutex<Option<Kept>>>);
+
+#[derive(Debug)]
+struct Kept {
+    seen: i64,
+    sessions: HashMap<SessionId, SessionRecord>,
+}
+
+/// Whether the scheduler plans with a session in `state`: it waits (PENDING) or holds GPUs.
+fn planned(state: SessionState) -> bool {
+    state == SessionState::Pending || state.holds_gpus()
+}
+
+/// Stamps session `id` (its text) with the next change number, inside the write `tx`.
+pub(super) async fn stamp(tx: &mut Transaction<'static, Db>, id: &str) -> StoreResult<()> {
+    let seq: i64 = sqlx::query_scalar(
+        "INSERT INTO session_change_seq (id, seq) VALUES (1, 1) \
+         ON CONFLICT (id) DO UPDATE SET seq = session_change_seq.seq + 1 RETURNING seq",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE sessions SET change_seq = $1 WHERE id = $2")
+        .bind(seq)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+impl SqlStore {
+    pub(super) async fn planning_sessions_impl(&self) -> StoreResult<Vec<SessionRecord>> {
+        let mut kept = self.planning.0.lock().await;
+        match kept.as_mut() {
+            None => *kept = Some(self.read_planned().await?),
+            Some(kept) => self.read_changes(kept).await?,
+        }
+        let mut sessions: Vec<SessionRecord> = kept
+            .as_ref()
+            .map(|kept| kept.sessions.values().cloned().collect())
+            .unwrap_or_default();
+        // As `sessions` orders them.
+        sessions.sort_by_key(|session| (session.created_at, session.id.0));
+        Ok(sessions)
+    }
+
+    /// Every session in a planning state, and the highest change number before the read.
+    async fn read_planned(&self) -> StoreResult<Kept> {
+        let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM sessions")
+            .fetch_one(&self.pool)
+            .await?;
+        let states = SessionState::ALL.into_iter().filter(|s| planned(*s));
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} WHERE s.state IN ({})",
+            states_listed(states)
+        );
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        let sessions = rows
+            .iter()
+            .map(|row| session_from_row(row).map(|s| (s.id, s)))
+            .collect::<StoreResult<_>>()?;
+        Ok(Kept {
+            seen: seen.unwrap_or(0),
+            sessions,
+        })
+    }
+
+    /// Brings `kept` up to date with the sessions changed since it was.
+    async fn read_changes(&self, kept: &mut Kept) -> StoreResult<()> {
+        let sql = format!("SELECT s.change_seq, {SESSION_COLUMNS} WHERE s.change_seq > $1");
+        let rows = sqlx::query(&sql)
+            .bind(kept.seen)
+            .fetch_all(&self.pool)
+            .await?;
+        for row in &rows {
+            let seq: i64 = row.try_get("change_seq")?;
+            kept.seen = kept.seen.max(seq);
+            let session = session_from_row(row)?;
+            if planned(session.state) {
+                kept.sessions.insert(session.id, session);
+            } else {
+                kept.sessions.remove(&session.id);
+            }
+        }
+        Ok(())
+    }
+}
