@@ -88,13 +88,11 @@ pub async fn remove_node(
 ) -> Result<Json<NodeView>, ApiError> {
     caller.require_admin("can remove a node")?;
     let name = parse_node(&name)?;
-    let view = app::nodes::find_node(&state, &caller, &name)
-        .await
-        .map_err(node_refused)?;
+    let view = node_answer(&state, &caller, &name).await?;
     app::nodes::remove(&state, &caller, &name)
         .await
         .map_err(node_refused)?;
-    Ok(Json(view))
+    Ok(view)
 }
 
 pub async fn set_gpu_mode(
