@@ -233,6 +233,8 @@ mod tests {
                 image: "ongrid/dev:latest".to_owned(),
                 at: at(-10),
                 reason: "created".to_owned(),
+                idle_timeout_secs: None,
+                max_duration_secs: None,
             })
             .await
             .unwrap();

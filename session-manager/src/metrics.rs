@@ -419,7 +419,10 @@ impl ManagerExporter {
     async fn read_store(&self) -> Result<(), crate::store::StoreError> {
         // Counted by the database, with the GPUs in use (no session or job is read whole).
         let counts = self.store.state_counts().await?;
-        let nodes = self.store.nodes().await?;
+        // The planning read: the GPUs are read again only when the inventory changed, and what
+        // is counted here (model, mode, health, MIG devices, the nodes) is part of it; only the
+        // utilisation, which no series shows, may be older.
+        let nodes = self.store.planning_nodes().await?;
 
         let by_state = counted(
             SessionState::ALL.iter().map(|s| s.as_str()),

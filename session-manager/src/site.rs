@@ -65,16 +65,22 @@ impl SiteSnapshot {
 
     /// The site for a scheduling round, as [`Self::load`] but from the store's planning reads:
     /// its GPUs ([`Store::planning_nodes`], read again only when the inventory changed) and the
-    /// sessions holding them ([`Store::planning_sessions`], only those changed read again).
+    /// sessions holding them ([`Store::planning_sessions`], only those changed read again); with
+    /// the PENDING sessions of the same read, in the order [`Store::sessions`] gives them.
     pub async fn load_for_planning(
         store: &dyn Store,
         now: DateTime<Utc>,
         node_timeout: Duration,
-    ) -> StoreResult<Self> {
+    ) -> StoreResult<(Self, Vec<SessionRecord>)> {
         let nodes = store.planning_nodes().await?;
-        let mut holding = store.planning_sessions().await?;
-        holding.retain(|session| session.state.holds_gpus());
-        Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await
+        let (holding, pending) = store
+            .planning_sessions()
+            .await?
+            .into_iter()
+            .partition(|session| session.state.holds_gpus());
+        let site =
+            Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await?;
+        Ok((site, pending))
     }
 
     /// `site` with the jobs QUEUED or holding GPUs as stored now.

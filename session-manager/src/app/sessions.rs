@@ -155,6 +155,8 @@ pub async fn create(
         image,
         at: state.clock.now(),
         reason: format!("requested by {}", caller.user.user_name),
+        idle_timeout_secs: Some(idle_timeout_secs),
+        max_duration_secs: Some(max_duration_secs),
     };
     let session = match state.store.create_session(new).await {
         Ok(session) => session,
@@ -174,10 +176,6 @@ pub async fn create(
         }
     };
     tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, via = via.as_str(), "Session requested.");
-    state
-        .store
-        .set_lifecycle_limits(session.id, Some(idle_timeout_secs), Some(max_duration_secs))
-        .await?;
     // On no node yet: only people's lists show it until the round places it.
     state.committed(&[Effect::People]);
     // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session

@@ -339,6 +339,8 @@ mod tests {
                     lengths.insert(Waiting::Job(id), Duration::from_secs(hours * HOUR));
                 } else if random.below(100) < 4 {
                     let id = SessionId::new_random();
+                    // Half ask for 8 hours (short work), half live the site's 7 days (long).
+                    let max = (random.below(2) == 0).then_some(8 * HOUR);
                     store
                         .create_session(NewSession {
                             id,
@@ -348,12 +350,11 @@ mod tests {
                             image: "ongrid/dev:latest".to_owned(),
                             at: now,
                             reason: "created".to_owned(),
+                            idle_timeout_secs: None,
+                            max_duration_secs: max,
                         })
                         .await
                         .unwrap();
-                    // Half ask for 8 hours (short work), half live the site's 7 days (long).
-                    let max = (random.below(2) == 0).then_some(8 * HOUR);
-                    store.set_lifecycle_limits(id, None, max).await.unwrap();
                     let length = Duration::from_secs(max.unwrap_or(7 * 24 * HOUR));
                     runs.insert(
                         Waiting::Session(id),

@@ -322,7 +322,7 @@ impl Scheduler {
         let mut report = TickReport::default();
         let mut reads = Reads::new(self.store.as_ref());
         let started = std::time::Instant::now();
-        let site =
+        let (site, pending) =
             SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?;
         let site_read = started.elapsed();
         // Owners and reservations, read once for the round: nothing in it changes them.
@@ -333,14 +333,11 @@ impl Scheduler {
             .await?;
         self.give_up_lost_nodes(&site, now, &mut report).await?;
         report.jobs += self.fail_jobs_of_lost_checkpoints(&site, now).await?;
-        let site = if report == TickReport::default() {
-            site
+        let (site, pending) = if report == TickReport::default() {
+            (site, pending)
         } else {
             SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?
         };
-
-        let mut pending = self.store.planning_sessions().await?;
-        pending.retain(|session| session.state == SessionState::Pending);
         halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
         if let Some(config) = &self.fair_share {
             let accounts = reads.accounts().await?.to_vec();

@@ -78,6 +78,8 @@ async fn create(f: &Fixture, at: DateTime<Utc>) -> SessionRecord {
             image: "ongrid/dev:latest".to_owned(),
             at,
             reason: "created".to_owned(),
+            idle_timeout_secs: None,
+            max_duration_secs: None,
         })
         .await
         .unwrap()
@@ -341,6 +343,8 @@ async fn the_loop_runs_when_woken() {
             image: "ongrid/dev:latest".to_owned(),
             at: t0(),
             reason: "created".to_owned(),
+            idle_timeout_secs: None,
+            max_duration_secs: None,
         })
         .await
         .unwrap();

@@ -135,6 +135,10 @@ pub struct NewSession {
     pub image: String,
     pub at: DateTime<Utc>,
     pub reason: String,
+    /// The session's own idle timeout and maximum lifetime, stored with it (`None`: the site's
+    /// default).
+    pub idle_timeout_secs: Option<u64>,
+    pub max_duration_secs: Option<u64>,
 }
 
 /// Which sessions a listing returns. ENDED sessions are never listed.
@@ -559,14 +563,6 @@ pub trait Store: Send + Sync {
     /// with the last report time of each of their open connections.
     fn lifecycle_facts(&self, scope: FactsScope)
         -> BoxFuture<'_, StoreResult<Vec<LifecycleFacts>>>;
-
-    /// Stores the session's own idle timeout and maximum lifetime (`None`: the site's default).
-    fn set_lifecycle_limits(
-        &self,
-        id: SessionId,
-        idle_timeout_secs: Option<u64>,
-        max_duration_secs: Option<u64>,
-    ) -> BoxFuture<'_, StoreResult<()>>;
 
     /// Sets the end of the session's explicit keep-alive.
     fn set_keep_until(&self, id: SessionId, until: DateTime<Utc>)

@@ -162,7 +162,41 @@ backend_tests!(
     changes_stored_together_skip_the_refused_ones,
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
+    a_session_is_created_with_its_own_lifecycle_limits,
 );
+
+/// A session's own idle timeout and maximum lifetime are stored with it, in its creation's
+/// write (no round sees it without them); one asking for neither has the site's defaults.
+async fn a_session_is_created_with_its_own_lifecycle_limits(backend: Backend) {
+    let place = Place::new(backend).await;
+    let store = place.open().await;
+    let owner = dn("limits");
+    store.user(&owner, 20_000).await.unwrap();
+    let limited = store
+        .create_session(NewSession {
+            idle_timeout_secs: Some(600),
+            max_duration_secs: Some(7_200),
+            ..new_session(&owner, Some("limited"), t(0))
+        })
+        .await
+        .unwrap();
+    let plain = store
+        .create_session(new_session(&owner, Some("plain"), t(1)))
+        .await
+        .unwrap();
+    let limits = |id| {
+        let store = store.clone();
+        async move {
+            let facts = store
+                .lifecycle_facts(crate::store::FactsScope::Session(id))
+                .await
+                .unwrap();
+            (facts[0].idle_timeout_secs, facts[0].max_duration_secs)
+        }
+    };
+    assert_eq!(limits(limited.id).await, (Some(600), Some(7_200)));
+    assert_eq!(limits(plain.id).await, (None, None));
+}
 
 /// The planning read of the sessions is, after every write made through any store on the
 /// database (a replica), what a full read of the PENDING and GPU-holding sessions gives, in the
@@ -649,6 +683,8 @@ fn new_session(owner: &Dn, name: Option<&str>, at: DateTime<Utc>) -> NewSession 
         image: "ongrid/dev:latest".to_owned(),
         at,
         reason: "created".to_owned(),
+        idle_timeout_secs: None,
+        max_duration_secs: None,
     }
 }
 

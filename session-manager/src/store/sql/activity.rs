@@ -62,27 +62,6 @@ impl SqlStore {
         Ok(Some((session, reason)))
     }
 
-    pub(super) async fn set_lifecycle_limits_impl(
-        &self,
-        id: SessionId,
-        idle_timeout_secs: Option<u64>,
-        max_duration_secs: Option<u64>,
-    ) -> StoreResult<()> {
-        let mut tx = self.write().await?;
-        ensure_row(&mut tx, id).await?;
-        sqlx::query(
-            "UPDATE session_lifecycle SET idle_timeout_secs = $1, max_duration_secs = $2 \
-             WHERE session_id = $3",
-        )
-        .bind(idle_timeout_secs.map(seconds))
-        .bind(max_duration_secs.map(seconds))
-        .bind(id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     pub(super) async fn set_keep_until_impl(
         &self,
         id: SessionId,
@@ -347,6 +326,26 @@ async fn facts_in(conn: &mut DbConnection, scope: FactsScope) -> StoreResult<Vec
             Ok(facts)
         })
         .collect()
+}
+
+/// The lifecycle row of a session being created, with its own idle timeout and maximum
+/// lifetime, inside the creation's write `tx`.
+pub(super) async fn insert_limits(
+    tx: &mut Transaction<'static, Db>,
+    id: SessionId,
+    idle_timeout_secs: Option<u64>,
+    max_duration_secs: Option<u64>,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO session_lifecycle (session_id, idle_timeout_secs, max_duration_secs) \
+         VALUES ($1, $2, $3)",
+    )
+    .bind(id.to_string())
+    .bind(idle_timeout_secs.map(seconds))
+    .bind(max_duration_secs.map(seconds))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 async fn ensure_row(tx: &mut Transaction<'static, Db>, id: SessionId) -> StoreResult<()> {

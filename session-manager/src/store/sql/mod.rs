@@ -149,6 +149,15 @@ impl SqlStore {
         .await?;
         planning::stamp(&mut tx, &new.id.to_string()).await?;
         insert_transition(&mut tx, new.id, 0, first, (&first.reason, None)).await?;
+        if new.idle_timeout_secs.is_some() || new.max_duration_secs.is_some() {
+            activity::insert_limits(
+                &mut tx,
+                new.id,
+                new.idle_timeout_secs,
+                new.max_duration_secs,
+            )
+            .await?;
+        }
         tx.commit().await?;
         self.session_impl(new.id)
             .await?
@@ -772,15 +781,6 @@ impl Store for SqlStore {
         scope: FactsScope,
     ) -> BoxFuture<'_, StoreResult<Vec<LifecycleFacts>>> {
         Box::pin(self.lifecycle_facts_impl(scope))
-    }
-
-    fn set_lifecycle_limits(
-        &self,
-        id: SessionId,
-        idle_timeout_secs: Option<u64>,
-        max_duration_secs: Option<u64>,
-    ) -> BoxFuture<'_, StoreResult<()>> {
-        Box::pin(self.set_lifecycle_limits_impl(id, idle_timeout_secs, max_duration_secs))
     }
 
     fn set_keep_until(
