@@ -513,7 +513,7 @@ fn count_gpus(
     used: &HashSet<&str>,
 ) -> (BTreeMap<GpuKey, i64>, BTreeMap<MigKey, i64>) {
     let mut gpus: BTreeMap<GpuKey, i64> = BTreeMap::new();
-    for gpu in nodes.iter().flat_map(|node| &node.gpus) {
+    for gpu in nodes.iter().flat_map(|node| node.gpus.iter()) {
         let mode = match gpu.mode {
             ongrid_core::GpuMode::Exclusive => "exclusive",
             ongrid_core::GpuMode::Shared { .. } => "shared",
@@ -536,7 +536,7 @@ fn count_gpus(
         *gpus.entry(key).or_default() += 1;
     }
     let mut slices: BTreeMap<MigKey, i64> = BTreeMap::new();
-    for gpu in nodes.iter().flat_map(|node| &node.gpus) {
+    for gpu in nodes.iter().flat_map(|node| node.gpus.iter()) {
         if !matches!(gpu.mode, ongrid_core::GpuMode::Mig { .. }) {
             continue;
         }
@@ -757,7 +757,8 @@ mod tests {
                 gpu(1, GpuMode::Exclusive, Vec::new()),
                 gpu(2, GpuMode::Exclusive, Vec::new()),
                 gpu(3, mig, vec![slice(3, 1), slice(3, 2), slice(3, 3)]),
-            ],
+            ]
+            .into(),
             drain: None,
         }];
         let held_slice = slice(3, 2).uuid;

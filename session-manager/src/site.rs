@@ -209,7 +209,7 @@ impl SiteSnapshot {
     pub fn on_gpu(&self, uuid: &GpuUuid, gpus: &[GpuId]) -> bool {
         gpus.iter().any(|g| match g {
             GpuId::Gpu(u) => u == uuid,
-            GpuId::Mig(m) => self.nodes.iter().flat_map(|n| &n.gpus).any(|gpu| {
+            GpuId::Mig(m) => self.nodes.iter().flat_map(|n| n.gpus.iter()).any(|gpu| {
                 &gpu.info.uuid == uuid && gpu.info.mig_devices.iter().any(|d| &d.uuid == m)
             }),
         })

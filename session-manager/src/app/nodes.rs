@@ -145,7 +145,7 @@ pub async fn set_gpu_mode(
         let gpu = site
             .nodes
             .iter()
-            .flat_map(|node| &node.gpus)
+            .flat_map(|node| node.gpus.iter())
             .find(|g| g.info.uuid == *uuid)
             .ok_or_else(|| NodeError::NoSuchGpu(uuid.clone()))?;
         layout

@@ -121,7 +121,7 @@ pub async fn owners(state: &AppState) -> Result<Vec<OwnerView>, ApiError> {
         })
         .collect();
     for node in &site.nodes {
-        for gpu in &node.gpus {
+        for gpu in node.gpus.iter() {
             if let Some(group) = policy.owners.gpus.get(&gpu.info.uuid) {
                 views.push(OwnerView {
                     node: node.name.clone(),

@@ -567,7 +567,7 @@ pub fn nodes_table(
                             td { "—" }
                             td { (drain_form(&format!("/dashboard/admin/nodes/{}", node.name), node.drain.as_ref(), csrf, node.name.as_str())) }
                         }
-                        @for gpu in &node.gpus {
+                        @for gpu in node.gpus.iter() {
                             tr class="gpu" {
                                 th scope="row" { small { code { (gpu.info.uuid.as_str()) } } }
                                 td { @if let Some(p) = gpu.info.utilization_percent { (p) "% busy" } }

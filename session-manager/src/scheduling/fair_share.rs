@@ -31,7 +31,7 @@ fn weighted(
             GpuId::Gpu(uuid) => site
                 .nodes
                 .iter()
-                .flat_map(|node| &node.gpus)
+                .flat_map(|node| node.gpus.iter())
                 .find(|record| &record.info.uuid == uuid)
                 .map_or(1.0, |record| {
                     let places = if request.sharing == Sharing::Exclusive {
@@ -44,7 +44,7 @@ fn weighted(
             GpuId::Mig(mig) => site
                 .nodes
                 .iter()
-                .flat_map(|node| &node.gpus)
+                .flat_map(|node| node.gpus.iter())
                 .find_map(|record| {
                     let device = record.info.mig_devices.iter().find(|d| &d.uuid == mig)?;
                     let model = &record.info.model;

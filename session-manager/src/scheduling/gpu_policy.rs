@@ -59,7 +59,7 @@ pub fn session_gpus(site: &SiteSnapshot, session: &SessionRecord) -> Vec<GpuUuid
             GpuId::Mig(device) => site
                 .nodes
                 .iter()
-                .flat_map(|node| &node.gpus)
+                .flat_map(|node| node.gpus.iter())
                 .find(|g| g.info.mig_devices.iter().any(|d| d.uuid == *device))
                 .map(|g| g.info.uuid.clone()),
         })
@@ -92,7 +92,7 @@ impl GpuPolicy {
     pub fn gpu_owners(&self, site: &SiteSnapshot) -> BTreeMap<GpuUuid, GroupName> {
         let mut owners = BTreeMap::new();
         for node in &site.nodes {
-            for gpu in &node.gpus {
+            for gpu in node.gpus.iter() {
                 let owner = self
                     .owners
                     .gpus
@@ -263,7 +263,7 @@ impl GpuPolicy {
         let fitting: Vec<FittingGpu<'_>> = site
             .nodes
             .iter()
-            .flat_map(|node| &node.gpus)
+            .flat_map(|node| node.gpus.iter())
             .filter(|gpu| crate::site::fits(gpu, request))
             .map(|gpu| FittingGpu {
                 uuid: &gpu.info.uuid,

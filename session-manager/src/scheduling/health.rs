@@ -21,7 +21,7 @@ impl Scheduler {
     ) -> StoreResult<usize> {
         let mut changed = 0;
         for node in site.nodes.iter().filter(|n| site.is_online(n)) {
-            for gpu in &node.gpus {
+            for gpu in node.gpus.iter() {
                 let uuid = &gpu.info.uuid;
                 let health = &gpu.info.health;
                 if nodes::lift_health_drain(health, gpu.drain.as_ref(), self.auto_undrain) {

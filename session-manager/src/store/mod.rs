@@ -185,8 +185,9 @@ pub struct NodeRecord {
     /// The agent's stream endpoint for the SSH gateway (`wss://...`), as last registered.
     pub stream_url: Option<String>,
     pub last_seen: DateTime<Utc>,
-    /// Ordered by PCI bus id, then UUID.
-    pub gpus: Vec<GpuRecord>,
+    /// Ordered by PCI bus id, then UUID. Shared: the planning read hands out the GPUs it keeps
+    /// without copying them ([`Store::planning_nodes`]).
+    pub gpus: std::sync::Arc<[GpuRecord]>,
     /// Set while an admin has the node drained (migration 0013).
     pub drain: Option<Drain>,
 }

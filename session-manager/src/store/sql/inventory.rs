@@ -22,7 +22,7 @@ use super::{Db, SqlStore};
 use crate::store::{GpuRecord, NodeRecord, StoreResult};
 
 /// The GPUs of each node, ordered as [`Store::nodes`](crate::store::Store::nodes) orders them.
-pub(super) type GpusByNode = BTreeMap<NodeName, Vec<GpuRecord>>;
+pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
 
 /// The GPUs a manager read for planning, shared by the clones of one store.
 #[derive(Debug, Clone, Default)]

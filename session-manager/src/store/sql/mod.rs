@@ -389,17 +389,20 @@ impl SqlStore {
                     .await?
             }
         };
-        let mut gpus: inventory::GpusByNode = BTreeMap::new();
+        let mut gpus: BTreeMap<NodeName, Vec<GpuRecord>> = BTreeMap::new();
         for row in &rows {
             let gpu = gpu_from_row(row)?;
             gpus.entry(gpu.node.clone()).or_default().push(gpu);
         }
-        for list in gpus.values_mut() {
-            list.sort_by(|a, b| {
-                (&a.info.pci_bus_id, &a.info.uuid).cmp(&(&b.info.pci_bus_id, &b.info.uuid))
-            });
-        }
-        Ok(gpus)
+        Ok(gpus
+            .into_iter()
+            .map(|(node, mut list)| {
+                list.sort_by(|a, b| {
+                    (&a.info.pci_bus_id, &a.info.uuid).cmp(&(&b.info.pci_bus_id, &b.info.uuid))
+                });
+                (node, list.into())
+            })
+            .collect())
     }
 
     async fn set_gpu_mode_impl(
@@ -1195,7 +1198,7 @@ fn session_from_row(row: &DbRow) -> StoreResult<SessionRecord> {
 /// A `nodes` row, without its GPUs.
 fn node_from_row(row: &DbRow) -> StoreResult<NodeRecord> {
     Ok(NodeRecord {
-        gpus: Vec::new(),
+        gpus: Default::default(),
         name: parse(&row.try_get::<String, _>("name")?, "node name")?,
         gpu_backend: row.try_get("gpu_backend")?,
         agent_version: row.try_get("agent_version")?,
