@@ -14,17 +14,21 @@
 //! they read with what their caller has (the desired state's version, the session's state, the
 //! freeze's progress, the bytes of output), so they answer only on a real difference.
 //!
-//! Within one manager an in-process broadcast carries them. Several replicas on one PostgreSQL
+//! Within one manager an in-process broadcast carries them to the waiters that want every
+//! notification (people's long-polls); an agent's long-poll waits on its own node's signal and
+//! the site's ([`Changes::subscribe_node`]), so a change of one node wakes one agent's poll, not
+//! the thousand others of a large site. Several replicas on one PostgreSQL
 //! database ([`crate::replicas`]) also tell each other: every notification made here is queued
 //! for the other replicas ([`Changes::with_outbox`], published with PostgreSQL's NOTIFY as a
 //! [`Remote`] payload), and what the others publish is delivered here with [`Changes::deliver`],
 //! so an agent's long-poll on one replica wakes for a placement another one made.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ongrid_core::NodeName;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 /// How many notifications a slow waiter may fall behind before it just looks again.
@@ -49,9 +53,57 @@ pub const OUTBOX: usize = 1024;
 #[derive(Debug, Clone)]
 pub struct Changes {
     events: broadcast::Sender<Changed>,
+    /// What wakes the waiters of one node: each node's signal, and the site's.
+    nodes: Arc<NodeSignals>,
     shutdown: CancellationToken,
     /// To the other replicas (PostgreSQL only).
     outbox: Option<Outbox>,
+}
+
+/// A signal per node whose changes someone waits on, and one for [`Changed::Site`]. A watch
+/// marks each receiver's place, so a signal sent between a waiter's subscription and its wait
+/// is not lost, and any number of them reads as one (the waiter looks again once).
+#[derive(Debug)]
+struct NodeSignals {
+    site: watch::Sender<()>,
+    nodes: Mutex<Signals>,
+}
+
+#[derive(Debug, Default)]
+struct Signals {
+    by_node: HashMap<NodeName, watch::Sender<()>>,
+    /// The count at which the signals nobody waits on are let go (twice the count after the
+    /// last time), so the map stays the size of the nodes polling.
+    prune_at: usize,
+}
+
+impl NodeSignals {
+    fn node(&self, node: &NodeName) {
+        if let Ok(signals) = self.nodes.lock() {
+            if let Some(signal) = signals.by_node.get(node) {
+                signal.send_modify(|_| {});
+            }
+        }
+    }
+
+    fn subscribe(&self, node: &NodeName) -> watch::Receiver<()> {
+        let mut signals = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(signal) = signals.by_node.get(node) {
+            return signal.subscribe();
+        }
+        if signals.by_node.len() >= signals.prune_at {
+            signals
+                .by_node
+                .retain(|_, signal| signal.receiver_count() > 0);
+            signals.prune_at = (2 * signals.by_node.len()).max(64);
+        }
+        let (signal, receiver) = watch::channel(());
+        signals.by_node.insert(node.clone(), signal);
+        receiver
+    }
 }
 
 /// The queue of notifications for the other replicas, and whether some did not fit in it.
@@ -102,6 +154,10 @@ impl Changes {
     pub fn new(shutdown: CancellationToken) -> Self {
         Self {
             events: broadcast::channel(BACKLOG).0,
+            nodes: Arc::new(NodeSignals {
+                site: watch::channel(()).0,
+                nodes: Mutex::default(),
+            }),
             shutdown,
             outbox: None,
         }
@@ -137,6 +193,11 @@ impl Changes {
 
     /// Wakes the waiters of this manager only: for what another replica committed.
     pub fn deliver(&self, changed: Changed) {
+        match &changed {
+            Changed::Node(node) => self.nodes.node(node),
+            Changed::Site => self.nodes.site.send_modify(|_| {}),
+            Changed::Sessions => {}
+        }
         // No waiter: nobody to tell.
         let _ = self.events.send(changed);
     }
@@ -168,27 +229,46 @@ impl Changes {
     /// A waiter that sees every notification from now on.
     pub fn subscribe(&self) -> Waiter {
         Waiter {
-            events: self.events.subscribe(),
+            wakes: Wakes::Every(self.events.subscribe()),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
+    /// A waiter that sees, from now on, the notifications that may concern `node`'s desired
+    /// state: its own and the site's.
+    pub fn subscribe_node(&self, node: &NodeName) -> Waiter {
+        Waiter {
+            wakes: Wakes::Node {
+                node: self.nodes.subscribe(node),
+                site: self.nodes.site.subscribe(),
+            },
             shutdown: self.shutdown.clone(),
         }
     }
 }
 
-/// Waits for notifications; made by [`Changes::subscribe`].
+/// Waits for notifications; made by [`Changes::subscribe`] or [`Changes::subscribe_node`].
 #[derive(Debug)]
 pub struct Waiter {
-    events: broadcast::Receiver<Changed>,
+    wakes: Wakes,
     shutdown: CancellationToken,
+}
+
+#[derive(Debug)]
+enum Wakes {
+    Every(broadcast::Receiver<Changed>),
+    Node {
+        node: watch::Receiver<()>,
+        site: watch::Receiver<()>,
+    },
 }
 
 impl Waiter {
     /// A long-poll on one record: `value` as first read, read again with `read` after each
-    /// notification that may concern it (those of `node` and the site's; every one when `None`)
-    /// until `settled` holds, `deadline` passes, the manager shuts down or the record is gone
+    /// notification the waiter sees until `settled` holds, `deadline` passes, the manager shuts down or the record is gone
     /// (`read` answers `None`); the last value read.
     pub async fn follow<T, E, Fut>(
         &mut self,
-        node: Option<&NodeName>,
         deadline: tokio::time::Instant,
         mut value: T,
         settled: impl Fn(&T) -> bool,
@@ -199,7 +279,7 @@ impl Waiter {
     {
         while !settled(&value)
             && matches!(
-                tokio::time::timeout_at(deadline, self.changed(node)).await,
+                tokio::time::timeout_at(deadline, self.changed()).await,
                 Ok(true)
             )
         {
@@ -211,22 +291,25 @@ impl Waiter {
         Ok(value)
     }
 
-    /// Waits for a notification that may concern `node`'s desired state (any notification when
-    /// `None`). `false` when the manager is shutting down.
-    pub async fn changed(&mut self, node: Option<&NodeName>) -> bool {
-        loop {
-            let event = tokio::select! {
-                () = self.shutdown.cancelled() => return false,
-                event = self.events.recv() => event,
-            };
-            match event {
-                Ok(Changed::Node(changed)) if node.is_some_and(|n| *n != changed) => {}
-                Ok(Changed::Sessions) if node.is_some() => {}
-                Ok(_) => return true,
-                // Fell behind: something may have changed; look again.
-                Err(broadcast::error::RecvError::Lagged(_)) => return true,
-                Err(broadcast::error::RecvError::Closed) => return false,
+    /// Waits for the next notification this waiter sees. `false` when the manager is shutting
+    /// down.
+    pub async fn changed(&mut self) -> bool {
+        let woke = async {
+            match &mut self.wakes {
+                // Fell behind (`Lagged`): something may have changed; look again.
+                Wakes::Every(events) => !matches!(
+                    events.recv().await,
+                    Err(broadcast::error::RecvError::Closed)
+                ),
+                Wakes::Node { node, site } => tokio::select! {
+                    changed = node.changed() => changed.is_ok(),
+                    changed = site.changed() => changed.is_ok(),
+                },
             }
+        };
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            woke = woke => woke,
         }
     }
 }
@@ -242,32 +325,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_waiter_wakes_for_its_node_and_the_site_only() {
+    async fn a_node_waiter_wakes_for_its_node_and_the_site_only() {
         let changes = Changes::new(CancellationToken::new());
-        let mut waiter = changes.subscribe();
+        let mut mine = changes.subscribe_node(&node("mine"));
+        let mut every = changes.subscribe();
         changes.node(&node("other"));
         // The notification is there already: one poll sees it and keeps waiting.
-        let woke = waiter.changed(Some(&node("mine"))).now_or_never();
+        let woke = mine.changed().now_or_never();
         assert_eq!(woke, None, "another node's change does not wake it");
         changes.node(&node("mine"));
-        assert!(waiter.changed(Some(&node("mine"))).await);
+        assert_eq!(mine.changed().now_or_never(), Some(true));
+        assert_eq!(mine.changed().now_or_never(), None, "seen once");
         changes.site();
-        assert!(waiter.changed(Some(&node("mine"))).await);
+        assert_eq!(mine.changed().now_or_never(), Some(true));
         changes.sessions();
-        let woke = waiter.changed(Some(&node("mine"))).now_or_never();
+        let woke = mine.changed().now_or_never();
         assert_eq!(woke, None, "a session's connection does not change a node");
-        changes.node(&node("other"));
-        assert!(waiter.changed(None).await, "no node: every change wakes it");
-        changes.sessions();
-        assert!(waiter.changed(None).await);
+        // Replicas' notifications wake it as the manager's own do.
+        changes.deliver(Changed::Node(node("mine")));
+        assert_eq!(mine.changed().now_or_never(), Some(true));
+        // A waiter of every notification saw each of them.
+        for _ in 0..5 {
+            assert_eq!(every.changed().now_or_never(), Some(true));
+        }
+        assert_eq!(every.changed().now_or_never(), None);
     }
 
     #[tokio::test]
     async fn a_notification_before_the_wait_is_not_lost() {
         let changes = Changes::new(CancellationToken::new());
         let mut waiter = changes.subscribe();
+        let mut mine = changes.subscribe_node(&node("mine"));
         changes.node(&node("mine"));
-        assert!(waiter.changed(Some(&node("mine"))).await);
+        assert!(waiter.changed().await);
+        assert!(mine.changed().await);
     }
 
     #[tokio::test]
@@ -277,7 +368,27 @@ mod tests {
         for _ in 0..BACKLOG + 10 {
             changes.node(&node("other"));
         }
-        assert!(waiter.changed(Some(&node("mine"))).await);
+        assert!(waiter.changed().await);
+    }
+
+    /// Signals nobody waits on are let go as others are made, and a node polling again gets a
+    /// signal that works.
+    #[tokio::test]
+    async fn the_signals_of_nodes_nobody_waits_on_are_let_go() {
+        let changes = Changes::new(CancellationToken::new());
+        for n in 0..1000 {
+            drop(changes.subscribe_node(&node(&format!("gone-{n}"))));
+        }
+        let mut kept = changes.subscribe_node(&node("kept"));
+        let held = changes.nodes.nodes.lock().unwrap().by_node.len();
+        assert!(held <= 64, "{held} signals held for 1 waiter");
+        drop(changes.subscribe_node(&node("gone-1")));
+        let mut again = changes.subscribe_node(&node("gone-1"));
+        changes.node(&node("gone-1"));
+        assert_eq!(again.changed().now_or_never(), Some(true));
+        assert_eq!(kept.changed().now_or_never(), None);
+        changes.node(&node("kept"));
+        assert_eq!(kept.changed().now_or_never(), Some(true));
     }
 
     #[test]
@@ -302,9 +413,9 @@ mod tests {
         let mut waiter = changes.subscribe();
         changes.node(&node("mine"));
         assert_eq!(outbox.recv().await, Some(Changed::Node(node("mine"))));
-        assert!(waiter.changed(None).await);
+        assert!(waiter.changed().await);
         changes.deliver(Changed::Site);
-        assert!(waiter.changed(None).await, "delivered here");
+        assert!(waiter.changed().await, "delivered here");
         assert!(outbox.try_recv().is_err(), "not published again");
         for _ in 0..OUTBOX + 1 {
             changes.sessions();
@@ -318,8 +429,11 @@ mod tests {
         let shutdown = CancellationToken::new();
         let changes = Changes::new(shutdown.clone());
         let mut waiter = changes.subscribe();
-        let wait = tokio::spawn(async move { waiter.changed(None).await });
+        let mut node_waiter = changes.subscribe_node(&node("mine"));
+        let wait = tokio::spawn(async move { waiter.changed().await });
+        let node_wait = tokio::spawn(async move { node_waiter.changed().await });
         shutdown.cancel();
         assert!(!wait.await.unwrap());
+        assert!(!node_wait.await.unwrap());
     }
 }

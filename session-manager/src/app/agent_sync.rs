@@ -209,7 +209,7 @@ pub async fn next_desired(
 ) -> Result<Desired, ApiError> {
     let deadline = tokio::time::Instant::now() + wait.min(MAX_DESIRED_WAIT);
     // Subscribed before the first read, so a commit between the read and the wait wakes it.
-    let mut changes = state.changes.subscribe();
+    let mut changes = state.changes.subscribe_node(node);
     if !state.store.node_registered(node).await? {
         return Err(ApiError::not_found(format!(
             "node {node} is not registered: the agent must POST /v1/agent/register first"
@@ -221,7 +221,7 @@ pub async fn next_desired(
         if after != Some(current.as_str()) {
             return Ok(Desired::Changed(desired));
         }
-        match tokio::time::timeout_at(deadline, changes.changed(Some(node))).await {
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Ok(Desired::Unchanged(current)),
         }

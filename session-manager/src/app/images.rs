@@ -161,7 +161,6 @@ pub async fn show(
     // again each time, and answer only on a difference.
     changes
         .follow(
-            None,
             deadline,
             image,
             |image| !unchanged(image, seen),

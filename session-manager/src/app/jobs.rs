@@ -379,7 +379,7 @@ pub async fn logs(
             Some(left) => deadline.min(tokio::time::Instant::now() + left),
             None => deadline,
         };
-        match tokio::time::timeout_at(until, changes.changed(None)).await {
+        match tokio::time::timeout_at(until, changes.changed()).await {
             Ok(true) => {}
             // Shutting down: answer what there is.
             Ok(false) => return Ok(chunk),

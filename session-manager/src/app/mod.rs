@@ -138,7 +138,7 @@ impl AppState {
                     Ok(Some(record)) if record.state == SessionState::Pending => {}
                     _ => return,
                 }
-                if !changes.changed(None).await {
+                if !changes.changed().await {
                     return;
                 }
             }

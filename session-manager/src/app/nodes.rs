@@ -199,7 +199,7 @@ pub async fn show(
 ) -> Result<NodeView, NodeError> {
     let node = NodeName::parse(node).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // Subscribed before the first read, so no change between the read and the wait is missed.
-    let mut changes = state.changes.subscribe();
+    let mut changes = state.changes.subscribe_node(&node);
     let view = find_node(state, caller, &node).await?;
     let Some(wait) = wait_empty else {
         return Ok(view);
@@ -207,7 +207,7 @@ pub async fn show(
     let deadline = tokio::time::Instant::now() + wait.min(MAX_NODE_WAIT);
     let empty = |view: &NodeView| view.sessions == 0 && view.jobs == 0;
     changes
-        .follow(Some(&node), deadline, view, empty, || async {
+        .follow(deadline, view, empty, || async {
             find_node(state, caller, &node).await.map(Some)
         })
         .await

@@ -252,7 +252,6 @@ pub async fn show(
     // Any change may be this session's (it may move to another node): look again each time.
     changes
         .follow(
-            None,
             deadline,
             session,
             |session| states.contains(&session.state),

@@ -76,7 +76,7 @@ pub async fn events(
             // After the first look: a change, or the refresh's timeout; `false`: the manager
             // shuts down.
             if follow.started {
-                let changed = tokio::time::timeout(REFRESH, follow.changes.changed(None)).await;
+                let changed = tokio::time::timeout(REFRESH, follow.changes.changed()).await;
                 if let Ok(false) = changed {
                     return None;
                 }
