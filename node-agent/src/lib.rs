@@ -335,7 +335,7 @@ impl Agent {
                 Duration::ZERO
             } else {
                 follow_ups = 0;
-                delay
+                jittered(delay)
             };
             let mut next_sync = tokio::time::Instant::now() + delay;
             loop {
@@ -805,7 +805,15 @@ impl Outage {
     }
 }
 
-/// Delays between retries: 1 s, doubling up to 60 s, back to 1 s after a success.
+/// `delay` moved by up to a tenth either way, at random: the agents of a site that started (or
+/// found their manager back) at the same moment drift apart instead of syncing, or retrying, in
+/// one burst every interval.
+fn jittered(delay: Duration) -> Duration {
+    delay.mul_f64(rand::random_range(0.9..1.1))
+}
+
+/// Delays between retries: 1 s, doubling up to 60 s, back to 1 s after a success (each moved
+/// by [`jittered`] where it is waited).
 #[derive(Debug)]
 pub struct Backoff {
     next: Duration,
@@ -843,6 +851,27 @@ mod tests {
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
         backoff.reset();
         assert_eq!(backoff.next_delay(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_delay_moves_by_at_most_a_tenth_and_not_always_the_same() {
+        let delay = Duration::from_secs(5);
+        let delays: std::collections::BTreeSet<Duration> =
+            (0..200).map(|_| jittered(delay)).collect();
+        assert!(
+            delays.len() > 100,
+            "{} different delays of 200",
+            delays.len()
+        );
+        assert!(
+            delays.first() >= Some(&Duration::from_millis(4500)),
+            "{delays:?}"
+        );
+        assert!(
+            delays.last() < Some(&Duration::from_millis(5500)),
+            "{delays:?}"
+        );
+        assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

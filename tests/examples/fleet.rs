@@ -41,9 +41,10 @@ use tokio::sync::watch;
 /// `sync_interval`; each agent then follows what the manager tells it, as a real agent does.
 const SYNC_INTERVAL: Duration = Duration::from_secs(5);
 
-/// A simulated agent's interval: the desired state's `sync_interval_secs` (at least 1 s).
+/// A simulated agent's interval: the desired state's `sync_interval_secs` (at least 1 s), moved
+/// by up to a tenth either way at random, as the agent moves it.
 fn interval_of(desired: &DesiredState) -> Duration {
-    Duration::from_secs(desired.sync_interval_secs.max(1))
+    Duration::from_secs(desired.sync_interval_secs.max(1)).mul_f64(rand::random_range(0.9..1.1))
 }
 
 /// The sizes of one run.
