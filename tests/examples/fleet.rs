@@ -9,9 +9,9 @@
 //!
 //! It prints what the site-scale targets are about: how long a placement takes to reach its
 //! node's agent (from the create request that caused it to the long-poll's answer naming it),
-//! the API's latency for create, show and ls under that load, the scheduling loop's round time
-//! (from the leading manager's `/metrics`), the scrape's time and size, the managers' resident
-//! memory (the larger) and the store's size.
+//! the API's latency for create, show and ls under that load, the scheduling rounds' time (the
+//! loop's and those a create runs at once, from the leading manager's `/metrics`), the scrape's
+//! time and size, the managers' resident memory (the larger) and the store's size.
 //!
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
@@ -728,7 +728,7 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
     line("/metrics scrape", &mut scrape.times.clone(), "< 100 ms");
     println!(
         "{:<44} mean {} over {} rounds, p99 <= {} s   target < 250 ms",
-        "scheduling round (loop)",
+        "scheduling round",
         ms(scrape.round_mean),
         scrape.rounds,
         scrape
