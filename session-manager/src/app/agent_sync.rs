@@ -107,7 +107,8 @@ pub async fn sync(
                 {
                     crate::metrics::events().started(session.queued_at, now);
                 }
-                changed.scheduling = true;
+                changed.scheduling |= takes_or_frees(session.state, changed_session.state);
+                changed.watched = true;
                 transitioned = true;
                 tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
             }
@@ -156,8 +157,16 @@ pub async fn sync(
 struct Changed {
     /// Something the scheduler plans with.
     scheduling: bool,
-    /// Something only people watch (a freeze's progress).
+    /// Something the node's waiters watch but the scheduler does not plan with (a freeze's
+    /// progress, a session's container that started).
     watched: bool,
+}
+
+/// Whether a session's move from `from` to `to` changed what the scheduler plans with: it took
+/// or gave back GPUs (it ended, failed or was held), or went back to the queue. A container
+/// that started (STARTING to WAITING) or a connection keeps the GPUs it had: no round for it.
+fn takes_or_frees(from: SessionState, to: SessionState) -> bool {
+    from.holds_gpus() != to.holds_gpus() || to == SessionState::Pending
 }
 
 impl Changed {
@@ -446,5 +455,18 @@ mod tests {
         let mut freeze_only = Changed::heartbeat(seen(5, false), now, timeout);
         freeze_only.watched = true;
         assert_eq!(freeze_only.effects(&node), vec![Effect::Node(node.clone())]);
+    }
+
+    /// A session's report calls for a round only when the session took or gave back GPUs.
+    #[test]
+    fn a_round_follows_a_report_only_when_gpus_were_taken_or_given_back() {
+        use SessionState::*;
+        assert!(!takes_or_frees(Starting, Waiting), "its container started");
+        assert!(!takes_or_frees(Waiting, Connected));
+        assert!(takes_or_frees(Starting, Failed), "its container never ran");
+        assert!(takes_or_frees(Waiting, Failed));
+        assert!(takes_or_frees(Connected, Ended));
+        assert!(takes_or_frees(Idle, Held));
+        assert!(takes_or_frees(Starting, Pending), "back to the queue");
     }
 }
