@@ -78,19 +78,21 @@ struct Signals {
 }
 
 impl NodeSignals {
+    /// The signals (a holder that panicked left the map whole: nothing in it panics midway).
+    fn signals(&self) -> std::sync::MutexGuard<'_, Signals> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn node(&self, node: &NodeName) {
-        if let Ok(signals) = self.nodes.lock() {
-            if let Some(signal) = signals.by_node.get(node) {
-                signal.send_modify(|_| {});
-            }
+        if let Some(signal) = self.signals().by_node.get(node) {
+            signal.send_modify(|_| {});
         }
     }
 
     fn subscribe(&self, node: &NodeName) -> watch::Receiver<()> {
-        let mut signals = self
-            .nodes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut signals = self.signals();
         if let Some(signal) = signals.by_node.get(node) {
             return signal.subscribe();
         }
@@ -380,7 +382,7 @@ mod tests {
             drop(changes.subscribe_node(&node(&format!("gone-{n}"))));
         }
         let mut kept = changes.subscribe_node(&node("kept"));
-        let held = changes.nodes.nodes.lock().unwrap().by_node.len();
+        let held = changes.nodes.signals().by_node.len();
         assert!(held <= 64, "{held} signals held for 1 waiter");
         drop(changes.subscribe_node(&node("gone-1")));
         let mut again = changes.subscribe_node(&node("gone-1"));
