@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{ImageConfig, Provenance};
+use crate::provenance::{ImageConfig, Provenance};
 
 /// One filesystem object to append after the export's entries (owned by root).
 #[derive(Debug, Clone, PartialEq, Eq)]

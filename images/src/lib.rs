@@ -16,6 +16,7 @@
 
 mod apptainer;
 mod filter;
+mod provenance;
 pub mod sif;
 mod squashfs;
 mod store;
@@ -27,10 +28,10 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 pub use ongrid_core::image::Compression;
+pub use provenance::{ImageConfig, Provenance, ProvenanceRecord, PROVENANCE_OBJECT};
 pub use store::{sif_path, IMAGES_DIR, PARTIAL_DIR};
 pub use strip::{pattern_matches, strip_rule_for, StripRule, STRIP_LIST};
 
@@ -38,35 +39,6 @@ use filter::{FilterError, FilterInput, FilterStats};
 use squashfs::{PackError, Packer};
 use store::{is_full, PartialFiles};
 use tarout::TarWriter;
-
-/// Name of the JSON metadata object in the SIF.
-pub const PROVENANCE_OBJECT: &str = "ongrid-provenance.json";
-
-/// The parts of the session image's configuration that shape how the frozen image runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ImageConfig {
-    /// `KEY=value` as in Docker's `Config.Env`.
-    pub env: Vec<String>,
-    pub working_dir: Option<String>,
-    pub entrypoint: Vec<String>,
-    pub cmd: Vec<String>,
-    /// Docker's `Config.User`; recorded only (Apptainer runs as the calling user).
-    pub user: Option<String>,
-}
-
-/// Where the frozen image came from; recorded in the SIF's definition file, JSON metadata and
-/// labels.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Provenance {
-    /// The owner's DN.
-    pub owner: String,
-    /// The session's name.
-    pub session: String,
-    pub base_image: String,
-    /// `name:version`.
-    pub reference: String,
-    pub created_at: DateTime<Utc>,
-}
 
 pub struct FreezeRequest<'a> {
     /// The tar stream of `docker export`.
@@ -124,20 +96,6 @@ pub enum FreezeError {
         #[source]
         source: io::Error,
     },
-}
-
-/// The JSON metadata object (`ongrid-provenance.json`) of every frozen image.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ProvenanceRecord {
-    pub format: String,
-    #[serde(flatten)]
-    pub provenance: Provenance,
-    /// `sha256:<hex>` of the squashfs partition.
-    pub squashfs_digest: String,
-    pub compression: Compression,
-    pub config: ImageConfig,
-    pub freeze: serde_json::Value,
-    pub tool: String,
 }
 
 /// Freezes the export stream into the image store. See the crate docs for the pipeline. On any

@@ -66,7 +66,7 @@ pub use ongrid_service::Token;
 use crate::gpu::GpuBackendConfig;
 use crate::network::NetworkPolicy;
 use crate::runtime::Reserved;
-use crate::streams::server_identity::{self, StreamsIdentityError};
+use crate::stream_identity::{self, StreamsIdentityError};
 
 /// Why the configuration was refused. Each message names the file or key to fix.
 #[derive(Debug, thiserror::Error)]
@@ -390,7 +390,7 @@ impl StreamsFile {
                 TokenError::Read { path, source } => ConfigError::GatewayTokenFile { path, source },
                 TokenError::Empty(path) => ConfigError::EmptyGatewayToken(path),
             })?;
-        let tls = server_identity::server_config(&self.tls_cert, &self.tls_key)
+        let tls = stream_identity::server_config(&self.tls_cert, &self.tls_key)
             .map_err(ConfigError::StreamsTls)?;
         Ok(StreamsConfig {
             listen,

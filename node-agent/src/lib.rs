@@ -39,6 +39,7 @@ pub mod reconcile;
 pub mod removed_images;
 pub mod runtime;
 pub mod storage;
+pub mod stream_identity;
 pub mod streams;
 pub mod sync_times;
 

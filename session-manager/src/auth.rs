@@ -1,6 +1,6 @@
-//! The credentials callers are checked against: the [`Peer`] of a connection (its TLS client
-//! identity), the config's [`Admins`], the agents' per-node tokens ([`AgentTokens`]) and the SSH
-//! gateway's token ([`GatewayToken`]). The API's extractors (`crate::api::callers`) use these to
+//! The credentials callers are checked against, beside a connection's TLS client identity
+//! ([`crate::grid_identity::Peer`]): the config's [`Admins`], the agents' per-node tokens
+//! ([`AgentTokens`]) and the SSH gateway's token ([`GatewayToken`]). The API's extractors (`crate::api::callers`) use these to
 //! name the caller of each request. Tokens are kept as SHA-256 digests and compared in constant
 //! time.
 //!
@@ -9,22 +9,11 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use ongrid_core::{Dn, NodeName};
 use ongrid_x509::voms::Fqan;
 use sha2::{Digest, Sha256};
-
-use crate::grid_identity::Identity;
-
-/// The other end of the connection a request came on.
-#[derive(Debug, Clone)]
-pub struct Peer {
-    pub addr: SocketAddr,
-    /// Present when the client authenticated with a certificate.
-    pub identity: Option<Identity>,
-}
 
 /// The admins of the config's `admins`: DNs, and VOMS FQAN patterns whose holders are admins.
 ///

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -57,6 +58,14 @@ pub struct Identity {
     /// A bearer token's issuer, subject and scopes, when the credential is one (`kind` is
     /// `Token`; `fqans` are its groups).
     pub token: Option<crate::tokens::VerifiedToken>,
+}
+
+/// The other end of the connection a request came on.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// Present when the client authenticated with a certificate.
+    pub identity: Option<Identity>,
 }
 
 /// Why a client certificate chain was not accepted.

@@ -20,7 +20,8 @@
 //!   managers on one PostgreSQL database: who leads the loops, how they tell each other of
 //!   changes), [`served_store`] (which copy of the store this manager serves).
 //! - [`app`]: each use case, written once; [`api`] (the JSON routes) and [`dashboard`] (the
-//!   web pages) translate requests and answers for it; [`metrics`] (`/metrics`, `/readyz`);
+//!   web pages) translate requests and answers for it; [`metrics`] (the events counted where
+//!   they happen) and [`exporter`] (`/metrics` and `/readyz` as a scrape reads them);
 //!   [`server`] (the accept loop); [`image_files`], [`job_logs`], [`request_body`]: files and
 //!   bodies the routes serve.
 //!
@@ -34,6 +35,7 @@ pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod domain;
+pub mod exporter;
 pub mod freeze_watch;
 pub mod grid_identity;
 pub mod grid_mirror;
@@ -245,7 +247,7 @@ impl Manager {
             shutdown: &shutdown,
         };
         spawn_loops(&tracker, &opened, loops, replication, &links);
-        let exporter = metrics::ManagerExporter::new(store.clone())
+        let exporter = exporter::ManagerExporter::new(store.clone())
             .with_clock(self.clock.clone())
             .with_fair_share(config.fair_share.clone(), self.clock.clone());
         tracker.spawn(ongrid_service::metrics::serve_if_bound(

@@ -11,6 +11,10 @@
 //!   exercises, and fixtures from anywhere), and a module's file using one of its own
 //!   submodules' files (it declares them, and re-exports or routes to them: that points
 //!   downward, and the submodule's `super::` use of it is what the module is for);
+//! - (a') no import cycle between the top-level modules of any crate, a folder with all its
+//!   files counted as one module and the crate root as another ([`no_cycles_between_modules`]):
+//!   a module's files may import each other, but two modules never both import from each
+//!   other, and no module takes a name from the crate root that declares it;
 //! - (b) session-manager's `src/domain/` is pure: it imports nothing of `crate::store`,
 //!   `crate::api` or `crate::dashboard`, and uses neither tokio, sqlx, axum, reqwest nor
 //!   `std::fs`/`std::net` ([`domain_is_pure`]);
@@ -128,6 +132,42 @@ fn no_import_cycles() {
         report.is_empty(),
         "import cycles between files (move the shared names into a lower module, or into the \
          module that uses them):\n{report}"
+    );
+}
+
+#[test]
+fn no_cycles_between_modules() {
+    let workspace = workspace();
+    let mut report = String::new();
+    for krate in &workspace.crates {
+        for cycle in krate.module_cycles() {
+            let _ = writeln!(
+                report,
+                "{}: a cycle of {} modules: {}",
+                krate.dir,
+                cycle.files.len(),
+                cycle
+                    .files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            for ((from, to), names) in &cycle.edges {
+                let _ = writeln!(
+                    report,
+                    "  {} -> {}: {}",
+                    from.display(),
+                    to.display(),
+                    names.iter().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "import cycles between modules, each folder counted as one (move the shared names into \
+         a module below both, or into the one that uses them):\n{report}"
     );
 }
 
@@ -590,7 +630,7 @@ fn top_module(src: &Path, file: &Path) -> String {
 
 struct Cycle {
     files: BTreeSet<PathBuf>,
-    edges: BTreeMap<(PathBuf, PathBuf), BTreeSet<String>>,
+    edges: Edges,
 }
 
 impl CrateSource {
@@ -649,7 +689,7 @@ impl CrateSource {
 
     /// The import graph's strongly connected components of more than one file.
     fn cycles(&self) -> Vec<Cycle> {
-        let mut edges: BTreeMap<(PathBuf, PathBuf), BTreeSet<String>> = BTreeMap::new();
+        let mut edges: Edges = BTreeMap::new();
         for reference in &self.references {
             if reference.test || reference.contained {
                 continue;
@@ -663,25 +703,60 @@ impl CrateSource {
                 }
             }
         }
-        let mut next: BTreeMap<&PathBuf, Vec<&PathBuf>> = BTreeMap::new();
-        for (from, to) in edges.keys() {
-            next.entry(from).or_default().push(to);
-            next.entry(to).or_default();
-        }
-        strongly_connected(&next)
-            .into_iter()
-            .filter(|component| component.len() > 1)
-            .map(|component| {
-                let files: BTreeSet<PathBuf> = component.into_iter().cloned().collect();
-                let edges = edges
-                    .iter()
-                    .filter(|((from, to), _)| files.contains(from) && files.contains(to))
-                    .map(|(edge, names)| (edge.clone(), names.clone()))
-                    .collect();
-                Cycle { files, edges }
-            })
-            .collect()
+        cycles_of(&edges)
     }
+
+    /// The cycles between the crate's top-level modules (a folder with its files is one:
+    /// `store/`; the crate root is `(crate root)`), each edge with the files and names that
+    /// make it. The crate root's own uses of its modules count here: a module that takes a
+    /// name from the crate root is in a cycle with it.
+    fn module_cycles(&self) -> Vec<Cycle> {
+        let label = |file: &Path| match top_module(&self.src, file) {
+            top if top.is_empty() => PathBuf::from("(crate root)"),
+            top => PathBuf::from(top),
+        };
+        let mut edges: Edges = BTreeMap::new();
+        for reference in &self.references {
+            if reference.test {
+                continue;
+            }
+            if let Some((to, name)) = &reference.target {
+                let (from_module, to_module) = (label(&reference.from), label(to));
+                if from_module != to_module {
+                    edges
+                        .entry((from_module, to_module))
+                        .or_default()
+                        .insert(format!("{} takes {name}", reference.from.display()));
+                }
+            }
+        }
+        cycles_of(&edges)
+    }
+}
+
+/// Import edges `(from, to)`, each with the names that make it.
+type Edges = BTreeMap<(PathBuf, PathBuf), BTreeSet<String>>;
+
+/// The strongly connected components of more than one node of `edges`, with their edges.
+fn cycles_of(edges: &Edges) -> Vec<Cycle> {
+    let mut next: BTreeMap<&PathBuf, Vec<&PathBuf>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        next.entry(from).or_default().push(to);
+        next.entry(to).or_default();
+    }
+    strongly_connected(&next)
+        .into_iter()
+        .filter(|component| component.len() > 1)
+        .map(|component| {
+            let files: BTreeSet<PathBuf> = component.into_iter().cloned().collect();
+            let edges = edges
+                .iter()
+                .filter(|((from, to), _)| files.contains(from) && files.contains(to))
+                .map(|(edge, names)| (edge.clone(), names.clone()))
+                .collect();
+            Cycle { files, edges }
+        })
+        .collect()
 }
 
 /// Tarjan's algorithm, iterative.

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{unique_suffix, DEV_IMAGE};
+use crate::docker::{docker_lines_on, inspect_container_on, unique_suffix, DEV_IMAGE};
 
 /// How long the daemon may take to answer after its start, or to exit after SIGTERM (it stops
 /// its containers first, each with its stop timeout, 10 s).
@@ -124,12 +124,12 @@ impl TestDockerd {
 
     /// The non-empty stdout lines of `docker ARGS` against this daemon.
     pub fn docker_lines(&self, args: &[&str]) -> Vec<String> {
-        crate::docker_lines_on(Some(&self.host()), args)
+        docker_lines_on(Some(&self.host()), args)
     }
 
     /// `docker inspect` of one container of this daemon, or `None` when it does not exist.
     pub fn inspect_container(&self, name: &str) -> Option<Value> {
-        crate::inspect_container_on(Some(&self.host()), name)
+        inspect_container_on(Some(&self.host()), name)
     }
 
     /// Whether the daemon answers `docker version` now.

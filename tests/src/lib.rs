@@ -11,7 +11,7 @@
 //! agent, the gateway and devctl given both.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -36,14 +36,18 @@ pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result
 }
 
 pub mod cluster;
+pub mod docker;
 pub mod dockerd;
 pub mod postgres;
 
 #[cfg(test)]
 mod architecture;
 
-/// The dev image every test container runs; built by `images/dev/build.sh`.
-pub const DEV_IMAGE: &str = "ongrid/dev:latest";
+use docker::docker_on;
+pub use docker::{
+    docker_exec, docker_lines, docker_lines_on, inspect_container, inspect_container_on,
+    unique_suffix, DEV_IMAGE,
+};
 
 /// The `[metrics]` table of every component of a [`Site::start_with_metrics`] site.
 const METRICS_SECTION: &str = "\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
@@ -94,11 +98,6 @@ pub fn require_docker() {
         image.status.success(),
         "the dev image {DEV_IMAGE} is missing: build it with images/dev/build.sh"
     );
-}
-
-/// A short random lower-case suffix that keeps names of parallel tests apart.
-pub fn unique_suffix() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
 /// A throwaway certificate authority laid out like /etc/grid-security/certificates.
@@ -1420,14 +1419,6 @@ fn remove_firewall_chains(node: &str) {
 }
 
 /// `docker`, or `docker -H HOST` for a daemon other than the machine's.
-fn docker_on(host: Option<&str>) -> Command {
-    let mut command = Command::new("docker");
-    if let Some(host) = host {
-        command.arg("-H").arg(host);
-    }
-    command
-}
-
 /// Removes, from the daemon at `host` (the machine's: `None`), the ongrid containers of `node`
 /// or of users whose login contains `suffix` (sessions' and batch jobs' `ongrid-job-*`), the
 /// networks the agent of `node` made, and the home volumes whose name contains `suffix`.
@@ -1471,60 +1462,6 @@ fn remove_docker_objects(host: Option<&str>, node: &str, suffix: &str) {
             .args(["volume", "rm", "-f", volume])
             .output();
     }
-}
-
-/// Runs a docker CLI command and returns its non-empty stdout lines.
-pub fn docker_lines(args: &[&str]) -> Vec<String> {
-    docker_lines_on(None, args)
-}
-
-/// [`docker_lines`] against the daemon at `host` (the machine's: `None`).
-pub fn docker_lines_on(host: Option<&str>, args: &[&str]) -> Vec<String> {
-    let out = docker_on(host).args(args).output().expect("run docker");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// `docker inspect` of one container, or `None` when it does not exist.
-pub fn inspect_container(name: &str) -> Option<Value> {
-    inspect_container_on(None, name)
-}
-
-/// [`inspect_container`] on the daemon at `host` (the machine's: `None`).
-pub fn inspect_container_on(host: Option<&str>, name: &str) -> Option<Value> {
-    let out = docker_on(host)
-        .args(["inspect", "--type", "container", name])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let mut list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
-    list.pop()
-}
-
-/// Runs a command in a container as its configured user; returns (exit code, stdout).
-pub fn docker_exec(container: &str, command: &[&str]) -> (i32, String) {
-    let mut child = Command::new("docker")
-        .arg("exec")
-        .arg(container)
-        .args(command)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run docker exec");
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut stdout)
-        .expect("read stdout");
-    let status = child.wait().expect("wait for docker exec");
-    (status.code().unwrap_or(-1), stdout)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! mounts (never the Docker socket), and no restart policy (the agent decides). Before its first
 //! start the user is written into its `/etc/passwd` and `/etc/group`, and a new home volume is
 //! given to the user by a short-lived helper container (a new home on site storage is made by
-//! the agent itself, `crate::storage::ensure_home_directory`).
+//! the agent itself, `super::site_dirs::ensure_home_directory`).
 //!
 //! Processes for the SSH gateway's streams run with `docker exec` ([`DockerRuntime::exec_in`]);
 //! files go into and out of running containers through Docker's archive API.
@@ -252,7 +252,7 @@ impl DockerRuntime {
     /// Makes the container's home when absent (a volume, or a directory on site storage) and
     /// checks that the site storage it mounts is there.
     async fn ensure_home(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
-        if let Some(problem) = crate::storage::missing_source(&spec.binds, &spec.user) {
+        if let Some(problem) = super::site_dirs::missing_source(&spec.binds, &spec.user) {
             return Err(RuntimeError::Setup {
                 action: format!("mounting site storage into container {}", spec.name),
                 problem,
@@ -264,7 +264,7 @@ impl DockerRuntime {
                 let action = format!("making the home {} of {}", path.display(), spec.user.name);
                 let (home, root, mode, uid) = (path.clone(), root.clone(), *mode, spec.user.uid);
                 let made = tokio::task::spawn_blocking(move || {
-                    crate::storage::ensure_home_directory(&home, &root, uid, mode)
+                    super::site_dirs::ensure_home_directory(&home, &root, uid, mode)
                 })
                 .await
                 .map_err(|e| RuntimeError::Setup {
@@ -1104,7 +1104,7 @@ impl DockerRuntime {
         };
         if job.mount_home {
             self.ensure_home(&spec).await?;
-        } else if let Some(problem) = crate::storage::missing_source(&spec.binds, &spec.user) {
+        } else if let Some(problem) = super::site_dirs::missing_source(&spec.binds, &spec.user) {
             return Err(RuntimeError::Setup {
                 action: format!("mounting site storage into container {}", spec.name),
                 problem,

@@ -17,6 +17,7 @@ pub mod docker;
 #[cfg(test)]
 pub mod fake;
 pub mod inject;
+pub mod site_dirs;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -143,7 +144,7 @@ pub enum Home {
     /// A node-local Docker volume of this name, made (and given to the user) when missing.
     Volume(String),
     /// A directory on the node (site storage), made when missing below `root`, which must
-    /// exist, owned by the user with `mode` (`crate::storage::ensure_home_directory`).
+    /// exist, owned by the user with `mode` ([`site_dirs::ensure_home_directory`]).
     Directory {
         path: std::path::PathBuf,
         root: std::path::PathBuf,

@@ -17,7 +17,6 @@
 pub mod auth;
 pub mod exec;
 pub mod host;
-pub mod server_identity;
 pub mod tcp;
 
 use std::net::SocketAddr;

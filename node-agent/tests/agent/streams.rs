@@ -10,7 +10,8 @@ use futures::{SinkExt, StreamExt};
 use ongrid_agent::config::{StreamsConfig, Token};
 use ongrid_agent::runtime::inject::SFTP_SERVER_PATHS;
 use ongrid_agent::runtime::ContainerRuntime;
-use ongrid_agent::streams::{server_identity, StreamServer};
+use ongrid_agent::stream_identity;
+use ongrid_agent::streams::StreamServer;
 use ongrid_core::api::{ContainerState, DesiredSession};
 use ongrid_core::stream::{ExitStatus, Frame, Pty, StreamKind, StreamOpen, MAX_FRAME_PAYLOAD};
 use ongrid_core::Dn;
@@ -84,7 +85,7 @@ impl Fixture {
             url: None,
             tls_cert: cert_path.clone(),
             tls: Arc::new(
-                server_identity::server_config(&cert_path, &key_path).expect("TLS identity"),
+                stream_identity::server_config(&cert_path, &key_path).expect("TLS identity"),
             ),
             gateway_token: Token::new(GATEWAY_TOKEN),
         };

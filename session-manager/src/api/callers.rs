@@ -15,7 +15,7 @@ use ongrid_core::NodeName;
 
 pub use crate::app::caller::{Admin, CurrentUser};
 use crate::app::{ApiError, AppState};
-use crate::auth::Peer;
+use crate::grid_identity::Peer;
 use crate::tokens::Right;
 
 impl FromRequestParts<AppState> for CurrentUser {

@@ -67,12 +67,15 @@ async fn run_noting_refusal(
     mut request: Request,
     next: axum::middleware::Next,
 ) -> (Response, Option<RefusalRecord>) {
-    let peer = request.extensions().get::<crate::auth::Peer>().map(|peer| {
-        (
-            peer.addr,
-            peer.identity.as_ref().map(|identity| identity.dn.clone()),
-        )
-    });
+    let peer = request
+        .extensions()
+        .get::<crate::grid_identity::Peer>()
+        .map(|peer| {
+            (
+                peer.addr,
+                peer.identity.as_ref().map(|identity| identity.dn.clone()),
+            )
+        });
     let slot = CallerSlot::default();
     request.extensions_mut().insert(slot.clone());
     let method = request.method().clone();
@@ -297,7 +300,7 @@ mod tests {
             )
             .route("/dashboard/", get(|| async { "your sessions" }))
             .layer(axum::middleware::from_fn(log_page_refusals));
-        let peer = crate::auth::Peer {
+        let peer = crate::grid_identity::Peer {
             addr: "127.0.0.1:40000".parse().unwrap(),
             identity: None,
         };

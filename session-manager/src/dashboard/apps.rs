@@ -44,7 +44,7 @@ use super::auth::{PageError, Viewer, COOKIE, NOTICE_COOKIE};
 use super::views;
 use crate::app::web_apps::{self, WebApp, WebApps, WebTarget};
 use crate::app::{ApiError, AppState};
-use crate::auth::Peer;
+use crate::grid_identity::Peer;
 
 /// The largest WebSocket message relayed (a notebook output with images can be megabytes).
 pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;

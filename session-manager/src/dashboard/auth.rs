@@ -37,8 +37,8 @@ use crate::app::caller::CurrentUser;
 use crate::app::error::{CallerSlot, Refused};
 use crate::app::logins::{self, random_token, LoggedIn, NextPath};
 use crate::app::{ApiError, AppState};
-use crate::auth::Peer;
 use crate::grid_identity::Identity;
+use crate::grid_identity::Peer;
 
 /// How long a browser stays logged in (never past the credential's end).
 pub const LOGIN_LIFETIME: TimeDelta = TimeDelta::hours(12);
