@@ -2,17 +2,19 @@
 # Soak benchmark: many SSH connections held open and busy while sessions start and go away.
 #
 # Usage: bench/soak.sh [--debug] [--no-build] [--minutes 10] [--connections 200] [--starts-per-minute 50]
-#                      [--interval 60]
+#                      [--interval 60] [--quiet-starts 10]
 #
 # Brings up a site of its own with the end-to-end harness (tests/src/lib.rs: manager, one agent
 # with four simulated A100s in shared:64 mode, the SSH gateway; a temporary directory and a node
 # name of its own, so it runs beside a quickstart or tests on the same Docker daemon), then runs
 # tests/examples/soak.rs: --connections OpenSSH clients held open on long-lived sessions, each
 # echoing a line every 2 s and reconnecting after 30-90 s, while a second user starts (and
-# removes) --starts-per-minute sessions a minute. Every --interval seconds it prints the logins,
-# echoes, starts and removals with their p50/p95/p99, the errors by kind, and the resident memory
-# of manager, agent and gateway. Exits non-zero on any error. Release binaries unless --debug
-# (what ./scripts/test has already built); --no-build runs the binaries already there.
+# removes) --starts-per-minute sessions a minute. First, on the idle site, --quiet-starts sessions
+# are started one at a time: the quiet reference each interval's start p50 is printed against at
+# the end. Every --interval seconds it prints the logins, echoes, starts and removals with their
+# p50/p95/p99, the errors by kind, and the resident memory of manager, agent and gateway. Exits
+# non-zero on any error. Release binaries unless --debug (what ./scripts/test has already built);
+# --no-build runs the binaries already there.
 #
 # Whatever ends the run (its end, a failure, Ctrl-C, SIGTERM), the site's processes, containers,
 # networks, home volumes and directory are removed.

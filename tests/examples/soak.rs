@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! soak [--minutes 10] [--connections 200] [--starts-per-minute 50] [--interval 60]
+//!      [--quiet-starts 10]
 //! ```
 //!
 //! The node has four simulated A100s in `shared:64` mode; every session asks for a share of one
@@ -15,6 +16,12 @@
 //! expects exit status 0 and connects again. Meanwhile a second user starts
 //! `--starts-per-minute` sessions a minute, evenly spaced: `devctl session new --wait` (the
 //! start time), one `ssh <session>@gateway true`, `devctl session rm` (the removal time).
+//!
+//! Before any of that, on the idle site, the same user starts and removes `--quiet-starts`
+//! sessions one after another: their start times are the quiet reference. The end of the run
+//! prints each interval's start p50 against the quiet p50, the worst of those ratios, and the
+//! whole run's; the soak keeps its start p50 within 2x the quiet p50 when the worst is at most 2.
+//! It prints the ratios and asserts nothing about them.
 //!
 //! Every `--interval` seconds it prints the counts and the p50/p95/p99 of each time, the errors
 //! of the interval by kind, the resident memory of the manager, the agent and the gateway, and
@@ -50,11 +57,14 @@ struct Options {
     connections: usize,
     starts_per_minute: f64,
     interval: Duration,
+    quiet_starts: usize,
 }
 
 fn usage() -> String {
     "usage: soak [--minutes N] [--connections N] [--starts-per-minute N] [--interval SECONDS]\n\
-     (defaults: 10 minutes, 200 connections, 50 starts a minute, a report every 60 s)"
+     \x20           [--quiet-starts N]\n\
+     (defaults: 10 minutes, 200 connections, 50 starts a minute, a report every 60 s, 10 starts \
+     on the idle site first)"
         .to_owned()
 }
 
@@ -64,6 +74,7 @@ fn parse_options() -> Result<Options, String> {
         connections: 200,
         starts_per_minute: 50.0,
         interval: Duration::from_secs(60),
+        quiet_starts: 10,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -80,6 +91,7 @@ fn parse_options() -> Result<Options, String> {
             "--connections" => options.connections = number as usize,
             "--starts-per-minute" => options.starts_per_minute = number,
             "--interval" if number >= 1.0 => options.interval = Duration::from_secs_f64(number),
+            "--quiet-starts" => options.quiet_starts = number as usize,
             "--minutes" | "--interval" => {
                 return Err(format!(
                     "{flag} {value}: must be more than zero\n{}",
@@ -188,6 +200,14 @@ fn main() -> ExitCode {
     site.add_key(&holder);
     site.add_key(&starter);
 
+    let quiet = quiet_starts(&site, &starter, options.quiet_starts);
+    if quiet.error_count() > 0 {
+        println!("errors: {}", quiet.error_count());
+        eprintln!("{}", site.logs());
+        return ExitCode::FAILURE;
+    }
+    let quiet_p50 = median(&quiet.starts);
+
     let sessions = options.connections.div_ceil(CONNECTIONS_PER_SESSION);
     println!(
         "==> {sessions} long-lived sessions for {} connections",
@@ -264,6 +284,7 @@ fn main() -> ExitCode {
     };
 
     let mut total = Samples::default();
+    let mut interval_p50s = Vec::new();
     let mut next_report = options.interval;
     print_header();
     loop {
@@ -274,6 +295,7 @@ fn main() -> ExitCode {
         std::thread::sleep((next_report.min(duration)).saturating_sub(elapsed));
         let interval = shared.take();
         report(&site, &shared, started.elapsed(), &interval);
+        interval_p50s.extend(median(&interval.starts));
         total.merge(&interval);
         next_report += options.interval;
     }
@@ -296,6 +318,7 @@ fn main() -> ExitCode {
     );
     print_header();
     report(&site, &shared, started.elapsed(), &total);
+    compare_with_quiet(quiet_p50, &interval_p50s, median(&total.starts));
     let errors = total.error_count();
     if errors == 0 {
         println!("errors: 0");
@@ -496,6 +519,66 @@ fn churn_session(site: &Site, shared: &Shared, user: &User, name: &str) {
             &format!("{name}: {}", String::from_utf8_lossy(&out.stderr)),
         );
     }
+}
+
+/// `count` sessions started and removed one after another on the idle site, as the churn
+/// starts them: the quiet reference of the start time.
+fn quiet_starts(site: &Site, user: &User, count: usize) -> Samples {
+    if count == 0 {
+        return Samples::default();
+    }
+    println!("==> quiet reference: {count} session starts one at a time on the idle site");
+    let shared = Shared::default();
+    for n in 0..count {
+        churn_session(site, &shared, user, &format!("quiet{n}"));
+    }
+    let quiet = shared.take();
+    println!(
+        "quiet starts p50/p95/p99 ms: {} ({} of {count})",
+        percentiles(&quiet.starts),
+        quiet.starts.len()
+    );
+    quiet
+}
+
+/// Each interval's start p50 against the quiet one, the worst of them and the whole run's.
+fn compare_with_quiet(quiet: Option<Duration>, intervals: &[Duration], whole: Option<Duration>) {
+    let Some(quiet) = quiet.filter(|q| !q.is_zero()) else {
+        println!("start p50 against the quiet p50: no quiet reference (--quiet-starts 0)");
+        return;
+    };
+    let ratio = |p50: Duration| p50.as_secs_f64() / quiet.as_secs_f64();
+    let each: Vec<String> = intervals
+        .iter()
+        .map(|p50| format!("{:.2}", ratio(*p50)))
+        .collect();
+    println!(
+        "start p50 against the quiet p50 ({} ms), each interval: {}",
+        quiet.as_millis(),
+        each.join(" ")
+    );
+    if let Some(worst) = intervals.iter().max() {
+        println!(
+            "worst interval {} ms: {:.2}x the quiet p50 (target: at most 2)",
+            worst.as_millis(),
+            ratio(*worst)
+        );
+    }
+    if let Some(whole) = whole {
+        println!(
+            "whole run {} ms: {:.2}x the quiet p50",
+            whole.as_millis(),
+            ratio(whole)
+        );
+    }
+}
+
+/// The median (nearest rank), `None` without samples.
+fn median(samples: &[Duration]) -> Option<Duration> {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let rank = sorted.len().div_ceil(2).max(1);
+    sorted.get(rank - 1).copied()
 }
 
 /// After the run the removed sessions' containers and networks must be gone (within 60 s).
