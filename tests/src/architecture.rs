@@ -101,33 +101,7 @@ const DOMAIN_MAY_NOT_IMPORT: &[&str] = &["store", "api", "dashboard"];
 
 #[test]
 fn no_import_cycles() {
-    let workspace = workspace();
-    let mut report = String::new();
-    for krate in &workspace.crates {
-        for cycle in krate.cycles() {
-            let _ = writeln!(
-                report,
-                "{}: a cycle of {} files: {}",
-                krate.dir,
-                cycle.files.len(),
-                cycle
-                    .files
-                    .iter()
-                    .map(|f| f.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            for ((from, to), names) in &cycle.edges {
-                let _ = writeln!(
-                    report,
-                    "  {} -> {}: {}",
-                    from.display(),
-                    to.display(),
-                    names.iter().cloned().collect::<Vec<_>>().join(", ")
-                );
-            }
-        }
-    }
+    let report = cycles_report("files", CrateSource::cycles);
     assert!(
         report.is_empty(),
         "import cycles between files (move the shared names into a lower module, or into the \
@@ -137,13 +111,23 @@ fn no_import_cycles() {
 
 #[test]
 fn no_cycles_between_modules() {
-    let workspace = workspace();
+    let report = cycles_report("modules", CrateSource::module_cycles);
+    assert!(
+        report.is_empty(),
+        "import cycles between modules, each folder counted as one (move the shared names into \
+         a module below both, or into the one that uses them):\n{report}"
+    );
+}
+
+/// Every cycle `cycles` finds in each crate of the workspace, with the edges that make it, one
+/// line each; empty when there is none.
+fn cycles_report(what: &str, cycles: fn(&CrateSource) -> Vec<Cycle>) -> String {
     let mut report = String::new();
-    for krate in &workspace.crates {
-        for cycle in krate.module_cycles() {
+    for krate in &workspace().crates {
+        for cycle in cycles(krate) {
             let _ = writeln!(
                 report,
-                "{}: a cycle of {} modules: {}",
+                "{}: a cycle of {} {what}: {}",
                 krate.dir,
                 cycle.files.len(),
                 cycle
@@ -164,11 +148,7 @@ fn no_cycles_between_modules() {
             }
         }
     }
-    assert!(
-        report.is_empty(),
-        "import cycles between modules, each folder counted as one (move the shared names into \
-         a module below both, or into the one that uses them):\n{report}"
-    );
+    report
 }
 
 #[test]
