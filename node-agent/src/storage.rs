@@ -23,9 +23,9 @@
 //! quickstart's case); with it, the home is the directory `home` names, which follows the user
 //! to any node. Paths are absolute, without `.` or `..`; `{login}` and `{uid}` are the only
 //! placeholders, allowed in `home` and in `read_write` entries. A home that does not exist is
-//! made by the agent ([`crate::runtime::site_dirs::ensure_home_directory`]) below the part of `home` before its first
-//! placeholder, which must exist on the node (the site storage is mounted): an unmounted file
-//! system never silently becomes a node-local home.
+//! made by the agent ([`crate::runtime::site_dirs::ensure_home_directory`]) below the part of
+//! `home` before its first placeholder, which must exist on the node (the site storage is
+//! mounted): an unmounted file system never silently becomes a node-local home.
 //!
 //! What is mounted is never part of a frozen image: `docker commit` leaves bind mounts and
 //! volumes out, and the freeze exports a new container of the commit that has no mounts at all.

@@ -1,8 +1,8 @@
 //! The credentials callers are checked against, beside a connection's TLS client identity
 //! ([`crate::grid_identity::Peer`]): the config's [`Admins`], the agents' per-node tokens
-//! ([`AgentTokens`]) and the SSH gateway's token ([`GatewayToken`]). The API's extractors (`crate::api::callers`) use these to
-//! name the caller of each request. Tokens are kept as SHA-256 digests and compared in constant
-//! time.
+//! ([`AgentTokens`]) and the SSH gateway's token ([`GatewayToken`]). The API's extractors
+//! (`crate::api::callers`) use these to name the caller of each request. Tokens are kept as
+//! SHA-256 digests and compared in constant time.
 //!
 //! Admins are named in the config by DN or by VOMS FQAN ([`Admins`]); a user is an admin when
 //! their DN is listed or one of the verified FQANs of the credential they presented is.
