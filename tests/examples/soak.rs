@@ -575,10 +575,7 @@ fn compare_with_quiet(quiet: Option<Duration>, intervals: &[Duration], whole: Op
 
 /// The median (nearest rank), `None` without samples.
 fn median(samples: &[Duration]) -> Option<Duration> {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    let rank = sorted.len().div_ceil(2).max(1);
-    sorted.get(rank - 1).copied()
+    nearest_rank(samples, &[50]).pop()
 }
 
 /// After the run the removed sessions' containers and networks must be gone (within 60 s).
@@ -664,16 +661,27 @@ fn report(site: &Site, shared: &Shared, at: Duration, samples: &Samples) {
 
 /// `p50/p95/p99` in milliseconds (nearest rank), or `-` without samples.
 fn percentiles(samples: &[Duration]) -> String {
-    if samples.is_empty() {
-        return "-".to_owned();
+    match nearest_rank(samples, &[50, 95, 99])[..] {
+        [p50, p95, p99] => format!(
+            "{}/{}/{}",
+            p50.as_millis(),
+            p95.as_millis(),
+            p99.as_millis()
+        ),
+        _ => "-".to_owned(),
     }
+}
+
+/// The percentiles `ps` of `samples` by nearest rank; empty without samples.
+fn nearest_rank(samples: &[Duration], ps: &[usize]) -> Vec<Duration> {
     let mut sorted = samples.to_vec();
     sorted.sort();
-    let at = |p: usize| {
-        let rank = (p * sorted.len()).div_ceil(100).max(1);
-        sorted[rank - 1].as_millis()
-    };
-    format!("{}/{}/{}", at(50), at(95), at(99))
+    if sorted.is_empty() {
+        return Vec::new();
+    }
+    ps.iter()
+        .map(|p| sorted[(p * sorted.len()).div_ceil(100).max(1) - 1])
+        .collect()
 }
 
 /// The resident memory of this site's process of `binary_name` (its command line names a
