@@ -26,6 +26,8 @@
 pub mod copy;
 pub mod dashboard;
 pub mod database;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod gpu_policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;

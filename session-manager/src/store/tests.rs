@@ -8,10 +8,11 @@ use std::ops::Deref;
 
 use chrono::{DateTime, TimeZone, Utc};
 use ongrid_core::{
-    ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, MemorySize,
-    NodeName, SessionId, SessionName, SessionState, Sharing,
+    ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, NodeName,
+    SessionId, SessionName, SessionState, Sharing,
 };
 
+use super::fixtures::{self, gpu, registration};
 use super::*;
 use crate::domain::sessions::{Change, Placement, SessionRecord};
 
@@ -39,6 +40,13 @@ impl Place {
             Backend::Postgres => Database::Postgres(super::test_server::fresh_database().await),
         };
         Self { dir, database }
+    }
+
+    /// A new place and its store, opened.
+    async fn opened(backend: Backend) -> (Self, TestStore) {
+        let place = Self::new(backend).await;
+        let store = place.open().await;
+        (place, store)
     }
 
     pub(crate) async fn open(&self) -> TestStore {
@@ -168,8 +176,7 @@ backend_tests!(
 /// A session's own idle timeout and maximum lifetime are stored with it, in its creation's
 /// write (no round sees it without them); one asking for neither has the site's defaults.
 async fn a_session_is_created_with_its_own_lifecycle_limits(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let owner = dn("limits");
     store.user(&owner, 20_000).await.unwrap();
     let limited = store
@@ -180,10 +187,7 @@ async fn a_session_is_created_with_its_own_lifecycle_limits(backend: Backend) {
         })
         .await
         .unwrap();
-    let plain = store
-        .create_session(new_session(&owner, Some("plain"), t(1)))
-        .await
-        .unwrap();
+    let plain = create(&store, &owner, Some("plain"), t(1)).await;
     let limits = |id| {
         let store = store.clone();
         async move {
@@ -205,8 +209,7 @@ async fn a_session_is_created_with_its_own_lifecycle_limits(backend: Backend) {
 async fn the_planning_read_of_sessions_follows_every_write_made_through_any_store(
     backend: Backend,
 ) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(backend).await;
     let replica = place.open().await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let planned = || {
@@ -224,39 +227,22 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
         }
         seen
     };
-    let a = store
-        .create_session(new_session(&alice.dn, Some("a"), t(1)))
-        .await
-        .unwrap();
+    let a = create(&store, &alice.dn, Some("a"), t(1)).await;
     let both = || vec![store.clone(), replica.clone()];
     assert_eq!(current(both()).await.len(), 1);
     // Made after the first read, through either store; b and a were made at the same time.
-    let b = replica
-        .create_session(new_session(&alice.dn, Some("b"), t(1)))
-        .await
-        .unwrap();
-    let c = store
-        .create_session(new_session(&alice.dn, Some("c"), t(0)))
-        .await
-        .unwrap();
+    let b = create(&replica, &alice.dn, Some("b"), t(1)).await;
+    let c = create(&store, &alice.dn, Some("c"), t(0)).await;
     assert_eq!(current(both()).await.len(), 3);
 
-    store
-        .register_node(node("node1"), &[gpu(1)], t(0))
-        .await
-        .unwrap();
-    let node1 = NodeName::parse("node1").unwrap();
-    let on_gpu1 = Placement::Place {
-        node: node1,
-        gpus: vec![GpuId::Gpu(gpu(1).uuid)],
-    };
-    replica
-        .transition(
-            a.id,
-            change(SessionState::Starting, t(2), "placed", on_gpu1),
-        )
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
+    let on_gpu1 = on_node1(&gpu(1));
+    moved(
+        &replica,
+        a.id,
+        change(SessionState::Starting, t(2), "placed", on_gpu1),
+    )
+    .await;
     let seen = current(both()).await;
     assert_eq!(
         seen.iter().find(|s| s.id == a.id).unwrap().state,
@@ -284,10 +270,7 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
     assert_eq!((seen[0].id, seen[0].state), (a.id, SessionState::Pending));
 
     let late = place.open().await;
-    let d = late
-        .create_session(new_session(&alice.dn, Some("d"), t(5)))
-        .await
-        .unwrap();
+    let d = create(&late, &alice.dn, Some("d"), t(5)).await;
     let seen = current(vec![late.clone(), store.clone(), replica.clone()]).await;
     assert_eq!(seen.iter().map(|s| s.id).collect::<Vec<_>>(), [a.id, d.id]);
 }
@@ -300,16 +283,12 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
 async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_store(
     backend: Backend,
 ) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(backend).await;
     let replica = place.open().await;
     let node1 = NodeName::parse("node1").unwrap();
     assert_eq!(store.planning_nodes().await.unwrap(), vec![]);
     assert_eq!(replica.planning_nodes().await.unwrap(), vec![]);
-    store
-        .register_node(node("node1"), &[gpu(1), gpu(2)], t(0))
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
         let seen = store.nodes().await.unwrap();
@@ -369,10 +348,7 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         .await
         .unwrap();
     assert_eq!(both_current().await[0].drain, Some(drain));
-    replica
-        .register_node(node("node0"), &[gpu(3)], t(8))
-        .await
-        .unwrap();
+    register(&replica, "node0", &[gpu(3)], t(8)).await;
     let seen = both_current().await;
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].gpus[0].info, gpu(3));
@@ -381,17 +357,10 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
 /// Changes stored in one write: each one its session's lifecycle allows is stored, a refused
 /// one and one of an unknown session are answered as refused, and nothing of them is written.
 async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    let first = store
-        .create_session(new_session(&alice.dn, Some("a"), t(1)))
-        .await
-        .unwrap();
-    let second = store
-        .create_session(new_session(&alice.dn, Some("b"), t(1)))
-        .await
-        .unwrap();
+    let first = create(&store, &alice.dn, Some("a"), t(1)).await;
+    let second = create(&store, &alice.dn, Some("b"), t(1)).await;
     let unknown = SessionId::new_random();
     let hold = |at| Change::hold(ongrid_core::holds::HoldReason::Admin, t(at), "held by root");
     let outcomes = store
@@ -428,16 +397,12 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
 
 /// The database counts sessions (ended ones left out) and jobs by state, for the metrics.
 async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     assert_eq!(store.state_counts().await.unwrap(), StateCounts::default());
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let mut ids = Vec::new();
     for name in ["a", "b", "c"] {
-        let session = store
-            .create_session(new_session(&alice.dn, Some(name), t(1)))
-            .await
-            .unwrap();
+        let session = create(&store, &alice.dn, Some(name), t(1)).await;
         ids.push(session.id);
     }
     let hold = Change::hold(
@@ -458,21 +423,14 @@ async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
     assert!(counts.gpus_in_use.is_empty());
 
     // A session holding a GPU counts it in use; one held, its GPU given up, does not.
-    store
-        .register_node(node("node1"), &[gpu(1), gpu(2)], t(4))
-        .await
-        .unwrap();
-    let placement = Placement::Place {
-        node: NodeName::parse("node1").unwrap(),
-        gpus: vec![GpuId::Gpu(gpu(2).uuid)],
-    };
-    store
-        .transition(
-            ids[2],
-            change(SessionState::Starting, t(5), "placed on node1", placement),
-        )
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(4)).await;
+    let placement = on_node1(&gpu(2));
+    moved(
+        &store,
+        ids[2],
+        change(SessionState::Starting, t(5), "placed on node1", placement),
+    )
+    .await;
     // A job running on the other GPU counts it too.
     let job = queued_job(&store, t(6), None).await;
     let started = crate::domain::jobs::start(
@@ -498,8 +456,7 @@ async fn token_identities_link_to_existing_users_and_keys_keep_their_token_issue
     backend: Backend,
 ) {
     use crate::store::TokenLink;
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
     let issuer = "https://iam.test.invalid/";
@@ -547,10 +504,9 @@ async fn token_identities_link_to_existing_users_and_keys_keep_their_token_issue
 async fn a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own(
     backend: Backend,
 ) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let shared = GpuMode::Shared { max_sessions: 4 };
-    let mut registration = node("node1");
+    let mut registration = registration("node1");
     registration.start_modes = [(gpu(1).uuid, shared)].into();
     store
         .register_node(registration.clone(), &[gpu(1), gpu(2)], t(0))
@@ -582,16 +538,14 @@ async fn a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_o
 /// two ids; `mark-restored` raises the generation by one, or to the generation asked when
 /// that is higher, and keeps the id.
 async fn a_store_keeps_its_identity_and_a_restore_raises_its_generation(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(backend).await;
     let identity = store.identity().await.unwrap();
     assert_eq!(identity.generation, 1);
     assert_eq!(identity.id.len(), 32, "{identity}");
     store.close().await;
     let store = place.open().await;
     assert_eq!(store.identity().await.unwrap(), identity);
-    let other_place = Place::new(backend).await;
-    let other = other_place.open().await;
+    let (_other_place, other) = Place::opened(backend).await;
     assert_ne!(other.identity().await.unwrap().id, identity.id);
     other.close().await;
 
@@ -643,48 +597,16 @@ fn dn(cn: &str) -> Dn {
     Dn::parse(&format!("/DC=org/DC=example/CN={cn}")).unwrap()
 }
 
-fn gpu(n: u8) -> GpuInfo {
-    GpuInfo {
-        uuid: GpuUuid::parse(&format!("GPU-11111111-2222-3333-4444-5555555555{n:02}")).unwrap(),
-        model: "NVIDIA A100-SXM4-40GB".to_owned(),
-        capability: ComputeCapability::new(8, 0),
-        memory: MemorySize::from_mib(40_960),
-        pci_bus_id: Some(format!("00000000:{n:02}:00.0")),
-        driver_version: Some("550.54.15".to_owned()),
-        mig_enabled: false,
-        health: GpuHealth::Healthy,
-        utilization_percent: None,
-        mig_devices: Vec::new(),
-        mig_waiting: None,
-    }
-}
-
-fn node(name: &str) -> NodeRegistration {
-    NodeRegistration {
-        name: NodeName::parse(name).unwrap(),
-        gpu_backend: "simulated".to_owned(),
-        agent_version: "0.1.0".to_owned(),
-        stream_url: None,
-        start_modes: Default::default(),
-    }
-}
-
 fn new_session(owner: &Dn, name: Option<&str>, at: DateTime<Utc>) -> NewSession {
     NewSession {
-        id: SessionId::new_random(),
         name: name.map(|n| SessionName::parse(n).unwrap()),
-        owner: owner.clone(),
         request: GpuRequest {
             count: 1,
             min_capability: Some(ComputeCapability::new(8, 0)),
             min_memory: None,
             sharing: Sharing::Exclusive,
         },
-        image: "ongrid/dev:latest".to_owned(),
-        at,
-        reason: "created".to_owned(),
-        idle_timeout_secs: None,
-        max_duration_secs: None,
+        ..fixtures::new_session(owner, at)
     }
 }
 
@@ -698,31 +620,54 @@ fn change(to: SessionState, at: DateTime<Utc>, reason: &str, placement: Placemen
     }
 }
 
-async fn a_reopened_file_gives_everything_back(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
-    let alice = store.user(&dn("Alice Smith"), 20_000).await.unwrap();
+/// Registers node `name` with `gpus` at `at`, as its agent does.
+async fn register(store: &TestStore, name: &str, gpus: &[GpuInfo], at: DateTime<Utc>) {
     store
-        .register_node(node("node1"), &[gpu(1), gpu(2)], t(0))
+        .register_node(registration(name), gpus, at)
         .await
         .unwrap();
+}
+
+/// `owner`'s new PENDING session `name` (the first free default name for none), made at `at`.
+async fn create(
+    store: &TestStore,
+    owner: &Dn,
+    name: Option<&str>,
+    at: DateTime<Utc>,
+) -> SessionRecord {
+    store
+        .create_session(new_session(owner, name, at))
+        .await
+        .unwrap()
+}
+
+/// Stores `change` of session `id`, which its lifecycle allows.
+async fn moved(store: &TestStore, id: SessionId, change: Change) -> SessionRecord {
+    store.transition(id, change).await.unwrap()
+}
+
+/// A placement on `gpu` of node1.
+fn on_node1(gpu: &GpuInfo) -> Placement {
+    Placement::Place {
+        node: NodeName::parse("node1").unwrap(),
+        gpus: vec![GpuId::Gpu(gpu.uuid.clone())],
+    }
+}
+
+async fn a_reopened_file_gives_everything_back(backend: Backend) {
+    let (place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice Smith"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     let shared = GpuMode::Shared { max_sessions: 4 };
     store.set_gpu_mode(&gpu(2).uuid, shared).await.unwrap();
-    let created = store
-        .create_session(new_session(&alice.dn, Some("train1"), t(1)))
-        .await
-        .unwrap();
-    let placement = Placement::Place {
-        node: NodeName::parse("node1").unwrap(),
-        gpus: vec![GpuId::Gpu(gpu(1).uuid)],
-    };
-    store
-        .transition(
-            created.id,
-            change(SessionState::Starting, t(2), "placed on node1", placement),
-        )
-        .await
-        .unwrap();
+    let created = create(&store, &alice.dn, Some("train1"), t(1)).await;
+    let placement = on_node1(&gpu(1));
+    moved(
+        &store,
+        created.id,
+        change(SessionState::Starting, t(2), "placed on node1", placement),
+    )
+    .await;
     let before_session = store.session(created.id).await.unwrap().unwrap();
     let before_history = store.transitions(created.id).await.unwrap();
     let before_nodes = store.nodes().await.unwrap();
@@ -745,13 +690,9 @@ async fn a_reopened_file_gives_everything_back(backend: Backend) {
 }
 
 async fn transitions_go_through_the_lifecycle(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    let session = store
-        .create_session(new_session(&alice.dn, None, t(0)))
-        .await
-        .unwrap();
+    let session = create(&store, &alice.dn, None, t(0)).await;
     assert_eq!(session.state, SessionState::Pending);
     assert_eq!(session.reason, "created");
 
@@ -769,54 +710,40 @@ async fn transitions_go_through_the_lifecycle(backend: Backend) {
     assert_eq!(store.transitions(session.id).await.unwrap().len(), 1);
 
     let node1 = NodeName::parse("node1").unwrap();
-    store
-        .register_node(node("node1"), &[gpu(1)], t(0))
-        .await
-        .unwrap();
-    let placed = store
-        .transition(
-            session.id,
-            change(
-                SessionState::Starting,
-                t(1),
-                "placed",
-                Placement::Place {
-                    node: node1.clone(),
-                    gpus: vec![GpuId::Gpu(gpu(1).uuid)],
-                },
-            ),
-        )
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
+    let placed = moved(
+        &store,
+        session.id,
+        change(SessionState::Starting, t(1), "placed", on_node1(&gpu(1))),
+    )
+    .await;
     assert_eq!(placed.node.as_ref(), Some(&node1));
     assert_eq!(placed.gpus, vec![GpuId::Gpu(gpu(1).uuid)]);
-    let back = store
-        .transition(
-            session.id,
-            change(
-                SessionState::Pending,
-                t(2),
-                "node1 stopped responding",
-                Placement::Clear,
-            ),
-        )
-        .await
-        .unwrap();
+    let back = moved(
+        &store,
+        session.id,
+        change(
+            SessionState::Pending,
+            t(2),
+            "node1 stopped responding",
+            Placement::Clear,
+        ),
+    )
+    .await;
     assert_eq!(back.node, None);
     assert!(back.gpus.is_empty());
     assert_eq!(back.queued_at, t(0), "a re-queued session keeps its place");
-    let ended = store
-        .transition(
-            session.id,
-            change(
-                SessionState::Ended,
-                t(3),
-                "removed by alice",
-                Placement::Keep,
-            ),
-        )
-        .await
-        .unwrap();
+    let ended = moved(
+        &store,
+        session.id,
+        change(
+            SessionState::Ended,
+            t(3),
+            "removed by alice",
+            Placement::Keep,
+        ),
+    )
+    .await;
     assert_eq!(ended.reason, "removed by alice");
     let history = store.transitions(session.id).await.unwrap();
     let states: Vec<_> = history.iter().map(|t| (t.from, t.to)).collect();
@@ -840,14 +767,10 @@ async fn transitions_go_through_the_lifecycle(backend: Backend) {
 }
 
 async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
-    let first = store
-        .create_session(new_session(&alice.dn, Some("train1"), t(0)))
-        .await
-        .unwrap();
+    let first = create(&store, &alice.dn, Some("train1"), t(0)).await;
     let err = store
         .create_session(new_session(&alice.dn, Some("train1"), t(1)))
         .await
@@ -857,22 +780,15 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
         "{err}"
     );
     // Another user may use the same name.
-    store
-        .create_session(new_session(&bob.dn, Some("train1"), t(1)))
-        .await
-        .unwrap();
+    create(&store, &bob.dn, Some("train1"), t(1)).await;
     // Once ended, the name is free again; lookups prefer the live session.
-    store
-        .transition(
-            first.id,
-            change(SessionState::Ended, t(2), "removed", Placement::Keep),
-        )
-        .await
-        .unwrap();
-    let second = store
-        .create_session(new_session(&alice.dn, Some("train1"), t(3)))
-        .await
-        .unwrap();
+    moved(
+        &store,
+        first.id,
+        change(SessionState::Ended, t(2), "removed", Placement::Keep),
+    )
+    .await;
+    let second = create(&store, &alice.dn, Some("train1"), t(3)).await;
     let name = SessionName::parse("train1").unwrap();
     let found = store
         .session_by_name(&alice.dn, &name)
@@ -880,13 +796,12 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
         .unwrap()
         .unwrap();
     assert_eq!(found.id, second.id);
-    store
-        .transition(
-            second.id,
-            change(SessionState::Ended, t(4), "removed", Placement::Keep),
-        )
-        .await
-        .unwrap();
+    moved(
+        &store,
+        second.id,
+        change(SessionState::Ended, t(4), "removed", Placement::Keep),
+    )
+    .await;
     let found = store
         .session_by_name(&alice.dn, &name)
         .await
@@ -897,24 +812,17 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
     // Default names: dev, dev-2, ... filling the first gap.
     let mut ids = Vec::new();
     for (i, expected) in ["dev", "dev-2", "dev-3"].into_iter().enumerate() {
-        let s = store
-            .create_session(new_session(&alice.dn, None, t(10 + i as i64)))
-            .await
-            .unwrap();
+        let s = create(&store, &alice.dn, None, t(10 + i as i64)).await;
         assert_eq!(s.name.as_str(), expected);
         ids.push(s.id);
     }
-    store
-        .transition(
-            ids[1],
-            change(SessionState::Ended, t(20), "removed", Placement::Keep),
-        )
-        .await
-        .unwrap();
-    let refill = store
-        .create_session(new_session(&alice.dn, None, t(21)))
-        .await
-        .unwrap();
+    moved(
+        &store,
+        ids[1],
+        change(SessionState::Ended, t(20), "removed", Placement::Keep),
+    )
+    .await;
+    let refill = create(&store, &alice.dn, None, t(21)).await;
     assert_eq!(refill.name.as_str(), "dev-2");
 
     let mine = store
@@ -931,8 +839,7 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
 }
 
 async fn users_get_stable_unique_names_and_uids(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let a1 = store.user(&dn("Alice Smith"), 20_000).await.unwrap();
     let a2 = store
         .user(
@@ -958,17 +865,13 @@ async fn users_get_stable_unique_names_and_uids(backend: Backend) {
 }
 
 async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let node1 = NodeName::parse("node1").unwrap();
     assert_eq!(
         store.record_sync(&node1, &[gpu(1)], t(0)).await.unwrap(),
         None
     );
-    store
-        .register_node(node("node1"), &[gpu(1), gpu(2)], t(0))
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     let shared = GpuMode::Shared { max_sessions: 3 };
     let updated = store
         .set_gpu_mode(&gpu(1).uuid, shared)
@@ -982,10 +885,7 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
     // Re-registering keeps the admin's mode; GPU 2 is gone and shows as failed.
     let mut sick = gpu(1);
     sick.driver_version = Some("555.0".to_owned());
-    store
-        .register_node(node("node1"), &[sick.clone()], t(5))
-        .await
-        .unwrap();
+    register(&store, "node1", &[sick.clone()], t(5)).await;
     let nodes = store.nodes().await.unwrap();
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0].last_seen, t(5));
@@ -1046,10 +946,7 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
 
     // One node read alone is the same record, its GPUs in the same order; another node's GPUs
     // are not among them, and an unknown node is none.
-    store
-        .register_node(node("node0"), &[gpu(3)], t(9))
-        .await
-        .unwrap();
+    register(&store, "node0", &[gpu(3)], t(9)).await;
     let nodes = store.nodes().await.unwrap();
     assert_eq!(nodes.len(), 2);
     assert_eq!(store.node(&node1).await.unwrap().as_ref(), Some(&nodes[1]));
@@ -1061,17 +958,10 @@ async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {
 }
 
 async fn the_queue_is_ordered_by_time_then_id(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    let late = store
-        .create_session(new_session(&alice.dn, Some("late"), t(10)))
-        .await
-        .unwrap();
-    let early = store
-        .create_session(new_session(&alice.dn, Some("early"), t(1)))
-        .await
-        .unwrap();
+    let late = create(&store, &alice.dn, Some("late"), t(10)).await;
+    let early = create(&store, &alice.dn, Some("early"), t(1)).await;
     let mut same_a = new_session(&alice.dn, Some("same-a"), t(5));
     let mut same_b = new_session(&alice.dn, Some("same-b"), t(5));
     same_a.id = SessionId("00000000-0000-4000-8000-000000000002".parse().unwrap());
@@ -1095,8 +985,7 @@ async fn the_queue_is_ordered_by_time_then_id(backend: Backend) {
 }
 
 async fn concurrent_writers_do_not_fail(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let owners: Vec<Dn> = (0..8).map(|i| dn(&format!("User {i}"))).collect();
     let tasks: Vec<_> = owners
         .iter()
@@ -1106,10 +995,7 @@ async fn concurrent_writers_do_not_fail(backend: Backend) {
             tokio::spawn(async move {
                 store.user(&owner, 20_000).await.unwrap();
                 for _ in 0..3 {
-                    store
-                        .create_session(new_session(&owner, None, t(0)))
-                        .await
-                        .unwrap();
+                    create(&store, &owner, None, t(0)).await;
                 }
             })
         })
@@ -1143,8 +1029,7 @@ fn new_key(owner: &Dn, n: u8, at: DateTime<Utc>, expires_at: DateTime<Utc>) -> N
 }
 
 async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
 
@@ -1258,8 +1143,7 @@ async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
 }
 
 async fn institutes_keep_their_networks(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(backend).await;
     let institute = |name: &str, cidrs: &[&str]| Institute {
         name: InstituteName::parse(name).unwrap(),
         cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
@@ -1316,38 +1200,18 @@ fn connection(
 
 /// A WAITING session of `owner` named `name` on node1.
 async fn running_session(store: &TestStore, owner: &Dn, name: &str) -> SessionRecord {
-    store
-        .register_node(node("node1"), &[gpu(1)], t(0))
-        .await
-        .unwrap();
-    let session = store
-        .create_session(new_session(owner, Some(name), t(0)))
-        .await
-        .unwrap();
-    let placement = Placement::Place {
-        node: NodeName::parse("node1").unwrap(),
-        gpus: vec![GpuId::Gpu(gpu(1).uuid)],
-    };
-    store
-        .transition(
-            session.id,
-            change(SessionState::Starting, t(1), "placed", placement),
-        )
-        .await
-        .unwrap();
-    store
-        .transition(
-            session.id,
-            change(SessionState::Waiting, t(2), "running", Placement::Keep),
-        )
-        .await
-        .unwrap()
+    register(store, "node1", &[gpu(1)], t(0)).await;
+    let session = create(store, owner, Some(name), t(0)).await;
+    let placement = on_node1(&gpu(1));
+    let placed = change(SessionState::Starting, t(1), "placed", placement);
+    moved(store, session.id, placed).await;
+    let running = change(SessionState::Waiting, t(2), "running", Placement::Keep);
+    moved(store, session.id, running).await
 }
 
 async fn connections_coming_and_going_leave_a_bounded_history(backend: Backend) {
     use ongrid_core::api::ConnectionEventKind::{Close, Open};
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let session = running_session(&store, &alice.dn, "train1").await;
     let at = |n: u32| t(10 + i64::from(n));
@@ -1436,8 +1300,7 @@ async fn connections_coming_and_going_leave_a_bounded_history(backend: Backend) 
 
 async fn connections_are_audited_and_move_their_session(backend: Backend) {
     use ongrid_core::api::ConnectionEventKind::{Close, Open};
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
     let session = running_session(&store, &alice.dn, "train1").await;
@@ -1545,9 +1408,8 @@ async fn connections_are_audited_and_move_their_session(backend: Backend) {
 }
 
 async fn nodes_keep_their_stream_url(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
-    let mut registration = node("node1");
+    let (_place, store) = Place::opened(backend).await;
+    let mut registration = registration("node1");
     registration.stream_url = Some("wss://node1.example.org:8444".to_owned());
     store
         .register_node(registration, &[gpu(1)], t(0))
@@ -1559,10 +1421,7 @@ async fn nodes_keep_their_stream_url(backend: Backend) {
         Some("wss://node1.example.org:8444")
     );
     // An agent whose [streams] was removed registers without one: cleared.
-    store
-        .register_node(node("node1"), &[gpu(1)], t(1))
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1)], t(1)).await;
     assert_eq!(store.nodes().await.unwrap()[0].stream_url, None);
 }
 
@@ -1693,8 +1552,7 @@ async fn an_upgrade_types_the_hold_reasons_already_stored(backend: Backend) {
 
 async fn a_hold_is_stored_typed_and_read_as_its_sentence(backend: Backend) {
     use ongrid_core::holds::HoldReason;
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let session = running_session(&store, &alice.dn, "train1").await;
     let hold = Change::hold(HoldReason::Admin, t(5), "maintenance (held by root)");
@@ -1713,13 +1571,12 @@ async fn a_hold_is_stored_typed_and_read_as_its_sentence(backend: Backend) {
         (Some("admin"), Some("maintenance (held by root)"))
     );
     // Released: the typed reason goes with the hold.
-    let released = store
-        .transition(
-            session.id,
-            Change::keep_placement(SessionState::Pending, t(6), "released by alice"),
-        )
-        .await
-        .unwrap();
+    let released = moved(
+        &store,
+        session.id,
+        Change::keep_placement(SessionState::Pending, t(6), "released by alice"),
+    )
+    .await;
     assert_eq!(released.reason, "released by alice");
     let row = store
         .rows(
@@ -1734,26 +1591,16 @@ async fn a_hold_is_stored_typed_and_read_as_its_sentence(backend: Backend) {
 /// PENDING session at once: the store replays its history inside the write, so exactly one
 /// placement is stored and every other one is refused as an invalid transition.
 async fn concurrent_placements_of_one_session_store_one(backend: Backend) {
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let gpus: Vec<GpuInfo> = (1..=8).map(gpu).collect();
-    store
-        .register_node(node("node1"), &gpus, t(0))
-        .await
-        .unwrap();
-    let session = store
-        .create_session(new_session(&alice.dn, Some("train1"), t(0)))
-        .await
-        .unwrap();
+    register(&store, "node1", &gpus, t(0)).await;
+    let session = create(&store, &alice.dn, Some("train1"), t(0)).await;
     let tasks: Vec<_> = gpus
         .iter()
         .map(|gpu| {
             let store = store.clone();
-            let placement = Placement::Place {
-                node: NodeName::parse("node1").unwrap(),
-                gpus: vec![GpuId::Gpu(gpu.uuid.clone())],
-            };
+            let placement = on_node1(gpu);
             tokio::spawn(async move {
                 store
                     .transition(
@@ -1906,8 +1753,7 @@ async fn a_dashboard_link_is_used_once_and_not_after_it_expired(backend: Backend
     use chrono::TimeDelta;
     use ongrid_core::api::CredentialKind;
 
-    let place = Place::new(backend).await;
-    let opened = place.open().await;
+    let (_place, opened) = Place::opened(backend).await;
     let store = opened.dashboard();
     let now = Utc::now();
     let who = DashboardIdentity {
@@ -1979,56 +1825,14 @@ async fn a_dashboard_link_is_used_once_and_not_after_it_expired(backend: Backend
 
 /// A job's restart chain: its history, its exit code, the next job linked and pinned.
 async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) {
-    use crate::domain::jobs::{self, JobLimits, Submitter};
-    use ongrid_core::job::{
-        JobImage, JobReason, JobSpecFile, JobState, ObservedJobStatus, HALT_EXIT_CODE,
-    };
+    use crate::domain::jobs;
+    use ongrid_core::job::{JobReason, JobState, HALT_EXIT_CODE};
 
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let dn = Dn::parse("/CN=Alice").unwrap();
-    let user = store.user(&dn, 20_000).await.unwrap();
     let node = NodeName::parse("node1").unwrap();
-    let registration = NodeRegistration {
-        name: node.clone(),
-        gpu_backend: "simulated".to_owned(),
-        agent_version: "0".to_owned(),
-        stream_url: None,
-        start_modes: Default::default(),
-    };
-    store
-        .register_node(registration, &[gpu(1)], t(0))
-        .await
-        .unwrap();
-    let spec = JobSpecFile {
-        image: Some("model:v1".into()),
-        command: vec!["train".into()],
-        restartable: true,
-        max_duration: Some("2h".into()),
-        ..JobSpecFile::default()
-    }
-    .validate(t(0))
-    .unwrap();
-    let image = JobImage {
-        digest: format!("sha256:{}", "b".repeat(64)),
-        docker_image: "ongrid/alice/model:v1".into(),
-    };
-    let who = Submitter {
-        owner: dn.clone(),
-        user_name: user.user_name.clone(),
-        uid: user.uid,
-    };
-    let new = jobs::submit(
-        JobId::new_random(),
-        who,
-        spec,
-        image,
-        &JobLimits::default(),
-        None,
-        t(1),
-    )
-    .unwrap();
-    let job = store.create_job(new.clone()).await.unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
+    let job = queued_job(&store, t(1), None).await;
     assert_eq!(job.state(), JobState::Queued);
     assert_eq!(job.queued_at(), t(1));
     assert_eq!(
@@ -2060,29 +1864,13 @@ async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) 
     );
     assert!(again.is_err());
 
-    let halt = jobs::halt_by_owner(&job, t(600)).unwrap();
-    let job = store.job_transition(job.id, halt, None).await.unwrap();
-    let exited = ObservedJobStatus::Exited {
-        started_at: t(2),
-        finished_at: t(602),
-        exit_code: HALT_EXIT_CODE,
-        oom_killed: false,
-        killed: false,
-        signalled_at: None,
-    };
-    let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
-    let next =
-        jobs::next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()).unwrap();
-    let halted = store
-        .job_transition(job.id, change, Some(next.clone()))
-        .await
-        .unwrap();
+    let (halted, next) = halted_into_next(&store, &job).await;
     assert_eq!(halted.state(), JobState::Halted);
     assert_eq!(halted.exit_code, Some(HALT_EXIT_CODE));
-    assert_eq!(halted.next_job, Some(next.id));
+    assert_eq!(halted.next_job, Some(next));
     assert_eq!(halted.lifecycle.history().len(), 4);
     assert_eq!(halted.lifecycle.last().reason, JobReason::HaltedCleanly);
-    let requeued = store.job(next.id).await.unwrap().unwrap();
+    let requeued = store.job(next).await.unwrap().unwrap();
     assert_eq!(requeued.previous_job, Some(job.id));
     assert_eq!(requeued.chain.restart_count, 1);
     assert_eq!(requeued.chain.initial_job, job.id);
@@ -2141,36 +1929,51 @@ async fn queued_job(
     store.create_job(new).await.unwrap()
 }
 
+/// `job`, RUNNING since t(2), halted by its owner at t(600) and exited cleanly at t(602): stored
+/// HALTED at t(603) with the next job of its chain, whose id comes with it.
+async fn halted_into_next(
+    store: &TestStore,
+    job: &crate::domain::jobs::JobRecord,
+) -> (crate::domain::jobs::JobRecord, JobId) {
+    use crate::domain::jobs::{self, JobLimits};
+    use ongrid_core::job::{ObservedJobStatus, HALT_EXIT_CODE};
+
+    let halt = jobs::halt_by_owner(job, t(600)).unwrap();
+    let job = store.job_transition(job.id, halt, None).await.unwrap();
+    let exited = ObservedJobStatus::Exited {
+        started_at: t(2),
+        finished_at: t(602),
+        exit_code: HALT_EXIT_CODE,
+        oom_killed: false,
+        killed: false,
+        signalled_at: None,
+    };
+    let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
+    let next =
+        jobs::next_in_chain(&job, &change, JobId::new_random(), &JobLimits::default()).unwrap();
+    let halted = store
+        .job_transition(job.id, change, Some(next.clone()))
+        .await
+        .unwrap();
+    (halted, next.id)
+}
+
 /// `devctl job rm` and the retention's prune: a job goes only once it ended, its output is in
 /// and no grid engine follows it; with it go its history, its grid row, the links to it from
 /// its chain and, with the chain's last job, the chain's reservation. The rest stays.
 async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backend: Backend) {
     use crate::domain::engine_job::EnginePoll;
     use crate::domain::grid_jobs::{GridJob, LocalAccount};
-    use crate::domain::jobs::{self, JobLimits};
+    use crate::domain::jobs;
     use crate::domain::policy::reservations::ReservationName;
     use crate::domain::Refusal;
-    use ongrid_core::job::{JobTarget, ObservedJobStatus, HALT_EXIT_CODE};
+    use ongrid_core::job::JobTarget;
     use std::time::Duration;
 
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let grace = Duration::from_secs(600);
     let node = NodeName::parse("node1").unwrap();
-    store
-        .register_node(
-            NodeRegistration {
-                name: node.clone(),
-                gpu_backend: "simulated".to_owned(),
-                agent_version: "0".to_owned(),
-                stream_url: None,
-                start_modes: Default::default(),
-            },
-            &[gpu(1)],
-            t(0),
-        )
-        .await
-        .unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
     // A restart chain: `first` ran and halted at t(602), `second` follows it, QUEUED.
     let first = queued_job(&store, t(1), None).await;
     let reservation = ReservationName::parse("course").unwrap();
@@ -2182,24 +1985,8 @@ async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backen
     let gpus = vec![GpuId::from(gpu(1).uuid)];
     let started = jobs::start(&first, node.clone(), gpus, t(2)).unwrap();
     let first = store.job_transition(first.id, started, None).await.unwrap();
-    let halt = jobs::halt_by_owner(&first, t(600)).unwrap();
-    let first = store.job_transition(first.id, halt, None).await.unwrap();
-    let exited = ObservedJobStatus::Exited {
-        started_at: t(2),
-        finished_at: t(602),
-        exit_code: HALT_EXIT_CODE,
-        oom_killed: false,
-        killed: false,
-        signalled_at: None,
-    };
-    let change = jobs::follow_report(&first, &exited, t(603)).unwrap();
-    let next =
-        jobs::next_in_chain(&first, &change, JobId::new_random(), &JobLimits::default()).unwrap();
-    let first = store
-        .job_transition(first.id, change, Some(next.clone()))
-        .await
-        .unwrap();
-    let second = store.job(next.id).await.unwrap().unwrap();
+    let (first, next) = halted_into_next(&store, &first).await;
+    let second = store.job(next).await.unwrap().unwrap();
     // A grid job cancelled here at t(800), which HTCondor has not confirmed yet.
     let account = LocalAccount::parse("alice").unwrap();
     let grid = queued_job(
@@ -2307,8 +2094,7 @@ async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backen
 async fn closed_connections_are_pruned_and_open_ones_kept(backend: Backend) {
     use ongrid_core::api::ConnectionEventKind::{Close, Open};
 
-    let place = Place::new(backend).await;
-    let store = place.open().await;
+    let (_place, store) = Place::opened(backend).await;
     let alice = dn("Alice");
     store.user(&alice, 20_000).await.unwrap();
     let session = running_session(&store, &alice, "train1").await;
@@ -2368,70 +2154,20 @@ async fn closed_connections_are_pruned_and_open_ones_kept(backend: Backend) {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
-    use crate::domain::jobs::{self, JobLimits, Submitter};
+    use crate::domain::jobs;
     use crate::store::copy::{sqlite_to_postgres, CopyError};
-    use ongrid_core::job::{JobImage, JobSpecFile, ObservedJobStatus, HALT_EXIT_CODE};
 
-    let place = Place::new(Backend::Sqlite).await;
-    let store = place.open().await;
+    let (place, store) = Place::opened(Backend::Sqlite).await;
     let dn = Dn::parse("/CN=Alice").unwrap();
-    let user = store.user(&dn, 20_000).await.unwrap();
     let node = NodeName::parse("node1").unwrap();
-    let registration = NodeRegistration {
-        name: node.clone(),
-        gpu_backend: "simulated".to_owned(),
-        agent_version: "0".to_owned(),
-        stream_url: None,
-        start_modes: Default::default(),
-    };
-    store
-        .register_node(registration, &[gpu(1)], t(0))
-        .await
-        .unwrap();
-    let spec = JobSpecFile {
-        image: Some("model:v1".into()),
-        command: vec!["train".into()],
-        restartable: true,
-        ..JobSpecFile::default()
-    }
-    .validate(t(0))
-    .unwrap();
-    let image = JobImage {
-        digest: format!("sha256:{}", "b".repeat(64)),
-        docker_image: "ongrid/alice/model:v1".into(),
-    };
-    let who = Submitter {
-        owner: dn.clone(),
-        user_name: user.user_name.clone(),
-        uid: user.uid,
-    };
-    let limits = JobLimits::default();
-    let new = jobs::submit(JobId::new_random(), who, spec, image, &limits, None, t(1)).unwrap();
-    let job = store.create_job(new).await.unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
+    let job = queued_job(&store, t(1), None).await;
     let gpus = vec![GpuId::from(gpu(1).uuid)];
-    let started = jobs::start(&job, node.clone(), gpus, t(2)).unwrap();
+    let started = jobs::start(&job, node, gpus, t(2)).unwrap();
     let job = store.job_transition(job.id, started, None).await.unwrap();
-    let halt = jobs::halt_by_owner(&job, t(600)).unwrap();
-    let job = store.job_transition(job.id, halt, None).await.unwrap();
-    let exited = ObservedJobStatus::Exited {
-        started_at: t(2),
-        finished_at: t(602),
-        exit_code: HALT_EXIT_CODE,
-        oom_killed: false,
-        killed: false,
-        signalled_at: None,
-    };
-    let change = jobs::follow_report(&job, &exited, t(603)).unwrap();
-    let next = jobs::next_in_chain(&job, &change, JobId::new_random(), &limits).unwrap();
-    store
-        .job_transition(job.id, change, Some(next.clone()))
-        .await
-        .unwrap();
+    let (_, next) = halted_into_next(&store, &job).await;
     store.record_job_log(job.id, 42, true).await.unwrap();
-    let session = store
-        .create_session(new_session(&dn, Some("copied"), t(3)))
-        .await
-        .unwrap();
+    let session = create(&store, &dn, Some("copied"), t(3)).await;
     let jobs_before = store.jobs(JobFilter::Owner(dn.clone())).await.unwrap();
     let sessions_before = store.sessions(SessionFilter::All).await.unwrap();
     let identity = store.identity().await.unwrap();
@@ -2452,10 +2188,10 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
         jobs_before
     );
     let first = target.job(job.id).await.unwrap().unwrap();
-    assert_eq!(first.next_job, Some(next.id));
+    assert_eq!(first.next_job, Some(next));
     assert_eq!((first.log_size, first.log_complete), (42, true));
     assert_eq!(
-        target.job(next.id).await.unwrap().unwrap().previous_job,
+        target.job(next).await.unwrap().unwrap().previous_job,
         Some(job.id)
     );
     assert_eq!(

@@ -1,0 +1,62 @@
+//! What the store takes, built alike for the unit tests of every module: a SQLite store in a
+//! temporary directory, GPUs, node registrations and new sessions.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use ongrid_core::{
+    ComputeCapability, Dn, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName, SessionId,
+};
+
+use super::{NewSession, NodeRegistration, SqliteStore};
+
+/// A new SQLite store, in a temporary directory that must live as long as the store.
+pub async fn sqlite() -> (tempfile::TempDir, Arc<SqliteStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("m.db")).await.unwrap();
+    (dir, Arc::new(store))
+}
+
+/// A healthy A100 40 GB whose UUID ends in `n`, on PCI bus `n`.
+pub fn gpu(n: u8) -> GpuInfo {
+    GpuInfo {
+        uuid: GpuUuid::parse(&format!("GPU-11111111-2222-3333-4444-5555555555{n:02}")).unwrap(),
+        model: "NVIDIA A100-SXM4-40GB".to_owned(),
+        capability: ComputeCapability::new(8, 0),
+        memory: MemorySize::from_mib(40_960),
+        pci_bus_id: Some(format!("00000000:{n:02}:00.0")),
+        driver_version: Some("550.54.15".to_owned()),
+        mig_enabled: false,
+        health: GpuHealth::Healthy,
+        utilization_percent: None,
+        mig_devices: Vec::new(),
+        mig_waiting: None,
+    }
+}
+
+/// Node `name` registering, its agent on simulated GPUs.
+pub fn registration(name: &str) -> NodeRegistration {
+    NodeRegistration {
+        name: NodeName::parse(name).unwrap(),
+        gpu_backend: "simulated".to_owned(),
+        agent_version: "0.1.0".to_owned(),
+        stream_url: None,
+        start_modes: Default::default(),
+    }
+}
+
+/// `owner`'s new session for one GPU of any kind, under the first free default name, asked
+/// for at `at`.
+pub fn new_session(owner: &Dn, at: DateTime<Utc>) -> NewSession {
+    NewSession {
+        id: SessionId::new_random(),
+        name: None,
+        owner: owner.clone(),
+        request: GpuRequest::default(),
+        image: "ongrid/dev:latest".to_owned(),
+        at,
+        reason: "created".to_owned(),
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+    }
+}
