@@ -345,34 +345,33 @@ mod tests {
 
     use ongrid_core::holds::HoldReason;
     use ongrid_core::{
-        ComputeCapability, GpuInfo, GpuMode, GpuUuid, MemorySize, MigDevice, MigLayout, MigProfile,
-        MigUuid, NodeName,
+        GpuInfo, GpuMode, GpuUuid, MemorySize, MigDevice, MigLayout, MigProfile, MigUuid, NodeName,
     };
 
     use super::*;
     use crate::metrics::{count_requests, queue_reasons};
-    use crate::store::GpuRecord;
+    use crate::store::{fixtures, GpuRecord};
 
     fn gpu(n: u8, mode: GpuMode, mig_devices: Vec<MigDevice>) -> GpuRecord {
         GpuRecord {
             node: NodeName::parse("node1").unwrap(),
             info: GpuInfo {
-                uuid: GpuUuid::parse(&format!("GPU-11111111-2222-3333-4444-5555555555{n:02}"))
-                    .unwrap(),
-                model: "NVIDIA A100-SXM4-40GB".to_owned(),
-                capability: ComputeCapability::new(8, 0),
-                memory: MemorySize::from_mib(40_960),
-                pci_bus_id: None,
-                driver_version: None,
                 mig_enabled: !mig_devices.is_empty(),
-                health: GpuHealth::Healthy,
-                utilization_percent: None,
                 mig_devices,
-                mig_waiting: None,
+                ..fixtures::gpu(n)
             },
             mode,
             drain: None,
         }
+    }
+
+    /// The exporter's metrics, refreshed from the store, as Prometheus scrapes them.
+    async fn scraped(exporter: &ManagerExporter) -> String {
+        exporter.refresh().await;
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
+            .unwrap();
+        text
     }
 
     fn slice(parent: u8, gi: u8) -> MigDevice {
@@ -397,12 +396,7 @@ mod tests {
         use crate::domain::policy::fairshare::Account;
         use crate::domain::policy::GroupName;
 
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            crate::store::SqliteStore::open(&dir.path().join("m.db"))
-                .await
-                .unwrap(),
-        );
+        let (_dir, store) = fixtures::sqlite().await;
         let now = chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(20_000);
         let dn = ongrid_core::Dn::parse("/DC=org/DC=example/CN=Alice Smith").unwrap();
         store.user(&dn, 20_000).await.unwrap();
@@ -417,10 +411,7 @@ mod tests {
             Some(FairShareConfig::default()),
             Arc::new(crate::clock::ManualClock::new(now)),
         );
-        exporter.refresh().await;
-        let mut text = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
-            .unwrap();
+        let text = scraped(&exporter).await;
         assert!(
             text.contains("\nongrid_fair_share_usage{group=\"cms\"} 2.0\n"),
             "{text}"
@@ -435,22 +426,10 @@ mod tests {
     async fn reserved_gpus_per_reservation_active_or_upcoming() {
         use crate::domain::policy::reservations::{ReservationName, ReservationRecord};
         use crate::domain::policy::GroupName;
-        use crate::store::NodeRegistration;
 
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            crate::store::SqliteStore::open(&dir.path().join("m.db"))
-                .await
-                .unwrap(),
-        );
+        let (_dir, store) = fixtures::sqlite().await;
         let now = chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(20_000);
-        let registration = NodeRegistration {
-            name: NodeName::parse("node1").unwrap(),
-            gpu_backend: "simulated".to_owned(),
-            agent_version: "test".to_owned(),
-            stream_url: None,
-            start_modes: Default::default(),
-        };
+        let registration = fixtures::registration("node1");
         let gpus = [
             gpu(1, GpuMode::Exclusive, Vec::new()).info,
             gpu(2, GpuMode::Exclusive, Vec::new()).info,
@@ -478,10 +457,7 @@ mod tests {
         }
         let exporter =
             ManagerExporter::new(store).with_clock(Arc::new(crate::clock::ManualClock::new(now)));
-        exporter.refresh().await;
-        let mut text = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
-            .unwrap();
+        let text = scraped(&exporter).await;
         assert!(text.contains("# TYPE ongrid_reserved_gpus gauge"), "{text}");
         assert!(
             text.contains(
@@ -544,12 +520,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_metrics_are_named_by_convention_and_read_from_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            crate::store::SqliteStore::open(&dir.path().join("m.db"))
-                .await
-                .unwrap(),
-        );
+        let (_dir, store) = fixtures::sqlite().await;
         let exporter = ManagerExporter::new(store.clone());
         events().held(HoldReason::Owner);
         events().queued(&queue_reasons::<()>(
@@ -565,11 +536,8 @@ mod tests {
             .body(axum::body::Body::empty())
             .unwrap();
         tower::ServiceExt::oneshot(router, request).await.unwrap();
-        exporter.refresh().await;
+        let text = scraped(&exporter).await;
         assert_eq!(exporter.ready().await, Ok(()));
-        let mut text = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut text, exporter.registry())
-            .unwrap();
         for name in [
             "# TYPE ongrid_sessions gauge",
             "# TYPE ongrid_jobs gauge",

@@ -169,7 +169,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::domain::sessions::holds::view;
     use crate::domain::sessions::{Change, Placement, SessionRecord};
-    use crate::store::{NewSession, NodeRegistration, SqliteStore};
+    use crate::store::{fixtures, SqliteStore};
 
     fn t0() -> DateTime<Utc> {
         Utc.timestamp_opt(1_700_000_000, 0).unwrap()
@@ -212,54 +212,22 @@ mod tests {
     async fn running(store: &SqliteStore) -> SessionRecord {
         let owner = Dn::parse("/DC=org/CN=Alice").unwrap();
         store.user(&owner, 20_000).await.unwrap();
-        let node = NodeName::parse("node1").unwrap();
-        let registration = NodeRegistration {
-            name: node.clone(),
-            gpu_backend: "simulated".to_owned(),
-            agent_version: "test".to_owned(),
-            stream_url: None,
-            start_modes: Default::default(),
-        };
-        store
-            .register_node(registration, &[], at(-10))
-            .await
-            .unwrap();
-        let session = store
-            .create_session(NewSession {
-                id: SessionId::new_random(),
-                name: None,
-                owner,
-                request: GpuRequest::default(),
-                image: "ongrid/dev:latest".to_owned(),
-                at: at(-10),
-                reason: "created".to_owned(),
-                idle_timeout_secs: None,
-                max_duration_secs: None,
-            })
-            .await
-            .unwrap();
-        let step = |to, at, placement| Change {
-            to,
-            at,
-            reason: "test".to_owned(),
-            hold: None,
-            placement,
-        };
+        let node1 = fixtures::registration("node1");
+        let node = node1.name.clone();
+        store.register_node(node1, &[], at(-10)).await.unwrap();
+        let new = fixtures::new_session(&owner, at(-10));
+        let session = store.create_session(new).await.unwrap();
         let place = Placement::Place {
             node,
             gpus: Vec::new(),
         };
-        store
-            .transition(session.id, step(SessionState::Starting, at(-5), place))
-            .await
-            .unwrap();
-        store
-            .transition(
-                session.id,
-                step(SessionState::Waiting, t0(), Placement::Keep),
-            )
-            .await
-            .unwrap()
+        let starting = Change {
+            placement: place,
+            ..Change::keep_placement(SessionState::Starting, at(-5), "test")
+        };
+        store.transition(session.id, starting).await.unwrap();
+        let ready = Change::keep_placement(SessionState::Waiting, t0(), "test");
+        store.transition(session.id, ready).await.unwrap()
     }
 
     fn event(
@@ -285,8 +253,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_due_hold_is_applied_once_and_frees_the_session() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let (_dir, store) = fixtures::sqlite().await;
         let session = running(&store).await;
         let timer = timer(&store);
         let report = timer.tick(at(1199)).await.unwrap();
@@ -307,8 +274,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_or_keep_between_the_look_and_the_hold_cancels_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let (_dir, store) = fixtures::sqlite().await;
         let timer = timer(&store);
         let running_states = || {
             FactsScope::States(vec![
@@ -438,8 +404,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_overdue_hold_is_applied_once_after_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let (dir, store) = fixtures::sqlite().await;
         let session = running(&store).await;
         assert_eq!(
             timer(&store).tick(at(600)).await.unwrap().next,
@@ -473,8 +438,7 @@ mod tests {
 
     #[tokio::test]
     async fn stored_signals_drive_the_idle_hold() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let (_dir, store) = fixtures::sqlite().await;
         let session = running(&store).await;
         let timer = timer(&store);
         let connection = uuid::Uuid::new_v4();
@@ -553,8 +517,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_gateway_that_vanished_does_not_keep_a_session() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let (_dir, store) = fixtures::sqlite().await;
         let session = running(&store).await;
         let timer = timer_with(&store, connections_keep_alive());
         let open = event(&session, ConnectionEventKind::Open, uuid::Uuid::new_v4(), 0);
@@ -574,24 +537,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_release_requeues_pinned_and_restarts_the_countdown() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let (_dir, store) = fixtures::sqlite().await;
         let session = running(&store).await;
         store.set_keep_until(session.id, at(50)).await.unwrap();
         timer(&store).tick(at(1200)).await.unwrap();
-        let released = store
-            .transition(
-                session.id,
-                Change {
-                    to: SessionState::Pending,
-                    at: at(2000),
-                    reason: "released".to_owned(),
-                    hold: None,
-                    placement: Placement::Keep,
-                },
-            )
-            .await
-            .unwrap();
+        let release = Change::keep_placement(SessionState::Pending, at(2000), "released");
+        let released = store.transition(session.id, release).await.unwrap();
         assert_eq!(
             released.node.as_ref().map(|n| n.as_str()),
             Some("node1"),
@@ -613,19 +564,8 @@ mod tests {
             (SessionState::Starting, 2001),
             (SessionState::Waiting, 2010),
         ] {
-            store
-                .transition(
-                    session.id,
-                    Change {
-                        to,
-                        at: at(t),
-                        reason: "test".to_owned(),
-                        hold: None,
-                        placement: Placement::Keep,
-                    },
-                )
-                .await
-                .unwrap();
+            let change = Change::keep_placement(to, at(t), "test");
+            store.transition(session.id, change).await.unwrap();
         }
         assert_eq!(
             timer(&store).tick(at(2010)).await.unwrap().next,

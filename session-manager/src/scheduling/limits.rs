@@ -188,10 +188,7 @@ mod tests {
 
     use chrono::{DateTime, TimeZone, Utc};
     use ongrid_core::job::{JobImage, JobSpecFile, JobState, ObservedJobStatus};
-    use ongrid_core::{
-        ComputeCapability, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName,
-        SessionState,
-    };
+    use ongrid_core::{GpuInfo, GpuUuid, SessionState};
     use tokio::sync::Notify;
 
     use super::*;
@@ -200,9 +197,7 @@ mod tests {
     use crate::domain::policy::limits::{LengthClass, LengthClasses};
     use crate::domain::sessions::requests;
     use crate::scheduling::Scheduler;
-    use crate::store::{
-        JobFilter, NewSession, NodeRegistration, SessionFilter, SqliteStore, Store,
-    };
+    use crate::store::{fixtures, JobFilter, NewSession, SessionFilter, Store};
 
     const TICK: i64 = 300;
     const DAY: i64 = 86_400;
@@ -230,21 +225,10 @@ mod tests {
     }
 
     fn gpu(node: u8, n: u8) -> GpuInfo {
+        let uuid = format!("GPU-11111111-2222-3333-4444-5555555{node:03}{n:02}");
         GpuInfo {
-            uuid: GpuUuid::parse(&format!(
-                "GPU-11111111-2222-3333-4444-5555555{node:03}{n:02}"
-            ))
-            .unwrap(),
-            model: "NVIDIA A100-SXM4-40GB".to_owned(),
-            capability: ComputeCapability::new(8, 0),
-            memory: MemorySize::from_mib(40_960),
-            pci_bus_id: None,
-            driver_version: None,
-            mig_enabled: false,
-            health: GpuHealth::Healthy,
-            utilization_percent: None,
-            mig_devices: Vec::new(),
-            mig_waiting: None,
+            uuid: GpuUuid::parse(&uuid).unwrap(),
+            ..fixtures::gpu(n)
         }
     }
 
@@ -258,16 +242,9 @@ mod tests {
             length_classes: Some(classes),
             ..LimitsConfig::default()
         };
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(SqliteStore::open(&dir.path().join("m.db")).await.unwrap());
+        let (_dir, store) = fixtures::sqlite().await;
         for node in 1..=2u8 {
-            let registration = NodeRegistration {
-                name: NodeName::parse(&format!("node{node}")).unwrap(),
-                gpu_backend: "simulated".to_owned(),
-                agent_version: "test".to_owned(),
-                stream_url: None,
-                start_modes: Default::default(),
-            };
+            let registration = fixtures::registration(&format!("node{node}"));
             let gpus: Vec<GpuInfo> = (1..=8).map(|n| gpu(node, n)).collect();
             store
                 .register_node(registration, &gpus, at(0))
@@ -341,20 +318,12 @@ mod tests {
                     let id = SessionId::new_random();
                     // Half ask for 8 hours (short work), half live the site's 7 days (long).
                     let max = (random.below(2) == 0).then_some(8 * HOUR);
-                    store
-                        .create_session(NewSession {
-                            id,
-                            name: None,
-                            owner: user.dn.clone(),
-                            request: GpuRequest::default(),
-                            image: "ongrid/dev:latest".to_owned(),
-                            at: now,
-                            reason: "created".to_owned(),
-                            idle_timeout_secs: None,
-                            max_duration_secs: max,
-                        })
-                        .await
-                        .unwrap();
+                    let new = NewSession {
+                        id,
+                        max_duration_secs: max,
+                        ..fixtures::new_session(&user.dn, now)
+                    };
+                    store.create_session(new).await.unwrap();
                     let length = Duration::from_secs(max.unwrap_or(7 * 24 * HOUR));
                     runs.insert(
                         Waiting::Session(id),

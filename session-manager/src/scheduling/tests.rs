@@ -1,37 +1,19 @@
 //! The scheduling round against a real store, time moved by a manual clock.
 
 use chrono::{TimeDelta, TimeZone};
-use ongrid_core::{
-    ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName,
-    SessionId,
-};
+use ongrid_core::{Dn, GpuHealth, GpuId, GpuInfo, GpuRequest, NodeName};
 
 use super::*;
 use crate::clock::ManualClock;
 use crate::domain::nodes;
-use crate::domain::sessions::{Placement, SessionRecord};
-use crate::store::{NewSession, NodeRegistration, SqliteStore};
+use crate::domain::sessions::SessionRecord;
+use crate::store::fixtures::{self, gpu};
+use crate::store::SqliteStore;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn t0() -> DateTime<Utc> {
     Utc.timestamp_opt(1_700_000_000, 0).unwrap()
-}
-
-fn gpu(n: u8) -> GpuInfo {
-    GpuInfo {
-        uuid: GpuUuid::parse(&format!("GPU-11111111-2222-3333-4444-5555555555{n:02}")).unwrap(),
-        model: "NVIDIA A100-SXM4-40GB".to_owned(),
-        capability: ComputeCapability::new(8, 0),
-        memory: MemorySize::from_mib(40_960),
-        pci_bus_id: None,
-        driver_version: None,
-        mig_enabled: false,
-        health: GpuHealth::Healthy,
-        utilization_percent: None,
-        mig_devices: Vec::new(),
-        mig_waiting: None,
-    }
 }
 
 struct Fixture {
@@ -42,18 +24,11 @@ struct Fixture {
 }
 
 async fn fixture(gpus: &[GpuInfo]) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(SqliteStore::open(&dir.path().join("m.db")).await.unwrap());
+    let (dir, store) = fixtures::sqlite().await;
     let owner = Dn::parse("/DC=org/CN=Alice").unwrap();
     store.user(&owner, 20_000).await.unwrap();
-    let registration = NodeRegistration {
-        name: NodeName::parse("node1").unwrap(),
-        gpu_backend: "simulated".to_owned(),
-        agent_version: "test".to_owned(),
-        stream_url: None,
-        start_modes: Default::default(),
-    };
-    store.register_node(registration, gpus, t0()).await.unwrap();
+    let node1 = fixtures::registration("node1");
+    store.register_node(node1, gpus, t0()).await.unwrap();
     let scheduler = Scheduler::new(
         store.clone(),
         Arc::new(ManualClock::new(t0())),
@@ -69,20 +44,8 @@ async fn fixture(gpus: &[GpuInfo]) -> Fixture {
 }
 
 async fn create(f: &Fixture, at: DateTime<Utc>) -> SessionRecord {
-    f.store
-        .create_session(NewSession {
-            id: SessionId::new_random(),
-            name: None,
-            owner: f.owner.clone(),
-            request: GpuRequest::default(),
-            image: "ongrid/dev:latest".to_owned(),
-            at,
-            reason: "created".to_owned(),
-            idle_timeout_secs: None,
-            max_duration_secs: None,
-        })
-        .await
-        .unwrap()
+    let new = fixtures::new_session(&f.owner, at);
+    f.store.create_session(new).await.unwrap()
 }
 
 async fn state(f: &Fixture, s: &SessionRecord) -> SessionRecord {
@@ -133,19 +96,8 @@ async fn places_in_queue_order_and_waits_for_a_free_gpu() {
     // Nothing changes while the GPU is taken.
     assert_eq!(f.scheduler.tick(t0()).await.unwrap(), TickReport::default());
 
-    f.store
-        .transition(
-            first.id,
-            Change {
-                to: SessionState::Ended,
-                at: t0(),
-                reason: "removed".to_owned(),
-                hold: None,
-                placement: Placement::Keep,
-            },
-        )
-        .await
-        .unwrap();
+    let removed = Change::keep_placement(SessionState::Ended, t0(), "removed");
+    f.store.transition(first.id, removed).await.unwrap();
     assert_eq!(f.scheduler.tick(t0()).await.unwrap().placed, 1);
     assert_eq!(state(&f, &second).await.state, SessionState::Starting);
 }
@@ -169,19 +121,8 @@ async fn an_offline_node_gets_no_work_and_gives_back_starting_sessions() {
     let running = create(&f, t0()).await;
     let starting = create(&f, t0()).await;
     assert_eq!(f.scheduler.tick(t0()).await.unwrap().placed, 2);
-    f.store
-        .transition(
-            running.id,
-            Change {
-                to: SessionState::Waiting,
-                at: t0(),
-                reason: "container running on node1".to_owned(),
-                hold: None,
-                placement: Placement::Keep,
-            },
-        )
-        .await
-        .unwrap();
+    let ready = Change::keep_placement(SessionState::Waiting, t0(), "container running on node1");
+    f.store.transition(running.id, ready).await.unwrap();
 
     // Still within the timeout: nothing moves.
     let later = t0() + TimeDelta::seconds(30);
@@ -249,28 +190,13 @@ async fn a_released_session_whose_node_is_offline_starts_elsewhere_and_says_so()
         (SessionState::Held, "owner: held by alice"),
         (SessionState::Pending, "released by alice"),
     ] {
-        let change = Change {
-            to,
-            at: t0(),
-            reason: reason.to_owned(),
-            hold: None,
-            placement: Placement::Keep,
-        };
+        let change = Change::keep_placement(to, t0(), reason);
         f.store.transition(session.id, change).await.unwrap();
     }
     // node1 stops responding; node2 has a free GPU.
     let gone = t0() + TimeDelta::seconds(31);
-    let registration = NodeRegistration {
-        name: NodeName::parse("node2").unwrap(),
-        gpu_backend: "simulated".to_owned(),
-        agent_version: "test".to_owned(),
-        stream_url: None,
-        start_modes: Default::default(),
-    };
-    f.store
-        .register_node(registration, &[gpu(2)], gone)
-        .await
-        .unwrap();
+    let node2 = fixtures::registration("node2");
+    f.store.register_node(node2, &[gpu(2)], gone).await.unwrap();
     assert_eq!(f.scheduler.tick(gone).await.unwrap().placed, 1);
     let placed = state(&f, &session).await;
     assert_eq!(placed.state, SessionState::Starting);
@@ -292,13 +218,7 @@ async fn a_released_session_gets_its_old_gpu_back_when_it_is_free() {
     let old_gpus = state(&f, &second).await.gpus;
     let first_gpus = state(&f, &first).await.gpus;
     assert_ne!(old_gpus, first_gpus);
-    let step = |to, reason: &str| Change {
-        to,
-        at: t0(),
-        reason: reason.to_owned(),
-        hold: None,
-        placement: Placement::Keep,
-    };
+    let step = |to, reason: &str| Change::keep_placement(to, t0(), reason);
     for (to, reason) in [
         (SessionState::Waiting, "container running on node1"),
         (SessionState::Held, "owner: held by alice"),
@@ -334,20 +254,8 @@ async fn the_loop_runs_when_woken() {
     let task = tokio::spawn(Arc::new(scheduler).run(Duration::from_secs(3600), shutdown.clone()));
     ticks.changed().await.unwrap(); // the interval's immediate first tick
     let owner = Dn::parse("/DC=org/CN=Alice").unwrap();
-    let session = store
-        .create_session(NewSession {
-            id: SessionId::new_random(),
-            name: None,
-            owner,
-            request: GpuRequest::default(),
-            image: "ongrid/dev:latest".to_owned(),
-            at: t0(),
-            reason: "created".to_owned(),
-            idle_timeout_secs: None,
-            max_duration_secs: None,
-        })
-        .await
-        .unwrap();
+    let new = fixtures::new_session(&owner, t0());
+    let session = store.create_session(new).await.unwrap();
     wake.notify_one();
     tokio::time::timeout(Duration::from_secs(10), ticks.changed())
         .await
