@@ -227,8 +227,8 @@ pub fn removed_docker_images(removed: &[ImageRecord], current: &[ImageRecord]) -
 #[cfg(test)]
 mod tests {
     use chrono::{DateTime, Utc};
-    use ongrid_core::image::{Compression, ImageReference};
-    use ongrid_core::{Dn, NodeName, SessionId, SessionName, UserName};
+    use ongrid_core::image::ImageReference;
+    use ongrid_core::{Dn, UserName};
 
     use super::*;
 
@@ -244,28 +244,14 @@ mod tests {
         let reference = ImageReference::parse(reference).unwrap();
         let user_name = UserName::parse(login).unwrap();
         ImageRecord {
-            id: uuid::Uuid::new_v4(),
             owner: Dn::parse(owner).unwrap(),
             docker_image: (state == ImageState::Ready).then(|| reference.docker_image(&user_name)),
             user_name,
             reference,
             state,
-            reason: String::new(),
-            session_id: SessionId::new_random(),
-            session_name: SessionName::parse("train1").unwrap(),
-            node: NodeName::parse("node1").unwrap(),
-            base_image: "ongrid/dev:latest".to_owned(),
-            compression: Compression::Gzip,
             digest: Some(format!("sha256:{}", "ab".repeat(32))),
             size: Some(1),
-            sif_path: None,
-            bytes_done: 0,
-            bytes_total: 0,
-            progress_at: t(0),
-            created_at: t(0),
-            finished_at: None,
-            superseded_at: None,
-            shared_at: None,
+            ..crate::domain::images::fixtures::image()
         }
     }
 

@@ -290,7 +290,6 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::fixtures::image;
-    use ongrid_core::GpuRequest;
 
     use super::*;
 
@@ -305,20 +304,11 @@ mod tests {
 
     fn session(state: SessionState) -> SessionRecord {
         SessionRecord {
-            id: SessionId::new_random(),
-            name: SessionName::parse("train1").unwrap(),
-            owner: Dn::parse("/CN=Alice").unwrap(),
-            user_name: UserName::parse("alice").unwrap(),
-            uid: 20_000,
-            state,
             reason: "container exited with code 137".to_owned(),
-            request: GpuRequest::default(),
-            image: "ongrid/dev:latest".to_owned(),
             node: Some(NodeName::parse("node1").unwrap()),
-            gpus: Vec::new(),
             created_at: t(0),
             queued_at: t(0),
-            preferred_node: None,
+            ..crate::domain::sessions::fixtures::session("train1", state)
         }
     }
 

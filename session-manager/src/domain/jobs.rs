@@ -829,23 +829,23 @@ mod tests {
         }
     }
 
-    fn submitted(file: JobSpecFile, limits: &JobLimits) -> JobRecord {
+    /// Alice's job 1 of `file` submitted at t(0) under `limits`, to `grid` when given.
+    fn submission(
+        file: JobSpecFile,
+        limits: &JobLimits,
+        grid: Option<GridJob>,
+    ) -> Result<NewJob, Refusal> {
+        let alice = Submitter {
+            owner: Dn::parse("/CN=Alice").unwrap(),
+            user_name: UserName::parse("alice").unwrap(),
+            uid: 2000,
+        };
         let id = JobId(uuid::Uuid::from_u128(1));
-        let new = submit(
-            id,
-            Submitter {
-                owner: Dn::parse("/CN=Alice").unwrap(),
-                user_name: UserName::parse("alice").unwrap(),
-                uid: 2000,
-            },
-            spec(file),
-            image(),
-            limits,
-            None,
-            t(0),
-        )
-        .unwrap();
-        record(new)
+        submit(id, alice, spec(file), image(), limits, grid, t(0))
+    }
+
+    fn submitted(file: JobSpecFile, limits: &JobLimits) -> JobRecord {
+        record(submission(file, limits, None).unwrap())
     }
 
     fn record(new: NewJob) -> JobRecord {
@@ -952,22 +952,7 @@ mod tests {
             min_duration: min.map(str::to_owned),
             ..JobSpecFile::default()
         };
-        let refused = |file: JobSpecFile, limits: &JobLimits| {
-            submit(
-                JobId(uuid::Uuid::from_u128(1)),
-                Submitter {
-                    owner: Dn::parse("/CN=Alice").unwrap(),
-                    user_name: UserName::parse("alice").unwrap(),
-                    uid: 2000,
-                },
-                spec(file),
-                image(),
-                limits,
-                None,
-                t(0),
-            )
-            .unwrap_err()
-        };
+        let refused = |file, limits: &JobLimits| submission(file, limits, None).unwrap_err();
         assert_eq!(
             refused(asking(Some("3 days"), None), &limits),
             Refusal::Invalid(
@@ -1249,21 +1234,7 @@ mod tests {
             super::super::engine_job::LocalAccount::parse("alice").unwrap(),
             t(0),
         );
-        let who = Submitter {
-            owner: Dn::parse("/CN=Alice").unwrap(),
-            user_name: UserName::parse("alice").unwrap(),
-            uid: 2000,
-        };
-        let refused = submit(
-            JobId::new_random(),
-            who,
-            spec(mig),
-            image(),
-            &JobLimits::default(),
-            Some(slurm),
-            t(0),
-        )
-        .unwrap_err();
+        let refused = submission(mig, &JobLimits::default(), Some(slurm)).unwrap_err();
         assert_eq!(
             refused.to_string(),
             "target slurm cannot give a MIG device: ongrid hands out MIG 1g.10gb devices only on \
@@ -1386,28 +1357,12 @@ mod tests {
     fn image_record(owner: &str, state: ImageState) -> ImageRecord {
         let ready = state == ImageState::Ready;
         ImageRecord {
-            id: uuid::Uuid::new_v4(),
             owner: Dn::parse(owner).unwrap(),
-            user_name: UserName::parse("alice").unwrap(),
             reference: ongrid_core::image::ImageReference::parse("model:v1").unwrap(),
             state,
-            reason: String::new(),
-            session_id: ongrid_core::SessionId::new_random(),
-            session_name: ongrid_core::SessionName::parse("train1").unwrap(),
-            node: node(),
-            base_image: "ongrid/dev:latest".into(),
-            compression: Default::default(),
             digest: ready.then(|| image().digest),
-            size: None,
-            sif_path: None,
             docker_image: ready.then(|| image().docker_image),
-            bytes_done: 0,
-            bytes_total: 0,
-            progress_at: t(0),
-            created_at: t(0),
-            finished_at: None,
-            superseded_at: None,
-            shared_at: None,
+            ..crate::domain::images::fixtures::image()
         }
     }
 

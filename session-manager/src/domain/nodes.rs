@@ -237,7 +237,7 @@ pub fn removal(
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;
-    use ongrid_core::{Dn, GpuRequest, SessionId, SessionName};
+    use ongrid_core::{Dn, SessionName};
 
     use super::*;
 
@@ -251,20 +251,13 @@ mod tests {
 
     fn session(state: SessionState) -> SessionRecord {
         SessionRecord {
-            id: SessionId::new_random(),
-            name: SessionName::parse("train1").unwrap(),
             owner: Dn::parse("/DC=org/CN=Alice").unwrap(),
-            user_name: UserName::parse("alice").unwrap(),
-            uid: 20_000,
-            state,
             reason: String::new(),
-            request: GpuRequest::default(),
             image: "ongrid/dev".to_owned(),
             node: Some(node()),
-            gpus: Vec::new(),
             created_at: t(0),
             queued_at: t(0),
-            preferred_node: None,
+            ..crate::domain::sessions::fixtures::session("train1", state)
         }
     }
 
