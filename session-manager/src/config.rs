@@ -983,6 +983,17 @@ pids = 4096
         Config::from_toml(text, Path::new("/etc/ongrid/manager.toml"), no_env)
     }
 
+    /// Why the example with `extra` appended is refused.
+    fn refused_with(extra: &str) -> String {
+        load(&format!("{EXAMPLE}{extra}")).unwrap_err().to_string()
+    }
+
+    /// The same with its causes, as the binary prints it.
+    fn refused_chain(extra: &str) -> String {
+        let err = load(&format!("{EXAMPLE}{extra}")).unwrap_err();
+        format!("{:#}", anyhow::Error::from(err))
+    }
+
     #[test]
     fn jobs_limits_and_log_dir() {
         let config = load(EXAMPLE).unwrap();
@@ -1008,24 +1019,18 @@ pids = 4096
         let config = load(&text).unwrap();
         assert_eq!(config.job_limits.output_grace, Duration::from_secs(90));
         assert!(config.job_limits.shared_work_dir);
-        let err = load(&format!("{EXAMPLE}[jobs]\noutput_grace = \"soon\"\n"))
-            .unwrap_err()
-            .to_string();
+        let err = refused_with("[jobs]\noutput_grace = \"soon\"\n");
         assert!(err.contains("jobs.output_grace"), "{err}");
-        let text = format!(
-            "{EXAMPLE}[jobs]\ndefault_max_duration = \"2 days\"\nmax_duration = \"1 day\"\n"
-        );
-        let err = load(&text).unwrap_err().to_string();
+        let err =
+            refused_with("[jobs]\ndefault_max_duration = \"2 days\"\nmax_duration = \"1 day\"\n");
         assert!(err.contains("jobs.default_max_duration"), "{err}");
         // Without a cap of its own, the site's is two weeks.
-        let text = format!("{EXAMPLE}[jobs]\ndefault_max_duration = \"3 weeks\"\n");
-        let err = load(&text).unwrap_err().to_string();
+        let err = refused_with("[jobs]\ndefault_max_duration = \"3 weeks\"\n");
         assert!(
             err.contains("3 weeks is longer than jobs.max_duration, 2 weeks when not set: set jobs.max_duration to 3 weeks or more"),
             "{err}"
         );
-        let err = load(&format!("{EXAMPLE}[jobs]\nmax = \"1 day\"\n")).unwrap_err();
-        let err = format!("{:#}", anyhow::Error::from(err));
+        let err = refused_chain("[jobs]\nmax = \"1 day\"\n");
         assert!(err.contains("unknown field `max`"), "{err}");
     }
 
@@ -1052,25 +1057,18 @@ pids = 4096
         let config = load(&format!("{EXAMPLE}[retention]\njobs = \"0\"\n")).unwrap();
         assert_eq!(config.retention.jobs, None);
         assert_eq!(config.retention.connections, Some(DEFAULT_CONNECTIONS));
-        let err = load(&format!("{EXAMPLE}[retention]\njobs = \"a month\"\n"))
-            .unwrap_err()
-            .to_string();
+        let err = refused_with("[retention]\njobs = \"a month\"\n");
         assert!(
             err.contains("key `retention.jobs`")
                 && err.contains("or \"forever\" to keep everything"),
             "{err}"
         );
-        let err = load(&format!(
-            "{EXAMPLE}[retention]\nconnections = \"10 minutes\"\n"
-        ))
-        .unwrap_err()
-        .to_string();
+        let err = refused_with("[retention]\nconnections = \"10 minutes\"\n");
         assert!(
             err.contains("key `retention.connections`: 10 minutes is shorter than 1 hour"),
             "{err}"
         );
-        let err = load(&format!("{EXAMPLE}[retention]\nhistory = \"1 day\"\n")).unwrap_err();
-        let err = format!("{:#}", anyhow::Error::from(err));
+        let err = refused_chain("[retention]\nhistory = \"1 day\"\n");
         assert!(err.contains("unknown field `history`"), "{err}");
     }
 
@@ -1110,18 +1108,11 @@ pids = 4096
         let config = load(&text).unwrap();
         assert_eq!(config.lifecycle.connect_deadline, Duration::from_secs(30));
         assert_eq!(config.lifecycle.idle_timeout, Duration::from_secs(60));
-        let err = load(&format!("{EXAMPLE}[lifecycle]\nidle_timeout = \"soon\"\n"))
-            .unwrap_err()
-            .to_string();
+        let err = refused_with("[lifecycle]\nidle_timeout = \"soon\"\n");
         assert!(err.contains("key `lifecycle.idle_timeout`"), "{err}");
-        let err = load(&format!(
-            "{EXAMPLE}[lifecycle]\nidle_timeout = \"9 hours\"\n"
-        ))
-        .unwrap_err()
-        .to_string();
+        let err = refused_with("[lifecycle]\nidle_timeout = \"9 hours\"\n");
         assert!(err.contains("longer than max_idle_timeout"), "{err}");
-        let err = load(&format!("{EXAMPLE}[lifecycle]\nidle = \"1h\"\n")).unwrap_err();
-        let err = format!("{:#}", anyhow::Error::from(err));
+        let err = refused_chain("[lifecycle]\nidle = \"1h\"\n");
         assert!(err.contains("unknown field `idle`"), "{err}");
     }
 
