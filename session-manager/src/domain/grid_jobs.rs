@@ -579,14 +579,23 @@ pub(crate) mod tests {
         job
     }
 
+    /// What the loop makes of `seen` at t(`at`) for `job`, under the default limits.
+    fn mirror_at(job: &JobRecord, seen: &Observation, next_id: JobId, at: i64) -> Mirror {
+        mirror(job, seen, &JobLimits::default(), next_id, t(at))
+    }
+
     fn mirrored(state: JobState, phase: Phase) -> Mirror {
-        mirror(
+        mirror_at(
             &job(state),
             &seen(phase),
-            &JobLimits::default(),
             JobId(uuid::Uuid::from_u128(2)),
-            t(100),
+            100,
         )
+    }
+
+    /// The last change of `mirrored(state, phase)`.
+    fn last_end(state: JobState, phase: Phase) -> (JobState, String) {
+        ends(&mirrored(state, phase)).pop().unwrap()
     }
 
     fn ends(mirror: &Mirror) -> Vec<(JobState, String)> {
@@ -621,31 +630,21 @@ pub(crate) mod tests {
         let cancelled = || Phase::Cancelled {
             message: "removed by an administrator".into(),
         };
-        let (to, reason) = ends(&mirrored(JobState::Running, cancelled()))
-            .pop()
-            .unwrap();
+        let (to, reason) = last_end(JobState::Running, cancelled());
         assert_eq!(to, JobState::Cancelled);
         assert!(reason.contains("removed by an administrator"), "{reason}");
-        let (to, reason) = ends(&mirrored(JobState::Halting, cancelled()))
-            .pop()
-            .unwrap();
+        let (to, reason) = last_end(JobState::Halting, cancelled());
         assert_eq!(to, JobState::Halted);
         assert_eq!(reason, JobReason::IgnoredHaltSignal.to_string());
     }
 
     #[test]
     fn exits_time_limits_and_engine_requeues() {
-        let (to, _) = ends(&mirrored(JobState::Running, Phase::Exited { code: 0 }))
-            .pop()
-            .unwrap();
+        let (to, _) = last_end(JobState::Running, Phase::Exited { code: 0 });
         assert_eq!(to, JobState::Finished);
-        let (to, _) = ends(&mirrored(JobState::Running, Phase::Exited { code: 3 }))
-            .pop()
-            .unwrap();
+        let (to, _) = last_end(JobState::Running, Phase::Exited { code: 3 });
         assert_eq!(to, JobState::Failed);
-        let (to, reason) = ends(&mirrored(JobState::Running, Phase::TimeLimit))
-            .pop()
-            .unwrap();
+        let (to, reason) = last_end(JobState::Running, Phase::TimeLimit);
         assert_eq!(to, JobState::Halted);
         assert!(reason.contains("max duration of 8 hours"), "{reason}");
         // Nothing final: nothing changes.
@@ -655,13 +654,8 @@ pub(crate) mod tests {
         // the engine id with one more restart.
         let mut requeued = seen(Phase::Pending { why: None });
         requeued.restarts = 1;
-        let m = mirror(
-            &job(JobState::Running),
-            &requeued,
-            &JobLimits::default(),
-            JobId(uuid::Uuid::from_u128(2)),
-            t(100),
-        );
+        let next_id = JobId(uuid::Uuid::from_u128(2));
+        let m = mirror_at(&job(JobState::Running), &requeued, next_id, 100);
         assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted);
         let next = m.next.expect("the chain goes on");
         let grid = next.grid.expect("on the same target");
@@ -681,13 +675,7 @@ pub(crate) mod tests {
         ] {
             let mut restartable = job(state);
             restartable.spec.restartable = true;
-            let m = mirror(
-                &restartable,
-                &seen(phase.clone()),
-                &JobLimits::default(),
-                next_id,
-                t(100),
-            );
+            let m = mirror_at(&restartable, &seen(phase.clone()), next_id, 100);
             assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted, "{phase:?}");
             let next = m.next.expect("the chain goes on");
             assert_eq!(next.id, next_id);
@@ -726,13 +714,7 @@ pub(crate) mod tests {
         ] {
             let mut restartable = job(state);
             restartable.spec.restartable = true;
-            let m = mirror(
-                &restartable,
-                &seen(phase.clone()),
-                &JobLimits::default(),
-                next_id,
-                t(100),
-            );
+            let m = mirror_at(&restartable, &seen(phase.clone()), next_id, 100);
             assert_eq!(ends(&m).pop().unwrap().0, JobState::Halted, "{phase:?}");
             assert_eq!(m.next, None, "{phase:?}");
         }
@@ -753,13 +735,7 @@ pub(crate) mod tests {
         });
         requeued.restarts = 1;
         let running = job(JobState::Running);
-        let m = mirror(
-            &running,
-            &requeued,
-            &JobLimits::default(),
-            JobId::new_random(),
-            t(100),
-        );
+        let m = mirror_at(&running, &requeued, JobId::new_random(), 100);
         let next = m.next.expect("the chain goes on");
         assert_eq!(next.id, requeued_job_id(running.id));
         assert_ne!(next.id, running.id);
@@ -777,37 +753,19 @@ pub(crate) mod tests {
         });
         held.held = true;
         let halting = job(JobState::Halting);
-        let m = mirror(
-            &halting,
-            &held,
-            &JobLimits::default(),
-            JobId::new_random(),
-            t(100),
-        );
+        let m = mirror_at(&halting, &held, JobId::new_random(), 100);
         assert!(!m.engine_final, "held in the schedd: not done there");
         let mut halted = applied(halting, &m.changes);
         assert_eq!(halted.state(), JobState::Halted);
         assert_eq!(order(&halted, t(101)), Some(EngineOrder::Cancel));
         // Seen held again: nothing changes, the removal is asked again.
-        let again = mirror(
-            &halted,
-            &held,
-            &JobLimits::default(),
-            JobId::new_random(),
-            t(102),
-        );
+        let again = mirror_at(&halted, &held, JobId::new_random(), 102);
         assert!(again.changes.is_empty() && !again.engine_final);
         // Removed: the engine is done with it.
         let removed = seen(Phase::Cancelled {
             message: "removed from HTCondor's queue".into(),
         });
-        let m = mirror(
-            &halted,
-            &removed,
-            &JobLimits::default(),
-            JobId::new_random(),
-            t(103),
-        );
+        let m = mirror_at(&halted, &removed, JobId::new_random(), 103);
         assert!(m.changes.is_empty() && m.engine_final);
         halted.grid.as_mut().unwrap().engine_final = true;
         assert_eq!(order(&halted, t(104)), None);
