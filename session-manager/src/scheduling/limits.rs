@@ -187,7 +187,7 @@ mod tests {
     use std::sync::Arc;
 
     use chrono::{DateTime, TimeZone, Utc};
-    use ongrid_core::job::{JobImage, JobSpecFile, JobState, ObservedJobStatus};
+    use ongrid_core::job::{JobSpecFile, JobState, ObservedJobStatus};
     use ongrid_core::{GpuInfo, GpuUuid, SessionState};
     use tokio::sync::Notify;
 
@@ -264,10 +264,6 @@ mod tests {
             let dn = Dn::parse(&format!("/DC=org/CN=User {n}")).unwrap();
             users.push(store.user(&dn, 20_000).await.unwrap());
         }
-        let image = JobImage {
-            digest: format!("sha256:{}", "c".repeat(64)),
-            docker_image: "ongrid/user/model:v1".into(),
-        };
 
         let mut random = Random(0x6c65_6e67_7468);
         // How long each job and session runs once started, by id.
@@ -290,24 +286,12 @@ mod tests {
                         _ => random.between(25, 7 * 24),
                     };
                     let spec = JobSpecFile {
-                        image: Some("model:v1".into()),
-                        command: vec!["train".into()],
                         max_duration: Some(format!("{hours}h")),
                         gpus: Some(u32::try_from(random.between(1, 2)).unwrap()),
                         ..Default::default()
-                    }
-                    .validate(now)
-                    .unwrap();
-                    let who = jobs::Submitter {
-                        owner: user.dn.clone(),
-                        user_name: user.user_name.clone(),
-                        uid: user.uid,
                     };
-                    let id = JobId::new_random();
-                    let new =
-                        jobs::submit(id, who, spec, image.clone(), &Default::default(), None, now)
-                            .unwrap();
-                    store.create_job(new).await.unwrap();
+                    let new = fixtures::job(user, spec, None, now);
+                    let id = store.create_job(new).await.unwrap().id;
                     let max = i64::try_from(hours * HOUR).unwrap();
                     runs.insert(
                         Waiting::Job(id),

@@ -370,33 +370,11 @@ async fn unhealthy_gpus_are_drained_and_their_work_stops_until_an_admin_undrains
 async fn submit_job(f: &Fixture, min_duration: Option<&str>, at: DateTime<Utc>) -> JobId {
     let user = f.store.user(&f.owner, 20_000).await.unwrap();
     let spec = ongrid_core::job::JobSpecFile {
-        image: Some("model:v1".into()),
-        command: vec!["train".into()],
         restartable: true,
         min_duration: min_duration.map(str::to_owned),
         ..Default::default()
-    }
-    .validate(at)
-    .unwrap();
-    let image = ongrid_core::job::JobImage {
-        digest: format!("sha256:{}", "c".repeat(64)),
-        docker_image: "ongrid/alice/model:v1".into(),
     };
-    let who = jobs::Submitter {
-        owner: f.owner.clone(),
-        user_name: user.user_name,
-        uid: user.uid,
-    };
-    let new = jobs::submit(
-        JobId::new_random(),
-        who,
-        spec,
-        image,
-        &Default::default(),
-        None,
-        at,
-    )
-    .unwrap();
+    let new = fixtures::job(&user, spec, None, at);
     f.store.create_job(new).await.unwrap().id
 }
 

@@ -4,11 +4,14 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::job::{JobId, JobImage, JobSpecFile};
 use ongrid_core::{
     ComputeCapability, Dn, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName, SessionId,
 };
 
-use super::{NewSession, NodeRegistration, SqliteStore};
+use super::{NewSession, NodeRegistration, SqliteStore, UserRecord};
+use crate::domain::grid_jobs::GridJob;
+use crate::domain::jobs::{self, JobLimits, NewJob, Submitter};
 
 /// A new SQLite store, in a temporary directory that must live as long as the store.
 pub async fn sqlite() -> (tempfile::TempDir, Arc<SqliteStore>) {
@@ -43,6 +46,34 @@ pub fn registration(name: &str) -> NodeRegistration {
         stream_url: None,
         start_modes: Default::default(),
     }
+}
+
+/// `user`'s job of `spec`, the image `model:v1` running `train`, submitted at `at` under the
+/// default limits, to `grid` when given.
+pub fn job(
+    user: &UserRecord,
+    spec: JobSpecFile,
+    grid: Option<GridJob>,
+    at: DateTime<Utc>,
+) -> NewJob {
+    let spec = JobSpecFile {
+        image: Some("model:v1".into()),
+        command: vec!["train".into()],
+        ..spec
+    }
+    .validate(at)
+    .unwrap();
+    let image = JobImage {
+        digest: format!("sha256:{}", "b".repeat(64)),
+        docker_image: format!("ongrid/{}/model:v1", user.user_name),
+    };
+    let who = Submitter {
+        owner: user.dn.clone(),
+        user_name: user.user_name.clone(),
+        uid: user.uid,
+    };
+    let id = JobId::new_random();
+    jobs::submit(id, who, spec, image, &JobLimits::default(), grid, at).unwrap()
 }
 
 /// `owner`'s new session for one GPU of any kind, under the first free default name, asked

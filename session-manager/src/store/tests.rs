@@ -1893,39 +1893,16 @@ async fn queued_job(
     at: DateTime<Utc>,
     grid: Option<crate::domain::grid_jobs::GridJob>,
 ) -> crate::domain::jobs::JobRecord {
-    use crate::domain::jobs::{self, JobLimits, Submitter};
-    use ongrid_core::job::{JobImage, JobSpecFile};
-
-    let dn = Dn::parse("/CN=Alice").unwrap();
-    let user = store.user(&dn, 20_000).await.unwrap();
-    let spec = JobSpecFile {
-        image: Some("model:v1".into()),
-        command: vec!["train".into()],
+    let alice = store
+        .user(&Dn::parse("/CN=Alice").unwrap(), 20_000)
+        .await
+        .unwrap();
+    let spec = ongrid_core::job::JobSpecFile {
         restartable: true,
         max_duration: Some("2h".into()),
-        ..JobSpecFile::default()
-    }
-    .validate(t(0))
-    .unwrap();
-    let image = JobImage {
-        digest: format!("sha256:{}", "b".repeat(64)),
-        docker_image: "ongrid/alice/model:v1".into(),
+        ..Default::default()
     };
-    let who = Submitter {
-        owner: dn,
-        user_name: user.user_name,
-        uid: user.uid,
-    };
-    let new = jobs::submit(
-        JobId::new_random(),
-        who,
-        spec,
-        image,
-        &JobLimits::default(),
-        grid,
-        at,
-    )
-    .unwrap();
+    let new = fixtures::job(&alice, spec, grid, at);
     store.create_job(new).await.unwrap()
 }
 
