@@ -366,13 +366,14 @@ pub fn admission(raw: Option<&RawPolicy>) -> Result<Admission, (String, String)>
 mod tests {
     use super::*;
 
+    /// The section `name` of a config file's `text`, as the file's loader reads it.
+    fn section<T: serde::de::DeserializeOwned>(text: &str, name: &str) -> T {
+        let mut file: toml::Table = toml::from_str(text).unwrap();
+        file.remove(name).unwrap().try_into().unwrap()
+    }
+
     fn parse(text: &str) -> Result<Admission, (String, String)> {
-        #[derive(Deserialize)]
-        struct File {
-            policy: RawPolicy,
-        }
-        let file: File = toml::from_str(text).unwrap();
-        admission(Some(&file.policy))
+        admission(Some(&section(text, "policy")))
     }
 
     #[test]
@@ -397,14 +398,7 @@ mod tests {
 
     #[test]
     fn fair_share_reads_half_life_shares_and_costs() {
-        #[derive(Deserialize)]
-        struct File {
-            fairshare: RawFairShare,
-        }
-        let parse = |text: &str| {
-            let file: File = toml::from_str(text).unwrap();
-            fair_share(&file.fairshare)
-        };
+        let parse = |text: &str| fair_share(&section(text, "fairshare"));
         let config = parse(
             "[fairshare]\nhalf_life = \"2 days\"\nshares = { atlas = 3, cms = 1 }\n\
              cost = { H100 = 2.0, T4 = 0.25 }\n",
@@ -435,14 +429,7 @@ mod tests {
 
     #[test]
     fn limits_read_user_group_and_named_groups() {
-        #[derive(Deserialize)]
-        struct File {
-            limits: RawLimits,
-        }
-        let parse = |text: &str| {
-            let file: File = toml::from_str(text).unwrap();
-            limits(&file.limits)
-        };
+        let parse = |text: &str| limits(&section(text, "limits"));
         let config = parse(
             "[limits]\nuser = { max_gpus = 4, max_sessions = 2 }\ngroup = { max_gpus = 16 }\n\
              groups = { atlas = { max_job_gpus = 24 } }\n",
@@ -463,14 +450,7 @@ mod tests {
 
     #[test]
     fn length_classes_are_off_unless_set_and_chtcs_for_keys_left_out() {
-        #[derive(Deserialize)]
-        struct File {
-            limits: RawLimits,
-        }
-        let parse = |text: &str| {
-            let file: File = toml::from_str(text).unwrap();
-            limits(&file.limits)
-        };
+        let parse = |text: &str| limits(&section(text, "limits"));
         let none = parse("[limits]\nuser = { max_gpus = 4 }\n").unwrap();
         assert_eq!(none.length_classes, None);
         let chtc = parse("[limits.length_classes]\n").unwrap();

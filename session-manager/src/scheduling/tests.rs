@@ -52,6 +52,10 @@ async fn state(f: &Fixture, s: &SessionRecord) -> SessionRecord {
     f.store.session(s.id).await.unwrap().unwrap()
 }
 
+async fn stored_job(f: &Fixture, id: JobId) -> jobs::JobRecord {
+    f.store.job(id).await.unwrap().unwrap()
+}
+
 /// Requests that each committed a session and want a round after it share rounds: ten at once
 /// run two (the first starts before the others asked; the second covers them all), and every
 /// session is placed by them.
@@ -285,10 +289,7 @@ async fn unhealthy_gpus_are_drained_and_their_work_stops_until_an_admin_undrains
     let job = submit_job(&f, None, t0()).await;
     f.scheduler.tick(t0()).await.unwrap();
     assert_eq!(state(&f, &session).await.gpus, [GpuId::Gpu(gpu(1).uuid)]);
-    assert_eq!(
-        f.store.job(job).await.unwrap().unwrap().state(),
-        JobState::Running
-    );
+    assert_eq!(stored_job(&f, job).await.state(), JobState::Running);
 
     // The node reports GPU 1 failed and GPU 2 unknown (nvidia-smi hangs).
     let node1 = NodeName::parse("node1").unwrap();
@@ -317,7 +318,7 @@ async fn unhealthy_gpus_are_drained_and_their_work_stops_until_an_admin_undrains
         "{}",
         session.reason
     );
-    let halted = f.store.job(job).await.unwrap().unwrap();
+    let halted = stored_job(&f, job).await;
     assert_eq!(halted.state(), JobState::Halted, "restartable: re-queued");
     assert!(halted.next_job.is_some());
     let nodes = f.store.nodes().await.unwrap();
@@ -358,12 +359,7 @@ async fn unhealthy_gpus_are_drained_and_their_work_stops_until_an_admin_undrains
         .gpus
         .iter()
         .all(|g| g.drain.is_none()));
-    let next = f
-        .store
-        .job(halted.next_job.unwrap())
-        .await
-        .unwrap()
-        .unwrap();
+    let next = stored_job(&f, halted.next_job.unwrap()).await;
     assert_eq!(next.state(), JobState::Running);
 }
 
@@ -384,7 +380,7 @@ async fn jobs_share_the_gpus_and_a_session_halts_one_past_its_min_duration() {
     let f = fixture(&[gpu(1)]).await;
     let job = submit_job(&f, Some("10 minutes"), t0()).await;
     assert_eq!(f.scheduler.tick(t0()).await.unwrap().jobs, 1);
-    let running = f.store.job(job).await.unwrap().unwrap();
+    let running = stored_job(&f, job).await;
     assert_eq!(running.state(), JobState::Running);
     assert_eq!(running.gpus, vec![GpuId::Gpu(gpu(1).uuid)]);
 
@@ -402,7 +398,7 @@ async fn jobs_share_the_gpus_and_a_session_halts_one_past_its_min_duration() {
     let later = t0() + TimeDelta::minutes(11);
     alive(&f, later).await;
     f.scheduler.tick(later).await.unwrap();
-    let halting = f.store.job(job).await.unwrap().unwrap();
+    let halting = stored_job(&f, job).await;
     assert_eq!(halting.state(), JobState::MustHalt);
     assert_eq!(
         halting.lifecycle.last().reason,
@@ -441,7 +437,7 @@ async fn jobs_share_the_gpus_and_a_session_halts_one_past_its_min_duration() {
         placed.reason
     );
     // The re-queued job waits: the GPU is the session's now.
-    let requeued = f.store.job(next.id).await.unwrap().unwrap();
+    let requeued = stored_job(&f, next.id).await;
     assert_eq!(requeued.state(), JobState::Queued);
     assert_eq!(requeued.chain.restart_count, 1);
 }
@@ -454,13 +450,13 @@ async fn a_job_on_a_node_that_stopped_responding_is_requeued_when_restartable() 
     f.scheduler.tick(t0()).await.unwrap();
     let gone = t0() + TimeDelta::seconds(31);
     assert_eq!(f.scheduler.tick(gone).await.unwrap().jobs, 1);
-    let lost = f.store.job(job).await.unwrap().unwrap();
+    let lost = stored_job(&f, job).await;
     assert_eq!(lost.state(), JobState::Halted);
     assert_eq!(
         lost.lifecycle.last().reason.to_string(),
         "node node1 was lost: re-queued (restartable)"
     );
-    let next = f.store.job(lost.next_job.unwrap()).await.unwrap().unwrap();
+    let next = stored_job(&f, lost.next_job.unwrap()).await;
     assert_eq!(next.state(), JobState::Queued);
     // Its checkpoint is on node1, which is gone: the next round fails it, saying so.
     assert_eq!(
@@ -468,7 +464,7 @@ async fn a_job_on_a_node_that_stopped_responding_is_requeued_when_restartable() 
         Some("node1")
     );
     assert_eq!(f.scheduler.tick(gone).await.unwrap().jobs, 1);
-    let failed = f.store.job(next.id).await.unwrap().unwrap();
+    let failed = stored_job(&f, next.id).await;
     assert_eq!(failed.state(), JobState::Failed);
     assert!(
         failed
@@ -494,10 +490,10 @@ async fn with_a_shared_work_dir_a_requeued_job_may_start_anywhere() {
     f.scheduler.tick(t0()).await.unwrap();
     let gone = t0() + TimeDelta::seconds(31);
     f.scheduler.tick(gone).await.unwrap();
-    let lost = f.store.job(job).await.unwrap().unwrap();
-    let next = f.store.job(lost.next_job.unwrap()).await.unwrap().unwrap();
+    let lost = stored_job(&f, job).await;
+    let next = stored_job(&f, lost.next_job.unwrap()).await;
     assert_eq!(next.pinned_node, None);
     f.scheduler.tick(gone).await.unwrap();
-    let waiting = f.store.job(next.id).await.unwrap().unwrap();
+    let waiting = stored_job(&f, next.id).await;
     assert_eq!(waiting.state(), JobState::Queued);
 }
