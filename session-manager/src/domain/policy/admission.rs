@@ -16,6 +16,20 @@ use ongrid_x509::voms::Fqan;
 
 use crate::domain::Refusal;
 
+/// Whether `value` is 1 to `max_len` lower-case letters, digits, `-`, `_` and `.`, starting with
+/// a letter or digit: the names of groups and reservations.
+pub(super) fn is_policy_name(value: &str, max_len: usize) -> bool {
+    !value.is_empty()
+        && value.len() <= max_len
+        && value
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && value.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        })
+}
+
 /// An accounting group: lower-case letters, digits, `-`, `_` and `.`, 1 to 32 characters,
 /// starting with a letter or digit.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -23,16 +37,7 @@ pub struct GroupName(String);
 
 impl GroupName {
     pub fn parse(value: &str) -> Result<Self, String> {
-        let ok = !value.is_empty()
-            && value.len() <= 32
-            && value
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            && value.bytes().all(|b| {
-                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
-            });
-        if ok {
+        if is_policy_name(value, 32) {
             Ok(Self(value.to_owned()))
         } else {
             Err(format!(

@@ -36,16 +36,7 @@ pub struct ReservationName(String);
 
 impl ReservationName {
     pub fn parse(value: &str) -> Result<Self, String> {
-        let ok = !value.is_empty()
-            && value.len() <= 64
-            && value
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            && value.bytes().all(|b| {
-                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
-            });
-        if ok {
+        if super::admission::is_policy_name(value, 64) {
             Ok(Self(value.to_owned()))
         } else {
             Err(format!(
