@@ -323,27 +323,13 @@ mod tests {
     #[tokio::test]
     async fn an_upgrade_keeps_sessions_with_open_connections() {
         let dir = tempfile::tempdir().unwrap();
-        let old = dir.path().join("migrations");
-        std::fs::create_dir(&old).unwrap();
-        let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-        for entry in std::fs::read_dir(&all).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            if name.as_str() < "0004" {
-                std::fs::copy(&path, old.join(&name)).unwrap();
-            }
-        }
+        let migrator = fixtures::migrations_before("migrations", "0004", dir.path()).await;
         let file = dir.path().join("m.db");
         let options = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(&file)
             .create_if_missing(true);
         let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-        sqlx::migrate::Migrator::new(old.as_path())
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
+        migrator.run(&pool).await.unwrap();
         let ts = |secs: i64| at(secs).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
         let id = SessionId::new_random();
         let request = serde_json::to_string(&GpuRequest::default()).unwrap();

@@ -20,6 +20,26 @@ pub async fn sqlite() -> (tempfile::TempDir, Arc<SqliteStore>) {
     (dir, Arc::new(store))
 }
 
+/// The migrations in `migrations` (a folder of the crate) older than `version`, copied into
+/// `dir`/migrations: those of a database of an older release.
+pub async fn migrations_before(
+    migrations: &str,
+    version: &str,
+    dir: &std::path::Path,
+) -> sqlx::migrate::Migrator {
+    let old = dir.join("migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(migrations);
+    for entry in std::fs::read_dir(&all).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.as_str() < version {
+            std::fs::copy(&path, old.join(&name)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(old.as_path()).await.unwrap()
+}
+
 /// A healthy A100 40 GB whose UUID ends in `n`, on PCI bus `n`.
 pub fn gpu(n: u8) -> GpuInfo {
     GpuInfo {

@@ -488,11 +488,7 @@ async fn token_identities_link_to_existing_users_and_keys_keep_their_token_issue
         panic!("a new key")
     };
     assert_eq!(key.token_issuer.as_deref(), Some("iam"));
-    let KeyAdded::Renewed(key) = store
-        .add_key(new_key(&alice.dn, 1, t(10), t(200)), 4)
-        .await
-        .unwrap()
-    else {
+    let KeyAdded::Renewed(key) = add_key(&store, &alice.dn, 1, t(10), t(200), 4).await else {
         panic!("a renewal")
     };
     assert_eq!(key.token_issuer, None);
@@ -1028,15 +1024,25 @@ fn new_key(owner: &Dn, n: u8, at: DateTime<Utc>, expires_at: DateTime<Utc>) -> N
     }
 }
 
+/// Adds (or renews) `owner`'s key `n` of [`new_key`], at most `max` keys per owner.
+async fn add_key(
+    store: &TestStore,
+    owner: &Dn,
+    n: u8,
+    at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    max: usize,
+) -> KeyAdded {
+    let key = new_key(owner, n, at, expires_at);
+    store.add_key(key, max).await.unwrap()
+}
+
 async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
     let (place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
 
-    let added = store
-        .add_key(new_key(&alice.dn, 1, t(0), t(100)), 2)
-        .await
-        .unwrap();
+    let added = add_key(&store, &alice.dn, 1, t(0), t(100), 2).await;
     let KeyAdded::New(first) = added else {
         panic!("a new key: {added:?}")
     };
@@ -1080,26 +1086,17 @@ async fn keys_belong_to_one_owner_and_renew(backend: Backend) {
     );
 
     // The limit counts the owner's keys; renewing at the limit still works.
-    store
-        .add_key(new_key(&alice.dn, 2, t(1), t(100)), 2)
-        .await
-        .unwrap();
+    add_key(&store, &alice.dn, 2, t(1), t(100), 2).await;
     let err = store
         .add_key(new_key(&alice.dn, 3, t(2), t(100)), 2)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::TooManyKeys { max: 2 }), "{err}");
     assert!(matches!(
-        store
-            .add_key(new_key(&alice.dn, 2, t(3), t(400)), 2)
-            .await
-            .unwrap(),
+        add_key(&store, &alice.dn, 2, t(3), t(400), 2).await,
         KeyAdded::Renewed(_)
     ));
-    store
-        .add_key(new_key(&bob.dn, 3, t(2), t(100)), 2)
-        .await
-        .unwrap();
+    add_key(&store, &bob.dn, 3, t(2), t(100), 2).await;
 
     let fingerprints =
         |keys: Vec<KeyRecord>| -> Vec<String> { keys.into_iter().map(|k| k.fingerprint).collect() };
@@ -1198,6 +1195,19 @@ fn connection(
     }
 }
 
+/// Records the event `kind` of connection `n` to `session` at `at`, when it happened.
+async fn connection_event(
+    store: &TestStore,
+    session: &SessionRecord,
+    n: u128,
+    kind: ongrid_core::api::ConnectionEventKind,
+    at: DateTime<Utc>,
+    bytes: (u64, u64),
+) -> ConnectionRecorded {
+    let event = connection(session, n, kind, at, bytes);
+    store.record_connection(&event, at).await.unwrap()
+}
+
 /// A WAITING session of `owner` named `name` on node1.
 async fn running_session(store: &TestStore, owner: &Dn, name: &str) -> SessionRecord {
     register(store, "node1", &[gpu(1)], t(0)).await;
@@ -1217,21 +1227,9 @@ async fn connections_coming_and_going_leave_a_bounded_history(backend: Backend) 
     let at = |n: u32| t(10 + i64::from(n));
     for n in 0..500u32 {
         let id = u128::from(n);
-        let opened = store
-            .record_connection(
-                &connection(&session, id, Open, at(2 * n), (0, 0)),
-                at(2 * n),
-            )
-            .await
-            .unwrap();
+        let opened = connection_event(&store, &session, id, Open, at(2 * n), (0, 0)).await;
         assert_eq!(opened.session.state, SessionState::Connected);
-        let closed = store
-            .record_connection(
-                &connection(&session, id, Close, at(2 * n + 1), (1, 1)),
-                at(2 * n + 1),
-            )
-            .await
-            .unwrap();
+        let closed = connection_event(&store, &session, id, Close, at(2 * n + 1), (1, 1)).await;
         assert_eq!(closed.session.state, SessionState::Idle);
         assert!(
             closed.transition.is_some(),
@@ -1268,13 +1266,7 @@ async fn connections_coming_and_going_leave_a_bounded_history(backend: Backend) 
 
     // Connected again: the latest open is a row of its own, and the history still replays
     // into a valid sequence that later moves (a hold) extend; the numbering has no gap.
-    store
-        .record_connection(
-            &connection(&session, 1000, Open, at(1000), (0, 0)),
-            at(1000),
-        )
-        .await
-        .unwrap();
+    connection_event(&store, &session, 1000, Open, at(1000), (0, 0)).await;
     let history = store.transitions(session.id).await.unwrap();
     assert_eq!(history.len(), 6);
     assert_eq!(
@@ -1429,21 +1421,12 @@ async fn nodes_keep_their_stream_url(backend: Backend) {
 /// sessions: the upgrade moves each hold's reason into its column and shows the same sentence.
 async fn an_upgrade_types_the_hold_reasons_already_stored(backend: Backend) {
     let place = Place::new(backend).await;
-    let old = place.dir.path().join("migrations");
-    std::fs::create_dir(&old).unwrap();
-    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(match backend {
+    let migrations = match backend {
         Backend::Sqlite => "migrations",
         #[cfg(feature = "postgres")]
         Backend::Postgres => "migrations-postgres",
-    });
-    for entry in std::fs::read_dir(&all).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if name.as_str() < "0006" {
-            std::fs::copy(&path, old.join(&name)).unwrap();
-        }
-    }
-    let migrator = sqlx::migrate::Migrator::new(old.as_path()).await.unwrap();
+    };
+    let migrator = fixtures::migrations_before(migrations, "0006", place.dir.path()).await;
     let idle = SessionId::new_random();
     let by_hand = SessionId::new_random();
     let request = serde_json::to_string(&GpuRequest::default()).unwrap();
@@ -2081,15 +2064,9 @@ async fn closed_connections_are_pruned_and_open_ones_kept(backend: Backend) {
         (3, 12, Some(30)),
         (4, 13, Some(40)),
     ] {
-        store
-            .record_connection(&connection(&session, n, Open, t(open), (0, 0)), t(open))
-            .await
-            .unwrap();
+        connection_event(&store, &session, n, Open, t(open), (0, 0)).await;
         if let Some(close) = close {
-            store
-                .record_connection(&connection(&session, n, Close, t(close), (1, 1)), t(close))
-                .await
-                .unwrap();
+            connection_event(&store, &session, n, Close, t(close), (1, 1)).await;
         }
     }
     let kept = |store: TestStore| async move {
@@ -2117,10 +2094,7 @@ async fn closed_connections_are_pruned_and_open_ones_kept(backend: Backend) {
     assert_eq!(store.prune_connections(t(1000), 10).await.unwrap(), 0);
     assert_eq!(kept(store.clone()).await, vec![2]);
     // The open one still counts for its session.
-    let closed = store
-        .record_connection(&connection(&session, 2, Close, t(2000), (1, 1)), t(2000))
-        .await
-        .unwrap();
+    let closed = connection_event(&store, &session, 2, Close, t(2000), (1, 1)).await;
     assert_eq!(closed.open_connections, 0);
 }
 
