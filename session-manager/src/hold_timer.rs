@@ -200,6 +200,14 @@ mod tests {
         )
     }
 
+    /// What the store knows of session `id`'s lifecycle.
+    async fn session_facts(store: &SqliteStore, id: SessionId) -> Vec<LifecycleFacts> {
+        store
+            .lifecycle_facts(FactsScope::Session(id))
+            .await
+            .unwrap()
+    }
+
     /// A site that set `open_connection_keeps_alive`.
     fn connections_keep_alive() -> LifecycleConfig {
         LifecycleConfig {
@@ -300,20 +308,14 @@ mod tests {
 
         // ... or keeps it alive with `devctl session keep`.
         let kept = running(&store).await;
-        let snapshot = store
-            .lifecycle_facts(FactsScope::Session(kept.id))
-            .await
-            .unwrap();
+        let snapshot = session_facts(&store, kept.id).await;
         store.set_keep_until(kept.id, at(3600)).await.unwrap();
         let report = timer.apply(snapshot, at(1200)).await.unwrap();
         assert_eq!(report.held, []);
         let session = store.session(kept.id).await.unwrap().unwrap();
         assert_eq!(session.state, SessionState::Waiting);
         // Nothing changed: held.
-        let snapshot = store
-            .lifecycle_facts(FactsScope::Session(kept.id))
-            .await
-            .unwrap();
+        let snapshot = session_facts(&store, kept.id).await;
         let report = timer.apply(snapshot, at(3600)).await.unwrap();
         assert_eq!(report.held, [(kept.id, HoldReason::NoConnection)]);
     }
@@ -374,10 +376,7 @@ mod tests {
 
         let store = open(&dir).await;
         let now = Utc::now();
-        let facts = store
-            .lifecycle_facts(FactsScope::Session(id))
-            .await
-            .unwrap();
+        let facts = session_facts(&store, id).await;
         assert_eq!(facts[0].live_connections(&config(), now), 1);
         let report = timer_with(&store, connections_keep_alive())
             .tick(now)
@@ -486,10 +485,7 @@ mod tests {
             timer.tick(at(3100)).await.unwrap().next,
             Some(at(3000 + 7200))
         );
-        let facts = store
-            .lifecycle_facts(FactsScope::Session(session.id))
-            .await
-            .unwrap();
+        let facts = session_facts(&store, session.id).await;
         let view = view(&facts[0], &config(), at(3100));
         assert_eq!(view.kept_alive_by, Some(SignalKind::Cpu));
         assert_eq!(view.signals[1].last_seen, Some(at(400)), "SSH traffic");
@@ -539,10 +535,7 @@ mod tests {
             "the held container's GPUs are kept so the scheduler can give them back"
         );
         assert_eq!(released.queued_at, at(2000), "the end of the queue");
-        let facts = store
-            .lifecycle_facts(FactsScope::Session(session.id))
-            .await
-            .unwrap();
+        let facts = session_facts(&store, session.id).await;
         assert_eq!(facts[0].keep_until, None);
         assert_eq!(facts[0].ready_at, None);
         assert_eq!(facts[0].first_started_at, Some(t0()));
