@@ -502,10 +502,10 @@ async fn a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_o
 ) {
     let (_place, store) = Place::opened(backend).await;
     let shared = GpuMode::Shared { max_sessions: 4 };
-    let mut registration = registration("node1");
-    registration.start_modes = [(gpu(1).uuid, shared)].into();
+    let mut node1 = registration("node1");
+    node1.start_modes = [(gpu(1).uuid, shared)].into();
     store
-        .register_node(registration.clone(), &[gpu(1), gpu(2)], t(0))
+        .register_node(node1.clone(), &[gpu(1), gpu(2)], t(0))
         .await
         .unwrap();
     let modes =
@@ -518,9 +518,9 @@ async fn a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_o
         .set_gpu_mode(&gpu(1).uuid, GpuMode::Exclusive)
         .await
         .unwrap();
-    registration.start_modes = [(gpu(1).uuid, shared), (gpu(2).uuid, shared)].into();
+    node1.start_modes = [(gpu(1).uuid, shared), (gpu(2).uuid, shared)].into();
     store
-        .register_node(registration, &[gpu(1), gpu(2)], t(1))
+        .register_node(node1, &[gpu(1), gpu(2)], t(1))
         .await
         .unwrap();
     assert_eq!(
@@ -1401,12 +1401,9 @@ async fn connections_are_audited_and_move_their_session(backend: Backend) {
 
 async fn nodes_keep_their_stream_url(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
-    let mut registration = registration("node1");
-    registration.stream_url = Some("wss://node1.example.org:8444".to_owned());
-    store
-        .register_node(registration, &[gpu(1)], t(0))
-        .await
-        .unwrap();
+    let mut node1 = registration("node1");
+    node1.stream_url = Some("wss://node1.example.org:8444".to_owned());
+    store.register_node(node1, &[gpu(1)], t(0)).await.unwrap();
     let nodes = store.nodes().await.unwrap();
     assert_eq!(
         nodes[0].stream_url.as_deref(),
