@@ -1402,12 +1402,12 @@ async fn connections_are_audited_and_move_their_session(backend: Backend) {
 async fn nodes_keep_their_stream_url(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
     let mut node1 = registration("node1");
-    node1.stream_url = Some("wss://node1.example.org:8444".to_owned());
+    node1.stream_url = Some("wss://node1.site.invalid:8444".to_owned());
     store.register_node(node1, &[gpu(1)], t(0)).await.unwrap();
     let nodes = store.nodes().await.unwrap();
     assert_eq!(
         nodes[0].stream_url.as_deref(),
-        Some("wss://node1.example.org:8444")
+        Some("wss://node1.site.invalid:8444")
     );
     // An agent whose [streams] was removed registers without one: cleared.
     register(&store, "node1", &[gpu(1)], t(1)).await;
