@@ -84,38 +84,32 @@ impl TestStore {
     /// columns as text, so that tests can look at what is stored: cast what is not text.
     pub(crate) async fn rows(&self, sql: &str, args: &[&str]) -> Vec<Vec<Option<String>>> {
         use sqlx::Row;
-        match &self.0 {
-            OpenedStore::Sqlite(store) => {
-                let mut query = sqlx::query(sql);
-                for arg in args {
-                    query = query.bind(*arg);
-                }
-                let rows = query.fetch_all(store.pool()).await.unwrap();
-                rows.iter()
-                    .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
-                    .collect()
-            }
-            #[cfg(feature = "postgres")]
-            OpenedStore::Postgres(store) => {
-                let mut numbered = String::new();
-                let mut n = 0;
-                for c in sql.chars() {
-                    if c == '?' {
-                        n += 1;
-                        numbered.push_str(&format!("${n}"));
-                    } else {
-                        numbered.push(c);
-                    }
-                }
+        // `$1, $2, ...` for the `?`s: numbered parameters, which both databases take.
+        let numbered: String = sql
+            .split('?')
+            .enumerate()
+            .map(|(n, part)| match n {
+                0 => part.to_owned(),
+                n => format!("${n}{part}"),
+            })
+            .collect();
+        // The same statement on either backend's pool, whose types differ.
+        macro_rules! text_rows {
+            ($pool:expr) => {{
                 let mut query = sqlx::query(&numbered);
                 for arg in args {
                     query = query.bind(*arg);
                 }
-                let rows = query.fetch_all(store.pool()).await.unwrap();
+                let rows = query.fetch_all($pool).await.unwrap();
                 rows.iter()
                     .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
                     .collect()
-            }
+            }};
+        }
+        match &self.0 {
+            OpenedStore::Sqlite(store) => text_rows!(store.pool()),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => text_rows!(store.pool()),
         }
     }
 }
@@ -1458,27 +1452,27 @@ async fn an_upgrade_types_the_hold_reasons_already_stored(backend: Backend) {
             stored_time(t(5))
         ),
     ];
+    // The old schema and its rows, through either backend's pool, whose types differ.
+    macro_rules! fill {
+        ($pool:expr) => {{
+            let pool = $pool;
+            migrator.run(&pool).await.unwrap();
+            for statement in statements {
+                sqlx::query(&statement).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }};
+    }
     match &place.database {
-        Database::Sqlite(file) => {
-            let options = sqlx::sqlite::SqliteConnectOptions::new()
+        Database::Sqlite(file) => fill!(sqlx::SqlitePool::connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
                 .filename(file)
-                .create_if_missing(true);
-            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-            migrator.run(&pool).await.unwrap();
-            for statement in statements {
-                sqlx::query(&statement).execute(&pool).await.unwrap();
-            }
-            pool.close().await;
-        }
+                .create_if_missing(true)
+        )
+        .await
+        .unwrap()),
         #[cfg(feature = "postgres")]
-        Database::Postgres(url) => {
-            let pool = sqlx::PgPool::connect(url).await.unwrap();
-            migrator.run(&pool).await.unwrap();
-            for statement in statements {
-                sqlx::query(&statement).execute(&pool).await.unwrap();
-            }
-            pool.close().await;
-        }
+        Database::Postgres(url) => fill!(sqlx::PgPool::connect(url).await.unwrap()),
     }
 
     let store = place.open().await;

@@ -35,7 +35,7 @@ const FACT_COLUMNS: &str = "s.id, s.state, \
      FROM sessions s LEFT JOIN session_lifecycle l ON l.session_id = s.id";
 
 impl SqlStore {
-    pub(super) async fn lifecycle_facts_impl(
+    pub(super) async fn lifecycle_facts(
         &self,
         scope: FactsScope,
     ) -> StoreResult<Vec<LifecycleFacts>> {
@@ -43,7 +43,7 @@ impl SqlStore {
         facts_in(&mut conn, scope).await
     }
 
-    pub(super) async fn hold_if_due_impl(
+    pub(super) async fn hold_if_due(
         &self,
         id: SessionId,
         config: &LifecycleConfig,
@@ -62,7 +62,7 @@ impl SqlStore {
         Ok(Some((session, reason)))
     }
 
-    pub(super) async fn set_keep_until_impl(
+    pub(super) async fn set_keep_until(
         &self,
         id: SessionId,
         until: DateTime<Utc>,
@@ -78,7 +78,7 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(super) async fn record_activity_impl(
+    pub(super) async fn record_activity(
         &self,
         node: &NodeName,
         samples: &[ContainerActivity],

@@ -30,7 +30,7 @@ fn identity(dn: &str, fqans: &str, kind: &str, not_after: &str) -> StoreResult<D
 }
 
 impl SqlStore {
-    async fn create_dashboard_link_impl(
+    async fn create_dashboard_link(
         &self,
         token_hash: &str,
         identity: &DashboardIdentity,
@@ -63,7 +63,7 @@ impl SqlStore {
         Ok(())
     }
 
-    async fn dashboard_link_impl(
+    async fn dashboard_link(
         &self,
         token_hash: &str,
         now: DateTime<Utc>,
@@ -80,7 +80,7 @@ impl SqlStore {
             .transpose()
     }
 
-    async fn redeem_dashboard_link_impl(
+    async fn redeem_dashboard_link(
         &self,
         token_hash: &str,
         now: DateTime<Utc>,
@@ -100,7 +100,7 @@ impl SqlStore {
             .transpose()
     }
 
-    async fn create_dashboard_login_impl(
+    async fn create_dashboard_login(
         &self,
         token_hash: &str,
         login: &DashboardLogin,
@@ -122,7 +122,7 @@ impl SqlStore {
         Ok(())
     }
 
-    async fn dashboard_login_impl(
+    async fn dashboard_login(
         &self,
         token_hash: &str,
         now: DateTime<Utc>,
@@ -145,7 +145,7 @@ impl SqlStore {
         .transpose()
     }
 
-    async fn end_dashboard_login_impl(&self, token_hash: &str) -> StoreResult<()> {
+    async fn end_dashboard_login(&self, token_hash: &str) -> StoreResult<()> {
         sqlx::query("DELETE FROM dashboard_logins WHERE token_hash = $1")
             .bind(token_hash)
             .execute(&self.pool)
@@ -155,50 +155,21 @@ impl SqlStore {
 }
 
 impl DashboardStore for SqlStore {
-    fn create_dashboard_link<'a>(
-        &'a self,
-        token_hash: &'a str,
-        identity: &'a DashboardIdentity,
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.create_dashboard_link_impl(token_hash, identity, now, expires_at))
-    }
-
-    fn dashboard_link<'a>(
-        &'a self,
-        token_hash: &'a str,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<DashboardIdentity>>> {
-        Box::pin(self.dashboard_link_impl(token_hash, now))
-    }
-
-    fn redeem_dashboard_link<'a>(
-        &'a self,
-        token_hash: &'a str,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<DashboardIdentity>>> {
-        Box::pin(self.redeem_dashboard_link_impl(token_hash, now))
-    }
-
-    fn create_dashboard_login<'a>(
-        &'a self,
-        token_hash: &'a str,
-        login: &'a DashboardLogin,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.create_dashboard_login_impl(token_hash, login, now))
-    }
-
-    fn dashboard_login<'a>(
-        &'a self,
-        token_hash: &'a str,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<DashboardLogin>>> {
-        Box::pin(self.dashboard_login_impl(token_hash, now))
-    }
-
-    fn end_dashboard_login<'a>(&'a self, token_hash: &'a str) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.end_dashboard_login_impl(token_hash))
+    boxed! {
+        fn create_dashboard_link(
+            token_hash: &'a str,
+            identity: &'a DashboardIdentity,
+            now: DateTime<Utc>,
+            expires_at: DateTime<Utc>,
+        ) -> ();
+        fn dashboard_link(token_hash: &'a str, now: DateTime<Utc>) -> Option<DashboardIdentity>;
+        fn redeem_dashboard_link(token_hash: &'a str, now: DateTime<Utc>) -> Option<DashboardIdentity>;
+        fn create_dashboard_login(
+            token_hash: &'a str,
+            login: &'a DashboardLogin,
+            now: DateTime<Utc>,
+        ) -> ();
+        fn dashboard_login(token_hash: &'a str, now: DateTime<Utc>) -> Option<DashboardLogin>;
+        fn end_dashboard_login(token_hash: &'a str) -> ();
     }
 }

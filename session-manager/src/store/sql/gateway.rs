@@ -8,8 +8,8 @@ use ongrid_core::{normalize_ip, Cidr, Dn, Institute, InstituteName, SessionId};
 use sqlx::Row;
 
 use super::{
-    apply_change, find_session, from_json, parse, parse_timestamp, timestamp, to_json, Db, DbRow,
-    SqlStore,
+    apply_change, find_session, from_json, parse, parse_timestamp, query_with, timestamp, to_json,
+    Db, DbRow, SqlStore,
 };
 use crate::domain::sessions::connections::follow_connection;
 use crate::store::{
@@ -26,11 +26,7 @@ const AUDIT_COLUMNS: &str = "c.id, c.owner, c.fingerprint, c.source, c.institute
      FROM connections c JOIN sessions s ON s.id = c.session_id";
 
 impl SqlStore {
-    pub(super) async fn add_key_impl(
-        &self,
-        key: NewKey,
-        max_per_owner: usize,
-    ) -> StoreResult<KeyAdded> {
+    pub(super) async fn add_key(&self, key: NewKey, max_per_owner: usize) -> StoreResult<KeyAdded> {
         let mut tx = self.write().await?;
         super::refuse_removed(&mut tx, &key.owner).await?;
         let existing: Option<String> =
@@ -97,29 +93,23 @@ impl SqlStore {
         })
     }
 
-    pub(super) async fn key_impl(&self, fingerprint: &str) -> StoreResult<Option<KeyRecord>> {
+    pub(super) async fn key(&self, fingerprint: &str) -> StoreResult<Option<KeyRecord>> {
         find_key(&self.pool, fingerprint).await
     }
 
-    pub(super) async fn keys_impl(&self, owner: Option<&Dn>) -> StoreResult<Vec<KeyRecord>> {
+    pub(super) async fn keys(&self, owner: Option<&Dn>) -> StoreResult<Vec<KeyRecord>> {
         let order = "ORDER BY k.owner, k.added_at, k.fingerprint";
-        let rows = match owner {
-            Some(owner) => {
-                sqlx::query(&format!("SELECT {KEY_COLUMNS} WHERE k.owner = $1 {order}"))
-                    .bind(owner.as_str())
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            None => {
-                sqlx::query(&format!("SELECT {KEY_COLUMNS} {order}"))
-                    .fetch_all(&self.pool)
-                    .await?
-            }
+        let sql = match owner {
+            Some(_) => format!("SELECT {KEY_COLUMNS} WHERE k.owner = $1 {order}"),
+            None => format!("SELECT {KEY_COLUMNS} {order}"),
         };
+        let rows = query_with(&sql, owner.map(Dn::as_str))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(key_from_row).collect()
     }
 
-    pub(super) async fn remove_key_impl(
+    pub(super) async fn remove_key(
         &self,
         fingerprint: &str,
         owner: Option<&Dn>,
@@ -139,7 +129,7 @@ impl SqlStore {
         Ok(Some(key))
     }
 
-    pub(super) async fn add_institute_impl(
+    pub(super) async fn add_institute(
         &self,
         institute: &Institute,
         at: DateTime<Utc>,
@@ -163,10 +153,7 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(super) async fn institute_impl(
-        &self,
-        name: &InstituteName,
-    ) -> StoreResult<Option<Institute>> {
+    pub(super) async fn institute(&self, name: &InstituteName) -> StoreResult<Option<Institute>> {
         let row = sqlx::query("SELECT name, cidrs FROM institutes WHERE name = $1")
             .bind(name.as_str())
             .fetch_optional(&self.pool)
@@ -174,14 +161,14 @@ impl SqlStore {
         row.as_ref().map(institute_from_row).transpose()
     }
 
-    pub(super) async fn institutes_impl(&self) -> StoreResult<Vec<Institute>> {
+    pub(super) async fn institutes(&self) -> StoreResult<Vec<Institute>> {
         let rows = sqlx::query("SELECT name, cidrs FROM institutes ORDER BY name")
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(institute_from_row).collect()
     }
 
-    pub(super) async fn remove_institute_impl(
+    pub(super) async fn remove_institute(
         &self,
         name: &InstituteName,
     ) -> StoreResult<Option<Institute>> {
@@ -194,7 +181,7 @@ impl SqlStore {
         row.as_ref().map(institute_from_row).transpose()
     }
 
-    pub(super) async fn record_connection_impl(
+    pub(super) async fn record_connection(
         &self,
         event: &ConnectionEvent,
         at: DateTime<Utc>,
@@ -269,7 +256,7 @@ impl SqlStore {
         })
     }
 
-    pub(super) async fn prune_connections_impl(
+    pub(super) async fn prune_connections(
         &self,
         closed_before: DateTime<Utc>,
         limit: u32,
@@ -287,7 +274,7 @@ impl SqlStore {
         Ok(done.rows_affected())
     }
 
-    pub(super) async fn audit_impl(&self, filter: AuditFilter) -> StoreResult<Vec<AuditRecord>> {
+    pub(super) async fn audit(&self, filter: AuditFilter) -> StoreResult<Vec<AuditRecord>> {
         // Parameters are numbered in the order they are bound: owner, since, limit.
         let mut conditions = Vec::new();
         if filter.owner.is_some() {

@@ -31,11 +31,7 @@ type ReservationRow = (
 );
 
 impl SqlStore {
-    async fn set_gpu_owner_impl(
-        &self,
-        gpu: &GpuUuid,
-        owner: Option<&GroupName>,
-    ) -> StoreResult<bool> {
+    async fn set_gpu_owner(&self, gpu: &GpuUuid, owner: Option<&GroupName>) -> StoreResult<bool> {
         let updated = sqlx::query(
             "UPDATE gpus SET owner = $1 WHERE uuid = $2 \
              AND node IN (SELECT name FROM nodes WHERE removed_at IS NULL)",
@@ -48,7 +44,7 @@ impl SqlStore {
         Ok(updated == 1)
     }
 
-    async fn set_node_owner_impl(
+    async fn set_node_owner(
         &self,
         node: &NodeName,
         owner: Option<&GroupName>,
@@ -63,7 +59,7 @@ impl SqlStore {
         Ok(updated == 1)
     }
 
-    async fn owners_impl(&self) -> StoreResult<Owners> {
+    async fn owners(&self) -> StoreResult<Owners> {
         let nodes: Vec<(String, String)> = sqlx::query_as(
             "SELECT name, owner FROM nodes WHERE owner IS NOT NULL AND removed_at IS NULL",
         )
@@ -87,7 +83,7 @@ impl SqlStore {
         })
     }
 
-    async fn reservations_impl(&self) -> StoreResult<Vec<ReservationRecord>> {
+    async fn reservations(&self) -> StoreResult<Vec<ReservationRecord>> {
         let rows: Vec<ReservationRow> = sqlx::query_as(
             "SELECT name, accounting_group, node, gpus, starts_at, ends_at, created_by, \
              created_at FROM reservations ORDER BY starts_at, name",
@@ -97,7 +93,7 @@ impl SqlStore {
         rows.iter().map(reservation_from_row).collect()
     }
 
-    async fn add_reservation_impl(&self, r: &ReservationRecord) -> StoreResult<bool> {
+    async fn add_reservation(&self, r: &ReservationRecord) -> StoreResult<bool> {
         let inserted = sqlx::query(
             "INSERT INTO reservations (name, accounting_group, node, gpus, starts_at, ends_at, \
              created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -117,7 +113,7 @@ impl SqlStore {
         Ok(inserted == 1)
     }
 
-    async fn remove_reservation_impl(
+    async fn remove_reservation(
         &self,
         name: &ReservationName,
     ) -> StoreResult<Option<ReservationRecord>> {
@@ -145,7 +141,7 @@ impl SqlStore {
         Ok(())
     }
 
-    async fn request_reservations_impl(&self) -> StoreResult<RequestReservations> {
+    async fn request_reservations(&self) -> StoreResult<RequestReservations> {
         let sessions: Vec<(String, String)> =
             sqlx::query_as("SELECT session_id, reservation FROM session_reservations")
                 .fetch_all(&self.pool)
@@ -182,42 +178,14 @@ fn reservation_from_row(row: &ReservationRow) -> StoreResult<ReservationRecord> 
 }
 
 impl GpuPolicyStore for SqlStore {
-    fn set_gpu_owner<'a>(
-        &'a self,
-        gpu: &'a GpuUuid,
-        owner: Option<&'a GroupName>,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.set_gpu_owner_impl(gpu, owner))
-    }
-
-    fn set_node_owner<'a>(
-        &'a self,
-        node: &'a NodeName,
-        owner: Option<&'a GroupName>,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.set_node_owner_impl(node, owner))
-    }
-
-    fn owners(&self) -> BoxFuture<'_, StoreResult<Owners>> {
-        Box::pin(self.owners_impl())
-    }
-
-    fn reservations(&self) -> BoxFuture<'_, StoreResult<Vec<ReservationRecord>>> {
-        Box::pin(self.reservations_impl())
-    }
-
-    fn add_reservation<'a>(
-        &'a self,
-        reservation: &'a ReservationRecord,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.add_reservation_impl(reservation))
-    }
-
-    fn remove_reservation<'a>(
-        &'a self,
-        name: &'a ReservationName,
-    ) -> BoxFuture<'a, StoreResult<Option<ReservationRecord>>> {
-        Box::pin(self.remove_reservation_impl(name))
+    boxed! {
+        fn set_gpu_owner(gpu: &'a GpuUuid, owner: Option<&'a GroupName>) -> bool;
+        fn set_node_owner(node: &'a NodeName, owner: Option<&'a GroupName>) -> bool;
+        fn owners() -> Owners;
+        fn reservations() -> Vec<ReservationRecord>;
+        fn add_reservation(reservation: &'a ReservationRecord) -> bool;
+        fn remove_reservation(name: &'a ReservationName) -> Option<ReservationRecord>;
+        fn request_reservations() -> RequestReservations;
     }
 
     fn set_session_reservation<'a>(
@@ -245,9 +213,5 @@ impl GpuPolicyStore for SqlStore {
             initial.to_string(),
             reservation,
         ))
-    }
-
-    fn request_reservations(&self) -> BoxFuture<'_, StoreResult<RequestReservations>> {
-        Box::pin(self.request_reservations_impl())
     }
 }

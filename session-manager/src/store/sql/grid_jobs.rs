@@ -73,7 +73,7 @@ pub(super) fn grid_from_row(row: &DbRow) -> StoreResult<Option<GridJob>> {
 }
 
 impl SqlStore {
-    pub(super) async fn set_engine_id_impl(
+    pub(super) async fn set_engine_id(
         &self,
         id: JobId,
         engine_id: &EngineJobId,
@@ -89,7 +89,7 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(super) async fn mark_submit_started_impl(
+    pub(super) async fn mark_submit_started(
         &self,
         id: JobId,
         at: Option<DateTime<Utc>>,
@@ -102,7 +102,7 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(super) async fn record_engine_poll_impl(
+    pub(super) async fn record_engine_poll(
         &self,
         id: JobId,
         poll: EnginePoll<'_>,
@@ -121,7 +121,7 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(super) async fn grid_jobs_to_mirror_impl(&self) -> StoreResult<Vec<JobRecord>> {
+    pub(super) async fn grid_jobs_to_mirror(&self) -> StoreResult<Vec<JobRecord>> {
         let ids: Vec<String> = sqlx::query(
             "SELECT g.job_id FROM grid_jobs g JOIN jobs j ON j.id = g.job_id \
              WHERE NOT g.engine_final OR NOT j.log_complete ORDER BY j.queued_at, j.id",
@@ -134,7 +134,7 @@ impl SqlStore {
         let mut jobs = Vec::with_capacity(ids.len());
         for id in ids {
             let id: JobId = super::parse(&id, "job id")?;
-            if let Some(job) = self.job_impl(id).await? {
+            if let Some(job) = self.job(id).await? {
                 jobs.push(job);
             }
         }

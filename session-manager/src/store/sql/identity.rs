@@ -9,7 +9,7 @@ use super::SqlStore;
 use crate::store::{StoreError, StoreResult};
 
 impl SqlStore {
-    pub(super) async fn identity_impl(&self) -> StoreResult<StoreIdentity> {
+    pub(super) async fn identity(&self) -> StoreResult<StoreIdentity> {
         let row: Option<(String, i64)> =
             sqlx::query_as("SELECT store_id, generation FROM store_identity WHERE only_row = 1")
                 .fetch_optional(&self.pool)
@@ -17,10 +17,7 @@ impl SqlStore {
         identity_from_row(row)
     }
 
-    pub(super) async fn mark_restored_impl(
-        &self,
-        at_least: Option<u64>,
-    ) -> StoreResult<StoreIdentity> {
+    pub(super) async fn mark_restored(&self, at_least: Option<u64>) -> StoreResult<StoreIdentity> {
         let mut tx = self.write().await?;
         let row: Option<(String, i64)> =
             sqlx::query_as("SELECT store_id, generation FROM store_identity WHERE only_row = 1")

@@ -4,11 +4,11 @@
 //! `shared_at` (migration 0011) is set while the owner shares the image.
 
 use chrono::{DateTime, Utc};
-use ongrid_core::image::ImageState;
+use ongrid_core::image::{ImageReference, ImageState};
 use ongrid_core::NodeName;
 use sqlx::Row;
 
-use super::{parse, parse_timestamp, timestamp, DbRow, SqlStore};
+use super::{parse, parse_timestamp, query_with, timestamp, DbRow, SqlStore};
 use crate::domain::images::{self, supersedes, ImageChange, ImageRecord};
 use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult};
 
@@ -18,7 +18,7 @@ const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.st
      i.finished_at, i.superseded_at, i.shared_at FROM images i JOIN users u ON u.dn = i.owner";
 
 impl SqlStore {
-    pub(super) async fn create_image_impl(&self, new: NewImage) -> StoreResult<ImageRecord> {
+    pub(super) async fn create_image(&self, new: NewImage) -> StoreResult<ImageRecord> {
         let mut tx = self.write().await?;
         super::refuse_removed(&mut tx, &new.owner).await?;
         let running: Option<(String, String)> = sqlx::query_as(
@@ -76,12 +76,12 @@ impl SqlStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        self.image_impl(new.id)
+        self.image(new.id)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("image {} vanished", new.id)))
     }
 
-    pub(super) async fn image_impl(&self, id: uuid::Uuid) -> StoreResult<Option<ImageRecord>> {
+    pub(super) async fn image(&self, id: uuid::Uuid) -> StoreResult<Option<ImageRecord>> {
         let sql = format!("SELECT {IMAGE_COLUMNS} WHERE i.id = $1");
         let row = sqlx::query(&sql)
             .bind(id.to_string())
@@ -90,38 +90,34 @@ impl SqlStore {
         row.as_ref().map(image_from_row).transpose()
     }
 
-    pub(super) async fn images_impl(&self, filter: ImageFilter) -> StoreResult<Vec<ImageRecord>> {
+    pub(super) async fn images(&self, filter: ImageFilter) -> StoreResult<Vec<ImageRecord>> {
         let live = "i.state <> 'DELETED'";
+        // The current image of a tag of the user whose `column` is `who`.
+        let current_tag = |column: &str, who: String, reference: &ImageReference| {
+            (
+                format!(
+                    "{live} AND i.superseded_at IS NULL AND {column} = $1 AND i.name = $2 \
+                     AND i.version = $3"
+                ),
+                vec![
+                    who,
+                    reference.name().to_owned(),
+                    reference.version().to_owned(),
+                ],
+            )
+        };
         let (condition, values): (String, Vec<String>) = match filter {
             ImageFilter::Owner(owner) => {
                 (format!("{live} AND i.owner = $1"), vec![owner.to_string()])
             }
             ImageFilter::All => (live.to_owned(), Vec::new()),
-            ImageFilter::Tag { owner, reference } => (
-                format!(
-                    "{live} AND i.superseded_at IS NULL AND i.owner = $1 AND i.name = $2 \
-                     AND i.version = $3"
-                ),
-                vec![
-                    owner.to_string(),
-                    reference.name().to_owned(),
-                    reference.version().to_owned(),
-                ],
-            ),
+            ImageFilter::Tag { owner, reference } => {
+                current_tag("i.owner", owner.to_string(), &reference)
+            }
             ImageFilter::LoginTag {
                 user_name,
                 reference,
-            } => (
-                format!(
-                    "{live} AND i.superseded_at IS NULL AND u.user_name = $1 AND i.name = $2 \
-                     AND i.version = $3"
-                ),
-                vec![
-                    user_name.to_string(),
-                    reference.name().to_owned(),
-                    reference.version().to_owned(),
-                ],
-            ),
+            } => current_tag("u.user_name", user_name.to_string(), &reference),
             ImageFilter::Shared => (format!("{live} AND i.shared_at IS NOT NULL"), Vec::new()),
             ImageFilter::Digest {
                 owner: Some(owner),
@@ -144,15 +140,13 @@ impl SqlStore {
             ),
         };
         let sql = format!("SELECT {IMAGE_COLUMNS} WHERE {condition} ORDER BY i.created_at, i.id");
-        let mut query = sqlx::query(&sql);
-        for value in values {
-            query = query.bind(value);
-        }
-        let rows = query.fetch_all(&self.pool).await?;
+        let rows = query_with(&sql, values.iter().map(String::as_str))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(image_from_row).collect()
     }
 
-    pub(super) async fn set_image_shared_impl(
+    pub(super) async fn set_image_shared(
         &self,
         id: uuid::Uuid,
         shared_at: Option<DateTime<Utc>>,
@@ -166,10 +160,10 @@ impl SqlStore {
         if done.rows_affected() == 0 {
             return Ok(None);
         }
-        self.image_impl(id).await
+        self.image(id).await
     }
 
-    pub(super) async fn record_freeze_impl(
+    pub(super) async fn record_freeze(
         &self,
         node: &NodeName,
         id: uuid::Uuid,
@@ -244,10 +238,10 @@ impl SqlStore {
             }
         }
         tx.commit().await?;
-        self.image_impl(id).await
+        self.image(id).await
     }
 
-    pub(super) async fn delete_image_impl(
+    pub(super) async fn delete_image(
         &self,
         id: uuid::Uuid,
         at: DateTime<Utc>,

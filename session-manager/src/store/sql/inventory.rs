@@ -65,7 +65,7 @@ pub(super) async fn bump(tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
 }
 
 impl SqlStore {
-    pub(super) async fn planning_nodes_impl(&self) -> StoreResult<Vec<NodeRecord>> {
+    pub(super) async fn planning_nodes(&self) -> StoreResult<Vec<NodeRecord>> {
         let version: Option<i64> =
             sqlx::query_scalar("SELECT version FROM inventory_version WHERE id = 1")
                 .fetch_optional(&self.pool)

@@ -1,11 +1,11 @@
 //! The SQL of batch jobs (`jobs`, `job_transitions`, migration 0007): a row per job
 //! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
-//! state changes only through [`SqlStore::job_transition_impl`], which replays the history
+//! state changes only through [`SqlStore::job_transition`], which replays the history
 //! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
 //! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start; a
 //! job of a grid target has its row in `grid_jobs` (migration 0017, [`super::grid_jobs`]).
 //! An ended job's record is removed by its owner or pruned past the site's retention
-//! ([`SqlStore::remove_job_impl`], [`SqlStore::prune_jobs_impl`]), with everything that refers
+//! ([`SqlStore::remove_job`], [`SqlStore::prune_jobs`]), with everything that refers
 //! to it.
 
 use ongrid_core::job::{
@@ -18,7 +18,8 @@ use ongrid_core::{HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
 use super::{
-    from_json, parse, parse_timestamp, timestamp, to_json, Db, DbConnection, DbRow, SqlStore,
+    from_json, parse, parse_timestamp, query_with, timestamp, to_json, Db, DbConnection, DbRow,
+    SqlStore,
 };
 use crate::domain::jobs::{self, JobChange, JobRecord, NewJob};
 use crate::store::{JobFilter, JobRemoval, StoreError, StoreResult};
@@ -38,17 +39,15 @@ const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
 const FINAL: &str = "('HALTED', 'FINISHED', 'FAILED', 'CANCELLED')";
 
 impl SqlStore {
-    pub(super) async fn create_job_impl(&self, new: NewJob) -> StoreResult<JobRecord> {
+    pub(super) async fn create_job(&self, new: NewJob) -> StoreResult<JobRecord> {
         let mut tx = self.write().await?;
         super::refuse_removed(&mut tx, &new.owner).await?;
         insert_job(&mut tx, &new).await?;
         tx.commit().await?;
-        self.job_impl(new.id)
-            .await?
-            .ok_or(StoreError::NoSuchJob(new.id))
+        self.job(new.id).await?.ok_or(StoreError::NoSuchJob(new.id))
     }
 
-    pub(super) async fn job_impl(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
+    pub(super) async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
         // The row and its history in one snapshot, so a job changed meanwhile is never read
         // half old, half new (a RUNNING job without its GPUs).
         let mut conn = self.read_snapshot().await?;
@@ -65,7 +64,7 @@ impl SqlStore {
         Ok(job)
     }
 
-    pub(super) async fn jobs_impl(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
+    pub(super) async fn jobs(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
         let (condition, value): (String, Option<String>) = match filter {
             JobFilter::Owner(owner) => ("j.owner = $1".to_owned(), Some(owner.to_string())),
             JobFilter::All => ("TRUE".to_owned(), None),
@@ -76,13 +75,11 @@ impl SqlStore {
             ),
         };
         let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
-        // One snapshot for the rows and their histories, as in `job_impl`.
+        // One snapshot for the rows and their histories, as in `job`.
         let mut conn = self.read_snapshot().await?;
-        let mut query = sqlx::query(&sql);
-        if let Some(value) = value {
-            query = query.bind(value);
-        }
-        let rows = query.fetch_all(&mut *conn).await?;
+        let rows = query_with(&sql, value.as_deref())
+            .fetch_all(&mut *conn)
+            .await?;
         let mut jobs = Vec::with_capacity(rows.len());
         for row in &rows {
             jobs.push(job_from_row(&mut conn, row).await?);
@@ -91,7 +88,7 @@ impl SqlStore {
         Ok(jobs)
     }
 
-    pub(super) async fn job_transition_impl(
+    pub(super) async fn job_transition(
         &self,
         id: JobId,
         change: JobChange,
@@ -135,10 +132,10 @@ impl SqlStore {
                 .await?;
         }
         tx.commit().await?;
-        self.job_impl(id).await?.ok_or(StoreError::NoSuchJob(id))
+        self.job(id).await?.ok_or(StoreError::NoSuchJob(id))
     }
 
-    pub(super) async fn remove_job_impl(
+    pub(super) async fn remove_job(
         &self,
         id: JobId,
         output_grace: Duration,
@@ -166,7 +163,7 @@ impl SqlStore {
         Ok(JobRemoval::Removed(Box::new(job)))
     }
 
-    pub(super) async fn prune_jobs_impl(
+    pub(super) async fn prune_jobs(
         &self,
         ended_before: DateTime<Utc>,
         limit: u32,
@@ -192,7 +189,7 @@ impl SqlStore {
         rows.iter().map(|(id, _)| parse(id, "job id")).collect()
     }
 
-    pub(super) async fn record_job_log_impl(
+    pub(super) async fn record_job_log(
         &self,
         id: JobId,
         size: u64,
@@ -244,11 +241,9 @@ async fn delete_jobs(
         ),
     ];
     for (sql, values) in &statements {
-        let mut query = sqlx::query(sql);
-        for value in values.iter() {
-            query = query.bind(*value);
-        }
-        query.execute(&mut **tx).await?;
+        query_with(sql, values.iter().copied())
+            .execute(&mut **tx)
+            .await?;
     }
     Ok(())
 }

@@ -60,7 +60,7 @@ const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, u.user_name, u.uid, s.stat
      FROM sessions s JOIN users u ON u.dn = s.owner";
 
 impl SqlStore {
-    async fn user_impl(&self, dn: &Dn, first_uid: u32) -> StoreResult<UserRecord> {
+    async fn user(&self, dn: &Dn, first_uid: u32) -> StoreResult<UserRecord> {
         if let Some(user) = find_user(&self.pool, dn).await? {
             return Ok(user);
         }
@@ -109,7 +109,7 @@ impl SqlStore {
         })
     }
 
-    async fn create_session_impl(&self, new: NewSession) -> StoreResult<SessionRecord> {
+    async fn create_session(&self, new: NewSession) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
         refuse_removed(&mut tx, &new.owner).await?;
         let live: Vec<(String, String)> = sqlx::query_as(
@@ -159,16 +159,16 @@ impl SqlStore {
             .await?;
         }
         tx.commit().await?;
-        self.session_impl(new.id)
+        self.session(new.id)
             .await?
             .ok_or(StoreError::NoSuchSession(new.id))
     }
 
-    async fn session_impl(&self, id: SessionId) -> StoreResult<Option<SessionRecord>> {
+    async fn session(&self, id: SessionId) -> StoreResult<Option<SessionRecord>> {
         find_session(&self.pool, id).await
     }
 
-    async fn session_by_name_impl(
+    async fn session_by_name(
         &self,
         owner: &Dn,
         name: &SessionName,
@@ -186,7 +186,7 @@ impl SqlStore {
     }
 
     /// How many sessions (not ended) and jobs are in each state: counted by the database.
-    async fn state_counts_impl(&self) -> StoreResult<StateCounts> {
+    async fn state_counts(&self) -> StoreResult<StateCounts> {
         let count = |sql: &'static str| async move {
             let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
             rows.iter()
@@ -220,7 +220,7 @@ impl SqlStore {
         Ok(used)
     }
 
-    async fn sessions_impl(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
+    async fn sessions(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
         let (condition, value) = match filter {
             SessionFilter::Owner(owner) => ("s.owner = $1".to_owned(), Some(owner.to_string())),
             SessionFilter::All => ("TRUE".to_owned(), None),
@@ -239,15 +239,13 @@ impl SqlStore {
             "SELECT {SESSION_COLUMNS} WHERE s.state <> 'ENDED' AND {condition} \
              ORDER BY s.created_at, s.id"
         );
-        let mut query = sqlx::query(&sql);
-        if let Some(value) = value {
-            query = query.bind(value);
-        }
-        let rows = query.fetch_all(&self.pool).await?;
+        let rows = query_with(&sql, value.as_deref())
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(session_from_row).collect()
     }
 
-    async fn pending_order_impl(&self) -> StoreResult<Vec<SessionId>> {
+    async fn pending_order(&self) -> StoreResult<Vec<SessionId>> {
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM sessions WHERE state = 'PENDING' ORDER BY queued_at, id",
         )
@@ -256,21 +254,19 @@ impl SqlStore {
         ids.iter().map(|id| parse(id, "session id")).collect()
     }
 
-    async fn transitions_impl(&self, id: SessionId) -> StoreResult<Vec<Transition>> {
+    async fn transitions(&self, id: SessionId) -> StoreResult<Vec<Transition>> {
         let mut conn = self.pool.acquire().await?;
         load_transitions(&mut conn, id).await
     }
 
-    async fn transition_impl(&self, id: SessionId, change: Change) -> StoreResult<SessionRecord> {
+    async fn transition(&self, id: SessionId, change: Change) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
         apply_change(&mut tx, id, change).await?;
         tx.commit().await?;
-        self.session_impl(id)
-            .await?
-            .ok_or(StoreError::NoSuchSession(id))
+        self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
     }
 
-    async fn transition_all_impl(
+    async fn transition_all(
         &self,
         changes: Vec<(SessionId, Change)>,
     ) -> StoreResult<Vec<StoreResult<()>>> {
@@ -290,7 +286,7 @@ impl SqlStore {
         Ok(outcomes)
     }
 
-    async fn register_node_impl(
+    async fn register_node(
         &self,
         node: NodeRegistration,
         gpus: &[GpuInfo],
@@ -318,7 +314,7 @@ impl SqlStore {
         Ok(())
     }
 
-    async fn record_sync_impl(
+    async fn record_sync(
         &self,
         node: &NodeName,
         gpus: &[GpuInfo],
@@ -342,7 +338,7 @@ impl SqlStore {
     }
 
     /// Every registered node with its GPUs, ordered by name; only `only` when given.
-    async fn nodes_impl(&self, only: Option<&NodeName>) -> StoreResult<Vec<NodeRecord>> {
+    async fn node_records(&self, only: Option<&NodeName>) -> StoreResult<Vec<NodeRecord>> {
         let node_rows = self.node_rows(only).await?;
         let mut gpus = self.gpus_by_node(only).await?;
         node_rows
@@ -357,38 +353,28 @@ impl SqlStore {
 
     /// The rows of the registered nodes (of `only` when given), ordered by name.
     async fn node_rows(&self, only: Option<&NodeName>) -> StoreResult<Vec<DbRow>> {
-        const COLUMNS: &str = "SELECT name, gpu_backend, agent_version, stream_url, last_seen, \
-             drain FROM nodes WHERE removed_at IS NULL";
-        Ok(match only {
-            None => {
-                sqlx::query(&format!("{COLUMNS} ORDER BY name"))
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            Some(name) => {
-                sqlx::query(&format!("{COLUMNS} AND name = $1"))
-                    .bind(name.as_str())
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-        })
+        let which = match only {
+            None => "ORDER BY name",
+            Some(_) => "AND name = $1",
+        };
+        let sql = format!(
+            "SELECT name, gpu_backend, agent_version, stream_url, last_seen, drain FROM nodes \
+             WHERE removed_at IS NULL {which}"
+        );
+        Ok(query_with(&sql, only.map(NodeName::as_str))
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// The GPUs of every node (of `only` when given), each node's ordered by PCI bus id.
     async fn gpus_by_node(&self, only: Option<&NodeName>) -> StoreResult<inventory::GpusByNode> {
-        let rows = match only {
-            None => {
-                sqlx::query("SELECT node, info, mode, drain FROM gpus")
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            Some(name) => {
-                sqlx::query("SELECT node, info, mode, drain FROM gpus WHERE node = $1")
-                    .bind(name.as_str())
-                    .fetch_all(&self.pool)
-                    .await?
-            }
+        let sql = match only {
+            None => "SELECT node, info, mode, drain FROM gpus",
+            Some(_) => "SELECT node, info, mode, drain FROM gpus WHERE node = $1",
         };
+        let rows = query_with(sql, only.map(NodeName::as_str))
+            .fetch_all(&self.pool)
+            .await?;
         let mut gpus: BTreeMap<NodeName, Vec<GpuRecord>> = BTreeMap::new();
         for row in &rows {
             let gpu = gpu_from_row(row)?;
@@ -405,11 +391,7 @@ impl SqlStore {
             .collect())
     }
 
-    async fn set_gpu_mode_impl(
-        &self,
-        uuid: &GpuUuid,
-        mode: GpuMode,
-    ) -> StoreResult<Option<GpuRecord>> {
+    async fn set_gpu_mode(&self, uuid: &GpuUuid, mode: GpuMode) -> StoreResult<Option<GpuRecord>> {
         let mut tx = self.write().await?;
         let row = sqlx::query(
             "UPDATE gpus SET mode = $1 WHERE uuid = $2 RETURNING node, info, mode, drain",
@@ -426,117 +408,27 @@ impl SqlStore {
     }
 }
 
+/// Trait methods that box the future of [`SqlStore`]'s inherent method of the same name (which
+/// a method call finds first): `fn name(arg: T) -> R;` stands for
+/// `fn name<'a>(&'a self, arg: T) -> BoxFuture<'a, StoreResult<R>>`, so an argument borrowed for
+/// the call is written `&'a`.
+macro_rules! boxed {
+    ($(fn $name:ident($($arg:ident: $type:ty),* $(,)?) -> $out:ty;)*) => {
+        $(
+            fn $name<'a>(&'a self, $($arg: $type),*) -> BoxFuture<'a, StoreResult<$out>> {
+                Box::pin(SqlStore::$name(self, $($arg),*))
+            }
+        )*
+    };
+}
+
 impl Store for SqlStore {
     fn dashboard(&self) -> &dyn crate::store::DashboardStore {
         self
     }
 
-    fn identity(&self) -> BoxFuture<'_, StoreResult<StoreIdentity>> {
-        Box::pin(self.identity_impl())
-    }
-
-    fn mark_restored(&self, at_least: Option<u64>) -> BoxFuture<'_, StoreResult<StoreIdentity>> {
-        Box::pin(self.mark_restored_impl(at_least))
-    }
-
-    fn token_link<'a>(
-        &'a self,
-        issuer: &'a str,
-        subject: &'a str,
-    ) -> BoxFuture<'a, StoreResult<Option<Dn>>> {
-        Box::pin(self.token_link_impl(issuer, subject))
-    }
-
-    fn link_token<'a>(
-        &'a self,
-        link: &'a crate::store::TokenLink,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.link_token_impl(link))
-    }
-
-    fn unlink_token<'a>(
-        &'a self,
-        issuer: &'a str,
-        subject: &'a str,
-    ) -> BoxFuture<'a, StoreResult<Option<crate::store::TokenLink>>> {
-        Box::pin(self.unlink_token_impl(issuer, subject))
-    }
-
-    fn token_links(&self) -> BoxFuture<'_, StoreResult<Vec<crate::store::TokenLink>>> {
-        Box::pin(self.token_links_impl())
-    }
-
     fn gpu_policy(&self) -> &dyn crate::store::gpu_policy::GpuPolicyStore {
         self
-    }
-
-    fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>> {
-        Box::pin(self.user_impl(dn, first_uid))
-    }
-
-    fn create_session(&self, new: NewSession) -> BoxFuture<'_, StoreResult<SessionRecord>> {
-        Box::pin(self.create_session_impl(new))
-    }
-
-    fn session(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Option<SessionRecord>>> {
-        Box::pin(self.session_impl(id))
-    }
-
-    fn session_by_name<'a>(
-        &'a self,
-        owner: &'a Dn,
-        name: &'a SessionName,
-    ) -> BoxFuture<'a, StoreResult<Option<SessionRecord>>> {
-        Box::pin(self.session_by_name_impl(owner, name))
-    }
-
-    fn sessions(&self, filter: SessionFilter) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>> {
-        Box::pin(self.sessions_impl(filter))
-    }
-
-    fn state_counts(&self) -> BoxFuture<'_, StoreResult<StateCounts>> {
-        Box::pin(self.state_counts_impl())
-    }
-
-    fn pending_order(&self) -> BoxFuture<'_, StoreResult<Vec<SessionId>>> {
-        Box::pin(self.pending_order_impl())
-    }
-
-    fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>> {
-        Box::pin(self.transitions_impl(id))
-    }
-
-    fn transition(
-        &self,
-        id: SessionId,
-        change: Change,
-    ) -> BoxFuture<'_, StoreResult<SessionRecord>> {
-        Box::pin(self.transition_impl(id, change))
-    }
-
-    fn transition_all(
-        &self,
-        changes: Vec<(SessionId, Change)>,
-    ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>> {
-        Box::pin(self.transition_all_impl(changes))
-    }
-
-    fn register_node<'a>(
-        &'a self,
-        node: NodeRegistration,
-        gpus: &'a [GpuInfo],
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.register_node_impl(node, gpus, at))
-    }
-
-    fn record_sync<'a>(
-        &'a self,
-        node: &'a NodeName,
-        gpus: &'a [GpuInfo],
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<Heartbeat>>> {
-        Box::pin(self.record_sync_impl(node, gpus, at))
     }
 
     fn node_registered<'a>(&'a self, node: &'a NodeName) -> BoxFuture<'a, StoreResult<bool>> {
@@ -552,321 +444,105 @@ impl Store for SqlStore {
     }
 
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
-        Box::pin(self.nodes_impl(None))
-    }
-
-    fn planning_nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
-        Box::pin(self.planning_nodes_impl())
-    }
-
-    fn planning_sessions(&self) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>> {
-        Box::pin(self.planning_sessions_impl())
+        Box::pin(self.node_records(None))
     }
 
     fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>> {
-        Box::pin(async move { Ok(self.nodes_impl(Some(name)).await?.pop()) })
+        Box::pin(async move { Ok(self.node_records(Some(name)).await?.pop()) })
     }
 
-    fn set_gpu_mode<'a>(
-        &'a self,
-        uuid: &'a GpuUuid,
-        mode: GpuMode,
-    ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>> {
-        Box::pin(self.set_gpu_mode_impl(uuid, mode))
-    }
-
-    fn set_node_drain<'a>(
-        &'a self,
-        node: &'a NodeName,
-        drain: Option<Drain>,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.set_node_drain_impl(node, drain))
-    }
-
-    fn set_gpu_drain<'a>(
-        &'a self,
-        uuid: &'a GpuUuid,
-        drain: Option<Drain>,
-    ) -> BoxFuture<'a, StoreResult<Option<GpuRecord>>> {
-        Box::pin(self.set_gpu_drain_impl(uuid, drain))
-    }
-
-    fn remove_node<'a>(
-        &'a self,
-        node: &'a NodeName,
-        at: DateTime<Utc>,
-        node_timeout: Duration,
-    ) -> BoxFuture<'a, StoreResult<NodeRemoval>> {
-        Box::pin(self.remove_node_impl(node, at, node_timeout))
-    }
-
-    fn add_key(&self, key: NewKey, max_per_owner: usize) -> BoxFuture<'_, StoreResult<KeyAdded>> {
-        Box::pin(self.add_key_impl(key, max_per_owner))
-    }
-
-    fn key<'a>(&'a self, fingerprint: &'a str) -> BoxFuture<'a, StoreResult<Option<KeyRecord>>> {
-        Box::pin(self.key_impl(fingerprint))
-    }
-
-    fn keys<'a>(&'a self, owner: Option<&'a Dn>) -> BoxFuture<'a, StoreResult<Vec<KeyRecord>>> {
-        Box::pin(self.keys_impl(owner))
-    }
-
-    fn remove_key<'a>(
-        &'a self,
-        fingerprint: &'a str,
-        owner: Option<&'a Dn>,
-    ) -> BoxFuture<'a, StoreResult<Option<KeyRecord>>> {
-        Box::pin(self.remove_key_impl(fingerprint, owner))
-    }
-
-    fn add_institute<'a>(
-        &'a self,
-        institute: &'a Institute,
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.add_institute_impl(institute, at))
-    }
-
-    fn institute<'a>(
-        &'a self,
-        name: &'a InstituteName,
-    ) -> BoxFuture<'a, StoreResult<Option<Institute>>> {
-        Box::pin(self.institute_impl(name))
-    }
-
-    fn institutes(&self) -> BoxFuture<'_, StoreResult<Vec<Institute>>> {
-        Box::pin(self.institutes_impl())
-    }
-
-    fn remove_institute<'a>(
-        &'a self,
-        name: &'a InstituteName,
-    ) -> BoxFuture<'a, StoreResult<Option<Institute>>> {
-        Box::pin(self.remove_institute_impl(name))
-    }
-
-    fn record_connection<'a>(
-        &'a self,
-        event: &'a ConnectionEvent,
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<ConnectionRecorded>> {
-        Box::pin(self.record_connection_impl(event, at))
-    }
-
-    fn audit(&self, filter: AuditFilter) -> BoxFuture<'_, StoreResult<Vec<AuditRecord>>> {
-        Box::pin(self.audit_impl(filter))
-    }
-
-    fn prune_connections(
-        &self,
-        closed_before: DateTime<Utc>,
-        limit: u32,
-    ) -> BoxFuture<'_, StoreResult<u64>> {
-        Box::pin(self.prune_connections_impl(closed_before, limit))
-    }
-
-    fn create_job(&self, new: NewJob) -> BoxFuture<'_, StoreResult<JobRecord>> {
-        Box::pin(self.create_job_impl(new))
-    }
-
-    fn job(&self, id: JobId) -> BoxFuture<'_, StoreResult<Option<JobRecord>>> {
-        Box::pin(self.job_impl(id))
-    }
-
-    fn jobs(&self, filter: JobFilter) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>> {
-        Box::pin(self.jobs_impl(filter))
-    }
-
-    fn job_transition(
-        &self,
-        id: JobId,
-        change: JobChange,
-        next: Option<NewJob>,
-    ) -> BoxFuture<'_, StoreResult<JobRecord>> {
-        Box::pin(self.job_transition_impl(id, change, next))
-    }
-
-    fn record_job_log(
-        &self,
-        id: JobId,
-        size: u64,
-        complete: bool,
-    ) -> BoxFuture<'_, StoreResult<()>> {
-        Box::pin(self.record_job_log_impl(id, size, complete))
-    }
-
-    fn remove_job(
-        &self,
-        id: JobId,
-        output_grace: Duration,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'_, StoreResult<crate::store::JobRemoval>> {
-        Box::pin(self.remove_job_impl(id, output_grace, now))
-    }
-
-    fn prune_jobs(
-        &self,
-        ended_before: DateTime<Utc>,
-        limit: u32,
-    ) -> BoxFuture<'_, StoreResult<Vec<JobId>>> {
-        Box::pin(self.prune_jobs_impl(ended_before, limit))
-    }
-
-    fn set_engine_id<'a>(
-        &'a self,
-        id: JobId,
-        engine_id: &'a EngineJobId,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.set_engine_id_impl(id, engine_id))
-    }
-
-    fn mark_submit_started(
-        &self,
-        id: JobId,
-        at: Option<DateTime<Utc>>,
-    ) -> BoxFuture<'_, StoreResult<()>> {
-        Box::pin(self.mark_submit_started_impl(id, at))
-    }
-
-    fn record_engine_poll<'a>(
-        &'a self,
-        id: JobId,
-        poll: crate::domain::engine_job::EnginePoll<'a>,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.record_engine_poll_impl(id, poll))
-    }
-
-    fn grid_jobs_to_mirror(&self) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>> {
-        Box::pin(self.grid_jobs_to_mirror_impl())
-    }
-
-    fn create_image(&self, new: NewImage) -> BoxFuture<'_, StoreResult<ImageRecord>> {
-        Box::pin(self.create_image_impl(new))
-    }
-
-    fn image(&self, id: uuid::Uuid) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>> {
-        Box::pin(self.image_impl(id))
-    }
-
-    fn images(&self, filter: ImageFilter) -> BoxFuture<'_, StoreResult<Vec<ImageRecord>>> {
-        Box::pin(self.images_impl(filter))
-    }
-
-    fn record_freeze<'a>(
-        &'a self,
-        node: &'a NodeName,
-        id: uuid::Uuid,
-        change: &'a ImageChange,
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<ImageRecord>>> {
-        Box::pin(self.record_freeze_impl(node, id, change, at))
-    }
-
-    fn set_image_shared(
-        &self,
-        id: uuid::Uuid,
-        shared_at: Option<DateTime<Utc>>,
-    ) -> BoxFuture<'_, StoreResult<Option<ImageRecord>>> {
-        Box::pin(self.set_image_shared_impl(id, shared_at))
-    }
-
-    fn delete_image(
-        &self,
-        id: uuid::Uuid,
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'_, StoreResult<Option<ImageDeleted>>> {
-        Box::pin(self.delete_image_impl(id, at))
-    }
-
-    fn lifecycle_facts(
-        &self,
-        scope: FactsScope,
-    ) -> BoxFuture<'_, StoreResult<Vec<LifecycleFacts>>> {
-        Box::pin(self.lifecycle_facts_impl(scope))
-    }
-
-    fn set_keep_until(
-        &self,
-        id: SessionId,
-        until: DateTime<Utc>,
-    ) -> BoxFuture<'_, StoreResult<()>> {
-        Box::pin(self.set_keep_until_impl(id, until))
-    }
-
-    fn record_activity<'a>(
-        &'a self,
-        node: &'a NodeName,
-        samples: &'a [ContainerActivity],
-        at: DateTime<Utc>,
-        thresholds: ActivityThresholds,
-    ) -> BoxFuture<'a, StoreResult<usize>> {
-        Box::pin(self.record_activity_impl(node, samples, at, thresholds))
-    }
-
-    fn hold_if_due<'a>(
-        &'a self,
-        id: SessionId,
-        config: &'a LifecycleConfig,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<(SessionRecord, HoldReason)>>> {
-        Box::pin(self.hold_if_due_impl(id, config, now))
-    }
-
-    fn existing_user<'a>(&'a self, dn: &'a Dn) -> BoxFuture<'a, StoreResult<Option<UserRecord>>> {
-        Box::pin(self.existing_user_impl(dn))
-    }
-
-    fn users(&self) -> BoxFuture<'_, StoreResult<Vec<UserRecord>>> {
-        Box::pin(self.users_impl())
-    }
-
-    fn set_accounting_group<'a>(
-        &'a self,
-        dn: &'a Dn,
-        group: &'a crate::domain::policy::GroupName,
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.set_accounting_group_impl(dn, group, now))
-    }
-
-    fn usage_accounts(
-        &self,
-    ) -> BoxFuture<'_, StoreResult<Vec<crate::domain::policy::fairshare::Account>>> {
-        Box::pin(self.usage_accounts_impl())
-    }
-
-    fn save_usage<'a>(
-        &'a self,
-        accounts: &'a [crate::domain::policy::fairshare::Account],
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.save_usage_impl(accounts))
-    }
-
-    fn user_events<'a>(
-        &'a self,
-        dn: Option<&'a Dn>,
-    ) -> BoxFuture<'a, StoreResult<Vec<(Dn, UserEvent)>>> {
-        Box::pin(self.user_events_impl(dn))
-    }
-
-    fn remove_user<'a>(
-        &'a self,
-        dn: &'a Dn,
-        by: &'a Dn,
-        at: DateTime<Utc>,
-        removal: &'a Removal,
-    ) -> BoxFuture<'a, StoreResult<Option<Vec<KeyRecord>>>> {
-        Box::pin(self.remove_user_impl(dn, by, at, removal))
-    }
-
-    fn restore_user<'a>(
-        &'a self,
-        dn: &'a Dn,
-        by: &'a Dn,
-        at: DateTime<Utc>,
-    ) -> BoxFuture<'a, StoreResult<Option<UserRecord>>> {
-        Box::pin(self.restore_user_impl(dn, by, at))
+    boxed! {
+        fn identity() -> StoreIdentity;
+        fn mark_restored(at_least: Option<u64>) -> StoreIdentity;
+        fn token_link(issuer: &'a str, subject: &'a str) -> Option<Dn>;
+        fn link_token(link: &'a crate::store::TokenLink) -> bool;
+        fn unlink_token(issuer: &'a str, subject: &'a str) -> Option<crate::store::TokenLink>;
+        fn token_links() -> Vec<crate::store::TokenLink>;
+        fn user(dn: &'a Dn, first_uid: u32) -> UserRecord;
+        fn create_session(new: NewSession) -> SessionRecord;
+        fn session(id: SessionId) -> Option<SessionRecord>;
+        fn session_by_name(owner: &'a Dn, name: &'a SessionName) -> Option<SessionRecord>;
+        fn sessions(filter: SessionFilter) -> Vec<SessionRecord>;
+        fn state_counts() -> StateCounts;
+        fn pending_order() -> Vec<SessionId>;
+        fn transitions(id: SessionId) -> Vec<Transition>;
+        fn transition(id: SessionId, change: Change) -> SessionRecord;
+        fn transition_all(changes: Vec<(SessionId, Change)>) -> Vec<StoreResult<()>>;
+        fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
+        fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
+        fn planning_nodes() -> Vec<NodeRecord>;
+        fn planning_sessions() -> Vec<SessionRecord>;
+        fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
+        fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
+        fn set_gpu_drain(uuid: &'a GpuUuid, drain: Option<Drain>) -> Option<GpuRecord>;
+        fn remove_node(node: &'a NodeName, at: DateTime<Utc>, node_timeout: Duration) -> NodeRemoval;
+        fn add_key(key: NewKey, max_per_owner: usize) -> KeyAdded;
+        fn key(fingerprint: &'a str) -> Option<KeyRecord>;
+        fn keys(owner: Option<&'a Dn>) -> Vec<KeyRecord>;
+        fn remove_key(fingerprint: &'a str, owner: Option<&'a Dn>) -> Option<KeyRecord>;
+        fn add_institute(institute: &'a Institute, at: DateTime<Utc>) -> ();
+        fn institute(name: &'a InstituteName) -> Option<Institute>;
+        fn institutes() -> Vec<Institute>;
+        fn remove_institute(name: &'a InstituteName) -> Option<Institute>;
+        fn record_connection(event: &'a ConnectionEvent, at: DateTime<Utc>) -> ConnectionRecorded;
+        fn audit(filter: AuditFilter) -> Vec<AuditRecord>;
+        fn prune_connections(closed_before: DateTime<Utc>, limit: u32) -> u64;
+        fn create_job(new: NewJob) -> JobRecord;
+        fn job(id: JobId) -> Option<JobRecord>;
+        fn jobs(filter: JobFilter) -> Vec<JobRecord>;
+        fn job_transition(id: JobId, change: JobChange, next: Option<NewJob>) -> JobRecord;
+        fn record_job_log(id: JobId, size: u64, complete: bool) -> ();
+        fn remove_job(
+            id: JobId,
+            output_grace: Duration,
+            now: DateTime<Utc>,
+        ) -> crate::store::JobRemoval;
+        fn prune_jobs(ended_before: DateTime<Utc>, limit: u32) -> Vec<JobId>;
+        fn set_engine_id(id: JobId, engine_id: &'a EngineJobId) -> ();
+        fn mark_submit_started(id: JobId, at: Option<DateTime<Utc>>) -> ();
+        fn record_engine_poll(id: JobId, poll: crate::domain::engine_job::EnginePoll<'a>) -> ();
+        fn grid_jobs_to_mirror() -> Vec<JobRecord>;
+        fn create_image(new: NewImage) -> ImageRecord;
+        fn image(id: uuid::Uuid) -> Option<ImageRecord>;
+        fn images(filter: ImageFilter) -> Vec<ImageRecord>;
+        fn record_freeze(
+            node: &'a NodeName,
+            id: uuid::Uuid,
+            change: &'a ImageChange,
+            at: DateTime<Utc>,
+        ) -> Option<ImageRecord>;
+        fn set_image_shared(id: uuid::Uuid, shared_at: Option<DateTime<Utc>>) -> Option<ImageRecord>;
+        fn delete_image(id: uuid::Uuid, at: DateTime<Utc>) -> Option<ImageDeleted>;
+        fn lifecycle_facts(scope: FactsScope) -> Vec<LifecycleFacts>;
+        fn set_keep_until(id: SessionId, until: DateTime<Utc>) -> ();
+        fn record_activity(
+            node: &'a NodeName,
+            samples: &'a [ContainerActivity],
+            at: DateTime<Utc>,
+            thresholds: ActivityThresholds,
+        ) -> usize;
+        fn hold_if_due(
+            id: SessionId,
+            config: &'a LifecycleConfig,
+            now: DateTime<Utc>,
+        ) -> Option<(SessionRecord, HoldReason)>;
+        fn existing_user(dn: &'a Dn) -> Option<UserRecord>;
+        fn users() -> Vec<UserRecord>;
+        fn set_accounting_group(
+            dn: &'a Dn,
+            group: &'a crate::domain::policy::GroupName,
+            now: DateTime<Utc>,
+        ) -> ();
+        fn usage_accounts() -> Vec<crate::domain::policy::fairshare::Account>;
+        fn save_usage(accounts: &'a [crate::domain::policy::fairshare::Account]) -> ();
+        fn user_events(dn: Option<&'a Dn>) -> Vec<(Dn, UserEvent)>;
+        fn remove_user(
+            dn: &'a Dn,
+            by: &'a Dn,
+            at: DateTime<Utc>,
+            removal: &'a Removal,
+        ) -> Option<Vec<KeyRecord>>;
+        fn restore_user(dn: &'a Dn, by: &'a Dn, at: DateTime<Utc>) -> Option<UserRecord>;
     }
 }
 
@@ -1167,6 +843,16 @@ fn states_listed(states: impl Iterator<Item = impl fmt::Display>) -> String {
         .map(|state| format!("'{state}'"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `sql` with `values` bound to its parameters in order (none for `None`).
+fn query_with<'q>(
+    sql: &'q str,
+    values: impl IntoIterator<Item = &'q str>,
+) -> sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments<'q>> {
+    values
+        .into_iter()
+        .fold(sqlx::query(sql), |query, value| query.bind(value))
 }
 
 fn session_from_row(row: &DbRow) -> StoreResult<SessionRecord> {

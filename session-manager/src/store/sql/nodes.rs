@@ -23,7 +23,7 @@ pub(super) fn drain_from_row(row: &DbRow) -> StoreResult<Option<Drain>> {
 }
 
 impl SqlStore {
-    pub(super) async fn set_node_drain_impl(
+    pub(super) async fn set_node_drain(
         &self,
         node: &NodeName,
         drain: Option<Drain>,
@@ -45,7 +45,7 @@ impl SqlStore {
         Ok(updated == 1)
     }
 
-    pub(super) async fn set_gpu_drain_impl(
+    pub(super) async fn set_gpu_drain(
         &self,
         uuid: &GpuUuid,
         drain: Option<Drain>,
@@ -69,7 +69,7 @@ impl SqlStore {
         row.as_ref().map(gpu_from_row).transpose()
     }
 
-    pub(super) async fn remove_node_impl(
+    pub(super) async fn remove_node(
         &self,
         node: &NodeName,
         at: DateTime<Utc>,

@@ -55,7 +55,7 @@ pub(super) async fn stamp(tx: &mut Transaction<'static, Db>, id: &str) -> StoreR
 }
 
 impl SqlStore {
-    pub(super) async fn planning_sessions_impl(&self) -> StoreResult<Vec<SessionRecord>> {
+    pub(super) async fn planning_sessions(&self) -> StoreResult<Vec<SessionRecord>> {
         let mut kept = self.planning.0.lock().await;
         match kept.as_mut() {
             None => *kept = Some(self.read_planned().await?),

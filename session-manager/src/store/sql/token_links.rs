@@ -8,11 +8,7 @@ use super::{parse, parse_timestamp, timestamp, DbRow, SqlStore};
 use crate::store::{StoreResult, TokenLink};
 
 impl SqlStore {
-    pub(super) async fn token_link_impl(
-        &self,
-        issuer: &str,
-        subject: &str,
-    ) -> StoreResult<Option<Dn>> {
+    pub(super) async fn token_link(&self, issuer: &str, subject: &str) -> StoreResult<Option<Dn>> {
         let dn: Option<String> =
             sqlx::query_scalar("SELECT dn FROM token_links WHERE issuer = $1 AND subject = $2")
                 .bind(issuer)
@@ -22,7 +18,7 @@ impl SqlStore {
         dn.map(|dn| parse(&dn, "linked DN")).transpose()
     }
 
-    pub(super) async fn link_token_impl(&self, link: &TokenLink) -> StoreResult<bool> {
+    pub(super) async fn link_token(&self, link: &TokenLink) -> StoreResult<bool> {
         let mut tx = self.write().await?;
         let user: Option<Option<String>> =
             sqlx::query_scalar("SELECT removed_at FROM users WHERE dn = $1")
@@ -46,7 +42,7 @@ impl SqlStore {
         Ok(true)
     }
 
-    pub(super) async fn unlink_token_impl(
+    pub(super) async fn unlink_token(
         &self,
         issuer: &str,
         subject: &str,
@@ -64,7 +60,7 @@ impl SqlStore {
         row.as_ref().map(link_from_row).transpose()
     }
 
-    pub(super) async fn token_links_impl(&self) -> StoreResult<Vec<TokenLink>> {
+    pub(super) async fn token_links(&self) -> StoreResult<Vec<TokenLink>> {
         let rows = sqlx::query(
             "SELECT issuer, subject, dn, linked_at FROM token_links ORDER BY dn, issuer, subject",
         )

@@ -11,7 +11,7 @@ use crate::domain::policy::GroupName;
 use crate::store::{StoreError, StoreResult};
 
 impl SqlStore {
-    pub(super) async fn set_accounting_group_impl(
+    pub(super) async fn set_accounting_group(
         &self,
         dn: &Dn,
         group: &GroupName,
@@ -39,7 +39,7 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(super) async fn usage_accounts_impl(&self) -> StoreResult<Vec<Account>> {
+    pub(super) async fn usage_accounts(&self) -> StoreResult<Vec<Account>> {
         let rows: Vec<(String, String, f64, String)> = sqlx::query_as(
             "SELECT user_dn, accounting_group, usage, updated_at FROM usage_accounts \
              ORDER BY user_dn",
@@ -59,7 +59,7 @@ impl SqlStore {
             .collect()
     }
 
-    pub(super) async fn save_usage_impl(&self, accounts: &[Account]) -> StoreResult<()> {
+    pub(super) async fn save_usage(&self, accounts: &[Account]) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         for account in accounts {
             sqlx::query(

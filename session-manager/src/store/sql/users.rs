@@ -15,21 +15,18 @@ use crate::store::{KeyRecord, StoreError, StoreResult, UserRecord};
 const USER_COLUMNS: &str = "dn, user_name, uid, removed_at, removed_by FROM users";
 
 impl SqlStore {
-    pub(super) async fn existing_user_impl(&self, dn: &Dn) -> StoreResult<Option<UserRecord>> {
+    pub(super) async fn existing_user(&self, dn: &Dn) -> StoreResult<Option<UserRecord>> {
         find_user(&self.pool, dn).await
     }
 
-    pub(super) async fn users_impl(&self) -> StoreResult<Vec<UserRecord>> {
+    pub(super) async fn users(&self) -> StoreResult<Vec<UserRecord>> {
         let rows = sqlx::query(&format!("SELECT {USER_COLUMNS} ORDER BY user_name"))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(super::user_from_row).collect()
     }
 
-    pub(super) async fn user_events_impl(
-        &self,
-        dn: Option<&Dn>,
-    ) -> StoreResult<Vec<(Dn, UserEvent)>> {
+    pub(super) async fn user_events(&self, dn: Option<&Dn>) -> StoreResult<Vec<(Dn, UserEvent)>> {
         let columns = "dn, at, action, by, details FROM user_events";
         let rows: Vec<(String, String, String, String, String)> = match dn {
             Some(dn) => {
@@ -64,7 +61,7 @@ impl SqlStore {
             .collect()
     }
 
-    pub(super) async fn remove_user_impl(
+    pub(super) async fn remove_user(
         &self,
         dn: &Dn,
         by: &Dn,
@@ -102,7 +99,7 @@ impl SqlStore {
         Ok(Some(keys))
     }
 
-    pub(super) async fn restore_user_impl(
+    pub(super) async fn restore_user(
         &self,
         dn: &Dn,
         by: &Dn,
