@@ -9,7 +9,7 @@
 //! again from the offset in its next desired state.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ongrid_core::job::{JobId, LogChunk, JOB_LOG_CAP};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -84,23 +84,29 @@ impl JobLogs {
 
     /// At most `max` bytes of the job's kept output from `offset`, and the kept size.
     pub async fn read(&self, id: JobId, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
-        let mut file = match tokio::fs::File::open(self.path(id)).await {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
-            Err(e) => return Err(e),
-        };
-        let size = file.metadata().await?.len();
-        if offset >= size {
-            return Ok((Vec::new(), size));
-        }
-        file.seek(io::SeekFrom::Start(offset)).await?;
-        let want = usize::try_from(size - offset)
-            .unwrap_or(usize::MAX)
-            .min(max);
-        let mut data = vec![0; want];
-        file.read_exact(&mut data).await?;
-        Ok((data, size))
+        read_at(&self.path(id), offset, max).await
     }
+}
+
+/// At most `max` bytes of the file at `path` from `offset`, and its size; a missing file is
+/// empty (the job has not written yet).
+pub async fn read_at(path: &Path, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
+    let mut file = match tokio::fs::File::open(path).await {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let size = file.metadata().await?.len();
+    if offset >= size {
+        return Ok((Vec::new(), size));
+    }
+    file.seek(io::SeekFrom::Start(offset)).await?;
+    let want = usize::try_from(size - offset)
+        .unwrap_or(usize::MAX)
+        .min(max);
+    let mut data = vec![0; want];
+    file.read_exact(&mut data).await?;
+    Ok((data, size))
 }
 
 #[cfg(test)]

@@ -116,29 +116,3 @@ pub async fn run(invocation: &Invocation) -> Result<Finished, String> {
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     })
 }
-
-/// At most `max` bytes of the file at `path` from `offset`, and its size; a missing file is
-/// empty (the job has not written yet).
-pub async fn read_output(
-    path: &std::path::Path,
-    offset: u64,
-    max: usize,
-) -> std::io::Result<(Vec<u8>, u64)> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut file = match tokio::fs::File::open(path).await {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
-        Err(e) => return Err(e),
-    };
-    let size = file.metadata().await?.len();
-    if offset >= size {
-        return Ok((Vec::new(), size));
-    }
-    file.seek(std::io::SeekFrom::Start(offset)).await?;
-    let want = usize::try_from(size - offset)
-        .unwrap_or(usize::MAX)
-        .min(max);
-    let mut data = vec![0; want];
-    file.read_exact(&mut data).await?;
-    Ok((data, size))
-}

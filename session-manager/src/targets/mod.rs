@@ -84,6 +84,16 @@ pub struct Output {
     pub size: u64,
 }
 
+impl Output {
+    /// At most `max` bytes of the output file at `path` from `offset`.
+    pub async fn read(path: &Path, offset: u64, max: usize) -> Result<Self, TargetError> {
+        let (data, size) = crate::job_logs::read_at(path, offset, max)
+            .await
+            .map_err(|e| TargetError::Unavailable(format!("reading {}: {e}", path.display())))?;
+        Ok(Self { data, size })
+    }
+}
+
 /// One batch engine. Implementations (`slurm.rs`, `htcondor/`) must:
 ///
 /// - **submit**: turn the job into the engine's own description (an sbatch script, a submit
@@ -283,13 +293,6 @@ impl Targets {
             config: config.clone(),
             engines,
         }
-    }
-
-    /// With `engine` instead of the configured one of its kind (tests).
-    pub fn with_engine(mut self, engine: Arc<dyn Target>) -> Self {
-        self.engines.retain(|e| e.kind() != engine.kind());
-        self.engines.push(engine);
-        self
     }
 
     pub fn config(&self) -> &TargetsConfig {

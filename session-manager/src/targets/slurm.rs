@@ -113,6 +113,33 @@ impl Slurm {
         }
         Ok(parse::parse_sacct(&done.stdout))
     }
+
+    /// `scancel` with `options` on the job `id`, as `job`'s account; a job that has ended
+    /// already is fine.
+    async fn scancel(
+        &self,
+        job: &Tracked,
+        id: &EngineJobId,
+        options: &[&str],
+    ) -> Result<(), TargetError> {
+        let args: Vec<String> = options
+            .iter()
+            .map(|o| (*o).to_owned())
+            .chain([id.to_string()])
+            .collect();
+        let shown = args.join(" ");
+        let done = self
+            .run(Some(&job.account), &self.config.scancel, args, None)
+            .await?;
+        if done.success() || gone(&done) {
+            Ok(())
+        } else {
+            Err(TargetError::Unavailable(format!(
+                "scancel {shown} failed: {}",
+                done.last_words()
+            )))
+        }
+    }
 }
 
 /// An [`Observation`] of one `squeue --json` job.
@@ -260,22 +287,7 @@ impl Target for Slurm {
             let Some(id) = &job.engine_id else {
                 return Ok(());
             };
-            let done = self
-                .run(
-                    Some(&job.account),
-                    &self.config.scancel,
-                    vec![id.to_string()],
-                    None,
-                )
-                .await?;
-            if done.success() || gone(&done) {
-                Ok(())
-            } else {
-                Err(TargetError::Unavailable(format!(
-                    "scancel {id} failed: {}",
-                    done.last_words()
-                )))
-            }
+            self.scancel(job, id, &[]).await
         })
     }
 
@@ -286,22 +298,7 @@ impl Target for Slurm {
                     "the job has no Slurm id yet".to_owned(),
                 ));
             };
-            let args = ["--batch", "--signal=USR1"]
-                .map(str::to_owned)
-                .into_iter()
-                .chain([id.to_string()])
-                .collect();
-            let done = self
-                .run(Some(&job.account), &self.config.scancel, args, None)
-                .await?;
-            if done.success() || gone(&done) {
-                Ok(())
-            } else {
-                Err(TargetError::Unavailable(format!(
-                    "scancel --batch --signal=USR1 {id} failed: {}",
-                    done.last_words()
-                )))
-            }
+            self.scancel(job, id, &["--batch", "--signal=USR1"]).await
         })
     }
 
@@ -318,13 +315,7 @@ impl Target for Slurm {
                     size: 0,
                 });
             };
-            let path = self.output_path(id, job.engine_restarts);
-            let (data, size) = command::read_output(&path, offset, max)
-                .await
-                .map_err(|e| {
-                    TargetError::Unavailable(format!("reading {}: {e}", path.display()))
-                })?;
-            Ok(Output { data, size })
+            Output::read(&self.output_path(id, job.engine_restarts), offset, max).await
         })
     }
 }

@@ -221,19 +221,6 @@ impl Htcondor {
             )))
         }
     }
-
-    async fn read_output(
-        &self,
-        job: &Tracked,
-        offset: u64,
-        max: usize,
-    ) -> Result<Output, TargetError> {
-        let path = self.job_dir(job.job).join(OUTPUT_FILE);
-        let (data, size) = command::read_output(&path, offset, max)
-            .await
-            .map_err(|e| TargetError::Unavailable(format!("reading {}: {e}", path.display())))?;
-        Ok(Output { data, size })
-    }
 }
 
 impl Target for Htcondor {
@@ -279,7 +266,8 @@ impl Target for Htcondor {
         offset: u64,
         max: usize,
     ) -> BoxFuture<'a, Result<Output, TargetError>> {
-        self.read_output(job, offset, max).boxed()
+        let path = self.job_dir(job.job).join(OUTPUT_FILE);
+        async move { Output::read(&path, offset, max).await }.boxed()
     }
 }
 
