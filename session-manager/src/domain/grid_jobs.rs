@@ -484,10 +484,7 @@ pub(crate) mod tests {
     use ongrid_core::{HumanDuration, UserName};
 
     use super::*;
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
+    use crate::domain::fixtures::t;
 
     /// A job handed to HTCondor as `8.0`, RUNNING there since t(10) unless `state` is QUEUED,
     /// HALTING after a halt sent at t(20). Also the grid job of `crate::app::jobs`'s tests.

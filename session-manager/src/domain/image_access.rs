@@ -226,19 +226,11 @@ pub fn removed_docker_images(removed: &[ImageRecord], current: &[ImageRecord]) -
 
 #[cfg(test)]
 mod tests {
-    use chrono::{DateTime, Utc};
     use ongrid_core::image::ImageReference;
     use ongrid_core::{Dn, UserName};
 
     use super::*;
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
-
-    fn alice() -> Dn {
-        Dn::parse("/CN=Alice").unwrap()
-    }
+    use crate::domain::fixtures::{alice, t};
 
     fn image(owner: &str, login: &str, reference: &str, state: ImageState) -> ImageRecord {
         let reference = ImageReference::parse(reference).unwrap();

@@ -292,15 +292,12 @@ mod tests {
     use super::fixtures::image;
 
     use super::*;
+    use crate::domain::fixtures::t;
 
     const LIMITS: FreezeLimits = FreezeLimits {
         node_timeout: Duration::from_secs(30),
         stall_timeout: Duration::from_secs(3600),
     };
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
 
     fn session(state: SessionState) -> SessionRecord {
         SessionRecord {

@@ -795,14 +795,7 @@ mod tests {
     use ongrid_core::MemorySize;
 
     use super::*;
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
-
-    fn node() -> NodeName {
-        NodeName::parse("node1").unwrap()
-    }
+    use crate::domain::fixtures::{node, t};
 
     fn gpu() -> GpuId {
         GpuId::parse("GPU-00000000-0000-0000-0000-000000000001").unwrap()

@@ -52,3 +52,24 @@ pub enum Refusal {
 pub fn utc(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! What the rules' unit tests share.
+
+    use chrono::{DateTime, Utc};
+    use ongrid_core::{Dn, NodeName};
+
+    /// `seconds` after a fixed instant (2027-01-15 08:00:00 UTC).
+    pub fn t(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    pub fn alice() -> Dn {
+        Dn::parse("/CN=Alice").unwrap()
+    }
+
+    pub fn node() -> NodeName {
+        NodeName::parse("node1").unwrap()
+    }
+}

@@ -240,13 +240,10 @@ mod tests {
     use ongrid_core::{Dn, SessionName};
 
     use super::*;
+    use crate::domain::fixtures::node;
 
     fn t(seconds: i64) -> DateTime<Utc> {
         Utc.timestamp_opt(1_700_000_000 + seconds, 0).unwrap()
-    }
-
-    fn node() -> NodeName {
-        NodeName::parse("node1").unwrap()
     }
 
     fn session(state: SessionState) -> SessionRecord {

@@ -195,14 +195,7 @@ mod tests {
 
     use super::super::sessions::fixtures::session;
     use super::*;
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
-
-    fn alice() -> Dn {
-        Dn::parse("/CN=Alice").unwrap()
-    }
+    use crate::domain::fixtures::{alice, t};
 
     fn admin() -> Dn {
         Dn::parse("/CN=Admin").unwrap()

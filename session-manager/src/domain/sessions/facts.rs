@@ -90,10 +90,7 @@ mod tests {
     use ongrid_core::SessionId;
 
     use super::*;
-
-    fn t(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
-    }
+    use crate::domain::fixtures::t;
 
     fn transition(from: SessionState, to: SessionState, at: DateTime<Utc>) -> Transition {
         Transition {
