@@ -66,11 +66,11 @@ pub struct RawFairShare {
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
     #[serde(default)]
-    pub user: RawLimit,
+    pub user: Limit,
     #[serde(default)]
-    pub group: RawLimit,
+    pub group: Limit,
     #[serde(default)]
-    pub groups: BTreeMap<String, RawLimit>,
+    pub groups: BTreeMap<String, Limit>,
     /// Limits by how long work may hold its GPUs; left out: none. A key left out is CHTC's.
     #[serde(default)]
     pub length_classes: Option<RawLengthClasses>,
@@ -94,37 +94,16 @@ pub struct RawLengthClasses {
     pub per: Option<String>,
 }
 
-/// One set of maxima; a key left out is no limit.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLimit {
-    pub max_gpus: Option<u32>,
-    pub max_session_gpus: Option<u32>,
-    pub max_job_gpus: Option<u32>,
-    pub max_sessions: Option<u32>,
-}
-
-impl From<RawLimit> for Limit {
-    fn from(raw: RawLimit) -> Self {
-        Self {
-            max_gpus: raw.max_gpus,
-            max_session_gpus: raw.max_session_gpus,
-            max_job_gpus: raw.max_job_gpus,
-            max_sessions: raw.max_sessions,
-        }
-    }
-}
-
 /// Validates `[limits]`: `Err((key, message))`.
 pub fn limits(raw: &RawLimits) -> Result<LimitsConfig, (String, String)> {
     let mut groups = BTreeMap::new();
     for (group, limit) in &raw.groups {
         let name = GroupName::parse(group).map_err(|e| (format!("limits.groups.{group}"), e))?;
-        groups.insert(name, Limit::from(*limit));
+        groups.insert(name, *limit);
     }
     Ok(LimitsConfig {
-        user: raw.user.into(),
-        group: raw.group.into(),
+        user: raw.user,
+        group: raw.group,
         groups,
         length_classes: raw
             .length_classes

@@ -26,8 +26,10 @@ use ongrid_core::{Dn, HumanDuration};
 
 use super::GroupName;
 
-/// The maxima of one user or one group; `None`: no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The maxima of one user or one group; `None`: no limit (as written in `[limits]`, a key left
+/// out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limit {
     /// GPUs held by sessions and jobs together.
     pub max_gpus: Option<u32>,
