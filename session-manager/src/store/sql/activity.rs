@@ -17,7 +17,8 @@ use ongrid_core::{NodeName, SessionId, Transition};
 use sqlx::{Row, Transaction};
 
 use super::{
-    parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore, GREATEST,
+    clamp, parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore,
+    GREATEST,
 };
 use crate::domain::sessions::facts::{self, FactsChange};
 use crate::domain::sessions::holds::{
@@ -105,26 +106,17 @@ impl SqlStore {
                 continue;
             };
             ensure_row(&mut tx, sample.session_id).await?;
-            sqlx::query(
-                "UPDATE session_lifecycle SET cpu_sampled_at = $1, cpu_percent = $2, \
-                 cpu_active_at = CASE WHEN $3 THEN $1 ELSE cpu_active_at END \
-                 WHERE session_id = $4",
-            )
-            .bind(timestamp(facts.cpu.sampled_at))
-            .bind(facts.cpu.percent)
-            .bind(facts.cpu.active)
-            .bind(sample.session_id.to_string())
-            .execute(&mut *tx)
-            .await?;
-            if let Some(gpu) = facts.gpu {
-                sqlx::query(
-                    "UPDATE session_lifecycle SET gpu_sampled_at = $1, gpu_percent = $2, \
-                     gpu_active_at = CASE WHEN $3 THEN $1 ELSE gpu_active_at END \
-                     WHERE session_id = $4",
-                )
-                .bind(timestamp(gpu.sampled_at))
-                .bind(gpu.percent)
-                .bind(gpu.active)
+            // The columns `cpu_*`, and `gpu_*` when the sample has a GPU reading.
+            for (device, reading) in [("cpu", Some(facts.cpu)), ("gpu", facts.gpu)] {
+                let Some(reading) = reading else { continue };
+                sqlx::query(&format!(
+                    "UPDATE session_lifecycle SET {device}_sampled_at = $1, {device}_percent = $2, \
+                     {device}_active_at = CASE WHEN $3 THEN $1 ELSE {device}_active_at END \
+                     WHERE session_id = $4"
+                ))
+                .bind(timestamp(reading.sampled_at))
+                .bind(reading.percent)
+                .bind(reading.active)
                 .bind(sample.session_id.to_string())
                 .execute(&mut *tx)
                 .await?;
@@ -341,8 +333,8 @@ pub(super) async fn insert_limits(
          VALUES ($1, $2, $3)",
     )
     .bind(id.to_string())
-    .bind(idle_timeout_secs.map(seconds))
-    .bind(max_duration_secs.map(seconds))
+    .bind(idle_timeout_secs.map(clamp))
+    .bind(max_duration_secs.map(clamp))
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -357,14 +349,6 @@ async fn ensure_row(tx: &mut Transaction<'static, Db>, id: SessionId) -> StoreRe
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-fn seconds(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-fn clamp(bytes: u64) -> i64 {
-    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 fn facts_from_row(row: &DbRow) -> StoreResult<LifecycleFacts> {

@@ -8,8 +8,8 @@ use ongrid_core::{normalize_ip, Cidr, Dn, Institute, InstituteName, SessionId};
 use sqlx::Row;
 
 use super::{
-    apply_change, find_session, from_json, parse, parse_timestamp, query_with, timestamp, to_json,
-    Db, DbRow, SqlStore,
+    apply_change, clamp, find_session, from_json, parse, parse_timestamp, query_with, timestamp,
+    to_json, Db, DbRow, SqlStore,
 };
 use crate::domain::sessions::connections::follow_connection;
 use crate::store::{
@@ -329,11 +329,6 @@ async fn count_open(tx: &mut sqlx::Transaction<'static, Db>, id: SessionId) -> S
     .fetch_one(&mut **tx)
     .await?;
     u32::try_from(open).map_err(|_| StoreError::Corrupt(format!("{open} open connections")))
-}
-
-/// Stored integers (BIGINT, SQLite's INTEGER) are signed: byte counts beyond 2^63 (never reached) are kept at the maximum.
-fn clamp(bytes: u64) -> i64 {
-    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 pub(super) fn key_from_row(row: &DbRow) -> StoreResult<KeyRecord> {

@@ -8,7 +8,7 @@ use ongrid_core::image::{ImageReference, ImageState};
 use ongrid_core::NodeName;
 use sqlx::Row;
 
-use super::{parse, parse_timestamp, query_with, timestamp, DbRow, SqlStore};
+use super::{clamp, parse, parse_timestamp, query_with, timestamp, DbRow, SqlStore};
 use crate::domain::images::{self, supersedes, ImageChange, ImageRecord};
 use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult};
 
@@ -181,7 +181,6 @@ impl SqlStore {
         if building.is_none() {
             return Ok(None);
         }
-        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         match change {
             ImageChange::Progress {
                 bytes_done,
@@ -193,11 +192,11 @@ impl SqlStore {
                     "UPDATE images SET progress_at = CASE WHEN bytes_done <> $1 OR bytes_total <> $2 \
                      THEN $3 ELSE progress_at END, bytes_done = $4, bytes_total = $5 WHERE id = $6",
                 )
-                .bind(as_i64(*bytes_done))
-                .bind(as_i64(*bytes_total))
+                .bind(clamp(*bytes_done))
+                .bind(clamp(*bytes_total))
                 .bind(timestamp(at))
-                .bind(as_i64(*bytes_done))
-                .bind(as_i64(*bytes_total))
+                .bind(clamp(*bytes_done))
+                .bind(clamp(*bytes_total))
                 .bind(id.to_string())
                     .execute(&mut *tx)
                     .await?;
@@ -217,7 +216,7 @@ impl SqlStore {
                 .bind(change.state().as_str())
                 .bind(reason)
                 .bind(digest)
-                .bind(as_i64(*size))
+                .bind(clamp(*size))
                 .bind(sif_path)
                 .bind(docker_image)
                 .bind(timestamp(at))

@@ -196,7 +196,7 @@ impl SqlStore {
         complete: bool,
     ) -> StoreResult<()> {
         sqlx::query("UPDATE jobs SET log_size = $1, log_complete = $2 WHERE id = $3")
-            .bind(i64::try_from(size).unwrap_or(i64::MAX))
+            .bind(super::clamp(size))
             .bind(complete)
             .bind(id.to_string())
             .execute(&self.pool)
@@ -267,7 +267,7 @@ async fn insert_job(tx: &mut Transaction<'static, Db>, new: &NewJob) -> StoreRes
     .bind(to_json(&new.spec)?)
     .bind(
         new.max_duration
-            .map(|d| i64::try_from(d.as_duration().as_secs()).unwrap_or(i64::MAX)),
+            .map(|d| super::clamp(d.as_duration().as_secs())),
     )
     .bind(&new.image.digest)
     .bind(&new.image.docker_image)

@@ -647,46 +647,23 @@ async fn apply_change(
     }
     activity::after_transition(tx, id, transition).await?;
     let id_text = id.to_string();
-    let hold = change.hold.map(HoldReason::as_str);
-    match change.placement {
-        Placement::Keep => {
-            sqlx::query(
-                "UPDATE sessions SET state = $1, reason = $2, hold_reason = $3 WHERE id = $4",
-            )
-            .bind(transition.to.as_str())
-            .bind(&change.reason)
-            .bind(hold)
-            .bind(&id_text)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Placement::Place { node, gpus } => {
-            sqlx::query(
-                "UPDATE sessions SET state = $1, reason = $2, hold_reason = $3, node = $4, gpus = $5 \
-                 WHERE id = $6",
-            )
-            .bind(transition.to.as_str())
-            .bind(&change.reason)
-            .bind(hold)
-            .bind(node.as_str())
-            .bind(to_json(&gpus)?)
-            .bind(&id_text)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Placement::Clear => {
-            sqlx::query(
-                "UPDATE sessions SET state = $1, reason = $2, hold_reason = $3, node = NULL, \
-                 gpus = '[]' WHERE id = $4",
-            )
-            .bind(transition.to.as_str())
-            .bind(&change.reason)
-            .bind(hold)
-            .bind(&id_text)
-            .execute(&mut **tx)
-            .await?;
-        }
+    let placement = match change.placement {
+        Placement::Keep => "",
+        Placement::Place { .. } => ", node = $5, gpus = $6",
+        Placement::Clear => ", node = NULL, gpus = '[]'",
+    };
+    let sql = format!(
+        "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4{placement} WHERE id = $1"
+    );
+    let mut query = sqlx::query(&sql)
+        .bind(&id_text)
+        .bind(transition.to.as_str())
+        .bind(&change.reason)
+        .bind(change.hold.map(HoldReason::as_str));
+    if let Placement::Place { node, gpus } = &change.placement {
+        query = query.bind(node.as_str()).bind(to_json(gpus)?);
     }
+    query.execute(&mut **tx).await?;
     planning::stamp(tx, &id_text).await?;
     Ok(transition.clone())
 }
@@ -915,6 +892,12 @@ fn reason_from_row(row: &DbRow) -> StoreResult<String> {
         })
         .transpose()?;
     Ok(rendered_reason(&reason, hold))
+}
+
+/// Stored integers (BIGINT, SQLite's INTEGER) are signed: a count beyond 2^63 (never reached) is
+/// kept at the maximum.
+fn clamp(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 fn timestamp(at: DateTime<Utc>) -> String {
