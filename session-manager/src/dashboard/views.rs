@@ -121,6 +121,32 @@ fn csrf_field(csrf: &str) -> Markup {
     html! { input type="hidden" name="csrf" value=(csrf); }
 }
 
+/// A table in its own scrolling box: the caption, a header cell for each column, then a row
+/// saying `empty` (when set: the table has no rows) or the rows.
+fn table(id: &str, caption: Markup, columns: &[&str], empty: Option<&str>, rows: Markup) -> Markup {
+    html! {
+        div class="scroll" {
+            table id=(id) {
+                caption { (caption) }
+                thead { tr { @for column in columns { th scope="col" { (column) } } } }
+                tbody {
+                    @if let Some(empty) = empty { tr { td colspan=(columns.len()) { (empty) } } }
+                    (rows)
+                }
+            }
+        }
+    }
+}
+
+/// `columns`, with an Owner column after the first one in the admins' view (`all`).
+fn with_owner<'a>(all: bool, columns: &[&'a str]) -> Vec<&'a str> {
+    let mut columns = columns.to_vec();
+    if all {
+        columns.insert(1, "Owner");
+    }
+    columns
+}
+
 /// The whole page around `main`.
 pub fn layout(
     title: &str,
@@ -319,155 +345,124 @@ pub fn sessions_table(
     now: DateTime<Utc>,
 ) -> Markup {
     let all = page == Page::Admin;
-    html! {
-        div class="scroll" {
-            table id="sessions" {
-                caption { @if all { "Every session" } @else { "Your sessions" } " (" (sessions.len()) ")" }
-                thead { tr {
-                    th scope="col" { "Name" }
-                    @if all { th scope="col" { "Owner" } }
-                    th scope="col" { "State" }
-                    th scope="col" { "Node and GPUs" }
-                    th scope="col" { "Deadlines" }
-                    th scope="col" { "Connect" }
-                    th scope="col" { "Actions" }
-                } }
-                tbody {
-                    @if sessions.is_empty() {
-                        tr { td colspan=(if all { 7 } else { 6 }) { "No sessions." } }
-                    }
-                    @for s in sessions {
-                        tr data-session=(s.name.as_str()) data-state=(s.state.to_string()) {
-                            th scope="row" { (s.name.as_str()) }
-                            @if all { td { (s.user_name.as_str()) } }
-                            td {
-                                span class=(state_class(s.state)) { (s.state.to_string()) }
-                                @if let Some(position) = s.queue_position { " (queue position " (position) ")" }
-                                br; small { (s.reason) }
-                            }
-                            td {
-                                @match &s.node { Some(node) => { (node.as_str()) } None => { "not placed" } }
-                                @for gpu in &s.gpus { br; small { code { (gpu.to_string()) } } }
-                            }
-                            td { (lifecycle(s, now)) }
-                            td {
-                                @if s.state.holds_gpus() {
-                                    code class="ssh" { (ssh_command(config, s.name.as_str())) }
-                                } @else { "—" }
-                                @if !all && matches!(s.state, SessionState::Waiting | SessionState::Connected | SessionState::Idle) {
-                                    br;
-                                    a class="jupyter" href=(format!("/dashboard/sessions/{}/apps/jupyter/", s.name))
-                                        target="_blank" rel="noopener" { "Open JupyterLab" }
-                                    " · "
-                                    a href=(format!("/dashboard/sessions/{}/apps/", s.name)) { "Web apps" }
-                                }
-                            }
-                            td { (session_actions(s, csrf, page, all.then_some(&s.owner))) }
-                        }
+    let caption =
+        html! { @if all { "Every session" } @else { "Your sessions" } " (" (sessions.len()) ")" };
+    let columns = [
+        "Name",
+        "State",
+        "Node and GPUs",
+        "Deadlines",
+        "Connect",
+        "Actions",
+    ];
+    let empty = sessions.is_empty().then_some("No sessions.");
+    let rows = html! {
+        @for s in sessions {
+            tr data-session=(s.name.as_str()) data-state=(s.state.to_string()) {
+                th scope="row" { (s.name.as_str()) }
+                @if all { td { (s.user_name.as_str()) } }
+                td {
+                    span class=(state_class(s.state)) { (s.state.to_string()) }
+                    @if let Some(position) = s.queue_position { " (queue position " (position) ")" }
+                    br; small { (s.reason) }
+                }
+                td {
+                    @match &s.node { Some(node) => { (node.as_str()) } None => { "not placed" } }
+                    @for gpu in &s.gpus { br; small { code { (gpu.to_string()) } } }
+                }
+                td { (lifecycle(s, now)) }
+                td {
+                    @if s.state.holds_gpus() {
+                        code class="ssh" { (ssh_command(config, s.name.as_str())) }
+                    } @else { "—" }
+                    @if !all && matches!(s.state, SessionState::Waiting | SessionState::Connected | SessionState::Idle) {
+                        br;
+                        a class="jupyter" href=(format!("/dashboard/sessions/{}/apps/jupyter/", s.name))
+                            target="_blank" rel="noopener" { "Open JupyterLab" }
+                        " · "
+                        a href=(format!("/dashboard/sessions/{}/apps/", s.name)) { "Web apps" }
                     }
                 }
+                td { (session_actions(s, csrf, page, all.then_some(&s.owner))) }
             }
         }
-    }
+    };
+    table("sessions", caption, &with_owner(all, &columns), empty, rows)
 }
 
 /// The images table with a freeze's progress.
 pub fn images_table(images: &[ImageView], all: bool) -> Markup {
-    html! {
-        div class="scroll" {
-            table id="images" {
-                caption { @if all { "Every image" } @else { "Your images" } " (" (images.len()) ")" }
-                thead { tr {
-                    th scope="col" { "Image" }
-                    @if all { th scope="col" { "Owner" } }
-                    th scope="col" { "State" }
-                    th scope="col" { "Progress" }
-                    th scope="col" { "From session" }
-                    th scope="col" { "Where" }
-                } }
-                tbody {
-                    @if images.is_empty() { tr { td colspan=(if all { 6 } else { 5 }) { "No images yet." } } }
-                    @for image in images {
-                        tr data-image=(image.reference) data-state=(image.state.to_string()) {
-                            th scope="row" { (image.reference) }
-                            @if all { td { (image.user_name.as_str()) } }
-                            td { span class={"state state-" (image.state.to_string().to_lowercase())} { (image.state.to_string()) }
-                                 @if image.state == ImageState::Failed { br; small { (image.reason) } } }
-                            td {
-                                @match (&image.progress, image.state) {
-                                    (Some(p), ImageState::Building) if p.bytes_total > 0 => {
-                                        @let percent = p.bytes_done.saturating_mul(100) / p.bytes_total;
-                                        progress max=(p.bytes_total) value=(p.bytes_done.min(p.bytes_total)) aria-label={"Freeze of " (image.reference)} { (percent) "%" }
-                                        " " span class="progress-text" { (bytes(p.bytes_done)) " of " (bytes(p.bytes_total)) " (" (percent) "%)" }
-                                    }
-                                    (_, ImageState::Building) => { span class="progress-text" { "starting…" } }
-                                    (_, ImageState::Ready) => { @if let Some(size) = image.size { (bytes(size)) } }
-                                    _ => { "—" }
-                                }
-                            }
-                            td { (image.session.as_str()) }
-                            td {
-                                @if let Some(docker) = &image.docker_image { code { (docker) } }
-                                @if let Some(sif) = &image.sif_path { br; small { code { (sif) } } }
-                            }
+    let caption =
+        html! { @if all { "Every image" } @else { "Your images" } " (" (images.len()) ")" };
+    let columns = ["Image", "State", "Progress", "From session", "Where"];
+    let empty = images.is_empty().then_some("No images yet.");
+    let rows = html! {
+        @for image in images {
+            tr data-image=(image.reference) data-state=(image.state.to_string()) {
+                th scope="row" { (image.reference) }
+                @if all { td { (image.user_name.as_str()) } }
+                td { span class={"state state-" (image.state.to_string().to_lowercase())} { (image.state.to_string()) }
+                     @if image.state == ImageState::Failed { br; small { (image.reason) } } }
+                td {
+                    @match (&image.progress, image.state) {
+                        (Some(p), ImageState::Building) if p.bytes_total > 0 => {
+                            @let percent = p.bytes_done.saturating_mul(100) / p.bytes_total;
+                            progress max=(p.bytes_total) value=(p.bytes_done.min(p.bytes_total)) aria-label={"Freeze of " (image.reference)} { (percent) "%" }
+                            " " span class="progress-text" { (bytes(p.bytes_done)) " of " (bytes(p.bytes_total)) " (" (percent) "%)" }
                         }
+                        (_, ImageState::Building) => { span class="progress-text" { "starting…" } }
+                        (_, ImageState::Ready) => { @if let Some(size) = image.size { (bytes(size)) } }
+                        _ => { "—" }
                     }
+                }
+                td { (image.session.as_str()) }
+                td {
+                    @if let Some(docker) = &image.docker_image { code { (docker) } }
+                    @if let Some(sif) = &image.sif_path { br; small { code { (sif) } } }
                 }
             }
         }
-    }
+    };
+    table("images", caption, &with_owner(all, &columns), empty, rows)
 }
 
 /// The jobs table with links to their output.
 pub fn jobs_table(jobs: &[JobRecord], csrf: &str, page: Page) -> Markup {
     let all = page == Page::Admin;
-    html! {
-        div class="scroll" {
-            table id="jobs" {
-                caption { @if all { "Every job" } @else { "Your jobs" } " (" (jobs.len()) ")" }
-                thead { tr {
-                    th scope="col" { "Job" }
-                    @if all { th scope="col" { "Owner" } }
-                    th scope="col" { "State" }
-                    th scope="col" { "Image" }
-                    th scope="col" { "Node" }
-                    th scope="col" { "Output" }
-                    th scope="col" { "Actions" }
-                } }
-                tbody {
-                    @if jobs.is_empty() { tr { td colspan=(if all { 7 } else { 6 }) { "No jobs." } } }
-                    @for job in jobs {
-                        @let state = job.state();
-                        tr data-job=(job.id.to_string()) {
-                            th scope="row" { (job.id.to_string()) }
-                            @if all { td { (job.user_name.as_str()) } }
-                            td { span class={"state state-" (state.to_string().to_lowercase())} { (state.to_string()) }
-                                 br; small { (job.lifecycle.last().reason.to_string()) }
-                                 @if let Some(code) = job.exit_code { br; small { "exit code " (code) } } }
-                            td { code { (job.spec.image.to_string()) } }
-                            td { @match &job.node { Some(n) => { (n.as_str()) } None => { "—" } } }
-                            td { a href={"/dashboard/jobs/" (job.id.to_string())} { "Output (" (bytes(job.log_size)) ")" } }
-                            td {
-                                @if !state.is_final() {
-                                    form method="post" action={"/dashboard/jobs/" (job.id.to_string()) "/cancel"} {
-                                        (csrf_field(csrf))
-                                        input type="hidden" name="back" value=(page.key());
-                                        button type="submit" class="danger" aria-label={"Cancel job " (job.id.to_string())} { "Cancel" }
-                                    }
-                                } @else {
-                                    form method="post" action={"/dashboard/jobs/" (job.id.to_string()) "/remove"} {
-                                        (csrf_field(csrf))
-                                        input type="hidden" name="back" value=(page.key());
-                                        button type="submit" class="danger" aria-label={"Remove job " (job.id.to_string()) " and its output"} { "Remove" }
-                                    }
-                                }
-                            }
+    let caption = html! { @if all { "Every job" } @else { "Your jobs" } " (" (jobs.len()) ")" };
+    let columns = ["Job", "State", "Image", "Node", "Output", "Actions"];
+    let empty = jobs.is_empty().then_some("No jobs.");
+    let rows = html! {
+        @for job in jobs {
+            @let state = job.state();
+            tr data-job=(job.id.to_string()) {
+                th scope="row" { (job.id.to_string()) }
+                @if all { td { (job.user_name.as_str()) } }
+                td { span class={"state state-" (state.to_string().to_lowercase())} { (state.to_string()) }
+                     br; small { (job.lifecycle.last().reason.to_string()) }
+                     @if let Some(code) = job.exit_code { br; small { "exit code " (code) } } }
+                td { code { (job.spec.image.to_string()) } }
+                td { @match &job.node { Some(n) => { (n.as_str()) } None => { "—" } } }
+                td { a href={"/dashboard/jobs/" (job.id.to_string())} { "Output (" (bytes(job.log_size)) ")" } }
+                td {
+                    @if !state.is_final() {
+                        form method="post" action={"/dashboard/jobs/" (job.id.to_string()) "/cancel"} {
+                            (csrf_field(csrf))
+                            input type="hidden" name="back" value=(page.key());
+                            button type="submit" class="danger" aria-label={"Cancel job " (job.id.to_string())} { "Cancel" }
+                        }
+                    } @else {
+                        form method="post" action={"/dashboard/jobs/" (job.id.to_string()) "/remove"} {
+                            (csrf_field(csrf))
+                            input type="hidden" name="back" value=(page.key());
+                            button type="submit" class="danger" aria-label={"Remove job " (job.id.to_string()) " and its output"} { "Remove" }
                         }
                     }
                 }
             }
         }
-    }
+    };
+    table("jobs", caption, &with_owner(all, &columns), empty, rows)
 }
 
 /// What the user page keeps up to date.
@@ -546,45 +541,39 @@ pub fn nodes_table(
     online: &dyn Fn(&NodeRecord) -> bool,
     csrf: &str,
 ) -> Markup {
-    html! {
-        div class="scroll" {
-            table id="nodes" {
-                caption { "Nodes and GPUs" }
-                thead { tr {
-                    th scope="col" { "Node / GPU" }
-                    th scope="col" { "Status" }
-                    th scope="col" { "Model, mode, slices" }
-                    th scope="col" { "Health" }
-                    th scope="col" { "Drain" }
-                } }
-                tbody {
-                    @if nodes.is_empty() { tr { td colspan="5" { "No nodes registered." } } }
-                    @for node in nodes {
-                        tr class="node" data-node=(node.name.as_str()) {
-                            th scope="row" { (node.name.as_str()) }
-                            td { @if online(node) { "online" } @else { "OFFLINE" } br; small { "last seen " (time(node.last_seen)) } }
-                            td { (node.gpus.len()) " GPUs" }
-                            td { "—" }
-                            td { (drain_form(&format!("/dashboard/admin/nodes/{}", node.name), node.drain.as_ref(), csrf, node.name.as_str())) }
-                        }
-                        @for gpu in node.gpus.iter() {
-                            tr class="gpu" {
-                                th scope="row" { small { code { (gpu.info.uuid.as_str()) } } }
-                                td { @if let Some(p) = gpu.info.utilization_percent { (p) "% busy" } }
-                                td {
-                                    (gpu.info.model) ", " (gpu.info.memory.to_string()) br;
-                                    small { "mode: " (gpu.mode.to_string()) }
-                                    @for mig in &gpu.info.mig_devices { br; small { "slice " (mig.profile.to_string()) } }
-                                }
-                                td { (health(&gpu.info.health)) }
-                                td { (drain_form(&format!("/dashboard/admin/gpus/{}", gpu.info.uuid.as_str()), gpu.drain.as_ref(), csrf, gpu.info.uuid.as_str())) }
-                            }
-                        }
+    let columns = [
+        "Node / GPU",
+        "Status",
+        "Model, mode, slices",
+        "Health",
+        "Drain",
+    ];
+    let empty = nodes.is_empty().then_some("No nodes registered.");
+    let rows = html! {
+        @for node in nodes {
+            tr class="node" data-node=(node.name.as_str()) {
+                th scope="row" { (node.name.as_str()) }
+                td { @if online(node) { "online" } @else { "OFFLINE" } br; small { "last seen " (time(node.last_seen)) } }
+                td { (node.gpus.len()) " GPUs" }
+                td { "—" }
+                td { (drain_form(&format!("/dashboard/admin/nodes/{}", node.name), node.drain.as_ref(), csrf, node.name.as_str())) }
+            }
+            @for gpu in node.gpus.iter() {
+                tr class="gpu" {
+                    th scope="row" { small { code { (gpu.info.uuid.as_str()) } } }
+                    td { @if let Some(p) = gpu.info.utilization_percent { (p) "% busy" } }
+                    td {
+                        (gpu.info.model) ", " (gpu.info.memory.to_string()) br;
+                        small { "mode: " (gpu.mode.to_string()) }
+                        @for mig in &gpu.info.mig_devices { br; small { "slice " (mig.profile.to_string()) } }
                     }
+                    td { (health(&gpu.info.health)) }
+                    td { (drain_form(&format!("/dashboard/admin/gpus/{}", gpu.info.uuid.as_str()), gpu.drain.as_ref(), csrf, gpu.info.uuid.as_str())) }
                 }
             }
         }
-    }
+    };
+    table("nodes", html! { "Nodes and GPUs" }, &columns, empty, rows)
 }
 
 fn drain_form(
@@ -653,6 +642,33 @@ pub fn admin_page(
     filter: &AuditFilterForm<'_>,
 ) -> Markup {
     let csrf = header.csrf;
+    let institute_rows = html! {
+        @for inst in institutes {
+            tr data-institute=(inst.name.to_string()) {
+                th scope="row" { (inst.name.to_string()) }
+                td { @for (i, cidr) in inst.cidrs.iter().enumerate() { @if i > 0 { ", " } code { (cidr.to_string()) } } }
+                td {
+                    form method="post" action={"/dashboard/admin/institutes/" (inst.name.to_string()) "/remove"} data-confirm={"Remove institute " (inst.name.to_string()) "?"} {
+                        (csrf_field(csrf))
+                        button type="submit" class="danger" aria-label={"Remove institute " (inst.name.to_string())} { "Remove" }
+                    }
+                }
+            }
+        }
+    };
+    let audit_rows = html! {
+        @for record in audit {
+            tr {
+                td { (time(record.opened_at)) }
+                td { @match record.closed_at { Some(at) => { (time(at)) } None => { "still open" } }
+                     @if let Some(why) = &record.close_reason { br; small { (why) } } }
+                td { small { (record.owner.as_str()) } }
+                td { (record.session_name.as_str()) }
+                td { (record.source.to_string()) " (" (record.institute.to_string()) ")" }
+                td { (record.bytes_in) " / " (record.bytes_out) }
+            }
+        }
+    };
     layout(
         "Site",
         Some(header),
@@ -661,27 +677,8 @@ pub fn admin_page(
             (live_region(live))
             section aria-labelledby="institutes" {
                 h2 id="institutes" { "Institutes (who may reach the SSH gateway)" }
-                div class="scroll" {
-                    table id="institute-list" {
-                        caption { "Institutes (" (institutes.len()) ")" }
-                        thead { tr { th scope="col" { "Name" } th scope="col" { "Networks" } th scope="col" { "Actions" } } }
-                        tbody {
-                            @if institutes.is_empty() { tr { td colspan="3" { "None: the gateway lets nobody in." } } }
-                            @for inst in institutes {
-                                tr data-institute=(inst.name.to_string()) {
-                                    th scope="row" { (inst.name.to_string()) }
-                                    td { @for (i, cidr) in inst.cidrs.iter().enumerate() { @if i > 0 { ", " } code { (cidr.to_string()) } } }
-                                    td {
-                                        form method="post" action={"/dashboard/admin/institutes/" (inst.name.to_string()) "/remove"} data-confirm={"Remove institute " (inst.name.to_string()) "?"} {
-                                            (csrf_field(csrf))
-                                            button type="submit" class="danger" aria-label={"Remove institute " (inst.name.to_string())} { "Remove" }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+                (table("institute-list", html! { "Institutes (" (institutes.len()) ")" }, &["Name", "Networks", "Actions"],
+                    institutes.is_empty().then_some("None: the gateway lets nobody in."), institute_rows))
                 form method="post" action="/dashboard/admin/institutes" class="grid" {
                     (csrf_field(csrf))
                     label for="institute-name" { "Name" }
@@ -700,29 +697,9 @@ pub fn admin_page(
                     input id="audit-since" name="since" value=(filter.since) placeholder="2 hours";
                     button type="submit" { "Filter" }
                 }
-                div class="scroll" {
-                    table id="audit-log" {
-                        caption { "Connections, newest first (" (audit.len()) ")" }
-                        thead { tr {
-                            th scope="col" { "Opened" } th scope="col" { "Closed" } th scope="col" { "User" }
-                            th scope="col" { "Session" } th scope="col" { "From" } th scope="col" { "Bytes in / out" }
-                        } }
-                        tbody {
-                            @if audit.is_empty() { tr { td colspan="6" { "No connections match." } } }
-                            @for record in audit {
-                                tr {
-                                    td { (time(record.opened_at)) }
-                                    td { @match record.closed_at { Some(at) => { (time(at)) } None => { "still open" } }
-                                         @if let Some(why) = &record.close_reason { br; small { (why) } } }
-                                    td { small { (record.owner.as_str()) } }
-                                    td { (record.session_name.as_str()) }
-                                    td { (record.source.to_string()) " (" (record.institute.to_string()) ")" }
-                                    td { (record.bytes_in) " / " (record.bytes_out) }
-                                }
-                            }
-                        }
-                    }
-                }
+                (table("audit-log", html! { "Connections, newest first (" (audit.len()) ")" },
+                    &["Opened", "Closed", "User", "Session", "From", "Bytes in / out"],
+                    audit.is_empty().then_some("No connections match."), audit_rows))
             }
         },
     )
