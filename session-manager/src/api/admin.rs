@@ -9,13 +9,13 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, Utc};
 use ongrid_core::api::AuditRecord;
-use ongrid_core::{Dn, HumanDuration, Institute, InstituteName};
+use ongrid_core::{Dn, Institute, InstituteName};
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
 use super::{AdminJson, AdminQuery, ApiError, ApiPath, AppState};
+use crate::app::gateway::parse_since;
 use crate::app::institutes::{self, InstituteError};
 use crate::app::Via;
 
@@ -127,55 +127,4 @@ pub async fn audit(
     Ok(Json(
         crate::app::gateway::audit(&state, owner, since, AUDIT_LIMIT).await?,
     ))
-}
-
-/// `since` as a time (RFC 3339) or as a duration before `now` (`2 hours`, `3d`).
-pub fn parse_since(value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
-    let value = value.trim();
-    if let Ok(time) = DateTime::parse_from_rfc3339(value) {
-        return Ok(time.with_timezone(&Utc));
-    }
-    let ago = HumanDuration::parse(value)
-        .map_err(|_| {
-            format!(
-                "since {value:?} must be a time like 2026-05-01T10:00:00Z or a duration ago \
-                 like \"2 hours\""
-            )
-        })?
-        .as_duration();
-    chrono::TimeDelta::from_std(ago)
-        .ok()
-        .and_then(|ago| now.checked_sub_signed(ago))
-        .ok_or_else(|| format!("since {value:?} reaches further back than any record"))
-}
-
-#[cfg(test)]
-mod tests {
-    use chrono::TimeZone;
-
-    use super::*;
-
-    #[test]
-    fn since_is_a_time_or_a_duration_ago() {
-        let now = Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap();
-        assert_eq!(
-            parse_since("2026-05-01T10:00:00Z", now).unwrap(),
-            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
-        );
-        assert_eq!(
-            parse_since("2026-05-01T12:00:00+02:00", now).unwrap(),
-            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
-        );
-        assert_eq!(
-            parse_since("2 hours", now).unwrap(),
-            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
-        );
-        assert_eq!(
-            parse_since("1d", now).unwrap(),
-            Utc.with_ymd_and_hms(2026, 4, 30, 12, 0, 0).unwrap()
-        );
-        let err = parse_since("yesterday", now).unwrap_err();
-        assert!(err.contains("2 hours"), "{err}");
-        assert!(parse_since("99999999999 weeks", now).is_err());
-    }
 }

@@ -21,7 +21,7 @@ use ongrid_core::api::{
     KeyOwner, Revocation, RevokedKey, RevokedKeys, Route, RouteRequest,
 };
 use ongrid_core::holds::SessionDeadlines;
-use ongrid_core::{Dn, SessionName, SessionState};
+use ongrid_core::{Dn, HumanDuration, SessionName, SessionState};
 
 use super::views::deadlines_view;
 use super::{ApiError, AppState, Effect};
@@ -335,6 +335,26 @@ pub async fn audit(
     Ok(state.store.audit(filter).await?)
 }
 
+/// `since` as a time (RFC 3339) or as a duration before `now` (`2 hours`, `3d`).
+pub fn parse_since(value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    let value = value.trim();
+    if let Ok(time) = DateTime::parse_from_rfc3339(value) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    let ago = HumanDuration::parse(value)
+        .map_err(|_| {
+            format!(
+                "since {value:?} must be a time like 2026-05-01T10:00:00Z or a duration ago \
+                 like \"2 hours\""
+            )
+        })?
+        .as_duration();
+    chrono::TimeDelta::from_std(ago)
+        .ok()
+        .and_then(|ago| now.checked_sub_signed(ago))
+        .ok_or_else(|| format!("since {value:?} reaches further back than any record"))
+}
+
 /// Records an SSH connection's opening, activity or closing (which may move its session
 /// between WAITING, CONNECTED and IDLE) and answers with the session's deadlines, which the
 /// gateway shows its users.
@@ -401,6 +421,31 @@ mod tests {
     use crate::domain::sessions::fixtures::session;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
+
+    #[test]
+    fn since_is_a_time_or_a_duration_ago() {
+        use chrono::TimeZone;
+        let now = Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap();
+        assert_eq!(
+            parse_since("2026-05-01T10:00:00Z", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(
+            parse_since("2026-05-01T12:00:00+02:00", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(
+            parse_since("2 hours", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(
+            parse_since("1d", now).unwrap(),
+            Utc.with_ymd_and_hms(2026, 4, 30, 12, 0, 0).unwrap()
+        );
+        let err = parse_since("yesterday", now).unwrap_err();
+        assert!(err.contains("2 hours"), "{err}");
+        assert!(parse_since("99999999999 weeks", now).is_err());
+    }
 
     fn message(error: ApiError) -> (StatusCode, String) {
         (error.status(), error.message().to_owned())

@@ -15,7 +15,7 @@ use super::actions::{self, Target};
 use super::auth::{notice_cookie, redirect_with_cookie, AdminViewer, PageError, Viewer};
 use super::data::{self, Live};
 use super::views::{self, AuditFilterForm, Header, Page};
-use crate::app::{ApiError, AppState};
+use crate::app::{gateway, ApiError, AppState};
 
 fn header(viewer: &Viewer) -> Header<'_> {
     Header {
@@ -75,7 +75,14 @@ pub async fn admin_page(
         .transpose()?;
     let since = Some(query.since.trim())
         .filter(|s| !s.is_empty())
-        .map(|since| parse_since(since, state.clock.now()))
+        .map(|since| {
+            gateway::parse_since(since, state.clock.now()).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "since {since:?} must be a time like 2026-05-01T10:00:00Z or a duration ago \
+                     like \"2 hours\""
+                ))
+            })
+        })
         .transpose()?;
     let live = data::render(&state, &viewer, &Live::Admin).await?;
     let (institutes, audit) = data::admin_tables(&state, &viewer.caller, user, since).await?;
@@ -89,43 +96,16 @@ pub async fn admin_page(
     ))
 }
 
-/// The audit filter's `since`: a time (RFC 3339) or a duration ago (`2 hours`), as devctl
-/// admin audit takes it.
-fn parse_since(
-    value: &str,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<chrono::DateTime<chrono::Utc>, ApiError> {
-    if let Ok(time) = chrono::DateTime::parse_from_rfc3339(value) {
-        return Ok(time.with_timezone(&chrono::Utc));
-    }
-    let refused = || {
-        ApiError::bad_request(format!(
-            "since {value:?} must be a time like 2026-05-01T10:00:00Z or a duration ago like \
-             \"2 hours\""
-        ))
-    };
-    let ago = ongrid_core::HumanDuration::parse(value)
-        .map_err(|_| refused())?
-        .as_duration();
-    chrono::TimeDelta::from_std(ago)
-        .ok()
-        .and_then(|ago| now.checked_sub_signed(ago))
-        .ok_or_else(refused)
-}
-
 /// `GET /dashboard/jobs/{id}`: a job's state and output.
 pub async fn job_page(
     State(state): State<AppState>,
     viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let live = Live::parse(&format!("job/{id}"))
+    let job_id = id
+        .parse()
         .map_err(|_| PageError(ApiError::not_found(format!("you have no job {id}"))))?;
-    let Live::Job(job_id) = live else {
-        return Err(PageError(ApiError::not_found(format!(
-            "you have no job {id}"
-        ))));
-    };
+    let live = Live::Job(job_id);
     let job = data::job(&state, &viewer, job_id).await?;
     let markup = data::render(&state, &viewer, &live).await?;
     Ok(page(
