@@ -32,8 +32,9 @@ use ongrid_core::Dn;
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
+use super::{poll_timeout, ApiError, ApiJson, ApiPath, ApiQuery, AppState};
 use crate::app::images::{self as actions, FreezeError};
+use crate::app::lookup::OwnerQuery;
 use crate::app::views::image_view;
 use crate::app::Via;
 
@@ -91,12 +92,6 @@ pub async fn list_images(
     Ok(Json(images.into_iter().map(image_view).collect()))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OwnerQuery {
-    owner: Option<Dn>,
-}
-
 /// `GET /v1/images/{reference}[?owner=DN][&after=DONE/TOTAL[&timeout=SECONDS]]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,10 +118,7 @@ pub async fn show_image(
     ApiQuery(query): ApiQuery<ShowQuery>,
 ) -> Result<Json<ImageView>, ApiError> {
     let seen = query.after.as_deref().map(parse_progress).transpose()?;
-    let wait = query
-        .timeout
-        .map_or(MAX_IMAGE_WAIT, Duration::from_secs)
-        .min(MAX_IMAGE_WAIT);
+    let wait = poll_timeout(query.timeout, MAX_IMAGE_WAIT);
     let image = actions::show(&state, &caller, &reference, query.owner, seen, wait).await?;
     Ok(Json(image_view(image)))
 }

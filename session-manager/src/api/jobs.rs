@@ -25,8 +25,9 @@ use ongrid_core::job::{JobId, JobView, LogChunk, SubmitJob, TargetInfo};
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
+use super::{poll_timeout, ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
 use crate::app::jobs::JobActionError;
+use crate::app::lookup::ListQuery;
 use crate::app::views::{job_view_now, job_views, removed_job_view};
 use crate::app::{self, Via};
 
@@ -53,13 +54,6 @@ pub async fn list_targets(
             .targets()
             .describe_for(&caller.user.dn, &caller.admitted.group),
     )
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    #[serde(default)]
-    all: bool,
 }
 
 pub async fn list_jobs(
@@ -151,12 +145,9 @@ pub async fn job_logs(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<LogQuery>,
 ) -> Result<Json<LogChunk>, ApiError> {
-    let wait = query.wait.then(|| {
-        query
-            .timeout
-            .map_or(MAX_LOG_WAIT, Duration::from_secs)
-            .min(MAX_LOG_WAIT)
-    });
+    let wait = query
+        .wait
+        .then(|| poll_timeout(query.timeout, MAX_LOG_WAIT));
     let chunk = app::jobs::logs(&state, &caller, &id, query.offset, wait)
         .await
         .map_err(job_refused)?;

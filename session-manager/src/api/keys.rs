@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::callers::CurrentUser;
 use super::{ApiError, ApiJson, ApiQuery, AppState};
 use crate::app::keys;
+use crate::app::lookup::ListQuery;
 use crate::store::{KeyAdded, KeyRecord};
 
 pub async fn add_key(
@@ -22,13 +23,6 @@ pub async fn add_key(
         KeyAdded::New(record) => (StatusCode::CREATED, Json(key_view(record))),
         KeyAdded::Renewed(record) => (StatusCode::OK, Json(key_view(record))),
     })
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    #[serde(default)]
-    all: bool,
 }
 
 pub async fn list_keys(

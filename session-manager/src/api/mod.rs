@@ -182,6 +182,11 @@ fn service_routes() -> Router<AppState> {
         .route("/v1/gateway/keys/check", post(gateway::check_keys))
 }
 
+/// How long a long-poll waits: its `?timeout=SECONDS`, at most (and by default) `max`.
+pub fn poll_timeout(timeout: Option<u64>, max: std::time::Duration) -> std::time::Duration {
+    timeout.map_or(max, std::time::Duration::from_secs).min(max)
+}
+
 async fn no_route(uri: Uri) -> ApiError {
     ApiError::not_found(format!(
         "no route {}: the API's routes are listed in ongrid_core::api",

@@ -7,8 +7,6 @@
 //! the node's GPUs any more (no running session, no job holding GPUs) or after `timeout`
 //! seconds: `devctl admin node drain --wait` asks it again until the node is empty.
 
-use std::time::Duration;
-
 use axum::extract::State;
 use axum::Json;
 use ongrid_core::api::{DrainRequest, GpuView, NodeView, SetGpuMode};
@@ -16,7 +14,7 @@ use ongrid_core::{GpuMode, GpuUuid, NodeName};
 use serde::Deserialize;
 
 use super::callers::CurrentUser;
-use super::{AdminJson, ApiError, ApiPath, ApiQuery, AppState};
+use super::{poll_timeout, AdminJson, ApiError, ApiPath, ApiQuery, AppState};
 use crate::app::nodes::{DrainChange, NodeError, MAX_NODE_WAIT};
 use crate::app::{self, Via};
 
@@ -45,7 +43,7 @@ pub async fn show_node(
 ) -> Result<Json<NodeView>, ApiError> {
     let wait = query
         .wait_empty
-        .then(|| query.timeout.map_or(MAX_NODE_WAIT, Duration::from_secs));
+        .then(|| poll_timeout(query.timeout, MAX_NODE_WAIT));
     let view = app::nodes::show(&state, &caller, &name, wait)
         .await
         .map_err(node_refused)?;

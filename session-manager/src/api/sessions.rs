@@ -20,8 +20,8 @@ use serde::Deserialize;
 use std::time::Duration;
 
 use super::callers::CurrentUser;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
-use crate::app::lookup::{OwnerQuery, ReservationQuery};
+use super::{poll_timeout, ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
+use crate::app::lookup::{ListQuery, OwnerQuery, ReservationQuery};
 use crate::app::sessions::{self as actions, Created, SessionActionError, SessionTarget};
 use crate::app::views::{changed_session_view, full_session_view, session_view, Reads};
 use crate::app::Via;
@@ -67,13 +67,6 @@ fn refused(error: SessionActionError) -> ApiError {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    #[serde(default)]
-    all: bool,
-}
-
 pub async fn list_sessions(
     State(state): State<AppState>,
     caller: CurrentUser,
@@ -117,10 +110,7 @@ pub async fn show_session(
         Some(list) => Some(parse_states(list)?),
         None => None,
     };
-    let wait = query
-        .timeout
-        .map_or(MAX_SESSION_WAIT, Duration::from_secs)
-        .min(MAX_SESSION_WAIT);
+    let wait = poll_timeout(query.timeout, MAX_SESSION_WAIT);
     let target = SessionTarget {
         name,
         owner: query.owner,

@@ -22,6 +22,14 @@ pub struct OwnerQuery {
     pub owner: Option<Dn>,
 }
 
+/// `?all=true`: an admin listing everyone's sessions, jobs or keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    pub all: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
     /// The live one, else the last ended one (to show what happened).
