@@ -224,13 +224,7 @@ impl WebApps {
         session: &SessionRecord,
         again: bool,
     ) -> Result<JupyterServer, ApiError> {
-        let slot = self
-            .jupyter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(session.id)
-            .or_default()
-            .clone();
+        let slot = locked(&self.jupyter).entry(session.id).or_default().clone();
         let mut known = slot.lock().await;
         let base_url = WebApp::Jupyter.base_path(&session.name);
         if let Some(server) = known.as_ref() {
@@ -246,14 +240,8 @@ impl WebApps {
     /// Forgets what this manager keeps of a session that is not running (its JupyterLab
     /// stopped with its container).
     fn forget(&self, session: SessionId) {
-        self.jupyter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&session);
-        self.changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&session);
+        locked(&self.jupyter).remove(&session);
+        locked(&self.changes).remove(&session);
     }
 
     /// What a page of the session's web apps shows above itself: nothing, or the warning of a
@@ -316,12 +304,7 @@ impl WebApps {
                 )),
             })?;
         let jupyter = {
-            let slot = self
-                .jupyter
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&session.id)
-                .cloned();
+            let slot = locked(&self.jupyter).get(&session.id).cloned();
             match slot {
                 Some(slot) => slot.lock().await.as_ref().map(|server| server.port),
                 None => None,
@@ -345,13 +328,15 @@ impl WebApps {
     }
 
     fn change_counter(&self, session: SessionId) -> Arc<AtomicU64> {
-        self.changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(session)
-            .or_default()
-            .clone()
+        locked(&self.changes).entry(session).or_default().clone()
     }
+}
+
+/// The map behind `mutex`, also after a panic while another held it (what it holds stays valid).
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A time left, as a person reads it: "1 h 59 min", "8 min", "less than a minute".

@@ -292,12 +292,9 @@ pub async fn drain_gpu(
 }
 
 fn drain_change(reason: Option<&str>) -> DrainChange<'_> {
-    match reason {
-        Some(reason) => DrainChange::Drain {
-            reason: Some(reason),
-        },
-        None => DrainChange::Undrain,
-    }
+    reason.map_or(DrainChange::Undrain, |reason| DrainChange::Drain {
+        reason: Some(reason),
+    })
 }
 
 /// A drain's refusal as the dashboard words it.

@@ -26,6 +26,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{any, get};
 use axum::{Extension, Router};
 use futures::{SinkExt, StreamExt};
 use hyper_util::client::legacy::Client;
@@ -153,50 +154,32 @@ impl tower::Service<Uri> for StreamConnector {
 pub fn router(state: AppState) -> Router {
     let proxy = Arc::new(Proxy::new(state.web_apps.clone()));
     Router::new()
-        .route(
-            "/dashboard/sessions/{name}/apps",
-            axum::routing::get(with_slash),
-        )
-        .route(
-            "/dashboard/sessions/{name}/apps/",
-            axum::routing::get(apps_page),
-        )
-        .route(
-            "/dashboard/sessions/{name}/apps/warning",
-            axum::routing::get(warning),
-        )
+        .route("/dashboard/sessions/{name}/apps", get(with_slash))
+        .route("/dashboard/sessions/{name}/apps/", get(apps_page))
+        .route("/dashboard/sessions/{name}/apps/warning", get(warning))
         .route(
             "/dashboard/static/session-warning.js",
-            axum::routing::get(|| async {
+            get(|| async {
                 (
                     [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
                     WARNING_SCRIPT,
                 )
             }),
         )
-        .route(
-            "/dashboard/sessions/{name}/apps/jupyter",
-            axum::routing::get(with_slash),
-        )
-        .route(
-            "/dashboard/sessions/{name}/apps/jupyter/",
-            axum::routing::any(proxied),
-        )
+        .route("/dashboard/sessions/{name}/apps/jupyter", get(with_slash))
+        .route("/dashboard/sessions/{name}/apps/jupyter/", any(proxied))
         .route(
             "/dashboard/sessions/{name}/apps/jupyter/{*rest}",
-            axum::routing::any(proxied),
+            any(proxied),
         )
         .route(
             "/dashboard/sessions/{name}/apps/port/{port}",
-            axum::routing::get(with_slash),
+            get(with_slash),
         )
-        .route(
-            "/dashboard/sessions/{name}/apps/port/{port}/",
-            axum::routing::any(proxied),
-        )
+        .route("/dashboard/sessions/{name}/apps/port/{port}/", any(proxied))
         .route(
             "/dashboard/sessions/{name}/apps/port/{port}/{*rest}",
-            axum::routing::any(proxied),
+            any(proxied),
         )
         .layer(Extension(proxy))
         .layer(axum::middleware::from_fn(
