@@ -458,29 +458,17 @@ mod tests {
             gpu_percent: Some(0.0),
         };
         let thresholds = config().thresholds;
-        assert_eq!(
-            store
-                .record_activity(&node, &[sample(97.0)], at(3000), thresholds)
-                .await
-                .unwrap(),
-            1
-        );
-        assert_eq!(
-            store
-                .record_activity(&node, &[sample(0.5)], at(3100), thresholds)
-                .await
-                .unwrap(),
-            1
-        );
         let other = NodeName::parse("node2").unwrap();
-        assert_eq!(
-            store
-                .record_activity(&other, &[sample(99.0)], at(3200), thresholds)
-                .await
-                .unwrap(),
-            0,
-            "not its node"
-        );
+        // Busy, then idle, then a sample from a node that is not the session's: not recorded.
+        for (from, cpu, seen, recorded) in [
+            (&node, 97.0, 3000, 1),
+            (&node, 0.5, 3100, 1),
+            (&other, 99.0, 3200, 0),
+        ] {
+            let samples = [sample(cpu)];
+            let stored = store.record_activity(from, &samples, at(seen), thresholds);
+            assert_eq!(stored.await.unwrap(), recorded, "{from} at {seen}");
+        }
         assert_eq!(
             timer.tick(at(3100)).await.unwrap().next,
             Some(at(3000 + 7200))
