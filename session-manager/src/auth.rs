@@ -138,13 +138,7 @@ impl GatewayToken {
 
     /// The node whose agent token is the same as the gateway's, if any: each must have its own.
     pub fn shared_with<'a>(&self, agents: &'a AgentTokens) -> Option<&'a NodeName> {
-        let mut found = None;
-        for (node, expected) in &agents.entries {
-            if constant_time_eq(&self.digest, expected) {
-                found = Some(node);
-            }
-        }
-        found
+        agents.node_of(&self.digest)
     }
 }
 
@@ -244,14 +238,14 @@ impl AgentTokens {
     /// The node this token belongs to. Compares digests in constant time and always looks at
     /// every entry, so timing tells nothing about how close a guess was.
     pub fn node_for(&self, token: &str) -> Option<&NodeName> {
-        let presented = digest(token);
-        let mut found = None;
-        for (node, expected) in &self.entries {
-            if constant_time_eq(&presented, expected) {
-                found = Some(node);
-            }
-        }
-        found
+        self.node_of(&digest(token))
+    }
+
+    /// The node whose token has `digest`, found as [`Self::node_for`] finds it.
+    fn node_of(&self, digest: &[u8; 32]) -> Option<&NodeName> {
+        self.entries.iter().fold(None, |found, (node, expected)| {
+            constant_time_eq(digest, expected).then_some(node).or(found)
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -265,6 +265,7 @@ fn count_gpus(
     used: &HashSet<&str>,
 ) -> (BTreeMap<GpuKey, i64>, BTreeMap<MigKey, i64>) {
     let mut gpus: BTreeMap<GpuKey, i64> = BTreeMap::new();
+    let mut slices: BTreeMap<MigKey, i64> = BTreeMap::new();
     for gpu in nodes.iter().flat_map(|node| node.gpus.iter()) {
         let mode = match gpu.mode {
             ongrid_core::GpuMode::Exclusive => "exclusive",
@@ -286,18 +287,12 @@ fn count_gpus(
         let in_use = if held { "used" } else { "free" };
         let key = (gpu.info.model.clone(), mode.to_owned(), health, in_use);
         *gpus.entry(key).or_default() += 1;
-    }
-    let mut slices: BTreeMap<MigKey, i64> = BTreeMap::new();
-    for gpu in nodes.iter().flat_map(|node| node.gpus.iter()) {
         if !matches!(gpu.mode, ongrid_core::GpuMode::Mig { .. }) {
             continue;
         }
         for device in &gpu.info.mig_devices {
-            let in_use = if used.contains(device.uuid.as_str()) {
-                "used"
-            } else {
-                "free"
-            };
+            let held = used.contains(device.uuid.as_str());
+            let in_use = if held { "used" } else { "free" };
             let key = (gpu.info.model.clone(), device.profile.to_string(), in_use);
             *slices.entry(key).or_default() += 1;
         }
