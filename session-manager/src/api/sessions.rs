@@ -106,10 +106,7 @@ pub async fn show_session(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<ShowQuery>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let wait_for = match &query.wait_for {
-        Some(list) => Some(parse_states(list)?),
-        None => None,
-    };
+    let wait_for = query.wait_for.as_deref().map(parse_states).transpose()?;
     let wait = poll_timeout(query.timeout, MAX_SESSION_WAIT);
     let target = SessionTarget {
         name,
