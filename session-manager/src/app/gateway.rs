@@ -342,17 +342,20 @@ pub fn parse_since(value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Str
         return Ok(time.with_timezone(&Utc));
     }
     let ago = HumanDuration::parse(value)
-        .map_err(|_| {
-            format!(
-                "since {value:?} must be a time like 2026-05-01T10:00:00Z or a duration ago \
-                 like \"2 hours\""
-            )
-        })?
+        .map_err(|_| since_unreadable(value))?
         .as_duration();
     chrono::TimeDelta::from_std(ago)
         .ok()
         .and_then(|ago| now.checked_sub_signed(ago))
         .ok_or_else(|| format!("since {value:?} reaches further back than any record"))
+}
+
+/// What a `since` that is neither a time nor a duration must look like.
+pub fn since_unreadable(value: &str) -> String {
+    format!(
+        "since {value:?} must be a time like 2026-05-01T10:00:00Z or a duration ago like \
+         \"2 hours\""
+    )
 }
 
 /// Records an SSH connection's opening, activity or closing (which may move its session

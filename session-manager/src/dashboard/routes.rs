@@ -75,13 +75,10 @@ pub async fn admin_page(
         .transpose()?;
     let since = Some(query.since.trim())
         .filter(|s| !s.is_empty())
+        // Also when it reaches further back than any record: the page asks for a time.
         .map(|since| {
-            gateway::parse_since(since, state.clock.now()).map_err(|_| {
-                ApiError::bad_request(format!(
-                    "since {since:?} must be a time like 2026-05-01T10:00:00Z or a duration ago \
-                     like \"2 hours\""
-                ))
-            })
+            gateway::parse_since(since, state.clock.now())
+                .map_err(|_| ApiError::bad_request(gateway::since_unreadable(since)))
         })
         .transpose()?;
     let live = data::render(&state, &viewer, &Live::Admin).await?;

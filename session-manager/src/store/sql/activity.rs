@@ -35,6 +35,14 @@ const FACT_COLUMNS: &str = "s.id, s.state, \
      l.gpu_sampled_at, l.gpu_percent, l.keep_until \
      FROM sessions s LEFT JOIN session_lifecycle l ON l.session_id = s.id";
 
+/// Stores a session's CPU reading (`$1` when, `$2` percent, `$3` active, `$4` the session).
+const CPU_SAMPLE: &str = "UPDATE session_lifecycle SET cpu_sampled_at = $1, cpu_percent = $2, \
+     cpu_active_at = CASE WHEN $3 THEN $1 ELSE cpu_active_at END WHERE session_id = $4";
+
+/// Stores a session's GPU reading, as [`CPU_SAMPLE`] its CPU reading.
+const GPU_SAMPLE: &str = "UPDATE session_lifecycle SET gpu_sampled_at = $1, gpu_percent = $2, \
+     gpu_active_at = CASE WHEN $3 THEN $1 ELSE gpu_active_at END WHERE session_id = $4";
+
 impl SqlStore {
     pub(super) async fn lifecycle_facts(
         &self,
@@ -106,20 +114,16 @@ impl SqlStore {
                 continue;
             };
             ensure_row(&mut tx, sample.session_id).await?;
-            // The columns `cpu_*`, and `gpu_*` when the sample has a GPU reading.
-            for (device, reading) in [("cpu", Some(facts.cpu)), ("gpu", facts.gpu)] {
+            // The CPU reading, and the GPU's when the sample has one.
+            for (sql, reading) in [(CPU_SAMPLE, Some(facts.cpu)), (GPU_SAMPLE, facts.gpu)] {
                 let Some(reading) = reading else { continue };
-                sqlx::query(&format!(
-                    "UPDATE session_lifecycle SET {device}_sampled_at = $1, {device}_percent = $2, \
-                     {device}_active_at = CASE WHEN $3 THEN $1 ELSE {device}_active_at END \
-                     WHERE session_id = $4"
-                ))
-                .bind(timestamp(reading.sampled_at))
-                .bind(reading.percent)
-                .bind(reading.active)
-                .bind(sample.session_id.to_string())
-                .execute(&mut *tx)
-                .await?;
+                sqlx::query(sql)
+                    .bind(timestamp(reading.sampled_at))
+                    .bind(reading.percent)
+                    .bind(reading.active)
+                    .bind(sample.session_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
             }
             recorded += 1;
         }

@@ -647,15 +647,20 @@ async fn apply_change(
     }
     activity::after_transition(tx, id, transition).await?;
     let id_text = id.to_string();
-    let placement = match change.placement {
-        Placement::Keep => "",
-        Placement::Place { .. } => ", node = $5, gpus = $6",
-        Placement::Clear => ", node = NULL, gpus = '[]'",
+    let sql = match change.placement {
+        Placement::Keep => {
+            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4 WHERE id = $1"
+        }
+        Placement::Place { .. } => {
+            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, node = $5, gpus = $6 \
+             WHERE id = $1"
+        }
+        Placement::Clear => {
+            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, node = NULL, \
+             gpus = '[]' WHERE id = $1"
+        }
     };
-    let sql = format!(
-        "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4{placement} WHERE id = $1"
-    );
-    let mut query = sqlx::query(&sql)
+    let mut query = sqlx::query(sql)
         .bind(&id_text)
         .bind(transition.to.as_str())
         .bind(&change.reason)
