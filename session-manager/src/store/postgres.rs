@@ -147,6 +147,11 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// Where a statement that writes outside [`Self::write`] runs: the pool, as every statement.
+    fn writes(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Begins a write: a transaction holding [`WRITE_LOCK`].
     async fn write(&self) -> StoreResult<Transaction<'static, Postgres>> {
         let mut tx = self.pool.begin().await?;

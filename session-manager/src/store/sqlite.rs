@@ -25,6 +25,13 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// pool ([`SqliteStore::close`]).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// How many rows a connection's thread may read ahead of the task that collects them. With
+/// sqlx's 50, a read of thousands of rows (the planning reads of a large site) on a busy
+/// machine stops the thread whenever the task is not running, and wakes it again for each row
+/// taken. Every read here collects its whole result anyway (`fetch_all`, `fetch_one`), so a
+/// buffer larger than any result costs no memory beyond that result's.
+const ROW_BUFFER: usize = 1 << 16;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// What the shared statements of [`sql`] are compiled against here.
@@ -48,7 +55,7 @@ mod sql;
 /// of pooled (closing rolls the transaction back); reused, it would refuse every later write with
 /// "begin_with at non-zero transaction depth", and a read would nest in a stale snapshot.
 fn outside_any_transaction(connection: &DbConnection) -> bool {
-    let depth = <Db as Database>::TransactionManager::get_transaction_depth(connection);
+    let depth = transaction_depth(connection);
     if depth > 0 {
         tracing::warn!(
             depth,
@@ -58,10 +65,44 @@ fn outside_any_transaction(connection: &DbConnection) -> bool {
     depth == 0
 }
 
-/// The embedded store. Cheap to clone (the pool is shared).
+/// A pool of connections: as many as `connections`, each checked on its way back
+/// ([`outside_any_transaction`]).
+fn pool_options(connections: u32) -> SqlitePoolOptions {
+    SqlitePoolOptions::new()
+        .max_connections(connections)
+        .after_release(|connection, _| {
+            Box::pin(async move {
+                // A dropped transaction's rollback is queued to the connection's worker: once a
+                // ping came back after it, what is left was never rolled back. Without a
+                // transaction counted, nothing queued can leave one (sqlx rolls back a BEGIN
+                // whose caller went away itself), so the ping, a round trip to the connection's
+                // thread, is spared for the common case.
+                if transaction_depth(connection) > 0 {
+                    connection.ping().await?;
+                }
+                Ok(outside_any_transaction(connection))
+            })
+        })
+}
+
+/// How many connections read at once.
+const READERS: u32 = 4;
+
+fn transaction_depth(connection: &DbConnection) -> usize {
+    <Db as Database>::TransactionManager::get_transaction_depth(connection)
+}
+
+/// The embedded store. Cheap to clone (the pools are shared).
+///
+/// Reads go through `pool`; every write through `writer`, its one connection. SQLite lets one
+/// connection write at a time: writers on several connections would meet its lock, and one
+/// that finds it taken sleeps and retries (1, 2, 5, 10 ... 100 ms), unfairly, so a write's wait
+/// under load grew far beyond the writes ahead of it. The writer's pool queues them instead, in
+/// order, each starting as the one before commits.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    writer: SqlitePool,
     /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
@@ -77,22 +118,14 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .after_release(|connection, _| {
-                Box::pin(async move {
-                    // A dropped transaction's rollback is queued to the connection's worker:
-                    // once a ping came back after it, what is left was never rolled back.
-                    connection.ping().await?;
-                    Ok(outside_any_transaction(connection))
-                })
-            })
-            .connect_with(options)
-            .await?;
+            .busy_timeout(BUSY_TIMEOUT)
+            .row_buffer_size(ROW_BUFFER);
+        let pool = pool_options(READERS).connect_with(options.clone()).await?;
+        let writer = pool_options(1).connect_with(options).await?;
         MIGRATOR.run(&pool).await?;
         Ok(Self {
             pool,
+            writer,
             inventory: Default::default(),
             planning: Default::default(),
         })
@@ -106,12 +139,13 @@ impl SqliteStore {
     /// open, the WAL with it, until the pool is dropped.
     pub async fn close(&self) {
         let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
-        while self.pool.size() as usize > self.pool.num_idle()
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        for pool in [&self.pool, &self.writer] {
+            while pool.size() as usize > pool.num_idle() && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            pool.close().await;
         }
-        self.pool.close().await;
     }
 
     /// The pool, for the copy to PostgreSQL and the tests that look at rows directly.
@@ -120,9 +154,14 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Begins a write: a transaction holding SQLite's write lock.
+    /// Where a statement that writes outside [`Self::write`] runs: the writer's connection.
+    fn writes(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// Begins a write: a transaction holding SQLite's write lock, on the writer's connection.
     async fn write(&self) -> StoreResult<Transaction<'static, Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
     /// Begins a read that sees one snapshot throughout.

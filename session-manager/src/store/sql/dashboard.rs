@@ -94,7 +94,7 @@ impl SqlStore {
         .bind(timestamp(now))
         .bind(token_hash)
         .bind(timestamp(now))
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.writes())
         .await?;
         row.map(|(dn, fqans, kind, not_after)| identity(&dn, &fqans, &kind, &not_after))
             .transpose()
@@ -117,7 +117,7 @@ impl SqlStore {
         .bind(&login.csrf_token)
         .bind(timestamp(now))
         .bind(timestamp(login.expires_at))
-        .execute(&self.pool)
+        .execute(self.writes())
         .await?;
         Ok(())
     }
@@ -148,7 +148,7 @@ impl SqlStore {
     async fn end_dashboard_login(&self, token_hash: &str) -> StoreResult<()> {
         sqlx::query("DELETE FROM dashboard_logins WHERE token_hash = $1")
             .bind(token_hash)
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(())
     }

@@ -269,7 +269,7 @@ impl SqlStore {
         )
         .bind(timestamp(closed_before))
         .bind(i64::from(limit))
-        .execute(&self.pool)
+        .execute(self.writes())
         .await?;
         Ok(done.rows_affected())
     }

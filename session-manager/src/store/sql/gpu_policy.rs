@@ -38,7 +38,7 @@ impl SqlStore {
         )
         .bind(owner.map(GroupName::as_str))
         .bind(gpu.as_str())
-        .execute(&self.pool)
+        .execute(self.writes())
         .await?
         .rows_affected();
         Ok(updated == 1)
@@ -53,7 +53,7 @@ impl SqlStore {
             sqlx::query("UPDATE nodes SET owner = $1 WHERE name = $2 AND removed_at IS NULL")
                 .bind(owner.map(GroupName::as_str))
                 .bind(node.as_str())
-                .execute(&self.pool)
+                .execute(self.writes())
                 .await?
                 .rows_affected();
         Ok(updated == 1)
@@ -107,7 +107,7 @@ impl SqlStore {
         .bind(timestamp(r.to))
         .bind(r.created_by.as_str())
         .bind(timestamp(r.created_at))
-        .execute(&self.pool)
+        .execute(self.writes())
         .await?
         .rows_affected();
         Ok(inserted == 1)
@@ -122,7 +122,7 @@ impl SqlStore {
              gpus, starts_at, ends_at, created_by, created_at",
         )
         .bind(name.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.writes())
         .await?;
         row.as_ref().map(reservation_from_row).transpose()
     }
@@ -136,7 +136,7 @@ impl SqlStore {
         sqlx::query(sql)
             .bind(id)
             .bind(reservation.as_str())
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(())
     }

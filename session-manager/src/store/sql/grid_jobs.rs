@@ -81,7 +81,7 @@ impl SqlStore {
         let done = sqlx::query("UPDATE grid_jobs SET engine_id = $1 WHERE job_id = $2")
             .bind(engine_id.as_str())
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NoSuchJob(id));
@@ -97,7 +97,7 @@ impl SqlStore {
         sqlx::query("UPDATE grid_jobs SET submit_started_at = $1 WHERE job_id = $2")
             .bind(at.map(timestamp))
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(())
     }
@@ -116,7 +116,7 @@ impl SqlStore {
         .bind(timestamp(poll.at))
         .bind(poll.engine_final)
         .bind(id.to_string())
-        .execute(&self.pool)
+        .execute(self.writes())
         .await?;
         Ok(())
     }

@@ -155,7 +155,7 @@ impl SqlStore {
             sqlx::query("UPDATE images SET shared_at = $1 WHERE id = $2 AND state <> 'DELETED'")
                 .bind(shared_at.map(timestamp))
                 .bind(id.to_string())
-                .execute(&self.pool)
+                .execute(self.writes())
                 .await?;
         if done.rows_affected() == 0 {
             return Ok(None);

@@ -199,7 +199,7 @@ impl SqlStore {
             .bind(super::clamp(size))
             .bind(complete)
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(())
     }

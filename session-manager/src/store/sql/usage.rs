@@ -34,7 +34,7 @@ impl SqlStore {
         .bind(dn.as_str())
         .bind(group.as_str())
         .bind(timestamp(now))
-        .execute(&self.pool)
+        .execute(self.writes())
         .await?;
         Ok(())
     }
@@ -60,7 +60,7 @@ impl SqlStore {
     }
 
     pub(super) async fn save_usage(&self, accounts: &[Account]) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         for account in accounts {
             sqlx::query(
                 "INSERT INTO usage_accounts (user_dn, accounting_group, usage, updated_at) \
