@@ -37,8 +37,7 @@ pub async fn create_session(
         actions::create(&state, &caller, body, query, key.as_ref(), Via::Api)
             .await
             .map_err(refused)?;
-    let positions = state.queue_positions().await?;
-    let position = positions.get(&session.id).copied();
+    let position = state.queue_position(&session).await?;
     let mut view = changed_session_view(&state, session, position).await?;
     if view.state == SessionState::Pending {
         if let Some(why) = crate::app::views::out_of_service(&site, &view.request) {

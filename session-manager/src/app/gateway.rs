@@ -209,11 +209,7 @@ pub async fn route(state: &AppState, request: RouteRequest) -> Result<Route, Api
         .sessions(SessionFilter::Owner(request.owner.clone()))
         .await?;
     let session = choose(&sessions, &request.target)?;
-    let queue_position = if session.state == SessionState::Pending {
-        state.queue_positions().await?.get(&session.id).copied()
-    } else {
-        None
-    };
+    let queue_position = state.queue_position(session).await?;
     let agent_url = match &session.node {
         Some(node) if session.state.holds_gpus() => super::lookup::stream_url(state, node).await?,
         _ => None,

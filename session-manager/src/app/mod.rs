@@ -56,6 +56,7 @@ pub use error::ApiError;
 use crate::auth::{AgentTokens, GatewayToken};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::domain::sessions::SessionRecord;
 use crate::site::SiteSnapshot;
 use crate::store::{SessionFilter, Store};
 
@@ -145,6 +146,18 @@ impl AppState {
         };
         // Still PENDING after the wait: the answer says so; the leader places it later.
         let _ = tokio::time::timeout(PLACEMENT_WAIT, placed).await;
+    }
+
+    /// `session`'s 1-based queue position ([`Self::queue_positions`]) when it is PENDING. Without
+    /// fair share the store counts it, instead of every position being read for one.
+    pub async fn queue_position(&self, session: &SessionRecord) -> Result<Option<u32>, ApiError> {
+        if session.state != SessionState::Pending {
+            return Ok(None);
+        }
+        if self.config.fair_share.is_none() {
+            return Ok(self.store.pending_place(session.id).await?);
+        }
+        Ok(self.queue_positions().await?.get(&session.id).copied())
     }
 
     /// 1-based queue positions of the PENDING sessions, in the order the scheduler serves them

@@ -369,6 +369,10 @@ pub trait Store: Send + Sync {
     /// The PENDING sessions in queue order, `(queued_at, id)`.
     fn pending_order(&self) -> BoxFuture<'_, StoreResult<Vec<SessionId>>>;
 
+    /// Session `id`'s 1-based place in that order; `None` when it is not PENDING. Counted in
+    /// the database: no row of the queue is read.
+    fn pending_place(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Option<u32>>>;
+
     /// The session's full history, oldest first.
     fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>>;
 

@@ -140,8 +140,7 @@ impl SqliteStore {
     pub async fn close(&self) {
         let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
         for pool in [&self.pool, &self.writer] {
-            while pool.size() as usize > pool.num_idle() && tokio::time::Instant::now() < deadline
-            {
+            while pool.size() as usize > pool.num_idle() && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             pool.close().await;

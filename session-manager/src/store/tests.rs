@@ -958,9 +958,15 @@ async fn the_queue_is_ordered_by_time_then_id(backend: Backend) {
     same_b.id = SessionId("00000000-0000-4000-8000-000000000001".parse().unwrap());
     store.create_session(same_a.clone()).await.unwrap();
     store.create_session(same_b.clone()).await.unwrap();
+    let order = vec![early.id, same_b.id, same_a.id, late.id];
+    assert_eq!(store.pending_order().await.unwrap(), order);
+    // One session's place, counted, is its place in that order; a session not waiting has none.
+    for (place, id) in (1..).zip(&order) {
+        assert_eq!(store.pending_place(*id).await.unwrap(), Some(place), "{id}");
+    }
     assert_eq!(
-        store.pending_order().await.unwrap(),
-        vec![early.id, same_b.id, same_a.id, late.id]
+        store.pending_place(SessionId::new_random()).await.unwrap(),
+        None
     );
     let pending = store
         .sessions(SessionFilter::States(vec![SessionState::Pending]))

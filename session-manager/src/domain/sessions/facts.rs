@@ -24,6 +24,12 @@ pub enum FactsChange {
     Requeued { queued_at: DateTime<Utc> },
 }
 
+/// Whether [`after_transition`] needs the session's first start to decide: only a session
+/// becoming ready (STARTING to WAITING) records it.
+pub fn reads_first_start(transition: &Transition) -> bool {
+    (transition.from, transition.to) == (Some(SessionState::Starting), SessionState::Waiting)
+}
+
 /// What `transition` changes in the facts, given when the session first started
 /// (`first_started_at`, `None`: never); `None` when nothing.
 ///
@@ -32,11 +38,13 @@ pub fn after_transition(
     transition: &Transition,
     first_started_at: Option<DateTime<Utc>>,
 ) -> Option<FactsChange> {
-    match (transition.from, transition.to) {
-        (Some(SessionState::Starting), SessionState::Waiting) => Some(FactsChange::Ready {
+    if reads_first_start(transition) {
+        return Some(FactsChange::Ready {
             ready_at: transition.at,
             first_started_at: first_started_at.unwrap_or(transition.at),
-        }),
+        });
+    }
+    match (transition.from, transition.to) {
         (Some(SessionState::Held), SessionState::Pending) => Some(FactsChange::Requeued {
             queued_at: transition.at,
         }),

@@ -139,16 +139,22 @@ pub(super) async fn after_transition(
     id: SessionId,
     transition: &Transition,
 ) -> StoreResult<()> {
-    let first_started_at: Option<Option<String>> =
-        sqlx::query_scalar("SELECT first_started_at FROM session_lifecycle WHERE session_id = $1")
-            .bind(id.to_string())
-            .fetch_optional(&mut **tx)
-            .await?;
-    let first_started_at = first_started_at
-        .flatten()
-        .as_deref()
-        .map(parse_timestamp)
-        .transpose()?;
+    // Read only for the one transition that uses it (most, a placement among them, do not).
+    let first_started_at = if facts::reads_first_start(transition) {
+        let stored: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT first_started_at FROM session_lifecycle WHERE session_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_optional(&mut **tx)
+        .await?;
+        stored
+            .flatten()
+            .as_deref()
+            .map(parse_timestamp)
+            .transpose()?
+    } else {
+        None
+    };
     match facts::after_transition(transition, first_started_at) {
         Some(FactsChange::Ready {
             ready_at,

@@ -132,9 +132,11 @@ impl SqlStore {
         };
         let lifecycle = Lifecycle::new(new.at, new.reason);
         let first = lifecycle.last();
+        let change = planning::next_change(&mut tx).await?;
         sqlx::query(
             "INSERT INTO sessions (id, name, owner, request, image, state, reason, gpus, \
-             created_at, queued_at) VALUES ($1, $2, $3, $4, $5, $6, $7, '[]', $8, $9)",
+             created_at, queued_at, change_seq) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, '[]', $8, $9, $10)",
         )
         .bind(new.id.to_string())
         .bind(name.as_str())
@@ -145,9 +147,9 @@ impl SqlStore {
         .bind(&first.reason)
         .bind(timestamp(new.at))
         .bind(timestamp(new.at))
+        .bind(change)
         .execute(&mut *tx)
         .await?;
-        planning::stamp(&mut tx, &new.id.to_string()).await?;
         insert_transition(&mut tx, new.id, 0, first, (&first.reason, None)).await?;
         if new.idle_timeout_secs.is_some() || new.max_duration_secs.is_some() {
             activity::insert_limits(
@@ -252,6 +254,18 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?;
         ids.iter().map(|id| parse(id, "session id")).collect()
+    }
+
+    async fn pending_place(&self, id: SessionId) -> StoreResult<Option<u32>> {
+        let ahead: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sessions s JOIN sessions q ON q.state = 'PENDING' \
+             AND (q.queued_at < s.queued_at OR (q.queued_at = s.queued_at AND q.id <= s.id)) \
+             WHERE s.id = $1 AND s.state = 'PENDING'",
+        )
+        .bind(id.to_string())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((ahead > 0).then(|| u32::try_from(ahead).unwrap_or(u32::MAX)))
     }
 
     async fn transitions(&self, id: SessionId) -> StoreResult<Vec<Transition>> {
@@ -369,13 +383,12 @@ impl SqlStore {
         if !as_stored {
             return Ok(None);
         }
-        let updated = sqlx::query(
-            "UPDATE nodes SET last_seen = $1 WHERE name = $2 AND removed_at IS NULL",
-        )
-        .bind(timestamp(at))
-        .bind(node.as_str())
-        .execute(self.writes())
-        .await?;
+        let updated =
+            sqlx::query("UPDATE nodes SET last_seen = $1 WHERE name = $2 AND removed_at IS NULL")
+                .bind(timestamp(at))
+                .bind(node.as_str())
+                .execute(self.writes())
+                .await?;
         if updated.rows_affected() == 0 {
             return Ok(None);
         }
@@ -513,6 +526,7 @@ impl Store for SqlStore {
         fn sessions(filter: SessionFilter) -> Vec<SessionRecord>;
         fn state_counts() -> StateCounts;
         fn pending_order() -> Vec<SessionId>;
+        fn pending_place(id: SessionId) -> Option<u32>;
         fn transitions(id: SessionId) -> Vec<Transition>;
         fn transition(id: SessionId, change: Change) -> SessionRecord;
         fn transition_all(changes: Vec<(SessionId, Change)>) -> Vec<StoreResult<()>>;
@@ -694,30 +708,30 @@ async fn apply_change(
         insert_transition(tx, id, seq, transition, (&change.reason, change.hold)).await?;
     }
     activity::after_transition(tx, id, transition).await?;
-    let id_text = id.to_string();
     let sql = match change.placement {
         Placement::Keep => {
-            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4 WHERE id = $1"
-        }
-        Placement::Place { .. } => {
-            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, node = $5, gpus = $6 \
+            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, change_seq = $5 \
              WHERE id = $1"
         }
+        Placement::Place { .. } => {
+            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, change_seq = $5, \
+             node = $6, gpus = $7 WHERE id = $1"
+        }
         Placement::Clear => {
-            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, node = NULL, \
-             gpus = '[]' WHERE id = $1"
+            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, change_seq = $5, \
+             node = NULL, gpus = '[]' WHERE id = $1"
         }
     };
     let mut query = sqlx::query(sql)
-        .bind(&id_text)
+        .bind(id.to_string())
         .bind(transition.to.as_str())
         .bind(&change.reason)
-        .bind(change.hold.map(HoldReason::as_str));
+        .bind(change.hold.map(HoldReason::as_str))
+        .bind(planning::next_change(tx).await?);
     if let Placement::Place { node, gpus } = &change.placement {
         query = query.bind(node.as_str()).bind(to_json(gpus)?);
     }
     query.execute(&mut **tx).await?;
-    planning::stamp(tx, &id_text).await?;
     Ok(transition.clone())
 }
 

@@ -38,20 +38,15 @@ fn planned(state: SessionState) -> bool {
     state == SessionState::Pending || state.holds_gpus()
 }
 
-/// Stamps session `id` (its text) with the next change number, inside the write `tx`.
-pub(super) async fn stamp(tx: &mut Transaction<'static, Db>, id: &str) -> StoreResult<()> {
-    let seq: i64 = sqlx::query_scalar(
+/// The next change number, inside the write `tx`: the session the write changes is stamped
+/// with it (its `change_seq`), in the statement that changes it.
+pub(super) async fn next_change(tx: &mut Transaction<'static, Db>) -> StoreResult<i64> {
+    Ok(sqlx::query_scalar(
         "INSERT INTO session_change_seq (id, seq) VALUES (1, 1) \
          ON CONFLICT (id) DO UPDATE SET seq = session_change_seq.seq + 1 RETURNING seq",
     )
     .fetch_one(&mut **tx)
-    .await?;
-    sqlx::query("UPDATE sessions SET change_seq = $1 WHERE id = $2")
-        .bind(seq)
-        .bind(id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+    .await?)
 }
 
 impl SqlStore {
