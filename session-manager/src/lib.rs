@@ -449,6 +449,7 @@ fn spawn_loops(
                 api: wake.clone(),
                 scheduler: replication.scheduler_wake,
                 grid: loops.grid.clone(),
+                rounds: loops.scheduler.clone(),
             });
             tracker.spawn(replicas::lead(
                 postgres.clone(),

@@ -24,7 +24,7 @@
 //! so an agent's long-poll on one replica wakes for a placement another one made.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ongrid_core::NodeName;
@@ -58,6 +58,17 @@ pub struct Changes {
     shutdown: CancellationToken,
     /// To the other replicas (PostgreSQL only).
     outbox: Option<Outbox>,
+    /// The rounds this replica's requests asked the leader for, and how far its rounds covered
+    /// them (PostgreSQL only; see [`Changes::ask_round`]).
+    rounds: Arc<Rounds>,
+}
+
+/// How many rounds a follower's requests asked for, and the highest of those numbers a leader's
+/// round has covered.
+#[derive(Debug)]
+struct Rounds {
+    asked: AtomicU64,
+    covered: watch::Sender<u64>,
 }
 
 /// A signal per node whose changes someone waits on, and one for [`Changed::Site`]. A watch
@@ -116,12 +127,21 @@ struct Outbox {
 }
 
 /// What one replica tells the others, as the text of a PostgreSQL notification:
-/// `<replica> node <name>`, `<replica> site`, `<replica> sessions` or `<replica> wake`.
+/// `<replica> node <name>`, `<replica> site`, `<replica> sessions`, `<replica> wake <n>` or
+/// `<replica> covered <replica> <n>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Remote {
     Changed(Changed),
     /// Something the leader's loops act on (a new request, a release, a drain): run a round.
-    Wake,
+    /// The number is how many rounds the sender's requests had asked for when it sent this
+    /// ([`Changes::ask_round`]); 0 from a replica that does not count them (`<replica> wake`).
+    Wake(u64),
+    /// The leader's answer to a [`Remote::Wake`]: a round that started after it came has ended,
+    /// so whatever `replica` had committed before asking for round `asked` is placed, or waits.
+    Covered {
+        replica: String,
+        asked: u64,
+    },
 }
 
 impl Remote {
@@ -131,7 +151,8 @@ impl Remote {
             Self::Changed(Changed::Node(node)) => format!("{from} node {node}"),
             Self::Changed(Changed::Site) => format!("{from} site"),
             Self::Changed(Changed::Sessions) => format!("{from} sessions"),
-            Self::Wake => format!("{from} wake"),
+            Self::Wake(asked) => format!("{from} wake {asked}"),
+            Self::Covered { replica, asked } => format!("{from} covered {replica} {asked}"),
         }
     }
 
@@ -139,11 +160,16 @@ impl Remote {
     pub fn decode(payload: &str) -> Option<(&str, Self)> {
         let mut words = payload.split(' ');
         let from = words.next().filter(|w| !w.is_empty())?;
-        let remote = match (words.next()?, words.next()) {
-            ("node", Some(node)) => Self::Changed(Changed::Node(NodeName::parse(node).ok()?)),
-            ("site", None) => Self::Changed(Changed::Site),
-            ("sessions", None) => Self::Changed(Changed::Sessions),
-            ("wake", None) => Self::Wake,
+        let remote = match (words.next()?, words.next(), words.next()) {
+            ("node", Some(node), None) => Self::Changed(Changed::Node(NodeName::parse(node).ok()?)),
+            ("site", None, None) => Self::Changed(Changed::Site),
+            ("sessions", None, None) => Self::Changed(Changed::Sessions),
+            ("wake", None, None) => Self::Wake(0),
+            ("wake", Some(asked), None) => Self::Wake(asked.parse().ok()?),
+            ("covered", Some(replica), Some(asked)) => Self::Covered {
+                replica: replica.to_owned(),
+                asked: asked.parse().ok()?,
+            },
             _ => return None,
         };
         words.next().is_none().then_some((from, remote))
@@ -162,6 +188,42 @@ impl Changes {
             }),
             shutdown,
             outbox: None,
+            rounds: Arc::new(Rounds {
+                asked: AtomicU64::new(0),
+                covered: watch::channel(0).0,
+            }),
+        }
+    }
+
+    /// A request that committed something on a replica that does not lead asks for a round of
+    /// the leader's that starts after the commit: the number to wait for ([`Self::covered`]).
+    /// The wake that follows carries it, or a higher one, to the leader ([`Self::rounds_asked`]).
+    pub fn ask_round(&self) -> u64 {
+        self.rounds.asked.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// How many rounds this replica's requests have asked for.
+    pub fn rounds_asked(&self) -> u64 {
+        self.rounds.asked.load(Ordering::SeqCst)
+    }
+
+    /// The leader said its round covered what was asked up to `asked`.
+    pub fn round_covered(&self, asked: u64) {
+        self.rounds.covered.send_if_modified(|covered| {
+            let later = asked > *covered;
+            if later {
+                *covered = asked;
+            }
+            later
+        });
+    }
+
+    /// Waits until a leader's round covered round `asked` (or shutdown).
+    pub async fn covered(&self, asked: u64) {
+        let mut covered = self.rounds.covered.subscribe();
+        tokio::select! {
+            _ = covered.wait_for(|covered| *covered >= asked) => {}
+            () = self.shutdown.cancelled() => {}
         }
     }
 
@@ -399,14 +461,46 @@ mod tests {
             Remote::Changed(Changed::Node(node("gpu-7"))),
             Remote::Changed(Changed::Site),
             Remote::Changed(Changed::Sessions),
-            Remote::Wake,
+            Remote::Wake(7),
+            Remote::Covered {
+                replica: "r2".to_owned(),
+                asked: 7,
+            },
         ] {
             let text = remote.encode("r1");
             assert_eq!(Remote::decode(&text), Some(("r1", remote)), "{text}");
         }
-        for text in ["", "r1", "r1 node", "r1 nodes x", "r1 site x", " site"] {
+        // A replica that does not count its rounds.
+        assert_eq!(Remote::decode("r1 wake"), Some(("r1", Remote::Wake(0))));
+        for text in [
+            "",
+            "r1",
+            "r1 node",
+            "r1 nodes x",
+            "r1 site x",
+            " site",
+            "r1 wake x",
+            "r1 wake 1 2",
+            "r1 covered r2",
+            "r1 covered r2 -1",
+        ] {
             assert_eq!(Remote::decode(text), None, "{text:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_the_round_that_covers_it() {
+        let changes = Changes::new(CancellationToken::new());
+        let (first, second) = (changes.ask_round(), changes.ask_round());
+        assert_eq!((first, second, changes.rounds_asked()), (1, 2, 2));
+        assert_eq!(changes.covered(first).now_or_never(), None);
+        changes.round_covered(first);
+        assert_eq!(changes.covered(first).now_or_never(), Some(()));
+        assert_eq!(changes.covered(second).now_or_never(), None, "not yet");
+        // An answer that comes late changes nothing.
+        changes.round_covered(2);
+        changes.round_covered(1);
+        assert_eq!(changes.covered(second).now_or_never(), Some(()));
     }
 
     #[tokio::test]

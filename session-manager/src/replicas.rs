@@ -81,6 +81,8 @@ pub use postgres::{lead, listen, publish, Wakes};
 
 #[cfg(feature = "postgres")]
 mod postgres {
+    use std::collections::HashMap;
+
     use tokio::sync::{mpsc, watch, Notify};
 
     use super::*;
@@ -169,6 +171,8 @@ mod postgres {
         pub api: Arc<Notify>,
         pub scheduler: Arc<Notify>,
         pub grid: Arc<GridMirror>,
+        /// Runs the rounds that answer the followers' wakes while this replica leads ([`cover`]).
+        pub rounds: Arc<Scheduler>,
     }
 
     /// Tells the other replicas what `outbox` gets from `changes`, and the API's wake-ups of
@@ -193,7 +197,7 @@ mod postgres {
                         wakes.scheduler.notify_one();
                         continue;
                     }
-                    batch.push(Remote::Wake);
+                    batch.push(Remote::Wake(changes.rounds_asked()));
                 }
             }
             while batch.len() < BATCH {
@@ -225,6 +229,14 @@ mod postgres {
         leader: Leader,
         shutdown: CancellationToken,
     ) {
+        let (asks, asked) = mpsc::unbounded_channel();
+        tokio::spawn(cover(
+            store.clone(),
+            replica.clone(),
+            wakes.rounds.clone(),
+            asked,
+            shutdown.clone(),
+        ));
         loop {
             let listener = tokio::select! {
                 listener = store.listen() => listener,
@@ -252,10 +264,20 @@ mod postgres {
                     Ok(Some(payload)) => match Remote::decode(&payload) {
                         Some((from, _)) if from == replica => {}
                         Some((_, Remote::Changed(changed))) => changes.deliver(changed),
-                        Some((_, Remote::Wake)) => {
+                        Some((from, Remote::Wake(asked))) => {
                             if leader.is_leading() {
-                                wakes.scheduler.notify_one();
                                 wakes.grid.wake();
+                                if asked == 0 {
+                                    wakes.scheduler.notify_one();
+                                } else {
+                                    // The round runs there, and answers.
+                                    let _ = asks.send((from.to_owned(), asked));
+                                }
+                            }
+                        }
+                        Some((_, Remote::Covered { replica: to, asked })) => {
+                            if to == replica {
+                                changes.round_covered(asked);
                             }
                         }
                         None => {
@@ -278,6 +300,44 @@ mod postgres {
             }
             if sleep_or_shutdown(RETRY, &shutdown).await {
                 return;
+            }
+        }
+    }
+
+    /// Answers the followers' wakes while this replica leads: a round that starts after they
+    /// came (shared by those that came meanwhile), then a [`Remote::Covered`] to each follower
+    /// with the highest of its numbers, so a request waiting there answers as soon as the round
+    /// that could place it has ended, placed or not.
+    async fn cover(
+        store: PostgresStore,
+        replica: String,
+        scheduler: Arc<Scheduler>,
+        mut asks: mpsc::UnboundedReceiver<(String, u64)>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let first = tokio::select! {
+                ask = asks.recv() => match ask {
+                    Some(ask) => ask,
+                    None => return,
+                },
+                () = shutdown.cancelled() => return,
+            };
+            let mut highest = HashMap::from([first]);
+            while let Ok((from, asked)) = asks.try_recv() {
+                let kept = highest.entry(from).or_default();
+                *kept = asked.max(*kept);
+            }
+            if let Err(error) = scheduler.tick_covering().await {
+                tracing::error!(%error, "Scheduling for the other replicas failed; the loop retries.");
+            }
+            let payloads: Vec<String> = highest
+                .into_iter()
+                .map(|(to, asked)| Remote::Covered { replica: to, asked }.encode(&replica))
+                .collect();
+            if let Err(error) = store.publish(&payloads).await {
+                tracing::warn!(%error, "Could not tell the other replicas a round ended; their \
+                    requests answer at their wait's end.");
             }
         }
     }

@@ -60,8 +60,10 @@ use crate::domain::sessions::SessionRecord;
 use crate::site::SiteSnapshot;
 use crate::store::{SessionFilter, Store};
 
-/// How long a replica that does not lead waits for the leader to place a session it was asked
-/// for or released, before answering with the session as it is (PENDING).
+/// How long a replica that does not lead waits for the leader's round that covers a session it
+/// was asked for or released, before answering with the session as it is (PENDING): the
+/// leader's answer normally comes after one round ([`crate::notify::Remote::Covered`]); this is
+/// for a leader that is gone.
 pub const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What every handler shares.
@@ -121,8 +123,8 @@ impl AppState {
 
     /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
     /// waits (PENDING): the leader runs a round in place (or shares one that started after the
-    /// commit with the requests waiting beside it); a follower wakes the leader and waits
-    /// up to [`PLACEMENT_WAIT`] for `session` to leave PENDING. A failed round is retried by the
+    /// commit with the requests waiting beside it); a follower asks the leader for such a round
+    /// and waits for its answer, at most [`PLACEMENT_WAIT`]. A failed round is retried by the
     /// loop.
     pub async fn schedule_now(&self, session: SessionId) {
         if self.leader.is_leading() {
@@ -131,21 +133,10 @@ impl AppState {
             }
             return;
         }
-        let mut changes = self.changes.subscribe();
+        let asked = self.changes.ask_round();
         self.wake.notify_one();
-        let placed = async {
-            loop {
-                match self.store.session(session).await {
-                    Ok(Some(record)) if record.state == SessionState::Pending => {}
-                    _ => return,
-                }
-                if !changes.changed().await {
-                    return;
-                }
-            }
-        };
-        // Still PENDING after the wait: the answer says so; the leader places it later.
-        let _ = tokio::time::timeout(PLACEMENT_WAIT, placed).await;
+        // Still PENDING after the leader's round: the answer says so; it is placed later.
+        let _ = tokio::time::timeout(PLACEMENT_WAIT, self.changes.covered(asked)).await;
     }
 
     /// `session`'s 1-based queue position ([`Self::queue_positions`]) when it is PENDING. Without

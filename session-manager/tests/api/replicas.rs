@@ -19,6 +19,7 @@ use std::time::Instant;
 use ongrid_core::api::RunState;
 use ongrid_core::holds::{HoldReason, HoldRequest};
 use ongrid_core::GpuId;
+use ongrid_manager::app::PLACEMENT_WAIT;
 use ongrid_manager::store::Database;
 
 use super::watch::{long_poll, register_versioned};
@@ -159,6 +160,24 @@ async fn two_replicas_serve_and_the_second_leads_when_the_first_is_killed() {
     // Asked of the follower, a session is placed by the leader and the answer says so.
     let three = b.alice.create(Some("three"), one_gpu()).await;
     assert_eq!(three.state, SessionState::Starting, "{}", three.reason);
+    // One that no free GPU meets waits: the follower answers PENDING as soon as the leader
+    // says its round for it has ended, not when its wait for the leader runs out.
+    let asked = Instant::now();
+    let two_gpus = GpuRequest {
+        count: 2,
+        ..one_gpu()
+    };
+    let wide = b.alice.create(Some("wide"), two_gpus).await;
+    let answered = asked.elapsed();
+    assert_eq!(wide.state, SessionState::Pending, "{}", wide.reason);
+    assert!(
+        answered < PLACEMENT_WAIT,
+        "answered after {answered:?}: the leader never said its round had ended"
+    );
+    let _: SessionView = b
+        .alice
+        .ok(StatusCode::OK, b.alice.delete("/v1/sessions/wide"))
+        .await;
 
     // "two" runs; nobody connects: the first replica plans its hold in 10 s, but dies first.
     let desired = b
