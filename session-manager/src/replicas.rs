@@ -230,78 +230,82 @@ mod postgres {
         shutdown: CancellationToken,
     ) {
         let (asks, asked) = mpsc::unbounded_channel();
-        tokio::spawn(cover(
+        let covering = cover(
             store.clone(),
             replica.clone(),
             wakes.rounds.clone(),
             asked,
             shutdown.clone(),
-        ));
-        loop {
-            let listener = tokio::select! {
-                listener = store.listen() => listener,
-                () = shutdown.cancelled() => return,
-            };
-            let mut listener = match listener {
-                Ok(listener) => listener,
-                Err(error) => {
-                    tracing::warn!(%error, "Could not listen to the other replicas; trying \
-                        again.");
-                    if sleep_or_shutdown(RETRY, &shutdown).await {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            // Whatever was published while this replica was not listening: look again.
-            changes.deliver(Changed::Site);
+        );
+        // Until `shutdown`, which ends both.
+        let listening = async {
             loop {
-                let payload = tokio::select! {
-                    payload = listener.recv() => payload,
+                let listener = tokio::select! {
+                    listener = store.listen() => listener,
                     () = shutdown.cancelled() => return,
                 };
-                match payload {
-                    Ok(Some(payload)) => match Remote::decode(&payload) {
-                        Some((from, _)) if from == replica => {}
-                        Some((_, Remote::Changed(changed))) => changes.deliver(changed),
-                        Some((from, Remote::Wake(asked))) => {
-                            if leader.is_leading() {
-                                wakes.grid.wake();
-                                if asked == 0 {
-                                    wakes.scheduler.notify_one();
-                                } else {
-                                    // The round runs there, and answers.
-                                    let _ = asks.send((from.to_owned(), asked));
+                let mut listener = match listener {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        tracing::warn!(%error, "Could not listen to the other replicas; trying \
+                        again.");
+                        if sleep_or_shutdown(RETRY, &shutdown).await {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                // Whatever was published while this replica was not listening: look again.
+                changes.deliver(Changed::Site);
+                loop {
+                    let payload = tokio::select! {
+                        payload = listener.recv() => payload,
+                        () = shutdown.cancelled() => return,
+                    };
+                    match payload {
+                        Ok(Some(payload)) => match Remote::decode(&payload) {
+                            Some((from, _)) if from == replica => {}
+                            Some((_, Remote::Changed(changed))) => changes.deliver(changed),
+                            Some((from, Remote::Wake(asked))) => {
+                                if leader.is_leading() {
+                                    wakes.grid.wake();
+                                    if asked == 0 {
+                                        wakes.scheduler.notify_one();
+                                    } else {
+                                        // The round runs there, and answers.
+                                        let _ = asks.send((from.to_owned(), asked));
+                                    }
                                 }
                             }
-                        }
-                        Some((_, Remote::Covered { replica: to, asked })) => {
-                            if to == replica {
-                                changes.round_covered(asked);
+                            Some((_, Remote::Covered { replica: to, asked })) => {
+                                if to == replica {
+                                    changes.round_covered(asked);
+                                }
                             }
-                        }
-                        None => {
-                            tracing::warn!(%payload, "Ignored a notification no replica sends.")
-                        }
-                    },
-                    Ok(None) => {
-                        tracing::warn!(
-                            "Lost the connection listening to the other replicas; \
+                            None => {
+                                tracing::warn!(%payload, "Ignored a notification no replica sends.")
+                            }
+                        },
+                        Ok(None) => {
+                            tracing::warn!(
+                                "Lost the connection listening to the other replicas; \
                             listening again."
-                        );
-                        changes.deliver(Changed::Site);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "Listening to the other replicas failed; trying \
+                            );
+                            changes.deliver(Changed::Site);
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "Listening to the other replicas failed; trying \
                             again.");
-                        break;
+                            break;
+                        }
                     }
                 }
+                if sleep_or_shutdown(RETRY, &shutdown).await {
+                    return;
+                }
             }
-            if sleep_or_shutdown(RETRY, &shutdown).await {
-                return;
-            }
-        }
+        };
+        tokio::join!(listening, covering);
     }
 
     /// Answers the followers' wakes while this replica leads: a round that starts after they
