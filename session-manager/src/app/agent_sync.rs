@@ -29,9 +29,7 @@ use super::{ApiError, AppState, Effect};
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
-use crate::store::{
-    FactsScope, Heartbeat, ImageFilter, NodeRegistration, SessionFilter, StoreError,
-};
+use crate::store::{Heartbeat, ImageFilter, NodeRegistration, SessionFilter, StoreError};
 
 /// Registers (or registers again) the agent's node and its GPUs; answers its desired state.
 pub async fn register(
@@ -87,7 +85,7 @@ pub async fn sync(
         .store
         .sessions(SessionFilter::Node(node.clone()))
         .await?;
-    let resuming = resuming(state, &sessions).await?;
+    let resuming = resuming(state, node, &sessions).await?;
     let on_node: HashMap<SessionId, &SessionRecord> = sessions.iter().map(|s| (s.id, s)).collect();
     // Whether a session of the node changed here: its sessions are then read again for the answer.
     let mut transitioned = false;
@@ -319,26 +317,26 @@ pub fn check_stream_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The STARTING sessions among `sessions` that ran before: released from a hold, their
-/// container exists, stopped, and is to be started again.
+/// The STARTING sessions among `sessions` (one node's) that ran before: released from a hold,
+/// their container exists, stopped, and is to be started again. Read only when one is STARTING.
 async fn resuming(
     state: &AppState,
+    node: &NodeName,
     sessions: &[SessionRecord],
 ) -> Result<HashSet<SessionId>, ApiError> {
-    let mut resuming = HashSet::new();
-    for session in sessions
+    let starting: HashSet<SessionId> = sessions
         .iter()
         .filter(|s| s.state == SessionState::Starting)
-    {
-        let facts = state
-            .store
-            .lifecycle_facts(FactsScope::Session(session.id))
-            .await?;
-        if facts.iter().any(|f| f.first_started_at.is_some()) {
-            resuming.insert(session.id);
-        }
+        .map(|s| s.id)
+        .collect();
+    if starting.is_empty() {
+        return Ok(HashSet::new());
     }
-    Ok(resuming)
+    let resuming = state.store.resuming_on(node).await?;
+    Ok(resuming
+        .into_iter()
+        .filter(|id| starting.contains(id))
+        .collect())
 }
 
 /// A node's sessions as read, and which of them resume a stopped container ([`resuming`]).
@@ -361,7 +359,7 @@ async fn desired_state(
                 .store
                 .sessions(SessionFilter::Node(node.clone()))
                 .await?;
-            let resuming = resuming(state, &sessions).await?;
+            let resuming = resuming(state, node, &sessions).await?;
             NodeSessions { sessions, resuming }
         }
     };
@@ -393,12 +391,7 @@ async fn desired_state(
         settings,
     );
     desired.removed_images = removed_images;
-    let gpus = state
-        .store
-        .node(node)
-        .await?
-        .map(|n| n.gpus)
-        .unwrap_or_default();
+    let gpus = state.store.planning_gpus(node).await?;
     desired.mig_layouts = gpus
         .iter()
         .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.mode.mig_layout()?)))

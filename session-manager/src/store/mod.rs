@@ -426,6 +426,14 @@ pub trait Store: Send + Sync {
     /// checks; what people see of the GPUs comes from [`Self::nodes`].
     fn planning_nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 
+    /// `node`'s GPUs as [`Self::planning_nodes`] keeps them (a GPU's utilisation as old as that
+    /// read), read alone when the site's inventory changed since: for what a node's desired
+    /// state says of its GPUs (MIG layouts), which every long-poll answer and sync builds.
+    fn planning_gpus<'a>(
+        &'a self,
+        node: &'a NodeName,
+    ) -> BoxFuture<'a, StoreResult<std::sync::Arc<[GpuRecord]>>>;
+
     /// The sessions PENDING or holding GPUs, ordered as [`Self::sessions`] orders them, for
     /// planning: kept by this store and brought up to date with the sessions written since its
     /// last call (by any manager on the database), so a round does not read every one of them.
@@ -570,6 +578,11 @@ pub trait Store: Send + Sync {
     /// with the last report time of each of their open connections.
     fn lifecycle_facts(&self, scope: FactsScope)
         -> BoxFuture<'_, StoreResult<Vec<LifecycleFacts>>>;
+
+    /// The STARTING sessions on `node` that ran before (their lifecycle has a first start):
+    /// released from a hold, their container stopped, to be started again. One read for a
+    /// node's desired state.
+    fn resuming_on<'a>(&'a self, node: &'a NodeName) -> BoxFuture<'a, StoreResult<Vec<SessionId>>>;
 
     /// Sets the end of the session's explicit keep-alive.
     fn set_keep_until(&self, id: SessionId, until: DateTime<Utc>)

@@ -165,7 +165,108 @@ backend_tests!(
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
     a_session_is_created_with_its_own_lifecycle_limits,
+    a_node_resumes_the_starting_sessions_that_ran_before,
 );
+
+/// A node's resuming sessions are those STARTING on it that ran before (released from a hold
+/// and placed again): not one placed for the first time, not one that ran but waits in the
+/// queue, not one on another node.
+async fn a_node_resumes_the_starting_sessions_that_ran_before(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    register(&store, "node2", &[gpu(3)], t(0)).await;
+    let node1 = NodeName::parse("node1").unwrap();
+    let node2 = NodeName::parse("node2").unwrap();
+    let place = |node: &NodeName, gpu: &GpuInfo| Placement::Place {
+        node: node.clone(),
+        gpus: vec![GpuId::Gpu(gpu.uuid.clone())],
+    };
+    let ran = create(&store, &alice.dn, Some("ran"), t(1)).await;
+    let new = create(&store, &alice.dn, Some("new"), t(1)).await;
+    let elsewhere = create(&store, &alice.dn, Some("elsewhere"), t(1)).await;
+    moved(
+        &store,
+        ran.id,
+        change(
+            SessionState::Starting,
+            t(2),
+            "placed",
+            place(&node1, &gpu(1)),
+        ),
+    )
+    .await;
+    moved(
+        &store,
+        elsewhere.id,
+        change(
+            SessionState::Starting,
+            t(2),
+            "placed",
+            place(&node2, &gpu(3)),
+        ),
+    )
+    .await;
+    for id in [ran.id, elsewhere.id] {
+        moved(
+            &store,
+            id,
+            Change::keep_placement(SessionState::Waiting, t(3), "ready"),
+        )
+        .await;
+    }
+    assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![]);
+    for id in [ran.id, elsewhere.id] {
+        moved(
+            &store,
+            id,
+            Change::hold(ongrid_core::holds::HoldReason::Admin, t(4), "held"),
+        )
+        .await;
+        moved(
+            &store,
+            id,
+            change(SessionState::Pending, t(5), "released", Placement::Clear),
+        )
+        .await;
+    }
+    assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![]);
+    moved(
+        &store,
+        new.id,
+        change(
+            SessionState::Starting,
+            t(6),
+            "placed",
+            place(&node1, &gpu(2)),
+        ),
+    )
+    .await;
+    moved(
+        &store,
+        ran.id,
+        change(
+            SessionState::Starting,
+            t(6),
+            "placed",
+            place(&node1, &gpu(1)),
+        ),
+    )
+    .await;
+    moved(
+        &store,
+        elsewhere.id,
+        change(
+            SessionState::Starting,
+            t(6),
+            "placed",
+            place(&node2, &gpu(3)),
+        ),
+    )
+    .await;
+    assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![ran.id]);
+    assert_eq!(store.resuming_on(&node2).await.unwrap(), vec![elsewhere.id]);
+}
 
 /// A session's own idle timeout and maximum lifetime are stored with it, in its creation's
 /// write (no round sees it without them); one asking for neither has the site's defaults.
@@ -273,7 +374,8 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
 /// each change the scheduler plans with (a GPU's health, mode or drain, a node's GPUs added) is
 /// in the next planning read, whether made through the same store or through another one on the
 /// same database (a replica); a new utilisation alone is not, while what people see has it; a
-/// node's last sync and its drain are always current.
+/// node's last sync and its drain are always current. One node's planning GPUs are the same,
+/// read alone before a planning read of every node and kept after it.
 async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_store(
     backend: Backend,
 ) {
@@ -286,8 +388,12 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
         let seen = store.nodes().await.unwrap();
-        assert_eq!(store.planning_nodes().await.unwrap(), seen);
-        assert_eq!(replica.planning_nodes().await.unwrap(), seen);
+        let node1_gpus = &seen.iter().find(|n| n.name == node1).unwrap().gpus;
+        for planner in [&store, &replica] {
+            assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
+            assert_eq!(planner.planning_nodes().await.unwrap(), seen);
+            assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
+        }
         seen
     };
     assert_eq!(both_current().await[0].gpus.len(), 2);
@@ -313,6 +419,9 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
             gpu(2),
             "utilisation as of the last change"
         );
+    }
+    for planner in [&store, &replica] {
+        assert_eq!(planner.planning_gpus(&node1).await.unwrap()[1].info, gpu(2));
     }
 
     // Health (through the replica), a mode (through this store), a GPU's drain, a node's drain,

@@ -52,6 +52,17 @@ impl SqlStore {
         facts_in(&mut conn, scope).await
     }
 
+    pub(super) async fn resuming_on(&self, node: &NodeName) -> StoreResult<Vec<SessionId>> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT s.id FROM sessions s JOIN session_lifecycle l ON l.session_id = s.id \
+             WHERE s.node = $1 AND s.state = 'STARTING' AND l.first_started_at IS NOT NULL",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter().map(|id| parse(id, "session id")).collect()
+    }
+
     pub(super) async fn hold_if_due(
         &self,
         id: SessionId,

@@ -66,8 +66,8 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?;
         let gpus: Vec<(String, String)> = sqlx::query_as(
-            "SELECT uuid, owner FROM gpus WHERE owner IS NOT NULL \
-             AND node IN (SELECT name FROM nodes WHERE removed_at IS NULL)",
+            "SELECT g.uuid, g.owner FROM gpus g JOIN nodes n ON n.name = g.node \
+             WHERE g.owner IS NOT NULL AND n.removed_at IS NULL",
         )
         .fetch_all(&self.pool)
         .await?;

@@ -66,11 +66,7 @@ pub(super) async fn bump(tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
 
 impl SqlStore {
     pub(super) async fn planning_nodes(&self) -> StoreResult<Vec<NodeRecord>> {
-        let version: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM inventory_version WHERE id = 1")
-                .fetch_optional(&self.pool)
-                .await?;
-        let version = version.unwrap_or(0);
+        let version = self.inventory_version().await?;
         let node_rows = self.node_rows(None).await?;
         let gpus = match self.inventory.at(version) {
             Some(gpus) => gpus,
@@ -88,5 +84,25 @@ impl SqlStore {
                 Ok(node)
             })
             .collect()
+    }
+
+    /// One node's GPUs from the kept ones when they are at the inventory's version (read first,
+    /// as [`Self::planning_nodes`] does), else read alone; the kept ones are refreshed only by
+    /// a planning read of every node.
+    pub(super) async fn planning_gpus(&self, node: &NodeName) -> StoreResult<Arc<[GpuRecord]>> {
+        let version = self.inventory_version().await?;
+        let mut gpus = match self.inventory.at(version) {
+            Some(kept) => return Ok(kept.get(node).cloned().unwrap_or_default()),
+            None => self.gpus_by_node(Some(node)).await?,
+        };
+        Ok(gpus.remove(node).unwrap_or_default())
+    }
+
+    async fn inventory_version(&self) -> StoreResult<i64> {
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM inventory_version WHERE id = 1")
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(version.unwrap_or(0))
     }
 }

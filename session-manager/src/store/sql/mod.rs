@@ -533,6 +533,7 @@ impl Store for SqlStore {
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes() -> Vec<NodeRecord>;
+        fn planning_gpus(node: &'a NodeName) -> std::sync::Arc<[GpuRecord]>;
         fn planning_sessions() -> Vec<SessionRecord>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
@@ -576,6 +577,7 @@ impl Store for SqlStore {
         fn set_image_shared(id: uuid::Uuid, shared_at: Option<DateTime<Utc>>) -> Option<ImageRecord>;
         fn delete_image(id: uuid::Uuid, at: DateTime<Utc>) -> Option<ImageDeleted>;
         fn lifecycle_facts(scope: FactsScope) -> Vec<LifecycleFacts>;
+        fn resuming_on(node: &'a NodeName) -> Vec<SessionId>;
         fn set_keep_until(id: SessionId, until: DateTime<Utc>) -> ();
         fn record_activity(
             node: &'a NodeName,
