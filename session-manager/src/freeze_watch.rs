@@ -65,44 +65,45 @@ impl FreezeWatch {
         }
     }
 
-    /// Fails the BUILDING images that are stuck at `now`; returns them as failed.
+    /// Fails the BUILDING images that are stuck at `now`; returns them as failed. One read of
+    /// the BUILDING images, and of the nodes only when there is one.
     pub async fn check(&self, now: DateTime<Utc>) -> StoreResult<Vec<ImageRecord>> {
         let mut failed = Vec::new();
-        let nodes: HashMap<_, _> = self
+        let building = self.store.images(ImageFilter::AllBuilding).await?;
+        if building.is_empty() {
+            return Ok(failed);
+        }
+        // A removed node's freeze has no last sync: given up as one that stopped responding.
+        let last_seen: HashMap<_, _> = self
             .store
-            .nodes()
+            .planning_nodes()
             .await?
             .into_iter()
             .map(|node| (node.name, node.last_seen))
             .collect();
-        for (node, last_seen) in &nodes {
-            for image in self
+        for image in building {
+            let node = &image.node;
+            let session = self.store.session(image.session_id).await?;
+            let Some(change) = give_up(
+                &image,
+                session.as_ref(),
+                last_seen.get(node).copied(),
+                self.started,
+                now,
+                self.limits,
+            ) else {
+                continue;
+            };
+            if let Some(image) = self
                 .store
-                .images(ImageFilter::Building(node.clone()))
+                .record_freeze(node, image.id, &change, now)
                 .await?
             {
-                let session = self.store.session(image.session_id).await?;
-                let Some(change) = give_up(
-                    &image,
-                    session.as_ref(),
-                    Some(*last_seen),
-                    self.started,
-                    now,
-                    self.limits,
-                ) else {
-                    continue;
-                };
-                if let Some(image) = self
-                    .store
-                    .record_freeze(node, image.id, &change, now)
-                    .await?
-                {
-                    tracing::info!(image_id = %image.id, reference = %image.reference, %node, reason = ?image.reason, "Freeze given up.");
-                    if let Some(changes) = &self.changes {
-                        changes.node(node);
-                    }
-                    failed.push(image);
+                tracing::info!(image_id = %image.id, reference = %image.reference, %node, reason = ?image.reason, "Freeze given up.");
+                if let Some(changes) = &self.changes {
+                    changes.node(node);
                 }
+                failed.push(image);
             }
         }
         Ok(failed)

@@ -808,6 +808,8 @@ pub enum ImageFilter {
     Shared,
     /// BUILDING on this node: its agent's freeze orders.
     Building(NodeName),
+    /// BUILDING on any node: what the freeze watch checks.
+    AllBuilding,
     /// DELETED at or after this time (whose Docker images must leave the nodes).
     RemovedSince(DateTime<Utc>),
 }

@@ -134,6 +134,7 @@ impl SqlStore {
                 "i.state = 'BUILDING' AND i.node = $1".to_owned(),
                 vec![node.to_string()],
             ),
+            ImageFilter::AllBuilding => ("i.state = 'BUILDING'".to_owned(), Vec::new()),
             ImageFilter::RemovedSince(since) => (
                 "i.state = 'DELETED' AND i.finished_at >= $1".to_owned(),
                 vec![timestamp(since)],
