@@ -12,7 +12,7 @@
 //! occupied exclusive GPU into a shared one, nobody joins that session on it until it leaves.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -37,7 +37,7 @@ pub struct SiteSnapshot {
     pub now: DateTime<Utc>,
     pub nodes: Vec<NodeRecord>,
     /// Sessions holding GPUs now.
-    pub holding: Vec<SessionRecord>,
+    pub holding: Vec<Arc<SessionRecord>>,
     /// Jobs QUEUED or holding GPUs now (see [`SiteSnapshot::with_jobs`]).
     pub jobs: Vec<JobRecord>,
     node_timeout: TimeDelta,
@@ -59,7 +59,10 @@ impl SiteSnapshot {
         let nodes = store.nodes().await?;
         let holding = store
             .sessions(SessionFilter::States(holding_states()))
-            .await?;
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await
     }
 
@@ -73,11 +76,13 @@ impl SiteSnapshot {
         node_timeout: Duration,
     ) -> StoreResult<(Self, Vec<SessionRecord>)> {
         let nodes = store.planning_nodes().await?;
-        let (holding, pending) = store
+        let (holding, pending): (Vec<_>, Vec<_>) = store
             .planning_sessions()
             .await?
             .into_iter()
             .partition(|session| session.state.holds_gpus());
+        // Few wait, and the scheduler's phases take them as records.
+        let pending = pending.iter().map(|s| SessionRecord::clone(s)).collect();
         let site =
             Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await?;
         Ok((site, pending))
@@ -112,7 +117,7 @@ impl SiteSnapshot {
     pub fn new(
         now: DateTime<Utc>,
         nodes: Vec<NodeRecord>,
-        holding: Vec<SessionRecord>,
+        holding: Vec<Arc<SessionRecord>>,
         node_timeout: Duration,
     ) -> Self {
         let mut used = HashMap::new();
@@ -195,13 +200,14 @@ impl SiteSnapshot {
 
     /// The sessions holding GPUs or MIG devices.
     pub fn holding_sessions(&self) -> impl Iterator<Item = &SessionRecord> {
-        self.holding.iter()
+        self.holding.iter().map(|s| &**s)
     }
 
     /// Sessions holding this GPU or one of its MIG devices.
     pub fn sessions_on<'a>(&'a self, uuid: &'a GpuUuid) -> impl Iterator<Item = &'a SessionRecord> {
         self.holding
             .iter()
+            .map(|s| &**s)
             .filter(move |s| self.on_gpu(uuid, &s.gpus))
     }
 

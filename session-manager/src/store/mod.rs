@@ -437,7 +437,7 @@ pub trait Store: Send + Sync {
     /// The sessions PENDING or holding GPUs, ordered as [`Self::sessions`] orders them, for
     /// planning: kept by this store and brought up to date with the sessions written since its
     /// last call (by any manager on the database), so a round does not read every one of them.
-    fn planning_sessions(&self) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>>;
+    fn planning_sessions(&self) -> BoxFuture<'_, StoreResult<Vec<std::sync::Arc<SessionRecord>>>>;
 
     /// One registered node with its GPUs (what an agent's sync or a stream to it needs, without
     /// reading the whole site); `None` when it is not registered or was removed.

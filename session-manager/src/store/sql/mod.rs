@@ -534,7 +534,7 @@ impl Store for SqlStore {
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes() -> Vec<NodeRecord>;
         fn planning_gpus(node: &'a NodeName) -> std::sync::Arc<[GpuRecord]>;
-        fn planning_sessions() -> Vec<SessionRecord>;
+        fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
         fn set_gpu_drain(uuid: &'a GpuUuid, drain: Option<Drain>) -> Option<GpuRecord>;

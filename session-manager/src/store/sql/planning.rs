@@ -30,7 +30,9 @@ pub struct KeptSessions(Arc<tokio::sync::Mutex<Option<Kept>>>);
 #[derive(Debug)]
 struct Kept {
     seen: i64,
-    sessions: HashMap<SessionId, SessionRecord>,
+    /// Shared with the rounds that planned with them: a round takes every session without
+    /// copying one.
+    sessions: HashMap<SessionId, Arc<SessionRecord>>,
 }
 
 /// Whether the scheduler plans with a session in `state`: it waits (PENDING) or holds GPUs.
@@ -50,13 +52,13 @@ pub(super) async fn next_change(tx: &mut Transaction<'static, Db>) -> StoreResul
 }
 
 impl SqlStore {
-    pub(super) async fn planning_sessions(&self) -> StoreResult<Vec<SessionRecord>> {
+    pub(super) async fn planning_sessions(&self) -> StoreResult<Vec<Arc<SessionRecord>>> {
         let mut kept = self.planning.0.lock().await;
         match kept.as_mut() {
             None => *kept = Some(self.read_planned().await?),
             Some(kept) => self.read_changes(kept).await?,
         }
-        let mut sessions: Vec<SessionRecord> = kept
+        let mut sessions: Vec<Arc<SessionRecord>> = kept
             .as_ref()
             .map(|kept| kept.sessions.values().cloned().collect())
             .unwrap_or_default();
@@ -78,7 +80,7 @@ impl SqlStore {
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
         let sessions = rows
             .iter()
-            .map(|row| session_from_row(row).map(|s| (s.id, s)))
+            .map(|row| session_from_row(row).map(|s| (s.id, Arc::new(s))))
             .collect::<StoreResult<_>>()?;
         Ok(Kept {
             seen: seen.unwrap_or(0),
@@ -98,7 +100,7 @@ impl SqlStore {
             kept.seen = kept.seen.max(seq);
             let session = session_from_row(row)?;
             if planned(session.state) {
-                kept.sessions.insert(session.id, session);
+                kept.sessions.insert(session.id, Arc::new(session));
             } else {
                 kept.sessions.remove(&session.id);
             }
