@@ -178,92 +178,36 @@ async fn a_node_resumes_the_starting_sessions_that_ran_before(backend: Backend) 
     register(&store, "node2", &[gpu(3)], t(0)).await;
     let node1 = NodeName::parse("node1").unwrap();
     let node2 = NodeName::parse("node2").unwrap();
-    let place = |node: &NodeName, gpu: &GpuInfo| Placement::Place {
-        node: node.clone(),
-        gpus: vec![GpuId::Gpu(gpu.uuid.clone())],
+    let placed = |session: &SessionRecord, node: &NodeName, gpu: GpuInfo, at| {
+        let place = Placement::Place {
+            node: node.clone(),
+            gpus: vec![GpuId::Gpu(gpu.uuid)],
+        };
+        moved(
+            &store,
+            session.id,
+            change(SessionState::Starting, t(at), "placed", place),
+        )
     };
     let ran = create(&store, &alice.dn, Some("ran"), t(1)).await;
     let new = create(&store, &alice.dn, Some("new"), t(1)).await;
     let elsewhere = create(&store, &alice.dn, Some("elsewhere"), t(1)).await;
-    moved(
-        &store,
-        ran.id,
-        change(
-            SessionState::Starting,
-            t(2),
-            "placed",
-            place(&node1, &gpu(1)),
-        ),
-    )
-    .await;
-    moved(
-        &store,
-        elsewhere.id,
-        change(
-            SessionState::Starting,
-            t(2),
-            "placed",
-            place(&node2, &gpu(3)),
-        ),
-    )
-    .await;
-    for id in [ran.id, elsewhere.id] {
-        moved(
-            &store,
-            id,
-            Change::keep_placement(SessionState::Waiting, t(3), "ready"),
-        )
-        .await;
+    let held = Change::hold(ongrid_core::holds::HoldReason::Admin, t(4), "held");
+    let released = change(SessionState::Pending, t(5), "released", Placement::Clear);
+    let ready = Change::keep_placement(SessionState::Waiting, t(3), "ready");
+    for (session, node, gpu) in [(&ran, &node1, gpu(1)), (&elsewhere, &node2, gpu(3))] {
+        placed(session, node, gpu, 2).await;
+        moved(&store, session.id, ready.clone()).await;
     }
     assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![]);
     for id in [ran.id, elsewhere.id] {
-        moved(
-            &store,
-            id,
-            Change::hold(ongrid_core::holds::HoldReason::Admin, t(4), "held"),
-        )
-        .await;
-        moved(
-            &store,
-            id,
-            change(SessionState::Pending, t(5), "released", Placement::Clear),
-        )
-        .await;
+        moved(&store, id, held.clone()).await;
+        moved(&store, id, released.clone()).await;
     }
     assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![]);
-    moved(
-        &store,
-        new.id,
-        change(
-            SessionState::Starting,
-            t(6),
-            "placed",
-            place(&node1, &gpu(2)),
-        ),
-    )
-    .await;
-    moved(
-        &store,
-        ran.id,
-        change(
-            SessionState::Starting,
-            t(6),
-            "placed",
-            place(&node1, &gpu(1)),
-        ),
-    )
-    .await;
-    moved(
-        &store,
-        elsewhere.id,
-        change(
-            SessionState::Starting,
-            t(6),
-            "placed",
-            place(&node2, &gpu(3)),
-        ),
-    )
-    .await;
+    placed(&new, &node1, gpu(2), 6).await;
+    placed(&ran, &node1, gpu(1), 6).await;
+    placed(&elsewhere, &node2, gpu(3), 6).await;
     assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![ran.id]);
     assert_eq!(store.resuming_on(&node2).await.unwrap(), vec![elsewhere.id]);
 }
