@@ -82,7 +82,7 @@ impl SiteSnapshot {
             .into_iter()
             .partition(|session| session.state.holds_gpus());
         // Few wait, and the scheduler's phases take them as records.
-        let pending = pending.iter().map(|s| SessionRecord::clone(s)).collect();
+        let pending = pending.into_iter().map(Arc::unwrap_or_clone).collect();
         let site =
             Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await?;
         Ok((site, pending))

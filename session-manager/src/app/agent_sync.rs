@@ -317,25 +317,26 @@ pub fn check_stream_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The STARTING sessions among `sessions` (one node's) that ran before: released from a hold,
-/// their container exists, stopped, and is to be started again. Read only when one is STARTING.
+/// The STARTING sessions among `sessions` (the node's, as just read) that ran before: released
+/// from a hold, their container exists, stopped, and is to be started again. Read only when
+/// one is STARTING.
 async fn resuming(
     state: &AppState,
     node: &NodeName,
     sessions: &[SessionRecord],
 ) -> Result<HashSet<SessionId>, ApiError> {
-    let starting: HashSet<SessionId> = sessions
-        .iter()
-        .filter(|s| s.state == SessionState::Starting)
-        .map(|s| s.id)
-        .collect();
-    if starting.is_empty() {
+    let starting = || {
+        sessions
+            .iter()
+            .filter(|s| s.state == SessionState::Starting)
+    };
+    if starting().next().is_none() {
         return Ok(HashSet::new());
     }
-    let resuming = state.store.resuming_on(node).await?;
-    Ok(resuming
-        .into_iter()
-        .filter(|id| starting.contains(id))
+    let ran_before: HashSet<SessionId> = state.store.resuming_on(node).await?.into_iter().collect();
+    Ok(starting()
+        .map(|s| s.id)
+        .filter(|id| ran_before.contains(id))
         .collect())
 }
 
