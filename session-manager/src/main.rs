@@ -15,6 +15,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ongrid_manager::{Config, Manager};
 
+/// mimalloc instead of glibc's malloc. Under the fleet (`tests/examples/fleet.rs`) glibc's
+/// malloc and free, with the consolidation of its free lists, took about a fifth of the
+/// manager's CPU; with mimalloc the manager spent a fifth less CPU over the run and the creates'
+/// latency fell by about as much (README, Measurements).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The ongrid control plane: HTTPS API, store (SQLite or PostgreSQL) and scheduler.
 #[derive(Debug, Parser)]
 #[command(
