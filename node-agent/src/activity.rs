@@ -2,8 +2,9 @@
 //! manager's idle detection (`NodeReport.activity`).
 //!
 //! CPU: the container's cumulative CPU time (its cgroup's counter, read through
-//! [`ContainerRuntime::cpu_time`], so the agent may itself run in a container) is sampled at
-//! every sync; the percentage is the CPU time used between two samples over the time between
+//! [`ContainerRuntime::cpu_time`]: from the host's cgroup filesystem, in microseconds, or from
+//! Docker's stats, which answer in about a second, where an agent in a container of its own
+//! cannot see it) is sampled at every sync; the percentage is the CPU time used between two samples over the time between
 //! them, 100 = one core busy. A container's first sample only sets the baseline, so it is
 //! reported from its second sync on; a counter that went backwards (the container restarted)
 //! starts a new baseline.

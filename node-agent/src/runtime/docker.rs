@@ -43,6 +43,7 @@ use ongrid_core::{NodeName, SessionId};
 use tracing::{debug, info};
 
 use super::accounts::{self, EtcFile};
+use super::cgroup_cpu::CgroupFs;
 use super::direct::{DirectError, DirectExec};
 use super::LABEL_GPUS;
 use super::{BindMount, DaemonInfo, Home, NetworkStatus, NodeResources, Propagation};
@@ -74,6 +75,8 @@ pub struct DockerRuntime {
     /// Held while a home volume is made: two sessions of one user starting together must not
     /// both make it (nor one remove it, on a failed chown, under the other).
     making_home_volume: Arc<tokio::sync::Mutex<()>>,
+    /// Where a running container's CPU counter is read without asking Docker's stats.
+    cgroup_fs: CgroupFs,
 }
 
 /// A subnet [`DockerRuntime::claimed_subnets`] holds until its network is created (or not).
@@ -109,6 +112,7 @@ impl DockerRuntime {
             direct: None,
             claimed_subnets: Arc::default(),
             making_home_volume: Arc::default(),
+            cgroup_fs: CgroupFs::host(),
         })
     }
 
@@ -1330,7 +1334,12 @@ impl DockerRuntime {
 impl DockerRuntime {
     /// The container's cumulative CPU time from one `stats` sample (`stream=false`,
     /// `one-shot=true`: no second sample for a delta, which the caller computes between syncs).
+    /// The container's CPU counter from its cgroup ([`CgroupFs`]), else from Docker's stats,
+    /// which answer at the stats collector's next sample (about a second).
     async fn container_cpu_time(&self, id: &str) -> Result<Option<Duration>, RuntimeError> {
+        if let Some(used) = self.cgroup_cpu_time(id).await {
+            return Ok(Some(used));
+        }
         let options = StatsOptionsBuilder::new()
             .stream(false)
             .one_shot(true)
@@ -1354,6 +1363,30 @@ impl DockerRuntime {
             .and_then(|usage| usage.total_usage)
             .filter(|used| *used > 0);
         Ok(nanoseconds.map(Duration::from_nanos))
+    }
+
+    /// The CPU time of running container `id` read from its cgroup's counter; `None` when it
+    /// does not run or the counter cannot be read here.
+    async fn cgroup_cpu_time(&self, id: &str) -> Option<Duration> {
+        let inspect = self
+            .docker
+            .inspect_container(id, Some(InspectContainerOptionsBuilder::new().build()))
+            .await
+            .ok()?;
+        let state = inspect.state?;
+        let pid = u32::try_from(state.pid?).ok().filter(|pid| *pid > 0)?;
+        if state.running != Some(true) {
+            return None;
+        }
+        let used = self.cgroup_fs.cpu_time(id, pid).await;
+        if used.is_none() {
+            debug!(
+                container = id,
+                pid,
+                "The container's cgroup CPU counter cannot be read here; asking Docker's stats."
+            );
+        }
+        used
     }
 
     async fn commit_container(&self, id: &str, reference: &str) -> Result<String, RuntimeError> {

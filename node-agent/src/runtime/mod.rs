@@ -12,6 +12,7 @@
 //! with the archive methods: the node's sftp-server for images without one.
 
 pub mod accounts;
+pub mod cgroup_cpu;
 pub mod direct;
 pub mod docker;
 #[cfg(test)]

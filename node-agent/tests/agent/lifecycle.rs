@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use ongrid_agent::activity::ActivitySampler;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
 use ongrid_agent::metrics::Readiness;
 use ongrid_agent::reconcile::Reconciler;
+use ongrid_agent::runtime::cgroup_cpu::CgroupFs;
 use ongrid_agent::runtime::{held_image, ContainerRuntime};
 use ongrid_agent::Agent;
 use ongrid_core::api::{ContainerState, DesiredSession, NodeReport, ObservedContainer, RunState};
@@ -127,7 +129,6 @@ async fn a_busy_container_is_busy_and_an_idle_one_idle() {
     // Simulated GPUs with no figure: unknown, not idle.
     assert_eq!(busy_activity.gpu_percent, None);
 
-    // A stopped container reads nothing.
     let id = &reconciler
         .observe()
         .await
@@ -136,6 +137,56 @@ async fn a_busy_container_is_busy_and_an_idle_one_idle() {
         .find(|c| c.session_id == idle.session_id)
         .expect("idle container")
         .container_id;
+    // The runtime reads the counter from the container's cgroup on this host, and it is the
+    // one Docker's stats report: the idle container's, which barely moves, read after Docker's
+    // stats, is at most a little above their figure (a parent cgroup's or another container's
+    // would be far from it).
+    let pid: u32 = docker(&["inspect", "--format", "{{.State.Pid}}", id])
+        .parse()
+        .expect("a PID");
+    let api = bollard::Docker::connect_with_local_defaults().expect("Docker");
+    let stats = api
+        .stats(
+            id,
+            Some(
+                bollard::query_parameters::StatsOptionsBuilder::new()
+                    .stream(false)
+                    .one_shot(true)
+                    .build(),
+            ),
+        )
+        .next()
+        .await
+        .expect("one answer")
+        .expect("stats");
+    let from_docker = Duration::from_nanos(
+        stats
+            .cpu_stats
+            .and_then(|cpu| cpu.cpu_usage)
+            .and_then(|usage| usage.total_usage)
+            .expect("a running container's CPU use"),
+    );
+    let from_cgroup = CgroupFs::host()
+        .cpu_time(id, pid)
+        .await
+        .expect("the container's cgroup counter, readable on this host");
+    assert!(
+        from_cgroup >= from_docker && from_cgroup - from_docker < Duration::from_millis(50),
+        "cgroup {from_cgroup:?} against Docker's stats {from_docker:?}"
+    );
+    let via_runtime = node
+        .runtime
+        .cpu_time(id)
+        .await
+        .expect("cpu time")
+        .expect("a running container's");
+    let after = CgroupFs::host().cpu_time(id, pid).await.expect("again");
+    assert!(
+        from_cgroup <= via_runtime && via_runtime <= after,
+        "the runtime's {via_runtime:?} between the cgroup's {from_cgroup:?} and {after:?}"
+    );
+
+    // A stopped container reads nothing.
     docker(&["stop", "-t", "0", id]);
     assert_eq!(node.runtime.cpu_time(id).await.expect("stats"), None);
 }
