@@ -364,20 +364,21 @@ async fn desired_state(
             NodeSessions { sessions, resuming }
         }
     };
-    let building = state
-        .store
-        .images(ImageFilter::Building(node.clone()))
-        .await?;
     let settings = NodeSettings {
         sync_interval: state.config.sync_interval,
         limits: state.config.session_limits,
     };
     let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
         .unwrap_or(chrono::TimeDelta::MAX);
-    let removed = state
+    let (building, removed): (Vec<_>, Vec<_>) = state
         .store
-        .images(ImageFilter::RemovedSince(state.clock.now() - retention))
-        .await?;
+        .images(ImageFilter::ForNode {
+            node: node.clone(),
+            removed_since: state.clock.now() - retention,
+        })
+        .await?
+        .into_iter()
+        .partition(|image| image.state == ImageState::Building);
     let removed_images = if removed.is_empty() {
         Vec::new()
     } else {

@@ -784,7 +784,7 @@ pub struct NewImage {
     pub reason: String,
 }
 
-/// Which images [`Store::images`] returns (never DELETED ones, but for `RemovedSince`).
+/// Which images [`Store::images`] returns (never DELETED ones, but for `ForNode`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageFilter {
     Owner(Dn),
@@ -806,12 +806,15 @@ pub enum ImageFilter {
     },
     /// Every shared image, superseded ones included.
     Shared,
-    /// BUILDING on this node: its agent's freeze orders.
-    Building(NodeName),
+    /// What a node's desired state names, in one read (it is built for every sync and
+    /// long-poll answer): the images BUILDING on `node` (its agent's freeze orders) and those
+    /// DELETED at or after `removed_since` (whose Docker images must leave the nodes).
+    ForNode {
+        node: NodeName,
+        removed_since: DateTime<Utc>,
+    },
     /// BUILDING on any node: what the freeze watch checks.
     AllBuilding,
-    /// DELETED at or after this time (whose Docker images must leave the nodes).
-    RemovedSince(DateTime<Utc>),
 }
 
 /// What [`Store::delete_image`] did.

@@ -12,6 +12,8 @@ use ongrid_core::{
     SessionId, SessionName, SessionState, Sharing,
 };
 
+use ongrid_core::image::ImageState;
+
 use super::fixtures::{self, gpu, registration};
 use super::*;
 use crate::domain::sessions::{Change, Placement, SessionRecord};
@@ -166,7 +168,93 @@ backend_tests!(
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
     a_session_is_created_with_its_own_lifecycle_limits,
     a_node_resumes_the_starting_sessions_that_ran_before,
+    a_nodes_images_are_those_building_there_and_those_removed_since,
 );
+
+/// What a node's desired state names of the images, in one read: those BUILDING on it (its
+/// freeze orders), and those DELETED since the given time on any node (their Docker images
+/// leave every node); not another node's BUILDING ones, nor ones deleted before.
+async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
+    register(&store, "node2", &[gpu(2)], t(0)).await;
+    let node1 = NodeName::parse("node1").unwrap();
+    let node2 = NodeName::parse("node2").unwrap();
+    let mut images = Vec::new();
+    for (n, node) in [(1, &node1), (2, &node2), (3, &node1), (4, &node2)] {
+        let session = create(&store, &alice.dn, Some(&format!("s{n}")), t(1)).await;
+        let image = store
+            .create_image(NewImage {
+                id: uuid::Uuid::new_v4(),
+                owner: alice.dn.clone(),
+                reference: ongrid_core::image::ImageReference::parse(&format!("img{n}:v1"))
+                    .unwrap(),
+                session_id: session.id,
+                session_name: session.name.clone(),
+                node: node.clone(),
+                base_image: "ongrid/dev:latest".to_owned(),
+                compression: Default::default(),
+                force: false,
+                at: t(10),
+                reason: "frozen".to_owned(),
+            })
+            .await
+            .unwrap();
+        images.push(image.id);
+    }
+    // The third (node1's) deleted before the cut, the fourth (node2's) after it.
+    store.delete_image(images[2], t(20)).await.unwrap().unwrap();
+    store.delete_image(images[3], t(40)).await.unwrap().unwrap();
+    let for_node = |node: &NodeName, since: i64| {
+        let filter = ImageFilter::ForNode {
+            node: node.clone(),
+            removed_since: t(since),
+        };
+        let store = &store;
+        async move {
+            let mut found: Vec<_> = store
+                .images(filter)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|image| (image.id, image.state))
+                .collect();
+            found.sort_by_key(|(id, _)| *id);
+            found
+        }
+    };
+    let sorted = |mut v: Vec<(uuid::Uuid, ImageState)>| {
+        v.sort_by_key(|(id, _)| *id);
+        v
+    };
+    assert_eq!(
+        for_node(&node1, 30).await,
+        sorted(vec![
+            (images[0], ImageState::Building),
+            (images[3], ImageState::Deleted)
+        ])
+    );
+    assert_eq!(
+        for_node(&node2, 30).await,
+        sorted(vec![
+            (images[1], ImageState::Building),
+            (images[3], ImageState::Deleted)
+        ])
+    );
+    assert_eq!(
+        for_node(&node1, 15).await,
+        sorted(vec![
+            (images[0], ImageState::Building),
+            (images[2], ImageState::Deleted),
+            (images[3], ImageState::Deleted)
+        ])
+    );
+    assert_eq!(
+        for_node(&node2, 50).await,
+        vec![(images[1], ImageState::Building)]
+    );
+}
 
 /// A node's resuming sessions are those STARTING on it that ran before (released from a hold
 /// and placed again): not one placed for the first time, not one that ran but waits in the

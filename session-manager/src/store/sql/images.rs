@@ -130,15 +130,16 @@ impl SqlStore {
                 owner: None,
                 digest,
             } => (format!("{live} AND i.digest = $1"), vec![digest]),
-            ImageFilter::Building(node) => (
-                "i.state = 'BUILDING' AND i.node = $1".to_owned(),
-                vec![node.to_string()],
+            ImageFilter::ForNode {
+                node,
+                removed_since,
+            } => (
+                "(i.state = 'BUILDING' AND i.node = $1) \
+                 OR (i.state = 'DELETED' AND i.finished_at >= $2)"
+                    .to_owned(),
+                vec![node.to_string(), timestamp(removed_since)],
             ),
             ImageFilter::AllBuilding => ("i.state = 'BUILDING'".to_owned(), Vec::new()),
-            ImageFilter::RemovedSince(since) => (
-                "i.state = 'DELETED' AND i.finished_at >= $1".to_owned(),
-                vec![timestamp(since)],
-            ),
         };
         let sql = format!("SELECT {IMAGE_COLUMNS} WHERE {condition} ORDER BY i.created_at, i.id");
         let rows = query_with(&sql, values.iter().map(String::as_str))
