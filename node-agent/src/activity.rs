@@ -2,10 +2,10 @@
 //! manager's idle detection (`NodeReport.activity`).
 //!
 //! CPU: the container's cumulative CPU time (its cgroup's counter, read through
-//! [`ContainerRuntime::cpu_time`]: from the host's cgroup filesystem, in microseconds, or from
-//! Docker's stats, which answer in about a second, where an agent in a container of its own
-//! cannot see it) is sampled at every sync; the percentage is the CPU time used between two samples over the time between
-//! them, 100 = one core busy. A container's first sample only sets the baseline, so it is
+//! [`ContainerRuntime::cpu_time`]: from the host's cgroup filesystem at once, or from Docker's
+//! stats, which answer in about a second, where an agent in a container of its own cannot see
+//! it) is sampled at every sync; the percentage is the CPU time used between two samples over
+//! the time between them, 100 = one core busy. A container's first sample only sets the baseline, so it is
 //! reported from its second sync on; a counter that went backwards (the container restarted)
 //! starts a new baseline.
 //!
@@ -15,7 +15,7 @@
 //! session has one.
 //!
 //! A reading that takes longer than [`CPU_READ_BUDGET`] (a busy Docker answers its stats
-//! slowly) is left out of this sync like a failed one: the sync is also the node's heartbeat,
+//! slowly, where they are what is read) is left out of this sync like a failed one: the sync is also the node's heartbeat,
 //! which the manager times with `node_timeout`, and idle detection only misses one sample (the
 //! next reading measures over the whole gap). [`SLOW_READINGS_WARNED`] in a row are a warning:
 //! a session whose CPU use is never reported may be held as idle while it computes.

@@ -264,8 +264,9 @@ struct LoopState {
     /// CPU samples of the running dev containers between syncs.
     activity: activity::ActivitySampler,
     /// The next sync reports what the last convergence changed: it skips the activity
-    /// sample, since Docker answers a running container's stats only at its next collection
-    /// (about 1 s), and people wait for the containers just started.
+    /// sample, since people wait for the containers just started and, where the CPU counters
+    /// come from Docker's stats (an agent that cannot read the host's cgroups), Docker answers
+    /// them only at its next collection (about 1 s).
     report_promptly: bool,
     /// Runs the manager's freeze orders.
     freezer: Arc<freeze::Freezer>,

@@ -20,7 +20,7 @@ pub enum Phase {
     Gpus,
     /// Listing the node's containers in Docker.
     Containers,
-    /// Reading each running container's CPU use (Docker's stats).
+    /// Reading each running container's CPU use (its cgroup's counter, else Docker's stats).
     Activity,
     /// Registering (when the inventory changed) and the report to the manager.
     Manager,

@@ -9,9 +9,11 @@
 //! `cpu.stat` under cgroup v2, in the cgroup `/proc/<pid>/cgroup` names for the container's
 //! first process. These are the numbers Docker's stats report as `cpu_usage.total_usage`.
 //!
-//! Read only when the cgroup the process is in names the container's id (Docker's cgroup
-//! drivers both put it in the path: `/docker/<id>`, `/system.slice/docker-<id>.scope`), so a
-//! PID reused by another process is never read as the container's. Where the file cannot be
+//! Read only when a component of the process's cgroup path names the container (Docker's
+//! cgroup drivers name it `<id>` and `docker-<id>.scope`: `/docker/<id>`,
+//! `/system.slice/docker-<id>.scope`), and from that cgroup, the container's own, even when the
+//! process sits in one below it; so a PID reused by another process is never read as the
+//! container's. Where the file cannot be
 //! read (an agent in a container of its own without the host's `/proc` or cgroup filesystem,
 //! another layout) the caller asks Docker instead. The parsing is three colon-separated fields
 //! per line and one number per file: not worth a dependency.
@@ -82,10 +84,10 @@ impl CounterKind {
 }
 
 /// The counter files that may hold the CPU time of the cgroups in `membership` (the text of a
-/// `/proc/<pid>/cgroup`), most precise first, only for cgroups whose path names container `id`.
-/// cgroup v1's `cpuacct` hierarchy is mounted as `cpuacct` or together with `cpu` as
-/// `cpu,cpuacct` (one is usually a link to the other); v2's unified one at the root, or at
-/// `unified` beside v1's on a hybrid host.
+/// `/proc/<pid>/cgroup`), most precise first, only for cgroups whose path has a component that
+/// names container `id` ([`container_cgroup`]). cgroup v1's `cpuacct` hierarchy is mounted by
+/// the names of its controllers (`cpu,cpuacct`, often with `cpuacct` linked to it); v2's
+/// unified one at the root, or at `unified` beside v1's on a hybrid host.
 fn counters(root: &Path, membership: &str, id: &str) -> Vec<Counter> {
     let mut v1 = Vec::new();
     let mut v2 = Vec::new();
@@ -96,21 +98,26 @@ fn counters(root: &Path, membership: &str, id: &str) -> Vec<Counter> {
         else {
             continue;
         };
-        if id.is_empty() || !path.contains(id) {
+        let Some(relative) = container_cgroup(path, id) else {
             continue;
-        }
-        let relative = path.trim_start_matches('/');
+        };
         if controllers.split(',').any(|c| c == "cpuacct") {
-            for mount in ["cpuacct", "cpu,cpuacct"] {
+            let mut mounts = vec![controllers];
+            for usual in ["cpuacct", "cpu,cpuacct"] {
+                if !mounts.contains(&usual) {
+                    mounts.push(usual);
+                }
+            }
+            for mount in mounts {
                 v1.push(Counter {
-                    path: root.join(mount).join(relative).join("cpuacct.usage"),
+                    path: root.join(mount).join(&relative).join("cpuacct.usage"),
                     kind: CounterKind::CpuacctUsage,
                 });
             }
         } else if hierarchy == "0" && controllers.is_empty() {
             for mount in ["", "unified"] {
                 v2.push(Counter {
-                    path: root.join(mount).join(relative).join("cpu.stat"),
+                    path: root.join(mount).join(&relative).join("cpu.stat"),
                     kind: CounterKind::CpuStat,
                 });
             }
@@ -118,6 +125,29 @@ fn counters(root: &Path, membership: &str, id: &str) -> Vec<Counter> {
     }
     v1.extend(v2);
     v1
+}
+
+/// The container's own cgroup in `path` (relative, without the leading `/`): the path up to
+/// the component that names container `id`, as Docker's cgroup drivers name it (`<id>` for
+/// cgroupfs, `docker-<id>.scope` for systemd). A process the container started in a cgroup of
+/// its own below that one is counted by it. `None` when no component names it, or the path
+/// leaves the reader's cgroup namespace (`..`).
+fn container_cgroup(path: &str, id: &str) -> Option<PathBuf> {
+    if id.is_empty() {
+        return None;
+    }
+    let scope = format!("docker-{id}.scope");
+    let mut kept = PathBuf::new();
+    for component in path.split('/').filter(|c| !c.is_empty()) {
+        if component == ".." {
+            return None;
+        }
+        kept.push(component);
+        if component == id || component == scope {
+            return Some(kept);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -145,11 +175,11 @@ mod tests {
             paths,
             [
                 (
-                    format!("/sys/fs/cgroup/cpuacct/docker/{ID}/cpuacct.usage"),
+                    format!("/sys/fs/cgroup/cpu,cpuacct/docker/{ID}/cpuacct.usage"),
                     CounterKind::CpuacctUsage
                 ),
                 (
-                    format!("/sys/fs/cgroup/cpu,cpuacct/docker/{ID}/cpuacct.usage"),
+                    format!("/sys/fs/cgroup/cpuacct/docker/{ID}/cpuacct.usage"),
                     CounterKind::CpuacctUsage
                 ),
                 (
@@ -170,8 +200,19 @@ mod tests {
                 "/sys/fs/cgroup/system.slice/docker-{ID}.scope/cpu.stat"
             ))
         );
-        // A process in another cgroup (a PID reused after the container stopped): nothing.
+        // A process the container put in a cgroup below its own: the container's is read.
+        let nested = format!("0::/system.slice/docker-{ID}.scope/init.scope\n");
+        assert_eq!(
+            counters(root, &nested, ID)[0].path,
+            PathBuf::from(format!(
+                "/sys/fs/cgroup/system.slice/docker-{ID}.scope/cpu.stat"
+            ))
+        );
+        // A process in another cgroup (a PID reused after the container stopped), one whose
+        // path only contains the id, one outside the reader's cgroup namespace: nothing.
         assert!(counters(root, "0::/user.slice/session-1.scope\n", ID).is_empty());
+        assert!(counters(root, &format!("0::/docker/x{ID}\n"), ID).is_empty());
+        assert!(counters(root, &format!("0::/../docker/{ID}\n"), ID).is_empty());
         assert!(counters(root, &unified, "").is_empty());
         assert!(counters(root, "garbage\n\n1:2\n", ID).is_empty());
     }

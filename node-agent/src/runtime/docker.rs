@@ -124,6 +124,14 @@ impl DockerRuntime {
         self
     }
 
+    /// Reads containers' CPU counters from the cgroup and process filesystems at `cgroup_fs`
+    /// instead of the host's.
+    #[must_use]
+    pub fn with_cgroup_fs(mut self, cgroup_fs: CgroupFs) -> Self {
+        self.cgroup_fs = cgroup_fs;
+        self
+    }
+
     /// Every container of this node's (any state) that also carries `extra_labels`.
     async fn list_node_containers(
         &self,
@@ -1332,14 +1340,19 @@ impl DockerRuntime {
 /// Session lifecycle: CPU time for activity sampling, and the held image of a release onto
 /// other GPUs.
 impl DockerRuntime {
-    /// The container's cumulative CPU time from one `stats` sample (`stream=false`,
-    /// `one-shot=true`: no second sample for a delta, which the caller computes between syncs).
-    /// The container's CPU counter from its cgroup ([`CgroupFs`]), else from Docker's stats,
-    /// which answer at the stats collector's next sample (about a second).
+    /// The container's cumulative CPU time from its cgroup's counter ([`CgroupFs`]), else
+    /// from Docker's stats ([`Self::stats_cpu_time`]).
     async fn container_cpu_time(&self, id: &str) -> Result<Option<Duration>, RuntimeError> {
         if let Some(used) = self.cgroup_cpu_time(id).await {
             return Ok(Some(used));
         }
+        self.stats_cpu_time(id).await
+    }
+
+    /// The container's cumulative CPU time from one `stats` sample (`stream=false`,
+    /// `one-shot=true`: no second sample for a delta, which the caller computes between syncs),
+    /// answered at the stats collector's next sample (about a second).
+    pub async fn stats_cpu_time(&self, id: &str) -> Result<Option<Duration>, RuntimeError> {
         let options = StatsOptionsBuilder::new()
             .stream(false)
             .one_shot(true)
@@ -1378,7 +1391,8 @@ impl DockerRuntime {
         if state.running != Some(true) {
             return None;
         }
-        let used = self.cgroup_fs.cpu_time(id, pid).await;
+        // The full id, which the container's cgroup is named by.
+        let used = self.cgroup_fs.cpu_time(inspect.id.as_deref()?, pid).await;
         if used.is_none() {
             debug!(
                 container = id,

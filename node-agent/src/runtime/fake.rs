@@ -78,7 +78,8 @@ struct State {
     files: BTreeMap<(String, String), FakeFile>,
     /// CPU time used by running containers, by id, as tests set it.
     cpu_times: BTreeMap<String, Duration>,
-    /// How long `cpu_time` takes to answer for a container (a busy Docker's stats).
+    /// How long `cpu_time` takes to answer for a container (a busy Docker's stats, where the
+    /// cgroup's counter cannot be read).
     cpu_time_delays: BTreeMap<String, Duration>,
     /// Session networks by id (`n1`, `n2`, ...: a counter of their own, so container ids do
     /// not depend on them).

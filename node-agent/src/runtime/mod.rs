@@ -8,7 +8,8 @@
 //!
 //! The SSH gateway's streams ([`crate::streams`]) use the same trait to find a session's
 //! container ([`SessionContainer`]) and to run processes in it ([`ExecSpec`], [`ExecProcess`]):
-//! through runc beside dockerd ([`direct`]), else `docker exec`. [`inject`] puts ongrid's own tools into containers (under `/run/ongrid`)
+//! through runc beside dockerd ([`direct`]), else `docker exec`. [`cgroup_cpu`] reads a running
+//! container's CPU counter from its cgroup on the host, for activity sampling. [`inject`] puts ongrid's own tools into containers (under `/run/ongrid`)
 //! with the archive methods: the node's sftp-server for images without one.
 
 pub mod accounts;

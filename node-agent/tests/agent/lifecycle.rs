@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use ongrid_agent::activity::ActivitySampler;
 use ongrid_agent::gpu::{self, GpuBackendConfig};
 use ongrid_agent::metrics::Readiness;
 use ongrid_agent::reconcile::Reconciler;
 use ongrid_agent::runtime::cgroup_cpu::CgroupFs;
+use ongrid_agent::runtime::docker::DockerRuntime;
 use ongrid_agent::runtime::{held_image, ContainerRuntime};
 use ongrid_agent::Agent;
 use ongrid_core::api::{ContainerState, DesiredSession, NodeReport, ObservedContainer, RunState};
@@ -137,53 +137,77 @@ async fn a_busy_container_is_busy_and_an_idle_one_idle() {
         .find(|c| c.session_id == idle.session_id)
         .expect("idle container")
         .container_id;
-    // The runtime reads the counter from the container's cgroup on this host, and it is the
-    // one Docker's stats report: the idle container's, which barely moves, read after Docker's
-    // stats, is at most a little above their figure (a parent cgroup's or another container's
-    // would be far from it).
+    // The counter read from the container's cgroup on this host is the one Docker's stats
+    // report: the idle container's, which barely moves, read after Docker's stats, is at most a
+    // little above their figure (a parent cgroup's or another container's would be far off).
+    let full_id = docker(&["inspect", "--format", "{{.Id}}", id]);
     let pid: u32 = docker(&["inspect", "--format", "{{.State.Pid}}", id])
         .parse()
         .expect("a PID");
-    let api = bollard::Docker::connect_with_local_defaults().expect("Docker");
-    let stats = api
-        .stats(
-            id,
-            Some(
-                bollard::query_parameters::StatsOptionsBuilder::new()
-                    .stream(false)
-                    .one_shot(true)
-                    .build(),
-            ),
-        )
-        .next()
+    let from_docker = node
+        .runtime
+        .stats_cpu_time(id)
         .await
-        .expect("one answer")
-        .expect("stats");
-    let from_docker = Duration::from_nanos(
-        stats
-            .cpu_stats
-            .and_then(|cpu| cpu.cpu_usage)
-            .and_then(|usage| usage.total_usage)
-            .expect("a running container's CPU use"),
-    );
+        .expect("stats")
+        .expect("a running container's CPU use");
     let from_cgroup = CgroupFs::host()
-        .cpu_time(id, pid)
+        .cpu_time(&full_id, pid)
         .await
         .expect("the container's cgroup counter, readable on this host");
     assert!(
         from_cgroup >= from_docker && from_cgroup - from_docker < Duration::from_millis(50),
         "cgroup {from_cgroup:?} against Docker's stats {from_docker:?}"
     );
-    let via_runtime = node
-        .runtime
+    // The runtime reads the cgroup's counter where it can (here a made-up one, which Docker
+    // could not have answered), and Docker's stats where it cannot.
+    let made_up = tempfile::tempdir().expect("temp dir");
+    let write = |path: std::path::PathBuf, text: &str| {
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write(
+        made_up.path().join(format!("proc/{pid}/cgroup")),
+        &format!("0::/docker/{full_id}\n"),
+    );
+    write(
+        made_up
+            .path()
+            .join(format!("cgroup/docker/{full_id}/cpu.stat")),
+        "usage_usec 123456789\n",
+    );
+    let runtime_at = |dir: &std::path::Path| {
+        let fs = CgroupFs::at(dir.join("proc"), dir.join("cgroup"));
+        let node_name = node.node.clone();
+        async move {
+            DockerRuntime::connect(node_name)
+                .await
+                .expect("Docker")
+                .with_cgroup_fs(fs)
+        }
+    };
+    assert_eq!(
+        runtime_at(made_up.path())
+            .await
+            .cpu_time(id)
+            .await
+            .expect("cpu time"),
+        Some(Duration::from_micros(123_456_789)),
+        "read from the cgroup's counter"
+    );
+    let nothing = tempfile::tempdir().expect("temp dir");
+    let from_stats = runtime_at(nothing.path())
+        .await
         .cpu_time(id)
         .await
         .expect("cpu time")
-        .expect("a running container's");
-    let after = CgroupFs::host().cpu_time(id, pid).await.expect("again");
+        .expect("Docker's figure");
+    let after = CgroupFs::host()
+        .cpu_time(&full_id, pid)
+        .await
+        .expect("again");
     assert!(
-        from_cgroup <= via_runtime && via_runtime <= after,
-        "the runtime's {via_runtime:?} between the cgroup's {from_cgroup:?} and {after:?}"
+        from_stats <= after && after - from_stats < Duration::from_millis(50),
+        "Docker's stats {from_stats:?} against the cgroup's {after:?}"
     );
 
     // A stopped container reads nothing.

@@ -7,12 +7,11 @@ use std::collections::BTreeSet;
 use std::ops::Deref;
 
 use chrono::{DateTime, TimeZone, Utc};
+use ongrid_core::image::ImageState;
 use ongrid_core::{
     ComputeCapability, Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuRequest, GpuUuid, NodeName,
     SessionId, SessionName, SessionState, Sharing,
 };
-
-use ongrid_core::image::ImageState;
 
 use super::fixtures::{self, gpu, registration};
 use super::*;
@@ -182,7 +181,13 @@ async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend
     let node1 = NodeName::parse("node1").unwrap();
     let node2 = NodeName::parse("node2").unwrap();
     let mut images = Vec::new();
-    for (n, node) in [(1, &node1), (2, &node2), (3, &node1), (4, &node2)] {
+    for (n, node) in [
+        (1, &node1),
+        (2, &node2),
+        (3, &node1),
+        (4, &node2),
+        (5, &node1),
+    ] {
         let session = create(&store, &alice.dn, Some(&format!("s{n}")), t(1)).await;
         let image = store
             .create_image(NewImage {
@@ -203,8 +208,17 @@ async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend
             .unwrap();
         images.push(image.id);
     }
-    // The third (node1's) deleted before the cut, the fourth (node2's) after it.
+    // The third (node1's) deleted before the cut, the fourth (node2's) after it, the fifth
+    // (node1's) failed: no longer BUILDING, not DELETED.
     store.delete_image(images[2], t(20)).await.unwrap().unwrap();
+    let failed = crate::domain::images::ImageChange::Failed {
+        reason: "failed".to_owned(),
+    };
+    store
+        .record_freeze(&node1, images[4], &failed, t(30))
+        .await
+        .unwrap()
+        .unwrap();
     store.delete_image(images[3], t(40)).await.unwrap().unwrap();
     let for_node = |node: &NodeName, since: i64| {
         let filter = ImageFilter::ForNode {
