@@ -5,9 +5,9 @@
 //! [`ContainerRuntime::cpu_time`]: from the host's cgroup filesystem at once, or from Docker's
 //! stats, which answer in about a second, where an agent in a container of its own cannot see
 //! it) is sampled at every sync; the percentage is the CPU time used between two samples over
-//! the time between them, 100 = one core busy. A container's first sample only sets the baseline, so it is
-//! reported from its second sync on; a counter that went backwards (the container restarted)
-//! starts a new baseline.
+//! the time between them, 100 = one core busy. A container's first sample only sets the
+//! baseline, so it is reported from its second sync on; a counter that went backwards (the
+//! container restarted) starts a new baseline.
 //!
 //! GPU: the highest utilisation among the session's GPUs (from the container's `ongrid.gpus`
 //! label) in the inventory the `GpuBackend` just discovered. MIG devices have no utilisation of
@@ -15,9 +15,9 @@
 //! session has one.
 //!
 //! A reading that takes longer than [`CPU_READ_BUDGET`] (a busy Docker answers its stats
-//! slowly, where they are what is read) is left out of this sync like a failed one: the sync is also the node's heartbeat,
-//! which the manager times with `node_timeout`, and idle detection only misses one sample (the
-//! next reading measures over the whole gap). [`SLOW_READINGS_WARNED`] in a row are a warning:
+//! slowly, where they are what is read) is left out of this sync like a failed one: the sync
+//! is also the node's heartbeat, which the manager times with `node_timeout`, and idle
+//! detection only misses one sample (the next reading measures over the whole gap). [`SLOW_READINGS_WARNED`] in a row are a warning:
 //! a session whose CPU use is never reported may be held as idle while it computes.
 //!
 //! Time between samples is tokio's clock, so tests drive it with a paused clock.
@@ -104,7 +104,7 @@ impl ActivitySampler {
             .filter(|c| c.state == ContainerState::Running && c.dev_container_of().is_some())
             .collect();
         let readings = join_all(running.iter().map(|c| async move {
-            let used = tokio::time::timeout(CPU_READ_BUDGET, runtime.cpu_time(&c.id)).await;
+            let used = tokio::time::timeout(CPU_READ_BUDGET, runtime.cpu_time(c)).await;
             (used, Instant::now())
         }))
         .await;

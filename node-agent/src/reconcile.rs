@@ -849,6 +849,7 @@ mod tests {
             state,
             image: session.image.clone(),
             gpus: Some(session.gpus.clone()),
+            pid: None,
         }
     }
 
@@ -1014,6 +1015,7 @@ mod tests {
             state: exited(0),
             image: "ongrid/dev:latest".into(),
             gpus: None,
+            pid: None,
         };
         let impostor = ContainerStatus {
             name: "not-the-right-name".into(),

@@ -13,10 +13,10 @@
 //! cgroup drivers name it `<id>` and `docker-<id>.scope`: `/docker/<id>`,
 //! `/system.slice/docker-<id>.scope`), and from that cgroup, the container's own, even when the
 //! process sits in one below it; so a PID reused by another process is never read as the
-//! container's. Where the file cannot be
-//! read (an agent in a container of its own without the host's `/proc` or cgroup filesystem,
-//! another layout) the caller asks Docker instead. The parsing is three colon-separated fields
-//! per line and one number per file: not worth a dependency.
+//! container's. Where the file cannot be read (an agent in a container of its own without the
+//! host's `/proc` or cgroup filesystem, another layout) the caller asks Docker instead. The
+//! parsing is three colon-separated fields per line and one number per file: not worth a
+//! dependency.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -184,6 +184,10 @@ impl DockerRuntime {
                 .and_then(|labels| labels.get(LABEL_SESSION))
                 .and_then(|value| value.parse::<SessionId>().ok());
             let state = inspect.state.unwrap_or_default();
+            let pid = state
+                .pid
+                .and_then(|pid| u32::try_from(pid).ok())
+                .filter(|pid| *pid > 0);
             let state = match state.status {
                 Some(ContainerStateStatusEnum::CREATED) => ContainerState::Created,
                 Some(
@@ -221,6 +225,7 @@ impl DockerRuntime {
                 state,
                 image: config.image.unwrap_or_default(),
                 gpus,
+                pid,
             });
         }
         Ok(statuses)
@@ -839,9 +844,9 @@ impl ContainerRuntime for DockerRuntime {
 
     fn cpu_time<'a>(
         &'a self,
-        id: &'a str,
+        container: &'a ContainerStatus,
     ) -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>> {
-        Box::pin(self.container_cpu_time(id))
+        Box::pin(self.container_cpu_time(container))
     }
 
     fn commit_to_image<'a>(
@@ -1342,11 +1347,14 @@ impl DockerRuntime {
 impl DockerRuntime {
     /// The container's cumulative CPU time from its cgroup's counter ([`CgroupFs`]), else
     /// from Docker's stats ([`Self::stats_cpu_time`]).
-    async fn container_cpu_time(&self, id: &str) -> Result<Option<Duration>, RuntimeError> {
-        if let Some(used) = self.cgroup_cpu_time(id).await {
+    async fn container_cpu_time(
+        &self,
+        container: &ContainerStatus,
+    ) -> Result<Option<Duration>, RuntimeError> {
+        if let Some(used) = self.cgroup_cpu_time(container).await {
             return Ok(Some(used));
         }
-        self.stats_cpu_time(id).await
+        self.stats_cpu_time(&container.id).await
     }
 
     /// The container's cumulative CPU time from one `stats` sample (`stream=false`,
@@ -1378,24 +1386,18 @@ impl DockerRuntime {
         Ok(nanoseconds.map(Duration::from_nanos))
     }
 
-    /// The CPU time of running container `id` read from its cgroup's counter; `None` when it
-    /// does not run or the counter cannot be read here.
-    async fn cgroup_cpu_time(&self, id: &str) -> Option<Duration> {
-        let inspect = self
-            .docker
-            .inspect_container(id, Some(InspectContainerOptionsBuilder::new().build()))
-            .await
-            .ok()?;
-        let state = inspect.state?;
-        let pid = u32::try_from(state.pid?).ok().filter(|pid| *pid > 0)?;
-        if state.running != Some(true) {
+    /// The CPU time of a running container read from its cgroup's counter, through the PID
+    /// and full id its listing read (no call to Docker); `None` when it does not run or the
+    /// counter cannot be read here.
+    async fn cgroup_cpu_time(&self, container: &ContainerStatus) -> Option<Duration> {
+        if container.state != ContainerState::Running {
             return None;
         }
-        // The full id, which the container's cgroup is named by.
-        let used = self.cgroup_fs.cpu_time(inspect.id.as_deref()?, pid).await;
+        let pid = container.pid?;
+        let used = self.cgroup_fs.cpu_time(&container.id, pid).await;
         if used.is_none() {
             debug!(
-                container = id,
+                container = container.id,
                 pid,
                 "The container's cgroup CPU counter cannot be read here; asking Docker's stats."
             );

@@ -166,6 +166,7 @@ impl FakeRuntime {
                 state,
                 image: "ongrid/dev:latest".to_owned(),
                 gpus: None,
+                pid: None,
             },
         );
         id
@@ -371,6 +372,7 @@ impl FakeRuntime {
                 state: ContainerState::Created,
                 image: spec.image.clone(),
                 gpus: Some(spec.gpus.clone()),
+                pid: None,
             },
         );
         s.specs.insert(id.clone(), spec.clone());
@@ -707,8 +709,9 @@ impl ContainerRuntime for FakeRuntime {
     /// the delay `delay_cpu_time` said.
     fn cpu_time<'a>(
         &'a self,
-        id: &'a str,
+        container: &'a ContainerStatus,
     ) -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>> {
+        let id = container.id.as_str();
         let s = self.state();
         let running = s
             .containers

@@ -9,8 +9,9 @@
 //! The SSH gateway's streams ([`crate::streams`]) use the same trait to find a session's
 //! container ([`SessionContainer`]) and to run processes in it ([`ExecSpec`], [`ExecProcess`]):
 //! through runc beside dockerd ([`direct`]), else `docker exec`. [`cgroup_cpu`] reads a running
-//! container's CPU counter from its cgroup on the host, for activity sampling. [`inject`] puts ongrid's own tools into containers (under `/run/ongrid`)
-//! with the archive methods: the node's sftp-server for images without one.
+//! container's CPU counter from its cgroup on the host, for activity sampling. [`inject`] puts
+//! ongrid's own tools into containers (under `/run/ongrid`) with the archive methods: the
+//! node's sftp-server for images without one.
 
 pub mod accounts;
 pub mod cgroup_cpu;
@@ -195,6 +196,9 @@ pub struct ContainerStatus {
     pub image: String,
     /// From the `ongrid.gpus` label; `None` when absent or unparsable.
     pub gpus: Option<Vec<GpuId>>,
+    /// The host PID of its first process while it runs, as the list read it (its CPU counter's
+    /// cgroup is that process's).
+    pub pid: Option<u32>,
 }
 
 impl ContainerStatus {
@@ -503,10 +507,12 @@ pub trait ContainerRuntime: Send + Sync + 'static {
 
     // ---- Session lifecycle: activity sampling, and release onto other GPUs ----
 
-    /// CPU time used so far by all processes of a running container (its cgroup's counter,
-    /// which restarts with the container); `None` when it does not run.
-    fn cpu_time<'a>(&'a self, id: &'a str)
-        -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>>;
+    /// CPU time used so far by all processes of a running container, as [`Self::list`] saw it
+    /// (its cgroup's counter, which restarts with the container); `None` when it does not run.
+    fn cpu_time<'a>(
+        &'a self,
+        container: &'a ContainerStatus,
+    ) -> BoxFuture<'a, Result<Option<Duration>, RuntimeError>>;
 
     /// Commits the container's filesystem (not its volumes) to the image `reference`, moving
     /// the tag if it exists. Returns the image id.
@@ -935,6 +941,7 @@ mod tests {
             state: ContainerState::Running,
             image: "ongrid/dev:latest".into(),
             gpus: None,
+            pid: None,
         };
         assert_eq!(
             status(id.container_name(), Some(id)).dev_container_of(),

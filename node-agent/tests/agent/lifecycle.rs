@@ -129,31 +129,37 @@ async fn a_busy_container_is_busy_and_an_idle_one_idle() {
     // Simulated GPUs with no figure: unknown, not idle.
     assert_eq!(busy_activity.gpu_percent, None);
 
-    let id = &reconciler
-        .observe()
-        .await
-        .expect("list")
-        .into_iter()
-        .find(|c| c.session_id == idle.session_id)
-        .expect("idle container")
-        .container_id;
+    let idle_status = |runtime: &DockerRuntime| {
+        let runtime = runtime.clone();
+        let session_id = idle.session_id;
+        async move {
+            runtime
+                .list()
+                .await
+                .expect("list")
+                .into_iter()
+                .find(|c| c.session_id == Some(session_id))
+                .expect("idle container")
+        }
+    };
+    let status = idle_status(&node.runtime).await;
+    let pid = status.pid.expect("a running container's PID");
     // The counter read from the container's cgroup on this host is the one Docker's stats
     // report: the idle container's, which barely moves, read after Docker's stats, is at most a
     // little above their figure (a parent cgroup's or another container's would be far off).
-    let full_id = docker(&["inspect", "--format", "{{.Id}}", id]);
-    let pid: u32 = docker(&["inspect", "--format", "{{.State.Pid}}", id])
-        .parse()
-        .expect("a PID");
+    let host_counter = || async {
+        CgroupFs::host()
+            .cpu_time(&status.id, pid)
+            .await
+            .expect("the container's cgroup counter, readable on this host")
+    };
     let from_docker = node
         .runtime
-        .stats_cpu_time(id)
+        .stats_cpu_time(&status.id)
         .await
         .expect("stats")
         .expect("a running container's CPU use");
-    let from_cgroup = CgroupFs::host()
-        .cpu_time(&full_id, pid)
-        .await
-        .expect("the container's cgroup counter, readable on this host");
+    let from_cgroup = host_counter().await;
     assert!(
         from_cgroup >= from_docker && from_cgroup - from_docker < Duration::from_millis(50),
         "cgroup {from_cgroup:?} against Docker's stats {from_docker:?}"
@@ -167,52 +173,46 @@ async fn a_busy_container_is_busy_and_an_idle_one_idle() {
     };
     write(
         made_up.path().join(format!("proc/{pid}/cgroup")),
-        &format!("0::/docker/{full_id}\n"),
+        &format!("0::/docker/{}\n", status.id),
     );
     write(
         made_up
             .path()
-            .join(format!("cgroup/docker/{full_id}/cpu.stat")),
+            .join(format!("cgroup/docker/{}/cpu.stat", status.id)),
         "usage_usec 123456789\n",
     );
-    let runtime_at = |dir: &std::path::Path| {
+    let cpu_time_with = |dir: &std::path::Path| {
         let fs = CgroupFs::at(dir.join("proc"), dir.join("cgroup"));
-        let node_name = node.node.clone();
+        let (node_name, status) = (node.node.clone(), status.clone());
         async move {
             DockerRuntime::connect(node_name)
                 .await
                 .expect("Docker")
                 .with_cgroup_fs(fs)
+                .cpu_time(&status)
+                .await
+                .expect("cpu time")
         }
     };
     assert_eq!(
-        runtime_at(made_up.path())
-            .await
-            .cpu_time(id)
-            .await
-            .expect("cpu time"),
+        cpu_time_with(made_up.path()).await,
         Some(Duration::from_micros(123_456_789)),
         "read from the cgroup's counter"
     );
     let nothing = tempfile::tempdir().expect("temp dir");
-    let from_stats = runtime_at(nothing.path())
+    let from_stats = cpu_time_with(nothing.path())
         .await
-        .cpu_time(id)
-        .await
-        .expect("cpu time")
         .expect("Docker's figure");
-    let after = CgroupFs::host()
-        .cpu_time(&full_id, pid)
-        .await
-        .expect("again");
+    let after = host_counter().await;
     assert!(
         from_stats <= after && after - from_stats < Duration::from_millis(50),
         "Docker's stats {from_stats:?} against the cgroup's {after:?}"
     );
 
     // A stopped container reads nothing.
-    docker(&["stop", "-t", "0", id]);
-    assert_eq!(node.runtime.cpu_time(id).await.expect("stats"), None);
+    docker(&["stop", "-t", "0", &status.id]);
+    let stopped = idle_status(&node.runtime).await;
+    assert_eq!(node.runtime.cpu_time(&stopped).await.expect("stats"), None);
 }
 
 #[tokio::test]
