@@ -173,8 +173,12 @@ impl ManagerExporter {
         let counts = self.store.state_counts().await?;
         // The planning read: the GPUs are read again only when the inventory changed, and what
         // is counted here (model, mode, health, MIG devices, the nodes) is part of it; only the
-        // utilisation, which no series shows, may be older.
-        let nodes = self.store.planning_nodes().await?;
+        // utilisation, which no series shows, may be older. No series shows a node's last sync
+        // either, so none is read exactly.
+        let nodes = self
+            .store
+            .planning_nodes(chrono::DateTime::<chrono::Utc>::MIN_UTC)
+            .await?;
 
         let by_state = counted(
             SessionState::ALL.iter().map(|s| s.as_str()),

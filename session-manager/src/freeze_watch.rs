@@ -74,9 +74,10 @@ impl FreezeWatch {
             return Ok(failed);
         }
         // A removed node's freeze has no last sync: given up as one that stopped responding.
+        // Only whether a node stopped responding is asked of its last sync.
         let last_seen: HashMap<_, _> = self
             .store
-            .planning_nodes()
+            .planning_nodes(crate::site::online_since(now, self.limits.node_timeout))
             .await?
             .into_iter()
             .map(|node| (node.name, node.last_seen))

@@ -67,7 +67,8 @@ impl SiteSnapshot {
     }
 
     /// The site for a scheduling round, as [`Self::load`] but from the store's planning reads:
-    /// its GPUs ([`Store::planning_nodes`], read again only when the inventory changed) and the
+    /// its nodes and GPUs ([`Store::planning_nodes`], read again only when the inventory changed,
+    /// a node's last sync only when it is older than `node_timeout`) and the
     /// sessions holding them ([`Store::planning_sessions`], only those changed read again); with
     /// the PENDING sessions of the same read, in the order [`Store::sessions`] gives them.
     pub async fn load_for_planning(
@@ -75,7 +76,9 @@ impl SiteSnapshot {
         now: DateTime<Utc>,
         node_timeout: Duration,
     ) -> StoreResult<(Self, Vec<SessionRecord>)> {
-        let nodes = store.planning_nodes().await?;
+        let nodes = store
+            .planning_nodes(online_since(now, node_timeout))
+            .await?;
         let (holding, pending): (Vec<_>, Vec<_>) = store
             .planning_sessions()
             .await?
@@ -108,7 +111,9 @@ impl SiteSnapshot {
     ) -> StoreResult<Self> {
         Ok(Self::new(
             now,
-            store.planning_nodes().await?,
+            store
+                .planning_nodes(online_since(now, node_timeout))
+                .await?,
             Vec::new(),
             node_timeout,
         ))
@@ -348,6 +353,15 @@ impl SiteSnapshot {
                 .collect(),
         }
     }
+}
+
+/// The cutoff of [`SiteSnapshot::is_online`] at `now`: a node seen at or after it is online, so
+/// its last sync need not be read exactly ([`Store::planning_nodes`]).
+pub fn online_since(now: DateTime<Utc>, node_timeout: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(node_timeout)
+        .ok()
+        .and_then(|timeout| now.checked_sub_signed(timeout))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// Whether the GPU's mode is `exclusive` or `shared:N` while its agent still reports MIG mode

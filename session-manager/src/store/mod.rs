@@ -419,12 +419,18 @@ pub trait Store: Send + Sync {
     /// Every registered node with its GPUs, ordered by name.
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 
-    /// Every registered node with its GPUs as [`Self::nodes`], for planning: the GPUs are read
-    /// again only when the site's inventory changed since this store last read them (a GPU
-    /// added, gone or moved, its health, MIG devices, mode or drain), else kept from then, so a
-    /// GPU's utilisation may be as old as that read. For the scheduler's rounds and a request's
-    /// checks; what people see of the GPUs comes from [`Self::nodes`].
-    fn planning_nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
+    /// Every registered node with its GPUs as [`Self::nodes`], for planning: the nodes and GPUs
+    /// are read again only when the site's inventory changed since this store last read them (a
+    /// node registered, drained or removed; a GPU added, gone or moved, its health, MIG devices,
+    /// mode or drain), else kept from then, so a GPU's utilisation may be as old as that read.
+    /// A node's last sync is exact when it is before `seen_since`; a node seen at or after it
+    /// shows `seen_since` or later: enough to tell, against a cutoff at `seen_since` or before,
+    /// which nodes stopped responding, without reading every node's row. For the scheduler's
+    /// rounds and a request's checks; what people see of the nodes comes from [`Self::nodes`].
+    fn planning_nodes(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 
     /// `node`'s GPUs as [`Self::planning_nodes`] keeps them (a GPU's utilisation as old as that
     /// read), read alone when the site's inventory changed since: for what a node's desired

@@ -420,20 +420,24 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
     assert_eq!(seen.iter().map(|s| s.id).collect::<Vec<_>>(), [a.id, d.id]);
 }
 
-/// The planning read keeps the GPUs it read and reads them again when the inventory changed:
-/// each change the scheduler plans with (a GPU's health, mode or drain, a node's GPUs added) is
-/// in the next planning read, whether made through the same store or through another one on the
-/// same database (a replica); a new utilisation alone is not, while what people see has it; a
-/// node's last sync and its drain are always current. One node's planning GPUs are the same,
-/// read alone before a planning read of every node and kept after it.
+/// The planning read keeps the nodes and GPUs it read and reads them again when the inventory
+/// changed: each change the scheduler plans with (a GPU's health, mode or drain, a node's drain,
+/// a node registered again or removed, a node's GPUs added) is in the next planning read,
+/// whether made through the same store or through another one on the same database (a
+/// replica); a new utilisation alone is not, while what people see has it. A node's last sync
+/// is current when it is before the read's cutoff, and at least the cutoff after it. One node's
+/// planning GPUs are the same, read alone before a planning read of every node and kept after
+/// it.
 async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_store(
     backend: Backend,
 ) {
     let (place, store) = Place::opened(backend).await;
     let replica = place.open().await;
     let node1 = NodeName::parse("node1").unwrap();
-    assert_eq!(store.planning_nodes().await.unwrap(), vec![]);
-    assert_eq!(replica.planning_nodes().await.unwrap(), vec![]);
+    // Every node seen before it: each one's last sync as stored.
+    let cutoff = t(1000);
+    assert_eq!(store.planning_nodes(cutoff).await.unwrap(), vec![]);
+    assert_eq!(replica.planning_nodes(cutoff).await.unwrap(), vec![]);
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
@@ -441,7 +445,7 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         let node1_gpus = &seen.iter().find(|n| n.name == node1).unwrap().gpus;
         for planner in [&store, &replica] {
             assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
-            assert_eq!(planner.planning_nodes().await.unwrap(), seen);
+            assert_eq!(planner.planning_nodes(cutoff).await.unwrap(), seen);
             assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
         }
         seen
@@ -460,8 +464,8 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         .unwrap();
     assert_eq!(store.nodes().await.unwrap()[0].gpus[1].info, busy);
     for planned in [
-        store.planning_nodes().await.unwrap(),
-        replica.planning_nodes().await.unwrap(),
+        store.planning_nodes(cutoff).await.unwrap(),
+        replica.planning_nodes(cutoff).await.unwrap(),
     ] {
         assert_eq!(planned[0].last_seen, t(5));
         assert_eq!(
@@ -505,6 +509,46 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     let seen = both_current().await;
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].gpus[0].info, gpu(3));
+
+    // A last sync is read exactly only before the cutoff: node0, seen again at t(20), shows the
+    // cutoff t(10) (what was read at t(8) is older); node1, seen at t(6), shows t(6). Against a
+    // later cutoff both show their last sync as stored.
+    replica
+        .record_sync(&seen[0].name, &[gpu(3)], t(20))
+        .await
+        .unwrap();
+    for planner in [&store, &replica] {
+        let seen_at =
+            |planned: Vec<NodeRecord>| -> Vec<_> { planned.iter().map(|n| n.last_seen).collect() };
+        assert_eq!(
+            seen_at(planner.planning_nodes(t(10)).await.unwrap()),
+            [t(10), t(6)]
+        );
+        assert_eq!(
+            seen_at(planner.planning_nodes(t(30)).await.unwrap()),
+            [t(20), t(6)]
+        );
+    }
+
+    // Registered again (its stream moved, its GPUs as they were), then removed.
+    let moved = NodeRegistration {
+        stream_url: Some("wss://node0.example:9443/streams".to_owned()),
+        ..registration("node0")
+    };
+    store.register_node(moved, &[gpu(3)], t(21)).await.unwrap();
+    let seen = both_current().await;
+    assert_eq!(
+        seen[0].stream_url.as_deref(),
+        Some("wss://node0.example:9443/streams")
+    );
+    let removal = replica
+        .remove_node(&seen[0].name, t(100), std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(removal, NodeRemoval::Removed);
+    let seen = both_current().await;
+    let names: Vec<&NodeName> = seen.iter().map(|n| &n.name).collect();
+    assert_eq!(names, [&node1]);
 }
 
 /// Changes stored in one write: each one its session's lifecycle allows is stored, a refused

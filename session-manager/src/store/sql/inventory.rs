@@ -1,53 +1,63 @@
 //! The planning read of the nodes ([`Store::planning_nodes`](crate::store::Store::planning_nodes)):
-//! the GPUs as last read, kept in memory, read again only when the site's inventory changed.
+//! the nodes and their GPUs as last read, kept in memory, read again only when the site's
+//! inventory changed; of the node rows, only those not seen lately are read every time.
 //!
-//! Every write that changes what the scheduler knows of a GPU (one added, gone or moved to
-//! another node, its health or MIG devices, its mode, its drain) bumps `inventory_version`
-//! (migration 0023) in its own transaction ([`bump`]). A planning read reads the counter first,
-//! then the node rows (light, and where `last_seen` moves with every sync), and the GPU rows only
-//! when the counter moved since the GPUs kept were read. Reading the counter before the rows
-//! makes a stale copy impossible: rows read after the counter are at least as new as it, so a
-//! change committed after either read moves the counter past the one kept with them. Replicas on
-//! one PostgreSQL database each keep their own copy and see each other's changes through the
-//! counter. A GPU's utilisation alone does not move it (agents report it every sync): the
-//! planning read's is as of the last change, and views read [`Store::nodes`](crate::store::Store::nodes).
+//! Every write that changes what the scheduler knows of a node or a GPU (a node registered,
+//! drained or removed; a GPU added, gone or moved to another node, its health or MIG devices, its
+//! mode, its drain) bumps `inventory_version` (migration 0023) in its own transaction
+//! ([`bump`]). A node's last sync does not: it moves with every sync of every node, and a round
+//! needs it only to tell the nodes that stopped responding from the others. So a planning read
+//! reads the counter first; the node and GPU rows only when the counter moved since the ones kept
+//! were read; then the last sync of the nodes not seen since the cutoff it was given, which is
+//! usually none. Reading the counter before the rows makes a stale copy impossible: rows read
+//! after the counter are at least as new as it, so a change committed after either read moves
+//! the counter past the one kept with them. Replicas on one PostgreSQL database each keep their
+//! own copy and see each other's changes through the counter. A GPU's utilisation alone does not
+//! move it (agents report it every sync): the planning read's is as of the last change, and views
+//! read [`Store::nodes`](crate::store::Store::nodes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, Utc};
 use ongrid_core::NodeName;
 use sqlx::Transaction;
 
-use super::{Db, SqlStore};
+use super::{parse, parse_timestamp, timestamp, Db, SqlStore};
 use crate::store::{GpuRecord, NodeRecord, StoreResult};
 
 /// The GPUs of each node, ordered as [`Store::nodes`](crate::store::Store::nodes) orders them.
 pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
 
-/// The GPUs a manager read for planning, shared by the clones of one store.
+/// The nodes and GPUs a manager read for planning, shared by the clones of one store.
 #[derive(Debug, Clone, Default)]
 pub struct KeptInventory(Arc<Mutex<Option<Kept>>>);
 
-/// GPUs as read, and the inventory version they are at least as new as.
-#[derive(Debug)]
+/// Nodes and GPUs as read, and the inventory version they are at least as new as.
+#[derive(Debug, Clone)]
 struct Kept {
     version: i64,
+    /// Every registered node with its GPUs, ordered by name; each one's last sync as of the read.
+    nodes: Arc<[NodeRecord]>,
     gpus: Arc<GpusByNode>,
 }
 
 impl KeptInventory {
-    fn at(&self, version: i64) -> Option<Arc<GpusByNode>> {
+    fn at(&self, version: i64) -> Option<Kept> {
         let kept = self.0.lock().ok()?;
         kept.as_ref()
             .filter(|kept| kept.version == version)
-            .map(|kept| Arc::clone(&kept.gpus))
+            .cloned()
     }
 
-    /// Keeps `gpus`, read at `version`, unless a read at a later version is kept already.
-    fn keep(&self, version: i64, gpus: Arc<GpusByNode>) {
+    /// Keeps `read`, unless a read at a later version is kept already.
+    fn keep(&self, read: Kept) {
         if let Ok(mut kept) = self.0.lock() {
-            if kept.as_ref().is_none_or(|kept| kept.version <= version) {
-                *kept = Some(Kept { version, gpus });
+            if kept
+                .as_ref()
+                .is_none_or(|kept| kept.version <= read.version)
+            {
+                *kept = Some(read);
             }
         }
     }
@@ -65,24 +75,65 @@ pub(super) async fn bump(tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
 }
 
 impl SqlStore {
-    pub(super) async fn planning_nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+    pub(super) async fn planning_nodes(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> StoreResult<Vec<NodeRecord>> {
         let version = self.inventory_version().await?;
-        let node_rows = self.node_rows(None).await?;
-        let gpus = match self.inventory.at(version) {
-            Some(gpus) => gpus,
+        let kept = match self.inventory.at(version) {
+            Some(kept) => kept,
             None => {
-                let gpus = Arc::new(self.gpus_by_node(None).await?);
-                self.inventory.keep(version, Arc::clone(&gpus));
-                gpus
+                let read = self.read_inventory(version).await?;
+                self.inventory.keep(read.clone());
+                read
             }
         };
-        node_rows
+        let not_seen = self.not_seen_since(seen_since).await?;
+        Ok(kept
+            .nodes
+            .iter()
+            .map(|node| NodeRecord {
+                last_seen: match not_seen.get(&node.name) {
+                    Some(last_seen) => *last_seen,
+                    None => node.last_seen.max(seen_since),
+                },
+                ..node.clone()
+            })
+            .collect())
+    }
+
+    /// Every registered node and GPU, as of inventory `version` or later.
+    async fn read_inventory(&self, version: i64) -> StoreResult<Kept> {
+        let node_rows = self.node_rows(None).await?;
+        let gpus = Arc::new(self.gpus_by_node(None).await?);
+        let nodes = node_rows
             .iter()
             .map(|row| {
                 let mut node = super::node_from_row(row)?;
                 node.gpus = gpus.get(&node.name).cloned().unwrap_or_default();
                 Ok(node)
             })
+            .collect::<StoreResult<_>>()?;
+        Ok(Kept {
+            version,
+            nodes,
+            gpus,
+        })
+    }
+
+    /// The last sync of each registered node not seen at or after `since`.
+    async fn not_seen_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> StoreResult<HashMap<NodeName, DateTime<Utc>>> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT name, last_seen FROM nodes WHERE removed_at IS NULL AND last_seen < $1",
+        )
+        .bind(timestamp(since))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|(name, last_seen)| Ok((parse(name, "node name")?, parse_timestamp(last_seen)?)))
             .collect()
     }
 
@@ -92,7 +143,7 @@ impl SqlStore {
     pub(super) async fn planning_gpus(&self, node: &NodeName) -> StoreResult<Arc<[GpuRecord]>> {
         let version = self.inventory_version().await?;
         let mut gpus = match self.inventory.at(version) {
-            Some(kept) => return Ok(kept.get(node).cloned().unwrap_or_default()),
+            Some(kept) => return Ok(kept.gpus.get(node).cloned().unwrap_or_default()),
             None => self.gpus_by_node(Some(node)).await?,
         };
         Ok(gpus.remove(node).unwrap_or_default())

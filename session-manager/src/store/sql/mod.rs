@@ -323,7 +323,11 @@ impl SqlStore {
         .bind(timestamp(at))
         .execute(&mut *tx)
         .await?;
-        update_gpus(&mut tx, &node.name, gpus, &node.start_modes, at).await?;
+        // The node's row changed (its stream, its agent's version, a drain or removal ended):
+        // the planning read takes it again, with the GPUs when they changed too.
+        if !update_gpus(&mut tx, &node.name, gpus, &node.start_modes, at).await? {
+            inventory::bump(&mut tx).await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -532,7 +536,7 @@ impl Store for SqlStore {
         fn transition_all(changes: Vec<(SessionId, Change)>) -> Vec<StoreResult<()>>;
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
-        fn planning_nodes() -> Vec<NodeRecord>;
+        fn planning_nodes(seen_since: DateTime<Utc>) -> Vec<NodeRecord>;
         fn planning_gpus(node: &'a NodeName) -> std::sync::Arc<[GpuRecord]>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;

@@ -41,6 +41,9 @@ impl SqlStore {
         .execute(&mut *tx)
         .await?
         .rows_affected();
+        if updated == 1 {
+            super::inventory::bump(&mut tx).await?;
+        }
         tx.commit().await?;
         Ok(updated == 1)
     }
@@ -117,6 +120,7 @@ impl SqlStore {
             .bind(node.as_str())
             .execute(&mut *tx)
             .await?;
+        super::inventory::bump(&mut tx).await?;
         tx.commit().await?;
         Ok(NodeRemoval::Removed)
     }
