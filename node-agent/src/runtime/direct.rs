@@ -64,8 +64,18 @@ const ID_PREFIX: &str = "direct-";
 /// How long runc may take to start a process (it answers in tens of milliseconds).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How much of a process's output is read at once.
-const CHUNK: usize = 64 * 1024;
+/// How much of a process's output is read at once: as much as one stream frame takes while its
+/// WebSocket message (a 4-byte header, the frame's tag, the bytes) stays within 64 KiB, four
+/// full TLS records. A read of 64 KiB made a fifth record of 5 bytes for each, and with it a
+/// system call and a wake-up more on both ends of the stream.
+const CHUNK: usize = 64 * 1024 - 4 - 1;
+
+/// The capacity asked of the pipes of a process's stdout and stderr (Linux's default is 64
+/// KiB, the most a user may ask is `/proc/sys/fs/pipe-max-size`, 1 MiB by default). With
+/// [`CHUNK`] just under 64 KiB, a full default pipe would leave a few bytes behind each read,
+/// read next as a frame of their own; a larger pipe also lets the process write on while the
+/// agent sends.
+const PIPE_CAPACITY: i32 = 1024 * 1024;
 
 /// How long a process's output may go on once the process has ended (dockerd gives an exec's
 /// streams 2 s): a background child that keeps stdout open would otherwise keep the SSH
@@ -324,8 +334,8 @@ impl DirectExec {
             }
             (None, Some(pipes)) => (
                 futures::stream::select(
-                    chunks(pipes.stdout, ExecOutput::Stdout),
-                    chunks(pipes.stderr, ExecOutput::Stderr),
+                    chunks(enlarged(pipes.stdout), ExecOutput::Stdout),
+                    chunks(enlarged(pipes.stderr), ExecOutput::Stderr),
                 )
                 .boxed(),
                 Box::pin(pipes.stdin),
@@ -712,6 +722,15 @@ async fn watch(
     let _ = helper.wait().await;
 }
 
+/// `pipe` with room for [`PIPE_CAPACITY`] bytes, or as it was where the kernel refuses.
+fn enlarged<P: std::os::fd::AsFd>(pipe: P) -> P {
+    use nix::fcntl::{fcntl, FcntlArg};
+    if let Err(error) = fcntl(&pipe, FcntlArg::F_SETPIPE_SZ(PIPE_CAPACITY)) {
+        debug!(%error, "A process's output pipe keeps its size.");
+    }
+    pipe
+}
+
 /// A process's output as chunks of at most [`CHUNK`] bytes, until it closes it.
 fn chunks<R>(
     reader: R,
@@ -1016,6 +1035,36 @@ async fn receive_terminal(listener: UnixListener) -> Result<PtyMaster, String> {
 mod tests {
     use super::*;
     use crate::runtime::TtySize;
+
+    /// A process's output pipe is given room for a megabyte, and a read of it takes at most
+    /// [`CHUNK`], whose frame fills a 64 KiB WebSocket message (4-byte header) exactly.
+    #[tokio::test]
+    async fn output_pipes_are_enlarged_and_read_a_frame_at_a_time() {
+        use nix::fcntl::{fcntl, FcntlArg};
+        let (reader, writer) = nix::unistd::pipe().unwrap();
+        let default = fcntl(&reader, FcntlArg::F_GETPIPE_SZ).unwrap();
+        let reader = enlarged(reader);
+        assert_eq!(
+            fcntl(&reader, FcntlArg::F_GETPIPE_SZ).unwrap(),
+            PIPE_CAPACITY
+        );
+        assert!(default < PIPE_CAPACITY, "{default}");
+
+        // 200 KiB written at once fit in the pipe; they are read as full frames and the rest.
+        let written = vec![7u8; 200 * 1024];
+        std::fs::File::from(writer).write_all(&written).unwrap();
+        let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(reader).unwrap();
+        let sizes: Vec<usize> = chunks(reader, ExecOutput::Stdout)
+            .map(|chunk| match chunk.unwrap() {
+                ExecOutput::Stdout(bytes) => bytes.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+            .await;
+        assert_eq!(sizes, [CHUNK, CHUNK, CHUNK, 200 * 1024 - 3 * CHUNK]);
+        let message = ongrid_core::stream::Frame::Data(vec![0; CHUNK]).into_encoded();
+        assert_eq!(4 + message.len(), 64 * 1024);
+    }
 
     fn config() -> Value {
         serde_json::json!({
