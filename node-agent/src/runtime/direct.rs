@@ -722,11 +722,15 @@ async fn watch(
     let _ = helper.wait().await;
 }
 
-/// `pipe` with room for [`PIPE_CAPACITY`] bytes, or as it was where the kernel refuses.
+/// `pipe` with room for [`PIPE_CAPACITY`] bytes, or as it was where the kernel refuses (said
+/// once).
 fn enlarged<P: std::os::fd::AsFd>(pipe: P) -> P {
     use nix::fcntl::{fcntl, FcntlArg};
+    static REFUSED: AtomicBool = AtomicBool::new(false);
     if let Err(error) = fcntl(&pipe, FcntlArg::F_SETPIPE_SZ(PIPE_CAPACITY)) {
-        debug!(%error, "A process's output pipe keeps its size.");
+        if !REFUSED.swap(true, Ordering::Relaxed) {
+            warn!(%error, bytes = PIPE_CAPACITY, "The kernel does not enlarge processes' output pipes: their output goes in smaller frames. Run the agent as root, or raise /proc/sys/fs/pipe-max-size.");
+        }
     }
     pipe
 }

@@ -85,7 +85,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
-    /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
+    /// The nodes and GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,

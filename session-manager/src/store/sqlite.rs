@@ -103,7 +103,7 @@ fn transaction_depth(connection: &DbConnection) -> usize {
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: SqlitePool,
-    /// The GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
+    /// The nodes and GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,

@@ -7,11 +7,13 @@
 //! mode, its drain) bumps `inventory_version` (migration 0023) in its own transaction
 //! ([`bump`]). A node's last sync does not: it moves with every sync of every node, and a round
 //! needs it only to tell the nodes that stopped responding from the others. So a planning read
-//! reads the counter first; the node and GPU rows only when the counter moved since the ones kept
-//! were read; then the last sync of the nodes not seen since the cutoff it was given, which is
-//! usually none. Reading the counter before the rows makes a stale copy impossible: rows read
+//! reads first the last sync of the nodes not seen since the cutoff it was given, usually none;
+//! then the counter; then the node and GPU rows, only when the counter moved since the ones kept
+//! were read. Reading the counter before the rows makes a stale copy impossible: rows read
 //! after the counter are at least as new as it, so a change committed after either read moves
-//! the counter past the one kept with them. Replicas on one PostgreSQL database each keep their
+//! the counter past the one kept with them. Reading the last syncs before the counter keeps a
+//! node removed meanwhile from showing online: removed before that read, it is gone from the rows
+//! of the counter after; removed after it, that read had it, offline as a node is when removed. Replicas on one PostgreSQL database each keep their
 //! own copy and see each other's changes through the counter. A GPU's utilisation alone does not
 //! move it (agents report it every sync): the planning read's is as of the last change, and views
 //! read [`Store::nodes`](crate::store::Store::nodes).
@@ -79,6 +81,8 @@ impl SqlStore {
         &self,
         seen_since: DateTime<Utc>,
     ) -> StoreResult<Vec<NodeRecord>> {
+        // First, so that a node removed meanwhile is in neither read or offline in this one.
+        let not_seen = self.not_seen_since(seen_since).await?;
         let version = self.inventory_version().await?;
         let kept = match self.inventory.at(version) {
             Some(kept) => kept,
@@ -88,7 +92,6 @@ impl SqlStore {
                 read
             }
         };
-        let not_seen = self.not_seen_since(seen_since).await?;
         Ok(kept
             .nodes
             .iter()
