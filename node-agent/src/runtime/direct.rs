@@ -66,8 +66,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How much of a process's output is read at once: as much as one stream frame takes while its
 /// WebSocket message (a 4-byte header, the frame's tag, the bytes) stays within 64 KiB, four
-/// full TLS records. A read of 64 KiB made a fifth record of 5 bytes for each, and with it a
-/// system call and a wake-up more on both ends of the stream.
+/// full TLS records. A read of 64 KiB made a fifth record of 11 bytes for each (the tag and the
+/// 10-byte header of a message over 65,535 bytes), and with it a system call and a wake-up more
+/// on both ends of the stream.
 const CHUNK: usize = 64 * 1024 - 4 - 1;
 
 /// The capacity asked of the pipes of a process's stdout and stderr (Linux's default is 64
