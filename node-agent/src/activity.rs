@@ -17,8 +17,9 @@
 //! A reading that takes longer than [`CPU_READ_BUDGET`] (a busy Docker answers its stats
 //! slowly, where they are what is read) is left out of this sync like a failed one: the sync
 //! is also the node's heartbeat, which the manager times with `node_timeout`, and idle
-//! detection only misses one sample (the next reading measures over the whole gap). [`SLOW_READINGS_WARNED`] in a row are a warning:
-//! a session whose CPU use is never reported may be held as idle while it computes.
+//! detection only misses one sample (the next reading measures over the whole gap).
+//! [`SLOW_READINGS_WARNED`] in a row are a warning: a session whose CPU use is never reported
+//! may be held as idle while it computes.
 //!
 //! Time between samples is tokio's clock, so tests drive it with a paused clock.
 

@@ -40,7 +40,8 @@ pub struct SiteSnapshot {
     pub holding: Vec<Arc<SessionRecord>>,
     /// Jobs QUEUED or holding GPUs now (see [`SiteSnapshot::with_jobs`]).
     pub jobs: Vec<JobRecord>,
-    node_timeout: TimeDelta,
+    /// A node seen at or after this is online ([`online_since`]).
+    online_since: DateTime<Utc>,
     used: HashMap<GpuUuid, u32>,
     /// GPUs held by a session that asked for a whole GPU.
     whole: HashSet<GpuUuid>,
@@ -144,7 +145,7 @@ impl SiteSnapshot {
             now,
             nodes,
             holding,
-            node_timeout: TimeDelta::from_std(node_timeout).unwrap_or(TimeDelta::MAX),
+            online_since: online_since(now, node_timeout),
             used,
             whole,
             jobs: Vec::new(),
@@ -170,7 +171,7 @@ impl SiteSnapshot {
     }
 
     pub fn is_online(&self, node: &NodeRecord) -> bool {
-        self.now.signed_duration_since(node.last_seen) <= self.node_timeout
+        node.last_seen >= self.online_since
     }
 
     /// How many sessions and jobs hold this GPU.
