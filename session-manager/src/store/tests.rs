@@ -1029,6 +1029,23 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
         "ENDED sessions are not listed"
     );
     assert_eq!(store.sessions(SessionFilter::All).await.unwrap().len(), 4);
+
+    // Only names of exactly that form take a number: `dev-1`, `dev-04` and `dev-4x` leave 4 free.
+    for (i, name) in ["dev-1", "dev-04", "dev-4x", "dev-5"]
+        .into_iter()
+        .enumerate()
+    {
+        create(&store, &alice.dn, Some(name), t(30 + i as i64)).await;
+    }
+    for (i, expected) in ["dev-4", "dev-6", "dev-7"].into_iter().enumerate() {
+        let s = create(&store, &alice.dn, None, t(40 + i as i64)).await;
+        assert_eq!(s.name.as_str(), expected);
+    }
+    // Bob's sessions never take Alice's numbers.
+    assert_eq!(
+        create(&store, &bob.dn, None, t(50)).await.name.as_str(),
+        "dev"
+    );
 }
 
 async fn users_get_stable_unique_names_and_uids(backend: Backend) {

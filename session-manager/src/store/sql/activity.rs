@@ -74,7 +74,7 @@ impl SqlStore {
         let Some((change, reason)) = facts.first().and_then(|f| due_hold(f, config, now)) else {
             return Ok(None);
         };
-        super::apply_change(&mut tx, id, change).await?;
+        super::apply_change(&mut tx, id, change, &mut Default::default()).await?;
         let session = super::find_session(&mut *tx, id)
             .await?
             .ok_or(StoreError::NoSuchSession(id))?;
@@ -171,10 +171,11 @@ pub(super) async fn after_transition(
             ready_at,
             first_started_at,
         }) => {
-            ensure_row(tx, id).await?;
+            // The session is the one changing, so its row may be made in the same statement.
             sqlx::query(
-                "UPDATE session_lifecycle SET ready_at = $1, first_started_at = $2 \
-                 WHERE session_id = $3",
+                "INSERT INTO session_lifecycle (session_id, ready_at, first_started_at) \
+                 VALUES ($3, $1, $2) ON CONFLICT (session_id) DO UPDATE \
+                 SET ready_at = excluded.ready_at, first_started_at = excluded.first_started_at",
             )
             .bind(timestamp(ready_at))
             .bind(timestamp(first_started_at))

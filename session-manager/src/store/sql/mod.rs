@@ -112,23 +112,25 @@ impl SqlStore {
     async fn create_session(&self, new: NewSession) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
         refuse_removed(&mut tx, &new.owner).await?;
-        let live: Vec<(String, String)> = sqlx::query_as(
-            "SELECT name, state FROM sessions WHERE owner = $1 AND state <> 'ENDED'",
-        )
-        .bind(new.owner.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
         let name = match new.name {
             Some(name) => {
-                if let Some((_, state)) = live.iter().find(|(n, _)| n == name.as_str()) {
+                let live: Option<String> = sqlx::query_scalar(
+                    "SELECT state FROM sessions WHERE owner = $1 AND name = $2 \
+                     AND state <> 'ENDED'",
+                )
+                .bind(new.owner.as_str())
+                .bind(name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some(state) = live {
                     return Err(StoreError::NameTaken {
                         name,
-                        state: parse(state, "session state")?,
+                        state: parse(&state, "session state")?,
                     });
                 }
                 name
             }
-            None => first_free_name(live.iter().map(|(n, _)| n.as_str()))?,
+            None => first_free_name(&mut tx, &new.owner).await?,
         };
         let lifecycle = Lifecycle::new(new.at, new.reason);
         let first = lifecycle.last();
@@ -275,7 +277,7 @@ impl SqlStore {
 
     async fn transition(&self, id: SessionId, change: Change) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
-        apply_change(&mut tx, id, change).await?;
+        apply_change(&mut tx, id, change, &mut Default::default()).await?;
         tx.commit().await?;
         self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
     }
@@ -286,9 +288,10 @@ impl SqlStore {
     ) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.write().await?;
         let mut outcomes = Vec::with_capacity(changes.len());
+        let mut stamp = planning::Stamp::default();
         for (id, change) in changes {
             // A refusal is decided before anything of the change is written.
-            match apply_change(&mut tx, id, change).await {
+            match apply_change(&mut tx, id, change, &mut stamp).await {
                 Ok(_) => outcomes.push(Ok(())),
                 Err(
                     refused @ (StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)),
@@ -629,21 +632,42 @@ pub(super) async fn refuse_removed(tx: &mut Transaction<'static, Db>, dn: &Dn) -
     }
 }
 
-/// `dev`, then `dev-2`, `dev-3`, ...: the first not among `taken`.
-fn first_free_name<'a>(taken: impl Iterator<Item = &'a str>) -> StoreResult<SessionName> {
-    let taken: BTreeSet<&str> = taken.collect();
-    let candidate = |n: usize| {
-        if n == 1 {
-            "dev".to_owned()
-        } else {
-            format!("dev-{n}")
-        }
+/// The owner's first default name that no live session of theirs has: `dev`, then `dev-2`,
+/// `dev-3`, ... Counted by the database, which hands back one number instead of every live name
+/// (an owner with a hundred sessions made each create read a hundred rows). Only names exactly of
+/// that form count: `dev-1`, `dev-02` or `dev-x` take no number.
+async fn first_free_name(
+    tx: &mut Transaction<'static, Db>,
+    owner: &Dn,
+) -> StoreResult<SessionName> {
+    let n: i64 = sqlx::query_scalar(FIRST_FREE_NUMBER)
+        .bind(owner.as_str())
+        .fetch_one(&mut **tx)
+        .await?;
+    let name = if n == 1 {
+        "dev".to_owned()
+    } else {
+        format!("dev-{n}")
     };
-    let n = (1..=taken.len() + 1)
-        .find(|&n| !taken.contains(candidate(n).as_str()))
-        .unwrap_or(taken.len() + 1);
-    SessionName::parse(&candidate(n)).map_err(|e| StoreError::Corrupt(e.to_string()))
+    SessionName::parse(&name).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
+
+/// The lowest number of [`first_free_name`] that `$1`'s live names leave free: 1 for `dev`, n
+/// for `dev-n` (digits only, no leading zero, at most nine of them so the number fits). The
+/// first free number is 1 or one past a taken one.
+const FIRST_FREE_NUMBER: &str = "\
+    WITH taken (n) AS ( \
+        SELECT CASE WHEN name = 'dev' THEN CAST(1 AS BIGINT) \
+                    ELSE CAST(SUBSTR(name, 5) AS BIGINT) END \
+        FROM sessions \
+        WHERE owner = $1 AND state <> 'ENDED' AND (name = 'dev' OR ( \
+            SUBSTR(name, 1, 4) = 'dev-' AND LENGTH(name) BETWEEN 5 AND 13 \
+            AND SUBSTR(name, 5, 1) <> '0' AND name <> 'dev-1' \
+            AND LTRIM(SUBSTR(name, 5), '0123456789') = '')) \
+    ) \
+    SELECT CAST(MIN(c.n) AS BIGINT) FROM ( \
+        SELECT CAST(1 AS BIGINT) AS n UNION ALL SELECT n + 1 FROM taken \
+    ) c WHERE c.n NOT IN (SELECT n FROM taken)";
 
 async fn find_user<'e, E>(executor: E, dn: &Dn) -> StoreResult<Option<UserRecord>>
 where
@@ -697,6 +721,7 @@ async fn apply_change(
     tx: &mut Transaction<'static, Db>,
     id: SessionId,
     change: Change,
+    stamp: &mut planning::Stamp,
 ) -> StoreResult<Transition> {
     let history = load_transitions(tx, id).await?;
     if history.is_empty() {
@@ -733,7 +758,7 @@ async fn apply_change(
         .bind(transition.to.as_str())
         .bind(&change.reason)
         .bind(change.hold.map(HoldReason::as_str))
-        .bind(planning::next_change(tx).await?);
+        .bind(stamp.get(tx).await?);
     if let Placement::Place { node, gpus } = &change.placement {
         query = query.bind(node.as_str()).bind(to_json(gpus)?);
     }

@@ -2,8 +2,8 @@
 //! the PENDING sessions and those holding GPUs, kept in memory and brought up to date with the
 //! sessions changed since the last read.
 //!
-//! Every write of a session (its creation, each transition) stamps it with the next number of
-//! `session_change_seq` (migration 0024, [`stamp`]). Writers are serialised (SQLite's write
+//! Every write transaction that creates or changes sessions stamps them with the next number of
+//! `session_change_seq` (migration 0024, [`next_change`], [`Stamp`]). Writers are serialised (SQLite's write
 //! lock, PostgreSQL's advisory write lock, both held until the commit), so the numbers commit in
 //! order: a read that sees a session stamped `n` sees every change numbered below `n`. The first
 //! read takes the highest number, then every session in a planning state; each later read takes
@@ -49,6 +49,25 @@ pub(super) async fn next_change(tx: &mut Transaction<'static, Db>) -> StoreResul
     )
     .fetch_one(&mut **tx)
     .await?)
+}
+
+/// The change number of one write transaction: taken at its first change of a session and
+/// given to every session it changes, so a round's placements take one number, not one each.
+/// They commit together, so a read sees all of them or none.
+#[derive(Debug, Default)]
+pub(super) struct Stamp(Option<i64>);
+
+impl Stamp {
+    pub(super) async fn get(&mut self, tx: &mut Transaction<'static, Db>) -> StoreResult<i64> {
+        match self.0 {
+            Some(number) => Ok(number),
+            None => {
+                let number = next_change(tx).await?;
+                self.0 = Some(number);
+                Ok(number)
+            }
+        }
+    }
 }
 
 impl SqlStore {
