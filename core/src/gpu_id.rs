@@ -1,9 +1,11 @@
 //! The identity of a GPU: a physical GPU's UUID, a MIG device's UUID, and [`GpuId`], either
 //! of them, as a session or job is given it. Never ordinals. Below `gpu.rs` (properties,
-//! modes, requests) and `mig.rs` (layouts and devices), which both name GPUs by these.
+//! modes, requests) and `mig.rs` (layouts and devices), which both name GPUs by these. A UUID
+//! holds its text in an `Arc<str>`, so the many copies a scheduling round makes share it.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,12 +29,12 @@ fn is_uuid_body(s: &str) -> bool {
 /// A physical GPU's UUID, `GPU-<uuid>`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct GpuUuid(String);
+pub struct GpuUuid(Arc<str>);
 
 impl GpuUuid {
     pub fn parse(value: &str) -> Result<Self, GpuIdError> {
         match value.strip_prefix("GPU-") {
-            Some(body) if is_uuid_body(body) => Ok(Self(value.to_owned())),
+            Some(body) if is_uuid_body(body) => Ok(Self(value.into())),
             _ => Err(GpuIdError::BadGpuUuid(value.to_owned())),
         }
     }
@@ -46,7 +48,7 @@ impl GpuUuid {
 /// `MIG-GPU-<parent uuid>/<GPU instance>/<compute instance>` (R450/R460).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct MigUuid(String);
+pub struct MigUuid(Arc<str>);
 
 impl MigUuid {
     pub fn parse(value: &str) -> Result<Self, GpuIdError> {
@@ -62,10 +64,10 @@ impl MigUuid {
             if parts.next().is_some() || !is_uuid_body(uuid) || !numeric(gi) || !numeric(ci) {
                 return Err(bad());
             }
-            return Ok(Self(value.to_owned()));
+            return Ok(Self(value.into()));
         }
         if is_uuid_body(body) {
-            Ok(Self(value.to_owned()))
+            Ok(Self(value.into()))
         } else {
             Err(bad())
         }
@@ -97,7 +99,7 @@ macro_rules! string_impls {
         }
         impl From<$name> for String {
             fn from(value: $name) -> Self {
-                value.0
+                value.0.as_ref().to_owned()
             }
         }
     };

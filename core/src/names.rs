@@ -1,9 +1,12 @@
 //! Names and identifiers parsed at the edge: session names, node names, user names, DNs, ids.
 //!
-//! Every constructor validates; the rest of the code only ever sees valid values.
+//! Every constructor validates; the rest of the code only ever sees valid values. The names hold
+//! their text in an `Arc<str>`: a clone (the scheduler's view of a site copies every node's name
+//! each round) shares the text instead of copying it.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -64,13 +67,13 @@ macro_rules! string_newtype {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             pub fn parse(value: &str) -> Result<Self, NameError> {
                 let check: fn(&str) -> Result<(), NameError> = $parse;
                 check(value)?;
-                Ok(Self(value.to_owned()))
+                Ok(Self(value.into()))
             }
 
             pub fn as_str(&self) -> &str {
@@ -100,7 +103,7 @@ macro_rules! string_newtype {
 
         impl From<$name> for String {
             fn from(value: $name) -> Self {
-                value.0
+                value.0.as_ref().to_owned()
             }
         }
 
@@ -187,7 +190,7 @@ impl UserName {
         if out.is_empty() || !out.as_bytes()[0].is_ascii_lowercase() {
             out = format!("u{out}");
         }
-        UserName::parse(&out).unwrap_or_else(|_| UserName("user".to_owned()))
+        UserName::parse(&out).unwrap_or_else(|_| UserName("user".into()))
     }
 }
 
@@ -195,7 +198,7 @@ impl UserName {
 /// and `voms-proxy-info` print it: `/DC=org/DC=example/CN=Alice Smith`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct Dn(String);
+pub struct Dn(Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DnError {
@@ -222,7 +225,7 @@ impl Dn {
         {
             return Err(DnError::BadComponent(value.to_owned()));
         }
-        Ok(Self(value.to_owned()))
+        Ok(Self(value.into()))
     }
 
     /// Builds a DN from ordered (attribute, value) pairs, most significant first.
@@ -234,7 +237,7 @@ impl Dn {
             s.push('=');
             s.push_str(value);
         }
-        Self(s)
+        Self(s.into())
     }
 
     pub fn as_str(&self) -> &str {
@@ -272,7 +275,7 @@ impl TryFrom<String> for Dn {
 
 impl From<Dn> for String {
     fn from(value: Dn) -> Self {
-        value.0
+        value.0.as_ref().to_owned()
     }
 }
 

@@ -66,10 +66,14 @@ fn outside_any_transaction(connection: &DbConnection) -> bool {
 }
 
 /// A pool of connections: as many as `connections`, each checked on its way back
-/// ([`outside_any_transaction`]).
+/// ([`outside_any_transaction`]). Not pinged on the way out, as sqlx does by default to find
+/// connections a server dropped: a SQLite connection is a thread of this process, and the ping,
+/// a round trip to that thread, doubled the cost of every read the pool hands out (a thread
+/// that died fails the statement sent to it instead).
 fn pool_options(connections: u32) -> SqlitePoolOptions {
     SqlitePoolOptions::new()
         .max_connections(connections)
+        .test_before_acquire(false)
         .after_release(|connection, _| {
             Box::pin(async move {
                 // A dropped transaction's rollback is queued to the connection's worker: once a

@@ -570,6 +570,11 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
                 Change::keep_placement(SessionState::Connected, t(2), "connected"),
             ),
             (second.id, hold(3)),
+            // A session changed a second time in the same write: after its first change.
+            (
+                first.id,
+                change(SessionState::Ended, t(4), "removed", Placement::Keep),
+            ),
         ])
         .await
         .unwrap();
@@ -577,9 +582,14 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
     assert!(matches!(outcomes[1], Err(StoreError::NoSuchSession(id)) if id == unknown));
     assert!(matches!(outcomes[2], Err(StoreError::InvalidTransition(_))));
     assert!(outcomes[3].is_ok(), "{outcomes:?}");
-    for id in [first.id, second.id] {
+    assert!(outcomes[4].is_ok(), "{outcomes:?}");
+    use SessionState::{Ended, Held, Pending};
+    for (id, expected) in [
+        (first.id, vec![Pending, Held, Ended]),
+        (second.id, vec![Pending, Held]),
+    ] {
         let session = store.session(id).await.unwrap().unwrap();
-        assert_eq!(session.state, SessionState::Held);
+        assert_eq!(Some(&session.state), expected.last());
         let states: Vec<SessionState> = store
             .transitions(id)
             .await
@@ -587,7 +597,7 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
             .iter()
             .map(|t| t.to)
             .collect();
-        assert_eq!(states, [SessionState::Pending, SessionState::Held]);
+        assert_eq!(states, expected);
     }
     assert!(store.transition_all(Vec::new()).await.unwrap().is_empty());
 }

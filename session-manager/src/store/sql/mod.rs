@@ -152,7 +152,9 @@ impl SqlStore {
         .bind(change)
         .execute(&mut *tx)
         .await?;
-        insert_transition(&mut tx, new.id, 0, first, (&first.reason, None)).await?;
+        let mut rows = history::NewRows::default();
+        rows.push(new.id, 0, first, (&first.reason, None))?;
+        rows.insert(&mut tx).await?;
         if new.idle_timeout_secs.is_some() || new.max_duration_secs.is_some() {
             activity::insert_limits(
                 &mut tx,
@@ -288,10 +290,28 @@ impl SqlStore {
     ) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.write().await?;
         let mut outcomes = Vec::with_capacity(changes.len());
+        let ids: Vec<SessionId> = changes.iter().map(|(id, _)| *id).collect();
+        let mut lifecycles = history::lifecycles(&mut tx, &ids).await?;
         let mut stamp = planning::Stamp::default();
+        let mut rows = history::NewRows::default();
         for (id, change) in changes {
+            // A session changed twice is read again, its first change's row written.
+            let lifecycle = match lifecycles.remove(&id) {
+                Some(lifecycle) => Ok(lifecycle),
+                None => {
+                    rows.insert(&mut tx).await?;
+                    history::lifecycle_of(id, load_transitions(&mut tx, id).await?)
+                }
+            };
             // A refusal is decided before anything of the change is written.
-            match apply_change(&mut tx, id, change, &mut stamp).await {
+            let changed = match lifecycle {
+                Ok(mut lifecycle) => {
+                    change_lifecycle(&mut tx, id, &mut lifecycle, change, &mut stamp, &mut rows)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            match changed {
                 Ok(_) => outcomes.push(Ok(())),
                 Err(
                     refused @ (StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)),
@@ -299,6 +319,7 @@ impl SqlStore {
                 Err(other) => return Err(other),
             }
         }
+        rows.insert(&mut tx).await?;
         tx.commit().await?;
         Ok(outcomes)
     }
@@ -723,20 +744,33 @@ async fn apply_change(
     change: Change,
     stamp: &mut planning::Stamp,
 ) -> StoreResult<Transition> {
-    let history = load_transitions(tx, id).await?;
-    if history.is_empty() {
-        return Err(StoreError::NoSuchSession(id));
-    }
-    let mut lifecycle = Lifecycle::from_history(history)
-        .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))?;
+    let mut lifecycle = history::lifecycle_of(id, load_transitions(tx, id).await?)?;
+    let mut rows = history::NewRows::default();
+    let transition = change_lifecycle(tx, id, &mut lifecycle, change, stamp, &mut rows).await?;
+    rows.insert(tx).await?;
+    Ok(transition)
+}
+
+/// [`apply_change`] to the session's `lifecycle` as stored, its new history row added to `rows`
+/// (written by the caller) unless it folds into the rows before it.
+async fn change_lifecycle(
+    tx: &mut Transaction<'static, Db>,
+    id: SessionId,
+    lifecycle: &mut Lifecycle,
+    change: Change,
+    stamp: &mut planning::Stamp,
+    rows: &mut history::NewRows,
+) -> StoreResult<Transition> {
     let seq = lifecycle.history().len();
     let folded = connections::folds(lifecycle.history(), change.to);
     let sentence = change.sentence();
     let transition = lifecycle.transition(change.to, change.at, sentence)?;
     if folded {
+        // The rows it folds into are written first.
+        rows.insert(tx).await?;
         fold_transition(tx, id, seq, transition, &change.reason).await?;
     } else {
-        insert_transition(tx, id, seq, transition, (&change.reason, change.hold)).await?;
+        rows.push(id, seq, transition, (&change.reason, change.hold))?;
     }
     activity::after_transition(tx, id, transition).await?;
     let sql = match change.placement {
@@ -774,49 +808,25 @@ async fn load_transitions(conn: &mut DbConnection, id: SessionId) -> StoreResult
     .bind(id.to_string())
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter()
-        .map(|row| {
-            let from: Option<String> = row.try_get("from_state")?;
-            Ok(Transition {
-                from: from.map(|f| parse(&f, "session state")).transpose()?,
-                to: parse(&row.try_get::<String, _>("to_state")?, "session state")?,
-                at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
-                reason: match row.try_get::<i64, _>("repeats")? {
-                    0 => reason_from_row(row)?,
-                    repeats => format!(
-                        "{} ({} times, the latest shown)",
-                        reason_from_row(row)?,
-                        repeats.saturating_add(1)
-                    ),
-                },
-            })
-        })
-        .collect()
+    rows.iter().map(transition_from_row).collect()
 }
 
-/// Stores `transition` as number `seq` of the session's history, with its reason as stored:
-/// the words and, for a hold, its typed reason (the transition's reason is rendered from both).
-async fn insert_transition(
-    tx: &mut Transaction<'static, Db>,
-    id: SessionId,
-    seq: usize,
-    transition: &Transition,
-    (reason, hold): (&str, Option<HoldReason>),
-) -> StoreResult<()> {
-    sqlx::query(
-        "INSERT INTO session_transitions (session_id, seq, from_state, to_state, at, reason, \
-         hold_reason) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(id.to_string())
-    .bind(i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?)
-    .bind(transition.from.map(SessionState::as_str))
-    .bind(transition.to.as_str())
-    .bind(timestamp(transition.at))
-    .bind(reason)
-    .bind(hold.map(HoldReason::as_str))
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+/// A transition from `from_state, to_state, at, reason, hold_reason, repeats`.
+fn transition_from_row(row: &DbRow) -> StoreResult<Transition> {
+    let from: Option<String> = row.try_get("from_state")?;
+    Ok(Transition {
+        from: from.map(|f| parse(&f, "session state")).transpose()?,
+        to: parse(&row.try_get::<String, _>("to_state")?, "session state")?,
+        at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
+        reason: match row.try_get::<i64, _>("repeats")? {
+            0 => reason_from_row(row)?,
+            repeats => format!(
+                "{} ({} times, the latest shown)",
+                reason_from_row(row)?,
+                repeats.saturating_add(1)
+            ),
+        },
+    })
 }
 
 /// Folds `transition` (a CONNECTED ⇄ IDLE flip, see [`connections::folds`]) into the history
@@ -1030,6 +1040,7 @@ mod dashboard;
 mod gateway;
 mod gpu_policy;
 mod grid_jobs;
+mod history;
 mod identity;
 mod images;
 pub(super) mod inventory;
