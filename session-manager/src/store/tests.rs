@@ -1056,6 +1056,19 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
         create(&store, &bob.dn, None, t(50)).await.name.as_str(),
         "dev"
     );
+    // Requests at once each get a name of their own, the first ones free: each looks for its
+    // name before the write and finds it taken there but the first.
+    let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
+    let made = futures::future::join_all(
+        (0..5).map(|i| store.create_session(new_session(&carol.dn, None, t(60 + i)))),
+    )
+    .await;
+    let mut names: Vec<String> = made
+        .into_iter()
+        .map(|made| made.unwrap().name.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["dev", "dev-2", "dev-3", "dev-4", "dev-5"]);
 }
 
 async fn users_get_stable_unique_names_and_uids(backend: Backend) {

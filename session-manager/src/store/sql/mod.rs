@@ -110,27 +110,23 @@ impl SqlStore {
     }
 
     async fn create_session(&self, new: NewSession) -> StoreResult<SessionRecord> {
+        // The default name is looked for before the write, whose lock every write of the site
+        // queues for, and only checked inside it: taken meanwhile, it is looked for again there.
+        let free = match new.name {
+            Some(_) => None,
+            None => Some(first_free_name(&self.pool, &new.owner).await?),
+        };
         let mut tx = self.write().await?;
         refuse_removed(&mut tx, &new.owner).await?;
-        let name = match new.name {
-            Some(name) => {
-                let live: Option<String> = sqlx::query_scalar(
-                    "SELECT state FROM sessions WHERE owner = $1 AND name = $2 \
-                     AND state <> 'ENDED'",
-                )
-                .bind(new.owner.as_str())
-                .bind(name.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                if let Some(state) = live {
-                    return Err(StoreError::NameTaken {
-                        name,
-                        state: parse(&state, "session state")?,
-                    });
+        let name = match (new.name, free) {
+            (Some(name), _) => {
+                if let Some(state) = live_state(&mut *tx, &new.owner, &name).await? {
+                    return Err(StoreError::NameTaken { name, state });
                 }
                 name
             }
-            None => first_free_name(&mut tx, &new.owner).await?,
+            (None, Some(free)) if live_state(&mut *tx, &new.owner, &free).await?.is_none() => free,
+            (None, _) => first_free_name(&mut *tx, &new.owner).await?,
         };
         let lifecycle = Lifecycle::new(new.at, new.reason);
         let first = lifecycle.last();
@@ -657,13 +653,13 @@ pub(super) async fn refuse_removed(tx: &mut Transaction<'static, Db>, dn: &Dn) -
 /// `dev-3`, ... Counted by the database, which hands back one number instead of every live name
 /// (an owner with a hundred sessions made each create read a hundred rows). Only names exactly of
 /// that form count: `dev-1`, `dev-02` or `dev-x` take no number.
-async fn first_free_name(
-    tx: &mut Transaction<'static, Db>,
-    owner: &Dn,
-) -> StoreResult<SessionName> {
+async fn first_free_name<'e, E>(executor: E, owner: &Dn) -> StoreResult<SessionName>
+where
+    E: sqlx::Executor<'e, Database = Db>,
+{
     let n: i64 = sqlx::query_scalar(FIRST_FREE_NUMBER)
         .bind(owner.as_str())
-        .fetch_one(&mut **tx)
+        .fetch_one(executor)
         .await?;
     let name = if n == 1 {
         "dev".to_owned()
@@ -671,6 +667,27 @@ async fn first_free_name(
         format!("dev-{n}")
     };
     SessionName::parse(&name).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// The state of `owner`'s session named `name` that has not ended, if there is one.
+async fn live_state<'e, E>(
+    executor: E,
+    owner: &Dn,
+    name: &SessionName,
+) -> StoreResult<Option<SessionState>>
+where
+    E: sqlx::Executor<'e, Database = Db>,
+{
+    let state: Option<String> = sqlx::query_scalar(
+        "SELECT state FROM sessions WHERE owner = $1 AND name = $2 AND state <> 'ENDED'",
+    )
+    .bind(owner.as_str())
+    .bind(name.as_str())
+    .fetch_optional(executor)
+    .await?;
+    state
+        .map(|state| parse(&state, "session state"))
+        .transpose()
 }
 
 /// The lowest number of [`first_free_name`] that `$1`'s live names leave free: 1 for `dev`, n
