@@ -68,8 +68,9 @@ fn outside_any_transaction(connection: &DbConnection) -> bool {
 /// A pool of connections: as many as `connections`, each checked on its way back
 /// ([`outside_any_transaction`]). Not pinged on the way out, as sqlx does by default to find
 /// connections a server dropped: a SQLite connection is a thread of this process, and the ping,
-/// a round trip to that thread, doubled the cost of every read the pool hands out (a thread
-/// that died fails the statement sent to it instead).
+/// a round trip to that thread, came before every read the pool handed out. A connection whose
+/// thread died (a panic in sqlx's worker) fails the statements sent to it, where the ping would
+/// have replaced it, until the pool retires it (sqlx's `max_lifetime`, 30 minutes).
 fn pool_options(connections: u32) -> SqlitePoolOptions {
     SqlitePoolOptions::new()
         .max_connections(connections)

@@ -74,7 +74,7 @@ impl SqlStore {
         let Some((change, reason)) = facts.first().and_then(|f| due_hold(f, config, now)) else {
             return Ok(None);
         };
-        super::apply_change(&mut tx, id, change, &mut Default::default()).await?;
+        super::apply_change(&mut tx, id, change).await?;
         let session = super::find_session(&mut *tx, id)
             .await?
             .ok_or(StoreError::NoSuchSession(id))?;
@@ -174,12 +174,12 @@ pub(super) async fn after_transition(
             // The session is the one changing, so its row may be made in the same statement.
             sqlx::query(
                 "INSERT INTO session_lifecycle (session_id, ready_at, first_started_at) \
-                 VALUES ($3, $1, $2) ON CONFLICT (session_id) DO UPDATE \
+                 VALUES ($1, $2, $3) ON CONFLICT (session_id) DO UPDATE \
                  SET ready_at = excluded.ready_at, first_started_at = excluded.first_started_at",
             )
+            .bind(id.to_string())
             .bind(timestamp(ready_at))
             .bind(timestamp(first_started_at))
-            .bind(id.to_string())
             .execute(&mut **tx)
             .await?;
         }

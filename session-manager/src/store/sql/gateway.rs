@@ -242,7 +242,7 @@ impl SqlStore {
         super::activity::after_connection_event(&mut tx, event, at).await?;
         let open = count_open(&mut tx, id).await?;
         let transition = match follow_connection(before.state, event, open, at) {
-            Some(change) => Some(apply_change(&mut tx, id, change, &mut Default::default()).await?),
+            Some(change) => Some(apply_change(&mut tx, id, change).await?),
             None => None,
         };
         let session = find_session(&mut *tx, id)

@@ -47,7 +47,8 @@ pub(super) async fn lifecycles(
         .collect()
 }
 
-/// The lifecycle a session's stored `history` replays to; none for an empty one.
+/// The lifecycle a session's stored `history` replays to; an empty history is a session that
+/// does not exist.
 pub(super) fn lifecycle_of(id: SessionId, history: Vec<Transition>) -> StoreResult<Lifecycle> {
     if history.is_empty() {
         return Err(StoreError::NoSuchSession(id));
@@ -108,8 +109,8 @@ impl NewRows {
                     .push_bind(row.seq)
                     .push_bind(row.from.map(SessionState::as_str))
                     .push_bind(row.to.as_str())
-                    .push_bind(row.at.clone())
-                    .push_bind(row.reason.clone())
+                    .push_bind(row.at.as_str())
+                    .push_bind(row.reason.as_str())
                     .push_bind(row.hold.map(HoldReason::as_str));
             });
             let query = query.build();

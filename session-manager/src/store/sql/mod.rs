@@ -14,7 +14,8 @@
 //! value at run time and decodes SQLite's integer booleans as integers. Compiled once per
 //! backend, this code keeps each driver's own types and checks, and is still written once.
 //!
-//! Session states change only through [`apply_change`], which replays the stored history into an
+//! Session states change only through [`change_lifecycle`] (for one change, [`apply_change`]; for
+//! many in one write, `transition_all`), on the stored history replayed into an
 //! [`ongrid_core::Lifecycle`]; times are stored as fixed-width RFC 3339 text with nanoseconds, so
 //! they round-trip exactly and sort as text (in `TEXT COLLATE "C"` columns on PostgreSQL).
 
@@ -112,6 +113,8 @@ impl SqlStore {
     async fn create_session(&self, new: NewSession) -> StoreResult<SessionRecord> {
         // The default name is looked for before the write, whose lock every write of the site
         // queues for, and only checked inside it: taken meanwhile, it is looked for again there.
+        // So it is the first name free when it was looked for: one that a session of the owner
+        // gives up between the two is left for the next create.
         let free = match new.name {
             Some(_) => None,
             None => Some(first_free_name(&self.pool, &new.owner).await?),
@@ -125,8 +128,14 @@ impl SqlStore {
                 }
                 name
             }
-            (None, Some(free)) if live_state(&mut *tx, &new.owner, &free).await?.is_none() => free,
-            (None, _) => first_free_name(&mut *tx, &new.owner).await?,
+            (None, Some(free)) => {
+                if live_state(&mut *tx, &new.owner, &free).await?.is_none() {
+                    free
+                } else {
+                    first_free_name(&mut *tx, &new.owner).await?
+                }
+            }
+            (None, None) => first_free_name(&mut *tx, &new.owner).await?,
         };
         let lifecycle = Lifecycle::new(new.at, new.reason);
         let first = lifecycle.last();
@@ -275,7 +284,7 @@ impl SqlStore {
 
     async fn transition(&self, id: SessionId, change: Change) -> StoreResult<SessionRecord> {
         let mut tx = self.write().await?;
-        apply_change(&mut tx, id, change, &mut Default::default()).await?;
+        apply_change(&mut tx, id, change).await?;
         tx.commit().await?;
         self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
     }
@@ -692,17 +701,18 @@ where
 
 /// The lowest number of [`first_free_name`] that `$1`'s live names leave free: 1 for `dev`, n
 /// for `dev-n` (digits only, no leading zero, at most nine of them so the number fits). The
-/// first free number is 1 or one past a taken one.
+/// first free number is 1 or one past a taken one. A name is cast only in the `CASE` branch that
+/// checked it, so no plan of the database's can cast `dev-x`.
 const FIRST_FREE_NUMBER: &str = "\
-    WITH taken (n) AS ( \
+    WITH numbered (n) AS ( \
         SELECT CASE WHEN name = 'dev' THEN CAST(1 AS BIGINT) \
-                    ELSE CAST(SUBSTR(name, 5) AS BIGINT) END \
-        FROM sessions \
-        WHERE owner = $1 AND state <> 'ENDED' AND (name = 'dev' OR ( \
-            SUBSTR(name, 1, 4) = 'dev-' AND LENGTH(name) BETWEEN 5 AND 13 \
-            AND SUBSTR(name, 5, 1) <> '0' AND name <> 'dev-1' \
-            AND LTRIM(SUBSTR(name, 5), '0123456789') = '')) \
-    ) \
+                    WHEN SUBSTR(name, 1, 4) = 'dev-' AND LENGTH(name) BETWEEN 5 AND 13 \
+                         AND SUBSTR(name, 5, 1) <> '0' AND name <> 'dev-1' \
+                         AND LTRIM(SUBSTR(name, 5), '0123456789') = '' \
+                    THEN CAST(SUBSTR(name, 5) AS BIGINT) END \
+        FROM sessions WHERE owner = $1 AND state <> 'ENDED' \
+    ), \
+    taken (n) AS (SELECT n FROM numbered WHERE n IS NOT NULL) \
     SELECT CAST(MIN(c.n) AS BIGINT) FROM ( \
         SELECT CAST(1 AS BIGINT) AS n UNION ALL SELECT n + 1 FROM taken \
     ) c WHERE c.n NOT IN (SELECT n FROM taken)";
@@ -759,17 +769,19 @@ async fn apply_change(
     tx: &mut Transaction<'static, Db>,
     id: SessionId,
     change: Change,
-    stamp: &mut planning::Stamp,
 ) -> StoreResult<Transition> {
     let mut lifecycle = history::lifecycle_of(id, load_transitions(tx, id).await?)?;
     let mut rows = history::NewRows::default();
-    let transition = change_lifecycle(tx, id, &mut lifecycle, change, stamp, &mut rows).await?;
+    let mut stamp = planning::Stamp::default();
+    let transition =
+        change_lifecycle(tx, id, &mut lifecycle, change, &mut stamp, &mut rows).await?;
     rows.insert(tx).await?;
     Ok(transition)
 }
 
-/// [`apply_change`] to the session's `lifecycle` as stored, its new history row added to `rows`
-/// (written by the caller) unless it folds into the rows before it.
+/// [`apply_change`] to the session's `lifecycle` as stored, stamped with the write's `stamp`. Its
+/// new history row is added to `rows`, for the caller to write; a change that folds into the rows
+/// before it (a CONNECTED ⇄ IDLE flip) writes `rows` first, then folds.
 async fn change_lifecycle(
     tx: &mut Transaction<'static, Db>,
     id: SessionId,

@@ -2,15 +2,16 @@
 //! the PENDING sessions and those holding GPUs, kept in memory and brought up to date with the
 //! sessions changed since the last read.
 //!
-//! Every write transaction that creates or changes sessions stamps them with the next number of
-//! `session_change_seq` (migration 0024, [`next_change`], [`Stamp`]). Writers are serialised (SQLite's write
-//! lock, PostgreSQL's advisory write lock, both held until the commit), so the numbers commit in
-//! order: a read that sees a session stamped `n` sees every change numbered below `n`. The first
-//! read takes the highest number, then every session in a planning state; each later read takes
-//! the sessions stamped above the highest it has seen, in one statement (one snapshot), and keeps,
-//! replaces or lets go of each by its state. Sessions are never deleted (ended ones stay, ENDED).
-//! Replicas on one PostgreSQL database each keep their own copy and see each other's writes
-//! through the numbers.
+//! Every write transaction that creates or changes sessions stamps them with the next number
+//! of `session_change_seq` (migration 0024, [`next_change`], [`Stamp`]). Writers are serialised
+//! (SQLite's write lock, PostgreSQL's advisory write lock, both held until the commit), so the
+//! numbers commit in order: a read that sees a session stamped `n` sees every change numbered
+//! below `n`, and the other sessions stamped `n`, which committed with it. The first read takes
+//! the highest number, then every session in a planning state; each later read takes the sessions
+//! stamped above the highest it has seen, in one statement (one snapshot), and keeps, replaces or
+//! lets go of each by its state. Sessions are never deleted (ended ones stay, ENDED). Replicas on
+//! one PostgreSQL database each keep their own copy and see each other's writes through the
+//! numbers.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,8 +41,8 @@ fn planned(state: SessionState) -> bool {
     state == SessionState::Pending || state.holds_gpus()
 }
 
-/// The next change number, inside the write `tx`: the session the write changes is stamped
-/// with it (its `change_seq`), in the statement that changes it.
+/// The next change number, inside the write `tx`: the sessions the write creates or changes are
+/// stamped with it (their `change_seq`), in the statements that write them.
 pub(super) async fn next_change(tx: &mut Transaction<'static, Db>) -> StoreResult<i64> {
     Ok(sqlx::query_scalar(
         "INSERT INTO session_change_seq (id, seq) VALUES (1, 1) \
