@@ -8,7 +8,7 @@ use ongrid_core::holds::HoldReason;
 use ongrid_core::{Lifecycle, SessionId, SessionState, Transition};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::{parse, timestamp, transition_from_row, Db};
+use super::{parse, timestamp, transition_from_row, Db, TRANSITION_COLUMNS};
 use crate::store::{StoreError, StoreResult};
 
 /// Rows or values per statement: SQLite takes at most 32,766 values, PostgreSQL 65,535.
@@ -22,10 +22,10 @@ pub(super) async fn lifecycles(
 ) -> StoreResult<HashMap<SessionId, Lifecycle>> {
     let mut histories: HashMap<SessionId, Vec<Transition>> = HashMap::new();
     for chunk in ids.chunks(PER_STATEMENT) {
-        let mut query = QueryBuilder::<Db>::new(
-            "SELECT session_id, from_state, to_state, at, reason, hold_reason, repeats \
-             FROM session_transitions WHERE session_id IN (",
-        );
+        let mut query = QueryBuilder::<Db>::new(format!(
+            "SELECT session_id, {TRANSITION_COLUMNS} FROM session_transitions \
+             WHERE session_id IN ("
+        ));
         let mut listed = query.separated(", ");
         for id in chunk {
             listed.push_bind(id.to_string());

@@ -13,10 +13,11 @@
 //! after the counter are at least as new as it, so a change committed after either read moves
 //! the counter past the one kept with them. Reading the last syncs before the counter keeps a
 //! node removed meanwhile from showing online: removed before that read, it is gone from the rows
-//! of the counter after; removed after it, that read had it, offline as a node is when removed. Replicas on one PostgreSQL database each keep their
-//! own copy and see each other's changes through the counter. A GPU's utilisation alone does not
-//! move it (agents report it every sync): the planning read's is as of the last change, and views
-//! read [`Store::nodes`](crate::store::Store::nodes).
+//! of the counter after; removed after it, that read had it, offline as a node is when removed.
+//! Replicas on one PostgreSQL database each keep their own copy and see each other's changes
+//! through the counter. A GPU's utilisation alone does not move it (agents report it every
+//! sync): the planning read's is as of the last change, and views read
+//! [`Store::nodes`](crate::store::Store::nodes).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

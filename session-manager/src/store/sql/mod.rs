@@ -830,17 +830,20 @@ async fn change_lifecycle(
 }
 
 async fn load_transitions(conn: &mut DbConnection, id: SessionId) -> StoreResult<Vec<Transition>> {
-    let rows = sqlx::query(
-        "SELECT from_state, to_state, at, reason, hold_reason, repeats FROM session_transitions \
-         WHERE session_id = $1 ORDER BY seq",
-    )
-    .bind(id.to_string())
-    .fetch_all(&mut *conn)
-    .await?;
+    let sql = format!(
+        "SELECT {TRANSITION_COLUMNS} FROM session_transitions WHERE session_id = $1 ORDER BY seq"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(id.to_string())
+        .fetch_all(&mut *conn)
+        .await?;
     rows.iter().map(transition_from_row).collect()
 }
 
-/// A transition from `from_state, to_state, at, reason, hold_reason, repeats`.
+/// The columns of `session_transitions` that [`transition_from_row`] reads.
+const TRANSITION_COLUMNS: &str = "from_state, to_state, at, reason, hold_reason, repeats";
+
+/// A transition from [`TRANSITION_COLUMNS`].
 fn transition_from_row(row: &DbRow) -> StoreResult<Transition> {
     let from: Option<String> = row.try_get("from_state")?;
     Ok(Transition {
