@@ -46,8 +46,15 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The advisory lock every write transaction holds ("ongrid" and 1): one writer at a time.
 pub const WRITE_LOCK: i64 = 0x6f6e_6772_6964_0001;
 
-/// Connections per manager: the API's reads run beside the one writer.
+/// Connections per manager for reads, and for the statements that write without the write lock.
 const MAX_CONNECTIONS: u32 = 8;
+
+/// Connections per manager for write transactions ([`PostgresStore::write`]). A transaction waits
+/// for [`WRITE_LOCK`] holding its connection, so writers on the read pool would take every
+/// connection from the API's reads while they queue for the lock; here they queue in the
+/// writers' pool instead. Two, so that the next writer already waits in the lock's queue when one
+/// commits, and the lock does not stand idle for the next one's `BEGIN`.
+const WRITE_CONNECTIONS: u32 = 2;
 
 pub use active::ActiveLock;
 pub mod active;
@@ -85,6 +92,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// Where the write transactions run ([`WRITE_CONNECTIONS`]).
+    writer: PgPool,
     /// The nodes and GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
@@ -108,8 +117,13 @@ impl PostgresStore {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
+        let writer = PgPoolOptions::new()
+            .max_connections(WRITE_CONNECTIONS)
+            .connect_with(options.clone())
+            .await?;
         Ok(Self {
             pool,
+            writer,
             inventory: Default::default(),
             planning: Default::default(),
             options: options.into(),
@@ -118,6 +132,7 @@ impl PostgresStore {
 
     /// Closes every connection. Called on shutdown.
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
@@ -152,9 +167,9 @@ impl PostgresStore {
         &self.pool
     }
 
-    /// Begins a write: a transaction holding [`WRITE_LOCK`].
+    /// Begins a write: a transaction holding [`WRITE_LOCK`], on a writer's connection.
     async fn write(&self) -> StoreResult<Transaction<'static, Postgres>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(WRITE_LOCK)
             .execute(&mut *tx)

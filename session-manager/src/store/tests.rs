@@ -1211,11 +1211,24 @@ async fn the_queue_is_ordered_by_time_then_id(backend: Backend) {
         store.pending_place(SessionId::new_random()).await.unwrap(),
         None
     );
+    // Read again after changes: one that ended has left the queue, the ones behind it moved up,
+    // and one created since queues by its time.
+    let end = Change::keep_placement(SessionState::Ended, t(11), "removed by alice");
+    store.transition(same_b.id, end).await.unwrap();
+    let middle = create(&store, &alice.dn, Some("middle"), t(7)).await;
+    let order = vec![early.id, same_a.id, middle.id, late.id];
+    assert_eq!(store.pending_order().await.unwrap(), order);
+    for (place, id) in (1..).zip(&order) {
+        assert_eq!(store.pending_place(*id).await.unwrap(), Some(place), "{id}");
+    }
+    assert_eq!(store.pending_place(same_b.id).await.unwrap(), None);
+    let end = Change::keep_placement(SessionState::Ended, t(12), "removed by alice");
+    store.transition(middle.id, end).await.unwrap();
     let pending = store
         .sessions(SessionFilter::States(vec![SessionState::Pending]))
         .await
         .unwrap();
-    assert_eq!(pending.len(), 4);
+    assert_eq!(pending.len(), 3);
     assert!(store
         .sessions(SessionFilter::States(vec![SessionState::Starting]))
         .await

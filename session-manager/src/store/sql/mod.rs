@@ -256,27 +256,6 @@ impl SqlStore {
         rows.iter().map(session_from_row).collect()
     }
 
-    async fn pending_order(&self) -> StoreResult<Vec<SessionId>> {
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM sessions WHERE state = 'PENDING' ORDER BY queued_at, id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        ids.iter().map(|id| parse(id, "session id")).collect()
-    }
-
-    async fn pending_place(&self, id: SessionId) -> StoreResult<Option<u32>> {
-        let ahead: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM sessions s JOIN sessions q ON q.state = 'PENDING' \
-             AND (q.queued_at < s.queued_at OR (q.queued_at = s.queued_at AND q.id <= s.id)) \
-             WHERE s.id = $1 AND s.state = 'PENDING'",
-        )
-        .bind(id.to_string())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok((ahead > 0).then(|| u32::try_from(ahead).unwrap_or(u32::MAX)))
-    }
-
     async fn transitions(&self, id: SessionId) -> StoreResult<Vec<Transition>> {
         let mut conn = self.pool.acquire().await?;
         load_transitions(&mut conn, id).await

@@ -73,18 +73,61 @@ impl Stamp {
 
 impl SqlStore {
     pub(super) async fn planning_sessions(&self) -> StoreResult<Vec<Arc<SessionRecord>>> {
-        let mut kept = self.planning.0.lock().await;
-        match kept.as_mut() {
-            None => *kept = Some(self.read_planned().await?),
-            Some(kept) => self.read_changes(kept).await?,
-        }
-        let mut sessions: Vec<Arc<SessionRecord>> = kept
-            .as_ref()
-            .map(|kept| kept.sessions.values().cloned().collect())
-            .unwrap_or_default();
+        let mut sessions: Vec<Arc<SessionRecord>> = self
+            .with_planned(|sessions| sessions.values().cloned().collect())
+            .await?;
         // As `sessions` orders them.
         sessions.sort_by_key(|session| (session.created_at, session.id.0));
         Ok(sessions)
+    }
+
+    /// The PENDING sessions, first queued first (`queued_at`, then id, as the scheduler serves
+    /// them without fair share): from the kept sessions, brought up to date by one read of the
+    /// changed ones, where a read of the table's PENDING rows scanned every row that was ever
+    /// PENDING until PostgreSQL's vacuum had been.
+    pub(super) async fn pending_order(&self) -> StoreResult<Vec<SessionId>> {
+        self.with_planned(|sessions| {
+            let mut pending: Vec<_> = sessions
+                .values()
+                .filter(|s| s.state == SessionState::Pending)
+                .map(|s| (s.queued_at, s.id.0))
+                .collect();
+            pending.sort_unstable();
+            pending.into_iter().map(|(_, id)| SessionId(id)).collect()
+        })
+        .await
+    }
+
+    /// `id`'s 1-based place in [`Self::pending_order`]; `None` unless it is PENDING.
+    pub(super) async fn pending_place(&self, id: SessionId) -> StoreResult<Option<u32>> {
+        self.with_planned(|sessions| {
+            let session = sessions
+                .get(&id)
+                .filter(|s| s.state == SessionState::Pending)?;
+            let place = (session.queued_at, session.id.0);
+            let ahead = sessions
+                .values()
+                .filter(|s| s.state == SessionState::Pending && (s.queued_at, s.id.0) <= place)
+                .count();
+            Some(u32::try_from(ahead).unwrap_or(u32::MAX))
+        })
+        .await
+    }
+
+    /// `read` of the kept sessions, first brought up to date (read whole the first time).
+    async fn with_planned<T>(
+        &self,
+        read: impl FnOnce(&HashMap<SessionId, Arc<SessionRecord>>) -> T,
+    ) -> StoreResult<T> {
+        let mut guard = self.planning.0.lock().await;
+        let kept = match guard.as_mut() {
+            Some(kept) => {
+                self.read_changes(kept).await?;
+                kept
+            }
+            None => guard.insert(self.read_planned().await?),
+        };
+        Ok(read(&kept.sessions))
     }
 
     /// Every session in a planning state, and the highest change number before the read.
