@@ -87,32 +87,39 @@ pub async fn sync(
         .await?;
     let resuming = resuming(state, node, &sessions).await?;
     let on_node: HashMap<SessionId, &SessionRecord> = sessions.iter().map(|s| (s.id, s)).collect();
-    // Whether a session of the node changed here: its sessions are then read again for the answer.
-    let mut transitioned = false;
+    // What the node's report changes, written together: one write for the whole sync.
+    let mut observed = Vec::new();
     for container in &report.containers {
         let Some(session) = on_node.get(&container.session_id) else {
             continue;
         };
         let resumes = resuming.contains(&session.id);
-        let Some(change) = reports::observe(session, container, node, resumes, now) else {
-            continue;
-        };
-        let (to, reason) = (change.to, change.reason.clone());
-        match state.store.transition(session.id, change).await {
-            Ok(changed_session) => {
-                if session.state == SessionState::Starting
-                    && changed_session.state == SessionState::Waiting
-                {
-                    crate::metrics::events().started(session.queued_at, now);
-                }
-                changed.scheduling |= takes_or_frees(session.state, changed_session.state);
-                changed.watched = true;
-                transitioned = true;
-                tracing::info!(session_id = %session.id, %node, state = %to, %reason, "Session changed on its node's report.");
+        if let Some(change) = reports::observe(session, container, node, resumes, now) {
+            observed.push((*session, change));
+        }
+    }
+    // Whether a session of the node changed here: its sessions are then read again for the answer.
+    let mut transitioned = false;
+    if !observed.is_empty() {
+        let changes = observed
+            .iter()
+            .map(|(session, change)| (session.id, change.clone()))
+            .collect();
+        let outcomes = state.store.transition_all(changes).await?;
+        for ((session, change), outcome) in observed.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {}
+                // Changed meanwhile (for example removed by its owner): the next sync sees it.
+                Err(StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)) => continue,
+                Err(other) => return Err(other.into()),
             }
-            // Changed meanwhile (for example removed by its owner): the next sync sees it.
-            Err(StoreError::InvalidTransition(_)) => {}
-            Err(other) => return Err(other.into()),
+            if session.state == SessionState::Starting && change.to == SessionState::Waiting {
+                crate::metrics::events().started(session.queued_at, now);
+            }
+            changed.scheduling |= takes_or_frees(session.state, change.to);
+            changed.watched = true;
+            transitioned = true;
+            tracing::info!(session_id = %session.id, %node, state = %change.to, reason = %change.reason, "Session changed on its node's report.");
         }
     }
     for progress in &report.freezes {

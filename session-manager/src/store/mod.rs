@@ -369,15 +369,14 @@ pub trait Store: Send + Sync {
     /// The PENDING sessions in queue order, `(queued_at, id)`.
     fn pending_order(&self) -> BoxFuture<'_, StoreResult<Vec<SessionId>>>;
 
-    /// Session `id`'s 1-based place in that order; `None` when it is not PENDING. Counted in
-    /// the database: no row of the queue is read.
+    /// Session `id`'s 1-based place in that order; `None` when it is not PENDING.
     fn pending_place(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Option<u32>>>;
 
     /// The session's full history, oldest first.
     fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>>;
 
     /// Applies each change as [`Store::transition`] does, all in one write: what the
-    /// scheduler places in one round. Each change's outcome is given in order; a change its
+    /// scheduler places in one round, what one sync of a node reports. Each change's outcome is given in order; a change its
     /// session's lifecycle refuses (or of a session that does not exist) is left out of the
     /// write and the others are stored. An error of the database fails the whole write.
     fn transition_all(
