@@ -29,7 +29,7 @@ use super::{ApiError, AppState, Effect};
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
-use crate::store::{Heartbeat, ImageFilter, NodeRegistration, SessionFilter, StoreError};
+use crate::store::{Heartbeat, ImageFilter, NodeRegistration, SessionFilter};
 
 /// Registers (or registers again) the agent's node and its GPUs; answers its desired state.
 pub async fn register(
@@ -87,7 +87,7 @@ pub async fn sync(
         .await?;
     let resuming = resuming(state, node, &sessions).await?;
     let on_node: HashMap<SessionId, &SessionRecord> = sessions.iter().map(|s| (s.id, s)).collect();
-    // What the node's report changes, written together: one write for the whole sync.
+    // The session changes the node's report makes, written together in one write.
     let mut observed = Vec::new();
     for container in &report.containers {
         let Some(session) = on_node.get(&container.session_id) else {
@@ -107,11 +107,10 @@ pub async fn sync(
             .collect();
         let outcomes = state.store.transition_all(changes).await?;
         for ((session, change), outcome) in observed.iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => {}
-                // Changed meanwhile (for example removed by its owner): the next sync sees it.
-                Err(StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)) => continue,
-                Err(other) => return Err(other.into()),
+            // Refused, changed meanwhile (for example removed by its owner): the next sync sees
+            // it. An error of the database failed the whole write above.
+            if outcome.is_err() {
+                continue;
             }
             if session.state == SessionState::Starting && change.to == SessionState::Waiting {
                 crate::metrics::events().started(session.queued_at, now);

@@ -376,9 +376,10 @@ pub trait Store: Send + Sync {
     fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>>;
 
     /// Applies each change as [`Store::transition`] does, all in one write: what the
-    /// scheduler places in one round, what one sync of a node reports. Each change's outcome is given in order; a change its
-    /// session's lifecycle refuses (or of a session that does not exist) is left out of the
-    /// write and the others are stored. An error of the database fails the whole write.
+    /// scheduler places in one round, what one sync of a node reports. Each change's outcome is
+    /// given in order; a change its session's lifecycle refuses (or of a session that does not
+    /// exist) is left out of the write and the others are stored. An error of the database
+    /// fails the whole write.
     fn transition_all(
         &self,
         changes: Vec<(SessionId, Change)>,

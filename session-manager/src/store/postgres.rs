@@ -12,8 +12,9 @@
 //! it writes over, across every connection and every manager replica using the database; a GPU
 //! can never be handed out twice. The transactions run at PostgreSQL's default READ COMMITTED, so
 //! each statement after the lock sees everything committed before it; reads outside a write
-//! never wait. A writer waits at most `lock_timeout` ([`LOCK_TIMEOUT`]) for the lock, like
-//! SQLite's busy timeout. Times are the same fixed-width RFC 3339 text, in `TEXT COLLATE "C"`
+//! never wait. A write transaction runs on one of the writers' connections
+//! ([`WRITE_CONNECTIONS`]), waiting for one as long as sqlx's pool lets it (30 s), then at most
+//! `lock_timeout` ([`LOCK_TIMEOUT`]) for the lock, like SQLite's busy timeout. Times are the same fixed-width RFC 3339 text, in `TEXT COLLATE "C"`
 //! columns so that they and every other text sort byte-wise, as in SQLite.
 
 use std::fmt;
@@ -88,7 +89,7 @@ impl ReplicaListener {
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres");
 
-/// The PostgreSQL store. Cheap to clone (the pool is shared).
+/// The PostgreSQL store. Cheap to clone (the pools are shared).
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,

@@ -1,6 +1,7 @@
 //! The planning read of the sessions ([`Store::planning_sessions`](crate::store::Store::planning_sessions)):
 //! the PENDING sessions and those holding GPUs, kept in memory and brought up to date with the
-//! sessions changed since the last read.
+//! sessions changed since the last read. The queue's order and a waiting session's place
+//! (`pending_order`, `pending_place`) are read from them too.
 //!
 //! Every write transaction that creates or changes sessions stamps them with the next number
 //! of `session_change_seq` (migration 0024, [`next_change`], [`Stamp`]). Writers are serialised
@@ -158,10 +159,14 @@ impl SqlStore {
             .bind(kept.seen)
             .fetch_all(&self.pool)
             .await?;
-        for row in &rows {
-            let seq: i64 = row.try_get("change_seq")?;
+        // Every row read before any is kept: one that failed after `seen` had passed a row not
+        // yet kept would lose that row for good.
+        let changed = rows
+            .iter()
+            .map(|row| Ok((row.try_get::<i64, _>("change_seq")?, session_from_row(row)?)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        for (seq, session) in changed {
             kept.seen = kept.seen.max(seq);
-            let session = session_from_row(row)?;
             if planned(session.state) {
                 kept.sessions.insert(session.id, Arc::new(session));
             } else {
