@@ -8,14 +8,14 @@
 //!
 //! Writers are serialised as in SQLite: every write transaction first takes one transaction-scoped
 //! advisory lock ([`WRITE_LOCK`]), the counterpart of SQLite's `BEGIN IMMEDIATE`, so a
-//! read-then-write transaction (a placement, a hold, a connection event) decides on exactly what
-//! it writes over, across every connection and every manager replica using the database; a GPU
-//! can never be handed out twice. The transactions run at PostgreSQL's default READ COMMITTED, so
-//! each statement after the lock sees everything committed before it; reads outside a write
-//! never wait. A write transaction runs on one of the writers' connections
-//! ([`WRITE_CONNECTIONS`]), waiting for one as long as sqlx's pool lets it (30 s), then at most
-//! `lock_timeout` ([`LOCK_TIMEOUT`]) for the lock, like SQLite's busy timeout. Times are the same fixed-width RFC 3339 text, in `TEXT COLLATE "C"`
-//! columns so that they and every other text sort byte-wise, as in SQLite.
+//! read-then-write transaction (a placement, a hold, a connection event) decides on exactly what it
+//! writes over, across every connection and every manager replica using the database; a GPU can
+//! never be handed out twice. The transactions run at PostgreSQL's default READ COMMITTED, so each
+//! statement after the lock sees everything committed before it; reads outside a write never wait.
+//! A write transaction runs on one of the writers' connections ([`WRITE_CONNECTIONS`]), waiting for
+//! one as long as sqlx's pool lets it (30 s), then at most `lock_timeout` ([`LOCK_TIMEOUT`]) for
+//! the lock, like SQLite's busy timeout. Times are the same fixed-width RFC 3339 text, in `TEXT
+//! COLLATE "C"` columns so that they and every other text sort byte-wise, as in SQLite.
 
 use std::fmt;
 use std::str::FromStr;

@@ -115,27 +115,16 @@ impl SqlStore {
         // queues for, and only checked inside it: taken meanwhile, it is looked for again there.
         // So it is the first name free when it was looked for: one that a session of the owner
         // gives up between the two is left for the next create.
-        let free = match new.name {
-            Some(_) => None,
-            None => Some(first_free_name(&self.pool, &new.owner).await?),
+        let (name, asked) = match new.name {
+            Some(name) => (name, true),
+            None => (first_free_name(&self.pool, &new.owner).await?, false),
         };
         let mut tx = self.write().await?;
         refuse_removed(&mut tx, &new.owner).await?;
-        let name = match (new.name, free) {
-            (Some(name), _) => {
-                if let Some(state) = live_state(&mut *tx, &new.owner, &name).await? {
-                    return Err(StoreError::NameTaken { name, state });
-                }
-                name
-            }
-            (None, Some(free)) => {
-                if live_state(&mut *tx, &new.owner, &free).await?.is_none() {
-                    free
-                } else {
-                    first_free_name(&mut *tx, &new.owner).await?
-                }
-            }
-            (None, None) => first_free_name(&mut *tx, &new.owner).await?,
+        let name = match live_state(&mut *tx, &new.owner, &name).await? {
+            None => name,
+            Some(state) if asked => return Err(StoreError::NameTaken { name, state }),
+            Some(_) => first_free_name(&mut *tx, &new.owner).await?,
         };
         let lifecycle = Lifecycle::new(new.at, new.reason);
         let first = lifecycle.last();

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use ongrid_core::{SessionId, SessionState};
 use sqlx::{Row, Transaction};
 
@@ -40,6 +41,11 @@ struct Kept {
 /// Whether the scheduler plans with a session in `state`: it waits (PENDING) or holds GPUs.
 fn planned(state: SessionState) -> bool {
     state == SessionState::Pending || state.holds_gpus()
+}
+
+/// A PENDING session's key in the queue, `(queued_at, id)`; `None` for one that is not waiting.
+fn queued(session: &SessionRecord) -> Option<(DateTime<Utc>, uuid::Uuid)> {
+    (session.state == SessionState::Pending).then_some((session.queued_at, session.id.0))
 }
 
 /// The next change number, inside the write `tx`: the sessions the write creates or changes are
@@ -88,11 +94,7 @@ impl SqlStore {
     /// PENDING until PostgreSQL's vacuum had been.
     pub(super) async fn pending_order(&self) -> StoreResult<Vec<SessionId>> {
         self.with_planned(|sessions| {
-            let mut pending: Vec<_> = sessions
-                .values()
-                .filter(|s| s.state == SessionState::Pending)
-                .map(|s| (s.queued_at, s.id.0))
-                .collect();
+            let mut pending: Vec<_> = sessions.values().filter_map(|s| queued(s)).collect();
             pending.sort_unstable();
             pending.into_iter().map(|(_, id)| SessionId(id)).collect()
         })
@@ -102,13 +104,10 @@ impl SqlStore {
     /// `id`'s 1-based place in [`Self::pending_order`]; `None` unless it is PENDING.
     pub(super) async fn pending_place(&self, id: SessionId) -> StoreResult<Option<u32>> {
         self.with_planned(|sessions| {
-            let session = sessions
-                .get(&id)
-                .filter(|s| s.state == SessionState::Pending)?;
-            let place = (session.queued_at, session.id.0);
+            let place = queued(sessions.get(&id)?)?;
             let ahead = sessions
                 .values()
-                .filter(|s| s.state == SessionState::Pending && (s.queued_at, s.id.0) <= place)
+                .filter(|s| queued(s).is_some_and(|key| key <= place))
                 .count();
             Some(u32::try_from(ahead).unwrap_or(u32::MAX))
         })
