@@ -99,6 +99,8 @@ pub struct PostgresStore {
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,
+    /// The creates waiting for a write ([`sql::creates`]).
+    creates: sql::creates::CreateQueue,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }
@@ -127,6 +129,7 @@ impl PostgresStore {
             writer,
             inventory: Default::default(),
             planning: Default::default(),
+            creates: Default::default(),
             options: options.into(),
         })
     }

@@ -112,6 +112,8 @@ pub struct SqliteStore {
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,
+    /// The creates waiting for a write ([`sql::creates`]).
+    creates: sql::creates::CreateQueue,
 }
 
 impl SqliteStore {
@@ -133,6 +135,7 @@ impl SqliteStore {
             writer,
             inventory: Default::default(),
             planning: Default::default(),
+            creates: Default::default(),
         })
     }
 

@@ -3,7 +3,7 @@
 //! the same; a test listed in [`backend_tests!`] runs as `store::tests::sqlite::<name>` and
 //! `store::tests::postgres::<name>`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -142,6 +142,7 @@ backend_tests!(
     a_reopened_file_gives_everything_back,
     transitions_go_through_the_lifecycle,
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
+    creates_written_together_each_keep_their_own_answer,
     users_get_stable_unique_names_and_uids,
     nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
     the_queue_is_ordered_by_time_then_id,
@@ -1069,6 +1070,93 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
         .collect();
     names.sort();
     assert_eq!(names, ["dev", "dev-2", "dev-3", "dev-4", "dev-5"]);
+}
+
+/// Creates sent at once are written together ([`super::sql`]'s `creates`): each still gets its
+/// own answer. Of two asking for one name, one gets it and the other is refused; a removed owner's
+/// create is refused and the others are stored; default names are counted with the sessions
+/// written beside them, so none is given twice; every stored one has its first transition and
+/// its limits.
+async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
+    let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
+    create(&store, &carol.dn, None, t(0)).await;
+    let none = crate::domain::users::Removal {
+        sessions: Vec::new(),
+        jobs: Vec::new(),
+        images: Vec::new(),
+    };
+    store
+        .remove_user(&bob.dn, &alice.dn, t(1), &none)
+        .await
+        .unwrap()
+        .expect("Bob removed");
+    let limited = |owner: &Dn, name: Option<&str>, i: i64| NewSession {
+        idle_timeout_secs: Some(600 + i as u64),
+        max_duration_secs: Some(3_600),
+        ..new_session(owner, name, t(10 + i))
+    };
+    let asked = [
+        limited(&alice.dn, Some("x"), 0),
+        limited(&alice.dn, Some("x"), 1),
+        limited(&bob.dn, None, 2),
+        limited(&alice.dn, None, 3),
+        limited(&carol.dn, None, 4),
+        limited(&alice.dn, None, 5),
+        limited(&carol.dn, None, 6),
+    ];
+    let ids: Vec<SessionId> = asked.iter().map(|new| new.id).collect();
+    let made =
+        futures::future::join_all(asked.into_iter().map(|new| store.create_session(new))).await;
+    let mut named: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut refused = Vec::new();
+    for (i, made) in made.into_iter().enumerate() {
+        match made {
+            Ok(session) => {
+                assert_eq!(session.id, ids[i]);
+                let user = session.user_name.to_string();
+                *named.entry((user, session.name.to_string())).or_default() += 1;
+                let history = store.transitions(session.id).await.unwrap();
+                assert_eq!(history.len(), 1, "{history:?}");
+                assert_eq!(history[0].to, SessionState::Pending);
+                let facts = store
+                    .lifecycle_facts(FactsScope::Session(session.id))
+                    .await
+                    .unwrap();
+                assert_eq!(facts[0].idle_timeout_secs, Some(600 + i as u64));
+                assert_eq!(facts[0].max_duration_secs, Some(3_600));
+            }
+            Err(error) => refused.push((i, error)),
+        }
+    }
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused.iter().any(|(i, e)| *i < 2
+            && matches!(e, StoreError::NameTaken { name, state: SessionState::Pending }
+                if name.as_str() == "x")),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .iter()
+            .any(|(i, e)| *i == 2 && matches!(e, StoreError::UserRemoved(who) if *who == bob.dn)),
+        "{refused:?}"
+    );
+    let names: Vec<(String, String)> = named.keys().cloned().collect();
+    let user = |u: &UserRecord, name: &str| (u.user_name.to_string(), name.to_owned());
+    assert!(named.values().all(|&n| n == 1), "{named:?}");
+    // Alice: `x` once and two default names; Carol's two after her `dev`.
+    let mut expected = vec![
+        user(&alice, "dev"),
+        user(&alice, "dev-2"),
+        user(&alice, "x"),
+        user(&carol, "dev-2"),
+        user(&carol, "dev-3"),
+    ];
+    expected.sort();
+    assert_eq!(names, expected);
 }
 
 async fn users_get_stable_unique_names_and_uids(backend: Backend) {

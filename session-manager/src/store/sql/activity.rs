@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
 use ongrid_core::holds::{ContainerActivity, HoldReason};
 use ongrid_core::{NodeName, SessionId, Transition};
-use sqlx::{Row, Transaction};
+use sqlx::{QueryBuilder, Row, Transaction};
 
 use super::{
     clamp, parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore,
@@ -346,19 +346,23 @@ async fn facts_in(conn: &mut DbConnection, scope: FactsScope) -> StoreResult<Vec
 /// lifetime, inside the creation's write `tx`.
 pub(super) async fn insert_limits(
     tx: &mut Transaction<'static, Db>,
-    id: SessionId,
-    idle_timeout_secs: Option<u64>,
-    max_duration_secs: Option<u64>,
+    limits: &[(SessionId, Option<u64>, Option<u64>)],
 ) -> StoreResult<()> {
-    sqlx::query(
-        "INSERT INTO session_lifecycle (session_id, idle_timeout_secs, max_duration_secs) \
-         VALUES ($1, $2, $3)",
-    )
-    .bind(id.to_string())
-    .bind(idle_timeout_secs.map(clamp))
-    .bind(max_duration_secs.map(clamp))
-    .execute(&mut **tx)
-    .await?;
+    if limits.is_empty() {
+        return Ok(());
+    }
+    let mut query = QueryBuilder::<Db>::new(
+        "INSERT INTO session_lifecycle (session_id, idle_timeout_secs, max_duration_secs) ",
+    );
+    query.push_values(
+        limits,
+        |mut row, (id, idle_timeout_secs, max_duration_secs)| {
+            row.push_bind(id.to_string())
+                .push_bind(idle_timeout_secs.map(clamp))
+                .push_bind(max_duration_secs.map(clamp));
+        },
+    );
+    query.build().execute(&mut **tx).await?;
     Ok(())
 }
 

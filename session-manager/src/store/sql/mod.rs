@@ -110,60 +110,6 @@ impl SqlStore {
         })
     }
 
-    async fn create_session(&self, new: NewSession) -> StoreResult<SessionRecord> {
-        // The default name is looked for before the write, whose lock every write of the site
-        // queues for, and only checked inside it: taken meanwhile, it is looked for again there.
-        // So it is the first name free when it was looked for: one that a session of the owner
-        // gives up between the two is left for the next create.
-        let (name, asked) = match new.name {
-            Some(name) => (name, true),
-            None => (first_free_name(&self.pool, &new.owner).await?, false),
-        };
-        let mut tx = self.write().await?;
-        refuse_removed(&mut tx, &new.owner).await?;
-        let name = match live_state(&mut *tx, &new.owner, &name).await? {
-            None => name,
-            Some(state) if asked => return Err(StoreError::NameTaken { name, state }),
-            Some(_) => first_free_name(&mut *tx, &new.owner).await?,
-        };
-        let lifecycle = Lifecycle::new(new.at, new.reason);
-        let first = lifecycle.last();
-        let change = planning::next_change(&mut tx).await?;
-        sqlx::query(
-            "INSERT INTO sessions (id, name, owner, request, image, state, reason, gpus, \
-             created_at, queued_at, change_seq) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, '[]', $8, $9, $10)",
-        )
-        .bind(new.id.to_string())
-        .bind(name.as_str())
-        .bind(new.owner.as_str())
-        .bind(to_json(&new.request)?)
-        .bind(&new.image)
-        .bind(lifecycle.state().as_str())
-        .bind(&first.reason)
-        .bind(timestamp(new.at))
-        .bind(timestamp(new.at))
-        .bind(change)
-        .execute(&mut *tx)
-        .await?;
-        let mut rows = history::NewRows::default();
-        rows.push(new.id, 0, first, (&first.reason, None))?;
-        rows.insert(&mut tx).await?;
-        if new.idle_timeout_secs.is_some() || new.max_duration_secs.is_some() {
-            activity::insert_limits(
-                &mut tx,
-                new.id,
-                new.idle_timeout_secs,
-                new.max_duration_secs,
-            )
-            .await?;
-        }
-        tx.commit().await?;
-        self.session(new.id)
-            .await?
-            .ok_or(StoreError::NoSuchSession(new.id))
-    }
-
     async fn session(&self, id: SessionId) -> StoreResult<Option<SessionRecord>> {
         find_session(&self.pool, id).await
     }
@@ -646,27 +592,6 @@ where
     SessionName::parse(&name).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-/// The state of `owner`'s session named `name` that has not ended, if there is one.
-async fn live_state<'e, E>(
-    executor: E,
-    owner: &Dn,
-    name: &SessionName,
-) -> StoreResult<Option<SessionState>>
-where
-    E: sqlx::Executor<'e, Database = Db>,
-{
-    let state: Option<String> = sqlx::query_scalar(
-        "SELECT state FROM sessions WHERE owner = $1 AND name = $2 AND state <> 'ENDED'",
-    )
-    .bind(owner.as_str())
-    .bind(name.as_str())
-    .fetch_optional(executor)
-    .await?;
-    state
-        .map(|state| parse(&state, "session state"))
-        .transpose()
-}
-
 /// The lowest number of [`first_free_name`] that `$1`'s live names leave free: 1 for `dev`, n
 /// for `dev-n` (digits only, no leading zero, at most nine of them so the number fits). The
 /// first free number is 1 or one past a taken one. A name is cast only in the `CASE` branch that
@@ -1036,6 +961,7 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreRes
 }
 
 mod activity;
+pub(super) mod creates;
 mod dashboard;
 mod gateway;
 mod gpu_policy;

@@ -1,0 +1,274 @@
+//! Sessions created together: the creates that arrive while a write is under way are written in
+//! the next write, all of them, instead of one write each (a group commit).
+//!
+//! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
+//! and a class opening its sessions at once put one create after the other in that queue, each
+//! its own transaction: on PostgreSQL 32 creates at once waited 26 ms each for the lock on
+//! average. A create joins [`CreateQueue`] and waits for its turn; whichever create gets the turn
+//! takes every create then waiting and writes them in one transaction, on a task of its own so
+//! that a request that goes away (its client disconnected) never takes the others' write with it.
+//! Such a request's session is stored all the same once it joined the queue, as it would be had
+//! it gone away just after its commit: asked again with the same idempotency key (as `devctl`
+//! does), the request finds it.
+//! Each create keeps its own answer: a name already taken or an owner removed refuses that one
+//! create, decided before anything of it is written; an error of the database fails the write
+//! of all, and each is then written again alone, so each gets its own error and none is lost to
+//! another's.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ongrid_core::{Dn, Lifecycle, SessionName, SessionState};
+use sqlx::{QueryBuilder, Transaction};
+use tokio::sync::oneshot;
+
+use super::{
+    activity, first_free_name, history, parse, planning, timestamp, to_json, Db, SqlStore,
+};
+use crate::store::{NewSession, StoreError, StoreResult};
+
+/// The most creates one write takes; those beyond wait for the next.
+const PER_WRITE: usize = 64;
+
+/// The creates waiting for a write, and the turn to write them. Cheap to clone (shared).
+#[derive(Debug, Default, Clone)]
+pub struct CreateQueue(Arc<Queue>);
+
+#[derive(Debug, Default)]
+struct Queue {
+    waiting: Mutex<VecDeque<Waiting>>,
+    /// Held while one write of creates runs; its waiters are served in order.
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A create in the queue and where its answer goes.
+#[derive(Debug)]
+struct Waiting {
+    create: Creating,
+    answer: oneshot::Sender<StoreResult<()>>,
+}
+
+/// A session to create, with the name it was asked for or the default one free when looked for.
+#[derive(Debug)]
+struct Creating {
+    new: NewSession,
+    name: SessionName,
+    asked: bool,
+}
+
+impl CreateQueue {
+    fn join(&self, create: Creating) -> oneshot::Receiver<StoreResult<()>> {
+        let (answer, answered) = oneshot::channel();
+        self.0
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(Waiting { create, answer });
+        answered
+    }
+
+    fn take(&self) -> Vec<Waiting> {
+        let mut waiting = self
+            .0
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let count = waiting.len().min(PER_WRITE);
+        waiting.drain(..count).collect()
+    }
+}
+
+impl SqlStore {
+    /// Creates `new`, in the write of every create waiting with it, and reads it back.
+    pub(super) async fn create_session(
+        &self,
+        new: NewSession,
+    ) -> StoreResult<super::SessionRecord> {
+        // The default name is looked for before the write, whose lock every write of the site
+        // queues for, and only checked inside it: taken meanwhile, it is looked for again there.
+        // So it is the first name free when it was looked for: one that a session of the owner
+        // gives up between the two is left for the next create.
+        let (name, asked) = match &new.name {
+            Some(name) => (name.clone(), true),
+            None => (first_free_name(&self.pool, &new.owner).await?, false),
+        };
+        let id = new.id;
+        let answered = self.creates.join(Creating { new, name, asked });
+        let turn = self.creates.0.turn.clone().lock_owned().await;
+        let batch = self.creates.take();
+        // Empty when the write of another create took this one with it.
+        if !batch.is_empty() {
+            let store = self.clone();
+            tokio::spawn(async move {
+                store.create_together(batch).await;
+                drop(turn);
+            });
+        }
+        // Only a panic of the write's task drops the answer unsent.
+        answered
+            .await
+            .map_err(|_| StoreError::Database(sqlx::Error::WorkerCrashed))??;
+        self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
+    }
+
+    /// Writes `batch` in one write and answers each; when that write fails, writes each alone.
+    async fn create_together(&self, batch: Vec<Waiting>) {
+        let (creates, answers): (Vec<Creating>, Vec<_>) = batch
+            .into_iter()
+            .map(|waiting| (waiting.create, waiting.answer))
+            .unzip();
+        let outcomes = match self.write_creates(&creates).await {
+            Ok(outcomes) => outcomes,
+            Err(error) if creates.len() == 1 => vec![Err(error)],
+            Err(error) => {
+                tracing::warn!(%error, creates = creates.len(), "Writing sessions created together failed; writing each alone.");
+                let mut outcomes = Vec::with_capacity(creates.len());
+                for create in &creates {
+                    let alone = self.write_creates(std::slice::from_ref(create)).await;
+                    outcomes.push(alone.and_then(|mut outcome| outcome.remove(0)));
+                }
+                outcomes
+            }
+        };
+        for (answer, outcome) in answers.into_iter().zip(outcomes) {
+            // Its request went away: the session is stored all the same.
+            let _ = answer.send(outcome);
+        }
+    }
+
+    /// Writes `creates` in one write transaction: each create's outcome in order, a refusal
+    /// (its owner removed, its asked name taken) decided before anything of it is written.
+    async fn write_creates(&self, creates: &[Creating]) -> StoreResult<Vec<StoreResult<()>>> {
+        let mut tx = self.write().await?;
+        let owners: BTreeSet<&Dn> = creates.iter().map(|c| &c.new.owner).collect();
+        let removed = removed_among(&mut tx, &owners).await?;
+        let mut taken = live_names(&mut tx, creates).await?;
+        let change = planning::next_change(&mut tx).await?;
+        let mut unwritten: Vec<(&Creating, SessionName)> = Vec::new();
+        let mut outcomes = Vec::with_capacity(creates.len());
+        for create in creates {
+            let owner = &create.new.owner;
+            if removed.contains(owner) {
+                outcomes.push(Err(StoreError::UserRemoved(owner.clone())));
+                continue;
+            }
+            let name = match taken.get(&(owner.clone(), create.name.clone())) {
+                None => create.name.clone(),
+                Some(&state) if create.asked => {
+                    let name = create.name.clone();
+                    outcomes.push(Err(StoreError::NameTaken { name, state }));
+                    continue;
+                }
+                // Counted again with the sessions of this write stored.
+                Some(_) => {
+                    insert_sessions(&mut tx, &mut unwritten, change).await?;
+                    first_free_name(&mut *tx, owner).await?
+                }
+            };
+            taken.insert((owner.clone(), name.clone()), SessionState::Pending);
+            unwritten.push((create, name));
+            outcomes.push(Ok(()));
+        }
+        insert_sessions(&mut tx, &mut unwritten, change).await?;
+        let mut rows = history::NewRows::default();
+        let mut limits = Vec::new();
+        for create in creates.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()) {
+            let new = &create.0.new;
+            let lifecycle = Lifecycle::new(new.at, new.reason.clone());
+            let first = lifecycle.last();
+            rows.push(new.id, 0, first, (&first.reason, None))?;
+            if new.idle_timeout_secs.is_some() || new.max_duration_secs.is_some() {
+                limits.push((new.id, new.idle_timeout_secs, new.max_duration_secs));
+            }
+        }
+        rows.insert(&mut tx).await?;
+        activity::insert_limits(&mut tx, &limits).await?;
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+}
+
+/// Those of `owners` an admin removed.
+async fn removed_among(
+    tx: &mut Transaction<'static, Db>,
+    owners: &BTreeSet<&Dn>,
+) -> StoreResult<HashSet<Dn>> {
+    let mut query =
+        QueryBuilder::<Db>::new("SELECT dn FROM users WHERE removed_at IS NOT NULL AND dn IN (");
+    let mut listed = query.separated(", ");
+    for owner in owners {
+        listed.push_bind(owner.as_str());
+    }
+    query.push(")");
+    let rows: Vec<String> = query.build_query_scalar().fetch_all(&mut **tx).await?;
+    rows.iter()
+        .map(|dn| Dn::parse(dn).map_err(|e| StoreError::Corrupt(format!("stored DN: {e}"))))
+        .collect()
+}
+
+/// The sessions not ended among the owners and names of `creates`, by owner and name.
+async fn live_names(
+    tx: &mut Transaction<'static, Db>,
+    creates: &[Creating],
+) -> StoreResult<HashMap<(Dn, SessionName), SessionState>> {
+    let owners: BTreeSet<&str> = creates.iter().map(|c| c.new.owner.as_str()).collect();
+    let names: BTreeSet<&str> = creates.iter().map(|c| c.name.as_str()).collect();
+    let mut query = QueryBuilder::<Db>::new(
+        "SELECT owner, name, state FROM sessions WHERE state <> 'ENDED' AND owner IN (",
+    );
+    let mut listed = query.separated(", ");
+    for owner in owners {
+        listed.push_bind(owner);
+    }
+    query.push(") AND name IN (");
+    let mut listed = query.separated(", ");
+    for name in names {
+        listed.push_bind(name);
+    }
+    query.push(")");
+    let rows: Vec<(String, String, String)> = query.build_query_as().fetch_all(&mut **tx).await?;
+    rows.iter()
+        .map(|(owner, name, state)| {
+            let owner = Dn::parse(owner)
+                .map_err(|e| StoreError::Corrupt(format!("stored session owner: {e}")))?;
+            let name = SessionName::parse(name)
+                .map_err(|e| StoreError::Corrupt(format!("stored session name: {e}")))?;
+            Ok(((owner, name), parse(state, "session state")?))
+        })
+        .collect()
+}
+
+/// Inserts the sessions of `unwritten` (PENDING, stamped with `change`) and empties it.
+async fn insert_sessions(
+    tx: &mut Transaction<'static, Db>,
+    unwritten: &mut Vec<(&Creating, SessionName)>,
+    change: i64,
+) -> StoreResult<()> {
+    if unwritten.is_empty() {
+        return Ok(());
+    }
+    let mut values = Vec::with_capacity(unwritten.len());
+    for (create, name) in unwritten.iter() {
+        values.push((&create.new, name, to_json(&create.new.request)?));
+    }
+    let mut query = QueryBuilder::<Db>::new(
+        "INSERT INTO sessions (id, name, owner, request, image, state, reason, gpus, \
+         created_at, queued_at, change_seq) ",
+    );
+    query.push_values(&values, |mut row, (new, name, request)| {
+        row.push_bind(new.id.to_string())
+            .push_bind(name.as_str())
+            .push_bind(new.owner.as_str())
+            .push_bind(request.as_str())
+            .push_bind(new.image.as_str())
+            .push_bind(SessionState::Pending.as_str())
+            .push_bind(new.reason.as_str())
+            .push_bind("[]")
+            .push_bind(timestamp(new.at))
+            .push_bind(timestamp(new.at))
+            .push_bind(change);
+    });
+    query.build().execute(&mut **tx).await?;
+    unwritten.clear();
+    Ok(())
+}
