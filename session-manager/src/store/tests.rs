@@ -77,6 +77,24 @@ impl Deref for TestStore {
 }
 
 impl TestStore {
+    /// Holds the turn of the store's creates: none is written until the guard is dropped.
+    async fn hold_creates(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.hold_creates().await,
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.hold_creates().await,
+        }
+    }
+
+    /// How many creates wait for a write.
+    fn creates_waiting(&self) -> usize {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.creates_waiting(),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.creates_waiting(),
+        }
+    }
+
     pub(crate) async fn close(&self) {
         self.0.close().await;
     }
@@ -1072,11 +1090,11 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
     assert_eq!(names, ["dev", "dev-2", "dev-3", "dev-4", "dev-5"]);
 }
 
-/// Creates sent at once are written together ([`super::sql`]'s `creates`): each still gets its
-/// own answer. Of two asking for one name, one gets it and the other is refused; a removed owner's
-/// create is refused and the others are stored; default names are counted with the sessions
-/// written beside them, so none is given twice; every stored one has its first transition and
-/// its limits.
+/// Creates that wait together are written in one write (one change number for all): each still
+/// gets its own answer. Of two asking for one name, one gets it and the other is refused; a
+/// removed owner's create is refused and the others are stored; default names are counted with
+/// the sessions written beside them, so none is given twice; every stored one has its first
+/// transition and its limits.
 async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
@@ -1108,8 +1126,24 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
         limited(&carol.dn, None, 6),
     ];
     let ids: Vec<SessionId> = asked.iter().map(|new| new.id).collect();
-    let made =
-        futures::future::join_all(asked.into_iter().map(|new| store.create_session(new))).await;
+    let held = store.hold_creates().await;
+    let creating: Vec<_> = asked
+        .into_iter()
+        .map(|new| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create_session(new).await })
+        })
+        .collect();
+    // Each joins once it looked for its default name.
+    while store.creates_waiting() < ids.len() {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    let made: Vec<_> = futures::future::join_all(creating)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let mut named: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut refused = Vec::new();
     for (i, made) in made.into_iter().enumerate() {
@@ -1148,6 +1182,20 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
     let user = |u: &UserRecord, name: &str| (u.user_name.to_string(), name.to_owned());
     assert!(named.values().all(|&n| n == 1), "{named:?}");
     // Alice: `x` once and two default names; Carol's two after her `dev`.
+    let mut stamps = BTreeSet::new();
+    for id in &ids {
+        let id = id.to_string();
+        for row in store
+            .rows(
+                "SELECT CAST(change_seq AS TEXT) FROM sessions WHERE id = ?",
+                &[&id],
+            )
+            .await
+        {
+            stamps.insert(row[0].clone());
+        }
+    }
+    assert_eq!(stamps.len(), 1, "written in one write: {stamps:?}");
     let mut expected = vec![
         user(&alice, "dev"),
         user(&alice, "dev-2"),

@@ -362,7 +362,8 @@ pub(super) async fn insert_limits(
                 .push_bind(max_duration_secs.map(clamp));
         },
     );
-    query.build().execute(&mut **tx).await?;
+    // Its text changes with the number of rows: not kept among the prepared statements.
+    query.build().persistent(false).execute(&mut **tx).await?;
     Ok(())
 }
 

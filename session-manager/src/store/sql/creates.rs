@@ -4,11 +4,11 @@
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
 //! its own transaction: on PostgreSQL 32 creates at once waited 26 ms each for the lock on
-//! average. A create joins [`CreateQueue`] and waits for its turn; whichever create gets the turn
-//! takes every create then waiting and writes them in one transaction, on a task of its own so
-//! that a request that goes away (its client disconnected) never takes the others' write with it.
-//! Such a request's session is stored all the same once it joined the queue, as it would be had
-//! it gone away just after its commit: asked again with the same idempotency key (as `devctl`
+//! average. A create joins [`CreateQueue`] and starts a task that waits for the turn; whichever
+//! task gets it takes every create then waiting and writes them in one transaction. The request
+//! only waits for its answer, so one that goes away (its client disconnected) never takes a write
+//! with it, its own or the others': its session is stored all the same, as it would be had it
+//! gone away just after its commit, and asked again with the same idempotency key (as `devctl`
 //! does), the request finds it.
 //! Each create keeps its own answer: a name already taken or an owner removed refuses that one
 //! create, decided before anything of it is written; an error of the database fails the write
@@ -94,16 +94,15 @@ impl SqlStore {
         };
         let id = new.id;
         let answered = self.creates.join(Creating { new, name, asked });
-        let turn = self.creates.0.turn.clone().lock_owned().await;
-        let batch = self.creates.take();
-        // Empty when the write of another create took this one with it.
-        if !batch.is_empty() {
-            let store = self.clone();
-            tokio::spawn(async move {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let _turn = store.creates.0.turn.clone().lock_owned().await;
+            // Empty when the write of an earlier task took this create with it.
+            let batch = store.creates.take();
+            if !batch.is_empty() {
                 store.create_together(batch).await;
-                drop(turn);
-            });
-        }
+            }
+        });
         // Only a panic of the write's task drops the answer unsent.
         answered
             .await
@@ -143,7 +142,7 @@ impl SqlStore {
         let owners: BTreeSet<&Dn> = creates.iter().map(|c| &c.new.owner).collect();
         let removed = removed_among(&mut tx, &owners).await?;
         let mut taken = live_names(&mut tx, creates).await?;
-        let change = planning::next_change(&mut tx).await?;
+        let mut change = planning::Stamp::default();
         let mut unwritten: Vec<(&Creating, SessionName)> = Vec::new();
         let mut outcomes = Vec::with_capacity(creates.len());
         for create in creates {
@@ -161,7 +160,7 @@ impl SqlStore {
                 }
                 // Counted again with the sessions of this write stored.
                 Some(_) => {
-                    insert_sessions(&mut tx, &mut unwritten, change).await?;
+                    insert_sessions(&mut tx, &mut unwritten, &mut change).await?;
                     first_free_name(&mut *tx, owner).await?
                 }
             };
@@ -169,7 +168,7 @@ impl SqlStore {
             unwritten.push((create, name));
             outcomes.push(Ok(()));
         }
-        insert_sessions(&mut tx, &mut unwritten, change).await?;
+        insert_sessions(&mut tx, &mut unwritten, &mut change).await?;
         let mut rows = history::NewRows::default();
         let mut limits = Vec::new();
         for create in creates.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()) {
@@ -188,6 +187,25 @@ impl SqlStore {
     }
 }
 
+#[cfg(test)]
+impl SqlStore {
+    /// Holds the turn of the creates: none is written until the guard is dropped, so those that
+    /// join meanwhile are written together.
+    pub(crate) async fn hold_creates(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.creates.0.turn.clone().lock_owned().await
+    }
+
+    /// How many creates wait for a write.
+    pub(crate) fn creates_waiting(&self) -> usize {
+        self.creates
+            .0
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// Those of `owners` an admin removed.
 async fn removed_among(
     tx: &mut Transaction<'static, Db>,
@@ -200,7 +218,11 @@ async fn removed_among(
         listed.push_bind(owner.as_str());
     }
     query.push(")");
-    let rows: Vec<String> = query.build_query_scalar().fetch_all(&mut **tx).await?;
+    let rows: Vec<String> = query
+        .build_query_scalar()
+        .persistent(false)
+        .fetch_all(&mut **tx)
+        .await?;
     rows.iter()
         .map(|dn| Dn::parse(dn).map_err(|e| StoreError::Corrupt(format!("stored DN: {e}"))))
         .collect()
@@ -226,7 +248,11 @@ async fn live_names(
         listed.push_bind(name);
     }
     query.push(")");
-    let rows: Vec<(String, String, String)> = query.build_query_as().fetch_all(&mut **tx).await?;
+    let rows: Vec<(String, String, String)> = query
+        .build_query_as()
+        .persistent(false)
+        .fetch_all(&mut **tx)
+        .await?;
     rows.iter()
         .map(|(owner, name, state)| {
             let owner = Dn::parse(owner)
@@ -238,15 +264,17 @@ async fn live_names(
         .collect()
 }
 
-/// Inserts the sessions of `unwritten` (PENDING, stamped with `change`) and empties it.
+/// Inserts the sessions of `unwritten` (PENDING, stamped with the write's change number) and
+/// empties it.
 async fn insert_sessions(
     tx: &mut Transaction<'static, Db>,
     unwritten: &mut Vec<(&Creating, SessionName)>,
-    change: i64,
+    change: &mut planning::Stamp,
 ) -> StoreResult<()> {
     if unwritten.is_empty() {
         return Ok(());
     }
+    let change = change.get(tx).await?;
     let mut values = Vec::with_capacity(unwritten.len());
     for (create, name) in unwritten.iter() {
         values.push((&create.new, name, to_json(&create.new.request)?));
@@ -268,7 +296,9 @@ async fn insert_sessions(
             .push_bind(timestamp(new.at))
             .push_bind(change);
     });
-    query.build().execute(&mut **tx).await?;
+    // Its text changes with the number of rows: not kept among the connection's prepared
+    // statements, where it would push out the ones every request runs.
+    query.build().persistent(false).execute(&mut **tx).await?;
     unwritten.clear();
     Ok(())
 }
