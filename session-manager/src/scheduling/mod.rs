@@ -35,7 +35,7 @@ pub mod limits;
 mod lost;
 mod reservations;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,10 +121,8 @@ pub struct Scheduler {
     /// One tick at a time: two concurrent plans could both hand out the same free GPU. Holds
     /// the PENDING sessions waiting for jobs to halt.
     tick_lock: tokio::sync::Mutex<HashMap<SessionId, HaltWait>>,
-    /// The rounds' reads of the queue (counted under `tick_lock`: one as a round starts, one
-    /// as it takes the sessions created since, [`Self::with_late_arrivals`]), so that requests
-    /// waiting for a round that read the queue after their commit share one
-    /// ([`Self::tick_covering`]).
+    /// Rounds started (counted under `tick_lock`), so that requests waiting for a round after
+    /// their commit share one ([`Self::tick_covering`]).
     rounds: AtomicU64,
     /// The site's `[jobs]` settings: whether a re-queued job is pinned to its checkpoint's node.
     job_limits: jobs::JobLimits,
@@ -294,11 +292,10 @@ impl Scheduler {
         self.round(&mut halt_waits, now).await
     }
 
-    /// A round that read the queue after this call: what a request that just committed a change
-    /// needs for its answer to reflect it. Run here, unless a round that ended meanwhile read
-    /// the queue after this call (the round under way when it came, whose read of the sessions
-    /// created since came later, or another caller's; then that one covered it, and `None`): a
-    /// burst of requests shares rounds instead of queueing one round each.
+    /// A round that starts after this call: what a request that just committed a change needs
+    /// for its answer to reflect it. Run here, unless the round of another caller waiting at
+    /// the same time started after this call (then that one covered it, and `None`): a burst
+    /// of requests shares rounds instead of queueing one round each.
     pub async fn tick_covering(&self) -> StoreResult<Option<TickReport>> {
         let needed = self.rounds.load(AtomicOrdering::SeqCst) + 1;
         let mut halt_waits = self.tick_lock.lock().await;
@@ -339,7 +336,7 @@ impl Scheduler {
             SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?;
         let site_read = started.elapsed();
         // Owners and reservations, read once for the round: nothing in it changes them.
-        let mut gpu_policy = GpuPolicy::load(self.store.as_ref()).await?;
+        let gpu_policy = GpuPolicy::load(self.store.as_ref()).await?;
         report.health = self.check_health(&site, now).await?;
         report.held = self
             .hold_for_reservations(&site, &gpu_policy, &mut reads, now)
@@ -351,7 +348,6 @@ impl Scheduler {
         } else {
             SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?
         };
-        let pending = self.with_late_arrivals(pending, &mut gpu_policy).await?;
         halt_waits.retain(|id, _| pending.iter().any(|s| s.id == *id));
         if let Some(config) = &self.fair_share {
             let accounts = reads.accounts().await?.to_vec();
@@ -389,51 +385,6 @@ impl Scheduler {
             &pending, &placed, halt_waits, &unpinned,
         ));
         Ok(report)
-    }
-
-    /// `pending` with the sessions that joined the queue since it was read (created, or sent
-    /// back to it): a create that committed while this round's first phases ran is planned by
-    /// it, not by the next, and [`Self::tick_covering`] counts this read. They hold no GPU, so
-    /// the site as read stays true for them; a session that changed otherwise meanwhile is the
-    /// next round's, as before. The requests' reservations are read again with them (a
-    /// request's is stored before the request); one whose reservation this round's policy does
-    /// not know (added since it was read) waits for the next round, which is woken for it.
-    async fn with_late_arrivals(
-        &self,
-        mut pending: Vec<SessionRecord>,
-        gpu_policy: &mut GpuPolicy,
-    ) -> StoreResult<Vec<SessionRecord>> {
-        self.rounds.fetch_add(1, AtomicOrdering::SeqCst);
-        let known: HashSet<SessionId> = pending.iter().map(|s| s.id).collect();
-        let late: Vec<Arc<SessionRecord>> = self
-            .store
-            .planning_pending()
-            .await?
-            .into_iter()
-            .filter(|s| !known.contains(&s.id))
-            .collect();
-        if late.is_empty() {
-            return Ok(pending);
-        }
-        gpu_policy.requests = self.store.gpu_policy().request_reservations().await?;
-        let mut later = false;
-        for session in late {
-            let known = match gpu_policy.requests.sessions.get(&session.id) {
-                None => true,
-                Some(name) => gpu_policy.reservations.iter().any(|r| r.name == *name),
-            };
-            if known {
-                pending.push(Arc::unwrap_or_clone(session));
-            } else {
-                later = true;
-            }
-        }
-        if later {
-            self.wake.notify_one();
-        }
-        // As the site's read orders them.
-        pending.sort_by_key(|session| (session.created_at, session.id.0));
-        Ok(pending)
     }
 
     /// Stores a job's change (and the next job of its chain); `false` when the job changed

@@ -445,10 +445,6 @@ pub trait Store: Send + Sync {
     /// last call (by any manager on the database), so a round does not read every one of them.
     fn planning_sessions(&self) -> BoxFuture<'_, StoreResult<Vec<std::sync::Arc<SessionRecord>>>>;
 
-    /// The PENDING ones of [`Self::planning_sessions`], in the same order: for a round's second
-    /// look at the queue, without taking every session.
-    fn planning_pending(&self) -> BoxFuture<'_, StoreResult<Vec<std::sync::Arc<SessionRecord>>>>;
-
     /// One registered node with its GPUs (what an agent's sync or a stream to it needs, without
     /// reading the whole site); `None` when it is not registered or was removed.
     fn node<'a>(&'a self, name: &'a NodeName) -> BoxFuture<'a, StoreResult<Option<NodeRecord>>>;

@@ -482,7 +482,6 @@ impl Store for SqlStore {
         fn planning_nodes(seen_since: DateTime<Utc>) -> Vec<NodeRecord>;
         fn planning_gpus(node: &'a NodeName) -> std::sync::Arc<[GpuRecord]>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
-        fn planning_pending() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
         fn set_gpu_drain(uuid: &'a GpuUuid, drain: Option<Drain>) -> Option<GpuRecord>;

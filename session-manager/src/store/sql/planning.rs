@@ -80,28 +80,10 @@ impl Stamp {
 
 impl SqlStore {
     pub(super) async fn planning_sessions(&self) -> StoreResult<Vec<Arc<SessionRecord>>> {
-        self.planned_where(|_| true).await
-    }
-
-    pub(super) async fn planning_pending(&self) -> StoreResult<Vec<Arc<SessionRecord>>> {
-        self.planned_where(|session| session.state == SessionState::Pending)
-            .await
-    }
-
-    /// The kept sessions that `keep` takes, ordered as `sessions` orders them.
-    async fn planned_where(
-        &self,
-        keep: impl Fn(&SessionRecord) -> bool,
-    ) -> StoreResult<Vec<Arc<SessionRecord>>> {
         let mut sessions: Vec<Arc<SessionRecord>> = self
-            .with_planned(|sessions| {
-                sessions
-                    .values()
-                    .filter(|session| keep(session))
-                    .cloned()
-                    .collect()
-            })
+            .with_planned(|sessions| sessions.values().cloned().collect())
             .await?;
+        // As `sessions` orders them.
         sessions.sort_by_key(|session| (session.created_at, session.id.0));
         Ok(sessions)
     }
