@@ -16,7 +16,7 @@
 //! another's.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ongrid_core::{Dn, Lifecycle, SessionName, SessionState};
 use sqlx::{QueryBuilder, Transaction};
@@ -57,22 +57,21 @@ struct Creating {
 }
 
 impl CreateQueue {
-    fn join(&self, create: Creating) -> oneshot::Receiver<StoreResult<()>> {
-        let (answer, answered) = oneshot::channel();
+    fn waiting(&self) -> MutexGuard<'_, VecDeque<Waiting>> {
         self.0
             .waiting
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push_back(Waiting { create, answer });
+    }
+
+    fn join(&self, create: Creating) -> oneshot::Receiver<StoreResult<()>> {
+        let (answer, answered) = oneshot::channel();
+        self.waiting().push_back(Waiting { create, answer });
         answered
     }
 
     fn take(&self) -> Vec<Waiting> {
-        let mut waiting = self
-            .0
-            .waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = self.waiting();
         let count = waiting.len().min(PER_WRITE);
         waiting.drain(..count).collect()
     }
@@ -144,6 +143,8 @@ impl SqlStore {
         let mut taken = live_names(&mut tx, creates).await?;
         let mut change = planning::Stamp::default();
         let mut unwritten: Vec<(&Creating, SessionName)> = Vec::new();
+        let mut rows = history::NewRows::default();
+        let mut limits = Vec::new();
         let mut outcomes = Vec::with_capacity(creates.len());
         for create in creates {
             let owner = &create.new.owner;
@@ -166,20 +167,16 @@ impl SqlStore {
             };
             taken.insert((owner.clone(), name.clone()), SessionState::Pending);
             unwritten.push((create, name));
-            outcomes.push(Ok(()));
-        }
-        insert_sessions(&mut tx, &mut unwritten, &mut change).await?;
-        let mut rows = history::NewRows::default();
-        let mut limits = Vec::new();
-        for create in creates.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()) {
-            let new = &create.0.new;
+            let new = &create.new;
             let lifecycle = Lifecycle::new(new.at, new.reason.clone());
             let first = lifecycle.last();
             rows.push(new.id, 0, first, (&first.reason, None))?;
             if new.idle_timeout_secs.is_some() || new.max_duration_secs.is_some() {
                 limits.push((new.id, new.idle_timeout_secs, new.max_duration_secs));
             }
+            outcomes.push(Ok(()));
         }
+        insert_sessions(&mut tx, &mut unwritten, &mut change).await?;
         rows.insert(&mut tx).await?;
         activity::insert_limits(&mut tx, &limits).await?;
         tx.commit().await?;
@@ -197,12 +194,7 @@ impl SqlStore {
 
     /// How many creates wait for a write.
     pub(crate) fn creates_waiting(&self) -> usize {
-        self.creates
-            .0
-            .waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.creates.waiting().len()
     }
 }
 
