@@ -216,8 +216,8 @@ impl ManagerExporter {
         }
         self.nodes.set(nodes.len() as i64);
 
-        let policy = GpuPolicy::load(self.store.as_ref()).await?;
         let now = self.clock.now();
+        let policy = GpuPolicy::load(self.store.as_ref(), now).await?;
         // Reservations end and are removed: start over, so their series are gone.
         self.reserved_gpus.clear();
         for (reservation, gpus) in policy.reservations_on(&nodes) {

@@ -23,7 +23,9 @@ use super::callers::CurrentUser;
 use super::{poll_timeout, ApiError, ApiJson, ApiPath, ApiQuery, AppState, RequestKey};
 use crate::app::lookup::{ListQuery, OwnerQuery, ReservationQuery};
 use crate::app::sessions::{self as actions, Created, SessionActionError, SessionTarget};
-use crate::app::views::{changed_session_view, full_session_view, session_view, Reads};
+use crate::app::views::{
+    changed_session_view, full_session_view, full_view_as_read, session_view, Reads,
+};
 use crate::app::Via;
 
 pub async fn create_session(
@@ -112,7 +114,7 @@ pub async fn show_session(
         owner: query.owner,
     };
     let session = actions::show(&state, &caller, target, wait_for.as_deref(), wait).await?;
-    Ok(Json(full_session_view(&Reads::new(&state), session).await?))
+    Ok(Json(full_view_as_read(&Reads::new(&state), session).await?))
 }
 
 /// `waiting,connected,idle` → the states.

@@ -48,15 +48,17 @@ impl CurrentUser {
         } else {
             admission.admit(&identity.dn, &identity.fqans, admin)?
         };
-        let user = state
+        let (user, group) = state
             .store
-            .user(&identity.dn, state.config.first_uid)
+            .user_and_group(&identity.dn, state.config.first_uid)
             .await?;
         users::admission(&user.dn, user.removed.as_ref())?;
-        state
-            .store
-            .set_accounting_group(&user.dn, &admitted.group, state.clock.now())
-            .await?;
+        if group.as_ref() != Some(&admitted.group) {
+            state
+                .store
+                .set_accounting_group(&user.dn, &admitted.group, state.clock.now())
+                .await?;
+        }
         Ok(Self {
             user,
             admin,

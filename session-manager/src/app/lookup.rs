@@ -134,7 +134,9 @@ pub async fn reservation_to_use(
         return Ok(None);
     };
     let name = ReservationName::parse(name.trim()).map_err(ApiError::bad_request)?;
-    let policy = crate::scheduling::gpu_policy::GpuPolicy::load(state.store.as_ref()).await?;
+    let policy =
+        crate::scheduling::gpu_policy::GpuPolicy::load(state.store.as_ref(), state.clock.now())
+            .await?;
     let found = policy.reservations.iter().find(|r| r.name == name);
     let reservation = may_use(
         found,

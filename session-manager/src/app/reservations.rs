@@ -108,7 +108,7 @@ pub async fn node_owner(
 
 /// Owned nodes, then owned GPUs, by name.
 pub async fn owners(state: &AppState) -> Result<Vec<OwnerView>, ApiError> {
-    let policy = GpuPolicy::load(state.store.as_ref()).await?;
+    let policy = GpuPolicy::load(state.store.as_ref(), state.clock.now()).await?;
     let site = state.site().await?;
     let mut views: Vec<OwnerView> = policy
         .owners
@@ -136,9 +136,9 @@ pub async fn owners(state: &AppState) -> Result<Vec<OwnerView>, ApiError> {
 
 /// Every reservation, with its GPUs.
 pub async fn list(state: &AppState) -> Result<Vec<ReservationView>, ApiError> {
-    let policy = GpuPolicy::load(state.store.as_ref()).await?;
-    let site = state.site().await?;
     let now = state.clock.now();
+    let policy = GpuPolicy::load(state.store.as_ref(), now).await?;
+    let site = state.site().await?;
     Ok(policy
         .reservations_with_gpus(&site)
         .into_iter()
@@ -149,7 +149,7 @@ pub async fn list(state: &AppState) -> Result<Vec<ReservationView>, ApiError> {
 /// The reservation named `name`.
 pub async fn show(state: &AppState, name: &str) -> Result<ReservationView, ApiError> {
     let name = reservation_name(name)?;
-    let policy = GpuPolicy::load(state.store.as_ref()).await?;
+    let policy = GpuPolicy::load(state.store.as_ref(), state.clock.now()).await?;
     let site = state.site().await?;
     policy
         .reservations_with_gpus(&site)
@@ -218,7 +218,7 @@ pub async fn add(
             ))
         }
     };
-    let policy = GpuPolicy::load(state.store.as_ref()).await?;
+    let policy = GpuPolicy::load(state.store.as_ref(), now).await?;
     check_new(&record, &gpus, &policy.reservations_with_gpus(&site), now)?;
     if !store.add_reservation(&record).await? {
         return Err(ApiError::conflict(format!(

@@ -61,7 +61,9 @@ impl<'a> Reads<'a> {
     pub async fn policy(&self) -> Result<&GpuPolicy, ApiError> {
         self.policy
             .get_or_try_init(|| async {
-                Ok::<_, ApiError>(GpuPolicy::load(self.state.store.as_ref()).await?)
+                Ok::<_, ApiError>(
+                    GpuPolicy::load(self.state.store.as_ref(), self.state.clock.now()).await?,
+                )
             })
             .await
     }
@@ -130,13 +132,27 @@ pub async fn changed_session_view(
     Ok(session_view(session, queue_position, transitions))
 }
 
-/// The full view of a session as it is now: queue position, history and lifecycle.
+/// The full view of a session as it is now (read again: a round may have moved it since
+/// `session` was read): queue position, history and lifecycle.
 pub async fn full_session_view(
     reads: &Reads<'_>,
     session: SessionRecord,
 ) -> Result<SessionView, ApiError> {
+    let session = reads
+        .state
+        .store
+        .session(session.id)
+        .await?
+        .unwrap_or(session);
+    full_view_as_read(reads, session).await
+}
+
+/// [`full_session_view`] of a session just read from the store.
+pub async fn full_view_as_read(
+    reads: &Reads<'_>,
+    session: SessionRecord,
+) -> Result<SessionView, ApiError> {
     let state = reads.state;
-    let session = state.store.session(session.id).await?.unwrap_or(session);
     // Read once for all the views, and only when one waits: a session placed since has no
     // position any more.
     let position = match session.state {

@@ -71,13 +71,21 @@ fn human(duration: Duration) -> HumanDuration {
 }
 
 impl GpuPolicy {
-    /// Loads it.
-    pub async fn load(store: &dyn Store) -> StoreResult<Self> {
+    /// Loads it as it counts from `now` on: the reservations requests use are read only when a
+    /// reservation has not ended by `now` (no ended one holds a request, [`Self::named`]), so
+    /// a site without one current or upcoming reads two tables, not four.
+    pub async fn load(store: &dyn Store, now: DateTime<Utc>) -> StoreResult<Self> {
         let policy = store.gpu_policy();
+        let reservations = policy.reservations().await?;
+        let requests = if reservations.iter().any(|r| now < r.to) {
+            policy.request_reservations().await?
+        } else {
+            RequestReservations::default()
+        };
         Ok(Self {
             owners: policy.owners().await?,
-            reservations: policy.reservations().await?,
-            requests: policy.request_reservations().await?,
+            reservations,
+            requests,
         })
     }
 

@@ -336,7 +336,7 @@ impl Scheduler {
             SiteSnapshot::load_for_planning(self.store.as_ref(), now, self.node_timeout).await?;
         let site_read = started.elapsed();
         // Owners and reservations, read once for the round: nothing in it changes them.
-        let gpu_policy = GpuPolicy::load(self.store.as_ref()).await?;
+        let gpu_policy = GpuPolicy::load(self.store.as_ref(), now).await?;
         report.health = self.check_health(&site, now).await?;
         report.held = self
             .hold_for_reservations(&site, &gpu_policy, &mut reads, now)

@@ -346,6 +346,15 @@ pub trait Store: Send + Sync {
     /// (made unique with `-2`, `-3`, ...) and the next UID from `first_uid` upward.
     fn user<'a>(&'a self, dn: &'a Dn, first_uid: u32) -> BoxFuture<'a, StoreResult<UserRecord>>;
 
+    /// [`Self::user`], and the accounting group last recorded for them
+    /// ([`Self::set_accounting_group`]; `None` before any), read together: what every request
+    /// of a person looks up.
+    fn user_and_group<'a>(
+        &'a self,
+        dn: &'a Dn,
+        first_uid: u32,
+    ) -> BoxFuture<'a, StoreResult<(UserRecord, Option<crate::domain::policy::GroupName>)>>;
+
     /// Creates a PENDING session. The owner's [`UserRecord`] must exist.
     fn create_session(&self, new: NewSession) -> BoxFuture<'_, StoreResult<SessionRecord>>;
 

@@ -22,7 +22,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
+use sqlx::{Connection, Postgres, Transaction};
 
 use super::StoreResult;
 
@@ -56,6 +56,29 @@ const MAX_CONNECTIONS: u32 = 8;
 /// writers' pool instead. Two, so that the next writer already waits in the lock's queue when one
 /// commits, and the lock does not stand idle for the next one's `BEGIN`.
 const WRITE_CONNECTIONS: u32 = 2;
+
+/// A pooled connection idle for this long is pinged before the pool hands it out, to find one
+/// the server or the network dropped meanwhile; one used more recently is handed out as it is.
+const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// A pool of `connections`. sqlx pings every idle connection before handing it out (a round trip
+/// to the server), which under load doubled the round trips of the API's reads; here only one
+/// idle for [`PING_WHEN_IDLE_FOR`] is. A connection the server dropped within that second fails
+/// its next statement (that request answers an error to retry) and is closed on its way back,
+/// where sqlx's own ping on release fails.
+fn pool_options(connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .before_acquire(|connection, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_WHEN_IDLE_FOR {
+                    connection.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
 
 pub use active::ActiveLock;
 pub mod active;
@@ -115,13 +138,11 @@ impl PostgresStore {
             // Not the server's notices ("relation ... already exists, skipping") in our log.
             ("client_min_messages", "warning".to_owned()),
         ]);
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+        let pool = pool_options(MAX_CONNECTIONS)
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        let writer = PgPoolOptions::new()
-            .max_connections(WRITE_CONNECTIONS)
+        let writer = pool_options(WRITE_CONNECTIONS)
             .connect_with(options.clone())
             .await?;
         Ok(Self {

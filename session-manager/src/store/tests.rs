@@ -1231,6 +1231,26 @@ async fn users_get_stable_unique_names_and_uids(backend: Backend) {
     assert_eq!(bob.uid, 30_000);
     let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
     assert_eq!(carol.uid, 30_001);
+    // With the accounting group last recorded, read together; a new user is made as by `user`.
+    let (dave, group) = store.user_and_group(&dn("Dave"), 20_000).await.unwrap();
+    assert_eq!(
+        (dave.user_name.as_str(), dave.uid, group),
+        ("dave", 30_002, None)
+    );
+    assert_eq!(store.user(&dave.dn, 20_000).await.unwrap(), dave);
+    assert_eq!(
+        store.user_and_group(&bob.dn, 20_000).await.unwrap(),
+        (bob.clone(), None)
+    );
+    let atlas = crate::domain::policy::GroupName::parse("atlas").unwrap();
+    store
+        .set_accounting_group(&bob.dn, &atlas, t(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.user_and_group(&bob.dn, 20_000).await.unwrap(),
+        (bob, Some(atlas))
+    );
 }
 
 async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {

@@ -60,27 +60,26 @@ impl SqlStore {
     }
 
     async fn owners(&self) -> StoreResult<Owners> {
-        let nodes: Vec<(String, String)> = sqlx::query_as(
-            "SELECT name, owner FROM nodes WHERE owner IS NOT NULL AND removed_at IS NULL",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let gpus: Vec<(String, String)> = sqlx::query_as(
-            "SELECT g.uuid, g.owner FROM gpus g JOIN nodes n ON n.name = g.node \
+        // One statement for both: the scheduling round and a waiting session's view read them.
+        let rows: Vec<(bool, String, String)> = sqlx::query_as(
+            "SELECT TRUE, name, owner FROM nodes WHERE owner IS NOT NULL AND removed_at IS NULL \
+             UNION ALL \
+             SELECT FALSE, g.uuid, g.owner FROM gpus g JOIN nodes n ON n.name = g.node \
              WHERE g.owner IS NOT NULL AND n.removed_at IS NULL",
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(Owners {
-            nodes: nodes
-                .iter()
-                .map(|(node, owner)| Ok((parse(node, "node name")?, group(owner)?)))
-                .collect::<StoreResult<_>>()?,
-            gpus: gpus
-                .iter()
-                .map(|(uuid, owner)| Ok((parse(uuid, "GPU UUID")?, group(owner)?)))
-                .collect::<StoreResult<_>>()?,
-        })
+        let mut owners = Owners::default();
+        for (of_node, name, owner) in &rows {
+            if *of_node {
+                owners
+                    .nodes
+                    .insert(parse(name, "node name")?, group(owner)?);
+            } else {
+                owners.gpus.insert(parse(name, "GPU UUID")?, group(owner)?);
+            }
+        }
+        Ok(owners)
     }
 
     async fn reservations(&self) -> StoreResult<Vec<ReservationRecord>> {

@@ -467,6 +467,10 @@ impl Store for SqlStore {
         fn unlink_token(issuer: &'a str, subject: &'a str) -> Option<crate::store::TokenLink>;
         fn token_links() -> Vec<crate::store::TokenLink>;
         fn user(dn: &'a Dn, first_uid: u32) -> UserRecord;
+        fn user_and_group(
+            dn: &'a Dn,
+            first_uid: u32,
+        ) -> (UserRecord, Option<crate::domain::policy::GroupName>);
         fn create_session(new: NewSession) -> SessionRecord;
         fn session(id: SessionId) -> Option<SessionRecord>;
         fn session_by_name(owner: &'a Dn, name: &'a SessionName) -> Option<SessionRecord>;

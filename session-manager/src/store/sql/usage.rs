@@ -5,12 +5,42 @@
 use chrono::{DateTime, Utc};
 use ongrid_core::Dn;
 
-use super::{parse, parse_timestamp, timestamp, SqlStore};
+use sqlx::Row;
+
+use super::{parse, parse_timestamp, timestamp, user_from_row, SqlStore};
 use crate::domain::policy::fairshare::Account;
 use crate::domain::policy::GroupName;
-use crate::store::{StoreError, StoreResult};
+use crate::store::{StoreError, StoreResult, UserRecord};
+
+fn accounting_group(text: &str) -> StoreResult<GroupName> {
+    GroupName::parse(text).map_err(|e| StoreError::Corrupt(format!("accounting group: {e}")))
+}
 
 impl SqlStore {
+    /// The user of `dn` ([`SqlStore::user`], made on first sight) and their accounting group,
+    /// in one statement for a user already known.
+    pub(super) async fn user_and_group(
+        &self,
+        dn: &Dn,
+        first_uid: u32,
+    ) -> StoreResult<(UserRecord, Option<GroupName>)> {
+        let row = sqlx::query(
+            "SELECT u.dn, u.user_name, u.uid, u.removed_at, u.removed_by, a.accounting_group \
+             FROM users u LEFT JOIN usage_accounts a ON a.user_dn = u.dn WHERE u.dn = $1",
+        )
+        .bind(dn.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Ok((self.user(dn, first_uid).await?, None));
+        };
+        let group: Option<String> = row.try_get("accounting_group")?;
+        Ok((
+            user_from_row(&row)?,
+            group.as_deref().map(accounting_group).transpose()?,
+        ))
+    }
+
     pub(super) async fn set_accounting_group(
         &self,
         dn: &Dn,
@@ -50,8 +80,7 @@ impl SqlStore {
             .map(|(dn, group, usage, updated_at)| {
                 Ok(Account {
                     user: parse(&dn, "user DN")?,
-                    group: GroupName::parse(&group)
-                        .map_err(|e| StoreError::Corrupt(format!("accounting group: {e}")))?,
+                    group: accounting_group(&group)?,
                     usage,
                     updated_at: parse_timestamp(&updated_at)?,
                 })
