@@ -78,5 +78,6 @@ pub trait GpuPolicyStore: Send + Sync {
         reservation: &'a ReservationName,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
+    /// The reservations the sessions that have not ended and the stored job chains use.
     fn request_reservations(&self) -> BoxFuture<'_, StoreResult<RequestReservations>>;
 }

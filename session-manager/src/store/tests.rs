@@ -162,6 +162,7 @@ backend_tests!(
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
     users_get_stable_unique_names_and_uids,
+    request_reservations_are_those_of_sessions_not_ended,
     nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
     the_queue_is_ordered_by_time_then_id,
     concurrent_writers_do_not_fail,
@@ -1251,6 +1252,41 @@ async fn users_get_stable_unique_names_and_uids(backend: Backend) {
         store.user_and_group(&bob.dn, 20_000).await.unwrap(),
         (bob, Some(atlas))
     );
+}
+
+/// The reservations requests use: those of the sessions that have not ended (an ended one's
+/// row stays), none of a session never stored.
+async fn request_reservations_are_those_of_sessions_not_ended(backend: Backend) {
+    use crate::domain::policy::reservations::ReservationName;
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let course = ReservationName::parse("course").unwrap();
+    let policy = store.gpu_policy();
+    let first = new_session(&alice.dn, Some("a"), t(1));
+    let second = new_session(&alice.dn, Some("b"), t(1));
+    for id in [first.id, second.id, SessionId::new_random()] {
+        policy.set_session_reservation(id, &course).await.unwrap();
+    }
+    let first = store.create_session(first).await.unwrap();
+    let second = store.create_session(second).await.unwrap();
+    moved(
+        &store,
+        first.id,
+        change(SessionState::Ended, t(2), "removed", Placement::Keep),
+    )
+    .await;
+    let requests = policy.request_reservations().await.unwrap();
+    assert_eq!(
+        requests.sessions.into_iter().collect::<Vec<_>>(),
+        vec![(second.id, course)]
+    );
+    let rows = store
+        .rows(
+            "SELECT CAST(COUNT(*) AS TEXT) FROM session_reservations",
+            &[],
+        )
+        .await;
+    assert_eq!(rows[0][0].as_deref(), Some("3"));
 }
 
 async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {

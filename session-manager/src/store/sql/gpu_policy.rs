@@ -141,10 +141,14 @@ impl SqlStore {
     }
 
     async fn request_reservations(&self) -> StoreResult<RequestReservations> {
-        let sessions: Vec<(String, String)> =
-            sqlx::query_as("SELECT session_id, reservation FROM session_reservations")
-                .fetch_all(&self.pool)
-                .await?;
+        // Those of sessions that have not ended: the rows stay (they record what was asked),
+        // and a site's ended sessions outnumber its live ones more every day.
+        let sessions: Vec<(String, String)> = sqlx::query_as(
+            "SELECT r.session_id, r.reservation FROM session_reservations r \
+             JOIN sessions s ON s.id = r.session_id WHERE s.state <> 'ENDED'",
+        )
+        .fetch_all(&self.pool)
+        .await?;
         let chains: Vec<(String, String)> =
             sqlx::query_as("SELECT chain_initial, reservation FROM job_chain_reservations")
                 .fetch_all(&self.pool)
