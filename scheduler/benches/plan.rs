@@ -298,6 +298,18 @@ fn bench(c: &mut Criterion) {
             },
         ),
         (
+            // A scheduling round's queue while sessions arrive steadily: what the plan costs
+            // beside the site it reads (the index of its GPUs).
+            "site_1000x8/pending_32",
+            Scenario {
+                nodes: 1000,
+                pending: 32,
+                busy: true,
+                scrambled: false,
+                jobs_percent: 0,
+            },
+        ),
+        (
             "site_1000x8/pending_10000",
             Scenario {
                 nodes: 1000,

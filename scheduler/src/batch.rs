@@ -169,8 +169,7 @@ impl Batch {
             let gpus: Vec<usize> = job
                 .gpus
                 .iter()
-                .filter_map(|uuid| index.gpu_numbered(uuid))
-                .filter(|&gpu| index.node_of(gpu) == node)
+                .filter_map(|uuid| index.gpu_on(node, uuid))
                 .collect();
             let number = batch.jobs.len();
             for &gpu in &gpus {

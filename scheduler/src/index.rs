@@ -15,7 +15,7 @@
 //!   few signatures (nodes come in a handful of builds), so a multi-GPU request looks at each
 //!   signature once instead of at every node.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use chrono::{DateTime, Utc};
@@ -59,7 +59,6 @@ pub(crate) struct Index<'a> {
     free_by_class: Vec<BTreeSet<(u32, usize)>>,
     /// Nodes with at least one free GPU, grouped by signature, in name order.
     nodes_by_signature: BTreeMap<Signature, BTreeSet<usize>>,
-    by_uuid: HashMap<&'a GpuUuid, usize>,
 }
 
 impl<'a> Index<'a> {
@@ -76,18 +75,25 @@ impl<'a> Index<'a> {
                 .iter()
                 .filter(|slot| slot.healthy && !slot.drained)
         };
+        // Only the GPUs an owner or a reservation binds (few, or none) have a tag of their own;
+        // the others have the default one, number 0, without looking their UUID up.
+        let bound = site.policy.bound_gpus(now);
+        let is_bound = |slot: &GpuSlot| !bound.is_empty() && bound.contains(&slot.uuid);
         let mut tags: Vec<Tag> = online
             .iter()
             .flat_map(|node| usable(node))
+            .filter(|slot| is_bound(slot))
             .map(|slot| site.policy.tag(&slot.uuid, now))
             .chain([Tag::default()])
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
+        tags.sort_unstable();
+        tags.dedup();
         // The tag of a GPU bound by nothing sorts first.
         debug_assert_eq!(tags.first(), Some(&Tag::default()));
-        tags.dedup();
         let tag_of = |slot: &GpuSlot| {
+            if !is_bound(slot) {
+                return 0;
+            }
             let tag = site.policy.tag(&slot.uuid, now);
             tags.binary_search(&tag).unwrap_or(0)
         };
@@ -109,7 +115,7 @@ impl<'a> Index<'a> {
         let gpu_count = online.iter().map(|node| usable(node).count()).sum();
 
         let mut index = Self {
-            free_by_class: vec![BTreeSet::new(); classes.len()],
+            free_by_class: Vec::new(),
             classes,
             tags: Vec::new(),
             policy: &site.policy,
@@ -117,8 +123,9 @@ impl<'a> Index<'a> {
             gpus: Vec::with_capacity(gpu_count),
             nodes: Vec::with_capacity(online.len()),
             nodes_by_signature: BTreeMap::new(),
-            by_uuid: HashMap::with_capacity(gpu_count),
         };
+        // Gathered first, then each class's set built at once from its sorted entries.
+        let mut free_by_class = vec![Vec::new(); index.classes.len()];
         let mut last: Option<(GpuClass, usize)> = None;
         for (node_number, node) in online.into_iter().enumerate() {
             let mut slots: Vec<_> = usable(node).collect();
@@ -134,9 +141,8 @@ impl<'a> Index<'a> {
                 let number = index.gpus.len();
                 let free = slot.free_places();
                 if free > 0 {
-                    index.free_by_class[class].insert((free, number));
+                    free_by_class[class].push((free, number));
                 }
-                index.by_uuid.insert(&slot.uuid, number);
                 index.gpus.push(Gpu {
                     uuid: &slot.uuid,
                     node: node_number,
@@ -159,6 +165,7 @@ impl<'a> Index<'a> {
                 signature,
             });
         }
+        index.free_by_class = free_by_class.into_iter().map(BTreeSet::from_iter).collect();
         index.tags = std::mem::take(&mut tags);
         index
     }
@@ -235,9 +242,14 @@ impl<'a> Index<'a> {
             .collect()
     }
 
-    /// The number of a healthy GPU of an online node.
-    pub fn gpu_numbered(&self, uuid: &GpuUuid) -> Option<usize> {
-        self.by_uuid.get(uuid).copied()
+    /// The number of the GPU `uuid` of `node`, if it is one of its healthy, undrained GPUs.
+    pub fn gpu_on(&self, node: usize, uuid: &GpuUuid) -> Option<usize> {
+        let gpus = self.nodes[node].gpus.clone();
+        let first = gpus.start;
+        self.gpus[gpus]
+            .binary_search_by(|gpu| gpu.uuid.cmp(uuid))
+            .ok()
+            .map(|offset| first + offset)
     }
 
     /// The node's GPUs, by number (in UUID order).

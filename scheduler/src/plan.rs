@@ -217,8 +217,8 @@ impl<'a> Planning<'a> {
             }
             self.batch.claim(wait);
             for uuid in &wait.gpus {
-                if let Some(gpu) = self.index.gpu_numbered(uuid) {
-                    if self.index.node_of(gpu) == node && self.index.free(gpu) > 0 {
+                if let Some(gpu) = self.index.gpu_on(node, uuid) {
+                    if self.index.free(gpu) > 0 {
                         self.index.take(node, &[gpu]);
                     }
                 }

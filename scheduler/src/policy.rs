@@ -16,7 +16,7 @@
 //! Who asks is looked up by id in [`Policy::sessions`] and [`Policy::jobs`]; a request absent
 //! there belongs to no group, names no reservation and has no max duration.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use ongrid_core::{GpuUuid, HumanDuration, JobId, SessionId};
@@ -112,6 +112,16 @@ impl<'a> Who<'a> {
 }
 
 impl Policy {
+    /// The GPUs an owner or a reservation not ended at `now` binds: [`Self::tag`] of every
+    /// other GPU is the default one.
+    pub(crate) fn bound_gpus(&self, now: DateTime<Utc>) -> HashSet<&GpuUuid> {
+        let mut bound: HashSet<&GpuUuid> = self.owners.keys().collect();
+        for reservation in self.reservations.iter().filter(|r| now < r.to) {
+            bound.extend(&reservation.gpus);
+        }
+        bound
+    }
+
     /// The tag of a GPU at `now`: ended reservations no longer bind it.
     pub(crate) fn tag(&self, uuid: &GpuUuid, now: DateTime<Utc>) -> Tag {
         Tag {
