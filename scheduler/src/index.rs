@@ -92,6 +92,7 @@ impl<'a> Index<'a> {
         debug_assert_eq!(tags.first(), Some(&Tag::default()));
         let tag_of = |slot: &GpuSlot| {
             if !is_bound(slot) {
+                debug_assert_eq!(site.policy.tag(&slot.uuid, now), Tag::default());
                 return 0;
             }
             let tag = site.policy.tag(&slot.uuid, now);
@@ -124,7 +125,8 @@ impl<'a> Index<'a> {
             nodes: Vec::with_capacity(online.len()),
             nodes_by_signature: BTreeMap::new(),
         };
-        // Gathered first, then each class's set built at once from its sorted entries.
+        // Gathered first, then each class's set built at once (sorted in one go, not an insert
+        // per GPU).
         let mut free_by_class = vec![Vec::new(); index.classes.len()];
         let mut last: Option<(GpuClass, usize)> = None;
         for (node_number, node) in online.into_iter().enumerate() {

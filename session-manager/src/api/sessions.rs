@@ -114,7 +114,14 @@ pub async fn show_session(
         owner: query.owner,
     };
     let session = actions::show(&state, &caller, target, wait_for.as_deref(), wait).await?;
-    Ok(Json(full_view_as_read(&Reads::new(&state), session).await?))
+    let reads = Reads::new(&state);
+    // A wait that ended at its deadline answers with the session as last notified: read again
+    // for a change whose notice was still on its way. Without a wait it was just read.
+    let view = match wait_for {
+        Some(_) => full_session_view(&reads, session).await?,
+        None => full_view_as_read(&reads, session).await?,
+    };
+    Ok(Json(view))
 }
 
 /// `waiting,connected,idle` → the states.

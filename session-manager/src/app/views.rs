@@ -215,8 +215,9 @@ pub async fn gpu_policy_note(
     asker: &PolicyAsker<'_>,
 ) -> Result<Option<String>, ApiError> {
     let state = reads.state;
-    let now = state.clock.now();
+    // After the load: the policy counts from its own `now` on ([`GpuPolicy::load`]).
     let policy = reads.policy().await?;
+    let now = state.clock.now();
     if policy.is_idle(now) {
         return Ok(None);
     }

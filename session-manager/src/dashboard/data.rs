@@ -14,7 +14,7 @@ use super::views;
 use crate::app::caller::CurrentUser;
 use crate::app::images::Listed;
 use crate::app::jobs::JobActionError;
-use crate::app::views::{full_view_as_read, image_view, Reads};
+use crate::app::views::{full_session_view, image_view, Reads};
 use crate::app::{ApiError, AppState};
 use crate::domain::jobs::JobRecord;
 use crate::job_logs::JobLogs;
@@ -65,7 +65,7 @@ async fn sessions(
         if session.state == SessionState::Ended {
             continue;
         }
-        views.push(full_view_as_read(&reads, session).await?);
+        views.push(full_session_view(&reads, session).await?);
     }
     Ok(views)
 }

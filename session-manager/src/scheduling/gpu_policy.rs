@@ -287,3 +287,51 @@ impl GpuPolicy {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::fixtures;
+
+    /// What a session's request names is read, and resolves, while its reservation has not
+    /// ended; once every reservation has, the requests are not read, and would not resolve.
+    #[tokio::test]
+    async fn requests_are_read_while_a_reservation_has_not_ended() {
+        let (_dir, store) = fixtures::sqlite().await;
+        let start = DateTime::UNIX_EPOCH + chrono::TimeDelta::days(20_000);
+        let hours = |h| start + chrono::TimeDelta::hours(h);
+        let name = ReservationName::parse("course").unwrap();
+        let record = ReservationRecord {
+            name: name.clone(),
+            group: GroupName::parse("atlas").unwrap(),
+            node: None,
+            gpus: vec![fixtures::gpu(1).uuid],
+            from: hours(1),
+            to: hours(3),
+            created_by: ongrid_core::UserName::parse("root").unwrap(),
+            created_at: start,
+        };
+        let policy = store.gpu_policy();
+        assert!(policy.add_reservation(&record).await.unwrap());
+        let owner = Dn::parse("/DC=org/DC=example/CN=Alice").unwrap();
+        store.user(&owner, 20_000).await.unwrap();
+        let new = fixtures::new_session(&owner, start);
+        policy.set_session_reservation(new.id, &name).await.unwrap();
+        let session = store.create_session(new).await.unwrap();
+
+        for (at, read) in [(0, true), (2, true), (3, false), (5, false)] {
+            let loaded = GpuPolicy::load(store.as_ref(), hours(at)).await.unwrap();
+            assert_eq!(
+                loaded.requests.sessions.contains_key(&session.id),
+                read,
+                "at hour {at}"
+            );
+            let resolved = loaded.session_reservation(session.id, hours(at));
+            assert_eq!(
+                resolved.map(|r| &r.name),
+                read.then_some(&name),
+                "at hour {at}"
+            );
+        }
+    }
+}

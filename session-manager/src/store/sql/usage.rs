@@ -4,7 +4,6 @@
 
 use chrono::{DateTime, Utc};
 use ongrid_core::Dn;
-
 use sqlx::Row;
 
 use super::{parse, parse_timestamp, timestamp, user_from_row, SqlStore};
@@ -18,7 +17,8 @@ fn accounting_group(text: &str) -> StoreResult<GroupName> {
 
 impl SqlStore {
     /// The user of `dn` ([`SqlStore::user`], made on first sight) and their accounting group,
-    /// in one statement for a user already known.
+    /// in one statement for a user already known. A stored group that is not a group name
+    /// counts as none, so the request's admission writes the right one over it.
     pub(super) async fn user_and_group(
         &self,
         dn: &Dn,
@@ -35,10 +35,15 @@ impl SqlStore {
             return Ok((self.user(dn, first_uid).await?, None));
         };
         let group: Option<String> = row.try_get("accounting_group")?;
-        Ok((
-            user_from_row(&row)?,
-            group.as_deref().map(accounting_group).transpose()?,
-        ))
+        let group = group.and_then(|text| match accounting_group(&text) {
+            Ok(group) => Some(group),
+            Err(error) => {
+                tracing::warn!(%dn, %error, "A stored accounting group is not a group name; \
+                    the request writes its own over it.");
+                None
+            }
+        });
+        Ok((user_from_row(&row)?, group))
     }
 
     pub(super) async fn set_accounting_group(
