@@ -78,7 +78,7 @@ impl<'a> Index<'a> {
         // Only the GPUs an owner or a reservation binds (few, or none) have a tag of their own;
         // the others have the default one, number 0, without looking their UUID up.
         let bound = site.policy.bound_gpus(now);
-        let is_bound = |slot: &GpuSlot| !bound.is_empty() && bound.contains(&slot.uuid);
+        let is_bound = |slot: &GpuSlot| bound.contains(&slot.uuid);
         let mut tags: Vec<Tag> = online
             .iter()
             .flat_map(|node| usable(node))

@@ -62,6 +62,14 @@ impl GroupName {
     }
 }
 
+impl std::str::FromStr for GroupName {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        Self::parse(value)
+    }
+}
+
 impl fmt::Display for GroupName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -11,10 +11,6 @@ use crate::domain::policy::GroupName;
 use crate::store::gpu_policy::{GpuPolicyStore, Owners, RequestReservations};
 use crate::store::{StoreError, StoreResult};
 
-fn group(text: &str) -> StoreResult<GroupName> {
-    GroupName::parse(text).map_err(|e| StoreError::Corrupt(format!("owner group: {e}")))
-}
-
 fn reservation_name(text: &str) -> StoreResult<ReservationName> {
     ReservationName::parse(text).map_err(|e| StoreError::Corrupt(format!("reservation: {e}")))
 }
@@ -74,9 +70,11 @@ impl SqlStore {
             if *of_node {
                 owners
                     .nodes
-                    .insert(parse(name, "node name")?, group(owner)?);
+                    .insert(parse(name, "node name")?, parse(owner, "owner group")?);
             } else {
-                owners.gpus.insert(parse(name, "GPU UUID")?, group(owner)?);
+                owners
+                    .gpus
+                    .insert(parse(name, "GPU UUID")?, parse(owner, "owner group")?);
             }
         }
         Ok(owners)
@@ -170,7 +168,7 @@ fn reservation_from_row(row: &ReservationRow) -> StoreResult<ReservationRecord> 
     let (name, owner, node, gpus, from, to, by, at) = row;
     Ok(ReservationRecord {
         name: reservation_name(name)?,
-        group: group(owner)?,
+        group: parse(owner, "owner group")?,
         node: node.as_deref().map(|n| parse(n, "node name")).transpose()?,
         gpus: from_json(gpus, "reserved GPUs")?,
         from: parse_timestamp(from)?,

@@ -9,11 +9,7 @@ use sqlx::Row;
 use super::{parse, parse_timestamp, timestamp, user_from_row, SqlStore};
 use crate::domain::policy::fairshare::Account;
 use crate::domain::policy::GroupName;
-use crate::store::{StoreError, StoreResult, UserRecord};
-
-fn accounting_group(text: &str) -> StoreResult<GroupName> {
-    GroupName::parse(text).map_err(|e| StoreError::Corrupt(format!("accounting group: {e}")))
-}
+use crate::store::{StoreResult, UserRecord};
 
 impl SqlStore {
     /// The user of `dn` ([`SqlStore::user`], made on first sight) and their accounting group,
@@ -35,7 +31,7 @@ impl SqlStore {
             return Ok((self.user(dn, first_uid).await?, None));
         };
         let group: Option<String> = row.try_get("accounting_group")?;
-        let group = group.and_then(|text| match accounting_group(&text) {
+        let group = group.and_then(|text| match parse::<GroupName>(&text, "accounting group") {
             Ok(group) => Some(group),
             Err(error) => {
                 tracing::warn!(%dn, %error, "A stored accounting group is not a group name; \
@@ -85,7 +81,7 @@ impl SqlStore {
             .map(|(dn, group, usage, updated_at)| {
                 Ok(Account {
                     user: parse(&dn, "user DN")?,
-                    group: accounting_group(&group)?,
+                    group: parse(&group, "accounting group")?,
                     usage,
                     updated_at: parse_timestamp(&updated_at)?,
                 })
