@@ -530,6 +530,57 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].gpus[0].info, gpu(3));
 
+    // The owners, kept with the inventory's version: each one set through either store is in
+    // both stores' next read.
+    let physics = crate::domain::policy::GroupName::parse("physics").unwrap();
+    let chemistry = crate::domain::policy::GroupName::parse("chemistry").unwrap();
+    let node0 = NodeName::parse("node0").unwrap();
+    let owners_in_both = || async {
+        let owners = store.gpu_policy().owners().await.unwrap();
+        assert_eq!(replica.gpu_policy().owners().await.unwrap(), owners);
+        owners
+    };
+    assert_eq!(owners_in_both().await, Default::default());
+    assert!(replica
+        .gpu_policy()
+        .set_node_owner(&node0, Some(&physics))
+        .await
+        .unwrap());
+    assert_eq!(
+        owners_in_both().await.nodes,
+        BTreeMap::from([(node0.clone(), physics.clone())])
+    );
+    assert!(store
+        .gpu_policy()
+        .set_gpu_owner(&gpu(1).uuid, Some(&chemistry))
+        .await
+        .unwrap());
+    assert!(store
+        .gpu_policy()
+        .set_gpu_owner(&gpu(3).uuid, Some(&chemistry))
+        .await
+        .unwrap());
+    let owners = owners_in_both().await;
+    assert_eq!(
+        owners.nodes,
+        BTreeMap::from([(node0.clone(), physics.clone())])
+    );
+    assert_eq!(
+        owners.gpus,
+        BTreeMap::from([
+            (gpu(1).uuid, chemistry.clone()),
+            (gpu(3).uuid, chemistry.clone())
+        ])
+    );
+    assert!(replica
+        .gpu_policy()
+        .set_gpu_owner(&gpu(1).uuid, None)
+        .await
+        .unwrap());
+    assert_eq!(owners_in_both().await.gpus.len(), 1);
+    // Read again with the owners' changes, before node0's next sync.
+    both_current().await;
+
     // A last sync is read exactly only before the cutoff: node0, seen again at t(20), shows the
     // cutoff t(10) (what was read at t(8) is older); node1, seen at t(6), shows t(6). Against a
     // later cutoff both show their last sync as stored.
@@ -569,6 +620,8 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     let seen = both_current().await;
     let names: Vec<&NodeName> = seen.iter().map(|n| &n.name).collect();
     assert_eq!(names, [&node1]);
+    // A removed node's owner and its GPUs' owners no longer count.
+    assert_eq!(owners_in_both().await, Default::default());
 }
 
 /// Changes stored in one write: each one its session's lifecycle allows is stored, a refused

@@ -28,15 +28,21 @@ type ReservationRow = (
 
 impl SqlStore {
     async fn set_gpu_owner(&self, gpu: &GpuUuid, owner: Option<&GroupName>) -> StoreResult<bool> {
+        let mut tx = self.write().await?;
         let updated = sqlx::query(
             "UPDATE gpus SET owner = $1 WHERE uuid = $2 \
              AND node IN (SELECT name FROM nodes WHERE removed_at IS NULL)",
         )
         .bind(owner.map(GroupName::as_str))
         .bind(gpu.as_str())
-        .execute(self.writes())
+        .execute(&mut *tx)
         .await?
         .rows_affected();
+        // The owners are kept with the inventory's version (`inventory.rs`).
+        if updated == 1 {
+            super::inventory::bump(&mut tx).await?;
+        }
+        tx.commit().await?;
         Ok(updated == 1)
     }
 
@@ -45,18 +51,29 @@ impl SqlStore {
         node: &NodeName,
         owner: Option<&GroupName>,
     ) -> StoreResult<bool> {
+        let mut tx = self.write().await?;
         let updated =
             sqlx::query("UPDATE nodes SET owner = $1 WHERE name = $2 AND removed_at IS NULL")
                 .bind(owner.map(GroupName::as_str))
                 .bind(node.as_str())
-                .execute(self.writes())
+                .execute(&mut *tx)
                 .await?
                 .rows_affected();
+        if updated == 1 {
+            super::inventory::bump(&mut tx).await?;
+        }
+        tx.commit().await?;
         Ok(updated == 1)
     }
 
     async fn owners(&self) -> StoreResult<Owners> {
-        // One statement for both: the scheduling round and a waiting session's view read them.
+        self.kept_owners().await
+    }
+
+    /// Every owner of a node or a GPU, read; kept with the inventory's version by
+    /// [`Self::kept_owners`].
+    pub(super) async fn read_owners(&self) -> StoreResult<Owners> {
+        // One statement for both.
         let rows: Vec<(bool, String, String)> = sqlx::query_as(
             "SELECT TRUE, name, owner FROM nodes WHERE owner IS NOT NULL AND removed_at IS NULL \
              UNION ALL \

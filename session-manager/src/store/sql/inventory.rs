@@ -18,6 +18,11 @@
 //! through the counter. A GPU's utilisation alone does not move it (agents report it every
 //! sync): the planning read's is as of the last change, and views read
 //! [`Store::nodes`](crate::store::Store::nodes).
+//!
+//! The owners of nodes and GPUs ([`GpuPolicyStore::owners`](crate::store::gpu_policy::GpuPolicyStore::owners),
+//! read by every round and every view of a waiting session) are kept the same way: setting an
+//! owner bumps the version too, and so do the node removals and registrations and the GPU moves
+//! that change whose owner counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,14 +32,19 @@ use ongrid_core::NodeName;
 use sqlx::Transaction;
 
 use super::{parse, parse_timestamp, timestamp, Db, SqlStore};
+use crate::store::gpu_policy::Owners;
 use crate::store::{GpuRecord, NodeRecord, StoreResult};
 
 /// The GPUs of each node, ordered as [`Store::nodes`](crate::store::Store::nodes) orders them.
 pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
 
-/// The nodes and GPUs a manager read for planning, shared by the clones of one store.
+/// The nodes and GPUs a manager read for planning, and the owners, shared by the clones of one
+/// store.
 #[derive(Debug, Clone, Default)]
-pub struct KeptInventory(Arc<Mutex<Option<Kept>>>);
+pub struct KeptInventory {
+    planning: Arc<Mutex<Option<Kept>>>,
+    owners: Arc<Mutex<Option<(i64, Owners)>>>,
+}
 
 /// Nodes and GPUs as read, and the inventory version they are at least as new as.
 #[derive(Debug, Clone)]
@@ -47,7 +57,7 @@ struct Kept {
 
 impl KeptInventory {
     fn at(&self, version: i64) -> Option<Kept> {
-        let kept = self.0.lock().ok()?;
+        let kept = self.planning.lock().ok()?;
         kept.as_ref()
             .filter(|kept| kept.version == version)
             .cloned()
@@ -55,12 +65,28 @@ impl KeptInventory {
 
     /// Keeps `read`, unless a read at a later version is kept already.
     fn keep(&self, read: Kept) {
-        if let Ok(mut kept) = self.0.lock() {
+        if let Ok(mut kept) = self.planning.lock() {
             if kept
                 .as_ref()
                 .is_none_or(|kept| kept.version <= read.version)
             {
                 *kept = Some(read);
+            }
+        }
+    }
+
+    fn owners_at(&self, version: i64) -> Option<Owners> {
+        let kept = self.owners.lock().ok()?;
+        kept.as_ref()
+            .filter(|(at, _)| *at == version)
+            .map(|(_, owners)| owners.clone())
+    }
+
+    /// Keeps `owners` as read at `version`, unless owners of a later version are kept already.
+    fn keep_owners(&self, version: i64, owners: Owners) {
+        if let Ok(mut kept) = self.owners.lock() {
+            if kept.as_ref().is_none_or(|(at, _)| *at <= version) {
+                *kept = Some((version, owners));
             }
         }
     }
@@ -151,6 +177,18 @@ impl SqlStore {
             None => self.gpus_by_node(Some(node)).await?,
         };
         Ok(gpus.remove(node).unwrap_or_default())
+    }
+
+    /// The owners as kept when they are at the inventory's version (read first, as
+    /// [`Self::planning_nodes`] does), else read and kept.
+    pub(super) async fn kept_owners(&self) -> StoreResult<Owners> {
+        let version = self.inventory_version().await?;
+        if let Some(owners) = self.inventory.owners_at(version) {
+            return Ok(owners);
+        }
+        let owners = self.read_owners().await?;
+        self.inventory.keep_owners(version, owners.clone());
+        Ok(owners)
     }
 
     async fn inventory_version(&self) -> StoreResult<i64> {
