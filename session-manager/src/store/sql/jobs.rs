@@ -74,6 +74,18 @@ impl SqlStore {
                 Some(node.to_string()),
             ),
         };
+        // Most nodes run no job, and a node's desired state asks at every sync and every
+        // long-poll answer: without a row there is no history to read with it, and no snapshot
+        // to begin (a statement instead of three).
+        let any = query_with(
+            &format!("SELECT 1 FROM jobs j WHERE {condition} LIMIT 1"),
+            value.as_deref(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
         let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
         // One snapshot for the rows and their histories, as in `job`.
         let mut conn = self.read_snapshot().await?;
