@@ -312,21 +312,27 @@ impl SqlStore {
         gpus: &[GpuInfo],
         at: DateTime<Utc>,
     ) -> StoreResult<Option<Heartbeat>> {
-        let last_seen: Option<String> = sqlx::query_scalar(
-            "SELECT last_seen FROM nodes WHERE name = $1 AND removed_at IS NULL",
+        // The node's last sync and its GPUs in one statement: one row per GPU, or one without
+        // a GPU; none when the node is not registered.
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT n.last_seen, g.info FROM nodes n LEFT JOIN gpus g ON g.node = n.name \
+             WHERE n.name = $1 AND n.removed_at IS NULL",
         )
         .bind(node.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        let Some(last_seen) = last_seen else {
+        let Some((last_seen, _)) = rows.first() else {
             return Ok(None);
         };
-        let stored = self.gpus_by_node(Some(node)).await?;
-        let stored = stored.get(node).map(|gpus| &gpus[..]).unwrap_or_default();
+        let stored = rows
+            .iter()
+            .filter_map(|(_, info)| info.as_deref())
+            .map(|info| from_json::<GpuInfo>(info, "GPU info"))
+            .collect::<StoreResult<Vec<_>>>()?;
         let as_stored = stored.len() == gpus.len()
             && gpus
                 .iter()
-                .all(|gpu| stored.iter().any(|known| known.info == *gpu));
+                .all(|gpu| stored.iter().any(|known| known == gpu));
         if !as_stored {
             return Ok(None);
         }
@@ -340,7 +346,7 @@ impl SqlStore {
             return Ok(None);
         }
         Ok(Some(Heartbeat {
-            last_seen: parse_timestamp(&last_seen)?,
+            last_seen: parse_timestamp(last_seen)?,
             gpus_changed: false,
         }))
     }
