@@ -183,6 +183,7 @@ backend_tests!(
     token_identities_link_to_existing_users_and_keys_keep_their_token_issuer,
     sessions_and_jobs_are_counted_by_state,
     changes_stored_together_skip_the_refused_ones,
+    changes_stored_together_each_set_their_own_session,
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
     a_session_is_created_with_its_own_lifecycle_limits,
@@ -673,6 +674,75 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
         assert_eq!(states, expected);
     }
     assert!(store.transition_all(Vec::new()).await.unwrap().is_empty());
+}
+
+/// Changes stored in one write set each session's own state, reason and placement: a round's
+/// placements on different GPUs, then a start, a requeue and another placement together.
+async fn changes_stored_together_each_set_their_own_session(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2), gpu(3)], t(0)).await;
+    let [a, b, c] = [
+        create(&store, &alice.dn, Some("a"), t(1)).await,
+        create(&store, &alice.dn, Some("b"), t(1)).await,
+        create(&store, &alice.dn, Some("c"), t(1)).await,
+    ];
+    let stamp_before = store.planning_sessions().await.unwrap();
+    assert_eq!(stamp_before.len(), 3);
+    let outcomes = store
+        .transition_all(vec![
+            (
+                a.id,
+                change(SessionState::Starting, t(2), "placed a", on_node1(&gpu(1))),
+            ),
+            (
+                b.id,
+                change(SessionState::Starting, t(2), "placed b", on_node1(&gpu(2))),
+            ),
+        ])
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let outcomes = store
+        .transition_all(vec![
+            (
+                a.id,
+                change(SessionState::Waiting, t(3), "started", Placement::Keep),
+            ),
+            (
+                b.id,
+                change(SessionState::Pending, t(3), "node lost", Placement::Clear),
+            ),
+            (
+                c.id,
+                change(SessionState::Starting, t(3), "placed c", on_node1(&gpu(3))),
+            ),
+        ])
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let expected = [
+        (a.id, SessionState::Waiting, "started", Some(gpu(1))),
+        (b.id, SessionState::Pending, "node lost", None),
+        (c.id, SessionState::Starting, "placed c", Some(gpu(3))),
+    ];
+    let planned = store.planning_sessions().await.unwrap();
+    for (id, state, reason, on) in expected {
+        let session = store.session(id).await.unwrap().unwrap();
+        assert_eq!(session.state, state, "{}", session.name);
+        assert_eq!(session.reason, reason, "{}", session.name);
+        assert_eq!(
+            session.node,
+            on.as_ref().map(|_| NodeName::parse("node1").unwrap()),
+            "{}",
+            session.name
+        );
+        let gpus: Vec<GpuId> = on.iter().map(|g| GpuId::Gpu(g.uuid.clone())).collect();
+        assert_eq!(session.gpus, gpus, "{}", session.name);
+        // The planning read follows them (each stamped with the write's change number).
+        let kept = planned.iter().find(|s| s.id == id).unwrap();
+        assert_eq!(**kept, session, "{}", session.name);
+    }
 }
 
 /// The database counts sessions (ended ones left out) and jobs by state, for the metrics.

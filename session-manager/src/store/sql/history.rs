@@ -8,7 +8,8 @@ use ongrid_core::holds::HoldReason;
 use ongrid_core::{Lifecycle, SessionId, SessionState, Transition};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::{parse, timestamp, transition_from_row, Db, TRANSITION_COLUMNS};
+use super::{parse, timestamp, to_json, transition_from_row, Db, TRANSITION_COLUMNS};
+use crate::domain::sessions::Placement;
 use crate::store::{StoreError, StoreResult};
 
 /// Rows or values per statement: SQLite takes at most 32,766 values, PostgreSQL 65,535.
@@ -57,9 +58,28 @@ pub(super) fn lifecycle_of(id: SessionId, history: Vec<Transition>) -> StoreResu
         .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))
 }
 
-/// Transitions to add to the sessions' histories, written together by [`Self::insert`].
+/// Transitions to add to the sessions' histories, and the sessions' new states, written
+/// together by [`Self::insert`]: a round's forty placements in one `INSERT` and one `UPDATE`.
 #[derive(Debug, Default)]
-pub(super) struct NewRows(Vec<NewRow>);
+pub(super) struct NewRows {
+    rows: Vec<NewRow>,
+    states: Vec<NewState>,
+}
+
+/// A session's row as a change leaves it.
+#[derive(Debug)]
+struct NewState {
+    id: SessionId,
+    state: SessionState,
+    reason: String,
+    hold: Option<HoldReason>,
+    /// `keep`, `place` or `clear`: what happens to the node and GPUs.
+    placement: &'static str,
+    node: Option<String>,
+    /// The GPUs given, as JSON, when placed.
+    gpus: Option<String>,
+    change_seq: i64,
+}
 
 #[derive(Debug)]
 struct NewRow {
@@ -83,7 +103,7 @@ impl NewRows {
         transition: &Transition,
         (reason, hold): (&str, Option<HoldReason>),
     ) -> StoreResult<()> {
-        self.0.push(NewRow {
+        self.rows.push(NewRow {
             id,
             seq: i64::try_from(seq)
                 .map_err(|_| StoreError::Corrupt("history too long".to_owned()))?,
@@ -96,9 +116,43 @@ impl NewRows {
         Ok(())
     }
 
-    /// Writes the rows added since the last call.
+    /// Sets session `id`'s state, reason and placement, stamped `change_seq`. At most one change
+    /// of a session between two calls of [`Self::insert`].
+    pub(super) fn set_state(
+        &mut self,
+        id: SessionId,
+        state: SessionState,
+        (reason, hold): (&str, Option<HoldReason>),
+        placement: &Placement,
+        change_seq: i64,
+    ) -> StoreResult<()> {
+        debug_assert!(
+            self.states.iter().all(|s| s.id != id),
+            "session {id} set twice"
+        );
+        let (placement, node, gpus) = match placement {
+            Placement::Keep => ("keep", None, None),
+            Placement::Place { node, gpus } => {
+                ("place", Some(node.to_string()), Some(to_json(gpus)?))
+            }
+            Placement::Clear => ("clear", None, None),
+        };
+        self.states.push(NewState {
+            id,
+            state,
+            reason: reason.to_owned(),
+            hold,
+            placement,
+            node,
+            gpus,
+            change_seq,
+        });
+        Ok(())
+    }
+
+    /// Writes the rows and states added since the last call.
     pub(super) async fn insert(&mut self, tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
-        for chunk in self.0.chunks(PER_STATEMENT) {
+        for chunk in self.rows.chunks(PER_STATEMENT) {
             let mut query = QueryBuilder::<Db>::new(
                 "INSERT INTO session_transitions (session_id, seq, from_state, to_state, at, \
                  reason, hold_reason) ",
@@ -122,7 +176,40 @@ impl NewRows {
             };
             query.execute(&mut **tx).await?;
         }
-        self.0.clear();
+        self.rows.clear();
+        for chunk in self.states.chunks(PER_STATEMENT) {
+            let mut query = QueryBuilder::<Db>::new(
+                "WITH v (id, state, reason, hold_reason, placement, node, gpus, change_seq) AS (",
+            );
+            query.push_values(chunk, |mut values, new| {
+                values
+                    .push_bind(new.id.to_string())
+                    .push_bind(new.state.as_str())
+                    .push_bind(new.reason.as_str())
+                    .push_bind(new.hold.map(HoldReason::as_str))
+                    .push_bind(new.placement)
+                    .push_bind(new.node.as_deref())
+                    .push_bind(new.gpus.as_deref())
+                    .push_bind(new.change_seq);
+            });
+            query.push(
+                ") UPDATE sessions SET state = v.state, reason = v.reason, \
+                 hold_reason = v.hold_reason, change_seq = v.change_seq, \
+                 node = CASE v.placement WHEN 'place' THEN v.node WHEN 'clear' THEN NULL \
+                 ELSE sessions.node END, \
+                 gpus = CASE v.placement WHEN 'place' THEN v.gpus WHEN 'clear' THEN '[]' \
+                 ELSE sessions.gpus END \
+                 FROM v WHERE sessions.id = v.id",
+            );
+            let query = query.build();
+            let query = if chunk.len() == 1 {
+                query
+            } else {
+                query.persistent(false)
+            };
+            query.execute(&mut **tx).await?;
+        }
+        self.states.clear();
         Ok(())
     }
 }

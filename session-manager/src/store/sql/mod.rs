@@ -41,7 +41,7 @@ use crate::domain::grid_jobs::EngineJobId;
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
-use crate::domain::sessions::{connections, rendered_reason, Change, Placement, SessionRecord};
+use crate::domain::sessions::{connections, rendered_reason, Change, SessionRecord};
 use crate::domain::users::{Removal, Removed};
 use crate::store::{
     AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, Heartbeat, ImageDeleted, ImageFilter,
@@ -705,30 +705,14 @@ async fn change_lifecycle(
         rows.push(id, seq, transition, (&change.reason, change.hold))?;
     }
     activity::after_transition(tx, id, transition).await?;
-    let sql = match change.placement {
-        Placement::Keep => {
-            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, change_seq = $5 \
-             WHERE id = $1"
-        }
-        Placement::Place { .. } => {
-            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, change_seq = $5, \
-             node = $6, gpus = $7 WHERE id = $1"
-        }
-        Placement::Clear => {
-            "UPDATE sessions SET state = $2, reason = $3, hold_reason = $4, change_seq = $5, \
-             node = NULL, gpus = '[]' WHERE id = $1"
-        }
-    };
-    let mut query = sqlx::query(sql)
-        .bind(id.to_string())
-        .bind(transition.to.as_str())
-        .bind(&change.reason)
-        .bind(change.hold.map(HoldReason::as_str))
-        .bind(stamp.get(tx).await?);
-    if let Placement::Place { node, gpus } = &change.placement {
-        query = query.bind(node.as_str()).bind(to_json(gpus)?);
-    }
-    query.execute(&mut **tx).await?;
+    let change_seq = stamp.get(tx).await?;
+    rows.set_state(
+        id,
+        transition.to,
+        (&change.reason, change.hold),
+        &change.placement,
+        change_seq,
+    )?;
     Ok(transition.clone())
 }
 
