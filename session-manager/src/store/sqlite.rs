@@ -181,6 +181,41 @@ impl SqliteStore {
 mod tests {
     use super::*;
 
+    /// Planning reads asked for at once share one: those that waited while a read that began
+    /// after their call ran take its result instead of reading again.
+    #[tokio::test]
+    async fn planning_reads_asked_for_at_once_are_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("manager.db"))
+            .await
+            .unwrap();
+        assert_eq!(
+            crate::store::Store::pending_order(&store).await.unwrap(),
+            vec![]
+        );
+        assert_eq!(store.planning.reads_begun(), 1);
+        let held = store.planning.hold().await;
+        let asking: Vec<_> = (0..10)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { crate::store::Store::pending_order(&store).await })
+            })
+            .collect();
+        // This test's runtime has one thread: each task runs until it waits for the lock.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.planning.reads_begun(), 1);
+        drop(held);
+        for asked in asking {
+            assert_eq!(asked.await.unwrap().unwrap(), vec![]);
+        }
+        assert_eq!(store.planning.reads_begun(), 2, "ten callers, one read");
+        // A call after that read reads again.
+        crate::store::Store::pending_order(&store).await.unwrap();
+        assert_eq!(store.planning.reads_begun(), 3);
+    }
+
     /// A connection handed back with a transaction begun and never owned (what a request
     /// dropped during its `BEGIN` leaves) is closed, and the writes after it go through; one
     /// whose transaction was dropped (and so rolled back) is kept.

@@ -15,6 +15,7 @@
 //! numbers.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -26,12 +27,34 @@ use crate::domain::sessions::SessionRecord;
 use crate::store::StoreResult;
 
 /// The sessions a manager plans with, as of the highest change number it has seen; shared by the
-/// clones of one store, one read at a time.
+/// clones of one store, one read at a time. Callers at once share reads: a read that began
+/// after a caller's call sees every commit before it, so a caller that waited while such a read
+/// ran takes its result instead of reading again (a round and the creates answering at the
+/// same time took the lock one after the other, a statement each).
 #[derive(Debug, Clone, Default)]
-pub struct KeptSessions(Arc<tokio::sync::Mutex<Option<Kept>>>);
+pub struct KeptSessions {
+    kept: Arc<tokio::sync::Mutex<Option<Kept>>>,
+    /// Reads begun, counted under the lock: each read's ticket.
+    reads: Arc<AtomicU64>,
+}
+
+#[cfg(test)]
+impl KeptSessions {
+    /// How many reads have begun.
+    pub(crate) fn reads_begun(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// Holds the lock of the reads until the returned guard is dropped.
+    pub(crate) async fn hold(&self) -> impl Sized + '_ {
+        self.kept.lock().await
+    }
+}
 
 #[derive(Debug)]
 struct Kept {
+    /// The ticket of the last read that succeeded: it saw every commit before it began.
+    fresh_from: u64,
     seen: i64,
     /// Shared with the rounds that planned with them: a round takes every session without
     /// copying one.
@@ -119,19 +142,23 @@ impl SqlStore {
         &self,
         read: impl FnOnce(&HashMap<SessionId, Arc<SessionRecord>>) -> T,
     ) -> StoreResult<T> {
-        let mut guard = self.planning.0.lock().await;
-        let kept = match guard.as_mut() {
-            Some(kept) => {
+        let called_at = self.planning.reads.load(Ordering::SeqCst);
+        let mut guard = self.planning.kept.lock().await;
+        if let Some(kept) = guard.as_mut() {
+            if kept.fresh_from <= called_at {
+                let ticket = self.planning.reads.fetch_add(1, Ordering::SeqCst) + 1;
                 self.read_changes(kept).await?;
-                kept
+                kept.fresh_from = ticket;
             }
-            None => guard.insert(self.read_planned().await?),
-        };
+            return Ok(read(&kept.sessions));
+        }
+        let ticket = self.planning.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        let kept = guard.insert(self.read_planned(ticket).await?);
         Ok(read(&kept.sessions))
     }
 
     /// Every session in a planning state, and the highest change number before the read.
-    async fn read_planned(&self) -> StoreResult<Kept> {
+    async fn read_planned(&self, ticket: u64) -> StoreResult<Kept> {
         let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM sessions")
             .fetch_one(&self.pool)
             .await?;
@@ -146,6 +173,7 @@ impl SqlStore {
             .map(|row| session_from_row(row).map(|s| (s.id, Arc::new(s))))
             .collect::<StoreResult<_>>()?;
         Ok(Kept {
+            fresh_from: ticket,
             seen: seen.unwrap_or(0),
             sessions,
         })
