@@ -39,6 +39,10 @@ pub struct KeptSessions {
 }
 
 #[cfg(test)]
+#[allow(
+    dead_code,
+    reason = "the SQLite store's tests use them; this module is compiled for PostgreSQL too"
+)]
 impl KeptSessions {
     /// How many reads have begun.
     pub(crate) fn reads_begun(&self) -> u64 {
