@@ -73,13 +73,27 @@ struct NewState {
     state: SessionState,
     reason: String,
     hold: Option<HoldReason>,
-    /// `keep`, `place` or `clear`: what happens to the node and GPUs.
+    /// [`KEEP`], [`PLACE`] or [`CLEAR`]: what happens to the node and GPUs.
     placement: &'static str,
     node: Option<String>,
     /// The GPUs given, as JSON, when placed.
     gpus: Option<String>,
     change_seq: i64,
 }
+
+/// The placements of [`NewState`], as [`SET_STATES`] tells them apart.
+const KEEP: &str = "keep";
+const PLACE: &str = "place";
+const CLEAR: &str = "clear";
+
+/// What follows the values of [`NewRows::insert`]'s `UPDATE` of the sessions' states.
+const SET_STATES: &str = ") UPDATE sessions SET state = v.state, reason = v.reason, \
+     hold_reason = v.hold_reason, change_seq = v.change_seq, \
+     node = CASE v.placement WHEN 'place' THEN v.node WHEN 'clear' THEN NULL \
+     ELSE sessions.node END, \
+     gpus = CASE v.placement WHEN 'place' THEN v.gpus WHEN 'clear' THEN '[]' \
+     ELSE sessions.gpus END \
+     FROM v WHERE sessions.id = v.id";
 
 #[derive(Debug)]
 struct NewRow {
@@ -117,7 +131,8 @@ impl NewRows {
     }
 
     /// Sets session `id`'s state, reason and placement, stamped `change_seq`. At most one change
-    /// of a session between two calls of [`Self::insert`].
+    /// of a session between two calls of [`Self::insert`] (one `UPDATE` cannot set a row twice):
+    /// a caller changing a session again writes the first change before.
     pub(super) fn set_state(
         &mut self,
         id: SessionId,
@@ -126,16 +141,17 @@ impl NewRows {
         placement: &Placement,
         change_seq: i64,
     ) -> StoreResult<()> {
-        debug_assert!(
-            self.states.iter().all(|s| s.id != id),
-            "session {id} set twice"
-        );
+        if self.states.iter().any(|s| s.id == id) {
+            return Err(StoreError::Corrupt(format!(
+                "session {id} changed twice in one statement"
+            )));
+        }
         let (placement, node, gpus) = match placement {
-            Placement::Keep => ("keep", None, None),
+            Placement::Keep => (KEEP, None, None),
             Placement::Place { node, gpus } => {
-                ("place", Some(node.to_string()), Some(to_json(gpus)?))
+                (PLACE, Some(node.to_string()), Some(to_json(gpus)?))
             }
-            Placement::Clear => ("clear", None, None),
+            Placement::Clear => (CLEAR, None, None),
         };
         self.states.push(NewState {
             id,
@@ -167,14 +183,7 @@ impl NewRows {
                     .push_bind(row.reason.as_str())
                     .push_bind(row.hold.map(HoldReason::as_str));
             });
-            let query = query.build();
-            // One row, the common single change, is the same statement every time: cached.
-            let query = if chunk.len() == 1 {
-                query
-            } else {
-                query.persistent(false)
-            };
-            query.execute(&mut **tx).await?;
+            execute(query, chunk.len(), tx).await?;
         }
         self.rows.clear();
         for chunk in self.states.chunks(PER_STATEMENT) {
@@ -192,24 +201,27 @@ impl NewRows {
                     .push_bind(new.gpus.as_deref())
                     .push_bind(new.change_seq);
             });
-            query.push(
-                ") UPDATE sessions SET state = v.state, reason = v.reason, \
-                 hold_reason = v.hold_reason, change_seq = v.change_seq, \
-                 node = CASE v.placement WHEN 'place' THEN v.node WHEN 'clear' THEN NULL \
-                 ELSE sessions.node END, \
-                 gpus = CASE v.placement WHEN 'place' THEN v.gpus WHEN 'clear' THEN '[]' \
-                 ELSE sessions.gpus END \
-                 FROM v WHERE sessions.id = v.id",
-            );
-            let query = query.build();
-            let query = if chunk.len() == 1 {
-                query
-            } else {
-                query.persistent(false)
-            };
-            query.execute(&mut **tx).await?;
+            query.push(SET_STATES);
+            execute(query, chunk.len(), tx).await?;
         }
         self.states.clear();
         Ok(())
     }
+}
+
+/// Runs `query`, built for `rows` rows. One row, the common single change, is the same statement
+/// every time: cached; more are not, since their statements differ with their count.
+async fn execute(
+    mut query: QueryBuilder<'_, Db>,
+    rows: usize,
+    tx: &mut Transaction<'static, Db>,
+) -> StoreResult<()> {
+    let query = query.build();
+    let query = if rows == 1 {
+        query
+    } else {
+        query.persistent(false)
+    };
+    query.execute(&mut **tx).await?;
+    Ok(())
 }

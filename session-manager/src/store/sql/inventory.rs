@@ -21,8 +21,9 @@
 //!
 //! The owners of nodes and GPUs ([`GpuPolicyStore::owners`](crate::store::gpu_policy::GpuPolicyStore::owners),
 //! read by every round and every view of a waiting session) are kept the same way: setting an
-//! owner bumps the version too, and so do the node removals and registrations and the GPU moves
-//! that change whose owner counts.
+//! owner bumps the version too (so the nodes and GPUs are read again with them, for a rare
+//! change of an admin's), and so do the node removals and registrations and the GPU moves that
+//! change whose owner counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -16,7 +16,8 @@
 //!
 //! Session states change only through [`change_lifecycle`] (for one change, [`apply_change`]; for
 //! many in one write, `transition_all`), on the stored history replayed into an
-//! [`ongrid_core::Lifecycle`]; times are stored as fixed-width RFC 3339 text with nanoseconds, so
+//! [`ongrid_core::Lifecycle`]; the new history rows and states are written together by
+//! `history::NewRows::insert`, so a session's row is read after it, not before; times are stored as fixed-width RFC 3339 text with nanoseconds, so
 //! they round-trip exactly and sort as text (in `TEXT COLLATE "C"` columns on PostgreSQL).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -214,7 +215,7 @@ impl SqlStore {
         let mut stamp = planning::Stamp::default();
         let mut rows = history::NewRows::default();
         for (id, change) in changes {
-            // A session changed twice is read again, its first change's row written.
+            // A session changed twice is read again, its first change's row and state written.
             let lifecycle = match lifecycles.remove(&id) {
                 Some(lifecycle) => Ok(lifecycle),
                 None => {
@@ -683,8 +684,9 @@ async fn apply_change(
 }
 
 /// [`apply_change`] to the session's `lifecycle` as stored, stamped with the write's `stamp`. Its
-/// new history row is added to `rows`, for the caller to write; a change that folds into the rows
-/// before it (a CONNECTED ⇄ IDLE flip) writes `rows` first, then folds.
+/// new history row and its new state are added to `rows`, for the caller to write (the
+/// `sessions` row is as before until then); a change that folds into the rows before it (a
+/// CONNECTED ⇄ IDLE flip) writes `rows` first, then folds.
 async fn change_lifecycle(
     tx: &mut Transaction<'static, Db>,
     id: SessionId,

@@ -58,7 +58,7 @@ impl KeptSessions {
 #[derive(Debug)]
 struct Kept {
     /// The ticket of the last read that succeeded: it saw every commit before it began.
-    fresh_from: u64,
+    ticket: u64,
     seen: i64,
     /// Shared with the rounds that planned with them: a round takes every session without
     /// copying one.
@@ -149,10 +149,10 @@ impl SqlStore {
         let called_at = self.planning.reads.load(Ordering::SeqCst);
         let mut guard = self.planning.kept.lock().await;
         if let Some(kept) = guard.as_mut() {
-            if kept.fresh_from <= called_at {
+            if kept.ticket <= called_at {
                 let ticket = self.planning.reads.fetch_add(1, Ordering::SeqCst) + 1;
                 self.read_changes(kept).await?;
-                kept.fresh_from = ticket;
+                kept.ticket = ticket;
             }
             return Ok(read(&kept.sessions));
         }
@@ -177,7 +177,7 @@ impl SqlStore {
             .map(|row| session_from_row(row).map(|s| (s.id, Arc::new(s))))
             .collect::<StoreResult<_>>()?;
         Ok(Kept {
-            fresh_from: ticket,
+            ticket,
             seen: seen.unwrap_or(0),
             sessions,
         })
