@@ -43,51 +43,47 @@ pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
 /// store.
 #[derive(Debug, Clone, Default)]
 pub struct KeptInventory {
-    planning: Arc<Mutex<Option<Kept>>>,
-    owners: Arc<Mutex<Option<(i64, Owners)>>>,
+    planning: AtVersion<Kept>,
+    owners: AtVersion<Owners>,
 }
 
-/// Nodes and GPUs as read, and the inventory version they are at least as new as.
+/// Nodes and GPUs as read.
 #[derive(Debug, Clone)]
 struct Kept {
-    version: i64,
     /// Every registered node with its GPUs, ordered by name; each one's last sync as of the read.
     nodes: Arc<[NodeRecord]>,
     gpus: Arc<GpusByNode>,
 }
 
-impl KeptInventory {
-    fn at(&self, version: i64) -> Option<Kept> {
-        let kept = self.planning.lock().ok()?;
-        kept.as_ref()
-            .filter(|kept| kept.version == version)
-            .cloned()
-    }
+/// A read kept with the inventory version it is at least as new as.
+#[derive(Debug)]
+struct AtVersion<T>(Arc<Mutex<Option<(i64, T)>>>);
 
-    /// Keeps `read`, unless a read at a later version is kept already.
-    fn keep(&self, read: Kept) {
-        if let Ok(mut kept) = self.planning.lock() {
-            if kept
-                .as_ref()
-                .is_none_or(|kept| kept.version <= read.version)
-            {
-                *kept = Some(read);
-            }
-        }
+impl<T> Default for AtVersion<T> {
+    fn default() -> Self {
+        Self(Arc::default())
     }
+}
 
-    fn owners_at(&self, version: i64) -> Option<Owners> {
-        let kept = self.owners.lock().ok()?;
+impl<T> Clone for AtVersion<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<T: Clone> AtVersion<T> {
+    fn at(&self, version: i64) -> Option<T> {
+        let kept = self.0.lock().ok()?;
         kept.as_ref()
             .filter(|(at, _)| *at == version)
-            .map(|(_, owners)| owners.clone())
+            .map(|(_, read)| read.clone())
     }
 
-    /// Keeps `owners` as read at `version`, unless owners of a later version are kept already.
-    fn keep_owners(&self, version: i64, owners: Owners) {
-        if let Ok(mut kept) = self.owners.lock() {
+    /// Keeps `read`, made at `version`, unless a read at a later version is kept already.
+    fn keep(&self, version: i64, read: T) {
+        if let Ok(mut kept) = self.0.lock() {
             if kept.as_ref().is_none_or(|(at, _)| *at <= version) {
-                *kept = Some((version, owners));
+                *kept = Some((version, read));
             }
         }
     }
@@ -112,11 +108,11 @@ impl SqlStore {
         // First, so that a node removed meanwhile is in neither read or offline in this one.
         let not_seen = self.not_seen_since(seen_since).await?;
         let version = self.inventory_version().await?;
-        let kept = match self.inventory.at(version) {
+        let kept = match self.inventory.planning.at(version) {
             Some(kept) => kept,
             None => {
-                let read = self.read_inventory(version).await?;
-                self.inventory.keep(read.clone());
+                let read = self.read_inventory().await?;
+                self.inventory.planning.keep(version, read.clone());
                 read
             }
         };
@@ -133,8 +129,8 @@ impl SqlStore {
             .collect())
     }
 
-    /// Every registered node and GPU, as of inventory `version` or later.
-    async fn read_inventory(&self, version: i64) -> StoreResult<Kept> {
+    /// Every registered node and GPU.
+    async fn read_inventory(&self) -> StoreResult<Kept> {
         let node_rows = self.node_rows(None).await?;
         let gpus = Arc::new(self.gpus_by_node(None).await?);
         let nodes = node_rows
@@ -145,11 +141,7 @@ impl SqlStore {
                 Ok(node)
             })
             .collect::<StoreResult<_>>()?;
-        Ok(Kept {
-            version,
-            nodes,
-            gpus,
-        })
+        Ok(Kept { nodes, gpus })
     }
 
     /// The last sync of each registered node not seen at or after `since`.
@@ -173,7 +165,7 @@ impl SqlStore {
     /// a planning read of every node.
     pub(super) async fn planning_gpus(&self, node: &NodeName) -> StoreResult<Arc<[GpuRecord]>> {
         let version = self.inventory_version().await?;
-        let mut gpus = match self.inventory.at(version) {
+        let mut gpus = match self.inventory.planning.at(version) {
             Some(kept) => return Ok(kept.gpus.get(node).cloned().unwrap_or_default()),
             None => self.gpus_by_node(Some(node)).await?,
         };
@@ -184,11 +176,11 @@ impl SqlStore {
     /// [`Self::planning_nodes`] does), else read and kept.
     pub(super) async fn kept_owners(&self) -> StoreResult<Owners> {
         let version = self.inventory_version().await?;
-        if let Some(owners) = self.inventory.owners_at(version) {
+        if let Some(owners) = self.inventory.owners.at(version) {
             return Ok(owners);
         }
         let owners = self.read_owners().await?;
-        self.inventory.keep_owners(version, owners.clone());
+        self.inventory.owners.keep(version, owners.clone());
         Ok(owners)
     }
 
