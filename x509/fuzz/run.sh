@@ -5,6 +5,10 @@
 # x509/fuzz/artifacts/<target>/.
 #
 # Usage: x509/fuzz/run.sh [SECONDS]    (per target; default 30)
+#        x509/fuzz/run.sh --build-only   (builds the targets, runs none)
+# The build goes to target/fuzz/x509/, or to x509/ under $ONGRID_FUZZ_TARGET_DIR when set: a
+# directory of its own, since fuzz/'s targets share dependencies with these but are built
+# without AddressSanitizer, and one build's flags would make the other compile them again.
 # Needs: cargo-fuzz (cargo install cargo-fuzz --locked), openssl, grid-proxy-init,
 # voms-proxy-fake. The stable toolchain is used with RUSTC_BOOTSTRAP=1 (cargo-fuzz passes
 # nightly-only -Z flags to rustc).
@@ -14,7 +18,7 @@ FUZZ_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly FUZZ_DIR
 readonly REPO_ROOT="$FUZZ_DIR/../.."
 readonly GRIDCA="$FUZZ_DIR/../scripts/gridca.sh"
-readonly SECONDS_PER_TARGET=${1:-30}
+readonly TARGET_DIR="${ONGRID_FUZZ_TARGET_DIR:-$REPO_ROOT/target/fuzz}/x509"
 readonly VO=fuzzvo
 readonly VOMS_HOST=voms.ongrid-test.org
 readonly VOMS_AC_OID=1.3.6.1.4.1.8005.100.100.5
@@ -87,15 +91,18 @@ make_seeds() {
 }
 
 main() {
-    make_seeds
     cd "$FUZZ_DIR"
     export RUSTC_BOOTSTRAP=1
-    local target
+    printf '==> building the X.509 fuzz targets\n'
+    cargo fuzz build --target-dir "$TARGET_DIR" || die "building the X.509 fuzz targets failed"
+    [[ "${1:-}" != --build-only ]] || return 0
+    local seconds_per_target=${1:-30} target
+    make_seeds
     for target in verify_chain voms_ac; do
-        printf '==> fuzzing %s for %ss\n' "$target" "$SECONDS_PER_TARGET"
+        printf '==> fuzzing %s for %ss\n' "$target" "$seconds_per_target"
         local log="$work/$target.log" status=0
-        cargo fuzz run --target-dir "$REPO_ROOT/target/fuzz" "$target" "$work/corpus/$target" \
-            -- -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 >"$log" 2>&1 || status=$?
+        cargo fuzz run --target-dir "$TARGET_DIR" "$target" "$work/corpus/$target" \
+            -- -max_total_time="$seconds_per_target" -print_final_stats=1 >"$log" 2>&1 || status=$?
         grep -E '^(INFO: seed|#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || true
         if ((status != 0)); then
             tail -40 "$log" >&2
