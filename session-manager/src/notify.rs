@@ -127,8 +127,8 @@ struct Outbox {
 }
 
 /// What one replica tells the others, as the text of a PostgreSQL notification:
-/// `<replica> node <name>`, `<replica> site`, `<replica> sessions`, `<replica> wake <n>` or
-/// `<replica> covered <replica> <n>`.
+/// `<replica> node <name>`, `<replica> site`, `<replica> sessions`, `<replica> wake <n>`,
+/// `<replica> covered <replica> <n>` or `<replica> leading`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Remote {
     Changed(Changed),
@@ -142,6 +142,10 @@ pub enum Remote {
         replica: String,
         asked: u64,
     },
+    /// The sender has just taken the lead. A follower whose requests still wait for a round
+    /// asks again: a wake sent while no replica led (the leader died, or had not started yet)
+    /// was heard by nobody, and its requests would otherwise wait out `PLACEMENT_WAIT`.
+    Leading,
 }
 
 impl Remote {
@@ -153,6 +157,7 @@ impl Remote {
             Self::Changed(Changed::Sessions) => format!("{from} sessions"),
             Self::Wake(asked) => format!("{from} wake {asked}"),
             Self::Covered { replica, asked } => format!("{from} covered {replica} {asked}"),
+            Self::Leading => format!("{from} leading"),
         }
     }
 
@@ -170,6 +175,7 @@ impl Remote {
                 replica: replica.to_owned(),
                 asked: asked.parse().ok()?,
             },
+            ("leading", None, None) => Self::Leading,
             _ => return None,
         };
         words.next().is_none().then_some((from, remote))
@@ -205,6 +211,11 @@ impl Changes {
     /// How many rounds this replica's requests have asked for.
     pub fn rounds_asked(&self) -> u64 {
         self.rounds.asked.load(Ordering::SeqCst)
+    }
+
+    /// Whether a request of this replica still waits for a round that covers it.
+    pub fn awaits_round(&self) -> bool {
+        self.rounds_asked() > *self.rounds.covered.borrow()
     }
 
     /// The leader said its round covered what was asked up to `asked`.
@@ -466,6 +477,7 @@ mod tests {
                 replica: "r2".to_owned(),
                 asked: 7,
             },
+            Remote::Leading,
         ] {
             let text = remote.encode("r1");
             assert_eq!(Remote::decode(&text), Some(("r1", remote)), "{text}");
@@ -483,6 +495,7 @@ mod tests {
             "r1 wake 1 2",
             "r1 covered r2",
             "r1 covered r2 -1",
+            "r1 leading now",
         ] {
             assert_eq!(Remote::decode(text), None, "{text:?}");
         }
@@ -494,13 +507,16 @@ mod tests {
         let (first, second) = (changes.ask_round(), changes.ask_round());
         assert_eq!((first, second, changes.rounds_asked()), (1, 2, 2));
         assert_eq!(changes.covered(first).now_or_never(), None);
+        assert!(changes.awaits_round());
         changes.round_covered(first);
         assert_eq!(changes.covered(first).now_or_never(), Some(()));
         assert_eq!(changes.covered(second).now_or_never(), None, "not yet");
+        assert!(changes.awaits_round(), "the second still waits");
         // An answer that comes late changes nothing.
         changes.round_covered(2);
         changes.round_covered(1);
         assert_eq!(changes.covered(second).now_or_never(), Some(()));
+        assert!(!changes.awaits_round());
     }
 
     #[tokio::test]

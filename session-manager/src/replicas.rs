@@ -233,10 +233,32 @@ mod postgres {
         let covering = cover(
             store.clone(),
             replica.clone(),
+            changes.clone(),
             wakes.rounds.clone(),
             asked,
             shutdown.clone(),
         );
+        // Each time this replica takes the lead: it says so, so that followers whose wakes
+        // nobody heard ask again, and covers its own requests that asked while it followed.
+        let taking_over = async {
+            loop {
+                leader.until(true).await;
+                if let Err(error) = store.publish(&[Remote::Leading.encode(&replica)]).await {
+                    tracing::warn!(%error, "Could not tell the other replicas this one leads; \
+                        their requests waiting for a round answer at their wait's end.");
+                }
+                if changes.awaits_round() {
+                    let _ = asks.send((replica.clone(), changes.rounds_asked()));
+                }
+                leader.until(false).await;
+            }
+        };
+        let taking_over = async {
+            tokio::select! {
+                () = taking_over => {}
+                () = shutdown.cancelled() => {}
+            }
+        };
         // Until `shutdown`, which ends both.
         let listening = async {
             loop {
@@ -282,6 +304,12 @@ mod postgres {
                                     changes.round_covered(asked);
                                 }
                             }
+                            // A wake of this replica's may have gone unheard: send another.
+                            Some((_, Remote::Leading)) => {
+                                if !leader.is_leading() && changes.awaits_round() {
+                                    wakes.api.notify_one();
+                                }
+                            }
                             None => {
                                 tracing::warn!(%payload, "Ignored a notification no replica sends.")
                             }
@@ -305,16 +333,18 @@ mod postgres {
                 }
             }
         };
-        tokio::join!(listening, covering);
+        tokio::join!(listening, covering, taking_over);
     }
 
     /// Answers the followers' wakes while this replica leads: a round that starts after they
     /// came (shared by those that came meanwhile), then a [`Remote::Covered`] to each follower
     /// with the highest of its numbers, so a request waiting there answers as soon as the round
-    /// that could place it has ended, placed or not.
+    /// that could place it has ended, placed or not. This replica's own asks, made while it
+    /// followed, are answered here, in `changes`.
     async fn cover(
         store: PostgresStore,
         replica: String,
+        changes: Changes,
         scheduler: Arc<Scheduler>,
         mut asks: mpsc::UnboundedReceiver<(String, u64)>,
         shutdown: CancellationToken,
@@ -335,6 +365,12 @@ mod postgres {
             if let Err(error) = scheduler.tick_covering().await {
                 tracing::error!(%error, "Scheduling for the other replicas failed; the loop retries.");
             }
+            if let Some(asked) = highest.remove(&replica) {
+                changes.round_covered(asked);
+                if highest.is_empty() {
+                    continue;
+                }
+            }
             let payloads: Vec<String> = highest
                 .into_iter()
                 .map(|(to, asked)| Remote::Covered { replica: to, asked }.encode(&replica))
@@ -351,6 +387,132 @@ mod postgres {
         tokio::select! {
             () = tokio::time::sleep(duration) => false,
             () = shutdown.cancelled() => true,
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::time::Duration;
+
+        use super::*;
+        use crate::clock::SystemClock;
+        use crate::job_logs::JobLogs;
+        use crate::targets::{Targets, TargetsConfig};
+
+        /// Long enough for any machine; a request that nobody covers waits for ever.
+        const AT_MOST: Duration = Duration::from_secs(30);
+
+        /// One replica's notifications and loops, on its own connections to the shared
+        /// database; `lead` makes it lead.
+        struct Replica {
+            changes: Changes,
+            wakes: Arc<Wakes>,
+            lead: watch::Sender<bool>,
+        }
+
+        fn replica(
+            store: &PostgresStore,
+            name: &str,
+            logs: &std::path::Path,
+            shutdown: &CancellationToken,
+        ) -> Replica {
+            let (changes, outbox) = Changes::new(shutdown.clone()).with_outbox();
+            let (lead, leader) = Leader::follower();
+            let shared: Arc<dyn crate::store::Store> = Arc::new(store.clone());
+            let clock: Arc<dyn crate::clock::Clock> = Arc::new(SystemClock);
+            let scheduler_wake = Arc::new(Notify::new());
+            let scheduler = Scheduler::new(
+                shared.clone(),
+                clock.clone(),
+                Duration::from_secs(60),
+                scheduler_wake.clone(),
+            )
+            .with_leader(leader.clone())
+            .with_changes(changes.clone());
+            let grid = GridMirror::new(
+                shared,
+                clock,
+                Arc::new(Targets::from_config(&TargetsConfig::default())),
+                Default::default(),
+                JobLogs::new(logs.join(name)),
+            );
+            let wakes = Arc::new(Wakes {
+                api: Arc::new(Notify::new()),
+                scheduler: scheduler_wake,
+                grid: Arc::new(grid),
+                rounds: Arc::new(scheduler),
+            });
+            tokio::spawn(publish(
+                store.clone(),
+                name.to_owned(),
+                changes.clone(),
+                outbox,
+                wakes.clone(),
+                leader.clone(),
+                shutdown.clone(),
+            ));
+            tokio::spawn(listen(
+                store.clone(),
+                name.to_owned(),
+                changes.clone(),
+                wakes.clone(),
+                leader,
+                shutdown.clone(),
+            ));
+            Replica {
+                changes,
+                wakes,
+                lead,
+            }
+        }
+
+        /// Requests that asked for a round while no replica led (their wakes heard by nobody)
+        /// are covered once one takes the lead: a follower's, which asks again when the new
+        /// leader says it leads, and the new leader's own, made while it followed.
+        #[tokio::test]
+        async fn requests_waiting_while_no_replica_leads_are_covered_by_the_next_leader() {
+            let url = crate::store::test_server::fresh_database().await;
+            let logs = tempfile::tempdir().unwrap();
+            let shutdown = CancellationToken::new();
+            let store_a = PostgresStore::open(&url).await.unwrap();
+            let store_b = PostgresStore::open(&url).await.unwrap();
+            let b = replica(&store_b, "b", logs.path(), &shutdown);
+            let a = replica(&store_a, "a", logs.path(), &shutdown);
+            // Both listen: each hears what the other publishes.
+            for (from, to) in [(&a, &b), (&b, &a)] {
+                let mut heard = to.changes.subscribe();
+                tokio::time::timeout(AT_MOST, async {
+                    loop {
+                        from.changes.site();
+                        let wait = tokio::time::sleep(Duration::from_millis(100));
+                        tokio::select! {
+                            changed = heard.changed() => if changed { return },
+                            () = wait => {}
+                        }
+                    }
+                })
+                .await
+                .expect("the replicas hear each other");
+            }
+            // Each asks for a round while neither leads: nobody answers.
+            let asked_b = b.changes.ask_round();
+            b.wakes.api.notify_one();
+            let asked_a = a.changes.ask_round();
+            a.wakes.api.notify_one();
+            let not_yet =
+                tokio::time::timeout(Duration::from_millis(500), b.changes.covered(asked_b));
+            assert!(not_yet.await.is_err(), "covered with no leader");
+            assert!(b.changes.awaits_round() && a.changes.awaits_round());
+
+            a.lead.send_replace(true);
+            tokio::time::timeout(AT_MOST, a.changes.covered(asked_a))
+                .await
+                .expect("the new leader covers its own request");
+            tokio::time::timeout(AT_MOST, b.changes.covered(asked_b))
+                .await
+                .expect("the follower's request is covered once it asks the new leader again");
+            assert!(!a.changes.awaits_round() && !b.changes.awaits_round());
+            shutdown.cancel();
         }
     }
 }

@@ -33,7 +33,7 @@ pub mod gpu_policy;
 pub mod postgres;
 pub mod sqlite;
 #[cfg(all(test, feature = "postgres"))]
-mod test_server;
+pub(crate) mod test_server;
 #[cfg(test)]
 mod tests;
 
