@@ -201,9 +201,10 @@ impl Changes {
         }
     }
 
-    /// A request that committed something on a replica that does not lead asks for a round of
-    /// the leader's that starts after the commit: the number to wait for ([`Self::covered`]).
-    /// The wake that follows carries it, or a higher one, to the leader ([`Self::rounds_asked`]).
+    /// A request that committed something asks for a round that starts after the commit: the
+    /// number to wait for ([`Self::covered`]). On a follower the wake that follows carries it,
+    /// or a higher one, to the leader ([`Self::rounds_asked`]); a leader covers it with its own
+    /// round.
     pub fn ask_round(&self) -> u64 {
         self.rounds.asked.fetch_add(1, Ordering::SeqCst) + 1
     }

@@ -127,13 +127,16 @@ impl AppState {
     /// and waits for its answer, at most [`PLACEMENT_WAIT`]. A failed round is retried by the
     /// loop.
     pub async fn schedule_now(&self, session: SessionId) {
+        // Numbered before looking who leads: a replica that took the lead since covers only the
+        // asks made before its takeover (`replicas.rs`), so a later one runs its own round.
+        let asked = self.changes.ask_round();
         if self.leader.is_leading() {
             if let Err(error) = self.scheduler.tick_covering().await {
                 tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
             }
+            self.changes.round_covered(asked);
             return;
         }
-        let asked = self.changes.ask_round();
         self.wake.notify_one();
         // Still PENDING after the leader's round: the answer says so; it is placed later.
         let _ = tokio::time::timeout(PLACEMENT_WAIT, self.changes.covered(asked)).await;
