@@ -58,13 +58,13 @@ pub struct Changes {
     shutdown: CancellationToken,
     /// To the other replicas (PostgreSQL only).
     outbox: Option<Outbox>,
-    /// The rounds this replica's requests asked the leader for, and how far its rounds covered
-    /// them (PostgreSQL only; see [`Changes::ask_round`]).
+    /// The rounds this manager's requests asked for, and how far a leader's rounds covered them
+    /// (see [`Changes::ask_round`]).
     rounds: Arc<Rounds>,
 }
 
-/// How many rounds a follower's requests asked for, and the highest of those numbers a leader's
-/// round has covered.
+/// How many rounds the requests asked for, and the highest of those numbers a leader's round
+/// has covered.
 #[derive(Debug)]
 struct Rounds {
     asked: AtomicU64,

@@ -220,7 +220,10 @@ mod postgres {
     }
 
     /// Delivers what the other replicas publish to `changes`, and their wake-ups to this
-    /// replica's scheduler and grid mirror while it leads, until `shutdown`.
+    /// replica's scheduler and grid mirror while it leads, until `shutdown`. Each time this
+    /// replica takes the lead it says so ([`Remote::Leading`]) and covers its own requests that
+    /// asked while it followed; a follower that hears another say so, or listens anew, asks
+    /// again for its requests still waiting (their wakes may have gone unheard).
     pub async fn listen(
         store: PostgresStore,
         replica: String,
@@ -235,22 +238,33 @@ mod postgres {
             replica.clone(),
             changes.clone(),
             wakes.rounds.clone(),
+            leader.clone(),
             asked,
             shutdown.clone(),
         );
-        // Each time this replica takes the lead: it says so, so that followers whose wakes
-        // nobody heard ask again, and covers its own requests that asked while it followed.
+        // Each time this replica takes the lead (again each time it changes, however quickly:
+        // every takeover is said).
         let taking_over = async {
+            let mut lead = leader.clone();
             loop {
-                leader.until(true).await;
-                if let Err(error) = store.publish(&[Remote::Leading.encode(&replica)]).await {
-                    tracing::warn!(%error, "Could not tell the other replicas this one leads; \
-                        their requests waiting for a round answer at their wait's end.");
+                if lead.is_leading() {
+                    if let Err(error) = store.publish(&[Remote::Leading.encode(&replica)]).await {
+                        tracing::warn!(%error, "Could not tell the other replicas this one leads; \
+                            their requests waiting for a round answer at their wait's end.");
+                    }
+                    if changes.awaits_round() {
+                        let _ = asks.send((replica.clone(), changes.rounds_asked()));
+                    }
                 }
-                if changes.awaits_round() {
-                    let _ = asks.send((replica.clone(), changes.rounds_asked()));
-                }
-                leader.until(false).await;
+                lead.changed().await;
+            }
+        };
+        // What was published while this replica did not hear it: a change of anything, and
+        // perhaps a takeover, after which its requests still waiting ask again.
+        let look_again = || {
+            changes.deliver(Changed::Site);
+            if !leader.is_leading() && changes.awaits_round() {
+                wakes.api.notify_one();
             }
         };
         let taking_over = async {
@@ -259,7 +273,7 @@ mod postgres {
                 () = shutdown.cancelled() => {}
             }
         };
-        // Until `shutdown`, which ends both.
+        // Until `shutdown`, which ends all three.
         let listening = async {
             loop {
                 let listener = tokio::select! {
@@ -277,8 +291,7 @@ mod postgres {
                         continue;
                     }
                 };
-                // Whatever was published while this replica was not listening: look again.
-                changes.deliver(Changed::Site);
+                look_again();
                 loop {
                     let payload = tokio::select! {
                         payload = listener.recv() => payload,
@@ -319,7 +332,7 @@ mod postgres {
                                 "Lost the connection listening to the other replicas; \
                             listening again."
                             );
-                            changes.deliver(Changed::Site);
+                            look_again();
                         }
                         Err(error) => {
                             tracing::warn!(%error, "Listening to the other replicas failed; trying \
@@ -340,12 +353,14 @@ mod postgres {
     /// came (shared by those that came meanwhile), then a [`Remote::Covered`] to each follower
     /// with the highest of its numbers, so a request waiting there answers as soon as the round
     /// that could place it has ended, placed or not. This replica's own asks, made while it
-    /// followed, are answered here, in `changes`.
+    /// followed, are answered here, in `changes`. A round run after the lead was lost placed
+    /// nothing and answers nobody: the next leader's [`Remote::Leading`] makes them ask again.
     async fn cover(
         store: PostgresStore,
         replica: String,
         changes: Changes,
         scheduler: Arc<Scheduler>,
+        leader: Leader,
         mut asks: mpsc::UnboundedReceiver<(String, u64)>,
         shutdown: CancellationToken,
     ) {
@@ -364,6 +379,9 @@ mod postgres {
             }
             if let Err(error) = scheduler.tick_covering().await {
                 tracing::error!(%error, "Scheduling for the other replicas failed; the loop retries.");
+            }
+            if !leader.is_leading() {
+                continue;
             }
             if let Some(asked) = highest.remove(&replica) {
                 changes.round_covered(asked);
@@ -394,6 +412,8 @@ mod postgres {
     mod tests {
         use std::time::Duration;
 
+        use futures::FutureExt;
+
         use super::*;
         use crate::clock::SystemClock;
         use crate::job_logs::JobLogs;
@@ -403,11 +423,13 @@ mod postgres {
         const AT_MOST: Duration = Duration::from_secs(30);
 
         /// One replica's notifications and loops, on its own connections to the shared
-        /// database; `lead` makes it lead.
+        /// database; `lead` makes it lead; `heard` wakes first when its listener is up (it
+        /// looks again at everything then).
         struct Replica {
             changes: Changes,
             wakes: Arc<Wakes>,
             lead: watch::Sender<bool>,
+            heard: crate::notify::Waiter,
         }
 
         fn replica(
@@ -417,6 +439,7 @@ mod postgres {
             shutdown: &CancellationToken,
         ) -> Replica {
             let (changes, outbox) = Changes::new(shutdown.clone()).with_outbox();
+            let heard = changes.subscribe();
             let (lead, leader) = Leader::follower();
             let shared: Arc<dyn crate::store::Store> = Arc::new(store.clone());
             let clock: Arc<dyn crate::clock::Clock> = Arc::new(SystemClock);
@@ -463,6 +486,7 @@ mod postgres {
                 changes,
                 wakes,
                 lead,
+                heard,
             }
         }
 
@@ -476,32 +500,23 @@ mod postgres {
             let shutdown = CancellationToken::new();
             let store_a = PostgresStore::open(&url).await.unwrap();
             let store_b = PostgresStore::open(&url).await.unwrap();
-            let b = replica(&store_b, "b", logs.path(), &shutdown);
-            let a = replica(&store_a, "a", logs.path(), &shutdown);
-            // Both listen: each hears what the other publishes.
-            for (from, to) in [(&a, &b), (&b, &a)] {
-                let mut heard = to.changes.subscribe();
-                tokio::time::timeout(AT_MOST, async {
-                    loop {
-                        from.changes.site();
-                        let wait = tokio::time::sleep(Duration::from_millis(100));
-                        tokio::select! {
-                            changed = heard.changed() => if changed { return },
-                            () = wait => {}
-                        }
-                    }
-                })
-                .await
-                .expect("the replicas hear each other");
-            }
-            // Each asks for a round while neither leads: nobody answers.
+            let mut spy = store_b.listen().await.unwrap();
+            let mut b = replica(&store_b, "b", logs.path(), &shutdown);
+            assert!(b.heard.changed().await);
+            // b asks while no other replica exists: its wake is sent, and heard by nobody.
             let asked_b = b.changes.ask_round();
             b.wakes.api.notify_one();
+            tokio::time::timeout(AT_MOST, async {
+                while spy.recv().await.unwrap().as_deref() != Some("b wake 1") {}
+            })
+            .await
+            .expect("b's wake is sent");
+            let mut a = replica(&store_a, "a", logs.path(), &shutdown);
+            assert!(a.heard.changed().await);
+            // a asks while it follows; b, which does not lead either, lets its wake go.
             let asked_a = a.changes.ask_round();
             a.wakes.api.notify_one();
-            let not_yet =
-                tokio::time::timeout(Duration::from_millis(500), b.changes.covered(asked_b));
-            assert!(not_yet.await.is_err(), "covered with no leader");
+            assert_eq!(b.changes.covered(asked_b).now_or_never(), None);
             assert!(b.changes.awaits_round() && a.changes.awaits_round());
 
             a.lead.send_replace(true);

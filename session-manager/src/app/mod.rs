@@ -127,8 +127,9 @@ impl AppState {
     /// and waits for its answer, at most [`PLACEMENT_WAIT`]. A failed round is retried by the
     /// loop.
     pub async fn schedule_now(&self, session: SessionId) {
-        // Numbered before looking who leads: a replica that took the lead since covers only the
-        // asks made before its takeover (`replicas.rs`), so a later one runs its own round.
+        // Numbered before looking who leads: a replica taking the lead covers the asks numbered
+        // by then (`replicas.rs`), and a request that asks later sees it lead and runs its own
+        // round.
         let asked = self.changes.ask_round();
         if self.leader.is_leading() {
             if let Err(error) = self.scheduler.tick_covering().await {

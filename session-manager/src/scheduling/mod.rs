@@ -92,17 +92,13 @@ impl Leader {
         *self.leading.borrow() && !*self.behind.borrow()
     }
 
-    /// Waits until [`Self::is_leading`] is `leading` (at once when it is); never ends when
-    /// nothing can change it any more.
-    pub async fn until(&self, leading: bool) {
-        let (mut lead, mut behind) = (self.leading.clone(), self.behind.clone());
-        let (mut lead_open, mut behind_open) = (true, true);
-        while self.is_leading() != leading {
-            tokio::select! {
-                changed = lead.changed(), if lead_open => lead_open = changed.is_ok(),
-                changed = behind.changed(), if behind_open => behind_open = changed.is_ok(),
-                else => std::future::pending().await,
-            }
+    /// Waits for the lead to be taken or lost after the last call (the first call may also end
+    /// at a change made before it); never ends when nothing can change it any more.
+    pub async fn changed(&mut self) {
+        tokio::select! {
+            Ok(()) = self.leading.changed() => {}
+            Ok(()) = self.behind.changed() => {}
+            else => std::future::pending().await,
         }
     }
 }

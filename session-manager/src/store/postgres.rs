@@ -118,6 +118,10 @@ pub struct PostgresStore {
     pool: PgPool,
     /// Where the write transactions run ([`WRITE_CONNECTIONS`]).
     writer: PgPool,
+    /// Where this replica's notifications to the others go ([`Self::publish`]): a connection of
+    /// their own, so that a wake of the leader, or its answer, does not wait for one of the
+    /// pool's, all taken by the API's reads when a class opens its sessions at once.
+    notifier: PgPool,
     /// The nodes and GPUs last read for planning ([`Store::planning_nodes`](super::Store::planning_nodes)).
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
@@ -145,9 +149,11 @@ impl PostgresStore {
         let writer = pool_options(WRITE_CONNECTIONS)
             .connect_with(options.clone())
             .await?;
+        let notifier = pool_options(1).connect_lazy_with(options.clone());
         Ok(Self {
             pool,
             writer,
+            notifier,
             inventory: Default::default(),
             planning: Default::default(),
             creates: Default::default(),
@@ -157,6 +163,7 @@ impl PostgresStore {
 
     /// Closes every connection. Called on shutdown.
     pub async fn close(&self) {
+        self.notifier.close().await;
         self.writer.close().await;
         self.pool.close().await;
     }
@@ -172,12 +179,12 @@ impl PostgresStore {
     }
 
     /// Sends `payloads` to every listener of [`REPLICA_CHANNEL`] (this replica's too), in one
-    /// statement.
+    /// statement, on the notifications' own connection.
     pub async fn publish(&self, payloads: &[String]) -> StoreResult<()> {
         sqlx::query("SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload")
             .bind(REPLICA_CHANNEL)
             .bind(payloads)
-            .execute(&self.pool)
+            .execute(&self.notifier)
             .await?;
         Ok(())
     }
