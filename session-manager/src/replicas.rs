@@ -256,22 +256,24 @@ mod postgres {
                         let _ = asks.send((replica.clone(), changes.rounds_asked()));
                     }
                 }
-                lead.changed().await;
+                tokio::select! {
+                    () = lead.changed() => {}
+                    () = shutdown.cancelled() => return,
+                }
             }
         };
-        // What was published while this replica did not hear it: a change of anything, and
-        // perhaps a takeover, after which its requests still waiting ask again.
-        let look_again = || {
-            changes.deliver(Changed::Site);
+        // A wake of this follower's may have gone unheard (a takeover): send another for its
+        // requests still waiting.
+        let ask_again = || {
             if !leader.is_leading() && changes.awaits_round() {
                 wakes.api.notify_one();
             }
         };
-        let taking_over = async {
-            tokio::select! {
-                () = taking_over => {}
-                () = shutdown.cancelled() => {}
-            }
+        // What was published while this replica did not hear it: a change of anything, and
+        // perhaps a takeover.
+        let look_again = || {
+            changes.deliver(Changed::Site);
+            ask_again();
         };
         // Until `shutdown`, which ends all three.
         let listening = async {
@@ -317,12 +319,7 @@ mod postgres {
                                     changes.round_covered(asked);
                                 }
                             }
-                            // A wake of this replica's may have gone unheard: send another.
-                            Some((_, Remote::Leading)) => {
-                                if !leader.is_leading() && changes.awaits_round() {
-                                    wakes.api.notify_one();
-                                }
-                            }
+                            Some((_, Remote::Leading)) => ask_again(),
                             None => {
                                 tracing::warn!(%payload, "Ignored a notification no replica sends.")
                             }
