@@ -3,9 +3,13 @@
 //! each serving half of the agents and of the users), and this process speaking the agent
 //! protocol for many simulated nodes at once: each node registers its GPUs, keeps the long-poll
 //! of its desired state open, reports the containers of its desired sessions as running at once
-//! (no Docker), and syncs every `sync_interval`. Meanwhile users create sessions through the API
-//! (more than the GPUs, so some wait), show and list them, then remove some so the waiting ones
-//! are placed.
+//! (no Docker), runs its jobs for a few seconds each (halted at once when the manager asks, with
+//! exit code 123 as GPULab's jobs do), and syncs every `sync_interval` and whenever a job ends.
+//! First each user freezes a session into an image (the agent reports the freeze done). Then
+//! the users create sessions and submit batch jobs of that image through the API, interleaved
+//! (more sessions than GPUs, so some wait, and the sessions halt the jobs in their way), show
+//! and list them, then remove a fifth of the sessions so the waiting ones are placed, and at
+//! last all of them, so the queued jobs run to their end.
 //!
 //! It prints what the site-scale targets are about: how long a placement takes to reach its
 //! node's agent (from the create request that caused it to the long-poll's answer naming it),
@@ -15,22 +19,29 @@
 //!
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
-//! `ONGRID_FLEET_SESSIONS` (10000), `ONGRID_FLEET_USERS` (50), `ONGRID_FLEET_CONCURRENCY` (API
+//! `ONGRID_FLEET_SESSIONS` (10000), `ONGRID_FLEET_JOBS` (20000), `ONGRID_FLEET_USERS` (50),
+//! `ONGRID_FLEET_CONCURRENCY` (API
 //! requests at once, 32), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in seconds, 5),
 //! `ONGRID_FLEET_STORE` (`sqlite` or `postgres`). Needs a file-descriptor limit above the nodes'
 //! count (`ulimit -n`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use ongrid_core::api::{
     ContainerState, CreateSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
     RunState, SessionView,
 };
+use ongrid_core::image::{FreezeProgress, ImageState, ImageView};
+use ongrid_core::job::{
+    DesiredJob, JobId, JobRun, JobView, LogChunk, ObservedJob, ObservedJobStatus, HALT_EXIT_CODE,
+};
 use ongrid_core::{
-    ComputeCapability, GpuHealth, GpuInfo, GpuUuid, MemorySize, NodeName, SessionId, SessionName,
+    ComputeCapability, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName, SessionId,
+    SessionName,
 };
 use ongrid_e2e::{bench_summary, rss_kib, Site, User};
 use reqwest::header::{AUTHORIZATION, ETAG};
@@ -47,11 +58,24 @@ fn interval_of(desired: &DesiredState) -> Duration {
     Duration::from_secs(desired.sync_interval_secs.max(1)).mul_f64(rand::random_range(0.9..1.1))
 }
 
+/// How long a simulated job runs, at random, unless halted first.
+fn job_run_time() -> Duration {
+    Duration::from_secs_f64(rand::random_range(2.0..8.0))
+}
+
+/// The image every user freezes first and runs their jobs from.
+const IMAGE: &str = "fleet:v1";
+
+/// The session each user freezes (not one of the fleet's sessions).
+const IMAGE_SESSION: &str = "base";
+
 /// The sizes of one run.
 struct Fleet {
     nodes: usize,
     gpus: usize,
     sessions: usize,
+    /// Batch jobs submitted beside the sessions.
+    jobs: usize,
     users: usize,
     concurrency: usize,
     /// The manager's `sync_interval`, in seconds (its `node_timeout` is six of them).
@@ -82,6 +106,7 @@ impl Fleet {
             nodes: size("ONGRID_FLEET_NODES", 1000),
             gpus: size("ONGRID_FLEET_GPUS", 8),
             sessions: size("ONGRID_FLEET_SESSIONS", 10_000),
+            jobs: size("ONGRID_FLEET_JOBS", 20_000),
             users: size("ONGRID_FLEET_USERS", 50).max(1),
             concurrency: size("ONGRID_FLEET_CONCURRENCY", 32).max(1),
             sync_secs: size("ONGRID_FLEET_SYNC", SYNC_INTERVAL.as_secs() as usize).max(1) as u64,
@@ -102,6 +127,15 @@ struct Record {
     /// When a session first showed in its node's desired state.
     seen: Mutex<HashMap<SessionId, Instant>>,
     create: Mutex<Vec<Duration>>,
+    /// When a job's submit request was sent.
+    job_sent: Mutex<HashMap<JobId, Instant>>,
+    /// When a job first showed in its node's desired state, to run.
+    job_seen: Mutex<HashMap<JobId, Instant>>,
+    /// Jobs whose end (exit, halt or kill) an agent reported.
+    job_ended: Mutex<HashSet<JobId>>,
+    /// Jobs an agent was asked to halt.
+    halted: AtomicUsize,
+    submit: Mutex<Vec<Duration>>,
     show: Mutex<Vec<Duration>>,
     list: Mutex<Vec<Duration>>,
     remove: Mutex<Vec<Duration>>,
@@ -166,10 +200,11 @@ fn main() {
         .collect();
     let database = site.dir.path().join("manager.db");
     println!(
-        "fleet: {} nodes x {} GPUs, {} sessions from {} users, {} API requests at once, {}",
+        "fleet: {} nodes x {} GPUs, {} sessions and {} jobs from {} users, {} API requests at once, {}",
         fleet.nodes,
         fleet.gpus,
         fleet.sessions,
+        fleet.jobs,
         fleet.users,
         fleet.concurrency,
         fleet.store()
@@ -229,6 +264,7 @@ async fn run(
             node,
             authorization: format!("Bearer {token}"),
             record: record.clone(),
+            jobs: HashMap::new(),
         };
         let registered = registered.clone();
         let stopped = stopped.clone();
@@ -248,29 +284,44 @@ async fn run(
 
     let clients: Vec<reqwest::Client> = users.iter().map(|user| client(ca, Some(user))).collect();
     let started = Instant::now();
-    let names = create_sessions(fleet, &clients, managers, &record).await;
+    freeze_images(&clients, managers, &record).await;
     println!(
-        "{} sessions created in {:.1} s",
+        "{} images frozen in {:.1} s",
+        clients.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let names = create_work(fleet, &clients, managers, &record).await;
+    println!(
+        "{} sessions created and {} jobs submitted in {:.1} s",
         names.len(),
+        locked(&record.submit).len(),
         started.elapsed().as_secs_f64()
     );
     let placed = fleet.sessions.min(fleet.nodes * fleet.gpus);
     wait_until_seen(&record, placed, Duration::from_secs(120)).await;
 
     // A fifth of the sessions end: the waiting ones take their GPUs.
-    let ending: Vec<(usize, SessionName)> =
-        names.iter().take(fleet.sessions / 5).cloned().collect();
+    let fifth = fleet.sessions / 5;
     let started = Instant::now();
-    remove_sessions(fleet, &clients, managers, &record, ending).await;
+    remove_sessions(fleet, &clients, managers, &record, names[..fifth].to_vec()).await;
     println!(
-        "{} sessions removed in {:.1} s",
-        fleet.sessions / 5,
+        "{fifth} sessions removed in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let placed = fleet
-        .sessions
-        .min(fleet.nodes * fleet.gpus + fleet.sessions / 5);
+    let placed = fleet.sessions.min(fleet.nodes * fleet.gpus + fifth);
     wait_until_seen(&record, placed, Duration::from_secs(120)).await;
+
+    // The rest end too: the queued jobs take the GPUs and run to their end.
+    let started = Instant::now();
+    remove_sessions(fleet, &clients, managers, &record, names[fifth..].to_vec()).await;
+    println!(
+        "{} sessions removed in {:.1} s",
+        names.len() - fifth,
+        started.elapsed().as_secs_f64()
+    );
+    wait_until_jobs_ended(&record, Duration::from_secs(300)).await;
 
     let scrape = scrape(metrics, 5).await;
     let resident = resident();
@@ -288,9 +339,10 @@ async fn run(
     }
 }
 
-/// Creates the fleet's sessions, `concurrency` at once, each user in turn; every tenth is
-/// shown and every fiftieth list is taken. Returns each session's user and name in order.
-async fn create_sessions(
+/// Creates the fleet's sessions and submits its jobs, interleaved evenly, `concurrency`
+/// requests at once, each user in turn; every tenth session is shown and at every fiftieth a
+/// list is taken. Returns each session's user and name in the order of their creates.
+async fn create_work(
     fleet: &Fleet,
     clients: &[reqwest::Client],
     managers: &[String],
@@ -298,12 +350,12 @@ async fn create_sessions(
 ) -> Vec<(usize, SessionName)> {
     let next = Arc::new(AtomicUsize::new(0));
     let names = Arc::new(Mutex::new(Vec::new()));
+    let (sessions, total) = (fleet.sessions, fleet.sessions + fleet.jobs);
     let mut workers = Vec::new();
     for _ in 0..fleet.concurrency {
         let (next, names, record) = (next.clone(), names.clone(), record.clone());
         let clients = clients.to_vec();
         let managers = managers.to_vec();
-        let total = fleet.sessions;
         workers.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -311,70 +363,17 @@ async fn create_sessions(
                     break;
                 }
                 let user = i % clients.len();
-                let client = &clients[user];
-                let manager = &managers[user % managers.len()];
-                let body = CreateSession {
-                    name: None,
-                    gpus: Default::default(),
-                    image: None,
-                    idle_timeout_secs: None,
-                    max_duration_secs: None,
-                    reservation: None,
-                };
-                let sent = Instant::now();
-                let answer = client
-                    .post(format!("{manager}/v1/sessions"))
-                    .json(&body)
-                    .send()
-                    .await;
-                let answer = match answer {
-                    Ok(answer) => answer,
-                    Err(e) => {
-                        record.error(format!("session create: {e}"));
-                        continue;
-                    }
-                };
-                let status = answer.status();
-                let text = answer.text().await.unwrap_or_default();
-                locked(&record.create).push(sent.elapsed());
-                if !status.is_success() {
-                    record.error(format!("session create: {status} {text}"));
+                let (client, manager) = (&clients[user], &managers[user % managers.len()]);
+                // Request i is the k-th session when the sessions' share of the requests up to
+                // it grows past k; every other request is a job.
+                let k = (i + 1) * sessions / total;
+                if k == i * sessions / total {
+                    submit_job(client, manager, &record).await;
                     continue;
                 }
-                let view: SessionView = serde_json::from_str(&text).expect("a session");
-                // Placed by the round the create ran (STARTING): its wake is measured; a
-                // waiting one reaches its node only once GPUs free.
-                if view.state != ongrid_core::SessionState::Pending {
-                    locked(&record.sent).insert(view.id, sent);
+                if let Some(name) = create_session(client, manager, &record, k - 1).await {
+                    locked(&names).push((k - 1, user, name));
                 }
-                if i % 10 == 0 {
-                    let sent = Instant::now();
-                    let answer = client
-                        .get(format!("{manager}/v1/sessions/{}", view.name))
-                        .send()
-                        .await;
-                    match answer {
-                        Ok(answer) if answer.status() == StatusCode::OK => {
-                            let _ = answer.bytes().await;
-                            locked(&record.show).push(sent.elapsed());
-                        }
-                        Ok(answer) => record.error(format!("show: {}", answer.status())),
-                        Err(e) => record.error(format!("show: {e}")),
-                    }
-                }
-                if i % 50 == 0 {
-                    let sent = Instant::now();
-                    let answer = client.get(format!("{manager}/v1/sessions")).send().await;
-                    match answer {
-                        Ok(answer) if answer.status() == StatusCode::OK => {
-                            let _ = answer.bytes().await;
-                            locked(&record.list).push(sent.elapsed());
-                        }
-                        Ok(answer) => record.error(format!("ls: {}", answer.status())),
-                        Err(e) => record.error(format!("ls: {e}")),
-                    }
-                }
-                locked(&names).push((i, user, view.name));
             }
         }));
     }
@@ -382,11 +381,188 @@ async fn create_sessions(
         worker.await.expect("a user worker");
     }
     let mut names = std::mem::take(&mut *locked(&names));
-    names.sort_by_key(|(i, _, _)| *i);
+    names.sort_by_key(|(k, _, _)| *k);
     names
         .into_iter()
         .map(|(_, user, name)| (user, name))
         .collect()
+}
+
+/// Creates the `k`-th session (shown when `k` is a multiple of 10, with a list taken when of
+/// 50); its name, `None` when the create failed (recorded).
+async fn create_session(
+    client: &reqwest::Client,
+    manager: &str,
+    record: &Record,
+    k: usize,
+) -> Option<SessionName> {
+    let body = CreateSession {
+        name: None,
+        gpus: Default::default(),
+        image: None,
+        idle_timeout_secs: None,
+        max_duration_secs: None,
+        reservation: None,
+    };
+    let sent = Instant::now();
+    let answer = client
+        .post(format!("{manager}/v1/sessions"))
+        .json(&body)
+        .send()
+        .await;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(e) => {
+            record.error(format!("session create: {e}"));
+            return None;
+        }
+    };
+    let status = answer.status();
+    let text = answer.text().await.unwrap_or_default();
+    locked(&record.create).push(sent.elapsed());
+    if !status.is_success() {
+        record.error(format!("session create: {status} {text}"));
+        return None;
+    }
+    let view: SessionView = serde_json::from_str(&text).expect("a session");
+    // Placed by the round the create ran (STARTING): its wake is measured; a waiting one
+    // reaches its node only once GPUs free.
+    if view.state != ongrid_core::SessionState::Pending {
+        locked(&record.sent).insert(view.id, sent);
+    }
+    if k % 10 == 0 {
+        let sent = Instant::now();
+        let answer = client
+            .get(format!("{manager}/v1/sessions/{}", view.name))
+            .send()
+            .await;
+        match answer {
+            Ok(answer) if answer.status() == StatusCode::OK => {
+                let _ = answer.bytes().await;
+                locked(&record.show).push(sent.elapsed());
+            }
+            Ok(answer) => record.error(format!("show: {}", answer.status())),
+            Err(e) => record.error(format!("show: {e}")),
+        }
+    }
+    if k % 50 == 0 {
+        let sent = Instant::now();
+        let answer = client.get(format!("{manager}/v1/sessions")).send().await;
+        match answer {
+            Ok(answer) if answer.status() == StatusCode::OK => {
+                let _ = answer.bytes().await;
+                locked(&record.list).push(sent.elapsed());
+            }
+            Ok(answer) => record.error(format!("ls: {}", answer.status())),
+            Err(e) => record.error(format!("ls: {e}")),
+        }
+    }
+    Some(view.name)
+}
+
+/// Submits one job of the user's frozen image: one GPU, a command the simulated agent "runs"
+/// for a few seconds.
+async fn submit_job(client: &reqwest::Client, manager: &str, record: &Record) {
+    let body = serde_json::json!({
+        "spec": { "image": IMAGE, "command": ["python", "train.py"], "gpus": GpuRequest::default() }
+    });
+    let sent = Instant::now();
+    let answer = client
+        .post(format!("{manager}/v1/jobs"))
+        .json(&body)
+        .send()
+        .await;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(e) => {
+            record.error(format!("job submit: {e}"));
+            return;
+        }
+    };
+    let status = answer.status();
+    let text = answer.text().await.unwrap_or_default();
+    locked(&record.submit).push(sent.elapsed());
+    if !status.is_success() {
+        record.error(format!("job submit: {status} {text}"));
+        return;
+    }
+    let job: JobView = serde_json::from_str(&text).expect("a job");
+    locked(&record.job_sent).insert(job.id, sent);
+}
+
+/// Each user runs a session, freezes it into [`IMAGE`] (the simulated agents report the freeze
+/// done at once) and removes the session, all users at once; returns once every image is READY.
+async fn freeze_images(clients: &[reqwest::Client], managers: &[String], record: &Record) {
+    let freezes = clients.iter().enumerate().map(|(user, client)| {
+        let manager = &managers[user % managers.len()];
+        async move {
+            if let Err(e) = freeze_image(client, manager).await {
+                record.error(format!("freeze of user {user}: {e}"));
+            }
+        }
+    });
+    futures::future::join_all(freezes).await;
+}
+
+async fn freeze_image(client: &reqwest::Client, manager: &str) -> Result<(), String> {
+    let body = serde_json::json!({ "name": IMAGE_SESSION });
+    let answer = client
+        .post(format!("{manager}/v1/sessions"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !answer.status().is_success() {
+        return Err(format!("session create: {}", answer.status()));
+    }
+    let running = client
+        .get(format!(
+            "{manager}/v1/sessions/{IMAGE_SESSION}?wait_for=WAITING&timeout=60"
+        ))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let view: SessionView = running.json().await.map_err(|e| e.to_string())?;
+    if view.state != ongrid_core::SessionState::Waiting {
+        return Err(format!("session {IMAGE_SESSION} is {:?}, not WAITING", view.state));
+    }
+    let body = serde_json::json!({ "session": IMAGE_SESSION, "reference": IMAGE });
+    let answer = client
+        .post(format!("{manager}/v1/images"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !answer.status().is_success() {
+        let status = answer.status();
+        return Err(format!("freeze: {status} {}", answer.text().await.unwrap_or_default()));
+    }
+    let started = Instant::now();
+    loop {
+        // Answered at once when the image is no longer BUILDING, else when its progress moves.
+        let image: ImageView = client
+            .get(format!("{manager}/v1/images/{IMAGE}?after=0/0&timeout=10"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        match image.state {
+            ImageState::Ready => break,
+            ImageState::Building if started.elapsed() < Duration::from_secs(60) => {}
+            other => return Err(format!("image {IMAGE} is {other:?}: {}", image.reason)),
+        }
+    }
+    let answer = client
+        .delete(format!("{manager}/v1/sessions/{IMAGE_SESSION}"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !answer.status().is_success() {
+        return Err(format!("session rm: {}", answer.status()));
+    }
+    Ok(())
 }
 
 async fn remove_sessions(
@@ -444,6 +620,25 @@ async fn wait_until_seen(record: &Record, count: usize, limit: Duration) {
     }
 }
 
+/// Waits until the agents reported the end of every job submitted, or `limit` passed.
+async fn wait_until_jobs_ended(record: &Record, limit: Duration) {
+    let started = Instant::now();
+    let submitted = locked(&record.job_sent).len();
+    loop {
+        let ended = locked(&record.job_ended).len();
+        if ended >= submitted || started.elapsed() >= limit {
+            println!(
+                "{ended} of {submitted} jobs ended on their nodes, {} of them halted for sessions \
+                 ({:.1} s after the last request)",
+                record.halted.load(Ordering::Relaxed),
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One simulated node: its agent's side of the protocol, containers simulated.
 struct Agent {
     client: reqwest::Client,
@@ -452,10 +647,20 @@ struct Agent {
     authorization: String,
     gpus: Vec<GpuInfo>,
     record: Arc<Record>,
+    /// The jobs it was given and still lists, as it runs them.
+    jobs: HashMap<JobId, SimulatedJob>,
+}
+
+/// A job on a simulated node: started when first seen, ended at `ends` unless halted first.
+struct SimulatedJob {
+    started_at: DateTime<Utc>,
+    ends: Instant,
+    /// Its exit, once it ended: reported at every sync while its node still lists it.
+    exited: Option<ObservedJobStatus>,
 }
 
 impl Agent {
-    async fn run(self, registered: Arc<AtomicUsize>, mut stopped: watch::Receiver<bool>) {
+    async fn run(mut self, registered: Arc<AtomicUsize>, mut stopped: watch::Receiver<bool>) {
         let body = RegisterNode {
             node: self.node.clone(),
             agent_version: "fleet".to_owned(),
@@ -489,8 +694,14 @@ impl Agent {
             if *stopped.borrow() {
                 return;
             }
-            let wait = next_sync.saturating_duration_since(Instant::now());
+            // A sync at the interval, and as soon as a running job ends.
+            let due = self.next_job_end().map_or(next_sync, |end| end.min(next_sync));
+            let wait = due.saturating_duration_since(Instant::now());
             if wait < Duration::from_secs(1) {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    _ = stopped.changed() => return,
+                }
                 if let Some(synced) = self.sync(&desired).await {
                     (desired, version) = synced;
                 }
@@ -521,13 +732,23 @@ impl Agent {
             self.record.long_polls.fetch_add(1, Ordering::Relaxed);
             if let Some(changed) = self.desired(answer).await {
                 (desired, version) = changed;
-                // The containers of new sessions "start" at once: reported in a sync now.
+                // The containers of new sessions "start" at once, and so do new jobs; a halt
+                // or a kill is done at once: reported in a sync now.
                 if let Some(synced) = self.sync(&desired).await {
                     (desired, version) = synced;
                 }
                 next_sync = Instant::now() + interval_of(&desired);
             }
         }
+    }
+
+    /// When the first of its running jobs ends by itself.
+    fn next_job_end(&self) -> Option<Instant> {
+        self.jobs
+            .values()
+            .filter(|job| job.exited.is_none())
+            .map(|job| job.ends)
+            .min()
     }
 
     /// A desired state and its version from an answer; `None` for 204 (unchanged) and for a
@@ -555,12 +776,21 @@ impl Agent {
         for session in &desired.sessions {
             seen.entry(session.session_id).or_insert(now);
         }
+        drop(seen);
+        let mut seen = locked(&self.record.job_seen);
+        for job in desired.jobs.iter().filter(|j| j.run == JobRun::Run) {
+            seen.entry(job.job_id).or_insert(now);
+        }
         Some((desired, version))
     }
 
-    /// Reports the desired sessions' containers as running; returns the answer's desired state
-    /// (`None` when the sync failed: recorded, and the next sync is the retry).
-    async fn sync(&self, desired: &DesiredState) -> Option<(DesiredState, String)> {
+    /// Reports the desired sessions' containers as running, its freezes done and its jobs as
+    /// they stand; returns the answer's desired state (`None` when the sync failed: recorded,
+    /// and the next sync is the retry).
+    async fn sync(&mut self, desired: &DesiredState) -> Option<(DesiredState, String)> {
+        let jobs = desired.jobs.iter().map(|job| self.observe(job)).collect();
+        self.jobs
+            .retain(|id, _| desired.jobs.iter().any(|job| job.job_id == *id));
         let containers: BTreeSet<SessionId> = desired
             .sessions
             .iter()
@@ -580,8 +810,8 @@ impl Agent {
                 })
                 .collect(),
             activity: Vec::new(),
-            freezes: Vec::new(),
-            jobs: Vec::new(),
+            freezes: desired.freezes.iter().map(frozen).collect(),
+            jobs,
         };
         let answer = self
             .client
@@ -598,6 +828,72 @@ impl Agent {
                 None
             }
         }
+    }
+}
+
+impl Agent {
+    /// Where `job` stands: started when first seen, exited when its time is up (code 0), when
+    /// asked to halt (code 123, the halt signal's exit) or to be killed.
+    fn observe(&mut self, job: &DesiredJob) -> ObservedJob {
+        let now = Utc::now();
+        let simulated = self.jobs.entry(job.job_id).or_insert_with(|| SimulatedJob {
+            started_at: now,
+            ends: Instant::now() + job_run_time(),
+            exited: None,
+        });
+        let started_at = simulated.started_at;
+        let exit = |exit_code, killed, signalled_at| ObservedJobStatus::Exited {
+            started_at,
+            finished_at: now,
+            exit_code,
+            oom_killed: false,
+            killed,
+            signalled_at,
+        };
+        let status = match (&simulated.exited, job.run) {
+            (Some(exited), _) => exited.clone(),
+            (None, JobRun::Run) if Instant::now() < simulated.ends => {
+                ObservedJobStatus::Running { started_at }
+            }
+            (None, JobRun::Run) => exit(0, false, None),
+            (None, JobRun::Halt { .. }) => {
+                self.record.halted.fetch_add(1, Ordering::Relaxed);
+                exit(HALT_EXIT_CODE, false, Some(now))
+            }
+            (None, JobRun::Kill) => exit(137, true, None),
+        };
+        let log = matches!(status, ObservedJobStatus::Exited { .. }).then(|| {
+            if simulated.exited.is_none() {
+                simulated.exited = Some(status.clone());
+                locked(&self.record.job_ended).insert(job.job_id);
+            }
+            // Its whole output, one line, from where the manager's copy ends.
+            let output: &[u8] = b"done\n";
+            let from = usize::try_from(job.log_offset).map_or(output.len(), |o| o.min(output.len()));
+            LogChunk {
+                offset: job.log_offset,
+                data: output[from..].to_vec(),
+                complete: true,
+            }
+        });
+        ObservedJob {
+            job_id: job.job_id,
+            status,
+            log,
+        }
+    }
+}
+
+/// A freeze ordered of a simulated node, done at once: its SIF's digest made up from the
+/// image's id (no file is written; nothing in this run reads it).
+fn frozen(order: &ongrid_core::image::FreezeOrder) -> FreezeProgress {
+    let digest = format!("sha256:{:0>64}", order.image_id.simple());
+    FreezeProgress::Done {
+        image_id: order.image_id,
+        sif_path: format!("sha256/{}.sif", &digest["sha256:".len()..]),
+        digest,
+        size: 1 << 30,
+        docker_image: format!("ongrid-frozen/{}", order.image_id.simple()),
     }
 }
 
@@ -700,12 +996,19 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         .iter()
         .filter_map(|(id, sent)| Some(seen.get(id)?.saturating_duration_since(*sent)))
         .collect();
+    let job_sent = locked(&record.job_sent);
+    let job_seen = locked(&record.job_seen);
+    let mut job_starts: Vec<Duration> = job_sent
+        .iter()
+        .filter_map(|(id, sent)| Some(job_seen.get(id)?.saturating_duration_since(*sent)))
+        .collect();
     println!();
     println!(
-        "fleet of {} nodes x {} GPUs, {} sessions; {} syncs and {} long-poll answers",
+        "fleet of {} nodes x {} GPUs, {} sessions and {} jobs; {} syncs and {} long-poll answers",
         fleet.nodes,
         fleet.gpus,
         fleet.sessions,
+        fleet.jobs,
         record.syncs.load(Ordering::Relaxed),
         record.long_polls.load(Ordering::Relaxed)
     );
@@ -725,6 +1028,8 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
     line("API show", &mut locked(&record.show), "p99 < 100 ms");
     line("API ls", &mut locked(&record.list), "p99 < 100 ms");
     line("API rm", &mut locked(&record.remove), "-");
+    line("API job submit", &mut locked(&record.submit), "-");
+    line("job submitted, to its agent (queue included)", &mut job_starts, "-");
     line("/metrics scrape", &mut scrape.times.clone(), "< 100 ms");
     println!(
         "{:<44} mean {} over {} rounds, p99 <= {} s   target < 250 ms",
