@@ -524,7 +524,10 @@ async fn freeze_image(client: &reqwest::Client, manager: &str) -> Result<(), Str
         .map_err(|e| e.to_string())?;
     let view: SessionView = running.json().await.map_err(|e| e.to_string())?;
     if view.state != ongrid_core::SessionState::Waiting {
-        return Err(format!("session {IMAGE_SESSION} is {:?}, not WAITING", view.state));
+        return Err(format!(
+            "session {IMAGE_SESSION} is {:?}, not WAITING",
+            view.state
+        ));
     }
     let body = serde_json::json!({ "session": IMAGE_SESSION, "reference": IMAGE });
     let answer = client
@@ -535,7 +538,10 @@ async fn freeze_image(client: &reqwest::Client, manager: &str) -> Result<(), Str
         .map_err(|e| e.to_string())?;
     if !answer.status().is_success() {
         let status = answer.status();
-        return Err(format!("freeze: {status} {}", answer.text().await.unwrap_or_default()));
+        return Err(format!(
+            "freeze: {status} {}",
+            answer.text().await.unwrap_or_default()
+        ));
     }
     let started = Instant::now();
     loop {
@@ -695,7 +701,9 @@ impl Agent {
                 return;
             }
             // A sync at the interval, and as soon as a running job ends.
-            let due = self.next_job_end().map_or(next_sync, |end| end.min(next_sync));
+            let due = self
+                .next_job_end()
+                .map_or(next_sync, |end| end.min(next_sync));
             let wait = due.saturating_duration_since(Instant::now());
             if wait < Duration::from_secs(1) {
                 tokio::select! {
@@ -869,7 +877,8 @@ impl Agent {
             }
             // Its whole output, one line, from where the manager's copy ends.
             let output: &[u8] = b"done\n";
-            let from = usize::try_from(job.log_offset).map_or(output.len(), |o| o.min(output.len()));
+            let from =
+                usize::try_from(job.log_offset).map_or(output.len(), |o| o.min(output.len()));
             LogChunk {
                 offset: job.log_offset,
                 data: output[from..].to_vec(),
@@ -1029,7 +1038,11 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
     line("API ls", &mut locked(&record.list), "p99 < 100 ms");
     line("API rm", &mut locked(&record.remove), "-");
     line("API job submit", &mut locked(&record.submit), "-");
-    line("job submitted, to its agent (queue included)", &mut job_starts, "-");
+    line(
+        "job submitted, to its agent (queue included)",
+        &mut job_starts,
+        "-",
+    );
     line("/metrics scrape", &mut scrape.times.clone(), "< 100 ms");
     println!(
         "{:<44} mean {} over {} rounds, p99 <= {} s   target < 250 ms",

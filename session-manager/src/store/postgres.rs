@@ -126,6 +126,8 @@ pub struct PostgresStore {
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,
+    /// The jobs last read for planning (`Store::jobs` of the active ones).
+    planned_jobs: sql::planning::KeptJobs,
     /// The creates waiting for a write ([`sql::creates`]).
     creates: sql::creates::CreateQueue,
     /// For the connection that holds [`active::MANAGER_LOCK`].
@@ -156,6 +158,7 @@ impl PostgresStore {
             notifier,
             inventory: Default::default(),
             planning: Default::default(),
+            planned_jobs: Default::default(),
             creates: Default::default(),
             options: options.into(),
         })

@@ -112,6 +112,8 @@ pub struct SqliteStore {
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,
+    /// The jobs last read for planning (`Store::jobs` of the active ones).
+    planned_jobs: sql::planning::KeptJobs,
     /// The creates waiting for a write ([`sql::creates`]).
     creates: sql::creates::CreateQueue,
 }
@@ -135,6 +137,7 @@ impl SqliteStore {
             writer,
             inventory: Default::default(),
             planning: Default::default(),
+            planned_jobs: Default::default(),
             creates: Default::default(),
         })
     }

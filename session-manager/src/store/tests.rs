@@ -158,6 +158,7 @@ macro_rules! backend_tests {
 
 backend_tests!(
     a_reopened_file_gives_everything_back,
+    the_active_jobs_follow_every_change_of_a_job,
     transitions_go_through_the_lifecycle,
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
@@ -2437,6 +2438,79 @@ async fn a_restart_chain_is_stored_with_its_history_and_links(backend: Backend) 
     let logged = store.job(job.id).await.unwrap().unwrap();
     assert_eq!((logged.log_size, logged.log_complete), (42, true));
     assert!(store.jobs(JobFilter::Node(node)).await.unwrap().is_empty());
+}
+
+/// The jobs QUEUED or holding GPUs (kept for planning by each store, see
+/// `store::sql::planning`) follow every change of a job, made through the same store or
+/// through another on the same database (a second replica): a job submitted, started, halted
+/// into the next job of its chain, and removed (its chain's next job loses its link).
+async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
+    use crate::domain::jobs;
+    use ongrid_core::job::JobState;
+
+    let (place, a) = Place::opened(backend).await;
+    let b = place.open().await;
+    let node = NodeName::parse("node1").unwrap();
+    register(&a, "node1", &[gpu(1)], t(0)).await;
+    // Each shape of a job compared, as the kept copy holds it and as read alone.
+    let shape = |job: &crate::domain::jobs::JobRecord| {
+        (
+            job.id,
+            job.state(),
+            job.node.clone(),
+            job.gpus.clone(),
+            job.previous_job,
+            job.next_job,
+        )
+    };
+    let active = |store: &TestStore| {
+        let store = store.clone();
+        async move {
+            let jobs = store.jobs(JobFilter::Active).await.unwrap();
+            let mut fresh = Vec::new();
+            for job in &jobs {
+                fresh.push(store.job(job.id).await.unwrap().unwrap());
+            }
+            assert_eq!(
+                jobs.iter().map(shape).collect::<Vec<_>>(),
+                fresh.iter().map(shape).collect::<Vec<_>>(),
+                "the kept jobs are as stored"
+            );
+            jobs.iter().map(|j| (j.id, j.state())).collect::<Vec<_>>()
+        }
+    };
+
+    let first = queued_job(&a, t(1), None).await;
+    assert_eq!(active(&a).await, [(first.id, JobState::Queued)]);
+    assert_eq!(active(&b).await, [(first.id, JobState::Queued)]);
+
+    let second = queued_job(&b, t(2), None).await;
+    let gpus = vec![GpuId::from(gpu(1).uuid)];
+    let started = jobs::start(&first, node.clone(), gpus, t(2)).unwrap();
+    let first = a.job_transition(first.id, started, None).await.unwrap();
+    let both = [(first.id, JobState::Running), (second.id, JobState::Queued)];
+    assert_eq!(active(&a).await, both);
+    assert_eq!(active(&b).await, both);
+
+    let (halted, next) = halted_into_next(&b, &first).await;
+    assert_eq!(halted.state(), JobState::Halted);
+    let after_halt = [(second.id, JobState::Queued), (next, JobState::Queued)];
+    assert_eq!(active(&a).await, after_halt);
+    assert_eq!(active(&b).await, after_halt);
+
+    b.record_job_log(first.id, 0, true).await.unwrap();
+    let removal = b
+        .remove_job(first.id, std::time::Duration::ZERO, t(700))
+        .await
+        .unwrap();
+    assert!(
+        matches!(removal, crate::store::JobRemoval::Removed(_)),
+        "{removal:?}"
+    );
+    // `active` compares the link as kept with the link as stored: gone from both.
+    assert_eq!(active(&a).await, after_halt);
+    let kept = a.jobs(JobFilter::Active).await.unwrap();
+    assert_eq!(kept[1].previous_job, None);
 }
 
 /// Alice's QUEUED job submitted at `at` (restartable, on the local target unless `grid`).

@@ -11,6 +11,7 @@
 use ongrid_core::job::{
     JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
 };
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -18,8 +19,8 @@ use ongrid_core::{HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
 use super::{
-    from_json, parse, parse_timestamp, query_with, timestamp, to_json, Db, DbConnection, DbRow,
-    SqlStore,
+    from_json, parse, parse_timestamp, planning, query_with, timestamp, to_json, Db, DbConnection,
+    DbRow, SqlStore,
 };
 use crate::domain::jobs::{self, JobChange, JobRecord, NewJob};
 use crate::store::{JobFilter, JobRemoval, StoreError, StoreResult};
@@ -42,7 +43,8 @@ impl SqlStore {
     pub(super) async fn create_job(&self, new: NewJob) -> StoreResult<JobRecord> {
         let mut tx = self.write().await?;
         super::refuse_removed(&mut tx, &new.owner).await?;
-        insert_job(&mut tx, &new).await?;
+        let change = planning::next_change(&mut tx).await?;
+        insert_job(&mut tx, &new, change).await?;
         tx.commit().await?;
         self.job(new.id).await?.ok_or(StoreError::NoSuchJob(new.id))
     }
@@ -57,7 +59,10 @@ impl SqlStore {
             .fetch_optional(&mut *conn)
             .await?;
         let job = match row {
-            Some(row) => Some(job_from_row(&mut conn, &row).await?),
+            Some(row) => {
+                let history = load_history(&mut conn, id).await?;
+                Some(job_from_row(&row, history)?)
+            }
             None => None,
         };
         conn.commit().await?;
@@ -68,7 +73,7 @@ impl SqlStore {
         let (condition, value): (String, Option<String>) = match filter {
             JobFilter::Owner(owner) => ("j.owner = $1".to_owned(), Some(owner.to_string())),
             JobFilter::All => ("TRUE".to_owned(), None),
-            JobFilter::Active => (format!("j.state IN {ACTIVE}"), None),
+            JobFilter::Active => return self.active_jobs().await,
             JobFilter::Node(node) => (
                 format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)"),
                 Some(node.to_string()),
@@ -86,18 +91,68 @@ impl SqlStore {
         if any.is_none() {
             return Ok(Vec::new());
         }
-        let sql = format!("SELECT {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
-        // One snapshot for the rows and their histories, as in `job`.
-        let mut conn = self.read_snapshot().await?;
-        let rows = query_with(&sql, value.as_deref())
-            .fetch_all(&mut *conn)
+        let jobs = self.jobs_where(&condition, value.as_deref()).await?;
+        Ok(jobs.into_iter().map(|(_, job)| job).collect())
+    }
+
+    /// The jobs QUEUED or holding GPUs, in queue order: from those kept for planning
+    /// ([`super::planning::KeptJobs`]), brought up to date by one read of the jobs changed
+    /// since, where every round read each such job's history in a statement of its own.
+    async fn active_jobs(&self) -> StoreResult<Vec<JobRecord>> {
+        let mut jobs: Vec<JobRecord> = self
+            .planned_jobs
+            .with_kept(
+                || async {
+                    let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM jobs")
+                        .fetch_one(&self.pool)
+                        .await?;
+                    let active = self
+                        .jobs_where(&format!("j.state IN {ACTIVE}"), None)
+                        .await?;
+                    Ok((
+                        seen.unwrap_or(0),
+                        active.into_iter().map(|(_, job)| job).collect(),
+                    ))
+                },
+                |seen| async move {
+                    let seen = seen.to_string();
+                    self.jobs_where("j.change_seq > CAST($1 AS BIGINT)", Some(&seen))
+                        .await
+                },
+                |kept| kept.values().map(|job| JobRecord::clone(job)).collect(),
+            )
             .await?;
-        let mut jobs = Vec::with_capacity(rows.len());
-        for row in &rows {
-            jobs.push(job_from_row(&mut conn, row).await?);
-        }
-        conn.commit().await?;
+        // As the other filters order them.
+        jobs.sort_by_key(|job| (job.queued_at(), job.id.0));
         Ok(jobs)
+    }
+
+    /// The jobs matching `condition` (on `jobs j`, with `value` as its `$1`), in queue order,
+    /// each with its change number: the rows, then all their histories in one statement, in one
+    /// snapshot (as in `job`).
+    async fn jobs_where(
+        &self,
+        condition: &str,
+        value: Option<&str>,
+    ) -> StoreResult<Vec<(i64, JobRecord)>> {
+        let sql = format!(
+            "SELECT j.change_seq, {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id"
+        );
+        let mut conn = self.read_snapshot().await?;
+        let rows = query_with(&sql, value).fetch_all(&mut *conn).await?;
+        let mut histories = if rows.is_empty() {
+            HashMap::new()
+        } else {
+            load_histories(&mut conn, condition, value).await?
+        };
+        conn.commit().await?;
+        rows.iter()
+            .map(|row| {
+                let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
+                let history = histories.remove(&id).unwrap_or_default();
+                Ok((row.try_get("change_seq")?, job_from_row(row, history)?))
+            })
+            .collect()
     }
 
     pub(super) async fn job_transition(
@@ -119,11 +174,14 @@ impl SqlStore {
             .clone();
         insert_transition(&mut tx, id, seq, &transition).await?;
         let id_text = id.to_string();
+        let stamp = planning::next_change(&mut tx).await?;
         sqlx::query(
-            "UPDATE jobs SET state = $1, exit_code = COALESCE($2, exit_code) WHERE id = $3",
+            "UPDATE jobs SET state = $1, exit_code = COALESCE($2, exit_code), change_seq = $3 \
+             WHERE id = $4",
         )
         .bind(change.to.as_str())
         .bind(change.exit_code)
+        .bind(stamp)
         .bind(&id_text)
         .execute(&mut *tx)
         .await?;
@@ -136,7 +194,7 @@ impl SqlStore {
                 .await?;
         }
         if let Some(next) = &next {
-            insert_job(&mut tx, next).await?;
+            insert_job(&mut tx, next, stamp).await?;
             sqlx::query("UPDATE jobs SET next_job = $1 WHERE id = $2")
                 .bind(next.id.to_string())
                 .bind(&id_text)
@@ -162,7 +220,8 @@ impl SqlStore {
         let Some(row) = row else {
             return Ok(JobRemoval::NoSuchJob);
         };
-        let job = job_from_row(&mut tx, &row).await?;
+        let history = load_history(&mut tx, id).await?;
+        let job = job_from_row(&row, history)?;
         if let Err(refusal) = jobs::removal(&job, output_grace, now) {
             return Ok(JobRemoval::Refused(refusal));
         }
@@ -227,6 +286,9 @@ async fn delete_jobs(
     let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
     let chains: Vec<&str> = jobs.iter().map(|(_, chain)| chain.as_str()).collect();
     let list = placeholders(jobs.len());
+    // The other jobs of their chains lose their links: stamped, as every change of a job.
+    let change = planning::next_change(tx).await?.to_string();
+    let unlinked: Vec<&str> = ids.iter().copied().chain([change.as_str()]).collect();
     let statements = [
         (
             format!("DELETE FROM job_transitions WHERE job_id IN ({list})"),
@@ -237,10 +299,12 @@ async fn delete_jobs(
             format!(
                 "UPDATE jobs SET \
                  previous_job = CASE WHEN previous_job IN ({list}) THEN NULL ELSE previous_job END, \
-                 next_job = CASE WHEN next_job IN ({list}) THEN NULL ELSE next_job END \
-                 WHERE previous_job IN ({list}) OR next_job IN ({list})"
+                 next_job = CASE WHEN next_job IN ({list}) THEN NULL ELSE next_job END, \
+                 change_seq = CAST(${} AS BIGINT) \
+                 WHERE previous_job IN ({list}) OR next_job IN ({list})",
+                jobs.len() + 1
             ),
-            &ids,
+            &unlinked,
         ),
         (format!("DELETE FROM jobs WHERE id IN ({list})"), &ids),
         (
@@ -268,11 +332,17 @@ fn placeholders(count: usize) -> String {
         .join(", ")
 }
 
-async fn insert_job(tx: &mut Transaction<'static, Db>, new: &NewJob) -> StoreResult<()> {
+/// Inserts `new`, QUEUED, stamped with the write's change number `change`
+/// ([`planning::next_change`]).
+async fn insert_job(
+    tx: &mut Transaction<'static, Db>,
+    new: &NewJob,
+    change: i64,
+) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO jobs (id, owner, state, spec, max_duration_secs, image_digest, docker_image, \
-         chain_initial, restart_count, previous_job, queued_at, pinned_node) \
-         VALUES ($1, $2, 'QUEUED', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         chain_initial, restart_count, previous_job, queued_at, pinned_node, change_seq) \
+         VALUES ($1, $2, 'QUEUED', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(new.id.to_string())
     .bind(new.owner.as_str())
@@ -288,6 +358,7 @@ async fn insert_job(tx: &mut Transaction<'static, Db>, new: &NewJob) -> StoreRes
     .bind(new.previous_job.map(|j| j.to_string()))
     .bind(timestamp(new.at))
     .bind(new.pinned_node.as_ref().map(NodeName::as_str))
+    .bind(change)
     .execute(&mut **tx)
     .await?;
     if let Some(grid) = &new.grid {
@@ -326,22 +397,44 @@ async fn load_history(conn: &mut DbConnection, id: JobId) -> StoreResult<Vec<Job
     .bind(id.to_string())
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter()
-        .map(|row| {
-            let from: Option<String> = row.try_get("from_state")?;
-            Ok(JobTransition {
-                from: from.map(|f| parse(&f, "job state")).transpose()?,
-                to: parse(&row.try_get::<String, _>("to_state")?, "job state")?,
-                at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
-                reason: from_json::<JobReason>(&row.try_get::<String, _>("reason")?, "job reason")?,
-            })
-        })
-        .collect()
+    rows.iter().map(transition_from_row).collect()
 }
 
-async fn job_from_row(conn: &mut DbConnection, row: &DbRow) -> StoreResult<JobRecord> {
+fn transition_from_row(row: &DbRow) -> StoreResult<JobTransition> {
+    let from: Option<String> = row.try_get("from_state")?;
+    Ok(JobTransition {
+        from: from.map(|f| parse(&f, "job state")).transpose()?,
+        to: parse(&row.try_get::<String, _>("to_state")?, "job state")?,
+        at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
+        reason: from_json::<JobReason>(&row.try_get::<String, _>("reason")?, "job reason")?,
+    })
+}
+
+/// The histories of the jobs matching `condition` (on `jobs j`, `value` its `$1`), by job, in
+/// one statement.
+async fn load_histories(
+    conn: &mut DbConnection,
+    condition: &str,
+    value: Option<&str>,
+) -> StoreResult<HashMap<JobId, Vec<JobTransition>>> {
+    let sql = format!(
+        "SELECT t.job_id, t.from_state, t.to_state, t.at, t.reason FROM job_transitions t \
+         JOIN jobs j ON j.id = t.job_id WHERE {condition} ORDER BY t.job_id, t.seq"
+    );
+    let rows = query_with(&sql, value).fetch_all(&mut *conn).await?;
+    let mut histories: HashMap<JobId, Vec<JobTransition>> = HashMap::new();
+    for row in &rows {
+        let id: JobId = parse(&row.try_get::<String, _>("job_id")?, "job id")?;
+        histories
+            .entry(id)
+            .or_default()
+            .push(transition_from_row(row)?);
+    }
+    Ok(histories)
+}
+
+fn job_from_row(row: &DbRow, history: Vec<JobTransition>) -> StoreResult<JobRecord> {
     let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
-    let history = load_history(conn, id).await?;
     let lifecycle = JobLifecycle::from_history(history)
         .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
     let optional_job = |column: &str| -> StoreResult<Option<JobId>> {

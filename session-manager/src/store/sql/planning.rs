@@ -13,29 +13,91 @@
 //! lets go of each by its state. Sessions are never deleted (ended ones stay, ENDED). Replicas on
 //! one PostgreSQL database each keep their own copy and see each other's writes through the
 //! numbers.
+//!
+//! The jobs QUEUED or holding GPUs are kept the same way ([`KeptJobs`], migration 0026): every
+//! write that creates a job, changes its state or its chain's links stamps it from the same
+//! counter ([`super::jobs`]). A job is deleted only once it has ended, after the write that
+//! ended it let it go. Its output's size and a grid engine's fields are written outside the
+//! write lock and not stamped: the kept copy has them as of the job's last stamped change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::job::{JobId, JobState};
 use ongrid_core::{SessionId, SessionState};
 use sqlx::{Row, Transaction};
 
 use super::{session_from_row, states_listed, Db, SqlStore, SESSION_COLUMNS};
+use crate::domain::jobs::JobRecord;
 use crate::domain::sessions::SessionRecord;
 use crate::store::StoreResult;
 
-/// The sessions a manager plans with, as of the highest change number it has seen; shared by the
-/// clones of one store, one read at a time. Callers at once share reads: a read that began
-/// after a caller's call sees every commit before it, so a caller that waited while such a read
-/// ran takes its result instead of reading again (a round and the creates answering at the
-/// same time took the lock one after the other, a statement each).
-#[derive(Debug, Clone, Default)]
-pub struct KeptSessions {
-    kept: Arc<tokio::sync::Mutex<Option<Kept>>>,
+/// The records a manager plans with (sessions, jobs), as of the highest change number it has
+/// seen; shared by the clones of one store, one read at a time. Callers at once share reads: a
+/// read that began after a caller's call sees every commit before it, so a caller that waited
+/// while such a read ran takes its result instead of reading again (a round and the creates
+/// answering at the same time took the lock one after the other, a statement each).
+#[derive(Debug)]
+pub struct KeptRecords<R: Planned> {
+    kept: Arc<tokio::sync::Mutex<Option<Kept<R>>>>,
     /// Reads begun, counted under the lock: each read's ticket.
     reads: Arc<AtomicU64>,
+}
+
+/// The sessions kept for planning.
+pub type KeptSessions = KeptRecords<SessionRecord>;
+
+/// The jobs QUEUED or holding GPUs, kept for planning ([`super::jobs`]).
+pub type KeptJobs = KeptRecords<JobRecord>;
+
+// By hand: a derived `Clone` and `Default` would ask them of `R`.
+impl<R: Planned> Clone for KeptRecords<R> {
+    fn clone(&self) -> Self {
+        Self {
+            kept: self.kept.clone(),
+            reads: self.reads.clone(),
+        }
+    }
+}
+
+impl<R: Planned> Default for KeptRecords<R> {
+    fn default() -> Self {
+        Self {
+            kept: Default::default(),
+            reads: Default::default(),
+        }
+    }
+}
+
+/// A record kept for planning: its key, and whether it is planned with in its state.
+pub trait Planned: std::fmt::Debug {
+    type Key: std::hash::Hash + Eq + Copy + std::fmt::Debug;
+    fn key(&self) -> Self::Key;
+    fn planned(&self) -> bool;
+}
+
+impl Planned for SessionRecord {
+    type Key = SessionId;
+    fn key(&self) -> SessionId {
+        self.id
+    }
+    fn planned(&self) -> bool {
+        planned(self.state)
+    }
+}
+
+impl Planned for JobRecord {
+    type Key = JobId;
+    fn key(&self) -> JobId {
+        self.id
+    }
+    /// QUEUED or holding GPUs ([`crate::store::JobFilter::Active`]).
+    fn planned(&self) -> bool {
+        let state = self.state();
+        state == JobState::Queued || state.holds_gpus()
+    }
 }
 
 #[cfg(test)]
@@ -43,7 +105,7 @@ pub struct KeptSessions {
     dead_code,
     reason = "the SQLite store's tests use them; this module is compiled for PostgreSQL too"
 )]
-impl KeptSessions {
+impl<R: Planned> KeptRecords<R> {
     /// How many reads have begun.
     pub(crate) fn reads_begun(&self) -> u64 {
         self.reads.load(Ordering::SeqCst)
@@ -56,13 +118,61 @@ impl KeptSessions {
 }
 
 #[derive(Debug)]
-struct Kept {
+struct Kept<R: Planned> {
     /// The ticket of the last read that succeeded: it saw every commit before it began.
     ticket: u64,
     seen: i64,
-    /// Shared with the rounds that planned with them: a round takes every session without
+    /// Shared with the rounds that planned with them: a round takes every record without
     /// copying one.
-    sessions: HashMap<SessionId, Arc<SessionRecord>>,
+    records: HashMap<R::Key, Arc<R>>,
+}
+
+impl<R: Planned> KeptRecords<R> {
+    /// `read` of the kept records, first brought up to date: read whole the first time
+    /// (`read_all`: the highest change number before the read, then every record planned
+    /// with), then only those changed since (`read_changed(seen)`: each with its change number).
+    pub(super) async fn with_kept<T, All, Changed>(
+        &self,
+        read_all: impl FnOnce() -> All,
+        read_changed: impl FnOnce(i64) -> Changed,
+        read: impl FnOnce(&HashMap<R::Key, Arc<R>>) -> T,
+    ) -> StoreResult<T>
+    where
+        All: std::future::Future<Output = StoreResult<(i64, Vec<R>)>>,
+        Changed: std::future::Future<Output = StoreResult<Vec<(i64, R)>>>,
+    {
+        let called_at = self.reads.load(Ordering::SeqCst);
+        let mut guard = self.kept.lock().await;
+        if let Some(kept) = guard.as_mut() {
+            if kept.ticket <= called_at {
+                let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+                // Every record read before any is kept: one that failed after `seen` had
+                // passed a record not yet kept would lose that record for good.
+                for (seq, record) in read_changed(kept.seen).await? {
+                    kept.seen = kept.seen.max(seq);
+                    if record.planned() {
+                        kept.records.insert(record.key(), Arc::new(record));
+                    } else {
+                        kept.records.remove(&record.key());
+                    }
+                }
+                kept.ticket = ticket;
+            }
+            return Ok(read(&kept.records));
+        }
+        let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        let (seen, records) = read_all().await?;
+        let records = records
+            .into_iter()
+            .map(|record| (record.key(), Arc::new(record)))
+            .collect();
+        let kept = guard.insert(Kept {
+            ticket,
+            seen,
+            records,
+        });
+        Ok(read(&kept.records))
+    }
 }
 
 /// Whether the scheduler plans with a session in `state`: it waits (PENDING) or holds GPUs.
@@ -146,23 +256,13 @@ impl SqlStore {
         &self,
         read: impl FnOnce(&HashMap<SessionId, Arc<SessionRecord>>) -> T,
     ) -> StoreResult<T> {
-        let called_at = self.planning.reads.load(Ordering::SeqCst);
-        let mut guard = self.planning.kept.lock().await;
-        if let Some(kept) = guard.as_mut() {
-            if kept.ticket <= called_at {
-                let ticket = self.planning.reads.fetch_add(1, Ordering::SeqCst) + 1;
-                self.read_changes(kept).await?;
-                kept.ticket = ticket;
-            }
-            return Ok(read(&kept.sessions));
-        }
-        let ticket = self.planning.reads.fetch_add(1, Ordering::SeqCst) + 1;
-        let kept = guard.insert(self.read_planned(ticket).await?);
-        Ok(read(&kept.sessions))
+        self.planning
+            .with_kept(|| self.read_planned(), |seen| self.read_changes(seen), read)
+            .await
     }
 
     /// Every session in a planning state, and the highest change number before the read.
-    async fn read_planned(&self, ticket: u64) -> StoreResult<Kept> {
+    async fn read_planned(&self) -> StoreResult<(i64, Vec<SessionRecord>)> {
         let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM sessions")
             .fetch_one(&self.pool)
             .await?;
@@ -174,36 +274,17 @@ impl SqlStore {
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
         let sessions = rows
             .iter()
-            .map(|row| session_from_row(row).map(|s| (s.id, Arc::new(s))))
+            .map(session_from_row)
             .collect::<StoreResult<_>>()?;
-        Ok(Kept {
-            ticket,
-            seen: seen.unwrap_or(0),
-            sessions,
-        })
+        Ok((seen.unwrap_or(0), sessions))
     }
 
-    /// Brings `kept` up to date with the sessions changed since it was.
-    async fn read_changes(&self, kept: &mut Kept) -> StoreResult<()> {
+    /// The sessions changed since the change number `seen`, each with its own.
+    async fn read_changes(&self, seen: i64) -> StoreResult<Vec<(i64, SessionRecord)>> {
         let sql = format!("SELECT s.change_seq, {SESSION_COLUMNS} WHERE s.change_seq > $1");
-        let rows = sqlx::query(&sql)
-            .bind(kept.seen)
-            .fetch_all(&self.pool)
-            .await?;
-        // Every row read before any is kept: one that failed after `seen` had passed a row not
-        // yet kept would lose that row for good.
-        let changed = rows
-            .iter()
+        let rows = sqlx::query(&sql).bind(seen).fetch_all(&self.pool).await?;
+        rows.iter()
             .map(|row| Ok((row.try_get::<i64, _>("change_seq")?, session_from_row(row)?)))
-            .collect::<StoreResult<Vec<_>>>()?;
-        for (seq, session) in changed {
-            kept.seen = kept.seen.max(seq);
-            if planned(session.state) {
-                kept.sessions.insert(session.id, Arc::new(session));
-            } else {
-                kept.sessions.remove(&session.id);
-            }
-        }
-        Ok(())
+            .collect()
     }
 }
