@@ -22,7 +22,7 @@ use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, QueuedJob, RunningJob
 
 use crate::domain::jobs::JobRecord;
 use crate::domain::sessions::SessionRecord;
-use crate::store::{GpuRecord, JobFilter, NodeRecord, SessionFilter, Store, StoreResult};
+use crate::store::{GpuRecord, NodeRecord, SessionFilter, Store, StoreResult};
 
 /// The GPU-holding states, for queries.
 pub fn holding_states() -> Vec<SessionState> {
@@ -39,7 +39,7 @@ pub struct SiteSnapshot {
     /// Sessions holding GPUs now.
     pub holding: Vec<Arc<SessionRecord>>,
     /// Jobs QUEUED or holding GPUs now (see [`SiteSnapshot::with_jobs`]).
-    pub jobs: Vec<JobRecord>,
+    pub jobs: Vec<Arc<JobRecord>>,
     /// A node seen at or after this is online ([`online_since`]).
     online_since: DateTime<Utc>,
     used: HashMap<GpuUuid, u32>,
@@ -94,7 +94,7 @@ impl SiteSnapshot {
 
     /// `site` with the jobs QUEUED or holding GPUs as stored now.
     async fn with_active_jobs(store: &dyn Store, site: Self) -> StoreResult<Self> {
-        let mut jobs = store.jobs(JobFilter::Active).await?;
+        let mut jobs = store.planning_jobs().await?;
         // Jobs of grid targets run elsewhere: their engines schedule them.
         jobs.retain(|job| job.grid.is_none());
         Ok(site.with_jobs(jobs))
@@ -154,7 +154,7 @@ impl SiteSnapshot {
     }
 
     /// Adds the active jobs: those holding GPUs count in their GPUs' `used` like sessions.
-    pub fn with_jobs(mut self, jobs: Vec<JobRecord>) -> Self {
+    pub fn with_jobs(mut self, jobs: Vec<Arc<JobRecord>>) -> Self {
         for job in jobs.iter().filter(|j| j.state().holds_gpus()) {
             for gpu in &job.gpus {
                 if let GpuId::Gpu(uuid) = gpu {
@@ -297,9 +297,9 @@ impl SiteSnapshot {
                 .jobs
                 .iter()
                 .filter(|j| j.state() == JobState::Queued)
-                .map(queued_job)
+                .map(|j| queued_job(j))
                 .collect(),
-            running_jobs: self.jobs.iter().filter_map(running_job).collect(),
+            running_jobs: self.jobs.iter().filter_map(|j| running_job(j)).collect(),
             // Owned GPUs and reservations: set by the scheduling loop (`gpu_policy.rs`).
             policy: Default::default(),
         }

@@ -24,7 +24,7 @@ use crate::domain::sessions::holds::{deadlines, view};
 use crate::domain::sessions::SessionRecord;
 use crate::scheduling::gpu_policy::GpuPolicy;
 use crate::site::SiteSnapshot;
-use crate::store::{FactsScope, JobFilter};
+use crate::store::FactsScope;
 
 /// The site-wide reads behind session views, each made on first use and then kept: for the
 /// views of one answer or one page render, which so read them once rather than once per
@@ -410,7 +410,7 @@ pub fn image_view(image: ImageRecord) -> ImageView {
 /// The job as it is now: its place in the queue and why it waits, with what holds it (a
 /// `[limits]` maximum, owned GPUs or reservations).
 pub async fn job_view_now(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
-    let active = state.store.jobs(JobFilter::Active).await?;
+    let active = state.store.planning_jobs().await?;
     let note = if job.state() == JobState::Queued && job.grid.is_none() {
         let asker = PolicyAsker {
             owner: &job.owner,
@@ -447,7 +447,7 @@ pub async fn job_view_now(state: &AppState, job: JobRecord) -> Result<JobView, A
 /// engines' queues, not in this one: they have no position.
 async fn job_queue_positions(
     state: &AppState,
-    active: &[JobRecord],
+    active: &[Arc<JobRecord>],
 ) -> Result<HashMap<JobId, u32>, ApiError> {
     let waiting: Vec<_> = active
         .iter()
@@ -471,7 +471,7 @@ pub async fn job_views(
     state: &AppState,
     records: Vec<JobRecord>,
 ) -> Result<Vec<JobView>, ApiError> {
-    let active = state.store.jobs(JobFilter::Active).await?;
+    let active = state.store.planning_jobs().await?;
     let positions = job_queue_positions(state, &active).await?;
     let now = state.clock.now();
     Ok(records
@@ -482,7 +482,7 @@ pub async fn job_views(
 
 /// A job as it was when it was removed: in no queue.
 pub async fn removed_job_view(state: &AppState, job: JobRecord) -> Result<JobView, ApiError> {
-    let active = state.store.jobs(JobFilter::Active).await?;
+    let active = state.store.planning_jobs().await?;
     Ok(job_view(job, &active, &HashMap::new(), state.clock.now()))
 }
 
@@ -490,7 +490,7 @@ pub async fn removed_job_view(state: &AppState, job: JobRecord) -> Result<JobVie
 /// why it waits (from `active`: the site's jobs QUEUED or holding GPUs).
 pub fn job_view(
     job: JobRecord,
-    active: &[JobRecord],
+    active: &[Arc<JobRecord>],
     positions: &HashMap<JobId, u32>,
     now: DateTime<Utc>,
 ) -> JobView {

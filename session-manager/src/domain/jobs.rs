@@ -735,7 +735,11 @@ fn desired_job(job: &JobRecord, run: JobRun, site: ContainerLimits) -> DesiredJo
 /// node that holds its checkpoint, or else no fitting GPUs being free. A job of a grid target
 /// waits in its engine, not in this site's queue: the engine's reason in words
 /// ([`GridJob::waiting_reason`]). `None` unless QUEUED.
-pub fn waiting_reason(job: &JobRecord, active: &[JobRecord], now: DateTime<Utc>) -> Option<String> {
+pub fn waiting_reason(
+    job: &JobRecord,
+    active: &[std::sync::Arc<JobRecord>],
+    now: DateTime<Utc>,
+) -> Option<String> {
     if job.state() != JobState::Queued {
         return None;
     }
@@ -1177,13 +1181,18 @@ mod tests {
         let mut running = running(in_bucket.clone());
         let queued = submitted(in_bucket, &JobLimits::default());
         assert_eq!(
-            waiting_reason(&queued, &[running.clone(), queued.clone()], t(20)).as_deref(),
+            waiting_reason(
+                &queued,
+                &[running.clone().into(), queued.clone().into()],
+                t(20)
+            )
+            .as_deref(),
             Some("bucket sweep is full: 1 of your jobs in it hold GPUs, at most 1 may")
         );
         assert_eq!(waiting_reason(&running, &[], t(20)), None);
         running.owner = Dn::parse("/CN=Someone Else").unwrap();
         assert_eq!(
-            waiting_reason(&queued, &[running, queued.clone()], t(20)).as_deref(),
+            waiting_reason(&queued, &[running.into(), queued.clone().into()], t(20)).as_deref(),
             Some("for a fitting GPU to be free")
         );
         let mut later = submitted(

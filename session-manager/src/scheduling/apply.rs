@@ -211,7 +211,13 @@ impl Scheduler {
         id: JobId,
         decide: impl FnOnce(&JobRecord) -> Option<JobChange>,
     ) -> StoreResult<bool> {
-        let Some(change) = round.site.jobs.iter().find(|j| j.id == id).and_then(decide) else {
+        let Some(change) = round
+            .site
+            .jobs
+            .iter()
+            .find(|j| j.id == id)
+            .and_then(|j| decide(j))
+        else {
             return Ok(false);
         };
         self.apply_job(id, change, None).await

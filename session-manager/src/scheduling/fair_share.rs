@@ -100,7 +100,7 @@ pub fn prioritise(
     accounts: &[Account],
     standings: &[GroupStanding],
     pending: &[SessionRecord],
-    jobs: &[JobRecord],
+    jobs: &[std::sync::Arc<JobRecord>],
 ) {
     let of = |dn: &Dn| owner_priority(accounts, standings, dn);
     for queued in &mut state.pending {

@@ -632,6 +632,11 @@ pub trait Store: Send + Sync {
     /// Jobs in queue order, `(queued_at, id)`.
     fn jobs(&self, filter: JobFilter) -> BoxFuture<'_, StoreResult<Vec<JobRecord>>>;
 
+    /// The jobs QUEUED or holding GPUs ([`JobFilter::Active`]) in queue order, kept in memory
+    /// and shared: what a round plans with and a job's view ranks it among. Their output's size
+    /// and a grid engine's fields are as of the job's last change of state or chain.
+    fn planning_jobs(&self) -> BoxFuture<'_, StoreResult<Vec<std::sync::Arc<JobRecord>>>>;
+
     /// Applies `change` through the job's [`ongrid_core::job::JobLifecycle`] and stores it, with
     /// `next` (the next job of its restart chain, see
     /// [`crate::domain::jobs::next_in_chain`]) created and linked in the same transaction.

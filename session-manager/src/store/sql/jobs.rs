@@ -12,6 +12,7 @@ use ongrid_core::job::{
     JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
 };
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -73,7 +74,10 @@ impl SqlStore {
         let (condition, value): (String, Option<String>) = match filter {
             JobFilter::Owner(owner) => ("j.owner = $1".to_owned(), Some(owner.to_string())),
             JobFilter::All => ("TRUE".to_owned(), None),
-            JobFilter::Active => return self.active_jobs().await,
+            JobFilter::Active => {
+                let active = self.planning_jobs().await?;
+                return Ok(active.iter().map(|job| JobRecord::clone(job)).collect());
+            }
             JobFilter::Node(node) => (
                 format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)"),
                 Some(node.to_string()),
@@ -95,11 +99,12 @@ impl SqlStore {
         Ok(jobs.into_iter().map(|(_, job)| job).collect())
     }
 
-    /// The jobs QUEUED or holding GPUs, in queue order: from those kept for planning
+    /// The jobs QUEUED or holding GPUs, in queue order: those kept for planning
     /// ([`super::planning::KeptJobs`]), brought up to date by one read of the jobs changed
-    /// since, where every round read each such job's history in a statement of its own.
-    async fn active_jobs(&self) -> StoreResult<Vec<JobRecord>> {
-        let mut jobs: Vec<JobRecord> = self
+    /// since (every round read each such job's history in a statement of its own), shared with
+    /// the kept copy (a round or a job's view takes thousands without copying one).
+    pub(super) async fn planning_jobs(&self) -> StoreResult<Vec<Arc<JobRecord>>> {
+        let mut jobs: Vec<Arc<JobRecord>> = self
             .planned_jobs
             .with_kept(
                 || async {
@@ -119,7 +124,7 @@ impl SqlStore {
                     self.jobs_where("j.change_seq > CAST($1 AS BIGINT)", Some(&seen))
                         .await
                 },
-                |kept| kept.values().map(|job| JobRecord::clone(job)).collect(),
+                |kept| kept.values().cloned().collect(),
             )
             .await?;
         // As the other filters order them.

@@ -511,6 +511,7 @@ impl Store for SqlStore {
         fn create_job(new: NewJob) -> JobRecord;
         fn job(id: JobId) -> Option<JobRecord>;
         fn jobs(filter: JobFilter) -> Vec<JobRecord>;
+        fn planning_jobs() -> Vec<std::sync::Arc<JobRecord>>;
         fn job_transition(id: JobId, change: JobChange, next: Option<NewJob>) -> JobRecord;
         fn record_job_log(id: JobId, size: u64, complete: bool) -> ();
         fn remove_job(
