@@ -25,8 +25,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{ContainerLimits, ContainerUser};
 use ongrid_core::job::{
-    continues_chain, remaining_max_duration, DesiredJob, JobId, JobImage, JobLifecycle, JobReason,
-    JobRun, JobSpec, JobState, JobTarget, ObservedJobStatus, RestartChain,
+    continues_chain, remaining_max_duration, DesiredJob, InvalidJobTransition, JobId, JobImage,
+    JobLifecycle, JobReason, JobRun, JobSpec, JobState, JobTarget, ObservedJobStatus, RestartChain,
 };
 use ongrid_core::{Dn, GpuId, GpuRequest, HumanDuration, NodeName, UserName};
 
@@ -96,6 +96,20 @@ impl JobRecord {
             .rev()
             .find(|t| t.to == JobState::MustHalt)
             .map(|t| t.at)
+    }
+
+    /// The job as storing `change` leaves it (its lifecycle, exit code and placement), for a
+    /// caller that decides more on it before anything is read back; the link to a next job of
+    /// its chain is the store's to set. A move its lifecycle refuses changes nothing.
+    pub fn apply(&mut self, change: &JobChange) -> Result<(), InvalidJobTransition> {
+        self.lifecycle
+            .transition(change.to, change.at, change.reason.clone())?;
+        self.exit_code = change.exit_code.or(self.exit_code);
+        if let Some((node, gpus)) = &change.place {
+            self.node = Some(node.clone());
+            self.gpus = gpus.clone();
+        }
+        Ok(())
     }
 }
 
@@ -868,27 +882,10 @@ mod tests {
         }
     }
 
-    impl JobRecord {
-        /// Applies a change as the store does.
-        fn apply(&mut self, change: &JobChange) {
-            let job = self;
-            job.lifecycle
-                .transition(change.to, change.at, change.reason.clone())
-                .unwrap();
-            if let Some((node, gpus)) = &change.place {
-                job.node = Some(node.clone());
-                job.gpus = gpus.clone();
-            }
-            if change.exit_code.is_some() {
-                job.exit_code = change.exit_code;
-            }
-        }
-    }
-
     fn running(file: JobSpecFile) -> JobRecord {
         let mut job = submitted(file, &JobLimits::default());
         let change = start(&job, node(), vec![gpu()], t(10)).unwrap();
-        job.apply(&change);
+        job.apply(&change).unwrap();
         job
     }
 
@@ -994,7 +991,7 @@ mod tests {
         let change = must_halt(&job, halt_for_session(&need), t(20))
             .unwrap()
             .unwrap();
-        job.apply(&change);
+        job.apply(&change).unwrap();
         assert_eq!(job.state(), JobState::MustHalt);
         assert_eq!(job.halt_requested_at(), Some(t(20)));
         // Asked twice: nothing more.
@@ -1021,20 +1018,20 @@ mod tests {
             ),
             None
         );
-        job.apply(&halt_by_owner(&job, t(100)).unwrap());
+        job.apply(&halt_by_owner(&job, t(100)).unwrap()).unwrap();
         let signalled = ObservedJobStatus::Halting {
             started_at: t(10),
             signalled_at: t(101),
         };
         let change = follow_report(&job, &signalled, t(200)).unwrap();
         assert_eq!((change.to, change.at), (JobState::Halting, t(101)));
-        job.apply(&change);
+        job.apply(&change).unwrap();
         assert_eq!(follow_report(&job, &signalled, t(200)), None);
         let change = follow_report(&job, &exited(HALT_EXIT_CODE, false, 105), t(200)).unwrap();
         assert_eq!(change.to, JobState::Halted);
         assert_eq!(change.reason, JobReason::HaltedCleanly);
         assert_eq!(change.exit_code, Some(HALT_EXIT_CODE));
-        job.apply(&change);
+        job.apply(&change).unwrap();
         // The container's report after the end changes nothing.
         assert_eq!(
             follow_report(&job, &exited(HALT_EXIT_CODE, false, 106), t(200)),
@@ -1045,7 +1042,7 @@ mod tests {
     #[test]
     fn an_exit_within_one_sync_of_the_signal_still_passes_through_halting() {
         let mut job = running(JobSpecFile::default());
-        job.apply(&halt_by_owner(&job, t(100)).unwrap());
+        job.apply(&halt_by_owner(&job, t(100)).unwrap()).unwrap();
         let quick = ObservedJobStatus::Exited {
             started_at: t(10),
             finished_at: t(102),
@@ -1059,13 +1056,15 @@ mod tests {
             (halting.to, halting.at, halting.reason.clone()),
             (JobState::Halting, t(101), JobReason::HaltSignalSent)
         );
-        job.apply(&halting);
+        job.apply(&halting).unwrap();
         // Once HALTING (or without a signal time) there is no step to add.
         assert_eq!(halting_before_exit(&job, &quick), None);
         let change = follow_report(&job, &quick, t(200)).unwrap();
         assert_eq!((change.to, change.at), (JobState::Halted, t(102)));
         let mut plain = running(JobSpecFile::default());
-        plain.apply(&halt_by_owner(&plain, t(100)).unwrap());
+        plain
+            .apply(&halt_by_owner(&plain, t(100)).unwrap())
+            .unwrap();
         assert_eq!(
             halting_before_exit(&plain, &exited(HALT_EXIT_CODE, false, 102)),
             None
@@ -1075,7 +1074,7 @@ mod tests {
     #[test]
     fn a_killed_halt_ignored_the_signal_and_other_exits_finish_or_fail() {
         let mut job = running(JobSpecFile::default());
-        job.apply(&halt_by_owner(&job, t(100)).unwrap());
+        job.apply(&halt_by_owner(&job, t(100)).unwrap()).unwrap();
         let change = follow_report(&job, &exited(137, true, 116), t(200)).unwrap();
         assert_eq!(
             (change.to, change.reason),
@@ -1115,7 +1114,8 @@ mod tests {
             &must_halt(&job, halt_for_session(&GpuRequest::default()), t(3600))
                 .unwrap()
                 .unwrap(),
-        );
+        )
+        .unwrap();
         let change = follow_report(&job, &exited(HALT_EXIT_CODE, false, 3610), t(200)).unwrap();
         let new_id = JobId(uuid::Uuid::from_u128(2));
         let next = next_in_chain(&job, &change, new_id, &JobLimits::default()).unwrap();
@@ -1164,7 +1164,9 @@ mod tests {
             ..JobSpecFile::default()
         });
         let reason = JobReason::MaxDurationReached { max: hours(1) };
-        short.apply(&must_halt(&short, reason, t(3610)).unwrap().unwrap());
+        short
+            .apply(&must_halt(&short, reason, t(3610)).unwrap().unwrap())
+            .unwrap();
         let end = follow_report(&short, &exited(HALT_EXIT_CODE, false, 3615), t(200)).unwrap();
         assert_eq!(
             next_in_chain(&short, &end, new_id, &JobLimits::default()),
@@ -1227,7 +1229,8 @@ mod tests {
         );
         let device = GpuId::parse("MIG-c7384736-a75d-5afc-978f-d2f1294409fd").unwrap();
         let mut job = queued.clone();
-        job.apply(&start(&job, node(), vec![device.clone()], t(10)).unwrap());
+        job.apply(&start(&job, node(), vec![device.clone()], t(10)).unwrap())
+            .unwrap();
         let desired = desired_jobs(&node(), &[job], limits(), DEFAULT_OUTPUT_GRACE, t(11));
         assert_eq!(desired[0].gpus, vec![device]);
 
@@ -1272,7 +1275,9 @@ mod tests {
         let fresh = submitted(JobSpecFile::default(), &local);
         assert_eq!(checkpoint_node_lost(&fresh, false, t(60)), None);
         let mut started = next.clone();
-        started.apply(&start(&next, node(), vec![gpu()], t(61)).unwrap());
+        started
+            .apply(&start(&next, node(), vec![gpu()], t(61)).unwrap())
+            .unwrap();
         assert_eq!(checkpoint_node_lost(&started, false, t(62)), None);
 
         let shared = JobLimits {
@@ -1298,18 +1303,20 @@ mod tests {
             cancel_by_owner(&job, t(20)).unwrap().reason,
             JobReason::CancelledByUser
         );
-        job.apply(&halt_by_owner(&job, t(20)).unwrap());
+        job.apply(&halt_by_owner(&job, t(20)).unwrap()).unwrap();
         assert!(halt_by_owner(&job, t(21)).is_err());
         job.apply(&JobChange::new(
             JobState::Halting,
             t(21),
             JobReason::HaltSignalSent,
-        ));
+        ))
+        .unwrap();
         assert!(
             matches!(cancel_by_owner(&job, t(22)), Err(Refusal::Conflict(m)) if m.contains("HALTING"))
         );
         let mut done = running(JobSpecFile::default());
-        done.apply(&follow_report(&done, &exited(0, false, 30), t(200)).unwrap());
+        done.apply(&follow_report(&done, &exited(0, false, 30), t(200)).unwrap())
+            .unwrap();
         assert!(
             matches!(cancel_by_owner(&done, t(40)), Err(Refusal::Conflict(m)) if m.contains("FINISHED already"))
         );
@@ -1421,7 +1428,7 @@ mod tests {
         let grace = DEFAULT_OUTPUT_GRACE;
         assert!(!output_complete(&job, grace, t(100)), "still running");
         let end = follow_report(&job, &exited(0, false, 100), t(100)).unwrap();
-        job.apply(&end);
+        job.apply(&end).unwrap();
         assert!(output_complete(&job, grace, t(100)));
         job.log_complete = false;
         assert!(!output_complete(&job, grace, t(101)));
@@ -1442,11 +1449,13 @@ mod tests {
         });
         let mut halt = running(JobSpecFile::default());
         halt.id = JobId(uuid::Uuid::from_u128(7));
-        halt.apply(&halt_by_owner(&halt, t(30)).unwrap());
+        halt.apply(&halt_by_owner(&halt, t(30)).unwrap()).unwrap();
         let mut cancelled = running(JobSpecFile::default());
         cancelled.id = JobId(uuid::Uuid::from_u128(8));
         cancelled.log_size = 42;
-        cancelled.apply(&cancel_by_owner(&cancelled, t(40)).unwrap());
+        cancelled
+            .apply(&cancel_by_owner(&cancelled, t(40)).unwrap())
+            .unwrap();
         let mut drained = cancelled.clone();
         drained.log_complete = true;
         let queued = submitted(JobSpecFile::default(), &JobLimits::default());
@@ -1498,19 +1507,23 @@ mod tests {
             "{refusal}"
         );
         // Cancelled before it ran: no output to wait for.
-        queued.apply(&cancel_by_owner(&queued, t(6)).unwrap());
+        queued
+            .apply(&cancel_by_owner(&queued, t(6)).unwrap())
+            .unwrap();
         assert_eq!(removal(&queued, grace, t(6)), Ok(()));
         let mut job = running(JobSpecFile::default());
         assert!(removal(&job, grace, t(20)).is_err());
-        job.apply(&halt_by_owner(&job, t(20)).unwrap());
+        job.apply(&halt_by_owner(&job, t(20)).unwrap()).unwrap();
         job.apply(&JobChange::new(
             JobState::Halting,
             t(21),
             JobReason::HaltSignalSent,
-        ));
+        ))
+        .unwrap();
         let refusal = removal(&job, grace, t(22)).unwrap_err().to_string();
         assert!(refusal.contains("HALTING and has not ended"), "{refusal}");
-        job.apply(&follow_report(&job, &exited(HALT_EXIT_CODE, false, 30), t(30)).unwrap());
+        job.apply(&follow_report(&job, &exited(HALT_EXIT_CODE, false, 30), t(30)).unwrap())
+            .unwrap();
         assert!(job.state().is_final());
         // Its node may still send output until the grace ends, or until it says it sent all.
         let refusal = removal(&job, grace, t(31)).unwrap_err().to_string();
@@ -1529,7 +1542,7 @@ mod tests {
         // A grid job cancelled here: not before its engine confirmed the end.
         let mut grid = crate::domain::grid_jobs::tests::job(JobState::Running);
         let at = grid.lifecycle.last().at + chrono::TimeDelta::seconds(1);
-        grid.apply(&cancel_by_owner(&grid, at).unwrap());
+        grid.apply(&cancel_by_owner(&grid, at).unwrap()).unwrap();
         grid.log_complete = true;
         let refusal = removal(&grid, grace, at).unwrap_err().to_string();
         assert!(

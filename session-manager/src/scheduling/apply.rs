@@ -1,6 +1,7 @@
-//! Phase 6 of a round: the plan, and its actions stored: the round's placements together in one
-//! write, each job action in its own; each change is re-checked against the state as stored (a
-//! session removed or a job cancelled meanwhile is skipped).
+//! Phase 6 of a round: the plan, and its actions stored: the round's job changes (starts, halts,
+//! cancels, on whole GPUs and MIG devices) together in one write, then its placements together
+//! in another; each change is re-checked against the state as stored (a session removed or a
+//! job cancelled meanwhile is skipped).
 //!
 //! Whole and shared GPUs come from [`ongrid_scheduler::plan`]; MIG devices are planned from the
 //! same state before anything is applied: sessions on free devices (`plan_mig`), then MIG jobs
@@ -11,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 
 use ongrid_core::job::JobId;
-use ongrid_core::{GpuId, NodeName, SessionId};
+use ongrid_core::{GpuId, GpuUuid, NodeName, SessionId};
 use ongrid_scheduler::{Action, HaltWait, MigJobAction, SiteState};
 
 use super::input::Unpinned;
@@ -26,6 +27,66 @@ struct Placing {
     node: NodeName,
     change: Change,
     on_mig: bool,
+}
+
+/// A job's change the plan decided, stored with the round's others ([`Scheduler::change_jobs`]).
+struct JobMove {
+    job: JobId,
+    change: JobChange,
+    /// The job's node once changed (where it starts, else where it is): told of the change.
+    node: Option<NodeName>,
+    /// What the log says once it is stored.
+    said: Said,
+}
+
+/// What the log says of a stored [`JobMove`], for each action that makes one.
+enum Said {
+    Started { node: NodeName },
+    StartedOnMig { node: NodeName, parent: GpuUuid },
+    AskedToHalt,
+    AskedToHaltOnMig { reason: String },
+    Cancelled,
+}
+
+impl JobMove {
+    /// The change `decide` makes of job `id` as the round read it, said as `said` once stored;
+    /// `None` when the job is not in the round or the rules refuse the change.
+    fn decided(
+        round: &Round<'_>,
+        id: JobId,
+        decide: impl FnOnce(&JobRecord) -> Option<JobChange>,
+        said: Said,
+    ) -> Option<Self> {
+        let record = *round.jobs.get(&id)?;
+        let change = decide(record)?;
+        let node = match &change.place {
+            Some((node, _)) => Some(node.clone()),
+            None => record.node.clone(),
+        };
+        Some(Self {
+            job: id,
+            change,
+            node,
+            said,
+        })
+    }
+
+    fn log(&self) {
+        let job_id = self.job;
+        match &self.said {
+            Said::Started { node } => tracing::info!(%job_id, %node, "Job started."),
+            Said::StartedOnMig { node, parent } => {
+                tracing::info!(%job_id, %node, gpu = %parent, "Job started on a MIG device.");
+            }
+            Said::AskedToHalt => tracing::info!(%job_id, "Job asked to halt."),
+            Said::AskedToHaltOnMig { reason } => {
+                tracing::info!(%job_id, %reason, "Job on a MIG device asked to halt.");
+            }
+            Said::Cancelled => {
+                tracing::info!(%job_id, "Job cancelled: not started by its notAfter.");
+            }
+        }
+    }
 }
 
 impl Scheduler {
@@ -48,9 +109,9 @@ impl Scheduler {
         let mig_jobs =
             ongrid_scheduler::plan_mig_jobs(state, &mig_slots, now, &actions, &mig_placements);
         let mut places = Vec::new();
+        let mut moves = Vec::new();
         for action in actions {
-            self.apply_action(round, action, halt_waits, unpinned, &mut places, report)
-                .await?;
+            add_action(round, action, halt_waits, unpinned, &mut places, &mut moves);
         }
         // Sessions asking for a MIG device: on free devices of GPUs in `mig` mode.
         for placement in &mig_placements {
@@ -67,6 +128,15 @@ impl Scheduler {
                 on_mig: true,
             });
         }
+        moves.extend(
+            mig_jobs
+                .into_iter()
+                .filter_map(|action| mig_job_move(round, action)),
+        );
+        for moved in self.change_jobs(moves).await? {
+            moved.log();
+            report.jobs += 1;
+        }
         for placing in self.place_all(places).await? {
             if placing.on_mig {
                 tracing::info!(session_id = %placing.session, node = %placing.node, "Session placed on a MIG device.");
@@ -76,74 +146,7 @@ impl Scheduler {
             }
             report.placed += 1;
         }
-        for action in mig_jobs {
-            report.jobs += usize::from(self.apply_mig_job(round, action).await?);
-        }
         Ok(placed)
-    }
-
-    /// Applies a job action at once; a placement is added to `places`, which are stored
-    /// together.
-    async fn apply_action(
-        &self,
-        round: &Round<'_>,
-        action: Action,
-        halt_waits: &mut HashMap<SessionId, HaltWait>,
-        unpinned: &Unpinned,
-        places: &mut Vec<Placing>,
-        report: &mut TickReport,
-    ) -> StoreResult<()> {
-        let now = round.now;
-        match action {
-            Action::Place {
-                session,
-                node,
-                gpus,
-            } => {
-                let mut change = queue::place(&node, gpus, unpinned.get(&session), now);
-                if halt_waits.remove(&session).is_some() {
-                    change.reason = format!("{}; it preempted batch work", change.reason);
-                }
-                places.push(Placing {
-                    session,
-                    node,
-                    change,
-                    on_mig: false,
-                });
-            }
-            Action::PlaceAfterHalt {
-                session,
-                node,
-                gpus,
-                jobs,
-            } => {
-                tracing::info!(session_id = %session, %node, jobs = jobs.len(), "Session waits for batch jobs to halt.");
-                halt_waits.insert(session, HaltWait { node, gpus, jobs });
-            }
-            Action::HaltJob { job, reason } => {
-                let change = |record: &JobRecord| jobs::must_halt(record, reason, now).ok()?;
-                if self.change_job(round, job, change).await? {
-                    tracing::info!(job_id = %job, "Job asked to halt.");
-                    report.jobs += 1;
-                }
-            }
-            Action::StartJob { job, node, gpus } => {
-                let gpus: Vec<GpuId> = gpus.into_iter().map(GpuId::from).collect();
-                let change = |record: &JobRecord| jobs::start(record, node.clone(), gpus, now).ok();
-                if self.change_job(round, job, change).await? {
-                    tracing::info!(job_id = %job, %node, "Job started.");
-                    report.jobs += 1;
-                }
-            }
-            Action::CancelJob { job, reason } => {
-                let change = |record: &JobRecord| jobs::cancel_queued(record, reason, now).ok();
-                if self.change_job(round, job, change).await? {
-                    tracing::info!(job_id = %job, "Job cancelled: not started by its notAfter.");
-                    report.jobs += 1;
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Stores the round's placements in one write, and wakes each placed session's node;
@@ -174,52 +177,117 @@ impl Scheduler {
         Ok(stored)
     }
 
-    async fn apply_mig_job(&self, round: &Round<'_>, action: MigJobAction) -> StoreResult<bool> {
-        let now = round.now;
-        match action {
-            MigJobAction::Start {
-                job,
-                node,
-                device,
-                parent,
-            } => {
-                let gpus = vec![GpuId::Mig(device)];
-                let change = |record: &JobRecord| jobs::start(record, node.clone(), gpus, now).ok();
-                let started = self.change_job(round, job, change).await?;
-                if started {
-                    tracing::info!(job_id = %job, %node, gpu = %parent, "Job started on a MIG device.");
+    /// Stores the round's job changes in one write, and wakes each changed job's node (the
+    /// whole site for a job on none); returns those stored (a job removed or changed meanwhile
+    /// is skipped).
+    async fn change_jobs(&self, moves: Vec<JobMove>) -> StoreResult<Vec<JobMove>> {
+        if moves.is_empty() {
+            return Ok(moves);
+        }
+        let changes = moves
+            .iter()
+            .map(|m| (m.job, m.change.clone(), None))
+            .collect();
+        let outcomes = self.store.job_transition_all(changes).await?;
+        let mut stored = Vec::with_capacity(moves.len());
+        for (moved, outcome) in moves.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    if let Some(changes) = &self.changes {
+                        changes.node_or_site(moved.node.as_ref());
+                    }
+                    stored.push(moved);
                 }
-                Ok(started)
-            }
-            MigJobAction::Halt { job, reason } => {
-                let why = reason.to_string();
-                let change = |record: &JobRecord| jobs::must_halt(record, reason, now).ok()?;
-                let asked = self.change_job(round, job, change).await?;
-                if asked {
-                    tracing::info!(job_id = %job, reason = %why, "Job on a MIG device asked to halt.");
+                Err(error) => {
+                    tracing::debug!(job_id = %moved.job, %error, "Skipping a job that changed meanwhile.");
                 }
-                Ok(asked)
             }
         }
+        Ok(stored)
     }
+}
 
-    /// Stores the change `decide` makes of job `id` as the round read it; `false` when the job
-    /// is not in the round, the rules refuse the change, or the job changed meanwhile.
-    async fn change_job(
-        &self,
-        round: &Round<'_>,
-        id: JobId,
-        decide: impl FnOnce(&JobRecord) -> Option<JobChange>,
-    ) -> StoreResult<bool> {
-        let Some(change) = round
-            .site
-            .jobs
-            .iter()
-            .find(|j| j.id == id)
-            .and_then(|j| decide(j))
-        else {
-            return Ok(false);
-        };
-        self.apply_job(id, change, None).await
+/// Adds an action of the plan to what the round stores: a placement to `places`, a job's
+/// change to `moves`; a `PlaceAfterHalt` is remembered in `halt_waits`.
+fn add_action(
+    round: &Round<'_>,
+    action: Action,
+    halt_waits: &mut HashMap<SessionId, HaltWait>,
+    unpinned: &Unpinned,
+    places: &mut Vec<Placing>,
+    moves: &mut Vec<JobMove>,
+) {
+    let now = round.now;
+    let moved = match action {
+        Action::Place {
+            session,
+            node,
+            gpus,
+        } => {
+            let mut change = queue::place(&node, gpus, unpinned.get(&session), now);
+            if halt_waits.remove(&session).is_some() {
+                change.reason = format!("{}; it preempted batch work", change.reason);
+            }
+            places.push(Placing {
+                session,
+                node,
+                change,
+                on_mig: false,
+            });
+            None
+        }
+        Action::PlaceAfterHalt {
+            session,
+            node,
+            gpus,
+            jobs,
+        } => {
+            tracing::info!(session_id = %session, %node, jobs = jobs.len(), "Session waits for batch jobs to halt.");
+            halt_waits.insert(session, HaltWait { node, gpus, jobs });
+            None
+        }
+        Action::HaltJob { job, reason } => {
+            let change = |record: &JobRecord| jobs::must_halt(record, reason, now).ok()?;
+            JobMove::decided(round, job, change, Said::AskedToHalt)
+        }
+        Action::StartJob { job, node, gpus } => {
+            let gpus: Vec<GpuId> = gpus.into_iter().map(GpuId::from).collect();
+            let said = Said::Started { node: node.clone() };
+            let change = |record: &JobRecord| jobs::start(record, node, gpus, now).ok();
+            JobMove::decided(round, job, change, said)
+        }
+        Action::CancelJob { job, reason } => {
+            let change = |record: &JobRecord| jobs::cancel_queued(record, reason, now).ok();
+            JobMove::decided(round, job, change, Said::Cancelled)
+        }
+    };
+    moves.extend(moved);
+}
+
+/// A MIG job action of the plan as a job's change; `None` as [`JobMove::decided`] says.
+fn mig_job_move(round: &Round<'_>, action: MigJobAction) -> Option<JobMove> {
+    let now = round.now;
+    match action {
+        MigJobAction::Start {
+            job,
+            node,
+            device,
+            parent,
+        } => {
+            let said = Said::StartedOnMig {
+                node: node.clone(),
+                parent,
+            };
+            let gpus = vec![GpuId::Mig(device)];
+            let change = |record: &JobRecord| jobs::start(record, node, gpus, now).ok();
+            JobMove::decided(round, job, change, said)
+        }
+        MigJobAction::Halt { job, reason } => {
+            let said = Said::AskedToHaltOnMig {
+                reason: reason.to_string(),
+            };
+            let change = |record: &JobRecord| jobs::must_halt(record, reason, now).ok()?;
+            JobMove::decided(round, job, change, said)
+        }
     }
 }

@@ -4,8 +4,8 @@
 //! registered or synced, a GPU's mode changed), one [`Scheduler::tick`] runs the round's phases
 //! in order, one module each: [`health`] (GPUs reported unhealthy), [`reservations`] (holds due
 //! on reserved GPUs), [`lost`] (nodes that stopped responding, checkpoints lost with them),
-//! [`input`] (the queue and the policies the plan is given) and [`apply`] (the plan stored,
-//! each action in its own transaction).
+//! [`input`] (the queue and the policies the plan is given) and [`apply`] (the plan stored: its
+//! job changes in one write, its placements in another).
 //!
 //! The site's rules on waiting requests are in [`crate::domain::policy`]; the loop's use of them
 //! is here: [`fair_share`] (charging usage every round, ordering the queue), [`limits`] (holding
@@ -371,6 +371,7 @@ impl Scheduler {
         }
         let round = Round {
             site: &site,
+            jobs: site.jobs.iter().map(|job| (job.id, &**job)).collect(),
             pending: &pending,
             gpu_policy: &gpu_policy,
             now,
@@ -444,6 +445,8 @@ impl Scheduler {
 /// What a round's later phases share: the site and the queue as read for the plan.
 struct Round<'a> {
     site: &'a SiteSnapshot,
+    /// The site's jobs by id: a round that starts thousands of jobs looked each up among all.
+    jobs: HashMap<JobId, &'a jobs::JobRecord>,
     pending: &'a [SessionRecord],
     gpu_policy: &'a GpuPolicy,
     now: DateTime<Utc>,

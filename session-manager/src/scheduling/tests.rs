@@ -442,6 +442,47 @@ async fn jobs_share_the_gpus_and_a_session_halts_one_past_its_min_duration() {
     assert_eq!(requeued.chain.restart_count, 1);
 }
 
+/// A round stores every job start it plans, each on its own GPU, and tells the jobs' node of
+/// each; a job no GPU is left for waits.
+#[tokio::test]
+async fn a_round_starts_every_job_it_can_and_tells_their_node() {
+    use crate::notify::Changed;
+    use ongrid_core::job::JobState;
+    let mut f = fixture(&[gpu(1), gpu(2), gpu(3)]).await;
+    let (changes, mut told) = Changes::new(CancellationToken::new()).with_outbox();
+    f.scheduler = f.scheduler.with_changes(changes);
+    let mut submitted = Vec::new();
+    for i in 0..4 {
+        submitted.push(submit_job(&f, None, t0() + TimeDelta::seconds(i)).await);
+    }
+    let report = f
+        .scheduler
+        .tick(t0() + TimeDelta::seconds(5))
+        .await
+        .unwrap();
+    assert_eq!(report.jobs, 3, "{report:?}");
+    let node1 = NodeName::parse("node1").unwrap();
+    let mut gpus = Vec::new();
+    for (i, id) in submitted.iter().enumerate() {
+        let job = stored_job(&f, *id).await;
+        if i < 3 {
+            assert_eq!(job.state(), JobState::Running, "job {i}");
+            assert_eq!(job.node.as_ref(), Some(&node1));
+            gpus.extend(job.gpus.clone());
+        } else {
+            assert_eq!(job.state(), JobState::Queued, "the last in the queue waits");
+        }
+    }
+    gpus.sort_by_key(ToString::to_string);
+    let all: Vec<GpuId> = [1, 2, 3].map(|n| GpuId::Gpu(gpu(n).uuid)).into();
+    assert_eq!(gpus, all);
+    let mut notified = Vec::new();
+    while let Ok(changed) = told.try_recv() {
+        notified.push(changed);
+    }
+    assert_eq!(notified, vec![Changed::Node(node1); 3]);
+}
+
 #[tokio::test]
 async fn a_job_on_a_node_that_stopped_responding_is_requeued_when_restartable() {
     use ongrid_core::job::JobState;

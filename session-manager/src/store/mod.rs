@@ -639,13 +639,27 @@ pub trait Store: Send + Sync {
 
     /// Applies `change` through the job's [`ongrid_core::job::JobLifecycle`] and stores it, with
     /// `next` (the next job of its restart chain, see
-    /// [`crate::domain::jobs::next_in_chain`]) created and linked in the same transaction.
+    /// [`crate::domain::jobs::next_in_chain`]) created and linked in the same transaction: a
+    /// [`Store::job_transition_all`] of one, and the job read back as it leaves it.
     fn job_transition(
         &self,
         id: JobId,
         change: JobChange,
         next: Option<NewJob>,
     ) -> BoxFuture<'_, StoreResult<JobRecord>>;
+
+    /// Applies each change as [`Store::job_transition`] does, all in one write: what the
+    /// scheduler decides for jobs in one round, what one sync of a node reports. Each change's
+    /// outcome is given in order; a change its job's lifecycle refuses
+    /// ([`StoreError::InvalidJobTransition`]) or of a job that does not exist
+    /// ([`StoreError::NoSuchJob`]) is left out of the write with its next job, and the others
+    /// are stored. A job changed again, or a next job changed after it was created, is changed
+    /// as the batch's earlier changes left it. An error of the database fails the whole write.
+    /// Nothing is read back: a caller that needs a job as it is now reads it.
+    fn job_transition_all(
+        &self,
+        changes: Vec<(JobId, JobChange, Option<NewJob>)>,
+    ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>>;
 
     /// Records how much of the job's output the manager has (the agent's next offset) and
     /// whether it is all in.

@@ -177,6 +177,8 @@ backend_tests!(
     a_hold_is_stored_typed_and_read_as_its_sentence,
     a_dashboard_link_is_used_once_and_not_after_it_expired,
     a_restart_chain_is_stored_with_its_history_and_links,
+    job_changes_stored_together_skip_the_refused_ones,
+    a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
     a_store_keeps_its_identity_and_a_restore_raises_its_generation,
@@ -2511,6 +2513,201 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
     assert_eq!(active(&a).await, after_halt);
     let kept = a.jobs(JobFilter::Active).await.unwrap();
     assert_eq!(kept[1].previous_job, None);
+}
+
+/// Job changes stored in one write: each one its job's lifecycle allows is stored, with its
+/// placement and exit code; a refused one and one of an unknown job are answered as refused, and
+/// nothing of them is written; a job changed twice is changed the second time as the first left
+/// it.
+async fn job_changes_stored_together_skip_the_refused_ones(backend: Backend) {
+    use crate::domain::jobs;
+    use ongrid_core::job::{JobReason, JobState};
+
+    let (_place, store) = Place::opened(backend).await;
+    let node = NodeName::parse("node1").unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    let [a, b, c] = [
+        queued_job(&store, t(1), None).await,
+        queued_job(&store, t(1), None).await,
+        queued_job(&store, t(1), None).await,
+    ];
+    let on = |n: u8| vec![GpuId::from(gpu(n).uuid)];
+    let unknown = JobId::new_random();
+    let outcomes = store
+        .job_transition_all(vec![
+            (
+                a.id,
+                jobs::start(&a, node.clone(), on(1), t(2)).unwrap(),
+                None,
+            ),
+            (unknown, jobs::cancel_by_owner(&a, t(2)).unwrap(), None),
+            // QUEUED to FINISHED is not a transition of the lifecycle: its exit code stays out.
+            (
+                b.id,
+                job_change(
+                    JobState::Finished,
+                    t(2),
+                    JobReason::Exited { code: 0 },
+                    Some(0),
+                ),
+                None,
+            ),
+            (
+                c.id,
+                jobs::start(&c, node.clone(), on(2), t(2)).unwrap(),
+                None,
+            ),
+            // A job changed a second time in the same write: after its first change, which
+            // placed it.
+            (
+                a.id,
+                job_change(JobState::MustHalt, t(3), JobReason::HaltedByUser, None),
+                None,
+            ),
+            (
+                a.id,
+                job_change(
+                    JobState::Failed,
+                    t(4),
+                    JobReason::Exited { code: 3 },
+                    Some(3),
+                ),
+                None,
+            ),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(outcomes.len(), 6);
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+    assert!(matches!(outcomes[1], Err(StoreError::NoSuchJob(id)) if id == unknown));
+    assert!(
+        matches!(outcomes[2], Err(StoreError::InvalidJobTransition(_))),
+        "{outcomes:?}"
+    );
+    assert!(outcomes[3..].iter().all(Result::is_ok), "{outcomes:?}");
+
+    use JobState::{Failed, MustHalt, Queued, Running};
+    let stored = |id| {
+        let store = store.clone();
+        async move { store.job(id).await.unwrap().unwrap() }
+    };
+    let a = stored(a.id).await;
+    let states: Vec<JobState> = a.lifecycle.history().iter().map(|t| t.to).collect();
+    assert_eq!(states, [Queued, Running, MustHalt, Failed]);
+    assert_eq!(a.lifecycle.last().at, t(4));
+    assert_eq!(
+        (&a.node, &a.gpus, a.exit_code),
+        (&Some(node.clone()), &on(1), Some(3))
+    );
+    let b = stored(b.id).await;
+    assert_eq!(b.lifecycle.history().len(), 1);
+    assert_eq!((b.state(), b.exit_code, &b.node), (Queued, None, &None));
+    let c = stored(c.id).await;
+    assert_eq!(c.lifecycle.history().len(), 2);
+    assert_eq!(
+        (c.state(), &c.node, &c.gpus),
+        (Running, &Some(node), &on(2))
+    );
+    assert_eq!(c.exit_code, None);
+    assert!(store.job(unknown).await.unwrap().is_none());
+    assert!(store
+        .job_transition_all(Vec::new())
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A job ended in a write with other changes creates the next job of its chain in that write,
+/// linked both ways; a change of that next job later in the same write finds it. A refused
+/// change creates no next job.
+async fn a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain(
+    backend: Backend,
+) {
+    use crate::domain::jobs::{self, JobLimits};
+    use ongrid_core::job::{JobReason, JobState, HALT_EXIT_CODE};
+
+    let (_place, store) = Place::opened(backend).await;
+    let node = NodeName::parse("node1").unwrap();
+    register(&store, "node1", &[gpu(1)], t(0)).await;
+    let first = queued_job(&store, t(1), None).await;
+    let other = queued_job(&store, t(1), None).await;
+    let started = jobs::start(&first, node.clone(), vec![GpuId::from(gpu(1).uuid)], t(2));
+    let first = store
+        .job_transition(first.id, started.unwrap(), None)
+        .await
+        .unwrap();
+    let halted = job_change(
+        JobState::Halted,
+        t(602),
+        JobReason::HaltedCleanly,
+        Some(HALT_EXIT_CODE),
+    );
+    let limits = JobLimits::default();
+    let next = jobs::next_in_chain(&first, &halted, JobId::new_random(), &limits).unwrap();
+    // `other` is QUEUED: it cannot be HALTED, and the job that would follow it is not created.
+    let refused_next = jobs::next_in_chain(&other, &halted, JobId::new_random(), &limits).unwrap();
+    let cancel_next = job_change(
+        JobState::Cancelled,
+        t(603),
+        JobReason::CancelledByUser,
+        None,
+    );
+    let outcomes = store
+        .job_transition_all(vec![
+            (other.id, halted.clone(), Some(refused_next.clone())),
+            (first.id, halted, Some(next.clone())),
+            (next.id, cancel_next, None),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcomes[0], Err(StoreError::InvalidJobTransition(_))),
+        "{outcomes:?}"
+    );
+    assert!(outcomes[1..].iter().all(Result::is_ok), "{outcomes:?}");
+
+    let first = store.job(first.id).await.unwrap().unwrap();
+    assert_eq!(first.state(), JobState::Halted);
+    assert_eq!(first.exit_code, Some(HALT_EXIT_CODE));
+    assert_eq!(first.next_job, Some(next.id));
+    let stored_next = store.job(next.id).await.unwrap().unwrap();
+    assert_eq!(stored_next.previous_job, Some(first.id));
+    assert_eq!(stored_next.chain.initial_job, first.id);
+    assert_eq!(stored_next.chain.restart_count, 1);
+    assert_eq!(stored_next.pinned_node, Some(node));
+    let states: Vec<JobState> = stored_next
+        .lifecycle
+        .history()
+        .iter()
+        .map(|t| t.to)
+        .collect();
+    assert_eq!(states, [JobState::Queued, JobState::Cancelled]);
+    assert_eq!(
+        stored_next.lifecycle.history()[0].reason,
+        JobReason::Requeued {
+            previous: first.id,
+            restart_count: 1
+        }
+    );
+    let other = store.job(other.id).await.unwrap().unwrap();
+    assert_eq!((other.state(), other.next_job), (JobState::Queued, None));
+    assert!(store.job(refused_next.id).await.unwrap().is_none());
+}
+
+/// A change of a job to `to` at `at`, with no placement.
+fn job_change(
+    to: ongrid_core::job::JobState,
+    at: DateTime<Utc>,
+    reason: ongrid_core::job::JobReason,
+    exit_code: Option<i32>,
+) -> crate::domain::jobs::JobChange {
+    crate::domain::jobs::JobChange {
+        to,
+        at,
+        reason,
+        place: None,
+        exit_code,
+    }
 }
 
 /// Alice's QUEUED job submitted at `at` (restartable, on the local target unless `grid`).

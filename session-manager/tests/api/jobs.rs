@@ -388,6 +388,96 @@ async fn jobs_run_report_halt_restart_and_stay_private() {
     m.stop().await;
 }
 
+/// One sync's reports of several jobs are all followed: a job that exited within one sync of
+/// its halt signal passes through HALTING at the signal's time before it is HALTED (and its
+/// restartable chain goes on), another job's exit finishes it, and the last output of both is
+/// kept.
+#[tokio::test]
+async fn one_sync_ends_several_jobs_each_through_its_own_states() {
+    let site = Site::new();
+    let m = site.start().await;
+    let gpus = vec![a100(1), a100(2)];
+    m.node1.register("node1", gpus.clone()).await;
+    frozen_image(&m, &gpus).await;
+    let halted: JobView = m
+        .alice
+        .ok(
+            StatusCode::CREATED,
+            m.alice.post("/v1/jobs", &submit("mymodel:v1", true)),
+        )
+        .await;
+    let halted_id = halted.id.to_string();
+    m.alice.wait_for_job(&halted_id, JobState::Running).await;
+    let finished_id = running_job(&m, &gpus, b"step 1\n").await;
+    let finished = m.alice.job(&finished_id).await;
+    let asked: JobView = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.post(&format!("/v1/jobs/{halted_id}/halt"), &()),
+        )
+        .await;
+    assert_eq!(asked.state, JobState::MustHalt);
+
+    let signalled_at = Utc::now();
+    let quick_exit = ObservedJobStatus::Exited {
+        started_at: signalled_at - TimeDelta::seconds(60),
+        finished_at: signalled_at + TimeDelta::seconds(1),
+        exit_code: 123,
+        oom_killed: false,
+        killed: false,
+        signalled_at: Some(signalled_at),
+    };
+    let last = |offset: u64, data: &[u8]| LogChunk {
+        offset,
+        data: data.to_vec(),
+        complete: true,
+    };
+    let reports = vec![
+        ObservedJob {
+            job_id: halted.id,
+            status: quick_exit,
+            log: Some(last(0, b"checkpoint written\n")),
+        },
+        ObservedJob {
+            job_id: finished.id,
+            status: exited(0, false),
+            log: Some(last(7, b"done\n")),
+        },
+    ];
+    report(&m, &gpus, vec![], reports).await;
+
+    let halted = m.alice.job(&halted_id).await;
+    let states: Vec<JobState> = halted.transitions.iter().map(|t| t.to).collect();
+    use JobState::{Halted, Halting, MustHalt, Queued, Running};
+    assert_eq!(states, [Queued, Running, MustHalt, Halting, Halted]);
+    assert_eq!(halted.transitions[3].at, signalled_at);
+    assert_eq!(halted.exit_code, Some(123));
+    assert!(halted.output_complete);
+    let next = halted.next_job.expect("a restartable job is re-queued");
+    assert_eq!(
+        m.alice.job(&next.to_string()).await.previous_job,
+        Some(halted.id)
+    );
+    let finished = m.alice.job(&finished_id).await;
+    assert_eq!(
+        (finished.state, finished.exit_code, finished.output_complete),
+        (JobState::Finished, Some(0), true)
+    );
+    let logs: LogChunk = m
+        .alice
+        .ok(
+            StatusCode::OK,
+            m.alice.get(&format!("/v1/jobs/{finished_id}/logs")),
+        )
+        .await;
+    assert_eq!(
+        (logs.data.as_slice(), logs.complete),
+        (&b"step 1\ndone\n"[..], true)
+    );
+    m.stop().await;
+}
+
 /// Far shorter than the logs long-poll's timeout (60 s) and any periodic interval here (an hour
 /// between syncs and scheduling rounds; no agent runs): only the manager's push answers within it.
 const PUSHED_WITHIN: Duration = Duration::from_secs(5);

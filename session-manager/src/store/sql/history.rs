@@ -13,7 +13,7 @@ use crate::domain::sessions::Placement;
 use crate::store::{StoreError, StoreResult};
 
 /// Rows or values per statement: SQLite takes at most 32,766 values, PostgreSQL 65,535.
-const PER_STATEMENT: usize = 500;
+pub(super) const PER_STATEMENT: usize = 500;
 
 /// The lifecycles of `ids` as stored, each replayed from its history; a session without one
 /// (there is no such session) is left out.
@@ -211,7 +211,7 @@ impl NewRows {
 
 /// Runs `query`, built for `rows` rows. One row, the common single change, is the same statement
 /// every time: cached; more are not, since their statements differ with their count.
-async fn execute(
+pub(super) async fn execute(
     mut query: QueryBuilder<'_, Db>,
     rows: usize,
     tx: &mut Transaction<'static, Db>,

@@ -1,28 +1,25 @@
 //! The SQL of batch jobs (`jobs`, `job_transitions`, migration 0007): a row per job
 //! with its spec as JSON and its restart-chain links, and its history with typed reasons. A
-//! state changes only through [`SqlStore::job_transition`], which replays the history
-//! into a [`JobLifecycle`] inside the write transaction, and stores the next job of the chain in
-//! the same transaction. `pinned_node` (migration 0012) is where a re-queued job must start; a
-//! job of a grid target has its row in `grid_jobs` (migration 0017, [`super::grid_jobs`]).
-//! An ended job's record is removed by its owner or pruned past the site's retention
-//! ([`SqlStore::remove_job`], [`SqlStore::prune_jobs`]), with everything that refers
-//! to it.
+//! state changes only through [`SqlStore::job_transition_all`] (for one change,
+//! [`SqlStore::job_transition`]), which replays the histories into
+//! [`ongrid_core::job::JobLifecycle`]s inside the write transaction, and stores the next jobs of
+//! the chains in the same transaction; the many are read and written together by
+//! [`super::job_history`]. `pinned_node` (migration 0012) is where a re-queued job must start; a
+//! job of a grid target has its row in `grid_jobs` (migration 0017, [`super::grid_jobs`]). An
+//! ended job's record is removed by its owner or pruned past the site's retention
+//! ([`SqlStore::remove_job`], [`SqlStore::prune_jobs`]), with everything that refers to it.
 
-use ongrid_core::job::{
-    JobId, JobImage, JobLifecycle, JobReason, JobState, JobTransition, RestartChain,
-};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use ongrid_core::job::{JobId, JobImage, JobTransition, RestartChain};
 use ongrid_core::{HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
-use super::{
-    from_json, parse, parse_timestamp, planning, query_with, timestamp, to_json, Db, DbConnection,
-    DbRow, SqlStore,
-};
+use super::job_history::{self, JobWrites};
+use super::{from_json, parse, planning, query_with, timestamp, Db, DbConnection, DbRow, SqlStore};
 use crate::domain::jobs::{self, JobChange, JobRecord, NewJob};
 use crate::store::{JobFilter, JobRemoval, StoreError, StoreResult};
 
@@ -44,8 +41,9 @@ impl SqlStore {
     pub(super) async fn create_job(&self, new: NewJob) -> StoreResult<JobRecord> {
         let mut tx = self.write().await?;
         super::refuse_removed(&mut tx, &new.owner).await?;
-        let change = planning::next_change(&mut tx).await?;
-        insert_job(&mut tx, &new, change).await?;
+        let mut writes = JobWrites::default();
+        writes.push_job(&new)?;
+        writes.insert(&mut tx).await?;
         tx.commit().await?;
         self.job(new.id).await?.ok_or(StoreError::NoSuchJob(new.id))
     }
@@ -54,18 +52,9 @@ impl SqlStore {
         // The row and its history in one snapshot, so a job changed meanwhile is never read
         // half old, half new (a RUNNING job without its GPUs).
         let mut conn = self.read_snapshot().await?;
-        let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = $1");
-        let row = sqlx::query(&sql)
-            .bind(id.to_string())
-            .fetch_optional(&mut *conn)
-            .await?;
-        let job = match row {
-            Some(row) => {
-                let history = load_history(&mut conn, id).await?;
-                Some(job_from_row(&row, history)?)
-            }
-            None => None,
-        };
+        let job = read_jobs(&mut conn, "j.id = $1", &[&id.to_string()])
+            .await?
+            .pop();
         conn.commit().await?;
         Ok(job)
     }
@@ -95,8 +84,12 @@ impl SqlStore {
         if any.is_none() {
             return Ok(Vec::new());
         }
-        let jobs = self.jobs_where(&condition, value.as_deref()).await?;
-        Ok(jobs.into_iter().map(|(_, job)| job).collect())
+        // One snapshot for the rows and their histories, as in `job`.
+        let mut conn = self.read_snapshot().await?;
+        let values: Vec<&str> = value.as_deref().into_iter().collect();
+        let jobs = read_jobs(&mut conn, &condition, &values).await?;
+        conn.commit().await?;
+        Ok(jobs)
     }
 
     /// The jobs QUEUED or holding GPUs, in queue order: those kept for planning
@@ -111,18 +104,19 @@ impl SqlStore {
                     let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM jobs")
                         .fetch_one(&self.pool)
                         .await?;
-                    let active = self
-                        .jobs_where(&format!("j.state IN {ACTIVE}"), None)
-                        .await?;
-                    Ok((
-                        seen.unwrap_or(0),
-                        active.into_iter().map(|(_, job)| job).collect(),
-                    ))
+                    let mut conn = self.read_snapshot().await?;
+                    let active = read_jobs(&mut conn, &format!("j.state IN {ACTIVE}"), &[]).await?;
+                    conn.commit().await?;
+                    Ok((seen.unwrap_or(0), active))
                 },
                 |seen| async move {
                     let seen = seen.to_string();
-                    self.jobs_where("j.change_seq > CAST($1 AS BIGINT)", Some(&seen))
-                        .await
+                    let mut conn = self.read_snapshot().await?;
+                    let changed =
+                        read_stamped_jobs(&mut conn, "j.change_seq > CAST($1 AS BIGINT)", &[&seen])
+                            .await?;
+                    conn.commit().await?;
+                    Ok(changed)
                 },
                 |kept| kept.values().cloned().collect(),
             )
@@ -132,81 +126,61 @@ impl SqlStore {
         Ok(jobs)
     }
 
-    /// The jobs matching `condition` (on `jobs j`, with `value` as its `$1`), in queue order,
-    /// each with its change number: the rows, then all their histories in one statement, in one
-    /// snapshot (as in `job`).
-    async fn jobs_where(
+    /// Applies each change through its job's replayed lifecycle, all in one write (see
+    /// [`crate::store::Store::job_transition_all`]): the histories of all the jobs are read in
+    /// one statement, and what the changes write goes in one `INSERT` of the new jobs of their
+    /// chains, one of the transitions and one `UPDATE` of the jobs' rows ([`JobWrites`]). A job
+    /// changed again, or created as the next of a chain, is changed as the batch left it.
+    pub(super) async fn job_transition_all(
         &self,
-        condition: &str,
-        value: Option<&str>,
-    ) -> StoreResult<Vec<(i64, JobRecord)>> {
-        let sql = format!(
-            "SELECT j.change_seq, {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id"
-        );
-        let mut conn = self.read_snapshot().await?;
-        let rows = query_with(&sql, value).fetch_all(&mut *conn).await?;
-        let mut histories = if rows.is_empty() {
-            HashMap::new()
-        } else {
-            load_histories(&mut conn, condition, value).await?
-        };
-        conn.commit().await?;
-        rows.iter()
-            .map(|row| {
-                let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
-                let history = histories.remove(&id).unwrap_or_default();
-                Ok((row.try_get("change_seq")?, job_from_row(row, history)?))
-            })
-            .collect()
+        changes: Vec<(JobId, JobChange, Option<NewJob>)>,
+    ) -> StoreResult<Vec<StoreResult<()>>> {
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.write().await?;
+        let ids: Vec<JobId> = changes.iter().map(|(id, ..)| *id).collect();
+        let mut lifecycles = job_history::lifecycles(&mut tx, &ids).await?;
+        let mut writes = JobWrites::default();
+        let mut outcomes = Vec::with_capacity(changes.len());
+        for (id, change, next) in changes {
+            // A refusal is decided before anything of the change is added to the writes.
+            let Some(lifecycle) = lifecycles.get_mut(&id) else {
+                outcomes.push(Err(StoreError::NoSuchJob(id)));
+                continue;
+            };
+            let seq = lifecycle.history().len();
+            let transition = match lifecycle.transition(change.to, change.at, change.reason.clone())
+            {
+                Ok(transition) => transition,
+                Err(refused) => {
+                    outcomes.push(Err(refused.into()));
+                    continue;
+                }
+            };
+            writes.push_transition(id, seq, transition)?;
+            writes.set_state(id, &change, next.as_ref().map(|n| n.id))?;
+            if let Some(next) = &next {
+                let created = writes.push_job(next)?;
+                lifecycles.insert(next.id, created);
+            }
+            outcomes.push(Ok(()));
+        }
+        writes.insert(&mut tx).await?;
+        tx.commit().await?;
+        Ok(outcomes)
     }
 
+    /// [`Self::job_transition_all`] of one change, and the job as it leaves it.
     pub(super) async fn job_transition(
         &self,
         id: JobId,
         change: JobChange,
         next: Option<NewJob>,
     ) -> StoreResult<JobRecord> {
-        let mut tx = self.write().await?;
-        let history = load_history(&mut tx, id).await?;
-        if history.is_empty() {
-            return Err(StoreError::NoSuchJob(id));
+        for outcome in self.job_transition_all(vec![(id, change, next)]).await? {
+            outcome?;
         }
-        let mut lifecycle = JobLifecycle::from_history(history)
-            .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
-        let seq = lifecycle.history().len();
-        let transition = lifecycle
-            .transition(change.to, change.at, change.reason.clone())?
-            .clone();
-        insert_transition(&mut tx, id, seq, &transition).await?;
-        let id_text = id.to_string();
-        let stamp = planning::next_change(&mut tx).await?;
-        sqlx::query(
-            "UPDATE jobs SET state = $1, exit_code = COALESCE($2, exit_code), change_seq = $3 \
-             WHERE id = $4",
-        )
-        .bind(change.to.as_str())
-        .bind(change.exit_code)
-        .bind(stamp)
-        .bind(&id_text)
-        .execute(&mut *tx)
-        .await?;
-        if let Some((node, gpus)) = &change.place {
-            sqlx::query("UPDATE jobs SET node = $1, gpus = $2 WHERE id = $3")
-                .bind(node.as_str())
-                .bind(to_json(gpus)?)
-                .bind(&id_text)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some(next) = &next {
-            insert_job(&mut tx, next, stamp).await?;
-            sqlx::query("UPDATE jobs SET next_job = $1 WHERE id = $2")
-                .bind(next.id.to_string())
-                .bind(&id_text)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
         self.job(id).await?.ok_or(StoreError::NoSuchJob(id))
     }
 
@@ -217,16 +191,12 @@ impl SqlStore {
         now: DateTime<Utc>,
     ) -> StoreResult<JobRemoval> {
         let mut tx = self.write().await?;
-        let sql = format!("SELECT {JOB_COLUMNS} WHERE j.id = $1");
-        let row = sqlx::query(&sql)
-            .bind(id.to_string())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = row else {
+        let Some(job) = read_jobs(&mut tx, "j.id = $1", &[&id.to_string()])
+            .await?
+            .pop()
+        else {
             return Ok(JobRemoval::NoSuchJob);
         };
-        let history = load_history(&mut tx, id).await?;
-        let job = job_from_row(&row, history)?;
         if let Err(refusal) = jobs::removal(&job, output_grace, now) {
             return Ok(JobRemoval::Refused(refusal));
         }
@@ -330,118 +300,58 @@ async fn delete_jobs(
 }
 
 /// `$1, $2, ...`: `count` numbered parameters.
-fn placeholders(count: usize) -> String {
+pub(super) fn placeholders(count: usize) -> String {
     (1..=count)
         .map(|n| format!("${n}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-/// Inserts `new`, QUEUED, stamped with the write's change number `change`
-/// ([`planning::next_change`]).
-async fn insert_job(
-    tx: &mut Transaction<'static, Db>,
-    new: &NewJob,
-    change: i64,
-) -> StoreResult<()> {
-    sqlx::query(
-        "INSERT INTO jobs (id, owner, state, spec, max_duration_secs, image_digest, docker_image, \
-         chain_initial, restart_count, previous_job, queued_at, pinned_node, change_seq) \
-         VALUES ($1, $2, 'QUEUED', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-    )
-    .bind(new.id.to_string())
-    .bind(new.owner.as_str())
-    .bind(to_json(&new.spec)?)
-    .bind(
-        new.max_duration
-            .map(|d| super::clamp(d.as_duration().as_secs())),
-    )
-    .bind(&new.image.digest)
-    .bind(&new.image.docker_image)
-    .bind(new.chain.initial_job.to_string())
-    .bind(i64::from(new.chain.restart_count))
-    .bind(new.previous_job.map(|j| j.to_string()))
-    .bind(timestamp(new.at))
-    .bind(new.pinned_node.as_ref().map(NodeName::as_str))
-    .bind(change)
-    .execute(&mut **tx)
-    .await?;
-    if let Some(grid) = &new.grid {
-        super::grid_jobs::insert_grid(tx, new.id, grid).await?;
-    }
-    let created = JobLifecycle::new(new.at, new.reason.clone());
-    insert_transition(tx, new.id, 0, created.last()).await
-}
-
-async fn insert_transition(
-    tx: &mut Transaction<'static, Db>,
-    id: JobId,
-    seq: usize,
-    transition: &JobTransition,
-) -> StoreResult<()> {
-    sqlx::query(
-        "INSERT INTO job_transitions (job_id, seq, from_state, to_state, at, reason) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(id.to_string())
-    .bind(i64::try_from(seq).map_err(|_| StoreError::Corrupt("history too long".to_owned()))?)
-    .bind(transition.from.map(JobState::as_str))
-    .bind(transition.to.as_str())
-    .bind(timestamp(transition.at))
-    .bind(to_json(&transition.reason)?)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-async fn load_history(conn: &mut DbConnection, id: JobId) -> StoreResult<Vec<JobTransition>> {
-    let rows = sqlx::query(
-        "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = $1 \
-         ORDER BY seq",
-    )
-    .bind(id.to_string())
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter().map(transition_from_row).collect()
-}
-
-fn transition_from_row(row: &DbRow) -> StoreResult<JobTransition> {
-    let from: Option<String> = row.try_get("from_state")?;
-    Ok(JobTransition {
-        from: from.map(|f| parse(&f, "job state")).transpose()?,
-        to: parse(&row.try_get::<String, _>("to_state")?, "job state")?,
-        at: parse_timestamp(&row.try_get::<String, _>("at")?)?,
-        reason: from_json::<JobReason>(&row.try_get::<String, _>("reason")?, "job reason")?,
-    })
-}
-
-/// The histories of the jobs matching `condition` (on `jobs j`, `value` its `$1`), by job, in
-/// one statement.
-async fn load_histories(
+/// The jobs `condition` selects (on the jobs' columns as `j`, `values` bound to its
+/// parameters) in queue order, each with its history: two statements, whatever their number.
+/// `conn` should see one snapshot, so that no job is read half old, half new.
+async fn read_jobs(
     conn: &mut DbConnection,
     condition: &str,
-    value: Option<&str>,
-) -> StoreResult<HashMap<JobId, Vec<JobTransition>>> {
-    let sql = format!(
-        "SELECT t.job_id, t.from_state, t.to_state, t.at, t.reason FROM job_transitions t \
-         JOIN jobs j ON j.id = t.job_id WHERE {condition} ORDER BY t.job_id, t.seq"
-    );
-    let rows = query_with(&sql, value).fetch_all(&mut *conn).await?;
-    let mut histories: HashMap<JobId, Vec<JobTransition>> = HashMap::new();
-    for row in &rows {
-        let id: JobId = parse(&row.try_get::<String, _>("job_id")?, "job id")?;
-        histories
-            .entry(id)
-            .or_default()
-            .push(transition_from_row(row)?);
-    }
-    Ok(histories)
+    values: &[&str],
+) -> StoreResult<Vec<JobRecord>> {
+    let jobs = read_stamped_jobs(conn, condition, values).await?;
+    Ok(jobs.into_iter().map(|(_, job)| job).collect())
 }
 
-fn job_from_row(row: &DbRow, history: Vec<JobTransition>) -> StoreResult<JobRecord> {
+/// As [`read_jobs`], each job with the change number it was last stamped with.
+async fn read_stamped_jobs(
+    conn: &mut DbConnection,
+    condition: &str,
+    values: &[&str],
+) -> StoreResult<Vec<(i64, JobRecord)>> {
+    let sql =
+        format!("SELECT j.change_seq, {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
+    let rows = query_with(&sql, values.iter().copied())
+        .fetch_all(&mut *conn)
+        .await?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut histories = job_history::histories(conn, condition, values).await?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get("change_seq")?,
+                job_from_row(row, &mut histories)?,
+            ))
+        })
+        .collect()
+}
+
+/// A job from a row of [`JOB_COLUMNS`], its history taken from `histories`.
+fn job_from_row(
+    row: &DbRow,
+    histories: &mut HashMap<JobId, Vec<JobTransition>>,
+) -> StoreResult<JobRecord> {
     let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
-    let lifecycle = JobLifecycle::from_history(history)
-        .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))?;
+    let history = histories.remove(&id).unwrap_or_default();
+    let lifecycle = job_history::lifecycle_of(id, history)?;
     let optional_job = |column: &str| -> StoreResult<Option<JobId>> {
         row.try_get::<Option<String>, _>(column)?
             .map(|text| parse(&text, "job id"))

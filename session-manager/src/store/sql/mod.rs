@@ -513,6 +513,9 @@ impl Store for SqlStore {
         fn jobs(filter: JobFilter) -> Vec<JobRecord>;
         fn planning_jobs() -> Vec<std::sync::Arc<JobRecord>>;
         fn job_transition(id: JobId, change: JobChange, next: Option<NewJob>) -> JobRecord;
+        fn job_transition_all(
+            changes: Vec<(JobId, JobChange, Option<NewJob>)>,
+        ) -> Vec<StoreResult<()>>;
         fn record_job_log(id: JobId, size: u64, complete: bool) -> ();
         fn remove_job(
             id: JobId,
@@ -967,6 +970,7 @@ mod history;
 mod identity;
 mod images;
 pub(super) mod inventory;
+mod job_history;
 mod jobs;
 mod nodes;
 pub(super) mod planning;
