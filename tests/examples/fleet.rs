@@ -430,7 +430,7 @@ async fn create_session(
     if view.state != ongrid_core::SessionState::Pending {
         locked(&record.sent).insert(view.id, sent);
     }
-    if k % 10 == 0 {
+    if k.is_multiple_of(10) {
         let sent = Instant::now();
         let answer = client
             .get(format!("{manager}/v1/sessions/{}", view.name))
@@ -445,7 +445,7 @@ async fn create_session(
             Err(e) => record.error(format!("show: {e}")),
         }
     }
-    if k % 50 == 0 {
+    if k.is_multiple_of(50) {
         let sent = Instant::now();
         let answer = client.get(format!("{manager}/v1/sessions")).send().await;
         match answer {

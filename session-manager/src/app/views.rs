@@ -430,7 +430,10 @@ pub async fn job_view_now(state: &AppState, job: JobRecord) -> Result<JobView, A
                 .limit_wait(crate::scheduling::limits::Waiting::Job(job.id))
         })
         .flatten();
-    let positions = job_queue_positions(state, &active).await?;
+    let position = job_queue_position(state, &job, &active).await?;
+    let positions = position
+        .map(|p| HashMap::from([(job.id, p)]))
+        .unwrap_or_default();
     let mut view = job_view(job, &active, &positions, state.clock.now());
     if let (Some(limit), Some(waiting)) = (held_back, view.waiting.as_mut()) {
         // A QUEUED job over a `[limits]` maximum says which one holds it.
@@ -442,6 +445,36 @@ pub async fn job_view_now(state: &AppState, job: JobRecord) -> Result<JobView, A
     Ok(view)
 }
 
+/// `job`'s 1-based place among the QUEUED jobs of `active`, as [`job_queue_positions`] would
+/// give it, without ordering the others.
+async fn job_queue_position(
+    state: &AppState,
+    job: &JobRecord,
+    active: &[Arc<JobRecord>],
+) -> Result<Option<u32>, ApiError> {
+    if job.state() != JobState::Queued || job.grid.is_some() {
+        return Ok(None);
+    }
+    let accounts = match &state.config.fair_share {
+        Some(_) => state.store.usage_accounts().await?,
+        None => Vec::new(),
+    };
+    Ok(crate::scheduling::fair_share::serve_place(
+        job.id,
+        queued_locally(active).map(|j| (&j.owner, j.queued_at(), j.id)),
+        &accounts,
+        state.config.fair_share.as_ref(),
+    ))
+}
+
+/// The jobs of `active` that wait in the site's queue: QUEUED, not for a grid target.
+fn queued_locally(active: &[Arc<JobRecord>]) -> impl Iterator<Item = &JobRecord> {
+    active
+        .iter()
+        .map(|j| &**j)
+        .filter(|j| j.state() == JobState::Queued && j.grid.is_none())
+}
+
 /// 1-based queue positions of the QUEUED jobs among `active`, in the order the scheduler
 /// serves them (fair-share priority, then time queued). Jobs of grid targets wait in their
 /// engines' queues, not in this one: they have no position.
@@ -449,9 +482,7 @@ async fn job_queue_positions(
     state: &AppState,
     active: &[Arc<JobRecord>],
 ) -> Result<HashMap<JobId, u32>, ApiError> {
-    let waiting: Vec<_> = active
-        .iter()
-        .filter(|j| j.state() == JobState::Queued && j.grid.is_none())
+    let waiting: Vec<_> = queued_locally(active)
         .map(|j| (j.owner.clone(), j.queued_at(), j.id))
         .collect();
     let accounts = match &state.config.fair_share {

@@ -133,19 +133,47 @@ pub fn serve_order<Id: Ord + Copy>(
     accounts: &[Account],
     config: Option<&FairShareConfig>,
 ) -> Vec<Id> {
-    let standings = config.map(|config| standings(accounts, config));
-    let mut keyed: Vec<_> = waiting
-        .iter()
-        .map(|(owner, queued_at, id)| {
-            let priority = standings
-                .as_deref()
-                .map(|standings| owner_priority(accounts, standings, owner))
-                .unwrap_or_default();
-            (priority, *queued_at, *id)
-        })
-        .collect();
+    let waiting = waiting.iter().map(|(owner, at, id)| (owner, *at, *id));
+    let mut keyed = serve_keys(waiting, accounts, config);
     keyed.sort();
     keyed.into_iter().map(|(_, _, id)| id).collect()
+}
+
+/// The 1-based place of `target` in [`serve_order`] of `waiting` (which holds it), counted
+/// without ordering the rest: a job's answer places it among thousands queued.
+pub fn serve_place<'a, Id: Ord + Copy>(
+    target: Id,
+    waiting: impl IntoIterator<Item = (&'a Dn, DateTime<Utc>, Id)>,
+    accounts: &[Account],
+    config: Option<&FairShareConfig>,
+) -> Option<u32> {
+    let keyed = serve_keys(waiting, accounts, config);
+    let key = *keyed.iter().find(|(_, _, id)| *id == target)?;
+    let ahead = keyed.iter().filter(|other| **other < key).count();
+    u32::try_from(ahead + 1).ok()
+}
+
+/// Each waiting request's key in the order served: its owner's priority (worked out once per
+/// owner), the time it was queued, its id.
+fn serve_keys<'a, Id>(
+    waiting: impl IntoIterator<Item = (&'a Dn, DateTime<Utc>, Id)>,
+    accounts: &[Account],
+    config: Option<&FairShareConfig>,
+) -> Vec<(Priority, DateTime<Utc>, Id)> {
+    let standings = config.map(|config| standings(accounts, config));
+    let mut priorities: HashMap<&Dn, Priority> = HashMap::new();
+    waiting
+        .into_iter()
+        .map(|(owner, queued_at, id)| {
+            let priority = *priorities.entry(owner).or_insert_with(|| {
+                standings
+                    .as_deref()
+                    .map(|standings| owner_priority(accounts, standings, owner))
+                    .unwrap_or_default()
+            });
+            (priority, queued_at, id)
+        })
+        .collect()
 }
 
 /// The standings as of the stored accounts, decayed to `now` (for `devctl share`).
@@ -205,5 +233,11 @@ mod tests {
         assert_eq!(serve_order(&waiting, &accounts, Some(&config)), [3, 1, 2]);
         // Without [fairshare], first come, first served.
         assert_eq!(serve_order(&waiting, &accounts, None), [1, 2, 3]);
+        // Each one's place, counted alone, is its place in the order.
+        let listed = || waiting.iter().map(|(owner, at, id)| (owner, *at, *id));
+        let places = [1u32, 2, 3].map(|id| serve_place(id, listed(), &accounts, Some(&config)));
+        assert_eq!(places, [Some(2), Some(3), Some(1)]);
+        assert_eq!(serve_place(3, listed(), &accounts, None), Some(3));
+        assert_eq!(serve_place(4, listed(), &accounts, None), None);
     }
 }
