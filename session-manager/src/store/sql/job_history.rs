@@ -26,10 +26,13 @@ pub(super) async fn histories(
     condition: &str,
     values: &[&str],
 ) -> StoreResult<HashMap<JobId, Vec<JobTransition>>> {
+    // The jobs first, then each one's history by the index on (job_id, seq): written as a join,
+    // SQLite chose to walk every job's history in that index's order (the `ORDER BY`) and look
+    // up each one's job, 40 ms with 30,000 rows, at every sync of a node running jobs and at
+    // every planning read of the changed jobs.
     let sql = format!(
-        "SELECT t.job_id, t.from_state, t.to_state, t.at, t.reason \
-         FROM job_transitions t JOIN jobs j ON j.id = t.job_id \
-         WHERE {condition} ORDER BY t.job_id, t.seq"
+        "SELECT t.job_id, t.from_state, t.to_state, t.at, t.reason FROM job_transitions t \
+         WHERE t.job_id IN (SELECT j.id FROM jobs j WHERE {condition}) ORDER BY t.job_id, t.seq"
     );
     // A list of ids makes a statement of its own length: kept out of the statement cache.
     let rows = query_with(&sql, values.iter().copied())
