@@ -530,6 +530,14 @@ impl Site {
         std::fs::write(&second, &text).expect("write the second manager's config");
         self.postgres = Some(postgres);
         self.start_manager();
+        // The first leads before the second starts, so the second follows: started at once,
+        // either could take the lead first.
+        self.wait_until("the first replica to lead", Duration::from_secs(30), || {
+            std::fs::read_to_string(self.dir.path().join("manager.log"))
+                .ok()?
+                .contains("Leading")
+                .then_some(())
+        });
         let (child, addr) = self.spawn_listening_as(
             "ongrid-manager",
             "manager2",

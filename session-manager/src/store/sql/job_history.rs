@@ -10,9 +10,9 @@ use ongrid_core::NodeName;
 use sqlx::{QueryBuilder, Row, Transaction};
 
 use super::history::{execute, PER_STATEMENT};
-use super::jobs::placeholders;
 use super::{
-    from_json, parse, parse_timestamp, query_with, timestamp, to_json, Db, DbConnection, DbRow,
+    from_json, parse, parse_timestamp, placeholders, query_with, timestamp, to_json, Db,
+    DbConnection, DbRow,
 };
 use crate::domain::grid_jobs::GridJob;
 use crate::domain::jobs::{JobChange, NewJob};

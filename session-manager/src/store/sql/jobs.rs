@@ -19,7 +19,10 @@ use ongrid_core::{HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
 use super::job_history::{self, JobWrites};
-use super::{from_json, parse, planning, query_with, timestamp, Db, DbConnection, DbRow, SqlStore};
+use super::{
+    from_json, parse, placeholders, planning, query_with, timestamp, Db, DbConnection, DbRow,
+    SqlStore,
+};
 use crate::domain::jobs::{self, JobChange, JobRecord, NewJob};
 use crate::store::{JobFilter, JobRemoval, StoreError, StoreResult};
 
@@ -297,14 +300,6 @@ async fn delete_jobs(
             .await?;
     }
     Ok(())
-}
-
-/// `$1, $2, ...`: `count` numbered parameters.
-pub(super) fn placeholders(count: usize) -> String {
-    (1..=count)
-        .map(|n| format!("${n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The jobs `condition` selects (on the jobs' columns as `j`, `values` bound to its

@@ -855,6 +855,14 @@ fn states_listed(states: impl Iterator<Item = impl fmt::Display>) -> String {
         .join(", ")
 }
 
+/// `$1, $2, ...`: `count` numbered parameters.
+fn placeholders(count: usize) -> String {
+    (1..=count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `sql` with `values` bound to its parameters in order (none for `None`).
 fn query_with<'q>(
     sql: &'q str,
