@@ -776,7 +776,9 @@ pub trait Store: Send + Sync {
 pub enum JobFilter {
     Owner(Dn),
     All,
-    /// QUEUED, RUNNING, MUSTHALT or HALTING: what the scheduler plans.
+    /// QUEUED, RUNNING, MUSTHALT or HALTING: what the scheduler plans. Copied from
+    /// [`Store::planning_jobs`]: a job's output size and grid engine fields as of its last
+    /// change of state or chain.
     Active,
     /// Placed on this node and holding GPUs, or ended there with output not all in: what its
     /// agent is told about.

@@ -112,7 +112,7 @@ pub struct SqliteStore {
     inventory: sql::inventory::KeptInventory,
     /// The sessions last read for planning ([`Store::planning_sessions`](super::Store::planning_sessions)).
     planning: sql::planning::KeptSessions,
-    /// The jobs last read for planning (`Store::jobs` of the active ones).
+    /// The jobs last read for planning ([`Store::planning_jobs`](super::Store::planning_jobs)).
     planned_jobs: sql::planning::KeptJobs,
     /// The creates waiting for a write ([`sql::creates`]).
     creates: sql::creates::CreateQueue,

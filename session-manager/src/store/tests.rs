@@ -2513,6 +2513,32 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
     assert_eq!(active(&a).await, after_halt);
     let kept = a.jobs(JobFilter::Active).await.unwrap();
     assert_eq!(kept[1].previous_job, None);
+
+    // A job cancelled and removed with no read of either copy between: a deleted row leaves no
+    // stamp, and neither copy keeps it (`active` reads each kept job alone: a kept ghost fails).
+    let third = queued_job(&a, t(800), None).await;
+    assert_eq!(active(&a).await.len(), 3);
+    assert_eq!(active(&b).await.len(), 3);
+    let cancelled = jobs::cancel_by_owner(&third, t(801)).unwrap();
+    a.job_transition(third.id, cancelled, None).await.unwrap();
+    a.record_job_log(third.id, 0, true).await.unwrap();
+    let removal = a
+        .remove_job(third.id, std::time::Duration::ZERO, t(900))
+        .await
+        .unwrap();
+    assert!(
+        matches!(removal, crate::store::JobRemoval::Removed(_)),
+        "{removal:?}"
+    );
+    assert_eq!(active(&a).await, after_halt);
+    assert_eq!(active(&b).await, after_halt);
+    // Read whole again once, the copies follow changes as before.
+    let fourth = queued_job(&b, t(1000), None).await;
+    assert_eq!(active(&a).await.len(), 3);
+    assert_eq!(
+        active(&b).await.last(),
+        Some(&(fourth.id, JobState::Queued))
+    );
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its

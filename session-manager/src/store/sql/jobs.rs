@@ -104,22 +104,35 @@ impl SqlStore {
             .planned_jobs
             .with_kept(
                 || async {
-                    let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM jobs")
-                        .fetch_one(&self.pool)
-                        .await?;
+                    // The numbers before the rows: a change read twice is harmless, one missed
+                    // is not. The last deletion's too, which no remaining row may carry.
+                    let seen: Option<i64> = sqlx::query_scalar(
+                        "SELECT MAX(n) FROM (SELECT MAX(change_seq) AS n FROM jobs \
+                         UNION ALL SELECT seq FROM job_deletion_seq) numbers",
+                    )
+                    .fetch_one(&self.pool)
+                    .await?;
                     let mut conn = self.read_snapshot().await?;
                     let active = read_jobs(&mut conn, &format!("j.state IN {ACTIVE}"), &[]).await?;
                     conn.commit().await?;
                     Ok((seen.unwrap_or(0), active))
                 },
                 |seen| async move {
-                    let seen = seen.to_string();
                     let mut conn = self.read_snapshot().await?;
+                    let deleted: Option<i64> =
+                        sqlx::query_scalar("SELECT seq FROM job_deletion_seq")
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                    if deleted.is_some_and(|deleted| deleted > seen) {
+                        conn.commit().await?;
+                        return Ok(None);
+                    }
+                    let seen = seen.to_string();
                     let changed =
                         read_stamped_jobs(&mut conn, "j.change_seq > CAST($1 AS BIGINT)", &[&seen])
                             .await?;
                     conn.commit().await?;
-                    Ok(changed)
+                    Ok(Some(changed))
                 },
                 |kept| kept.values().cloned().collect(),
             )
@@ -264,8 +277,17 @@ async fn delete_jobs(
     let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
     let chains: Vec<&str> = jobs.iter().map(|(_, chain)| chain.as_str()).collect();
     let list = placeholders(jobs.len());
-    // The other jobs of their chains lose their links: stamped, as every change of a job.
-    let change = planning::next_change(tx).await?.to_string();
+    // The other jobs of their chains lose their links: stamped, as every change of a job; the
+    // deletion's number is kept for the copies that still hold a deleted job.
+    let number = planning::next_change(tx).await?;
+    sqlx::query(
+        "INSERT INTO job_deletion_seq (id, seq) VALUES (1, $1) \
+         ON CONFLICT (id) DO UPDATE SET seq = excluded.seq",
+    )
+    .bind(number)
+    .execute(&mut **tx)
+    .await?;
+    let change = number.to_string();
     let unlinked: Vec<&str> = ids.iter().copied().chain([change.as_str()]).collect();
     let statements = [
         (

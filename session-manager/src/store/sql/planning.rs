@@ -16,9 +16,11 @@
 //!
 //! The jobs QUEUED or holding GPUs are kept the same way ([`KeptJobs`], migration 0026): every
 //! write that creates a job, changes its state or its chain's links stamps it from the same
-//! counter ([`super::jobs`]). A job is deleted only once it has ended, after the write that
-//! ended it let it go. Its output's size and a grid engine's fields are written outside the
-//! write lock and not stamped: the kept copy has them as of the job's last stamped change.
+//! counter ([`super::jobs`]). A job is deleted only once it has ended, but a copy that did not
+//! read since may still keep it: a write that deletes jobs records its number
+//! (`job_deletion_seq`), and a copy older than that reads the jobs whole again. Its output's
+//! size and a grid engine's fields are written outside the write lock and not stamped: the kept
+//! copy has them as of the job's last stamped change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,7 +132,8 @@ struct Kept<R: Planned> {
 impl<R: Planned> KeptRecords<R> {
     /// `read` of the kept records, first brought up to date: read whole the first time
     /// (`read_all`: the highest change number before the read, then every record planned
-    /// with), then only those changed since (`read_changed(seen)`: each with its change number).
+    /// with), then only those changed since (`read_changed(seen)`: each with its change number;
+    /// `None` when records were deleted since, which leave nothing to read: read whole again).
     pub(super) async fn with_kept<T, All, Changed>(
         &self,
         read_all: impl FnOnce() -> All,
@@ -139,16 +142,20 @@ impl<R: Planned> KeptRecords<R> {
     ) -> StoreResult<T>
     where
         All: std::future::Future<Output = StoreResult<(i64, Vec<R>)>>,
-        Changed: std::future::Future<Output = StoreResult<Vec<(i64, R)>>>,
+        Changed: std::future::Future<Output = StoreResult<Option<Vec<(i64, R)>>>>,
     {
         let called_at = self.reads.load(Ordering::SeqCst);
         let mut guard = self.kept.lock().await;
         if let Some(kept) = guard.as_mut() {
             if kept.ticket <= called_at {
                 let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+                let Some(changed) = read_changed(kept.seen).await? else {
+                    let kept = guard.insert(Kept::whole(ticket, read_all().await?));
+                    return Ok(read(&kept.records));
+                };
                 // Every record read before any is kept: one that failed after `seen` had
                 // passed a record not yet kept would lose that record for good.
-                for (seq, record) in read_changed(kept.seen).await? {
+                for (seq, record) in changed {
                     kept.seen = kept.seen.max(seq);
                     if record.planned() {
                         kept.records.insert(record.key(), Arc::new(record));
@@ -161,17 +168,23 @@ impl<R: Planned> KeptRecords<R> {
             return Ok(read(&kept.records));
         }
         let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
-        let (seen, records) = read_all().await?;
+        let kept = guard.insert(Kept::whole(ticket, read_all().await?));
+        Ok(read(&kept.records))
+    }
+}
+
+impl<R: Planned> Kept<R> {
+    /// What a whole read (`(seen, records)`) keeps, as of the read with `ticket`.
+    fn whole(ticket: u64, (seen, records): (i64, Vec<R>)) -> Self {
         let records = records
             .into_iter()
             .map(|record| (record.key(), Arc::new(record)))
             .collect();
-        let kept = guard.insert(Kept {
+        Self {
             ticket,
             seen,
             records,
-        });
-        Ok(read(&kept.records))
+        }
     }
 }
 
@@ -279,12 +292,14 @@ impl SqlStore {
         Ok((seen.unwrap_or(0), sessions))
     }
 
-    /// The sessions changed since the change number `seen`, each with its own.
-    async fn read_changes(&self, seen: i64) -> StoreResult<Vec<(i64, SessionRecord)>> {
+    /// The sessions changed since the change number `seen`, each with its own (sessions are
+    /// never deleted).
+    async fn read_changes(&self, seen: i64) -> StoreResult<Option<Vec<(i64, SessionRecord)>>> {
         let sql = format!("SELECT s.change_seq, {SESSION_COLUMNS} WHERE s.change_seq > $1");
         let rows = sqlx::query(&sql).bind(seen).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| Ok((row.try_get::<i64, _>("change_seq")?, session_from_row(row)?)))
-            .collect()
+            .collect::<StoreResult<_>>()
+            .map(Some)
     }
 }
