@@ -404,26 +404,16 @@ async fn create_session(
         max_duration_secs: None,
         reservation: None,
     };
-    let sent = Instant::now();
-    let answer = client
-        .post(format!("{manager}/v1/sessions"))
-        .json(&body)
-        .send()
-        .await;
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(e) => {
-            record.error(format!("session create: {e}"));
-            return None;
-        }
-    };
-    let status = answer.status();
-    let text = answer.text().await.unwrap_or_default();
-    locked(&record.create).push(sent.elapsed());
-    if !status.is_success() {
-        record.error(format!("session create: {status} {text}"));
-        return None;
-    }
+    let url = format!("{manager}/v1/sessions");
+    let (sent, text) = post_timed(
+        client,
+        &url,
+        &body,
+        record,
+        "session create",
+        &record.create,
+    )
+    .await?;
     let view: SessionView = serde_json::from_str(&text).expect("a session");
     // Placed by the round the create ran (STARTING): its wake is measured; a waiting one
     // reaches its node only once GPUs free.
@@ -466,28 +456,42 @@ async fn submit_job(client: &reqwest::Client, manager: &str, record: &Record) {
     let body = serde_json::json!({
         "spec": { "image": IMAGE, "command": ["python", "train.py"], "gpus": GpuRequest::default() }
     });
+    let url = format!("{manager}/v1/jobs");
+    let Some((sent, text)) =
+        post_timed(client, &url, &body, record, "job submit", &record.submit).await
+    else {
+        return;
+    };
+    let job: JobView = serde_json::from_str(&text).expect("a job");
+    locked(&record.job_sent).insert(job.id, sent);
+}
+
+/// POSTs `body` to `url`, its time until the answer's body was in added to `times`; when it
+/// was sent and the answer's body, `None` when it failed (recorded as `what`'s error).
+async fn post_timed(
+    client: &reqwest::Client,
+    url: &str,
+    body: &impl serde::Serialize,
+    record: &Record,
+    what: &str,
+    times: &Mutex<Vec<Duration>>,
+) -> Option<(Instant, String)> {
     let sent = Instant::now();
-    let answer = client
-        .post(format!("{manager}/v1/jobs"))
-        .json(&body)
-        .send()
-        .await;
-    let answer = match answer {
+    let answer = match client.post(url).json(body).send().await {
         Ok(answer) => answer,
         Err(e) => {
-            record.error(format!("job submit: {e}"));
-            return;
+            record.error(format!("{what}: {e}"));
+            return None;
         }
     };
     let status = answer.status();
     let text = answer.text().await.unwrap_or_default();
-    locked(&record.submit).push(sent.elapsed());
+    locked(times).push(sent.elapsed());
     if !status.is_success() {
-        record.error(format!("job submit: {status} {text}"));
-        return;
+        record.error(format!("{what}: {status} {text}"));
+        return None;
     }
-    let job: JobView = serde_json::from_str(&text).expect("a job");
-    locked(&record.job_sent).insert(job.id, sent);
+    Some((sent, text))
 }
 
 /// Each user runs a session, freezes it into [`IMAGE`] (the simulated agents report the freeze
