@@ -2481,6 +2481,21 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
             jobs.iter().map(|j| (j.id, j.state())).collect::<Vec<_>>()
         }
     };
+    // An ended job's output all in, then the job removed through `store`.
+    let remove = |store: &TestStore, id: JobId, at: DateTime<Utc>| {
+        let store = store.clone();
+        async move {
+            store.record_job_log(id, 0, true).await.unwrap();
+            let removal = store
+                .remove_job(id, std::time::Duration::ZERO, at)
+                .await
+                .unwrap();
+            assert!(
+                matches!(removal, crate::store::JobRemoval::Removed(_)),
+                "{removal:?}"
+            );
+        }
+    };
 
     let first = queued_job(&a, t(1), None).await;
     assert_eq!(active(&a).await, [(first.id, JobState::Queued)]);
@@ -2500,15 +2515,7 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
     assert_eq!(active(&a).await, after_halt);
     assert_eq!(active(&b).await, after_halt);
 
-    b.record_job_log(first.id, 0, true).await.unwrap();
-    let removal = b
-        .remove_job(first.id, std::time::Duration::ZERO, t(700))
-        .await
-        .unwrap();
-    assert!(
-        matches!(removal, crate::store::JobRemoval::Removed(_)),
-        "{removal:?}"
-    );
+    remove(&b, first.id, t(700)).await;
     // `active` compares the link as kept with the link as stored: gone from both.
     assert_eq!(active(&a).await, after_halt);
     let kept = a.jobs(JobFilter::Active).await.unwrap();
@@ -2521,15 +2528,7 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
     assert_eq!(active(&b).await.len(), 3);
     let cancelled = jobs::cancel_by_owner(&third, t(801)).unwrap();
     a.job_transition(third.id, cancelled, None).await.unwrap();
-    a.record_job_log(third.id, 0, true).await.unwrap();
-    let removal = a
-        .remove_job(third.id, std::time::Duration::ZERO, t(900))
-        .await
-        .unwrap();
-    assert!(
-        matches!(removal, crate::store::JobRemoval::Removed(_)),
-        "{removal:?}"
-    );
+    remove(&a, third.id, t(900)).await;
     assert_eq!(active(&a).await, after_halt);
     assert_eq!(active(&b).await, after_halt);
     // Read whole again once, the copies follow changes as before.
