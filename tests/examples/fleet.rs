@@ -421,31 +421,12 @@ async fn create_session(
         locked(&record.sent).insert(view.id, sent);
     }
     if k.is_multiple_of(10) {
-        let sent = Instant::now();
-        let answer = client
-            .get(format!("{manager}/v1/sessions/{}", view.name))
-            .send()
-            .await;
-        match answer {
-            Ok(answer) if answer.status() == StatusCode::OK => {
-                let _ = answer.bytes().await;
-                locked(&record.show).push(sent.elapsed());
-            }
-            Ok(answer) => record.error(format!("show: {}", answer.status())),
-            Err(e) => record.error(format!("show: {e}")),
-        }
+        let url = format!("{manager}/v1/sessions/{}", view.name);
+        get_timed(client, &url, record, "show", &record.show).await;
     }
     if k.is_multiple_of(50) {
-        let sent = Instant::now();
-        let answer = client.get(format!("{manager}/v1/sessions")).send().await;
-        match answer {
-            Ok(answer) if answer.status() == StatusCode::OK => {
-                let _ = answer.bytes().await;
-                locked(&record.list).push(sent.elapsed());
-            }
-            Ok(answer) => record.error(format!("ls: {}", answer.status())),
-            Err(e) => record.error(format!("ls: {e}")),
-        }
+        let url = format!("{manager}/v1/sessions");
+        get_timed(client, &url, record, "ls", &record.list).await;
     }
     Some(view.name)
 }
@@ -464,6 +445,26 @@ async fn submit_job(client: &reqwest::Client, manager: &str, record: &Record) {
     };
     let job: JobView = serde_json::from_str(&text).expect("a job");
     locked(&record.job_sent).insert(job.id, sent);
+}
+
+/// GETs `url`, its time until the answer's body was in added to `times` when it answered 200
+/// (anything else recorded as `what`'s error).
+async fn get_timed(
+    client: &reqwest::Client,
+    url: &str,
+    record: &Record,
+    what: &str,
+    times: &Mutex<Vec<Duration>>,
+) {
+    let sent = Instant::now();
+    match client.get(url).send().await {
+        Ok(answer) if answer.status() == StatusCode::OK => {
+            let _ = answer.bytes().await;
+            locked(times).push(sent.elapsed());
+        }
+        Ok(answer) => record.error(format!("{what}: {}", answer.status())),
+        Err(e) => record.error(format!("{what}: {e}")),
+    }
 }
 
 /// POSTs `body` to `url`, its time until the answer's body was in added to `times`; when it
