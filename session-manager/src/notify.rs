@@ -74,15 +74,21 @@ struct Rounds {
 /// A signal per node whose changes someone waits on, and one for [`Changed::Site`]. A watch
 /// marks each receiver's place, so a signal sent between a waiter's subscription and its wait
 /// is not lost, and any number of them reads as one (the waiter looks again once).
+///
+/// Each signal holds the number of the last notification it carried, counted across all of
+/// them (`sent`), so where a waiter's two signals stand ([`Position`]) moves with every
+/// notification that concerns its node, even one sent while nobody held the node's signal: a
+/// signal made again starts at the count, past every number sent before.
 #[derive(Debug)]
 struct NodeSignals {
-    site: watch::Sender<()>,
+    site: watch::Sender<u64>,
     nodes: Mutex<Signals>,
+    sent: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Signals {
-    by_node: HashMap<NodeName, watch::Sender<()>>,
+    by_node: HashMap<NodeName, watch::Sender<u64>>,
     /// The count at which the signals nobody waits on are let go (twice the count after the
     /// last time), so the map stays the size of the nodes polling.
     prune_at: usize,
@@ -96,13 +102,24 @@ impl NodeSignals {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The next notification's number.
+    fn number(&self) -> u64 {
+        self.sent.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
     fn node(&self, node: &NodeName) {
+        let number = self.number();
         if let Some(signal) = self.signals().by_node.get(node) {
-            signal.send_modify(|_| {});
+            signal.send_modify(|last| *last = number);
         }
     }
 
-    fn subscribe(&self, node: &NodeName) -> watch::Receiver<()> {
+    fn site(&self) {
+        let number = self.number();
+        self.site.send_modify(|last| *last = number);
+    }
+
+    fn subscribe(&self, node: &NodeName) -> watch::Receiver<u64> {
         let mut signals = self.signals();
         if let Some(signal) = signals.by_node.get(node) {
             return signal.subscribe();
@@ -113,7 +130,7 @@ impl NodeSignals {
                 .retain(|_, signal| signal.receiver_count() > 0);
             signals.prune_at = (2 * signals.by_node.len()).max(64);
         }
-        let (signal, receiver) = watch::channel(());
+        let (signal, receiver) = watch::channel(self.sent.load(Ordering::SeqCst));
         signals.by_node.insert(node.clone(), signal);
         receiver
     }
@@ -189,8 +206,9 @@ impl Changes {
         Self {
             events: broadcast::channel(BACKLOG).0,
             nodes: Arc::new(NodeSignals {
-                site: watch::channel(()).0,
+                site: watch::channel(0).0,
                 nodes: Mutex::default(),
+                sent: AtomicU64::new(0),
             }),
             shutdown,
             outbox: None,
@@ -271,7 +289,7 @@ impl Changes {
     pub fn deliver(&self, changed: Changed) {
         match &changed {
             Changed::Node(node) => self.nodes.node(node),
-            Changed::Site => self.nodes.site.send_modify(|_| {}),
+            Changed::Site => self.nodes.site(),
             Changed::Sessions => {}
         }
         // No waiter: nobody to tell.
@@ -334,12 +352,32 @@ pub struct Waiter {
 enum Wakes {
     Every(broadcast::Receiver<Changed>),
     Node {
-        node: watch::Receiver<()>,
-        site: watch::Receiver<()>,
+        node: watch::Receiver<u64>,
+        site: watch::Receiver<u64>,
     },
 }
 
+/// Where a node waiter's signals stood ([`Waiter::position`]): what was read of the node after
+/// it is still what is stored as long as the position has not moved, for every commit that
+/// could change it notifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    node: u64,
+    site: u64,
+}
+
 impl Waiter {
+    /// Where the node's signals stand now; `None` for a waiter of every notification.
+    pub fn position(&self) -> Option<Position> {
+        match &self.wakes {
+            Wakes::Every(_) => None,
+            Wakes::Node { node, site } => Some(Position {
+                node: *node.borrow(),
+                site: *site.borrow(),
+            }),
+        }
+    }
+
     /// A long-poll on one record: `value` as first read, read again with `read` after each
     /// notification the waiter sees until `settled` holds, `deadline` passes, the manager shuts down or the record is gone
     /// (`read` answers `None`); the last value read.
@@ -425,6 +463,35 @@ mod tests {
             assert_eq!(every.changed().now_or_never(), Some(true));
         }
         assert_eq!(every.changed().now_or_never(), None);
+    }
+
+    /// A node waiter's position moves with each notification of its node or the site, also one
+    /// sent while nobody held the node's signal, and with nothing else.
+    #[test]
+    fn a_node_waiters_position_moves_with_what_concerns_its_node() {
+        let changes = Changes::new(CancellationToken::new());
+        let first = changes.subscribe_node(&node("mine")).position().unwrap();
+        changes.node(&node("other"));
+        changes.sessions();
+        let waiter = changes.subscribe_node(&node("mine"));
+        assert_eq!(waiter.position(), Some(first), "nothing of its node");
+        changes.node(&node("mine"));
+        let second = waiter.position().unwrap();
+        assert_ne!(second, first);
+        changes.site();
+        let third = waiter.position().unwrap();
+        assert_ne!(third, second);
+        // Nobody holds the node's signal: it is let go once many others are made, and a
+        // notification for the node meanwhile still moves the position of the next waiter.
+        drop(waiter);
+        for n in 0..200 {
+            drop(changes.subscribe_node(&node(&format!("gone-{n}"))));
+        }
+        assert!(!changes.nodes.signals().by_node.contains_key(&node("mine")));
+        changes.node(&node("mine"));
+        let after = changes.subscribe_node(&node("mine")).position().unwrap();
+        assert_ne!(after, third, "changed while nobody waited");
+        assert_eq!(changes.subscribe().position(), None);
     }
 
     #[tokio::test]

@@ -16,6 +16,7 @@
 //! counted in memory); the periodic sync stays the safety net when a notification is lost.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -29,6 +30,7 @@ use super::{ApiError, AppState, Effect};
 use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
+use crate::notify::Position;
 use crate::store::{Heartbeat, ImageFilter, NodeRegistration, SessionFilter};
 
 /// Registers (or registers again) the agent's node and its GPUs; answers its desired state.
@@ -57,7 +59,7 @@ pub async fn register(
         .await?;
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
     state.committed(&[Effect::Scheduling]);
-    desired_state(state, node, None).await
+    desired_state(state, node, NodeRead::default()).await
 }
 
 /// Records what the agent reports of its node, and answers the node's desired state.
@@ -138,7 +140,8 @@ pub async fn sync(
             ImageState::Building | ImageState::Deleted => {}
         }
     }
-    changed.scheduling |= super::job_reports::follow_reports(state, node, &report.jobs).await?;
+    let jobs = super::job_reports::follow_reports(state, node, &report.jobs).await?;
+    changed.scheduling |= jobs.stored;
     state
         .store
         .record_activity(
@@ -149,9 +152,13 @@ pub async fn sync(
         )
         .await?;
     state.committed(&changed.effects(node));
-    // A sync that changed none of the node's sessions (the common case) answers with them as read
-    // above; a commit since by someone else has woken the node's long-poll, which answers it.
-    let read = (!transitioned).then_some(NodeSessions { sessions, resuming });
+    // A sync that changed none of the node's sessions or jobs (the common case) answers with
+    // them as read above; a commit since by someone else has woken the node's long-poll, which
+    // answers it.
+    let read = NodeRead {
+        sessions: (!transitioned).then_some(NodeSessions { sessions, resuming }),
+        jobs: jobs.unchanged,
+    };
     desired_state(state, node, read).await
 }
 
@@ -214,6 +221,11 @@ pub enum Desired {
 
 /// The long-poll: the node's desired state once it differs from `after` (at once when the
 /// agent has none), else `Unchanged` when `wait` passes (or the manager shuts down).
+///
+/// The version a long-poll read is remembered with where the node's signals stood before the
+/// read ([`DesiredVersions`]): the agent's next poll, which comes at once with that version,
+/// waits without reading the node's desired state again unless a notification for the node or
+/// the site came since (a node removed notifies the site).
 pub async fn next_desired(
     state: &AppState,
     node: &NodeName,
@@ -223,20 +235,65 @@ pub async fn next_desired(
     let deadline = tokio::time::Instant::now() + wait.min(MAX_DESIRED_WAIT);
     // Subscribed before the first read, so a commit between the read and the wait wakes it.
     let mut changes = state.changes.subscribe_node(node);
-    if !state.store.node_registered(node).await? {
-        return Err(ApiError::not_found(format!(
-            "node {node} is not registered: the agent must POST /v1/agent/register first"
-        )));
-    }
+    let mut registered = false;
     loop {
-        let desired = desired_state(state, node, None).await?;
-        let current = version(&desired);
-        if after != Some(current.as_str()) {
-            return Ok(Desired::Changed(desired));
-        }
+        let position = changes.position();
+        let known = position.and_then(|at| state.desired_versions.at(node, at));
+        let current = match known {
+            Some(known) if after == Some(known.as_str()) => known,
+            _ => {
+                if !registered && !state.store.node_registered(node).await? {
+                    return Err(ApiError::not_found(format!(
+                        "node {node} is not registered: the agent must POST /v1/agent/register \
+                         first"
+                    )));
+                }
+                registered = true;
+                let desired = desired_state(state, node, NodeRead::default()).await?;
+                let current = version(&desired);
+                if let Some(at) = position {
+                    state.desired_versions.keep(node, at, &current);
+                }
+                if after != Some(current.as_str()) {
+                    return Ok(Desired::Changed(desired));
+                }
+                current
+            }
+        };
         match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Ok(Desired::Unchanged(current)),
+        }
+    }
+}
+
+/// The version of each node's desired state as a long-poll last read it, with where the node's
+/// signals stood before that read ([`crate::notify::Position`]): still the version stored while
+/// they stand there. Shared by the clones of the state; one entry per node that polled.
+#[derive(Debug, Default)]
+pub struct DesiredVersions(Mutex<HashMap<NodeName, (Position, String)>>);
+
+impl DesiredVersions {
+    fn kept(&self) -> MutexGuard<'_, HashMap<NodeName, (Position, String)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The version of `node`'s desired state when it was read at `position`.
+    fn at(&self, node: &NodeName, position: Position) -> Option<String> {
+        self.kept()
+            .get(node)
+            .filter(|(at, _)| *at == position)
+            .map(|(_, version)| version.clone())
+    }
+
+    /// Remembers `version`, read after the node's signals stood at `position`.
+    fn keep(&self, node: &NodeName, position: Position, version: &str) {
+        let mut kept = self.kept();
+        match kept.get_mut(node) {
+            Some(entry) => *entry = (position, version.to_owned()),
+            None => {
+                kept.insert(node.clone(), (position, version.to_owned()));
+            }
         }
     }
 }
@@ -352,14 +409,21 @@ struct NodeSessions {
     resuming: HashSet<SessionId>,
 }
 
-/// The node's desired state as stored now; its sessions as `read` when the caller has just read
-/// them.
+/// What a sync has just read of its node, to answer with.
+#[derive(Default)]
+struct NodeRead {
+    sessions: Option<NodeSessions>,
+    jobs: Option<Vec<crate::domain::jobs::JobRecord>>,
+}
+
+/// The node's desired state as stored now; its sessions and jobs as `read` when the caller has
+/// just read them.
 async fn desired_state(
     state: &AppState,
     node: &NodeName,
-    read: Option<NodeSessions>,
+    read: NodeRead,
 ) -> Result<DesiredState, ApiError> {
-    let NodeSessions { sessions, resuming } = match read {
+    let NodeSessions { sessions, resuming } = match read.sessions {
         Some(read) => read,
         None => {
             let sessions = state
@@ -409,7 +473,7 @@ async fn desired_state(
         .filter(|gpu| crate::site::leaving_mig(gpu))
         .map(|gpu| gpu.info.uuid.clone())
         .collect();
-    super::job_reports::node_jobs(state, node, &mut desired).await?;
+    super::job_reports::node_jobs(state, node, &mut desired, read.jobs).await?;
     Ok(desired)
 }
 

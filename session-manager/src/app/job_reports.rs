@@ -31,23 +31,24 @@ use crate::store::{JobFilter, StoreError};
 /// the last of its output, so once a job shows as ended its whole output is kept. Output that
 /// comes after the job's `[jobs] output_grace` (its reader was told it was complete) is still
 /// kept, and logged; what an agent never sends by then is dropped by the agent, which logs it.
+///
+/// The node's jobs as read come back with the answer when nothing of them was written (the
+/// common sync of a node whose jobs run on), for its desired state.
 pub async fn follow_reports(
     state: &AppState,
     node: &NodeName,
     reports: &[ObservedJob],
-) -> Result<bool, ApiError> {
+) -> Result<Followed, ApiError> {
     if reports.is_empty() {
-        return Ok(false);
+        return Ok(Followed {
+            stored: false,
+            unchanged: None,
+        });
     }
     let now = state.clock.now();
-    let mut on_node: HashMap<JobId, JobRecord> = state
-        .store
-        .jobs(JobFilter::Node(node.clone()))
-        .await?
-        .into_iter()
-        .map(|job| (job.id, job))
-        .collect();
+    let mut on_node = NodeJobs::new(state.store.jobs(JobFilter::Node(node.clone())).await?);
     let mut stored = store_output(state, node, reports, &mut on_node, now).await?;
+    let mut written = stored;
 
     // Each change is applied to the job as read, so that what follows is decided on the job as
     // the change leaves it.
@@ -63,6 +64,7 @@ pub async fn follow_reports(
         }
     }
     if !halting.is_empty() {
+        written = true;
         let ids: Vec<JobId> = halting.iter().map(|(id, ..)| *id).collect();
         for (id, outcome) in ids
             .into_iter()
@@ -72,7 +74,7 @@ pub async fn follow_reports(
                 Ok(()) => stored = true,
                 // Changed (cancelled by its owner) or removed meanwhile: the next sync sees it.
                 Err(StoreError::InvalidJobTransition(_) | StoreError::NoSuchJob(_)) => {
-                    on_node.remove(&id);
+                    on_node.forget(&id);
                 }
                 Err(other) => return Err(other.into()),
             }
@@ -101,7 +103,8 @@ pub async fn follow_reports(
         changes.push((job.id, change, next));
     }
     if changes.is_empty() {
-        return Ok(stored);
+        let unchanged = (!written).then_some(on_node.jobs);
+        return Ok(Followed { stored, unchanged });
     }
     let outcomes = state.store.job_transition_all(changes).await?;
     for ((job_id, to, reason, next_job), outcome) in said.into_iter().zip(outcomes) {
@@ -115,7 +118,45 @@ pub async fn follow_reports(
             Err(other) => return Err(other.into()),
         }
     }
-    Ok(stored)
+    Ok(Followed {
+        stored,
+        unchanged: None,
+    })
+}
+
+/// What [`follow_reports`] did.
+pub struct Followed {
+    /// Whether it stored anything (output or a change).
+    pub stored: bool,
+    /// The node's jobs as read, when it wrote nothing of them.
+    pub unchanged: Option<Vec<JobRecord>>,
+}
+
+/// The node's jobs as read ([`JobFilter::Node`], in its order), found by id.
+struct NodeJobs {
+    jobs: Vec<JobRecord>,
+    index: HashMap<JobId, usize>,
+}
+
+impl NodeJobs {
+    fn new(jobs: Vec<JobRecord>) -> Self {
+        let index = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, job)| (job.id, i))
+            .collect();
+        Self { jobs, index }
+    }
+
+    fn get_mut(&mut self, id: &JobId) -> Option<&mut JobRecord> {
+        let i = *self.index.get(id)?;
+        self.jobs.get_mut(i)
+    }
+
+    /// Leaves the job out of the rest of the reports' handling.
+    fn forget(&mut self, id: &JobId) {
+        self.index.remove(id);
+    }
 }
 
 /// Appends the output of each report of a job in `on_node` to the job's file, and records how
@@ -125,7 +166,7 @@ async fn store_output(
     state: &AppState,
     node: &NodeName,
     reports: &[ObservedJob],
-    on_node: &mut HashMap<JobId, JobRecord>,
+    on_node: &mut NodeJobs,
     now: DateTime<Utc>,
 ) -> Result<bool, ApiError> {
     let logs = JobLogs::new(state.config.job_log_dir.clone());
@@ -159,13 +200,17 @@ async fn store_output(
     Ok(stored)
 }
 
-/// Adds the node's jobs to its desired state.
+/// Adds the node's jobs to its desired state: as `read` when the caller has just read them.
 pub async fn node_jobs(
     state: &AppState,
     node: &NodeName,
     desired: &mut DesiredState,
+    read: Option<Vec<JobRecord>>,
 ) -> Result<(), ApiError> {
-    let records = state.store.jobs(JobFilter::Node(node.clone())).await?;
+    let records = match read {
+        Some(read) => read,
+        None => state.store.jobs(JobFilter::Node(node.clone())).await?,
+    };
     desired.jobs = jobs::desired_jobs(
         node,
         &records,

@@ -91,6 +91,8 @@ pub struct AppState {
     pub web_apps: Arc<web_apps::WebApps>,
     /// The inventory read that requests arriving together share ([`Self::inventory`]).
     pub inventory_reads: Arc<shared_read::SharedRead<SiteSnapshot>>,
+    /// The version of each node's desired state as its long-poll last read it.
+    pub desired_versions: Arc<agent_sync::DesiredVersions>,
 }
 
 impl AppState {

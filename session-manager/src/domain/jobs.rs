@@ -204,6 +204,32 @@ pub struct NewJob {
     pub grid: Option<GridJob>,
 }
 
+/// The job as storing `new` makes it: QUEUED, nowhere yet, no output.
+impl From<NewJob> for JobRecord {
+    fn from(new: NewJob) -> Self {
+        Self {
+            id: new.id,
+            owner: new.owner,
+            user_name: new.user_name,
+            uid: new.uid,
+            spec: new.spec,
+            lifecycle: JobLifecycle::new(new.at, new.reason),
+            max_duration: new.max_duration,
+            image: new.image,
+            node: None,
+            gpus: Vec::new(),
+            chain: new.chain,
+            previous_job: new.previous_job,
+            next_job: None,
+            exit_code: None,
+            log_size: 0,
+            log_complete: false,
+            pinned_node: new.pinned_node,
+            grid: new.grid,
+        }
+    }
+}
+
 /// Who submits, and the image their spec resolved to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitter {
@@ -860,26 +886,7 @@ mod tests {
     }
 
     fn record(new: NewJob) -> JobRecord {
-        JobRecord {
-            id: new.id,
-            owner: new.owner,
-            user_name: new.user_name,
-            uid: new.uid,
-            spec: new.spec,
-            lifecycle: JobLifecycle::new(new.at, new.reason),
-            max_duration: new.max_duration,
-            image: new.image,
-            node: None,
-            gpus: vec![],
-            chain: new.chain,
-            previous_job: new.previous_job,
-            next_job: None,
-            exit_code: None,
-            log_size: 0,
-            log_complete: false,
-            pinned_node: new.pinned_node,
-            grid: new.grid,
-        }
+        JobRecord::from(new)
     }
 
     fn running(file: JobSpecFile) -> JobRecord {

@@ -130,6 +130,8 @@ pub struct PostgresStore {
     planned_jobs: sql::planning::KeptJobs,
     /// The creates waiting for a write ([`sql::creates`]).
     creates: sql::creates::CreateQueue,
+    /// The submits waiting for a write ([`sql::together`]).
+    submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }
@@ -160,6 +162,7 @@ impl PostgresStore {
             planning: Default::default(),
             planned_jobs: Default::default(),
             creates: Default::default(),
+            submits: Default::default(),
             options: options.into(),
         })
     }

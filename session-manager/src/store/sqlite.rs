@@ -116,6 +116,8 @@ pub struct SqliteStore {
     planned_jobs: sql::planning::KeptJobs,
     /// The creates waiting for a write ([`sql::creates`]).
     creates: sql::creates::CreateQueue,
+    /// The submits waiting for a write ([`sql::together`]).
+    submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
 }
 
 impl SqliteStore {
@@ -139,6 +141,7 @@ impl SqliteStore {
             planning: Default::default(),
             planned_jobs: Default::default(),
             creates: Default::default(),
+            submits: Default::default(),
         })
     }
 

@@ -95,6 +95,24 @@ impl TestStore {
         }
     }
 
+    /// Holds the turn of the store's submits: none is written until the guard is dropped.
+    async fn hold_submits(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.hold_submits().await,
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.hold_submits().await,
+        }
+    }
+
+    /// How many submits wait for a write.
+    fn submits_waiting(&self) -> usize {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.submits_waiting(),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.submits_waiting(),
+        }
+    }
+
     pub(crate) async fn close(&self) {
         self.0.close().await;
     }
@@ -162,6 +180,7 @@ backend_tests!(
     transitions_go_through_the_lifecycle,
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
+    submits_written_together_each_keep_their_own_answer,
     users_get_stable_unique_names_and_uids,
     request_reservations_are_those_of_sessions_not_ended,
     nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
@@ -2733,6 +2752,107 @@ fn job_change(
         place: None,
         exit_code,
     }
+}
+
+/// Submits that arrive together are written in one write: each answered with the job as a read
+/// gives it back, one of an owner removed refused, a second submit of the same job refused
+/// alone without failing the others.
+async fn submits_written_together_each_keep_their_own_answer(backend: Backend) {
+    use crate::domain::grid_jobs::GridJob;
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
+    let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
+    let none = crate::domain::users::Removal {
+        sessions: Vec::new(),
+        jobs: Vec::new(),
+        images: Vec::new(),
+    };
+    store
+        .remove_user(&bob.dn, &alice.dn, t(1), &none)
+        .await
+        .unwrap()
+        .expect("Bob removed");
+    let spec = || ongrid_core::job::JobSpecFile {
+        restartable: true,
+        max_duration: Some("2h".into()),
+        ..Default::default()
+    };
+    let account = crate::domain::grid_jobs::LocalAccount::parse("alice").unwrap();
+    let grid = GridJob::submitting(ongrid_core::job::JobTarget::Htcondor, account, t(12));
+    let first = fixtures::job(&alice, spec(), None, t(10));
+    let together = [
+        first.clone(),
+        fixtures::job(&bob, spec(), None, t(11)),
+        fixtures::job(&alice, spec(), Some(grid), t(12)),
+        fixtures::job(&carol, spec(), None, t(13)),
+    ];
+    let answers = submit_together(&store, &together).await;
+    let stamp_of = |id: JobId| {
+        let store = store.clone();
+        async move {
+            let id = id.to_string();
+            let rows = store
+                .rows(
+                    "SELECT CAST(change_seq AS TEXT) FROM jobs WHERE id = ?",
+                    &[&id],
+                )
+                .await;
+            rows[0][0].clone().expect("a change number")
+        }
+    };
+    let mut stamps = BTreeSet::new();
+    for (i, answer) in answers.iter().enumerate() {
+        match (i, answer) {
+            (1, Err(StoreError::UserRemoved(who))) => assert_eq!(*who, bob.dn),
+            (0 | 2 | 3, Ok(job)) => {
+                assert_eq!(job.id, together[i].id);
+                let read = store.job(job.id).await.unwrap().expect("stored");
+                assert_eq!(*job, read, "answered as stored");
+                stamps.insert(stamp_of(job.id).await);
+            }
+            other => panic!("submit {i}: {other:?}"),
+        }
+    }
+    assert_eq!(stamps.len(), 1, "one write: {stamps:?}");
+    assert!(store.job(together[1].id).await.unwrap().is_none());
+
+    // The same job again beside another: the write of both fails, each is written alone.
+    let again = [first, fixtures::job(&carol, spec(), None, t(20))];
+    let answers = submit_together(&store, &again).await;
+    assert!(
+        matches!(answers[0], Err(StoreError::Database(_))),
+        "{:?}",
+        answers[0]
+    );
+    let job = answers[1].as_ref().expect("the other stored");
+    assert_eq!(*job, store.job(job.id).await.unwrap().unwrap());
+    assert!(!stamps.contains(&stamp_of(job.id).await));
+}
+
+/// Submits `jobs` together: each waits while the turn of the submits is held, until all do.
+async fn submit_together(
+    store: &TestStore,
+    jobs: &[crate::domain::jobs::NewJob],
+) -> Vec<StoreResult<crate::domain::jobs::JobRecord>> {
+    let held = store.hold_submits().await;
+    let submitting: Vec<_> = jobs
+        .iter()
+        .cloned()
+        .map(|new| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create_job(new).await })
+        })
+        .collect();
+    while store.submits_waiting() < jobs.len() {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    futures::future::join_all(submitting)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
 }
 
 /// Alice's QUEUED job submitted at `at` (restartable, on the local target unless `grid`).

@@ -1,80 +1,28 @@
-//! Sessions created together: the creates that arrive while a write is under way are written in
-//! the next write, all of them, instead of one write each (a group commit).
-//!
-//! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
-//! and a class opening its sessions at once put one create after the other in that queue, each
-//! its own transaction: on PostgreSQL 32 creates at once waited 26 ms each for the lock on
-//! average. A create joins [`CreateQueue`] and starts a task that waits for the turn; whichever
-//! task gets it takes every create then waiting and writes them in one transaction. The request
-//! only waits for its answer, so one that goes away (its client disconnected) never takes a write
-//! with it, its own or the others': its session is stored all the same, as it would be had it
-//! gone away just after its commit, and asked again with the same idempotency key (as `devctl`
-//! does), the request finds it.
-//! Each create keeps its own answer: a name already taken or an owner removed refuses that one
-//! create, decided before anything of it is written; an error of the database fails the write
-//! of all, and each is then written again alone, so each gets its own error and none is lost to
-//! another's.
+//! Sessions created together ([`super::together`]): the creates that arrive while a write is
+//! under way are written in the next write, all of them, instead of one write each. A name
+//! already taken or an owner removed refuses that one create, decided before anything of it is
+//! written.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use ongrid_core::{Dn, Lifecycle, SessionName, SessionState};
 use sqlx::{QueryBuilder, Transaction};
-use tokio::sync::oneshot;
 
+use super::together::WriteQueue;
 use super::{
     activity, first_free_name, history, parse, planning, timestamp, to_json, Db, SqlStore,
 };
 use crate::store::{NewSession, StoreError, StoreResult};
 
-/// The most creates one write takes; those beyond wait for the next.
-const PER_WRITE: usize = 64;
-
-/// The creates waiting for a write, and the turn to write them. Cheap to clone (shared).
-#[derive(Debug, Default, Clone)]
-pub struct CreateQueue(Arc<Queue>);
-
-#[derive(Debug, Default)]
-struct Queue {
-    waiting: Mutex<VecDeque<Waiting>>,
-    /// Held while one write of creates runs; its waiters are served in order.
-    turn: Arc<tokio::sync::Mutex<()>>,
-}
-
-/// A create in the queue and where its answer goes.
-#[derive(Debug)]
-struct Waiting {
-    create: Creating,
-    answer: oneshot::Sender<StoreResult<()>>,
-}
+/// The creates waiting for a write.
+pub type CreateQueue = WriteQueue<Creating>;
 
 /// A session to create, with the name it was asked for or the default one free when looked for.
 #[derive(Debug)]
-struct Creating {
+pub struct Creating {
     new: NewSession,
     name: SessionName,
     asked: bool,
-}
-
-impl CreateQueue {
-    fn waiting(&self) -> MutexGuard<'_, VecDeque<Waiting>> {
-        self.0
-            .waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn join(&self, create: Creating) -> oneshot::Receiver<StoreResult<()>> {
-        let (answer, answered) = oneshot::channel();
-        self.waiting().push_back(Waiting { create, answer });
-        answered
-    }
-
-    fn take(&self) -> Vec<Waiting> {
-        let mut waiting = self.waiting();
-        let count = waiting.len().min(PER_WRITE);
-        waiting.drain(..count).collect()
-    }
 }
 
 impl SqlStore {
@@ -92,46 +40,13 @@ impl SqlStore {
             None => (first_free_name(&self.pool, &new.owner).await?, false),
         };
         let id = new.id;
-        let answered = self.creates.join(Creating { new, name, asked });
-        let store = self.clone();
-        tokio::spawn(async move {
-            let _turn = store.creates.0.turn.clone().lock_owned().await;
-            // Empty when the write of an earlier task took this create with it.
-            let batch = store.creates.take();
-            if !batch.is_empty() {
-                store.create_together(batch).await;
-            }
-        });
-        // Only a panic of the write's task drops the answer unsent.
-        answered
-            .await
-            .map_err(|_| StoreError::Database(sqlx::Error::WorkerCrashed))??;
+        let creating = Creating { new, name, asked };
+        self.creates
+            .write(self, creating, |store, creates| {
+                Box::pin(store.write_creates(creates))
+            })
+            .await?;
         self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
-    }
-
-    /// Writes `batch` in one write and answers each; when that write fails, writes each alone.
-    async fn create_together(&self, batch: Vec<Waiting>) {
-        let (creates, answers): (Vec<Creating>, Vec<_>) = batch
-            .into_iter()
-            .map(|waiting| (waiting.create, waiting.answer))
-            .unzip();
-        let outcomes = match self.write_creates(&creates).await {
-            Ok(outcomes) => outcomes,
-            Err(error) if creates.len() == 1 => vec![Err(error)],
-            Err(error) => {
-                tracing::warn!(%error, creates = creates.len(), "Writing sessions created together failed; writing each alone.");
-                let mut outcomes = Vec::with_capacity(creates.len());
-                for create in &creates {
-                    let alone = self.write_creates(std::slice::from_ref(create)).await;
-                    outcomes.push(alone.and_then(|mut outcome| outcome.remove(0)));
-                }
-                outcomes
-            }
-        };
-        for (answer, outcome) in answers.into_iter().zip(outcomes) {
-            // Its request went away: the session is stored all the same.
-            let _ = answer.send(outcome);
-        }
     }
 
     /// Writes `creates` in one write transaction: each create's outcome in order, a refusal
@@ -189,17 +104,17 @@ impl SqlStore {
     /// Holds the turn of the creates: none is written until the guard is dropped, so those that
     /// join meanwhile are written together.
     pub(crate) async fn hold_creates(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.creates.0.turn.clone().lock_owned().await
+        self.creates.hold().await
     }
 
     /// How many creates wait for a write.
     pub(crate) fn creates_waiting(&self) -> usize {
-        self.creates.waiting().len()
+        self.creates.count_waiting()
     }
 }
 
 /// Those of `owners` an admin removed.
-async fn removed_among(
+pub(super) async fn removed_among(
     tx: &mut Transaction<'static, Db>,
     owners: &BTreeSet<&Dn>,
 ) -> StoreResult<HashSet<Dn>> {

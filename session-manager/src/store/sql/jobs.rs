@@ -9,13 +9,13 @@
 //! ended job's record is removed by its owner or pruned past the site's retention
 //! ([`SqlStore::remove_job`], [`SqlStore::prune_jobs`]), with everything that refers to it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::job::{JobId, JobImage, JobTransition, RestartChain};
-use ongrid_core::{HumanDuration, NodeName};
+use ongrid_core::{Dn, HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
 use super::job_history::{self, JobWrites};
@@ -41,14 +41,48 @@ const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
 const FINAL: &str = "('HALTED', 'FINISHED', 'FAILED', 'CANCELLED')";
 
 impl SqlStore {
+    /// Stores `new` in the write of every submit waiting with it ([`super::together`]); the
+    /// job as stored, made from what was written instead of read back.
     pub(super) async fn create_job(&self, new: NewJob) -> StoreResult<JobRecord> {
+        let record = JobRecord::from(new.clone());
+        self.submits
+            .write(self, new, |store, jobs| Box::pin(store.write_jobs(jobs)))
+            .await?;
+        Ok(record)
+    }
+
+    /// Holds the turn of the submits: none is written until the guard is dropped, so those that
+    /// join meanwhile are written together.
+    #[cfg(test)]
+    pub(crate) async fn hold_submits(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.submits.hold().await
+    }
+
+    /// How many submits wait for a write.
+    #[cfg(test)]
+    pub(crate) fn submits_waiting(&self) -> usize {
+        self.submits.count_waiting()
+    }
+
+    /// Writes `jobs` in one write transaction: each one's outcome in order, one whose owner an
+    /// admin removed refused before anything is written.
+    async fn write_jobs(&self, jobs: &[NewJob]) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.write().await?;
-        super::refuse_removed(&mut tx, &new.owner).await?;
+        let owners: BTreeSet<&Dn> = jobs.iter().map(|job| &job.owner).collect();
+        let removed = super::creates::removed_among(&mut tx, &owners).await?;
         let mut writes = JobWrites::default();
-        writes.push_job(&new)?;
+        let mut outcomes = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            if removed.contains(&job.owner) {
+                outcomes.push(Err(StoreError::UserRemoved(job.owner.clone())));
+                continue;
+            }
+            writes.push_job(job)?;
+            outcomes.push(Ok(()));
+        }
         writes.insert(&mut tx).await?;
         tx.commit().await?;
-        self.job(new.id).await?.ok_or(StoreError::NoSuchJob(new.id))
+        Ok(outcomes)
     }
 
     pub(super) async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {

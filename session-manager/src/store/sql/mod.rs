@@ -982,6 +982,7 @@ mod job_history;
 mod jobs;
 mod nodes;
 pub(super) mod planning;
+pub(super) mod together;
 mod token_links;
 mod usage;
 mod users;
