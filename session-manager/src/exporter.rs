@@ -178,7 +178,8 @@ impl ManagerExporter {
         let nodes = self
             .store
             .planning_nodes(chrono::DateTime::<chrono::Utc>::MIN_UTC)
-            .await?;
+            .await?
+            .nodes;
 
         let by_state = counted(
             SessionState::ALL.iter().map(|s| s.as_str()),

@@ -79,6 +79,7 @@ impl FreezeWatch {
             .store
             .planning_nodes(crate::site::online_since(now, self.limits.node_timeout))
             .await?
+            .nodes
             .into_iter()
             .map(|node| (node.name, node.last_seen))
             .collect();

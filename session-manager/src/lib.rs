@@ -271,6 +271,7 @@ impl Manager {
             web_apps: Arc::new(app::web_apps::WebApps::new(prepared.agent_streams)),
             inventory_reads: Default::default(),
             desired_versions: Default::default(),
+            satisfiability: Default::default(),
         };
         let server = Server {
             acceptor: TlsAcceptor::from(prepared.tls),

@@ -22,7 +22,7 @@ use ongrid_scheduler::{GpuSlot, NodeState, PendingSession, QueuedJob, RunningJob
 
 use crate::domain::jobs::JobRecord;
 use crate::domain::sessions::SessionRecord;
-use crate::store::{GpuRecord, NodeRecord, SessionFilter, Store, StoreResult};
+use crate::store::{GpuRecord, NodeRecord, PlanningNodes, SessionFilter, Store, StoreResult};
 
 /// The GPU-holding states, for queries.
 pub fn holding_states() -> Vec<SessionState> {
@@ -46,8 +46,38 @@ pub struct SiteSnapshot {
     /// GPUs held by a session that asked for a whole GPU.
     whole: HashSet<GpuUuid>,
     /// [`Self::satisfiability_state`], made once: a snapshot shared by a burst of requests
-    /// ([`crate::app::AppState::inventory`]) answers each one's [`Self::never_meets`].
-    satisfiable: OnceLock<SiteState>,
+    /// ([`crate::app::AppState::inventory`]) answers each one's [`Self::never_meets`]; the
+    /// snapshots of one inventory version share it ([`Satisfiability`]).
+    satisfiable: OnceLock<Arc<SiteState>>,
+}
+
+/// The [`SiteSnapshot::satisfiability_state`] of the nodes at the last inventory version read,
+/// shared by the inventory snapshots read at that version ([`SiteSnapshot::load_inventory`]):
+/// it depends on the nodes and GPUs alone, which move the version whenever they change, so
+/// the thousands of GPUs are not made into the scheduler's state again for each request.
+#[derive(Debug, Default)]
+pub struct Satisfiability(std::sync::Mutex<Option<(i64, Arc<SiteState>)>>);
+
+impl Satisfiability {
+    /// The state kept for `version`, else `site`'s, kept unless a newer version's is.
+    fn of(&self, version: i64, site: &SiteSnapshot) -> Arc<SiteState> {
+        let kept = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((at, state)) = kept().as_ref() {
+            if *at == version {
+                return Arc::clone(state);
+            }
+        }
+        let state = Arc::new(site.satisfiability_state());
+        let mut kept = kept();
+        if kept.as_ref().is_none_or(|(at, _)| *at < version) {
+            *kept = Some((version, Arc::clone(&state)));
+        }
+        state
+    }
 }
 
 impl SiteSnapshot {
@@ -79,7 +109,8 @@ impl SiteSnapshot {
     ) -> StoreResult<(Self, Vec<SessionRecord>)> {
         let nodes = store
             .planning_nodes(online_since(now, node_timeout))
-            .await?;
+            .await?
+            .nodes;
         let (holding, pending): (Vec<_>, Vec<_>) = store
             .planning_sessions()
             .await?
@@ -105,19 +136,20 @@ impl SiteSnapshot {
     /// whether a request could ever be met ([`Self::never_meets`]), a limit's share of the site,
     /// or which GPUs that fit a request are out of service. One read of the nodes instead of
     /// the whole site, for answers that every request waits on.
+    /// Its [`Self::never_meets`] answers from the state `kept` has for the nodes' inventory
+    /// version.
     pub async fn load_inventory(
         store: &dyn Store,
         now: DateTime<Utc>,
         node_timeout: Duration,
+        kept: &Satisfiability,
     ) -> StoreResult<Self> {
-        Ok(Self::new(
-            now,
-            store
-                .planning_nodes(online_since(now, node_timeout))
-                .await?,
-            Vec::new(),
-            node_timeout,
-        ))
+        let PlanningNodes { version, nodes } = store
+            .planning_nodes(online_since(now, node_timeout))
+            .await?;
+        let site = Self::new(now, nodes, Vec::new(), node_timeout);
+        let _ = site.satisfiable.set(kept.of(version, &site));
+        Ok(site)
     }
 
     pub fn new(
@@ -325,7 +357,9 @@ impl SiteSnapshot {
     /// a MIG device), in words naming the requirement to relax; `None` when some GPU could.
     /// Sessions and local jobs are refused with it at once, instead of waiting for ever.
     pub fn never_meets(&self, request: &ongrid_core::GpuRequest) -> Option<String> {
-        let site = self.satisfiable.get_or_init(|| self.satisfiability_state());
+        let site = self
+            .satisfiable
+            .get_or_init(|| Arc::new(self.satisfiability_state()));
         let checked = match request.sharing.mig() {
             Some(_) => ongrid_scheduler::check_mig_satisfiable(site, &self.mig_slots(), request)
                 .map_err(|no| no.to_string()),
@@ -436,4 +470,52 @@ pub fn running_job(job: &JobRecord) -> Option<RunningJob> {
         bucket: job.spec.bucket.as_ref().map(|b| b.name.clone()),
         halting: job.state() != JobState::Running,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::{GpuInfo, GpuRequest, MemorySize};
+
+    use super::*;
+    use crate::store::fixtures::{self, gpu, registration};
+
+    /// The inventory snapshots of one version share one satisfiability state; a change of the
+    /// nodes (a GPU with more memory registered) is answered from the new one.
+    #[tokio::test]
+    async fn inventory_snapshots_share_the_satisfiability_of_their_version() {
+        let (_dir, store) = fixtures::sqlite().await;
+        let now = Utc::now();
+        let timeout = Duration::from_secs(30);
+        store
+            .register_node(registration("node1"), &[gpu(1)], now)
+            .await
+            .unwrap();
+        let kept = Satisfiability::default();
+        let load = || SiteSnapshot::load_inventory(store.as_ref(), now, timeout, &kept);
+        let big = GpuRequest {
+            min_memory: Some(MemorySize::from_mib(81_920)),
+            ..GpuRequest::default()
+        };
+        let (first, second) = (load().await.unwrap(), load().await.unwrap());
+        assert!(first.never_meets(&big).is_some());
+        assert!(Arc::ptr_eq(
+            first.satisfiable.get().unwrap(),
+            second.satisfiable.get().unwrap()
+        ));
+
+        let h100 = GpuInfo {
+            memory: MemorySize::from_mib(81_920),
+            ..gpu(2)
+        };
+        store
+            .register_node(registration("node2"), &[h100], now)
+            .await
+            .unwrap();
+        let after = load().await.unwrap();
+        assert_eq!(after.never_meets(&big), None, "the new GPU counts");
+        assert!(
+            second.never_meets(&big).is_some(),
+            "an older snapshot keeps its own"
+        );
+    }
 }

@@ -670,6 +670,102 @@ struct Agent {
     jobs: HashMap<JobId, SimulatedJob>,
 }
 
+/// A desired state and its version from an answer; `None` for 204 (unchanged) and for a
+/// refusal (recorded).
+async fn read_desired(
+    record: &Record,
+    node: &NodeName,
+    answer: reqwest::Response,
+) -> Option<(DesiredState, String)> {
+    let status = answer.status();
+    if status == StatusCode::NO_CONTENT {
+        return None;
+    }
+    let version = answer
+        .headers()
+        .get(ETAG)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_owned();
+    let text = answer.text().await.unwrap_or_default();
+    if !status.is_success() {
+        record.error(format!("{}: {status} {text}", node));
+        return None;
+    }
+    let desired: DesiredState = serde_json::from_str(&text).expect("a desired state");
+    let now = Instant::now();
+    let wall = Utc::now();
+    let mut seen = locked(&record.seen);
+    for session in &desired.sessions {
+        seen.entry(session.session_id).or_insert((now, wall));
+    }
+    drop(seen);
+    let mut seen = locked(&record.job_seen);
+    for job in desired.jobs.iter().filter(|j| j.run == JobRun::Run) {
+        seen.entry(job.job_id).or_insert(now);
+    }
+    Some((desired, version))
+}
+
+/// What the long-poll needs of its agent.
+struct Link {
+    client: reqwest::Client,
+    manager: String,
+    node: NodeName,
+    authorization: String,
+    record: Arc<Record>,
+}
+
+/// How long a long-poll waits, as the agent asks (its `DESIRED_WAIT`).
+const DESIRED_WAIT: Duration = Duration::from_secs(25);
+
+/// Keeps the node's long-poll open, as the agent does, and hands each new desired state to the
+/// node's loop, until the fleet stops.
+async fn watch_desired(
+    link: Link,
+    pushed: watch::Sender<Option<DesiredState>>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut after = String::new();
+    loop {
+        let poll = link
+            .client
+            .get(format!(
+                "{}/v1/agent/desired?after={after}&timeout={}",
+                link.manager,
+                DESIRED_WAIT.as_secs()
+            ))
+            .header(AUTHORIZATION, &link.authorization)
+            .send();
+        let answer = tokio::select! {
+            answer = poll => answer,
+            _ = stopped.changed() => return,
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                link.record.error(format!("{}: long-poll: {e}", link.node));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        link.record.long_polls.fetch_add(1, Ordering::Relaxed);
+        let status = answer.status();
+        match read_desired(&link.record, &link.node, answer).await {
+            Some((desired, version)) if version != after => {
+                after = version;
+                pushed.send_replace(Some(desired));
+            }
+            Some(_) => {}
+            // Unchanged while it waited.
+            None if status == StatusCode::NO_CONTENT => {}
+            // Refused (recorded): not again at once.
+            None => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
 /// A job on a simulated node: started when first seen, ended at `ends` unless halted first.
 struct SimulatedJob {
     started_at: DateTime<Utc>,
@@ -688,7 +784,7 @@ impl Agent {
             stream_url: None,
             start_modes: Default::default(),
         };
-        let (mut desired, mut version) = loop {
+        let mut desired = loop {
             let answer = self
                 .client
                 .post(format!("{}/v1/agent/register", self.manager))
@@ -697,8 +793,8 @@ impl Agent {
                 .send()
                 .await;
             match answer {
-                Ok(answer) => match self.desired(answer).await {
-                    Some(desired) => break desired,
+                Ok(answer) => match read_desired(&self.record, &self.node, answer).await {
+                    Some((desired, _)) => break desired,
                     None => self
                         .record
                         .error(format!("{}: register answered 204", self.node)),
@@ -708,58 +804,49 @@ impl Agent {
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         registered.fetch_add(1, Ordering::Relaxed);
+        // The long-poll stays open beside the syncs, in a task of its own, as the agent keeps it
+        // (`watch_desired` in the node agent): a placement reaches the node whenever it comes.
+        let (pushed, mut pushes) = watch::channel(None);
+        tokio::spawn(watch_desired(self.link(), pushed, stopped.clone()));
         let mut next_sync = Instant::now() + interval_of(&desired);
         loop {
             if *stopped.borrow() {
                 return;
             }
-            // A sync at the interval, and as soon as a running job ends.
+            // A sync at the interval, as soon as a running job ends, and at once when the
+            // long-poll brings a desired state that differs from the one it runs: the new
+            // containers "start" at once, and so do new jobs; a halt or a kill is done at once.
             let due = self
                 .next_job_end()
                 .map_or(next_sync, |end| end.min(next_sync));
-            let wait = due.saturating_duration_since(Instant::now());
-            if wait < Duration::from_secs(1) {
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    _ = stopped.changed() => return,
+            tokio::select! {
+                () = tokio::time::sleep_until(due.into()) => {}
+                pushed = pushes.changed() => {
+                    if pushed.is_err() {
+                        return;
+                    }
+                    // The agent reports at once only when it acted on the new state.
+                    match pushes.borrow_and_update().clone() {
+                        Some(new) if new != desired => desired = new,
+                        _ => continue,
+                    }
                 }
-                if let Some(synced) = self.sync(&desired).await {
-                    (desired, version) = synced;
-                }
-                next_sync = Instant::now() + interval_of(&desired);
-                continue;
-            }
-            let poll = self
-                .client
-                .get(format!(
-                    "{}/v1/agent/desired?after={version}&timeout={}",
-                    self.manager,
-                    wait.as_secs()
-                ))
-                .header(AUTHORIZATION, &self.authorization)
-                .send();
-            let answer = tokio::select! {
-                answer = poll => answer,
                 _ = stopped.changed() => return,
-            };
-            let answer = match answer {
-                Ok(answer) => answer,
-                Err(e) => {
-                    self.record.error(format!("{}: long-poll: {e}", self.node));
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            self.record.long_polls.fetch_add(1, Ordering::Relaxed);
-            if let Some(changed) = self.desired(answer).await {
-                (desired, version) = changed;
-                // The containers of new sessions "start" at once, and so do new jobs; a halt
-                // or a kill is done at once: reported in a sync now.
-                if let Some(synced) = self.sync(&desired).await {
-                    (desired, version) = synced;
-                }
-                next_sync = Instant::now() + interval_of(&desired);
             }
+            if let Some((synced, _)) = self.sync(&desired).await {
+                desired = synced;
+            }
+            next_sync = Instant::now() + interval_of(&desired);
+        }
+    }
+
+    fn link(&self) -> Link {
+        Link {
+            client: self.client.clone(),
+            manager: self.manager.clone(),
+            node: self.node.clone(),
+            authorization: self.authorization.clone(),
+            record: self.record.clone(),
         }
     }
 
@@ -770,40 +857,6 @@ impl Agent {
             .filter(|job| job.exited.is_none())
             .map(|job| job.ends)
             .min()
-    }
-
-    /// A desired state and its version from an answer; `None` for 204 (unchanged) and for a
-    /// refusal (recorded).
-    async fn desired(&self, answer: reqwest::Response) -> Option<(DesiredState, String)> {
-        let status = answer.status();
-        if status == StatusCode::NO_CONTENT {
-            return None;
-        }
-        let version = answer
-            .headers()
-            .get(ETAG)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .trim_matches('"')
-            .to_owned();
-        let text = answer.text().await.unwrap_or_default();
-        if !status.is_success() {
-            self.record.error(format!("{}: {status} {text}", self.node));
-            return None;
-        }
-        let desired: DesiredState = serde_json::from_str(&text).expect("a desired state");
-        let now = Instant::now();
-        let wall = Utc::now();
-        let mut seen = locked(&self.record.seen);
-        for session in &desired.sessions {
-            seen.entry(session.session_id).or_insert((now, wall));
-        }
-        drop(seen);
-        let mut seen = locked(&self.record.job_seen);
-        for job in desired.jobs.iter().filter(|j| j.run == JobRun::Run) {
-            seen.entry(job.job_id).or_insert(now);
-        }
-        Some((desired, version))
     }
 
     /// Reports the desired sessions' containers as running, its freezes done and its jobs as
@@ -844,7 +897,7 @@ impl Agent {
             .await;
         self.record.syncs.fetch_add(1, Ordering::Relaxed);
         match answer {
-            Ok(answer) => self.desired(answer).await,
+            Ok(answer) => read_desired(&self.record, &self.node, answer).await,
             Err(e) => {
                 self.record.error(format!("{}: sync: {e}", self.node));
                 None

@@ -91,6 +91,8 @@ pub struct AppState {
     pub web_apps: Arc<web_apps::WebApps>,
     /// The inventory read that requests arriving together share ([`Self::inventory`]).
     pub inventory_reads: Arc<shared_read::SharedRead<SiteSnapshot>>,
+    /// What [`Self::inventory`]'s snapshots answer [`SiteSnapshot::never_meets`] from.
+    pub satisfiability: Arc<crate::site::Satisfiability>,
     /// The version of each node's desired state as its long-poll last read it.
     pub desired_versions: Arc<agent_sync::DesiredVersions>,
 }
@@ -117,6 +119,7 @@ impl AppState {
                     self.store.as_ref(),
                     self.clock.now(),
                     self.config.node_timeout,
+                    &self.satisfiability,
                 )
                 .await?)
             })

@@ -194,6 +194,14 @@ pub struct NodeRecord {
     pub drain: Option<Drain>,
 }
 
+/// The nodes of [`Store::planning_nodes`], with the inventory version they are at least as new
+/// as: equal versions, equal nodes and GPUs (their last syncs and GPUs' utilisation aside).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanningNodes {
+    pub version: i64,
+    pub nodes: Vec<NodeRecord>,
+}
+
 pub use crate::domain::nodes::NodeContents;
 
 /// What [`Store::remove_node`] did.
@@ -439,7 +447,7 @@ pub trait Store: Send + Sync {
     fn planning_nodes(
         &self,
         seen_since: DateTime<Utc>,
-    ) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
+    ) -> BoxFuture<'_, StoreResult<PlanningNodes>>;
 
     /// `node`'s GPUs as [`Self::planning_nodes`] keeps them (a GPU's utilisation as old as that
     /// read), read alone when the site's inventory changed since: for what a node's desired

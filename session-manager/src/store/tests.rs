@@ -479,8 +479,8 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     let node1 = NodeName::parse("node1").unwrap();
     // Every node seen before it: each one's last sync as stored.
     let cutoff = t(1000);
-    assert_eq!(store.planning_nodes(cutoff).await.unwrap(), vec![]);
-    assert_eq!(replica.planning_nodes(cutoff).await.unwrap(), vec![]);
+    assert_eq!(store.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
+    assert_eq!(replica.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
@@ -488,7 +488,7 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         let node1_gpus = &seen.iter().find(|n| n.name == node1).unwrap().gpus;
         for planner in [&store, &replica] {
             assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
-            assert_eq!(planner.planning_nodes(cutoff).await.unwrap(), seen);
+            assert_eq!(planner.planning_nodes(cutoff).await.unwrap().nodes, seen);
             assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
         }
         seen
@@ -507,8 +507,8 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         .unwrap();
     assert_eq!(store.nodes().await.unwrap()[0].gpus[1].info, busy);
     for planned in [
-        store.planning_nodes(cutoff).await.unwrap(),
-        replica.planning_nodes(cutoff).await.unwrap(),
+        store.planning_nodes(cutoff).await.unwrap().nodes,
+        replica.planning_nodes(cutoff).await.unwrap().nodes,
     ] {
         assert_eq!(planned[0].last_seen, t(5));
         assert_eq!(
@@ -615,11 +615,11 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         let seen_at =
             |planned: Vec<NodeRecord>| -> Vec<_> { planned.iter().map(|n| n.last_seen).collect() };
         assert_eq!(
-            seen_at(planner.planning_nodes(t(10)).await.unwrap()),
+            seen_at(planner.planning_nodes(t(10)).await.unwrap().nodes),
             [t(10), t(6)]
         );
         assert_eq!(
-            seen_at(planner.planning_nodes(t(30)).await.unwrap()),
+            seen_at(planner.planning_nodes(t(30)).await.unwrap().nodes),
             [t(20), t(6)]
         );
     }

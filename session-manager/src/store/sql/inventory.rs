@@ -34,7 +34,7 @@ use sqlx::Transaction;
 
 use super::{parse, parse_timestamp, timestamp, Db, SqlStore};
 use crate::store::gpu_policy::Owners;
-use crate::store::{GpuRecord, NodeRecord, StoreResult};
+use crate::store::{GpuRecord, NodeRecord, PlanningNodes, StoreResult};
 
 /// The GPUs of each node, ordered as [`Store::nodes`](crate::store::Store::nodes) orders them.
 pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
@@ -104,7 +104,7 @@ impl SqlStore {
     pub(super) async fn planning_nodes(
         &self,
         seen_since: DateTime<Utc>,
-    ) -> StoreResult<Vec<NodeRecord>> {
+    ) -> StoreResult<PlanningNodes> {
         // First, so that a node removed meanwhile is in neither read or offline in this one.
         let not_seen = self.not_seen_since(seen_since).await?;
         let version = self.inventory_version().await?;
@@ -116,7 +116,7 @@ impl SqlStore {
                 read
             }
         };
-        Ok(kept
+        let nodes = kept
             .nodes
             .iter()
             .map(|node| NodeRecord {
@@ -126,7 +126,8 @@ impl SqlStore {
                 },
                 ..node.clone()
             })
-            .collect())
+            .collect();
+        Ok(PlanningNodes { version, nodes })
     }
 
     /// Every registered node and GPU.

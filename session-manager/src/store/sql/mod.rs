@@ -47,7 +47,7 @@ use crate::domain::users::{Removal, Removed};
 use crate::store::{
     AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, Heartbeat, ImageDeleted, ImageFilter,
     JobFilter, KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration,
-    SessionFilter, StateCounts, Store, StoreError, StoreResult, UserRecord,
+    PlanningNodes, SessionFilter, StateCounts, Store, StoreError, StoreResult, UserRecord,
 };
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -490,7 +490,7 @@ impl Store for SqlStore {
         fn transition_all(changes: Vec<(SessionId, Change)>) -> Vec<StoreResult<()>>;
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
-        fn planning_nodes(seen_since: DateTime<Utc>) -> Vec<NodeRecord>;
+        fn planning_nodes(seen_since: DateTime<Utc>) -> PlanningNodes;
         fn planning_gpus(node: &'a NodeName) -> std::sync::Arc<[GpuRecord]>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
