@@ -18,18 +18,19 @@ use crate::domain::grid_jobs::GridJob;
 use crate::domain::jobs::{JobChange, NewJob};
 use crate::store::{StoreError, StoreResult};
 
-/// The histories of the jobs `condition` selects, each oldest first, in one statement.
-/// `condition` is on the jobs' columns as `j` (`j.node = $1`), with `values` bound to its
-/// parameters; a job without a history (there is no such job) is left out.
+/// The histories of the jobs `condition` selects, each oldest first, in one statement, for the
+/// changes of a write ([`lifecycles`]); the reads of whole jobs take their histories in the
+/// statement of their rows (`jobs::read_stamped_jobs`). `condition` is on the jobs' columns as
+/// `j` (`j.id IN (...)`), with `values` bound to its parameters; a job without a history (there
+/// is no such job) is left out.
 pub(super) async fn histories(
     conn: &mut DbConnection,
     condition: &str,
     values: &[&str],
 ) -> StoreResult<HashMap<JobId, Vec<JobTransition>>> {
-    // The jobs first, then each one's history by the index on (job_id, seq): written as a join,
-    // SQLite chose to walk every job's history in that index's order (the `ORDER BY`) and look
-    // up each one's job, 40 ms with 30,000 rows, at every sync of a node running jobs and at
-    // every planning read of the changed jobs.
+    // The jobs first, then each one's history by the index on (job_id, seq): written as a join
+    // ordered by `t.job_id, t.seq`, SQLite chose to walk every job's history in that index's
+    // order and look up each one's job, 40 ms with 30,000 rows.
     let sql = format!(
         "SELECT t.job_id, t.from_state, t.to_state, t.at, t.reason FROM job_transitions t \
          WHERE t.job_id IN (SELECT j.id FROM jobs j WHERE {condition}) ORDER BY t.job_id, t.seq"
@@ -77,7 +78,7 @@ pub(super) fn lifecycle_of(id: JobId, history: Vec<JobTransition>) -> StoreResul
 }
 
 /// A job transition from `from_state, to_state, at, reason`.
-fn transition_from_row(row: &DbRow) -> StoreResult<JobTransition> {
+pub(super) fn transition_from_row(row: &DbRow) -> StoreResult<JobTransition> {
     let from: Option<String> = row.try_get("from_state")?;
     Ok(JobTransition {
         from: from.map(|f| parse(&f, "job state")).transpose()?,

@@ -9,7 +9,7 @@
 //! ended job's record is removed by its owner or pruned past the site's retention
 //! ([`SqlStore::remove_job`], [`SqlStore::prune_jobs`]), with everything that refers to it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,14 +86,10 @@ impl SqlStore {
     }
 
     pub(super) async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
-        // The row and its history in one snapshot, so a job changed meanwhile is never read
-        // half old, half new (a RUNNING job without its GPUs).
-        let mut conn = self.read_snapshot().await?;
-        let job = read_jobs(&mut conn, "j.id = $1", &[&id.to_string()])
+        let mut conn = self.pool.acquire().await?;
+        Ok(read_jobs(&mut conn, "j.id = $1", &[&id.to_string()])
             .await?
-            .pop();
-        conn.commit().await?;
-        Ok(job)
+            .pop())
     }
 
     pub(super) async fn jobs(&self, filter: JobFilter) -> StoreResult<Vec<JobRecord>> {
@@ -109,24 +105,9 @@ impl SqlStore {
                 Some(node.to_string()),
             ),
         };
-        // Most nodes run no job, and a node's desired state asks at every sync and every
-        // long-poll answer: without a row there is no history to read with it, and no snapshot
-        // to begin (a statement instead of three).
-        let any = query_with(
-            &format!("SELECT 1 FROM jobs j WHERE {condition} LIMIT 1"),
-            value.as_deref(),
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        if any.is_none() {
-            return Ok(Vec::new());
-        }
-        // One snapshot for the rows and their histories, as in `job`.
-        let mut conn = self.read_snapshot().await?;
+        let mut conn = self.pool.acquire().await?;
         let values: Vec<&str> = value.as_deref().into_iter().collect();
-        let jobs = read_jobs(&mut conn, &condition, &values).await?;
-        conn.commit().await?;
-        Ok(jobs)
+        read_jobs(&mut conn, &condition, &values).await
     }
 
     /// The jobs QUEUED or holding GPUs, in queue order: those kept for planning
@@ -146,9 +127,8 @@ impl SqlStore {
                     )
                     .fetch_one(&self.pool)
                     .await?;
-                    let mut conn = self.read_snapshot().await?;
+                    let mut conn = self.pool.acquire().await?;
                     let active = read_jobs(&mut conn, &format!("j.state IN {ACTIVE}"), &[]).await?;
-                    conn.commit().await?;
                     Ok((seen.unwrap_or(0), active))
                 },
                 |seen| async move {
@@ -371,37 +351,44 @@ async fn read_jobs(
 }
 
 /// As [`read_jobs`], each job with the change number it was last stamped with.
+///
+/// The rows and their histories in one statement, a row per transition (oldest first), so a job
+/// changed meanwhile is never read half old, half new (a RUNNING job without its GPUs) and no
+/// snapshot is begun: a node's jobs are read at every sync of the node and every answer of its
+/// long-poll, and the rows, a snapshot and the histories were five round trips to the database.
+/// Driven by the jobs' condition and each job's history found by its key; the order is the
+/// jobs', then each history's.
 async fn read_stamped_jobs(
     conn: &mut DbConnection,
     condition: &str,
     values: &[&str],
 ) -> StoreResult<Vec<(i64, JobRecord)>> {
-    let sql =
-        format!("SELECT j.change_seq, {JOB_COLUMNS} WHERE {condition} ORDER BY j.queued_at, j.id");
+    let sql = format!(
+        "SELECT j.change_seq, t.from_state, t.to_state, t.at, t.reason, {JOB_COLUMNS} \
+         LEFT JOIN job_transitions t ON t.job_id = j.id WHERE {condition} \
+         ORDER BY j.queued_at, j.id, t.seq"
+    );
     let rows = query_with(&sql, values.iter().copied())
         .fetch_all(&mut *conn)
         .await?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
+    let mut jobs = Vec::new();
+    let mut rows = rows.iter().peekable();
+    while let Some(first) = rows.next() {
+        let id: String = first.try_get("id")?;
+        let mut history = vec![job_history::transition_from_row(first)?];
+        while let Some(row) =
+            rows.next_if(|row| row.try_get::<String, _>("id").is_ok_and(|next| next == id))
+        {
+            history.push(job_history::transition_from_row(row)?);
+        }
+        jobs.push((first.try_get("change_seq")?, job_from_row(first, history)?));
     }
-    let mut histories = job_history::histories(conn, condition, values).await?;
-    rows.iter()
-        .map(|row| {
-            Ok((
-                row.try_get("change_seq")?,
-                job_from_row(row, &mut histories)?,
-            ))
-        })
-        .collect()
+    Ok(jobs)
 }
 
-/// A job from a row of [`JOB_COLUMNS`], its history taken from `histories`.
-fn job_from_row(
-    row: &DbRow,
-    histories: &mut HashMap<JobId, Vec<JobTransition>>,
-) -> StoreResult<JobRecord> {
+/// A job from a row of [`JOB_COLUMNS`] and its `history`, oldest first.
+fn job_from_row(row: &DbRow, history: Vec<JobTransition>) -> StoreResult<JobRecord> {
     let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
-    let history = histories.remove(&id).unwrap_or_default();
     let lifecycle = job_history::lifecycle_of(id, history)?;
     let optional_job = |column: &str| -> StoreResult<Option<JobId>> {
         row.try_get::<Option<String>, _>(column)?
