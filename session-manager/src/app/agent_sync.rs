@@ -58,7 +58,8 @@ pub async fn register(
         .register_node(registration, &body.gpus, state.clock.now())
         .await?;
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
-    state.committed(&[Effect::Scheduling]);
+    // Its GPUs and their modes may have changed with it (the desired state's MIG layouts).
+    state.committed(&[Effect::Scheduling, Effect::Node(node.clone())]);
     desired_state(state, node, NodeRead::default()).await
 }
 
@@ -225,7 +226,10 @@ pub enum Desired {
 /// The version a long-poll read is remembered with where the node's signals stood before the
 /// read ([`DesiredVersions`]): the agent's next poll, which comes at once with that version,
 /// waits without reading the node's desired state again unless a notification for the node or
-/// the site came since (a node removed notifies the site).
+/// the site came since (a node removed or registered again notifies it). A version is known for
+/// [`KNOWN_FOR`] only: what changes with time alone (a job's output grace, a removed image's
+/// retention) and a notification another replica could not publish notify nobody, and a poll
+/// that begins later reads again, as every poll did.
 pub async fn next_desired(
     state: &AppState,
     node: &NodeName,
@@ -267,32 +271,52 @@ pub async fn next_desired(
     }
 }
 
+/// How long a long-poll's read of a node's desired state is taken as current while no
+/// notification for the node came ([`next_desired`]): long enough for the agent's next poll,
+/// which follows each answer at once.
+pub const KNOWN_FOR: Duration = Duration::from_secs(2);
+
 /// The version of each node's desired state as a long-poll last read it, with where the node's
-/// signals stood before that read ([`crate::notify::Position`]): still the version stored while
-/// they stand there. Shared by the clones of the state; one entry per node that polled.
+/// signals stood before that read ([`crate::notify::Position`]) and when: still the version
+/// stored while they stand there, taken as such for [`KNOWN_FOR`]. Shared by the clones of the
+/// state; one entry per node that polled.
 #[derive(Debug, Default)]
-pub struct DesiredVersions(Mutex<HashMap<NodeName, (Position, String)>>);
+pub struct DesiredVersions(Mutex<HashMap<NodeName, Known>>);
+
+/// A version read at a position, and when.
+#[derive(Debug)]
+struct Known {
+    position: Position,
+    version: String,
+    read_at: tokio::time::Instant,
+}
 
 impl DesiredVersions {
-    fn kept(&self) -> MutexGuard<'_, HashMap<NodeName, (Position, String)>> {
+    fn kept(&self) -> MutexGuard<'_, HashMap<NodeName, Known>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The version of `node`'s desired state when it was read at `position`.
+    /// The version of `node`'s desired state when it was read at `position`, within
+    /// [`KNOWN_FOR`].
     fn at(&self, node: &NodeName, position: Position) -> Option<String> {
         self.kept()
             .get(node)
-            .filter(|(at, _)| *at == position)
-            .map(|(_, version)| version.clone())
+            .filter(|known| known.position == position && known.read_at.elapsed() < KNOWN_FOR)
+            .map(|known| known.version.clone())
     }
 
     /// Remembers `version`, read after the node's signals stood at `position`.
     fn keep(&self, node: &NodeName, position: Position, version: &str) {
+        let known = Known {
+            position,
+            version: version.to_owned(),
+            read_at: tokio::time::Instant::now(),
+        };
         let mut kept = self.kept();
         match kept.get_mut(node) {
-            Some(entry) => *entry = (position, version.to_owned()),
+            Some(entry) => *entry = known,
             None => {
-                kept.insert(node.clone(), (position, version.to_owned()));
+                kept.insert(node.clone(), known);
             }
         }
     }
@@ -520,6 +544,28 @@ mod tests {
         let mut freeze_only = Changed::heartbeat(seen(5, false), now, timeout);
         freeze_only.watched = true;
         assert_eq!(freeze_only.effects(&node), vec![Effect::Node(node.clone())]);
+    }
+
+    /// A version read at a position is known at that position only, and for [`KNOWN_FOR`].
+    #[tokio::test(start_paused = true)]
+    async fn a_desired_version_is_known_at_its_position_for_a_while() {
+        let changes = crate::notify::Changes::new(tokio_util::sync::CancellationToken::new());
+        let node = NodeName::parse("node1").unwrap();
+        let waiter = changes.subscribe_node(&node);
+        let read_at = waiter.position().unwrap();
+        let known = DesiredVersions::default();
+        known.keep(&node, read_at, "v1");
+        assert_eq!(known.at(&node, read_at).as_deref(), Some("v1"));
+        let other = NodeName::parse("node2").unwrap();
+        assert_eq!(known.at(&other, read_at), None);
+        changes.node(&node);
+        assert_eq!(
+            known.at(&node, waiter.position().unwrap()),
+            None,
+            "notified since"
+        );
+        tokio::time::advance(KNOWN_FOR).await;
+        assert_eq!(known.at(&node, read_at), None, "read too long ago");
     }
 
     /// A session's report calls for a round only when the session took or gave back GPUs.

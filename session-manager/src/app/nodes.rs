@@ -121,8 +121,13 @@ pub async fn remove(
     {
         NodeRemoval::Removed => {
             tracing::info!(%node, by = %caller.user.user_name, "Node removed.");
-            // Gone from people's lists; no agent runs there.
-            state.committed(&[Effect::Scheduling, Effect::People]);
+            // Gone from people's lists; no agent runs there: its long-poll, if one is still
+            // open, is told (it answers that the node is not registered).
+            state.committed(&[
+                Effect::Scheduling,
+                Effect::People,
+                Effect::Node(node.clone()),
+            ]);
             Ok(())
         }
         NodeRemoval::NoSuchNode => Err(NodeError::NoSuchNode(node.clone())),

@@ -37,6 +37,14 @@ pub(crate) mod test_server;
 #[cfg(test)]
 mod tests;
 
+/// The store's writes made together (`sql/together.rs`), for the tests that hold them.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Together {
+    Creates,
+    Submits,
+}
+
 use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
@@ -194,8 +202,9 @@ pub struct NodeRecord {
     pub drain: Option<Drain>,
 }
 
-/// The nodes of [`Store::planning_nodes`], with the inventory version they are at least as new
-/// as: equal versions, equal nodes and GPUs (their last syncs and GPUs' utilisation aside).
+/// The nodes of [`Store::planning_nodes`], with the inventory version read before them: the
+/// nodes and GPUs are at least as new as it (what the scheduler plans with of them changes only
+/// with the version; their last syncs and GPUs' utilisation aside).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanningNodes {
     pub version: i64,

@@ -77,39 +77,22 @@ impl Deref for TestStore {
 }
 
 impl TestStore {
-    /// Holds the turn of the store's creates: none is written until the guard is dropped.
-    async fn hold_creates(&self) -> tokio::sync::OwnedMutexGuard<()> {
+    /// Holds the turn of the store's writes made together of `kind`: none is written until the
+    /// guard is dropped.
+    async fn hold(&self, kind: Together) -> tokio::sync::OwnedMutexGuard<()> {
         match &self.0 {
-            OpenedStore::Sqlite(store) => store.hold_creates().await,
+            OpenedStore::Sqlite(store) => store.hold_together(kind).await,
             #[cfg(feature = "postgres")]
-            OpenedStore::Postgres(store) => store.hold_creates().await,
+            OpenedStore::Postgres(store) => store.hold_together(kind).await,
         }
     }
 
-    /// How many creates wait for a write.
-    fn creates_waiting(&self) -> usize {
+    /// How many writes of `kind` wait to be made together.
+    fn waiting(&self, kind: Together) -> usize {
         match &self.0 {
-            OpenedStore::Sqlite(store) => store.creates_waiting(),
+            OpenedStore::Sqlite(store) => store.waiting_together(kind),
             #[cfg(feature = "postgres")]
-            OpenedStore::Postgres(store) => store.creates_waiting(),
-        }
-    }
-
-    /// Holds the turn of the store's submits: none is written until the guard is dropped.
-    async fn hold_submits(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        match &self.0 {
-            OpenedStore::Sqlite(store) => store.hold_submits().await,
-            #[cfg(feature = "postgres")]
-            OpenedStore::Postgres(store) => store.hold_submits().await,
-        }
-    }
-
-    /// How many submits wait for a write.
-    fn submits_waiting(&self) -> usize {
-        match &self.0 {
-            OpenedStore::Sqlite(store) => store.submits_waiting(),
-            #[cfg(feature = "postgres")]
-            OpenedStore::Postgres(store) => store.submits_waiting(),
+            OpenedStore::Postgres(store) => store.waiting_together(kind),
         }
     }
 
@@ -1273,7 +1256,7 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
         limited(&carol.dn, None, 6),
     ];
     let ids: Vec<SessionId> = asked.iter().map(|new| new.id).collect();
-    let held = store.hold_creates().await;
+    let held = store.hold(Together::Creates).await;
     let creating: Vec<_> = asked
         .into_iter()
         .map(|new| {
@@ -1282,7 +1265,7 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
         })
         .collect();
     // Each joins once it looked for its default name.
-    while store.creates_waiting() < ids.len() {
+    while store.waiting(Together::Creates) < ids.len() {
         tokio::task::yield_now().await;
     }
     drop(held);
@@ -2835,7 +2818,7 @@ async fn submit_together(
     store: &TestStore,
     jobs: &[crate::domain::jobs::NewJob],
 ) -> Vec<StoreResult<crate::domain::jobs::JobRecord>> {
-    let held = store.hold_submits().await;
+    let held = store.hold(Together::Submits).await;
     let submitting: Vec<_> = jobs
         .iter()
         .cloned()
@@ -2844,7 +2827,7 @@ async fn submit_together(
             tokio::spawn(async move { store.create_job(new).await })
         })
         .collect();
-    while store.submits_waiting() < jobs.len() {
+    while store.waiting(Together::Submits) < jobs.len() {
         tokio::task::yield_now().await;
     }
     drop(held);

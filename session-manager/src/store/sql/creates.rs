@@ -99,20 +99,6 @@ impl SqlStore {
     }
 }
 
-#[cfg(test)]
-impl SqlStore {
-    /// Holds the turn of the creates: none is written until the guard is dropped, so those that
-    /// join meanwhile are written together.
-    pub(crate) async fn hold_creates(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.creates.hold().await
-    }
-
-    /// How many creates wait for a write.
-    pub(crate) fn creates_waiting(&self) -> usize {
-        self.creates.count_waiting()
-    }
-}
-
 /// Those of `owners` an admin removed.
 pub(super) async fn removed_among(
     tx: &mut Transaction<'static, Db>,

@@ -51,19 +51,6 @@ impl SqlStore {
         Ok(record)
     }
 
-    /// Holds the turn of the submits: none is written until the guard is dropped, so those that
-    /// join meanwhile are written together.
-    #[cfg(test)]
-    pub(crate) async fn hold_submits(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.submits.hold().await
-    }
-
-    /// How many submits wait for a write.
-    #[cfg(test)]
-    pub(crate) fn submits_waiting(&self) -> usize {
-        self.submits.count_waiting()
-    }
-
     /// Writes `jobs` in one write transaction: each one's outcome in order, one whose owner an
     /// admin removed refused before anything is written.
     async fn write_jobs(&self, jobs: &[NewJob]) -> StoreResult<Vec<StoreResult<()>>> {
@@ -339,8 +326,8 @@ async fn delete_jobs(
 }
 
 /// The jobs `condition` selects (on the jobs' columns as `j`, `values` bound to its
-/// parameters) in queue order, each with its history: two statements, whatever their number.
-/// `conn` should see one snapshot, so that no job is read half old, half new.
+/// parameters) in queue order, each with its history: one statement, whatever their number
+/// ([`read_stamped_jobs`]).
 async fn read_jobs(
     conn: &mut DbConnection,
     condition: &str,

@@ -131,15 +131,25 @@ async fn write_together<W>(store: &SqlStore, batch: Vec<Waiting<W>>, write_all: 
 }
 
 #[cfg(test)]
-impl<W: Send + Sync + 'static> WriteQueue<W> {
-    /// Holds the turn: nothing is written until the guard is dropped, so the requests that join
-    /// meanwhile are written together.
-    pub(crate) async fn hold(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.0.turn.clone().lock_owned().await
+use crate::store::Together;
+
+#[cfg(test)]
+impl SqlStore {
+    /// Holds the turn of the writes of `kind`: nothing is written until the guard is dropped, so
+    /// the requests that join meanwhile are written together.
+    pub(crate) async fn hold_together(&self, kind: Together) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = match kind {
+            Together::Creates => &self.creates.0.turn,
+            Together::Submits => &self.submits.0.turn,
+        };
+        turn.clone().lock_owned().await
     }
 
-    /// How many requests wait for a write.
-    pub(crate) fn count_waiting(&self) -> usize {
-        self.waiting().len()
+    /// How many requests of `kind` wait for a write.
+    pub(crate) fn waiting_together(&self, kind: Together) -> usize {
+        match kind {
+            Together::Creates => self.creates.waiting().len(),
+            Together::Submits => self.submits.waiting().len(),
+        }
     }
 }
