@@ -1227,20 +1227,8 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
 /// transition and its limits.
 async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
-    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
-    let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
+    let [alice, bob, carol] = bob_removed(&store).await;
     create(&store, &carol.dn, None, t(0)).await;
-    let none = crate::domain::users::Removal {
-        sessions: Vec::new(),
-        jobs: Vec::new(),
-        images: Vec::new(),
-    };
-    store
-        .remove_user(&bob.dn, &alice.dn, t(1), &none)
-        .await
-        .unwrap()
-        .expect("Bob removed");
     let limited = |owner: &Dn, name: Option<&str>, i: i64| NewSession {
         idle_timeout_secs: Some(600 + i as u64),
         max_duration_secs: Some(3_600),
@@ -2743,19 +2731,7 @@ fn job_change(
 async fn submits_written_together_each_keep_their_own_answer(backend: Backend) {
     use crate::domain::grid_jobs::GridJob;
     let (_place, store) = Place::opened(backend).await;
-    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
-    let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
-    let none = crate::domain::users::Removal {
-        sessions: Vec::new(),
-        jobs: Vec::new(),
-        images: Vec::new(),
-    };
-    store
-        .remove_user(&bob.dn, &alice.dn, t(1), &none)
-        .await
-        .unwrap()
-        .expect("Bob removed");
+    let [alice, bob, carol] = bob_removed(&store).await;
     let spec = || ongrid_core::job::JobSpecFile {
         restartable: true,
         max_duration: Some("2h".into()),
@@ -2811,6 +2787,24 @@ async fn submits_written_together_each_keep_their_own_answer(backend: Backend) {
     let job = answers[1].as_ref().expect("the other stored");
     assert_eq!(*job, store.job(job.id).await.unwrap().unwrap());
     assert!(!stamps.contains(&stamp_of(job.id).await));
+}
+
+/// Alice, Bob and Carol, Bob removed by Alice at t(1) (with nothing of his).
+async fn bob_removed(store: &TestStore) -> [UserRecord; 3] {
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let bob = store.user(&dn("Bob"), 20_000).await.unwrap();
+    let carol = store.user(&dn("Carol"), 20_000).await.unwrap();
+    let none = crate::domain::users::Removal {
+        sessions: Vec::new(),
+        jobs: Vec::new(),
+        images: Vec::new(),
+    };
+    store
+        .remove_user(&bob.dn, &alice.dn, t(1), &none)
+        .await
+        .unwrap()
+        .expect("Bob removed");
+    [alice, bob, carol]
 }
 
 /// Submits `jobs` together: each waits while the turn of the submits is held, until all do.
