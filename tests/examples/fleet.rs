@@ -262,12 +262,14 @@ async fn run(
     let mut agents = Vec::new();
     for (index, (node, token)) in nodes.into_iter().enumerate() {
         let agent = Agent {
-            client: agents_client.clone(),
-            manager: managers[index % managers.len()].clone(),
+            link: Link {
+                client: agents_client.clone(),
+                manager: managers[index % managers.len()].clone(),
+                node,
+                authorization: format!("Bearer {token}"),
+                record: record.clone(),
+            },
             gpus: gpus(index, fleet.gpus),
-            node,
-            authorization: format!("Bearer {token}"),
-            record: record.clone(),
             jobs: HashMap::new(),
         };
         let registered = registered.clone();
@@ -660,12 +662,9 @@ async fn wait_until_jobs_ended(record: &Record, limit: Duration) {
 
 /// One simulated node: its agent's side of the protocol, containers simulated.
 struct Agent {
-    client: reqwest::Client,
-    manager: String,
-    node: NodeName,
-    authorization: String,
+    /// How it reaches the manager, shared with its long-poll's task.
+    link: Link,
     gpus: Vec<GpuInfo>,
-    record: Arc<Record>,
     /// The jobs it was given and still lists, as it runs them.
     jobs: HashMap<JobId, SimulatedJob>,
 }
@@ -708,7 +707,8 @@ async fn read_desired(
     Some((desired, version))
 }
 
-/// What the long-poll needs of its agent.
+/// How a simulated agent reaches the manager.
+#[derive(Clone)]
 struct Link {
     client: reqwest::Client,
     manager: String,
@@ -777,7 +777,7 @@ struct SimulatedJob {
 impl Agent {
     async fn run(mut self, registered: Arc<AtomicUsize>, mut stopped: watch::Receiver<bool>) {
         let body = RegisterNode {
-            node: self.node.clone(),
+            node: self.link.node.clone(),
             agent_version: "fleet".to_owned(),
             gpu_backend: "simulated".to_owned(),
             gpus: self.gpus.clone(),
@@ -786,20 +786,27 @@ impl Agent {
         };
         let mut desired = loop {
             let answer = self
+                .link
                 .client
-                .post(format!("{}/v1/agent/register", self.manager))
-                .header(AUTHORIZATION, &self.authorization)
+                .post(format!("{}/v1/agent/register", self.link.manager))
+                .header(AUTHORIZATION, &self.link.authorization)
                 .json(&body)
                 .send()
                 .await;
             match answer {
-                Ok(answer) => match read_desired(&self.record, &self.node, answer).await {
-                    Some((desired, _)) => break desired,
-                    None => self
-                        .record
-                        .error(format!("{}: register answered 204", self.node)),
-                },
-                Err(e) => self.record.error(format!("{}: register: {e}", self.node)),
+                Ok(answer) => {
+                    match read_desired(&self.link.record, &self.link.node, answer).await {
+                        Some((desired, _)) => break desired,
+                        None => self
+                            .link
+                            .record
+                            .error(format!("{}: register answered 204", self.link.node)),
+                    }
+                }
+                Err(e) => self
+                    .link
+                    .record
+                    .error(format!("{}: register: {e}", self.link.node)),
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
@@ -807,7 +814,7 @@ impl Agent {
         // The long-poll stays open beside the syncs, in a task of its own, as the agent keeps it
         // (`watch_desired` in the node agent): a placement reaches the node whenever it comes.
         let (pushed, mut pushes) = watch::channel(None);
-        tokio::spawn(watch_desired(self.link(), pushed, stopped.clone()));
+        tokio::spawn(watch_desired(self.link.clone(), pushed, stopped.clone()));
         let mut next_sync = Instant::now() + interval_of(&desired);
         loop {
             if *stopped.borrow() {
@@ -840,16 +847,6 @@ impl Agent {
         }
     }
 
-    fn link(&self) -> Link {
-        Link {
-            client: self.client.clone(),
-            manager: self.manager.clone(),
-            node: self.node.clone(),
-            authorization: self.authorization.clone(),
-            record: self.record.clone(),
-        }
-    }
-
     /// When the first of its running jobs ends by itself.
     fn next_job_end(&self) -> Option<Instant> {
         self.jobs
@@ -873,7 +870,7 @@ impl Agent {
             .map(|s| s.session_id)
             .collect();
         let report = NodeReport {
-            node: self.node.clone(),
+            node: self.link.node.clone(),
             gpus: self.gpus.clone(),
             containers: containers
                 .into_iter()
@@ -889,17 +886,20 @@ impl Agent {
             jobs,
         };
         let answer = self
+            .link
             .client
-            .post(format!("{}/v1/agent/sync", self.manager))
-            .header(AUTHORIZATION, &self.authorization)
+            .post(format!("{}/v1/agent/sync", self.link.manager))
+            .header(AUTHORIZATION, &self.link.authorization)
             .json(&report)
             .send()
             .await;
-        self.record.syncs.fetch_add(1, Ordering::Relaxed);
+        self.link.record.syncs.fetch_add(1, Ordering::Relaxed);
         match answer {
-            Ok(answer) => read_desired(&self.record, &self.node, answer).await,
+            Ok(answer) => read_desired(&self.link.record, &self.link.node, answer).await,
             Err(e) => {
-                self.record.error(format!("{}: sync: {e}", self.node));
+                self.link
+                    .record
+                    .error(format!("{}: sync: {e}", self.link.node));
                 None
             }
         }
@@ -932,7 +932,7 @@ impl Agent {
             }
             (None, JobRun::Run) => exit(0, false, None),
             (None, JobRun::Halt { .. }) => {
-                self.record.halted.fetch_add(1, Ordering::Relaxed);
+                self.link.record.halted.fetch_add(1, Ordering::Relaxed);
                 exit(HALT_EXIT_CODE, false, Some(now))
             }
             (None, JobRun::Kill) => exit(137, true, None),
@@ -940,7 +940,7 @@ impl Agent {
         let log = matches!(status, ObservedJobStatus::Exited { .. }).then(|| {
             if simulated.exited.is_none() {
                 simulated.exited = Some(status.clone());
-                locked(&self.record.job_ended).insert(job.job_id);
+                locked(&self.link.record.job_ended).insert(job.job_id);
             }
             // Its whole output, one line, from where the manager's copy ends.
             let output: &[u8] = b"done\n";

@@ -312,13 +312,7 @@ impl DesiredVersions {
             version: version.to_owned(),
             read_at: tokio::time::Instant::now(),
         };
-        let mut kept = self.kept();
-        match kept.get_mut(node) {
-            Some(entry) => *entry = known,
-            None => {
-                kept.insert(node.clone(), known);
-            }
-        }
+        self.kept().insert(node.clone(), known);
     }
 }
 

@@ -3,7 +3,7 @@
 //! already taken or an owner removed refuses that one create, decided before anything of it is
 //! written.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 use ongrid_core::{Dn, Lifecycle, SessionName, SessionState};
 use sqlx::{QueryBuilder, Transaction};
@@ -54,7 +54,7 @@ impl SqlStore {
     async fn write_creates(&self, creates: &[Creating]) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.write().await?;
         let owners: BTreeSet<&Dn> = creates.iter().map(|c| &c.new.owner).collect();
-        let removed = removed_among(&mut tx, &owners).await?;
+        let removed = super::removed_among(&mut tx, &owners).await?;
         let mut taken = live_names(&mut tx, creates).await?;
         let mut change = planning::Stamp::default();
         let mut unwritten: Vec<(&Creating, SessionName)> = Vec::new();
@@ -97,28 +97,6 @@ impl SqlStore {
         tx.commit().await?;
         Ok(outcomes)
     }
-}
-
-/// Those of `owners` an admin removed.
-pub(super) async fn removed_among(
-    tx: &mut Transaction<'static, Db>,
-    owners: &BTreeSet<&Dn>,
-) -> StoreResult<HashSet<Dn>> {
-    let mut query =
-        QueryBuilder::<Db>::new("SELECT dn FROM users WHERE removed_at IS NOT NULL AND dn IN (");
-    let mut listed = query.separated(", ");
-    for owner in owners {
-        listed.push_bind(owner.as_str());
-    }
-    query.push(")");
-    let rows: Vec<String> = query
-        .build_query_scalar()
-        .persistent(false)
-        .fetch_all(&mut **tx)
-        .await?;
-    rows.iter()
-        .map(|dn| Dn::parse(dn).map_err(|e| StoreError::Corrupt(format!("stored DN: {e}"))))
-        .collect()
 }
 
 /// The sessions not ended among the owners and names of `creates`, by owner and name.

@@ -56,7 +56,7 @@ impl SqlStore {
     async fn write_jobs(&self, jobs: &[NewJob]) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.write().await?;
         let owners: BTreeSet<&Dn> = jobs.iter().map(|job| &job.owner).collect();
-        let removed = super::creates::removed_among(&mut tx, &owners).await?;
+        let removed = super::removed_among(&mut tx, &owners).await?;
         let mut writes = JobWrites::default();
         let mut outcomes = Vec::with_capacity(jobs.len());
         for job in jobs {

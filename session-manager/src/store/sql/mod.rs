@@ -20,7 +20,7 @@
 //! `history::NewRows::insert`, so a session's row is read after it, not before; times are stored as fixed-width RFC 3339 text with nanoseconds, so
 //! they round-trip exactly and sort as text (in `TEXT COLLATE "C"` columns on PostgreSQL).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -32,7 +32,7 @@ use ongrid_core::{
     Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuUuid, Lifecycle, NodeName, SessionId, SessionName,
     SessionState, Transition, UserName,
 };
-use sqlx::{Row, Transaction};
+use sqlx::{QueryBuilder, Row, Transaction};
 
 use ongrid_core::api::{AuditRecord, ConnectionEvent, UserEvent};
 use ongrid_core::{Institute, InstituteName};
@@ -585,6 +585,28 @@ pub(super) async fn refuse_removed(tx: &mut Transaction<'static, Db>, dn: &Dn) -
         Some(_) => Err(StoreError::UserRemoved(dn.clone())),
         None => Ok(()),
     }
+}
+
+/// Those of `owners` an admin removed.
+pub(super) async fn removed_among(
+    tx: &mut Transaction<'static, Db>,
+    owners: &BTreeSet<&Dn>,
+) -> StoreResult<HashSet<Dn>> {
+    let mut query =
+        QueryBuilder::<Db>::new("SELECT dn FROM users WHERE removed_at IS NOT NULL AND dn IN (");
+    let mut listed = query.separated(", ");
+    for owner in owners {
+        listed.push_bind(owner.as_str());
+    }
+    query.push(")");
+    let rows: Vec<String> = query
+        .build_query_scalar()
+        .persistent(false)
+        .fetch_all(&mut **tx)
+        .await?;
+    rows.iter()
+        .map(|dn| Dn::parse(dn).map_err(|e| StoreError::Corrupt(format!("stored DN: {e}"))))
+        .collect()
 }
 
 /// The owner's first default name that no live session of theirs has: `dev`, then `dev-2`,
