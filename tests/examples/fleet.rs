@@ -5,6 +5,9 @@
 //! of its desired state open, reports the containers of its desired sessions as running at once
 //! (no Docker), runs its jobs for a few seconds each (halted at once when the manager asks, with
 //! exit code 123 as GPULab's jobs do), and syncs every `sync_interval` and whenever a job ends.
+//! As the agent does, each sync but those that report at once what it did on a pushed state
+//! reports the activity of the containers that ran at the one before that sampled (CPU and GPU
+//! use, busy, so no session is held for idleness).
 //! First each user freezes a session into an image (the agent reports the freeze done). Then
 //! the users create sessions and submit batch jobs of that image through the API, interleaved
 //! (more sessions than GPUs, so some wait, and the sessions halt the jobs in their way), show
@@ -37,6 +40,7 @@ use ongrid_core::api::{
     ContainerState, CreateSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
     RunState, SessionView,
 };
+use ongrid_core::holds::ContainerActivity;
 use ongrid_core::image::{FreezeProgress, ImageState, ImageView};
 use ongrid_core::job::{
     DesiredJob, JobId, JobRun, JobView, LogChunk, ObservedJob, ObservedJobStatus, HALT_EXIT_CODE,
@@ -144,6 +148,9 @@ struct Record {
     list: Mutex<Vec<Duration>>,
     remove: Mutex<Vec<Duration>>,
     syncs: AtomicUsize,
+    /// Syncs that reported activity, and the samples they reported.
+    sampling_syncs: AtomicUsize,
+    samples: AtomicUsize,
     long_polls: AtomicUsize,
     /// Requests that failed or timed out (each retried after a second, or skipped).
     errors: Mutex<Vec<String>>,
@@ -271,6 +278,7 @@ async fn run(
             },
             gpus: gpus(index, fleet.gpus),
             jobs: HashMap::new(),
+            sampled: BTreeSet::new(),
         };
         let registered = registered.clone();
         let stopped = stopped.clone();
@@ -667,6 +675,9 @@ struct Agent {
     gpus: Vec<GpuInfo>,
     /// The jobs it was given and still lists, as it runs them.
     jobs: HashMap<JobId, SimulatedJob>,
+    /// The containers running at its last sync that sampled activity: the agent samples their
+    /// CPU time at each such sync and reports the use of those it sampled before.
+    sampled: BTreeSet<SessionId>,
 }
 
 /// A desired state and its version from an answer; `None` for 204 (unchanged) and for a
@@ -826,8 +837,10 @@ impl Agent {
             let due = self
                 .next_job_end()
                 .map_or(next_sync, |end| end.min(next_sync));
-            tokio::select! {
-                () = tokio::time::sleep_until(due.into()) => {}
+            // The agent samples its containers' activity at every sync but those that report
+            // at once what it did on a pushed state.
+            let sampling = tokio::select! {
+                () = tokio::time::sleep_until(due.into()) => true,
                 pushed = pushes.changed() => {
                     if pushed.is_err() {
                         return;
@@ -837,10 +850,11 @@ impl Agent {
                         Some(new) if new != desired => desired = new,
                         _ => continue,
                     }
+                    false
                 }
                 _ = stopped.changed() => return,
-            }
-            if let Some((synced, _)) = self.sync(&desired).await {
+            };
+            if let Some((synced, _)) = self.sync(&desired, sampling).await {
                 desired = synced;
             }
             next_sync = Instant::now() + interval_of(&desired);
@@ -856,10 +870,14 @@ impl Agent {
             .min()
     }
 
-    /// Reports the desired sessions' containers as running, its freezes done and its jobs as
-    /// they stand; returns the answer's desired state (`None` when the sync failed: recorded,
-    /// and the next sync is the retry).
-    async fn sync(&mut self, desired: &DesiredState) -> Option<(DesiredState, String)> {
+    /// Reports the desired sessions' containers as running (with their activity when
+    /// `sampling`), its freezes done and its jobs as they stand; returns the answer's desired
+    /// state (`None` when the sync failed: recorded, and the next sync is the retry).
+    async fn sync(
+        &mut self,
+        desired: &DesiredState,
+        sampling: bool,
+    ) -> Option<(DesiredState, String)> {
         let jobs = desired.jobs.iter().map(|job| self.observe(job)).collect();
         self.jobs
             .retain(|id, _| desired.jobs.iter().any(|job| job.job_id == *id));
@@ -869,6 +887,28 @@ impl Agent {
             .filter(|s| s.run == RunState::Running)
             .map(|s| s.session_id)
             .collect();
+        let activity = if sampling {
+            let sampled = std::mem::replace(&mut self.sampled, containers.clone());
+            containers
+                .intersection(&sampled)
+                .map(|&session_id| ContainerActivity {
+                    session_id,
+                    sampled_at: Utc::now(),
+                    cpu_percent: 35.0,
+                    gpu_percent: Some(60.0),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if !activity.is_empty() {
+            self.link
+                .record
+                .sampling_syncs
+                .fetch_add(1, Ordering::Relaxed);
+            let samples = &self.link.record.samples;
+            samples.fetch_add(activity.len(), Ordering::Relaxed);
+        }
         let report = NodeReport {
             node: self.link.node.clone(),
             gpus: self.gpus.clone(),
@@ -881,7 +921,7 @@ impl Agent {
                     error: None,
                 })
                 .collect(),
-            activity: Vec::new(),
+            activity,
             freezes: desired.freezes.iter().map(frozen).collect(),
             jobs,
         };
@@ -1090,12 +1130,15 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         .collect();
     println!();
     println!(
-        "fleet of {} nodes x {} GPUs, {} sessions and {} jobs; {} syncs and {} long-poll answers",
+        "fleet of {} nodes x {} GPUs, {} sessions and {} jobs; {} syncs ({} of them with {} \
+         activity samples) and {} long-poll answers",
         fleet.nodes,
         fleet.gpus,
         fleet.sessions,
         fleet.jobs,
         record.syncs.load(Ordering::Relaxed),
+        record.sampling_syncs.load(Ordering::Relaxed),
+        record.samples.load(Ordering::Relaxed),
         record.long_polls.load(Ordering::Relaxed)
     );
     println!("{:<44} {:>10} {:>10}   target", "", "p50", "p99");

@@ -214,7 +214,10 @@ iptables = "{iptables}"
             .arg(binary("ongrid-agent"))
             .arg("--config")
             .arg(&config)
-            .env("ONGRID_LOG", "info,ongrid_agent=debug")
+            .env(
+                "ONGRID_LOG",
+                crate::log_filter_of("info,ongrid_agent=debug"),
+            )
             .stdout(Stdio::null())
             .stderr(self.site.log_file(&format!("agent-{letter}")))
             .spawn()

@@ -77,6 +77,11 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The log filter a started binary gets: `ONGRID_E2E_LOG` when set, else `default`.
+pub(crate) fn log_filter_of(default: &str) -> String {
+    std::env::var("ONGRID_E2E_LOG").unwrap_or_else(|_| default.to_owned())
+}
+
 /// Fails loudly when Docker or the dev image is missing: these tests never skip.
 pub fn require_docker() {
     let out = Command::new("docker")
@@ -817,7 +822,7 @@ gateway_token_file = "{gateway_token}"
         let mut child = command
             .arg("--config")
             .arg(&config)
-            .env("ONGRID_LOG", "info,ongrid_agent=debug")
+            .env("ONGRID_LOG", log_filter_of("info,ongrid_agent=debug"))
             .stdout(if self.metrics {
                 Stdio::piped()
             } else {
@@ -883,7 +888,9 @@ allowlist_refresh = "1 second"
         self.spawn_listening_as(binary_name, &log_name, config, log_filter)
     }
 
-    /// [`Site::spawn_listening`], logging to `<log_name>.log`.
+    /// [`Site::spawn_listening`], logging to `<log_name>.log` with `log_filter`, or with the
+    /// filter in `ONGRID_E2E_LOG` when set ([`log_filter_of`]: `info,sqlx::query=debug` logs
+    /// every statement of the manager, to count what a run asks of its database).
     fn spawn_listening_as(
         &mut self,
         binary_name: &str,
@@ -894,7 +901,7 @@ allowlist_refresh = "1 second"
         let mut child = Command::new(binary(binary_name))
             .arg("--config")
             .arg(config)
-            .env("ONGRID_LOG", log_filter)
+            .env("ONGRID_LOG", log_filter_of(log_filter))
             .stdout(Stdio::piped())
             .stderr(self.log_file(log_name))
             .spawn()
