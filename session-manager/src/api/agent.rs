@@ -6,16 +6,15 @@
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::header::ETAG;
+use axum::http::header::{CONTENT_TYPE, ETAG};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
+use ongrid_core::api::{NodeReport, RegisterNode};
 use serde::Deserialize;
 
 use super::callers::AgentNode;
 use super::{ApiError, ApiJson, ApiQuery, AppState};
-use crate::app::agent_sync::{self, Desired, DESIRED_WAIT};
+use crate::app::agent_sync::{self, Desired, Versioned, DESIRED_WAIT};
 
 pub async fn register(
     State(state): State<AppState>,
@@ -67,7 +66,10 @@ fn etag(version: &str) -> HeaderValue {
 }
 
 /// The desired state as JSON with its version in `ETag`.
-fn versioned(desired: DesiredState) -> Response {
-    let tag = etag(&agent_sync::version(&desired));
-    ([(ETAG, tag)], Json(desired)).into_response()
+fn versioned(desired: Versioned) -> Response {
+    let headers = [
+        (ETAG, etag(&desired.version)),
+        (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+    ];
+    (headers, desired.json).into_response()
 }

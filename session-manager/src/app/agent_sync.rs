@@ -20,6 +20,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 
 use ongrid_core::api::{DesiredState, NodeReport, RegisterNode};
 use ongrid_core::image::ImageState;
@@ -38,7 +39,7 @@ pub async fn register(
     state: &AppState,
     node: &NodeName,
     body: RegisterNode,
-) -> Result<DesiredState, ApiError> {
+) -> Result<Versioned, ApiError> {
     check_node(node, &body.node)?;
     check_gpus(&body.gpus)?;
     check_start_modes(&body.gpus, &body.start_modes)?;
@@ -60,7 +61,7 @@ pub async fn register(
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
     // Its GPUs and their modes may have changed with it (the desired state's MIG layouts).
     state.committed(&[Effect::Scheduling, Effect::Node(node.clone())]);
-    desired_state(state, node, NodeRead::default()).await
+    Versioned::of(&desired_state(state, node, NodeRead::default()).await?)
 }
 
 /// Records what the agent reports of its node, and answers the node's desired state.
@@ -70,11 +71,15 @@ pub async fn register(
 /// long-poll. The scheduler is woken when what it plans with changed: the GPUs (health, MIG
 /// devices, a GPU added or gone), a session's or a job's state (or a job's output), or a node it
 /// saw as offline.
+///
+/// A sync that woke its node's waiters wakes its agent's long-poll too: the answer is then read
+/// after the notification, as a read of that poll would be, and the poll takes it
+/// ([`DesiredVersions`]) instead of reading the same again.
 pub async fn sync(
     state: &AppState,
     node: &NodeName,
     report: NodeReport,
-) -> Result<DesiredState, ApiError> {
+) -> Result<Versioned, ApiError> {
     check_node(node, &report.node)?;
     check_gpus(&report.gpus)?;
     let now = state.clock.now();
@@ -152,15 +157,27 @@ pub async fn sync(
             state.config.lifecycle.thresholds,
         )
         .await?;
-    state.committed(&changed.effects(node));
-    // A sync that changed none of the node's sessions or jobs (the common case) answers with
-    // them as read above; a commit since by someone else has woken the node's long-poll, which
+    let effects = changed.effects(node);
+    state.committed(&effects);
+    if effects.contains(&Effect::Node(node.clone())) {
+        // Read after the notification, where the woken long-poll stands, and shared with it.
+        let position = state.changes.subscribe_node(node).position();
+        let reading = position.map(|at| state.desired_versions.begin(node, at));
+        let desired = Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
+        if let Some(reading) = reading {
+            reading.done(&desired);
+        }
+        return Ok(desired);
+    }
+    // A sync that changed nothing of the node's (the common case) answers with its sessions and
+    // jobs as read above; a commit since by someone else has woken the node's long-poll, which
     // answers it.
+    debug_assert!(!transitioned, "a session's change notifies its node");
     let read = NodeRead {
-        sessions: (!transitioned).then_some(NodeSessions { sessions, resuming }),
+        sessions: Some(NodeSessions { sessions, resuming }),
         jobs: jobs.unchanged,
     };
-    desired_state(state, node, read).await
+    Versioned::of(&desired_state(state, node, read).await?)
 }
 
 /// What a sync changed, so that it wakes only the waiters concerned: the long-polls on the node
@@ -215,21 +232,43 @@ pub const MAX_DESIRED_WAIT: Duration = Duration::from_secs(300);
 /// What the long-poll answers: the node's desired state once it differs from the version the
 /// agent has, or that it did not change while the poll waited.
 pub enum Desired {
-    Changed(DesiredState),
+    Changed(Versioned),
     /// Unchanged: still this version.
     Unchanged(String),
+}
+
+/// A desired state as an agent receives it: its JSON, and its version (a digest of that JSON,
+/// whose fields and lists are in a fixed order, so it changes exactly when the state does),
+/// made once for both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    pub json: bytes::Bytes,
+    pub version: String,
+}
+
+impl Versioned {
+    pub fn of(desired: &DesiredState) -> Result<Self, ApiError> {
+        let json = serde_json::to_vec(desired).map_err(ApiError::internal)?;
+        let version = hex::encode(&Sha256::digest(&json)[..16]);
+        Ok(Self {
+            json: json.into(),
+            version,
+        })
+    }
 }
 
 /// The long-poll: the node's desired state once it differs from `after` (at once when the
 /// agent has none), else `Unchanged` when `wait` passes (or the manager shuts down).
 ///
-/// The version a long-poll read is remembered with where the node's signals stood before the
-/// read ([`DesiredVersions`]): the agent's next poll, which comes at once with that version,
-/// waits without reading the node's desired state again unless a notification for the node or
-/// the site came since (a node removed or registered again notifies it). A version is known for
-/// [`KNOWN_FOR`] only: what changes with time alone (a job's output grace, a removed image's
-/// retention) and a notification another replica could not publish notify nobody, and a poll
-/// that begins later reads again, as every poll did.
+/// What a long-poll or a sync read is remembered with where the node's signals stood before the
+/// read ([`DesiredVersions`]): a poll at the same place takes it, waiting for it while the read
+/// runs, instead of reading the node's desired state again. So the agent's next poll, which
+/// comes at once with the version it was answered, waits without reading unless a notification
+/// for the node or the site came since (a node removed or registered again notifies it), and a
+/// poll woken by its node's own sync takes the sync's answer. A read is taken for [`KNOWN_FOR`]
+/// only: what changes with time alone (a job's output grace, a removed image's retention) and a
+/// notification another replica could not publish notify nobody, and a poll that begins later
+/// reads again, as every poll did.
 pub async fn next_desired(
     state: &AppState,
     node: &NodeName,
@@ -242,10 +281,14 @@ pub async fn next_desired(
     let mut registered = false;
     loop {
         let position = changes.position();
-        let known = position.and_then(|at| state.desired_versions.at(node, at));
+        let known = match position {
+            Some(at) => state.desired_versions.at(node, at).await,
+            None => None,
+        };
         let current = match known {
-            Some(known) if after == Some(known.as_str()) => known,
-            _ => {
+            Some(known) if after == Some(known.version.as_str()) => known.version,
+            Some(known) => return Ok(Desired::Changed(known)),
+            None => {
                 if !registered && !state.store.node_registered(node).await? {
                     return Err(ApiError::not_found(format!(
                         "node {node} is not registered: the agent must POST /v1/agent/register \
@@ -253,15 +296,16 @@ pub async fn next_desired(
                     )));
                 }
                 registered = true;
-                let desired = desired_state(state, node, NodeRead::default()).await?;
-                let current = version(&desired);
-                if let Some(at) = position {
-                    state.desired_versions.keep(node, at, &current);
+                let reading = position.map(|at| state.desired_versions.begin(node, at));
+                let current =
+                    Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
+                if let Some(reading) = reading {
+                    reading.done(&current);
                 }
-                if after != Some(current.as_str()) {
-                    return Ok(Desired::Changed(desired));
+                if after != Some(current.version.as_str()) {
+                    return Ok(Desired::Changed(current));
                 }
-                current
+                current.version
             }
         };
         match tokio::time::timeout_at(deadline, changes.changed()).await {
@@ -271,24 +315,36 @@ pub async fn next_desired(
     }
 }
 
-/// How long a long-poll's read of a node's desired state is taken as current while no
-/// notification for the node came ([`next_desired`]): long enough for the agent's next poll,
-/// which follows each answer at once.
+/// How long a read of a node's desired state is taken as current while no notification for the
+/// node came ([`next_desired`]): long enough for the agent's next poll, which follows each
+/// answer at once, and for a poll woken by its node's sync.
 pub const KNOWN_FOR: Duration = Duration::from_secs(2);
 
-/// The version of each node's desired state as a long-poll last read it, with where the node's
-/// signals stood before that read ([`crate::notify::Position`]) and when: still the version
-/// stored while they stand there, taken as such for [`KNOWN_FOR`]. Shared by the clones of the
-/// state; one entry per node that polled.
+/// The last read of each node's desired state, by a long-poll or a sync, with where the node's
+/// signals stood before it ([`crate::notify::Position`]) and when it began: still what is stored
+/// while they stand there, taken as such for [`KNOWN_FOR`]; one still running is waited for.
+/// Shared by the clones of the state; one entry per node that polled or synced.
 #[derive(Debug, Default)]
 pub struct DesiredVersions(Mutex<HashMap<NodeName, Known>>);
 
-/// A version read at a position, and when.
+/// A read begun at a position, and when; its answer once done.
 #[derive(Debug)]
 struct Known {
     position: Position,
-    version: String,
-    read_at: tokio::time::Instant,
+    read: watch::Receiver<Option<Versioned>>,
+    begun_at: tokio::time::Instant,
+}
+
+/// A read of a node's desired state that polls at its position wait for ([`DesiredVersions`]);
+/// dropped without [`Reading::done`] (it failed), they read themselves.
+#[derive(Debug)]
+#[must_use]
+pub struct Reading(watch::Sender<Option<Versioned>>);
+
+impl Reading {
+    fn done(self, desired: &Versioned) {
+        self.0.send_replace(Some(desired.clone()));
+    }
 }
 
 impl DesiredVersions {
@@ -296,31 +352,30 @@ impl DesiredVersions {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The version of `node`'s desired state when it was read at `position`, within
-    /// [`KNOWN_FOR`].
-    fn at(&self, node: &NodeName, position: Position) -> Option<String> {
-        self.kept()
+    /// What was read of `node`'s desired state at `position`, within [`KNOWN_FOR`], once its
+    /// read is done; `None` when there is none, or it failed.
+    async fn at(&self, node: &NodeName, position: Position) -> Option<Versioned> {
+        let mut read = self
+            .kept()
             .get(node)
-            .filter(|known| known.position == position && known.read_at.elapsed() < KNOWN_FOR)
-            .map(|known| known.version.clone())
+            .filter(|known| known.position == position && known.begun_at.elapsed() < KNOWN_FOR)?
+            .read
+            .clone();
+        let done = read.wait_for(Option::is_some).await.ok()?;
+        done.clone()
     }
 
-    /// Remembers `version`, read after the node's signals stood at `position`.
-    fn keep(&self, node: &NodeName, position: Position, version: &str) {
+    /// Begins a read of `node`'s desired state, after its signals stood at `position`.
+    fn begin(&self, node: &NodeName, position: Position) -> Reading {
+        let (answer, read) = watch::channel(None);
         let known = Known {
             position,
-            version: version.to_owned(),
-            read_at: tokio::time::Instant::now(),
+            read,
+            begun_at: tokio::time::Instant::now(),
         };
         self.kept().insert(node.clone(), known);
+        Reading(answer)
     }
-}
-
-/// The version of a desired state: a digest of its JSON (whose fields and lists are in a fixed
-/// order), so it changes exactly when the state does.
-pub fn version(desired: &DesiredState) -> String {
-    let json = serde_json::to_vec(desired).unwrap_or_default();
-    hex::encode(&Sha256::digest(&json)[..16])
 }
 
 fn check_node(token_node: &NodeName, body_node: &NodeName) -> Result<(), ApiError> {
@@ -540,26 +595,36 @@ mod tests {
         assert_eq!(freeze_only.effects(&node), vec![Effect::Node(node.clone())]);
     }
 
-    /// A version read at a position is known at that position only, and for [`KNOWN_FOR`].
+    /// A read begun at a position is taken at that position only, and for [`KNOWN_FOR`]; a poll
+    /// that comes while it runs waits for its answer, and reads itself when it failed.
     #[tokio::test(start_paused = true)]
-    async fn a_desired_version_is_known_at_its_position_for_a_while() {
+    async fn a_read_of_the_desired_state_is_taken_at_its_position_for_a_while() {
         let changes = crate::notify::Changes::new(tokio_util::sync::CancellationToken::new());
         let node = NodeName::parse("node1").unwrap();
         let waiter = changes.subscribe_node(&node);
         let read_at = waiter.position().unwrap();
         let known = DesiredVersions::default();
-        known.keep(&node, read_at, "v1");
-        assert_eq!(known.at(&node, read_at).as_deref(), Some("v1"));
+        let v1 = Versioned {
+            json: bytes::Bytes::from_static(b"{}"),
+            version: "v1".to_owned(),
+        };
+        let reading = known.begin(&node, read_at);
+        let (taken, ()) = tokio::join!(known.at(&node, read_at), async {
+            tokio::task::yield_now().await;
+            reading.done(&v1);
+        });
+        assert_eq!(taken, Some(v1.clone()), "waited for the read under way");
+        assert_eq!(known.at(&node, read_at).await, Some(v1.clone()));
         let other = NodeName::parse("node2").unwrap();
-        assert_eq!(known.at(&other, read_at), None);
+        assert_eq!(known.at(&other, read_at).await, None);
         changes.node(&node);
-        assert_eq!(
-            known.at(&node, waiter.position().unwrap()),
-            None,
-            "notified since"
-        );
+        let notified = waiter.position().unwrap();
+        assert_eq!(known.at(&node, notified).await, None, "notified since");
+        drop(known.begin(&node, notified));
+        assert_eq!(known.at(&node, notified).await, None, "its read failed");
+        known.begin(&node, notified).done(&v1);
         tokio::time::advance(KNOWN_FOR).await;
-        assert_eq!(known.at(&node, read_at), None, "read too long ago");
+        assert_eq!(known.at(&node, notified).await, None, "read too long ago");
     }
 
     /// A session's report calls for a round only when the session took or gave back GPUs.
