@@ -43,6 +43,7 @@ mod tests;
 pub(crate) enum Together {
     Creates,
     Submits,
+    Heartbeats,
 }
 
 use std::collections::BTreeSet;

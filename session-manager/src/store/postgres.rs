@@ -33,6 +33,10 @@ type DbConnection = sqlx::PgConnection;
 type SqlStore = PostgresStore;
 /// The larger of two values.
 const GREATEST: &str = "GREATEST";
+/// A job's history as one JSON array, oldest first, of `[from, to, at, reason]`
+/// (`sql::jobs::read_stamped_jobs`).
+const JOB_HISTORY: &str = "(SELECT json_agg(json_build_array(t.from_state, t.to_state, t.at, \
+     t.reason::json) ORDER BY t.seq)::text FROM job_transitions t WHERE t.job_id = j.id)";
 
 // The one SQL implementation, compiled here against PostgreSQL (and in the other backend module
 // against the other database): loading the same files twice is the point (see sql/mod.rs).
@@ -132,6 +136,8 @@ pub struct PostgresStore {
     creates: sql::creates::CreateQueue,
     /// The submits waiting for a write ([`sql::together`]).
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
+    /// The heartbeats waiting for a write ([`sql::heartbeats`]).
+    beats: sql::heartbeats::BeatQueue,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }
@@ -163,6 +169,7 @@ impl PostgresStore {
             planned_jobs: Default::default(),
             creates: Default::default(),
             submits: Default::default(),
+            beats: Default::default(),
             options: options.into(),
         })
     }

@@ -1,7 +1,8 @@
 //! The SQLite [`Store`](super::Store): one file, WAL journal, foreign keys on, migrations from
 //! `session-manager/migrations/` applied when the file is opened. The statements are the
 //! shared ones of [`sql`](super::sql) (this module compiles that folder against SQLite); what is
-//! SQLite's own is here: opening the file, beginning a write, and `MAX` for `GREATEST`.
+//! SQLite's own is here: opening the file, beginning a write, `MAX` for `GREATEST` and its
+//! JSON functions for a job's history.
 //!
 //! Every write runs in a `BEGIN IMMEDIATE` transaction, which takes SQLite's write lock up front:
 //! a read-then-write transaction can then never fail half-way on a lock upgrade, and concurrent
@@ -41,6 +42,10 @@ type DbConnection = sqlx::SqliteConnection;
 type SqlStore = SqliteStore;
 /// The larger of two values: SQLite's two-argument `MAX`.
 const GREATEST: &str = "MAX";
+/// A job's history as one JSON array, oldest first, of `[from, to, at, reason]`
+/// (`sql::jobs::read_stamped_jobs`).
+const JOB_HISTORY: &str = "(SELECT json_group_array(json_array(t.from_state, t.to_state, t.at, \
+     json(t.reason)) ORDER BY t.seq) FROM job_transitions t WHERE t.job_id = j.id)";
 
 // The one SQL implementation, compiled here against SQLite (and in the other backend module
 // against the other database): loading the same files twice is the point (see sql/mod.rs).
@@ -118,6 +123,8 @@ pub struct SqliteStore {
     creates: sql::creates::CreateQueue,
     /// The submits waiting for a write ([`sql::together`]).
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
+    /// The heartbeats waiting for a write ([`sql::heartbeats`]).
+    beats: sql::heartbeats::BeatQueue,
 }
 
 impl SqliteStore {
@@ -142,6 +149,7 @@ impl SqliteStore {
             planned_jobs: Default::default(),
             creates: Default::default(),
             submits: Default::default(),
+            beats: Default::default(),
         })
     }
 

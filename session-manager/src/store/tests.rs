@@ -164,6 +164,7 @@ backend_tests!(
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
     submits_written_together_each_keep_their_own_answer,
+    heartbeats_written_together_each_keep_their_own_answer,
     users_get_stable_unique_names_and_uids,
     request_reservations_are_those_of_sessions_not_ended,
     nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
@@ -1404,6 +1405,70 @@ async fn request_reservations_are_those_of_sessions_not_ended(backend: Backend) 
         )
         .await;
     assert_eq!(rows[0][0].as_deref(), Some("3"));
+}
+
+/// Heartbeats that arrive while one is written are written together: each node at its own
+/// time (the later one of a node that beat twice), each sync answered with when its node was
+/// seen before; a node removed while its heartbeat waited is answered as not registered.
+async fn heartbeats_written_together_each_keep_their_own_answer(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    for (name, gpu) in [("node1", gpu(1)), ("node2", gpu(2)), ("node3", gpu(3))] {
+        register(&store, name, &[gpu], t(0)).await;
+    }
+    let held = store.hold(Together::Heartbeats).await;
+    let beats = [
+        ("node1", 1, 40),
+        ("node2", 2, 41),
+        ("node1", 1, 42),
+        ("node3", 3, 43),
+    ];
+    let syncing: Vec<_> = beats
+        .into_iter()
+        .map(|(name, index, at)| {
+            let store = store.clone();
+            let node = NodeName::parse(name).unwrap();
+            tokio::spawn(async move { store.record_sync(&node, &[gpu(index)], t(at)).await })
+        })
+        .collect();
+    while store.waiting(Together::Heartbeats) < beats.len() {
+        tokio::task::yield_now().await;
+    }
+    let node3 = NodeName::parse("node3").unwrap();
+    let removal = store
+        .remove_node(&node3, t(100), std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(removal, NodeRemoval::Removed);
+    drop(held);
+    let answers: Vec<_> = futures::future::join_all(syncing)
+        .await
+        .into_iter()
+        .map(|answer| answer.unwrap().unwrap())
+        .collect();
+    let seen_at_registration = Some(Heartbeat {
+        last_seen: t(0),
+        gpus_changed: false,
+    });
+    assert_eq!(
+        answers,
+        [
+            seen_at_registration,
+            seen_at_registration,
+            seen_at_registration,
+            None
+        ]
+    );
+    let seen: Vec<_> = store
+        .nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|node| (node.name.to_string(), node.last_seen))
+        .collect();
+    assert_eq!(
+        seen,
+        [("node1".to_owned(), t(42)), ("node2".to_owned(), t(41))]
+    );
 }
 
 async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {

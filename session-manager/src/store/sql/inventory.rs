@@ -105,9 +105,9 @@ impl SqlStore {
         &self,
         seen_since: DateTime<Utc>,
     ) -> StoreResult<PlanningNodes> {
-        // First, so that a node removed meanwhile is in neither read or offline in this one.
-        let not_seen = self.not_seen_since(seen_since).await?;
-        let version = self.inventory_version().await?;
+        // Before the nodes, so that a node removed meanwhile is in neither read or offline in
+        // this one.
+        let (version, not_seen) = self.not_seen_since(seen_since).await?;
         let kept = match self.inventory.planning.at(version) {
             Some(kept) => kept,
             None => {
@@ -145,20 +145,27 @@ impl SqlStore {
         Ok(Kept { nodes, gpus })
     }
 
-    /// The last sync of each registered node not seen at or after `since`.
+    /// The inventory's version, and the last sync of each registered node not seen at or after
+    /// `since`: one statement (a row with the version alone when every node was seen).
     async fn not_seen_since(
         &self,
         since: DateTime<Utc>,
-    ) -> StoreResult<HashMap<NodeName, DateTime<Utc>>> {
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT name, last_seen FROM nodes WHERE removed_at IS NULL AND last_seen < $1",
+    ) -> StoreResult<(i64, HashMap<NodeName, DateTime<Utc>>)> {
+        let rows: Vec<(i64, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT v.version, n.name, n.last_seen FROM \
+             (SELECT COALESCE((SELECT version FROM inventory_version WHERE id = 1), 0) AS version) v \
+             LEFT JOIN nodes n ON n.removed_at IS NULL AND n.last_seen < $1",
         )
         .bind(timestamp(since))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let version = rows.first().map_or(0, |(version, _, _)| *version);
+        let not_seen = rows
+            .iter()
+            .filter_map(|(_, name, last_seen)| Some((name.as_deref()?, last_seen.as_deref()?)))
             .map(|(name, last_seen)| Ok((parse(name, "node name")?, parse_timestamp(last_seen)?)))
-            .collect()
+            .collect::<StoreResult<_>>()?;
+        Ok((version, not_seen))
     }
 
     /// One node's GPUs from the kept ones when they are at the inventory's version (read first,

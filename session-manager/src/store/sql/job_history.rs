@@ -20,7 +20,7 @@ use crate::store::{StoreError, StoreResult};
 
 /// The histories of the jobs `condition` selects, each oldest first, in one statement, for the
 /// changes of a write ([`lifecycles`]); the reads of whole jobs take their histories in the
-/// statement of their rows (`jobs::read_stamped_jobs`). `condition` is on the jobs' columns as
+/// statement of their rows, as JSON (`jobs::read_stamped_jobs`, [`transitions_from_json`]). `condition` is on the jobs' columns as
 /// `j` (`j.id IN (...)`), with `values` bound to its parameters; a job without a history (there
 /// is no such job) is left out.
 pub(super) async fn histories(
@@ -75,6 +75,22 @@ pub(super) async fn lifecycles(
 pub(super) fn lifecycle_of(id: JobId, history: Vec<JobTransition>) -> StoreResult<JobLifecycle> {
     JobLifecycle::from_history(history)
         .map_err(|e| StoreError::Corrupt(format!("history of job {id}: {e}")))
+}
+
+/// A job's history from the JSON array of [`super::JOB_HISTORY`]: `[from, to, at, reason]` each,
+/// oldest first, as [`transition_from_row`] reads the columns.
+pub(super) fn transitions_from_json(json: &str) -> StoreResult<Vec<JobTransition>> {
+    let rows: Vec<(Option<String>, String, String, JobReason)> = from_json(json, "job history")?;
+    rows.into_iter()
+        .map(|(from, to, at, reason)| {
+            Ok(JobTransition {
+                from: from.map(|f| parse(&f, "job state")).transpose()?,
+                to: parse(&to, "job state")?,
+                at: parse_timestamp(&at)?,
+                reason,
+            })
+        })
+        .collect()
 }
 
 /// A job transition from `from_state, to_state, at, reason`.

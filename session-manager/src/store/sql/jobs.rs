@@ -21,7 +21,7 @@ use sqlx::{Row, Transaction};
 use super::job_history::{self, JobWrites};
 use super::{
     from_json, parse, placeholders, planning, query_with, timestamp, Db, DbConnection, DbRow,
-    SqlStore,
+    SqlStore, JOB_HISTORY,
 };
 use crate::domain::jobs::{self, JobChange, JobRecord, NewJob};
 use crate::store::{JobFilter, JobRemoval, StoreError, StoreResult};
@@ -339,38 +339,34 @@ async fn read_jobs(
 
 /// As [`read_jobs`], each job with the change number it was last stamped with.
 ///
-/// The rows and their histories in one statement, a row per transition (oldest first), so a job
+/// A row per job with its history as one JSON array ([`JOB_HISTORY`], oldest first), so a job
 /// changed meanwhile is never read half old, half new (a RUNNING job without its GPUs) and no
 /// snapshot is begun: a node's jobs are read at every sync of the node and every answer of its
-/// long-poll, and the rows, a snapshot and the histories were five round trips to the database.
-/// Driven by the jobs' condition and each job's history found by its key; the order is the
-/// jobs', then each history's.
+/// long-poll, and the rows, a snapshot and the histories were five round trips to the database;
+/// a row per transition, with every column of its job, made four times the rows to decode.
+/// Driven by the jobs' condition, each history found by its key.
 async fn read_stamped_jobs(
     conn: &mut DbConnection,
     condition: &str,
     values: &[&str],
 ) -> StoreResult<Vec<(i64, JobRecord)>> {
     let sql = format!(
-        "SELECT j.change_seq, t.from_state, t.to_state, t.at, t.reason, {JOB_COLUMNS} \
-         LEFT JOIN job_transitions t ON t.job_id = j.id WHERE {condition} \
-         ORDER BY j.queued_at, j.id, t.seq"
+        "SELECT j.change_seq, {JOB_HISTORY} AS history, {JOB_COLUMNS} WHERE {condition} \
+         ORDER BY j.queued_at, j.id"
     );
     let rows = query_with(&sql, values.iter().copied())
         .fetch_all(&mut *conn)
         .await?;
-    let mut jobs = Vec::new();
-    let mut rows = rows.iter().peekable();
-    while let Some(first) = rows.next() {
-        let id: String = first.try_get("id")?;
-        let mut history = vec![job_history::transition_from_row(first)?];
-        while let Some(row) =
-            rows.next_if(|row| row.try_get::<String, _>("id").is_ok_and(|next| next == id))
-        {
-            history.push(job_history::transition_from_row(row)?);
-        }
-        jobs.push((first.try_get("change_seq")?, job_from_row(first, history)?));
-    }
-    Ok(jobs)
+    rows.iter()
+        .map(|row| {
+            let history: Option<String> = row.try_get("history")?;
+            let history = match history {
+                Some(json) => job_history::transitions_from_json(&json)?,
+                None => Vec::new(),
+            };
+            Ok((row.try_get("change_seq")?, job_from_row(row, history)?))
+        })
+        .collect()
 }
 
 /// A job from a row of [`JOB_COLUMNS`] and its `history`, oldest first.

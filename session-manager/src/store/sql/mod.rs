@@ -4,7 +4,7 @@
 //! (`#[path = "sql/mod.rs"]`), after naming what it is compiled against: `Db` (the sqlx
 //! database), `DbRow`, `DbConnection`, `SqlStore` (the backend's store type, whose `write`
 //! begins a write transaction and whose `read_snapshot` begins a read of one snapshot), and the
-//! few SQL words the two spell differently (`GREATEST`). Every statement here is written once,
+//! few SQL words the two spell differently (`GREATEST`, the JSON functions of `JOB_HISTORY`). Every statement here is written once,
 //! in the SQL both databases take: `$1`-style parameters (SQLite numbers `$N` as PostgreSQL
 //! does), `TRUE`/`FALSE`, `ON CONFLICT ... DO UPDATE`, `RETURNING`, `CAST(1 AS BIGINT)`.
 //!
@@ -37,7 +37,7 @@ use sqlx::{QueryBuilder, Row, Transaction};
 use ongrid_core::api::{AuditRecord, ConnectionEvent, UserEvent};
 use ongrid_core::{Institute, InstituteName};
 
-use super::{Db, DbConnection, DbRow, SqlStore, GREATEST};
+use super::{Db, DbConnection, DbRow, SqlStore, GREATEST, JOB_HISTORY};
 use crate::domain::grid_jobs::EngineJobId;
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
@@ -304,7 +304,8 @@ impl SqlStore {
 
     /// A sync's heartbeat when the node reports its GPUs exactly as stored (the common case
     /// wherever nothing reports a changing utilisation): read first, then the one `UPDATE` of
-    /// its `last_seen`, so the writer's connection is taken for one statement instead of a
+    /// its `last_seen`, written with the other nodes' heartbeats waiting then
+    /// ([`heartbeats`]), so the writer's connection is taken for one statement instead of a
     /// transaction of five. `None` when the GPUs differ, or the node is not registered: then
     /// [`Self::record_sync`] compares and writes them under the write lock.
     async fn heartbeat_only(
@@ -337,13 +338,7 @@ impl SqlStore {
         if !as_stored {
             return Ok(None);
         }
-        let updated =
-            sqlx::query("UPDATE nodes SET last_seen = $1 WHERE name = $2 AND removed_at IS NULL")
-                .bind(timestamp(at))
-                .bind(node.as_str())
-                .execute(self.writes())
-                .await?;
-        if updated.rows_affected() == 0 {
+        if !self.write_heartbeat(node, at).await? {
             return Ok(None);
         }
         Ok(Some(Heartbeat {
@@ -996,6 +991,7 @@ mod dashboard;
 mod gateway;
 mod gpu_policy;
 mod grid_jobs;
+pub(super) mod heartbeats;
 mod history;
 mod identity;
 mod images;

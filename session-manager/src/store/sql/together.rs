@@ -1,6 +1,7 @@
 //! Writes made together: the requests that arrive while a write is under way are written in the
 //! next write, all of them, instead of one write each (a group commit). Sessions' creates
-//! ([`super::creates`]) and jobs' submits ([`super::jobs`]) go through it.
+//! ([`super::creates`]), jobs' submits ([`super::jobs`]) and nodes' heartbeats
+//! ([`super::heartbeats`]) go through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
@@ -28,15 +29,16 @@ use crate::store::{StoreError, StoreResult};
 /// The most requests one write takes; those beyond wait for the next.
 const PER_WRITE: usize = 64;
 
-/// Writes `items` in one write transaction: each one's outcome, in order.
-pub(super) type WriteAll<W> =
-    for<'a> fn(&'a SqlStore, &'a [W]) -> BoxFuture<'a, StoreResult<Vec<StoreResult<()>>>>;
+/// Writes `items` in one write: each one's outcome, in order.
+pub(super) type WriteAll<W, O> =
+    for<'a> fn(&'a SqlStore, &'a [W]) -> BoxFuture<'a, StoreResult<Vec<StoreResult<O>>>>;
 
-/// The requests waiting for a write, and the turn to write them. Cheap to clone (shared).
+/// The requests waiting for a write, and the turn to write them; `O` is what a request's write
+/// answers besides its error. Cheap to clone (shared).
 #[derive(Debug)]
-pub struct WriteQueue<W>(Arc<Queue<W>>);
+pub struct WriteQueue<W, O = ()>(Arc<Queue<W, O>>);
 
-impl<W> Default for WriteQueue<W> {
+impl<W, O> Default for WriteQueue<W, O> {
     fn default() -> Self {
         Self(Arc::new(Queue {
             waiting: Mutex::default(),
@@ -45,35 +47,35 @@ impl<W> Default for WriteQueue<W> {
     }
 }
 
-impl<W> Clone for WriteQueue<W> {
+impl<W, O> Clone for WriteQueue<W, O> {
     fn clone(&self) -> Self {
         Self(Arc::clone(&self.0))
     }
 }
 
 #[derive(Debug)]
-struct Queue<W> {
-    waiting: Mutex<VecDeque<Waiting<W>>>,
+struct Queue<W, O> {
+    waiting: Mutex<VecDeque<Waiting<W, O>>>,
     /// Held while one write runs; its waiters are served in order.
     turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A request in the queue and where its answer goes.
 #[derive(Debug)]
-struct Waiting<W> {
+struct Waiting<W, O> {
     item: W,
-    answer: oneshot::Sender<StoreResult<()>>,
+    answer: oneshot::Sender<StoreResult<O>>,
 }
 
-impl<W: Send + Sync + 'static> WriteQueue<W> {
-    fn waiting(&self) -> MutexGuard<'_, VecDeque<Waiting<W>>> {
+impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
+    fn waiting(&self) -> MutexGuard<'_, VecDeque<Waiting<W, O>>> {
         self.0
             .waiting
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn take(&self) -> Vec<Waiting<W>> {
+    fn take(&self) -> Vec<Waiting<W, O>> {
         let mut waiting = self.waiting();
         let count = waiting.len().min(PER_WRITE);
         waiting.drain(..count).collect()
@@ -84,8 +86,8 @@ impl<W: Send + Sync + 'static> WriteQueue<W> {
         &self,
         store: &SqlStore,
         item: W,
-        write_all: WriteAll<W>,
-    ) -> StoreResult<()> {
+        write_all: WriteAll<W, O>,
+    ) -> StoreResult<O> {
         let (answer, answered) = oneshot::channel();
         self.waiting().push_back(Waiting { item, answer });
         let queue = self.clone();
@@ -106,7 +108,11 @@ impl<W: Send + Sync + 'static> WriteQueue<W> {
 }
 
 /// Writes `batch` in one write and answers each; when that write fails, writes each alone.
-async fn write_together<W>(store: &SqlStore, batch: Vec<Waiting<W>>, write_all: WriteAll<W>) {
+async fn write_together<W, O>(
+    store: &SqlStore,
+    batch: Vec<Waiting<W, O>>,
+    write_all: WriteAll<W, O>,
+) {
     let (items, answers): (Vec<W>, Vec<_>) = batch
         .into_iter()
         .map(|waiting| (waiting.item, waiting.answer))
@@ -141,6 +147,7 @@ impl SqlStore {
         let turn = match kind {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
+            Together::Heartbeats => &self.beats.0.turn,
         };
         turn.clone().lock_owned().await
     }
@@ -150,6 +157,7 @@ impl SqlStore {
         match kind {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
+            Together::Heartbeats => self.beats.waiting().len(),
         }
     }
 }
