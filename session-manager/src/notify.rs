@@ -110,13 +110,12 @@ impl NodeSignals {
     fn node(&self, node: &NodeName) {
         let number = self.number();
         if let Some(signal) = self.signals().by_node.get(node) {
-            signal.send_modify(|last| *last = number);
+            raise(signal, number);
         }
     }
 
     fn site(&self) {
-        let number = self.number();
-        self.site.send_modify(|last| *last = number);
+        raise(&self.site, self.number());
     }
 
     fn subscribe(&self, node: &NodeName) -> watch::Receiver<u64> {
@@ -134,6 +133,19 @@ impl NodeSignals {
         signals.by_node.insert(node.clone(), signal);
         receiver
     }
+}
+
+/// Moves `signal` to `number` unless it stands past it already: a notification numbered before
+/// a signal was made again (at the count) may reach it after a later one, and a signal never
+/// goes back, so a [`Position`] is never one that an earlier read was made at.
+fn raise(signal: &watch::Sender<u64>, number: u64) {
+    signal.send_if_modified(|last| {
+        let newer = number > *last;
+        if newer {
+            *last = number;
+        }
+        newer
+    });
 }
 
 /// The queue of notifications for the other replicas, and whether some did not fit in it.

@@ -77,9 +77,13 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// The log filter a started binary gets: `ONGRID_E2E_LOG` when set, else `default`.
+/// The log filter a started binary gets: `default`, with the directives of `ONGRID_E2E_LOG`
+/// after it when set (the harness waits for lines the default logs).
 pub(crate) fn log_filter_of(default: &str) -> String {
-    std::env::var("ONGRID_E2E_LOG").unwrap_or_else(|_| default.to_owned())
+    match std::env::var("ONGRID_E2E_LOG") {
+        Ok(more) if !more.is_empty() => format!("{default},{more}"),
+        _ => default.to_owned(),
+    }
 }
 
 /// Fails loudly when Docker or the dev image is missing: these tests never skip.
@@ -888,9 +892,9 @@ allowlist_refresh = "1 second"
         self.spawn_listening_as(binary_name, &log_name, config, log_filter)
     }
 
-    /// [`Site::spawn_listening`], logging to `<log_name>.log` with `log_filter`, or with the
-    /// filter in `ONGRID_E2E_LOG` when set ([`log_filter_of`]: `info,sqlx::query=debug` logs
-    /// every statement of the manager, to count what a run asks of its database).
+    /// [`Site::spawn_listening`], logging to `<log_name>.log` with `log_filter` and the
+    /// directives of `ONGRID_E2E_LOG` ([`log_filter_of`]: `sqlx::query=debug` logs every
+    /// statement of the manager, to count what a run asks of its database).
     fn spawn_listening_as(
         &mut self,
         binary_name: &str,

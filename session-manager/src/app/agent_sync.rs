@@ -265,7 +265,9 @@ impl Versioned {
 /// runs, instead of reading the node's desired state again. So the agent's next poll, which
 /// comes at once with the version it was answered, waits without reading unless a notification
 /// for the node or the site came since (a node removed or registered again notifies it), and a
-/// poll woken by its node's own sync takes the sync's answer. A read is taken for [`KNOWN_FOR`]
+/// poll woken by its node's own sync takes the sync's answer (a read that differs from the
+/// agent's version is taken only when it began after the poll came: an older one may be older
+/// than what the agent has, from another replica). A read is taken for [`KNOWN_FOR`]
 /// only: what changes with time alone (a job's output grace, a removed image's retention) and a
 /// notification another replica could not publish notify nobody, and a poll that begins later
 /// reads again, as every poll did.
@@ -278,17 +280,16 @@ pub async fn next_desired(
     let deadline = tokio::time::Instant::now() + wait.min(MAX_DESIRED_WAIT);
     // Subscribed before the first read, so a commit between the read and the wait wakes it.
     let mut changes = state.changes.subscribe_node(node);
+    let arrived = tokio::time::Instant::now();
     let mut registered = false;
     loop {
-        let position = changes.position();
-        let known = match position {
+        let known = match changes.position() {
             Some(at) => state.desired_versions.at(node, at).await,
             None => None,
         };
         let current = match known {
-            Some(known) if after == Some(known.version.as_str()) => known.version,
-            Some(known) => return Ok(Desired::Changed(known)),
-            None => {
+            Some(read) if after == Some(read.desired.version.as_str()) => read.desired.version,
+            known => {
                 if !registered && !state.store.node_registered(node).await? {
                     return Err(ApiError::not_found(format!(
                         "node {node} is not registered: the agent must POST /v1/agent/register \
@@ -296,7 +297,15 @@ pub async fn next_desired(
                     )));
                 }
                 registered = true;
-                let reading = position.map(|at| state.desired_versions.begin(node, at));
+                // Begun since this poll came (by the sync that woke it, say): what its own read
+                // would be. One begun before may be older than the state the agent has, had
+                // another replica answered it a commit this one has not heard of yet.
+                if let Some(read) = known.filter(|read| read.begun_at >= arrived) {
+                    return Ok(Desired::Changed(read.desired));
+                }
+                let reading = changes
+                    .position()
+                    .map(|at| state.desired_versions.begin(node, at));
                 let current =
                     Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
                 if let Some(reading) = reading {
@@ -335,6 +344,13 @@ struct Known {
     begun_at: tokio::time::Instant,
 }
 
+/// What a read kept in [`DesiredVersions`] read, and when it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Read {
+    desired: Versioned,
+    begun_at: tokio::time::Instant,
+}
+
 /// A read of a node's desired state that polls at its position wait for ([`DesiredVersions`]);
 /// dropped without [`Reading::done`] (it failed), they read themselves.
 #[derive(Debug)]
@@ -354,15 +370,15 @@ impl DesiredVersions {
 
     /// What was read of `node`'s desired state at `position`, within [`KNOWN_FOR`], once its
     /// read is done; `None` when there is none, or it failed.
-    async fn at(&self, node: &NodeName, position: Position) -> Option<Versioned> {
-        let mut read = self
+    async fn at(&self, node: &NodeName, position: Position) -> Option<Read> {
+        let (mut read, begun_at) = self
             .kept()
             .get(node)
-            .filter(|known| known.position == position && known.begun_at.elapsed() < KNOWN_FOR)?
-            .read
-            .clone();
+            .filter(|known| known.position == position && known.begun_at.elapsed() < KNOWN_FOR)
+            .map(|known| (known.read.clone(), known.begun_at))?;
         let done = read.wait_for(Option::is_some).await.ok()?;
-        done.clone()
+        let desired = done.clone()?;
+        Some(Read { desired, begun_at })
     }
 
     /// Begins a read of `node`'s desired state, after its signals stood at `position`.
@@ -608,13 +624,18 @@ mod tests {
             json: bytes::Bytes::from_static(b"{}"),
             version: "v1".to_owned(),
         };
+        let begun_at = tokio::time::Instant::now();
         let reading = known.begin(&node, read_at);
         let (taken, ()) = tokio::join!(known.at(&node, read_at), async {
             tokio::task::yield_now().await;
             reading.done(&v1);
         });
-        assert_eq!(taken, Some(v1.clone()), "waited for the read under way");
-        assert_eq!(known.at(&node, read_at).await, Some(v1.clone()));
+        let read = Read {
+            desired: v1.clone(),
+            begun_at,
+        };
+        assert_eq!(taken, Some(read.clone()), "waited for the read under way");
+        assert_eq!(known.at(&node, read_at).await, Some(read));
         let other = NodeName::parse("node2").unwrap();
         assert_eq!(known.at(&other, read_at).await, None);
         changes.node(&node);
