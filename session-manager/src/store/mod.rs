@@ -44,6 +44,7 @@ pub(crate) enum Together {
     Creates,
     Submits,
     Heartbeats,
+    Samples,
 }
 
 use std::collections::BTreeSet;

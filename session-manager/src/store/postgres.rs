@@ -138,6 +138,8 @@ pub struct PostgresStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
+    /// The agents' activity samples waiting for a write ([`sql::samples`]).
+    samples: sql::samples::SampleQueue,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }
@@ -170,6 +172,7 @@ impl PostgresStore {
             creates: Default::default(),
             submits: Default::default(),
             beats: Default::default(),
+            samples: Default::default(),
             options: options.into(),
         })
     }

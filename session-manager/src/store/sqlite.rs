@@ -125,6 +125,8 @@ pub struct SqliteStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
+    /// The agents' activity samples waiting for a write ([`sql::samples`]).
+    samples: sql::samples::SampleQueue,
 }
 
 impl SqliteStore {
@@ -150,6 +152,7 @@ impl SqliteStore {
             creates: Default::default(),
             submits: Default::default(),
             beats: Default::default(),
+            samples: Default::default(),
         })
     }
 

@@ -165,6 +165,7 @@ backend_tests!(
     creates_written_together_each_keep_their_own_answer,
     submits_written_together_each_keep_their_own_answer,
     heartbeats_written_together_each_keep_their_own_answer,
+    activity_samples_written_together_each_keep_their_own_answer,
     users_get_stable_unique_names_and_uids,
     request_reservations_are_those_of_sessions_not_ended,
     nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
@@ -1469,6 +1470,96 @@ async fn heartbeats_written_together_each_keep_their_own_answer(backend: Backend
         seen,
         [("node1".to_owned(), t(42)), ("node2".to_owned(), t(41))]
     );
+}
+
+/// Activity samples of syncs that arrive while some are written are written together, each
+/// session's as if its samples had been written one after the other: the last reading stored,
+/// the last one at or above the threshold as its activity; a sample of a session that is not on
+/// the node that sent it is not recorded; each sync is answered with how many of its were.
+async fn activity_samples_written_together_each_keep_their_own_answer(backend: Backend) {
+    use crate::domain::sessions::holds::{ActivityThresholds, Sampled};
+    use ongrid_core::holds::ContainerActivity;
+
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    register(&store, "node2", &[gpu(3)], t(0)).await;
+    let mut placed = Vec::new();
+    for (name, node, index) in [("a", "node1", 1), ("b", "node1", 2), ("c", "node2", 3)] {
+        let session = create(&store, &alice.dn, Some(name), t(0)).await;
+        let placement = Placement::Place {
+            node: NodeName::parse(node).unwrap(),
+            gpus: vec![GpuId::Gpu(gpu(index).uuid)],
+        };
+        let change = change(SessionState::Starting, t(1), "placed", placement);
+        placed.push(moved(&store, session.id, change).await.id);
+    }
+    let [a, b, c] = placed[..] else {
+        unreachable!("three sessions")
+    };
+    let sample = |session_id, cpu_percent, gpu_percent| ContainerActivity {
+        session_id,
+        sampled_at: t(5),
+        cpu_percent,
+        gpu_percent,
+    };
+    let syncs = [
+        // c is not node1's: its sample from node1 is not recorded.
+        (
+            "node1",
+            vec![
+                sample(a, 90.0, Some(50.0)),
+                sample(b, 1.0, None),
+                sample(c, 90.0, None),
+            ],
+            t(10),
+        ),
+        ("node2", vec![sample(c, 2.0, Some(80.0))], t(11)),
+        // a again, idle now: busy at t(10) stays its last activity.
+        ("node1", vec![sample(a, 1.0, Some(0.0))], t(12)),
+    ];
+    let held = store.hold(Together::Samples).await;
+    let recording: Vec<_> = syncs
+        .iter()
+        .cloned()
+        .map(|(node, samples, at)| {
+            let store = store.clone();
+            let node = NodeName::parse(node).unwrap();
+            let thresholds = ActivityThresholds {
+                cpu_percent: 5.0,
+                gpu_percent: 5.0,
+            };
+            tokio::spawn(
+                async move { store.record_activity(&node, &samples, at, thresholds).await },
+            )
+        })
+        .collect();
+    while store.waiting(Together::Samples) < syncs.len() {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    let answers: Vec<usize> = futures::future::join_all(recording)
+        .await
+        .into_iter()
+        .map(|answer| answer.unwrap().unwrap())
+        .collect();
+    assert_eq!(answers, [2, 1, 1]);
+    let measured = |at: i64, percent: f64, active_at: Option<i64>| Sampled {
+        sampled_at: Some(t(at)),
+        percent: Some(percent),
+        active_at: active_at.map(t),
+    };
+    for (id, cpu, gpu) in [
+        (a, measured(12, 1.0, Some(10)), measured(12, 0.0, Some(10))),
+        (b, measured(10, 1.0, None), Sampled::default()),
+        (c, measured(11, 2.0, None), measured(11, 80.0, Some(11))),
+    ] {
+        let facts = store
+            .lifecycle_facts(FactsScope::Session(id))
+            .await
+            .unwrap();
+        assert_eq!((facts[0].cpu, facts[0].gpu), (cpu, gpu), "{id}");
+    }
 }
 
 async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {

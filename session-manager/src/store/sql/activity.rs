@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use ongrid_core::api::{ConnectionEvent, ConnectionEventKind};
-use ongrid_core::holds::{ContainerActivity, HoldReason};
+use ongrid_core::holds::HoldReason;
 use ongrid_core::{NodeName, SessionId, Transition};
 use sqlx::{QueryBuilder, Row, Transaction};
 
@@ -21,9 +21,7 @@ use super::{
     GREATEST,
 };
 use crate::domain::sessions::facts::{self, FactsChange};
-use crate::domain::sessions::holds::{
-    due_hold, ActivityThresholds, LifecycleConfig, LifecycleFacts, Sampled,
-};
+use crate::domain::sessions::holds::{due_hold, LifecycleConfig, LifecycleFacts, Sampled};
 use crate::domain::sessions::SessionRecord;
 use crate::store::{FactsScope, StoreError, StoreResult};
 
@@ -34,14 +32,6 @@ const FACT_COLUMNS: &str = "s.id, s.state, \
      l.last_traffic_at, l.cpu_active_at, l.cpu_sampled_at, l.cpu_percent, l.gpu_active_at, \
      l.gpu_sampled_at, l.gpu_percent, l.keep_until \
      FROM sessions s LEFT JOIN session_lifecycle l ON l.session_id = s.id";
-
-/// Stores a session's CPU reading (`$1` when, `$2` percent, `$3` active, `$4` the session).
-const CPU_SAMPLE: &str = "UPDATE session_lifecycle SET cpu_sampled_at = $1, cpu_percent = $2, \
-     cpu_active_at = CASE WHEN $3 THEN $1 ELSE cpu_active_at END WHERE session_id = $4";
-
-/// Stores a session's GPU reading, as [`CPU_SAMPLE`] its CPU reading.
-const GPU_SAMPLE: &str = "UPDATE session_lifecycle SET gpu_sampled_at = $1, gpu_percent = $2, \
-     gpu_active_at = CASE WHEN $3 THEN $1 ELSE gpu_active_at END WHERE session_id = $4";
 
 impl SqlStore {
     pub(super) async fn lifecycle_facts(
@@ -96,50 +86,6 @@ impl SqlStore {
             .await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    pub(super) async fn record_activity(
-        &self,
-        node: &NodeName,
-        samples: &[ContainerActivity],
-        at: DateTime<Utc>,
-        thresholds: ActivityThresholds,
-    ) -> StoreResult<usize> {
-        if samples.is_empty() {
-            return Ok(0);
-        }
-        let mut tx = self.write().await?;
-        let mut recorded = 0;
-        for sample in samples {
-            let on_node: Option<i64> = sqlx::query_scalar(
-                "SELECT CAST(1 AS BIGINT) FROM sessions WHERE id = $1 AND node = $2",
-            )
-            .bind(sample.session_id.to_string())
-            .bind(node.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-            if on_node.is_none() {
-                continue;
-            }
-            let Some(facts) = facts::activity_sample(sample, thresholds, at) else {
-                continue;
-            };
-            ensure_row(&mut tx, sample.session_id).await?;
-            // The CPU reading, and the GPU's when the sample has one.
-            for (sql, reading) in [(CPU_SAMPLE, Some(facts.cpu)), (GPU_SAMPLE, facts.gpu)] {
-                let Some(reading) = reading else { continue };
-                sqlx::query(sql)
-                    .bind(timestamp(reading.sampled_at))
-                    .bind(reading.percent)
-                    .bind(reading.active)
-                    .bind(sample.session_id.to_string())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            recorded += 1;
-        }
-        tx.commit().await?;
-        Ok(recorded)
     }
 }
 

@@ -61,8 +61,10 @@ impl SqlStore {
             ") UPDATE nodes SET last_seen = beats.seen FROM beats \
              WHERE nodes.name = beats.name AND nodes.removed_at IS NULL RETURNING nodes.name",
         );
+        // A statement of the batch's length: kept out of the statement cache but for one.
         let updated: HashSet<String> = query
             .build_query_scalar()
+            .persistent(latest.len() == 1)
             .fetch_all(self.writes())
             .await?
             .into_iter()

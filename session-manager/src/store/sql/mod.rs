@@ -1000,6 +1000,7 @@ mod job_history;
 mod jobs;
 mod nodes;
 pub(super) mod planning;
+pub(super) mod samples;
 pub(super) mod together;
 mod token_links;
 mod usage;

@@ -1,7 +1,7 @@
 //! Writes made together: the requests that arrive while a write is under way are written in the
 //! next write, all of them, instead of one write each (a group commit). Sessions' creates
-//! ([`super::creates`]), jobs' submits ([`super::jobs`]) and nodes' heartbeats
-//! ([`super::heartbeats`]) go through it.
+//! ([`super::creates`]), jobs' submits ([`super::jobs`]), nodes' heartbeats
+//! ([`super::heartbeats`]) and agents' activity samples ([`super::samples`]) go through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
@@ -148,6 +148,7 @@ impl SqlStore {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
             Together::Heartbeats => &self.beats.0.turn,
+            Together::Samples => &self.samples.0.turn,
         };
         turn.clone().lock_owned().await
     }
@@ -158,6 +159,7 @@ impl SqlStore {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
             Together::Heartbeats => self.beats.waiting().len(),
+            Together::Samples => self.samples.waiting().len(),
         }
     }
 }
