@@ -162,12 +162,7 @@ pub async fn sync(
     if effects.contains(&Effect::Node(node.clone())) {
         // Read after the notification, where the woken long-poll stands, and shared with it.
         let position = state.changes.subscribe_node(node).position();
-        let reading = position.map(|at| state.desired_versions.begin(node, at));
-        let desired = Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
-        if let Some(reading) = reading {
-            reading.done(&desired);
-        }
-        return Ok(desired);
+        return read_shared(state, node, position).await;
     }
     // A sync that changed nothing of the node's (the common case) answers with its sessions and
     // jobs as read above; a commit since by someone else has woken the node's long-poll, which
@@ -303,14 +298,7 @@ pub async fn next_desired(
                 if let Some(read) = known.filter(|read| read.begun_at >= arrived) {
                     return Ok(Desired::Changed(read.desired));
                 }
-                let reading = changes
-                    .position()
-                    .map(|at| state.desired_versions.begin(node, at));
-                let current =
-                    Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
-                if let Some(reading) = reading {
-                    reading.done(&current);
-                }
+                let current = read_shared(state, node, changes.position()).await?;
                 if after != Some(current.version.as_str()) {
                     return Ok(Desired::Changed(current));
                 }
@@ -322,6 +310,21 @@ pub async fn next_desired(
             Ok(false) | Err(_) => return Ok(Desired::Unchanged(current)),
         }
     }
+}
+
+/// `node`'s desired state read now, kept at `position` (where its signals stand) for the
+/// polls there ([`DesiredVersions`]).
+async fn read_shared(
+    state: &AppState,
+    node: &NodeName,
+    position: Option<Position>,
+) -> Result<Versioned, ApiError> {
+    let reading = position.map(|at| state.desired_versions.begin(node, at));
+    let desired = Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
+    if let Some(reading) = reading {
+        reading.done(&desired);
+    }
+    Ok(desired)
 }
 
 /// How long a read of a node's desired state is taken as current while no notification for the

@@ -1246,24 +1246,12 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
         limited(&carol.dn, None, 6),
     ];
     let ids: Vec<SessionId> = asked.iter().map(|new| new.id).collect();
-    let held = store.hold(Together::Creates).await;
-    let creating: Vec<_> = asked
-        .into_iter()
-        .map(|new| {
-            let store = store.clone();
-            tokio::spawn(async move { store.create_session(new).await })
-        })
-        .collect();
     // Each joins once it looked for its default name.
-    while store.waiting(Together::Creates) < ids.len() {
-        tokio::task::yield_now().await;
-    }
-    drop(held);
-    let made: Vec<_> = futures::future::join_all(creating)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let creating = asked.into_iter().map(|new| {
+        let store = store.clone();
+        async move { store.create_session(new).await }
+    });
+    let made = written_together(&store, Together::Creates, creating, async {}).await;
     let mut named: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut refused = Vec::new();
     for (i, made) in made.into_iter().enumerate() {
@@ -1416,35 +1404,30 @@ async fn heartbeats_written_together_each_keep_their_own_answer(backend: Backend
     for (name, gpu) in [("node1", gpu(1)), ("node2", gpu(2)), ("node3", gpu(3))] {
         register(&store, name, &[gpu], t(0)).await;
     }
-    let held = store.hold(Together::Heartbeats).await;
     let beats = [
         ("node1", 1, 40),
         ("node2", 2, 41),
         ("node1", 1, 42),
         ("node3", 3, 43),
     ];
-    let syncing: Vec<_> = beats
-        .into_iter()
-        .map(|(name, index, at)| {
-            let store = store.clone();
-            let node = NodeName::parse(name).unwrap();
-            tokio::spawn(async move { store.record_sync(&node, &[gpu(index)], t(at)).await })
-        })
-        .collect();
-    while store.waiting(Together::Heartbeats) < beats.len() {
-        tokio::task::yield_now().await;
-    }
-    let node3 = NodeName::parse("node3").unwrap();
-    let removal = store
-        .remove_node(&node3, t(100), std::time::Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(removal, NodeRemoval::Removed);
-    drop(held);
-    let answers: Vec<_> = futures::future::join_all(syncing)
+    let syncing = beats.into_iter().map(|(name, index, at)| {
+        let store = store.clone();
+        let node = NodeName::parse(name).unwrap();
+        async move { store.record_sync(&node, &[gpu(index)], t(at)).await }
+    });
+    // node3 removed while its heartbeat waits.
+    let removing = async {
+        let node3 = NodeName::parse("node3").unwrap();
+        let removal = store
+            .remove_node(&node3, t(100), std::time::Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(removal, NodeRemoval::Removed);
+    };
+    let answers: Vec<_> = written_together(&store, Together::Heartbeats, syncing, removing)
         .await
         .into_iter()
-        .map(|answer| answer.unwrap().unwrap())
+        .map(Result::unwrap)
         .collect();
     let seen_at_registration = Some(Heartbeat {
         last_seen: t(0),
@@ -1518,30 +1501,19 @@ async fn activity_samples_written_together_each_keep_their_own_answer(backend: B
         // a again, idle now: busy at t(10) stays its last activity.
         ("node1", vec![sample(a, 1.0, Some(0.0))], t(12)),
     ];
-    let held = store.hold(Together::Samples).await;
-    let recording: Vec<_> = syncs
-        .iter()
-        .cloned()
-        .map(|(node, samples, at)| {
-            let store = store.clone();
-            let node = NodeName::parse(node).unwrap();
-            let thresholds = ActivityThresholds {
-                cpu_percent: 5.0,
-                gpu_percent: 5.0,
-            };
-            tokio::spawn(
-                async move { store.record_activity(&node, &samples, at, thresholds).await },
-            )
-        })
-        .collect();
-    while store.waiting(Together::Samples) < syncs.len() {
-        tokio::task::yield_now().await;
-    }
-    drop(held);
-    let answers: Vec<usize> = futures::future::join_all(recording)
+    let recording = syncs.into_iter().map(|(node, samples, at)| {
+        let store = store.clone();
+        let node = NodeName::parse(node).unwrap();
+        let thresholds = ActivityThresholds {
+            cpu_percent: 5.0,
+            gpu_percent: 5.0,
+        };
+        async move { store.record_activity(&node, &samples, at, thresholds).await }
+    });
+    let answers: Vec<usize> = written_together(&store, Together::Samples, recording, async {})
         .await
         .into_iter()
-        .map(|answer| answer.unwrap().unwrap())
+        .map(Result::unwrap)
         .collect();
     assert_eq!(answers, [2, 1, 1]);
     let measured = |at: i64, percent: f64, active_at: Option<i64>| Sampled {
@@ -2968,20 +2940,33 @@ async fn submit_together(
     store: &TestStore,
     jobs: &[crate::domain::jobs::NewJob],
 ) -> Vec<StoreResult<crate::domain::jobs::JobRecord>> {
-    let held = store.hold(Together::Submits).await;
-    let submitting: Vec<_> = jobs
-        .iter()
-        .cloned()
-        .map(|new| {
-            let store = store.clone();
-            tokio::spawn(async move { store.create_job(new).await })
-        })
-        .collect();
-    while store.waiting(Together::Submits) < jobs.len() {
+    let submitting = jobs.iter().cloned().map(|new| {
+        let store = store.clone();
+        async move { store.create_job(new).await }
+    });
+    written_together(store, Together::Submits, submitting, async {}).await
+}
+
+/// Sends `requests` while the writes of `kind` are held, runs `meanwhile` once all of them wait,
+/// then lets them be written together: their answers, in order.
+async fn written_together<T, R>(
+    store: &TestStore,
+    kind: Together,
+    requests: impl IntoIterator<Item = R>,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> Vec<T>
+where
+    R: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let held = store.hold(kind).await;
+    let sent: Vec<_> = requests.into_iter().map(tokio::spawn).collect();
+    while store.waiting(kind) < sent.len() {
         tokio::task::yield_now().await;
     }
+    meanwhile.await;
     drop(held);
-    futures::future::join_all(submitting)
+    futures::future::join_all(sent)
         .await
         .into_iter()
         .map(Result::unwrap)

@@ -20,9 +20,9 @@ use crate::store::{StoreError, StoreResult};
 
 /// The histories of the jobs `condition` selects, each oldest first, in one statement, for the
 /// changes of a write ([`lifecycles`]); the reads of whole jobs take their histories in the
-/// statement of their rows, as JSON (`jobs::read_stamped_jobs`, [`transitions_from_json`]). `condition` is on the jobs' columns as
-/// `j` (`j.id IN (...)`), with `values` bound to its parameters; a job without a history (there
-/// is no such job) is left out.
+/// statement of their rows, as JSON (`jobs::read_stamped_jobs`, [`transitions_from_json`]).
+/// `condition` is on the jobs' columns as `j` (`j.id IN (...)`), with `values` bound to its
+/// parameters; a job without a history (there is no such job) is left out.
 pub(super) async fn histories(
     conn: &mut DbConnection,
     condition: &str,

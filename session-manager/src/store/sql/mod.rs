@@ -4,9 +4,10 @@
 //! (`#[path = "sql/mod.rs"]`), after naming what it is compiled against: `Db` (the sqlx
 //! database), `DbRow`, `DbConnection`, `SqlStore` (the backend's store type, whose `write`
 //! begins a write transaction and whose `read_snapshot` begins a read of one snapshot), and the
-//! few SQL words the two spell differently (`GREATEST`, the JSON functions of `JOB_HISTORY`). Every statement here is written once,
-//! in the SQL both databases take: `$1`-style parameters (SQLite numbers `$N` as PostgreSQL
-//! does), `TRUE`/`FALSE`, `ON CONFLICT ... DO UPDATE`, `RETURNING`, `CAST(1 AS BIGINT)`.
+//! few SQL words the two spell differently (`GREATEST`, the JSON functions of `JOB_HISTORY`).
+//! Every statement here is written once, in the SQL both databases take: `$1`-style parameters
+//! (SQLite numbers `$N` as PostgreSQL does), `TRUE`/`FALSE`, `ON CONFLICT ... DO UPDATE`,
+//! `RETURNING`, `CAST(1 AS BIGINT)`.
 //!
 //! Why inclusion rather than one generic type: sqlx's generic `Database` API would need every
 //! function to carry bounds for each type it binds and decodes (`for<'q> i64: Encode<'q, DB> +

@@ -9,7 +9,7 @@
 //! updates each), a sync of eight sessions held the site's write lock for 34 statements. They
 //! are written outside that lock ([`SqlStore::write_samples`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use ongrid_core::holds::ContainerActivity;
@@ -128,7 +128,7 @@ impl SqlStore {
             for (measure, readings) in [("cpu", &cpu), ("gpu", &gpu)] {
                 let readings: Vec<(SessionId, Stored)> = readings
                     .iter()
-                    .filter(|((id, node), _)| placed.contains(&(*id, (*node).clone())))
+                    .filter(|((id, node), _)| placed.get(id) == Some(*node))
                     .map(|((id, _), stored)| (*id, *stored))
                     .collect();
                 store_readings(&mut tx, measure, &readings).await?;
@@ -141,7 +141,7 @@ impl SqlStore {
                 let recorded = sync
                     .samples
                     .iter()
-                    .filter(|(id, _)| placed.contains(&(*id, sync.node.clone())))
+                    .filter(|(id, _)| placed.get(id) == Some(&sync.node))
                     .count();
                 Ok(recorded)
             })
@@ -149,11 +149,11 @@ impl SqlStore {
     }
 }
 
-/// Which of the sessions `sampled` are placed on the node that sampled them.
+/// Those of the sessions `sampled` placed on the node that sampled them, with that node.
 async fn on_their_nodes<'a>(
     tx: &mut Transaction<'static, Db>,
     sampled: impl IntoIterator<Item = (SessionId, &'a NodeName)>,
-) -> StoreResult<HashSet<(SessionId, NodeName)>> {
+) -> StoreResult<HashMap<SessionId, NodeName>> {
     let mut query = QueryBuilder::<Db>::new("WITH v (id, node) AS (");
     query.push_values(sampled, |mut row, (id, node)| {
         row.push_bind(id.to_string()).push_bind(node.as_str());
