@@ -457,7 +457,7 @@ mod tests {
             cpu_percent: cpu,
             gpu_percent: Some(0.0),
         };
-        let thresholds = config().thresholds;
+        let lifecycle = config();
         let other = NodeName::parse("node2").unwrap();
         // Busy, then idle, then a sample from a node that is not the session's: not recorded.
         for (from, cpu, seen, recorded) in [
@@ -466,7 +466,7 @@ mod tests {
             (&other, 99.0, 3200, 0),
         ] {
             let samples = [sample(cpu)];
-            let stored = store.record_activity(from, &samples, at(seen), thresholds);
+            let stored = store.record_activity(from, &samples, at(seen), &lifecycle);
             assert_eq!(stored.await.unwrap(), recorded, "{from} at {seen}");
         }
         assert_eq!(

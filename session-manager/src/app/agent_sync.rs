@@ -150,12 +150,7 @@ pub async fn sync(
     changed.scheduling |= jobs.stored;
     state
         .store
-        .record_activity(
-            node,
-            &report.activity,
-            now,
-            state.config.lifecycle.thresholds,
-        )
+        .record_activity(node, &report.activity, now, &state.config.lifecycle)
         .await?;
     let effects = changed.effects(node);
     state.committed(&effects);

@@ -70,7 +70,7 @@ use ongrid_core::store_identity::StoreIdentity;
 
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
-use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
+use crate::domain::sessions::holds::{LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{Change, SessionRecord};
 use crate::domain::users::{Removal, Removed};
 use ongrid_core::job::JobId;
@@ -629,7 +629,7 @@ pub trait Store: Send + Sync {
         node: &'a NodeName,
         samples: &'a [ContainerActivity],
         at: DateTime<Utc>,
-        thresholds: ActivityThresholds,
+        lifecycle: &'a LifecycleConfig,
     ) -> BoxFuture<'a, StoreResult<usize>>;
 
     /// Holds the session if [`crate::domain::sessions::holds::due_hold`] says a hold is due at

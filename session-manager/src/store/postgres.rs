@@ -138,8 +138,9 @@ pub struct PostgresStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
-    /// The agents' activity samples waiting for a write ([`sql::samples`]).
-    samples: sql::samples::SampleQueue,
+    /// The agents' activity samples waiting for a write, and their activity not written yet
+    /// ([`sql::samples`]).
+    samples: sql::samples::Samples,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
 }

@@ -125,8 +125,9 @@ pub struct SqliteStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
-    /// The agents' activity samples waiting for a write ([`sql::samples`]).
-    samples: sql::samples::SampleQueue,
+    /// The agents' activity samples waiting for a write, and their activity not written yet
+    /// ([`sql::samples`]).
+    samples: sql::samples::Samples,
 }
 
 impl SqliteStore {

@@ -166,6 +166,7 @@ backend_tests!(
     submits_written_together_each_keep_their_own_answer,
     heartbeats_written_together_each_keep_their_own_answer,
     activity_samples_written_together_each_keep_their_own_answer,
+    activity_samples_are_written_when_the_hold_policy_must_see_them,
     users_get_stable_unique_names_and_uids,
     request_reservations_are_those_of_sessions_not_ended,
     nodes_keep_gpu_modes_and_mark_vanished_gpus_failed,
@@ -1460,7 +1461,7 @@ async fn heartbeats_written_together_each_keep_their_own_answer(backend: Backend
 /// the last one at or above the threshold as its activity; a sample of a session that is not on
 /// the node that sent it is not recorded; each sync is answered with how many of its were.
 async fn activity_samples_written_together_each_keep_their_own_answer(backend: Backend) {
-    use crate::domain::sessions::holds::{ActivityThresholds, Sampled};
+    use crate::domain::sessions::holds::{LifecycleConfig, Sampled};
     use ongrid_core::holds::ContainerActivity;
 
     let (_place, store) = Place::opened(backend).await;
@@ -1504,11 +1505,10 @@ async fn activity_samples_written_together_each_keep_their_own_answer(backend: B
     let recording = syncs.into_iter().map(|(node, samples, at)| {
         let store = store.clone();
         let node = NodeName::parse(node).unwrap();
-        let thresholds = ActivityThresholds {
-            cpu_percent: 5.0,
-            gpu_percent: 5.0,
-        };
-        async move { store.record_activity(&node, &samples, at, thresholds).await }
+        async move {
+            let lifecycle = LifecycleConfig::default();
+            store.record_activity(&node, &samples, at, &lifecycle).await
+        }
     });
     let answers: Vec<usize> = written_together(&store, Together::Samples, recording, async {})
         .await
@@ -1531,6 +1531,173 @@ async fn activity_samples_written_together_each_keep_their_own_answer(backend: B
             .await
             .unwrap();
         assert_eq!((facts[0].cpu, facts[0].gpu), (cpu, gpu), "{id}");
+    }
+}
+
+/// A session's samples are all recorded, but written only when the hold policy must see them:
+/// the first, one that turned busy or idle, and otherwise one a minute (a quarter of the
+/// session's idle timeout when that is shorter). The last activity of the readings not written
+/// is written with the next one that is.
+async fn activity_samples_are_written_when_the_hold_policy_must_see_them(backend: Backend) {
+    use crate::domain::sessions::holds::{LifecycleConfig, Sampled};
+    use ongrid_core::holds::ContainerActivity;
+
+    let (place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    let node1 = NodeName::parse("node1").unwrap();
+    let mut placed = Vec::new();
+    // a: the site's idle timeout (2 hours); b: 20 seconds of its own.
+    for (name, index, idle_timeout_secs) in [("a", 1, None), ("b", 2, Some(20))] {
+        let new = NewSession {
+            idle_timeout_secs,
+            ..new_session(&alice.dn, Some(name), t(0))
+        };
+        let session = store.create_session(new).await.unwrap();
+        let change = change(
+            SessionState::Starting,
+            t(1),
+            "placed",
+            on_node1(&gpu(index)),
+        );
+        placed.push(moved(&store, session.id, change).await.id);
+    }
+    let [a, b] = placed[..] else {
+        unreachable!("two sessions")
+    };
+    let lifecycle = LifecycleConfig::default();
+    let stored = |at: i64, percent: f64, active_at: Option<i64>| Sampled {
+        sampled_at: Some(t(at)),
+        percent: Some(percent),
+        active_at: active_at.map(t),
+    };
+    // A second manager on the same database, as two replicas behind one address: each
+    // remembers the activity it did not write, and a later one stored by the other stays.
+    let other = place.open().await;
+    let steps = [
+        (a, 10, 1.0, stored(10, 1.0, None), "the first"),
+        (a, 15, 2.0, stored(10, 1.0, None), "idle after idle waits"),
+        (a, 20, 90.0, stored(20, 90.0, Some(20)), "turned busy"),
+        (
+            a,
+            25,
+            90.0,
+            stored(20, 90.0, Some(20)),
+            "busy after busy waits",
+        ),
+        (
+            a,
+            30,
+            80.0,
+            stored(20, 90.0, Some(20)),
+            "busy after busy waits",
+        ),
+        (
+            a,
+            35,
+            1.0,
+            stored(35, 1.0, Some(30)),
+            "turned idle, busy until 30",
+        ),
+        (
+            a,
+            95,
+            1.0,
+            stored(95, 1.0, Some(30)),
+            "a minute after the stored one",
+        ),
+        (a, 100, 90.0, stored(100, 90.0, Some(100)), "turned busy"),
+        (
+            a,
+            130,
+            90.0,
+            stored(100, 90.0, Some(100)),
+            "busy after busy waits",
+        ),
+        (
+            a,
+            160,
+            90.0,
+            stored(160, 90.0, Some(160)),
+            "a minute after the stored one",
+        ),
+        (b, 10, 90.0, stored(10, 90.0, Some(10)), "the first"),
+        (
+            b,
+            14,
+            90.0,
+            stored(10, 90.0, Some(10)),
+            "busy after busy waits",
+        ),
+        (
+            b,
+            15,
+            90.0,
+            stored(15, 90.0, Some(15)),
+            "a quarter of its idle timeout",
+        ),
+    ]
+    .map(|(id, at, percent, expected, why)| (&store, id, at, percent, expected, why));
+    let replicas = [
+        (
+            &other,
+            a,
+            185,
+            90.0,
+            stored(160, 90.0, Some(160)),
+            "busy after busy waits",
+        ),
+        (
+            &store,
+            a,
+            190,
+            90.0,
+            stored(160, 90.0, Some(160)),
+            "busy after busy waits",
+        ),
+        (
+            &store,
+            a,
+            195,
+            1.0,
+            stored(195, 1.0, Some(190)),
+            "turned idle, busy until 190",
+        ),
+        (
+            &other,
+            a,
+            200,
+            1.0,
+            stored(195, 1.0, Some(190)),
+            "idle after idle waits",
+        ),
+        (
+            &other,
+            a,
+            255,
+            1.0,
+            stored(255, 1.0, Some(190)),
+            "busy at 185 is older than 190",
+        ),
+    ];
+    for (store, id, at, cpu_percent, expected, why) in steps.into_iter().chain(replicas) {
+        let sample = ContainerActivity {
+            session_id: id,
+            sampled_at: t(at),
+            cpu_percent,
+            gpu_percent: None,
+        };
+        let recorded = store
+            .record_activity(&node1, &[sample], t(at), &lifecycle)
+            .await
+            .unwrap();
+        assert_eq!(recorded, 1, "{id} at {at}: {why}");
+        let facts = store
+            .lifecycle_facts(FactsScope::Session(id))
+            .await
+            .unwrap();
+        assert_eq!(facts[0].cpu, expected, "{id} at {at}: {why}");
+        assert_eq!(facts[0].gpu, Sampled::default(), "{id}: no GPU reading");
     }
 }
 

@@ -1,13 +1,13 @@
 //! What events do to a session's lifecycle facts, the input of the hold policy ([`super::holds`]):
 //! a change of state ([`after_transition`]: ready, re-queued) and an agent's activity sample
-//! ([`activity_sample`]: whether it counts as activity). The store writes what these return in
-//! the same transaction as the event itself.
+//! ([`activity_sample`]: whether it counts as activity; [`reading_due`]: whether it must be
+//! written now). The store writes what these return in the same transaction as the event itself.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{SessionState, Transition};
 
-use super::holds::ActivityThresholds;
+use super::holds::{ActivityThresholds, Sampled};
 
 /// What a change of state does to the session's lifecycle facts and its place in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +91,46 @@ pub fn activity_sample(
             .filter(|p| p.is_finite())
             .map(|p| reading(p, thresholds.gpu_percent)),
     })
+}
+
+/// The longest a session's stored reading of a measure waits for a newer one while the newer
+/// ones change nothing the hold policy reads.
+pub const READING_REWRITTEN_EVERY: TimeDelta = TimeDelta::minutes(1);
+
+/// How often a reading that changes nothing the policy reads is written for a session idle
+/// after `idle_timeout`: every [`READING_REWRITTEN_EVERY`], or every quarter of its idle timeout
+/// when that is shorter, so that its activity as stored never lags by more than a small part of
+/// the time it has.
+pub fn rewritten_every(idle_timeout: TimeDelta) -> TimeDelta {
+    (idle_timeout / 4).min(READING_REWRITTEN_EVERY)
+}
+
+/// Whether the `latest` reading of one measure must be written now over what is stored
+/// (`stored`; `threshold` tells whether its reading was active), `last_active` being the last
+/// active reading seen, stored or not:
+/// - nothing is stored yet;
+/// - it turned active or idle: the policy counts idleness from the last activity;
+/// - the stored reading is idle and activity came since: the idle countdown starts again;
+/// - the stored one is `every` old ([`rewritten_every`]).
+///
+/// Otherwise it waits: an agent samples each container at every sync (a few seconds apart), and
+/// a site of a thousand nodes would rewrite every running session's row that often, while all
+/// the policy reads (the last activity) moves only by the few seconds between samples of a
+/// session that stays busy.
+pub fn reading_due(
+    stored: &Sampled,
+    threshold: f64,
+    latest: Reading,
+    last_active: Option<DateTime<Utc>>,
+    every: TimeDelta,
+) -> bool {
+    let (Some(sampled_at), Some(percent)) = (stored.sampled_at, stored.percent) else {
+        return true;
+    };
+    let was_active = percent >= threshold;
+    was_active != latest.active
+        || (!was_active && last_active > stored.active_at)
+        || latest.sampled_at - sampled_at >= every
 }
 
 #[cfg(test)]
@@ -214,5 +254,46 @@ mod tests {
         assert_eq!(facts.gpu, None);
         let facts = activity_sample(&sample(1.0, None), THRESHOLDS, t(1)).unwrap();
         assert_eq!(facts.gpu, None);
+    }
+
+    #[test]
+    fn a_reading_is_written_when_it_changes_what_the_policy_reads_or_is_a_while_old() {
+        let every = rewritten_every(TimeDelta::hours(2));
+        assert_eq!(every, TimeDelta::minutes(1));
+        let stored = |at: i64, percent: f64, active_at: Option<i64>| Sampled {
+            sampled_at: Some(t(at)),
+            percent: Some(percent),
+            active_at: active_at.map(t),
+        };
+        let reading = |at: i64, active: bool| Reading {
+            percent: if active { 90.0 } else { 1.0 },
+            sampled_at: t(at),
+            active,
+        };
+        let due = |stored: Sampled, latest: Reading, last_active: Option<i64>| {
+            reading_due(&stored, 5.0, latest, last_active.map(t), every)
+        };
+        // Nothing stored yet.
+        assert!(due(Sampled::default(), reading(0, false), None));
+        // Idle after idle, busy after busy: they wait, for a minute.
+        assert!(!due(stored(0, 1.0, None), reading(5, false), None));
+        assert!(!due(stored(0, 90.0, Some(0)), reading(59, true), Some(59)));
+        assert!(due(stored(0, 1.0, None), reading(60, false), None));
+        assert!(due(stored(0, 90.0, Some(0)), reading(60, true), Some(60)));
+        // It turned: busy after idle, idle after busy.
+        assert!(due(stored(0, 1.0, None), reading(5, true), Some(5)));
+        assert!(due(stored(0, 90.0, Some(0)), reading(5, false), Some(0)));
+        // Busy for a moment since the stored idle reading: the countdown starts again.
+        assert!(due(stored(0, 1.0, Some(-50)), reading(10, false), Some(5)));
+        assert!(!due(
+            stored(0, 1.0, Some(-50)),
+            reading(10, false),
+            Some(-50)
+        ));
+        // A short idle timeout rewrites more often: at a quarter of it.
+        assert_eq!(
+            rewritten_every(TimeDelta::seconds(20)),
+            TimeDelta::seconds(5)
+        );
     }
 }

@@ -16,6 +16,7 @@ use ongrid_core::holds::HoldReason;
 use ongrid_core::{NodeName, SessionId, Transition};
 use sqlx::{QueryBuilder, Row, Transaction};
 
+use super::samples::Measure;
 use super::{
     clamp, parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore,
     GREATEST,
@@ -347,17 +348,24 @@ fn facts_from_row(row: &DbRow) -> StoreResult<LifecycleFacts> {
         ready_at: time("ready_at")?,
         last_close_at: time("last_close_at")?,
         last_traffic_at: time("last_traffic_at")?,
-        cpu: Sampled {
-            active_at: time("cpu_active_at")?,
-            sampled_at: time("cpu_sampled_at")?,
-            percent: row.try_get("cpu_percent")?,
-        },
-        gpu: Sampled {
-            active_at: time("gpu_active_at")?,
-            sampled_at: time("gpu_sampled_at")?,
-            percent: row.try_get("gpu_percent")?,
-        },
+        cpu: sampled_from_row(row, Measure::Cpu)?,
+        gpu: sampled_from_row(row, Measure::Gpu)?,
         keep_until: time("keep_until")?,
         open_connections: Vec::new(),
+    })
+}
+
+/// The stored `measure` of a `session_lifecycle` row.
+pub(super) fn sampled_from_row(row: &DbRow, measure: Measure) -> StoreResult<Sampled> {
+    let [active_at, sampled_at, percent] = measure.columns();
+    let time = |column: &str| -> StoreResult<Option<DateTime<Utc>>> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|t| parse_timestamp(&t))
+            .transpose()
+    };
+    Ok(Sampled {
+        active_at: time(active_at)?,
+        sampled_at: time(sampled_at)?,
+        percent: row.try_get(percent)?,
     })
 }

@@ -42,7 +42,7 @@ use super::{Db, DbConnection, DbRow, SqlStore, GREATEST, JOB_HISTORY};
 use crate::domain::grid_jobs::EngineJobId;
 use crate::domain::images::{ImageChange, ImageRecord};
 use crate::domain::jobs::{JobChange, JobRecord, NewJob};
-use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, LifecycleFacts};
+use crate::domain::sessions::holds::{LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{connections, rendered_reason, Change, SessionRecord};
 use crate::domain::users::{Removal, Removed};
 use crate::store::{
@@ -541,7 +541,7 @@ impl Store for SqlStore {
             node: &'a NodeName,
             samples: &'a [ContainerActivity],
             at: DateTime<Utc>,
-            thresholds: ActivityThresholds,
+            lifecycle: &'a LifecycleConfig,
         ) -> usize;
         fn hold_if_due(
             id: SessionId,

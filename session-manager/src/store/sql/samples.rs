@@ -1,75 +1,175 @@
 //! Agents' activity samples written together ([`super::together`]): the samples of every sync
-//! that arrives while some are being written go in the next write, in four statements whatever
-//! their number: which sampled sessions are on the node that sampled them, their
-//! `session_lifecycle` rows made where missing, one `UPDATE` of the CPU readings and one of the
-//! GPU readings.
+//! that arrives while some are being written go in the next write, in at most four statements
+//! whatever their number: which sampled sessions are on the node that sampled them (with what
+//! is stored of them), their `session_lifecycle` rows made where missing, one `UPDATE` of the
+//! CPU readings and one of the GPU readings.
 //!
 //! Every agent samples its running containers at nearly every sync, so a site of 1,000 nodes
-//! sends thousands of samples a second; written one sample at a time (a check, a row, two
-//! updates each), a sync of eight sessions held the site's write lock for 34 statements. They
-//! are written outside that lock ([`SqlStore::write_samples`]).
+//! sends thousands of samples a second. Only those the hold policy must see now are written
+//! ([`facts::reading_due`]): a reading that turned active or idle, activity after an idle one,
+//! and otherwise one a minute per session. The last activity seen but not written is kept in
+//! memory ([`Samples`]) and written with the next reading that is: a session busy until a
+//! moment ago is stored as busy until then. The samples are written outside the site's write
+//! lock ([`SqlStore::write_samples`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{NodeName, SessionId};
-use sqlx::{QueryBuilder, Transaction};
+use sqlx::{QueryBuilder, Row, Transaction};
 
+use super::activity::sampled_from_row;
 use super::together::WriteQueue;
-use super::{parse, timestamp, Db, SqlStore};
+use super::{parse, timestamp, Db, SqlStore, GREATEST};
 use crate::domain::sessions::facts::{self, Reading, SampleFacts};
-use crate::domain::sessions::holds::ActivityThresholds;
+use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, Sampled};
 use crate::store::StoreResult;
 
-/// The syncs' samples waiting for a write; each answers how many of its samples were recorded.
-pub type SampleQueue = WriteQueue<NodeSamples, usize>;
+/// The agents' samples: those waiting for a write, and the activity seen but not written.
+/// Cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    /// The syncs' samples waiting for a write; each answers how many of its samples were
+    /// recorded.
+    pub(super) queue: WriteQueue<NodeSamples, usize>,
+    unwritten: Arc<Mutex<Unwritten>>,
+}
 
-/// One sync's samples: sessions `node` sampled, each with what its sample records.
+/// Per session and measure, the last active reading this manager received and did not write
+/// ([`facts::reading_due`] said it could wait); written with the session's next reading that is.
+/// With two managers, each keeps the readings it received.
+#[derive(Debug, Default)]
+struct Unwritten {
+    active: HashMap<(SessionId, Measure), DateTime<Utc>>,
+    /// When readings of sessions no longer sampled (ended, moved) were last dropped.
+    pruned_at: Option<DateTime<Utc>>,
+}
+
+impl Unwritten {
+    /// Keeps what a committed write left unwritten and forgets what it wrote; now and then
+    /// drops the readings of sessions no longer sampled.
+    fn after_write(&mut self, written: &Decided, now: DateTime<Utc>) {
+        for key in &written.forget {
+            self.active.remove(key);
+        }
+        for &(key, at) in &written.remember {
+            let kept = self.active.entry(key).or_insert(at);
+            *kept = (*kept).max(at);
+        }
+        let every = facts::READING_REWRITTEN_EVERY;
+        if self.pruned_at.is_none_or(|pruned| now - pruned >= every) {
+            // A session still sampled has had a reading written within `every`, which took its
+            // unwritten activity with it.
+            self.active.retain(|_, at| now - *at < every * 2);
+            self.pruned_at = Some(now);
+        }
+    }
+}
+
+/// A measure of a sample, with its columns in `session_lifecycle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum Measure {
+    Cpu,
+    Gpu,
+}
+
+impl Measure {
+    /// Its last activity, its last reading's time and that reading's percentage.
+    pub(super) fn columns(self) -> [&'static str; 3] {
+        match self {
+            Self::Cpu => ["cpu_active_at", "cpu_sampled_at", "cpu_percent"],
+            Self::Gpu => ["gpu_active_at", "gpu_sampled_at", "gpu_percent"],
+        }
+    }
+
+    fn threshold(self, thresholds: ActivityThresholds) -> f64 {
+        match self {
+            Self::Cpu => thresholds.cpu_percent,
+            Self::Gpu => thresholds.gpu_percent,
+        }
+    }
+}
+
+/// One sync's samples: sessions `node` sampled, each with what its sample records, and the
+/// site's rules they are judged by (the same in every sync).
 #[derive(Debug)]
 pub struct NodeSamples {
     node: NodeName,
     samples: Vec<(SessionId, SampleFacts)>,
+    thresholds: ActivityThresholds,
+    /// The site's idle timeout, for sessions without their own.
+    idle_timeout: TimeDelta,
 }
 
-/// What a write stores of one measure of one session: its last reading, and the time of the
-/// last one at or above the threshold, when one was.
+/// The readings of one measure of one session in a write: the latest, and the time of the last
+/// one at or above the threshold, when one was.
 #[derive(Debug, Clone, Copy)]
-struct Stored {
-    sampled_at: DateTime<Utc>,
-    percent: f64,
+struct Latest {
+    reading: Reading,
     active_at: Option<DateTime<Utc>>,
 }
 
-impl Stored {
-    /// `reading` after what is stored: the later reading is the last, and an active one is the
-    /// last activity.
-    fn and(stored: Option<Self>, reading: Reading) -> Self {
+impl Latest {
+    /// `reading` with those before it.
+    fn and(before: Option<Self>, reading: Reading) -> Self {
         let active_at = reading.active.then_some(reading.sampled_at);
-        match stored {
-            Some(stored) if stored.sampled_at > reading.sampled_at => Self {
-                active_at: stored.active_at.max(active_at),
-                ..stored
+        let Some(before) = before else {
+            return Self { reading, active_at };
+        };
+        Self {
+            reading: if before.reading.sampled_at > reading.sampled_at {
+                before.reading
+            } else {
+                reading
             },
-            stored => Self {
-                sampled_at: reading.sampled_at,
-                percent: reading.percent,
-                active_at: active_at.or(stored.and_then(|stored| stored.active_at)),
-            },
+            active_at: before.active_at.max(active_at),
         }
     }
+}
+
+/// A sampled session found on the node that sampled it, with what is stored of it (`None`: no
+/// `session_lifecycle` row yet).
+#[derive(Debug)]
+struct Placed {
+    node: NodeName,
+    stored: Option<StoredFacts>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct StoredFacts {
+    idle_timeout: Option<TimeDelta>,
+    cpu: Sampled,
+    gpu: Sampled,
+}
+
+/// What a write does with the readings of its batch.
+#[derive(Debug, Default)]
+struct Decided {
+    /// Sessions whose `session_lifecycle` row is to be made.
+    rows: Vec<SessionId>,
+    /// The readings written, per measure (CPU, GPU), with the activity to write.
+    cpu: Vec<(SessionId, Latest)>,
+    gpu: Vec<(SessionId, Latest)>,
+    /// Unwritten activity that this write takes with it.
+    forget: Vec<(SessionId, Measure)>,
+    /// Activity left unwritten.
+    remember: Vec<((SessionId, Measure), DateTime<Utc>)>,
 }
 
 impl SqlStore {
     /// Stores the samples of the sessions placed on `node` (others are ignored), as seen at
     /// `at`, in the write of every sync's samples waiting with them; how many were recorded.
+    /// A recorded sample is written when the hold policy must see it ([`facts::reading_due`]).
     pub(super) async fn record_activity(
         &self,
         node: &NodeName,
         samples: &[ContainerActivity],
         at: DateTime<Utc>,
-        thresholds: ActivityThresholds,
+        lifecycle: &LifecycleConfig,
     ) -> StoreResult<usize> {
+        let thresholds = lifecycle.thresholds;
         let samples: Vec<(SessionId, SampleFacts)> = samples
             .iter()
             .filter_map(|sample| {
@@ -80,38 +180,61 @@ impl SqlStore {
         if samples.is_empty() {
             return Ok(0);
         }
-        let node = node.clone();
+        let sync = NodeSamples {
+            node: node.clone(),
+            samples,
+            thresholds,
+            idle_timeout: TimeDelta::from_std(lifecycle.idle_timeout).unwrap_or(TimeDelta::MAX),
+        };
         self.samples
-            .write(self, NodeSamples { node, samples }, |store, all| {
-                Box::pin(store.write_samples(all))
-            })
+            .queue
+            .write(self, sync, |store, all| Box::pin(store.write_samples(all)))
             .await
     }
 
-    /// Writes the samples of `all` in one write transaction, each session's as if its samples
-    /// had been written one after the other.
+    /// Writes the samples of `all` that are due in one write transaction, each session's as if
+    /// its samples had been written one after the other.
     async fn write_samples(&self, all: &[NodeSamples]) -> StoreResult<Vec<StoreResult<usize>>> {
-        let mut cpu: BTreeMap<(SessionId, &NodeName), Stored> = BTreeMap::new();
-        let mut gpu: BTreeMap<(SessionId, &NodeName), Stored> = BTreeMap::new();
+        let Some(last) = all.last() else {
+            return Ok(Vec::new());
+        };
+        let mut latest: BTreeMap<(SessionId, &NodeName, Measure), Latest> = BTreeMap::new();
         for sync in all {
             for (id, facts) in &sync.samples {
-                let key = (*id, &sync.node);
-                cpu.insert(key, Stored::and(cpu.get(&key).copied(), facts.cpu));
-                if let Some(reading) = facts.gpu {
-                    gpu.insert(key, Stored::and(gpu.get(&key).copied(), reading));
+                let readings = [(Measure::Cpu, Some(facts.cpu)), (Measure::Gpu, facts.gpu)];
+                for (measure, reading) in readings {
+                    if let Some(reading) = reading {
+                        let key = (*id, &sync.node, measure);
+                        latest.insert(key, Latest::and(latest.get(&key).copied(), reading));
+                    }
                 }
             }
         }
+        let now = all
+            .iter()
+            .flat_map(|sync| sync.samples.iter().map(|(_, facts)| facts.cpu.sampled_at))
+            .max()
+            .unwrap_or_default();
         // Not under the site's write lock (PostgreSQL's advisory lock; SQLite has one writer
         // anyway): what a sample decides (which sessions are on the node that sampled them)
         // moves nothing of the site, and a session that left its node after the check has a
         // reading from its container of a moment ago, as had the sample come just before it
         // left. Under the lock, the samples of every node's sync held up placements and creates.
         let mut tx = self.writes().begin().await?;
-        let placed = on_their_nodes(&mut tx, cpu.keys().copied()).await?;
-        if !placed.is_empty() {
+        let sampled: BTreeSet<(SessionId, &NodeName)> =
+            latest.keys().map(|&(id, node, _)| (id, node)).collect();
+        let placed = on_their_nodes(&mut tx, sampled).await?;
+        let decided = {
+            let unwritten = self
+                .samples
+                .unwritten
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            decide(&latest, &placed, &unwritten, last)
+        };
+        if !decided.rows.is_empty() {
             let mut rows = QueryBuilder::<Db>::new("WITH v (id) AS (");
-            rows.push_values(&placed, |mut row, (id, _)| {
+            rows.push_values(&decided.rows, |mut row, id| {
                 row.push_bind(id.to_string());
             });
             // `WHERE TRUE`: SQLite's parser needs one before `ON CONFLICT` after a `SELECT`.
@@ -120,28 +243,27 @@ impl SqlStore {
                  ON CONFLICT (session_id) DO NOTHING",
             );
             // Statements of the batch's length: kept out of the statement cache but for one.
-            let persistent = placed.len() == 1;
+            let persistent = decided.rows.len() == 1;
             rows.build()
                 .persistent(persistent)
                 .execute(&mut *tx)
                 .await?;
-            for (measure, readings) in [("cpu", &cpu), ("gpu", &gpu)] {
-                let readings: Vec<(SessionId, Stored)> = readings
-                    .iter()
-                    .filter(|((id, node), _)| placed.get(id) == Some(*node))
-                    .map(|((id, _), stored)| (*id, *stored))
-                    .collect();
-                store_readings(&mut tx, measure, &readings).await?;
-            }
         }
+        store_readings(&mut tx, Measure::Cpu, &decided.cpu).await?;
+        store_readings(&mut tx, Measure::Gpu, &decided.gpu).await?;
         tx.commit().await?;
+        self.samples
+            .unwritten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .after_write(&decided, now);
         Ok(all
             .iter()
             .map(|sync| {
                 let recorded = sync
                     .samples
                     .iter()
-                    .filter(|(id, _)| placed.get(id) == Some(&sync.node))
+                    .filter(|(id, _)| placed.get(id).map(|placed| &placed.node) == Some(&sync.node))
                     .count();
                 Ok(recorded)
             })
@@ -149,47 +271,116 @@ impl SqlStore {
     }
 }
 
-/// Those of the sessions `sampled` placed on the node that sampled them, with that node.
+/// Which of the `latest` readings of the sessions `placed` on the node that sampled them are
+/// written, by [`facts::reading_due`] against what is stored and left `unwritten` before, under
+/// the rules of `site` (the site's, in every sync).
+fn decide(
+    latest: &BTreeMap<(SessionId, &NodeName, Measure), Latest>,
+    placed: &HashMap<SessionId, Placed>,
+    unwritten: &Unwritten,
+    site: &NodeSamples,
+) -> Decided {
+    let mut decided = Decided::default();
+    for (&(id, node, measure), latest) in latest {
+        let Some(placed) = placed.get(&id).filter(|placed| &placed.node == node) else {
+            continue;
+        };
+        let stored = placed.stored.unwrap_or_else(|| {
+            // The readings of a session come one after the other (the map's order).
+            if decided.rows.last() != Some(&id) {
+                decided.rows.push(id);
+            }
+            StoredFacts {
+                idle_timeout: None,
+                cpu: Sampled::default(),
+                gpu: Sampled::default(),
+            }
+        });
+        let (sampled, written) = match measure {
+            Measure::Cpu => (stored.cpu, &mut decided.cpu),
+            Measure::Gpu => (stored.gpu, &mut decided.gpu),
+        };
+        let key = (id, measure);
+        let last_active = latest.active_at.max(unwritten.active.get(&key).copied());
+        let every = facts::rewritten_every(stored.idle_timeout.unwrap_or(site.idle_timeout));
+        let threshold = measure.threshold(site.thresholds);
+        if facts::reading_due(&sampled, threshold, latest.reading, last_active, every) {
+            let reading = latest.reading;
+            written.push((
+                id,
+                Latest {
+                    reading,
+                    active_at: last_active,
+                },
+            ));
+            decided.forget.push(key);
+        } else if let Some(at) = latest.active_at {
+            decided.remember.push((key, at));
+        }
+    }
+    decided
+}
+
+/// Those of the sessions `sampled` placed on the node that sampled them, with what is stored of
+/// them.
 async fn on_their_nodes<'a>(
     tx: &mut Transaction<'static, Db>,
     sampled: impl IntoIterator<Item = (SessionId, &'a NodeName)>,
-) -> StoreResult<HashMap<SessionId, NodeName>> {
+) -> StoreResult<HashMap<SessionId, Placed>> {
     let mut query = QueryBuilder::<Db>::new("WITH v (id, node) AS (");
     query.push_values(sampled, |mut row, (id, node)| {
         row.push_bind(id.to_string()).push_bind(node.as_str());
     });
-    query.push(") SELECT s.id, s.node FROM sessions s JOIN v ON v.id = s.id AND v.node = s.node");
-    let rows: Vec<(String, String)> = query
-        .build_query_as()
-        .persistent(false)
-        .fetch_all(&mut **tx)
-        .await?;
+    query.push(
+        ") SELECT s.id, s.node, l.session_id AS lifecycle, l.idle_timeout_secs, \
+         l.cpu_active_at, l.cpu_sampled_at, l.cpu_percent, \
+         l.gpu_active_at, l.gpu_sampled_at, l.gpu_percent \
+         FROM sessions s JOIN v ON v.id = s.id AND v.node = s.node \
+         LEFT JOIN session_lifecycle l ON l.session_id = s.id",
+    );
+    let rows = query.build().persistent(false).fetch_all(&mut **tx).await?;
     rows.iter()
-        .map(|(id, node)| Ok((parse(id, "session id")?, parse(node, "node name")?)))
+        .map(|row| {
+            let id = parse(&row.try_get::<String, _>("id")?, "session id")?;
+            let node = parse(&row.try_get::<String, _>("node")?, "node name")?;
+            let stored = match row.try_get::<Option<String>, _>("lifecycle")? {
+                None => None,
+                Some(_) => Some(StoredFacts {
+                    idle_timeout: row
+                        .try_get::<Option<i64>, _>("idle_timeout_secs")?
+                        .and_then(TimeDelta::try_seconds),
+                    cpu: sampled_from_row(row, Measure::Cpu)?,
+                    gpu: sampled_from_row(row, Measure::Gpu)?,
+                }),
+            };
+            Ok((id, Placed { node, stored }))
+        })
         .collect()
 }
 
-/// Stores each session's `measure` (`cpu` or `gpu`) as `readings` say: its last reading, and
-/// its last activity when it had one.
+/// Stores each session's `measure` as `readings` say: its latest reading, and its last activity
+/// when it is later than the stored one (another manager may have written a later one).
 async fn store_readings(
     tx: &mut Transaction<'static, Db>,
-    measure: &str,
-    readings: &[(SessionId, Stored)],
+    measure: Measure,
+    readings: &[(SessionId, Latest)],
 ) -> StoreResult<()> {
     if readings.is_empty() {
         return Ok(());
     }
+    let [active_at, sampled_at, percent] = measure.columns();
     let mut query = QueryBuilder::<Db>::new("WITH v (id, sampled_at, percent, active_at) AS (");
-    query.push_values(readings, |mut row, (id, stored)| {
+    query.push_values(readings, |mut row, (id, latest)| {
         row.push_bind(id.to_string())
-            .push_bind(timestamp(stored.sampled_at))
-            .push_bind(stored.percent)
-            .push_bind(stored.active_at.map(timestamp));
+            .push_bind(timestamp(latest.reading.sampled_at))
+            .push_bind(latest.reading.percent)
+            .push_bind(latest.active_at.map(timestamp));
     });
+    // Timestamps are fixed-width RFC 3339 text: their order is the text's; '' stands for none.
     query.push(format!(
-        ") UPDATE session_lifecycle SET {measure}_sampled_at = v.sampled_at, \
-         {measure}_percent = v.percent, \
-         {measure}_active_at = COALESCE(v.active_at, session_lifecycle.{measure}_active_at) \
+        ") UPDATE session_lifecycle SET {sampled_at} = v.sampled_at, {percent} = v.percent, \
+         {active_at} = NULLIF({GREATEST}(COALESCE(v.active_at, ''), \
+         COALESCE(session_lifecycle.{active_at}, '')), '') \
          FROM v WHERE session_lifecycle.session_id = v.id"
     ));
     query

@@ -148,7 +148,7 @@ impl SqlStore {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
             Together::Heartbeats => &self.beats.0.turn,
-            Together::Samples => &self.samples.0.turn,
+            Together::Samples => &self.samples.queue.0.turn,
         };
         turn.clone().lock_owned().await
     }
@@ -159,7 +159,7 @@ impl SqlStore {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
             Together::Heartbeats => self.beats.waiting().len(),
-            Together::Samples => self.samples.waiting().len(),
+            Together::Samples => self.samples.queue.waiting().len(),
         }
     }
 }
