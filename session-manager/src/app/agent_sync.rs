@@ -330,9 +330,17 @@ pub const KNOWN_FOR: Duration = Duration::from_secs(2);
 /// The last read of each node's desired state, by a long-poll or a sync, with where the node's
 /// signals stood before it ([`crate::notify::Position`]) and when it began: still what is stored
 /// while they stand there, taken as such for [`KNOWN_FOR`]; one still running is waited for.
-/// Shared by the clones of the state; one entry per node that polled or synced.
+/// Shared by the clones of the state; one entry per node that polled or synced within
+/// [`KNOWN_FOR`] (older ones, of nodes gone quiet or removed, are dropped as reads begin).
 #[derive(Debug, Default)]
-pub struct DesiredVersions(Mutex<HashMap<NodeName, Known>>);
+pub struct DesiredVersions(Mutex<Kept>);
+
+#[derive(Debug, Default)]
+struct Kept {
+    by_node: HashMap<NodeName, Known>,
+    /// When the reads older than [`KNOWN_FOR`] were last dropped.
+    pruned_at: Option<tokio::time::Instant>,
+}
 
 /// A read begun at a position, and when; its answer once done.
 #[derive(Debug)]
@@ -362,7 +370,7 @@ impl Reading {
 }
 
 impl DesiredVersions {
-    fn kept(&self) -> MutexGuard<'_, HashMap<NodeName, Known>> {
+    fn kept(&self) -> MutexGuard<'_, Kept> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -371,6 +379,7 @@ impl DesiredVersions {
     async fn at(&self, node: &NodeName, position: Position) -> Option<Read> {
         let (mut read, begun_at) = self
             .kept()
+            .by_node
             .get(node)
             .filter(|known| known.position == position && known.begun_at.elapsed() < KNOWN_FOR)
             .map(|known| (known.read.clone(), known.begun_at))?;
@@ -382,12 +391,22 @@ impl DesiredVersions {
     /// Begins a read of `node`'s desired state, after its signals stood at `position`.
     fn begin(&self, node: &NodeName, position: Position) -> Reading {
         let (answer, read) = watch::channel(None);
+        let now = tokio::time::Instant::now();
         let known = Known {
             position,
             read,
-            begun_at: tokio::time::Instant::now(),
+            begun_at: now,
         };
-        self.kept().insert(node.clone(), known);
+        let mut kept = self.kept();
+        kept.by_node.insert(node.clone(), known);
+        if kept
+            .pruned_at
+            .is_none_or(|pruned| now.duration_since(pruned) >= KNOWN_FOR)
+        {
+            kept.by_node
+                .retain(|_, known| now.duration_since(known.begun_at) < KNOWN_FOR);
+            kept.pruned_at = Some(now);
+        }
         Reading(answer)
     }
 }
@@ -644,6 +663,11 @@ mod tests {
         known.begin(&node, notified).done(&v1);
         tokio::time::advance(KNOWN_FOR).await;
         assert_eq!(known.at(&node, notified).await, None, "read too long ago");
+        // Reads too long ago are dropped as others begin: a node gone quiet or removed keeps
+        // nothing.
+        known.begin(&other, read_at).done(&v1);
+        let kept: Vec<NodeName> = known.kept().by_node.keys().cloned().collect();
+        assert_eq!(kept, [other]);
     }
 
     /// A session's report calls for a round only when the session took or gave back GPUs.
