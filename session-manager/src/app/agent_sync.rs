@@ -330,8 +330,9 @@ pub const KNOWN_FOR: Duration = Duration::from_secs(2);
 /// The last read of each node's desired state, by a long-poll or a sync, with where the node's
 /// signals stood before it ([`crate::notify::Position`]) and when it began: still what is stored
 /// while they stand there, taken as such for [`KNOWN_FOR`]; one still running is waited for.
-/// Shared by the clones of the state; one entry per node that polled or synced within
-/// [`KNOWN_FOR`] (older ones, of nodes gone quiet or removed, are dropped as reads begin).
+/// Shared by the clones of the state; one entry per node that polled or synced lately: older
+/// ones (of nodes gone quiet or removed) are dropped as reads begin, at most once per
+/// [`KNOWN_FOR`].
 #[derive(Debug, Default)]
 pub struct DesiredVersions(Mutex<Kept>);
 

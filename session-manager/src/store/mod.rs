@@ -622,8 +622,9 @@ pub trait Store: Send + Sync {
     fn set_keep_until(&self, id: SessionId, until: DateTime<Utc>)
         -> BoxFuture<'_, StoreResult<()>>;
 
-    /// Stores an agent's activity samples of sessions placed on `node` (others are ignored), as
-    /// seen at `at`; returns how many were recorded.
+    /// Records an agent's activity samples of sessions placed on `node` (others are ignored),
+    /// as seen at `at`, writing those the hold policy must see now and the others' activity with
+    /// a later one ([`crate::domain::sessions::facts::reading_due`]); how many were recorded.
     fn record_activity<'a>(
         &'a self,
         node: &'a NodeName,

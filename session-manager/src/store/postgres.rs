@@ -178,8 +178,10 @@ impl PostgresStore {
         })
     }
 
-    /// Closes every connection. Called on shutdown.
+    /// Writes the agents' activity not written yet ([`sql::samples`]), then closes every
+    /// connection. Called on shutdown.
     pub async fn close(&self) {
+        sql::samples::write_before_closing(self).await;
         self.notifier.close().await;
         self.writer.close().await;
         self.pool.close().await;

@@ -157,13 +157,15 @@ impl SqliteStore {
         })
     }
 
-    /// Closes every connection (checkpointing the WAL). Called on shutdown.
+    /// Writes the agents' activity not written yet ([`sql::samples`]), then closes every
+    /// connection (checkpointing the WAL). Called on shutdown.
     ///
     /// Waits (at most [`CLOSE_WAIT`]) for the connections still on their way back to the pool
     /// first: sqlx 0.8's `Pool::close` stops looking for idle connections once it holds every
     /// permit, and one handed back just after (its `after_release` ping still running) stays
     /// open, the WAL with it, until the pool is dropped.
     pub async fn close(&self) {
+        sql::samples::write_before_closing(self).await;
         let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
         for pool in [&self.pool, &self.writer] {
             while pool.size() as usize > pool.num_idle() && tokio::time::Instant::now() < deadline {

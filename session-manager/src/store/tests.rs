@@ -1535,7 +1535,7 @@ async fn activity_samples_written_together_each_keep_their_own_answer(backend: B
 }
 
 /// A session's samples are all recorded, but written only when the hold policy must see them:
-/// the first, one that turned busy or idle, and otherwise one a minute (a quarter of the
+/// the first, one that turned busy or idle, and otherwise one a minute (an eighth of the
 /// session's idle timeout when that is shorter). The last activity of the readings not written
 /// is written with the next one that is.
 async fn activity_samples_are_written_when_the_hold_policy_must_see_them(backend: Backend) {
@@ -1547,8 +1547,8 @@ async fn activity_samples_are_written_when_the_hold_policy_must_see_them(backend
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     let node1 = NodeName::parse("node1").unwrap();
     let mut placed = Vec::new();
-    // a: the site's idle timeout (2 hours); b: 20 seconds of its own.
-    for (name, index, idle_timeout_secs) in [("a", 1, None), ("b", 2, Some(20))] {
+    // a: the site's idle timeout (2 hours); b: 40 seconds of its own.
+    for (name, index, idle_timeout_secs) in [("a", 1, None), ("b", 2, Some(40))] {
         let new = NewSession {
             idle_timeout_secs,
             ..new_session(&alice.dn, Some(name), t(0))
@@ -1634,7 +1634,7 @@ async fn activity_samples_are_written_when_the_hold_policy_must_see_them(backend
             15,
             90.0,
             stored(15, 90.0, Some(15)),
-            "a quarter of its idle timeout",
+            "an eighth of its idle timeout",
         ),
     ]
     .map(|(id, at, percent, expected, why)| (&store, id, at, percent, expected, why));
@@ -1699,6 +1699,31 @@ async fn activity_samples_are_written_when_the_hold_policy_must_see_them(backend
         assert_eq!(facts[0].cpu, expected, "{id} at {at}: {why}");
         assert_eq!(facts[0].gpu, Sampled::default(), "{id}: no GPU reading");
     }
+    // A manager that stops writes the activity it did not write yet.
+    for at in [260, 270] {
+        let sample = ContainerActivity {
+            session_id: a,
+            sampled_at: t(at),
+            cpu_percent: 90.0,
+            gpu_percent: None,
+        };
+        let samples = [sample];
+        let recorded = store.record_activity(&node1, &samples, t(at), &lifecycle);
+        assert_eq!(recorded.await.unwrap(), 1);
+    }
+    let facts = other.lifecycle_facts(FactsScope::Session(a)).await.unwrap();
+    assert_eq!(
+        facts[0].cpu,
+        stored(260, 90.0, Some(260)),
+        "busy at 270 waits"
+    );
+    store.0.close().await;
+    let facts = other.lifecycle_facts(FactsScope::Session(a)).await.unwrap();
+    assert_eq!(
+        facts[0].cpu,
+        stored(260, 90.0, Some(270)),
+        "written as it stopped"
+    );
 }
 
 async fn nodes_keep_gpu_modes_and_mark_vanished_gpus_failed(backend: Backend) {

@@ -98,11 +98,13 @@ pub fn activity_sample(
 pub const READING_REWRITTEN_EVERY: TimeDelta = TimeDelta::minutes(1);
 
 /// How often a reading that changes nothing the policy reads is written for a session idle
-/// after `idle_timeout`: every [`READING_REWRITTEN_EVERY`], or every quarter of its idle timeout
+/// after `idle_timeout`: every [`READING_REWRITTEN_EVERY`], or every eighth of its idle timeout
 /// when that is shorter, so that its activity as stored never lags by more than a small part of
-/// the time it has.
+/// the time it has, nor by as much as `session show` waits before it calls a connected session
+/// idle (a quarter of its idle timeout, five minutes at most). The activity seen but not written
+/// is written when the manager stops; one that crashes loses at most this much of it.
 pub fn rewritten_every(idle_timeout: TimeDelta) -> TimeDelta {
-    (idle_timeout / 4).min(READING_REWRITTEN_EVERY)
+    (idle_timeout / 8).min(READING_REWRITTEN_EVERY)
 }
 
 /// Whether the `latest` reading of one measure must be written now over what is stored
@@ -111,7 +113,10 @@ pub fn rewritten_every(idle_timeout: TimeDelta) -> TimeDelta {
 /// - nothing is stored yet;
 /// - it turned active or idle: the policy counts idleness from the last activity;
 /// - the stored reading is idle and activity came since: the idle countdown starts again;
-/// - the stored one is `every` old ([`rewritten_every`]).
+/// - the stored reading is active but no activity is stored with it (the site's threshold was
+///   lowered since it was written);
+/// - the stored one is `every` old ([`rewritten_every`]; the managers' clocks are taken to agree
+///   within it).
 ///
 /// Otherwise it waits: an agent samples each container at every sync (a few seconds apart), and
 /// a site of a thousand nodes would rewrite every running session's row that often, while all
@@ -130,6 +135,7 @@ pub fn reading_due(
     let was_active = percent >= threshold;
     was_active != latest.active
         || (!was_active && last_active > stored.active_at)
+        || (was_active && stored.active_at.is_none())
         || latest.sampled_at - sampled_at >= every
 }
 
@@ -260,6 +266,10 @@ mod tests {
     fn a_reading_is_written_when_it_changes_what_the_policy_reads_or_is_a_while_old() {
         let every = rewritten_every(TimeDelta::hours(2));
         assert_eq!(every, TimeDelta::minutes(1));
+        assert!(
+            every < TimeDelta::hours(2) / 4,
+            "before `session show` calls it idle"
+        );
         let stored = |at: i64, percent: f64, active_at: Option<i64>| Sampled {
             sampled_at: Some(t(at)),
             percent: Some(percent),
@@ -290,9 +300,21 @@ mod tests {
             reading(10, false),
             Some(-50)
         ));
-        // A short idle timeout rewrites more often: at a quarter of it.
+        // At the threshold is active: busy after busy waits, idle after it is written.
+        let at_threshold = Reading {
+            percent: 5.0,
+            sampled_at: t(5),
+            active: true,
+        };
+        assert!(!due(stored(0, 5.0, Some(0)), at_threshold, Some(5)));
+        assert!(due(stored(0, 5.0, Some(0)), reading(5, false), Some(0)));
+        // Stored as busy without activity (the threshold was lowered since): written.
+        assert!(due(stored(0, 7.0, None), reading(5, true), Some(5)));
+        // Stored idle with no activity ever, activity since: written.
+        assert!(due(stored(0, 1.0, None), reading(10, false), Some(5)));
+        // A short idle timeout rewrites more often: at an eighth of it.
         assert_eq!(
-            rewritten_every(TimeDelta::seconds(20)),
+            rewritten_every(TimeDelta::seconds(40)),
             TimeDelta::seconds(5)
         );
     }

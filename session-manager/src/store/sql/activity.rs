@@ -16,13 +16,13 @@ use ongrid_core::holds::HoldReason;
 use ongrid_core::{NodeName, SessionId, Transition};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::samples::Measure;
+use super::samples::{sampled_from_row, Measure};
 use super::{
     clamp, parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore,
     GREATEST,
 };
 use crate::domain::sessions::facts::{self, FactsChange};
-use crate::domain::sessions::holds::{due_hold, LifecycleConfig, LifecycleFacts, Sampled};
+use crate::domain::sessions::holds::{due_hold, LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::SessionRecord;
 use crate::store::{FactsScope, StoreError, StoreResult};
 
@@ -352,20 +352,5 @@ fn facts_from_row(row: &DbRow) -> StoreResult<LifecycleFacts> {
         gpu: sampled_from_row(row, Measure::Gpu)?,
         keep_until: time("keep_until")?,
         open_connections: Vec::new(),
-    })
-}
-
-/// The stored `measure` of a `session_lifecycle` row.
-pub(super) fn sampled_from_row(row: &DbRow, measure: Measure) -> StoreResult<Sampled> {
-    let [active_at, sampled_at, percent] = measure.columns();
-    let time = |column: &str| -> StoreResult<Option<DateTime<Utc>>> {
-        row.try_get::<Option<String>, _>(column)?
-            .map(|t| parse_timestamp(&t))
-            .transpose()
-    };
-    Ok(Sampled {
-        active_at: time(active_at)?,
-        sampled_at: time(sampled_at)?,
-        percent: row.try_get(percent)?,
     })
 }

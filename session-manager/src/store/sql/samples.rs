@@ -7,10 +7,11 @@
 //! Every agent samples its running containers at nearly every sync, so a site of 1,000 nodes
 //! sends thousands of samples a second. Only those the hold policy must see now are written
 //! ([`facts::reading_due`]): a reading that turned active or idle, activity after an idle one,
-//! and otherwise one a minute per session. The last activity seen but not written is kept in
-//! memory ([`Samples`]) and written with the next reading that is: a session busy until a
-//! moment ago is stored as busy until then. The samples are written outside the site's write
-//! lock ([`SqlStore::write_samples`]).
+//! and otherwise one a minute per session (less for a short idle timeout,
+//! [`facts::rewritten_every`]). The last activity seen but not written is kept in memory
+//! ([`Samples`]) and written with the next reading that is, and when the store closes
+//! ([`SqlStore::write_unwritten`]): a session busy until a moment ago is stored as busy until
+//! then. The samples are written outside the site's write lock ([`SqlStore::write_samples`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,9 +21,8 @@ use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{NodeName, SessionId};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::activity::sampled_from_row;
 use super::together::WriteQueue;
-use super::{parse, timestamp, Db, SqlStore, GREATEST};
+use super::{parse, parse_timestamp, timestamp, Db, DbRow, SqlStore, GREATEST};
 use crate::domain::sessions::facts::{self, Reading, SampleFacts};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, Sampled};
 use crate::store::StoreResult;
@@ -60,8 +60,10 @@ impl Unwritten {
         }
         let every = facts::READING_REWRITTEN_EVERY;
         if self.pruned_at.is_none_or(|pruned| now - pruned >= every) {
-            // A session still sampled has had a reading written within `every`, which took its
-            // unwritten activity with it.
+            // Activity this old is stored: a session sampled here since had a reading written
+            // here within `every`, which took it with it; one whose samples went to another
+            // manager had its readings written there, busy or turned idle, at the same pace.
+            // A sample's time is the manager's clock: one that goes back prunes later.
             self.active.retain(|_, at| now - *at < every * 2);
             self.pruned_at = Some(now);
         }
@@ -271,6 +273,65 @@ impl SqlStore {
     }
 }
 
+impl SqlStore {
+    /// Writes the activity this store received and did not write yet (the last active reading
+    /// of each session and measure), so that a manager that stops loses none of it; called as
+    /// the store closes, once nothing samples any more. How many were written.
+    pub(super) async fn write_unwritten(&self) -> StoreResult<usize> {
+        let unwritten: Vec<((SessionId, Measure), DateTime<Utc>)> = self
+            .samples
+            .unwritten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .active
+            .drain()
+            .collect();
+        if unwritten.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.writes().begin().await?;
+        for measure in [Measure::Cpu, Measure::Gpu] {
+            let active: Vec<(SessionId, DateTime<Utc>)> = unwritten
+                .iter()
+                .filter(|((_, of), _)| *of == measure)
+                .map(|&((id, _), at)| (id, at))
+                .collect();
+            if active.is_empty() {
+                continue;
+            }
+            let [active_at, ..] = measure.columns();
+            let mut query = QueryBuilder::<Db>::new("WITH v (id, active_at) AS (");
+            query.push_values(&active, |mut row, (id, at)| {
+                row.push_bind(id.to_string()).push_bind(timestamp(*at));
+            });
+            query.push(format!(
+                ") UPDATE session_lifecycle SET {active_at} = {} \
+                 FROM v WHERE session_lifecycle.session_id = v.id",
+                later_activity(active_at)
+            ));
+            query.build().persistent(false).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(unwritten.len())
+    }
+}
+
+/// [`SqlStore::write_unwritten`] as `store` closes; what cannot be written is logged, lost.
+pub async fn write_before_closing(store: &SqlStore) {
+    match store.write_unwritten().await {
+        Ok(0) => {}
+        Ok(written) => {
+            tracing::info!(
+                written,
+                "Activity not written yet written as the store closes."
+            );
+        }
+        Err(error) => {
+            tracing::warn!(%error, "The activity not written yet could not be written as the store closes; the sessions it kept busy may be held up to a minute early.");
+        }
+    }
+}
+
 /// Which of the `latest` readings of the sessions `placed` on the node that sampled them are
 /// written, by [`facts::reading_due`] against what is stored and left `unwritten` before, under
 /// the rules of `site` (the site's, in every sync).
@@ -376,12 +437,10 @@ async fn store_readings(
             .push_bind(latest.reading.percent)
             .push_bind(latest.active_at.map(timestamp));
     });
-    // Timestamps are fixed-width RFC 3339 text: their order is the text's; '' stands for none.
     query.push(format!(
         ") UPDATE session_lifecycle SET {sampled_at} = v.sampled_at, {percent} = v.percent, \
-         {active_at} = NULLIF({GREATEST}(COALESCE(v.active_at, ''), \
-         COALESCE(session_lifecycle.{active_at}, '')), '') \
-         FROM v WHERE session_lifecycle.session_id = v.id"
+         {active_at} = {} FROM v WHERE session_lifecycle.session_id = v.id",
+        later_activity(active_at)
     ));
     query
         .build()
@@ -389,4 +448,29 @@ async fn store_readings(
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// The later of `v.active_at` and the stored `active_at` column, for an `UPDATE` of
+/// `session_lifecycle` from a `VALUES` list `v`: another manager may have written a later one.
+/// Timestamps are fixed-width RFC 3339 text, so their order is the text's; `''` stands for none.
+fn later_activity(active_at: &str) -> String {
+    format!(
+        "NULLIF({GREATEST}(COALESCE(v.active_at, ''), \
+         COALESCE(session_lifecycle.{active_at}, '')), '')"
+    )
+}
+
+/// The stored `measure` of a `session_lifecycle` row.
+pub(super) fn sampled_from_row(row: &DbRow, measure: Measure) -> StoreResult<Sampled> {
+    let [active_at, sampled_at, percent] = measure.columns();
+    let time = |column: &str| -> StoreResult<Option<DateTime<Utc>>> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|t| parse_timestamp(&t))
+            .transpose()
+    };
+    Ok(Sampled {
+        active_at: time(active_at)?,
+        sampled_at: time(sampled_at)?,
+        percent: row.try_get(percent)?,
+    })
 }
