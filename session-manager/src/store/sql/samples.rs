@@ -139,7 +139,7 @@ struct Placed {
     stored: Option<StoredFacts>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct StoredFacts {
     idle_timeout: Option<TimeDelta>,
     cpu: Sampled,
@@ -271,9 +271,7 @@ impl SqlStore {
             })
             .collect())
     }
-}
 
-impl SqlStore {
     /// Writes the activity this store received and did not write yet (the last active reading
     /// of each session and measure), so that a manager that stops loses none of it; called as
     /// the store closes, once nothing samples any more. How many were written.
@@ -346,17 +344,11 @@ fn decide(
         let Some(placed) = placed.get(&id).filter(|placed| &placed.node == node) else {
             continue;
         };
-        let stored = placed.stored.unwrap_or_else(|| {
-            // The readings of a session come one after the other (the map's order).
-            if decided.rows.last() != Some(&id) {
-                decided.rows.push(id);
-            }
-            StoredFacts {
-                idle_timeout: None,
-                cpu: Sampled::default(),
-                gpu: Sampled::default(),
-            }
-        });
+        // The readings of a session come one after the other (the map's order).
+        if placed.stored.is_none() && decided.rows.last() != Some(&id) {
+            decided.rows.push(id);
+        }
+        let stored = placed.stored.unwrap_or_default();
         let (sampled, written) = match measure {
             Measure::Cpu => (stored.cpu, &mut decided.cpu),
             Measure::Gpu => (stored.gpu, &mut decided.gpu),
