@@ -220,12 +220,13 @@ fn body(job: &TargetJob, config: &SlurmConfig) -> String {
          # The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its\n\
          # owner) reaches this shell only: pass it on once.\n\
          trap 'kill -USR1 \"$child\" 2>/dev/null' USR1\n\
-         while :; do\n\
+         # A trapped signal ends a wait early, with 128 + its number; the command may end while\n\
+         # the trap runs. The last wait gives its own exit code, which the shell keeps.\n\
+         while kill -0 \"$child\" 2>/dev/null; do\n\
          \x20 wait \"$child\"\n\
-         \x20 code=$?\n\
-         \x20 kill -0 \"$child\" 2>/dev/null || break\n\
          done\n\
-         exit \"$code\"\n",
+         wait \"$child\"\n\
+         exit $?\n",
     );
     text
 }
@@ -388,7 +389,75 @@ mod tests {
         assert!(text.contains("ongrid_id='00000000-0000-0000-0000-000000000007'\n"));
         assert!(text.contains("export ONGRID_JOB_ID=\"$ongrid_id\"\n"));
         assert!(text.contains("trap 'kill -USR1 \"$child\" 2>/dev/null' USR1"));
-        assert!(text.ends_with("exit \"$code\"\n"));
+        assert!(text.ends_with("wait \"$child\"\nexit $?\n"));
+    }
+
+    /// The script run by bash as Slurm would, with an apptainer stand-in that runs the command;
+    /// `slow_kill` makes the halt trap's `kill` take half a second, so the command ends while
+    /// the trap runs. The script's exit status and output.
+    fn run_script(command: &str, halt: bool, slow_kill: bool) -> (Option<i32>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let stand_in = dir.path().join("apptainer");
+        std::fs::write(
+            &stand_in,
+            "#!/bin/sh\n[ \"$1\" = exec ] || exit 99\nshift 3\nexec \"$@\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &stand_in,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let mut job = job(JobSpecFile::default());
+        job.spec.command =
+            ongrid_core::job::Command::new(vec!["sh".into(), "-c".into(), command.into()]).unwrap();
+        let config = SlurmConfig {
+            apptainer: stand_in.display().to_string(),
+            output_dir: dir.path().into(),
+            ..config()
+        };
+        let path = dir.path().join("job.sh");
+        std::fs::write(&path, script(&job, &config).unwrap()).unwrap();
+        let mut bash = std::process::Command::new("bash");
+        bash.arg(&path).env("SLURM_JOB_ID", "1");
+        if slow_kill {
+            bash.env(
+                "BASH_FUNC_kill%%",
+                "() { builtin kill \"$@\"; local sent=$?; sleep 0.5; return $sent; }",
+            );
+        }
+        let mut child = bash.spawn().unwrap();
+        let output = dir.path().join("slurm-1-0.out");
+        let read = || std::fs::read_to_string(&output).unwrap_or_default();
+        if halt {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !read().contains("waiting") {
+                assert!(std::time::Instant::now() < deadline, "{}", read());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let sent = std::process::Command::new("kill")
+                .args(["-USR1", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+        }
+        let status = child.wait().unwrap();
+        (status.code(), read())
+    }
+
+    #[test]
+    fn the_script_exits_with_the_commands_code_even_when_it_ends_during_the_halt_trap() {
+        let halted = "trap 'echo got USR1; exit 123' USR1; echo waiting; \
+                      while :; do sleep 0.05; done";
+        for slow_kill in [false, true] {
+            let (code, output) = run_script(halted, true, slow_kill);
+            assert_eq!(code, Some(123), "slow kill {slow_kill}: {output}");
+            assert_eq!(output.matches("got USR1").count(), 1, "{output}");
+        }
+        assert_eq!(run_script("echo done; exit 7", false, false).0, Some(7));
+        // A command that ignores the halt signal runs on to its own end.
+        let ignored = "trap '' USR1; echo waiting; sleep 1; exit 5";
+        assert_eq!(run_script(ignored, true, true).0, Some(5));
     }
 
     #[test]
