@@ -19,9 +19,9 @@ use super::input::Unpinned;
 use super::{Round, Scheduler, TickReport};
 use crate::domain::jobs::{self, JobChange, JobRecord};
 use crate::domain::sessions::{queue, Change};
-use crate::store::StoreResult;
+use crate::store::{StoreError, StoreResult};
 
-/// A placement the plan decided, stored with the round's others ([`Scheduler::place_all`]).
+/// A placement the plan decided, stored with the round's others ([`Scheduler::store_round`]).
 struct Placing {
     session: SessionId,
     node: NodeName,
@@ -29,7 +29,7 @@ struct Placing {
     on_mig: bool,
 }
 
-/// A job's change the plan decided, stored with the round's others ([`Scheduler::change_jobs`]).
+/// A job's change the plan decided, stored with the round's others ([`Scheduler::store_round`]).
 struct JobMove {
     job: JobId,
     change: JobChange,
@@ -133,11 +133,12 @@ impl Scheduler {
                 .into_iter()
                 .filter_map(|action| mig_job_move(round, action)),
         );
-        for moved in self.change_jobs(moves).await? {
+        let (places, moves) = self.store_round(places, moves).await?;
+        for moved in moves {
             moved.log();
             report.jobs += 1;
         }
-        for placing in self.place_all(places).await? {
+        for placing in places {
             if placing.on_mig {
                 tracing::info!(session_id = %placing.session, node = %placing.node, "Session placed on a MIG device.");
                 placed.insert(placing.session);
@@ -149,62 +150,58 @@ impl Scheduler {
         Ok(placed)
     }
 
-    /// Stores the round's placements in one write, and wakes each placed session's node;
-    /// returns those stored (a session removed or changed meanwhile is skipped).
-    async fn place_all(&self, places: Vec<Placing>) -> StoreResult<Vec<Placing>> {
-        if places.is_empty() {
-            return Ok(places);
-        }
-        let changes = places
+    /// Stores the round's placements and job changes in one write, and wakes the node of each
+    /// one stored (the whole site for a job on none); returns those stored (a session or job
+    /// removed or changed meanwhile is skipped).
+    async fn store_round(
+        &self,
+        places: Vec<Placing>,
+        moves: Vec<JobMove>,
+    ) -> StoreResult<(Vec<Placing>, Vec<JobMove>)> {
+        let sessions = places
             .iter()
             .map(|p| (p.session, p.change.clone()))
             .collect();
-        let outcomes = self.store.transition_all(changes).await?;
-        let mut stored = Vec::with_capacity(places.len());
-        for (placing, outcome) in places.into_iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => {
-                    if let Some(changes) = &self.changes {
-                        changes.node(&placing.node);
-                    }
-                    stored.push(placing);
-                }
-                Err(error) => {
-                    tracing::debug!(session_id = %placing.session, %error, "Skipping a session that changed meanwhile.");
-                }
-            }
-        }
-        Ok(stored)
-    }
-
-    /// Stores the round's job changes in one write, and wakes each changed job's node (the
-    /// whole site for a job on none); returns those stored (a job removed or changed meanwhile
-    /// is skipped).
-    async fn change_jobs(&self, moves: Vec<JobMove>) -> StoreResult<Vec<JobMove>> {
-        if moves.is_empty() {
-            return Ok(moves);
-        }
-        let changes = moves
+        let jobs = moves
             .iter()
             .map(|m| (m.job, m.change.clone(), None))
             .collect();
-        let outcomes = self.store.job_transition_all(changes).await?;
-        let mut stored = Vec::with_capacity(moves.len());
-        for (moved, outcome) in moves.into_iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => {
-                    if let Some(changes) = &self.changes {
-                        changes.node_or_site(moved.node.as_ref());
-                    }
-                    stored.push(moved);
-                }
-                Err(error) => {
-                    tracing::debug!(job_id = %moved.job, %error, "Skipping a job that changed meanwhile.");
-                }
+        let outcomes = self.store.round_changes(sessions, jobs).await?;
+        let placed = stored(places, outcomes.sessions, |placing, error| {
+            tracing::debug!(session_id = %placing.session, %error, "Skipping a session that changed meanwhile.");
+        });
+        let moved = stored(moves, outcomes.jobs, |moved, error| {
+            tracing::debug!(job_id = %moved.job, %error, "Skipping a job that changed meanwhile.");
+        });
+        if let Some(changes) = &self.changes {
+            for placing in &placed {
+                changes.node(&placing.node);
+            }
+            for moved in &moved {
+                changes.node_or_site(moved.node.as_ref());
             }
         }
-        Ok(stored)
+        Ok((placed, moved))
     }
+}
+
+/// The items whose change was stored, in order; `skipped` is told of each other one.
+fn stored<T>(
+    items: Vec<T>,
+    outcomes: Vec<StoreResult<()>>,
+    skipped: impl Fn(&T, &StoreError),
+) -> Vec<T> {
+    items
+        .into_iter()
+        .zip(outcomes)
+        .filter_map(|(item, outcome)| match outcome {
+            Ok(()) => Some(item),
+            Err(error) => {
+                skipped(&item, &error);
+                None
+            }
+        })
+        .collect()
 }
 
 /// Adds an action of the plan to what the round stores: a placement to `places`, a job's

@@ -177,6 +177,13 @@ pub struct NodeRegistration {
     pub start_modes: std::collections::BTreeMap<GpuUuid, GpuMode>,
 }
 
+/// Each change's outcome of [`Store::round_changes`], in the order given.
+#[derive(Debug, Default)]
+pub struct RoundOutcomes {
+    pub sessions: Vec<StoreResult<()>>,
+    pub jobs: Vec<StoreResult<()>>,
+}
+
 /// How many sessions and jobs are in each state, and the GPUs they hold
 /// ([`Store::state_counts`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -412,6 +419,16 @@ pub trait Store: Send + Sync {
         &self,
         changes: Vec<(SessionId, Change)>,
     ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>>;
+
+    /// A scheduling round's decisions in one write: its placements, as
+    /// [`Store::transition_all`] applies them, and its job changes, as
+    /// [`Store::job_transition_all`] does. One write, so the placements wait for the store's
+    /// writer once, and the agents they wake learn of the round's jobs with them.
+    fn round_changes(
+        &self,
+        sessions: Vec<(SessionId, Change)>,
+        jobs: Vec<(JobId, JobChange, Option<NewJob>)>,
+    ) -> BoxFuture<'_, StoreResult<RoundOutcomes>>;
 
     /// Applies `change` through the session's [`ongrid_core::Lifecycle`] and stores it.
     fn transition(

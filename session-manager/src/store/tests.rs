@@ -192,6 +192,7 @@ backend_tests!(
     sessions_and_jobs_are_counted_by_state,
     changes_stored_together_skip_the_refused_ones,
     changes_stored_together_each_set_their_own_session,
+    a_rounds_placements_and_job_changes_are_stored_in_one_write,
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
     a_session_is_created_with_its_own_lifecycle_limits,
@@ -682,6 +683,79 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
         assert_eq!(states, expected);
     }
     assert!(store.transition_all(Vec::new()).await.unwrap().is_empty());
+}
+
+/// A round's placements and job changes stored in one write: each one allowed is stored and
+/// read for planning after it; a refused one of either kind is answered as refused and nothing
+/// of it is written; a round with nothing to store writes nothing.
+async fn a_rounds_placements_and_job_changes_are_stored_in_one_write(backend: Backend) {
+    use crate::domain::jobs;
+    use ongrid_core::job::JobState;
+
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let node = NodeName::parse("node1").unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    let session = create(&store, &alice.dn, Some("a"), t(1)).await;
+    let job = queued_job(&store, t(1), None).await;
+    // Read for planning before the write, so the reads after it are of the changes since.
+    assert_eq!(store.planning_sessions().await.unwrap().len(), 1);
+    assert_eq!(store.planning_jobs().await.unwrap().len(), 1);
+    let (unknown_session, unknown_job) = (SessionId::new_random(), JobId::new_random());
+    let outcomes = store
+        .round_changes(
+            vec![
+                (
+                    session.id,
+                    change(SessionState::Starting, t(2), "placed", on_node1(&gpu(1))),
+                ),
+                (
+                    unknown_session,
+                    change(SessionState::Starting, t(2), "placed", on_node1(&gpu(1))),
+                ),
+            ],
+            vec![
+                (
+                    unknown_job,
+                    jobs::cancel_by_owner(&job, t(2)).unwrap(),
+                    None,
+                ),
+                (
+                    job.id,
+                    jobs::start(&job, node.clone(), vec![GpuId::from(gpu(2).uuid)], t(2)).unwrap(),
+                    None,
+                ),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(outcomes.sessions[0].is_ok(), "{outcomes:?}");
+    assert!(
+        matches!(outcomes.sessions[1], Err(StoreError::NoSuchSession(id)) if id == unknown_session)
+    );
+    assert!(matches!(outcomes.jobs[0], Err(StoreError::NoSuchJob(id)) if id == unknown_job));
+    assert!(outcomes.jobs[1].is_ok(), "{outcomes:?}");
+    assert_eq!((outcomes.sessions.len(), outcomes.jobs.len()), (2, 2));
+
+    let placed = store.session(session.id).await.unwrap().unwrap();
+    assert_eq!(
+        (placed.state, placed.node.as_ref()),
+        (SessionState::Starting, Some(&node))
+    );
+    let started = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(
+        (started.state(), started.node.as_ref()),
+        (JobState::Running, Some(&node))
+    );
+    assert!(store.session(unknown_session).await.unwrap().is_none());
+    assert!(store.job(unknown_job).await.unwrap().is_none());
+    let planned = store.planning_sessions().await.unwrap();
+    assert_eq!(planned[0].state, SessionState::Starting);
+    let planned = store.planning_jobs().await.unwrap();
+    assert_eq!(planned[0].state(), JobState::Running);
+
+    let none = store.round_changes(Vec::new(), Vec::new()).await.unwrap();
+    assert!(none.sessions.is_empty() && none.jobs.is_empty());
 }
 
 /// Changes stored in one write set each session's own state, reason and placement: a round's

@@ -156,34 +156,7 @@ impl SqlStore {
             return Ok(Vec::new());
         }
         let mut tx = self.write().await?;
-        let ids: Vec<JobId> = changes.iter().map(|(id, ..)| *id).collect();
-        let mut lifecycles = job_history::lifecycles(&mut tx, &ids).await?;
-        let mut writes = JobWrites::default();
-        let mut outcomes = Vec::with_capacity(changes.len());
-        for (id, change, next) in changes {
-            // A refusal is decided before anything of the change is added to the writes.
-            let Some(lifecycle) = lifecycles.get_mut(&id) else {
-                outcomes.push(Err(StoreError::NoSuchJob(id)));
-                continue;
-            };
-            let seq = lifecycle.history().len();
-            let transition = match lifecycle.transition(change.to, change.at, change.reason.clone())
-            {
-                Ok(transition) => transition,
-                Err(refused) => {
-                    outcomes.push(Err(refused.into()));
-                    continue;
-                }
-            };
-            writes.push_transition(id, seq, transition)?;
-            writes.set_state(id, &change, next.as_ref().map(|n| n.id))?;
-            if let Some(next) = &next {
-                let created = writes.push_job(next)?;
-                lifecycles.insert(next.id, created);
-            }
-            outcomes.push(Ok(()));
-        }
-        writes.insert(&mut tx).await?;
+        let outcomes = job_transitions_in(&mut tx, changes).await?;
         tx.commit().await?;
         Ok(outcomes)
     }
@@ -266,6 +239,45 @@ impl SqlStore {
             .await?;
         Ok(())
     }
+}
+
+/// Applies each job change through its job's replayed lifecycle in the write `tx`
+/// ([`SqlStore::job_transition_all`]); each change's outcome, in order.
+pub(super) async fn job_transitions_in(
+    tx: &mut Transaction<'static, Db>,
+    changes: Vec<(JobId, JobChange, Option<NewJob>)>,
+) -> StoreResult<Vec<StoreResult<()>>> {
+    if changes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<JobId> = changes.iter().map(|(id, ..)| *id).collect();
+    let mut lifecycles = job_history::lifecycles(tx, &ids).await?;
+    let mut writes = JobWrites::default();
+    let mut outcomes = Vec::with_capacity(changes.len());
+    for (id, change, next) in changes {
+        // A refusal is decided before anything of the change is added to the writes.
+        let Some(lifecycle) = lifecycles.get_mut(&id) else {
+            outcomes.push(Err(StoreError::NoSuchJob(id)));
+            continue;
+        };
+        let seq = lifecycle.history().len();
+        let transition = match lifecycle.transition(change.to, change.at, change.reason.clone()) {
+            Ok(transition) => transition,
+            Err(refused) => {
+                outcomes.push(Err(refused.into()));
+                continue;
+            }
+        };
+        writes.push_transition(id, seq, transition)?;
+        writes.set_state(id, &change, next.as_ref().map(|n| n.id))?;
+        if let Some(next) = &next {
+            let created = writes.push_job(next)?;
+            lifecycles.insert(next.id, created);
+        }
+        outcomes.push(Ok(()));
+    }
+    writes.insert(tx).await?;
+    Ok(outcomes)
 }
 
 /// Deletes the jobs `(id, chain_initial)` with their histories and grid rows, one statement per

@@ -48,7 +48,8 @@ use crate::domain::users::{Removal, Removed};
 use crate::store::{
     AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, Heartbeat, ImageDeleted, ImageFilter,
     JobFilter, KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration,
-    PlanningNodes, SessionFilter, StateCounts, Store, StoreError, StoreResult, UserRecord,
+    PlanningNodes, RoundOutcomes, SessionFilter, StateCounts, Store, StoreError, StoreResult,
+    UserRecord,
 };
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -210,39 +211,26 @@ impl SqlStore {
         changes: Vec<(SessionId, Change)>,
     ) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.write().await?;
-        let mut outcomes = Vec::with_capacity(changes.len());
-        let ids: Vec<SessionId> = changes.iter().map(|(id, _)| *id).collect();
-        let mut lifecycles = history::lifecycles(&mut tx, &ids).await?;
-        let mut stamp = planning::Stamp::default();
-        let mut rows = history::NewRows::default();
-        for (id, change) in changes {
-            // A session changed twice is read again, its first change's row and state written.
-            let lifecycle = match lifecycles.remove(&id) {
-                Some(lifecycle) => Ok(lifecycle),
-                None => {
-                    rows.insert(&mut tx).await?;
-                    history::lifecycle_of(id, load_transitions(&mut tx, id).await?)
-                }
-            };
-            // A refusal is decided before anything of the change is written.
-            let changed = match lifecycle {
-                Ok(mut lifecycle) => {
-                    change_lifecycle(&mut tx, id, &mut lifecycle, change, &mut stamp, &mut rows)
-                        .await
-                }
-                Err(error) => Err(error),
-            };
-            match changed {
-                Ok(_) => outcomes.push(Ok(())),
-                Err(
-                    refused @ (StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_)),
-                ) => outcomes.push(Err(refused)),
-                Err(other) => return Err(other),
-            }
-        }
-        rows.insert(&mut tx).await?;
+        let outcomes = transitions_in(&mut tx, changes).await?;
         tx.commit().await?;
         Ok(outcomes)
+    }
+
+    /// A scheduling round's placements and job changes in one write
+    /// ([`crate::store::Store::round_changes`]).
+    async fn round_changes(
+        &self,
+        sessions: Vec<(SessionId, Change)>,
+        jobs: Vec<(JobId, JobChange, Option<NewJob>)>,
+    ) -> StoreResult<RoundOutcomes> {
+        if sessions.is_empty() && jobs.is_empty() {
+            return Ok(RoundOutcomes::default());
+        }
+        let mut tx = self.write().await?;
+        let sessions = transitions_in(&mut tx, sessions).await?;
+        let jobs = jobs::job_transitions_in(&mut tx, jobs).await?;
+        tx.commit().await?;
+        Ok(RoundOutcomes { sessions, jobs })
     }
 
     async fn register_node(
@@ -484,6 +472,10 @@ impl Store for SqlStore {
         fn transitions(id: SessionId) -> Vec<Transition>;
         fn transition(id: SessionId, change: Change) -> SessionRecord;
         fn transition_all(changes: Vec<(SessionId, Change)>) -> Vec<StoreResult<()>>;
+        fn round_changes(
+            sessions: Vec<(SessionId, Change)>,
+            jobs: Vec<(JobId, JobChange, Option<NewJob>)>,
+        ) -> RoundOutcomes;
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes(seen_since: DateTime<Utc>) -> PlanningNodes;
@@ -703,6 +695,45 @@ async fn apply_change(
         change_lifecycle(tx, id, &mut lifecycle, change, &mut stamp, &mut rows).await?;
     rows.insert(tx).await?;
     Ok(transition)
+}
+
+/// Applies each change through its session's replayed lifecycle in the write `tx`
+/// ([`crate::store::Store::transition_all`]); each change's outcome, in order.
+async fn transitions_in(
+    tx: &mut Transaction<'static, Db>,
+    changes: Vec<(SessionId, Change)>,
+) -> StoreResult<Vec<StoreResult<()>>> {
+    let mut outcomes = Vec::with_capacity(changes.len());
+    let ids: Vec<SessionId> = changes.iter().map(|(id, _)| *id).collect();
+    let mut lifecycles = history::lifecycles(tx, &ids).await?;
+    let mut stamp = planning::Stamp::default();
+    let mut rows = history::NewRows::default();
+    for (id, change) in changes {
+        // A session changed twice is read again, its first change's row and state written.
+        let lifecycle = match lifecycles.remove(&id) {
+            Some(lifecycle) => Ok(lifecycle),
+            None => {
+                rows.insert(tx).await?;
+                history::lifecycle_of(id, load_transitions(tx, id).await?)
+            }
+        };
+        // A refusal is decided before anything of the change is written.
+        let changed = match lifecycle {
+            Ok(mut lifecycle) => {
+                change_lifecycle(tx, id, &mut lifecycle, change, &mut stamp, &mut rows).await
+            }
+            Err(error) => Err(error),
+        };
+        match changed {
+            Ok(_) => outcomes.push(Ok(())),
+            Err(refused @ (StoreError::InvalidTransition(_) | StoreError::NoSuchSession(_))) => {
+                outcomes.push(Err(refused))
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    rows.insert(tx).await?;
+    Ok(outcomes)
 }
 
 /// [`apply_change`] to the session's `lifecycle` as stored, stamped with the write's `stamp`. Its
