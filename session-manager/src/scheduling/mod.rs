@@ -266,7 +266,7 @@ impl Scheduler {
                 () = self.wake.notified() => {}
                 () = jumped => {}
             }
-            match self.tick(self.clock.now()).await {
+            match self.tick_now().await {
                 Ok(report) if report != TickReport::default() => {
                     tracing::debug!(
                         placed = report.placed,
@@ -300,6 +300,13 @@ impl Scheduler {
     pub async fn tick(&self, now: DateTime<Utc>) -> StoreResult<TickReport> {
         let mut halt_waits = self.tick_lock.lock().await;
         self.round(&mut halt_waits, now).await
+    }
+
+    /// A round at the time it starts, once the round under way (a request's) has ended: the
+    /// time its changes are stored with is never one from before it began.
+    async fn tick_now(&self) -> StoreResult<TickReport> {
+        let mut halt_waits = self.tick_lock.lock().await;
+        self.round(&mut halt_waits, self.clock.now()).await
     }
 
     /// A round that starts after this call: what a request that just committed a change needs

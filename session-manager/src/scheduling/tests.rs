@@ -538,3 +538,53 @@ async fn with_a_shared_work_dir_a_requeued_job_may_start_anywhere() {
     let waiting = stored_job(&f, next.id).await;
     assert_eq!(waiting.state(), JobState::Queued);
 }
+
+/// The loop's round stores its changes at the time it starts: one that waited for the round
+/// under way (a request's) does not date them from before it began.
+#[tokio::test]
+async fn the_loops_round_takes_its_time_once_it_starts() {
+    let (_dir, store) = fixtures::sqlite().await;
+    let owner = Dn::parse("/DC=org/CN=Alice").unwrap();
+    store.user(&owner, 20_000).await.unwrap();
+    store
+        .register_node(fixtures::registration("node1"), &[gpu(1)], t0())
+        .await
+        .unwrap();
+    let clock = Arc::new(ManualClock::new(t0()));
+    let wake = Arc::new(Notify::new());
+    let scheduler = Arc::new(Scheduler::new(
+        store.clone(),
+        clock.clone(),
+        TIMEOUT,
+        wake.clone(),
+    ));
+    let session = store
+        .create_session(fixtures::new_session(&owner, t0()))
+        .await
+        .unwrap();
+    let under_way = scheduler.tick_lock.lock().await;
+    let mut ticks = scheduler.ticks();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(
+        scheduler
+            .clone()
+            .run(Duration::from_secs(3600), shutdown.clone()),
+    );
+    // Woken (as a request does) before it first looks; this test's runtime has one thread: the
+    // loop runs its tick until it waits for the round under way.
+    wake.notify_one();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(TimeDelta::seconds(10));
+    drop(under_way);
+    ticks.changed().await.unwrap();
+    shutdown.cancel();
+    running.await.unwrap();
+    let placed = store.transitions(session.id).await.unwrap();
+    let starting = placed
+        .iter()
+        .find(|t| t.to == SessionState::Starting)
+        .expect("placed by the loop's round");
+    assert_eq!(starting.at, t0() + TimeDelta::seconds(10));
+}
