@@ -293,11 +293,7 @@ pub async fn next_desired(
                 // another replica answered it a commit this one has not heard of yet.
                 if let Some(read) = known.filter(|read| read.begun_at >= arrived) {
                     if let Some(w) = woke {
-                        tracing::debug!(
-                            answer_us = w.elapsed().as_micros() as u64,
-                            shared = true,
-                            "TIMING long-poll answered"
-                        );
+                        tracing::debug!(answer_us = w.elapsed().as_micros() as u64, shared = true, "TIMING long-poll answered");
                     }
                     return Ok(Desired::Changed(read.desired));
                 }
@@ -305,12 +301,7 @@ pub async fn next_desired(
                 let current = read_shared(state, node, changes.position()).await?;
                 if after != Some(current.version.as_str()) {
                     if let Some(w) = woke {
-                        tracing::debug!(
-                            answer_us = w.elapsed().as_micros() as u64,
-                            read_us = began.elapsed().as_micros() as u64,
-                            shared = false,
-                            "TIMING long-poll answered"
-                        );
+                        tracing::debug!(answer_us = w.elapsed().as_micros() as u64, read_us = began.elapsed().as_micros() as u64, shared = false, "TIMING long-poll answered");
                     }
                     return Ok(Desired::Changed(current));
                 }
@@ -547,58 +538,37 @@ async fn desired_state(
     node: &NodeName,
     read: NodeRead,
 ) -> Result<DesiredState, ApiError> {
-    // The node's sessions, images, GPUs and jobs are read at once: the answer waits for the
-    // slowest read, not for their sum.
-    let sessions = async {
-        match read.sessions {
-            Some(read) => Ok::<_, ApiError>(read),
-            None => {
-                let sessions = state
-                    .store
-                    .sessions(SessionFilter::Node(node.clone()))
-                    .await?;
-                let resuming = resuming(state, node, &sessions).await?;
-                Ok(NodeSessions { sessions, resuming })
-            }
+    let NodeSessions { sessions, resuming } = match read.sessions {
+        Some(read) => read,
+        None => {
+            let sessions = state
+                .store
+                .sessions(SessionFilter::Node(node.clone()))
+                .await?;
+            let resuming = resuming(state, node, &sessions).await?;
+            NodeSessions { sessions, resuming }
         }
     };
-    let images = async {
-        let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
-            .unwrap_or(chrono::TimeDelta::MAX);
-        let (building, removed): (Vec<_>, Vec<_>) = state
-            .store
-            .images(ImageFilter::ForNode {
-                node: node.clone(),
-                removed_since: state.clock.now() - retention,
-            })
-            .await?
-            .into_iter()
-            .partition(|image| image.state == ImageState::Building);
-        let removed_images = if removed.is_empty() {
-            Vec::new()
-        } else {
-            let current = state.store.images(ImageFilter::All).await?;
-            image_access::removed_docker_images(&removed, &current)
-        };
-        Ok::<_, ApiError>((building, removed_images))
-    };
-    let gpus = async { Ok::<_, ApiError>(state.store.planning_gpus(node).await?) };
-    let jobs = async {
-        Ok::<_, ApiError>(match read.jobs {
-            Some(read) => read,
-            None => {
-                state
-                    .store
-                    .jobs(crate::store::JobFilter::Node(node.clone()))
-                    .await?
-            }
-        })
-    };
-    let (NodeSessions { sessions, resuming }, (building, removed_images), gpus, jobs) =
-        tokio::try_join!(sessions, images, gpus, jobs)?;
     let settings = NodeSettings {
         sync_interval: state.config.sync_interval,
         limits: state.config.session_limits,
+    };
+    let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
+        .unwrap_or(chrono::TimeDelta::MAX);
+    let (building, removed): (Vec<_>, Vec<_>) = state
+        .store
+        .images(ImageFilter::ForNode {
+            node: node.clone(),
+            removed_since: state.clock.now() - retention,
+        })
+        .await?
+        .into_iter()
+        .partition(|image| image.state == ImageState::Building);
+    let removed_images = if removed.is_empty() {
+        Vec::new()
+    } else {
+        let current = state.store.images(ImageFilter::All).await?;
+        image_access::removed_docker_images(&removed, &current)
     };
     let mut desired = desired::desired_state(
         node,
@@ -608,6 +578,7 @@ async fn desired_state(
         settings,
     );
     desired.removed_images = removed_images;
+    let gpus = state.store.planning_gpus(node).await?;
     desired.mig_layouts = gpus
         .iter()
         .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.mode.mig_layout()?)))
@@ -617,7 +588,7 @@ async fn desired_state(
         .filter(|gpu| crate::site::leaving_mig(gpu))
         .map(|gpu| gpu.info.uuid.clone())
         .collect();
-    super::job_reports::node_jobs(state, node, &mut desired, &jobs);
+    super::job_reports::node_jobs(state, node, &mut desired, read.jobs).await?;
     Ok(desired)
 }
 

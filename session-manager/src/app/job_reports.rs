@@ -200,18 +200,23 @@ async fn store_output(
     Ok(stored)
 }
 
-/// Adds the node's jobs, as read, to its desired state.
-pub fn node_jobs(
+/// Adds the node's jobs to its desired state: as `read` when the caller has just read them.
+pub async fn node_jobs(
     state: &AppState,
     node: &NodeName,
     desired: &mut DesiredState,
-    records: &[JobRecord],
-) {
+    read: Option<Vec<JobRecord>>,
+) -> Result<(), ApiError> {
+    let records = match read {
+        Some(read) => read,
+        None => state.store.jobs(JobFilter::Node(node.clone())).await?,
+    };
     desired.jobs = jobs::desired_jobs(
         node,
-        records,
+        &records,
         state.config.session_limits,
         state.config.job_limits.output_grace,
         state.clock.now(),
     );
+    Ok(())
 }
