@@ -272,7 +272,6 @@ pub async fn next_desired(
     let mut changes = state.changes.subscribe_node(node);
     let arrived = tokio::time::Instant::now();
     let mut registered = false;
-    let mut woke: Option<tokio::time::Instant> = None;
     loop {
         let known = match changes.position() {
             Some(at) => state.desired_versions.at(node, at).await,
@@ -292,24 +291,17 @@ pub async fn next_desired(
                 // would be. One begun before may be older than the state the agent has, had
                 // another replica answered it a commit this one has not heard of yet.
                 if let Some(read) = known.filter(|read| read.begun_at >= arrived) {
-                    if let Some(w) = woke {
-                        tracing::debug!(answer_us = w.elapsed().as_micros() as u64, shared = true, "TIMING long-poll answered");
-                    }
                     return Ok(Desired::Changed(read.desired));
                 }
-                let began = tokio::time::Instant::now();
                 let current = read_shared(state, node, changes.position()).await?;
                 if after != Some(current.version.as_str()) {
-                    if let Some(w) = woke {
-                        tracing::debug!(answer_us = w.elapsed().as_micros() as u64, read_us = began.elapsed().as_micros() as u64, shared = false, "TIMING long-poll answered");
-                    }
                     return Ok(Desired::Changed(current));
                 }
                 current.version
             }
         };
         match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(true) => woke = Some(tokio::time::Instant::now()),
+            Ok(true) => {}
             Ok(false) | Err(_) => return Ok(Desired::Unchanged(current)),
         }
     }
