@@ -217,6 +217,9 @@ fn body(job: &TargetJob, config: &SlurmConfig) -> String {
     let _ = writeln!(text, "{} &", command.join(" "));
     text.push_str(
         "child=$!\n\
+         # A job's POSIXLY_CORRECT put bash in POSIX mode, where a wait forgets the exit code it\n\
+         # gave (the last wait below would answer 127); the command has its environment already.\n\
+         set +o posix\n\
          # The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its\n\
          # owner) reaches this shell only: pass it on once.\n\
          trap 'kill -USR1 \"$child\" 2>/dev/null' USR1\n\
@@ -395,7 +398,12 @@ mod tests {
     /// The script run by bash as Slurm would, with an apptainer stand-in that runs the command;
     /// `slow_kill` makes the halt trap's `kill` take half a second, so the command ends while
     /// the trap runs. The script's exit status and output.
-    fn run_script(command: &str, halt: bool, slow_kill: bool) -> (Option<i32>, String) {
+    fn run_script(
+        command: &str,
+        env: &[(&str, &str)],
+        halt: bool,
+        slow_kill: bool,
+    ) -> (Option<i32>, String) {
         let dir = tempfile::tempdir().unwrap();
         let stand_in = dir.path().join("apptainer");
         std::fs::write(
@@ -408,7 +416,13 @@ mod tests {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
-        let mut job = job(JobSpecFile::default());
+        let mut job = job(JobSpecFile {
+            env: env
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+            ..JobSpecFile::default()
+        });
         job.spec.command =
             ongrid_core::job::Command::new(vec!["sh".into(), "-c".into(), command.into()]).unwrap();
         let config = SlurmConfig {
@@ -450,14 +464,26 @@ mod tests {
         let halted = "trap 'echo got USR1; exit 123' USR1; echo waiting; \
                       while :; do sleep 0.05; done";
         for slow_kill in [false, true] {
-            let (code, output) = run_script(halted, true, slow_kill);
+            let (code, output) = run_script(halted, &[], true, slow_kill);
             assert_eq!(code, Some(123), "slow kill {slow_kill}: {output}");
             assert_eq!(output.matches("got USR1").count(), 1, "{output}");
         }
-        assert_eq!(run_script("echo done; exit 7", false, false).0, Some(7));
+        assert_eq!(
+            run_script("echo done; exit 7", &[], false, false).0,
+            Some(7)
+        );
+        // A job that asks for POSIX behaviour gets it; the script's own waits keep bash's.
+        let posix = [("POSIXLY_CORRECT", "1")];
+        let (code, output) = run_script(
+            "echo \"posix $POSIXLY_CORRECT\"; exit 7",
+            &posix,
+            false,
+            false,
+        );
+        assert_eq!((code, output.as_str()), (Some(7), "posix 1\n"));
         // A command that ignores the halt signal runs on to its own end.
         let ignored = "trap '' USR1; echo waiting; sleep 1; exit 5";
-        assert_eq!(run_script(ignored, true, true).0, Some(5));
+        assert_eq!(run_script(ignored, &[], true, true).0, Some(5));
     }
 
     #[test]
