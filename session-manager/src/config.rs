@@ -30,6 +30,14 @@ pub const ENV_LISTEN: &str = "ONGRID_MANAGER_LISTEN";
 /// Environment variable overriding `database`.
 pub const ENV_DATABASE: &str = "ONGRID_MANAGER_DATABASE";
 
+/// How long a create or release waits for the round that places its session when the config
+/// does not say (`placement_wait_ms`): a quiet site's round takes a few milliseconds, so its
+/// answers say STARTING; under load the answer comes at this bound, PENDING with its place.
+pub const DEFAULT_PLACEMENT_WAIT: Duration = Duration::from_millis(50);
+/// The longest `placement_wait_ms`: a request answers well within its client's timeout
+/// (devctl's is 30 s) and its proxy's.
+const LONGEST_PLACEMENT_WAIT: Duration = Duration::from_secs(10);
+
 /// Why the configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -89,6 +97,10 @@ pub struct RawConfig {
     pub sync_interval: String,
     #[serde(default = "default_schedule_interval")]
     pub schedule_interval: String,
+    /// How long a request that queues a session (create, release) waits, in milliseconds, for
+    /// the scheduling round that places it before it answers PENDING (the round goes on).
+    #[serde(default = "default_placement_wait_ms")]
+    pub placement_wait_ms: u64,
     #[serde(default)]
     pub session_limits: RawSessionLimits,
     /// `[lifecycle]`: when sessions are held (see `crate::lifecycle`).
@@ -213,6 +225,9 @@ fn default_sync_interval() -> String {
 fn default_schedule_interval() -> String {
     "1 second".to_owned()
 }
+fn default_placement_wait_ms() -> u64 {
+    DEFAULT_PLACEMENT_WAIT.as_millis() as u64
+}
 fn default_cpus() -> String {
     "4".to_owned()
 }
@@ -251,6 +266,9 @@ pub struct Config {
     pub auto_undrain: bool,
     pub sync_interval: Duration,
     pub schedule_interval: Duration,
+    /// `placement_wait_ms`: how long a create or release waits for the round that places its
+    /// session ([`crate::app::AppState::schedule_now`]).
+    pub placement_wait: Duration,
     pub session_limits: ContainerLimits,
     /// Connect deadline, idle timeout, maximum lifetime, keep-alive and activity thresholds.
     pub lifecycle: LifecycleConfig,
@@ -452,6 +470,7 @@ impl Validator<'_> {
             dashboard: raw.dashboard,
             sync_interval: intervals.sync_interval,
             schedule_interval: intervals.schedule_interval,
+            placement_wait: self.placement_wait(raw.placement_wait_ms)?,
             session_limits,
             lifecycle,
             image_store: raw.image_store,
@@ -539,6 +558,22 @@ impl Validator<'_> {
             allowed_images.push(image);
         }
         Ok((default_image, allowed_images))
+    }
+
+    /// `placement_wait_ms`: 0 answers at once, without waiting for a round.
+    fn placement_wait(&self, millis: u64) -> Result<Duration, ConfigError> {
+        let wait = Duration::from_millis(millis);
+        if wait > LONGEST_PLACEMENT_WAIT {
+            return Err(self.invalid(
+                "placement_wait_ms",
+                format!(
+                    "{millis} is longer than {} ms: clients time out before such an answer; \
+                     `devctl session new --wait` waits for the placement instead",
+                    LONGEST_PLACEMENT_WAIT.as_millis()
+                ),
+            ));
+        }
+        Ok(wait)
     }
 
     /// The node timeout, the agents' sync and the loops' intervals; a node must be given more
@@ -1114,6 +1149,27 @@ pids = 4096
         assert!(err.contains("longer than max_idle_timeout"), "{err}");
         let err = refused_chain("[lifecycle]\nidle = \"1h\"\n");
         assert!(err.contains("unknown field `idle`"), "{err}");
+    }
+
+    #[test]
+    fn placement_wait_is_milliseconds_zero_answering_at_once() {
+        assert_eq!(
+            load(EXAMPLE).unwrap().placement_wait,
+            DEFAULT_PLACEMENT_WAIT
+        );
+        let wait = |ms: &str| load(&format!("placement_wait_ms = {ms}\n{EXAMPLE}"));
+        assert_eq!(
+            wait("250").unwrap().placement_wait,
+            Duration::from_millis(250)
+        );
+        assert_eq!(wait("0").unwrap().placement_wait, Duration::ZERO);
+        let err = wait("60000").unwrap_err().to_string();
+        assert!(
+            err.contains("key `placement_wait_ms`: 60000 is longer than 10000 ms"),
+            "{err}"
+        );
+        let err = format!("{:#}", anyhow::Error::from(wait("\"1s\"").unwrap_err()));
+        assert!(err.contains("placement_wait_ms"), "{err}");
     }
 
     #[test]

@@ -173,7 +173,8 @@ pub enum Remote {
     },
     /// The sender has just taken the lead. A follower whose requests still wait for a round
     /// asks again: a wake sent while no replica led (the leader died, or had not started yet)
-    /// was heard by nobody, and its requests would otherwise wait out `PLACEMENT_WAIT`.
+    /// was heard by nobody, and its requests would otherwise answer PENDING at the end of
+    /// their `placement_wait` and stay so until the next loop round.
     Leading,
 }
 

@@ -84,6 +84,11 @@ const ALICE: &str = "/DC=org/O=Example/CN=Alice Smith";
 const BOB: &str = "/DC=org/O=Example/CN=Bob Jones";
 const ADMIN: &str = "/DC=org/O=Example/CN=Site Admin";
 const GATEWAY_TOKEN: &str = "gateway-00112233445566778899aabbccddeeff";
+/// `placement_wait_ms` of these tests' manager: the answers' promise (STARTING, or PENDING once
+/// the round ended) is what they check, so a create waits for its placing round however
+/// loaded the machine is. That a request answers while its round is still under way is
+/// `scheduling::tests::a_request_may_answer_before_the_round_it_asked_for_which_still_places_it`.
+const PLACEMENT_WAIT: Duration = Duration::from_secs(10);
 
 struct Ca {
     cert: rcgen::Certificate,
@@ -211,6 +216,7 @@ node_timeout = "1 hour"
 sync_interval = "5 seconds"
 # Only wake-ups drive the scheduler here: deterministic, and proof that they work.
 schedule_interval = "1 hour"
+placement_wait_ms = {placement_wait_ms}
 [session_limits]
 cpus = "1.5"
 memory = "2GiB"
@@ -222,6 +228,7 @@ pids = 512
             ca_dir = path(&ca_dir),
             tokens = path(&dir.path().join("agent-tokens")),
             gateway_token = path(&dir.path().join("gateway-token")),
+            placement_wait_ms = PLACEMENT_WAIT.as_millis(),
         );
         std::fs::write(&config_path, &text).unwrap();
         let config = Config::from_toml(&text, &config_path, |_| None).unwrap();

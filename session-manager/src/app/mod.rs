@@ -60,12 +60,6 @@ use crate::domain::sessions::SessionRecord;
 use crate::site::SiteSnapshot;
 use crate::store::{SessionFilter, Store};
 
-/// How long a replica that does not lead waits for the leader's round that covers a session it
-/// was asked for or released, before answering with the session as it is (PENDING): the
-/// leader's answer normally comes after one round ([`crate::notify::Remote::Covered`]); this is
-/// for a leader that is gone.
-pub const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
@@ -127,25 +121,29 @@ impl AppState {
     }
 
     /// Schedules now, so that an answer can say whether `session` got its GPUs (STARTING) or
-    /// waits (PENDING): the leader runs a round in place (or shares one that started after the
-    /// commit with the requests waiting beside it); a follower asks the leader for such a round
-    /// and waits for its answer, at most [`PLACEMENT_WAIT`]. A failed round is retried by the
-    /// loop.
+    /// waits (PENDING): the leader starts a round (or shares one that starts after the commit
+    /// with the requests beside it); a follower asks the leader for such a round
+    /// ([`crate::notify::Remote::Covered`] answers). Either waits for it at most the config's
+    /// `placement_wait`: a loaded site answers in time, PENDING with its place, while the round
+    /// goes on and places it; a follower whose leader is gone answers too. A failed round is
+    /// retried by the loop.
     pub async fn schedule_now(&self, session: SessionId) {
         // Numbered before looking who leads: a replica taking the lead covers the asks numbered
         // by then (`replicas.rs`), and a request that asks later sees it lead and runs its own
         // round.
         let asked = self.changes.ask_round();
         if self.leader.is_leading() {
-            if let Err(error) = self.scheduler.tick_covering().await {
-                tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
-            }
-            self.changes.round_covered(asked);
-            return;
+            self.scheduler.cover(self.changes.clone(), asked);
+        } else {
+            self.wake.notify_one();
         }
-        self.wake.notify_one();
-        // Still PENDING after the leader's round: the answer says so; it is placed later.
-        let _ = tokio::time::timeout(PLACEMENT_WAIT, self.changes.covered(asked)).await;
+        // Still PENDING after the wait: the answer says so; the round places it later.
+        if tokio::time::timeout(self.config.placement_wait, self.changes.covered(asked))
+            .await
+            .is_err()
+        {
+            tracing::debug!(%session, "Answered before the round that places it ended.");
+        }
     }
 
     /// `session`'s 1-based queue position ([`Self::queue_positions`]) when it is PENDING. Without

@@ -324,6 +324,19 @@ impl Scheduler {
             .map(Some)
     }
 
+    /// [`Self::tick_covering`] in a task of its own, then `asked` covered
+    /// ([`Changes::round_covered`]): a request that asked for the round may answer before it
+    /// ends (`placement_wait`) without the round being given up.
+    pub fn cover(self: &Arc<Self>, changes: Changes, asked: u64) {
+        let scheduler = self.clone();
+        tokio::spawn(async move {
+            if let Err(error) = scheduler.tick_covering().await {
+                tracing::error!(%error, "Scheduling at once failed; the loop retries.");
+            }
+            changes.round_covered(asked);
+        });
+    }
+
     /// A round, timed (`ongrid_scheduler_round_duration_seconds`): the loop's and those a request
     /// runs at once alike, from its first read to its last write, not the wait for the one before.
     async fn round(

@@ -56,6 +56,33 @@ async fn stored_job(f: &Fixture, id: JobId) -> jobs::JobRecord {
     f.store.job(id).await.unwrap().unwrap()
 }
 
+/// A request that asked for a round (`Scheduler::cover`) can stop waiting while a round is under
+/// way, its session still PENDING; the round it asked for runs once that one ended, places the
+/// session, and says so to whoever still waits.
+#[tokio::test]
+async fn a_request_may_answer_before_the_round_it_asked_for_which_still_places_it() {
+    let f = fixture(&[gpu(1)]).await;
+    let session = create(&f, t0()).await;
+    let Fixture {
+        store, scheduler, ..
+    } = f;
+    let scheduler = Arc::new(scheduler);
+    let changes = Changes::new(CancellationToken::new());
+    let stored = || async { store.session(session.id).await.unwrap().unwrap() };
+    let under_way = scheduler.tick_lock.lock().await;
+    let asked = changes.ask_round();
+    scheduler.cover(changes.clone(), asked);
+    let answered = tokio::time::timeout(Duration::from_millis(100), changes.covered(asked)).await;
+    assert!(answered.is_err(), "covered while a round was under way");
+    assert_eq!(stored().await.state, SessionState::Pending);
+    drop(under_way);
+    tokio::time::timeout(TIMEOUT, changes.covered(asked))
+        .await
+        .expect("the round asked for ran once the one under way ended");
+    let placed = stored().await;
+    assert_eq!(placed.state, SessionState::Starting, "{}", placed.reason);
+}
+
 /// Requests that each committed a session and want a round after it share rounds: ten at once
 /// run two (the first starts before the others asked; the second covers them all), and every
 /// session is placed by them.

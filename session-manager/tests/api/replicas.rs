@@ -19,7 +19,6 @@ use std::time::Instant;
 use ongrid_core::api::RunState;
 use ongrid_core::holds::{HoldReason, HoldRequest};
 use ongrid_core::GpuId;
-use ongrid_manager::app::PLACEMENT_WAIT;
 use ongrid_manager::store::Database;
 
 use super::watch::{long_poll, register_versioned};
