@@ -17,7 +17,7 @@
 //! It prints what the site-scale targets are about: how long a placement takes to reach its
 //! node's agent (from the placement, its STARTING transition's time by the manager's clock, to
 //! the long-poll's answer naming it, by the same machine's clock; and from the create request
-//! that caused it),
+//! of a session placed while GPUs were free), how many creates answered STARTING,
 //! the API's latency for create, show and ls under that load, the scheduling rounds' time (the
 //! loop's and those a create runs at once, from the leading manager's `/metrics`), the scrape's
 //! time and size, the managers' resident memory (the larger) and the store's size.
@@ -128,9 +128,21 @@ impl Fleet {
 /// What the agents and the users record, for the report.
 #[derive(Default)]
 struct Record {
-    /// When a session placed by its create's round had its create request sent, and when the
-    /// manager placed it (its STARTING transition's time, by the manager's clock).
-    sent: Mutex<HashMap<SessionId, (Instant, DateTime<Utc>)>>,
+    /// When each session's create request was sent.
+    sent: Mutex<HashMap<SessionId, Instant>>,
+    /// Creates that answered STARTING: placed by the round they asked for, within the
+    /// manager's `placement_wait`.
+    answered_starting: AtomicUsize,
+    /// When the first session was removed: the sessions seen before were placed without a GPU
+    /// freed for them.
+    removals_began: Mutex<Option<Instant>>,
+    /// Sessions whose create answered PENDING (no GPU free, or the round placing it still
+    /// under way at the answer), by user: their placement's time is looked up once their
+    /// agents saw them ([`look_up_placements`]).
+    answered_pending: Mutex<Vec<(usize, SessionName, SessionId)>>,
+    /// When the manager placed each session the fleet saw placed (the first STARTING
+    /// transition's time).
+    placed: Mutex<HashMap<SessionId, DateTime<Utc>>>,
     /// When a session first showed in its node's desired state, by this process's monotonic
     /// clock and by the wall clock the manager's placement time is comparable with (one machine).
     seen: Mutex<HashMap<SessionId, (Instant, DateTime<Utc>)>>,
@@ -319,6 +331,7 @@ async fn run(
     // A fifth of the sessions end: the waiting ones take their GPUs.
     let fifth = fleet.sessions / 5;
     let started = Instant::now();
+    *locked(&record.removals_began) = Some(started);
     remove_sessions(fleet, &clients, managers, &record, names[..fifth].to_vec()).await;
     println!(
         "{fifth} sessions removed in {:.1} s",
@@ -326,6 +339,7 @@ async fn run(
     );
     let placed = fleet.sessions.min(fleet.nodes * fleet.gpus + fifth);
     wait_until_seen(&record, placed, Duration::from_secs(120)).await;
+    look_up_placements(fleet, &clients, managers, &record).await;
 
     // The rest end too: the queued jobs take the GPUs and run to their end.
     let started = Instant::now();
@@ -385,7 +399,7 @@ async fn create_work(
                     submit_job(client, manager, &record).await;
                     continue;
                 }
-                if let Some(name) = create_session(client, manager, &record, k - 1).await {
+                if let Some(name) = create_session(client, manager, &record, user, k - 1).await {
                     locked(&names).push((k - 1, user, name));
                 }
             }
@@ -402,12 +416,13 @@ async fn create_work(
         .collect()
 }
 
-/// Creates the `k`-th session (shown when `k` is a multiple of 10, with a list taken when of
-/// 50); its name, `None` when the create failed (recorded).
+/// Creates the `k`-th session, `user`'s (shown when `k` is a multiple of 10, with a list taken
+/// when of 50); its name, `None` when the create failed (recorded).
 async fn create_session(
     client: &reqwest::Client,
     manager: &str,
     record: &Record,
+    user: usize,
     k: usize,
 ) -> Option<SessionName> {
     let body = CreateSession {
@@ -429,14 +444,15 @@ async fn create_session(
     )
     .await?;
     let view: SessionView = serde_json::from_str(&text).expect("a session");
-    // Placed by the round the create ran (STARTING): its wake is measured; a waiting one
-    // reaches its node only once GPUs free.
-    let placed = view
-        .transitions
-        .iter()
-        .find(|t| t.to == ongrid_core::SessionState::Starting);
-    if let (true, Some(placed)) = (view.state != ongrid_core::SessionState::Pending, placed) {
-        locked(&record.sent).insert(view.id, (sent, placed.at));
+    // Placed by the round the create asked for (STARTING): the answer says when. A waiting
+    // one reaches its node once that round or a later one (GPUs freed) placed it.
+    locked(&record.sent).insert(view.id, sent);
+    match placed_at(&view) {
+        Some(at) if view.state != ongrid_core::SessionState::Pending => {
+            record.answered_starting.fetch_add(1, Ordering::Relaxed);
+            locked(&record.placed).insert(view.id, at);
+        }
+        _ => locked(&record.answered_pending).push((user, view.name.clone(), view.id)),
     }
     if k.is_multiple_of(10) {
         let url = format!("{manager}/v1/sessions/{}", view.name);
@@ -447,6 +463,70 @@ async fn create_session(
         get_timed(client, &url, record, "ls", &record.list).await;
     }
     Some(view.name)
+}
+
+/// When `session` was placed first (its first STARTING transition).
+fn placed_at(session: &SessionView) -> Option<DateTime<Utc>> {
+    session
+        .transitions
+        .iter()
+        .find(|t| t.to == ongrid_core::SessionState::Starting)
+        .map(|t| t.at)
+}
+
+/// Reads the placement time of each session whose create answered PENDING and whose agent saw
+/// it since, `concurrency` shows at once between the measured phases (not counted as the API's
+/// show latency).
+async fn look_up_placements(
+    fleet: &Fleet,
+    clients: &[reqwest::Client],
+    managers: &[String],
+    record: &Arc<Record>,
+) {
+    let seen = locked(&record.seen).keys().copied().collect::<HashSet<_>>();
+    let waiting: Vec<_> = std::mem::take(&mut *locked(&record.answered_pending));
+    let (placed, still): (Vec<_>, Vec<_>) = waiting
+        .into_iter()
+        .partition(|(_, _, id)| seen.contains(id));
+    *locked(&record.answered_pending) = still;
+    let placed = Arc::new(Mutex::new(placed));
+    let mut workers = Vec::new();
+    for _ in 0..fleet.concurrency {
+        let (placed, record) = (placed.clone(), record.clone());
+        let clients = clients.to_vec();
+        let managers = managers.to_vec();
+        workers.push(tokio::spawn(async move {
+            loop {
+                let Some((user, name, id)) = locked(&placed).pop() else {
+                    break;
+                };
+                let manager = &managers[user % managers.len()];
+                let answer = clients[user]
+                    .get(format!("{manager}/v1/sessions/{name}"))
+                    .send()
+                    .await;
+                let view = match answer {
+                    Ok(answer) if answer.status() == StatusCode::OK => {
+                        answer.json::<SessionView>().await.ok()
+                    }
+                    Ok(answer) => {
+                        record.error(format!("show {name}: {}", answer.status()));
+                        None
+                    }
+                    Err(e) => {
+                        record.error(format!("show {name}: {e}"));
+                        None
+                    }
+                };
+                if let Some(at) = view.filter(|v| v.id == id).as_ref().and_then(placed_at) {
+                    locked(&record.placed).insert(id, at);
+                }
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("a user worker");
+    }
 }
 
 /// Submits one job of the user's frozen image: one GPU, a command the simulated agent "runs"
@@ -1109,18 +1189,24 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
     let sent = locked(&record.sent);
     let seen = locked(&record.seen);
     // From the placement (its transition's time, taken by the round before its write, so the
-    // write is counted in) to the agent's answer: the wake latency.
-    let mut wakes: Vec<Duration> = sent
+    // write is counted in) to the agent's answer: the wake latency, of every placement
+    // the fleet saw (those of the creates' rounds and those of the rounds after removals).
+    let mut wakes: Vec<Duration> = locked(&record.placed)
         .iter()
-        .filter_map(|(id, (_, placed))| {
+        .filter_map(|(id, placed)| {
             let (_, wall) = seen.get(id)?;
             Some((*wall - *placed).to_std().unwrap_or_default())
         })
         .collect();
-    // From the create request, its whole answer included.
+    // From the create request, its whole answer included, of the sessions placed while GPUs
+    // were free (seen before the first removal).
+    let removals_began = locked(&record.removals_began).unwrap_or_else(Instant::now);
     let mut create_to_agent: Vec<Duration> = sent
         .iter()
-        .filter_map(|(id, (sent, _))| Some(seen.get(id)?.0.saturating_duration_since(*sent)))
+        .filter_map(|(id, sent)| {
+            let (seen, _) = seen.get(id)?;
+            (*seen < removals_began).then(|| seen.saturating_duration_since(*sent))
+        })
         .collect();
     let job_sent = locked(&record.job_sent);
     let job_seen = locked(&record.job_seen);
@@ -1154,9 +1240,15 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
     };
     line("placement, to its agent", &mut wakes, "p99 < 250 ms");
     line(
-        "create request sent, to its placement's agent",
+        "create request sent, to its agent (GPUs free)",
         &mut create_to_agent,
         "-",
+    );
+    println!(
+        "{:<44} {} of {} STARTING (the rest PENDING: no GPU free, or placed after the answer)",
+        "create answers",
+        record.answered_starting.load(Ordering::Relaxed),
+        sent.len()
     );
     line("API create", &mut locked(&record.create), "p99 < 100 ms");
     line("API show", &mut locked(&record.show), "p99 < 100 ms");
