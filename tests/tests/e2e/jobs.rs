@@ -519,7 +519,9 @@ ignore)
 *)
     trap 'echo "halted"; exit 123' USR1
     echo "running"
-    while true; do sleep 1; done
+    # `wait` returns at the signal, so the trap runs at once, not after the second's sleep:
+    # the site's halt grace is short.
+    while true; do sleep 1 & wait $!; done
     ;;
 esac
 "#;
