@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use ongrid_core::api::{
     ContainerState, CreateSession, DesiredState, NodeReport, ObservedContainer, RegisterNode,
     RunState, SessionView,
@@ -481,7 +482,7 @@ async fn look_up_placements(
     fleet: &Fleet,
     clients: &[reqwest::Client],
     managers: &[String],
-    record: &Arc<Record>,
+    record: &Record,
 ) {
     let seen = locked(&record.seen).keys().copied().collect::<HashSet<_>>();
     let waiting: Vec<_> = std::mem::take(&mut *locked(&record.answered_pending));
@@ -489,44 +490,31 @@ async fn look_up_placements(
         .into_iter()
         .partition(|(_, _, id)| seen.contains(id));
     *locked(&record.answered_pending) = still;
-    let placed = Arc::new(Mutex::new(placed));
-    let mut workers = Vec::new();
-    for _ in 0..fleet.concurrency {
-        let (placed, record) = (placed.clone(), record.clone());
-        let clients = clients.to_vec();
-        let managers = managers.to_vec();
-        workers.push(tokio::spawn(async move {
-            loop {
-                let Some((user, name, id)) = locked(&placed).pop() else {
-                    break;
-                };
-                let manager = &managers[user % managers.len()];
-                let answer = clients[user]
-                    .get(format!("{manager}/v1/sessions/{name}"))
-                    .send()
-                    .await;
-                let view = match answer {
-                    Ok(answer) if answer.status() == StatusCode::OK => {
-                        answer.json::<SessionView>().await.ok()
-                    }
-                    Ok(answer) => {
-                        record.error(format!("show {name}: {}", answer.status()));
-                        None
-                    }
-                    Err(e) => {
-                        record.error(format!("show {name}: {e}"));
-                        None
-                    }
-                };
-                if let Some(at) = view.filter(|v| v.id == id).as_ref().and_then(placed_at) {
-                    locked(&record.placed).insert(id, at);
+    futures::stream::iter(placed)
+        .for_each_concurrent(fleet.concurrency, |(user, name, id)| async move {
+            let manager = &managers[user % managers.len()];
+            let answer = clients[user]
+                .get(format!("{manager}/v1/sessions/{name}"))
+                .send()
+                .await;
+            let view = match answer {
+                Ok(answer) if answer.status() == StatusCode::OK => {
+                    answer.json::<SessionView>().await.ok()
                 }
+                Ok(answer) => {
+                    record.error(format!("show {name}: {}", answer.status()));
+                    None
+                }
+                Err(e) => {
+                    record.error(format!("show {name}: {e}"));
+                    None
+                }
+            };
+            if let Some(at) = view.filter(|v| v.id == id).as_ref().and_then(placed_at) {
+                locked(&record.placed).insert(id, at);
             }
-        }));
-    }
-    for worker in workers {
-        worker.await.expect("a user worker");
-    }
+        })
+        .await;
 }
 
 /// Submits one job of the user's frozen image: one GPU, a command the simulated agent "runs"
