@@ -1559,7 +1559,8 @@ async fn session_commands_send_their_routes_and_bodies() {
             })],
             sent: vec![Sent::new("POST", "/v1/sessions/train1/release")],
             stdout: "session train1 released: PENDING at position 1 in the queue; it restarts in \
-                     its container on node1 when a GPU frees there (devctl session show train1)\n",
+                     its container on node1 once the scheduler gives it a GPU there (devctl \
+                     session show train1)\n",
         },
         Case {
             args: &["session", "keep", "train1", "--for", "4h", "--json"],
@@ -1594,8 +1595,8 @@ async fn a_queued_session_is_noted_on_stderr() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stderr(&output),
-        "no GPU free now: queued at position 3; it starts when a GPU frees (devctl session show \
-         train1)\n"
+        "not placed yet: queued at position 3; it starts once the scheduler gives it a GPU \
+         (devctl session show train1)\n"
     );
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(json["queue_position"], 3);

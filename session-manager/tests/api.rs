@@ -2111,8 +2111,8 @@ async fn the_gateway_authorizes_keys_and_routes_to_running_sessions() {
         gw.refused(ALICE, "exp2").await,
         (
             StatusCode::CONFLICT,
-            "session exp2 is PENDING, number 1 in the queue: it starts when a GPU frees \
-             (devctl session show exp2)"
+            "session exp2 is PENDING, number 1 in the queue: it starts once the scheduler \
+             gives it a GPU (devctl session show exp2)"
                 .to_owned()
         )
     );

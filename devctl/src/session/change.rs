@@ -158,8 +158,8 @@ pub fn render_released(session: &SessionView) -> String {
                 .map(|n| format!(" on {n}"))
                 .unwrap_or_default();
             format!(
-                "session {} released: PENDING{position}; it restarts in its container{node} when \
-                 a GPU frees there (devctl session show {})\n",
+                "session {} released: PENDING{position}; it restarts in its container{node} once \
+                 the scheduler gives it a GPU there (devctl session show {})\n",
                 session.name, session.name
             )
         }
@@ -206,7 +206,8 @@ mod tests {
         assert_eq!(
             render_released(&s),
             "session train1 released: PENDING at position 1 in the queue; it restarts in its \
-             container on node1 when a GPU frees there (devctl session show train1)\n"
+             container on node1 once the scheduler gives it a GPU there (devctl session show \
+             train1)\n"
         );
         assert_eq!(
             render_released(&session("train1", SessionState::Starting)),

@@ -150,7 +150,9 @@ pub async fn run(args: NewArgs, client: &Client, term: &mut Terminal<'_>) -> any
     term.show(args.output.json, &session, view::render)
 }
 
-/// What devctl says after creating a session that has to wait for a GPU.
+/// What devctl says after creating a session that is not placed yet: no GPU was free, or (on a
+/// loaded site) the scheduler's round had not ended when the manager answered
+/// (`placement_wait_ms`).
 pub fn queue_notice(session: &SessionView) -> Option<String> {
     if session.state != SessionState::Pending {
         return None;
@@ -160,7 +162,8 @@ pub fn queue_notice(session: &SessionView) -> Option<String> {
         .map(|p| format!("queued at position {p}"))
         .unwrap_or_else(|| "queued".to_owned());
     Some(format!(
-        "no GPU free now: {position}; it starts when a GPU frees (devctl session show {})",
+        "not placed yet: {position}; it starts once the scheduler gives it a GPU (devctl session \
+         show {})",
         session.name
     ))
 }
@@ -286,12 +289,13 @@ mod tests {
         let queued = view(SessionState::Pending, "created", Some(3));
         assert_eq!(
             queue_notice(&queued).unwrap(),
-            "no GPU free now: queued at position 3; it starts when a GPU frees (devctl session \
-             show train1)"
+            "not placed yet: queued at position 3; it starts once the scheduler gives it a GPU \
+             (devctl session show train1)"
         );
         assert_eq!(
             queue_notice(&view(SessionState::Pending, "created", None)).unwrap(),
-            "no GPU free now: queued; it starts when a GPU frees (devctl session show train1)"
+            "not placed yet: queued; it starts once the scheduler gives it a GPU (devctl session \
+             show train1)"
         );
         assert_eq!(
             queue_notice(&view(SessionState::Waiting, "running", None)),

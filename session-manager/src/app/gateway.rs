@@ -289,8 +289,8 @@ pub fn reachable(
                 .map(|n| format!(", number {n} in the queue"))
                 .unwrap_or_default();
             Err(ApiError::conflict(format!(
-                "session {name} is PENDING{position}: it starts when a GPU frees \
-                 (devctl session show {name})"
+                "session {name} is PENDING{position}: it starts once the scheduler gives it \
+                 a GPU (devctl session show {name})"
             )))
         }
         SessionState::Starting => Err(ApiError::conflict(format!(
@@ -510,8 +510,8 @@ mod tests {
         assert_eq!(
             outcome(Pending, Some(3), None),
             conflict(
-                "session train1 is PENDING, number 3 in the queue: it starts when a GPU frees \
-                 (devctl session show train1)"
+                "session train1 is PENDING, number 3 in the queue: it starts once the \
+                 scheduler gives it a GPU (devctl session show train1)"
             )
         );
         assert_eq!(
