@@ -264,7 +264,7 @@ impl Manager {
             bearer: Arc::new(prepared.bearer),
             clock: self.clock,
             wake,
-            scheduler,
+            scheduler: scheduler.clone(),
             leader,
             changes,
             grid,
@@ -289,6 +289,7 @@ impl Manager {
         server.serve(listener, tracker.clone(), shutdown).await;
         tracker.close();
         tracker.wait().await;
+        scheduler.finish_requested_rounds().await;
         opened.close().await;
         tracing::info!("Stopped.");
         Ok(())

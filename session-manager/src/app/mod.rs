@@ -125,15 +125,16 @@ impl AppState {
     /// with the requests beside it); a follower asks the leader for such a round
     /// ([`crate::notify::Remote::Covered`] answers). Either waits for it at most the config's
     /// `placement_wait`: a loaded site answers in time, PENDING with its place, while the round
-    /// goes on and places it; a follower whose leader is gone answers too. A failed round is
-    /// retried by the loop.
+    /// goes on and places it; a follower whose leader is gone answers too. A follower's wait
+    /// holds two notices through the database besides the leader's round, so it answers PENDING
+    /// more often. A failed round is retried by the loop.
     pub async fn schedule_now(&self, session: SessionId) {
         // Numbered before looking who leads: a replica taking the lead covers the asks numbered
         // by then (`replicas.rs`), and a request that asks later sees it lead and runs its own
         // round.
         let asked = self.changes.ask_round();
         if self.leader.is_leading() {
-            self.scheduler.cover(self.changes.clone(), asked);
+            self.scheduler.cover(self.changes.clone(), asked, session);
         } else {
             self.wake.notify_one();
         }
@@ -142,7 +143,7 @@ impl AppState {
             .await
             .is_err()
         {
-            tracing::debug!(%session, "Answered before the round that places it ended.");
+            tracing::debug!(%session, "Answered PENDING before the round asked for ended.");
         }
     }
 

@@ -83,15 +83,16 @@ impl From<StoreError> for SessionActionError {
 
 /// A session just requested, and the site it was checked against.
 pub struct Created {
-    /// As it is once scheduled: STARTING when a GPU was free, else PENDING.
+    /// As it is once scheduled: STARTING when a GPU was free, else PENDING (also when the round
+    /// outlasted `placement_wait`).
     pub session: SessionRecord,
     pub site: Arc<SiteSnapshot>,
 }
 
 /// A new session: the GPU request checked, the image the caller may run, the lifecycle limits,
 /// the site's `[limits]`, whether the site can ever satisfy it, the reservation it names; then
-/// it is scheduled at once ([`AppState::schedule_now`]), so the answer says whether a GPU was
-/// free.
+/// it is scheduled at once ([`AppState::schedule_now`]), so the answer says whether it got a GPU
+/// (STARTING), unless the round outlasts `placement_wait`.
 pub async fn create(
     state: &AppState,
     caller: &CurrentUser,
@@ -284,8 +285,8 @@ pub async fn hold(
 }
 
 /// Releases a HELD session back to the queue, then schedules it at once
-/// ([`AppState::schedule_now`]) so the answer says whether its node had a GPU free; returns the
-/// session as it is then.
+/// ([`AppState::schedule_now`]) so the answer says whether its node had a GPU free (unless the
+/// round outlasts `placement_wait`); returns the session as it is then.
 pub async fn release(
     state: &AppState,
     caller: &CurrentUser,

@@ -152,6 +152,9 @@ pub struct Scheduler {
     gpu_policy: Option<gpu_policy::PolicySettings>,
     /// Whether this manager leads its database's replicas: a follower's rounds do nothing.
     leader: Leader,
+    /// The rounds requests asked for ([`Self::cover`]): the manager waits for them before it
+    /// closes the store ([`Self::finish_requested_rounds`]).
+    requested: tokio_util::task::TaskTracker,
 }
 
 impl Scheduler {
@@ -178,6 +181,7 @@ impl Scheduler {
             limit_waits: std::sync::Mutex::new(HashMap::new()),
             gpu_policy: None,
             leader: Leader::sole(),
+            requested: tokio_util::task::TaskTracker::new(),
         }
     }
 
@@ -325,16 +329,27 @@ impl Scheduler {
     }
 
     /// [`Self::tick_covering`] in a task of its own, then `asked` covered
-    /// ([`Changes::round_covered`]): a request that asked for the round may answer before it
-    /// ends (`placement_wait`) without the round being given up.
-    pub fn cover(self: &Arc<Self>, changes: Changes, asked: u64) {
+    /// ([`Changes::round_covered`]): a request that asked for the round (for `session`) may
+    /// answer before it ends (`placement_wait`) without the round being given up. A round run
+    /// after the lead was lost covers nothing, as in `replicas.rs`: the request stays among those
+    /// that ask the next leader again.
+    pub fn cover(self: &Arc<Self>, changes: Changes, asked: u64, session: SessionId) {
         let scheduler = self.clone();
-        tokio::spawn(async move {
+        self.requested.spawn(async move {
             if let Err(error) = scheduler.tick_covering().await {
-                tracing::error!(%error, "Scheduling at once failed; the loop retries.");
+                tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
             }
-            changes.round_covered(asked);
+            if scheduler.leader.is_leading() {
+                changes.round_covered(asked);
+            }
         });
+    }
+
+    /// Waits for the rounds requests asked for ([`Self::cover`]) to end, so that none runs on a
+    /// closed store; called once the server stopped taking requests.
+    pub async fn finish_requested_rounds(&self) {
+        self.requested.close();
+        self.requested.wait().await;
     }
 
     /// A round, timed (`ongrid_scheduler_round_duration_seconds`): the loop's and those a request
