@@ -134,7 +134,7 @@ impl AppState {
         // round.
         let asked = self.changes.ask_round();
         if self.leader.is_leading() {
-            self.scheduler.cover(self.changes.clone(), asked, session);
+            self.scheduler.cover(asked, session);
         } else {
             self.wake.notify_one();
         }

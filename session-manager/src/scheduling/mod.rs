@@ -328,18 +328,18 @@ impl Scheduler {
             .map(Some)
     }
 
-    /// [`Self::tick_covering`] in a task of its own, then `asked` covered
-    /// ([`Changes::round_covered`]): a request that asked for the round (for `session`) may
+    /// [`Self::tick_covering`] in a task of its own, then `asked` covered in the scheduler's
+    /// [`Changes`] ([`Changes::round_covered`]): a request that asked for the round (for `session`) may
     /// answer before it ends (`placement_wait`) without the round being given up. A round run
     /// after the lead was lost covers nothing, as in `replicas.rs`: the request stays among those
     /// that ask the next leader again.
-    pub fn cover(self: &Arc<Self>, changes: Changes, asked: u64, session: SessionId) {
+    pub fn cover(self: &Arc<Self>, asked: u64, session: SessionId) {
         let scheduler = self.clone();
         self.requested.spawn(async move {
             if let Err(error) = scheduler.tick_covering().await {
                 tracing::error!(%error, %session, "Scheduling at once failed; the loop retries.");
             }
-            if scheduler.leader.is_leading() {
+            if let (true, Some(changes)) = (scheduler.leader.is_leading(), &scheduler.changes) {
                 changes.round_covered(asked);
             }
         });

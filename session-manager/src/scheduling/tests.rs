@@ -66,12 +66,12 @@ async fn a_request_may_answer_before_the_round_it_asked_for_which_still_places_i
     let Fixture {
         store, scheduler, ..
     } = f;
-    let scheduler = Arc::new(scheduler);
     let changes = Changes::new(CancellationToken::new());
+    let scheduler = Arc::new(scheduler.with_changes(changes.clone()));
     let stored = || async { store.session(session.id).await.unwrap().unwrap() };
     let under_way = scheduler.tick_lock.lock().await;
     let asked = changes.ask_round();
-    scheduler.cover(changes.clone(), asked, session.id);
+    scheduler.cover(asked, session.id);
     let answered = tokio::time::timeout(Duration::from_millis(100), changes.covered(asked)).await;
     assert!(answered.is_err(), "covered while a round was under way");
     assert_eq!(stored().await.state, SessionState::Pending);
