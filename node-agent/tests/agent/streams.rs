@@ -433,7 +433,11 @@ async fn a_terminal_has_the_clients_type_and_size_and_follows_resizes() {
             "ps -eo args | grep -cx 'sleep 101' || true",
         ])
     };
-    assert_eq!(sleeping(), "1");
+    // Ready means Docker started the exec; the process inside may start a moment later.
+    eventually(Duration::from_secs(20), "the sleep to start", || {
+        (sleeping() == "1").then_some(())
+    })
+    .await;
     drop(client);
     eventually(Duration::from_secs(20), "the hung-up sleep to end", || {
         (sleeping() == "0").then_some(())
