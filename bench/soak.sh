@@ -90,12 +90,12 @@ node_tag() {
 # containers stay blocked); removed once the agent and its containers are gone.
 remove_firewall() {
     local tag="$1"
-    iptables -w -D INPUT -i "ong$tag+" -j "ONGRID-IN-$tag" 2>/dev/null || true
-    iptables -w -D DOCKER-USER -i "ong$tag+" -j "ONGRID-FWD-$tag" 2>/dev/null || true
-    local chain
-    for chain in "ONGRID-IN-$tag" "ONGRID-FWD-$tag"; do
-        if iptables -w -F "$chain" 2>/dev/null; then
-            iptables -w -X "$chain" 2>/dev/null || true
+    local table from chain table_from_chain
+    for table_from_chain in "filter INPUT ONGRID-IN-$tag" "mangle FORWARD ONGRID-FWD-$tag"; do
+        read -r table from chain <<<"$table_from_chain"
+        iptables -w -t "$table" -D "$from" -i "ong$tag+" -j "$chain" 2>/dev/null || true
+        if iptables -w -t "$table" -F "$chain" 2>/dev/null; then
+            iptables -w -t "$table" -X "$chain" 2>/dev/null || true
         fi
     done
 }

@@ -14,9 +14,10 @@
 //! runc). Its bridges, routes and iptables rules are in that namespace only, so it can never
 //! clash with the machine's `docker0`, its networks' subnets or the host's `DOCKER*` chains,
 //! and deleting the namespace removes them all. `--iptables=false` in the host's namespace was
-//! the other option; it was not taken because the agent's own firewall chains hang from Docker's
-//! `DOCKER-USER` chain, which such a daemon never makes, and because its bridges would still
-//! share the host's routing table with the machine daemon's. The daemon makes no default
+//! the other option; it was not taken because the agent refuses to start containers without
+//! Docker's `DOCKER-USER` chain (the sign that dockerd manages iptables), which such a daemon
+//! never makes, and because its bridges would still share the host's routing table with the
+//! machine daemon's. The daemon makes no default
 //! bridge (`"bridge": "none"`), and its default address pool, 10.231.0.0/16, is only used for
 //! networks made without a subnet (the agent gives each session network one of its own).
 //!

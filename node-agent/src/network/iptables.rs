@@ -3,10 +3,11 @@
 //! program, such as `iptables-legacy`, or a wrapper that enters the network namespace of a
 //! Docker shared by several agents, as the multi-node end-to-end test does).
 //!
-//! [`Iptables::ensure`] compares the chains (`iptables -S <chain>`) and the two jumps
-//! (`iptables -C`) with the [`Ruleset`]; when anything differs it replaces both chains in one
-//! `iptables-restore --noflush` transaction (never an empty, open moment) and inserts a missing
-//! jump first in its chain. [`Iptables::remove_blocking`] takes everything out again: the agent
+//! [`Iptables::ensure`] compares the chains (`iptables -t <table> -S <chain>`) and the two jumps
+//! (`iptables -t <table> -C`) with the [`Ruleset`]; when anything differs it replaces both
+//! chains, each in one `iptables-restore --noflush` transaction of its table (never an empty,
+//! open moment), removes the forward chain that agents before it kept behind `DOCKER-USER`, and
+//! inserts a missing jump first in its chain. [`Iptables::remove_blocking`] takes everything out again: the agent
 //! when it stops with no container left on the node (with containers it leaves the rules, so
 //! they stay isolated until the next agent), and the tests.
 
@@ -18,7 +19,8 @@ use futures::future::BoxFuture;
 use ongrid_core::NodeName;
 
 use super::{
-    FirewallError, FirewallState, HostFirewall, NetworkPolicy, Ruleset, DOCKER_USER, INPUT,
+    FirewallError, FirewallState, HostFirewall, NetworkPolicy, Ruleset, DOCKER_USER, FILTER,
+    FORWARD, INPUT, MANGLE,
 };
 
 /// Where Debian puts iptables.
@@ -62,29 +64,23 @@ impl Iptables {
     /// Checks the rules and installs what is missing or different (blocking: a few short
     /// iptables runs).
     pub fn ensure_blocking(&self) -> Result<FirewallState, FirewallError> {
-        if !self.chain_exists(DOCKER_USER)? {
+        if !self.chain_exists(FILTER, DOCKER_USER)? {
             return Err(FirewallError::NoDockerUser);
         }
-        let chains_ok = self.chain_is(&self.rules.input_chain, &self.rules.input_rules)?
-            && self.chain_is(&self.rules.forward_chain, &self.rules.forward_rules)?;
+        let chains_ok = self.chains_read_back()?;
         if !chains_ok {
             // The jumps can only be checked once their targets exist.
             self.restore(&self.rules.restore_script())?;
+            // An agent from before the forward chain moved to mangle left it in filter, behind
+            // DOCKER-USER, with the policy of its day.
+            self.remove_forward_from_docker_user()?;
         }
-        let input_jump = self.has_rule(INPUT, &self.rules.input_jump())?;
-        if !input_jump {
-            self.insert_first(INPUT, &self.rules.input_jump())?;
-        }
-        let forward_jump = self.has_rule(DOCKER_USER, &self.rules.forward_jump())?;
-        if !forward_jump {
-            self.insert_first(DOCKER_USER, &self.rules.forward_jump())?;
-        }
+        let input_jump = self.ensure_first(FILTER, INPUT, &self.rules.input_jump())?;
+        let forward_jump = self.ensure_first(MANGLE, FORWARD, &self.rules.forward_jump())?;
         if chains_ok && input_jump && forward_jump {
             return Ok(FirewallState::InPlace);
         }
-        let read_back = self.chain_is(&self.rules.input_chain, &self.rules.input_rules)?
-            && self.chain_is(&self.rules.forward_chain, &self.rules.forward_rules)?;
-        if !read_back {
+        if !self.chains_read_back()? {
             return Err(FirewallError::Mismatch(format!(
                 "{} or {}",
                 self.rules.input_chain, self.rules.forward_chain
@@ -96,33 +92,69 @@ impl Iptables {
     /// Removes the jumps and the chains (whatever is there; missing parts are not an error;
     /// blocking: a few short iptables runs).
     pub fn remove_blocking(&self) -> Result<(), FirewallError> {
+        let rules = &self.rules;
+        self.remove_chain(FILTER, INPUT, &rules.input_chain, &rules.input_jump())?;
+        self.remove_chain(MANGLE, FORWARD, &rules.forward_chain, &rules.forward_jump())?;
+        self.remove_forward_from_docker_user()
+    }
+
+    /// Removes the forward chain from where agents before the move to mangle kept it.
+    fn remove_forward_from_docker_user(&self) -> Result<(), FirewallError> {
+        let rules = &self.rules;
+        self.remove_chain(
+            FILTER,
+            DOCKER_USER,
+            &rules.forward_chain,
+            &rules.forward_jump(),
+        )
+    }
+
+    /// Whether both chains hold exactly their rules.
+    fn chains_read_back(&self) -> Result<bool, FirewallError> {
+        Ok(
+            self.chain_is(FILTER, &self.rules.input_chain, &self.rules.input_rules)?
+                && self.chain_is(MANGLE, &self.rules.forward_chain, &self.rules.forward_rules)?,
+        )
+    }
+
+    /// Puts `rule` first in `chain` unless it is there; whether it was.
+    fn ensure_first(&self, table: &str, chain: &str, rule: &str) -> Result<bool, FirewallError> {
+        if self.has_rule(table, chain, rule)? {
+            return Ok(true);
+        }
+        self.run(&["-t", table, "-I", chain, "1"], rule)?;
+        Ok(false)
+    }
+
+    /// Removes every `jump` from `from` to `chain` in `table`, then `chain` itself, where
+    /// they exist.
+    fn remove_chain(
+        &self,
+        table: &str,
+        from: &str,
+        chain: &str,
+        jump: &str,
+    ) -> Result<(), FirewallError> {
         // A jump can only exist while its target chain does.
-        if self.chain_exists(&self.rules.input_chain)? {
-            while self.has_rule(INPUT, &self.rules.input_jump())? {
-                self.run(&["-D", INPUT], &self.rules.input_jump())?;
+        if !self.chain_exists(table, chain)? {
+            return Ok(());
+        }
+        if self.chain_exists(table, from)? {
+            while self.has_rule(table, from, jump)? {
+                self.run(&["-t", table, "-D", from], jump)?;
             }
         }
-        if self.chain_exists(&self.rules.forward_chain)? && self.chain_exists(DOCKER_USER)? {
-            while self.has_rule(DOCKER_USER, &self.rules.forward_jump())? {
-                self.run(&["-D", DOCKER_USER], &self.rules.forward_jump())?;
-            }
-        }
-        for chain in [&self.rules.input_chain, &self.rules.forward_chain] {
-            if self.chain_exists(chain)? {
-                self.run(&["-F", chain], "")?;
-                self.run(&["-X", chain], "")?;
-            }
-        }
-        Ok(())
+        self.run(&["-t", table, "-F", chain], "")?;
+        self.run(&["-t", table, "-X", chain], "")
     }
 
-    fn chain_exists(&self, chain: &str) -> Result<bool, FirewallError> {
-        Ok(self.output(&["-S", chain])?.is_some())
+    fn chain_exists(&self, table: &str, chain: &str) -> Result<bool, FirewallError> {
+        Ok(self.output(&["-t", table, "-S", chain])?.is_some())
     }
 
-    /// Whether `chain` holds exactly `rules`, in order.
-    fn chain_is(&self, chain: &str, rules: &[String]) -> Result<bool, FirewallError> {
-        let Some(listing) = self.output(&["-S", chain])? else {
+    /// Whether `chain` of `table` holds exactly `rules`, in order.
+    fn chain_is(&self, table: &str, chain: &str, rules: &[String]) -> Result<bool, FirewallError> {
+        let Some(listing) = self.output(&["-t", table, "-S", chain])? else {
             return Ok(false);
         };
         let prefix = format!("-A {chain} ");
@@ -133,14 +165,10 @@ impl Iptables {
         Ok(present == rules.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
-    fn has_rule(&self, chain: &str, rule: &str) -> Result<bool, FirewallError> {
-        let mut args = vec!["-C", chain];
+    fn has_rule(&self, table: &str, chain: &str, rule: &str) -> Result<bool, FirewallError> {
+        let mut args = vec!["-t", table, "-C", chain];
         args.extend(rule.split_whitespace());
         Ok(self.output(&args)?.is_some())
-    }
-
-    fn insert_first(&self, chain: &str, rule: &str) -> Result<(), FirewallError> {
-        self.run(&["-I", chain, "1"], rule)
     }
 
     /// Runs iptables with `args` and then the words of `rule`; fails with its stderr.

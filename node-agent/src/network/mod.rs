@@ -7,15 +7,20 @@
 //! ([`interface_prefix`]), so one wildcard rule per direction covers them, and agents sharing a
 //! Docker daemon (the tests, the quickstart) each keep to their own rules and networks.
 //!
-//! The rules ([`Ruleset`]) are two chains of the host's `filter` table, jumped to from `INPUT`
-//! and from Docker's `DOCKER-USER` for traffic coming *from* those bridges:
+//! The rules ([`Ruleset`]) are two chains, for traffic coming *from* those bridges:
 //!
-//! - `ONGRID-IN-<tag>` (INPUT): only answers to connections the host opened get through; a
-//!   container reaches none of the node's own addresses (the agent, the manager, the Docker API,
-//!   anything listening on the bridge gateway or any other address of the node).
-//! - `ONGRID-FWD-<tag>` (DOCKER-USER): answers pass; traffic to any ongrid bridge (another
-//!   session), to a port Docker publishes on the node (destination NAT), and to link-local
-//!   addresses (169.254.0.0/16, cloud metadata) is dropped; then the `[network]` policy decides.
+//! - `ONGRID-IN-<tag>` in the `filter` table, jumped to from `INPUT`: only answers to
+//!   connections the host opened get through; a container reaches none of the node's own
+//!   addresses (the agent, the manager, the Docker API, anything listening on the bridge gateway
+//!   or any other address of the node).
+//! - `ONGRID-FWD-<tag>` in the `mangle` table, jumped to from its `FORWARD`: answers pass;
+//!   traffic to any ongrid bridge (another session), to a port Docker publishes on the node
+//!   (destination NAT), and to link-local addresses (169.254.0.0/16, cloud metadata) is
+//!   dropped; then the `[network]` policy decides. It is not in `filter`'s `DOCKER-USER`, where
+//!   Docker asks such rules to go, because Docker takes the jump to `DOCKER-USER` out of
+//!   `FORWARD` and puts it back each time it creates a network: in between, Docker's own rules
+//!   accept whatever leaves a bridge, and a connection opened then stays open (answers pass).
+//!   Docker never touches `mangle`, whose `FORWARD` runs before `filter`'s.
 //!
 //! [`NetworkPolicy`]: the most specific `allow` or `deny` entry containing the destination
 //! decides; a destination in no entry is dropped. IPv6 is switched off inside dev containers, so
@@ -362,9 +367,18 @@ pub struct Ruleset {
     pub forward_rules: Vec<String>,
 }
 
-/// The built-in chain the input jump goes into.
+/// The built-in chain the input jump goes into (in [`FILTER`]).
 pub const INPUT: &str = "INPUT";
-/// Docker's chain for the administrator's forwarding rules, evaluated before its own.
+/// The built-in chain the forward jump goes into (in [`MANGLE`]).
+pub const FORWARD: &str = "FORWARD";
+/// The table of the input chain.
+pub const FILTER: &str = "filter";
+/// The table of the forward chain: its `FORWARD` runs before `filter`'s, and Docker leaves it
+/// alone.
+pub const MANGLE: &str = "mangle";
+/// Docker's chain for the administrator's forwarding rules: its presence shows that dockerd
+/// manages iptables (and so masquerades the sessions' traffic). Agents before the forward
+/// chain moved to [`MANGLE`] jumped to it from here.
 pub const DOCKER_USER: &str = "DOCKER-USER";
 
 impl Ruleset {
@@ -402,25 +416,26 @@ impl Ruleset {
         format!("-i {} -j {}", self.interfaces, self.input_chain)
     }
 
-    /// The jump from `DOCKER-USER`.
+    /// The jump from `mangle`'s `FORWARD` (and, from agents before it moved there, from
+    /// `filter`'s `DOCKER-USER`).
     pub fn forward_jump(&self) -> String {
         format!("-i {} -j {}", self.interfaces, self.forward_chain)
     }
 
-    /// `iptables-restore --noflush` input that creates or replaces both chains in one
-    /// transaction (a chain named on a `:` line is emptied first).
+    /// `iptables-restore --noflush` input that creates or replaces both chains, each in one
+    /// transaction of its table (a chain named on a `:` line is emptied first).
     pub fn restore_script(&self) -> String {
-        let mut script = format!(
-            "*filter\n:{} - [0:0]\n:{} - [0:0]\n",
-            self.input_chain, self.forward_chain
-        );
-        for rule in &self.input_rules {
-            script.push_str(&format!("-A {} {rule}\n", self.input_chain));
+        let mut script = String::new();
+        for (table, chain, rules) in [
+            (FILTER, &self.input_chain, &self.input_rules),
+            (MANGLE, &self.forward_chain, &self.forward_rules),
+        ] {
+            script.push_str(&format!("*{table}\n:{chain} - [0:0]\n"));
+            for rule in rules {
+                script.push_str(&format!("-A {chain} {rule}\n"));
+            }
+            script.push_str("COMMIT\n");
         }
-        for rule in &self.forward_rules {
-            script.push_str(&format!("-A {} {rule}\n", self.forward_chain));
-        }
-        script.push_str("COMMIT\n");
         script
     }
 }
@@ -614,14 +629,21 @@ mod tests {
             ]
         );
         let script = rules.restore_script();
-        assert!(script.starts_with("*filter\n:ONGRID-IN-"), "{script}");
-        assert!(
-            script.ends_with(
-                "-A ONGRID-FWD-{tag} -j DROP\nCOMMIT\n"
-                    .replace("{tag}", &tag)
-                    .as_str()
-            ),
-            "{script}"
+        assert_eq!(
+            script,
+            "*filter\n:ONGRID-IN-{tag} - [0:0]\n\
+             -A ONGRID-IN-{tag} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN\n\
+             -A ONGRID-IN-{tag} -j DROP\nCOMMIT\n\
+             *mangle\n:ONGRID-FWD-{tag} - [0:0]\n\
+             -A ONGRID-FWD-{tag} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN\n\
+             -A ONGRID-FWD-{tag} -o ong+ -j DROP\n\
+             -A ONGRID-FWD-{tag} -m conntrack --ctstate DNAT -j DROP\n\
+             -A ONGRID-FWD-{tag} -d 169.254.0.0/16 -j DROP\n\
+             -A ONGRID-FWD-{tag} -d 10.1.2.0/24 -j RETURN\n\
+             -A ONGRID-FWD-{tag} -d 10.0.0.0/8 -j DROP\n\
+             -A ONGRID-FWD-{tag} -j RETURN\n\
+             -A ONGRID-FWD-{tag} -j DROP\nCOMMIT\n"
+                .replace("{tag}", &tag)
         );
     }
 

@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
 use std::process::Command;
 use std::time::Duration;
 
-use ongrid_agent::network::{NetworkPolicy, INTERFACE_PREFIX};
+use ongrid_agent::network::{FirewallState, NetworkPolicy, INTERFACE_PREFIX};
 use ongrid_agent::reconcile::Reconciler;
 use ongrid_core::api::{ContainerState, DesiredSession};
 use tokio::io::AsyncWriteExt;
@@ -301,5 +301,99 @@ async fn link_local_and_denied_destinations_are_closed_and_allowed_ones_open() {
         probe_from(&session, address(denied), port).await,
         None,
         "a denied address was reached"
+    );
+
+    // Each time Docker creates a network it takes `FORWARD`'s jump to `DOCKER-USER` out and puts
+    // it back; in between, its own rules accept what leaves a bridge. The same moment for this
+    // node's bridges only, held open: the rules still close what they close.
+    let window = DockerWindow::open(&node.firewall.rules().interfaces);
+    assert_eq!(
+        probe_from(&session, address(allowed), port)
+            .await
+            .as_deref(),
+        Some(GREETING),
+        "an allowed destination is reachable while Docker's jump is out"
+    );
+    assert_eq!(
+        probe_from(&session, address(denied), port).await,
+        None,
+        "a denied address was reached while Docker's jump is out"
+    );
+    assert_eq!(
+        probe_from(&session, address(link_local), port).await,
+        None,
+        "a link-local address was reached while Docker's jump is out"
+    );
+    drop(window);
+}
+
+/// An `ACCEPT` first in `filter`'s `FORWARD` for traffic from `interfaces` (the test node's
+/// bridges), as Docker's rules act while its jump to `DOCKER-USER` is out; removed on drop.
+struct DockerWindow {
+    rule: Vec<String>,
+}
+
+impl DockerWindow {
+    fn open(interfaces: &str) -> Self {
+        let rule = ["-i", interfaces, "-j", "ACCEPT"]
+            .map(str::to_owned)
+            .to_vec();
+        let status = Command::new("/usr/sbin/iptables")
+            .args(["-w", "-I", "FORWARD", "1"])
+            .args(&rule)
+            .status()
+            .expect("iptables");
+        assert!(status.success());
+        Self { rule }
+    }
+}
+
+impl Drop for DockerWindow {
+    fn drop(&mut self) {
+        let _ = Command::new("/usr/sbin/iptables")
+            .args(["-w", "-D", "FORWARD"])
+            .args(&self.rule)
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn the_forward_chain_earlier_agents_kept_behind_docker_user_is_replaced() {
+    let node = TestNode::new().await;
+    let rules = node.firewall.rules().clone();
+    let iptables = |args: &[&str]| {
+        Command::new("/usr/sbin/iptables")
+            .arg("-w")
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("iptables")
+            .success()
+    };
+    // What an agent before the move left: the forward chain in filter, jumped to from
+    // DOCKER-USER, with the policy of its day (here: everything open).
+    let (chain, interfaces) = (rules.forward_chain.as_str(), rules.interfaces.as_str());
+    assert!(iptables(&["-N", chain]) && iptables(&["-A", chain, "-j", "RETURN"]));
+    let jump = ["-i", interfaces, "-j", chain];
+    assert!(iptables(&[&["-I", "DOCKER-USER", "1"][..], &jump].concat()));
+
+    let state = node.firewall.ensure_blocking().expect("rules installed");
+    assert_eq!(state, FirewallState::Installed);
+    assert!(
+        !iptables(&[&["-C", "DOCKER-USER"][..], &jump].concat()),
+        "the jump from DOCKER-USER is gone"
+    );
+    assert!(!iptables(&["-S", chain]), "the chain in filter is gone");
+    assert!(
+        iptables(&["-t", "mangle", "-S", chain]),
+        "the chain is in mangle"
+    );
+    assert!(
+        iptables(&[&["-t", "mangle", "-C", "FORWARD"][..], &jump].concat()),
+        "mangle's FORWARD jumps to it"
+    );
+    assert_eq!(
+        node.firewall.ensure_blocking().expect("rules checked"),
+        FirewallState::InPlace
     );
 }

@@ -583,8 +583,13 @@ async fn agent_converges_reports_and_survives_restarts_and_outages() {
     // leaves in place; a new agent adopts it.
     let rules = test_node.firewall.rules();
     let chain_exists = |chain: &str| {
+        let table = if chain == rules.forward_chain {
+            "mangle"
+        } else {
+            "filter"
+        };
         std::process::Command::new("iptables")
-            .args(["-S", chain])
+            .args(["-t", table, "-S", chain])
             .output()
             .expect("iptables runs")
             .status
