@@ -87,6 +87,24 @@ impl TestStore {
         }
     }
 
+    /// Whether a write of `kind` is under way or waits for the site's write lock.
+    fn turn_taken(&self, kind: Together) -> bool {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.turn_taken(kind),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.turn_taken(kind),
+        }
+    }
+
+    /// Holds the site's write lock until the returned value is dropped.
+    async fn hold_write_lock(&self) -> Box<dyn std::any::Any + Send> {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => Box::new(store.hold_write_lock().await),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => Box::new(store.hold_write_lock().await),
+        }
+    }
+
     /// How many writes of `kind` wait to be made together.
     fn waiting(&self, kind: Together) -> usize {
         match &self.0 {
@@ -163,6 +181,7 @@ backend_tests!(
     transitions_go_through_the_lifecycle,
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
+    creates_that_come_while_a_write_waits_for_the_lock_go_in_it,
     submits_written_together_each_keep_their_own_answer,
     heartbeats_written_together_each_keep_their_own_answer,
     activity_samples_written_together_each_keep_their_own_answer,
@@ -1388,6 +1407,51 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
     ];
     expected.sort();
     assert_eq!(names, expected);
+}
+
+/// A write of creates takes the creates waiting once it has the site's write lock: those that
+/// came while it waited for the lock are in it, not in a write after it.
+async fn creates_that_come_while_a_write_waits_for_the_lock_go_in_it(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let lock = store.hold_write_lock().await;
+    let send = |name: &str| {
+        let (store, new) = (store.clone(), new_session(&alice.dn, Some(name), t(5)));
+        tokio::spawn(async move { store.create_session(new).await })
+    };
+    let first = send("first");
+    // Its write has the turn and waits for the lock.
+    let joined = |count: usize| {
+        let store = store.clone();
+        async move {
+            while !(store.turn_taken(Together::Creates)
+                && store.waiting(Together::Creates) == count)
+            {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), joined(1))
+        .await
+        .expect("the first create waits for the lock");
+    let later = [send("second"), send("third")];
+    tokio::time::timeout(std::time::Duration::from_secs(10), joined(3))
+        .await
+        .expect("the later creates wait beside the first, which was not taken yet");
+    drop(lock);
+    let mut stamps = BTreeSet::new();
+    for sent in std::iter::once(first).chain(later) {
+        let session = sent.await.unwrap().expect("created");
+        let id = session.id.to_string();
+        let rows = store
+            .rows(
+                "SELECT CAST(change_seq AS TEXT) FROM sessions WHERE id = ?",
+                &[&id],
+            )
+            .await;
+        stamps.insert(rows[0][0].clone());
+    }
+    assert_eq!(stamps.len(), 1, "written in one write: {stamps:?}");
 }
 
 async fn users_get_stable_unique_names_and_uids(backend: Backend) {

@@ -1,5 +1,5 @@
-//! Sessions created together ([`super::together`]): the creates that arrive while a write is
-//! under way are written in the next write, all of them, instead of one write each. A name
+//! Sessions created together ([`super::together`]): the creates that arrive while a write
+//! waits for the site's write lock are written in it, all of them, instead of one write each. A name
 //! already taken or an owner removed refuses that one create, decided before anything of it is
 //! written.
 
@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use ongrid_core::{Dn, Lifecycle, SessionName, SessionState};
 use sqlx::{QueryBuilder, Transaction};
 
-use super::together::WriteQueue;
+use super::together::{Lock, WriteQueue};
 use super::{
     activity, first_free_name, history, parse, planning, timestamp, to_json, Db, SqlStore,
 };
@@ -42,17 +42,21 @@ impl SqlStore {
         let id = new.id;
         let creating = Creating { new, name, asked };
         self.creates
-            .write(self, creating, |store, creates| {
-                Box::pin(store.write_creates(creates))
+            .write(self, creating, Lock::Site, |store, tx, creates| {
+                Box::pin(store.write_creates(tx, creates))
             })
             .await?;
         self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
     }
 
-    /// Writes `creates` in one write transaction: each create's outcome in order, a refusal
-    /// (its owner removed, its asked name taken) decided before anything of it is written.
-    async fn write_creates(&self, creates: &[Creating]) -> StoreResult<Vec<StoreResult<()>>> {
-        let mut tx = self.write().await?;
+    /// Writes `creates` in the write transaction `tx`: each create's outcome in order, a
+    /// refusal (its owner removed, its asked name taken) decided before anything of it is
+    /// written.
+    async fn write_creates(
+        &self,
+        mut tx: Transaction<'static, Db>,
+        creates: &[Creating],
+    ) -> StoreResult<Vec<StoreResult<()>>> {
         let owners: BTreeSet<&Dn> = creates.iter().map(|c| &c.new.owner).collect();
         let removed = super::removed_among(&mut tx, &owners).await?;
         let mut taken = live_names(&mut tx, creates).await?;

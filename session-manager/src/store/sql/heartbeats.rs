@@ -1,5 +1,6 @@
 //! Heartbeats written together ([`super::together`]): the `last_seen` of every node whose sync
-//! arrives while a heartbeat is being written goes in the next write, one `UPDATE` for all.
+//! arrives while a write of heartbeats waits for the writer goes in that write, one `UPDATE`
+//! for all.
 //!
 //! Every node's agent syncs every `sync_interval` (5 s by default), and more often while its
 //! jobs end: on a site of 1,000 nodes that is hundreds of heartbeats a second, each of them a
@@ -10,9 +11,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use ongrid_core::NodeName;
-use sqlx::QueryBuilder;
+use sqlx::{QueryBuilder, Transaction};
 
-use super::together::WriteQueue;
+use super::together::{Lock, WriteQueue};
 use super::{timestamp, Db, SqlStore};
 use crate::store::StoreResult;
 
@@ -39,15 +40,19 @@ impl SqlStore {
             at,
         };
         self.beats
-            .write(self, beat, |store, beats| {
-                Box::pin(store.write_beats(beats))
+            .write(self, beat, Lock::Outside, |store, tx, beats| {
+                Box::pin(store.write_beats(tx, beats))
             })
             .await
     }
 
-    /// Writes `beats` in one statement: for each, whether its node was updated. A node that
-    /// beats twice in one write is seen at the later of the two.
-    async fn write_beats(&self, beats: &[Beat]) -> StoreResult<Vec<StoreResult<bool>>> {
+    /// Writes `beats` in one statement in `tx`: for each, whether its node was updated. A node
+    /// that beats twice in one write is seen at the later of the two.
+    async fn write_beats(
+        &self,
+        mut tx: Transaction<'static, Db>,
+        beats: &[Beat],
+    ) -> StoreResult<Vec<StoreResult<bool>>> {
         let mut latest: BTreeMap<&NodeName, DateTime<Utc>> = BTreeMap::new();
         for beat in beats {
             let at = latest.entry(&beat.node).or_insert(beat.at);
@@ -65,10 +70,11 @@ impl SqlStore {
         let updated: HashSet<String> = query
             .build_query_scalar()
             .persistent(latest.len() == 1)
-            .fetch_all(self.writes())
+            .fetch_all(&mut *tx)
             .await?
             .into_iter()
             .collect();
+        tx.commit().await?;
         Ok(beats
             .iter()
             .map(|beat| Ok(updated.contains(beat.node.as_str())))

@@ -19,6 +19,7 @@ use ongrid_core::{Dn, HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
 use super::job_history::{self, JobWrites};
+use super::together::Lock;
 use super::{
     from_json, parse, placeholders, planning, query_with, timestamp, Db, DbConnection, DbRow,
     SqlStore, JOB_HISTORY,
@@ -46,15 +47,20 @@ impl SqlStore {
     pub(super) async fn create_job(&self, new: NewJob) -> StoreResult<JobRecord> {
         let record = JobRecord::from(new.clone());
         self.submits
-            .write(self, new, |store, jobs| Box::pin(store.write_jobs(jobs)))
+            .write(self, new, Lock::Site, |store, tx, jobs| {
+                Box::pin(store.write_jobs(tx, jobs))
+            })
             .await?;
         Ok(record)
     }
 
-    /// Writes `jobs` in one write transaction: each one's outcome in order, one whose owner an
-    /// admin removed refused before anything is written.
-    async fn write_jobs(&self, jobs: &[NewJob]) -> StoreResult<Vec<StoreResult<()>>> {
-        let mut tx = self.write().await?;
+    /// Writes `jobs` in the write transaction `tx`: each one's outcome in order, one whose
+    /// owner an admin removed refused before anything is written.
+    async fn write_jobs(
+        &self,
+        mut tx: Transaction<'static, Db>,
+        jobs: &[NewJob],
+    ) -> StoreResult<Vec<StoreResult<()>>> {
         let owners: BTreeSet<&Dn> = jobs.iter().map(|job| &job.owner).collect();
         let removed = super::removed_among(&mut tx, &owners).await?;
         let mut writes = JobWrites::default();

@@ -1,5 +1,5 @@
 //! Agents' activity samples written together ([`super::together`]): the samples of every sync
-//! that arrives while some are being written go in the next write, in at most four statements
+//! that arrives while a write of samples waits for the writer go in that write, in at most four statements
 //! whatever their number: which sampled sessions are on the node that sampled them (with what
 //! is stored of them), their `session_lifecycle` rows made where missing, one `UPDATE` of the
 //! CPU readings and one of the GPU readings.
@@ -21,7 +21,7 @@ use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{NodeName, SessionId};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::together::WriteQueue;
+use super::together::{Lock, WriteQueue};
 use super::{parse, parse_timestamp, timestamp, Db, DbRow, SqlStore, GREATEST};
 use crate::domain::sessions::facts::{self, Reading, SampleFacts};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, Sampled};
@@ -190,13 +190,26 @@ impl SqlStore {
         };
         self.samples
             .queue
-            .write(self, sync, |store, all| Box::pin(store.write_samples(all)))
+            .write(self, sync, Lock::Outside, |store, tx, all| {
+                Box::pin(store.write_samples(tx, all))
+            })
             .await
     }
 
-    /// Writes the samples of `all` that are due in one write transaction, each session's as if
-    /// its samples had been written one after the other.
-    async fn write_samples(&self, all: &[NodeSamples]) -> StoreResult<Vec<StoreResult<usize>>> {
+    /// Writes the samples of `all` that are due in `tx`, each session's as if its samples had
+    /// been written one after the other.
+    ///
+    /// Not under the site's write lock ([`Lock::Outside`]; PostgreSQL's advisory lock, SQLite
+    /// has one writer anyway): what a sample decides (which sessions are on the node that
+    /// sampled them) moves nothing of the site, and a session that left its node after the
+    /// check has a reading from its container of a moment ago, as had the sample come just
+    /// before it left. Under the lock, the samples of every node's sync held up placements and
+    /// creates.
+    async fn write_samples(
+        &self,
+        mut tx: Transaction<'static, Db>,
+        all: &[NodeSamples],
+    ) -> StoreResult<Vec<StoreResult<usize>>> {
         let Some(last) = all.last() else {
             return Ok(Vec::new());
         };
@@ -217,12 +230,6 @@ impl SqlStore {
             .flat_map(|sync| sync.samples.iter().map(|(_, facts)| facts.cpu.sampled_at))
             .max()
             .unwrap_or_default();
-        // Not under the site's write lock (PostgreSQL's advisory lock; SQLite has one writer
-        // anyway): what a sample decides (which sessions are on the node that sampled them)
-        // moves nothing of the site, and a session that left its node after the check has a
-        // reading from its container of a moment ago, as had the sample come just before it
-        // left. Under the lock, the samples of every node's sync held up placements and creates.
-        let mut tx = self.writes().begin().await?;
         let sampled: BTreeSet<(SessionId, &NodeName)> =
             latest.keys().map(|&(id, node, _)| (id, node)).collect();
         let placed = on_their_nodes(&mut tx, sampled).await?;

@@ -1,13 +1,15 @@
-//! Writes made together: the requests that arrive while a write is under way are written in the
-//! next write, all of them, instead of one write each (a group commit). Sessions' creates
+//! Writes made together: the requests that arrive while a write waits for its turn are written
+//! in that write, all of them, instead of one write each (a group commit). Sessions' creates
 //! ([`super::creates`]), jobs' submits ([`super::jobs`]), nodes' heartbeats
 //! ([`super::heartbeats`]) and agents' activity samples ([`super::samples`]) go through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
 //! its own transaction: on PostgreSQL 32 creates at once waited 26 ms each for the lock on
-//! average. A request joins a [`WriteQueue`] and starts a task that waits for the turn;
-//! whichever task gets it takes every request then waiting and writes them in one transaction.
+//! average. A request joins a [`WriteQueue`] and starts a task that waits for the kind's turn;
+//! whichever task gets it begins the transaction (waiting for the lock) and only then takes
+//! every request waiting, so those that came while it waited for the lock are in it; those that
+//! come while it writes are in the next.
 //! The request only waits for its answer, so one that goes away (its client disconnected) never
 //! takes a write with it, its own or the others': what it asked for is stored all the same, as
 //! it would be had it gone away just after its commit, and asked again with the same idempotency
@@ -21,17 +23,42 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::BoxFuture;
+use sqlx::Transaction;
 use tokio::sync::oneshot;
 
-use super::SqlStore;
+use super::{Db, SqlStore};
 use crate::store::{StoreError, StoreResult};
 
 /// The most requests one write takes; those beyond wait for the next.
 const PER_WRITE: usize = 64;
 
-/// Writes `items` in one write: each one's outcome, in order.
-pub(super) type WriteAll<W, O> =
-    for<'a> fn(&'a SqlStore, &'a [W]) -> BoxFuture<'a, StoreResult<Vec<StoreResult<O>>>>;
+/// Writes `items` in the transaction begun for them and commits it: each one's outcome, in
+/// order.
+pub(super) type WriteAll<W, O> = for<'a> fn(
+    &'a SqlStore,
+    Transaction<'static, Db>,
+    &'a [W],
+) -> BoxFuture<'a, StoreResult<Vec<StoreResult<O>>>>;
+
+/// The transaction a kind's writes run in.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Lock {
+    /// [`SqlStore::write`]'s, holding the site's write lock.
+    Site,
+    /// A plain one where statements that write outside the lock run
+    /// ([`SqlStore::writes`]: SQLite's one writer, PostgreSQL's pool), for writes that move
+    /// nothing of the site.
+    Outside,
+}
+
+impl Lock {
+    async fn begin(self, store: &SqlStore) -> StoreResult<Transaction<'static, Db>> {
+        match self {
+            Self::Site => store.write().await,
+            Self::Outside => Ok(store.writes().begin().await?),
+        }
+    }
+}
 
 /// The requests waiting for a write, and the turn to write them; `O` is what a request's write
 /// answers besides its error. Cheap to clone (shared).
@@ -81,11 +108,13 @@ impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
         waiting.drain(..count).collect()
     }
 
-    /// Writes `item` with every request waiting with it, by `write_all`; its own outcome.
+    /// Writes `item` with every request waiting with it, by `write_all` in a transaction of
+    /// `lock`; its own outcome.
     pub(super) async fn write(
         &self,
         store: &SqlStore,
         item: W,
+        lock: Lock,
         write_all: WriteAll<W, O>,
     ) -> StoreResult<O> {
         let (answer, answered) = oneshot::channel();
@@ -94,10 +123,10 @@ impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
         let store = store.clone();
         tokio::spawn(async move {
             let _turn = queue.0.turn.clone().lock_owned().await;
-            // Empty when the write of an earlier task took this request with it.
-            let batch = queue.take();
-            if !batch.is_empty() {
-                write_together(&store, batch, write_all).await;
+            // Empty when the write of an earlier task took this request with it: no
+            // transaction begun for nothing.
+            if !queue.waiting().is_empty() {
+                queue.write_waiting(&store, lock, write_all).await;
             }
         });
         // Only a panic of the write's task drops the answer unsent.
@@ -105,35 +134,50 @@ impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
             .await
             .map_err(|_| StoreError::Database(sqlx::Error::WorkerCrashed))?
     }
+
+    /// Begins a transaction of `lock`, then writes in it every request waiting by then and
+    /// answers each; when that write fails, writes each alone.
+    async fn write_waiting(&self, store: &SqlStore, lock: Lock, write_all: WriteAll<W, O>) {
+        let begun = lock.begin(store).await;
+        let (items, answers): (Vec<W>, Vec<_>) = self
+            .take()
+            .into_iter()
+            .map(|waiting| (waiting.item, waiting.answer))
+            .unzip();
+        let written = match begun {
+            Ok(tx) => write_all(store, tx, &items).await,
+            Err(error) => Err(error),
+        };
+        let outcomes = match written {
+            Ok(outcomes) => outcomes,
+            Err(error) if items.len() == 1 => vec![Err(error)],
+            Err(error) => {
+                tracing::warn!(%error, requests = items.len(), "A write of requests made together failed; writing each alone.");
+                let mut outcomes = Vec::with_capacity(items.len());
+                for item in &items {
+                    outcomes.push(write_alone(store, lock, write_all, item).await);
+                }
+                outcomes
+            }
+        };
+        for (answer, outcome) in answers.into_iter().zip(outcomes) {
+            // Its request went away: what it asked for is stored all the same.
+            let _ = answer.send(outcome);
+        }
+    }
 }
 
-/// Writes `batch` in one write and answers each; when that write fails, writes each alone.
-async fn write_together<W, O>(
+/// Writes `item` by `write_all` in a transaction of its own; its outcome.
+async fn write_alone<W, O>(
     store: &SqlStore,
-    batch: Vec<Waiting<W, O>>,
+    lock: Lock,
     write_all: WriteAll<W, O>,
-) {
-    let (items, answers): (Vec<W>, Vec<_>) = batch
-        .into_iter()
-        .map(|waiting| (waiting.item, waiting.answer))
-        .unzip();
-    let outcomes = match write_all(store, &items).await {
-        Ok(outcomes) => outcomes,
-        Err(error) if items.len() == 1 => vec![Err(error)],
-        Err(error) => {
-            tracing::warn!(%error, requests = items.len(), "A write of requests made together failed; writing each alone.");
-            let mut outcomes = Vec::with_capacity(items.len());
-            for item in &items {
-                let alone = write_all(store, std::slice::from_ref(item)).await;
-                outcomes.push(alone.and_then(|mut outcome| outcome.remove(0)));
-            }
-            outcomes
-        }
-    };
-    for (answer, outcome) in answers.into_iter().zip(outcomes) {
-        // Its request went away: what it asked for is stored all the same.
-        let _ = answer.send(outcome);
-    }
+    item: &W,
+) -> StoreResult<O> {
+    let tx = lock.begin(store).await?;
+    write_all(store, tx, std::slice::from_ref(item))
+        .await
+        .and_then(|mut outcome| outcome.remove(0))
 }
 
 #[cfg(test)]
@@ -151,6 +195,23 @@ impl SqlStore {
             Together::Samples => &self.samples.queue.0.turn,
         };
         turn.clone().lock_owned().await
+    }
+
+    /// Whether a task holds the turn of the writes of `kind` (writing, or waiting for the lock
+    /// to).
+    pub(crate) fn turn_taken(&self, kind: Together) -> bool {
+        let turn = match kind {
+            Together::Creates => &self.creates.0.turn,
+            Together::Submits => &self.submits.0.turn,
+            Together::Heartbeats => &self.beats.0.turn,
+            Together::Samples => &self.samples.queue.0.turn,
+        };
+        turn.try_lock().is_err()
+    }
+
+    /// Holds the site's write lock until the transaction is dropped.
+    pub(crate) async fn hold_write_lock(&self) -> Transaction<'static, Db> {
+        self.write().await.expect("the write lock")
     }
 
     /// How many requests of `kind` wait for a write.
