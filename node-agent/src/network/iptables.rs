@@ -6,8 +6,8 @@
 //! [`Iptables::ensure`] compares the chains (`iptables -t <table> -S <chain>`) and the two jumps
 //! (`iptables -t <table> -C`) with the [`Ruleset`]; when anything differs it replaces both
 //! chains, each in one `iptables-restore --noflush` transaction of its table (never an empty,
-//! open moment), removes the forward chain that agents before it kept behind `DOCKER-USER`, and
-//! inserts a missing jump first in its chain. [`Iptables::remove_blocking`] takes everything out again: the agent
+//! open moment), inserts a missing jump first in its chain, and then removes the forward chain
+//! that agents before it kept behind `DOCKER-USER`. [`Iptables::remove_blocking`] takes everything out again: the agent
 //! when it stops with no container left on the node (with containers it leaves the rules, so
 //! they stay isolated until the next agent), and the tests.
 
@@ -71,13 +71,15 @@ impl Iptables {
         if !chains_ok {
             // The jumps can only be checked once their targets exist.
             self.restore(&self.rules.restore_script())?;
-            // An agent from before the forward chain moved to mangle left it in filter, behind
-            // DOCKER-USER, with the policy of its day.
-            self.remove_forward_from_docker_user()?;
         }
         let input_jump = self.ensure_first(FILTER, INPUT, &self.rules.input_jump())?;
         let forward_jump = self.ensure_first(MANGLE, FORWARD, &self.rules.forward_jump())?;
-        if chains_ok && input_jump && forward_jump {
+        // An agent from before the forward chain moved to mangle left it in filter, behind
+        // DOCKER-USER, with the policy of its day. Removed only once the new jump is in place,
+        // so that no moment passes without one, and looked for at every check, so that a
+        // removal that failed is tried again.
+        let legacy_removed = self.remove_forward_from_docker_user()?;
+        if chains_ok && input_jump && forward_jump && !legacy_removed {
             return Ok(FirewallState::InPlace);
         }
         if !self.chains_read_back()? {
@@ -95,11 +97,13 @@ impl Iptables {
         let rules = &self.rules;
         self.remove_chain(FILTER, INPUT, &rules.input_chain, &rules.input_jump())?;
         self.remove_chain(MANGLE, FORWARD, &rules.forward_chain, &rules.forward_jump())?;
-        self.remove_forward_from_docker_user()
+        self.remove_forward_from_docker_user()?;
+        Ok(())
     }
 
-    /// Removes the forward chain from where agents before the move to mangle kept it.
-    fn remove_forward_from_docker_user(&self) -> Result<(), FirewallError> {
+    /// Removes the forward chain from where agents before the move to mangle kept it; whether
+    /// it was there.
+    fn remove_forward_from_docker_user(&self) -> Result<bool, FirewallError> {
         let rules = &self.rules;
         self.remove_chain(
             FILTER,
@@ -127,17 +131,17 @@ impl Iptables {
     }
 
     /// Removes every `jump` from `from` to `chain` in `table`, then `chain` itself, where
-    /// they exist.
+    /// they exist; whether `chain` did.
     fn remove_chain(
         &self,
         table: &str,
         from: &str,
         chain: &str,
         jump: &str,
-    ) -> Result<(), FirewallError> {
+    ) -> Result<bool, FirewallError> {
         // A jump can only exist while its target chain does.
         if !self.chain_exists(table, chain)? {
-            return Ok(());
+            return Ok(false);
         }
         if self.chain_exists(table, from)? {
             while self.has_rule(table, from, jump)? {
@@ -145,7 +149,8 @@ impl Iptables {
             }
         }
         self.run(&["-t", table, "-F", chain], "")?;
-        self.run(&["-t", table, "-X", chain], "")
+        self.run(&["-t", table, "-X", chain], "")?;
+        Ok(true)
     }
 
     fn chain_exists(&self, table: &str, chain: &str) -> Result<bool, FirewallError> {

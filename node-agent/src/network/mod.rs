@@ -20,7 +20,9 @@
 //!   Docker asks such rules to go, because Docker takes the jump to `DOCKER-USER` out of
 //!   `FORWARD` and puts it back each time it creates a network: in between, Docker's own rules
 //!   accept whatever leaves a bridge, and a connection opened then stays open (answers pass).
-//!   Docker never touches `mangle`, whose `FORWARD` runs before `filter`'s.
+//!   Docker's bridge driver leaves the host's `mangle` alone, and its `FORWARD` runs before
+//!   `filter`'s (so rules an administrator adds to `DOCKER-USER` cannot let through what these
+//!   drop).
 //!
 //! [`NetworkPolicy`]: the most specific `allow` or `deny` entry containing the destination
 //! decides; a destination in no entry is dropped. IPv6 is switched off inside dev containers, so

@@ -294,8 +294,8 @@ impl SqlStore {
     /// A sync's heartbeat when the node reports its GPUs exactly as stored (the common case
     /// wherever nothing reports a changing utilisation): read first, then the one `UPDATE` of
     /// its `last_seen`, written with the other nodes' heartbeats waiting then
-    /// ([`heartbeats`]), so the writer's connection is taken for one statement instead of a
-    /// transaction of five. `None` when the GPUs differ, or the node is not registered: then
+    /// ([`heartbeats`]), so the writer's connection is taken for a transaction of one statement
+    /// instead of five. `None` when the GPUs differ, or the node is not registered: then
     /// [`Self::record_sync`] compares and writes them under the write lock.
     async fn heartbeat_only(
         &self,
