@@ -329,10 +329,10 @@ impl Scheduler {
     }
 
     /// [`Self::tick_covering`] in a task of its own, then `asked` covered in the scheduler's
-    /// [`Changes`] ([`Changes::round_covered`]): a request that asked for the round (for `session`) may
-    /// answer before it ends (`placement_wait`) without the round being given up. A round run
-    /// after the lead was lost covers nothing, as in `replicas.rs`: the request stays among those
-    /// that ask the next leader again.
+    /// [`Changes`] ([`Changes::round_covered`]): a request that asked for the round (for
+    /// `session`) may answer before it ends (`placement_wait`) without the round being given up.
+    /// A round run after the lead was lost covers nothing, as in `replicas.rs`: the request stays
+    /// among those that ask the next leader again.
     pub fn cover(self: &Arc<Self>, asked: u64, session: SessionId) {
         let scheduler = self.clone();
         self.requested.spawn(async move {
