@@ -105,6 +105,15 @@ impl TestStore {
         }
     }
 
+    /// The name of the thread a write made together runs on.
+    async fn thread_of_writes(&self) -> Option<String> {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.thread_of_writes().await,
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.thread_of_writes().await,
+        }
+    }
+
     /// How many writes of `kind` wait to be made together.
     fn waiting(&self, kind: Together) -> usize {
         match &self.0 {
@@ -182,6 +191,7 @@ backend_tests!(
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
     creates_that_come_while_a_write_waits_for_the_lock_go_in_it,
+    writes_made_together_run_on_the_thread_of_the_writes,
     submits_written_together_each_keep_their_own_answer,
     heartbeats_written_together_each_keep_their_own_answer,
     activity_samples_written_together_each_keep_their_own_answer,
@@ -1452,6 +1462,23 @@ async fn creates_that_come_while_a_write_waits_for_the_lock_go_in_it(backend: Ba
         stamps.insert(rows[0][0].clone());
     }
     assert_eq!(stamps.len(), 1, "written in one write: {stamps:?}");
+}
+
+/// A write made together runs on the store's thread of writes, not among the caller's tasks
+/// (here the test's runtime, on the test's own thread).
+async fn writes_made_together_run_on_the_thread_of_the_writes(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let caller = std::thread::current().name().map(str::to_owned);
+    assert_ne!(caller.as_deref(), Some("store-writes"));
+    assert_eq!(
+        store.thread_of_writes().await.as_deref(),
+        Some("store-writes")
+    );
+    // The next one too (the thread is started once).
+    assert_eq!(
+        store.thread_of_writes().await.as_deref(),
+        Some("store-writes")
+    );
 }
 
 async fn users_get_stable_unique_names_and_uids(backend: Backend) {
