@@ -7,9 +7,9 @@
 //! (`iptables -t <table> -C`) with the [`Ruleset`]; when anything differs it replaces both
 //! chains, each in one `iptables-restore --noflush` transaction of its table (never an empty,
 //! open moment), inserts a missing jump first in its chain, and then removes the forward chain
-//! that agents before it kept behind `DOCKER-USER`. [`Iptables::remove_blocking`] takes everything out again: the agent
-//! when it stops with no container left on the node (with containers it leaves the rules, so
-//! they stay isolated until the next agent), and the tests.
+//! that agents before it kept behind `DOCKER-USER`. [`Iptables::remove_blocking`] takes
+//! everything out again: the agent when it stops with no container left on the node (with
+//! containers it leaves the rules, so they stay isolated until the next agent), and the tests.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
