@@ -84,9 +84,7 @@ pub async fn sync(
     check_gpus(&report.gpus)?;
     let now = state.clock.now();
     let Some(heartbeat) = state.store.record_sync(node, &report.gpus, now).await? else {
-        return Err(ApiError::not_found(format!(
-            "node {node} is not registered: the agent must POST /v1/agent/register first"
-        )));
+        return Err(not_registered(node));
     };
     let mut changed = Changed::heartbeat(heartbeat, now, state.config.node_timeout);
     let sessions = state
@@ -260,7 +258,8 @@ impl Versioned {
 /// than what the agent has, from another replica). A read is taken for [`KNOWN_FOR`]
 /// only: what changes with time alone (a job's output grace, a removed image's retention) and a
 /// notification another replica could not publish notify nobody, and a poll that begins later
-/// reads again, as every poll did.
+/// reads again, as every poll did. A poll whose node is not registered, or was removed while it
+/// waited (which notifies it), learns it from that read ([`desired_state`]).
 pub async fn next_desired(
     state: &AppState,
     node: &NodeName,
@@ -271,7 +270,6 @@ pub async fn next_desired(
     // Subscribed before the first read, so a commit between the read and the wait wakes it.
     let mut changes = state.changes.subscribe_node(node);
     let arrived = tokio::time::Instant::now();
-    let mut registered = false;
     loop {
         let known = match changes.position() {
             Some(at) => state.desired_versions.at(node, at).await,
@@ -280,13 +278,6 @@ pub async fn next_desired(
         let current = match known {
             Some(read) if after == Some(read.desired.version.as_str()) => read.desired.version,
             known => {
-                if !registered && !state.store.node_registered(node).await? {
-                    return Err(ApiError::not_found(format!(
-                        "node {node} is not registered: the agent must POST /v1/agent/register \
-                         first"
-                    )));
-                }
-                registered = true;
                 // Begun since this poll came (by the sync that woke it, say): what its own read
                 // would be. One begun before may be older than the state the agent has, had
                 // another replica answered it a commit this one has not heard of yet.
@@ -305,6 +296,14 @@ pub async fn next_desired(
             Ok(false) | Err(_) => return Ok(Desired::Unchanged(current)),
         }
     }
+}
+
+/// The answer to an agent whose node is not registered (or was removed): a sync, or a
+/// long-poll, whose read of the desired state finds it so ([`desired_state`]).
+fn not_registered(node: &NodeName) -> ApiError {
+    ApiError::not_found(format!(
+        "node {node} is not registered: the agent must POST /v1/agent/register first"
+    ))
 }
 
 /// `node`'s desired state read now, kept at `position` (where its signals stand) for the
@@ -524,12 +523,16 @@ struct NodeRead {
 }
 
 /// The node's desired state as stored now; its sessions and jobs as `read` when the caller has
-/// just read them.
+/// just read them. Not found when the node is not registered (or was removed), which the read
+/// of its GPUs tells, first.
 async fn desired_state(
     state: &AppState,
     node: &NodeName,
     read: NodeRead,
 ) -> Result<DesiredState, ApiError> {
+    let Some(gpus) = state.store.planning_gpus(node).await? else {
+        return Err(not_registered(node));
+    };
     let NodeSessions { sessions, resuming } = match read.sessions {
         Some(read) => read,
         None => {
@@ -570,7 +573,6 @@ async fn desired_state(
         settings,
     );
     desired.removed_images = removed_images;
-    let gpus = state.store.planning_gpus(node).await?;
     desired.mig_layouts = gpus
         .iter()
         .filter_map(|gpu| Some((gpu.info.uuid.clone(), gpu.mode.mig_layout()?)))

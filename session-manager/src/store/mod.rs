@@ -457,10 +457,6 @@ pub trait Store: Send + Sync {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<Option<Heartbeat>>>;
 
-    /// Whether `node` is registered (and not removed); one cheap lookup, for the agents'
-    /// long-poll.
-    fn node_registered<'a>(&'a self, node: &'a NodeName) -> BoxFuture<'a, StoreResult<bool>>;
-
     /// Every registered node with its GPUs, ordered by name.
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>>;
 
@@ -480,10 +476,12 @@ pub trait Store: Send + Sync {
     /// `node`'s GPUs as [`Self::planning_nodes`] keeps them (a GPU's utilisation as old as that
     /// read), read alone when the site's inventory changed since: for what a node's desired
     /// state says of its GPUs (MIG layouts), which every long-poll answer and sync builds.
+    /// `None` when the node is not registered (or was removed): the statement that reads the
+    /// inventory's version looks it up too, so an agent's long-poll needs no lookup of its own.
     fn planning_gpus<'a>(
         &'a self,
         node: &'a NodeName,
-    ) -> BoxFuture<'a, StoreResult<std::sync::Arc<[GpuRecord]>>>;
+    ) -> BoxFuture<'a, StoreResult<Option<std::sync::Arc<[GpuRecord]>>>>;
 
     /// The sessions PENDING or holding GPUs, ordered as [`Self::sessions`] orders them, for
     /// planning: kept by this store and brought up to date with the sessions written since its

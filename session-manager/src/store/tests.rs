@@ -486,7 +486,7 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
 /// replica); a new utilisation alone is not, while what people see has it. A node's last sync
 /// is current when it is before the read's cutoff, and at least the cutoff after it. One node's
 /// planning GPUs are the same, read alone before a planning read of every node and kept after
-/// it.
+/// it; a node not registered, or removed, has none.
 async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_store(
     backend: Backend,
 ) {
@@ -497,15 +497,18 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     let cutoff = t(1000);
     assert_eq!(store.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     assert_eq!(replica.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
+    // Not registered: no GPUs, not even none.
+    assert_eq!(store.planning_gpus(&node1).await.unwrap(), None);
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
         let seen = store.nodes().await.unwrap();
         let node1_gpus = &seen.iter().find(|n| n.name == node1).unwrap().gpus;
         for planner in [&store, &replica] {
-            assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
+            let gpus = || async { planner.planning_gpus(&node1).await.unwrap() };
+            assert_eq!(gpus().await.as_ref(), Some(node1_gpus));
             assert_eq!(planner.planning_nodes(cutoff).await.unwrap().nodes, seen);
-            assert_eq!(&planner.planning_gpus(&node1).await.unwrap(), node1_gpus);
+            assert_eq!(gpus().await.as_ref(), Some(node1_gpus));
         }
         seen
     };
@@ -534,7 +537,8 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         );
     }
     for planner in [&store, &replica] {
-        assert_eq!(planner.planning_gpus(&node1).await.unwrap()[1].info, gpu(2));
+        let gpus = planner.planning_gpus(&node1).await.unwrap().unwrap();
+        assert_eq!(gpus[1].info, gpu(2));
     }
 
     // Health (through the replica), a mode (through this store), a GPU's drain, a node's drain,
@@ -656,7 +660,15 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         .await
         .unwrap();
     assert_eq!(removal, NodeRemoval::Removed);
+    // Removed: no GPUs for it, before a planning read of every node and after it.
+    for planner in [&store, &replica] {
+        assert_eq!(planner.planning_gpus(&seen[0].name).await.unwrap(), None);
+    }
+    let removed = seen[0].name.clone();
     let seen = both_current().await;
+    for planner in [&store, &replica] {
+        assert_eq!(planner.planning_gpus(&removed).await.unwrap(), None);
+    }
     let names: Vec<&NodeName> = seen.iter().map(|n| &n.name).collect();
     assert_eq!(names, [&node1]);
     // A removed node's owner and its GPUs' owners no longer count.

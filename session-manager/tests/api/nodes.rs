@@ -5,6 +5,8 @@
 
 use ongrid_core::api::{DrainRequest, RunState};
 
+use super::watch::long_poll;
+
 use super::*;
 
 fn drain(reason: Option<&str>) -> DrainRequest {
@@ -296,11 +298,24 @@ async fn a_silent_node_loses_its_sessions_and_is_removed_only_when_empty() {
     m.alice
         .fails(StatusCode::FORBIDDEN, m.alice.delete("/v1/nodes/node1"))
         .await;
+    // The agent's long-poll, open at its current version, is answered once the node is removed.
+    let (status, version, _) = long_poll(&m.node1, "0123456789abcdef", 0).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let open_poll = long_poll(&m.node1, &version, 120);
     let removed: NodeView = m
         .admin
         .ok(StatusCode::OK, m.admin.delete("/v1/nodes/node1"))
         .await;
     assert_eq!(removed.name.as_str(), "node1");
+    let not_registered =
+        "node node1 is not registered: the agent must POST /v1/agent/register first";
+    let (status, _, _) = open_poll.await.unwrap();
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let refused = m
+        .node1
+        .fails(StatusCode::NOT_FOUND, m.node1.get("/v1/agent/desired"))
+        .await;
+    assert_eq!(refused.error.message, not_registered);
     assert!(nodes(&m.admin).await.is_empty());
     m.admin
         .fails(StatusCode::NOT_FOUND, m.admin.delete("/v1/nodes/node1"))

@@ -170,14 +170,28 @@ impl SqlStore {
 
     /// One node's GPUs from the kept ones when they are at the inventory's version (read first,
     /// as [`Self::planning_nodes`] does), else read alone; the kept ones are refreshed only by
-    /// a planning read of every node.
-    pub(super) async fn planning_gpus(&self, node: &NodeName) -> StoreResult<Arc<[GpuRecord]>> {
-        let version = self.inventory_version().await?;
+    /// a planning read of every node. `None` when the node is not registered (or was removed),
+    /// which the statement that reads the version looks up too.
+    pub(super) async fn planning_gpus(
+        &self,
+        node: &NodeName,
+    ) -> StoreResult<Option<Arc<[GpuRecord]>>> {
+        let (version, registered): (i64, Option<String>) = sqlx::query_as(
+            "SELECT v.version, n.name FROM \
+             (SELECT COALESCE((SELECT version FROM inventory_version WHERE id = 1), 0) AS version) v \
+             LEFT JOIN nodes n ON n.name = $1 AND n.removed_at IS NULL",
+        )
+        .bind(node.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        if registered.is_none() {
+            return Ok(None);
+        }
         let mut gpus = match self.inventory.planning.at(version) {
-            Some(kept) => return Ok(kept.gpus.get(node).cloned().unwrap_or_default()),
+            Some(kept) => return Ok(Some(kept.gpus.get(node).cloned().unwrap_or_default())),
             None => self.gpus_by_node(Some(node)).await?,
         };
-        Ok(gpus.remove(node).unwrap_or_default())
+        Ok(Some(gpus.remove(node).unwrap_or_default()))
     }
 
     /// The owners as kept when they are at the inventory's version (read first, as

@@ -430,18 +430,6 @@ impl Store for SqlStore {
         self
     }
 
-    fn node_registered<'a>(&'a self, node: &'a NodeName) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let found = sqlx::query(
-                "SELECT CAST(1 AS BIGINT) FROM nodes WHERE name = $1 AND removed_at IS NULL",
-            )
-            .bind(node.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-            Ok(found.is_some())
-        })
-    }
-
     fn nodes(&self) -> BoxFuture<'_, StoreResult<Vec<NodeRecord>>> {
         Box::pin(self.node_records(None))
     }
@@ -479,7 +467,7 @@ impl Store for SqlStore {
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes(seen_since: DateTime<Utc>) -> PlanningNodes;
-        fn planning_gpus(node: &'a NodeName) -> std::sync::Arc<[GpuRecord]>;
+        fn planning_gpus(node: &'a NodeName) -> Option<std::sync::Arc<[GpuRecord]>>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
