@@ -258,8 +258,10 @@ impl Versioned {
 /// than what the agent has, from another replica). A read is taken for [`KNOWN_FOR`]
 /// only: what changes with time alone (a job's output grace, a removed image's retention) and a
 /// notification another replica could not publish notify nobody, and a poll that begins later
-/// reads again, as every poll did. A poll whose node is not registered, or was removed while it
-/// waited (which notifies it), learns it from that read ([`desired_state`]).
+/// reads again, as every poll did. A poll that reads the desired state learns there whether its
+/// node is registered ([`desired_state`]): one whose node was removed while it waited, which
+/// notifies it, is answered not found at once; one that takes a read kept with the agent's
+/// version checks nothing, and its node's removal, when it comes, notifies it.
 pub async fn next_desired(
     state: &AppState,
     node: &NodeName,
@@ -298,8 +300,9 @@ pub async fn next_desired(
     }
 }
 
-/// The answer to an agent whose node is not registered (or was removed): a sync, or a
-/// long-poll, whose read of the desired state finds it so ([`desired_state`]).
+/// The answer to an agent whose node is not registered (or was removed): to a sync whose
+/// heartbeat finds no node, and to any request whose read of the desired state finds none
+/// ([`desired_state`]): a long-poll's, a sync's, a registration's.
 fn not_registered(node: &NodeName) -> ApiError {
     ApiError::not_found(format!(
         "node {node} is not registered: the agent must POST /v1/agent/register first"

@@ -497,7 +497,7 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     let cutoff = t(1000);
     assert_eq!(store.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     assert_eq!(replica.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
-    // Not registered: no GPUs, not even none.
+    // Not registered: `None`, not an empty list of GPUs.
     assert_eq!(store.planning_gpus(&node1).await.unwrap(), None);
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.

@@ -9,6 +9,9 @@ use super::watch::long_poll;
 
 use super::*;
 
+/// How soon an agent's open long-poll is answered once its node changed.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(10);
+
 fn drain(reason: Option<&str>) -> DrainRequest {
     DrainRequest {
         reason: reason.map(str::to_owned),
@@ -298,10 +301,21 @@ async fn a_silent_node_loses_its_sessions_and_is_removed_only_when_empty() {
     m.alice
         .fails(StatusCode::FORBIDDEN, m.alice.delete("/v1/nodes/node1"))
         .await;
-    // The agent's long-poll, open at its current version, is answered once the node is removed.
+    // The agent's long-poll, open at its current version, waits; the removal answers it, at once,
+    // that the node is not registered.
     let (status, version, _) = long_poll(&m.node1, "0123456789abcdef", 0).await.unwrap();
     assert_eq!(status, StatusCode::OK);
-    let open_poll = long_poll(&m.node1, &version, 120);
+    let open_poll = {
+        let request = m
+            .node1
+            .get(&format!("/v1/agent/desired?after={version}&timeout=120"));
+        tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!open_poll.is_finished(), "the poll waits for a change");
     let removed: NodeView = m
         .admin
         .ok(StatusCode::OK, m.admin.delete("/v1/nodes/node1"))
@@ -309,8 +323,12 @@ async fn a_silent_node_loses_its_sessions_and_is_removed_only_when_empty() {
     assert_eq!(removed.name.as_str(), "node1");
     let not_registered =
         "node node1 is not registered: the agent must POST /v1/agent/register first";
-    let (status, _, _) = open_poll.await.unwrap();
+    let (status, body) = tokio::time::timeout(ANSWERED_WITHIN, open_poll)
+        .await
+        .expect("the open poll answered when its node was removed")
+        .unwrap();
     assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.contains(not_registered), "{body}");
     let refused = m
         .node1
         .fails(StatusCode::NOT_FOUND, m.node1.get("/v1/agent/desired"))
