@@ -89,6 +89,14 @@ impl<T: Clone> AtVersion<T> {
     }
 }
 
+/// The inventory's version as a table `v` of one row (0 before the first change), for the
+/// statements that read it with the node rows they join to it: a row even when none joins.
+macro_rules! version_row {
+    () => {
+        "(SELECT COALESCE((SELECT version FROM inventory_version WHERE id = 1), 0) AS version) v"
+    };
+}
+
 /// Moves the inventory version on, inside the transaction of the change.
 pub(super) async fn bump(tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
     sqlx::query(
@@ -151,11 +159,11 @@ impl SqlStore {
         &self,
         since: DateTime<Utc>,
     ) -> StoreResult<(i64, HashMap<NodeName, DateTime<Utc>>)> {
-        let rows: Vec<(i64, Option<String>, Option<String>)> = sqlx::query_as(
-            "SELECT v.version, n.name, n.last_seen FROM \
-             (SELECT COALESCE((SELECT version FROM inventory_version WHERE id = 1), 0) AS version) v \
-             LEFT JOIN nodes n ON n.removed_at IS NULL AND n.last_seen < $1",
-        )
+        let rows: Vec<(i64, Option<String>, Option<String>)> = sqlx::query_as(concat!(
+            "SELECT v.version, n.name, n.last_seen FROM ",
+            version_row!(),
+            " LEFT JOIN nodes n ON n.removed_at IS NULL AND n.last_seen < $1"
+        ))
         .bind(timestamp(since))
         .fetch_all(&self.pool)
         .await?;
@@ -176,11 +184,11 @@ impl SqlStore {
         &self,
         node: &NodeName,
     ) -> StoreResult<Option<Arc<[GpuRecord]>>> {
-        let (version, registered): (i64, Option<String>) = sqlx::query_as(
-            "SELECT v.version, n.name FROM \
-             (SELECT COALESCE((SELECT version FROM inventory_version WHERE id = 1), 0) AS version) v \
-             LEFT JOIN nodes n ON n.name = $1 AND n.removed_at IS NULL",
-        )
+        let (version, registered): (i64, Option<String>) = sqlx::query_as(concat!(
+            "SELECT v.version, n.name FROM ",
+            version_row!(),
+            " LEFT JOIN nodes n ON n.name = $1 AND n.removed_at IS NULL"
+        ))
         .bind(node.as_str())
         .fetch_one(&self.pool)
         .await?;
