@@ -20,7 +20,9 @@
 //! of a session placed while GPUs were free), how many creates answered STARTING,
 //! the API's latency for create, show and ls under that load, the scheduling rounds' time (the
 //! loop's and those a create runs at once, from the leading manager's `/metrics`), the scrape's
-//! time and size, the managers' resident memory (the larger) and the store's size.
+//! time and size, the managers' resident memory (the larger) and the store's size, and the CPU
+//! time the managers and the driver itself used (while the work was created, and in all): the
+//! driver shares the machine, and the managers' CPU varies less from run to run than latencies.
 //!
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
@@ -50,7 +52,7 @@ use ongrid_core::{
     ComputeCapability, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName, SessionId,
     SessionName,
 };
-use ongrid_e2e::{bench_summary, rss_kib, Site, User};
+use ongrid_e2e::{bench_summary, cpu_seconds, rss_kib, Site, User};
 use reqwest::header::{AUTHORIZATION, ETAG};
 use reqwest::StatusCode;
 use tokio::sync::watch;
@@ -259,6 +261,21 @@ fn main() {
     drop(site);
 }
 
+/// CPU time used, in seconds ([`cpu_seconds`]).
+struct Cpu {
+    managers: f64,
+    driver: f64,
+}
+
+impl Cpu {
+    fn since(&self, before: &Cpu) -> Cpu {
+        Cpu {
+            managers: self.managers - before.managers,
+            driver: self.driver - before.driver,
+        }
+    }
+}
+
 async fn run(
     fleet: &Fleet,
     nodes: Vec<(NodeName, String)>,
@@ -273,6 +290,11 @@ async fn run(
             .filter_map(|pid| rss_kib(*pid))
             .max()
             .unwrap_or(0)
+    };
+    // The CPU the managers (together) and this driver have used so far.
+    let cpu = || Cpu {
+        managers: pids.iter().filter_map(|pid| cpu_seconds(*pid)).sum(),
+        driver: cpu_seconds(std::process::id()).unwrap_or(0.0),
     };
     let record = Arc::new(Record::default());
     let (stop, stopped) = watch::channel(false);
@@ -319,12 +341,19 @@ async fn run(
     );
 
     let started = Instant::now();
+    let before = cpu();
     let names = create_work(fleet, &clients, managers, &record).await;
+    let took = started.elapsed().as_secs_f64();
+    let used = cpu().since(&before);
     println!(
-        "{} sessions created and {} jobs submitted in {:.1} s",
+        "{} sessions created and {} jobs submitted in {took:.1} s; CPU meanwhile: managers \
+         {:.1} s ({:.2} of a core), this driver {:.1} s ({:.2})",
         names.len(),
         locked(&record.submit).len(),
-        started.elapsed().as_secs_f64()
+        used.managers,
+        used.managers / took,
+        used.driver,
+        used.driver / took,
     );
     let placed = fleet.sessions.min(fleet.nodes * fleet.gpus);
     wait_until_seen(&record, placed, Duration::from_secs(120)).await;
@@ -354,6 +383,11 @@ async fn run(
 
     let scrape = scrape(metrics, 5).await;
     let resident = resident();
+    let used = cpu();
+    println!(
+        "CPU over the whole run: managers {:.1} s, this driver {:.1} s",
+        used.managers, used.driver
+    );
     let _ = stop.send(true);
     for agent in agents {
         agent.abort();

@@ -1233,6 +1233,18 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// The CPU time process `pid` has used, user and system, all its threads, in seconds (`utime`
+/// and `stime` of `/proc/<pid>/stat`, in the 1/100 s ticks Linux shows user space whatever its
+/// own tick); `None` once it is gone.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses (which may hold spaces): state is field 3, utime
+    // field 14 and stime field 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
+    Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+}
+
 /// Whether the SSH server at `addr` greets a new connection with its banner (`SSH-2.0-`).
 fn greets(addr: &str) -> bool {
     use std::io::Read;

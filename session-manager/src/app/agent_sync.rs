@@ -32,7 +32,7 @@ use crate::domain::sessions::desired::{self, NodeSettings};
 use crate::domain::sessions::{reports, SessionRecord};
 use crate::domain::{image_access, images};
 use crate::notify::Position;
-use crate::store::{Heartbeat, ImageFilter, NodeRegistration, SessionFilter};
+use crate::store::{DesiredReads, Heartbeat, ImageFilter, NodeRegistration, SessionFilter};
 
 /// Registers (or registers again) the agent's node and its GPUs; answers its desired state.
 pub async fn register(
@@ -527,13 +527,19 @@ struct NodeRead {
 
 /// The node's desired state as stored now; its sessions and jobs as `read` when the caller has
 /// just read them. Not found when the node is not registered (or was removed), which the read
-/// of its GPUs tells, first.
+/// of its GPUs and images tells, first.
 async fn desired_state(
     state: &AppState,
     node: &NodeName,
     read: NodeRead,
 ) -> Result<DesiredState, ApiError> {
-    let Some(gpus) = state.store.planning_gpus(node).await? else {
+    let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
+        .unwrap_or(chrono::TimeDelta::MAX);
+    let Some(DesiredReads { gpus, images }) = state
+        .store
+        .desired_reads(node, state.clock.now() - retention)
+        .await?
+    else {
         return Err(not_registered(node));
     };
     let NodeSessions { sessions, resuming } = match read.sessions {
@@ -551,15 +557,7 @@ async fn desired_state(
         sync_interval: state.config.sync_interval,
         limits: state.config.session_limits,
     };
-    let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
-        .unwrap_or(chrono::TimeDelta::MAX);
-    let (building, removed): (Vec<_>, Vec<_>) = state
-        .store
-        .images(ImageFilter::ForNode {
-            node: node.clone(),
-            removed_since: state.clock.now() - retention,
-        })
-        .await?
+    let (building, removed): (Vec<_>, Vec<_>) = images
         .into_iter()
         .partition(|image| image.state == ImageState::Building);
     let removed_images = if removed.is_empty() {

@@ -21,7 +21,7 @@ use crate::domain::policy::GroupName;
 use crate::domain::sessions::holds::{LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::SessionRecord;
 use crate::site::SiteSnapshot;
-use crate::store::gpu_policy::{Owners, RequestReservations};
+use crate::store::gpu_policy::{Owners, OwnersAndReservations, RequestReservations};
 use crate::store::{NodeRecord, Store, StoreResult};
 
 /// What the scheduler needs beyond the store: the site's settings.
@@ -71,19 +71,22 @@ fn human(duration: Duration) -> HumanDuration {
 }
 
 impl GpuPolicy {
-    /// Loads it as it counts from `now` on: the reservations requests use are read only when a
-    /// reservation has not ended by `now` (no ended one holds a request, [`Self::named`]), so
-    /// a site without one current or upcoming reads two tables, not four.
+    /// Loads it as it counts from `now` on: the owners and reservations as the store keeps them
+    /// (one statement while neither changed); the reservations requests use are read only when
+    /// a reservation has not ended by `now` (no ended one holds a request, [`Self::named`]).
     pub async fn load(store: &dyn Store, now: DateTime<Utc>) -> StoreResult<Self> {
         let policy = store.gpu_policy();
-        let reservations = policy.reservations().await?;
+        let OwnersAndReservations {
+            owners,
+            reservations,
+        } = policy.owners_and_reservations().await?;
         let requests = if reservations.iter().any(|r| now < r.to) {
             policy.request_reservations().await?
         } else {
             RequestReservations::default()
         };
         Ok(Self {
-            owners: policy.owners().await?,
+            owners,
             reservations,
             requests,
         })

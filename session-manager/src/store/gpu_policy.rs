@@ -23,6 +23,14 @@ pub struct Owners {
     pub gpus: BTreeMap<GpuUuid, GroupName>,
 }
 
+/// What admins set of the site's GPUs: their owners and the reservations, ended ones too, by
+/// start time ([`GpuPolicyStore::owners_and_reservations`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnersAndReservations {
+    pub owners: Owners,
+    pub reservations: Vec<ReservationRecord>,
+}
+
 /// Which reservation each session and each job chain (by its first job) uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestReservations {
@@ -45,10 +53,9 @@ pub trait GpuPolicyStore: Send + Sync {
         owner: Option<&'a GroupName>,
     ) -> BoxFuture<'a, StoreResult<bool>>;
 
-    fn owners(&self) -> BoxFuture<'_, StoreResult<Owners>>;
-
-    /// Every reservation, ended ones too, by start time.
-    fn reservations(&self) -> BoxFuture<'_, StoreResult<Vec<ReservationRecord>>>;
+    /// The owners and every reservation, which every round and many views read: kept by the
+    /// store and read again only when one of them changed (through any store on the database).
+    fn owners_and_reservations(&self) -> BoxFuture<'_, StoreResult<OwnersAndReservations>>;
 
     /// Stores a new reservation; `false` when its name is taken.
     fn add_reservation<'a>(

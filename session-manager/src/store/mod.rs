@@ -220,6 +220,17 @@ pub struct PlanningNodes {
     pub nodes: Vec<NodeRecord>,
 }
 
+/// What a node's desired state reads of the site besides its sessions and jobs
+/// ([`Store::desired_reads`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredReads {
+    /// The node's GPUs as the planning read keeps them.
+    pub gpus: std::sync::Arc<[GpuRecord]>,
+    /// Its freeze orders and the images to remove ([`ImageFilter::ForNode`]), in the order
+    /// [`Store::images`] gives them.
+    pub images: Vec<ImageRecord>,
+}
+
 pub use crate::domain::nodes::NodeContents;
 
 /// What [`Store::remove_node`] did.
@@ -473,15 +484,18 @@ pub trait Store: Send + Sync {
         seen_since: DateTime<Utc>,
     ) -> BoxFuture<'_, StoreResult<PlanningNodes>>;
 
-    /// `node`'s GPUs as [`Self::planning_nodes`] keeps them (a GPU's utilisation as old as that
-    /// read), read alone when the site's inventory changed since: for what a node's desired
-    /// state says of its GPUs (MIG layouts), which every long-poll answer and sync builds.
-    /// `None` when the node is not registered (or was removed): the statement that reads the
-    /// inventory's version looks it up too, so an agent's long-poll needs no lookup of its own.
-    fn planning_gpus<'a>(
+    /// What `node`'s desired state reads besides its sessions and jobs, which every long-poll
+    /// answer and sync builds: its GPUs as [`Self::planning_nodes`] keeps them (a GPU's
+    /// utilisation as old as that read), read alone when the site's inventory changed since, and
+    /// the images [`ImageFilter::ForNode`] names for it with `images_removed_since`. `None` when
+    /// the node is not registered (or was removed). One statement reads the inventory's version,
+    /// looks the node up and tells whether any such image exists, so an agent's long-poll needs
+    /// no lookup of its own and, with no freeze or removal going on, no read of the images.
+    fn desired_reads<'a>(
         &'a self,
         node: &'a NodeName,
-    ) -> BoxFuture<'a, StoreResult<Option<std::sync::Arc<[GpuRecord]>>>>;
+        images_removed_since: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<DesiredReads>>>;
 
     /// The sessions PENDING or holding GPUs, ordered as [`Self::sessions`] orders them, for
     /// planning: kept by this store and brought up to date with the sessions written since its

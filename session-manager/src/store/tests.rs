@@ -231,14 +231,17 @@ backend_tests!(
 
 /// What a node's desired state names of the images, in one read: those BUILDING on it (its
 /// freeze orders), and those DELETED since the given time on any node (their Docker images
-/// leave every node); not another node's BUILDING ones, nor ones deleted before.
+/// leave every node); not another node's BUILDING ones, nor ones deleted before. Its desired
+/// state's read ([`Store::desired_reads`]) finds the same, none included.
 async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
     register(&store, "node1", &[gpu(1)], t(0)).await;
     register(&store, "node2", &[gpu(2)], t(0)).await;
+    register(&store, "node3", &[gpu(3)], t(0)).await;
     let node1 = NodeName::parse("node1").unwrap();
     let node2 = NodeName::parse("node2").unwrap();
+    let node3 = NodeName::parse("node3").unwrap();
     let mut images = Vec::new();
     for (n, node) in [
         (1, &node1),
@@ -285,11 +288,18 @@ async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend
             removed_since: t(since),
         };
         let store = &store;
+        let node = node.clone();
         async move {
-            let mut found: Vec<_> = store
-                .images(filter)
+            let images = store.images(filter).await.unwrap();
+            // The desired state's read finds the same, in the same order, whether its statement
+            // finds images to read or none.
+            let reads = store
+                .desired_reads(&node, t(since))
                 .await
                 .unwrap()
+                .expect("registered");
+            assert_eq!(reads.images, images, "{node} since {since}");
+            let mut found: Vec<_> = images
                 .into_iter()
                 .map(|image| (image.id, image.state))
                 .collect();
@@ -327,6 +337,12 @@ async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend
         for_node(&node2, 50).await,
         vec![(images[1], ImageState::Building)]
     );
+    // A node with no freeze of its own: the removed images alone, then none.
+    assert_eq!(
+        for_node(&node3, 30).await,
+        vec![(images[3], ImageState::Deleted)]
+    );
+    assert_eq!(for_node(&node3, 50).await, vec![]);
 }
 
 /// A node's resuming sessions are those STARTING on it that ran before (released from a hold
@@ -479,6 +495,15 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
     assert_eq!(seen.iter().map(|s| s.id).collect::<Vec<_>>(), [a.id, d.id]);
 }
 
+/// A node's GPUs as its desired state reads them ([`Store::desired_reads`]).
+async fn planning_gpus(store: &TestStore, node: &NodeName) -> Option<std::sync::Arc<[GpuRecord]>> {
+    store
+        .desired_reads(node, t(0))
+        .await
+        .unwrap()
+        .map(|reads| reads.gpus)
+}
+
 /// The planning read keeps the nodes and GPUs it read and reads them again when the inventory
 /// changed: each change the scheduler plans with (a GPU's health, mode or drain, a node's drain,
 /// a node registered again or removed, a node's GPUs added) is in the next planning read,
@@ -498,14 +523,14 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     assert_eq!(store.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     assert_eq!(replica.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     // Not registered: `None`, not an empty list of GPUs.
-    assert_eq!(store.planning_gpus(&node1).await.unwrap(), None);
+    assert_eq!(planning_gpus(&store, &node1).await, None);
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
         let seen = store.nodes().await.unwrap();
         let node1_gpus = &seen.iter().find(|n| n.name == node1).unwrap().gpus;
         for planner in [&store, &replica] {
-            let gpus = || async { planner.planning_gpus(&node1).await.unwrap() };
+            let gpus = || async { planning_gpus(planner, &node1).await };
             assert_eq!(gpus().await.as_ref(), Some(node1_gpus));
             assert_eq!(planner.planning_nodes(cutoff).await.unwrap().nodes, seen);
             assert_eq!(gpus().await.as_ref(), Some(node1_gpus));
@@ -537,7 +562,7 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         );
     }
     for planner in [&store, &replica] {
-        let gpus = planner.planning_gpus(&node1).await.unwrap().unwrap();
+        let gpus = planning_gpus(planner, &node1).await.unwrap();
         assert_eq!(gpus[1].info, gpu(2));
     }
 
@@ -573,16 +598,24 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].gpus[0].info, gpu(3));
 
-    // The owners, kept with the inventory's version: each one set through either store is in
-    // both stores' next read.
+    // The owners and reservations, kept with the inventory's version: each one set through
+    // either store is in both stores' next read.
     let physics = crate::domain::policy::GroupName::parse("physics").unwrap();
     let chemistry = crate::domain::policy::GroupName::parse("chemistry").unwrap();
     let node0 = NodeName::parse("node0").unwrap();
-    let owners_in_both = || async {
-        let owners = store.gpu_policy().owners().await.unwrap();
-        assert_eq!(replica.gpu_policy().owners().await.unwrap(), owners);
-        owners
+    let policy_in_both = || async {
+        let policy = store.gpu_policy().owners_and_reservations().await.unwrap();
+        assert_eq!(
+            replica
+                .gpu_policy()
+                .owners_and_reservations()
+                .await
+                .unwrap(),
+            policy
+        );
+        policy
     };
+    let owners_in_both = || async { policy_in_both().await.owners };
     assert_eq!(owners_in_both().await, Default::default());
     assert!(replica
         .gpu_policy()
@@ -621,7 +654,28 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         .await
         .unwrap());
     assert_eq!(owners_in_both().await.gpus.len(), 1);
-    // Read again with the owners' changes, before node0's next sync.
+    let course = crate::domain::policy::reservations::ReservationRecord {
+        name: crate::domain::policy::reservations::ReservationName::parse("course").unwrap(),
+        group: physics.clone(),
+        node: Some(node0.clone()),
+        gpus: Vec::new(),
+        from: t(30),
+        to: t(40),
+        created_by: ongrid_core::UserName::parse("root").unwrap(),
+        created_at: t(7),
+    };
+    assert!(replica.gpu_policy().add_reservation(&course).await.unwrap());
+    assert_eq!(policy_in_both().await.reservations, [course.clone()]);
+    assert_eq!(
+        store
+            .gpu_policy()
+            .remove_reservation(&course.name)
+            .await
+            .unwrap(),
+        Some(course)
+    );
+    assert_eq!(policy_in_both().await.reservations, []);
+    // Read again with the owners' and reservations' changes, before node0's next sync.
     both_current().await;
 
     // A last sync is read exactly only before the cutoff: node0, seen again at t(20), shows the
@@ -662,12 +716,12 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     assert_eq!(removal, NodeRemoval::Removed);
     // Removed: no GPUs for it, before a planning read of every node and after it.
     for planner in [&store, &replica] {
-        assert_eq!(planner.planning_gpus(&seen[0].name).await.unwrap(), None);
+        assert_eq!(planning_gpus(planner, &seen[0].name).await, None);
     }
     let removed = seen[0].name.clone();
     let seen = both_current().await;
     for planner in [&store, &replica] {
-        assert_eq!(planner.planning_gpus(&removed).await.unwrap(), None);
+        assert_eq!(planning_gpus(planner, &removed).await, None);
     }
     let names: Vec<&NodeName> = seen.iter().map(|n| &n.name).collect();
     assert_eq!(names, [&node1]);

@@ -8,7 +8,9 @@ use ongrid_core::{GpuUuid, JobId, NodeName, SessionId};
 use super::{from_json, parse, parse_timestamp, timestamp, to_json, SqlStore};
 use crate::domain::policy::reservations::{ReservationName, ReservationRecord};
 use crate::domain::policy::GroupName;
-use crate::store::gpu_policy::{GpuPolicyStore, Owners, RequestReservations};
+use crate::store::gpu_policy::{
+    GpuPolicyStore, Owners, OwnersAndReservations, RequestReservations,
+};
 use crate::store::{StoreError, StoreResult};
 
 fn reservation_name(text: &str) -> StoreResult<ReservationName> {
@@ -66,13 +68,21 @@ impl SqlStore {
         Ok(updated == 1)
     }
 
-    async fn owners(&self) -> StoreResult<Owners> {
-        self.kept_owners().await
+    async fn owners_and_reservations(&self) -> StoreResult<OwnersAndReservations> {
+        self.kept_policy().await
     }
 
-    /// Every owner of a node or a GPU, read; kept with the inventory's version by
-    /// [`Self::kept_owners`].
-    pub(super) async fn read_owners(&self) -> StoreResult<Owners> {
+    /// The owners and every reservation, read; kept with the inventory's version by
+    /// [`Self::kept_policy`].
+    pub(super) async fn read_policy(&self) -> StoreResult<OwnersAndReservations> {
+        Ok(OwnersAndReservations {
+            owners: self.read_owners().await?,
+            reservations: self.reservations().await?,
+        })
+    }
+
+    /// Every owner of a node or a GPU, read.
+    async fn read_owners(&self) -> StoreResult<Owners> {
         // One statement for both.
         let rows: Vec<(bool, String, String)> = sqlx::query_as(
             "SELECT TRUE, name, owner FROM nodes WHERE owner IS NOT NULL AND removed_at IS NULL \
@@ -108,6 +118,7 @@ impl SqlStore {
     }
 
     async fn add_reservation(&self, r: &ReservationRecord) -> StoreResult<bool> {
+        let mut tx = self.write().await?;
         let inserted = sqlx::query(
             "INSERT INTO reservations (name, accounting_group, node, gpus, starts_at, ends_at, \
              created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -121,9 +132,14 @@ impl SqlStore {
         .bind(timestamp(r.to))
         .bind(r.created_by.as_str())
         .bind(timestamp(r.created_at))
-        .execute(self.writes())
+        .execute(&mut *tx)
         .await?
         .rows_affected();
+        // The reservations are kept with the inventory's version, as the owners are.
+        if inserted == 1 {
+            super::inventory::bump(&mut tx).await?;
+        }
+        tx.commit().await?;
         Ok(inserted == 1)
     }
 
@@ -131,13 +147,18 @@ impl SqlStore {
         &self,
         name: &ReservationName,
     ) -> StoreResult<Option<ReservationRecord>> {
+        let mut tx = self.write().await?;
         let row: Option<ReservationRow> = sqlx::query_as(
             "DELETE FROM reservations WHERE name = $1 RETURNING name, accounting_group, node, \
              gpus, starts_at, ends_at, created_by, created_at",
         )
         .bind(name.as_str())
-        .fetch_optional(self.writes())
+        .fetch_optional(&mut *tx)
         .await?;
+        if row.is_some() {
+            super::inventory::bump(&mut tx).await?;
+        }
+        tx.commit().await?;
         row.as_ref().map(reservation_from_row).transpose()
     }
 
@@ -199,8 +220,7 @@ impl GpuPolicyStore for SqlStore {
     boxed! {
         fn set_gpu_owner(gpu: &'a GpuUuid, owner: Option<&'a GroupName>) -> bool;
         fn set_node_owner(node: &'a NodeName, owner: Option<&'a GroupName>) -> bool;
-        fn owners() -> Owners;
-        fn reservations() -> Vec<ReservationRecord>;
+        fn owners_and_reservations() -> OwnersAndReservations;
         fn add_reservation(reservation: &'a ReservationRecord) -> bool;
         fn remove_reservation(name: &'a ReservationName) -> Option<ReservationRecord>;
         fn request_reservations() -> RequestReservations;

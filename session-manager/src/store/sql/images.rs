@@ -17,6 +17,15 @@ const IMAGE_COLUMNS: &str = "i.id, i.owner, u.user_name, i.name, i.version, i.st
      i.sif_path, i.docker_image, i.bytes_done, i.bytes_total, i.progress_at, i.created_at, \
      i.finished_at, i.superseded_at, i.shared_at FROM images i JOIN users u ON u.dn = i.owner";
 
+/// The images a node's desired state names ([`ImageFilter::ForNode`]): `$1` the node, `$2` the
+/// time since which removed ones count. Also what [`SqlStore::desired_reads`] asks exists.
+macro_rules! for_node_images {
+    () => {
+        "(i.state = 'BUILDING' AND i.node = $1) OR (i.state = 'DELETED' AND i.finished_at >= $2)"
+    };
+}
+pub(super) use for_node_images;
+
 impl SqlStore {
     pub(super) async fn create_image(&self, new: NewImage) -> StoreResult<ImageRecord> {
         let mut tx = self.write().await?;
@@ -134,9 +143,7 @@ impl SqlStore {
                 node,
                 removed_since,
             } => (
-                "(i.state = 'BUILDING' AND i.node = $1) \
-                 OR (i.state = 'DELETED' AND i.finished_at >= $2)"
-                    .to_owned(),
+                for_node_images!().to_owned(),
                 vec![node.to_string(), timestamp(removed_since)],
             ),
             ImageFilter::AllBuilding => ("i.state = 'BUILDING'".to_owned(), Vec::new()),

@@ -19,11 +19,12 @@
 //! sync): the planning read's is as of the last change, and views read
 //! [`Store::nodes`](crate::store::Store::nodes).
 //!
-//! The owners of nodes and GPUs ([`GpuPolicyStore::owners`](crate::store::gpu_policy::GpuPolicyStore::owners),
-//! read by every round and every view of a waiting session) are kept the same way: setting an
-//! owner bumps the version too (so the nodes and GPUs are read again with them, for a rare
-//! change of an admin's), and so do the node removals and registrations and the GPU moves that
-//! change whose owner counts.
+//! The owners of nodes and GPUs and the reservations
+//! ([`GpuPolicyStore::owners_and_reservations`](crate::store::gpu_policy::GpuPolicyStore::owners_and_reservations),
+//! read by every round and every view of a waiting or running session) are kept the same way:
+//! setting an owner, adding or removing a reservation bumps the version too (so the nodes and
+//! GPUs are read again with them, for a rare change of an admin's), and so do the node removals
+//! and registrations and the GPU moves that change whose owner counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -33,18 +34,18 @@ use ongrid_core::NodeName;
 use sqlx::Transaction;
 
 use super::{parse, parse_timestamp, timestamp, Db, SqlStore};
-use crate::store::gpu_policy::Owners;
-use crate::store::{GpuRecord, NodeRecord, PlanningNodes, StoreResult};
+use crate::store::gpu_policy::OwnersAndReservations;
+use crate::store::{DesiredReads, GpuRecord, ImageFilter, NodeRecord, PlanningNodes, StoreResult};
 
 /// The GPUs of each node, ordered as [`Store::nodes`](crate::store::Store::nodes) orders them.
 pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
 
-/// The nodes and GPUs a manager read for planning, and the owners, shared by the clones of one
-/// store.
+/// The nodes and GPUs a manager read for planning, and the owners and reservations, shared by
+/// the clones of one store.
 #[derive(Debug, Clone, Default)]
 pub struct KeptInventory {
     planning: AtVersion<Kept>,
-    owners: AtVersion<Owners>,
+    policy: AtVersion<OwnersAndReservations>,
 }
 
 /// Nodes and GPUs as read.
@@ -176,42 +177,62 @@ impl SqlStore {
         Ok((version, not_seen))
     }
 
-    /// One node's GPUs from the kept ones when they are at the inventory's version (read first,
-    /// as [`Self::planning_nodes`] does), else read alone; the kept ones are refreshed only by
-    /// a planning read of every node. `None` when the node is not registered (or was removed),
-    /// which the statement that reads the version looks up too.
-    pub(super) async fn planning_gpus(
+    /// What a node's desired state reads besides its sessions and jobs
+    /// ([`Store::desired_reads`](crate::store::Store::desired_reads)): its GPUs from the kept
+    /// ones when they are at the inventory's version (read first, as [`Self::planning_nodes`]
+    /// does), else read alone (the kept ones are refreshed only by a planning read of every
+    /// node); its images only when the statement that reads the version finds one. `None` when
+    /// the node is not registered (or was removed), which that statement looks up too.
+    pub(super) async fn desired_reads(
         &self,
         node: &NodeName,
-    ) -> StoreResult<Option<Arc<[GpuRecord]>>> {
-        let (version, registered): (i64, Option<String>) = sqlx::query_as(concat!(
-            "SELECT v.version, n.name FROM ",
-            version_row!(),
-            " LEFT JOIN nodes n ON n.name = $1 AND n.removed_at IS NULL"
-        ))
-        .bind(node.as_str())
-        .fetch_one(&self.pool)
-        .await?;
+        images_removed_since: DateTime<Utc>,
+    ) -> StoreResult<Option<DesiredReads>> {
+        let (version, registered, any_images): (i64, Option<String>, bool) =
+            sqlx::query_as(concat!(
+                "SELECT v.version, n.name, EXISTS (SELECT 1 FROM images i WHERE ",
+                super::images::for_node_images!(),
+                ") FROM ",
+                version_row!(),
+                " LEFT JOIN nodes n ON n.name = $1 AND n.removed_at IS NULL"
+            ))
+            .bind(node.as_str())
+            .bind(timestamp(images_removed_since))
+            .fetch_one(&self.pool)
+            .await?;
         if registered.is_none() {
             return Ok(None);
         }
-        let mut gpus = match self.inventory.planning.at(version) {
-            Some(kept) => return Ok(Some(kept.gpus.get(node).cloned().unwrap_or_default())),
-            None => self.gpus_by_node(Some(node)).await?,
+        let gpus = match self.inventory.planning.at(version) {
+            Some(kept) => kept.gpus.get(node).cloned().unwrap_or_default(),
+            None => self
+                .gpus_by_node(Some(node))
+                .await?
+                .remove(node)
+                .unwrap_or_default(),
         };
-        Ok(Some(gpus.remove(node).unwrap_or_default()))
+        let images = if any_images {
+            self.images(ImageFilter::ForNode {
+                node: node.clone(),
+                removed_since: images_removed_since,
+            })
+            .await?
+        } else {
+            Vec::new()
+        };
+        Ok(Some(DesiredReads { gpus, images }))
     }
 
-    /// The owners as kept when they are at the inventory's version (read first, as
-    /// [`Self::planning_nodes`] does), else read and kept.
-    pub(super) async fn kept_owners(&self) -> StoreResult<Owners> {
+    /// The owners and reservations as kept when they are at the inventory's version (read
+    /// first, as [`Self::planning_nodes`] does), else read and kept.
+    pub(super) async fn kept_policy(&self) -> StoreResult<OwnersAndReservations> {
         let version = self.inventory_version().await?;
-        if let Some(owners) = self.inventory.owners.at(version) {
-            return Ok(owners);
+        if let Some(policy) = self.inventory.policy.at(version) {
+            return Ok(policy);
         }
-        let owners = self.read_owners().await?;
-        self.inventory.owners.keep(version, owners.clone());
-        Ok(owners)
+        let policy = self.read_policy().await?;
+        self.inventory.policy.keep(version, policy.clone());
+        Ok(policy)
     }
 
     async fn inventory_version(&self) -> StoreResult<i64> {

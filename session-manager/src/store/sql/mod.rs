@@ -467,7 +467,7 @@ impl Store for SqlStore {
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes(seen_since: DateTime<Utc>) -> PlanningNodes;
-        fn planning_gpus(node: &'a NodeName) -> Option<std::sync::Arc<[GpuRecord]>>;
+        fn desired_reads(node: &'a NodeName, images_removed_since: DateTime<Utc>) -> Option<crate::store::DesiredReads>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
