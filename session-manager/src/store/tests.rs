@@ -665,7 +665,10 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         created_at: t(7),
     };
     assert!(replica.gpu_policy().add_reservation(&course).await.unwrap());
-    assert_eq!(policy_in_both().await.reservations, [course.clone()]);
+    assert_eq!(
+        policy_in_both().await.reservations,
+        std::slice::from_ref(&course)
+    );
     assert_eq!(
         store
             .gpu_policy()
