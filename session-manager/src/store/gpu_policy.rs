@@ -1,6 +1,5 @@
-//! The store's side of owned GPUs and reservations (migration 0018), a trait of its own so that
-//! a store without those tables yet still is a [`super::Store`]: [`super::Store::gpu_policy`]
-//! answers `None` there, and the manager then knows no owners and no reservations.
+//! The store's side of owned GPUs and reservations (migration 0018), a trait of its own
+//! ([`super::Store::gpu_policy`]).
 //!
 //! The rules are in [`crate::domain::policy::reservations`]; this only keeps what an admin set
 //! and which reservation a session or a job chain uses. A request's reservation is written
@@ -54,7 +53,8 @@ pub trait GpuPolicyStore: Send + Sync {
     ) -> BoxFuture<'a, StoreResult<bool>>;
 
     /// The owners and every reservation, which every round and many views read: kept by the
-    /// store and read again only when one of them changed (through any store on the database).
+    /// store and read again only when the inventory's version moved (a change of a node, a GPU,
+    /// an owner or a reservation, through any store on the database).
     fn owners_and_reservations(&self) -> BoxFuture<'_, StoreResult<OwnersAndReservations>>;
 
     /// Stores a new reservation; `false` when its name is taken.

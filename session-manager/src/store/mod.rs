@@ -224,7 +224,8 @@ pub struct PlanningNodes {
 /// ([`Store::desired_reads`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredReads {
-    /// The node's GPUs as the planning read keeps them.
+    /// The node's GPUs: the planning read's kept ones, or read alone when the inventory changed
+    /// since.
     pub gpus: std::sync::Arc<[GpuRecord]>,
     /// Its freeze orders and the images to remove ([`ImageFilter::ForNode`]), in the order
     /// [`Store::images`] gives them.

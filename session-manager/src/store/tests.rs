@@ -496,7 +496,7 @@ async fn the_planning_read_of_sessions_follows_every_write_made_through_any_stor
 }
 
 /// A node's GPUs as its desired state reads them ([`Store::desired_reads`]).
-async fn planning_gpus(store: &TestStore, node: &NodeName) -> Option<std::sync::Arc<[GpuRecord]>> {
+async fn node_gpus(store: &TestStore, node: &NodeName) -> Option<std::sync::Arc<[GpuRecord]>> {
     store
         .desired_reads(node, t(0))
         .await
@@ -523,14 +523,14 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     assert_eq!(store.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     assert_eq!(replica.planning_nodes(cutoff).await.unwrap().nodes, vec![]);
     // Not registered: `None`, not an empty list of GPUs.
-    assert_eq!(planning_gpus(&store, &node1).await, None);
+    assert_eq!(node_gpus(&store, &node1).await, None);
     register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
     // Each store's planning read is the whole truth after a change, whoever made it.
     let both_current = || async {
         let seen = store.nodes().await.unwrap();
         let node1_gpus = &seen.iter().find(|n| n.name == node1).unwrap().gpus;
         for planner in [&store, &replica] {
-            let gpus = || async { planning_gpus(planner, &node1).await };
+            let gpus = || async { node_gpus(planner, &node1).await };
             assert_eq!(gpus().await.as_ref(), Some(node1_gpus));
             assert_eq!(planner.planning_nodes(cutoff).await.unwrap().nodes, seen);
             assert_eq!(gpus().await.as_ref(), Some(node1_gpus));
@@ -562,7 +562,7 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
         );
     }
     for planner in [&store, &replica] {
-        let gpus = planning_gpus(planner, &node1).await.unwrap();
+        let gpus = node_gpus(planner, &node1).await.unwrap();
         assert_eq!(gpus[1].info, gpu(2));
     }
 
@@ -719,12 +719,12 @@ async fn the_planning_read_follows_every_change_of_the_gpus_made_through_any_sto
     assert_eq!(removal, NodeRemoval::Removed);
     // Removed: no GPUs for it, before a planning read of every node and after it.
     for planner in [&store, &replica] {
-        assert_eq!(planning_gpus(planner, &seen[0].name).await, None);
+        assert_eq!(node_gpus(planner, &seen[0].name).await, None);
     }
     let removed = seen[0].name.clone();
     let seen = both_current().await;
     for planner in [&store, &replica] {
-        assert_eq!(planning_gpus(planner, &removed).await, None);
+        assert_eq!(node_gpus(planner, &removed).await, None);
     }
     let names: Vec<&NodeName> = seen.iter().map(|n| &n.name).collect();
     assert_eq!(names, [&node1]);

@@ -77,7 +77,7 @@ impl SqlStore {
     pub(super) async fn read_policy(&self) -> StoreResult<OwnersAndReservations> {
         Ok(OwnersAndReservations {
             owners: self.read_owners().await?,
-            reservations: self.reservations().await?,
+            reservations: self.read_reservations().await?,
         })
     }
 
@@ -107,7 +107,8 @@ impl SqlStore {
         Ok(owners)
     }
 
-    async fn reservations(&self) -> StoreResult<Vec<ReservationRecord>> {
+    /// Every reservation, ended ones too, by start time.
+    async fn read_reservations(&self) -> StoreResult<Vec<ReservationRecord>> {
         let rows: Vec<ReservationRow> = sqlx::query_as(
             "SELECT name, accounting_group, node, gpus, starts_at, ends_at, created_by, \
              created_at FROM reservations ORDER BY starts_at, name",

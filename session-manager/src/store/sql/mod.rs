@@ -46,10 +46,10 @@ use crate::domain::sessions::holds::{LifecycleConfig, LifecycleFacts};
 use crate::domain::sessions::{connections, rendered_reason, Change, SessionRecord};
 use crate::domain::users::{Removal, Removed};
 use crate::store::{
-    AuditFilter, ConnectionRecorded, FactsScope, GpuRecord, Heartbeat, ImageDeleted, ImageFilter,
-    JobFilter, KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord, NodeRegistration,
-    PlanningNodes, RoundOutcomes, SessionFilter, StateCounts, Store, StoreError, StoreResult,
-    UserRecord,
+    AuditFilter, ConnectionRecorded, DesiredReads, FactsScope, GpuRecord, Heartbeat, ImageDeleted,
+    ImageFilter, JobFilter, KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord,
+    NodeRegistration, PlanningNodes, RoundOutcomes, SessionFilter, StateCounts, Store, StoreError,
+    StoreResult, UserRecord,
 };
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -467,7 +467,7 @@ impl Store for SqlStore {
         fn register_node(node: NodeRegistration, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> ();
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes(seen_since: DateTime<Utc>) -> PlanningNodes;
-        fn desired_reads(node: &'a NodeName, images_removed_since: DateTime<Utc>) -> Option<crate::store::DesiredReads>;
+        fn desired_reads(node: &'a NodeName, images_removed_since: DateTime<Utc>) -> Option<DesiredReads>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
