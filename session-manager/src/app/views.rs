@@ -153,14 +153,21 @@ pub async fn full_view_as_read(
     session: SessionRecord,
 ) -> Result<SessionView, ApiError> {
     let state = reads.state;
-    // Read once for all the views, and only when one waits: a session placed since has no
-    // position any more.
-    let position = match session.state {
-        SessionState::Pending => reads.positions().await?.get(&session.id).copied(),
-        _ => None,
-    };
-    let transitions = state.store.transitions(session.id).await?;
-    let lifecycle = lifecycle_view(reads, &session).await?;
+    let pending = session.state == SessionState::Pending;
+    // Independent reads, sent at once rather than one after the other.
+    let (position, transitions, lifecycle) = tokio::try_join!(
+        async {
+            // Read once for all the views, and only when one waits: a session placed since has
+            // no position any more.
+            Ok::<_, ApiError>(if pending {
+                reads.positions().await?.get(&session.id).copied()
+            } else {
+                None
+            })
+        },
+        async { Ok(state.store.transitions(session.id).await?) },
+        lifecycle_view(reads, &session),
+    )?;
     let held_back = (session.state == SessionState::Pending)
         .then(|| {
             state
@@ -175,14 +182,13 @@ pub async fn full_view_as_read(
         // A PENDING session over a `[limits]` maximum says which one holds it.
         view.reason = format!("waits for a limit: {limit}");
     } else if view.state == SessionState::Pending {
-        let site = reads.inventory().await?;
+        let (site, facts) = tokio::try_join!(reads.inventory(), async {
+            Ok(state.store.lifecycle_facts(FactsScope::Session(id)).await?)
+        })?;
         if let Some(why) = out_of_service(site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
         }
-        let max_duration = state
-            .store
-            .lifecycle_facts(FactsScope::Session(id))
-            .await?
+        let max_duration = facts
             .first()
             .and_then(|f| f.max_duration(&state.config.lifecycle).to_std().ok())
             .unwrap_or(state.config.lifecycle.max_duration);
