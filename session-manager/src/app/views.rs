@@ -168,7 +168,7 @@ pub async fn full_view_as_read(
         async { Ok(state.store.transitions(session.id).await?) },
         lifecycle_view(reads, &session),
     )?;
-    let held_back = (session.state == SessionState::Pending)
+    let held_back = pending
         .then(|| {
             state
                 .scheduler
