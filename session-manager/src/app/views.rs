@@ -20,7 +20,7 @@ use super::{ApiError, AppState};
 use crate::domain::images::ImageRecord;
 use crate::domain::jobs::{self, JobRecord};
 use crate::domain::policy::fairshare::Account;
-use crate::domain::sessions::holds::{deadlines, view};
+use crate::domain::sessions::holds::{deadlines, view, LifecycleFacts};
 use crate::domain::sessions::SessionRecord;
 use crate::scheduling::gpu_policy::GpuPolicy;
 use crate::site::SiteSnapshot;
@@ -155,7 +155,7 @@ pub async fn full_view_as_read(
     let state = reads.state;
     let pending = session.state == SessionState::Pending;
     // Independent reads, sent at once rather than one after the other.
-    let (position, transitions, lifecycle) = tokio::try_join!(
+    let (position, transitions, (facts, lifecycle)) = tokio::try_join!(
         async {
             // Read once for all the views, and only when one waits: a session placed since has
             // no position any more.
@@ -166,7 +166,11 @@ pub async fn full_view_as_read(
             })
         },
         async { Ok(state.store.transitions(session.id).await?) },
-        lifecycle_view(reads, &session),
+        async {
+            let facts = lifecycle_facts(reads, &session).await?;
+            let view = lifecycle_view(reads, &session, facts.as_ref()).await?;
+            Ok((facts, view))
+        },
     )?;
     let held_back = pending
         .then(|| {
@@ -181,15 +185,14 @@ pub async fn full_view_as_read(
     if let Some(limit) = held_back {
         // A PENDING session over a `[limits]` maximum says which one holds it.
         view.reason = format!("waits for a limit: {limit}");
-    } else if view.state == SessionState::Pending {
-        let (site, facts) = tokio::try_join!(reads.inventory(), async {
-            Ok(state.store.lifecycle_facts(FactsScope::Session(id)).await?)
-        })?;
+    } else if pending {
+        let site = reads.inventory().await?;
         if let Some(why) = out_of_service(site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
         }
+        // A PENDING session is live: its facts were read for its lifecycle above.
         let max_duration = facts
-            .first()
+            .as_ref()
             .and_then(|f| f.max_duration(&state.config.lifecycle).to_std().ok())
             .unwrap_or(state.config.lifecycle.max_duration);
         let asker = PolicyAsker {
@@ -299,20 +302,30 @@ pub fn out_of_service(
     ))
 }
 
-/// The lifecycle part of a session's view: for live and HELD sessions.
-async fn lifecycle_view(
+/// The lifecycle facts of a session's view: for live and HELD sessions.
+async fn lifecycle_facts(
     reads: &Reads<'_>,
     session: &SessionRecord,
-) -> Result<Option<LifecycleView>, ApiError> {
-    let state = reads.state;
+) -> Result<Option<LifecycleFacts>, ApiError> {
     if !(session.state.is_live() || session.state == SessionState::Held) {
         return Ok(None);
     }
-    let facts = state
+    let facts = reads
+        .state
         .store
         .lifecycle_facts(FactsScope::Session(session.id))
         .await?;
-    let Some(facts) = facts.first() else {
+    Ok(facts.into_iter().next())
+}
+
+/// The lifecycle part of a session's view, from its `facts` ([`lifecycle_facts`]).
+async fn lifecycle_view(
+    reads: &Reads<'_>,
+    session: &SessionRecord,
+    facts: Option<&LifecycleFacts>,
+) -> Result<Option<LifecycleView>, ApiError> {
+    let state = reads.state;
+    let Some(facts) = facts else {
         return Ok(None);
     };
     let mut view = view(facts, &state.config.lifecycle, state.clock.now());
