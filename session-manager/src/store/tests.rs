@@ -1364,10 +1364,18 @@ async fn names_are_unique_per_owner_among_sessions_that_have_not_ended(backend: 
     );
     assert_eq!(store.sessions(SessionFilter::All).await.unwrap().len(), 4);
 
-    // Only names of exactly that form take a number: `dev-1`, `dev-04` and `dev-4x` leave 4 free.
-    for (i, name) in ["dev-1", "dev-04", "dev-4x", "dev-5"]
-        .into_iter()
-        .enumerate()
+    // Only names of exactly that form take a number: `dev-1`, `dev-04`, `dev-4x`, `dev-0` and a
+    // number of ten digits leave 4 free.
+    for (i, name) in [
+        "dev-1",
+        "dev-04",
+        "dev-4x",
+        "dev-5",
+        "dev-0",
+        "dev-1234567890",
+    ]
+    .into_iter()
+    .enumerate()
     {
         create(&store, &alice.dn, Some(name), t(30 + i as i64)).await;
     }
