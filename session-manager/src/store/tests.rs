@@ -187,6 +187,7 @@ macro_rules! backend_tests {
 backend_tests!(
     a_reopened_file_gives_everything_back,
     the_active_jobs_follow_every_change_of_a_job,
+    a_nodes_jobs_are_as_stored_whatever_the_kept_copy_has_seen,
     transitions_go_through_the_lifecycle,
     names_are_unique_per_owner_among_sessions_that_have_not_ended,
     creates_written_together_each_keep_their_own_answer,
@@ -3424,6 +3425,94 @@ async fn queued_job(
     };
     let new = fixtures::job(&alice, spec, grid, at);
     store.create_job(new).await.unwrap()
+}
+
+/// A node's jobs take the lifecycle of those the kept copy holds as stored from the copy: each
+/// is as read alone, whether the copy saw its last change, saw none of it (another replica
+/// wrote it) or does not hold it (ended, its output still to come); the output's size, which
+/// changes unstamped, is as written.
+async fn a_nodes_jobs_are_as_stored_whatever_the_kept_copy_has_seen(backend: Backend) {
+    use crate::domain::jobs;
+    use ongrid_core::job::{JobState, ObservedJobStatus};
+
+    let (place, a) = Place::opened(backend).await;
+    let b = place.open().await;
+    let node = NodeName::parse("node1").unwrap();
+    register(&a, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    // The node's jobs through `store`, each required equal to itself read alone.
+    let on_node = |store: &TestStore| {
+        let (store, node) = (store.clone(), node.clone());
+        async move {
+            let jobs = store.jobs(JobFilter::Node(node)).await.unwrap();
+            for job in &jobs {
+                assert_eq!(Some(job), store.job(job.id).await.unwrap().as_ref());
+            }
+            jobs.iter().map(|j| (j.id, j.state())).collect::<Vec<_>>()
+        }
+    };
+    let run = |store: &TestStore, job: jobs::JobRecord, gpu: u8| {
+        let (store, node) = (store.clone(), node.clone());
+        async move {
+            let gpus = vec![GpuId::from(super::fixtures::gpu(gpu).uuid)];
+            let started = jobs::start(&job, node, gpus, t(2)).unwrap();
+            store.job_transition(job.id, started, None).await.unwrap()
+        }
+    };
+
+    // No copy kept yet: each read with its history.
+    let first = queued_job(&a, t(1), None).await;
+    let second = queued_job(&a, t(1), None).await;
+    let first = run(&a, first, 1).await;
+    let second = run(&a, second, 2).await;
+    let mut running = vec![
+        (first.id, JobState::Running),
+        (second.id, JobState::Running),
+    ];
+    running.sort();
+    let sorted = |mut jobs: Vec<(JobId, JobState)>| {
+        jobs.sort();
+        jobs
+    };
+    assert_eq!(sorted(on_node(&a).await), running);
+    // Both kept by `a` as stored now; the output's size written since is not stamped.
+    assert_eq!(a.jobs(JobFilter::Active).await.unwrap().len(), 2);
+    a.record_job_log(first.id, 4096, false).await.unwrap();
+    assert_eq!(sorted(on_node(&a).await), running);
+    let read = a.jobs(JobFilter::Node(node.clone())).await.unwrap();
+    assert!(read
+        .iter()
+        .any(|job| job.id == first.id && job.log_size == 4096));
+
+    // Halted through `b`, which `a`'s copy has not seen: read with its history.
+    let halt = jobs::halt_by_owner(&first, t(600)).unwrap();
+    let first = b.job_transition(first.id, halt, None).await.unwrap();
+    let halting = sorted(vec![
+        (first.id, first.state()),
+        (second.id, JobState::Running),
+    ]);
+    assert_ne!(first.state(), JobState::Running);
+    assert_eq!(sorted(on_node(&a).await), halting);
+
+    // Ended with output still to come: the copy lets go of it, the node keeps it.
+    let exited = ObservedJobStatus::Exited {
+        started_at: t(2),
+        finished_at: t(602),
+        exit_code: 1,
+        oom_killed: false,
+        killed: false,
+        signalled_at: None,
+    };
+    let change = jobs::follow_report(&first, &exited, t(603)).unwrap();
+    let first = b.job_transition(first.id, change, None).await.unwrap();
+    assert!(!first.state().holds_gpus() && first.state() != JobState::Queued);
+    let ended = sorted(vec![
+        (first.id, first.state()),
+        (second.id, JobState::Running),
+    ]);
+    assert_eq!(sorted(on_node(&a).await), ended);
+    assert_eq!(a.jobs(JobFilter::Active).await.unwrap().len(), 1);
+    assert_eq!(sorted(on_node(&a).await), ended);
+    assert_eq!(sorted(on_node(&b).await), ended);
 }
 
 /// `job`, RUNNING since t(2), halted by its owner at t(600) and exited cleanly at t(602): stored

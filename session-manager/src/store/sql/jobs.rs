@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ongrid_core::job::{JobId, JobImage, JobTransition, RestartChain};
+use ongrid_core::job::{JobId, JobImage, JobLifecycle, JobTransition, RestartChain};
 use ongrid_core::{Dn, HumanDuration, NodeName};
 use sqlx::{Row, Transaction};
 
@@ -93,14 +93,65 @@ impl SqlStore {
                 let active = self.planning_jobs().await?;
                 return Ok(active.iter().map(|job| JobRecord::clone(job)).collect());
             }
-            JobFilter::Node(node) => (
-                format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)"),
-                Some(node.to_string()),
-            ),
+            JobFilter::Node(node) => return self.node_jobs(&node).await,
         };
         let mut conn = self.pool.acquire().await?;
         let values: Vec<&str> = value.as_deref().into_iter().collect();
         read_jobs(&mut conn, &condition, &values).await
+    }
+
+    /// The jobs of `node`: QUEUED or holding GPUs there, or ended there with output still to
+    /// come ([`JobFilter::Node`]), read at every sync of the node and every answer of its
+    /// long-poll. A job the kept copy ([`Self::planning_jobs`]) holds as of the change its row
+    /// carries takes its lifecycle from there: its history is not read again, which was the
+    /// most of the read's cost (the rows' other columns, such as its output's size, are always
+    /// read). The copy is not brought up to date for it: a job it holds older, or not at all, has
+    /// its history read.
+    async fn node_jobs(&self, node: &NodeName) -> StoreResult<Vec<JobRecord>> {
+        let condition = format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)");
+        // A job stamped no later than the copy has seen and still active is in it, as stamped.
+        let seen = self.planned_jobs.seen().await.unwrap_or(-1);
+        let sql = format!(
+            "SELECT j.change_seq, CASE WHEN j.change_seq > CAST($2 AS BIGINT) \
+             OR j.state NOT IN {ACTIVE} THEN {JOB_HISTORY} END AS history, {JOB_COLUMNS} \
+             WHERE {condition} ORDER BY j.queued_at, j.id"
+        );
+        let seen = seen.to_string();
+        // No connection is held while the copy is looked at: the copy's reads hold its lock
+        // while they wait for one.
+        let rows = query_with(&sql, [node.as_str(), &seen])
+            .fetch_all(&self.pool)
+            .await?;
+        let mut histories = Vec::with_capacity(rows.len());
+        let mut wanted = Vec::new();
+        for row in &rows {
+            let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
+            let history: Option<String> = row.try_get("history")?;
+            if history.is_none() {
+                wanted.push((id, row.try_get::<i64, _>("change_seq")?));
+            }
+            histories.push((id, history));
+        }
+        let kept = self.planned_jobs.as_stamped(&wanted).await;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for (row, (id, history)) in rows.iter().zip(histories) {
+            let lifecycle = match history {
+                Some(json) => {
+                    job_history::lifecycle_of(id, job_history::transitions_from_json(&json)?)?
+                }
+                None => match kept.get(&id) {
+                    Some(job) => job.lifecycle.clone(),
+                    // Changed since the copy was last brought up to date: all read again, each
+                    // with its history.
+                    None => {
+                        let mut conn = self.pool.acquire().await?;
+                        return read_jobs(&mut conn, &condition, &[node.as_str()]).await;
+                    }
+                },
+            };
+            jobs.push(job_with_lifecycle(row, lifecycle)?);
+        }
+        Ok(jobs)
     }
 
     /// The jobs QUEUED or holding GPUs, in queue order: those kept for planning
@@ -121,7 +172,8 @@ impl SqlStore {
                     .fetch_one(&self.pool)
                     .await?;
                     let mut conn = self.pool.acquire().await?;
-                    let active = read_jobs(&mut conn, &format!("j.state IN {ACTIVE}"), &[]).await?;
+                    let active =
+                        read_stamped_jobs(&mut conn, &format!("j.state IN {ACTIVE}"), &[]).await?;
                     Ok((seen.unwrap_or(0), active))
                 },
                 |seen| async move {
@@ -390,7 +442,12 @@ async fn read_stamped_jobs(
 /// A job from a row of [`JOB_COLUMNS`] and its `history`, oldest first.
 fn job_from_row(row: &DbRow, history: Vec<JobTransition>) -> StoreResult<JobRecord> {
     let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
-    let lifecycle = job_history::lifecycle_of(id, history)?;
+    job_with_lifecycle(row, job_history::lifecycle_of(id, history)?)
+}
+
+/// A job from a row of [`JOB_COLUMNS`] and the `lifecycle` its history replays to.
+fn job_with_lifecycle(row: &DbRow, lifecycle: JobLifecycle) -> StoreResult<JobRecord> {
+    let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
     let optional_job = |column: &str| -> StoreResult<Option<JobId>> {
         row.try_get::<Option<String>, _>(column)?
             .map(|text| parse(&text, "job id"))

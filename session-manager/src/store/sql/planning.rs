@@ -20,7 +20,10 @@
 //! read since may still keep it: a write that deletes jobs records its number
 //! (`job_deletion_seq`), and a copy older than that reads the jobs whole again. Its output's
 //! size and a grid engine's fields are written outside the write lock and not stamped: the kept
-//! copy has them as of the job's last stamped change.
+//! copy has them as of the job's last stamped change. Each kept record's own number is kept with
+//! it, so a node's jobs (read at every sync and long-poll answer, with every column) take the
+//! lifecycle of each job the copy holds as the row's number says from the copy instead of
+//! reading its history again ([`KeptRecords::as_stamped`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,13 +130,16 @@ struct Kept<R: Planned> {
     /// Shared with the rounds that planned with them: a round takes every record without
     /// copying one.
     records: HashMap<R::Key, Arc<R>>,
+    /// The change number each kept record was read with.
+    stamps: HashMap<R::Key, i64>,
 }
 
 impl<R: Planned> KeptRecords<R> {
     /// `read` of the kept records, first brought up to date: read whole the first time
     /// (`read_all`: the highest change number before the read, then every record planned
-    /// with), then only those changed since (`read_changed(seen)`: each with its change number;
-    /// `None` when records were deleted since, which leave nothing to read: read whole again).
+    /// with, each with its change number), then only those changed since
+    /// (`read_changed(seen)`: each with its change number; `None` when records were deleted
+    /// since, which leave nothing to read: read whole again).
     pub(super) async fn with_kept<T, All, Changed>(
         &self,
         read_all: impl FnOnce() -> All,
@@ -141,7 +147,7 @@ impl<R: Planned> KeptRecords<R> {
         read: impl FnOnce(&HashMap<R::Key, Arc<R>>) -> T,
     ) -> StoreResult<T>
     where
-        All: std::future::Future<Output = StoreResult<(i64, Vec<R>)>>,
+        All: std::future::Future<Output = StoreResult<(i64, Vec<(i64, R)>)>>,
         Changed: std::future::Future<Output = StoreResult<Option<Vec<(i64, R)>>>>,
     {
         let called_at = self.reads.load(Ordering::SeqCst);
@@ -157,11 +163,7 @@ impl<R: Planned> KeptRecords<R> {
                 // passed a record not yet kept would lose that record for good.
                 for (seq, record) in changed {
                     kept.seen = kept.seen.max(seq);
-                    if record.planned() {
-                        kept.records.insert(record.key(), Arc::new(record));
-                    } else {
-                        kept.records.remove(&record.key());
-                    }
+                    kept.keep(seq, record);
                 }
                 kept.ticket = ticket;
             }
@@ -173,17 +175,57 @@ impl<R: Planned> KeptRecords<R> {
     }
 }
 
+/// Looks at the copy as it stands, under its lock: never called holding a connection of the
+/// pool, since [`KeptRecords::with_kept`] holds the lock while its reads wait for one (readers
+/// that each held a connection while waiting for the lock held all of them).
+impl<R: Planned> KeptRecords<R> {
+    /// The highest change number the kept copy has seen, as it stands (not brought up to date);
+    /// `None` before its first read.
+    pub(super) async fn seen(&self) -> Option<i64> {
+        self.kept.lock().await.as_ref().map(|kept| kept.seen)
+    }
+
+    /// The kept records among `wanted` (each key with the change number a reader found on its
+    /// row) that were read with that same number, as the copy stands (not brought up to date):
+    /// one changed since, or not kept, is left out.
+    pub(super) async fn as_stamped(&self, wanted: &[(R::Key, i64)]) -> HashMap<R::Key, Arc<R>> {
+        let guard = self.kept.lock().await;
+        let Some(kept) = guard.as_ref() else {
+            return HashMap::new();
+        };
+        wanted
+            .iter()
+            .filter(|(key, seq)| kept.stamps.get(key) == Some(seq))
+            .filter_map(|(key, _)| Some((*key, kept.records.get(key)?.clone())))
+            .collect()
+    }
+}
+
 impl<R: Planned> Kept<R> {
-    /// What a whole read (`(seen, records)`) keeps, as of the read with `ticket`.
-    fn whole(ticket: u64, (seen, records): (i64, Vec<R>)) -> Self {
-        let records = records
-            .into_iter()
-            .map(|record| (record.key(), Arc::new(record)))
-            .collect();
-        Self {
+    /// What a whole read (`(seen, stamped records)`) keeps, as of the read with `ticket`.
+    fn whole(ticket: u64, (seen, records): (i64, Vec<(i64, R)>)) -> Self {
+        let mut kept = Self {
             ticket,
             seen,
-            records,
+            records: HashMap::with_capacity(records.len()),
+            stamps: HashMap::with_capacity(records.len()),
+        };
+        for (seq, record) in records {
+            kept.keep(seq, record);
+        }
+        kept
+    }
+
+    /// Keeps `record`, read with change number `seq`, when it is planned with; lets go of it
+    /// otherwise.
+    fn keep(&mut self, seq: i64, record: R) {
+        let key = record.key();
+        if record.planned() {
+            self.records.insert(key, Arc::new(record));
+            self.stamps.insert(key, seq);
+        } else {
+            self.records.remove(&key);
+            self.stamps.remove(&key);
         }
     }
 }
@@ -274,20 +316,21 @@ impl SqlStore {
             .await
     }
 
-    /// Every session in a planning state, and the highest change number before the read.
-    async fn read_planned(&self) -> StoreResult<(i64, Vec<SessionRecord>)> {
+    /// Every session in a planning state, each with its change number, and the highest change
+    /// number before the read.
+    async fn read_planned(&self) -> StoreResult<(i64, Vec<(i64, SessionRecord)>)> {
         let seen: Option<i64> = sqlx::query_scalar("SELECT MAX(change_seq) FROM sessions")
             .fetch_one(&self.pool)
             .await?;
         let states = SessionState::ALL.into_iter().filter(|s| planned(*s));
         let sql = format!(
-            "SELECT {SESSION_COLUMNS} WHERE s.state IN ({})",
+            "SELECT s.change_seq, {SESSION_COLUMNS} WHERE s.state IN ({})",
             states_listed(states)
         );
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
         let sessions = rows
             .iter()
-            .map(session_from_row)
+            .map(stamped_session)
             .collect::<StoreResult<_>>()?;
         Ok((seen.unwrap_or(0), sessions))
     }
@@ -298,8 +341,13 @@ impl SqlStore {
         let sql = format!("SELECT s.change_seq, {SESSION_COLUMNS} WHERE s.change_seq > $1");
         let rows = sqlx::query(&sql).bind(seen).fetch_all(&self.pool).await?;
         rows.iter()
-            .map(|row| Ok((row.try_get::<i64, _>("change_seq")?, session_from_row(row)?)))
+            .map(stamped_session)
             .collect::<StoreResult<_>>()
             .map(Some)
     }
+}
+
+/// A session and its change number from a row of `s.change_seq, ` [`SESSION_COLUMNS`].
+fn stamped_session(row: &super::DbRow) -> StoreResult<(i64, SessionRecord)> {
+    Ok((row.try_get::<i64, _>("change_seq")?, session_from_row(row)?))
 }
