@@ -39,8 +39,7 @@ pub async fn create_session(
         actions::create(&state, &caller, body, query, key.as_ref(), Via::Api)
             .await
             .map_err(refused)?;
-    let position = state.queue_position(&session).await?;
-    let mut view = changed_session_view(&state, session, position).await?;
+    let mut view = changed_session_view(&state, session).await?;
     if view.state == SessionState::Pending {
         if let Some(why) = crate::app::views::out_of_service(&site, &view.request) {
             view.reason = format!("{}; {why}", view.reason);
@@ -156,7 +155,7 @@ pub async fn delete_session(
     let ended = actions::remove(&state, &caller, target(name, query), Via::Api)
         .await
         .map_err(refused)?;
-    Ok(Json(changed_session_view(&state, ended, None).await?))
+    Ok(Json(changed_session_view(&state, ended).await?))
 }
 
 pub async fn hold(

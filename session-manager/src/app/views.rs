@@ -121,15 +121,16 @@ pub fn session_view(
     }
 }
 
-/// A session as the API answers a change of it: with its history and queue position, without
-/// its lifecycle.
+/// A session as the API answers a change of it: with its history and queue position (read at
+/// once), without its lifecycle.
 pub async fn changed_session_view(
     state: &AppState,
     session: SessionRecord,
-    queue_position: Option<u32>,
 ) -> Result<SessionView, ApiError> {
-    let transitions = state.store.transitions(session.id).await?;
-    Ok(session_view(session, queue_position, transitions))
+    let (position, transitions) = tokio::try_join!(state.queue_position(&session), async {
+        Ok(state.store.transitions(session.id).await?)
+    })?;
+    Ok(session_view(session, position, transitions))
 }
 
 /// The full view of a session as it is now (read again: a round may have moved it since
