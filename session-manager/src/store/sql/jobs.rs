@@ -110,15 +110,13 @@ impl SqlStore {
     async fn node_jobs(&self, node: &NodeName) -> StoreResult<Vec<JobRecord>> {
         let condition = format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)");
         // A job stamped no later than the copy has seen and still active is in it, as stamped.
-        let seen = self.planned_jobs.seen().await.unwrap_or(-1);
+        let seen = self.planned_jobs.seen().unwrap_or(-1);
         let sql = format!(
             "SELECT j.change_seq, CASE WHEN j.change_seq > CAST($2 AS BIGINT) \
              OR j.state NOT IN {ACTIVE} THEN {JOB_HISTORY} END AS history, {JOB_COLUMNS} \
              WHERE {condition} ORDER BY j.queued_at, j.id"
         );
         let seen = seen.to_string();
-        // No connection is held while the copy is looked at: the copy's reads hold its lock
-        // while they wait for one.
         let rows = query_with(&sql, [node.as_str(), &seen])
             .fetch_all(&self.pool)
             .await?;
@@ -132,7 +130,7 @@ impl SqlStore {
             }
             histories.push((id, history));
         }
-        let kept = self.planned_jobs.as_stamped(&wanted).await;
+        let kept = self.planned_jobs.as_stamped(&wanted);
         let mut jobs = Vec::with_capacity(rows.len());
         for (row, (id, history)) in rows.iter().zip(histories) {
             let lifecycle = match history {
@@ -149,7 +147,7 @@ impl SqlStore {
                     }
                 },
             };
-            jobs.push(job_with_lifecycle(row, lifecycle)?);
+            jobs.push(job_with_lifecycle(row, id, lifecycle)?);
         }
         Ok(jobs)
     }
@@ -442,12 +440,11 @@ async fn read_stamped_jobs(
 /// A job from a row of [`JOB_COLUMNS`] and its `history`, oldest first.
 fn job_from_row(row: &DbRow, history: Vec<JobTransition>) -> StoreResult<JobRecord> {
     let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
-    job_with_lifecycle(row, job_history::lifecycle_of(id, history)?)
+    job_with_lifecycle(row, id, job_history::lifecycle_of(id, history)?)
 }
 
-/// A job from a row of [`JOB_COLUMNS`] and the `lifecycle` its history replays to.
-fn job_with_lifecycle(row: &DbRow, lifecycle: JobLifecycle) -> StoreResult<JobRecord> {
-    let id: JobId = parse(&row.try_get::<String, _>("id")?, "job id")?;
+/// Job `id` from its row of [`JOB_COLUMNS`] and the `lifecycle` its history replays to.
+fn job_with_lifecycle(row: &DbRow, id: JobId, lifecycle: JobLifecycle) -> StoreResult<JobRecord> {
     let optional_job = |column: &str| -> StoreResult<Option<JobId>> {
         row.try_get::<Option<String>, _>(column)?
             .map(|text| parse(&text, "job id"))

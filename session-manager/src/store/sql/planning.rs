@@ -46,8 +46,13 @@ use crate::store::StoreResult;
 /// answering at the same time took the lock one after the other, a statement each).
 #[derive(Debug)]
 pub struct KeptRecords<R: Planned> {
-    kept: Arc<tokio::sync::Mutex<Option<Kept<R>>>>,
-    /// Reads begun, counted under the lock: each read's ticket.
+    /// Held by the read that brings the copy up to date, across its statements.
+    reading: Arc<tokio::sync::Mutex<()>>,
+    /// The copy, locked only to look at it or to change it, never across a statement: who only
+    /// looks at it as it stands ([`Self::as_stamped`]) never waits for a read of the database
+    /// (a node's jobs at every sync waited for the rounds' reads, in a convoy on PostgreSQL).
+    kept: Arc<std::sync::Mutex<Option<Kept<R>>>>,
+    /// Reads begun, counted under `reading`: each read's ticket.
     reads: Arc<AtomicU64>,
 }
 
@@ -61,6 +66,7 @@ pub type KeptJobs = KeptRecords<JobRecord>;
 impl<R: Planned> Clone for KeptRecords<R> {
     fn clone(&self) -> Self {
         Self {
+            reading: self.reading.clone(),
             kept: self.kept.clone(),
             reads: self.reads.clone(),
         }
@@ -70,6 +76,7 @@ impl<R: Planned> Clone for KeptRecords<R> {
 impl<R: Planned> Default for KeptRecords<R> {
     fn default() -> Self {
         Self {
+            reading: Default::default(),
             kept: Default::default(),
             reads: Default::default(),
         }
@@ -118,7 +125,7 @@ impl<R: Planned> KeptRecords<R> {
 
     /// Holds the lock of the reads until the returned guard is dropped.
     pub(crate) async fn hold(&self) -> impl Sized + '_ {
-        self.kept.lock().await
+        self.reading.lock().await
     }
 }
 
@@ -151,46 +158,63 @@ impl<R: Planned> KeptRecords<R> {
         Changed: std::future::Future<Output = StoreResult<Option<Vec<(i64, R)>>>>,
     {
         let called_at = self.reads.load(Ordering::SeqCst);
-        let mut guard = self.kept.lock().await;
-        if let Some(kept) = guard.as_mut() {
-            if kept.ticket <= called_at {
+        let _reading = self.reading.lock().await;
+        let kept_as = self.copy().as_ref().map(|kept| (kept.ticket, kept.seen));
+        match kept_as {
+            // A read that began after the call has brought the copy up to date.
+            Some((ticket, _)) if ticket > called_at => {}
+            Some((_, seen)) => {
                 let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
-                let Some(changed) = read_changed(kept.seen).await? else {
-                    let kept = guard.insert(Kept::whole(ticket, read_all().await?));
-                    return Ok(read(&kept.records));
-                };
-                // Every record read before any is kept: one that failed after `seen` had
-                // passed a record not yet kept would lose that record for good.
-                for (seq, record) in changed {
-                    kept.seen = kept.seen.max(seq);
-                    kept.keep(seq, record);
+                match read_changed(seen).await? {
+                    Some(changed) => {
+                        // Every record read before any is kept: one that failed after `seen`
+                        // had passed a record not yet kept would lose that record for good.
+                        if let Some(kept) = self.copy().as_mut() {
+                            for (seq, record) in changed {
+                                kept.seen = kept.seen.max(seq);
+                                kept.keep(seq, record);
+                            }
+                            kept.ticket = ticket;
+                        }
+                    }
+                    None => {
+                        let whole = Kept::whole(ticket, read_all().await?);
+                        *self.copy() = Some(whole);
+                    }
                 }
-                kept.ticket = ticket;
             }
-            return Ok(read(&kept.records));
+            None => {
+                let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+                let whole = Kept::whole(ticket, read_all().await?);
+                *self.copy() = Some(whole);
+            }
         }
-        let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
-        let kept = guard.insert(Kept::whole(ticket, read_all().await?));
-        Ok(read(&kept.records))
+        let copy = self.copy();
+        Ok(match copy.as_ref() {
+            Some(kept) => read(&kept.records),
+            None => read(&HashMap::new()),
+        })
     }
-}
 
-/// Looks at the copy as it stands, under its lock: never called holding a connection of the
-/// pool, since [`KeptRecords::with_kept`] holds the lock while its reads wait for one (readers
-/// that each held a connection while waiting for the lock held all of them).
-impl<R: Planned> KeptRecords<R> {
+    /// The copy, locked for a look or a change (no statement under it).
+    fn copy(&self) -> std::sync::MutexGuard<'_, Option<Kept<R>>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The highest change number the kept copy has seen, as it stands (not brought up to date);
     /// `None` before its first read.
-    pub(super) async fn seen(&self) -> Option<i64> {
-        self.kept.lock().await.as_ref().map(|kept| kept.seen)
+    pub(super) fn seen(&self) -> Option<i64> {
+        self.copy().as_ref().map(|kept| kept.seen)
     }
 
     /// The kept records among `wanted` (each key with the change number a reader found on its
     /// row) that were read with that same number, as the copy stands (not brought up to date):
     /// one changed since, or not kept, is left out.
-    pub(super) async fn as_stamped(&self, wanted: &[(R::Key, i64)]) -> HashMap<R::Key, Arc<R>> {
-        let guard = self.kept.lock().await;
-        let Some(kept) = guard.as_ref() else {
+    pub(super) fn as_stamped(&self, wanted: &[(R::Key, i64)]) -> HashMap<R::Key, Arc<R>> {
+        let copy = self.copy();
+        let Some(kept) = copy.as_ref() else {
             return HashMap::new();
         };
         wanted
