@@ -105,6 +105,16 @@ impl TestStore {
         }
     }
 
+    /// How many jobs a node's jobs took from the kept copy, and how many they did not find
+    /// there as their rows said.
+    fn kept_jobs_found(&self) -> (u64, u64) {
+        match &self.0 {
+            OpenedStore::Sqlite(store) => store.kept_jobs_found(),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(store) => store.kept_jobs_found(),
+        }
+    }
+
     /// The name of the thread a write made together runs on.
     async fn thread_of_writes(&self) -> Option<String> {
         match &self.0 {
@@ -3474,7 +3484,9 @@ async fn a_nodes_jobs_are_as_stored_whatever_the_kept_copy_has_seen(backend: Bac
         jobs
     };
     assert_eq!(sorted(on_node(&a).await), running);
-    // Both kept by `a` as stored now; the output's size written since is not stamped.
+    assert_eq!(a.kept_jobs_found(), (0, 0), "no copy kept yet");
+    // Both kept by `a` as stored now, and taken from its copy; the output's size written since
+    // is not stamped, and read.
     assert_eq!(a.jobs(JobFilter::Active).await.unwrap().len(), 2);
     a.record_job_log(first.id, 4096, false).await.unwrap();
     assert_eq!(sorted(on_node(&a).await), running);
@@ -3482,6 +3494,11 @@ async fn a_nodes_jobs_are_as_stored_whatever_the_kept_copy_has_seen(backend: Bac
     assert!(read
         .iter()
         .any(|job| job.id == first.id && job.log_size == 4096));
+    assert_eq!(
+        a.kept_jobs_found(),
+        (4, 0),
+        "both jobs from the copy, twice"
+    );
 
     // Halted through `b`, which `a`'s copy has not seen: read with its history.
     let halt = jobs::halt_by_owner(&first, t(600)).unwrap();
@@ -3492,6 +3509,15 @@ async fn a_nodes_jobs_are_as_stored_whatever_the_kept_copy_has_seen(backend: Bac
     ]);
     assert_ne!(first.state(), JobState::Running);
     assert_eq!(sorted(on_node(&a).await), halting);
+    assert_eq!(
+        a.kept_jobs_found(),
+        (5, 0),
+        "the halted one read with its history"
+    );
+    // `a`'s copy brought up to date: both from it again, the halted one as its change left it.
+    assert_eq!(a.jobs(JobFilter::Active).await.unwrap().len(), 2);
+    assert_eq!(sorted(on_node(&a).await), halting);
+    assert_eq!(a.kept_jobs_found(), (7, 0));
 
     // Ended with output still to come: the copy lets go of it, the node keeps it.
     let exited = ObservedJobStatus::Exited {
@@ -3513,6 +3539,9 @@ async fn a_nodes_jobs_are_as_stored_whatever_the_kept_copy_has_seen(backend: Bac
     assert_eq!(a.jobs(JobFilter::Active).await.unwrap().len(), 1);
     assert_eq!(sorted(on_node(&a).await), ended);
     assert_eq!(sorted(on_node(&b).await), ended);
+    // The ended one read with its history each time, the running one from the copy.
+    assert_eq!(a.kept_jobs_found(), (9, 0));
+    assert_eq!(b.kept_jobs_found(), (0, 0), "`b` kept no copy");
 }
 
 /// `job`, RUNNING since t(2), halted by its owner at t(600) and exited cleanly at t(602): stored

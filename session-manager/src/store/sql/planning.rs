@@ -54,6 +54,8 @@ pub struct KeptRecords<R: Planned> {
     kept: Arc<std::sync::Mutex<Option<Kept<R>>>>,
     /// Reads begun, counted under `reading`: each read's ticket.
     reads: Arc<AtomicU64>,
+    /// The records [`Self::as_stamped`] found as wanted, and those it did not.
+    stamped: Arc<[AtomicU64; 2]>,
 }
 
 /// The sessions kept for planning.
@@ -69,6 +71,7 @@ impl<R: Planned> Clone for KeptRecords<R> {
             reading: self.reading.clone(),
             kept: self.kept.clone(),
             reads: self.reads.clone(),
+            stamped: self.stamped.clone(),
         }
     }
 }
@@ -79,6 +82,7 @@ impl<R: Planned> Default for KeptRecords<R> {
             reading: Default::default(),
             kept: Default::default(),
             reads: Default::default(),
+            stamped: Default::default(),
         }
     }
 }
@@ -121,6 +125,12 @@ impl<R: Planned> KeptRecords<R> {
     /// How many reads have begun.
     pub(crate) fn reads_begun(&self) -> u64 {
         self.reads.load(Ordering::SeqCst)
+    }
+
+    /// How many records [`Self::as_stamped`] found as wanted, and how many it did not.
+    pub(crate) fn stamped_found(&self) -> (u64, u64) {
+        let [found, missed] = &*self.stamped;
+        (found.load(Ordering::SeqCst), missed.load(Ordering::SeqCst))
     }
 
     /// Holds the lock of the reads until the returned guard is dropped.
@@ -213,15 +223,18 @@ impl<R: Planned> KeptRecords<R> {
     /// row) that were read with that same number, as the copy stands (not brought up to date):
     /// one changed since, or not kept, is left out.
     pub(super) fn as_stamped(&self, wanted: &[(R::Key, i64)]) -> HashMap<R::Key, Arc<R>> {
-        let copy = self.copy();
-        let Some(kept) = copy.as_ref() else {
-            return HashMap::new();
+        let found: HashMap<R::Key, Arc<R>> = match self.copy().as_ref() {
+            Some(kept) => wanted
+                .iter()
+                .filter(|(key, seq)| kept.stamps.get(key) == Some(seq))
+                .filter_map(|(key, _)| Some((*key, kept.records.get(key)?.clone())))
+                .collect(),
+            None => HashMap::new(),
         };
-        wanted
-            .iter()
-            .filter(|(key, seq)| kept.stamps.get(key) == Some(seq))
-            .filter_map(|(key, _)| Some((*key, kept.records.get(key)?.clone())))
-            .collect()
+        let [hits, misses] = &*self.stamped;
+        hits.fetch_add(found.len() as u64, Ordering::Relaxed);
+        misses.fetch_add((wanted.len() - found.len()) as u64, Ordering::Relaxed);
+        found
     }
 }
 

@@ -273,6 +273,12 @@ impl SqlStore {
         turn.try_lock().is_err()
     }
 
+    /// How many of the kept jobs a node's jobs took from the copy, and how many they did not
+    /// find there as wanted ([`super::planning::KeptRecords::as_stamped`]).
+    pub(crate) fn kept_jobs_found(&self) -> (u64, u64) {
+        self.planned_jobs.stamped_found()
+    }
+
     /// The name of the thread a write made together runs on.
     pub(crate) async fn thread_of_writes(&self) -> Option<String> {
         let queue: WriteQueue<(), Option<String>> = WriteQueue::default();
