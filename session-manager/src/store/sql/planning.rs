@@ -173,9 +173,14 @@ impl<R: Planned> KeptRecords<R> {
         match kept_as {
             // A read that began after the call has brought the copy up to date.
             Some((ticket, _)) if ticket > called_at => {}
-            Some((_, seen)) => {
+            kept_as => {
                 let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
-                match read_changed(seen).await? {
+                // No copy yet, or records deleted since (`None`): read whole.
+                let changed = match kept_as {
+                    Some((_, seen)) => read_changed(seen).await?,
+                    None => None,
+                };
+                match changed {
                     Some(changed) => {
                         // Every record read before any is kept: one that failed after `seen`
                         // had passed a record not yet kept would lose that record for good.
@@ -192,11 +197,6 @@ impl<R: Planned> KeptRecords<R> {
                         *self.copy() = Some(whole);
                     }
                 }
-            }
-            None => {
-                let ticket = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
-                let whole = Kept::whole(ticket, read_all().await?);
-                *self.copy() = Some(whole);
             }
         }
         let copy = self.copy();
