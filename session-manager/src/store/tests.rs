@@ -3101,6 +3101,16 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
         active(&b).await.last(),
         Some(&(fourth.id, JobState::Queued))
     );
+    // Queued before the fourth though kept after it: in queue order in both copies.
+    let fifth = queued_job(&a, t(950), None).await;
+    let queue = [
+        (second.id, JobState::Queued),
+        (next, JobState::Queued),
+        (fifth.id, JobState::Queued),
+        (fourth.id, JobState::Queued),
+    ];
+    assert_eq!(active(&a).await, queue);
+    assert_eq!(active(&b).await, queue);
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its

@@ -157,8 +157,7 @@ impl SqlStore {
     /// since (every round read each such job's history in a statement of its own), shared with
     /// the kept copy (a round or a job's view takes thousands without copying one).
     pub(super) async fn planning_jobs(&self) -> StoreResult<Vec<Arc<JobRecord>>> {
-        let mut jobs: Vec<Arc<JobRecord>> = self
-            .planned_jobs
+        self.planned_jobs
             .with_kept(
                 || async {
                     // The numbers before the rows: a change read twice is harmless, one missed
@@ -191,12 +190,9 @@ impl SqlStore {
                     conn.commit().await?;
                     Ok(Some(changed))
                 },
-                |kept| kept.values().cloned().collect(),
+                |kept| kept.in_order().cloned().collect(),
             )
-            .await?;
-        // As the other filters order them.
-        jobs.sort_by_key(|job| (job.queued_at(), job.id.0));
-        Ok(jobs)
+            .await
     }
 
     /// Applies each change through its job's replayed lifecycle, all in one write (see

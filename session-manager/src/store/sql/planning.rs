@@ -25,7 +25,7 @@
 //! lifecycle of each job the copy holds as the row's number says from the copy instead of
 //! reading its history again ([`KeptRecords::as_stamped`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -87,17 +87,26 @@ impl<R: Planned> Default for KeptRecords<R> {
     }
 }
 
-/// A record kept for planning: its key, and whether it is planned with in its state.
+/// A record kept for planning: its key, its place in the order its readers take them in, and
+/// whether it is planned with in its state.
 pub trait Planned: std::fmt::Debug {
     type Key: std::hash::Hash + Eq + Copy + std::fmt::Debug;
+    /// Unique among the records (it ends with the key).
+    type Order: Ord + std::fmt::Debug;
     fn key(&self) -> Self::Key;
+    fn order(&self) -> Self::Order;
     fn planned(&self) -> bool;
 }
 
 impl Planned for SessionRecord {
     type Key = SessionId;
+    /// As [`crate::store::Store::sessions`] orders them.
+    type Order = (DateTime<Utc>, uuid::Uuid);
     fn key(&self) -> SessionId {
         self.id
+    }
+    fn order(&self) -> Self::Order {
+        (self.created_at, self.id.0)
     }
     fn planned(&self) -> bool {
         planned(self.state)
@@ -106,8 +115,13 @@ impl Planned for SessionRecord {
 
 impl Planned for JobRecord {
     type Key = JobId;
+    /// As the other filters of [`crate::store::Store::jobs`] order them.
+    type Order = (DateTime<Utc>, uuid::Uuid);
     fn key(&self) -> JobId {
         self.id
+    }
+    fn order(&self) -> Self::Order {
+        (self.queued_at(), self.id.0)
     }
     /// QUEUED or holding GPUs ([`crate::store::JobFilter::Active`]).
     fn planned(&self) -> bool {
@@ -144,11 +158,58 @@ struct Kept<R: Planned> {
     /// The ticket of the last read that succeeded: it saw every commit before it began.
     ticket: u64,
     seen: i64,
-    /// Shared with the rounds that planned with them: a round takes every record without
-    /// copying one.
-    records: HashMap<R::Key, Arc<R>>,
+    records: Records<R>,
     /// The change number each kept record was read with.
     stamps: HashMap<R::Key, i64>,
+}
+
+/// The kept records, by key and in their order ([`Planned::order`]), kept in order as they
+/// change instead of sorted for each reader (a round's, and every job's view, took 1.4% of the
+/// manager's CPU under the fleet sorting 20,000 jobs). Shared with the rounds that planned with
+/// them: a round takes every record without copying one.
+#[derive(Debug)]
+pub(super) struct Records<R: Planned> {
+    by_key: HashMap<R::Key, Arc<R>>,
+    in_order: BTreeMap<R::Order, Arc<R>>,
+}
+
+// By hand: a derived `Default` would ask it of `R`.
+impl<R: Planned> Default for Records<R> {
+    fn default() -> Self {
+        Self {
+            by_key: HashMap::new(),
+            in_order: BTreeMap::new(),
+        }
+    }
+}
+
+impl<R: Planned> Records<R> {
+    pub(super) fn get(&self, key: &R::Key) -> Option<&Arc<R>> {
+        self.by_key.get(key)
+    }
+
+    /// In no order.
+    pub(super) fn values(&self) -> impl Iterator<Item = &Arc<R>> {
+        self.by_key.values()
+    }
+
+    /// In their order ([`Planned::order`]).
+    pub(super) fn in_order(&self) -> impl Iterator<Item = &Arc<R>> {
+        self.in_order.values()
+    }
+
+    fn insert(&mut self, record: R) {
+        self.remove(&record.key());
+        let record = Arc::new(record);
+        self.in_order.insert(record.order(), Arc::clone(&record));
+        self.by_key.insert(record.key(), record);
+    }
+
+    fn remove(&mut self, key: &R::Key) {
+        if let Some(old) = self.by_key.remove(key) {
+            self.in_order.remove(&old.order());
+        }
+    }
 }
 
 impl<R: Planned> KeptRecords<R> {
@@ -161,7 +222,7 @@ impl<R: Planned> KeptRecords<R> {
         &self,
         read_all: impl FnOnce() -> All,
         read_changed: impl FnOnce(i64) -> Changed,
-        read: impl FnOnce(&HashMap<R::Key, Arc<R>>) -> T,
+        read: impl FnOnce(&Records<R>) -> T,
     ) -> StoreResult<T>
     where
         All: std::future::Future<Output = StoreResult<(i64, Vec<(i64, R)>)>>,
@@ -202,7 +263,7 @@ impl<R: Planned> KeptRecords<R> {
         let copy = self.copy();
         Ok(match copy.as_ref() {
             Some(kept) => read(&kept.records),
-            None => read(&HashMap::new()),
+            None => read(&Records::default()),
         })
     }
 
@@ -244,7 +305,7 @@ impl<R: Planned> Kept<R> {
         let mut kept = Self {
             ticket,
             seen,
-            records: HashMap::with_capacity(records.len()),
+            records: Records::default(),
             stamps: HashMap::with_capacity(records.len()),
         };
         for (seq, record) in records {
@@ -258,7 +319,7 @@ impl<R: Planned> Kept<R> {
     fn keep(&mut self, seq: i64, record: R) {
         let key = record.key();
         if record.planned() {
-            self.records.insert(key, Arc::new(record));
+            self.records.insert(record);
             self.stamps.insert(key, seq);
         } else {
             self.records.remove(&key);
@@ -309,12 +370,8 @@ impl Stamp {
 
 impl SqlStore {
     pub(super) async fn planning_sessions(&self) -> StoreResult<Vec<Arc<SessionRecord>>> {
-        let mut sessions: Vec<Arc<SessionRecord>> = self
-            .with_planned(|sessions| sessions.values().cloned().collect())
-            .await?;
-        // As `sessions` orders them.
-        sessions.sort_by_key(|session| (session.created_at, session.id.0));
-        Ok(sessions)
+        self.with_planned(|sessions| sessions.in_order().cloned().collect())
+            .await
     }
 
     /// The PENDING sessions, first queued first (`queued_at`, then id, as the scheduler serves
@@ -346,7 +403,7 @@ impl SqlStore {
     /// `read` of the kept sessions, first brought up to date (read whole the first time).
     async fn with_planned<T>(
         &self,
-        read: impl FnOnce(&HashMap<SessionId, Arc<SessionRecord>>) -> T,
+        read: impl FnOnce(&Records<SessionRecord>) -> T,
     ) -> StoreResult<T> {
         self.planning
             .with_kept(|| self.read_planned(), |seen| self.read_changes(seen), read)
