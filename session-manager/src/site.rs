@@ -48,7 +48,54 @@ pub struct SiteSnapshot {
     /// [`Self::satisfiability_state`], made once: a snapshot shared by a burst of requests
     /// ([`crate::app::AppState::inventory`]) answers each one's [`Self::never_meets`]; the
     /// snapshots of one inventory version share it ([`Satisfiability`]).
-    satisfiable: OnceLock<Arc<SiteState>>,
+    satisfiable: OnceLock<Arc<Satisfiable>>,
+    /// [`Self::out_of_service`], found once: every PENDING answer looks at it, and most sites
+    /// have none, where each answer walked every GPU.
+    out_of_service: OnceLock<Vec<(usize, usize)>>,
+}
+
+/// The nodes as "could this request ever run here" sees them
+/// ([`SiteSnapshot::satisfiability_state`]), with the answers given so far to requests for whole
+/// or shared GPUs: the answer depends on the nodes and the request alone, so a burst of
+/// requests of a few shapes walks the site's thousands of GPUs once per shape, not once each
+/// (1.5% of the manager's CPU under the fleet, where every create and submit asked).
+#[derive(Debug)]
+struct Satisfiable {
+    state: SiteState,
+    answers: std::sync::Mutex<HashMap<ongrid_core::GpuRequest, Option<String>>>,
+}
+
+/// How many requests' answers one [`Satisfiable`] keeps: requests come in a few shapes, but a
+/// client may send any memory or capability; past this, answers are worked out each time.
+const KEPT_ANSWERS: usize = 256;
+
+impl Satisfiable {
+    fn new(state: SiteState) -> Self {
+        Self {
+            state,
+            answers: Default::default(),
+        }
+    }
+
+    /// Why no GPU could ever meet `request` (not a MIG device), as answered before when it was.
+    fn whole_or_shared(&self, request: &ongrid_core::GpuRequest) -> Option<String> {
+        let answers = || {
+            self.answers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(answer) = answers().get(request) {
+            return answer.clone();
+        }
+        let answer = ongrid_scheduler::check_satisfiable(&self.state, request)
+            .err()
+            .map(|no| no.to_string());
+        let mut answers = answers();
+        if answers.len() < KEPT_ANSWERS {
+            answers.insert(*request, answer.clone());
+        }
+        answer
+    }
 }
 
 /// The [`SiteSnapshot::satisfiability_state`] of the nodes at the last inventory version read,
@@ -56,11 +103,11 @@ pub struct SiteSnapshot {
 /// it depends on the nodes and GPUs alone, which move the version whenever they change, so
 /// the thousands of GPUs are not made into the scheduler's state again for each request.
 #[derive(Debug, Default)]
-pub struct Satisfiability(std::sync::Mutex<Option<(i64, Arc<SiteState>)>>);
+pub struct Satisfiability(std::sync::Mutex<Option<(i64, Arc<Satisfiable>)>>);
 
 impl Satisfiability {
     /// The state kept for `version`, else `site`'s, kept unless a newer version's is.
-    fn of(&self, version: i64, site: &SiteSnapshot) -> Arc<SiteState> {
+    fn of(&self, version: i64, site: &SiteSnapshot) -> Arc<Satisfiable> {
         let kept = || {
             self.0
                 .lock()
@@ -71,7 +118,7 @@ impl Satisfiability {
                 return Arc::clone(state);
             }
         }
-        let state = Arc::new(site.satisfiability_state());
+        let state = Arc::new(Satisfiable::new(site.satisfiability_state()));
         let mut kept = kept();
         if kept.as_ref().is_none_or(|(at, _)| *at < version) {
             *kept = Some((version, Arc::clone(&state)));
@@ -182,6 +229,7 @@ impl SiteSnapshot {
             whole,
             jobs: Vec::new(),
             satisfiable: OnceLock::new(),
+            out_of_service: OnceLock::new(),
         }
     }
 
@@ -234,6 +282,50 @@ impl SiteSnapshot {
         } else {
             used
         }
+    }
+
+    /// The GPUs out of service (drained, unhealthy, leaving MIG mode, or on a drained or
+    /// offline node), in the order of the nodes and their GPUs, each with why.
+    pub fn out_of_service(&self) -> impl Iterator<Item = (&GpuRecord, String)> {
+        self.out_of_service
+            .get_or_init(|| {
+                let mut out = Vec::new();
+                for (n, node) in self.nodes.iter().enumerate() {
+                    for (g, gpu) in node.gpus.iter().enumerate() {
+                        if self.why_out_of_service(node, gpu).is_some() {
+                            out.push((n, g));
+                        }
+                    }
+                }
+                out
+            })
+            .iter()
+            .filter_map(|&(n, g)| {
+                let node = &self.nodes[n];
+                let gpu = &node.gpus[g];
+                Some((gpu, self.why_out_of_service(node, gpu)?))
+            })
+    }
+
+    /// Why `gpu` of `node` is out of service, in words (`node node1 is offline`); `None` when
+    /// it is in service.
+    fn why_out_of_service(&self, node: &NodeRecord, gpu: &GpuRecord) -> Option<String> {
+        Some(if let Some(drain) = &node.drain {
+            format!("node {} {}", node.name, drain.sentence())
+        } else if !self.is_online(node) {
+            format!("node {} is offline", node.name)
+        } else if let Some(drain) = &gpu.drain {
+            format!("{} on {} {}", gpu.info.uuid, node.name, drain.sentence())
+        } else if let Some(problem) = gpu.info.health.problem() {
+            format!("{} on {} is {problem}", gpu.info.uuid, node.name)
+        } else if leaving_mig(gpu) {
+            format!(
+                "{} on {} is leaving MIG mode, once nothing uses its MIG devices",
+                gpu.info.uuid, node.name
+            )
+        } else {
+            return None;
+        })
     }
 
     /// The sessions holding GPUs or MIG devices.
@@ -359,13 +451,15 @@ impl SiteSnapshot {
     pub fn never_meets(&self, request: &ongrid_core::GpuRequest) -> Option<String> {
         let site = self
             .satisfiable
-            .get_or_init(|| Arc::new(self.satisfiability_state()));
-        let checked = match request.sharing.mig() {
-            Some(_) => ongrid_scheduler::check_mig_satisfiable(site, &self.mig_slots(), request)
-                .map_err(|no| no.to_string()),
-            None => ongrid_scheduler::check_satisfiable(site, request).map_err(|no| no.to_string()),
-        };
-        checked.err()
+            .get_or_init(|| Arc::new(Satisfiable::new(self.satisfiability_state())));
+        match request.sharing.mig() {
+            Some(_) => {
+                ongrid_scheduler::check_mig_satisfiable(&site.state, &self.mig_slots(), request)
+                    .err()
+                    .map(|no| no.to_string())
+            }
+            None => site.whole_or_shared(request),
+        }
     }
 
     fn node_state(&self, node: &NodeRecord, online: bool) -> NodeState {
@@ -473,8 +567,15 @@ pub fn running_job(job: &JobRecord) -> Option<RunningJob> {
 }
 
 #[cfg(test)]
+impl Satisfiable {
+    fn kept_answers(&self) -> HashMap<ongrid_core::GpuRequest, Option<String>> {
+        self.answers.lock().unwrap().clone()
+    }
+}
+
+#[cfg(test)]
 mod tests {
-    use ongrid_core::{GpuInfo, GpuRequest, MemorySize};
+    use ongrid_core::{ComputeCapability, GpuInfo, GpuRequest, MemorySize, MigProfile, Sharing};
 
     use super::*;
     use crate::store::fixtures::{self, gpu, registration};
@@ -497,7 +598,14 @@ mod tests {
             ..GpuRequest::default()
         };
         let (first, second) = (load().await.unwrap(), load().await.unwrap());
-        assert!(first.never_meets(&big).is_some());
+        let no_big = first.never_meets(&big);
+        assert!(no_big.is_some());
+        // The second snapshot answers as the first did, from what the first worked out.
+        assert_eq!(
+            second.satisfiable.get().unwrap().kept_answers(),
+            HashMap::from([(big, no_big.clone())])
+        );
+        assert_eq!(second.never_meets(&big), no_big);
         assert!(Arc::ptr_eq(
             first.satisfiable.get().unwrap(),
             second.satisfiable.get().unwrap()
@@ -513,9 +621,66 @@ mod tests {
             .unwrap();
         let after = load().await.unwrap();
         assert_eq!(after.never_meets(&big), None, "the new GPU counts");
+        assert_eq!(
+            after.satisfiable.get().unwrap().kept_answers(),
+            HashMap::from([(big, None)])
+        );
         assert!(
             second.never_meets(&big).is_some(),
             "an older snapshot keeps its own"
+        );
+    }
+
+    /// Answers are kept for requests of whole or shared GPUs, at most [`KEPT_ANSWERS`] of them,
+    /// and are the same kept or not; a MIG request's answer is worked out each time.
+    #[test]
+    fn answers_are_kept_for_a_bounded_number_of_requests() {
+        let name = ongrid_core::NodeName::parse("node1").unwrap();
+        let node = NodeRecord {
+            name: name.clone(),
+            gpu_backend: "simulated".to_owned(),
+            agent_version: "0.1.0".to_owned(),
+            stream_url: None,
+            last_seen: Utc::now(),
+            gpus: vec![crate::store::GpuRecord {
+                node: name,
+                info: gpu(1),
+                mode: ongrid_core::GpuMode::Exclusive,
+                drain: None,
+            }]
+            .into(),
+            drain: None,
+        };
+        let site = SiteSnapshot::new(Utc::now(), vec![node], Vec::new(), Duration::from_secs(30));
+        let asking = |major: u16| GpuRequest {
+            min_capability: Some(ComputeCapability::new(major, 0)),
+            ..GpuRequest::default()
+        };
+        let answers: Vec<_> = (0..KEPT_ANSWERS as u16 + 10)
+            .map(|major| site.never_meets(&asking(major)))
+            .collect();
+        let kept = site.satisfiable.get().unwrap().kept_answers();
+        assert_eq!(kept.len(), KEPT_ANSWERS);
+        for (major, answer) in (0..).zip(&answers) {
+            assert_eq!(site.never_meets(&asking(major)).as_ref(), answer.as_ref());
+            assert_eq!(
+                kept.get(&asking(major)),
+                (usize::from(major) < KEPT_ANSWERS).then_some(answer)
+            );
+        }
+        assert_eq!(answers[0], None, "capability 0.0 is met");
+        assert!(answers[20]
+            .as_deref()
+            .unwrap()
+            .contains("compute capability 20.0"));
+        let mig = GpuRequest {
+            sharing: Sharing::Mig(MigProfile::parse("1g.10gb").unwrap()),
+            ..GpuRequest::default()
+        };
+        assert!(site.never_meets(&mig).is_some());
+        assert_eq!(
+            site.satisfiable.get().unwrap().kept_answers().len(),
+            KEPT_ANSWERS
         );
     }
 }

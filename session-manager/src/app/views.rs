@@ -262,35 +262,21 @@ pub fn out_of_service(
     request: &ongrid_core::GpuRequest,
 ) -> Option<String> {
     let fits = |gpu: &crate::store::GpuRecord| crate::site::fits(gpu, request);
-    let mut fitting = 0;
     let mut out = Vec::new();
-    for node in &site.nodes {
-        for gpu in node.gpus.iter().filter(|g| fits(g)) {
-            fitting += 1;
-            let why = if let Some(drain) = &node.drain {
-                format!("node {} {}", node.name, drain.sentence())
-            } else if !site.is_online(node) {
-                format!("node {} is offline", node.name)
-            } else if let Some(drain) = &gpu.drain {
-                format!("{} on {} {}", gpu.info.uuid, node.name, drain.sentence())
-            } else if let Some(problem) = gpu.info.health.problem() {
-                format!("{} on {} is {problem}", gpu.info.uuid, node.name)
-            } else if crate::site::leaving_mig(gpu) {
-                format!(
-                    "{} on {} is leaving MIG mode, once nothing uses its MIG devices",
-                    gpu.info.uuid, node.name
-                )
-            } else {
-                continue;
-            };
-            if !out.contains(&why) {
-                out.push(why);
-            }
+    for (_, why) in site.out_of_service().filter(|(gpu, _)| fits(gpu)) {
+        if !out.contains(&why) {
+            out.push(why);
         }
     }
     if out.is_empty() {
         return None;
     }
+    let fitting = site
+        .nodes
+        .iter()
+        .flat_map(|node| node.gpus.iter())
+        .filter(|gpu| fits(gpu))
+        .count();
     let shown = out.len().min(3);
     let more = if out.len() > shown {
         format!(" (and {} more)", out.len() - shown)
