@@ -45,20 +45,23 @@ pub struct SiteSnapshot {
     used: HashMap<GpuUuid, u32>,
     /// GPUs held by a session that asked for a whole GPU.
     whole: HashSet<GpuUuid>,
-    /// [`Self::satisfiability_state`], made once: a snapshot shared by a burst of requests
-    /// ([`crate::app::AppState::inventory`]) answers each one's [`Self::never_meets`]; the
-    /// snapshots of one inventory version share it ([`Satisfiability`]).
+    /// [`Self::satisfiability_state`], made once, with the answers it gave: a snapshot shared by
+    /// a burst of requests ([`crate::app::AppState::inventory`]) answers each one's
+    /// [`Self::never_meets`]; the snapshots of one inventory version share it
+    /// ([`Satisfiability`]).
     satisfiable: OnceLock<Arc<Satisfiable>>,
-    /// [`Self::out_of_service`], found once: every PENDING answer looks at it, and most sites
-    /// have none, where each answer walked every GPU.
-    out_of_service: OnceLock<Vec<(usize, usize)>>,
+    /// [`Self::out_of_service`], found once from `nodes` (which nothing changes once the
+    /// snapshot is made; the jobs do not count): every PENDING answer looks at it, and most
+    /// sites have none, where each answer walked every GPU.
+    out_of_service: OnceLock<Vec<(usize, usize, String)>>,
 }
 
 /// The nodes as "could this request ever run here" sees them
 /// ([`SiteSnapshot::satisfiability_state`]), with the answers given so far to requests for whole
 /// or shared GPUs: the answer depends on the nodes and the request alone, so a burst of
 /// requests of a few shapes walks the site's thousands of GPUs once per shape, not once each
-/// (1.5% of the manager's CPU under the fleet, where every create and submit asked).
+/// (1.5% of the manager's CPU in the fleet bench, `tests/examples/fleet.rs`, where every
+/// create and submit asked).
 #[derive(Debug)]
 struct Satisfiable {
     state: SiteState,
@@ -106,7 +109,8 @@ impl Satisfiable {
 pub struct Satisfiability(std::sync::Mutex<Option<(i64, Arc<Satisfiable>)>>);
 
 impl Satisfiability {
-    /// The state kept for `version`, else `site`'s, kept unless a newer version's is.
+    /// The state (and its answers) kept for `version`, else `site`'s, kept unless a newer
+    /// version's is.
     fn of(&self, version: i64, site: &SiteSnapshot) -> Arc<Satisfiable> {
         let kept = || {
             self.0
@@ -286,25 +290,21 @@ impl SiteSnapshot {
 
     /// The GPUs out of service (drained, unhealthy, leaving MIG mode, or on a drained or
     /// offline node), in the order of the nodes and their GPUs, each with why.
-    pub fn out_of_service(&self) -> impl Iterator<Item = (&GpuRecord, String)> {
+    pub fn out_of_service(&self) -> impl Iterator<Item = (&GpuRecord, &str)> {
         self.out_of_service
             .get_or_init(|| {
                 let mut out = Vec::new();
                 for (n, node) in self.nodes.iter().enumerate() {
                     for (g, gpu) in node.gpus.iter().enumerate() {
-                        if self.why_out_of_service(node, gpu).is_some() {
-                            out.push((n, g));
+                        if let Some(why) = self.why_out_of_service(node, gpu) {
+                            out.push((n, g, why));
                         }
                     }
                 }
                 out
             })
             .iter()
-            .filter_map(|&(n, g)| {
-                let node = &self.nodes[n];
-                let gpu = &node.gpus[g];
-                Some((gpu, self.why_out_of_service(node, gpu)?))
-            })
+            .map(|(n, g, why)| (&self.nodes[*n].gpus[*g], why.as_str()))
     }
 
     /// Why `gpu` of `node` is out of service, in words (`node node1 is offline`); `None` when
@@ -632,7 +632,7 @@ mod tests {
     }
 
     /// Answers are kept for requests of whole or shared GPUs, at most [`KEPT_ANSWERS`] of them,
-    /// and are the same kept or not; a MIG request's answer is worked out each time.
+    /// and are the same kept or not; a MIG request's answer is never kept.
     #[test]
     fn answers_are_kept_for_a_bounded_number_of_requests() {
         let name = ongrid_core::NodeName::parse("node1").unwrap();
@@ -652,6 +652,13 @@ mod tests {
             drain: None,
         };
         let site = SiteSnapshot::new(Utc::now(), vec![node], Vec::new(), Duration::from_secs(30));
+        // A MIG request is checked against the MIG slots each time, never kept.
+        let mig = GpuRequest {
+            sharing: Sharing::Mig(MigProfile::parse("1g.10gb").unwrap()),
+            ..GpuRequest::default()
+        };
+        assert!(site.never_meets(&mig).is_some());
+        assert!(site.satisfiable.get().unwrap().kept_answers().is_empty());
         let asking = |major: u16| GpuRequest {
             min_capability: Some(ComputeCapability::new(major, 0)),
             ..GpuRequest::default()
@@ -673,14 +680,5 @@ mod tests {
             .as_deref()
             .unwrap()
             .contains("compute capability 20.0"));
-        let mig = GpuRequest {
-            sharing: Sharing::Mig(MigProfile::parse("1g.10gb").unwrap()),
-            ..GpuRequest::default()
-        };
-        assert!(site.never_meets(&mig).is_some());
-        assert_eq!(
-            site.satisfiable.get().unwrap().kept_answers().len(),
-            KEPT_ANSWERS
-        );
     }
 }

@@ -603,3 +603,114 @@ pub async fn fair_share_view(
         groups,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+    use ongrid_core::gpu::Drain;
+    use ongrid_core::{GpuHealth, GpuMode, GpuRequest, MemorySize, NodeName};
+
+    use super::*;
+    use crate::store::fixtures::gpu;
+    use crate::store::{GpuRecord, NodeRecord};
+
+    /// A PENDING answer names the out-of-service GPUs that fit the request: a drained node once
+    /// for all its GPUs, an offline node, a drained GPU, an unhealthy one, the first three
+    /// shown and the rest counted; GPUs that do not fit are neither named nor counted.
+    #[test]
+    fn out_of_service_names_the_fitting_gpus_once_each_reason() {
+        let now = Utc.with_ymd_and_hms(2026, 11, 25, 10, 0, 0).unwrap();
+        let drain = |by: &str, reason: &str| Drain {
+            reason: reason.to_owned(),
+            since: now,
+            by: by.to_owned(),
+        };
+        let record = |node: &str, n: u8| GpuRecord {
+            node: NodeName::parse(node).unwrap(),
+            info: gpu(n),
+            mode: GpuMode::Exclusive,
+            drain: None,
+        };
+        let node = |name: &str, last_seen, drain: Option<Drain>, gpus: Vec<GpuRecord>| NodeRecord {
+            name: NodeName::parse(name).unwrap(),
+            gpu_backend: "simulated".to_owned(),
+            agent_version: "0.1.0".to_owned(),
+            stream_url: None,
+            last_seen,
+            gpus: gpus.into(),
+            drain,
+        };
+        let drained_gpu = GpuRecord {
+            drain: Some(drain("bob", "fan noise")),
+            ..record("node3", 4)
+        };
+        let failed = |n: u8| GpuRecord {
+            info: ongrid_core::GpuInfo {
+                health: GpuHealth::Failed("XID 79".to_owned()),
+                ..gpu(n)
+            },
+            ..record("node3", n)
+        };
+        let small_and_failed = GpuRecord {
+            info: ongrid_core::GpuInfo {
+                memory: MemorySize::from_mib(20_480),
+                ..failed(6).info
+            },
+            ..failed(6)
+        };
+        let nodes = vec![
+            node(
+                "node1",
+                now,
+                Some(drain("alice", "rack work")),
+                vec![record("node1", 1), record("node1", 2)],
+            ),
+            node(
+                "node2",
+                now - chrono::TimeDelta::hours(1),
+                None,
+                vec![record("node2", 3)],
+            ),
+            node(
+                "node3",
+                now,
+                None,
+                vec![drained_gpu, failed(5), small_and_failed],
+            ),
+            node("node4", now, None, vec![record("node4", 7)]),
+        ];
+        let site = SiteSnapshot::new(now, nodes, Vec::new(), Duration::from_secs(30));
+        let request = GpuRequest {
+            min_memory: Some(MemorySize::from_mib(40_960)),
+            ..GpuRequest::default()
+        };
+        assert_eq!(
+            out_of_service(&site, &request).as_deref(),
+            Some(
+                "waits: GPUs that fit it are out of service (6 fit in all): \
+                 node node1 drained 2026-11-25 10:00 UTC by alice: rack work; \
+                 node node2 is offline; \
+                 GPU-11111111-2222-3333-4444-555555555504 on node3 drained 2026-11-25 10:00 UTC \
+                 by bob: fan noise (and 1 more)"
+            )
+        );
+        // Only the small GPU, out of service, fits: named, and the only one counted.
+        let small = GpuRequest {
+            min_memory: Some(MemorySize::from_mib(10_240)),
+            ..GpuRequest::default()
+        };
+        assert!(out_of_service(&site, &small)
+            .unwrap()
+            .starts_with("waits: GPUs that fit it are out of service (7 fit in all): "));
+        // A site with every fitting GPU in service: nothing to say.
+        let in_service = SiteSnapshot::new(
+            now,
+            vec![node("node4", now, None, vec![record("node4", 7)])],
+            Vec::new(),
+            Duration::from_secs(30),
+        );
+        assert_eq!(out_of_service(&in_service, &request), None);
+    }
+}

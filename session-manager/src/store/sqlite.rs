@@ -85,8 +85,10 @@ fn pool_options(connections: u32) -> SqlitePoolOptions {
                 // A dropped transaction's rollback is queued to the connection's worker: once a
                 // ping came back after it, what is left was never rolled back. Without a
                 // transaction counted, nothing queued can leave one (sqlx rolls back a BEGIN
-                // whose caller went away itself), so the ping, a round trip to the connection's
-                // thread, is spared for the common case.
+                // whose caller went away itself), so this ping, a round trip to the connection's
+                // thread, is spared for the common case. sqlx pings every connection on its way
+                // back once more after this hook, whatever it answers (`return_to_pool` in
+                // sqlx-core 0.8): that round trip no option spares.
                 if transaction_depth(connection) > 0 {
                     connection.ping().await?;
                 }

@@ -164,9 +164,9 @@ struct Kept<R: Planned> {
 }
 
 /// The kept records, by key and in their order ([`Planned::order`]), kept in order as they
-/// change instead of sorted for each reader (a round's, and every job's view, took 1.4% of the
-/// manager's CPU under the fleet sorting 20,000 jobs). Shared with the rounds that planned with
-/// them: a round takes every record without copying one.
+/// change instead of sorted for each reader: sorting 20,000 jobs for each round and each job's
+/// view took 1.4% of the manager's CPU in the fleet bench (`tests/examples/fleet.rs`). Shared
+/// with the rounds that planned with them: a round takes every record without copying one.
 #[derive(Debug)]
 pub(super) struct Records<R: Planned> {
     by_key: HashMap<R::Key, Arc<R>>,
@@ -184,6 +184,13 @@ impl<R: Planned> Default for Records<R> {
 }
 
 impl<R: Planned> Records<R> {
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            by_key: HashMap::with_capacity(capacity),
+            in_order: BTreeMap::new(),
+        }
+    }
+
     pub(super) fn get(&self, key: &R::Key) -> Option<&Arc<R>> {
         self.by_key.get(key)
     }
@@ -201,7 +208,11 @@ impl<R: Planned> Records<R> {
     fn insert(&mut self, record: R) {
         self.remove(&record.key());
         let record = Arc::new(record);
-        self.in_order.insert(record.order(), Arc::clone(&record));
+        let taken = self.in_order.insert(record.order(), Arc::clone(&record));
+        debug_assert!(
+            taken.is_none(),
+            "an order key ends with the record's own key"
+        );
         self.by_key.insert(record.key(), record);
     }
 
@@ -305,7 +316,7 @@ impl<R: Planned> Kept<R> {
         let mut kept = Self {
             ticket,
             seen,
-            records: Records::default(),
+            records: Records::with_capacity(records.len()),
             stamps: HashMap::with_capacity(records.len()),
         };
         for (seq, record) in records {
