@@ -42,9 +42,8 @@ pub struct SiteSnapshot {
     pub jobs: Vec<Arc<JobRecord>>,
     /// A node seen at or after this is online ([`online_since`]).
     online_since: DateTime<Utc>,
-    used: HashMap<GpuUuid, u32>,
-    /// GPUs held by a session that asked for a whole GPU.
-    whole: HashSet<GpuUuid>,
+    /// What holds each GPU held by sessions or jobs.
+    used: HashMap<GpuUuid, Use>,
     /// [`Self::satisfiability_state`], made once, with the answers it gave: a snapshot shared by
     /// a burst of requests ([`crate::app::AppState::inventory`]) answers each one's
     /// [`Self::never_meets`]; the snapshots of one inventory version share it
@@ -54,6 +53,31 @@ pub struct SiteSnapshot {
     /// snapshot is made; the jobs do not count): every PENDING answer looks at it, and most
     /// sites have none, where each answer walked every GPU.
     out_of_service: OnceLock<Vec<(usize, usize, String)>>,
+}
+
+/// What holds a GPU: how many sessions and jobs, and whether one of them asked for a whole GPU.
+/// One entry per GPU, for a round counts every holder of the site's GPUs and then looks every
+/// GPU up (`SiteSnapshot::new`, `occupancy`: 1.6% and 0.8% of the manager's CPU in the fleet
+/// bench with a count and a set of their own).
+#[derive(Debug, Clone, Copy)]
+struct Use {
+    count: u32,
+    whole: bool,
+}
+
+impl Use {
+    /// `uuid` held by one more session or job, which asked for a whole GPU when `whole`.
+    fn add(used: &mut HashMap<GpuUuid, Use>, uuid: &GpuUuid, whole: bool) {
+        match used.get_mut(uuid) {
+            Some(by) => {
+                by.count += 1;
+                by.whole |= whole;
+            }
+            None => {
+                used.insert(uuid.clone(), Use { count: 1, whole });
+            }
+        }
+    }
 }
 
 /// The nodes as "could this request ever run here" sees them
@@ -210,17 +234,11 @@ impl SiteSnapshot {
         node_timeout: Duration,
     ) -> Self {
         let mut used = HashMap::new();
-        let mut whole = HashSet::new();
         for session in &holding {
-            if session.request.sharing == Sharing::Exclusive {
-                whole.extend(session.gpus.iter().filter_map(|gpu| match gpu {
-                    GpuId::Gpu(uuid) => Some(uuid.clone()),
-                    GpuId::Mig(_) => None,
-                }));
-            }
+            let whole = session.request.sharing == Sharing::Exclusive;
             for gpu in &session.gpus {
                 if let GpuId::Gpu(uuid) = gpu {
-                    *used.entry(uuid.clone()).or_insert(0) += 1;
+                    Use::add(&mut used, uuid, whole);
                 }
             }
         }
@@ -230,7 +248,6 @@ impl SiteSnapshot {
             holding,
             online_since: online_since(now, node_timeout),
             used,
-            whole,
             jobs: Vec::new(),
             satisfiable: OnceLock::new(),
             out_of_service: OnceLock::new(),
@@ -240,12 +257,10 @@ impl SiteSnapshot {
     /// Adds the active jobs: those holding GPUs count in their GPUs' `used` like sessions.
     pub fn with_jobs(mut self, jobs: Vec<Arc<JobRecord>>) -> Self {
         for job in jobs.iter().filter(|j| j.state().holds_gpus()) {
+            let whole = job.spec.gpus.sharing == Sharing::Exclusive;
             for gpu in &job.gpus {
                 if let GpuId::Gpu(uuid) = gpu {
-                    *self.used.entry(uuid.clone()).or_insert(0) += 1;
-                    if job.spec.gpus.sharing == Sharing::Exclusive {
-                        self.whole.insert(uuid.clone());
-                    }
+                    Use::add(&mut self.used, uuid, whole);
                 }
             }
         }
@@ -260,7 +275,7 @@ impl SiteSnapshot {
 
     /// How many sessions and jobs hold this GPU.
     pub fn used(&self, uuid: &GpuUuid) -> u32 {
-        self.used.get(uuid).copied().unwrap_or(0)
+        self.used.get(uuid).map_or(0, |by| by.count)
     }
 
     /// Free places on the GPU: none when it is unhealthy or drained, its node offline or
@@ -280,11 +295,13 @@ impl SiteSnapshot {
     /// The `used` count the scheduler sees: a GPU held by a session that asked for a whole GPU
     /// counts as full.
     fn occupancy(&self, gpu: &GpuRecord) -> u32 {
-        let used = self.used(&gpu.info.uuid);
-        if self.whole.contains(&gpu.info.uuid) {
-            used.max(gpu.mode.capacity())
-        } else {
-            used
+        match self.used.get(&gpu.info.uuid) {
+            Some(Use { count, whole: true }) => (*count).max(gpu.mode.capacity()),
+            Some(Use {
+                count,
+                whole: false,
+            }) => *count,
+            None => 0,
         }
     }
 
