@@ -43,6 +43,7 @@ mod tests;
 pub(crate) enum Together {
     Creates,
     Submits,
+    JobChanges,
     Heartbeats,
     Samples,
 }
@@ -704,8 +705,11 @@ pub trait Store: Send + Sync {
     /// ([`StoreError::InvalidJobTransition`]) or of a job that does not exist
     /// ([`StoreError::NoSuchJob`]) is left out of the write with its next job, and the others
     /// are stored. A job changed again, or a next job changed after it was created, is changed
-    /// as the batch's earlier changes left it. An error of the database fails the whole write.
-    /// Nothing is read back: a caller that needs a job as it is now reads it.
+    /// as the batch's earlier changes left it. Other callers' changes waiting for the write at
+    /// the same time may go in the same write, after or before this caller's, as if written one
+    /// caller after the other; each caller gets its own outcomes. An error of the database fails
+    /// the write: each caller's changes are then written alone, and an error there fails that
+    /// caller's. Nothing is read back: a caller that needs a job as it is now reads it.
     fn job_transition_all(
         &self,
         changes: Vec<(JobId, JobChange, Option<NewJob>)>,

@@ -125,6 +125,8 @@ pub struct SqliteStore {
     creates: sql::creates::CreateQueue,
     /// The submits waiting for a write ([`sql::together`]).
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
+    /// The job changes waiting for a write ([`sql::jobs`]).
+    job_changes: sql::jobs::JobChangeQueue,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
     /// The agents' activity samples waiting for a write, and their activity not written yet
@@ -154,6 +156,7 @@ impl SqliteStore {
             planned_jobs: Default::default(),
             creates: Default::default(),
             submits: Default::default(),
+            job_changes: Default::default(),
             beats: Default::default(),
             samples: Default::default(),
         })

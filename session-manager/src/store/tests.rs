@@ -223,6 +223,7 @@ backend_tests!(
     a_dashboard_link_is_used_once_and_not_after_it_expired,
     a_restart_chain_is_stored_with_its_history_and_links,
     job_changes_stored_together_skip_the_refused_ones,
+    job_changes_of_callers_waiting_together_share_one_write,
     a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
@@ -3111,6 +3112,94 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
     ];
     assert_eq!(active(&a).await, queue);
     assert_eq!(active(&b).await, queue);
+}
+
+/// The job changes of callers that wait for the write at the same time (two nodes' syncs) go in
+/// one write, one change number for all, and each caller gets the outcomes of its own changes,
+/// a refused one among them; a caller alone gets a write of its own.
+async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backend) {
+    use crate::domain::jobs;
+    use ongrid_core::job::{JobReason, JobState};
+
+    let (_place, store) = Place::opened(backend).await;
+    let node = NodeName::parse("node1").unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    let [a, b, c] = [
+        queued_job(&store, t(1), None).await,
+        queued_job(&store, t(1), None).await,
+        queued_job(&store, t(1), None).await,
+    ];
+    let on = |n: u8| vec![GpuId::from(gpu(n).uuid)];
+    let first = vec![(
+        a.id,
+        jobs::start(&a, node.clone(), on(1), t(2)).unwrap(),
+        None,
+    )];
+    let second = vec![
+        // QUEUED to FINISHED is not a transition of the lifecycle: refused, this caller's alone.
+        (
+            b.id,
+            job_change(
+                JobState::Finished,
+                t(2),
+                JobReason::Exited { code: 0 },
+                Some(0),
+            ),
+            None,
+        ),
+        (
+            c.id,
+            jobs::start(&c, node.clone(), on(2), t(2)).unwrap(),
+            None,
+        ),
+    ];
+    let changing = [first, second].map(|changes| {
+        let store = store.clone();
+        async move { store.job_transition_all(changes).await.unwrap() }
+    });
+    let answers = written_together(&store, Together::JobChanges, changing, async {}).await;
+    assert_eq!(answers[0].len(), 1);
+    assert!(answers[0][0].is_ok(), "{answers:?}");
+    assert_eq!(answers[1].len(), 2);
+    assert!(
+        matches!(answers[1][0], Err(StoreError::InvalidJobTransition(_))),
+        "{answers:?}"
+    );
+    assert!(answers[1][1].is_ok(), "{answers:?}");
+    let stored = |id| {
+        let store = store.clone();
+        async move { store.job(id).await.unwrap().unwrap() }
+    };
+    assert_eq!(stored(a.id).await.state(), JobState::Running);
+    assert_eq!(stored(b.id).await.state(), JobState::Queued);
+    assert_eq!(stored(c.id).await.state(), JobState::Running);
+    let stamp_of = |id: JobId| {
+        let store = store.clone();
+        async move {
+            let id = id.to_string();
+            let rows = store
+                .rows(
+                    "SELECT CAST(change_seq AS TEXT) FROM jobs WHERE id = ?",
+                    &[&id],
+                )
+                .await;
+            rows[0][0].clone().expect("a change number")
+        }
+    };
+    assert_eq!(
+        stamp_of(a.id).await,
+        stamp_of(c.id).await,
+        "both callers' changes in one write"
+    );
+    // Alone, a caller's write is its own.
+    let halt = job_change(JobState::MustHalt, t(3), JobReason::HaltedByUser, None);
+    let outcomes = store
+        .job_transition_all(vec![(a.id, halt, None)])
+        .await
+        .unwrap();
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+    assert_ne!(stamp_of(a.id).await, stamp_of(c.id).await);
+    assert_eq!(stored(a.id).await.state(), JobState::MustHalt);
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its

@@ -41,6 +41,13 @@ const ACTIVE: &str = "('QUEUED', 'RUNNING', 'MUSTHALT', 'HALTING')";
 /// The states that nothing follows ([`JobState::is_final`]).
 const FINAL: &str = "('HALTED', 'FINISHED', 'FAILED', 'CANCELLED')";
 
+/// One caller's job changes, each with the next job of its chain when the change makes one.
+pub type JobChanges = Vec<(JobId, JobChange, Option<NewJob>)>;
+
+/// The callers' job changes waiting for a write, each answered with its changes' outcomes
+/// ([`SqlStore::job_transition_all`]).
+pub type JobChangeQueue = super::together::WriteQueue<JobChanges, Vec<StoreResult<()>>>;
+
 impl SqlStore {
     /// Stores `new` in the write of every submit waiting with it ([`super::together`]); the
     /// job as stored, made from what was written instead of read back.
@@ -200,17 +207,26 @@ impl SqlStore {
     /// one statement, and what the changes write goes in one `INSERT` of the new jobs of their
     /// chains, one of the transitions and one `UPDATE` of the jobs' rows ([`JobWrites`]). A job
     /// changed again, or created as the next of a chain, is changed as the batch left it.
+    ///
+    /// The changes of every caller waiting for the write lock meanwhile go in the same write
+    /// ([`super::together`], [`JobChangeQueue`]), each caller's after those of the callers before
+    /// it: the agents' syncs report their jobs' ends by the hundred a second on a large site, and
+    /// each was a transaction of its own on the one writer that creates, submits and rounds wait
+    /// for.
     pub(super) async fn job_transition_all(
         &self,
-        changes: Vec<(JobId, JobChange, Option<NewJob>)>,
+        changes: JobChanges,
     ) -> StoreResult<Vec<StoreResult<()>>> {
         if changes.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.write().await?;
-        let outcomes = job_transitions_in(&mut tx, changes).await?;
-        tx.commit().await?;
-        Ok(outcomes)
+        self.job_changes
+            .write(self, changes, Lock::Site, |_, tx, batches| {
+                Box::pin(super::together::write_lists(tx, batches, |tx, all| {
+                    Box::pin(job_transitions_in(tx, all))
+                }))
+            })
+            .await
     }
 
     /// [`Self::job_transition_all`] of one change, and the job as it leaves it.

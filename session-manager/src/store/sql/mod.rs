@@ -1027,7 +1027,7 @@ mod identity;
 mod images;
 pub(super) mod inventory;
 mod job_history;
-mod jobs;
+pub(super) mod jobs;
 mod nodes;
 pub(super) mod planning;
 pub(super) mod samples;

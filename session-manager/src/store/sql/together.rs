@@ -1,6 +1,6 @@
 //! Writes made together: the requests that arrive while a write waits for its turn are written
 //! in that write, all of them, instead of one write each (a group commit). Sessions' creates
-//! ([`super::creates`]), jobs' submits ([`super::jobs`]), nodes' heartbeats
+//! ([`super::creates`]), jobs' submits and changes ([`super::jobs`]), nodes' heartbeats
 //! ([`super::heartbeats`]) and agents' activity samples ([`super::samples`]) go through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
@@ -172,6 +172,26 @@ impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
     }
 }
 
+/// Writes the lists of changes of every caller in `batches` (in order) as one list, by `apply`
+/// in `tx`, and commits: each caller's outcomes, one per change (a [`WriteAll`] of lists of
+/// changes, such as the jobs' changes the nodes' syncs report).
+pub(super) async fn write_lists<C: Clone>(
+    mut tx: Transaction<'static, Db>,
+    batches: &[Vec<C>],
+    apply: impl for<'t> FnOnce(
+        &'t mut Transaction<'static, Db>,
+        Vec<C>,
+    ) -> BoxFuture<'t, StoreResult<Vec<StoreResult<()>>>>,
+) -> StoreResult<Vec<StoreResult<Vec<StoreResult<()>>>>> {
+    let all = batches.iter().flatten().cloned().collect();
+    let mut outcomes = apply(&mut tx, all).await?.into_iter();
+    tx.commit().await?;
+    Ok(batches
+        .iter()
+        .map(|batch| Ok(outcomes.by_ref().take(batch.len()).collect()))
+        .collect())
+}
+
 /// The runtime, on a thread of its own, where every write made together runs: started with the
 /// first of them, for the life of the process. Where the thread cannot be started, the writes
 /// run on the caller's runtime, as tasks of their own.
@@ -255,6 +275,7 @@ impl SqlStore {
         let turn = match kind {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
+            Together::JobChanges => &self.job_changes.0.turn,
             Together::Heartbeats => &self.beats.0.turn,
             Together::Samples => &self.samples.queue.0.turn,
         };
@@ -267,6 +288,7 @@ impl SqlStore {
         let turn = match kind {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
+            Together::JobChanges => &self.job_changes.0.turn,
             Together::Heartbeats => &self.beats.0.turn,
             Together::Samples => &self.samples.queue.0.turn,
         };
@@ -304,6 +326,7 @@ impl SqlStore {
         match kind {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
+            Together::JobChanges => self.job_changes.waiting().len(),
             Together::Heartbeats => self.beats.waiting().len(),
             Together::Samples => self.samples.queue.waiting().len(),
         }
