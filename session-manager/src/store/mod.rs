@@ -699,17 +699,17 @@ pub trait Store: Send + Sync {
         next: Option<NewJob>,
     ) -> BoxFuture<'_, StoreResult<JobRecord>>;
 
-    /// Applies each change as [`Store::job_transition`] does, all in one write: what the
-    /// scheduler decides for jobs in one round, what one sync of a node reports. Each change's
+    /// Applies each change as [`Store::job_transition`] does, all in one write: what one sync of
+    /// a node reports, what one request or check of the scheduler changes. Each change's
     /// outcome is given in order; a change its job's lifecycle refuses
     /// ([`StoreError::InvalidJobTransition`]) or of a job that does not exist
     /// ([`StoreError::NoSuchJob`]) is left out of the write with its next job, and the others
     /// are stored. A job changed again, or a next job changed after it was created, is changed
-    /// as the batch's earlier changes left it. Other callers' changes waiting for the write at
-    /// the same time may go in the same write, after or before this caller's, as if written one
-    /// caller after the other; each caller gets its own outcomes. An error of the database fails
-    /// the write: each caller's changes are then written alone, and an error there fails that
-    /// caller's. Nothing is read back: a caller that needs a job as it is now reads it.
+    /// as the batch's earlier changes left it. Other callers' changes waiting at the same time
+    /// may share the write, applied as if one caller wrote after the other; each caller gets its
+    /// own outcomes, and its changes are stored even if it goes away before the answer. An
+    /// error of the database fails the caller's changes (a shared write is then retried one
+    /// caller at a time). Nothing is read back: a caller that needs a job as it is now reads it.
     fn job_transition_all(
         &self,
         changes: Vec<(JobId, JobChange, Option<NewJob>)>,

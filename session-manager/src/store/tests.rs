@@ -3115,20 +3115,15 @@ async fn the_active_jobs_follow_every_change_of_a_job(backend: Backend) {
 }
 
 /// The job changes of callers that wait for the write at the same time (two nodes' syncs) go in
-/// one write, one change number for all, and each caller gets the outcomes of its own changes,
-/// a refused one among them; a caller alone gets a write of its own.
+/// one write, one change number for all, each caller's after the one's before it (a job the
+/// first caller starts, the second asks to halt), and each caller gets the outcomes of its own
+/// changes, a refused one among them; a caller alone gets a write of its own.
 async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backend) {
     use crate::domain::jobs;
-    use ongrid_core::job::{JobReason, JobState};
+    use ongrid_core::job::JobState;
 
     let (_place, store) = Place::opened(backend).await;
-    let node = NodeName::parse("node1").unwrap();
-    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
-    let [a, b, c] = [
-        queued_job(&store, t(1), None).await,
-        queued_job(&store, t(1), None).await,
-        queued_job(&store, t(1), None).await,
-    ];
+    let (node, [a, b, c]) = three_queued_jobs(&store).await;
     let on = |n: u8| vec![GpuId::from(gpu(n).uuid)];
     let first = vec![(
         a.id,
@@ -3137,21 +3132,14 @@ async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backen
     )];
     let second = vec![
         // QUEUED to FINISHED is not a transition of the lifecycle: refused, this caller's alone.
-        (
-            b.id,
-            job_change(
-                JobState::Finished,
-                t(2),
-                JobReason::Exited { code: 0 },
-                Some(0),
-            ),
-            None,
-        ),
+        (b.id, finished(t(2)), None),
         (
             c.id,
             jobs::start(&c, node.clone(), on(2), t(2)).unwrap(),
             None,
         ),
+        // Allowed only once the first caller's change started the job.
+        (a.id, halt_asked(t(3)), None),
     ];
     let changing = [first, second].map(|changes| {
         let store = store.clone();
@@ -3160,46 +3148,40 @@ async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backen
     let answers = written_together(&store, Together::JobChanges, changing, async {}).await;
     assert_eq!(answers[0].len(), 1);
     assert!(answers[0][0].is_ok(), "{answers:?}");
-    assert_eq!(answers[1].len(), 2);
+    assert_eq!(answers[1].len(), 3);
     assert!(
         matches!(answers[1][0], Err(StoreError::InvalidJobTransition(_))),
         "{answers:?}"
     );
-    assert!(answers[1][1].is_ok(), "{answers:?}");
+    assert!(answers[1][1..].iter().all(Result::is_ok), "{answers:?}");
     let stored = |id| {
         let store = store.clone();
         async move { store.job(id).await.unwrap().unwrap() }
     };
-    assert_eq!(stored(a.id).await.state(), JobState::Running);
+    let states = |job: crate::domain::jobs::JobRecord| -> Vec<JobState> {
+        job.lifecycle.history().iter().map(|t| t.to).collect()
+    };
+    assert_eq!(
+        states(stored(a.id).await),
+        [JobState::Queued, JobState::Running, JobState::MustHalt]
+    );
     assert_eq!(stored(b.id).await.state(), JobState::Queued);
     assert_eq!(stored(c.id).await.state(), JobState::Running);
-    let stamp_of = |id: JobId| {
-        let store = store.clone();
-        async move {
-            let id = id.to_string();
-            let rows = store
-                .rows(
-                    "SELECT CAST(change_seq AS TEXT) FROM jobs WHERE id = ?",
-                    &[&id],
-                )
-                .await;
-            rows[0][0].clone().expect("a change number")
-        }
-    };
+    let stamp_of = |id: JobId| job_stamp(&store, id);
     assert_eq!(
         stamp_of(a.id).await,
         stamp_of(c.id).await,
         "both callers' changes in one write"
     );
     // Alone, a caller's write is its own.
-    let halt = job_change(JobState::MustHalt, t(3), JobReason::HaltedByUser, None);
+    let halt = halt_asked(t(4));
     let outcomes = store
-        .job_transition_all(vec![(a.id, halt, None)])
+        .job_transition_all(vec![(c.id, halt, None)])
         .await
         .unwrap();
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
     assert_ne!(stamp_of(a.id).await, stamp_of(c.id).await);
-    assert_eq!(stored(a.id).await.state(), JobState::MustHalt);
+    assert_eq!(stored(c.id).await.state(), JobState::MustHalt);
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its
@@ -3211,13 +3193,7 @@ async fn job_changes_stored_together_skip_the_refused_ones(backend: Backend) {
     use ongrid_core::job::{JobReason, JobState};
 
     let (_place, store) = Place::opened(backend).await;
-    let node = NodeName::parse("node1").unwrap();
-    register(&store, "node1", &[gpu(1), gpu(2)], t(0)).await;
-    let [a, b, c] = [
-        queued_job(&store, t(1), None).await,
-        queued_job(&store, t(1), None).await,
-        queued_job(&store, t(1), None).await,
-    ];
+    let (node, [a, b, c]) = three_queued_jobs(&store).await;
     let on = |n: u8| vec![GpuId::from(gpu(n).uuid)];
     let unknown = JobId::new_random();
     let outcomes = store
@@ -3229,16 +3205,7 @@ async fn job_changes_stored_together_skip_the_refused_ones(backend: Backend) {
             ),
             (unknown, jobs::cancel_by_owner(&a, t(2)).unwrap(), None),
             // QUEUED to FINISHED is not a transition of the lifecycle: its exit code stays out.
-            (
-                b.id,
-                job_change(
-                    JobState::Finished,
-                    t(2),
-                    JobReason::Exited { code: 0 },
-                    Some(0),
-                ),
-                None,
-            ),
+            (b.id, finished(t(2)), None),
             (
                 c.id,
                 jobs::start(&c, node.clone(), on(2), t(2)).unwrap(),
@@ -3246,11 +3213,7 @@ async fn job_changes_stored_together_skip_the_refused_ones(backend: Backend) {
             ),
             // A job changed a second time in the same write: after its first change, which
             // placed it.
-            (
-                a.id,
-                job_change(JobState::MustHalt, t(3), JobReason::HaltedByUser, None),
-                None,
-            ),
+            (a.id, halt_asked(t(3)), None),
             (
                 a.id,
                 job_change(
@@ -3381,6 +3344,23 @@ async fn a_job_change_stored_together_with_others_creates_the_next_job_of_its_ch
     assert!(store.job(refused_next.id).await.unwrap().is_none());
 }
 
+/// A job's change to FINISHED with exit code 0 at `at` (refused for a QUEUED job).
+fn finished(at: DateTime<Utc>) -> crate::domain::jobs::JobChange {
+    use ongrid_core::job::{JobReason, JobState};
+    job_change(
+        JobState::Finished,
+        at,
+        JobReason::Exited { code: 0 },
+        Some(0),
+    )
+}
+
+/// A job's owner asking it to halt at `at`.
+fn halt_asked(at: DateTime<Utc>) -> crate::domain::jobs::JobChange {
+    use ongrid_core::job::{JobReason, JobState};
+    job_change(JobState::MustHalt, at, JobReason::HaltedByUser, None)
+}
+
 /// A change of a job to `to` at `at`, with no placement.
 fn job_change(
     to: ongrid_core::job::JobState,
@@ -3419,19 +3399,7 @@ async fn submits_written_together_each_keep_their_own_answer(backend: Backend) {
         fixtures::job(&carol, spec(), None, t(13)),
     ];
     let answers = submit_together(&store, &together).await;
-    let stamp_of = |id: JobId| {
-        let store = store.clone();
-        async move {
-            let id = id.to_string();
-            let rows = store
-                .rows(
-                    "SELECT CAST(change_seq AS TEXT) FROM jobs WHERE id = ?",
-                    &[&id],
-                )
-                .await;
-            rows[0][0].clone().expect("a change number")
-        }
-    };
+    let stamp_of = |id: JobId| job_stamp(&store, id);
     let mut stamps = BTreeSet::new();
     for (i, answer) in answers.iter().enumerate() {
         match (i, answer) {
@@ -3491,8 +3459,9 @@ async fn submit_together(
     written_together(store, Together::Submits, submitting, async {}).await
 }
 
-/// Sends `requests` while the writes of `kind` are held, runs `meanwhile` once all of them wait,
-/// then lets them be written together: their answers, in order.
+/// Sends `requests` while the writes of `kind` are held, each once the one before waits (so they
+/// are written in that order), runs `meanwhile` once all of them wait, then lets them be written
+/// together: their answers, in order.
 async fn written_together<T, R>(
     store: &TestStore,
     kind: Together,
@@ -3504,9 +3473,17 @@ where
     T: Send + 'static,
 {
     let held = store.hold(kind).await;
-    let sent: Vec<_> = requests.into_iter().map(tokio::spawn).collect();
-    while store.waiting(kind) < sent.len() {
-        tokio::task::yield_now().await;
+    let mut sent = Vec::new();
+    for request in requests {
+        sent.push(tokio::spawn(request));
+        let joined = async {
+            while store.waiting(kind) < sent.len() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), joined)
+            .await
+            .expect("each request waits for the write held");
     }
     meanwhile.await;
     drop(held);
@@ -3515,6 +3492,29 @@ where
         .into_iter()
         .map(Result::unwrap)
         .collect()
+}
+
+/// Node1 with two GPUs, and three of Alice's jobs QUEUED at t(1).
+async fn three_queued_jobs(store: &TestStore) -> (NodeName, [crate::domain::jobs::JobRecord; 3]) {
+    register(store, "node1", &[gpu(1), gpu(2)], t(0)).await;
+    let jobs = [
+        queued_job(store, t(1), None).await,
+        queued_job(store, t(1), None).await,
+        queued_job(store, t(1), None).await,
+    ];
+    (NodeName::parse("node1").unwrap(), jobs)
+}
+
+/// The change number job `id`'s row carries.
+async fn job_stamp(store: &TestStore, id: JobId) -> String {
+    let id = id.to_string();
+    let rows = store
+        .rows(
+            "SELECT CAST(change_seq AS TEXT) FROM jobs WHERE id = ?",
+            &[&id],
+        )
+        .await;
+    rows[0][0].clone().expect("a change number")
 }
 
 /// Alice's QUEUED job submitted at `at` (restartable, on the local target unless `grid`).

@@ -210,9 +210,8 @@ impl SqlStore {
     ///
     /// The changes of every caller waiting for the write lock meanwhile go in the same write
     /// ([`super::together`], [`JobChangeQueue`]), each caller's after those of the callers before
-    /// it: the agents' syncs report their jobs' ends by the hundred a second on a large site, and
-    /// each was a transaction of its own on the one writer that creates, submits and rounds wait
-    /// for.
+    /// it: on a large site the agents' syncs report jobs' ends by the hundred a second, and one
+    /// write for each would keep the writer that creates, submits and rounds wait for busy.
     pub(super) async fn job_transition_all(
         &self,
         changes: JobChanges,

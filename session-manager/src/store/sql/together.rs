@@ -173,8 +173,9 @@ impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
 }
 
 /// Writes the lists of changes of every caller in `batches` (in order) as one list, by `apply`
-/// in `tx`, and commits: each caller's outcomes, one per change (a [`WriteAll`] of lists of
-/// changes, such as the jobs' changes the nodes' syncs report).
+/// in `tx`, and commits: each caller's outcomes, one per change (the body of a [`WriteAll`] for
+/// lists of changes, such as the jobs' changes the nodes' syncs report). `apply` answers one
+/// outcome per change, in order.
 pub(super) async fn write_lists<C: Clone>(
     mut tx: Transaction<'static, Db>,
     batches: &[Vec<C>],
@@ -183,8 +184,11 @@ pub(super) async fn write_lists<C: Clone>(
         Vec<C>,
     ) -> BoxFuture<'t, StoreResult<Vec<StoreResult<()>>>>,
 ) -> StoreResult<Vec<StoreResult<Vec<StoreResult<()>>>>> {
-    let all = batches.iter().flatten().cloned().collect();
-    let mut outcomes = apply(&mut tx, all).await?.into_iter();
+    let all: Vec<C> = batches.iter().flatten().cloned().collect();
+    let count = all.len();
+    let outcomes = apply(&mut tx, all).await?;
+    debug_assert_eq!(outcomes.len(), count, "one outcome per change");
+    let mut outcomes = outcomes.into_iter();
     tx.commit().await?;
     Ok(batches
         .iter()
