@@ -479,20 +479,15 @@ mod tests {
         let mig = GpuMode::Mig {
             layout: MigLayout::parse("1g.10gb*7").unwrap(),
         };
-        let nodes = [NodeRecord {
-            name: NodeName::parse("node1").unwrap(),
-            gpu_backend: "simulated".to_owned(),
-            agent_version: "0.1.0".to_owned(),
-            stream_url: None,
-            last_seen: chrono::DateTime::UNIX_EPOCH,
-            gpus: vec![
+        let nodes = [crate::store::fixtures::node_record(
+            "node1",
+            chrono::DateTime::UNIX_EPOCH,
+            vec![
                 gpu(1, GpuMode::Exclusive, Vec::new()),
                 gpu(2, GpuMode::Exclusive, Vec::new()),
                 gpu(3, mig, vec![slice(3, 1), slice(3, 2), slice(3, 3)]),
-            ]
-            .into(),
-            drain: None,
-        }];
+            ],
+        )];
         let held_slice = slice(3, 2).uuid;
         let used: HashSet<&str> = [
             "GPU-11111111-2222-3333-4444-555555555501",

@@ -65,15 +65,21 @@ struct Use {
 }
 
 impl Use {
-    /// `uuid` held by one more session or job, which asked for a whole GPU when `whole`.
-    fn add(used: &mut HashMap<GpuUuid, Use>, uuid: &GpuUuid, whole: bool) {
-        match used.get_mut(uuid) {
-            Some(by) => {
-                by.count += 1;
-                by.whole |= whole;
-            }
-            None => {
-                used.insert(uuid.clone(), Use { count: 1, whole });
+    /// The whole GPUs among `gpus` (a session's or a job's; MIG devices are not counted here)
+    /// held by one more holder, which asked for a whole GPU when `whole`.
+    fn add(used: &mut HashMap<GpuUuid, Use>, gpus: &[GpuId], whole: bool) {
+        for gpu in gpus {
+            let GpuId::Gpu(uuid) = gpu else {
+                continue;
+            };
+            match used.get_mut(uuid) {
+                Some(by) => {
+                    by.count += 1;
+                    by.whole |= whole;
+                }
+                None => {
+                    used.insert(uuid.clone(), Use { count: 1, whole });
+                }
             }
         }
     }
@@ -235,11 +241,7 @@ impl SiteSnapshot {
         let mut used = HashMap::new();
         for session in &holding {
             let whole = session.request.sharing == Sharing::Exclusive;
-            for gpu in &session.gpus {
-                if let GpuId::Gpu(uuid) = gpu {
-                    Use::add(&mut used, uuid, whole);
-                }
-            }
+            Use::add(&mut used, &session.gpus, whole);
         }
         Self {
             now,
@@ -257,11 +259,7 @@ impl SiteSnapshot {
     pub fn with_jobs(mut self, jobs: Vec<Arc<JobRecord>>) -> Self {
         for job in jobs.iter().filter(|j| j.state().holds_gpus()) {
             let whole = job.spec.gpus.sharing == Sharing::Exclusive;
-            for gpu in &job.gpus {
-                if let GpuId::Gpu(uuid) = gpu {
-                    Use::add(&mut self.used, uuid, whole);
-                }
-            }
+            Use::add(&mut self.used, &job.gpus, whole);
         }
         self.jobs = jobs;
         self.satisfiable = OnceLock::new();
@@ -651,22 +649,8 @@ mod tests {
     /// and are the same kept or not; a MIG request's answer is never kept.
     #[test]
     fn answers_are_kept_for_a_bounded_number_of_requests() {
-        let name = ongrid_core::NodeName::parse("node1").unwrap();
-        let node = NodeRecord {
-            name: name.clone(),
-            gpu_backend: "simulated".to_owned(),
-            agent_version: "0.1.0".to_owned(),
-            stream_url: None,
-            last_seen: Utc::now(),
-            gpus: vec![crate::store::GpuRecord {
-                node: name,
-                info: gpu(1),
-                mode: ongrid_core::GpuMode::Exclusive,
-                drain: None,
-            }]
-            .into(),
-            drain: None,
-        };
+        let node =
+            fixtures::node_record("node1", Utc::now(), vec![fixtures::gpu_record("node1", 1)]);
         let site = SiteSnapshot::new(Utc::now(), vec![node], Vec::new(), Duration::from_secs(30));
         // A MIG request is checked against the MIG slots each time, never kept.
         let mig = GpuRequest {

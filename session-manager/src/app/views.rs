@@ -610,10 +610,10 @@ mod tests {
 
     use chrono::TimeZone;
     use ongrid_core::gpu::Drain;
-    use ongrid_core::{GpuHealth, GpuMode, GpuRequest, MemorySize, NodeName};
+    use ongrid_core::{GpuHealth, GpuRequest, MemorySize};
 
     use super::*;
-    use crate::store::fixtures::gpu;
+    use crate::store::fixtures::{self, gpu};
     use crate::store::{GpuRecord, NodeRecord};
 
     /// A PENDING answer names the out-of-service GPUs that fit the request: a drained node once
@@ -627,20 +627,10 @@ mod tests {
             since: now,
             by: by.to_owned(),
         };
-        let record = |node: &str, n: u8| GpuRecord {
-            node: NodeName::parse(node).unwrap(),
-            info: gpu(n),
-            mode: GpuMode::Exclusive,
-            drain: None,
-        };
+        let record = fixtures::gpu_record;
         let node = |name: &str, last_seen, drain: Option<Drain>, gpus: Vec<GpuRecord>| NodeRecord {
-            name: NodeName::parse(name).unwrap(),
-            gpu_backend: "simulated".to_owned(),
-            agent_version: "0.1.0".to_owned(),
-            stream_url: None,
-            last_seen,
-            gpus: gpus.into(),
             drain,
+            ..fixtures::node_record(name, last_seen, gpus)
         };
         let drained_gpu = GpuRecord {
             drain: Some(drain("bob", "fan noise")),

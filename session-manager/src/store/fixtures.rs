@@ -1,5 +1,5 @@
 //! What the store takes, built alike for the unit tests of every module: a SQLite store in a
-//! temporary directory, GPUs, node registrations and new sessions.
+//! temporary directory, GPUs, node registrations, nodes and GPUs as read, and new sessions.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use ongrid_core::{
     ComputeCapability, Dn, GpuHealth, GpuInfo, GpuRequest, GpuUuid, MemorySize, NodeName, SessionId,
 };
 
-use super::{NewSession, NodeRegistration, SqliteStore, UserRecord};
+use super::{GpuRecord, NewSession, NodeRecord, NodeRegistration, SqliteStore, UserRecord};
 use crate::domain::grid_jobs::GridJob;
 use crate::domain::jobs::{self, JobLimits, NewJob, Submitter};
 
@@ -65,6 +65,31 @@ pub fn registration(name: &str) -> NodeRegistration {
         agent_version: "0.1.0".to_owned(),
         stream_url: None,
         start_modes: Default::default(),
+    }
+}
+
+/// Node `name` as the store reads it, registered from [`registration`], last seen at
+/// `last_seen`, with `gpus` and no drain.
+pub fn node_record(name: &str, last_seen: DateTime<Utc>, gpus: Vec<GpuRecord>) -> NodeRecord {
+    let registered = registration(name);
+    NodeRecord {
+        name: registered.name,
+        gpu_backend: registered.gpu_backend,
+        agent_version: registered.agent_version,
+        stream_url: registered.stream_url,
+        last_seen,
+        gpus: gpus.into(),
+        drain: None,
+    }
+}
+
+/// GPU [`gpu`]`(n)` of node `node` as the store reads it: exclusive, not drained.
+pub fn gpu_record(node: &str, n: u8) -> GpuRecord {
+    GpuRecord {
+        node: NodeName::parse(node).unwrap(),
+        info: gpu(n),
+        mode: ongrid_core::GpuMode::Exclusive,
+        drain: None,
     }
 }
 

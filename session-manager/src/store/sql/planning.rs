@@ -159,17 +159,16 @@ struct Kept<R: Planned> {
     ticket: u64,
     seen: i64,
     records: Records<R>,
-    /// The change number each kept record was read with.
-    stamps: HashMap<R::Key, i64>,
 }
 
-/// The kept records, by key and in their order ([`Planned::order`]), kept in order as they
+/// The kept records, by key with the change number each was read with, and in their order
+/// ([`Planned::order`]), kept in order as they
 /// change instead of sorted for each reader: sorting 20,000 jobs for each round and each job's
 /// view took 1.4% of the manager's CPU in the fleet bench (`tests/examples/fleet.rs`). Shared
 /// with the rounds that planned with them: a round takes every record without copying one.
 #[derive(Debug)]
 pub(super) struct Records<R: Planned> {
-    by_key: HashMap<R::Key, Arc<R>>,
+    by_key: HashMap<R::Key, (i64, Arc<R>)>,
     in_order: BTreeMap<R::Order, Arc<R>>,
 }
 
@@ -192,12 +191,20 @@ impl<R: Planned> Records<R> {
     }
 
     pub(super) fn get(&self, key: &R::Key) -> Option<&Arc<R>> {
-        self.by_key.get(key)
+        self.by_key.get(key).map(|(_, record)| record)
+    }
+
+    /// `key`'s record when it was read with change number `seq`.
+    fn stamped(&self, key: &R::Key, seq: i64) -> Option<&Arc<R>> {
+        self.by_key
+            .get(key)
+            .filter(|(stamp, _)| *stamp == seq)
+            .map(|(_, record)| record)
     }
 
     /// In no order.
     pub(super) fn values(&self) -> impl Iterator<Item = &Arc<R>> {
-        self.by_key.values()
+        self.by_key.values().map(|(_, record)| record)
     }
 
     /// In their order ([`Planned::order`]).
@@ -205,7 +212,8 @@ impl<R: Planned> Records<R> {
         self.in_order.values()
     }
 
-    fn insert(&mut self, record: R) {
+    /// Keeps `record`, read with change number `seq`, in place of the one of its key.
+    fn insert(&mut self, seq: i64, record: R) {
         self.remove(&record.key());
         let record = Arc::new(record);
         let taken = self.in_order.insert(record.order(), Arc::clone(&record));
@@ -213,11 +221,11 @@ impl<R: Planned> Records<R> {
             taken.is_none(),
             "an order key ends with the record's own key"
         );
-        self.by_key.insert(record.key(), record);
+        self.by_key.insert(record.key(), (seq, record));
     }
 
     fn remove(&mut self, key: &R::Key) {
-        if let Some(old) = self.by_key.remove(key) {
+        if let Some((_, old)) = self.by_key.remove(key) {
             self.in_order.remove(&old.order());
         }
     }
@@ -298,8 +306,7 @@ impl<R: Planned> KeptRecords<R> {
         let found: HashMap<R::Key, Arc<R>> = match self.copy().as_ref() {
             Some(kept) => wanted
                 .iter()
-                .filter(|(key, seq)| kept.stamps.get(key) == Some(seq))
-                .filter_map(|(key, _)| Some((*key, kept.records.get(key)?.clone())))
+                .filter_map(|(key, seq)| Some((*key, kept.records.stamped(key, *seq)?.clone())))
                 .collect(),
             None => HashMap::new(),
         };
@@ -317,7 +324,6 @@ impl<R: Planned> Kept<R> {
             ticket,
             seen,
             records: Records::with_capacity(records.len()),
-            stamps: HashMap::with_capacity(records.len()),
         };
         for (seq, record) in records {
             kept.keep(seq, record);
@@ -328,13 +334,10 @@ impl<R: Planned> Kept<R> {
     /// Keeps `record`, read with change number `seq`, when it is planned with; lets go of it
     /// otherwise.
     fn keep(&mut self, seq: i64, record: R) {
-        let key = record.key();
         if record.planned() {
-            self.records.insert(record);
-            self.stamps.insert(key, seq);
+            self.records.insert(seq, record);
         } else {
-            self.records.remove(&key);
-            self.stamps.remove(&key);
+            self.records.remove(&record.key());
         }
     }
 }
