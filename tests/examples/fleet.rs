@@ -19,7 +19,8 @@
 //! the long-poll's answer naming it, by the same machine's clock; and from the create request
 //! of a session placed while GPUs were free), how many creates answered STARTING,
 //! the API's latency for create, show and ls under that load, the scheduling rounds' time (the
-//! loop's and those a create runs at once, from the leading manager's `/metrics`), the scrape's
+//! loop's and those a create runs at once, from the leading manager's `/metrics`; their phases
+//! and the creates', from its log), the scrape's
 //! time and size, the managers' resident memory (the larger) and the store's size, and the CPU
 //! time the managers and the driver itself used (while the work was created, and in all): the
 //! driver shares the machine, and the managers' CPU varies less from run to run than latencies.
@@ -1321,41 +1322,62 @@ fn postgres_size(url: &str) -> Option<u64> {
 }
 
 /// Where the loop's rounds spent their time, from the manager's DEBUG lines "Round's phases
-/// timed." (`site_ms`, `phases_ms`, `input_ms`, `apply_ms`): the mean and the largest of each,
-/// over the rounds that planned something.
+/// timed." (`site_ms`, `phases_ms`, `input_ms`, `apply_ms`), over the rounds that planned
+/// something; and the creates', from "Create's phases timed." (`checks_ms`, `write_ms`,
+/// `wait_ms`, `read_ms`) and "Create answered." (`handler_ms`): the mean, the 99th percentile
+/// and the largest of each.
 fn round_phases(log: &std::path::Path) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;
     };
-    const PHASES: [&str; 4] = ["site_ms", "phases_ms", "input_ms", "apply_ms"];
-    let mut sums = [0.0f64; 4];
-    let mut highest = [0.0f64; 4];
-    let mut rounds = 0usize;
-    for line in text.lines().filter(|l| l.contains("Round's phases timed.")) {
-        rounds += 1;
+    logged_phases(
+        &text,
+        "Round's phases timed.",
+        "rounds that planned",
+        &["site_ms", "phases_ms", "input_ms", "apply_ms"],
+    );
+    logged_phases(
+        &text,
+        "Create's phases timed.",
+        "creates",
+        &["checks_ms", "write_ms", "wait_ms", "read_ms"],
+    );
+    logged_phases(
+        &text,
+        "Create answered.",
+        "create handlers",
+        &["handler_ms"],
+    );
+}
+
+/// The mean, the 99th percentile and the largest of each of `phases` over the log's lines
+/// holding `message`.
+fn logged_phases(text: &str, message: &str, what: &str, phases: &[&str]) {
+    let mut values: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
+    for line in text.lines().filter(|l| l.contains(message)) {
         for field in line.split_whitespace() {
             let Some((key, value)) = field.split_once('=') else {
                 continue;
             };
             let (Some(i), Ok(value)) =
-                (PHASES.iter().position(|p| *p == key), value.parse::<f64>())
+                (phases.iter().position(|p| *p == key), value.parse::<f64>())
             else {
                 continue;
             };
-            sums[i] += value;
-            highest[i] = highest[i].max(value);
+            values[i].push(value);
         }
     }
-    if rounds == 0 {
+    let count = values.first().map_or(0, Vec::len);
+    if count == 0 {
         return;
     }
-    println!("rounds that planned ({rounds}), mean / highest:");
-    for (i, phase) in PHASES.iter().enumerate() {
-        println!(
-            "  {phase:<10} {:>8.1} / {:>8.1} ms",
-            sums[i] / rounds as f64,
-            highest[i]
-        );
+    println!("{what} ({count}), mean / p99 / highest:");
+    for (phase, values) in phases.iter().zip(&mut values) {
+        values.sort_by(f64::total_cmp);
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        let p99 = values[((values.len() - 1) as f64 * 0.99).round() as usize];
+        let highest = values.last().copied().unwrap_or_default();
+        println!("  {phase:<10} {mean:>8.1} / {p99:>8.1} / {highest:>8.1} ms");
     }
 }
 

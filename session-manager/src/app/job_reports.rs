@@ -13,7 +13,7 @@ use ongrid_core::NodeName;
 use super::{ApiError, AppState};
 use crate::domain::jobs::{self, JobRecord};
 use crate::job_logs::JobLogs;
-use crate::store::{JobFilter, StoreError};
+use crate::store::{JobFilter, JobLog, StoreError};
 
 /// Applies an agent's reports of its jobs: output appended to the jobs' files, then the changes
 /// [`jobs::follow_report`] decides, with the next job of a chain when it goes on. Reports of
@@ -171,7 +171,7 @@ async fn store_output(
 ) -> Result<bool, ApiError> {
     let logs = JobLogs::new(state.config.job_log_dir.clone());
     let grace = state.config.job_limits.output_grace;
-    let mut stored = false;
+    let mut records = Vec::new();
     for report in reports {
         let (Some(job), Some(chunk)) = (on_node.get_mut(&report.job_id), &report.log) else {
             continue;
@@ -192,11 +192,17 @@ async fn store_output(
         // A repeated chunk never takes back what an earlier one said.
         let complete = chunk.complete || job.log_complete;
         if (size, complete) != (job.log_size, job.log_complete) {
-            state.store.record_job_log(job.id, size, complete).await?;
+            records.push(JobLog {
+                id: job.id,
+                size,
+                complete,
+            });
             (job.log_size, job.log_complete) = (size, complete);
-            stored = true;
         }
     }
+    // One write for the sync's jobs, shared with other syncs' waiting meanwhile.
+    let stored = !records.is_empty();
+    state.store.record_job_logs(records).await?;
     Ok(stored)
 }
 

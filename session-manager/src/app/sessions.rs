@@ -101,6 +101,7 @@ pub async fn create(
     key: Option<&IdempotencyKey>,
     via: Via,
 ) -> Result<Created, SessionActionError> {
+    let started = std::time::Instant::now();
     // The same request again (its answer was lost): the session the first one made, before
     // any check that the first one's session would now change.
     let id = match key {
@@ -159,6 +160,7 @@ pub async fn create(
         idle_timeout_secs: Some(idle_timeout_secs),
         max_duration_secs: Some(max_duration_secs),
     };
+    let checked = started.elapsed();
     let session = match state.store.create_session(new).await {
         Ok(session) => session,
         Err(error) => {
@@ -181,8 +183,17 @@ pub async fn create(
     state.committed(&[Effect::People]);
     // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
     // waits in the queue (PENDING with its position).
+    let written = started.elapsed();
     state.schedule_now(session.id).await;
+    let scheduled = started.elapsed();
     let session = state.store.session(session.id).await?.unwrap_or(session);
+    tracing::debug!(
+        checks_ms = checked.as_secs_f64() * 1e3,
+        write_ms = (written - checked).as_secs_f64() * 1e3,
+        wait_ms = (scheduled - written).as_secs_f64() * 1e3,
+        read_ms = (started.elapsed() - scheduled).as_secs_f64() * 1e3,
+        "Create's phases timed."
+    );
     Ok(Created { session, site })
 }
 

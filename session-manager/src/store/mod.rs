@@ -44,6 +44,7 @@ pub(crate) enum Together {
     Creates,
     Submits,
     JobChanges,
+    JobLogs,
     Heartbeats,
     Samples,
 }
@@ -342,6 +343,16 @@ pub struct Heartbeat {
     /// not, its MIG devices or its waiting MIG change (not its utilisation, which changes every
     /// sync).
     pub gpus_changed: bool,
+}
+
+/// How much of a job's output the manager has ([`Store::record_job_logs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobLog {
+    pub id: JobId,
+    /// The bytes of its output kept: the agent's next offset.
+    pub size: u64,
+    /// Nothing follows them.
+    pub complete: bool,
 }
 
 /// The manager's persistent state. Every method is one transaction.
@@ -715,14 +726,21 @@ pub trait Store: Send + Sync {
         changes: Vec<(JobId, JobChange, Option<NewJob>)>,
     ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>>;
 
-    /// Records how much of the job's output the manager has (the agent's next offset) and
-    /// whether it is all in.
+    /// Records how much of each job's output the manager has (the agent's next offset) and
+    /// whether it is all in; a job recorded twice is left as the later says. Other callers'
+    /// records waiting at the same time may share the write; they are stored even if the
+    /// caller goes away before the answer.
+    fn record_job_logs(&self, logs: Vec<JobLog>) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// [`Store::record_job_logs`] of one job.
     fn record_job_log(
         &self,
         id: JobId,
         size: u64,
         complete: bool,
-    ) -> BoxFuture<'_, StoreResult<()>>;
+    ) -> BoxFuture<'_, StoreResult<()>> {
+        self.record_job_logs(vec![JobLog { id, size, complete }])
+    }
 
     /// Removes the record of job `id` (its history, its grid row, the links to it from its
     /// chain's other jobs, and its chain's reservation once no job of the chain is left) when

@@ -138,6 +138,8 @@ pub struct PostgresStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The job changes waiting for a write ([`sql::jobs`]).
     job_changes: sql::jobs::JobChangeQueue,
+    /// The jobs' output records waiting for a write ([`sql::job_logs`]).
+    job_logs: sql::job_logs::JobLogQueue,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
     /// The agents' activity samples waiting for a write, and their activity not written yet
@@ -175,6 +177,7 @@ impl PostgresStore {
             creates: Default::default(),
             submits: Default::default(),
             job_changes: Default::default(),
+            job_logs: Default::default(),
             beats: Default::default(),
             samples: Default::default(),
             options: options.into(),

@@ -224,6 +224,7 @@ backend_tests!(
     a_restart_chain_is_stored_with_its_history_and_links,
     job_changes_stored_together_skip_the_refused_ones,
     job_changes_of_callers_waiting_together_share_one_write,
+    job_logs_of_callers_waiting_together_share_one_write,
     a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
@@ -3182,6 +3183,41 @@ async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backen
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
     assert_ne!(stamp_of(a.id).await, stamp_of(c.id).await);
     assert_eq!(stored(c.id).await.state(), JobState::MustHalt);
+}
+
+/// The output records of callers that wait for the write at the same time (two nodes' syncs)
+/// go in one write: each job as its last record says, a job recorded by both callers as the
+/// second says; an empty list writes nothing.
+async fn job_logs_of_callers_waiting_together_share_one_write(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let (_node, [a, b, c]) = three_queued_jobs(&store).await;
+    let log = |id, size, complete| JobLog { id, size, complete };
+    let first = vec![log(a.id, 100, false), log(b.id, 10, false)];
+    let second = vec![
+        log(a.id, 150, false),
+        log(c.id, 5, true),
+        log(a.id, 200, true),
+    ];
+    let recording = [first, second].map(|logs| {
+        let store = store.clone();
+        async move { store.record_job_logs(logs).await }
+    });
+    let answers = written_together(&store, Together::JobLogs, recording, async {}).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let stored = |id| {
+        let store = store.clone();
+        async move {
+            let job = store.job(id).await.unwrap().unwrap();
+            (job.log_size, job.log_complete)
+        }
+    };
+    assert_eq!(stored(a.id).await, (200, true));
+    assert_eq!(stored(b.id).await, (10, false));
+    assert_eq!(stored(c.id).await, (5, true));
+    store.record_job_logs(Vec::new()).await.unwrap();
+    assert_eq!(store.waiting(Together::JobLogs), 0);
+    store.record_job_log(b.id, 20, true).await.unwrap();
+    assert_eq!(stored(b.id).await, (20, true));
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its

@@ -291,21 +291,6 @@ impl SqlStore {
         tx.commit().await?;
         rows.iter().map(|(id, _)| parse(id, "job id")).collect()
     }
-
-    pub(super) async fn record_job_log(
-        &self,
-        id: JobId,
-        size: u64,
-        complete: bool,
-    ) -> StoreResult<()> {
-        sqlx::query("UPDATE jobs SET log_size = $1, log_complete = $2 WHERE id = $3")
-            .bind(super::clamp(size))
-            .bind(complete)
-            .bind(id.to_string())
-            .execute(self.writes())
-            .await?;
-        Ok(())
-    }
 }
 
 /// Applies each job change through its job's replayed lifecycle in the write `tx`

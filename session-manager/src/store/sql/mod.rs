@@ -492,7 +492,7 @@ impl Store for SqlStore {
         fn job_transition_all(
             changes: Vec<(JobId, JobChange, Option<NewJob>)>,
         ) -> Vec<StoreResult<()>>;
-        fn record_job_log(id: JobId, size: u64, complete: bool) -> ();
+        fn record_job_logs(logs: Vec<crate::store::JobLog>) -> ();
         fn remove_job(
             id: JobId,
             output_grace: Duration,
@@ -1027,6 +1027,7 @@ mod identity;
 mod images;
 pub(super) mod inventory;
 mod job_history;
+pub(super) mod job_logs;
 pub(super) mod jobs;
 mod nodes;
 pub(super) mod planning;
