@@ -1325,7 +1325,8 @@ fn postgres_size(url: &str) -> Option<u64> {
 /// timed." (`site_ms`, `phases_ms`, `input_ms`, `apply_ms`), over the rounds that planned
 /// something; and the creates', from "Create's phases timed." (`checks_ms`, `write_ms`,
 /// `wait_ms`, `read_ms`) and "Create answered." (`handler_ms`): the mean, the 99th percentile
-/// and the largest of each.
+/// and the largest of each. `log` is the first manager's: with two, its rounds while it leads
+/// and the creates it answered.
 fn round_phases(log: &std::path::Path) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;
@@ -1351,7 +1352,8 @@ fn round_phases(log: &std::path::Path) {
 }
 
 /// The mean, the 99th percentile and the largest of each of `phases` over the log's lines
-/// holding `message`.
+/// holding `message` (of the manager whose log it is: with two, the first one's), each over the
+/// lines that hold it.
 fn logged_phases(text: &str, message: &str, what: &str, phases: &[&str]) {
     let mut values: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
     for line in text.lines().filter(|l| l.contains(message)) {
@@ -1367,12 +1369,16 @@ fn logged_phases(text: &str, message: &str, what: &str, phases: &[&str]) {
             values[i].push(value);
         }
     }
-    let count = values.first().map_or(0, Vec::len);
+    let count = values.iter().map(Vec::len).max().unwrap_or(0);
     if count == 0 {
         return;
     }
     println!("{what} ({count}), mean / p99 / highest:");
     for (phase, values) in phases.iter().zip(&mut values) {
+        if values.is_empty() {
+            println!("  {phase:<10} not logged");
+            continue;
+        }
         values.sort_by(f64::total_cmp);
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let p99 = values[((values.len() - 1) as f64 * 0.99).round() as usize];

@@ -13,7 +13,7 @@ use ongrid_core::NodeName;
 use super::{ApiError, AppState};
 use crate::domain::jobs::{self, JobRecord};
 use crate::job_logs::JobLogs;
-use crate::store::{JobFilter, JobLog, StoreError};
+use crate::store::{JobFilter, OutputKept, StoreError};
 
 /// Applies an agent's reports of its jobs: output appended to the jobs' files, then the changes
 /// [`jobs::follow_report`] decides, with the next job of a chain when it goes on. Reports of
@@ -172,16 +172,21 @@ async fn store_output(
     let logs = JobLogs::new(state.config.job_log_dir.clone());
     let grace = state.config.job_limits.output_grace;
     let mut records = Vec::new();
+    let mut failed = None;
     for report in reports {
         let (Some(job), Some(chunk)) = (on_node.get_mut(&report.job_id), &report.log) else {
             continue;
         };
-        let appended = logs
-            .append(job.id, job.log_size, chunk)
-            .await
-            .map_err(|e| {
-                ApiError::internal(format!("keeping the output of job {}: {e}", job.id))
-            })?;
+        let appended = match logs.append(job.id, job.log_size, chunk).await {
+            Ok(appended) => appended,
+            Err(e) => {
+                failed = Some(ApiError::internal(format!(
+                    "keeping the output of job {}: {e}",
+                    job.id
+                )));
+                break;
+            }
+        };
         let Some(size) = appended else {
             continue;
         };
@@ -192,7 +197,7 @@ async fn store_output(
         // A repeated chunk never takes back what an earlier one said.
         let complete = chunk.complete || job.log_complete;
         if (size, complete) != (job.log_size, job.log_complete) {
-            records.push(JobLog {
+            records.push(OutputKept {
                 id: job.id,
                 size,
                 complete,
@@ -200,10 +205,15 @@ async fn store_output(
             (job.log_size, job.log_complete) = (size, complete);
         }
     }
-    // One write for the sync's jobs, shared with other syncs' waiting meanwhile.
+    // One write for the sync's jobs, shared with other syncs waiting meanwhile; after a file
+    // that could not be written, of those appended before it, so that the agent's next report
+    // does not send their output again.
     let stored = !records.is_empty();
     state.store.record_job_logs(records).await?;
-    Ok(stored)
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(stored),
+    }
 }
 
 /// Adds the node's jobs to its desired state: as `read` when the caller has just read them.

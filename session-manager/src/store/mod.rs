@@ -347,7 +347,7 @@ pub struct Heartbeat {
 
 /// How much of a job's output the manager has ([`Store::record_job_logs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JobLog {
+pub struct OutputKept {
     pub id: JobId,
     /// The bytes of its output kept: the agent's next offset.
     pub size: u64,
@@ -727,10 +727,10 @@ pub trait Store: Send + Sync {
     ) -> BoxFuture<'_, StoreResult<Vec<StoreResult<()>>>>;
 
     /// Records how much of each job's output the manager has (the agent's next offset) and
-    /// whether it is all in; a job recorded twice is left as the later says. Other callers'
-    /// records waiting at the same time may share the write; they are stored even if the
-    /// caller goes away before the answer.
-    fn record_job_logs(&self, logs: Vec<JobLog>) -> BoxFuture<'_, StoreResult<()>>;
+    /// whether it is all in; a job recorded twice is left as the later says. A caller's list is
+    /// stored whole or not at all. Other callers' records waiting at the same time may share the
+    /// write; they are stored even if the caller goes away before the answer.
+    fn record_job_logs(&self, logs: Vec<OutputKept>) -> BoxFuture<'_, StoreResult<()>>;
 
     /// [`Store::record_job_logs`] of one job.
     fn record_job_log(
@@ -739,7 +739,7 @@ pub trait Store: Send + Sync {
         size: u64,
         complete: bool,
     ) -> BoxFuture<'_, StoreResult<()>> {
-        self.record_job_logs(vec![JobLog { id, size, complete }])
+        self.record_job_logs(vec![OutputKept { id, size, complete }])
     }
 
     /// Removes the record of job `id` (its history, its grid row, the links to it from its

@@ -139,7 +139,7 @@ pub struct PostgresStore {
     /// The job changes waiting for a write ([`sql::jobs`]).
     job_changes: sql::jobs::JobChangeQueue,
     /// The jobs' output records waiting for a write ([`sql::job_logs`]).
-    job_logs: sql::job_logs::JobLogQueue,
+    job_logs: sql::job_logs::OutputKeptQueue,
     /// The heartbeats waiting for a write ([`sql::heartbeats`]).
     beats: sql::heartbeats::BeatQueue,
     /// The agents' activity samples waiting for a write, and their activity not written yet

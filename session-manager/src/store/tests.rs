@@ -224,7 +224,7 @@ backend_tests!(
     a_restart_chain_is_stored_with_its_history_and_links,
     job_changes_stored_together_skip_the_refused_ones,
     job_changes_of_callers_waiting_together_share_one_write,
-    job_logs_of_callers_waiting_together_share_one_write,
+    job_logs_of_callers_waiting_together_keep_the_later_record,
     a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
@@ -3186,12 +3186,12 @@ async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backen
 }
 
 /// The output records of callers that wait for the write at the same time (two nodes' syncs)
-/// go in one write: each job as its last record says, a job recorded by both callers as the
-/// second says; an empty list writes nothing.
-async fn job_logs_of_callers_waiting_together_share_one_write(backend: Backend) {
+/// are written when its turn comes: each job as its last record says, a job recorded by both
+/// callers as the second says; an empty list is answered at once, without waiting for a write.
+async fn job_logs_of_callers_waiting_together_keep_the_later_record(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
     let (_node, [a, b, c]) = three_queued_jobs(&store).await;
-    let log = |id, size, complete| JobLog { id, size, complete };
+    let log = |id, size, complete| OutputKept { id, size, complete };
     let first = vec![log(a.id, 100, false), log(b.id, 10, false)];
     let second = vec![
         log(a.id, 150, false),
@@ -3214,8 +3214,17 @@ async fn job_logs_of_callers_waiting_together_share_one_write(backend: Backend) 
     assert_eq!(stored(a.id).await, (200, true));
     assert_eq!(stored(b.id).await, (10, false));
     assert_eq!(stored(c.id).await, (5, true));
-    store.record_job_logs(Vec::new()).await.unwrap();
+    let held = store.hold(Together::JobLogs).await;
+    let nothing = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        store.record_job_logs(Vec::new()),
+    );
+    nothing
+        .await
+        .expect("an empty list waits for no write")
+        .unwrap();
     assert_eq!(store.waiting(Together::JobLogs), 0);
+    drop(held);
     store.record_job_log(b.id, 20, true).await.unwrap();
     assert_eq!(stored(b.id).await, (20, true));
 }

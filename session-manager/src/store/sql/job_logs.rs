@@ -1,6 +1,6 @@
 //! The jobs' output records written together ([`super::together`]): how much of each job's
 //! output the manager has, reported by every sync that arrives while a write of them waits for
-//! the writer, goes in that write, one `UPDATE` for all.
+//! the writer, goes in that write, one `UPDATE` for all (for each [`PER_STATEMENT`] jobs).
 //!
 //! A node's agent sends its running jobs' output with nearly every sync, and a site of 1,000
 //! nodes running 20,000 short jobs records their output by the hundred a second. Written one
@@ -13,17 +13,18 @@ use std::collections::BTreeMap;
 use ongrid_core::job::JobId;
 use sqlx::{QueryBuilder, Transaction};
 
+use super::history::PER_STATEMENT;
 use super::together::{Lock, WriteQueue};
 use super::{clamp, Db, SqlStore};
-use crate::store::{JobLog, StoreResult};
+use crate::store::{OutputKept, StoreResult};
 
 /// The callers' output records waiting for a write.
-pub type JobLogQueue = WriteQueue<Vec<JobLog>>;
+pub type OutputKeptQueue = WriteQueue<Vec<OutputKept>>;
 
 impl SqlStore {
     /// Stores `logs` in the write of every caller's waiting with them
     /// ([`crate::store::Store::record_job_logs`]).
-    pub(super) async fn record_job_logs(&self, logs: Vec<JobLog>) -> StoreResult<()> {
+    pub(super) async fn record_job_logs(&self, logs: Vec<OutputKept>) -> StoreResult<()> {
         if logs.is_empty() {
             return Ok(());
         }
@@ -35,33 +36,38 @@ impl SqlStore {
     }
 }
 
-/// Writes the callers' `lists` in one statement in `tx` and commits: a job recorded more than
-/// once is stored as the last of them (the callers' in the order they came, each's in its own).
+/// Writes the callers' `lists` in `tx` and commits: one statement for every [`PER_STATEMENT`]
+/// jobs, a job recorded more than once stored as the last of its records (the callers' in the
+/// order they came, each's in its own).
 async fn write_logs(
     mut tx: Transaction<'static, Db>,
-    lists: &[Vec<JobLog>],
+    lists: &[Vec<OutputKept>],
 ) -> StoreResult<Vec<StoreResult<()>>> {
-    let latest: BTreeMap<JobId, (u64, bool)> = lists
+    let latest: Vec<(JobId, (u64, bool))> = lists
         .iter()
         .flatten()
         .map(|log| (log.id, (log.size, log.complete)))
+        .collect::<BTreeMap<_, _>>()
+        .into_iter()
         .collect();
-    let mut query = QueryBuilder::<Db>::new("WITH logs (id, size, complete) AS (");
-    query.push_values(&latest, |mut row, (id, (size, complete))| {
-        row.push_bind(id.to_string())
-            .push_bind(clamp(*size))
-            .push_bind(*complete);
-    });
-    query.push(
-        ") UPDATE jobs SET log_size = logs.size, log_complete = logs.complete FROM logs \
-         WHERE jobs.id = logs.id",
-    );
-    // A statement of the batch's length: kept out of the statement cache but for one.
-    query
-        .build()
-        .persistent(latest.len() == 1)
-        .execute(&mut *tx)
-        .await?;
+    for chunk in latest.chunks(PER_STATEMENT) {
+        let mut query = QueryBuilder::<Db>::new("WITH logs (id, size, complete) AS (");
+        query.push_values(chunk, |mut row, (id, (size, complete))| {
+            row.push_bind(id.to_string())
+                .push_bind(clamp(*size))
+                .push_bind(*complete);
+        });
+        query.push(
+            ") UPDATE jobs SET log_size = logs.size, log_complete = logs.complete FROM logs \
+             WHERE jobs.id = logs.id",
+        );
+        // A statement of the batch's length: kept out of the statement cache but for one.
+        query
+            .build()
+            .persistent(chunk.len() == 1)
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
     Ok(lists.iter().map(|_| Ok(())).collect())
 }

@@ -492,7 +492,7 @@ impl Store for SqlStore {
         fn job_transition_all(
             changes: Vec<(JobId, JobChange, Option<NewJob>)>,
         ) -> Vec<StoreResult<()>>;
-        fn record_job_logs(logs: Vec<crate::store::JobLog>) -> ();
+        fn record_job_logs(logs: Vec<crate::store::OutputKept>) -> ();
         fn remove_job(
             id: JobId,
             output_grace: Duration,
