@@ -181,9 +181,9 @@ pub async fn create(
     tracing::info!(session_id = %session.id, session = %session.name, user = %session.user_name, via = via.as_str(), "Session requested.");
     // On no node yet: only people's lists show it until the round places it.
     state.committed(&[Effect::People]);
+    let written = started.elapsed();
     // Schedule at once, so the answer says whether a GPU was free (STARTING) or the session
     // waits in the queue (PENDING with its position).
-    let written = started.elapsed();
     state.schedule_now(session.id).await;
     let scheduled = started.elapsed();
     let session = state.store.session(session.id).await?.unwrap_or(session);

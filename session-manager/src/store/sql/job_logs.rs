@@ -22,7 +22,7 @@ use crate::store::{OutputKept, StoreResult};
 pub type OutputKeptQueue = WriteQueue<Vec<OutputKept>>;
 
 impl SqlStore {
-    /// Stores `logs` in the write of every caller's waiting with them
+    /// Stores `logs` in the write of the records of every caller waiting with them
     /// ([`crate::store::Store::record_job_logs`]).
     pub(super) async fn record_job_logs(&self, logs: Vec<OutputKept>) -> StoreResult<()> {
         if logs.is_empty() {
@@ -37,8 +37,8 @@ impl SqlStore {
 }
 
 /// Writes the callers' `lists` in `tx` and commits: one statement for every [`PER_STATEMENT`]
-/// jobs, a job recorded more than once stored as the last of its records (the callers' in the
-/// order they came, each's in its own).
+/// jobs, a job recorded more than once stored as the last of its records (the callers taken in
+/// the order they came, each caller's records in its own order).
 async fn write_logs(
     mut tx: Transaction<'static, Db>,
     lists: &[Vec<OutputKept>],
