@@ -258,7 +258,7 @@ fn main() {
             );
         }
     }
-    round_phases(&site.dir.path().join("manager.log"));
+    manager_phases(&site.dir.path().join("manager.log"));
     drop(site);
 }
 
@@ -1324,10 +1324,10 @@ fn postgres_size(url: &str) -> Option<u64> {
 /// Where the loop's rounds spent their time, from the manager's DEBUG lines "Round's phases
 /// timed." (`site_ms`, `phases_ms`, `input_ms`, `apply_ms`), over the rounds that planned
 /// something; and the creates', from "Create's phases timed." (`checks_ms`, `write_ms`,
-/// `wait_ms`, `read_ms`) and "Create answered." (`handler_ms`): the mean, the 99th percentile
-/// and the largest of each. `log` is the first manager's: with two, its rounds while it leads
+/// `wait_ms`, `read_ms`; the whole request is the API create line, timed by this driver): the
+/// mean, the 99th percentile and the largest of each. `log` is the first manager's: with two, its rounds while it leads
 /// and the creates it answered.
-fn round_phases(log: &std::path::Path) {
+fn manager_phases(log: &std::path::Path) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;
     };
@@ -1342,12 +1342,6 @@ fn round_phases(log: &std::path::Path) {
         "Create's phases timed.",
         "creates",
         &["checks_ms", "write_ms", "wait_ms", "read_ms"],
-    );
-    logged_phases(
-        &text,
-        "Create answered.",
-        "create handlers",
-        &["handler_ms"],
     );
 }
 

@@ -35,7 +35,6 @@ pub async fn create_session(
     RequestKey(key): RequestKey,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
-    let started = std::time::Instant::now();
     let Created { session, site } =
         actions::create(&state, &caller, body, query, key.as_ref(), Via::Api)
             .await
@@ -46,10 +45,6 @@ pub async fn create_session(
             view.reason = format!("{}; {why}", view.reason);
         }
     }
-    tracing::debug!(
-        handler_ms = started.elapsed().as_secs_f64() * 1e3,
-        "Create answered."
-    );
     Ok((StatusCode::CREATED, Json(view)))
 }
 
