@@ -6,7 +6,9 @@
 //! offset the agent continues from); this file keeps the bytes. A chunk that starts before that
 //! offset (a report repeated after a restart, or made from an older desired state) adds only
 //! what follows it; one that starts after it, or ends before it, is ignored: the agent sends it
-//! again from the offset in its next desired state.
+//! again from the offset in its next desired state. The stored offset is what counts: bytes the
+//! file holds past it (appended by a sync whose record of them was not stored) are cut before
+//! the chunk is added, so a chunk sent again is never kept twice.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -32,9 +34,10 @@ impl JobLogs {
         self.dir.join(format!("{id}.log"))
     }
 
-    /// Appends what `chunk` has past `consumed` (what the manager has of the stream) to the
-    /// job's file when it reaches `consumed`; returns the new stream offset, or `None` when the
-    /// chunk was ignored (it starts past `consumed`, or ends before it).
+    /// Appends what `chunk` has past `consumed` (what the manager has of the stream, as stored)
+    /// to the job's file when it reaches `consumed`, after cutting what the file holds past
+    /// `consumed`; returns the new stream offset, or `None` when the chunk was ignored (it
+    /// starts past `consumed`, or ends before it).
     pub async fn append(
         &self,
         id: JobId,
@@ -53,8 +56,15 @@ impl JobLogs {
             .append(true)
             .open(self.path(id))
             .await?;
-        let kept = file.metadata().await?.len();
+        let mut kept = file.metadata().await?.len();
         let room = JOB_LOG_CAP.saturating_sub(TRUNCATED.len() as u64);
+        // Below the cap the file holds the stream's first `consumed` bytes; more were appended
+        // by a sync whose record of them failed, and the agent sends them again from
+        // `consumed`.
+        if kept > consumed && consumed <= room {
+            file.set_len(consumed).await?;
+            kept = consumed;
+        }
         if kept + data.len() as u64 <= room {
             file.write_all(data).await?;
         } else if kept <= room {
@@ -171,6 +181,32 @@ mod tests {
         assert!(!logs.file(id).exists());
         assert_eq!(logs.read(id, 0, 100).await.unwrap(), (vec![], 0));
         assert!(!logs.remove(id).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn output_appended_but_not_recorded_is_replaced_when_sent_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::new(dir.path().to_owned());
+        let id = JobId::new_random();
+        assert_eq!(
+            logs.append(id, 0, &chunk(0, b"hello ")).await.unwrap(),
+            Some(6)
+        );
+        // Appended, but the record of offset 12 was lost: still 6 as stored.
+        assert_eq!(
+            logs.append(id, 6, &chunk(6, b"world\n")).await.unwrap(),
+            Some(12)
+        );
+        assert_eq!(
+            logs.append(id, 6, &chunk(6, b"world\nagain\n"))
+                .await
+                .unwrap(),
+            Some(18)
+        );
+        assert_eq!(
+            logs.read(id, 0, 100).await.unwrap(),
+            (b"hello world\nagain\n".to_vec(), 18)
+        );
     }
 
     #[tokio::test]
