@@ -44,9 +44,8 @@ pub(crate) enum Together {
     Creates,
     Submits,
     JobChanges,
-    JobLogs,
-    Heartbeats,
-    Samples,
+    /// Heartbeats, activity samples and jobs' output records.
+    SyncRecords,
 }
 
 use std::collections::BTreeSet;

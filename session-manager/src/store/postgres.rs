@@ -138,12 +138,10 @@ pub struct PostgresStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The job changes waiting for a write ([`sql::jobs`]).
     job_changes: sql::jobs::JobChangeQueue,
-    /// The jobs' output records waiting for a write ([`sql::job_logs`]).
-    job_logs: sql::job_logs::OutputKeptQueue,
-    /// The heartbeats waiting for a write ([`sql::heartbeats`]).
-    beats: sql::heartbeats::BeatQueue,
-    /// The agents' activity samples waiting for a write, and their activity not written yet
-    /// ([`sql::samples`]).
+    /// The syncs' heartbeats, activity samples and jobs' output records waiting for a write
+    /// ([`sql::sync_records`]).
+    sync_records: sql::sync_records::SyncRecordQueue,
+    /// The agents' activity not written yet ([`sql::samples`]).
     samples: sql::samples::Samples,
     /// For the connection that holds [`active::MANAGER_LOCK`].
     options: std::sync::Arc<PgConnectOptions>,
@@ -177,8 +175,7 @@ impl PostgresStore {
             creates: Default::default(),
             submits: Default::default(),
             job_changes: Default::default(),
-            job_logs: Default::default(),
-            beats: Default::default(),
+            sync_records: Default::default(),
             samples: Default::default(),
             options: options.into(),
         })

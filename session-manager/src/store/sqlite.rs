@@ -127,12 +127,10 @@ pub struct SqliteStore {
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
     /// The job changes waiting for a write ([`sql::jobs`]).
     job_changes: sql::jobs::JobChangeQueue,
-    /// The jobs' output records waiting for a write ([`sql::job_logs`]).
-    job_logs: sql::job_logs::OutputKeptQueue,
-    /// The heartbeats waiting for a write ([`sql::heartbeats`]).
-    beats: sql::heartbeats::BeatQueue,
-    /// The agents' activity samples waiting for a write, and their activity not written yet
-    /// ([`sql::samples`]).
+    /// The syncs' heartbeats, activity samples and jobs' output records waiting for a write
+    /// ([`sql::sync_records`]).
+    sync_records: sql::sync_records::SyncRecordQueue,
+    /// The agents' activity not written yet ([`sql::samples`]).
     samples: sql::samples::Samples,
 }
 
@@ -159,8 +157,7 @@ impl SqliteStore {
             creates: Default::default(),
             submits: Default::default(),
             job_changes: Default::default(),
-            job_logs: Default::default(),
-            beats: Default::default(),
+            sync_records: Default::default(),
             samples: Default::default(),
         })
     }

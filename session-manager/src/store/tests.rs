@@ -225,6 +225,7 @@ backend_tests!(
     job_changes_stored_together_skip_the_refused_ones,
     job_changes_of_callers_waiting_together_share_one_write,
     job_logs_of_callers_waiting_together_keep_the_later_record,
+    syncs_records_of_every_kind_waiting_together_are_written_together,
     a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
@@ -1680,7 +1681,7 @@ async fn heartbeats_written_together_each_keep_their_own_answer(backend: Backend
             .unwrap();
         assert_eq!(removal, NodeRemoval::Removed);
     };
-    let answers: Vec<_> = written_together(&store, Together::Heartbeats, syncing, removing)
+    let answers: Vec<_> = written_together(&store, Together::SyncRecords, syncing, removing)
         .await
         .into_iter()
         .map(Result::unwrap)
@@ -1765,7 +1766,7 @@ async fn activity_samples_written_together_each_keep_their_own_answer(backend: B
             store.record_activity(&node, &samples, at, &lifecycle).await
         }
     });
-    let answers: Vec<usize> = written_together(&store, Together::Samples, recording, async {})
+    let answers: Vec<usize> = written_together(&store, Together::SyncRecords, recording, async {})
         .await
         .into_iter()
         .map(Result::unwrap)
@@ -3202,7 +3203,7 @@ async fn job_logs_of_callers_waiting_together_keep_the_later_record(backend: Bac
         let store = store.clone();
         async move { store.record_job_logs(logs).await }
     });
-    let answers = written_together(&store, Together::JobLogs, recording, async {}).await;
+    let answers = written_together(&store, Together::SyncRecords, recording, async {}).await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     let stored = |id| {
         let store = store.clone();
@@ -3214,7 +3215,7 @@ async fn job_logs_of_callers_waiting_together_keep_the_later_record(backend: Bac
     assert_eq!(stored(a.id).await, (200, true));
     assert_eq!(stored(b.id).await, (10, false));
     assert_eq!(stored(c.id).await, (5, true));
-    let held = store.hold(Together::JobLogs).await;
+    let held = store.hold(Together::SyncRecords).await;
     let nothing = tokio::time::timeout(
         std::time::Duration::from_secs(10),
         store.record_job_logs(Vec::new()),
@@ -3223,10 +3224,102 @@ async fn job_logs_of_callers_waiting_together_keep_the_later_record(backend: Bac
         .await
         .expect("an empty list waits for no write")
         .unwrap();
-    assert_eq!(store.waiting(Together::JobLogs), 0);
+    assert_eq!(store.waiting(Together::SyncRecords), 0);
     drop(held);
     store.record_job_log(b.id, 20, true).await.unwrap();
     assert_eq!(stored(b.id).await, (20, true));
+}
+
+/// A heartbeat, activity samples and output records of syncs that wait at the same time wait
+/// for one write, whatever their kind, and each is answered its own: the node's last sync, how
+/// many samples were recorded, the output record stored.
+async fn syncs_records_of_every_kind_waiting_together_are_written_together(backend: Backend) {
+    use crate::domain::sessions::holds::LifecycleConfig;
+    use futures::FutureExt;
+    use ongrid_core::holds::ContainerActivity;
+
+    #[derive(Debug, PartialEq)]
+    enum Answer {
+        Beat(Option<Heartbeat>),
+        Samples(usize),
+        Output,
+    }
+
+    let (_place, store) = Place::opened(backend).await;
+    let (node, [job, ..]) = three_queued_jobs(&store).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    let session = create(&store, &alice.dn, Some("a"), t(0)).await;
+    let placement = Placement::Place {
+        node: node.clone(),
+        gpus: vec![GpuId::Gpu(gpu(1).uuid)],
+    };
+    let change = change(SessionState::Starting, t(1), "placed", placement);
+    let session = moved(&store, session.id, change).await.id;
+    let beat = {
+        let (store, node) = (store.clone(), node.clone());
+        async move {
+            let seen = store.record_sync(&node, &[gpu(1), gpu(2)], t(40)).await;
+            Answer::Beat(seen.unwrap())
+        }
+        .boxed()
+    };
+    let samples = {
+        let (store, node) = (store.clone(), node.clone());
+        let sample = ContainerActivity {
+            session_id: session,
+            sampled_at: t(41),
+            cpu_percent: 90.0,
+            gpu_percent: None,
+        };
+        async move {
+            let lifecycle = LifecycleConfig::default();
+            let recorded = store
+                .record_activity(&node, &[sample], t(41), &lifecycle)
+                .await;
+            Answer::Samples(recorded.unwrap())
+        }
+        .boxed()
+    };
+    let output = {
+        let store = store.clone();
+        let kept = OutputKept {
+            id: job.id,
+            size: 100,
+            complete: true,
+        };
+        async move {
+            store.record_job_logs(vec![kept]).await.unwrap();
+            Answer::Output
+        }
+        .boxed()
+    };
+    let answers = written_together(
+        &store,
+        Together::SyncRecords,
+        [beat, samples, output],
+        async {},
+    )
+    .await;
+    let seen_at_registration = Some(Heartbeat {
+        last_seen: t(0),
+        gpus_changed: false,
+    });
+    assert_eq!(
+        answers,
+        [
+            Answer::Beat(seen_at_registration),
+            Answer::Samples(1),
+            Answer::Output
+        ]
+    );
+    assert_eq!(store.nodes().await.unwrap()[0].last_seen, t(40));
+    let facts = store
+        .lifecycle_facts(FactsScope::Session(session))
+        .await
+        .unwrap();
+    assert_eq!(facts[0].cpu.active_at, Some(t(41)));
+    let job = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!((job.log_size, job.log_complete), (100, true));
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its

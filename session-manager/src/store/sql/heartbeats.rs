@@ -1,6 +1,6 @@
-//! Heartbeats written together ([`super::together`]): the `last_seen` of every node whose sync
-//! arrives while a write of heartbeats waits for the writer goes in that write, one `UPDATE`
-//! for all.
+//! Heartbeats written together ([`super::sync_records`]): the `last_seen` of every node whose
+//! sync arrives while a write of the syncs' records waits for the writer goes in that write, one
+//! `UPDATE` for all.
 //!
 //! Every node's agent syncs every `sync_interval` (5 s by default), and more often while its
 //! jobs end: on a site of 1,000 nodes that is hundreds of heartbeats a second, each of them a
@@ -13,23 +13,20 @@ use chrono::{DateTime, Utc};
 use ongrid_core::NodeName;
 use sqlx::{QueryBuilder, Transaction};
 
-use super::together::{Lock, WriteQueue};
+use super::sync_records::SyncRecord;
 use super::{timestamp, Db, SqlStore};
 use crate::store::StoreResult;
-
-/// The heartbeats waiting for a write; each answers whether its node is registered.
-pub type BeatQueue = WriteQueue<Beat, bool>;
 
 /// A node seen at `at`.
 #[derive(Debug)]
 pub struct Beat {
-    node: NodeName,
+    pub(super) node: NodeName,
     at: DateTime<Utc>,
 }
 
 impl SqlStore {
-    /// Stores that `node` was seen at `at`, in the write of every heartbeat waiting with it:
-    /// `false` when the node is not registered (removed meanwhile).
+    /// Stores that `node` was seen at `at`, in the write of every sync's records waiting with
+    /// it: `false` when the node is not registered (removed meanwhile).
     pub(super) async fn write_heartbeat(
         &self,
         node: &NodeName,
@@ -39,45 +36,37 @@ impl SqlStore {
             node: node.clone(),
             at,
         };
-        self.beats
-            .write(self, beat, Lock::Outside, |store, tx, beats| {
-                Box::pin(store.write_beats(tx, beats))
-            })
-            .await
+        let recorded = self.record_together(SyncRecord::Beat(beat)).await?;
+        Ok(recorded.node_seen)
     }
+}
 
-    /// Writes `beats` in one statement in `tx`: for each, whether its node was updated. A node
-    /// that beats twice in one write is seen at the later of the two.
-    async fn write_beats(
-        &self,
-        mut tx: Transaction<'static, Db>,
-        beats: &[Beat],
-    ) -> StoreResult<Vec<StoreResult<bool>>> {
-        let mut latest: BTreeMap<&NodeName, DateTime<Utc>> = BTreeMap::new();
-        for beat in beats {
-            let at = latest.entry(&beat.node).or_insert(beat.at);
-            *at = (*at).max(beat.at);
-        }
-        let mut query = QueryBuilder::<Db>::new("WITH beats (name, seen) AS (");
-        query.push_values(&latest, |mut row, (node, at)| {
-            row.push_bind(node.as_str()).push_bind(timestamp(*at));
-        });
-        query.push(
-            ") UPDATE nodes SET last_seen = beats.seen FROM beats \
-             WHERE nodes.name = beats.name AND nodes.removed_at IS NULL RETURNING nodes.name",
-        );
-        // A statement of the batch's length: kept out of the statement cache but for one.
-        let updated: HashSet<String> = query
-            .build_query_scalar()
-            .persistent(latest.len() == 1)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
-        tx.commit().await?;
-        Ok(beats
-            .iter()
-            .map(|beat| Ok(updated.contains(beat.node.as_str())))
-            .collect())
+/// Writes `beats` in one statement in `tx`: the names of the nodes updated (those registered).
+/// A node that beats twice in one write is seen at the later of the two.
+pub(super) async fn write_beats(
+    tx: &mut Transaction<'static, Db>,
+    beats: &[&Beat],
+) -> StoreResult<HashSet<String>> {
+    let mut latest: BTreeMap<&NodeName, DateTime<Utc>> = BTreeMap::new();
+    for beat in beats {
+        let at = latest.entry(&beat.node).or_insert(beat.at);
+        *at = (*at).max(beat.at);
     }
+    let mut query = QueryBuilder::<Db>::new("WITH beats (name, seen) AS (");
+    query.push_values(&latest, |mut row, (node, at)| {
+        row.push_bind(node.as_str()).push_bind(timestamp(*at));
+    });
+    query.push(
+        ") UPDATE nodes SET last_seen = beats.seen FROM beats \
+         WHERE nodes.name = beats.name AND nodes.removed_at IS NULL RETURNING nodes.name",
+    );
+    // A statement of the batch's length: kept out of the statement cache but for one.
+    let updated = query
+        .build_query_scalar()
+        .persistent(latest.len() == 1)
+        .fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .collect();
+    Ok(updated)
 }

@@ -1,6 +1,7 @@
-//! The jobs' output records written together ([`super::together`]): how much of each job's
-//! output the manager has, reported by every sync that arrives while a write of them waits for
-//! the writer, goes in that write, one `UPDATE` for all (for each [`PER_STATEMENT`] jobs).
+//! The jobs' output records written together ([`super::sync_records`]): how much of each job's
+//! output the manager has, reported by every sync that arrives while a write of the syncs'
+//! records waits for the writer, goes in that write, one `UPDATE` for all (for each
+//! [`PER_STATEMENT`] jobs).
 //!
 //! A node's agent sends its running jobs' output with nearly every sync, and a site of 1,000
 //! nodes running 20,000 short jobs records their output by the hundred a second. Written one
@@ -14,37 +15,32 @@ use ongrid_core::job::JobId;
 use sqlx::{QueryBuilder, Transaction};
 
 use super::history::PER_STATEMENT;
-use super::together::{Lock, WriteQueue};
+use super::sync_records::SyncRecord;
 use super::{clamp, Db, SqlStore};
 use crate::store::{OutputKept, StoreResult};
 
-/// The callers' output records waiting for a write.
-pub type OutputKeptQueue = WriteQueue<Vec<OutputKept>>;
-
 impl SqlStore {
-    /// Stores `logs` in the write of the records of every caller waiting with them
+    /// Stores `logs` in the write of the records of every sync waiting with them
     /// ([`crate::store::Store::record_job_logs`]).
     pub(super) async fn record_job_logs(&self, logs: Vec<OutputKept>) -> StoreResult<()> {
         if logs.is_empty() {
             return Ok(());
         }
-        self.job_logs
-            .write(self, logs, Lock::Outside, |_, tx, lists| {
-                Box::pin(write_logs(tx, lists))
-            })
-            .await
+        self.record_together(SyncRecord::Output(logs)).await?;
+        Ok(())
     }
 }
 
-/// Writes the callers' `lists` in `tx` and commits: one statement for every [`PER_STATEMENT`]
-/// jobs, a job recorded more than once stored as the last of its records (the callers taken in
-/// the order they came, each caller's records in its own order).
-async fn write_logs(
-    mut tx: Transaction<'static, Db>,
-    lists: &[Vec<OutputKept>],
-) -> StoreResult<Vec<StoreResult<()>>> {
+/// Writes the callers' `lists` in `tx`: one statement for every [`PER_STATEMENT`] jobs, a job
+/// recorded more than once stored as the last of its records (the callers taken in the order
+/// they came, each caller's records in its own order).
+pub(super) async fn write_logs(
+    tx: &mut Transaction<'static, Db>,
+    lists: &[&Vec<OutputKept>],
+) -> StoreResult<()> {
     let latest: Vec<(JobId, (u64, bool))> = lists
         .iter()
+        .copied()
         .flatten()
         .map(|log| (log.id, (log.size, log.complete)))
         .collect::<BTreeMap<_, _>>()
@@ -65,9 +61,8 @@ async fn write_logs(
         query
             .build()
             .persistent(chunk.len() == 1)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
     }
-    tx.commit().await?;
-    Ok(lists.iter().map(|_| Ok(())).collect())
+    Ok(())
 }

@@ -293,9 +293,8 @@ impl SqlStore {
 
     /// A sync's heartbeat when the node reports its GPUs exactly as stored (the common case
     /// wherever nothing reports a changing utilisation): read first, then the one `UPDATE` of
-    /// its `last_seen`, written with the other nodes' heartbeats waiting then
-    /// ([`heartbeats`]), so the writer's connection is taken for a transaction of one statement
-    /// instead of five. `None` when the GPUs differ, or the node is not registered: then
+    /// its `last_seen`, written with the other syncs' records waiting then ([`sync_records`]),
+    /// so the writer's connection is taken for one statement instead of a transaction of five. `None` when the GPUs differ, or the node is not registered: then
     /// [`Self::record_sync`] compares and writes them under the write lock.
     async fn heartbeat_only(
         &self,
@@ -1021,17 +1020,18 @@ mod dashboard;
 mod gateway;
 mod gpu_policy;
 mod grid_jobs;
-pub(super) mod heartbeats;
+mod heartbeats;
 mod history;
 mod identity;
 mod images;
 pub(super) mod inventory;
 mod job_history;
-pub(super) mod job_logs;
+mod job_logs;
 pub(super) mod jobs;
 mod nodes;
 pub(super) mod planning;
 pub(super) mod samples;
+pub(super) mod sync_records;
 pub(super) mod together;
 mod token_links;
 mod usage;

@@ -1,6 +1,6 @@
-//! Agents' activity samples written together ([`super::together`]): the samples of every sync
-//! that arrives while a write of samples waits for the writer go in that write, in at most four statements
-//! whatever their number: which sampled sessions are on the node that sampled them (with what
+//! Agents' activity samples written together ([`super::sync_records`]): the samples of every
+//! sync that arrives while a write of the syncs' records waits for the writer go in that write,
+//! in at most four statements whatever their number: which sampled sessions are on the node that sampled them (with what
 //! is stored of them), their `session_lifecycle` rows made where missing, one `UPDATE` of the
 //! CPU readings and one of the GPU readings.
 //!
@@ -21,19 +21,15 @@ use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{NodeName, SessionId};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::together::{Lock, WriteQueue};
+use super::sync_records::SyncRecord;
 use super::{parse, parse_timestamp, timestamp, Db, DbRow, SqlStore, GREATEST};
 use crate::domain::sessions::facts::{self, Reading, SampleFacts};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, Sampled};
 use crate::store::StoreResult;
 
-/// The agents' samples: those waiting for a write, and the activity seen but not written.
-/// Cheap to clone (shared).
+/// The activity of the agents' samples seen but not written. Cheap to clone (shared).
 #[derive(Debug, Clone, Default)]
 pub struct Samples {
-    /// The syncs' samples waiting for a write; each answers how many of its samples were
-    /// recorded.
-    pub(super) queue: WriteQueue<NodeSamples, usize>,
     unwritten: Arc<Mutex<Unwritten>>,
 }
 
@@ -146,6 +142,16 @@ struct StoredFacts {
     gpu: Sampled,
 }
 
+/// What [`SqlStore::write_samples`] wrote, until its transaction commits.
+#[derive(Debug, Default)]
+pub(super) struct SamplesWritten {
+    decided: Decided,
+    /// The sampled sessions found on the node that sampled them.
+    placed: HashMap<SessionId, Placed>,
+    /// The time of the latest sample written.
+    now: DateTime<Utc>,
+}
+
 /// What a write does with the readings of its batch.
 #[derive(Debug, Default)]
 struct Decided {
@@ -188,16 +194,13 @@ impl SqlStore {
             thresholds,
             idle_timeout: TimeDelta::from_std(lifecycle.idle_timeout).unwrap_or(TimeDelta::MAX),
         };
-        self.samples
-            .queue
-            .write(self, sync, Lock::Outside, |store, tx, all| {
-                Box::pin(store.write_samples(tx, all))
-            })
-            .await
+        let recorded = self.record_together(SyncRecord::Samples(sync)).await?;
+        Ok(recorded.samples)
     }
 
     /// Writes the samples of `all` that are due in `tx`, each session's as if its samples had
-    /// been written one after the other.
+    /// been written one after the other; what it wrote, for [`Self::samples_committed`] once
+    /// `tx` commits.
     ///
     /// Not under the site's write lock ([`Lock::Outside`]; PostgreSQL's advisory lock, SQLite
     /// has one writer anyway): what a sample decides (which sessions are on the node that
@@ -205,13 +208,13 @@ impl SqlStore {
     /// check has a reading from its container of a moment ago, as had the sample come just
     /// before it left. Under the lock, the samples of every node's sync held up placements and
     /// creates.
-    async fn write_samples(
+    pub(super) async fn write_samples(
         &self,
-        mut tx: Transaction<'static, Db>,
-        all: &[NodeSamples],
-    ) -> StoreResult<Vec<StoreResult<usize>>> {
+        tx: &mut Transaction<'static, Db>,
+        all: &[&NodeSamples],
+    ) -> StoreResult<SamplesWritten> {
         let Some(last) = all.last() else {
-            return Ok(Vec::new());
+            return Ok(SamplesWritten::default());
         };
         let mut latest: BTreeMap<(SessionId, &NodeName, Measure), Latest> = BTreeMap::new();
         for sync in all {
@@ -232,7 +235,7 @@ impl SqlStore {
             .unwrap_or_default();
         let sampled: BTreeSet<(SessionId, &NodeName)> =
             latest.keys().map(|&(id, node, _)| (id, node)).collect();
-        let placed = on_their_nodes(&mut tx, sampled).await?;
+        let placed = on_their_nodes(tx, sampled).await?;
         let decided = {
             let unwritten = self
                 .samples
@@ -255,28 +258,40 @@ impl SqlStore {
             let persistent = decided.rows.len() == 1;
             rows.build()
                 .persistent(persistent)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?;
         }
-        store_readings(&mut tx, Measure::Cpu, &decided.cpu).await?;
-        store_readings(&mut tx, Measure::Gpu, &decided.gpu).await?;
-        tx.commit().await?;
+        store_readings(tx, Measure::Cpu, &decided.cpu).await?;
+        store_readings(tx, Measure::Gpu, &decided.gpu).await?;
+        Ok(SamplesWritten {
+            decided,
+            placed,
+            now,
+        })
+    }
+
+    /// Keeps what the committed write of `all` left unwritten, and forgets what it wrote: how
+    /// many samples of each sync of `all` were recorded, in order.
+    pub(super) fn samples_committed(
+        &self,
+        written: &SamplesWritten,
+        all: &[&NodeSamples],
+    ) -> Vec<usize> {
         self.samples
             .unwritten
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .after_write(&decided, now);
-        Ok(all
-            .iter()
+            .after_write(&written.decided, written.now);
+        all.iter()
             .map(|sync| {
-                let recorded = sync
-                    .samples
+                sync.samples
                     .iter()
-                    .filter(|(id, _)| placed.get(id).map(|placed| &placed.node) == Some(&sync.node))
-                    .count();
-                Ok(recorded)
+                    .filter(|(id, _)| {
+                        written.placed.get(id).map(|placed| &placed.node) == Some(&sync.node)
+                    })
+                    .count()
             })
-            .collect())
+            .collect()
     }
 
     /// Writes the activity this store received and did not write yet (the last active reading

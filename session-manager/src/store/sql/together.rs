@@ -1,8 +1,8 @@
 //! Writes made together: the requests that arrive while a write waits for its turn are written
 //! in that write, all of them, instead of one write each (a group commit). Sessions' creates
-//! ([`super::creates`]), jobs' submits and changes ([`super::jobs`]), jobs' output records
-//! ([`super::job_logs`]), nodes' heartbeats
-//! ([`super::heartbeats`]) and agents' activity samples ([`super::samples`]) go through it.
+//! ([`super::creates`]), jobs' submits and changes ([`super::jobs`]), and the records of nodes'
+//! syncs ([`super::sync_records`]: heartbeats, activity samples, jobs' output records) go
+//! through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
@@ -281,9 +281,7 @@ impl SqlStore {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
             Together::JobChanges => &self.job_changes.0.turn,
-            Together::JobLogs => &self.job_logs.0.turn,
-            Together::Heartbeats => &self.beats.0.turn,
-            Together::Samples => &self.samples.queue.0.turn,
+            Together::SyncRecords => &self.sync_records.0.turn,
         };
         turn.clone().lock_owned().await
     }
@@ -295,9 +293,7 @@ impl SqlStore {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
             Together::JobChanges => &self.job_changes.0.turn,
-            Together::JobLogs => &self.job_logs.0.turn,
-            Together::Heartbeats => &self.beats.0.turn,
-            Together::Samples => &self.samples.queue.0.turn,
+            Together::SyncRecords => &self.sync_records.0.turn,
         };
         turn.try_lock().is_err()
     }
@@ -334,9 +330,7 @@ impl SqlStore {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
             Together::JobChanges => self.job_changes.waiting().len(),
-            Together::JobLogs => self.job_logs.waiting().len(),
-            Together::Heartbeats => self.beats.waiting().len(),
-            Together::Samples => self.samples.queue.waiting().len(),
+            Together::SyncRecords => self.sync_records.waiting().len(),
         }
     }
 }
