@@ -6,9 +6,11 @@
 //! offset the agent continues from); this file keeps the bytes. A chunk that starts before that
 //! offset (a report repeated after a restart, or made from an older desired state) adds only
 //! what follows it; one that starts after it, or ends before it, is ignored: the agent sends it
-//! again from the offset in its next desired state. The stored offset is what counts: bytes the
-//! file holds past it (appended by a sync whose record of them was not stored) are cut before
-//! the chunk is added, so a chunk sent again is never kept twice.
+//! again from the offset in its next desired state. The stored offset is what counts: below the
+//! cap, bytes the file holds past it (appended by a sync whose record of them was not stored)
+//! are cut before the chunk is added, so a chunk sent again is not kept twice. (A node's syncs
+//! come one at a time; two appends of one job at once, an agent's retry while its first sync
+//! still runs, may still interleave.)
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -36,8 +38,8 @@ impl JobLogs {
 
     /// Appends what `chunk` has past `consumed` (what the manager has of the stream, as stored)
     /// to the job's file when it reaches `consumed`, after cutting what the file holds past
-    /// `consumed`; returns the new stream offset, or `None` when the chunk was ignored (it
-    /// starts past `consumed`, or ends before it).
+    /// `consumed` when that is below the cap; returns the new stream offset, or `None` when the
+    /// chunk was ignored (it starts past `consumed`, or ends before it).
     pub async fn append(
         &self,
         id: JobId,
@@ -99,7 +101,8 @@ impl JobLogs {
 }
 
 /// At most `max` bytes of the file at `path` from `offset`, and its size; a missing file is
-/// empty (the job has not written yet).
+/// empty (the job has not written yet). Fewer when the file was cut meanwhile
+/// ([`JobLogs::append`]): what it holds then is read.
 pub async fn read_at(path: &Path, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
     let mut file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
@@ -114,8 +117,10 @@ pub async fn read_at(path: &Path, offset: u64, max: usize) -> io::Result<(Vec<u8
     let want = usize::try_from(size - offset)
         .unwrap_or(usize::MAX)
         .min(max);
-    let mut data = vec![0; want];
-    file.read_exact(&mut data).await?;
+    let mut data = Vec::with_capacity(want);
+    file.take(u64::try_from(want).unwrap_or(u64::MAX))
+        .read_to_end(&mut data)
+        .await?;
     Ok((data, size))
 }
 
@@ -207,6 +212,31 @@ mod tests {
             logs.read(id, 0, 100).await.unwrap(),
             (b"hello world\nagain\n".to_vec(), 18)
         );
+    }
+
+    #[tokio::test]
+    async fn output_across_the_cap_appended_but_not_recorded_is_cut_and_capped_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::new(dir.path().to_owned());
+        let id = JobId::new_random();
+        let room = JOB_LOG_CAP - TRUNCATED.len() as u64;
+        let below = vec![b'x'; usize::try_from(room - 4).unwrap()];
+        let consumed = logs
+            .append(id, 0, &chunk(0, &below))
+            .await
+            .unwrap()
+            .unwrap();
+        // Across the cap; its record was lost.
+        let crossed = chunk(consumed, b"12345678");
+        logs.append(id, consumed, &crossed).await.unwrap();
+        let again = chunk(consumed, b"123456789");
+        assert_eq!(
+            logs.append(id, consumed, &again).await.unwrap(),
+            Some(consumed + 9)
+        );
+        let (tail, size) = logs.read(id, room - 8, 1000).await.unwrap();
+        assert_eq!(size, JOB_LOG_CAP);
+        assert_eq!(tail, [b"xxxx1234", TRUNCATED.as_bytes()].concat());
     }
 
     #[tokio::test]

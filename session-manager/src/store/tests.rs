@@ -225,7 +225,8 @@ backend_tests!(
     job_changes_stored_together_skip_the_refused_ones,
     job_changes_of_callers_waiting_together_share_one_write,
     job_logs_of_callers_waiting_together_keep_the_later_record,
-    syncs_records_of_every_kind_waiting_together_are_written_together,
+    sync_records_of_every_kind_waiting_together_are_written_together,
+    a_sync_record_that_cannot_be_written_fails_alone,
     a_job_change_stored_together_with_others_creates_the_next_job_of_its_chain,
     ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner,
     closed_connections_are_pruned_and_open_ones_kept,
@@ -3233,33 +3234,116 @@ async fn job_logs_of_callers_waiting_together_keep_the_later_record(backend: Bac
 /// A heartbeat, activity samples and output records of syncs that wait at the same time wait
 /// for one write, whatever their kind, and each is answered its own: the node's last sync, how
 /// many samples were recorded, the output record stored.
-async fn syncs_records_of_every_kind_waiting_together_are_written_together(backend: Backend) {
-    use crate::domain::sessions::holds::LifecycleConfig;
-    use futures::FutureExt;
-    use ongrid_core::holds::ContainerActivity;
-
-    #[derive(Debug, PartialEq)]
-    enum Answer {
-        Beat(Option<Heartbeat>),
-        Samples(usize),
-        Output,
-    }
-
+async fn sync_records_of_every_kind_waiting_together_are_written_together(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
-    let (node, [job, ..]) = three_queued_jobs(&store).await;
+    let (node, job, session) = node_with_a_session_and_a_job(&store).await;
+    let answers = written_together(
+        &store,
+        Together::SyncRecords,
+        sync_records(&store, &node, job, session),
+        async {},
+    )
+    .await;
+    let seen_at_registration = Some(Heartbeat {
+        last_seen: t(0),
+        gpus_changed: false,
+    });
+    assert_eq!(
+        answers,
+        [
+            SyncAnswer::Beat(Ok(seen_at_registration)),
+            SyncAnswer::Samples(Ok(1)),
+            SyncAnswer::Output(Ok(()))
+        ]
+    );
+    assert_eq!(store.nodes().await.unwrap()[0].last_seen, t(40));
+    let facts = store
+        .lifecycle_facts(FactsScope::Session(session))
+        .await
+        .unwrap();
+    assert_eq!(facts[0].cpu.active_at, Some(t(41)));
+    let job = store.job(job).await.unwrap().unwrap();
+    assert_eq!((job.log_size, job.log_complete), (100, true));
+}
+
+/// When one kind of the records waiting together cannot be written (a session's stored reading
+/// is damaged), the write of all fails and each is written again alone: the others are stored
+/// and answered as such, and only the records that cannot be written get the error.
+async fn a_sync_record_that_cannot_be_written_fails_alone(backend: Backend) {
+    let (_place, store) = Place::opened(backend).await;
+    let (node, job, session) = node_with_a_session_and_a_job(&store).await;
+    let id = session.to_string();
+    store
+        .rows(
+            "INSERT INTO session_lifecycle (session_id) VALUES (?) \
+             ON CONFLICT (session_id) DO NOTHING",
+            &[&id],
+        )
+        .await;
+    store
+        .rows(
+            "UPDATE session_lifecycle SET cpu_sampled_at = 'damaged' WHERE session_id = ?",
+            &[&id],
+        )
+        .await;
+    let answers = written_together(
+        &store,
+        Together::SyncRecords,
+        sync_records(&store, &node, job, session),
+        async {},
+    )
+    .await;
+    let [beat, SyncAnswer::Samples(Err(error)), output] = &answers[..] else {
+        panic!("the samples are refused: {answers:?}")
+    };
+    assert!(error.contains("damaged"), "{error}");
+    assert!(matches!(beat, SyncAnswer::Beat(Ok(Some(_)))), "{beat:?}");
+    assert_eq!(*output, SyncAnswer::Output(Ok(())));
+    assert_eq!(store.nodes().await.unwrap()[0].last_seen, t(40));
+    let job = store.job(job).await.unwrap().unwrap();
+    assert_eq!((job.log_size, job.log_complete), (100, true));
+}
+
+/// Node1 with two GPUs, a QUEUED job and Alice's session placed on the first GPU.
+async fn node_with_a_session_and_a_job(store: &TestStore) -> (NodeName, JobId, SessionId) {
+    let (node, [job, ..]) = three_queued_jobs(store).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    let session = create(&store, &alice.dn, Some("a"), t(0)).await;
+    let session = create(store, &alice.dn, Some("a"), t(0)).await;
     let placement = Placement::Place {
         node: node.clone(),
         gpus: vec![GpuId::Gpu(gpu(1).uuid)],
     };
     let change = change(SessionState::Starting, t(1), "placed", placement);
-    let session = moved(&store, session.id, change).await.id;
+    let session = moved(store, session.id, change).await.id;
+    (node, job.id, session)
+}
+
+/// What a record of a sync was answered, its error as text.
+#[derive(Debug, PartialEq)]
+enum SyncAnswer {
+    Beat(Result<Option<Heartbeat>, String>),
+    Samples(Result<usize, String>),
+    Output(Result<(), String>),
+}
+
+/// A sync's records of each kind on `node`: its heartbeat at t(40), a busy sample of `session`
+/// at t(41), 100 bytes of `job`'s output, all of it.
+fn sync_records(
+    store: &TestStore,
+    node: &NodeName,
+    job: JobId,
+    session: SessionId,
+) -> [futures::future::BoxFuture<'static, SyncAnswer>; 3] {
+    use crate::domain::sessions::holds::LifecycleConfig;
+    use futures::FutureExt;
+    use ongrid_core::holds::ContainerActivity;
+
+    let text = |error: StoreError| error.to_string();
     let beat = {
         let (store, node) = (store.clone(), node.clone());
         async move {
             let seen = store.record_sync(&node, &[gpu(1), gpu(2)], t(40)).await;
-            Answer::Beat(seen.unwrap())
+            SyncAnswer::Beat(seen.map_err(text))
         }
         .boxed()
     };
@@ -3276,50 +3360,21 @@ async fn syncs_records_of_every_kind_waiting_together_are_written_together(backe
             let recorded = store
                 .record_activity(&node, &[sample], t(41), &lifecycle)
                 .await;
-            Answer::Samples(recorded.unwrap())
+            SyncAnswer::Samples(recorded.map_err(text))
         }
         .boxed()
     };
     let output = {
         let store = store.clone();
         let kept = OutputKept {
-            id: job.id,
+            id: job,
             size: 100,
             complete: true,
         };
-        async move {
-            store.record_job_logs(vec![kept]).await.unwrap();
-            Answer::Output
-        }
-        .boxed()
+        async move { SyncAnswer::Output(store.record_job_logs(vec![kept]).await.map_err(text)) }
+            .boxed()
     };
-    let answers = written_together(
-        &store,
-        Together::SyncRecords,
-        [beat, samples, output],
-        async {},
-    )
-    .await;
-    let seen_at_registration = Some(Heartbeat {
-        last_seen: t(0),
-        gpus_changed: false,
-    });
-    assert_eq!(
-        answers,
-        [
-            Answer::Beat(seen_at_registration),
-            Answer::Samples(1),
-            Answer::Output
-        ]
-    );
-    assert_eq!(store.nodes().await.unwrap()[0].last_seen, t(40));
-    let facts = store
-        .lifecycle_facts(FactsScope::Session(session))
-        .await
-        .unwrap();
-    assert_eq!(facts[0].cpu.active_at, Some(t(41)));
-    let job = store.job(job.id).await.unwrap().unwrap();
-    assert_eq!((job.log_size, job.log_complete), (100, true));
+    [beat, samples, output]
 }
 
 /// Job changes stored in one write: each one its job's lifecycle allows is stored, with its

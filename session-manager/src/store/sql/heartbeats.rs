@@ -13,8 +13,7 @@ use chrono::{DateTime, Utc};
 use ongrid_core::NodeName;
 use sqlx::{QueryBuilder, Transaction};
 
-use super::sync_records::SyncRecord;
-use super::{timestamp, Db, SqlStore};
+use super::{timestamp, Db};
 use crate::store::StoreResult;
 
 /// A node seen at `at`.
@@ -24,20 +23,12 @@ pub struct Beat {
     at: DateTime<Utc>,
 }
 
-impl SqlStore {
-    /// Stores that `node` was seen at `at`, in the write of every sync's records waiting with
-    /// it: `false` when the node is not registered (removed meanwhile).
-    pub(super) async fn write_heartbeat(
-        &self,
-        node: &NodeName,
-        at: DateTime<Utc>,
-    ) -> StoreResult<bool> {
-        let beat = Beat {
+impl Beat {
+    pub(super) fn new(node: &NodeName, at: DateTime<Utc>) -> Self {
+        Self {
             node: node.clone(),
             at,
-        };
-        let recorded = self.record_together(SyncRecord::Beat(beat)).await?;
-        Ok(recorded.node_seen)
+        }
     }
 }
 

@@ -15,21 +15,8 @@ use ongrid_core::job::JobId;
 use sqlx::{QueryBuilder, Transaction};
 
 use super::history::PER_STATEMENT;
-use super::sync_records::SyncRecord;
-use super::{clamp, Db, SqlStore};
+use super::{clamp, Db};
 use crate::store::{OutputKept, StoreResult};
-
-impl SqlStore {
-    /// Stores `logs` in the write of the records of every sync waiting with them
-    /// ([`crate::store::Store::record_job_logs`]).
-    pub(super) async fn record_job_logs(&self, logs: Vec<OutputKept>) -> StoreResult<()> {
-        if logs.is_empty() {
-            return Ok(());
-        }
-        self.record_together(SyncRecord::Output(logs)).await?;
-        Ok(())
-    }
-}
 
 /// Writes the callers' `lists` in `tx`: one statement for every [`PER_STATEMENT`] jobs, a job
 /// recorded more than once stored as the last of its records (the callers taken in the order

@@ -293,9 +293,10 @@ impl SqlStore {
 
     /// A sync's heartbeat when the node reports its GPUs exactly as stored (the common case
     /// wherever nothing reports a changing utilisation): read first, then the one `UPDATE` of
-    /// its `last_seen`, written with the other syncs' records waiting then ([`sync_records`]),
-    /// so the writer's connection is taken for one statement instead of a transaction of five. `None` when the GPUs differ, or the node is not registered: then
-    /// [`Self::record_sync`] compares and writes them under the write lock.
+    /// its `last_seen`, written with the other syncs' records waiting then
+    /// ([`sync_records`]), one statement in their write instead of a transaction of five.
+    /// `None` when the GPUs differ, or the node is not registered: then [`Self::record_sync`]
+    /// compares and writes them under the write lock.
     async fn heartbeat_only(
         &self,
         node: &NodeName,

@@ -1,8 +1,8 @@
 //! Agents' activity samples written together ([`super::sync_records`]): the samples of every
 //! sync that arrives while a write of the syncs' records waits for the writer go in that write,
-//! in at most four statements whatever their number: which sampled sessions are on the node that sampled them (with what
-//! is stored of them), their `session_lifecycle` rows made where missing, one `UPDATE` of the
-//! CPU readings and one of the GPU readings.
+//! in at most four statements whatever their number: which sampled sessions are on the node
+//! that sampled them (with what is stored of them), their `session_lifecycle` rows made where
+//! missing, one `UPDATE` of the CPU readings and one of the GPU readings.
 //!
 //! Every agent samples its running containers at nearly every sync, so a site of 1,000 nodes
 //! sends thousands of samples a second. Only those the hold policy must see now are written
@@ -21,7 +21,6 @@ use ongrid_core::holds::ContainerActivity;
 use ongrid_core::{NodeName, SessionId};
 use sqlx::{QueryBuilder, Row, Transaction};
 
-use super::sync_records::SyncRecord;
 use super::{parse, parse_timestamp, timestamp, Db, DbRow, SqlStore, GREATEST};
 use crate::domain::sessions::facts::{self, Reading, SampleFacts};
 use crate::domain::sessions::holds::{ActivityThresholds, LifecycleConfig, Sampled};
@@ -166,17 +165,15 @@ struct Decided {
     remember: Vec<((SessionId, Measure), DateTime<Utc>)>,
 }
 
-impl SqlStore {
-    /// Stores the samples of the sessions placed on `node` (others are ignored), as seen at
-    /// `at`, in the write of every sync's samples waiting with them; how many were recorded.
-    /// A recorded sample is written when the hold policy must see it ([`facts::reading_due`]).
-    pub(super) async fn record_activity(
-        &self,
+impl NodeSamples {
+    /// The samples of `node`'s sync seen at `at`, judged by `lifecycle`'s rules: `None` when
+    /// none is of a running container.
+    pub(super) fn of(
         node: &NodeName,
         samples: &[ContainerActivity],
         at: DateTime<Utc>,
         lifecycle: &LifecycleConfig,
-    ) -> StoreResult<usize> {
+    ) -> Option<Self> {
         let thresholds = lifecycle.thresholds;
         let samples: Vec<(SessionId, SampleFacts)> = samples
             .iter()
@@ -186,28 +183,28 @@ impl SqlStore {
             })
             .collect();
         if samples.is_empty() {
-            return Ok(0);
+            return None;
         }
-        let sync = NodeSamples {
+        Some(Self {
             node: node.clone(),
             samples,
             thresholds,
             idle_timeout: TimeDelta::from_std(lifecycle.idle_timeout).unwrap_or(TimeDelta::MAX),
-        };
-        let recorded = self.record_together(SyncRecord::Samples(sync)).await?;
-        Ok(recorded.samples)
+        })
     }
+}
 
+impl SqlStore {
     /// Writes the samples of `all` that are due in `tx`, each session's as if its samples had
     /// been written one after the other; what it wrote, for [`Self::samples_committed`] once
     /// `tx` commits.
     ///
-    /// Not under the site's write lock ([`Lock::Outside`]; PostgreSQL's advisory lock, SQLite
-    /// has one writer anyway): what a sample decides (which sessions are on the node that
-    /// sampled them) moves nothing of the site, and a session that left its node after the
-    /// check has a reading from its container of a moment ago, as had the sample come just
-    /// before it left. Under the lock, the samples of every node's sync held up placements and
-    /// creates.
+    /// Not under the site's write lock ([`super::together::Lock::Outside`]; PostgreSQL's
+    /// advisory lock, SQLite has one writer anyway): what a sample decides (which sessions are
+    /// on the node that sampled them) moves nothing of the site, and a session that left its
+    /// node after the check has a reading from its container of a moment ago, as had the
+    /// sample come just before it left. Under the lock, the samples of every node's sync held
+    /// up placements and creates.
     pub(super) async fn write_samples(
         &self,
         tx: &mut Transaction<'static, Db>,
