@@ -167,7 +167,7 @@ struct Decided {
 
 impl NodeSamples {
     /// The samples of `node`'s sync seen at `at`, judged by `lifecycle`'s rules: `None` when
-    /// none is of a running container.
+    /// none can be recorded (the sync sent none, or none whose CPU percentage is a number).
     pub(super) fn of(
         node: &NodeName,
         samples: &[ContainerActivity],
