@@ -1325,8 +1325,8 @@ fn postgres_size(url: &str) -> Option<u64> {
 /// timed." (`site_ms`, `phases_ms`, `input_ms`, `apply_ms`), over the rounds that planned
 /// something; and the creates', from "Create's phases timed." (`checks_ms`, `write_ms`,
 /// `wait_ms`, `read_ms`; the whole request is the API create line, timed by this driver): the
-/// mean, the 99th percentile and the largest of each. `log` is the first manager's: with two, its rounds while it leads
-/// and the creates it answered.
+/// mean, the 99th percentile and the largest of each. `log` is the first manager's: with two,
+/// its rounds while it leads and the creates it answered.
 fn manager_phases(log: &std::path::Path) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;

@@ -3237,13 +3237,7 @@ async fn job_logs_of_callers_waiting_together_keep_the_later_record(backend: Bac
 async fn sync_records_of_every_kind_waiting_together_are_written_together(backend: Backend) {
     let (_place, store) = Place::opened(backend).await;
     let (node, job, session) = node_with_a_session_and_a_job(&store).await;
-    let answers = written_together(
-        &store,
-        Together::SyncRecords,
-        sync_records(&store, &node, job, session),
-        async {},
-    )
-    .await;
+    let answers = sync_records_written_together(&store, &node, job, session).await;
     let seen_at_registration = Some(Heartbeat {
         last_seen: t(0),
         gpus_changed: false,
@@ -3286,13 +3280,7 @@ async fn a_sync_record_that_cannot_be_written_fails_alone(backend: Backend) {
             &[&id],
         )
         .await;
-    let answers = written_together(
-        &store,
-        Together::SyncRecords,
-        sync_records(&store, &node, job, session),
-        async {},
-    )
-    .await;
+    let answers = sync_records_written_together(&store, &node, job, session).await;
     let [beat, SyncAnswer::Samples(Err(error)), output] = &answers[..] else {
         panic!("the samples are refused: {answers:?}")
     };
@@ -3324,6 +3312,17 @@ enum SyncAnswer {
     Beat(Result<Option<Heartbeat>, String>),
     Samples(Result<usize, String>),
     Output(Result<(), String>),
+}
+
+/// [`sync_records`], held at the queue until all three wait there, then written: their answers.
+async fn sync_records_written_together(
+    store: &TestStore,
+    node: &NodeName,
+    job: JobId,
+    session: SessionId,
+) -> Vec<SyncAnswer> {
+    let records = sync_records(store, node, job, session);
+    written_together(store, Together::SyncRecords, records, async {}).await
 }
 
 /// A sync's records of each kind on `node`: its heartbeat at t(40), a busy sample of `session`

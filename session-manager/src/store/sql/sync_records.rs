@@ -136,9 +136,7 @@ impl SqlStore {
         } else {
             Some(self.write_samples(&mut tx, &samples).await?)
         };
-        if !outputs.is_empty() {
-            job_logs::write_logs(&mut tx, &outputs).await?;
-        }
+        job_logs::write_logs(&mut tx, &outputs).await?;
         tx.commit().await?;
         let recorded = sampled
             .map(|written| self.samples_committed(&written, &samples))

@@ -277,25 +277,23 @@ impl SqlStore {
     /// Holds the turn of the writes of `kind`: nothing is written until the guard is dropped, so
     /// the requests that join meanwhile are written together.
     pub(crate) async fn hold_together(&self, kind: Together) -> tokio::sync::OwnedMutexGuard<()> {
-        let turn = match kind {
+        self.turn_of(kind).clone().lock_owned().await
+    }
+
+    /// The turn of the writes of `kind`.
+    fn turn_of(&self, kind: Together) -> &Arc<tokio::sync::Mutex<()>> {
+        match kind {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
             Together::JobChanges => &self.job_changes.0.turn,
             Together::SyncRecords => &self.sync_records.0.turn,
-        };
-        turn.clone().lock_owned().await
+        }
     }
 
     /// Whether a task holds the turn of the writes of `kind` (writing, or waiting for the lock
     /// to).
     pub(crate) fn turn_taken(&self, kind: Together) -> bool {
-        let turn = match kind {
-            Together::Creates => &self.creates.0.turn,
-            Together::Submits => &self.submits.0.turn,
-            Together::JobChanges => &self.job_changes.0.turn,
-            Together::SyncRecords => &self.sync_records.0.turn,
-        };
-        turn.try_lock().is_err()
+        self.turn_of(kind).try_lock().is_err()
     }
 
     /// How many of the kept jobs a node's jobs took from the copy, and how many they did not
