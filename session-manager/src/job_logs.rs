@@ -12,11 +12,11 @@
 //! come one at a time; two appends of one job at once, an agent's retry while its first sync
 //! still runs, may still interleave.)
 
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use ongrid_core::job::{JobId, LogChunk, JOB_LOG_CAP};
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 /// The line that ends a log whose output went past the cap.
 pub const TRUNCATED: &str = "\n[ongrid: output past the 16 MiB cap was dropped]\n";
@@ -51,32 +51,15 @@ impl JobLogs {
             return Ok(None);
         }
         let skip = usize::try_from(consumed - chunk.offset).unwrap_or(usize::MAX);
-        let data = chunk.data.get(skip..).unwrap_or_default();
-        tokio::fs::create_dir_all(&self.dir).await?;
-        let mut file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path(id))
-            .await?;
-        let mut kept = file.metadata().await?.len();
-        let room = JOB_LOG_CAP.saturating_sub(TRUNCATED.len() as u64);
-        // Below the cap the file holds the stream's first `consumed` bytes; more were appended
-        // by a sync whose record of them failed, and the agent sends them again from
-        // `consumed`.
-        if kept > consumed && consumed <= room {
-            file.set_len(consumed).await?;
-            kept = consumed;
+        let data = chunk.data.get(skip..).unwrap_or_default().to_vec();
+        let (dir, path) = (self.dir.clone(), self.path(id));
+        // One trip to the blocking pool for the whole append (each `tokio::fs` call is one).
+        // It runs to its end even when the sync that asked for it is dropped meanwhile.
+        match tokio::task::spawn_blocking(move || append_at(&dir, &path, consumed, &data)).await {
+            Ok(appended) => appended?,
+            Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+            Err(failed) => return Err(io::Error::other(failed)),
         }
-        if kept + data.len() as u64 <= room {
-            file.write_all(data).await?;
-        } else if kept <= room {
-            let fits = usize::try_from(room - kept)
-                .unwrap_or(usize::MAX)
-                .min(data.len());
-            file.write_all(&data[..fits]).await?;
-            file.write_all(TRUNCATED.as_bytes()).await?;
-        }
-        file.flush().await?;
         Ok(Some(end))
     }
 
@@ -98,6 +81,44 @@ impl JobLogs {
     pub async fn read(&self, id: JobId, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
         read_at(&self.path(id), offset, max).await
     }
+}
+
+/// [`JobLogs::append`]'s file work: `data` added to the file at `path` (created, and its
+/// directory `dir` when missing), which holds `consumed` bytes of the stream, cut back to them
+/// first when it holds more below the cap.
+fn append_at(dir: &Path, path: &Path, consumed: u64, data: &[u8]) -> io::Result<()> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    };
+    let mut file = match open() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)?;
+            open()?
+        }
+        opened => opened?,
+    };
+    let mut kept = file.metadata()?.len();
+    let room = JOB_LOG_CAP.saturating_sub(TRUNCATED.len() as u64);
+    // Below the cap the file holds the stream's first `consumed` bytes; more were appended
+    // by a sync whose record of them failed, and the agent sends them again from
+    // `consumed`.
+    if kept > consumed && consumed <= room {
+        file.set_len(consumed)?;
+        kept = consumed;
+    }
+    if kept + data.len() as u64 <= room {
+        file.write_all(data)?;
+    } else if kept <= room {
+        let fits = usize::try_from(room - kept)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
+        file.write_all(&data[..fits])?;
+        file.write_all(TRUNCATED.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// At most `max` bytes of the file at `path` from `offset`, and its size; a missing file is
