@@ -61,7 +61,7 @@ pub async fn register(
     tracing::info!(%node, gpus = body.gpus.len(), stream_url = stream_url.as_deref().unwrap_or("none"), "Node registered.");
     // Its GPUs and their modes may have changed with it (the desired state's MIG layouts).
     state.committed(&[Effect::Scheduling, Effect::Node(node.clone())]);
-    Versioned::of(&desired_state(state, node, NodeRead::default()).await?)
+    Versioned::of(&desired_state(state, node, NodeRead::Nothing).await?)
 }
 
 /// Records what the agent reports of its node, and answers the node's desired state.
@@ -161,8 +161,8 @@ pub async fn sync(
     // jobs as read above; a commit since by someone else has woken the node's long-poll, which
     // answers it.
     debug_assert!(!transitioned, "a session's change notifies its node");
-    let read = NodeRead {
-        sessions: Some(NodeSessions { sessions, resuming }),
+    let read = NodeRead::Synced {
+        sessions: NodeSessions { sessions, resuming },
         jobs: jobs.unchanged,
     };
     Versioned::of(&desired_state(state, node, read).await?)
@@ -317,7 +317,7 @@ async fn read_shared(
     position: Option<Position>,
 ) -> Result<Versioned, ApiError> {
     let reading = position.map(|at| state.desired_versions.begin(node, at));
-    let desired = Versioned::of(&desired_state(state, node, NodeRead::default()).await?)?;
+    let desired = Versioned::of(&desired_state(state, node, NodeRead::Nothing).await?)?;
     if let Some(reading) = reading {
         reading.done(&desired);
     }
@@ -497,19 +497,22 @@ async fn resuming(
     node: &NodeName,
     sessions: &[SessionRecord],
 ) -> Result<HashSet<SessionId>, ApiError> {
-    let starting = || {
-        sessions
-            .iter()
-            .filter(|s| s.state == SessionState::Starting)
-    };
-    if starting().next().is_none() {
+    if !sessions.iter().any(|s| s.state == SessionState::Starting) {
         return Ok(HashSet::new());
     }
-    let ran_before: HashSet<SessionId> = state.store.resuming_on(node).await?.into_iter().collect();
-    Ok(starting()
+    let ran_before = state.store.resuming_on(node).await?;
+    Ok(resuming_among(sessions, &ran_before))
+}
+
+/// Those of `sessions` STARTING whose container ran before, as `ran_before` (read after them)
+/// lists them: one the second read does not list (it changed between the two) does not resume.
+fn resuming_among(sessions: &[SessionRecord], ran_before: &[SessionId]) -> HashSet<SessionId> {
+    let ran_before: HashSet<&SessionId> = ran_before.iter().collect();
+    sessions
+        .iter()
+        .filter(|s| s.state == SessionState::Starting && ran_before.contains(&s.id))
         .map(|s| s.id)
-        .filter(|id| ran_before.contains(id))
-        .collect())
+        .collect()
 }
 
 /// A node's sessions as read, and which of them resume a stopped container ([`resuming`]).
@@ -518,16 +521,21 @@ struct NodeSessions {
     resuming: HashSet<SessionId>,
 }
 
-/// What a sync has just read of its node, to answer with.
-#[derive(Default)]
-struct NodeRead {
-    sessions: Option<NodeSessions>,
-    jobs: Option<Vec<crate::domain::jobs::JobRecord>>,
+/// What the caller has just read of the node, to answer with.
+enum NodeRead {
+    /// Nothing (a long-poll's answer, a registration's, a sync's that changed its node).
+    Nothing,
+    /// A sync's: the node's sessions, and its jobs unless the sync changed one.
+    Synced {
+        sessions: NodeSessions,
+        jobs: Option<Vec<crate::domain::jobs::JobRecord>>,
+    },
 }
 
 /// The node's desired state as stored now; its sessions and jobs as `read` when the caller has
-/// just read them. Not found when the node is not registered (or was removed), which the read
-/// of its GPUs and images tells, first.
+/// just read them, else read with its GPUs and images on one connection
+/// ([`crate::store::Store::desired_reads_and_work`]). Not found when the node is not registered
+/// (or was removed), which the read of its GPUs and images tells, first.
 async fn desired_state(
     state: &AppState,
     node: &NodeName,
@@ -535,22 +543,32 @@ async fn desired_state(
 ) -> Result<DesiredState, ApiError> {
     let retention = chrono::TimeDelta::from_std(image_access::REMOVED_IMAGE_RETENTION)
         .unwrap_or(chrono::TimeDelta::MAX);
-    let Some(DesiredReads { gpus, images }) = state
-        .store
-        .desired_reads(node, state.clock.now() - retention)
-        .await?
-    else {
-        return Err(not_registered(node));
-    };
-    let NodeSessions { sessions, resuming } = match read.sessions {
-        Some(read) => read,
-        None => {
-            let sessions = state
+    let images_removed_since = state.clock.now() - retention;
+    let (DesiredReads { gpus, images }, NodeSessions { sessions, resuming }, jobs) = match read {
+        NodeRead::Nothing => {
+            let Some((reads, work)) = state
                 .store
-                .sessions(SessionFilter::Node(node.clone()))
-                .await?;
-            let resuming = resuming(state, node, &sessions).await?;
-            NodeSessions { sessions, resuming }
+                .desired_reads_and_work(node, images_removed_since)
+                .await?
+            else {
+                return Err(not_registered(node));
+            };
+            let resuming = resuming_among(&work.sessions, &work.ran_before);
+            let sessions = NodeSessions {
+                sessions: work.sessions,
+                resuming,
+            };
+            (reads, sessions, Some(work.jobs))
+        }
+        NodeRead::Synced { sessions, jobs } => {
+            let Some(reads) = state
+                .store
+                .desired_reads(node, images_removed_since)
+                .await?
+            else {
+                return Err(not_registered(node));
+            };
+            (reads, sessions, jobs)
         }
     };
     let settings = NodeSettings {
@@ -583,7 +601,7 @@ async fn desired_state(
         .filter(|gpu| crate::site::leaving_mig(gpu))
         .map(|gpu| gpu.info.uuid.clone())
         .collect();
-    super::job_reports::node_jobs(state, node, &mut desired, read.jobs).await?;
+    super::job_reports::node_jobs(state, node, &mut desired, jobs).await?;
     Ok(desired)
 }
 

@@ -233,6 +233,19 @@ pub struct DesiredReads {
     pub images: Vec<ImageRecord>,
 }
 
+/// What runs on a node, as its desired state reads it ([`Store::desired_reads_and_work`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeWork {
+    /// Its sessions, as [`Store::sessions`] reads them for [`SessionFilter::Node`].
+    pub sessions: Vec<SessionRecord>,
+    /// The node's STARTING sessions whose container ran before ([`Store::resuming_on`]), read
+    /// after `sessions` and only when one of those is STARTING (so it may name one that
+    /// `sessions` has in another state).
+    pub ran_before: Vec<SessionId>,
+    /// Its jobs, as [`Store::jobs`] reads them for [`JobFilter::Node`].
+    pub jobs: Vec<JobRecord>,
+}
+
 pub use crate::domain::nodes::NodeContents;
 
 /// What [`Store::remove_node`] did.
@@ -496,8 +509,8 @@ pub trait Store: Send + Sync {
         seen_since: DateTime<Utc>,
     ) -> BoxFuture<'_, StoreResult<PlanningNodes>>;
 
-    /// What `node`'s desired state reads besides its sessions and jobs, which every long-poll
-    /// answer and sync builds: its GPUs as [`Self::planning_nodes`] keeps them (a GPU's
+    /// What `node`'s desired state reads besides its sessions and jobs, for a sync that read
+    /// those itself (the others read all with [`Self::desired_reads_and_work`]): its GPUs as [`Self::planning_nodes`] keeps them (a GPU's
     /// utilisation as old as that read), read alone when the site's inventory changed since, and
     /// the images [`ImageFilter::ForNode`] names for it with `images_removed_since`. `None` when
     /// the node is not registered (or was removed). One statement reads the inventory's version,
@@ -508,6 +521,19 @@ pub trait Store: Send + Sync {
         node: &'a NodeName,
         images_removed_since: DateTime<Utc>,
     ) -> BoxFuture<'a, StoreResult<Option<DesiredReads>>>;
+
+    /// [`Self::desired_reads`] and the node's work ([`NodeWork`]), read on one connection taken
+    /// from the pool once: what a long-poll answer reads, usually in three statements (the
+    /// version's, the sessions', the jobs'; more when the kept GPUs or jobs are older than the
+    /// rows, when images are to be read, when a session is STARTING). Each statement is its
+    /// own snapshot, as when each took a connection of its own; taken once, the connection
+    /// goes back once, and sqlx's check of it on its way back (a round trip to its thread on
+    /// SQLite, to the server on PostgreSQL) is made once instead of after each statement.
+    fn desired_reads_and_work<'a>(
+        &'a self,
+        node: &'a NodeName,
+        images_removed_since: DateTime<Utc>,
+    ) -> BoxFuture<'a, StoreResult<Option<(DesiredReads, NodeWork)>>>;
 
     /// The sessions PENDING or holding GPUs, ordered as [`Self::sessions`] orders them, for
     /// planning: kept by this store and brought up to date with the sessions written since its

@@ -241,6 +241,38 @@ mod tests {
         assert_eq!(store.planning.reads_begun(), 3);
     }
 
+    /// A node's desired state and work are read on one connection of the pool
+    /// ([`crate::store::Store::desired_reads_and_work`]): with every reader but one taken
+    /// elsewhere, the read still answers (one that took a second connection while holding the
+    /// first would wait until the pool gave up).
+    #[tokio::test]
+    async fn a_nodes_desired_state_and_work_take_one_reader() {
+        use crate::store::{fixtures, Store};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("manager.db"))
+            .await
+            .unwrap();
+        let node = ongrid_core::NodeName::parse("node1").unwrap();
+        let registration = fixtures::registration("node1");
+        let now = chrono::Utc::now();
+        let gpus = [fixtures::gpu(1)];
+        store.register_node(registration, &gpus, now).await.unwrap();
+        let mut taken = Vec::new();
+        for _ in 1..READERS {
+            taken.push(store.pool().acquire().await.unwrap());
+        }
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            store.desired_reads_and_work(&node, now),
+        )
+        .await
+        .expect("read on the one connection left");
+        let (reads, work) = read.unwrap().expect("registered");
+        assert_eq!(reads.gpus.len(), 1);
+        assert_eq!((work.sessions.len(), work.jobs.len()), (0, 0));
+    }
+
     /// A connection handed back with a transaction begun and never owned (what a request
     /// dropped during its `BEGIN` leaves) is closed, and the writes after it go through; one
     /// whose transaction was dropped (and so rolled back) is kept.

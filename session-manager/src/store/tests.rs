@@ -242,6 +242,7 @@ backend_tests!(
     a_session_is_created_with_its_own_lifecycle_limits,
     a_node_resumes_the_starting_sessions_that_ran_before,
     a_nodes_images_are_those_building_there_and_those_removed_since,
+    a_nodes_desired_state_reads_its_work_on_one_connection_as_alone,
 );
 
 /// What a node's desired state names of the images, in one read: those BUILDING on it (its
@@ -402,6 +403,128 @@ async fn a_node_resumes_the_starting_sessions_that_ran_before(backend: Backend) 
     placed(&elsewhere, &node2, gpu(3), 6).await;
     assert_eq!(store.resuming_on(&node1).await.unwrap(), vec![ran.id]);
     assert_eq!(store.resuming_on(&node2).await.unwrap(), vec![elsewhere.id]);
+}
+
+/// A node's desired state read with its work on one connection
+/// ([`Store::desired_reads_and_work`]) finds what the reads alone find: its GPUs and images (a
+/// freeze under way), its sessions, those of them resuming, its jobs (one running there, one of
+/// another node, one queued), with the GPUs and jobs read there or taken from what the
+/// planning reads keep; nothing for a node not registered.
+async fn a_nodes_desired_state_reads_its_work_on_one_connection_as_alone(backend: Backend) {
+    use crate::domain::jobs;
+
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2), gpu(3)], t(0)).await;
+    register(&store, "node2", &[gpu(4)], t(0)).await;
+    let node1 = NodeName::parse("node1").unwrap();
+    let node2 = NodeName::parse("node2").unwrap();
+    let place = |node: &NodeName, gpu: GpuInfo| Placement::Place {
+        node: node.clone(),
+        gpus: vec![GpuId::Gpu(gpu.uuid)],
+    };
+    let placed = |at| {
+        change(
+            SessionState::Starting,
+            t(at),
+            "placed",
+            place(&node1, gpu(1)),
+        )
+    };
+    // One session that ran, was held and placed again (resuming); one placed for the first time.
+    let ran = create(&store, &alice.dn, Some("ran"), t(1)).await;
+    moved(&store, ran.id, placed(2)).await;
+    let ready = Change::keep_placement(SessionState::Waiting, t(3), "ready");
+    moved(&store, ran.id, ready).await;
+    let held = Change::hold(ongrid_core::holds::HoldReason::Admin, t(4), "held");
+    moved(&store, ran.id, held).await;
+    moved(
+        &store,
+        ran.id,
+        change(SessionState::Pending, t(5), "released", Placement::Clear),
+    )
+    .await;
+    moved(&store, ran.id, placed(6)).await;
+    let new = create(&store, &alice.dn, Some("new"), t(6)).await;
+    let second = change(
+        SessionState::Starting,
+        t(6),
+        "placed",
+        place(&node1, gpu(2)),
+    );
+    moved(&store, new.id, second).await;
+    let mut running = Vec::new();
+    for (node, gpu) in [(&node1, gpu(3)), (&node2, gpu(4))] {
+        let job = queued_job(&store, t(7), None).await;
+        let started = jobs::start(&job, node.clone(), vec![GpuId::from(gpu.uuid)], t(8)).unwrap();
+        running.push(
+            store
+                .job_transition(job.id, started, None)
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    queued_job(&store, t(9), None).await;
+    // A freeze of `new` under way on node1: its order is in node1's desired state.
+    let image = store
+        .create_image(NewImage {
+            id: uuid::Uuid::new_v4(),
+            owner: alice.dn.clone(),
+            reference: ongrid_core::image::ImageReference::parse("img:v1").unwrap(),
+            session_id: new.id,
+            session_name: new.name.clone(),
+            node: node1.clone(),
+            base_image: "ongrid/dev:latest".to_owned(),
+            compression: Default::default(),
+            force: false,
+            at: t(10),
+            reason: "frozen".to_owned(),
+        })
+        .await
+        .unwrap();
+
+    // Before the planning reads kept the GPUs and jobs (each read on the connection), then
+    // from what they keep.
+    for kept in [false, true] {
+        if kept {
+            store.planning_nodes(t(0)).await.unwrap();
+            store.jobs(JobFilter::Active).await.unwrap();
+        }
+        for node in [&node1, &node2] {
+            let (reads, work) = store
+                .desired_reads_and_work(node, t(0))
+                .await
+                .unwrap()
+                .expect("registered");
+            let alone = store.desired_reads(node, t(0)).await.unwrap();
+            assert_eq!(Some(&reads), alone.as_ref(), "{node}, kept {kept}");
+            let sessions = store.sessions(SessionFilter::Node(node.clone())).await;
+            assert_eq!(work.sessions, sessions.unwrap(), "{node}, kept {kept}");
+            assert_eq!(work.ran_before, store.resuming_on(node).await.unwrap());
+            let jobs = store.jobs(JobFilter::Node(node.clone())).await.unwrap();
+            assert_eq!(work.jobs, jobs, "{node}, kept {kept}");
+        }
+        let (reads, work) = store
+            .desired_reads_and_work(&node1, t(0))
+            .await
+            .unwrap()
+            .unwrap();
+        let gpus: Vec<_> = reads.gpus.iter().map(|g| g.info.uuid.clone()).collect();
+        assert_eq!(gpus, [gpu(1).uuid, gpu(2).uuid, gpu(3).uuid]);
+        let images: Vec<_> = reads.images.iter().map(|i| i.id).collect();
+        assert_eq!(images, [image.id]);
+        let ids: Vec<_> = work.sessions.iter().map(|s| s.id).collect();
+        assert_eq!(ids, [ran.id, new.id]);
+        assert_eq!(work.ran_before, [ran.id]);
+        let jobs: Vec<_> = work.jobs.iter().map(|j| j.id).collect();
+        assert_eq!(jobs, [running[0]]);
+    }
+    let unknown = NodeName::parse("node9").unwrap();
+    assert_eq!(
+        store.desired_reads_and_work(&unknown, t(0)).await.unwrap(),
+        None
+    );
 }
 
 /// A session's own idle timeout and maximum lifetime are stored with it, in its creation's

@@ -44,14 +44,7 @@ impl SqlStore {
     }
 
     pub(super) async fn resuming_on(&self, node: &NodeName) -> StoreResult<Vec<SessionId>> {
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT s.id FROM sessions s JOIN session_lifecycle l ON l.session_id = s.id \
-             WHERE s.node = $1 AND s.state = 'STARTING' AND l.first_started_at IS NOT NULL",
-        )
-        .bind(node.as_str())
-        .fetch_all(&self.pool)
-        .await?;
-        ids.iter().map(|id| parse(id, "session id")).collect()
+        read_resuming(&self.pool, node).await
     }
 
     pub(super) async fn hold_if_due(
@@ -353,4 +346,22 @@ fn facts_from_row(row: &DbRow) -> StoreResult<LifecycleFacts> {
         keep_until: time("keep_until")?,
         open_connections: Vec::new(),
     })
+}
+
+/// [`crate::store::Store::resuming_on`] on `executor` (the pool, or a connection a read holds).
+pub(super) async fn read_resuming<'e, E>(
+    executor: E,
+    node: &NodeName,
+) -> StoreResult<Vec<SessionId>>
+where
+    E: sqlx::Executor<'e, Database = Db>,
+{
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT s.id FROM sessions s JOIN session_lifecycle l ON l.session_id = s.id \
+         WHERE s.node = $1 AND s.state = 'STARTING' AND l.first_started_at IS NOT NULL",
+    )
+    .bind(node.as_str())
+    .fetch_all(executor)
+    .await?;
+    ids.iter().map(|id| parse(id, "session id")).collect()
 }

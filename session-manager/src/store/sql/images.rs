@@ -8,7 +8,7 @@ use ongrid_core::image::{ImageReference, ImageState};
 use ongrid_core::NodeName;
 use sqlx::Row;
 
-use super::{clamp, parse, parse_timestamp, query_with, timestamp, DbRow, SqlStore};
+use super::{clamp, parse, parse_timestamp, query_with, timestamp, Db, DbRow, SqlStore};
 use crate::domain::images::{self, supersedes, ImageChange, ImageRecord};
 use crate::store::{ImageDeleted, ImageFilter, NewImage, StoreError, StoreResult};
 
@@ -100,59 +100,7 @@ impl SqlStore {
     }
 
     pub(super) async fn images(&self, filter: ImageFilter) -> StoreResult<Vec<ImageRecord>> {
-        let live = "i.state <> 'DELETED'";
-        // The current image of a tag of the user whose `column` is `who`.
-        let current_tag = |column: &str, who: String, reference: &ImageReference| {
-            (
-                format!(
-                    "{live} AND i.superseded_at IS NULL AND {column} = $1 AND i.name = $2 \
-                     AND i.version = $3"
-                ),
-                vec![
-                    who,
-                    reference.name().to_owned(),
-                    reference.version().to_owned(),
-                ],
-            )
-        };
-        let (condition, values): (String, Vec<String>) = match filter {
-            ImageFilter::Owner(owner) => {
-                (format!("{live} AND i.owner = $1"), vec![owner.to_string()])
-            }
-            ImageFilter::All => (live.to_owned(), Vec::new()),
-            ImageFilter::Tag { owner, reference } => {
-                current_tag("i.owner", owner.to_string(), &reference)
-            }
-            ImageFilter::LoginTag {
-                user_name,
-                reference,
-            } => current_tag("u.user_name", user_name.to_string(), &reference),
-            ImageFilter::Shared => (format!("{live} AND i.shared_at IS NOT NULL"), Vec::new()),
-            ImageFilter::Digest {
-                owner: Some(owner),
-                digest,
-            } => (
-                format!("{live} AND i.digest = $1 AND i.owner = $2"),
-                vec![digest, owner.to_string()],
-            ),
-            ImageFilter::Digest {
-                owner: None,
-                digest,
-            } => (format!("{live} AND i.digest = $1"), vec![digest]),
-            ImageFilter::ForNode {
-                node,
-                removed_since,
-            } => (
-                for_node_images!().to_owned(),
-                vec![node.to_string(), timestamp(removed_since)],
-            ),
-            ImageFilter::AllBuilding => ("i.state = 'BUILDING'".to_owned(), Vec::new()),
-        };
-        let sql = format!("SELECT {IMAGE_COLUMNS} WHERE {condition} ORDER BY i.created_at, i.id");
-        let rows = query_with(&sql, values.iter().map(String::as_str))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(image_from_row).collect()
+        read_images(&self.pool, filter).await
     }
 
     pub(super) async fn set_image_shared(
@@ -348,4 +296,65 @@ fn image_from_row(row: &DbRow) -> StoreResult<ImageRecord> {
         superseded_at: optional_time("superseded_at")?,
         shared_at: optional_time("shared_at")?,
     })
+}
+
+/// [`crate::store::Store::images`] on `executor` (the pool, or a connection a read holds).
+pub(super) async fn read_images<'e, E>(
+    executor: E,
+    filter: ImageFilter,
+) -> StoreResult<Vec<ImageRecord>>
+where
+    E: sqlx::Executor<'e, Database = Db>,
+{
+    let live = "i.state <> 'DELETED'";
+    // The current image of a tag of the user whose `column` is `who`.
+    let current_tag = |column: &str, who: String, reference: &ImageReference| {
+        (
+            format!(
+                "{live} AND i.superseded_at IS NULL AND {column} = $1 AND i.name = $2 \
+                 AND i.version = $3"
+            ),
+            vec![
+                who,
+                reference.name().to_owned(),
+                reference.version().to_owned(),
+            ],
+        )
+    };
+    let (condition, values): (String, Vec<String>) = match filter {
+        ImageFilter::Owner(owner) => (format!("{live} AND i.owner = $1"), vec![owner.to_string()]),
+        ImageFilter::All => (live.to_owned(), Vec::new()),
+        ImageFilter::Tag { owner, reference } => {
+            current_tag("i.owner", owner.to_string(), &reference)
+        }
+        ImageFilter::LoginTag {
+            user_name,
+            reference,
+        } => current_tag("u.user_name", user_name.to_string(), &reference),
+        ImageFilter::Shared => (format!("{live} AND i.shared_at IS NOT NULL"), Vec::new()),
+        ImageFilter::Digest {
+            owner: Some(owner),
+            digest,
+        } => (
+            format!("{live} AND i.digest = $1 AND i.owner = $2"),
+            vec![digest, owner.to_string()],
+        ),
+        ImageFilter::Digest {
+            owner: None,
+            digest,
+        } => (format!("{live} AND i.digest = $1"), vec![digest]),
+        ImageFilter::ForNode {
+            node,
+            removed_since,
+        } => (
+            for_node_images!().to_owned(),
+            vec![node.to_string(), timestamp(removed_since)],
+        ),
+        ImageFilter::AllBuilding => ("i.state = 'BUILDING'".to_owned(), Vec::new()),
+    };
+    let sql = format!("SELECT {IMAGE_COLUMNS} WHERE {condition} ORDER BY i.created_at, i.id");
+    let rows = query_with(&sql, values.iter().map(String::as_str))
+        .fetch_all(executor)
+        .await?;
+    rows.iter().map(image_from_row).collect()
 }

@@ -30,12 +30,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use ongrid_core::NodeName;
+use ongrid_core::{NodeName, SessionState};
 use sqlx::Transaction;
 
-use super::{parse, parse_timestamp, timestamp, Db, SqlStore};
+use super::{parse, parse_timestamp, timestamp, Db, DbConnection, SqlStore};
 use crate::store::gpu_policy::OwnersAndReservations;
-use crate::store::{DesiredReads, GpuRecord, ImageFilter, NodeRecord, PlanningNodes, StoreResult};
+use crate::store::{
+    DesiredReads, GpuRecord, ImageFilter, NodeRecord, NodeWork, PlanningNodes, SessionFilter,
+    StoreResult,
+};
 
 /// The GPUs of each node, ordered as [`Store::nodes`](crate::store::Store::nodes) orders them.
 pub(super) type GpusByNode = BTreeMap<NodeName, Arc<[GpuRecord]>>;
@@ -178,13 +181,56 @@ impl SqlStore {
     }
 
     /// What a node's desired state reads besides its sessions and jobs
-    /// ([`Store::desired_reads`](crate::store::Store::desired_reads)): its GPUs from the kept
-    /// ones when they are at the inventory's version (read first, as [`Self::planning_nodes`]
-    /// does), else read alone (the kept ones are refreshed only by a planning read of every
-    /// node); its images only when the statement that reads the version finds one. `None` when
-    /// the node is not registered (or was removed), which that statement looks up too.
+    /// ([`Store::desired_reads`](crate::store::Store::desired_reads)), on one connection.
     pub(super) async fn desired_reads(
         &self,
+        node: &NodeName,
+        images_removed_since: DateTime<Utc>,
+    ) -> StoreResult<Option<DesiredReads>> {
+        let mut conn = self.pool.acquire().await?;
+        self.desired_reads_on(&mut conn, node, images_removed_since)
+            .await
+    }
+
+    /// [`Self::desired_reads`] and the node's work, on one connection
+    /// ([`Store::desired_reads_and_work`](crate::store::Store::desired_reads_and_work)).
+    pub(super) async fn desired_reads_and_work(
+        &self,
+        node: &NodeName,
+        images_removed_since: DateTime<Utc>,
+    ) -> StoreResult<Option<(DesiredReads, NodeWork)>> {
+        let mut conn = self.pool.acquire().await?;
+        let Some(reads) = self
+            .desired_reads_on(&mut conn, node, images_removed_since)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let sessions = super::read_sessions(&mut *conn, SessionFilter::Node(node.clone())).await?;
+        let ran_before = if sessions.iter().any(|s| s.state == SessionState::Starting) {
+            super::activity::read_resuming(&mut *conn, node).await?
+        } else {
+            Vec::new()
+        };
+        let jobs = self.node_jobs(&mut conn, node).await?;
+        Ok(Some((
+            reads,
+            NodeWork {
+                sessions,
+                ran_before,
+                jobs,
+            },
+        )))
+    }
+
+    /// The reads of [`Self::desired_reads`], on `conn`: the node's GPUs from the kept ones when
+    /// they are at the inventory's version (read first, as [`Self::planning_nodes`] does), else
+    /// read alone (the kept ones are refreshed only by a planning read of every node); its
+    /// images only when the statement that reads the version finds one. `None` when the node is
+    /// not registered (or was removed), which that statement looks up too.
+    async fn desired_reads_on(
+        &self,
+        conn: &mut DbConnection,
         node: &NodeName,
         images_removed_since: DateTime<Utc>,
     ) -> StoreResult<Option<DesiredReads>> {
@@ -198,25 +244,24 @@ impl SqlStore {
             ))
             .bind(node.as_str())
             .bind(timestamp(images_removed_since))
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *conn)
             .await?;
         if registered.is_none() {
             return Ok(None);
         }
         let gpus = match self.inventory.planning.at(version) {
             Some(kept) => kept.gpus.get(node).cloned().unwrap_or_default(),
-            None => self
-                .gpus_by_node(Some(node))
+            None => super::read_gpus_by_node(&mut *conn, Some(node))
                 .await?
                 .remove(node)
                 .unwrap_or_default(),
         };
         let images = if any_images {
-            self.images(ImageFilter::ForNode {
+            let filter = ImageFilter::ForNode {
                 node: node.clone(),
                 removed_since: images_removed_since,
-            })
-            .await?
+            };
+            super::images::read_images(&mut *conn, filter).await?
         } else {
             Vec::new()
         };

@@ -100,21 +100,28 @@ impl SqlStore {
                 let active = self.planning_jobs().await?;
                 return Ok(active.iter().map(|job| JobRecord::clone(job)).collect());
             }
-            JobFilter::Node(node) => return self.node_jobs(&node).await,
+            JobFilter::Node(node) => {
+                let mut conn = self.pool.acquire().await?;
+                return self.node_jobs(&mut conn, &node).await;
+            }
         };
         let mut conn = self.pool.acquire().await?;
         let values: Vec<&str> = value.as_deref().into_iter().collect();
         read_jobs(&mut conn, &condition, &values).await
     }
 
-    /// The jobs of `node`: QUEUED or holding GPUs there, or ended there with output still to
+    /// The jobs of `node`, read on `conn`: QUEUED or holding GPUs there, or ended there with output still to
     /// come ([`JobFilter::Node`]), read at every sync of the node and every answer of its
     /// long-poll. A job the kept copy ([`Self::planning_jobs`]) holds as of the change its row
     /// carries takes its lifecycle from there: its history is not read again, which was the
     /// most of the read's cost (the rows' other columns, such as its output's size, are always
     /// read). The copy is not brought up to date for it: a job it holds older, or not at all, has
     /// its history read.
-    async fn node_jobs(&self, node: &NodeName) -> StoreResult<Vec<JobRecord>> {
+    pub(super) async fn node_jobs(
+        &self,
+        conn: &mut DbConnection,
+        node: &NodeName,
+    ) -> StoreResult<Vec<JobRecord>> {
         let condition = format!("j.node = $1 AND (j.state IN {ACTIVE} OR NOT j.log_complete)");
         // A job stamped no later than the copy has seen and still active is in it, as stamped.
         let seen = self.planned_jobs.seen().unwrap_or(-1);
@@ -125,7 +132,7 @@ impl SqlStore {
         );
         let seen = seen.to_string();
         let rows = query_with(&sql, [node.as_str(), &seen])
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         let mut histories = Vec::with_capacity(rows.len());
         let mut wanted = Vec::new();
@@ -148,10 +155,7 @@ impl SqlStore {
                     Some(job) => job.lifecycle.clone(),
                     // Changed since the copy was last brought up to date: all read again, each
                     // with its history.
-                    None => {
-                        let mut conn = self.pool.acquire().await?;
-                        return read_jobs(&mut conn, &condition, &[node.as_str()]).await;
-                    }
+                    None => return read_jobs(conn, &condition, &[node.as_str()]).await,
                 },
             };
             jobs.push(job_with_lifecycle(row, id, lifecycle)?);

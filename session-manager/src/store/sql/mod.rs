@@ -48,8 +48,8 @@ use crate::domain::users::{Removal, Removed};
 use crate::store::{
     AuditFilter, ConnectionRecorded, DesiredReads, FactsScope, GpuRecord, Heartbeat, ImageDeleted,
     ImageFilter, JobFilter, KeyAdded, KeyRecord, NewImage, NewKey, NewSession, NodeRecord,
-    NodeRegistration, PlanningNodes, RoundOutcomes, SessionFilter, StateCounts, Store, StoreError,
-    StoreResult, UserRecord,
+    NodeRegistration, NodeWork, PlanningNodes, RoundOutcomes, SessionFilter, StateCounts, Store,
+    StoreError, StoreResult, UserRecord,
 };
 use ongrid_core::gpu::Drain;
 use ongrid_core::holds::{ContainerActivity, HoldReason};
@@ -170,28 +170,7 @@ impl SqlStore {
     }
 
     async fn sessions(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
-        let (condition, value) = match filter {
-            SessionFilter::Owner(owner) => ("s.owner = $1".to_owned(), Some(owner.to_string())),
-            SessionFilter::All => ("TRUE".to_owned(), None),
-            SessionFilter::Node(node) => ("s.node = $1".to_owned(), Some(node.to_string())),
-            SessionFilter::States(states) => {
-                if states.is_empty() {
-                    return Ok(Vec::new());
-                }
-                (
-                    format!("s.state IN ({})", states_listed(states.iter())),
-                    None,
-                )
-            }
-        };
-        let sql = format!(
-            "SELECT {SESSION_COLUMNS} WHERE s.state <> 'ENDED' AND {condition} \
-             ORDER BY s.created_at, s.id"
-        );
-        let rows = query_with(&sql, value.as_deref())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(session_from_row).collect()
+        read_sessions(&self.pool, filter).await
     }
 
     async fn transitions(&self, id: SessionId) -> StoreResult<Vec<Transition>> {
@@ -367,27 +346,7 @@ impl SqlStore {
 
     /// The GPUs of every node (of `only` when given), each node's ordered by PCI bus id.
     async fn gpus_by_node(&self, only: Option<&NodeName>) -> StoreResult<inventory::GpusByNode> {
-        let sql = match only {
-            None => "SELECT node, info, mode, drain FROM gpus",
-            Some(_) => "SELECT node, info, mode, drain FROM gpus WHERE node = $1",
-        };
-        let rows = query_with(sql, only.map(NodeName::as_str))
-            .fetch_all(&self.pool)
-            .await?;
-        let mut gpus: BTreeMap<NodeName, Vec<GpuRecord>> = BTreeMap::new();
-        for row in &rows {
-            let gpu = gpu_from_row(row)?;
-            gpus.entry(gpu.node.clone()).or_default().push(gpu);
-        }
-        Ok(gpus
-            .into_iter()
-            .map(|(node, mut list)| {
-                list.sort_by(|a, b| {
-                    (&a.info.pci_bus_id, &a.info.uuid).cmp(&(&b.info.pci_bus_id, &b.info.uuid))
-                });
-                (node, list.into())
-            })
-            .collect())
+        read_gpus_by_node(&self.pool, only).await
     }
 
     async fn set_gpu_mode(&self, uuid: &GpuUuid, mode: GpuMode) -> StoreResult<Option<GpuRecord>> {
@@ -468,6 +427,10 @@ impl Store for SqlStore {
         fn record_sync(node: &'a NodeName, gpus: &'a [GpuInfo], at: DateTime<Utc>) -> Option<Heartbeat>;
         fn planning_nodes(seen_since: DateTime<Utc>) -> PlanningNodes;
         fn desired_reads(node: &'a NodeName, images_removed_since: DateTime<Utc>) -> Option<DesiredReads>;
+        fn desired_reads_and_work(
+            node: &'a NodeName,
+            images_removed_since: DateTime<Utc>,
+        ) -> Option<(DesiredReads, NodeWork)>;
         fn planning_sessions() -> Vec<std::sync::Arc<SessionRecord>>;
         fn set_gpu_mode(uuid: &'a GpuUuid, mode: GpuMode) -> Option<GpuRecord>;
         fn set_node_drain(node: &'a NodeName, drain: Option<Drain>) -> bool;
@@ -665,6 +628,66 @@ fn user_from_row(row: &DbRow) -> StoreResult<UserRecord> {
             .map_err(|_| StoreError::Corrupt(format!("UID {uid} is out of range")))?,
         removed,
     })
+}
+
+/// [`Store::sessions`] on `executor` (the pool, or a connection a read holds).
+async fn read_sessions<'e, E>(executor: E, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>>
+where
+    E: sqlx::Executor<'e, Database = Db>,
+{
+    let (condition, value) = match filter {
+        SessionFilter::Owner(owner) => ("s.owner = $1".to_owned(), Some(owner.to_string())),
+        SessionFilter::All => ("TRUE".to_owned(), None),
+        SessionFilter::Node(node) => ("s.node = $1".to_owned(), Some(node.to_string())),
+        SessionFilter::States(states) => {
+            if states.is_empty() {
+                return Ok(Vec::new());
+            }
+            (
+                format!("s.state IN ({})", states_listed(states.iter())),
+                None,
+            )
+        }
+    };
+    let sql = format!(
+        "SELECT {SESSION_COLUMNS} WHERE s.state <> 'ENDED' AND {condition} \
+         ORDER BY s.created_at, s.id"
+    );
+    let rows = query_with(&sql, value.as_deref())
+        .fetch_all(executor)
+        .await?;
+    rows.iter().map(session_from_row).collect()
+}
+
+/// [`SqlStore::gpus_by_node`] on `executor` (the pool, or a connection a read holds).
+async fn read_gpus_by_node<'e, E>(
+    executor: E,
+    only: Option<&NodeName>,
+) -> StoreResult<inventory::GpusByNode>
+where
+    E: sqlx::Executor<'e, Database = Db>,
+{
+    let sql = match only {
+        None => "SELECT node, info, mode, drain FROM gpus",
+        Some(_) => "SELECT node, info, mode, drain FROM gpus WHERE node = $1",
+    };
+    let rows = query_with(sql, only.map(NodeName::as_str))
+        .fetch_all(executor)
+        .await?;
+    let mut gpus: BTreeMap<NodeName, Vec<GpuRecord>> = BTreeMap::new();
+    for row in &rows {
+        let gpu = gpu_from_row(row)?;
+        gpus.entry(gpu.node.clone()).or_default().push(gpu);
+    }
+    Ok(gpus
+        .into_iter()
+        .map(|(node, mut list)| {
+            list.sort_by(|a, b| {
+                (&a.info.pci_bus_id, &a.info.uuid).cmp(&(&b.info.pci_bus_id, &b.info.uuid))
+            });
+            (node, list.into())
+        })
+        .collect())
 }
 
 async fn find_session<'e, E>(executor: E, id: SessionId) -> StoreResult<Option<SessionRecord>>
