@@ -525,7 +525,8 @@ struct NodeSessions {
 enum NodeRead {
     /// Nothing (a long-poll's answer, a registration's, a sync's that changed its node).
     Nothing,
-    /// A sync's: the node's sessions, and its jobs unless the sync changed one.
+    /// A sync's: the node's sessions, and its jobs when the sync read them for its jobs'
+    /// reports and wrote nothing of them.
     Synced {
         sessions: NodeSessions,
         jobs: Option<Vec<crate::domain::jobs::JobRecord>>,

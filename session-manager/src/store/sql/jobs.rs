@@ -110,13 +110,13 @@ impl SqlStore {
         read_jobs(&mut conn, &condition, &values).await
     }
 
-    /// The jobs of `node`, read on `conn`: QUEUED or holding GPUs there, or ended there with output still to
-    /// come ([`JobFilter::Node`]), read at every sync of the node and every answer of its
-    /// long-poll. A job the kept copy ([`Self::planning_jobs`]) holds as of the change its row
-    /// carries takes its lifecycle from there: its history is not read again, which was the
-    /// most of the read's cost (the rows' other columns, such as its output's size, are always
-    /// read). The copy is not brought up to date for it: a job it holds older, or not at all, has
-    /// its history read.
+    /// The jobs of `node`, read on `conn`: QUEUED or holding GPUs there, or ended there with
+    /// output still to come ([`JobFilter::Node`]), read at every sync of the node and every
+    /// answer of its long-poll. A job the kept copy ([`Self::planning_jobs`]) holds as of the
+    /// change its row carries takes its lifecycle from there: its history is not read again,
+    /// which was the most of the read's cost (the rows' other columns, such as its output's
+    /// size, are always read). The copy is not brought up to date for it: a job it holds older,
+    /// or not at all, has its history read.
     pub(super) async fn node_jobs(
         &self,
         conn: &mut DbConnection,
