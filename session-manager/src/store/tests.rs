@@ -267,23 +267,7 @@ async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend
         (5, &node1),
     ] {
         let session = create(&store, &alice.dn, Some(&format!("s{n}")), t(1)).await;
-        let image = store
-            .create_image(NewImage {
-                id: uuid::Uuid::new_v4(),
-                owner: alice.dn.clone(),
-                reference: ongrid_core::image::ImageReference::parse(&format!("img{n}:v1"))
-                    .unwrap(),
-                session_id: session.id,
-                session_name: session.name.clone(),
-                node: node.clone(),
-                base_image: "ongrid/dev:latest".to_owned(),
-                compression: Default::default(),
-                force: false,
-                at: t(10),
-                reason: "frozen".to_owned(),
-            })
-            .await
-            .unwrap();
+        let image = freeze_order(&store, &session, node, &format!("img{n}:v1")).await;
         images.push(image.id);
     }
     // The third (node1's) deleted before the cut, the fourth (node2's) after it, the fifth
@@ -359,6 +343,31 @@ async fn a_nodes_images_are_those_building_there_and_those_removed_since(backend
         vec![(images[3], ImageState::Deleted)]
     );
     assert_eq!(for_node(&node3, 50).await, vec![]);
+}
+
+/// A freeze of `session` on `node` into `reference`, ordered at t(10): BUILDING there.
+async fn freeze_order(
+    store: &TestStore,
+    session: &SessionRecord,
+    node: &NodeName,
+    reference: &str,
+) -> crate::domain::images::ImageRecord {
+    store
+        .create_image(NewImage {
+            id: uuid::Uuid::new_v4(),
+            owner: session.owner.clone(),
+            reference: ongrid_core::image::ImageReference::parse(reference).unwrap(),
+            session_id: session.id,
+            session_name: session.name.clone(),
+            node: node.clone(),
+            base_image: "ongrid/dev:latest".to_owned(),
+            compression: Default::default(),
+            force: false,
+            at: t(10),
+            reason: "frozen".to_owned(),
+        })
+        .await
+        .unwrap()
 }
 
 /// A node's resuming sessions are those STARTING on it that ran before (released from a hold
@@ -467,22 +476,7 @@ async fn a_nodes_desired_state_reads_its_work_on_one_connection_as_alone(backend
     }
     queued_job(&store, t(9), None).await;
     // A freeze of `new` under way on node1: its order is in node1's desired state.
-    let image = store
-        .create_image(NewImage {
-            id: uuid::Uuid::new_v4(),
-            owner: alice.dn.clone(),
-            reference: ongrid_core::image::ImageReference::parse("img:v1").unwrap(),
-            session_id: new.id,
-            session_name: new.name.clone(),
-            node: node1.clone(),
-            base_image: "ongrid/dev:latest".to_owned(),
-            compression: Default::default(),
-            force: false,
-            at: t(10),
-            reason: "frozen".to_owned(),
-        })
-        .await
-        .unwrap();
+    let image = freeze_order(&store, &new, &node1, "img:v1").await;
 
     // Before the planning reads kept the GPUs and jobs (each read on the connection), then
     // from what they keep.
