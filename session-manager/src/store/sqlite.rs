@@ -205,17 +205,15 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::fixtures;
 
     /// Planning reads asked for at once share one: those that waited while a read that began
     /// after their call ran take its result instead of reading again.
     #[tokio::test]
     async fn planning_reads_asked_for_at_once_are_shared() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("manager.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = fixtures::sqlite().await;
         assert_eq!(
-            crate::store::Store::pending_order(&store).await.unwrap(),
+            crate::store::Store::pending_order(&*store).await.unwrap(),
             vec![]
         );
         assert_eq!(store.planning.reads_begun(), 1);
@@ -223,7 +221,7 @@ mod tests {
         let asking: Vec<_> = (0..10)
             .map(|_| {
                 let store = store.clone();
-                tokio::spawn(async move { crate::store::Store::pending_order(&store).await })
+                tokio::spawn(async move { crate::store::Store::pending_order(&*store).await })
             })
             .collect();
         // This test's runtime has one thread: each task runs until it waits for the lock.
@@ -237,7 +235,7 @@ mod tests {
         }
         assert_eq!(store.planning.reads_begun(), 2, "ten callers, one read");
         // A call after that read reads again.
-        crate::store::Store::pending_order(&store).await.unwrap();
+        crate::store::Store::pending_order(&*store).await.unwrap();
         assert_eq!(store.planning.reads_begun(), 3);
     }
 
@@ -247,12 +245,9 @@ mod tests {
     /// first would wait until the pool gave up).
     #[tokio::test]
     async fn a_nodes_desired_state_and_work_take_one_reader() {
-        use crate::store::{fixtures, Store};
+        use crate::store::Store;
 
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("manager.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = fixtures::sqlite().await;
         let node = ongrid_core::NodeName::parse("node1").unwrap();
         let registration = fixtures::registration("node1");
         let now = chrono::Utc::now();
@@ -278,10 +273,7 @@ mod tests {
     /// whose transaction was dropped (and so rolled back) is kept.
     #[tokio::test]
     async fn a_connection_left_inside_a_transaction_is_not_reused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("manager.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = fixtures::sqlite().await;
         let pool = store.pool().clone();
         // The pool takes a released connection back (or closes it) on a task of its own.
         let settled = || async {
