@@ -256,9 +256,9 @@ fn main() -> ExitCode {
             .map(|(ours, theirs)| ours / theirs)
             .collect();
         let (ours, theirs, ratio) = (median(&rates[0][j]), median(&rates[1][j]), median(&ratios));
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
         println!(
-            "{way}: gateway {ours:.1} MiB/s, sshd {theirs:.1} MiB/s (medians); ratio {ratio:.2} \
+            "{way}: gateway {ours:.1} MiB/s, sshd {theirs:.1} MiB/s (medians); ratio {ratio:.3} \
              (the median of {})",
             each.join(", ")
         );
