@@ -513,10 +513,10 @@ pub trait Store: Send + Sync {
     /// those itself (the others read all with [`Self::desired_reads_and_work`]): its GPUs as
     /// [`Self::planning_nodes`] keeps them (a GPU's utilisation as old as that read), read alone
     /// when the site's inventory changed since, and the images [`ImageFilter::ForNode`] names
-    /// for it with `images_removed_since`. `None` when
-    /// the node is not registered (or was removed). One statement reads the inventory's version,
-    /// looks the node up and tells whether any such image exists, so an agent's long-poll needs
-    /// no lookup of its own and, with no freeze or removal going on, no read of the images.
+    /// for it with `images_removed_since`. `None` when the node is not registered (or was
+    /// removed). One statement reads the inventory's version, looks the node up and tells
+    /// whether any such image exists, so the sync needs no lookup of its own and, with no freeze
+    /// or removal going on, no read of the images.
     fn desired_reads<'a>(
         &'a self,
         node: &'a NodeName,
