@@ -169,17 +169,27 @@ impl ManagerExporter {
     }
 
     async fn read_store(&self) -> Result<(), crate::store::StoreError> {
-        // Counted by the database, with the GPUs in use (no session or job is read whole).
-        let counts = self.store.state_counts().await?;
-        // The planning read: the GPUs are read again only when the inventory changed, and what
-        // is counted here (model, mode, health, MIG devices, the nodes) is part of it; only the
-        // utilisation, which no series shows, may be older. No series shows a node's last sync
-        // either, so none is read exactly.
-        let nodes = self
-            .store
-            .planning_nodes(chrono::DateTime::<chrono::Utc>::MIN_UTC)
-            .await?
-            .nodes;
+        let now = self.clock.now();
+        // The reads at once, none depending on another's answer: a scrape waits for the
+        // longest, not for their sum, while the manager is busy.
+        let (counts, planning, policy, accounts) = tokio::try_join!(
+            // Counted by the database, with the GPUs in use (no session or job is read whole).
+            self.store.state_counts(),
+            // The planning read: the GPUs are read again only when the inventory changed, and
+            // what is counted here (model, mode, health, MIG devices, the nodes) is part of it;
+            // only the utilisation, which no series shows, may be older. No series shows a
+            // node's last sync either, so none is read exactly.
+            self.store
+                .planning_nodes(chrono::DateTime::<chrono::Utc>::MIN_UTC),
+            GpuPolicy::load(self.store.as_ref(), now),
+            async {
+                match &self.fair_share {
+                    Some(_) => self.store.usage_accounts().await.map(Some),
+                    None => Ok(None),
+                }
+            },
+        )?;
+        let nodes = planning.nodes;
 
         let by_state = counted(
             SessionState::ALL.iter().map(|s| s.as_str()),
@@ -217,8 +227,6 @@ impl ManagerExporter {
         }
         self.nodes.set(nodes.len() as i64);
 
-        let now = self.clock.now();
-        let policy = GpuPolicy::load(self.store.as_ref(), now).await?;
         // Reservations end and are removed: start over, so their series are gone.
         self.reserved_gpus.clear();
         for (reservation, gpus) in policy.reservations_on(&nodes) {
@@ -236,8 +244,7 @@ impl ManagerExporter {
                 .set(gpus.len() as i64);
         }
 
-        if let Some((config, clock)) = &self.fair_share {
-            let accounts = self.store.usage_accounts().await?;
+        if let (Some((config, clock)), Some(accounts)) = (&self.fair_share, accounts) {
             let standings = fair_share::current(&accounts, config, clock.now());
             self.fair_share_usage.clear();
             self.fair_share_factor.clear();

@@ -28,10 +28,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::BoxFuture;
-use ongrid_core::job::JobState;
 use ongrid_core::{
     Dn, GpuHealth, GpuId, GpuInfo, GpuMode, GpuUuid, Lifecycle, NodeName, SessionId, SessionName,
-    SessionState, Transition, UserName,
+    Transition, UserName,
 };
 use sqlx::{QueryBuilder, Row, Transaction};
 
@@ -134,7 +133,9 @@ impl SqlStore {
         row.as_ref().map(session_from_row).transpose()
     }
 
-    /// How many sessions (not ended) and jobs are in each state: counted by the database.
+    /// How many sessions (not ended) and jobs are in each state: counted by the database, the
+    /// three reads at once, each on a connection of its own (a scrape waits for the longest,
+    /// not for their sum).
     async fn state_counts(&self) -> StoreResult<StateCounts> {
         let count = |sql: &'static str| async move {
             let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
@@ -142,31 +143,32 @@ impl SqlStore {
                 .map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)))
                 .collect::<StoreResult<Vec<(String, i64)>>>()
         };
+        let (sessions, jobs, gpus_in_use) = tokio::try_join!(
+            count("SELECT state, COUNT(*) FROM sessions WHERE state <> 'ENDED' GROUP BY state"),
+            count("SELECT state, COUNT(*) FROM jobs GROUP BY state"),
+            self.gpus_in_use(),
+        )?;
         Ok(StateCounts {
-            sessions: count(
-                "SELECT state, COUNT(*) FROM sessions WHERE state <> 'ENDED' GROUP BY state",
-            )
-            .await?,
-            jobs: count("SELECT state, COUNT(*) FROM jobs GROUP BY state").await?,
-            gpus_in_use: self.gpus_in_use().await?,
+            sessions,
+            jobs,
+            gpus_in_use,
         })
     }
 
-    /// The GPUs held by sessions and jobs in a state that holds GPUs: their `gpus` columns
-    /// only.
+    /// The GPUs held by sessions and jobs in a state that holds GPUs, from the copies kept for
+    /// planning (which hold every such record), brought up to date with the records changed
+    /// since: no holder's row is read again.
     async fn gpus_in_use(&self) -> StoreResult<BTreeSet<GpuId>> {
-        let sessions = states_listed(SessionState::ALL.iter().filter(|s| s.holds_gpus()));
-        let jobs = states_listed(JobState::ALL.iter().filter(|s| s.holds_gpus()));
-        let sql = format!(
-            "SELECT gpus FROM sessions WHERE state IN ({sessions}) \
-             UNION ALL SELECT gpus FROM jobs WHERE state IN ({jobs})"
-        );
-        let lists: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await?;
-        let mut used = BTreeSet::new();
-        for list in &lists {
-            used.extend(from_json::<Vec<GpuId>>(list, "GPU list")?);
-        }
-        Ok(used)
+        let (sessions, jobs) = tokio::try_join!(self.planning_sessions(), self.planning_jobs())?;
+        let sessions = sessions
+            .iter()
+            .filter(|session| session.state.holds_gpus())
+            .flat_map(|session| session.gpus.iter());
+        let jobs = jobs
+            .iter()
+            .filter(|job| job.state().holds_gpus())
+            .flat_map(|job| job.gpus.iter());
+        Ok(sessions.chain(jobs).cloned().collect())
     }
 
     async fn sessions(&self, filter: SessionFilter) -> StoreResult<Vec<SessionRecord>> {
