@@ -20,18 +20,20 @@
 //! of a session placed while GPUs were free), how many creates answered STARTING,
 //! the API's latency for create, show and ls under that load, the scheduling rounds' time (the
 //! loop's and those a create runs at once, from the leading manager's `/metrics`; their phases
-//! and the creates', from its log), the scrape's
-//! time and size, the managers' resident memory (the larger) and the store's size, and the CPU
+//! and the creates', from its log), the scrape's time (every 5 s while the work flows, and
+//! after the jobs ended) and size, the managers' resident memory (the larger) and the store's size, and the CPU
 //! time the managers and the driver itself used (while the work was created, and in all): the
 //! driver shares the machine, and the managers' CPU varies less from run to run than latencies.
 //!
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
 //! `ONGRID_FLEET_SESSIONS` (10000), `ONGRID_FLEET_JOBS` (20000), `ONGRID_FLEET_USERS` (50),
-//! `ONGRID_FLEET_CONCURRENCY` (API
-//! requests at once, 32), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in seconds, 5),
-//! `ONGRID_FLEET_STORE` (`sqlite` or `postgres`). Needs a file-descriptor limit above the nodes'
-//! count (`ulimit -n`).
+//! `ONGRID_FLEET_CONCURRENCY` (API requests at once, 32), `ONGRID_FLEET_RATE` (creates and
+//! submits a second instead, each sent at its time whether or not those before were answered:
+//! the API's latency at that load, where the requests at once measure it with the managers as
+//! busy as the driver can keep them), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in
+//! seconds, 5), `ONGRID_FLEET_STORE` (`sqlite` or `postgres`). Needs a file-descriptor limit
+//! above the nodes' count (`ulimit -n`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,6 +90,10 @@ struct Fleet {
     jobs: usize,
     users: usize,
     concurrency: usize,
+    /// Creates and submits sent at this many a second, each at its time whatever the others'
+    /// answers (an open loop, `ONGRID_FLEET_RATE`); `None`: `concurrency` at once, each sent
+    /// when one before is answered (a closed loop, as fast as the managers answer).
+    rate: Option<f64>,
     /// The manager's `sync_interval`, in seconds (its `node_timeout` is six of them).
     sync_secs: u64,
     /// Two managers on one PostgreSQL database (`ONGRID_FLEET_STORE=postgres`), each serving
@@ -119,6 +125,12 @@ impl Fleet {
             jobs: size("ONGRID_FLEET_JOBS", 20_000),
             users: size("ONGRID_FLEET_USERS", 50).max(1),
             concurrency: size("ONGRID_FLEET_CONCURRENCY", 32).max(1),
+            rate: std::env::var("ONGRID_FLEET_RATE").ok().map(|v| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|rate| *rate > 0.0)
+                    .unwrap_or_else(|| panic!("ONGRID_FLEET_RATE={v}: not a positive number"))
+            }),
             sync_secs: size("ONGRID_FLEET_SYNC", SYNC_INTERVAL.as_secs() as usize).max(1) as u64,
             replicas: match std::env::var("ONGRID_FLEET_STORE").as_deref() {
                 Err(_) | Ok("sqlite") => false,
@@ -163,6 +175,8 @@ struct Record {
     show: Mutex<Vec<Duration>>,
     list: Mutex<Vec<Duration>>,
     remove: Mutex<Vec<Duration>>,
+    /// The scrapes of `/metrics` while the work flows, one every [`SCRAPE_INTERVAL`].
+    scrapes: Mutex<Vec<Duration>>,
     syncs: AtomicUsize,
     /// Syncs that reported activity, and the samples they reported.
     sampling_syncs: AtomicUsize,
@@ -226,14 +240,17 @@ fn main() {
         .filter_map(|m| site.pid(m))
         .collect();
     let database = site.dir.path().join("manager.db");
+    let pace = match fleet.rate {
+        Some(rate) => format!("creates and submits sent at {rate} a second"),
+        None => format!("{} API requests at once", fleet.concurrency),
+    };
     println!(
-        "fleet: {} nodes x {} GPUs, {} sessions and {} jobs from {} users, {} API requests at once, {}",
+        "fleet: {} nodes x {} GPUs, {} sessions and {} jobs from {} users, {pace}, {}",
         fleet.nodes,
         fleet.gpus,
         fleet.sessions,
         fleet.jobs,
         fleet.users,
-        fleet.concurrency,
         fleet.store()
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -341,6 +358,8 @@ async fn run(
         started.elapsed().as_secs_f64()
     );
 
+    // Scraped as Prometheus would, while the work below flows, until the jobs ended.
+    let scraper = tokio::spawn(scrape_meanwhile(metrics.to_owned(), record.clone()));
     let started = Instant::now();
     let before = cpu();
     let names = create_work(fleet, &clients, managers, &record).await;
@@ -381,6 +400,7 @@ async fn run(
         started.elapsed().as_secs_f64()
     );
     wait_until_jobs_ended(&record, Duration::from_secs(300)).await;
+    scraper.abort();
 
     let scrape = scrape(metrics, 5).await;
     let resident = resident();
@@ -403,53 +423,103 @@ async fn run(
     }
 }
 
-/// Creates the fleet's sessions and submits its jobs, interleaved evenly, `concurrency`
-/// requests at once, each user in turn; every tenth session is shown and at every fiftieth a
-/// list is taken. Returns each session's user and name in the order of their creates.
+/// Creates the fleet's sessions and submits its jobs, interleaved evenly, each user in turn:
+/// `concurrency` requests at once, or at `rate` a second (each request at its time, however many
+/// are still unanswered); every tenth session is shown and at every fiftieth a list is taken.
+/// Returns each session's user and name in the order of their creates.
 async fn create_work(
     fleet: &Fleet,
     clients: &[reqwest::Client],
     managers: &[String],
     record: &Arc<Record>,
 ) -> Vec<(usize, SessionName)> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let names = Arc::new(Mutex::new(Vec::new()));
-    let (sessions, total) = (fleet.sessions, fleet.sessions + fleet.jobs);
-    let mut workers = Vec::new();
-    for _ in 0..fleet.concurrency {
-        let (next, names, record) = (next.clone(), names.clone(), record.clone());
-        let clients = clients.to_vec();
-        let managers = managers.to_vec();
-        workers.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
-                    break;
-                }
-                let user = i % clients.len();
-                let (client, manager) = (&clients[user], &managers[user % managers.len()]);
-                // Request i is the k-th session when the sessions' share of the requests up to
-                // it grows past k; every other request is a job.
-                let k = (i + 1) * sessions / total;
-                if k == i * sessions / total {
-                    submit_job(client, manager, &record).await;
-                    continue;
-                }
-                if let Some(name) = create_session(client, manager, &record, user, k - 1).await {
-                    locked(&names).push((k - 1, user, name));
-                }
+    let work = Arc::new(Work {
+        sessions: fleet.sessions,
+        total: fleet.sessions + fleet.jobs,
+        clients: clients.to_vec(),
+        managers: managers.to_vec(),
+        record: record.clone(),
+        names: Mutex::new(Vec::new()),
+    });
+    match fleet.rate {
+        Some(rate) => {
+            let began = tokio::time::Instant::now();
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            let mut most = 0;
+            let mut requests = tokio::task::JoinSet::new();
+            for i in 0..work.total {
+                tokio::time::sleep_until(began + Duration::from_secs_f64(i as f64 / rate)).await;
+                most = most.max(in_flight.fetch_add(1, Ordering::Relaxed) + 1);
+                let (work, in_flight) = (work.clone(), in_flight.clone());
+                requests.spawn(async move {
+                    work.request(i).await;
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                });
             }
-        }));
+            while let Some(done) = requests.join_next().await {
+                done.expect("a request");
+            }
+            println!("at most {most} creates and submits were unanswered at once");
+        }
+        None => {
+            let next = Arc::new(AtomicUsize::new(0));
+            let mut workers = Vec::new();
+            for _ in 0..fleet.concurrency {
+                let (work, next) = (work.clone(), next.clone());
+                workers.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= work.total {
+                            break;
+                        }
+                        work.request(i).await;
+                    }
+                }));
+            }
+            for worker in workers {
+                worker.await.expect("a user worker");
+            }
+        }
     }
-    for worker in workers {
-        worker.await.expect("a user worker");
-    }
-    let mut names = std::mem::take(&mut *locked(&names));
+    let mut names = std::mem::take(&mut *locked(&work.names));
     names.sort_by_key(|(k, _, _)| *k);
     names
         .into_iter()
         .map(|(_, user, name)| (user, name))
         .collect()
+}
+
+/// The fleet's creates and submits, and the sessions' names as their creates answer.
+struct Work {
+    sessions: usize,
+    /// Sessions and jobs.
+    total: usize,
+    clients: Vec<reqwest::Client>,
+    managers: Vec<String>,
+    record: Arc<Record>,
+    /// Each created session's place among the sessions, user and name.
+    names: Mutex<Vec<(usize, usize, SessionName)>>,
+}
+
+impl Work {
+    /// Request `i` of the work: a session's create or a job's submit, `i`'s user's.
+    async fn request(&self, i: usize) {
+        let user = i % self.clients.len();
+        let (client, manager) = (
+            &self.clients[user],
+            &self.managers[user % self.managers.len()],
+        );
+        // Request i is the k-th session when the sessions' share of the requests up to it grows
+        // past k; every other request is a job.
+        let k = (i + 1) * self.sessions / self.total;
+        if k == i * self.sessions / self.total {
+            submit_job(client, manager, &self.record).await;
+            return;
+        }
+        if let Some(name) = create_session(client, manager, &self.record, user, k - 1).await {
+            locked(&self.names).push((k - 1, user, name));
+        }
+    }
 }
 
 /// Creates the `k`-th session, `user`'s (shown when `k` is a multiple of 10, with a list taken
@@ -1151,6 +1221,22 @@ fn client(ca: &[u8], user: Option<&User>) -> reqwest::Client {
     builder.build().expect("a client")
 }
 
+/// How often `/metrics` is scraped while the work flows (Prometheus's default is 15 s; more
+/// often here, for more samples of a run that lasts minutes).
+const SCRAPE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Scrapes `url` every [`SCRAPE_INTERVAL`] until aborted, each scrape's time (the whole answer
+/// read) in `record.scrapes`.
+async fn scrape_meanwhile(url: String, record: Arc<Record>) {
+    let client = reqwest::Client::new();
+    let mut ticks = tokio::time::interval(SCRAPE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        get_timed(&client, &url, &record, "GET /metrics", &record.scrapes).await;
+    }
+}
+
 /// The scrape of `/metrics`: each scrape's time, the size, and the round times it shows.
 struct Scrape {
     times: Vec<Duration>,
@@ -1283,7 +1369,16 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         &mut job_starts,
         "-",
     );
-    line("/metrics scrape", &mut scrape.times.clone(), "< 100 ms");
+    line(
+        "/metrics scrape, while the work flows",
+        &mut locked(&record.scrapes),
+        "< 100 ms",
+    );
+    line(
+        "/metrics scrape, after the jobs ended",
+        &mut scrape.times.clone(),
+        "< 100 ms",
+    );
     println!(
         "{:<44} mean {} over {} rounds, p99 <= {} s   target < 250 ms",
         "scheduling round",
