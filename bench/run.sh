@@ -52,7 +52,8 @@
 #   ONGRID_BENCH_PLAN (yes; no skips the scheduler), ONGRID_FLEET_NODES (1000; 0 skips the
 #   fleet), ONGRID_FLEET_SESSIONS (10000), ONGRID_FLEET_USERS (50), ONGRID_FLEET_SYNC (the
 #   manager's sync_interval in seconds, 5), ONGRID_FLEET_RATE (unset: 32 API requests at once;
-#   set: creates and submits sent at that many a second, however many are unanswered).
+#   set: creates and submits sent at that many a second, however many are unanswered; the
+#   removals still 32 at once).
 #
 # Needs: root (the agent installs iptables rules; the test user; the freeze bench), cargo, Docker
 # with the image ongrid/dev:latest (images/dev/build.sh), OpenSSH's ssh, ssh-keygen and sshd

@@ -171,9 +171,10 @@ impl ManagerExporter {
     async fn read_store(&self) -> Result<(), crate::store::StoreError> {
         let now = self.clock.now();
         // The reads at once, none depending on another's answer: a scrape waits for the
-        // longest, not for their sum, while the manager is busy.
-        let (counts, planning, policy, accounts) = tokio::try_join!(
-            // Counted by the database, with the GPUs in use (no session or job is read whole).
+        // longest, not for their sum, while the manager is busy. One that fails leaves every
+        // series as the last scrape that read them all set it.
+        let (counts, planning, policy, standings) = tokio::try_join!(
+            // Counted by the database; the GPUs in use from the copies kept for planning.
             self.store.state_counts(),
             // The planning read: the GPUs are read again only when the inventory changed, and
             // what is counted here (model, mode, health, MIG devices, the nodes) is part of it;
@@ -183,10 +184,11 @@ impl ManagerExporter {
                 .planning_nodes(chrono::DateTime::<chrono::Utc>::MIN_UTC),
             GpuPolicy::load(self.store.as_ref(), now),
             async {
-                match &self.fair_share {
-                    Some(_) => self.store.usage_accounts().await.map(Some),
-                    None => Ok(None),
-                }
+                let Some((config, clock)) = &self.fair_share else {
+                    return Ok(None);
+                };
+                let accounts = self.store.usage_accounts().await?;
+                Ok(Some(fair_share::current(&accounts, config, clock.now())))
             },
         )?;
         let nodes = planning.nodes;
@@ -244,8 +246,7 @@ impl ManagerExporter {
                 .set(gpus.len() as i64);
         }
 
-        if let (Some((config, clock)), Some(accounts)) = (&self.fair_share, accounts) {
-            let standings = fair_share::current(&accounts, config, clock.now());
+        if let Some(standings) = standings {
             self.fair_share_usage.clear();
             self.fair_share_factor.clear();
             for standing in standings {

@@ -17,13 +17,14 @@
 //! It prints what the site-scale targets are about: how long a placement takes to reach its
 //! node's agent (from the placement, its STARTING transition's time by the manager's clock, to
 //! the long-poll's answer naming it, by the same machine's clock; and from the create request
-//! of a session placed while GPUs were free), how many creates answered STARTING,
-//! the API's latency for create, show and ls under that load, the scheduling rounds' time (the
-//! loop's and those a create runs at once, from the leading manager's `/metrics`; their phases
-//! and the creates', from its log), the scrape's time (every 5 s while the work flows, and
-//! after the jobs ended) and size, the managers' resident memory (the larger) and the store's size, and the CPU
-//! time the managers and the driver itself used (while the work was created, and in all): the
-//! driver shares the machine, and the managers' CPU varies less from run to run than latencies.
+//! of a session placed while GPUs were free), how many creates answered STARTING, the API's
+//! latency for create, show and ls under that load, the scheduling rounds' time (the loop's and
+//! those a create runs at once, from the leading manager's `/metrics`; their phases and the
+//! creates', from its log), the scrape's time (every 5 s while the work flows, and after the
+//! jobs ended) and size, the managers' resident memory (the larger) and the store's size, and
+//! the CPU time the managers and the driver itself used (while the work was created, and in
+//! all): the driver shares the machine, and the managers' CPU varies less from run to run than
+//! latencies.
 //!
 //! `cargo run --release -p ongrid-e2e --example fleet`, or `bench/run.sh --only fleet`.
 //! Sizes from the environment: `ONGRID_FLEET_NODES` (1000), `ONGRID_FLEET_GPUS` (per node, 8),
@@ -31,9 +32,10 @@
 //! `ONGRID_FLEET_CONCURRENCY` (API requests at once, 32), `ONGRID_FLEET_RATE` (creates and
 //! submits a second instead, each sent at its time whether or not those before were answered:
 //! the API's latency at that load, where the requests at once measure it with the managers as
-//! busy as the driver can keep them), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in
-//! seconds, 5), `ONGRID_FLEET_STORE` (`sqlite` or `postgres`). Needs a file-descriptor limit
-//! above the nodes' count (`ulimit -n`).
+//! busy as the driver can keep them; the removals and look-ups stay `ONGRID_FLEET_CONCURRENCY`
+//! at once), `ONGRID_FLEET_SYNC` (the manager's `sync_interval` in seconds, 5),
+//! `ONGRID_FLEET_STORE` (`sqlite` or `postgres`). Needs a file-descriptor limit above the
+//! nodes' count (`ulimit -n`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,6 +105,14 @@ struct Fleet {
 
 impl Fleet {
     /// The store the run's managers share, in words.
+    /// The store and, at a fixed rate, the rate: what the closing table's rows are named by.
+    fn label(&self) -> String {
+        match self.rate {
+            Some(rate) => format!("{}, {rate} requests a second", self.store()),
+            None => self.store().to_owned(),
+        }
+    }
+
     fn store(&self) -> &'static str {
         if self.replicas {
             "two managers on PostgreSQL"
@@ -128,8 +138,8 @@ impl Fleet {
             rate: std::env::var("ONGRID_FLEET_RATE").ok().map(|v| {
                 v.parse::<f64>()
                     .ok()
-                    .filter(|rate| *rate > 0.0)
-                    .unwrap_or_else(|| panic!("ONGRID_FLEET_RATE={v}: not a positive number"))
+                    .filter(|rate| rate.is_finite() && *rate >= 0.01)
+                    .unwrap_or_else(|| panic!("ONGRID_FLEET_RATE={v}: a number of at least 0.01"))
             }),
             sync_secs: size("ONGRID_FLEET_SYNC", SYNC_INTERVAL.as_secs() as usize).max(1) as u64,
             replicas: match std::env::var("ONGRID_FLEET_STORE").as_deref() {
@@ -502,7 +512,8 @@ struct Work {
 }
 
 impl Work {
-    /// Request `i` of the work: a session's create or a job's submit, `i`'s user's.
+    /// Sends request `i` of the work, as user `i % users`: a session's create or a job's
+    /// submit.
     async fn request(&self, i: usize) {
         let user = i % self.clients.len();
         let (client, manager) = (
@@ -1341,7 +1352,7 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         let (p50, p99) = percentiles(values);
         println!("{what:<44} {:>10} {:>10}   {target}", ms(p50), ms(p99));
         bench_summary(
-            &format!("fleet ({}) {what}", fleet.store()),
+            &format!("fleet ({}) {what}", fleet.label()),
             &format!("p50 {} / p99 {}", ms(p50), ms(p99)),
             target,
             None,
@@ -1399,7 +1410,7 @@ fn report(fleet: &Fleet, record: &Record, scrape: &Scrape, resident_kib: u64) {
         kib(resident_kib)
     );
     bench_summary(
-        &format!("fleet ({}) manager memory", fleet.store()),
+        &format!("fleet ({}) manager memory", fleet.label()),
         &kib(resident_kib),
         "< 1 GiB",
         None,

@@ -433,8 +433,8 @@ pub trait Store: Send + Sync {
     fn sessions(&self, filter: SessionFilter) -> BoxFuture<'_, StoreResult<Vec<SessionRecord>>>;
 
     /// How many sessions that have not ended, and jobs, are in each state (by the state's
-    /// name; states with none are left out), and the GPUs they hold. For the metrics, which
-    /// need no whole rows.
+    /// name; states with none are left out), and the GPUs they hold (from the copies kept for
+    /// planning). For the metrics.
     fn state_counts(&self) -> BoxFuture<'_, StoreResult<StateCounts>>;
 
     /// The PENDING sessions in queue order, `(queued_at, id)`.

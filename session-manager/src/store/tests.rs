@@ -1110,6 +1110,24 @@ async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
         [GpuId::Gpu(gpu(1).uuid), GpuId::Gpu(gpu(2).uuid)]
     );
     assert_eq!(counts.jobs, [("RUNNING".to_owned(), 1)]);
+
+    // Holders that let their GPUs go after a count no longer count them: the job finished,
+    // the session ended.
+    store
+        .job_transition(job.id, finished(t(8)), None)
+        .await
+        .unwrap();
+    let counts = store.state_counts().await.unwrap();
+    assert_eq!(
+        counts.gpus_in_use.into_iter().collect::<Vec<_>>(),
+        [GpuId::Gpu(gpu(2).uuid)]
+    );
+    assert_eq!(counts.jobs, [("FINISHED".to_owned(), 1)]);
+    let end = Change::keep_placement(SessionState::Ended, t(9), "removed by alice");
+    store.transition(ids[2], end).await.unwrap();
+    let counts = store.state_counts().await.unwrap();
+    assert!(counts.gpus_in_use.is_empty());
+    assert_eq!(counts.sessions, [("HELD".to_owned(), 1)]);
 }
 
 /// A token identity links to a user who exists and is not removed, is replaced by a second link,

@@ -491,3 +491,25 @@ fn job_with_lifecycle(row: &DbRow, id: JobId, lifecycle: JobLifecycle) -> StoreR
         grid: super::grid_jobs::grid_from_row(row)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use ongrid_core::job::JobState;
+
+    /// The written-out lists name the states they stand for: the kept jobs' (QUEUED or holding
+    /// GPUs, as the copy keeps them), and those nothing follows.
+    #[test]
+    fn state_lists_name_their_states() {
+        let listed = |keep: fn(&JobState) -> bool| {
+            format!(
+                "({})",
+                super::super::states_listed(JobState::ALL.iter().filter(|s| keep(s)))
+            )
+        };
+        assert_eq!(
+            super::ACTIVE,
+            listed(|s| *s == JobState::Queued || s.holds_gpus())
+        );
+        assert_eq!(super::FINAL, listed(|s| s.is_final()));
+    }
+}

@@ -133,9 +133,8 @@ impl SqlStore {
         row.as_ref().map(session_from_row).transpose()
     }
 
-    /// How many sessions (not ended) and jobs are in each state: counted by the database, the
-    /// three reads at once, each on a connection of its own (a scrape waits for the longest,
-    /// not for their sum).
+    /// How many sessions (not ended) and jobs are in each state, counted by the database, and
+    /// the GPUs in use: the three at once.
     async fn state_counts(&self) -> StoreResult<StateCounts> {
         let count = |sql: &'static str| async move {
             let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
@@ -157,7 +156,8 @@ impl SqlStore {
 
     /// The GPUs held by sessions and jobs in a state that holds GPUs, from the copies kept for
     /// planning (which hold every such record), brought up to date with the records changed
-    /// since: no holder's row is read again.
+    /// since: no holder's row is read again. The two copies are two reads, not one snapshot: a
+    /// GPU going from a session to a job between them may count as free in one scrape.
     async fn gpus_in_use(&self) -> StoreResult<BTreeSet<GpuId>> {
         let (sessions, jobs) = tokio::try_join!(self.planning_sessions(), self.planning_jobs())?;
         let sessions = sessions
