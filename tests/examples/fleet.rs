@@ -104,7 +104,6 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// The store the run's managers share, in words.
     /// The store and, at a fixed rate, the rate: what the closing table's rows are named by.
     fn label(&self) -> String {
         match self.rate {
@@ -113,6 +112,7 @@ impl Fleet {
         }
     }
 
+    /// The store the run's managers share, in words.
     fn store(&self) -> &'static str {
         if self.replicas {
             "two managers on PostgreSQL"
