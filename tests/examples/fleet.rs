@@ -454,17 +454,17 @@ async fn create_work(
     match fleet.rate {
         Some(rate) => {
             let began = tokio::time::Instant::now();
-            let in_flight = Arc::new(AtomicUsize::new(0));
             let mut most = 0;
             let mut requests = tokio::task::JoinSet::new();
             for i in 0..work.total {
                 tokio::time::sleep_until(began + Duration::from_secs_f64(i as f64 / rate)).await;
-                most = most.max(in_flight.fetch_add(1, Ordering::Relaxed) + 1);
-                let (work, in_flight) = (work.clone(), in_flight.clone());
-                requests.spawn(async move {
-                    work.request(i).await;
-                    in_flight.fetch_sub(1, Ordering::Relaxed);
-                });
+                // The answered ones taken out, the set holds those still unanswered.
+                while let Some(done) = requests.try_join_next() {
+                    done.expect("a request");
+                }
+                let work = work.clone();
+                requests.spawn(async move { work.request(i).await });
+                most = most.max(requests.len());
             }
             while let Some(done) = requests.join_next().await {
                 done.expect("a request");
