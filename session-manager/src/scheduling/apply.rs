@@ -90,7 +90,8 @@ impl JobMove {
 }
 
 impl Scheduler {
-    /// Plans from `state` and stores the plan; returns the sessions placed.
+    /// Plans from `state` and stores the plan; returns the sessions placed, and how long the
+    /// planning took (the rest is the plan's write).
     pub(super) async fn apply_plan(
         &self,
         round: &Round<'_>,
@@ -98,7 +99,7 @@ impl Scheduler {
         halt_waits: &mut HashMap<SessionId, HaltWait>,
         unpinned: &Unpinned,
         report: &mut TickReport,
-    ) -> StoreResult<HashSet<SessionId>> {
+    ) -> StoreResult<(HashSet<SessionId>, std::time::Duration)> {
         let now = round.now;
         let planning = std::time::Instant::now();
         let actions = ongrid_scheduler::plan(state, now);
@@ -133,6 +134,7 @@ impl Scheduler {
                 .into_iter()
                 .filter_map(|action| mig_job_move(round, action)),
         );
+        let planned = planning.elapsed();
         let (places, moves) = self.store_round(places, moves).await?;
         for moved in moves {
             moved.log();
@@ -147,7 +149,7 @@ impl Scheduler {
             }
             report.placed += 1;
         }
-        Ok(placed)
+        Ok((placed, planned))
     }
 
     /// Stores the round's placements and job changes in one write, and wakes the node of each

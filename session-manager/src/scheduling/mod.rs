@@ -414,14 +414,16 @@ impl Scheduler {
         let before_input = started.elapsed();
         let (state, unpinned) = self.plan_input(&round, halt_waits, &mut reads).await?;
         let before_apply = started.elapsed();
-        let placed = self
+        let (placed, planned) = self
             .apply_plan(&round, &state, halt_waits, &unpinned, &mut report)
             .await?;
+        let ms = |duration: std::time::Duration| duration.as_secs_f64() * 1e3;
         tracing::debug!(
-            site_ms = site_read.as_secs_f64() * 1e3,
-            phases_ms = (before_input - site_read).as_secs_f64() * 1e3,
-            input_ms = (before_apply - before_input).as_secs_f64() * 1e3,
-            apply_ms = (started.elapsed() - before_apply).as_secs_f64() * 1e3,
+            site_ms = ms(site_read),
+            phases_ms = ms(before_input - site_read),
+            input_ms = ms(before_apply - before_input),
+            plan_ms = ms(planned),
+            write_ms = ms(started.elapsed() - before_apply - planned),
             nodes = site.nodes.len(),
             holding = site.holding.len(),
             pending = pending.len(),
