@@ -234,6 +234,7 @@ backend_tests!(
     a_new_gpu_starts_in_the_mode_its_agent_asks_and_a_known_one_keeps_its_own,
     token_identities_link_to_existing_users_and_keys_keep_their_token_issuer,
     sessions_and_jobs_are_counted_by_state,
+    an_upgrade_counts_the_sessions_and_jobs_already_stored,
     changes_stored_together_skip_the_refused_ones,
     changes_stored_together_each_set_their_own_session,
     a_rounds_placements_and_job_changes_are_stored_in_one_write,
@@ -1128,6 +1129,119 @@ async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
     let counts = store.state_counts().await.unwrap();
     assert!(counts.gpus_in_use.is_empty());
     assert_eq!(counts.sessions, [("HELD".to_owned(), 1)]);
+
+    // A removed job leaves the count; a job submitted after it enters it.
+    store.record_job_log(job.id, 0, true).await.unwrap();
+    let removal = store
+        .remove_job(job.id, std::time::Duration::ZERO, t(10))
+        .await
+        .unwrap();
+    assert!(
+        matches!(removal, crate::store::JobRemoval::Removed(_)),
+        "{removal:?}"
+    );
+    assert!(store.state_counts().await.unwrap().jobs.is_empty());
+    queued_job(&store, t(11), None).await;
+    queued_job(&store, t(12), None).await;
+    let counts = store.state_counts().await.unwrap();
+    assert_eq!(counts.jobs, [("QUEUED".to_owned(), 2)]);
+}
+
+/// A database of the release before the counts kept by state (migrations up to 0027), with
+/// sessions and jobs in several states: the upgrade counts them, and the counts follow the writes
+/// after it.
+async fn an_upgrade_counts_the_sessions_and_jobs_already_stored(backend: Backend) {
+    let place = Place::new(backend).await;
+    let migrations = match backend {
+        Backend::Sqlite => "migrations",
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => "migrations-postgres",
+    };
+    let migrator = fixtures::migrations_before(migrations, "0028", place.dir.path()).await;
+    let at = stored_time(t(0));
+    let request = serde_json::to_string(&GpuRequest::default()).unwrap();
+    let mut statements = vec![format!(
+        "INSERT INTO users (dn, user_name, uid, created_at) \
+         VALUES ('/DC=org/CN=Alice', 'alice', 20000, '{at}')"
+    )];
+    let sessions = [("PENDING", 2), ("HELD", 1), ("ENDED", 3)];
+    for (n, state) in sessions
+        .iter()
+        .flat_map(|(state, count)| std::iter::repeat_n(*state, *count))
+        .enumerate()
+    {
+        statements.push(format!(
+            "INSERT INTO sessions (id, name, owner, request, image, state, reason, created_at, \
+             queued_at) VALUES ('{}', 'dev-{n}', '/DC=org/CN=Alice', '{request}', \
+             'ongrid/dev:latest', '{state}', 'as stored', '{at}', '{at}')",
+            SessionId::new_random()
+        ));
+    }
+    // Ended ones: the planning read (which the GPUs in use come from) would read a live job's
+    // history, which these rows have none of.
+    let jobs = [("CANCELLED", 1), ("FINISHED", 2)];
+    for state in jobs
+        .iter()
+        .flat_map(|(state, count)| std::iter::repeat_n(*state, *count))
+    {
+        let id = JobId::new_random();
+        statements.push(format!(
+            "INSERT INTO jobs (id, owner, state, spec, image_digest, docker_image, \
+             chain_initial, restart_count, queued_at) VALUES ('{id}', '/DC=org/CN=Alice', \
+             '{state}', '{{}}', 'sha256:00', 'ongrid/job:1', '{id}', 0, '{at}')"
+        ));
+    }
+    // The old schema and its rows, through either backend's pool, whose types differ.
+    macro_rules! fill {
+        ($pool:expr) => {{
+            let pool = $pool;
+            migrator.run(&pool).await.unwrap();
+            for statement in &statements {
+                sqlx::query(statement).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }};
+    }
+    match &place.database {
+        Database::Sqlite(file) => fill!(sqlx::SqlitePool::connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(file)
+                .create_if_missing(true)
+        )
+        .await
+        .unwrap()),
+        #[cfg(feature = "postgres")]
+        Database::Postgres(url) => fill!(sqlx::PgPool::connect(url).await.unwrap()),
+    }
+
+    let store = place.open().await;
+    let counts = store.state_counts().await.unwrap();
+    assert_eq!(
+        counts.sessions,
+        [("HELD".to_owned(), 1), ("PENDING".to_owned(), 2)],
+        "the ended sessions are not shown"
+    );
+    assert_eq!(
+        counts.jobs,
+        [("CANCELLED".to_owned(), 1), ("FINISHED".to_owned(), 2)]
+    );
+    let ended = store
+        .rows(
+            "SELECT CAST(n AS TEXT) FROM state_counts WHERE kind = 'session' AND state = 'ENDED'",
+            &[],
+        )
+        .await;
+    assert_eq!(ended, [[Some("3".to_owned())]], "but counted");
+    queued_job(&store, t(1), None).await;
+    let counts = store.state_counts().await.unwrap();
+    assert_eq!(
+        counts.jobs,
+        [
+            ("CANCELLED".to_owned(), 1),
+            ("FINISHED".to_owned(), 2),
+            ("QUEUED".to_owned(), 1)
+        ]
+    );
 }
 
 /// A token identity links to a user who exists and is not removed, is replaced by a second link,
@@ -4203,6 +4317,7 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
     let jobs_before = store.jobs(JobFilter::Owner(dn.clone())).await.unwrap();
     let sessions_before = store.sessions(SessionFilter::All).await.unwrap();
     let identity = store.identity().await.unwrap();
+    let counts_before = store.state_counts().await.unwrap();
     store.close().await;
 
     let Database::Sqlite(file) = &place.database else {
@@ -4241,6 +4356,13 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
         (&identity.id, identity.generation + 1),
         "the same store, one generation on"
     );
+    // The counts by state came along once (the triggers that keep them were off for the copy),
+    // and count the target's own writes after it.
+    assert_eq!(target.state_counts().await.unwrap(), counts_before);
+    create(&target, &dn, Some("after"), t(4)).await;
+    let counts = target.state_counts().await.unwrap();
+    assert_eq!(counts.sessions, [("PENDING".to_owned(), 2)]);
+    assert_eq!(counts.jobs, counts_before.jobs);
     target.close().await;
 
     let again = sqlite_to_postgres(file, &url).await.unwrap_err();

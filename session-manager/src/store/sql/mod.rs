@@ -133,20 +133,30 @@ impl SqlStore {
         row.as_ref().map(session_from_row).transpose()
     }
 
-    /// How many sessions (not ended) and jobs are in each state, counted by the database, and
-    /// the GPUs in use: the three at once.
+    /// How many sessions (not ended) and jobs are in each state, as the database keeps them
+    /// (`state_counts`, migration 0028: its triggers count every row written), and the GPUs in
+    /// use: the two at once.
     async fn state_counts(&self) -> StoreResult<StateCounts> {
-        let count = |sql: &'static str| async move {
-            let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
-            rows.iter()
-                .map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)))
-                .collect::<StoreResult<Vec<(String, i64)>>>()
+        let counts = async {
+            let rows = sqlx::query(
+                "SELECT kind, state, n FROM state_counts \
+                 WHERE n <> 0 AND NOT (kind = 'session' AND state = 'ENDED') \
+                 ORDER BY kind, state",
+            )
+            .fetch_all(&self.pool)
+            .await?;
+            let (mut sessions, mut jobs) = (Vec::new(), Vec::new());
+            for row in &rows {
+                let count = (row.try_get::<String, _>("state")?, row.try_get("n")?);
+                match row.try_get::<&str, _>("kind")? {
+                    "session" => sessions.push(count),
+                    "job" => jobs.push(count),
+                    other => return Err(StoreError::Corrupt(format!("state counts of {other:?}"))),
+                }
+            }
+            StoreResult::Ok((sessions, jobs))
         };
-        let (sessions, jobs, gpus_in_use) = tokio::try_join!(
-            count("SELECT state, COUNT(*) FROM sessions WHERE state <> 'ENDED' GROUP BY state"),
-            count("SELECT state, COUNT(*) FROM jobs GROUP BY state"),
-            self.gpus_in_use(),
-        )?;
+        let ((sessions, jobs), gpus_in_use) = tokio::try_join!(counts, self.gpus_in_use())?;
         Ok(StateCounts {
             sessions,
             jobs,
