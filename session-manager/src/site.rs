@@ -160,6 +160,13 @@ impl Satisfiability {
     }
 }
 
+/// The jobs of `jobs` the site's GPUs run: those of grid targets run elsewhere, their engines
+/// schedule them.
+fn on_site(mut jobs: Vec<Arc<JobRecord>>) -> Vec<Arc<JobRecord>> {
+    jobs.retain(|job| job.grid.is_none());
+    jobs
+}
+
 impl SiteSnapshot {
     /// The site as stored now, for what people see of it.
     pub async fn load(
@@ -187,28 +194,27 @@ impl SiteSnapshot {
         now: DateTime<Utc>,
         node_timeout: Duration,
     ) -> StoreResult<(Self, Vec<SessionRecord>)> {
-        let nodes = store
-            .planning_nodes(online_since(now, node_timeout))
-            .await?
-            .nodes;
-        let (holding, pending): (Vec<_>, Vec<_>) = store
-            .planning_sessions()
-            .await?
+        // The three reads at once: a round waits for the longest, not for their sum. Their
+        // order does not matter: only the rounds, one at a time, give GPUs to sessions and jobs,
+        // so a holder read in one is never missing from the GPUs read in another; a holder that
+        // lets its GPUs go between them only leaves them taken until the next round.
+        let (nodes, sessions, jobs) = tokio::try_join!(
+            store.planning_nodes(online_since(now, node_timeout)),
+            store.planning_sessions(),
+            store.planning_jobs(),
+        )?;
+        let (holding, pending): (Vec<_>, Vec<_>) = sessions
             .into_iter()
             .partition(|session| session.state.holds_gpus());
         // Few wait, and the scheduler's phases take them as records.
         let pending = pending.into_iter().map(Arc::unwrap_or_clone).collect();
-        let site =
-            Self::with_active_jobs(store, Self::new(now, nodes, holding, node_timeout)).await?;
+        let site = Self::new(now, nodes.nodes, holding, node_timeout).with_jobs(on_site(jobs));
         Ok((site, pending))
     }
 
     /// `site` with the jobs QUEUED or holding GPUs as stored now.
     async fn with_active_jobs(store: &dyn Store, site: Self) -> StoreResult<Self> {
-        let mut jobs = store.planning_jobs().await?;
-        // Jobs of grid targets run elsewhere: their engines schedule them.
-        jobs.retain(|job| job.grid.is_none());
-        Ok(site.with_jobs(jobs))
+        Ok(site.with_jobs(on_site(store.planning_jobs().await?)))
     }
 
     /// The registered nodes and their GPUs as of `now`, without the sessions and jobs that hold
