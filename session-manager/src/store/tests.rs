@@ -50,6 +50,39 @@ impl Place {
         (place, store)
     }
 
+    /// The schema of an older release (the migrations numbered below `version`) and
+    /// `statements` run on it, for a test of the upgrade from it: [`Self::open`] then migrates.
+    async fn old_schema_with(&self, version: &str, statements: &[String]) {
+        let migrations = match &self.database {
+            Database::Sqlite(_) => "migrations",
+            #[cfg(feature = "postgres")]
+            Database::Postgres(_) => "migrations-postgres",
+        };
+        let migrator = fixtures::migrations_before(migrations, version, self.dir.path()).await;
+        // Through either backend's pool, whose types differ.
+        macro_rules! fill {
+            ($pool:expr) => {{
+                let pool = $pool;
+                migrator.run(&pool).await.unwrap();
+                for statement in statements {
+                    sqlx::query(statement).execute(&pool).await.unwrap();
+                }
+                pool.close().await;
+            }};
+        }
+        match &self.database {
+            Database::Sqlite(file) => fill!(sqlx::SqlitePool::connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(file)
+                    .create_if_missing(true)
+            )
+            .await
+            .unwrap()),
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => fill!(sqlx::PgPool::connect(url).await.unwrap()),
+        }
+    }
+
     pub(crate) async fn open(&self) -> TestStore {
         TestStore(
             self.database
@@ -1152,12 +1185,6 @@ async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
 /// after it.
 async fn an_upgrade_counts_the_sessions_and_jobs_already_stored(backend: Backend) {
     let place = Place::new(backend).await;
-    let migrations = match backend {
-        Backend::Sqlite => "migrations",
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => "migrations-postgres",
-    };
-    let migrator = fixtures::migrations_before(migrations, "0028", place.dir.path()).await;
     let at = stored_time(t(0));
     let request = serde_json::to_string(&GpuRequest::default()).unwrap();
     let mut statements = vec![format!(
@@ -1191,28 +1218,7 @@ async fn an_upgrade_counts_the_sessions_and_jobs_already_stored(backend: Backend
              '{state}', '{{}}', 'sha256:00', 'ongrid/job:1', '{id}', 0, '{at}')"
         ));
     }
-    // The old schema and its rows, through either backend's pool, whose types differ.
-    macro_rules! fill {
-        ($pool:expr) => {{
-            let pool = $pool;
-            migrator.run(&pool).await.unwrap();
-            for statement in &statements {
-                sqlx::query(statement).execute(&pool).await.unwrap();
-            }
-            pool.close().await;
-        }};
-    }
-    match &place.database {
-        Database::Sqlite(file) => fill!(sqlx::SqlitePool::connect_with(
-            sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(file)
-                .create_if_missing(true)
-        )
-        .await
-        .unwrap()),
-        #[cfg(feature = "postgres")]
-        Database::Postgres(url) => fill!(sqlx::PgPool::connect(url).await.unwrap()),
-    }
+    place.old_schema_with("0028", &statements).await;
 
     let store = place.open().await;
     let counts = store.state_counts().await.unwrap();
@@ -2809,12 +2815,6 @@ async fn nodes_keep_their_stream_url(backend: Backend) {
 /// sessions: the upgrade moves each hold's reason into its column and shows the same sentence.
 async fn an_upgrade_types_the_hold_reasons_already_stored(backend: Backend) {
     let place = Place::new(backend).await;
-    let migrations = match backend {
-        Backend::Sqlite => "migrations",
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => "migrations-postgres",
-    };
-    let migrator = fixtures::migrations_before(migrations, "0006", place.dir.path()).await;
     let idle = SessionId::new_random();
     let by_hand = SessionId::new_random();
     let request = serde_json::to_string(&GpuRequest::default()).unwrap();
@@ -2849,28 +2849,7 @@ async fn an_upgrade_types_the_hold_reasons_already_stored(backend: Backend) {
             stored_time(t(5))
         ),
     ];
-    // The old schema and its rows, through either backend's pool, whose types differ.
-    macro_rules! fill {
-        ($pool:expr) => {{
-            let pool = $pool;
-            migrator.run(&pool).await.unwrap();
-            for statement in statements {
-                sqlx::query(&statement).execute(&pool).await.unwrap();
-            }
-            pool.close().await;
-        }};
-    }
-    match &place.database {
-        Database::Sqlite(file) => fill!(sqlx::SqlitePool::connect_with(
-            sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(file)
-                .create_if_missing(true)
-        )
-        .await
-        .unwrap()),
-        #[cfg(feature = "postgres")]
-        Database::Postgres(url) => fill!(sqlx::PgPool::connect(url).await.unwrap()),
-    }
+    place.old_schema_with("0006", &statements).await;
 
     let store = place.open().await;
     let session = store.session(idle).await.unwrap().unwrap();
