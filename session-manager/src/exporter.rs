@@ -174,7 +174,8 @@ impl ManagerExporter {
         // longest, not for their sum, while the manager is busy. One that fails leaves every
         // series as the last scrape that read them all set it.
         let (counts, planning, policy, standings) = tokio::try_join!(
-            // Counted by the database; the GPUs in use from the copies kept for planning.
+            // The counts the database keeps by state; the GPUs in use from the copies kept for
+            // planning.
             self.store.state_counts(),
             // The planning read: the GPUs are read again only when the inventory changed, and
             // what is counted here (model, mode, health, MIG devices, the nodes) is part of it;

@@ -1429,10 +1429,11 @@ fn postgres_size(url: &str) -> Option<u64> {
 
 /// Where the loop's rounds spent their time, from the manager's DEBUG lines "Round's phases
 /// timed." (`site_ms`, `phases_ms`, `input_ms`, `plan_ms`, `write_ms`: the plan and its write
-/// were `apply_ms` together), over the rounds that planned something; and the creates', from "Create's phases timed." (`checks_ms`, `write_ms`,
-/// `wait_ms`, `read_ms`; the whole request is the API create line, timed by this driver): the
-/// mean, the 99th percentile and the largest of each. `log` is the first manager's: with two,
-/// its rounds while it leads and the creates it answered.
+/// were `apply_ms` together), over the rounds that planned something; and the creates', from
+/// "Create's phases timed." (`checks_ms`, `write_ms`, `wait_ms`, `read_ms`; the whole request is
+/// the API create line, timed by this driver): the mean, the 99th percentile and the largest of
+/// each. `log` is the first manager's: with two, its rounds while it leads and the creates it
+/// answered.
 fn manager_phases(log: &std::path::Path) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;

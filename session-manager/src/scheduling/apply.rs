@@ -91,7 +91,8 @@ impl JobMove {
 
 impl Scheduler {
     /// Plans from `state` and stores the plan; returns the sessions placed, and how long the
-    /// planning took (the rest is the plan's write).
+    /// planning took (the plans and the changes made of them; the rest, the write, its log lines
+    /// and the nodes' wake-ups, is the plan's write).
     pub(super) async fn apply_plan(
         &self,
         round: &Round<'_>,

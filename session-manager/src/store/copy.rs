@@ -5,8 +5,9 @@
 //! release's; then, in one PostgreSQL transaction that holds the writers' lock
 //! ([`super::postgres::WRITE_LOCK`]), every table is checked empty, copied row by row (parents
 //! before the tables that refer to them; a table's references to itself filled in once all its
-//! rows are there; the schema's triggers off, so what they keep, the counts by state, is copied
-//! as it is and not counted twice) and counted against the source. Anything that does not match rolls everything
+//! rows are there) and counted against the source. The tables the target's triggers keep from
+//! the others' rows ([`DERIVED_TABLES`]) are not copied: the copied rows fill them as any write
+//! does. Anything that does not match rolls everything
 //! back, so the target is either a full copy or untouched. Values pass as text and PostgreSQL
 //! converts each to its column's type (SQLite's 0 and 1 to a boolean, for example).
 //!
@@ -73,6 +74,11 @@ pub struct Copied {
 
 /// The table of the store's identity, which every new database has a row in.
 const IDENTITY_TABLE: &str = "store_identity";
+
+/// The tables that triggers keep from the rows of others (the counts by state, migration 0028):
+/// not copied, and not compared with the source's, whose zero counts may be rows the target
+/// never needed.
+const DERIVED_TABLES: &[&str] = &["state_counts"];
 
 /// One table of the target as PostgreSQL describes it.
 struct Table {
@@ -147,11 +153,12 @@ async fn copy(source: &SqliteStore, target: &PostgresStore) -> Result<Copied, Co
     sqlx::query(&format!("DELETE FROM {}", quoted(IDENTITY_TABLE)))
         .execute(&mut *writing)
         .await?;
-    // Rows that triggers derive from others (the counts by state) are copied as they are: the
-    // triggers stay off while the copy writes (a change of this transaction only).
-    triggers(&tables, "DISABLE", &mut writing).await?;
+    let copies: Vec<&Table> = tables
+        .iter()
+        .filter(|table| !DERIVED_TABLES.contains(&table.name.as_str()))
+        .collect();
     let mut copied = BTreeMap::new();
-    for table in &tables {
+    for table in &copies {
         let rows = copy_table(table, &mut reading, &mut writing)
             .await
             .map_err(|source| CopyError::Copy {
@@ -160,8 +167,7 @@ async fn copy(source: &SqliteStore, target: &PostgresStore) -> Result<Copied, Co
             })?;
         copied.insert(table.name.clone(), rows);
     }
-    triggers(&tables, "ENABLE", &mut writing).await?;
-    for table in &tables {
+    for table in &copies {
         let name = quoted(&table.name);
         let expected: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {name}"))
             .fetch_one(&mut *reading)
@@ -189,21 +195,6 @@ async fn copy(source: &SqliteStore, target: &PostgresStore) -> Result<Copied, Co
         tables: copied,
         generation,
     })
-}
-
-/// Turns the triggers of the schema's own (`DISABLE` or `ENABLE`) on every table.
-async fn triggers(
-    tables: &[Table],
-    turn: &str,
-    db: &mut sqlx::PgConnection,
-) -> Result<(), sqlx::Error> {
-    for table in tables {
-        let name = quoted(&table.name);
-        sqlx::query(&format!("ALTER TABLE {name} {turn} TRIGGER USER"))
-            .execute(&mut *db)
-            .await?;
-    }
-    Ok(())
 }
 
 /// The target's tables (but the migrations' own), parents before the tables that refer to them.

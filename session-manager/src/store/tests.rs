@@ -947,6 +947,7 @@ async fn changes_stored_together_skip_the_refused_ones(backend: Backend) {
         assert_eq!(states, expected);
     }
     assert!(store.transition_all(Vec::new()).await.unwrap().is_empty());
+    counts_match_the_tables(&store).await;
 }
 
 /// A round's placements and job changes stored in one write: each one allowed is stored and
@@ -1020,6 +1021,7 @@ async fn a_rounds_placements_and_job_changes_are_stored_in_one_write(backend: Ba
 
     let none = store.round_changes(Vec::new(), Vec::new()).await.unwrap();
     assert!(none.sessions.is_empty() && none.jobs.is_empty());
+    counts_match_the_tables(&store).await;
 }
 
 /// Changes stored in one write set each session's own state, reason and placement: a round's
@@ -1090,6 +1092,7 @@ async fn changes_stored_together_each_set_their_own_session(backend: Backend) {
         let kept = planned.iter().find(|s| s.id == id).unwrap();
         assert_eq!(**kept, session, "{}", session.name);
     }
+    counts_match_the_tables(&store).await;
 }
 
 /// The database counts sessions (ended ones left out) and jobs by state, for the metrics.
@@ -1178,6 +1181,30 @@ async fn sessions_and_jobs_are_counted_by_state(backend: Backend) {
     queued_job(&store, t(12), None).await;
     let counts = store.state_counts().await.unwrap();
     assert_eq!(counts.jobs, [("QUEUED".to_owned(), 2)]);
+    counts_match_the_tables(&store).await;
+}
+
+/// The counts by state the database keeps (`state_counts`) are those of the tables' rows, every
+/// state of both kinds, the ended sessions' too: called after writes of many rows at once.
+async fn counts_match_the_tables(store: &TestStore) {
+    let kept = store
+        .rows(
+            "SELECT kind, state, CAST(n AS TEXT) FROM state_counts WHERE n <> 0 \
+             ORDER BY kind, state",
+            &[],
+        )
+        .await;
+    let counted = store
+        .rows(
+            "SELECT kind, state, CAST(n AS TEXT) FROM ( \
+             SELECT 'job' AS kind, state, COUNT(*) AS n FROM jobs GROUP BY state \
+             UNION ALL \
+             SELECT 'session' AS kind, state, COUNT(*) AS n FROM sessions GROUP BY state \
+             ) counted ORDER BY kind, state",
+            &[],
+        )
+        .await;
+    assert_eq!(kept, counted, "the counts kept are the tables' own");
 }
 
 /// A database of the release before the counts kept by state (migrations up to 0027), with
@@ -1248,6 +1275,58 @@ async fn an_upgrade_counts_the_sessions_and_jobs_already_stored(backend: Backend
             ("QUEUED".to_owned(), 1)
         ]
     );
+    counts_match_the_tables(&store).await;
+}
+
+/// PostgreSQL, replicas upgraded one at a time: a write of the release before 0028 still open
+/// when the other replica's migration begins is counted once it commits (the migration waits for
+/// it), not lost between the counts made of the rows stored and the triggers.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn an_upgrade_counts_a_write_still_open_on_a_replica_of_the_release_before() {
+    let place = Place::new(Backend::Postgres).await;
+    let at = stored_time(t(0));
+    let user = format!(
+        "INSERT INTO users (dn, user_name, uid, created_at) \
+         VALUES ('/DC=org/CN=Alice', 'alice', 20000, '{at}')"
+    );
+    place.old_schema_with("0028", &[user]).await;
+    let Database::Postgres(url) = &place.database else {
+        panic!("{:?}", place.database)
+    };
+    let old_replica = sqlx::PgPool::connect(url).await.unwrap();
+    let mut open = old_replica.begin().await.unwrap();
+    let request = serde_json::to_string(&GpuRequest::default()).unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO sessions (id, name, owner, request, image, state, reason, created_at, \
+         queued_at) VALUES ('{}', 'dev', '/DC=org/CN=Alice', '{request}', \
+         'ongrid/dev:latest', 'PENDING', 'requested by alice', '{at}', '{at}')",
+        SessionId::new_random()
+    ))
+    .execute(&mut *open)
+    .await
+    .unwrap();
+
+    let database = place.database.clone();
+    let upgrading = tokio::spawn(async move { database.open().await.unwrap() });
+    // The migration waits for a lock the open write holds.
+    let waits = "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    while sqlx::query_scalar::<_, i64>(waits)
+        .fetch_one(&old_replica)
+        .await
+        .unwrap()
+        == 0
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    open.commit().await.unwrap();
+    old_replica.close().await;
+
+    let store = TestStore(upgrading.await.unwrap());
+    let counts = store.state_counts().await.unwrap();
+    assert_eq!(counts.sessions, [("PENDING".to_owned(), 1)]);
+    counts_match_the_tables(&store).await;
 }
 
 /// A token identity links to a user who exists and is not removed, is replaced by a second link,
@@ -1764,6 +1843,7 @@ async fn creates_written_together_each_keep_their_own_answer(backend: Backend) {
     ];
     expected.sort();
     assert_eq!(names, expected);
+    counts_match_the_tables(&store).await;
 }
 
 /// A write of creates takes the creates waiting once it has the site's write lock: those that
@@ -3413,6 +3493,7 @@ async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backen
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
     assert_ne!(stamp_of(a.id).await, stamp_of(c.id).await);
     assert_eq!(stored(c.id).await.state(), JobState::MustHalt);
+    counts_match_the_tables(&store).await;
 }
 
 /// The output records of callers that wait for the write at the same time (two nodes' syncs)
@@ -3762,6 +3843,7 @@ async fn a_job_change_stored_together_with_others_creates_the_next_job_of_its_ch
     let other = store.job(other.id).await.unwrap().unwrap();
     assert_eq!((other.state(), other.next_job), (JobState::Queued, None));
     assert!(store.job(refused_next.id).await.unwrap().is_none());
+    counts_match_the_tables(&store).await;
 }
 
 /// A job's change to FINISHED with exit code 0 at `at` (refused for a QUEUED job).
@@ -4221,6 +4303,7 @@ async fn ended_jobs_are_removed_with_what_refers_to_them_and_never_sooner(backen
     assert_eq!(store.prune_jobs(t(100_000), 1).await.unwrap(), vec![]);
     let dn = Dn::parse("/CN=Alice").unwrap();
     assert!(store.jobs(JobFilter::Owner(dn)).await.unwrap().is_empty());
+    counts_match_the_tables(&store).await;
 }
 
 /// The retention's prune of the audit log: connections closed before the cutoff go, in
@@ -4335,8 +4418,8 @@ async fn a_sqlite_store_copies_into_an_empty_postgres_database() {
         (&identity.id, identity.generation + 1),
         "the same store, one generation on"
     );
-    // The counts by state came along once (the triggers that keep them were off for the copy),
-    // and count the target's own writes after it.
+    // The counts by state are the target's triggers' own, made from the rows copied (the
+    // source's are not copied), and count the target's writes after the copy.
     assert_eq!(target.state_counts().await.unwrap(), counts_before);
     create(&target, &dn, Some("after"), t(4)).await;
     let counts = target.state_counts().await.unwrap();
