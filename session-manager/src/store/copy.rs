@@ -7,9 +7,9 @@
 //! before the tables that refer to them; a table's references to itself filled in once all its
 //! rows are there) and counted against the source. The tables the target's triggers keep from
 //! the others' rows ([`DERIVED_TABLES`]) are not copied: the copied rows fill them as any write
-//! does. Anything that does not match rolls everything
-//! back, so the target is either a full copy or untouched. Values pass as text and PostgreSQL
-//! converts each to its column's type (SQLite's 0 and 1 to a boolean, for example).
+//! does. Anything that does not match rolls everything back, so the target is either a full copy
+//! or untouched. Values pass as text and PostgreSQL converts each to its column's type (SQLite's
+//! 0 and 1 to a boolean, for example).
 //!
 //! The copy is the same store one generation on ([`ongrid_core::store_identity`]): the target's
 //! own identity (made by its migration) is replaced by the source's, with the generation one
