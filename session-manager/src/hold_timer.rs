@@ -534,6 +534,13 @@ mod tests {
             let change = Change::keep_placement(to, at(t), "test");
             store.transition(session.id, change).await.unwrap();
         }
+        let facts = session_facts(&store, session.id).await;
+        assert_eq!(facts[0].ready_at, Some(at(2010)), "ready again");
+        assert_eq!(
+            facts[0].first_started_at,
+            Some(t0()),
+            "max-duration still counts from the first start"
+        );
         assert_eq!(
             timer(&store).tick(at(2010)).await.unwrap().next,
             Some(at(2010 + 1200))

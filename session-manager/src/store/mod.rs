@@ -43,6 +43,7 @@ mod tests;
 pub(crate) enum Together {
     Creates,
     Submits,
+    SessionChanges,
     JobChanges,
     /// Heartbeats, activity samples and jobs' output records.
     SyncRecords,
@@ -446,11 +447,12 @@ pub trait Store: Send + Sync {
     /// The session's full history, oldest first.
     fn transitions(&self, id: SessionId) -> BoxFuture<'_, StoreResult<Vec<Transition>>>;
 
-    /// Applies each change as [`Store::transition`] does, all in one write: what the
-    /// scheduler places in one round, what one sync of a node reports. Each change's outcome is
-    /// given in order; a change its session's lifecycle refuses (or of a session that does not
-    /// exist) is left out of the write and the others are stored. An error of the database
-    /// fails the whole write.
+    /// Applies each change as [`Store::transition`] does, all in one write: what one sync of a
+    /// node reports. The changes of other callers waiting for the write meanwhile go in it too,
+    /// after those before them. Each change's outcome is given in order; a change its session's
+    /// lifecycle refuses (or of a session that does not exist) is left out of the write and the
+    /// others are stored. An error of the database fails the write; each caller's changes are
+    /// then written alone, so that error is only the failing caller's.
     fn transition_all(
         &self,
         changes: Vec<(SessionId, Change)>,

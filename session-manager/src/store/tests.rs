@@ -270,6 +270,7 @@ backend_tests!(
     an_upgrade_counts_the_sessions_and_jobs_already_stored,
     changes_stored_together_skip_the_refused_ones,
     changes_stored_together_each_set_their_own_session,
+    session_changes_of_callers_waiting_together_share_one_write,
     a_rounds_placements_and_job_changes_are_stored_in_one_write,
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
@@ -1093,6 +1094,114 @@ async fn changes_stored_together_each_set_their_own_session(backend: Backend) {
         assert_eq!(**kept, session, "{}", session.name);
     }
     counts_match_the_tables(&store).await;
+}
+
+/// The session changes of callers that wait for the write at the same time (nodes' syncs, a
+/// removal) go in one write, each caller's after those of the callers before it, each keeping its
+/// own outcomes; the sessions they make ready are ready from then, first started then unless they
+/// started before. A caller alone writes alone.
+async fn session_changes_of_callers_waiting_together_share_one_write(backend: Backend) {
+    use futures::FutureExt;
+
+    let (_place, store) = Place::opened(backend).await;
+    let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
+    register(&store, "node1", &[gpu(1), gpu(2), gpu(3)], t(0)).await;
+    let [a, b, c, d] = [
+        create(&store, &alice.dn, Some("a"), t(1)).await,
+        create(&store, &alice.dn, Some("b"), t(1)).await,
+        create(&store, &alice.dn, Some("c"), t(1)).await,
+        create(&store, &alice.dn, Some("d"), t(1)).await,
+    ];
+    let placed = [(a.id, 1), (b.id, 2), (c.id, 3)].map(|(id, n)| {
+        let to = change(SessionState::Starting, t(2), "placed", on_node1(&gpu(n)));
+        (id, to)
+    });
+    let outcomes = store.transition_all(placed.to_vec()).await.unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    // C started once, at t(3), was held and released, and starts again.
+    let keep = |to, at, reason| change(to, t(at), reason, Placement::Keep);
+    for to in [
+        keep(SessionState::Waiting, 3, "started"),
+        Change::hold(ongrid_core::holds::HoldReason::Admin, t(4), "held by root"),
+        keep(SessionState::Pending, 5, "released"),
+        keep(SessionState::Starting, 6, "placed again"),
+    ] {
+        store.transition(c.id, to).await.unwrap();
+    }
+    let first = vec![(a.id, keep(SessionState::Waiting, 7, "started"))];
+    let second = vec![
+        // STARTING to IDLE is not a transition of the lifecycle: refused, this change alone.
+        (b.id, keep(SessionState::Idle, 7, "idle")),
+        (b.id, keep(SessionState::Waiting, 7, "started")),
+        (c.id, keep(SessionState::Waiting, 7, "started again")),
+        // Allowed only once the first caller's change made it ready.
+        (a.id, keep(SessionState::Connected, 8, "connected")),
+    ];
+    let changing = [first, second].map(|changes| {
+        let store = store.clone();
+        async move { store.transition_all(changes).await.unwrap() }.boxed()
+    });
+    let removing = {
+        let store = store.clone();
+        async move {
+            let removed = keep(SessionState::Ended, 7, "removed by alice");
+            let ended = store.transition(d.id, removed).await;
+            vec![ended.map(|ended| assert_eq!(ended.state, SessionState::Ended))]
+        }
+        .boxed()
+    };
+    let callers = changing.into_iter().chain([removing]);
+    let answers = written_together(&store, Together::SessionChanges, callers, async {}).await;
+    assert_eq!(answers.iter().map(Vec::len).collect::<Vec<_>>(), [1, 4, 1]);
+    assert!(answers[0][0].is_ok(), "{answers:?}");
+    assert!(
+        matches!(answers[1][0], Err(StoreError::InvalidTransition(_))),
+        "{answers:?}"
+    );
+    assert!(answers[1][1..].iter().all(Result::is_ok), "{answers:?}");
+    for (id, state, first_started) in [
+        (a.id, SessionState::Connected, Some(t(7))),
+        (b.id, SessionState::Waiting, Some(t(7))),
+        (c.id, SessionState::Waiting, Some(t(3))),
+        (d.id, SessionState::Ended, None),
+    ] {
+        let facts = store
+            .lifecycle_facts(FactsScope::Session(id))
+            .await
+            .unwrap();
+        assert_eq!(facts[0].state, state, "{id}");
+        assert_eq!(facts[0].first_started_at, first_started, "{id}");
+        let ready = first_started.map(|_| t(7));
+        assert_eq!(facts[0].ready_at, ready, "{id}");
+    }
+    let stamp_of = |id: SessionId| session_stamp(&store, id);
+    for id in [b.id, c.id, d.id] {
+        assert_eq!(
+            stamp_of(a.id).await,
+            stamp_of(id).await,
+            "every caller's changes in one write"
+        );
+    }
+    // Alone, a caller's write is its own.
+    let outcomes = store
+        .transition_all(vec![(b.id, keep(SessionState::Connected, 9, "connected"))])
+        .await
+        .unwrap();
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+    assert_ne!(stamp_of(a.id).await, stamp_of(b.id).await);
+    counts_match_the_tables(&store).await;
+}
+
+/// The change number session `id`'s row carries.
+async fn session_stamp(store: &TestStore, id: SessionId) -> String {
+    let id = id.to_string();
+    let rows = store
+        .rows(
+            "SELECT CAST(change_seq AS TEXT) FROM sessions WHERE id = ?",
+            &[&id],
+        )
+        .await;
+    rows[0][0].clone().expect("a change number")
 }
 
 /// The database counts sessions (ended ones left out) and jobs by state, for the metrics.

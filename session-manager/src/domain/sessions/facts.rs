@@ -12,39 +12,23 @@ use super::holds::{ActivityThresholds, Sampled};
 /// What a change of state does to the session's lifecycle facts and its place in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FactsChange {
-    /// Its container runs: ready from `ready_at`, first started at `first_started_at` (this
-    /// start, unless it started before: max-duration counts from the first start).
-    Ready {
-        ready_at: DateTime<Utc>,
-        first_started_at: DateTime<Utc>,
-    },
+    /// Its container runs: ready from `ready_at`, and first started then unless it started
+    /// before (max-duration counts from the first start, which the store keeps).
+    Ready { ready_at: DateTime<Utc> },
     /// Released: at the end of the queue from `queued_at`, its readiness and keep-alive
     /// forgotten. The GPUs its held container was made with stay recorded: the scheduler gives
     /// them back when they are free (a PENDING session holds no GPUs, whatever they say).
     Requeued { queued_at: DateTime<Utc> },
 }
 
-/// Whether [`after_transition`] needs the session's first start to decide: only a session
-/// becoming ready (STARTING to WAITING) records it.
-pub fn reads_first_start(transition: &Transition) -> bool {
-    (transition.from, transition.to) == (Some(SessionState::Starting), SessionState::Waiting)
-}
-
-/// What `transition` changes in the facts, given when the session first started
-/// (`first_started_at`, `None`: never); `None` when nothing.
+/// What `transition` changes in the facts; `None` when nothing.
 ///
 /// STARTING → WAITING is a start; HELD → PENDING is a release.
-pub fn after_transition(
-    transition: &Transition,
-    first_started_at: Option<DateTime<Utc>>,
-) -> Option<FactsChange> {
-    if reads_first_start(transition) {
-        return Some(FactsChange::Ready {
-            ready_at: transition.at,
-            first_started_at: first_started_at.unwrap_or(transition.at),
-        });
-    }
+pub fn after_transition(transition: &Transition) -> Option<FactsChange> {
     match (transition.from, transition.to) {
+        (Some(SessionState::Starting), SessionState::Waiting) => Some(FactsChange::Ready {
+            ready_at: transition.at,
+        }),
         (Some(SessionState::Held), SessionState::Pending) => Some(FactsChange::Requeued {
             queued_at: transition.at,
         }),
@@ -156,22 +140,11 @@ mod tests {
     }
 
     #[test]
-    fn a_start_makes_the_session_ready_and_keeps_its_first_start() {
+    fn a_start_makes_the_session_ready() {
         let start = transition(SessionState::Starting, SessionState::Waiting, t(100));
         assert_eq!(
-            after_transition(&start, None),
-            Some(FactsChange::Ready {
-                ready_at: t(100),
-                first_started_at: t(100)
-            })
-        );
-        // A restart after a release: ready again, but max-duration still counts from the first.
-        assert_eq!(
-            after_transition(&start, Some(t(10))),
-            Some(FactsChange::Ready {
-                ready_at: t(100),
-                first_started_at: t(10)
-            })
+            after_transition(&start),
+            Some(FactsChange::Ready { ready_at: t(100) })
         );
     }
 
@@ -179,7 +152,7 @@ mod tests {
     fn a_release_requeues_and_other_changes_leave_the_facts() {
         let release = transition(SessionState::Held, SessionState::Pending, t(200));
         assert_eq!(
-            after_transition(&release, Some(t(10))),
+            after_transition(&release),
             Some(FactsChange::Requeued { queued_at: t(200) })
         );
         for (from, to) in [
@@ -190,7 +163,7 @@ mod tests {
             (SessionState::Held, SessionState::Ended),
         ] {
             assert_eq!(
-                after_transition(&transition(from, to, t(300)), Some(t(10))),
+                after_transition(&transition(from, to, t(300))),
                 None,
                 "{from} -> {to}"
             );
@@ -201,7 +174,7 @@ mod tests {
             at: t(0),
             reason: String::new(),
         };
-        assert_eq!(after_transition(&created, None), None);
+        assert_eq!(after_transition(&created), None);
     }
 
     fn sample(cpu: f64, gpu: Option<f64>) -> ContainerActivity {

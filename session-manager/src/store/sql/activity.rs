@@ -18,8 +18,8 @@ use sqlx::{QueryBuilder, Row, Transaction};
 
 use super::samples::{sampled_from_row, Measure};
 use super::{
-    clamp, parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow, SqlStore,
-    GREATEST,
+    clamp, history, parse, parse_timestamp, states_listed, timestamp, Db, DbConnection, DbRow,
+    SqlStore, GREATEST,
 };
 use crate::domain::sessions::facts::{self, FactsChange};
 use crate::domain::sessions::holds::{due_hold, LifecycleConfig, LifecycleFacts};
@@ -85,44 +85,17 @@ impl SqlStore {
 
 /// Keeps the lifecycle facts in step with a state change, inside its transaction: stores what
 /// [`facts::after_transition`] decides (a start makes the session ready, a release re-queues it).
+/// A start is added to `rows`, written with the change's own rows by their
+/// [`history::NewRows::insert`] (a node's sync reporting its sessions started writes them in one
+/// statement, not a read and a write each).
 pub(super) async fn after_transition(
     tx: &mut Transaction<'static, Db>,
     id: SessionId,
     transition: &Transition,
+    rows: &mut history::NewRows,
 ) -> StoreResult<()> {
-    // Read only for the one transition that uses it (most, a placement among them, do not).
-    let first_started_at = if facts::reads_first_start(transition) {
-        let stored: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT first_started_at FROM session_lifecycle WHERE session_id = $1",
-        )
-        .bind(id.to_string())
-        .fetch_optional(&mut **tx)
-        .await?;
-        stored
-            .flatten()
-            .as_deref()
-            .map(parse_timestamp)
-            .transpose()?
-    } else {
-        None
-    };
-    match facts::after_transition(transition, first_started_at) {
-        Some(FactsChange::Ready {
-            ready_at,
-            first_started_at,
-        }) => {
-            // The session is the one changing, so its row may be made in the same statement.
-            sqlx::query(
-                "INSERT INTO session_lifecycle (session_id, ready_at, first_started_at) \
-                 VALUES ($1, $2, $3) ON CONFLICT (session_id) DO UPDATE \
-                 SET ready_at = excluded.ready_at, first_started_at = excluded.first_started_at",
-            )
-            .bind(id.to_string())
-            .bind(timestamp(ready_at))
-            .bind(timestamp(first_started_at))
-            .execute(&mut **tx)
-            .await?;
-        }
+    match facts::after_transition(transition) {
+        Some(FactsChange::Ready { ready_at }) => rows.ready(id, ready_at),
         Some(FactsChange::Requeued { queued_at }) => {
             sqlx::query("UPDATE sessions SET queued_at = $1 WHERE id = $2")
                 .bind(timestamp(queued_at))

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
 use ongrid_core::holds::HoldReason;
 use ongrid_core::{Lifecycle, SessionId, SessionState, Transition};
 use sqlx::{QueryBuilder, Row, Transaction};
@@ -58,13 +59,22 @@ pub(super) fn lifecycle_of(id: SessionId, history: Vec<Transition>) -> StoreResu
         .map_err(|e| StoreError::Corrupt(format!("history of session {id}: {e}")))
 }
 
-/// Transitions to add to the sessions' histories, and the sessions' new states, written
-/// together by [`Self::insert`]: a round's forty placements in one `INSERT` and one `UPDATE`.
+/// Transitions to add to the sessions' histories, the sessions' new states, and the starts
+/// their facts record, written together by [`Self::insert`]: a round's forty placements in one
+/// `INSERT` and one `UPDATE`.
 #[derive(Debug, Default)]
 pub(super) struct NewRows {
     rows: Vec<NewRow>,
     states: Vec<NewState>,
+    /// The sessions that became ready, and when ([`super::activity::after_transition`]).
+    ready: Vec<(SessionId, String)>,
 }
+
+/// What follows the values of [`NewRows::insert`]'s `INSERT` of the starts: ready from now on,
+/// first started now unless a first start is already stored (a restart after a release keeps
+/// it: max-duration counts from the first).
+const SET_READY: &str = " ON CONFLICT (session_id) DO UPDATE SET ready_at = excluded.ready_at, \
+     first_started_at = COALESCE(session_lifecycle.first_started_at, excluded.first_started_at)";
 
 /// A session's row as a change leaves it.
 #[derive(Debug)]
@@ -166,7 +176,14 @@ impl NewRows {
         Ok(())
     }
 
-    /// Writes the rows and states added since the last call.
+    /// Records that session `id` became ready at `at`: its facts' ready time, and its first
+    /// start unless one is stored. With its change's state, so at most once between two calls
+    /// of [`Self::insert`] (see [`Self::set_state`]).
+    pub(super) fn ready(&mut self, id: SessionId, at: DateTime<Utc>) {
+        self.ready.push((id, timestamp(at)));
+    }
+
+    /// Writes the rows, states and starts added since the last call.
     pub(super) async fn insert(&mut self, tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
         for chunk in self.rows.chunks(PER_STATEMENT) {
             let mut query = QueryBuilder::<Db>::new(
@@ -205,6 +222,20 @@ impl NewRows {
             execute(query, chunk.len(), tx).await?;
         }
         self.states.clear();
+        for chunk in self.ready.chunks(PER_STATEMENT) {
+            let mut query = QueryBuilder::<Db>::new(
+                "INSERT INTO session_lifecycle (session_id, ready_at, first_started_at) ",
+            );
+            query.push_values(chunk, |mut values, (id, at)| {
+                values
+                    .push_bind(id.to_string())
+                    .push_bind(at.as_str())
+                    .push_bind(at.as_str());
+            });
+            query.push(SET_READY);
+            execute(query, chunk.len(), tx).await?;
+        }
+        self.ready.clear();
         Ok(())
     }
 }

@@ -1,8 +1,8 @@
 //! Writes made together: the requests that arrive while a write waits for its turn are written
 //! in that write, all of them, instead of one write each (a group commit). Sessions' creates
-//! ([`super::creates`]), jobs' submits and changes ([`super::jobs`]), and the records of nodes'
-//! syncs ([`super::sync_records`]: heartbeats, activity samples, jobs' output records) go
-//! through it.
+//! ([`super::creates`]) and changes (`transition_all`), jobs' submits and changes
+//! ([`super::jobs`]), and the records of nodes' syncs ([`super::sync_records`]: heartbeats,
+//! activity samples, jobs' output records) go through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
@@ -285,6 +285,7 @@ impl SqlStore {
         match kind {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
+            Together::SessionChanges => &self.session_changes.0.turn,
             Together::JobChanges => &self.job_changes.0.turn,
             Together::SyncRecords => &self.sync_records.0.turn,
         }
@@ -327,6 +328,7 @@ impl SqlStore {
         match kind {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
+            Together::SessionChanges => self.session_changes.waiting().len(),
             Together::JobChanges => self.job_changes.waiting().len(),
             Together::SyncRecords => self.sync_records.waiting().len(),
         }
