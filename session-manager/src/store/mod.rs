@@ -43,8 +43,8 @@ mod tests;
 pub(crate) enum Together {
     Creates,
     Submits,
-    SessionChanges,
-    JobChanges,
+    /// Changes of sessions and jobs.
+    Changes,
     /// Heartbeats, activity samples and jobs' output records.
     SyncRecords,
 }

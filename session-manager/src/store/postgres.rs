@@ -136,10 +136,8 @@ pub struct PostgresStore {
     creates: sql::creates::CreateQueue,
     /// The submits waiting for a write ([`sql::together`]).
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
-    /// The session changes waiting for a write ([`sql`]'s `transition_all`).
-    session_changes: sql::SessionChangeQueue,
-    /// The job changes waiting for a write ([`sql::jobs`]).
-    job_changes: sql::jobs::JobChangeQueue,
+    /// The changes of sessions and jobs waiting for a write ([`sql::ChangeQueue`]).
+    changes: sql::ChangeQueue,
     /// The syncs' heartbeats, activity samples and jobs' output records waiting for a write
     /// ([`sql::sync_records`]).
     sync_records: sql::sync_records::SyncRecordQueue,
@@ -176,8 +174,7 @@ impl PostgresStore {
             planned_jobs: Default::default(),
             creates: Default::default(),
             submits: Default::default(),
-            session_changes: Default::default(),
-            job_changes: Default::default(),
+            changes: Default::default(),
             sync_records: Default::default(),
             samples: Default::default(),
             options: options.into(),

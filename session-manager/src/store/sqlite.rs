@@ -125,10 +125,8 @@ pub struct SqliteStore {
     creates: sql::creates::CreateQueue,
     /// The submits waiting for a write ([`sql::together`]).
     submits: sql::together::WriteQueue<crate::domain::jobs::NewJob>,
-    /// The session changes waiting for a write ([`sql`]'s `transition_all`).
-    session_changes: sql::SessionChangeQueue,
-    /// The job changes waiting for a write ([`sql::jobs`]).
-    job_changes: sql::jobs::JobChangeQueue,
+    /// The changes of sessions and jobs waiting for a write ([`sql::ChangeQueue`]).
+    changes: sql::ChangeQueue,
     /// The syncs' heartbeats, activity samples and jobs' output records waiting for a write
     /// ([`sql::sync_records`]).
     sync_records: sql::sync_records::SyncRecordQueue,
@@ -158,8 +156,7 @@ impl SqliteStore {
             planned_jobs: Default::default(),
             creates: Default::default(),
             submits: Default::default(),
-            session_changes: Default::default(),
-            job_changes: Default::default(),
+            changes: Default::default(),
             sync_records: Default::default(),
             samples: Default::default(),
         })

@@ -270,7 +270,7 @@ backend_tests!(
     an_upgrade_counts_the_sessions_and_jobs_already_stored,
     changes_stored_together_skip_the_refused_ones,
     changes_stored_together_each_set_their_own_session,
-    session_changes_of_callers_waiting_together_share_one_write,
+    session_and_job_changes_of_callers_waiting_together_share_one_write,
     a_rounds_placements_and_job_changes_are_stored_in_one_write,
     the_planning_read_follows_every_change_of_the_gpus_made_through_any_store,
     the_planning_read_of_sessions_follows_every_write_made_through_any_store,
@@ -1096,11 +1096,11 @@ async fn changes_stored_together_each_set_their_own_session(backend: Backend) {
     counts_match_the_tables(&store).await;
 }
 
-/// The session changes of callers that wait for the write at the same time (nodes' syncs, a
-/// removal) go in one write, each caller's after those of the callers before it, each keeping its
-/// own outcomes; the sessions they make ready are ready from then, first started then unless they
-/// started before. A caller alone writes alone.
-async fn session_changes_of_callers_waiting_together_share_one_write(backend: Backend) {
+/// The changes of callers that wait for the write at the same time (nodes' syncs, a removal, a
+/// job cancelled) go in one write, each caller's after those of the callers before it, each
+/// keeping its own outcomes; the sessions they make ready are ready from then, first started then
+/// unless they started before. A caller alone writes alone.
+async fn session_and_job_changes_of_callers_waiting_together_share_one_write(backend: Backend) {
     use futures::FutureExt;
 
     let (_place, store) = Place::opened(backend).await;
@@ -1150,9 +1150,27 @@ async fn session_changes_of_callers_waiting_together_share_one_write(backend: Ba
         }
         .boxed()
     };
-    let callers = changing.into_iter().chain([removing]);
-    let answers = written_together(&store, Together::SessionChanges, callers, async {}).await;
-    assert_eq!(answers.iter().map(Vec::len).collect::<Vec<_>>(), [1, 4, 1]);
+    let job = queued_job(&store, t(1), None).await;
+    let cancelling = {
+        let store = store.clone();
+        let cancel = crate::domain::jobs::cancel_by_owner(&job, t(7)).unwrap();
+        async move {
+            store
+                .job_transition_all(vec![(job.id, cancel, None)])
+                .await
+                .unwrap()
+        }
+        .boxed()
+    };
+    let callers = changing.into_iter().chain([removing, cancelling]);
+    let answers = written_together(&store, Together::Changes, callers, async {}).await;
+    assert_eq!(
+        answers.iter().map(Vec::len).collect::<Vec<_>>(),
+        [1, 4, 1, 1]
+    );
+    assert!(answers[3][0].is_ok(), "{answers:?}");
+    let cancelled = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(cancelled.state(), ongrid_core::job::JobState::Cancelled);
     assert!(answers[0][0].is_ok(), "{answers:?}");
     assert!(
         matches!(answers[1][0], Err(StoreError::InvalidTransition(_))),
@@ -1182,6 +1200,11 @@ async fn session_changes_of_callers_waiting_together_share_one_write(backend: Ba
             "every caller's changes in one write"
         );
     }
+    assert_eq!(
+        stamp_of(a.id).await,
+        job_stamp(&store, job.id).await,
+        "the job's change in the same write"
+    );
     // Alone, a caller's write is its own.
     let outcomes = store
         .transition_all(vec![(b.id, keep(SessionState::Connected, 9, "connected"))])
@@ -3565,7 +3588,7 @@ async fn job_changes_of_callers_waiting_together_share_one_write(backend: Backen
         let store = store.clone();
         async move { store.job_transition_all(changes).await.unwrap() }
     });
-    let answers = written_together(&store, Together::JobChanges, changing, async {}).await;
+    let answers = written_together(&store, Together::Changes, changing, async {}).await;
     assert_eq!(answers[0].len(), 1);
     assert!(answers[0][0].is_ok(), "{answers:?}");
     assert_eq!(answers[1].len(), 3);

@@ -253,12 +253,16 @@ impl JobWrites {
     /// transitions and the links to them refer to them), then their grid rows (one statement
     /// each: a new grid job, or a grid job's chain going on, has one), the transitions and the
     /// jobs' rows. The
-    /// jobs created or changed are stamped with the write's change number, which the jobs kept
-    /// for planning follow ([`super::planning::KeptJobs`]).
-    pub(super) async fn insert(self, tx: &mut Transaction<'static, Db>) -> StoreResult<()> {
+    /// jobs created or changed are stamped with the write's change number (`stamp`'s), which the
+    /// jobs kept for planning follow ([`super::planning::KeptJobs`]).
+    pub(super) async fn insert(
+        self,
+        tx: &mut Transaction<'static, Db>,
+        stamp: &mut super::planning::Stamp,
+    ) -> StoreResult<()> {
         let stamp = match self.jobs.is_empty() && self.states.is_empty() {
             true => 0,
-            false => super::planning::next_change(tx).await?,
+            false => stamp.get(tx).await?,
         };
         for chunk in self.jobs.chunks(PER_STATEMENT) {
             let mut query = QueryBuilder::<Db>::new(

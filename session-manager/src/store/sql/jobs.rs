@@ -44,10 +44,6 @@ const FINAL: &str = "('HALTED', 'FINISHED', 'FAILED', 'CANCELLED')";
 /// One caller's job changes, each with the next job of its chain when the change makes one.
 pub type JobChanges = Vec<(JobId, JobChange, Option<NewJob>)>;
 
-/// The callers' job changes waiting for a write, each answered with its changes' outcomes
-/// ([`SqlStore::job_transition_all`]).
-pub type JobChangeQueue = super::together::WriteQueue<JobChanges, Vec<StoreResult<()>>>;
-
 impl SqlStore {
     /// Stores `new` in the write of every submit waiting with it ([`super::together`]); the
     /// job as stored, made from what was written instead of read back.
@@ -80,7 +76,9 @@ impl SqlStore {
             writes.push_job(job)?;
             outcomes.push(Ok(()));
         }
-        writes.insert(&mut tx).await?;
+        writes
+            .insert(&mut tx, &mut planning::Stamp::default())
+            .await?;
         tx.commit().await?;
         Ok(outcomes)
     }
@@ -213,23 +211,13 @@ impl SqlStore {
     /// changed again, or created as the next of a chain, is changed as the batch left it.
     ///
     /// The changes of every caller waiting for the write lock meanwhile go in the same write
-    /// ([`super::together`], [`JobChangeQueue`]), each caller's after those of the callers before
-    /// it: on a large site the agents' syncs report jobs' ends by the hundred a second, and one
-    /// write for each would keep the writer that creates, submits and rounds wait for busy.
+    /// ([`SqlStore::write_changes`]), each caller's after those of the callers before it: on a
+    /// large site the agents' syncs report jobs' ends by the hundred a second.
     pub(super) async fn job_transition_all(
         &self,
         changes: JobChanges,
     ) -> StoreResult<Vec<StoreResult<()>>> {
-        if changes.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.job_changes
-            .write(self, changes, Lock::Site, |_, tx, batches| {
-                Box::pin(super::together::write_lists(tx, batches, |tx, all| {
-                    Box::pin(job_transitions_in(tx, all))
-                }))
-            })
-            .await
+        Ok(self.write_changes(Vec::new(), changes).await?.jobs)
     }
 
     /// [`Self::job_transition_all`] of one change, and the job as it leaves it.
@@ -302,6 +290,7 @@ impl SqlStore {
 pub(super) async fn job_transitions_in(
     tx: &mut Transaction<'static, Db>,
     changes: Vec<(JobId, JobChange, Option<NewJob>)>,
+    stamp: &mut planning::Stamp,
 ) -> StoreResult<Vec<StoreResult<()>>> {
     if changes.is_empty() {
         return Ok(Vec::new());
@@ -332,7 +321,7 @@ pub(super) async fn job_transitions_in(
         }
         outcomes.push(Ok(()));
     }
-    writes.insert(tx).await?;
+    writes.insert(tx, stamp).await?;
     Ok(outcomes)
 }
 

@@ -57,9 +57,77 @@ use ongrid_core::store_identity::StoreIdentity;
 
 use crate::store::NodeRemoval;
 
-/// The callers' session changes waiting for a write, each answered with its changes' outcomes
-/// (`transition_all`).
-pub type SessionChangeQueue = together::WriteQueue<Vec<(SessionId, Change)>, Vec<StoreResult<()>>>;
+/// One caller's changes of sessions and of jobs (each job's with the next job of its chain when
+/// the change makes one), written by [`SqlStore::write_changes`].
+#[derive(Debug)]
+pub struct Changes {
+    sessions: Vec<(SessionId, Change)>,
+    jobs: jobs::JobChanges,
+}
+
+/// The callers' changes waiting for a write, each answered with its changes' outcomes.
+pub type ChangeQueue = together::WriteQueue<Changes, RoundOutcomes>;
+
+impl SqlStore {
+    /// Applies the changes of sessions and of jobs, each through its replayed lifecycle, in the
+    /// write of every caller's changes waiting with them ([`together`], [`ChangeQueue`]): the
+    /// scheduler's rounds, the nodes' syncs reporting sessions started and jobs ended, people
+    /// removing their sessions and cancelling their jobs. On a large site these come by the
+    /// hundred a minute, and one write each kept the writer that creates wait for busy (on
+    /// PostgreSQL, by the fleet bench's statement log, the write lock was held 99% of the time
+    /// while sessions were created, a third of it by syncs' reports of one session each).
+    ///
+    /// In the write, the sessions' changes of every caller come first, in the callers' order,
+    /// then the jobs' (no change of a session reads a job, nor the other way round); each
+    /// kind's outcomes are given in order. A refused change is left out and the others are
+    /// stored; an error of the database fails the write, and each caller's changes are then
+    /// written alone, so that error is only the failing caller's.
+    pub(super) async fn write_changes(
+        &self,
+        sessions: Vec<(SessionId, Change)>,
+        jobs: jobs::JobChanges,
+    ) -> StoreResult<RoundOutcomes> {
+        if sessions.is_empty() && jobs.is_empty() {
+            return Ok(RoundOutcomes::default());
+        }
+        self.changes
+            .write(
+                self,
+                Changes { sessions, jobs },
+                together::Lock::Site,
+                |_, tx, batches| Box::pin(write_changes_in(tx, batches)),
+            )
+            .await
+    }
+}
+
+/// Writes the changes of every caller in `batches` in `tx` and commits: each caller's outcomes
+/// ([`SqlStore::write_changes`]).
+async fn write_changes_in(
+    mut tx: Transaction<'static, Db>,
+    batches: &[Changes],
+) -> StoreResult<Vec<StoreResult<RoundOutcomes>>> {
+    // One change number for the sessions and the jobs: they commit together.
+    let mut stamp = planning::Stamp::default();
+    let sessions = batches.iter().flat_map(|b| b.sessions.iter().cloned());
+    let mut sessions = transitions_in(&mut tx, sessions.collect(), &mut stamp)
+        .await?
+        .into_iter();
+    let jobs = batches.iter().flat_map(|b| b.jobs.iter().cloned());
+    let mut jobs = jobs::job_transitions_in(&mut tx, jobs.collect(), &mut stamp)
+        .await?
+        .into_iter();
+    tx.commit().await?;
+    Ok(batches
+        .iter()
+        .map(|batch| {
+            Ok(RoundOutcomes {
+                sessions: sessions.by_ref().take(batch.sessions.len()).collect(),
+                jobs: jobs.by_ref().take(batch.jobs.len()).collect(),
+            })
+        })
+        .collect())
+}
 
 const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, u.user_name, u.uid, s.state, s.reason, \
      s.hold_reason, \
@@ -201,26 +269,11 @@ impl SqlStore {
         self.session(id).await?.ok_or(StoreError::NoSuchSession(id))
     }
 
-    /// The changes of every caller waiting for the write lock meanwhile go in the same write
-    /// ([`together`], [`SessionChangeQueue`]), each caller's after those of the callers before
-    /// it: on a large site the agents' syncs report sessions started by the hundred a minute, and
-    /// people remove theirs as many at once; one write each kept the writer that creates and
-    /// rounds wait for busy (on PostgreSQL, by the statement log of the fleet bench, a third of
-    /// the write lock's time went to syncs' reports of one session each).
     async fn transition_all(
         &self,
         changes: Vec<(SessionId, Change)>,
     ) -> StoreResult<Vec<StoreResult<()>>> {
-        if changes.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.session_changes
-            .write(self, changes, together::Lock::Site, |_, tx, batches| {
-                Box::pin(together::write_lists(tx, batches, |tx, all| {
-                    Box::pin(transitions_in(tx, all))
-                }))
-            })
-            .await
+        Ok(self.write_changes(changes, Vec::new()).await?.sessions)
     }
 
     /// A scheduling round's placements and job changes in one write
@@ -230,14 +283,7 @@ impl SqlStore {
         sessions: Vec<(SessionId, Change)>,
         jobs: Vec<(JobId, JobChange, Option<NewJob>)>,
     ) -> StoreResult<RoundOutcomes> {
-        if sessions.is_empty() && jobs.is_empty() {
-            return Ok(RoundOutcomes::default());
-        }
-        let mut tx = self.write().await?;
-        let sessions = transitions_in(&mut tx, sessions).await?;
-        let jobs = jobs::job_transitions_in(&mut tx, jobs).await?;
-        tx.commit().await?;
-        Ok(RoundOutcomes { sessions, jobs })
+        self.write_changes(sessions, jobs).await
     }
 
     async fn register_node(
@@ -751,11 +797,11 @@ async fn apply_change(
 async fn transitions_in(
     tx: &mut Transaction<'static, Db>,
     changes: Vec<(SessionId, Change)>,
+    stamp: &mut planning::Stamp,
 ) -> StoreResult<Vec<StoreResult<()>>> {
     let mut outcomes = Vec::with_capacity(changes.len());
     let ids: Vec<SessionId> = changes.iter().map(|(id, _)| *id).collect();
     let mut lifecycles = history::lifecycles(tx, &ids).await?;
-    let mut stamp = planning::Stamp::default();
     let mut rows = history::NewRows::default();
     for (id, change) in changes {
         // A session changed twice is read again, its first change's row and state written.
@@ -769,7 +815,7 @@ async fn transitions_in(
         // A refusal is decided before anything of the change is written.
         let changed = match lifecycle {
             Ok(mut lifecycle) => {
-                change_lifecycle(tx, id, &mut lifecycle, change, &mut stamp, &mut rows).await
+                change_lifecycle(tx, id, &mut lifecycle, change, stamp, &mut rows).await
             }
             Err(error) => Err(error),
         };

@@ -1,8 +1,8 @@
 //! Writes made together: the requests that arrive while a write waits for its turn are written
 //! in that write, all of them, instead of one write each (a group commit). Sessions' creates
-//! ([`super::creates`]) and changes (`transition_all`), jobs' submits and changes
-//! ([`super::jobs`]), and the records of nodes' syncs ([`super::sync_records`]: heartbeats,
-//! activity samples, jobs' output records) go through it.
+//! ([`super::creates`]), jobs' submits ([`super::jobs`]), the changes of both
+//! (`SqlStore::write_changes`), and the records of nodes' syncs ([`super::sync_records`]:
+//! heartbeats, activity samples, jobs' output records) go through it.
 //!
 //! Every write of the site queues for one lock (SQLite's writer, PostgreSQL's advisory lock),
 //! and a class opening its sessions at once put one create after the other in that queue, each
@@ -173,30 +173,6 @@ impl<W: Send + Sync + 'static, O: Send + 'static> WriteQueue<W, O> {
     }
 }
 
-/// Writes the lists of changes of every caller in `batches` (in order) as one list, by `apply`
-/// in `tx`, and commits: each caller's outcomes, one per change (the body of a [`WriteAll`] for
-/// lists of changes, such as the jobs' changes the nodes' syncs report). `apply` answers one
-/// outcome per change, in order.
-pub(super) async fn write_lists<C: Clone>(
-    mut tx: Transaction<'static, Db>,
-    batches: &[Vec<C>],
-    apply: impl for<'t> FnOnce(
-        &'t mut Transaction<'static, Db>,
-        Vec<C>,
-    ) -> BoxFuture<'t, StoreResult<Vec<StoreResult<()>>>>,
-) -> StoreResult<Vec<StoreResult<Vec<StoreResult<()>>>>> {
-    let all: Vec<C> = batches.iter().flatten().cloned().collect();
-    let count = all.len();
-    let outcomes = apply(&mut tx, all).await?;
-    debug_assert_eq!(outcomes.len(), count, "one outcome per change");
-    let mut outcomes = outcomes.into_iter();
-    tx.commit().await?;
-    Ok(batches
-        .iter()
-        .map(|batch| Ok(outcomes.by_ref().take(batch.len()).collect()))
-        .collect())
-}
-
 /// The runtime, on a thread of its own, where every write made together runs: started with the
 /// first of them, for the life of the process. Where the thread cannot be started, the writes
 /// run on the caller's runtime, as tasks of their own.
@@ -285,8 +261,7 @@ impl SqlStore {
         match kind {
             Together::Creates => &self.creates.0.turn,
             Together::Submits => &self.submits.0.turn,
-            Together::SessionChanges => &self.session_changes.0.turn,
-            Together::JobChanges => &self.job_changes.0.turn,
+            Together::Changes => &self.changes.0.turn,
             Together::SyncRecords => &self.sync_records.0.turn,
         }
     }
@@ -328,8 +303,7 @@ impl SqlStore {
         match kind {
             Together::Creates => self.creates.waiting().len(),
             Together::Submits => self.submits.waiting().len(),
-            Together::SessionChanges => self.session_changes.waiting().len(),
-            Together::JobChanges => self.job_changes.waiting().len(),
+            Together::Changes => self.changes.waiting().len(),
             Together::SyncRecords => self.sync_records.waiting().len(),
         }
     }
