@@ -461,7 +461,8 @@ pub trait Store: Send + Sync {
     /// A scheduling round's decisions in one write: its placements, as
     /// [`Store::transition_all`] applies them, and its job changes, as
     /// [`Store::job_transition_all`] does. One write, so the placements wait for the store's
-    /// writer once, and the agents they wake learn of the round's jobs with them.
+    /// writer once, and the agents they wake learn of the round's jobs with them. Other
+    /// callers' changes waiting at the same time may share it, as with those two.
     fn round_changes(
         &self,
         sessions: Vec<(SessionId, Change)>,
@@ -744,8 +745,9 @@ pub trait Store: Send + Sync {
     /// ([`StoreError::InvalidJobTransition`]) or of a job that does not exist
     /// ([`StoreError::NoSuchJob`]) is left out of the write with its next job, and the others
     /// are stored. A job changed again, or a next job changed after it was created, is changed
-    /// as the batch's earlier changes left it. Other callers' changes waiting at the same time
-    /// may share the write, applied as if one caller wrote after the other; each caller gets its
+    /// as the batch's earlier changes left it. Other callers' changes (of jobs or of sessions)
+    /// waiting at the same time may share the write, applied as if one caller wrote after the
+    /// other; each caller gets its
     /// own outcomes, and its changes are stored even if it goes away before the answer. An
     /// error of the database fails the caller's changes (a shared write is then retried one
     /// caller at a time). Nothing is read back: a caller that needs a job as it is now reads it.

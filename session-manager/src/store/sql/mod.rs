@@ -15,11 +15,12 @@
 //! value at run time and decodes SQLite's integer booleans as integers. Compiled once per
 //! backend, this code keeps each driver's own types and checks, and is still written once.
 //!
-//! Session states change only through [`change_lifecycle`] (for one change, [`apply_change`]; for
-//! many in one write, `transition_all`), on the stored history replayed into an
-//! [`ongrid_core::Lifecycle`]; the new history rows and states are written together by
-//! `history::NewRows::insert`, so a session's row is read after it, not before; times are stored as fixed-width RFC 3339 text with nanoseconds, so
-//! they round-trip exactly and sort as text (in `TEXT COLLATE "C"` columns on PostgreSQL).
+//! Session states change only through [`change_lifecycle`] (for one change in a write of its
+//! own, [`apply_change`]; for many in one write, [`SqlStore::write_changes`]), on the stored
+//! history replayed into an [`ongrid_core::Lifecycle`]; the new history rows and states are
+//! written together by `history::NewRows::insert`, so a session's row is read after it, not
+//! before; times are stored as fixed-width RFC 3339 text with nanoseconds, so they round-trip
+//! exactly and sort as text (in `TEXT COLLATE "C"` columns on PostgreSQL).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
