@@ -1,7 +1,8 @@
-//! Phase 6 of a round: the plan, and its actions stored: the round's job changes (starts, halts,
-//! cancels, on whole GPUs and MIG devices) together in one write, then its placements together
-//! in another; each change is re-checked against the state as stored (a session removed or a
-//! job cancelled meanwhile is skipped).
+//! Phase 6 of a round: the plan, and its actions stored: the round's placements and its job
+//! changes (starts, halts, cancels, on whole GPUs and MIG devices) in one write
+//! ([`crate::store::Store::round_changes`], which other callers' changes waiting then may share);
+//! each change is re-checked against the state as stored (a session removed or a job cancelled
+//! meanwhile is skipped).
 //!
 //! Whole and shared GPUs come from [`ongrid_scheduler::plan`]; MIG devices are planned from the
 //! same state before anything is applied: sessions on free devices (`plan_mig`), then MIG jobs

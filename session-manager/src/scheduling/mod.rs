@@ -5,7 +5,7 @@
 //! in order, one module each: [`health`] (GPUs reported unhealthy), [`reservations`] (holds due
 //! on reserved GPUs), [`lost`] (nodes that stopped responding, checkpoints lost with them),
 //! [`input`] (the queue and the policies the plan is given) and [`apply`] (the plan stored: its
-//! job changes in one write, its placements in another).
+//! placements and job changes in one write).
 //!
 //! The site's rules on waiting requests are in [`crate::domain::policy`]; the loop's use of them
 //! is here: [`fair_share`] (charging usage every round, ordering the queue), [`limits`] (holding

@@ -452,7 +452,9 @@ pub trait Store: Send + Sync {
     /// after those before them. Each change's outcome is given in order; a change its session's
     /// lifecycle refuses (or of a session that does not exist) is left out of the write and the
     /// others are stored. An error of the database fails the write; each caller's changes are
-    /// then written alone, so that error is only the failing caller's.
+    /// then written alone, so that error is only the failing caller's. A caller's changes are
+    /// stored even if it goes away before the answer (what it would have done after, such as
+    /// waking the node's long-poll, is then left to the next sync or round).
     fn transition_all(
         &self,
         changes: Vec<(SessionId, Change)>,

@@ -1097,22 +1097,25 @@ async fn changes_stored_together_each_set_their_own_session(backend: Backend) {
 }
 
 /// The changes of callers that wait for the write at the same time (nodes' syncs, a removal, a
-/// job cancelled) go in one write, each caller's after those of the callers before it, each
-/// keeping its own outcomes; the sessions they make ready are ready from then, first started then
-/// unless they started before. A caller alone writes alone.
+/// job cancelled, a round) go in one write, each caller's after those of the callers before it,
+/// each keeping its own outcomes; the sessions they make ready are ready from then, first started
+/// then unless they started before, and one held and released after it started in the same write
+/// is ready no more. A caller alone writes alone.
 async fn session_and_job_changes_of_callers_waiting_together_share_one_write(backend: Backend) {
     use futures::FutureExt;
 
     let (_place, store) = Place::opened(backend).await;
     let alice = store.user(&dn("Alice"), 20_000).await.unwrap();
-    register(&store, "node1", &[gpu(1), gpu(2), gpu(3)], t(0)).await;
-    let [a, b, c, d] = [
-        create(&store, &alice.dn, Some("a"), t(1)).await,
-        create(&store, &alice.dn, Some("b"), t(1)).await,
-        create(&store, &alice.dn, Some("c"), t(1)).await,
-        create(&store, &alice.dn, Some("d"), t(1)).await,
-    ];
-    let placed = [(a.id, 1), (b.id, 2), (c.id, 3)].map(|(id, n)| {
+    let gpus = [gpu(1), gpu(2), gpu(3), gpu(4), gpu(5)];
+    register(&store, "node1", &gpus, t(0)).await;
+    let mut sessions = Vec::new();
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        sessions.push(create(&store, &alice.dn, Some(name), t(1)).await.id);
+    }
+    let [a, b, c, d, e, f] = sessions[..] else {
+        unreachable!("six sessions")
+    };
+    let placed = [(a, 1), (b, 2), (c, 3), (e, 4)].map(|(id, n)| {
         let to = change(SessionState::Starting, t(2), "placed", on_node1(&gpu(n)));
         (id, to)
     });
@@ -1120,22 +1123,28 @@ async fn session_and_job_changes_of_callers_waiting_together_share_one_write(bac
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     // C started once, at t(3), was held and released, and starts again.
     let keep = |to, at, reason| change(to, t(at), reason, Placement::Keep);
+    let hold = |at| Change::hold(ongrid_core::holds::HoldReason::Admin, t(at), "held by root");
     for to in [
         keep(SessionState::Waiting, 3, "started"),
-        Change::hold(ongrid_core::holds::HoldReason::Admin, t(4), "held by root"),
+        hold(4),
         keep(SessionState::Pending, 5, "released"),
         keep(SessionState::Starting, 6, "placed again"),
     ] {
-        store.transition(c.id, to).await.unwrap();
+        store.transition(c, to).await.unwrap();
     }
-    let first = vec![(a.id, keep(SessionState::Waiting, 7, "started"))];
+    let first = vec![
+        (a, keep(SessionState::Waiting, 7, "started")),
+        (e, keep(SessionState::Waiting, 7, "started")),
+    ];
     let second = vec![
         // STARTING to IDLE is not a transition of the lifecycle: refused, this change alone.
-        (b.id, keep(SessionState::Idle, 7, "idle")),
-        (b.id, keep(SessionState::Waiting, 7, "started")),
-        (c.id, keep(SessionState::Waiting, 7, "started again")),
+        (b, keep(SessionState::Idle, 7, "idle")),
+        (b, keep(SessionState::Waiting, 7, "started")),
+        (c, keep(SessionState::Waiting, 7, "started again")),
         // Allowed only once the first caller's change made it ready.
-        (a.id, keep(SessionState::Connected, 8, "connected")),
+        (a, keep(SessionState::Connected, 8, "connected")),
+        (e, hold(8)),
+        (e, keep(SessionState::Pending, 9, "released")),
     ];
     let changing = [first, second].map(|changes| {
         let store = store.clone();
@@ -1145,12 +1154,15 @@ async fn session_and_job_changes_of_callers_waiting_together_share_one_write(bac
         let store = store.clone();
         async move {
             let removed = keep(SessionState::Ended, 7, "removed by alice");
-            let ended = store.transition(d.id, removed).await;
+            let ended = store.transition(d, removed).await;
             vec![ended.map(|ended| assert_eq!(ended.state, SessionState::Ended))]
         }
         .boxed()
     };
-    let job = queued_job(&store, t(1), None).await;
+    let [job, started_job] = [
+        queued_job(&store, t(1), None).await,
+        queued_job(&store, t(1), None).await,
+    ];
     let cancelling = {
         let store = store.clone();
         let cancel = crate::domain::jobs::cancel_by_owner(&job, t(7)).unwrap();
@@ -1162,26 +1174,51 @@ async fn session_and_job_changes_of_callers_waiting_together_share_one_write(bac
         }
         .boxed()
     };
-    let callers = changing.into_iter().chain([removing, cancelling]);
+    let node1 = NodeName::parse("node1").unwrap();
+    let on = vec![GpuId::from(gpu(5).uuid)];
+    let start = crate::domain::jobs::start(&started_job, node1, on, t(7)).unwrap();
+    let round = {
+        let store = store.clone();
+        let placing = change(SessionState::Starting, t(7), "placed", on_node1(&gpu(5)));
+        async move {
+            let outcomes = store
+                .round_changes(vec![(f, placing)], vec![(started_job.id, start, None)])
+                .await
+                .unwrap();
+            outcomes.sessions.into_iter().chain(outcomes.jobs).collect()
+        }
+        .boxed()
+    };
+    let callers = changing.into_iter().chain([removing, cancelling, round]);
     let answers = written_together(&store, Together::Changes, callers, async {}).await;
     assert_eq!(
         answers.iter().map(Vec::len).collect::<Vec<_>>(),
-        [1, 4, 1, 1]
+        [2, 6, 1, 1, 2]
     );
-    assert!(answers[3][0].is_ok(), "{answers:?}");
-    let cancelled = store.job(job.id).await.unwrap().unwrap();
-    assert_eq!(cancelled.state(), ongrid_core::job::JobState::Cancelled);
-    assert!(answers[0][0].is_ok(), "{answers:?}");
     assert!(
         matches!(answers[1][0], Err(StoreError::InvalidTransition(_))),
         "{answers:?}"
     );
-    assert!(answers[1][1..].iter().all(Result::is_ok), "{answers:?}");
-    for (id, state, first_started) in [
-        (a.id, SessionState::Connected, Some(t(7))),
-        (b.id, SessionState::Waiting, Some(t(7))),
-        (c.id, SessionState::Waiting, Some(t(3))),
-        (d.id, SessionState::Ended, None),
+    let others = answers.iter().flatten().skip(3);
+    assert!(
+        answers[0].iter().chain(others).all(Result::is_ok),
+        "{answers:?}"
+    );
+    let states = |id: JobId| {
+        let store = store.clone();
+        async move { store.job(id).await.unwrap().unwrap().state() }
+    };
+    use ongrid_core::job::JobState;
+    assert_eq!(states(job.id).await, JobState::Cancelled);
+    assert_eq!(states(started_job.id).await, JobState::Running);
+    for (id, state, first_started, ready) in [
+        (a, SessionState::Connected, Some(t(7)), Some(t(7))),
+        (b, SessionState::Waiting, Some(t(7)), Some(t(7))),
+        (c, SessionState::Waiting, Some(t(3)), Some(t(7))),
+        (d, SessionState::Ended, None, None),
+        // Ready at t(7), then held and released in the same write: ready no more.
+        (e, SessionState::Pending, Some(t(7)), None),
+        (f, SessionState::Starting, None, None),
     ] {
         let facts = store
             .lifecycle_facts(FactsScope::Session(id))
@@ -1189,42 +1226,32 @@ async fn session_and_job_changes_of_callers_waiting_together_share_one_write(bac
             .unwrap();
         assert_eq!(facts[0].state, state, "{id}");
         assert_eq!(facts[0].first_started_at, first_started, "{id}");
-        let ready = first_started.map(|_| t(7));
         assert_eq!(facts[0].ready_at, ready, "{id}");
     }
-    let stamp_of = |id: SessionId| session_stamp(&store, id);
-    for id in [b.id, c.id, d.id] {
+    let number = |table, id: String| change_number(&store, table, id);
+    let session_number = |id: SessionId| number("sessions", id.to_string());
+    for other in [
+        session_number(b).await,
+        session_number(c).await,
+        session_number(d).await,
+        session_number(f).await,
+        number("jobs", job.id.to_string()).await,
+        number("jobs", started_job.id.to_string()).await,
+    ] {
         assert_eq!(
-            stamp_of(a.id).await,
-            stamp_of(id).await,
+            session_number(a).await,
+            other,
             "every caller's changes in one write"
         );
     }
-    assert_eq!(
-        stamp_of(a.id).await,
-        job_stamp(&store, job.id).await,
-        "the job's change in the same write"
-    );
     // Alone, a caller's write is its own.
     let outcomes = store
-        .transition_all(vec![(b.id, keep(SessionState::Connected, 9, "connected"))])
+        .transition_all(vec![(b, keep(SessionState::Connected, 9, "connected"))])
         .await
         .unwrap();
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
-    assert_ne!(stamp_of(a.id).await, stamp_of(b.id).await);
+    assert_ne!(session_number(a).await, session_number(b).await);
     counts_match_the_tables(&store).await;
-}
-
-/// The change number session `id`'s row carries.
-async fn session_stamp(store: &TestStore, id: SessionId) -> String {
-    let id = id.to_string();
-    let rows = store
-        .rows(
-            "SELECT CAST(change_seq AS TEXT) FROM sessions WHERE id = ?",
-            &[&id],
-        )
-        .await;
-    rows[0][0].clone().expect("a change number")
 }
 
 /// The database counts sessions (ended ones left out) and jobs by state, for the metrics.
@@ -4141,13 +4168,13 @@ async fn three_queued_jobs(store: &TestStore) -> (NodeName, [crate::domain::jobs
 
 /// The change number job `id`'s row carries.
 async fn job_stamp(store: &TestStore, id: JobId) -> String {
-    let id = id.to_string();
-    let rows = store
-        .rows(
-            "SELECT CAST(change_seq AS TEXT) FROM jobs WHERE id = ?",
-            &[&id],
-        )
-        .await;
+    change_number(store, "jobs", id.to_string()).await
+}
+
+/// The change number the row `id` of `table` (`sessions` or `jobs`) carries.
+async fn change_number(store: &TestStore, table: &str, id: String) -> String {
+    let sql = format!("SELECT CAST(change_seq AS TEXT) FROM {table} WHERE id = ?");
+    let rows = store.rows(&sql, &[&id]).await;
     rows[0][0].clone().expect("a change number")
 }
 

@@ -118,6 +118,13 @@ async fn write_changes_in(
     let mut jobs = jobs::job_transitions_in(&mut tx, jobs.collect(), &mut stamp)
         .await?
         .into_iter();
+    debug_assert_eq!(
+        (sessions.len(), jobs.len()),
+        batches
+            .iter()
+            .fold((0, 0), |(s, j), b| (s + b.sessions.len(), j + b.jobs.len())),
+        "one outcome per change"
+    );
     tx.commit().await?;
     Ok(batches
         .iter()

@@ -363,9 +363,9 @@ pub(super) async fn next_change(tx: &mut Transaction<'static, Db>) -> StoreResul
     .await?)
 }
 
-/// The change number of one write transaction: taken at its first change of a session and
-/// given to every session it changes, so a round's placements take one number, not one each.
-/// They commit together, so a read sees all of them or none.
+/// The change number of one write transaction: taken at its first change of a session or a job
+/// and given to every session and job it changes, so a round's placements take one number, not
+/// one each. They commit together, so a read sees all of them or none.
 #[derive(Debug, Default)]
 pub(super) struct Stamp(Option<i64>);
 
