@@ -749,10 +749,10 @@ pub trait Store: Send + Sync {
     /// are stored. A job changed again, or a next job changed after it was created, is changed
     /// as the batch's earlier changes left it. Other callers' changes (of jobs or of sessions)
     /// waiting at the same time may share the write, applied as if one caller wrote after the
-    /// other; each caller gets its
-    /// own outcomes, and its changes are stored even if it goes away before the answer. An
-    /// error of the database fails the caller's changes (a shared write is then retried one
-    /// caller at a time). Nothing is read back: a caller that needs a job as it is now reads it.
+    /// other; each caller gets its own outcomes, and its changes are stored even if it goes
+    /// away before the answer. An error of the database fails the caller's changes (a shared
+    /// write is then retried one caller at a time). Nothing is read back: a caller that needs a
+    /// job as it is now reads it.
     fn job_transition_all(
         &self,
         changes: Vec<(JobId, JobChange, Option<NewJob>)>,

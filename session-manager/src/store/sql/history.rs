@@ -33,8 +33,15 @@ pub(super) async fn lifecycles(
             listed.push_bind(id.to_string());
         }
         query.push(") ORDER BY session_id, seq");
-        // A statement for this many ids only: kept out of the connection's statement cache.
-        let rows = query.build().persistent(false).fetch_all(&mut **tx).await?;
+        // One id, a single change's, is the same statement every time: kept among the
+        // connection's prepared statements; one for more ids only for that many: kept out.
+        let query = query.build();
+        let query = if chunk.len() == 1 {
+            query
+        } else {
+            query.persistent(false)
+        };
+        let rows = query.fetch_all(&mut **tx).await?;
         for row in &rows {
             let id: SessionId = parse(&row.try_get::<String, _>("session_id")?, "session id")?;
             histories

@@ -252,9 +252,8 @@ impl JobWrites {
     /// Writes everything added, [`PER_STATEMENT`] rows a statement: the new jobs first (the
     /// transitions and the links to them refer to them), then their grid rows (one statement
     /// each: a new grid job, or a grid job's chain going on, has one), the transitions and the
-    /// jobs' rows. The
-    /// jobs created or changed are stamped with the write's change number (`stamp`'s), which the
-    /// jobs kept for planning follow ([`super::planning::KeptJobs`]).
+    /// jobs' rows. The jobs created or changed are stamped with the write's change number
+    /// (`stamp`'s), which the jobs kept for planning follow ([`super::planning::KeptJobs`]).
     pub(super) async fn insert(
         self,
         tx: &mut Transaction<'static, Db>,
