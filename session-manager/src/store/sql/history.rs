@@ -33,15 +33,9 @@ pub(super) async fn lifecycles(
             listed.push_bind(id.to_string());
         }
         query.push(") ORDER BY session_id, seq");
-        // One id, a single change's, is the same statement every time: kept among the
-        // connection's prepared statements; one for more ids only for that many: kept out.
-        let query = query.build();
-        let query = if chunk.len() == 1 {
-            query
-        } else {
-            query.persistent(false)
-        };
-        let rows = query.fetch_all(&mut **tx).await?;
+        let rows = prepared_if_one(&mut query, chunk.len())
+            .fetch_all(&mut **tx)
+            .await?;
         for row in &rows {
             let id: SessionId = parse(&row.try_get::<String, _>("session_id")?, "session id")?;
             histories
@@ -247,19 +241,27 @@ impl NewRows {
     }
 }
 
-/// Runs `query`, built for `rows` rows. One row, the common single change, is the same statement
-/// every time: cached; more are not, since their statements differ with their count.
+/// Runs `query`, built for `rows` rows ([`prepared_if_one`]).
 pub(super) async fn execute(
     mut query: QueryBuilder<'_, Db>,
     rows: usize,
     tx: &mut Transaction<'static, Db>,
 ) -> StoreResult<()> {
+    prepared_if_one(&mut query, rows).execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// `query`, built for `rows` rows (or ids). One, the common single change, is the same statement
+/// every time: kept among the connection's prepared statements; more are not, since their
+/// statements differ with their count and would push out the ones every request runs.
+fn prepared_if_one<'q>(
+    query: &'q mut QueryBuilder<'_, Db>,
+    rows: usize,
+) -> sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments<'q>> {
     let query = query.build();
-    let query = if rows == 1 {
+    if rows == 1 {
         query
     } else {
         query.persistent(false)
-    };
-    query.execute(&mut **tx).await?;
-    Ok(())
+    }
 }
