@@ -214,15 +214,23 @@ fn body(job: &TargetJob, config: &SlurmConfig) -> String {
         quote(&job.sif.display().to_string()),
     ];
     command.extend(job.spec.command.argv().iter().map(|arg| quote(arg)));
+    // The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its owner)
+    // reaches this shell only: it is passed on once. It is trapped before the command starts:
+    // a signal that comes while the command starts would otherwise end this shell (the default
+    // for USR1) and leave the command running; one that comes before `$!` is known is kept and
+    // passed on once the command is there.
+    text.push_str(
+        "child=\n\
+         ongrid_halt=\n\
+         trap 'if [ -n \"$child\" ]; then kill -USR1 \"$child\" 2>/dev/null; else ongrid_halt=1; fi' USR1\n",
+    );
     let _ = writeln!(text, "{} &", command.join(" "));
     text.push_str(
         "child=$!\n\
+         if [ -n \"$ongrid_halt\" ]; then kill -USR1 \"$child\" 2>/dev/null; fi\n\
          # A job's POSIXLY_CORRECT put bash in POSIX mode, where a wait forgets the exit code it\n\
          # gave (the last wait below would answer 127); the command has its environment already.\n\
          set +o posix\n\
-         # The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its\n\
-         # owner) reaches this shell only: pass it on once.\n\
-         trap 'kill -USR1 \"$child\" 2>/dev/null' USR1\n\
          # A trapped signal ends a wait early, with 128 + its number; the command may end while\n\
          # the trap runs. The last wait gives its own exit code, which the shell keeps.\n\
          while kill -0 \"$child\" 2>/dev/null; do\n\
@@ -391,8 +399,23 @@ mod tests {
         assert!(text.contains("export ONGRID_RESTART_COUNT=$(( 0 + ${SLURM_RESTART_COUNT:-0} ))"));
         assert!(text.contains("ongrid_id='00000000-0000-0000-0000-000000000007'\n"));
         assert!(text.contains("export ONGRID_JOB_ID=\"$ongrid_id\"\n"));
-        assert!(text.contains("trap 'kill -USR1 \"$child\" 2>/dev/null' USR1"));
+        assert!(text.contains(
+            "trap 'if [ -n \"$child\" ]; then kill -USR1 \"$child\" 2>/dev/null; \
+             else ongrid_halt=1; fi' USR1\n'apptainer' exec"
+        ));
         assert!(text.ends_with("wait \"$child\"\nexit $?\n"));
+    }
+
+    /// When the test sends the halt signal to the script's shell.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Halt {
+        Never,
+        /// Once the command has printed `waiting`.
+        OnceWaiting,
+        /// The shell sends it to itself just after it started the command, before `$!` is
+        /// read (a `DEBUG` trap from `BASH_ENV`); the shell's `kill` waits half a second before
+        /// it sends, so the command has its own trap by the time the signal is passed on.
+        WhileStarting,
     }
 
     /// The script run by bash as Slurm would, with an apptainer stand-in that runs the command;
@@ -401,7 +424,7 @@ mod tests {
     fn run_script(
         command: &str,
         env: &[(&str, &str)],
-        halt: bool,
+        halt: Halt,
         slow_kill: bool,
     ) -> (Option<i32>, String) {
         let dir = tempfile::tempdir().unwrap();
@@ -440,10 +463,20 @@ mod tests {
                 "() { builtin kill \"$@\"; local sent=$?; sleep 0.5; return $sent; }",
             );
         }
+        if halt == Halt::WhileStarting {
+            let debug = dir.path().join("debug.bash");
+            std::fs::write(
+                &debug,
+                "trap '[[ $BASH_COMMAND == \"child=\\$!\" ]] && builtin kill -USR1 $$' DEBUG\n",
+            )
+            .unwrap();
+            bash.env("BASH_ENV", &debug)
+                .env("BASH_FUNC_kill%%", "() { sleep 0.5; builtin kill \"$@\"; }");
+        }
         let mut child = bash.spawn().unwrap();
         let output = dir.path().join("slurm-1-0.out");
         let read = || std::fs::read_to_string(&output).unwrap_or_default();
-        if halt {
+        if halt == Halt::OnceWaiting {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while !read().contains("waiting") {
                 assert!(std::time::Instant::now() < deadline, "{}", read());
@@ -464,12 +497,16 @@ mod tests {
         let halted = "trap 'echo got USR1; exit 123' USR1; echo waiting; \
                       while :; do sleep 0.05; done";
         for slow_kill in [false, true] {
-            let (code, output) = run_script(halted, &[], true, slow_kill);
+            let (code, output) = run_script(halted, &[], Halt::OnceWaiting, slow_kill);
             assert_eq!(code, Some(123), "slow kill {slow_kill}: {output}");
             assert_eq!(output.matches("got USR1").count(), 1, "{output}");
         }
+        // A halt that comes while the command starts is passed on to it, not the shell's end.
+        let (code, output) = run_script(halted, &[], Halt::WhileStarting, false);
+        assert_eq!(code, Some(123), "halted while starting: {output}");
+        assert_eq!(output.matches("got USR1").count(), 1, "{output}");
         assert_eq!(
-            run_script("echo done; exit 7", &[], false, false).0,
+            run_script("echo done; exit 7", &[], Halt::Never, false).0,
             Some(7)
         );
         // A job that asks for POSIX behaviour gets it; the script's own waits keep bash's.
@@ -477,13 +514,13 @@ mod tests {
         let (code, output) = run_script(
             "echo \"posix $POSIXLY_CORRECT\"; exit 7",
             &posix,
-            false,
+            Halt::Never,
             false,
         );
         assert_eq!((code, output.as_str()), (Some(7), "posix 1\n"));
         // A command that ignores the halt signal runs on to its own end.
         let ignored = "trap '' USR1; echo waiting; sleep 1; exit 5";
-        assert_eq!(run_script(ignored, &[], true, true).0, Some(5));
+        assert_eq!(run_script(ignored, &[], Halt::OnceWaiting, true).0, Some(5));
     }
 
     #[test]
