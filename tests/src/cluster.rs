@@ -214,6 +214,7 @@ iptables = "{iptables}"
             .arg(binary("ongrid-agent"))
             .arg("--config")
             .arg(&config)
+            .env("TMPDIR", self.site.agent_tmp())
             .env(
                 "ONGRID_LOG",
                 crate::log_filter_of("info,ongrid_agent=debug"),

@@ -826,6 +826,7 @@ gateway_token_file = "{gateway_token}"
         let mut child = command
             .arg("--config")
             .arg(&config)
+            .env("TMPDIR", self.agent_tmp())
             .env("ONGRID_LOG", log_filter_of("info,ongrid_agent=debug"))
             .stdout(if self.metrics {
                 Stdio::piped()
@@ -1022,6 +1023,15 @@ allowlist_refresh = "1 second"
         let out = child.wait_with_output().expect("wait for ssh");
         let _ = writer.join();
         out
+    }
+
+    /// The temporary directory (`TMPDIR`) of the site's agents, in the test's own directory: an
+    /// agent stopped by SIGKILL at the test's end leaves its runc process files
+    /// (`ongrid-exec-*`) behind, which go with the test's directory instead of staying in /tmp.
+    pub(crate) fn agent_tmp(&self) -> PathBuf {
+        let dir = self.dir.path().join("agent-tmp");
+        std::fs::create_dir_all(&dir).expect("make the agents' temporary directory");
+        dir
     }
 
     fn log_file(&self, name: &str) -> std::fs::File {
