@@ -175,7 +175,17 @@ pub fn script(job: &TargetJob, config: &SlurmConfig) -> Result<String, ScriptErr
 }
 
 fn body(job: &TargetJob, config: &SlurmConfig) -> String {
-    let mut text = String::new();
+    // The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its owner)
+    // reaches this shell only, which passes it on to the command. Trapped first: untrapped, a
+    // USR1 ends this shell (bash's default for it). One that comes before the command is known
+    // (`$!`) is noted: before the command starts, the job ends as halted without it; while it
+    // starts, it is passed on once the command runs.
+    let mut text = String::from(
+        "ongrid_child=\n\
+         ongrid_halt=\n\
+         trap 'if [ -n \"$ongrid_child\" ]; then kill -USR1 \"$ongrid_child\" 2>/dev/null; \
+         else ongrid_halt=1; fi' USR1\n",
+    );
     let output = format!(
         "{}/slurm-${{SLURM_JOB_ID}}-${{SLURM_RESTART_COUNT:-0}}.out",
         config.output_dir.display()
@@ -214,29 +224,34 @@ fn body(job: &TargetJob, config: &SlurmConfig) -> String {
         quote(&job.sif.display().to_string()),
     ];
     command.extend(job.spec.command.argv().iter().map(|arg| quote(arg)));
-    // The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its owner)
-    // reaches this shell only: it is passed on once. It is trapped before the command starts:
-    // a signal that comes while the command starts would otherwise end this shell (the default
-    // for USR1) and leave the command running; one that comes before `$!` is known is kept and
-    // passed on once the command is there.
     text.push_str(
-        "child=\n\
-         ongrid_halt=\n\
-         trap 'if [ -n \"$child\" ]; then kill -USR1 \"$child\" 2>/dev/null; else ongrid_halt=1; fi' USR1\n",
+        "if [ -n \"$ongrid_halt\" ]; then\n\
+         \x20 echo \"ongrid: halted before its command started; it did not run\"\n\
+         \x20 exit 123\n\
+         fi\n",
     );
     let _ = writeln!(text, "{} &", command.join(" "));
     text.push_str(
-        "child=$!\n\
-         if [ -n \"$ongrid_halt\" ]; then kill -USR1 \"$child\" 2>/dev/null; fi\n\
+        "ongrid_child=$!\n\
+         # Halted while the command started: until it runs, its process is a copy of this shell,\n\
+         # whose trap would take the signal for itself and forget it at the exec. Passed on once\n\
+         # the process runs something else (at most a second later).\n\
+         if [ -n \"$ongrid_halt\" ]; then\n\
+         \x20 for (( ongrid_try = 0; ongrid_try < 100; ongrid_try++ )); do\n\
+         \x20   [[ /proc/$ongrid_child/exe -ef /proc/$$/exe ]] || break\n\
+         \x20   sleep 0.01\n\
+         \x20 done\n\
+         \x20 kill -USR1 \"$ongrid_child\" 2>/dev/null\n\
+         fi\n\
          # A job's POSIXLY_CORRECT put bash in POSIX mode, where a wait forgets the exit code it\n\
          # gave (the last wait below would answer 127); the command has its environment already.\n\
          set +o posix\n\
          # A trapped signal ends a wait early, with 128 + its number; the command may end while\n\
          # the trap runs. The last wait gives its own exit code, which the shell keeps.\n\
-         while kill -0 \"$child\" 2>/dev/null; do\n\
-         \x20 wait \"$child\"\n\
+         while kill -0 \"$ongrid_child\" 2>/dev/null; do\n\
+         \x20 wait \"$ongrid_child\"\n\
          done\n\
-         wait \"$child\"\n\
+         wait \"$ongrid_child\"\n\
          exit $?\n",
     );
     text
@@ -399,11 +414,17 @@ mod tests {
         assert!(text.contains("export ONGRID_RESTART_COUNT=$(( 0 + ${SLURM_RESTART_COUNT:-0} ))"));
         assert!(text.contains("ongrid_id='00000000-0000-0000-0000-000000000007'\n"));
         assert!(text.contains("export ONGRID_JOB_ID=\"$ongrid_id\"\n"));
-        assert!(text.contains(
-            "trap 'if [ -n \"$child\" ]; then kill -USR1 \"$child\" 2>/dev/null; \
-             else ongrid_halt=1; fi' USR1\n'apptainer' exec"
-        ));
-        assert!(text.ends_with("wait \"$child\"\nexit $?\n"));
+        // The halt trap comes before anything else runs.
+        let body = &text[text.rfind("#SBATCH").unwrap()..];
+        let body = &body[body.find('\n').unwrap() + 1..];
+        assert!(
+            body.starts_with(
+                "ongrid_child=\nongrid_halt=\ntrap 'if [ -n \"$ongrid_child\" ]; then kill -USR1 \
+                 \"$ongrid_child\" 2>/dev/null; else ongrid_halt=1; fi' USR1\nexec >>"
+            ),
+            "{body}"
+        );
+        assert!(text.ends_with("wait \"$ongrid_child\"\nexit $?\n"));
     }
 
     /// When the test sends the halt signal to the script's shell.
@@ -412,10 +433,9 @@ mod tests {
         Never,
         /// Once the command has printed `waiting`.
         OnceWaiting,
-        /// The shell sends it to itself just after it started the command, before `$!` is
-        /// read (a `DEBUG` trap from `BASH_ENV`); the shell's `kill` waits half a second before
-        /// it sends, so the command has its own trap by the time the signal is passed on.
-        WhileStarting,
+        /// The shell sends it to itself just before it runs this command of the script (a
+        /// `DEBUG` trap from `BASH_ENV`).
+        Before(&'static str),
     }
 
     /// The script run by bash as Slurm would, with an apptainer stand-in that runs the command;
@@ -463,15 +483,14 @@ mod tests {
                 "() { builtin kill \"$@\"; local sent=$?; sleep 0.5; return $sent; }",
             );
         }
-        if halt == Halt::WhileStarting {
+        if let Halt::Before(command) = halt {
             let debug = dir.path().join("debug.bash");
-            std::fs::write(
-                &debug,
-                "trap '[[ $BASH_COMMAND == \"child=\\$!\" ]] && builtin kill -USR1 $$' DEBUG\n",
-            )
-            .unwrap();
-            bash.env("BASH_ENV", &debug)
-                .env("BASH_FUNC_kill%%", "() { sleep 0.5; builtin kill \"$@\"; }");
+            let action = format!(
+                "[[ $BASH_COMMAND == {} ]] && builtin kill -USR1 $$",
+                quote(command)
+            );
+            std::fs::write(&debug, format!("trap {} DEBUG\n", quote(&action))).unwrap();
+            bash.env("BASH_ENV", &debug);
         }
         let mut child = bash.spawn().unwrap();
         let output = dir.path().join("slurm-1-0.out");
@@ -501,10 +520,32 @@ mod tests {
             assert_eq!(code, Some(123), "slow kill {slow_kill}: {output}");
             assert_eq!(output.matches("got USR1").count(), 1, "{output}");
         }
-        // A halt that comes while the command starts is passed on to it, not the shell's end.
-        let (code, output) = run_script(halted, &[], Halt::WhileStarting, false);
-        assert_eq!(code, Some(123), "halted while starting: {output}");
-        assert_eq!(output.matches("got USR1").count(), 1, "{output}");
+        // A halt that comes while the command starts reaches it once it runs: this one, without
+        // a trap of its own, is ended by it (128 + 10). Lost, it would exit 3 after its sleep;
+        // had the halt ended the shell, the script would have no exit code.
+        for _ in 0..5 {
+            let starting = Halt::Before("ongrid_child=$!");
+            let (code, output) = run_script("sleep 5; exit 3", &[], starting, false);
+            assert_eq!(code, Some(138), "halted while starting: {output}");
+        }
+        // One that comes before it starts ends the job as halted, the command not run.
+        let early = Halt::Before("export ONGRID_JOB_ID=\"$ongrid_id\"");
+        let (code, output) = run_script("echo ran; exit 7", &[], early, false);
+        assert_eq!(
+            (code, output.as_str()),
+            (
+                Some(123),
+                "ongrid: halted before its command started; it did not run\n"
+            )
+        );
+        // The script's own names leave the job's environment alone.
+        let (code, output) = run_script(
+            "echo \"child $child\"; exit 7",
+            &[("child", "theirs")],
+            Halt::Never,
+            false,
+        );
+        assert_eq!((code, output.as_str()), (Some(7), "child theirs\n"));
         assert_eq!(
             run_script("echo done; exit 7", &[], Halt::Never, false).0,
             Some(7)
