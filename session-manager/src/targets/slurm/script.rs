@@ -177,9 +177,9 @@ pub fn script(job: &TargetJob, config: &SlurmConfig) -> Result<String, ScriptErr
 fn body(job: &TargetJob, config: &SlurmConfig) -> String {
     // The halt signal (Slurm's --signal=B:USR1 before the time limit, or a halt by its owner)
     // reaches this shell only, which passes it on to the command. Trapped first: untrapped, a
-    // USR1 ends this shell (bash's default for it). One that comes before the command is known
-    // (`$!`) is noted: before the command starts, the job ends as halted without it; while it
-    // starts, it is passed on once the command runs.
+    // USR1 ends this shell (bash's default for it). One that comes before the command runs is
+    // noted: before it starts, the job ends as halted without it; while it starts, it is passed
+    // on once the command runs.
     let mut text = String::from(
         "ongrid_child=\n\
          ongrid_halt=\n\
@@ -232,17 +232,16 @@ fn body(job: &TargetJob, config: &SlurmConfig) -> String {
     );
     let _ = writeln!(text, "{} &", command.join(" "));
     text.push_str(
-        "ongrid_child=$!\n\
-         # Halted while the command started: until it runs, its process is a copy of this shell,\n\
-         # whose trap would take the signal for itself and forget it at the exec. Passed on once\n\
-         # the process runs something else (at most a second later).\n\
-         if [ -n \"$ongrid_halt\" ]; then\n\
-         \x20 for (( ongrid_try = 0; ongrid_try < 100; ongrid_try++ )); do\n\
-         \x20   [[ /proc/$ongrid_child/exe -ef /proc/$$/exe ]] || break\n\
-         \x20   sleep 0.01\n\
-         \x20 done\n\
-         \x20 kill -USR1 \"$ongrid_child\" 2>/dev/null\n\
-         fi\n\
+        "ongrid_started=$!\n\
+         # Until the exec, the command's process is a copy of this shell, whose copied trap would\n\
+         # take the signal for itself and forget it: known to the trap once it runs something\n\
+         # else (at most a second later); a halt meanwhile is noted and passed on then.\n\
+         for (( ongrid_try = 0; ongrid_try < 100; ongrid_try++ )); do\n\
+         \x20 [[ /proc/$ongrid_started/exe -ef /proc/$$/exe ]] || break\n\
+         \x20 sleep 0.01\n\
+         done\n\
+         ongrid_child=$ongrid_started\n\
+         if [ -n \"$ongrid_halt\" ]; then kill -USR1 \"$ongrid_child\" 2>/dev/null; fi\n\
          # A job's POSIXLY_CORRECT put bash in POSIX mode, where a wait forgets the exit code it\n\
          # gave (the last wait below would answer 127); the command has its environment already.\n\
          set +o posix\n\
@@ -523,10 +522,16 @@ mod tests {
         // A halt that comes while the command starts reaches it once it runs: this one, without
         // a trap of its own, is ended by it (128 + 10). Lost, it would exit 3 after its sleep;
         // had the halt ended the shell, the script would have no exit code.
-        for _ in 0..5 {
-            let starting = Halt::Before("ongrid_child=$!");
-            let (code, output) = run_script("sleep 5; exit 3", &[], starting, false);
-            assert_eq!(code, Some(138), "halted while starting: {output}");
+        let points = [
+            "ongrid_started=$!",
+            "[[ /proc/$ongrid_started/exe -ef /proc/$$/exe ]]",
+            "ongrid_child=$ongrid_started",
+        ];
+        for point in points {
+            for _ in 0..3 {
+                let (code, output) = run_script("sleep 5; exit 3", &[], Halt::Before(point), false);
+                assert_eq!(code, Some(138), "halted before {point}: {output}");
+            }
         }
         // One that comes before it starts ends the job as halted, the command not run.
         let early = Halt::Before("export ONGRID_JOB_ID=\"$ongrid_id\"");
