@@ -321,10 +321,10 @@ mod tests {
         }
     }
 
-    /// The readers' and the writer's connections keep SQLite's temporary files in memory
-    /// (`temp_store` 2).
+    /// A reader connection and the writer keep SQLite's temporary files in memory (`temp_store`
+    /// 2); the readers' pool gives each of its connections the same options.
     #[tokio::test]
-    async fn temporary_tables_stay_in_memory_on_every_connection() {
+    async fn temporary_files_stay_in_memory_on_the_readers_and_the_writer() {
         let (_dir, store) = fixtures::sqlite().await;
         for pool in [&store.pool, &store.writer] {
             let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store")
